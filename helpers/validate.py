@@ -1,0 +1,69 @@
+"""Argument checks that fail early with a message saying what to do.
+
+Every public helper checks its inputs with these functions, so a reader who
+types a wrong value sees ``ValueError: batch_size must be an integer in
+[1, 4096], got 0`` instead of a traceback from deep inside torch.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Iterable
+
+
+def check_int(name: str, value: Any, lo: int, hi: int | None = None) -> int:
+    """Return ``value`` as an int if ``lo <= value <= hi``; else raise ValueError.
+
+    Booleans are refused (``True`` is not a batch size).
+    """
+    upper = "inf" if hi is None else str(hi)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer in [{lo}, {upper}], got {value!r}")
+    value = int(value)
+    if value < lo or (hi is not None and value > hi):
+        raise ValueError(f"{name} must be an integer in [{lo}, {upper}], got {value}")
+    return value
+
+
+def check_float(name: str, value: Any, lo: float, hi: float | None = None) -> float:
+    """Return ``value`` as a float if ``lo <= value <= hi``; else raise ValueError."""
+    upper = "inf" if hi is None else f"{hi:g}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number in [{lo:g}, {upper}], got {value!r}")
+    value = float(value)
+    if value != value or value < lo or (hi is not None and value > hi):  # NaN check first
+        raise ValueError(f"{name} must be a number in [{lo:g}, {upper}], got {value}")
+    return value
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
+    """Return ``value`` if it is one of ``choices``; else raise ValueError listing them."""
+    options = list(choices)
+    if value not in options:
+        raise ValueError(f"{name} must be one of {options}, got {value!r}")
+    return value
+
+
+def human_bytes(n: float) -> str:
+    """Format a byte count with binary units: ``human_bytes(3 * 2**20) == '3.0 MiB'``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"  # pragma: no cover
+
+
+def human_seconds(s: float) -> str:
+    """Format a duration: ``human_seconds(0.0012) == '1.20 ms'``."""
+    s = float(s)
+    if s != s:
+        return "nan"
+    a = abs(s)
+    if a >= 1:
+        return f"{s:.2f} s"
+    if a >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    if a >= 1e-6:
+        return f"{s * 1e6:.1f} µs"
+    return f"{s * 1e9:.0f} ns"
