@@ -1,0 +1,50 @@
+# Two commands matter (see README):
+#   make lab    set everything up, then open the workbook in JupyterLab
+#   make test   set everything up, then run every test (unit tests + every notebook in quick mode)
+# Everything is installed into .venv inside this folder.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PORT   ?= 8888
+NB_TIMEOUT ?= 300
+
+.PHONY: setup lab test test-fast test-unit test-notebooks test-browser bench gpu-check clean help
+
+help:
+	@echo "make lab         set up .venv and open the workbook in JupyterLab"
+	@echo "make test        set up .venv and run every test (quick mode)"
+	@echo "make test-fast   unit tests only (no notebooks, no browser)"
+	@echo "make clean       remove .venv, caches and artifacts"
+
+# Re-installs only when the dependency files change, so a second run is quick.
+$(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed; set PYTHON=python3.x")'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+lab: setup
+	@echo "Opening JupyterLab on notebooks/ (stop it with Ctrl-C). The URL is printed below."
+	$(BIN)/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(LAB_ARGS)
+
+test: setup
+	$(MAKE) --no-print-directory test-unit
+	$(MAKE) --no-print-directory test-notebooks
+
+test-fast: setup test-unit
+
+test-unit: setup
+	WORKBOOK_QUICK=1 $(BIN)/python -m pytest -q tests -m "not browser"
+
+test-notebooks: setup
+	WORKBOOK_QUICK=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 \
+		--nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg \
+		--nbval-cell-timeout=$(NB_TIMEOUT) notebooks
+
+clean:
+	rm -rf $(VENV) .pytest_cache artifacts data-cache

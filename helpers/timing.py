@@ -1,0 +1,448 @@
+"""Timing that tells the truth: warm-up, synchronisation, medians and spread.
+
+Three tools, one per question:
+
+``measure(fn, ...)``
+    "How long does this operation take?" Built on ``torch.utils.benchmark.Timer``,
+    which warms up, synchronises CUDA before every clock read and reports the
+    median and inter-quartile range (IQR) of many timed blocks.
+``gpu_span()`` / ``cuda_event_time(fn)``
+    "How long did the GPU spend on this?" CUDA events are recorded on the stream,
+    so they time the GPU's work, not the CPU's enqueueing of it. On a machine with
+    no CUDA device they fall back to the wall clock and say so in ``method``.
+``SpanRecorder``
+    "Where does a training step spend its time?" Records named phases (load,
+    h2d, compute, ...) of consecutive steps with host timestamps, and CUDA event
+    timestamps for work that runs on the GPU, so timelines can be drawn later.
+
+Every result carries its metadata (device, method, threads, mode) so that a
+number never travels without the way it was measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.utils.benchmark as tbench
+
+from .config import mode_name
+from .validate import check_float, check_int, human_seconds
+
+__all__ = [
+    "Timing",
+    "measure",
+    "time_calls",
+    "summarize",
+    "synchronize",
+    "cuda_event_time",
+    "Span",
+    "SpanTrace",
+    "SpanRecorder",
+]
+
+
+def synchronize(device: torch.device | str | None = None) -> None:
+    """Wait for all queued work on ``device`` (no-op on CPU)."""
+    dev = torch.device(device) if device is not None else None
+    if dev is None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    elif dev.type != "cpu" and hasattr(torch, "accelerator") and torch.accelerator.is_available():
+        torch.accelerator.synchronize()
+
+
+def _is_cuda(device: torch.device | str | None) -> bool:
+    if device is None:
+        return False
+    return torch.device(device).type == "cuda" and torch.cuda.is_available()
+
+
+@dataclass
+class Timing:
+    """Summary of repeated timings of one operation, in seconds.
+
+    Attributes:
+        label: what was timed.
+        median_s: median time of one call.
+        iqr_s: inter-quartile range (75th minus 25th percentile) of one call.
+        mean_s: mean time of one call (pulled up by outliers; prefer the median).
+        min_s / max_s: extremes of the per-call times.
+        n: number of timed samples (blocks or calls).
+        times_s: the per-call samples themselves.
+        metadata: how it was measured (device, method, threads, mode, ...).
+    """
+
+    label: str
+    median_s: float
+    iqr_s: float
+    mean_s: float
+    min_s: float
+    max_s: float
+    n: int
+    times_s: list[float] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly copy."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Timing":
+        return cls(**data)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.label}: median {human_seconds(self.median_s)}"
+            f" (IQR {human_seconds(self.iqr_s)}, n={self.n}, {self.metadata.get('method', '?')})"
+        )
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated quantile of an already sorted list."""
+    if not sorted_values:
+        return float("nan")
+    pos = (len(sorted_values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    frac = pos - lo
+    return sorted_values[lo] * (1 - frac) + sorted_values[hi] * frac
+
+
+def summarize(label: str, times_s: list[float], **metadata: Any) -> Timing:
+    """Build a :class:`Timing` from raw per-call samples (seconds).
+
+    Raises:
+        ValueError: if ``times_s`` is empty.
+    """
+    if len(times_s) == 0:
+        raise ValueError("times_s must hold at least one sample, got none")
+    values = sorted(float(t) for t in times_s)
+    metadata.setdefault("mode", mode_name())
+    return Timing(
+        label=label,
+        median_s=statistics.median(values),
+        iqr_s=_quantile(values, 0.75) - _quantile(values, 0.25),
+        mean_s=statistics.fmean(values),
+        min_s=values[0],
+        max_s=values[-1],
+        n=len(values),
+        times_s=[float(t) for t in times_s],
+        metadata=metadata,
+    )
+
+
+def measure(
+    fn: Callable[[], Any],
+    *,
+    label: str = "operation",
+    device: torch.device | str | None = None,
+    min_run_time: float = 0.2,
+    warmup: int = 2,
+    num_threads: int | None = None,
+) -> Timing:
+    """Time ``fn()`` with ``torch.utils.benchmark.Timer.blocked_autorange``.
+
+    The Timer synchronises CUDA before each clock read when CUDA is present,
+    runs ``fn`` in blocks sized so that clock overhead is negligible, and
+    reports per-call times. We add an explicit warm-up (``warmup`` calls,
+    followed by a synchronisation) so lazy initialisation is never timed.
+
+    Args:
+        fn: a zero-argument callable doing the work.
+        label: what is being timed, for the result.
+        device: the device the work runs on (for the metadata and warm-up sync).
+        min_run_time: seconds of timed work to collect, at least.
+        warmup: untimed calls first.
+        num_threads: torch intra-op threads during timing; default: the
+            current ``torch.get_num_threads()`` (the Timer alone would use 1).
+    """
+    if not callable(fn):
+        raise ValueError(f"fn must be a callable taking no arguments, got {type(fn).__name__}")
+    check_float("min_run_time", min_run_time, 1e-4, 600.0)
+    check_int("warmup", warmup, 0, 10_000)
+    threads = torch.get_num_threads() if num_threads is None else check_int("num_threads", num_threads, 1, 1024)
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    timer = tbench.Timer(stmt="fn()", globals={"fn": fn}, label=label, num_threads=threads)
+    m = timer.blocked_autorange(min_run_time=min_run_time)
+    dev = str(torch.device(device)) if device is not None else "cpu"
+    return summarize(
+        label,
+        list(m.times),
+        device=dev,
+        method="torch.utils.benchmark.Timer.blocked_autorange (CUDA-synchronised clock reads)"
+        if torch.cuda.is_available()
+        else "torch.utils.benchmark.Timer.blocked_autorange (wall clock)",
+        warmup=warmup,
+        num_threads=threads,
+        calls_per_block=int(m.number_per_run),
+    )
+
+
+def time_calls(
+    fn: Callable[[], Any],
+    *,
+    repeats: int,
+    label: str = "operation",
+    device: torch.device | str | None = None,
+    sync: bool = True,
+    warmup: int = 0,
+) -> Timing:
+    """Time ``repeats`` single calls of ``fn`` with the wall clock, one sample each.
+
+    Use this to *show* effects the benchmark Timer hides on purpose: the cost
+    of the first call (``warmup=0``), or what happens when you forget to
+    synchronise (``sync=False``: the clock stops when the CPU has *queued* the
+    work, not when the GPU has done it).
+    """
+    check_int("repeats", repeats, 1, 1_000_000)
+    check_int("warmup", warmup, 0, 10_000)
+    for _ in range(warmup):
+        fn()
+    if sync:
+        synchronize(device)
+    samples: list[float] = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            synchronize(device)
+        samples.append(time.perf_counter() - t0)
+    method = "wall clock per call, " + ("synchronised" if sync else "NOT synchronised")
+    dev = str(torch.device(device)) if device is not None else "cpu"
+    return summarize(label, samples, device=dev, method=method, warmup=warmup, sync=sync)
+
+
+def cuda_event_time(
+    fn: Callable[[], Any],
+    *,
+    repeats: int = 10,
+    warmup: int = 2,
+    label: str = "operation",
+    device: torch.device | str | None = None,
+) -> Timing:
+    """Time ``fn`` on the GPU with CUDA events (one start/end pair per call).
+
+    Events are timestamps the GPU writes when it reaches them in its stream, so
+    they measure GPU execution time, not CPU launch time. Without a CUDA device
+    this falls back to synchronised wall-clock timing and says so in
+    ``metadata['method']``; it never raises for a missing GPU.
+    """
+    check_int("repeats", repeats, 1, 1_000_000)
+    check_int("warmup", warmup, 0, 10_000)
+    if not _is_cuda(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")):
+        timing = time_calls(fn, repeats=repeats, label=label, device="cpu", sync=True, warmup=warmup)
+        timing.metadata["method"] = "wall clock (no CUDA device: CUDA events unavailable)"
+        return timing
+    dev = torch.device(device) if device is not None else torch.device("cuda")
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize(dev)
+    pairs = []
+    for _ in range(repeats):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        pairs.append((start, end))
+    torch.cuda.synchronize(dev)
+    samples = [s.elapsed_time(e) / 1e3 for s, e in pairs]
+    return summarize(label, samples, device=str(dev), method="CUDA events on the current stream", warmup=warmup)
+
+
+# ---------------------------------------------------------------------------
+# Span recording for step anatomy and timelines
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Span:
+    """One timed phase of one step.
+
+    Times are seconds since the recorder started. ``start``/``end`` are when the
+    work *ran*: for a GPU span those come from CUDA events (the GPU's own clock,
+    aligned to the recorder's start), for a host span from the wall clock.
+    ``host_start``/``host_end`` always hold the wall-clock interval during which
+    the CPU was inside the ``with`` block (for a GPU span: enqueueing the work).
+    """
+
+    name: str
+    step: int
+    lane: str
+    start: float
+    end: float
+    host_start: float
+    host_end: float
+    on_gpu: bool = False
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class SpanTrace:
+    """The spans of a recorded run, with metadata describing how they were taken."""
+
+    spans: list[Span]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def phase_totals(self) -> dict[str, float]:
+        """Total seconds per phase name, in first-seen order."""
+        totals: dict[str, float] = {}
+        for s in self.spans:
+            totals[s.name] = totals.get(s.name, 0.0) + s.duration
+        return totals
+
+    def phase_means(self) -> dict[str, float]:
+        """Mean seconds per step for each phase, over the steps in which it occurs."""
+        counts: dict[str, int] = {}
+        for s in self.spans:
+            counts[s.name] = counts.get(s.name, 0) + 1
+        return {k: v / counts[k] for k, v in self.phase_totals().items()}
+
+    def wall_time(self) -> float:
+        """Seconds from the first span's start to the last span's end."""
+        if not self.spans:
+            return 0.0
+        return max(s.end for s in self.spans) - min(s.start for s in self.spans)
+
+    def lane_busy(self) -> dict[str, float]:
+        """Fraction of the wall time each lane was busy (overlapping spans in a lane merged)."""
+        wall = self.wall_time()
+        out: dict[str, float] = {}
+        if wall <= 0:
+            return out
+        by_lane: dict[str, list[tuple[float, float]]] = {}
+        for s in self.spans:
+            by_lane.setdefault(s.lane, []).append((s.start, s.end))
+        for lane, intervals in by_lane.items():
+            intervals.sort()
+            busy, cur_s, cur_e = 0.0, intervals[0][0], intervals[0][1]
+            for a, b in intervals[1:]:
+                if a > cur_e:
+                    busy += cur_e - cur_s
+                    cur_s, cur_e = a, b
+                else:
+                    cur_e = max(cur_e, b)
+            busy += cur_e - cur_s
+            out[lane] = busy / wall
+        return out
+
+    def steps(self) -> int:
+        return len({s.step for s in self.spans})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"spans": [asdict(s) for s in self.spans], "metadata": dict(self.metadata)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SpanTrace":
+        return cls(spans=[Span(**s) for s in data["spans"]], metadata=dict(data.get("metadata", {})))
+
+
+class SpanRecorder:
+    """Record the phases of consecutive training steps.
+
+    >>> rec = SpanRecorder("cpu")
+    >>> with rec.span("compute", step=0):
+    ...     _ = sum(range(1000))
+    >>> trace = rec.finish()
+    >>> trace.spans[0].name
+    'compute'
+
+    On a CUDA device, pass ``gpu=True`` for a phase that enqueues GPU work (a copy,
+    the forward pass): the recorder then records CUDA events on the current
+    stream (or on ``stream``) around it, and the span's ``start``/``end`` come
+    from the GPU's clock. Host-only phases (``gpu=False``, the default) use the
+    wall clock. Nothing is synchronised between spans, so recording does not
+    change the overlap it is meant to reveal; call :meth:`finish` once at the
+    end, which synchronises and resolves the events.
+
+    Lanes name the resource a phase occupies, for timeline plots: by default
+    ``"host"`` for host phases and ``"gpu"`` for GPU phases; pass ``lane=`` to
+    split, e.g. ``"copy stream"`` vs ``"compute stream"``.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu", **metadata: Any) -> None:
+        self.device = torch.device(device)
+        self.cuda = _is_cuda(self.device)
+        self._open: list[tuple[str, int, str, float, float, Any, Any]] = []
+        self.metadata: dict[str, Any] = dict(metadata)
+        self.metadata.setdefault("device", str(self.device))
+        self.metadata.setdefault("mode", mode_name())
+        self.metadata["method"] = (
+            "host phases: time.perf_counter; GPU phases: CUDA events aligned to a reference event"
+            if self.cuda
+            else "time.perf_counter (no CUDA device: every phase is timed on the host)"
+        )
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            self._ref = torch.cuda.Event(enable_timing=True)
+            self._ref.record()
+            torch.cuda.synchronize(self.device)
+        self._t0 = time.perf_counter()
+        self._finished: SpanTrace | None = None
+
+    @contextlib.contextmanager
+    def span(
+        self,
+        name: str,
+        step: int,
+        *,
+        gpu: bool = False,
+        lane: str | None = None,
+        stream: "torch.cuda.Stream | None" = None,
+    ) -> Iterator[None]:
+        """Time the body of the ``with`` block as phase ``name`` of step ``step``."""
+        if self._finished is not None:
+            raise RuntimeError("this SpanRecorder is finished; create a new one for a new run")
+        use_events = gpu and self.cuda
+        lane_name = lane or ("gpu" if gpu else "host")
+        start_ev = end_ev = None
+        if use_events:
+            start_ev = torch.cuda.Event(enable_timing=True)
+            start_ev.record(stream) if stream is not None else start_ev.record()
+        h0 = time.perf_counter() - self._t0
+        try:
+            yield
+        finally:
+            if use_events:
+                end_ev = torch.cuda.Event(enable_timing=True)
+                end_ev.record(stream) if stream is not None else end_ev.record()
+            h1 = time.perf_counter() - self._t0
+            self._open.append((name, int(step), lane_name, h0, h1, start_ev, end_ev))
+
+    def add(self, name: str, step: int, start: float, end: float, lane: str = "host") -> None:
+        """Add a span measured elsewhere (seconds since this recorder started)."""
+        self._open.append((name, int(step), lane, float(start), float(end), None, None))
+
+    def now(self) -> float:
+        """Seconds since this recorder started (host clock)."""
+        return time.perf_counter() - self._t0
+
+    def finish(self) -> SpanTrace:
+        """Synchronise, resolve CUDA events, and return the trace (idempotent)."""
+        if self._finished is not None:
+            return self._finished
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        spans: list[Span] = []
+        for name, step, lane, h0, h1, ev0, ev1 in self._open:
+            if ev0 is not None and ev1 is not None:
+                g0 = self._ref.elapsed_time(ev0) / 1e3
+                g1 = self._ref.elapsed_time(ev1) / 1e3
+                spans.append(Span(name, step, lane, g0, g1, h0, h1, on_gpu=True))
+            else:
+                spans.append(Span(name, step, lane, h0, h1, h0, h1, on_gpu=False))
+        self._finished = SpanTrace(spans=spans, metadata=dict(self.metadata))
+        return self._finished
