@@ -27,8 +27,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
+import logging
+
 import torch
-import torch.utils.benchmark as tbench
+
+# torch.utils.benchmark imports cpp_extension, which logs a warning on machines
+# without a CUDA toolkit; that line is noise for readers.
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+import torch.utils.benchmark as tbench  # noqa: E402
 
 from .config import mode_name
 from .validate import check_float, check_int, human_seconds
@@ -145,21 +151,26 @@ def measure(
     label: str = "operation",
     device: torch.device | str | None = None,
     min_run_time: float = 0.2,
+    blocks: int = 15,
     warmup: int = 2,
     num_threads: int | None = None,
 ) -> Timing:
-    """Time ``fn()`` with ``torch.utils.benchmark.Timer.blocked_autorange``.
+    """Time ``fn()`` with ``torch.utils.benchmark.Timer``: warm-up, sync, median and IQR.
 
-    The Timer synchronises CUDA before each clock read when CUDA is present,
-    runs ``fn`` in blocks sized so that clock overhead is negligible, and
-    reports per-call times. We add an explicit warm-up (``warmup`` calls,
-    followed by a synchronisation) so lazy initialisation is never timed.
+    The Timer synchronises CUDA before each clock read when CUDA is present and
+    runs ``fn`` in blocks of several calls so that clock overhead is
+    negligible. We size the blocks so that about ``blocks`` of them fill
+    ``min_run_time`` (``Timer.blocked_autorange`` alone often takes a single
+    huge block for fast operations, which hides the spread), and we warm up
+    explicitly (``warmup`` calls, then a synchronisation) so lazy
+    initialisation is never timed.
 
     Args:
         fn: a zero-argument callable doing the work.
         label: what is being timed, for the result.
         device: the device the work runs on (for the metadata and warm-up sync).
-        min_run_time: seconds of timed work to collect, at least.
+        min_run_time: seconds of timed work to collect, roughly.
+        blocks: number of timed blocks (samples) to collect.
         warmup: untimed calls first.
         num_threads: torch intra-op threads during timing; default: the
             current ``torch.get_num_threads()`` (the Timer alone would use 1).
@@ -167,24 +178,26 @@ def measure(
     if not callable(fn):
         raise ValueError(f"fn must be a callable taking no arguments, got {type(fn).__name__}")
     check_float("min_run_time", min_run_time, 1e-4, 600.0)
+    check_int("blocks", blocks, 3, 100_000)
     check_int("warmup", warmup, 0, 10_000)
     threads = torch.get_num_threads() if num_threads is None else check_int("num_threads", num_threads, 1, 1024)
     for _ in range(warmup):
         fn()
     synchronize(device)
     timer = tbench.Timer(stmt="fn()", globals={"fn": fn}, label=label, num_threads=threads)
-    m = timer.blocked_autorange(min_run_time=min_run_time)
+    one = max(timer.timeit(1).median, 1e-9)  # one synchronised call, to size the blocks
+    number = max(1, min(1_000_000, int((min_run_time / blocks) / one)))
+    samples = [timer.timeit(number).median for _ in range(blocks)]
     dev = str(torch.device(device)) if device is not None else "cpu"
+    clock = "CUDA-synchronised clock reads" if torch.cuda.is_available() else "wall clock"
     return summarize(
         label,
-        list(m.times),
+        samples,
         device=dev,
-        method="torch.utils.benchmark.Timer.blocked_autorange (CUDA-synchronised clock reads)"
-        if torch.cuda.is_available()
-        else "torch.utils.benchmark.Timer.blocked_autorange (wall clock)",
+        method=f"torch.utils.benchmark.Timer.timeit, {blocks} blocks of {number} call(s) ({clock})",
         warmup=warmup,
         num_threads=threads,
-        calls_per_block=int(m.number_per_run),
+        calls_per_block=number,
     )
 
 

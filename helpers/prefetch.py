@@ -1,0 +1,589 @@
+"""A side-stream prefetcher: copy batch i+1 while batch i computes.
+
+``Prefetcher(loader, device)`` wraps any iterable of batches (usually a
+``DataLoader``) and yields the same batches, in the same order, already on
+``device``. On a CUDA device it issues the host-to-device copy of the *next*
+batch on its own CUDA stream before handing out the current one, so the copy
+runs on a copy engine while the model's kernels for the current batch run on
+the compute (current) stream. Three conditions make that overlap real:
+
+1. the source is in **pinned** (page-locked) host memory — a copy from pageable
+   memory is staged by the driver and blocks the host;
+2. the copy is on a **non-default stream** — work on one stream runs in order;
+3. a **copy engine is free** — every current NVIDIA GPU has at least one.
+
+Memory safety across streams
+----------------------------
+A tensor created on the side stream belongs, for PyTorch's caching allocator, to
+that stream. When your code drops it, the allocator may hand its block to the
+next allocation *on the side stream* at once — while kernels queued on the
+compute stream may still be reading it. Two ways to prevent that:
+
+``safety="record_stream"`` (default)
+    Call ``tensor.record_stream(compute_stream)`` on every tensor handed out.
+    The allocator then records an event on the compute stream when the tensor is
+    freed and reuses the block only after that event has passed. It is safe
+    however long you keep a batch, and needs no fixed shapes. Its cost: freed
+    blocks come back a little later, so peak memory can be slightly higher.
+``safety="event"``
+    No ``record_stream``. Instead, each time you ask for the next batch the
+    prefetcher records an event on the compute stream and makes the side stream
+    wait for it before it allocates the following batch. Everything you queued
+    on earlier batches is then finished before their memory can be reused. The
+    contract: a batch is valid until you ask for the batch after next, and you
+    queue no new work on a batch after that (``.clone()`` it to keep it).
+
+We default to ``record_stream`` because it is safe without a contract and works
+for any batch structure whose tensors we can reach. Custom objects are moved
+with their own ``.to()``; the prefetcher reaches their tensors through their
+attributes (``vars(obj)``) or calls their ``record_stream(stream)`` method if
+they have one.
+
+One stream per prefetcher, created once: a new ``torch.cuda.Stream`` per epoch
+leaks reserved memory in the caching allocator (timm issue #2781), so the stream
+lives as long as the prefetcher.
+
+``normalize=(mean, std)`` turns ``uint8`` image tensors (``...CHW``) into
+normalised floats *after* the copy, on the device: ``(x / 255 - mean) / std``.
+A uint8 batch is a quarter of the bytes of a float32 one, so four times fewer
+bytes cross the link. Other tensors (labels, floats) are left alone.
+
+Without CUDA the prefetcher passes batches through unchanged (normalisation
+still applied, so the training loop is the same code on every machine).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+
+import torch
+
+from .validate import check_choice
+
+__all__ = [
+    "Prefetcher",
+    "CUDAPrefetcher",
+    "map_tensors",
+    "iter_tensors",
+    "move_batch",
+    "normalize_uint8",
+    "check_prefetcher",
+    "PrefetcherCheck",
+    "example_loaders",
+    "Pair",
+    "Sample",
+]
+
+SAFETY_MODES = ("record_stream", "event")
+
+
+# ---------------------------------------------------------------------------
+# Walking nested batch structures
+# ---------------------------------------------------------------------------
+
+
+def _is_namedtuple(obj: Any) -> bool:
+    return isinstance(obj, tuple) and hasattr(type(obj), "_fields")
+
+
+def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Any, *, obj_fn: Callable[[Any], Any] | None = None) -> Any:
+    """Apply ``fn`` to every tensor inside ``batch``; rebuild the same structure.
+
+    Handles tensors, lists, tuples, namedtuples, dicts (any ``dict`` subclass
+    that can be rebuilt from items) and dataclass instances. Any other object is
+    passed to ``obj_fn`` when given (e.g. to call its ``.to()``), else returned
+    unchanged. Strings, numbers and ``None`` are returned unchanged.
+    """
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, (str, bytes, int, float, bool, type(None))):
+        return batch
+    if _is_namedtuple(batch):
+        return type(batch)(*(map_tensors(fn, b, obj_fn=obj_fn) for b in batch))
+    if isinstance(batch, tuple):
+        return tuple(map_tensors(fn, b, obj_fn=obj_fn) for b in batch)
+    if isinstance(batch, list):
+        return [map_tensors(fn, b, obj_fn=obj_fn) for b in batch]
+    if isinstance(batch, dict):
+        items = [(k, map_tensors(fn, v, obj_fn=obj_fn)) for k, v in batch.items()]
+        try:
+            return type(batch)(items)
+        except TypeError:
+            return dict(items)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        fields = dataclasses.fields(batch)
+        moved = {f.name: map_tensors(fn, getattr(batch, f.name), obj_fn=obj_fn) for f in fields}
+        new = dataclasses.replace(batch, **{f.name: moved[f.name] for f in fields if f.init})
+        for f in fields:
+            if not f.init:
+                object.__setattr__(new, f.name, moved[f.name])
+        return new
+    if obj_fn is not None:
+        return obj_fn(batch)
+    return batch
+
+
+def iter_tensors(batch: Any, _depth: int = 0) -> Iterator[torch.Tensor]:
+    """Yield every tensor reachable in ``batch`` (containers, dataclasses, object attributes)."""
+    if _depth > 8:
+        return
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, (str, bytes, int, float, bool, type(None))):
+        return
+    elif isinstance(batch, (list, tuple)):
+        for b in batch:
+            yield from iter_tensors(b, _depth + 1)
+    elif isinstance(batch, dict):
+        for b in batch.values():
+            yield from iter_tensors(b, _depth + 1)
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        for f in dataclasses.fields(batch):
+            yield from iter_tensors(getattr(batch, f.name), _depth + 1)
+    elif hasattr(batch, "__dict__"):
+        for b in vars(batch).values():
+            yield from iter_tensors(b, _depth + 1)
+
+
+def _as_stats(name: str, values: Any) -> tuple[float, ...]:
+    if isinstance(values, torch.Tensor):
+        values = values.flatten().tolist()
+    try:
+        out = tuple(float(v) for v in values)
+    except TypeError:
+        raise ValueError(f"normalize {name} must be a sequence of numbers (one per channel), got {values!r}") from None
+    if not out:
+        raise ValueError(f"normalize {name} must hold at least one value, got an empty sequence")
+    return out
+
+
+def _check_normalize(normalize: Any) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    if normalize is None:
+        return None
+    if not isinstance(normalize, (tuple, list)) or len(normalize) != 2:
+        raise ValueError(f"normalize must be None or a pair (mean, std) of per-channel sequences, got {normalize!r}")
+    mean, std = _as_stats("mean", normalize[0]), _as_stats("std", normalize[1])
+    if len(mean) != len(std):
+        raise ValueError(f"normalize mean and std must have the same length, got {len(mean)} and {len(std)}")
+    if any(s <= 0 for s in std):
+        raise ValueError(f"normalize std values must all be > 0, got {std}")
+    return mean, std
+
+
+def normalize_uint8(
+    x: torch.Tensor,
+    mean: torch.Tensor | Sequence[float],
+    std: torch.Tensor | Sequence[float],
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``(x / 255 - mean) / std`` for a uint8 tensor whose last three dims are C, H, W.
+
+    The same arithmetic, in the same order, as torchvision's
+    ``ToDtype(float32, scale=True)`` followed by ``Normalize(mean, std)``.
+    """
+    if x.dtype != torch.uint8:
+        raise ValueError(f"x must be a uint8 tensor, got {x.dtype}")
+    m = torch.as_tensor(mean, dtype=dtype, device=x.device)
+    s = torch.as_tensor(std, dtype=dtype, device=x.device)
+    if x.dim() < 3 or x.shape[-3] != m.numel():
+        raise ValueError(
+            f"normalize has {m.numel()} channels but the uint8 tensor has shape {tuple(x.shape)}"
+            " (expected ...CHW with that many channels)"
+        )
+    return x.to(dtype).div_(255).sub_(m.view(-1, 1, 1)).div_(s.view(-1, 1, 1))
+
+
+def move_batch(
+    batch: Any,
+    device: torch.device | str,
+    *,
+    non_blocking: bool = True,
+    pin: bool = False,
+) -> Any:
+    """Move every tensor in ``batch`` to ``device`` (custom objects via their ``.to()``).
+
+    With ``pin=True`` tensors that are not pinned yet are copied into pinned
+    memory first (CUDA only); that costs a host copy, so prefer
+    ``DataLoader(pin_memory=True)``, which pins in a background thread.
+    """
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        if pin and cuda and t.device.type == "cpu" and not t.is_pinned():
+            t = t.pin_memory()
+        return t.to(dev, non_blocking=non_blocking and cuda)
+
+    def move_obj(obj: Any) -> Any:
+        if pin and cuda and hasattr(obj, "pin_memory"):
+            obj = obj.pin_memory()
+        if hasattr(obj, "to"):
+            try:
+                return obj.to(dev, non_blocking=non_blocking and cuda)
+            except TypeError:
+                return obj.to(dev)
+        return obj
+
+    return map_tensors(move, batch, obj_fn=move_obj)
+
+
+# ---------------------------------------------------------------------------
+# The prefetcher
+# ---------------------------------------------------------------------------
+
+
+class Prefetcher:
+    """Wrap ``loader`` so that batches arrive on ``device``, copied one step ahead.
+
+    Args:
+        loader: any re-iterable of batches (a ``DataLoader``, a list, ...). Each
+            ``iter(prefetcher)`` starts a fresh ``iter(loader)``.
+        device: target device; ``None`` picks CUDA when available, else CPU.
+        normalize: ``None`` or ``(mean, std)``: uint8 ``...CHW`` tensors become
+            ``(x / 255 - mean) / std`` in ``dtype`` on the device (after the copy,
+            so only the uint8 bytes cross the link).
+        dtype: floating dtype produced by ``normalize``.
+        pin_memory: pin tensors the loader did not pin (main thread, costs a host
+            copy; ``DataLoader(pin_memory=True)`` is cheaper). CUDA only.
+        safety: ``"record_stream"`` (default) or ``"event"``; see the module docstring.
+
+    Attributes:
+        stream: the one side stream (``None`` without CUDA).
+        pinned_batches / pageable_batches: batches whose tensors were all pinned
+            / not all pinned when the copy was issued (a pageable copy blocks the
+            host and cannot overlap).
+        wait_s: host seconds spent waiting for the underlying loader.
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[Any],
+        device: torch.device | str | None = None,
+        *,
+        normalize: tuple[Sequence[float], Sequence[float]] | None = None,
+        dtype: torch.dtype = torch.float32,
+        pin_memory: bool = False,
+        safety: str = "record_stream",
+    ) -> None:
+        if not hasattr(loader, "__iter__"):
+            raise ValueError(f"loader must be an iterable of batches, got {type(loader).__name__}")
+        if isinstance(loader, Iterator):
+            raise ValueError(
+                "loader must be re-iterable (a DataLoader, list, ...), not a one-shot iterator or generator"
+            )
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise ValueError(f"dtype must be a floating torch dtype, got {dtype!r}")
+        check_choice("safety", safety, SAFETY_MODES)
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device is 'cuda' but no CUDA device is available; use device='cpu' or None")
+        self.loader = loader
+        self.normalize = _check_normalize(normalize)
+        self.dtype = dtype
+        self.pin_memory = bool(pin_memory)
+        self.safety = safety
+        self.cuda = self.device.type == "cuda"
+        # ONE side stream per prefetcher (never one per epoch).
+        self.stream: torch.cuda.Stream | None = torch.cuda.Stream(self.device) if self.cuda else None
+        self._stats: dict[str, torch.Tensor] = {}
+        if self.normalize is not None:
+            mean, std = self.normalize
+            self._stats = {
+                "mean": torch.tensor(mean, dtype=dtype).view(-1, 1, 1).to(self.device),
+                "std": torch.tensor(std, dtype=dtype).view(-1, 1, 1).to(self.device),
+            }
+        self.pinned_batches = 0
+        self.pageable_batches = 0
+        self.wait_s = 0.0
+
+    # -- helpers -------------------------------------------------------------
+
+    @property
+    def overlaps(self) -> bool:
+        """True when copies can run on a side stream (a CUDA device)."""
+        return self.stream is not None
+
+    def __len__(self) -> int:
+        try:
+            return len(self.loader)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(f"the wrapped loader ({type(self.loader).__name__}) has no len()") from None
+
+    def __repr__(self) -> str:
+        mode = "side stream" if self.overlaps else "pass-through"
+        return (
+            f"Prefetcher(device={str(self.device)!r}, {mode}, normalize={self.normalize is not None},"
+            f" pin_memory={self.pin_memory}, safety={self.safety!r})"
+        )
+
+    def _normalize(self, t: torch.Tensor) -> torch.Tensor:
+        if self.normalize is None or t.dtype != torch.uint8:
+            return t
+        mean, std = self._stats["mean"], self._stats["std"]
+        if t.dim() < 3 or t.shape[-3] != mean.shape[0]:
+            raise ValueError(
+                f"normalize has {mean.shape[0]} channels but a uint8 tensor in the batch has shape"
+                f" {tuple(t.shape)} (expected ...CHW with that many channels)"
+            )
+        return t.to(self.dtype).div_(255).sub_(mean).div_(std)
+
+    def _count_pinned(self, batch: Any) -> None:
+        tensors = [t for t in iter_tensors(batch) if t.device.type == "cpu"]
+        if not tensors:
+            return
+        if self.pin_memory or all(t.is_pinned() for t in tensors):
+            self.pinned_batches += 1
+        else:
+            self.pageable_batches += 1
+
+    def _next_from(self, it: Iterator[Any]) -> tuple[bool, Any]:
+        t0 = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return False, None
+        finally:
+            self.wait_s += time.perf_counter() - t0
+        return True, batch
+
+    # -- CPU (and other non-CUDA devices): pass through --------------------
+
+    def _iter_passthrough(self) -> Iterator[Any]:
+        it = iter(self.loader)
+        while True:
+            ok, batch = self._next_from(it)
+            if not ok:
+                return
+            if self.device.type != "cpu":
+                batch = move_batch(batch, self.device, non_blocking=False)
+            yield map_tensors(self._normalize, batch)
+
+    # -- CUDA: copy the next batch on the side stream ----------------------
+
+    def _issue(self, batch: Any) -> tuple[Any, torch.cuda.Event]:
+        """Enqueue the copy (+ normalise) of ``batch`` on the side stream."""
+        assert self.stream is not None
+        self._count_pinned(batch)
+        with torch.cuda.stream(self.stream):
+            moved = move_batch(batch, self.device, non_blocking=True, pin=self.pin_memory)
+            moved = map_tensors(self._normalize, moved)
+            ready = torch.cuda.Event()
+            ready.record(self.stream)
+        return moved, ready
+
+    def _hand_over(self, batch: Any, ready: torch.cuda.Event) -> Any:
+        """Make the compute stream wait for ``batch`` and protect its memory."""
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(ready)
+        if self.safety == "record_stream":
+            seen: set[int] = set()
+
+            def visit(obj: Any, depth: int = 0) -> None:
+                if depth > 8 or id(obj) in seen:
+                    return
+                seen.add(id(obj))
+                if isinstance(obj, torch.Tensor):
+                    if obj.device.type == "cuda":
+                        obj.record_stream(consumer)
+                    return
+                if not isinstance(obj, (list, tuple, dict, str, bytes)) and callable(
+                    getattr(obj, "record_stream", None)
+                ):
+                    obj.record_stream(consumer)
+                    return
+                if isinstance(obj, dict):
+                    children: Iterable[Any] = obj.values()
+                elif isinstance(obj, (list, tuple)):
+                    children = obj
+                elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+                    children = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+                elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+                    children = vars(obj).values()
+                else:
+                    return
+                for c in children:
+                    visit(c, depth + 1)
+
+            visit(batch)
+        return batch
+
+    def _iter_cuda(self) -> Iterator[Any]:
+        assert self.stream is not None
+        consumer = torch.cuda.current_stream(self.device)
+        # Tensors made on the compute stream before this epoch (mean/std, model
+        # inputs) must be ready before the side stream reads them.
+        self.stream.wait_stream(consumer)
+        it = iter(self.loader)
+        ok, batch = self._next_from(it)
+        if not ok:
+            return
+        pending = self._issue(batch)
+        while pending is not None:
+            current, ready = pending
+            self._hand_over(current, ready)
+            ok, batch = self._next_from(it)
+            if ok:
+                if self.safety == "event":
+                    # Everything queued on batches handed out earlier finishes
+                    # before the side stream allocates the next batch.
+                    freed = torch.cuda.Event()
+                    freed.record(torch.cuda.current_stream(self.device))
+                    self.stream.wait_event(freed)
+                pending = self._issue(batch)  # batch i+1 copies while batch i computes
+            else:
+                pending = None
+            yield current
+            del current
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.cuda:
+            return self._iter_cuda()
+        return self._iter_passthrough()
+
+
+#: The name used in the chapter text; on CPU it passes through.
+CUDAPrefetcher = Prefetcher
+
+
+# ---------------------------------------------------------------------------
+# Exercise checker: "write your own two-stage prefetcher"
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class PrefetcherCheck:
+    """The verdict of :func:`check_prefetcher`."""
+
+    correct: bool
+    messages: list[str]
+    overlap_checked: bool = False
+    overlap_ratio: float | None = None
+
+    def __bool__(self) -> bool:
+        return self.correct
+
+    def __str__(self) -> str:
+        head = "PASS" if self.correct else "FAIL"
+        return head + ":\n  " + "\n  ".join(self.messages)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        a, b = a.cpu(), b.cpu()
+        return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if dataclasses.is_dataclass(a):
+        return all(_same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    return a == b
+
+
+class Pair(NamedTuple):
+    """A namedtuple batch (images, labels), used by the checks and tests."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+
+
+@dataclasses.dataclass
+class Sample:
+    """A dataclass batch with a tensor, a nested dict and a plain field."""
+
+    x: torch.Tensor
+    extra: dict[str, torch.Tensor]
+    name: str = "sample"
+
+
+def example_loaders(n_batches: int = 5, seed: int = 0) -> dict[str, list[Any]]:
+    """Small re-iterable 'loaders' (lists of batches) with different structures, on CPU.
+
+    Keys: ``"tensor"``, ``"tuple"``, ``"dict"``, ``"namedtuple"``, ``"dataclass"``,
+    ``"uint8 images"``. Each batch is distinct, so order mistakes are caught.
+    """
+    g = torch.Generator().manual_seed(seed)
+    out: dict[str, list[Any]] = {k: [] for k in ("tensor", "tuple", "dict", "namedtuple", "dataclass", "uint8 images")}
+    for i in range(n_batches):
+        x = torch.randn(4, 3, generator=g) + i
+        y = torch.full((4,), i, dtype=torch.int64)
+        img = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8, generator=g)
+        out["tensor"].append(x)
+        out["tuple"].append((x, y))
+        out["dict"].append({"x": x, "y": y, "meta": [y + 1, "tag"]})
+        out["namedtuple"].append(Pair(img, y))
+        out["dataclass"].append(Sample(x=x, extra={"y": y}, name=f"b{i}"))
+        out["uint8 images"].append((img, y))
+    return out
+
+
+def _check_loaders() -> dict[str, list[Any]]:
+    return example_loaders()
+
+
+def check_prefetcher(
+    candidate: Any,
+    device: torch.device | str | None = None,
+    *,
+    check_overlap: bool = True,
+) -> PrefetcherCheck:
+    """Check a reader's prefetcher: same batches, same order, re-iterable; overlap on a GPU.
+
+    ``candidate`` is a class or a function called as ``candidate(loader, device)``
+    that returns an iterable of batches on ``device``. It is checked on several
+    small loaders (tensors, tuples, dicts, namedtuples, dataclasses): every batch
+    must equal the loader's batch, in order, with nothing missing or extra, and
+    iterating the same object twice must give the same batches again. On a CUDA
+    device (and ``check_overlap``), it also times a copy-heavy + compute-heavy run
+    and reports how much of the copy time was hidden.
+    """
+    if candidate is None:
+        return PrefetcherCheck(False, ["no answer yet: define your prefetcher and pass it to the check"])
+    if not callable(candidate):
+        return PrefetcherCheck(False, [f"expected a class or function, got {type(candidate).__name__}"])
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    messages: list[str] = []
+    ok = True
+    for name, loader in _check_loaders().items():
+        try:
+            wrapped = candidate(loader, dev)
+            for epoch in (1, 2):
+                got = list(wrapped)
+                if len(got) != len(loader):
+                    ok = False
+                    messages.append(f"{name}: epoch {epoch} gave {len(got)} batches, expected {len(loader)}")
+                    break
+                bad = [i for i, (g, e) in enumerate(zip(got, loader)) if not _same(g, move_batch(e, dev))]
+                if bad:
+                    ok = False
+                    messages.append(f"{name}: epoch {epoch}: batch {bad[0]} differs (structure, order or values)")
+                    break
+            else:
+                messages.append(f"{name}: same batches, same order, twice")
+        except Exception as exc:  # the reader's code may raise anything
+            ok = False
+            messages.append(f"{name}: raised {type(exc).__name__}: {exc}")
+    result = PrefetcherCheck(ok, messages)
+    if ok and check_overlap:
+        if dev.type == "cuda" and torch.cuda.is_available():
+            from .overlap import prefetch_overlap_ratio
+
+            ratio = prefetch_overlap_ratio(candidate, dev)
+            result.overlap_checked = True
+            result.overlap_ratio = ratio
+            verdict = "overlaps" if ratio >= 0.3 else "does NOT overlap"
+            messages.append(
+                f"overlap on {dev}: {ratio:.0%} of the copy time hidden behind compute -> {verdict}"
+            )
+            result.correct = ratio >= 0.3
+        else:
+            messages.append("overlap not checked: no CUDA device here (correctness checked on CPU)")
+    return result

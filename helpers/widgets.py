@@ -1,0 +1,276 @@
+"""The live-panel toolkit shared by every chapter.
+
+A :class:`Panel` wires a few controls to a run function that lives in a helper
+module. The reader changes a knob and presses **Run**; the panel
+
+* disables the Run button while a run is in progress (a second click while busy,
+  or one queued during the run, starts nothing),
+* shows a progress bar that the run function advances,
+* keeps the history of runs and redraws a plot of all of them, so runs can be
+  compared,
+* shows errors inside the panel, in plain words, instead of a traceback.
+
+The panel writes to its output widget *from the kernel side*
+(``out.outputs = ()``, ``out.append_stdout``, ``out.append_display_data``),
+never with ``with out: print(...)``, so it behaves the same in JupyterLab,
+nbclient and nbval, and tests can read ``panel.out.outputs``.
+
+Tests (and the chapters' first demo run) drive a panel from Python::
+
+    panel.set(batch_size=64)
+    record = panel.click()
+    assert panel.error is None and record.result["items_per_s"] > 0
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import ipywidgets as W
+
+__all__ = ["Panel", "RunRecord", "Progress", "figure_to_display"]
+
+
+class Progress:
+    """Handed to the run function: ``progress(fraction, text='')`` updates the bar."""
+
+    def __init__(self, bar: W.FloatProgress, label: W.Label) -> None:
+        self._bar = bar
+        self._label = label
+
+    def __call__(self, fraction: float, text: str = "") -> None:
+        try:
+            f = float(fraction)
+        except (TypeError, ValueError):
+            return
+        self._bar.value = min(1.0, max(0.0, f))
+        if text:
+            self._label.value = str(text)
+
+
+@dataclass
+class RunRecord:
+    """One run of a panel: the settings, the result, how long it took."""
+
+    index: int
+    values: dict[str, Any]
+    result: Any
+    seconds: float
+    summary: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def short_label(self, keys: list[str] | None = None) -> str:
+        """Compact 'k=v' label of the settings, for plot axes."""
+        items = [(k, v) for k, v in self.values.items() if keys is None or k in keys]
+        return f"#{self.index} " + ", ".join(f"{k}={v}" for k, v in items)
+
+
+def figure_to_display(fig: Any, dpi: int = 100) -> Any:
+    """Render a matplotlib Figure to an ``IPython.display.Image`` (PNG) and close it.
+
+    Going through PNG bytes keeps the output identical in every front-end and
+    never triggers a second, automatic display of the figure.
+    """
+    from IPython.display import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    try:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    except Exception:
+        pass
+    return Image(data=buf.getvalue(), format="png")
+
+
+PlotFn = Callable[[list[RunRecord], Any], None]
+
+
+class Panel:
+    """A live panel: controls, a Run button, a progress bar, a status line and an output.
+
+    Args:
+        title: shown above the controls.
+        controls: name -> ipywidgets value widget. Names are the keyword
+            arguments passed to ``run``.
+        run: ``run(progress, **values) -> result``. Raise ``ValueError`` with a
+            plain message for settings that can't run; it is shown in the panel.
+        summarize: ``summarize(result) -> str``, the text line shown after a run.
+        plot: ``plot(history, ax)`` draws all runs so far on a matplotlib Axes.
+        validate: ``validate(values)`` raises ValueError for settings to refuse
+            before anything runs.
+        max_history: how many runs the history keeps.
+        debounce_s: a click that arrives within this many seconds after a run
+            ended is treated as a double-click queued during the run, and ignored.
+        figsize: size of the history plot, in inches.
+    """
+
+    def __init__(
+        self,
+        title: str,
+        controls: Mapping[str, W.ValueWidget],
+        run: Callable[..., Any],
+        *,
+        summarize: Callable[[Any], str] | None = None,
+        plot: PlotFn | None = None,
+        validate: Callable[[dict[str, Any]], None] | None = None,
+        max_history: int = 20,
+        debounce_s: float = 0.3,
+        figsize: tuple[float, float] = (7.5, 3.2),
+        run_label: str = "Run",
+    ) -> None:
+        if not callable(run):
+            raise ValueError("run must be a callable: run(progress, **values) -> result")
+        if not isinstance(max_history, int) or max_history < 1:
+            raise ValueError(f"max_history must be an integer >= 1, got {max_history!r}")
+        self.title = title
+        self.controls: dict[str, W.ValueWidget] = dict(controls)
+        self._run_fn = run
+        self._summarize = summarize
+        self._plot = plot
+        self._validate = validate
+        self.max_history = max_history
+        self.debounce_s = float(debounce_s)
+        self.figsize = figsize
+
+        self.history: list[RunRecord] = []
+        self.error: str | None = None
+        self.busy = False
+        self.runs_started = 0
+        self.ignored_clicks = 0
+        self.runs_done = 0
+        self._last_end = float("-inf")
+
+        self.button = W.Button(description=run_label, button_style="primary", icon="play", tooltip="Run with these settings")
+        self.bar = W.FloatProgress(value=0.0, min=0.0, max=1.0, layout=W.Layout(width="180px"))
+        self.bar_label = W.Label(value="")
+        self.status = W.HTML(value="<i>Set the controls, then press Run.</i>")
+        self.out = W.Output(layout=W.Layout(min_height="40px"))
+        self.button.on_click(self._on_click)
+        head = W.HTML(value=f"<b>{html.escape(title)}</b>")
+        ctl_box = W.Box(
+            list(self.controls.values()),
+            layout=W.Layout(display="flex", flex_flow="row wrap", gap="4px 16px", max_width="100%"),
+        )
+        self.widget = W.VBox(
+            [head, ctl_box, W.HBox([self.button, self.bar, self.bar_label]), self.status, self.out],
+            layout=W.Layout(max_width="100%", overflow="hidden"),
+        )
+
+    # -- display ---------------------------------------------------------------
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+    # -- driving from Python -------------------------------------------------
+    def values(self) -> dict[str, Any]:
+        """Current control values."""
+        return {k: w.value for k, w in self.controls.items()}
+
+    def set(self, **values: Any) -> None:
+        """Set control values as a reader would. Unknown names or refused values raise ValueError."""
+        for k, v in values.items():
+            if k not in self.controls:
+                raise ValueError(f"unknown control {k!r}; this panel has {sorted(self.controls)}")
+            w = self.controls[k]
+            options = getattr(w, "options", None)
+            if options is not None and not isinstance(w, W.SelectionRangeSlider):
+                labels = [o[1] if isinstance(o, tuple) else o for o in options]
+                if v not in labels:
+                    raise ValueError(f"{k} must be one of {labels}, got {v!r}")
+            try:
+                w.value = v
+            except Exception as exc:  # traitlets.TraitError and friends
+                raise ValueError(f"{k}={v!r} refused by the control: {exc}") from None
+            lo, hi = getattr(w, "min", None), getattr(w, "max", None)
+            if lo is not None and hi is not None and w.value != v:
+                raise ValueError(f"{k} must be in [{lo}, {hi}], got {v!r}")
+
+    def click(self) -> RunRecord | None:
+        """Press Run from Python (as the button does). Returns the new record, or None."""
+        before = len(self.history)
+        self.button.click()
+        return self.history[-1] if len(self.history) > before else None
+
+    @property
+    def last(self) -> RunRecord | None:
+        return self.history[-1] if self.history else None
+
+    # -- the run ----------------------------------------------------------------
+    def _show_status(self, text: str, kind: str = "info") -> None:
+        color = {"info": "#333", "ok": "#1a7f37", "error": "#b00020", "busy": "#7a5a00"}[kind]
+        self.status.value = f"<span style='color:{color}'>{html.escape(text)}</span>"
+
+    def _on_click(self, _button: Any = None) -> None:
+        now = time.monotonic()
+        if self.busy or (now - self._last_end) < self.debounce_s:
+            self.ignored_clicks += 1
+            return
+        self.busy = True
+        self.button.disabled = True
+        self.runs_started += 1
+        self.error = None
+        self.bar.value = 0.0
+        self.bar_label.value = ""
+        values = self.values()
+        self._show_status("Running…", "busy")
+        t0 = time.perf_counter()
+        try:
+            if self._validate is not None:
+                self._validate(values)
+            result = self._run_fn(Progress(self.bar, self.bar_label), **values)
+            seconds = time.perf_counter() - t0
+            summary = self._summarize(result) if self._summarize else ""
+            self.runs_done += 1
+            rec = RunRecord(index=self.runs_done, values=values, result=result, seconds=seconds, summary=summary)
+            self.history.append(rec)
+            del self.history[: max(0, len(self.history) - self.max_history)]
+            self.bar.value = 1.0
+            self._render()
+            self._show_status(f"Run #{rec.index} done in {seconds:.1f} s. {summary}".strip(), "ok")
+        except ValueError as exc:
+            self.error = f"Can't run with these settings: {exc}"
+            self._show_status(self.error, "error")
+        except KeyboardInterrupt:
+            self.error = "Interrupted. The run was stopped and its resources released; press Run to start again."
+            self._show_status(self.error, "error")
+        except MemoryError:
+            self.error = "Out of memory: choose smaller sizes and press Run again."
+            self._show_status(self.error, "error")
+        except Exception as exc:  # anything else: plain words, details below
+            self.error = f"The run failed: {type(exc).__name__}: {exc}"
+            self._show_status(self.error, "error")
+            self.out.append_stderr("Details for the curious:\n" + "".join(traceback.format_exception_only(type(exc), exc)))
+        finally:
+            self.busy = False
+            self.button.disabled = False
+            self._last_end = time.monotonic()
+
+    def _render(self) -> None:
+        """Redraw the output: the latest summary and the history plot."""
+        self.out.outputs = ()
+        last = self.history[-1]
+        if last.summary:
+            self.out.append_stdout(f"Run #{last.index}: {last.summary}\n")
+        if self._plot is not None:
+            from matplotlib.figure import Figure
+
+            fig = Figure(figsize=self.figsize)
+            ax = fig.add_subplot(1, 1, 1)
+            self._plot(self.history, ax)
+            fig.tight_layout()
+            self.out.append_display_data(figure_to_display(fig))
+
+    def clear_history(self) -> None:
+        """Forget previous runs (the next plot starts fresh)."""
+        self.history.clear()
+        self.out.outputs = ()
+        self._show_status("History cleared.", "info")
+
