@@ -152,7 +152,7 @@ def _as_stats(name: str, values: Any) -> tuple[float, ...]:
         values = values.flatten().tolist()
     try:
         out = tuple(float(v) for v in values)
-    except TypeError:
+    except (TypeError, ValueError):
         raise ValueError(f"normalize {name} must be a sequence of numbers (one per channel), got {values!r}") from None
     if not out:
         raise ValueError(f"normalize {name} must hold at least one value, got an empty sequence")
@@ -556,6 +556,9 @@ def check_prefetcher(
         try:
             wrapped = candidate(loader, dev)
             for epoch in (1, 2):
+                if epoch == 2 and isinstance(wrapped, Iterator):
+                    # A generator (function) is one-shot: a new epoch is a new call.
+                    wrapped = candidate(loader, dev)
                 got = list(wrapped)
                 if len(got) != len(loader):
                     ok = False
