@@ -1,0 +1,361 @@
+"""CPU unit tests for helpers.transfer (chapter 02: pageable vs pinned copies)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import transfer as T
+from helpers.transfer import GiB, KiB, MiB
+
+NO_CUDA = not torch.cuda.is_available()
+
+
+# -- size grids -----------------------------------------------------------------
+
+
+def test_size_grid_is_geometric_and_inclusive():
+    assert T.size_grid(4 * KiB, 64 * KiB, 2) == [4096, 8192, 16384, 32768, 65536]
+    assert T.size_grid(4 * KiB, 60 * KiB, 4) == [4096, 16384]
+    assert T.size_grid(100, 100, 2) == [100]
+
+
+def test_default_sizes_cover_the_issue_range(monkeypatch):
+    monkeypatch.setenv("WORKBOOK_QUICK", "0")
+    full = T.default_sizes()
+    assert full[0] == 4 * KiB and full[-1] >= 256 * MiB
+    assert all(b == 2 * a for a, b in zip(full, full[1:]))
+    monkeypatch.setenv("WORKBOOK_QUICK", "1")
+    quick = T.default_sizes()
+    assert quick[0] == 4 * KiB and quick[-1] <= 16 * MiB and len(quick) < len(full)
+
+
+@pytest.mark.parametrize("kwargs", [dict(lo=0), dict(lo=10, hi=5), dict(factor=1), dict(lo=1.5), dict(hi=True)])
+def test_size_grid_rejects_bad_input(kwargs):
+    with pytest.raises(ValueError):
+        T.size_grid(**kwargs)
+
+
+# -- the latency + bandwidth fit ----------------------------------------------
+
+
+def test_fit_recovers_exact_synthetic_parameters():
+    sizes = T.size_grid(4 * KiB, 256 * MiB, 2)
+    lat, bw = 9e-6, 24e9
+    times = [lat + n / bw for n in sizes]
+    fit = T.fit_latency_bandwidth(sizes, times)
+    assert fit.latency_s == pytest.approx(lat, rel=1e-6)
+    assert fit.bandwidth_Bps == pytest.approx(bw, rel=1e-6)
+    assert fit.gbps == pytest.approx(24.0, rel=1e-6)
+    assert fit.max_rel_error < 1e-9 and not fit.latency_clamped
+    assert fit.predict_s(1 * MiB) == pytest.approx(lat + MiB / bw)
+    assert fit.half_bandwidth_bytes() == pytest.approx(lat * bw)
+
+
+def test_fit_with_multiplicative_noise_is_close():
+    rng = np.random.default_rng(0)
+    sizes = np.array(T.size_grid(4 * KiB, 256 * MiB, 2), dtype=float)
+    lat, bw = 15e-6, 12e9
+    times = (lat + sizes / bw) * rng.lognormal(0.0, 0.03, sizes.size)
+    fit = T.fit_latency_bandwidth(sizes, times)
+    assert fit.latency_s == pytest.approx(lat, rel=0.1)
+    assert fit.bandwidth_Bps == pytest.approx(bw, rel=0.05)
+
+
+def test_fit_weights_small_sizes_not_only_large_ones():
+    # An ordinary least-squares fit would be dominated by the 256 MiB point and get the latency
+    # wrong by far; the relative-error fit gets the small-size times right.
+    sizes = T.size_grid(4 * KiB, 256 * MiB, 4)
+    times = [5e-6 + n / 20e9 for n in sizes]
+    times[-1] *= 1.02  # 2 % noise on the largest copy
+    fit = T.fit_latency_bandwidth(sizes, times)
+    assert fit.predict_s(4 * KiB) == pytest.approx(times[0], rel=0.05)
+
+
+def test_fit_clamps_negative_latency():
+    sizes = [1 * MiB, 2 * MiB, 4 * MiB]
+    times = [n / 10e9 - 5e-6 for n in sizes]  # impossible: negative intercept
+    fit = T.fit_latency_bandwidth(sizes, times)
+    assert fit.latency_clamped and fit.latency_s == 0.0 and fit.bandwidth_Bps > 0
+    assert "clamped" in str(fit)
+
+
+@pytest.mark.parametrize(
+    "sizes, times",
+    [
+        ([1024], [1e-6]),  # one point
+        ([1024, 1024], [1e-6, 2e-6]),  # one distinct size
+        ([1024, 2048], [1e-6]),  # length mismatch
+        ([1024, 2048], [1e-6, -1.0]),  # negative time
+        ([1024, 2048], [1e-6, float("nan")]),
+        ([0, 2048], [1e-6, 2e-6]),
+        ([1024, 4096], [4e-6, 1e-6]),  # time shrinks with size: no bandwidth
+        ([], []),
+    ],
+)
+def test_fit_rejects_bad_data(sizes, times):
+    with pytest.raises(ValueError):
+        T.fit_latency_bandwidth(sizes, times)
+
+
+def test_sweep_fit_and_labels():
+    pts = [T.TransferPoint(n, "h2d", "pinned", 2e-6 + n / 25e9) for n in (4096, 65536, MiB)]
+    sw = T.Sweep("h2d", "pinned", pts)
+    assert sw.label == "H2D pinned"
+    assert sw.fit().gbps == pytest.approx(25.0, rel=1e-6)
+    assert pts[2].gbps == pytest.approx(MiB / pts[2].median_s / 1e9)
+    assert T.Sweep("h2h", "pageable", pts).label.startswith("host memcpy")
+
+
+# -- pinned allocator rounding and the safe limit -----------------------------
+
+
+@pytest.mark.parametrize(
+    "n, block",
+    [(0, 0), (1, 1), (2, 2), (3, 4), (4096, 4096), (4097, 8192), (300 * MiB, 512 * MiB), (256 * MiB, 256 * MiB)],
+)
+def test_predict_pinned_block_rounds_up_to_power_of_two(n, block):
+    assert T.predict_pinned_block(n) == block
+
+
+def test_predict_pinned_block_rejects_negative():
+    with pytest.raises(ValueError, match="nbytes"):
+        T.predict_pinned_block(-1)
+
+
+def test_safe_pin_limit_uses_smaller_of_total_and_available():
+    assert T.safe_pin_limit(0.25, total_bytes=16 * GiB, available_bytes=8 * GiB) == 2 * GiB
+    assert T.safe_pin_limit(0.5, total_bytes=4 * GiB, available_bytes=8 * GiB) == 2 * GiB
+    assert T.safe_pin_limit() > 0  # psutil on this machine
+
+
+def test_check_pin_size_refuses_with_clear_message():
+    mem = dict(total_bytes=16 * GiB, available_bytes=16 * GiB)  # limit: 4 GiB
+    assert T.check_pin_size(1 * GiB, **mem) == 1 * GiB
+    assert T.check_pin_size(3 * GiB, **mem) == 4 * GiB  # rounds to a 4 GiB block: fits exactly
+    with pytest.raises(ValueError) as err:
+        T.check_pin_size(5 * GiB, **mem)
+    msg = str(err.value)
+    assert "refusing to pin" in msg and "limit is 4.0 GiB" in msg and "25%" in msg and "reuse" in msg
+
+
+def test_check_pin_size_counts_rounding_and_already_pinned():
+    mem = dict(total_bytes=16 * GiB, available_bytes=16 * GiB)
+    with pytest.raises(ValueError, match="8.0 GiB block"):
+        T.check_pin_size(4 * GiB + 1, **mem)  # 4 GiB + 1 byte takes an 8 GiB block
+    with pytest.raises(ValueError, match="already pinned"):
+        T.check_pin_size(2 * GiB, already_pinned=3 * GiB, **mem)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.95, -1, "a"])
+def test_safe_pin_limit_rejects_bad_share(share):
+    with pytest.raises(ValueError, match="share"):
+        T.safe_pin_limit(share, total_bytes=GiB, available_bytes=GiB)
+
+
+# -- bytes on the wire, break-even, the 30-50 % claim -------------------------
+
+
+def test_images_nbytes_uint8_vs_float32():
+    u8 = T.images_nbytes(256, 3, 224, 224, "uint8")
+    f32 = T.images_nbytes(256, 3, 224, 224, "float32")
+    assert u8 == 256 * 3 * 224 * 224 and f32 == 4 * u8
+    with pytest.raises(ValueError, match="dtype"):
+        T.images_nbytes(1, 3, 8, 8, "float16")
+    with pytest.raises(ValueError, match="batch"):
+        T.images_nbytes(0, 3, 8, 8)
+
+
+def test_break_even_and_pinning_pays():
+    # pin 10 ms, pageable copy 3 ms, pinned 1 ms: saves 2 ms per copy, pays after 5 copies
+    assert T.break_even_uses(10e-3, 3e-3, 1e-3) == pytest.approx(5.0)
+    assert not T.pinning_pays(1, 10e-3, 3e-3, 1e-3)  # pin once, copy once: slower
+    assert not T.pinning_pays(5, 10e-3, 3e-3, 1e-3)  # exactly break-even: no gain
+    assert T.pinning_pays(6, 10e-3, 3e-3, 1e-3)
+    assert math.isinf(T.break_even_uses(1e-3, 1e-3, 2e-3))  # pinned copies not faster
+    assert T.break_even_uses(0.0, 2e-3, 1e-3) == 0.0
+    with pytest.raises(ValueError, match="uses"):
+        T.pinning_pays(0, 1.0, 1.0, 1.0)
+
+
+def test_speedup_by_size_and_claim_verdict():
+    pageable = T.Sweep("h2d", "pageable", [T.TransferPoint(n, "h2d", "pageable", t) for n, t in [(1, 2.0), (2, 3.0), (4, 4.0)]])
+    pinned = T.Sweep("h2d", "pinned", [T.TransferPoint(n, "h2d", "pinned", t) for n, t in [(1, 1.0), (4, 3.0)]])
+    assert T.speedup_by_size(pageable, pinned) == [(1, 2.0), (4, pytest.approx(4 / 3))]
+    assert [T.claim_verdict(r) for r in (0.9, 1.3, 1.4, 1.5, 2.0)] == ["below", "within", "within", "within", "above"]
+    with pytest.raises(ValueError, match="direction"):
+        T.speedup_by_size(pageable, T.Sweep("d2h", "pinned", []))
+
+
+# -- records round trip (the reference-file format) ----------------------------
+
+
+class _FakeResults:
+    """Stands in for helpers.results.ResultSet.add (records only)."""
+
+    def __init__(self):
+        self.records = []
+
+    def add(self, key, value, unit, spread=None, **params):
+        self.records.append({"key": key, "value": value, "unit": unit, "params": params, "spread": spread or {}})
+
+
+def test_benchmark_without_cuda_records_only_host_copies():
+    res = _FakeResults()
+    T.benchmark(res, device="cpu", sizes=[4 * KiB, 64 * KiB])
+    assert {r["key"] for r in res.records} == {"ch02.host_copy_time"}
+    assert [r["params"]["nbytes"] for r in res.records] == [4 * KiB, 64 * KiB]
+    assert all(r["unit"] == "s" and r["value"] > 0 and r["spread"]["n"] >= 1 for r in res.records)
+
+
+def test_benchmark_writes_into_a_real_resultset():
+    from helpers.results import ResultSet
+
+    rs = ResultSet.new("test", "unit test")
+    T.benchmark(rs, device="cpu", sizes=[4 * KiB])
+    assert rs.find("ch02.host_copy_time", nbytes=4 * KiB)
+
+
+def test_sweeps_from_records_rebuilds_curves():
+    recs = [
+        {"key": "ch02.copy_time", "value": 2e-6 + n / 20e9, "unit": "s",
+         "params": {"direction": "h2d", "memory": "pinned", "nbytes": n}, "spread": {"iqr_s": 1e-7, "n": 10}}
+        for n in (MiB, 4096, 65536)
+    ] + [{"key": "ch02.fit.latency", "value": 1.0, "unit": "s", "params": {"direction": "h2d", "memory": "pinned"}}]
+    sweeps = T.sweeps_from_records(recs, source="Recorded on X")
+    sw = sweeps[("h2d", "pinned")]
+    assert list(sweeps) == [("h2d", "pinned")]
+    assert sw.sizes() == [4096, 65536, MiB] and sw.source == "Recorded on X" and sw.points[0].n == 10
+    assert sw.fit().gbps == pytest.approx(20.0, rel=1e-6)
+
+
+def test_reference_sweeps_say_plainly_when_none(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    ref = T.reference_sweeps()
+    assert not T.is_available(ref)
+    assert "No reference results" in ref.reason and "make gpu-check" in ref.reason
+
+
+def test_reference_sweeps_load_a_recorded_file(tmp_path, monkeypatch):
+    from helpers.results import ResultSet
+
+    rs = ResultSet.new("ref", "unit test")
+    rs.provenance["hardware"]["gpu_name"] = "Test GPU"
+    rs.provenance["report"]["link_bandwidth_gbps"] = 31.5
+    rs.provenance["report"]["link_description"] = "PCIe Gen4 x16 (theoretical, per direction)"
+    for n in (4096, MiB):
+        rs.add("ch02.copy_time", 1e-5 + n / 2e10, "s", spread={"iqr_s": 0.0, "n": 5},
+               direction="h2d", memory="pageable", nbytes=n)
+    rs.save(tmp_path / "ref.json")
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    ref = T.reference_sweeps()
+    assert T.is_available(ref)
+    assert ref.gpu == "Test GPU" and ref.ceiling_gbps == 31.5 and "theoretical" in ref.ceiling_label
+    assert "not measured on this machine" in ref.source
+    reading = T.panel_measure(1, "h2d", "pageable", "uint8", reference=ref)
+    if NO_CUDA:
+        assert reading.reference is not None and reading.reference.nbytes == MiB
+        assert "Test GPU" in reading.note
+
+
+# -- what runs on this CPU-only machine ---------------------------------------
+
+
+def test_host_copy_is_real_and_labelled():
+    p = T.measure_host_copy(64 * KiB, min_run_time=0.01)
+    assert p.direction == "h2h" and p.memory == "pageable" and p.median_s > 0 and p.gbps > 0
+    assert "CPU memcpy" in p.method
+    sw = T.host_copy_sweep([4 * KiB, 16 * KiB], min_run_time=0.005)
+    assert sw.sizes() == [4 * KiB, 16 * KiB] and "CPU" in sw.label + sw.source
+    with pytest.raises(ValueError, match="multiple of 4"):
+        T.measure_host_copy(6, dtype="float32")
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="checks the no-GPU path")
+def test_gpu_measurements_return_unavailable_without_cuda():
+    results = [
+        T.measure_copy(MiB, "h2d", "pinned"),
+        T.transfer_sweep("d2h", "pageable", [4096]),
+        T.pin_cost(MiB),
+        T.host_blocking_probe(),
+        T.host_allocator_stats(),
+        T.pinned_rounding_demo([3 * MiB]),
+    ]
+    for r in results:
+        assert isinstance(r, T.Unavailable) and not r and not T.is_available(r)
+        assert "No CUDA device" in str(r)
+    assert "Found no NVIDIA driver" in results[2].reason  # the driver's own words are shown
+    assert T.release_pinned_cache() is False
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="checks the no-GPU path")
+def test_pinning_status_reports_the_driver_error():
+    ok, msg = T.pinning_status()
+    assert not ok and "Found no NVIDIA driver" in msg and "driver" in msg
+
+
+def test_gpu_measurements_validate_before_checking_hardware():
+    with pytest.raises(ValueError, match="direction"):
+        T.measure_copy(MiB, "sideways", "pinned")
+    with pytest.raises(ValueError, match="memory"):
+        T.measure_copy(MiB, "h2d", "locked")
+    with pytest.raises(ValueError, match="nbytes"):
+        T.measure_copy(0)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        T.measure_copy(6, dtype="float32")
+    with pytest.raises(ValueError, match="gpu_work_s"):
+        T.host_blocking_probe(gpu_work_s=0)
+    with pytest.raises(ValueError, match="memory"):
+        T.transfer_sweep("h2d", "gpu")
+
+
+def test_cuda_status_for_a_cpu_device():
+    ok, reason = T.cuda_status("cpu")
+    assert not ok and reason
+
+
+def test_wire_comparison_on_this_machine():
+    w = T.wire_comparison(2, 3, 32, 32)
+    assert w.byte_ratio == 4.0 and w.nbytes["uint8"] == 2 * 3 * 32 * 32
+    assert all(s > 0 for s in w.seconds.values())
+    if NO_CUDA:
+        assert "not a GPU transfer" in w.what
+
+
+def test_panel_measure_without_cuda_explains_and_measures_host(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    calls = []
+    reading = T.panel_measure(0.25, "d2h", "pinned", "float32", reference=T.reference_sweeps(),
+                              progress=lambda f, text="": calls.append(f))
+    assert reading.nbytes == 4 * 256 * KiB and calls[-1] == 1.0
+    if NO_CUDA:
+        assert reading.measured is None and reading.reference is None and reading.host is not None
+        s = reading.summary()
+        assert "No CUDA device" in s and "make gpu-check" in s and "not a transfer to a GPU" in s
+        assert "Pinning is impossible" in s
+    with pytest.raises(ValueError, match="dtype"):
+        T.panel_measure(1, "h2d", "pinned", "int64")
+
+
+# -- plots ----------------------------------------------------------------------
+
+
+def test_plots_draw_without_error():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = T.copy_paths_diagram()
+    assert fig.axes
+    plt.close(fig)
+    pts = [T.TransferPoint(n, "h2d", "pinned", 2e-6 + n / 25e9) for n in (4096, 65536, MiB)]
+    ax = T.plot_sweeps([T.Sweep("h2d", "pinned", pts)], ceiling=(31.5, "PCIe Gen4 x16 (theoretical)"),
+                       points=[(pts[1], "panel run")])
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "H2D pinned" in labels and any("theoretical" in s for s in labels) and "panel run" in labels
+    assert any(s.startswith("H2D pinned fit") for s in labels)
+    plt.close(ax.figure)
