@@ -2,6 +2,9 @@
 
 Each exercise cell ends with ``check("02.1", answer, expected=..., hint=...)``.
 
+The result shows itself as the last expression of a cell (``print`` it in a
+script).
+
 * An unanswered exercise (``answer`` is ``None`` or ``...``) prints a hint and
   does not fail, so notebooks run top to bottom before anyone answers.
 * A wrong answer prints what is wrong and a hint.
@@ -50,6 +53,9 @@ class ExerciseResult:
     def __str__(self) -> str:
         return self.message
 
+    def __repr__(self) -> str:
+        return self.message
+
     def _repr_html_(self) -> str:  # pragma: no cover - display only
         color = {"correct": "#1a7f37", "wrong": "#b00020", "unanswered": "#7a5a00"}[self.status]
         return f"<span style='color:{color}'>{self.message}</span>"
@@ -95,7 +101,6 @@ def check(
     explanation: str = "",
     rel_tol: float = 0.05,
     abs_tol: float = 0.0,
-    quiet: bool = False,
 ) -> ExerciseResult:
     """Check ``answer`` against ``expected`` and print feedback.
 
@@ -106,7 +111,6 @@ def check(
         hint: shown when unanswered or wrong.
         explanation: shown when right.
         rel_tol / abs_tol: tolerance for numbers.
-        quiet: return the result without printing it.
     """
     if answer is None or answer is Ellipsis:
         msg = f"Exercise {exercise}: not answered yet." + (f" Hint: {hint}" if hint else "")
@@ -124,8 +128,6 @@ def check(
             if hint:
                 msg += f" Hint: {hint}"
             result = ExerciseResult(exercise, "wrong", msg)
-    if not quiet:
-        print(result.message)
     if grade_mode() and not result.correct:
         raise AssertionError(result.message)
     return result

@@ -194,9 +194,14 @@ class Panel:
                 raise ValueError(f"{k} must be in [{lo}, {hi}], got {v!r}")
 
     def click(self) -> RunRecord | None:
-        """Press Run from Python (as the button does). Returns the new record, or None."""
+        """Press Run from Python. Returns the new record, or None if nothing ran.
+
+        Unlike a click message from the browser (``panel.button.click()``), this
+        is never mistaken for a double-click; it is still refused while a run
+        is in progress.
+        """
         before = len(self.history)
-        self.button.click()
+        self._on_click(force=True)
         return self.history[-1] if len(self.history) > before else None
 
     @property
@@ -208,9 +213,9 @@ class Panel:
         color = {"info": "#333", "ok": "#1a7f37", "error": "#b00020", "busy": "#7a5a00"}[kind]
         self.status.value = f"<span style='color:{color}'>{html.escape(text)}</span>"
 
-    def _on_click(self, _button: Any = None) -> None:
+    def _on_click(self, _button: Any = None, force: bool = False) -> None:
         now = time.monotonic()
-        if self.busy or (now - self._last_end) < self.debounce_s:
+        if self.busy or (not force and (now - self._last_end) < self.debounce_s):
             self.ignored_clicks += 1
             return
         self.busy = True

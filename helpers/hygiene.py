@@ -1,0 +1,124 @@
+"""Chapter 00's measurement-hygiene experiments, as functions.
+
+Each function runs one small, real experiment and returns
+:class:`helpers.timing.Timing` objects, so the notebook only shows the
+shape of the experiment and the result:
+
+* :func:`warmup_demo` — the first calls of a fresh operation are slower.
+* :func:`sync_demo` — timing GPU work without synchronising measures the
+  launch, not the work.
+* :func:`events_vs_wall` — CUDA events vs a synchronised wall clock.
+* :func:`time_op` — the operation the live panel times.
+* :func:`benchmark` — records the GPU-relevant figures for reference files.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .results import ResultSet
+from .timing import Timing, cuda_event_time, measure, time_calls
+from .validate import check_choice, check_float, check_int
+
+__all__ = ["OPERATIONS", "make_op", "warmup_demo", "sync_demo", "events_vs_wall", "time_op", "benchmark"]
+
+#: Operations the live panel offers, with what their size means.
+OPERATIONS: dict[str, str] = {
+    "matmul": "n x n float32 matrix product",
+    "add": "element-wise add of two float32 vectors of n*n elements",
+    "copy": "copy of a float32 tensor of n*n elements",
+}
+
+
+def make_op(op: str, n: int, device: torch.device | str) -> Callable[[], Any]:
+    """Allocate inputs for ``op`` at size ``n`` on ``device`` and return a closure that runs it.
+
+    Raises:
+        ValueError: unknown op, or a size whose inputs would not fit (limit: 1 GiB of inputs).
+    """
+    check_choice("op", op, OPERATIONS)
+    n = check_int("n", n, 1, 16384)
+    need = 3 * n * n * 4
+    if need > (1 << 30):
+        raise ValueError(f"n={n} needs {need / 2**30:.1f} GiB of inputs; choose n <= 9000 so inputs stay under 1 GiB")
+    dev = torch.device(device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(dev)
+    b = torch.randn(n, n, generator=gen).to(dev)
+    out = torch.empty_like(a)
+    if op == "matmul":
+        return lambda: torch.matmul(a, b, out=out)
+    if op == "add":
+        return lambda: torch.add(a, b, out=out)
+    return lambda: out.copy_(a)
+
+
+def warmup_demo(device: torch.device | str, repeats: int = 15, channels: int = 7, size: int = 20) -> Timing:
+    """Time the first ``repeats`` calls of a freshly built convolution, with no warm-up.
+
+    The first call pays one-off costs (kernel selection, memory allocation,
+    library initialisation, on a GPU also context and cuDNN set-up); later
+    calls don't. ``times_s[0]`` is the first call. The default problem is
+    small on purpose, so the one-off cost is not drowned by the work itself.
+    """
+    check_int("repeats", repeats, 2, 10_000)
+    check_int("channels", channels, 1, 1024)
+    check_int("size", size, 8, 1024)
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    # A channel count and size not used elsewhere, so nothing is cached from earlier cells.
+    conv = torch.nn.Conv2d(channels, channels + 3, kernel_size=5, padding=2).to(dev)
+    x = torch.randn(4, channels, size, size, device=dev)
+    with torch.no_grad():
+        return time_calls(lambda: conv(x), repeats=repeats, warmup=0, device=dev, label="fresh conv2d, no warm-up")
+
+
+def sync_demo(device: torch.device | str, n: int = 2048, repeats: int = 10) -> dict[str, Timing]:
+    """Time the same matrix product with and without synchronising before reading the clock.
+
+    On a GPU, ``"no sync"`` measures only how long the CPU takes to *queue*
+    the kernel; on a CPU the two agree because CPU operations are synchronous.
+    """
+    dev = torch.device(device)
+    fn = make_op("matmul", n, dev)
+    fn()  # warm up
+    return {
+        "no sync": time_calls(fn, repeats=repeats, device=dev, sync=False, warmup=1, label=f"matmul {n}, no sync"),
+        "sync": time_calls(fn, repeats=repeats, device=dev, sync=True, warmup=1, label=f"matmul {n}, synchronised"),
+    }
+
+
+def events_vs_wall(device: torch.device | str, n: int = 2048, repeats: int = 10) -> dict[str, Timing] | None:
+    """CUDA-event time vs synchronised wall time of a matrix product; ``None`` without CUDA."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return None
+    fn = make_op("matmul", n, dev)
+    return {
+        "CUDA events": cuda_event_time(fn, repeats=repeats, warmup=2, device=dev, label=f"matmul {n}, events"),
+        "wall clock + sync": time_calls(fn, repeats=repeats, device=dev, sync=True, warmup=2, label=f"matmul {n}, wall"),
+    }
+
+
+def time_op(op: str, n: int, device: torch.device | str, min_run_time: float = 0.2) -> Timing:
+    """Median/IQR timing of ``op`` at size ``n`` (what the chapter-00 panel runs)."""
+    check_float("min_run_time", min_run_time, 0.01, 60.0)
+    fn = make_op(op, n, device)
+    return measure(fn, label=f"{op} n={n}", device=device, min_run_time=min_run_time)
+
+
+def benchmark(results: ResultSet, device: torch.device) -> None:
+    """Record chapter 00's figures (keys ``ch00.*``) into ``results``."""
+    warm = warmup_demo(device)
+    results.add("ch00.first_call_s", warm.times_s[0], "s", what="fresh conv2d, first call")
+    results.add("ch00.steady_call_s", warm.median_s, "s", what="fresh conv2d, median of the first calls")
+    for n in (1024, 4096):
+        demo = sync_demo(device, n=n)
+        for name, t in demo.items():
+            results.add("ch00.matmul_time_s", t.median_s, "s", spread={"iqr": t.iqr_s, "n": t.n}, n=n, clock=name)
+        ev = events_vs_wall(device, n=n)
+        if ev is not None:
+            for name, t in ev.items():
+                results.add("ch00.matmul_time_s", t.median_s, "s", spread={"iqr": t.iqr_s, "n": t.n}, n=n, clock=name)
