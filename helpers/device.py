@@ -335,6 +335,11 @@ def hardware_report(device: torch.device | str | None = None) -> HardwareReport:
     _fill_host(rep)
     index = dev.index if (dev.type == "cuda" and dev.index is not None) else 0
     _fill_gpu(rep, index)
+    if rep.link_description is None:
+        rep.missing.setdefault("link_description", rep.missing.get("link_bandwidth_gbps", "link not identified"))
+    for name, value in rep.to_dict().items():  # every unknown field must say why
+        if value is None:
+            rep.missing.setdefault(name, "could not be read on this machine")
     return rep
 
 

@@ -154,9 +154,12 @@ class Panel:
         self.out = W.Output(layout=W.Layout(min_height="40px"))
         self.button.on_click(self._on_click)
         head = W.HTML(value=f"<b>{html.escape(title)}</b>")
+        for w in self.controls.values():
+            if not w.layout.margin:
+                w.layout.margin = "2px 16px 2px 0"
         ctl_box = W.Box(
             list(self.controls.values()),
-            layout=W.Layout(display="flex", flex_flow="row wrap", gap="4px 16px", max_width="100%"),
+            layout=W.Layout(display="flex", flex_flow="row wrap", max_width="100%"),
         )
         self.widget = W.VBox(
             [head, ctl_box, W.HBox([self.button, self.bar, self.bar_label]), self.status, self.out],

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import pytest
+
+from helpers import config
+from helpers.validate import check_choice, check_float, check_int, human_bytes, human_seconds
+
+
+@pytest.mark.parametrize("raw,expected", [("1", True), ("true", True), ("0", False), ("", False), ("no", False)])
+def test_quick_mode_values(monkeypatch: pytest.MonkeyPatch, raw: str, expected: bool) -> None:
+    monkeypatch.setenv(config.QUICK_ENV, raw)
+    assert config.quick_mode() is expected
+    assert config.sized(1, 2) == (1 if expected else 2)
+    assert config.mode_name() == ("quick" if expected else "full")
+
+
+def test_quick_mode_rejects_garbage(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(config.QUICK_ENV, "maybe")
+    with pytest.raises(ValueError, match="WORKBOOK_QUICK"):
+        config.quick_mode()
+
+
+def test_folders_follow_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv(config.CACHE_ENV, str(tmp_path / "c"))
+    monkeypatch.setenv(config.ARTIFACTS_ENV, str(tmp_path / "a"))
+    assert config.cache_dir() == tmp_path / "c" and (tmp_path / "c").is_dir()
+    assert config.artifacts_dir() == tmp_path / "a" and (tmp_path / "a").is_dir()
+
+
+def test_check_int() -> None:
+    assert check_int("n", 3, 1, 5) == 3
+    with pytest.raises(ValueError, match=r"batch_size must be an integer in \[1, 64\], got 0"):
+        check_int("batch_size", 0, 1, 64)
+    for bad in (True, 2.5, "3", None):
+        with pytest.raises(ValueError, match="n must be an integer"):
+            check_int("n", bad, 1, 5)
+    assert check_int("n", 10**9, 1) == 10**9
+
+
+def test_check_float_and_choice() -> None:
+    assert check_float("x", 0.5, 0.0, 1.0) == 0.5
+    for bad in (float("nan"), -1, 2, "a", True):
+        with pytest.raises(ValueError, match="x must be a number"):
+            check_float("x", bad, 0.0, 1.0)
+    assert check_choice("kind", "a", ["a", "b"]) == "a"
+    with pytest.raises(ValueError, match=r"kind must be one of \['a', 'b'\]"):
+        check_choice("kind", "c", ["a", "b"])
+
+
+def test_human_formats() -> None:
+    assert human_bytes(512) == "512 B"
+    assert human_bytes(3 * 2**20) == "3.0 MiB"
+    assert human_seconds(0.0012) == "1.20 ms"
+    assert human_seconds(2.5) == "2.50 s"
+    assert human_seconds(3e-6) == "3.0 µs"
+    assert human_seconds(float("nan")) == "nan"

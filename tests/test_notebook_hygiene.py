@@ -1,0 +1,67 @@
+"""Committed notebooks: no outputs, kernelspec python3, the chapter template, a parameters cell."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+TEMPLATE = ["Aim", "Setup", "Theory", "Practice", "Live panel", "Exercises", "Summary"]
+
+
+def test_there_are_notebooks() -> None:
+    assert NOTEBOOKS, "no notebooks found under notebooks/"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_name_pattern(path: Path) -> None:
+    assert re.fullmatch(r"0[0-7]_[a-z0-9_]+\.ipynb", path.name), f"{path.name}: chapters are named NN_title.ipynb, NN in 00..07"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_without_outputs(path: Path) -> None:
+    nb = json.loads(path.read_text())
+    dirty = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count"))]
+    assert not dirty, f"{path.name}: cells {dirty} carry outputs or execution counts; clear them before committing"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_kernelspec_is_python3(path: Path) -> None:
+    nb = json.loads(path.read_text())
+    assert nb["metadata"].get("kernelspec", {}).get("name") == "python3", f"{path.name}: kernelspec must be python3"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_follows_template(path: Path) -> None:
+    nb = json.loads(path.read_text())
+    heads = []
+    for c in nb["cells"]:
+        if c["cell_type"] == "markdown":
+            src = "".join(c["source"])
+            heads += [m.group(1).strip() for m in re.finditer(r"^## +(.+)$", src, re.M)]
+    positions = []
+    for section in TEMPLATE:
+        found = [i for i, h in enumerate(heads) if h.lower().startswith(section.lower())]
+        assert found, f"{path.name}: missing section '## {section}' (template: {TEMPLATE})"
+        positions.append(found[0])
+    assert positions == sorted(positions), f"{path.name}: sections out of order; expected {TEMPLATE}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_setup_cell_tagged_parameters(path: Path) -> None:
+    nb = json.loads(path.read_text())
+    tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1, f"{path.name}: exactly one cell must be tagged 'parameters' (the setup cell)"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_lambdas_in_dataloaders(path: Path) -> None:
+    nb = json.loads(path.read_text())
+    for c in nb["cells"]:
+        src = "".join(c["source"])
+        if c["cell_type"] == "code" and "DataLoader(" in src:
+            assert not re.search(r"(collate_fn|worker_init_fn)\s*=\s*lambda", src), f"{path.name}: lambdas break spawn workers"

@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import reference, results
+
+
+@pytest.fixture()
+def rs() -> results.ResultSet:
+    r = results.ResultSet.new("unit", "test method")
+    r.add("ch02.h2d_bandwidth", 10.0, "GB/s", bytes=4096, memory="pinned")
+    r.add("ch02.h2d_bandwidth", 5.0, "GB/s", spread={"iqr": 0.1}, bytes=4096, memory="pageable")
+    r.artifacts["ch05.trace"] = {"spans": [], "metadata": {}}
+    return r
+
+
+def test_provenance_fields(rs: results.ResultSet) -> None:
+    p = rs.provenance
+    for key in ("hardware", "torch_version", "python_version", "driver_version", "report"):
+        assert key in p
+    assert rs.mode in ("quick", "full") and rs.benchmark_version == results.BENCHMARK_VERSION
+    assert rs.created[:4].isdigit() and "torch" in rs.label()
+
+
+def test_save_load_roundtrip(rs: results.ResultSet, tmp_path) -> None:
+    path = rs.save(tmp_path / "sub" / "r.json")
+    data = json.loads(path.read_text())
+    assert data["schema"] == results.SCHEMA and data["schema_version"] == results.SCHEMA_VERSION
+    back = results.ResultSet.load(path)
+    assert back.records == rs.records and back.artifacts == rs.artifacts and back.provenance == rs.provenance
+
+
+def test_find(rs: results.ResultSet) -> None:
+    assert len(rs.find("ch02.h2d_bandwidth")) == 2
+    assert len(rs.find("ch02")) == 2  # prefix match on dotted keys
+    assert len(rs.find("ch02.h2d")) == 0  # not a dotted prefix
+    assert [r.value for r in rs.find("ch02.h2d_bandwidth", memory="pinned")] == [10.0]
+    assert rs.keys() == ["ch02.h2d_bandwidth"]
+
+
+def test_add_refuses_bad_values(rs: results.ResultSet) -> None:
+    with pytest.raises(ValueError, match="finite"):
+        rs.add("k", float("nan"), "s")
+    with pytest.raises(ValueError, match="number"):
+        rs.add("k", "fast", "s")
+    with pytest.raises(ValueError, match="key"):
+        rs.add("", 1.0, "s")
+
+
+def test_load_refuses_non_results(tmp_path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        results.ResultSet.load(bad)
+    bad.write_text(json.dumps({"schema": "something else"}))
+    with pytest.raises(ValueError, match="not a workbook result file"):
+        results.ResultSet.load(bad)
+    with pytest.raises(FileNotFoundError):
+        results.ResultSet.load(tmp_path / "missing.json")
+
+
+def test_compare_same_hardware(rs: results.ResultSet) -> None:
+    other = results.ResultSet.from_dict(rs.to_dict())
+    other.records[0].value = 20.0
+    cmp = results.compare(rs, other)
+    assert cmp.ratio("ch02.h2d_bandwidth", memory="pinned") == pytest.approx(2.0)
+    assert cmp.ratio("ch02.h2d_bandwidth", memory="pageable") == pytest.approx(1.0)
+    assert any("x2.00" in line for line in cmp.lines())
+
+
+def test_compare_refuses_different_hardware(rs: results.ResultSet) -> None:
+    other = results.ResultSet.from_dict(rs.to_dict())
+    other.provenance["hardware"]["gpu_name"] = "NVIDIA H100 80GB HBM3"
+    ok, why = results.comparable(rs, other)
+    assert not ok and "gpu_name" in why
+    with pytest.raises(results.NotComparableError, match="refusing to compare"):
+        results.compare(rs, other)
+
+
+def test_reference_fallback_and_lookup(rs: results.ResultSet, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(reference.REFERENCE_ENV, str(tmp_path))
+    assert reference.references() == []
+    msg = reference.describe("ch02.h2d_bandwidth")
+    assert "No reference results" in msg and "make gpu-check" in msg
+    # a reference recorded on another machine
+    ref = results.ResultSet.from_dict(rs.to_dict())
+    ref.provenance["hardware"]["gpu_name"] = "NVIDIA H200"
+    ref.provenance["driver_version"] = "580.1"
+    ref.save(tmp_path / "h200.json")
+    (tmp_path / "broken.json").write_text("{")
+    hits = reference.find("ch02.h2d_bandwidth", memory="pinned")
+    assert len(hits) == 1 and hits[0][1][0].value == 10.0
+    assert "Recorded on NVIDIA H200, driver 580.1" in reference.describe("ch02.h2d_bandwidth")
+    assert reference.artifacts("ch05.trace")[0][1] == {"spans": [], "metadata": {}}
+    # different hardware: shown as recorded elsewhere, never as a ratio
+    lines = reference.live_vs_reference(rs, "ch02.h2d_bandwidth")
+    assert len(lines) == 1 and "not compared" in lines[0]
+    # same hardware: ratios
+    same = results.ResultSet.from_dict(rs.to_dict())
+    same.records[0].value = 5.0
+    same.save(tmp_path / "h200.json")
+    lines = reference.live_vs_reference(rs, "ch02.h2d_bandwidth")
+    assert any("x2.00" in l for l in lines)

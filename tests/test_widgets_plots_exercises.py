@@ -1,0 +1,180 @@
+from __future__ import annotations
+
+import time
+
+import ipywidgets as W
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+from helpers import exercises, plots, widgets  # noqa: E402
+from helpers.timing import SpanRecorder  # noqa: E402
+
+
+def _panel(run=None, **kw) -> widgets.Panel:
+    def default_run(progress, n, kind):
+        progress(0.5, "half way")
+        if n == 13:
+            raise ValueError("13 is unlucky")
+        return {"value": n * 2, "kind": kind}
+
+    def plot(history, ax):
+        plots.history_bars([r.short_label() for r in history], [r.result["value"] for r in history], ax, ylabel="value")
+
+    return widgets.Panel(
+        "test",
+        {"n": W.IntSlider(value=1, min=1, max=20), "kind": W.Dropdown(options=["a", "b"], value="a")},
+        run or default_run,
+        summarize=lambda r: f"value {r['value']}",
+        plot=plot,
+        **kw,
+    )
+
+
+def test_panel_runs_and_keeps_history() -> None:
+    p = _panel()
+    rec = p.click()
+    assert rec is not None and rec.result == {"value": 2, "kind": "a"} and p.error is None
+    p.set(n=5, kind="b")
+    p.click()
+    assert [r.result["value"] for r in p.history] == [2, 10]
+    assert p.last.values == {"n": 5, "kind": "b"} and p.bar.value == 1.0
+    outs = p.out.outputs
+    assert outs[0]["output_type"] == "stream" and "value 10" in outs[0]["text"]
+    assert "image/png" in outs[1]["data"]
+    assert not p.busy and not p.button.disabled
+    assert "done" in p.status.value
+
+
+def test_panel_history_bound() -> None:
+    p = _panel(max_history=3)
+    for i in range(5):
+        p.set(n=i + 1)
+        p.click()
+    assert [r.index for r in p.history] == [3, 4, 5]
+
+
+def test_panel_refuses_bad_values() -> None:
+    p = _panel()
+    with pytest.raises(ValueError, match="unknown control"):
+        p.set(size=3)
+    with pytest.raises(ValueError, match=r"kind must be one of \['a', 'b'\]"):
+        p.set(kind="z")
+    with pytest.raises(ValueError, match=r"n must be in \[1, 20\]"):
+        p.set(n=500)
+    p.set(n=13)
+    assert p.click() is None
+    assert p.error == "Can't run with these settings: 13 is unlucky" and "unlucky" in p.status.value
+    assert not p.button.disabled
+
+
+def test_panel_validate_hook() -> None:
+    def refuse(values):
+        if values["kind"] == "b":
+            raise ValueError("kind b needs a GPU")
+
+    p = _panel(validate=refuse)
+    p.set(kind="b")
+    assert p.click() is None and "needs a GPU" in p.error
+
+
+def test_panel_unexpected_error_in_plain_words() -> None:
+    def run(progress, n, kind):
+        raise ZeroDivisionError("division by zero")
+
+    p = _panel(run=run)
+    p.click()
+    assert p.error.startswith("The run failed: ZeroDivisionError")
+    assert any(o.get("name") == "stderr" for o in p.out.outputs)
+
+
+def test_panel_interrupt_restores_state() -> None:
+    def run(progress, n, kind):
+        raise KeyboardInterrupt
+
+    p = _panel(run=run)
+    p.click()
+    assert "Interrupted" in p.error and not p.busy and not p.button.disabled
+
+
+def test_double_click_starts_one_run() -> None:
+    calls = []
+
+    def run(progress, n, kind):
+        calls.append(n)
+        time.sleep(0.05)
+        return {"value": n}
+
+    p = _panel(run=run, debounce_s=0.5)
+    p.button.click()
+    p.button.click()  # queued behind the first: arrives right after it ends
+    assert calls == [1] and p.ignored_clicks == 1
+    p.click()  # a deliberate click from Python is not a double click
+    assert calls == [1, 1]
+
+
+def test_click_while_busy_is_ignored() -> None:
+    p = None
+
+    def run(progress, n, kind):
+        p.button.click()  # a click arriving during the run
+        return {"value": n}
+
+    p = _panel(run=run)
+    p.click()
+    assert len(p.history) == 1 and p.ignored_clicks == 1
+
+
+def test_panel_rejects_bad_construction() -> None:
+    with pytest.raises(ValueError, match="run must be a callable"):
+        widgets.Panel("x", {}, 3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_history"):
+        widgets.Panel("x", {}, lambda progress: 1, max_history=0)
+
+
+def test_timeline_and_stacked_plots() -> None:
+    from matplotlib.figure import Figure
+
+    rec = SpanRecorder("cpu")
+    rec.add("load", 0, 0.0, 0.01)
+    rec.add("compute", 0, 0.01, 0.03, lane="gpu")
+    trace = rec.finish()
+    ax = Figure().add_subplot()
+    plots.timeline(trace, ax, source="Recorded on test")
+    assert ax.get_xlabel() == "time since first span (ms)"
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["gpu", "host"]
+    ax2 = Figure().add_subplot()
+    plots.timeline(trace.to_dict(), ax2, max_steps=1)  # dict form, as stored in result files
+    ax3 = Figure().add_subplot()
+    plots.stacked_phases({"a": {"load": 0.001, "h2d": 0.002}, "b": {"load": 0.003}}, ax3)
+    assert ax3.get_ylabel() == "time per step (ms)"
+    ax4 = Figure().add_subplot()
+    plots.sweep({"pinned": ([1, 10], [1, 2])}, ax4, xlabel="bytes", ylabel="GB/s", ceiling=(31.5, "theoretical"))
+    assert ax4.get_xscale() == "log" and len(ax4.get_lines()) == 2
+    assert plots.phase_color("load") == plots.PHASE_COLORS["load"]
+    assert plots.phase_color("mystery") == plots.phase_color("mystery")
+
+
+def test_exercise_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(exercises.GRADE_ENV, raising=False)
+    r = exercises.check("t.1", None, 3.0, hint="think")
+    assert r.status == "unanswered" and "Hint: think" in repr(r)
+    assert exercises.check("t.1", 3.1, 3.0).correct  # within 5 %
+    w = exercises.check("t.1", 4.0, 3.0)
+    assert w.status == "wrong" and "too high" in w.message
+    assert exercises.check("t.2", " B ", "b").correct
+    assert exercises.check("t.3", "x", {"x", "y"}).correct
+    assert not exercises.check("t.4", 1, True).correct
+    assert exercises.check("t.5", 7, lambda a: a % 7 == 0).correct
+    assert "odd" in exercises.check("t.6", 3, lambda a: "odd" if a % 2 else True).message
+    assert not exercises.check("t.7", "three", 3.0).correct
+
+
+def test_exercise_grade_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(exercises.GRADE_ENV, "1")
+    with pytest.raises(AssertionError, match="not answered"):
+        exercises.check("g.1", None, 1.0)
+    with pytest.raises(AssertionError, match="not quite"):
+        exercises.check("g.1", 2.0, 1.0)
+    assert exercises.check("g.1", 1.0, 1.0).correct
