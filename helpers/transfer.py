@@ -89,6 +89,17 @@ __all__ = [
     "benchmark",
     "sweeps_from_records",
     "copy_paths_diagram",
+    "ReferenceSweeps",
+    "reference_sweeps",
+    "plot_sweeps",
+    "PANEL_SIZES_MIB",
+    "PanelReading",
+    "panel_measure",
+    "pin_costs_from_records",
+    "pin_cost_table",
+    "plot_pin_costs",
+    "plot_speedup",
+    "plot_panel_runs",
 ]
 
 KiB = 1024
@@ -166,7 +177,8 @@ class TransferPoint:
     def __str__(self) -> str:
         return (
             f"{_DIRECTION_NAMES.get(self.direction, self.direction)} {self.memory} {self.dtype} "
-            f"{human_bytes(self.nbytes)}: {human_seconds(self.median_s)} ({self.gbps:.2f} GB/s)"
+            f"{human_bytes(self.nbytes)}: {human_seconds(self.median_s)} (IQR {human_seconds(self.iqr_s)}, "
+            f"{self.gbps:.2f} GB/s)"
         )
 
 
@@ -522,13 +534,19 @@ def _numel(nbytes: int, dtype: str) -> int:
 # ---------------------------------------------------------------------------
 
 
-def measure_host_copy(nbytes: int, *, dtype: str = "uint8", min_run_time: float | None = None) -> TransferPoint:
+def measure_host_copy(
+    nbytes: int, *, dtype: str = "uint8", min_run_time: float | None = None, num_threads: int = 1
+) -> TransferPoint:
     """Time ``dst.copy_(src)`` between two pageable host tensors of ``nbytes`` bytes.
 
     This is a CPU memcpy, the same work the driver does when it stages a
     pageable buffer into its pinned bounce buffer. It is a CPU-side reference
     point, **not** a host-to-GPU transfer. Timed with
     :func:`helpers.timing.measure` (warm-up, blocked runs, median).
+
+    One thread by default: the driver stages a pageable copy with one CPU
+    thread, and a multi-threaded copy on a busy 2-core machine mostly measures
+    how long the threads wait for each other.
     """
     from .timing import measure
 
@@ -540,7 +558,7 @@ def measure_host_copy(nbytes: int, *, dtype: str = "uint8", min_run_time: float 
     dst = torch.zeros(n, dtype=DTYPES[dtype])  # pages touched now, not during timing
     try:
         timing = measure(lambda: dst.copy_(src), label=f"host copy {human_bytes(nbytes)}", device="cpu",
-                         min_run_time=run_time, warmup=2)
+                         min_run_time=run_time, warmup=2, num_threads=check_int("num_threads", num_threads, 1, 1024))
     finally:
         del src, dst
     return TransferPoint(
@@ -551,7 +569,8 @@ def measure_host_copy(nbytes: int, *, dtype: str = "uint8", min_run_time: float 
         iqr_s=timing.iqr_s,
         n=timing.n,
         dtype=dtype,
-        method=f"host tensor copy_ (CPU memcpy), {timing.metadata.get('method', '')}",
+        method=f"host tensor copy_ (CPU memcpy, {timing.metadata.get('num_threads')} thread(s)), "
+        f"{timing.metadata.get('method', '')}",
     )
 
 
@@ -1062,7 +1081,9 @@ def benchmark(results: Any, device: torch.device | str | None = None, *, sizes: 
       One per size, CUDA events on a side stream (see :func:`measure_copy`).
     - ``ch02.fit.latency``: s; ``direction``, ``memory`` - fitted latency per curve.
     - ``ch02.fit.bandwidth``: GB/s; ``direction``, ``memory`` - fitted bandwidth per curve.
-    - ``ch02.pin.cold`` / ``ch02.pin.cached`` / ``ch02.pin.pin_then_copy`` / ``ch02.pin.plain_to``: s; ``nbytes``.
+    - ``ch02.pin.cold`` / ``.cached`` / ``.pin_then_copy`` / ``.plain_to`` / ``.pageable_copy`` /
+      ``.pinned_copy``: s; ``nbytes`` - the fields of :class:`PinCost` (1, 16, 128 MiB).
+    - ``ch02.wire_time``: s; ``dtype``, ``nbytes`` - pinned H2D copy of 64x3x224x224 images.
     - ``ch02.host_held``: s; ``case``, ``nbytes``, ``gpu_work_s`` - host time inside the copy call.
     - ``ch02.pinned_block``: bytes; ``requested`` - allocator pool growth for one pin.
     - ``ch02.host_copy_time``: s; params ``nbytes``; spread ``iqr_s``, ``n`` - host memcpy
@@ -1094,12 +1115,16 @@ def benchmark(results: Any, device: torch.device | str | None = None, *, sizes: 
         pc = pin_cost(n, device=dev)
         assert isinstance(pc, PinCost)
         for name, value in (("cold", pc.pin_cold_s), ("cached", pc.pin_cached_s),
-                            ("pin_then_copy", pc.pin_then_copy_s), ("plain_to", pc.plain_to_s)):
+                            ("pin_then_copy", pc.pin_then_copy_s), ("plain_to", pc.plain_to_s),
+                            ("pageable_copy", pc.pageable_copy_s), ("pinned_copy", pc.pinned_copy_s)):
             _add(results, f"ch02.pin.{name}", value, "s", nbytes=n)
     hb = host_blocking_probe(device=dev, nbytes=min(64 * MiB, max(sizes)))
     assert isinstance(hb, HostBlocking)
     for case, value in hb.held_s.items():
         _add(results, "ch02.host_held", value, "s", case=case, nbytes=hb.nbytes, gpu_work_s=hb.gpu_work_s)
+    wire = wire_comparison(device=dev)
+    for d in DTYPES:
+        _add(results, "ch02.wire_time", wire.seconds[d], "s", dtype=d, nbytes=wire.nbytes[d])
     rows = pinned_rounding_demo([3 * MiB, 5 * MiB, 9 * MiB])
     if isinstance(rows, list):
         for r in rows:
@@ -1281,13 +1306,17 @@ def plot_sweeps(
                             "linewidth": 1.2}
     ax = plots.sweep(series, ax, xlabel="copy size (bytes, log scale)", ylabel="bandwidth (GB/s = 1e9 B/s, log scale)",
                      title=title, ceiling=ceiling, source=source, styles=styles)
-    for p, label in points:
-        ax.plot([p.nbytes], [p.gbps], marker="*", markersize=14, color="#e15759", markeredgecolor="black",
-                linestyle="", label=label, zorder=5)
-    if points:
-        ax.legend(fontsize=7.5)
-    ax.set_xticks([4 * KiB, 64 * KiB, MiB, 16 * MiB, 256 * MiB, GiB])
-    ax.set_xticklabels(["4 KiB", "64 KiB", "1 MiB", "16 MiB", "256 MiB", "1 GiB"])
+    star_colors = ["#e15759", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7", "#9c755f"]
+    for i, (p, label) in enumerate(points):
+        ax.plot([p.nbytes], [p.gbps], marker="*", markersize=14, color=star_colors[i % len(star_colors)],
+                markeredgecolor="black", linestyle="", label=label, zorder=5)
+    xs_all = [n for sw in sweeps for n in sw.sizes()] + [p.nbytes for p, _ in points]
+    if xs_all:
+        ticks = [(4 * KiB, "4 KiB"), (64 * KiB, "64 KiB"), (MiB, "1 MiB"), (16 * MiB, "16 MiB"),
+                 (256 * MiB, "256 MiB"), (4 * GiB, "4 GiB")]
+        shown = [(v, t) for v, t in ticks if min(xs_all) / 2 <= v <= max(xs_all) * 2]
+        ax.set_xticks([v for v, _ in shown])
+        ax.set_xticklabels([t for _, t in shown])
     ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return ax
 
@@ -1373,3 +1402,93 @@ def panel_measure(
     if progress is not None:
         progress(1.0, "done")
     return PanelReading(nbytes, direction, memory, dtype, measured, ref_point, host, note)
+
+
+def pin_costs_from_records(records: Iterable[Any]) -> list[PinCost]:
+    """Rebuild :class:`PinCost` rows from ``ch02.pin.*`` records (sizes with all six fields)."""
+    by_size: dict[int, dict[str, float]] = {}
+    for r in records:
+        get = r.get if isinstance(r, dict) else (lambda k, _r=r: getattr(_r, k, None))
+        key = str(get("key"))
+        if not key.startswith("ch02.pin."):
+            continue
+        n = int((get("params") or {}).get("nbytes", 0))
+        by_size.setdefault(n, {})[key.rsplit(".", 1)[1]] = float(get("value"))
+    need = ("cold", "cached", "pageable_copy", "pinned_copy", "plain_to", "pin_then_copy")
+    return [
+        PinCost(nbytes=n, block_bytes=predict_pinned_block(n), pin_cold_s=f["cold"], pin_cached_s=f["cached"],
+                pageable_copy_s=f["pageable_copy"], pinned_copy_s=f["pinned_copy"], plain_to_s=f["plain_to"],
+                pin_then_copy_s=f["pin_then_copy"], method="reference record")
+        for n, f in sorted(by_size.items()) if n > 0 and all(k in f for k in need)
+    ]
+
+
+def pin_cost_table(rows: Sequence[PinCost]) -> str:
+    """A fixed-width text table of pinning cost vs copy saving, one line per size."""
+    head = (f"{'size':>10} {'pin (cold)':>11} {'pin (cached)':>13} {'pageable copy':>14} {'pinned copy':>12} "
+            f"{'to() plain':>11} {'pin+copy once':>14} {'pays after':>11}")
+    lines = [head]
+    for r in rows:
+        be = r.break_even_cold
+        pays = "never" if math.isinf(be) else f"{math.ceil(be) if be > 0 else 0} uses"
+        lines.append(
+            f"{human_bytes(r.nbytes):>10} {human_seconds(r.pin_cold_s):>11} {human_seconds(r.pin_cached_s):>13} "
+            f"{human_seconds(r.pageable_copy_s):>14} {human_seconds(r.pinned_copy_s):>12} "
+            f"{human_seconds(r.plain_to_s):>11} {human_seconds(r.pin_then_copy_s):>14} {pays:>11}"
+        )
+    return "\n".join(lines)
+
+
+def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | None = None) -> Any:
+    """Time of pinning (cold, cached) vs time one pinned copy saves, against size (log-log)."""
+    from . import plots
+
+    sizes = [r.nbytes for r in rows]
+    series = {
+        "pin_memory(), new block (cudaHostAlloc)": (sizes, [r.pin_cold_s * 1e3 for r in rows]),
+        "pin_memory(), cached block (memcpy only)": (sizes, [r.pin_cached_s * 1e3 for r in rows]),
+        "saving per copy (pageable − pinned)": (sizes, [max(r.saving_per_copy_s, 1e-9) * 1e3 for r in rows]),
+    }
+    styles = {
+        "pin_memory(), new block (cudaHostAlloc)": {"color": "#e15759", "marker": "o"},
+        "pin_memory(), cached block (memcpy only)": {"color": "#f28e2b", "marker": "o", "linestyle": "--"},
+        "saving per copy (pageable − pinned)": {"color": "#59a14f", "marker": "s"},
+    }
+    ax = plots.sweep(series, ax, xlabel="buffer size (bytes, log scale)", ylabel="time (ms, log scale)",
+                     title="Cost of pinning vs what one pinned copy saves", source=source, styles=styles)
+    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return ax
+
+
+def plot_speedup(pairs: dict[str, list[tuple[int, float]]], ax: Any = None, *, source: str | None = None) -> Any:
+    """pageable/pinned time ratio per size, with the claimed 1.3-1.5 band shaded."""
+    from . import plots
+
+    series = {f"{name}: pageable time / pinned time": ([n for n, _ in v], [r for _, r in v]) for name, v in pairs.items()}
+    ax = plots.sweep(series, ax, xlabel="copy size (bytes, log scale)", ylabel="speed-up of pinned (x)",
+                     title="Is pinning 30-50% faster? Measured ratio per size", logy=False, source=source)
+    ax.axhspan(CLAIM_RANGE[0], CLAIM_RANGE[1], color="#bab0ac", alpha=0.35, label="the claim: 1.3x-1.5x")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def plot_panel_runs(
+    readings: Sequence[PanelReading],
+    ax: Any,
+    *,
+    background: Sequence[Sweep] = (),
+    ceiling: tuple[float, str] | None = None,
+    source: str | None = None,
+) -> Any:
+    """The panel's runs as stars on the sweep plot (measured, reference, or host memcpy points)."""
+    pts: list[tuple[TransferPoint, str]] = []
+    for i, r in enumerate(readings, 1):
+        for p, what in ((r.measured, "measured now"), (r.reference, "reference"), (r.host, "host memcpy now")):
+            if p is not None:
+                pts.append((p, f"run {i}: {r.direction.upper()} {r.memory} {r.dtype}, {what}"))
+    ax = plot_sweeps(list(background), ax, ceiling=ceiling, source=source, fits=False, points=pts[-6:],
+                     title="Panel runs on the sweep")
+    for p, _ in pts[:-6]:
+        ax.plot([p.nbytes], [p.gbps], marker="*", color="#bbbbbb", linestyle="", markersize=10)
+    return ax
