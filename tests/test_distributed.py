@@ -1,0 +1,236 @@
+"""Tests for helpers.distributed and helpers.ddp_train (chapter 07), on CPU.
+
+The sharding tests need no process group. The slow tests start real torchrun
+jobs (gloo, 2 processes) and check coverage, replica sync, the readable error
+of a failing rank, and that no process is left behind (psutil).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from helpers import distributed as D
+from helpers.ddp_train import IndexedDataset, parse_args, params_checksum
+
+
+# ---------------------------------------------------------------------------
+# Sharding without a process group
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 7, 10, 16, 101])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_shard_table_agrees_with_rank_share(n: int, world: int, drop_last: bool, shuffle: bool) -> None:
+    if drop_last and n < world:
+        with pytest.raises(ValueError, match="n must be >= world_size"):
+            D.shard_table(n, world, drop_last=drop_last)
+        return
+    table = D.shard_table(n, world, drop_last=drop_last, shuffle=shuffle, epoch=3)
+    share = D.rank_share(n, world, drop_last)
+    assert set(table) == set(range(world))
+    assert all(len(idx) == share.per_rank for idx in table.values())
+    cov = D.coverage(table, n)
+    assert cov.seen == share.total
+    assert len(cov.missing) == share.dropped
+    assert cov.extra == share.padded
+    if share.padded == 0 and share.dropped == 0:
+        assert cov.exactly_once
+
+
+def test_no_shuffle_interleaves_and_pads_from_the_start() -> None:
+    table = D.shard_table(10, 4, shuffle=False)
+    assert table[0] == [0, 4, 8]
+    assert table[1] == [1, 5, 9]
+    assert table[2] == [2, 6, 0]  # padding repeats the first indices
+    assert table[3] == [3, 7, 1]
+    text = D.format_shard_table(table, 10)
+    assert "0*" in text and "padding" in text
+    dropped = D.shard_table(10, 4, shuffle=False, drop_last=True)
+    assert dropped == {0: [0, 4], 1: [1, 5], 2: [2, 6], 3: [3, 7]}
+    assert "never loaded (dropped): [8, 9]" in D.format_shard_table(dropped, 10)
+
+
+def test_rank_share_closed_form() -> None:
+    s = D.rank_share(10, 4)
+    assert (s.per_rank, s.total, s.padded, s.dropped) == (3, 12, 2, 0)
+    s = D.rank_share(10, 4, drop_last=True)
+    assert (s.per_rank, s.total, s.padded, s.dropped) == (2, 8, 0, 2)
+    assert "per rank" in str(s)
+
+
+def test_batches_per_rank() -> None:
+    assert D.batches_per_rank(1000, 3, 32) == 11  # 334 per rank -> 10 full + 1 short
+    assert D.batches_per_rank(1000, 3, 32, loader_drop_last=True) == 10
+    assert D.batches_per_rank(1000, 3, 32, drop_last=True) == 11  # 333 per rank
+
+
+def test_missing_set_epoch_repeats_the_order() -> None:
+    without = D.epoch_orders(40, 2, 0, epochs=3, call_set_epoch=False)
+    with_ = D.epoch_orders(40, 2, 0, epochs=3, call_set_epoch=True)
+    assert without[0] == without[1] == without[2]
+    assert len({tuple(o) for o in with_}) == 3
+    assert without[0] == with_[0]  # epoch 0 is the same either way
+    # Every epoch the two ranks still split the data exactly (same seed + epoch on every rank).
+    for e in range(3):
+        table = {r: D.shard_indices(40, 2, r, epoch=e) for r in range(2)}
+        assert D.coverage(table, 40).exactly_once
+
+
+def test_coverage_reports_problems() -> None:
+    cov = D.coverage({0: [0, 1, 2], 1: [2, 3, 9]}, 5)
+    assert not cov.exactly_once
+    assert cov.missing == [4]
+    assert cov.repeated == {2: 2}
+    assert cov.out_of_range == [9]
+    assert cov.overlap == {(0, 1): 1}
+    assert "never seen" in str(cov)
+    assert D.coverage([[0, 2], [1, 3]], 4).exactly_once
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda: D.shard_indices(10, 0, 0), "world_size"),
+        (lambda: D.shard_indices(10, 2, 2), "rank"),
+        (lambda: D.shard_indices(0, 2, 0), "n"),
+        (lambda: D.rank_share(10, 0), "world_size"),
+        (lambda: D.batches_per_rank(10, 2, 0), "batch_size"),
+        (lambda: D.epoch_orders(10, epochs=0), "epochs"),
+        (lambda: D.launch_ddp(0), "nproc"),
+        (lambda: D.launch_ddp(D.max_processes() + 1), "nproc"),
+        (lambda: D.launch_ddp(1, workers=99), "workers"),
+        (lambda: D.launch_ddp(1, batch_size=0), "batch_size"),
+        (lambda: D.launch_ddp(1, timeout_s=0), "timeout_s"),
+        (lambda: D.launch_ddp(1, fail_rank=1), "fail_rank"),
+        (lambda: D.multi_node_command(2, 8, "nohost"), "rdzv_endpoint"),
+        (lambda: D.panel_validate({"processes": 0, "workers": 0, "batch_size": 8}), "processes"),
+    ],
+)
+def test_bad_input_names_the_parameter(call, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+def test_commands() -> None:
+    cmd = D.torchrun_command(2, ["--epochs=1"], log_dir="/tmp/x")
+    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--standalone" in cmd and "--nproc-per-node=2" in cmd
+    assert cmd[-3:] == ["-m", "helpers.ddp_train", "--epochs=1"]
+    cmd = D.torchrun_command(1, [], rdzv_endpoint="127.0.0.1:29555")
+    assert "--rdzv-endpoint=127.0.0.1:29555" in cmd and "--standalone" not in cmd
+    text = D.multi_node_command(2, 8, "node0.example:29400", node_rank=1)
+    for part in ("--nnodes=2", "--nproc-per-node=8", "--node-rank=1", "--rdzv-backend=c10d",
+                 "--rdzv-endpoint=node0.example:29400", "--rdzv-id="):
+        assert part in text
+
+
+def test_indexed_dataset_and_args() -> None:
+    ds = IndexedDataset([(10, 0), (11, 1), (12, 0)], size=2)
+    assert len(ds) == 2 and ds[1] == (11, 1, 1)
+    with pytest.raises(IndexError):
+        ds[2]
+    a = parse_args(["--out", "x", "--fail-rank", "1", "--no-set-epoch"])
+    assert a.fail_rank == 1 and a.no_set_epoch and a.epochs == 2
+    with pytest.raises(SystemExit):
+        parse_args(["--out", "x", "--batch-size", "0"])
+    m1, m2 = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    m2.load_state_dict(m1.state_dict())
+    assert params_checksum(m1) == params_checksum(m2)
+
+
+# ---------------------------------------------------------------------------
+# Real torchrun jobs (gloo on CPU, or nccl where CUDA is present)
+# ---------------------------------------------------------------------------
+
+NPROC = 2
+
+
+def _no_children_left() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def _need_two_ranks() -> None:
+    if D.max_processes() < NPROC:
+        pytest.skip(f"needs {NPROC} CPU cores (or GPUs) for {NPROC} ranks")
+
+
+@pytest.mark.slow
+def test_real_run_sees_every_sample_exactly_once() -> None:
+    _need_two_ranks()
+    steps = []
+    run = D.launch_ddp(NPROC, epochs=2, limit=96, batch_size=16, width=4, timeout_s=240,
+                       progress=lambda f, t: steps.append(f))
+    assert run.world_size == NPROC and len(run.ranks) == NPROC
+    assert run.backend == ("nccl" if torch.cuda.is_available() else "gloo")
+    for e in range(run.n_epochs):
+        cov = run.coverage(e)
+        assert cov.exactly_once, str(cov)
+        assert cov.overlap == {}  # no sample on two ranks
+    # set_epoch: a new order every epoch on each rank
+    for r in run.ranks:
+        assert r["epochs"][0]["indices"] != r["epochs"][1]["indices"]
+        assert r["pin_memory"] == torch.cuda.is_available()
+    assert run.replicas_in_sync()
+    assert all(v > 0 for v in run.per_rank_items_per_s()) and run.total_items_per_s() > 0
+    assert "total" in run.summary() and "rank" in run.table()
+    assert steps and steps[-1] == pytest.approx(1.0)
+    assert run.leftover_pids == []
+    assert not any(D.process_alive(p) for p in run.tracked_pids)
+    assert _no_children_left() == []
+
+
+@pytest.mark.slow
+def test_failing_rank_gives_readable_error_and_no_orphans() -> None:
+    _need_two_ranks()
+    with pytest.raises(D.DistributedRunError) as info:
+        D.launch_ddp(NPROC, epochs=2, limit=96, batch_size=16, width=4, workers=1, fail_rank=1, timeout_s=240)
+    err = info.value
+    assert err.rank == 1
+    assert err.error_type == "InjectedFailure"
+    assert "rank 1 of 2 failed: InjectedFailure" in str(err)
+    assert "InjectedFailure" in err.rank_traceback
+    assert err.returncode not in (0, None)
+    assert len(err.tracked_pids) >= 1 + NPROC  # torchrun + ranks (+ their workers)
+    assert err.leftover_pids == []
+    time.sleep(0.2)
+    assert not any(D.process_alive(p) for p in err.tracked_pids)
+    assert _no_children_left() == []
+
+
+@pytest.mark.slow
+def test_interrupt_stops_every_process() -> None:
+    """A KeyboardInterrupt while the ranks train (with DataLoader workers) stops them all."""
+    _need_two_ranks()
+
+    def interrupt_when_training(fraction: float, text: str) -> None:
+        if text.startswith("rank 0: step"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt, match="stopped") as info:
+        D.launch_ddp(NPROC, epochs=3, limit=96, batch_size=8, width=4, workers=1, timeout_s=240,
+                     progress=interrupt_when_training)
+    pids = info.value.tracked_pids
+    assert len(pids) >= 1 + 2 * NPROC  # torchrun, the ranks and one worker each
+    assert info.value.leftover_pids == []
+    time.sleep(0.2)
+    assert not any(D.process_alive(p) for p in pids)
+    assert _no_children_left() == []
+
+
+@pytest.mark.slow
+def test_timeout_stops_every_process() -> None:
+    _need_two_ranks()
+    t0 = time.perf_counter()
+    with pytest.raises(D.DistributedRunError, match="timeout_s=2") as info:
+        D.launch_ddp(NPROC, epochs=1, limit=32, width=4, timeout_s=2)
+    assert info.value.timed_out
+    assert time.perf_counter() - t0 < 30
+    assert info.value.leftover_pids == []
+    assert _no_children_left() == []
