@@ -1259,6 +1259,20 @@ def reference_sweeps() -> ReferenceSweeps | Unavailable:
     )
 
 
+def _bytes_ticks(ax: Any, sizes: Sequence[float]) -> None:
+    """Label a log x axis of byte sizes with 4 KiB, 16 KiB, ... 4 GiB ticks inside the data range."""
+    if not sizes:
+        return
+    lo, hi = min(sizes) / 1.5, max(sizes) * 1.5
+    shown = [4 ** k * KiB for k in range(1, 12) if lo <= 4 ** k * KiB <= hi] + ([4 * KiB] if lo <= 4 * KiB <= hi else [])
+    shown = sorted(set(shown))
+    if len(shown) > 6:
+        shown = shown[::2]
+    ax.set_xticks(shown)
+    ax.set_xticklabels([human_bytes(v).replace(".0 ", " ") for v in shown])
+    ax.minorticks_off() if len(shown) >= 2 else None
+
+
 _SWEEP_STYLES: dict[str, dict[str, Any]] = {
     "H2D pageable": {"color": "#f28e2b", "linestyle": "-", "marker": "o"},
     "H2D pinned": {"color": "#f28e2b", "linestyle": "-", "marker": "s", "markerfacecolor": "white"},
@@ -1310,13 +1324,7 @@ def plot_sweeps(
     for i, (p, label) in enumerate(points):
         ax.plot([p.nbytes], [p.gbps], marker="*", markersize=14, color=star_colors[i % len(star_colors)],
                 markeredgecolor="black", linestyle="", label=label, zorder=5)
-    xs_all = [n for sw in sweeps for n in sw.sizes()] + [p.nbytes for p, _ in points]
-    if xs_all:
-        ticks = [(4 * KiB, "4 KiB"), (64 * KiB, "64 KiB"), (MiB, "1 MiB"), (16 * MiB, "16 MiB"),
-                 (256 * MiB, "256 MiB"), (4 * GiB, "4 GiB")]
-        shown = [(v, t) for v, t in ticks if min(xs_all) / 2 <= v <= max(xs_all) * 2]
-        ax.set_xticks([v for v, _ in shown])
-        ax.set_xticklabels([t for _, t in shown])
+    _bytes_ticks(ax, [n for sw in sweeps for n in sw.sizes()] + [p.nbytes for p, _ in points])
     ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return ax
 
@@ -1456,6 +1464,7 @@ def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | Non
     }
     ax = plots.sweep(series, ax, xlabel="buffer size (bytes, log scale)", ylabel="time (ms, log scale)",
                      title="Cost of pinning vs what one pinned copy saves", source=source, styles=styles)
+    _bytes_ticks(ax, sizes)
     ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return ax
 
@@ -1469,6 +1478,7 @@ def plot_speedup(pairs: dict[str, list[tuple[int, float]]], ax: Any = None, *, s
                      title="Is pinning 30-50% faster? Measured ratio per size", logy=False, source=source)
     ax.axhspan(CLAIM_RANGE[0], CLAIM_RANGE[1], color="#bab0ac", alpha=0.35, label="the claim: 1.3x-1.5x")
     ax.axhline(1.0, color="black", linewidth=0.8)
+    _bytes_ticks(ax, [n for v in pairs.values() for n, _ in v])
     ax.legend(fontsize=8)
     return ax
 
