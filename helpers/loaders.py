@@ -1,0 +1,1702 @@
+"""DataLoader knobs, measured one at a time (chapters 03 and 04).
+
+Everything a DataLoader experiment needs, kept out of the notebooks so that it
+works with every worker start method (fork, spawn, forkserver):
+
+Building and running loaders
+    :class:`LoaderConfig` / :func:`build_loader` validate the knobs
+    (``num_workers``, ``batch_size``, ``prefetch_factor``, ``persistent_workers``,
+    ``in_order``, ``pin_memory``, start method, timeout) with plain messages.
+    :func:`measure_throughput` runs a loader for N batches after a warm-up and
+    **always** shuts its workers down (``finally``, also on ``KeyboardInterrupt``).
+    :func:`run_config` = check ``/dev/shm`` + build + measure + release.
+
+Experiments (each changes one knob against its own baseline)
+    :func:`pin_memory_experiment` (chapter 03), :func:`sweep_workers`,
+    :func:`knob_experiment` (prefetch_factor, ...), :func:`persistent_experiment`,
+    :func:`in_order_experiment`, :func:`getitems_experiment`,
+    :func:`cheap_vs_expensive` (chapter 04).
+
+Demo data sets and collate functions (module level, so spawn can import them)
+    :class:`CheapDataset`, :class:`BatchedCheapDataset` (``__getitems__``),
+    :class:`SpinDataset` (adds CPU work per item), :class:`UnevenDataset`
+    (some items slow), :class:`FailingDataset` (raises in a worker),
+    :class:`BadRNGDataset` / :class:`FixedRNGDataset` (the duplicated-augmentation
+    bug and its fix), :class:`PinnableBatch` + :func:`collate_pinnable` (a custom
+    batch type with its own ``pin_memory()``), :func:`light_uint8_collate`,
+    :func:`passthrough_collate`.
+
+Pitfalls, demonstrated without crashing the kernel
+    :func:`shm_status` / :func:`require_shm` (``/dev/shm`` too small),
+    :func:`spawn_failure_demo` (a notebook-defined class under spawn),
+    :func:`worker_error_demo` (a worker's traceback surfacing),
+    :func:`rng_duplicates` (workers repeating each other's random draws).
+
+Live panel and benchmark
+    :class:`PanelRunner`, :func:`panel_summary`, :func:`panel_plot`;
+    :func:`benchmark(results, device)` records the chapters' key figures under
+    ``ch03.*`` and ``ch04.*``.
+
+No speed is ever asserted here; every number comes from a run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing as mp
+import os
+import re
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
+
+from .validate import check_choice, check_float, check_int, human_bytes
+
+__all__ = [
+    "MAX_WORKERS",
+    "START_METHODS",
+    "cpu_cores",
+    "LoaderConfig",
+    "build_loader",
+    "release",
+    "open_iterator",
+    "child_processes",
+    "worker_processes",
+    "Throughput",
+    "measure_throughput",
+    "run_config",
+    "pin_thread_alive",
+    "pin_memory_warning",
+    "CheapDataset",
+    "BatchedCheapDataset",
+    "SpinDataset",
+    "UnevenDataset",
+    "FailingDataset",
+    "BadRNGDataset",
+    "FixedRNGDataset",
+    "PinnableBatch",
+    "collate_pinnable",
+    "light_uint8_collate",
+    "passthrough_collate",
+    "ShmStatus",
+    "shm_status",
+    "shm_needed_bytes",
+    "require_shm",
+    "SpawnOutcome",
+    "spawn_failure_demo",
+    "worker_error_demo",
+    "rng_draws",
+    "rng_duplicates",
+    "PinRow",
+    "pin_memory_experiment",
+    "batch_copy_seconds",
+    "WorkerSweep",
+    "sweep_workers",
+    "plot_sweep",
+    "KnobResult",
+    "knob_experiment",
+    "PersistentResult",
+    "persistent_experiment",
+    "InOrderResult",
+    "in_order_experiment",
+    "getitems_experiment",
+    "cheap_vs_expensive",
+    "PanelRunner",
+    "panel_summary",
+    "panel_plot",
+    "benchmark",
+]
+
+#: Upper bound accepted for ``num_workers`` (beyond this a typo is more likely than intent).
+MAX_WORKERS = 64
+#: Start methods a loader may ask for (``None`` = the platform default).
+START_METHODS: tuple[str | None, ...] = (None, "fork", "spawn", "forkserver")
+
+_PIN_WARNING = "'pin_memory' argument is set as true but no accelerator is found"
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may run on (affinity-aware; at least 1)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - macOS / Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------
+# Building loaders
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class LoaderConfig:
+    """The DataLoader knobs chapters 03-04 turn, validated together.
+
+    Attributes:
+        batch_size: items per batch (1-65536).
+        num_workers: worker processes (0 = load in the main process; 0-64).
+        pin_memory: page-locked batches (needs an accelerator; a no-op with a warning otherwise).
+        prefetch_factor: batches each worker keeps in flight (1-64); only with workers.
+            ``None`` = DataLoader's default (2 with workers).
+        persistent_workers: keep workers alive between epochs; only with workers.
+        in_order: deliver batches in sampler order (False: as soon as any is ready).
+        multiprocessing_context: ``None`` (platform default), "fork", "spawn", "forkserver".
+        timeout: seconds to wait for a batch from a worker before failing (0 = forever);
+            only with workers.
+        shuffle: reshuffle every epoch (seeded by ``seed``).
+        seed: seed of the shuffling generator and of the workers' base seed.
+        drop_last: drop a final short batch.
+    """
+
+    batch_size: int = 32
+    num_workers: int = 0
+    pin_memory: bool = False
+    prefetch_factor: int | None = None
+    persistent_workers: bool = False
+    in_order: bool = True
+    multiprocessing_context: str | None = None
+    timeout: float = 0.0
+    shuffle: bool = True
+    seed: int = 0
+    drop_last: bool = False
+
+    def validated(self) -> "LoaderConfig":
+        """Return self after checking every knob; ValueError names the knob and its range."""
+        check_int("batch_size", self.batch_size, 1, 65536)
+        check_int("num_workers", self.num_workers, 0, MAX_WORKERS)
+        _check_bool("pin_memory", self.pin_memory)
+        _check_bool("persistent_workers", self.persistent_workers)
+        _check_bool("in_order", self.in_order)
+        _check_bool("shuffle", self.shuffle)
+        _check_bool("drop_last", self.drop_last)
+        check_int("seed", self.seed, 0, 2**63 - 1)
+        check_float("timeout", self.timeout, 0.0, 3600.0)
+        if self.prefetch_factor is not None:
+            check_int("prefetch_factor", self.prefetch_factor, 1, 64)
+        check_choice("multiprocessing_context", self.multiprocessing_context, START_METHODS)
+        if self.multiprocessing_context is not None and self.multiprocessing_context not in mp.get_all_start_methods():
+            raise ValueError(
+                f"multiprocessing_context {self.multiprocessing_context!r} is not available on this platform; "
+                f"choose one of {mp.get_all_start_methods()}"
+            )
+        if self.num_workers == 0:
+            for knob, bad in (
+                ("prefetch_factor", self.prefetch_factor is not None),
+                ("persistent_workers", self.persistent_workers),
+                ("timeout", self.timeout > 0),
+                ("multiprocessing_context", self.multiprocessing_context is not None),
+            ):
+                if bad:
+                    raise ValueError(
+                        f"{knob} only applies with worker processes: set num_workers to an integer in "
+                        f"[1, {MAX_WORKERS}], or leave {knob} at its default"
+                    )
+        return self
+
+    def replace(self, **changes: Any) -> "LoaderConfig":
+        """A copy with some knobs changed (unknown names raise ValueError)."""
+        unknown = set(changes) - set(asdict(self))
+        if unknown:
+            raise ValueError(f"unknown loader knob(s) {sorted(unknown)}; knobs are {sorted(asdict(self))}")
+        data = asdict(self)
+        data.update(changes)
+        return LoaderConfig(**data)
+
+    def params(self) -> dict[str, Any]:
+        """The knobs as a plain dict (for result files)."""
+        return asdict(self)
+
+    def label(self) -> str:
+        """Short text such as ``'workers=2, batch=32, prefetch=2, persistent'``."""
+        parts = [f"workers={self.num_workers}", f"batch={self.batch_size}"]
+        if self.num_workers:
+            parts.append(f"prefetch={self.prefetch_factor or 2}")
+            if self.persistent_workers:
+                parts.append("persistent")
+            if not self.in_order:
+                parts.append("in_order=False")
+            if self.multiprocessing_context:
+                parts.append(self.multiprocessing_context)
+        if self.pin_memory:
+            parts.append("pin_memory")
+        return ", ".join(parts)
+
+
+def build_loader(
+    dataset: Dataset,
+    config: LoaderConfig | None = None,
+    *,
+    collate_fn: Callable[[Any], Any] | None = None,
+    worker_init_fn: Callable[[int], None] | None = None,
+    **knobs: Any,
+) -> DataLoader:
+    """A DataLoader from validated knobs.
+
+    Args:
+        dataset: a map-style data set (defined in an importable module if workers use spawn/forkserver).
+        config: the knobs; keyword ``knobs`` override single fields
+            (``build_loader(ds, num_workers=2)``).
+        collate_fn: default ``torch.utils.data.default_collate``.
+        worker_init_fn: default :func:`helpers.data.seed_worker` when workers are used.
+
+    Raises:
+        ValueError: a knob out of range, or a knob that needs workers used without them.
+    """
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        raise ValueError(f"dataset must be a map-style data set (with __getitem__ and __len__), got {type(dataset).__name__}")
+    cfg = (config or LoaderConfig()).replace(**knobs).validated()
+    if len(dataset) == 0:  # type: ignore[arg-type]
+        raise ValueError("dataset is empty; a loader needs at least one item")
+    if collate_fn is not None and not callable(collate_fn):
+        raise ValueError("collate_fn must be callable (a module-level function, not a lambda, for spawn workers)")
+    kwargs: dict[str, Any] = {}
+    if cfg.num_workers > 0:
+        from .data import seed_worker
+
+        kwargs.update(
+            worker_init_fn=worker_init_fn if worker_init_fn is not None else seed_worker,
+            persistent_workers=cfg.persistent_workers,
+            prefetch_factor=cfg.prefetch_factor,
+            timeout=cfg.timeout,
+            in_order=cfg.in_order,
+        )
+        if cfg.multiprocessing_context is not None:
+            kwargs["multiprocessing_context"] = cfg.multiprocessing_context
+    gen = torch.Generator()
+    gen.manual_seed(cfg.seed)
+    with warnings.catch_warnings(record=True) as wlist:
+        warnings.simplefilter("always")
+        loader = DataLoader(
+            dataset,
+            batch_size=cfg.batch_size,
+            shuffle=cfg.shuffle,
+            num_workers=cfg.num_workers,
+            pin_memory=cfg.pin_memory,
+            drop_last=cfg.drop_last,
+            collate_fn=collate_fn if collate_fn is not None else default_collate,
+            generator=gen,
+            **kwargs,
+        )
+    # e.g. "This DataLoader will create 3 worker processes in total. Our suggested max ..." -
+    # kept for the reader (Throughput.warnings), not printed to stderr.
+    loader._workbook_warnings = [str(w.message).strip() for w in wlist]  # type: ignore[attr-defined]
+    return loader
+
+
+def release(obj: Any) -> None:
+    """Shut down the worker processes (and pin thread) behind a loader or an iterator.
+
+    Safe to call more than once, on loaders with or without workers, and on
+    persistent loaders (whose iterator the DataLoader keeps in ``_iterator``).
+    """
+    its = []
+    if isinstance(obj, DataLoader):
+        its.append(getattr(obj, "_iterator", None))
+    else:
+        its.append(obj)
+    for it in its:
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except Exception:  # a half-started iterator must not block cleanup
+                pass
+    if isinstance(obj, DataLoader):
+        obj._iterator = None
+
+
+@contextlib.contextmanager
+def open_iterator(loader: DataLoader) -> Iterator[Iterator[Any]]:
+    """``with open_iterator(loader) as it:`` - the workers are released when the block ends, however it ends."""
+    it = None
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
+            warnings.filterwarnings("ignore", message=re.escape(_PIN_WARNING))
+            it = iter(loader)
+        yield it
+    finally:
+        if it is not None:
+            release(it)
+        release(loader)
+
+
+def child_processes() -> list[Any]:
+    """Live child processes of this process (psutil objects), recursively."""
+    import psutil
+
+    try:
+        return [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+    except psutil.Error:  # pragma: no cover
+        return []
+
+
+def worker_processes() -> list[Any]:
+    """Children that are not multiprocessing's own long-lived helpers.
+
+    ``spawn``/``forkserver`` start one *resource tracker* (and a forkserver)
+    per Python process, by design; they stay until the kernel exits and are
+    not leaked workers.
+    """
+    out = []
+    for p in child_processes():
+        try:
+            cmd = " ".join(p.cmdline())
+        except Exception:
+            cmd = ""
+        if "resource_tracker" in cmd or "forkserver" in cmd:
+            continue
+        out.append(p)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Measuring
+# ---------------------------------------------------------------------------
+
+
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, PinnableBatch):
+        return len(batch)
+    if isinstance(batch, Mapping):
+        return _batch_len(next(iter(batch.values())))
+    if isinstance(batch, (list, tuple)) and batch:
+        first = batch[0]
+        if isinstance(first, (torch.Tensor, list, tuple, PinnableBatch, Mapping)):
+            return _batch_len(first)
+        return len(batch)
+    return 1
+
+
+def _batch_bytes(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return int(batch.numel() * batch.element_size())
+    if isinstance(batch, PinnableBatch):
+        return _batch_bytes(batch.images) + _batch_bytes(batch.labels)
+    if isinstance(batch, Mapping):
+        return sum(_batch_bytes(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(_batch_bytes(v) for v in batch)
+    return 0
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    pos = (len(s) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+@dataclass
+class Throughput:
+    """One measured loader run.
+
+    Attributes:
+        label: the configuration, in words.
+        config: the knobs (and anything else that defines the run).
+        items / batches: counted in the timed window (after warm-up).
+        seconds: wall time of the timed window.
+        startup_s: time from ``iter(loader)`` to the first batch (includes starting workers).
+        warmup_batches: batches taken before the window opened.
+        epochs_started: iterators created (1 + epoch restarts).
+        wait_s: per timed batch, the time the main thread spent inside ``next()``.
+        main_cpu_s: CPU time of the main thread in the window (``time.thread_time``).
+        batch_bytes: bytes of the first timed batch.
+        warnings: warnings the loader emitted (captured, not printed).
+        extra: experiment-specific values (e.g. pin timings).
+    """
+
+    label: str
+    config: dict[str, Any]
+    items: int
+    batches: int
+    seconds: float
+    startup_s: float
+    warmup_batches: int
+    epochs_started: int
+    wait_s: list[float] = field(default_factory=list)
+    main_cpu_s: float = 0.0
+    batch_bytes: int = 0
+    warnings: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def items_per_s(self) -> float:
+        return self.items / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def ms_per_batch(self) -> float:
+        return 1e3 * self.seconds / self.batches if self.batches else float("nan")
+
+    @property
+    def mean_wait_ms(self) -> float:
+        return 1e3 * statistics.fmean(self.wait_s) if self.wait_s else float("nan")
+
+    @property
+    def p95_wait_ms(self) -> float:
+        return 1e3 * _pct(self.wait_s, 0.95)
+
+    @property
+    def max_wait_ms(self) -> float:
+        return 1e3 * max(self.wait_s) if self.wait_s else float("nan")
+
+    @property
+    def main_busy(self) -> float:
+        """Fraction of the window the main thread was on a CPU (near 1: the main process is the bottleneck)."""
+        return self.main_cpu_s / self.seconds if self.seconds > 0 else float("nan")
+
+    def summary(self) -> str:
+        return (
+            f"{self.label}: {self.items_per_s:,.0f} items/s "
+            f"({self.batches} batches in {self.seconds:.2f} s; first batch after {self.startup_s:.2f} s; "
+            f"main thread busy {100 * self.main_busy:.0f}%)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["items_per_s"] = self.items_per_s
+        return d
+
+
+def _loader_params(loader: DataLoader) -> dict[str, Any]:
+    return {
+        "batch_size": loader.batch_size,
+        "num_workers": loader.num_workers,
+        "pin_memory": bool(loader.pin_memory),
+        "prefetch_factor": loader.prefetch_factor if loader.num_workers else None,
+        "persistent_workers": bool(loader.persistent_workers),
+        "in_order": bool(getattr(loader, "in_order", True)),
+        "dataset": type(loader.dataset).__name__,
+    }
+
+
+def measure_throughput(
+    loader: DataLoader,
+    *,
+    batches: int,
+    warmup: int = 2,
+    consume: Callable[[Any], Any] | None = None,
+    progress: Callable[..., Any] | None = None,
+    label: str | None = None,
+    on_batch: Callable[[Any], None] | None = None,
+) -> Throughput:
+    """Run ``loader`` for ``warmup`` + ``batches`` batches and time the last ``batches``.
+
+    Epoch ends are crossed transparently (a new iterator is started; with
+    ``persistent_workers`` the same workers carry on), so the window can be
+    longer than one epoch. Workers are shut down in ``finally``: after a
+    normal end, an exception, or ``KeyboardInterrupt``.
+
+    Args:
+        loader: the DataLoader to run.
+        batches: batches in the timed window (1-1,000,000).
+        warmup: batches taken first and not timed (worker start-up, first-call costs).
+        consume: optional ``consume(batch)`` called per batch (e.g. a training step); its time is in the window.
+        progress: optional ``progress(fraction, text)`` (a panel's progress bar).
+        label: text for the result (default: the knobs).
+        on_batch: optional ``on_batch(batch)`` called for every timed batch, outside the wait timing.
+
+    Returns:
+        A :class:`Throughput`.
+    """
+    batches = check_int("batches", batches, 1, 1_000_000)
+    warmup = check_int("warmup", warmup, 0, 1_000_000)
+    total = warmup + batches
+    params = _loader_params(loader)
+    caught: list[str] = list(getattr(loader, "_workbook_warnings", []))
+    waits: list[float] = []
+    items = 0
+    bytes_first = 0
+    epochs = 0
+    it = None
+    t_window = t_cpu = None
+    startup = float("nan")
+    try:
+        with warnings.catch_warnings(record=True) as wlist:
+            warnings.simplefilter("always")
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            t_start = time.perf_counter()
+            it = iter(loader)
+            epochs = 1
+            n = 0
+            empty_epochs = 0
+            while n < total:
+                if n == warmup:
+                    t_window = time.perf_counter()
+                    t_cpu = time.thread_time()
+                t0 = time.perf_counter()
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    empty_epochs += 1
+                    if empty_epochs > 1:
+                        raise ValueError(
+                            "the loader yields no batches (data set smaller than batch_size with drop_last=True?)"
+                        ) from None
+                    if not loader.persistent_workers:
+                        release(it)
+                    it = iter(loader)
+                    epochs += 1
+                    batch = next(it)
+                empty_epochs = 0
+                t1 = time.perf_counter()
+                if n == 0:
+                    startup = t1 - t_start
+                if consume is not None:
+                    consume(batch)
+                if n >= warmup:
+                    waits.append(t1 - t0)
+                    items += _batch_len(batch)
+                    if n == warmup:
+                        bytes_first = _batch_bytes(batch)
+                    if on_batch is not None:
+                        on_batch(batch)
+                n += 1
+                if progress is not None and (n % max(1, total // 50) == 0 or n == total):
+                    progress(n / total, f"{n}/{total} batches")
+            seconds = time.perf_counter() - (t_window if t_window is not None else t_start)
+            cpu = time.thread_time() - (t_cpu if t_cpu is not None else 0.0)
+            for w in wlist:
+                msg = str(w.message).strip()
+                if msg not in caught:
+                    caught.append(msg)
+    finally:
+        if it is not None:
+            release(it)
+        release(loader)
+    return Throughput(
+        label=label or LoaderConfig(
+            batch_size=int(loader.batch_size or 1),
+            num_workers=loader.num_workers,
+            pin_memory=bool(loader.pin_memory),
+            prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
+            persistent_workers=bool(loader.persistent_workers),
+            in_order=bool(getattr(loader, "in_order", True)),
+        ).label(),
+        config=params,
+        items=items,
+        batches=batches,
+        seconds=seconds,
+        startup_s=startup,
+        warmup_batches=warmup,
+        epochs_started=epochs,
+        wait_s=waits,
+        main_cpu_s=cpu,
+        batch_bytes=bytes_first,
+        warnings=caught,
+    )
+
+
+def run_config(
+    dataset: Dataset,
+    config: LoaderConfig | None = None,
+    *,
+    batches: int,
+    warmup: int = 2,
+    collate_fn: Callable[[Any], Any] | None = None,
+    label: str | None = None,
+    check_shm: bool = True,
+    progress: Callable[..., Any] | None = None,
+    on_batch: Callable[[Any], None] | None = None,
+    **knobs: Any,
+) -> Throughput:
+    """Check ``/dev/shm``, build a loader, measure it, release its workers.
+
+    Raises:
+        ValueError: bad knobs, or too little ``/dev/shm`` for this configuration
+            (refused before any worker starts; see :func:`require_shm`).
+    """
+    cfg = (config or LoaderConfig()).replace(**knobs).validated()
+    loader = build_loader(dataset, cfg, collate_fn=collate_fn)
+    try:
+        if check_shm and cfg.num_workers > 0:
+            sample = dataset[0]
+            per_item = _batch_bytes(sample if isinstance(sample, (tuple, list, torch.Tensor, Mapping)) else [])
+            require_shm(shm_needed_bytes(per_item * cfg.batch_size, cfg.num_workers, cfg.prefetch_factor or 2))
+        result = measure_throughput(
+            loader, batches=batches, warmup=warmup, progress=progress, label=label or cfg.label(), on_batch=on_batch
+        )
+    finally:
+        release(loader)
+    result.config = {**cfg.params(), "dataset": type(dataset).__name__, "collate": getattr(collate_fn, "__name__", "default_collate")}
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Chapter 03: the pin thread
+# ---------------------------------------------------------------------------
+
+
+def pin_thread_alive() -> bool:
+    """True while a DataLoader pin-memory thread (named ``pt_data_pin``) runs in this process."""
+    return any(t.name == "pt_data_pin" and t.is_alive() for t in threading.enumerate())
+
+
+def pin_memory_warning() -> str | None:
+    """The warning ``DataLoader(pin_memory=True)`` gives on this machine, captured (``None``: no warning).
+
+    Creates one iterator over a 2-item data set with ``num_workers=0`` and
+    records warnings instead of printing them.
+    """
+    loader = DataLoader(CheapDataset(4, image_size=4), batch_size=2, pin_memory=True)
+    it = None
+    try:
+        with warnings.catch_warnings(record=True) as wlist:
+            warnings.simplefilter("always")
+            it = iter(loader)
+            next(it)
+    finally:
+        release(it)
+    msgs = [str(w.message) for w in wlist if "pin_memory" in str(w.message)]
+    return msgs[0] if msgs else None
+
+
+class PinnableBatch:
+    """A custom batch type: images and labels, with its own ``pin_memory()``.
+
+    The DataLoader's pin step calls ``batch.pin_memory()`` on any object that
+    has one (in the pin thread with workers, in the main thread without). This
+    one also records how long pinning took and which thread did it, so chapter
+    03 can show where the pinning time goes.
+
+    Attributes:
+        images, labels: tensors.
+        pin_seconds: time the last ``pin_memory()`` took (``None``: not pinned by it).
+        pin_thread: name of the thread that pinned it.
+    """
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        self.images = images
+        self.labels = labels
+        self.pin_seconds: float | None = None
+        self.pin_thread: str | None = None
+
+    def pin_memory(self, device: Any = None) -> "PinnableBatch":
+        """A copy in page-locked memory (what ``DataLoader(pin_memory=True)`` calls)."""
+        t0 = time.perf_counter()
+        out = PinnableBatch(self.images.pin_memory(), self.labels.pin_memory())
+        out.pin_seconds = time.perf_counter() - t0
+        out.pin_thread = threading.current_thread().name
+        return out
+
+    def is_pinned(self) -> bool:
+        return bool(self.images.is_pinned() and self.labels.is_pinned())
+
+    def to(self, device: Any, non_blocking: bool = False) -> "PinnableBatch":
+        """Move both tensors (``non_blocking`` only overlaps when pinned)."""
+        out = PinnableBatch(self.images.to(device, non_blocking=non_blocking), self.labels.to(device, non_blocking=non_blocking))
+        out.pin_seconds, out.pin_thread = self.pin_seconds, self.pin_thread
+        return out
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    def __repr__(self) -> str:
+        return f"PinnableBatch(images={tuple(self.images.shape)} {self.images.dtype}, pinned={self.is_pinned()})"
+
+
+def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Stack like default_collate: straight into shared memory inside a worker (no extra copy)."""
+    from torch.utils.data._utils.collate import collate_tensor_fn
+
+    return collate_tensor_fn(tensors)
+
+
+def collate_pinnable(items: list[tuple[torch.Tensor, int]]) -> PinnableBatch:
+    """Collate ``(image, label)`` items into a :class:`PinnableBatch`."""
+    return PinnableBatch(_stack([x for x, _ in items]), torch.as_tensor([int(y) for _, y in items]))
+
+
+def batch_copy_seconds(nbytes: int, repeats: int = 20) -> float:
+    """Median time of one plain CPU copy of ``nbytes`` (the memcpy inside pinning, measured here).
+
+    Pinning a batch copies it into page-locked memory; once the caching host
+    allocator has warm blocks, that copy is most of the cost. Without an
+    accelerator nothing can be pinned, so this is the part that *can* be
+    measured on any machine. It is a lower bound, not the pinning cost.
+    """
+    nbytes = check_int("nbytes", nbytes, 1, 1 << 34)
+    src = torch.empty(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(check_int("repeats", repeats, 1, 10_000)):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@dataclass
+class PinRow:
+    """One run of the pin experiment."""
+
+    num_workers: int
+    pin_memory: bool
+    result: Throughput
+    pin_active: bool
+    pin_ms_per_batch: float | None
+    pin_thread: str | None
+
+    @property
+    def items_per_s(self) -> float:
+        return self.result.items_per_s
+
+
+def pin_memory_experiment(
+    dataset: Dataset,
+    *,
+    workers: Sequence[int] = (0, 2),
+    batch_size: int = 32,
+    batches: int = 30,
+    warmup: int = 4,
+    progress: Callable[..., Any] | None = None,
+) -> list[PinRow]:
+    """The baseline loader with and without ``pin_memory``, for each worker count.
+
+    Batches are :class:`PinnableBatch`, so when pinning really happens (a CUDA
+    device is present) each batch says how long pinning took and which thread
+    did it: the main thread with ``num_workers=0``, the ``pt_data_pin`` thread
+    with workers. Without an accelerator the flag only warns; the rows then
+    show ``pin_active=False`` and no pin time.
+    """
+    rows: list[PinRow] = []
+    runs = [(w, p) for w in workers for p in (False, True)]
+    for k, (w, pin) in enumerate(runs):
+        pins: list[float] = []
+        threads: list[str] = []
+
+        def note(batch: Any) -> None:
+            if isinstance(batch, PinnableBatch) and batch.pin_seconds is not None:
+                pins.append(batch.pin_seconds)
+                threads.append(batch.pin_thread or "?")
+
+        cfg = LoaderConfig(batch_size=batch_size, num_workers=w, pin_memory=pin, persistent_workers=w > 0)
+        res = run_config(dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_pinnable, on_batch=note)
+        active = bool(pins)
+        rows.append(
+            PinRow(
+                num_workers=w,
+                pin_memory=pin,
+                result=res,
+                pin_active=active,
+                pin_ms_per_batch=1e3 * statistics.median(pins) if pins else None,
+                pin_thread=max(set(threads), key=threads.count) if threads else None,
+            )
+        )
+        if progress is not None:
+            progress((k + 1) / len(runs), f"workers={w}, pin_memory={pin}")
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# Demo data sets (module level: importable by spawn/forkserver workers)
+# ---------------------------------------------------------------------------
+
+
+class CheapDataset(Dataset):
+    """Items that cost almost nothing: views into a small in-memory bank of random images.
+
+    With items this cheap, a DataLoader's per-batch overhead in the main
+    process (receiving and unpickling batches from workers) is what limits
+    throughput, not the work in the workers.
+
+    Args:
+        n: number of items (1-10,000,000).
+        image_size: side length (1-1024).
+        output: ``"float"`` (float32, 4 bytes per value) or ``"uint8"``.
+        bank: distinct images kept in memory (1-4096).
+        seed: generator seed for the bank.
+    """
+
+    def __init__(self, n: int, image_size: int = 64, output: str = "float", bank: int = 64, seed: int = 0) -> None:
+        self.n = check_int("n", n, 1, 10_000_000)
+        self.image_size = check_int("image_size", image_size, 1, 1024)
+        self.output = check_choice("output", output, ("float", "uint8"))
+        bank = check_int("bank", bank, 1, 4096)
+        g = torch.Generator().manual_seed(check_int("seed", seed, 0, 2**63 - 1))
+        data = torch.randint(0, 256, (bank, 3, self.image_size, self.image_size), dtype=torch.uint8, generator=g)
+        self.bank = data if output == "uint8" else data.float().div_(255.0)
+        self.labels = torch.arange(bank) % 10
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if not -self.n <= index < self.n:
+            raise IndexError(f"index {index} out of range for {self.n} items")
+        k = index % len(self.bank)
+        return self.bank[k], int(self.labels[k])
+
+
+class BatchedCheapDataset(CheapDataset):
+    """:class:`CheapDataset` plus ``__getitems__``: one gather per batch instead of one call per item.
+
+    The DataLoader passes what ``__getitems__`` returns straight to
+    ``collate_fn``; this one returns a finished ``(images, labels)`` batch, so
+    pair it with :func:`passthrough_collate`.
+    """
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.as_tensor(indices, dtype=torch.long) % len(self.bank)
+        shape = (len(indices), *self.bank.shape[1:])
+        if get_worker_info() is not None:  # build the batch in shared memory, as default_collate does
+            out = self.bank.new_empty(shape).share_memory_()
+            torch.index_select(self.bank, 0, idx, out=out)
+            images = out
+        else:
+            images = self.bank.index_select(0, idx)
+        return images, self.labels.index_select(0, idx)
+
+
+def passthrough_collate(batch: Any) -> Any:
+    """A collate function that returns its input (for data sets that batch in ``__getitems__``)."""
+    return batch
+
+
+def light_uint8_collate(items: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, list[int]]:
+    """A lighter collate for uint8 images: one shared-memory tensor per batch, labels as a plain list.
+
+    ``default_collate`` turns the labels into a second tensor, and every tensor
+    crosses the process boundary with its own shared-memory handle that the
+    main process must open and map. Here only the images do; the labels are a
+    tiny pickled list (turn them into a tensor on the main side with
+    ``torch.as_tensor`` when needed).
+    """
+    images = _stack([x for x, _ in items])
+    return images, [int(y) for _, y in items]
+
+
+def _spin(seconds: float) -> None:
+    """Burn ``seconds`` of this thread's CPU time (not wall time: on a busy machine it takes longer)."""
+    end = time.thread_time() + seconds
+    x = 0
+    while time.thread_time() < end:
+        x += 1
+
+
+class SpinDataset(Dataset):
+    """Wrap a data set and add ``extra_ms`` of CPU time per item (a stand-in for heavier augmentation).
+
+    The work is a busy loop, so it competes for cores exactly like real
+    augmentation would (``time.sleep`` would not).
+    """
+
+    def __init__(self, base: Dataset, extra_ms: float) -> None:
+        self.base = base
+        self.extra_ms = check_float("extra_ms", extra_ms, 0.0, 1000.0)
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        item = self.base[index]
+        if self.extra_ms > 0:
+            _spin(self.extra_ms / 1e3)
+        return item
+
+
+class UnevenDataset(Dataset):
+    """Items whose cost is uneven: most take ``fast_ms``, every ``slow_every``-th takes ``slow_ms``.
+
+    The cost is a ``time.sleep`` (think: a slow read from network storage), so
+    it does not compete for CPU cores and the effect of ``in_order`` shows
+    cleanly even on two cores. Items are small uint8 tensors.
+    """
+
+    def __init__(self, n: int, fast_ms: float = 1.0, slow_ms: float = 60.0, slow_every: int = 23) -> None:
+        self.n = check_int("n", n, 1, 10_000_000)
+        self.fast_ms = check_float("fast_ms", fast_ms, 0.0, 10_000.0)
+        self.slow_ms = check_float("slow_ms", slow_ms, 0.0, 10_000.0)
+        self.slow_every = check_int("slow_every", slow_every, 1, 10_000_000)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def is_slow(self, index: int) -> bool:
+        return index % self.slow_every == 0
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        time.sleep((self.slow_ms if self.is_slow(index) else self.fast_ms) / 1e3)
+        return torch.full((16,), index % 256, dtype=torch.uint8), index
+
+
+class FailingDataset(Dataset):
+    """Raises ``ValueError`` for one item, to show how a worker's exception reaches the main process."""
+
+    def __init__(self, n: int = 32, bad_index: int = 13) -> None:
+        self.n = check_int("n", n, 1, 10_000_000)
+        self.bad_index = check_int("bad_index", bad_index, 0, self.n - 1)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if index == self.bad_index:
+            raise ValueError(f"item {index} is damaged (a deliberate failure in FailingDataset.__getitem__)")
+        return torch.zeros(4), index
+
+
+class BadRNGDataset(Dataset):
+    """THE BUG: a random generator created in ``__init__``.
+
+    Every worker receives a *copy* of the generator, state included, so all
+    workers draw the same "random" augmentation parameters. Items are
+    ``(index, worker_id, draw)``.
+    """
+
+    def __init__(self, n: int = 64, seed: int = 0) -> None:
+        self.n = check_int("n", n, 1, 10_000_000)
+        self.rng = np.random.default_rng(seed)  # <- copied into every worker
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[int, int, float]:
+        info = get_worker_info()
+        return index, (info.id if info else -1), float(self.rng.random())
+
+
+class FixedRNGDataset(Dataset):
+    """THE FIX: the generator is created lazily, in each process, from that worker's own seed.
+
+    ``get_worker_info().seed`` differs per worker (and per epoch); in the main
+    process the fixed ``seed`` is used. Works under fork, spawn and forkserver.
+    """
+
+    def __init__(self, n: int = 64, seed: int = 0) -> None:
+        self.n = check_int("n", n, 1, 10_000_000)
+        self.seed = check_int("seed", seed, 0, 2**63 - 1)
+        self._rng: np.random.Generator | None = None
+        self._rng_key: tuple[int, int] | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _generator(self) -> np.random.Generator:
+        info = get_worker_info()
+        key = (os.getpid(), info.seed if info else self.seed)
+        if self._rng is None or self._rng_key != key:
+            self._rng = np.random.default_rng(key[1])
+            self._rng_key = key
+        return self._rng
+
+    def __getitem__(self, index: int) -> tuple[int, int, float]:
+        info = get_worker_info()
+        return index, (info.id if info else -1), float(self._generator().random())
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_rng"] = None
+        state["_rng_key"] = None
+        return state
+
+
+def rng_draws(dataset: Dataset, *, num_workers: int = 2, batch_size: int = 4, multiprocessing_context: str | None = None) -> dict[int, list[float]]:
+    """Run ``dataset`` (items ``(index, worker_id, draw)``) through workers; draws per worker, in order."""
+    cfg = LoaderConfig(batch_size=batch_size, num_workers=num_workers, shuffle=False, timeout=60.0,
+                       multiprocessing_context=multiprocessing_context)
+    loader = build_loader(dataset, cfg)
+    out: dict[int, list[float]] = {}
+    with open_iterator(loader) as it:
+        for _idx, wid, draw in it:
+            for w, d in zip(wid.tolist(), draw.tolist()):
+                out.setdefault(int(w), []).append(float(d))
+    return out
+
+
+def rng_duplicates(draws: Mapping[int, Sequence[float]]) -> float:
+    """Fraction of draws made by workers other than the first that repeat one of worker 0's draws."""
+    if len(draws) < 2:
+        return 0.0
+    ids = sorted(draws)
+    first = set(draws[ids[0]])
+    others = [d for w in ids[1:] for d in draws[w]]
+    return sum(d in first for d in others) / len(others) if others else 0.0
+
+
+# ---------------------------------------------------------------------------
+# Pitfalls: /dev/shm, spawn, worker exceptions
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class ShmStatus:
+    """Size of the shared-memory file system DataLoader workers hand batches through."""
+
+    path: str
+    exists: bool
+    total_bytes: int | None
+    free_bytes: int | None
+    sharing_strategy: str
+
+    def explain(self) -> str:
+        if not self.exists:
+            return (f"{self.path} does not exist here; torch uses the '{self.sharing_strategy}' strategy "
+                    "for handing batches from workers to the main process.")
+        return (
+            f"{self.path}: {human_bytes(self.total_bytes or 0)} in total, {human_bytes(self.free_bytes or 0)} free "
+            f"(torch sharing strategy: '{self.sharing_strategy}'). Every batch a worker produces sits there until "
+            f"the main process has taken it."
+        )
+
+
+def shm_status(path: str = "/dev/shm") -> ShmStatus:
+    """Size and free space of ``/dev/shm`` (never raises)."""
+    strategy = torch.multiprocessing.get_sharing_strategy()
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return ShmStatus(path, False, None, None, strategy)
+    return ShmStatus(path, True, int(usage.total), int(usage.free), strategy)
+
+
+def shm_needed_bytes(batch_bytes: int, num_workers: int, prefetch_factor: int = 2, margin: float = 2.0) -> int:
+    """Shared memory a loader may hold at once: workers x prefetch_factor batches, times a safety margin."""
+    check_int("batch_bytes", batch_bytes, 0, 1 << 50)
+    check_int("num_workers", num_workers, 0, MAX_WORKERS)
+    check_int("prefetch_factor", prefetch_factor, 1, 64)
+    check_float("margin", margin, 1.0, 100.0)
+    return int(batch_bytes * max(1, num_workers) * prefetch_factor * margin)
+
+
+def require_shm(needed_bytes: int, path: str = "/dev/shm") -> ShmStatus:
+    """Refuse (ValueError) before any worker starts if ``/dev/shm`` has less than ``needed_bytes`` free.
+
+    A worker that runs out of shared memory is killed by SIGBUS ("bus error")
+    and the DataLoader reports only that a worker "exited unexpectedly";
+    refusing up front explains it instead. Docker gives containers 64 MiB of
+    ``/dev/shm`` by default.
+    """
+    check_int("needed_bytes", needed_bytes, 0, 1 << 50)
+    st = shm_status(path)
+    if st.exists and st.free_bytes is not None and st.free_bytes < needed_bytes:
+        raise ValueError(
+            f"{path} has only {human_bytes(st.free_bytes)} free, but this loader may hold about "
+            f"{human_bytes(needed_bytes)} of batches there (workers x prefetch_factor x batch bytes, x2 margin). "
+            f"Workers would die with a bus error. Fix: in Docker start the container with --shm-size=2g "
+            f"(or --ipc=host); or lower num_workers, prefetch_factor or batch_size; or call "
+            f"torch.multiprocessing.set_sharing_strategy('file_system')."
+        )
+    return st
+
+
+@contextlib.contextmanager
+def _capture_fd2() -> Iterator[Callable[[], str]]:
+    """Redirect file descriptor 2 (inherited by child processes) into a temporary file."""
+    import sys
+
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        try:
+            sys.stderr.flush()
+        except Exception:
+            pass
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        text: list[str] = []
+        try:
+            yield lambda: "".join(text)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text.append(tmp.read().decode("utf-8", "replace"))
+
+
+@dataclass
+class SpawnOutcome:
+    """What happened when a loader ran with a given start method."""
+
+    context: str
+    ok: bool
+    error_type: str | None
+    message: str
+    child_error: str | None
+    seconds: float
+
+
+def spawn_failure_demo(dataset: Dataset, *, context: str = "spawn", timeout_s: float = 30.0) -> SpawnOutcome:
+    """Try one batch from ``dataset`` with one worker started by ``context``; report, never hang or leak.
+
+    A data set class defined in a notebook cell lives in ``__main__``; a
+    spawn/forkserver worker is a fresh interpreter that cannot import it, so it
+    dies while unpickling the data set. The worker's own error message goes to
+    its stderr, which this function captures and returns as ``child_error``
+    (e.g. ``AttributeError: Can't get attribute 'MyData' on <module ...>``).
+
+    Args:
+        dataset: the data set to try.
+        context: "spawn", "forkserver" or "fork".
+        timeout_s: the DataLoader's timeout (1-600 s): the demo can't hang longer.
+    """
+    check_choice("context", context, [m for m in START_METHODS if m])
+    timeout_s = check_float("timeout_s", timeout_s, 1.0, 600.0)
+    cfg = LoaderConfig(batch_size=2, num_workers=1, shuffle=False, timeout=timeout_s, multiprocessing_context=context)
+    loader = build_loader(dataset, cfg)
+    t0 = time.perf_counter()
+    err: BaseException | None = None
+    with _capture_fd2() as captured:
+        try:
+            with open_iterator(loader) as it:
+                next(it)
+        except Exception as exc:  # the failure is the point of the demo
+            err = exc
+        # give a dying child a moment to flush its traceback
+        time.sleep(0.05)
+    child_text = captured()
+    found = re.findall(r"^(\w+(?:Error|Exception)): (.*)$", child_text, flags=re.M)
+    child_error = f"{found[-1][0]}: {found[-1][1]}" if found else None
+    return SpawnOutcome(
+        context=context,
+        ok=err is None,
+        error_type=type(err).__name__ if err else None,
+        message=str(err).strip() if err else "one batch loaded fine",
+        child_error=child_error,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def worker_error_demo(dataset: Dataset | None = None, *, num_workers: int = 2) -> tuple[str, str]:
+    """Load from a data set whose item raises in a worker; return ``(exception type, message)``.
+
+    The DataLoader re-raises the worker's exception in the main process, of
+    the same type, with the worker's traceback in the message ("Caught
+    ValueError in DataLoader worker process 1. Original Traceback ...").
+    """
+    ds = dataset if dataset is not None else FailingDataset()
+    cfg = LoaderConfig(batch_size=4, num_workers=check_int("num_workers", num_workers, 1, MAX_WORKERS), shuffle=False, timeout=60.0)
+    loader = build_loader(ds, cfg)
+    try:
+        with open_iterator(loader) as it:
+            for _ in it:
+                pass
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    return "none", "no worker raised"
+
+
+# ---------------------------------------------------------------------------
+# Chapter 04: workers
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerSweep:
+    """Throughput against ``num_workers`` (one :class:`Throughput` per point)."""
+
+    workers: list[int]
+    results: list[Throughput]
+    cores: int
+
+    @property
+    def items_per_s(self) -> list[float]:
+        return [r.items_per_s for r in self.results]
+
+    def at(self, n: int) -> Throughput:
+        return self.results[self.workers.index(n)]
+
+    @property
+    def baseline(self) -> float:
+        """Throughput of the single-process loader (``num_workers=0``), or of the fewest workers measured."""
+        return self.results[self.workers.index(min(self.workers))].items_per_s
+
+    def speedup(self, n: int) -> float:
+        return self.at(n).items_per_s / self.baseline
+
+    def efficiency(self, n: int) -> float:
+        """Speedup divided by the ideal speedup ``max(n, 1)`` (1.0 = perfectly linear)."""
+        return self.speedup(n) / max(n, 1)
+
+    @property
+    def best_workers(self) -> int:
+        return self.workers[int(np.argmax(self.items_per_s))]
+
+    def rule_of_thumb(self) -> int:
+        """The "half the cores" rule for this machine."""
+        return max(1, self.cores // 2)
+
+    def table(self) -> list[str]:
+        lines = [f"{'workers':>7} {'items/s':>9} {'speedup':>8} {'efficiency':>10} {'startup':>8}"]
+        for n, r in zip(self.workers, self.results):
+            lines.append(f"{n:>7} {r.items_per_s:>9,.0f} {self.speedup(n):>7.2f}x {100 * self.efficiency(n):>9.0f}% "
+                         f"{r.startup_s:>7.2f}s")
+        return lines
+
+
+def sweep_workers(
+    dataset: Dataset,
+    workers: Sequence[int],
+    *,
+    batch_size: int = 32,
+    batches: int = 40,
+    warmup: int = 4,
+    persistent: bool = True,
+    prefetch_factor: int | None = None,
+    collate_fn: Callable[[Any], Any] | None = None,
+    progress: Callable[..., Any] | None = None,
+) -> WorkerSweep:
+    """Measure steady-state throughput for each ``num_workers`` (persistent workers, so epoch ends don't restart them)."""
+    ws = [check_int("workers[i]", int(w), 0, MAX_WORKERS) for w in workers]
+    if not ws or len(set(ws)) != len(ws):
+        raise ValueError(f"workers must be a non-empty list of distinct integers in [0, {MAX_WORKERS}], got {list(workers)}")
+    results = []
+    for k, n in enumerate(ws):
+        cfg = LoaderConfig(
+            batch_size=batch_size,
+            num_workers=n,
+            persistent_workers=persistent and n > 0,
+            prefetch_factor=prefetch_factor if n > 0 else None,
+        )
+        results.append(run_config(dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_fn))
+        if progress is not None:
+            progress((k + 1) / len(ws), f"num_workers={n}")
+    return WorkerSweep(workers=ws, results=results, cores=cpu_cores())
+
+
+def plot_sweep(sw: WorkerSweep, axes: Sequence[Any] | None = None, title: str = "") -> Any:
+    """Two panels: throughput with the ideal linear line and the core-count ceiling; scaling efficiency."""
+    import matplotlib.pyplot as plt
+
+    if axes is None:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    ax1, ax2 = axes
+    base = sw.baseline
+    xs = sw.workers
+    ax1.plot(xs, sw.items_per_s, "o-", color="#4e79a7", label="measured")
+    ax1.plot(xs, [base * max(n, 1) for n in xs], ":", color="#59a14f",
+             label="ideal: each worker as fast as workers=0")
+    ax1.axhline(base * sw.cores, color="#444", linestyle="--", linewidth=1,
+                label=f"core-count ceiling ({sw.cores} cores x workers=0 rate)")
+    ax1.axvline(sw.rule_of_thumb(), color="#e15759", alpha=0.4, linewidth=6,
+                label=f"'half the cores' rule: {sw.rule_of_thumb()}")
+    ax1.set_xlabel("num_workers")
+    ax1.set_ylabel("throughput (items/s)")
+    ax1.set_xticks(xs)
+    ax1.set_ylim(bottom=0)
+    ax1.set_title(title or "Loader throughput vs num_workers")
+    ax1.legend(fontsize=8, loc="upper left")
+    ax1.grid(alpha=0.3)
+    eff_x = [n for n in xs if n > 0]
+    ax2.bar([str(n) for n in eff_x], [100 * sw.efficiency(n) for n in eff_x], color="#f28e2b")
+    ax2.axhline(100, color="#59a14f", linestyle=":", label="linear scaling")
+    ax2.set_xlabel("num_workers")
+    ax2.set_ylabel("scaling efficiency (%)\n= speedup / num_workers")
+    ax2.set_title("Scaling efficiency vs workers=0")
+    ax2.legend(fontsize=8)
+    ax2.grid(axis="y", alpha=0.3)
+    return axes
+
+
+@dataclass
+class KnobResult:
+    """One knob changed against a fixed baseline."""
+
+    knob: str
+    values: list[Any]
+    results: list[Throughput]
+    base: LoaderConfig
+
+    def rows(self) -> list[tuple[Any, Throughput]]:
+        return list(zip(self.values, self.results))
+
+    def table(self) -> list[str]:
+        out = [f"baseline: {self.base.label()}; changing {self.knob}"]
+        for v, r in self.rows():
+            out.append(f"  {self.knob}={v!s:<6} {r.items_per_s:>9,.0f} items/s  mean wait {r.mean_wait_ms:6.2f} ms  "
+                       f"p95 wait {r.p95_wait_ms:6.2f} ms")
+        return out
+
+
+def knob_experiment(
+    dataset: Dataset,
+    knob: str,
+    values: Sequence[Any],
+    *,
+    base: LoaderConfig,
+    batches: int = 40,
+    warmup: int = 4,
+    collate_fn: Callable[[Any], Any] | None = None,
+    progress: Callable[..., Any] | None = None,
+) -> KnobResult:
+    """Measure ``base`` with ``knob`` set to each of ``values`` (everything else unchanged)."""
+    if knob not in asdict(base):
+        raise ValueError(f"knob must be one of {sorted(asdict(base))}, got {knob!r}")
+    if not values:
+        raise ValueError("values must hold at least one setting")
+    results = []
+    for k, v in enumerate(values):
+        cfg = base.replace(**{knob: v})
+        results.append(run_config(dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_fn))
+        if progress is not None:
+            progress((k + 1) / len(values), f"{knob}={v}")
+    return KnobResult(knob=knob, values=list(values), results=results, base=base)
+
+
+@dataclass
+class PersistentResult:
+    """Per-epoch wall time and time-to-first-batch, with and without persistent workers."""
+
+    epoch_s: dict[bool, list[float]]
+    first_batch_s: dict[bool, list[float]]
+    num_workers: int
+
+    def restart_cost_s(self) -> float:
+        """Median extra time to the first batch of epochs 2+ when workers are restarted."""
+        a = self.first_batch_s[False][1:] or self.first_batch_s[False]
+        b = self.first_batch_s[True][1:] or self.first_batch_s[True]
+        return statistics.median(a) - statistics.median(b)
+
+    def table(self) -> list[str]:
+        out = []
+        for p in (False, True):
+            ep = ", ".join(f"{s:.2f}" for s in self.epoch_s[p])
+            fb = ", ".join(f"{1e3 * s:.0f}" for s in self.first_batch_s[p])
+            out.append(f"persistent_workers={p!s:<5}  epoch times (s): {ep}   first batch (ms): {fb}")
+        return out
+
+
+def persistent_experiment(
+    dataset: Dataset,
+    *,
+    num_workers: int = 2,
+    epochs: int = 3,
+    batch_size: int = 32,
+    multiprocessing_context: str | None = None,
+) -> PersistentResult:
+    """Run ``epochs`` full epochs with ``persistent_workers`` off, then on, and time each epoch."""
+    epochs = check_int("epochs", epochs, 1, 100)
+    epoch_s: dict[bool, list[float]] = {}
+    first: dict[bool, list[float]] = {}
+    for persistent in (False, True):
+        cfg = LoaderConfig(batch_size=batch_size, num_workers=check_int("num_workers", num_workers, 1, MAX_WORKERS),
+                           persistent_workers=persistent, multiprocessing_context=multiprocessing_context)
+        loader = build_loader(dataset, cfg)
+        epoch_s[persistent], first[persistent] = [], []
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for _ in range(epochs):
+                    t0 = time.perf_counter()
+                    t_first = None
+                    with open_iterator(loader) if not persistent else contextlib.nullcontext(iter(loader)) as it:
+                        for _batch in it:
+                            if t_first is None:
+                                t_first = time.perf_counter() - t0
+                    epoch_s[persistent].append(time.perf_counter() - t0)
+                    first[persistent].append(t_first or 0.0)
+        finally:
+            release(loader)
+    return PersistentResult(epoch_s=epoch_s, first_batch_s=first, num_workers=num_workers)
+
+
+@dataclass
+class InOrderResult:
+    """Per-batch waits with ``in_order`` True and False on a data set with uneven items."""
+
+    results: dict[bool, Throughput]
+    out_of_order: dict[bool, float]
+
+    def table(self) -> list[str]:
+        out = []
+        for flag in (True, False):
+            r = self.results[flag]
+            out.append(
+                f"in_order={flag!s:<5}  total {r.seconds:.2f} s  median wait {1e3 * _pct(r.wait_s, 0.5):6.1f} ms  "
+                f"p95 wait {r.p95_wait_ms:6.1f} ms  max wait {r.max_wait_ms:6.1f} ms  "
+                f"batches out of order {100 * self.out_of_order[flag]:.0f}%"
+            )
+        return out
+
+
+def in_order_experiment(
+    dataset: UnevenDataset,
+    *,
+    num_workers: int = 2,
+    batch_size: int = 4,
+    prefetch_factor: int = 2,
+) -> InOrderResult:
+    """One epoch (no shuffling) with ``in_order=True`` then ``False``; per-batch waits and how many arrived out of order."""
+    results: dict[bool, Throughput] = {}
+    ooo: dict[bool, float] = {}
+    n_batches = math.ceil(len(dataset) / batch_size)
+    for flag in (True, False):
+        firsts: list[int] = []
+
+        def note(batch: Any) -> None:
+            firsts.append(int(batch[1][0]))
+
+        cfg = LoaderConfig(batch_size=batch_size, num_workers=num_workers, shuffle=False, in_order=flag,
+                           prefetch_factor=prefetch_factor, persistent_workers=False)
+        res = run_config(dataset, cfg, batches=n_batches - 1, warmup=1, on_batch=note)
+        results[flag] = res
+        ooo[flag] = sum(b < a for a, b in zip(firsts, firsts[1:])) / max(1, len(firsts) - 1)
+    return InOrderResult(results=results, out_of_order=ooo)
+
+
+def getitems_experiment(
+    n: int,
+    *,
+    image_size: int = 32,
+    output: str = "uint8",
+    workers: Sequence[int] = (0, 2),
+    batch_size: int = 64,
+    batches: int = 60,
+    warmup: int = 4,
+) -> dict[tuple[str, int], Throughput]:
+    """Per-item fetching (``__getitem__`` + default_collate) against one batched ``__getitems__`` call per batch."""
+    out: dict[tuple[str, int], Throughput] = {}
+    per_item = CheapDataset(n, image_size=image_size, output=output)
+    batched = BatchedCheapDataset(n, image_size=image_size, output=output)
+    for w in workers:
+        base = LoaderConfig(batch_size=batch_size, num_workers=w, persistent_workers=w > 0)
+        out[("per-item", w)] = run_config(per_item, base, batches=batches, warmup=warmup, label=f"__getitem__, workers={w}")
+        out[("batched", w)] = run_config(batched, base, batches=batches, warmup=warmup, collate_fn=passthrough_collate,
+                                         label=f"__getitems__, workers={w}")
+    return out
+
+
+def cheap_vs_expensive(
+    expensive: Mapping[str, Dataset],
+    *,
+    n_cheap: int,
+    image_size: int,
+    workers: Sequence[int] = (0, 2),
+    batch_size: int = 32,
+    batches: int = 40,
+    warmup: int = 4,
+) -> list[dict[str, Any]]:
+    """Throughput and main-thread load for cheap items (float, uint8, uint8 + light collate) and expensive items.
+
+    Args:
+        expensive: name -> data set (e.g. ``{"JPEG float": ShapesDataset(...), "JPEG uint8": ...}``).
+        n_cheap / image_size: the cheap in-memory data set's size.
+    Returns:
+        rows ``{"items", "output", "collate", "num_workers", "result"}``.
+    """
+    cases: list[tuple[str, str, str, Dataset, Callable[[Any], Any] | None]] = [
+        ("cheap", "float", "default", CheapDataset(n_cheap, image_size, "float"), None),
+        ("cheap", "uint8", "default", CheapDataset(n_cheap, image_size, "uint8"), None),
+        ("cheap", "uint8", "light", CheapDataset(n_cheap, image_size, "uint8"), light_uint8_collate),
+    ]
+    for name, ds in expensive.items():
+        out_kind = getattr(ds, "output", "?")
+        cases.append((name, out_kind, "default", ds, None))
+    rows = []
+    for items, output, collate, ds, fn in cases:
+        for w in workers:
+            cfg = LoaderConfig(batch_size=batch_size, num_workers=w, persistent_workers=w > 0)
+            res = run_config(ds, cfg, batches=batches, warmup=warmup, collate_fn=fn,
+                             label=f"{items} {output} ({collate} collate), workers={w}")
+            rows.append({"items": items, "output": output, "collate": collate, "num_workers": w, "result": res})
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# Live panel
+# ---------------------------------------------------------------------------
+
+
+ITEM_COSTS = ("cheap (in memory)", "baseline (JPEG decode + augment)", "heavy (baseline + 2 ms CPU)")
+
+
+class PanelRunner:
+    """The chapter 04 panel's run function: build a loader from the controls, measure it, release it.
+
+    Args:
+        image_root: class-folder root of the shapes data set (``info.train_dir``);
+            ``None`` allows only the cheap items.
+        crop_size: crop size for the baseline data set.
+        batches / warmup: batches timed per run, and batches skipped first.
+        epochs_hint: unused; kept for signature stability.
+    """
+
+    def __init__(self, image_root: str | os.PathLike[str] | None, *, crop_size: int = 64, batches: int = 30,
+                 warmup: int = 3, n_cheap: int = 2048) -> None:
+        self.image_root = Path(image_root) if image_root is not None else None
+        self.crop_size = check_int("crop_size", crop_size, 8, 1024)
+        self.batches = check_int("batches", batches, 1, 100_000)
+        self.warmup = check_int("warmup", warmup, 0, 10_000)
+        self.n_cheap = check_int("n_cheap", n_cheap, 1, 10_000_000)
+        self._cache: dict[str, Dataset] = {}
+
+    def dataset(self, item_cost: str) -> Dataset:
+        check_choice("item_cost", item_cost, ITEM_COSTS)
+        if item_cost not in self._cache:
+            if item_cost == ITEM_COSTS[0]:
+                self._cache[item_cost] = CheapDataset(self.n_cheap, image_size=self.crop_size)
+            else:
+                if self.image_root is None:
+                    raise ValueError("this panel has no image data set; choose item_cost='cheap (in memory)'")
+                from .data import ShapesDataset
+
+                base = ShapesDataset(self.image_root, crop_size=self.crop_size)
+                self._cache[item_cost] = base if item_cost == ITEM_COSTS[1] else SpinDataset(base, 2.0)
+        return self._cache[item_cost]
+
+    def __call__(self, progress: Callable[..., Any] | None = None, *, num_workers: int = 0, batch_size: int = 32,
+                 prefetch_factor: int = 2, persistent: bool = False, item_cost: str = ITEM_COSTS[1]) -> Throughput:
+        ds = self.dataset(item_cost)
+        w = check_int("num_workers", num_workers, 0, MAX_WORKERS)
+        cfg = LoaderConfig(
+            batch_size=batch_size,
+            num_workers=w,
+            prefetch_factor=check_int("prefetch_factor", prefetch_factor, 1, 64) if w else None,
+            persistent_workers=bool(persistent) and w > 0,
+        )
+        res = run_config(ds, cfg, batches=self.batches, warmup=self.warmup, progress=progress,
+                         label=f"{cfg.label()}, {item_cost.split(' ')[0]}")
+        res.extra["item_cost"] = item_cost
+        return res
+
+
+def panel_summary(result: Throughput) -> str:
+    """The panel's one-line summary."""
+    return (f"{result.items_per_s:,.0f} items/s; first batch after {result.startup_s:.2f} s; "
+            f"main thread busy {100 * result.main_busy:.0f}% of the window.")
+
+
+def panel_plot(history: Sequence[Any], ax: Any) -> None:
+    """Bar per run (items/s), latest highlighted; the settings as labels."""
+    from .plots import history_bars
+
+    labels = []
+    for rec in history:
+        v = rec.values
+        labels.append(f"#{rec.index} w={v.get('num_workers')} b={v.get('batch_size')} "
+                      f"pf={v.get('prefetch_factor')}{' P' if v.get('persistent') else ''} "
+                      f"{str(v.get('item_cost', '')).split(' ')[0]}")
+    history_bars(labels, [rec.result.items_per_s for rec in history], ax, ylabel="throughput (items/s)",
+                 title="Panel runs so far (P = persistent workers)")
+
+
+# ---------------------------------------------------------------------------
+# Benchmark
+# ---------------------------------------------------------------------------
+
+
+def benchmark(
+    results: Any,
+    device: Any = None,
+    *,
+    progress: Callable[..., Any] | None = None,
+    info: Any = None,
+    sizes: Mapping[str, int] | None = None,
+    batches: int | None = None,
+    warmup: int | None = None,
+) -> Any:
+    """Record chapters 03-04's key measurements into ``results`` (a :class:`helpers.results.ResultSet`).
+
+    Uses the shapes data set at the current mode's sizes. Keys written:
+
+    * ``ch03.items_per_s`` {num_workers, pin_memory, pin_active}
+    * ``ch03.main_wait_ms`` {num_workers, pin_memory} - mean time the main thread waited per batch
+    * ``ch03.pin_ms_per_batch`` {num_workers, thread} - only where pinning really ran (CUDA)
+    * ``ch03.copy_ms_per_batch`` {bytes} - a plain CPU copy of one batch (the memcpy inside pinning)
+    * ``ch04.items_per_s`` {num_workers, persistent, output} - the worker sweep
+    * ``ch04.speedup`` {num_workers: 2, output} - steady-state, persistent workers vs workers=0
+    * ``ch04.best_num_workers`` {cores}
+    * ``ch04.prefetch.items_per_s`` {prefetch_factor, num_workers}
+    * ``ch04.persistent.epoch_s`` {persistent, epoch}, ``ch04.persistent.restart_cost_s``
+    * ``ch04.in_order.p95_wait_ms`` / ``ch04.in_order.total_s`` {in_order}
+    * ``ch04.getitems.items_per_s`` {fetch, num_workers}
+    * ``ch04.cheap.items_per_s`` / ``ch04.cheap.main_busy`` {items, output, collate, num_workers}
+
+    Args:
+        results: the ResultSet to add records to.
+        device: the device (pinning is real only on CUDA).
+        progress: optional ``progress(fraction, text)``.
+        info / sizes / batches / warmup: overrides (a :class:`helpers.data.DatasetInfo`, a
+            :func:`helpers.data.default_sizes`-like dict, batches per run); for tests.
+
+    Returns ``results``.
+    """
+    from .config import sized
+    from .data import ShapesDataset, default_sizes, make_shapes_dataset
+
+    def step(f: float, text: str) -> None:
+        if progress is not None:
+            progress(f, text)
+
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    sizes = dict(sizes) if sizes is not None else default_sizes()
+    info = info if info is not None else make_shapes_dataset()
+    ds_float = ShapesDataset(info.train_dir, crop_size=sizes["crop_size"], output="float")
+    ds_uint8 = ShapesDataset(info.train_dir, crop_size=sizes["crop_size"], output="uint8")
+    bs = sizes["batch_size"]
+    batches = check_int("batches", batches, 1, 100_000) if batches is not None else sized(30, 80)
+    warm = check_int("warmup", warmup, 0, 100_000) if warmup is not None else sized(4, 8)
+    cores = cpu_cores()
+
+    step(0.05, "ch03: pin_memory")
+    rows = pin_memory_experiment(ds_float, workers=(0, 2), batch_size=bs, batches=batches, warmup=warm)
+    for r in rows:
+        results.add("ch03.items_per_s", r.items_per_s, "items/s", num_workers=r.num_workers, pin_memory=r.pin_memory,
+                    pin_active=r.pin_active, device=str(dev))
+        results.add("ch03.main_wait_ms", r.result.mean_wait_ms, "ms", num_workers=r.num_workers, pin_memory=r.pin_memory)
+        if r.pin_ms_per_batch is not None:
+            results.add("ch03.pin_ms_per_batch", r.pin_ms_per_batch, "ms", num_workers=r.num_workers, thread=r.pin_thread)
+    nbytes = rows[0].result.batch_bytes or 1
+    results.add("ch03.copy_ms_per_batch", 1e3 * batch_copy_seconds(nbytes), "ms", bytes=nbytes)
+
+    step(0.3, "ch04: worker sweep")
+    ws = sorted(set([0, 1, 2, 3] + ([] if sized(True, False) else list(range(0, cores + 3)))))
+    sw = sweep_workers(ds_float, ws, batch_size=bs, batches=batches, warmup=warm)
+    for n, r in zip(sw.workers, sw.results):
+        results.add("ch04.items_per_s", r.items_per_s, "items/s", num_workers=n, persistent=n > 0, output="float")
+    if 2 in sw.workers:
+        results.add("ch04.speedup", sw.speedup(2), "ratio", num_workers=2, output="float", cores=cores)
+    results.add("ch04.best_num_workers", sw.best_workers, "workers", cores=cores)
+    sw8 = sweep_workers(ds_uint8, [0, 2], batch_size=bs, batches=batches, warmup=warm)
+    results.add("ch04.items_per_s", sw8.at(0).items_per_s, "items/s", num_workers=0, persistent=False, output="uint8")
+    results.add("ch04.items_per_s", sw8.at(2).items_per_s, "items/s", num_workers=2, persistent=True, output="uint8")
+    results.add("ch04.speedup", sw8.speedup(2), "ratio", num_workers=2, output="uint8", cores=cores)
+
+    step(0.6, "ch04: prefetch_factor, persistent, in_order")
+    base = LoaderConfig(batch_size=bs, num_workers=2, persistent_workers=True)
+    kr = knob_experiment(ds_float, "prefetch_factor", [1, 2, 4], base=base, batches=batches, warmup=warm)
+    for v, r in kr.rows():
+        results.add("ch04.prefetch.items_per_s", r.items_per_s, "items/s", prefetch_factor=v, num_workers=2)
+    pr = persistent_experiment(ds_float, num_workers=2, epochs=3, batch_size=bs)
+    for p in (False, True):
+        for e, s in enumerate(pr.epoch_s[p]):
+            results.add("ch04.persistent.epoch_s", s, "s", persistent=p, epoch=e)
+    results.add("ch04.persistent.restart_cost_s", pr.restart_cost_s(), "s", num_workers=2)
+    io = in_order_experiment(UnevenDataset(sized(96, 400) if batches >= 8 else 24), num_workers=2)
+    for flag, r in io.results.items():
+        results.add("ch04.in_order.p95_wait_ms", r.p95_wait_ms, "ms", in_order=flag)
+        results.add("ch04.in_order.total_s", r.seconds, "s", in_order=flag)
+
+    step(0.8, "ch04: __getitems__ and cheap items")
+    gi = getitems_experiment(sized(4096, 32768), batch_size=bs, batches=batches, warmup=warm)
+    for (fetch, w), r in gi.items():
+        results.add("ch04.getitems.items_per_s", r.items_per_s, "items/s", fetch=fetch, num_workers=w)
+    ce = cheap_vs_expensive({}, n_cheap=sized(4096, 32768), image_size=sizes["crop_size"], batch_size=bs,
+                            batches=batches, warmup=warm)
+    for row in ce:
+        r = row["result"]
+        p = {k: row[k] for k in ("items", "output", "collate", "num_workers")}
+        results.add("ch04.cheap.items_per_s", r.items_per_s, "items/s", **p)
+        results.add("ch04.cheap.main_busy", r.main_busy, "fraction", **p)
+    step(1.0, "done")
+    return results

@@ -1,0 +1,352 @@
+"""Unit tests for helpers.loaders (CPU only; no speed is asserted)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from helpers import loaders as L
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE}
+
+
+def _wait_children_back_to(before: set[int], timeout: float = 10.0) -> set[int]:
+    deadline = time.time() + timeout
+    extra = _children() - before
+    while extra and time.time() < deadline:
+        time.sleep(0.1)
+        extra = _children() - before
+    # multiprocessing's own helpers (resource tracker, forkserver) are per-process singletons, not leaks
+    return {pid for pid in extra if pid in {p.pid for p in L.worker_processes()}}
+
+
+# -- knobs -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "knobs, name",
+    [
+        ({"num_workers": -1}, "num_workers"),
+        ({"num_workers": L.MAX_WORKERS + 1}, "num_workers"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"num_workers": 2, "prefetch_factor": 0}, "prefetch_factor"),
+        ({"num_workers": 0, "prefetch_factor": 2}, "prefetch_factor"),
+        ({"num_workers": 0, "persistent_workers": True}, "persistent_workers"),
+        ({"num_workers": 0, "timeout": 5.0}, "timeout"),
+        ({"num_workers": 1, "multiprocessing_context": "thread"}, "multiprocessing_context"),
+        ({"pin_memory": 1}, "pin_memory"),
+        ({"in_order": "no"}, "in_order"),
+    ],
+)
+def test_bad_knobs_name_the_parameter(knobs, name):
+    with pytest.raises(ValueError, match=name):
+        L.build_loader(L.CheapDataset(8, 4), **knobs)
+
+
+def test_unknown_knob_is_refused():
+    with pytest.raises(ValueError, match="unknown loader knob"):
+        L.LoaderConfig().replace(workers=2)
+
+
+def test_label_mentions_knobs():
+    lab = L.LoaderConfig(num_workers=2, persistent_workers=True, prefetch_factor=4).label()
+    assert "workers=2" in lab and "prefetch=4" in lab and "persistent" in lab
+
+
+# -- measuring ---------------------------------------------------------------------
+
+
+def test_measure_counts_items_across_epochs_and_releases_workers():
+    before = _children()
+    ds = L.CheapDataset(40, image_size=4)
+    res = L.run_config(ds, L.LoaderConfig(batch_size=8, num_workers=2, persistent_workers=True), batches=12, warmup=2)
+    assert res.batches == 12 and res.items == 12 * 8
+    assert res.epochs_started >= 3  # 5 batches per epoch
+    assert len(res.wait_s) == 12 and res.items_per_s > 0
+    assert res.batch_bytes == 8 * 3 * 4 * 4 * 4 + 8 * 8  # float images + int64 labels
+    assert not _wait_children_back_to(before)
+
+
+def test_measure_without_workers():
+    res = L.run_config(L.CheapDataset(16, 4), L.LoaderConfig(batch_size=4), batches=5, warmup=1)
+    assert res.items == 20 and res.config["num_workers"] == 0
+
+
+def test_keyboard_interrupt_releases_workers():
+    before = _children()
+    loader = L.build_loader(L.CheapDataset(64, 4), batch_size=4, num_workers=2, persistent_workers=True)
+    calls = []
+
+    def consume(_batch):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        L.measure_throughput(loader, batches=10, warmup=1, consume=consume)
+    assert loader._iterator is None
+    assert not _wait_children_back_to(before)
+
+
+def test_too_many_workers_warning_is_captured_not_printed(capfd):
+    res = L.run_config(L.CheapDataset(16, 4), batch_size=4, num_workers=L.cpu_cores() + 1, batches=2, warmup=1)
+    assert any("worker" in w for w in res.warnings)
+    assert "UserWarning" not in capfd.readouterr().err
+
+
+# -- chapter 03 --------------------------------------------------------------------
+
+
+def test_pin_memory_on_cpu_only_warns():
+    if torch.accelerator.is_available():
+        pytest.skip("this machine has an accelerator")
+    msg = L.pin_memory_warning()
+    assert msg is not None and "pin_memory" in msg
+    rows = L.pin_memory_experiment(L.CheapDataset(32, 4), workers=(0, 1), batch_size=4, batches=3, warmup=1)
+    assert [(r.num_workers, r.pin_memory) for r in rows] == [(0, False), (0, True), (1, False), (1, True)]
+    assert not any(r.pin_active for r in rows)
+    assert all(r.pin_ms_per_batch is None for r in rows)
+    assert any("pin_memory" in w for w in rows[1].result.warnings)
+    assert not L.pin_thread_alive()
+
+
+def test_pinnable_batch_is_what_the_loader_pin_step_calls(monkeypatch):
+    from torch.utils.data._utils.pin_memory import pin_memory as loader_pin
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self.clone())
+    b = L.collate_pinnable([(torch.ones(3, 2, 2), 1), (torch.zeros(3, 2, 2), 0)])
+    assert isinstance(b, L.PinnableBatch) and len(b) == 2 and b.labels.tolist() == [1, 0]
+    out = loader_pin(b)
+    assert isinstance(out, L.PinnableBatch)
+    assert out.pin_seconds is not None and out.pin_seconds >= 0
+    assert out.pin_thread == "MainThread"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pin_thread_pins_with_workers():  # pragma: no cover - GPU only
+    rows = L.pin_memory_experiment(L.CheapDataset(64, 8), workers=(0, 2), batch_size=8, batches=4, warmup=1)
+    by = {(r.num_workers, r.pin_memory): r for r in rows}
+    assert by[(0, True)].pin_thread == "MainThread"
+    assert by[(2, True)].pin_thread == "pt_data_pin"
+
+
+def test_batch_copy_seconds_positive():
+    assert L.batch_copy_seconds(1 << 16, repeats=3) > 0
+    with pytest.raises(ValueError, match="nbytes"):
+        L.batch_copy_seconds(0)
+
+
+# -- chapter 04 --------------------------------------------------------------------
+
+
+def test_sweep_and_derived_figures():
+    sw = L.sweep_workers(L.CheapDataset(64, 4), [0, 1], batch_size=8, batches=4, warmup=1)
+    assert sw.workers == [0, 1] and len(sw.results) == 2
+    assert sw.speedup(0) == pytest.approx(1.0)
+    assert sw.best_workers in (0, 1)
+    assert sw.rule_of_thumb() == max(1, L.cpu_cores() // 2)
+    assert len(sw.table()) == 3
+    with pytest.raises(ValueError, match="workers"):
+        L.sweep_workers(L.CheapDataset(8, 4), [1, 1])
+
+
+def test_plot_sweep_draws_two_panels():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    sw = L.sweep_workers(L.CheapDataset(64, 4), [0, 1], batch_size=8, batches=3, warmup=1)
+    ax1, ax2 = L.plot_sweep(sw)
+    assert ax1.get_ylabel().startswith("throughput") and "efficiency" in ax2.get_ylabel()
+
+
+def test_knob_experiment_changes_one_knob():
+    base = L.LoaderConfig(batch_size=4, num_workers=1, persistent_workers=True)
+    kr = L.knob_experiment(L.CheapDataset(32, 4), "prefetch_factor", [1, 3], base=base, batches=3, warmup=1)
+    assert [r.config["prefetch_factor"] for r in kr.results] == [1, 3]
+    assert all(r.config["num_workers"] == 1 for r in kr.results)
+    with pytest.raises(ValueError, match="knob"):
+        L.knob_experiment(L.CheapDataset(8, 4), "speed", [1], base=base)
+
+
+def test_persistent_experiment_shapes():
+    pr = L.persistent_experiment(L.CheapDataset(16, 4), num_workers=1, epochs=2, batch_size=8)
+    assert len(pr.epoch_s[True]) == 2 and len(pr.first_batch_s[False]) == 2
+    assert isinstance(pr.restart_cost_s(), float)
+
+
+def test_in_order_false_may_reorder_uneven_items():
+    ds = L.UnevenDataset(24, fast_ms=0.5, slow_ms=30, slow_every=9)
+    io = L.in_order_experiment(ds, num_workers=2, batch_size=2)
+    assert io.out_of_order[True] == 0.0  # in_order=True always delivers in sampler order
+    assert set(io.results) == {True, False}
+
+
+def test_getitems_batched_fetch_gives_same_batches():
+    ds = L.BatchedCheapDataset(32, image_size=4, output="uint8")
+    images, labels = ds.__getitems__([0, 5, 3])
+    ref = L.CheapDataset(32, image_size=4, output="uint8")
+    assert torch.equal(images[1], ref[5][0]) and labels.tolist() == [ref[i][1] for i in (0, 5, 3)]
+    out = L.getitems_experiment(64, image_size=4, workers=(0,), batch_size=8, batches=3, warmup=1)
+    assert set(out) == {("per-item", 0), ("batched", 0)}
+    assert out[("batched", 0)].items == 24
+
+
+def test_light_collate_and_cheap_rows():
+    imgs, labels = L.light_uint8_collate([(torch.zeros(3, 2, 2, dtype=torch.uint8), 1)] * 3)
+    assert imgs.shape == (3, 3, 2, 2) and labels == [1, 1, 1]
+    rows = L.cheap_vs_expensive({}, n_cheap=64, image_size=4, workers=(0,), batch_size=8, batches=2, warmup=1)
+    assert [(r["output"], r["collate"]) for r in rows] == [("float", "default"), ("uint8", "default"), ("uint8", "light")]
+
+
+def test_spin_dataset_adds_cpu_time():
+    ds = L.SpinDataset(L.CheapDataset(4, 4), extra_ms=5)
+    t0 = time.thread_time()
+    ds[0]
+    assert time.thread_time() - t0 >= 0.0049
+    with pytest.raises(ValueError, match="extra_ms"):
+        L.SpinDataset(ds, -1)
+
+
+# -- pitfalls -----------------------------------------------------------------------
+
+
+def test_bad_rng_duplicates_across_workers_and_fix():
+    bad = L.rng_draws(L.BadRNGDataset(16), num_workers=2, batch_size=2)
+    assert set(bad) == {0, 1}
+    assert L.rng_duplicates(bad) == 1.0
+    good = L.rng_draws(L.FixedRNGDataset(16), num_workers=2, batch_size=2)
+    assert L.rng_duplicates(good) == 0.0
+
+
+def test_worker_exception_surfaces_with_traceback():
+    before = _children()
+    kind, msg = L.worker_error_demo()
+    assert kind == "ValueError"
+    assert "DataLoader worker process" in msg and "Original Traceback" in msg and "item 13 is damaged" in msg
+    assert not _wait_children_back_to(before)
+
+
+def test_shm_status_and_refusal(monkeypatch):
+    st = L.shm_status()
+    assert isinstance(st.explain(), str)
+    assert L.shm_status("/no/such/dir").exists is False
+    assert L.shm_needed_bytes(1000, 2, 2) == 8000
+
+    class Usage:
+        total, used, free = 64 << 20, 60 << 20, 4 << 20
+
+    monkeypatch.setattr(L.shutil, "disk_usage", lambda path: Usage)
+    with pytest.raises(ValueError, match="--shm-size"):
+        L.require_shm(1 << 30)
+    before = _children()
+    with pytest.raises(ValueError, match="/dev/shm"):  # refused before any worker starts
+        L.run_config(L.CheapDataset(4096, 64), batch_size=512, num_workers=2, batches=2)
+    assert not _wait_children_back_to(before, timeout=2)
+
+
+class _MainOnly(torch.utils.data.Dataset):
+    """Pretends to be defined in a notebook cell (module __main__)."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.zeros(2), i
+
+
+def test_spawn_fails_for_main_module_class_and_works_for_helpers(monkeypatch):
+    before = _children()
+    _MainOnly.__module__ = "__main__"
+    monkeypatch.setattr(sys.modules["__main__"], "_MainOnly", _MainOnly, raising=False)
+    bad = L.spawn_failure_demo(_MainOnly(), context="spawn", timeout_s=60)
+    assert not bad.ok
+    assert bad.child_error is not None and "AttributeError" in bad.child_error and "_MainOnly" in bad.child_error
+    good = L.spawn_failure_demo(L.CheapDataset(8, 4), context="spawn", timeout_s=60)
+    assert good.ok, good
+    assert not _wait_children_back_to(before)
+
+
+def test_spawn_workers_measure_helpers_dataset():
+    res = L.run_config(L.FixedRNGDataset(16), batch_size=4, num_workers=1, multiprocessing_context="spawn",
+                       batches=3, warmup=1, timeout=60.0)
+    assert res.items == 12
+
+
+# -- panel ------------------------------------------------------------------------
+
+
+def test_panel_run_50_times_leaves_no_stray_processes():
+    from helpers.widgets import Panel
+    import ipywidgets as W
+
+    runner = L.PanelRunner(None, crop_size=8, batches=2, warmup=1, n_cheap=64)
+    panel = Panel(
+        "loader",
+        {
+            "num_workers": W.IntSlider(value=2, min=0, max=4),
+            "batch_size": W.IntSlider(value=8, min=1, max=64),
+            "prefetch_factor": W.IntSlider(value=2, min=1, max=8),
+            "persistent": W.Checkbox(value=True),
+            "item_cost": W.Dropdown(options=list(L.ITEM_COSTS), value=L.ITEM_COSTS[0]),
+        },
+        runner,
+        summarize=L.panel_summary,
+        plot=None,
+        debounce_s=0.0,
+        max_history=100,
+    )
+    before = _children()
+    for k in range(50):
+        panel.set(num_workers=k % 3, persistent=bool(k % 2))
+        rec = panel.click()
+        assert panel.error is None, panel.error
+        assert rec is not None and rec.result.items > 0
+    assert len(panel.history) == 50
+    assert not _wait_children_back_to(before)
+
+
+def test_panel_refuses_images_without_root_and_plots():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    runner = L.PanelRunner(None, crop_size=8, batches=2, warmup=1, n_cheap=32)
+    with pytest.raises(ValueError, match="item_cost"):
+        runner(None, item_cost=L.ITEM_COSTS[1])
+    res = runner(None, num_workers=0, item_cost=L.ITEM_COSTS[0])
+    assert "items/s" in L.panel_summary(res)
+
+    class Rec:
+        index, values, result = 1, {"num_workers": 0, "batch_size": 32, "prefetch_factor": 2, "persistent": False,
+                                    "item_cost": L.ITEM_COSTS[0]}, res
+
+    ax = Figure().add_subplot()
+    L.panel_plot([Rec()], ax)
+    assert ax.get_ylabel() == "throughput (items/s)"
+
+
+# -- benchmark --------------------------------------------------------------------
+
+
+def test_benchmark_keys_are_prefixed(tmp_path):
+    from helpers.data import make_shapes_dataset
+    from helpers.results import ResultSet
+
+    info = make_shapes_dataset(n_train=64, n_val=16, image_size=32, root=tmp_path)
+    sizes = {"crop_size": 24, "batch_size": 8}
+    rs = ResultSet.new("t", "test")
+    L.benchmark(rs, info=info, sizes=sizes, batches=3, warmup=1)
+    keys = rs.keys()
+    assert keys and all(k.startswith(("ch03.", "ch04.")) for k in keys)
+    for k in ("ch03.items_per_s", "ch03.main_wait_ms", "ch03.copy_ms_per_batch", "ch04.items_per_s", "ch04.speedup",
+              "ch04.best_num_workers", "ch04.prefetch.items_per_s", "ch04.persistent.epoch_s",
+              "ch04.persistent.restart_cost_s", "ch04.in_order.p95_wait_ms", "ch04.getitems.items_per_s",
+              "ch04.cheap.items_per_s", "ch04.cheap.main_busy"):
+        assert k in keys, k
