@@ -200,6 +200,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     epochs: list[dict[str, Any]] = []
     step = 0
+    train_start = time.time()
     try:
         for epoch in range(args.epochs):
             if not args.no_set_epoch:
@@ -247,8 +248,15 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         # Stop this rank's DataLoader workers now (persistent workers live as long as the iterator).
         del batches, loader
+    train_end = time.time()
     dist.barrier()
     t_end = time.perf_counter()
+    try:
+        import psutil
+
+        started = psutil.Process().create_time()
+    except Exception:  # psutil missing: start-up unknown
+        started = float("nan")
     return {
         "rank": rank,
         "local_rank": local_rank,
@@ -268,6 +276,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "batches_per_epoch": len(sampler) // args.batch_size + (len(sampler) % args.batch_size > 0),
         "epochs": epochs,
         "join_s": t_joined - t_start,
+        "startup_s": train_start - started,  # process start -> first batch asked for (imports, setup)
+        "train_s": train_end - train_start,
         "total_s": t_end - t_start,
         "params_checksum": params_checksum(model),
         "torch": torch.__version__,

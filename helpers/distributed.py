@@ -80,6 +80,8 @@ __all__ = [
     "panel_summary",
     "panel_plot",
     "plot_run",
+    "record_run",
+    "benchmark",
 ]
 
 #: Upper bound on DataLoader workers per rank accepted by the launcher.
@@ -477,6 +479,16 @@ class DistributedRun:
         """Per rank, the mean training loss of each epoch."""
         return [[e["loss"] for e in r["epochs"]] for r in self.ranks]
 
+    def command_line(self) -> str:
+        """The command that was run, for reading: ``python`` for the interpreter, folders shortened."""
+        parts = ["python"] + list(self.command[1:])
+        short = {"--out=": "--out=<tmp>/results", "--log-dir=": "--log-dir=<tmp>/logs", "--data-dir=": "--data-dir=<data>"}
+        for i, a in enumerate(parts):
+            for prefix, repl in short.items():
+                if a.startswith(prefix):
+                    parts[i] = repl
+        return " ".join(parts)
+
     def table(self) -> str:
         """Per-rank text table: device, workers, samples, steady items/s, loss."""
         rates = self.per_rank_items_per_s()
@@ -490,12 +502,21 @@ class DistributedRun:
                     f"{self.total_items_per_s():>9.0f}")
         return "\n".join(rows)
 
+    def startup_s(self) -> float:
+        """Longest time any rank spent from its process start to its first batch (imports, setup)."""
+        return max((float(r.get("startup_s", float("nan"))) for r in self.ranks), default=float("nan"))
+
+    def train_s(self) -> float:
+        """Longest time any rank spent in its training loop (all epochs)."""
+        return max((float(r.get("train_s", float("nan"))) for r in self.ranks), default=float("nan"))
+
     def summary(self) -> str:
         """One line: processes, backend, total and per-rank items/s."""
         per = ", ".join(f"{v:.0f}" for v in self.per_rank_items_per_s())
         return (
             f"{self.nproc} process(es), {self.backend}: total {self.total_items_per_s():.0f} items/s "
-            f"(per rank: {per} items/s); wall time {self.wall_s:.1f} s including start-up"
+            f"(per rank: {per} items/s); wall time {self.wall_s:.1f} s, of which training "
+            f"{self.train_s():.1f} s"
         )
 
 
@@ -924,6 +945,7 @@ def plot_run(run: DistributedRun, ax: Any = None, *, title: str | None = None) -
     bars = ax.bar(range(len(values)), values, color=colors)
     for b, v in zip(bars, values):
         ax.annotate(f"{v:.0f}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, max(values) * 1.15 if values and max(values) > 0 else 1)
     ax.set_xticks(range(len(values)))
     ax.set_xticklabels(labels)
     ax.set_ylabel("training throughput (items/s)")
@@ -962,22 +984,25 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
     palette = ["#4e79a7", "#59a14f", "#edc948", "#b07aa1", "#76b7b2", "#ff9da7", "#9c755f", "#bab0ac"]
     labels = []
     max_ranks = 0
+    top = 0.0
     for i, rec in enumerate(history):
         run: DistributedRun = rec.result
         per = run.per_rank_items_per_s()
         bottom = 0.0
         for r, v in enumerate(per):
-            ax.bar(i, v, bottom=bottom, color=palette[r % len(palette)], edgecolor="white",
+            ax.bar(i, v, bottom=bottom, width=0.6, color=palette[r % len(palette)], edgecolor="white",
                    label=f"rank {r}" if r >= max_ranks else None)
             bottom += v
         max_ranks = max(max_ranks, len(per))
-        total = run.total_items_per_s()
-        ax.annotate(f"{total:.0f}", (i, bottom), ha="center", va="bottom", fontsize=8)
+        top = max(top, bottom)
+        ax.annotate(f"total {run.total_items_per_s():.0f}", (i, bottom), ha="center", va="bottom", fontsize=8)
         v = rec.values
         labels.append(f"#{rec.index}: {v['processes']} proc, {v['workers']} wk, bs {v['batch_size']}")
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("items/s (stacked per rank = total)")
-    ax.set_title("Runs so far: per-rank throughput, stacked to the job's total")
+    ax.set_xlim(-0.6, max(len(labels), 3) - 0.4)
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1)
+    ax.set_ylabel("items/s (ranks stacked)")
+    ax.set_title("Runs so far: each rank's throughput, stacked to the job's total")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
