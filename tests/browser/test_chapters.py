@@ -1,0 +1,377 @@
+"""Every chapter, the way a reader meets it: JupyterLab in a real (headless) browser.
+
+For each notebook in ``notebooks/`` (a temporary copy, in quick mode) the test
+
+1. opens it in JupyterLab and waits for the kernel (``Python 3 (ipykernel) | Idle``);
+2. runs all cells from the **Run** menu and waits until every code cell has an
+   execution count and the kernel is idle again;
+3. asserts that no cell shows an error (no traceback, no error output);
+4. operates the chapter's live panel like a reader: changes one control
+   (a slider by keyboard, else a dropdown, else a checkbox), clicks **Run**, and
+   asserts that the status reports the new run, and that the panel's text and
+   plot changed;
+5. checks what a reader would trip over: a panel wider than the notebook, an
+   output collapsed into a scroll box or trimmed, a plot scaled down a lot;
+6. saves screenshots at a laptop viewport (1366x768):
+   ``artifacts/screenshots/<chapter>.png`` (the panel after the reader's run)
+   and ``artifacts/screenshots/<chapter>/page-NN.png`` (the whole notebook, one
+   screen at a time), plus ``artifacts/screenshots/report.json`` with timings
+   and findings.
+
+Run only these: ``make test-browser`` (or ``pytest -m browser tests/browser``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+
+pytestmark = pytest.mark.browser
+
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+CHAPTERS = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
+KERNEL_IDLE = "Python 3 (ipykernel) | Idle"
+OPEN_TIMEOUT_MS = 120_000       # page load + kernel start
+RUN_ALL_TIMEOUT_MS = 300_000    # a chapter in quick mode: ~60-90 s on 2 cores; generous
+PANEL_RUN_TIMEOUT_MS = 180_000  # one panel run
+MAX_PAGES = 60                  # screens per chapter walkthrough
+IMG_MIN_SCALE = 0.75            # a plot shown at less than this fraction of its size is hard to read
+
+_REPORT: dict[str, Any] = {}
+
+# -- JavaScript run in the page --------------------------------------------------
+
+JS_PROMPTS = """() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputArea-prompt')]
+    .map(e => e.textContent.trim())"""
+
+JS_DONE = """() => {
+  const prompts = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputArea-prompt')]
+      .map(e => e.textContent.trim());
+  if (prompts.length === 0) return false;
+  if (prompts.some(p => p.includes('*'))) return false;
+  const errors = document.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]');
+  const hasError = [...errors].some(e => /Traceback|Error/.test(e.textContent));
+  return hasError || prompts.every(p => /\\[\\d+\\]/.test(p));
+}"""
+
+JS_STDERR = """() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
+    .filter(e => !e.closest('.widget-output'))
+    .map(e => {
+       const cell = e.closest('.jp-Cell');
+       const cells = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell')];
+       return {cell: cells.indexOf(cell), text: e.textContent.slice(0, 2000)};
+    })"""
+
+# Things a reader trips over. Returns a list of {kind, cell, detail}.
+JS_LAYOUT = """(minScale) => {
+  const out = [];
+  const nb = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)');
+  const cells = [...nb.querySelectorAll('.jp-Cell')];
+  const idx = e => cells.indexOf(e.closest('.jp-Cell'));
+  for (const o of nb.querySelectorAll('.jp-Cell .jp-OutputArea')) {
+    if (o.closest('.widget-output')) continue;
+    if (o.scrollHeight > o.clientHeight + 4 && getComputedStyle(o).overflowY !== 'visible')
+      out.push({kind: 'output collapsed into a scroll box', cell: idx(o), detail: `${o.scrollHeight}px of content in ${o.clientHeight}px`});
+  }
+  for (const o of nb.querySelectorAll('.jp-OutputArea-output')) {
+    if (o.scrollWidth > o.clientWidth + 4)
+      out.push({kind: 'output wider than the notebook (horizontal scroll)', cell: idx(o), detail: `${o.scrollWidth}px in ${o.clientWidth}px`});
+  }
+  for (const t of nb.querySelectorAll('.jp-TrimmedOutputs'))
+    out.push({kind: 'outputs trimmed (Show more outputs)', cell: idx(t), detail: t.textContent.trim().slice(0, 120)});
+  for (const p of nb.querySelectorAll('.jp-OutputPlaceholder'))
+    out.push({kind: 'output collapsed', cell: idx(p), detail: ''});
+  for (const img of nb.querySelectorAll('.jp-OutputArea img')) {
+    if (!img.naturalWidth) continue;
+    const scale = img.clientWidth / img.naturalWidth;
+    if (scale < minScale)
+      out.push({kind: 'plot scaled down', cell: idx(img), detail: `${img.naturalWidth}px image shown at ${img.clientWidth}px (${Math.round(scale * 100)}%)`});
+  }
+  for (const w of nb.querySelectorAll('.jp-OutputArea .widget-vbox, .jp-OutputArea .widget-hbox, .jp-OutputArea .widget-box')) {
+    if (w.parentElement && w.parentElement.closest('.widget-vbox, .widget-hbox, .widget-box')) continue;  // top-level widgets only
+    const host = w.closest('.jp-OutputArea-output') || w.parentElement;
+    const wr = w.getBoundingClientRect(), hr = host.getBoundingClientRect();
+    if (w.scrollWidth > w.clientWidth + 4 || wr.right > hr.right + 4)
+      out.push({kind: 'panel wider than the notebook', cell: idx(w), detail: `content ${w.scrollWidth}px, box ${w.clientWidth}px, output ${Math.round(hr.width)}px`});
+  }
+  return out;
+}"""
+
+JS_SCROLL_TO = """(y) => {
+  const nb = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook');
+  if (!nb) return [0, 0, 0];
+  // JupyterLab 4 scrolls the notebook in .jp-WindowedPanel-outer (a child of .jp-Notebook).
+  const cands = [...nb.querySelectorAll('.jp-WindowedPanel-outer'), nb];
+  let e = nb.parentElement;
+  while (e && e !== document.body) { cands.push(e); e = e.parentElement; }
+  for (const c of cands) {
+    const s = getComputedStyle(c);
+    if ((s.overflowY === 'auto' || s.overflowY === 'scroll') && c.scrollHeight > c.clientHeight) {
+      c.scrollTop = y;
+      return [c.scrollTop, c.scrollHeight, c.clientHeight];
+    }
+  }
+  return [0, 0, 0];
+}"""
+
+
+def _record(chapter: str, **kv: Any) -> None:
+    _REPORT.setdefault(chapter, {}).update(kv)
+
+
+def _write_report(directory: Path) -> None:
+    path = directory / "report.json"
+    old: dict[str, Any] = {}
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text())
+        except ValueError:
+            old = {}
+    old.update(_REPORT)
+    path.write_text(json.dumps(old, indent=2, sort_keys=True))
+
+
+# -- steps -----------------------------------------------------------------------
+
+
+def open_notebook(page: Any, lab: Any, name: str) -> None:
+    # ?reset: a fresh workspace, so tabs from the previous chapter are not restored.
+    page.goto(f"{lab.url}/lab/tree/{name}?reset", wait_until="domcontentloaded", timeout=OPEN_TIMEOUT_MS)
+    page.locator(".jp-NotebookPanel .jp-Notebook .jp-Cell").first.wait_for(timeout=OPEN_TIMEOUT_MS)
+    # If JupyterLab asks which kernel to use, take the proposed one (the notebook's python3).
+    dialog = page.locator(".jp-Dialog .jp-mod-accept")
+    try:
+        dialog.wait_for(timeout=3000)
+        dialog.click()
+    except Exception:
+        pass
+    page.get_by_text(KERNEL_IDLE).first.wait_for(timeout=OPEN_TIMEOUT_MS)
+    _dismiss_toasts(page)
+
+
+def _dismiss_toasts(page: Any) -> None:
+    """Close any notification toast that could cover the notebook."""
+    for btn in page.locator(".Toastify__toast .Toastify__close-button, .jp-toast-button:has-text('No')").all():
+        try:
+            btn.click(timeout=1000)
+        except Exception:
+            pass
+
+
+def run_all(page: Any) -> float:
+    page.locator(".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook").first.click(position={"x": 5, "y": 5})
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
+    t0 = time.monotonic()
+    # Run All marks every queued cell with [*] at once; done when none is left.
+    page.wait_for_function("() => [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]"
+                           ".some(e => e.textContent.includes('*'))", timeout=30_000, polling=200)
+    page.wait_for_function(JS_DONE, timeout=RUN_ALL_TIMEOUT_MS, polling=500)
+    page.get_by_text(KERNEL_IDLE).first.wait_for(timeout=60_000)
+    return time.monotonic() - t0
+
+
+def find_panel(page: Any) -> Any | None:
+    """The first live panel: the widget box that holds a 'Run' button and an output widget."""
+    buttons = page.locator("button.jupyter-button", has_text=re.compile(r"^\s*Run\s*$"))
+    if buttons.count() == 0:
+        return None
+    return buttons.first.locator(
+        "xpath=ancestor::div[contains(concat(' ', normalize-space(@class), ' '), ' widget-vbox ')]"
+        "[.//div[contains(@class, 'widget-output')]][1]"
+    )
+
+
+def _status_text(panel: Any) -> str:
+    return panel.locator(":scope > .widget-html").nth(1).inner_text()
+
+
+def _img_src(panel: Any) -> str | None:
+    imgs = panel.locator(".widget-output img")
+    return imgs.last.get_attribute("src") if imgs.count() else None
+
+
+def _control_changes(page: Any, panel: Any) -> Iterator[Callable[[], str | None]]:
+    """Ways a reader can change one control: sliders by keyboard, dropdowns, toggle buttons, checkboxes.
+
+    Each item, when called, changes one control and returns what it did (None if it could not).
+    """
+    def slider_change(slider: Any) -> Callable[[], str | None]:
+        def go() -> str | None:
+            readout = slider.locator(".widget-readout")
+            before = readout.first.inner_text() if readout.count() else None
+            handle = slider.locator(".noUi-handle").first
+            for key in ("ArrowRight", "ArrowLeft"):  # ArrowLeft when the slider sits at its maximum
+                handle.focus()
+                handle.press(key)
+                page.wait_for_timeout(300)
+                after = readout.first.inner_text() if readout.count() else None
+                if after != before:
+                    label = slider.locator(".widget-label").first.inner_text() if slider.locator(".widget-label").count() else "slider"
+                    return f"slider '{label}': {before} -> {after} ({key})"
+            return None
+        return go
+
+    def dropdown_change(dd: Any) -> Callable[[], str | None]:
+        def go() -> str | None:
+            options = dd.locator("option").all_inner_texts()
+            current = dd.evaluate("e => e.options[e.selectedIndex] ? e.options[e.selectedIndex].text : null")
+            others = [o for o in options if o != current]
+            if not others:
+                return None
+            dd.select_option(label=others[0])
+            return f"dropdown: {current} -> {others[0]}"
+        return go
+
+    def toggle_change(group: Any) -> Callable[[], str | None]:
+        def go() -> str | None:
+            buttons = group.locator("button")
+            for i in range(buttons.count()):
+                b = buttons.nth(i)
+                if "mod-active" not in (b.get_attribute("class") or ""):
+                    b.click()
+                    return f"toggle buttons: -> {b.inner_text().strip()}"
+            return None
+        return go
+
+    def checkbox_change(cb: Any) -> Callable[[], str | None]:
+        def go() -> str | None:
+            cb.click()
+            return "checkbox toggled"
+        return go
+
+    for slider in panel.locator(".widget-slider").all():
+        if slider.locator(".noUi-handle").count():
+            yield slider_change(slider)
+    for dd in panel.locator(".widget-dropdown select").all():
+        yield dropdown_change(dd)
+    for group in panel.locator(".widget-toggle-buttons").all():
+        yield toggle_change(group)
+    for cb in panel.locator(".widget-checkbox input[type=checkbox]").all():
+        yield checkbox_change(cb)
+
+
+def _click_run_and_wait(panel: Any, expected: int) -> tuple[str, float]:
+    run_btn = panel.locator("button.jupyter-button", has_text=re.compile(r"^\s*Run\s*$")).first
+    t0 = time.monotonic()
+    run_btn.click()
+    status_el = panel.locator(":scope > .widget-html").nth(1)
+    status_el.locator(f"text=/Run #{expected} done|Can't run|The run failed|Interrupted|Out of memory/").wait_for(
+        timeout=PANEL_RUN_TIMEOUT_MS
+    )
+    seconds = time.monotonic() - t0
+    assert run_btn.is_enabled(), "the Run button stayed disabled after the run"
+    return _status_text(panel), seconds
+
+
+def operate_panel(page: Any, panel: Any) -> dict[str, Any]:
+    """Change a control, press Run; repeat with the next control until the plot changes (at most 4 tries).
+
+    Some controls only matter on a GPU (a chapter without CUDA may draw the same
+    schematic for every size), so the first control need not change the plot; one must.
+    """
+    m = re.search(r"Run #(\d+)", _status_text(panel))
+    expected = int(m.group(1)) + 1 if m else 1
+    src_prev = _img_src(panel)
+    attempts: list[dict[str, Any]] = []
+    for change in _control_changes(page, panel):
+        if len(attempts) >= 4:
+            break
+        what = change()
+        if what is None:
+            continue
+        status, seconds = _click_run_and_wait(panel, expected)
+        assert f"Run #{expected} done" in status, f"after changing {what} and clicking Run, the panel says: {status!r}"
+        # The kernel redraws the plot before it sets the status; give the front-end a moment to show it.
+        try:
+            page.wait_for_function("([el, old]) => { const i = [...el.querySelectorAll('.widget-output img')].pop();"
+                                   " return !!i && i.getAttribute('src') !== old; }",
+                                   arg=[panel.element_handle(), src_prev], timeout=5_000, polling=200)
+        except Exception:
+            pass
+        src = _img_src(panel)
+        text = panel.locator(".widget-output").first.inner_text()
+        assert f"#{expected}" in text or not text.strip(), f"the panel's result text does not show run #{expected}: {text!r}"
+        plot_changed = bool(src) and src != src_prev
+        attempts.append({"changed": what, "panel_run_s": round(seconds, 2), "status": status,
+                         "output_text": text[:300], "plot_changed": plot_changed})
+        expected += 1
+        src_prev = src
+        if plot_changed:
+            break
+    assert attempts, "the panel has no slider, dropdown, toggle or checkbox a reader could change"
+    assert attempts[-1]["plot_changed"], f"the panel's plot did not change after changing a control and pressing Run: {attempts}"
+    return {"panel_attempts": attempts, "panel_run_s": attempts[-1]["panel_run_s"], "changed": attempts[-1]["changed"]}
+
+
+def screenshot_walkthrough(page: Any, directory: Path) -> int:
+    """One screenshot per screen of the notebook, top to bottom."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for old in directory.glob("page-*.png"):
+        old.unlink()
+    y, n = 0, 0
+    while n < MAX_PAGES:
+        top, height, client = page.evaluate(JS_SCROLL_TO, y)
+        page.wait_for_timeout(150)
+        n += 1
+        page.screenshot(path=str(directory / f"page-{n:02d}.png"))
+        if client == 0 or top + client >= height - 2:
+            break
+        y = top + int(client * 0.9)
+    return n
+
+
+# -- the test ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_in_jupyterlab(chapter: str, page: Any, lab: Any, screenshot_dir: Path) -> None:
+    stem = Path(chapter).stem
+    t_start = time.monotonic()
+    open_notebook(page, lab, chapter)
+    _record(stem, open_s=round(time.monotonic() - t_start, 2))
+    try:
+        run_s = run_all(page)
+        _record(stem, run_all_s=round(run_s, 2))
+
+        prompts = page.evaluate(JS_PROMPTS)
+        stderr = page.evaluate(JS_STDERR)
+        errors = [s for s in stderr if re.search(r"Traceback|^\w*Error\b|\w+Error:", s["text"], re.M)]
+        warnings = [s for s in stderr if s not in errors]
+        _record(stem, stderr_warnings=warnings, errors=errors)
+        assert not errors, f"{chapter}: cell(s) show an error:\n" + "\n---\n".join(
+            f"cell {e['cell']}: {e['text'][:1500]}" for e in errors)
+        not_run = [p for p in prompts if not re.search(r"\[\d+\]", p)]
+        assert not not_run, f"{chapter}: {len(not_run)} code cell(s) did not run: {not_run}"
+
+        panel = find_panel(page)
+        assert panel is not None, f"{chapter}: no live panel (a 'Run' button) found"
+        panel.scroll_into_view_if_needed()
+        _record(stem, **operate_panel(page, panel))
+
+        layout = page.evaluate(JS_LAYOUT, IMG_MIN_SCALE)
+        _record(stem, layout_findings=layout)
+
+        # The panel as a reader sees it after their run: its top at the top of the screen.
+        panel.evaluate("e => e.scrollIntoView({block: 'start'})")
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(screenshot_dir / f"{stem}.png"))
+        pages = screenshot_walkthrough(page, screenshot_dir / stem)
+        _record(stem, screens=pages, total_s=round(time.monotonic() - t_start, 2))
+
+        overflow = [f for f in layout if f["kind"] == "panel wider than the notebook"]
+        assert not overflow, f"{chapter}: the panel overflows the notebook at 1366x768: {overflow}"
+    except BaseException:
+        try:  # what the reader would have seen when it went wrong
+            page.screenshot(path=str(screenshot_dir / f"{stem}-failure.png"))
+        except Exception:
+            pass
+        raise
+    finally:
+        _write_report(screenshot_dir)

@@ -1,0 +1,280 @@
+"""Robustness of the live panels (helpers.widgets.Panel), driven from Python.
+
+What a reader can do to a panel, and what must hold afterwards:
+
+* double-click **Run**: one run starts, the second click is ignored;
+* click while a run is in progress: ignored;
+* interrupt a run (Kernel > Interrupt, i.e. ``KeyboardInterrupt``), also in the
+  middle of a DataLoader with worker processes: the panel says so, the button
+  works again, no worker process is left, and the panel still shows the last
+  complete run (no half-drawn output, no half-recorded history);
+* press Run 50 times: the number of child processes stays flat and memory
+  stays within a small bound;
+* enter values out of range: refused, with a message that names the control.
+
+The data set used with workers is ``helpers.loaders.CheapDataset`` (importable,
+so the test holds for spawn/forkserver too).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any, Iterator
+
+import psutil
+import pytest
+
+from helpers import loaders
+from helpers.validate import check_int
+import ipywidgets as W
+
+from helpers.widgets import Panel
+
+
+def _settle_children(expected: int, timeout_s: float = 10.0) -> list[Any]:
+    """Worker processes of this process, after giving exiting ones up to ``timeout_s`` to go."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        procs = [p for p in loaders.worker_processes() if p.status() != psutil.STATUS_ZOMBIE]
+        if len(procs) <= expected or time.monotonic() > deadline:
+            return procs
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def sigint_default() -> Iterator[None]:
+    """Make SIGINT raise KeyboardInterrupt in the main thread, as in an IPython kernel."""
+    old = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _plot(history: list[Any], ax: Any) -> None:
+    ax.bar(range(len(history)), [r.result["items"] for r in history])
+    ax.set_xlabel("run")
+    ax.set_ylabel("items")
+
+
+class LoaderRun:
+    """A panel run function: a DataLoader with workers over CheapDataset, optionally interrupted."""
+
+    def __init__(self) -> None:
+        self.interrupt_after: int | None = None  # batches; None = run to the end
+        self.real_signal = False                 # True: send SIGINT to ourselves, as the kernel does
+
+    def __call__(self, progress: Any, *, num_workers: int, batches: int) -> dict[str, Any]:
+        ds = loaders.CheapDataset(512, image_size=8, output="uint8", bank=8)
+        loader = loaders.build_loader(ds, batch_size=8, num_workers=num_workers)
+        seen = 0
+
+        def consume(batch: Any) -> None:
+            nonlocal seen
+            seen += 1
+            if self.interrupt_after is not None and seen >= self.interrupt_after:
+                if self.real_signal:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(0.5)  # the handler raises KeyboardInterrupt here
+                raise KeyboardInterrupt
+
+        res = loaders.measure_throughput(loader, batches=batches, warmup=1, consume=consume, progress=progress)
+        return {"items": res.items, "items_per_s": res.items_per_s}
+
+
+def _loader_panel(run: LoaderRun, workers: int = 2) -> Panel:
+    return Panel(
+        "loader",
+        {
+            "num_workers": W.IntSlider(value=workers, min=0, max=4, description="workers"),
+            "batches": W.IntSlider(value=6, min=1, max=200, description="batches"),
+        },
+        run,
+        summarize=lambda r: f"{r['items']} items",
+        plot=_plot,
+    )
+
+
+def _counting_panel(seconds: float = 0.0) -> tuple[Panel, list[dict[str, Any]]]:
+    calls: list[dict[str, Any]] = []
+
+    def run(progress: Any, *, n: int, mode: str) -> dict[str, Any]:
+        calls.append({"n": n, "mode": mode})
+        progress(0.5, "half way")
+        if seconds:
+            time.sleep(seconds)
+        return {"items": n}
+
+    panel = Panel(
+        "counting",
+        {
+            "n": W.IntSlider(value=10, min=1, max=100, description="n"),
+            "mode": W.Dropdown(options=["a", "b"], value="a", description="mode"),
+        },
+        run,
+        summarize=lambda r: f"{r['items']} items",
+        plot=_plot,
+        validate=lambda v: check_int("n", v["n"], 1, 50),
+    )
+    return panel, calls
+
+
+# -- clicks -------------------------------------------------------------------------
+
+
+def test_double_click_starts_one_run() -> None:
+    panel, calls = _counting_panel(seconds=0.05)
+    panel.button.click()
+    panel.button.click()  # arrives right after the first run ended: a double-click
+    assert len(calls) == 1
+    assert panel.runs_started == 1 and panel.ignored_clicks == 1
+    assert len(panel.history) == 1 and panel.error is None
+    time.sleep(panel.debounce_s + 0.05)
+    panel.button.click()  # a deliberate later click runs again
+    assert len(calls) == 2 and len(panel.history) == 2
+
+
+def test_click_while_running_is_ignored() -> None:
+    started, release = threading.Event(), threading.Event()
+    calls = []
+
+    def run(progress: Any, *, n: int) -> int:
+        calls.append(n)
+        started.set()
+        assert release.wait(10)
+        return n
+
+    panel = Panel("busy", {"n": W.IntSlider(value=3, min=1, max=9)}, run)
+    t = threading.Thread(target=panel.button.click)
+    t.start()
+    assert started.wait(10)
+    assert panel.busy and panel.button.disabled
+    panel.button.click()  # the reader clicks again while the first run is in progress
+    assert panel.click() is None
+    release.set()
+    t.join(10)
+    assert calls == [3] and panel.runs_started == 1 and panel.ignored_clicks == 2
+    assert not panel.busy and not panel.button.disabled
+
+
+# -- interruption ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("real_signal", [False, True], ids=["KeyboardInterrupt", "SIGINT"])
+def test_interrupt_releases_workers_and_keeps_last_complete_run(real_signal: bool, sigint_default: None) -> None:
+    baseline = len(_settle_children(expected=10**6, timeout_s=0))
+    run = LoaderRun()
+    panel = _loader_panel(run, workers=2)
+    first = panel.click()
+    assert first is not None and panel.error is None, panel.error
+    outputs_before = panel.out.outputs
+    assert any(o.get("output_type") == "display_data" for o in outputs_before)
+
+    run.interrupt_after, run.real_signal = 3, real_signal
+    panel.set(batches=50)
+    assert panel.click() is None
+    assert panel.error is not None and panel.error.startswith("Interrupted"), panel.error
+    assert "Interrupted" in panel.status.value
+    assert not panel.busy and not panel.button.disabled
+    # No half-drawn state: the history and the output still show the last complete run.
+    assert len(panel.history) == 1 and panel.history[-1] is first
+    assert panel.out.outputs == outputs_before
+    # No worker process left behind.
+    left = _settle_children(expected=baseline)
+    assert len(left) <= baseline, f"worker processes left after an interrupted run: {[p.pid for p in left]}"
+
+    run.interrupt_after = None  # the reader presses Run again: it works
+    again = panel.click()
+    assert again is not None and panel.error is None and len(panel.history) == 2
+
+
+def test_interrupt_while_drawing_leaves_no_half_drawn_output() -> None:
+    state = {"interrupt": False}
+
+    def plot(history: list[Any], ax: Any) -> None:
+        ax.plot([r.result for r in history])
+        if state["interrupt"]:
+            raise KeyboardInterrupt
+
+    panel = Panel("draw", {"n": W.IntSlider(value=1, min=1, max=9)}, lambda progress, n: n,
+                  summarize=lambda r: f"value {r}", plot=plot)
+    assert panel.click() is not None
+    outputs_before, history_before = panel.out.outputs, list(panel.history)
+    state["interrupt"] = True
+    panel.set(n=2)
+    assert panel.click() is None
+    assert panel.error is not None and panel.error.startswith("Interrupted")
+    assert panel.out.outputs == outputs_before, "an interrupted redraw left a half-drawn output"
+    assert panel.history == history_before, "an interrupted redraw left a run in the history that is not shown"
+    state["interrupt"] = False
+    rec = panel.click()
+    assert rec is not None and rec.index == 2
+
+
+# -- many runs -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_fifty_reruns_keep_processes_and_memory_flat() -> None:
+    run = LoaderRun()
+    panel = _loader_panel(run, workers=2)
+    panel.set(batches=3)
+    proc = psutil.Process()
+    for _ in range(5):  # warm-up: imports, matplotlib fonts, allocator pools
+        assert panel.click() is not None, panel.error
+    baseline_children = len(_settle_children(expected=0, timeout_s=5))
+    rss0 = proc.memory_info().rss
+    counts = []
+    for i in range(50):
+        panel.set(num_workers=1 + i % 2)
+        rec = panel.click()
+        assert rec is not None, panel.error
+        counts.append(len(_settle_children(expected=baseline_children, timeout_s=5)))
+    growth = proc.memory_info().rss - rss0
+    assert max(counts) <= baseline_children, f"child processes grew over 50 runs: {counts}"
+    assert len(panel.history) == panel.max_history
+    assert len(panel.out.outputs) <= 2  # one summary line, one plot
+    assert growth < 64 * 2**20, f"memory grew by {growth / 2**20:.1f} MiB over 50 runs"
+
+
+# -- invalid values --------------------------------------------------------------------
+
+
+def test_out_of_range_values_are_refused_with_a_message() -> None:
+    panel, calls = _counting_panel()
+    with pytest.raises(ValueError, match=r"n must be in \[1, 100\]"):
+        panel.set(n=1000)
+    with pytest.raises(ValueError, match=r"n must be in \[1, 100\]"):
+        panel.set(n=0)
+    with pytest.raises(ValueError, match=r"mode must be one of \['a', 'b'\]"):
+        panel.set(mode="c")
+    with pytest.raises(ValueError, match="unknown control"):
+        panel.set(size=3)
+    assert calls == [] and panel.history == []
+
+
+def test_validate_refusal_shows_in_the_panel() -> None:
+    panel, calls = _counting_panel()
+    panel.set(n=80)  # allowed by the slider, refused by the panel's validate()
+    assert panel.click() is None
+    assert calls == [], "the run started although validate() refused the values"
+    assert panel.error is not None and "n" in panel.error and "[1, 50]" in panel.error, panel.error
+    assert panel.error.startswith("Can't run with these settings")
+    assert "Can&#x27;t run" in panel.status.value or "Can't run" in panel.status.value
+    assert not panel.busy and not panel.button.disabled and panel.history == []
+    panel.set(n=20)
+    assert panel.click() is not None and panel.error is None
+
+
+def test_run_refusing_values_shows_in_the_panel() -> None:
+    run = LoaderRun()
+    panel = _loader_panel(run, workers=0)
+    panel.controls["num_workers"].max = 1000  # let the control through; the helper must refuse
+    panel.set(num_workers=999)
+    assert panel.click() is None
+    assert panel.error is not None and "num_workers" in panel.error, panel.error
+    assert not panel.busy and panel.history == []
