@@ -223,7 +223,15 @@ def history_bars(
     colors = ["#4e79a7"] * len(values)
     if highlight_last and colors:
         colors[-1] = "#f28e2b"
-    ax.bar(range(len(values)), values, color=colors, yerr=list(errors) if errors is not None else None, capsize=3)
+    yerr = None
+    if errors is not None:
+        errs = [abs(float(e)) for e in errors]
+        # Times and rates are never negative: the lower bar stops at zero instead of drawing a negative time.
+        lower = [min(e, v) if v >= 0 else e for e, v in zip(errs, values)]
+        yerr = [lower, errs]
+    ax.bar(range(len(values)), values, color=colors, yerr=yerr, capsize=3)
+    if values and min(values) >= 0:
+        ax.set_ylim(bottom=0)
     ax.set_xticks(range(len(values)))
     ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)

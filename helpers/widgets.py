@@ -203,9 +203,9 @@ class Panel:
         is never mistaken for a double-click; it is still refused while a run
         is in progress.
         """
-        before = len(self.history)
+        before = self.runs_done  # not len(history): history is capped at max_history
         self._on_click(force=True)
-        return self.history[-1] if len(self.history) > before else None
+        return self.history[-1] if self.runs_done > before else None
 
     @property
     def last(self) -> RunRecord | None:
@@ -236,13 +236,17 @@ class Panel:
             result = self._run_fn(Progress(self.bar, self.bar_label), **values)
             seconds = time.perf_counter() - t0
             summary = self._summarize(result) if self._summarize else ""
+            rec = RunRecord(index=self.runs_done + 1, values=values, result=result, seconds=seconds, summary=summary)
+            history = (self.history + [rec])[-self.max_history :]
+            # Draw first, commit after: an interrupt or error while drawing leaves the
+            # history and the output showing the last complete run (no half-drawn state).
+            outputs = self._build_outputs(history)
+            self.history[:] = history
             self.runs_done += 1
-            rec = RunRecord(index=self.runs_done, values=values, result=result, seconds=seconds, summary=summary)
-            self.history.append(rec)
-            del self.history[: max(0, len(self.history) - self.max_history)]
+            self.out.outputs = outputs
             self.bar.value = 1.0
-            self._render()
-            self._show_status(f"Run #{rec.index} done in {seconds:.1f} s. {summary}".strip(), "ok")
+            # The summary is printed in the output just below; repeating it here doubled long summaries.
+            self._show_status(f"Run #{rec.index} done in {seconds:.1f} s.", "ok")
         except ValueError as exc:
             self.error = f"Can't run with these settings: {exc}"
             self._show_status(self.error, "error")
@@ -255,26 +259,37 @@ class Panel:
         except Exception as exc:  # anything else: plain words, details below
             self.error = f"The run failed: {type(exc).__name__}: {exc}"
             self._show_status(self.error, "error")
-            self.out.append_stderr("Details for the curious:\n" + "".join(traceback.format_exception_only(type(exc), exc)))
+            details = "Details for the curious:\n" + "".join(traceback.format_exception_only(type(exc), exc))
+            # Replace earlier details instead of piling them up under the last good plot.
+            kept = tuple(o for o in self.out.outputs if o.get("name") != "stderr")
+            self.out.outputs = kept + ({"output_type": "stream", "name": "stderr", "text": details},)
         finally:
             self.busy = False
             self.button.disabled = False
             self._last_end = time.monotonic()
 
-    def _render(self) -> None:
-        """Redraw the output: the latest summary and the history plot."""
-        self.out.outputs = ()
-        last = self.history[-1]
+    def _build_outputs(self, history: list[RunRecord]) -> tuple[dict[str, Any], ...]:
+        """The output widget's new content (the latest summary and the history plot), not yet shown."""
+        outputs: list[dict[str, Any]] = []
+        last = history[-1]
         if last.summary:
-            self.out.append_stdout(f"Run #{last.index}: {last.summary}\n")
+            outputs.append({"output_type": "stream", "name": "stdout", "text": f"Run #{last.index}: {last.summary}\n"})
         if self._plot is not None:
+            from IPython.core.interactiveshell import InteractiveShell
             from matplotlib.figure import Figure
 
             fig = Figure(figsize=self.figsize)
             ax = fig.add_subplot(1, 1, 1)
-            self._plot(self.history, ax)
+            self._plot(history, ax)
             fig.tight_layout()
-            self.out.append_display_data(figure_to_display(fig))
+            data, metadata = InteractiveShell.instance().display_formatter.format(figure_to_display(fig))
+            outputs.append({"output_type": "display_data", "data": data, "metadata": metadata})
+        return tuple(outputs)
+
+    def _render(self) -> None:
+        """Redraw the output from the current history (in one assignment)."""
+        if self.history:
+            self.out.outputs = self._build_outputs(self.history)
 
     def clear_history(self) -> None:
         """Forget previous runs (the next plot starts fresh)."""
