@@ -278,3 +278,83 @@ def test_run_refusing_values_shows_in_the_panel() -> None:
     assert panel.click() is None
     assert panel.error is not None and "num_workers" in panel.error, panel.error
     assert not panel.busy and panel.history == []
+
+
+# -- a real kernel interrupt ----------------------------------------------------------------
+
+_KERNEL_SETUP = r"""
+import json, os, time
+import ipywidgets as W
+from helpers import loaders
+from helpers.widgets import Panel
+
+FLAG = {flag!r}
+
+def consume(batch):
+    if not os.path.exists(FLAG):
+        open(FLAG, "w").close()
+
+def run(progress, n):
+    ds = loaders.SpinDataset(loaders.CheapDataset(4096, image_size=8, output="uint8", bank=8), 5.0)
+    loader = loaders.build_loader(ds, batch_size=8, num_workers=2)
+    return loaders.measure_throughput(loader, batches=n, warmup=1, consume=consume, progress=progress).items
+
+panel = Panel("interrupt me", {{"n": W.IntSlider(value=400, min=1, max=1000)}}, run, summarize=str)
+"""
+
+_KERNEL_CHECK = r"""
+time.sleep(1.0)
+print(json.dumps({"error": panel.error, "busy": panel.busy, "disabled": panel.button.disabled,
+                  "history": len(panel.history), "workers": [p.pid for p in loaders.worker_processes()]}))
+"""
+
+
+def _execute(kc: Any, code: str, timeout: float = 120.0) -> tuple[str, str]:
+    """Run code in the kernel; return (reply status, collected stdout)."""
+    msg_id = kc.execute(code)
+    out = []
+    while True:
+        msg = kc.get_iopub_msg(timeout=timeout)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream" and msg["content"]["name"] == "stdout":
+            out.append(msg["content"]["text"])
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    reply = kc.get_shell_msg(timeout=timeout)
+    return reply["content"]["status"], "".join(out)
+
+
+@pytest.mark.slow
+def test_kernel_interrupt_during_a_loader_run(tmp_path: Any) -> None:
+    """Kernel > Interrupt (SIGINT to the kernel's process group) while a panel's DataLoader runs."""
+    import json
+
+    from jupyter_client.manager import start_new_kernel
+
+    flag = tmp_path / "first-batch"
+    km, kc = start_new_kernel(kernel_name="python3", env={**os.environ, "WORKBOOK_QUICK": "1"})
+    try:
+        status, _ = _execute(kc, _KERNEL_SETUP.format(flag=str(flag)))
+        assert status == "ok"
+        msg_id = kc.execute("panel.click()")
+        deadline = time.monotonic() + 60
+        while not flag.exists():
+            assert time.monotonic() < deadline, "the panel's run never got its first batch"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        km.interrupt_kernel()
+        while True:  # the click's reply: the panel catches the interrupt, so the cell itself is fine
+            reply = kc.get_shell_msg(timeout=60)
+            if reply["parent_header"].get("msg_id") == msg_id:
+                break
+        assert reply["content"]["status"] == "ok", reply["content"]
+        status, out = _execute(kc, _KERNEL_CHECK)
+        assert status == "ok", out
+        state = json.loads(out.strip().splitlines()[-1])
+        assert state["error"] and state["error"].startswith("Interrupted"), state
+        assert not state["busy"] and not state["disabled"] and state["history"] == 0, state
+        assert state["workers"] == [], f"DataLoader workers left after Kernel > Interrupt: {state['workers']}"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

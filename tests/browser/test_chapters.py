@@ -93,6 +93,10 @@ JS_LAYOUT = """(minScale) => {
     if (scale < minScale)
       out.push({kind: 'plot scaled down', cell: idx(img), detail: `${img.naturalWidth}px image shown at ${img.clientWidth}px (${Math.round(scale * 100)}%)`});
   }
+  for (const l of nb.querySelectorAll('.jp-OutputArea .widget-label, .jp-OutputArea .widget-inline-hbox > label')) {
+    if (l.scrollWidth > l.clientWidth + 1 && l.textContent.trim())
+      out.push({kind: 'control label cut off (use style={"description_width": "initial"})', cell: idx(l), detail: l.textContent.trim()});
+  }
   for (const w of nb.querySelectorAll('.jp-OutputArea .widget-vbox, .jp-OutputArea .widget-hbox, .jp-OutputArea .widget-box')) {
     if (w.parentElement && w.parentElement.closest('.widget-vbox, .widget-hbox, .widget-box')) continue;  // top-level widgets only
     const host = w.closest('.jp-OutputArea-output') || w.parentElement;
