@@ -16,7 +16,7 @@ Public API (stable; later chapters rely on it):
 ``verify_dataset(root, level="quick") -> list[str]``
     Integrity problems of a generated folder (empty list: intact).
 ``ShapesDataset(root, crop_size=..., augment=True, output="float", on_error="raise")``
-    Decode (torchvision.io) and augment (torchvision.transforms.v2) one image per
+    Decode (Pillow) and augment (torchvision.transforms.v2) one image per
     item; returns ``(image, label)``. ``output="uint8"`` returns uint8 tensors for
     the bytes-on-the-wire lesson. Picklable: works with any worker start method.
 ``to_float_normalized(batch_uint8) -> float tensor``
@@ -41,12 +41,11 @@ import json
 import math
 import os
 import shutil
-import sys
 import time
 import uuid
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -78,14 +77,14 @@ __all__ = [
 
 #: Class names, in label order. ``num_classes=k`` uses the first ``k``.
 SHAPE_CLASSES: tuple[str, ...] = (
-    "circle",
-    "square",
-    "triangle",
-    "cross",
+    "disc",
     "ring",
-    "star",
+    "square",
     "stripes",
     "dots",
+    "checker",
+    "triangle",
+    "cross",
 )
 
 #: Per-channel mean and standard deviation used to normalise images (0-1 scale).
@@ -93,7 +92,7 @@ MEAN: tuple[float, float, float] = (0.5, 0.5, 0.5)
 STD: tuple[float, float, float] = (0.25, 0.25, 0.25)
 
 #: Bump when the drawing code changes, so cached copies are regenerated.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 MANIFEST = "manifest.json"
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
@@ -167,8 +166,9 @@ def _colour_pair(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
 def render_image(label: int, size: int, rng: np.random.Generator) -> np.ndarray:
     """Draw one image of class ``label`` as an ``(size, size, 3)`` uint8 array.
 
-    Shapes (circle ... star) vary in position, size, rotation and colour; the
-    texture classes (stripes, dots) vary in period, angle and colour. Every image
+    Shapes (disc, ring, square, triangle, cross, star) vary in position, size,
+    rotation and colour; the textures (stripes, dots, checker) vary in period,
+    angle and colour. Every image
     gets a shaded background, a few thin distractor lines and Gaussian noise.
     """
     from PIL import Image, ImageDraw
@@ -194,7 +194,7 @@ def render_image(label: int, size: int, rng: np.random.Generator) -> np.ndarray:
     cx = float(rng.uniform(r, size - r))
     cy = float(rng.uniform(r, size - r))
     angle = float(rng.uniform(0, 2 * math.pi))
-    if name == "circle":
+    if name == "disc":
         draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fg_t)
     elif name == "square":
         draw.polygon(_regular_polygon(4, cx, cy, r * 1.1, angle), fill=fg_t)
@@ -206,6 +206,18 @@ def render_image(label: int, size: int, rng: np.random.Generator) -> np.ndarray:
         draw.ellipse([cx - r, cy - r, cx + r, cy + r], outline=fg_t, width=max(2, int(r * 0.3)))
     elif name == "star":
         draw.polygon(_star(cx, cy, r * 1.25, angle), fill=fg_t)
+    elif name == "checker":
+        cell = float(rng.uniform(0.12, 0.2)) * size
+        c, s_ = math.cos(angle), math.sin(angle)
+        cells = int(size * 1.5 / cell) + 2
+        for i in range(-cells, cells):
+            for j in range(-cells, cells):
+                if (i + j) % 2:
+                    continue
+                corners = [(i, j), (i + 1, j), (i + 1, j + 1), (i, j + 1)]
+                pts = [(size / 2 + cell * (a * c - b * s_), size / 2 + cell * (a * s_ + b * c)) for a, b in corners]
+                if all(-cell <= px <= size + cell and -cell <= py <= size + cell for px, py in pts):
+                    draw.polygon(pts, fill=fg_t)
     elif name == "stripes":
         period = float(rng.uniform(0.12, 0.22)) * size
         width = max(1, int(period * 0.45))
@@ -578,7 +590,8 @@ class ShapesDataset(Dataset):
     ``output="float"``, or raw uint8 for ``output="uint8"`` (4x fewer bytes to
     move; normalise later with :func:`to_float_normalized`, e.g. on the GPU).
 
-    Decoding uses ``torchvision.io.decode_image``. With ``augment=True``,
+    Decoding uses Pillow (libjpeg-turbo); torchvision.io's decoders are deprecated
+    since torchvision 0.29. With ``augment=True``,
     a RandomResizedCrop and a horizontal flip are applied (random numbers from
     torch's global generator, seeded per worker by the DataLoader); with
     ``augment=False``, a resize and centre crop (deterministic, for evaluation).
@@ -635,7 +648,7 @@ class ShapesDataset(Dataset):
 
         if self.augment:
             geometric: list[Any] = [
-                v2.RandomResizedCrop(self.crop_size, scale=(0.5, 1.0), ratio=(0.8, 1.25), antialias=True),
+                v2.RandomResizedCrop(self.crop_size, scale=(0.6, 1.0), ratio=(0.8, 1.25), antialias=True),
                 v2.RandomHorizontalFlip(),
             ]
         else:
@@ -654,15 +667,17 @@ class ShapesDataset(Dataset):
         Raises:
             ImageDecodeError: naming the file, if it is missing, empty or not a decodable image.
         """
-        from torchvision.io import ImageReadMode, decode_image
+        from PIL import Image
 
         path = self.samples[index][0]
         try:
             data = Path(path).read_bytes()
             if not data:
                 raise ValueError("the file is empty")
-            return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
-        except Exception as exc:  # torchvision raises RuntimeError; reading can raise OSError
+            with Image.open(io.BytesIO(data)) as im:
+                arr = np.array(im.convert("RGB"))  # convert() decodes; truncated files raise here
+            return torch.from_numpy(arr).permute(2, 0, 1).contiguous()
+        except Exception as exc:  # PIL raises OSError / UnidentifiedImageError; reading can raise OSError
             raise ImageDecodeError(
                 f"could not decode image file {path}: {str(exc).splitlines()[0][-160:]}. "
                 f"The file is damaged or not an image: delete the data set folder and regenerate it "
