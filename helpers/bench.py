@@ -1,0 +1,1272 @@
+"""Headless benchmark: every chapter's measurements, one results file, one PNG.
+
+Run it from the workbook folder (no browser, no notebook)::
+
+    python -m helpers.bench                      # full mode (or WORKBOOK_QUICK's mode), every chapter
+    python -m helpers.bench --quick              # small sizes: a smoke run, minutes on a laptop
+    python -m helpers.bench --chapters 02,05     # only some chapters
+    python -m helpers.bench --full --reference   # also save it as a reference file (CUDA, full mode)
+    python -m helpers.bench --list               # which chapters have a benchmark() yet
+    python -m helpers.bench --plot-only FILE     # redraw the PNG summary of an existing results file
+    python -m helpers.bench --compare FILE       # your results beside the reference files (ratios on same hardware)
+    python -m helpers.bench --readme-table       # the README's table of reference figures
+
+Each chapter's helper module offers ``benchmark(results, device)``, which adds
+records keyed ``chNN.*`` (and artifacts such as span traces) to a
+:class:`helpers.results.ResultSet`. This command finds those functions with
+:mod:`importlib`, runs each one guarded (a failing chapter is reported loudly,
+with its traceback, and makes the exit code non-zero, but the other chapters
+still run and the file is still written), shows progress bars, and writes:
+
+* one results file in the helpers' JSON format, with provenance: the
+  benchmark version, mode, method, date, library versions, the hardware
+  report, and what happened to each chapter (``provenance["bench"]``);
+* a PNG summary of the key plots drawn from the records (bandwidth sweep,
+  pinning cost, timelines, the capstone waterfall, ...); a panel whose records
+  are missing is skipped and the figure says so.
+
+Exit codes: 0 every chapter that exists ran; 1 at least one chapter failed
+(the file is still written); 2 refused before measuring (bad arguments, or a
+CUDA device was required and is absent); 130 interrupted (partial file written).
+
+Strict GPU mode (``--strict`` or ``WORKBOOK_REQUIRE_GPU=1``, which the GPU
+check sets): a CUDA device is required, and a chapter that records nothing is
+a failure. Chapters read the same variable to raise instead of falling back to
+the CPU or to reference results inside a GPU path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import gc
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+__all__ = [
+    "REQUIRE_GPU_ENV",
+    "Chapter",
+    "CHAPTERS",
+    "ChapterOutcome",
+    "require_gpu",
+    "select_chapters",
+    "run_benchmarks",
+    "run",
+    "summary_figure",
+    "reference_path",
+    "readme_table",
+    "readme_block",
+    "compare_lines",
+    "ceiling_table",
+    "main",
+]
+
+#: Environment variable for strict GPU runs. When it is 1, the bench requires CUDA, and chapters
+#: raise in a GPU path instead of quietly falling back (see docs/GPU-CHECK.md).
+REQUIRE_GPU_ENV = "WORKBOOK_REQUIRE_GPU"
+#: Optional: the git commit of the checkout, for machines whose copy of the tree has no .git folder.
+COMMIT_ENV = "WORKBOOK_GIT_COMMIT"
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+def require_gpu() -> bool:
+    """True when ``WORKBOOK_REQUIRE_GPU`` asks GPU paths to fail loudly instead of falling back.
+
+    Raises:
+        ValueError: if the variable holds something other than a yes/no value.
+    """
+    raw = os.environ.get(REQUIRE_GPU_ENV, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ValueError(f"{REQUIRE_GPU_ENV}={raw!r} is not understood; set it to 1 (strict GPU run) or 0.")
+
+
+# ---------------------------------------------------------------------------
+# Chapters
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Chapter:
+    """A helper module that measures for one or more chapters."""
+
+    ids: tuple[str, ...]
+    module: str
+    title: str
+
+    @property
+    def label(self) -> str:
+        return "ch" + "/".join(self.ids)
+
+    @property
+    def prefixes(self) -> tuple[str, ...]:
+        return tuple(f"ch{i}." for i in self.ids)
+
+
+#: Every chapter's benchmark module, in chapter order. Chapters 03 and 04 share one module.
+CHAPTERS: tuple[Chapter, ...] = (
+    Chapter(("01",), "helpers.train", "anatomy of a training step"),
+    Chapter(("02",), "helpers.transfer", "host-to-device transfers"),
+    Chapter(("03", "04"), "helpers.loaders", "DataLoader workers and tuning"),
+    Chapter(("05",), "helpers.overlap", "overlapping copies with compute"),
+    Chapter(("06",), "helpers.capstone", "capstone pipeline"),
+    Chapter(("07",), "helpers.distributed", "loading on several GPUs"),
+)
+
+
+def select_chapters(spec: str | None, chapters: Sequence[Chapter] = CHAPTERS) -> list[Chapter]:
+    """Chapters named in ``spec`` ("01,02" or "1,2"; None or "all" = every one), in chapter order.
+
+    Raises:
+        ValueError: naming ``--chapters`` and the allowed ids, for an unknown id.
+    """
+    if spec is None or spec.strip().lower() in ("", "all"):
+        return list(chapters)
+    known = {i: c for c in chapters for i in c.ids}
+    wanted: list[str] = []
+    for raw in spec.split(","):
+        raw = raw.strip().lower().removeprefix("ch")
+        if not raw:
+            continue
+        cid = raw.zfill(2) if raw.isdigit() else raw
+        if cid not in known:
+            raise ValueError(f"--chapters: unknown chapter {raw!r}; allowed: {', '.join(sorted(known))} (or 'all')")
+        wanted.append(cid)
+    chosen = {known[c] for c in wanted}
+    return [c for c in chapters if c in chosen]
+
+
+@dataclass
+class ChapterOutcome:
+    """What happened when one chapter's benchmark ran."""
+
+    chapter: str
+    module: str
+    status: str  # "ok" | "failed" | "skipped"
+    reason: str = ""
+    seconds: float = 0.0
+    records: int = 0
+    artifacts: int = 0
+    error: str = ""
+    warnings: list[str] = field(default_factory=list)
+    first_record: int = 0
+    artifact_names: list[str] = field(default_factory=list)
+
+
+def _find_benchmark(ch: Chapter) -> tuple[Callable[..., Any] | None, str, str]:
+    """(function, status, reason): status is "" when found, else "skipped" or "failed"."""
+    try:
+        if importlib.util.find_spec(ch.module) is None:
+            return None, "skipped", f"module {ch.module} does not exist yet"
+    except (ImportError, ValueError) as exc:
+        return None, "skipped", f"module {ch.module} cannot be located ({exc})"
+    try:
+        mod = importlib.import_module(ch.module)
+    except ModuleNotFoundError as exc:
+        if exc.name == ch.module:
+            return None, "skipped", f"module {ch.module} does not exist yet"
+        return None, "failed", f"importing {ch.module} failed: {exc!r}\n{traceback.format_exc()}"
+    except Exception as exc:  # a broken module is a failure, loudly
+        return None, "failed", f"importing {ch.module} failed: {exc!r}\n{traceback.format_exc()}"
+    fn = getattr(mod, "benchmark", None)
+    if fn is None:
+        return None, "skipped", f"{ch.module} has no benchmark() function yet"
+    if not callable(fn):
+        return None, "failed", f"{ch.module}.benchmark is not callable"
+    return fn, "", ""
+
+
+def _free_memory() -> None:
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    except Exception:
+        pass
+
+
+def _banner(text: str) -> str:
+    bar = "!" * 78
+    return f"\n{bar}\n{text}\n{bar}"
+
+
+def run_benchmarks(
+    results: Any,
+    device: Any,
+    chapters: Sequence[Chapter] = CHAPTERS,
+    *,
+    strict: bool = False,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+    checkpoint: Callable[[list[ChapterOutcome]], None] | None = None,
+    into: list[ChapterOutcome] | None = None,
+) -> list[ChapterOutcome]:
+    """Run each chapter's ``benchmark(results, device)``, guarded; return one outcome per chapter.
+
+    A chapter whose function also takes a ``progress`` keyword gets a
+    ``progress(fraction, text)`` callback that drives a second progress bar.
+
+    A chapter whose module or function does not exist yet is skipped; one that
+    raises is reported (banner + traceback through ``log``) and marked failed,
+    and the next chapter runs. With ``strict``, a chapter that adds no records
+    is a failure too. ``checkpoint(outcomes)`` is called after each chapter
+    (to save a partial file). ``KeyboardInterrupt`` propagates (after the
+    outcome of the interrupted chapter is appended to ``into``, if given).
+    """
+    from tqdm import tqdm
+
+    say = log or (lambda s: tqdm.write(s, file=sys.stderr))
+    outcomes: list[ChapterOutcome] = [] if into is None else into
+    bar = tqdm(total=len(chapters), desc="bench", unit="chapter", disable=not progress, file=sys.stderr,
+               dynamic_ncols=True)
+    live = _LiveCounter(bar)
+    previous_hook = getattr(results, "_on_add", None)
+    try:
+        results._on_add = live.added  # counts records as they arrive, for the progress bar
+    except Exception:
+        pass
+    try:
+        for ch in chapters:
+            bar.set_description(f"bench {ch.label}")
+            live.start(ch.label)
+            out = ChapterOutcome(chapter=ch.label, module=ch.module, status="ok")
+            outcomes.append(out)
+            fn, status, reason = _find_benchmark(ch)
+            if fn is None:
+                out.status, out.reason = status, reason.splitlines()[0]
+                if status == "failed":
+                    out.error = reason
+                    say(_banner(f"{ch.label} ({ch.module}) FAILED before running:\n{reason}"))
+                else:
+                    say(f"{ch.label}: skipped — {reason}")
+                bar.update(1)
+                continue
+            n_rec, arts_before = len(results.records), set(results.artifacts)
+            n_art = len(arts_before)
+            out.first_record = n_rec
+            t0 = time.perf_counter()
+            kwargs: dict[str, Any] = {}
+            inner = None
+            if progress and _accepts_progress(fn):
+                inner = tqdm(total=100, desc=f"  {ch.label}", unit="%", leave=False, file=sys.stderr,
+                             dynamic_ncols=True, bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix}")
+                kwargs["progress"] = _FractionProgress(inner)
+            try:
+                fn(results, device, **kwargs)
+            except KeyboardInterrupt:
+                out.status, out.reason = "failed", "interrupted (Ctrl-C or SIGTERM)"
+                out.seconds = time.perf_counter() - t0
+                raise
+            except Exception as exc:
+                out.status = "failed"
+                out.reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+                out.error = traceback.format_exc()
+                say(_banner(f"{ch.label} ({ch.module}.benchmark) FAILED: {out.reason}\n\n{out.error}"))
+            finally:
+                if inner is not None:
+                    inner.close()
+                out.seconds = round(time.perf_counter() - t0, 3)
+                out.records = len(results.records) - n_rec
+                out.artifacts = len(results.artifacts) - n_art
+                out.artifact_names = sorted(set(results.artifacts) - arts_before)
+                _free_memory()
+            new = results.records[n_rec:]
+            stray = sorted({r.key for r in new if not r.key.startswith(ch.prefixes)})
+            if stray:
+                out.warnings.append(f"record keys without the prefix {'/'.join(ch.prefixes)}: {', '.join(stray[:5])}")
+            if out.status == "ok" and out.records == 0:
+                msg = "added no records"
+                if strict:
+                    out.status, out.reason = "failed", msg + " (strict GPU run: a chapter must record something)"
+                    say(_banner(f"{ch.label} ({ch.module}.benchmark) FAILED: {out.reason}"))
+                else:
+                    out.warnings.append(msg)
+            for w in out.warnings:
+                say(f"{ch.label}: warning — {w}")
+            if out.status == "ok":
+                say(f"{ch.label}: ok — {out.records} records, {out.artifacts} artifacts in {out.seconds:.1f} s")
+            bar.update(1)
+            if checkpoint is not None:
+                try:
+                    checkpoint(outcomes)
+                except Exception as exc:
+                    say(f"warning: could not save the partial results file: {exc!r}")
+    finally:
+        bar.close()
+        try:
+            results._on_add = previous_hook
+        except Exception:
+            pass
+    return outcomes
+
+
+def _accepts_progress(fn: Callable[..., Any]) -> bool:
+    """Whether a chapter's benchmark takes an optional ``progress(fraction, text)`` keyword."""
+    import inspect
+
+    try:
+        return "progress" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class _FractionProgress:
+    """``progress(fraction, text)`` callback (the widgets' convention) driving a tqdm bar in percent."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+
+    def __call__(self, fraction: float, text: str = "") -> None:
+        try:
+            target = int(round(100 * min(1.0, max(0.0, float(fraction)))))
+        except (TypeError, ValueError):
+            return
+        if target > self.bar.n:
+            self.bar.update(target - self.bar.n)
+        if text:
+            self.bar.set_postfix_str(str(text)[:60])
+
+
+class _LiveCounter:
+    """Shows the number of records of the running chapter on the progress bar (at most 4 updates/s)."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar, self.label, self.n, self.last = bar, "", 0, 0.0
+
+    def start(self, label: str) -> None:
+        self.label, self.n = label, 0
+        self.bar.set_postfix_str(f"{label}: starting")
+
+    def added(self, rec: Any) -> None:
+        self.n += 1
+        now = time.monotonic()
+        if now - self.last > 0.25:
+            self.last = now
+            self.bar.set_postfix_str(f"{self.label}: {self.n} records, last {getattr(rec, 'key', '?')}")
+
+
+def _live_result_set_class() -> type:
+    """A ResultSet whose ``add`` also calls an optional ``_on_add`` hook (for progress)."""
+    from .results import ResultSet
+
+    class LiveResultSet(ResultSet):  # type: ignore[misc, valid-type]
+        _on_add: Callable[[Any], None] | None = None
+
+        def add(self, *args: Any, **kwargs: Any) -> Any:
+            rec = super().add(*args, **kwargs)
+            hook = self._on_add
+            if hook is not None:
+                try:
+                    hook(rec)
+                except Exception:
+                    pass
+            return rec
+
+    return LiveResultSet
+
+
+# ---------------------------------------------------------------------------
+# Provenance
+# ---------------------------------------------------------------------------
+
+_VERSIONED = ("torch", "torchvision", "numpy", "matplotlib", "pillow", "psutil", "nvidia-ml-py", "tqdm",
+              "ipywidgets", "nbval", "gpu-data-workbook")
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in _VERSIONED:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    try:
+        import helpers
+
+        out["helpers"] = getattr(helpers, "__version__", None)
+    except Exception:
+        out["helpers"] = None
+    return out
+
+
+def _git_commit() -> tuple[str | None, bool | None]:
+    env = os.environ.get(COMMIT_ENV)
+    if env:
+        return env.strip(), None
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None, None
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=20)
+        if sha.returncode != 0:
+            return None, None
+        return sha.stdout.strip(), bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+
+
+METHOD = (
+    "python -m helpers.bench: each chapter's helpers benchmark(results, device), run one after another in "
+    "one process; timings are medians over repeated runs (torch.utils.benchmark Timer, or CUDA events on a "
+    "GPU), with each record's spread and method in its params/spread; GPU memory is freed between chapters"
+)
+
+
+# ---------------------------------------------------------------------------
+# Records -> plot data (tolerant of chapter modules still being written)
+# ---------------------------------------------------------------------------
+
+
+def _params(rec: Any) -> dict[str, Any]:
+    """A record's params; ``{"params": {...}}`` (params passed as one keyword) is flattened."""
+    p = dict(getattr(rec, "params", None) or (rec.get("params") if isinstance(rec, dict) else None) or {})
+    inner = p.get("params")
+    if isinstance(inner, dict) and len(p) == 1:
+        p = dict(inner)
+    return p
+
+
+def _records(rs: Any, key: str) -> list[Any]:
+    return [r for r in rs.records if r.key == key]
+
+
+def _records_prefix(rs: Any, prefix: str) -> list[Any]:
+    return [r for r in rs.records if r.key.startswith(prefix)]
+
+
+def _gbps(nbytes: float, seconds: float) -> float:
+    return nbytes / seconds / 1e9
+
+
+def _is_trace(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("spans"), list) and bool(value["spans"])
+
+
+_RATE_UNITS = {"items/s", "img/s", "images/s", "samples/s", "steps/s", "batches/s", "GB/s", "MB/s"}
+
+
+def _short_params(p: dict[str, Any], limit: int = 3) -> str:
+    keep = [(k, v) for k, v in p.items() if not isinstance(v, (dict, list)) and k not in ("method", "n", "iqr_s")]
+    return ", ".join(f"{k}={v}" for k, v in keep[:limit])
+
+
+def _bytes_tick(value: float, _pos: Any = None) -> str:
+    return _fmt_bytes(value).replace(".0 ", " ") if value >= 1 else ""
+
+
+def _plain_tick(value: float, _pos: Any = None) -> str:
+    return f"{value:g}"
+
+
+def _minor_tick(value: float, _pos: Any = None) -> str:
+    """Label only the 2s and 5s between decades on a log axis."""
+    if value <= 0:
+        return ""
+    lead = value / 10 ** math.floor(math.log10(value) + 1e-9)
+    return f"{value:g}" if round(lead, 6) in (2.0, 5.0) else ""
+
+
+def _varying_labels(recs: Sequence[Any]) -> list[str]:
+    """'key-without-chapter (the params that differ between records of that key)' per record."""
+    ignore = {"method", "n", "iqr_s", "device"}
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for r in recs:
+        by_key.setdefault(r.key, []).append(_params(r))
+    varying: dict[str, list[str]] = {}
+    for key, plist in by_key.items():
+        names = dict.fromkeys(k for p in plist for k in p if k not in ignore)
+        varying[key] = [k for k in names if len({json.dumps(p.get(k), default=str) for p in plist}) > 1]
+    out = []
+    for r in recs:
+        p = _params(r)
+        shown = ", ".join(f"{k}={p.get(k)}" for k in varying[r.key][:3])
+        out.append(f"{r.key[5:]} ({shown})" if shown else r.key[5:])
+    return out
+
+
+def _fmt_bytes(n: float) -> str:
+    from .validate import human_bytes
+
+    return human_bytes(int(n))
+
+
+# ---------------------------------------------------------------------------
+# The PNG summary
+# ---------------------------------------------------------------------------
+
+Panel = Callable[[Any, Any], None]
+
+
+def _panel_bandwidth(rs: Any) -> tuple[str, Callable[[Any], None]] | str:
+    copies = _records(rs, "ch02.copy_time")
+    host = _records(rs, "ch02.host_copy_time")
+    if not copies and not host:
+        return "ch02 bandwidth sweep: no ch02.copy_time or ch02.host_copy_time records"
+    fits: dict[tuple[str, str], dict[str, float]] = {}
+    for r in _records_prefix(rs, "ch02.fit."):
+        p = _params(r)
+        fits.setdefault((str(p.get("direction")), str(p.get("memory"))), {})[r.key.rsplit(".", 1)[-1]] = r.value
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for r in copies:
+        p = _params(r)
+        if "nbytes" not in p or r.value <= 0:
+            continue
+        d, m = str(p.get("direction", "?")), str(p.get("memory", "?"))
+        label = f"{d.upper()} {m}"
+        f = fits.get((d, m), {})
+        if "bandwidth" in f and "latency" in f:
+            label += f" (fit: {f['latency'] * 1e6:.1f} µs + size / {f['bandwidth']:.1f} GB/s)"
+        xs, ys = series.setdefault(label, ([], []))
+        xs.append(float(p["nbytes"]))
+        ys.append(_gbps(float(p["nbytes"]), r.value))
+    for r in host:
+        p = _params(r)
+        if "nbytes" in p and r.value > 0:
+            xs, ys = series.setdefault("host memcpy on the CPU (bytes / time; not a GPU transfer)", ([], []))
+            xs.append(float(p["nbytes"]))
+            ys.append(_gbps(float(p["nbytes"]), r.value))
+    if not series:
+        return "ch02 bandwidth sweep: records lack the nbytes parameter"
+    for xs, ys in series.values():
+        order = sorted(range(len(xs)), key=xs.__getitem__)
+        xs[:], ys[:] = [xs[i] for i in order], [ys[i] for i in order]
+    report = rs.provenance.get("report", {}) if isinstance(rs.provenance, dict) else {}
+    ceiling = None
+    if report.get("link_bandwidth_gbps"):
+        desc = report.get("link_description") or "link ceiling"
+        ceiling = (float(report["link_bandwidth_gbps"]), f"{desc.split(' (')[0]}: theoretical ceiling")
+
+    def draw(ax: Any) -> None:
+        from .plots import sweep
+
+        from matplotlib.ticker import FuncFormatter, NullLocator
+
+        sweep(series, ax, xlabel="transfer size", ylabel="bandwidth (GB/s, log scale)",
+              title="ch02 · bandwidth by size and direction", ceiling=ceiling)
+        xs_all = [x for xs, _ in series.values() for x in xs]
+        ticks = [float(2**k) for k in range(0, 41, 2) if min(xs_all) / 2 <= 2**k <= max(xs_all) * 2]
+        if ticks:
+            ax.set_xticks(ticks)
+            ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(FuncFormatter(_bytes_tick))
+        ax.yaxis.set_major_formatter(FuncFormatter(_plain_tick))
+        ys_all = [y for _, ys in series.values() for y in ys if y > 0]
+        if ys_all and max(ys_all) / min(ys_all) < 300:
+            ax.yaxis.set_minor_formatter(FuncFormatter(_minor_tick))
+            ax.tick_params(axis="y", which="minor", labelsize=7)
+        ax.legend(fontsize=6.5, loc="lower right")
+
+    return "ch02 · bandwidth by size and direction", draw
+
+
+def _panel_pin_cost(rs: Any) -> tuple[str, Callable[[Any], None]] | str:
+    recs = _records_prefix(rs, "ch02.pin.")
+    if not recs:
+        return "ch02 pinning cost: no ch02.pin.* records (recorded only with CUDA)"
+    sizes = sorted({float(_params(r).get("nbytes", 0)) for r in recs})
+    kinds = list(dict.fromkeys(r.key.rsplit(".", 1)[-1] for r in recs))
+    table = {(r.key.rsplit(".", 1)[-1], float(_params(r).get("nbytes", 0))): r.value for r in recs}
+
+    def draw(ax: Any) -> None:
+        width = 0.8 / max(1, len(kinds))
+        for i, k in enumerate(kinds):
+            vals = [table.get((k, s), float("nan")) * 1e3 for s in sizes]
+            ax.bar([j + i * width for j in range(len(sizes))], vals, width=width, label=k.replace("_", " "))
+        ax.set_xticks([j + width * (len(kinds) - 1) / 2 for j in range(len(sizes))])
+        ax.set_xticklabels([_fmt_bytes(s) for s in sizes])
+        ax.set_yscale("log")
+        ax.set_ylabel("time (ms, log scale)")
+        ax.set_xlabel("buffer size")
+        ax.set_title("ch02 · cost of pinning vs a plain copy")
+        ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3, which="both")
+
+    return "ch02 · cost of pinning", draw
+
+
+def _panels_timelines(rs: Any, limit: int = 4) -> list[tuple[str, Callable[[Any], None]] | str]:
+    names = [k for k, v in rs.artifacts.items() if _is_trace(v)]
+    if not names:
+        return ["timelines: no span-trace artifacts (e.g. ch05 overlap traces) in this file"]
+    names.sort(key=lambda k: (not k.startswith("ch05"), k))
+    out: list[tuple[str, Callable[[Any], None]] | str] = []
+    for name in names[:limit]:
+        def draw(ax: Any, _name: str = name) -> None:
+            from .plots import timeline
+
+            timeline(rs.artifacts[_name], ax, title=f"timeline · {_name}", max_steps=6)
+
+        out.append((f"timeline · {name}", draw))
+    if len(names) > limit:
+        out.append(f"timelines: {len(names) - limit} more trace(s) not drawn ({', '.join(names[limit:])})")
+    return out
+
+
+def _waterfall_groups(rs: Any) -> dict[str, list[tuple[str, float, str]]]:
+    """ch06 waterfall records grouped by regime: regime -> [(stage, value, unit)] in recorded order."""
+    groups: dict[str, list[tuple[int, int, str, float, str]]] = {}
+    for i, r in enumerate(_records_prefix(rs, "ch06.")):
+        p = _params(r)
+        stage = p.get("stage", p.get("step"))
+        if stage is None or "waterfall" not in r.key:
+            continue
+        order = p.get("order", i)
+        groups.setdefault(str(p.get("regime", "default")), []).append(
+            (int(order) if isinstance(order, (int, float)) else i, i, str(stage), r.value, r.unit))
+    return {g: [(s, v, u) for _, _, s, v, u in sorted(rows)] for g, rows in groups.items()}
+
+
+def _panels_waterfall(rs: Any) -> list[tuple[str, Callable[[Any], None]] | str]:
+    groups = _waterfall_groups(rs)
+    if not groups:
+        return ["ch06 capstone waterfall: no ch06.waterfall* records with a 'stage' parameter"]
+    out: list[tuple[str, Callable[[Any], None]] | str] = []
+    for regime, rows in groups.items():
+        def draw(ax: Any, _regime: str = regime, _rows: list[tuple[str, float, str]] = rows) -> None:
+            unit = _rows[0][2]
+            scale, shown = (1e3, "ms") if unit == "s" else (1.0, unit)
+            vals = [v * scale for _, v, _ in _rows]
+            ax.bar(range(len(vals)), vals, color=["#bab0ac"] + ["#4e79a7"] * (len(vals) - 1))
+            for j, v in enumerate(vals):
+                ax.text(j, v, f"{v:.3g}", ha="center", va="bottom", fontsize=7)
+            ax.set_xticks(range(len(vals)))
+            ax.set_xticklabels([s for s, _, _ in _rows], rotation=25, ha="right", fontsize=7)
+            ax.set_ylabel(shown)
+            ax.set_title(f"ch06 · capstone waterfall ({_regime})")
+            ax.grid(axis="y", alpha=0.3)
+
+        out.append((f"ch06 · capstone waterfall ({regime})", draw))
+    return out
+
+
+def _panels_rates(rs: Any, drawn_prefixes: Iterable[str]) -> list[tuple[str, Callable[[Any], None]] | str]:
+    """One bar panel per other chapter with throughput-like records (its headline rates)."""
+    skip = tuple(drawn_prefixes)
+    by_chapter: dict[str, list[Any]] = {}
+    for r in rs.records:
+        if r.unit in _RATE_UNITS and not r.key.startswith(skip) and re.match(r"ch\d\d\.", r.key):
+            by_chapter.setdefault(r.key[:4], []).append(r)
+    out: list[tuple[str, Callable[[Any], None]] | str] = []
+    for chap, recs in sorted(by_chapter.items()):
+        recs = recs[:14]
+
+        def draw(ax: Any, _chap: str = chap, _recs: list[Any] = recs) -> None:
+            labels = _varying_labels(_recs)
+            vals = [r.value for r in _recs]
+            ax.barh(range(len(vals)), vals, color="#4e79a7")
+            ax.set_yticks(range(len(vals)))
+            ax.set_yticklabels(labels, fontsize=6.5)
+            ax.invert_yaxis()
+            units = " / ".join(sorted({r.unit for r in _recs}))
+            positive = [v for v in vals if v > 0]
+            if positive and max(positive) / min(positive) > 30:
+                ax.set_xscale("log")
+                units += " (log scale)"
+            ax.set_xlabel(units)
+            ax.set_title(f"{_chap} · measured rates")
+            ax.grid(axis="x", alpha=0.3)
+
+        out.append((f"{chap} · measured rates", draw))
+    return out
+
+
+def summary_panels(rs: Any) -> tuple[list[tuple[str, Callable[[Any], None]]], list[str]]:
+    """(panels to draw, reasons for the panels skipped) for a result set."""
+    items: list[tuple[str, Callable[[Any], None]] | str] = [_panel_bandwidth(rs), _panel_pin_cost(rs)]
+    items += _panels_timelines(rs)
+    items += _panels_waterfall(rs)
+    items += _panels_rates(rs, ("ch02.", "ch06.waterfall"))
+    panels = [i for i in items if not isinstance(i, str)]
+    skipped = [i for i in items if isinstance(i, str)]
+    return panels, skipped
+
+
+def summary_figure(rs: Any, path: str | Path) -> tuple[Path, list[str], list[str]]:
+    """Draw the PNG summary of ``rs`` to ``path``; returns (path, panels drawn, panels skipped with why)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    panels, skipped = summary_panels(rs)
+    ncols = 2
+    nrows = max(1, math.ceil(len(panels) / ncols))
+    fig = plt.figure(figsize=(15, 1.6 + 4.0 * nrows + 0.18 * len(skipped)), layout="constrained")
+    grid = fig.add_gridspec(nrows + 1, ncols, height_ratios=[4.0] * nrows + [0.4 + 0.18 * max(1, len(skipped))])
+    drawn: list[str] = []
+    for i, (title, draw) in enumerate(panels):
+        ax = fig.add_subplot(grid[i // ncols, i % ncols])
+        try:
+            draw(ax)
+            drawn.append(title)
+        except Exception as exc:  # one odd record format must not lose the whole summary
+            ax.clear()
+            ax.axis("off")
+            ax.text(0.5, 0.5, f"{title}\ncould not be drawn: {exc!r}"[:300], ha="center", va="center", fontsize=8,
+                    wrap=True)
+            skipped.append(f"{title}: drawing failed ({exc!r})")
+    foot = fig.add_subplot(grid[nrows, :])
+    foot.axis("off")
+    lines = ["Panels skipped (their records are missing from this file):"] + [f"  • {s}" for s in skipped]
+    if not skipped:
+        lines = ["Every panel had its records."]
+    foot.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", fontsize=8, family="monospace",
+              transform=foot.transAxes)
+    if not panels:
+        fig.text(0.5, 0.6, "No panel could be drawn: this file has none of the records the summary plots.",
+                 ha="center", fontsize=11)
+    hw = rs.hardware.get("gpu_name") or f"no GPU (CPU: {rs.hardware.get('cpu_model') or 'unknown'})"
+    fig.suptitle(f"helpers.bench summary — {hw}\n{rs.label()}; benchmark v{rs.benchmark_version}; "
+                 "measured values only (dashed lines are theoretical ceilings)", fontsize=10)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path, drawn, skipped
+
+
+# ---------------------------------------------------------------------------
+# Reference files and the README table
+# ---------------------------------------------------------------------------
+
+
+def slug(text: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
+    s = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    return s or "unknown"
+
+
+def reference_path(rs: Any, folder: str | Path | None = None) -> Path:
+    """``helpers/reference/<gpu-slug>-<date>.json`` (``-2``, ``-3`` ... if taken)."""
+    from .reference import reference_dir
+
+    folder = Path(folder) if folder is not None else reference_dir()
+    gpu = rs.hardware.get("gpu_name") or "cpu"
+    base = f"{slug(gpu)}-{rs.created[:10]}"
+    path = folder / f"{base}.json"
+    n = 2
+    while path.exists():
+        path = folder / f"{base}-{n}.json"
+        n += 1
+    return path
+
+
+def _first(rs: Any, key: str, **params: Any) -> Any:
+    for r in _records(rs, key):
+        p = _params(r)
+        if all(p.get(k) == v for k, v in params.items()):
+            return r
+    return None
+
+
+def _cell_fit(rs: Any, direction: str, memory: str) -> str:
+    r = _first(rs, "ch02.fit.bandwidth", direction=direction, memory=memory)
+    return f"{r.value:.1f}" if r else "—"
+
+
+def _cell_best(rs: Any, direction: str, memory: str) -> str:
+    best = None
+    for r in _records(rs, "ch02.copy_time"):
+        p = _params(r)
+        if p.get("direction") == direction and p.get("memory") == memory and "nbytes" in p and r.value > 0:
+            g = _gbps(float(p["nbytes"]), r.value)
+            if best is None or g > best[0]:
+                best = (g, float(p["nbytes"]))
+    return f"{best[0]:.1f} @ {_fmt_bytes(best[1])}" if best else "—"
+
+
+def _cell_latency(rs: Any) -> str:
+    r = _first(rs, "ch02.fit.latency", direction="h2d", memory="pinned")
+    return f"{r.value * 1e6:.1f}" if r else "—"
+
+
+def _cell_pin(rs: Any) -> str:
+    recs = _records(rs, "ch02.pin.cold")
+    if not recs:
+        return "—"
+    r = max(recs, key=lambda x: float(_params(x).get("nbytes", 0)))
+    return f"{r.value * 1e3:.2f} ({_fmt_bytes(float(_params(r).get('nbytes', 0)))})"
+
+
+def _cell_waterfall(rs: Any) -> str:
+    groups = _waterfall_groups(rs)
+    if not groups:
+        return "—"
+    parts = []
+    for regime, rows in groups.items():
+        (s0, v0, unit), (s1, v1, _) = rows[0], rows[-1]
+        if unit == "s":
+            parts.append(f"{regime}: {v0 * 1e3:.3g} → {v1 * 1e3:.3g} ms/step")
+        else:
+            parts.append(f"{regime}: {v0:.3g} → {v1:.3g} {unit}")
+    return "; ".join(parts)
+
+
+def _cell_ceiling(rs: Any) -> str:
+    rep = rs.provenance.get("report", {}) if isinstance(rs.provenance, dict) else {}
+    if rep.get("link_bandwidth_gbps"):
+        desc = (rep.get("link_description") or "").split(" (")[0]
+        return f"{float(rep['link_bandwidth_gbps']):.1f} ({desc})" if desc else f"{float(rep['link_bandwidth_gbps']):.1f}"
+    return "not reported"
+
+
+def readme_table(sets: Sequence[Any] | None = None) -> str:
+    """Markdown: one row of headline measured figures per reference file, then the theoretical ceiling.
+
+    Rendered from the committed reference files (``helpers/reference/*.json``,
+    or ``$WORKBOOK_REFERENCE_DIR``). Measured and theoretical columns are
+    separated; nothing is filled in that a file does not hold ("—").
+    """
+    if sets is None:
+        from .reference import references
+
+        sets = references()
+    sets = sorted(sets, key=lambda r: (r.hardware.get("gpu_name") or "~", r.created))
+    header = (
+        "| GPU | recorded (UTC) | mode | torch / CUDA / driver | H2D pinned GB/s (fit) | H2D pinned, best point "
+        "| H2D pageable GB/s (fit) | D2H pinned GB/s (fit) | D2H pageable GB/s (fit) | H2D pinned latency µs (fit) "
+        "| pinning, cold, ms (size) | capstone waterfall, first → last stage | ‖ | link ceiling per direction, GB/s "
+        "— theoretical, not measured |\n"
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"
+    )
+    if not sets:
+        return header + "\n| *no reference results recorded yet* | | | | | | | | | | | | ‖ | |"
+    rows = [header]
+    for rs in sets:
+        p = rs.provenance if isinstance(rs.provenance, dict) else {}
+        versions = f"{p.get('torch_version') or '?'} / {p.get('cuda_runtime_version') or '?'} / {p.get('driver_version') or '?'}"
+        rows.append(
+            f"| {rs.hardware.get('gpu_name') or 'no GPU'} | {rs.created[:16].replace('T', ' ')} | {rs.mode} | {versions} "
+            f"| {_cell_fit(rs, 'h2d', 'pinned')} | {_cell_best(rs, 'h2d', 'pinned')} | {_cell_fit(rs, 'h2d', 'pageable')} "
+            f"| {_cell_fit(rs, 'd2h', 'pinned')} | {_cell_fit(rs, 'd2h', 'pageable')} | {_cell_latency(rs)} "
+            f"| {_cell_pin(rs)} | {_cell_waterfall(rs)} | ‖ | {_cell_ceiling(rs)} |"
+        )
+    return "\n".join(rows)
+
+
+def ceiling_table() -> str:
+    """Markdown: theoretical per-direction PCIe x16 ceilings, computed by :func:`helpers.device.pcie_bandwidth_gbps`."""
+    from .device import pcie_bandwidth_gbps
+
+    rows = ["| host link (theoretical) | per direction, GB/s (10^9 B/s) |", "|---|---:|"]
+    for gen in (3, 4, 5, 6):
+        rows.append(f"| PCIe Gen{gen} x16 | {pcie_bandwidth_gbps(gen, 16):.1f} |")
+    return "\n".join(rows)
+
+
+def readme_block(sets: Sequence[Any] | None = None) -> str:
+    """The generated README section: measured reference figures, then the theoretical ceilings, kept apart."""
+    return (
+        "**Measured** (one row per committed reference file; \"—\" = not recorded in that file):\n\n"
+        + readme_table(sets)
+        + "\n\n**Theoretical** link ceilings (from the PCIe generation and width; never measured):\n\n"
+        + ceiling_table()
+    )
+
+
+TABLE_START = "<!-- reference-table:start (generated by `python -m helpers.bench --readme-table --update FILE`) -->"
+TABLE_END = "<!-- reference-table:end -->"
+
+
+def update_table_file(path: str | Path, table: str) -> Path:
+    """Replace the text between the table markers in ``path`` with ``table``."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    start, end = text.find(TABLE_START), text.find(TABLE_END)
+    if start < 0 or end < start:
+        raise ValueError(f"--update: {path} has no '{TABLE_START}' ... '{TABLE_END}' markers")
+    new = text[: start + len(TABLE_START)] + "\n" + table + "\n" + text[end:]
+    path.write_text(new, encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m helpers.bench",
+        description="Run every chapter's measurements headless; write one results file (JSON, with provenance) "
+        "and a PNG summary.",
+    )
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="small sizes (sets WORKBOOK_QUICK=1)")
+    mode.add_argument("--full", action="store_true", help="full sizes (sets WORKBOOK_QUICK=0); the default unless "
+                      "WORKBOOK_QUICK=1 is set")
+    ap.add_argument("--out", metavar="PATH", help="results file (default: artifacts/bench-<gpu>-<time>.json)")
+    ap.add_argument("--png", metavar="PATH", help="PNG summary (default: the results path with .png)")
+    ap.add_argument("--no-png", action="store_true", help="write no PNG summary")
+    ap.add_argument("--chapters", metavar="LIST", help="comma-separated chapter ids, e.g. 01,02,05 (default: all)")
+    ap.add_argument("--device", metavar="DEV", help="torch device to measure on (default: CUDA if present, else CPU)")
+    ap.add_argument("--reference", action="store_true",
+                    help="also save the results as a reference file helpers/reference/<gpu>-<date>.json "
+                    "(needs CUDA and full mode)")
+    ap.add_argument("--strict", action="store_true",
+                    help=f"strict GPU run: require CUDA, a chapter that records nothing fails (also {REQUIRE_GPU_ENV}=1)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bars")
+    ap.add_argument("--notes", default="", help="free text stored in the results file (e.g. the cluster's name)")
+    ap.add_argument("--list", action="store_true", help="list the chapters and whether their benchmark() exists")
+    ap.add_argument("--plot-only", metavar="RESULTS", help="only draw the PNG summary of an existing results file")
+    ap.add_argument("--compare", metavar="RESULTS", help="compare a results file with the reference files (ratios "
+                    "only where the hardware matches; otherwise each reference is shown as 'recorded on ...')")
+    ap.add_argument("--against", metavar="REF", help="with --compare: one reference/results file instead of all")
+    ap.add_argument("--readme-table", action="store_true",
+                    help="print the README tables (measured reference figures from the committed reference files, "
+                    "then the theoretical link ceilings)")
+    ap.add_argument("--update", metavar="FILE", help="with --readme-table: replace the table between the markers in FILE")
+    return ap
+
+
+def _default_out(gpu: str | None) -> Path:
+    from .config import artifacts_dir
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return artifacts_dir() / f"bench-{slug(gpu or 'cpu')}-{stamp}.json"
+
+
+def run(
+    *,
+    chapters: Sequence[Chapter] = CHAPTERS,
+    device: Any = None,
+    out: str | Path | None = None,
+    png: str | Path | None = None,
+    reference: bool = False,
+    strict: bool = False,
+    progress: bool = True,
+    notes: str = "",
+    argv: Sequence[str] | None = None,
+) -> tuple[int, Any, dict[str, Any]]:
+    """Run the benchmarks and write the files. Returns (exit code, ResultSet, paths/outcomes summary).
+
+    The mode comes from ``WORKBOOK_QUICK`` (``main`` sets it from --quick/--full).
+    """
+    import torch
+
+    from .config import quick_mode
+    from .device import has_cuda, pick_device
+
+    def err(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    dev = torch.device(device) if device is not None else pick_device()
+    cuda = has_cuda() and dev.type == "cuda"
+    if strict and not cuda:
+        err(f"refusing: a strict GPU run ({REQUIRE_GPU_ENV}=1 or --strict) needs a CUDA device, and "
+            + ("none is present on this machine." if not has_cuda() else f"--device is {dev}."))
+        return 2, None, {}
+    if reference and not cuda:
+        err("refusing --reference: reference results must be measured on a CUDA GPU, and "
+            + ("no CUDA device is present on this machine." if not has_cuda() else f"--device is {dev}."))
+        return 2, None, {}
+    if reference and quick_mode():
+        err("refusing --reference in quick mode: reference results are recorded with full sizes (use --full).")
+        return 2, None, {}
+
+    LiveResultSet = _live_result_set_class()
+    started = time.perf_counter()
+    rs = LiveResultSet.new("bench", METHOD, device=dev, notes=notes)
+    commit, dirty = _git_commit()
+    bench_info: dict[str, Any] = {
+        "command": "python -m helpers.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "started": rs.created,
+        "chapters_requested": [c.label for c in chapters],
+        "strict": bool(strict),
+        "device": str(dev),
+        "versions": _versions(),
+        "python_executable": sys.executable,
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "cpu_threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+    }
+    rs.provenance["bench"] = bench_info
+    print(f"helpers.bench: {rs.mode} mode on {dev} "
+          f"({rs.hardware.get('gpu_name') or 'no CUDA device'}); chapters {', '.join(c.label for c in chapters)}",
+          file=sys.stderr, flush=True)
+
+    from .results import ResultSet
+
+    out_path = Path(out) if out else _default_out(rs.hardware.get("gpu_name"))
+
+    def plain_copy() -> ResultSet:  # a plain ResultSet (without the progress hook class)
+        return ResultSet(**{f: getattr(rs, f) for f in ResultSet.__dataclass_fields__})
+
+    def checkpoint(done: list[ChapterOutcome]) -> None:
+        bench_info["chapters"] = [asdict(o) for o in done]
+        bench_info["partial"] = True
+        plain_copy().save(out_path)
+
+    interrupted = False
+    outcomes: list[ChapterOutcome] = []
+    previous = _install_sigterm()
+    try:
+        run_benchmarks(rs, dev, chapters, strict=strict, progress=progress, checkpoint=checkpoint, into=outcomes)
+    except KeyboardInterrupt:
+        interrupted = True
+        err("\ninterrupted: writing what was measured so far")
+    finally:
+        _restore_sigterm(previous)
+    bench_info.pop("partial", None)
+    bench_info["chapters"] = [asdict(o) for o in outcomes]
+    bench_info["seconds"] = round(time.perf_counter() - started, 2)
+    bench_info["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    bench_info["interrupted"] = interrupted
+    failed = [o for o in outcomes if o.status == "failed"]
+    bench_info["ok"] = not failed and not interrupted
+
+    plain = plain_copy()
+    plain.save(out_path)
+    paths: dict[str, Any] = {"results": str(out_path)}
+    ref_path = None
+    if reference:
+        ref = reference_subset(plain, outcomes)
+        if ref.records:
+            ref_path = reference_path(ref)
+            ref.save(ref_path)
+            paths["reference"] = str(ref_path)
+        else:
+            err("no reference file written: no chapter completed with records")
+    if png is not False:
+        png_path = Path(png) if png else out_path.with_suffix(".png")
+        try:
+            _, drawn, skipped = summary_figure(plain, png_path)
+            paths.update(png=str(png_path), panels=drawn, panels_skipped=skipped)
+        except Exception as exc:
+            err(_banner(f"the PNG summary could not be drawn: {exc!r}\n{traceback.format_exc()}"))
+            failed.append(ChapterOutcome(chapter="summary", module="helpers.bench", status="failed", reason=repr(exc)))
+
+    # -- the report -------------------------------------------------------------
+    print("\nhelpers.bench summary", flush=True)
+    print(f"  {plain.label()}")
+    for o in outcomes:
+        extra = f"{o.records} records, {o.artifacts} artifacts, {o.seconds:.1f} s" if o.status != "skipped" else o.reason
+        if o.status == "failed":
+            extra = f"{o.reason} ({o.seconds:.1f} s)"
+        print(f"  {o.chapter:<9} {o.module:<22} {o.status.upper():<8} {extra}")
+    print(f"  total: {len(plain.records)} records in {bench_info['seconds']:.1f} s")
+    print(f"  results file: {out_path}")
+    if ref_path:
+        print(f"  reference file: {ref_path}  (commit it; see docs/GPU-CHECK.md)")
+    if "png" in paths:
+        print(f"  PNG summary: {paths['png']}")
+        for s in paths.get("panels_skipped", []):
+            print(f"    panel skipped — {s}")
+    paths["outcomes"] = [asdict(o) for o in outcomes]
+    if interrupted:
+        return 130, plain, paths
+    if failed:
+        names = ", ".join(o.chapter for o in failed)
+        err(_banner(f"helpers.bench: FAILED — {names}. The results file holds the other chapters' records; "
+                    "see the tracebacks above."))
+        return 1, plain, paths
+    return 0, plain, paths
+
+
+def compare_lines(mine: Any, refs: Sequence[Any]) -> list[str]:
+    """Lines comparing ``mine`` with each reference: ratios (this run / reference) only on matching hardware."""
+    from .reference import provenance_line
+    from .results import comparable, compare
+
+    lines: list[str] = []
+    if not refs:
+        from .reference import missing_message
+
+        return [missing_message("any benchmark")]
+    for ref in refs:
+        ok, why = comparable(ref, mine)
+        if not ok:
+            lines.append(f"{provenance_line(ref)} — not compared with your file: {why}")
+            continue
+        cmp = compare(ref, mine)
+        lines.append(f"{provenance_line(ref)} — same hardware: {len(cmp.rows)} matching records "
+                     "(reference -> yours, ratio yours/reference)")
+        lines += ["  " + ln for ln in cmp.lines()]
+        if ref.mode != mine.mode:
+            lines.append(f"  note: the reference is {ref.mode} mode and yours is {mine.mode} mode; only records "
+                         "with identical parameters were matched")
+    return lines
+
+
+def _compare_cli(path: str, against: str | None) -> int:
+    from .reference import references
+    from .results import ResultSet
+
+    try:
+        mine = ResultSet.load(path)
+        refs = [ResultSet.load(against)] if against else references()
+    except (OSError, ValueError) as exc:
+        print(f"error: --compare: {exc}", file=sys.stderr)
+        return 2
+    print(f"your file: {mine.label()}")
+    for line in compare_lines(mine, refs):
+        print(line)
+    return 0
+
+
+def reference_subset(rs: Any, outcomes: Sequence[ChapterOutcome]) -> Any:
+    """A copy of ``rs`` keeping only the records and artifacts of chapters that completed ("ok").
+
+    Reference files must not hold half a sweep from a chapter that failed or was
+    interrupted; what was left out is listed in ``provenance["bench"]["reference_excludes"]``.
+    """
+    from .results import ResultSet
+
+    keep_idx: set[int] = set()
+    keep_art: set[str] = set()
+    dropped: list[str] = []
+    for o in outcomes:
+        span = range(o.first_record, o.first_record + o.records)
+        if o.status == "ok":
+            keep_idx.update(span)
+            keep_art.update(o.artifact_names)
+        elif o.records or o.artifact_names:
+            dropped.append(f"{o.chapter} ({o.status}: {o.records} records, {len(o.artifact_names)} artifacts)")
+    data = json.loads(json.dumps(rs.to_dict(), default=str))
+    data["records"] = [r for i, r in enumerate(data["records"]) if i in keep_idx]
+    data["artifacts"] = {k: v for k, v in data["artifacts"].items() if k in keep_art}
+    data["provenance"].setdefault("bench", {})["reference_excludes"] = dropped
+    return ResultSet.from_dict(data)
+
+
+def _install_sigterm() -> Any:
+    """Turn SIGTERM (a job scheduler's or the GPU check's timeout) into KeyboardInterrupt, to save a partial file."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except (ValueError, OSError):
+        return None
+
+
+def _restore_sigterm(previous: Any) -> None:
+    import signal
+
+    if previous is not None:
+        try:
+            signal.signal(signal.SIGTERM, previous)
+        except (ValueError, OSError):
+            pass
+
+
+def _list(chapters: Sequence[Chapter]) -> int:
+    for ch in chapters:
+        fn, status, reason = _find_benchmark(ch)
+        state = "benchmark() found" if fn is not None else f"{status}: {reason.splitlines()[0]}"
+        print(f"{ch.label:<9} {ch.module:<22} {ch.title:<34} {state}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit code."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    ap = _parser()
+    args = ap.parse_args(args_list)
+    if args.update and not args.readme_table:
+        ap.error("--update needs --readme-table")
+    if args.readme_table:
+        table = readme_block()
+        if args.update:
+            try:
+                update_table_file(args.update, table)
+            except (OSError, ValueError) as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            print(f"updated the table in {args.update}")
+        else:
+            print(table)
+        return 0
+    if args.against and not args.compare:
+        ap.error("--against needs --compare")
+    if args.compare:
+        return _compare_cli(args.compare, args.against)
+    if args.plot_only:
+        from .results import ResultSet
+
+        try:
+            rs = ResultSet.load(args.plot_only)
+        except (OSError, ValueError) as exc:
+            print(f"error: --plot-only: {exc}", file=sys.stderr)
+            return 2
+        png = Path(args.png) if args.png else Path(args.plot_only).with_suffix(".png")
+        if png.resolve() == Path(args.plot_only).resolve():
+            print("error: --png must differ from the results file", file=sys.stderr)
+            return 2
+        _, drawn, skipped = summary_figure(rs, png)
+        print(f"PNG summary: {png} ({len(drawn)} panels; skipped: {len(skipped)})")
+        for s in skipped:
+            print(f"  panel skipped — {s}")
+        return 0
+    if args.quick:
+        os.environ["WORKBOOK_QUICK"] = "1"
+    elif args.full:
+        os.environ["WORKBOOK_QUICK"] = "0"
+    try:
+        strict = args.strict or require_gpu()
+        from .config import quick_mode
+
+        quick_mode()  # validates WORKBOOK_QUICK early, with its own clear message
+        chapters = select_chapters(args.chapters)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if strict:
+        os.environ[REQUIRE_GPU_ENV] = "1"  # chapters read it too
+    if args.list:
+        return _list(chapters)
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    device = args.device
+    if device is not None:
+        import torch
+
+        try:
+            torch.device(device)
+        except (RuntimeError, ValueError):
+            print(f"error: --device {device!r} is not a torch device (e.g. cuda, cuda:0, cpu)", file=sys.stderr)
+            return 2
+    code, _, _ = run(
+        chapters=chapters,
+        device=device,
+        out=args.out,
+        png=False if args.no_png else args.png,
+        reference=args.reference,
+        strict=strict,
+        progress=not args.no_progress,
+        notes=args.notes,
+        argv=args_list,
+    )
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

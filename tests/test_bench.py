@@ -1,0 +1,393 @@
+"""Tests for the headless benchmark (helpers.bench) and the GPU check (helpers.gpucheck), on CPU.
+
+The end-to-end test runs ``python -m helpers.bench --quick`` in a subprocess, as a
+user would, and validates the file it writes. The failure path is tested in
+process with fake chapter modules injected into ``sys.modules``. Plot and
+table tests use a small *synthetic* result set (test data, never shown as a
+measurement) so that the GPU-only panels are exercised without a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from helpers import bench
+from helpers.results import BENCHMARK_VERSION, SCHEMA, ResultSet
+
+ROOT = Path(__file__).resolve().parent.parent
+HAS_CUDA = False
+try:
+    import torch
+
+    HAS_CUDA = torch.cuda.is_available()
+except Exception:  # pragma: no cover
+    pass
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["WORKBOOK_ARTIFACTS"] = str(tmp / "artifacts")
+    env["WORKBOOK_REFERENCE_DIR"] = str(tmp / "reference")
+    env["MPLBACKEND"] = "Agg"
+    env.pop("WORKBOOK_REQUIRE_GPU", None)
+    return env
+
+
+# ---------------------------------------------------------------------------
+# End to end: python -m helpers.bench --quick
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("bench")
+    out, png = tmp / "bench.json", tmp / "bench.png"
+    proc = subprocess.run(
+        [sys.executable, "-m", "helpers.bench", "--quick", "--no-progress", "--out", str(out), "--png", str(png)],
+        cwd=ROOT, env=_env(tmp), capture_output=True, text=True, timeout=540,
+    )
+    return {"proc": proc, "out": out, "png": png, "tmp": tmp}
+
+
+@pytest.mark.slow
+def test_quick_bench_writes_a_valid_results_file(quick_run: dict) -> None:
+    proc, out = quick_run["proc"], quick_run["out"]
+    assert out.is_file(), f"no results file; stderr:\n{proc.stderr[-4000:]}"
+    raw = json.loads(out.read_text(encoding="utf-8"))
+    assert raw["schema"] == SCHEMA
+    rs = ResultSet.load(out)
+    assert rs.name == "bench"
+    assert rs.mode == "quick"
+    assert rs.benchmark_version == BENCHMARK_VERSION
+    assert "helpers.bench" in rs.method
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", rs.created)
+    prov = rs.provenance
+    for key in ("hardware", "report", "torch_version", "python_version", "platform", "bench"):
+        assert key in prov, f"provenance lacks {key}"
+    info = prov["bench"]
+    for key in ("command", "started", "finished", "seconds", "versions", "chapters", "strict", "device", "ok"):
+        assert key in info, f"provenance['bench'] lacks {key}"
+    assert info["versions"]["torch"]
+    labels = [c["chapter"] for c in info["chapters"]]
+    assert labels == [c.label for c in bench.CHAPTERS]
+    for c in info["chapters"]:
+        assert c["status"] in ("ok", "failed", "skipped")
+    assert rs.records, "the quick bench recorded nothing"
+    for r in rs.records:
+        assert re.match(r"ch0\d\.", r.key), r.key
+        assert math.isfinite(r.value) and r.unit
+    # chapter 02's host copy sweep runs on any machine
+    assert rs.find("ch02.host_copy_time")
+
+
+@pytest.mark.slow
+def test_quick_bench_succeeds_and_draws_a_png(quick_run: dict) -> None:
+    proc = quick_run["proc"]
+    rs = ResultSet.load(quick_run["out"])
+    failed = [f"{c['chapter']} ({c['module']}): {c['reason']}" for c in rs.provenance["bench"]["chapters"]
+              if c["status"] == "failed"]
+    assert proc.returncode == 0, f"bench failed for {failed}; stderr tail:\n{proc.stderr[-3000:]}"
+    assert rs.provenance["bench"]["ok"] is True
+    assert quick_run["png"].read_bytes()[:8] == PNG_MAGIC
+    assert "results file:" in proc.stdout
+
+
+# ---------------------------------------------------------------------------
+# Failure path, with fake chapter modules
+# ---------------------------------------------------------------------------
+
+
+def _fake_module(name: str, benchmark=None) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    if benchmark is not None:
+        mod.benchmark = benchmark
+    return mod
+
+
+def _ok_benchmark(results, device) -> None:
+    results.add("ch98.items_per_s", 123.0, "items/s", workers=0)
+    results.add("ch98.items_per_s", 456.0, "items/s", workers=2)
+    results.artifacts["ch98.note"] = {"device": str(device)}
+
+
+def _bad_benchmark(results, device) -> None:
+    results.add("ch99.partial", 1.0, "s")
+    raise RuntimeError("simulated failure inside a GPU path")
+
+
+@pytest.fixture()
+def fake_chapters(monkeypatch: pytest.MonkeyPatch) -> list[bench.Chapter]:
+    monkeypatch.setitem(sys.modules, "fake_ch98", _fake_module("fake_ch98", _ok_benchmark))
+    monkeypatch.setitem(sys.modules, "fake_ch99", _fake_module("fake_ch99", _bad_benchmark))
+    monkeypatch.setitem(sys.modules, "fake_ch97", _fake_module("fake_ch97"))  # no benchmark() yet
+    return [
+        bench.Chapter(("97",), "fake_ch97", "no benchmark function"),
+        bench.Chapter(("98",), "fake_ch98", "works"),
+        bench.Chapter(("99",), "fake_ch99", "raises"),
+        bench.Chapter(("96",), "fake_module_that_does_not_exist", "missing module"),
+    ]
+
+
+def test_failing_chapter_is_loud_and_does_not_hide_others(
+    fake_chapters: list[bench.Chapter], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("WORKBOOK_QUICK", "1")
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path / "ref"))
+    code, rs, paths = bench.run(chapters=fake_chapters, device="cpu", out=tmp_path / "r.json",
+                                png=tmp_path / "r.png", progress=False, argv=["--test"])
+    assert code == 1
+    status = {o["chapter"]: o["status"] for o in paths["outcomes"]}
+    assert status == {"ch97": "skipped", "ch98": "ok", "ch99": "failed", "ch96": "skipped"}
+    saved = ResultSet.load(tmp_path / "r.json")
+    assert [r.value for r in saved.find("ch98.items_per_s")] == [123.0, 456.0]
+    assert saved.find("ch99.partial"), "records added before the failure are kept"
+    assert saved.artifacts["ch98.note"] == {"device": "cpu"}
+    bad = next(c for c in saved.provenance["bench"]["chapters"] if c["chapter"] == "ch99")
+    assert "RuntimeError: simulated failure" in bad["reason"]
+    assert "Traceback" in bad["error"]
+    assert saved.provenance["bench"]["ok"] is False
+    err = capsys.readouterr().err
+    assert "ch99 (fake_ch99.benchmark) FAILED" in err and "simulated failure" in err
+    assert (tmp_path / "r.png").read_bytes()[:8] == PNG_MAGIC
+    assert not (tmp_path / "ref").exists(), "no reference file without --reference"
+
+
+def test_strict_mode_fails_a_chapter_that_records_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "fake_empty", _fake_module("fake_empty", lambda results, device: None))
+    ch = [bench.Chapter(("95",), "fake_empty", "records nothing")]
+    rs = ResultSet.new("t", "test", device="cpu")
+    assert bench.run_benchmarks(rs, "cpu", ch, strict=False, progress=False)[0].status == "ok"
+    assert bench.run_benchmarks(rs, "cpu", ch, strict=True, progress=False)[0].status == "failed"
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
+def test_strict_and_reference_refuse_without_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path / "ref"))
+    code, rs, _ = bench.run(chapters=[], device="cpu", out=tmp_path / "a.json", strict=True, progress=False)
+    assert code == 2 and rs is None and not (tmp_path / "a.json").exists()
+    code, rs, _ = bench.run(chapters=[], device="cpu", out=tmp_path / "b.json", reference=True, progress=False)
+    assert code == 2 and not (tmp_path / "ref").exists()
+
+
+def test_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["--chapters", "42"]) == 2
+    assert "--chapters" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--full"])
+
+
+def test_select_chapters() -> None:
+    assert [c.module for c in bench.select_chapters("2,ch05")] == ["helpers.transfer", "helpers.overlap"]
+    assert [c.module for c in bench.select_chapters("03,04")] == ["helpers.loaders"]
+    assert len(bench.select_chapters(None)) == len(bench.CHAPTERS)
+    with pytest.raises(ValueError, match="--chapters"):
+        bench.select_chapters("08")
+
+
+def test_require_gpu_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(bench.REQUIRE_GPU_ENV, "1")
+    assert bench.require_gpu() is True
+    monkeypatch.setenv(bench.REQUIRE_GPU_ENV, "0")
+    assert bench.require_gpu() is False
+    monkeypatch.setenv(bench.REQUIRE_GPU_ENV, "maybe")
+    with pytest.raises(ValueError, match=bench.REQUIRE_GPU_ENV):
+        bench.require_gpu()
+
+
+# ---------------------------------------------------------------------------
+# The PNG summary and the README table, on synthetic test data
+# ---------------------------------------------------------------------------
+
+
+def synthetic_gpu_results() -> ResultSet:
+    """A result set shaped like a GPU run. SYNTHETIC TEST DATA: the values are made up for the plot code."""
+    rs = ResultSet.new("synthetic", "synthetic test data (not a measurement)", device="cpu")
+    rs.provenance["hardware"] = dict(rs.provenance["hardware"], gpu_name="Test GPU 1000", gpu_count=1)
+    rs.provenance["report"] = dict(rs.provenance.get("report", {}), link_bandwidth_gbps=63.0,
+                                   link_description="PCIe Gen5 x16 (theoretical, per direction)")
+    for d in ("h2d", "d2h"):
+        for m, bw in (("pinned", 50.0), ("pageable", 20.0)):
+            for k in range(12, 29, 2):
+                n = 2**k
+                rs.add("ch02.copy_time", 1e-5 + n / (bw * 1e9), "s", direction=d, memory=m, nbytes=n)
+            rs.add("ch02.fit.latency", 1e-5, "s", direction=d, memory=m)
+            rs.add("ch02.fit.bandwidth", bw, "GB/s", direction=d, memory=m)
+    for n in (2**20, 2**24):
+        for name, v in (("cold", 2e-3), ("cached", 1e-5), ("pin_then_copy", 3e-3), ("plain_to", 1e-3)):
+            rs.add(f"ch02.pin.{name}", v * n / 2**20, "s", nbytes=n)
+    for regime in ("input-bound", "compute-bound"):
+        for i, stage in enumerate(("baseline", "workers", "pinned", "prefetch")):
+            rs.add("ch06.waterfall", 100.0 * (i + 1), "items/s", stage=stage, regime=regime, order=i)
+    rs.add("ch04.items_per_s", 900.0, "items/s", num_workers=2)
+    rs.add("ch04.items_per_s", 500.0, "items/s", num_workers=0)
+    spans = [{"name": name, "step": s, "lane": lane, "start": s + o, "end": s + o + 0.4, "host_start": s + o,
+              "host_end": s + o + 0.4, "on_gpu": lane != "host"}
+             for s in range(3) for name, lane, o in (("load", "host", 0.0), ("h2d", "copy stream", 0.3),
+                                                     ("compute", "compute stream", 0.6))]
+    rs.artifacts["ch05.trace.overlapped"] = {"spans": spans, "metadata": {"synthetic": True}}
+    return rs
+
+
+def test_summary_figure_draws_every_panel_from_synthetic_records(tmp_path: Path) -> None:
+    rs = synthetic_gpu_results()
+    path, drawn, skipped = bench.summary_figure(rs, tmp_path / "s.png")
+    assert path.read_bytes()[:8] == PNG_MAGIC
+    titles = " | ".join(drawn)
+    for needle in ("bandwidth", "pinning", "timeline", "waterfall (input-bound)", "waterfall (compute-bound)",
+                   "ch04"):
+        assert needle in titles, f"panel {needle!r} missing; drawn: {drawn}; skipped: {skipped}"
+    assert skipped == []
+
+
+def test_summary_figure_skips_missing_panels_and_says_why(tmp_path: Path) -> None:
+    rs = ResultSet.new("empty", "test", device="cpu")
+    _, drawn, skipped = bench.summary_figure(rs, tmp_path / "e.png")
+    assert drawn == []
+    assert any("ch02 bandwidth" in s for s in skipped) and any("waterfall" in s for s in skipped)
+
+
+def test_plot_only_redraws_an_existing_file(tmp_path: Path) -> None:
+    rs = synthetic_gpu_results()
+    rs.save(tmp_path / "x.json")
+    assert bench.main(["--plot-only", str(tmp_path / "x.json"), "--png", str(tmp_path / "x.png")]) == 0
+    assert (tmp_path / "x.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_readme_table_keeps_measured_and_theoretical_apart() -> None:
+    table = bench.readme_table([synthetic_gpu_results()])
+    header, _, row = table.splitlines()
+    assert "theoretical, not measured" in header
+    assert "Test GPU 1000" in row
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4] == "50.0" and cells[6] == "20.0"  # H2D pinned / pageable fits
+    assert cells[12] == "‖" and cells[13].startswith("63.0")
+    assert "input-bound: 100 → 400 items/s" in row
+    empty = bench.readme_table([])
+    assert "no reference results recorded yet" in empty
+    block = bench.readme_block([])
+    assert block.index("**Measured**") < block.index("**Theoretical**")
+    assert "| PCIe Gen4 x16 | 31.5 |" in block
+
+
+def test_reference_path_names_the_gpu_and_date(tmp_path: Path) -> None:
+    rs = synthetic_gpu_results()
+    p1 = bench.reference_path(rs, tmp_path)
+    assert p1.name == f"test-gpu-1000-{rs.created[:10]}.json"
+    p1.write_text("{}")
+    assert bench.reference_path(rs, tmp_path).name == f"test-gpu-1000-{rs.created[:10]}-2.json"
+
+
+def test_reference_table_doc_matches_committed_reference_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WORKBOOK_REFERENCE_DIR", raising=False)
+    doc = (ROOT / "docs" / "REFERENCE-TABLE.md").read_text(encoding="utf-8")
+    start, end = doc.index(bench.TABLE_START) + len(bench.TABLE_START), doc.index(bench.TABLE_END)
+    assert doc[start:end].strip() == bench.readme_block().strip(), (
+        "docs/REFERENCE-TABLE.md is out of date: run "
+        "`python -m helpers.bench --readme-table --update docs/REFERENCE-TABLE.md`"
+    )
+
+
+def test_update_table_file(tmp_path: Path) -> None:
+    f = tmp_path / "t.md"
+    f.write_text(f"intro\n{bench.TABLE_START}\nold\n{bench.TABLE_END}\nafter\n")
+    bench.update_table_file(f, "NEW")
+    assert f.read_text() == f"intro\n{bench.TABLE_START}\nNEW\n{bench.TABLE_END}\nafter\n"
+    g = tmp_path / "g.md"
+    g.write_text("no markers")
+    with pytest.raises(ValueError, match="markers"):
+        bench.update_table_file(g, "x")
+
+
+# ---------------------------------------------------------------------------
+# The GPU check
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
+def test_gpucheck_refuses_plainly_without_cuda(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "helpers.gpucheck"], cwd=ROOT, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "no CUDA GPU is usable here" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_gpucheck_dry_run_lists_notebooks_then_bench(tmp_path: Path) -> None:
+    from helpers import gpucheck
+
+    proc = subprocess.run([sys.executable, "-m", "helpers.gpucheck", "--allow-cpu", "--dry-run",
+                           "--logs", str(tmp_path / "logs")], cwd=ROOT, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if "would run" in ln]
+    n_nb = len(gpucheck.notebooks(ROOT))
+    assert len(lines) == n_nb + 1
+    assert all("--nbval-lax" in ln and "--nbval-current-env" in ln for ln in lines[:n_nb])
+    assert "helpers.bench --full" in lines[-1]
+    assert "WORKBOOK_REQUIRE_GPU" in proc.stdout
+
+
+def test_gpucheck_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    from helpers import gpucheck
+
+    assert gpucheck.main(["--allow-cpu", "--steps", "lint"]) == 2
+    assert "--steps" in capsys.readouterr().err
+    assert gpucheck.main(["--allow-cpu", "--notebooks", "99", "--dry-run"]) == 2
+
+
+def test_compare_gives_ratios_only_on_matching_hardware(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ref = synthetic_gpu_results()
+    same = ResultSet.from_dict(ref.to_dict())
+    for r in same.records:
+        r.value *= 2
+    lines = bench.compare_lines(same, [ref])
+    assert "same hardware" in lines[0] and any("(x2.00)" in ln for ln in lines[1:])
+    other = ResultSet.new("cpu run", "test", device="cpu")
+    lines = bench.compare_lines(other, [ref])
+    assert len(lines) == 1 and "not compared" in lines[0] and "Test GPU 1000" in lines[0]
+    ref.save(tmp_path / "ref.json")
+    other.save(tmp_path / "mine.json")
+    assert bench.main(["--compare", str(tmp_path / "mine.json"), "--against", str(tmp_path / "ref.json")]) == 0
+    assert "not compared" in capsys.readouterr().out
+
+
+def test_interrupt_keeps_what_was_measured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(results, device) -> None:
+        saved = ResultSet.load(tmp_path / "p.json")  # the checkpoint after the previous chapter
+        assert saved.find("ch98.items_per_s") and saved.provenance["bench"]["partial"] is True
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "fake_ok", _fake_module("fake_ok", _ok_benchmark))
+    monkeypatch.setitem(sys.modules, "fake_int", _fake_module("fake_int", interrupted))
+    chapters = [bench.Chapter(("98",), "fake_ok", "works"), bench.Chapter(("94",), "fake_int", "interrupted")]
+    code, rs, paths = bench.run(chapters=chapters, device="cpu", out=tmp_path / "p.json", png=False, progress=False)
+    assert code == 130
+    saved = ResultSet.load(tmp_path / "p.json")
+    assert saved.provenance["bench"]["interrupted"] is True and "partial" not in saved.provenance["bench"]
+    assert [c["status"] for c in saved.provenance["bench"]["chapters"]] == ["ok", "failed"]
+    assert saved.find("ch98.items_per_s")
+
+
+def test_reference_subset_drops_failed_chapters(fake_chapters: list[bench.Chapter], tmp_path: Path) -> None:
+    rs = ResultSet.new("t", "test", device="cpu")
+    outcomes = bench.run_benchmarks(rs, "cpu", fake_chapters, progress=False, log=lambda s: None)
+    ref = bench.reference_subset(rs, outcomes)
+    assert {r.key for r in ref.records} == {"ch98.items_per_s"}
+    assert set(ref.artifacts) == {"ch98.note"}
+    assert any(x.startswith("ch99") for x in ref.provenance["bench"]["reference_excludes"])
+    assert len(rs.records) == 3, "the full result set is untouched"
