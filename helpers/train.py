@@ -2,16 +2,20 @@
 
 One training step has six phases, recorded with :class:`helpers.timing.SpanRecorder`:
 
-========== ======================================================= =========
-phase      what happens                                            lane
-========== ======================================================= =========
-load       the loader reads, decodes and augments the images       host
-collate    the per-image tensors are stacked into one batch        host
-h2d        the batch is copied host -> device (a no-op on CPU)     gpu/host
-forward    model(x) and the loss                                   gpu/host
-backward   loss.backward()                                         gpu/host
-optimizer  optimizer.step() and zero_grad()                        gpu/host
-========== ======================================================= =========
+========== ======================================================= ==============
+phase      what happens                                            timeline lane
+========== ======================================================= ==============
+load       the loader reads, decodes and augments the images       data (CPU)
+collate    the per-image tensors are stacked into one batch        data (CPU)
+h2d        the batch is copied host -> device (a no-op on CPU)     copy (link)
+forward    model(x) and the loss                                   compute (GPU)
+backward   loss.backward()                                         compute (GPU)
+optimizer  optimizer.step() and zero_grad()                        compute (GPU)
+========== ======================================================= ==============
+
+On a CUDA device the copy and compute phases are timed with CUDA events (what
+the GPU did, when); on the CPU every phase is wall-clock time and the compute
+lane is called "compute (CPU)".
 
 (plus ``normalize`` when the batch arrives as uint8 and is converted on the
 device). "collate" is split out of "load" only when the loader runs in the main
@@ -22,11 +26,14 @@ Public API (stable; later chapters rely on it):
 
 ``train_epoch(model, loader, device, optimizer, *, recorder=None, transfer="blocking", ...) -> EpochStats``
 ``evaluate(model, loader, device, *, transfer="blocking", max_batches=None) -> float``
-``make_optimizer(model, lr=2e-3) -> torch.optim.Optimizer``
+``make_optimizer(model, lr=3e-3) -> torch.optim.Optimizer``
 ``fit(model, train_loader, val_loader, device, *, epochs, ...) -> list[EpochStats]``
 ``predict_step_time(phase_times) -> Prediction``  (the bottleneck model)
 ``step_anatomy(*, batch_size, crop_size, width, ...) -> Anatomy``  (a few measured steps; the live panel calls it)
+``panel_run(progress, *, batch_size, crop_size, width, ...)`` / ``panel_summary`` / ``panel_plot``
+    (the chapter-01 live panel's run, summary line and history plot)
 ``benchmark(results, device) -> ResultSet``  (the chapter's key measurement as result records)
+``reference_anatomy() -> ReferenceAnatomy | None``  (the newest recorded GPU breakdown, for CPU-only machines)
 """
 
 from __future__ import annotations
@@ -45,6 +52,10 @@ from .validate import check_choice, check_float, check_int
 __all__ = [
     "PHASES",
     "STAGES",
+    "DATA_LANE",
+    "COPY_LANE",
+    "COMPUTE_LANE_GPU",
+    "COMPUTE_LANE_CPU",
     "EpochStats",
     "Prediction",
     "Anatomy",
@@ -55,7 +66,13 @@ __all__ = [
     "fit",
     "predict_step_time",
     "step_anatomy",
+    "panel_run",
+    "panel_summary",
+    "panel_plot",
+    "BENCH_WIDTHS",
     "benchmark",
+    "ReferenceAnatomy",
+    "reference_anatomy",
 ]
 
 #: Phase names in step order (``normalize`` appears only for uint8 batches).
@@ -67,6 +84,12 @@ STAGES: dict[str, tuple[str, ...]] = {
     "copy (link)": ("h2d",),
     "compute (device)": ("normalize", "forward", "backward", "optimizer"),
 }
+
+#: Timeline lanes (rows of a Gantt chart): the resource each phase occupies.
+DATA_LANE = "data (CPU)"
+COPY_LANE = "copy (link)"
+COMPUTE_LANE_GPU = "compute (GPU)"
+COMPUTE_LANE_CPU = "compute (CPU)"
 
 Transfer = Callable[[Any, torch.device], tuple[torch.Tensor, torch.Tensor]]
 
@@ -90,7 +113,7 @@ def _transfer_non_blocking(batch: Any, device: torch.device) -> tuple[torch.Tens
     return transfer_batch(batch, device, non_blocking=True)
 
 
-def make_optimizer(model: nn.Module, lr: float = 2e-3, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, lr: float = 3e-3, weight_decay: float = 0.0) -> torch.optim.Optimizer:
     """Adam with the workbook's default learning rate (reaches good accuracy in a few epochs)."""
     check_float("lr", lr, 1e-7, 10.0)
     check_float("weight_decay", weight_decay, 0.0, 1.0)
@@ -167,10 +190,12 @@ def train_epoch(
     collate = getattr(loader, "collate_fn", None)
     timed = collate if isinstance(collate, TimedCollate) and getattr(loader, "num_workers", 1) == 0 else None
 
-    def span(name: str, step: int, gpu: bool = False) -> Any:
+    compute_lane = COMPUTE_LANE_GPU if (recorder is not None and recorder.cuda) else COMPUTE_LANE_CPU
+
+    def span(name: str, step: int, lane: str) -> Any:
         if recorder is None:
             return _NULL
-        return recorder.span(name, step, gpu=gpu)
+        return recorder.span(name, step, gpu=True, lane=lane)
 
     model.train()
     total_loss = torch.zeros((), device=device)
@@ -193,25 +218,25 @@ def train_epoch(
             if timed is not None and timed.last is not None:
                 offset = time.perf_counter() - recorder.now()
                 c0, c1 = timed.last[0] - offset, timed.last[1] - offset
-                recorder.add("load", step, h0, max(h0, c0))
-                recorder.add("collate", step, max(h0, c0), min(h1, c1))
+                recorder.add("load", step, h0, max(h0, c0), lane=DATA_LANE)
+                recorder.add("collate", step, max(h0, c0), min(h1, c1), lane=DATA_LANE)
             else:
-                recorder.add("load", step, h0, h1)
+                recorder.add("load", step, h0, h1, lane=DATA_LANE)
         # --- host to device copy ---
-        with span("h2d", step, gpu=True):
+        with span("h2d", step, COPY_LANE):
             x, y = move(batch, device)
         if x.dtype == torch.uint8:
-            with span("normalize", step, gpu=True):
+            with span("normalize", step, compute_lane):
                 x = to_float_normalized(x)
         # --- forward, backward, optimizer ---
-        with span("forward", step, gpu=True):
+        with span("forward", step, compute_lane):
             logits = model(x)
             loss = loss_fn(logits, y)
             total_loss += loss.detach() * y.shape[0]
             correct += (logits.detach().argmax(1) == y).sum()
-        with span("backward", step, gpu=True):
+        with span("backward", step, compute_lane):
             loss.backward()
-        with span("optimizer", step, gpu=True):
+        with span("optimizer", step, compute_lane):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         samples += int(y.shape[0])
@@ -488,6 +513,166 @@ def step_anatomy(
     )
 
 
-def benchmark(results: Any, device: torch.device | str) -> Any:  # replaced once helpers.results lands
-    """Run the chapter-01 measurement and add its records to ``results`` (see module docs)."""
-    raise NotImplementedError("benchmark() is written once helpers.results exists")
+# ---------------------------------------------------------------------------
+# The live panel of chapter 01
+# ---------------------------------------------------------------------------
+
+
+def panel_run(
+    progress: Callable[..., None] | None = None,
+    *,
+    batch_size: int,
+    crop_size: int,
+    width: int,
+    steps: int | None = None,
+    device: torch.device | str | None = None,
+) -> Anatomy:
+    """Run a few baseline steps at the panel's settings (for :class:`helpers.widgets.Panel`).
+
+    ``steps`` defaults to 4 in quick mode and 10 in full mode, after one untimed step.
+    """
+    from .config import sized
+    from .device import pick_device
+
+    report = progress or _no_progress
+    report(0.1, "building data set, loader and model")
+    dev = torch.device(device) if device is not None else pick_device()
+    n = check_int("steps", steps, 1, 1000) if steps is not None else sized(4, 10)
+    a = step_anatomy(batch_size=batch_size, crop_size=crop_size, width=width, depth=3, steps=n, warmup=1, device=dev)
+    report(1.0, "done")
+    return a
+
+
+def _no_progress(fraction: float, text: str = "") -> None:
+    return None
+
+
+def panel_summary(a: Anatomy) -> str:
+    """One line: measured step time, the two predictions, the dominant phase and the bottleneck."""
+    ms = 1e3
+    return (
+        f"step {a.step_time * ms:.1f} ms measured; predicted {a.prediction.serial * ms:.1f} ms if nothing overlaps, "
+        f"{a.prediction.overlapped * ms:.1f} ms with perfect overlap; largest phase: {a.dominant_phase}; "
+        f"bottleneck stage: {a.prediction.bottleneck}; {a.samples_per_s:.0f} img/s"
+    )
+
+
+def panel_plot(history: list[Any], ax: Any) -> None:
+    """Stacked phase bars of every panel run so far, with the measured step time as a black tick."""
+    from .plots import stacked_phases
+
+    data = {rec.short_label(): rec.result.phase_means for rec in history}
+    stacked_phases(data, ax, title="Baseline step by phase, one bar per run", unit="ms")
+    for i, rec in enumerate(history):
+        ax.plot([i - 0.4, i + 0.4], [rec.result.step_time * 1e3] * 2, color="black", linewidth=2,
+                label="measured step" if i == 0 else None)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+
+
+#: Model widths the benchmark measures: the baseline model, and a 4x wider one (about 14x the compute).
+BENCH_WIDTHS: tuple[int, ...] = (16, 64)
+
+
+def benchmark(
+    results: Any,
+    device: torch.device | str | None = None,
+    *,
+    widths: Iterable[int] = BENCH_WIDTHS,
+    steps: int | None = None,
+    warmup: int = 3,
+) -> Any:
+    """Record chapter 01's measurement, the anatomy of a baseline step, into ``results``.
+
+    The baseline: ``num_workers=0``, pageable memory, blocking ``x.to(device)``,
+    float batches, the default data set and sizes of the current mode
+    (:func:`helpers.data.default_sizes`), one run per model width.
+
+    Records (key: unit; params ``batch_size``, ``crop_size``, ``width``, ``depth``,
+    ``num_workers``, ``steps``; ``phase_time`` also has ``phase``):
+
+    - ``ch01.step.phase_time``: s per step, one record per phase (load, collate,
+      h2d, forward, backward, optimizer).
+    - ``ch01.step.step_time``: s per step, measured (wall time of the timed steps / steps).
+    - ``ch01.step.predicted_serial``: s, sum of the phases (the bottleneck model, no overlap).
+    - ``ch01.step.predicted_overlapped``: s, slowest stage (the bottleneck model, perfect overlap).
+    - ``ch01.step.samples_per_s``: items/s.
+    - ``ch01.step.gflop_per_step``: GFLOP (forward + backward, estimated), the compute per step.
+
+    Artifacts: ``ch01.timeline.width<W>`` (:meth:`SpanTrace.to_dict`) for each width.
+
+    On the CPU it measures too (the h2d phase is then a no-op). Returns ``results``.
+    """
+    from .config import sized
+    from .data import default_sizes
+    from .device import pick_device
+
+    dev = torch.device(device) if device is not None else pick_device()
+    sizes = default_sizes()
+    n_steps = check_int("steps", steps, 1, 1000) if steps is not None else sized(6, 20)
+    for width in widths:
+        a = step_anatomy(
+            batch_size=sizes["batch_size"], crop_size=sizes["crop_size"], width=int(width), depth=3,
+            steps=n_steps, warmup=warmup, device=dev,
+        )
+        p = {"batch_size": sizes["batch_size"], "crop_size": sizes["crop_size"], "width": int(width), "depth": 3,
+             "num_workers": 0, "steps": n_steps}
+        for phase, t in a.phase_means.items():
+            results.add("ch01.step.phase_time", t, "s", phase=phase, **p)
+        results.add("ch01.step.step_time", a.step_time, "s", **p)
+        results.add("ch01.step.predicted_serial", a.prediction.serial, "s", **p)
+        results.add("ch01.step.predicted_overlapped", a.prediction.overlapped, "s", **p)
+        results.add("ch01.step.samples_per_s", a.samples_per_s, "items/s", **p)
+        results.add("ch01.step.gflop_per_step", a.gflop_per_step, "GFLOP", **p)
+        trace = a.trace.to_dict()
+        trace["metadata"]["label"] = f"baseline step, width {int(width)}, batch {sizes['batch_size']}"
+        results.artifacts[f"ch01.timeline.width{int(width)}"] = trace
+    return results
+
+
+@dataclass
+class ReferenceAnatomy:
+    """A baseline-step breakdown recorded by :func:`benchmark` on a real GPU.
+
+    Attributes:
+        source: provenance line ("Recorded on <GPU>, driver ..., torch ..., date, mode; method: ...").
+        phases: bar label (e.g. ``"width 16, batch 64, 224 px"``) -> phase -> seconds per step.
+        step_time: same labels -> measured seconds per step.
+        traces: same labels -> span trace (``SpanTrace.to_dict()`` form), when recorded.
+    """
+
+    source: str
+    phases: dict[str, dict[str, float]]
+    step_time: dict[str, float]
+    traces: dict[str, Any]
+
+
+def reference_anatomy() -> ReferenceAnatomy | None:
+    """The newest reference result set holding ``ch01.step.phase_time`` records, or None.
+
+    Only reference files recorded on a CUDA GPU count (see :mod:`helpers.reference`);
+    nothing is ever made up: no file, no result.
+    """
+    from .reference import find, provenance_line
+
+    for rs, recs in find("ch01.step.phase_time"):
+        if not rs.hardware.get("gpu_name"):
+            continue
+        phases: dict[str, dict[str, float]] = {}
+        steps: dict[str, float] = {}
+        traces: dict[str, Any] = {}
+        for r in recs:
+            p = r.params
+            label = f"width {p.get('width')}, batch {p.get('batch_size')}, {p.get('crop_size')} px"
+            phases.setdefault(label, {})[str(p.get("phase"))] = r.value
+            if label not in steps:
+                match = [x for x in rs.find("ch01.step.step_time", width=p.get("width"),
+                                            batch_size=p.get("batch_size"), crop_size=p.get("crop_size"))]
+                if match:
+                    steps[label] = match[0].value
+                art = rs.artifacts.get(f"ch01.timeline.width{p.get('width')}")
+                if art is not None:
+                    traces[label] = art
+        order = {name: i for i, name in enumerate(PHASES)}
+        phases = {k: dict(sorted(v.items(), key=lambda kv: order.get(kv[0], 99))) for k, v in phases.items()}
+        return ReferenceAnatomy(source=provenance_line(rs), phases=phases, step_time=steps, traces=traces)
+    return None

@@ -119,3 +119,86 @@ def test_step_anatomy(tiny: data.DatasetInfo) -> None:
         train.step_anatomy(batch_size=0, data_root=tiny.train_dir)
     with pytest.raises(ValueError, match="fewer than"):
         train.step_anatomy(batch_size=64, crop_size=24, width=4, steps=1, warmup=0, data_root=tiny.train_dir)
+
+
+def test_lanes_name_the_resources(tiny: data.DatasetInfo) -> None:
+    loader, model, opt = _setup(tiny)
+    rec = SpanRecorder("cpu")
+    train.train_epoch(model, loader, "cpu", opt, recorder=rec, max_steps=1)
+    lanes = {s.name: s.lane for s in rec.finish().spans}
+    assert lanes["load"] == lanes["collate"] == train.DATA_LANE
+    assert lanes["h2d"] == train.COPY_LANE
+    assert lanes["forward"] == lanes["backward"] == lanes["optimizer"] == train.COMPUTE_LANE_CPU
+
+
+def test_panel_functions(tiny: data.DatasetInfo, monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from helpers.widgets import RunRecord
+
+    monkeypatch.setattr(train, "step_anatomy", _tiny_anatomy(tiny))
+    calls = []
+    a = train.panel_run(lambda f, t="": calls.append(f), batch_size=8, crop_size=24, width=4, steps=2, device="cpu")
+    assert calls and calls[-1] == 1.0 and a.trace.steps() == 2
+    text = train.panel_summary(a)
+    assert "measured" in text and "bottleneck" in text
+    ax = Figure().add_subplot()
+    train.panel_plot([RunRecord(1, {"width": 4}, a, 0.1), RunRecord(2, {"width": 8}, a, 0.1)], ax)
+    assert ax.get_ylabel() == "time per step (ms)"
+
+
+def _tiny_anatomy(info: data.DatasetInfo):  # noqa: ANN202 - a test double
+    real = train.step_anatomy
+
+    def run(**kwargs):  # noqa: ANN003, ANN202
+        kwargs["data_root"] = info.train_dir
+        return real(**kwargs)
+
+    return run
+
+
+def _tiny_sizes() -> dict[str, int]:
+    return {"n_train": 48, "n_val": 24, "image_size": 32, "crop_size": 24, "num_classes": 4, "batch_size": 8}
+
+
+def test_benchmark_records(tiny: data.DatasetInfo, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from helpers.results import ResultSet
+
+    monkeypatch.setattr(train, "step_anatomy", _tiny_anatomy(tiny))
+    monkeypatch.setattr(data, "default_sizes", _tiny_sizes)
+    rs = ResultSet.new("test", "unit test", device="cpu")
+    train.benchmark(rs, "cpu", widths=(4,), steps=2, warmup=0)
+    phases = {r.params["phase"] for r in rs.find("ch01.step.phase_time")}
+    assert phases == {"load", "collate", "h2d", "forward", "backward", "optimizer"}
+    for key in ("step_time", "predicted_serial", "predicted_overlapped", "samples_per_s", "gflop_per_step"):
+        (rec,) = rs.find(f"ch01.step.{key}")
+        assert rec.value > 0 and rec.params["width"] == 4
+    assert "ch01.timeline.width4" in rs.artifacts
+
+    # A reference file recorded on a GPU is found; one without a GPU is ignored.
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    rs.save(tmp_path / "cpu.json")
+    assert train.reference_anatomy() is None
+    rs.provenance["hardware"] = {**rs.hardware, "gpu_name": "Test GPU"}
+    rs.save(tmp_path / "gpu.json")
+    ref = train.reference_anatomy()
+    assert ref is not None and "Recorded on" in ref.source
+    (label,) = ref.phases
+    assert list(ref.phases[label])[0] == "load" and label in ref.traces and ref.step_time[label] > 0
+
+
+@pytest.mark.slow
+def test_baseline_learns_above_chance(tmp_path) -> None:
+    """The chapter-01 recipe (quick sizes, seed 0) must beat chance clearly; later chapters rely on it."""
+    info = data.make_shapes_dataset(root=tmp_path, n_train=640, n_val=256, image_size=80, num_classes=6, seed=0)
+    torch.manual_seed(0)
+    train_loader = data.make_loader(data.ShapesDataset(info.train_dir, crop_size=64), 32, seed=0)
+    val_loader = data.make_loader(data.ShapesDataset(info.val_dir, crop_size=64, augment=False), 64, shuffle=False)
+    model = models.build_model(width=16, depth=3, num_classes=6, seed=0)
+    history = train.fit(model, train_loader, val_loader, "cpu", epochs=4)
+    chance = 1 / 6
+    assert history[-1].val_accuracy is not None
+    assert history[-1].val_accuracy >= 2 * chance, [h.val_accuracy for h in history]
