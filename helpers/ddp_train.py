@@ -61,20 +61,28 @@ class IndexedDataset(Dataset):
 
     The training loop records these indices, so the coverage check counts what
     the ranks really loaded, not what the sampler promised. Picklable (workers).
+
+    ``size`` keeps a subset of ``size`` items spread evenly over the base data
+    set (so a class-sorted folder keeps every class); item ``i`` of the subset
+    is base item ``i * len(base) // size``.
     """
 
     def __init__(self, base: Any, size: int | None = None) -> None:
         self.base = base
         n = len(base)
-        self.size = n if size is None else min(int(size), n)
+        self.size = n if size is None else max(0, min(int(size), n))
 
     def __len__(self) -> int:
         return self.size
 
+    def base_index(self, index: int) -> int:
+        """The base data set's index of subset item ``index``."""
+        return index * len(self.base) // self.size
+
     def __getitem__(self, index: int) -> tuple[Any, ...]:
         if not 0 <= index < self.size:
             raise IndexError(f"index {index} out of range for {self.size} items")
-        item = self.base[index]
+        item = self.base[self.base_index(index)]
         if not isinstance(item, tuple):
             item = (item,)
         return (*item, index)
@@ -128,9 +136,15 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)  # atomic: the launcher never reads half a file
 
 
+_last_progress = [0.0]
+
+
 def _progress(out: Path, rank: int, done: int, total: int, epoch: int) -> None:
-    if rank == 0:
-        _write_json(out / "progress.json", {"done": done, "total": total, "epoch": epoch, "time": time.time()})
+    """Rank 0 reports its step for the launcher's progress bar (at most 10 times a second)."""
+    now = time.time()
+    if rank == 0 and (done in (1, total) or now - _last_progress[0] >= 0.1):
+        _last_progress[0] = now
+        _write_json(out / "progress.json", {"done": done, "total": total, "epoch": epoch, "time": now})
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
@@ -197,6 +211,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     total_steps = len(loader) * args.epochs
+    # Augmentation in the main process (workers=0) draws from the global generator:
+    # seed it per rank, so a run is repeatable and ranks draw different crops.
+    torch.manual_seed(args.seed + 1000 * (rank + 1))
 
     epochs: list[dict[str, Any]] = []
     step = 0
@@ -206,8 +223,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             if not args.no_set_epoch:
                 sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
             ddp.train()
-            seen: list[int] = []
-            loss_sum, correct, n_items = 0.0, 0, 0
+            seen: list[torch.Tensor] = []
+            # Sums stay on the device: no .item()/float() in the step loop, so the CPU
+            # never waits for the GPU there (chapter 05's hidden-sync hazard).
+            loss_sum = torch.zeros((), device=device)
+            correct = torch.zeros((), dtype=torch.int64, device=device)
+            n_items = 0
             t0 = time.perf_counter()
             for batch in batches:
                 images, labels, idx = batch
@@ -225,24 +246,25 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                 loss = loss_fn(logits, labels)
                 loss.backward()  # DDP all-reduces (averages) gradients across ranks here
                 opt.step()
-                seen.extend(int(i) for i in idx)
-                loss_sum += float(loss.detach()) * len(labels)
-                correct += int((logits.argmax(1) == labels).sum())
+                seen.append(idx)
+                loss_sum += loss.detach() * len(labels)
+                correct += (logits.argmax(1) == labels).sum()
                 n_items += len(labels)
                 step += 1
                 _progress(out, rank, step, total_steps, epoch)
             if cuda:
                 torch.cuda.synchronize(device)
             seconds = time.perf_counter() - t0
+            indices = torch.cat(seen).tolist() if seen else []
             epochs.append(
                 {
                     "epoch": epoch,
-                    "indices": seen,
+                    "indices": indices,
                     "n_items": n_items,
                     "seconds": seconds,
                     "items_per_s": n_items / seconds if seconds > 0 else 0.0,
-                    "loss": loss_sum / max(n_items, 1),
-                    "accuracy": correct / max(n_items, 1),
+                    "loss": float(loss_sum) / max(n_items, 1),
+                    "accuracy": int(correct) / max(n_items, 1),
                 }
             )
     finally:

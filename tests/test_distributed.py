@@ -132,8 +132,9 @@ def test_commands() -> None:
 
 
 def test_indexed_dataset_and_args() -> None:
-    ds = IndexedDataset([(10, 0), (11, 1), (12, 0)], size=2)
-    assert len(ds) == 2 and ds[1] == (11, 1, 1)
+    ds = IndexedDataset([(10, 0), (11, 1), (12, 0), (13, 1)], size=2)
+    assert len(ds) == 2 and ds[0] == (10, 0, 0) and ds[1] == (12, 0, 1)  # spread over the base
+    assert IndexedDataset([(10, 0), (11, 1)])[1] == (11, 1, 1)
     with pytest.raises(IndexError):
         ds[2]
     a = parse_args(["--out", "x", "--fail-rank", "1", "--no-set-epoch"])
