@@ -112,6 +112,7 @@ __all__ = [
     "in_order_experiment",
     "getitems_experiment",
     "cheap_vs_expensive",
+    "ITEM_COSTS",
     "PanelRunner",
     "panel_summary",
     "panel_plot",
@@ -737,14 +738,22 @@ def batch_copy_seconds(nbytes: int, repeats: int = 20) -> float:
     measured on any machine. It is a lower bound, not the pinning cost.
     """
     nbytes = check_int("nbytes", nbytes, 1, 1 << 34)
+    repeats = check_int("repeats", repeats, 1, 10_000)
     src = torch.empty(nbytes, dtype=torch.uint8)
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(check_int("repeats", repeats, 1, 10_000)):
-        t0 = time.perf_counter()
+    # One thread, as in the DataLoader's pin thread (it calls torch.set_num_threads(1)); a multi-threaded
+    # copy on a busy machine mostly measures waiting for a descheduled helper thread.
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
         dst.copy_(src)
-        times.append(time.perf_counter() - t0)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(prev)
     return statistics.median(times)
 
 
@@ -1528,11 +1537,14 @@ class PanelRunner:
             ``None`` allows only the cheap items.
         crop_size: crop size for the baseline data set.
         batches / warmup: batches timed per run, and batches skipped first.
-        epochs_hint: unused; kept for signature stability.
+        n_cheap: items in the cheap in-memory data set.
+        collate: ``"default"`` (default_collate) or ``"pinnable"`` (:func:`collate_pinnable`, so a run
+            with ``pin_memory=True`` on a GPU reports how long pinning took and in which thread).
     """
 
     def __init__(self, image_root: str | os.PathLike[str] | None, *, crop_size: int = 64, batches: int = 30,
-                 warmup: int = 3, n_cheap: int = 2048) -> None:
+                 warmup: int = 3, n_cheap: int = 2048, collate: str = "default") -> None:
+        self.collate = check_choice("collate", collate, ("default", "pinnable"))
         self.image_root = Path(image_root) if image_root is not None else None
         self.crop_size = check_int("crop_size", crop_size, 8, 1024)
         self.batches = check_int("batches", batches, 1, 100_000)
@@ -1555,7 +1567,8 @@ class PanelRunner:
         return self._cache[item_cost]
 
     def __call__(self, progress: Callable[..., Any] | None = None, *, num_workers: int = 0, batch_size: int = 32,
-                 prefetch_factor: int = 2, persistent: bool = False, item_cost: str = ITEM_COSTS[1]) -> Throughput:
+                 prefetch_factor: int = 2, persistent: bool = False, item_cost: str = ITEM_COSTS[1],
+                 pin_memory: bool = False) -> Throughput:
         ds = self.dataset(item_cost)
         w = check_int("num_workers", num_workers, 0, MAX_WORKERS)
         cfg = LoaderConfig(
@@ -1563,17 +1576,34 @@ class PanelRunner:
             num_workers=w,
             prefetch_factor=check_int("prefetch_factor", prefetch_factor, 1, 64) if w else None,
             persistent_workers=bool(persistent) and w > 0,
+            pin_memory=_check_bool("pin_memory", pin_memory),
         )
+        pins: list[float] = []
+        threads: list[str] = []
+
+        def note(batch: Any) -> None:
+            if isinstance(batch, PinnableBatch) and batch.pin_seconds is not None:
+                pins.append(batch.pin_seconds)
+                threads.append(batch.pin_thread or "?")
+
         res = run_config(ds, cfg, batches=self.batches, warmup=self.warmup, progress=progress,
+                         collate_fn=collate_pinnable if self.collate == "pinnable" else None, on_batch=note,
                          label=f"{cfg.label()}, {item_cost.split(' ')[0]}")
         res.extra["item_cost"] = item_cost
+        res.extra["pin_ms_per_batch"] = 1e3 * statistics.median(pins) if pins else None
+        res.extra["pin_thread"] = max(set(threads), key=threads.count) if threads else None
         return res
 
 
 def panel_summary(result: Throughput) -> str:
     """The panel's one-line summary."""
-    return (f"{result.items_per_s:,.0f} items/s; first batch after {result.startup_s:.2f} s; "
+    text = (f"{result.items_per_s:,.0f} items/s; first batch after {result.startup_s:.2f} s; "
             f"main thread busy {100 * result.main_busy:.0f}% of the window.")
+    if result.config.get("pin_memory"):
+        pin = result.extra.get("pin_ms_per_batch")
+        text += (f" Pinning: {pin:.2f} ms per batch in thread {result.extra.get('pin_thread')}." if pin is not None
+                 else " pin_memory=True, but nothing was pinned (no accelerator: the flag only warns).")
+    return text
 
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
@@ -1583,9 +1613,16 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
     labels = []
     for rec in history:
         v = rec.values
-        labels.append(f"#{rec.index} w={v.get('num_workers')} b={v.get('batch_size')} "
-                      f"pf={v.get('prefetch_factor')}{' P' if v.get('persistent') else ''} "
-                      f"{str(v.get('item_cost', '')).split(' ')[0]}")
+        parts = [f"#{rec.index} w={v.get('num_workers')}", f"b={v.get('batch_size')}"]
+        if "prefetch_factor" in v:
+            parts.append(f"pf={v['prefetch_factor']}")
+        if v.get("persistent"):
+            parts.append("P")
+        if v.get("pin_memory"):
+            parts.append("pin")
+        if "item_cost" in v:
+            parts.append(str(v["item_cost"]).split(" ")[0])
+        labels.append(" ".join(parts))
     history_bars(labels, [rec.result.items_per_s for rec in history], ax, ylabel="throughput (items/s)",
                  title="Panel runs so far (P = persistent workers)")
 
