@@ -736,6 +736,30 @@ def _root_cause(out_dir: Path, stderr: str) -> dict[str, Any]:
     return {"rank": None, "type": "", "message": "", "traceback": ""}
 
 
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGTERM when its parent dies (Linux only).
+
+    If the notebook kernel is killed or restarted mid-run, torchrun then stops
+    too (and stops its ranks) instead of running on as an orphan.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)  # loaded in the parent: the child only calls it
+        prctl = libc.prctl
+    except (OSError, AttributeError):  # pragma: no cover - exotic libc
+        return None
+    pr_set_pdeathsig = 1
+    sigterm = int(signal.SIGTERM)
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, sigterm, 0, 0, 0)
+
+    return preexec
+
+
 def launch_ddp(
     nproc: int = 2,
     *,
@@ -838,7 +862,7 @@ def launch_ddp(
     try:
         proc = subprocess.Popen(
             cmd, stdout=stdout_f, stderr=stderr_f, stdin=subprocess.DEVNULL, env=env,
-            cwd=str(work), start_new_session=(os.name == "posix"),
+            cwd=str(work), start_new_session=(os.name == "posix"), preexec_fn=_die_with_parent(),
         )
         tracker = _Tracker(proc)
         if progress is not None:

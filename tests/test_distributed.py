@@ -235,3 +235,37 @@ def test_timeout_stops_every_process() -> None:
     assert time.perf_counter() - t0 < 30
     assert info.value.leftover_pids == []
     assert _no_children_left() == []
+
+
+_PARENT = """
+from helpers import distributed as D
+
+def report(fraction, text):
+    if text.startswith("rank 0: step"):
+        print("TRAINING", flush=True)
+
+D.launch_ddp(2, workers=1, epochs=50, limit=256, width=4, batch_size=8, timeout_s=300, progress=report)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux only")
+def test_killed_parent_leaves_no_orphans(tmp_path) -> None:
+    """A kernel killed mid-run (SIGKILL: no clean-up code runs) still takes torchrun and the ranks with it."""
+    import subprocess
+
+    _need_two_ranks()
+    script = tmp_path / "parent.py"
+    script.write_text(_PARENT)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        assert parent.stdout.readline().strip() == "TRAINING"
+        job = psutil.Process(parent.pid).children(recursive=True)
+        assert len(job) >= 1 + 2 * NPROC  # torchrun, ranks, workers
+    finally:
+        parent.kill()
+        parent.wait()
+    gone, alive = psutil.wait_procs(job, timeout=30)
+    alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], [p.cmdline() for p in alive]
