@@ -1,0 +1,133 @@
+"""Tests for helpers.doctor: the pure decision, and real pipelines built to be each kind of bound."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from helpers import doctor as D
+
+
+def facts(**kw):
+    base = dict(loader_type="DataLoader", is_dataloader=True, num_workers=0, pin_memory=False,
+                persistent_workers=False, cpu_count=8, device_type="cpu", batch_bytes=3 * 2**20,
+                batch_dtype="float32", batch_shape=(64, 3, 64, 64), float_image_batch=True, batch_pinned=False)
+    base.update(kw)
+    return D.PipelineFacts(**base)
+
+
+def m(wait, h2d, compute, **kw):
+    f = kw.pop("facts", facts())
+    return D.Measurements(steps=10, wait_s=wait, h2d_s=h2d, compute_s=compute, facts=f, **kw)
+
+
+# -- the pure decision -------------------------------------------------------------
+
+
+def test_data_bound_in_process_ranks_raise_workers_first_with_concrete_numbers() -> None:
+    d = D.decide(m(0.040, 0.0, 0.010))
+    assert d.verdict == "data-bound"
+    top = d.recommendations[0]
+    assert top.action == "raise num_workers from 0 to 4"  # ceil(40 / 10) = 4, 8 cores
+    assert "8 usable cores" in top.evidence and top.gain_s == pytest.approx(0.040)
+
+
+def test_worker_suggestion_is_capped_by_cores() -> None:
+    d = D.decide(m(0.100, 0.0, 0.010, facts=facts(cpu_count=3)))
+    assert d.recommendations[0].action == "raise num_workers from 0 to 3"
+
+
+def test_compute_bound_verdict_and_advice() -> None:
+    d = D.decide(m(0.0005, 0.0, 0.050))
+    assert d.verdict == "compute-bound"
+    assert d.recommendations[0].stage == "compute"
+    assert any("would not speed" in n for n in d.notes)
+
+
+def test_transfer_bound_from_injected_cuda_measurements() -> None:
+    # A CPU cannot show a transfer-bound loop: inject measured phase times from a CUDA-like case.
+    f = facts(device_type="cuda", num_workers=8, persistent_workers=True, prefetch_factor=2)
+    d = D.decide(m(0.001, 0.030, 0.010, facts=f, pinned_h2d_s=0.012))
+    assert d.verdict == "transfer-bound"
+    actions = [r.action for r in d.recommendations]
+    assert actions[0].startswith("pin memory")  # saves 18 ms, measured
+    assert d.recommendations[0].gain_s == pytest.approx(0.018)
+    assert any(a.startswith("send uint8") for a in actions)
+    assert any("prefetcher" in a for a in actions)
+
+
+def test_pinned_uint8_prefetched_pipeline_gets_no_transfer_advice() -> None:
+    f = facts(device_type="cuda", num_workers=8, pin_memory=True, persistent_workers=True, prefetch_factor=2,
+              float_image_batch=False, batch_dtype="uint8", uses_prefetcher=True)
+    d = D.decide(m(0.0002, 0.001, 0.050, facts=f))
+    assert d.verdict == "compute-bound"
+    assert all(r.stage != "transfer" for r in d.recommendations)
+
+
+def test_workers_hide_loading_below_the_threshold() -> None:
+    f = facts(num_workers=4, persistent_workers=True, prefetch_factor=2)
+    d = D.decide(m(0.0005, 0.0, 0.020, facts=f))
+    assert d.stage_times["data"] is None and d.verdict == "compute-bound"
+    f = facts(num_workers=2, persistent_workers=True, prefetch_factor=2)
+    d = D.decide(m(0.020, 0.0, 0.010, facts=f))
+    assert d.verdict == "data-bound" and d.stage_times["data"] == pytest.approx(0.030)
+    assert d.recommendations[0].action == "raise num_workers from 2 to 6"  # 2 x 30 ms per batch / 10 ms
+
+
+def test_persistent_workers_advice_uses_the_first_batch_time() -> None:
+    f = facts(num_workers=2, persistent_workers=False, prefetch_factor=2, batches_per_epoch=10)
+    d = D.decide(m(0.0, 0.0, 0.010, facts=f, first_batch_s=0.5))
+    rec = [r for r in d.recommendations if r.action == "set persistent_workers=True"]
+    assert rec and rec[0].gain_s == pytest.approx(0.05)
+
+
+def test_decide_rejects_bad_measurements() -> None:
+    with pytest.raises(ValueError, match="wait_s"):
+        D.decide(m(-1.0, 0.0, 0.01))
+    with pytest.raises(ValueError, match="nothing was timed"):
+        D.decide(m(0.0, 0.0, 0.0))
+
+
+# -- real pipelines on this machine ------------------------------------------------
+
+
+def test_real_data_bound_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(D, "usable_cores", lambda: 4)  # a multi-core machine, whatever CI has
+    loader = DataLoader(D.SyntheticImages(64, 16, delay_s=0.004), batch_size=8)  # 32 ms per batch
+    step = D.BusyStep(0.001)
+    diag = D.diagnose(loader, step, "cpu", steps=4, warmup=1)
+    assert diag.verdict == "data-bound"
+    assert diag.recommendations[0].action.startswith("raise num_workers from 0 to ")
+    assert diag.stall_share > 0.5 and step.calls == 5
+    assert "DATA-BOUND" in str(diag) and "Verdict" in diag._repr_html_()
+
+
+def test_real_compute_bound_pipeline() -> None:
+    loader = DataLoader(D.SyntheticImages(64, 8), batch_size=8)
+    diag = D.diagnose(loader, D.BusyStep(0.03), "cpu", steps=4, warmup=1)
+    assert diag.verdict == "compute-bound"
+    assert diag.evidence["compute_ms"] >= 30
+
+
+def test_works_on_a_plain_list_and_a_step_that_copies_itself() -> None:
+    batches = [(torch.randn(4, 3, 8, 8), torch.zeros(4, dtype=torch.long)) for _ in range(3)]
+    diag = D.diagnose(batches, D.BusyStep(0.01), "cpu", steps=5, warmup=1, transfer="none")
+    assert diag.verdict == "compute-bound"
+    assert diag.measurements.facts.num_workers is None
+    assert any("restarted" in n for n in diag.notes)
+
+
+def test_time_limit_stops_a_hanging_step() -> None:
+    loader = [torch.zeros(2)] * 4
+    with pytest.raises(D.DoctorTimeout, match="step_fn"):
+        D.diagnose(loader, D.BusyStep(5.0), "cpu", steps=3, warmup=0, time_limit_s=0.5)
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="steps"):
+        D.diagnose([1], D.BusyStep(), steps=0)
+    with pytest.raises(ValueError, match="transfer"):
+        D.diagnose([1], D.BusyStep(), transfer="fast")
+    with pytest.raises(ValueError, match="no batches"):
+        D.diagnose([], D.BusyStep())
