@@ -261,4 +261,6 @@ def page(browser: Any, lab: LabServer) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def screenshot_dir() -> Path:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for stale in SCREENSHOTS.glob("*-failure.png"):  # from an earlier session
+        stale.unlink()
     return SCREENSHOTS
