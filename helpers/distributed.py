@@ -1030,3 +1030,47 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
     ax.set_title("Runs so far: each rank's throughput, stacked to the job's total")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+# ---------------------------------------------------------------------------
+# Headless benchmark (python -m helpers.bench --chapters 07)
+# ---------------------------------------------------------------------------
+
+
+def record_run(results: Any, run: DistributedRun) -> None:
+    """Add one run's figures to a :class:`helpers.results.ResultSet` under ``ch07.ddp.*``.
+
+    Records: ``ch07.ddp.total_items_per_s`` and ``ch07.ddp.wall_time`` (params
+    ``nproc``, ``backend``, ``workers``, ``batch_size``, ``width``, ``epochs``,
+    ``dataset_size``), ``ch07.ddp.rank_items_per_s`` (same params plus ``rank``)
+    and ``ch07.ddp.exactly_once`` (1 if every epoch covered every sample once).
+    """
+    p = {
+        "nproc": run.nproc, "backend": run.backend, "workers": run.settings.get("workers"),
+        "batch_size": run.settings.get("batch_size"), "width": run.settings.get("width"),
+        "epochs": run.n_epochs, "dataset_size": run.dataset_size,
+    }
+    results.add("ch07.ddp.total_items_per_s", run.total_items_per_s(), "items/s", **p)
+    for r, v in zip(run.ranks, run.per_rank_items_per_s()):
+        results.add("ch07.ddp.rank_items_per_s", v, "items/s", rank=int(r["rank"]), **p)
+    results.add("ch07.ddp.wall_time", run.wall_s, "s", **p)
+    results.add("ch07.ddp.exactly_once", float(run.exactly_once_every_epoch()), "ratio", **p)
+
+
+def benchmark(results: Any, device: Any = None) -> Any:
+    """Record chapter 07's multi-GPU figures into ``results`` (CUDA only; a CPU records nothing).
+
+    Runs the DDP job with 1 process and with one process per GPU (nccl),
+    2 workers per rank, and records them with :func:`record_run`. Returns ``results``.
+    """
+    import torch
+
+    if not torch.cuda.is_available() or (device is not None and str(device).split(":")[0] != "cuda"):
+        return results
+    from .config import sized
+
+    gpus = torch.cuda.device_count()
+    for nproc in sorted({1, gpus}):
+        run = launch_ddp(nproc, workers=2, batch_size=64, epochs=sized(3, 4), width=16, timeout_s=900)
+        record_run(results, run)
+    return results

@@ -269,3 +269,29 @@ def test_killed_parent_leaves_no_orphans(tmp_path) -> None:
     gone, alive = psutil.wait_procs(job, timeout=30)
     alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
     assert alive == [], [p.cmdline() for p in alive]
+
+
+def test_public_api_and_benchmark_on_cpu() -> None:
+    from helpers.results import ResultSet
+
+    missing = [name for name in D.__all__ if not hasattr(D, name)]
+    assert missing == []
+    rs = ResultSet.new("t", "m")
+    if not torch.cuda.is_available():
+        assert D.benchmark(rs).records == []  # nothing to measure without CUDA
+
+
+def test_record_run_keys() -> None:
+    from helpers.results import ResultSet
+
+    rank = {"rank": 0, "world_size": 1, "backend": "gloo", "dataset_size": 4, "params_checksum": "x",
+            "epochs": [{"indices": [0, 1, 2, 3], "n_items": 4, "seconds": 1.0, "loss": 1.0}]}
+    run = D.DistributedRun(nproc=1, command=["python"], ranks=[rank], wall_s=2.0,
+                           settings={"workers": 0, "batch_size": 4, "width": 4})
+    rs = ResultSet.new("t", "m")
+    D.record_run(rs, run)
+    keys = {r.key for r in rs.records}
+    assert keys == {"ch07.ddp.total_items_per_s", "ch07.ddp.rank_items_per_s", "ch07.ddp.wall_time",
+                    "ch07.ddp.exactly_once"}
+    assert rs.find("ch07.ddp.exactly_once")[0].value == 1.0
+    assert run.total_items_per_s() == pytest.approx(4.0)
