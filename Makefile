@@ -16,6 +16,8 @@ help:
 	@echo "make lab         set up .venv and open the workbook in JupyterLab"
 	@echo "make test        set up .venv and run every test (quick mode)"
 	@echo "make test-fast   unit tests only (no notebooks, no browser)"
+	@echo "make test-notebooks  every notebook under nbval, quick mode"
+	@echo "make test-browser    every chapter in JupyterLab + headless Chromium (installs Debian's chromium)"
 	@echo "make clean       remove .venv, caches and artifacts"
 
 # Re-installs only when the dependency files change, so a second run is quick.
@@ -35,6 +37,7 @@ lab: setup
 test: setup
 	$(MAKE) --no-print-directory test-unit
 	$(MAKE) --no-print-directory test-notebooks
+	$(MAKE) --no-print-directory test-browser
 
 test-fast: setup test-unit
 
@@ -45,6 +48,12 @@ test-notebooks: setup
 	WORKBOOK_QUICK=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 \
 		--nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg \
 		--nbval-cell-timeout=$(NB_TIMEOUT) notebooks
+
+# Every chapter in JupyterLab, driven by headless Chromium (installs Debian's chromium if missing).
+test-browser: setup
+	tools/install_browser.sh
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[browser]'
+	WORKBOOK_QUICK=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 -m browser tests/browser
 
 clean:
 	rm -rf $(VENV) .pytest_cache artifacts data-cache

@@ -18,6 +18,7 @@ import os
 import platform
 import shutil
 import sys
+import textwrap
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -90,9 +91,10 @@ def pick_device(prefer: str | None = None) -> torch.device:
 
 def no_cuda_message(what: str) -> str:
     """The one plain sentence every GPU-only cell prints without CUDA."""
-    return (
+    return textwrap.fill(
         f"No CUDA device is present on this machine, so {what} cannot be measured here. "
-        "Reference results recorded on a real GPU are shown instead, when available."
+        "Reference results recorded on a real GPU are shown instead, when available.",
+        width=100,
     )
 
 

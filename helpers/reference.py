@@ -15,6 +15,7 @@ say so.
 from __future__ import annotations
 
 import os
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +78,11 @@ def provenance_line(rs: ResultSet) -> str:
 
 def missing_message(what: str) -> str:
     """The plain sentence shown when no reference holds ``what``."""
-    return (
+    return textwrap.fill(
         f"No reference results for {what} have been recorded on a real GPU yet. "
         "They are recorded by running `make gpu-check` on a machine with a CUDA GPU (see README); "
-        "nothing is shown rather than a made-up number."
+        "nothing is shown rather than a made-up number.",
+        width=100,
     )
 
 
