@@ -799,7 +799,7 @@ def plot_shares(wf: Waterfall, ax: Any = None) -> Any:
     ax.set_xticks(xs)
     ax.set_xticklabels([r.label for r in wf.results], rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("% of epoch time (efficiency: %)")
-    ax.set_ylim(0, 115)
+    ax.set_ylim(0, max([115.0] + [e + 10 for _, e in effs]))
     ax.axhline(90, color="#e15759", linestyle=":", linewidth=1)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7, ncol=3, loc="upper left")
@@ -827,7 +827,10 @@ def plot_reference_waterfall(regime: str, ax: Any = None) -> Any:
     hits = reference_waterfall(regime)
     if not hits:
         ax.axis("off")
-        ax.text(0.5, 0.5, "Reference GPU waterfall (" + regime + "):\n\n" + missing_message(f"the {regime} waterfall"),
+        import textwrap
+
+        text = textwrap.fill(missing_message(f"the {regime} waterfall"), 48)
+        ax.text(0.5, 0.5, f"Reference GPU waterfall ({regime}):\n\n{text}",
                 ha="center", va="center", wrap=True, fontsize=8, transform=ax.transAxes)
         return ax
     rs, rows = hits[0]

@@ -355,7 +355,7 @@ def decide(m: Measurements, *, stall_threshold: float = 0.15, notable_share: flo
     if bottleneck == "compute":
         recs.append(Recommendation(
             action="speed up the step itself: mixed precision (torch.autocast), channels_last, torch.compile, "
-                   "or a larger batch; the input pipeline already keeps up",
+                   "or a larger batch" + ("; the input pipeline already keeps up" if stall < stall_threshold else ""),
             evidence=(f"compute takes {_ms(m.compute_s)} of a {_ms(step)} step ({shares['compute']:.0%}); "
                       f"the loop waited {stall:.0%} of its time for data"),
             stage="compute", gain_s=None, chapter="01 · bottleneck model",
