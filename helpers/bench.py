@@ -122,6 +122,7 @@ class Chapter:
 
 #: Every chapter's benchmark module, in chapter order. Chapters 03 and 04 share one module.
 CHAPTERS: tuple[Chapter, ...] = (
+    Chapter(("00",), "helpers.hygiene", "measuring: warm-up, synchronisation, events"),
     Chapter(("01",), "helpers.train", "anatomy of a training step"),
     Chapter(("02",), "helpers.transfer", "host-to-device transfers"),
     Chapter(("03", "04"), "helpers.loaders", "DataLoader workers and tuning"),
@@ -497,7 +498,16 @@ def _varying_labels(recs: Sequence[Any]) -> list[str]:
     varying: dict[str, list[str]] = {}
     for key, plist in by_key.items():
         names = dict.fromkeys(k for p in plist for k in p if k not in ignore)
-        varying[key] = [k for k in names if len({json.dumps(p.get(k), default=str) for p in plist}) > 1]
+        shown: list[str] = []
+        for k in names:
+            if len({json.dumps(p.get(k), default=str) for p in plist}) < 2:
+                continue
+            # skip a parameter that only relabels ones already shown (e.g. label/order beside stage)
+            before = {json.dumps([p.get(c) for c in shown], default=str) for p in plist}
+            after = {json.dumps([p.get(c) for c in shown + [k]], default=str) for p in plist}
+            if not shown or len(after) > len(before):
+                shown.append(k)
+        varying[key] = shown
     out = []
     for r in recs:
         p = _params(r)
@@ -606,22 +616,42 @@ def _panel_pin_cost(rs: Any) -> tuple[str, Callable[[Any], None]] | str:
     return "ch02 · cost of pinning", draw
 
 
-def _panels_timelines(rs: Any, limit: int = 4) -> list[tuple[str, Callable[[Any], None]] | str]:
+def _panels_timelines(rs: Any, per_chapter: int = 2, limit: int = 4) -> list[tuple[str, Callable[[Any], None]] | str]:
+    """Span-trace artifacts as timelines: ch05 first, at most ``per_chapter`` per chapter (first and last)."""
     names = [k for k, v in rs.artifacts.items() if _is_trace(v)]
     if not names:
         return ["timelines: no span-trace artifacts (e.g. ch05 overlap traces) in this file"]
-    names.sort(key=lambda k: (not k.startswith("ch05"), k))
+    groups: dict[str, list[str]] = {}
+    for k in names:
+        groups.setdefault(k.split(".", 1)[0], []).append(k)
+    chosen: list[str] = []
+    for chap in sorted(groups, key=lambda c: (c != "ch05", c)):
+        g = groups[chap]
+        pick = g if len(g) <= per_chapter else [g[0], g[-1]][:per_chapter]
+        chosen += pick[: max(0, limit - len(chosen))]
     out: list[tuple[str, Callable[[Any], None]] | str] = []
-    for name in names[:limit]:
+    for name in chosen:
         def draw(ax: Any, _name: str = name) -> None:
             from .plots import timeline
 
             timeline(rs.artifacts[_name], ax, title=f"timeline · {_name}", max_steps=6)
 
         out.append((f"timeline · {name}", draw))
-    if len(names) > limit:
-        out.append(f"timelines: {len(names) - limit} more trace(s) not drawn ({', '.join(names[limit:])})")
+    rest = [k for k in names if k not in chosen]
+    if rest:
+        prefixes = sorted({k.rsplit(".", 1)[0] + ".*" for k in rest})
+        out.append(f"timelines: {len(rest)} more trace(s) not drawn ({', '.join(prefixes)}); "
+                   "redraw them with helpers.plots.timeline")
     return out
+
+
+def _waterfall_metric(rs: Any) -> str:
+    """'step time' for ch06.waterfall.step_time, etc."""
+    for r in _records_prefix(rs, "ch06."):
+        if "waterfall" in r.key:
+            last = r.key.rsplit(".", 1)[-1]
+            return "value" if last == "waterfall" else last.replace("_", " ")
+    return "value"
 
 
 def _waterfall_groups(rs: Any) -> dict[str, list[tuple[str, float, str]]]:
@@ -650,10 +680,11 @@ def _panels_waterfall(rs: Any) -> list[tuple[str, Callable[[Any], None]] | str]:
             vals = [v * scale for _, v, _ in _rows]
             ax.bar(range(len(vals)), vals, color=["#bab0ac"] + ["#4e79a7"] * (len(vals) - 1))
             for j, v in enumerate(vals):
-                ax.text(j, v, f"{v:.3g}", ha="center", va="bottom", fontsize=7)
+                ax.text(j, v, f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}", ha="center", va="bottom", fontsize=7)
             ax.set_xticks(range(len(vals)))
             ax.set_xticklabels([s for s, _, _ in _rows], rotation=25, ha="right", fontsize=7)
-            ax.set_ylabel(shown)
+            metric = _waterfall_metric(rs)
+            ax.set_ylabel(f"{metric} ({shown})")
             ax.set_title(f"ch06 · capstone waterfall ({_regime})")
             ax.grid(axis="y", alpha=0.3)
 
@@ -697,7 +728,7 @@ def summary_panels(rs: Any) -> tuple[list[tuple[str, Callable[[Any], None]]], li
     items: list[tuple[str, Callable[[Any], None]] | str] = [_panel_bandwidth(rs), _panel_pin_cost(rs)]
     items += _panels_timelines(rs)
     items += _panels_waterfall(rs)
-    items += _panels_rates(rs, ("ch02.", "ch06.waterfall"))
+    items += _panels_rates(rs, ("ch02.", "ch06."))  # ch06 has its waterfall panels
     panels = [i for i in items if not isinstance(i, str)]
     skipped = [i for i in items if isinstance(i, str)]
     return panels, skipped
@@ -713,8 +744,9 @@ def summary_figure(rs: Any, path: str | Path) -> tuple[Path, list[str], list[str
     panels, skipped = summary_panels(rs)
     ncols = 2
     nrows = max(1, math.ceil(len(panels) / ncols))
-    fig = plt.figure(figsize=(15, 1.6 + 4.0 * nrows + 0.18 * len(skipped)), layout="constrained")
-    grid = fig.add_gridspec(nrows + 1, ncols, height_ratios=[4.0] * nrows + [0.4 + 0.18 * max(1, len(skipped))])
+    n_foot = 1 + sum(1 + len(s) // 150 for s in skipped)
+    fig = plt.figure(figsize=(15, 1.2 + 4.2 * nrows + 0.16 * n_foot), layout="constrained")
+    grid = fig.add_gridspec(nrows + 1, ncols, height_ratios=[4.2] * nrows + [0.2 + 0.16 * n_foot])
     drawn: list[str] = []
     for i, (title, draw) in enumerate(panels):
         ax = fig.add_subplot(grid[i // ncols, i % ncols])
@@ -729,7 +761,11 @@ def summary_figure(rs: Any, path: str | Path) -> tuple[Path, list[str], list[str
             skipped.append(f"{title}: drawing failed ({exc!r})")
     foot = fig.add_subplot(grid[nrows, :])
     foot.axis("off")
-    lines = ["Panels skipped (their records are missing from this file):"] + [f"  • {s}" for s in skipped]
+    import textwrap
+
+    lines = ["Panels skipped (their records are missing from this file):"]
+    for item in skipped:
+        lines += textwrap.wrap(item, 150, initial_indent="  • ", subsequent_indent="    ")
     if not skipped:
         lines = ["Every panel had its records."]
     foot.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", fontsize=8, family="monospace",

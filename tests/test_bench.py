@@ -51,18 +51,31 @@ def _env(tmp: Path) -> dict[str, str]:
 # ---------------------------------------------------------------------------
 
 
+QUICK_TIMEOUT_S = 1100
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("bench")
     out, png = tmp / "bench.json", tmp / "bench.png"
-    proc = subprocess.run(
-        [sys.executable, "-m", "helpers.bench", "--quick", "--no-progress", "--out", str(out), "--png", str(png)],
-        cwd=ROOT, env=_env(tmp), capture_output=True, text=True, timeout=540,
-    )
-    return {"proc": proc, "out": out, "png": png, "tmp": tmp}
+    argv = [sys.executable, "-m", "helpers.bench", "--quick", "--no-progress", "--out", str(out), "--png", str(png)]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=_env(tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=QUICK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # the bench saves a partial file on SIGTERM
+        stdout, stderr = proc.communicate(timeout=120)
+        done = "no partial file"
+        if out.is_file():
+            chapters = ResultSet.load(out).provenance["bench"]["chapters"]
+            done = ", ".join(f"{c['chapter']} {c['status']} {c['seconds']:.0f} s" for c in chapters)
+        pytest.fail(f"python -m helpers.bench --quick took over {QUICK_TIMEOUT_S} s; chapters done: {done}")
+    return {"proc": subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr), "out": out, "png": png,
+            "tmp": tmp}
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # every chapter's quick benchmark, on 2 CPU cores
 def test_quick_bench_writes_a_valid_results_file(quick_run: dict) -> None:
     proc, out = quick_run["proc"], quick_run["out"]
     assert out.is_file(), f"no results file; stderr:\n{proc.stderr[-4000:]}"
@@ -94,6 +107,7 @@ def test_quick_bench_writes_a_valid_results_file(quick_run: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_quick_bench_succeeds_and_draws_a_png(quick_run: dict) -> None:
     proc = quick_run["proc"]
     rs = ResultSet.load(quick_run["out"])
