@@ -67,6 +67,7 @@ __all__ = [
     "MAX_WORKERS",
     "START_METHODS",
     "cpu_cores",
+    "load_note",
     "LoaderConfig",
     "build_loader",
     "release",
@@ -133,6 +134,25 @@ def cpu_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # pragma: no cover - macOS / Windows
         return max(1, os.cpu_count() or 1)
+
+
+def load_note() -> str:
+    """One line on how busy this machine is (1-minute load average against the core count).
+
+    Loader measurements share the cores with everything else that runs; when
+    the load average exceeds the core count, workers get only a slice of a core
+    and throughput figures understate what the same settings do on an idle machine.
+    """
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # pragma: no cover - Windows
+        return "Load average: not available on this platform."
+    cores = cpu_cores()
+    text = f"Load average (1 min): {load:.1f} on {cores} cores."
+    if load > cores:
+        text += (" Other programs compete for the cores right now, so the figures below understate what these "
+                 "settings give on an idle machine; re-run later to compare.")
+    return text
 
 
 def _check_bool(name: str, value: Any) -> bool:
@@ -1651,10 +1671,12 @@ def benchmark(
     * ``ch03.pin_ms_per_batch`` {num_workers, thread} - only where pinning really ran (CUDA)
     * ``ch03.copy_ms_per_batch`` {bytes} - a plain CPU copy of one batch (the memcpy inside pinning)
     * ``ch04.items_per_s`` {num_workers, persistent, output} - the worker sweep
-    * ``ch04.speedup`` {num_workers: 2, output} - steady-state, persistent workers vs workers=0
+    * ``ch04.speedup`` {num_workers: 2, output, cores, main_threads} - steady state, persistent workers vs
+      workers=0 (chapter 04 runs with one intra-op thread in the main process, like each worker)
     * ``ch04.best_num_workers`` {cores}
     * ``ch04.prefetch.items_per_s`` {prefetch_factor, num_workers}
-    * ``ch04.persistent.epoch_s`` {persistent, epoch}, ``ch04.persistent.restart_cost_s``
+    * ``ch04.persistent.epoch_s`` {persistent, epoch} (short epochs: a subset of 160 / 2,400 images),
+      ``ch04.persistent.restart_cost_s``
     * ``ch04.in_order.p95_wait_ms`` / ``ch04.in_order.total_s`` {in_order}
     * ``ch04.getitems.items_per_s`` {fetch, num_workers}
     * ``ch04.cheap.items_per_s`` / ``ch04.cheap.main_busy`` {items, output, collate, num_workers}
@@ -1697,24 +1719,40 @@ def benchmark(
     results.add("ch03.copy_ms_per_batch", 1e3 * batch_copy_seconds(nbytes), "ms", bytes=nbytes)
 
     step(0.3, "ch04: worker sweep")
+    # Chapter 04 measures with one intra-op thread in the main process, as in every worker, so that
+    # workers=0 is a single-core baseline (the notebook does the same).
+    prev_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _benchmark_ch04(results, ds_float, ds_uint8, bs, batches, warm, cores, sized, step)
+    finally:
+        torch.set_num_threads(prev_threads)
+    step(1.0, "done")
+    return results
+
+
+def _benchmark_ch04(results: Any, ds_float: Dataset, ds_uint8: Dataset, bs: int, batches: int, warm: int,
+                    cores: int, sized: Callable[..., Any], step: Callable[[float, str], None]) -> None:
+    """The chapter 04 part of :func:`benchmark`."""
     ws = sorted(set([0, 1, 2, 3] + ([] if sized(True, False) else list(range(0, cores + 3)))))
     sw = sweep_workers(ds_float, ws, batch_size=bs, batches=batches, warmup=warm)
     for n, r in zip(sw.workers, sw.results):
         results.add("ch04.items_per_s", r.items_per_s, "items/s", num_workers=n, persistent=n > 0, output="float")
     if 2 in sw.workers:
-        results.add("ch04.speedup", sw.speedup(2), "ratio", num_workers=2, output="float", cores=cores)
+        results.add("ch04.speedup", sw.speedup(2), "ratio", num_workers=2, output="float", cores=cores, main_threads=1)
     results.add("ch04.best_num_workers", sw.best_workers, "workers", cores=cores)
     sw8 = sweep_workers(ds_uint8, [0, 2], batch_size=bs, batches=batches, warmup=warm)
     results.add("ch04.items_per_s", sw8.at(0).items_per_s, "items/s", num_workers=0, persistent=False, output="uint8")
     results.add("ch04.items_per_s", sw8.at(2).items_per_s, "items/s", num_workers=2, persistent=True, output="uint8")
-    results.add("ch04.speedup", sw8.speedup(2), "ratio", num_workers=2, output="uint8", cores=cores)
+    results.add("ch04.speedup", sw8.speedup(2), "ratio", num_workers=2, output="uint8", cores=cores, main_threads=1)
 
     step(0.6, "ch04: prefetch_factor, persistent, in_order")
     base = LoaderConfig(batch_size=bs, num_workers=2, persistent_workers=True)
     kr = knob_experiment(ds_float, "prefetch_factor", [1, 2, 4], base=base, batches=batches, warmup=warm)
     for v, r in kr.rows():
         results.add("ch04.prefetch.items_per_s", r.items_per_s, "items/s", prefetch_factor=v, num_workers=2)
-    pr = persistent_experiment(ds_float, num_workers=2, epochs=3, batch_size=bs)
+    short = torch.utils.data.Subset(ds_float, range(min(len(ds_float), sized(160, 2400))))  # type: ignore[arg-type]
+    pr = persistent_experiment(short, num_workers=2, epochs=3, batch_size=bs)
     for p in (False, True):
         for e, s in enumerate(pr.epoch_s[p]):
             results.add("ch04.persistent.epoch_s", s, "s", persistent=p, epoch=e)
@@ -1728,12 +1766,10 @@ def benchmark(
     gi = getitems_experiment(sized(4096, 32768), batch_size=bs, batches=batches, warmup=warm)
     for (fetch, w), r in gi.items():
         results.add("ch04.getitems.items_per_s", r.items_per_s, "items/s", fetch=fetch, num_workers=w)
-    ce = cheap_vs_expensive({}, n_cheap=sized(4096, 32768), image_size=sizes["crop_size"], batch_size=bs,
+    ce = cheap_vs_expensive({}, n_cheap=sized(4096, 32768), image_size=int(getattr(ds_float, "crop_size", 64)), batch_size=bs,
                             batches=batches, warmup=warm)
     for row in ce:
         r = row["result"]
         p = {k: row[k] for k in ("items", "output", "collate", "num_workers")}
         results.add("ch04.cheap.items_per_s", r.items_per_s, "items/s", **p)
         results.add("ch04.cheap.main_busy", r.main_busy, "fraction", **p)
-    step(1.0, "done")
-    return results

@@ -350,3 +350,7 @@ def test_benchmark_keys_are_prefixed(tmp_path):
               "ch04.persistent.restart_cost_s", "ch04.in_order.p95_wait_ms", "ch04.getitems.items_per_s",
               "ch04.cheap.items_per_s", "ch04.cheap.main_busy"):
         assert k in keys, k
+
+
+def test_load_note_mentions_cores():
+    assert "cores" in L.load_note() or "not available" in L.load_note()
