@@ -557,11 +557,18 @@ def panel_summary(a: Anatomy) -> str:
     )
 
 
+def _run_label(rec: Any) -> str:
+    v = rec.values
+    if {"batch_size", "crop_size", "width"} <= set(v):
+        return f"#{rec.index}: batch {v['batch_size']}\n{v['crop_size']} px, width {v['width']}"
+    return rec.short_label()
+
+
 def panel_plot(history: list[Any], ax: Any) -> None:
     """Stacked phase bars of every panel run so far, with the measured step time as a black tick."""
     from .plots import stacked_phases
 
-    data = {rec.short_label(): rec.result.phase_means for rec in history}
+    data = {_run_label(rec): rec.result.phase_means for rec in history}
     stacked_phases(data, ax, title="Baseline step by phase, one bar per run", unit="ms")
     for i, rec in enumerate(history):
         ax.plot([i - 0.4, i + 0.4], [rec.result.step_time * 1e3] * 2, color="black", linewidth=2,
