@@ -736,6 +736,20 @@ def _root_cause(out_dir: Path, stderr: str) -> dict[str, Any]:
     return {"rank": None, "type": "", "message": "", "traceback": ""}
 
 
+_WORK_PREFIX = "workbook-ddp-"
+
+
+def _remove_stale_work_dirs() -> None:
+    """Delete temporary run folders left by launchers that were killed (their pid is gone)."""
+    for d in Path(tempfile.gettempdir()).glob(f"{_WORK_PREFIX}*-*"):
+        try:
+            pid = int(d.name[len(_WORK_PREFIX):].split("-", 1)[0])
+        except ValueError:
+            continue
+        if d.is_dir() and not process_alive(pid):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def _die_with_parent() -> Callable[[], None] | None:
     """A ``preexec_fn`` that makes the child get SIGTERM when its parent dies (Linux only).
 
@@ -821,7 +835,8 @@ def launch_ddp(
         from .data import make_shapes_dataset
 
         data_dir = make_shapes_dataset().train_dir  # generated once here, not by every rank
-    work = Path(tempfile.mkdtemp(prefix="workbook-ddp-"))
+    _remove_stale_work_dirs()
+    work = Path(tempfile.mkdtemp(prefix=f"{_WORK_PREFIX}{os.getpid()}-"))
     out_dir, log_dir = work / "results", work / "logs"
     out_dir.mkdir()
     args = [

@@ -269,6 +269,14 @@ def test_killed_parent_leaves_no_orphans(tmp_path) -> None:
     gone, alive = psutil.wait_procs(job, timeout=30)
     alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
     assert alive == [], [p.cmdline() for p in alive]
+    # The killed launcher could not delete its temporary folder; the next launch does.
+    import tempfile
+    from pathlib import Path
+
+    stale = list(Path(tempfile.gettempdir()).glob(f"workbook-ddp-{parent.pid}-*"))
+    assert stale
+    D._remove_stale_work_dirs()
+    assert not any(p.exists() for p in stale)
 
 
 def test_public_api_and_benchmark_on_cpu() -> None:
