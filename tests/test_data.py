@@ -261,3 +261,12 @@ def test_worker_error_names_the_file(tiny: data.DatasetInfo, tmp_path: Path) -> 
     loader = data.make_loader(ds, 4, shuffle=False, num_workers=1)
     with pytest.raises(data.ImageDecodeError, match=bad.name):
         list(loader)
+
+
+@pytest.mark.slow
+def test_parallel_generation_gives_identical_files(tmp_path: Path) -> None:
+    kw = dict(n_train=300, n_val=20, image_size=24, num_classes=3, seed=1)
+    one = data.make_shapes_dataset(root=tmp_path / "a", workers=1, **kw)
+    two = data.make_shapes_dataset(root=tmp_path / "b", workers=2, **kw)
+    assert _digest(one.root) == _digest(two.root)
+    assert data.verify_dataset(two.root, "full") == []
