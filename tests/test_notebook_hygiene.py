@@ -65,3 +65,21 @@ def test_no_lambdas_in_dataloaders(path: Path) -> None:
         src = "".join(c["source"])
         if c["cell_type"] == "code" and "DataLoader(" in src:
             assert not re.search(r"(collate_fn|worker_init_fn)\s*=\s*lambda", src), f"{path.name}: lambdas break spawn workers"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS[:-1], ids=lambda p: p.name)
+def test_summary_links_to_next_chapter(path: Path) -> None:
+    """Each chapter but the last ends by linking to the next notebook, which must exist."""
+    nb = json.loads(path.read_text())
+    text = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    nxt = NOTEBOOKS[NOTEBOOKS.index(path) + 1].name
+    assert f"]({nxt})" in text, f"{path.name}: the summary should link to the next chapter, {nxt}"
+
+
+def test_chapters_complete() -> None:
+    """Chapters 00-07 are all present, and the README lists each of them."""
+    numbers = sorted(p.name[:2] for p in NOTEBOOKS)
+    assert numbers == [f"{i:02d}" for i in range(8)], numbers
+    readme = (ROOT / "README.md").read_text()
+    for p in NOTEBOOKS:
+        assert f"(notebooks/{p.name})" in readme, f"README does not link {p.name}"
