@@ -14,6 +14,20 @@ Modules:
     widgets     the live-panel toolkit
     plots       shared plots (timelines, stacked phases, sweeps, run history)
     exercises   automatic checks for the exercises
+    hygiene     chapter 00: warm-up, synchronisation and clock experiments
+    data        chapter 01: the generated JPEG data set and its Dataset class
+    models      chapter 01: the small CNN whose compute per batch scales
+    train       chapter 01: the instrumented training loop and step anatomy
+    transfer    chapter 02: pageable vs pinned copies, pinning cost, allocator
+    loaders     chapters 03-04: DataLoader knobs, workers, pitfalls, throughput
+    prefetch    chapter 05: the side-stream prefetcher
+    overlap     chapter 05: the 2x2 overlap experiment and the async hazards
+    capstone    chapter 06: every step stacked on one job, in two regimes
+    doctor      chapter 06: diagnose any pipeline (data-, transfer- or compute-bound)
+    distributed chapter 07: DistributedSampler demos and the torchrun launcher
+    ddp_train   chapter 07: the per-rank training script torchrun runs
+    bench       ``python -m helpers.bench``: every chapter's measurements, headless
+    gpucheck    ``python -m helpers.gpucheck``: the GPU check that records reference results
 """
 
 __version__ = "0.1.0"
