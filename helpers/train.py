@@ -18,7 +18,8 @@ the GPU did, when); on the CPU every phase is wall-clock time and the compute
 lane is called "compute (CPU)".
 
 (plus ``normalize`` when the batch arrives as uint8 and is converted on the
-device). "collate" is split out of "load" only when the loader runs in the main
+device, and ``pin`` when a ``pin_memory=True`` loader pins the batch in the main
+process on a CUDA machine). "collate" is split out of "load" only when the loader runs in the main
 process (``num_workers=0``) and uses :class:`helpers.data.TimedCollate`; with
 workers, "load" is the time the main process *waits* for the next batch.
 
@@ -75,12 +76,12 @@ __all__ = [
     "reference_anatomy",
 ]
 
-#: Phase names in step order (``normalize`` appears only for uint8 batches).
-PHASES: tuple[str, ...] = ("load", "collate", "h2d", "normalize", "forward", "backward", "optimizer")
+#: Phase names in step order (``pin`` only for pinning loaders, ``normalize`` only for uint8 batches).
+PHASES: tuple[str, ...] = ("load", "collate", "pin", "h2d", "normalize", "forward", "backward", "optimizer")
 
 #: The resources of the bottleneck model and the phases each one runs.
 STAGES: dict[str, tuple[str, ...]] = {
-    "data (CPU)": ("load", "collate"),
+    "data (CPU)": ("load", "collate", "pin"),
     "copy (link)": ("h2d",),
     "compute (device)": ("normalize", "forward", "backward", "optimizer"),
 }
@@ -145,6 +146,11 @@ class EpochStats:
         return self.samples / self.seconds if self.seconds > 0 else float("nan")
 
 
+def _can_pin() -> bool:
+    """Whether a ``pin_memory=True`` loader really pins here (it needs a CUDA device)."""
+    return torch.cuda.is_available()
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -189,6 +195,7 @@ def train_epoch(
     check_int("start_step", start_step, 0, 10**9)
     collate = getattr(loader, "collate_fn", None)
     timed = collate if isinstance(collate, TimedCollate) and getattr(loader, "num_workers", 1) == 0 else None
+    pinning = bool(getattr(loader, "pin_memory", False)) and _can_pin()
 
     compute_lane = COMPUTE_LANE_GPU if (recorder is not None and recorder.cuda) else COMPUTE_LANE_CPU
 
@@ -219,7 +226,11 @@ def train_epoch(
                 offset = time.perf_counter() - recorder.now()
                 c0, c1 = timed.last[0] - offset, timed.last[1] - offset
                 recorder.add("load", step, h0, max(h0, c0), lane=DATA_LANE)
-                recorder.add("collate", step, max(h0, c0), min(h1, c1), lane=DATA_LANE)
+                if pinning and h1 > c1:  # the main process pins the batch right after collating it
+                    recorder.add("collate", step, max(h0, c0), c1, lane=DATA_LANE)
+                    recorder.add("pin", step, c1, h1, lane=DATA_LANE)
+                else:
+                    recorder.add("collate", step, max(h0, c0), h1, lane=DATA_LANE)
             else:
                 recorder.add("load", step, h0, h1, lane=DATA_LANE)
         # --- host to device copy ---

@@ -202,3 +202,33 @@ def test_baseline_learns_above_chance(tmp_path) -> None:
     chance = 1 / 6
     assert history[-1].val_accuracy is not None
     assert history[-1].val_accuracy >= 2 * chance, [h.val_accuracy for h in history]
+
+
+class _PinningLoader:
+    """Stands in for a pin_memory=True loader on a CUDA machine: collate, then a pause (the pinning)."""
+
+    num_workers = 0
+    pin_memory = True
+
+    def __init__(self, ds: data.ShapesDataset, batches: int) -> None:
+        self.ds, self.batches = ds, batches
+        self.collate_fn = data.TimedCollate()
+
+    def __iter__(self):  # noqa: ANN204
+        import time
+
+        for b in range(self.batches):
+            batch = self.collate_fn([self.ds[i] for i in range(4 * b, 4 * b + 4)])
+            time.sleep(0.01)
+            yield batch
+
+
+def test_pinning_time_gets_its_own_phase(tiny: data.DatasetInfo, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, model, opt = _setup(tiny)
+    loader = _PinningLoader(data.ShapesDataset(tiny.train_dir, crop_size=24), batches=2)
+    rec = SpanRecorder("cpu")
+    monkeypatch.setattr(train, "_can_pin", lambda: True)
+    train.train_epoch(model, loader, "cpu", opt, recorder=rec)
+    means = rec.finish().phase_means()
+    assert list(means)[:3] == ["load", "collate", "pin"] and means["pin"] >= 0.009
+    assert "pin" in train.STAGES["data (CPU)"]
