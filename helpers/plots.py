@@ -32,6 +32,7 @@ __all__ = [
 PHASE_COLORS: dict[str, str] = {
     "load": "#4e79a7",
     "collate": "#a0cbe8",
+    "pin": "#d4a6c8",
     "h2d": "#f28e2b",
     "copy": "#f28e2b",
     "normalize": "#ffbe7d",
