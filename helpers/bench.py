@@ -967,6 +967,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--notes", default="", help="free text stored in the results file (e.g. the cluster's name)")
     ap.add_argument("--list", action="store_true", help="list the chapters and whether their benchmark() exists")
     ap.add_argument("--plot-only", metavar="RESULTS", help="only draw the PNG summary of an existing results file")
+    ap.add_argument("--reference-from", metavar="RESULTS", help="save an existing (possibly partial) GPU results file "
+                    "as a reference file, keeping only the chapters that completed")
     ap.add_argument("--compare", metavar="RESULTS", help="compare a results file with the reference files (ratios "
                     "only where the hardware matches; otherwise each reference is shown as 'recorded on ...')")
     ap.add_argument("--against", metavar="REF", help="with --compare: one reference/results file instead of all")
@@ -1147,6 +1149,33 @@ def compare_lines(mine: Any, refs: Sequence[Any]) -> list[str]:
     return lines
 
 
+def _reference_from_cli(path: str) -> int:
+    from .results import ResultSet
+
+    try:
+        rs = ResultSet.load(path)
+    except (OSError, ValueError) as exc:
+        print(f"error: --reference-from: {exc}", file=sys.stderr)
+        return 2
+    if not rs.hardware.get("gpu_name"):
+        print("refusing --reference-from: that file was not measured on a CUDA GPU", file=sys.stderr)
+        return 2
+    if rs.mode != "full":
+        print("refusing --reference-from: reference results are recorded in full mode", file=sys.stderr)
+        return 2
+    known = set(ChapterOutcome.__dataclass_fields__)
+    outcomes = [ChapterOutcome(**{k: v for k, v in c.items() if k in known})
+                for c in rs.provenance.get("bench", {}).get("chapters", [])]
+    ref = reference_subset(rs, outcomes)
+    if not ref.records:
+        print("no reference file written: no chapter completed with records", file=sys.stderr)
+        return 1
+    out = reference_path(ref)
+    ref.save(out)
+    print(f"  reference file: {out}  (commit it; see docs/GPU-CHECK.md)")
+    return 0
+
+
 def _compare_cli(path: str, against: str | None) -> int:
     from .reference import references
     from .results import ResultSet
@@ -1242,6 +1271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(table)
         return 0
+    if args.reference_from:
+        return _reference_from_cli(args.reference_from)
     if args.against and not args.compare:
         ap.error("--against needs --compare")
     if args.compare:

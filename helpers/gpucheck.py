@@ -363,7 +363,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench_step = next((s for s in the_plan if s.name == "bench"), None)
     ref_file = None
     if bench_step is not None and bench_step.log and Path(bench_step.log).is_file():
-        for line in Path(bench_step.log).read_text(encoding="utf-8", errors="replace").splitlines():
+        log_text = Path(bench_step.log).read_text(encoding="utf-8", errors="replace")
+        if reference and "reference file:" not in log_text and (workdir / "bench.json").is_file():
+            # the bench was stopped (timeout) before writing its reference: keep the chapters it completed
+            done = subprocess.run([sys.executable, "-m", "helpers.bench", "--reference-from",
+                                   str(workdir / "bench.json")], cwd=root, env=env, capture_output=True, text=True,
+                                  timeout=300)
+            log_text += "\n[gpucheck] --reference-from the partial results:\n" + done.stdout + done.stderr
+            with open(bench_step.log, "a", encoding="utf-8") as fh:
+                fh.write("\n[gpucheck] --reference-from the partial results:\n" + done.stdout + done.stderr)
+            print(done.stdout + done.stderr)
+        for line in log_text.splitlines():
             if line.strip().startswith("reference file:"):
                 ref_file = line.split("reference file:", 1)[1].split("(")[0].strip()
         if ref_file and Path(ref_file).is_file():

@@ -405,3 +405,24 @@ def test_reference_subset_drops_failed_chapters(fake_chapters: list[bench.Chapte
     assert set(ref.artifacts) == {"ch98.note"}
     assert any(x.startswith("ch99") for x in ref.provenance["bench"]["reference_excludes"])
     assert len(rs.records) == 3, "the full result set is untouched"
+
+
+def test_reference_from_a_partial_gpu_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path / "ref"))
+    rs = synthetic_gpu_results()
+    rs.mode = "full"
+    n = len(rs.records)
+    rs.provenance["bench"] = {"chapters": [
+        {"chapter": "ch02", "module": "m", "status": "ok", "first_record": 0, "records": n - 2, "artifact_names": []},
+        {"chapter": "ch04", "module": "m", "status": "failed", "first_record": n - 2, "records": 2,
+         "artifact_names": []}]}
+    rs.save(tmp_path / "partial.json")
+    assert bench.main(["--reference-from", str(tmp_path / "partial.json")]) == 0
+    (ref,) = list((tmp_path / "ref").glob("*.json"))
+    saved = ResultSet.load(ref)
+    assert len(saved.records) == n - 2 and not saved.find("ch04")
+    assert "reference file:" in capsys.readouterr().out
+    cpu = ResultSet.new("cpu", "test", device="cpu")
+    cpu.save(tmp_path / "cpu.json")
+    assert bench.main(["--reference-from", str(tmp_path / "cpu.json")]) == 2
