@@ -32,15 +32,24 @@ copy alone (CUDA only; on a CPU there is no copy), the compute alone; the
 **pipeline efficiency** is the pipeline's throughput divided by that of its
 slowest stage alone.
 
-Two regimes from one knob, the model width (:data:`REGIMES`): a narrow model
-is **data-bound** (the loader is the slowest stage), a wide one
-**compute-bound**.
+Two regimes from the model's size (:data:`REGIMES`): a tiny model (width 2,
+one stage) is **data-bound** (the loader is the slowest stage, even on a CPU),
+a wide one **compute-bound**.
+
+Threads. Every configuration of a waterfall, and every stage measured alone,
+runs with the same number of intra-op threads in the main process,
+``JobSpec.threads`` = :func:`compute_threads` (the usable cores minus the
+workers of the ``workers`` step, at least 1), set by :func:`main_threads` and
+restored afterwards. So each step changes one thing only; and the model's
+threads do not fight the worker processes for the same cores
+(oversubscription; :func:`compare_threads` measures what that costs).
 
 ``benchmark(results, device)`` records both regimes under ``ch06.*``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -65,6 +74,11 @@ __all__ = [
     "JobSpec",
     "job_spec",
     "default_workers",
+    "compute_threads",
+    "main_threads",
+    "compare_threads",
+    "panel_controls",
+    "STEP_REQUIRES",
     "settings_for",
     "configurations",
     "SeededItems",
@@ -164,6 +178,26 @@ def default_workers() -> int:
     return max(1, min(8, usable_cores()))
 
 
+def compute_threads(workers: int | None = None) -> int:
+    """Intra-op threads for the main process: the usable cores minus the workers, at least 1."""
+    from .doctor import usable_cores
+
+    nw = default_workers() if workers is None else check_int("workers", workers, 0, 64)
+    return max(1, usable_cores() - nw)
+
+
+@contextlib.contextmanager
+def main_threads(n: int) -> Iterator[int]:
+    """Run the block with ``torch.set_num_threads(n)`` in this process; the previous count is restored."""
+    check_int("threads", n, 1, 1024)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(prev)
+
+
 def settings_for(enabled: Iterable[str], workers: int | None = None) -> Settings:
     """Settings with the named steps switched on (any subset, in any order).
 
@@ -205,10 +239,13 @@ def effective_on(step: Step, device: torch.device | str) -> bool:
 # The job
 # ---------------------------------------------------------------------------
 
-#: The two regimes: one knob, the model width (full-mode widths; quick mode uses 8 and 24).
+#: The two regimes: the model's size (``quick_width``: the width in quick mode).
+#: The data-bound model is tiny so that even a CPU computes a batch faster than one process loads it.
 REGIMES: dict[str, dict[str, Any]] = {
-    "data-bound": {"width": 8, "about": "a narrow CNN: the step is cheap, so the loader sets the pace"},
-    "compute-bound": {"width": 96, "about": "a wide CNN: the step is expensive, so the loader has time to spare"},
+    "data-bound": {"width": 2, "quick_width": 2, "depth": 1,
+                   "about": "a tiny CNN (2 channels, one stage): the step is cheap, so the loader sets the pace"},
+    "compute-bound": {"width": 96, "quick_width": 12, "depth": 3,
+                      "about": "a wide CNN (3 stages): the step is expensive, so the loader has time to spare"},
 }
 
 
@@ -226,6 +263,7 @@ class JobSpec:
     epochs: int = 1
     seed: int = 0
     lr: float = 2e-3
+    threads: int = 1
 
     @property
     def steps_per_epoch(self) -> int:
@@ -238,18 +276,22 @@ def job_spec(regime: str, **overrides: Any) -> JobSpec:
     from .data import default_sizes
 
     sizes = default_sizes()
-    width = REGIMES[regime]["width"] if regime == "data-bound" else sized(quick=24, full=96)
+    r = REGIMES[regime]
     base = dict(
         regime=regime,
-        width=width,
+        width=sized(quick=r["quick_width"], full=r["width"]),
+        depth=r["depth"],
+        threads=compute_threads(),
         batch_size=sizes["batch_size"],
         crop_size=sizes["crop_size"],
-        train_items=sized(quick=256, full=sizes["n_train"]),
+        train_items=sizes["n_train"],
         epochs=1,
     )
     base.update(overrides)
     spec = JobSpec(**base)
     check_int("width", spec.width, 1, 512)
+    check_int("depth", spec.depth, 1, 6)
+    check_int("threads", spec.threads, 1, 1024)
     check_int("batch_size", spec.batch_size, 1, 4096)
     check_int("train_items", spec.train_items, spec.batch_size, 10_000_000)
     check_int("epochs", spec.epochs, 1, 100)
@@ -363,6 +405,23 @@ def _build_loader(spec: JobSpec, s: Settings, device: torch.device) -> Any:
                        seed=spec.seed, pin_memory=s.pin_memory and device.type == "cuda", drop_last=True, **kw)
 
 
+def _warm_batches(source: Any, steps: int, drain: bool) -> list[Any]:
+    """The first ``steps`` batches of a fresh pass over ``source`` (the warm-up), then end that pass.
+
+    With persistent workers (``drain=True``) the rest of the pass is read and
+    dropped: otherwise the batches the workers already queued for it would be
+    loaded, and thrown away, at the start of the next (timed) epoch, which
+    would charge persistent workers for the warm-up's leftovers.
+    """
+    it = iter(source)
+    batches = [b for _, b in zip(range(steps), it)]
+    if drain:
+        for _ in it:
+            pass
+    del it
+    return batches
+
+
 def _release(loader: Any) -> None:
     try:
         from .loaders import release
@@ -461,10 +520,12 @@ def run_config(
     """Train the job once with ``settings`` and measure it (see the module docstring).
 
     The model is built from ``spec.seed``; ``spec.warm_steps`` untimed steps
-    (lazy initialisation, first worker start-up) come first, then ``spec.epochs``
+    (lazy initialisation, first worker start-up; with persistent workers the
+    rest of that pass is drained, see :func:`_warm_batches`) come first, then ``spec.epochs``
     timed epochs, then evaluation on the validation set. Workers are released
-    on return, also on errors and interrupts. The reader's global RNG state is
-    restored afterwards.
+    on return, also on errors and interrupts. The main process uses
+    ``spec.threads`` intra-op threads meanwhile (:func:`main_threads`). The
+    reader's global RNG state and thread count are restored afterwards.
     """
     from .models import build_model
     from .prefetch import Prefetcher
@@ -487,11 +548,13 @@ def run_config(
         transfer = "non_blocking" if settings.pin_memory and dev.type == "cuda" else "blocking"
     epochs: list[tuple[float, float]] = []
     try:
-        with torch.random.fork_rng(devices=[]):
+        with main_threads(spec.threads), torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed)
             report(0.05, f"{name}: warm-up")
             if spec.warm_steps:
-                train_epoch(model, source, dev, opt, transfer=transfer, max_steps=spec.warm_steps)
+                warm = _warm_batches(source, spec.warm_steps, drain=settings.persistent_workers)
+                train_epoch(model, warm, dev, opt, transfer=transfer)
+                del warm
             rec = SpanRecorder(dev, config=name, regime=spec.regime, settings=settings.describe())
             total_s, steps, samples, loss = 0.0, 0, 0, 0.0
             for e in range(spec.epochs):
@@ -531,18 +594,21 @@ def run_config(
 
 
 def _loader_alone(spec: JobSpec, s: Settings, dev: torch.device) -> float:
-    """Items/s of the DataLoader alone, measured like the job's epoch (warm-up batches, then one epoch)."""
+    """Items/s of the DataLoader alone, measured like the job's epoch.
+
+    Same loader, same sampler, same warm-up batches, then one whole epoch
+    (worker start-up included, as in the job's epoch), with the job's threads
+    in the main process. It does not depend on the model, so it is measured
+    once for both regimes.
+    """
     key = ("loader", spec.train_items, spec.batch_size, spec.crop_size, s.num_workers, s.persistent_workers,
-           s.prefetch_factor, s.output, s.pin_memory and dev.type == "cuda")
+           s.prefetch_factor, s.output, s.pin_memory and dev.type == "cuda", spec.threads, spec.warm_steps)
     if key in _CACHE:
         return _CACHE[key]
     loader = _build_loader(spec, s, dev)
     try:
-        with torch.random.fork_rng(devices=[]):
-            it = iter(loader)
-            for _ in range(spec.warm_steps):
-                next(it, None)
-            del it
+        with main_threads(spec.threads), torch.random.fork_rng(devices=[]):
+            _warm_batches(loader, spec.warm_steps, drain=s.persistent_workers)
             t0 = time.perf_counter()
             n = 0
             for x, _y in loader:
@@ -584,8 +650,16 @@ def _copy_alone(spec: JobSpec, s: Settings, dev: torch.device, repeats: int = 10
 
 
 def _compute_alone(spec: JobSpec, s: Settings, dev: torch.device) -> float:
-    """Items/s of training steps on one batch already on the device (normalise included for uint8)."""
-    key = ("compute", spec.width, spec.depth, spec.batch_size, spec.crop_size, s.output, str(dev))
+    """Items/s of training steps on one batch already on the device (normalise included for uint8).
+
+    Same model, batch size and threads as the job; two warm-up steps, then as
+    many timed steps as an epoch has (4 to 20), each synchronised. Throughput
+    is the batch size over the **median** step: the stage's own pace, not
+    counting the occasional step slowed by another process (such hiccups slow
+    the pipeline's epoch too, so they count against its efficiency, not for it).
+    """
+    key = ("compute", spec.width, spec.depth, spec.batch_size, spec.crop_size, s.output, str(dev), spec.threads,
+           spec.train_items)
     if key in _CACHE:
         return _CACHE[key]
     from .data import to_float_normalized
@@ -597,7 +671,7 @@ def _compute_alone(spec: JobSpec, s: Settings, dev: torch.device) -> float:
     model = build_model(width=spec.width, depth=spec.depth, num_classes=int(_dataset_info().params["num_classes"]),
                         seed=spec.seed).to(dev)
     opt = make_optimizer(model, lr=spec.lr)
-    n = max(3, min(spec.steps_per_epoch, sized(quick=3, full=20)))
+    n = max(4, min(spec.steps_per_epoch, 20))
 
     def step() -> None:
         xx = to_float_normalized(x) if x.dtype == torch.uint8 else x
@@ -606,23 +680,27 @@ def _compute_alone(spec: JobSpec, s: Settings, dev: torch.device) -> float:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    for _ in range(2):
-        step()
-    synchronize(dev)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        step()
-    synchronize(dev)
-    _CACHE[key] = spec.batch_size * n / (time.perf_counter() - t0)
+    times = []
+    with main_threads(spec.threads):
+        for _ in range(2):
+            step()
+        synchronize(dev)
+        for _ in range(n):
+            t0 = time.perf_counter()
+            step()
+            synchronize(dev)
+            times.append(time.perf_counter() - t0)
+    _CACHE[key] = spec.batch_size / statistics.median(times)
     return _CACHE[key]
 
 
 def stage_alone(settings: Settings, spec: JobSpec, device: torch.device | str = "cpu") -> dict[str, float | None]:
     """Throughput (items/s) of each stage run alone: ``loader``, ``copy`` (CUDA only) and ``compute``.
 
-    Results are cached per stage settings: stages that a configuration does not
-    change (the loader in both regimes, the compute across loader settings) are
-    measured once.
+    Each stage runs as it does in the job: same batch size, same warm-up, same
+    threads (``spec.threads``). Results are cached per stage settings: stages
+    that a configuration does not change (the loader in both regimes, the
+    compute across loader settings) are measured once.
     """
     dev = torch.device(device)
     return {
@@ -636,8 +714,10 @@ def pipeline_efficiency(throughput: float, stages: Mapping[str, float | None]) -
     """Pipeline throughput divided by the throughput of its slowest stage alone.
 
     1.0 means the stages overlap perfectly: the pipeline runs as fast as its
-    bottleneck allows. Stages given as ``None`` (absent, e.g. the copy on a CPU)
-    are ignored; ``None`` if no stage is known.
+    bottleneck allows; it cannot honestly exceed 1, so a value above 1 is
+    measurement noise between separate runs (the table marks it). Stages given
+    as ``None`` (absent, e.g. the copy on a CPU) are ignored; ``None`` if no
+    stage is known.
 
     >>> pipeline_efficiency(900.0, {"loader": 1000.0, "copy": None, "compute": 3000.0})
     0.9
@@ -646,6 +726,33 @@ def pipeline_efficiency(throughput: float, stages: Mapping[str, float | None]) -
     if not known or not (throughput > 0):
         return None
     return float(throughput) / min(known)
+
+
+def compare_threads(
+    spec: JobSpec,
+    step: str = "persistent",
+    device: torch.device | str = "cpu",
+    threads: Sequence[int] | None = None,
+) -> list[ConfigResult]:
+    """Run the cumulative configuration ``step`` of ``spec`` once per main-process thread count, back to back.
+
+    ``threads`` defaults to ``(spec.threads, all usable cores)``: what the
+    capstone uses while workers run, and PyTorch's default. Stages alone are
+    not measured. Each result's ``trace.metadata["threads"]`` says which count it had.
+    """
+    from .doctor import usable_cores
+
+    check_choice("step", step, STEP_NAMES)
+    counts = list(threads) if threads is not None else sorted({spec.threads, usable_cores()})
+    settings = dict((st.name, s) for st, s in configurations())[step]
+    label = next(st.label for st in STEPS if st.name == step)
+    out = []
+    for n in counts:
+        r = run_config(settings, dataclasses.replace(spec, threads=check_int("threads", n, 1, 1024)), device,
+                       name=step, label=f"{label}, {n} thread{'s' if n > 1 else ''}", stages=False)
+        r.trace.metadata["threads"] = n
+        out.append(r)
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -683,10 +790,16 @@ class Waterfall:
     def table(self) -> str:
         lines = [f"{'configuration':<28}{'epoch':>9}{'speedup':>9}{'compute busy':>14}{'data stall':>12}"
                  f"{'efficiency':>12}{'accuracy':>10}"]
+        noisy = False
         for r, s in zip(self.results, self.speedups()):
             eff = f"{r.efficiency:.2f}" if r.efficiency is not None else "n/a"
+            if r.efficiency is not None and r.efficiency > 1.0:
+                eff, noisy = eff + "*", True
             lines.append(f"{r.label:<28}{r.epoch_s:>8.2f}s{s:>8.2f}x{r.compute_busy:>13.0%}{r.data_stall:>12.0%}"
                          f"{eff:>12}{r.accuracy:>10.1%}")
+        if noisy:
+            lines.append("* above 1: the pipeline cannot beat its slowest stage alone; this is noise between "
+                         "separate measurements")
         return "\n".join(lines)
 
 
@@ -774,8 +887,8 @@ def plot_waterfall(wf: Waterfall, ax: Any = None, *, title: str | None = None, s
     ax.set_ylim(0, max(vals) * 1.18)
     ax.grid(axis="y", alpha=0.3)
     dev = torch.device(wf.device).type
-    ax.set_title(title or f"{wf.regime}: width {wf.spec.width}, {wf.results[0].steps} steps/epoch on {dev} "
-                          "(measured now; labels: cumulative speedup)", fontsize=9)
+    ax.set_title(title or f"{wf.regime}: width {wf.spec.width}, depth {wf.spec.depth}, {wf.results[0].steps} "
+                          f"steps/epoch on {dev} (measured now; labels: cumulative speedup)", fontsize=9)
     if any(h for h in hatches):
         ax.bar([0], [0], color="#d3d3d3", hatch="//", edgecolor="#555", label="needs CUDA: no effect here (noise only)")
         ax.legend(fontsize=7, loc="upper right")
@@ -849,6 +962,41 @@ def plot_reference_waterfall(regime: str, ax: Any = None) -> Any:
 # ---------------------------------------------------------------------------
 # Live panel
 # ---------------------------------------------------------------------------
+
+
+#: Steps that need another step switched on first (persistent workers need workers).
+STEP_REQUIRES: dict[str, tuple[str, ...]] = {"persistent": ("workers",)}
+
+
+def panel_controls() -> dict[str, Any]:
+    """The live panel's controls: a regime toggle and one checkbox per step after the baseline.
+
+    The checkboxes stay consistent: ticking a step ticks the steps it needs
+    (:data:`STEP_REQUIRES`), and unticking a step unticks the steps that need
+    it, so the panel can never hold settings that :func:`settings_for` refuses.
+    """
+    from .widgets import W
+
+    controls: dict[str, Any] = {
+        "regime": W.ToggleButtons(options=list(REGIMES), value="data-bound", description="regime"),
+    }
+    for step in STEPS[1:]:
+        controls[step.name] = W.Checkbox(value=False, description=step.label, indent=False)
+
+    def on_change(name: str) -> Callable[[dict[str, Any]], None]:
+        def handler(change: dict[str, Any]) -> None:
+            if change.get("new"):
+                for need in STEP_REQUIRES.get(name, ()):
+                    controls[need].value = True
+            else:
+                for other, needs in STEP_REQUIRES.items():
+                    if name in needs:
+                        controls[other].value = False
+        return handler
+
+    for step in STEPS[1:]:
+        controls[step.name].observe(on_change(step.name), names="value")
+    return controls
 
 
 def panel_run(progress: Callable[[float, str], None] | None = None, *, regime: str = "data-bound",

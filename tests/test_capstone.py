@@ -17,8 +17,18 @@ from helpers.results import ResultSet
 _JOB_SPEC = C.job_spec
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _quick_data_set():
+    """Quick mode for this module: the small generated data set (seconds), not the full one."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WORKBOOK_QUICK", "1")
+        C._CACHE.clear()
+        yield
+    C._CACHE.clear()
+
+
 def tiny(regime: str = "data-bound", **kw) -> C.JobSpec:
-    base = dict(width=4, batch_size=16, crop_size=32, train_items=48, warm_steps=1)
+    base = dict(width=2, depth=1, batch_size=8, crop_size=32, train_items=24, warm_steps=1)
     base.update(kw)
     return _JOB_SPEC(regime, **base)
 
@@ -85,7 +95,7 @@ def test_same_job_same_accuracy_across_configurations() -> None:
     ok, msg = C.check_accuracies([base, other], num_classes=6, n_val=256, above_chance=False)
     assert ok, msg
     for r in (base, other):
-        assert r.steps == 3 and r.samples == 48 and r.epoch_s > 0
+        assert r.steps == 3 and r.samples == 24 and r.epoch_s > 0
         assert 0 <= r.compute_busy <= 1 and 0 <= r.data_stall <= 1
         assert {"load", "forward", "backward", "optimizer"} <= set(r.trace.phase_totals())
         assert r.stages["copy"] is None and r.stages["loader"] > 0 and r.stages["compute"] > 0
@@ -119,3 +129,72 @@ def test_panel_run_and_bad_toggles(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "s/epoch" in C.panel_summary(r)
     with pytest.raises(ValueError, match="step"):
         C.panel_run(None, regime="data-bound", turbo=True)
+
+
+def test_regimes_tiny_model_for_data_bound_and_threads_in_the_spec() -> None:
+    from helpers.models import build_model, flops_per_sample
+
+    specs = {r: C.job_spec(r) for r in C.REGIMES}
+    flops = {r: flops_per_sample(build_model(width=s.width, depth=s.depth), s.crop_size) for r, s in specs.items()}
+    assert flops["compute-bound"] > 20 * flops["data-bound"]
+    assert specs["data-bound"].depth == 1 and all(s.threads == C.compute_threads() for s in specs.values())
+    assert C.compute_threads(workers=64) == 1
+    with pytest.raises(ValueError, match="depth"):
+        C.job_spec("data-bound", depth=0)
+
+
+def test_main_threads_sets_and_restores() -> None:
+    before = torch.get_num_threads()
+    with C.main_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError):
+        with C.main_threads(1):
+            raise RuntimeError("boom")
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads"):
+        with C.main_threads(0):
+            pass
+
+
+def test_warm_up_drains_the_pass_only_when_asked() -> None:
+    seen: list[int] = []
+
+    class Source:
+        def __iter__(self):
+            for i in range(5):
+                seen.append(i)
+                yield i
+
+    assert C._warm_batches(Source(), 2, drain=False) == [0, 1] and seen == [0, 1]
+    seen.clear()
+    assert C._warm_batches(Source(), 2, drain=True) == [0, 1] and seen == [0, 1, 2, 3, 4]
+
+
+def test_compare_threads_runs_back_to_back_and_restores() -> None:
+    before = torch.get_num_threads()
+    rs = C.compare_threads(tiny(), "baseline", "cpu", threads=(1, 2))
+    assert [r.trace.metadata["threads"] for r in rs] == [1, 2] and all(r.stages == {} for r in rs)
+    assert "2 threads" in rs[1].label and torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="step"):
+        C.compare_threads(tiny(), "turbo")
+
+
+def test_efficiency_above_one_is_marked_as_noise() -> None:
+    r = C.run_config(C.Settings(), tiny(), "cpu", name="baseline", stages=False)
+    r.efficiency = 1.2
+    wf = C.Waterfall("data-bound", tiny(), "cpu", [r])
+    assert "1.20*" in wf.table() and "noise" in wf.table()
+
+
+def test_panel_checkboxes_stay_consistent() -> None:
+    c = C.panel_controls()
+    assert set(c) == {"regime", *C.STEP_NAMES[1:]}
+    c["persistent"].value = True
+    assert c["workers"].value is True
+    c["workers"].value = False
+    assert c["persistent"].value is False
+    c["uint8"].value = True
+    assert c["workers"].value is False  # uint8 needs nothing else
+    on = [k for k in C.STEP_NAMES[1:] if c[k].value]
+    C.settings_for(on)  # whatever the reader ticks is a valid configuration
