@@ -654,9 +654,10 @@ def _compute_alone(spec: JobSpec, s: Settings, dev: torch.device) -> float:
 
     Same model, batch size and threads as the job; two warm-up steps, then as
     many timed steps as an epoch has (4 to 20), each synchronised. Throughput
-    is the batch size over the **median** step: the stage's own pace, not
-    counting the occasional step slowed by another process (such hiccups slow
-    the pipeline's epoch too, so they count against its efficiency, not for it).
+    is the batch size over the **lower-quartile** step: the stage's own pace
+    when nothing else disturbs it, not counting steps slowed by other programs
+    (such hiccups slow the pipeline's epoch too, so they count against its
+    efficiency, never for it).
     """
     key = ("compute", spec.width, spec.depth, spec.batch_size, spec.crop_size, s.output, str(dev), spec.threads,
            spec.train_items)
@@ -690,7 +691,7 @@ def _compute_alone(spec: JobSpec, s: Settings, dev: torch.device) -> float:
             step()
             synchronize(dev)
             times.append(time.perf_counter() - t0)
-    _CACHE[key] = spec.batch_size / statistics.median(times)
+    _CACHE[key] = spec.batch_size / statistics.quantiles(times, n=4, method="inclusive")[0]
     return _CACHE[key]
 
 
