@@ -76,7 +76,7 @@ __all__ = [
 
 #: Environment variable for strict GPU runs. When it is 1, the bench requires CUDA, and chapters
 #: raise in a GPU path instead of quietly falling back (see docs/GPU-CHECK.md).
-REQUIRE_GPU_ENV = "WORKBOOK_REQUIRE_GPU"
+from .config import REQUIRE_GPU_ENV  # noqa: E402
 #: Optional: the git commit of the checkout, for machines whose copy of the tree has no .git folder.
 COMMIT_ENV = "WORKBOOK_GIT_COMMIT"
 
@@ -84,18 +84,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
 
-def require_gpu() -> bool:
-    """True when ``WORKBOOK_REQUIRE_GPU`` asks GPU paths to fail loudly instead of falling back.
-
-    Raises:
-        ValueError: if the variable holds something other than a yes/no value.
-    """
-    raw = os.environ.get(REQUIRE_GPU_ENV, "").strip().lower()
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise ValueError(f"{REQUIRE_GPU_ENV}={raw!r} is not understood; set it to 1 (strict GPU run) or 0.")
+from .config import require_gpu  # noqa: E402  (re-exported: the flag lives in helpers.config)
 
 
 # ---------------------------------------------------------------------------

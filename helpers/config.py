@@ -13,6 +13,10 @@ Other variables:
 ``WORKBOOK_ARTIFACTS``
     Folder where notebooks and benchmarks write figures and result files
     (default: ``<repo>/artifacts``).
+``WORKBOOK_REQUIRE_GPU``
+    Set to ``1`` by the GPU check (``python -m helpers.gpucheck``): a run that
+    would fall back to the CPU fails loudly instead (see
+    :func:`helpers.device.pick_device`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ T = TypeVar("T")
 QUICK_ENV = "WORKBOOK_QUICK"
 CACHE_ENV = "WORKBOOK_CACHE"
 ARTIFACTS_ENV = "WORKBOOK_ARTIFACTS"
+REQUIRE_GPU_ENV = "WORKBOOK_REQUIRE_GPU"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
@@ -37,14 +42,25 @@ def quick_mode() -> bool:
     Raises:
         ValueError: if the variable holds something other than a yes/no value.
     """
-    raw = os.environ.get(QUICK_ENV, "").strip().lower()
+    return _flag(QUICK_ENV, "quick mode")
+
+
+def _flag(env: str, what: str) -> bool:
+    raw = os.environ.get(env, "").strip().lower()
     if raw in _TRUE:
         return True
     if raw in _FALSE:
         return False
-    raise ValueError(
-        f"{QUICK_ENV}={raw!r} is not understood; set it to 1 (quick mode) or 0 (full mode)."
-    )
+    raise ValueError(f"{env}={raw!r} is not understood; set it to 1 ({what}) or 0.")
+
+
+def require_gpu() -> bool:
+    """True when ``WORKBOOK_REQUIRE_GPU=1``: GPU paths must fail loudly rather than fall back.
+
+    Raises:
+        ValueError: if the variable holds something other than a yes/no value.
+    """
+    return _flag(REQUIRE_GPU_ENV, "strict GPU run")
 
 
 def mode_name() -> str:

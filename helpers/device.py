@@ -65,7 +65,17 @@ def pick_device(prefer: str | None = None) -> torch.device:
             accelerator type torch knows. Asking for ``"cuda"`` on a machine
             without one raises a ValueError that says so, instead of failing
             later inside torch.
+
+    With ``WORKBOOK_REQUIRE_GPU=1`` (set by the GPU check) a machine without
+    CUDA raises RuntimeError, so a GPU check can never pass on CPU fallbacks.
     """
+    from .config import REQUIRE_GPU_ENV, require_gpu
+
+    if require_gpu() and not has_cuda():
+        raise RuntimeError(
+            f"{REQUIRE_GPU_ENV}=1 (a strict GPU run, as the GPU check sets) but no CUDA device is present; "
+            f"unset {REQUIRE_GPU_ENV} to run on the CPU with reference results instead"
+        )
     if prefer is not None:
         if prefer == "cpu":
             return torch.device("cpu")

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from .config import sized
 from .results import ResultSet
 from .timing import Timing, cuda_event_time, measure, time_calls
 from .validate import check_choice, check_float, check_int
@@ -114,7 +115,7 @@ def benchmark(results: ResultSet, device: torch.device) -> None:
     warm = warmup_demo(device)
     results.add("ch00.first_call_s", warm.times_s[0], "s", what="fresh conv2d, first call")
     results.add("ch00.steady_call_s", warm.median_s, "s", what="fresh conv2d, median of the first calls")
-    for n in (1024, 4096):
+    for n in (sized(quick=256, full=1024), sized(quick=512, full=4096)):
         demo = sync_demo(device, n=n)
         for name, t in demo.items():
             results.add("ch00.matmul_time_s", t.median_s, "s", spread={"iqr": t.iqr_s, "n": t.n}, n=n, clock=name)

@@ -81,3 +81,15 @@ def test_environment_check_flags_small_shm() -> None:
 def test_no_cuda_message() -> None:
     msg = device.no_cuda_message("the bandwidth")
     assert msg.startswith("No CUDA device is present") and "the bandwidth" in msg
+
+
+def test_require_gpu_refuses_cpu_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "1")
+    with pytest.raises(RuntimeError, match="no CUDA device is present"):
+        device.pick_device()
+    monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "perhaps")
+    with pytest.raises(ValueError, match="WORKBOOK_REQUIRE_GPU"):
+        device.pick_device()
+    monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "0")
+    assert device.pick_device().type == "cpu"
