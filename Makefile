@@ -18,6 +18,8 @@ help:
 	@echo "make test-fast   unit tests only (no notebooks, no browser)"
 	@echo "make test-notebooks  every notebook under nbval, quick mode"
 	@echo "make test-browser    every chapter in JupyterLab + headless Chromium (installs Debian's chromium)"
+	@echo "make bench       every chapter's measurements headless -> artifacts/bench-*.json + .png (BENCH_ARGS=--quick)"
+	@echo "make gpu-check   on a CUDA machine: every notebook in full mode under nbval + the bench + a reference file"
 	@echo "make clean       remove .venv, caches and artifacts"
 
 # Re-installs only when the dependency files change, so a second run is quick.
@@ -54,6 +56,14 @@ test-browser: setup
 	tools/install_browser.sh
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[browser]'
 	WORKBOOK_QUICK=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 -m browser tests/browser
+
+# Every chapter's measurements, headless (BENCH_ARGS=--quick for a smoke run).
+bench: setup
+	$(BIN)/python -m helpers.bench $(BENCH_ARGS)
+
+# On a machine with a CUDA GPU: every notebook in full mode + the bench + a reference file.
+gpu-check: setup
+	$(BIN)/python -m helpers.gpucheck $(GPUCHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache artifacts data-cache

@@ -401,7 +401,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ref_file:
         lines += ["", f"reference file written: {ref_file}",
                   "commit it (copy it into helpers/reference/ of your checkout if this ran elsewhere); "
-                  "then `python -m helpers.bench --readme-table --update docs/REFERENCE-TABLE.md`"]
+                  "then `python -m helpers.bench --readme-table --update README.md`"]
     elif reference and bench_step is not None:
         lines += ["", "no reference file was written (see the bench log)"]
     text = "\n".join(lines)

@@ -308,11 +308,11 @@ def test_reference_path_names_the_gpu_and_date(tmp_path: Path) -> None:
 
 def test_reference_table_doc_matches_committed_reference_files(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WORKBOOK_REFERENCE_DIR", raising=False)
-    doc = (ROOT / "docs" / "REFERENCE-TABLE.md").read_text(encoding="utf-8")
+    doc = (ROOT / "README.md").read_text(encoding="utf-8")
     start, end = doc.index(bench.TABLE_START) + len(bench.TABLE_START), doc.index(bench.TABLE_END)
     assert doc[start:end].strip() == bench.readme_block().strip(), (
-        "docs/REFERENCE-TABLE.md is out of date: run "
-        "`python -m helpers.bench --readme-table --update docs/REFERENCE-TABLE.md`"
+        "the README's reference tables are out of date: run "
+        "`python -m helpers.bench --readme-table --update README.md`"
     )
 
 
