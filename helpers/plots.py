@@ -198,6 +198,7 @@ def sweep(
         ax.set_xscale("log")
     if logy:
         ax.set_yscale("log")
+        _plain_log_ticks(ax.yaxis)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
@@ -206,6 +207,15 @@ def sweep(
     ax.legend(fontsize=8)
     label_source(ax, source)
     return ax
+
+
+def _plain_log_ticks(axis: Any) -> None:
+    """Label a log axis at 1-2-5 steps in plain numbers (a lone '10^1' can't be read off)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def history_bars(

@@ -25,6 +25,7 @@ Tests (and the chapters' first demo run) drive a panel from Python::
 from __future__ import annotations
 
 import html
+import textwrap
 import io
 import time
 import traceback
@@ -278,7 +279,9 @@ class Panel:
         outputs: list[dict[str, Any]] = []
         last = history[-1]
         if last.summary:
-            outputs.append({"output_type": "stream", "name": "stdout", "text": f"Run #{last.index}: {last.summary}\n"})
+            # Wrapped at word boundaries: JupyterLab breaks long output lines mid-word.
+            text = textwrap.fill(f"Run #{last.index}: {last.summary}", width=110, break_long_words=False)
+            outputs.append({"output_type": "stream", "name": "stdout", "text": text + "\n"})
         if self._plot is not None:
             from IPython.core.interactiveshell import InteractiveShell
             from matplotlib.figure import Figure
