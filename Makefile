@@ -9,6 +9,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PORT   ?= 8888
 NB_TIMEOUT ?= 300
+# JupyterLab refuses to start as root unless told; containers often run as root.
+ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
 .PHONY: setup lab test test-fast test-unit test-notebooks test-browser bench gpu-check clean help
 
@@ -34,7 +36,7 @@ setup: $(STAMP)
 
 lab: setup
 	@echo "Opening JupyterLab on notebooks/ (stop it with Ctrl-C). The URL is printed below."
-	$(BIN)/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(LAB_ARGS)
+	$(BIN)/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(ROOT_FLAG) $(LAB_ARGS)
 
 test: setup
 	$(MAKE) --no-print-directory test-unit
