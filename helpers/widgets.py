@@ -294,11 +294,6 @@ class Panel:
             outputs.append({"output_type": "display_data", "data": data, "metadata": metadata})
         return tuple(outputs)
 
-    def _render(self) -> None:
-        """Redraw the output from the current history (in one assignment)."""
-        if self.history:
-            self.out.outputs = self._build_outputs(self.history)
-
     def clear_history(self) -> None:
         """Forget previous runs (the next plot starts fresh)."""
         self.history.clear()
