@@ -346,6 +346,7 @@ def test_benchmark_keys_are_prefixed(tmp_path):
     keys = rs.keys()
     assert keys and all(k.startswith(("ch03.", "ch04.")) for k in keys)
     for k in ("ch03.items_per_s", "ch03.main_wait_ms", "ch03.copy_ms_per_batch", "ch04.items_per_s", "ch04.speedup",
+              "ch04.parallel_ceiling", "ch04.share_of_ceiling",
               "ch04.best_num_workers", "ch04.prefetch.items_per_s", "ch04.persistent.epoch_s",
               "ch04.persistent.restart_cost_s", "ch04.in_order.p95_wait_ms", "ch04.getitems.items_per_s",
               "ch04.cheap.items_per_s", "ch04.cheap.main_busy"):
@@ -354,3 +355,64 @@ def test_benchmark_keys_are_prefixed(tmp_path):
 
 def test_load_note_mentions_cores():
     assert "cores" in L.load_note() or "not available" in L.load_note()
+
+
+# -- interleaved speed-up and the measured ceiling ----------------------------------
+
+
+def test_parallel_ceiling_counts_items_and_closes_its_pool():
+    before = _children()
+    rate = L.parallel_ceiling(L.SpinDataset(L.CheapDataset(16, 4), extra_ms=1.0), processes=2, seconds=0.2)
+    assert rate > 0
+    assert not _wait_children_back_to(before)
+    assert not (_children() - before)                 # the pool's processes are gone too
+
+
+def test_parallel_ceiling_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="processes"):
+        L.parallel_ceiling(L.CheapDataset(8, 4), processes=0)
+    with pytest.raises(ValueError, match="seconds"):
+        L.parallel_ceiling(L.CheapDataset(8, 4), seconds=0.0)
+
+
+def test_interleaved_speedup_rounds_and_cleanup():
+    before = _children()
+    threads = torch.get_num_threads()
+    ds = L.SpinDataset(L.CheapDataset(64, 4), extra_ms=0.5)
+    sr = L.interleaved_speedup(ds, 2, rounds=3, batches=3, batch_size=8, warmup=1)
+    assert len(sr.single) == len(sr.workers) == len(sr.ceiling) == 3
+    assert all(x > 0 for x in sr.single + sr.workers + sr.ceiling)
+    assert sr.speedup == pytest.approx(sorted(sr.ratios)[1])
+    lo, hi = sr.spread
+    assert lo <= sr.speedup <= hi
+    assert sr.ceiling_speedup > 0 and sr.share_of_ceiling > 0
+    assert len(sr.table()) == 4 and "median of 3 rounds" in sr.summary()
+    assert set(sr.to_dict()) >= {"single", "workers", "ceiling", "speedup", "share_of_ceiling"}
+    assert torch.get_num_threads() == threads          # the one-thread setting is restored
+    assert not L.worker_processes()
+    assert not _wait_children_back_to(before)
+
+
+def test_interleaved_speedup_without_ceiling():
+    sr = L.interleaved_speedup(L.CheapDataset(32, 4), 1, rounds=1, batches=2, batch_size=4, warmup=0, ceiling=False)
+    assert sr.ceiling == [] and sr.ceiling_speedup != sr.ceiling_speedup  # nan
+    assert "ceiling" not in sr.summary()
+    assert len(sr.table()[0].split()) == 5
+
+
+def test_interleaved_speedup_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="num_workers"):
+        L.interleaved_speedup(L.CheapDataset(8, 4), 0)
+    with pytest.raises(ValueError, match="rounds"):
+        L.interleaved_speedup(L.CheapDataset(8, 4), 2, rounds=0)
+
+
+def test_plot_rounds_draws_three_series():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    sr = L.SpeedupRounds(num_workers=2, batch_size=8, single=[100.0, 110.0], workers=[180.0, 170.0],
+                         ceiling=[200.0, 190.0], cores=2, seconds=1.0)
+    ax = L.plot_rounds(sr)
+    assert len(ax.get_lines()) == 3 and "1.6" in ax.get_title()
+    assert sr.speedup == pytest.approx((1.8 + 170 / 110) / 2)
