@@ -21,7 +21,7 @@ Public API (stable; later chapters rely on it):
     the bytes-on-the-wire lesson. Picklable: works with any worker start method.
 ``to_float_normalized(batch_uint8) -> float tensor``
     Convert and normalise a uint8 batch where it lies (e.g. on the GPU).
-``make_loader(dataset, batch_size, ...) -> DataLoader``
+``make_loader(dataset, batch_size, ...) -> DataLoader`` (a thin call of ``loaders.build_loader``)
     A DataLoader with seeded shuffling, :func:`seed_worker` and :class:`TimedCollate`.
 ``TimedCollate`` / ``seed_worker``
     A collate function that remembers when it ran, and a worker_init_fn.
@@ -795,12 +795,15 @@ def make_loader(
     timed_collate: bool = True,
     **kwargs: Any,
 ) -> DataLoader:
-    """A DataLoader with reproducible shuffling and worker seeding.
+    """Chapter 01's loader: :func:`helpers.loaders.build_loader` with a timed collate.
 
     The baseline (chapter 01) is ``make_loader(ds, 32)``: ``num_workers=0``,
-    pageable memory. Extra keyword arguments (``persistent_workers``,
-    ``prefetch_factor``, ``multiprocessing_context``, ``in_order``, ...) go to
-    ``DataLoader`` unchanged.
+    pageable memory, reproducible shuffling, workers seeded by :func:`seed_worker`.
+    Extra keyword arguments are the other :class:`helpers.loaders.LoaderConfig`
+    knobs (``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``,
+    ``in_order``, ``timeout``), plus ``collate_fn``, ``worker_init_fn`` and
+    ``sampler``. All of them are validated: a bad value raises ``ValueError``
+    naming the knob, and an unknown name lists the knobs.
 
     Args:
         dataset: any map-style dataset.
@@ -812,24 +815,12 @@ def make_loader(
         drop_last: drop a final short batch.
         timed_collate: wrap the collate function in :class:`TimedCollate`.
     """
-    check_int("batch_size", batch_size, 1, 65536)
-    check_int("num_workers", num_workers, 0, 256)
-    check_int("seed", seed, 0, 2**63 - 1)
-    gen = torch.Generator()
-    gen.manual_seed(seed)
+    from .loaders import LoaderConfig, build_loader
+
     collate = kwargs.pop("collate_fn", None)
-    if timed_collate:
-        collate = TimedCollate(collate)
-    if num_workers > 0:
-        kwargs.setdefault("worker_init_fn", seed_worker)
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        drop_last=drop_last,
-        generator=gen,
-        collate_fn=collate,
-        **kwargs,
-    )
+    worker_init_fn = kwargs.pop("worker_init_fn", None)
+    sampler = kwargs.pop("sampler", None)
+    config = LoaderConfig(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory, shuffle=shuffle,
+                          seed=seed, drop_last=drop_last)
+    return build_loader(dataset, config, collate_fn=TimedCollate(collate) if timed_collate else collate,
+                        worker_init_fn=worker_init_fn, sampler=sampler, **kwargs)

@@ -273,9 +273,10 @@ def build_loader(
     *,
     collate_fn: Callable[[Any], Any] | None = None,
     worker_init_fn: Callable[[int], None] | None = None,
+    sampler: Any = None,
     **knobs: Any,
 ) -> DataLoader:
-    """A DataLoader from validated knobs.
+    """A DataLoader from validated knobs (every loader in the workbook is built here).
 
     Args:
         dataset: a map-style data set (defined in an importable module if workers use spawn/forkserver).
@@ -283,15 +284,19 @@ def build_loader(
             (``build_loader(ds, num_workers=2)``).
         collate_fn: default ``torch.utils.data.default_collate``.
         worker_init_fn: default :func:`helpers.data.seed_worker` when workers are used.
+        sampler: optional sampler deciding the order of indices (then ``shuffle`` must be False).
 
     Raises:
-        ValueError: a knob out of range, or a knob that needs workers used without them.
+        ValueError: a knob out of range, a knob that needs workers used without them, or a
+            sampler together with ``shuffle=True``.
     """
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         raise ValueError(f"dataset must be a map-style data set (with __getitem__ and __len__), got {type(dataset).__name__}")
     cfg = (config or LoaderConfig()).replace(**knobs).validated()
     if len(dataset) == 0:  # type: ignore[arg-type]
         raise ValueError("dataset is empty; a loader needs at least one item")
+    if sampler is not None and cfg.shuffle:
+        raise ValueError("a sampler decides the order itself: pass shuffle=False together with sampler")
     if collate_fn is not None and not callable(collate_fn):
         raise ValueError("collate_fn must be callable (a module-level function, not a lambda, for spawn workers)")
     kwargs: dict[str, Any] = {}
@@ -320,6 +325,7 @@ def build_loader(
             drop_last=cfg.drop_last,
             collate_fn=collate_fn if collate_fn is not None else default_collate,
             generator=gen,
+            sampler=sampler,
             **kwargs,
         )
     # e.g. "This DataLoader will create 3 worker processes in total. Our suggested max ..." -

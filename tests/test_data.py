@@ -270,3 +270,18 @@ def test_parallel_generation_gives_identical_files(tmp_path: Path) -> None:
     two = data.make_shapes_dataset(root=tmp_path / "b", workers=2, **kw)
     assert _digest(one.root) == _digest(two.root)
     assert data.verify_dataset(two.root, "full") == []
+
+
+def test_make_loader_is_build_loader_with_validated_knobs():
+    from helpers import loaders
+
+    ds = loaders.CheapDataset(16, 4)
+    loader = data.make_loader(ds, 4, shuffle=False)
+    assert isinstance(loader.collate_fn, data.TimedCollate) and hasattr(loader, "_workbook_warnings")
+    with pytest.raises(ValueError, match="prefetch_factor"):
+        data.make_loader(ds, 4, prefetch_factor=2)            # needs workers
+    with pytest.raises(ValueError, match="unknown loader knob"):
+        data.make_loader(ds, 4, workers=2)
+    with pytest.raises(ValueError, match="shuffle=False"):
+        data.make_loader(ds, 4, sampler=range(16))
+    assert [int(t) for _, y in data.make_loader(ds, 4, shuffle=False, sampler=list(range(15, -1, -1))) for t in y][:2] == [ds[15][1], ds[14][1]]
