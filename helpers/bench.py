@@ -841,7 +841,7 @@ def _cell_waterfall(rs: Any) -> str:
         return "—"
     parts = []
     for regime, rows in groups.items():
-        (s0, v0, unit), (s1, v1, _) = rows[0], rows[-1]
+        (_, v0, unit), (_, v1, _) = rows[0], rows[-1]
         if unit == "s":
             parts.append(f"{regime}: {v0 * 1e3:.3g} → {v1 * 1e3:.3g} ms/step")
         else:

@@ -50,7 +50,6 @@ threads do not fight the worker processes for the same cores
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import math
 import statistics

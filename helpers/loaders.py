@@ -2069,6 +2069,6 @@ def _benchmark_ch04(results: Any, ds_float: Dataset, ds_uint8: Dataset, bs: int,
                             batches=batches, warmup=warm)
     for row in ce:
         r = row["result"]
-        p = {k: row[k] for k in ("items", "output", "collate", "num_workers")}
-        results.add("ch04.cheap.items_per_s", r.items_per_s, "items/s", **p)
-        results.add("ch04.cheap.main_busy", r.main_busy, "fraction", **p)
+        knobs = {k: row[k] for k in ("items", "output", "collate", "num_workers")}
+        results.add("ch04.cheap.items_per_s", r.items_per_s, "items/s", **knobs)
+        results.add("ch04.cheap.main_busy", r.main_busy, "fraction", **knobs)
