@@ -858,6 +858,10 @@ def benchmark(results: Any, device: torch.device | str | None = None) -> Any:
     - ``ch05.prefetch.batch_time``: s per batch; ``dtype`` (float32/uint8), ``prefetcher`` (bool),
       ``batch``, ``image``.
 
+    - ``ch05.decode.*`` (the optional section on decoding JPEGs on the GPU): bytes per batch
+      as JPEG, uint8 and float32, and ms per batch for CPU decode + uint8 copy against nvJPEG
+      decode of the JPEG bytes; recorded by :func:`helpers.gpudecode.benchmark`, called last.
+
     Artifacts: ``ch05.timeline.<memory>.<stream>`` (:meth:`SpanTrace.to_dict`, labels in
     its metadata) for each of the four cells, drawn by the notebook without a GPU.
 
@@ -890,4 +894,7 @@ def benchmark(results: Any, device: torch.device | str | None = None) -> Any:
     for (dtype_name, with_pf), sec in prefetch_step_times(dev).items():
         results.add("ch05.prefetch.batch_time", sec, "s", dtype=dtype_name, prefetcher=with_pf, batch=256,
                     image=128)
+    from .gpudecode import benchmark as decode_benchmark
+
+    decode_benchmark(results, dev)
     return results

@@ -1,0 +1,340 @@
+"""Tests for helpers.gpudecode: JPEG bytes to decoded batches (CPU here; GPU tests skip without CUDA)."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import gpudecode as G
+from helpers.data import ImageDecodeError, ShapesDataset, make_shapes_dataset
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def info(tmp_path_factory):
+    """A tiny generated data set: 48 + 24 JPEGs of 40x40 pixels."""
+    return make_shapes_dataset(n_train=48, n_val=24, image_size=40, root=tmp_path_factory.mktemp("shapes"))
+
+
+def _jpeg(h: int, w: int, seed: int = 0, quality: int = 90) -> torch.Tensor:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    arr = rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(arr, "RGB").save(buf, format="JPEG", quality=quality)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+
+def _pillow(t: torch.Tensor) -> torch.Tensor:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(t.numpy().tobytes())) as im:
+        return torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1).contiguous()
+
+
+# -- dataset and collate ---------------------------------------------------------------
+
+
+def test_dataset_returns_the_file_bytes_and_labels(info):
+    ds = G.EncodedJpegDataset(info.val_dir)
+    ref = ShapesDataset(info.val_dir, augment=False)
+    assert len(ds) == info.n_val == len(ref)
+    assert ds.samples == ref.samples and ds.classes == ref.classes
+    data, label = ds[3]
+    assert data.dtype == torch.uint8 and data.dim() == 1
+    assert data.numpy().tobytes() == Path(ds.path(3)).read_bytes()
+    assert label == ref.samples[3][1]
+    assert "EncodedJpegDataset(24 files" in repr(ds)
+    with pytest.raises(IndexError):
+        ds[len(ds)]
+
+
+def test_dataset_pickles(info):
+    ds = G.EncodedJpegDataset(info.val_dir)
+    ds2 = pickle.loads(pickle.dumps(ds))
+    assert ds2.samples == ds.samples
+    assert torch.equal(ds2[5][0], ds[5][0])
+
+
+def test_collate():
+    a, b = _jpeg(8, 8), _jpeg(16, 8, seed=1)
+    enc, labels = G.collate_encoded([(a, 2), (b, 5)])
+    assert isinstance(enc, list) and enc[0] is a and enc[1] is b
+    assert labels.dtype == torch.int64 and labels.tolist() == [2, 5]
+    with pytest.raises(ValueError, match="items"):
+        G.collate_encoded([])
+    with pytest.raises(ValueError, match="item 0"):
+        G.collate_encoded([a])
+
+
+@pytest.mark.timeout(180)
+def test_loader_with_a_spawned_worker(info):
+    ds = G.EncodedJpegDataset(info.val_dir)
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=1, multiprocessing_context="spawn",
+                                         collate_fn=G.collate_encoded)
+    batches = list(loader)
+    assert len(batches) == 3
+    enc, labels = batches[0]
+    assert len(enc) == 8 and labels.tolist() == [ds[i][1] for i in range(8)]
+    assert all(torch.equal(enc[i], ds[i][0]) for i in range(8))
+
+
+# -- decode_batch ------------------------------------------------------------------------
+
+
+def test_decode_batch_matches_the_pillow_pipeline(info):
+    ds = G.EncodedJpegDataset(info.val_dir)
+    enc = [ds[i][0] for i in range(6)]
+    x = G.decode_batch(enc, "cpu", 32)
+    assert x.shape == (6, 3, 32, 32) and x.dtype == torch.uint8 and x.device.type == "cpu"
+    assert x.is_contiguous()
+    ref = torch.stack([ShapesDataset(info.val_dir, crop_size=32, augment=False, output="uint8")[i][0]
+                       for i in range(6)])
+    diff = (x.int() - ref.int()).abs()
+    assert diff.max() <= 3 and diff.float().mean() < 0.5  # libjpeg-turbo both ways; 0 when the builds agree
+
+
+def test_decode_batch_mixed_sizes_equals_pillow_plus_resize_crop():
+    from torchvision.transforms import v2
+
+    enc = [_jpeg(48, 64, seed=0), _jpeg(40, 40, seed=1), _jpeg(48, 64, seed=2), _jpeg(70, 30, seed=3)]
+    x = G.decode_batch(enc, "cpu", 24)
+    tf = v2.Compose([v2.Resize(24, antialias=True), v2.CenterCrop(24)])
+    for i, t in enumerate(enc):
+        diff = (x[i].int() - tf(_pillow(t)).int()).abs()
+        assert diff.max() <= 3, i
+
+
+def test_decode_batch_bad_arguments():
+    enc = [_jpeg(16, 16)]
+    with pytest.raises(ValueError, match="crop_size"):
+        G.decode_batch(enc, "cpu", 4)
+    with pytest.raises(ValueError, match="encoded"):
+        G.decode_batch([], "cpu", 16)
+    with pytest.raises(ValueError, match="encoded"):
+        G.decode_batch(enc[0], "cpu", 16)  # a tensor, not a list of them
+    with pytest.raises(ValueError, match="1-D uint8"):
+        G.decode_batch([torch.zeros(4, 4, dtype=torch.uint8)], "cpu", 16)
+    with pytest.raises(ValueError, match="device"):
+        G.decode_batch(enc, "meta", 16)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            G.decode_batch(enc, "cuda", 16)
+
+
+def test_corrupt_items_are_named(tmp_path):
+    info = make_shapes_dataset(n_train=8, n_val=8, image_size=32, root=tmp_path)
+    ds = G.EncodedJpegDataset(info.val_dir)
+    victim = Path(ds.path(2))
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # truncated
+    with pytest.raises(ImageDecodeError, match=str(victim.name)):
+        ds[2]  # the worker-side check names the file
+    unchecked = G.EncodedJpegDataset(info.val_dir, check=False)
+    enc = [unchecked[i][0] for i in range(4)]
+    names = [unchecked.path(i) for i in range(4)]
+    with pytest.raises(ImageDecodeError, match=r"item 2 of the batch .*" + victim.name + ".*truncated"):
+        G.decode_batch(enc, "cpu", 16, names=names)
+    with pytest.raises(ImageDecodeError, match="item 2 of the batch"):
+        G.decode_batch(enc, "cpu", 16)
+    # Not a JPEG at all
+    with pytest.raises(ImageDecodeError, match="FF D8"):
+        G.decode_batch([torch.tensor(list(b"\x89PNG\r\n\x1a\n0000"), dtype=torch.uint8)], "cpu", 16)
+    # Markers intact but the header damaged: the decoder itself fails, and the item is named
+    bad = enc[0].clone()
+    bad[2:40] = 7
+    with pytest.raises(ImageDecodeError, match="item 1 of the batch"):
+        G.decode_batch([enc[1], bad], "cpu", 16)
+    # An empty file
+    victim.write_bytes(b"")
+    with pytest.raises(ImageDecodeError, match="empty"):
+        ds[2]
+
+
+def test_check_jpeg_tolerates_bytes_after_the_end_marker():
+    t = _jpeg(16, 16)
+    G.check_jpeg(torch.cat([t, torch.zeros(100, dtype=torch.uint8)]))
+    with pytest.raises(ImageDecodeError, match="FF D9"):
+        G.check_jpeg(t[:-2])
+
+
+def test_deprecation_warning_is_silenced_only_inside():
+    enc = [_jpeg(16, 16)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        G.decode_batch(enc, "cpu", 8)
+    assert not [w for w in caught if G.TORCHVISION_DEPRECATION in str(w.message)]
+    from torchvision.io import decode_jpeg
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        decode_jpeg(enc[0])  # outside our calls the warning is untouched
+    import torchvision
+
+    if tuple(int(v) for v in torchvision.__version__.split("+")[0].split(".")[:2]) >= (0, 29):
+        assert any(G.TORCHVISION_DEPRECATION in str(w.message) for w in caught)
+
+
+def test_cuda_branch_with_a_stand_in_decoder(monkeypatch):
+    """The CUDA branch's logic (one batched call, culprit search), with torchvision's decoder standing in for nvJPEG."""
+    import torchvision.io as tio
+
+    real = tio.decode_jpeg
+    calls: list[tuple[int, torch.device]] = []
+    fail_always = {"on": False}
+
+    def stand_in(inp, mode=tio.ImageReadMode.UNCHANGED, device="cpu", apply_exif_orientation=False):
+        if torch.device(device).type != "cuda":
+            return real(inp, mode=mode)
+        assert isinstance(inp, list) and all(t.device.type == "cpu" for t in inp)  # the documented contract
+        calls.append((len(inp), torch.device(device)))
+        if fail_always["on"]:
+            raise RuntimeError("decode_jpegs_cuda.cpp:42, simulated nvJPEG failure")
+        return [real(t, mode=mode) for t in inp]  # like nvJPEG: one bad item fails the whole call
+
+    monkeypatch.setattr(tio, "decode_jpeg", stand_in)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    enc = [_jpeg(16, 16, seed=i) for i in range(3)]
+    x = G.decode_batch(enc, "cuda", 8, pin=False)
+    assert calls == [(3, torch.device("cuda"))]  # one batched call for the whole batch
+    monkeypatch.undo()
+    assert torch.equal(x, G.decode_batch(enc, "cpu", 8))
+
+    monkeypatch.setattr(tio, "decode_jpeg", stand_in)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    bad = enc[1].clone()
+    bad[2:40] = 7
+    with pytest.raises(ImageDecodeError, match=r"item 1 of the batch \(b\.jpg\).*batched GPU decode failed on it"):
+        G.decode_batch([enc[0], bad, enc[2]], "cuda", 8, pin=False, names=["a.jpg", "b.jpg", "c.jpg"])
+    fail_always["on"] = True
+    with pytest.raises(ImageDecodeError, match="every item decodes on the CPU: simulated nvJPEG failure"):
+        G.decode_batch(enc, "cuda", 8, pin=False)
+
+
+# -- bytes and the comparison --------------------------------------------------------
+
+
+def test_batch_bytes_are_exact(info):
+    ds = G.EncodedJpegDataset(info.val_dir)
+    enc = [ds[i][0] for i in range(5)]
+    x = G.decode_batch(enc, "cpu", 24)
+    b = G.batch_bytes(enc, x)
+    assert b["jpeg"] == sum(Path(ds.path(i)).stat().st_size for i in range(5))
+    assert b["uint8"] == 5 * 3 * 24 * 24
+    assert b["float32"] == 4 * b["uint8"]
+    with pytest.raises(ValueError, match="decoded"):
+        G.batch_bytes(enc, x.float())
+
+
+def test_compare_decode_on_cpu(info):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ds = G.EncodedJpegDataset(info.val_dir)
+    cmp = G.compare_decode(ds, "cpu", batch_size=8, crop_size=32, n_batches=2, repeats=1)
+    assert cmp.n_batches == 2 and cmp.image_size == 40 and not cmp.on_gpu and not cmp.pinned
+    assert set(cmp.bytes) == set(G.FORMS) and all(len(v) == 2 for v in cmp.bytes_per_batch.values())
+    assert cmp.bytes["uint8"] == 8 * 3 * 32 * 32 and cmp.bytes["float32"] == 4 * cmp.bytes["uint8"]
+    assert cmp.max_abs_diff == 0  # both paths are the same CPU decode here
+    assert cmp.cpu_path.n == 2 and cmp.device_path.n == 2
+    assert "same code path" in cmp.labels[1] and "same code path" in cmp.report()
+    fig = G.plot_comparison(cmp)
+    assert len(fig.axes) == 2
+    plt.close(fig)
+    with pytest.raises(ValueError, match="batch_size"):
+        G.compare_decode(ds, "cpu", batch_size=100, crop_size=32)
+    with pytest.raises(ValueError, match="dataset"):
+        G.compare_decode(ShapesDataset(info.val_dir), "cpu")
+
+
+def test_gpu_reference_none_then_found(tmp_path, monkeypatch):
+    from helpers.reference import REFERENCE_ENV
+    from helpers.results import ResultSet
+
+    monkeypatch.setenv(REFERENCE_ENV, str(tmp_path))
+    assert G.gpu_reference() is None
+    assert "No reference results" in G.gpu_reference_report()
+    rs = ResultSet.new("ref", "test")
+    p = {"batch_size": 64, "crop_size": 224, "image_size": 256}
+    rs.add("ch05.decode.ms_per_batch", 9.0, "ms", spread={"iqr": 0.5, "n": 8}, where="cpu", device="cuda",
+           pinned=False, **p)
+    rs.add("ch05.decode.ms_per_batch", 2.0, "ms", spread={"iqr": 0.1, "n": 8}, where="cuda", device="cuda",
+           pinned=True, **p)
+    rs.save(tmp_path / "ref.json")
+    line, rows = G.gpu_reference()
+    assert line.startswith("Recorded on")
+    assert [r[1] for r in rows] == [9.0, 2.0] and "nvJPEG, pinned" in rows[1][0] and "batch 64" in rows[0][0]
+    text = G.gpu_reference_report()
+    assert text.startswith("Recorded on") and "2.00 ms per batch (IQR 0.10)" in text
+
+
+def test_benchmark_keys_are_prefixed(tmp_path):
+    from helpers.results import ResultSet
+
+    info = make_shapes_dataset(n_train=16, n_val=16, image_size=32, root=tmp_path)
+    rs = ResultSet.new("t", "test")
+    G.benchmark(rs, "cpu", info=info, batch_size=4, crop_size=24, n_batches=2, repeats=1)
+    keys = rs.keys()
+    assert keys == ["ch05.decode.bytes_per_batch", "ch05.decode.ms_per_batch"]
+    forms = {r.params["form"] for r in rs.find("ch05.decode.bytes_per_batch")}
+    assert forms == set(G.FORMS)
+    (ms,) = rs.find("ch05.decode.ms_per_batch")
+    assert ms.params["where"] == "cpu" and ms.unit == "ms" and ms.value > 0
+
+
+def test_overlap_benchmark_still_records_nothing_on_cpu():
+    from helpers import overlap
+    from helpers.results import ResultSet
+
+    assert overlap.benchmark(ResultSet.new("t", "test"), "cpu").records == []
+
+
+# -- GPU ---------------------------------------------------------------------------------
+
+
+@cuda
+def test_gpu_decode_matches_cpu_decode(info):
+    ds = G.EncodedJpegDataset(info.val_dir)
+    enc = [ds[i][0] for i in range(8)]
+    cpu = G.decode_batch(enc, "cpu", 32)
+    for pin in (True, False):
+        x = G.decode_batch(enc, "cuda", 32, pin=pin)
+        assert x.device.type == "cuda" and x.shape == cpu.shape and x.dtype == torch.uint8
+        diff = (x.cpu().int() - cpu.int()).abs().float()
+        assert diff.mean() < 6, diff.mean()  # nvJPEG's IDCT and chroma upsampling differ from libjpeg-turbo
+    pinned = [t.pin_memory() for t in enc]
+    assert torch.equal(G.decode_batch(pinned, "cuda", 32), G.decode_batch(enc, "cuda", 32))
+
+
+@cuda
+def test_gpu_decode_names_a_corrupt_item(info):
+    ds = G.EncodedJpegDataset(info.val_dir)
+    enc = [ds[i][0] for i in range(4)]
+    enc[3] = enc[3][: enc[3].numel() // 2]
+    with pytest.raises(ImageDecodeError, match="item 3 of the batch"):
+        G.decode_batch(enc, "cuda", 16)
+    bad = ds[0][0].clone()
+    bad[2:40] = 7
+    with pytest.raises(ImageDecodeError, match="item 1 of the batch"):
+        G.decode_batch([ds[1][0], bad], "cuda", 16)
+
+
+@cuda
+def test_gpu_benchmark_records_both_paths(info):
+    from helpers.results import ResultSet
+
+    rs = ResultSet.new("t", "test")
+    G.benchmark(rs, "cuda", info=info, batch_size=8, crop_size=32, n_batches=2, repeats=1)
+    wheres = {(r.params["where"], r.params["pinned"]) for r in rs.find("ch05.decode.ms_per_batch")}
+    assert wheres == {("cpu", False), ("cuda", True), ("cuda", False)}
+    for k in ("ch05.decode.speedup", "ch05.decode.mean_abs_diff", "ch05.decode.max_abs_diff"):
+        assert rs.find(k), k
