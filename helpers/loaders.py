@@ -1370,48 +1370,62 @@ def one_intraop_thread() -> Iterator[None]:
         torch.set_num_threads(prev)
 
 
-def _ceiling_task(args: tuple[Any, int, float, float]) -> tuple[int, float]:
-    """One process of :func:`parallel_ceiling`: ``dataset[i]`` in a loop for ``seconds``; returns (items, seconds)."""
-    dataset, offset, start_at, seconds = args
+def _ceiling_task(args: tuple[Any, int, int, Any, float, float]) -> tuple[int, float]:
+    """One process of :func:`parallel_ceiling`: load and collate batches in a loop for ``seconds``; (items, seconds)."""
+    dataset, offset, batch_size, collate_fn, start_at, seconds = args
     torch.set_num_threads(1)
+    collate = collate_fn if collate_fn is not None else default_collate
     while time.time() < start_at:  # all processes start together
         time.sleep(0.0005)
     n = len(dataset)
     k = 0
     t0 = time.perf_counter()
     while True:
-        dataset[(offset + k) % n]
-        k += 1
+        collate([dataset[(offset + k + j) % n] for j in range(batch_size)])
+        k += batch_size
         dt = time.perf_counter() - t0
         if dt >= seconds:
             return k, dt
 
 
-def parallel_ceiling(dataset: Dataset, processes: int = 2, seconds: float = 1.0, *, pool: Any = None) -> float:
-    """Items/s that ``processes`` independent processes reach together, each calling ``dataset[i]`` in a loop.
+def parallel_ceiling(
+    dataset: Dataset,
+    processes: int = 2,
+    seconds: float = 1.0,
+    *,
+    batch_size: int = 32,
+    collate_fn: Callable[[Any], Any] | None = None,
+    pool: Any = None,
+) -> float:
+    """Items/s that ``processes`` independent processes reach together, each loading and collating batches.
 
-    No loader, no collate, no queues, no shared memory: just the per-item work,
-    run side by side. That is the most ``num_workers=processes`` can deliver on
-    this machine right now - the *measured* core-count ceiling. On a laptop with
-    turbo boost, on a VM whose virtual cores share physical ones, or next to other
-    programs it is well below ``processes`` x the single-process rate.
+    Each process does exactly what ``num_workers=0`` does in the main process -
+    ``collate_fn([dataset[i] for i in batch])`` - but with no loader around it: no
+    queues, no shared memory, no main process to feed. That is the most
+    ``num_workers=processes`` can deliver on this machine right now - the
+    *measured* core-count ceiling. On a laptop with turbo boost, on a VM whose
+    virtual cores share physical ones, or next to other programs it is below
+    ``processes`` x the single-process rate.
 
     Args:
         dataset: a map-style data set (picklable; from an importable module under spawn).
         processes: how many processes (1-64).
-        seconds: how long each one runs (0.05-600).
+        seconds: how long each one runs (0.05-600); at least one batch is always completed.
+        batch_size: items per batch (1-65536).
+        collate_fn: default ``torch.utils.data.default_collate``.
         pool: an open ``multiprocessing`` pool with ``processes`` processes to reuse; default: one is
             started for this call and terminated afterwards (also on ``KeyboardInterrupt``).
     """
     processes = check_int("processes", processes, 1, MAX_WORKERS)
     seconds = check_float("seconds", seconds, 0.05, 600.0)
+    batch_size = check_int("batch_size", batch_size, 1, 65536)
     own = pool is None
     if own:
         pool = mp.get_context().Pool(processes)
     try:
         n = max(1, len(dataset))  # type: ignore[arg-type]
         start_at = time.time() + 0.05
-        tasks = [(dataset, (i * n) // processes, start_at, seconds) for i in range(processes)]
+        tasks = [(dataset, (i * n) // processes, batch_size, collate_fn, start_at, seconds) for i in range(processes)]
         done = pool.map(_ceiling_task, tasks, chunksize=1)
     finally:
         if own:
@@ -1517,7 +1531,7 @@ class SpeedupRounds:
         text = (f"{self.num_workers} persistent workers: {self.speedup:.2f}x the single-process throughput (median of "
                 f"{len(self.ratios)} rounds, range {lo:.2f}-{hi:.2f}x).")
         if self.ceiling:
-            text += (f" {self.num_workers} independent processes doing the same per-item work reach "
+            text += (f" {self.num_workers} independent processes loading and collating the same batches reach "
                      f"{self.ceiling_speedup:.2f}x: the measured ceiling. The loader gets {self.share_of_ceiling:.0%} of it.")
         return text
 
@@ -1545,7 +1559,8 @@ def interleaved_speedup(
     loader) is at the mercy of the machine's speed at the time: on a shared or
     turbo-boosting CPU the single-core rate moves by a third within seconds.
     Here each round measures, back to back: ``batches`` batches in one process,
-    (optionally) :func:`parallel_ceiling` for as long, then ``batches`` batches
+    (optionally) :func:`parallel_ceiling` (the same batches, collated the same way,
+    in ``num_workers`` independent processes) for as long, then ``batches`` batches
     from the worker loader. The speed-up of each round compares measurements
     taken seconds apart; the result is their median.
 
@@ -1586,7 +1601,8 @@ def interleaved_speedup(
                 items, secs = one.take(batches)
                 single.append(items / secs)
                 if pool is not None:
-                    ceil.append(parallel_ceiling(dataset, num_workers, max(0.05, secs), pool=pool))
+                    ceil.append(parallel_ceiling(dataset, num_workers, max(0.05, secs), batch_size=batch_size,
+                                                 collate_fn=collate_fn, pool=pool))
                 many.take(buffered)  # prepared while idle: not part of the steady state
                 items, secs = many.take(batches)
                 workers.append(items / secs)
