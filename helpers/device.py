@@ -28,6 +28,7 @@ from .validate import check_int, human_bytes
 
 __all__ = [
     "pick_device",
+    "resolve_device",
     "has_cuda",
     "no_cuda_message",
     "pcie_bandwidth_gbps",
@@ -97,6 +98,22 @@ def pick_device(prefer: str | None = None) -> torch.device:
     except Exception:
         pass
     return torch.device("cpu")
+
+
+def resolve_device(device: torch.device | str | None, kinds: tuple[str, ...] = ("cpu", "cuda")) -> torch.device:
+    """A helper's ``device`` argument as a ``torch.device``: ``None`` = CUDA when present, else the CPU.
+
+    Raises:
+        ValueError: ``'cuda'`` asked for on a machine without CUDA, or a device type outside ``kinds``.
+    """
+    if device is None:
+        return torch.device("cuda" if has_cuda() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not has_cuda():
+        raise ValueError("device is 'cuda' but no CUDA device is present; use device='cpu' or None")
+    if dev.type not in kinds:
+        raise ValueError(f"device must be one of {list(kinds)}, got {dev.type!r}")
+    return dev
 
 
 def no_cuda_message(what: str) -> str:

@@ -278,14 +278,9 @@ def collate_encoded(items: Sequence[tuple[torch.Tensor, int]]) -> tuple[list[tor
 
 
 def _device(device: torch.device | str | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device is 'cuda' but no CUDA device is present; use device='cpu' or None")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {dev.type!r}")
-    return dev
+    from .device import resolve_device
+
+    return resolve_device(device)
 
 
 def _staged(encoded: list[torch.Tensor]) -> list[torch.Tensor]:

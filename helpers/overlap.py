@@ -53,7 +53,7 @@ import torch
 
 from .config import sized
 from .timing import Span, SpanRecorder, SpanTrace, synchronize
-from .validate import check_choice, check_int, human_bytes, human_seconds
+from .validate import check_choice, check_int, human_seconds
 
 __all__ = [
     "MEMORY_KINDS",
@@ -228,12 +228,9 @@ def _defaults(on_gpu: bool, copy_mib: int | None, matmul_n: int | None, steps: i
 
 
 def _device(device: torch.device | str | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device is 'cuda' but no CUDA device is present; use device='cpu' or None")
-    return dev
+    from .device import resolve_device
+
+    return resolve_device(device)
 
 
 def run_cell(
@@ -776,10 +773,10 @@ def prefetch_step_times(device: torch.device | str = "cuda", *, batch: int = 256
     u8 = [torch.randint(0, 256, (batch, 3, image, image), dtype=torch.uint8, generator=g).pin_memory()
           for _ in range(n_batches)]
     f32 = [normalize_uint8(b, mean, std).pin_memory() for b in u8]
-    one = f32[0].to(dev)
+    f32[0].to(dev)  # warm-up
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
-    one = f32[0].to(dev, non_blocking=True)
+    f32[0].to(dev, non_blocking=True)
     e.record()
     torch.cuda.synchronize(dev)
     compute = _calibrated_compute(dev, 1.2 * s.elapsed_time(e) / 1e3)

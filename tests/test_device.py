@@ -93,3 +93,15 @@ def test_require_gpu_refuses_cpu_fallback(monkeypatch: pytest.MonkeyPatch) -> No
         device.pick_device()
     monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "0")
     assert device.pick_device().type == "cpu"
+
+
+def test_resolve_device():
+    from helpers.device import has_cuda, resolve_device
+
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device(None).type == ("cuda" if has_cuda() else "cpu")
+    with pytest.raises(ValueError, match="device must be one of"):
+        resolve_device("meta")
+    if not has_cuda():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            resolve_device("cuda")
