@@ -21,7 +21,7 @@ help:
 	@echo "make test-notebooks  every notebook under nbval, quick mode"
 	@echo "make test-browser    every chapter in JupyterLab + headless Chromium (installs Debian's chromium)"
 	@echo "make bench       every chapter's measurements headless -> artifacts/bench-*.json + .png (BENCH_ARGS=--quick)"
-	@echo "make gpu-check   on a CUDA machine: every notebook in full mode under nbval + the bench + a reference file"
+	@echo "make gpu-check   on a CUDA machine: the unit tests (CUDA-only ones included), every notebook in full mode under nbval, the bench + a reference file"
 	@echo "make clean       remove .venv, caches and artifacts"
 
 # Re-installs only when the dependency files change, so a second run is quick.

@@ -2,7 +2,8 @@
 
 Run it on a machine with a CUDA GPU, from the workbook folder::
 
-    python -m helpers.gpucheck                    # every notebook (full mode, nbval), then the bench
+    python -m helpers.gpucheck                    # the unit tests, every notebook (full mode, nbval), the bench
+    python -m helpers.gpucheck --steps unit       # only the unit tests (their CUDA-only tests run here)
     python -m helpers.gpucheck --steps bench      # only the benchmark (records a reference file)
     python -m helpers.gpucheck --steps notebooks --notebooks 02,05
     python -m helpers.gpucheck --dry-run          # print what it would run
@@ -14,15 +15,18 @@ What it does, in order:
 2. Checks that the packages it needs import (nbval, nbformat, nbclient,
    jupyter_client, ipykernel, ipywidgets, pytest, pytest-timeout, tqdm,
    matplotlib); on a bare machine they travel as wheels (``tools/carry_wheels.sh``).
-3. Runs every notebook in FULL mode (``WORKBOOK_QUICK=0``) under nbval
+3. Runs the unit tests (``tests/``, quick sizes; not the browser suite, nor the
+   environment-file check): on a GPU, the tests marked "needs CUDA", which CI
+   always skips, run for real. ``-rs`` lists whatever still skipped, and why.
+4. Runs every notebook in FULL mode (``WORKBOOK_QUICK=0``) under nbval
    (``pytest --nbval-lax --nbval-current-env``, a per-cell timeout and a
    per-notebook timeout), one pytest process per notebook, with
    ``WORKBOOK_REQUIRE_GPU=1`` so that a chapter raises in a GPU path instead
    of falling back to the CPU or to reference results.
-4. Runs ``python -m helpers.bench --full --strict --reference``: every
+5. Runs ``python -m helpers.bench --full --strict --reference``: every
    chapter's measurements, a results file, a PNG summary, and a reference
    file under ``helpers/reference/`` to commit.
-5. Prints a summary (one line per step), writes it to ``summary.txt`` and
+6. Prints a summary (one line per step), writes it to ``summary.txt`` and
    ``summary.json`` beside the logs, and exits 0 only if every step passed.
 
 A time budget (``--budget-s``) stops it from starting a step it cannot
@@ -103,6 +107,7 @@ class Step:
     seconds: float = 0.0
     detail: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # overrides of the check's environment for this step
 
 
 def _check_imports() -> list[str]:
@@ -142,6 +147,12 @@ def plan(
     """The commands the check runs, in order."""
     py = sys.executable
     out: list[Step] = []
+    if "unit" in steps:
+        argv = [py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-o", "addopts=", "--timeout=900",
+                "--ignore=tests/browser", "--ignore=tests/test_environment_sync.py", "--durations=10", "tests"]
+        # quick sizes; no WORKBOOK_REQUIRE_GPU: some tests check the CPU fallbacks on purpose
+        out.append(Step(name="unit tests", argv=argv, timeout_s=notebook_timeout,
+                        env={"WORKBOOK_QUICK": "1", "WORKBOOK_REQUIRE_GPU": "0"}))
     if "notebooks" in steps:
         sanitize = root / "tests" / "nbval_sanitize.cfg"
         for nb in nbs:
@@ -177,7 +188,7 @@ def _run_step(step: Step, root: Path, env: dict[str, str], log_path: Path, deadl
     with open(log_path, "w", encoding="utf-8") as log:
         log.write(f"$ {shlex.join(step.argv)}\n\n")
         log.flush()
-        proc = subprocess.Popen(step.argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(step.argv, cwd=root, env={**env, **step.env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, errors="replace", start_new_session=True, bufsize=1)
         reader = threading.Thread(target=_tee, args=(proc, log), daemon=True)
         reader.start()
@@ -238,7 +249,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Run every notebook in full mode under nbval and the headless benchmark on a CUDA GPU; "
         "fail loudly on any error in a GPU path.",
     )
-    ap.add_argument("--steps", default="notebooks,bench", help="which steps, in order: notebooks,bench (default both)")
+    ap.add_argument("--steps", default="unit,notebooks,bench",
+                    help="which steps, in order: unit,notebooks,bench (default all three)")
     ap.add_argument("--notebooks", metavar="LIST", help="only notebooks starting with these prefixes, e.g. 00,02")
     ap.add_argument("--logs", metavar="DIR", help="folder for logs, results and the summary "
                     "(default: artifacts/gpucheck-<time>)")
@@ -276,9 +288,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     root = repo_root()
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
-    bad = [s for s in steps if s not in ("notebooks", "bench")]
+    bad = [s for s in steps if s not in ("unit", "notebooks", "bench")]
     if bad or not steps:
-        print(f"error: --steps: unknown step(s) {', '.join(bad) or '(none)'}; allowed: notebooks, bench", file=sys.stderr)
+        print(f"error: --steps: unknown step(s) {', '.join(bad) or '(none)'}; allowed: unit, notebooks, bench",
+              file=sys.stderr)
         return 2
     for name in ("cell_timeout", "notebook_timeout", "bench_timeout"):
         if not 1 <= getattr(args, name) <= 86_400:

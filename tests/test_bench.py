@@ -350,8 +350,9 @@ def test_gpucheck_dry_run_lists_notebooks_then_bench(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     lines = [ln for ln in proc.stdout.splitlines() if "would run" in ln]
     n_nb = len(gpucheck.notebooks(ROOT))
-    assert len(lines) == n_nb + 1
-    assert all("--nbval-lax" in ln and "--nbval-current-env" in ln for ln in lines[:n_nb])
+    assert len(lines) == 1 + n_nb + 1
+    assert "pytest" in lines[0] and "--ignore=tests/browser" in lines[0] and "-rs" in lines[0]
+    assert all("--nbval-lax" in ln and "--nbval-current-env" in ln for ln in lines[1:n_nb + 1])
     assert "helpers.bench --full" in lines[-1]
     assert "WORKBOOK_REQUIRE_GPU" in proc.stdout
 

@@ -8,10 +8,11 @@
 #   tools/carry_wheels.sh --check    only check .whl/: every requirement met by a carried wheel or the image
 #
 # Then, on the device machine (the device tool's `run`, with carry [".whl"]; one command may run 10 minutes,
-# so the check is split in two calls, the reference-recording bench first):
+# so the check is split in three calls, the reference-recording bench first):
 #
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; export WORKBOOK_GIT_COMMIT=<sha>; python3 -m helpers.gpucheck --steps bench --logs $OUT --bundle --budget-s 540 --bench-timeout 500
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; python3 -m helpers.gpucheck --steps notebooks --logs $OUT --bundle --budget-s 540 --notebook-timeout 500
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; python3 -m helpers.gpucheck --steps unit --logs $OUT --bundle --budget-s 540 --notebook-timeout 500
 #
 # See docs/GPU-CHECK.md for the whole procedure (and for splitting it across calls of at most 10 minutes).
 set -euo pipefail
