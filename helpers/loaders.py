@@ -103,6 +103,7 @@ __all__ = [
     "rng_duplicates",
     "PinRow",
     "pin_memory_experiment",
+    "PinLog",
     "batch_copy_seconds",
     "WorkerSweep",
     "sweep_workers",
@@ -806,6 +807,29 @@ class PinRow:
         return self.result.items_per_s
 
 
+class PinLog:
+    """``on_batch`` callback that collects the pin times :class:`PinnableBatch` batches carry."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self.threads: list[str] = []
+
+    def __call__(self, batch: Any) -> None:
+        if isinstance(batch, PinnableBatch) and batch.pin_seconds is not None:
+            self.seconds.append(batch.pin_seconds)
+            self.threads.append(batch.pin_thread or "?")
+
+    @property
+    def ms_per_batch(self) -> float | None:
+        """Median pin time per batch in ms (``None``: nothing was pinned)."""
+        return 1e3 * statistics.median(self.seconds) if self.seconds else None
+
+    @property
+    def thread(self) -> str | None:
+        """The thread that pinned most batches (``None``: nothing was pinned)."""
+        return max(set(self.threads), key=self.threads.count) if self.threads else None
+
+
 def pin_memory_experiment(
     dataset: Dataset,
     *,
@@ -826,27 +850,11 @@ def pin_memory_experiment(
     rows: list[PinRow] = []
     runs = [(w, p) for w in workers for p in (False, True)]
     for k, (w, pin) in enumerate(runs):
-        pins: list[float] = []
-        threads: list[str] = []
-
-        def note(batch: Any) -> None:
-            if isinstance(batch, PinnableBatch) and batch.pin_seconds is not None:
-                pins.append(batch.pin_seconds)
-                threads.append(batch.pin_thread or "?")
-
+        log = PinLog()
         cfg = LoaderConfig(batch_size=batch_size, num_workers=w, pin_memory=pin, persistent_workers=w > 0)
-        res = run_config(dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_pinnable, on_batch=note)
-        active = bool(pins)
-        rows.append(
-            PinRow(
-                num_workers=w,
-                pin_memory=pin,
-                result=res,
-                pin_active=active,
-                pin_ms_per_batch=1e3 * statistics.median(pins) if pins else None,
-                pin_thread=max(set(threads), key=threads.count) if threads else None,
-            )
-        )
+        res = run_config(dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_pinnable, on_batch=log)
+        rows.append(PinRow(num_workers=w, pin_memory=pin, result=res, pin_active=bool(log.seconds),
+                           pin_ms_per_batch=log.ms_per_batch, pin_thread=log.thread))
         if progress is not None:
             progress((k + 1) / len(runs), f"workers={w}, pin_memory={pin}")
     return rows
@@ -1900,20 +1908,13 @@ class PanelRunner:
             persistent_workers=bool(persistent) and w > 0,
             pin_memory=_check_bool("pin_memory", pin_memory),
         )
-        pins: list[float] = []
-        threads: list[str] = []
-
-        def note(batch: Any) -> None:
-            if isinstance(batch, PinnableBatch) and batch.pin_seconds is not None:
-                pins.append(batch.pin_seconds)
-                threads.append(batch.pin_thread or "?")
-
+        log = PinLog()
         res = run_config(ds, cfg, batches=self.batches, warmup=self.warmup, progress=progress,
-                         collate_fn=collate_pinnable if self.collate == "pinnable" else None, on_batch=note,
+                         collate_fn=collate_pinnable if self.collate == "pinnable" else None, on_batch=log,
                          label=f"{cfg.label()}, {item_cost.split(' ')[0]}")
         res.extra["item_cost"] = item_cost
-        res.extra["pin_ms_per_batch"] = 1e3 * statistics.median(pins) if pins else None
-        res.extra["pin_thread"] = max(set(threads), key=threads.count) if threads else None
+        res.extra["pin_ms_per_batch"] = log.ms_per_batch
+        res.extra["pin_thread"] = log.thread
         return res
 
 

@@ -416,3 +416,15 @@ def test_plot_rounds_draws_three_series():
     ax = L.plot_rounds(sr)
     assert len(ax.get_lines()) == 3 and "1.6" in ax.get_title()
     assert sr.speedup == pytest.approx((1.8 + 170 / 110) / 2)
+
+
+def test_pin_log_collects_pinned_batches_only():
+    log = L.PinLog()
+    assert log.ms_per_batch is None and log.thread is None
+    b = L.collate_pinnable([(torch.zeros(3), 0), (torch.ones(3), 1)])
+    log(b)                                    # never pinned: nothing recorded
+    log((torch.zeros(1), torch.zeros(1)))     # not a PinnableBatch
+    assert log.seconds == []
+    b.pin_seconds, b.pin_thread = 0.002, "pt_data_pin"
+    log(b)
+    assert log.ms_per_batch == pytest.approx(2.0) and log.thread == "pt_data_pin"
