@@ -185,16 +185,14 @@ def compute_threads(workers: int | None = None) -> int:
     return max(1, usable_cores() - nw)
 
 
-@contextlib.contextmanager
-def main_threads(n: int) -> Iterator[int]:
-    """Run the block with ``torch.set_num_threads(n)`` in this process; the previous count is restored."""
-    check_int("threads", n, 1, 1024)
-    prev = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield n
-    finally:
-        torch.set_num_threads(prev)
+def main_threads(n: int) -> contextlib.AbstractContextManager[int]:
+    """Run the block with ``torch.set_num_threads(n)`` in this process; the previous count is restored.
+
+    (:func:`helpers.device.intraop_threads`, under the name this chapter uses.)
+    """
+    from .device import intraop_threads
+
+    return intraop_threads(n)
 
 
 def settings_for(enabled: Iterable[str], workers: int | None = None) -> Settings:

@@ -14,13 +14,14 @@ width), never measurements; chapter 02 measures the real thing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shutil
 import sys
 import textwrap
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -29,6 +30,7 @@ from .validate import check_int, human_bytes
 __all__ = [
     "pick_device",
     "resolve_device",
+    "intraop_threads",
     "has_cuda",
     "no_cuda_message",
     "pcie_bandwidth_gbps",
@@ -114,6 +116,22 @@ def resolve_device(device: torch.device | str | None, kinds: tuple[str, ...] = (
     if dev.type not in kinds:
         raise ValueError(f"device must be one of {list(kinds)}, got {dev.type!r}")
     return dev
+
+
+@contextlib.contextmanager
+def intraop_threads(n: int) -> Iterator[int]:
+    """``with intraop_threads(n):`` - torch uses ``n`` intra-op threads in this process; the count is restored after.
+
+    Every DataLoader worker (and the loader's pin thread) runs with one thread; the
+    chapters give the main process a deliberate count too, so that comparisons are fair.
+    """
+    check_int("threads", n, 1, 1024)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(prev)
 
 
 def no_cuda_message(what: str) -> str:

@@ -63,6 +63,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
+from .device import intraop_threads
 from .validate import check_choice, check_float, check_int, human_bytes
 
 __all__ = [
@@ -108,7 +109,6 @@ __all__ = [
     "WorkerSweep",
     "sweep_workers",
     "plot_sweep",
-    "one_intraop_thread",
     "parallel_ceiling",
     "SpeedupRounds",
     "interleaved_speedup",
@@ -777,17 +777,13 @@ def batch_copy_seconds(nbytes: int, repeats: int = 20) -> float:
     dst = torch.empty_like(src)
     # One thread, as in the DataLoader's pin thread (it calls torch.set_num_threads(1)); a multi-threaded
     # copy on a busy machine mostly measures waiting for a descheduled helper thread.
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with intraop_threads(1):
         dst.copy_(src)
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
             dst.copy_(src)
             times.append(time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(prev)
     return statistics.median(times)
 
 
@@ -1363,21 +1359,6 @@ def plot_sweep(sw: WorkerSweep, axes: Sequence[Any] | None = None, title: str = 
 # ---------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def one_intraop_thread() -> Iterator[None]:
-    """``with one_intraop_thread():`` - torch uses one intra-op thread in this process, restored afterwards.
-
-    Every DataLoader worker runs with one thread; giving the main process one too
-    makes ``num_workers=0`` a fair single-core baseline.
-    """
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(prev)
-
-
 def _ceiling_task(args: tuple[Any, int, int, Any, float, float]) -> tuple[int, float]:
     """One process of :func:`parallel_ceiling`: load and collate batches in a loop for ``seconds``; (items, seconds)."""
     dataset, offset, batch_size, collate_fn, start_at, seconds = args
@@ -1595,7 +1576,7 @@ def interleaved_speedup(
     workers: list[float] = []
     ceil: list[float] = []
     t_start = time.perf_counter()
-    with one_intraop_thread(), warnings.catch_warnings():
+    with intraop_threads(1), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
         one = _Batches(build_loader(dataset, single_cfg, collate_fn=collate_fn))
         many = _Batches(build_loader(dataset, worker_cfg, collate_fn=collate_fn))
@@ -2027,12 +2008,8 @@ def benchmark(
     step(0.3, "ch04: worker sweep")
     # Chapter 04 measures with one intra-op thread in the main process, as in every worker, so that
     # workers=0 is a single-core baseline (the notebook does the same).
-    prev_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with intraop_threads(1):
         _benchmark_ch04(results, ds_float, ds_uint8, bs, batches, warm, cores, sized, step)
-    finally:
-        torch.set_num_threads(prev_threads)
     step(1.0, "done")
     return results
 

@@ -105,3 +105,21 @@ def test_resolve_device():
     if not has_cuda():
         with pytest.raises(ValueError, match="no CUDA device"):
             resolve_device("cuda")
+
+
+def test_intraop_threads_sets_and_restores():
+    import torch
+
+    from helpers.device import intraop_threads
+
+    before = torch.get_num_threads()
+    with intraop_threads(1) as n:
+        assert n == 1 and torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads"):
+        with intraop_threads(0):
+            pass
+    with pytest.raises(KeyError):
+        with intraop_threads(1):
+            raise KeyError("x")
+    assert torch.get_num_threads() == before
