@@ -655,14 +655,6 @@ def gpu_reference_report() -> str:
     return "\n".join(out)
 
 
-def _quartiles_ms(t: Timing) -> tuple[float, float]:
-    """(25th, 75th) percentile of a timing's samples in ms (the median twice for one sample)."""
-    if len(t.times_s) < 2:
-        return t.median_s * 1e3, t.median_s * 1e3
-    q = statistics.quantiles(t.times_s, n=4, method="inclusive")
-    return q[0] * 1e3, q[2] * 1e3
-
-
 def plot_comparison(cmp: DecodeComparison, axes: Sequence[Any] | None = None) -> Any:
     """Two panels: bytes per batch in each form, and ms per batch of each path.
 
@@ -690,7 +682,7 @@ def plot_comparison(cmp: DecodeComparison, axes: Sequence[Any] | None = None) ->
     ys = ["(a) CPU decode,\nsend uint8", "(b) send JPEG bytes,\n" + ("nvJPEG decode" if cmp.on_gpu else
                                                                   "CPU decode (same code)")]
     med = [x.median_s * 1e3 for x in t]
-    quart = [_quartiles_ms(x) for x in t]
+    quart = [(x.quartiles_s[0] * 1e3, x.quartiles_s[1] * 1e3) for x in t]
     xerr = [[m - q[0] for m, q in zip(med, quart)], [q[1] - m for m, q in zip(med, quart)]]
     ax_t.barh(ys, med, xerr=xerr, color=["#f28e2b", "#4e79a7"], capsize=3)
     ax_t.invert_yaxis()

@@ -104,6 +104,14 @@ class Timing:
     def from_dict(cls, data: dict[str, Any]) -> "Timing":
         return cls(**data)
 
+    @property
+    def quartiles_s(self) -> tuple[float, float]:
+        """(25th, 75th) percentile of one call, from :attr:`times_s` (the median twice with fewer than 2 samples)."""
+        if len(self.times_s) < 2:
+            return self.median_s, self.median_s
+        ordered = sorted(self.times_s)
+        return _quantile(ordered, 0.25), _quantile(ordered, 0.75)
+
     def __str__(self) -> str:
         return (
             f"{self.label}: median {human_seconds(self.median_s)}"

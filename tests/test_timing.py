@@ -95,3 +95,13 @@ def test_span_records_even_when_body_raises() -> None:
         with rec.span("load", 0):
             raise KeyError("x")
     assert rec.finish().spans[0].name == "load"
+
+
+def test_timing_quartiles_from_samples():
+    from helpers.timing import summarize
+
+    t = summarize("x", [1.0, 2.0, 3.0, 4.0, 5.0])
+    assert t.quartiles_s == (2.0, 4.0)
+    assert t.quartiles_s[1] - t.quartiles_s[0] == pytest.approx(t.iqr_s)
+    one = summarize("y", [0.5])
+    assert one.quartiles_s == (one.median_s, one.median_s)
