@@ -24,18 +24,19 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
 from dataclasses import dataclass
 from typing import Any, Collection
 
+from . import config
+
 __all__ = ["ExerciseResult", "check", "grade_mode", "GRADE_ENV"]
 
-GRADE_ENV = "WORKBOOK_GRADE"
+GRADE_ENV = config.GRADE_ENV
 
 
 def grade_mode() -> bool:
-    """True when ``WORKBOOK_GRADE=1``: wrong or missing answers raise."""
-    return os.environ.get(GRADE_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+    """True when ``WORKBOOK_GRADE=1``: wrong or missing answers raise (an unknown value raises ValueError)."""
+    return config.grade_mode()
 
 
 @dataclass

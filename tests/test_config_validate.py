@@ -10,8 +10,38 @@ from helpers.validate import check_choice, check_float, check_int, human_bytes, 
 def test_quick_mode_values(monkeypatch: pytest.MonkeyPatch, raw: str, expected: bool) -> None:
     monkeypatch.setenv(config.QUICK_ENV, raw)
     assert config.quick_mode() is expected
+    monkeypatch.delenv(config.FULL_ENV, raising=False)
+    monkeypatch.setattr(config, "_cuda_present", lambda: False)
     assert config.sized(1, 2) == (1 if expected else 2)
-    assert config.mode_name() == ("quick" if expected else "full")
+    assert config.sized(1, 2, laptop=3) == (1 if expected else 3)
+    assert config.mode_name() == ("quick" if expected else "laptop")
+
+
+@pytest.mark.parametrize("cuda,full,tier", [(False, "", "laptop"), (True, "", "full"), (False, "1", "full")])
+def test_size_tiers(monkeypatch: pytest.MonkeyPatch, cuda: bool, full: str, tier: str) -> None:
+    monkeypatch.setenv(config.QUICK_ENV, "0")
+    monkeypatch.setenv(config.FULL_ENV, full)
+    monkeypatch.setattr(config, "_cuda_present", lambda: cuda)
+    assert config.size_tier() == tier
+    assert config.sized(quick=1, full=2, laptop=3) == {"laptop": 3, "full": 2}[tier]
+    assert tier in config.tier_reason()
+
+
+def test_quick_and_full_together_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(config.QUICK_ENV, "1")
+    monkeypatch.setenv(config.FULL_ENV, "1")
+    with pytest.raises(ValueError, match="contradict"):
+        config.size_tier()
+
+
+@pytest.mark.parametrize("env", ["WORKBOOK_QUICK", "WORKBOOK_FULL", "WORKBOOK_GRADE", "WORKBOOK_REQUIRE_GPU"])
+@pytest.mark.parametrize("raw", ["banana", "2"])
+def test_every_flag_refuses_unknown_values(monkeypatch: pytest.MonkeyPatch, env: str, raw: str) -> None:
+    monkeypatch.setenv(env, raw)
+    read = {"WORKBOOK_QUICK": config.quick_mode, "WORKBOOK_FULL": config.full_requested,
+            "WORKBOOK_GRADE": config.grade_mode, "WORKBOOK_REQUIRE_GPU": config.require_gpu}[env]
+    with pytest.raises(ValueError, match=env):
+        read()
 
 
 def test_quick_mode_rejects_garbage(monkeypatch: pytest.MonkeyPatch) -> None:
