@@ -85,6 +85,7 @@ _FALSE = {"", "0", "false", "no", "off"}
 
 
 from .config import require_gpu  # noqa: E402  (re-exported: the flag lives in helpers.config)
+from .progress import TqdmProgress  # noqa: E402
 
 
 # ---------------------------------------------------------------------------
@@ -260,7 +261,7 @@ def run_benchmarks(
             if progress and _accepts_progress(fn):
                 inner = tqdm(total=100, desc=f"  {ch.label}", unit="%", leave=False, file=sys.stderr,
                              dynamic_ncols=True, bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix}")
-                kwargs["progress"] = _FractionProgress(inner)
+                kwargs["progress"] = TqdmProgress(inner)
             try:
                 fn(results, device, **kwargs)
             except KeyboardInterrupt:
@@ -318,23 +319,6 @@ def _accepts_progress(fn: Callable[..., Any]) -> bool:
         return "progress" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
-
-
-class _FractionProgress:
-    """``progress(fraction, text)`` callback (the widgets' convention) driving a tqdm bar in percent."""
-
-    def __init__(self, bar: Any) -> None:
-        self.bar = bar
-
-    def __call__(self, fraction: float, text: str = "") -> None:
-        try:
-            target = int(round(100 * min(1.0, max(0.0, float(fraction)))))
-        except (TypeError, ValueError):
-            return
-        if target > self.bar.n:
-            self.bar.update(target - self.bar.n)
-        if text:
-            self.bar.set_postfix_str(str(text)[:60])
 
 
 class _LiveCounter:
