@@ -34,9 +34,11 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
+# Rooted at the repository (so chapter links to ../docs open), on loopback only, opening notebooks/.
 lab: setup
-	@echo "Opening JupyterLab on notebooks/ (stop it with Ctrl-C). The URL is printed below."
-	$(BIN)/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(ROOT_FLAG) $(LAB_ARGS)
+	@echo "Opening JupyterLab on http://127.0.0.1:$(PORT) (stop it with Ctrl-C). The URL with its token is printed below."
+	$(BIN)/jupyter lab --ServerApp.root_dir=. --ServerApp.default_url=/lab/tree/notebooks \
+		--ip=127.0.0.1 --port=$(PORT) $(ROOT_FLAG) $(LAB_ARGS)
 
 test: setup
 	$(MAKE) --no-print-directory test-unit
