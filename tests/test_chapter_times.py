@@ -1,0 +1,44 @@
+"""The recorded Run All times a setup cell quotes (tools/time_chapters.py writes them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import config
+
+
+def test_expected_runtime_reads_the_record(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps({"machine": "2 cores, no GPU", "date": "2026-11-22",
+                             "chapters": {"04": {"laptop": {"seconds": 170.0}, "quick": {"seconds": 40}}}}))
+    monkeypatch.setattr(config, "_chapter_times_file", lambda: f)
+    assert config.expected_runtime("04", "laptop") == \
+        "Run All took about 3 min at laptop sizes on 2 cores, no GPU (measured 2026-11-22)."
+    assert "about 40 s" in config.expected_runtime("04", "quick")
+    assert config.expected_runtime("04", "full") is None
+    assert config.expected_runtime("09", "quick") is None
+
+
+def test_expected_runtime_survives_a_missing_or_broken_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(config, "_chapter_times_file", lambda: tmp_path / "none.json")
+    assert config.expected_runtime("00", "quick") is None
+    (tmp_path / "bad.json").write_text("{not json")
+    monkeypatch.setattr(config, "_chapter_times_file", lambda: tmp_path / "bad.json")
+    assert config.expected_runtime("00", "quick") is None
+    monkeypatch.setenv(config.QUICK_ENV, "1")
+    assert config.describe_sizes("00").startswith("Sizes: quick sizes")
+
+
+def test_committed_record_is_well_formed() -> None:
+    f = config._chapter_times_file()
+    if not f.exists():
+        pytest.skip("no chapter times recorded yet (python tools/time_chapters.py)")
+    data = json.loads(f.read_text())
+    assert {"machine", "date", "method", "chapters"} <= data.keys()
+    for chapter, tiers in data["chapters"].items():
+        assert len(chapter) == 2 and chapter.isdigit()
+        for tier, entry in tiers.items():
+            assert tier in config.TIERS and entry["seconds"] > 0
