@@ -185,12 +185,12 @@ def artifacts_dir() -> Path:
 
 
 def _chapter_times_file() -> Path:
-    return Path(__file__).resolve().parent / "reference" / "chapter_times.json"
+    return Path(__file__).resolve().parent / "chapter_times.json"
 
 
 def expected_runtime(chapter: str, tier: str | None = None) -> str | None:
     """How long Run All of ``chapter`` (e.g. ``"04"``) took at this tier, as measured by
-    ``tools/time_chapters.py`` and recorded in ``helpers/reference/chapter_times.json``,
+    ``tools/time_chapters.py`` and recorded in ``helpers/chapter_times.json``,
     with the machine it was measured on; ``None`` when no such measurement is recorded."""
     import json
 

@@ -5,7 +5,7 @@
     python tools/time_chapters.py --tier quick 00 04 # chosen chapters, another tier
 
 Each chapter runs top to bottom in a fresh kernel (nbclient), as Run All in JupyterLab does,
-with a per-chapter time limit. The wall times go into ``helpers/reference/chapter_times.json``
+with a per-chapter time limit. The wall times go into ``helpers/chapter_times.json``
 with the machine they were measured on, so that a chapter's setup cell can say how long it
 should take (``helpers.config.describe_sizes``) and the README can list them. A chapter that
 fails or runs past the limit is recorded as such, never as a time. It is a measurement, not a
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "helpers" / "reference" / "chapter_times.json"
+OUT = ROOT / "helpers" / "chapter_times.json"
 
 
 def machine() -> str:
