@@ -59,6 +59,7 @@ __all__ = [
     "point_key",
     "largest_copies",
     "size_text",
+    "short_source",
     "add_published_points",
     "add_theoretical_ceilings",
     "plot_share_of_ceiling",
@@ -178,13 +179,15 @@ class PublishedFigure:
 def size_text(n: int | None) -> str:
     """A transfer size as the source would write it: ``'32 MB'`` for 32,000,000 B, ``'32.0 MiB'`` for 2**25 B."""
     if n is None:
-        return "not stated"
+        return "size not stated"
+    if n % 2**20 and n % 10**9 == 0:
+        return f"{n / 1e9:g} GB"
     if n % 2**20 and n % 10**6 == 0:
         return f"{n / 1e6:g} MB"
     return human_bytes(n)
 
 
-def _short_source(url: str) -> str:
+def short_source(url: str) -> str:
     """``'NVIDIA/nvbandwidth/issues/24'`` or ``'owner/repo@abc1234/path'`` for a GitHub URL."""
     src = re.sub(r"^https://github\.com/", "", url)
     return re.sub(r"/blob/([0-9a-f]{7})[0-9a-f]*/", r"@\1/", src)
@@ -396,7 +399,7 @@ def markdown_table(figures: Iterable[PublishedFigure] | None = None) -> str:
     for f in figs:
         numa = f.numa_short
         size = size_text(f.transfer_size_bytes)
-        src = _short_source(f.url)
+        src = short_source(f.url)
         rows.append(
             f"| {_md_escape(f.gpu)} | {f.direction.upper()} {f.memory} | {f.as_published} | {f.gbps:.2f} | {size} | "
             f"{_md_escape(f.tool)} | {numa} | {_md_escape(f.link)} | [{_md_escape(src)}]({f.url}) | {f.date_read} |"
@@ -460,7 +463,7 @@ def point_key(figures: Iterable[PublishedFigure] | None = None) -> str:
         f = group[-1]
         sizes = ", ".join(size_text(g.transfer_size_bytes) for g in group)
         vals = ", ".join(f"{g.gbps:.1f}" for g in group)
-        lines.append(f"[{k}] {f.short_label()}: {vals} GB/s at {sizes} -- {f.tool} -- {_short_source(f.url)}")
+        lines.append(f"[{k}] {f.short_label()}: {vals} GB/s at {sizes} -- {f.tool} -- {short_source(f.url)}")
     return "\n".join(lines)
 
 
