@@ -1,0 +1,152 @@
+"""helpers.published: the data file of figures published elsewhere, its loader, tables and plots (CPU only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest
+
+from helpers import published
+
+
+def _raw() -> dict:
+    return json.loads(published.data_file().read_text(encoding="utf-8"))
+
+
+def test_every_entry_has_every_field_and_valid_values():
+    raw = _raw()
+    assert raw["kind"] == published.KIND_PUBLISHED
+    required = set(published._REQUIRED)
+    for entry in raw["figures"]:
+        assert set(entry) == required, entry.get("id")
+        assert entry["url"].startswith("https://"), entry["id"]
+        assert entry["value"] > 0 and entry["unit"] in published.UNITS, entry["id"]
+        assert entry["direction"] in ("h2d", "d2h") and entry["memory"] in ("pinned", "pageable"), entry["id"]
+        assert entry["date_read"] == "2026-11-22", entry["id"]
+        for key in ("gpu", "link", "product_link", "tool", "method", "numa", "where", "published"):
+            assert entry[key].strip(), (entry["id"], key)
+    figs = published.load()
+    assert len(figs) == len(raw["figures"])
+
+
+def test_enough_figures_generations_and_both_kinds():
+    figs = published.published_figures()
+    assert len(figs) >= 10
+    assert len(published.generations()) >= 5
+    assert published.published_figures(direction="d2h") and published.published_figures(direction="h2d")
+    assert published.published_figures(memory="pageable") and published.published_figures(memory="pinned")
+    assert published.numa_pairs(), "the NUMA lesson needs a near/far pair"
+    assert published.direction_pairs() and published.memory_pairs()
+
+
+def test_no_duplicates():
+    figs = published.load()
+    assert len({f.id for f in figs}) == len(figs)
+    assert len({published._key(f) for f in figs}) == len(figs)
+
+
+def test_units_are_converted_with_the_tools_definition():
+    p100 = next(f for f in published.load() if f.unit == "MB/s")
+    assert p100.unit_bytes_per_s == 1.024e6
+    assert p100.gbps == pytest.approx(p100.value * 1.024e-3)
+    gb = next(f for f in published.load() if f.unit == "GB/s")
+    assert gb.gbps == pytest.approx(gb.value)
+
+
+def test_ceilings_are_theoretical_and_shares_below_one():
+    assert published.link_ceiling_gbps("PCIe Gen4 x16") == pytest.approx(31.5, rel=0.01)
+    assert published.link_ceiling_gbps("NVLink-C2C") == published.NVLINK_C2C_GBPS
+    assert published.link_ceiling_gbps("not stated") is None
+    for f in published.load():
+        assert f.ceiling_gbps is not None, f.id
+        assert 0 < f.share_of_ceiling < 1, f.id  # a measurement above its link's ceiling would be a data error
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"url": "http://example.com"}, "https://"),
+        ({"value": 0}, "> 0"),
+        ({"value": -3.0}, "> 0"),
+        ({"unit": "GiB/s"}, "unit"),
+        ({"unit_bytes_per_s": 1e9}, "unit_bytes_per_s"),
+        ({"direction": "both"}, "direction"),
+        ({"memory": "managed"}, "memory"),
+        ({"date_read": "yesterday"}, "date_read"),
+        ({"product_link": "PCIe 4"}, "product_link"),
+        ({"transfer_size_bytes": 0}, "transfer_size_bytes"),
+    ],
+)
+def test_bad_entries_are_refused(tmp_path: Path, change: dict, message: str):
+    raw = _raw()
+    raw["figures"] = [dict(raw["figures"][0], **change)]
+    path = tmp_path / "published.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=message):
+        published.load(path)
+
+
+def test_missing_field_and_duplicate_are_refused(tmp_path: Path):
+    raw = _raw()
+    entry = dict(raw["figures"][0])
+    del entry["tool"]
+    raw["figures"] = [entry]
+    path = tmp_path / "missing.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="lacks field"):
+        published.load(path)
+    raw = _raw()
+    raw["figures"] = [raw["figures"][0], dict(raw["figures"][0], id="copy")]
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="duplicates"):
+        published.load(path)
+
+
+def test_filters_validate_their_arguments():
+    with pytest.raises(ValueError, match="direction"):
+        published.published_figures(direction="up")
+    with pytest.raises(ValueError, match="memory"):
+        published.published_figures(memory="cached")
+    assert all(f.transfer_size_bytes for f in published.published_figures(sized=True))
+    assert {f.generation for f in published.published_figures(generation="Pascal")} == {"Pascal"}
+
+
+def test_markdown_table_and_readme_block_render():
+    table = published.markdown_table()
+    lines = table.splitlines()
+    assert len(lines) == 2 + len(published.load())
+    assert all(line.count("|") >= 11 for line in lines)
+    assert "theoretical" not in table.lower() and "measured here" not in table
+    block = published.readme_block()
+    assert block.startswith("### Published elsewhere") and table in block
+    assert "https://github.com/NVIDIA/nvbandwidth/issues/24" in block
+
+
+def test_share_table_keeps_published_and_theoretical_in_separate_columns():
+    text = published.share_table()
+    header = text.splitlines()[0]
+    assert "published GB/s" in header and "theoretical GB/s" in header
+
+
+def test_plot_helpers_draw_on_cpu():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    figs = published.published_figures()
+    skipped = published.add_published_points(ax, figs)
+    assert skipped == [f for f in figs if f.transfer_size_bytes is None]
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert any(published.KIND_PUBLISHED in lab for lab in labels)
+    drawn = published.add_theoretical_ceilings(ax, ["PCIe Gen3 x16", "PCIe Gen4 x16", "bogus"], skip_gbps=[published.link_ceiling_gbps("PCIe Gen3 x16")])
+    assert drawn == ["PCIe Gen4 x16"]
+    assert any("theoretical" in line.get_label() for line in ax.get_lines())
+    ax2 = published.plot_share_of_ceiling(published.published_figures(memory="pinned"))
+    assert len(ax2.patches) == len(published.published_figures(memory="pinned"))
+    plt.close("all")
