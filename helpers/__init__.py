@@ -23,6 +23,7 @@ Modules:
     prefetch    chapter 05: the side-stream prefetcher
     overlap     chapter 05: the 2x2 overlap experiment and the async hazards
     progress    the one progress convention: progress(fraction, text), tqdm bars for cells
+    published   host<->GPU copy figures published elsewhere (cited), beside ours and the theory
     gpudecode   chapter 05 (optional): JPEG bytes to decoded batches, on the CPU or the GPU (nvJPEG)
     capstone    chapter 06: every step stacked on one job, in two regimes
     doctor      chapter 06: diagnose any pipeline (data-, transfer- or compute-bound)

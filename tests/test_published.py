@@ -150,3 +150,14 @@ def test_plot_helpers_draw_on_cpu():
     ax2 = published.plot_share_of_ceiling(published.published_figures(memory="pinned"))
     assert len(ax2.patches) == len(published.published_figures(memory="pinned"))
     plt.close("all")
+
+
+def test_readme_published_table_is_current() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    start = readme.index("<!-- published-table:start")
+    start = readme.index("-->", start) + len("-->\n")
+    end = readme.index("<!-- published-table:end -->")
+    assert readme[start:end].rstrip() == published.readme_block().rstrip(), (
+        "README's published table is stale: regenerate it from helpers/published.json")
