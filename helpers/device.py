@@ -632,6 +632,10 @@ def copy_engine_count(index: int, props: Any = None) -> tuple[int | None, str]:
     try:
         err, value = cudart.cudaDeviceGetAttribute(cudart.cudaDeviceAttr.cudaDevAttrAsyncEngineCount, int(index))
     except Exception as exc:
+        from .config import require_gpu
+
+        if require_gpu():  # the CUDA runtime failing on a GPU path must be seen in a strict run
+            raise
         return None, f"cudaDeviceGetAttribute(cudaDevAttrAsyncEngineCount) failed: {exc}"
     if err != cudart.cudaError_t.cudaSuccess or value is None:
         return None, f"cudaDeviceGetAttribute(cudaDevAttrAsyncEngineCount) answered {err}"

@@ -142,7 +142,9 @@ class Unavailable:
     available: bool = field(default=False, init=False)
 
     def __str__(self) -> str:
-        return f"{self.what}: not measured here. {self.reason}"
+        from .device import wrap
+
+        return wrap(f"{self.what}: not measured here. {self.reason}")
 
     def __bool__(self) -> bool:  # `if result:` reads naturally
         return False
