@@ -385,20 +385,20 @@ def link_ceiling(
     """
     now = pcie_bandwidth_gbps(int(gen_now), int(width_now)) if _link_ok(gen_now, width_now) else None  # type: ignore[arg-type]
     top = pcie_bandwidth_gbps(int(gen_max), int(width_max)) if _link_ok(gen_max, width_max) else None  # type: ignore[arg-type]
-    tail = "theoretical, per direction"
+    tail = "(theoretical, per direction)"
     if top is not None and (now is None or now <= top):
         if now is not None and now < top:
-            note = f"the link's maximum; it runs at Gen{gen_now} x{width_now} right now, as PCIe does at idle"
+            note = f", its maximum; Gen{gen_now} x{width_now} now, idling"
         else:
-            note = "the link's maximum" + ("" if now is None else ", as it runs now")
-        return top, f"PCIe Gen{gen_max} x{width_max} ({note}; {tail})", "max"
+            note = "" if now is not None else ", its maximum"
+        return top, f"PCIe Gen{gen_max} x{width_max}{note} {tail}", "max"
     if now is not None:
         if top is not None:
-            note = (f"as the link runs now; NVML's maximum, Gen{gen_max} x{width_max}, is below that, "
-                    "which real hardware cannot do: in a VM it may describe a virtual root port")
+            note = (f" as trained now; NVML's maximum, Gen{gen_max} x{width_max}, is below that, which real "
+                    "hardware cannot do (a VM's virtual root port?)")
         else:
-            note = "as the link runs now; NVML gave no maximum"
-        return now, f"PCIe Gen{gen_now} x{width_now} ({note}; {tail})", "current"
+            note = " as trained now"
+        return now, f"PCIe Gen{gen_now} x{width_now}{note} {tail}", "current"
     return None, None, None
 
 

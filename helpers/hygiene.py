@@ -27,6 +27,7 @@ from .validate import check_choice, check_float, check_int
 __all__ = [
     "OPERATIONS",
     "DEMO_MAX_SECONDS",
+    "SYNC_DEMO_MAX_SECONDS",
     "make_op",
     "estimate_call_s",
     "calls_within",
@@ -38,8 +39,11 @@ __all__ = [
 ]
 
 DEMO_MAX_SECONDS = 60.0
-"""Default time budget of one demo: repeats are cut to fit it, and a size too big even for
-three repeats is refused with a ValueError that names the largest size that fits."""
+"""Default time budget of one :func:`time_op` (the panel's run): blocks are cut to fit it, and a
+size too big even for three is refused with a ValueError that names the largest size that fits."""
+SYNC_DEMO_MAX_SECONDS = 120.0
+"""Default time budget of :func:`sync_demo` and :func:`events_vs_wall` (a chapter cell, which
+may run the full sizes on a CPU when ``WORKBOOK_FULL=1`` asks for them): repeats are cut to fit."""
 
 #: Operations the live panel offers, with what their size means.
 OPERATIONS: dict[str, str] = {
@@ -156,7 +160,7 @@ def warmup_demo(device: torch.device | str, repeats: int = 15, channels: int = 7
 
 
 def sync_demo(
-    device: torch.device | str, n: int = 2048, repeats: int = 10, *, max_seconds: float = DEMO_MAX_SECONDS
+    device: torch.device | str, n: int = 2048, repeats: int = 10, *, max_seconds: float = SYNC_DEMO_MAX_SECONDS
 ) -> dict[str, Timing]:
     """Time the same matrix product with and without synchronising before reading the clock.
 
@@ -177,7 +181,7 @@ def sync_demo(
 
 
 def events_vs_wall(
-    device: torch.device | str, n: int = 2048, repeats: int = 10, *, max_seconds: float = DEMO_MAX_SECONDS
+    device: torch.device | str, n: int = 2048, repeats: int = 10, *, max_seconds: float = SYNC_DEMO_MAX_SECONDS
 ) -> dict[str, Timing] | None:
     """CUDA-event time vs synchronised wall time of a matrix product; ``None`` without CUDA.
 

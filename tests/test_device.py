@@ -251,7 +251,7 @@ def test_no_driver_means_no_problem(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_link_ceiling_prefers_max_but_not_a_virtual_port() -> None:
     gbps, text, basis = device.link_ceiling(1, 16, 4, 16)  # idle link trained down
-    assert basis == "max" and gbps == pytest.approx(31.5, rel=0.01) and "Gen1 x16 right now" in text
+    assert basis == "max" and gbps == pytest.approx(31.5, rel=0.01) and "Gen1 x16 now, idling" in text
     gbps, text, basis = device.link_ceiling(5, 16, 1, 1)  # max below current: a VM's virtual root port
     assert basis == "current" and gbps == pytest.approx(63.0, rel=0.01) and "virtual root port" in text
     assert device.link_ceiling(None, None, 4, 16)[2] == "max"
