@@ -114,7 +114,8 @@ def check_device_present(device: Any, name: str = "device", *, present: dict[str
     if dev.type not in kinds:
         extra = ""
         if dev.type == "cuda":
-            extra = " (no CUDA device is present" + (f"; {_short_problem()}" if _short_problem() else "") + ")"
+            problem = _short_problem()
+            extra = " (no CUDA device is present" + (f"; {problem}" if problem else "") + ")"
         raise ValueError(f"{name}={str(dev)!r} is not available on this machine{extra}; devices here: {here}. "
                          f"Use {name}='cpu', or None to choose automatically")
     if dev.index is not None and dev.type != "cpu" and dev.index >= kinds[dev.type]:
