@@ -144,8 +144,9 @@ def warmup_demo(device: torch.device | str, repeats: int = 15, channels: int = 7
     first call pays there is cuDNN's set-up (its handle and the choice of a
     convolution algorithm) and lazy module loading: CUDA loads a kernel's code
     only when it is first launched (``CUDA_MODULE_LOADING=LAZY``, the default on
-    Linux since CUDA 12.2). Later calls pay none of it. ``times_s[0]`` is the first call. The default problem is
-    small on purpose, so the one-off cost is not drowned by the work itself.
+    Linux since CUDA 12.2). Later calls pay none of it. ``times_s[0]`` is the
+    first call. The default problem is small on purpose, so the one-off cost is
+    not drowned by the work itself.
     """
     check_int("repeats", repeats, 2, 10_000)
     check_int("channels", channels, 1, 1024)
