@@ -581,7 +581,8 @@ def _numel(nbytes: int, dtype: str) -> int:
 
 
 def measure_host_copy(
-    nbytes: int, *, dtype: str = "uint8", min_run_time: float | None = None, num_threads: int = 1
+    nbytes: int, *, dtype: str = "uint8", min_run_time: float | None = None, num_threads: int = 1,
+    max_seconds: float = 20.0,
 ) -> TransferPoint:
     """Time ``dst.copy_(src)`` between two pageable host tensors of ``nbytes`` bytes.
 
@@ -593,6 +594,10 @@ def measure_host_copy(
     One thread by default: the driver stages a pageable copy with one CPU
     thread, and a multi-threaded copy on a busy 2-core machine mostly measures
     how long the threads wait for each other.
+
+    The two buffers must fit in half the RAM available now (ValueError otherwise),
+    and for a large copy the number of timed blocks is cut (to at least 3) so the
+    measurement takes about ``max_seconds`` at most.
     """
     from .timing import measure
 
@@ -603,9 +608,15 @@ def measure_host_copy(
     n = _numel(nbytes, dtype)
     src = torch.ones(n, dtype=DTYPES[dtype])
     dst = torch.zeros(n, dtype=DTYPES[dtype])  # pages touched now, not during timing
+    max_seconds = check_float("max_seconds", max_seconds, 0.1, 3600.0)
     try:
+        t0 = time.perf_counter()
+        dst.copy_(src)  # one untimed call, to size the measurement
+        one = time.perf_counter() - t0
+        blocks = max(3, min(15, int(max_seconds / max(one, 1e-9)) - 4))
         timing = measure(lambda: dst.copy_(src), label=f"host copy {human_bytes(nbytes)}", device="cpu",
-                         min_run_time=run_time, warmup=2, num_threads=check_int("num_threads", num_threads, 1, 1024))
+                         min_run_time=run_time, warmup=2, blocks=blocks,
+                         num_threads=check_int("num_threads", num_threads, 1, 1024))
     finally:
         del src, dst
     return TransferPoint(

@@ -394,3 +394,24 @@ def test_pinning_status_raises_under_require_gpu(monkeypatch):
     monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "1")
     with pytest.raises(RuntimeError, match="NVIDIA driver"):
         T.pinning_status()
+
+
+def test_measure_host_copy_cuts_blocks_for_slow_copies(monkeypatch):
+    import types
+
+    seen = {}
+    real = __import__("helpers.timing", fromlist=["measure"]).measure
+
+    def spy(fn, **kw):
+        seen.update(kw)
+        return real(fn, **kw)
+
+    ticks = iter(range(1000))
+    monkeypatch.setattr("helpers.timing.measure", spy)
+    monkeypatch.setattr(T, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))  # 1 s per copy
+    T.measure_host_copy(64 * KiB, min_run_time=0.01, max_seconds=60.0)
+    assert seen["blocks"] == 15
+    T.measure_host_copy(64 * KiB, min_run_time=0.01, max_seconds=10.0)
+    assert seen["blocks"] == 6  # 10 one-second copies fit, 4 of them untimed
+    T.measure_host_copy(64 * KiB, min_run_time=0.01, max_seconds=1.0)
+    assert seen["blocks"] == 3  # never fewer than 3 samples
