@@ -30,6 +30,13 @@ from .validate import check_int, human_bytes
 __all__ = [
     "pick_device",
     "resolve_device",
+    "check_device_present",
+    "cuda_driver_problem",
+    "diagnose_no_cuda",
+    "link_ceiling",
+    "ceiling_share",
+    "copy_engine_count",
+    "wrap",
     "intraop_threads",
     "has_cuda",
     "no_cuda_message",
@@ -53,21 +60,84 @@ _PCIE_GBPS_PER_LANE: dict[int, float] = {
 
 
 def has_cuda() -> bool:
-    """True when a CUDA device is usable (``torch.cuda.is_available()``)."""
+    """True when a CUDA device is usable (``torch.cuda.is_available()``).
+
+    A broken driver answers False, except under ``WORKBOOK_REQUIRE_GPU=1``, where its error propagates.
+    """
+    from .config import require_gpu
+
     try:
         return bool(torch.cuda.is_available())
-    except Exception:  # a broken driver must not crash a notebook
+    except Exception:  # a broken driver must not crash a notebook...
+        if require_gpu():  # ...unless a strict GPU run asked to see every failure
+            raise
         return False
+
+
+def _present_kinds() -> dict[str, int]:
+    """Device types usable here, with how many devices of each (the CPU counts as one)."""
+    kinds = {"cpu": 1}
+    if has_cuda():
+        kinds["cuda"] = int(torch.cuda.device_count())
+    acc = getattr(torch, "accelerator", None)
+    try:
+        # current_accelerator() answers 'cuda' even without a GPU: ask is_available() first.
+        if acc is not None and acc.is_available():
+            dev = acc.current_accelerator()
+            if dev is not None and dev.type != "cuda":
+                kinds[dev.type] = int(acc.device_count())
+    except (RuntimeError, AttributeError):  # an accelerator backend that cannot answer is not present
+        pass
+    return kinds
+
+
+def check_device_present(device: Any, name: str = "device", *, present: dict[str, int] | None = None) -> torch.device:
+    """``device`` (a string, a ``torch.device`` or a CUDA index) as a ``torch.device`` that exists here.
+
+    Args:
+        device: what the caller asked for, e.g. ``"cuda"``, ``"cuda:1"``, ``0`` or ``"cpu"``.
+        name: the parameter's name, for the message.
+        present: ``{type: count}`` of usable devices (default: what torch reports on this machine).
+
+    Raises:
+        ValueError: an unknown device string, a device type not present on this machine (``"mps"``
+            on Linux, ``"cuda"`` without a GPU), or an index beyond the devices present.
+    """
+    if isinstance(device, bool):
+        raise ValueError(f"{name} must be a device such as 'cpu' or 'cuda', got {device!r}")
+    try:
+        dev = device if isinstance(device, torch.device) else torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"{name} must be a device such as 'cpu', 'cuda' or 'cuda:0', got {device!r}") from None
+    kinds = _present_kinds() if present is None else present
+    here = ", ".join(f"{k!r}" + (f" ({n} device{'s' if n != 1 else ''})" if k != "cpu" else "") for k, n in kinds.items())
+    if dev.type not in kinds:
+        extra = ""
+        if dev.type == "cuda":
+            problem = _short_problem()
+            extra = " (no CUDA device is present" + (f"; {problem}" if problem else "") + ")"
+        raise ValueError(f"{name}={str(dev)!r} is not available on this machine{extra}; devices here: {here}. "
+                         f"Use {name}='cpu', or None to choose automatically")
+    if dev.index is not None and dev.type != "cpu" and dev.index >= kinds[dev.type]:
+        raise ValueError(f"{name}={str(dev)!r}: there is no {dev.type} device with index {dev.index}; "
+                         f"this machine has {kinds[dev.type]} (indices 0-{kinds[dev.type] - 1})")
+    return dev
+
+
+def _short_problem() -> str:
+    problem = cuda_driver_problem()
+    return problem.split(". ")[0] if problem else ""
 
 
 def pick_device(prefer: str | None = None) -> torch.device:
     """Choose the device a chapter runs on.
 
     Args:
-        prefer: ``None`` (automatic), ``"cuda"``, ``"cpu"``, or another
-            accelerator type torch knows. Asking for ``"cuda"`` on a machine
-            without one raises a ValueError that says so, instead of failing
-            later inside torch.
+        prefer: ``None`` (automatic), ``"cuda"``, ``"cuda:1"``, a CUDA index,
+            ``"cpu"``, or another accelerator type present here. A device this
+            machine does not have (``"cuda"`` without a GPU, ``"cuda:7"`` on a
+            machine with one GPU, ``"mps"`` on Linux) raises a ValueError that
+            says so, instead of failing later inside torch.
 
     With ``WORKBOOK_REQUIRE_GPU=1`` (set by the GPU check) a machine without
     CUDA raises RuntimeError, so a GPU check can never pass on CPU fallbacks.
@@ -80,25 +150,12 @@ def pick_device(prefer: str | None = None) -> torch.device:
             f"unset {REQUIRE_GPU_ENV} to run on the CPU with reference results instead"
         )
     if prefer is not None:
-        if prefer == "cpu":
-            return torch.device("cpu")
-        if prefer == "cuda" and not has_cuda():
-            raise ValueError(
-                "prefer='cuda' but no CUDA device is present on this machine; "
-                "use prefer=None to fall back to the CPU"
-            )
-        return torch.device(prefer)
+        return check_device_present(prefer, "prefer")
     if has_cuda():
         return torch.device("cuda")
-    acc = getattr(torch, "accelerator", None)
-    try:
-        # current_accelerator() answers 'cuda' even without a GPU: ask is_available() first.
-        if acc is not None and acc.is_available():
-            dev = acc.current_accelerator()
-            if dev is not None and dev.type != "cuda":
-                return torch.device(dev.type)
-    except Exception:
-        pass
+    for kind in _present_kinds():
+        if kind not in ("cpu", "cuda"):
+            return torch.device(kind)
     return torch.device("cpu")
 
 
@@ -106,13 +163,19 @@ def resolve_device(device: torch.device | str | None, kinds: tuple[str, ...] = (
     """A helper's ``device`` argument as a ``torch.device``: ``None`` = CUDA when present, else the CPU.
 
     Raises:
-        ValueError: ``'cuda'`` asked for on a machine without CUDA, or a device type outside ``kinds``.
+        ValueError: a device type outside ``kinds``, or one this machine does not have
+            (``'cuda'`` without CUDA, ``'cuda:3'`` with one GPU): see :func:`check_device_present`.
     """
     if device is None:
         return torch.device("cuda" if has_cuda() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not has_cuda():
-        raise ValueError("device is 'cuda' but no CUDA device is present; use device='cpu' or None")
+    if isinstance(device, (str, torch.device)):
+        try:
+            kind = torch.device(device).type
+        except (RuntimeError, TypeError, ValueError):
+            kind = None
+        if kind is not None and kind not in kinds:
+            raise ValueError(f"device must be one of {list(kinds)}, got {str(device)!r}")
+    dev = check_device_present(device, "device")
     if dev.type not in kinds:
         raise ValueError(f"device must be one of {list(kinds)}, got {dev.type!r}")
     return dev
@@ -135,11 +198,155 @@ def intraop_threads(n: int) -> Iterator[int]:
 
 
 def no_cuda_message(what: str) -> str:
-    """The one plain sentence every GPU-only cell prints without CUDA."""
-    return textwrap.fill(
-        f"No CUDA device is present on this machine, so {what} cannot be measured here. "
-        "Reference results recorded on a real GPU are shown instead, when available.",
-        width=100,
+    """The one plain sentence every GPU-only cell prints without CUDA.
+
+    When an NVIDIA driver is installed but torch cannot use it (see :func:`cuda_driver_problem`),
+    the message says so and how to fix it, instead of letting the CPU fallback run silently.
+    """
+    problem = cuda_driver_problem()
+    text = (
+        f"No CUDA device is {'usable' if problem else 'present'} on this machine, so {what} cannot be measured "
+        "here. Reference results recorded on a real GPU are shown instead, when available."
+    )
+    if problem:
+        text += " " + problem
+    return wrap(text)
+
+
+def wrap(text: str, width: int = 100, indent: str = "") -> str:
+    """Wrap printed text at word boundaries (never inside a word, never inside a `command`)."""
+    return "\n".join(
+        textwrap.fill(para, width=width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+        for para in text.split("\n")
+    )
+
+
+#: The PyTorch wheel index that holds builds for each CUDA 12.x level (see https://pytorch.org/get-started/locally/).
+_CUDA12_INDEXES = ((12, 8, "cu128"), (12, 6, "cu126"))
+
+
+def _version_tuple(text: str | None) -> tuple[int, int] | None:
+    try:
+        parts = str(text).split(".")
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except (ValueError, IndexError):
+        return None
+
+
+def diagnose_no_cuda(
+    *,
+    cuda_available: bool,
+    torch_cuda: str | None,
+    driver_cuda: str | None,
+    driver_version: str | None = None,
+    nvidia_smi: bool = False,
+    torch_version: str = torch.__version__,
+) -> str | None:
+    """Why torch cannot use an NVIDIA GPU that seems to be installed, and how to fix it; ``None`` if no such case.
+
+    Pure logic (every input passed in), so it is tested on any machine; :func:`cuda_driver_problem`
+    feeds it this machine's facts.
+
+    Args:
+        cuda_available: ``torch.cuda.is_available()``.
+        torch_cuda: ``torch.version.cuda`` (``None`` for a CPU-only torch build).
+        driver_cuda: the newest CUDA version the installed driver supports, e.g. ``"12.4"``
+            (NVML's ``nvmlSystemGetCudaDriverVersion``), ``None`` if no driver answered.
+        driver_version: the driver's own version, e.g. ``"550.54.15"``, for the message.
+        nvidia_smi: whether ``nvidia-smi`` is on the PATH (a sign an NVIDIA driver is installed).
+    """
+    if cuda_available or (driver_cuda is None and not nvidia_smi):
+        return None
+    base = torch_version.split("+")[0]
+    pins = f"torch=={base} " + (f"torchvision=={_torchvision_base()}" if _torchvision_base() else "torchvision")
+    drv = f"driver {driver_version}" if driver_version else "an NVIDIA driver"
+    if not torch_cuda:
+        return (
+            f"An NVIDIA GPU driver is installed, but this torch ({torch_version}) is a CPU-only build, "
+            "so every chapter runs on the CPU. Install a CUDA build, e.g. "
+            f"`.venv/bin/python -m pip install --force-reinstall {pins} --index-url "
+            "https://download.pytorch.org/whl/cu128`."
+        )
+    need, have = _version_tuple(torch_cuda), _version_tuple(driver_cuda)
+    if need is not None and have is not None and have < (need[0], 0):
+        index = next((tag for major, minor, tag in _CUDA12_INDEXES if have >= (major, minor)), None)
+        if have[0] == 12 and index:
+            fix = (
+                f"Either update the NVIDIA driver (CUDA {need[0]} needs driver 580 or newer), or install "
+                f"the torch build for CUDA {have[0]}.x: `.venv/bin/python -m pip install --force-reinstall "
+                f"{pins} --index-url https://download.pytorch.org/whl/{index}` "
+                "(https://pytorch.org/get-started/locally/ lists the builds each torch version has)."
+            )
+        else:
+            fix = (
+                f"Update the NVIDIA driver (CUDA {need[0]} needs driver 580 or newer); builds of this torch for "
+                f"CUDA {driver_cuda} may not exist (see https://pytorch.org/get-started/locally/)."
+            )
+        return (
+            f"The GPU cannot be used: {drv} supports CUDA up to {driver_cuda}, but this torch "
+            f"({torch_version}) is built for CUDA {torch_cuda}, so torch.cuda.is_available() is False and "
+            f"the workbook falls back to the CPU. {fix}"
+        )
+    subject = f"NVIDIA driver {driver_version}" if driver_version else "An NVIDIA driver"
+    return (
+        f"{subject} is installed"
+        + (f" (CUDA up to {driver_cuda})" if driver_cuda else "")
+        + f", but torch ({torch_version}, CUDA {torch_cuda}) cannot use the GPU, so the workbook falls back "
+        "to the CPU. Run `nvidia-smi` to see whether the GPU is visible (in a container: start it with "
+        "--gpus all), and check CUDA_VISIBLE_DEVICES."
+    )
+
+
+def _torchvision_base() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("torchvision").split("+")[0]
+    except Exception:  # torchvision not installed: the command names it without a version
+        return None
+
+
+def _driver_facts() -> tuple[str | None, str | None]:
+    """``(driver_cuda, driver_version)`` from NVML, ``(None, None)`` when no driver answers."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no NVML library, or no driver: nothing to report
+        return None, None
+    try:
+        raw = int(pynvml.nvmlSystemGetCudaDriverVersion())  # e.g. 12040 for CUDA 12.4
+        cuda = f"{raw // 1000}.{(raw % 1000) // 10}"
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+            version = version.decode() if isinstance(version, bytes) else str(version)
+        except Exception:  # the version string is only for the message
+            version = None
+        return cuda, version
+    except Exception:  # an NVML that cannot answer is no evidence of a driver
+        return None, None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # shutting NVML down cannot fail in a way that matters here
+            pass
+
+
+def cuda_driver_problem() -> str | None:
+    """A plain explanation when an NVIDIA driver is installed but torch cannot use the GPU, else ``None``.
+
+    Typical case: the pinned torch wheel is a CUDA 13 build and the driver supports only
+    CUDA 12.x; torch then reports no GPU and every chapter would silently run its CPU fallback.
+    """
+    if has_cuda():
+        return None
+    driver_cuda, driver_version = _driver_facts()
+    return diagnose_no_cuda(
+        cuda_available=False,
+        torch_cuda=torch.version.cuda,
+        driver_cuda=driver_cuda,
+        driver_version=driver_version,
+        nvidia_smi=shutil.which("nvidia-smi") is not None,
     )
 
 
@@ -152,6 +359,67 @@ def pcie_bandwidth_gbps(generation: int, width: int) -> float:
     check_int("generation", generation, 1, 6)
     check_int("width", width, 1, 32)
     return _PCIE_GBPS_PER_LANE[generation] * width
+
+
+def _link_ok(gen: Any, width: Any) -> bool:
+    try:
+        return 1 <= int(gen) <= 6 and 1 <= int(width) <= 32
+    except (TypeError, ValueError):
+        return False
+
+
+def link_ceiling(
+    gen_now: int | None, width_now: int | None, gen_max: int | None, width_max: int | None
+) -> tuple[float | None, str | None, str | None]:
+    """The theoretical per-direction ceiling of a PCIe link: ``(GB/s, description, basis)``.
+
+    ``basis`` says which of NVML's readings was used: ``"max"`` (the link's maximum; a link
+    trained lower *now* is usually idling to save power and trains up under load) or ``"current"``
+    (used when the reported maximum is *below* the current link, which real hardware cannot do:
+    in a VM the maximum may describe a virtual root port). ``(None, None, None)`` when neither
+    reading is a valid PCIe link.
+
+    >>> link_ceiling(4, 16, 4, 16)[2]
+    'max'
+    >>> link_ceiling(4, 16, 1, 1)[2]
+    'current'
+    """
+    now = pcie_bandwidth_gbps(int(gen_now), int(width_now)) if _link_ok(gen_now, width_now) else None  # type: ignore[arg-type]
+    top = pcie_bandwidth_gbps(int(gen_max), int(width_max)) if _link_ok(gen_max, width_max) else None  # type: ignore[arg-type]
+    tail = "(theoretical, per direction)"
+    if top is not None and (now is None or now <= top):
+        if now is not None and now < top:
+            note = f", its maximum; Gen{gen_now} x{width_now} now, idling"
+        else:
+            note = "" if now is not None else ", its maximum"
+        return top, f"PCIe Gen{gen_max} x{width_max}{note} {tail}", "max"
+    if now is not None:
+        if top is not None:
+            note = (f" as trained now; NVML's maximum, Gen{gen_max} x{width_max}, is below that, which real "
+                    "hardware cannot do (a VM's virtual root port?)")
+        else:
+            note = " as trained now"
+        return now, f"PCIe Gen{gen_now} x{width_now}{note} {tail}", "current"
+    return None, None, None
+
+
+def ceiling_share(measured_gbps: float, ceiling_gbps: float | None, *, tolerance: float = 0.03) -> str:
+    """Words for a measured bandwidth against a theoretical ceiling: ``"62% of the theoretical ceiling"``.
+
+    A measurement above the ceiling (by more than ``tolerance``, for rounding) is impossible on
+    that link, so it is flagged as such instead of being printed as ``110%``: the ceiling is then
+    wrong for this machine (NVML may describe a virtual root port in a VM, or the copy does not
+    cross PCIe at all, e.g. NVLink-C2C or memory shared with the CPU).
+    """
+    measured_gbps = float(measured_gbps)
+    if not ceiling_gbps or ceiling_gbps <= 0 or measured_gbps != measured_gbps:
+        return "no theoretical ceiling is known for this link"
+    share = measured_gbps / float(ceiling_gbps)
+    if share > 1.0 + tolerance:
+        return (f"ABOVE the theoretical ceiling ({measured_gbps:.1f} > {float(ceiling_gbps):.1f} GB/s), which that "
+                "link cannot carry: the ceiling is wrong for this machine (NVML may describe a virtual root port "
+                "in a VM, or the copy does not cross PCIe)")
+    return f"{share:.0%} of the theoretical ceiling"
 
 
 @dataclass
@@ -185,6 +453,8 @@ class HardwareReport:
     pcie_width_max: int | None = None
     link_bandwidth_gbps: float | None = None
     link_description: str | None = None
+    link_basis: str | None = None
+    driver_cuda_version: str | None = None
     missing: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -227,12 +497,14 @@ class HardwareReport:
             ("GPU", show("gpu_name", self.gpu_name)),
             ("GPU memory", show("gpu_memory_bytes", self.gpu_memory_bytes, human_bytes)),
             ("Compute capability", show("gpu_compute_capability", self.gpu_compute_capability)),
-            ("Driver", show("driver_version", self.driver_version)),
+            ("Driver (newest CUDA it supports)", f"{show('driver_version', self.driver_version)}"
+             + (f" (CUDA {self.driver_cuda_version})" if self.driver_cuda_version else "")),
             ("CUDA runtime (torch build)", show("cuda_runtime_version", self.cuda_runtime_version)),
             ("Copy engines", show("copy_engines", self.copy_engines)),
             ("PCIe link now", link(self.pcie_generation, self.pcie_width, "pcie_generation", "pcie_width")),
             ("PCIe link max", link(self.pcie_generation_max, self.pcie_width_max, "pcie_generation_max", "pcie_width_max")),
-            ("Link ceiling per direction (theoretical)", show("link_bandwidth_gbps", self.link_bandwidth_gbps, lambda v: f"{v:.1f} GB/s")),
+            ("Link ceiling per direction (theoretical)", show("link_bandwidth_gbps", self.link_bandwidth_gbps,
+                                                              lambda v: f"{v:.1f} GB/s, from {self.link_description}")),
         ]
         return rows
 
@@ -240,7 +512,7 @@ class HardwareReport:
         """A plain-text table of :meth:`lines`."""
         rows = self.lines()
         width = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+        return "\n".join(wrap(f"{k:<{width}}  {v}", width=110, indent=" " * (width + 2)) for k, v in rows)
 
     def _repr_html_(self) -> str:
         body = "".join(f"<tr><td style='text-align:left'>{k}</td><td style='text-align:left'>{v}</td></tr>" for k, v in self.lines())
@@ -304,10 +576,14 @@ _NO_GPU_FIELDS = (
     "pcie_generation_max",
     "pcie_width_max",
     "link_bandwidth_gbps",
+    "link_basis",
+    "driver_cuda_version",
 )
 
 
 def _fill_gpu(rep: HardwareReport, index: int) -> None:
+    from .config import require_gpu
+
     if torch.version.cuda:
         rep.cuda_runtime_version = str(torch.version.cuda)
     else:
@@ -315,7 +591,13 @@ def _fill_gpu(rep: HardwareReport, index: int) -> None:
     rep.cuda_available = has_cuda()
     if not rep.cuda_available:
         for name in _NO_GPU_FIELDS:
-            rep.missing[name] = "no CUDA device is present"
+            rep.missing[name] = "no CUDA device is usable"
+        driver_cuda, driver_version = _driver_facts()  # a driver torch cannot use still says which CUDA it supports
+        if driver_cuda is not None:
+            rep.driver_cuda_version, rep.driver_version = driver_cuda, driver_version
+            rep.missing.pop("driver_cuda_version", None)
+            if driver_version is not None:
+                rep.missing.pop("driver_version", None)
         return
     try:
         rep.gpu_count = torch.cuda.device_count()
@@ -323,27 +605,59 @@ def _fill_gpu(rep: HardwareReport, index: int) -> None:
         rep.gpu_name = props.name
         rep.gpu_memory_bytes = int(props.total_memory)
         rep.gpu_compute_capability = f"{props.major}.{props.minor}"
-        engines = getattr(props, "async_engine_count", None)
-        if engines is None:
-            rep.missing["copy_engines"] = "this torch version does not expose asyncEngineCount"
-        else:
-            rep.copy_engines = int(engines)
     except Exception as exc:
+        if require_gpu():
+            raise
         rep.missing["gpu_name"] = f"torch.cuda.get_device_properties failed: {exc}"
+        props = None
+    rep.copy_engines, why = copy_engine_count(index, props)
+    if rep.copy_engines is None:
+        rep.missing["copy_engines"] = why
     _fill_nvml(rep, index)
+
+
+def copy_engine_count(index: int, props: Any = None) -> tuple[int | None, str]:
+    """``(count, how it was read)`` of the GPU's copy engines (``cudaDevAttrAsyncEngineCount``).
+
+    torch's device properties have no ``async_engine_count`` (not in torch 2.14), so this
+    asks the CUDA runtime through ``cuda.bindings`` (installed with torch's Linux wheels),
+    and returns ``(None, reason)`` when neither can say.
+    """
+    engines = getattr(props, "async_engine_count", None) if props is not None else None
+    if engines is not None:
+        return int(engines), "torch device properties"
+    try:
+        from cuda.bindings import runtime as cudart
+    except Exception as exc:  # an optional package: unknown, with the reason
+        return None, f"torch does not expose asyncEngineCount and cuda.bindings is not importable ({exc})"
+    try:
+        err, value = cudart.cudaDeviceGetAttribute(cudart.cudaDeviceAttr.cudaDevAttrAsyncEngineCount, int(index))
+    except Exception as exc:
+        from .config import require_gpu
+
+        if require_gpu():  # the CUDA runtime failing on a GPU path must be seen in a strict run
+            raise
+        return None, f"cudaDeviceGetAttribute(cudaDevAttrAsyncEngineCount) failed: {exc}"
+    if err != cudart.cudaError_t.cudaSuccess or value is None:
+        return None, f"cudaDeviceGetAttribute(cudaDevAttrAsyncEngineCount) answered {err}"
+    return int(value), "cudaDeviceGetAttribute (cuda.bindings)"
+
+
+_NVML_FIELDS = ("driver_version", "driver_cuda_version", "pcie_generation", "pcie_width", "pcie_generation_max",
+                "pcie_width_max", "link_bandwidth_gbps")
 
 
 def _fill_nvml(rep: HardwareReport, index: int) -> None:
     try:
         import pynvml
     except Exception as exc:
-        for name in ("driver_version", "pcie_generation", "pcie_width", "pcie_generation_max", "pcie_width_max", "link_bandwidth_gbps"):
+        for name in _NVML_FIELDS:
             rep.missing.setdefault(name, f"nvidia-ml-py is not importable: {exc}")
         return
     try:
         pynvml.nvmlInit()
     except Exception as exc:
-        for name in ("driver_version", "pcie_generation", "pcie_width", "pcie_generation_max", "pcie_width_max", "link_bandwidth_gbps"):
+        for name in _NVML_FIELDS:
             rep.missing.setdefault(name, f"NVML could not start: {exc}")
         return
     try:
@@ -362,10 +676,13 @@ def _fill_nvml(rep: HardwareReport, index: int) -> None:
         rep.pcie_width = read("pcie_width", pynvml.nvmlDeviceGetCurrPcieLinkWidth, handle)
         rep.pcie_generation_max = read("pcie_generation_max", pynvml.nvmlDeviceGetMaxPcieLinkGeneration, handle)
         rep.pcie_width_max = read("pcie_width_max", pynvml.nvmlDeviceGetMaxPcieLinkWidth, handle)
-        gen, width = rep.pcie_generation_max, rep.pcie_width_max
-        if gen and width and 1 <= int(gen) <= 6 and 1 <= int(width) <= 32:
-            rep.link_bandwidth_gbps = pcie_bandwidth_gbps(int(gen), int(width))
-            rep.link_description = f"PCIe Gen{gen} x{width} (theoretical, per direction; the link may train lower at idle)"
+        cuda_raw = read("driver_cuda_version", pynvml.nvmlSystemGetCudaDriverVersion)
+        if cuda_raw is not None:
+            rep.driver_cuda_version = f"{int(cuda_raw) // 1000}.{(int(cuda_raw) % 1000) // 10}"
+        gbps, description, basis = link_ceiling(rep.pcie_generation, rep.pcie_width,
+                                                rep.pcie_generation_max, rep.pcie_width_max)
+        if gbps is not None:
+            rep.link_bandwidth_gbps, rep.link_description, rep.link_basis = gbps, description, basis
         else:
             rep.missing["link_bandwidth_gbps"] = "PCIe generation/width unknown (NVML could not read them; NVLink-C2C systems report none)"
     finally:
@@ -399,14 +716,15 @@ class CheckLine:
     detail: str
 
     def __str__(self) -> str:
-        return f"[{'ok' if self.ok else 'warning'}] {self.name}: {self.detail}"
+        return wrap(f"[{'ok' if self.ok else 'warning'}] {self.name}: {self.detail}", indent="    ")
 
 
 _PACKAGES = ("torch", "torchvision", "numpy", "matplotlib", "ipywidgets", "psutil", "pynvml", "tqdm", "PIL")
 
 
 def environment_check(report: HardwareReport | None = None, shm_min_bytes: int = 1 << 30) -> list[CheckLine]:
-    """An ok/warning line per package, the device, and /dev/shm. Never raises."""
+    """An ok/warning line per package, the device (and why a GPU that is installed cannot be used),
+    the size tier in force, and /dev/shm. Never raises."""
     import importlib
 
     lines: list[CheckLine] = []
@@ -423,14 +741,27 @@ def environment_check(report: HardwareReport | None = None, shm_min_bytes: int =
     if rep.cuda_available:
         lines.append(CheckLine("device", True, f"CUDA: {rep.gpu_name}, driver {rep.driver_version or 'unknown'}"))
     else:
-        lines.append(
-            CheckLine(
-                "device",
-                False,
-                f"no CUDA device; running on {rep.device}. Every chapter still runs: CPU parts are measured live, "
-                "GPU parts show reference results recorded on a real GPU",
+        problem = cuda_driver_problem() if report is None else diagnose_no_cuda(
+            cuda_available=False, torch_cuda=torch.version.cuda, driver_cuda=rep.driver_cuda_version,
+            driver_version=rep.driver_version, nvidia_smi=shutil.which("nvidia-smi") is not None)
+        if problem:
+            lines.append(CheckLine("device", False, f"running on {rep.device}, not on the GPU. {problem}"))
+        else:
+            lines.append(
+                CheckLine(
+                    "device",
+                    False,
+                    f"no CUDA device; running on {rep.device}. Every chapter still runs: CPU parts are measured live, "
+                    "GPU parts show reference results recorded on a real GPU",
+                )
             )
-        )
+    from . import config
+
+    try:
+        tier = config.size_tier()
+        lines.append(CheckLine("sizes", True, f"{tier} tier: {config.tier_reason(tier)}"))
+    except ValueError as exc:  # a WORKBOOK_* variable with an unknown value
+        lines.append(CheckLine("sizes", False, str(exc)))
     if rep.shm_free_bytes is None:
         lines.append(CheckLine("/dev/shm", False, rep.missing.get("shm_free_bytes", "unknown")))
     else:

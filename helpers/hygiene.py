@@ -14,6 +14,7 @@ shape of the experiment and the result:
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import torch
@@ -23,7 +24,26 @@ from .results import ResultSet
 from .timing import Timing, cuda_event_time, measure, time_calls
 from .validate import check_choice, check_float, check_int
 
-__all__ = ["OPERATIONS", "make_op", "warmup_demo", "sync_demo", "events_vs_wall", "time_op", "benchmark"]
+__all__ = [
+    "OPERATIONS",
+    "DEMO_MAX_SECONDS",
+    "SYNC_DEMO_MAX_SECONDS",
+    "make_op",
+    "estimate_call_s",
+    "calls_within",
+    "warmup_demo",
+    "sync_demo",
+    "events_vs_wall",
+    "time_op",
+    "benchmark",
+]
+
+DEMO_MAX_SECONDS = 60.0
+"""Default time budget of one :func:`time_op` (the panel's run): blocks are cut to fit it, and a
+size too big even for three is refused with a ValueError that names the largest size that fits."""
+SYNC_DEMO_MAX_SECONDS = 120.0
+"""Default time budget of :func:`sync_demo` and :func:`events_vs_wall` (a chapter cell, which
+may run the full sizes on a CPU when ``WORKBOOK_FULL=1`` asks for them): repeats are cut to fit."""
 
 #: Operations the live panel offers, with what their size means.
 OPERATIONS: dict[str, str] = {
@@ -37,14 +57,19 @@ def make_op(op: str, n: int, device: torch.device | str) -> Callable[[], Any]:
     """Allocate inputs for ``op`` at size ``n`` on ``device`` and return a closure that runs it.
 
     Raises:
-        ValueError: unknown op, or a size whose inputs would not fit (limit: 1 GiB of inputs).
+        ValueError: unknown op, or a size whose inputs would not fit (limit: 1 GiB of inputs,
+            and half the RAM available now).
     """
+    from .device import resolve_device
+    from .transfer import check_host_bytes
+
     check_choice("op", op, OPERATIONS)
     n = check_int("n", n, 1, 16384)
     need = 3 * n * n * 4
     if need > (1 << 30):
         raise ValueError(f"n={n} needs {need / 2**30:.1f} GiB of inputs; choose n <= 9000 so inputs stay under 1 GiB")
-    dev = torch.device(device)
+    dev = resolve_device(device)
+    check_host_bytes("n", need if dev.type == "cpu" else 2 * n * n * 4, what=f"{op} at n={n}")
     gen = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(n, n, generator=gen).to(dev)
     b = torch.randn(n, n, generator=gen).to(dev)
@@ -56,13 +81,72 @@ def make_op(op: str, n: int, device: torch.device | str) -> Callable[[], Any]:
     return lambda: out.copy_(a)
 
 
+def estimate_call_s(op: str, n: int, device: torch.device | str, *, probe_s: float = 0.2) -> float:
+    """Predict the time of one call of ``op`` at size ``n`` from short calibration runs.
+
+    Times the op (best of three synchronised calls, after one warm-up) at 256, 512, ...
+    until one call takes ``probe_s`` or the size reaches ``n``, then scales by the work:
+    ``n**3`` for a matrix product, ``n**2`` for the element-wise ops. Small sizes run less
+    efficiently than large ones (and a busy machine slows them most), so this errs on the
+    slow side.
+    """
+    from .timing import synchronize
+
+    n = check_int("n", n, 1, 16384)
+    n0 = min(n, 256)
+    while True:
+        fn = make_op(op, n0, device)
+        fn()
+        synchronize(device)
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            synchronize(device)
+            best = min(best, time.perf_counter() - t0)
+        del fn
+        if best >= probe_s or n0 >= n:
+            break
+        n0 = min(n, 2 * n0)
+    power = 3 if op == "matmul" else 2
+    return best * (n / n0) ** power
+
+
+def calls_within(
+    op: str, n: int, device: torch.device | str, *, wanted: int, overhead: int, max_seconds: float, least: int = 3
+) -> int:
+    """How many timed calls (at most ``wanted``) of ``op`` fit in ``max_seconds``, with ``overhead`` untimed calls.
+
+    Raises:
+        ValueError: even ``least`` calls would take longer than ``max_seconds``; the message
+            names the largest size that fits.
+    """
+    max_seconds = check_float("max_seconds", max_seconds, 0.1, 3600.0)
+    one = max(estimate_call_s(op, n, device), 1e-9)
+    fit = int(max_seconds / one) - overhead
+    if fit < least:
+        power = 3 if op == "matmul" else 2
+        largest = int(n * (max_seconds / ((least + overhead) * one)) ** (1 / power))
+        raise ValueError(
+            f"n={n}: one {op} call at this size takes about {one:.1f} s on {torch.device(device)}, so "
+            f"{least + overhead} calls would need about {(least + overhead) * one:.0f} s, beyond the "
+            f"{max_seconds:.0f} s budget (max_seconds); choose n <= {max(largest, 1)}"
+        )
+    return min(wanted, fit)
+
+
 def warmup_demo(device: torch.device | str, repeats: int = 15, channels: int = 7, size: int = 20) -> Timing:
     """Time the first ``repeats`` calls of a freshly built convolution, with no warm-up.
 
-    The first call pays one-off costs (kernel selection, memory allocation,
-    library initialisation, on a GPU also context and cuDNN set-up); later
-    calls don't. ``times_s[0]`` is the first call. The default problem is
-    small on purpose, so the one-off cost is not drowned by the work itself.
+    The first call pays one-off costs: memory allocation, kernel selection and
+    library initialisation. On a GPU the CUDA context already exists by then
+    (the inputs were created on the device before the clock starts), so what the
+    first call pays there is cuDNN's set-up (its handle and the choice of a
+    convolution algorithm) and lazy module loading: CUDA loads a kernel's code
+    only when it is first launched (``CUDA_MODULE_LOADING=LAZY``, the default on
+    Linux since CUDA 12.2). Later calls pay none of it. ``times_s[0]`` is the
+    first call. The default problem is small on purpose, so the one-off cost is
+    not drowned by the work itself.
     """
     check_int("repeats", repeats, 2, 10_000)
     check_int("channels", channels, 1, 1024)
@@ -76,13 +160,19 @@ def warmup_demo(device: torch.device | str, repeats: int = 15, channels: int = 7
         return time_calls(lambda: conv(x), repeats=repeats, warmup=0, device=dev, label="fresh conv2d, no warm-up")
 
 
-def sync_demo(device: torch.device | str, n: int = 2048, repeats: int = 10) -> dict[str, Timing]:
+def sync_demo(
+    device: torch.device | str, n: int = 2048, repeats: int = 10, *, max_seconds: float = SYNC_DEMO_MAX_SECONDS
+) -> dict[str, Timing]:
     """Time the same matrix product with and without synchronising before reading the clock.
 
     On a GPU, ``"no sync"`` measures only how long the CPU takes to *queue*
     the kernel; on a CPU the two agree because CPU operations are synchronous.
+    ``repeats`` is cut (to at least 3 each) so the demo fits ``max_seconds``; each
+    result's ``n`` says how many calls were timed.
     """
     dev = torch.device(device)
+    check_int("repeats", repeats, 1, 100_000)
+    repeats = calls_within("matmul", n, dev, wanted=2 * repeats, overhead=3, max_seconds=max_seconds, least=6) // 2
     fn = make_op("matmul", n, dev)
     fn()  # warm up
     return {
@@ -91,11 +181,18 @@ def sync_demo(device: torch.device | str, n: int = 2048, repeats: int = 10) -> d
     }
 
 
-def events_vs_wall(device: torch.device | str, n: int = 2048, repeats: int = 10) -> dict[str, Timing] | None:
-    """CUDA-event time vs synchronised wall time of a matrix product; ``None`` without CUDA."""
+def events_vs_wall(
+    device: torch.device | str, n: int = 2048, repeats: int = 10, *, max_seconds: float = SYNC_DEMO_MAX_SECONDS
+) -> dict[str, Timing] | None:
+    """CUDA-event time vs synchronised wall time of a matrix product; ``None`` without CUDA.
+
+    ``repeats`` is cut (to at least 3 each) so the demo fits ``max_seconds``.
+    """
     dev = torch.device(device)
     if dev.type != "cuda" or not torch.cuda.is_available():
         return None
+    check_int("repeats", repeats, 1, 100_000)
+    repeats = calls_within("matmul", n, dev, wanted=2 * repeats, overhead=4, max_seconds=max_seconds, least=6) // 2
     fn = make_op("matmul", n, dev)
     return {
         "CUDA events": cuda_event_time(fn, repeats=repeats, warmup=2, device=dev, label=f"matmul {n}, events"),
@@ -103,11 +200,24 @@ def events_vs_wall(device: torch.device | str, n: int = 2048, repeats: int = 10)
     }
 
 
-def time_op(op: str, n: int, device: torch.device | str, min_run_time: float = 0.2) -> Timing:
-    """Median/IQR timing of ``op`` at size ``n`` (what the chapter-00 panel runs)."""
+def time_op(
+    op: str, n: int, device: torch.device | str, min_run_time: float = 0.2, *, max_seconds: float = DEMO_MAX_SECONDS
+) -> Timing:
+    """Median/IQR timing of ``op`` at size ``n`` (what the chapter-00 panel runs).
+
+    ``measure`` times 15 blocks of at least one call each; for a slow op the number of
+    blocks is cut (to at least 3) so the whole timing fits ``max_seconds``, and a size
+    too slow even for that is refused with a ValueError naming the largest size that fits.
+    """
     check_float("min_run_time", min_run_time, 0.01, 60.0)
+    check_float("max_seconds", max_seconds, 0.1, 3600.0)
+    if min_run_time > max_seconds:
+        raise ValueError(f"min_run_time must not exceed max_seconds ({max_seconds:g} s), got {min_run_time:g}")
+    check_choice("op", op, OPERATIONS)
+    check_int("n", n, 1, 16384)
+    blocks = calls_within(op, n, device, wanted=15, overhead=3, max_seconds=max_seconds)
     fn = make_op(op, n, device)
-    return measure(fn, label=f"{op} n={n}", device=device, min_run_time=min_run_time)
+    return measure(fn, label=f"{op} n={n}", device=device, min_run_time=min_run_time, blocks=blocks)
 
 
 def benchmark(results: ResultSet, device: torch.device) -> None:

@@ -113,10 +113,14 @@ class Timing:
         return _quantile(ordered, 0.25), _quantile(ordered, 0.75)
 
     def __str__(self) -> str:
-        return (
+        import textwrap
+
+        text = (
             f"{self.label}: median {human_seconds(self.median_s)}"
             f" (IQR {human_seconds(self.iqr_s)}, n={self.n}, {self.metadata.get('method', '?')})"
         )
+        # Printed lines stay short and break between words (a notebook would break them anywhere).
+        return textwrap.fill(text, width=100, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:

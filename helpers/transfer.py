@@ -69,6 +69,7 @@ __all__ = [
     "predict_pinned_block",
     "safe_pin_limit",
     "check_pin_size",
+    "check_host_bytes",
     "images_nbytes",
     "break_even_uses",
     "pinning_pays",
@@ -141,7 +142,9 @@ class Unavailable:
     available: bool = field(default=False, init=False)
 
     def __str__(self) -> str:
-        return f"{self.what}: not measured here. {self.reason}"
+        from .device import wrap
+
+        return wrap(f"{self.what}: not measured here. {self.reason}")
 
     def __bool__(self) -> bool:  # `if result:` reads naturally
         return False
@@ -347,8 +350,10 @@ def predict_pinned_block(nbytes: int) -> int:
     """Bytes the caching host allocator reserves for a pinned request of ``nbytes``.
 
     PyTorch's ``CachingHostAllocator`` rounds every request up to the next power of
-    two before calling ``cudaHostAlloc`` (unless ``PYTORCH_CUDA_ALLOC_CONF`` sets a
-    ``pinned_max_round_threshold``), so a 300 MiB pin takes a 512 MiB block.
+    two before calling ``cudaHostAlloc``, so a 300 MiB pin takes a 512 MiB block.
+    Requests above ``pinned_max_round_threshold_mb`` (or ``pinned_max_cached_size_mb``),
+    set in ``PYTORCH_ALLOC_CONF`` (``PYTORCH_CUDA_ALLOC_CONF`` is still read), keep their
+    exact size; both are unlimited by default, which is what this prediction assumes.
 
     >>> predict_pinned_block(300 * MiB) // MiB
     512
@@ -420,6 +425,43 @@ def check_pin_size(
             "machine can spare it."
         )
     return block
+
+
+def check_host_bytes(
+    name: str,
+    nbytes: int,
+    *,
+    share: float = 0.5,
+    what: str = "",
+    available_bytes: int | None = None,
+) -> int:
+    """Return ``nbytes`` if that much host RAM can be allocated safely, else raise ValueError.
+
+    ``nbytes`` is the *total* the caller is about to allocate (e.g. both buffers of a
+    copy). The limit is ``share`` of the RAM :func:`psutil.virtual_memory` reports as
+    available now (pass ``available_bytes`` to test or to plan), so a request that
+    would push the machine into swap or the out-of-memory killer is refused first.
+    """
+    nbytes = check_int(name, nbytes, 0)
+    share = check_float("share", share, 0.01, 0.95)
+    if available_bytes is None:
+        available_bytes = _memory_now()[1]
+    limit = int(share * check_int("available_bytes", available_bytes, 0))
+    if nbytes > limit:
+        raise ValueError(
+            f"{name}: {what or 'this request'} needs {human_bytes(nbytes)} of host RAM, more than "
+            f"{share:.0%} of the {human_bytes(available_bytes)} available now ({human_bytes(limit)}). "
+            "Choose a smaller size."
+        )
+    return nbytes
+
+
+def _check_device_bytes(name: str, nbytes: int, dev: torch.device, what: str) -> None:
+    """Refuse a GPU allocation larger than 80% of the device memory free now."""
+    free, _ = torch.cuda.mem_get_info(dev)
+    if nbytes > 0.8 * free:
+        raise ValueError(f"{name}: {what} needs {human_bytes(nbytes)} of GPU memory, more than 80% of the "
+                         f"{human_bytes(free)} free on {dev} now. Choose a smaller size.")
 
 
 def images_nbytes(batch: int, channels: int, height: int, width: int, dtype: str = "uint8") -> int:
@@ -514,6 +556,10 @@ def pinning_status() -> tuple[bool, str]:
         del t
         return ok, "tensor.pin_memory() works here: the driver page-locked the buffer."
     except RuntimeError as exc:
+        from .config import require_gpu
+
+        if require_gpu():  # a strict GPU run must see a pinning failure, not a fallback message
+            raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return False, (
             f"tensor.pin_memory() failed here with: {first!r}. Page-locking is done by the NVIDIA "
@@ -535,7 +581,8 @@ def _numel(nbytes: int, dtype: str) -> int:
 
 
 def measure_host_copy(
-    nbytes: int, *, dtype: str = "uint8", min_run_time: float | None = None, num_threads: int = 1
+    nbytes: int, *, dtype: str = "uint8", min_run_time: float | None = None, num_threads: int = 1,
+    max_seconds: float = 20.0,
 ) -> TransferPoint:
     """Time ``dst.copy_(src)`` between two pageable host tensors of ``nbytes`` bytes.
 
@@ -547,18 +594,29 @@ def measure_host_copy(
     One thread by default: the driver stages a pageable copy with one CPU
     thread, and a multi-threaded copy on a busy 2-core machine mostly measures
     how long the threads wait for each other.
+
+    The two buffers must fit in half the RAM available now (ValueError otherwise),
+    and for a large copy the number of timed blocks is cut (to at least 3) so the
+    measurement takes about ``max_seconds`` at most.
     """
     from .timing import measure
 
     nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
     dtype = check_choice("dtype", dtype, DTYPES)
+    check_host_bytes("nbytes", 2 * nbytes, what=f"a host copy of {human_bytes(nbytes)} (source and destination)")
     run_time = sized(0.02, 0.1) if min_run_time is None else check_float("min_run_time", min_run_time, 1e-4, 60.0)
     n = _numel(nbytes, dtype)
     src = torch.ones(n, dtype=DTYPES[dtype])
     dst = torch.zeros(n, dtype=DTYPES[dtype])  # pages touched now, not during timing
+    max_seconds = check_float("max_seconds", max_seconds, 0.1, 3600.0)
     try:
+        t0 = time.perf_counter()
+        dst.copy_(src)  # one untimed call, to size the measurement
+        one = time.perf_counter() - t0
+        blocks = max(3, min(15, int(max_seconds / max(one, 1e-9)) - 4))
         timing = measure(lambda: dst.copy_(src), label=f"host copy {human_bytes(nbytes)}", device="cpu",
-                         min_run_time=run_time, warmup=2, num_threads=check_int("num_threads", num_threads, 1, 1024))
+                         min_run_time=run_time, warmup=2, blocks=blocks,
+                         num_threads=check_int("num_threads", num_threads, 1, 1024))
     finally:
         del src, dst
     return TransferPoint(
@@ -669,6 +727,9 @@ def measure_copy(
     dev = _device(device)
     if memory == "pinned":
         check_pin_size(nbytes, share=pin_share)
+    else:
+        check_host_bytes("nbytes", nbytes, what=f"a pageable buffer of {human_bytes(nbytes)}")
+    _check_device_bytes("nbytes", nbytes, dev, f"a device buffer of {human_bytes(nbytes)}")
     dst = src = None
     try:
         dst, src = _alloc_pair(nbytes, direction, memory, dev, dtype)
@@ -728,9 +789,13 @@ def transfer_sweep(
 
 
 def _gpu_name(dev: torch.device) -> str:
+    from .config import require_gpu
+
     try:
         return torch.cuda.get_device_name(dev)
     except Exception:  # pragma: no cover - only on odd drivers
+        if require_gpu():
+            raise
         return str(dev)
 
 
@@ -884,6 +949,8 @@ def pin_cost(
         return Unavailable(f"cost of pinning {human_bytes(nbytes)}", reason + " " + pinning_status()[1])
     dev = _device(device)
     block = check_pin_size(nbytes, share=pin_share)
+    check_host_bytes("nbytes", nbytes, what=f"the pageable source of {human_bytes(nbytes)}")
+    _check_device_bytes("nbytes", 2 * nbytes, dev, f"two device copies of {human_bytes(nbytes)}")
     src = torch.ones(nbytes, dtype=torch.uint8)
     cold, cached, plain, pin_copy = [], [], [], []
     try:
@@ -977,6 +1044,8 @@ def host_blocking_probe(
         return Unavailable("host-blocking probe", reason)
     dev = _device(device)
     check_pin_size(nbytes, share=pin_share)
+    check_host_bytes("nbytes", nbytes, what=f"the pageable source of {human_bytes(nbytes)}")
+    _check_device_bytes("nbytes", nbytes, dev, f"a device buffer of {human_bytes(nbytes)}")
     cases = {"pageable": ("pageable", False), "pageable, non_blocking=True": ("pageable", True),
              "pinned, non_blocking=True": ("pinned", True)}
     held: dict[str, float] = {}

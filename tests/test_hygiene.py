@@ -38,3 +38,61 @@ def test_benchmark_records(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hygiene, "sync_demo", lambda device, n: {"sync": hygiene.time_op("add", 16, "cpu", 0.01)})
     hygiene.benchmark(rs, torch.device("cpu"))
     assert {"ch00.first_call_s", "ch00.steady_call_s", "ch00.matmul_time_s"} <= set(rs.keys())
+
+
+# --- demos bounded in time and memory (issue 15 item 10) ----------------------------------------
+
+
+def test_time_op_refuses_a_size_that_would_run_for_minutes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    monkeypatch.setattr(hygiene, "estimate_call_s", lambda op, n, device: 40.0)
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"beyond the 60 s budget.*choose n <= \d+"):
+        hygiene.time_op("matmul", 9000, "cpu")
+    assert time.perf_counter() - t0 < 5  # refused before any big allocation or call
+
+
+def test_time_op_cuts_blocks_to_fit_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = {}
+
+    def fake_measure(fn, **kw):
+        seen.update(kw)
+        return "timed"
+
+    monkeypatch.setattr(hygiene, "estimate_call_s", lambda op, n, device: 2.0)
+    monkeypatch.setattr(hygiene, "measure", fake_measure)
+    assert hygiene.time_op("add", 16, "cpu", max_seconds=20.0) == "timed"
+    assert seen["blocks"] == 7  # 20 s / 2 s = 10 calls, minus 3 untimed
+    with pytest.raises(ValueError, match="min_run_time must not exceed max_seconds"):
+        hygiene.time_op("add", 16, "cpu", min_run_time=5.0, max_seconds=1.0)
+
+
+def test_sync_demo_cuts_repeats_to_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hygiene, "estimate_call_s", lambda op, n, device: 1.0)
+    demo = hygiene.sync_demo("cpu", n=32, repeats=40, max_seconds=20.0)
+    assert demo["sync"].n == demo["no sync"].n == 8  # (20 - 3) // 2
+    with pytest.raises(ValueError, match="choose n <="):
+        hygiene.sync_demo("cpu", n=32, repeats=40, max_seconds=5.0)
+
+
+def test_estimate_scales_with_the_work() -> None:
+    small = hygiene.estimate_call_s("add", 64, "cpu")
+    assert small > 0
+    assert hygiene.calls_within("add", 64, "cpu", wanted=5, overhead=1, max_seconds=60.0) == 5
+
+
+def test_make_op_checks_available_ram(monkeypatch: pytest.MonkeyPatch) -> None:
+    from helpers import transfer
+
+    monkeypatch.setattr(transfer, "_memory_now", lambda: (8 << 30, 100 << 20))  # 100 MiB available
+    with pytest.raises(ValueError, match="host RAM"):
+        hygiene.make_op("add", 4096, "cpu")  # 192 MiB of inputs
+    assert hygiene.make_op("add", 512, "cpu")() is not None
+
+
+def test_make_op_refuses_a_device_not_present() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("checks the no-GPU message")
+    with pytest.raises(ValueError, match="not available on this machine"):
+        hygiene.make_op("add", 8, "cuda:3")

@@ -63,7 +63,8 @@ def test_span_recorder_cpu() -> None:
     assert [s.name for s in trace.spans] == ["load", "compute"] * 3
     assert trace.steps() == 3 and trace.metadata["run"] == "test" and trace.metadata["device"] == "cpu"
     totals = trace.phase_totals()
-    assert totals["compute"] > totals["load"] > 0
+    # sleep() guarantees a lower bound only (a busy machine oversleeps), so compare with that
+    assert totals["compute"] >= 3 * 0.004 * 0.99 and totals["load"] >= 3 * 0.002 * 0.99
     assert trace.phase_means()["load"] == pytest.approx(totals["load"] / 3)
     busy = trace.lane_busy()
     assert set(busy) == {"host", "gpu"} and all(0 < v <= 1 for v in busy.values())

@@ -178,3 +178,28 @@ def test_exercise_grade_mode(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(AssertionError, match="not quite"):
         exercises.check("g.1", 2.0, 1.0)
     assert exercises.check("g.1", 1.0, 1.0).correct
+
+
+def test_check_parts_shows_every_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(exercises.GRADE_ENV, raising=False)
+    P = exercises.Part
+    r = exercises.check_parts("9.9", a=P(True, expected=False, hint="once"), b=P(4.0, expected=4.0, explanation="ok"))
+    lines = str(r).splitlines()
+    assert len(lines) == 2 and "9.9a: not quite" in lines[0] and "9.9b: correct" in lines[1]
+    assert r.status == "wrong" and not r.correct and "9.9a" in r._repr_html_() and "9.9b" in r._repr_html_()
+    blank = exercises.check_parts("9.9", a=P(None, expected=False), b=P(None, expected=4.0))
+    assert blank.status == "unanswered" and str(blank).count("not answered yet") == 2
+    assert exercises.check_parts("9.9", a=P(False, expected=False), b=P(4.0, expected=4.0)).status == "correct"
+    with pytest.raises(ValueError, match="at least one part"):
+        exercises.check_parts("9.9")
+    with pytest.raises(ValueError, match="must be a Part"):
+        exercises.check_parts("9.9", a=(1, 1))  # type: ignore[arg-type]
+
+
+def test_check_parts_grade_mode_names_every_wrong_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(exercises.GRADE_ENV, "1")
+    P = exercises.Part
+    with pytest.raises(AssertionError) as err:
+        exercises.check_parts("9.8", a=P(True, expected=False), b=P(None, expected=4.0), c=P(1.0, expected=1.0))
+    assert "9.8a" in str(err.value) and "9.8b" in str(err.value) and "9.8c" not in str(err.value)
+    assert exercises.check_parts("9.8", a=P(False, expected=False)).correct
