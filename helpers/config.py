@@ -209,7 +209,10 @@ def expected_runtime(chapter: str, tier: str | None = None) -> str | None:
 
 def describe_sizes(chapter: str) -> str:
     """The setup cell's line about sizes: the tier, why it was chosen, and the recorded run time."""
+    import textwrap
+
     tier = size_tier()
-    line = f"Sizes: {tier_reason(tier)}"
     runtime = expected_runtime(chapter, tier)
-    return line + ("\n" + runtime if runtime else "")
+    lines = [f"Sizes: {tier_reason(tier)}"] + ([runtime] if runtime else [])
+    return "\n".join(textwrap.fill(line, width=100, break_on_hyphens=False, break_long_words=False)
+                     for line in lines)
