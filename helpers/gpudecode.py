@@ -34,9 +34,24 @@ and ``torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp``):
   docs say a list is "more efficient than repeated individual calls" on CUDA and
   equivalent on the CPU, and that "this function does not return partial results in
   case of an error".
-* The CUDA decoder runs on its own stream, **synchronises it before returning**, then
-  makes the caller's current stream wait on an event. So the call is blocking for the
-  host, and the input bytes may be reused as soon as it returns.
+* The CUDA decoder (``decode_jpegs_cuda.cpp``) allocates its output tensors with
+  ``torch::empty`` on the target device, that is from PyTorch's caching allocator **on
+  the caller's current stream**, and then decodes into them on **its own** stream (one
+  taken from the stream pool), without ordering that stream after the caller's. The
+  allocator hands out a block as soon as it is freed on the caller's stream, while
+  kernels queued earlier on that stream may still read it; nvJPEG's hardware engine
+  then overwrites it (pytorch/vision PR #9606 reproduces the corruption on an H100:
+  NaNs and arbitrary values in tensors that never touched the decoder; torchcodec PR
+  #1634 fixes its own decoder with a host synchronisation before the batched decode).
+  :func:`decode_batch` therefore **synchronises the caller's current stream before
+  decoding** (``torch.cuda.current_stream(device).synchronize()``). It costs little:
+  the decoder synchronises the host with its own stream anyway.
+* After decoding, the decoder **synchronises its stream with the host before
+  returning** (``cudaStreamSynchronize``), then makes a current stream wait on an event.
+  So when the call returns the pixels are written: work queued afterwards on any stream
+  sees them, and nothing more is needed after the call. The call is blocking for the
+  host, and the input bytes (and the pinned staging buffer) may be reused as soon as it
+  returns.
 * Since torchvision 0.29 every ``torchvision.io`` image decoder and encoder calls
   ``warnings.warn(..., DeprecationWarning)`` on every call: "The image decoding and
   encoding capabilities of TorchVision are deprecated since torchvision 0.29 and will be
@@ -290,7 +305,8 @@ def _staged(encoded: list[torch.Tensor]) -> list[torch.Tensor]:
     memory that copy can be a direct DMA. The buffer comes from PyTorch's caching
     host allocator, so after the first batches packing costs one memcpy. It is
     safe to let it go when :func:`decode_batch` returns, because torchvision's CUDA
-    decoder synchronises its stream before returning (see the module docstring).
+    decoder synchronises its own stream with the host before returning (see the module
+    docstring), so nvJPEG has read the bytes by then.
     """
     if all(t.is_pinned() for t in encoded):
         return encoded
@@ -369,9 +385,12 @@ def decode_batch(
 
     On CUDA: the bytes are packed into one pinned host buffer (``pin``, default on;
     skipped when they are pinned already, e.g. by a DataLoader with
-    ``pin_memory=True``), decoded by **one** batched nvJPEG call
-    (``torchvision.io.decode_jpeg(list, device=...)``), and resized and centre-cropped
-    on the GPU. On the CPU: the same decoder on the CPU (libjpeg-turbo), the same
+    ``pin_memory=True``), the caller's current stream is synchronised with the host
+    (torchvision's decoder writes its outputs from its own stream without waiting for
+    ours; see the module docstring), the batch is decoded by **one** batched nvJPEG call
+    (``torchvision.io.decode_jpeg(list, device=...)``, which returns only when the
+    pixels are written), and resized and centre-cropped on the GPU, on the current
+    stream. The call blocks the host: it is not a way to overlap decoding with compute. On the CPU: the same decoder on the CPU (libjpeg-turbo), the same
     resize and crop; same interface, same result up to decoder rounding.
 
     Every item first passes :func:`check_jpeg`, so a truncated or non-JPEG item
@@ -403,6 +422,12 @@ def decode_batch(
         check_jpeg(t, _item_name(i, names))
     if dev.type == "cuda":
         src = _staged(items) if (pin is None or pin) else items
+        # torchvision allocates the outputs on our current stream but writes them from its own
+        # stream, unordered with ours: let everything already queued on ours finish first, so
+        # no block still being read by a queued kernel can be handed to the decoder (module
+        # docstring; pytorch/vision PR #9606). The decoder syncs its stream before returning,
+        # so the pixels are complete when the call returns: no wait is needed afterwards.
+        torch.cuda.current_stream(dev).synchronize()
         try:
             with _quiet_torchvision_io():
                 images = decode_jpeg(src, mode=ImageReadMode.RGB, device=dev)

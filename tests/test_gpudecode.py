@@ -188,27 +188,41 @@ def test_cuda_branch_with_a_stand_in_decoder(monkeypatch):
 
     real = tio.decode_jpeg
     calls: list[tuple[int, torch.device]] = []
+    events: list[str] = []
     fail_always = {"on": False}
+
+    class FakeStream:
+        def __init__(self, device):
+            self.device = device
+
+        def synchronize(self):
+            events.append(f"sync {self.device}")
 
     def stand_in(inp, mode=tio.ImageReadMode.UNCHANGED, device="cpu", apply_exif_orientation=False):
         if torch.device(device).type != "cuda":
             return real(inp, mode=mode)
         assert isinstance(inp, list) and all(t.device.type == "cpu" for t in inp)  # the documented contract
         calls.append((len(inp), torch.device(device)))
+        events.append("decode")
         if fail_always["on"]:
             raise RuntimeError("decode_jpegs_cuda.cpp:42, simulated nvJPEG failure")
         return [real(t, mode=mode) for t in inp]  # like nvJPEG: one bad item fails the whole call
 
-    monkeypatch.setattr(tio, "decode_jpeg", stand_in)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    def patch():
+        monkeypatch.setattr(tio, "decode_jpeg", stand_in)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream(device))
+
+    patch()
     enc = [_jpeg(16, 16, seed=i) for i in range(3)]
     x = G.decode_batch(enc, "cuda", 8, pin=False)
     assert calls == [(3, torch.device("cuda"))]  # one batched call for the whole batch
+    # The caller's stream is synchronised before the decoder writes (pytorch/vision PR #9606).
+    assert len(events) == 2 and events[0].startswith("sync cuda") and events[1] == "decode", events
     monkeypatch.undo()
     assert torch.equal(x, G.decode_batch(enc, "cpu", 8))
 
-    monkeypatch.setattr(tio, "decode_jpeg", stand_in)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    patch()
     bad = enc[1].clone()
     bad[2:40] = 7
     with pytest.raises(ImageDecodeError, match=r"item 1 of the batch \(b\.jpg\).*batched GPU decode failed on it"):
@@ -338,3 +352,23 @@ def test_gpu_benchmark_records_both_paths(info):
     assert wheres == {("cpu", False), ("cuda", True), ("cuda", False)}
     for k in ("ch05.decode.speedup", "ch05.decode.mean_abs_diff", "ch05.decode.max_abs_diff"):
         assert rs.find(k), k
+
+
+@cuda
+def test_gpu_decode_does_not_overwrite_memory_the_callers_stream_still_reads(info):
+    """pytorch/vision PR #9606's race: a block freed on the caller's stream while a queued kernel
+    still reads it must not be handed to the decoder. decode_batch synchronises the caller's
+    stream first, so the queued reduction sees its own values."""
+    ds = G.EncodedJpegDataset(info.val_dir)
+    enc = [ds[i][0] for i in range(8)]
+    G.decode_batch(enc, "cuda", 32)  # warm-up: the nvJPEG handle exists
+    n_bytes = sum(3 * 40 * 40 for _ in enc)  # at least as large as the decoded images
+    wrong = 0
+    for _ in range(20):
+        victim = torch.full((n_bytes // 4 + 1024,), 1.0, device="cuda")
+        torch.cuda._sleep(50_000_000)  # the GPU is busy: the sum below is only queued
+        total = victim.sum()
+        del victim  # freed on the caller's stream while the sum still has to read it
+        G.decode_batch(enc, "cuda", 32)
+        wrong += int(total.item() != n_bytes // 4 + 1024)
+    assert wrong == 0
