@@ -69,9 +69,14 @@ and ``torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp``):
   removes these decoders, :func:`decode_batch` is the one place to switch to torchcodec.
 
 Pixels are equal on the CPU to chapter 01's Pillow pipeline (both use libjpeg-turbo,
-and the same ``v2`` resize and centre crop). nvJPEG's IDCT and chroma upsampling are its
-own, so its pixels may differ slightly; :attr:`DecodeComparison.mean_abs_diff` measures
-by how much on a GPU, and the benchmark records it.
+and the same ``v2`` resize and centre crop). On a GPU two things differ, and
+:func:`compare_decode` measures them apart: the **decode** (nvJPEG's IDCT and chroma
+upsampling are its own: :attr:`DecodeComparison.decode_mean_abs_diff`, full-size images
+before any resize) and the **resize** (torchvision resizes uint8 images in integer
+arithmetic on the CPU but in float on CUDA, rounding back to uint8:
+:attr:`DecodeComparison.resize_mean_abs_diff`, the CPU's decoded pixels resized on the
+device against the same pixels resized on the CPU). :attr:`DecodeComparison.mean_abs_diff`
+is what a reader gets, both together; the benchmark records all three.
 """
 
 from __future__ import annotations
@@ -409,10 +414,21 @@ def decode_batch(
         ValueError: bad arguments (naming the parameter).
         ImageDecodeError: an item is not a decodable JPEG; the message names it.
     """
-    from torchvision.io import ImageReadMode, decode_jpeg
-
     dev = _device(device)
     crop_size = check_int("crop_size", crop_size, 8, 1024)
+    return _resize_crop(_decode_images(encoded, dev, pin=pin, names=names), crop_size)
+
+
+def _decode_images(
+    encoded: Sequence[torch.Tensor],
+    dev: torch.device,
+    *,
+    pin: bool | None = None,
+    names: Sequence[str] | None = None,
+) -> list[torch.Tensor]:
+    """The decode step of :func:`decode_batch`: full-size uint8 ``(3, H, W)`` images on ``dev``."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
     if isinstance(encoded, torch.Tensor) or not isinstance(encoded, Sequence) or len(encoded) == 0:
         raise ValueError("encoded: expected a non-empty list of 1-D uint8 tensors (one per JPEG file), got "
                          + (f"a {type(encoded).__name__}" if not isinstance(encoded, Sequence) or
@@ -446,7 +462,7 @@ def decode_batch(
                 except RuntimeError as exc:
                     raise ImageDecodeError(
                         f"could not decode {_item_name(i, names)}: {_reason(exc)}") from None
-    return _resize_crop(list(images), crop_size)
+    return list(images)
 
 
 def batch_bytes(encoded: Sequence[torch.Tensor], decoded: torch.Tensor) -> dict[str, int]:
@@ -487,7 +503,12 @@ class DecodeComparison:
             synchronised wall clock: (a) is mostly CPU work, which CUDA events would miss).
         pinned: whether (b) staged the bytes in pinned memory.
         max_abs_diff / mean_abs_diff: (b)'s pixels against (a)'s, on the first batch
-            (0-255 levels; 0 on the CPU, decoder rounding on a GPU).
+            (0-255 levels; 0 on the CPU). On a GPU this is decode and resize together:
+        decode_max_abs_diff / decode_mean_abs_diff: the decode alone: (b)'s full-size
+            decoded images against (a)'s, before any resize (nvJPEG against libjpeg-turbo).
+        resize_max_abs_diff / resize_mean_abs_diff: the resize alone: (a)'s decoded
+            images resized and cropped on the device (float arithmetic on CUDA) against
+            the same images resized on the CPU (integer arithmetic for uint8).
     """
 
     device: str
@@ -504,6 +525,23 @@ class DecodeComparison:
     max_abs_diff: int
     mean_abs_diff: float
     notes: list[str] = field(default_factory=list)
+    decode_max_abs_diff: int = 0
+    decode_mean_abs_diff: float = 0.0
+    resize_max_abs_diff: int = 0
+    resize_mean_abs_diff: float = 0.0
+
+    def diff_report(self) -> str:
+        """Where (b)'s pixels differ from (a)'s: the decode alone, the resize alone, and both (what you get)."""
+        if not self.on_gpu:
+            return ("pixels: path (b) ran the same CPU code as (a): identical (largest difference "
+                    f"{self.max_abs_diff} of 255 levels)")
+        rows = [("decode alone (nvJPEG vs libjpeg-turbo, full-size images)", self.decode_max_abs_diff,
+                 self.decode_mean_abs_diff),
+                ("resize alone (same pixels, float resize on the GPU vs integer on the CPU)",
+                 self.resize_max_abs_diff, self.resize_mean_abs_diff),
+                ("both (what decode_batch returns)", self.max_abs_diff, self.mean_abs_diff)]
+        return "\n".join(["pixels of (b) against (a), in 0-255 levels, first batch:"] +
+                         [f"  {name:<76} largest {mx:>3}, mean {mean:.3f}" for name, mx, mean in rows])
 
     @property
     def labels(self) -> tuple[str, str]:
@@ -596,6 +634,7 @@ def compare_decode(
 
     per_form: dict[str, list[int]] = {f: [] for f in FORMS}
     first: dict[str, torch.Tensor] = {}
+    split = {"decode": (0, 0.0), "resize": (0, 0.0)}
     for k, (enc, names) in enumerate(batches):
         x = decode_batch(enc, "cpu", crop_size, names=names)
         for form, v in batch_bytes(enc, x).items():
@@ -603,6 +642,12 @@ def compare_decode(
         if k == 0:
             first["a"] = x
             first["b"] = decode_batch(enc, dev, crop_size, pin=pin, names=names).cpu()
+            if on_gpu:  # the two sources of difference, measured apart
+                raw_a = _decode_images(enc, torch.device("cpu"), names=names)
+                raw_b = _decode_images(enc, dev, pin=pin, names=names)
+                split["decode"] = _diff_stats(raw_a, [im.cpu() for im in raw_b])
+                resized_on_dev = _resize_crop([im.to(dev) for im in raw_a], crop_size).cpu()
+                split["resize"] = _diff_stats([x], [resized_on_dev])
     from torchvision.io import ImageReadMode, decode_jpeg
 
     with _quiet_torchvision_io():  # the stored width of the first file, for the labels
@@ -634,7 +679,20 @@ def compare_decode(
         n_batches=len(batches), bytes={f: statistics.fmean(v) for f, v in per_form.items()},
         bytes_per_batch=per_form, cpu_path=timings[0], device_path=timings[1], pinned=pinned,
         max_abs_diff=int(diff.max()), mean_abs_diff=float(diff.float().mean()), notes=notes,
+        decode_max_abs_diff=split["decode"][0], decode_mean_abs_diff=split["decode"][1],
+        resize_max_abs_diff=split["resize"][0], resize_mean_abs_diff=split["resize"][1],
     )
+
+
+def _diff_stats(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> tuple[int, float]:
+    """(largest, mean) absolute difference in 0-255 levels over pairs of same-shaped uint8 tensors."""
+    largest, total, count = 0, 0.0, 0
+    for x, y in zip(a, b):
+        d = (x.to(torch.int16) - y.to(torch.int16)).abs()
+        largest = max(largest, int(d.max()))
+        total += float(d.sum(dtype=torch.float64))
+        count += d.numel()
+    return largest, total / max(count, 1)
 
 
 # ---------------------------------------------------------------------------
@@ -744,8 +802,10 @@ def benchmark(
       from pinned memory), ``batch_size``, ``crop_size``, ``image_size``. On a CPU only the
       CPU path is recorded (the other path would be the same code).
     - ``ch05.decode.speedup`` (CUDA only): ratio, CPU path over GPU decode with pinned bytes.
-    - ``ch05.decode.mean_abs_diff`` / ``.max_abs_diff`` (CUDA only): levels (0-255), nvJPEG's
-      pixels against libjpeg-turbo's on one batch.
+    - ``ch05.decode.mean_abs_diff`` / ``.max_abs_diff`` (CUDA only): levels (0-255), the GPU
+      path's pixels against the CPU path's on one batch; ``stage``: ``decode`` (nvJPEG against
+      libjpeg-turbo, full-size images), ``resize`` (float resize on the GPU against integer
+      resize on the CPU, same input pixels) or ``decode+resize`` (what a reader gets).
 
     Uses the validation split of the data set at the current mode's sizes (``info``
     and the sizes can be overridden, for tests). Returns ``results``.
@@ -780,6 +840,9 @@ def benchmark(
                         where="cuda", device="cuda", pinned=cmp.pinned, **p)
             if cmp.pinned:
                 results.add("ch05.decode.speedup", cmp.speedup, "ratio", pinned=True, **p)
-                results.add("ch05.decode.mean_abs_diff", cmp.mean_abs_diff, "levels", vs="cpu", **p)
-                results.add("ch05.decode.max_abs_diff", cmp.max_abs_diff, "levels", vs="cpu", **p)
+                for stage, mx, mean in (("decode+resize", cmp.max_abs_diff, cmp.mean_abs_diff),
+                                        ("decode", cmp.decode_max_abs_diff, cmp.decode_mean_abs_diff),
+                                        ("resize", cmp.resize_max_abs_diff, cmp.resize_mean_abs_diff)):
+                    results.add("ch05.decode.mean_abs_diff", mean, "levels", vs="cpu", stage=stage, **p)
+                    results.add("ch05.decode.max_abs_diff", mx, "levels", vs="cpu", stage=stage, **p)
     return results

@@ -259,6 +259,7 @@ def test_compare_decode_on_cpu(info):
     assert set(cmp.bytes) == set(G.FORMS) and all(len(v) == 2 for v in cmp.bytes_per_batch.values())
     assert cmp.bytes["uint8"] == 8 * 3 * 32 * 32 and cmp.bytes["float32"] == 4 * cmp.bytes["uint8"]
     assert cmp.max_abs_diff == 0  # both paths are the same CPU decode here
+    assert (cmp.decode_max_abs_diff, cmp.resize_max_abs_diff) == (0, 0) and "identical" in cmp.diff_report()
     assert cmp.cpu_path.n == 2 and cmp.device_path.n == 2
     assert "same code path" in cmp.labels[1] and "same code path" in cmp.report()
     fig = G.plot_comparison(cmp)
@@ -312,6 +313,18 @@ def test_overlap_benchmark_still_records_nothing_on_cpu():
     assert overlap.benchmark(ResultSet.new("t", "test"), "cpu").records == []
 
 
+def test_diff_stats_and_the_gpu_diff_report():
+    a = [torch.tensor([[0, 10]], dtype=torch.uint8), torch.tensor([[255]], dtype=torch.uint8)]
+    b = [torch.tensor([[2, 10]], dtype=torch.uint8), torch.tensor([[250]], dtype=torch.uint8)]
+    assert G._diff_stats(a, b) == (5, pytest.approx(7 / 3))
+    cmp = G.DecodeComparison(
+        device="cuda:0", on_gpu=True, batch_size=1, crop_size=8, image_size=8, n_batches=1, bytes={},
+        bytes_per_batch={}, cpu_path=None, device_path=None, pinned=True, max_abs_diff=4, mean_abs_diff=0.5,
+        decode_max_abs_diff=3, decode_mean_abs_diff=0.4, resize_max_abs_diff=1, resize_mean_abs_diff=0.1)
+    text = cmp.diff_report()
+    assert "decode alone" in text and "resize alone" in text and "both" in text and "largest   1" in text
+
+
 # -- GPU ---------------------------------------------------------------------------------
 
 
@@ -352,6 +365,16 @@ def test_gpu_benchmark_records_both_paths(info):
     assert wheres == {("cpu", False), ("cuda", True), ("cuda", False)}
     for k in ("ch05.decode.speedup", "ch05.decode.mean_abs_diff", "ch05.decode.max_abs_diff"):
         assert rs.find(k), k
+    assert {r.params["stage"] for r in rs.find("ch05.decode.mean_abs_diff")} == {"decode", "resize", "decode+resize"}
+
+
+@cuda
+def test_gpu_pixel_difference_is_measured_apart(info):
+    ds = G.EncodedJpegDataset(info.val_dir)
+    cmp = G.compare_decode(ds, "cuda", batch_size=8, crop_size=32, n_batches=1, repeats=1)
+    assert cmp.decode_mean_abs_diff < 6  # nvJPEG's IDCT and chroma upsampling against libjpeg-turbo
+    assert cmp.resize_max_abs_diff <= 3  # float against integer rounding of the same pixels
+    assert "decode alone" in cmp.diff_report()
 
 
 @cuda
