@@ -449,8 +449,11 @@ def _decode_images(
                 images = decode_jpeg(src, mode=ImageReadMode.RGB, device=dev)
         except RuntimeError as exc:
             culprit = _culprit_on_cpu(items, names)
-            if culprit is not None:
-                raise ImageDecodeError(f"could not decode {culprit}. The batched GPU decode failed on it.") from None
+            if culprit is not None:  # the data is bad (it fails on the CPU too); keep the CUDA error on strict runs
+                from .config import require_gpu
+
+                raise ImageDecodeError(f"could not decode {culprit}. The batched GPU decode failed on it.") from (
+                    exc if require_gpu() else None)
             raise ImageDecodeError(f"the batched GPU JPEG decode failed, although every item decodes on the CPU: "
                                    f"{_reason(exc)}") from exc
     else:
@@ -669,11 +672,13 @@ def compare_decode(
     timings = []
     for j, (label, fn) in enumerate(((_CPU_LABEL, path_a), (_DEVICE_LABEL, path_b))):
         state["i"] = 0
+        if progress is not None:
+            progress(j / 2, f"timing path {'ab'[j]} ({j + 1} of 2): {repeats * len(batches)} batches")
         t = time_calls(fn, repeats=repeats * len(batches), label=label, device=dev, sync=True, warmup=1)
         t.metadata.update(batch_size=batch_size, crop_size=crop_size, pinned=pinned if j else False)
         timings.append(t)
         if progress is not None:
-            progress((j + 1) / 2, f"timed {label}")
+            progress((j + 1) / 2, f"timed path {'ab'[j]} ({j + 1} of 2)")
     return DecodeComparison(
         device=str(dev), on_gpu=on_gpu, batch_size=batch_size, crop_size=crop_size, image_size=image_size,
         n_batches=len(batches), bytes={f: statistics.fmean(v) for f, v in per_form.items()},

@@ -849,7 +849,7 @@ def panel_run(progress: Callable[[float, str], None] | None = None, *, copy_mib:
     return {"trace": schematic_trace(memory, stream), "source": f"{SCHEMATIC}; no reference recording of this "
             "cell exists yet", "kind": "schematic",
             "summary": (f"No CUDA device and no reference recording yet: showing a schematic of {memory} + {stream} "
-                        f"stream (expected: {expected_label(memory, stream)}). Sizes take effect on a GPU."),
+                        f"stream (expected: {expected_label(memory, stream)}). The sizes are not used without a GPU."),
             "result": None}
 
 

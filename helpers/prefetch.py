@@ -73,6 +73,8 @@ __all__ = [
     "normalize_uint8",
     "check_prefetcher",
     "check_order",
+    "order_log",
+    "format_order_log",
     "check_race",
     "ProbeBatch",
     "ProbeLoader",
@@ -590,6 +592,36 @@ class ProbeLoader:
 MAX_AHEAD = 2
 
 
+def order_log(candidate: Any, device: torch.device | str = "cpu",
+              n_batches: int = 6) -> tuple[list[tuple[str, int]], list[Any]]:
+    """Run ``candidate(loader, device)`` on a :class:`ProbeLoader`; return (the event log, the batches handed over).
+
+    The log is one sequence of ``("request", i)`` (the loader was asked for batch i),
+    ``("move", i)`` (batch i's ``.to()`` was called) and ``("handed", i)`` (the
+    candidate handed batch i to the loop), in the order they happened.
+    """
+    loader = ProbeLoader(n_batches)
+    handed: list[Any] = []
+    for k, b in enumerate(candidate(loader, torch.device(device))):
+        loader.log.append(("handed", k))
+        handed.append(b)
+    return loader.log, handed
+
+
+def format_order_log(log: Sequence[tuple[str, int]]) -> str:
+    """The log as one line per hand-over: what had happened since the previous one."""
+    lines, pending = [], []
+    for kind, i in log:
+        if kind == "handed":
+            lines.append(f"  before handing over batch {i}: " + (", ".join(pending) if pending else "nothing"))
+            pending = []
+        else:
+            pending.append(f"{kind} {i}")
+    if pending:
+        lines.append("  after the last hand-over: " + ", ".join(pending))
+    return "\n".join(lines)
+
+
 def check_order(candidate: Any, device: torch.device | str = "cpu", n_batches: int = 6) -> list[str]:
     """Problems (empty: none) in *when* ``candidate(loader, device)`` requests and moves batches.
 
@@ -601,12 +633,7 @@ def check_order(candidate: Any, device: torch.device | str = "cpu", n_batches: i
     A pass-through (``(b for b in loader)``) requests batch ``i + 1`` only after handing
     over batch ``i``, and moves nothing: it fails. Works on every device.
     """
-    loader = ProbeLoader(n_batches)
-    log = loader.log
-    handed: list[Any] = []
-    for k, b in enumerate(candidate(loader, torch.device(device))):
-        log.append(("handed", k))
-        handed.append(b)
+    log, handed = order_log(candidate, device, n_batches)
     problems: list[str] = []
     if len(handed) != n_batches:
         return [f"order check: gave {len(handed)} batches of {n_batches}"]

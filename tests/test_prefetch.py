@@ -530,3 +530,17 @@ def test_the_hidden_syncs_loop_does_synchronise() -> None:
     x = torch.randn(64, 64, device="cuda")
     with _syncs_are_errors(), pytest.raises(RuntimeError, match="synchroniz"):
         _loop_hidden_syncs(x, x, 1, _io.StringIO())
+
+
+def test_checker_lets_cuda_errors_through_on_a_strict_gpu_run(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """WORKBOOK_REQUIRE_GPU=1: a CUDA error inside the checked code propagates instead of becoming a FAIL line."""
+    from helpers import prefetch
+
+    cuda_dev, cpu = torch.device("cuda"), torch.device("cpu")
+    err = RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "1")
+    assert prefetch._gpu_error(err, cuda_dev)
+    assert not prefetch._gpu_error(RuntimeError("oops"), cuda_dev)  # the reader's own mistake stays a FAIL
+    assert not prefetch._gpu_error(err, cpu)
+    monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "0")
+    assert not prefetch._gpu_error(err, cuda_dev)
