@@ -78,6 +78,7 @@ __all__ = [
     "hazard_pinned_source_mutation",
     "hazard_hidden_syncs",
     "PRINT_SYNCS_WHY",
+    "sync_counts_reference",
     "prefetch_overlap_ratio",
     "prefetch_step_times",
     "panel_run",
@@ -690,6 +691,24 @@ def hazard_hidden_syncs(
                         inspect.getsource(_loop_hidden_syncs), inspect.getsource(_loop_no_syncs), expl)
 
 
+def sync_counts_reference() -> str:
+    """The reference recording of hazard 3's synchronisation counts (per loop, per step, per line), or "none yet"."""
+    from . import reference
+
+    hits = reference.find("ch05.hazard.syncs")
+    if not hits:
+        return reference.missing_message("the synchronisation counts of hazard 3 (ch05.hazard.syncs)")
+    rs, recs = hits[0]
+    lines = [reference.provenance_line(rs)]
+    for r in recs:
+        steps = r.params.get("steps") or 1
+        lines.append(f"  {r.params.get('variant')} loop, {steps} steps: {r.value:.0f} synchronisations "
+                     f"({r.value / steps:.2f} per step)")
+    for rs2, per_line in reference.find("ch05.hazard.syncs_per_line")[:1]:
+        lines.extend(f"  {r.params.get('line')} alone: {r.value:.0f}" for r in per_line)
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------
 # Prefetcher measurements (GPU) — used by the exercise checker and benchmark()
 # ---------------------------------------------------------------------------
@@ -871,6 +890,8 @@ def benchmark(results: Any, device: torch.device | str | None = None) -> Any:
     - ``ch05.hazard.d2h_wrong``: count; ``variant`` (bug/fix), ``n``.
     - ``ch05.hazard.mutation_wrong``: count; ``variant``, ``n``.
     - ``ch05.hazard.syncs``: count; ``variant`` (hidden/fixed), ``steps``.
+    - ``ch05.hazard.syncs_per_line``: count, one line of the buggy step alone; ``line``
+      (``.item()``, ``print(loss)``, ``.cpu()``).
     - ``ch05.prefetch.batch_time``: s per batch; ``dtype`` (float32/uint8), ``prefetcher`` (bool),
       ``batch``, ``image``.
 
@@ -907,6 +928,8 @@ def benchmark(results: Any, device: torch.device | str | None = None) -> Any:
     h = hazard_hidden_syncs(dev, steps=50)
     results.add("ch05.hazard.syncs", h.bug["synchronisations"], "count", variant="hidden", steps=50)
     results.add("ch05.hazard.syncs", h.fix["synchronisations"], "count", variant="fixed", steps=50)
+    for line in (".item()", "print(loss)", ".cpu()"):
+        results.add("ch05.hazard.syncs_per_line", h.bug[f"{line} alone"], "count", line=line)
     for (dtype_name, with_pf), sec in prefetch_step_times(dev).items():
         results.add("ch05.prefetch.batch_time", sec, "s", dtype=dtype_name, prefetcher=with_pf, batch=256,
                     image=128)

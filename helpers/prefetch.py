@@ -734,8 +734,9 @@ def check_race(candidate: Any, device: torch.device | str = "cuda", *, batch_mib
             problems.append(f"race check ({label}): gave {got} batches of {n_batches}")
         elif any(wrong):
             first = next(i for i, w in enumerate(wrong) if w)
-            why = ("the compute stream read a batch before its copy had finished: make the current stream wait "
-                   "for the side stream (wait_stream or wait_event) before handing the batch over"
+            why = ("the consuming stream read a batch before its copy had finished (make the current stream wait "
+                   "for the side stream, wait_stream or wait_event, before handing the batch over), or after its "
+                   "memory had been reused (record_stream)"
                    if not wait else
                    "a batch's memory was reused while the compute stream still had to read it: call "
                    "x.record_stream(torch.cuda.current_stream()) on each batch you hand over")
