@@ -70,6 +70,7 @@ __all__ = [
     "render_image",
     "ShapesDataset",
     "to_float_normalized",
+    "normalization_stats",
     "TimedCollate",
     "seed_worker",
     "make_loader",
@@ -720,25 +721,66 @@ class ShapesDataset(Dataset):
         )
 
 
-def to_float_normalized(
-    batch: torch.Tensor, mean: Sequence[float] = MEAN, std: Sequence[float] = STD
-) -> torch.Tensor:
-    """Turn a uint8 ``(N, 3, H, W)`` batch into normalised float32, on the batch's device.
+#: Per-channel statistics already on a device, keyed by (mean, std, device, dtype): built once
+#: with a blocking copy, then reused, so normalising a batch never copies from the host again.
+_STATS_CACHE: dict[tuple[tuple[float, ...], tuple[float, ...], torch.device, torch.dtype],
+                   tuple[torch.Tensor, torch.Tensor]] = {}
 
-    Equals what ``ShapesDataset(output="float")`` produces from the same crops,
-    so moving uint8 and normalising on the GPU changes speed, never results.
+
+def normalization_stats(
+    mean: Sequence[float], std: Sequence[float], device: torch.device | str, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(mean, std)`` as ``(C, 1, 1)`` tensors on ``device``, built once per (values, device, dtype).
+
+    ``torch.tensor(..., device="cuda")`` is a blocking host-to-device copy: built on every
+    step it puts a hidden synchronisation into every step
+    (``torch.cuda.set_sync_debug_mode`` reports it). Here the first call per key pays that
+    copy and caches the result; the cached tensors are complete when cached and never
+    freed, so any stream may read them. Treat them as read-only.
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:  # "cuda" and "cuda:0" must find the same entry
+        dev = torch.device("cuda", torch.cuda.current_device())
+    key = (tuple(float(v) for v in mean), tuple(float(v) for v in std), dev, dtype)
+    hit = _STATS_CACHE.get(key)
+    if hit is None:
+        m = torch.tensor(key[0], dtype=dtype).view(-1, 1, 1).to(key[2])
+        s = torch.tensor(key[1], dtype=dtype).view(-1, 1, 1).to(key[2])
+        hit = _STATS_CACHE[key] = (m, s)
+    return hit
+
+
+def to_float_normalized(
+    batch: torch.Tensor, mean: Sequence[float] = MEAN, std: Sequence[float] = STD, *,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Turn a uint8 ``(N, C, H, W)`` batch into normalised floats, on the batch's device.
+
+    The workbook's one normaliser (:func:`helpers.prefetch.normalize_uint8` and the
+    prefetcher delegate to it). The arithmetic is torchvision's
+    ``ToDtype(float32, scale=True)`` then ``Normalize(mean, std)``, in the same order:
+    ``x.to(dtype).mul_(1 / 255).sub_(mean).div_(std)``. So it equals, bit for bit, what
+    ``ShapesDataset(output="float")`` produces from the same crops, on the CPU and on a
+    GPU alike (a multiplication by the same float and a division by a tensor round
+    the same way on both; ``div_(255)`` would not: on CUDA, division by a Python
+    scalar is done as multiplication by its reciprocal). Moving uint8 and normalising
+    on the GPU changes speed, never results. The statistics come from
+    :func:`normalization_stats` (cached per device and dtype), so no call after the
+    first copies anything from the host: no hidden synchronisation.
 
     Raises:
-        ValueError: if ``batch`` is not a uint8 tensor with 3 channels in dim 1.
+        ValueError: if ``batch`` is not a uint8 ``(N, C, H, W)`` tensor with as many
+            channels as ``mean``, or ``dtype`` is not a floating dtype.
     """
     if not isinstance(batch, torch.Tensor) or batch.dtype != torch.uint8:
         got = batch.dtype if isinstance(batch, torch.Tensor) else type(batch).__name__
         raise ValueError(f"batch must be a uint8 tensor, got {got}")
-    if batch.dim() != 4 or batch.shape[1] != 3:
-        raise ValueError(f"batch must have shape (N, 3, H, W), got {tuple(batch.shape)}")
-    m = torch.tensor(mean, dtype=torch.float32, device=batch.device).view(1, 3, 1, 1)
-    s = torch.tensor(std, dtype=torch.float32, device=batch.device).view(1, 3, 1, 1)
-    return batch.to(torch.float32).div_(255.0).sub_(m).div_(s)
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype must be a floating torch dtype, got {dtype!r}")
+    m, s = normalization_stats(mean, std, batch.device, dtype)
+    if batch.dim() != 4 or batch.shape[1] != m.shape[0]:
+        raise ValueError(f"batch must have shape (N, {m.shape[0]}, H, W), got {tuple(batch.shape)}")
+    return batch.to(dtype).mul_(1.0 / 255).sub_(m).div_(s)
 
 
 # ---------------------------------------------------------------------------

@@ -34,9 +34,24 @@ and ``torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp``):
   docs say a list is "more efficient than repeated individual calls" on CUDA and
   equivalent on the CPU, and that "this function does not return partial results in
   case of an error".
-* The CUDA decoder runs on its own stream, **synchronises it before returning**, then
-  makes the caller's current stream wait on an event. So the call is blocking for the
-  host, and the input bytes may be reused as soon as it returns.
+* The CUDA decoder (``decode_jpegs_cuda.cpp``) allocates its output tensors with
+  ``torch::empty`` on the target device, that is from PyTorch's caching allocator **on
+  the caller's current stream**, and then decodes into them on **its own** stream (one
+  taken from the stream pool), without ordering that stream after the caller's. The
+  allocator hands out a block as soon as it is freed on the caller's stream, while
+  kernels queued earlier on that stream may still read it; nvJPEG's hardware engine
+  then overwrites it (pytorch/vision PR #9606 reproduces the corruption on an H100:
+  NaNs and arbitrary values in tensors that never touched the decoder; torchcodec PR
+  #1634 fixes its own decoder with a host synchronisation before the batched decode).
+  :func:`decode_batch` therefore **synchronises the caller's current stream before
+  decoding** (``torch.cuda.current_stream(device).synchronize()``). It costs little:
+  the decoder synchronises the host with its own stream anyway.
+* After decoding, the decoder **synchronises its stream with the host before
+  returning** (``cudaStreamSynchronize``), then makes a current stream wait on an event.
+  So when the call returns the pixels are written: work queued afterwards on any stream
+  sees them, and nothing more is needed after the call. The call is blocking for the
+  host, and the input bytes (and the pinned staging buffer) may be reused as soon as it
+  returns.
 * Since torchvision 0.29 every ``torchvision.io`` image decoder and encoder calls
   ``warnings.warn(..., DeprecationWarning)`` on every call: "The image decoding and
   encoding capabilities of TorchVision are deprecated since torchvision 0.29 and will be
@@ -54,9 +69,14 @@ and ``torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp``):
   removes these decoders, :func:`decode_batch` is the one place to switch to torchcodec.
 
 Pixels are equal on the CPU to chapter 01's Pillow pipeline (both use libjpeg-turbo,
-and the same ``v2`` resize and centre crop). nvJPEG's IDCT and chroma upsampling are its
-own, so its pixels may differ slightly; :attr:`DecodeComparison.mean_abs_diff` measures
-by how much on a GPU, and the benchmark records it.
+and the same ``v2`` resize and centre crop). On a GPU two things differ, and
+:func:`compare_decode` measures them apart: the **decode** (nvJPEG's IDCT and chroma
+upsampling are its own: :attr:`DecodeComparison.decode_mean_abs_diff`, full-size images
+before any resize) and the **resize** (torchvision resizes uint8 images in integer
+arithmetic on the CPU but in float on CUDA, rounding back to uint8:
+:attr:`DecodeComparison.resize_mean_abs_diff`, the CPU's decoded pixels resized on the
+device against the same pixels resized on the CPU). :attr:`DecodeComparison.mean_abs_diff`
+is what a reader gets, both together; the benchmark records all three.
 """
 
 from __future__ import annotations
@@ -290,7 +310,8 @@ def _staged(encoded: list[torch.Tensor]) -> list[torch.Tensor]:
     memory that copy can be a direct DMA. The buffer comes from PyTorch's caching
     host allocator, so after the first batches packing costs one memcpy. It is
     safe to let it go when :func:`decode_batch` returns, because torchvision's CUDA
-    decoder synchronises its stream before returning (see the module docstring).
+    decoder synchronises its own stream with the host before returning (see the module
+    docstring), so nvJPEG has read the bytes by then.
     """
     if all(t.is_pinned() for t in encoded):
         return encoded
@@ -369,9 +390,12 @@ def decode_batch(
 
     On CUDA: the bytes are packed into one pinned host buffer (``pin``, default on;
     skipped when they are pinned already, e.g. by a DataLoader with
-    ``pin_memory=True``), decoded by **one** batched nvJPEG call
-    (``torchvision.io.decode_jpeg(list, device=...)``), and resized and centre-cropped
-    on the GPU. On the CPU: the same decoder on the CPU (libjpeg-turbo), the same
+    ``pin_memory=True``), the caller's current stream is synchronised with the host
+    (torchvision's decoder writes its outputs from its own stream without waiting for
+    ours; see the module docstring), the batch is decoded by **one** batched nvJPEG call
+    (``torchvision.io.decode_jpeg(list, device=...)``, which returns only when the
+    pixels are written), and resized and centre-cropped on the GPU, on the current
+    stream. The call blocks the host: it is not a way to overlap decoding with compute. On the CPU: the same decoder on the CPU (libjpeg-turbo), the same
     resize and crop; same interface, same result up to decoder rounding.
 
     Every item first passes :func:`check_jpeg`, so a truncated or non-JPEG item
@@ -390,10 +414,21 @@ def decode_batch(
         ValueError: bad arguments (naming the parameter).
         ImageDecodeError: an item is not a decodable JPEG; the message names it.
     """
-    from torchvision.io import ImageReadMode, decode_jpeg
-
     dev = _device(device)
     crop_size = check_int("crop_size", crop_size, 8, 1024)
+    return _resize_crop(_decode_images(encoded, dev, pin=pin, names=names), crop_size)
+
+
+def _decode_images(
+    encoded: Sequence[torch.Tensor],
+    dev: torch.device,
+    *,
+    pin: bool | None = None,
+    names: Sequence[str] | None = None,
+) -> list[torch.Tensor]:
+    """The decode step of :func:`decode_batch`: full-size uint8 ``(3, H, W)`` images on ``dev``."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
     if isinstance(encoded, torch.Tensor) or not isinstance(encoded, Sequence) or len(encoded) == 0:
         raise ValueError("encoded: expected a non-empty list of 1-D uint8 tensors (one per JPEG file), got "
                          + (f"a {type(encoded).__name__}" if not isinstance(encoded, Sequence) or
@@ -403,13 +438,22 @@ def decode_batch(
         check_jpeg(t, _item_name(i, names))
     if dev.type == "cuda":
         src = _staged(items) if (pin is None or pin) else items
+        # torchvision allocates the outputs on our current stream but writes them from its own
+        # stream, unordered with ours: let everything already queued on ours finish first, so
+        # no block still being read by a queued kernel can be handed to the decoder (module
+        # docstring; pytorch/vision PR #9606). The decoder syncs its stream before returning,
+        # so the pixels are complete when the call returns: no wait is needed afterwards.
+        torch.cuda.current_stream(dev).synchronize()
         try:
             with _quiet_torchvision_io():
                 images = decode_jpeg(src, mode=ImageReadMode.RGB, device=dev)
         except RuntimeError as exc:
             culprit = _culprit_on_cpu(items, names)
-            if culprit is not None:
-                raise ImageDecodeError(f"could not decode {culprit}. The batched GPU decode failed on it.") from None
+            if culprit is not None:  # the data is bad (it fails on the CPU too); keep the CUDA error on strict runs
+                from .config import require_gpu
+
+                raise ImageDecodeError(f"could not decode {culprit}. The batched GPU decode failed on it.") from (
+                    exc if require_gpu() else None)
             raise ImageDecodeError(f"the batched GPU JPEG decode failed, although every item decodes on the CPU: "
                                    f"{_reason(exc)}") from exc
     else:
@@ -421,7 +465,7 @@ def decode_batch(
                 except RuntimeError as exc:
                     raise ImageDecodeError(
                         f"could not decode {_item_name(i, names)}: {_reason(exc)}") from None
-    return _resize_crop(list(images), crop_size)
+    return list(images)
 
 
 def batch_bytes(encoded: Sequence[torch.Tensor], decoded: torch.Tensor) -> dict[str, int]:
@@ -462,7 +506,12 @@ class DecodeComparison:
             synchronised wall clock: (a) is mostly CPU work, which CUDA events would miss).
         pinned: whether (b) staged the bytes in pinned memory.
         max_abs_diff / mean_abs_diff: (b)'s pixels against (a)'s, on the first batch
-            (0-255 levels; 0 on the CPU, decoder rounding on a GPU).
+            (0-255 levels; 0 on the CPU). On a GPU this is decode and resize together:
+        decode_max_abs_diff / decode_mean_abs_diff: the decode alone: (b)'s full-size
+            decoded images against (a)'s, before any resize (nvJPEG against libjpeg-turbo).
+        resize_max_abs_diff / resize_mean_abs_diff: the resize alone: (a)'s decoded
+            images resized and cropped on the device (float arithmetic on CUDA) against
+            the same images resized on the CPU (integer arithmetic for uint8).
     """
 
     device: str
@@ -479,6 +528,23 @@ class DecodeComparison:
     max_abs_diff: int
     mean_abs_diff: float
     notes: list[str] = field(default_factory=list)
+    decode_max_abs_diff: int = 0
+    decode_mean_abs_diff: float = 0.0
+    resize_max_abs_diff: int = 0
+    resize_mean_abs_diff: float = 0.0
+
+    def diff_report(self) -> str:
+        """Where (b)'s pixels differ from (a)'s: the decode alone, the resize alone, and both (what you get)."""
+        if not self.on_gpu:
+            return ("pixels: path (b) ran the same CPU code as (a): identical (largest difference "
+                    f"{self.max_abs_diff} of 255 levels)")
+        rows = [("decode alone (nvJPEG vs libjpeg-turbo, full-size images)", self.decode_max_abs_diff,
+                 self.decode_mean_abs_diff),
+                ("resize alone (same pixels, float resize on the GPU vs integer on the CPU)",
+                 self.resize_max_abs_diff, self.resize_mean_abs_diff),
+                ("both (what decode_batch returns)", self.max_abs_diff, self.mean_abs_diff)]
+        return "\n".join(["pixels of (b) against (a), in 0-255 levels, first batch:"] +
+                         [f"  {name:<76} largest {mx:>3}, mean {mean:.3f}" for name, mx, mean in rows])
 
     @property
     def labels(self) -> tuple[str, str]:
@@ -571,6 +637,7 @@ def compare_decode(
 
     per_form: dict[str, list[int]] = {f: [] for f in FORMS}
     first: dict[str, torch.Tensor] = {}
+    split = {"decode": (0, 0.0), "resize": (0, 0.0)}
     for k, (enc, names) in enumerate(batches):
         x = decode_batch(enc, "cpu", crop_size, names=names)
         for form, v in batch_bytes(enc, x).items():
@@ -578,6 +645,12 @@ def compare_decode(
         if k == 0:
             first["a"] = x
             first["b"] = decode_batch(enc, dev, crop_size, pin=pin, names=names).cpu()
+            if on_gpu:  # the two sources of difference, measured apart
+                raw_a = _decode_images(enc, torch.device("cpu"), names=names)
+                raw_b = _decode_images(enc, dev, pin=pin, names=names)
+                split["decode"] = _diff_stats(raw_a, [im.cpu() for im in raw_b])
+                resized_on_dev = _resize_crop([im.to(dev) for im in raw_a], crop_size).cpu()
+                split["resize"] = _diff_stats([x], [resized_on_dev])
     from torchvision.io import ImageReadMode, decode_jpeg
 
     with _quiet_torchvision_io():  # the stored width of the first file, for the labels
@@ -599,17 +672,32 @@ def compare_decode(
     timings = []
     for j, (label, fn) in enumerate(((_CPU_LABEL, path_a), (_DEVICE_LABEL, path_b))):
         state["i"] = 0
+        if progress is not None:
+            progress(j / 2, f"timing path {'ab'[j]} ({j + 1} of 2): {repeats * len(batches)} batches")
         t = time_calls(fn, repeats=repeats * len(batches), label=label, device=dev, sync=True, warmup=1)
         t.metadata.update(batch_size=batch_size, crop_size=crop_size, pinned=pinned if j else False)
         timings.append(t)
         if progress is not None:
-            progress((j + 1) / 2, f"timed {label}")
+            progress((j + 1) / 2, f"timed path {'ab'[j]} ({j + 1} of 2)")
     return DecodeComparison(
         device=str(dev), on_gpu=on_gpu, batch_size=batch_size, crop_size=crop_size, image_size=image_size,
         n_batches=len(batches), bytes={f: statistics.fmean(v) for f, v in per_form.items()},
         bytes_per_batch=per_form, cpu_path=timings[0], device_path=timings[1], pinned=pinned,
         max_abs_diff=int(diff.max()), mean_abs_diff=float(diff.float().mean()), notes=notes,
+        decode_max_abs_diff=split["decode"][0], decode_mean_abs_diff=split["decode"][1],
+        resize_max_abs_diff=split["resize"][0], resize_mean_abs_diff=split["resize"][1],
     )
+
+
+def _diff_stats(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> tuple[int, float]:
+    """(largest, mean) absolute difference in 0-255 levels over pairs of same-shaped uint8 tensors."""
+    largest, total, count = 0, 0.0, 0
+    for x, y in zip(a, b):
+        d = (x.to(torch.int16) - y.to(torch.int16)).abs()
+        largest = max(largest, int(d.max()))
+        total += float(d.sum(dtype=torch.float64))
+        count += d.numel()
+    return largest, total / max(count, 1)
 
 
 # ---------------------------------------------------------------------------
@@ -719,8 +807,10 @@ def benchmark(
       from pinned memory), ``batch_size``, ``crop_size``, ``image_size``. On a CPU only the
       CPU path is recorded (the other path would be the same code).
     - ``ch05.decode.speedup`` (CUDA only): ratio, CPU path over GPU decode with pinned bytes.
-    - ``ch05.decode.mean_abs_diff`` / ``.max_abs_diff`` (CUDA only): levels (0-255), nvJPEG's
-      pixels against libjpeg-turbo's on one batch.
+    - ``ch05.decode.mean_abs_diff`` / ``.max_abs_diff`` (CUDA only): levels (0-255), the GPU
+      path's pixels against the CPU path's on one batch; ``stage``: ``decode`` (nvJPEG against
+      libjpeg-turbo, full-size images), ``resize`` (float resize on the GPU against integer
+      resize on the CPU, same input pixels) or ``decode+resize`` (what a reader gets).
 
     Uses the validation split of the data set at the current mode's sizes (``info``
     and the sizes can be overridden, for tests). Returns ``results``.
@@ -755,6 +845,9 @@ def benchmark(
                         where="cuda", device="cuda", pinned=cmp.pinned, **p)
             if cmp.pinned:
                 results.add("ch05.decode.speedup", cmp.speedup, "ratio", pinned=True, **p)
-                results.add("ch05.decode.mean_abs_diff", cmp.mean_abs_diff, "levels", vs="cpu", **p)
-                results.add("ch05.decode.max_abs_diff", cmp.max_abs_diff, "levels", vs="cpu", **p)
+                for stage, mx, mean in (("decode+resize", cmp.max_abs_diff, cmp.mean_abs_diff),
+                                        ("decode", cmp.decode_max_abs_diff, cmp.decode_mean_abs_diff),
+                                        ("resize", cmp.resize_max_abs_diff, cmp.resize_mean_abs_diff)):
+                    results.add("ch05.decode.mean_abs_diff", mean, "levels", vs="cpu", stage=stage, **p)
+                    results.add("ch05.decode.max_abs_diff", mx, "levels", vs="cpu", stage=stage, **p)
     return results

@@ -77,6 +77,8 @@ __all__ = [
     "hazard_d2h_read_before_sync",
     "hazard_pinned_source_mutation",
     "hazard_hidden_syncs",
+    "PRINT_SYNCS_WHY",
+    "sync_counts_reference",
     "prefetch_overlap_ratio",
     "prefetch_step_times",
     "panel_run",
@@ -589,11 +591,11 @@ def hazard_pinned_source_mutation(device: torch.device | str | None = None, n: i
 
 
 def _loop_hidden_syncs(x: torch.Tensor, w: torch.Tensor, steps: int, sink: io.StringIO) -> float:
-    """BUG: three synchronisations per step hide in innocent-looking lines."""
+    """BUG: synchronisations hide in three innocent-looking lines of every step."""
     for _ in range(steps):
         loss = (x @ w).relu().mean()
         value = loss.item()  # sync: copies the value to the host and waits for it
-        print(loss, file=sink)  # sync: printing a CUDA tensor reads its value
+        print(loss, file=sink)  # several syncs: formatting reads the value on the host again and again
         _ = loss.cpu()  # sync: a blocking device-to-host copy
     return value
 
@@ -632,18 +634,29 @@ def _count_syncs(fn: Callable[[], Any], on_gpu: bool) -> tuple[int | None, float
     return count, seconds
 
 
+#: Why ``print(loss)`` costs more than one synchronisation (read in torch/_tensor_str.py, torch 2.14).
+PRINT_SYNCS_WHY = (
+    "print(loss) is not one read: torch/_tensor_str.py first picks the finite, non-zero values with "
+    "torch.masked_select (its output size depends on the data, so the host waits to learn it), then, to "
+    "choose a format, tests each value against its ceiling and the ranges that switch to scientific notation "
+    "(each `if` on a CUDA tensor is a .item(): one wait each), and finally formats the value (.item() again)."
+)
+
+
 def hazard_hidden_syncs(
     device: torch.device | str | None = None, steps: int | None = None, size: int | None = None
 ) -> HazardResult:
     """Run a loop with ``.item()``, ``print`` and ``.cpu()`` each step, and one without.
 
     On a GPU, ``torch.cuda.set_sync_debug_mode("warn")`` reports every
-    synchronising call; we count them and time both loops. On a CPU there is
-    nothing to wait for, so there is nothing to count; the function says so.
+    synchronising call: we count them for both loops (per step too), count each of
+    the three lines alone on one step, and time both loops. On a CPU there is
+    nothing to wait for, so there is nothing to count; the function says so and
+    names the lines (:data:`PRINT_SYNCS_WHY` says why ``print`` costs several).
     """
     dev = _device(device)
     on_gpu = dev.type == "cuda"
-    steps = check_int("steps", steps if steps is not None else sized(20, 200), 1, 100_000)
+    steps = check_int("steps", steps if steps is not None else sized(20, 200, laptop=50), 1, 100_000)
     size = check_int("size", size if size is not None else (1024 if on_gpu else 128), 8, 16384)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(size, size, generator=g).to(dev)
@@ -654,21 +667,46 @@ def hazard_hidden_syncs(
     n_bug, s_bug = _count_syncs(lambda: _loop_hidden_syncs(x, w, steps, sink), on_gpu)
     n_fix, s_fix = _count_syncs(lambda: _loop_no_syncs(x, w, steps, sink), on_gpu)
     if on_gpu:
-        bug = {"synchronisations": n_bug, "steps": steps, "loop time": human_seconds(s_bug)}
+        loss = (x @ w).relu().mean()
+        per_line = {
+            ".item()": _count_syncs(lambda: loss.item(), True)[0],
+            "print(loss)": _count_syncs(lambda: print(loss, file=sink), True)[0],
+            ".cpu()": _count_syncs(lambda: loss.cpu(), True)[0],
+        }
+        bug = {"synchronisations": n_bug, "steps": steps, "per step": round(n_bug / steps, 2),
+               **{f"{k} alone": v for k, v in per_line.items()}, "loop time": human_seconds(s_bug)}
         fix = {"synchronisations": n_fix, "steps": steps, "loop time": human_seconds(s_fix)}
         expl = ("Each synchronisation stops the CPU until the GPU has caught up, so the CPU cannot queue the next "
-                "step (or prepare the next batch) meanwhile. Keep values on the device; read them once per "
-                "logging interval.")
+                "step (or prepare the next batch) meanwhile. " + PRINT_SYNCS_WHY + " The fixed loop keeps the "
+                "value on the device and reads it once, after the loop.")
     else:
-        bug = {"synchronising calls in the code per step": 3, "steps": steps,
-               "counted": "not counted: no CUDA device"}
-        fix = {"synchronising calls in the code per step": 0, "after the loop": 1,
-               "counted": "not counted: no CUDA device"}
+        bug = {"lines that synchronise on a GPU, per step": ".item(), print(loss), .cpu()", "steps": steps,
+               "synchronisations": "not counted: no CUDA device"}
+        fix = {"lines that synchronise on a GPU": "one .item(), after the loop", "steps": steps,
+               "synchronisations": "not counted: no CUDA device"}
         expl = ("On a CPU every operation finishes before the next line runs, so nothing waits. On a GPU, "
-                "torch.cuda.set_sync_debug_mode('warn') reports each of .item(), print(tensor) and .cpu() "
-                "as a synchronising call; this function counts them there.")
+                "torch.cuda.set_sync_debug_mode('warn') reports each synchronising call and this function counts "
+                "them, per step and per line. " + PRINT_SYNCS_WHY)
     return HazardResult("synchronisations hidden in .item(), print and .cpu()", str(dev), on_gpu, bug, fix,
                         inspect.getsource(_loop_hidden_syncs), inspect.getsource(_loop_no_syncs), expl)
+
+
+def sync_counts_reference() -> str:
+    """The reference recording of hazard 3's synchronisation counts (per loop, per step, per line), or "none yet"."""
+    from . import reference
+
+    hits = reference.find("ch05.hazard.syncs")
+    if not hits:
+        return reference.missing_message("the synchronisation counts of hazard 3 (ch05.hazard.syncs)")
+    rs, recs = hits[0]
+    lines = [reference.provenance_line(rs)]
+    for r in recs:
+        steps = r.params.get("steps") or 1
+        lines.append(f"  {r.params.get('variant')} loop, {steps} steps: {r.value:.0f} synchronisations "
+                     f"({r.value / steps:.2f} per step)")
+    for rs2, per_line in reference.find("ch05.hazard.syncs_per_line")[:1]:
+        lines.extend(f"  {r.params.get('line')} alone: {r.value:.0f}" for r in per_line)
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------
@@ -830,7 +868,7 @@ def panel_run(progress: Callable[[float, str], None] | None = None, *, copy_mib:
     return {"trace": schematic_trace(memory, stream), "source": f"{SCHEMATIC}; no reference recording of this "
             "cell exists yet", "kind": "schematic",
             "summary": (f"No CUDA device and no reference recording yet: showing a schematic of {memory} + {stream} "
-                        f"stream (expected: {expected_label(memory, stream)}). Sizes take effect on a GPU."),
+                        f"stream (expected: {expected_label(memory, stream)}). The sizes are not used without a GPU."),
             "result": None}
 
 
@@ -852,6 +890,8 @@ def benchmark(results: Any, device: torch.device | str | None = None) -> Any:
     - ``ch05.hazard.d2h_wrong``: count; ``variant`` (bug/fix), ``n``.
     - ``ch05.hazard.mutation_wrong``: count; ``variant``, ``n``.
     - ``ch05.hazard.syncs``: count; ``variant`` (hidden/fixed), ``steps``.
+    - ``ch05.hazard.syncs_per_line``: count, one line of the buggy step alone; ``line``
+      (``.item()``, ``print(loss)``, ``.cpu()``).
     - ``ch05.prefetch.batch_time``: s per batch; ``dtype`` (float32/uint8), ``prefetcher`` (bool),
       ``batch``, ``image``.
 
@@ -888,6 +928,8 @@ def benchmark(results: Any, device: torch.device | str | None = None) -> Any:
     h = hazard_hidden_syncs(dev, steps=50)
     results.add("ch05.hazard.syncs", h.bug["synchronisations"], "count", variant="hidden", steps=50)
     results.add("ch05.hazard.syncs", h.fix["synchronisations"], "count", variant="fixed", steps=50)
+    for line in (".item()", "print(loss)", ".cpu()"):
+        results.add("ch05.hazard.syncs_per_line", h.bug[f"{line} alone"], "count", line=line)
     for (dtype_name, with_pf), sec in prefetch_step_times(dev).items():
         results.add("ch05.prefetch.batch_time", sec, "s", dtype=dtype_name, prefetcher=with_pf, batch=256,
                     image=128)

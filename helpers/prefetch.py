@@ -44,7 +44,9 @@ leaks reserved memory in the caching allocator (timm issue #2781), so the stream
 lives as long as the prefetcher.
 
 ``normalize=(mean, std)`` turns ``uint8`` image tensors (``...CHW``) into
-normalised floats *after* the copy, on the device: ``(x / 255 - mean) / std``.
+normalised floats *after* the copy, on the device: ``(x / 255 - mean) / std``, by
+the workbook's one normaliser (:func:`helpers.data.to_float_normalized`, statistics
+cached per device and dtype, so no step copies them from the host again).
 A uint8 batch is a quarter of the bytes of a float32 one, so four times fewer
 bytes cross the link. Other tensors (labels, floats) are left alone.
 
@@ -70,6 +72,12 @@ __all__ = [
     "move_batch",
     "normalize_uint8",
     "check_prefetcher",
+    "check_order",
+    "order_log",
+    "format_order_log",
+    "check_race",
+    "ProbeBatch",
+    "ProbeLoader",
     "PrefetcherCheck",
     "example_loaders",
     "Pair",
@@ -180,19 +188,25 @@ def normalize_uint8(
 ) -> torch.Tensor:
     """``(x / 255 - mean) / std`` for a uint8 tensor whose last three dims are C, H, W.
 
-    The same arithmetic, in the same order, as torchvision's
-    ``ToDtype(float32, scale=True)`` followed by ``Normalize(mean, std)``.
+    Delegates to the workbook's one normaliser, :func:`helpers.data.to_float_normalized`
+    (torchvision's ``ToDtype(float32, scale=True)`` then ``Normalize(mean, std)``, bit for
+    bit), whose statistics are cached per device and dtype: after the first call nothing
+    is copied from the host, so a training step pays no hidden synchronisation here.
+    A single image ``(C, H, W)`` and any leading dims ``(..., C, H, W)`` work.
     """
-    if x.dtype != torch.uint8:
-        raise ValueError(f"x must be a uint8 tensor, got {x.dtype}")
-    m = torch.as_tensor(mean, dtype=dtype, device=x.device)
-    s = torch.as_tensor(std, dtype=dtype, device=x.device)
-    if x.dim() < 3 or x.shape[-3] != m.numel():
+    from .data import to_float_normalized
+
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.uint8:
+        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x must be a uint8 tensor, got {got}")
+    m, s = _as_stats("mean", mean), _as_stats("std", std)
+    if x.dim() < 3 or x.shape[-3] != len(m):
         raise ValueError(
-            f"normalize has {m.numel()} channels but the uint8 tensor has shape {tuple(x.shape)}"
+            f"normalize has {len(m)} channels but the uint8 tensor has shape {tuple(x.shape)}"
             " (expected ...CHW with that many channels)"
         )
-    return x.to(dtype).div_(255).sub_(m.view(-1, 1, 1)).div_(s.view(-1, 1, 1))
+    flat = x.reshape(-1, *x.shape[-3:])
+    return to_float_normalized(flat, m, s, dtype=dtype).view(x.shape)
 
 
 def move_batch(
@@ -255,7 +269,11 @@ class Prefetcher:
             / not all pinned when the copy was issued (a pageable copy blocks the
             host and cannot overlap).
         wait_s: host seconds spent waiting for the underlying loader.
+        made: (class attribute) how many prefetchers this process has created; the
+            exercise check uses it to refuse this reference implementation as an answer.
     """
+
+    made: int = 0
 
     def __init__(
         self,
@@ -289,16 +307,14 @@ class Prefetcher:
         self.cuda = self.device.type == "cuda"
         # ONE side stream per prefetcher (never one per epoch).
         self.stream: torch.cuda.Stream | None = torch.cuda.Stream(self.device) if self.cuda else None
-        self._stats: dict[str, torch.Tensor] = {}
-        if self.normalize is not None:
-            mean, std = self.normalize
-            self._stats = {
-                "mean": torch.tensor(mean, dtype=dtype).view(-1, 1, 1).to(self.device),
-                "std": torch.tensor(std, dtype=dtype).view(-1, 1, 1).to(self.device),
-            }
+        if self.normalize is not None:  # built (or found) now, once: no host copy per batch
+            from .data import normalization_stats
+
+            normalization_stats(*self.normalize, self.device, dtype)
         self.pinned_batches = 0
         self.pageable_batches = 0
         self.wait_s = 0.0
+        Prefetcher.made += 1
 
     # -- helpers -------------------------------------------------------------
 
@@ -323,13 +339,13 @@ class Prefetcher:
     def _normalize(self, t: torch.Tensor) -> torch.Tensor:
         if self.normalize is None or t.dtype != torch.uint8:
             return t
-        mean, std = self._stats["mean"], self._stats["std"]
-        if t.dim() < 3 or t.shape[-3] != mean.shape[0]:
+        mean, std = self.normalize
+        if t.dim() < 3 or t.shape[-3] != len(mean):
             raise ValueError(
-                f"normalize has {mean.shape[0]} channels but a uint8 tensor in the batch has shape"
+                f"normalize has {len(mean)} channels but a uint8 tensor in the batch has shape"
                 f" {tuple(t.shape)} (expected ...CHW with that many channels)"
             )
-        return t.to(self.dtype).div_(255).sub_(mean).div_(std)
+        return normalize_uint8(t, mean, std, self.dtype)
 
     def _count_pinned(self, batch: Any) -> None:
         tensors = [t for t in iter_tensors(batch) if t.device.type == "cpu"]
@@ -529,29 +545,250 @@ def _check_loaders() -> dict[str, list[Any]]:
     return example_loaders()
 
 
+class ProbeBatch:
+    """A batch that writes into a shared log when it is moved (its ``.to()`` is called).
+
+    Used by :class:`ProbeLoader` to watch, on any machine, *when* a prefetcher asks
+    for a batch and moves it, relative to when it hands the previous one over.
+    """
+
+    def __init__(self, index: int, x: torch.Tensor, log: list[tuple[str, int]]) -> None:
+        self.index = index
+        self.x = x
+        self.log = log
+
+    def to(self, *args: Any, **kwargs: Any) -> "ProbeBatch":
+        """Log ``("move", index)`` and return a new probe holding the moved tensor."""
+        self.log.append(("move", self.index))
+        return ProbeBatch(self.index, self.x.to(*args, **kwargs), self.log)
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, ProbeBatch) and other.index == self.index
+                and torch.equal(other.x.cpu(), self.x.cpu()))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ProbeBatch({self.index}, on {self.x.device})"
+
+
+class ProbeLoader:
+    """A re-iterable loader of :class:`ProbeBatch` es that logs ``("request", i)`` when batch i is asked for."""
+
+    def __init__(self, n_batches: int = 6) -> None:
+        self.n = n_batches
+        self.log: list[tuple[str, int]] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[ProbeBatch]:
+        for i in range(self.n):
+            self.log.append(("request", i))
+            yield ProbeBatch(i, torch.full((4,), float(i)), self.log)
+
+
+#: A prefetcher keeps one batch in flight (two-stage); this many ahead is still accepted.
+MAX_AHEAD = 2
+
+
+def order_log(candidate: Any, device: torch.device | str = "cpu",
+              n_batches: int = 6) -> tuple[list[tuple[str, int]], list[Any]]:
+    """Run ``candidate(loader, device)`` on a :class:`ProbeLoader`; return (the event log, the batches handed over).
+
+    The log is one sequence of ``("request", i)`` (the loader was asked for batch i),
+    ``("move", i)`` (batch i's ``.to()`` was called) and ``("handed", i)`` (the
+    candidate handed batch i to the loop), in the order they happened.
+    """
+    loader = ProbeLoader(n_batches)
+    handed: list[Any] = []
+    for k, b in enumerate(candidate(loader, torch.device(device))):
+        loader.log.append(("handed", k))
+        handed.append(b)
+    return loader.log, handed
+
+
+def format_order_log(log: Sequence[tuple[str, int]]) -> str:
+    """The log as one line per hand-over: what had happened since the previous one."""
+    lines, pending = [], []
+    for kind, i in log:
+        if kind == "handed":
+            lines.append(f"  before handing over batch {i}: " + (", ".join(pending) if pending else "nothing"))
+            pending = []
+        else:
+            pending.append(f"{kind} {i}")
+    if pending:
+        lines.append("  after the last hand-over: " + ", ".join(pending))
+    return "\n".join(lines)
+
+
+def check_order(candidate: Any, device: torch.device | str = "cpu", n_batches: int = 6) -> list[str]:
+    """Problems (empty: none) in *when* ``candidate(loader, device)`` requests and moves batches.
+
+    Runs it on a :class:`ProbeLoader` and logs, in one sequence, when batch ``i`` is
+    requested from the loader, when it is moved (``.to()``), and when the candidate
+    hands it over. A prefetcher must, before handing over batch ``i`` (all but the
+    last), already have requested **and moved** batch ``i + 1``, and it must not read
+    more than :data:`MAX_AHEAD` batches ahead (it streams; it does not load the epoch).
+    A pass-through (``(b for b in loader)``) requests batch ``i + 1`` only after handing
+    over batch ``i``, and moves nothing: it fails. Works on every device.
+    """
+    log, handed = order_log(candidate, device, n_batches)
+    problems: list[str] = []
+    if len(handed) != n_batches:
+        return [f"order check: gave {len(handed)} batches of {n_batches}"]
+    if [getattr(b, "index", None) for b in handed] != list(range(n_batches)):
+        return ["order check: the batches did not come back in the loader's order"]
+    for i in range(n_batches - 1):
+        at = log.index(("handed", i))
+        before = log[:at]
+        if ("request", i + 1) not in before:
+            problems.append(f"batch {i + 1} was requested from the loader only after batch {i} was handed over: "
+                            "nothing is prefetched (a pass-through). Fetch and move the next batch before you "
+                            "yield the current one.")
+            break
+        if ("move", i + 1) not in before:
+            moved = any(e[0] == "move" for e in log)
+            problems.append(
+                f"batch {i + 1} was requested before batch {i} was handed over, but "
+                + (f"moved (.to(device)) only after it: queue the copy of the next batch before you yield "
+                   f"the current one" if moved else
+                   "no batch was ever moved with its own .to(device) (this loader's batches are a custom type: "
+                   "use prefetch.move_batch(batch, device), which calls it)"))
+            break
+        ahead = sum(1 for e in before if e[0] == "request") - (i + 1)
+        if ahead > MAX_AHEAD:
+            problems.append(f"{ahead} batches were read ahead of batch {i}: a prefetcher keeps one batch in flight "
+                            f"(it streams the epoch, it does not load it all first)")
+            break
+    return problems
+
+
+def _is_reference(candidate: Any) -> bool:
+    return isinstance(candidate, type) and issubclass(candidate, Prefetcher)
+
+
+def _gpu_error(exc: BaseException, dev: torch.device) -> bool:
+    """A CUDA error on a strict GPU run (``WORKBOOK_REQUIRE_GPU=1``): it must propagate, not become a FAIL."""
+    from .config import require_gpu
+
+    if dev.type != "cuda" or not require_gpu():
+        return False
+    accel = getattr(torch, "AcceleratorError", None)
+    return (accel is not None and isinstance(exc, accel)) or (isinstance(exc, RuntimeError) and "CUDA" in str(exc))
+
+
+def check_race(candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 64,
+               n_batches: int = 8) -> list[str]:
+    """Problems (empty: none) seen when each batch is checked **on the consuming stream** as it arrives (CUDA).
+
+    Batch ``i`` of a loader of large pinned batches holds the value ``i + 1`` everywhere.
+    As soon as the candidate yields a batch, a check ``(x != i + 1).sum()`` is queued on
+    the current (consuming) stream, and the batch is dropped at once. Two passes:
+
+    1. the check runs at once: a prefetcher that forgets
+       ``current_stream.wait_stream(side)`` (or an event wait) lets it read the batch
+       before the side-stream copy has written it;
+    2. the check is queued behind about three copies' worth of GPU work: a prefetcher
+       that forgets ``record_stream`` (or an event wait before reusing memory) lets the
+       allocator give the dropped batch's block to the next copy, which overwrites it
+       before the check reads it.
+
+    The counts are read after a final synchronisation. A correct prefetcher gives zero
+    wrong elements in both passes, always; a racy one shows non-zero counts with these
+    batch sizes (a race is not guaranteed to show on every run, so zero is necessary,
+    not proof).
+    """
+    from .overlap import _GpuDelay
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError("check_race needs a CUDA device")
+    n = batch_mib * (1 << 20) // 4
+    loader = [torch.full((n,), float(i + 1)).pin_memory() for i in range(n_batches)]
+    probe = torch.empty(n, device=dev)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    probe.copy_(loader[0], non_blocking=True)
+    e.record()
+    torch.cuda.synchronize(dev)
+    delay = _GpuDelay(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))
+    del probe
+    problems: list[str] = []
+    for label, wait in (("checked at once", False), ("checked behind queued work", True)):
+        counts: list[torch.Tensor] = []
+        got = 0
+        for i, x in enumerate(candidate(loader, dev)):
+            if not isinstance(x, torch.Tensor) or x.device.type != "cuda":
+                problems.append(f"race check: batch {i} came back as {type(x).__name__} on "
+                                f"{getattr(x, 'device', '?')}, not a CUDA tensor")
+                return problems
+            if wait:
+                delay()
+            counts.append((x != float(i + 1)).sum())
+            got += 1
+            del x  # the consumer drops the batch at once: its memory may now be reused
+        torch.cuda.synchronize(dev)
+        wrong = [int(c) for c in counts]
+        if got != n_batches:
+            problems.append(f"race check ({label}): gave {got} batches of {n_batches}")
+        elif any(wrong):
+            first = next(i for i, w in enumerate(wrong) if w)
+            why = ("the consuming stream read a batch before its copy had finished (make the current stream wait "
+                   "for the side stream, wait_stream or wait_event, before handing the batch over), or after its "
+                   "memory had been reused (record_stream)"
+                   if not wait else
+                   "a batch's memory was reused while the compute stream still had to read it: call "
+                   "x.record_stream(torch.cuda.current_stream()) on each batch you hand over")
+            problems.append(f"race check ({label}): batch {first} had {wrong[first]:,} wrong elements of {n:,} "
+                            f"when read on the consuming stream: {why}")
+    return problems
+
+
 def check_prefetcher(
     candidate: Any,
     device: torch.device | str | None = None,
     *,
     check_overlap: bool = True,
 ) -> PrefetcherCheck:
-    """Check a reader's prefetcher: same batches, same order, re-iterable; overlap on a GPU.
+    """Check a reader's prefetcher: a real prefetcher, the same batches in order, re-iterable; safe and overlapped on a GPU.
 
     ``candidate`` is a class or a function called as ``candidate(loader, device)``
-    that returns an iterable of batches on ``device``. It is checked on several
-    small loaders (tensors, tuples, dicts, namedtuples, dataclasses): every batch
-    must equal the loader's batch, in order, with nothing missing or extra, and
-    iterating the same object twice must give the same batches again. On a CUDA
-    device (and ``check_overlap``), it also times a copy-heavy + compute-heavy run
-    and reports how much of the copy time was hidden.
+    that returns an iterable of batches on ``device``. The check
+
+    1. refuses :class:`Prefetcher` itself (or anything that makes one): the exercise
+       is to write it;
+    2. on every device, watches *when* batches are requested and moved
+       (:func:`check_order`): the next batch must be requested and moved before the
+       current one is handed over, so a pass-through fails on a CPU too;
+    3. runs it on several small loaders (tensors, tuples, dicts, namedtuples,
+       dataclasses): every batch must equal the loader's batch, in order, with nothing
+       missing or extra, and iterating again must give the same batches again;
+    4. on a CUDA device: checks each batch on the consuming stream as soon as it is
+       yielded, with batches large enough for a race to show (:func:`check_race`), and
+       (``check_overlap``) measures how much of the copy time it hides.
     """
     if candidate is None:
         return PrefetcherCheck(False, ["no answer yet: define your prefetcher and pass it to the check"])
     if not callable(candidate):
         return PrefetcherCheck(False, [f"expected a class or function, got {type(candidate).__name__}"])
+    refused = PrefetcherCheck(False, ["this is (or uses) helpers.prefetch.Prefetcher, the chapter's reference: "
+                                      "the exercise is to write your own (prefetch.move_batch is allowed)"])
+    if _is_reference(candidate):
+        return refused
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     messages: list[str] = []
-    ok = True
+    made_before = Prefetcher.made
+    try:
+        order = check_order(candidate, dev)
+    except Exception as exc:  # the reader's code may raise anything
+        if _gpu_error(exc, dev):
+            raise
+        order = [f"order check: raised {type(exc).__name__}: {exc}"]
+    if Prefetcher.made != made_before:
+        return refused
+    ok = not order
+    messages.extend(order or ["order: batch i+1 is requested and moved before batch i is handed over"])
     for name, loader in _check_loaders().items():
         try:
             wrapped = candidate(loader, dev)
@@ -572,11 +809,25 @@ def check_prefetcher(
             else:
                 messages.append(f"{name}: same batches, same order, twice")
         except Exception as exc:  # the reader's code may raise anything
+            if _gpu_error(exc, dev):
+                raise
             ok = False
             messages.append(f"{name}: raised {type(exc).__name__}: {exc}")
+    if Prefetcher.made != made_before:
+        return refused
     result = PrefetcherCheck(ok, messages)
-    if ok and check_overlap:
-        if dev.type == "cuda" and torch.cuda.is_available():
+    if dev.type == "cuda" and torch.cuda.is_available():
+        if ok:
+            try:
+                race = check_race(candidate, dev)
+            except Exception as exc:  # the reader's code may raise anything
+                if _gpu_error(exc, dev):
+                    raise
+                race = [f"race check: raised {type(exc).__name__}: {exc}"]
+            messages.extend(race or ["each batch was right when read on the consuming stream, at once and "
+                                     "behind queued work"])
+            result.correct = ok = not race
+        if ok and check_overlap:
             from .overlap import prefetch_overlap_ratio
 
             ratio = prefetch_overlap_ratio(candidate, dev)
@@ -587,6 +838,7 @@ def check_prefetcher(
                 f"overlap on {dev}: {ratio:.0%} of the copy time hidden behind compute -> {verdict}"
             )
             result.correct = ratio >= 0.3
-        else:
-            messages.append("overlap not checked: no CUDA device here (correctness checked on CPU)")
+    elif check_overlap:
+        messages.append("overlap and stream safety not checked: no CUDA device here (order and batches "
+                        "checked on the CPU)")
     return result

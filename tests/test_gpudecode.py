@@ -188,27 +188,41 @@ def test_cuda_branch_with_a_stand_in_decoder(monkeypatch):
 
     real = tio.decode_jpeg
     calls: list[tuple[int, torch.device]] = []
+    events: list[str] = []
     fail_always = {"on": False}
+
+    class FakeStream:
+        def __init__(self, device):
+            self.device = device
+
+        def synchronize(self):
+            events.append(f"sync {self.device}")
 
     def stand_in(inp, mode=tio.ImageReadMode.UNCHANGED, device="cpu", apply_exif_orientation=False):
         if torch.device(device).type != "cuda":
             return real(inp, mode=mode)
         assert isinstance(inp, list) and all(t.device.type == "cpu" for t in inp)  # the documented contract
         calls.append((len(inp), torch.device(device)))
+        events.append("decode")
         if fail_always["on"]:
             raise RuntimeError("decode_jpegs_cuda.cpp:42, simulated nvJPEG failure")
         return [real(t, mode=mode) for t in inp]  # like nvJPEG: one bad item fails the whole call
 
-    monkeypatch.setattr(tio, "decode_jpeg", stand_in)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    def patch():
+        monkeypatch.setattr(tio, "decode_jpeg", stand_in)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream(device))
+
+    patch()
     enc = [_jpeg(16, 16, seed=i) for i in range(3)]
     x = G.decode_batch(enc, "cuda", 8, pin=False)
     assert calls == [(3, torch.device("cuda"))]  # one batched call for the whole batch
+    # The caller's stream is synchronised before the decoder writes (pytorch/vision PR #9606).
+    assert len(events) == 2 and events[0].startswith("sync cuda") and events[1] == "decode", events
     monkeypatch.undo()
     assert torch.equal(x, G.decode_batch(enc, "cpu", 8))
 
-    monkeypatch.setattr(tio, "decode_jpeg", stand_in)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    patch()
     bad = enc[1].clone()
     bad[2:40] = 7
     with pytest.raises(ImageDecodeError, match=r"item 1 of the batch \(b\.jpg\).*batched GPU decode failed on it"):
@@ -245,6 +259,7 @@ def test_compare_decode_on_cpu(info):
     assert set(cmp.bytes) == set(G.FORMS) and all(len(v) == 2 for v in cmp.bytes_per_batch.values())
     assert cmp.bytes["uint8"] == 8 * 3 * 32 * 32 and cmp.bytes["float32"] == 4 * cmp.bytes["uint8"]
     assert cmp.max_abs_diff == 0  # both paths are the same CPU decode here
+    assert (cmp.decode_max_abs_diff, cmp.resize_max_abs_diff) == (0, 0) and "identical" in cmp.diff_report()
     assert cmp.cpu_path.n == 2 and cmp.device_path.n == 2
     assert "same code path" in cmp.labels[1] and "same code path" in cmp.report()
     fig = G.plot_comparison(cmp)
@@ -298,6 +313,18 @@ def test_overlap_benchmark_still_records_nothing_on_cpu():
     assert overlap.benchmark(ResultSet.new("t", "test"), "cpu").records == []
 
 
+def test_diff_stats_and_the_gpu_diff_report():
+    a = [torch.tensor([[0, 10]], dtype=torch.uint8), torch.tensor([[255]], dtype=torch.uint8)]
+    b = [torch.tensor([[2, 10]], dtype=torch.uint8), torch.tensor([[250]], dtype=torch.uint8)]
+    assert G._diff_stats(a, b) == (5, pytest.approx(7 / 3))
+    cmp = G.DecodeComparison(
+        device="cuda:0", on_gpu=True, batch_size=1, crop_size=8, image_size=8, n_batches=1, bytes={},
+        bytes_per_batch={}, cpu_path=None, device_path=None, pinned=True, max_abs_diff=4, mean_abs_diff=0.5,
+        decode_max_abs_diff=3, decode_mean_abs_diff=0.4, resize_max_abs_diff=1, resize_mean_abs_diff=0.1)
+    text = cmp.diff_report()
+    assert "decode alone" in text and "resize alone" in text and "both" in text and "largest   1" in text
+
+
 # -- GPU ---------------------------------------------------------------------------------
 
 
@@ -338,3 +365,33 @@ def test_gpu_benchmark_records_both_paths(info):
     assert wheres == {("cpu", False), ("cuda", True), ("cuda", False)}
     for k in ("ch05.decode.speedup", "ch05.decode.mean_abs_diff", "ch05.decode.max_abs_diff"):
         assert rs.find(k), k
+    assert {r.params["stage"] for r in rs.find("ch05.decode.mean_abs_diff")} == {"decode", "resize", "decode+resize"}
+
+
+@cuda
+def test_gpu_pixel_difference_is_measured_apart(info):
+    ds = G.EncodedJpegDataset(info.val_dir)
+    cmp = G.compare_decode(ds, "cuda", batch_size=8, crop_size=32, n_batches=1, repeats=1)
+    assert cmp.decode_mean_abs_diff < 6  # nvJPEG's IDCT and chroma upsampling against libjpeg-turbo
+    assert cmp.resize_max_abs_diff <= 3  # float against integer rounding of the same pixels
+    assert "decode alone" in cmp.diff_report()
+
+
+@cuda
+def test_gpu_decode_does_not_overwrite_memory_the_callers_stream_still_reads(info):
+    """pytorch/vision PR #9606's race: a block freed on the caller's stream while a queued kernel
+    still reads it must not be handed to the decoder. decode_batch synchronises the caller's
+    stream first, so the queued reduction sees its own values."""
+    ds = G.EncodedJpegDataset(info.val_dir)
+    enc = [ds[i][0] for i in range(8)]
+    G.decode_batch(enc, "cuda", 32)  # warm-up: the nvJPEG handle exists
+    n_bytes = sum(3 * 40 * 40 for _ in enc)  # at least as large as the decoded images
+    wrong = 0
+    for _ in range(20):
+        victim = torch.full((n_bytes // 4 + 1024,), 1.0, device="cuda")
+        torch.cuda._sleep(50_000_000)  # the GPU is busy: the sum below is only queued
+        total = victim.sum()
+        del victim  # freed on the caller's stream while the sum still has to read it
+        G.decode_batch(enc, "cuda", 32)
+        wrong += int(total.item() != n_bytes // 4 + 1024)
+    assert wrong == 0

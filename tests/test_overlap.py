@@ -140,6 +140,25 @@ def test_reference_artifact_round_trip(monkeypatch, tmp_path) -> None:  # type: 
     assert out["kind"] == "reference" and "TestGPU" in out["source"]
 
 
+def test_sync_counts_reference_none_then_found(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    assert "ch05.hazard.syncs" in ov.sync_counts_reference()  # the "none recorded yet" message names the key
+    rs = ResultSet(name="t", method="test", provenance={"hardware": {"gpu_name": "TestGPU"}},
+                   created="2026-01-01T00:00:00+00:00", mode="quick")
+    rs.add("ch05.hazard.syncs", 450, "count", variant="hidden", steps=50)
+    rs.add("ch05.hazard.syncs", 1, "count", variant="fixed", steps=50)
+    rs.add("ch05.hazard.syncs_per_line", 7, "count", line="print(loss)")
+    rs.save(tmp_path / "ref.json")
+    text = ov.sync_counts_reference()
+    assert "TestGPU" in text and "9.00 per step" in text and "print(loss) alone: 7" in text
+
+
+def test_hidden_syncs_on_cpu_claims_no_count() -> None:
+    h = ov.hazard_hidden_syncs("cpu", steps=2)
+    assert "not counted" in str(h.bug["synchronisations"]) and "masked_select" in h.explanation
+    assert "three synchronisations" not in h.code_bug
+
+
 def test_benchmark_records_nothing_without_cuda() -> None:
     if torch.cuda.is_available():
         pytest.skip("checks the no-CUDA path")
@@ -165,6 +184,9 @@ def test_hazards_show_on_gpu() -> None:
     assert h.fix["elements that arrived wrong"] == 0
     h = ov.hazard_hidden_syncs("cuda", steps=5)
     assert h.bug["synchronisations"] >= 3 * 5 and h.fix["synchronisations"] <= 2
+    assert h.bug[".item() alone"] == 1 and h.bug[".cpu() alone"] == 1
+    assert h.bug["print(loss) alone"] > 1  # torch/_tensor_str.py reads the value several times
+    assert h.bug["per step"] == pytest.approx(h.bug["synchronisations"] / 5)
 
 
 @cuda

@@ -5,6 +5,7 @@ Everything runs on CPU (pass-through); the CUDA tests run only where a GPU exist
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, NamedTuple
 
@@ -18,6 +19,7 @@ from helpers.prefetch import (
     Prefetcher,
     Sample,
     _same,
+    check_order,
     check_prefetcher,
     example_loaders,
     iter_tensors,
@@ -215,12 +217,58 @@ def test_workers_loader_passes_through() -> None:
 # -- the exercise checker ------------------------------------------------------
 
 
-def _two_stage(loader: Any, device: Any) -> Any:
+def _reads_ahead_moves_late(loader: Any, device: Any) -> Any:
+    """Requests batch i+1 before handing over batch i, but moves each batch only as it hands it over."""
     it = iter(loader)
     nxt = next(it, None)
     while nxt is not None:
         cur, nxt = nxt, next(it, None)
         yield move_batch(cur, device)
+
+
+def _reader_style(loader: Any, device: Any) -> Any:
+    """What a reader writes: two stages, the next batch fetched and moved before the current one is handed over.
+
+    On a GPU the copy runs on one side stream; the consumer's stream waits for it and the
+    batch is protected with record_stream. On a CPU the same structure, without streams.
+    """
+    device = torch.device(device)
+    side = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def issue(batch: Any) -> Any:
+        if side is None:
+            return move_batch(batch, device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            return move_batch(batch, device)
+
+    it = iter(loader)
+    first = next(it, None)
+    if first is None:
+        return
+    nxt = issue(first)
+    while nxt is not None:
+        if side is not None:
+            consumer = torch.cuda.current_stream(device)
+            consumer.wait_stream(side)
+            for t in iter_tensors(nxt):
+                if t.is_cuda:
+                    t.record_stream(consumer)
+        cur = nxt
+        following = next(it, None)
+        nxt = issue(following) if following is not None else None
+        yield cur
+        del cur
+
+
+class _ReaderStyleClass:
+    """The same, as a class (re-iterable)."""
+
+    def __init__(self, loader: Any, device: Any) -> None:
+        self.loader, self.device = loader, device
+
+    def __iter__(self) -> Any:
+        return _reader_style(self.loader, self.device)
 
 
 class _Dropper:
@@ -231,17 +279,60 @@ class _Dropper:
         return iter(list(self.loader)[:-1])
 
 
-def test_checker_accepts_the_helper_and_a_generator_function() -> None:
-    assert check_prefetcher(Prefetcher, "cpu").correct
-    res = check_prefetcher(_two_stage, "cpu")
-    assert res.correct and not res.overlap_checked
+def test_checker_accepts_a_reader_style_prefetcher_on_cpu() -> None:
+    for candidate in (_reader_style, _ReaderStyleClass):
+        res = check_prefetcher(candidate, "cpu")
+        assert res.correct, str(res)
+        assert not res.overlap_checked
+        assert "requested and moved before" in str(res)
+
+
+def test_checker_refuses_a_pass_through_on_cpu() -> None:
+    res = check_prefetcher(lambda loader, device: (b for b in loader), "cpu")
+    assert not res.correct and "pass-through" in str(res)
+    res = check_prefetcher(lambda loader, device: (move_batch(b, device) for b in loader), "cpu")
+    assert not res.correct and "pass-through" in str(res)
+
+
+def test_checker_refuses_moving_late_and_reading_the_whole_epoch() -> None:
+    res = check_prefetcher(_reads_ahead_moves_late, "cpu")
+    assert not res.correct and "only after it" in str(res)
+
+    def everything_first(loader: Any, device: Any) -> Any:
+        return [move_batch(b, device) for b in loader]
+
+    res = check_prefetcher(everything_first, "cpu")
+    assert not res.correct and "read ahead" in str(res)
+
+
+def test_checker_refuses_the_reference_prefetcher() -> None:
+    class Mine(Prefetcher):
+        pass
+
+    for candidate in (Prefetcher, CUDAPrefetcher, Mine, lambda loader, device: Prefetcher(loader, device)):
+        res = check_prefetcher(candidate, "cpu")
+        assert not res.correct and "reference" in str(res), candidate
+
+    def hidden(loader: Any, device: Any) -> Any:
+        yield from Prefetcher(loader, device)
+
+    res = check_prefetcher(hidden, "cpu")
+    assert not res.correct and "reference" in str(res)
+
+
+def test_order_check_logs_requests_moves_and_hand_overs() -> None:
+    assert check_order(_reader_style, "cpu") == []
+    problems = check_order(lambda loader, device: iter(loader), "cpu")
+    assert len(problems) == 1 and "batch 1 was requested" in problems[0]
+    # the reference implementation passes through on a CPU (nothing to overlap there), and the order shows it
+    assert "pass-through" in check_order(Prefetcher, "cpu")[0]
 
 
 def test_checker_rejects_wrong_answers_without_crashing() -> None:
     assert check_prefetcher(None).correct is False
     assert check_prefetcher(42).correct is False
     res = check_prefetcher(_Dropper, "cpu")
-    assert not res.correct and "gave 4 batches" in str(res)
+    assert not res.correct and "gave 5 batches of 6" in str(res)
 
     def boom(loader: Any, device: Any) -> Any:
         raise RuntimeError("oops")
@@ -278,5 +369,178 @@ def test_cuda_normalise_and_structures(safety: str) -> None:
 
 @cuda
 def test_checker_measures_overlap_on_gpu() -> None:
-    res = check_prefetcher(Prefetcher, "cuda")
+    res = check_prefetcher(_reader_style, "cuda")
+    assert res.correct, str(res)
     assert res.overlap_checked and res.overlap_ratio is not None
+
+
+def _no_wait(loader: Any, device: Any) -> Any:
+    """BUG: copies on a side stream but never makes the consuming stream wait for it."""
+    side = torch.cuda.Stream(device)
+    it = iter(loader)
+    with torch.cuda.stream(side):
+        nxt = move_batch(next(it), device)
+    for batch in it:
+        cur = nxt
+        with torch.cuda.stream(side):
+            nxt = move_batch(batch, device)
+        yield cur
+        del cur
+    yield nxt
+
+
+def _no_record_stream(loader: Any, device: Any) -> Any:
+    """BUG: waits for the copy, but never protects the batch's memory with record_stream."""
+    side = torch.cuda.Stream(device)
+    consumer = torch.cuda.current_stream(device)
+    it = iter(loader)
+    with torch.cuda.stream(side):
+        nxt = move_batch(next(it), device)
+    for batch in it:
+        consumer.wait_stream(side)
+        cur = nxt
+        with torch.cuda.stream(side):
+            nxt = move_batch(batch, device)
+        yield cur
+        del cur
+    consumer.wait_stream(side)
+    yield nxt
+
+
+@cuda
+@pytest.mark.parametrize("buggy, word", [(_no_wait, "wait_stream"), (_no_record_stream, "record_stream")])
+def test_race_check_catches_a_missing_wait_or_record_stream(buggy: Any, word: str) -> None:
+    from helpers.prefetch import check_race
+
+    assert check_race(_reader_style, "cuda") == []
+    found = [p for _ in range(3) for p in check_race(buggy, "cuda")]  # a race need not show every time
+    assert any(word in p for p in found), found
+
+
+# -- the one normaliser: cached statistics, no hidden synchronisation ------------------------
+
+
+def test_one_normaliser_bit_exact_with_torchvision_and_statistics_cached(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import torchvision.transforms.v2.functional as tv
+
+    from helpers import data
+
+    imgs = torch.randint(0, 256, (3, 3, 6, 6), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    ref = tv.normalize(tv.to_dtype(imgs, torch.float32, scale=True), list(MEAN), list(STD))
+    assert torch.equal(data.to_float_normalized(imgs, MEAN, STD), ref)  # bit for bit, not just close
+    assert torch.equal(normalize_uint8(imgs, MEAN, STD), ref)  # delegates to it
+    assert torch.equal(normalize_uint8(imgs[0], MEAN, STD), ref[0])  # a single CHW image
+    assert torch.equal(normalize_uint8(imgs.view(1, 3, 3, 6, 6), MEAN, STD), ref.view(1, 3, 3, 6, 6))
+
+    # Built once per (values, device, dtype), then reused: no torch.tensor(...) per batch.
+    m, s = data.normalization_stats(MEAN, STD, "cpu")
+    assert data.normalization_stats(list(MEAN), STD, torch.device("cpu")) == (m, s)
+    assert m.shape == (3, 1, 1) and m.dtype == torch.float32
+    m64, _ = data.normalization_stats(MEAN, STD, "cpu", torch.float64)
+    assert m64.dtype == torch.float64 and m64 is not m
+    made = []
+    real = torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: made.append(a) or real(*a, **k))
+    pf = Prefetcher([(imgs, torch.arange(3))] * 4, "cpu", normalize=(MEAN, STD))
+    for _ in range(2):
+        for x, _y in pf:
+            assert torch.equal(x, ref)
+    data.to_float_normalized(imgs, MEAN, STD)
+    normalize_uint8(imgs, MEAN, STD)
+    assert made == []  # every call found its statistics in the cache
+
+
+def test_normalisation_statistics_key_names_the_cuda_device(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """"cuda" and "cuda:0" must find the same cache entry (else the prefetcher, made with "cuda",
+    would copy the statistics again on its first batch, which lives on "cuda:0")."""
+    from helpers import data
+
+    sentinel = (torch.zeros(3, 1, 1), torch.ones(3, 1, 1))
+    key = ((0.1, 0.2, 0.3), (1.0, 1.0, 1.0), torch.device("cuda", 0), torch.float32)
+    monkeypatch.setitem(data._STATS_CACHE, key, sentinel)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert data.normalization_stats((0.1, 0.2, 0.3), (1, 1, 1), "cuda") is sentinel
+    assert data.normalization_stats((0.1, 0.2, 0.3), (1, 1, 1), "cuda:0") is sentinel
+
+
+@contextlib.contextmanager
+def _syncs_are_errors():  # type: ignore[no-untyped-def]
+    old = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(old)
+
+
+@cuda
+@pytest.mark.parametrize("pipeline", ["plain float32", "plain uint8", "prefetcher float32", "prefetcher uint8",
+                                      "prefetcher uint8 event", "DataLoader pinned + prefetcher uint8"])
+def test_one_training_step_of_each_ch05_pipeline_has_no_hidden_sync(pipeline: str) -> None:
+    """Chapter 05 says these pipelines never make the host wait: one training step under
+    torch.cuda.set_sync_debug_mode("error") (which raises at any synchronising call) proves it."""
+    import torch.nn.functional as F
+
+    from helpers import data, models
+
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(0)
+    u8 = [torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8, generator=g) for _ in range(3)]
+    ys = [torch.randint(0, 6, (8,), generator=g) for _ in range(3)]
+    f32 = [data.to_float_normalized(b) for b in u8]
+    use_u8 = "uint8" in pipeline
+    batches = [(b.pin_memory(), y.pin_memory()) for b, y in zip(u8 if use_u8 else f32, ys)]
+    if pipeline.startswith("plain"):
+        def plain() -> Any:
+            for b, y in batches:
+                x = b.to(dev, non_blocking=True)
+                yield (data.to_float_normalized(x) if use_u8 else x), y.to(dev, non_blocking=True)
+        source: Any = plain()
+    else:
+        loader: Any = batches
+        if pipeline.startswith("DataLoader"):
+            loader = DataLoader(TensorDataset(torch.cat(u8), torch.cat(ys)), batch_size=8, pin_memory=True)
+        norm = (data.MEAN, data.STD) if use_u8 else None
+        source = iter(Prefetcher(loader, dev, normalize=norm, safety="event" if "event" in pipeline else "record_stream"))
+    model = models.build_model().to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    step(*next(source))  # warm-up: cuDNN handles, optimizer state, the normaliser's statistics
+    torch.cuda.synchronize()
+    with _syncs_are_errors():
+        x, y = next(source)  # includes queuing the copy of the following batch
+        step(x, y)
+    torch.cuda.synchronize()
+
+
+@cuda
+def test_the_hidden_syncs_loop_does_synchronise() -> None:
+    """The chapter's buggy loop is caught by the same debug mode (so the test above can see syncs)."""
+    import io as _io
+
+    from helpers.overlap import _loop_hidden_syncs
+
+    x = torch.randn(64, 64, device="cuda")
+    with _syncs_are_errors(), pytest.raises(RuntimeError, match="synchroniz"):
+        _loop_hidden_syncs(x, x, 1, _io.StringIO())
+
+
+def test_checker_lets_cuda_errors_through_on_a_strict_gpu_run(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """WORKBOOK_REQUIRE_GPU=1: a CUDA error inside the checked code propagates instead of becoming a FAIL line."""
+    from helpers import prefetch
+
+    cuda_dev, cpu = torch.device("cuda"), torch.device("cpu")
+    err = RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "1")
+    assert prefetch._gpu_error(err, cuda_dev)
+    assert not prefetch._gpu_error(RuntimeError("oops"), cuda_dev)  # the reader's own mistake stays a FAIL
+    assert not prefetch._gpu_error(err, cpu)
+    monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "0")
+    assert not prefetch._gpu_error(err, cuda_dev)
