@@ -292,15 +292,15 @@ def job_sizes() -> dict[str, int]:
 
     quick and laptop use the small generated data set (640 training and 256
     validation images of 80x80, crops of 64: generated in seconds, shared with
-    the other chapters' quick mode); laptop trains on all 640 per epoch, quick
-    on half. full (a GPU, or ``WORKBOOK_FULL=1``) uses chapter 01's data set
+    the other chapters' quick mode); laptop trains on 480 images per epoch, quick
+    on 320. full (a GPU, or ``WORKBOOK_FULL=1``) uses chapter 01's data set
     (224-pixel crops) and 3,200 images per epoch.
     """
     from .data import default_sizes
 
     if sized(quick=False, laptop=True, full=False):
         small = {"n_train": 640, "n_val": 256, "image_size": 80, "crop_size": 64, "batch_size": 32}
-        return {**small, "train_items": 640}
+        return {**small, "train_items": 480}
     sizes = dict(default_sizes())
     sizes["train_items"] = min(sizes["n_train"], sized(quick=320, full=3200))
     return sizes
@@ -940,7 +940,7 @@ def choose_model(
     start: tuple[int, int],
     crop_size: int,
     margin: float = 2.0,
-    upper: float = 6.0,
+    upper: float = 3.5,
     budget_s: float = 30.0,
     max_probes: int = 6,
     ladder: Sequence[tuple[int, int]] = MODEL_LADDER,
