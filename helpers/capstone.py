@@ -20,8 +20,14 @@ Same job, same answer. Every configuration uses the same seed, the same
 initial weights, the same data order and the **same augmentation crops**: the
 random crop of an item is drawn from a generator seeded by (seed, epoch, item),
 not from whichever worker process happens to load it (:class:`SeededItems`,
-:class:`EpochSampler`). So configurations see identical data, and their
-accuracies may differ only by floating-point rounding (:func:`accuracy_tolerance`).
+:class:`EpochSampler`). Every configuration normalises with the same function
+(:func:`normalize_images`: float configurations in the loader, uint8 ones after
+the copy), and cuDNN runs deterministic algorithms during the job
+(:func:`same_numerics`). On a CPU the configurations are then bit-identical
+(same loss, same accuracy). On a GPU they are too if the normalisation gives the
+same bits there as on the CPU (:func:`normalizer_device_exact`, measured);
+otherwise the accuracy tolerance grows to the measured seed-to-seed spread
+(:func:`accuracy_tolerance`, :func:`seed_spread`).
 
 Measured per configuration (:func:`run_config` -> :class:`ConfigResult`): the
 time of one epoch (including worker start-up, which is what persistent workers
@@ -34,7 +40,16 @@ slowest stage alone.
 
 Two regimes from the model's size (:data:`REGIMES`): a tiny model (width 2,
 one stage) is **data-bound** (the loader is the slowest stage, even on a CPU),
-a wide one **compute-bound**.
+a wide one **compute-bound**. "Wide" depends on the device: :func:`calibrate`
+times the loader alone and the model alone on the device in use and picks a
+model whose step takes 2-3.5x the loader's batch (:func:`choose_model`, bounded
+in time), and says so when a regime cannot be reached.
+
+Waterfalls are measured in alternating rounds (:func:`run_waterfall`): each
+step's gain is the median of per-round ratios between neighbours run back to
+back, and a gain whose range across rounds includes 1 is called noise
+(:meth:`Waterfall.verdicts`); :func:`expected_within_noise` says beforehand
+which steps should be noise on this device.
 
 Threads. Every configuration of a waterfall, and every stage measured alone,
 runs with the same number of intra-op threads in the main process,
@@ -294,7 +309,9 @@ def job_sizes() -> dict[str, int]:
     validation images of 80x80, crops of 64: generated in seconds, shared with
     the other chapters' quick mode); laptop trains on 480 images per epoch, quick
     on 320. full (a GPU, or ``WORKBOOK_FULL=1``) uses chapter 01's data set
-    (224-pixel crops) and 3,200 images per epoch.
+    (224-pixel crops) and 1,280 images per epoch (20 steps: with the calibrated
+    compute-bound model each step takes 2-3.5x a batch of in-process loading,
+    so the chapter stays within a short GPU booking).
     """
     from .data import default_sizes
 
@@ -302,7 +319,7 @@ def job_sizes() -> dict[str, int]:
         small = {"n_train": 640, "n_val": 256, "image_size": 80, "crop_size": 64, "batch_size": 32}
         return {**small, "train_items": 480}
     sizes = dict(default_sizes())
-    sizes["train_items"] = min(sizes["n_train"], sized(quick=320, full=3200))
+    sizes["train_items"] = min(sizes["n_train"], sized(quick=320, full=1280))
     return sizes
 
 
@@ -1257,13 +1274,13 @@ def run_waterfall(
     Every round runs each configuration once, in alternating order (forwards,
     then backwards), so that two neighbouring configurations are measured back
     to back and drift in the machine's speed cancels out of their ratio
-    (chapter 04's method). ``rounds`` defaults to 1 quick, 3 laptop and full.
+    (chapter 04's method). ``rounds`` defaults to 1 quick, 3 laptop, 2 full.
     Stages alone are measured in the first round only.
     """
     from .progress import scaled
 
     spec = spec or job_spec(regime)
-    n_rounds = check_int("rounds", rounds if rounds is not None else sized(quick=1, laptop=3, full=3), 1, 100)
+    n_rounds = check_int("rounds", rounds if rounds is not None else sized(quick=1, laptop=3, full=2), 1, 100)
     configs = configurations(workers, names)
     runs: list[list[ConfigResult]] = [[] for _ in configs]
     total = n_rounds * len(configs)
@@ -1497,9 +1514,10 @@ def panel_controls() -> dict[str, Any]:
 
 
 def panel_run(progress: Callable[[float, str], None] | None = None, *, regime: str = "data-bound",
-              device: torch.device | str = "cpu", **toggles: bool) -> ConfigResult:
+              device: torch.device | str = "cpu", spec: JobSpec | None = None, **toggles: bool) -> ConfigResult:
     """Run the job with the steps whose toggles are True (keyword per step name), in ``regime``.
 
+    ``spec``: the job (the chapter passes its calibrated one for ``regime``); default :func:`job_spec`.
     ``baseline`` is always part of the job; unknown toggles raise ValueError.
     """
     for k in toggles:
@@ -1507,7 +1525,9 @@ def panel_run(progress: Callable[[float, str], None] | None = None, *, regime: s
     enabled = [k for k, v in toggles.items() if v and k != "baseline"]
     s = settings_for(enabled)
     name = "+".join(enabled) if enabled else "baseline"
-    return run_config(s, job_spec(regime), device, name=name, label=name, stages=True, progress=progress)
+    if spec is not None and spec.regime != regime:
+        raise ValueError(f"spec is for the {spec.regime!r} regime but regime={regime!r}; pass that regime's spec")
+    return run_config(s, spec or job_spec(regime), device, name=name, label=name, stages=True, progress=progress)
 
 
 def panel_summary(r: ConfigResult) -> str:

@@ -8,7 +8,6 @@ matplotlib.use("Agg")
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
 
 from helpers import capstone as C
 from helpers.results import ResultSet
@@ -80,11 +79,13 @@ def test_crops_do_not_depend_on_the_loading_process() -> None:
     ds = C._train_items(tiny(), "uint8")
     idx = [3, 17, 25, 4]
     direct = [ds[i][0] for i in idx]
-    loader = DataLoader(ds, batch_size=1, sampler=idx, num_workers=2)
+    from helpers.loaders import build_loader, release
+
+    loader = build_loader(ds, batch_size=1, sampler=idx, shuffle=False, num_workers=2)
     try:
         via_workers = [x[0] for x, _ in loader]
     finally:
-        del loader
+        release(loader)
     assert all(torch.equal(a, b) for a, b in zip(direct, via_workers))
 
 
@@ -131,6 +132,9 @@ def test_panel_run_and_bad_toggles(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "s/epoch" in C.panel_summary(r)
     with pytest.raises(ValueError, match="step"):
         C.panel_run(None, regime="data-bound", turbo=True)
+    with pytest.raises(ValueError, match="regime"):
+        C.panel_run(None, regime="data-bound", spec=tiny("compute-bound"))
+    assert C.panel_run(None, regime="compute-bound", spec=tiny("compute-bound", width=3)).spec.width == 3
 
 
 def test_regimes_tiny_model_for_data_bound_and_threads_in_the_spec() -> None:
