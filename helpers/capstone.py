@@ -1195,15 +1195,34 @@ class Waterfall:
             out.append((min(g), max(g)) if len(g) > 1 else None)
         return out
 
+    def noise_floor(self) -> float | None:
+        """How much the same configuration's epoch time varied between rounds here: the median over
+        configurations of (slowest - fastest) / median round. ``None`` with one round."""
+        spreads = [(max(r.round_epoch_s) - min(r.round_epoch_s)) / statistics.median(r.round_epoch_s)
+                   for r in self.results if len(r.round_epoch_s) > 1]
+        return statistics.median(spreads) if spreads else None
+
     def within_noise(self) -> list[bool | None]:
-        """Per configuration: True when its gain's range across rounds includes 1 (no measured change),
-        False when every round agrees on the direction, None when one round gives no range."""
-        return [None if r is None else r[0] <= 1.0 <= r[1] for r in self.gain_ranges()]
+        """Per configuration: True when its gain cannot be told from noise: the range of its per-round
+        gains includes 1, or the median gain differs from 1 by no more than :meth:`noise_floor`.
+        False when the rounds agree on a change larger than that; None with one round (no range)."""
+        floor = self.noise_floor() or 0.0
+        return [None if r is None else (r[0] <= 1.0 <= r[1] or abs(g - 1.0) <= floor)
+                for r, g in zip(self.gain_ranges(), self.gains())]
+
+    def no_effect(self) -> list[bool]:
+        """Per configuration: True when its step cannot change anything on this device (it then runs the
+        same configuration as the one before it, so its gain is a direct sample of the noise)."""
+        steps = {st.name: st for st in STEPS}
+        return [i > 0 and r.name in steps and not effective_on(steps[r.name], self.device)
+                for i, r in enumerate(self.results)]
 
     def best_step(self) -> str:
-        """The name of the step with the largest gain over its predecessor."""
+        """The name of the step with the largest gain over its predecessor (among steps that can act here)."""
         g = self.gains()
-        return self.results[max(range(1, len(g)), key=lambda i: g[i])].name if len(g) > 1 else self.results[0].name
+        idle = self.no_effect()
+        cands = [i for i in range(1, len(g)) if not idle[i]] or list(range(1, len(g)))
+        return self.results[max(cands, key=lambda i: g[i])].name if len(g) > 1 else self.results[0].name
 
     def best_steps(self) -> list[str]:
         """The best step, and every step whose gain range overlaps the best one's (not told apart by this run)."""
@@ -1215,15 +1234,18 @@ class Waterfall:
         if ranges[i_best] is None:
             return [best]
         lo = ranges[i_best][0]  # type: ignore[index]
+        idle = self.no_effect()
         return [r.name for i, r in enumerate(self.results[1:], 1)
-                if r.name == best or (ranges[i] is not None and ranges[i][1] >= lo)]  # type: ignore[index]
+                if r.name == best or (not idle[i] and ranges[i] is not None and ranges[i][1] >= lo)]  # type: ignore[index]
 
     def verdicts(self) -> list[str]:
-        """Per configuration, what the measurement says about its step: 'faster', 'slower', 'noise' or
-        'one round' (no spread measured), '' for the baseline."""
+        """Per configuration, what the measurement says about its step: 'faster', 'slower', 'noise',
+        'no effect' (the step cannot act on this device: its ratio is noise by construction) or
+        'one round' (no spread measured); '' for the baseline."""
         out = [""]
-        for g, n in zip(self.gains()[1:], self.within_noise()[1:]):
-            out.append("one round" if n is None else "noise" if n else ("faster" if g > 1 else "slower"))
+        for g, n, idle in zip(self.gains()[1:], self.within_noise()[1:], self.no_effect()[1:]):
+            out.append("no effect" if idle else "one round" if n is None else "noise" if n
+                       else ("faster" if g > 1 else "slower"))
         return out
 
     def table(self) -> str:
@@ -1237,9 +1259,12 @@ class Waterfall:
             gain = "" if r is self.results[0] else (f"x{g:.2f}" + (f" ({rng[0]:.2f}-{rng[1]:.2f})" if rng else ""))
             lines.append(f"{r.label:<28}{r.epoch_s:>8.2f}s{s:>8.2f}x{gain:>18}{v:>11}{r.compute_busy:>14.0%}"
                          f"{r.data_stall:>12.0%}{eff:>12}{r.accuracy:>10.1%}")
+        floor = self.noise_floor()
         lines.append(f"epoch: median of {self.rounds} round(s), configurations run in alternating order; step gain: "
                      "median over rounds of the ratio to the configuration before (range across rounds); "
-                     "'noise': the range includes 1")
+                     "'noise': the range includes 1 or the gain is within the run-to-run variation"
+                     + (f" ({floor:.0%} here)" if floor is not None else "")
+                     + "; 'no effect': the step cannot act on this device, so its ratio shows the noise level")
         if noisy:
             lines.append("* above 1: the pipeline cannot beat its slowest stage alone; this is noise between "
                          "separate measurements")
@@ -1249,11 +1274,13 @@ class Waterfall:
         """One line per step whose gain is expected to be within noise here, and what the measurement said."""
         steps = {st.name: st for st in STEPS}
         out = []
-        for r, v in zip(self.results[1:], self.verdicts()[1:]):
+        for r, v, g in zip(self.results[1:], self.verdicts()[1:], self.gains()[1:]):
             st = steps.get(r.name)
             why = expected_within_noise(st, self.regime, self.device, self.calibration) if st else None
             if why:
-                out.append(f"{r.label}: expected within noise ({why}); measured: {v}")
+                said = (f"measured x{g:.2f}, which is the noise level of this run" if v == "no effect"
+                        else f"measured: {v}")
+                out.append(f"{r.label}: expected within noise ({why}); {said}")
         return out
 
 
@@ -1275,7 +1302,9 @@ def run_waterfall(
     then backwards), so that two neighbouring configurations are measured back
     to back and drift in the machine's speed cancels out of their ratio
     (chapter 04's method). ``rounds`` defaults to 1 quick, 3 laptop, 2 full.
-    Stages alone are measured in the first round only.
+    Stages alone are measured in the first round only. With more than one
+    round, one untimed run of the first configuration comes first, so that no
+    configuration is charged for the one-off costs of the first run.
     """
     from .progress import scaled
 
@@ -1283,8 +1312,13 @@ def run_waterfall(
     n_rounds = check_int("rounds", rounds if rounds is not None else sized(quick=1, laptop=3, full=2), 1, 100)
     configs = configurations(workers, names)
     runs: list[list[ConfigResult]] = [[] for _ in configs]
-    total = n_rounds * len(configs)
+    total = n_rounds * len(configs) + (1 if n_rounds > 1 else 0)
     done = 0
+    if n_rounds > 1:  # one untimed run first: the first run of a job pays one-off costs (allocations, kernels)
+        step, s = configs[0]
+        run_config(s, spec, device, name=step.name, label=step.label, stages=False,
+                   progress=scaled(progress, 0.0, 1 / total, f"{regime}, warm-up run: "))
+        done = 1
     for rnd in range(n_rounds):
         order = list(range(len(configs)))
         if rnd % 2:

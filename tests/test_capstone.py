@@ -345,17 +345,22 @@ def _result(name: str, times: list[float]) -> C.ConfigResult:
 
 def test_waterfall_gains_come_from_rounds_and_noise_is_called_noise() -> None:
     wf = C.Waterfall("data-bound", tiny(), "cpu", [
-        _result("baseline", [1.0, 1.2, 0.9]),
-        _result("pinned", [0.95, 1.25, 0.85]),      # back to back: ratios 1.05, 0.96, 1.06 -> noise
-        _result("workers", [0.5, 0.6, 0.45]),       # 1.9, 2.08, 1.89 -> faster
-        _result("persistent", [0.6, 0.7, 0.5]),     # 0.83, 0.86, 0.9 -> slower
+        _result("baseline", [1.0, 1.02, 0.99]),
+        _result("pinned", [0.5, 0.5, 0.5]),         # x2 "faster", but pinning cannot act on a CPU: no effect
+        _result("workers", [0.25, 0.26, 0.25]),     # back to back: ratios 2.0, 1.92, 2.0 -> faster
+        _result("persistent", [0.3, 0.31, 0.3]),    # 0.83, 0.84, 0.83 -> slower
+        _result("uint8", [0.295, 0.315, 0.3]),      # 1.02, 0.98, 1.0 -> the range includes 1: noise
     ], rounds=3)
-    assert wf.verdicts() == ["", "noise", "faster", "slower"]
-    assert wf.gains()[2] == pytest.approx(1.9)
-    assert wf.best_step() == "workers" and wf.best_steps() == ["workers"]
+    assert wf.verdicts() == ["", "no effect", "faster", "slower", "noise"]
+    assert wf.noise_floor() == pytest.approx(0.03, abs=0.02)
+    assert wf.gains()[2] == pytest.approx(2.0)
+    assert wf.best_step() == "workers" and wf.best_steps() == ["workers"]  # never the step that cannot act
     table = wf.table()
-    assert "noise" in table and "median of 3 round(s)" in table
-    assert any("pinned memory" in e and "needs CUDA" in e for e in wf.expectations())
+    assert "noise" in table and "median of 3 round(s)" in table and "no effect" in table
+    assert any("pinned memory" in e and "needs CUDA" in e and "noise level" in e for e in wf.expectations())
+    small = C.Waterfall("data-bound", tiny(), "cpu", [_result("baseline", [1.0, 1.3, 0.8]),
+                                                        _result("workers", [0.9, 1.15, 0.7])], rounds=3)
+    assert small.verdicts() == ["", "noise"]  # every round agrees (x1.11-1.14) but within the run-to-run spread
     one = C.Waterfall("data-bound", tiny(), "cpu", [_result("baseline", [1.0]), _result("workers", [0.5])])
     assert one.verdicts() == ["", "one round"] and one.within_noise() == [None, None]
 
@@ -373,8 +378,9 @@ def test_waterfall_runs_in_alternating_rounds(monkeypatch: pytest.MonkeyPatch) -
     seen: list[float] = []
     wf = C.run_waterfall("data-bound", "cpu", names=["baseline", "workers", "uint8"], spec=tiny(), workers=1,
                          rounds=2, progress=lambda f, t="": seen.append(f))
-    assert [n for n, _ in order] == ["baseline", "workers", "uint8", "uint8", "workers", "baseline"]
-    assert [s for _, s in order] == [True] * 3 + [False] * 3  # stages alone in the first round only
+    # one untimed warm-up run, then forwards, then backwards
+    assert [n for n, _ in order] == ["baseline", "baseline", "workers", "uint8", "uint8", "workers", "baseline"]
+    assert [s for _, s in order] == [False] + [True] * 3 + [False] * 3  # stages alone in the first round only
     assert all(len(r.round_epoch_s) == 2 for r in wf.results) and seen[-1] == 1.0 and seen == sorted(seen)
 
 
