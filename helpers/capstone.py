@@ -1240,12 +1240,17 @@ class Waterfall:
 
     def verdicts(self) -> list[str]:
         """Per configuration, what the measurement says about its step: 'faster', 'slower', 'noise',
-        'no effect' (the step cannot act on this device: its ratio is noise by construction) or
-        'one round' (no spread measured); '' for the baseline."""
+        'no effect' (the step cannot act on this device and its ratio is within noise) or 'one round'
+        (no spread measured); '' for the baseline. A step that cannot act here but measured a change
+        beyond the noise gets 'faster' or 'slower': the text follows the measurement."""
         out = [""]
         for g, n, idle in zip(self.gains()[1:], self.within_noise()[1:], self.no_effect()[1:]):
-            out.append("no effect" if idle else "one round" if n is None else "noise" if n
-                       else ("faster" if g > 1 else "slower"))
+            if n is None:
+                out.append("no effect" if idle else "one round")
+            elif n:
+                out.append("no effect" if idle else "noise")
+            else:
+                out.append("faster" if g > 1 else "slower")
         return out
 
     def table(self) -> str:
@@ -1264,7 +1269,7 @@ class Waterfall:
                      "median over rounds of the ratio to the configuration before (range across rounds); "
                      "'noise': the range includes 1 or the gain is within the run-to-run variation"
                      + (f" ({floor:.0%} here)" if floor is not None else "")
-                     + "; 'no effect': the step cannot act on this device, so its ratio shows the noise level")
+                     + "; 'no effect': the step cannot act on this device and measured within noise")
         if noisy:
             lines.append("* above 1: the pipeline cannot beat its slowest stage alone; this is noise between "
                          "separate measurements")
@@ -1278,8 +1283,14 @@ class Waterfall:
             st = steps.get(r.name)
             why = expected_within_noise(st, self.regime, self.device, self.calibration) if st else None
             if why:
-                said = (f"measured x{g:.2f}, which is the noise level of this run" if v == "no effect"
-                        else f"measured: {v}")
+                if v == "no effect":
+                    said = f"measured x{g:.2f}, which is the noise level of this run"
+                elif v in ("faster", "slower") and st is not None and not effective_on(st, self.device):
+                    said = (f"measured x{g:.2f}, {v} beyond the noise in every round: with nothing to act on, "
+                            + ("the step's own machinery costs time here" if v == "slower"
+                               else "no setting explains this; this run's noise is larger than its rounds show"))
+                else:
+                    said = f"measured: {v}"
                 out.append(f"{r.label}: expected within noise ({why}); {said}")
         return out
 

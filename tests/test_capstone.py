@@ -346,18 +346,22 @@ def _result(name: str, times: list[float]) -> C.ConfigResult:
 def test_waterfall_gains_come_from_rounds_and_noise_is_called_noise() -> None:
     wf = C.Waterfall("data-bound", tiny(), "cpu", [
         _result("baseline", [1.0, 1.02, 0.99]),
-        _result("pinned", [0.5, 0.5, 0.5]),         # x2 "faster", but pinning cannot act on a CPU: no effect
-        _result("workers", [0.25, 0.26, 0.25]),     # back to back: ratios 2.0, 1.92, 2.0 -> faster
-        _result("persistent", [0.3, 0.31, 0.3]),    # 0.83, 0.84, 0.83 -> slower
-        _result("uint8", [0.295, 0.315, 0.3]),      # 1.02, 0.98, 1.0 -> the range includes 1: noise
+        _result("pinned", [0.99, 1.03, 1.0]),       # pinning cannot act on a CPU, and within noise: no effect
+        _result("workers", [0.5, 0.52, 0.5]),       # back to back: ratios 1.98, 1.98, 2.0 -> faster
+        _result("persistent", [0.6, 0.62, 0.6]),    # 0.83, 0.84, 0.83 -> slower
+        _result("uint8", [0.59, 0.63, 0.6]),        # 1.02, 0.98, 1.0 -> the range includes 1: noise
     ], rounds=3)
     assert wf.verdicts() == ["", "no effect", "faster", "slower", "noise"]
-    assert wf.noise_floor() == pytest.approx(0.03, abs=0.02)
-    assert wf.gains()[2] == pytest.approx(2.0)
+    assert wf.noise_floor() == pytest.approx(0.04, abs=0.02)
+    assert wf.gains()[2] == pytest.approx(1.98, rel=0.01)
     assert wf.best_step() == "workers" and wf.best_steps() == ["workers"]  # never the step that cannot act
     table = wf.table()
     assert "noise" in table and "median of 3 round(s)" in table and "no effect" in table
     assert any("pinned memory" in e and "needs CUDA" in e and "noise level" in e for e in wf.expectations())
+    costly = C.Waterfall("data-bound", tiny(), "cpu", [_result("uint8", [1.0, 1.01, 1.0]),
+                                                         _result("prefetcher", [1.3, 1.31, 1.3])], rounds=3)
+    assert costly.verdicts() == ["", "slower"]  # cannot act on a CPU, yet slower in every round: say so
+    assert "costs time" in costly.expectations()[0]
     small = C.Waterfall("data-bound", tiny(), "cpu", [_result("baseline", [1.0, 1.3, 0.8]),
                                                         _result("workers", [0.9, 1.15, 0.7])], rounds=3)
     assert small.verdicts() == ["", "noise"]  # every round agrees (x1.11-1.14) but within the run-to-run spread
