@@ -20,8 +20,14 @@ Same job, same answer. Every configuration uses the same seed, the same
 initial weights, the same data order and the **same augmentation crops**: the
 random crop of an item is drawn from a generator seeded by (seed, epoch, item),
 not from whichever worker process happens to load it (:class:`SeededItems`,
-:class:`EpochSampler`). So configurations see identical data, and their
-accuracies may differ only by floating-point rounding (:func:`accuracy_tolerance`).
+:class:`EpochSampler`). Every configuration normalises with the same function
+(:func:`normalize_images`: float configurations in the loader, uint8 ones after
+the copy), and cuDNN runs deterministic algorithms during the job
+(:func:`same_numerics`). On a CPU the configurations are then bit-identical
+(same loss, same accuracy). On a GPU they are too if the normalisation gives the
+same bits there as on the CPU (:func:`normalizer_device_exact`, measured);
+otherwise the accuracy tolerance grows to the measured seed-to-seed spread
+(:func:`accuracy_tolerance`, :func:`seed_spread`).
 
 Measured per configuration (:func:`run_config` -> :class:`ConfigResult`): the
 time of one epoch (including worker start-up, which is what persistent workers
@@ -34,7 +40,16 @@ slowest stage alone.
 
 Two regimes from the model's size (:data:`REGIMES`): a tiny model (width 2,
 one stage) is **data-bound** (the loader is the slowest stage, even on a CPU),
-a wide one **compute-bound**.
+a wide one **compute-bound**. "Wide" depends on the device: :func:`calibrate`
+times the loader alone and the model alone on the device in use and picks a
+model whose step takes 2-3.5x the loader's batch (:func:`choose_model`, bounded
+in time), and says so when a regime cannot be reached.
+
+Waterfalls are measured in alternating rounds (:func:`run_waterfall`): each
+step's gain is the median of per-round ratios between neighbours run back to
+back, and a gain whose range across rounds includes 1 is called noise
+(:meth:`Waterfall.verdicts`); :func:`expected_within_noise` says beforehand
+which steps should be noise on this device.
 
 Threads. Every configuration of a waterfall, and every stage measured alone,
 runs with the same number of intra-op threads in the main process,
@@ -62,7 +77,7 @@ from torch.utils.data import Dataset, Sampler
 
 from .config import sized
 from .timing import SpanRecorder, SpanTrace, synchronize
-from .validate import check_choice, check_int
+from .validate import check_choice, check_float, check_int
 
 __all__ = [
     "Step",
@@ -91,7 +106,20 @@ __all__ = [
     "Waterfall",
     "run_waterfall",
     "accuracy_tolerance",
+    "seed_spread",
     "check_accuracies",
+    "job_sizes",
+    "normalize_images",
+    "normalizer_device_exact",
+    "same_numerics",
+    "MODEL_LADDER",
+    "model_flops",
+    "Calibration",
+    "choose_model",
+    "calibrate",
+    "calibrated_specs",
+    "expected_within_noise",
+    "step_answers",
     "effective_on",
     "plot_waterfall",
     "plot_shares",
@@ -227,6 +255,13 @@ def configurations(workers: int | None = None, names: Sequence[str] | None = Non
     return out
 
 
+def step_answers(name: str) -> set[str]:
+    """Every way a reader may name step ``name``: its name, its label as the tables print it, the label without '+'."""
+    check_choice("step", name, STEP_NAMES)
+    label = next(st.label for st in STEPS if st.name == name)
+    return {name, label, label.lstrip("+ ").strip()}
+
+
 def effective_on(step: Step, device: torch.device | str) -> bool:
     """Whether ``step`` can change anything on ``device`` (pinning and the prefetcher need CUDA)."""
     return not step.needs_cuda or torch.device(device).type == "cuda"
@@ -267,12 +302,35 @@ class JobSpec:
         return self.train_items // self.batch_size
 
 
-def job_spec(regime: str, **overrides: Any) -> JobSpec:
-    """The default job for ``regime`` in the current mode (quick: tiny; full: the chapter's sizes)."""
-    check_choice("regime", regime, tuple(REGIMES))
+def job_sizes() -> dict[str, int]:
+    """The data set and job sizes of the tier in force (:func:`helpers.config.sized`).
+
+    quick and laptop use the small generated data set (640 training and 256
+    validation images of 80x80, crops of 64: generated in seconds, shared with
+    the other chapters' quick mode); laptop trains on 480 images per epoch, quick
+    on 320. full (a GPU, or ``WORKBOOK_FULL=1``) uses chapter 01's data set
+    (224-pixel crops) and 1,280 images per epoch (20 steps: with the calibrated
+    compute-bound model each step takes 2-3.5x a batch of in-process loading,
+    so the chapter stays within a short GPU booking).
+    """
     from .data import default_sizes
 
-    sizes = default_sizes()
+    if sized(quick=False, laptop=True, full=False):
+        small = {"n_train": 640, "n_val": 256, "image_size": 80, "crop_size": 64, "batch_size": 32}
+        return {**small, "train_items": 480}
+    sizes = dict(default_sizes())
+    sizes["train_items"] = min(sizes["n_train"], sized(quick=320, full=1280))
+    return sizes
+
+
+def job_spec(regime: str, **overrides: Any) -> JobSpec:
+    """The default job for ``regime`` at the tier in force (:func:`job_sizes`).
+
+    The model's width and depth default to :data:`REGIMES`; the chapter passes
+    the ones :func:`calibrate` chose for this device.
+    """
+    check_choice("regime", regime, tuple(REGIMES))
+    sizes = job_sizes()
     r = REGIMES[regime]
     base = dict(
         regime=regime,
@@ -281,7 +339,7 @@ def job_spec(regime: str, **overrides: Any) -> JobSpec:
         threads=compute_threads(),
         batch_size=sizes["batch_size"],
         crop_size=sizes["crop_size"],
-        train_items=sizes["n_train"],
+        train_items=sizes["train_items"],
         epochs=1,
     )
     base.update(overrides)
@@ -326,23 +384,83 @@ class SeededItems(Dataset):
 
     The random crop then does not depend on which process (main or worker) loads
     the item, so every configuration trains on identical batches. Picklable.
+
+    With ``normalize=True`` the base's uint8 image is turned into a normalised
+    float image by :func:`normalize_images`, the same function the uint8
+    configurations apply after the copy: one normalisation path for every
+    configuration (see :func:`normalizer_device_exact`).
     """
 
-    def __init__(self, base: Dataset, seed: int = 0) -> None:
+    def __init__(self, base: Dataset, seed: int = 0, normalize: bool = False) -> None:
         self.base = base
         self.n = len(base)  # type: ignore[arg-type]
         self.seed = seed
+        self.normalize = bool(normalize)
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, index: int) -> Any:
         torch.default_generator.manual_seed((self.seed * 1_000_003 + int(index)) % (2**63))
-        return self.base[int(index) % self.n]
+        img, label = self.base[int(index) % self.n]
+        if self.normalize:
+            img = normalize_images(img.unsqueeze(0))[0]
+        return img, label
+
+
+def normalize_images(x: torch.Tensor) -> torch.Tensor:
+    """The one normalisation of this chapter: uint8 ``(N, 3, H, W)`` to normalised float32.
+
+    Every configuration uses it: float configurations in the loader (per item, on
+    the CPU), uint8 configurations after the copy (:func:`helpers.train.train_epoch`
+    calls the same :func:`helpers.data.to_float_normalized`), the prefetcher's too.
+    """
+    from .data import to_float_normalized
+
+    return to_float_normalized(x)
+
+
+def normalizer_device_exact(device: torch.device | str) -> bool:
+    """Whether :func:`normalize_images` gives the same bits on ``device`` as on the CPU, for all 256 levels.
+
+    On a CPU trivially True. On CUDA it depends on the arithmetic: dividing by a
+    Python scalar runs as a multiplication by its reciprocal there (one bit may
+    differ from a true division on the CPU), so float configurations (normalised
+    by the loader on the CPU) and uint8 ones (normalised on the GPU) would not
+    see identical inputs. Measured, not assumed: the chapter reports it.
+    """
+    dev = torch.device(device)
+    levels = torch.arange(256, dtype=torch.uint8).repeat(3, 1).view(1, 3, 16, 16)
+    on_cpu = normalize_images(levels)
+    if dev.type == "cpu":
+        return True
+    return bool(torch.equal(normalize_images(levels.to(dev)).cpu(), on_cpu))
+
+
+@contextlib.contextmanager
+def same_numerics() -> Iterator[None]:
+    """Deterministic cuDNN for the block (``deterministic=True``, ``benchmark=False``); restored after.
+
+    cuDNN may otherwise pick convolution algorithms whose backward pass adds in a
+    varying order (atomics), and the auto-tuner may pick different algorithms
+    in different runs: two runs of the same job would then differ by rounding.
+    ``torch.use_deterministic_algorithms(True)`` is not used: it raises for
+    ``adaptive_avg_pool2d_backward_cuda``, which the model needs. TF32 is left
+    at PyTorch's setting: it is deterministic, so it does not make configurations
+    differ (and mixing its legacy and new switches raises in torch >= 2.9).
+    No effect without CUDA (the flags are only read by cuDNN).
+    """
+    cudnn = torch.backends.cudnn
+    before = (cudnn.deterministic, cudnn.benchmark)
+    cudnn.deterministic, cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        cudnn.deterministic, cudnn.benchmark = before
 
 
 def _identity_transfer(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batches from the prefetcher are already on the device (and normalised)."""
+    """Batches from the prefetcher are already on the device (uint8 ones are normalised by train_epoch)."""
     return batch[0], batch[1]
 
 
@@ -352,9 +470,12 @@ _CACHE: dict[Any, Any] = {}
 def _dataset_info() -> Any:
     from .data import make_shapes_dataset
 
-    if "info" not in _CACHE:
-        _CACHE["info"] = make_shapes_dataset()
-    return _CACHE["info"]
+    sizes = job_sizes()
+    key = ("info", sizes["n_train"], sizes["n_val"], sizes["image_size"])
+    if key not in _CACHE:
+        _CACHE[key] = make_shapes_dataset(n_train=sizes["n_train"], n_val=sizes["n_val"],
+                                          image_size=sizes["image_size"])
+    return _CACHE[key]
 
 
 def dataset_info() -> Any:
@@ -371,13 +492,13 @@ def _val_batches(spec: JobSpec) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The validation set, decoded once (float, centre crop), as a list of batches."""
     from .data import ShapesDataset
 
-    key = ("val", spec.crop_size, spec.batch_size)
+    key = ("val", str(_dataset_info().val_dir), spec.crop_size, spec.batch_size)
     if key not in _CACHE:
-        ds = ShapesDataset(_dataset_info().val_dir, crop_size=spec.crop_size, augment=False, output="float")
+        ds = ShapesDataset(_dataset_info().val_dir, crop_size=spec.crop_size, augment=False, output="uint8")
         batches = []
         for s in range(0, len(ds), spec.batch_size):
             items = [ds[i] for i in range(s, min(len(ds), s + spec.batch_size))]
-            batches.append((torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])))
+            batches.append((normalize_images(torch.stack([x for x, _ in items])), torch.tensor([y for _, y in items])))
         _CACHE[key] = batches
     return _CACHE[key]
 
@@ -385,8 +506,9 @@ def _val_batches(spec: JobSpec) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def _train_items(spec: JobSpec, output: str) -> SeededItems:
     from .data import ShapesDataset
 
-    base = ShapesDataset(_dataset_info().train_dir, crop_size=spec.crop_size, augment=True, output=output)
-    return SeededItems(base, seed=spec.seed)
+    check_choice("output", output, ("float", "uint8"))
+    base = ShapesDataset(_dataset_info().train_dir, crop_size=spec.crop_size, augment=True, output="uint8")
+    return SeededItems(base, seed=spec.seed, normalize=output == "float")
 
 
 def _build_loader(spec: JobSpec, s: Settings, device: torch.device) -> Any:
@@ -458,6 +580,8 @@ class ConfigResult:
         data_stall: share of the epoch the loop waited for data (start-up included).
         stages: items/s of each stage alone ("loader", "copy", "compute"; ``None``: no such stage here).
         efficiency: throughput / slowest stage alone (``None`` if not measured).
+        round_epoch_s: in a waterfall measured in rounds, the epoch time of every round
+            (``epoch_s`` is then their median).
     """
 
     name: str
@@ -476,6 +600,7 @@ class ConfigResult:
     data_stall: float
     stages: dict[str, float | None] = field(default_factory=dict)
     efficiency: float | None = None
+    round_epoch_s: list[float] = field(default_factory=list)
 
     @property
     def throughput(self) -> float:
@@ -532,20 +657,21 @@ def run_config(
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device is 'cuda' but no CUDA device is available; use device='cpu'")
     report = progress or (lambda f, t="": None)
-    from .data import MEAN, STD
 
     info = _dataset_info()
     model = build_model(width=spec.width, depth=spec.depth, num_classes=len(info.classes), seed=spec.seed).to(dev)
     opt = make_optimizer(model, lr=spec.lr)
     loader = _build_loader(spec, settings, dev)
-    source: Any = Prefetcher(loader, dev, normalize=(MEAN, STD)) if settings.prefetcher else loader
+    # normalize=None: the prefetcher hands over uint8 batches on the device and train_epoch
+    # normalises them with the same function as every other configuration.
+    source: Any = Prefetcher(loader, dev, normalize=None) if settings.prefetcher else loader
     if settings.prefetcher:
         transfer: Any = _identity_transfer
     else:
         transfer = "non_blocking" if settings.pin_memory and dev.type == "cuda" else "blocking"
     epochs: list[tuple[float, float]] = []
     try:
-        with main_threads(spec.threads), torch.random.fork_rng(devices=[]):
+        with main_threads(spec.threads), same_numerics(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed)
             report(0.05, f"{name}: warm-up")
             if spec.warm_steps:
@@ -660,27 +786,32 @@ def _compute_alone(spec: JobSpec, s: Settings, dev: torch.device) -> float:
            spec.train_items)
     if key in _CACHE:
         return _CACHE[key]
-    from .data import to_float_normalized
+    times = _step_times(spec, s.output, dev, max(4, min(spec.steps_per_epoch, 20)))
+    _CACHE[key] = spec.batch_size / statistics.quantiles(times, n=4, method="inclusive")[0]
+    return _CACHE[key]
+
+
+def _step_times(spec: JobSpec, output: str, dev: torch.device, n: int, warm: int = 2) -> list[float]:
+    """Seconds of ``n`` synchronised training steps of ``spec``'s model on one batch already on ``dev``."""
     from .models import build_model
     from .train import make_optimizer
 
-    x, y = _sample_batch(spec, s.output)
+    x, y = _sample_batch(spec, output)
     x, y = x.to(dev), y.to(dev)
     model = build_model(width=spec.width, depth=spec.depth, num_classes=int(_dataset_info().params["num_classes"]),
                         seed=spec.seed).to(dev)
     opt = make_optimizer(model, lr=spec.lr)
-    n = max(4, min(spec.steps_per_epoch, 20))
 
     def step() -> None:
-        xx = to_float_normalized(x) if x.dtype == torch.uint8 else x
+        xx = normalize_images(x) if x.dtype == torch.uint8 else x
         loss = torch.nn.functional.cross_entropy(model(xx), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     times = []
-    with main_threads(spec.threads):
-        for _ in range(2):
+    with main_threads(spec.threads), same_numerics():
+        for _ in range(warm):
             step()
         synchronize(dev)
         for _ in range(n):
@@ -688,8 +819,7 @@ def _compute_alone(spec: JobSpec, s: Settings, dev: torch.device) -> float:
             step()
             synchronize(dev)
             times.append(time.perf_counter() - t0)
-    _CACHE[key] = spec.batch_size / statistics.quantiles(times, n=4, method="inclusive")[0]
-    return _CACHE[key]
+    return times
 
 
 def stage_alone(settings: Settings, spec: JobSpec, device: torch.device | str = "cpu") -> dict[str, float | None]:
@@ -754,51 +884,415 @@ def compare_threads(
 
 
 # ---------------------------------------------------------------------------
+# Calibrating the regimes on this device
+# ---------------------------------------------------------------------------
+
+#: Models the compute-bound search may pick, as (width, depth): the last stage has at most 8,192 channels
+#: (the largest, width 512 and depth 5, holds about 400 M parameters: a probe that runs out of memory ends the search).
+MODEL_LADDER: tuple[tuple[int, int], ...] = tuple(
+    (w, d) for d in (3, 4, 5) for w in (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512) if w * 2 ** (d - 1) <= 8192
+)
+
+
+def model_flops(width: int, depth: int, crop_size: int, num_classes: int = 6) -> int:
+    """Forward FLOPs per image of :class:`helpers.models.SmallCNN` (one conv per stage), computed from its shapes.
+
+    The same count as :func:`helpers.models.flops_per_sample`, without building the model
+    (2 FLOPs per multiply-add; 3x3 convolutions with padding 1, each stage halving the side).
+    """
+    check_int("width", width, 1, 512)
+    check_int("depth", depth, 1, 6)
+    check_int("crop_size", crop_size, 1, 8192)
+    total, c_in, side = 0, 3, crop_size
+    for stage in range(depth):
+        c_out = width * 2**stage
+        total += 2 * 9 * c_in * c_out * side * side
+        c_in, side = c_out, side // 2
+    return total + 2 * c_in * num_classes
+
+
+@dataclass
+class Calibration:
+    """What :func:`choose_model` chose for one regime on one device, and why.
+
+    Attributes:
+        regime: ``"data-bound"`` or ``"compute-bound"``.
+        width / depth: the model chosen.
+        loader_s: seconds per batch of the baseline loader alone (in-process, float).
+        compute_s: seconds per training step of the chosen model alone (median).
+        reached: whether the regime holds: data-bound: ``compute_s * margin <= loader_s``;
+            compute-bound: ``compute_s >= margin * loader_s``.
+        margin: the factor asked for between the two stages.
+        tried: ``(width, depth, seconds per step)`` of every model measured, in order.
+        reason: one sentence: what was chosen and why (or why the regime was not reached).
+        seconds: time the calibration took.
+    """
+
+    regime: str
+    width: int
+    depth: int
+    loader_s: float
+    compute_s: float
+    reached: bool
+    margin: float
+    tried: list[tuple[int, int, float]] = field(default_factory=list)
+    reason: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ratio(self) -> float:
+        """Compute time over loader time per batch (> 1: the compute is slower)."""
+        return self.compute_s / self.loader_s if self.loader_s > 0 else float("inf")
+
+    def describe(self) -> str:
+        return (f"{self.regime}: width {self.width}, depth {self.depth}: compute alone {self.compute_s * 1e3:.1f} ms "
+                f"per batch vs loader alone {self.loader_s * 1e3:.1f} ms (x{self.ratio:.2f}); {self.reason}")
+
+
+def choose_model(
+    regime: str,
+    measure: Callable[[int, int], float],
+    loader_s: float,
+    *,
+    start: tuple[int, int],
+    crop_size: int,
+    margin: float = 2.0,
+    upper: float = 3.5,
+    budget_s: float = 30.0,
+    max_probes: int = 6,
+    ladder: Sequence[tuple[int, int]] = MODEL_LADDER,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Calibration:
+    """Pick the model of ``regime`` from measured stage times (a pure function of ``measure`` and ``loader_s``).
+
+    ``measure(width, depth)`` returns seconds per training step of that model
+    alone; ``loader_s`` is seconds per batch of the loader alone.
+
+    * **data-bound**: the ``start`` model (the tiny one) must compute a batch at
+      least ``margin`` times faster than the loader loads one; nothing smaller
+      is tried, so if it is not, the regime is reported as not reached.
+    * **compute-bound**: the model's step must take ``margin`` to ``upper``
+      times as long as the loader's batch. From ``start``, each probe predicts
+      the needed size from the last measurement (time scales with
+      :func:`model_flops`) and measures the smallest model of ``ladder`` that
+      should get there; it stops when the ratio is in range, the ladder ends,
+      a probe runs out of device memory, ``max_probes`` models were measured, or
+      ``budget_s`` is spent. It keeps the smallest model measured that reached
+      the regime, else the largest measured (and says the regime was not reached).
+    """
+    check_choice("regime", regime, tuple(REGIMES))
+    check_float("loader_s", loader_s, 0.0)
+    check_float("margin", margin, 1.0, 1000.0)
+    check_float("upper", upper, margin, 1e6)
+    t0 = clock()
+    tried: list[tuple[int, int, float]] = []
+
+    def done(width: int, depth: int, compute_s: float, reached: bool, reason: str) -> Calibration:
+        return Calibration(regime, width, depth, loader_s, compute_s, reached, margin, tried, reason, clock() - t0)
+
+    if regime == "data-bound":
+        c = measure(*start)
+        tried.append((start[0], start[1], c))
+        ok = c * margin <= loader_s
+        why = (f"the tiny model computes a batch {loader_s / c:.1f}x faster than the loader loads one"
+               if ok else f"even the tiny model is not {margin:.0f}x faster than the loader here "
+                          "(data-bound regime not reached: loading steps may gain little)") if c > 0 else "no time measured"
+        return done(start[0], start[1], c, ok, why)
+
+    order = sorted(set(ladder) | {start}, key=lambda m: model_flops(m[0], m[1], crop_size))
+    flops = {m: model_flops(m[0], m[1], crop_size) for m in order}
+    current = start
+    stop = ""
+    seen: dict[tuple[int, int], float] = {}
+    while True:
+        try:
+            c = measure(*current)
+        except torch.OutOfMemoryError:
+            stop = f"width {current[0]}, depth {current[1]} ran out of device memory"
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            break
+        seen[current] = c
+        tried.append((current[0], current[1], c))
+        ratio = c / loader_s if loader_s > 0 else float("inf")
+        if margin <= ratio <= upper:
+            break
+        if len(tried) >= max_probes:
+            stop = f"{max_probes} models measured"
+            break
+        if clock() - t0 > budget_s:
+            stop = f"the calibration's time budget ({budget_s:.0f} s) is spent"
+            break
+        target = flops[current] * (margin + upper) / 2 / max(ratio, 1e-9)
+        if ratio < margin:
+            bigger = [m for m in order if flops[m] > flops[current] and m not in seen]
+            nxt = next((m for m in bigger if flops[m] >= target), bigger[-1] if bigger else None)
+        else:
+            smaller = [m for m in order if flops[m] < flops[current] and m not in seen
+                       and not any(flops[m] <= flops[k] and v < margin * loader_s for k, v in seen.items())]
+            nxt = next((m for m in smaller if flops[m] >= target), smaller[-1] if smaller else None)
+        if nxt is None:
+            stop = "no other model on the ladder"
+            break
+        current = nxt
+    ok = {m: v for m, v in seen.items() if v >= margin * loader_s}
+    if ok:
+        best = min(ok, key=lambda m: flops[m])
+        c = ok[best]
+        why = (f"the smallest model measured whose step takes at least {margin:.0f}x the loader's batch "
+               f"({len(tried)} model(s) measured)")
+        return done(best[0], best[1], c, True, why)
+    if not seen:
+        return done(start[0], start[1], float("nan"), False, f"nothing could be measured: {stop}")
+    best = max(seen, key=lambda m: flops[m])
+    why = (f"compute-bound regime NOT reached: the largest model measured takes only {seen[best] / loader_s:.2f}x the "
+           f"loader's batch ({stop}); its loading steps are expected to gain as in the data-bound regime")
+    return done(best[0], best[1], seen[best], False, why)
+
+
+def _loader_batch_s(spec: JobSpec, dev: torch.device, batches: int = 4) -> float:
+    """Median seconds per batch of the baseline loader alone (in-process, float), after one warm-up batch."""
+    loader = _build_loader(spec, Settings(), dev)
+    times = []
+    try:
+        with main_threads(spec.threads), torch.random.fork_rng(devices=[]):
+            it = iter(loader)
+            next(it)
+            for _ in range(batches):
+                t0 = time.perf_counter()
+                if next(it, None) is None:
+                    break
+                times.append(time.perf_counter() - t0)
+            del it
+    finally:
+        _release(loader)
+    if not times:
+        raise ValueError(f"train_items={spec.train_items} gives too few batches of {spec.batch_size} to time the loader")
+    return statistics.median(times)
+
+
+def calibrate(
+    device: torch.device | str = "cpu",
+    *,
+    margin: float = 2.0,
+    budget_s: float | None = None,
+    progress: Callable[..., None] | None = None,
+) -> dict[str, Calibration]:
+    """Choose each regime's model for ``device`` from measured stage times (cached per device and sizes).
+
+    The loader alone (baseline: in the main process, float batches, the job's
+    threads) is timed for a few batches; then :func:`choose_model` measures the
+    tiny model (it must be ``margin`` x faster: data-bound) and searches for a
+    model at least ``margin`` x slower (compute-bound), within ``budget_s``
+    seconds (default: 10 quick, 30 laptop, 60 full). On an H200 the wide model of a
+    CPU would compute a batch in a few milliseconds, faster than the loader: both
+    regimes would then be data-bound, which the search prevents.
+    """
+    dev = torch.device(device)
+    budget = budget_s if budget_s is not None else sized(quick=10.0, laptop=30.0, full=60.0)
+    base = job_spec("data-bound")
+    key = ("calibration", str(dev), base.batch_size, base.crop_size, base.threads, margin, str(_dataset_info().train_dir))
+    if key in _CACHE:
+        return _CACHE[key]
+    report = progress or (lambda f, t="": None)
+    report(0.0, "timing the loader alone")
+    loader_s = _loader_batch_s(base, dev, batches=sized(quick=3, laptop=5, full=8))
+    n_steps = sized(quick=3, laptop=4, full=5)
+
+    def measure(width: int, depth: int) -> float:
+        report(0.3, f"timing the model alone: width {width}, depth {depth}")
+        spec = dataclasses.replace(base, width=width, depth=depth)
+        return statistics.median(_step_times(spec, "float", dev, n_steps, warm=1))
+
+    out = {}
+    for regime in REGIMES:
+        r = REGIMES[regime]
+        start = (sized(quick=r["quick_width"], full=r["width"]), r["depth"])
+        out[regime] = choose_model(regime, measure, loader_s, start=start, crop_size=base.crop_size, margin=margin,
+                                   budget_s=budget)
+    report(1.0, "calibrated")
+    _CACHE[key] = out
+    return out
+
+
+def calibrated_specs(device: torch.device | str = "cpu", **kw: Any) -> dict[str, JobSpec]:
+    """:func:`job_spec` of each regime with the width and depth :func:`calibrate` chose for ``device``."""
+    cal = calibrate(device, **kw)
+    return {regime: job_spec(regime, width=c.width, depth=c.depth) for regime, c in cal.items()}
+
+
+def expected_within_noise(step: Step, regime: str, device: torch.device | str,
+                          cal: Calibration | None = None) -> str | None:
+    """Why ``step``'s gain over the configuration before it is expected to be within noise here, or None.
+
+    From the bottleneck model and the calibration's stage times: a step that
+    needs CUDA does nothing on a CPU; in a compute-bound regime (the step takes
+    ``ratio`` x the loader's batch), only the workers step can remove the
+    in-process loading from each step (an expected gain of about
+    ``1 + 1 / ratio``); once workers hide loading, the later loading steps, and
+    pinning, have little to remove.
+    """
+    if not effective_on(step, device):
+        return "needs CUDA: no effect on this device"
+    if regime == "compute-bound" and cal is not None and cal.reached:
+        if step.name == "workers":
+            return None
+        if step.name in ("persistent", "uint8", "prefetcher", "pinned"):
+            return (f"compute-bound: the step takes {cal.ratio:.1f}x the loader's batch, so loading is already "
+                    "hidden behind it (or, before workers, this step does not shorten it)")
+    return None
+
+
+# ---------------------------------------------------------------------------
 # The waterfall: every configuration in one regime
 # ---------------------------------------------------------------------------
 
 
 @dataclass
 class Waterfall:
-    """All configurations of one regime, in stacking order."""
+    """All configurations of one regime, in stacking order, measured in alternating rounds.
+
+    Attributes:
+        regime / spec / device: the job and where it ran.
+        results: one :class:`ConfigResult` per configuration (trace, shares and
+            accuracy from the first round; ``epoch_s``: the median over rounds).
+        rounds: how many rounds measured every configuration.
+        calibration: how the regime's model was chosen (:func:`calibrate`), if it was.
+    """
 
     regime: str
     spec: JobSpec
     device: str
     results: list[ConfigResult]
+    rounds: int = 1
+    calibration: Calibration | None = None
 
     @property
     def baseline(self) -> ConfigResult:
         return self.results[0]
 
     def speedups(self) -> list[float]:
-        """Cumulative speedup of each configuration over the first (epoch-time ratio)."""
+        """Cumulative speedup of each configuration over the first (ratio of median epoch times)."""
         b = self.baseline.epoch_s
         return [b / r.epoch_s for r in self.results]
 
+    def _round_gains(self, i: int) -> list[float]:
+        a, b = self.results[i - 1], self.results[i]
+        ta = a.round_epoch_s or [a.epoch_s]
+        tb = b.round_epoch_s or [b.epoch_s]
+        return [x / y for x, y in zip(ta, tb)]
+
     def gains(self) -> list[float]:
-        """Speedup of each configuration over the one before it (1.0 for the first)."""
-        return [1.0] + [a.epoch_s / b.epoch_s for a, b in zip(self.results, self.results[1:])]
+        """Speedup of each configuration over the one before it (1.0 for the first): the median of the
+        per-round ratios, each taken between two runs measured back to back."""
+        return [1.0] + [statistics.median(self._round_gains(i)) for i in range(1, len(self.results))]
+
+    def gain_ranges(self) -> list[tuple[float, float] | None]:
+        """(lowest, highest) per-round gain of each configuration over the one before it; None with one round."""
+        out: list[tuple[float, float] | None] = [None]
+        for i in range(1, len(self.results)):
+            g = self._round_gains(i)
+            out.append((min(g), max(g)) if len(g) > 1 else None)
+        return out
+
+    def noise_floor(self) -> float | None:
+        """How much the same configuration's epoch time varied between rounds here: the median over
+        configurations of (slowest - fastest) / median round. ``None`` with one round."""
+        spreads = [(max(r.round_epoch_s) - min(r.round_epoch_s)) / statistics.median(r.round_epoch_s)
+                   for r in self.results if len(r.round_epoch_s) > 1]
+        return statistics.median(spreads) if spreads else None
+
+    def within_noise(self) -> list[bool | None]:
+        """Per configuration: True when its gain cannot be told from noise: the range of its per-round
+        gains includes 1, or the median gain differs from 1 by no more than :meth:`noise_floor`.
+        False when the rounds agree on a change larger than that; None with one round (no range)."""
+        floor = self.noise_floor() or 0.0
+        return [None if r is None else (r[0] <= 1.0 <= r[1] or abs(g - 1.0) <= floor)
+                for r, g in zip(self.gain_ranges(), self.gains())]
+
+    def no_effect(self) -> list[bool]:
+        """Per configuration: True when its step cannot change anything on this device (it then runs the
+        same configuration as the one before it, so its gain is a direct sample of the noise)."""
+        steps = {st.name: st for st in STEPS}
+        return [i > 0 and r.name in steps and not effective_on(steps[r.name], self.device)
+                for i, r in enumerate(self.results)]
 
     def best_step(self) -> str:
-        """The name of the step with the largest gain over its predecessor."""
+        """The name of the step with the largest gain over its predecessor (among steps that can act here)."""
         g = self.gains()
-        return self.results[max(range(1, len(g)), key=lambda i: g[i])].name if len(g) > 1 else self.results[0].name
+        idle = self.no_effect()
+        cands = [i for i in range(1, len(g)) if not idle[i]] or list(range(1, len(g)))
+        return self.results[max(cands, key=lambda i: g[i])].name if len(g) > 1 else self.results[0].name
+
+    def best_steps(self) -> list[str]:
+        """The best step, and every step whose gain range overlaps the best one's (not told apart by this run)."""
+        if len(self.results) < 2:
+            return [self.results[0].name]
+        best = self.best_step()
+        ranges = self.gain_ranges()
+        i_best = next(i for i, r in enumerate(self.results) if r.name == best)
+        if ranges[i_best] is None:
+            return [best]
+        lo = ranges[i_best][0]  # type: ignore[index]
+        idle = self.no_effect()
+        return [r.name for i, r in enumerate(self.results[1:], 1)
+                if r.name == best or (not idle[i] and ranges[i] is not None and ranges[i][1] >= lo)]  # type: ignore[index]
+
+    def verdicts(self) -> list[str]:
+        """Per configuration, what the measurement says about its step: 'faster', 'slower', 'noise',
+        'no effect' (the step cannot act on this device and its ratio is within noise) or 'one round'
+        (no spread measured); '' for the baseline. A step that cannot act here but measured a change
+        beyond the noise gets 'faster' or 'slower': the text follows the measurement."""
+        out = [""]
+        for g, n, idle in zip(self.gains()[1:], self.within_noise()[1:], self.no_effect()[1:]):
+            if n is None:
+                out.append("no effect" if idle else "one round")
+            elif n:
+                out.append("no effect" if idle else "noise")
+            else:
+                out.append("faster" if g > 1 else "slower")
+        return out
 
     def table(self) -> str:
-        lines = [f"{'configuration':<28}{'epoch':>9}{'speedup':>9}{'compute busy':>14}{'data stall':>12}"
-                 f"{'efficiency':>12}{'accuracy':>10}"]
+        lines = [f"{'configuration':<28}{'epoch':>9}{'speedup':>9}{'step gain':>18}{'':>11}{'compute busy':>14}"
+                 f"{'data stall':>12}{'efficiency':>12}{'accuracy':>10}"]
         noisy = False
-        for r, s in zip(self.results, self.speedups()):
+        for r, s, g, rng, v in zip(self.results, self.speedups(), self.gains(), self.gain_ranges(), self.verdicts()):
             eff = f"{r.efficiency:.2f}" if r.efficiency is not None else "n/a"
             if r.efficiency is not None and r.efficiency > 1.0:
                 eff, noisy = eff + "*", True
-            lines.append(f"{r.label:<28}{r.epoch_s:>8.2f}s{s:>8.2f}x{r.compute_busy:>13.0%}{r.data_stall:>12.0%}"
-                         f"{eff:>12}{r.accuracy:>10.1%}")
+            gain = "" if r is self.results[0] else (f"x{g:.2f}" + (f" ({rng[0]:.2f}-{rng[1]:.2f})" if rng else ""))
+            lines.append(f"{r.label:<28}{r.epoch_s:>8.2f}s{s:>8.2f}x{gain:>18}{v:>11}{r.compute_busy:>14.0%}"
+                         f"{r.data_stall:>12.0%}{eff:>12}{r.accuracy:>10.1%}")
+        floor = self.noise_floor()
+        lines.append(f"epoch: median of {self.rounds} round(s), configurations run in alternating order; step gain: "
+                     "median over rounds of the ratio to the configuration before (range across rounds); "
+                     "'noise': the range includes 1 or the gain is within the run-to-run variation"
+                     + (f" ({floor:.0%} here)" if floor is not None else "")
+                     + "; 'no effect': the step cannot act on this device and measured within noise")
         if noisy:
             lines.append("* above 1: the pipeline cannot beat its slowest stage alone; this is noise between "
                          "separate measurements")
         return "\n".join(lines)
+
+    def expectations(self) -> list[str]:
+        """One line per step whose gain is expected to be within noise here, and what the measurement said."""
+        steps = {st.name: st for st in STEPS}
+        out = []
+        for r, v, g in zip(self.results[1:], self.verdicts()[1:], self.gains()[1:]):
+            st = steps.get(r.name)
+            why = expected_within_noise(st, self.regime, self.device, self.calibration) if st else None
+            if why:
+                if v == "no effect":
+                    said = f"measured x{g:.2f}, which is the noise level of this run"
+                elif v in ("faster", "slower") and st is not None and not effective_on(st, self.device):
+                    said = (f"measured x{g:.2f}, {v} beyond the noise in every round: with nothing to act on, "
+                            + ("the step's own machinery costs time here" if v == "slower"
+                               else "no setting explains this; this run's noise is larger than its rounds show"))
+                else:
+                    said = f"measured: {v}"
+                out.append(f"{r.label}: expected within noise ({why}); {said}")
+        return out
 
 
 def run_waterfall(
@@ -809,45 +1303,112 @@ def run_waterfall(
     spec: JobSpec | None = None,
     workers: int | None = None,
     stages: bool = True,
+    rounds: int | None = None,
+    calibration: Calibration | None = None,
     progress: Callable[[float, str], None] | None = None,
 ) -> Waterfall:
-    """Run the cumulative configurations (all of :data:`STEPS`, or ``names``) of one regime."""
+    """Run the cumulative configurations (all of :data:`STEPS`, or ``names``) of one regime, in rounds.
+
+    Every round runs each configuration once, in alternating order (forwards,
+    then backwards), so that two neighbouring configurations are measured back
+    to back and drift in the machine's speed cancels out of their ratio
+    (chapter 04's method). ``rounds`` defaults to 1 quick, 3 laptop, 2 full.
+    Stages alone are measured in the first round only. With more than one
+    round, one untimed run of the first configuration comes first, so that no
+    configuration is charged for the one-off costs of the first run.
+    """
+    from .progress import scaled
+
     spec = spec or job_spec(regime)
+    n_rounds = check_int("rounds", rounds if rounds is not None else sized(quick=1, laptop=3, full=2), 1, 100)
     configs = configurations(workers, names)
+    runs: list[list[ConfigResult]] = [[] for _ in configs]
+    total = n_rounds * len(configs) + (1 if n_rounds > 1 else 0)
+    done = 0
+    if n_rounds > 1:  # one untimed run first: the first run of a job pays one-off costs (allocations, kernels)
+        step, s = configs[0]
+        run_config(s, spec, device, name=step.name, label=step.label, stages=False,
+                   progress=scaled(progress, 0.0, 1 / total, f"{regime}, warm-up run: "))
+        done = 1
+    for rnd in range(n_rounds):
+        order = list(range(len(configs)))
+        if rnd % 2:
+            order.reverse()
+        for i in order:
+            step, s = configs[i]
+            part = scaled(progress, done / total, (done + 1) / total, f"{regime}, round {rnd + 1}/{n_rounds}, {step.label}: ")
+            runs[i].append(run_config(s, spec, device, name=step.name, label=step.label,
+                                      stages=stages and rnd == 0, progress=part))
+            done += 1
     out = []
-    for i, (step, s) in enumerate(configs):
-        if progress is not None:
-            progress(i / len(configs), f"{regime}: {step.label}")
-        out.append(run_config(s, spec, device, name=step.name, label=step.label, stages=stages))
-    return Waterfall(regime=regime, spec=spec, device=str(torch.device(device)), results=out)
+    for rs in runs:
+        times = [r.epoch_s for r in rs]
+        first = rs[0]
+        r = dataclasses.replace(first, epoch_s=statistics.median(times), round_epoch_s=times)
+        if first.stages:
+            r.efficiency = pipeline_efficiency(r.throughput, first.stages)
+        out.append(r)
+    if progress is not None:
+        progress(1.0, f"{regime}: done")
+    return Waterfall(regime=regime, spec=spec, device=str(torch.device(device)), results=out, rounds=n_rounds,
+                     calibration=calibration)
 
 
-def accuracy_tolerance(n_val: int, p: float = 0.5) -> float:
-    """The tolerance for "same accuracy within noise": two binomial standard errors of a val accuracy.
+def accuracy_tolerance(n_val: int, p: float = 0.5, seed_spread: float | None = None) -> float:
+    """The tolerance for "same accuracy within noise".
 
-    Configurations see identical data, weights and order, so only rounding
-    differs; we still allow the difference a *fresh* validation set of
-    ``n_val`` images could show by chance, ``2 * sqrt(p (1 - p) / n_val)``
-    (at ``p = 0.5``, the widest): anything larger is a real change of the job.
+    Two binomial standard errors of a validation accuracy, ``2 * sqrt(p (1 - p) / n_val)``
+    (at ``p = 0.5``, the widest): the difference a *fresh* validation set of
+    ``n_val`` images could show by chance. Where configurations cannot be
+    bit-identical (:func:`normalizer_device_exact` False on a GPU), rounding
+    differences grow during training like a change of seed, so the tolerance is
+    at least the measured seed-to-seed spread (:func:`seed_spread`), if given.
     """
     check_int("n_val", n_val, 1)
-    return 2.0 * math.sqrt(p * (1 - p) / n_val)
+    tol = 2.0 * math.sqrt(p * (1 - p) / n_val)
+    if seed_spread is not None:
+        tol = max(tol, check_float("seed_spread", seed_spread, 0.0, 1.0))
+    return tol
+
+
+def seed_spread(spec: JobSpec, device: torch.device | str = "cpu", seeds: Sequence[int] = (1, 2),
+                step: str = "prefetcher") -> tuple[list[float], float]:
+    """Accuracies of the cumulative configuration ``step`` trained with ``spec.seed`` and each of ``seeds``.
+
+    A new seed changes the initial weights, the data order and the crops: the
+    spread of these accuracies (max - min) is what "the same job, trained
+    again" varies by on this device. Returns ``(accuracies, spread)``.
+    """
+    check_choice("step", step, STEP_NAMES)
+    settings = dict((st.name, s) for st, s in configurations())[step]
+    accs = []
+    for sd in [spec.seed, *[check_int("seed", x, 0, 2**31) for x in seeds]]:
+        r = run_config(settings, dataclasses.replace(spec, seed=sd), device, name=step, stages=False)
+        accs.append(r.accuracy)
+    return accs, max(accs) - min(accs)
 
 
 def check_accuracies(results: Sequence[ConfigResult], num_classes: int, n_val: int,
-                     above_chance: bool = True) -> tuple[bool, str]:
+                     above_chance: bool = True, seed_spread: float | None = None) -> tuple[bool, str]:
     """(ok, message): the accuracies' spread within :func:`accuracy_tolerance`, and (if asked) all above chance.
 
     Quick mode trains a handful of steps, too few to learn the task: there the
-    notebook checks only that the configurations agree.
+    notebook checks only that the configurations agree. ``seed_spread``: see
+    :func:`accuracy_tolerance`. The message also says whether the final
+    training losses are bit-identical (what identical inputs and deterministic
+    kernels give).
     """
-    tol = accuracy_tolerance(n_val)
+    tol = accuracy_tolerance(n_val, seed_spread=seed_spread)
     chance = 1.0 / num_classes
     accs = [r.accuracy for r in results]
     spread = max(accs) - min(accs)
     ok = spread <= tol and (min(accs) > chance or not above_chance)
-    msg = (f"accuracies {', '.join(f'{a:.1%}' for a in accs)}: spread {spread:.1%} (tolerance {tol:.1%}), "
-           f"lowest {min(accs):.1%} vs chance {chance:.1%}")
+    same = len({r.train_loss for r in results}) == 1
+    why = f"at least the measured seed-to-seed spread {seed_spread:.1%}" if seed_spread is not None else \
+        "two binomial standard errors"
+    msg = (f"accuracies {', '.join(f'{a:.1%}' for a in accs)}: spread {spread:.1%} (tolerance {tol:.1%}: {why}), "
+           f"lowest {min(accs):.1%} vs chance {chance:.1%}; training losses "
+           + ("bit-identical" if same else "differ by rounding"))
     return ok, msg
 
 
@@ -998,9 +1559,10 @@ def panel_controls() -> dict[str, Any]:
 
 
 def panel_run(progress: Callable[[float, str], None] | None = None, *, regime: str = "data-bound",
-              device: torch.device | str = "cpu", **toggles: bool) -> ConfigResult:
+              device: torch.device | str = "cpu", spec: JobSpec | None = None, **toggles: bool) -> ConfigResult:
     """Run the job with the steps whose toggles are True (keyword per step name), in ``regime``.
 
+    ``spec``: the job (the chapter passes its calibrated one for ``regime``); default :func:`job_spec`.
     ``baseline`` is always part of the job; unknown toggles raise ValueError.
     """
     for k in toggles:
@@ -1008,7 +1570,9 @@ def panel_run(progress: Callable[[float, str], None] | None = None, *, regime: s
     enabled = [k for k, v in toggles.items() if v and k != "baseline"]
     s = settings_for(enabled)
     name = "+".join(enabled) if enabled else "baseline"
-    return run_config(s, job_spec(regime), device, name=name, label=name, stages=True, progress=progress)
+    if spec is not None and spec.regime != regime:
+        raise ValueError(f"spec is for the {spec.regime!r} regime but regime={regime!r}; pass that regime's spec")
+    return run_config(s, spec or job_spec(regime), device, name=name, label=name, stages=True, progress=progress)
 
 
 def panel_summary(r: ConfigResult) -> str:
@@ -1049,11 +1613,15 @@ def benchmark(results: Any, device: torch.device | str | None = None) -> Any:
     from .device import pick_device
 
     dev = torch.device(device) if device is not None else pick_device()
+    cal = calibrate(dev)
     for regime in REGIMES:
-        wf = run_waterfall(regime, dev)
+        spec = job_spec(regime, width=cal[regime].width, depth=cal[regime].depth)
+        wf = run_waterfall(regime, dev, spec=spec, calibration=cal[regime])
+        results.add("ch06.calibration.compute_over_loader", cal[regime].ratio, "ratio", regime=regime,
+                    width=spec.width, depth=spec.depth, reached=cal[regime].reached, device=str(dev))
         for i, (r, sp) in enumerate(zip(wf.results, wf.speedups())):
-            p = dict(regime=regime, stage=r.name, label=r.label, order=i, width=wf.spec.width, steps=r.steps,
-                     batch_size=wf.spec.batch_size, device=str(dev))
+            p = dict(regime=regime, stage=r.name, label=r.label, order=i, width=wf.spec.width, depth=wf.spec.depth,
+                     steps=r.steps, batch_size=wf.spec.batch_size, rounds=wf.rounds, device=str(dev))
             results.add("ch06.waterfall.step_time", r.step_s, "s", **p)
             results.add("ch06.epoch_time", r.epoch_s, "s", **p)
             results.add("ch06.throughput", r.throughput, "items/s", **p)

@@ -46,6 +46,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from .config import require_gpu
 from .validate import check_float, check_int
 
 __all__ = [
@@ -441,6 +442,8 @@ def _describe_batch(batch: Any, facts: PipelineFacts) -> None:
             try:
                 facts.batch_pinned = all(t.is_pinned() for t in cpu)
             except RuntimeError:
+                if require_gpu():  # a strict GPU run must see a broken CUDA path, not "unknown"
+                    raise
                 facts.batch_pinned = None
 
 
@@ -476,7 +479,13 @@ def _sync(dev: torch.device) -> None:
 
 
 def _pinned_probe(batch: Any, dev: torch.device, repeats: int = 5) -> float | None:
-    """Median seconds to copy ``batch`` to ``dev`` from pinned memory (CUDA only)."""
+    """Median seconds to copy ``batch`` to ``dev`` from pinned memory (CUDA only).
+
+    ``None`` without CUDA, or when pinning or the copy fails with a ``RuntimeError``
+    (the diagnosis then goes without the pinned figure), except in a strict GPU run
+    (``WORKBOOK_REQUIRE_GPU=1``, :func:`helpers.config.require_gpu`): there the error
+    is raised, so that a broken CUDA path never passes the GPU check silently.
+    """
     if dev.type != "cuda":
         return None
     from .prefetch import map_tensors, move_batch
@@ -493,6 +502,8 @@ def _pinned_probe(batch: Any, dev: torch.device, repeats: int = 5) -> float | No
         del pinned
         return statistics.median(times[1:])
     except RuntimeError:
+        if require_gpu():
+            raise
         return None
 
 

@@ -8,7 +8,6 @@ matplotlib.use("Agg")
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
 
 from helpers import capstone as C
 from helpers.results import ResultSet
@@ -80,11 +79,13 @@ def test_crops_do_not_depend_on_the_loading_process() -> None:
     ds = C._train_items(tiny(), "uint8")
     idx = [3, 17, 25, 4]
     direct = [ds[i][0] for i in idx]
-    loader = DataLoader(ds, batch_size=1, sampler=idx, num_workers=2)
+    from helpers.loaders import build_loader, release
+
+    loader = build_loader(ds, batch_size=1, sampler=idx, shuffle=False, num_workers=2)
     try:
         via_workers = [x[0] for x, _ in loader]
     finally:
-        del loader
+        release(loader)
     assert all(torch.equal(a, b) for a, b in zip(direct, via_workers))
 
 
@@ -104,8 +105,10 @@ def test_same_job_same_accuracy_across_configurations() -> None:
 
 
 def test_waterfall_benchmark_records_and_plots(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(C, "job_spec", lambda regime: tiny(regime))
+    monkeypatch.setattr(C, "job_spec", lambda regime, **kw: tiny(regime))
     monkeypatch.setattr(C, "default_workers", lambda: 1)
+    fixed = {r: C.Calibration(r, 2, 1, 0.01, 0.02, True, 2.0, reason="fixed for the test") for r in C.REGIMES}
+    monkeypatch.setattr(C, "calibrate", lambda dev: fixed)
     rs = ResultSet.new("test", "unit test")
     C.benchmark(rs, "cpu")
     for key in ("ch06.waterfall.step_time", "ch06.epoch_time", "ch06.throughput", "ch06.speedup", "ch06.accuracy",
@@ -123,12 +126,15 @@ def test_waterfall_benchmark_records_and_plots(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_panel_run_and_bad_toggles(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(C, "job_spec", lambda regime: tiny(regime))
+    monkeypatch.setattr(C, "job_spec", lambda regime, **kw: tiny(regime))
     r = C.panel_run(None, regime="compute-bound", baseline=True, uint8=True, pinned=False)
     assert r.settings.output == "uint8" and r.regime == "compute-bound"
     assert "s/epoch" in C.panel_summary(r)
     with pytest.raises(ValueError, match="step"):
         C.panel_run(None, regime="data-bound", turbo=True)
+    with pytest.raises(ValueError, match="regime"):
+        C.panel_run(None, regime="data-bound", spec=tiny("compute-bound"))
+    assert C.panel_run(None, regime="compute-bound", spec=tiny("compute-bound", width=3)).spec.width == 3
 
 
 def test_regimes_tiny_model_for_data_bound_and_threads_in_the_spec() -> None:
@@ -198,3 +204,214 @@ def test_panel_checkboxes_stay_consistent() -> None:
     assert c["workers"].value is False  # uint8 needs nothing else
     on = [k for k in C.STEP_NAMES[1:] if c[k].value]
     C.settings_for(on)  # whatever the reader ticks is a valid configuration
+
+
+# -- issue 14/15/19: same numerics, calibration, rounds, threads, the checklist ----------------------------------
+
+
+def test_every_configuration_is_bit_identical_on_cpu() -> None:
+    """One normalisation function and the same threads: float and uint8 configurations train identically."""
+    spec = tiny(warm_steps=0)
+    rs = [C.run_config(C.settings_for(n, workers=2), spec, "cpu", name="x", stages=False)
+          for n in ([], ["workers", "persistent"], ["workers", "uint8", "prefetcher"])]
+    assert len({r.train_loss for r in rs}) == 1 and len({r.accuracy for r in rs}) == 1
+    ok, msg = C.check_accuracies(rs, num_classes=6, n_val=256, above_chance=False)
+    assert ok and "bit-identical" in msg
+    assert C.normalizer_device_exact("cpu")
+    items = C._train_items(spec, "float")
+    raw = C._train_items(spec, "uint8")
+    assert torch.equal(items[5][0], C.normalize_images(raw[5][0].unsqueeze(0))[0])
+
+
+def test_same_numerics_sets_and_restores_cudnn_flags() -> None:
+    cudnn = torch.backends.cudnn
+    before = (cudnn.deterministic, cudnn.benchmark)
+    with pytest.raises(RuntimeError):
+        with C.same_numerics():
+            assert cudnn.deterministic is True and cudnn.benchmark is False
+            raise RuntimeError("boom")
+    assert (cudnn.deterministic, cudnn.benchmark) == before
+
+
+def test_tolerance_grows_to_the_measured_seed_spread() -> None:
+    assert C.accuracy_tolerance(256, seed_spread=0.2) == pytest.approx(0.2)
+    assert C.accuracy_tolerance(256, seed_spread=0.01) == pytest.approx(0.0625)
+    with pytest.raises(ValueError, match="seed_spread"):
+        C.accuracy_tolerance(256, seed_spread=-1.0)
+
+
+def test_run_config_sets_the_main_thread_count_where_it_measures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A workers=0 row must not run on the reader's thread count while worker rows run on spec.threads."""
+    import helpers.train as T
+
+    seen: list[int] = []
+    real = T.train_epoch
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(T, "train_epoch", spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for names in ([], ["workers"]):
+            C.run_config(C.settings_for(names, workers=1), tiny(threads=1), "cpu", stages=False)
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {1}
+
+
+def test_worker_loaders_are_built_through_build_loader(monkeypatch: pytest.MonkeyPatch) -> None:
+    import helpers.loaders as L
+
+    calls: list[int] = []
+    real = L.build_loader
+
+    def spy(*args, **kwargs):
+        loader = real(*args, **kwargs)
+        calls.append(loader.num_workers)
+        return loader
+
+    monkeypatch.setattr(L, "build_loader", spy)
+    C.run_config(C.settings_for(["workers"], workers=1), tiny(), "cpu", stages=True)
+    assert 1 in calls
+
+
+def _fake_measure(per_flop_s: float, crop: int, oom_above: int | None = None):
+    calls: list[tuple[int, int]] = []
+
+    def measure(width: int, depth: int) -> float:
+        calls.append((width, depth))
+        if oom_above is not None and C.model_flops(width, depth, crop) > oom_above:
+            raise torch.OutOfMemoryError("CUDA out of memory (fake)")
+        return per_flop_s * C.model_flops(width, depth, crop)
+
+    return measure, calls
+
+
+def test_calibration_grows_the_model_on_a_fast_device() -> None:
+    # An H200-like device: the CPU's wide model (96, 3) takes far less than the loader's batch.
+    measure, calls = _fake_measure(1e-12, 224)
+    loader_s = 0.2
+    cal = C.choose_model("compute-bound", measure, loader_s, start=(96, 3), crop_size=224, budget_s=1e9)
+    assert cal.reached and cal.compute_s >= 2 * loader_s and calls[0] == (96, 3) and len(calls) <= 6
+    assert C.model_flops(cal.width, cal.depth, 224) > C.model_flops(96, 3, 224)
+    assert "smallest model" in cal.reason and cal.tried[0][:2] == (96, 3)
+
+
+def test_calibration_keeps_a_model_that_already_fits_and_shrinks_an_oversized_one() -> None:
+    measure, calls = _fake_measure(1e-9, 64)
+    t96 = 1e-9 * C.model_flops(96, 3, 64)
+    cal = C.choose_model("compute-bound", measure, t96 / 3, start=(96, 3), crop_size=64)
+    assert (cal.width, cal.depth) == (96, 3) and cal.reached and calls == [(96, 3)]
+    measure, calls = _fake_measure(1e-9, 64)
+    cal = C.choose_model("compute-bound", measure, t96 / 50, start=(96, 3), crop_size=64, budget_s=1e9)
+    assert cal.reached and 2 <= cal.ratio <= 50 and C.model_flops(cal.width, cal.depth, 64) < C.model_flops(96, 3, 64)
+
+
+def test_calibration_says_when_a_regime_is_not_reached() -> None:
+    measure, _ = _fake_measure(1e-15, 224, oom_above=10**11)
+    cal = C.choose_model("compute-bound", measure, 10.0, start=(96, 3), crop_size=224, budget_s=1e9)
+    assert not cal.reached and "NOT reached" in cal.reason
+    clock = iter(range(0, 10**6, 100))  # every probe "takes" 100 s: the budget stops the search
+    measure, calls = _fake_measure(1e-15, 224)
+    cal = C.choose_model("compute-bound", measure, 10.0, start=(96, 3), crop_size=224, budget_s=30,
+                         clock=lambda: float(next(clock)))
+    assert len(calls) == 1 and "budget" in cal.reason and not cal.reached
+    measure, _ = _fake_measure(1e-9, 64)
+    slow = C.choose_model("data-bound", measure, 1e-9, start=(2, 1), crop_size=64)
+    assert not slow.reached and "not reached" in slow.reason
+    fast = C.choose_model("data-bound", measure, 1.0, start=(2, 1), crop_size=64)
+    assert fast.reached and (fast.width, fast.depth) == (2, 1)
+
+
+def test_model_flops_matches_the_model() -> None:
+    from helpers.models import build_model, flops_per_sample
+
+    for w, d, c in [(2, 1, 64), (12, 3, 32), (8, 4, 64)]:
+        assert C.model_flops(w, d, c) == flops_per_sample(build_model(width=w, depth=d), c)
+
+
+def _result(name: str, times: list[float]) -> C.ConfigResult:
+    from helpers.timing import SpanTrace
+
+    label = next(s.label for s in C.STEPS if s.name == name)
+    return C.ConfigResult(name=name, label=label, settings=C.Settings(), regime="data-bound", spec=tiny(),
+                          device="cpu", epoch_s=sorted(times)[len(times) // 2], steps=3, samples=24, accuracy=0.5,
+                          train_loss=1.0, trace=SpanTrace(spans=[], metadata={}), compute_busy=0.5, data_stall=0.5,
+                          round_epoch_s=times)
+
+
+def test_waterfall_gains_come_from_rounds_and_noise_is_called_noise() -> None:
+    wf = C.Waterfall("data-bound", tiny(), "cpu", [
+        _result("baseline", [1.0, 1.02, 0.99]),
+        _result("pinned", [0.99, 1.03, 1.0]),       # pinning cannot act on a CPU, and within noise: no effect
+        _result("workers", [0.5, 0.52, 0.5]),       # back to back: ratios 1.98, 1.98, 2.0 -> faster
+        _result("persistent", [0.6, 0.62, 0.6]),    # 0.83, 0.84, 0.83 -> slower
+        _result("uint8", [0.59, 0.63, 0.6]),        # 1.02, 0.98, 1.0 -> the range includes 1: noise
+    ], rounds=3)
+    assert wf.verdicts() == ["", "no effect", "faster", "slower", "noise"]
+    assert wf.noise_floor() == pytest.approx(0.04, abs=0.02)
+    assert wf.gains()[2] == pytest.approx(1.98, rel=0.01)
+    assert wf.best_step() == "workers" and wf.best_steps() == ["workers"]  # never the step that cannot act
+    table = wf.table()
+    assert "noise" in table and "median of 3 round(s)" in table and "no effect" in table
+    assert any("pinned memory" in e and "needs CUDA" in e and "noise level" in e for e in wf.expectations())
+    costly = C.Waterfall("data-bound", tiny(), "cpu", [_result("uint8", [1.0, 1.01, 1.0]),
+                                                         _result("prefetcher", [1.3, 1.31, 1.3])], rounds=3)
+    assert costly.verdicts() == ["", "slower"]  # cannot act on a CPU, yet slower in every round: say so
+    assert "costs time" in costly.expectations()[0]
+    small = C.Waterfall("data-bound", tiny(), "cpu", [_result("baseline", [1.0, 1.3, 0.8]),
+                                                        _result("workers", [0.9, 1.15, 0.7])], rounds=3)
+    assert small.verdicts() == ["", "noise"]  # every round agrees (x1.11-1.14) but within the run-to-run spread
+    one = C.Waterfall("data-bound", tiny(), "cpu", [_result("baseline", [1.0]), _result("workers", [0.5])])
+    assert one.verdicts() == ["", "one round"] and one.within_noise() == [None, None]
+
+
+def test_waterfall_runs_in_alternating_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    order: list[tuple[str, bool]] = []
+
+    def fake_run(settings, spec, device="cpu", *, name="custom", label=None, stages=True, progress=None):
+        order.append((name, stages))
+        r = _result(name, [1.0])
+        r.round_epoch_s = []
+        return r
+
+    monkeypatch.setattr(C, "run_config", fake_run)
+    seen: list[float] = []
+    wf = C.run_waterfall("data-bound", "cpu", names=["baseline", "workers", "uint8"], spec=tiny(), workers=1,
+                         rounds=2, progress=lambda f, t="": seen.append(f))
+    # one untimed warm-up run, then forwards, then backwards
+    assert [n for n, _ in order] == ["baseline", "baseline", "workers", "uint8", "uint8", "workers", "baseline"]
+    assert [s for _, s in order] == [False] + [True] * 3 + [False] * 3  # stages alone in the first round only
+    assert all(len(r.round_epoch_s) == 2 for r in wf.results) and seen[-1] == 1.0 and seen == sorted(seen)
+
+
+def test_exercise_063_accepts_the_label_the_table_prints() -> None:
+    from helpers import exercises
+
+    expected = C.step_answers("workers")
+    for answer in ("workers", "+ workers", "Workers"):
+        assert exercises.check("06.3", answer, expected=expected).correct
+    assert not exercises.check("06.3", "+ pinned memory", expected=expected).correct
+
+
+def test_checklist_renders_as_lists() -> None:
+    """An ordered list that does not start at 1 cannot interrupt a paragraph (CommonMark): every item must
+    still render as a list item."""
+    import re
+    from pathlib import Path
+
+    mistune = pytest.importorskip("mistune")
+    text = (Path(__file__).resolve().parents[1] / "docs" / "CHECKLIST.md").read_text(encoding="utf-8")
+    items = len(re.findall(r"^\d+\. \[ \]", text, flags=re.M))
+    assert items >= 12 and mistune.html(text).count("<li>") == items
+
+
+def test_laptop_tier_uses_the_small_data_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WORKBOOK_QUICK", raising=False)
+    monkeypatch.delenv("WORKBOOK_FULL", raising=False)
+    monkeypatch.setattr("helpers.config._cuda_present", lambda: False)
+    sizes = C.job_sizes()
+    assert sizes["image_size"] == 80 and sizes["train_items"] <= sizes["n_train"] <= 640

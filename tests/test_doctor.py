@@ -131,3 +131,36 @@ def test_bad_arguments() -> None:
         D.diagnose([1], D.BusyStep(), transfer="fast")
     with pytest.raises(ValueError, match="no batches"):
         D.diagnose([], D.BusyStep())
+
+
+# -- strict GPU runs (WORKBOOK_REQUIRE_GPU=1) never swallow a CUDA error ------------------
+
+
+def _broken_cuda(*args, **kwargs):
+    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def test_pinned_probe_falls_back_only_outside_a_strict_gpu_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    import helpers.prefetch as P
+
+    monkeypatch.setattr(P, "map_tensors", _broken_cuda)
+    batch = (torch.zeros(2, 3, 4, 4), torch.zeros(2, dtype=torch.long))
+    cuda = torch.device("cuda")
+    monkeypatch.delenv("WORKBOOK_REQUIRE_GPU", raising=False)
+    assert D._pinned_probe(batch, cuda) is None  # a reader's run: the diagnosis goes on without the figure
+    monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "1")
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        D._pinned_probe(batch, cuda)
+    assert D._pinned_probe(batch, torch.device("cpu")) is None  # no CUDA path at all: nothing to raise
+
+
+def test_is_pinned_error_is_raised_in_a_strict_gpu_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.Tensor, "is_pinned", _broken_cuda)
+    batch = (torch.zeros(2, 3, 4, 4), torch.zeros(2, dtype=torch.long))
+    monkeypatch.delenv("WORKBOOK_REQUIRE_GPU", raising=False)
+    f = facts(device_type="cuda", batch_pinned=False)
+    D._describe_batch(batch, f)
+    assert f.batch_pinned is None
+    monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "1")
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        D._describe_batch(batch, facts(device_type="cuda"))
