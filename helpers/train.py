@@ -540,7 +540,7 @@ def step_anatomy(
     :func:`helpers.loaders.build_loader`, which checks /dev/shm and sets a timeout.
     """
     from .data import ShapesDataset, make_loader, make_shapes_dataset
-    from .models import build_model, flops_per_sample
+    from .models import build_model, check_training_memory, flops_per_sample
 
     check_int("batch_size", batch_size, 1, 1024)
     check_int("crop_size", crop_size, 16, 512)
@@ -552,6 +552,7 @@ def step_anatomy(
     root = data_root if data_root is not None else make_shapes_dataset().train_dir
     ds = ShapesDataset(root, crop_size=crop_size, augment=True, output=output)
     model = build_model(width=width, depth=depth, num_classes=len(ds.classes), seed=seed).to(device)
+    check_training_memory(model, crop_size, batch_size)  # refuse sizes that cannot fit, before allocating
     opt = make_optimizer(model)
     loader = make_loader(ds, batch_size, shuffle=True, seed=seed, num_workers=num_workers, drop_last=True,
                          persistent_workers=num_workers > 0)

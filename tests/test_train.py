@@ -281,3 +281,9 @@ def test_pinning_time_gets_its_own_phase(tiny: data.DatasetInfo, monkeypatch: py
     means = rec.finish().phase_means()
     assert list(means)[:3] == ["load", "collate", "pin"] and means["pin"] >= 0.009
     assert "pin" in train.STAGES["data (CPU)"]
+
+
+def test_step_anatomy_refuses_sizes_beyond_memory(tiny: data.DatasetInfo) -> None:
+    """Issue 15.10: a batch of 1024 images of 512 px with a wide model is refused before anything is allocated."""
+    with pytest.raises(ValueError, match="GiB"):
+        train.step_anatomy(batch_size=1024, crop_size=512, width=64, steps=1, warmup=0, data_root=tiny.train_dir)
