@@ -8,11 +8,12 @@ learn the classes in a few epochs, so accuracy visibly rises above chance.
 
 Public API (stable; later chapters rely on it):
 
-``make_shapes_dataset(...) -> DatasetInfo``
+``make_shapes_dataset(..., progress=None) -> DatasetInfo``
     Generate the data set once into ``<cache_dir()>/<name>/{train,val}/<class>/*.jpg``
-    (deterministic from ``seed``), or reuse and verify a cached copy.
+    (deterministic from ``seed``), or reuse and verify a cached copy (also from a
+    read-only cache folder). ``progress(fraction, text)`` follows the generation.
 ``default_sizes() -> dict``
-    Image counts and resolution for the current mode (quick or full).
+    Image counts and resolution for the size tier in force (quick, laptop or full).
 ``verify_dataset(root, level="quick") -> list[str]``
     Integrity problems of a generated folder (empty list: intact).
 ``ShapesDataset(root, crop_size=..., augment=True, output="float", on_error="raise")``
