@@ -21,12 +21,21 @@ be studied in one process:
 ``coverage(indices_by_rank, n) -> Coverage``
     Did the ranks together see every sample exactly once?
 
-**A real multi-process run.** :func:`launch_ddp` starts
-``python -m torch.distributed.run --standalone --nproc-per-node N -m helpers.ddp_train ...``
-as a subprocess (the reader's own interpreter, ``sys.executable``), with a
-timeout and captured output, follows rank 0's progress, and collects the
-per-rank JSON files from a temporary folder into a :class:`DistributedRun`
-(per-rank and total items/s, coverage per epoch, replica checksums).
+**A real multi-process run.** :func:`launch_ddp` starts torchrun,
+``python -m helpers.distributed --local-addr=127.0.0.1 --standalone --nproc-per-node N -m helpers.ddp_train ...``
+(``python -m torch.distributed.run`` with every store it serves bound to
+127.0.0.1, see :func:`loopback_torchrun`), as a subprocess (the reader's own
+interpreter, ``sys.executable``), with a timeout and captured output, follows
+rank 0's progress, and collects the per-rank JSON files from a temporary folder
+into a :class:`DistributedRun` (per-rank and total items/s, coverage per epoch,
+replica checksums, and every socket the job listened on).
+
+**Nothing listens beyond this machine.** c10d's TCPStore server binds the
+wildcard address (``::``) whatever host it is given, unless it is handed a
+socket that is already bound; plain torchrun therefore exposes its rendezvous
+store on every interface. The launcher hands it sockets bound to 127.0.0.1,
+tells the ranks to meet there (``--local-addr``, ``MASTER_ADDR``), and puts
+gloo and NCCL on the loopback interface (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``).
 
 It cleans up after itself. Every process the run starts is tracked: torchrun,
 the ranks (each in its own process group) and their DataLoader workers. On a
@@ -979,9 +988,12 @@ def launch_ddp(
 ) -> DistributedRun:
     """Train the chapter-01 model with DDP on ``nproc`` processes started by torchrun.
 
-    Runs ``python -m torch.distributed.run --standalone --nproc-per-node=N -m helpers.ddp_train``
-    with ``OMP_NUM_THREADS=1`` and ``MASTER_ADDR=127.0.0.1``, waits for it (at
-    most ``timeout_s``), and returns the per-rank results.
+    Runs torchrun bound to loopback (:func:`torchrun_command`, ``--standalone``,
+    ``--nproc-per-node=N -m helpers.ddp_train``) with ``OMP_NUM_THREADS=1`` and
+    :func:`loopback_env`, waits for it (at most ``timeout_s``), and returns the
+    per-rank results. Size the job for the machine: each rank computes with one
+    thread, so on a CPU a few hundred small images take seconds, and thousands
+    of full-size ones take many minutes.
 
     Args:
         nproc: ranks to start, 1 to :func:`max_processes` (one per GPU, else per core).
