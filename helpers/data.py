@@ -113,9 +113,9 @@ def default_sizes() -> dict[str, int]:
     Quick mode (``WORKBOOK_QUICK=1``): 640 training and 256 validation images of
     80x80 pixels, cropped to 64 (about 4 KiB per file, 3.7 MiB in all; generated
     in a few seconds on 2 cores). Laptop tier (no CUDA GPU, the default there):
-    2,400 training and 600 validation images of 128x128 pixels, cropped to 112
-    (about 2 ms per image to generate; a training epoch of chapter 01 takes
-    tens of seconds on 2 cores). Full (a CUDA GPU, or ``WORKBOOK_FULL=1``):
+    1,600 training and 400 validation images of 112x112 pixels, cropped to 96
+    (about 2 ms per image to generate; chapter 01's model computes about
+    0.05 GFLOP per image forward, so an epoch takes tens of seconds on 2 cores). Full (a CUDA GPU, or ``WORKBOOK_FULL=1``):
     9,600 training and 2,400 validation images of 256x256 pixels, cropped to 224
     (about 30 KiB per file, decoding cost like a small photo; about 7 ms per
     image to generate, spread over the cores).
@@ -127,10 +127,10 @@ def default_sizes() -> dict[str, int]:
         ``{"n_train", "n_val", "image_size", "crop_size", "num_classes", "batch_size"}``.
     """
     return {
-        "n_train": sized(quick=640, full=9600, laptop=2400),
-        "n_val": sized(quick=256, full=2400, laptop=600),
-        "image_size": sized(quick=80, full=256, laptop=128),
-        "crop_size": sized(quick=64, full=224, laptop=112),
+        "n_train": sized(quick=640, full=9600, laptop=1600),
+        "n_val": sized(quick=256, full=2400, laptop=400),
+        "image_size": sized(quick=80, full=256, laptop=112),
+        "crop_size": sized(quick=64, full=224, laptop=96),
         "num_classes": 6,
         "batch_size": sized(quick=32, full=64, laptop=32),
     }
