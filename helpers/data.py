@@ -8,11 +8,12 @@ learn the classes in a few epochs, so accuracy visibly rises above chance.
 
 Public API (stable; later chapters rely on it):
 
-``make_shapes_dataset(...) -> DatasetInfo``
+``make_shapes_dataset(..., progress=None) -> DatasetInfo``
     Generate the data set once into ``<cache_dir()>/<name>/{train,val}/<class>/*.jpg``
-    (deterministic from ``seed``), or reuse and verify a cached copy.
+    (deterministic from ``seed``), or reuse and verify a cached copy (also from a
+    read-only cache folder). ``progress(fraction, text)`` follows the generation.
 ``default_sizes() -> dict``
-    Image counts and resolution for the current mode (quick or full).
+    Image counts and resolution for the size tier in force (quick, laptop or full).
 ``verify_dataset(root, level="quick") -> list[str]``
     Integrity problems of a generated folder (empty list: intact).
 ``ShapesDataset(root, crop_size=..., augment=True, output="float", on_error="raise")``
@@ -35,10 +36,12 @@ in ``__init__`` (that is the classic bug chapter 04 demonstrates).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import json
 import math
+import operator
 import os
 import shutil
 import time
@@ -53,7 +56,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from .config import cache_dir, sized
+from .config import CACHE_ENV, cache_dir, sized
 from .validate import check_choice, check_int
 
 __all__ = [
@@ -106,24 +109,31 @@ _SPLIT_CODE = {"train": 0, "val": 1}
 
 
 def default_sizes() -> dict[str, int]:
-    """Problem sizes for the current mode.
+    """Problem sizes for the size tier in force (:func:`helpers.config.size_tier`).
 
     Quick mode (``WORKBOOK_QUICK=1``): 640 training and 256 validation images of
     80x80 pixels, cropped to 64 (about 4 KiB per file, 3.7 MiB in all; generated
-    in a few seconds on 2 cores). Full mode: 9,600 training and 2,400 validation
-    images of 256x256 pixels, cropped to 224 (about 30 KiB per file, decoding cost
-    like a small photo; about 7 ms per image to generate, spread over the cores).
+    in a few seconds on 2 cores). Laptop tier (no CUDA GPU, the default there):
+    1,600 training and 400 validation images of 112x112 pixels, cropped to 96
+    (about 2 ms per image to generate; chapter 01's model computes about
+    0.05 GFLOP per image forward, so an epoch takes tens of seconds on 2 cores). Full (a CUDA GPU, or ``WORKBOOK_FULL=1``):
+    9,600 training and 2,400 validation images of 256x256 pixels, cropped to 224
+    (about 30 KiB per file, decoding cost like a small photo; about 7 ms per
+    image to generate, spread over the cores).
+
+    Each size set is its own cached data set (the folder name encodes the sizes,
+    see :func:`dataset_name`), so switching tiers never mixes files.
 
     Returns:
         ``{"n_train", "n_val", "image_size", "crop_size", "num_classes", "batch_size"}``.
     """
     return {
-        "n_train": sized(quick=640, full=9600),
-        "n_val": sized(quick=256, full=2400),
-        "image_size": sized(quick=80, full=256),
-        "crop_size": sized(quick=64, full=224),
+        "n_train": sized(quick=640, full=9600, laptop=1600),
+        "n_val": sized(quick=256, full=2400, laptop=400),
+        "image_size": sized(quick=80, full=256, laptop=112),
+        "crop_size": sized(quick=64, full=224, laptop=96),
         "num_classes": 6,
-        "batch_size": sized(quick=32, full=64),
+        "batch_size": sized(quick=32, full=64, laptop=32),
     }
 
 
@@ -397,7 +407,12 @@ def verify_dataset(root: str | os.PathLike[str], level: str = "quick", params: d
 
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
-    """Exclusive lock on ``path`` between processes (no-op where fcntl is missing)."""
+    """Exclusive lock on ``path`` between processes (no-op where fcntl is missing).
+
+    Raises:
+        OSError: the lock file cannot be opened (e.g. a read-only folder); the
+            caller decides what that means (see :func:`make_shapes_dataset`).
+    """
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: the atomic rename still protects the cache
@@ -411,15 +426,57 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-def _generate(final: Path, params: dict[str, Any], workers: int) -> None:
+#: errno values that mean "this folder cannot be written here" (not a bug, a setup).
+_UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def _not_writable_message(folder: Path, exc: OSError, what: str) -> str:
+    reason = exc.strerror or type(exc).__name__
+    return (
+        f"{what}: the cache folder {folder} is not writable ({reason}). Point the cache at a "
+        f"writable folder with the environment variable {CACHE_ENV} (for example "
+        f"`export {CACHE_ENV}=$HOME/workbook-cache` before starting Jupyter), or pass "
+        f"root=<a writable folder> to make_shapes_dataset()."
+    )
+
+
+def _estimated_bytes(n_images: int, image_size: int) -> int:
+    """A generous estimate of the JPEG bytes of ``n_images`` (measured: about 0.45 byte per pixel at q90)."""
+    return int(n_images * image_size * image_size * 0.8) + 64 * 1024
+
+
+def _check_disk(parent: Path, n_images: int, image_size: int) -> None:
+    """Refuse a generation that cannot fit on the disk holding ``parent`` (with a fix)."""
+    need = 2 * _estimated_bytes(n_images, image_size)  # a temporary copy exists while regenerating
+    try:
+        free = shutil.disk_usage(parent).free
+    except OSError:  # pragma: no cover - unknown: let the write itself fail
+        return
+    if need > free:
+        raise ValueError(
+            f"n_train/n_val/image_size: {n_images} images of {image_size}x{image_size} px need about "
+            f"{need / 2**30:.1f} GiB on disk, but {parent} has {free / 2**30:.1f} GiB free. Use fewer or "
+            f"smaller images, or point {CACHE_ENV} at a folder with more space."
+        )
+
+
+def _chunk_size(n_images: int, workers: int) -> int:
+    """Images per job: small enough for a progress bar to move, large enough to amortise the calls."""
+    return max(16, min(256, math.ceil(n_images / (8 * workers))))
+
+
+def _generate(final: Path, params: dict[str, Any], workers: int,
+              progress: Callable[..., None] | None = None) -> None:
     """Write the data set into a temporary sibling folder, then rename it into place."""
+    report = progress or _no_progress
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         for split in ("train", "val"):
             for name in params["classes"]:
                 (tmp / split / name).mkdir(parents=True, exist_ok=True)
         jobs = []
-        chunk = 256
+        total = params["n_train"] + params["n_val"]
+        chunk = _chunk_size(total, workers)
         for split, n in (("train", params["n_train"]), ("val", params["n_val"])):
             for start in range(0, n, chunk):
                 jobs.append(
@@ -427,15 +484,24 @@ def _generate(final: Path, params: dict[str, Any], workers: int) -> None:
                      params["image_size"], params["seed"], params["quality"])
                 )
         rows: list[dict[str, Any]] = []
+        size = params["image_size"]
+
+        def done(part: list[dict[str, Any]]) -> None:
+            rows.extend(part)
+            report(len(rows) / total, f"drawing and encoding {size}x{size} JPEGs: {len(rows)} of {total} "
+                                      f"written ({workers} process{'es' if workers > 1 else ''})")
+
+        report(0.0, f"drawing and encoding {total} JPEGs of {size}x{size} px"
+                    + (f" (starting {workers} processes)" if workers > 1 and len(jobs) > 1 else ""))
         if workers > 1 and len(jobs) > 1:
             import multiprocessing as mp
 
             with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
                 for part in pool.map(_write_chunk, jobs):
-                    rows.extend(part)
+                    done(part)
         else:
             for job in jobs:
-                rows.extend(_write_chunk(job))
+                done(_write_chunk(job))
         manifest = {
             "params": params,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -451,6 +517,14 @@ def _generate(final: Path, params: dict[str, Any], workers: int) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _no_progress(fraction: float, text: str = "") -> None:
+    return None
+
+
+#: Work (pixels drawn) below which one process generates faster than a pool that must start first.
+_POOL_MIN_PIXELS = 100_000_000
+
+
 def make_shapes_dataset(
     *,
     n_train: int | None = None,
@@ -463,6 +537,7 @@ def make_shapes_dataset(
     verify: str = "quick",
     on_corrupt: str = "regenerate",
     workers: int | None = None,
+    progress: Callable[..., None] | None = None,
 ) -> DatasetInfo:
     """Generate the shapes data set, or reuse a verified cached copy.
 
@@ -473,9 +548,13 @@ def make_shapes_dataset(
     renamed into place, under a file lock, so two processes asking at once never
     see a half-written data set.
 
+    A verified copy in a read-only cache folder is reused without the lock (a
+    read-only copy cannot change under us); when there is none, or it is damaged,
+    the error says which variable (``WORKBOOK_CACHE``) points the cache elsewhere.
+
     Args:
         n_train / n_val / image_size: image counts and stored resolution; ``None``
-            takes :func:`default_sizes` for the current mode.
+            takes :func:`default_sizes` for the current size tier.
         num_classes: how many of :data:`SHAPE_CLASSES` to use (2-8). Labels are balanced.
         seed: generation seed.
         quality: JPEG quality (50-100).
@@ -484,11 +563,15 @@ def make_shapes_dataset(
             ``"full"`` (SHA-256 of every file) or ``"none"``.
         on_corrupt: what to do when a cached copy fails the check: ``"regenerate"``
             (with a warning) or ``"raise"`` (RuntimeError listing the problems).
-        workers: processes used to generate; default 1 for small data sets, else
-            the CPU count (capped at 8).
+        workers: processes used to generate; default 1 for small data sets (a pool
+            costs seconds to start), else the CPU count (capped at 8).
+        progress: ``progress(fraction, text)`` (see :mod:`helpers.progress`), told
+            how many images are written, or that a cached copy is being verified.
 
     Raises:
-        ValueError: for out-of-range arguments.
+        ValueError: for out-of-range arguments, or a data set that cannot fit on the disk.
+        PermissionError: the cache folder is not writable and holds no usable copy
+            (the message names ``WORKBOOK_CACHE``).
         RuntimeError: if the cached copy is damaged and ``on_corrupt="raise"``.
     """
     sizes = default_sizes()
@@ -501,38 +584,71 @@ def make_shapes_dataset(
     check_choice("verify", verify, ("quick", "full", "none"))
     check_choice("on_corrupt", on_corrupt, ("regenerate", "raise"))
     if workers is None:
-        workers = 1 if (n_train + n_val) < 3000 else min(8, os.cpu_count() or 1)
+        small = (n_train + n_val) * image_size * image_size < _POOL_MIN_PIXELS
+        workers = 1 if small else min(8, os.cpu_count() or 1)
     workers = check_int("workers", workers, 1, 256)
+    report = progress or _no_progress
 
     params = _params(n_train, n_val, image_size, num_classes, seed, quality)
     parent = Path(root) if root is not None else cache_dir()
-    parent.mkdir(parents=True, exist_ok=True)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if exc.errno in _UNWRITABLE:
+            raise PermissionError(_not_writable_message(parent, exc, "cannot create the data set folder")) from None
+        raise
     final = parent / dataset_name(n_train, n_val, image_size, num_classes, seed, quality)
+
+    def check_cached() -> list[str]:
+        report(0.0, f"verifying the cached data set ({n_train + n_val} files)")
+        return [] if verify == "none" else verify_dataset(final, verify, params)
 
     t0 = time.perf_counter()
     generated = False
-    with _file_lock(parent / f".{final.name}.lock"):
-        if (final / MANIFEST).is_file():
-            problems = [] if verify == "none" else verify_dataset(final, verify, params)
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(_file_lock(parent / f".{final.name}.lock"))
+        except OSError as exc:
+            if exc.errno not in _UNWRITABLE:
+                raise
+            # A read-only cache: a verified copy is used as it is; nothing can be written here.
+            if not (final / MANIFEST).is_file():
+                raise PermissionError(
+                    _not_writable_message(parent, exc, f"cannot generate the data set {final.name}")
+                ) from None
+            problems = check_cached()
             if problems:
-                if on_corrupt == "raise":
-                    raise RuntimeError(
-                        f"the cached data set in {final} is damaged:\n  " + "\n  ".join(problems)
-                        + "\nDelete the folder or call make_shapes_dataset(on_corrupt='regenerate')."
+                raise PermissionError(
+                    _not_writable_message(
+                        parent, exc, f"the cached data set in {final} is damaged ({problems[0]}) and cannot "
+                                     f"be regenerated in place"
                     )
-                warnings.warn(
-                    f"cached data set in {final} is damaged ({len(problems)} problem(s), first: "
-                    f"{problems[0]}); regenerating it",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                _generate(final, params, workers)
-                generated = True
+                ) from None
         else:
-            _generate(final, params, workers)
-            generated = True
+            if (final / MANIFEST).is_file():
+                problems = check_cached()
+                if problems:
+                    if on_corrupt == "raise":
+                        raise RuntimeError(
+                            f"the cached data set in {final} is damaged:\n  " + "\n  ".join(problems)
+                            + "\nDelete the folder or call make_shapes_dataset(on_corrupt='regenerate')."
+                        )
+                    warnings.warn(
+                        f"cached data set in {final} is damaged ({len(problems)} problem(s), first: "
+                        f"{problems[0]}); regenerating it",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                    _check_disk(parent, n_train + n_val, image_size)
+                    _generate(final, params, workers, report)
+                    generated = True
+            else:
+                _check_disk(parent, n_train + n_val, image_size)
+                _generate(final, params, workers, report)
+                generated = True
     manifest = json.loads((final / MANIFEST).read_text())
     total = sum(int(r["size"]) for r in manifest["files"])
+    report(1.0, ("generated " if generated else "reused ") + f"{n_train} + {n_val} images")
     return DatasetInfo(
         root=final,
         train_dir=final / "train",
@@ -582,6 +698,15 @@ def _scan_class_folders(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
             f"({', '.join(IMAGE_EXTENSIONS)}). Regenerate with helpers.data.make_shapes_dataset()."
         )
     return classes, samples
+
+
+def _is_integer(value: Any) -> bool:
+    """True for ints, numpy integers and 0-d integer tensors (what samplers hand a data set)."""
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
 
 
 class ShapesDataset(Dataset):
@@ -634,6 +759,12 @@ class ShapesDataset(Dataset):
     ) -> None:
         from torchvision.transforms import v2
 
+        if not isinstance(root, (str, os.PathLike)) or str(root) == "":
+            raise ValueError(
+                f"root must be a folder path (a str or pathlib.Path) holding one sub-folder per class, "
+                f"got {root!r}. Generate the data set with helpers.data.make_shapes_dataset() and pass "
+                f"its .train_dir or .val_dir."
+            )
         self.root = Path(root)
         self.crop_size = check_int("crop_size", crop_size, 8, 1024)
         self.augment = bool(augment)
@@ -688,6 +819,13 @@ class ShapesDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         n = len(self.samples)
+        if isinstance(index, bool) or not _is_integer(index):
+            raise TypeError(
+                f"ShapesDataset indices must be integers from 0 to {n - 1} (or -{n} to -1), "
+                f"got {type(index).__name__} {index!r}"
+                + (" (convert it with int(...))" if isinstance(index, str) and index.strip().lstrip("-").isdigit() else "")
+            )
+        index = operator.index(index)
         if not -n <= index < n:
             raise IndexError(f"index {index} out of range for a data set of {n} items")
         index %= n

@@ -150,10 +150,10 @@ def _progress(out: Path, rank: int, done: int, total: int, epoch: int) -> None:
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """One rank's whole job; returns the record written to ``rank<R>.json``."""
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader
     from torch.utils.data.distributed import DistributedSampler
 
     from .data import MEAN, STD, ShapesDataset, default_sizes, make_shapes_dataset, seed_worker
+    from .loaders import LoaderConfig, build_loader
 
     rank = _env_int("RANK", 0)
     world = _env_int("WORLD_SIZE", 1)
@@ -179,20 +179,20 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     sampler = DistributedSampler(
         dataset, num_replicas=world, rank=rank, shuffle=not args.no_shuffle, seed=args.seed, drop_last=args.drop_last
     )
-    gen = torch.Generator()
-    gen.manual_seed(args.seed + rank)  # different augmentation streams per rank
-    loader_kw: dict[str, Any] = {}
+    # Built like every worker loader of the workbook (helpers.loaders.build_loader: validated
+    # knobs, the /dev/shm check and a worker timeout). seed + rank: different worker seeds per rank.
+    workers_kw: dict[str, Any] = {}
     if args.workers > 0:
-        loader_kw.update(persistent_workers=True, prefetch_factor=args.prefetch_factor, worker_init_fn=seed_worker)
-    loader = DataLoader(
-        dataset,
+        workers_kw.update(persistent_workers=True, prefetch_factor=args.prefetch_factor)
+    config = LoaderConfig(
         batch_size=args.batch_size,
-        sampler=sampler,  # the sampler shuffles; DataLoader(shuffle=...) must stay off
         num_workers=args.workers,
         pin_memory=cuda,  # only with CUDA; the pin thread pins for this rank's current device
-        generator=gen,
-        **loader_kw,
+        shuffle=False,  # the sampler shuffles; the loader's own shuffle must stay off
+        seed=args.seed + rank,
+        **workers_kw,
     )
+    loader = build_loader(dataset, config, sampler=sampler, worker_init_fn=seed_worker if args.workers > 0 else None)
     prefetcher_used = False
     batches: Any = loader
     if not args.no_prefetcher:

@@ -21,12 +21,21 @@ be studied in one process:
 ``coverage(indices_by_rank, n) -> Coverage``
     Did the ranks together see every sample exactly once?
 
-**A real multi-process run.** :func:`launch_ddp` starts
-``python -m torch.distributed.run --standalone --nproc-per-node N -m helpers.ddp_train ...``
-as a subprocess (the reader's own interpreter, ``sys.executable``), with a
-timeout and captured output, follows rank 0's progress, and collects the
-per-rank JSON files from a temporary folder into a :class:`DistributedRun`
-(per-rank and total items/s, coverage per epoch, replica checksums).
+**A real multi-process run.** :func:`launch_ddp` starts torchrun,
+``python -m helpers.distributed --local-addr=127.0.0.1 --standalone --nproc-per-node N -m helpers.ddp_train ...``
+(``python -m torch.distributed.run`` with every store it serves bound to
+127.0.0.1, see :func:`loopback_torchrun`), as a subprocess (the reader's own
+interpreter, ``sys.executable``), with a timeout and captured output, follows
+rank 0's progress, and collects the per-rank JSON files from a temporary folder
+into a :class:`DistributedRun` (per-rank and total items/s, coverage per epoch,
+replica checksums, and every socket the job listened on).
+
+**Nothing listens beyond this machine.** c10d's TCPStore server binds the
+wildcard address (``::``) whatever host it is given, unless it is handed a
+socket that is already bound; plain torchrun therefore exposes its rendezvous
+store on every interface. The launcher hands it sockets bound to 127.0.0.1,
+tells the ranks to meet there (``--local-addr``, ``MASTER_ADDR``), and puts
+gloo and NCCL on the loopback interface (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``).
 
 It cleans up after itself. Every process the run starts is tracked: torchrun,
 the ranks (each in its own process group) and their DataLoader workers. On a
@@ -72,6 +81,10 @@ __all__ = [
     "DistributedRun",
     "max_processes",
     "torchrun_command",
+    "loopback_torchrun",
+    "loopback_env",
+    "loopback_interface",
+    "listening_sockets",
     "multi_node_command",
     "launch_ddp",
     "process_alive",
@@ -409,6 +422,8 @@ class DistributedRun:
         stdout / stderr: torchrun's captured output.
         settings: the launch settings (workers, batch size, ...).
         tracked_pids / leftover_pids: processes started, and those alive after clean-up.
+        listening: ``(pid, address, port)`` of every TCP socket the job's processes
+            were seen listening on (sampled twice a second while it ran).
     """
 
     nproc: int
@@ -420,6 +435,14 @@ class DistributedRun:
     settings: dict[str, Any] = field(default_factory=dict)
     tracked_pids: list[int] = field(default_factory=list)
     leftover_pids: list[int] = field(default_factory=list)
+    listening: list[tuple[int, str, int]] = field(default_factory=list)
+
+    def non_loopback_listeners(self) -> list[tuple[int, str, int]]:
+        """Sockets of the job that listened on an address other machines could reach (should be none)."""
+        import ipaddress
+
+        return [(pid, ip, port) for pid, ip, port in self.listening
+                if not ipaddress.ip_address(ip.split("%")[0]).is_loopback]
 
     @property
     def backend(self) -> str:
@@ -542,14 +565,32 @@ def torchrun_command(
     module: str = "helpers.ddp_train",
     rdzv_endpoint: str | None = None,
     log_dir: str | os.PathLike[str] | None = None,
+    loopback: bool = True,
 ) -> list[str]:
     """The torchrun command line for one machine.
 
-    ``--standalone`` starts a c10d rendezvous store on a free localhost port.
+    ``--standalone`` starts a c10d rendezvous store on a free port of this machine.
     With ``rdzv_endpoint="127.0.0.1:PORT"`` the store is at that address instead.
+
+    ``loopback=True`` (the default) runs torchrun through
+    ``python -m helpers.distributed``: the same launcher, but every TCP store it
+    serves listens on 127.0.0.1 only, and ``--local-addr=127.0.0.1`` makes the
+    ranks meet there (see :func:`loopback_torchrun`). Plain torchrun's stores
+    listen on every interface (``::``) whatever host they are given, because
+    c10d's TCPStore server binds the wildcard address unless it is handed a
+    socket that is already bound. ``loopback=False`` gives the plain
+    ``python -m torch.distributed.run`` line.
     """
     nproc = check_int("nproc", nproc, 1, 4096)
-    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    if loopback:
+        if rdzv_endpoint and not _is_loopback_host(rdzv_endpoint.rsplit(":", 1)[0]):
+            raise ValueError(
+                f"rdzv_endpoint: {rdzv_endpoint!r} is not a loopback address; a single-machine run listens "
+                "on 127.0.0.1 only (pass loopback=False for a store other machines can reach)"
+            )
+        cmd = [sys.executable, "-m", "helpers.distributed", "--local-addr=127.0.0.1"]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run"]
     if rdzv_endpoint:
         cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-id=workbook", "--nnodes=1"]
     else:
@@ -559,6 +600,132 @@ def torchrun_command(
         cmd += [f"--log-dir={log_dir}"]
     cmd += ["-m", module, *script_args]
     return cmd
+
+
+# -- keeping a single-machine job on the loopback interface -----------------------
+
+
+def _is_loopback_host(host: str) -> bool:
+    """True when every address ``host`` resolves to is a loopback address (127.0.0.0/8, ::1)."""
+    import ipaddress
+    import socket
+
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return False
+    try:
+        return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
+    except ValueError:
+        return False
+
+
+def loopback_interface() -> str | None:
+    """The name of this machine's loopback network interface (``lo`` on Linux), if any."""
+    import socket
+
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except (OSError, AttributeError):  # pragma: no cover - no interface list on this OS
+        return None
+    for name in ("lo", "lo0"):
+        if name in names:
+            return name
+    return next((n for n in names if n.startswith("lo")), None)
+
+
+def loopback_env() -> dict[str, str]:
+    """Environment for the ranks of a single-machine job: collectives on loopback only.
+
+    ``MASTER_ADDR=127.0.0.1``, and the interface gloo and NCCL bind their own
+    sockets to (``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME``): without them they
+    pick the interface the host name resolves to, which may face the network.
+    """
+    env = {"MASTER_ADDR": "127.0.0.1"}
+    lo = loopback_interface()
+    if lo is not None:
+        env.update(GLOO_SOCKET_IFNAME=lo, NCCL_SOCKET_IFNAME=lo)
+    return env
+
+
+_LOOPBACK_PORTS: set[int] = set()
+
+
+def _listen_on_loopback(port: int) -> tuple[int, int]:
+    """A TCP socket listening on 127.0.0.1:``port`` (0: any free port); returns ``(port, fd)``.
+
+    The caller takes over the file descriptor (c10d's TCPStore closes it).
+    """
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", int(port)))
+        sock.listen(512)
+        bound = int(sock.getsockname()[1])
+        return bound, sock.detach()
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _loopback_tcpstore(base: type) -> type:
+    """A TCPStore class whose servers listen on 127.0.0.1 when their host is a loopback name."""
+
+    class LoopbackTCPStore(base):  # type: ignore[misc,valid-type]
+        """``torch.distributed.TCPStore``, but a server for a loopback host binds 127.0.0.1 only.
+
+        c10d's store server binds the wildcard address (``::``) whatever ``host_name``
+        says, unless it is given ``master_listen_fd``: a socket already bound and
+        listening. This class hands it one bound to 127.0.0.1.
+        """
+
+        def __init__(self, host_name: str, port: int, world_size: int | None = None, is_master: bool = False,
+                     timeout: Any = None, wait_for_workers: bool = True, multi_tenant: bool = False,
+                     master_listen_fd: int | None = None, use_libuv: bool = True) -> None:
+            import datetime
+
+            if timeout is None:
+                timeout = datetime.timedelta(seconds=300)
+            port = int(port)
+            reuse = multi_tenant and port in _LOOPBACK_PORTS  # c10d shares the server already running there
+            if is_master and master_listen_fd is None and not reuse and _is_loopback_host(str(host_name)):
+                try:
+                    port, master_listen_fd = _listen_on_loopback(port)
+                except OSError as exc:  # same type as c10d's own bind failure, which callers catch
+                    raise RuntimeError(f"cannot listen on 127.0.0.1:{port}: {exc}") from exc
+                _LOOPBACK_PORTS.add(port)
+            super().__init__(host_name, port, world_size, is_master, timeout, wait_for_workers, multi_tenant,
+                             master_listen_fd, use_libuv)
+
+    return LoopbackTCPStore
+
+
+def loopback_torchrun(argv: Sequence[str] | None = None) -> None:
+    """Run torchrun (``torch.distributed.run``) with every store it serves bound to 127.0.0.1.
+
+    This is ``python -m helpers.distributed [torchrun options] -m module ...``: it
+    replaces ``TCPStore`` in torchrun's rendezvous modules with a class that binds
+    its server to the loopback address, then calls torchrun's own ``main``. Use it
+    with ``--standalone`` (or a ``127.0.0.1`` endpoint) and ``--local-addr=127.0.0.1``
+    (the address the ranks are told to meet at) on a single machine only: other
+    machines cannot reach a loopback store.
+    """
+    import torch.distributed as dist
+    import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend as c10d_backend
+    import torch.distributed.elastic.rendezvous.dynamic_rendezvous  # noqa: F401  (uses dist.TCPStore)
+    import torch.distributed.elastic.rendezvous.static_tcp_rendezvous as static_backend
+    import torch.distributed.rendezvous as rendezvous
+    from torch.distributed import run as torchrun
+
+    base = dist.TCPStore
+    patched = _loopback_tcpstore(base)
+    for module in (dist, c10d_backend, static_backend, rendezvous):
+        if getattr(module, "TCPStore", None) is base:
+            module.TCPStore = patched  # type: ignore[attr-defined]
+    torchrun.main(list(sys.argv[1:] if argv is None else argv))
 
 
 def multi_node_command(
@@ -615,14 +782,18 @@ class _Tracker:
         import psutil
 
         self.procs: dict[int, psutil.Process] = {}
+        self.listening: set[tuple[int, str, int]] = set()
         try:
             self.root = psutil.Process(proc.pid)
             self.procs[proc.pid] = self.root
         except psutil.NoSuchProcess:  # pragma: no cover - exited at once
             self.root = None
 
-    def snapshot(self) -> None:
-        """Add the current descendants of torchrun (one scan of the process table)."""
+    def snapshot(self, sockets: bool = False) -> None:
+        """Add the current descendants of torchrun (one scan of the process table).
+
+        ``sockets=True`` also records every TCP socket they listen on (:attr:`listening`).
+        """
         import psutil
 
         if self.root is None:
@@ -632,6 +803,8 @@ class _Tracker:
                 self.procs.setdefault(c.pid, c)
         except psutil.NoSuchProcess:
             pass
+        if sockets:
+            self.listening.update(listening_sockets(self.procs.values()))
 
     def orphans(self) -> None:
         """Add processes left in a tracked process's group after their parent died (re-parented).
@@ -703,6 +876,27 @@ class _Tracker:
                 pass
         psutil.wait_procs(rest, timeout=grace_s)
         return [p.pid for p in self.alive()]
+
+
+def listening_sockets(procs: Any) -> list[tuple[int, str, int]]:
+    """``(pid, address, port)`` of every TCP socket in LISTEN state held by ``procs``.
+
+    ``procs`` are pids or :class:`psutil.Process` objects; processes that are gone
+    are skipped.
+    """
+    import psutil
+
+    out = []
+    for p in procs:
+        try:
+            proc = p if isinstance(p, psutil.Process) else psutil.Process(int(p))
+            conns = proc.net_connections(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        for c in conns:
+            if c.status == psutil.CONN_LISTEN and c.laddr:
+                out.append((proc.pid, str(c.laddr.ip), int(c.laddr.port)))
+    return sorted(set(out))
 
 
 def _tail(text: str, lines: int = 15) -> str:
@@ -794,9 +988,12 @@ def launch_ddp(
 ) -> DistributedRun:
     """Train the chapter-01 model with DDP on ``nproc`` processes started by torchrun.
 
-    Runs ``python -m torch.distributed.run --standalone --nproc-per-node=N -m helpers.ddp_train``
-    with ``OMP_NUM_THREADS=1`` and ``MASTER_ADDR=127.0.0.1``, waits for it (at
-    most ``timeout_s``), and returns the per-rank results.
+    Runs torchrun bound to loopback (:func:`torchrun_command`, ``--standalone``,
+    ``--nproc-per-node=N -m helpers.ddp_train``) with ``OMP_NUM_THREADS=1`` and
+    :func:`loopback_env`, waits for it (at most ``timeout_s``), and returns the
+    per-rank results. Size the job for the machine: each rank computes with one
+    thread, so on a CPU a few hundred small images take seconds, and thousands
+    of full-size ones take many minutes.
 
     Args:
         nproc: ranks to start, 1 to :func:`max_processes` (one per GPU, else per core).
@@ -859,7 +1056,7 @@ def launch_ddp(
     cmd = torchrun_command(nproc, args, rdzv_endpoint=rdzv_endpoint, log_dir=log_dir)
 
     env = os.environ.copy()
-    env.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", PYTHONUNBUFFERED="1")
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **loopback_env())
     pkg_parent = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH", "")) if p)
     settings = {
@@ -886,8 +1083,8 @@ def launch_ddp(
         next_scan = 0.0
         while proc.poll() is None:
             now = time.perf_counter()
-            if now >= next_scan:  # remember new processes (ranks, their workers) twice a second
-                tracker.snapshot()
+            if now >= next_scan:  # remember new processes (ranks, their workers) and their sockets
+                tracker.snapshot(sockets=True)
                 next_scan = now + 0.5
             if now - t0 > timeout_s:
                 timed_out = True
@@ -952,7 +1149,8 @@ def launch_ddp(
             rank_traceback=cause["traceback"], returncode=rc, **common,
         )
     return DistributedRun(
-        nproc=nproc, command=cmd, ranks=ranks, wall_s=wall_s, settings=settings, **common,
+        nproc=nproc, command=cmd, ranks=ranks, wall_s=wall_s, settings=settings,
+        listening=sorted(tracker.listening) if tracker is not None else [], **common,
     )
 
 
@@ -1089,3 +1287,7 @@ def benchmark(results: Any, device: Any = None) -> Any:
         run = launch_ddp(nproc, workers=2, batch_size=64, epochs=sized(3, 4), width=16, timeout_s=900)
         record_run(results, run)
     return results
+
+
+if __name__ == "__main__":  # python -m helpers.distributed: torchrun, bound to 127.0.0.1
+    loopback_torchrun()

@@ -17,6 +17,8 @@ Public API (stable; later chapters rely on it):
 ``count_parameters(model) -> int``
 ``describe(model, image_size) -> str``
     One line: width, depth, parameters, forward GFLOP per sample.
+``training_bytes(model, image_size, batch_size)`` / ``check_training_memory(...)``
+    Estimated memory of a training step, and a refusal (ValueError) when it cannot fit.
 
 ``to_float_normalized`` (the on-device normalisation of uint8 batches) lives in
 :mod:`helpers.data` and is re-exported here for convenience.
@@ -38,6 +40,8 @@ __all__ = [
     "flops_per_sample",
     "count_parameters",
     "describe",
+    "training_bytes",
+    "check_training_memory",
     "to_float_normalized",
 ]
 
@@ -149,6 +153,76 @@ def flops_per_sample(model: nn.Module, image_size: int, in_channels: int = 3) ->
         for h in handles:
             h.remove()
     return int(total)
+
+
+def training_bytes(model: nn.Module, image_size: int, batch_size: int, in_channels: int = 3) -> int:
+    """Estimated memory of one training step: activations kept for backward, their gradients, the batch.
+
+    Counts the outputs of every convolution, batch norm and pooling layer for one
+    image (in-place ReLUs allocate nothing), doubles them for the gradients of
+    the backward pass, adds the float input batch, and multiplies by
+    ``batch_size``. An estimate for refusing impossible sizes, not a measurement.
+    """
+    check_int("image_size", image_size, 1, 8192)
+    check_int("batch_size", batch_size, 1, 10**7)
+    floats = 0
+
+    def hook(mod: nn.Module, inp: Any, out: torch.Tensor) -> None:
+        nonlocal floats
+        floats += out.numel()
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, (nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.Linear))]
+    try:
+        device = next(model.parameters()).device
+    except StopIteration:
+        device = torch.device("cpu")
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(torch.zeros(1, in_channels, image_size, image_size, device=device))
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+    per_sample = 4 * (2 * floats + in_channels * image_size * image_size)
+    return int(per_sample * batch_size)
+
+
+def check_training_memory(model: nn.Module, image_size: int, batch_size: int, *, share: float = 0.8,
+                          available_bytes: int | None = None) -> int:
+    """Refuse a step that cannot fit in memory: returns :func:`training_bytes`, or raises.
+
+    The limit is ``share`` of the memory available now: host RAM as psutil reports it
+    for a model on the CPU, free device memory (``torch.cuda.mem_get_info``) for a
+    model on a GPU. ``available_bytes`` overrides it (for tests and planning).
+
+    Raises:
+        ValueError: naming batch size, image size and width, the estimate and the limit.
+    """
+    need = training_bytes(model, image_size, batch_size)
+    if available_bytes is None:
+        try:
+            device = next(model.parameters()).device
+        except StopIteration:
+            device = torch.device("cpu")
+        if device.type == "cuda":
+            available_bytes = int(torch.cuda.mem_get_info(device)[0])
+        else:
+            import psutil
+
+            available_bytes = int(psutil.virtual_memory().available)
+    limit = int(share * available_bytes)
+    if need > limit:
+        width = getattr(model, "width", "?")
+        raise ValueError(
+            f"batch_size/crop_size/width: a training step with batch size {batch_size}, {image_size}x{image_size} "
+            f"px images and width {width} needs about {need / 2**30:.1f} GiB (activations, their gradients "
+            f"and the batch), more than the {limit / 2**30:.1f} GiB this machine has free for it. "
+            f"Use a smaller batch, smaller images or a thinner model."
+        )
+    return need
 
 
 def describe(model: nn.Module, image_size: int) -> str:

@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from .data import TimedCollate, to_float_normalized
+from .progress import scaled
 from .timing import SpanRecorder, SpanTrace
 from .validate import check_choice, check_float, check_int
 
@@ -66,6 +67,7 @@ __all__ = [
     "evaluate",
     "fit",
     "predict_step_time",
+    "lane_overlap",
     "step_anatomy",
     "panel_run",
     "panel_summary",
@@ -167,6 +169,7 @@ def train_epoch(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     max_steps: int | None = None,
     start_step: int = 0,
+    progress: Callable[..., None] | None = None,
 ) -> EpochStats:
     """Train ``model`` for one pass over ``loader`` (or ``max_steps`` steps).
 
@@ -183,6 +186,8 @@ def train_epoch(
         loss_fn: default ``nn.functional.cross_entropy``.
         max_steps: stop after this many steps (default: the whole loader).
         start_step: number of the first step in the recorder.
+        progress: ``progress(fraction, text)`` (see :mod:`helpers.progress`), told
+            after every step (host-side only: it never waits for the device).
 
     The loss and accuracy are accumulated on the device, so nothing forces a
     host-device synchronisation inside the loop.
@@ -203,6 +208,13 @@ def train_epoch(
         if recorder is None:
             return _NULL
         return recorder.span(name, step, gpu=True, lane=lane)
+
+    try:
+        planned = len(loader)  # type: ignore[arg-type]
+    except TypeError:  # an iterable without a length
+        planned = 0
+    if max_steps is not None:
+        planned = min(planned, max_steps) if planned else max_steps
 
     model.train()
     total_loss = torch.zeros((), device=device)
@@ -252,6 +264,9 @@ def train_epoch(
             optimizer.zero_grad(set_to_none=True)
         samples += int(y.shape[0])
         steps += 1
+        if progress is not None:
+            progress(steps / planned if planned else 0.0,
+                     f"step {steps} of {planned}" if planned else f"step {steps}")
     del it
     _sync(device)
     seconds = time.perf_counter() - t_start
@@ -364,6 +379,25 @@ class Prediction:
         """How much faster perfect overlap could make a step (serial / overlapped)."""
         return self.serial / self.overlapped if self.overlapped > 0 else float("nan")
 
+    @property
+    def one_step_overlap(self) -> float:
+        """The naive loop's step on a GPU: copy + max(data, compute).
+
+        CUDA kernel launches are asynchronous: once the CPU has queued step i's
+        forward, backward and optimizer, it goes on to load batch i+1 while the
+        GPU still computes step i; the next blocking ``x.to(device)`` then waits
+        for the GPU. So data (CPU) overlaps compute (GPU) by one step for free,
+        and the copy overlaps nothing. On a CPU the same cores do both and the
+        naive loop pays :attr:`serial`. Needs the default :data:`STAGES` names
+        (falls back to :attr:`serial` otherwise).
+        """
+        names = list(STAGES)
+        if not all(n in self.stage_times for n in names):
+            return self.serial
+        data, copy, compute = (self.stage_times[n] for n in names)
+        rest = sum(v for k, v in self.stage_times.items() if k not in names)
+        return copy + max(data, compute) + rest
+
 
 def predict_step_time(
     phase_times: Mapping[str, float], stages: Mapping[str, Iterable[str]] | None = None
@@ -397,6 +431,38 @@ def predict_step_time(
         overlapped=stage_times[bottleneck],
         bottleneck=bottleneck,
     )
+
+
+def lane_overlap(trace: SpanTrace, lane_a: str, lane_b: str) -> float:
+    """Seconds during which both lanes of ``trace`` were busy at once (0 when they took turns).
+
+    On a GPU, the data lane (host clock) and the compute lane (CUDA events) of the
+    naive loop overlap by about one step's worth of loading: the CPU loads batch
+    i+1 while the GPU computes step i. On a CPU the two take turns, and this is 0
+    up to clock rounding.
+    """
+
+    def merged(lane: str) -> list[tuple[float, float]]:
+        spans = sorted((s.start, s.end) for s in trace.spans if s.lane == lane and s.end > s.start)
+        out: list[tuple[float, float]] = []
+        for a, b in spans:
+            if out and a <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], b))
+            else:
+                out.append((a, b))
+        return out
+
+    xs, ys = merged(lane_a), merged(lane_b)
+    total, i, j = 0.0, 0, 0
+    while i < len(xs) and j < len(ys):
+        lo, hi = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        if hi > lo:
+            total += hi - lo
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
 
 
 # ---------------------------------------------------------------------------
@@ -449,6 +515,7 @@ def step_anatomy(
     transfer: str | Transfer = "blocking",
     data_root: Any = None,
     seed: int = 0,
+    progress: Callable[..., None] | None = None,
 ) -> Anatomy:
     """Run ``warmup`` untimed then ``steps`` timed training steps; return the phase times.
 
@@ -467,9 +534,13 @@ def step_anatomy(
         data_root: a class-folder root (e.g. ``info.train_dir``); default: the
             training split of ``make_shapes_dataset()``.
         seed: seeds the model, the shuffling and augmentation.
+        progress: ``progress(fraction, text)`` (see :mod:`helpers.progress`), told after every step.
+
+    A loader with workers is built by :func:`helpers.data.make_loader`, i.e. by
+    :func:`helpers.loaders.build_loader`, which checks /dev/shm and sets a timeout.
     """
     from .data import ShapesDataset, make_loader, make_shapes_dataset
-    from .models import build_model, flops_per_sample
+    from .models import build_model, check_training_memory, flops_per_sample
 
     check_int("batch_size", batch_size, 1, 1024)
     check_int("crop_size", crop_size, 16, 512)
@@ -477,9 +548,11 @@ def step_anatomy(
     check_int("warmup", warmup, 0, 100)
     check_int("num_workers", num_workers, 0, 64)
     device = torch.device(device)
+    report = progress or _no_progress
     root = data_root if data_root is not None else make_shapes_dataset().train_dir
     ds = ShapesDataset(root, crop_size=crop_size, augment=True, output=output)
     model = build_model(width=width, depth=depth, num_classes=len(ds.classes), seed=seed).to(device)
+    check_training_memory(model, crop_size, batch_size)  # refuse sizes that cannot fit, before allocating
     opt = make_optimizer(model)
     loader = make_loader(ds, batch_size, shuffle=True, seed=seed, num_workers=num_workers, drop_last=True,
                          persistent_workers=num_workers > 0)
@@ -491,15 +564,21 @@ def step_anatomy(
                 raise ValueError(
                     f"the data set has fewer than batch_size={batch_size} images ({len(ds)}); lower the batch size"
                 )
+            total = warmup + steps
             done = 0
+            report(0.0, f"width {width}: {warmup} untimed warm-up step(s), then {steps} timed")
             while done < warmup:  # untimed: first calls pay for lazy initialisation
-                done += train_epoch(model, loader, device, opt, max_steps=warmup - done, transfer=transfer).steps
+                done += train_epoch(model, loader, device, opt, max_steps=warmup - done, transfer=transfer,
+                                    progress=scaled(report, done / total, warmup / total,
+                                                    f"width {width}, warm-up: ")).steps
             rec = SpanRecorder(device, batch_size=batch_size, crop_size=crop_size, width=width, depth=depth,
                                num_workers=num_workers, output=output)
             done = 0
             while done < steps:
                 stats = train_epoch(model, loader, device, opt, recorder=rec, max_steps=steps - done,
-                                    start_step=done, transfer=transfer)
+                                    start_step=done, transfer=transfer,
+                                    progress=scaled(report, (warmup + done) / total, 1.0,
+                                                    f"width {width}, timed: "))
                 done += stats.steps
             trace = rec.finish()
     finally:
@@ -540,7 +619,7 @@ def panel_run(
 ) -> Anatomy:
     """Run a few baseline steps at the panel's settings (for :class:`helpers.widgets.Panel`).
 
-    ``steps`` defaults to 4 in quick mode and 10 in full mode, after one untimed step.
+    ``steps`` defaults to 4 in quick mode, 5 at the laptop tier and 10 in full mode, after one untimed step.
     """
     from .config import sized
     from .device import pick_device
@@ -548,8 +627,9 @@ def panel_run(
     report = progress or _no_progress
     report(0.1, "building data set, loader and model")
     dev = torch.device(device) if device is not None else pick_device()
-    n = check_int("steps", steps, 1, 1000) if steps is not None else sized(4, 10)
-    a = step_anatomy(batch_size=batch_size, crop_size=crop_size, width=width, depth=3, steps=n, warmup=1, device=dev)
+    n = check_int("steps", steps, 1, 1000) if steps is not None else sized(quick=4, full=10, laptop=5)
+    a = step_anatomy(batch_size=batch_size, crop_size=crop_size, width=width, depth=3, steps=n, warmup=1, device=dev,
+                     progress=scaled(report, 0.1, 1.0))
     report(1.0, "done")
     return a
 

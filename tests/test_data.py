@@ -39,6 +39,94 @@ def test_default_sizes_follow_quick_mode(monkeypatch: pytest.MonkeyPatch) -> Non
     assert quick["crop_size"] <= quick["image_size"] and full["crop_size"] <= full["image_size"]
 
 
+def test_laptop_tier_is_smaller_than_full_and_cached_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 19: without a GPU the default sizes fit a 2-core laptop; each size set is its own folder."""
+    from helpers import config
+
+    monkeypatch.delenv("WORKBOOK_QUICK", raising=False)
+    monkeypatch.setenv("WORKBOOK_FULL", "1")
+    full = data.default_sizes()
+    monkeypatch.delenv("WORKBOOK_FULL")
+    monkeypatch.setattr(config, "_cuda_present", lambda: False)
+    assert config.size_tier() == "laptop"
+    laptop = data.default_sizes()
+    monkeypatch.setenv("WORKBOOK_QUICK", "1")
+    quick = data.default_sizes()
+    for key in ("n_train", "n_val", "image_size", "crop_size"):
+        assert quick[key] <= laptop[key] < full[key], key
+    assert laptop["crop_size"] <= laptop["image_size"]
+    names = {data.dataset_name(s["n_train"], s["n_val"], s["image_size"], 6, 0, 90) for s in (quick, laptop, full)}
+    assert len(names) == 3
+
+
+def test_generation_reports_progress(tmp_path: Path) -> None:
+    seen: list[tuple[float, str]] = []
+    info = data.make_shapes_dataset(root=tmp_path, progress=lambda f, t="": seen.append((f, t)), **TINY)
+    fractions = [f for f, _ in seen]
+    assert info.generated and fractions[0] == 0.0 and fractions[-1] == 1.0
+    assert fractions == sorted(fractions) and len(fractions) >= 4
+    assert any("36 written" in t or "of 36" in t for _, t in seen)  # says what is done and what is left
+    seen.clear()
+    again = data.make_shapes_dataset(root=tmp_path, progress=lambda f, t="": seen.append((f, t)), **TINY)
+    assert not again.generated and seen[-1][0] == 1.0 and any("verifying" in t for _, t in seen)
+
+
+def _read_only_lock(monkeypatch: pytest.MonkeyPatch, err: int) -> None:
+    """Simulate a read-only cache folder: opening the lock file fails as it would there.
+
+    (Tests run as root here, where chmod does not stop writes.)
+    """
+    import contextlib
+    import errno as errno_mod
+    import os
+
+    @contextlib.contextmanager
+    def refuse(path: Path):
+        raise OSError(err, os.strerror(err), str(path))
+        yield  # pragma: no cover
+
+    assert err in (errno_mod.EROFS, errno_mod.EACCES)
+    monkeypatch.setattr(data, "_file_lock", refuse)
+
+
+@pytest.mark.parametrize("err", ["EROFS", "EACCES"])
+def test_read_only_cache_reuses_a_verified_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: str) -> None:
+    """Issue 15.9: a data set in a read-only cache is usable; a missing or damaged one names WORKBOOK_CACHE."""
+    import errno as errno_mod
+
+    made = data.make_shapes_dataset(root=tmp_path, **TINY)
+    _read_only_lock(monkeypatch, getattr(errno_mod, err))
+    info = data.make_shapes_dataset(root=tmp_path, **TINY)
+    assert not info.generated and info.root == made.root and info.n_train == TINY["n_train"]
+    with pytest.raises(PermissionError, match="WORKBOOK_CACHE"):
+        data.make_shapes_dataset(root=tmp_path, **{**TINY, "seed": 99})  # not there: cannot be generated here
+    victim = next(made.train_dir.rglob("*.jpg"))
+    victim.write_bytes(victim.read_bytes()[:-10])
+    with pytest.raises(PermissionError, match="damaged.*WORKBOOK_CACHE"):
+        data.make_shapes_dataset(root=tmp_path, **TINY)
+
+
+def test_read_only_lock_other_errors_still_raise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno as errno_mod
+
+    data.make_shapes_dataset(root=tmp_path, **TINY)
+    _read_only_lock(monkeypatch, errno_mod.EROFS)
+    monkeypatch.setattr(data, "_UNWRITABLE", ())  # an OSError that is not about permissions
+    with pytest.raises(OSError):
+        data.make_shapes_dataset(root=tmp_path, **TINY)
+
+
+def test_generation_checks_disk_space(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 1000, 1000))
+    with pytest.raises(ValueError, match="GiB"):
+        data.make_shapes_dataset(root=tmp_path, **TINY)
+    assert not any(tmp_path.glob("shapes-*"))
+
+
 def test_layout_is_imagefolder_readable(tiny: data.DatasetInfo) -> None:
     assert tiny.generated
     assert tiny.classes == list(data.SHAPE_CLASSES[:4])
@@ -184,6 +272,22 @@ def test_bad_arguments(tiny: data.DatasetInfo) -> None:
         data.ShapesDataset(tiny.train_dir, crop_size=0)
     with pytest.raises(IndexError):
         data.ShapesDataset(tiny.train_dir)[1000]
+
+
+def test_root_and_index_errors_are_clear(tiny: data.DatasetInfo) -> None:
+    """Issue 15.11: ShapesDataset(root=None) and ds['3'] say what is wrong."""
+    import numpy as np
+
+    for bad in (None, 3, ""):
+        with pytest.raises(ValueError, match="root must be a folder path"):
+            data.ShapesDataset(bad)  # type: ignore[arg-type]
+    ds = data.ShapesDataset(tiny.train_dir, crop_size=24)
+    with pytest.raises(TypeError, match=r"integers from 0 to 23.*int\(\.\.\.\)"):
+        ds["3"]  # type: ignore[index]
+    for bad_index in (1.5, True, None):
+        with pytest.raises(TypeError, match="indices must be integers"):
+            ds[bad_index]  # type: ignore[index]
+    assert ds[np.int64(3)][1] == ds[3][1] == ds[torch.tensor(3)][1]
 
 
 def _copy_tree(src: Path, dst: Path) -> Path:

@@ -120,8 +120,13 @@ def test_bad_input_names_the_parameter(call, name: str) -> None:
 
 def test_commands() -> None:
     cmd = D.torchrun_command(2, ["--epochs=1"], log_dir="/tmp/x")
-    assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    # torchrun, with every store it serves bound to 127.0.0.1 and the ranks told to meet there
+    assert cmd[:4] == [sys.executable, "-m", "helpers.distributed", "--local-addr=127.0.0.1"]
     assert "--standalone" in cmd and "--nproc-per-node=2" in cmd
+    plain = D.torchrun_command(2, ["--epochs=1"], loopback=False)
+    assert plain[:3] == [sys.executable, "-m", "torch.distributed.run"] and "--local-addr=127.0.0.1" not in plain
+    with pytest.raises(ValueError, match="rdzv_endpoint"):
+        D.torchrun_command(1, [], rdzv_endpoint="8.8.8.8:29555")
     assert cmd[-3:] == ["-m", "helpers.ddp_train", "--epochs=1"]
     cmd = D.torchrun_command(1, [], rdzv_endpoint="127.0.0.1:29555")
     assert "--rdzv-endpoint=127.0.0.1:29555" in cmd and "--standalone" not in cmd
@@ -144,6 +149,45 @@ def test_indexed_dataset_and_args() -> None:
     m1, m2 = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     m2.load_state_dict(m1.state_dict())
     assert params_checksum(m1) == params_checksum(m2)
+
+
+def test_loopback_names_and_env() -> None:
+    assert D._is_loopback_host("127.0.0.1") and D._is_loopback_host("localhost") and D._is_loopback_host("::1")
+    assert not D._is_loopback_host("0.0.0.0") and not D._is_loopback_host("8.8.8.8")
+    assert not D._is_loopback_host("no-such-host.invalid")
+    env = D.loopback_env()
+    assert env["MASTER_ADDR"] == "127.0.0.1"
+    lo = D.loopback_interface()
+    if lo is not None:  # Linux: "lo"
+        assert env["GLOO_SOCKET_IFNAME"] == lo and env["NCCL_SOCKET_IFNAME"] == lo
+
+
+def test_loopback_store_listens_on_loopback_only() -> None:
+    """The store class torchrun gets binds 127.0.0.1; plain c10d binds the wildcard address."""
+    import datetime
+
+    import torch.distributed as dist
+
+    store_cls = D._loopback_tcpstore(dist.TCPStore)
+    for kwargs in ({"multi_tenant": False}, {"multi_tenant": True}):
+        store = store_cls("localhost", 0, None, True, datetime.timedelta(seconds=10), False, **kwargs)
+        try:
+            store.set("k", "v")
+            assert store.get("k") == b"v"
+            mine = [(ip, port) for _, ip, port in D.listening_sockets([psutil.Process().pid]) if port == store.port]
+            assert mine and all(ip == "127.0.0.1" for ip, _ in mine), mine
+            client = dist.TCPStore("127.0.0.1", store.port, None, False, datetime.timedelta(seconds=10))
+            assert client.get("k") == b"v"
+            del client
+        finally:
+            del store
+    # a host that is not a loopback name is left to c10d as it is (a multi-machine store)
+    wild = store_cls("0.0.0.0", 0, None, True, datetime.timedelta(seconds=10), False)
+    try:
+        found = [ip for _, ip, port in D.listening_sockets([psutil.Process().pid]) if port == wild.port]
+        assert found and all(ip in ("::", "0.0.0.0") for ip in found), found
+    finally:
+        del wild
 
 
 # ---------------------------------------------------------------------------
@@ -188,6 +232,9 @@ def test_real_run_sees_every_sample_exactly_once() -> None:
     assert all(v > 0 for v in run.per_rank_items_per_s()) and run.total_items_per_s() > 0
     assert "total" in run.summary() and "rank" in run.table()
     assert steps and steps[-1] == pytest.approx(1.0)
+    # issue 15.13: the rendezvous stores and the collectives listen on loopback only
+    assert run.listening, "no listening socket was seen: the check would prove nothing"
+    assert run.non_loopback_listeners() == [], run.listening
     assert run.leftover_pids == []
     assert not any(D.process_alive(p) for p in run.tracked_pids)
     assert _no_children_left() == []

@@ -89,3 +89,15 @@ def test_trains_on_a_trivial_problem() -> None:
         loss.backward()
         opt.step()
     assert (m(x).argmax(1) == y).float().mean() > 0.9
+
+
+def test_training_memory_is_checked_against_what_is_free() -> None:
+    """Issue 15.10: sizes are checked against memory, not one at a time."""
+    m = models.build_model(width=8, depth=3)
+    small = models.training_bytes(m, 32, 4)
+    assert small > 4 * 3 * 32 * 32 * 4  # at least the batch itself
+    assert models.training_bytes(m, 32, 8) == 2 * small
+    assert models.training_bytes(m, 64, 4) > 3 * small  # grows with the pixels
+    assert models.check_training_memory(m, 32, 4, available_bytes=10**12) == small
+    with pytest.raises(ValueError, match="batch_size/crop_size/width.*GiB"):
+        models.check_training_memory(m, 32, 4, available_bytes=small)

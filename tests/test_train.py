@@ -108,6 +108,55 @@ def test_predict_step_time() -> None:
         train.predict_step_time({}, stages={})
 
 
+def test_one_step_overlap_prediction() -> None:
+    """The naive loop on a GPU: data overlaps compute by one step, the copy overlaps nothing."""
+    times = {"load": 3.0, "collate": 1.0, "h2d": 0.5, "forward": 1.0, "backward": 2.0, "optimizer": 0.5}
+    p = train.predict_step_time(times)
+    assert p.one_step_overlap == pytest.approx(0.5 + max(4.0, 3.5))
+    assert p.overlapped <= p.one_step_overlap <= p.serial
+    assert train.predict_step_time({"load": 1.0}, stages={"x": ("load",)}).one_step_overlap == pytest.approx(1.0)
+
+
+def _span(name: str, step: int, lane: str, a: float, b: float):
+    from helpers.timing import Span
+
+    return Span(name, step, lane, a, b, a, b)
+
+
+def test_lane_overlap() -> None:
+    from helpers.timing import SpanTrace
+
+    d, c = train.DATA_LANE, train.COMPUTE_LANE_GPU
+    serial = SpanTrace([_span("load", 0, d, 0, 1), _span("forward", 0, c, 1, 2), _span("load", 1, d, 2, 3)])
+    assert train.lane_overlap(serial, d, c) == 0.0
+    # GPU-like: the CPU loads batch 1 (1.2-2.0) while the GPU still computes step 0 (1.0-2.5)
+    gpu = SpanTrace([_span("load", 0, d, 0, 1), _span("forward", 0, c, 1, 1.5), _span("backward", 0, c, 1.5, 2.5),
+                     _span("load", 1, d, 1.2, 2.0), _span("forward", 1, c, 2.6, 3.0)])
+    assert train.lane_overlap(gpu, d, c) == pytest.approx(0.8)
+    assert train.lane_overlap(gpu, c, d) == pytest.approx(0.8)
+    assert train.lane_overlap(gpu, d, "nothing") == 0.0
+
+
+def test_cpu_naive_loop_does_not_overlap(tiny: data.DatasetInfo) -> None:
+    """On a CPU the data and compute rows take turns: the recorded overlap is (almost) nil."""
+    a = train.step_anatomy(batch_size=8, crop_size=24, width=4, depth=2, steps=3, warmup=0, data_root=tiny.train_dir)
+    assert train.lane_overlap(a.trace, train.DATA_LANE, train.COMPUTE_LANE_CPU) <= 0.01 * a.trace.wall_time()
+
+
+def test_progress_of_epochs_and_anatomy(tiny: data.DatasetInfo) -> None:
+    loader, model, opt = _setup(tiny)
+    seen: list[tuple[float, str]] = []
+    stats = train.train_epoch(model, loader, "cpu", opt, max_steps=3, progress=lambda f, t="": seen.append((f, t)))
+    assert [round(f, 3) for f, _ in seen] == [round(k / stats.steps, 3) for k in range(1, stats.steps + 1)]
+    assert seen[-1][1] == f"step {stats.steps} of {stats.steps}"
+    seen.clear()
+    train.step_anatomy(batch_size=8, crop_size=24, width=4, depth=2, steps=3, warmup=1, data_root=tiny.train_dir,
+                       progress=lambda f, t="": seen.append((f, t)))
+    fractions = [f for f, _ in seen]
+    assert fractions[0] == 0.0 and fractions[-1] == pytest.approx(1.0) and fractions == sorted(fractions)
+    assert any("timed" in t for _, t in seen) and any("warm-up" in t for _, t in seen)
+
+
 def test_step_anatomy(tiny: data.DatasetInfo) -> None:
     a = train.step_anatomy(batch_size=8, crop_size=24, width=4, depth=2, steps=3, warmup=1, data_root=tiny.train_dir)
     assert list(a.phase_means) == ["load", "collate", "h2d", "forward", "backward", "optimizer"]
@@ -232,3 +281,9 @@ def test_pinning_time_gets_its_own_phase(tiny: data.DatasetInfo, monkeypatch: py
     means = rec.finish().phase_means()
     assert list(means)[:3] == ["load", "collate", "pin"] and means["pin"] >= 0.009
     assert "pin" in train.STAGES["data (CPU)"]
+
+
+def test_step_anatomy_refuses_sizes_beyond_memory(tiny: data.DatasetInfo) -> None:
+    """Issue 15.10: a batch of 1024 images of 512 px with a wide model is refused before anything is allocated."""
+    with pytest.raises(ValueError, match="GiB"):
+        train.step_anatomy(batch_size=1024, crop_size=512, width=64, steps=1, warmup=0, data_root=tiny.train_dir)
