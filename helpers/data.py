@@ -567,6 +567,7 @@ def make_shapes_dataset(
             costs seconds to start), else the CPU count (capped at 8).
         progress: ``progress(fraction, text)`` (see :mod:`helpers.progress`), told
             how many images are written, or that a cached copy is being verified.
+            ``None``: a tqdm bar is shown while files are generated (never when reused).
 
     Raises:
         ValueError: for out-of-range arguments, or a data set that cannot fit on the disk.
@@ -602,6 +603,17 @@ def make_shapes_dataset(
     def check_cached() -> list[str]:
         report(0.0, f"verifying the cached data set ({n_train + n_val} files)")
         return [] if verify == "none" else verify_dataset(final, verify, params)
+
+    def generate() -> None:
+        _check_disk(parent, n_train + n_val, image_size)
+        if progress is not None:
+            _generate(final, params, workers, report)
+            return
+        # Generation takes seconds to minutes: with no progress callback given, show a bar anyway.
+        from .progress import progress_bar
+
+        with progress_bar(f"generating {n_train + n_val} JPEG files (once; reused after)") as bar:
+            _generate(final, params, workers, bar)
 
     t0 = time.perf_counter()
     generated = False
@@ -639,12 +651,10 @@ def make_shapes_dataset(
                         RuntimeWarning,
                         stacklevel=2,
                     )
-                    _check_disk(parent, n_train + n_val, image_size)
-                    _generate(final, params, workers, report)
+                    generate()
                     generated = True
             else:
-                _check_disk(parent, n_train + n_val, image_size)
-                _generate(final, params, workers, report)
+                generate()
                 generated = True
     manifest = json.loads((final / MANIFEST).read_text())
     total = sum(int(r["size"]) for r in manifest["files"])
