@@ -427,3 +427,154 @@ def test_reference_from_a_partial_gpu_file(tmp_path: Path, monkeypatch: pytest.M
     cpu = ResultSet.new("cpu", "test", device="cpu")
     cpu.save(tmp_path / "cpu.json")
     assert bench.main(["--reference-from", str(tmp_path / "cpu.json")]) == 2
+
+
+# ---------------------------------------------------------------------------
+# Issue 15: bad input ends in one `error:` line; the figure hides nothing; flags
+# ---------------------------------------------------------------------------
+
+
+def _run_cli(tmp_path: Path, *args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = _env(tmp_path)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "helpers.bench", "--no-progress", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _one_error_line(proc: subprocess.CompletedProcess, start: str = "error:") -> str:
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(start), proc.stderr
+    return lines[0]
+
+
+def test_cli_bad_input_prints_one_error_line(tmp_path: Path) -> None:
+    assert "--chapters is empty" in _one_error_line(_run_cli(tmp_path, "--chapters", ""))
+    assert "--chapters is empty" in _one_error_line(_run_cli(tmp_path, "--chapters", " , "))
+    line = _one_error_line(_run_cli(tmp_path, "--chapters", "00", "--out", str(tmp_path / "no" / "dir" / "x.json")))
+    assert "--out" in line and "does not exist" in line
+    assert not (tmp_path / "no").exists(), "the bench must never create the --out folder"
+    assert "--png" in _one_error_line(_run_cli(tmp_path, "--chapters", "00", "--png", str(tmp_path / "no" / "x.png")))
+    # --compare on files that are not result files
+    good = synthetic_gpu_results().to_dict()
+    bad_files = {
+        "list.json": [1, 2],
+        "missing.json": dict(good, records=[{"key": "ch02.x", "unit": "s"}]),
+        "string.json": dict(good, records=[{"key": "ch02.x", "value": "1.5", "unit": "s"}]),
+        "params.json": dict(good, records=[{"key": "ch02.x", "value": 1.5, "unit": "s", "params": "a"}]),
+        "recordlist.json": dict(good, records={"a": 1}),
+    }
+    for name, data in bad_files.items():
+        (tmp_path / name).write_text(json.dumps(data))
+        line = _one_error_line(_run_cli(tmp_path, "--compare", str(tmp_path / name)))
+        assert line.startswith("error: --compare"), (name, line)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
+def test_strict_run_without_gpu_is_refused_in_one_line(tmp_path: Path) -> None:
+    for args, extra in ((["--strict", "--chapters", "00"], {}), (["--chapters", "00"], {"WORKBOOK_REQUIRE_GPU": "1"}),
+                        (["--reference", "--chapters", "00"], {})):
+        proc = _run_cli(tmp_path, *args, env_extra=extra)
+        assert "needs a CUDA device" in _one_error_line(proc, "refusing") or "CUDA GPU" in proc.stderr
+
+
+def test_full_and_quick_flags_set_the_tier(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from helpers import config
+
+    seen: dict[str, str] = {}
+
+    def fake_run(**kwargs):
+        seen["tier"] = config.size_tier()
+        return 0, None, {}
+
+    monkeypatch.setattr(bench, "run", fake_run)
+    monkeypatch.setattr(config, "_cuda_present", lambda: False)
+    monkeypatch.delenv("WORKBOOK_QUICK", raising=False)
+    monkeypatch.delenv("WORKBOOK_FULL", raising=False)
+    assert bench.main(["--full", "--chapters", "00"]) == 0 and seen["tier"] == "full"
+    assert os.environ["WORKBOOK_FULL"] == "1"
+    assert bench.main(["--quick", "--chapters", "00"]) == 0 and seen["tier"] == "quick"
+    assert bench.main(["--chapters", "00"]) == 0 and seen["tier"] == "quick"  # as the last flag left it
+    monkeypatch.delenv("WORKBOOK_QUICK")
+    monkeypatch.delenv("WORKBOOK_FULL")
+    assert bench.main(["--chapters", "00"]) == 0 and seen["tier"] == "laptop"
+
+
+def test_reference_is_refused_outside_full_mode(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from helpers import device
+
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path / "ref"))
+    monkeypatch.setattr(device, "has_cuda", lambda: True)
+    for env, tier in (({"WORKBOOK_QUICK": "1"}, "quick"), ({"WORKBOOK_QUICK": "0", "WORKBOOK_FULL": "0"}, "laptop")):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setattr("helpers.config._cuda_present", lambda: False)  # the laptop tier
+        code, rs, _ = bench.run(chapters=[], device="cuda", out=tmp_path / "a.json", reference=True, progress=False)
+        assert code == 2 and rs is None
+        assert f"refusing --reference in {tier} mode" in capsys.readouterr().err
+    assert not (tmp_path / "ref").exists()
+
+
+def _ch03_ch04_records() -> ResultSet:
+    """SYNTHETIC TEST DATA shaped like chapters 03-04 on a machine without CUDA (values made up)."""
+    rs = ResultSet.new("synthetic", "synthetic test data (not a measurement)", device="cpu")
+    for w in (0, 2):
+        for pin, v in ((False, 1000.0), (True, 1200.0)):
+            rs.add("ch03.items_per_s", v + w, "items/s", num_workers=w, pin_memory=pin, pin_active=False, device="cpu")
+    for w in range(0, 19):
+        rs.add("ch04.items_per_s", 500.0 + 10 * w, "items/s", num_workers=w, persistent=w > 0, output="float")
+    rs.add("ch04.best_num_workers", 0, "workers", cores=2)
+    rs.add("ch04.speedup", 1.63, "ratio", spread={"min": 1.4, "max": 1.8, "n": 7}, num_workers=2, output="float")
+    rs.add("ch04.parallel_ceiling", 1.3, "ratio", processes=2, output="float")
+    rs.add("ch04.share_of_ceiling", 1.27, "fraction", num_workers=2, output="float")
+    return rs
+
+
+def test_sanity_flags_mark_impossible_and_contradictory_figures() -> None:
+    from helpers.results import flag_lines, sanity_flags
+
+    rs = _ch03_ch04_records()
+    share = rs.find("ch04.share_of_ceiling")[0]
+    assert share.flags and "fraction outside 0..1" in share.flags[0], "flagged where it is recorded"
+    best, up = rs.find("ch04.best_num_workers")[0], rs.find("ch04.speedup")[0]
+    assert best.flags and up.flags and "contradictory" in best.flags[0]
+    assert not rs.find("ch04.parallel_ceiling")[0].flags
+    assert sanity_flags(rs) == [], "checking again adds nothing"
+    assert len(flag_lines(rs)) == 3
+    saved = ResultSet.from_dict(json.loads(json.dumps(rs.to_dict())))
+    assert saved.find("ch04.share_of_ceiling")[0].flags == share.flags
+    assert "flags" not in json.dumps(rs.to_dict()["records"][0]), "ordinary records keep their file format"
+    gpu = synthetic_gpu_results()  # 50 GB/s on a 63 GB/s link: nothing to flag
+    assert flag_lines(gpu) == []
+    gpu.add("ch02.fit.bandwidth", 70.0, "GB/s", direction="h2d", memory="pinned", extra=True)
+    assert any("above the theoretical link ceiling" in f for f in flag_lines(gpu))
+
+
+def test_summary_draws_ratios_pages_and_no_effect_notes(tmp_path: Path) -> None:
+    rs = _ch03_ch04_records()
+    panels, skipped = bench.summary_panels(rs)
+    titles = [t for t, _ in panels]
+    assert "ch04 · measured ratios" in titles, titles
+    rates = [t for t in titles if t.startswith("ch04 · measured rates")]
+    assert rates == ["ch04 · measured rates (1/2)", "ch04 · measured rates (2/2)"], "19 records: two pages, none cut"
+    labels = bench._varying_labels(rs.find("ch03.items_per_s"))
+    assert all("[no effect]" in lb for lb, r in zip(labels, rs.find("ch03.items_per_s")) if r.params["pin_memory"])
+    assert bench._inactive_settings(rs.find("ch03.items_per_s")[1].params) == [
+        "pin_memory=True had no effect (pin_active=False)"]
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    dict(panels)["ch03 · measured rates"](ax)
+    assert "NO EFFECT: pin_memory=True had no effect (pin_active=False)" in ax.get_title()
+    plt.close(fig)
+    # more records than MAX_PAGES pages hold: the rest are counted, not dropped silently
+    many = ResultSet.new("synthetic", "synthetic test data", device="cpu")
+    for i in range(bench.BARS_PER_PANEL * bench.MAX_PAGES + 5):
+        many.add("ch04.cheap.items_per_s", 100.0 + i, "items/s", items=i)
+    panels, skipped = bench.summary_panels(many)
+    assert len([t for t, _ in panels if t.startswith("ch04")]) == bench.MAX_PAGES
+    assert any("5 more record(s) not drawn" in s for s in skipped)
+    path, drawn, _ = bench.summary_figure(rs, tmp_path / "s.png")
+    assert path.read_bytes()[:8] == PNG_MAGIC and "ch04 · measured ratios" in drawn
