@@ -578,3 +578,91 @@ def test_summary_draws_ratios_pages_and_no_effect_notes(tmp_path: Path) -> None:
     assert any("5 more record(s) not drawn" in s for s in skipped)
     path, drawn, _ = bench.summary_figure(rs, tmp_path / "s.png")
     assert path.read_bytes()[:8] == PNG_MAGIC and "ch04 · measured ratios" in drawn
+
+
+# ---------------------------------------------------------------------------
+# Issue 15 item 6: the SIGTERM handler acts only in the bench's own process
+# ---------------------------------------------------------------------------
+
+
+def _sleep_forever(_: int) -> int:
+    import time as _time
+
+    _time.sleep(60)
+    return 0
+
+
+def test_sigterm_handler_acts_only_in_its_own_process() -> None:
+    import multiprocessing as mp
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    ctx = mp.get_context("fork")
+    with bench.signal_raises(signal.SIGTERM, lambda n: KeyboardInterrupt(f"signal {n}")) as installed:
+        assert installed
+        child = ctx.Process(target=_sleep_forever, args=(0,))
+        child.start()
+        try:
+            child.join(0.5)
+            os.kill(child.pid, signal.SIGTERM)
+            child.join(10)
+            # the inherited handler restored the default action: killed by SIGTERM, no KeyboardInterrupt
+            assert child.exitcode == -signal.SIGTERM
+        finally:
+            if child.is_alive():
+                child.kill()
+                child.join(5)
+        with pytest.raises(KeyboardInterrupt, match="signal"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            import time as _time
+
+            _time.sleep(5)  # the handler raises here
+    assert signal.getsignal(signal.SIGTERM) == before, "the previous handler is restored"
+
+
+@pytest.mark.timeout(240)
+def test_pool_terminate_never_hangs_with_the_handler_installed() -> None:
+    """The pattern that hung (issue 15): pool workers busy, then terminate(), in a loop, handler installed."""
+    import multiprocessing as mp
+    import signal
+    import time as _time
+
+    ctx = mp.get_context("fork")
+    with bench.signal_raises(signal.SIGTERM, lambda n: KeyboardInterrupt(f"signal {n}")):
+        for i in range(16):
+            pool = ctx.Pool(2)
+            try:
+                pool.map_async(_sleep_forever if i % 2 else abs, range(4))  # busy workers, then idle ones
+                _time.sleep(0.05)
+            finally:
+                t0 = _time.monotonic()
+                pool.terminate()
+                pool.join()
+                assert _time.monotonic() - t0 < 20
+
+
+def test_a_chapter_that_outruns_its_share_is_stopped_and_the_next_runs(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import time as _time
+
+    def slow(results, device) -> None:
+        results.add("ch93.partial", 1.0, "s")
+        _time.sleep(60)
+
+    monkeypatch.setitem(sys.modules, "fake_slow", _fake_module("fake_slow", slow))
+    monkeypatch.setitem(sys.modules, "fake_ok", _fake_module("fake_ok", _ok_benchmark))
+    monkeypatch.setenv("WORKBOOK_QUICK", "1")
+    chapters = [bench.Chapter(("93",), "fake_slow", "slow", 1.0), bench.Chapter(("98",), "fake_ok", "ok", 1.0)]
+    t0 = _time.monotonic()
+    code, rs, paths = bench.run(chapters=chapters, device="cpu", out=tmp_path / "t.json", png=False, progress=False,
+                                budget_s=4.0)
+    assert _time.monotonic() - t0 < 30
+    assert code == 1
+    status = {o["chapter"]: (o["status"], o["budget_s"]) for o in paths["outcomes"]}
+    assert status["ch93"][0] == "timed out" and status["ch93"][1] == pytest.approx(2.0, abs=0.5)
+    assert status["ch98"][0] == "ok"
+    saved = ResultSet.load(tmp_path / "t.json")
+    assert saved.find("ch93.partial") and saved.find("ch98.items_per_s"), "partial results are kept"
+    assert bench.reference_subset(saved, [bench.ChapterOutcome(**{k: v for k, v in c.items()})
+                                          for c in saved.provenance["bench"]["chapters"]]).find("ch93") == []
+    assert bench.chapter_shares(bench.CHAPTERS, 110.0)[0] == pytest.approx(110.0 * 0.5 / 11.0)
