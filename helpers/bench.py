@@ -199,19 +199,43 @@ class ChapterTimeout(KeyboardInterrupt):
     """
 
 
+#: Handlers installed by :func:`signal_raises` (signal number -> handler), reset in every forked child.
+_OWN_HANDLERS: dict[int, Callable[..., Any]] = {}
+_AT_FORK_REGISTERED = False
+
+
+def _reset_own_handlers_in_child() -> None:
+    """``os.register_at_fork`` hook: a forked child starts with the default action for our signals.
+
+    A child that inherited a Python-level handler can only act on the signal once
+    its main thread runs Python code again; one stuck in a C-level lock it
+    inherited (a pool worker on its queue's lock) never does, and then
+    ``pool.terminate()`` waits for it forever.
+    """
+    for num, handler in list(_OWN_HANDLERS.items()):
+        try:
+            if signal.getsignal(num) is handler:
+                signal.signal(num, signal.SIG_DFL)
+        except (ValueError, OSError):  # not the child's main thread: the handler's own pid check still applies
+            pass
+
+
 @contextlib.contextmanager
 def signal_raises(signum: int, make_exc: Callable[[int], BaseException | None]) -> Iterator[bool]:
     """While the block runs, signal ``signum`` raises ``make_exc(signum)`` in THIS process only
     (nothing when ``make_exc`` returns None).
 
-    A process forked meanwhile (a pool worker, a DataLoader worker) inherits the
-    handler. There it restores the default action and sends itself the signal
-    again, so the child ends exactly as if no handler had been installed: a pool
-    worker that raised KeyboardInterrupt on SIGTERM while holding its queue's lock
-    made ``pool.terminate()`` wait forever (issue 15). The previous handler is
+    Child processes never act on it: a process forked meanwhile (a pool worker, a
+    DataLoader worker) gets the default action back as it starts
+    (``os.register_at_fork``), and should a copy of the handler still run in a
+    child, it restores the default action and sends itself the signal again. So
+    the child ends exactly as if no handler had been installed: a pool worker
+    that inherited a handler turning SIGTERM into KeyboardInterrupt made
+    ``pool.terminate()`` wait forever (issue 15). The previous handler is
     restored when the block ends. Yields False (and installs nothing) outside the
     main thread, where Python cannot set signal handlers.
     """
+    global _AT_FORK_REGISTERED
     if threading.current_thread() is not threading.main_thread():
         yield False
         return
@@ -226,15 +250,24 @@ def signal_raises(signum: int, make_exc: Callable[[int], BaseException | None]) 
         if exc is not None:
             raise exc
 
+    if not _AT_FORK_REGISTERED and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_reset_own_handlers_in_child)
+        _AT_FORK_REGISTERED = True
     try:
         previous = signal.signal(signum, handler)
     except (ValueError, OSError):
         yield False
         return
+    outer = _OWN_HANDLERS.get(signum)
+    _OWN_HANDLERS[signum] = handler
     try:
         yield True
     finally:
         signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        if outer is not None:
+            _OWN_HANDLERS[signum] = outer
+        else:
+            _OWN_HANDLERS.pop(signum, None)
 
 
 def chapter_shares(chapters: Sequence[Chapter], left_s: float) -> list[float]:

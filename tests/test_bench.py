@@ -698,6 +698,12 @@ def _sleep_forever(_: int) -> int:
     return 0
 
 
+def _exit_with_sigterm_disposition() -> None:
+    import signal
+
+    os._exit(0 if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL else 3)
+
+
 def test_sigterm_handler_acts_only_in_its_own_process() -> None:
     import multiprocessing as mp
     import signal
@@ -718,6 +724,10 @@ def test_sigterm_handler_acts_only_in_its_own_process() -> None:
             if child.is_alive():
                 child.kill()
                 child.join(5)
+        probe = ctx.Process(target=_exit_with_sigterm_disposition)
+        probe.start()
+        probe.join(10)
+        assert probe.exitcode == 0, "a forked child starts with the default SIGTERM action"
         with pytest.raises(KeyboardInterrupt, match="signal"):
             os.kill(os.getpid(), signal.SIGTERM)
             import time as _time
@@ -726,7 +736,7 @@ def test_sigterm_handler_acts_only_in_its_own_process() -> None:
     assert signal.getsignal(signal.SIGTERM) == before, "the previous handler is restored"
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(120)
 def test_pool_terminate_never_hangs_with_the_handler_installed() -> None:
     """The pattern that hung (issue 15): pool workers busy, then terminate(), in a loop, handler installed."""
     import multiprocessing as mp
