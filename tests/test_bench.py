@@ -782,3 +782,14 @@ def test_a_chapter_that_outruns_its_share_is_stopped_and_the_next_runs(tmp_path:
     assert bench.reference_subset(saved, [bench.ChapterOutcome(**{k: v for k, v in c.items()})
                                           for c in saved.provenance["bench"]["chapters"]]).find("ch93") == []
     assert bench.chapter_shares(bench.CHAPTERS, 110.0)[0] == pytest.approx(110.0 * 0.5 / 11.0)
+
+
+def test_readme_sections_have_a_hook_for_published_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = [h for h, _ in bench.readme_sections([])]
+    assert plain[0].startswith("**Measured**") and plain[-1].startswith("**Theoretical**") and len(plain) == 2
+    fake = _fake_module("helpers.published")
+    fake.readme_section = lambda: ("**Published** (cited):", "| source | GB/s |\n|---|---:|")
+    monkeypatch.setitem(sys.modules, "helpers.published", fake)
+    heads = [h for h, _ in bench.readme_sections([])]
+    assert heads[1] == "**Published** (cited):" and heads[-1].startswith("**Theoretical**")
+    assert "| source | GB/s |" in bench.readme_block([])
