@@ -23,7 +23,8 @@ minutes in all) gets the whole check in at most four commands:
     the chapters that completed, in full mode.
 ``notebooks`` (``--notebooks-timeout``, default 450 s)
     Every notebook in FULL mode under nbval, one after another, each within its
-    fair share of the time left (unused time rolls over to the next).
+    share of the time left (in proportion to its recorded Run All time where one
+    is recorded, else equal; unused time rolls over to the next ones).
 ``unit`` (``--unit-timeout``, default 150 s)
     The CUDA-only unit tests, slow ones too (``--unit-scope all``: the whole suite).
 
@@ -341,10 +342,10 @@ def plan(
                             timeout_s=limits["unit"], env=env,
                             argv=_unit_argv(py, scope=unit_scope, slow=True, per_test_s=300)))
         elif group == "notebooks":
-            for nb in nbs:
+            for nb, w in zip(nbs, notebook_weights(nbs, "quick" if quick else "full")):
                 out.append(Step(name=f"notebook {nb.stem}", group="notebooks",
                                 timeout_s=min(notebook_timeout, limits["notebooks"]),
-                                argv=_notebook_argv(py, root, nb, cell_timeout)))
+                                argv=_notebook_argv(py, root, nb, cell_timeout), extra={"weight": round(w, 1)}))
         elif group == "bench":
             argv = [py, "-m", "helpers.bench", "--quick" if quick else "--full", "--no-progress",
                     "--out", str(workdir / "bench.json"), "--png", str(workdir / "bench.png"),
@@ -486,10 +487,37 @@ def _run_group(group: str, steps: list[Step], root: Path, env: dict[str, str], l
                     _kill(proc)
                 raise
         return
+    weights = [float(step.extra.get("weight", 1.0)) for step in steps]
     for i, step in enumerate(steps):
         left = end - time.monotonic()
-        share = left / (len(steps) - i) if group == "notebooks" else left
+        share = left * weights[i] / sum(weights[i:]) if group == "notebooks" else left
         _run_step(step, root, env, log_path(step), min(step.timeout_s, share))
+
+
+def notebook_weights(nbs: Sequence[Path], tier: str) -> list[float]:
+    """Relative cost of each notebook: its recorded Run All time at ``tier`` (else at the laptop tier), from
+    the chapter times that ``tools/time_chapters.py`` records; the mean of the known ones where none is
+    recorded; all equal when nothing is recorded."""
+    from . import config
+
+    try:
+        data = json.loads(config._chapter_times_file().read_text(encoding="utf-8"))["chapters"]
+    except (OSError, ValueError, KeyError, TypeError):
+        data = {}
+    times: list[float | None] = []
+    for nb in nbs:
+        entry = data.get(nb.name[:2], {}) if isinstance(data, dict) else {}
+        secs = None
+        for t in (tier, "laptop"):
+            try:
+                secs = float(entry[t]["seconds"])
+                break
+            except (KeyError, TypeError, ValueError):
+                continue
+        times.append(secs if secs and secs > 0 else None)
+    known = [t for t in times if t is not None]
+    mean = sum(known) / len(known) if known else 1.0
+    return [t if t is not None else mean for t in times]
 
 
 # ---------------------------------------------------------------------------

@@ -796,3 +796,17 @@ def test_readme_sections_have_a_hook_for_published_figures(monkeypatch: pytest.M
     heads = [h for h, _ in bench.readme_sections([])]
     assert heads[1] == "**Published** (cited):" and heads[-1].startswith("**Theoretical**")
     assert "| source | GB/s |" in bench.readme_block([])
+
+
+def test_notebook_shares_follow_recorded_times(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from helpers import config, gpucheck
+
+    times = tmp_path / "chapter_times.json"
+    times.write_text(json.dumps({"machine": "test", "chapters": {"00": {"laptop": {"seconds": 30}},
+                                                                 "01": {"full": {"seconds": 90},
+                                                                        "laptop": {"seconds": 10}}}}))
+    monkeypatch.setattr(config, "_chapter_times_file", lambda: times)
+    nbs = [Path("00_a.ipynb"), Path("01_b.ipynb"), Path("02_c.ipynb")]
+    assert gpucheck.notebook_weights(nbs, "full") == [30.0, 90.0, 60.0]
+    monkeypatch.setattr(config, "_chapter_times_file", lambda: tmp_path / "missing.json")
+    assert gpucheck.notebook_weights(nbs, "full") == [1.0, 1.0, 1.0]
