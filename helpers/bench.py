@@ -1616,6 +1616,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (RuntimeError, ValueError):
             print(f"error: --device {device!r} is not a torch device (e.g. cuda, cuda:0, cpu)", file=sys.stderr)
             return 2
+        dev = torch.device(device)
+        if dev.type not in ("cpu", "cuda"):
+            print(f"error: --device {device!r}: the bench measures on cpu or cuda", file=sys.stderr)
+            return 2
+        if dev.type == "cuda":
+            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if n == 0 or (dev.index is not None and dev.index >= n):
+                print(f"error: --device {device!r}: " + ("no CUDA device is present on this machine" if n == 0
+                      else f"this machine has {n} CUDA device(s), cuda:0 to cuda:{n - 1}"), file=sys.stderr)
+                return 2
     code, _, _ = run(
         chapters=chapters,
         device=device,

@@ -562,6 +562,9 @@ def test_cli_bad_input_prints_one_error_line(tmp_path: Path) -> None:
     assert "--out" in line and "does not exist" in line
     assert not (tmp_path / "no").exists(), "the bench must never create the --out folder"
     assert "--png" in _one_error_line(_run_cli(tmp_path, "--chapters", "00", "--png", str(tmp_path / "no" / "x.png")))
+    if not HAS_CUDA:
+        assert "no CUDA device" in _one_error_line(_run_cli(tmp_path, "--chapters", "00", "--device", "cuda:7"))
+    assert "cpu or cuda" in _one_error_line(_run_cli(tmp_path, "--chapters", "00", "--device", "meta"))
     # --compare on files that are not result files
     good = synthetic_gpu_results().to_dict()
     bad_files = {
