@@ -398,19 +398,27 @@ def run_benchmarks(
             if deadline is not None:
                 out.budget_s = round(max(1.0, chapter_shares(chapters[pos:], deadline - time.monotonic())[0]), 1)
             try:
-                with timer.limit(out.budget_s, ch.label):
-                    fn(results, device, **kwargs)
-                if timer.fired:  # the chapter caught the ChapterTimeout itself and returned
-                    raise ChapterTimeout(ch.label)
-            except ChapterTimeout:
+                try:
+                    with timer.limit(out.budget_s, ch.label):
+                        fn(results, device, **kwargs)
+                    if timer.fired:  # the chapter caught the ChapterTimeout itself and returned
+                        raise ChapterTimeout(ch.label)
+                except Exception:
+                    if timer.fired:
+                        raise ChapterTimeout(ch.label) from None
+                    raise
+            except (ChapterTimeout, KeyboardInterrupt) as exc:
+                if not (isinstance(exc, ChapterTimeout) or timer.fired):
+                    if isinstance(exc, KeyboardInterrupt):
+                        out.status, out.reason = "failed", "interrupted (Ctrl-C or SIGTERM)"
+                        out.seconds = time.perf_counter() - t0
+                    raise
+                # stopped by its time share (also when the chapter caught the ChapterTimeout, or turned it into
+                # a plain KeyboardInterrupt or another error)
                 out.status = "timed out"
                 out.reason = (f"stopped after its share of the time budget ({out.budget_s:.0f} s of --budget-s); "
                               "its records are kept in the results file, never in a reference file")
                 say(_banner(f"{ch.label} ({ch.module}.benchmark) TIMED OUT: {out.reason}"))
-            except KeyboardInterrupt:
-                out.status, out.reason = "failed", "interrupted (Ctrl-C or SIGTERM)"
-                out.seconds = time.perf_counter() - t0
-                raise
             except Exception as exc:
                 out.status = "failed"
                 out.reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]

@@ -813,3 +813,26 @@ def test_notebook_shares_follow_recorded_times(tmp_path: Path, monkeypatch: pyte
     assert gpucheck.notebook_weights(nbs, "full") == [30.0, 90.0, 60.0]
     monkeypatch.setattr(config, "_chapter_times_file", lambda: tmp_path / "missing.json")
     assert gpucheck.notebook_weights(nbs, "full") == [1.0, 1.0, 1.0]
+
+
+def test_a_chapter_that_swallows_its_timeout_is_still_marked_timed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time as _time
+
+    def converts(results, device) -> None:
+        try:
+            _time.sleep(60)
+        except KeyboardInterrupt:
+            raise RuntimeError("interrupted while loading") from None
+
+    def swallows(results, device) -> None:
+        try:
+            _time.sleep(60)
+        except KeyboardInterrupt:
+            return
+
+    monkeypatch.setitem(sys.modules, "fake_conv", _fake_module("fake_conv", converts))
+    monkeypatch.setitem(sys.modules, "fake_swal", _fake_module("fake_swal", swallows))
+    rs = ResultSet.new("t", "test", device="cpu")
+    chapters = [bench.Chapter(("91",), "fake_conv", "converts"), bench.Chapter(("92",), "fake_swal", "swallows")]
+    outcomes = bench.run_benchmarks(rs, "cpu", chapters, progress=False, log=lambda s: None, budget_s=3.0)
+    assert [o.status for o in outcomes] == ["timed out", "timed out"]
