@@ -21,7 +21,7 @@ help:
 	@echo "make test-notebooks  every notebook under nbval, quick mode"
 	@echo "make test-browser    every chapter in JupyterLab + headless Chromium (installs Debian's chromium)"
 	@echo "make bench       every chapter's measurements headless -> artifacts/bench-*.json + .png (BENCH_ARGS=--quick)"
-	@echo "make gpu-check   on a CUDA machine: the unit tests (CUDA-only ones included), every notebook in full mode under nbval, the bench + a reference file"
+	@echo "make gpu-check   on a CUDA machine (~25 min): smoke (CUDA-only tests + notebooks, quick), the bench + a reference file, every notebook in full mode, the CUDA-only tests"
 	@echo "make clean       remove .venv, caches and artifacts"
 
 # Re-installs only when the dependency files change, so a second run is quick.
@@ -65,9 +65,11 @@ test-browser: setup
 bench: setup
 	$(BIN)/python -m helpers.bench $(BENCH_ARGS)
 
-# On a machine with a CUDA GPU: every notebook in full mode + the bench + a reference file.
+# On a machine with a CUDA GPU, each step within its own time limit (docs/GPU-CHECK.md):
+# smoke (quick, every notebook + CUDA-only tests), bench (+ a reference file), notebooks (full), unit (CUDA-only).
+GPUCHECK_STEPS ?= smoke,bench,notebooks,unit
 gpu-check: setup
-	$(BIN)/python -m helpers.gpucheck $(GPUCHECK_ARGS)
+	$(BIN)/python -m helpers.gpucheck --steps $(GPUCHECK_STEPS) $(GPUCHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache artifacts data-cache

@@ -2,8 +2,10 @@
 
 Run it from the workbook folder (no browser, no notebook)::
 
-    python -m helpers.bench                      # full mode (or WORKBOOK_QUICK's mode), every chapter
+    python -m helpers.bench                      # the size tier in force (full on a CUDA machine), every chapter
     python -m helpers.bench --quick              # small sizes: a smoke run, minutes on a laptop
+    python -m helpers.bench --full               # full sizes on any machine (sets WORKBOOK_FULL=1)
+    python -m helpers.bench --budget-s 450       # stop each chapter at its share of 450 s (partial file kept)
     python -m helpers.bench --chapters 02,05     # only some chapters
     python -m helpers.bench --full --reference   # also save it as a reference file (CUDA, full mode)
     python -m helpers.bench --list               # which chapters have a benchmark() yet
@@ -25,9 +27,22 @@ still run and the file is still written), shows progress bars, and writes:
   pinning cost, timelines, the capstone waterfall, ...); a panel whose records
   are missing is skipped and the figure says so.
 
-Exit codes: 0 every chapter that exists ran; 1 at least one chapter failed
-(the file is still written); 2 refused before measuring (bad arguments, or a
-CUDA device was required and is absent); 130 interrupted (partial file written).
+Exit codes: 0 every chapter that exists ran; 1 at least one chapter failed or
+outran its time share (the file is still written); 2 refused before measuring
+(bad arguments, or a CUDA device was required and is absent: one ``error:`` or
+``refusing`` line, never a traceback); 130 interrupted (partial file written).
+
+Time budget (``--budget-s N``, which the GPU check sets): each chapter may run
+for its share of the time left, in proportion to :attr:`Chapter.weight`, so a
+fast chapter hands its unused time to the next ones. A chapter that outruns its
+share is stopped (:class:`ChapterTimeout`, a ``KeyboardInterrupt``, so every
+helper's clean-up for Ctrl-C runs), marked ``timed out``, kept in the results
+file and left out of any reference file; the next chapter runs.
+
+Figures that cannot be right (a fraction above 1, a measured bandwidth above the
+theoretical link ceiling, a "best" worker count that contradicts a measured
+speed-up) are flagged on their records (:func:`helpers.results.sanity_flags`),
+listed in ``provenance["bench"]["flags"]``, printed, and drawn in red.
 
 Strict GPU mode (``--strict`` or ``WORKBOOK_REQUIRE_GPU=1``, which the GPU
 check sets): a CUDA device is required, and a chapter that records nothing is
@@ -38,6 +53,7 @@ the CPU or to reference results inside a GPU path.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import gc
 import importlib
@@ -48,19 +64,24 @@ import math
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 __all__ = [
     "REQUIRE_GPU_ENV",
     "Chapter",
     "CHAPTERS",
     "ChapterOutcome",
+    "ChapterTimeout",
+    "signal_raises",
+    "chapter_shares",
     "require_gpu",
     "select_chapters",
     "run_benchmarks",
@@ -69,6 +90,7 @@ __all__ = [
     "reference_path",
     "readme_table",
     "readme_block",
+    "readme_sections",
     "compare_lines",
     "ceiling_table",
     "main",
@@ -100,6 +122,8 @@ class Chapter:
     ids: tuple[str, ...]
     module: str
     title: str
+    #: Relative share of a ``--budget-s`` time budget (an estimate of the chapter's cost, not a measurement).
+    weight: float = 1.0
 
     @property
     def label(self) -> str:
@@ -112,13 +136,13 @@ class Chapter:
 
 #: Every chapter's benchmark module, in chapter order. Chapters 03 and 04 share one module.
 CHAPTERS: tuple[Chapter, ...] = (
-    Chapter(("00",), "helpers.hygiene", "measuring: warm-up, synchronisation, events"),
-    Chapter(("01",), "helpers.train", "anatomy of a training step"),
-    Chapter(("02",), "helpers.transfer", "host-to-device transfers"),
-    Chapter(("03", "04"), "helpers.loaders", "DataLoader workers and tuning"),
-    Chapter(("05",), "helpers.overlap", "overlapping copies with compute"),
-    Chapter(("06",), "helpers.capstone", "capstone pipeline"),
-    Chapter(("07",), "helpers.distributed", "loading on several GPUs"),
+    Chapter(("00",), "helpers.hygiene", "measuring: warm-up, synchronisation, events", 0.5),
+    Chapter(("01",), "helpers.train", "anatomy of a training step", 1.0),
+    Chapter(("02",), "helpers.transfer", "host-to-device transfers", 2.0),
+    Chapter(("03", "04"), "helpers.loaders", "DataLoader workers and tuning", 3.0),
+    Chapter(("05",), "helpers.overlap", "overlapping copies with compute", 1.0),
+    Chapter(("06",), "helpers.capstone", "capstone pipeline", 2.5),
+    Chapter(("07",), "helpers.distributed", "loading on several GPUs", 1.0),
 )
 
 
@@ -126,11 +150,15 @@ def select_chapters(spec: str | None, chapters: Sequence[Chapter] = CHAPTERS) ->
     """Chapters named in ``spec`` ("01,02" or "1,2"; None or "all" = every one), in chapter order.
 
     Raises:
-        ValueError: naming ``--chapters`` and the allowed ids, for an unknown id.
+        ValueError: naming ``--chapters`` and the allowed ids, for an unknown id or an empty list
+            (``--chapters ""`` is a mistake, not a request for every chapter).
     """
-    if spec is None or spec.strip().lower() in ("", "all"):
-        return list(chapters)
     known = {i: c for c in chapters for i in c.ids}
+    if spec is None or spec.strip().lower() == "all":
+        return list(chapters)
+    if not spec.replace(",", "").strip():
+        raise ValueError(f"--chapters is empty; name chapters such as 02,05 (allowed: {', '.join(sorted(known))}) "
+                         "or leave the option out to run every chapter")
     wanted: list[str] = []
     for raw in spec.split(","):
         raw = raw.strip().lower().removeprefix("ch")
@@ -150,7 +178,7 @@ class ChapterOutcome:
 
     chapter: str
     module: str
-    status: str  # "ok" | "failed" | "skipped"
+    status: str  # "ok" | "failed" | "timed out" | "skipped"
     reason: str = ""
     seconds: float = 0.0
     records: int = 0
@@ -159,6 +187,93 @@ class ChapterOutcome:
     warnings: list[str] = field(default_factory=list)
     first_record: int = 0
     artifact_names: list[str] = field(default_factory=list)
+    budget_s: float | None = None
+
+
+class ChapterTimeout(KeyboardInterrupt):
+    """A chapter outran its share of the bench's time budget (``--budget-s``).
+
+    A ``KeyboardInterrupt`` so that every helper's clean-up for Ctrl-C (worker
+    processes, pinned buffers, CUDA streams) runs; :func:`run_benchmarks` turns
+    it into the chapter's ``timed out`` outcome and goes on with the next chapter.
+    """
+
+
+#: Handlers installed by :func:`signal_raises` (signal number -> handler), reset in every forked child.
+_OWN_HANDLERS: dict[int, Callable[..., Any]] = {}
+_AT_FORK_REGISTERED = False
+
+
+def _reset_own_handlers_in_child() -> None:
+    """``os.register_at_fork`` hook: a forked child starts with the default action for our signals.
+
+    A child that inherited a Python-level handler can only act on the signal once
+    its main thread runs Python code again; one stuck in a C-level lock it
+    inherited (a pool worker on its queue's lock) never does, and then
+    ``pool.terminate()`` waits for it forever.
+    """
+    for num, handler in list(_OWN_HANDLERS.items()):
+        try:
+            if signal.getsignal(num) is handler:
+                signal.signal(num, signal.SIG_DFL)
+        except (ValueError, OSError):  # not the child's main thread: the handler's own pid check still applies
+            pass
+
+
+@contextlib.contextmanager
+def signal_raises(signum: int, make_exc: Callable[[int], BaseException | None]) -> Iterator[bool]:
+    """While the block runs, signal ``signum`` raises ``make_exc(signum)`` in THIS process only
+    (nothing when ``make_exc`` returns None).
+
+    Child processes never act on it: a process forked meanwhile (a pool worker, a
+    DataLoader worker) gets the default action back as it starts
+    (``os.register_at_fork``), and should a copy of the handler still run in a
+    child, it restores the default action and sends itself the signal again. So
+    the child ends exactly as if no handler had been installed: a pool worker
+    that inherited a handler turning SIGTERM into KeyboardInterrupt made
+    ``pool.terminate()`` wait forever (issue 15). The previous handler is
+    restored when the block ends. Yields False (and installs nothing) outside the
+    main thread, where Python cannot set signal handlers.
+    """
+    global _AT_FORK_REGISTERED
+    if threading.current_thread() is not threading.main_thread():
+        yield False
+        return
+    owner = os.getpid()
+
+    def handler(num: int, frame: Any) -> None:
+        if os.getpid() != owner:  # an inherited copy in a child process: behave as the default would
+            signal.signal(num, signal.SIG_DFL)
+            os.kill(os.getpid(), num)
+            return
+        exc = make_exc(num)
+        if exc is not None:
+            raise exc
+
+    if not _AT_FORK_REGISTERED and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_reset_own_handlers_in_child)
+        _AT_FORK_REGISTERED = True
+    try:
+        previous = signal.signal(signum, handler)
+    except (ValueError, OSError):
+        yield False
+        return
+    outer = _OWN_HANDLERS.get(signum)
+    _OWN_HANDLERS[signum] = handler
+    try:
+        yield True
+    finally:
+        signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        if outer is not None:
+            _OWN_HANDLERS[signum] = outer
+        else:
+            _OWN_HANDLERS.pop(signum, None)
+
+
+def chapter_shares(chapters: Sequence[Chapter], left_s: float) -> list[float]:
+    """Each chapter's share of ``left_s`` seconds, in proportion to its weight (the first is the one due now)."""
+    total = sum(max(c.weight, 0.01) for c in chapters) or 1.0
+    return [left_s * max(c.weight, 0.01) / total for c in chapters]
 
 
 def _find_benchmark(ch: Chapter) -> tuple[Callable[..., Any] | None, str, str]:
@@ -184,16 +299,23 @@ def _find_benchmark(ch: Chapter) -> tuple[Callable[..., Any] | None, str, str]:
     return fn, "", ""
 
 
-def _free_memory() -> None:
-    gc.collect()
-    try:
-        import torch
+def _free_memory() -> str:
+    """Free memory between chapters; returns "" or the CUDA error that surfaced while synchronising.
 
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-    except Exception:
-        pass
+    A CUDA error is sticky and asynchronous: it may surface only here, after the
+    chapter that caused it returned. It is never swallowed: the caller fails that chapter.
+    """
+    gc.collect()
+    import torch
+
+    if not torch.cuda.is_available():
+        return ""
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    except RuntimeError as exc:  # torch.AcceleratorError is a RuntimeError
+        return f"CUDA error after the chapter returned: {type(exc).__name__}: {exc}"
+    return ""
 
 
 def _banner(text: str) -> str:
@@ -211,6 +333,7 @@ def run_benchmarks(
     log: Callable[[str], None] | None = None,
     checkpoint: Callable[[list[ChapterOutcome]], None] | None = None,
     into: list[ChapterOutcome] | None = None,
+    budget_s: float | None = None,
 ) -> list[ChapterOutcome]:
     """Run each chapter's ``benchmark(results, device)``, guarded; return one outcome per chapter.
 
@@ -223,7 +346,15 @@ def run_benchmarks(
     is a failure too. ``checkpoint(outcomes)`` is called after each chapter
     (to save a partial file). ``KeyboardInterrupt`` propagates (after the
     outcome of the interrupted chapter is appended to ``into``, if given).
+
+    With ``budget_s``, each chapter may run for its share of the time left
+    (:func:`chapter_shares`); one that outruns it is stopped with
+    :class:`ChapterTimeout` (a SIGALRM timer, main thread only) and marked
+    ``timed out``, and the next chapter runs. After each chapter the records are
+    checked (:func:`helpers.results.sanity_flags`) and flagged where impossible.
     """
+    from .results import flag_lines
+
     from tqdm import tqdm
 
     say = log or (lambda s: tqdm.write(s, file=sys.stderr))
@@ -236,8 +367,10 @@ def run_benchmarks(
         results._on_add = live.added  # counts records as they arrive, for the progress bar
     except Exception:
         pass
+    deadline = time.monotonic() + budget_s if budget_s is not None else None
+    timer = _ChapterTimer()
     try:
-        for ch in chapters:
+        for pos, ch in enumerate(chapters):
             bar.set_description(f"bench {ch.label}")
             live.start(ch.label)
             out = ChapterOutcome(chapter=ch.label, module=ch.module, status="ok")
@@ -262,12 +395,30 @@ def run_benchmarks(
                 inner = tqdm(total=100, desc=f"  {ch.label}", unit="%", leave=False, file=sys.stderr,
                              dynamic_ncols=True, bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix}")
                 kwargs["progress"] = TqdmProgress(inner)
+            if deadline is not None:
+                out.budget_s = round(max(1.0, chapter_shares(chapters[pos:], deadline - time.monotonic())[0]), 1)
             try:
-                fn(results, device, **kwargs)
-            except KeyboardInterrupt:
-                out.status, out.reason = "failed", "interrupted (Ctrl-C or SIGTERM)"
-                out.seconds = time.perf_counter() - t0
-                raise
+                try:
+                    with timer.limit(out.budget_s, ch.label):
+                        fn(results, device, **kwargs)
+                    if timer.fired:  # the chapter caught the ChapterTimeout itself and returned
+                        raise ChapterTimeout(ch.label)
+                except Exception:
+                    if timer.fired:
+                        raise ChapterTimeout(ch.label) from None
+                    raise
+            except (ChapterTimeout, KeyboardInterrupt) as exc:
+                if not (isinstance(exc, ChapterTimeout) or timer.fired):
+                    if isinstance(exc, KeyboardInterrupt):
+                        out.status, out.reason = "failed", "interrupted (Ctrl-C or SIGTERM)"
+                        out.seconds = time.perf_counter() - t0
+                    raise
+                # stopped by its time share (also when the chapter caught the ChapterTimeout, or turned it into
+                # a plain KeyboardInterrupt or another error)
+                out.status = "timed out"
+                out.reason = (f"stopped after its share of the time budget ({out.budget_s:.0f} s of --budget-s); "
+                              "its records are kept in the results file, never in a reference file")
+                say(_banner(f"{ch.label} ({ch.module}.benchmark) TIMED OUT: {out.reason}"))
             except Exception as exc:
                 out.status = "failed"
                 out.reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
@@ -280,8 +431,13 @@ def run_benchmarks(
                 out.records = len(results.records) - n_rec
                 out.artifacts = len(results.artifacts) - n_art
                 out.artifact_names = sorted(set(results.artifacts) - arts_before)
-                _free_memory()
+                cuda_error = _free_memory()
+                if cuda_error and out.status == "ok":
+                    out.status, out.reason = "failed", cuda_error.splitlines()[0][:300]
+                    say(_banner(f"{ch.label} ({ch.module}.benchmark) FAILED: {cuda_error}"))
             new = results.records[n_rec:]
+            for msg in flag_lines(results, new):
+                out.warnings.append(f"flagged: {msg}")
             stray = sorted({r.key for r in new if not r.key.startswith(ch.prefixes)})
             if stray:
                 out.warnings.append(f"record keys without the prefix {'/'.join(ch.prefixes)}: {', '.join(stray[:5])}")
@@ -309,6 +465,38 @@ def run_benchmarks(
         except Exception:
             pass
     return outcomes
+
+
+class _ChapterTimer:
+    """Raises :class:`ChapterTimeout` in the bench's process when a chapter outruns its share (SIGALRM)."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.fired = False
+
+    @contextlib.contextmanager
+    def limit(self, seconds: float | None, label: str) -> Iterator[None]:
+        self.fired = False
+        if seconds is None:
+            yield
+            return
+
+        def timeout(num: int) -> BaseException | None:
+            if not self.armed:  # fired as the chapter was ending: nothing to stop
+                return None
+            self.fired = True
+            return ChapterTimeout(f"{label}: outran its share of the time budget ({seconds:.0f} s)")
+
+        with signal_raises(signal.SIGALRM, timeout) as installed:
+            if installed:
+                self.armed = True
+                signal.setitimer(signal.ITIMER_REAL, seconds)
+            try:
+                yield
+            finally:
+                self.armed = False
+                if installed:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def _accepts_progress(fn: Callable[..., Any]) -> bool:
@@ -439,6 +627,12 @@ def _is_trace(value: Any) -> bool:
 
 
 _RATE_UNITS = {"items/s", "img/s", "images/s", "samples/s", "steps/s", "batches/s", "GB/s", "MB/s"}
+_RATIO_UNITS = {"ratio", "fraction", "x"}
+#: Bars per panel of measured rates or ratios; more records go on further pages (never dropped silently).
+BARS_PER_PANEL = 14
+#: Pages per chapter and kind; records beyond them are counted in the figure's footnote.
+MAX_PAGES = 3
+_LABEL_IGNORE = {"method", "n", "iqr_s", "device"}
 
 
 def _short_params(p: dict[str, Any], limit: int = 3) -> str:
@@ -462,9 +656,41 @@ def _minor_tick(value: float, _pos: Any = None) -> str:
     return f"{value:g}" if round(lead, 6) in (2.0, 5.0) else ""
 
 
+def _inactive_settings(p: dict[str, Any]) -> list[str]:
+    """Settings a record asked for that had no effect: ``X_active=False`` beside ``X...=True``.
+
+    E.g. ``pin_memory=True`` with ``pin_active=False`` (nothing was pinned: no CUDA).
+    """
+    out = []
+    for k, v in p.items():
+        if k.endswith("_active") and v is False:
+            stem = k[: -len("_active")]
+            asked = [n for n, val in p.items() if n != k and n.startswith(stem) and val is True]
+            out += [f"{n}=True had no effect ({k}=False)" for n in asked]
+    return out
+
+
+def _constant_params(recs: Sequence[Any]) -> dict[str, Any]:
+    """Parameters with one value across every record of ``recs`` (what the bar labels leave out)."""
+    plist = [_params(r) for r in recs]
+    if not plist:
+        return {}
+    names = dict.fromkeys(k for p in plist for k in p if k not in _LABEL_IGNORE)
+    out = {}
+    for k in names:
+        vals = {json.dumps(p.get(k), default=str) for p in plist}
+        if len(vals) == 1 and all(k in p for p in plist) and not isinstance(plist[0][k], (dict, list)):
+            out[k] = plist[0][k]
+    return out
+
+
 def _varying_labels(recs: Sequence[Any]) -> list[str]:
-    """'key-without-chapter (the params that differ between records of that key)' per record."""
-    ignore = {"method", "n", "iqr_s", "device"}
+    """'key-without-chapter (the params that differ between records of that key)' per record.
+
+    A setting that had no effect (:func:`_inactive_settings`) is said in the label,
+    even when the parameter that shows it is the same in every record.
+    """
+    ignore = _LABEL_IGNORE
     by_key: dict[str, list[dict[str, Any]]] = {}
     for r in recs:
         by_key.setdefault(r.key, []).append(_params(r))
@@ -485,7 +711,13 @@ def _varying_labels(recs: Sequence[Any]) -> list[str]:
     for r in recs:
         p = _params(r)
         shown = ", ".join(f"{k}={p.get(k)}" for k in varying[r.key][:3])
-        out.append(f"{r.key[5:]} ({shown})" if shown else r.key[5:])
+        label = f"{r.key[5:]} ({shown})" if shown else r.key[5:]
+        inactive = _inactive_settings(p)
+        if inactive:
+            label += " [no effect]"
+        if getattr(r, "flags", None):
+            label = "! " + label
+        out.append(label)
     return out
 
 
@@ -665,34 +897,87 @@ def _panels_waterfall(rs: Any) -> list[tuple[str, Callable[[Any], None]] | str]:
     return out
 
 
-def _panels_rates(rs: Any, drawn_prefixes: Iterable[str]) -> list[tuple[str, Callable[[Any], None]] | str]:
-    """One bar panel per other chapter with throughput-like records (its headline rates)."""
-    skip = tuple(drawn_prefixes)
-    by_chapter: dict[str, list[Any]] = {}
+def _pages(recs: Sequence[Any], size: int) -> list[list[Any]]:
+    """Records split into pages of at most ``size``, keeping a key's records together where they fit."""
+    groups: dict[str, list[Any]] = {}
+    for r in recs:
+        groups.setdefault(r.key, []).append(r)
+    pages: list[list[Any]] = [[]]
+    for g in groups.values():
+        if pages[-1] and len(pages[-1]) + len(g) > size:
+            pages.append([])
+        for r in g:
+            if len(pages[-1]) >= size:
+                pages.append([])
+            pages[-1].append(r)
+    return [p for p in pages if p]
+
+
+def _bar_panel(chap: str, kind: str, recs: list[Any], page: int, pages: int) -> tuple[str, Callable[[Any], None]]:
+    """One horizontal bar panel of a chapter's measured rates or ratios (flagged bars in red)."""
+    title = f"{chap} · measured {kind}" + (f" ({page}/{pages})" if pages > 1 else "")
+
+    def draw(ax: Any) -> None:
+        labels = _varying_labels(recs)
+        vals = [r.value for r in recs]
+        colors = ["#e15759" if getattr(r, "flags", None) else "#4e79a7" for r in recs]
+        ax.barh(range(len(vals)), vals, color=colors)
+        ax.set_yticks(range(len(vals)))
+        ax.set_yticklabels(labels, fontsize=6.5)
+        ax.invert_yaxis()
+        units = " / ".join(sorted({r.unit for r in recs}))
+        positive = [v for v in vals if v > 0]
+        if kind == "rates" and positive and max(positive) / min(positive) > 30:
+            ax.set_xscale("log")
+            units += " (log scale)"
+        if kind == "ratios":
+            ax.axvline(1.0, color="black", lw=0.8, ls="--")
+            for j, v in enumerate(vals):
+                ax.text(v, j, f" {v:.2f}", va="center", fontsize=6)
+        ax.set_xlabel(units + ("  (dashed: 1)" if kind == "ratios" else ""))
+        notes = []
+        const = _constant_params(recs)
+        if const:
+            notes.append("same in every bar: " + ", ".join(f"{k}={v}" for k, v in list(const.items())[:4]))
+        inactive = sorted({t for r in recs for t in _inactive_settings(_params(r))})
+        if inactive:
+            notes.append("NO EFFECT: " + "; ".join(inactive) + " — differences between those bars are noise")
+        if any(getattr(r, "flags", None) for r in recs):
+            notes.append("red '!': flagged as impossible or contradictory (see the footnote)")
+        ax.set_title(title + "".join("\n" + n for n in notes), fontsize=8 if notes else 10)
+        ax.grid(axis="x", alpha=0.3)
+
+    return title, draw
+
+
+def _panels_measured(rs: Any, rate_skip: Iterable[str]) -> list[tuple[str, Callable[[Any], None]] | str]:
+    """Bar panels per chapter of its measured rates and of its ratios/fractions (speed-ups, shares).
+
+    Chapters in ``rate_skip`` get no rate panel (they have their own plot), but their
+    ratios are drawn. At most :data:`BARS_PER_PANEL` bars per panel and
+    :data:`MAX_PAGES` pages per chapter and kind; records beyond that are counted
+    in the footnote, never dropped without a word.
+    """
+    skip = tuple(rate_skip)
+    by: dict[tuple[str, str], list[Any]] = {}
     for r in rs.records:
-        if r.unit in _RATE_UNITS and not r.key.startswith(skip) and re.match(r"ch\d\d\.", r.key):
-            by_chapter.setdefault(r.key[:4], []).append(r)
+        if not re.match(r"ch\d\d\.", r.key):
+            continue
+        if r.unit in _RATE_UNITS and not r.key.startswith(skip):
+            by.setdefault((r.key[:4], "rates"), []).append(r)
+        elif r.unit in _RATIO_UNITS:
+            by.setdefault((r.key[:4], "ratios"), []).append(r)
     out: list[tuple[str, Callable[[Any], None]] | str] = []
-    for chap, recs in sorted(by_chapter.items()):
-        recs = recs[:14]
-
-        def draw(ax: Any, _chap: str = chap, _recs: list[Any] = recs) -> None:
-            labels = _varying_labels(_recs)
-            vals = [r.value for r in _recs]
-            ax.barh(range(len(vals)), vals, color="#4e79a7")
-            ax.set_yticks(range(len(vals)))
-            ax.set_yticklabels(labels, fontsize=6.5)
-            ax.invert_yaxis()
-            units = " / ".join(sorted({r.unit for r in _recs}))
-            positive = [v for v in vals if v > 0]
-            if positive and max(positive) / min(positive) > 30:
-                ax.set_xscale("log")
-                units += " (log scale)"
-            ax.set_xlabel(units)
-            ax.set_title(f"{_chap} · measured rates")
-            ax.grid(axis="x", alpha=0.3)
-
-        out.append((f"{chap} · measured rates", draw))
+    for (chap, kind), recs in sorted(by.items()):
+        pages = _pages(recs, BARS_PER_PANEL)
+        shown = pages[:MAX_PAGES]
+        for i, page in enumerate(shown, 1):
+            out.append(_bar_panel(chap, kind, page, i, len(shown)))
+        left = sum(len(p) for p in pages[MAX_PAGES:])
+        if left:
+            keys = sorted({r.key for p in pages[MAX_PAGES:] for r in p})
+            out.append(f"{chap} measured {kind}: {left} more record(s) not drawn ({', '.join(keys[:6])}"
+                       f"{', ...' if len(keys) > 6 else ''}); every record is in the results file")
     return out
 
 
@@ -701,7 +986,7 @@ def summary_panels(rs: Any) -> tuple[list[tuple[str, Callable[[Any], None]]], li
     items: list[tuple[str, Callable[[Any], None]] | str] = [_panel_bandwidth(rs), _panel_pin_cost(rs)]
     items += _panels_timelines(rs)
     items += _panels_waterfall(rs)
-    items += _panels_rates(rs, ("ch02.", "ch06."))  # ch06 has its waterfall panels
+    items += _panels_measured(rs, ("ch02.", "ch06."))  # ch02 and ch06 draw their rates in their own panels
     panels = [i for i in items if not isinstance(i, str)]
     skipped = [i for i in items if isinstance(i, str)]
     return panels, skipped
@@ -714,10 +999,13 @@ def summary_figure(rs: Any, path: str | Path) -> tuple[Path, list[str], list[str
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
+    from .results import flag_lines
+
+    flags = flag_lines(rs)  # flags old files too; the figure draws flagged bars in red
     panels, skipped = summary_panels(rs)
     ncols = 2
     nrows = max(1, math.ceil(len(panels) / ncols))
-    n_foot = 1 + sum(1 + len(s) // 150 for s in skipped)
+    n_foot = 2 + sum(1 + len(s) // 150 for s in skipped) + sum(1 + len(f) // 150 for f in flags)
     fig = plt.figure(figsize=(15, 1.2 + 4.2 * nrows + 0.16 * n_foot), layout="constrained")
     grid = fig.add_gridspec(nrows + 1, ncols, height_ratios=[4.2] * nrows + [0.2 + 0.16 * n_foot])
     drawn: list[str] = []
@@ -736,19 +1024,27 @@ def summary_figure(rs: Any, path: str | Path) -> tuple[Path, list[str], list[str
     foot.axis("off")
     import textwrap
 
-    lines = ["Panels skipped (their records are missing from this file):"]
+    lines = ["Not drawn (panels whose records are missing, records beyond the pages):"]
     for item in skipped:
         lines += textwrap.wrap(item, 150, initial_indent="  • ", subsequent_indent="    ")
     if not skipped:
-        lines = ["Every panel had its records."]
-    foot.text(0.0, 1.0, "\n".join(lines), va="top", ha="left", fontsize=8, family="monospace",
-              transform=foot.transAxes)
+        lines = ["Every panel had its records, and every record of a drawn kind is drawn."]
+    flag_text: list[str] = []
+    if flags:
+        flag_text = ["FLAGGED as impossible or contradictory (red bars marked '!'):"]
+        for item in flags:
+            flag_text += textwrap.wrap(item, 150, initial_indent="  ! ", subsequent_indent="    ")
+    foot.text(0.0, 1.0, "\n".join([" "] * len(flag_text) + ([""] if flag_text else []) + lines), va="top", ha="left", fontsize=8,
+              family="monospace", transform=foot.transAxes)
+    if flags:
+        foot.text(0.0, 1.0, "\n".join(flag_text), va="top", ha="left", fontsize=8, family="monospace",
+                  color="#c0392b", transform=foot.transAxes)
     if not panels:
         fig.text(0.5, 0.6, "No panel could be drawn: this file has none of the records the summary plots.",
                  ha="center", fontsize=11)
     hw = rs.hardware.get("gpu_name") or f"no GPU (CPU: {rs.hardware.get('cpu_model') or 'unknown'})"
     fig.suptitle(f"helpers.bench summary — {hw}\n{rs.label()}; benchmark v{rs.benchmark_version}; "
-                 "measured values only (dashed lines are theoretical ceilings)", fontsize=10)
+                 "measured values only (dashed: a theoretical ceiling, or 1 in a ratio panel)", fontsize=10)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100, bbox_inches="tight")
@@ -885,14 +1181,31 @@ def ceiling_table() -> str:
     return "\n".join(rows)
 
 
+def readme_sections(sets: Sequence[Any] | None = None) -> list[tuple[str, str]]:
+    """The README's generated sections, in order, as (heading, markdown table); kinds never mixed.
+
+    * **Measured**: one row per committed reference file (:func:`readme_table`);
+    * **Published** (only when a module ``helpers.published`` offers
+      ``readme_section() -> tuple[str, str]`` — heading and table — for cited
+      figures from public sources): the hook for published host<->GPU figures;
+    * **Theoretical**: the link ceilings (:func:`ceiling_table`).
+    """
+    sections = [("**Measured** (one row per committed reference file; \"—\" = not recorded in that file):",
+                 readme_table(sets))]
+    if importlib.util.find_spec("helpers.published") is not None:
+        published = importlib.import_module("helpers.published")
+        hook = getattr(published, "readme_section", None)
+        if callable(hook):
+            heading, table = hook()
+            sections.append((str(heading), str(table)))
+    sections.append(("**Theoretical** link ceilings (from the PCIe generation and width; never measured):",
+                     ceiling_table()))
+    return sections
+
+
 def readme_block(sets: Sequence[Any] | None = None) -> str:
-    """The generated README section: measured reference figures, then the theoretical ceilings, kept apart."""
-    return (
-        "**Measured** (one row per committed reference file; \"—\" = not recorded in that file):\n\n"
-        + readme_table(sets)
-        + "\n\n**Theoretical** link ceilings (from the PCIe generation and width; never measured):\n\n"
-        + ceiling_table()
-    )
+    """The generated README section: measured, (published,) then theoretical tables, kept apart."""
+    return "\n\n".join(f"{heading}\n\n{table}" for heading, table in readme_sections(sets))
 
 
 TABLE_START = "<!-- reference-table:start (generated by `python -m helpers.bench --readme-table --update FILE`) -->"
@@ -924,8 +1237,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="small sizes (sets WORKBOOK_QUICK=1)")
-    mode.add_argument("--full", action="store_true", help="full sizes (sets WORKBOOK_QUICK=0); the default unless "
-                      "WORKBOOK_QUICK=1 is set")
+    mode.add_argument("--full", action="store_true", help="full sizes on any machine (sets WORKBOOK_FULL=1); the "
+                      "default on a CUDA machine")
     ap.add_argument("--out", metavar="PATH", help="results file (default: artifacts/bench-<gpu>-<time>.json)")
     ap.add_argument("--png", metavar="PATH", help="PNG summary (default: the results path with .png)")
     ap.add_argument("--no-png", action="store_true", help="write no PNG summary")
@@ -936,6 +1249,8 @@ def _parser() -> argparse.ArgumentParser:
                     "(needs CUDA and full mode)")
     ap.add_argument("--strict", action="store_true",
                     help=f"strict GPU run: require CUDA, a chapter that records nothing fails (also {REQUIRE_GPU_ENV}=1)")
+    ap.add_argument("--budget-s", type=float, metavar="S", help="time budget: each chapter may run for its share "
+                    "of the time left and is stopped (marked 'timed out', partial file kept) when it outruns it")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
     ap.add_argument("--notes", default="", help="free text stored in the results file (e.g. the cluster's name)")
     ap.add_argument("--list", action="store_true", help="list the chapters and whether their benchmark() exists")
@@ -970,32 +1285,45 @@ def run(
     progress: bool = True,
     notes: str = "",
     argv: Sequence[str] | None = None,
+    budget_s: float | None = None,
 ) -> tuple[int, Any, dict[str, Any]]:
     """Run the benchmarks and write the files. Returns (exit code, ResultSet, paths/outcomes summary).
 
-    The mode comes from ``WORKBOOK_QUICK`` (``main`` sets it from --quick/--full).
+    The size tier comes from :func:`helpers.config.size_tier` (``main`` sets
+    ``WORKBOOK_QUICK``/``WORKBOOK_FULL`` from --quick/--full). ``budget_s``: see
+    :func:`run_benchmarks`. Refusals (exit code 2) print one line and measure nothing.
     """
     import torch
 
-    from .config import quick_mode
+    from .config import mode_name
     from .device import has_cuda, pick_device
 
     def err(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    cuda_here = has_cuda()
+    if strict and not cuda_here:  # before pick_device(), which raises under WORKBOOK_REQUIRE_GPU=1
+        err(f"refusing: a strict GPU run ({REQUIRE_GPU_ENV}=1 or --strict) needs a CUDA device, and none is "
+            "present on this machine.")
+        return 2, None, {}
     dev = torch.device(device) if device is not None else pick_device()
-    cuda = has_cuda() and dev.type == "cuda"
+    cuda = cuda_here and dev.type == "cuda"
     if strict and not cuda:
-        err(f"refusing: a strict GPU run ({REQUIRE_GPU_ENV}=1 or --strict) needs a CUDA device, and "
-            + ("none is present on this machine." if not has_cuda() else f"--device is {dev}."))
+        err(f"refusing: a strict GPU run ({REQUIRE_GPU_ENV}=1 or --strict) needs a CUDA device, and --device is {dev}.")
         return 2, None, {}
     if reference and not cuda:
         err("refusing --reference: reference results must be measured on a CUDA GPU, and "
-            + ("no CUDA device is present on this machine." if not has_cuda() else f"--device is {dev}."))
+            + ("no CUDA device is present on this machine." if not cuda_here else f"--device is {dev}."))
         return 2, None, {}
-    if reference and quick_mode():
-        err("refusing --reference in quick mode: reference results are recorded with full sizes (use --full).")
+    tier = mode_name()
+    if reference and tier != "full":
+        err(f"refusing --reference in {tier} mode: reference results are recorded with full sizes (use --full).")
         return 2, None, {}
+    for flag, target in (("--out", out), ("--png", png if png not in (None, False) else None)):
+        problem = _unwritable(target)
+        if problem:
+            err(f"error: {flag}: {problem}")
+            return 2, None, {}
 
     LiveResultSet = _live_result_set_class()
     started = time.perf_counter()
@@ -1013,6 +1341,8 @@ def run(
         "git_dirty": dirty,
         "cpu_threads": torch.get_num_threads(),
         "machine": platform.machine(),
+        "mode": tier,
+        "budget_s": budget_s,
     }
     rs.provenance["bench"] = bench_info
     print(f"helpers.bench: {rs.mode} mode on {dev} "
@@ -1033,21 +1363,25 @@ def run(
 
     interrupted = False
     outcomes: list[ChapterOutcome] = []
-    previous = _install_sigterm()
-    try:
-        run_benchmarks(rs, dev, chapters, strict=strict, progress=progress, checkpoint=checkpoint, into=outcomes)
-    except KeyboardInterrupt:
-        interrupted = True
-        err("\ninterrupted: writing what was measured so far")
-    finally:
-        _restore_sigterm(previous)
+    # SIGTERM (a scheduler's or the GPU check's time limit) -> KeyboardInterrupt in this process only
+    with signal_raises(signal.SIGTERM, lambda num: KeyboardInterrupt(f"signal {num}")):
+        try:
+            run_benchmarks(rs, dev, chapters, strict=strict, progress=progress, checkpoint=checkpoint,
+                           into=outcomes, budget_s=budget_s)
+        except KeyboardInterrupt:
+            interrupted = True
+            err("\ninterrupted: writing what was measured so far")
     bench_info.pop("partial", None)
     bench_info["chapters"] = [asdict(o) for o in outcomes]
     bench_info["seconds"] = round(time.perf_counter() - started, 2)
     bench_info["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     bench_info["interrupted"] = interrupted
-    failed = [o for o in outcomes if o.status == "failed"]
+    failed = [o for o in outcomes if o.status in ("failed", "timed out")]
     bench_info["ok"] = not failed and not interrupted
+    from .results import flag_lines
+
+    flags = flag_lines(rs)
+    bench_info["flags"] = flags
 
     plain = plain_copy()
     plain.save(out_path)
@@ -1077,8 +1411,10 @@ def run(
         extra = f"{o.records} records, {o.artifacts} artifacts, {o.seconds:.1f} s" if o.status != "skipped" else o.reason
         if o.status == "failed":
             extra = f"{o.reason} ({o.seconds:.1f} s)"
-        print(f"  {o.chapter:<9} {o.module:<22} {o.status.upper():<8} {extra}")
-    print(f"  total: {len(plain.records)} records in {bench_info['seconds']:.1f} s")
+        print(f"  {o.chapter:<9} {o.module:<22} {o.status.upper():<9} {extra}")
+    print(f"  total: {len(plain.records)} records in {bench_info['seconds']:.1f} s ({tier} mode)")
+    for msg in flags:
+        print(f"  FLAGGED: {msg}")
     print(f"  results file: {out_path}")
     if ref_path:
         print(f"  reference file: {ref_path}  (commit it; see docs/GPU-CHECK.md)")
@@ -1190,31 +1526,19 @@ def reference_subset(rs: Any, outcomes: Sequence[ChapterOutcome]) -> Any:
     return ResultSet.from_dict(data)
 
 
-def _install_sigterm() -> Any:
-    """Turn SIGTERM (a job scheduler's or the GPU check's timeout) into KeyboardInterrupt, to save a partial file."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    try:
-        return signal.signal(signal.SIGTERM, handler)
-    except (ValueError, OSError):
-        return None
-
-
-def _restore_sigterm(previous: Any) -> None:
-    import signal
-
-    if previous is not None:
-        try:
-            signal.signal(signal.SIGTERM, previous)
-        except (ValueError, OSError):
-            pass
+def _unwritable(target: str | Path | None) -> str:
+    """Why a file cannot be written at ``target`` ("" if it can). Folders are never created for it."""
+    if target is None:
+        return ""
+    path = Path(target)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        return f"{path} is a folder; give a file name such as {path / 'bench.json'}"
+    if not parent.is_dir():
+        return f"the folder {parent} does not exist; create it first (the bench never creates it)"
+    if not os.access(parent, os.W_OK):
+        return f"the folder {parent} is not writable"
+    return ""
 
 
 def _list(chapters: Sequence[Chapter]) -> int:
@@ -1268,14 +1592,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  panel skipped — {s}")
         return 0
     if args.quick:
-        os.environ["WORKBOOK_QUICK"] = "1"
-    elif args.full:
-        os.environ["WORKBOOK_QUICK"] = "0"
+        os.environ["WORKBOOK_QUICK"], os.environ["WORKBOOK_FULL"] = "1", "0"
+    elif args.full:  # explicit full sizes, on a CPU too (otherwise a CPU machine runs the laptop tier)
+        os.environ["WORKBOOK_QUICK"], os.environ["WORKBOOK_FULL"] = "0", "1"
+    if args.budget_s is not None and not 10 <= args.budget_s <= 7 * 86_400:
+        print("error: --budget-s must be between 10 and 604800 seconds", file=sys.stderr)
+        return 2
     try:
         strict = args.strict or require_gpu()
         from .config import quick_mode
 
         quick_mode()  # validates WORKBOOK_QUICK early, with its own clear message
+        from .config import size_tier
+
+        size_tier()  # ... and WORKBOOK_FULL, and the two together
         chapters = select_chapters(args.chapters)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -1294,6 +1624,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (RuntimeError, ValueError):
             print(f"error: --device {device!r} is not a torch device (e.g. cuda, cuda:0, cpu)", file=sys.stderr)
             return 2
+        dev = torch.device(device)
+        if dev.type not in ("cpu", "cuda"):
+            print(f"error: --device {device!r}: the bench measures on cpu or cuda", file=sys.stderr)
+            return 2
+        if dev.type == "cuda":
+            n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if n == 0 or (dev.index is not None and dev.index >= n):
+                print(f"error: --device {device!r}: " + ("no CUDA device is present on this machine" if n == 0
+                      else f"this machine has {n} CUDA device(s), cuda:0 to cuda:{n - 1}"), file=sys.stderr)
+                return 2
     code, _, _ = run(
         chapters=chapters,
         device=device,
@@ -1304,6 +1644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress=not args.no_progress,
         notes=args.notes,
         argv=args_list,
+        budget_s=args.budget_s,
     )
     return code
 

@@ -33,6 +33,8 @@ __all__ = [
     "comparable",
     "compare",
     "collect_provenance",
+    "sanity_flags",
+    "flag_lines",
 ]
 
 SCHEMA = "gpu-data-workbook/results"
@@ -55,6 +57,8 @@ class Record:
         unit: its unit, e.g. ``"GB/s"``, ``"s"``, ``"items/s"``, ``"ratio"``.
         params: the settings it was measured at, e.g. ``{"bytes": 4096, "memory": "pinned"}``.
         spread: optional spread, e.g. ``{"iqr": 0.1, "n": 30}``.
+        flags: why the value cannot be right, as recorded (e.g. a fraction above 1); see
+            :func:`sanity_flags`. Empty for an ordinary record (and then not written to the file).
     """
 
     key: str
@@ -62,6 +66,12 @@ class Record:
     unit: str
     params: dict[str, Any] = field(default_factory=dict)
     spread: dict[str, Any] = field(default_factory=dict)
+    flags: list[str] = field(default_factory=list)
+
+    def flag(self, why: str) -> None:
+        """Mark this value as impossible or contradictory (once per reason)."""
+        if why not in self.flags:
+            self.flags.append(why)
 
     def ident(self) -> tuple[str, str]:
         """Identity used to match records across result sets (key + params)."""
@@ -126,6 +136,7 @@ class ResultSet:
             raise ValueError(f"value for {key!r} must be finite, got {value!r}")
         rec = Record(key=key, value=v, unit=str(unit), params=dict(params), spread=dict(spread or {}))
         self.records.append(rec)
+        sanity_flags(self, [rec])  # a fraction above 1 is flagged where it is recorded
         return rec
 
     def find(self, key: str, **params: Any) -> list[Record]:
@@ -159,6 +170,9 @@ class ResultSet:
     # -- files -----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        for rec in data["records"]:
+            if not rec.get("flags"):
+                rec.pop("flags", None)  # files stay as they were for ordinary records
         data["schema"] = SCHEMA
         data["schema_version"] = SCHEMA_VERSION
         return data
@@ -174,6 +188,9 @@ class ResultSet:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ResultSet":
+        """A result set from its JSON form; a ValueError that names the problem for anything else."""
+        if not isinstance(data, dict):
+            raise ValueError(f"not a workbook result file: its JSON is a {type(data).__name__}, not an object")
         if data.get("schema") != SCHEMA:
             raise ValueError(f"not a workbook result file (schema is {data.get('schema')!r}, expected {SCHEMA!r})")
         if int(data.get("schema_version", 0)) > SCHEMA_VERSION:
@@ -184,6 +201,16 @@ class ResultSet:
         missing = [k for k in ("name", "method", "provenance", "created", "mode") if k not in data]
         if missing:
             raise ValueError(f"result file lacks required fields: {', '.join(missing)}")
+        for name in ("name", "method", "created", "mode"):
+            if not isinstance(data[name], str):
+                raise ValueError(f"result file field {name!r} must be a string, got {data[name]!r}")
+        if not isinstance(data["provenance"], dict) or not isinstance(data["provenance"].get("hardware", {}), dict):
+            raise ValueError("result file field 'provenance' must be an object (with 'hardware' an object)")
+        raw_records = data.get("records", [])
+        if not isinstance(raw_records, list):
+            raise ValueError(f"result file field 'records' must be a list, got {type(raw_records).__name__}")
+        if not isinstance(data.get("artifacts", {}), dict):
+            raise ValueError("result file field 'artifacts' must be an object")
         return cls(
             name=data["name"],
             method=data["method"],
@@ -191,9 +218,9 @@ class ResultSet:
             created=data["created"],
             mode=data["mode"],
             benchmark_version=str(data.get("benchmark_version", "?")),
-            records=[Record(**r) for r in data.get("records", [])],
+            records=[_record_from_dict(i, r) for i, r in enumerate(raw_records)],
             artifacts=dict(data.get("artifacts", {})),
-            notes=data.get("notes", ""),
+            notes=str(data.get("notes", "")),
         )
 
     @classmethod
@@ -207,6 +234,109 @@ class ResultSet:
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path} is not valid JSON ({exc}); was the run interrupted while writing?") from None
         return cls.from_dict(data)
+
+
+def _record_from_dict(i: int, r: Any) -> Record:
+    """One record of a file, checked: key, unit (strings), a finite number, params/spread objects."""
+    where = f"record {i}"
+    if not isinstance(r, dict):
+        raise ValueError(f"{where} must be an object, got {type(r).__name__}")
+    where += f" ({r.get('key')!r})" if isinstance(r.get("key"), str) else ""
+    missing = [k for k in ("key", "value", "unit") if k not in r]
+    if missing:
+        raise ValueError(f"{where} lacks required fields: {', '.join(missing)}")
+    unknown = sorted(set(r) - set(Record.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"{where} has unknown fields: {', '.join(unknown)}")
+    if not isinstance(r["key"], str) or not r["key"] or not isinstance(r["unit"], str):
+        raise ValueError(f"{where}: 'key' and 'unit' must be strings")
+    value = r["value"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{where}: 'value' must be a finite number, got {value!r}")
+    for name in ("params", "spread"):
+        if not isinstance(r.get(name, {}), dict):
+            raise ValueError(f"{where}: {name!r} must be an object, got {r[name]!r}")
+    flags = r.get("flags", [])
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        raise ValueError(f"{where}: 'flags' must be a list of strings")
+    return Record(key=r["key"], value=float(value), unit=r["unit"], params=dict(r.get("params", {})),
+                  spread=dict(r.get("spread", {})), flags=list(flags))
+
+
+#: Tolerance for the fraction check: a share of 1.01 is noise around a tie; 1.27 is not (issue 15).
+_SLACK = 0.02
+
+
+def sanity_flags(rs: ResultSet, records: Iterable[Record] | None = None) -> list[str]:
+    """Flag figures that cannot be right, on the records themselves; returns one message per new flag.
+
+    The rules (each a contradiction that no honest measurement can produce, so
+    the figure is noise, a wrong ceiling, or a bug):
+
+    * a ``fraction`` outside [0, 1] (e.g. a share of the measured ceiling of 1.27);
+    * a host<->device bandwidth above the link's theoretical ceiling in the
+      provenance (the ceiling may describe a virtual root port, issue 14);
+    * ``*.best_num_workers`` = 0 beside a ``*.speedup`` above 1 for some workers
+      whose lowest round is above 1 too (a one-shot sweep contradicted by
+      alternating rounds), in the same chapter.
+
+    ``records``: only check these (and their relations); default every record.
+    Checking twice adds nothing. Values are never changed.
+    """
+    todo = list(rs.records if records is None else records)
+    messages: list[str] = []
+
+    def flag(rec: Record, why: str) -> None:
+        if why not in rec.flags:
+            rec.flag(why)
+            messages.append(f"{rec.key} {rec.params}: {rec.value:.4g} {rec.unit} — {why}")
+
+    report = rs.provenance.get("report", {}) if isinstance(rs.provenance, dict) else {}
+    ceiling = report.get("link_bandwidth_gbps") if isinstance(report, dict) else None
+    for rec in todo:
+        if rec.unit == "fraction" and not -_SLACK <= rec.value <= 1 + _SLACK:
+            flag(rec, "impossible: a fraction outside 0..1 (noise, or the reference it is a share of was "
+                      "under-measured)")
+        if ceiling and rec.key.startswith("ch02."):
+            gbps = None
+            if rec.unit == "GB/s" and "bandwidth" in rec.key:
+                gbps = rec.value
+            elif rec.unit == "s" and rec.key == "ch02.copy_time" and rec.value > 0 and "nbytes" in rec.params:
+                try:
+                    gbps = float(rec.params["nbytes"]) / rec.value / 1e9
+                except (TypeError, ValueError):
+                    gbps = None
+            if gbps is not None and gbps > float(ceiling) * 1.02:
+                flag(rec, f"above the theoretical link ceiling ({gbps:.1f} > {float(ceiling):.1f} GB/s): the reported "
+                          "link (NVML, maybe a virtual root port) is not the real path")
+    chapters = {r.key.split(".", 1)[0] for r in todo}
+    for chap in chapters:
+        best = [r for r in rs.records if r.key.startswith(chap + ".") and r.key.endswith("best_num_workers")]
+        ups = [r for r in rs.records if r.key.startswith(chap + ".") and r.key.endswith(".speedup")
+               and _num(r.params.get("num_workers")) > 0 and r.value > 1
+               and _num(r.spread.get("min"), r.value) > 1]
+        for b in best:
+            if b.value == 0 and ups:
+                up = max(ups, key=lambda r: r.value)
+                why = (f"contradictory: best_num_workers = 0, yet {up.key} measured x{up.value:.2f} for "
+                       f"num_workers={up.params.get('num_workers')} (every round above 1)")
+                flag(b, why)
+                flag(up, why)
+    return messages
+
+
+def flag_lines(rs: ResultSet, records: Iterable[Record] | None = None) -> list[str]:
+    """One line per flag on ``records`` (default: every record of ``rs``), after :func:`sanity_flags`."""
+    todo = list(rs.records if records is None else records)
+    sanity_flags(rs, todo)
+    return [f"{r.key} {r.params}: {r.value:.4g} {r.unit} — {why}" for r in todo for why in r.flags]
+
+
+def _num(value: Any, default: float = 0.0) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
 
 
 def comparable(a: ResultSet, b: ResultSet) -> tuple[bool, str]:

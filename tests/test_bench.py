@@ -341,7 +341,7 @@ def test_gpucheck_refuses_plainly_without_cuda(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_gpucheck_dry_run_lists_notebooks_then_bench(tmp_path: Path) -> None:
+def test_gpucheck_dry_run_plans_bench_then_notebooks_then_cuda_tests(tmp_path: Path) -> None:
     from helpers import gpucheck
 
     proc = subprocess.run([sys.executable, "-m", "helpers.gpucheck", "--allow-cpu", "--dry-run",
@@ -351,10 +351,116 @@ def test_gpucheck_dry_run_lists_notebooks_then_bench(tmp_path: Path) -> None:
     lines = [ln for ln in proc.stdout.splitlines() if "would run" in ln]
     n_nb = len(gpucheck.notebooks(ROOT))
     assert len(lines) == 1 + n_nb + 1
-    assert "pytest" in lines[0] and "--ignore=tests/browser" in lines[0] and "-rs" in lines[0]
-    assert all("--nbval-lax" in ln and "--nbval-current-env" in ln for ln in lines[1:n_nb + 1])
-    assert "helpers.bench --full" in lines[-1]
-    assert "WORKBOOK_REQUIRE_GPU" in proc.stdout
+    assert "[bench]" in lines[0] and "helpers.bench --full" in lines[0] and "--budget-s" in lines[0]
+    assert all("--nbval-lax" in ln and "--nbval-current-env" in ln and "WORKBOOK_FULL" not in ln.split(":")[0]
+               for ln in lines[1:n_nb + 1])
+    assert "--cuda-only" in lines[-1] and "-p helpers.gpucheck" in lines[-1] and "--ignore=tests/browser" in lines[-1]
+    assert "WORKBOOK_REQUIRE_GPU" in proc.stdout and "WORKBOOK_FULL=1" in proc.stdout
+
+
+def test_gpucheck_smoke_plan_is_quick_and_cuda_only(tmp_path: Path) -> None:
+    from helpers import gpucheck
+
+    root = gpucheck.repo_root()
+    nbs = gpucheck.notebooks(root)
+    steps = gpucheck.plan(root, nbs, steps=["smoke"], cell_timeout=600, notebook_timeout=900, reference=True,
+                          strict=True, quick=False, workdir=tmp_path)
+    assert len(steps) == 1 + len(nbs) and {s.group for s in steps} == {"smoke"}
+    assert all(s.env == {"WORKBOOK_QUICK": "1", "WORKBOOK_FULL": "0"} for s in steps)
+    assert "--cuda-only" in steps[0].argv and "not slow and not browser" in steps[0].argv
+    assert all(s.timeout_s <= gpucheck.STEPS["smoke"] for s in steps)
+    assert sum(gpucheck.STEPS.values()) <= 25 * 60, "the documented procedure fits 25 minutes of commands"
+    assert gpucheck.STEPS["smoke"] <= 6 * 60 and gpucheck.STEPS["bench"] <= 8 * 60
+
+
+def test_gpucheck_fits_inner_limits_to_the_time_left(tmp_path: Path) -> None:
+    from helpers import gpucheck
+
+    root = gpucheck.repo_root()
+    nb = gpucheck.notebooks(root)[:1]
+    bench_step, nb_step = gpucheck.plan(root, nb, steps=["bench", "notebooks"], cell_timeout=600,
+                                        notebook_timeout=900, reference=False, strict=False, quick=True,
+                                        workdir=tmp_path)
+    assert bench_step.argv[bench_step.argv.index("--budget-s") + 1] == str(450 - gpucheck.BENCH_MARGIN_S)
+    argv = gpucheck._fit_argv(bench_step, 200)
+    assert argv[argv.index("--budget-s") + 1] == str(200 - gpucheck.BENCH_MARGIN_S)
+    argv = gpucheck._fit_argv(nb_step, 100)
+    assert "--nbval-cell-timeout=85" in argv and "--timeout=95" in argv
+
+
+def test_gpucheck_groups_keep_their_time_limits(tmp_path: Path) -> None:
+    import time as _time
+
+    from helpers import gpucheck
+
+    def step(name: str, seconds: float, group: str) -> "gpucheck.Step":
+        return gpucheck.Step(name=name, group=group, timeout_s=900,
+                             argv=[sys.executable, "-c", f"import time; time.sleep({seconds})"])
+
+    env = dict(os.environ)
+    # notebooks: fair shares; a hanging one is stopped at its share and the next still runs
+    steps = [step("hangs", 300, "notebooks"), step("quick", 0.1, "notebooks")]
+    t0 = _time.monotonic()
+    gpucheck._run_group("notebooks", steps, ROOT, env, tmp_path, 24, jobs=1)
+    assert _time.monotonic() - t0 < 40
+    assert [s.status for s in steps] == ["timed out", "passed"]
+    assert 10 <= steps[0].seconds <= 20
+    # smoke: side by side
+    steps = [step(f"s{i}", 2, "smoke") for i in range(3)]
+    t0 = _time.monotonic()
+    gpucheck._run_group("smoke", steps, ROOT, env, tmp_path, 60, jobs=3)
+    assert [s.status for s in steps] == ["passed"] * 3 and _time.monotonic() - t0 < 5.5
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_gpucheck_unit_step_end_to_end_on_cpu(tmp_path: Path) -> None:
+    """--allow-cpu tests the check itself: the CUDA-only selection runs (and skips here), files are bundled."""
+    logs = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "helpers.gpucheck", "--allow-cpu", "--steps", "unit", "--logs",
+                           str(logs), "--bundle"], cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=580)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in logs.iterdir()) == ["gpucheck-logs.tar.gz", "summary.json", "summary.txt"]
+    summary = json.loads((logs / "summary.json").read_text())
+    assert summary["passed"] and summary["torch_api_gaps"] == []
+    (step,) = summary["steps"]
+    assert step["group"] == "unit" and "--cuda-only" in step["argv"] and step["status"] == "passed"
+    assert "deselected" in proc.stdout and "needs" in proc.stdout  # -rs lists the CUDA-only tests skipped here
+
+
+def test_cuda_only_plugin_selects_tests_that_need_cuda(tmp_path: Path) -> None:
+    (tmp_path / "test_sel.py").write_text(
+        "import pytest\n"
+        "@pytest.mark.skipif(True, reason='needs a CUDA device')\n"
+        "def test_gpu(): pass\n"
+        "@pytest.mark.skipif(False, reason='checks the no-CUDA error')\n"
+        "def test_fallback(): pass\n"
+        "def test_plain(): pass\n")
+    env = _env(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "helpers.gpucheck", "--cuda-only", "--collect-only",
+                           "-q", "-p", "no:cacheprovider", "-o", "addopts=", str(tmp_path / "test_sel.py")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "test_gpu" in proc.stdout and "test_fallback" not in proc.stdout and "test_plain" not in proc.stdout
+    assert "2 deselected" in proc.stdout
+
+
+def test_torch_api_gaps_names_what_the_machine_lacks(tmp_path: Path) -> None:
+    from helpers import gpucheck
+
+    (tmp_path / "helpers").mkdir()
+    t = "torch"  # built at run time, so that the scan of this very file finds nothing missing
+    (tmp_path / "helpers" / "x.py").write_text(
+        f"import {t}\n"
+        f"from {t}.utils.data import DataLoader, NoSuchLoader42\n"
+        f"{t}.cuda.synchronize\n"
+        f"{t}.cuda.no_such_api_42()\n"
+        f"{t}.no_such_module_42.thing\n")
+    gaps = gpucheck.torch_api_gaps(tmp_path)
+    assert gaps == [f"{t}.cuda.no_such_api_42 (used in helpers/x.py)",
+                    f"{t}.no_such_module_42 (used in helpers/x.py)",
+                    f"{t}.utils.data.NoSuchLoader42 (used in helpers/x.py)"]
 
 
 def test_gpucheck_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
@@ -427,3 +533,306 @@ def test_reference_from_a_partial_gpu_file(tmp_path: Path, monkeypatch: pytest.M
     cpu = ResultSet.new("cpu", "test", device="cpu")
     cpu.save(tmp_path / "cpu.json")
     assert bench.main(["--reference-from", str(tmp_path / "cpu.json")]) == 2
+
+
+# ---------------------------------------------------------------------------
+# Issue 15: bad input ends in one `error:` line; the figure hides nothing; flags
+# ---------------------------------------------------------------------------
+
+
+def _run_cli(tmp_path: Path, *args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = _env(tmp_path)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "helpers.bench", "--no-progress", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _one_error_line(proc: subprocess.CompletedProcess, start: str = "error:") -> str:
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(start), proc.stderr
+    return lines[0]
+
+
+def test_cli_bad_input_prints_one_error_line(tmp_path: Path) -> None:
+    assert "--chapters is empty" in _one_error_line(_run_cli(tmp_path, "--chapters", ""))
+    assert "--chapters is empty" in _one_error_line(_run_cli(tmp_path, "--chapters", " , "))
+    line = _one_error_line(_run_cli(tmp_path, "--chapters", "00", "--out", str(tmp_path / "no" / "dir" / "x.json")))
+    assert "--out" in line and "does not exist" in line
+    assert not (tmp_path / "no").exists(), "the bench must never create the --out folder"
+    assert "--png" in _one_error_line(_run_cli(tmp_path, "--chapters", "00", "--png", str(tmp_path / "no" / "x.png")))
+    if not HAS_CUDA:
+        assert "no CUDA device" in _one_error_line(_run_cli(tmp_path, "--chapters", "00", "--device", "cuda:7"))
+    assert "cpu or cuda" in _one_error_line(_run_cli(tmp_path, "--chapters", "00", "--device", "meta"))
+    # --compare on files that are not result files
+    good = synthetic_gpu_results().to_dict()
+    bad_files = {
+        "list.json": [1, 2],
+        "missing.json": dict(good, records=[{"key": "ch02.x", "unit": "s"}]),
+        "string.json": dict(good, records=[{"key": "ch02.x", "value": "1.5", "unit": "s"}]),
+        "params.json": dict(good, records=[{"key": "ch02.x", "value": 1.5, "unit": "s", "params": "a"}]),
+        "recordlist.json": dict(good, records={"a": 1}),
+    }
+    for name, data in bad_files.items():
+        (tmp_path / name).write_text(json.dumps(data))
+        line = _one_error_line(_run_cli(tmp_path, "--compare", str(tmp_path / name)))
+        assert line.startswith("error: --compare"), (name, line)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
+def test_strict_run_without_gpu_is_refused_in_one_line(tmp_path: Path) -> None:
+    for args, extra in ((["--strict", "--chapters", "00"], {}), (["--chapters", "00"], {"WORKBOOK_REQUIRE_GPU": "1"}),
+                        (["--reference", "--chapters", "00"], {})):
+        proc = _run_cli(tmp_path, *args, env_extra=extra)
+        assert "needs a CUDA device" in _one_error_line(proc, "refusing") or "CUDA GPU" in proc.stderr
+
+
+def test_full_and_quick_flags_set_the_tier(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from helpers import config
+
+    seen: dict[str, str] = {}
+
+    def fake_run(**kwargs):
+        seen["tier"] = config.size_tier()
+        return 0, None, {}
+
+    monkeypatch.setattr(bench, "run", fake_run)
+    monkeypatch.setattr(config, "_cuda_present", lambda: False)
+    monkeypatch.delenv("WORKBOOK_QUICK", raising=False)
+    monkeypatch.delenv("WORKBOOK_FULL", raising=False)
+    assert bench.main(["--full", "--chapters", "00"]) == 0 and seen["tier"] == "full"
+    assert os.environ["WORKBOOK_FULL"] == "1"
+    assert bench.main(["--quick", "--chapters", "00"]) == 0 and seen["tier"] == "quick"
+    assert bench.main(["--chapters", "00"]) == 0 and seen["tier"] == "quick"  # as the last flag left it
+    monkeypatch.delenv("WORKBOOK_QUICK")
+    monkeypatch.delenv("WORKBOOK_FULL")
+    assert bench.main(["--chapters", "00"]) == 0 and seen["tier"] == "laptop"
+
+
+def test_reference_is_refused_outside_full_mode(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from helpers import device
+
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path / "ref"))
+    monkeypatch.setattr(device, "has_cuda", lambda: True)
+    for env, tier in (({"WORKBOOK_QUICK": "1"}, "quick"), ({"WORKBOOK_QUICK": "0", "WORKBOOK_FULL": "0"}, "laptop")):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.setattr("helpers.config._cuda_present", lambda: False)  # the laptop tier
+        code, rs, _ = bench.run(chapters=[], device="cuda", out=tmp_path / "a.json", reference=True, progress=False)
+        assert code == 2 and rs is None
+        assert f"refusing --reference in {tier} mode" in capsys.readouterr().err
+    assert not (tmp_path / "ref").exists()
+
+
+def _ch03_ch04_records() -> ResultSet:
+    """SYNTHETIC TEST DATA shaped like chapters 03-04 on a machine without CUDA (values made up)."""
+    rs = ResultSet.new("synthetic", "synthetic test data (not a measurement)", device="cpu")
+    for w in (0, 2):
+        for pin, v in ((False, 1000.0), (True, 1200.0)):
+            rs.add("ch03.items_per_s", v + w, "items/s", num_workers=w, pin_memory=pin, pin_active=False, device="cpu")
+    for w in range(0, 19):
+        rs.add("ch04.items_per_s", 500.0 + 10 * w, "items/s", num_workers=w, persistent=w > 0, output="float")
+    rs.add("ch04.best_num_workers", 0, "workers", cores=2)
+    rs.add("ch04.speedup", 1.63, "ratio", spread={"min": 1.4, "max": 1.8, "n": 7}, num_workers=2, output="float")
+    rs.add("ch04.parallel_ceiling", 1.3, "ratio", processes=2, output="float")
+    rs.add("ch04.share_of_ceiling", 1.27, "fraction", num_workers=2, output="float")
+    return rs
+
+
+def test_sanity_flags_mark_impossible_and_contradictory_figures() -> None:
+    from helpers.results import flag_lines, sanity_flags
+
+    rs = _ch03_ch04_records()
+    share = rs.find("ch04.share_of_ceiling")[0]
+    assert share.flags and "fraction outside 0..1" in share.flags[0], "flagged where it is recorded"
+    best, up = rs.find("ch04.best_num_workers")[0], rs.find("ch04.speedup")[0]
+    assert best.flags and up.flags and "contradictory" in best.flags[0]
+    assert not rs.find("ch04.parallel_ceiling")[0].flags
+    tie = rs.add("ch04.share_of_ceiling", 1.01, "fraction", num_workers=2, output="uint8")
+    assert not tie.flags, "a share of 1.01 is noise around a tie, not an impossible figure"
+    assert sanity_flags(rs) == [], "checking again adds nothing"
+    assert len(flag_lines(rs)) == 3
+    rs.records.remove(tie)
+    saved = ResultSet.from_dict(json.loads(json.dumps(rs.to_dict())))
+    assert saved.find("ch04.share_of_ceiling")[0].flags == share.flags
+    assert "flags" not in json.dumps(rs.to_dict()["records"][0]), "ordinary records keep their file format"
+    gpu = synthetic_gpu_results()  # 50 GB/s on a 63 GB/s link: nothing to flag
+    assert flag_lines(gpu) == []
+    gpu.add("ch02.fit.bandwidth", 70.0, "GB/s", direction="h2d", memory="pinned", extra=True)
+    assert any("above the theoretical link ceiling" in f for f in flag_lines(gpu))
+
+
+def test_summary_draws_ratios_pages_and_no_effect_notes(tmp_path: Path) -> None:
+    rs = _ch03_ch04_records()
+    panels, skipped = bench.summary_panels(rs)
+    titles = [t for t, _ in panels]
+    assert "ch04 · measured ratios" in titles, titles
+    rates = [t for t in titles if t.startswith("ch04 · measured rates")]
+    assert rates == ["ch04 · measured rates (1/2)", "ch04 · measured rates (2/2)"], "19 records: two pages, none cut"
+    labels = bench._varying_labels(rs.find("ch03.items_per_s"))
+    assert all("[no effect]" in lb for lb, r in zip(labels, rs.find("ch03.items_per_s")) if r.params["pin_memory"])
+    assert bench._inactive_settings(rs.find("ch03.items_per_s")[1].params) == [
+        "pin_memory=True had no effect (pin_active=False)"]
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    dict(panels)["ch03 · measured rates"](ax)
+    assert "NO EFFECT: pin_memory=True had no effect (pin_active=False)" in ax.get_title()
+    plt.close(fig)
+    # more records than MAX_PAGES pages hold: the rest are counted, not dropped silently
+    many = ResultSet.new("synthetic", "synthetic test data", device="cpu")
+    for i in range(bench.BARS_PER_PANEL * bench.MAX_PAGES + 5):
+        many.add("ch04.cheap.items_per_s", 100.0 + i, "items/s", items=i)
+    panels, skipped = bench.summary_panels(many)
+    assert len([t for t, _ in panels if t.startswith("ch04")]) == bench.MAX_PAGES
+    assert any("5 more record(s) not drawn" in s for s in skipped)
+    path, drawn, _ = bench.summary_figure(rs, tmp_path / "s.png")
+    assert path.read_bytes()[:8] == PNG_MAGIC and "ch04 · measured ratios" in drawn
+
+
+# ---------------------------------------------------------------------------
+# Issue 15 item 6: the SIGTERM handler acts only in the bench's own process
+# ---------------------------------------------------------------------------
+
+
+def _sleep_forever(_: int) -> int:
+    import time as _time
+
+    _time.sleep(60)
+    return 0
+
+
+def _exit_with_sigterm_disposition() -> None:
+    import signal
+
+    os._exit(0 if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL else 3)
+
+
+def test_sigterm_handler_acts_only_in_its_own_process() -> None:
+    import multiprocessing as mp
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    ctx = mp.get_context("fork")
+    with bench.signal_raises(signal.SIGTERM, lambda n: KeyboardInterrupt(f"signal {n}")) as installed:
+        assert installed
+        child = ctx.Process(target=_sleep_forever, args=(0,))
+        child.start()
+        try:
+            child.join(0.5)
+            os.kill(child.pid, signal.SIGTERM)
+            child.join(10)
+            # the inherited handler restored the default action: killed by SIGTERM, no KeyboardInterrupt
+            assert child.exitcode == -signal.SIGTERM
+        finally:
+            if child.is_alive():
+                child.kill()
+                child.join(5)
+        probe = ctx.Process(target=_exit_with_sigterm_disposition)
+        probe.start()
+        probe.join(10)
+        assert probe.exitcode == 0, "a forked child starts with the default SIGTERM action"
+        with pytest.raises(KeyboardInterrupt, match="signal"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            import time as _time
+
+            _time.sleep(5)  # the handler raises here
+    assert signal.getsignal(signal.SIGTERM) == before, "the previous handler is restored"
+
+
+@pytest.mark.timeout(120)
+def test_pool_terminate_never_hangs_with_the_handler_installed() -> None:
+    """The pattern that hung (issue 15): pool workers busy, then terminate(), in a loop, handler installed."""
+    import multiprocessing as mp
+    import signal
+    import time as _time
+
+    ctx = mp.get_context("fork")
+    with bench.signal_raises(signal.SIGTERM, lambda n: KeyboardInterrupt(f"signal {n}")):
+        for i in range(16):
+            pool = ctx.Pool(2)
+            try:
+                pool.map_async(_sleep_forever if i % 2 else abs, range(4))  # busy workers, then idle ones
+                _time.sleep(0.05)
+            finally:
+                t0 = _time.monotonic()
+                pool.terminate()
+                pool.join()
+                assert _time.monotonic() - t0 < 20
+
+
+def test_a_chapter_that_outruns_its_share_is_stopped_and_the_next_runs(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import time as _time
+
+    def slow(results, device) -> None:
+        results.add("ch93.partial", 1.0, "s")
+        _time.sleep(60)
+
+    monkeypatch.setitem(sys.modules, "fake_slow", _fake_module("fake_slow", slow))
+    monkeypatch.setitem(sys.modules, "fake_ok", _fake_module("fake_ok", _ok_benchmark))
+    monkeypatch.setenv("WORKBOOK_QUICK", "1")
+    chapters = [bench.Chapter(("93",), "fake_slow", "slow", 1.0), bench.Chapter(("98",), "fake_ok", "ok", 1.0)]
+    t0 = _time.monotonic()
+    code, rs, paths = bench.run(chapters=chapters, device="cpu", out=tmp_path / "t.json", png=False, progress=False,
+                                budget_s=4.0)
+    assert _time.monotonic() - t0 < 30
+    assert code == 1
+    status = {o["chapter"]: (o["status"], o["budget_s"]) for o in paths["outcomes"]}
+    assert status["ch93"][0] == "timed out" and status["ch93"][1] == pytest.approx(2.0, abs=0.5)
+    assert status["ch98"][0] == "ok"
+    saved = ResultSet.load(tmp_path / "t.json")
+    assert saved.find("ch93.partial") and saved.find("ch98.items_per_s"), "partial results are kept"
+    assert bench.reference_subset(saved, [bench.ChapterOutcome(**{k: v for k, v in c.items()})
+                                          for c in saved.provenance["bench"]["chapters"]]).find("ch93") == []
+    assert bench.chapter_shares(bench.CHAPTERS, 110.0)[0] == pytest.approx(110.0 * 0.5 / 11.0)
+
+
+def test_readme_sections_have_a_hook_for_published_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = [h for h, _ in bench.readme_sections([])]
+    assert plain[0].startswith("**Measured**") and plain[-1].startswith("**Theoretical**") and len(plain) == 2
+    fake = _fake_module("helpers.published")
+    fake.readme_section = lambda: ("**Published** (cited):", "| source | GB/s |\n|---|---:|")
+    monkeypatch.setitem(sys.modules, "helpers.published", fake)
+    heads = [h for h, _ in bench.readme_sections([])]
+    assert heads[1] == "**Published** (cited):" and heads[-1].startswith("**Theoretical**")
+    assert "| source | GB/s |" in bench.readme_block([])
+
+
+def test_notebook_shares_follow_recorded_times(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from helpers import config, gpucheck
+
+    times = tmp_path / "chapter_times.json"
+    times.write_text(json.dumps({"machine": "test", "chapters": {"00": {"laptop": {"seconds": 30}},
+                                                                 "01": {"full": {"seconds": 90},
+                                                                        "laptop": {"seconds": 10}}}}))
+    monkeypatch.setattr(config, "_chapter_times_file", lambda: times)
+    nbs = [Path("00_a.ipynb"), Path("01_b.ipynb"), Path("02_c.ipynb")]
+    assert gpucheck.notebook_weights(nbs, "full") == [30.0, 90.0, 60.0]
+    monkeypatch.setattr(config, "_chapter_times_file", lambda: tmp_path / "missing.json")
+    assert gpucheck.notebook_weights(nbs, "full") == [1.0, 1.0, 1.0]
+
+
+def test_a_chapter_that_swallows_its_timeout_is_still_marked_timed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time as _time
+
+    def converts(results, device) -> None:
+        try:
+            _time.sleep(60)
+        except KeyboardInterrupt:
+            raise RuntimeError("interrupted while loading") from None
+
+    def swallows(results, device) -> None:
+        try:
+            _time.sleep(60)
+        except KeyboardInterrupt:
+            return
+
+    monkeypatch.setitem(sys.modules, "fake_conv", _fake_module("fake_conv", converts))
+    monkeypatch.setitem(sys.modules, "fake_swal", _fake_module("fake_swal", swallows))
+    rs = ResultSet.new("t", "test", device="cpu")
+    chapters = [bench.Chapter(("91",), "fake_conv", "converts"), bench.Chapter(("92",), "fake_swal", "swallows")]
+    outcomes = bench.run_benchmarks(rs, "cpu", chapters, progress=False, log=lambda s: None, budget_s=3.0)
+    assert [o.status for o in outcomes] == ["timed out", "timed out"]

@@ -7,14 +7,16 @@
 #   tools/carry_wheels.sh            download into .whl/ (ignored by git), then check the set
 #   tools/carry_wheels.sh --check    only check .whl/: every requirement met by a carried wheel or the image
 #
-# Then, on the device machine (the device tool's `run`, with carry [".whl"]; one command may run 10 minutes,
-# so the check is split in three calls, the reference-recording bench first):
+# Then, on the device machine: four calls of the device tool's `run`, each with carry [".whl"], in this order
+# (smoke <= 6 min, bench <= 8, notebooks <= 8, unit <= 3: 25 minutes; timeout_s 420, 540, 540, 240). The machine's
+# own torch (2.11 there) is used as it is; the check reports any torch name the workbook uses that it lacks.
 #
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; export WORKBOOK_GIT_COMMIT=<sha>; python3 -m helpers.gpucheck --steps bench --logs $OUT --bundle --budget-s 540 --bench-timeout 500
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; python3 -m helpers.gpucheck --steps notebooks --logs $OUT --bundle --budget-s 540 --notebook-timeout 500
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit; python3 -m helpers.gpucheck --steps unit --logs $OUT --bundle --budget-s 540 --notebook-timeout 500
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WORKBOOK_GIT_COMMIT=<sha> || exit; python3 -m helpers.gpucheck --steps smoke --logs $OUT --bundle
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WORKBOOK_GIT_COMMIT=<sha> || exit; python3 -m helpers.gpucheck --steps bench --logs $OUT --bundle
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WORKBOOK_GIT_COMMIT=<sha> || exit; python3 -m helpers.gpucheck --steps notebooks --logs $OUT --bundle
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WORKBOOK_GIT_COMMIT=<sha> || exit; python3 -m helpers.gpucheck --steps unit --logs $OUT --bundle
 #
-# See docs/GPU-CHECK.md for the whole procedure (and for splitting it across calls of at most 10 minutes).
+# See docs/GPU-CHECK.md ("On a bare machine") for the whole procedure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=.whl
