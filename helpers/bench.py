@@ -1185,26 +1185,20 @@ def readme_sections(sets: Sequence[Any] | None = None) -> list[tuple[str, str]]:
     """The README's generated sections, in order, as (heading, markdown table); kinds never mixed.
 
     * **Measured**: one row per committed reference file (:func:`readme_table`);
-    * **Published** (only when a module ``helpers.published`` offers
-      ``readme_section() -> tuple[str, str]`` — heading and table — for cited
-      figures from public sources): the hook for published host<->GPU figures;
     * **Theoretical**: the link ceilings (:func:`ceiling_table`).
+
+    Figures published elsewhere have their own README block, generated from
+    ``helpers/published.json`` (:func:`helpers.published.readme_block`).
     """
     sections = [("**Measured** (one row per committed reference file; \"—\" = not recorded in that file):",
                  readme_table(sets))]
-    if importlib.util.find_spec("helpers.published") is not None:
-        published = importlib.import_module("helpers.published")
-        hook = getattr(published, "readme_section", None)
-        if callable(hook):
-            heading, table = hook()
-            sections.append((str(heading), str(table)))
     sections.append(("**Theoretical** link ceilings (from the PCIe generation and width; never measured):",
                      ceiling_table()))
     return sections
 
 
 def readme_block(sets: Sequence[Any] | None = None) -> str:
-    """The generated README section: measured, (published,) then theoretical tables, kept apart."""
+    """The generated README section: measured, then theoretical tables, kept apart."""
     return "\n\n".join(f"{heading}\n\n{table}" for heading, table in readme_sections(sets))
 
 
