@@ -139,6 +139,12 @@ def flops_per_sample(model: nn.Module, image_size: int, in_channels: int = 3) ->
             handles.append(m.register_forward_hook(conv_hook))
         elif isinstance(m, nn.Linear):
             handles.append(m.register_forward_hook(linear_hook))
+    _probe_forward(model, image_size, in_channels, handles)
+    return int(total)
+
+
+def _probe_forward(model: nn.Module, image_size: int, in_channels: int, handles: list[Any]) -> None:
+    """One forward pass of a zero image in eval mode, for the forward ``handles`` (hooks) to count; removes them."""
     try:
         device = next(model.parameters()).device
     except StopIteration:
@@ -152,7 +158,6 @@ def flops_per_sample(model: nn.Module, image_size: int, in_channels: int = 3) ->
         model.train(was_training)
         for h in handles:
             h.remove()
-    return int(total)
 
 
 def training_bytes(model: nn.Module, image_size: int, batch_size: int, in_channels: int = 3) -> int:
@@ -173,19 +178,7 @@ def training_bytes(model: nn.Module, image_size: int, batch_size: int, in_channe
 
     handles = [m.register_forward_hook(hook) for m in model.modules()
                if isinstance(m, (nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.Linear))]
-    try:
-        device = next(model.parameters()).device
-    except StopIteration:
-        device = torch.device("cpu")
-    was_training = model.training
-    try:
-        model.eval()
-        with torch.no_grad():
-            model(torch.zeros(1, in_channels, image_size, image_size, device=device))
-    finally:
-        model.train(was_training)
-        for h in handles:
-            h.remove()
+    _probe_forward(model, image_size, in_channels, handles)
     per_sample = 4 * (2 * floats + in_channels * image_size * image_size)
     return int(per_sample * batch_size)
 
