@@ -499,14 +499,43 @@ def reset_child_signals() -> None:
             pass
 
 
-def _is_loader_worker(p: Any) -> bool:
-    target = getattr(p, "_target", None)
-    return getattr(target, "__name__", "") == "_worker_loop" and "torch.utils.data" in getattr(target, "__module__", "")
+def _worker_children() -> set[int]:
+    """Pids of this process's live children, less multiprocessing's long-lived helpers (see
+    :func:`worker_processes`). Taken from the OS, so a worker that was forked but not yet recorded
+    by ``multiprocessing`` (an interrupt inside ``Process.start()``) is included."""
+    import psutil
+
+    out = set()
+    for p in worker_processes():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.add(p.pid)
+        except psutil.Error:
+            pass
+    return out
 
 
-def _worker_children() -> set[Any]:
-    """DataLoader worker processes this process started that are still running."""
-    return {p for p in mp.active_children() if _is_loader_worker(p)}
+def _stop_new_children(before: set[int]) -> None:
+    """Stop every child started since ``before`` (pids) that is still alive; bounded waits."""
+    import psutil
+
+    new = _worker_children() - before
+    if not new:
+        return
+    known = {p.pid: p for p in mp.active_children()}
+    _stop_processes([known[pid] for pid in new if pid in known])
+    strays = []
+    for pid in new - set(known):
+        with contextlib.suppress(psutil.Error):
+            strays.append(psutil.Process(pid))
+    for p in strays:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _gone, alive = psutil.wait_procs(strays, timeout=SHUTDOWN_GRACE_S)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=1.0)
 
 
 def _stop_processes(procs: Sequence[Any], grace_s: float = SHUTDOWN_GRACE_S) -> None:
@@ -540,7 +569,7 @@ def _kill_stopped(procs: Sequence[Any]) -> None:
             pass
 
 
-def _finish(objs: Sequence[Any], before: set[Any] | None = None) -> None:
+def _finish(objs: Sequence[Any], before: set[int] | None = None) -> None:
     """Release every loader/iterator in ``objs``, then stop any loader worker started since ``before``.
 
     Runs to the end even if an interrupt arrives meanwhile (it is re-raised afterwards), so no
@@ -552,7 +581,7 @@ def _finish(objs: Sequence[Any], before: set[Any] | None = None) -> None:
             for obj in objs:
                 release(obj)
             if before is not None:
-                _stop_processes([p for p in _worker_children() if p not in before])
+                _stop_new_children(before)
             break
         except KeyboardInterrupt as exc:
             pending = exc
