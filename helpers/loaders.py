@@ -8,8 +8,17 @@ Building and running loaders
     (``num_workers``, ``batch_size``, ``prefetch_factor``, ``persistent_workers``,
     ``in_order``, ``pin_memory``, start method, timeout) with plain messages.
     :func:`measure_throughput` runs a loader for N batches after a warm-up and
-    **always** shuts its workers down (``finally``, also on ``KeyboardInterrupt``).
-    :func:`run_config` = check ``/dev/shm`` + build + measure + release.
+    **always** shuts its workers down (``finally``, also on ``KeyboardInterrupt``,
+    also one that arrives while workers start; waits are bounded).
+    :func:`run_config` = build (``/dev/shm`` checked there) + measure + release.
+
+Worker processes that can't hang or leak
+    Every worker loader built here has a timeout (:data:`WORKER_TIMEOUT_S`), a
+    worker that is stopped longer than that is ended, and failures come back as
+    :class:`LoaderFailure` in plain words (:func:`explain_loader_error`: timeout,
+    dead worker - OOM killer, ``/dev/shm``, a segfault). Children never run the
+    parent's signal handlers (:func:`reset_child_signals`, :func:`start_pool`,
+    :func:`close_pool`).
 
 Experiments (each changes one knob against its own baseline)
     :func:`pin_memory_experiment` (chapter 03), :func:`sweep_workers`,
@@ -695,6 +704,7 @@ def _plain_failure(exc: BaseException, loader: Any = None) -> BaseException:
     if frozen:
         advice = explain_loader_error(RuntimeError(f"DataLoader timed out after {loader.timeout:g} seconds"))
         advice = (advice or "") + f" (Stopped worker pid(s) {', '.join(map(str, frozen))}: ended by the workbook.)"
+        frozen.clear()
     else:
         advice = explain_loader_error(exc)
     if advice is None:
