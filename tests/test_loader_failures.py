@@ -450,3 +450,31 @@ def test_contradictory_best_num_workers_is_flagged() -> None:
     assert not sweep.notes(_rounds([100], [95], []))
     over = L.WorkerSweep(workers=[0, 1], results=[res(500), res(660)], cores=2)
     assert any("over 100%" in n for n in over.notes())
+
+
+# -- chapter 03's pin_memory pairs in alternating rounds (issue 19 item 5) -----------------------
+
+
+def _pin_row(w: int, pin: bool, rates: list[float], active: bool) -> Any:
+    res = L.Throughput(label="x", config={}, items=1, batches=1, seconds=1.0, startup_s=0.0, warmup_batches=0,
+                       epochs_started=1)
+    return L.PinRow(num_workers=w, pin_memory=pin, result=res, pin_active=active and pin, pin_ms_per_batch=None,
+                    pin_thread=None, round_items_per_s=rates)
+
+
+def test_pin_verdict_follows_the_rounds() -> None:
+    rows = [_pin_row(0, False, [100, 100, 100], False), _pin_row(0, True, [180, 90, 110], False)]
+    assert rows[1].items_per_s == 110  # the median of the rounds
+    assert "noise" in L.pin_verdict(rows, 0) and "0.90-1.80x" in L.pin_verdict(rows, 0)
+    active = [_pin_row(2, False, [100, 100, 100], True), _pin_row(2, True, [120, 110, 130], True)]
+    assert "faster in every round" in L.pin_verdict(active, 2)
+    mixed = [_pin_row(2, False, [100, 100, 100], True), _pin_row(2, True, [120, 90, 130], True)]
+    assert "within noise" in L.pin_verdict(mixed, 2)
+    with pytest.raises(ValueError, match="num_workers=4"):
+        L.pin_verdict(rows, 4)
+
+
+def test_pin_experiment_alternates_rounds() -> None:
+    rows = L.pin_memory_experiment(L.CheapDataset(32, 4), workers=(0,), batch_size=4, batches=2, warmup=0, rounds=3)
+    assert [(r.num_workers, r.pin_memory) for r in rows] == [(0, False), (0, True)]
+    assert all(len(r.round_items_per_s) == 3 for r in rows)
