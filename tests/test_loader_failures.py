@@ -127,8 +127,7 @@ for line in sys.stdin:
 def test_sigint_at_any_moment_leaves_no_worker() -> None:
     """SIGINT at many offsets (0-2 s, dense in the first 0.3 s where workers start) into a loop of
     measure_throughput runs with 3 workers; every worker must be gone within 5 s."""
-    offsets = [0.0, 0.01, 0.02, 0.035, 0.05, 0.07, 0.09, 0.11, 0.13, 0.16, 0.2, 0.25, 0.3, 0.4, 0.55, 0.75,
-               1.0, 1.3, 1.6, 2.0]
+    offsets = [0.0, 0.02, 0.04, 0.06, 0.08, 0.1, 0.13, 0.16, 0.2, 0.3, 0.5, 0.8, 1.3, 2.0]
     proc = subprocess.Popen([sys.executable, "-c", _SIGINT_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env(), cwd=str(ROOT))
     leaks = []
@@ -293,7 +292,7 @@ print("done", flush=True)
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_pools_and_loaders_never_hang_with_a_parents_sigterm_handler() -> None:
-    proc = subprocess.run([sys.executable, "-c", _POOL_CHILD, "40", "12"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", _POOL_CHILD, "20", "30"], capture_output=True, text=True,
                           env=_env(), cwd=str(ROOT), timeout=240)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("done"), proc.stdout[-500:] + proc.stderr[-2000:]
 
