@@ -8,8 +8,17 @@ Building and running loaders
     (``num_workers``, ``batch_size``, ``prefetch_factor``, ``persistent_workers``,
     ``in_order``, ``pin_memory``, start method, timeout) with plain messages.
     :func:`measure_throughput` runs a loader for N batches after a warm-up and
-    **always** shuts its workers down (``finally``, also on ``KeyboardInterrupt``).
-    :func:`run_config` = check ``/dev/shm`` + build + measure + release.
+    **always** shuts its workers down (``finally``, also on ``KeyboardInterrupt``,
+    also one that arrives while workers start; waits are bounded).
+    :func:`run_config` = build (``/dev/shm`` checked there) + measure + release.
+
+Worker processes that can't hang or leak
+    Every worker loader built here has a timeout (:data:`WORKER_TIMEOUT_S`), a
+    worker that is stopped longer than that is ended, and failures come back as
+    :class:`LoaderFailure` in plain words (:func:`explain_loader_error`: timeout,
+    dead worker - OOM killer, ``/dev/shm``, a segfault). Children never run the
+    parent's signal handlers (:func:`reset_child_signals`, :func:`start_pool`,
+    :func:`close_pool`).
 
 Experiments (each changes one knob against its own baseline)
     :func:`pin_memory_experiment` (chapter 03), :func:`sweep_workers`,
@@ -50,6 +59,7 @@ import multiprocessing as mp
 import os
 import re
 import shutil
+import signal
 import statistics
 import tempfile
 import threading
@@ -81,6 +91,13 @@ __all__ = [
     "measure_throughput",
     "run_config",
     "pin_thread_alive",
+    "pin_threads",
+    "thread_label",
+    "WORKER_TIMEOUT_S",
+    "LoaderFailure",
+    "explain_loader_error",
+    "reset_child_signals",
+    "close_pool",
     "pin_memory_warning",
     "CheapDataset",
     "BatchedCheapDataset",
@@ -104,6 +121,7 @@ __all__ = [
     "rng_duplicates",
     "PinRow",
     "pin_memory_experiment",
+    "pin_verdict",
     "PinLog",
     "batch_copy_seconds",
     "WorkerSweep",
@@ -134,6 +152,13 @@ MAX_WORKERS = 64
 START_METHODS: tuple[str | None, ...] = (None, "fork", "spawn", "forkserver")
 
 _PIN_WARNING = "'pin_memory' argument is set as true but no accelerator is found"
+
+#: Seconds a loader built here waits for one batch from its workers before it gives up with a plain
+#: message (:class:`LoaderFailure`), unless ``LoaderConfig.timeout`` says otherwise. Long enough for
+#: worker start-up on a busy 2-core machine; short enough that a frozen worker never hangs a panel.
+WORKER_TIMEOUT_S = 60.0
+#: Seconds a shutdown waits for worker or pool processes before it kills them (bounded waits).
+SHUTDOWN_GRACE_S = 3.0
 
 
 def cpu_cores() -> int:
@@ -187,8 +212,8 @@ class LoaderConfig:
         persistent_workers: keep workers alive between epochs; only with workers.
         in_order: deliver batches in sampler order (False: as soon as any is ready).
         multiprocessing_context: ``None`` (platform default), "fork", "spawn", "forkserver".
-        timeout: seconds to wait for a batch from a worker before failing (0 = forever);
-            only with workers.
+        timeout: seconds to wait for a batch from a worker before failing with a plain message;
+            ``None`` = :data:`WORKER_TIMEOUT_S` with workers, 0 = wait forever; only with workers.
         shuffle: reshuffle every epoch (seeded by ``seed``).
         seed: seed of the shuffling generator and of the workers' base seed.
         drop_last: drop a final short batch.
@@ -201,7 +226,7 @@ class LoaderConfig:
     persistent_workers: bool = False
     in_order: bool = True
     multiprocessing_context: str | None = None
-    timeout: float = 0.0
+    timeout: float | None = None
     shuffle: bool = True
     seed: int = 0
     drop_last: bool = False
@@ -216,7 +241,8 @@ class LoaderConfig:
         _check_bool("shuffle", self.shuffle)
         _check_bool("drop_last", self.drop_last)
         check_int("seed", self.seed, 0, 2**63 - 1)
-        check_float("timeout", self.timeout, 0.0, 3600.0)
+        if self.timeout is not None:
+            check_float("timeout", self.timeout, 0.0, 3600.0)
         if self.prefetch_factor is not None:
             check_int("prefetch_factor", self.prefetch_factor, 1, 64)
         check_choice("multiprocessing_context", self.multiprocessing_context, START_METHODS)
@@ -229,7 +255,7 @@ class LoaderConfig:
             for knob, bad in (
                 ("prefetch_factor", self.prefetch_factor is not None),
                 ("persistent_workers", self.persistent_workers),
-                ("timeout", self.timeout > 0),
+                ("timeout", self.timeout is not None and self.timeout > 0),
                 ("multiprocessing_context", self.multiprocessing_context is not None),
             ):
                 if bad:
@@ -238,6 +264,12 @@ class LoaderConfig:
                         f"[1, {MAX_WORKERS}], or leave {knob} at its default"
                     )
         return self
+
+    def effective_timeout(self) -> float:
+        """The DataLoader's ``timeout``: 0 without workers, :data:`WORKER_TIMEOUT_S` unless set."""
+        if self.num_workers == 0:
+            return 0.0
+        return WORKER_TIMEOUT_S if self.timeout is None else float(self.timeout)
 
     def replace(self, **changes: Any) -> "LoaderConfig":
         """A copy with some knobs changed (unknown names raise ValueError)."""
@@ -268,6 +300,107 @@ class LoaderConfig:
         return ", ".join(parts)
 
 
+def _item_bytes(dataset: Dataset) -> int | None:
+    """Bytes of ``dataset[0]`` (the tensors in it), or ``None`` when the item can't be loaded here."""
+    try:
+        sample = dataset[0]
+    except Exception:  # the loader reports a broken item itself, from the worker that meets it
+        return None
+    return _batch_bytes(sample if isinstance(sample, (tuple, list, torch.Tensor, Mapping)) else [])
+
+
+def _check_callable(name: str, fn: Any) -> None:
+    """``fn`` (and the function a wrapper such as :class:`helpers.data.TimedCollate` holds) must be callable."""
+    if fn is None:
+        return
+    inner = getattr(fn, name, None) if not isinstance(fn, type) else None
+    for f in (fn, inner) if inner is not None else (fn,):
+        if not callable(f):
+            raise ValueError(f"{name} must be a function (a module-level one, not a lambda, for spawn workers), "
+                             f"got {f!r}")
+
+
+class _WorkerInit:
+    """``worker_init_fn`` of every loader built here: reset the parent's signal handlers, then run ``fn``.
+
+    Module-level and picklable, so it works under spawn and forkserver.
+    """
+
+    def __init__(self, fn: Callable[[int], None] | None) -> None:
+        self.fn = fn
+
+    def __call__(self, worker_id: int) -> None:
+        reset_child_signals()
+        if self.fn is not None:
+            self.fn(worker_id)
+
+
+class _FreezeWatch(threading.Thread):
+    """Kills a worker that has been stopped (SIGSTOP, Ctrl-Z) for longer than the loader's timeout.
+
+    torch's ``timeout`` covers waiting for a batch, but not the hand-over of a batch's shared memory:
+    with the ``file_descriptor`` strategy the main process fetches each tensor's descriptor from the
+    worker that made it, and blocks for ever if that worker is frozen. Killing the frozen worker ends
+    the wait; its pid is noted in ``frozen`` so the error can say what happened.
+    """
+
+    def __init__(self, it: Any, timeout_s: float, frozen: list[int]) -> None:
+        import weakref
+
+        super().__init__(name="workbook-freeze-watch", daemon=True)
+        self._it = weakref.ref(it)
+        self.timeout_s = float(timeout_s)
+        self.frozen = frozen
+
+    def run(self) -> None:
+        import psutil
+
+        since: dict[int, float] = {}
+        while True:
+            time.sleep(min(0.5, self.timeout_s / 2))
+            it = self._it()
+            if it is None or getattr(it, "_shutdown", True):
+                return
+            pids = [w.pid for w in list(getattr(it, "_workers", []))]
+            del it
+            now = time.monotonic()
+            for pid in pids:
+                try:
+                    stopped = psutil.Process(pid).status() == psutil.STATUS_STOPPED
+                except psutil.Error:
+                    continue
+                if not stopped:
+                    since.pop(pid, None)
+                elif now - since.setdefault(pid, now) > self.timeout_s:
+                    self.frozen.append(pid)
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+
+
+class _WorkbookLoader(DataLoader):
+    """A DataLoader whose worker start-up can't leak: if ``iter(loader)`` is interrupted while it starts
+    workers (Ctrl-C, the panel's interrupt), the workers started so far are stopped before the interrupt
+    propagates."""
+
+    def _get_iterator(self) -> Any:
+        if self.num_workers == 0:
+            return super()._get_iterator()
+        from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+        before = _worker_children()
+        it = None
+        try:
+            self.check_worker_number_rationality()
+            it = _MultiProcessingDataLoaderIter.__new__(_MultiProcessingDataLoaderIter)
+            it.__init__(self)  # type: ignore[misc]
+            if self.timeout > 0:
+                _FreezeWatch(it, self.timeout, self._workbook_frozen).start()
+            return it
+        except BaseException:
+            _finish([it] if it is not None else [], before)
+            raise
+
+
 def build_loader(
     dataset: Dataset,
     config: LoaderConfig | None = None,
@@ -275,9 +408,21 @@ def build_loader(
     collate_fn: Callable[[Any], Any] | None = None,
     worker_init_fn: Callable[[int], None] | None = None,
     sampler: Any = None,
+    check_shm: bool = True,
     **knobs: Any,
 ) -> DataLoader:
     """A DataLoader from validated knobs (every loader in the workbook is built here).
+
+    With workers, the loader also
+
+    * refuses to start when ``/dev/shm`` can't hold the batches its workers may
+      have in flight (:func:`require_shm`, estimated from ``dataset[0]``), so no
+      path can skip the check;
+    * waits at most :data:`WORKER_TIMEOUT_S` for a batch (unless ``timeout`` is set), so a
+      frozen worker ends in :class:`LoaderFailure` instead of a hang;
+    * resets SIGINT/SIGTERM in each worker (:func:`reset_child_signals`): a handler
+      meant for the parent never runs in a worker;
+    * stops the workers it started if ``iter(loader)`` is interrupted half-way.
 
     Args:
         dataset: a map-style data set (defined in an importable module if workers use spawn/forkserver).
@@ -286,10 +431,12 @@ def build_loader(
         collate_fn: default ``torch.utils.data.default_collate``.
         worker_init_fn: default :func:`helpers.data.seed_worker` when workers are used.
         sampler: optional sampler deciding the order of indices (then ``shuffle`` must be False).
+        check_shm: check ``/dev/shm`` before any worker starts (default True).
 
     Raises:
-        ValueError: a knob out of range, a knob that needs workers used without them, or a
-            sampler together with ``shuffle=True``.
+        ValueError: a knob out of range, a knob that needs workers used without them, a
+            sampler together with ``shuffle=True``, a collate or init function that is not
+            callable, or too little ``/dev/shm``.
     """
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         raise ValueError(f"dataset must be a map-style data set (with __getitem__ and __len__), got {type(dataset).__name__}")
@@ -298,17 +445,21 @@ def build_loader(
         raise ValueError("dataset is empty; a loader needs at least one item")
     if sampler is not None and cfg.shuffle:
         raise ValueError("a sampler decides the order itself: pass shuffle=False together with sampler")
-    if collate_fn is not None and not callable(collate_fn):
-        raise ValueError("collate_fn must be callable (a module-level function, not a lambda, for spawn workers)")
+    _check_callable("collate_fn", collate_fn)
+    _check_callable("worker_init_fn", worker_init_fn)
     kwargs: dict[str, Any] = {}
     if cfg.num_workers > 0:
         from .data import seed_worker
 
+        if check_shm:
+            per_item = _item_bytes(dataset)
+            if per_item is not None:
+                require_shm(shm_needed_bytes(per_item * cfg.batch_size, cfg.num_workers, cfg.prefetch_factor or 2))
         kwargs.update(
-            worker_init_fn=worker_init_fn if worker_init_fn is not None else seed_worker,
+            worker_init_fn=_WorkerInit(worker_init_fn if worker_init_fn is not None else seed_worker),
             persistent_workers=cfg.persistent_workers,
             prefetch_factor=cfg.prefetch_factor,
-            timeout=cfg.timeout,
+            timeout=cfg.effective_timeout(),
             in_order=cfg.in_order,
         )
         if cfg.multiprocessing_context is not None:
@@ -317,7 +468,7 @@ def build_loader(
     gen.manual_seed(cfg.seed)
     with warnings.catch_warnings(record=True) as wlist:
         warnings.simplefilter("always")
-        loader = DataLoader(
+        loader = _WorkbookLoader(
             dataset,
             batch_size=cfg.batch_size,
             shuffle=cfg.shuffle,
@@ -332,14 +483,128 @@ def build_loader(
     # e.g. "This DataLoader will create 3 worker processes in total. Our suggested max ..." -
     # kept for the reader (Throughput.warnings), not printed to stderr.
     loader._workbook_warnings = [str(w.message).strip() for w in wlist]  # type: ignore[attr-defined]
+    loader._workbook_frozen = []  # type: ignore[attr-defined]  # pids _FreezeWatch killed
     return loader
+
+
+# ---------------------------------------------------------------------------
+# Releasing workers: bounded waits, whatever interrupts them
+# ---------------------------------------------------------------------------
+
+
+def reset_child_signals() -> None:
+    """In a child process (a loader worker, a pool process): drop signal handlers meant for the parent.
+
+    A forked child inherits the parent's Python signal handlers. A parent that turns SIGTERM into
+    ``KeyboardInterrupt`` (a benchmark saving a partial file) would make ``pool.terminate()`` raise
+    inside a pool worker that holds a queue lock, and the parent then waits for that lock forever.
+    Here SIGTERM goes back to the default (the process ends at once) and SIGINT is ignored: the
+    parent receives Ctrl-C and shuts its children down.
+    """
+    for sig, handler in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.SIG_IGN)):
+        try:
+            signal.signal(sig, handler)
+        except (ValueError, OSError):  # pragma: no cover - not the main thread of the child
+            pass
+
+
+def _worker_children() -> set[int]:
+    """Pids of this process's live children, less multiprocessing's long-lived helpers (see
+    :func:`worker_processes`). Taken from the OS, so a worker that was forked but not yet recorded
+    by ``multiprocessing`` (an interrupt inside ``Process.start()``) is included."""
+    import psutil
+
+    out = set()
+    for p in worker_processes():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.add(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _stop_new_children(before: set[int]) -> None:
+    """Stop every child started since ``before`` (pids) that is still alive; bounded waits."""
+    import psutil
+
+    new = _worker_children() - before
+    if not new:
+        return
+    known = {p.pid: p for p in mp.active_children()}
+    _stop_processes([known[pid] for pid in new if pid in known])
+    strays = []
+    for pid in new - set(known):
+        with contextlib.suppress(psutil.Error):
+            strays.append(psutil.Process(pid))
+    for p in strays:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _gone, alive = psutil.wait_procs(strays, timeout=SHUTDOWN_GRACE_S)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=1.0)
+
+
+def _stop_processes(procs: Sequence[Any], grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    """SIGTERM, wait at most ``grace_s`` in all, then SIGKILL (which also ends a stopped process)."""
+    procs = [p for p in procs if p.is_alive()]
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            with contextlib.suppress(Exception):
+                p.kill()
+                p.join(1.0)
+
+
+def _kill_stopped(procs: Sequence[Any]) -> None:
+    """SIGKILL workers that are stopped (SIGSTOP/SIGTSTP): nothing else can end them, and a shutdown
+    would otherwise wait its full grace period for each."""
+    import psutil
+
+    for p in procs:
+        try:
+            if p.is_alive() and psutil.Process(p.pid).status() == psutil.STATUS_STOPPED:
+                p.kill()
+                p.join(1.0)
+        except Exception:
+            pass
+
+
+def _finish(objs: Sequence[Any], before: set[int] | None = None) -> None:
+    """Release every loader/iterator in ``objs``, then stop any loader worker started since ``before``.
+
+    Runs to the end even if an interrupt arrives meanwhile (it is re-raised afterwards), so no
+    worker outlives the helper that started it.
+    """
+    pending: BaseException | None = None
+    for _attempt in range(4):
+        try:
+            for obj in objs:
+                release(obj)
+            if before is not None:
+                _stop_new_children(before)
+            break
+        except KeyboardInterrupt as exc:
+            pending = exc
+    if pending is not None:
+        raise pending
 
 
 def release(obj: Any) -> None:
     """Shut down the worker processes (and pin thread) behind a loader or an iterator.
 
-    Safe to call more than once, on loaders with or without workers, and on
-    persistent loaders (whose iterator the DataLoader keeps in ``_iterator``).
+    Safe to call more than once, on loaders with or without workers, on persistent
+    loaders (whose iterator the DataLoader keeps in ``_iterator``) and on half-started
+    iterators. Waits are bounded: a worker that does not end within
+    :data:`SHUTDOWN_GRACE_S` (or is frozen) is killed.
     """
     its = []
     if isinstance(obj, DataLoader):
@@ -347,20 +612,34 @@ def release(obj: Any) -> None:
     else:
         its.append(obj)
     for it in its:
+        if it is None:
+            continue
+        workers = list(getattr(it, "_workers", []) or [])
+        if getattr(it, "_worker_pids_set", False):
+            # From here on a worker that ends (or is killed below) is expected: torch's SIGCHLD
+            # handler must not raise "killed by signal" into whatever the main thread does next.
+            with contextlib.suppress(Exception):
+                torch.utils.data._utils.signal_handling._remove_worker_pids(id(it))
+                it._worker_pids_set = False
+        _kill_stopped(workers)
         shutdown = getattr(it, "_shutdown_workers", None)
         if shutdown is not None:
             try:
                 shutdown()
             except Exception:  # a half-started iterator must not block cleanup
                 pass
+            it._shutdown = True  # a later __del__ has nothing left to do
+        _stop_processes(workers)
     if isinstance(obj, DataLoader):
         obj._iterator = None
 
 
 @contextlib.contextmanager
 def open_iterator(loader: DataLoader) -> Iterator[Iterator[Any]]:
-    """``with open_iterator(loader) as it:`` - the workers are released when the block ends, however it ends."""
+    """``with open_iterator(loader) as it:`` - the workers are released when the block ends, however it ends
+    (an interrupt while the workers start included)."""
     it = None
+    before = _worker_children()
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
@@ -368,9 +647,71 @@ def open_iterator(loader: DataLoader) -> Iterator[Iterator[Any]]:
             it = iter(loader)
         yield it
     finally:
-        if it is not None:
-            release(it)
-        release(loader)
+        _finish([x for x in (it, loader) if x is not None], before)
+
+
+# ---------------------------------------------------------------------------
+# Failures in plain words
+# ---------------------------------------------------------------------------
+
+
+class LoaderFailure(RuntimeError):
+    """A loader's workers failed in a known way; the message says what happened and what to check.
+
+    The original error (torch's) is kept as ``__cause__``.
+    """
+
+
+_DEAD_WORKER_ADVICE = (
+    "A DataLoader worker process died without raising a Python error. What to check: "
+    "(1) the out-of-memory killer: `dmesg | tail` or `journalctl -k | grep -i oom` names the killed pid; "
+    "use fewer workers, a smaller batch_size or prefetch_factor; "
+    "(2) /dev/shm: `df -h /dev/shm` - a full one kills workers with a bus error (SIGBUS); in Docker start the "
+    "container with --shm-size=2g or --ipc=host; "
+    "(3) a crash (segfault) in a native library used by the data set (an image decoder, OpenCV, a "
+    "library not safe after fork): run the loader with num_workers=0 to see the error in the main process."
+)
+
+
+def explain_loader_error(exc: BaseException) -> str | None:
+    """Plain words for a known DataLoader failure (``None``: not one we recognise).
+
+    Known: the timeout (a frozen or very slow worker), a worker that died (killed by a signal,
+    or "exited unexpectedly"), and a pin-memory thread that died.
+    """
+    text = str(exc)
+    m = re.search(r"DataLoader timed out after ([\d.]+) seconds", text)
+    if m:
+        return (f"No batch arrived from the worker processes within {float(m.group(1)):g} s, so the run was stopped "
+                "and its workers ended. A worker is frozen (stopped with SIGSTOP or Ctrl-Z, deadlocked) or extremely "
+                "slow (network storage, an item that takes minutes). Check with `top` or `ps` that the workers use "
+                "CPU; run with num_workers=0 to time one item in the main process.")
+    killed = re.search(r"DataLoader worker \(pid[^)]*\) is killed by signal: ([^.\n]+)", text)
+    if killed or "exited unexpectedly" in text:
+        what = f"It was killed by a signal ({killed.group(1).strip()}). " if killed else ""
+        return what + _DEAD_WORKER_ADVICE
+    if "Pin memory thread exited unexpectedly" in text:
+        return ("The loader's pin-memory thread died. Pinning needs page-locked host memory: check free memory "
+                "and the locked-memory limit (`ulimit -l`), or run with pin_memory=False.")
+    return None
+
+
+def _plain_failure(exc: BaseException, loader: Any = None) -> BaseException:
+    """``LoaderFailure`` with plain words for a known failure, else ``exc`` itself."""
+    if isinstance(exc, LoaderFailure):
+        return exc
+    frozen = getattr(loader, "_workbook_frozen", None)
+    if frozen:
+        advice = explain_loader_error(RuntimeError(f"DataLoader timed out after {loader.timeout:g} seconds"))
+        advice = (advice or "") + f" (Stopped worker pid(s) {', '.join(map(str, frozen))}: ended by the workbook.)"
+        frozen.clear()
+    else:
+        advice = explain_loader_error(exc)
+    if advice is None:
+        return exc
+    failure = LoaderFailure(advice)
+    failure.__cause__ = exc
+    return failure
 
 
 def child_processes() -> list[Any]:
@@ -541,7 +882,8 @@ def measure_throughput(
     Epoch ends are crossed transparently (a new iterator is started; with
     ``persistent_workers`` the same workers carry on), so the window can be
     longer than one epoch. Workers are shut down in ``finally``: after a
-    normal end, an exception, or ``KeyboardInterrupt``.
+    normal end, an exception, or ``KeyboardInterrupt`` - also one that arrives
+    while the workers are starting, or during the shutdown itself.
 
     Args:
         loader: the DataLoader to run.
@@ -554,7 +896,13 @@ def measure_throughput(
 
     Returns:
         A :class:`Throughput`.
+
+    Raises:
+        ValueError: bad arguments, or a loader that yields no batch at all.
+        LoaderFailure: a worker froze (the loader's timeout fired) or died; the message says what to check.
     """
+    if not isinstance(loader, DataLoader):
+        raise ValueError(f"loader must be a torch DataLoader (see build_loader), got {type(loader).__name__}")
     batches = check_int("batches", batches, 1, 1_000_000)
     warmup = check_int("warmup", warmup, 0, 1_000_000)
     total = warmup + batches
@@ -567,6 +915,7 @@ def measure_throughput(
     it = None
     t_window = t_cpu = None
     startup = float("nan")
+    before = _worker_children()
     try:
         with warnings.catch_warnings(record=True) as wlist:
             warnings.simplefilter("always")
@@ -581,19 +930,21 @@ def measure_throughput(
                     t_window = time.perf_counter()
                     t_cpu = time.thread_time()
                 t0 = time.perf_counter()
-                try:
-                    batch = next(it)
-                except StopIteration:
-                    empty_epochs += 1
-                    if empty_epochs > 1:
-                        raise ValueError(
-                            "the loader yields no batches (data set smaller than batch_size with drop_last=True?)"
-                        ) from None
-                    if not loader.persistent_workers:
-                        release(it)
-                    it = iter(loader)
-                    epochs += 1
-                    batch = next(it)
+                while True:
+                    try:
+                        batch = next(it)
+                        break
+                    except StopIteration:
+                        empty_epochs += 1
+                        if empty_epochs > 1:
+                            raise ValueError(
+                                "the loader yields no batches (a data set smaller than batch_size with drop_last=True, "
+                                "or a sampler with no indices): give it at least one full batch of items"
+                            ) from None
+                        if not loader.persistent_workers:
+                            release(it)
+                        it = iter(loader)
+                        epochs += 1
                 empty_epochs = 0
                 t1 = time.perf_counter()
                 if n == 0:
@@ -616,10 +967,14 @@ def measure_throughput(
                 msg = str(w.message).strip()
                 if msg not in caught:
                     caught.append(msg)
+    except (RuntimeError, OSError, EOFError) as exc:
+        # torch's timeout, or a dead worker (raised by its SIGCHLD handler wherever the main thread is)
+        failure = _plain_failure(exc, loader)
+        if failure is exc:
+            raise
+        raise failure from exc
     finally:
-        if it is not None:
-            release(it)
-        release(loader)
+        _finish([x for x in (it, loader) if x is not None], before)
     return Throughput(
         label=label or LoaderConfig(
             batch_size=int(loader.batch_size or 1),
@@ -661,14 +1016,11 @@ def run_config(
     Raises:
         ValueError: bad knobs, or too little ``/dev/shm`` for this configuration
             (refused before any worker starts; see :func:`require_shm`).
+        LoaderFailure: a worker froze or died (see :func:`measure_throughput`).
     """
     cfg = (config or LoaderConfig()).replace(**knobs).validated()
-    loader = build_loader(dataset, cfg, collate_fn=collate_fn)
+    loader = build_loader(dataset, cfg, collate_fn=collate_fn, check_shm=check_shm)
     try:
-        if check_shm and cfg.num_workers > 0:
-            sample = dataset[0]
-            per_item = _batch_bytes(sample if isinstance(sample, (tuple, list, torch.Tensor, Mapping)) else [])
-            require_shm(shm_needed_bytes(per_item * cfg.batch_size, cfg.num_workers, cfg.prefetch_factor or 2))
         result = measure_throughput(
             loader, batches=batches, warmup=warmup, progress=progress, label=label or cfg.label(), on_batch=on_batch
         )
@@ -683,9 +1035,38 @@ def run_config(
 # ---------------------------------------------------------------------------
 
 
+#: What the workbook calls the DataLoader's pin-memory thread: the name torch gives the OS thread.
+PIN_THREAD_NAME = "pt_data_pin"
+
+
+def _is_pin_thread(thread: threading.Thread) -> bool:
+    """True for a DataLoader pin-memory thread.
+
+    torch starts it as ``threading.Thread(target=_pin_memory_loop, ...)`` without a ``name=``, so its
+    Python name is ``Thread-N (_pin_memory_loop)``; only the OS-level thread is named ``pt_data_pin``
+    (by ``torch.multiprocessing._set_thread_name`` inside the loop). So it is found by its target.
+    """
+    target = getattr(thread, "_target", None)  # set while the thread runs (Thread.run deletes it at the end)
+    if getattr(target, "__name__", None) == "_pin_memory_loop":
+        return True
+    return thread.name == PIN_THREAD_NAME or thread.name.endswith("(_pin_memory_loop)")
+
+
+def pin_threads() -> list[threading.Thread]:
+    """The DataLoader pin-memory threads alive in this process."""
+    return [t for t in threading.enumerate() if t.is_alive() and _is_pin_thread(t)]
+
+
 def pin_thread_alive() -> bool:
-    """True while a DataLoader pin-memory thread (named ``pt_data_pin``) runs in this process."""
-    return any(t.name == "pt_data_pin" and t.is_alive() for t in threading.enumerate())
+    """True while a DataLoader pin-memory thread (``pt_data_pin``) runs in this process."""
+    return bool(pin_threads())
+
+
+def thread_label(thread: threading.Thread | None = None) -> str:
+    """A stable name for a thread: ``pt_data_pin`` for a pin-memory thread, else its Python name
+    (``MainThread`` for the main thread). Default: the current thread."""
+    thread = thread if thread is not None else threading.current_thread()
+    return PIN_THREAD_NAME if _is_pin_thread(thread) else thread.name
 
 
 def pin_memory_warning() -> str | None:
@@ -732,7 +1113,7 @@ class PinnableBatch:
         t0 = time.perf_counter()
         out = PinnableBatch(self.images.pin_memory(), self.labels.pin_memory())
         out.pin_seconds = time.perf_counter() - t0
-        out.pin_thread = threading.current_thread().name
+        out.pin_thread = thread_label()
         return out
 
     def is_pinned(self) -> bool:
@@ -797,10 +1178,38 @@ class PinRow:
     pin_active: bool
     pin_ms_per_batch: float | None
     pin_thread: str | None
+    round_items_per_s: list[float] = field(default_factory=list)
 
     @property
     def items_per_s(self) -> float:
-        return self.result.items_per_s
+        """Median over the rounds (one round: that run's throughput)."""
+        return statistics.median(self.round_items_per_s) if self.round_items_per_s else self.result.items_per_s
+
+
+def pin_verdict(rows: Sequence[PinRow], num_workers: int) -> str:
+    """One sentence on ``pin_memory=True`` against ``False`` at ``num_workers``, from the per-round ratios.
+
+    The flag is credited with a difference only when every round agrees on its direction; otherwise
+    the sentence says the pair differs by noise, and by how much.
+    """
+    pair = {r.pin_memory: r for r in rows if r.num_workers == num_workers}
+    if set(pair) != {False, True}:
+        raise ValueError(f"rows hold no pin_memory pair for num_workers={num_workers}")
+    on, off = pair[True].round_items_per_s or [pair[True].items_per_s], pair[False].round_items_per_s or [pair[False].items_per_s]
+    ratios = [a / b for a, b in zip(on, off)]
+    med, lo, hi = statistics.median(ratios), min(ratios), max(ratios)
+    n = len(ratios)
+    rng = f"median {med:.2f}x over {n} alternating round{'s' if n > 1 else ''}, range {lo:.2f}-{hi:.2f}x"
+    if not pair[True].pin_active:
+        what = "nothing was pinned (no accelerator), so any difference is noise"
+        return f"workers={num_workers}: pin_memory=True vs False {rng}; {what}."
+    if n < 2:
+        return f"workers={num_workers}: pin_memory=True vs False {rng}; one round can't tell an effect from noise."
+    if lo > 1.0:
+        return f"workers={num_workers}: pin_memory=True faster in every round ({rng})."
+    if hi < 1.0:
+        return f"workers={num_workers}: pin_memory=True slower in every round ({rng})."
+    return f"workers={num_workers}: the rounds disagree ({rng}): within noise."
 
 
 class PinLog:
@@ -834,6 +1243,7 @@ def pin_memory_experiment(
     batches: int = 30,
     warmup: int = 4,
     progress: Callable[..., Any] | None = None,
+    rounds: int = 1,
 ) -> list[PinRow]:
     """The baseline loader with and without ``pin_memory``, for each worker count.
 
@@ -842,18 +1252,34 @@ def pin_memory_experiment(
     did it: the main thread with ``num_workers=0``, the ``pt_data_pin`` thread
     with workers. Without an accelerator the flag only warns; the rows then
     show ``pin_active=False`` and no pin time.
+
+    With ``rounds`` > 1 the pair is measured in alternating rounds (False, True,
+    False, True, ...; the order flips every round), so drift in the machine's
+    speed cancels; a row's ``items_per_s`` is then its median over the rounds,
+    and :func:`pin_verdict` says whether the flag made a difference or the pair
+    differs by noise. The other fields come from the row's last round.
     """
-    rows: list[PinRow] = []
-    runs = [(w, p) for w in workers for p in (False, True)]
-    for k, (w, pin) in enumerate(runs):
-        log = PinLog()
-        cfg = LoaderConfig(batch_size=batch_size, num_workers=w, pin_memory=pin, persistent_workers=w > 0)
-        res = run_config(dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_pinnable, on_batch=log)
-        rows.append(PinRow(num_workers=w, pin_memory=pin, result=res, pin_active=bool(log.seconds),
-                           pin_ms_per_batch=log.ms_per_batch, pin_thread=log.thread))
-        if progress is not None:
-            progress((k + 1) / len(runs), f"workers={w}, pin_memory={pin}")
-    return rows
+    rounds = check_int("rounds", rounds, 1, 100)
+    ws = [check_int(f"workers[{i}]", w, 0, MAX_WORKERS) for i, w in enumerate(workers)]
+    by: dict[tuple[int, bool], PinRow] = {}
+    total = len(ws) * 2 * rounds
+    k = 0
+    for r in range(rounds):
+        for w in ws:
+            for pin in ((False, True) if r % 2 == 0 else (True, False)):
+                if progress is not None:
+                    progress(k / total, f"round {r + 1}/{rounds}: workers={w}, pin_memory={pin}")
+                log = PinLog()
+                cfg = LoaderConfig(batch_size=batch_size, num_workers=w, pin_memory=pin, persistent_workers=w > 0)
+                res = run_config(dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_pinnable, on_batch=log)
+                prev = by.get((w, pin))
+                by[(w, pin)] = PinRow(num_workers=w, pin_memory=pin, result=res, pin_active=bool(log.seconds),
+                                      pin_ms_per_batch=log.ms_per_batch, pin_thread=log.thread,
+                                      round_items_per_s=(prev.round_items_per_s if prev else []) + [res.items_per_s])
+                k += 1
+    if progress is not None:
+        progress(1.0, "done")
+    return [by[(w, pin)] for w in ws for pin in (False, True)]
 
 
 # ---------------------------------------------------------------------------
@@ -1060,8 +1486,9 @@ class FixedRNGDataset(Dataset):
 
 
 def rng_draws(dataset: Dataset, *, num_workers: int = 2, batch_size: int = 4, multiprocessing_context: str | None = None) -> dict[int, list[float]]:
-    """Run ``dataset`` (items ``(index, worker_id, draw)``) through workers; draws per worker, in order."""
-    cfg = LoaderConfig(batch_size=batch_size, num_workers=num_workers, shuffle=False, timeout=60.0,
+    """Run ``dataset`` (items ``(index, worker_id, draw)``) through workers; draws per worker, in order
+    (worker id -1: the main process, with ``num_workers=0``)."""
+    cfg = LoaderConfig(batch_size=batch_size, num_workers=num_workers, shuffle=False,
                        multiprocessing_context=multiprocessing_context)
     loader = build_loader(dataset, cfg)
     out: dict[int, list[float]] = {}
@@ -1231,7 +1658,7 @@ def worker_error_demo(dataset: Dataset | None = None, *, num_workers: int = 2) -
     ValueError in DataLoader worker process 1. Original Traceback ...").
     """
     ds = dataset if dataset is not None else FailingDataset()
-    cfg = LoaderConfig(batch_size=4, num_workers=check_int("num_workers", num_workers, 1, MAX_WORKERS), shuffle=False, timeout=60.0)
+    cfg = LoaderConfig(batch_size=4, num_workers=check_int("num_workers", num_workers, 1, MAX_WORKERS), shuffle=False)
     loader = build_loader(ds, cfg)
     try:
         with open_iterator(loader) as it:
@@ -1276,7 +1703,32 @@ class WorkerSweep:
 
     @property
     def best_workers(self) -> int:
+        """The worker count with the highest measured throughput (one measurement each: see :meth:`notes`)."""
         return self.workers[int(np.argmax(self.items_per_s))]
+
+    def notes(self, rounds: "SpeedupRounds | None" = None) -> list[str]:
+        """Flags for figures a reader should not take at face value (empty: nothing to flag).
+
+        * an efficiency above 100% (``n`` workers more than ``n`` times the single process: the
+          workers=0 row ran slower than a core can, e.g. on a busy machine);
+        * ``rounds`` (the speed-up measured in alternating rounds) contradicting ``best_workers``
+          from this one-shot sweep.
+        """
+        out = []
+        for n in self.workers:
+            if n > 0 and self.efficiency(n) > 1.0:
+                out.append(f"num_workers={n} measured {100 * self.efficiency(n):.0f}% efficiency (over 100%): the "
+                           f"single-process row was slow in this one-shot sweep (a busy machine, or more main-process "
+                           f"threads than one); compare in alternating rounds (interleaved_speedup)")
+        if rounds is not None and rounds.ratios and rounds.num_workers in self.workers:
+            lo, _hi = rounds.spread
+            if self.best_workers == 0 and lo > 1.0:
+                out.append(f"contradiction: the one-shot sweep found num_workers=0 best, but every alternating round "
+                           f"gave {rounds.num_workers} workers more ({rounds.speedup:.2f}x median): trust the rounds")
+            elif self.best_workers == rounds.num_workers and _hi < 1.0:
+                out.append(f"contradiction: the one-shot sweep found num_workers={rounds.num_workers} best, but every "
+                           f"alternating round gave it less than the single process: trust the rounds")
+        return out
 
     def rule_of_thumb(self) -> int:
         """The "half the cores" rule for this machine."""
@@ -1301,22 +1753,35 @@ def sweep_workers(
     prefetch_factor: int | None = None,
     collate_fn: Callable[[Any], Any] | None = None,
     progress: Callable[..., Any] | None = None,
+    main_threads: int = 1,
 ) -> WorkerSweep:
-    """Measure steady-state throughput for each ``num_workers`` (persistent workers, so epoch ends don't restart them)."""
-    ws = [check_int("workers[i]", int(w), 0, MAX_WORKERS) for w in workers]
+    """Measure steady-state throughput for each ``num_workers`` (persistent workers, so epoch ends don't restart them).
+
+    The main process runs with ``main_threads`` intra-op threads during the sweep (default 1, as in every
+    worker), set here where the measurement is made: otherwise the workers=0 row would use all cores and
+    a 1-worker row could show more than 100% "efficiency".
+    """
+    try:
+        ws = [check_int(f"workers[{i}]", w, 0, MAX_WORKERS) for i, w in enumerate(workers)]
+    except TypeError:
+        raise ValueError(f"workers must be a list of integers in [0, {MAX_WORKERS}], got {workers!r}") from None
     if not ws or len(set(ws)) != len(ws):
         raise ValueError(f"workers must be a non-empty list of distinct integers in [0, {MAX_WORKERS}], got {list(workers)}")
+    _check_bool("persistent", persistent)
     results = []
-    for k, n in enumerate(ws):
-        cfg = LoaderConfig(
-            batch_size=batch_size,
-            num_workers=n,
-            persistent_workers=persistent and n > 0,
-            prefetch_factor=prefetch_factor if n > 0 else None,
-        )
-        results.append(run_config(dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_fn))
+    with intraop_threads(check_int("main_threads", main_threads, 1, 1024)):
+        for k, n in enumerate(ws):
+            cfg = LoaderConfig(
+                batch_size=batch_size,
+                num_workers=n,
+                persistent_workers=persistent and n > 0,
+                prefetch_factor=prefetch_factor if n > 0 else None,
+            )
+            if progress is not None:
+                progress(k / len(ws), f"num_workers={n} ({k + 1} of {len(ws)})")
+            results.append(run_config(dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_fn))
         if progress is not None:
-            progress((k + 1) / len(ws), f"num_workers={n}")
+            progress(1.0, "done")
     return WorkerSweep(workers=ws, results=results, cores=cpu_cores())
 
 
@@ -1409,18 +1874,72 @@ def parallel_ceiling(
     seconds = check_float("seconds", seconds, 0.05, 600.0)
     batch_size = check_int("batch_size", batch_size, 1, 65536)
     own = pool is None
-    if own:
-        pool = mp.get_context().Pool(processes)
     try:
+        if own:
+            pool = start_pool(processes)
         n = max(1, len(dataset))  # type: ignore[arg-type]
         start_at = time.time() + 0.05
         tasks = [(dataset, (i * n) // processes, batch_size, collate_fn, start_at, seconds) for i in range(processes)]
-        done = pool.map(_ceiling_task, tasks, chunksize=1)
+        # Bounded: a task that never returns (a frozen process) ends the call instead of hanging it.
+        done = pool.map_async(_ceiling_task, tasks, chunksize=1).get(timeout=seconds + WORKER_TIMEOUT_S)
+    except mp.TimeoutError:
+        raise LoaderFailure(f"parallel_ceiling: the {processes} processes did not report within "
+                            f"{seconds + WORKER_TIMEOUT_S:g} s (a frozen or starved process); they were stopped") from None
     finally:
-        if own:
+        if own and pool is not None:
+            close_pool(pool)
+    return sum(k / dt for k, dt in done)
+
+
+def _pool_initializer() -> None:
+    reset_child_signals()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def start_pool(processes: int) -> Any:
+    """A ``multiprocessing`` pool whose processes never run the parent's signal handlers.
+
+    SIGINT and SIGTERM are blocked in this thread while the pool forks, so a child can't receive
+    one before its initializer has reset the handlers (:func:`reset_child_signals`) and unblocked them.
+    Close it with :func:`close_pool`.
+    """
+    processes = check_int("processes", processes, 1, MAX_WORKERS)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        return mp.get_context().Pool(processes, initializer=_pool_initializer)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def close_pool(pool: Any, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    """``pool.terminate()`` + ``join()``, with a bounded wait: after ``grace_s`` the processes are killed.
+
+    ``terminate()`` can block for ever on a queue lock that a misbehaving process holds; it runs in a
+    helper thread here, and killing the processes releases what they held. An interrupt that arrives
+    meanwhile is re-raised after the processes are gone.
+    """
+    procs = list(getattr(pool, "_pool", []) or [])
+
+    def terminate() -> None:
+        with contextlib.suppress(Exception):
             pool.terminate()
             pool.join()
-    return sum(k / dt for k, dt in done)
+
+    pending: BaseException | None = None
+    t = threading.Thread(target=terminate, name="workbook-pool-close", daemon=True)
+    t.start()
+    for _attempt in range(4):
+        try:
+            t.join(grace_s)
+            if t.is_alive():
+                _stop_processes(procs, grace_s=0.0)
+                t.join(grace_s)
+            _stop_processes(procs, grace_s=0.5)
+            break
+        except KeyboardInterrupt as exc:
+            pending = exc
+    if pending is not None:
+        raise pending
 
 
 class _Batches:
@@ -1445,10 +1964,12 @@ class _Batches:
             items += _batch_len(batch)
         return items, time.perf_counter() - t0
 
+    def objs(self) -> list[Any]:
+        """What :func:`_finish` must release."""
+        return [x for x in (self.it, self.loader) if x is not None]
+
     def close(self) -> None:
-        if self.it is not None:
-            release(self.it)
-        release(self.loader)
+        _finish(self.objs())
 
 
 @dataclass
@@ -1502,6 +2023,22 @@ class SpeedupRounds:
             return float("nan")
         return statistics.median(w / c for w, c in zip(self.workers, self.ceiling))
 
+    def notes(self) -> list[str]:
+        """Flags for impossible-looking figures (empty: nothing to flag).
+
+        The ceiling is a measurement too, taken next to the loader's: when the loader beats it
+        (a share above 100%), the ceiling run was disturbed and is not an upper bound in this run.
+        """
+        out = []
+        if self.ceiling and self.share_of_ceiling > 1.0:
+            out.append(f"the loader measured {self.share_of_ceiling:.0%} of the measured ceiling (over 100%): the "
+                       f"ceiling runs were slowed by something else on this machine, so here they are no upper bound "
+                       f"(noise); re-run on a quieter machine")
+        if self.ceiling and self.ceiling_speedup > self.num_workers * 1.05:
+            out.append(f"the ceiling of {self.num_workers} processes measured {self.ceiling_speedup:.2f}x one process "
+                       f"(more than {self.num_workers}x): the single-process rounds ran slow (noise)")
+        return out
+
     def table(self) -> list[str]:
         head = f"{'round':>5} {'workers=0':>10} {f'workers={self.num_workers}':>10} {'speed-up':>8}"
         if self.ceiling:
@@ -1522,11 +2059,13 @@ class SpeedupRounds:
         if self.ceiling:
             text += (f" {self.num_workers} independent processes loading and collating the same batches reach "
                      f"{self.ceiling_speedup:.2f}x: the measured ceiling. The loader gets {self.share_of_ceiling:.0%} of it.")
+        for note in self.notes():
+            text += f" Note: {note}."
         return text
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "speedup": self.speedup, "ceiling_speedup": self.ceiling_speedup,
-                "share_of_ceiling": self.share_of_ceiling}
+                "share_of_ceiling": self.share_of_ceiling, "notes": self.notes()}
 
 
 def interleaved_speedup(
@@ -1569,23 +2108,22 @@ def interleaved_speedup(
     single_cfg = LoaderConfig(batch_size=batch_size)
     worker_cfg = single_cfg.replace(num_workers=num_workers, persistent_workers=True, prefetch_factor=prefetch_factor)
     worker_cfg.validated()
-    sample = dataset[0]
-    per_item = _batch_bytes(sample if isinstance(sample, (tuple, list, torch.Tensor, Mapping)) else [])
-    require_shm(shm_needed_bytes(per_item * batch_size, num_workers, prefetch_factor or 2))
     single: list[float] = []
     workers: list[float] = []
     ceil: list[float] = []
     t_start = time.perf_counter()
+    # build_loader checks /dev/shm before any worker starts
+    one = _Batches(build_loader(dataset, single_cfg, collate_fn=collate_fn))
+    many = _Batches(build_loader(dataset, worker_cfg, collate_fn=collate_fn))
     with intraop_threads(1), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
-        one = _Batches(build_loader(dataset, single_cfg, collate_fn=collate_fn))
-        many = _Batches(build_loader(dataset, worker_cfg, collate_fn=collate_fn))
         pool = None
+        before = _worker_children()
         try:
             one.take(max(1, warmup))
             many.take(warmup + buffered)
             if ceiling:
-                pool = mp.get_context().Pool(num_workers)
+                pool = start_pool(num_workers)
             for r in range(rounds):
                 items, secs = one.take(batches)
                 single.append(items / secs)
@@ -1598,11 +2136,11 @@ def interleaved_speedup(
                 if progress is not None:
                     progress((r + 1) / rounds, f"round {r + 1}/{rounds}")
         finally:
-            if pool is not None:
-                pool.terminate()
-                pool.join()
-            many.close()
-            one.close()
+            try:
+                if pool is not None:
+                    close_pool(pool)
+            finally:
+                _finish([*many.objs(), *one.objs()], before)
     return SpeedupRounds(num_workers=num_workers, batch_size=batch_size, single=single, workers=workers,
                          ceiling=ceil, cores=cpu_cores(), seconds=time.perf_counter() - t_start)
 
@@ -1713,6 +2251,7 @@ def persistent_experiment(
                            persistent_workers=persistent, multiprocessing_context=multiprocessing_context)
         loader = build_loader(dataset, cfg)
         epoch_s[persistent], first[persistent] = [], []
+        before = _worker_children()
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -1726,7 +2265,7 @@ def persistent_experiment(
                     epoch_s[persistent].append(time.perf_counter() - t0)
                     first[persistent].append(t_first or 0.0)
         finally:
-            release(loader)
+            _finish([loader], before)
     return PersistentResult(epoch_s=epoch_s, first_batch_s=first, num_workers=num_workers)
 
 
@@ -1754,20 +2293,29 @@ def in_order_experiment(
     *,
     num_workers: int = 2,
     batch_size: int = 4,
-    prefetch_factor: int = 2,
+    prefetch_factor: int | None = None,
 ) -> InOrderResult:
-    """One epoch (no shuffling) with ``in_order=True`` then ``False``; per-batch waits and how many arrived out of order."""
+    """One epoch (no shuffling) with ``in_order=True`` then ``False``; per-batch waits and how many arrived out of order.
+
+    ``prefetch_factor`` defaults to the DataLoader's (2 with workers); with ``num_workers=0`` both runs are
+    the same single-process loader (the flag only matters with workers).
+    """
+    num_workers = check_int("num_workers", num_workers, 0, MAX_WORKERS)
+    batch_size = check_int("batch_size", batch_size, 1, 65536)
+    n_batches = math.ceil(len(dataset) / batch_size)
+    if n_batches < 2:
+        raise ValueError(f"in_order_experiment needs at least 2 batches: give the data set more than "
+                         f"batch_size={batch_size} items (it has {len(dataset)})")
     results: dict[bool, Throughput] = {}
     ooo: dict[bool, float] = {}
-    n_batches = math.ceil(len(dataset) / batch_size)
     for flag in (True, False):
         firsts: list[int] = []
 
         def note(batch: Any) -> None:
             firsts.append(int(batch[1][0]))
 
-        cfg = LoaderConfig(batch_size=batch_size, num_workers=num_workers, shuffle=False, in_order=flag,
-                           prefetch_factor=prefetch_factor, persistent_workers=False)
+        cfg = LoaderConfig(batch_size=batch_size, num_workers=num_workers, shuffle=False,
+                           in_order=flag if num_workers else True, prefetch_factor=prefetch_factor)
         res = run_config(dataset, cfg, batches=n_batches - 1, warmup=1, on_batch=note)
         results[flag] = res
         ooo[flag] = sum(b < a for a, b in zip(firsts, firsts[1:])) / max(1, len(firsts) - 1)
@@ -1775,7 +2323,7 @@ def in_order_experiment(
 
 
 def getitems_experiment(
-    n: int,
+    dataset: "BatchedCheapDataset | int",
     *,
     image_size: int = 32,
     output: str = "uint8",
@@ -1784,16 +2332,40 @@ def getitems_experiment(
     batches: int = 60,
     warmup: int = 4,
 ) -> dict[tuple[str, int], Throughput]:
-    """Per-item fetching (``__getitem__`` + default_collate) against one batched ``__getitems__`` call per batch."""
+    """Per-item fetching (``__getitem__`` + default_collate) against one batched ``__getitems__`` call per batch.
+
+    Args:
+        dataset: the reader's data set with a ``__getitems__`` that returns a finished batch (like
+            :class:`BatchedCheapDataset`); the per-item runs use the same object through a view that hides
+            ``__getitems__``. An int ``n`` builds ``BatchedCheapDataset(n, image_size, output)``
+            (``image_size`` and ``output`` are used only then).
+    """
     out: dict[tuple[str, int], Throughput] = {}
-    per_item = CheapDataset(n, image_size=image_size, output=output)
-    batched = BatchedCheapDataset(n, image_size=image_size, output=output)
+    if isinstance(dataset, bool) or not (isinstance(dataset, int) or hasattr(dataset, "__getitems__")):
+        raise ValueError("dataset must be a data set with __getitems__ (e.g. loaders.BatchedCheapDataset) or an item "
+                         f"count, got {type(dataset).__name__}")
+    batched = (BatchedCheapDataset(check_int("n", dataset, 1, 10_000_000), image_size=image_size, output=output)
+               if isinstance(dataset, int) else dataset)
+    per_item = _PerItem(batched)
     for w in workers:
         base = LoaderConfig(batch_size=batch_size, num_workers=w, persistent_workers=w > 0)
         out[("per-item", w)] = run_config(per_item, base, batches=batches, warmup=warmup, label=f"__getitem__, workers={w}")
         out[("batched", w)] = run_config(batched, base, batches=batches, warmup=warmup, collate_fn=passthrough_collate,
                                          label=f"__getitems__, workers={w}")
     return out
+
+
+class _PerItem(Dataset):
+    """A view of a data set that fetches item by item (hides its ``__getitems__``)."""
+
+    def __init__(self, base: Dataset) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        return self.base[index]
 
 
 def cheap_vs_expensive(
@@ -1886,7 +2458,7 @@ class PanelRunner:
             batch_size=batch_size,
             num_workers=w,
             prefetch_factor=check_int("prefetch_factor", prefetch_factor, 1, 64) if w else None,
-            persistent_workers=bool(persistent) and w > 0,
+            persistent_workers=_check_bool("persistent", persistent) and w > 0,
             pin_memory=_check_bool("pin_memory", pin_memory),
         )
         log = PinLog()
@@ -2014,6 +2586,11 @@ def benchmark(
     return results
 
 
+def _flag(notes: Sequence[str]) -> dict[str, str]:
+    """``{"flag": "..."}`` for a record whose figure looks impossible or contradicts another; else ``{}``."""
+    return {"flag": "; ".join(notes)} if notes else {}
+
+
 def _benchmark_ch04(results: Any, ds_float: Dataset, ds_uint8: Dataset, bs: int, batches: int, warm: int,
                     cores: int, sized: Callable[..., Any], step: Callable[[float, str], None]) -> None:
     """The chapter 04 part of :func:`benchmark`."""
@@ -2021,18 +2598,24 @@ def _benchmark_ch04(results: Any, ds_float: Dataset, ds_uint8: Dataset, bs: int,
     sw = sweep_workers(ds_float, ws, batch_size=bs, batches=batches, warmup=warm)
     for n, r in zip(sw.workers, sw.results):
         results.add("ch04.items_per_s", r.items_per_s, "items/s", num_workers=n, persistent=n > 0, output="float")
-    results.add("ch04.best_num_workers", sw.best_workers, "workers", cores=cores)
     # The headline speed-up is measured in alternating rounds (drift in the machine's speed cancels),
     # beside the measured ceiling of 2 independent processes.
     for output, ds in (("float", ds_float), ("uint8", ds_uint8)):
         sr = interleaved_speedup(ds, 2, rounds=sized(3, 7), batches=max(2, min(batches, sized(10, 40))),
                                  batch_size=bs, warmup=warm)
+        if output == "float":
+            # best_num_workers comes from a one-shot sweep: flagged where it contradicts the rounds.
+            flags = _flag(sw.notes(sr))
+            results.add("ch04.best_num_workers", sw.best_workers, "workers", cores=cores, method="one-shot sweep",
+                        **flags)
         spread = {"min": sr.spread[0], "max": sr.spread[1], "n": len(sr.ratios)}
         method = "interleaved rounds, median of per-round ratios"
         results.add("ch04.speedup", sr.speedup, "ratio", spread=spread, num_workers=2, output=output, cores=cores,
                     main_threads=1, method=method)
-        results.add("ch04.parallel_ceiling", sr.ceiling_speedup, "ratio", processes=2, output=output, cores=cores)
-        results.add("ch04.share_of_ceiling", sr.share_of_ceiling, "fraction", num_workers=2, output=output, cores=cores)
+        results.add("ch04.parallel_ceiling", sr.ceiling_speedup, "ratio", processes=2, output=output, cores=cores,
+                    **_flag([n for n in sr.notes() if "ceiling of" in n]))
+        results.add("ch04.share_of_ceiling", sr.share_of_ceiling, "fraction", num_workers=2, output=output, cores=cores,
+                    **_flag([n for n in sr.notes() if "of the measured ceiling" in n]))
         if output == "uint8":
             results.add("ch04.items_per_s", statistics.median(sr.single), "items/s", num_workers=0, persistent=False,
                         output="uint8")

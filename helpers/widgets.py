@@ -8,7 +8,9 @@ module. The reader changes a knob and presses **Run**; the panel
 * shows a progress bar that the run function advances,
 * keeps the history of runs and redraws a plot of all of them, so runs can be
   compared,
-* shows errors inside the panel, in plain words, instead of a traceback.
+* shows errors inside the panel: one line in the status (for a known failure,
+  what to do about it), and the traceback in the output area below, folded
+  (a ``<details>`` block a reader can unfold).
 
 The panel writes to its output widget *from the kernel side*
 (``out.outputs = ()``, ``out.append_stdout``, ``out.append_display_data``),
@@ -25,8 +27,9 @@ Tests (and the chapters' first demo run) drive a panel from Python::
 from __future__ import annotations
 
 import html
-import textwrap
 import io
+import sys
+import textwrap
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -34,7 +37,30 @@ from typing import Any, Callable, Mapping
 
 import ipywidgets as W
 
-__all__ = ["Panel", "RunRecord", "Progress", "figure_to_display"]
+__all__ = ["Panel", "RunRecord", "Progress", "figure_to_display", "one_line", "known_failure_advice"]
+
+#: Longest status line, in characters (longer texts are cut with an ellipsis; the output area has all of it).
+STATUS_MAX_CHARS = 400
+
+
+def one_line(text: str, limit: int = STATUS_MAX_CHARS) -> str:
+    """``text`` as one line for a status bar: whitespace (newlines included) collapsed, cut at ``limit``."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
+def known_failure_advice(exc: BaseException) -> str | None:
+    """Plain advice for a failure the workbook knows (``None``: unknown).
+
+    An exception that carries its own advice (``helpers.loaders.LoaderFailure``) gives its message;
+    torch's DataLoader errors (a timeout, a worker that died) are translated by
+    :func:`helpers.loaders.explain_loader_error` when that module is loaded.
+    """
+    if type(exc).__name__ == "LoaderFailure":
+        return str(exc)
+    loaders = sys.modules.get("helpers.loaders")
+    explain = getattr(loaders, "explain_loader_error", None)
+    return explain(exc) if explain is not None else None
 
 
 class Progress:
@@ -106,6 +132,8 @@ class Panel:
         plot: ``plot(history, ax)`` draws all runs so far on a matplotlib Axes.
         validate: ``validate(values)`` raises ValueError for settings to refuse
             before anything runs.
+        advise: ``advise(exc) -> str | None``, plain advice for a failure the run function may meet
+            (default: :func:`known_failure_advice`); shown in the status line instead of the raw error.
         max_history: how many runs the history keeps.
         debounce_s: a click that arrives within this many seconds after a run
             ended is treated as a double-click queued during the run, and ignored.
@@ -121,6 +149,7 @@ class Panel:
         summarize: Callable[[Any], str] | None = None,
         plot: PlotFn | None = None,
         validate: Callable[[dict[str, Any]], None] | None = None,
+        advise: Callable[[BaseException], str | None] | None = None,
         max_history: int = 20,
         debounce_s: float = 0.3,
         figsize: tuple[float, float] = (7.5, 3.2),
@@ -136,6 +165,7 @@ class Panel:
         self._summarize = summarize
         self._plot = plot
         self._validate = validate
+        self._advise = advise if advise is not None else known_failure_advice
         self.max_history = max_history
         self.debounce_s = float(debounce_s)
         self.figsize = figsize
@@ -219,8 +249,28 @@ class Panel:
 
     # -- the run ----------------------------------------------------------------
     def _show_status(self, text: str, kind: str = "info") -> None:
+        """One line (newlines collapsed, long text cut); details belong in the output area."""
         color = {"info": "#333", "ok": "#1a7f37", "error": "#b00020", "busy": "#7a5a00"}[kind]
-        self.status.value = f"<span style='color:{color}'>{html.escape(text)}</span>"
+        self.status.value = f"<span style='color:{color}'>{html.escape(one_line(text))}</span>"
+
+    def _show_details(self, exc: BaseException) -> None:
+        """The full error (traceback, and the error it came from) in the output area, folded.
+
+        Replaces earlier details instead of piling them up under the last good plot.
+        """
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        summary = f"Details: {type(exc).__name__} (traceback, click to unfold)"
+        block = {
+            "output_type": "display_data",
+            "data": {
+                "text/html": f"<details><summary>{html.escape(summary)}</summary><pre>{html.escape(tb)}</pre></details>",
+                "text/plain": f"{summary}\n{tb}",
+            },
+            "metadata": {"workbook_details": True},
+        }
+        kept = tuple(o for o in self.out.outputs
+                     if not o.get("metadata", {}).get("workbook_details") and o.get("name") != "stderr")
+        self.out.outputs = kept + (block,)
 
     def _on_click(self, _button: Any = None, force: bool = False) -> None:
         now = time.monotonic()
@@ -254,7 +304,7 @@ class Panel:
             # The summary is printed in the output just below; repeating it here doubled long summaries.
             self._show_status(f"Run #{rec.index} done in {seconds:.1f} s.", "ok")
         except ValueError as exc:
-            self.error = f"Can't run with these settings: {exc}"
+            self.error = one_line(f"Can't run with these settings: {exc}")
             self._show_status(self.error, "error")
         except KeyboardInterrupt:
             self.error = "Interrupted. The run was stopped and its resources released; press Run to start again."
@@ -262,13 +312,17 @@ class Panel:
         except MemoryError:
             self.error = "Out of memory: choose smaller sizes and press Run again."
             self._show_status(self.error, "error")
-        except Exception as exc:  # anything else: plain words, details below
-            self.error = f"The run failed: {type(exc).__name__}: {exc}"
+        except Exception as exc:  # anything else: one line of plain words, the traceback below
+            try:
+                advice = self._advise(exc)
+            except Exception:  # an advisor must never hide the failure itself
+                advice = None
+            if advice:
+                self.error = one_line(f"The run failed: {advice}")
+            else:
+                self.error = one_line(f"The run failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
             self._show_status(self.error, "error")
-            details = "Details for the curious:\n" + "".join(traceback.format_exception_only(type(exc), exc))
-            # Replace earlier details instead of piling them up under the last good plot.
-            kept = tuple(o for o in self.out.outputs if o.get("name") != "stderr")
-            self.out.outputs = kept + ({"output_type": "stream", "name": "stderr", "text": details},)
+            self._show_details(exc)
         finally:
             self.busy = False
             self.button.disabled = False

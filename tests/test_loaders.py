@@ -133,7 +133,12 @@ def test_pin_thread_pins_with_workers():  # pragma: no cover - GPU only
     rows = L.pin_memory_experiment(L.CheapDataset(64, 8), workers=(0, 2), batch_size=8, batches=4, warmup=1)
     by = {(r.num_workers, r.pin_memory): r for r in rows}
     assert by[(0, True)].pin_thread == "MainThread"
-    assert by[(2, True)].pin_thread == "pt_data_pin"
+    assert by[(2, True)].pin_thread == "pt_data_pin"  # torch's Python name is "Thread-N (_pin_memory_loop)"
+    loader = L.build_loader(L.CheapDataset(64, 8), batch_size=8, num_workers=2, pin_memory=True)
+    with L.open_iterator(loader) as it:
+        next(it)
+        assert L.pin_thread_alive()  # found by its target, _pin_memory_loop
+    assert not L.pin_thread_alive()
 
 
 def test_batch_copy_seconds_positive():

@@ -86,7 +86,32 @@ def test_panel_unexpected_error_in_plain_words() -> None:
     p = _panel(run=run)
     p.click()
     assert p.error.startswith("The run failed: ZeroDivisionError")
-    assert any(o.get("name") == "stderr" for o in p.out.outputs)
+    details = [o for o in p.out.outputs if o.get("metadata", {}).get("workbook_details")]
+    assert len(details) == 1 and "<details>" in details[0]["data"]["text/html"]
+    assert "Traceback" in details[0]["data"]["text/plain"] and "ZeroDivisionError" in details[0]["data"]["text/plain"]
+    p.click()  # details replace earlier details
+    assert len([o for o in p.out.outputs if o.get("metadata", {}).get("workbook_details")]) == 1
+
+
+def test_panel_status_is_one_line_and_known_failures_become_advice() -> None:
+    import helpers.loaders  # noqa: F401  (the panel asks it to explain torch's loader errors)
+
+    def run(progress, n, kind):
+        if kind == "a":
+            raise RuntimeError("DataLoader worker (pid(s) 4242) exited unexpectedly")
+        raise RuntimeError("line one of a long error\n" + "\n".join(f"  frame {i}" for i in range(32)))
+
+    p = _panel(run=run)
+    p.click()
+    assert "out-of-memory" in p.error and "/dev/shm" in p.error and "\n" not in p.error
+    assert "\n" not in p.status.value and "<br" not in p.status.value
+    tb = [o for o in p.out.outputs if o.get("metadata", {}).get("workbook_details")][0]["data"]["text/plain"]
+    assert "exited unexpectedly" in tb  # the original error, in the output area
+    p.set(kind="b")
+    p.click()
+    assert p.error == "The run failed: RuntimeError: line one of a long error"
+    assert "frame 31" in [o for o in p.out.outputs if o.get("metadata", {}).get("workbook_details")][0]["data"]["text/plain"]
+    assert widgets.one_line("a\nb  c", limit=4) == "a b…"
 
 
 def test_panel_interrupt_restores_state() -> None:

@@ -1,0 +1,479 @@
+"""Worker processes under stress (issue 15): interrupts at any moment, frozen and dead workers,
+/dev/shm, pools with a parent's signal handler, and bad input to the loader helpers.
+
+CPU only; no speed is asserted.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import torch
+
+from helpers import loaders as L
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _live_workers() -> list[int]:
+    return [p.pid for p in L.worker_processes() if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def _settle(timeout_s: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    left = _live_workers()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = _live_workers()
+    return left
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "WORKBOOK_QUICK": "1"}
+
+
+# -- the pin thread (issue 14 item 1) ------------------------------------------------
+
+
+def _pin_memory_loop(stop: threading.Event, seen: list[str]) -> None:
+    """Stands in for torch's pin loop: same function name, started the way torch starts it."""
+    seen.append(L.thread_label())
+    stop.wait(10)
+
+
+def test_pin_thread_is_found_by_its_target_not_its_name() -> None:
+    stop, seen = threading.Event(), []
+    t = threading.Thread(target=_pin_memory_loop, args=(stop, seen))  # no name=, as in torch's dataloader.py
+    assert not L.pin_thread_alive()
+    t.start()
+    try:
+        assert t.name.startswith("Thread-") and t.name != "pt_data_pin"
+        assert L.pin_thread_alive() and L.pin_threads() == [t]
+        assert L.thread_label(t) == "pt_data_pin"
+    finally:
+        stop.set()
+        t.join()
+    assert seen == ["pt_data_pin"]
+    assert not L.pin_thread_alive()
+    assert L.thread_label(threading.main_thread()) == "MainThread"
+
+
+def test_pinnable_batch_records_the_pin_thread_by_its_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self.clone())
+    b = L.collate_pinnable([(torch.ones(3, 2, 2), 1)])
+    out: list[Any] = []
+
+    def _pin_memory_loop() -> None:
+        out.append(b.pin_memory())
+
+    t = threading.Thread(target=_pin_memory_loop)
+    t.start()
+    t.join()
+    assert out[0].pin_thread == "pt_data_pin"
+
+
+def test_torch_still_starts_the_pin_thread_with_target_pin_memory_loop() -> None:
+    """The assumption behind pin_thread_alive, read from the installed torch (it runs only with an accelerator)."""
+    import inspect
+
+    from torch.utils.data import dataloader
+
+    src = inspect.getsource(dataloader._MultiProcessingDataLoaderIter.__init__)
+    assert "target=_utils.pin_memory._pin_memory_loop" in src
+
+
+# -- interrupts at any moment (issue 15 item 1) -------------------------------------
+
+_SIGINT_CHILD = r"""
+import os, signal, sys, time
+import psutil
+from helpers import loaders as L
+
+signal.signal(signal.SIGINT, signal.default_int_handler)
+ds = L.CheapDataset(4096, image_size=8, output="uint8", bank=8)
+for line in sys.stdin:
+    if line.strip() != "next":
+        break
+    try:
+        print("go", flush=True)
+        while True:   # non-persistent loaders: workers start and stop all the time
+            L.run_config(ds, batch_size=8, num_workers=3, batches=3, warmup=1)
+    except KeyboardInterrupt:
+        pass
+    deadline = time.monotonic() + 5.0
+    while True:
+        left = [p for p in L.worker_processes() if p.status() != psutil.STATUS_ZOMBIE]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    print("left", len(left), flush=True)
+    for p in left:   # keep the next round clean
+        p.kill()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sigint_at_any_moment_leaves_no_worker() -> None:
+    """SIGINT at many offsets (0-2 s, dense in the first 0.3 s where workers start) into a loop of
+    measure_throughput runs with 3 workers; every worker must be gone within 5 s."""
+    offsets = [0.0, 0.02, 0.04, 0.06, 0.08, 0.1, 0.13, 0.16, 0.2, 0.3, 0.5, 0.8, 1.3, 2.0]
+    proc = subprocess.Popen([sys.executable, "-c", _SIGINT_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env(), cwd=str(ROOT))
+    leaks = []
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        for off in offsets:
+            proc.stdin.write("next\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline().strip() == "go"
+            time.sleep(off)
+            proc.send_signal(signal.SIGINT)
+            for _again in range(3):
+                # Python drops an interrupt that lands in an at-fork callback ("Exception ignored in
+                # _releaseLock"): the run goes on, as in a kernel, and the reader presses Ctrl-C again.
+                ready, _, _ = select.select([proc.stdout], [], [], 15.0)
+                if ready:
+                    break
+                proc.send_signal(signal.SIGINT)
+            line = proc.stdout.readline().split()
+            assert line and line[0] == "left", line
+            if int(line[1]):
+                leaks.append((off, int(line[1])))
+        proc.stdin.write("stop\n")
+        proc.stdin.flush()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not leaks, f"workers left 5 s after SIGINT at these offsets (s, count): {leaks}; stderr: {proc.stderr.read()[-2000:]}"
+
+
+def test_interrupt_while_iter_starts_workers_stops_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """KeyboardInterrupt raised inside iter(loader) after the first worker started: none is left."""
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    real_reset = _MultiProcessingDataLoaderIter._reset
+
+    def interrupted_reset(self: Any, loader: Any, first_iter: bool = False) -> None:
+        if first_iter:
+            raise KeyboardInterrupt  # all workers (and the SIGCHLD handler) are up; the iterator is not returned
+        real_reset(self, loader, first_iter)
+
+    monkeypatch.setattr(_MultiProcessingDataLoaderIter, "_reset", interrupted_reset)
+    loader = L.build_loader(L.CheapDataset(64, 4), batch_size=4, num_workers=3)
+    with pytest.raises(KeyboardInterrupt):
+        L.measure_throughput(loader, batches=4, warmup=1)
+    assert not _settle(5.0)
+
+
+# -- frozen and dead workers (issue 15 items 2 and 3) -----------------------------------
+
+
+def test_every_worker_loader_gets_a_timeout() -> None:
+    assert L.build_loader(L.CheapDataset(8, 4), num_workers=1).timeout == L.WORKER_TIMEOUT_S
+    assert L.build_loader(L.CheapDataset(8, 4), num_workers=1, timeout=7.0).timeout == 7.0
+    assert L.build_loader(L.CheapDataset(8, 4)).timeout == 0
+    from helpers import data
+
+    assert data.make_loader(L.CheapDataset(8, 4), 4, num_workers=1).timeout == L.WORKER_TIMEOUT_S
+
+
+class _Pause:
+    """consume(batch): SIGSTOP every worker of the loader after the first batch."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, batch: Any) -> None:
+        self.n += 1
+        if self.n == 1:
+            for p in L.worker_processes():
+                os.kill(p.pid, signal.SIGSTOP)
+
+
+@pytest.mark.timeout(120)
+def test_frozen_worker_ends_with_a_plain_message() -> None:
+    loader = L.build_loader(L.CheapDataset(4096, 4), batch_size=4, num_workers=2, timeout=2.0, prefetch_factor=1)
+    t0 = time.monotonic()
+    with pytest.raises(L.LoaderFailure) as info:
+        L.measure_throughput(loader, batches=2000, warmup=0, consume=_Pause())
+    msg = str(info.value)
+    assert "within 2 s" in msg and "frozen" in msg and "num_workers=0" in msg
+    assert info.value.__cause__ is not None  # torch's own error is kept
+    assert not _settle(5.0)
+    assert time.monotonic() - t0 < 60
+
+
+class _Kill:
+    def __init__(self, sig: int) -> None:
+        self.sig, self.n = sig, 0
+
+    def __call__(self, batch: Any) -> None:
+        self.n += 1
+        if self.n == 2:
+            for p in L.worker_processes():
+                os.kill(p.pid, self.sig)
+            time.sleep(0.3)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV], ids=["SIGKILL", "SIGSEGV"])
+def test_dead_worker_message_says_what_to_check(sig: int) -> None:
+    loader = L.build_loader(L.CheapDataset(4096, 4), batch_size=4, num_workers=2)
+    with pytest.raises(L.LoaderFailure) as info:
+        L.measure_throughput(loader, batches=2000, warmup=0, consume=_Kill(sig))
+    msg = str(info.value)
+    assert "out-of-memory" in msg and "/dev/shm" in msg and "segfault" in msg
+    assert not _settle(5.0)
+
+
+def test_explain_loader_error_knows_torchs_messages() -> None:
+    assert "within 5 s" in L.explain_loader_error(RuntimeError("DataLoader timed out after 5 seconds"))
+    dead = L.explain_loader_error(RuntimeError("DataLoader worker (pid(s) 12, 13) exited unexpectedly"))
+    assert dead and "out-of-memory" in dead
+    bus = L.explain_loader_error(RuntimeError("DataLoader worker (pid 12) is killed by signal: Bus error. It is possible"))
+    assert bus and "Bus error" in bus and "--shm-size" in bus
+    assert L.explain_loader_error(RuntimeError("something else")) is None
+
+
+# -- /dev/shm wherever a worker loader is built (issue 15 item 4) ------------------------
+
+
+def test_shm_is_checked_where_every_worker_loader_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    from helpers import data
+
+    class Usage:
+        total, used, free = 64 << 20, 63 << 20, 1 << 20
+
+    monkeypatch.setattr(L.shutil, "disk_usage", lambda path: Usage)
+    ds = L.CheapDataset(4096, 64)
+    with pytest.raises(ValueError, match="--shm-size"):
+        L.build_loader(ds, batch_size=256, num_workers=2)
+    with pytest.raises(ValueError, match="/dev/shm"):
+        data.make_loader(ds, 256, num_workers=2)
+    with pytest.raises(ValueError, match="/dev/shm"):
+        L.interleaved_speedup(ds, 2, rounds=1, batches=1, batch_size=256, warmup=0)
+    L.build_loader(ds, batch_size=256)  # no workers: nothing goes through /dev/shm
+    assert not _settle(2.0)
+
+
+# -- a parent's signal handler never runs in a child (issue 15 item 6) ----------------------
+
+_POOL_CHILD = r"""
+import signal, sys, time
+from helpers import loaders as L
+
+def handler(signum, frame):       # what the bench installs in the parent
+    raise KeyboardInterrupt(f"signal {signum}")
+
+signal.signal(signal.SIGTERM, handler)
+ds = L.CheapDataset(256, image_size=8, output="uint8", bank=8)
+for i in range(int(sys.argv[1])):
+    L.parallel_ceiling(ds, 2, 0.05, batch_size=8)
+    print("ceiling", i, flush=True)
+for i in range(int(sys.argv[2])):
+    L.interleaved_speedup(ds, 2, rounds=2, batches=2, batch_size=8, warmup=1)
+    print("speedup", i, flush=True)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_pools_and_loaders_never_hang_with_a_parents_sigterm_handler() -> None:
+    proc = subprocess.run([sys.executable, "-c", _POOL_CHILD, "20", "30"], capture_output=True, text=True,
+                          env=_env(), cwd=str(ROOT), timeout=240)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("done"), proc.stdout[-500:] + proc.stderr[-2000:]
+
+
+def test_pool_processes_reset_the_parents_handlers() -> None:
+    old = signal.signal(signal.SIGTERM, lambda *a: None)
+    try:
+        pool = L.start_pool(1)
+        try:
+            got = pool.apply(_handlers)
+        finally:
+            L.close_pool(pool)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert got == (int(signal.SIG_DFL), int(signal.SIG_IGN), [])
+
+
+def _handlers() -> tuple[int, int, list[int]]:
+    blocked = sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    return int(signal.getsignal(signal.SIGTERM)), int(signal.getsignal(signal.SIGINT)), [
+        s for s in blocked if s in (signal.SIGINT, signal.SIGTERM)]
+
+
+def test_loader_workers_reset_the_parents_handlers() -> None:
+    old = signal.signal(signal.SIGTERM, lambda *a: None)
+    try:
+        ds = _HandlerDataset()
+        loader = L.build_loader(ds, batch_size=1, num_workers=1, shuffle=False)
+        with L.open_iterator(loader) as it:
+            term, intr = next(it)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    assert (int(term), int(intr)) == (int(signal.SIG_DFL), int(signal.SIG_IGN))
+
+
+class _HandlerDataset(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        return int(signal.getsignal(signal.SIGTERM)), int(signal.getsignal(signal.SIGINT))
+
+
+def test_close_pool_is_bounded_when_terminate_hangs() -> None:
+    pool = L.start_pool(1)
+    procs = list(pool._pool)
+    pool.terminate = lambda: time.sleep(60)  # type: ignore[method-assign]
+    t0 = time.monotonic()
+    L.close_pool(pool, grace_s=0.5)
+    assert time.monotonic() - t0 < 10
+    assert not any(p.is_alive() for p in procs)
+    pool._terminate.cancel()  # its real terminate never ran here; don't run it at exit
+
+
+# -- bad input (issue 15 item 11) ------------------------------------------------------------
+
+
+def test_empty_loader_is_a_clear_error_not_stopiteration() -> None:
+    loader = L.build_loader(L.CheapDataset(3, 4), batch_size=4, drop_last=True)
+    with pytest.raises(ValueError, match="no batches"):
+        L.measure_throughput(loader, batches=2, warmup=0)
+    loader = L.build_loader(L.CheapDataset(8, 4), batch_size=4, shuffle=False, sampler=[])
+    with pytest.raises(ValueError, match="no batches"):
+        L.measure_throughput(loader, batches=2, warmup=0)
+
+
+@pytest.mark.parametrize("workers", [[0, 2.7], [0, "2"], [True], 3])
+def test_sweep_workers_refuses_non_integers(workers: Any) -> None:
+    with pytest.raises(ValueError, match="workers"):
+        L.sweep_workers(L.CheapDataset(8, 4), workers, batch_size=4, batches=1, warmup=0)
+
+
+def test_panel_runner_refuses_non_bool_persistent() -> None:
+    runner = L.PanelRunner(None, crop_size=8, batches=1, warmup=0, n_cheap=16)
+    with pytest.raises(ValueError, match="persistent"):
+        runner(None, num_workers=0, batch_size=4, persistent="no", item_cost=L.ITEM_COSTS[0])
+
+
+@pytest.mark.parametrize("bad", [3, "default"])
+def test_make_loader_refuses_a_collate_fn_that_is_not_callable(bad: Any) -> None:
+    from helpers import data
+
+    with pytest.raises(ValueError, match="collate_fn"):
+        data.make_loader(L.CheapDataset(8, 4), 4, collate_fn=bad)
+    with pytest.raises(ValueError, match="collate_fn"):
+        L.build_loader(L.CheapDataset(8, 4), collate_fn=bad)
+    with pytest.raises(ValueError, match="worker_init_fn"):
+        L.build_loader(L.CheapDataset(8, 4), num_workers=1, worker_init_fn=5)
+
+
+def test_experiments_without_workers_do_not_complain_about_knobs_never_passed() -> None:
+    io = L.in_order_experiment(L.UnevenDataset(12, fast_ms=0.0, slow_ms=0.0), num_workers=0, batch_size=4)
+    assert set(io.results) == {True, False}
+    draws = L.rng_draws(L.FixedRNGDataset(8), num_workers=0, batch_size=4)
+    assert list(draws) == [-1] and len(draws[-1]) == 8
+    with pytest.raises(ValueError, match="prefetch_factor"):  # passed explicitly: the complaint is right
+        L.in_order_experiment(L.UnevenDataset(12, 0.0, 0.0), num_workers=0, prefetch_factor=2)
+
+
+# -- the bench's figures (issue 15, "figures") ------------------------------------------------
+
+
+class _ThreadsSeen(torch.utils.data.Dataset):
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        self.seen.append(torch.get_num_threads())
+        return torch.zeros(2)
+
+
+def test_sweep_sets_the_main_thread_count_where_it_measures() -> None:
+    ds = _ThreadsSeen()
+    before = torch.get_num_threads()
+    L.sweep_workers(ds, [0], batch_size=4, batches=2, warmup=0)
+    assert ds.seen and set(ds.seen) == {1}
+    assert torch.get_num_threads() == before
+
+
+def test_getitems_experiment_takes_the_readers_data_set() -> None:
+    ds = L.BatchedCheapDataset(64, image_size=4, output="uint8")
+    out = L.getitems_experiment(ds, workers=(0,), batch_size=8, batches=2, warmup=0)
+    assert set(out) == {("per-item", 0), ("batched", 0)}
+    assert out[("batched", 0)].config["dataset"] == "BatchedCheapDataset"
+    assert all(r.items == 16 for r in out.values())
+    with pytest.raises(ValueError, match="__getitems__"):
+        L.getitems_experiment(L.CheapDataset(8, 4), workers=(0,))
+
+
+def _rounds(single: list[float], workers: list[float], ceiling: list[float]) -> Any:
+    return L.SpeedupRounds(num_workers=2, batch_size=8, single=single, workers=workers, ceiling=ceiling, cores=2,
+                           seconds=1.0)
+
+
+def test_share_of_ceiling_above_one_is_flagged() -> None:
+    sr = _rounds([100, 100, 100], [160, 170, 150], [130, 140, 120])
+    assert sr.share_of_ceiling > 1 and any("over 100%" in n for n in sr.notes())
+    assert "Note:" in sr.summary() and sr.to_dict()["notes"]
+    assert not _rounds([100, 100], [150, 160], [180, 190]).notes()
+
+
+def test_contradictory_best_num_workers_is_flagged() -> None:
+    def res(rate: float) -> Any:
+        return L.Throughput(label="x", config={}, items=int(rate), batches=1, seconds=1.0, startup_s=0.0,
+                            warmup_batches=0, epochs_started=1)
+
+    sweep = L.WorkerSweep(workers=[0, 1, 2], results=[res(1000), res(900), res(980)], cores=2)
+    rounds = _rounds([100, 100, 100], [160, 150, 170], [])
+    assert sweep.best_workers == 0
+    assert any("contradiction" in n for n in sweep.notes(rounds))
+    assert not sweep.notes(_rounds([100], [95], []))
+    over = L.WorkerSweep(workers=[0, 1], results=[res(500), res(660)], cores=2)
+    assert any("over 100%" in n for n in over.notes())
+
+
+# -- chapter 03's pin_memory pairs in alternating rounds (issue 19 item 5) -----------------------
+
+
+def _pin_row(w: int, pin: bool, rates: list[float], active: bool) -> Any:
+    res = L.Throughput(label="x", config={}, items=1, batches=1, seconds=1.0, startup_s=0.0, warmup_batches=0,
+                       epochs_started=1)
+    return L.PinRow(num_workers=w, pin_memory=pin, result=res, pin_active=active and pin, pin_ms_per_batch=None,
+                    pin_thread=None, round_items_per_s=rates)
+
+
+def test_pin_verdict_follows_the_rounds() -> None:
+    rows = [_pin_row(0, False, [100, 100, 100], False), _pin_row(0, True, [180, 90, 110], False)]
+    assert rows[1].items_per_s == 110  # the median of the rounds
+    assert "noise" in L.pin_verdict(rows, 0) and "0.90-1.80x" in L.pin_verdict(rows, 0)
+    active = [_pin_row(2, False, [100, 100, 100], True), _pin_row(2, True, [120, 110, 130], True)]
+    assert "faster in every round" in L.pin_verdict(active, 2)
+    mixed = [_pin_row(2, False, [100, 100, 100], True), _pin_row(2, True, [120, 90, 130], True)]
+    assert "within noise" in L.pin_verdict(mixed, 2)
+    with pytest.raises(ValueError, match="num_workers=4"):
+        L.pin_verdict(rows, 4)
+
+
+def test_pin_experiment_alternates_rounds() -> None:
+    rows = L.pin_memory_experiment(L.CheapDataset(32, 4), workers=(0,), batch_size=4, batches=2, warmup=0, rounds=3)
+    assert [(r.num_workers, r.pin_memory) for r in rows] == [(0, False), (0, True)]
+    assert all(len(r.round_items_per_s) == 3 for r in rows)
