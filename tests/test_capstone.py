@@ -415,3 +415,34 @@ def test_laptop_tier_uses_the_small_data_set(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr("helpers.config._cuda_present", lambda: False)
     sizes = C.job_sizes()
     assert sizes["image_size"] == 80 and sizes["train_items"] <= sizes["n_train"] <= 640
+
+
+@pytest.mark.slow
+def test_panel_runs_repeated_keep_memory_flat_and_leave_no_process() -> None:
+    """Issue 15: chapter 06's panel grew its RSS in its first runs, then stayed flat; no run left a process."""
+    import gc
+    import time
+
+    import psutil
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    spec = tiny()
+    toggles = [dict(workers=True), dict(workers=True, persistent=True), dict(workers=True, persistent=True,
+                                                                             uint8=True), {}]
+    rss = []
+    for k in range(16):
+        r = C.panel_run(None, regime="data-bound", device="cpu", spec=spec, **toggles[k % len(toggles)])
+        assert r.throughput > 0
+        gc.collect()
+        rss.append(me.memory_info().rss)
+    settled, last = rss[7], rss[-1]
+    assert last <= settled * 1.10 + 32 * 2**20, f"RSS kept growing after the first runs: {rss}"
+    deadline = time.monotonic() + 10
+    while True:
+        extra = {p.pid for p in me.children(recursive=True) if p.is_running()
+                 and p.status() != psutil.STATUS_ZOMBIE} - before
+        if not extra or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not extra, f"panel runs left processes behind: {extra}"
