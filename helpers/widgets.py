@@ -302,7 +302,11 @@ class Panel:
             self.out.outputs = outputs
             self.bar.value = 1.0
             # The summary is printed in the output just below; repeating it here doubled long summaries.
-            self._show_status(f"Run #{rec.index} done in {seconds:.1f} s.", "ok")
+            # Say which settings the shown result belongs to: a run started from a notebook cell
+            # (panel.set + panel.click) used values the reader did not choose.
+            origin = ("started by a notebook cell, with the settings the controls now show; change any and "
+                      "press Run for your own" if force else "with the settings above")
+            self._show_status(f"Run #{rec.index} done in {seconds:.1f} s ({rec.short_label()}), {origin}.", "ok")
         except ValueError as exc:
             self.error = one_line(f"Can't run with these settings: {exc}")
             self._show_status(self.error, "error")

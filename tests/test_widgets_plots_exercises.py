@@ -228,3 +228,16 @@ def test_check_parts_grade_mode_names_every_wrong_part(monkeypatch: pytest.Monke
         exercises.check_parts("9.8", a=P(True, expected=False), b=P(None, expected=4.0), c=P(1.0, expected=1.0))
     assert "9.8a" in str(err.value) and "9.8b" in str(err.value) and "9.8c" not in str(err.value)
     assert exercises.check_parts("9.8", a=P(False, expected=False)).correct
+
+
+def test_status_names_the_settings_of_a_run_started_from_python() -> None:
+    import ipywidgets as W
+
+    from helpers.widgets import Panel
+
+    panel = Panel("demo", {"n": W.IntSlider(value=3, min=1, max=9)}, lambda progress, n: n * 2, debounce_s=0.0)
+    panel.set(n=5)
+    panel.click()
+    assert "n=5" in panel.status.value and "notebook cell" in panel.status.value
+    panel.button.click()
+    assert "with the settings above" in panel.status.value
