@@ -1,0 +1,72 @@
+"""helpers.codecells: reading tagged pipeline cells, merging chapters, rendering a diff."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import codecells
+
+
+def _nb(path: Path, cells: list[tuple[str, bool]]) -> None:
+    nb = {"cells": [{"cell_type": "code", "source": src, "metadata": {"tags": ["pipeline"] if tagged else []},
+                     "outputs": [], "execution_count": None} for src, tagged in cells],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path.write_text(json.dumps(nb))
+
+
+@pytest.fixture
+def books(tmp_path: Path) -> Path:
+    _nb(tmp_path / "01_a.ipynb", [("def to_device(x, y):\n    return x.to(D), y.to(D)\n", True),
+                                  ("def helper():\n    pass\n", False)])
+    _nb(tmp_path / "02_b.ipynb", [("import functools\n\n@functools.cache\ndef to_device(x, y):\n"
+                                   "    return x.to(D, non_blocking=True), y.to(D, non_blocking=True)\n", True)])
+    return tmp_path
+
+
+def test_definitions_keep_decorators_and_the_last_definition() -> None:
+    src = "import f\n@f.cache\ndef a():\n    return 1\n\nclass B:\n    x = 1\n\ndef a():\n    return 2\n"
+    found = codecells.definitions(src)
+    assert found == {"a": "def a():\n    return 2", "B": "class B:\n    x = 1"}
+    assert codecells.definitions("@f.cache\ndef g():\n    pass")["g"].startswith("@f.cache")
+
+
+def test_pipeline_after_merges_tagged_cells_in_chapter_order(books: Path) -> None:
+    assert codecells.chapters(books) == ["01", "02"]
+    assert codecells.pipeline_after("01", books) == {"to_device": "def to_device(x, y):\n    return x.to(D), y.to(D)"}
+    assert "non_blocking=True" in codecells.pipeline_after("02", books)["to_device"]
+    assert "helper" not in codecells.pipeline_after("02", books)
+
+
+def test_show_diff_against_the_previous_chapter(books: Path) -> None:
+    ns = {}
+    exec("def to_device(x, y):\n    return x.to(D, non_blocking=True), y.to(D)\n", ns)
+    with pytest.raises(LookupError, match="run the cell"):
+        codecells.show_diff("01", "to_device", notebooks=books)     # not in any executed cell, no namespace
+    d = codecells.diff("01", ["to_device"], {"to_device": "def to_device(x, y):\n    return x.to(D, non_blocking=True), y.to(D)"}, books)
+    assert d.added == ["    return x.to(D, non_blocking=True), y.to(D)"]
+    assert d.removed == ["    return x.to(D), y.to(D)"]
+    assert "non_blocking" in d._repr_html_() and "1 lines added" in d._repr_html_()
+    unchanged = codecells.diff("02", ["to_device"], {"to_device": codecells.pipeline_after("02", books)["to_device"]}, books)
+    assert "unchanged since chapter 02" in unchanged.text()
+    with pytest.raises(ValueError, match="chapters are"):
+        codecells.show_diff("09", "to_device", notebooks=books)
+    with pytest.raises(ValueError, match="name at least one"):
+        codecells.show_diff("01", notebooks=books)
+
+
+def test_new_function_is_all_added(books: Path) -> None:
+    d = codecells.diff("02", ["Prefetcher"], {"Prefetcher": "class Prefetcher:\n    pass"}, books)
+    assert d.added == ["class Prefetcher:", "    pass"] and "no Prefetcher yet" in d.text()
+
+
+def test_current_source_reads_the_newest_executed_cell(monkeypatch: pytest.MonkeyPatch) -> None:
+    cells = ["def f():\n    return 1\n", "%time x = 1\n", "def f():\n    return 2\n", "print(1)\n"]
+    monkeypatch.setattr(codecells, "_kernel_inputs", lambda: cells)
+    assert codecells.current_source("f") == "def f():\n    return 2"
+
+
+def test_code_lines_skip_blanks_and_comments() -> None:
+    assert codecells.code_lines("a = 1\n\n# note\n  # indented note\nb = 2  # trailing\n") == 2
