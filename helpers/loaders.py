@@ -1918,6 +1918,11 @@ def close_pool(pool: Any, grace_s: float = SHUTDOWN_GRACE_S) -> None:
     helper thread here, and killing the processes releases what they held. An interrupt that arrives
     meanwhile is re-raised after the processes are gone.
     """
+    import multiprocessing.pool as mp_pool
+
+    handler = getattr(pool, "_worker_handler", None)
+    if handler is not None:  # stop the pool replacing workers that exit while it closes (they would be missed)
+        handler._state = mp_pool.TERMINATE
     procs = list(getattr(pool, "_pool", []) or [])
 
     def terminate() -> None:
@@ -1934,7 +1939,10 @@ def close_pool(pool: Any, grace_s: float = SHUTDOWN_GRACE_S) -> None:
             if t.is_alive():
                 _stop_processes(procs, grace_s=0.0)
                 t.join(grace_s)
-            _stop_processes(procs, grace_s=0.5)
+            # A worker the pool started while it was closing is not in ``procs``: forked while another
+            # thread held a lock, it can sit on that lock for ever (an orphan after the run). Stop it too.
+            late = [p for p in list(getattr(pool, "_pool", []) or []) if all(p is not q for q in procs)]
+            _stop_processes(procs + late, grace_s=0.5)
             break
         except KeyboardInterrupt as exc:
             pending = exc

@@ -356,6 +356,28 @@ def test_close_pool_is_bounded_when_terminate_hangs() -> None:
     pool._terminate.cancel()  # its real terminate never ran here; don't run it at exit
 
 
+def test_close_pool_leaves_no_worker_when_workers_die_while_it_closes() -> None:
+    """A pool replaces a worker that exits; one forked while the pool closes must be stopped too (it was an
+    orphan, stuck on a lock, after a full unit run)."""
+    import psutil
+
+    me = psutil.Process()
+    before = {c.pid for c in me.children(recursive=True)}
+    for _ in range(6):
+        pool = L.start_pool(2)
+        os.kill(pool._pool[0].pid, signal.SIGKILL)      # the pool's handler starts a replacement
+        time.sleep(0.05)
+        L.close_pool(pool, grace_s=1.0)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        left = [c for c in me.children(recursive=True) if c.pid not in before and c.is_running()
+                and c.status() != psutil.STATUS_ZOMBIE]
+        if not left:
+            break
+        time.sleep(0.2)
+    assert not left, [c.cmdline() for c in left]
+
+
 # -- bad input (issue 15 item 11) ------------------------------------------------------------
 
 

@@ -1,0 +1,54 @@
+"""Every test module must leave no child process behind.
+
+After each test module, any process this pytest process started (directly or not) that is still
+running 5 s later is named in the run's summary and killed, so that a leak is found by the module that
+caused it and never outlives the run as an orphan.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+_LEAKS: list[str] = []
+GRACE_S = 5.0
+
+
+def _alive_children(me: psutil.Process, before: set[int]) -> list[psutil.Process]:
+    out = []
+    for c in me.children(recursive=True):
+        try:
+            if c.pid not in before and c.status() != psutil.STATUS_ZOMBIE:
+                out.append(c)
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    me = psutil.Process()
+    before = {c.pid for c in me.children(recursive=True)}
+    yield
+    deadline = time.monotonic() + GRACE_S
+    left = _alive_children(me, before)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = _alive_children(me, before)
+    for c in left:
+        try:
+            desc = f"pid {c.pid} ({c.status()}, {c.num_threads()} threads): {' '.join(c.cmdline())[:160]}"
+            c.kill()
+        except psutil.Error:
+            continue
+        _LEAKS.append(f"{request.node.nodeid}: {desc}")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _LEAKS:
+        terminalreporter.section("child processes left behind (killed)")
+        for line in _LEAKS:
+            terminalreporter.write_line(line)
