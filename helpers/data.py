@@ -332,7 +332,7 @@ class DatasetInfo:
         return (
             f"{self.n_train} train + {self.n_val} val JPEGs, {self.image_size}x{self.image_size} px, "
             f"{len(self.classes)} classes, {self.total_bytes / 2**20:.1f} MiB "
-            f"(mean {self.mean_file_bytes / 1024:.1f} KiB/file), {how}, in {self.root}"
+            f"(mean {self.mean_file_bytes / 1024:.1f} KiB/file), {how},\n  in {self.root}"
         )
 
 

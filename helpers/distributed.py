@@ -363,6 +363,17 @@ def coverage(indices_by_rank: Mapping[int, Sequence[int]] | Sequence[Sequence[in
 # ---------------------------------------------------------------------------
 
 
+def _wrap_args(parts: list[str], width: int) -> list[str]:
+    """Group command-line words into lines of at most ``width`` characters (a word is never split)."""
+    lines: list[str] = []
+    for word in parts:
+        if lines and len(lines[-1]) + 1 + len(word) <= width:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return lines
+
+
 class DistributedRunError(RuntimeError):
     """A torchrun job failed, timed out or was interrupted.
 
@@ -510,7 +521,7 @@ class DistributedRun:
             for prefix, repl in short.items():
                 if a.startswith(prefix):
                     parts[i] = repl
-        return " ".join(parts)
+        return " \\\n    ".join(_wrap_args(parts, 96))
 
     def table(self) -> str:
         """Per-rank text table: device, workers, samples, steady items/s, loss."""

@@ -370,15 +370,15 @@ def share_table(figures: Iterable[PublishedFigure] | None = None) -> str:
     The two numbers sit in separate, labelled columns; the share is published / theoretical.
     """
     figs = list(figures) if figures is not None else list(_cached())
-    head = (f"{'GPU, copy':<42}{'size':>11}{'published GB/s':>16}  {'host link (product spec)':<25}"
-            f"{'theoretical GB/s':>16}{'share':>7}")
-    lines = [head, "-" * len(head)]
+    head = (f"{'GPU, copy':<40}{'size':>10}{'published':>11}  {'host link':<15}{'theoretical':>13}{'share':>7}\n"
+            f"{'':<50}{'GB/s':>11}  {'(product spec)':<15}{'GB/s':>13}")
+    lines = [head, "-" * len(head.splitlines()[0])]
     for f in figs:
         c = f.ceiling_gbps
         share = f"{f.share_of_ceiling:.0%}" if c else "—"
         size = "—" if f.transfer_size_bytes is None else size_text(f.transfer_size_bytes)
-        lines.append(f"{f.short_label():<42}{size:>11}{f.gbps:>16.2f}  {f.product_link:<25}"
-                     f"{(f'{c:.1f}' if c else '—'):>16}{share:>7}")
+        lines.append(f"{f.short_label():<40}{size:>10}{f.gbps:>11.2f}  {f.product_link:<15}"
+                     f"{(f'{c:.1f}' if c else '—'):>13}{share:>7}")
     return "\n".join(lines)
 
 

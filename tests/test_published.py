@@ -129,8 +129,9 @@ def test_markdown_table_and_readme_block_render():
 
 def test_share_table_keeps_published_and_theoretical_in_separate_columns():
     text = published.share_table()
-    header = text.splitlines()[0]
-    assert "published GB/s" in header and "theoretical GB/s" in header
+    header, units = text.splitlines()[:2]
+    assert "published" in header and "theoretical" in header and units.split() == ["GB/s", "(product", "spec)", "GB/s"]
+    assert max(len(line) for line in text.splitlines()) <= 100
 
 
 def test_plot_helpers_draw_on_cpu():
