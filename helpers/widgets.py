@@ -66,7 +66,7 @@ def known_failure_advice(exc: BaseException) -> str | None:
 class Progress:
     """Handed to the run function: ``progress(fraction, text='')`` updates the bar."""
 
-    def __init__(self, bar: W.FloatProgress, label: W.Label) -> None:
+    def __init__(self, bar: W.FloatProgress, label: W.HTML | W.Label) -> None:
         self._bar = bar
         self._label = label
 
@@ -77,7 +77,7 @@ class Progress:
             return
         self._bar.value = min(1.0, max(0.0, f))
         if text:
-            self._label.value = str(text)
+            self._label.value = html.escape(str(text)) if isinstance(self._label, W.HTML) else str(text)
 
 
 @dataclass
@@ -180,7 +180,8 @@ class Panel:
 
         self.button = W.Button(description=run_label, button_style="primary", icon="play", tooltip="Run with these settings")
         self.bar = W.FloatProgress(value=0.0, min=0.0, max=1.0, layout=W.Layout(width="180px"))
-        self.bar_label = W.Label(value="")
+        # An HTML widget wraps a long progress text; a Label would cut it off with an ellipsis.
+        self.bar_label = W.HTML(value="", layout=W.Layout(flex="1 1 auto", min_width="0"))
         self.status = W.HTML(value="<i>Set the controls, then press Run.</i>")
         self.out = W.Output(layout=W.Layout(min_height="40px"))
         self.button.on_click(self._on_click)
