@@ -877,7 +877,9 @@ def sweep(
     reps = sized(5, 15) if repeats is None else check_int("repeats", repeats, 1, 10_000)
     rounds = check_int("rounds", rounds, 1, 100)
     dev = _device(device)
-    ok, _ = cuda_status(dev)
+    ok, reason = cuda_status(dev)
+    if dev.type == "cuda" and not ok:
+        raise ValueError(f"device: {reason} Pass device='cpu' to time the host memcpy instead.")
     kinds = MEMORY_KINDS if ok else ("pageable",)
     direction = "h2d" if ok else "h2h"
     biggest = max(sizes)

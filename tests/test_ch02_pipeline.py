@@ -176,6 +176,12 @@ def test_sweep_validates_its_arguments(kwargs, match):
         T.sweep(**args)
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
+def test_sweep_refuses_a_cuda_device_that_is_not_there():
+    with pytest.raises(ValueError, match="device: No CUDA device"):
+        T.sweep(lambda *a: [1e-6], [4 * KiB], device="cuda")
+
+
 def test_sweep_refuses_more_host_memory_than_is_free(monkeypatch):
     monkeypatch.setattr(T, "_memory_now", lambda: (8 * 1024**3, 1 * 1024**3))
     with pytest.raises(ValueError, match="sizes"):
