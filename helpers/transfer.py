@@ -11,6 +11,11 @@ Pure logic (runs anywhere, unit-tested on CPU)
     :func:`break_even_uses`, :func:`pinning_pays` - when does pinning a buffer pay for itself?
     :func:`speedup_by_size`, :func:`claim_verdict` - test the "pinning is 30-50% faster" claim.
 
+The reader's copy function, looped over sizes
+    :func:`sweep` - calls the chapter's ``time_copy`` (any :data:`CopyFn`) for every size, pageable
+    and pinned in alternating rounds, and records the times as sweeps. On a CPU device it asks only
+    for pageable copies, which the chapter's function times as a host memcpy (labelled so).
+
 Measurements that need CUDA (they return :class:`Unavailable`, never raise, without it)
     :func:`measure_copy`, :func:`transfer_sweep` - CUDA-event timed copies on a side stream.
     :func:`pin_cost` - what ``tensor.pin_memory()`` costs, cold and cached, vs what it saves.
@@ -29,6 +34,7 @@ bandwidth in GB/s = 1e9 bytes per second (the unit link specifications use).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -81,6 +87,8 @@ __all__ = [
     "host_copy_sweep",
     "measure_copy",
     "transfer_sweep",
+    "CopyFn",
+    "sweep",
     "pin_cost",
     "host_blocking_probe",
     "host_allocator_stats",
@@ -799,6 +807,123 @@ def _gpu_name(dev: torch.device) -> str:
         return str(dev)
 
 
+# ---------------------------------------------------------------------------
+# The reader's copy function, swept over sizes (chapter 02's practice cells)
+# ---------------------------------------------------------------------------
+
+
+CopyFn = Callable[..., Any]
+"""``copy_fn(src, device, pinned, repeats)`` -> seconds of each timed copy (a list), or one number.
+
+The chapter's ``time_copy`` cell is one: warm-up, CUDA events, ``src.pin_memory()`` once when
+``pinned``, ``.to(device, non_blocking=True)``; on a CPU device it times a host memcpy instead.
+"""
+
+
+def _samples(copy_fn: CopyFn, result: Any) -> list[float]:
+    """The seconds ``copy_fn`` returned, as a list of floats >= 0 (a clear ValueError otherwise)."""
+    name = getattr(copy_fn, "__name__", "copy_fn")
+    values = [result] if isinstance(result, (int, float)) and not isinstance(result, bool) else result
+    try:
+        out = [float(v) for v in values]
+    except (TypeError, ValueError):
+        raise ValueError(f"copy_fn: {name}(...) must return the seconds of each timed copy (a list of "
+                         f"numbers) or one number, got {result!r}") from None
+    if not out or not all(math.isfinite(v) and v >= 0 for v in out):
+        raise ValueError(f"copy_fn: {name}(...) returned {out!r}; expected one or more times in seconds, >= 0")
+    return out
+
+
+def sweep(
+    copy_fn: CopyFn,
+    sizes: Sequence[int] | None = None,
+    *,
+    device: torch.device | str | None = None,
+    repeats: int | None = None,
+    rounds: int = 2,
+    pin_share: float = DEFAULT_PIN_SHARE,
+    progress: Callable[..., Any] | None = None,
+) -> dict[tuple[str, str], Sweep]:
+    """Time *your* copy function over ``sizes``: this helper only loops, alternates, records.
+
+    For every round and every size it calls ``copy_fn(src, device, pinned, repeats)`` once per
+    memory kind, with ``src`` a host ``uint8`` tensor of that many bytes (a slice of one buffer
+    allocated once), and pools the seconds it returns. The two kinds alternate within each size,
+    and their order flips every round (pageable first in even rounds, pinned first in odd ones),
+    so that a machine that slows down or speeds up during the sweep hurts both kinds alike.
+
+    On a usable CUDA ``device``: both kinds, recorded as ``("h2d", "pageable")`` and
+    ``("h2d", "pinned")``. On any other device there is no host-to-device copy and nothing can
+    be pinned: only ``pinned=False`` is asked for, and the result is recorded as
+    ``("h2h", "pageable")``, the host memcpy (labelled "not a GPU copy" on plots), which is
+    what the chapter's ``time_copy`` times on a CPU.
+
+    Args:
+        copy_fn: see :data:`CopyFn`.
+        sizes: bytes per copy (default :func:`default_sizes`).
+        repeats: timed copies asked for per call (default 5 quick, 15 full).
+        rounds: calls per size and kind; the samples of all rounds are pooled (median, IQR).
+        progress: ``progress(fraction, text)``, called after every call.
+
+    Returns ``{(direction, memory): Sweep}``. Raises ValueError for bad arguments, a buffer
+    beyond the safe pin limit or the RAM available, or a ``copy_fn`` that returns no times.
+    """
+    if not callable(copy_fn):
+        raise ValueError(f"copy_fn must be a function copy_fn(src, device, pinned, repeats), got {copy_fn!r}")
+    sizes = list(default_sizes() if sizes is None else sizes)
+    if not sizes:
+        raise ValueError("sizes must hold at least one size in bytes")
+    sizes = [check_int("sizes[i]", n, 1, _MAX_BYTES) for n in sizes]
+    reps = sized(5, 15) if repeats is None else check_int("repeats", repeats, 1, 10_000)
+    rounds = check_int("rounds", rounds, 1, 100)
+    dev = _device(device)
+    ok, reason = cuda_status(dev)
+    if dev.type == "cuda" and not ok:
+        raise ValueError(f"device: {reason} Pass device='cpu' to time the host memcpy instead.")
+    kinds = MEMORY_KINDS if ok else ("pageable",)
+    direction = "h2d" if ok else "h2h"
+    biggest = max(sizes)
+    check_host_bytes("sizes", 2 * biggest, what=f"a source of {human_bytes(biggest)} and one copy of it")
+    if ok:
+        check_pin_size(biggest, share=pin_share)
+        _check_device_bytes("sizes", biggest, dev, f"a device copy of {human_bytes(biggest)}")
+    name = getattr(copy_fn, "__name__", "copy_fn")
+    samples: dict[tuple[str, int], list[float]] = {(m, n): [] for m in kinds for n in sizes}
+    calls, done = rounds * len(sizes) * len(kinds), 0
+    base = torch.ones(biggest, dtype=torch.uint8)  # one host buffer; every size is a slice of it
+    try:
+        for r in range(rounds):
+            order = kinds if r % 2 == 0 else kinds[::-1]
+            for n in sizes:
+                for memory in order:
+                    result = copy_fn(base[:n], dev, memory == "pinned", reps)
+                    samples[(memory, n)] += _samples(copy_fn, result)
+                    done += 1
+                    if progress is not None:
+                        progress(done / calls, f"round {r + 1}/{rounds}, {human_bytes(n)} {memory}")
+    finally:
+        del base
+        if ok:
+            torch.cuda.synchronize(dev)
+            torch.cuda.empty_cache()  # device copies back to the driver; pinned blocks stay cached
+    from .timing import summarize
+
+    how = (f"{name}(), yours: {rounds} alternating rounds x {reps} timed copies, median"
+           + ("" if ok else "; no CUDA device here, so a host memcpy (CPU→CPU), not a GPU copy"))
+    out: dict[tuple[str, str], Sweep] = {}
+    for memory in kinds:
+        points = []
+        for n in sizes:
+            t = summarize(f"{direction} {memory} {human_bytes(n)}", samples[(memory, n)])
+            points.append(TransferPoint(nbytes=n, direction=direction, memory=memory, median_s=t.median_s,
+                                        iqr_s=t.iqr_s, n=t.n, method=how))
+        out[(direction, memory)] = Sweep(
+            direction=direction, memory=memory, points=points,
+            source="measured here" if ok else "measured here (CPU memcpy)",
+            device=_gpu_name(dev) if ok else "cpu", method=how)
+    return out
+
+
 def release_pinned_cache() -> bool:
     """Give cached, unused pinned blocks back to the driver. Returns False if torch can't.
 
@@ -1442,6 +1567,8 @@ def panel_measure(
     device: torch.device | str | None = None,
     reference: ReferenceSweeps | Unavailable | None = None,
     progress: Callable[..., Any] | None = None,
+    copy_fn: CopyFn | None = None,
+    repeats: int = 10,
 ) -> PanelReading:
     """Run the copy the panel asks for, or say plainly why it cannot run here.
 
@@ -1449,6 +1576,10 @@ def panel_measure(
     times those bytes. With CUDA: a real CUDA-event measurement. Without: the nearest
     reference point for that direction and memory kind (if one is recorded) and a live
     host memcpy of the same bytes, labelled as a CPU copy.
+
+    ``copy_fn`` (the chapter's ``time_copy``, see :data:`CopyFn`) times the H2D copy with
+    CUDA and the host memcpy without (on one CPU thread); D2H copies, which it does not do, are
+    timed by :func:`measure_copy`. Without ``copy_fn`` every copy is timed by this module.
     """
     size_mib = check_float("size_mib", size_mib, 1 / 256, 1024)
     direction = check_choice("direction", direction, DIRECTIONS)
@@ -1458,12 +1589,16 @@ def panel_measure(
     nbytes = int(round(size_mib * MiB)) * item
     if progress is not None:
         progress(0.1, "measuring…")
+    repeats = check_int("repeats", repeats, 1, 10_000)
     ok, reason = cuda_status(device)
     measured = ref_point = host = None
-    if ok:
-        p = measure_copy(nbytes, direction, memory, dtype=dtype, device=device, repeats=10)
+    if ok and copy_fn is not None and direction == "h2d":
+        measured = _point_from_fn(copy_fn, nbytes, dtype, _device(device), memory, repeats, pin_share=DEFAULT_PIN_SHARE)
+        note = f"Timed by your {getattr(copy_fn, '__name__', 'copy_fn')}()."
+    elif ok:
+        p = measure_copy(nbytes, direction, memory, dtype=dtype, device=device, repeats=repeats)
         measured = p if isinstance(p, TransferPoint) else None
-        note = ""
+        note = "D2H: timed by transfer.measure_copy (your copy function does H2D)." if copy_fn is not None else ""
     else:
         note = "No CUDA device here: the GPU copy cannot run. "
         if isinstance(reference, ReferenceSweeps) and (direction, memory) in reference.sweeps:
@@ -1474,11 +1609,37 @@ def panel_measure(
             note += "No reference result for this copy is recorded yet (run `make gpu-check` on a GPU machine)."
         if memory == "pinned":
             note += " Pinning is impossible without the NVIDIA driver."
-        host = measure_host_copy(nbytes, dtype=dtype)
+        if copy_fn is not None:
+            host = _point_from_fn(copy_fn, nbytes, dtype, torch.device("cpu"), "pageable", repeats)
+        else:
+            host = measure_host_copy(nbytes, dtype=dtype)
         note += " The host memcpy is real, but it is a CPU copy, not a transfer to a GPU."
     if progress is not None:
         progress(1.0, "done")
     return PanelReading(nbytes, direction, memory, dtype, measured, ref_point, host, note)
+
+
+def _point_from_fn(copy_fn: CopyFn, nbytes: int, dtype: str, dev: torch.device, memory: str, repeats: int,
+                   *, pin_share: float = DEFAULT_PIN_SHARE) -> TransferPoint:
+    """One call of ``copy_fn`` on a host tensor of ``nbytes`` bytes of ``dtype``, as a point."""
+    from .timing import summarize
+
+    gpu = dev.type == "cuda"
+    check_host_bytes("nbytes", 2 * nbytes, what=f"a source of {human_bytes(nbytes)} and one copy of it")
+    if gpu and memory == "pinned":
+        check_pin_size(nbytes, share=pin_share)
+    from .device import intraop_threads
+
+    src = torch.ones(_numel(nbytes, dtype), dtype=DTYPES[dtype])
+    try:  # a host memcpy on one thread, as the driver stages a pageable copy and as the chapter's sweep runs
+        with contextlib.nullcontext() if gpu else intraop_threads(1):
+            t = summarize("panel copy", _samples(copy_fn, copy_fn(src, dev, memory == "pinned", repeats)))
+    finally:
+        del src
+    name = getattr(copy_fn, "__name__", "copy_fn")
+    return TransferPoint(nbytes=nbytes, direction="h2d" if gpu else "h2h", memory=memory, median_s=t.median_s,
+                         iqr_s=t.iqr_s, n=t.n, dtype=dtype,
+                         method=f"{name}(), yours, median of {t.n}" + ("" if gpu else " (host memcpy, not a GPU copy)"))
 
 
 def pin_costs_from_records(records: Iterable[Any]) -> list[PinCost]:

@@ -1,0 +1,247 @@
+"""Chapter 02's reader-built code: the timed copy loop (``time_copy``), the pipeline's ``to_device``,
+and the helpers that take them (``transfer.sweep``, ``transfer.panel_measure(copy_fn=...)``).
+
+The chapter's own cells are read from the committed notebook and executed here, so what is tested
+is what the reader runs. Tests that need a GPU say so in their skip reason (``helpers.gpucheck``
+selects them with ``--cuda-only``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+import time
+
+import pytest
+import torch
+
+from helpers import codecells
+from helpers import transfer as T
+from helpers.transfer import KiB, MiB
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def _chapter_code_cells() -> list[str]:
+    nb = json.loads(codecells.notebook_path("02").read_text(encoding="utf-8"))
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def _time_copy_cell() -> str:
+    found = [c for c in _chapter_code_cells() if "def time_copy(" in c]
+    assert len(found) == 1, "chapter 02 defines time_copy in exactly one code cell"
+    return found[0]
+
+
+def _namespace(device: str) -> dict:
+    """What the chapter's setup cell gives its cells: torch, time, functools, DEVICE."""
+    return {"torch": torch, "time": time, "functools": functools, "statistics": statistics,
+            "DEVICE": torch.device(device)}
+
+
+def chapter_time_copy():
+    ns = _namespace("cpu")
+    exec(compile(_time_copy_cell(), "<chapter 02: time_copy>", "exec"), ns)
+    return ns["time_copy"]
+
+
+def chapter_pipeline(device: str) -> dict:
+    ns = _namespace(device)
+    for cell in codecells.pipeline_cells("02"):
+        exec(compile(cell, "<chapter 02: pipeline>", "exec"), ns)
+    return ns
+
+
+# -- the cells themselves -----------------------------------------------------------
+
+
+def test_time_copy_cell_is_short_and_teaches_the_loop():
+    cell = _time_copy_cell()
+    assert len([ln for ln in cell.splitlines() if ln.strip()]) <= 20
+    for token in (".pin_memory()", "non_blocking=True", "torch.cuda.Event(enable_timing=True)", "start.record()",
+                  "end.record()", "end.synchronize()", "elapsed_time", "warmup", "time.perf_counter()"):
+        assert token in cell, f"the timed copy loop should show {token}"
+    # The pin happens once, before the timed loop, not inside it.
+    assert cell.index(".pin_memory()") < cell.index("for _ in range(warmup + repeats):              #")
+
+
+def test_pipeline_cell_defines_the_staged_copy():
+    cells = codecells.pipeline_cells("02")
+    assert len(cells) == 1
+    defs = codecells.definitions(cells[0])
+    assert set(defs) == {"staging", "stage", "to_device"}
+    stage = defs["stage"]
+    # The race guard: wait for the previous copy before the refill, record after queuing the copy.
+    assert stage.index("copied.synchronize()") < stage.index("buf.copy_(t)") < stage.index(
+        "buf.to(DEVICE, non_blocking=True)") < stage.index("copied.record()")
+    assert ".pin_memory()" in defs["staging"] and "lru_cache" in defs["staging"]
+    assert "x.to(DEVICE), y.to(DEVICE)" in defs["to_device"]
+
+
+def test_chapter_shows_the_diff_against_chapter_01():
+    assert any('codecells.show_diff("01", "to_device"' in c for c in _chapter_code_cells())
+
+
+# -- time_copy on this machine --------------------------------------------------------
+
+
+def test_time_copy_on_a_cpu_times_a_host_memcpy():
+    time_copy = chapter_time_copy()
+    src = torch.arange(64 * KiB, dtype=torch.int64).to(torch.uint8)
+    seconds = time_copy(src, torch.device("cpu"), False, 4)
+    assert len(seconds) == 4 and all(s > 0 for s in seconds)
+    # pinned=True cannot pin on a CPU device; the CPU branch never tries.
+    assert len(time_copy(src, torch.device("cpu"), True, 2, warmup=0)) == 2
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_time_copy_on_cuda_times_both_kinds():  # pragma: no cover - GPU only
+    time_copy = chapter_time_copy()
+    src = torch.ones(4 * MiB, dtype=torch.uint8)
+    for pinned in (False, True):
+        seconds = time_copy(src, torch.device("cuda"), pinned, 5)
+        assert len(seconds) == 5 and all(s > 0 for s in seconds)
+    assert not src.is_pinned()  # the reader's buffer is pinned as a copy, never in place
+
+
+# -- transfer.sweep: loops, alternates, records ---------------------------------------
+
+
+def test_sweep_with_the_chapter_function_on_a_cpu():
+    sizes = [4 * KiB, 64 * KiB, 1 * MiB]
+    out = T.sweep(chapter_time_copy(), sizes, device="cpu", repeats=3, rounds=2)
+    assert list(out) == [("h2h", "pageable")]
+    sw = out[("h2h", "pageable")]
+    assert sw.sizes() == sizes and all(p.n == 6 and p.median_s > 0 for p in sw.points)
+    assert sw.label.startswith("host memcpy") and "not a GPU copy" in sw.method and "time_copy()" in sw.method
+    assert sw.source == "measured here (CPU memcpy)"
+
+
+def test_sweep_calls_a_cpu_function_with_pageable_only():
+    calls = []
+
+    def fake(src, device, pinned, repeats):
+        calls.append((src.numel(), src.dtype, device.type, pinned, repeats, src.is_contiguous()))
+        return [1e-6 * (1 + src.numel() / 1e6)] * repeats
+
+    progress = []
+    out = T.sweep(fake, [4 * KiB, 16 * KiB], device="cpu", repeats=2, rounds=3,
+                  progress=lambda f, text="": progress.append((f, text)))
+    assert calls == [(n, torch.uint8, "cpu", False, 2, True) for _ in range(3) for n in (4 * KiB, 16 * KiB)]
+    assert progress[-1][0] == pytest.approx(1.0) and len(progress) == 6 and "round 3/3" in progress[-1][1]
+    assert out[("h2h", "pageable")].points[0].n == 6
+
+
+def test_sweep_alternates_pageable_and_pinned_rounds_on_cuda(monkeypatch):
+    # No GPU needed: the CUDA checks are replaced, and the fake copy function touches no device.
+    monkeypatch.setattr(T, "cuda_status", lambda device=None: (True, ""))
+    monkeypatch.setattr(T, "_check_device_bytes", lambda *a, **k: None)
+    monkeypatch.setattr(T, "_gpu_name", lambda dev: "a fake GPU")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    calls = []
+
+    def fake(src, device, pinned, repeats):
+        calls.append((src.numel(), "pinned" if pinned else "pageable"))
+        return 2e-6 if pinned else 3e-6  # one number is accepted as one sample
+
+    out = T.sweep(fake, [4 * KiB, 8 * KiB], device="cuda", repeats=1, rounds=2)
+    assert calls == [(4 * KiB, "pageable"), (4 * KiB, "pinned"), (8 * KiB, "pageable"), (8 * KiB, "pinned"),
+                     (4 * KiB, "pinned"), (4 * KiB, "pageable"), (8 * KiB, "pinned"), (8 * KiB, "pageable")]
+    assert set(out) == {("h2d", "pageable"), ("h2d", "pinned")}
+    pinned = out[("h2d", "pinned")]
+    assert pinned.label == "H2D pinned" and pinned.device == "a fake GPU" and pinned.points[0].n == 2
+    assert [p.median_s for p in pinned.points] == [2e-6, 2e-6]
+    ratios = T.speedup_by_size(out[("h2d", "pageable")], pinned)
+    assert [r for _, r in ratios] == pytest.approx([1.5, 1.5])
+
+
+@pytest.mark.parametrize("bad", [None, [], [-1.0], ["soon"], [float("nan")], "abc", True])
+def test_sweep_refuses_a_function_that_returns_no_times(bad):
+    with pytest.raises(ValueError, match="copy_fn"):
+        T.sweep(lambda *a: bad, [4 * KiB], device="cpu", repeats=1, rounds=1)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(copy_fn=42), "copy_fn"),
+    (dict(sizes=[]), "sizes"),
+    (dict(sizes=[0]), "sizes"),
+    (dict(repeats=0), "repeats"),
+    (dict(rounds=0), "rounds"),
+])
+def test_sweep_validates_its_arguments(kwargs, match):
+    args = dict(copy_fn=lambda *a: [1e-6], sizes=[4 * KiB], device="cpu", repeats=1, rounds=1) | kwargs
+    with pytest.raises(ValueError, match=match):
+        T.sweep(**args)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
+def test_sweep_refuses_a_cuda_device_that_is_not_there():
+    with pytest.raises(ValueError, match="device: No CUDA device"):
+        T.sweep(lambda *a: [1e-6], [4 * KiB], device="cuda")
+
+
+def test_sweep_refuses_more_host_memory_than_is_free(monkeypatch):
+    monkeypatch.setattr(T, "_memory_now", lambda: (8 * 1024**3, 1 * 1024**3))
+    with pytest.raises(ValueError, match="sizes"):
+        T.sweep(lambda *a: [1e-6], [1024**3], device="cpu")
+
+
+# -- the panel with the reader's function ----------------------------------------------
+
+
+def test_panel_measure_uses_the_readers_function_without_cuda(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    seen = []
+
+    def my_copy(src, device, pinned, repeats):
+        seen.append((src.dtype, src.numel(), device.type, pinned, repeats))
+        return [1e-4] * repeats
+
+    reading = T.panel_measure(0.25, "h2d", "pinned", "float32", device="cpu", copy_fn=my_copy, repeats=4)
+    assert seen == [(torch.float32, 256 * KiB, "cpu", False, 4)]  # 0.25 MiB of pixels, 4 bytes each
+    assert reading.measured is None and reading.host is not None
+    assert reading.host.direction == "h2h" and reading.host.median_s == pytest.approx(1e-4)
+    assert "my_copy()" in reading.host.method and "not a GPU copy" in reading.host.method
+    assert "not a transfer to a GPU" in reading.summary()
+
+
+def test_panel_measure_with_the_chapter_function(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    reading = T.panel_measure(0.25, "h2d", "pageable", "uint8", device="cpu", copy_fn=chapter_time_copy(),
+                              repeats=3)
+    assert reading.host is not None and reading.host.n == 3 and reading.host.gbps > 0
+
+
+# -- the pipeline's to_device ---------------------------------------------------------
+
+
+def test_to_device_on_a_cpu_is_chapter_01s_copy():
+    ns = chapter_pipeline("cpu")
+    x = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
+    y = torch.arange(4)
+    xd, yd = ns["to_device"](x, y)
+    assert xd is x and yd is y  # x.to("cpu") is x: nothing pinned, nothing copied
+    assert ns["staging"].cache_info().currsize == 0  # no pinned buffer was ever asked for
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_to_device_on_cuda_never_mixes_batches():  # pragma: no cover - GPU only
+    ns = chapter_pipeline("cuda")
+    gen = torch.Generator().manual_seed(0)
+    shape = (64, 3, 224, 224)
+    batches = [(torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen), torch.randint(0, 10, (64,)))
+               for _ in range(12)]
+    slow = torch.randn(4096, 4096, device="cuda")
+    arrived = []
+    for x, y in batches:  # GPU work queued ahead of every copy: the DMA lags the host, as in training
+        for _ in range(3):
+            slow = slow @ slow / 64
+        arrived.append(ns["to_device"](x, y))
+    torch.cuda.synchronize()
+    for (x, y), (xd, yd) in zip(batches, arrived):
+        assert xd.is_cuda and torch.equal(xd.cpu(), x) and torch.equal(yd.cpu(), y)
+    assert ns["staging"].cache_info().currsize == 2
+    buf, _ = ns["staging"](shape, torch.uint8)
+    assert buf.is_pinned()
