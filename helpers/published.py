@@ -27,6 +27,7 @@ Nothing here measures anything, and nothing is fitted to these numbers.
 from __future__ import annotations
 
 import json
+import textwrap
 import re
 from dataclasses import dataclass, fields
 from functools import lru_cache
@@ -463,7 +464,8 @@ def point_key(figures: Iterable[PublishedFigure] | None = None) -> str:
         f = group[-1]
         sizes = ", ".join(size_text(g.transfer_size_bytes) for g in group)
         vals = ", ".join(f"{g.gbps:.1f}" for g in group)
-        lines.append(f"[{k}] {f.short_label()}: {vals} GB/s at {sizes} -- {f.tool} -- {short_source(f.url)}")
+        lines.append(f"[{k}] {f.short_label()}: {vals} GB/s at {sizes}")
+        lines += [f"     {wrapped}" for wrapped in textwrap.wrap(f"{f.tool}; source: {short_source(f.url)}", 100)]
     return "\n".join(lines)
 
 
