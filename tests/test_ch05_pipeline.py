@@ -217,3 +217,24 @@ def test_time_batches_times_the_chapters_pipeline_on_a_gpu() -> None:
                torch.randint(0, 6, (8,)).pin_memory()) for _ in range(4)]
     times = overlap.time_batches({"prefetcher": lambda: ns["batches"](loader)}, step, "cuda", rounds=2)
     assert times.batches == {"prefetcher": 4}
+
+
+@cuda
+def test_a_step_of_the_chapters_batches_hides_no_synchronisation() -> None:
+    """After the first batch (which builds the cached statistics), handing over a batch and queuing
+    the next copy never makes the host wait: torch.cuda.set_sync_debug_mode("error") raises if it does."""
+    ns = _pipeline(device="cuda")
+    g = torch.Generator().manual_seed(0)
+    loader = [(torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8, generator=g).pin_memory(),
+               torch.randint(0, 6, (8,), generator=g).pin_memory()) for _ in range(4)]
+    it = iter(ns["batches"](loader))
+    next(it)  # warm-up: stats() copies the mean and std to the device once
+    torch.cuda.synchronize()
+    old = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        x, y = next(it)
+        (x.sum() + y.sum()).detach()
+    finally:
+        torch.cuda.set_sync_debug_mode(old)
+    torch.cuda.synchronize()
