@@ -27,6 +27,7 @@ import difflib
 import html
 import inspect
 import json
+import linecache
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -93,6 +94,23 @@ def _kernel_inputs() -> list[str]:
     return [s for s in ip.user_ns.get("In", []) if isinstance(s, str)]
 
 
+def _method_files(obj: Any) -> list[str]:
+    """The files that hold the code of a class's methods (for a class defined in a notebook cell: that cell).
+
+    ``inspect.getsource`` finds a class through its module's file, and ``__main__`` in a kernel has
+    none; without the kernel's input history (nbval runs cells with ``store_history=False``) the
+    class is still found through the cell file IPython registers in ``linecache`` for its methods.
+    """
+    if not isinstance(obj, type):
+        return []
+    files: list[str] = []
+    for value in vars(obj).values():
+        code = getattr(getattr(value, "__func__", value), "__code__", None)
+        if code is not None and code.co_filename not in files:
+            files.append(code.co_filename)
+    return files
+
+
 def current_source(name: str, namespace: Mapping[str, Any] | None = None) -> str:
     """The source of ``name`` as it runs now: its newest definition in the executed cells, else ``inspect``.
 
@@ -111,6 +129,13 @@ def current_source(name: str, namespace: Mapping[str, Any] | None = None) -> str
             return inspect.getsource(obj).rstrip("\n")
         except (OSError, TypeError):
             pass
+        for filename in _method_files(obj):  # a class defined in a cell: its module (__main__) has no file
+            try:
+                found = definitions("".join(linecache.getlines(filename))).get(name)
+            except SyntaxError:
+                continue
+            if found is not None:
+                return found
     raise LookupError(f"{name!r} is not defined in the cells run so far: run the cell that defines it first")
 
 

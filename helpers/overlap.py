@@ -80,6 +80,8 @@ __all__ = [
     "PRINT_SYNCS_WHY",
     "sync_counts_reference",
     "prefetch_overlap_ratio",
+    "BatchTimes",
+    "time_batches",
     "prefetch_step_times",
     "panel_run",
     "benchmark",
@@ -754,37 +756,55 @@ def _loop_time(batches: Iterable[Any], compute: Callable[[torch.Tensor], torch.T
 
 
 def prefetch_overlap_ratio(candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 32,
-                           n_batches: int = 8, repeats: int = 3) -> float:
+                           n_batches: int = 8, repeats: int = 3, pairs: bool = False) -> float:
     """Share (0-1) of the copy time a prefetcher hides behind compute (CUDA only).
 
     Times, with a synchronised wall clock: copying all batches alone (``t_copy``),
     computing on device-resident batches alone (``t_compute``, calibrated to about
     1.5x one copy), and iterating ``candidate(loader, device)`` while computing
     (``t_both``). Ratio = ``(t_copy + t_compute - t_both) / min(t_copy, t_compute)``,
-    clipped to [0, 1]; the median of ``repeats`` runs. The loader holds pinned batches.
+    clipped to [0, 1]; the median of ``repeats`` runs. The loader holds pinned batches:
+    float32 tensors, or with ``pairs=True`` chapter 05's ``(uint8 images, labels)`` pairs,
+    whose "copy" is the copy plus the normalisation on the device (what the chapter's
+    prefetcher queues on its side stream).
     """
+    from .data import to_float_normalized
+
     dev = _device(device)
     if dev.type != "cuda":
         raise ValueError("prefetch_overlap_ratio needs a CUDA device")
     n = check_int("batch_mib", batch_mib, 1, 1024) * MiB // 4
     n_batches = check_int("n_batches", n_batches, 2, 256)
-    loader = [torch.full((n,), float(i)).pin_memory() for i in range(n_batches)]
-    dst = torch.empty(n, device=dev)
-    dst.copy_(loader[0], non_blocking=True)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    dst.copy_(loader[0], non_blocking=True)
-    e.record()
+    if pairs:
+        side = max(8, int((4 * n / (3 * 64)) ** 0.5))  # 64 uint8 images of batch_mib MiB in all
+        loader: list[Any] = [(torch.full((64, 3, side, side), i, dtype=torch.uint8).pin_memory(),
+                              torch.full((64,), i, dtype=torch.int64).pin_memory()) for i in range(n_batches)]
+
+        def copy_all() -> None:
+            for x, y in loader:
+                to_float_normalized(x.to(dev, non_blocking=True))
+                y.to(dev, non_blocking=True)
+        resident: list[Any] = [(to_float_normalized(x.to(dev)), y.to(dev)) for x, y in loader]
+    else:
+        loader = [torch.full((n,), float(i)).pin_memory() for i in range(n_batches)]
+        dst = torch.empty(n, device=dev)
+
+        def copy_all() -> None:
+            for b in loader:
+                dst.copy_(b, non_blocking=True)
+        resident = [b.to(dev) for b in loader]
+    copy_all()  # warm-up
     torch.cuda.synchronize(dev)
-    compute = _calibrated_compute(dev, 1.5 * s.elapsed_time(e) / 1e3)
-    resident = [b.to(dev) for b in loader]
+    t0 = time.perf_counter()
+    copy_all()
+    torch.cuda.synchronize(dev)
+    compute = _calibrated_compute(dev, 1.5 * (time.perf_counter() - t0) / n_batches)
     ratios = []
     list(candidate(loader, dev))  # warm-up
     for _ in range(check_int("repeats", repeats, 1, 20)):
         torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
-        for b in loader:
-            dst.copy_(b, non_blocking=True)
+        copy_all()
         torch.cuda.synchronize(dev)
         t_copy = time.perf_counter() - t0
         t_compute = _loop_time(resident, compute, dev)
@@ -793,9 +813,88 @@ def prefetch_overlap_ratio(candidate: Any, device: torch.device | str = "cuda", 
     return max(0.0, min(1.0, statistics.median(ratios)))
 
 
+@dataclass
+class BatchTimes:
+    """Seconds per batch of a few ways to feed one training step, measured in alternating rounds.
+
+    ``seconds[name]`` holds one value per round (wall clock for the round's batches, synchronised
+    on a GPU, divided by the number of batches); ``batches[name]`` how many batches a round gave.
+    """
+
+    device: str
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+    batches: dict[str, int] = field(default_factory=dict)
+
+    def median(self, name: str) -> float:
+        """Median seconds per batch of ``name`` over the rounds."""
+        return statistics.median(self.seconds[name])
+
+    def report(self, baseline: str | None = None) -> str:
+        """One line per way: ms per batch (median, min-max over rounds), and the ratio to ``baseline``."""
+        base = baseline if baseline in self.seconds else next(iter(self.seconds), None)
+        width = max((len(n) for n in self.seconds), default=0)
+        rounds = len(next(iter(self.seconds.values()), []))
+        lines = [f"ms per batch on {self.device}, median of {rounds} alternating rounds (min-max):"]
+        for name, vals in self.seconds.items():
+            ratio = "" if base is None or name == base else f"  {self.median(base) / self.median(name):.2f}x"
+            lines.append(f"  {name:<{width}}  {self.median(name) * 1e3:8.3f}  ({min(vals) * 1e3:.3f}-"
+                         f"{max(vals) * 1e3:.3f}){ratio}")
+        return "\n".join(lines)
+
+
+def time_batches(variants: dict[str, Callable[[], Iterable[Any]]], step: Callable[..., Any],
+                 device: torch.device | str | None = None, *, rounds: int = 3,
+                 progress: Callable[[float, str], None] | None = None) -> BatchTimes:
+    """Time the reader's pipeline: each of ``variants`` feeds ``step(x, y)`` for one pass, in alternating rounds.
+
+    ``variants`` maps a label to a function that returns a fresh iterable of ``(x, y)`` device
+    batches (e.g. ``lambda: batches(loader)``); ``step`` is the reader's training step (e.g.
+    ``functools.partial(train_step, model, optimizer)``). One untimed warm-up pass per variant,
+    then ``rounds`` rounds; each round runs every variant once, in an order that reverses every
+    round (so drift in the machine's speed cancels), with the device synchronised before and
+    after each pass. Works on any device; on a CPU there is no copy to hide, so the ways differ
+    only by noise.
+    """
+    dev = _device(device)
+    rounds = check_int("rounds", rounds, 1, 50)
+    if not variants:
+        raise ValueError("variants must name at least one way to feed the step, e.g. {'mine': lambda: batches(loader)}")
+    names = list(variants)
+    out = BatchTimes(device=str(dev), seconds={n: [] for n in names})
+
+    def one_pass(name: str) -> tuple[float, int]:
+        synchronize(dev)
+        t0, k = time.perf_counter(), 0
+        for x, y in variants[name]():
+            step(x, y)
+            k += 1
+        synchronize(dev)
+        if k == 0:
+            raise ValueError(f"variant {name!r} gave no batches")
+        return time.perf_counter() - t0, k
+
+    total = len(names) * (rounds + 1)
+    done = 0
+    for r in range(-1, rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        for name in order:
+            seconds, k = one_pass(name)
+            if r >= 0:
+                out.seconds[name].append(seconds / k)
+                out.batches[name] = k
+            done += 1
+            if progress is not None:
+                progress(done / total, "warm-up" if r < 0 else f"round {r + 1} of {rounds}: {name}")
+    return out
+
+
 def prefetch_step_times(device: torch.device | str = "cuda", *, batch: int = 256, image: int = 128,
                         n_batches: int = 8) -> dict[tuple[str, bool], float]:
-    """Seconds per batch for {float32, uint8} pinned image batches, with and without :class:`Prefetcher`.
+    """Seconds per batch for {float32, uint8} pinned image batches, with and without the reference :class:`Prefetcher`.
+
+    These are the *reference* figures (``ch05.prefetch.batch_time``, recorded by :func:`benchmark`
+    on a GPU with the workbook's :class:`helpers.prefetch.Prefetcher` and a synthetic compute);
+    the chapter times the reader's own ``batches()`` and ``train_step`` with :func:`time_batches`.
 
     Without the prefetcher: ``x = batch.to(dev, non_blocking=True)`` (uint8 normalised
     on the device) then compute, all on the default stream. With it: the same

@@ -56,9 +56,12 @@ still applied, so the training loop is the same code on every machine).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import time
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+from unittest import mock
 
 import torch
 
@@ -82,6 +85,13 @@ __all__ = [
     "example_loaders",
     "Pair",
     "Sample",
+    "stream_doubles",
+    "stream_protocol",
+    "format_protocol",
+    "check_protocol",
+    "check_pipeline_prefetcher",
+    "check_pipeline_race",
+    "PairProbeLoader",
 ]
 
 SAFETY_MODES = ("record_stream", "event")
@@ -841,4 +851,517 @@ def check_prefetcher(
     elif check_overlap:
         messages.append("overlap and stream safety not checked: no CUDA device here (order and batches "
                         "checked on the CPU)")
+    return result
+
+
+# ---------------------------------------------------------------------------
+# The chapter's own prefetcher (chapter 05's `pipeline` cells): stream test doubles and its check
+# ---------------------------------------------------------------------------
+#
+# Chapter 05's reader writes ``class Prefetcher`` in a notebook cell: batches are ``(x, y)`` pairs
+# (uint8 images, labels), copied on a side stream with ``non_blocking=True`` and normalised there,
+# handed over after ``current.wait_stream(side)`` with ``record_stream(current)``. Streams exist only
+# on CUDA, so to check that code on *any* machine, :func:`stream_protocol` runs it under test doubles:
+# ``torch.cuda.Stream``, ``torch.cuda.stream``, ``torch.cuda.current_stream``, ``torch.cuda.Event`` and
+# ``Tensor.record_stream`` are replaced, for the duration of the run only, by objects that write what
+# was asked of them into one log, and ``Tensor.to`` logs when a loader's tensor is moved and under
+# which stream. No GPU work happens; the log says whether the *protocol* is right. On a GPU,
+# :func:`check_pipeline_prefetcher` then also runs the real thing (values, a race check, overlap).
+
+#: The stream a prefetcher's consumer runs on, in the test doubles' logs.
+CONSUMER = "current stream"
+
+
+class _Protocol:
+    """The log of one run under the stream doubles (module-global while active, so cached fakes log here)."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[Any, ...]] = []
+        self.consumer = _FakeStream(CONSUMER)
+        self.current: _FakeStream = self.consumer
+        self.streams_made = 0
+        self.probes: dict[int, tuple[int, str]] = {}  # id(loader tensor) -> (batch index, "x" or "y")
+
+
+_ACTIVE: _Protocol | None = None
+_STREAM_NUMBERS = itertools.count(1)  # fakes may outlive a run (a reader's cache): names stay unique
+
+
+def _log(*entry: Any) -> int:
+    if _ACTIVE is not None:
+        _ACTIVE.log.append(entry)
+        return len(_ACTIVE.log) - 1
+    return -1
+
+
+class _FakeStream:
+    """A stand-in for ``torch.cuda.Stream``: records waits instead of queuing them."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def wait_stream(self, other: "_FakeStream") -> None:
+        _log("wait", self.name, getattr(other, "name", repr(other)), len(_ACTIVE.log) if _ACTIVE else -1)
+
+    def wait_event(self, event: "_FakeEvent") -> None:
+        event.wait(self)
+
+    def record_event(self, event: "_FakeEvent | None" = None) -> "_FakeEvent":
+        event = event if event is not None else _FakeEvent()
+        event.record(self)
+        return event
+
+    def synchronize(self) -> None:
+        _log("synchronize", self.name)
+
+    def query(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"<test double of a CUDA stream: {self.name}>"
+
+
+class _FakeEvent:
+    """A stand-in for ``torch.cuda.Event``: remembers where in the log it was recorded."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.stream: str | None = None
+        self.at = -1
+
+    def record(self, stream: _FakeStream | None = None) -> None:
+        stream = stream if stream is not None else (_ACTIVE.current if _ACTIVE else None)
+        self.stream = getattr(stream, "name", None)
+        self.at = _log("record event", self.stream)
+
+    def wait(self, stream: _FakeStream | None = None) -> None:
+        stream = stream if stream is not None else (_ACTIVE.current if _ACTIVE else None)
+        if self.stream is not None:
+            _log("wait", getattr(stream, "name", None), self.stream, self.at)
+
+    def synchronize(self) -> None:
+        _log("synchronize", self.stream)
+
+    def query(self) -> bool:
+        return True
+
+
+class _FakeStreamContext:
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.before: _FakeStream | None = None
+
+    def __enter__(self) -> Any:
+        if _ACTIVE is not None and self.stream is not None:
+            self.before, _ACTIVE.current = _ACTIVE.current, self.stream
+        return self.stream
+
+    def __exit__(self, *exc: Any) -> None:
+        if _ACTIVE is not None and self.before is not None:
+            _ACTIVE.current = self.before
+
+
+def _make_stream(device: Any = None, priority: int = 0, **kwargs: Any) -> _FakeStream:
+    assert _ACTIVE is not None
+    _ACTIVE.streams_made += 1
+    stream = _FakeStream(f"side stream {next(_STREAM_NUMBERS)}")
+    _log("new stream", stream.name)
+    return stream
+
+
+@contextlib.contextmanager
+def stream_doubles() -> Iterator[_Protocol]:
+    """Replace the CUDA stream API by logging test doubles while the ``with`` block runs (any machine).
+
+    Inside, ``torch.cuda.Stream(...)`` makes a fake side stream, ``torch.cuda.current_stream()``
+    is :data:`CONSUMER` (or the stream of an enclosing ``torch.cuda.stream(s)``),
+    ``wait_stream`` / ``wait_event`` / ``Event.record`` and ``Tensor.record_stream`` are logged,
+    and ``Tensor.to`` logs a move when it is called on a tensor registered in ``probes``.
+    Everything is restored on exit, also after an exception.
+    """
+    global _ACTIVE
+    if _ACTIVE is not None:
+        raise RuntimeError("stream_doubles() is already active (it does not nest)")
+    proto = _Protocol()
+    original_to = torch.Tensor.to
+
+    def logged_to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        hit = proto.probes.get(id(self))
+        target = kwargs.get("device", args[0] if args else None)
+        if hit is not None and isinstance(target, (str, int, torch.device)):  # a move, not x.to(torch.float32)
+            _log("move", hit[0], hit[1], proto.current.name, bool(kwargs.get("non_blocking", False)))
+        return original_to(self, *args, **kwargs)
+
+    def record_stream(self: torch.Tensor, stream: Any) -> None:
+        _log("record_stream", id(self), getattr(stream, "name", repr(stream)))
+
+    patches = [
+        mock.patch.object(torch.cuda, "Stream", _make_stream),
+        mock.patch.object(torch.cuda, "Event", _FakeEvent),
+        mock.patch.object(torch.cuda, "stream", _FakeStreamContext),
+        mock.patch.object(torch.cuda, "current_stream", lambda device=None: proto.current),
+        mock.patch.object(torch.cuda, "default_stream", lambda device=None: proto.consumer),
+        mock.patch.object(torch.cuda, "synchronize", lambda device=None: _log("synchronize", "device")),
+        mock.patch.object(torch.Tensor, "to", logged_to),
+        mock.patch.object(torch.Tensor, "record_stream", record_stream),
+    ]
+    with contextlib.ExitStack() as stack:
+        for p in patches:
+            stack.enter_context(p)
+        _ACTIVE = proto
+        try:
+            yield proto
+        finally:
+            _ACTIVE = None
+
+
+class PairProbeLoader:
+    """A re-iterable loader of ``(uint8 images, labels)`` batches that logs ``("request", i)`` per batch.
+
+    Batch ``i``'s images are ``(2, 3, 4, 4)`` uint8 values derived from ``i`` and its labels are
+    ``i``, so order mistakes show. Its tensors are registered with an active :func:`stream_doubles`
+    so that their ``.to()`` calls are logged as moves.
+    """
+
+    def __init__(self, n_batches: int = 4, proto: _Protocol | None = None) -> None:
+        g = torch.Generator().manual_seed(5)
+        self.batches = [(torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8, generator=g),
+                         torch.full((2,), i, dtype=torch.int64)) for i in range(n_batches)]
+        self.proto = proto
+        if proto is not None:
+            for i, (x, y) in enumerate(self.batches):
+                proto.probes[id(x)], proto.probes[id(y)] = (i, "x"), (i, "y")
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for i, batch in enumerate(self.batches):
+            _log("request", i)
+            yield batch
+
+
+def stream_protocol(candidate: Any, n_batches: int = 4, epochs: int = 1
+                    ) -> tuple[list[tuple[Any, ...]], list[list[Any]], int]:
+    """Run ``candidate(loader, "cpu")`` under :func:`stream_doubles` on a :class:`PairProbeLoader`.
+
+    Returns ``(log, handed, streams_made)``: the log of requests, moves, new streams, waits,
+    events and ``record_stream`` calls, with ``("handed", epoch, i, ids of the batch's tensors)``
+    each time the candidate hands batch ``i`` to the loop; the batches handed over, per epoch;
+    and how many side streams were made. The same object is iterated ``epochs`` times (a
+    generator function is called again per epoch).
+    """
+    handed: list[list[Any]] = []
+    with stream_doubles() as proto:
+        loader = PairProbeLoader(n_batches, proto)
+        wrapped = candidate(loader, torch.device("cpu"))
+        for epoch in range(epochs):
+            if epoch and isinstance(wrapped, Iterator):
+                wrapped = candidate(loader, torch.device("cpu"))
+            _log("epoch", epoch)
+            got: list[Any] = []
+            for k, batch in enumerate(wrapped):
+                ids = [id(t) for t in iter_tensors(batch)]
+                _log("handed", epoch, k, ids)
+                got.append(batch)
+            handed.append(got)
+        return proto.log, handed, proto.streams_made
+
+
+def format_protocol(log: Sequence[tuple[Any, ...]], width: int = 100) -> str:
+    """The protocol log, wrapped, one block per hand-over: what was asked of the stream API since the previous one."""
+    import textwrap
+
+    def where(name: str) -> str:
+        return "the current stream" if name == CONSUMER else name
+
+    def says(e: tuple[Any, ...]) -> str | None:
+        kind = e[0]
+        if kind == "request":
+            return f"request {e[1]}"
+        if kind == "move":
+            return f"copy {e[2]}{e[1]} on {where(e[3])}" + (" (non_blocking)" if e[4] else " (blocking)")
+        if kind == "new stream":
+            return f"make {e[1]}"
+        if kind == "wait":
+            return f"{where(e[1])} waits for {where(e[2])}"
+        if kind == "record event":
+            return f"event on {where(e[1])}"
+        if kind == "record_stream":
+            return f"record_stream({where(e[2])})"
+        if kind == "synchronize":
+            return f"synchronize {e[1]}"
+        return None
+
+    blocks, pending = [], []
+    for e in log:
+        if e[0] == "handed":
+            head = f"hand over batch {e[2]} after: "
+            blocks.append(head + (", ".join(pending) if pending else "nothing"))
+            pending = []
+        else:
+            text = says(e)
+            if text is not None:
+                pending.append(text)
+    if pending:
+        blocks.append("after the last hand-over: " + ", ".join(pending))
+    out = []
+    for block in blocks:
+        block = _count_repeats(block)
+        out.append(textwrap.fill(block, width=width, initial_indent="  ", subsequent_indent="      "))
+    return "\n".join(out)
+
+
+def _count_repeats(block: str) -> str:
+    """``a, a, b`` -> ``a (x2), b``."""
+    head, _, rest = block.partition(": ")
+    items = rest.split(", ")
+    out: list[str] = []
+    counts: list[int] = []
+    for it in items:
+        if out and out[-1] == it:
+            counts[-1] += 1
+        else:
+            out.append(it)
+            counts.append(1)
+    return head + ": " + ", ".join(f"{it} (x{n})" if n > 1 else it for it, n in zip(out, counts))
+
+
+def check_protocol(log: Sequence[tuple[Any, ...]], handed: Sequence[Sequence[Any]], n_batches: int) -> list[str]:
+    """Problems (empty: none) in a :func:`stream_protocol` log of a side-stream prefetcher of ``(x, y)`` batches.
+
+    A prefetcher that overlaps safely: (1) requests **and moves** batch ``i + 1`` before it hands
+    over batch ``i``, reading at most :data:`MAX_AHEAD` ahead; (2) moves every tensor with
+    ``non_blocking=True`` under ``torch.cuda.stream(side)``, a side stream made once (not per
+    epoch); (3) makes the side stream wait for the current stream before its first copy;
+    (4) before handing batch ``i`` over, makes the current stream wait for the side stream
+    (``wait_stream``, or ``wait_event`` on an event recorded after batch ``i``'s copy); and (5)
+    calls ``record_stream(current)`` on every tensor it hands over.
+    """
+    problems: list[str] = []
+    events = list(log)
+    if [len(h) for h in handed] != [n_batches] * len(handed):
+        return [f"gave {[len(h) for h in handed]} batches per epoch, expected {n_batches}"]
+    moves = [(k, e) for k, e in enumerate(events) if e[0] == "move"]
+    at_handed = {(e[1], e[2]): k for k, e in enumerate(events) if e[0] == "handed"}
+    # (1) order, epoch 0
+    for i in range(n_batches - 1):
+        before = events[:at_handed[(0, i)]]
+        if ("request", i + 1) not in before:
+            problems.append(f"batch {i + 1} was requested only after batch {i} was handed over: nothing is "
+                            "prefetched (a pass-through). Request and copy the next batch before you yield the "
+                            "current one.")
+            break
+        if not any(e[0] == "move" and e[1] == i + 1 for e in before):
+            problems.append(f"batch {i + 1} was requested before batch {i} was handed over but moved only after it: "
+                            "queue its copy before you yield the current batch" if moves else
+                            "no batch was moved with .to(device): copy x and y with .to(device, non_blocking=True)")
+            break
+        ahead = sum(1 for e in before if e[0] == "request") - (i + 1)
+        if ahead > MAX_AHEAD:
+            problems.append(f"{ahead} batches were read ahead of batch {i}: keep one batch in flight")
+            break
+    if not moves:
+        return problems or ["no batch was moved with .to(device): copy x and y with .to(device, non_blocking=True)"]
+    # (2) where and how the copies are queued
+    on_current = [e for _, e in moves if e[3] == CONSUMER]
+    if on_current:
+        problems.append(f"batch {on_current[0][1]}'s {on_current[0][2]} was moved on the current stream: queue the "
+                        "copies inside `with torch.cuda.stream(side):` so they can overlap with compute")
+    blocking = [e for _, e in moves if not e[4]]
+    if blocking:
+        problems.append(f"batch {blocking[0][1]}'s {blocking[0][2]} was moved without non_blocking=True: the copy "
+                        "call would hold the CPU until the copy is done")
+    second = [k for k, e in enumerate(events) if e == ("epoch", 1)]
+    if second and any(e[0] == "new stream" for e in events[second[0]:]):
+        problems.append("a new side stream was made for the second epoch: make it once (in __init__, or cached "
+                        "per device) and reuse it; a stream per epoch makes the caching allocator keep memory for "
+                        "each of them")
+    # (3) the side stream waits for the current stream before its first copy
+    side_moves = [(k, e) for k, e in moves if e[3] != CONSUMER]
+    if side_moves:
+        k0, e0 = side_moves[0]
+        if not any(e[0] == "wait" and e[1] == e0[3] and e[2] == CONSUMER for e in events[:k0]):
+            problems.append("the side stream did not wait for the current stream before its first copy: call "
+                            "side.wait_stream(torch.cuda.current_stream(device)) at the start of __iter__ "
+                            "(work queued earlier on the current stream must come first)")
+    # (4) the current stream waits for batch i's copy before batch i is handed over; (5) record_stream
+    for (epoch, i), at in sorted(at_handed.items()):
+        mine = [(k, e) for k, e in side_moves if e[1] == i and k < at]
+        if not mine:
+            continue
+        last_move = max(k for k, _ in mine)
+        streams = {e[3] for _, e in mine}
+        waited = any(e[0] == "wait" and e[1] == CONSUMER and e[2] in streams and e[3] > last_move
+                     for e in events[last_move:at])
+        if not waited:
+            problems.append(f"batch {i} was handed over before the current stream waited for its copy: call "
+                            "torch.cuda.current_stream(device).wait_stream(side) before you hand a batch over")
+            break
+        ids = events[at][3]
+        first_move = min(k for k, _ in mine)
+        recorded = {e[1] for e in events[first_move:at] if e[0] == "record_stream" and e[2] == CONSUMER}
+        if any(t not in recorded for t in ids):
+            problems.append(f"batch {i} was handed over without record_stream(current) on each of its tensors: "
+                            "they were made on the side stream, so the caching allocator could give their memory "
+                            "to the next copy while the current stream still reads them")
+            break
+    return problems
+
+
+def _pair_reference(loader: Iterable[Any], device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """What a prefetcher of ``(uint8, labels)`` batches must hand over: the reference :class:`Prefetcher`'s batches."""
+    from .data import MEAN, STD
+
+    return [tuple(b) for b in Prefetcher(loader, device, normalize=(MEAN, STD))]  # type: ignore[misc]
+
+
+def _pair_problems(got: Sequence[Any], want: Sequence[tuple[torch.Tensor, torch.Tensor]], epoch: int) -> list[str]:
+    if len(got) != len(want):
+        return [f"epoch {epoch}: gave {len(got)} batches, expected {len(want)}"]
+    for i, (g, (x_ref, y_ref)) in enumerate(zip(got, want)):
+        if not (isinstance(g, (tuple, list)) and len(g) == 2 and all(isinstance(t, torch.Tensor) for t in g)):
+            return [f"epoch {epoch}: batch {i} is a {type(g).__name__}, not an (x, y) pair of tensors"]
+        x, y = g
+        if x.dtype != x_ref.dtype or x.shape != x_ref.shape or x.device.type != x_ref.device.type:
+            return [f"epoch {epoch}: batch {i}'s x is {x.dtype} {tuple(x.shape)} on {x.device}, expected "
+                    f"{x_ref.dtype} {tuple(x_ref.shape)} on {x_ref.device.type} (normalise the uint8 images)"]
+        if not torch.allclose(x.cpu(), x_ref.cpu(), rtol=0, atol=1e-5) or not torch.equal(y.cpu(), y_ref.cpu()):
+            return [f"epoch {epoch}: batch {i} differs from the reference's (order, or normalisation: use "
+                    "data.MEAN and data.STD as helpers.data.to_float_normalized does)"]
+    return []
+
+
+def check_pipeline_race(candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 64,
+                        n_batches: int = 8) -> list[str]:
+    """:func:`check_race` for a prefetcher of ``(uint8 images, labels)`` batches that normalises them (CUDA).
+
+    Batch ``i`` holds the value ``10 + 20 i`` in every pixel and the label ``i``; each handed
+    batch is compared, on the consuming stream, with the normalised value, at once and behind
+    queued GPU work, then dropped. Zero wrong elements is necessary (a race need not show on
+    every run), non-zero is a bug: a missing ``wait_stream`` or ``record_stream``.
+    """
+    from .data import to_float_normalized
+    from .overlap import _GpuDelay
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError("check_pipeline_race needs a CUDA device")
+    side = max(8, int((batch_mib * (1 << 20) / (3 * 64)) ** 0.5))
+    shape = (64, 3, side, side)
+    loader = [(torch.full(shape, 10 + 20 * i, dtype=torch.uint8).pin_memory(),
+               torch.full((64,), i, dtype=torch.int64).pin_memory()) for i in range(n_batches)]
+    refs = [to_float_normalized(torch.full((1, 3, 1, 1), 10 + 20 * i, dtype=torch.uint8, device=dev))
+            for i in range(n_batches)]
+    probe = torch.empty(shape, dtype=torch.uint8, device=dev)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    probe.copy_(loader[0][0], non_blocking=True)
+    e.record()
+    torch.cuda.synchronize(dev)
+    delay = _GpuDelay(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))
+    del probe
+    problems: list[str] = []
+    for label, wait in (("checked at once", False), ("checked behind queued work", True)):
+        counts: list[torch.Tensor] = []
+        for i, batch in enumerate(candidate(loader, dev)):
+            x, y = batch
+            if x.device.type != "cuda":
+                return [f"race check: batch {i} came back on {x.device}, not on the CUDA device"]
+            if wait:
+                delay()
+            counts.append(((x - refs[i]).abs() > 1e-3).sum() + (y != i).sum())
+            del batch, x, y  # the consumer drops the batch at once: its memory may now be reused
+        torch.cuda.synchronize(dev)
+        wrong = [int(c) for c in counts]
+        if len(wrong) != n_batches:
+            problems.append(f"race check ({label}): gave {len(wrong)} batches of {n_batches}")
+        elif any(wrong):
+            first = next(i for i, w in enumerate(wrong) if w)
+            why = ("the current stream read a batch before its copy had finished: call "
+                   "current.wait_stream(side) before handing it over" if not wait else
+                   "a batch's memory was reused while the current stream still had to read it: call "
+                   "t.record_stream(current) on each tensor you hand over")
+            problems.append(f"race check ({label}): batch {first} had {wrong[first]:,} wrong elements when read "
+                            f"on the current stream: {why}")
+    return problems
+
+
+def check_pipeline_prefetcher(candidate: Any, device: torch.device | str | None = None, *,
+                              check_overlap: bool = True, n_batches: int = 4) -> PrefetcherCheck:
+    """Check the reader's chapter-05 ``Prefetcher`` (``(uint8 x, y)`` batches in, normalised on the device out).
+
+    ``candidate(loader, device)`` must return an iterable of ``(x, y)`` pairs. The check
+
+    1. refuses :class:`Prefetcher` itself (or anything that makes one): it is the reference;
+    2. on every machine, runs the candidate under the stream test doubles
+       (:func:`stream_protocol`, two epochs of one object) and checks the protocol
+       (:func:`check_protocol`): prefetching order, copies on a side stream made once with
+       ``non_blocking=True``, the side stream waiting for the current one first, the current
+       stream waiting before each hand-over, ``record_stream`` on what is handed over; and
+       compares every batch with the reference :class:`Prefetcher`'s (normalised with
+       ``data.MEAN`` and ``data.STD``);
+    3. on a CUDA device: the same comparison with real streams, :func:`check_pipeline_race`,
+       and (``check_overlap``) how much of the copy time it hides
+       (:func:`helpers.overlap.prefetch_overlap_ratio` with pairs).
+    """
+    if candidate is None:
+        return PrefetcherCheck(False, ["no answer yet: set answer = Prefetcher (the class you wrote) and run again"])
+    if not callable(candidate):
+        return PrefetcherCheck(False, [f"expected a class or function, got {type(candidate).__name__}"])
+    refused = PrefetcherCheck(False, ["this is (or uses) helpers.prefetch.Prefetcher, the chapter's reference: "
+                                      "hand in the Prefetcher you wrote in the chapter"])
+    if _is_reference(candidate):
+        return refused
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    made_before = Prefetcher.made
+    messages: list[str] = []
+    try:
+        log, handed, _ = stream_protocol(candidate, n_batches, epochs=2)
+        problems = check_protocol(log, handed, n_batches)
+    except Exception as exc:  # the reader's code may raise anything
+        problems = [f"under the stream test doubles it raised {type(exc).__name__}: {exc}"]
+        handed = []
+    if Prefetcher.made != made_before:
+        return refused
+    if not problems:
+        want = _pair_reference(PairProbeLoader(n_batches).batches, torch.device("cpu"))
+        for epoch, got in enumerate(handed):
+            problems += _pair_problems(got, want, epoch + 1)
+    messages.extend(problems or [
+        "order: batch i+1 is requested and copied before batch i is handed over",
+        "streams: copies with non_blocking=True on one side stream, made once, which first waits for the "
+        "current stream; the current stream waits before each hand-over; record_stream on every tensor "
+        "handed over (checked with test doubles of the CUDA stream API)",
+        "values: the reference prefetcher's batches (normalised with data.MEAN and data.STD), in order, twice"])
+    result = PrefetcherCheck(not problems, messages)
+    if dev.type != "cuda":
+        if check_overlap:
+            messages.append("real streams, races and overlap not checked: no CUDA device here")
+        return result
+    if not torch.cuda.is_available():
+        raise ValueError("device is 'cuda' but no CUDA device is available")
+    if result.correct:
+        try:
+            loader = [(x.pin_memory(), y.pin_memory()) for x, y in PairProbeLoader(n_batches).batches]
+            want = _pair_reference(loader, dev)
+            made_before = Prefetcher.made
+            real = _pair_problems([tuple(b) for b in candidate(loader, dev)], want, 1)
+            race = check_pipeline_race(candidate, dev)
+            if Prefetcher.made != made_before:
+                return refused
+        except Exception as exc:  # the reader's code may raise anything
+            if _gpu_error(exc, dev):
+                raise
+            real, race = [f"on {dev}: raised {type(exc).__name__}: {exc}"], []
+        messages.extend(real + race or [f"on {dev}: the same batches with real streams, and each batch right when "
+                                        "read on the current stream, at once and behind queued work"])
+        result.correct = not (real or race)
+    if result.correct and check_overlap:
+        from .overlap import prefetch_overlap_ratio
+
+        ratio = prefetch_overlap_ratio(candidate, dev, pairs=True)
+        result.overlap_checked, result.overlap_ratio = True, ratio
+        messages.append(f"overlap on {dev}: {ratio:.0%} of the copy time hidden behind compute -> "
+                        + ("overlaps" if ratio >= 0.3 else "does NOT overlap"))
+        result.correct = ratio >= 0.3
     return result
