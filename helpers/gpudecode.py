@@ -85,6 +85,7 @@ import contextlib
 import os
 import re
 import statistics
+import textwrap
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -571,7 +572,7 @@ class DecodeComparison:
         lines.append(f"  {'path':<{w}}{'ms per batch':>13}{'IQR':>9}")
         for label, t in ((a, self.cpu_path), (b, self.device_path)):
             lines.append(f"  {label:<{w}}{t.median_s * 1e3:>13.2f}{t.iqr_s * 1e3:>9.2f}")
-        lines.extend(f"  note: {n}" for n in self.notes)
+        lines.extend(textwrap.fill(f"  note: {n}", 105, subsequent_indent="    ") for n in self.notes)
         return "\n".join(lines)
 
 

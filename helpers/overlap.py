@@ -44,6 +44,7 @@ import inspect
 import io
 import math
 import statistics
+import textwrap
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -464,7 +465,7 @@ class HazardResult:
         lines.append("  buggy version: " + ", ".join(f"{k} = {v}" for k, v in self.bug.items()))
         lines.append("  fixed version: " + ", ".join(f"{k} = {v}" for k, v in self.fix.items()))
         lines.append("  " + self.explanation)
-        return "\n".join(lines)
+        return "\n".join(textwrap.fill(ln, 105, subsequent_indent="    ") for ln in lines)
 
 
 class _GpuDelay:
