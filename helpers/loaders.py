@@ -1319,6 +1319,7 @@ def measure_pipeline(
     warmup: int = 2,
     label: str | None = None,
     progress: Callable[..., Any] | None = None,
+    threads: int | None = None,
 ) -> Throughput:
     """Time the reader's pipeline: the batches of ``loader``, each passed to ``to_device(*batch)``.
 
@@ -1331,7 +1332,10 @@ def measure_pipeline(
     ends with ``torch.cuda.synchronize()``, so copies still in flight are inside the measured time.
 
     Epoch ends are crossed (a new iterator); warnings are captured (``Throughput.warnings``), and the
-    loader's workers, if it has any, are released however the run ends.
+    loader's workers, if it has any, are released however the run ends. ``threads``: torch's intra-op
+    threads in this process while it runs (``None``: leave the setting alone; the chapters pass 1, the
+    count every worker and the pin thread use: on a busy machine a second thread mostly measures waiting
+    for a descheduled helper thread).
 
     Raises:
         ValueError: bad arguments, or a loader that yields no batch at all.
@@ -1353,7 +1357,8 @@ def measure_pipeline(
     startup = float("nan")
     before = _worker_children()
     try:
-        with warnings.catch_warnings(record=True) as wlist:
+        with warnings.catch_warnings(record=True) as wlist, (
+                intraop_threads(threads) if threads is not None else contextlib.nullcontext()):
             warnings.simplefilter("always")
             warnings.filterwarnings("ignore", category=DeprecationWarning)
             t_start = t_window = time.perf_counter()
@@ -1424,6 +1429,7 @@ def pin_pair_rounds(
     warmup: int = 2,
     rounds: int = 3,
     progress: Callable[..., Any] | None = None,
+    threads: int | None = 1,
 ) -> list[PinRow]:
     """The reader's ``make_loader(dataset, batch_size, pin_memory=flag)``, False against True, in alternating rounds.
 
@@ -1433,7 +1439,8 @@ def pin_pair_rounds(
     ``round_items_per_s`` holds every round, ``result`` the last round's :class:`Throughput`, and
     ``pin_active`` says whether the timed batches really arrived pinned (never without an accelerator).
     :func:`pin_verdict` turns the rows into one honest sentence. No pin time is read here (plain tuples
-    carry none): see :func:`pin_step_seconds`.
+    carry none): see :func:`pin_step_seconds`. ``threads``: intra-op threads while measuring (default 1,
+    as in the pin thread and every worker; see :func:`measure_pipeline`).
 
     Raises:
         ValueError: bad arguments, or a ``make_loader`` without a ``pin_memory`` keyword.
@@ -1457,7 +1464,7 @@ def pin_pair_rounds(
                 raise ValueError("make_loader must accept pin_memory=True/False as a keyword "
                                  f"(def make_loader(dataset, batch_size, pin_memory=...)): {exc}") from None
             res = measure_pipeline(loader, to_device=to_device, batches=batches, warmup=warmup,
-                                   label=f"pin_memory={pin}", progress=step)
+                                   label=f"pin_memory={pin}", progress=step, threads=threads)
             prev = by.get(pin)
             by[pin] = PinRow(num_workers=int(getattr(loader, "num_workers", 0)), pin_memory=pin, result=res,
                              pin_active=res.extra["pinned_batches"] > 0, pin_ms_per_batch=None, pin_thread=None,
@@ -1494,7 +1501,8 @@ class PipelinePanelRunner:
     and times it with the reader's ``to_device`` (:func:`measure_pipeline`)."""
 
     def __init__(self, make_loader: Callable[..., Any], dataset: Dataset, *,
-                 to_device: Callable[..., Any] | None = None, batches: int = 30, warmup: int = 2) -> None:
+                 to_device: Callable[..., Any] | None = None, batches: int = 30, warmup: int = 2,
+                 threads: int | None = 1) -> None:
         if not callable(make_loader):
             raise ValueError(f"make_loader must be a function such as make_loader(dataset, batch_size, "
                              f"pin_memory=...), got {make_loader!r}")
@@ -1503,6 +1511,7 @@ class PipelinePanelRunner:
         self.make_loader, self.dataset, self.to_device = make_loader, dataset, to_device
         self.batches = check_int("batches", batches, 1, 100_000)
         self.warmup = check_int("warmup", warmup, 0, 10_000)
+        self.threads = threads
 
     def __call__(self, progress: Callable[..., Any] | None = None, *, batch_size: int = 32,
                  pin_memory: bool = False) -> Throughput:
@@ -1510,7 +1519,7 @@ class PipelinePanelRunner:
         pin = _check_bool("pin_memory", pin_memory)
         loader = self.make_loader(self.dataset, bs, pin_memory=pin)
         res = measure_pipeline(loader, to_device=self.to_device, batches=self.batches, warmup=self.warmup,
-                               label=f"batch_size={bs}, pin_memory={pin}", progress=progress)
+                               label=f"batch_size={bs}, pin_memory={pin}", progress=progress, threads=self.threads)
         res.config.update(batch_size=bs, pin_memory=pin)
         return res
 

@@ -195,3 +195,17 @@ def test_pinned_batches_and_non_blocking_copies_on_cuda() -> None:  # pragma: no
     assert [r.pin_active for r in rows] == [False, True]
     assert all(r.result.extra["on_cuda"] for r in rows)
     assert L.pin_step_seconds(next(iter(mine(L.CheapDataset(16, 8), 8, pin_memory=False)))) > 0
+
+
+def test_measure_pipeline_sets_and_restores_intraop_threads() -> None:
+    seen: list[int] = []
+
+    def copy(x: torch.Tensor, y: torch.Tensor) -> Any:
+        seen.append(torch.get_num_threads())
+        return x, y
+
+    before = torch.get_num_threads()
+    L.measure_pipeline([(torch.zeros(2), torch.zeros(2))], to_device=copy, batches=2, warmup=0, threads=1)
+    assert seen == [1, 1] and torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="threads"):
+        L.measure_pipeline([(torch.zeros(2), torch.zeros(2))], batches=1, threads=0)
