@@ -124,6 +124,12 @@ __all__ = [
     "pin_verdict",
     "PinLog",
     "batch_copy_seconds",
+    "measure_pipeline",
+    "pin_pair_rounds",
+    "pin_step_seconds",
+    "PipelinePanelRunner",
+    "pipeline_panel_summary",
+    "pipeline_panel_plot",
     "WorkerSweep",
     "sweep_workers",
     "plot_sweep",
@@ -1280,6 +1286,262 @@ def pin_memory_experiment(
     if progress is not None:
         progress(1.0, "done")
     return [by[(w, pin)] for w in ws for pin in (False, True)]
+
+
+# The reader's pipeline, timed as the reader wrote it (chapter 03): the loader comes from the
+# reader's ``make_loader`` and every batch goes through the reader's ``to_device``.
+
+
+def _batch_tensors(batch: Any) -> list[torch.Tensor]:
+    """The tensors in a batch (a tensor, tuple, list, dict or :class:`PinnableBatch`), in order."""
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, PinnableBatch):
+        return [batch.images, batch.labels]
+    if isinstance(batch, Mapping):
+        return [t for v in batch.values() for t in _batch_tensors(v)]
+    if isinstance(batch, (list, tuple)):
+        return [t for v in batch for t in _batch_tensors(v)]
+    return []
+
+
+def _is_pinned(batch: Any) -> bool:
+    """True when every tensor of ``batch`` is in page-locked memory (False for a batch without tensors)."""
+    ts = _batch_tensors(batch)
+    return bool(ts) and all(t.device.type == "cpu" and t.is_pinned() for t in ts)
+
+
+def measure_pipeline(
+    loader: Any,
+    *,
+    to_device: Callable[..., Any] | None = None,
+    batches: int,
+    warmup: int = 2,
+    label: str | None = None,
+    progress: Callable[..., Any] | None = None,
+    threads: int | None = None,
+) -> Throughput:
+    """Time the reader's pipeline: the batches of ``loader``, each passed to ``to_device(*batch)``.
+
+    ``loader`` is any iterable of batches (the reader's ``make_loader(...)``); ``to_device`` is the
+    reader's copy function, called as ``to_device(x, y)`` on each ``(x, y)`` batch (``None``: no copy).
+    For each timed batch it records the main thread's wait inside ``next()`` (loading, collating and,
+    with ``pin_memory=True`` and no workers, pinning: ``Throughput.wait_s``) and its time inside
+    ``to_device`` (``extra["copy_s"]``: a blocking copy is all of the copy; a ``non_blocking`` copy from
+    pinned memory is only the time to queue it). When ``to_device`` returns CUDA tensors, the window
+    ends with ``torch.cuda.synchronize()``, so copies still in flight are inside the measured time.
+
+    Epoch ends are crossed (a new iterator); warnings are captured (``Throughput.warnings``), and the
+    loader's workers, if it has any, are released however the run ends. ``threads``: torch's intra-op
+    threads in this process while it runs (``None``: leave the setting alone; the chapters pass 1, the
+    count every worker and the pin thread use: on a busy machine a second thread mostly measures waiting
+    for a descheduled helper thread).
+
+    Raises:
+        ValueError: bad arguments, or a loader that yields no batch at all.
+    """
+    if not hasattr(loader, "__iter__"):
+        raise ValueError(f"loader must be an iterable of batches (e.g. make_loader(...)), got {type(loader).__name__}")
+    if to_device is not None:
+        _check_callable("to_device", to_device)
+    batches = check_int("batches", batches, 1, 1_000_000)
+    warmup = check_int("warmup", warmup, 0, 1_000_000)
+    total = warmup + batches
+    params = _loader_params(loader) if isinstance(loader, DataLoader) else {"loader": type(loader).__name__}
+    waits: list[float] = []
+    copies: list[float] = []
+    caught: list[str] = []
+    items = bytes_first = pinned = epochs = 0
+    cuda_dev: torch.device | None = None  # where to_device put the batches, if on a CUDA device
+    it = None
+    startup = float("nan")
+    before = _worker_children()
+    try:
+        with warnings.catch_warnings(record=True) as wlist, (
+                intraop_threads(threads) if threads is not None else contextlib.nullcontext()):
+            warnings.simplefilter("always")
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            t_start = t_window = time.perf_counter()
+            t_cpu = time.thread_time()
+            for n in range(total):
+                if n == warmup:
+                    if cuda_dev is not None:
+                        torch.cuda.synchronize(cuda_dev)  # the warm-up's copies are not the window's
+                    t_window, t_cpu = time.perf_counter(), time.thread_time()
+                t0 = time.perf_counter()
+                batch = None
+                for _attempt in range(2):
+                    if it is None:
+                        it = iter(loader)
+                        epochs += 1
+                    try:
+                        batch = next(it)
+                        break
+                    except StopIteration:
+                        if not getattr(loader, "persistent_workers", False):
+                            release(it)
+                        it = None
+                if batch is None:
+                    raise ValueError("the loader yields no batches (a data set smaller than batch_size with "
+                                     "drop_last=True?): give it at least one full batch of items")
+                t1 = time.perf_counter()
+                out = to_device(*batch) if to_device is not None else batch
+                t2 = time.perf_counter()
+                if n == 0:
+                    startup = t1 - t_start
+                    cuda_dev = next((t.device for t in _batch_tensors(out) if t.is_cuda), None)
+                if n >= warmup:
+                    waits.append(t1 - t0)
+                    copies.append(t2 - t1)
+                    items += _batch_len(batch)
+                    pinned += _is_pinned(batch)
+                    if n == warmup:
+                        bytes_first = _batch_bytes(batch)
+                del batch, out
+                if progress is not None and ((n + 1) % max(1, total // 50) == 0 or n + 1 == total):
+                    progress((n + 1) / total, f"{n + 1}/{total} batches")
+            if cuda_dev is not None:
+                torch.cuda.synchronize(cuda_dev)  # copies still queued belong to this window
+            seconds = time.perf_counter() - t_window
+            cpu = time.thread_time() - t_cpu
+            for w in wlist:
+                msg = str(w.message).strip()
+                if msg not in caught:
+                    caught.append(msg)
+    finally:
+        _finish([x for x in (it, loader) if x is not None], before)
+    return Throughput(
+        label=label or ", ".join(f"{k}={v}" for k, v in params.items() if k in ("batch_size", "num_workers", "pin_memory")),
+        config=params, items=items, batches=batches, seconds=seconds, startup_s=startup, warmup_batches=warmup,
+        epochs_started=epochs, wait_s=waits, main_cpu_s=cpu, batch_bytes=bytes_first, warnings=caught,
+        extra={"copy_s": copies, "copy_ms_per_batch": 1e3 * statistics.fmean(copies), "pinned_batches": pinned,
+               "on_cuda": cuda_dev is not None},
+    )
+
+
+def pin_pair_rounds(
+    make_loader: Callable[..., Any],
+    dataset: Dataset,
+    batch_size: int,
+    *,
+    to_device: Callable[..., Any] | None = None,
+    batches: int = 30,
+    warmup: int = 2,
+    rounds: int = 3,
+    progress: Callable[..., Any] | None = None,
+    threads: int | None = 1,
+) -> list[PinRow]:
+    """The reader's ``make_loader(dataset, batch_size, pin_memory=flag)``, False against True, in alternating rounds.
+
+    Each round builds the reader's loader once per flag (False then True; the order flips every round,
+    so drift in the machine's speed hits both alike) and times it with :func:`measure_pipeline`, each
+    batch copied by the reader's ``to_device``. Returns two :class:`PinRow` (pin_memory False, True):
+    ``round_items_per_s`` holds every round, ``result`` the last round's :class:`Throughput`, and
+    ``pin_active`` says whether the timed batches really arrived pinned (never without an accelerator).
+    :func:`pin_verdict` turns the rows into one honest sentence. No pin time is read here (plain tuples
+    carry none): see :func:`pin_step_seconds`. ``threads``: intra-op threads while measuring (default 1,
+    as in the pin thread and every worker; see :func:`measure_pipeline`).
+
+    Raises:
+        ValueError: bad arguments, or a ``make_loader`` without a ``pin_memory`` keyword.
+    """
+    if not callable(make_loader):
+        raise ValueError(f"make_loader must be a function such as make_loader(dataset, batch_size, pin_memory=...), "
+                         f"got {make_loader!r}")
+    rounds = check_int("rounds", rounds, 1, 100)
+    batch_size = check_int("batch_size", batch_size, 1, 1_000_000)
+    by: dict[bool, PinRow] = {}
+    total = 2 * rounds
+    for r in range(rounds):
+        for k, pin in enumerate((False, True) if r % 2 == 0 else (True, False)):
+            done = 2 * r + k
+            step = None if progress is None else (
+                lambda f, text="", _d=done, _r=r, _p=pin: progress((_d + f) / total,
+                                                                   f"round {_r + 1}/{rounds}, pin_memory={_p}: {text}"))
+            try:
+                loader = make_loader(dataset, batch_size, pin_memory=pin)
+            except TypeError as exc:
+                raise ValueError("make_loader must accept pin_memory=True/False as a keyword "
+                                 f"(def make_loader(dataset, batch_size, pin_memory=...)): {exc}") from None
+            res = measure_pipeline(loader, to_device=to_device, batches=batches, warmup=warmup,
+                                   label=f"pin_memory={pin}", progress=step, threads=threads)
+            prev = by.get(pin)
+            by[pin] = PinRow(num_workers=int(getattr(loader, "num_workers", 0)), pin_memory=pin, result=res,
+                             pin_active=res.extra["pinned_batches"] > 0, pin_ms_per_batch=None, pin_thread=None,
+                             round_items_per_s=(prev.round_items_per_s if prev else []) + [res.items_per_s])
+    if progress is not None:
+        progress(1.0, "done")
+    return [by[False], by[True]]
+
+
+def pin_step_seconds(batch: Any, repeats: int = 10) -> float | None:
+    """Median time of the DataLoader's own pin step on ``batch`` (``None``: no CUDA device, nothing can be pinned).
+
+    Times ``torch.utils.data._utils.pin_memory.pin_memory(batch)``, the function the loader calls on
+    every batch when ``pin_memory=True`` (in the main thread without workers, in ``pt_data_pin`` with
+    them): a page-locked block from the caching host allocator, then a copy into it. One untimed call
+    first, so the allocator has a warm block.
+    """
+    repeats = check_int("repeats", repeats, 1, 10_000)
+    if not torch.cuda.is_available():
+        return None
+    from torch.utils.data._utils.pin_memory import pin_memory as loader_pin
+
+    loader_pin(batch)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        loader_pin(batch)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+class PipelinePanelRunner:
+    """Chapter 03's panel: each run builds the reader's loader, ``make_loader(dataset, batch_size, pin_memory=...)``,
+    and times it with the reader's ``to_device`` (:func:`measure_pipeline`)."""
+
+    def __init__(self, make_loader: Callable[..., Any], dataset: Dataset, *,
+                 to_device: Callable[..., Any] | None = None, batches: int = 30, warmup: int = 2,
+                 threads: int | None = 1) -> None:
+        if not callable(make_loader):
+            raise ValueError(f"make_loader must be a function such as make_loader(dataset, batch_size, "
+                             f"pin_memory=...), got {make_loader!r}")
+        if to_device is not None:
+            _check_callable("to_device", to_device)
+        self.make_loader, self.dataset, self.to_device = make_loader, dataset, to_device
+        self.batches = check_int("batches", batches, 1, 100_000)
+        self.warmup = check_int("warmup", warmup, 0, 10_000)
+        self.threads = threads
+
+    def __call__(self, progress: Callable[..., Any] | None = None, *, batch_size: int = 32,
+                 pin_memory: bool = False) -> Throughput:
+        bs = check_int("batch_size", batch_size, 1, 100_000)
+        pin = _check_bool("pin_memory", pin_memory)
+        loader = self.make_loader(self.dataset, bs, pin_memory=pin)
+        res = measure_pipeline(loader, to_device=self.to_device, batches=self.batches, warmup=self.warmup,
+                               label=f"batch_size={bs}, pin_memory={pin}", progress=progress, threads=self.threads)
+        res.config.update(batch_size=bs, pin_memory=pin)
+        return res
+
+
+def pipeline_panel_summary(result: Throughput) -> str:
+    """The chapter 03 panel's line: throughput, where the main thread's time went, and whether batches were pinned."""
+    text = (f"{result.items_per_s:,.0f} items/s; per batch the main thread waited {result.mean_wait_ms:.2f} ms in "
+            f"next() and spent {result.extra.get('copy_ms_per_batch', float('nan')):.2f} ms in to_device.")
+    if result.config.get("pin_memory"):
+        text += (" Batches arrived pinned." if result.extra.get("pinned_batches") else
+                 " pin_memory=True, but nothing was pinned (no accelerator: the flag only warns).")
+    return text
+
+
+def pipeline_panel_plot(history: Sequence[Any], ax: Any) -> None:
+    """A bar per panel run (items/s), latest highlighted; batch size and pin_memory as labels."""
+    from .plots import history_bars
+
+    labels = [f"#{rec.index} b={rec.values.get('batch_size')}{' pin' if rec.values.get('pin_memory') else ''}"
+              for rec in history]
+    history_bars(labels, [rec.result.items_per_s for rec in history], ax, ylabel="throughput (items/s)",
+                 title="Panel runs so far (your make_loader and to_device)")
 
 
 # ---------------------------------------------------------------------------
