@@ -189,8 +189,8 @@ def load_note() -> str:
     cores = cpu_cores()
     text = f"Load average (1 min): {load:.1f} on {cores} cores."
     if load > cores:
-        text += (" Other programs compete for the cores right now, so the figures below understate what these "
-                 "settings give on an idle machine; re-run later to compare.")
+        text += ("\nOther programs compete for the cores right now, so the figures below understate what these "
+                 "settings\ngive on an idle machine; re-run later to compare.")
     return text
 
 
