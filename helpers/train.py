@@ -1,4 +1,4 @@
-"""The instrumented training and evaluation loop every chapter reuses.
+"""Timing the reader's training pipeline phase by phase, and the loops every chapter reuses.
 
 One training step has six phases, recorded with :class:`helpers.timing.SpanRecorder`:
 
@@ -8,9 +8,9 @@ phase      what happens                                            timeline lane
 load       the loader reads, decodes and augments the images       data (CPU)
 collate    the per-image tensors are stacked into one batch        data (CPU)
 h2d        the batch is copied host -> device (a no-op on CPU)     copy (link)
-forward    model(x) and the loss                                   compute (GPU)
-backward   loss.backward()                                         compute (GPU)
-optimizer  optimizer.step() and zero_grad()                        compute (GPU)
+forward    model(x) (and, in :func:`train_epoch`, the loss)        compute (GPU)
+backward   loss.backward() (in :func:`record_steps`: the loss too) compute (GPU)
+optimizer  optimizer.step() (and zero_grad in :func:`train_epoch`) compute (GPU)
 ========== ======================================================= ==============
 
 On a CUDA device the copy and compute phases are timed with CUDA events (what
@@ -20,28 +20,43 @@ lane is called "compute (CPU)".
 (plus ``normalize`` when the batch arrives as uint8 and is converted on the
 device, and ``pin`` when a ``pin_memory=True`` loader pins the batch in the main
 process on a CUDA machine). "collate" is split out of "load" only when the loader runs in the main
-process (``num_workers=0``) and uses :class:`helpers.data.TimedCollate`; with
+process (``num_workers=0``) and its collate function is timed (:class:`helpers.data.TimedCollate`;
+:func:`record_steps` wraps a plain loader's collate function in one for the duration of the run); with
 workers, "load" is the time the main process *waits* for the next batch.
+
+**What is timed is what is shown.** :func:`record_steps` times the reader's own objects: it calls
+``next()`` on the reader's loader, the reader's ``to_device(x, y)`` and the reader's
+``train_step(model, optimizer, x, y)``, and splits the step into forward / backward / optimizer
+with two PyTorch hooks (``model.register_forward_hook``: ``model(x)`` has returned;
+``optimizer.register_step_pre_hook``: ``optimizer.step()`` begins). :func:`step_anatomy` and
+:func:`panel_run` take the reader's ``make_loader``, ``to_device`` and ``train_step`` and run them
+through :func:`record_steps`; without them (the headless benchmark) they use the baseline of chapter 01
+(:func:`baseline_train_step`, a blocking ``Tensor.to``, :func:`helpers.data.make_loader`).
 
 Public API (stable; later chapters rely on it):
 
+``record_steps(loader, to_device, train_step, model, optimizer, recorder=None, *, steps, ...) -> int``
+    (the reader's pipeline, timed phase by phase; chapter 01's anatomy)
+``baseline_train_step(model, optimizer, x, y) -> Tensor``  (chapter 01's train_step, for callers without a notebook)
 ``train_epoch(model, loader, device, optimizer, *, recorder=None, transfer="blocking", ...) -> EpochStats``
 ``evaluate(model, loader, device, *, transfer="blocking", max_batches=None) -> float``
 ``make_optimizer(model, lr=3e-3) -> torch.optim.Optimizer``
 ``fit(model, train_loader, val_loader, device, *, epochs, ...) -> list[EpochStats]``
 ``predict_step_time(phase_times) -> Prediction``  (the bottleneck model)
-``step_anatomy(*, batch_size, crop_size, width, ...) -> Anatomy``  (a few measured steps; the live panel calls it)
-``panel_run(progress, *, batch_size, crop_size, width, ...)`` / ``panel_summary`` / ``panel_plot``
-    (the chapter-01 live panel's run, summary line and history plot)
+``step_anatomy(*, batch_size, crop_size, width, ..., make_loader=, to_device=, train_step=) -> Anatomy``
+    (a few measured steps of a fresh model; the thin/wide regimes and the live panel call it)
+``panel_run(progress, *, batch_size, crop_size, width, ..., make_loader=, to_device=, train_step=)`` /
+``panel_summary`` / ``panel_plot``  (the chapter-01 live panel's run, summary line and history plot)
 ``benchmark(results, device) -> ResultSet``  (the chapter's key measurement as result records)
 ``reference_anatomy() -> ReferenceAnatomy | None``  (the newest recorded GPU breakdown, for CPU-only machines)
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -63,6 +78,8 @@ __all__ = [
     "Anatomy",
     "transfer_batch",
     "make_optimizer",
+    "baseline_train_step",
+    "record_steps",
     "train_epoch",
     "evaluate",
     "fit",
@@ -158,6 +175,27 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _record_wait(recorder: SpanRecorder, step: int, h0: float, timed: TimedCollate | None, pinning: bool) -> None:
+    """Record the wait for one batch, from ``h0`` until now: load, and collate (and pin) when they are known.
+
+    ``timed`` is the loader's :class:`TimedCollate` when it runs in this process (then ``timed.last``
+    says when the batch was collated, on this process's clock); ``pinning``: the loader pins the
+    batch in this process right after collating it (``pin_memory=True`` on a CUDA machine).
+    """
+    h1 = recorder.now()
+    if timed is not None and timed.last is not None:
+        offset = time.perf_counter() - recorder.now()
+        c0, c1 = timed.last[0] - offset, timed.last[1] - offset
+        recorder.add("load", step, h0, max(h0, c0), lane=DATA_LANE)
+        if pinning and h1 > c1:  # the main process pins the batch right after collating it
+            recorder.add("collate", step, max(h0, c0), c1, lane=DATA_LANE)
+            recorder.add("pin", step, c1, h1, lane=DATA_LANE)
+        else:
+            recorder.add("collate", step, max(h0, c0), h1, lane=DATA_LANE)
+    else:
+        recorder.add("load", step, h0, h1, lane=DATA_LANE)
+
+
 def train_epoch(
     model: nn.Module,
     loader: Iterable[Any],
@@ -233,18 +271,7 @@ def train_epoch(
         except StopIteration:
             break
         if recorder is not None:
-            h1 = recorder.now()
-            if timed is not None and timed.last is not None:
-                offset = time.perf_counter() - recorder.now()
-                c0, c1 = timed.last[0] - offset, timed.last[1] - offset
-                recorder.add("load", step, h0, max(h0, c0), lane=DATA_LANE)
-                if pinning and h1 > c1:  # the main process pins the batch right after collating it
-                    recorder.add("collate", step, max(h0, c0), c1, lane=DATA_LANE)
-                    recorder.add("pin", step, c1, h1, lane=DATA_LANE)
-                else:
-                    recorder.add("collate", step, max(h0, c0), h1, lane=DATA_LANE)
-            else:
-                recorder.add("load", step, h0, h1, lane=DATA_LANE)
+            _record_wait(recorder, step, h0, timed, pinning)
         # --- host to device copy ---
         with span("h2d", step, COPY_LANE):
             x, y = move(batch, device)
@@ -289,6 +316,196 @@ class _NullContext:
 
 
 _NULL = _NullContext()
+
+
+# ---------------------------------------------------------------------------
+# The reader's pipeline, timed phase by phase
+# ---------------------------------------------------------------------------
+
+ToDevice = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+StepFn = Callable[[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor], Any]
+
+
+def baseline_train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+                        y: torch.Tensor) -> torch.Tensor:
+    """Chapter 01's ``train_step``, for callers that have no notebook (the benchmark, the tests).
+
+    The same four lines as the chapter's pipeline cell (a test runs both and compares the weights):
+    forward and loss, ``zero_grad``, backward, optimizer step. Returns the loss without reading it,
+    so that nothing waits for the GPU.
+    """
+    loss = nn.functional.cross_entropy(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def _baseline_to_device(device: torch.device, transfer: str | Transfer) -> ToDevice:
+    """``to_device(x, y)`` for :func:`step_anatomy` without the reader's: ``transfer`` to ``device``."""
+    move = _resolve_transfer(transfer)
+
+    def to_device(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return move((x, y), device)
+
+    to_device.__name__ = transfer if isinstance(transfer, str) else getattr(transfer, "__name__", "custom")
+    return to_device
+
+
+class _StepMarks:
+    """The spans inside one call of the reader's ``train_step``: one open at a time, switched by hooks."""
+
+    def __init__(self, recorder: SpanRecorder | None, lane: str) -> None:
+        self.recorder, self.lane, self.step = recorder, lane, 0
+        self._open: Any = None
+
+    def begin(self, name: str) -> None:
+        """Close the open span (if any) and open phase ``name`` of :attr:`step`."""
+        self.end()
+        if self.recorder is not None:
+            span = self.recorder.span(name, self.step, gpu=True, lane=self.lane)
+            span.__enter__()
+            self._open = span
+
+    def end(self) -> None:
+        span, self._open = self._open, None
+        if span is not None:
+            span.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def _phase_hooks(model: nn.Module, optimizer: torch.optim.Optimizer, marks: _StepMarks) -> Iterator[None]:
+    """While active, ``model(x)`` returning begins "backward" and ``optimizer.step()`` beginning begins "optimizer".
+
+    PyTorch's own hooks, removed on exit: they run on the host, in order with the calls of the step,
+    so on a GPU the CUDA events they record sit in the stream between the kernels of the two phases.
+    """
+    handles = [
+        model.register_forward_hook(lambda module, args, output: marks.begin("backward")),
+        optimizer.register_step_pre_hook(lambda opt, args, kwargs: marks.begin("optimizer")),
+    ]
+    try:
+        yield
+    finally:
+        marks.end()
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def _collate_timer(loader: Iterable[Any]) -> Iterator[TimedCollate | None]:
+    """The loader's collate function with a clock around it, when it runs in this process; else None.
+
+    A ``DataLoader`` with ``num_workers=0`` and a plain collate function gets it wrapped in a
+    :class:`helpers.data.TimedCollate` (the same function, called with the same batch, with a clock
+    reading before and after) until the block ends; then the original is put back. A loader whose
+    collate function is already a ``TimedCollate`` is used as it is.
+    """
+    collate = getattr(loader, "collate_fn", None)
+    if collate is None or getattr(loader, "num_workers", 1) != 0:
+        yield None
+    elif isinstance(collate, TimedCollate):
+        yield collate
+    elif isinstance(loader, torch.utils.data.DataLoader):
+        timed = TimedCollate(collate)
+        loader.collate_fn = timed  # read by the next iter(loader)
+        try:
+            yield timed
+        finally:
+            loader.collate_fn = collate
+    else:
+        yield None
+
+
+def record_steps(
+    loader: Iterable[Any],
+    to_device: ToDevice,
+    train_step: StepFn,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    recorder: SpanRecorder | None = None,
+    *,
+    steps: int,
+    start_step: int = 0,
+    progress: Callable[..., None] | None = None,
+) -> int:
+    """Run ``steps`` steps of the reader's pipeline; with a ``recorder``, record every phase as a span.
+
+    Each step makes the calls of chapter 01's loop, one at a time so that each gets its own span::
+
+        x, y = next(it)                              # load (and collate): it = iter(loader)
+        x, y = to_device(x, y)                       # h2d
+        loss = train_step(model, optimizer, x, y)    # forward | backward | optimizer
+
+    which is what ``for x, y in batches(loader): loss = train_step(model, optimizer, x, y)`` does.
+    Nothing here is a copy of the reader's code: ``train_step`` runs as written, and two PyTorch
+    hooks, active only during this call, mark where its phases meet: ``model.register_forward_hook``
+    (``model(x)`` has returned: "forward" ends, "backward" begins) and
+    ``optimizer.register_step_pre_hook`` (``optimizer.step()`` begins: "optimizer" begins, until
+    ``train_step`` returns). So the loss (computed after ``model(x)``; microseconds) and ``zero_grad``
+    count as part of "backward". On a CUDA device these spans, and "h2d", are CUDA events: what the GPU
+    did, when. "collate" is split from "load" when the loader collates in this process (see
+    :func:`_collate_timer`). A ``to_device`` that hands over uint8 batches gets a "normalize" span
+    (:func:`helpers.data.to_float_normalized`, on the device), as in :func:`train_epoch`.
+
+    When the loader runs out before ``steps`` steps, the next epoch begins (a new iterator; its start
+    is part of that step's "load"). Steps are numbered from ``start_step``; the caller calls
+    ``recorder.finish()``. ``progress(fraction, text)`` is told after every step (host side only).
+
+    Returns:
+        the number of steps run (``steps``).
+
+    Raises:
+        ValueError: for a bad ``steps``/``start_step``, or a loader that yields no batch at all.
+    """
+    check_int("steps", steps, 0, 10**9)
+    check_int("start_step", start_step, 0, 10**9)
+    if steps == 0:
+        return 0
+    report = progress or _no_progress
+    compute_lane = COMPUTE_LANE_GPU if (recorder is not None and recorder.cuda) else COMPUTE_LANE_CPU
+    marks = _StepMarks(recorder, compute_lane)
+    pinning = bool(getattr(loader, "pin_memory", False)) and _can_pin()
+
+    def span(name: str, step: int, lane: str) -> Any:
+        return _NULL if recorder is None else recorder.span(name, step, gpu=True, lane=lane)
+
+    it = None
+    with contextlib.ExitStack() as stack:
+        timed = stack.enter_context(_collate_timer(loader)) if recorder is not None else None
+        if recorder is not None:
+            stack.enter_context(_phase_hooks(model, optimizer, marks))
+        try:
+            it = iter(loader)
+            for done in range(steps):
+                step = start_step + done
+                if timed is not None:
+                    timed.last = None
+                h0 = recorder.now() if recorder is not None else 0.0
+                batch = next(it, None)
+                if batch is None:  # the loader ran out: the next epoch begins
+                    it = iter(loader)
+                    batch = next(it, None)
+                    if batch is None:
+                        raise ValueError("the loader yielded no batch; check the data set and the batch size "
+                                         "(with drop_last=True a data set smaller than one batch yields none)")
+                if recorder is not None:
+                    _record_wait(recorder, step, h0, timed, pinning)
+                x, y = batch
+                with span("h2d", step, COPY_LANE):
+                    x, y = to_device(x, y)
+                if x.dtype == torch.uint8:
+                    with span("normalize", step, compute_lane):
+                        x = to_float_normalized(x)
+                marks.step = step
+                marks.begin("forward")
+                train_step(model, optimizer, x, y)
+                marks.end()
+                report((done + 1) / steps, f"step {done + 1} of {steps}")
+        finally:
+            marks.end()
+            del it  # a loader with workers shuts them down when its iterator goes
+    return steps
 
 
 @torch.no_grad()
@@ -516,30 +733,43 @@ def step_anatomy(
     data_root: Any = None,
     seed: int = 0,
     progress: Callable[..., None] | None = None,
+    make_loader: Callable[[Any, int], Iterable[Any]] | None = None,
+    to_device: ToDevice | None = None,
+    train_step: StepFn | None = None,
 ) -> Anatomy:
-    """Run ``warmup`` untimed then ``steps`` timed training steps; return the phase times.
+    """Train a fresh model ``warmup`` untimed then ``steps`` timed steps; return the phase times.
 
-    Builds everything from the arguments (dataset on ``data_root`` or the default
-    generated data set, ``make_loader``, ``build_model``, Adam), so a live panel
-    can call it with slider values. Workers (if any) are shut down on return.
+    Builds the data set (on ``data_root`` or the default generated one), a model
+    (:func:`helpers.models.build_model`) and Adam from the arguments, so a live panel can call it
+    with slider values, then runs the steps with :func:`record_steps`. Workers (if any) are shut
+    down on return.
+
+    The pipeline is the reader's when given (chapter 01 passes the functions its cells define):
+    ``make_loader(dataset, batch_size)``, ``to_device(x, y)``, ``train_step(model, optimizer, x, y)``.
+    Without them (the headless benchmark): :func:`helpers.data.make_loader` (shuffled with ``seed``,
+    ``drop_last=True``, ``num_workers`` workers, timed collate), ``transfer`` to ``device``, and
+    :func:`baseline_train_step`.
 
     Args:
         batch_size: 1-1024. crop_size: 16-512 (the image size the model sees).
         width / depth: model knobs (see :class:`helpers.models.SmallCNN`).
         steps: timed steps (1-1000). warmup: untimed steps first (0-100).
-        device: where the model runs.
-        num_workers: loader workers (0: the baseline).
+        device: where the model runs (the reader's ``to_device`` must copy there).
+        num_workers: loader workers for the default loader (0: the baseline); with the reader's
+            ``make_loader`` it must stay 0 (the reader's loader sets its own workers).
         output: ``"float"`` or ``"uint8"`` batches.
-        transfer: see :func:`train_epoch`.
+        transfer: the default copy, see :func:`train_epoch` (ignored with the reader's ``to_device``).
         data_root: a class-folder root (e.g. ``info.train_dir``); default: the
             training split of ``make_shapes_dataset()``.
-        seed: seeds the model, the shuffling and augmentation.
+        seed: seeds the model, the shuffling of the default loader and the augmentation.
         progress: ``progress(fraction, text)`` (see :mod:`helpers.progress`), told after every step.
+        make_loader / to_device / train_step: the reader's pipeline functions (see above).
 
-    A loader with workers is built by :func:`helpers.data.make_loader`, i.e. by
+    The default loader with workers is built by :func:`helpers.data.make_loader`, i.e. by
     :func:`helpers.loaders.build_loader`, which checks /dev/shm and sets a timeout.
     """
-    from .data import ShapesDataset, make_loader, make_shapes_dataset
+    from .data import ShapesDataset, make_shapes_dataset
+    from .data import make_loader as helpers_loader
     from .models import build_model, check_training_memory, flops_per_sample
 
     check_int("batch_size", batch_size, 1, 1024)
@@ -547,51 +777,52 @@ def step_anatomy(
     check_int("steps", steps, 1, 1000)
     check_int("warmup", warmup, 0, 100)
     check_int("num_workers", num_workers, 0, 64)
+    if make_loader is not None and num_workers != 0:
+        raise ValueError(f"num_workers={num_workers}: with your own make_loader, the loader's workers are set "
+                         "inside make_loader; leave num_workers at 0")
     device = torch.device(device)
     report = progress or _no_progress
     root = data_root if data_root is not None else make_shapes_dataset().train_dir
     ds = ShapesDataset(root, crop_size=crop_size, augment=True, output=output)
     model = build_model(width=width, depth=depth, num_classes=len(ds.classes), seed=seed).to(device)
     check_training_memory(model, crop_size, batch_size)  # refuse sizes that cannot fit, before allocating
+    if len(ds) < batch_size:
+        raise ValueError(f"the data set has fewer than batch_size={batch_size} images ({len(ds)}); "
+                         "lower the batch size")
     opt = make_optimizer(model)
-    loader = make_loader(ds, batch_size, shuffle=True, seed=seed, num_workers=num_workers, drop_last=True,
-                         persistent_workers=num_workers > 0)
-    trace = None
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            if len(ds) < batch_size:
-                raise ValueError(
-                    f"the data set has fewer than batch_size={batch_size} images ({len(ds)}); lower the batch size"
-                )
+    move = to_device if to_device is not None else _baseline_to_device(device, transfer)
+    step_fn = train_step if train_step is not None else baseline_train_step
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if make_loader is not None:
+            loader = make_loader(ds, batch_size)
+        else:
+            loader = helpers_loader(ds, batch_size, shuffle=True, seed=seed, num_workers=num_workers, drop_last=True,
+                                    persistent_workers=num_workers > 0)
+        try:
             total = warmup + steps
-            done = 0
             report(0.0, f"width {width}: {warmup} untimed warm-up step(s), then {steps} timed")
-            while done < warmup:  # untimed: first calls pay for lazy initialisation
-                done += train_epoch(model, loader, device, opt, max_steps=warmup - done, transfer=transfer,
-                                    progress=scaled(report, done / total, warmup / total,
-                                                    f"width {width}, warm-up: ")).steps
+            # untimed: first calls pay for lazy initialisation
+            record_steps(loader, move, step_fn, model, opt, steps=warmup,
+                         progress=scaled(report, 0.0, warmup / total, f"width {width}, warm-up: "))
             rec = SpanRecorder(device, batch_size=batch_size, crop_size=crop_size, width=width, depth=depth,
-                               num_workers=num_workers, output=output)
-            done = 0
-            while done < steps:
-                stats = train_epoch(model, loader, device, opt, recorder=rec, max_steps=steps - done,
-                                    start_step=done, transfer=transfer,
-                                    progress=scaled(report, (warmup + done) / total, 1.0,
-                                                    f"width {width}, timed: "))
-                done += stats.steps
+                               num_workers=getattr(loader, "num_workers", num_workers), output=output)
+            record_steps(loader, move, step_fn, model, opt, rec, steps=steps,
+                         progress=scaled(report, warmup / total, 1.0, f"width {width}, timed: "))
             trace = rec.finish()
-    finally:
-        del loader  # shuts persistent workers down
-    means = {p: v for p, v in trace.phase_totals().items()}
+        finally:
+            workers = getattr(loader, "num_workers", num_workers)
+            del loader  # shuts persistent workers down
+    means = trace.phase_totals()
     n = trace.steps()
     phase_means = {p: means[p] / n for p in PHASES if p in means}
     step_time = trace.wall_time() / n
     flops = flops_per_sample(model, crop_size)
     settings = {
         "batch_size": batch_size, "crop_size": crop_size, "width": width, "depth": depth, "steps": steps,
-        "warmup": warmup, "device": str(device), "num_workers": num_workers, "output": output,
-        "transfer": transfer if isinstance(transfer, str) else getattr(transfer, "__name__", "custom"),
+        "warmup": warmup, "device": str(device), "num_workers": workers, "output": output,
+        "transfer": getattr(move, "__name__", "custom"),
+        "pipeline": "yours" if any(f is not None for f in (make_loader, to_device, train_step)) else "helpers",
     }
     return Anatomy(
         settings=settings,
@@ -616,10 +847,16 @@ def panel_run(
     width: int,
     steps: int | None = None,
     device: torch.device | str | None = None,
+    make_loader: Callable[[Any, int], Iterable[Any]] | None = None,
+    to_device: ToDevice | None = None,
+    train_step: StepFn | None = None,
 ) -> Anatomy:
-    """Run a few baseline steps at the panel's settings (for :class:`helpers.widgets.Panel`).
+    """Run a few steps of a fresh model at the panel's settings (for :class:`helpers.widgets.Panel`).
 
     ``steps`` defaults to 4 in quick mode, 5 at the laptop tier and 10 in full mode, after one untimed step.
+    ``make_loader``, ``to_device``, ``train_step``: the reader's pipeline functions (chapter 01 binds
+    them with ``functools.partial``), timed by :func:`record_steps`; without them, the baseline of
+    :func:`step_anatomy`.
     """
     from .config import sized
     from .device import pick_device
@@ -629,7 +866,8 @@ def panel_run(
     dev = torch.device(device) if device is not None else pick_device()
     n = check_int("steps", steps, 1, 1000) if steps is not None else sized(quick=4, full=10, laptop=5)
     a = step_anatomy(batch_size=batch_size, crop_size=crop_size, width=width, depth=3, steps=n, warmup=1, device=dev,
-                     progress=scaled(report, 0.1, 1.0))
+                     progress=scaled(report, 0.1, 1.0), make_loader=make_loader, to_device=to_device,
+                     train_step=train_step)
     report(1.0, "done")
     return a
 
@@ -683,7 +921,10 @@ def benchmark(
 
     The baseline: ``num_workers=0``, pageable memory, blocking ``x.to(device)``,
     float batches, the default data set and sizes of the current mode
-    (:func:`helpers.data.default_sizes`), one run per model width.
+    (:func:`helpers.data.default_sizes`), one run per model width. It runs headless, so it has
+    no reader's cells to time: :func:`step_anatomy` with its defaults runs chapter 01's pipeline
+    (:func:`baseline_train_step`, the same lines as the chapter's ``train_step``) through
+    :func:`record_steps`, the helper that times the reader's functions in the chapter.
 
     Records (key: unit; params ``batch_size``, ``crop_size``, ``width``, ``depth``,
     ``num_workers``, ``steps``; ``phase_time`` also has ``phase``):
