@@ -868,6 +868,10 @@ class ShapesDataset(Dataset):
             f"crop_size={self.crop_size}, augment={self.augment}, output={self.output!r}, on_error={self.on_error!r})"
         )
 
+    def __str__(self) -> str:  # what print() shows: the same, with the folder on its own line
+        return (f"ShapesDataset({len(self)} images, {len(self.classes)} classes, crop_size={self.crop_size}, "
+                f"augment={self.augment}, output={self.output!r}, on_error={self.on_error!r})\n  root={str(self.root)!r}")
+
 
 #: Per-channel statistics already on a device, keyed by (mean, std, device, dtype): built once
 #: with a blocking copy, then reused, so normalising a batch never copies from the host again.
