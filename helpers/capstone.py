@@ -189,7 +189,7 @@ STEPS: tuple[Step, ...] = (
     Step("persistent", "+ persistent, prefetch 4", {"persistent_workers": True, "prefetch_factor": 4}, "04", False,
          "keep the workers alive between epochs (no start-up per epoch) and queue 4 batches per worker"),
     Step("uint8", "+ uint8, device normalise", {"output": "uint8"}, "05", True,
-         "uint8 crosses the link (4x fewer bytes) and becomes float on the device; on a CPU both are one processor"),
+         "uint8 crosses the link (4x fewer bytes), float is made on the device; on a CPU host and device are one"),
     Step("prefetcher", "+ side-stream prefetcher", {"prefetcher": True}, "05", True,
          "copy batch i+1 on a side CUDA stream while batch i trains; on a CPU batches() copies nothing"),
 )
