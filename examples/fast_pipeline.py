@@ -24,7 +24,10 @@ Example::
     python examples/fast_pipeline.py ~/data/my-images/train --epochs 3 --workers 4
 
 The lines between ``# --- pipeline: start ---`` and ``# --- pipeline: end ---`` are the
-pipeline the chapters build, step by step; the rest is the command line and the report.
+pipeline the chapters build, step by step: they are chapter 06's pipeline cells, line for line
+(a test keeps them identical). They read three globals, ``DEVICE``, ``WORKERS`` and ``SEED``,
+which ``main()`` sets before it builds anything; the rest is the data set, the model, the
+command line and the report.
 """
 
 from __future__ import annotations
@@ -47,6 +50,22 @@ MEAN = (0.5, 0.5, 0.5)  # per-channel statistics of the images (0-1 scale); use 
 STD = (0.25, 0.25, 0.25)
 
 
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+# The pipeline reads these three globals; main() sets them from the command line before building anything.
+DEVICE = torch.device("cpu")   # where the model trains (--device)
+WORKERS = min(8, usable_cores())  # make_loader's default number of worker processes (--workers)
+SEED = 0                        # the shuffling order (--seed)
+
+
+def image_folder(root: Path, crop: int) -> datasets.ImageFolder:
+    """The images of ``root`` as uint8 CHW crops (1 byte per pixel on the link); ``normalize`` makes them float."""
+    transform = v2.Compose([v2.PILToTensor(), v2.RandomResizedCrop(crop, antialias=True), v2.RandomHorizontalFlip()])
+    return datasets.ImageFolder(str(root), transform=transform)
+
+
 def small_cnn(num_classes: int, width: int = 16, depth: int = 3) -> nn.Module:
     """A plain CNN: ``depth`` stages of conv3x3-BN-ReLU + 2x2 max-pool, then a linear head."""
     layers: list[nn.Module] = []
@@ -60,55 +79,60 @@ def small_cnn(num_classes: int, width: int = 16, depth: int = 3) -> nn.Module:
 
 
 # --- pipeline: start ---
-def make_loader(root, crop, batch_size, workers, pin, prefetch_factor, persistent):
-    transform = v2.Compose([v2.PILToTensor(), v2.RandomResizedCrop(crop, antialias=True),
-                            v2.RandomHorizontalFlip()])          # uint8 CHW: 1 byte per pixel on the link
-    dataset = datasets.ImageFolder(root, transform=transform)
+def make_loader(dataset, batch_size, workers=WORKERS, pin=True, prefetch_factor=4, persistent=True):
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-                      num_workers=workers, pin_memory=pin,
-                      persistent_workers=persistent and workers > 0,
-                      prefetch_factor=prefetch_factor if workers > 0 else None)
+                      generator=torch.Generator().manual_seed(SEED),      # 01: the same order in every run
+                      num_workers=workers,                                # 04: load in worker processes
+                      pin_memory=pin and DEVICE.type == "cuda",           # 03: page-locked batches (CUDA only)
+                      persistent_workers=persistent and workers > 0,      # 04: keep the workers between epochs
+                      prefetch_factor=prefetch_factor if workers > 0 else None)  # 04: batches queued per worker
 
 
 @functools.lru_cache(maxsize=None)
-def stats(device):                                               # built once: torch.tensor(.., device=cuda) syncs
-    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
-    std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
-    return mean, std
+def stats(device):                                        # made once per device: a new one would copy and sync
+    return (torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255,
+            torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255)
 
 
-def normalize(x, device):                                        # uint8 -> float, on the device
-    mean, std = stats(device)
+def normalize(x):                                         # 05: uint8 -> float, on the tensor's device
+    mean, std = stats(x.device)
     return (x.float() - mean) / std
 
 
-class Prefetcher:
-    """Copy batch i+1 on a side stream while the model trains on batch i (CUDA only)."""
-
-    def __init__(self, loader, device):
-        self.loader, self.device = loader, device
-        self.stream = torch.cuda.Stream(device)                  # one side stream, reused every epoch
+class Prefetcher:                                         # 05: copy batch i+1 on a side stream while i trains
+    def __init__(self, loader):
+        self.loader, self.stream = loader, torch.cuda.Stream(DEVICE)  # one side stream, reused every epoch
 
     def __iter__(self):
-        main = torch.cuda.current_stream(self.device)
-        self.stream.wait_stream(main)                            # the side stream starts after earlier work
-        batches = iter(self.loader)
-        nxt = self._send(next(batches, None))
+        main = torch.cuda.current_stream(DEVICE)
+        self.stream.wait_stream(main)                     # the side stream starts after earlier work
+        it = iter(self.loader)
+        nxt = self._send(next(it, None))
         while nxt is not None:
-            main.wait_stream(self.stream)                        # batch i's copy is done before we use it
+            main.wait_stream(self.stream)                 # batch i's copy is done before main uses it
             x, y = nxt
-            x.record_stream(main)                                # its memory is not reused while main needs it
+            x.record_stream(main)                         # its memory is not reused while main needs it
             y.record_stream(main)
-            nxt = self._send(next(batches, None))                # queue batch i+1's copy now
+            nxt = self._send(next(it, None))              # queue batch i+1's copy now
             yield x, y
 
     def _send(self, batch):
         if batch is None:
             return None
-        with torch.cuda.stream(self.stream):
-            x = batch[0].to(self.device, non_blocking=True)
-            y = batch[1].to(self.device, non_blocking=True)
-            return normalize(x, self.device), y
+        with torch.cuda.stream(self.stream):              # pinned batches: the copy runs beside compute
+            return batch[0].to(DEVICE, non_blocking=True), batch[1].to(DEVICE, non_blocking=True)
+
+
+def batches(loader, prefetch=True, float_on_host=False):
+    if prefetch and DEVICE.type == "cuda" and not float_on_host:
+        for x, y in Prefetcher(loader):
+            yield normalize(x), y                         # 05: uint8 crossed the link; float made on the GPU
+        return
+    for x, y in loader:
+        if float_on_host:                                 # float32 crosses the link: 4x the bytes
+            x = normalize(x).pin_memory() if x.is_pinned() else normalize(x)  # pinned, as the loader's was
+        x, y = x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True)  # 03: async from pinned memory
+        yield (x if float_on_host else normalize(x)), y
 
 
 def train_step(model, optimizer, x, y):
@@ -116,21 +140,8 @@ def train_step(model, optimizer, x, y):
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
-    return loss.detach()                                         # no .item(): reading it would sync every step
+    return loss.detach()                                  # no .item(): reading it would sync every step
 # --- pipeline: end ---
-
-
-def batches_on_device(loader, device, *, prefetcher: bool, float_on_host: bool):
-    """The loader's batches on ``device``, normalised: through the prefetcher, or copied in line."""
-    if prefetcher and device.type == "cuda" and not float_on_host:
-        yield from Prefetcher(loader, device)
-        return
-    for x, y in loader:
-        if float_on_host:
-            x = normalize(x, torch.device("cpu"))                # float32 crosses the link: 4x the bytes
-        x = x.to(device, non_blocking=True)
-        y = y.to(device, non_blocking=True)
-        yield (x if float_on_host else normalize(x, device)), y
 
 
 def _bar(done: int, total: int, epoch: int, epochs: int, started: float, images: int) -> None:
@@ -144,7 +155,6 @@ def _bar(done: int, total: int, epoch: int, epochs: int, started: float, images:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("data", type=Path, help="an ImageFolder: one subfolder of images per class")
@@ -153,7 +163,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--crop", type=int, default=64, help="training crop, in pixels")
     p.add_argument("--width", type=int, default=16, help="channels of the model's first stage (compute knob)")
     p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--workers", type=int, default=min(8, cores),
+    p.add_argument("--workers", type=int, default=WORKERS,
                    help="DataLoader worker processes (measure yours: chapter 04)")
     p.add_argument("--prefetch-factor", type=int, default=4)
     p.add_argument("--no-pin", dest="pin", action="store_false", help="pageable batches (no pin_memory)")
@@ -190,46 +200,46 @@ def pick_device(name: str) -> torch.device:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global DEVICE, SEED
     args = parse_args(argv)
-    device = pick_device(args.device)
+    DEVICE, SEED = pick_device(args.device), args.seed
     torch.manual_seed(args.seed)
-    pin = args.pin and device.type == "cuda"                     # pinning needs a CUDA device
     try:
-        loader = make_loader(str(args.data), args.crop, args.batch_size, args.workers, pin,
-                             args.prefetch_factor, args.persistent)
+        dataset = image_folder(args.data, args.crop)
     except (FileNotFoundError, RuntimeError) as exc:             # e.g. a folder with no images in it
         raise SystemExit(f"error: cannot read {args.data} as an ImageFolder: {exc}") from None
-    classes = loader.dataset.classes
-    if len(loader) == 0:
-        raise SystemExit(f"error: {len(loader.dataset)} images is fewer than one batch of {args.batch_size}")
-    model = small_cnn(len(classes), width=args.width).to(device)
+    if len(dataset) < args.batch_size:
+        raise SystemExit(f"error: {len(dataset)} images is fewer than one batch of {args.batch_size}")
+    loader = make_loader(dataset, args.batch_size, workers=args.workers, pin=args.pin,
+                         prefetch_factor=args.prefetch_factor, persistent=args.persistent)
+    model = small_cnn(len(dataset.classes), width=args.width).to(DEVICE)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    print(f"{len(loader.dataset)} images in {len(classes)} classes · device {device} · workers {args.workers} · "
-          f"pin_memory {pin} · prefetcher {args.prefetcher and device.type == 'cuda' and not args.float_on_host}")
+    cuda = DEVICE.type == "cuda"
+    print(f"{len(dataset)} images in {len(dataset.classes)} classes · device {DEVICE} · workers {args.workers} · "
+          f"pin_memory {loader.pin_memory} · prefetcher {args.prefetcher and cuda and not args.float_on_host}")
     try:
-        train(args, loader, model, optimizer, device)
+        train(args, loader, model, optimizer)
     except OSError as exc:                                       # an unreadable or corrupt image file
         raise SystemExit(f"\nerror: an image could not be read: {exc}") from None
     return 0
 
 
-def train(args: argparse.Namespace, loader: DataLoader, model: nn.Module, optimizer: torch.optim.Optimizer,
-          device: torch.device) -> None:
+def train(args: argparse.Namespace, loader: DataLoader, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """``args.epochs`` epochs, each timed, with a progress bar and one line per epoch."""
     steps_per_epoch = min(len(loader), args.max_steps or len(loader))
     for epoch in range(1, args.epochs + 1):
         model.train()
-        started, images, total_loss, step = time.perf_counter(), 0, torch.zeros((), device=device), 0
-        for step, (x, y) in enumerate(batches_on_device(loader, device, prefetcher=args.prefetcher,
-                                                        float_on_host=args.float_on_host), start=1):
+        started, images, total_loss, step = time.perf_counter(), 0, torch.zeros((), device=DEVICE), 0
+        for step, (x, y) in enumerate(batches(loader, prefetch=args.prefetcher, float_on_host=args.float_on_host),
+                                      start=1):
             total_loss += train_step(model, optimizer, x, y)
             images += x.shape[0]
             if step % 5 == 0 or step == steps_per_epoch:
                 _bar(step, steps_per_epoch, epoch, args.epochs, started, images)
             if step >= steps_per_epoch:
                 break
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)                       # finish the epoch's GPU work before the clock
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize(DEVICE)                       # finish the epoch's GPU work before the clock
         seconds = time.perf_counter() - started
         sys.stderr.write("\n")
         print(f"epoch {epoch}: {step} steps, {images / seconds:,.0f} images/s, "

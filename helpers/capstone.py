@@ -1,62 +1,70 @@
-"""Chapter 06, the capstone: every step of the workbook stacked on one training job.
+"""Chapter 06, the capstone: the reader's finished pipeline, timed one step at a time.
 
-The job (chapter 01's) is trained once per *configuration*; each configuration
-adds one step to the one before it (:data:`STEPS`, data, not code):
+Chapter 06 defines the whole pipeline in its cells (the same lines as
+``examples/fast_pipeline.py``): ``make_loader(dataset, batch_size, workers=, pin=,
+prefetch_factor=, persistent=)``, ``normalize(x)``, ``class Prefetcher``,
+``batches(loader, prefetch=, float_on_host=)`` and ``train_step(model, optimizer, x, y)``.
+This module times **those functions** (:class:`Pipeline`): each configuration of the
+waterfall is one call of the reader's ``make_loader`` and ``batches`` with other keyword
+arguments (:data:`STEPS`, data, not code; :meth:`Settings.calls` prints the call):
 
-====  ==============================  ====================================  =========
-#     step                            what changes                          chapter
-====  ==============================  ====================================  =========
-0     baseline                        nothing: in-process loading, float     01
-1     + pinned memory                 ``pin_memory=True``, non-blocking copy 02, 03
-2     + workers                       ``num_workers = N``                    04
-3     + persistent, prefetch 4        ``persistent_workers``, ``prefetch``   04
-4     + uint8, device normalise       uint8 batches, normalised after copy   05
-5     + side-stream prefetcher        :class:`helpers.prefetch.Prefetcher`   05
-====  ==============================  ====================================  =========
+====  ==============================  ==================================================  =========
+#     step                            the call changes                                    chapter
+====  ==============================  ==================================================  =========
+0     baseline                        ``workers=0, pin=False``; ``prefetch=False,         01
+                                      float_on_host=True``
+1     + pinned memory                 ``pin=True``                                        02, 03
+2     + workers                       ``workers=N, prefetch_factor=2, persistent=False``  04
+3     + persistent, prefetch 4        ``prefetch_factor=4, persistent=True``              04
+4     + uint8, device normalise       ``float_on_host=False``                             05
+5     + side-stream prefetcher        ``prefetch=True`` (the defaults: the fast pipeline) 05
+====  ==============================  ==================================================  =========
 
-(GPU JPEG decoding is not in the list: chapter 05's helpers do not provide it.)
+(GPU JPEG decoding is not in the list: chapter 05's helpers do not provide it.) Without the
+reader's functions (``helpers.bench``, the unit tests) the take-home script's own are timed
+(:func:`reference_pipeline`): a test keeps them identical to the chapter's cells.
 
-Same job, same answer. Every configuration uses the same seed, the same
-initial weights, the same data order and the **same augmentation crops**: the
-random crop of an item is drawn from a generator seeded by (seed, epoch, item),
-not from whichever worker process happens to load it (:class:`SeededItems`,
-:class:`EpochSampler`). Every configuration normalises with the same function
-(:func:`normalize_images`: float configurations in the loader, uint8 ones after
-the copy), and cuDNN runs deterministic algorithms during the job
-(:func:`same_numerics`). On a CPU the configurations are then bit-identical
-(same loss, same accuracy). On a GPU they are too if the normalisation gives the
-same bits there as on the CPU (:func:`normalizer_device_exact`, measured);
-otherwise the accuracy tolerance grows to the measured seed-to-seed spread
-(:func:`accuracy_tolerance`, :func:`seed_spread`).
+What stays here is the plumbing: the data set (:func:`train_items`: workers import it from
+this module under spawn and forkserver), the job, the clocks, the checks and the plots.
 
-Measured per configuration (:func:`run_config` -> :class:`ConfigResult`): the
-time of one epoch (including worker start-up, which is what persistent workers
-remove), throughput, validation accuracy, the span trace of every step, the
-*compute-busy* share (GPU busy on a GPU) and the *data-stall* share. And, per
-configuration, each stage **alone** (:func:`stage_alone`): the loader alone, the
-copy alone (CUDA only; on a CPU there is no copy), the compute alone; the
-**pipeline efficiency** is the pipeline's throughput divided by that of its
-slowest stage alone.
+Same job, same answer. Every configuration uses the same seed, the same initial weights, the
+same data order (:func:`seed_order` seeds the loader's shuffling generator before every pass)
+and the **same augmentation crops** (the random crop of an item is drawn from a generator
+seeded by (seed, item), not from whichever worker process happens to load it:
+:class:`SeededItems`). Every configuration normalises with the reader's one ``normalize``
+(float configurations on the host, uint8 ones on the device), and cuDNN runs deterministic
+algorithms during the job (:func:`same_numerics`). On a CPU the configurations are then
+bit-identical (same loss, same accuracy). On a GPU they are too if ``normalize`` gives the
+same bits there as on the CPU (:func:`normalizer_device_exact`, measured); otherwise the
+accuracy tolerance grows to the measured seed-to-seed spread (:func:`accuracy_tolerance`,
+:func:`seed_spread`).
 
-Two regimes from the model's size (:data:`REGIMES`): a tiny model (width 2,
-one stage) is **data-bound** (the loader is the slowest stage, even on a CPU),
-a wide one **compute-bound**. "Wide" depends on the device: :func:`calibrate`
-times the loader alone and the model alone on the device in use and picks a
-model whose step takes 2-3.5x the loader's batch (:func:`choose_model`, bounded
-in time), and says so when a regime cannot be reached.
+Measured per configuration (:func:`run_config` -> :class:`ConfigResult`): the time of one
+epoch (including worker start-up, which is what persistent workers remove), throughput,
+validation accuracy, the span trace of every step (the wait for ``batches``' next batch, and
+``train_step``), the *compute-busy* share (GPU busy on a GPU) and the *data-stall* share.
+And, per configuration, each stage **alone** (:func:`stage_alone`): the reader's loader
+alone, the copy alone (CUDA only; on a CPU there is no copy), the reader's ``train_step``
+alone on a batch already on the device; the **pipeline efficiency** is the pipeline's
+throughput divided by that of its slowest stage alone.
 
-Waterfalls are measured in alternating rounds (:func:`run_waterfall`): each
-step's gain is the median of per-round ratios between neighbours run back to
-back, and a gain whose range across rounds includes 1 is called noise
-(:meth:`Waterfall.verdicts`); :func:`expected_within_noise` says beforehand
-which steps should be noise on this device.
+Two regimes from the model's size (:data:`REGIMES`): a tiny model (width 2, one stage) is
+**data-bound** (the loader is the slowest stage, even on a CPU), a wide one
+**compute-bound**. "Wide" depends on the device: :func:`calibrate` times the loader alone
+and the model alone on the device in use and picks a model whose step takes 2-3.5x the
+loader's batch (:func:`choose_model`, bounded in time), and says so when a regime cannot
+be reached.
 
-Threads. Every configuration of a waterfall, and every stage measured alone,
-runs with the same number of intra-op threads in the main process,
-``JobSpec.threads`` = :func:`compute_threads` (the usable cores minus the
-workers of the ``workers`` step, at least 1), set by :func:`main_threads` and
-restored afterwards. So each step changes one thing only; and the model's
-threads do not fight the worker processes for the same cores
+Waterfalls are measured in alternating rounds (:func:`run_waterfall`): each step's gain is
+the median of per-round ratios between neighbours run back to back, and a gain whose range
+across rounds includes 1 is called noise (:meth:`Waterfall.verdicts`);
+:func:`expected_within_noise` says beforehand which steps should be noise on this device.
+
+Threads. Every configuration of a waterfall, and every stage measured alone, runs with the
+same number of intra-op threads in the main process, ``JobSpec.threads`` =
+:func:`compute_threads` (the usable cores minus the workers of the ``workers`` step, at
+least 1), set by :func:`main_threads` and restored afterwards. So each step changes one
+thing only; and the model's threads do not fight the worker processes for the same cores
 (oversubscription; :func:`compare_threads` measures what that costs).
 
 ``benchmark(results, device)`` records both regimes under ``ch06.*``.
@@ -66,6 +74,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import math
 import statistics
 import time
@@ -73,7 +82,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset
 
 from .config import sized
 from .timing import SpanRecorder, SpanTrace, synchronize
@@ -84,6 +93,10 @@ __all__ = [
     "STEPS",
     "STEP_NAMES",
     "Settings",
+    "Pipeline",
+    "reference_pipeline",
+    "seed_order",
+    "train_items",
     "REGIMES",
     "JobSpec",
     "job_spec",
@@ -96,7 +109,6 @@ __all__ = [
     "settings_for",
     "configurations",
     "SeededItems",
-    "EpochSampler",
     "ConfigResult",
     "run_config",
     "dataset_info",
@@ -131,8 +143,11 @@ __all__ = [
     "benchmark",
 ]
 
-COMPUTE_PHASES = ("normalize", "forward", "backward", "optimizer")
-DATA_PHASES = ("load", "collate")
+#: Span names of a timed step: the wait for ``next(batches(loader))`` (load, copy and normalise, as the
+#: reader's ``batches`` does them), then the reader's ``train_step``.
+DATA_PHASES = ("batch",)
+COMPUTE_PHASES = ("train_step",)
+DATA_LANE = "data (CPU)"
 
 
 # ---------------------------------------------------------------------------
@@ -162,26 +177,31 @@ class Step:
 
 
 #: The steps in stacking order. ``num_workers="auto"`` becomes :func:`default_workers`.
+#: Each step is a call of the reader's ``make_loader`` and ``batches`` with other keyword arguments
+#: (:meth:`Settings.loader_kwargs`, :meth:`Settings.batches_kwargs`).
 STEPS: tuple[Step, ...] = (
     Step("baseline", "baseline", {}, "01", False,
-         "load, decode and augment in the training loop's process; float batches; blocking pageable copies"),
+         "load, decode and augment in the training loop's process; float32 made on the CPU; pageable copies"),
     Step("pinned", "+ pinned memory", {"pin_memory": True}, "02-03", True,
-         "page-locked batches (pinned by the loader's thread) and non-blocking copies; on a CPU there is no copy"),
+         "page-locked batches and copies that do not make the host wait; on a CPU there is no copy"),
     Step("workers", "+ workers", {"num_workers": "auto"}, "04", False,
-         "load in worker processes, in parallel with the training step"),
+         "load in worker processes, in parallel with the training step (DataLoader's prefetch_factor=2)"),
     Step("persistent", "+ persistent, prefetch 4", {"persistent_workers": True, "prefetch_factor": 4}, "04", False,
          "keep the workers alive between epochs (no start-up per epoch) and queue 4 batches per worker"),
-    Step("uint8", "+ uint8, device normalise", {"output": "uint8"}, "05", False,
-         "workers send uint8 images (4x fewer bytes to collate, pass and copy); normalise after the copy"),
+    Step("uint8", "+ uint8, device normalise", {"output": "uint8"}, "05", True,
+         "uint8 crosses the link (4x fewer bytes), float is made on the device; on a CPU host and device are one"),
     Step("prefetcher", "+ side-stream prefetcher", {"prefetcher": True}, "05", True,
-         "copy batch i+1 on a side CUDA stream while batch i computes; on a CPU it passes batches through"),
+         "copy batch i+1 on a side CUDA stream while batch i trains; on a CPU batches() copies nothing"),
 )
 STEP_NAMES: tuple[str, ...] = tuple(s.name for s in STEPS)
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Loader and transfer settings of one configuration."""
+    """Loader and transfer settings of one configuration: the keyword arguments of its calls of the pipeline.
+
+    ``output="float"``: ``batches(..., float_on_host=True)`` (float32 made on the host); ``"uint8"``: on the device.
+    """
 
     num_workers: int = 0
     pin_memory: bool = False
@@ -196,6 +216,27 @@ class Settings:
             parts.append(f"persistent={self.persistent_workers}, prefetch={self.prefetch_factor or 2}")
         parts += [f"pin={self.pin_memory}", f"batches={self.output}", f"prefetcher={self.prefetcher}"]
         return ", ".join(parts)
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of the reader's ``make_loader`` for these settings.
+
+        Without workers only ``workers`` and ``pin`` are passed: ``prefetch_factor`` and
+        ``persistent`` mean nothing there (the pipeline's ``make_loader`` ignores them).
+        """
+        kw: dict[str, Any] = {"workers": self.num_workers, "pin": self.pin_memory}
+        if self.num_workers:
+            kw.update(prefetch_factor=self.prefetch_factor or 2, persistent=self.persistent_workers)
+        return kw
+
+    def batches_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of the reader's ``batches`` for these settings."""
+        return {"prefetch": self.prefetcher, "float_on_host": self.output == "float"}
+
+    def calls(self, sep: str = " · ") -> str:
+        """The two calls this configuration makes, as the reader would type them (joined by ``sep``)."""
+        lk = ", ".join(f"{k}={v!r}" for k, v in self.loader_kwargs().items())
+        bk = ", ".join(f"{k}={v!r}" for k, v in self.batches_kwargs().items())
+        return f"make_loader(dataset, batch_size, {lk}){sep}batches(loader, {bk})"
 
 
 def default_workers() -> int:
@@ -354,46 +395,107 @@ def job_spec(regime: str, **overrides: Any) -> JobSpec:
     return spec
 
 
-class EpochSampler(Sampler[int]):
-    """Shuffled indices of the first ``limit`` items, encoded as ``epoch * n + index``.
+@dataclass(frozen=True)
+class Pipeline:
+    """The pipeline functions the capstone times: the reader's, from chapter 06's pipeline cells.
 
-    The order of epoch ``e`` comes from a generator seeded with ``(seed, e)``, so
-    it is the same in every configuration; the epoch travels inside the index so
-    that workers (persistent or not) know which epoch an item belongs to.
+    Attributes:
+        make_loader: ``make_loader(dataset, batch_size, workers=, pin=, prefetch_factor=, persistent=)``
+            returns a re-iterable loader of ``(x, y)`` host batches (x uint8, ``(N, 3, H, W)``).
+        batches: ``batches(loader, prefetch=, float_on_host=)`` yields ``(x, y)`` on the device, x
+            float and normalised; ``batches(loader)`` (the defaults) is the fast pipeline.
+        train_step: ``train_step(model, optimizer, x, y)`` trains one step and returns the loss tensor.
+        normalize: ``normalize(x)``, uint8 to float on x's device (optional: for
+            :func:`normalizer_device_exact`).
+        source: where the functions come from, for messages.
     """
 
-    def __init__(self, n: int, limit: int, seed: int = 0) -> None:
-        self.n = check_int("n", n, 1)
-        self.limit = min(check_int("limit", limit, 1), n)
-        self.seed = seed
-        self.epoch = 0
+    make_loader: Callable[..., Any]
+    batches: Callable[..., Iterable[Any]]
+    train_step: Callable[..., Any]
+    normalize: Callable[[torch.Tensor], torch.Tensor] | None = None
+    source: str = "your pipeline cells"
 
-    def __iter__(self) -> Iterator[int]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        perm = torch.randperm(self.n, generator=g)[: self.limit].tolist()
-        base = self.epoch * self.n
-        self.epoch += 1
-        return iter([base + i for i in perm])
+    def __post_init__(self) -> None:
+        for name in ("make_loader", "batches", "train_step"):
+            if not callable(getattr(self, name)):
+                raise ValueError(f"{name} must be a function (run the pipeline cell that defines it), "
+                                 f"got {type(getattr(self, name)).__name__}")
+        if self.normalize is not None and not callable(self.normalize):
+            raise ValueError(f"normalize must be a function or None, got {type(self.normalize).__name__}")
 
-    def __len__(self) -> int:
-        return self.limit
+
+#: The take-home script whose pipeline block is chapter 06's pipeline cells, line for line.
+SCRIPT = ("examples", "fast_pipeline.py")
+
+
+def reference_pipeline(device: torch.device | str = "cpu", *, seed: int = 0, workers: int | None = None) -> Pipeline:
+    """The pipeline of ``examples/fast_pipeline.py`` (torch and torchvision only), for runs without the chapter.
+
+    ``helpers.bench`` and the unit tests time these functions; a test keeps them identical to
+    chapter 06's pipeline cells. The script's globals ``DEVICE``, ``SEED`` and ``WORKERS`` (what its
+    pipeline reads) are set to ``device``, ``seed`` and ``workers`` (default :func:`default_workers`).
+
+    Raises:
+        FileNotFoundError: the workbook's checkout (with ``examples/``) is not found.
+    """
+    from .config import repo_root
+
+    root = repo_root()
+    path = root.joinpath(*SCRIPT) if root is not None else None
+    if path is None or not path.is_file():
+        raise FileNotFoundError(
+            "examples/fast_pipeline.py is not found from this installation of helpers; pass your own pipeline "
+            "instead: run_waterfall(..., make_loader=make_loader, batches=batches, train_step=train_step)")
+    key = ("script", str(path), path.stat().st_mtime_ns)
+    mod = _CACHE.get(key)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("fast_pipeline", path)
+        mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(mod)  # type: ignore[union-attr]
+        _CACHE[key] = mod
+    mod.DEVICE = torch.device(device)
+    mod.SEED = check_int("seed", seed, 0, 2**62)
+    mod.WORKERS = default_workers() if workers is None else check_int("workers", workers, 0, 64)
+    return Pipeline(mod.make_loader, mod.batches, mod.train_step, mod.normalize, source="examples/fast_pipeline.py")
+
+
+def _pipeline(pipeline: Pipeline | None, device: torch.device | str, seed: int = 0, *,
+              make_loader: Callable[..., Any] | None = None, batches: Callable[..., Any] | None = None,
+              train_step: Callable[..., Any] | None = None) -> Pipeline:
+    """``pipeline``; or one made of the three functions (all three, or none); else :func:`reference_pipeline`."""
+    given = {"make_loader": make_loader, "batches": batches, "train_step": train_step}
+    if any(v is not None for v in given.values()):
+        missing = [k for k, v in given.items() if v is None]
+        if missing or pipeline is not None:
+            raise ValueError("pass make_loader, batches and train_step together (missing: "
+                             f"{', '.join(missing) or 'none'}), or pipeline=Pipeline(...), not both")
+        return Pipeline(make_loader, batches, train_step)  # type: ignore[arg-type]
+    if pipeline is not None:
+        if not isinstance(pipeline, Pipeline):
+            raise ValueError(f"pipeline must be a capstone.Pipeline, got {type(pipeline).__name__}")
+        return pipeline
+    return reference_pipeline(device, seed=seed)
 
 
 class SeededItems(Dataset):
-    """Wrap a data set so item ``epoch * n + i`` is item ``i`` augmented with a generator seeded by (seed, epoch, i).
+    """The first ``limit`` items of ``base``, item ``i`` augmented with a generator seeded by (seed, i).
 
-    The random crop then does not depend on which process (main or worker) loads
-    the item, so every configuration trains on identical batches. Picklable.
+    The random crop then does not depend on which process (main or worker) loads the item,
+    so every configuration trains on identical batches. An item gets the same crop in every
+    pass (the job times one epoch after a short warm-up). Picklable: workers import this
+    class from ``helpers.capstone`` under spawn and forkserver (a class defined in a notebook
+    cell could not be imported there).
 
-    With ``normalize=True`` the base's uint8 image is turned into a normalised
-    float image by :func:`normalize_images`, the same function the uint8
-    configurations apply after the copy: one normalisation path for every
-    configuration (see :func:`normalizer_device_exact`).
+    With ``normalize=True`` the base's uint8 image is turned into a normalised float image
+    by :func:`normalize_images` (the capstone's job does not use it: its batches stay uint8
+    and the pipeline's ``batches`` normalises them).
     """
 
-    def __init__(self, base: Dataset, seed: int = 0, normalize: bool = False) -> None:
+    def __init__(self, base: Dataset, seed: int = 0, normalize: bool = False, limit: int | None = None) -> None:
         self.base = base
-        self.n = len(base)  # type: ignore[arg-type]
+        total = len(base)  # type: ignore[arg-type]
+        self.n = total if limit is None else min(total, check_int("limit", limit, 1))
         self.seed = seed
         self.normalize = bool(normalize)
 
@@ -401,40 +503,61 @@ class SeededItems(Dataset):
         return self.n
 
     def __getitem__(self, index: int) -> Any:
-        torch.default_generator.manual_seed((self.seed * 1_000_003 + int(index)) % (2**63))
-        img, label = self.base[int(index) % self.n]
+        index = int(index)
+        if not 0 <= index < self.n:
+            raise IndexError(f"index {index} out of range for {self.n} items")
+        torch.default_generator.manual_seed((self.seed * 1_000_003 + index) % (2**63))
+        img, label = self.base[index]
         if self.normalize:
             img = normalize_images(img.unsqueeze(0))[0]
         return img, label
 
 
-def normalize_images(x: torch.Tensor) -> torch.Tensor:
-    """The one normalisation of this chapter: uint8 ``(N, 3, H, W)`` to normalised float32.
+def seed_order(loader: Any, seed: int, epoch: int, *, fresh: bool) -> None:
+    """Seed the shuffling of ``loader``'s next pass: the same order in every configuration.
 
-    Every configuration uses it: float configurations in the loader (per item, on
-    the CPU), uint8 configurations after the copy (:func:`helpers.train.train_epoch`
-    calls the same :func:`helpers.data.to_float_normalized`), the prefetcher's too.
+    A ``DataLoader`` with ``shuffle=True`` draws its order from ``loader.generator`` (the
+    global generator when it has none), after one draw for the workers' base seed that
+    every new iterator makes. A loader with persistent workers makes a new iterator only
+    for its first pass (``fresh``); later passes reuse it and skip that draw, so here it is
+    drawn and dropped: the permutation of pass ``epoch`` is then the same with and without
+    persistent workers. ``tests/test_ch06_pipeline.py`` checks this against torch.
+    """
+    gen = getattr(loader, "generator", None)
+    gen = gen if isinstance(gen, torch.Generator) else torch.default_generator
+    gen.manual_seed((int(seed) * 1_000_003 + int(epoch)) % (2**63))
+    if not fresh and getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0) > 0:
+        torch.empty((), dtype=torch.int64).random_(generator=gen)
+
+
+def normalize_images(x: torch.Tensor) -> torch.Tensor:
+    """The workbook's normaliser (:func:`helpers.data.to_float_normalized`): uint8 ``(N, 3, H, W)`` to float32.
+
+    The capstone's job normalises with the pipeline's own ``normalize``; this one is the
+    default of :func:`normalizer_device_exact` and makes the batches the stages alone use.
     """
     from .data import to_float_normalized
 
     return to_float_normalized(x)
 
 
-def normalizer_device_exact(device: torch.device | str) -> bool:
-    """Whether :func:`normalize_images` gives the same bits on ``device`` as on the CPU, for all 256 levels.
+def normalizer_device_exact(device: torch.device | str,
+                            normalize: Callable[[torch.Tensor], torch.Tensor] | None = None) -> bool:
+    """Whether ``normalize`` gives the same bits on ``device`` as on the CPU, for all 256 levels.
 
-    On a CPU trivially True. On CUDA it depends on the arithmetic: dividing by a
-    Python scalar runs as a multiplication by its reciprocal there (one bit may
-    differ from a true division on the CPU), so float configurations (normalised
-    by the loader on the CPU) and uint8 ones (normalised on the GPU) would not
-    see identical inputs. Measured, not assumed: the chapter reports it.
+    ``normalize``: the pipeline's (the chapter passes its own), default :func:`normalize_images`.
+    On a CPU trivially True. On CUDA it depends on the arithmetic: dividing by a Python
+    scalar runs as a multiplication by its reciprocal there (one bit may differ from a true
+    division on the CPU), so float configurations (normalised on the CPU) and uint8 ones
+    (normalised on the GPU) would not see identical inputs. Measured, not assumed.
     """
+    fn = normalize or normalize_images
     dev = torch.device(device)
     levels = torch.arange(256, dtype=torch.uint8).repeat(3, 1).view(1, 3, 16, 16)
-    on_cpu = normalize_images(levels)
+    on_cpu = fn(levels)
     if dev.type == "cpu":
         return True
-    return bool(torch.equal(normalize_images(levels.to(dev)).cpu(), on_cpu))
+    return bool(torch.equal(fn(levels.to(dev)).cpu(), on_cpu))
 
 
 @contextlib.contextmanager
@@ -457,11 +580,6 @@ def same_numerics() -> Iterator[None]:
         yield
     finally:
         cudnn.deterministic, cudnn.benchmark = before
-
-
-def _identity_transfer(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batches from the prefetcher are already on the device (uint8 ones are normalised by train_epoch)."""
-    return batch[0], batch[1]
 
 
 _CACHE: dict[Any, Any] = {}
@@ -489,7 +607,11 @@ def val_size(spec: JobSpec) -> int:
 
 
 def _val_batches(spec: JobSpec) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The validation set, decoded once (float, centre crop), as a list of batches."""
+    """The validation set, decoded once (uint8, centre crop), as a list of host batches.
+
+    The job evaluates through the pipeline's ``batches(...)`` with its defaults, so the
+    validation images are normalised by the same ``normalize`` as the training ones.
+    """
     from .data import ShapesDataset
 
     key = ("val", str(_dataset_info().val_dir), spec.crop_size, spec.batch_size)
@@ -498,30 +620,36 @@ def _val_batches(spec: JobSpec) -> list[tuple[torch.Tensor, torch.Tensor]]:
         batches = []
         for s in range(0, len(ds), spec.batch_size):
             items = [ds[i] for i in range(s, min(len(ds), s + spec.batch_size))]
-            batches.append((normalize_images(torch.stack([x for x, _ in items])), torch.tensor([y for _, y in items])))
+            batches.append((torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])))
         _CACHE[key] = batches
     return _CACHE[key]
 
 
-def _train_items(spec: JobSpec, output: str) -> SeededItems:
+def train_items(spec: JobSpec) -> SeededItems:
+    """The job's training set: ``spec.train_items`` generated images, uint8 crops seeded per item.
+
+    It lives in this module so that DataLoader workers can import it (spawn, forkserver).
+    """
     from .data import ShapesDataset
 
-    check_choice("output", output, ("float", "uint8"))
     base = ShapesDataset(_dataset_info().train_dir, crop_size=spec.crop_size, augment=True, output="uint8")
-    return SeededItems(base, seed=spec.seed, normalize=output == "float")
+    return SeededItems(base, seed=spec.seed, limit=spec.train_items)
 
 
-def _build_loader(spec: JobSpec, s: Settings, device: torch.device) -> Any:
-    from .data import make_loader
+def _build_loader(pipeline: Pipeline, spec: JobSpec, s: Settings) -> Any:
+    """The pipeline's ``make_loader`` called with ``s``'s keyword arguments on :func:`train_items`.
 
-    ds = _train_items(spec, s.output)
-    sampler = EpochSampler(len(ds), spec.train_items, seed=spec.seed)
-    kw: dict[str, Any] = {}
+    With workers, ``/dev/shm`` is checked first (:func:`helpers.loaders.require_shm`): a worker
+    that runs out of shared memory dies of a bus error, so the run refuses to start instead.
+    """
+    from .loaders import require_shm, shm_needed_bytes
+
+    ds = train_items(spec)
+    kw = s.loader_kwargs()
     if s.num_workers > 0:
-        kw["persistent_workers"] = s.persistent_workers
-        kw["prefetch_factor"] = s.prefetch_factor or 2
-    return make_loader(ds, spec.batch_size, shuffle=False, sampler=sampler, num_workers=s.num_workers,
-                       seed=spec.seed, pin_memory=s.pin_memory and device.type == "cuda", drop_last=True, **kw)
+        batch_bytes = 3 * spec.crop_size * spec.crop_size * spec.batch_size
+        require_shm(shm_needed_bytes(batch_bytes, s.num_workers, kw["prefetch_factor"]))
+    return pipeline.make_loader(ds, spec.batch_size, **kw)
 
 
 def _warm_batches(source: Any, steps: int, drain: bool) -> list[Any]:
@@ -539,6 +667,13 @@ def _warm_batches(source: Any, steps: int, drain: bool) -> list[Any]:
             pass
     del it
     return batches
+
+
+def _close(it: Any) -> None:
+    """End a pass: close the pipeline's generator, so the loader iterator inside it is let go now."""
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
 
 
 def _release(loader: Any) -> None:
@@ -575,7 +710,7 @@ class ConfigResult:
         epoch_s: seconds per timed epoch (mean), worker start-up included.
         steps / samples: per timed epoch.
         accuracy: validation accuracy after training (0-1).
-        trace: spans of every timed step (load, collate, h2d, normalize, forward, backward, optimizer).
+        trace: spans of every timed step: ``batch`` (the wait for the pipeline's next batch) and ``train_step``.
         compute_busy: share of the epoch the compute phases were running (GPU busy, on a GPU).
         data_stall: share of the epoch the loop waited for data (start-up included).
         stages: items/s of each stage alone ("loader", "copy", "compute"; ``None``: no such stage here).
@@ -629,6 +764,89 @@ def _shares(trace: SpanTrace, epochs: list[tuple[float, float]], epoch_total: fl
     return min(1.0, compute / epoch_total), min(1.0, (data + startup) / epoch_total)
 
 
+def _on_device(x: torch.Tensor, dev: torch.device, pipeline: Pipeline) -> None:
+    if x.device.type != dev.type:
+        raise ValueError(f"batches() put the batch on {x.device}, but the job runs on {dev}: the pipeline "
+                         f"({pipeline.source}) reads DEVICE; run the job on DEVICE (device=DEVICE)")
+
+
+def _warm_up(pipeline: Pipeline, model: Any, opt: Any, loader: Any, s: Settings, spec: JobSpec,
+             dev: torch.device) -> None:
+    """``spec.warm_steps`` untimed training steps through the pipeline: pass 0 of the loader.
+
+    With persistent workers the rest of that pass is drained (:func:`_warm_batches`).
+    """
+    seed_order(loader, spec.seed, 0, fresh=True)
+    it = pipeline.batches(loader, **s.batches_kwargs())
+    try:
+        warm = _warm_batches(it, spec.warm_steps, drain=s.persistent_workers and s.num_workers > 0)
+    finally:
+        _close(it)
+    for x, y in warm:
+        _on_device(x, dev, pipeline)
+        pipeline.train_step(model, opt, x, y)
+    del warm
+
+
+def _timed_epoch(pipeline: Pipeline, model: Any, opt: Any, loader: Any, s: Settings, spec: JobSpec,
+                 dev: torch.device, rec: SpanRecorder, epoch: int, start_step: int,
+                 fresh: bool = False) -> tuple[int, int, float, float]:
+    """One pass of ``for x, y in batches(loader, ...): train_step(model, optimizer, x, y)``, recorded.
+
+    Spans: ``batch`` (host time waiting for the next batch from the pipeline's ``batches``:
+    loading, and on a GPU the copy and normalisation as ``batches`` issues them) and
+    ``train_step`` (CUDA events on a GPU). The loss is summed on the device: nothing in the
+    loop waits for the GPU. Returns (steps, samples, seconds, mean training loss).
+    """
+    from .train import COMPUTE_LANE_CPU, COMPUTE_LANE_GPU
+
+    lane = COMPUTE_LANE_GPU if rec.cuda else COMPUTE_LANE_CPU
+    total = torch.zeros((), device=dev)
+    steps = samples = 0
+    seed_order(loader, spec.seed, epoch, fresh=fresh)
+    t0 = time.perf_counter()
+    it = iter(pipeline.batches(loader, **s.batches_kwargs()))
+    try:
+        while True:
+            step = start_step + steps
+            h0 = rec.now()
+            try:
+                x, y = next(it)
+            except StopIteration:
+                break
+            rec.add("batch", step, h0, rec.now(), lane=DATA_LANE)
+            if steps == 0:
+                _on_device(x, dev, pipeline)
+            with rec.span("train_step", step, gpu=True, lane=lane):
+                loss = pipeline.train_step(model, opt, x, y)
+            total += loss.detach().float() * y.shape[0]
+            samples += int(y.shape[0])
+            steps += 1
+    finally:
+        _close(it)
+    synchronize(dev)
+    seconds = time.perf_counter() - t0
+    return steps, samples, seconds, float(total.item()) / max(1, samples)
+
+
+@torch.no_grad()
+def _evaluate(pipeline: Pipeline, model: Any, spec: JobSpec) -> float:
+    """Top-1 accuracy on the validation set, through ``batches(val_batches)`` (the pipeline's defaults)."""
+    was = model.training
+    model.eval()
+    correct, seen = None, 0
+    try:
+        for x, y in pipeline.batches(_val_batches(spec)):
+            hit = (model(x).argmax(1) == y).sum()
+            correct = hit if correct is None else correct + hit
+            seen += int(y.shape[0])
+    finally:
+        model.train(was)
+    if not seen:
+        raise ValueError("the validation set yielded no batch")
+    return float(correct.item()) / seen  # type: ignore[union-attr]
+
+
 def run_config(
     settings: Settings,
     spec: JobSpec,
@@ -638,62 +856,62 @@ def run_config(
     label: str | None = None,
     stages: bool = True,
     progress: Callable[[float, str], None] | None = None,
+    pipeline: Pipeline | None = None,
 ) -> ConfigResult:
-    """Train the job once with ``settings`` and measure it (see the module docstring).
+    """Train the job once with ``settings`` through the pipeline's functions and measure it.
 
-    The model is built from ``spec.seed``; ``spec.warm_steps`` untimed steps
-    (lazy initialisation, first worker start-up; with persistent workers the
-    rest of that pass is drained, see :func:`_warm_batches`) come first, then ``spec.epochs``
-    timed epochs, then evaluation on the validation set. Workers are released
-    on return, also on errors and interrupts. The main process uses
-    ``spec.threads`` intra-op threads meanwhile (:func:`main_threads`). The
-    reader's global RNG state and thread count are restored afterwards.
+    ``pipeline``: the functions to time (the chapter passes the reader's; default
+    :func:`reference_pipeline`). The loader is ``pipeline.make_loader(train_items(spec),
+    spec.batch_size, **settings.loader_kwargs())``; every pass iterates
+    ``pipeline.batches(loader, **settings.batches_kwargs())`` and calls
+    ``pipeline.train_step(model, optimizer, x, y)``. The model is built from ``spec.seed``;
+    ``spec.warm_steps`` untimed steps (lazy initialisation, first worker start-up; with
+    persistent workers the rest of that pass is drained, see :func:`_warm_batches`) come
+    first, then ``spec.epochs`` timed epochs, then evaluation on the validation set.
+    Workers are released on return, also on errors and interrupts. The main process uses
+    ``spec.threads`` intra-op threads meanwhile (:func:`main_threads`). The reader's global
+    RNG state and thread count are restored afterwards.
     """
     from .models import build_model
-    from .prefetch import Prefetcher
-    from .train import evaluate, make_optimizer, train_epoch
+    from .train import make_optimizer
 
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device is 'cuda' but no CUDA device is available; use device='cpu'")
+    pipe = _pipeline(pipeline, dev, spec.seed)
     report = progress or (lambda f, t="": None)
 
     info = _dataset_info()
     model = build_model(width=spec.width, depth=spec.depth, num_classes=len(info.classes), seed=spec.seed).to(dev)
     opt = make_optimizer(model, lr=spec.lr)
-    loader = _build_loader(spec, settings, dev)
-    # normalize=None: the prefetcher hands over uint8 batches on the device and train_epoch
-    # normalises them with the same function as every other configuration.
-    source: Any = Prefetcher(loader, dev, normalize=None) if settings.prefetcher else loader
-    if settings.prefetcher:
-        transfer: Any = _identity_transfer
-    else:
-        transfer = "non_blocking" if settings.pin_memory and dev.type == "cuda" else "blocking"
     epochs: list[tuple[float, float]] = []
+    loader = None
     try:
         with main_threads(spec.threads), same_numerics(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed)
+            loader = _build_loader(pipe, spec, settings)
             report(0.05, f"{name}: warm-up")
             if spec.warm_steps:
-                warm = _warm_batches(source, spec.warm_steps, drain=settings.persistent_workers)
-                train_epoch(model, warm, dev, opt, transfer=transfer)
-                del warm
-            rec = SpanRecorder(dev, config=name, regime=spec.regime, settings=settings.describe())
+                _warm_up(pipe, model, opt, loader, settings, spec, dev)
+            rec = SpanRecorder(dev, config=name, regime=spec.regime, settings=settings.describe(),
+                               calls=settings.calls(), pipeline=pipe.source)
             total_s, steps, samples, loss = 0.0, 0, 0, 0.0
             for e in range(spec.epochs):
                 report(0.1 + 0.7 * e / spec.epochs, f"{name}: epoch {e + 1}/{spec.epochs}")
                 t_begin = rec.now()
-                st = train_epoch(model, source, dev, opt, recorder=rec, transfer=transfer, start_step=steps)
+                n, k, sec, mean_loss = _timed_epoch(pipe, model, opt, loader, settings, spec, dev, rec, e + 1, steps,
+                                                    fresh=not spec.warm_steps and e == 0)
                 epochs.append((t_begin, rec.now()))
-                total_s += st.seconds
-                steps += st.steps
-                samples += st.samples
-                loss += st.loss * st.samples
+                total_s += sec
+                steps += n
+                samples += k
+                loss += mean_loss * k
             trace = rec.finish()
             report(0.85, f"{name}: evaluating")
-            acc = evaluate(model, _val_batches(spec), dev)
+            acc = _evaluate(pipe, model, spec)
     finally:
-        _release(loader)
+        if loader is not None:
+            _release(loader)
     if steps == 0:
         raise ValueError(f"train_items={spec.train_items} gives no full batch of {spec.batch_size}; raise train_items")
     busy, stall = _shares(trace, epochs, total_s)
@@ -705,7 +923,7 @@ def run_config(
     )
     if stages:
         report(0.9, f"{name}: stages alone")
-        result.stages = stage_alone(settings, spec, dev)
+        result.stages = stage_alone(settings, spec, dev, pipeline=pipe)
         result.efficiency = pipeline_efficiency(result.throughput, result.stages)
     report(1.0, f"{name}: done")
     return result
@@ -716,49 +934,61 @@ def run_config(
 # ---------------------------------------------------------------------------
 
 
-def _loader_alone(spec: JobSpec, s: Settings, dev: torch.device) -> float:
-    """Items/s of the DataLoader alone, measured like the job's epoch.
+def _loader_alone(pipeline: Pipeline, spec: JobSpec, s: Settings, dev: torch.device) -> float:
+    """Items/s of the pipeline's loader alone (``make_loader`` with ``s``), measured like the job's epoch.
 
-    Same loader, same sampler, same warm-up batches, then one whole epoch
-    (worker start-up included, as in the job's epoch), with the job's threads
-    in the main process. It does not depend on the model, so it is measured
-    once for both regimes.
+    Same loader, same order, same warm-up batches, then one whole pass (worker start-up
+    included, as in the job's epoch), with the job's threads in the main process; nothing
+    is copied or normalised. It does not depend on the model, so it is measured once for
+    both regimes.
     """
-    key = ("loader", spec.train_items, spec.batch_size, spec.crop_size, s.num_workers, s.persistent_workers,
-           s.prefetch_factor, s.output, s.pin_memory and dev.type == "cuda", spec.threads, spec.warm_steps)
+    key = ("loader", id(pipeline.make_loader), spec.train_items, spec.batch_size, spec.crop_size, s.num_workers,
+           s.persistent_workers, s.prefetch_factor, s.pin_memory and dev.type == "cuda", spec.threads,
+           spec.warm_steps)
     if key in _CACHE:
         return _CACHE[key]
-    loader = _build_loader(spec, s, dev)
+    loader = None
     try:
         with main_threads(spec.threads), torch.random.fork_rng(devices=[]):
-            _warm_batches(loader, spec.warm_steps, drain=s.persistent_workers)
+            loader = _build_loader(pipeline, spec, s)
+            seed_order(loader, spec.seed, 0, fresh=True)
+            _warm_batches(loader, spec.warm_steps, drain=s.persistent_workers and s.num_workers > 0)
+            seed_order(loader, spec.seed, 1, fresh=False)
             t0 = time.perf_counter()
             n = 0
             for x, _y in loader:
                 n += int(x.shape[0])
             seconds = time.perf_counter() - t0
     finally:
-        _release(loader)
+        if loader is not None:
+            _release(loader)
     _CACHE[key] = n / seconds if seconds > 0 else float("nan")
     return _CACHE[key]
 
 
-def _sample_batch(spec: JobSpec, output: str) -> tuple[torch.Tensor, torch.Tensor]:
-    key = ("sample", spec.batch_size, spec.crop_size, output, spec.seed)
+def _sample_batch(spec: JobSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``spec.batch_size`` training items, collated (uint8)."""
+    key = ("sample", spec.batch_size, spec.crop_size, spec.seed, spec.train_items)
     if key not in _CACHE:
         from torch.utils.data import default_collate
 
-        ds = _train_items(spec, output)
+        ds = train_items(spec)
         with torch.random.fork_rng(devices=[]):
-            _CACHE[key] = default_collate([ds[i] for i in range(spec.batch_size)])
+            _CACHE[key] = default_collate([ds[i] for i in range(min(spec.batch_size, len(ds)))])
     return _CACHE[key]
 
 
 def _copy_alone(spec: JobSpec, s: Settings, dev: torch.device, repeats: int = 10) -> float | None:
-    """Items/s of host-to-device copies of one batch (``None`` without CUDA: there is no copy)."""
+    """Items/s of host-to-device copies of one batch as the configuration sends it (``None`` without CUDA).
+
+    float32 for ``float_on_host`` configurations (4 bytes per pixel), uint8 otherwise; pinned
+    and ``non_blocking=True`` with ``pin=True``, as ``batches`` copies.
+    """
     if dev.type != "cuda":
         return None
-    x, y = _sample_batch(spec, s.output)
+    x, y = _sample_batch(spec)
+    if s.output == "float":
+        x = x.float()  # the bytes a float batch moves (the values do not change a copy's time)
     if s.pin_memory:
         x, y = x.pin_memory(), y.pin_memory()
     nb = s.pin_memory
@@ -772,8 +1002,8 @@ def _copy_alone(spec: JobSpec, s: Settings, dev: torch.device, repeats: int = 10
     return spec.batch_size / statistics.median(times[2:])
 
 
-def _compute_alone(spec: JobSpec, s: Settings, dev: torch.device) -> float:
-    """Items/s of training steps on one batch already on the device (normalise included for uint8).
+def _compute_alone(pipeline: Pipeline, spec: JobSpec, dev: torch.device) -> float:
+    """Items/s of the pipeline's ``train_step`` on one float batch already on the device.
 
     Same model, batch size and threads as the job; two warm-up steps, then as
     many timed steps as an epoch has (4 to 20), each synchronised. Throughput
@@ -782,59 +1012,66 @@ def _compute_alone(spec: JobSpec, s: Settings, dev: torch.device) -> float:
     (such hiccups slow the pipeline's epoch too, so they count against its
     efficiency, never for it).
     """
-    key = ("compute", spec.width, spec.depth, spec.batch_size, spec.crop_size, s.output, str(dev), spec.threads,
-           spec.train_items)
+    key = ("compute", id(pipeline.train_step), spec.width, spec.depth, spec.batch_size, spec.crop_size, str(dev),
+           spec.threads, spec.train_items)
     if key in _CACHE:
         return _CACHE[key]
-    times = _step_times(spec, s.output, dev, max(4, min(spec.steps_per_epoch, 20)))
+    times = _step_times(spec, dev, max(4, min(spec.steps_per_epoch, 20)), pipeline.train_step)
     _CACHE[key] = spec.batch_size / statistics.quantiles(times, n=4, method="inclusive")[0]
     return _CACHE[key]
 
 
-def _step_times(spec: JobSpec, output: str, dev: torch.device, n: int, warm: int = 2) -> list[float]:
-    """Seconds of ``n`` synchronised training steps of ``spec``'s model on one batch already on ``dev``."""
+def _plain_step(model: Any, optimizer: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A training step (chapter 01's train_step), for calibrations run without the reader's pipeline."""
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def _step_times(spec: JobSpec, dev: torch.device, n: int, train_step: Callable[..., Any] | None = None,
+                warm: int = 2) -> list[float]:
+    """Seconds of ``n`` synchronised ``train_step`` calls with ``spec``'s model on one float batch on ``dev``."""
     from .models import build_model
     from .train import make_optimizer
 
-    x, y = _sample_batch(spec, output)
-    x, y = x.to(dev), y.to(dev)
+    step = train_step or _plain_step
+    x, y = _sample_batch(spec)
+    x, y = normalize_images(x.to(dev)), y.to(dev)
     model = build_model(width=spec.width, depth=spec.depth, num_classes=int(_dataset_info().params["num_classes"]),
                         seed=spec.seed).to(dev)
     opt = make_optimizer(model, lr=spec.lr)
-
-    def step() -> None:
-        xx = normalize_images(x) if x.dtype == torch.uint8 else x
-        loss = torch.nn.functional.cross_entropy(model(xx), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
     times = []
     with main_threads(spec.threads), same_numerics():
         for _ in range(warm):
-            step()
+            step(model, opt, x, y)
         synchronize(dev)
         for _ in range(n):
             t0 = time.perf_counter()
-            step()
+            step(model, opt, x, y)
             synchronize(dev)
             times.append(time.perf_counter() - t0)
     return times
 
 
-def stage_alone(settings: Settings, spec: JobSpec, device: torch.device | str = "cpu") -> dict[str, float | None]:
+def stage_alone(settings: Settings, spec: JobSpec, device: torch.device | str = "cpu", *,
+                pipeline: Pipeline | None = None) -> dict[str, float | None]:
     """Throughput (items/s) of each stage run alone: ``loader``, ``copy`` (CUDA only) and ``compute``.
 
-    Each stage runs as it does in the job: same batch size, same warm-up, same
-    threads (``spec.threads``). Results are cached per stage settings: stages
-    that a configuration does not change (the loader in both regimes, the
-    compute across loader settings) are measured once.
+    ``loader``: the pipeline's ``make_loader`` alone; ``copy``: one batch as the configuration
+    sends it; ``compute``: the pipeline's ``train_step`` on a batch already on the device.
+    Each stage runs as it does in the job: same batch size, same warm-up, same threads
+    (``spec.threads``). Results are cached per stage settings: stages that a configuration
+    does not change (the loader in both regimes, the compute across loader settings) are
+    measured once.
     """
     dev = torch.device(device)
+    pipe = _pipeline(pipeline, dev, spec.seed)
     return {
-        "loader": _loader_alone(spec, settings, dev),
+        "loader": _loader_alone(pipe, spec, settings, dev),
         "copy": _copy_alone(spec, settings, dev),
-        "compute": _compute_alone(spec, settings, dev),
+        "compute": _compute_alone(pipe, spec, dev),
     }
 
 
@@ -861,12 +1098,15 @@ def compare_threads(
     step: str = "persistent",
     device: torch.device | str = "cpu",
     threads: Sequence[int] | None = None,
+    *,
+    pipeline: Pipeline | None = None,
 ) -> list[ConfigResult]:
     """Run the cumulative configuration ``step`` of ``spec`` once per main-process thread count, back to back.
 
     ``threads`` defaults to ``(spec.threads, all usable cores)``: what the
     capstone uses while workers run, and PyTorch's default. Stages alone are
     not measured. Each result's ``trace.metadata["threads"]`` says which count it had.
+    ``pipeline``: as in :func:`run_config`.
     """
     from .doctor import usable_cores
 
@@ -877,7 +1117,7 @@ def compare_threads(
     out = []
     for n in counts:
         r = run_config(settings, dataclasses.replace(spec, threads=check_int("threads", n, 1, 1024)), device,
-                       name=step, label=f"{label}, {n} thread{'s' if n > 1 else ''}", stages=False)
+                       name=step, label=f"{label}, {n} thread{'s' if n > 1 else ''}", stages=False, pipeline=pipeline)
         r.trace.metadata["threads"] = n
         out.append(r)
     return out
@@ -918,7 +1158,7 @@ class Calibration:
     Attributes:
         regime: ``"data-bound"`` or ``"compute-bound"``.
         width / depth: the model chosen.
-        loader_s: seconds per batch of the baseline loader alone (in-process, float).
+        loader_s: seconds per batch of the baseline loader alone (``make_loader(..., workers=0, pin=False)``).
         compute_s: seconds per training step of the chosen model alone (median).
         reached: whether the regime holds: data-bound: ``compute_s * margin <= loader_s``;
             compute-bound: ``compute_s >= margin * loader_s``.
@@ -1050,12 +1290,15 @@ def choose_model(
     return done(best[0], best[1], seen[best], False, why)
 
 
-def _loader_batch_s(spec: JobSpec, dev: torch.device, batches: int = 4) -> float:
-    """Median seconds per batch of the baseline loader alone (in-process, float), after one warm-up batch."""
-    loader = _build_loader(spec, Settings(), dev)
+def _loader_batch_s(pipeline: Pipeline, spec: JobSpec, dev: torch.device, batches: int = 4) -> float:
+    """Median seconds per batch of the baseline loader alone (``make_loader(..., workers=0, pin=False)``),
+    after one warm-up batch."""
     times = []
+    loader = None
     try:
         with main_threads(spec.threads), torch.random.fork_rng(devices=[]):
+            loader = _build_loader(pipeline, spec, Settings())
+            seed_order(loader, spec.seed, 0, fresh=True)
             it = iter(loader)
             next(it)
             for _ in range(batches):
@@ -1065,7 +1308,8 @@ def _loader_batch_s(spec: JobSpec, dev: torch.device, batches: int = 4) -> float
                 times.append(time.perf_counter() - t0)
             del it
     finally:
-        _release(loader)
+        if loader is not None:
+            _release(loader)
     if not times:
         raise ValueError(f"train_items={spec.train_items} gives too few batches of {spec.batch_size} to time the loader")
     return statistics.median(times)
@@ -1077,32 +1321,36 @@ def calibrate(
     margin: float = 2.0,
     budget_s: float | None = None,
     progress: Callable[..., None] | None = None,
+    pipeline: Pipeline | None = None,
 ) -> dict[str, Calibration]:
     """Choose each regime's model for ``device`` from measured stage times (cached per device and sizes).
 
-    The loader alone (baseline: in the main process, float batches, the job's
-    threads) is timed for a few batches; then :func:`choose_model` measures the
-    tiny model (it must be ``margin`` x faster: data-bound) and searches for a
-    model at least ``margin`` x slower (compute-bound), within ``budget_s``
-    seconds (default: 10 quick, 30 laptop, 60 full). On an H200 the wide model of a
-    CPU would compute a batch in a few milliseconds, faster than the loader: both
-    regimes would then be data-bound, which the search prevents.
+    The loader alone (the pipeline's ``make_loader`` at the baseline: in the main process,
+    the job's threads) is timed for a few batches; then :func:`choose_model` times the
+    pipeline's ``train_step`` with the tiny model (it must be ``margin`` x faster:
+    data-bound) and searches for a model at least ``margin`` x slower (compute-bound),
+    within ``budget_s`` seconds (default: 10 quick, 30 laptop, 60 full). On an H200 the wide
+    model of a CPU would compute a batch in a few milliseconds, faster than the loader: both
+    regimes would then be data-bound, which the search prevents. ``pipeline``: as in
+    :func:`run_config`.
     """
     dev = torch.device(device)
     budget = budget_s if budget_s is not None else sized(quick=10.0, laptop=30.0, full=60.0)
     base = job_spec("data-bound")
-    key = ("calibration", str(dev), base.batch_size, base.crop_size, base.threads, margin, str(_dataset_info().train_dir))
+    pipe = _pipeline(pipeline, dev, base.seed)
+    key = ("calibration", str(dev), base.batch_size, base.crop_size, base.threads, margin,
+           str(_dataset_info().train_dir), id(pipe.make_loader), id(pipe.train_step))
     if key in _CACHE:
         return _CACHE[key]
     report = progress or (lambda f, t="": None)
     report(0.0, "timing the loader alone")
-    loader_s = _loader_batch_s(base, dev, batches=sized(quick=3, laptop=5, full=8))
+    loader_s = _loader_batch_s(pipe, base, dev, batches=sized(quick=3, laptop=5, full=8))
     n_steps = sized(quick=3, laptop=4, full=5)
 
     def measure(width: int, depth: int) -> float:
-        report(0.3, f"timing the model alone: width {width}, depth {depth}")
+        report(0.3, f"timing train_step alone: width {width}, depth {depth}")
         spec = dataclasses.replace(base, width=width, depth=depth)
-        return statistics.median(_step_times(spec, "float", dev, n_steps, warm=1))
+        return statistics.median(_step_times(spec, dev, n_steps, pipe.train_step, warm=1))
 
     out = {}
     for regime in REGIMES:
@@ -1306,8 +1554,16 @@ def run_waterfall(
     rounds: int | None = None,
     calibration: Calibration | None = None,
     progress: Callable[[float, str], None] | None = None,
+    make_loader: Callable[..., Any] | None = None,
+    batches: Callable[..., Any] | None = None,
+    train_step: Callable[..., Any] | None = None,
+    pipeline: Pipeline | None = None,
 ) -> Waterfall:
     """Run the cumulative configurations (all of :data:`STEPS`, or ``names``) of one regime, in rounds.
+
+    The functions timed are the reader's: ``make_loader``, ``batches`` and ``train_step`` (all
+    three), or ``pipeline=Pipeline(...)``; without them, :func:`reference_pipeline`. Each
+    configuration calls them with its step's keyword arguments (:meth:`Settings.calls`).
 
     Every round runs each configuration once, in alternating order (forwards,
     then backwards), so that two neighbouring configurations are measured back
@@ -1320,6 +1576,7 @@ def run_waterfall(
     from .progress import scaled
 
     spec = spec or job_spec(regime)
+    pipe = _pipeline(pipeline, device, spec.seed, make_loader=make_loader, batches=batches, train_step=train_step)
     n_rounds = check_int("rounds", rounds if rounds is not None else sized(quick=1, laptop=3, full=2), 1, 100)
     configs = configurations(workers, names)
     runs: list[list[ConfigResult]] = [[] for _ in configs]
@@ -1327,7 +1584,7 @@ def run_waterfall(
     done = 0
     if n_rounds > 1:  # one untimed run first: the first run of a job pays one-off costs (allocations, kernels)
         step, s = configs[0]
-        run_config(s, spec, device, name=step.name, label=step.label, stages=False,
+        run_config(s, spec, device, name=step.name, label=step.label, stages=False, pipeline=pipe,
                    progress=scaled(progress, 0.0, 1 / total, f"{regime}, warm-up run: "))
         done = 1
     for rnd in range(n_rounds):
@@ -1338,7 +1595,7 @@ def run_waterfall(
             step, s = configs[i]
             part = scaled(progress, done / total, (done + 1) / total, f"{regime}, round {rnd + 1}/{n_rounds}, {step.label}: ")
             runs[i].append(run_config(s, spec, device, name=step.name, label=step.label,
-                                      stages=stages and rnd == 0, progress=part))
+                                      stages=stages and rnd == 0, progress=part, pipeline=pipe))
             done += 1
     out = []
     for rs in runs:
@@ -1372,7 +1629,7 @@ def accuracy_tolerance(n_val: int, p: float = 0.5, seed_spread: float | None = N
 
 
 def seed_spread(spec: JobSpec, device: torch.device | str = "cpu", seeds: Sequence[int] = (1, 2),
-                step: str = "prefetcher") -> tuple[list[float], float]:
+                step: str = "prefetcher", *, pipeline: Pipeline | None = None) -> tuple[list[float], float]:
     """Accuracies of the cumulative configuration ``step`` trained with ``spec.seed`` and each of ``seeds``.
 
     A new seed changes the initial weights, the data order and the crops: the
@@ -1383,7 +1640,8 @@ def seed_spread(spec: JobSpec, device: torch.device | str = "cpu", seeds: Sequen
     settings = dict((st.name, s) for st, s in configurations())[step]
     accs = []
     for sd in [spec.seed, *[check_int("seed", x, 0, 2**31) for x in seeds]]:
-        r = run_config(settings, dataclasses.replace(spec, seed=sd), device, name=step, stages=False)
+        r = run_config(settings, dataclasses.replace(spec, seed=sd), device, name=step, stages=False,
+                       pipeline=pipeline)
         accs.append(r.accuracy)
     return accs, max(accs) - min(accs)
 
@@ -1559,10 +1817,12 @@ def panel_controls() -> dict[str, Any]:
 
 
 def panel_run(progress: Callable[[float, str], None] | None = None, *, regime: str = "data-bound",
-              device: torch.device | str = "cpu", spec: JobSpec | None = None, **toggles: bool) -> ConfigResult:
+              device: torch.device | str = "cpu", spec: JobSpec | None = None, pipeline: Pipeline | None = None,
+              **toggles: bool) -> ConfigResult:
     """Run the job with the steps whose toggles are True (keyword per step name), in ``regime``.
 
     ``spec``: the job (the chapter passes its calibrated one for ``regime``); default :func:`job_spec`.
+    ``pipeline``: the functions to time (the chapter passes the reader's); see :func:`run_config`.
     ``baseline`` is always part of the job; unknown toggles raise ValueError.
     """
     for k in toggles:
@@ -1572,7 +1832,8 @@ def panel_run(progress: Callable[[float, str], None] | None = None, *, regime: s
     name = "+".join(enabled) if enabled else "baseline"
     if spec is not None and spec.regime != regime:
         raise ValueError(f"spec is for the {spec.regime!r} regime but regime={regime!r}; pass that regime's spec")
-    return run_config(s, spec or job_spec(regime), device, name=name, label=name, stages=True, progress=progress)
+    return run_config(s, spec or job_spec(regime), device, name=name, label=name, stages=True, progress=progress,
+                      pipeline=pipeline)
 
 
 def panel_summary(r: ConfigResult) -> str:
@@ -1598,6 +1859,10 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
 def benchmark(results: Any, device: torch.device | str | None = None) -> Any:
     """Run both regimes, every configuration, and add the records to ``results``.
 
+    Headless, there is no reader's pipeline: the functions timed are those of
+    ``examples/fast_pipeline.py`` (:func:`reference_pipeline`), which a test keeps identical
+    to chapter 06's pipeline cells.
+
     Records (key: unit; params ``regime``, ``stage`` (step name), ``label``, ``order``, ``width``,
     ``steps``, ``batch_size``, ``device``):
 
@@ -1613,7 +1878,7 @@ def benchmark(results: Any, device: torch.device | str | None = None) -> Any:
     from .device import pick_device
 
     dev = torch.device(device) if device is not None else pick_device()
-    cal = calibrate(dev)
+    cal = calibrate(dev)  # the pipeline timed: examples/fast_pipeline.py's (reference_pipeline), as chapter 06's cells
     for regime in REGIMES:
         spec = job_spec(regime, width=cal[regime].width, depth=cal[regime].depth)
         wf = run_waterfall(regime, dev, spec=spec, calibration=cal[regime])

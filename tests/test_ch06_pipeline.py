@@ -1,0 +1,140 @@
+"""Chapter 06: the capstone times the reader's pipeline functions (make_loader, batches, train_step).
+
+What ``helpers.capstone`` adds for the reader-built pipeline: :class:`Pipeline`, the take-home
+script as the reference pipeline, one call per step (``Settings.loader_kwargs`` /
+``batches_kwargs``), the same shuffling order with and without persistent workers
+(``seed_order``), and clear errors.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from helpers import capstone as C
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _quick_data_set():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WORKBOOK_QUICK", "1")
+        C._CACHE.clear()
+        yield
+    C._CACHE.clear()
+
+
+def tiny(regime: str = "data-bound", **kw) -> C.JobSpec:
+    base = dict(width=2, depth=1, batch_size=8, crop_size=32, train_items=24, warm_steps=1)
+    base.update(kw)
+    return C.job_spec(regime, **base)
+
+
+def test_the_last_step_calls_the_pipeline_with_its_defaults() -> None:
+    """The full stack is the pipeline as written: make_loader's and batches' defaults (workers aside)."""
+    ref = C.reference_pipeline("cpu", workers=3)
+    last = C.configurations(workers=3)[-1][1]
+    loader_defaults = {k: p.default for k, p in inspect.signature(ref.make_loader).parameters.items()
+                       if p.default is not inspect.Parameter.empty}
+    batches_defaults = {k: p.default for k, p in inspect.signature(ref.batches).parameters.items()
+                        if p.default is not inspect.Parameter.empty}
+    assert {k: v for k, v in last.loader_kwargs().items() if k != "workers"} == {
+        k: v for k, v in loader_defaults.items() if k != "workers"}
+    assert last.batches_kwargs() == batches_defaults
+    base = C.configurations(workers=3)[0][1]
+    assert base.loader_kwargs() == {"workers": 0, "pin": False}
+    assert base.batches_kwargs() == {"prefetch": False, "float_on_host": True}
+    assert base.calls() == ("make_loader(dataset, batch_size, workers=0, pin=False) · "
+                            "batches(loader, prefetch=False, float_on_host=True)")
+
+
+def test_reference_pipeline_is_the_script_with_its_globals_set() -> None:
+    ref = C.reference_pipeline("cpu", seed=5, workers=2)
+    g = ref.make_loader.__globals__  # the script's module globals, which its pipeline reads
+    assert ref.source == "examples/fast_pipeline.py"
+    assert (g["DEVICE"], g["SEED"], g["WORKERS"]) == (torch.device("cpu"), 5, 2)
+    assert ref.make_loader(list(range(10)), 2, workers=0, pin=True).pin_memory is False  # pinning needs CUDA
+
+
+def _orders(persistent: bool, workers: int, passes: int = 3) -> list[list[int]]:
+    loader = DataLoader(list(range(24)), batch_size=4, shuffle=True, drop_last=True, num_workers=workers,
+                        persistent_workers=persistent, generator=torch.Generator().manual_seed(0))
+    out = []
+    try:
+        for e in range(passes):
+            C.seed_order(loader, 7, e, fresh=e == 0)
+            out.append([int(i) for b in loader for i in b])
+    finally:
+        C._release(loader)
+    return out
+
+
+def test_seed_order_gives_the_same_order_with_and_without_persistent_workers() -> None:
+    """A persistent loader skips the base-seed draw after its first pass; seed_order makes up for it."""
+    plain = _orders(False, 0)
+    assert plain == _orders(False, 2) == _orders(True, 2)
+    assert plain[0] != plain[1] and sorted(plain[0]) == list(range(24))
+    gen = torch.Generator()
+    loader = DataLoader(list(range(24)), batch_size=4, shuffle=True, generator=gen)
+    C.seed_order(loader, 7, 1, fresh=True)
+    assert gen.initial_seed() == 7 * 1_000_003 + 1
+
+
+def test_run_waterfall_times_the_functions_it_is_given() -> None:
+    ref = C.reference_pipeline("cpu")
+    made: list[dict] = []
+    iterated: list[dict] = []
+    steps = [0]
+
+    def make_loader(dataset, batch_size, **kw):
+        made.append(kw)
+        return ref.make_loader(dataset, batch_size, **kw)
+
+    def batches(loader, **kw):
+        iterated.append(kw)
+        return ref.batches(loader, **kw)
+
+    def train_step(model, optimizer, x, y):
+        steps[0] += 1
+        return ref.train_step(model, optimizer, x, y)
+
+    wf = C.run_waterfall("data-bound", "cpu", names=["baseline", "workers", "uint8"], spec=tiny(), workers=1,
+                         rounds=1, stages=False, make_loader=make_loader, batches=batches, train_step=train_step)
+    assert [r.name for r in wf.results] == ["baseline", "workers", "uint8"]
+    assert made == [s.loader_kwargs() for _, s in C.configurations(1, ["baseline", "workers", "uint8"])]
+    assert {"prefetch": False, "float_on_host": True} in iterated and {"prefetch": False, "float_on_host": False} in iterated
+    assert {} in iterated  # evaluation: batches(val_batches), the defaults
+    assert steps[0] == 3 * (1 + 3)  # per configuration: one warm-up step, then 24 / 8 timed steps
+    assert len({r.train_loss for r in wf.results}) == 1  # float on the host vs on the "device": the same bits
+
+
+def test_pipeline_arguments_are_checked() -> None:
+    ref = C.reference_pipeline("cpu")
+    with pytest.raises(ValueError, match="train_step must be a function"):
+        C.Pipeline(ref.make_loader, ref.batches, None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="missing: train_step"):
+        C.run_waterfall("data-bound", "cpu", spec=tiny(), make_loader=ref.make_loader, batches=ref.batches)
+    with pytest.raises(ValueError, match="pipeline must be"):
+        C.run_config(C.Settings(), tiny(), "cpu", pipeline=(ref.make_loader, ref.batches, ref.train_step))
+
+
+def test_a_batch_on_another_device_is_a_clear_error() -> None:
+    ref = C.reference_pipeline("cpu")
+
+    def batches(loader, **kw):
+        for x, y in ref.batches(loader, **kw):
+            yield x.to("meta"), y.to("meta")
+
+    with pytest.raises(ValueError, match="reads DEVICE"):
+        C.run_config(C.Settings(), tiny(), "cpu", stages=False,
+                     pipeline=C.Pipeline(ref.make_loader, batches, ref.train_step))
+
+
+def test_train_items_live_in_helpers_and_stop_at_the_job_size() -> None:
+    ds = C.train_items(tiny(train_items=16))
+    assert type(ds).__module__ == "helpers.capstone" and len(ds) == 16
+    assert ds[3][0].dtype == torch.uint8 and torch.equal(ds[3][0], ds[3][0])
+    with pytest.raises(IndexError):
+        ds[16]
