@@ -77,6 +77,7 @@ import dataclasses
 import importlib.util
 import math
 import statistics
+import textwrap
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -1502,25 +1503,44 @@ class Waterfall:
         return out
 
     def table(self) -> str:
-        lines = [f"{'configuration':<28}{'epoch':>9}{'speedup':>9}{'step gain':>18}{'':>11}{'compute busy':>14}"
-                 f"{'data stall':>12}{'efficiency':>12}{'accuracy':>10}"]
+        """The waterfall as text, at most 110 characters a line: one row per configuration, then the footnotes.
+
+        Columns: epoch (median time per epoch), speedup (over the baseline), step gain (over the
+        configuration before, with its range across rounds, then the verdict), compute busy, data stall,
+        efficiency and accuracy. The two-word percentage headers take two header lines."""
+        def num(v: float) -> str:  # three significant digits from x10 on: the column keeps its width
+            return f"{v:.2f}" if v < 9.995 else f"{v:.1f}"
+
+        gains = ["" if r is self.results[0] else (f"x{num(g)}" + (f" ({num(rng[0])}-{num(rng[1])})" if rng else ""))
+                 for r, g, rng in zip(self.results, self.gains(), self.gain_ranges())]
+        lw = max([len("configuration")] + [len(r.label) for r in self.results]) + 1
+        gw = max([len("step gain")] + [len(g) for g in gains]) + 2
+
+        def row(label: str, epoch: str, speedup: str, gain: str, verdict: str, busy: str, stall: str,
+                eff: str, acc: str) -> str:
+            return (f"{label:<{lw}}{epoch:>7}{speedup:>9}{gain:>{gw}} {verdict:<9}{busy:>8}{stall:>7}"
+                    f"{eff:>12}{acc:>10}").rstrip()
+
+        lines = [row("", "", "", "", "", "compute", "data", "", ""),
+                 row("configuration", "epoch", "speedup", "step gain", "", "busy", "stall", "efficiency", "accuracy")]
         noisy = False
-        for r, s, g, rng, v in zip(self.results, self.speedups(), self.gains(), self.gain_ranges(), self.verdicts()):
+        for r, s, gain, v in zip(self.results, self.speedups(), gains, self.verdicts()):
             eff = f"{r.efficiency:.2f}" if r.efficiency is not None else "n/a"
             if r.efficiency is not None and r.efficiency > 1.0:
                 eff, noisy = eff + "*", True
-            gain = "" if r is self.results[0] else (f"x{g:.2f}" + (f" ({rng[0]:.2f}-{rng[1]:.2f})" if rng else ""))
-            lines.append(f"{r.label:<28}{r.epoch_s:>8.2f}s{s:>8.2f}x{gain:>18}{v:>11}{r.compute_busy:>14.0%}"
-                         f"{r.data_stall:>12.0%}{eff:>12}{r.accuracy:>10.1%}")
+            lines.append(row(r.label, f"{r.epoch_s:.2f}s", f"{s:.2f}x", gain, v, f"{r.compute_busy:.0%}",
+                             f"{r.data_stall:.0%}", eff, f"{r.accuracy:.1%}"))
         floor = self.noise_floor()
-        lines.append(f"epoch: median of {self.rounds} round(s), configurations run in alternating order; step gain: "
-                     "median over rounds of the ratio to the configuration before (range across rounds); "
-                     "'noise': the range includes 1 or the gain is within the run-to-run variation"
-                     + (f" ({floor:.0%} here)" if floor is not None else "")
-                     + "; 'no effect': the step cannot act on this device and measured within noise")
+        notes = [f"epoch: median of {self.rounds} round(s), configurations run in alternating order; step gain: "
+                 "median over rounds of the ratio to the configuration before (range across rounds); "
+                 "'noise': the range includes 1 or the gain is within the run-to-run variation"
+                 + (f" ({floor:.0%} here)" if floor is not None else "")
+                 + "; 'no effect': the step cannot act on this device and measured within noise"]
         if noisy:
-            lines.append("* above 1: the pipeline cannot beat its slowest stage alone; this is noise between "
+            notes.append("* above 1: the pipeline cannot beat its slowest stage alone; this is noise between "
                          "separate measurements")
+        for note in notes:
+            lines += textwrap.wrap(note, 105, break_on_hyphens=False, break_long_words=False)
         return "\n".join(lines)
 
     def expectations(self) -> list[str]:
@@ -1757,8 +1777,6 @@ def plot_reference_waterfall(regime: str, ax: Any = None) -> Any:
     hits = reference_waterfall(regime)
     if not hits:
         ax.axis("off")
-        import textwrap
-
         text = textwrap.fill(missing_message(f"the {regime} waterfall"), 48)
         ax.text(0.5, 0.5, f"Reference GPU waterfall ({regime}):\n\n{text}",
                 ha="center", va="center", wrap=True, fontsize=8, transform=ax.transAxes)

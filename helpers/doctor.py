@@ -37,8 +37,10 @@ import contextlib
 import html
 import math
 import os
+import re
 import signal
 import statistics
+import textwrap
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -507,6 +509,21 @@ def _pinned_probe(batch: Any, dev: torch.device, repeats: int = 5) -> float | No
         return None
 
 
+#: The longest line the printed report has (a notebook wraps longer ones in the middle of a word).
+LINE_WIDTH = 105
+
+
+def _wrap(text: str, indent: str) -> list[str]:
+    """``text`` wrapped at words to :data:`LINE_WIDTH` characters, continuation lines starting with ``indent``.
+
+    Hyphenated words (``data-bound``) and long words (paths) are never split, nor a number from the word
+    after it (``34.25 ms``, ``4 cores``)."""
+    glued = re.sub(r"(?<=\d) (?=\S)", "\xa0", text)  # textwrap breaks at ASCII whitespace only
+    lines = textwrap.wrap(glued, LINE_WIDTH, subsequent_indent=indent, break_on_hyphens=False,
+                          break_long_words=False) or [glued]
+    return [ln.replace("\xa0", " ") for ln in lines]
+
+
 @dataclass
 class Diagnosis:
     """What :func:`diagnose` found: a verdict, its evidence and ranked recommendations."""
@@ -554,27 +571,32 @@ class Diagnosis:
                 "notes": self.notes + self.decision.notes, "seconds": self.seconds}
 
     def _lines(self) -> list[str]:
+        """The report's lines, each at most :data:`LINE_WIDTH` characters: a long one is wrapped at words,
+        its continuation lines indented under its text."""
         m, d, f = self.measurements, self.decision, self.measurements.facts
         out = [
             f"Verdict: {self.verdict.upper()}  ({m.steps} steps measured on {f.device_type}, {self.seconds:.1f} s)",
-            f"Per step: wait for data {_ms(m.wait_s)} ({d.shares['wait']:.0%}) · copy {_ms(m.h2d_s)} "
-            f"({d.shares['h2d']:.0%}) · compute {_ms(m.compute_s)} ({d.shares['compute']:.0%}) · total {_ms(m.step_s)}",
-            "Stages (bottleneck model): " + " · ".join(
+            *_wrap(f"Per step: wait for data {_ms(m.wait_s)} ({d.shares['wait']:.0%}) · copy {_ms(m.h2d_s)} "
+                   f"({d.shares['h2d']:.0%}) · compute {_ms(m.compute_s)} ({d.shares['compute']:.0%}) · "
+                   f"total {_ms(m.step_s)}", " " * len("Per step: ")),
+            *_wrap("Stages (bottleneck model): " + " · ".join(
                 f"{k} {'hidden' if v is None else _ms(v)}" for k, v in d.stage_times.items())
-            + f" -> overlapped step >= {_ms(d.predicted_overlapped_s)}",
-            f"Pipeline: {f.loader_type}, num_workers={f.num_workers}, pin_memory={f.pin_memory}, "
-            f"persistent_workers={f.persistent_workers}, prefetch_factor={f.prefetch_factor}, {f.cpu_count} cores, "
-            f"batch {f.batch_dtype} {list(f.batch_shape)} ({f.batch_bytes / 2**20:.2f} MiB)"
-            + (f", first batch after {m.first_batch_s:.3f} s" if m.first_batch_s is not None else ""),
+                + f" -> overlapped step >= {_ms(d.predicted_overlapped_s)}", " " * len("Stages (bottleneck model): ")),
+            *_wrap(f"Pipeline: {f.loader_type}, num_workers={f.num_workers}, pin_memory={f.pin_memory}, "
+                   f"persistent_workers={f.persistent_workers}, prefetch_factor={f.prefetch_factor}, "
+                   f"{f.cpu_count} cores, batch {f.batch_dtype} {list(f.batch_shape)} "
+                   f"({f.batch_bytes / 2**20:.2f} MiB)"
+                   + (f", first batch after {m.first_batch_s:.3f} s" if m.first_batch_s is not None else ""),
+                   " " * len("Pipeline: ")),
         ]
         if self.recommendations:
             out.append("Recommendations, most promising first:")
             for i, r in enumerate(self.recommendations, 1):
                 gain = f"saves ~{_ms(r.gain_s)}/step" if r.gain_s is not None else "saving not estimable here"
-                out.append(f"  {i}. {r.action}  [{gain}; chapter {r.chapter}]")
-                out.append(f"     because {r.evidence}")
+                out += _wrap(f"  {i}. {r.action}  [{gain}; chapter {r.chapter}]", " " * len(f"  {i}. "))
+                out += _wrap(f"     because {r.evidence}", " " * len("     "))
         for n in self.notes + d.notes:
-            out.append(f"Note: {n}")
+            out += _wrap(f"Note: {n}", " " * len("Note: "))
         return out
 
     def __str__(self) -> str:

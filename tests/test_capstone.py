@@ -343,6 +343,7 @@ def test_waterfall_gains_come_from_rounds_and_noise_is_called_noise() -> None:
     assert wf.best_step() == "workers" and wf.best_steps() == ["workers"]  # never the step that cannot act
     table = wf.table()
     assert "noise" in table and "median of 3 round(s)" in table and "no effect" in table
+    assert max(len(line) for line in table.splitlines()) <= 110  # a notebook wraps longer lines mid-word
     assert any("pinned memory" in e and "needs CUDA" in e and "noise level" in e for e in wf.expectations())
     costly = C.Waterfall("data-bound", tiny(), "cpu", [_result("uint8", [1.0, 1.01, 1.0]),
                                                          _result("prefetcher", [1.3, 1.31, 1.3])], rounds=3)
