@@ -28,6 +28,14 @@ Experiments (each changes one knob against its own baseline)
     :func:`in_order_experiment`, :func:`getitems_experiment`,
     :func:`cheap_vs_expensive` (chapter 04).
 
+Your own loaders (chapter 04)
+    The worker experiments also take a *loader factory*, a function of the knob they
+    change that returns your DataLoader (``lambda w: make_loader(ds, 32, workers=w)``),
+    and time the loaders it builds (:func:`measure_factory`). :func:`guard` gives such a
+    loader the same safety as :func:`build_loader`'s (``/dev/shm``, timeout, signal reset
+    in workers, leak-proof start, freeze watchdog); :class:`PipelinePanelRunner` is the
+    panel's run function around your ``make_loader``.
+
 Demo data sets and collate functions (module level, so spawn can import them)
     :class:`CheapDataset`, :class:`BatchedCheapDataset` (``__getitems__``),
     :class:`SpinDataset` (adds CPU work per item), :class:`UnevenDataset`
@@ -143,6 +151,12 @@ __all__ = [
     "persistent_experiment",
     "InOrderResult",
     "in_order_experiment",
+    "guard",
+    "build_from_factory",
+    "measure_factory",
+    "sampler_batches",
+    "PipelinePanelRunner",
+    "pipeline_panel_summary",
     "getitems_experiment",
     "cheap_vs_expensive",
     "ITEM_COSTS",
@@ -2005,7 +2019,7 @@ class WorkerSweep:
 
 
 def sweep_workers(
-    dataset: Dataset,
+    dataset: "Dataset | Callable[[int], DataLoader]",
     workers: Sequence[int],
     *,
     batch_size: int = 32,
@@ -2018,6 +2032,12 @@ def sweep_workers(
     main_threads: int = 1,
 ) -> WorkerSweep:
     """Measure steady-state throughput for each ``num_workers`` (persistent workers, so epoch ends don't restart them).
+
+    ``dataset`` is either your loader factory - a function of the worker count that returns your
+    DataLoader, e.g. ``lambda w: make_loader(ds, 32, workers=w)`` - or a data set (then the loaders are
+    built here from ``batch_size``, ``persistent``, ``prefetch_factor`` and ``collate_fn``, which a factory
+    ignores: it decides them itself). A factory's loaders get the workbook's safety (:func:`guard`) and
+    are released after each point, also on an interrupt.
 
     The main process runs with ``main_threads`` intra-op threads during the sweep (default 1, as in every
     worker), set here where the measurement is made: otherwise the workers=0 row would use all cores and
@@ -2033,6 +2053,11 @@ def sweep_workers(
     results = []
     with intraop_threads(check_int("main_threads", main_threads, 1, 1024)):
         for k, n in enumerate(ws):
+            if _is_factory(dataset):
+                if progress is not None:
+                    progress(k / len(ws), f"num_workers={n} ({k + 1} of {len(ws)})")
+                results.append(measure_factory(dataset, n, batches=batches, warmup=warmup, expect={"num_workers": n}))
+                continue
             cfg = LoaderConfig(
                 batch_size=batch_size,
                 num_workers=n,
@@ -2339,7 +2364,7 @@ class SpeedupRounds:
 
 
 def interleaved_speedup(
-    dataset: Dataset,
+    dataset: "Dataset | Callable[[int], DataLoader]",
     num_workers: int = 2,
     *,
     rounds: int = 5,
@@ -2367,6 +2392,12 @@ def interleaved_speedup(
     ``num_workers x prefetch_factor`` batches they hold are taken (untimed) before
     each timed window. The main process uses one intra-op thread throughout.
 
+    ``dataset`` is either your loader factory (a function of the worker count: ``factory(0)`` is the
+    single-process loader, ``factory(num_workers)`` the worker loader; give it persistent workers), or a
+    data set (then both loaders are built here from ``batch_size``, ``prefetch_factor`` and ``collate_fn``).
+    With a factory, the ceiling runs the worker loader's own data set, collate function and batch size,
+    and its ``prefetch_factor`` sets how many buffered batches are taken before each window.
+
     Raises:
         ValueError: bad arguments, or too little ``/dev/shm`` (checked before any worker starts).
     """
@@ -2374,17 +2405,26 @@ def interleaved_speedup(
     rounds = check_int("rounds", rounds, 1, 1000)
     batches = check_int("batches", batches, 1, 1_000_000)
     warmup = check_int("warmup", warmup, 0, 1_000_000)
-    buffered = num_workers * (prefetch_factor or 2)
-    single_cfg = LoaderConfig(batch_size=batch_size)
-    worker_cfg = single_cfg.replace(num_workers=num_workers, persistent_workers=True, prefetch_factor=prefetch_factor)
-    worker_cfg.validated()
     single: list[float] = []
     workers: list[float] = []
     ceil: list[float] = []
     t_start = time.perf_counter()
-    # build_loader checks /dev/shm before any worker starts
-    one = _Batches(build_loader(dataset, single_cfg, collate_fn=collate_fn))
-    many = _Batches(build_loader(dataset, worker_cfg, collate_fn=collate_fn))
+    if _is_factory(dataset):
+        # your loaders, with the workbook's safety (guard: /dev/shm checked before any worker starts)
+        one = _Batches(build_from_factory(dataset, 0, expect={"num_workers": 0}))
+        many = _Batches(build_from_factory(dataset, num_workers,
+                                           expect={"num_workers": num_workers, "persistent_workers": True}))
+        dataset, collate_fn = many.loader.dataset, many.loader.collate_fn
+        batch_size, prefetch_factor = int(many.loader.batch_size or 1), many.loader.prefetch_factor
+    else:
+        single_cfg = LoaderConfig(batch_size=batch_size)
+        worker_cfg = single_cfg.replace(num_workers=num_workers, persistent_workers=True,
+                                        prefetch_factor=prefetch_factor)
+        worker_cfg.validated()
+        # build_loader checks /dev/shm before any worker starts
+        one = _Batches(build_loader(dataset, single_cfg, collate_fn=collate_fn))
+        many = _Batches(build_loader(dataset, worker_cfg, collate_fn=collate_fn))
+    buffered = num_workers * (prefetch_factor or 2)
     with intraop_threads(1), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
         pool = None
@@ -2449,7 +2489,7 @@ class KnobResult:
         return list(zip(self.values, self.results))
 
     def table(self) -> list[str]:
-        out = [f"baseline: {self.base.label()}; changing {self.knob}"]
+        out = [f"baseline: {_label_without(self.base, self.knob)}; changing {self.knob}"]
         for v, r in self.rows():
             out.append(f"  {self.knob}={v!s:<6} {r.items_per_s:>9,.0f} items/s  mean wait {r.mean_wait_ms:6.2f} ms  "
                        f"p95 wait {r.p95_wait_ms:6.2f} ms")
@@ -2457,17 +2497,28 @@ class KnobResult:
 
 
 def knob_experiment(
-    dataset: Dataset,
+    dataset: "Dataset | Callable[[Any], DataLoader]",
     knob: str,
     values: Sequence[Any],
     *,
-    base: LoaderConfig,
+    base: LoaderConfig | None = None,
     batches: int = 40,
     warmup: int = 4,
     collate_fn: Callable[[Any], Any] | None = None,
     progress: Callable[..., Any] | None = None,
 ) -> KnobResult:
-    """Measure ``base`` with ``knob`` set to each of ``values`` (everything else unchanged)."""
+    """Measure ``base`` with ``knob`` set to each of ``values`` (everything else unchanged).
+
+    ``dataset`` is either your loader factory - a function of the knob's value that returns your
+    DataLoader, e.g. ``lambda pf: make_loader(ds, 32, workers=2, prefetch_factor=pf)``; ``base`` is then
+    not needed (it is read from the first loader) - or a data set, measured with ``base`` changed in
+    ``knob``. A factory must really change the knob: a loader whose ``knob`` differs from the value asked
+    for is refused (ValueError).
+    """
+    if _is_factory(dataset):
+        return _knob_factory(dataset, knob, values, batches=batches, warmup=warmup, progress=progress)
+    if base is None:
+        raise ValueError("base: give the baseline LoaderConfig when measuring a data set (or pass a loader factory)")
     if knob not in asdict(base):
         raise ValueError(f"knob must be one of {sorted(asdict(base))}, got {knob!r}")
     if not values:
@@ -2505,21 +2556,35 @@ class PersistentResult:
 
 
 def persistent_experiment(
-    dataset: Dataset,
+    dataset: "Dataset | Callable[[bool], DataLoader]",
     *,
     num_workers: int = 2,
     epochs: int = 3,
     batch_size: int = 32,
     multiprocessing_context: str | None = None,
 ) -> PersistentResult:
-    """Run ``epochs`` full epochs with ``persistent_workers`` off, then on, and time each epoch."""
+    """Run ``epochs`` full epochs with ``persistent_workers`` off, then on, and time each epoch.
+
+    ``dataset`` is either your loader factory - a function of ``persistent`` (False, then True) that
+    returns your DataLoader with workers, e.g. ``lambda p: make_loader(ds, 32, workers=2, persistent=p)``;
+    ``num_workers``, ``batch_size`` and ``multiprocessing_context`` are then the factory's - or a data set.
+    """
     epochs = check_int("epochs", epochs, 1, 100)
     epoch_s: dict[bool, list[float]] = {}
     first: dict[bool, list[float]] = {}
     for persistent in (False, True):
-        cfg = LoaderConfig(batch_size=batch_size, num_workers=check_int("num_workers", num_workers, 1, MAX_WORKERS),
-                           persistent_workers=persistent, multiprocessing_context=multiprocessing_context)
-        loader = build_loader(dataset, cfg)
+        if _is_factory(dataset):
+            loader = build_from_factory(dataset, persistent, expect={"persistent_workers": persistent})
+            num_workers = loader.num_workers
+            if num_workers < 1:
+                release(loader)
+                raise ValueError("persistent_experiment: the loader factory must build a loader with workers "
+                                 "(num_workers >= 1): persistent_workers only matters with worker processes")
+        else:
+            cfg = LoaderConfig(batch_size=batch_size,
+                               num_workers=check_int("num_workers", num_workers, 1, MAX_WORKERS),
+                               persistent_workers=persistent, multiprocessing_context=multiprocessing_context)
+            loader = build_loader(dataset, cfg)
         epoch_s[persistent], first[persistent] = [], []
         before = _worker_children()
         try:
@@ -2559,7 +2624,7 @@ class InOrderResult:
 
 
 def in_order_experiment(
-    dataset: UnevenDataset,
+    dataset: "UnevenDataset | Callable[[bool], DataLoader]",
     *,
     num_workers: int = 2,
     batch_size: int = 4,
@@ -2569,7 +2634,15 @@ def in_order_experiment(
 
     ``prefetch_factor`` defaults to the DataLoader's (2 with workers); with ``num_workers=0`` both runs are
     the same single-process loader (the flag only matters with workers).
+
+    ``dataset`` may instead be your loader factory, a function of ``in_order`` (True, then False) that
+    returns your DataLoader, e.g. ``lambda flag: make_loader(uneven, 4, workers=2, in_order=flag)``; its
+    items must carry their index as the label (as :class:`UnevenDataset`'s do). Then each run is one epoch
+    of your loader, shuffled or not as it is built, and "out of order" is measured against the order its
+    sampler hands out the batches in that epoch (see :func:`sampler_batches`).
     """
+    if _is_factory(dataset):
+        return _in_order_factory(dataset)
     num_workers = check_int("num_workers", num_workers, 0, MAX_WORKERS)
     batch_size = check_int("batch_size", batch_size, 1, 65536)
     n_batches = math.ceil(len(dataset) / batch_size)
@@ -2590,6 +2663,231 @@ def in_order_experiment(
         results[flag] = res
         ooo[flag] = sum(b < a for a, b in zip(firsts, firsts[1:])) / max(1, len(firsts) - 1)
     return InOrderResult(results=results, out_of_order=ooo)
+
+
+# ---------------------------------------------------------------------------
+# Chapter 04: measuring the reader's own loaders (a loader factory)
+# ---------------------------------------------------------------------------
+
+
+def _is_factory(obj: Any) -> bool:
+    """True for a loader factory (a function returning a DataLoader), False for a data set or a loader."""
+    return callable(obj) and not isinstance(obj, (Dataset, DataLoader)) and not hasattr(obj, "__getitem__")
+
+
+def guard(loader: DataLoader, *, timeout: float | None = None, check_shm: bool = True) -> DataLoader:
+    """The workbook's safety, applied to a DataLoader you built yourself; returns the same loader.
+
+    What :func:`build_loader` gives every loader it builds, given to yours (in place):
+
+    * with workers, it refuses (ValueError) when ``/dev/shm`` can't hold the batches the workers may
+      have in flight (:func:`require_shm`; estimated from ``loader.dataset[0]``), before any worker starts;
+    * a loader without a ``timeout`` of its own gets ``timeout`` seconds (default :data:`WORKER_TIMEOUT_S`):
+      a frozen worker ends in :class:`LoaderFailure` instead of a hang;
+    * its ``worker_init_fn`` (yours, e.g. ``helpers.data.seed_worker``) still runs in each worker, after
+      the worker has dropped the parent's SIGINT/SIGTERM handlers (:func:`reset_child_signals`);
+    * a plain ``DataLoader`` becomes a ``_WorkbookLoader``: the DataLoader subclass whose only change is
+      that starting the workers can't leak them when interrupted, and that a worker stopped longer than
+      the timeout is ended (the freeze watchdog). Its knobs, data set and sampler stay yours.
+
+    A loader built by :func:`build_loader` already has all of this and is returned unchanged.
+    """
+    if not isinstance(loader, DataLoader):
+        raise ValueError(f"loader must be a torch DataLoader, got {type(loader).__name__}")
+    if isinstance(loader, _WorkbookLoader):
+        return loader
+    if loader.num_workers > 0:
+        if check_shm and loader.batch_size:
+            per_item = _item_bytes(loader.dataset)
+            if per_item is not None:
+                require_shm(shm_needed_bytes(per_item * int(loader.batch_size), loader.num_workers,
+                                             loader.prefetch_factor or 2))
+        if not loader.timeout:
+            loader.timeout = WORKER_TIMEOUT_S if timeout is None else check_float("timeout", timeout, 0.001, 3600.0)
+        if not isinstance(loader.worker_init_fn, _WorkerInit):
+            loader.worker_init_fn = _WorkerInit(loader.worker_init_fn)
+    if type(loader) is DataLoader:
+        loader.__class__ = _WorkbookLoader
+    loader._workbook_frozen = []  # type: ignore[attr-defined]
+    loader._workbook_warnings = list(getattr(loader, "_workbook_warnings", []))  # type: ignore[attr-defined]
+    return loader
+
+
+def build_from_factory(factory: Callable[[Any], DataLoader], value: Any, *,
+                       expect: Mapping[str, Any] | None = None) -> DataLoader:
+    """``factory(value)``, checked and guarded: your loader for one point of an experiment.
+
+    The DataLoader's own warnings while it is built (e.g. "suggested max number of worker") are kept
+    with the loader (they reach ``Throughput.warnings``), not printed. ``expect`` names knobs the loader
+    must have (``{"num_workers": 2}``): a factory that ignores the value it is given is refused, since
+    the experiment would then compare a loader with itself.
+    """
+    if not callable(factory):
+        raise ValueError(f"factory must be a function that returns a DataLoader, got {type(factory).__name__}")
+    with warnings.catch_warnings(record=True) as wlist:
+        warnings.simplefilter("always")
+        loader = factory(value)
+    if not isinstance(loader, DataLoader):
+        raise ValueError(f"the loader factory returned {type(loader).__name__} for {value!r}; it must return a "
+                         f"torch DataLoader (e.g. lambda w: make_loader(dataset, batch_size, workers=w))")
+    params = _loader_params(loader)
+    wrong = {k: params.get(k) for k, v in (expect or {}).items() if params.get(k) != v}
+    if wrong:
+        raise ValueError(f"the loader factory was asked for {dict(expect or {})} (value {value!r}) but built a loader "
+                         f"with {wrong}: pass the value on to the DataLoader (e.g. num_workers=workers)")
+    guard(loader)
+    loader._workbook_warnings += [str(w.message).strip() for w in wlist]  # type: ignore[attr-defined]
+    return loader
+
+
+def measure_factory(
+    factory: Callable[[Any], DataLoader],
+    value: Any,
+    *,
+    batches: int,
+    warmup: int = 2,
+    expect: Mapping[str, Any] | None = None,
+    label: str | None = None,
+    progress: Callable[..., Any] | None = None,
+    on_batch: Callable[[Any], None] | None = None,
+) -> Throughput:
+    """Build your loader (:func:`build_from_factory`), measure it (:func:`measure_throughput`), release it.
+
+    The workers are released however the run ends (an interrupt included).
+    """
+    loader = build_from_factory(factory, value, expect=expect)
+    try:
+        return measure_throughput(loader, batches=batches, warmup=warmup, label=label, progress=progress,
+                                  on_batch=on_batch)
+    finally:
+        release(loader)
+
+
+_LABEL_PART = {"num_workers": "workers=", "batch_size": "batch=", "prefetch_factor": "prefetch=",
+               "persistent_workers": "persistent", "in_order": "in_order=", "pin_memory": "pin_memory",
+               "multiprocessing_context": ("fork", "spawn", "forkserver")}
+
+
+def _label_without(cfg: LoaderConfig, knob: str) -> str:
+    """``cfg.label()`` without the part that shows ``knob`` (the knob an experiment changes)."""
+    prefix = _LABEL_PART.get(knob)
+    parts = cfg.label().split(", ")
+    return ", ".join(p for p in parts if prefix is None or not p.startswith(prefix))
+
+
+def _config_of(params: Mapping[str, Any]) -> LoaderConfig:
+    """A :class:`LoaderConfig` (for labels) from a result's ``config`` (:func:`_loader_params`)."""
+    keep = {k: params[k] for k in ("batch_size", "num_workers", "pin_memory", "prefetch_factor",
+                                   "persistent_workers", "in_order") if k in params}
+    keep["batch_size"] = int(keep.get("batch_size") or 1)
+    return LoaderConfig(**keep)
+
+
+def _knob_factory(factory: Callable[[Any], DataLoader], knob: str, values: Sequence[Any], *, batches: int,
+                  warmup: int, progress: Callable[..., Any] | None) -> KnobResult:
+    """:func:`knob_experiment` with your loader factory: one loader per value, each released after its run."""
+    if not isinstance(knob, str) or not knob:
+        raise ValueError(f"knob must name what the factory's argument changes, e.g. 'prefetch_factor'; got {knob!r}")
+    if not values:
+        raise ValueError("values must hold at least one setting")
+    expect_knob = knob in _LABEL_PART and knob != "multiprocessing_context"
+    results = []
+    for k, v in enumerate(values):
+        results.append(measure_factory(factory, v, batches=batches, warmup=warmup,
+                                       expect={knob: v} if expect_knob else None))
+        if progress is not None:
+            progress((k + 1) / len(values), f"{knob}={v}")
+    return KnobResult(knob=knob, values=list(values), results=results, base=_config_of(results[0].config))
+
+
+def sampler_batches(loader: DataLoader) -> list[list[int]]:
+    """The batches of indices the next ``iter(loader)`` hands out, in sampler order, without changing them.
+
+    Every DataLoader iterator first draws its workers' base seed from the loader's ``generator`` (torch's
+    ``_BaseDataLoaderIter``), then its sampler draws the epoch's permutation. This replays both and puts
+    the generators' states back, so the epoch that follows is exactly the one returned here.
+    """
+    if loader.batch_sampler is None:
+        raise ValueError("sampler_batches needs a loader with batch_size set (batches come from a batch sampler)")
+    gens = [g for g in {id(g): g for g in (loader.generator, getattr(loader.sampler, "generator", None))
+                        if g is not None}.values()]
+    saved = [g.get_state() for g in gens]
+    saved_global = torch.get_rng_state()
+    try:
+        torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+        return [[int(i) for i in b] for b in loader.batch_sampler]
+    finally:
+        for g, st in zip(gens, saved):
+            g.set_state(st)
+        torch.set_rng_state(saved_global)
+
+
+def _in_order_factory(factory: Callable[[bool], DataLoader]) -> InOrderResult:
+    """:func:`in_order_experiment` with your loader factory: one epoch with in_order=True, then False."""
+    results: dict[bool, Throughput] = {}
+    ooo: dict[bool, float] = {}
+    for flag in (True, False):
+        loader = build_from_factory(factory, flag, expect={"in_order": flag})
+        try:
+            order = sampler_batches(loader)
+            if len(order) < 2:
+                raise ValueError(f"in_order_experiment needs at least 2 batches per epoch; the loader has {len(order)}")
+            where = {tuple(b): k for k, b in enumerate(order)}
+            seen: list[int | None] = []
+
+            def note(batch: Any) -> None:
+                seen.append(where.get(tuple(int(i) for i in batch[1])))
+
+            results[flag] = measure_throughput(loader, batches=len(order) - 1, warmup=1, on_batch=note)
+        finally:
+            release(loader)
+        if None in seen:
+            raise ValueError("in_order_experiment: the batches' labels must be the items' indices (as UnevenDataset's "
+                             "are), so that each batch can be found in the sampler's order")
+        pos = [s for s in seen if s is not None]
+        ooo[flag] = sum(b < a for a, b in zip(pos, pos[1:])) / max(1, len(pos) - 1)
+    return InOrderResult(results=results, out_of_order=ooo)
+
+
+class PipelinePanelRunner:
+    """The chapter 04 panel's run function, timing *your* ``make_loader`` with the panel's knobs.
+
+    Each run calls ``make_loader(dataset, batch_size, workers=..., persistent=..., prefetch_factor=...)``
+    (the keyword names of chapter 04's pipeline cell), guards the loader (:func:`guard`), measures it and
+    releases its workers at the end, also when the run is interrupted. The data sets are
+    :class:`PanelRunner`'s (cheap in-memory items, the JPEG baseline, the JPEG baseline + 2 ms of CPU).
+    """
+
+    def __init__(self, make_loader: Callable[..., DataLoader], image_root: str | os.PathLike[str] | None, *,
+                 crop_size: int = 64, batches: int = 30, warmup: int = 3, n_cheap: int = 2048) -> None:
+        if not callable(make_loader):
+            raise ValueError(f"make_loader must be your loader function, got {type(make_loader).__name__}")
+        self.make_loader = make_loader
+        self.data = PanelRunner(image_root, crop_size=crop_size, batches=batches, warmup=warmup, n_cheap=n_cheap)
+
+    def __call__(self, progress: Callable[..., Any] | None = None, *, num_workers: int = 0, batch_size: int = 32,
+                 prefetch_factor: int = 2, persistent: bool = False, item_cost: str | None = None) -> Throughput:
+        item_cost = ITEM_COSTS[1] if item_cost is None else item_cost  # the JPEG baseline
+        ds = self.data.dataset(item_cost)
+        knobs = {"workers": check_int("num_workers", num_workers, 0, MAX_WORKERS),
+                 "persistent": _check_bool("persistent", persistent),
+                 "prefetch_factor": check_int("prefetch_factor", prefetch_factor, 1, 64)}
+        bs = check_int("batch_size", batch_size, 1, 65536)
+        res = measure_factory(lambda _: self.make_loader(ds, bs, **knobs), knobs["workers"], batches=self.data.batches,
+                              warmup=self.data.warmup, expect={"num_workers": knobs["workers"], "batch_size": bs},
+                              progress=progress)
+        res.label = f"{res.label}, {item_cost.split(' ')[0]}"
+        res.extra["item_cost"] = item_cost
+        return res
+
+
+def pipeline_panel_summary(result: Throughput) -> str:
+    """The one-line summary of a :class:`PipelinePanelRunner` run."""
+    text = (f"{result.items_per_s:,.0f} items/s; first batch after {result.startup_s:.2f} s; "
+            f"main thread busy {100 * result.main_busy:.0f}% of the window.")
+    if result.config.get("pin_memory"):
+        text += " pin_memory=True: the loader's pin thread pins every batch (included, not timed apart)."
+    return text
 
 
 def getitems_experiment(
