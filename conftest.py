@@ -20,7 +20,8 @@ def long_lines(outputs: list[Any] | None) -> list[str]:
     found = []
     for out in outputs or []:
         if out.get("output_type") == "stream":
-            found += [ln for ln in str(out.get("text", "")).splitlines() if len(ln) > MAX_PRINTED]
+            found += [ln for ln in str(out.get("text", "")).splitlines()
+                      if len(ln) > MAX_PRINTED and not ln.startswith('  File "')]   # a traceback's file paths
     return found
 
 

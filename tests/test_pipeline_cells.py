@@ -28,8 +28,6 @@ TEACHES = {
     "06": ("DataLoader(", "pin_memory", "num_workers", "persistent_workers", "prefetch_factor",
            "non_blocking=True", "wait_stream", "record_stream"),
 }
-# Until every chapter 01-06 is converted, this file is expected to fail; run it with --runxfail.
-pytestmark = pytest.mark.xfail(reason="chapters are being converted (issue: the reader builds the pipeline)", strict=False)
 MAX_CELL_LINES = 25
 MAX_PIPELINE_LINES = 20
 
