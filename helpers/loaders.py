@@ -33,7 +33,7 @@ Your own loaders (chapter 04)
     change that returns your DataLoader (``lambda w: make_loader(ds, 32, workers=w)``),
     and time the loaders it builds (:func:`measure_factory`). :func:`guard` gives such a
     loader the same safety as :func:`build_loader`'s (``/dev/shm``, timeout, signal reset
-    in workers, leak-proof start, freeze watchdog); :class:`PipelinePanelRunner` is the
+    in workers, leak-proof start, freeze watchdog); :class:`WorkerPanelRunner` is the
     panel's run function around your ``make_loader``.
 
 Demo data sets and collate functions (module level, so spawn can import them)
@@ -155,8 +155,8 @@ __all__ = [
     "build_from_factory",
     "measure_factory",
     "sampler_batches",
-    "PipelinePanelRunner",
-    "pipeline_panel_summary",
+    "WorkerPanelRunner",
+    "worker_panel_summary",
     "getitems_experiment",
     "cheap_vs_expensive",
     "ITEM_COSTS",
@@ -2849,7 +2849,7 @@ def _in_order_factory(factory: Callable[[bool], DataLoader]) -> InOrderResult:
     return InOrderResult(results=results, out_of_order=ooo)
 
 
-class PipelinePanelRunner:
+class WorkerPanelRunner:
     """The chapter 04 panel's run function, timing *your* ``make_loader`` with the panel's knobs.
 
     Each run calls ``make_loader(dataset, batch_size, workers=..., persistent=..., prefetch_factor=...)``
@@ -2881,8 +2881,8 @@ class PipelinePanelRunner:
         return res
 
 
-def pipeline_panel_summary(result: Throughput) -> str:
-    """The one-line summary of a :class:`PipelinePanelRunner` run."""
+def worker_panel_summary(result: Throughput) -> str:
+    """The one-line summary of a :class:`WorkerPanelRunner` run (chapter 04)."""
     text = (f"{result.items_per_s:,.0f} items/s; first batch after {result.startup_s:.2f} s; "
             f"main thread busy {100 * result.main_busy:.0f}% of the window.")
     if result.config.get("pin_memory"):

@@ -282,12 +282,12 @@ def test_pipeline_panel_runner_calls_the_readers_make_loader() -> None:
         calls.append({"batch_size": batch_size, **knobs})
         return make_loader(dataset, batch_size, **knobs)
 
-    runner = L.PipelinePanelRunner(mine, None, crop_size=8, batches=2, warmup=1, n_cheap=64)
+    runner = L.WorkerPanelRunner(mine, None, crop_size=8, batches=2, warmup=1, n_cheap=64)
     res = runner(None, num_workers=1, batch_size=8, prefetch_factor=3, persistent=True, item_cost=L.ITEM_COSTS[0])
     assert calls == [{"batch_size": 8, "workers": 1, "persistent": True, "prefetch_factor": 3}]
     assert res.config["num_workers"] == 1 and res.config["prefetch_factor"] == 3 and res.items == 16
     assert res.extra["item_cost"] == L.ITEM_COSTS[0] and res.label.endswith("cheap")
-    assert "items/s" in L.pipeline_panel_summary(res)
+    assert "items/s" in L.worker_panel_summary(res)
     res0 = runner(None, num_workers=0, batch_size=8, item_cost=L.ITEM_COSTS[0])
     assert res0.config["num_workers"] == 0
     with pytest.raises(ValueError, match="persistent"):
@@ -295,4 +295,4 @@ def test_pipeline_panel_runner_calls_the_readers_make_loader() -> None:
     with pytest.raises(ValueError, match="item_cost"):
         runner(None, num_workers=0)                              # no image root: only the cheap items
     with pytest.raises(ValueError, match="make_loader"):
-        L.PipelinePanelRunner(None, None)  # type: ignore[arg-type]
+        L.WorkerPanelRunner(None, None)  # type: ignore[arg-type]

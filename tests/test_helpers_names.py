@@ -1,0 +1,32 @@
+"""No helpers module defines a top-level name twice (the second would silently replace the first), and
+every name in a module's ``__all__`` is listed once and exists."""
+
+from __future__ import annotations
+
+import ast
+import collections
+import importlib
+from pathlib import Path
+
+import pytest
+
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
+MODULES = sorted(p.stem for p in HELPERS.glob("*.py") if p.stem != "__init__")
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_no_top_level_name_is_defined_twice(name: str) -> None:
+    tree = ast.parse((HELPERS / f"{name}.py").read_text(encoding="utf-8"))
+    counts = collections.Counter(n.name for n in tree.body
+                                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
+    twice = sorted(n for n, k in counts.items() if k > 1)
+    assert not twice, f"helpers/{name}.py defines {twice} more than once: the later one replaces the earlier"
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_all_lists_each_existing_name_once(name: str) -> None:
+    module = importlib.import_module(f"helpers.{name}")
+    names = list(getattr(module, "__all__", []))
+    assert len(names) == len(set(names)), [n for n, k in collections.Counter(names).items() if k > 1]
+    missing = [n for n in names if not hasattr(module, n)]
+    assert not missing, f"helpers.{name}.__all__ lists names it does not define: {missing}"
