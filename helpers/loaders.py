@@ -70,6 +70,7 @@ import shutil
 import signal
 import statistics
 import tempfile
+import textwrap
 import threading
 import time
 import warnings
@@ -1800,15 +1801,18 @@ class ShmStatus:
     free_bytes: int | None
     sharing_strategy: str
 
-    def explain(self) -> str:
+    def explain(self, width: int = 105) -> str:
+        """Plain-words summary, wrapped at word boundaries to lines of at most ``width`` characters."""
         if not self.exists:
-            return (f"{self.path} does not exist here; torch uses the '{self.sharing_strategy}' strategy "
+            text = (f"{self.path} does not exist here; torch uses the '{self.sharing_strategy}' strategy "
                     "for handing batches from workers to the main process.")
-        return (
-            f"{self.path}: {human_bytes(self.total_bytes or 0)} in total, {human_bytes(self.free_bytes or 0)} free "
-            f"(torch sharing strategy: '{self.sharing_strategy}'). Every batch a worker produces sits there until "
-            f"the main process has taken it."
-        )
+        else:
+            text = (
+                f"{self.path}: {human_bytes(self.total_bytes or 0)} in total, {human_bytes(self.free_bytes or 0)} free "
+                f"(torch sharing strategy: '{self.sharing_strategy}'). Every batch a worker produces sits there until "
+                f"the main process has taken it."
+            )
+        return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
 
 
 def shm_status(path: str = "/dev/shm") -> ShmStatus:
@@ -2616,9 +2620,9 @@ class InOrderResult:
         for flag in (True, False):
             r = self.results[flag]
             out.append(
-                f"in_order={flag!s:<5}  total {r.seconds:.2f} s  median wait {1e3 * _pct(r.wait_s, 0.5):6.1f} ms  "
-                f"p95 wait {r.p95_wait_ms:6.1f} ms  max wait {r.max_wait_ms:6.1f} ms  "
-                f"batches out of order {100 * self.out_of_order[flag]:.0f}%"
+                f"in_order={flag!s:<5}  total {r.seconds:.2f} s  wait: median {1e3 * _pct(r.wait_s, 0.5):5.1f} ms, "
+                f"p95 {r.p95_wait_ms:5.1f} ms, max {r.max_wait_ms:6.1f} ms  "
+                f"batches out of order {100 * self.out_of_order[flag]:3.0f}%"
             )
         return out
 
