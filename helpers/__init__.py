@@ -3,12 +3,15 @@
 One module per job; chapters import what they need, e.g.
 ``from helpers import device, timing``. Importing this package is cheap: it
 does not import torch until a submodule that needs it is imported.
+The modules stand in layers, each importing only its own and lower ones, with no
+import cycle: core, ui, pipeline, chapters, tools (the table in docs/CONTRIBUTING.md,
+checked by tests/test_layers.py).
 
 Modules:
     config      quick mode (``WORKBOOK_QUICK``) and folders
     validate    argument checks with clear messages
     device      device choice and hardware facts (CPU, RAM, /dev/shm, GPU, link)
-    timing      benchmark timer, CUDA events, span recorder for step phases
+    timing      benchmark timer, CUDA events, span recorder for step phases, GPU work of known length
     results     JSON result files with provenance; comparisons as ratios
     reference   reference results recorded on real GPUs, and honest fallbacks
     widgets     the live-panel toolkit

@@ -108,6 +108,10 @@ _FALSE = {"", "0", "false", "no", "off"}
 
 from .config import require_gpu  # noqa: E402  (re-exported: the flag lives in helpers.config)
 from .progress import TqdmProgress  # noqa: E402
+from .config import artifacts_dir, mode_name, quick_mode, size_tier  # noqa: E402
+from .reference import missing_message, provenance_line, reference_dir, references  # noqa: E402
+from .results import ResultSet, comparable, compare, flag_lines  # noqa: E402
+from .validate import human_bytes  # noqa: E402
 
 
 # ---------------------------------------------------------------------------
@@ -353,8 +357,6 @@ def run_benchmarks(
     ``timed out``, and the next chapter runs. After each chapter the records are
     checked (:func:`helpers.results.sanity_flags`) and flagged where impossible.
     """
-    from .results import flag_lines
-
     from tqdm import tqdm
 
     say = log or (lambda s: tqdm.write(s, file=sys.stderr))
@@ -529,8 +531,6 @@ class _LiveCounter:
 
 def _live_result_set_class() -> type:
     """A ResultSet whose ``add`` also calls an optional ``_on_add`` hook (for progress)."""
-    from .results import ResultSet
-
     class LiveResultSet(ResultSet):  # type: ignore[misc, valid-type]
         _on_add: Callable[[Any], None] | None = None
 
@@ -722,8 +722,6 @@ def _varying_labels(recs: Sequence[Any]) -> list[str]:
 
 
 def _fmt_bytes(n: float) -> str:
-    from .validate import human_bytes
-
     return human_bytes(int(n))
 
 
@@ -774,7 +772,7 @@ def _panel_bandwidth(rs: Any) -> tuple[str, Callable[[Any], None]] | str:
         ceiling = (float(report["link_bandwidth_gbps"]), f"{desc.split(' (')[0]}: theoretical ceiling")
 
     def draw(ax: Any) -> None:
-        from .plots import sweep
+        from .plots import sweep  # optional/heavy: matplotlib
 
         from matplotlib.ticker import FuncFormatter, NullLocator
 
@@ -837,7 +835,7 @@ def _panels_timelines(rs: Any, per_chapter: int = 2, limit: int = 4) -> list[tup
     out: list[tuple[str, Callable[[Any], None]] | str] = []
     for name in chosen:
         def draw(ax: Any, _name: str = name) -> None:
-            from .plots import timeline
+            from .plots import timeline  # optional/heavy: matplotlib
 
             timeline(rs.artifacts[_name], ax, title=f"timeline · {_name}", max_steps=6)
 
@@ -999,8 +997,6 @@ def summary_figure(rs: Any, path: str | Path) -> tuple[Path, list[str], list[str
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    from .results import flag_lines
-
     flags = flag_lines(rs)  # flags old files too; the figure draws flagged bars in red
     panels, skipped = summary_panels(rs)
     ncols = 2
@@ -1065,8 +1061,6 @@ def slug(text: str) -> str:
 
 def reference_path(rs: Any, folder: str | Path | None = None) -> Path:
     """``helpers/reference/<gpu-slug>-<date>.json`` (``-2``, ``-3`` ... if taken)."""
-    from .reference import reference_dir
-
     folder = Path(folder) if folder is not None else reference_dir()
     gpu = rs.hardware.get("gpu_name") or "cpu"
     base = f"{slug(gpu)}-{rs.created[:10]}"
@@ -1145,8 +1139,6 @@ def readme_table(sets: Sequence[Any] | None = None) -> str:
     separated; nothing is filled in that a file does not hold ("—").
     """
     if sets is None:
-        from .reference import references
-
         sets = references()
     sets = sorted(sets, key=lambda r: (r.hardware.get("gpu_name") or "~", r.created))
     header = (
@@ -1173,7 +1165,7 @@ def readme_table(sets: Sequence[Any] | None = None) -> str:
 
 def ceiling_table() -> str:
     """Markdown: theoretical per-direction PCIe x16 ceilings, computed by :func:`helpers.device.pcie_bandwidth_gbps`."""
-    from .device import pcie_bandwidth_gbps
+    from .device import pcie_bandwidth_gbps  # heavy: torch (this module imports without it)
 
     rows = ["| host link (theoretical) | per direction, GB/s (10^9 B/s) |", "|---|---:|"]
     for gen in (3, 4, 5, 6):
@@ -1262,8 +1254,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _default_out(gpu: str | None) -> Path:
-    from .config import artifacts_dir
-
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return artifacts_dir() / f"bench-{slug(gpu or 'cpu')}-{stamp}.json"
 
@@ -1289,8 +1279,7 @@ def run(
     """
     import torch
 
-    from .config import mode_name
-    from .device import has_cuda, pick_device
+    from .device import has_cuda, pick_device  # heavy: torch (this module imports without it)
 
     def err(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -1343,8 +1332,6 @@ def run(
           f"({rs.hardware.get('gpu_name') or 'no CUDA device'}); chapters {', '.join(c.label for c in chapters)}",
           file=sys.stderr, flush=True)
 
-    from .results import ResultSet
-
     out_path = Path(out) if out else _default_out(rs.hardware.get("gpu_name"))
 
     def plain_copy() -> ResultSet:  # a plain ResultSet (without the progress hook class)
@@ -1372,7 +1359,6 @@ def run(
     bench_info["interrupted"] = interrupted
     failed = [o for o in outcomes if o.status in ("failed", "timed out")]
     bench_info["ok"] = not failed and not interrupted
-    from .results import flag_lines
 
     flags = flag_lines(rs)
     bench_info["flags"] = flags
@@ -1429,13 +1415,8 @@ def run(
 
 def compare_lines(mine: Any, refs: Sequence[Any]) -> list[str]:
     """Lines comparing ``mine`` with each reference: ratios (this run / reference) only on matching hardware."""
-    from .reference import provenance_line
-    from .results import comparable, compare
-
     lines: list[str] = []
     if not refs:
-        from .reference import missing_message
-
         return [missing_message("any benchmark")]
     for ref in refs:
         ok, why = comparable(ref, mine)
@@ -1453,8 +1434,6 @@ def compare_lines(mine: Any, refs: Sequence[Any]) -> list[str]:
 
 
 def _reference_from_cli(path: str) -> int:
-    from .results import ResultSet
-
     try:
         rs = ResultSet.load(path)
     except (OSError, ValueError) as exc:
@@ -1480,9 +1459,6 @@ def _reference_from_cli(path: str) -> int:
 
 
 def _compare_cli(path: str, against: str | None) -> int:
-    from .reference import references
-    from .results import ResultSet
-
     try:
         mine = ResultSet.load(path)
         refs = [ResultSet.load(against)] if against else references()
@@ -1501,8 +1477,6 @@ def reference_subset(rs: Any, outcomes: Sequence[ChapterOutcome]) -> Any:
     Reference files must not hold half a sweep from a chapter that failed or was
     interrupted; what was left out is listed in ``provenance["bench"]["reference_excludes"]``.
     """
-    from .results import ResultSet
-
     keep_idx: set[int] = set()
     keep_art: set[str] = set()
     dropped: list[str] = []
@@ -1569,8 +1543,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.compare:
         return _compare_cli(args.compare, args.against)
     if args.plot_only:
-        from .results import ResultSet
-
         try:
             rs = ResultSet.load(args.plot_only)
         except (OSError, ValueError) as exc:
@@ -1594,11 +1566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         strict = args.strict or require_gpu()
-        from .config import quick_mode
-
         quick_mode()  # validates WORKBOOK_QUICK early, with its own clear message
-        from .config import size_tier
-
         size_tier()  # ... and WORKBOOK_FULL, and the two together
         chapters = select_chapters(args.chapters)
     except ValueError as exc:

@@ -85,8 +85,16 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import torch
 from torch.utils.data import Dataset
 
-from .config import sized
+from .config import repo_root, sized
+from .data import ShapesDataset, default_sizes, make_shapes_dataset, to_float_normalized
+from .device import intraop_threads, pick_device
+from .doctor import usable_cores
+from .loaders import require_shm, shm_needed_bytes
+from .models import build_model
+from .progress import scaled
+from .reference import find, missing_message, provenance_line
 from .timing import SpanRecorder, SpanTrace, synchronize
+from .train import COMPUTE_LANE_CPU, COMPUTE_LANE_GPU, make_optimizer
 from .validate import check_choice, check_float, check_int
 
 __all__ = [
@@ -242,15 +250,11 @@ class Settings:
 
 def default_workers() -> int:
     """Workers used by the ``workers`` step: the usable cores, at most 8."""
-    from .doctor import usable_cores
-
     return max(1, min(8, usable_cores()))
 
 
 def compute_threads(workers: int | None = None) -> int:
     """Intra-op threads for the main process: the usable cores minus the workers, at least 1."""
-    from .doctor import usable_cores
-
     nw = default_workers() if workers is None else check_int("workers", workers, 0, 64)
     return max(1, usable_cores() - nw)
 
@@ -260,8 +264,6 @@ def main_threads(n: int) -> contextlib.AbstractContextManager[int]:
 
     (:func:`helpers.device.intraop_threads`, under the name this chapter uses.)
     """
-    from .device import intraop_threads
-
     return intraop_threads(n)
 
 
@@ -355,8 +357,6 @@ def job_sizes() -> dict[str, int]:
     compute-bound model each step takes 2-3.5x a batch of in-process loading,
     so the chapter stays within a short GPU booking).
     """
-    from .data import default_sizes
-
     if sized(quick=False, laptop=True, full=False):
         small = {"n_train": 640, "n_val": 256, "image_size": 80, "crop_size": 64, "batch_size": 32}
         return {**small, "train_items": 480}
@@ -440,8 +440,6 @@ def reference_pipeline(device: torch.device | str = "cpu", *, seed: int = 0, wor
     Raises:
         FileNotFoundError: the workbook's checkout (with ``examples/``) is not found.
     """
-    from .config import repo_root
-
     root = repo_root()
     path = root.joinpath(*SCRIPT) if root is not None else None
     if path is None or not path.is_file():
@@ -537,8 +535,6 @@ def normalize_images(x: torch.Tensor) -> torch.Tensor:
     The capstone's job normalises with the pipeline's own ``normalize``; this one is the
     default of :func:`normalizer_device_exact` and makes the batches the stages alone use.
     """
-    from .data import to_float_normalized
-
     return to_float_normalized(x)
 
 
@@ -587,8 +583,6 @@ _CACHE: dict[Any, Any] = {}
 
 
 def _dataset_info() -> Any:
-    from .data import make_shapes_dataset
-
     sizes = job_sizes()
     key = ("info", sizes["n_train"], sizes["n_val"], sizes["image_size"])
     if key not in _CACHE:
@@ -613,8 +607,6 @@ def _val_batches(spec: JobSpec) -> list[tuple[torch.Tensor, torch.Tensor]]:
     The job evaluates through the pipeline's ``batches(...)`` with its defaults, so the
     validation images are normalised by the same ``normalize`` as the training ones.
     """
-    from .data import ShapesDataset
-
     key = ("val", str(_dataset_info().val_dir), spec.crop_size, spec.batch_size)
     if key not in _CACHE:
         ds = ShapesDataset(_dataset_info().val_dir, crop_size=spec.crop_size, augment=False, output="uint8")
@@ -631,8 +623,6 @@ def train_items(spec: JobSpec) -> SeededItems:
 
     It lives in this module so that DataLoader workers can import it (spawn, forkserver).
     """
-    from .data import ShapesDataset
-
     base = ShapesDataset(_dataset_info().train_dir, crop_size=spec.crop_size, augment=True, output="uint8")
     return SeededItems(base, seed=spec.seed, limit=spec.train_items)
 
@@ -643,8 +633,6 @@ def _build_loader(pipeline: Pipeline, spec: JobSpec, s: Settings) -> Any:
     With workers, ``/dev/shm`` is checked first (:func:`helpers.loaders.require_shm`): a worker
     that runs out of shared memory dies of a bus error, so the run refuses to start instead.
     """
-    from .loaders import require_shm, shm_needed_bytes
-
     ds = train_items(spec)
     kw = s.loader_kwargs()
     if s.num_workers > 0:
@@ -679,7 +667,7 @@ def _close(it: Any) -> None:
 
 def _release(loader: Any) -> None:
     try:
-        from .loaders import release
+        from .loaders import release  # optional: a missing module is tolerated (ImportError)
     except ImportError:  # pragma: no cover - chapter 04's module missing
         return
     release(loader)
@@ -799,8 +787,6 @@ def _timed_epoch(pipeline: Pipeline, model: Any, opt: Any, loader: Any, s: Setti
     ``train_step`` (CUDA events on a GPU). The loss is summed on the device: nothing in the
     loop waits for the GPU. Returns (steps, samples, seconds, mean training loss).
     """
-    from .train import COMPUTE_LANE_CPU, COMPUTE_LANE_GPU
-
     lane = COMPUTE_LANE_GPU if rec.cuda else COMPUTE_LANE_CPU
     total = torch.zeros((), device=dev)
     steps = samples = 0
@@ -873,9 +859,6 @@ def run_config(
     ``spec.threads`` intra-op threads meanwhile (:func:`main_threads`). The reader's global
     RNG state and thread count are restored afterwards.
     """
-    from .models import build_model
-    from .train import make_optimizer
-
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device is 'cuda' but no CUDA device is available; use device='cpu'")
@@ -1034,9 +1017,6 @@ def _plain_step(model: Any, optimizer: Any, x: torch.Tensor, y: torch.Tensor) ->
 def _step_times(spec: JobSpec, dev: torch.device, n: int, train_step: Callable[..., Any] | None = None,
                 warm: int = 2) -> list[float]:
     """Seconds of ``n`` synchronised ``train_step`` calls with ``spec``'s model on one float batch on ``dev``."""
-    from .models import build_model
-    from .train import make_optimizer
-
     step = train_step or _plain_step
     x, y = _sample_batch(spec)
     x, y = normalize_images(x.to(dev)), y.to(dev)
@@ -1109,8 +1089,6 @@ def compare_threads(
     not measured. Each result's ``trace.metadata["threads"]`` says which count it had.
     ``pipeline``: as in :func:`run_config`.
     """
-    from .doctor import usable_cores
-
     check_choice("step", step, STEP_NAMES)
     counts = list(threads) if threads is not None else sorted({spec.threads, usable_cores()})
     settings = dict((st.name, s) for st, s in configurations())[step]
@@ -1593,8 +1571,6 @@ def run_waterfall(
     round, one untimed run of the first configuration comes first, so that no
     configuration is charged for the one-off costs of the first run.
     """
-    from .progress import scaled
-
     spec = spec or job_spec(regime)
     pipe = _pipeline(pipeline, device, spec.seed, make_loader=make_loader, batches=batches, train_step=train_step)
     n_rounds = check_int("rounds", rounds if rounds is not None else sized(quick=1, laptop=3, full=2), 1, 100)
@@ -1702,7 +1678,7 @@ def plot_waterfall(wf: Waterfall, ax: Any = None, *, title: str | None = None, s
     on a CPU) are drawn hatched and grey: their bar differs from the previous
     one only by noise.
     """
-    from .plots import label_source, new_axes
+    from .plots import label_source, new_axes  # optional/heavy: matplotlib
 
     ax = ax if ax is not None else new_axes((8.0, 3.6))
     steps = {s.name: s for s in STEPS}
@@ -1735,7 +1711,7 @@ def plot_waterfall(wf: Waterfall, ax: Any = None, *, title: str | None = None, s
 
 def plot_shares(wf: Waterfall, ax: Any = None) -> Any:
     """Compute-busy and data-stall percentages per configuration (grouped bars), efficiency as a line."""
-    from .plots import new_axes
+    from .plots import new_axes  # optional/heavy: matplotlib
 
     ax = ax if ax is not None else new_axes((8.0, 3.2))
     n = len(wf.results)
@@ -1759,8 +1735,6 @@ def plot_shares(wf: Waterfall, ax: Any = None) -> Any:
 
 def reference_waterfall(regime: str) -> list[tuple[Any, list[tuple[str, float]]]]:
     """Recorded GPU waterfalls for ``regime``: [(ResultSet, [(stage label, seconds per step), ...])]."""
-    from .reference import find
-
     out = []
     for rs, recs in find("ch06.waterfall.step_time", regime=regime):
         rows = sorted(recs, key=lambda r: r.params.get("order", 0))
@@ -1770,8 +1744,7 @@ def reference_waterfall(regime: str) -> list[tuple[Any, list[tuple[str, float]]]
 
 def plot_reference_waterfall(regime: str, ax: Any = None) -> Any:
     """The newest recorded GPU waterfall of ``regime`` beside the live one, labelled; or a plain 'none recorded'."""
-    from .plots import label_source, new_axes
-    from .reference import missing_message, provenance_line
+    from .plots import label_source, new_axes  # optional/heavy: matplotlib
 
     ax = ax if ax is not None else new_axes((5.0, 3.6))
     hits = reference_waterfall(regime)
@@ -1810,7 +1783,7 @@ def panel_controls() -> dict[str, Any]:
     (:data:`STEP_REQUIRES`), and unticking a step unticks the steps that need
     it, so the panel can never hold settings that :func:`settings_for` refuses.
     """
-    from .widgets import W
+    from .widgets import W  # optional/heavy: ipywidgets
 
     controls: dict[str, Any] = {
         "regime": W.ToggleButtons(options=list(REGIMES), value="data-bound", description="regime"),
@@ -1862,7 +1835,7 @@ def panel_summary(r: ConfigResult) -> str:
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
     """Epoch time of every panel run so far (bars), for comparing toggles."""
-    from .plots import history_bars
+    from .plots import history_bars  # optional/heavy: matplotlib
 
     labels = [f"#{h.index} {h.result.regime[:4]} {h.result.label}"[:40] for h in history]
     history_bars(labels, [h.result.epoch_s for h in history], ax, ylabel="time per epoch (s)",
@@ -1893,8 +1866,6 @@ def benchmark(results: Any, device: torch.device | str | None = None) -> Any:
     Artifacts: ``ch06.trace.<regime>.<stage>``: each configuration's span trace
     (:meth:`SpanTrace.to_dict`), for reference timelines. Returns ``results``.
     """
-    from .device import pick_device
-
     dev = torch.device(device) if device is not None else pick_device()
     cal = calibrate(dev)  # the pipeline timed: examples/fast_pipeline.py's (reference_pipeline), as chapter 06's cells
     for regime in REGIMES:

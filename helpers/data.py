@@ -22,10 +22,9 @@ Public API (stable; later chapters rely on it):
     the bytes-on-the-wire lesson. Picklable: works with any worker start method.
 ``to_float_normalized(batch_uint8) -> float tensor``
     Convert and normalise a uint8 batch where it lies (e.g. on the GPU).
-``make_loader(dataset, batch_size, ...) -> DataLoader`` (a thin call of ``loaders.build_loader``)
-    A DataLoader with seeded shuffling, :func:`seed_worker` and :class:`TimedCollate`.
 ``TimedCollate`` / ``seed_worker``
     A collate function that remembers when it ran, and a worker_init_fn.
+    (The loader built from them is :func:`helpers.loaders.timed_loader`.)
 
 Random augmentation draws from torch's global generator, which the DataLoader
 seeds differently in every worker (base seed + worker id), so workers never
@@ -54,9 +53,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import Dataset, default_collate
 
 from .config import CACHE_ENV, cache_dir, sized
+from .progress import progress_bar
 from .validate import check_choice, check_int
 
 __all__ = [
@@ -76,7 +76,6 @@ __all__ = [
     "normalization_stats",
     "TimedCollate",
     "seed_worker",
-    "make_loader",
 ]
 
 #: Class names, in label order. ``num_classes=k`` uses the first ``k``.
@@ -610,7 +609,6 @@ def make_shapes_dataset(
             _generate(final, params, workers, report)
             return
         # Generation takes seconds to minutes: with no progress callback given, show a bar anyway.
-        from .progress import progress_bar
 
         with progress_bar(f"generating {n_train + n_val} JPEG files (once; reused after)") as bar:
             _generate(final, params, workers, bar)
@@ -976,45 +974,3 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(seed)
     random.seed(seed)
 
-
-def make_loader(
-    dataset: Dataset,
-    batch_size: int,
-    *,
-    shuffle: bool = True,
-    num_workers: int = 0,
-    seed: int = 0,
-    pin_memory: bool = False,
-    drop_last: bool = False,
-    timed_collate: bool = True,
-    **kwargs: Any,
-) -> DataLoader:
-    """Chapter 01's loader: :func:`helpers.loaders.build_loader` with a timed collate.
-
-    The baseline (chapter 01) is ``make_loader(ds, 32)``: ``num_workers=0``,
-    pageable memory, reproducible shuffling, workers seeded by :func:`seed_worker`.
-    Extra keyword arguments are the other :class:`helpers.loaders.LoaderConfig`
-    knobs (``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``,
-    ``in_order``, ``timeout``), plus ``collate_fn``, ``worker_init_fn`` and
-    ``sampler``. All of them are validated: a bad value raises ``ValueError``
-    naming the knob, and an unknown name lists the knobs.
-
-    Args:
-        dataset: any map-style dataset.
-        batch_size: items per batch (1-65536).
-        shuffle: reshuffle every epoch, from a generator seeded with ``seed``.
-        num_workers: worker processes (0: load in the main process).
-        seed: seed of the shuffling generator (and of workers' base seed).
-        pin_memory: page-locked batches (only with CUDA; see chapter 02).
-        drop_last: drop a final short batch.
-        timed_collate: wrap the collate function in :class:`TimedCollate`.
-    """
-    from .loaders import LoaderConfig, build_loader
-
-    collate = kwargs.pop("collate_fn", None)
-    worker_init_fn = kwargs.pop("worker_init_fn", None)
-    sampler = kwargs.pop("sampler", None)
-    config = LoaderConfig(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory, shuffle=shuffle,
-                          seed=seed, drop_last=drop_last)
-    return build_loader(dataset, config, collate_fn=TimedCollate(collate) if timed_collate else collate,
-                        worker_init_fn=worker_init_fn, sampler=sampler, **kwargs)

@@ -49,6 +49,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
 
+from .data import MEAN, STD, ShapesDataset, default_sizes, make_shapes_dataset, seed_worker, to_float_normalized
+from .loaders import LoaderConfig, build_loader
+from .models import build_model
+
 __all__ = ["IndexedDataset", "InjectedFailure", "parse_args", "main", "params_checksum"]
 
 
@@ -152,9 +156,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data.distributed import DistributedSampler
 
-    from .data import MEAN, STD, ShapesDataset, default_sizes, make_shapes_dataset, seed_worker
-    from .loaders import LoaderConfig, build_loader
-
     rank = _env_int("RANK", 0)
     world = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)
@@ -197,14 +198,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     batches: Any = loader
     if not args.no_prefetcher:
         try:
-            from .prefetch import Prefetcher
+            from .prefetch import Prefetcher  # optional: a missing module is tolerated (ImportError)
         except ImportError:  # chapter 05's helper missing: move batches by hand
             Prefetcher = None  # type: ignore[assignment,misc]
         if Prefetcher is not None:
             batches = Prefetcher(loader, device, normalize=(MEAN, STD))
             prefetcher_used = True
-
-    from .models import build_model
 
     model = build_model(width=args.width, num_classes=len(base.classes), seed=args.seed).to(device)
     ddp = DDP(model, device_ids=[local_rank] if cuda else None)
@@ -233,8 +232,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             for batch in batches:
                 images, labels, idx = batch
                 if not prefetcher_used:
-                    from .data import to_float_normalized
-
                     images = to_float_normalized(images.to(device, non_blocking=cuda))
                 labels = labels.to(device, non_blocking=cuda)
                 if rank == args.fail_rank and epoch == 0 and step >= args.fail_step:

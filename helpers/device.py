@@ -25,6 +25,8 @@ from typing import Any, Iterator
 
 import torch
 
+from . import config
+from .config import REQUIRE_GPU_ENV, require_gpu
 from .validate import check_int, human_bytes
 
 __all__ = [
@@ -64,8 +66,6 @@ def has_cuda() -> bool:
 
     A broken driver answers False, except under ``WORKBOOK_REQUIRE_GPU=1``, where its error propagates.
     """
-    from .config import require_gpu
-
     try:
         return bool(torch.cuda.is_available())
     except Exception:  # a broken driver must not crash a notebook...
@@ -142,8 +142,6 @@ def pick_device(prefer: str | None = None) -> torch.device:
     With ``WORKBOOK_REQUIRE_GPU=1`` (set by the GPU check) a machine without
     CUDA raises RuntimeError, so a GPU check can never pass on CPU fallbacks.
     """
-    from .config import REQUIRE_GPU_ENV, require_gpu
-
     if require_gpu() and not has_cuda():
         raise RuntimeError(
             f"{REQUIRE_GPU_ENV}=1 (a strict GPU run, as the GPU check sets) but no CUDA device is present; "
@@ -582,8 +580,6 @@ _NO_GPU_FIELDS = (
 
 
 def _fill_gpu(rep: HardwareReport, index: int) -> None:
-    from .config import require_gpu
-
     if torch.version.cuda:
         rep.cuda_runtime_version = str(torch.version.cuda)
     else:
@@ -633,8 +629,6 @@ def copy_engine_count(index: int, props: Any = None) -> tuple[int | None, str]:
     try:
         err, value = cudart.cudaDeviceGetAttribute(cudart.cudaDeviceAttr.cudaDevAttrAsyncEngineCount, int(index))
     except Exception as exc:
-        from .config import require_gpu
-
         if require_gpu():  # the CUDA runtime failing on a GPU path must be seen in a strict run
             raise
         return None, f"cudaDeviceGetAttribute(cudaDevAttrAsyncEngineCount) failed: {exc}"
@@ -755,7 +749,6 @@ def environment_check(report: HardwareReport | None = None, shm_min_bytes: int =
                     "GPU parts show reference results recorded on a real GPU",
                 )
             )
-    from . import config
 
     try:
         tier = config.size_tier()

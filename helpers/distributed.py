@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from .config import sized
 from .validate import check_float, check_int
 
 __all__ = [
@@ -1040,7 +1041,7 @@ def launch_ddp(
         fail_rank = check_int("fail_rank", fail_rank, 0, nproc - 1)
 
     if data_dir is None:
-        from .data import make_shapes_dataset
+        from .data import make_shapes_dataset  # heavy: torch (this module imports without it)
 
         data_dir = make_shapes_dataset().train_dir  # generated once here, not by every rank
     _remove_stale_work_dirs()
@@ -1183,7 +1184,7 @@ def _report_progress(out_dir: Path, progress: Callable[[float, str], None], last
 
 def plot_run(run: DistributedRun, ax: Any = None, *, title: str | None = None) -> Any:
     """Bars: each rank's items/s and the total (measured in ``run``)."""
-    from .plots import new_axes
+    from .plots import new_axes  # optional/heavy: matplotlib
 
     ax = ax if ax is not None else new_axes((6.5, 3.2))
     per = run.per_rank_items_per_s()
@@ -1291,7 +1292,6 @@ def benchmark(results: Any, device: Any = None) -> Any:
 
     if not torch.cuda.is_available() or (device is not None and str(device).split(":")[0] != "cuda"):
         return results
-    from .config import sized
 
     gpus = torch.cuda.device_count()
     for nproc in sorted({1, gpus}):

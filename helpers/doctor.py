@@ -49,7 +49,8 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from .config import require_gpu
-from .validate import check_float, check_int
+from .prefetch import iter_tensors, map_tensors, move_batch
+from .validate import check_choice, check_float, check_int
 
 __all__ = [
     "VERDICTS",
@@ -430,8 +431,6 @@ def inspect_loader(loader: Any, device: torch.device | str = "cpu") -> PipelineF
 
 
 def _describe_batch(batch: Any, facts: PipelineFacts) -> None:
-    from .prefetch import iter_tensors
-
     tensors = list(iter_tensors(batch))
     facts.batch_bytes = int(sum(t.numel() * t.element_size() for t in tensors))
     if tensors:
@@ -490,7 +489,6 @@ def _pinned_probe(batch: Any, dev: torch.device, repeats: int = 5) -> float | No
     """
     if dev.type != "cuda":
         return None
-    from .prefetch import map_tensors, move_batch
 
     try:
         pinned = map_tensors(lambda t: t.pin_memory() if t.device.type == "cpu" else t, batch)
@@ -672,7 +670,6 @@ def diagnose(
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device is 'cuda' but no CUDA device is available; use device='cpu' or None")
-    from .prefetch import move_batch
 
     if transfer == "auto":
         def move(b: Any, d: torch.device) -> Any:
@@ -803,8 +800,6 @@ class SyntheticImages(torch.utils.data.Dataset):
     """
 
     def __init__(self, n: int = 256, size: int = 32, delay_s: float = 0.0, dtype: str = "float") -> None:
-        from .validate import check_choice
-
         self.n = check_int("n", n, 1, 1_000_000)
         self.size = check_int("size", size, 1, 1024)
         self.delay_s = check_float("delay_s", delay_s, 0.0, 1.0)

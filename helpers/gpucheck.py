@@ -63,6 +63,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from . import config
+from .config import artifacts_dir
+
 __all__ = ["NEEDED_MODULES", "STEPS", "Step", "main", "plan", "repo_root", "notebooks", "needs_cuda",
            "torch_api_gaps"]
 
@@ -498,8 +501,6 @@ def notebook_weights(nbs: Sequence[Path], tier: str) -> list[float]:
     """Relative cost of each notebook: its recorded Run All time at ``tier`` (else at the laptop tier), from
     the chapter times that ``tools/time_chapters.py`` records; the mean of the known ones where none is
     recorded; all equal when nothing is recorded."""
-    from . import config
-
     try:
         data = json.loads(config._chapter_times_file().read_text(encoding="utf-8"))["chapters"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -619,8 +620,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.logs:
         workdir = Path(args.logs).resolve()
     else:
-        from .config import artifacts_dir
-
         workdir = artifacts_dir().resolve() / f"gpucheck-{stamp}"
     reference = cuda and not args.no_reference and not args.quick
     strict = cuda
@@ -667,7 +666,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logdir.mkdir(parents=True, exist_ok=True)
     preflight_error = ""
     try:
-        from .device import hardware_report
+        from .device import hardware_report  # heavy: torch (this module imports without it)
 
         (logdir / "hardware.txt").write_text(hardware_report().describe() + "\n", encoding="utf-8")
     except Exception as exc:  # a GPU path: reported as a failure of the check, not swallowed

@@ -94,7 +94,11 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch.utils.data import Dataset
 
-from .data import ImageDecodeError, _scan_class_folders
+from . import reference
+from .config import require_gpu
+from .data import ImageDecodeError, _scan_class_folders, default_sizes, make_shapes_dataset, to_float_normalized
+from .device import resolve_device
+from .reference import missing_message
 from .timing import Timing, time_calls
 from .validate import check_int, human_bytes
 
@@ -299,8 +303,6 @@ def collate_encoded(items: Sequence[tuple[torch.Tensor, int]]) -> tuple[list[tor
 
 
 def _device(device: torch.device | str | None) -> torch.device:
-    from .device import resolve_device
-
     return resolve_device(device)
 
 
@@ -451,8 +453,6 @@ def _decode_images(
         except RuntimeError as exc:
             culprit = _culprit_on_cpu(items, names)
             if culprit is not None:  # the data is bad (it fails on the CPU too); keep the CUDA error on strict runs
-                from .config import require_gpu
-
                 raise ImageDecodeError(f"could not decode {culprit}. The batched GPU decode failed on it.") from (
                     exc if require_gpu() else None)
             raise ImageDecodeError(f"the batched GPU JPEG decode failed, although every item decodes on the CPU: "
@@ -476,8 +476,6 @@ def batch_bytes(encoded: Sequence[torch.Tensor], decoded: torch.Tensor) -> dict[
     ``uint8``: ``decoded.nbytes``; ``float32``: the ``nbytes`` of the float32
     batch :func:`helpers.data.to_float_normalized` makes from it.
     """
-    from .data import to_float_normalized
-
     if decoded.dtype != torch.uint8:
         raise ValueError(f"decoded: expected the uint8 batch decode_batch returns, got {decoded.dtype}")
     return {
@@ -712,8 +710,6 @@ def gpu_reference() -> tuple[str, list[tuple[str, float, float | None]]] | None:
     Returns ``(provenance line, [(label, ms per batch, iqr ms or None), ...])`` with
     the batch size and image size of the recording in the labels.
     """
-    from . import reference
-
     for rs, recs in reference.find("ch05.decode.ms_per_batch", device="cuda"):
         rows: list[tuple[str, float, float | None]] = []
         for r in sorted(recs, key=lambda r: (r.params.get("where") != "cpu", not r.params.get("pinned"))):
@@ -732,8 +728,6 @@ def gpu_reference() -> tuple[str, list[tuple[str, float, float | None]]] | None:
 
 def gpu_reference_report() -> str:
     """The reference GPU recording as printable lines, or the plain "none recorded yet" message."""
-    from .reference import missing_message
-
     ref = gpu_reference()
     if ref is None:
         return missing_message("decoding JPEGs on the GPU (ch05.decode.ms_per_batch)")
@@ -816,8 +810,6 @@ def benchmark(
     Uses the validation split of the data set at the current mode's sizes (``info``
     and the sizes can be overridden, for tests). Returns ``results``.
     """
-    from .data import default_sizes, make_shapes_dataset
-
     dev = _device(device)
     sizes = default_sizes()
     info = info if info is not None else make_shapes_dataset()

@@ -20,8 +20,10 @@ from typing import Any, Callable
 import torch
 
 from .config import sized
+from .device import resolve_device
 from .results import ResultSet
-from .timing import Timing, cuda_event_time, measure, time_calls
+from .timing import Timing, cuda_event_time, measure, synchronize, time_calls
+from .transfer import check_host_bytes
 from .validate import check_choice, check_float, check_int
 
 __all__ = [
@@ -60,9 +62,6 @@ def make_op(op: str, n: int, device: torch.device | str) -> Callable[[], Any]:
         ValueError: unknown op, or a size whose inputs would not fit (limit: 1 GiB of inputs,
             and half the RAM available now).
     """
-    from .device import resolve_device
-    from .transfer import check_host_bytes
-
     check_choice("op", op, OPERATIONS)
     n = check_int("n", n, 1, 16384)
     need = 3 * n * n * 4
@@ -90,8 +89,6 @@ def estimate_call_s(op: str, n: int, device: torch.device | str, *, probe_s: flo
     efficiently than large ones (and a busy machine slows them most), so this errs on the
     slow side.
     """
-    from .timing import synchronize
-
     n = check_int("n", n, 1, 16384)
     n0 = min(n, 256)
     while True:

@@ -82,6 +82,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
+from .config import sized
+from .data import ShapesDataset, TimedCollate, default_sizes, make_shapes_dataset, seed_worker
 from .device import intraop_threads
 from .validate import check_choice, check_float, check_int, human_bytes
 
@@ -92,6 +94,7 @@ __all__ = [
     "load_note",
     "LoaderConfig",
     "build_loader",
+    "timed_loader",
     "release",
     "open_iterator",
     "child_processes",
@@ -470,8 +473,6 @@ def build_loader(
     _check_callable("worker_init_fn", worker_init_fn)
     kwargs: dict[str, Any] = {}
     if cfg.num_workers > 0:
-        from .data import seed_worker
-
         if check_shm:
             per_item = _item_bytes(dataset)
             if per_item is not None:
@@ -506,6 +507,48 @@ def build_loader(
     loader._workbook_warnings = [str(w.message).strip() for w in wlist]  # type: ignore[attr-defined]
     loader._workbook_frozen = []  # type: ignore[attr-defined]  # pids _FreezeWatch killed
     return loader
+
+
+def timed_loader(
+    dataset: Dataset,
+    batch_size: int,
+    *,
+    shuffle: bool = True,
+    num_workers: int = 0,
+    seed: int = 0,
+    pin_memory: bool = False,
+    drop_last: bool = False,
+    timed_collate: bool = True,
+    **kwargs: Any,
+) -> DataLoader:
+    """Chapter 01's loader: :func:`build_loader` with plain keyword arguments and a timed collate.
+
+    The baseline (chapter 01) is ``timed_loader(ds, 32)``: ``num_workers=0``,
+    pageable memory, reproducible shuffling, workers seeded by :func:`helpers.data.seed_worker`.
+    (Named so that it is never confused with the ``make_loader`` the chapters write in their cells.)
+    Extra keyword arguments are the other :class:`LoaderConfig`
+    knobs (``persistent_workers``, ``prefetch_factor``, ``multiprocessing_context``,
+    ``in_order``, ``timeout``), plus ``collate_fn``, ``worker_init_fn`` and
+    ``sampler``. All of them are validated: a bad value raises ``ValueError``
+    naming the knob, and an unknown name lists the knobs.
+
+    Args:
+        dataset: any map-style dataset.
+        batch_size: items per batch (1-65536).
+        shuffle: reshuffle every epoch, from a generator seeded with ``seed``.
+        num_workers: worker processes (0: load in the main process).
+        seed: seed of the shuffling generator (and of workers' base seed).
+        pin_memory: page-locked batches (only with CUDA; see chapter 02).
+        drop_last: drop a final short batch.
+        timed_collate: wrap the collate function in :class:`helpers.data.TimedCollate`.
+    """
+    collate = kwargs.pop("collate_fn", None)
+    worker_init_fn = kwargs.pop("worker_init_fn", None)
+    sampler = kwargs.pop("sampler", None)
+    config = LoaderConfig(batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory, shuffle=shuffle,
+                          seed=seed, drop_last=drop_last)
+    return build_loader(dataset, config, collate_fn=TimedCollate(collate) if timed_collate else collate,
+                        worker_init_fn=worker_init_fn, sampler=sampler, **kwargs)
 
 
 # ---------------------------------------------------------------------------
@@ -1551,7 +1594,7 @@ def pipeline_panel_summary(result: Throughput) -> str:
 
 def pipeline_panel_plot(history: Sequence[Any], ax: Any) -> None:
     """A bar per panel run (items/s), latest highlighted; batch size and pin_memory as labels."""
-    from .plots import history_bars
+    from .plots import history_bars  # optional/heavy: matplotlib
 
     labels = [f"#{rec.index} b={rec.values.get('batch_size')}{' pin' if rec.values.get('pin_memory') else ''}"
               for rec in history]
@@ -3015,8 +3058,6 @@ class PanelRunner:
             else:
                 if self.image_root is None:
                     raise ValueError("this panel has no image data set; choose item_cost='cheap (in memory)'")
-                from .data import ShapesDataset
-
                 base = ShapesDataset(self.image_root, crop_size=self.crop_size)
                 self._cache[item_cost] = base if item_cost == ITEM_COSTS[1] else SpinDataset(base, 2.0)
         return self._cache[item_cost]
@@ -3056,7 +3097,7 @@ def panel_summary(result: Throughput) -> str:
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
     """Bar per run (items/s), latest highlighted; the settings as labels."""
-    from .plots import history_bars
+    from .plots import history_bars  # optional/heavy: matplotlib
 
     labels = []
     for rec in history:
@@ -3121,9 +3162,6 @@ def benchmark(
 
     Returns ``results``.
     """
-    from .config import sized
-    from .data import ShapesDataset, default_sizes, make_shapes_dataset
-
     def step(f: float, text: str) -> None:
         if progress is not None:
             progress(f, text)

@@ -52,8 +52,12 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from . import reference
 from .config import sized
-from .timing import Span, SpanRecorder, SpanTrace, synchronize
+from .device import resolve_device
+from .gpudecode import benchmark as decode_benchmark
+from .prefetch import Prefetcher, _loop_time, normalize_uint8
+from .timing import GpuDelay, Span, SpanRecorder, SpanTrace, calibrated_compute, synchronize
 from .validate import check_choice, check_int, human_seconds
 
 __all__ = [
@@ -80,7 +84,6 @@ __all__ = [
     "hazard_hidden_syncs",
     "PRINT_SYNCS_WHY",
     "sync_counts_reference",
-    "prefetch_overlap_ratio",
     "BatchTimes",
     "time_batches",
     "prefetch_step_times",
@@ -233,8 +236,6 @@ def _defaults(on_gpu: bool, copy_mib: int | None, matmul_n: int | None, steps: i
 
 
 def _device(device: torch.device | str | None) -> torch.device:
-    from .device import resolve_device
-
     return resolve_device(device)
 
 
@@ -392,8 +393,6 @@ def artifact_name(memory: str, stream: str) -> str:
 
 def reference_cell(memory: str, stream: str) -> tuple[SpanTrace, str] | None:
     """The newest reference recording of a cell, with its provenance line; ``None`` if none."""
-    from . import reference
-
     hits = reference.artifacts(artifact_name(memory, stream))
     if not hits:
         return None
@@ -410,7 +409,7 @@ def draw_cell(
     max_steps: int | None = 3,
 ) -> Any:
     """Draw a cell's timeline with :func:`helpers.plots.timeline` (schematics labelled as such)."""
-    from .plots import timeline
+    from .plots import timeline  # optional/heavy: matplotlib
 
     trace = cell.trace if isinstance(cell, CellResult) else cell
     meta = trace.metadata
@@ -468,34 +467,6 @@ class HazardResult:
         return "\n".join(textwrap.fill(ln, 105, subsequent_indent="    ") for ln in lines)
 
 
-class _GpuDelay:
-    """Queue about ``seconds`` of do-nothing GPU work on the current stream (``torch.cuda._sleep``)."""
-
-    def __init__(self, dev: torch.device, seconds: float = 0.05) -> None:
-        self.dev = dev
-        if hasattr(torch.cuda, "_sleep"):
-            probe = 5_000_000
-            torch.cuda._sleep(probe // 10)
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            torch.cuda._sleep(probe)
-            e.record()
-            torch.cuda.synchronize(dev)
-            per_s = probe / max(s.elapsed_time(e) / 1e3, 1e-6)
-            self.cycles = int(seconds * per_s)
-            self.a = None
-        else:  # pragma: no cover - very old torch
-            self.cycles = 0
-            self.a = torch.randn(2048, 2048, device=dev)
-
-    def __call__(self) -> None:
-        if self.a is None:
-            torch.cuda._sleep(self.cycles)
-        else:  # pragma: no cover
-            for _ in range(20):
-                self.a @ self.a
-
-
 def _d2h_bug(x_gpu: torch.Tensor, out: torch.Tensor) -> int:
     """BUG: read the result of a non-blocking device-to-host copy before synchronising."""
     out.copy_(x_gpu, non_blocking=True)  # returns at once: the copy is only queued
@@ -527,7 +498,7 @@ def hazard_d2h_read_before_sync(device: torch.device | str | None = None, n: int
         out = torch.full((n,), -1.0, pin_memory=on_gpu)
         x = torch.empty(n, device=dev)
         if on_gpu:
-            _GpuDelay(dev)()  # the GPU is busy for a while ...
+            GpuDelay(dev)()  # the GPU is busy for a while ...
         x.fill_(1.0)  # ... so x only becomes all ones later
         wrong = fn(x, out)
         synchronize(dev)
@@ -576,7 +547,7 @@ def hazard_pinned_source_mutation(device: torch.device | str | None = None, n: i
         src = torch.ones(n, pin_memory=on_gpu)
         dst = torch.zeros(n, device=dev)
         if on_gpu:
-            _GpuDelay(dev)()
+            GpuDelay(dev)()
         fn(src, dst)
         synchronize(dev)
         results[label] = {"elements that arrived wrong": int((dst != 1).sum()), "of": n}
@@ -696,8 +667,6 @@ def hazard_hidden_syncs(
 
 def sync_counts_reference() -> str:
     """The reference recording of hazard 3's synchronisation counts (per loop, per step, per line), or "none yet"."""
-    from . import reference
-
     hits = reference.find("ch05.hazard.syncs")
     if not hits:
         return reference.missing_message("the synchronisation counts of hazard 3 (ch05.hazard.syncs)")
@@ -715,103 +684,6 @@ def sync_counts_reference() -> str:
 # ---------------------------------------------------------------------------
 # Prefetcher measurements (GPU) — used by the exercise checker and benchmark()
 # ---------------------------------------------------------------------------
-
-
-def _calibrated_compute(dev: torch.device, target_s: float) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A function of a batch that takes about ``target_s`` of GPU time."""
-    a = torch.randn(2048, 2048, device=dev) / math.sqrt(2048)
-    c = torch.empty_like(a)
-    torch.mm(a, a, out=c)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(5):
-        torch.mm(a, a, out=c)
-    e.record()
-    torch.cuda.synchronize(dev)
-    one = max(s.elapsed_time(e) / 5e3, 1e-6)
-    k = max(1, round(target_s / one))
-
-    def compute(batch: torch.Tensor) -> torch.Tensor:
-        for _ in range(k):
-            torch.mm(a, a, out=c)
-        return batch.float().sum() + c[0, 0]
-
-    return compute
-
-
-def _first_tensor(batch: Any) -> torch.Tensor:
-    from .prefetch import iter_tensors
-
-    for t in iter_tensors(batch):
-        return t
-    raise ValueError("the prefetcher yielded a batch with no tensor in it")
-
-
-def _loop_time(batches: Iterable[Any], compute: Callable[[torch.Tensor], torch.Tensor], dev: torch.device) -> float:
-    torch.cuda.synchronize(dev)
-    t0 = time.perf_counter()
-    for b in batches:
-        compute(_first_tensor(b))
-    torch.cuda.synchronize(dev)
-    return time.perf_counter() - t0
-
-
-def prefetch_overlap_ratio(candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 32,
-                           n_batches: int = 8, repeats: int = 3, pairs: bool = False) -> float:
-    """Share (0-1) of the copy time a prefetcher hides behind compute (CUDA only).
-
-    Times, with a synchronised wall clock: copying all batches alone (``t_copy``),
-    computing on device-resident batches alone (``t_compute``, calibrated to about
-    1.5x one copy), and iterating ``candidate(loader, device)`` while computing
-    (``t_both``). Ratio = ``(t_copy + t_compute - t_both) / min(t_copy, t_compute)``,
-    clipped to [0, 1]; the median of ``repeats`` runs. The loader holds pinned batches:
-    float32 tensors, or with ``pairs=True`` chapter 05's ``(uint8 images, labels)`` pairs,
-    whose "copy" is the copy plus the normalisation on the device (what the chapter's
-    prefetcher queues on its side stream).
-    """
-    from .data import to_float_normalized
-
-    dev = _device(device)
-    if dev.type != "cuda":
-        raise ValueError("prefetch_overlap_ratio needs a CUDA device")
-    n = check_int("batch_mib", batch_mib, 1, 1024) * MiB // 4
-    n_batches = check_int("n_batches", n_batches, 2, 256)
-    if pairs:
-        side = max(8, int((4 * n / (3 * 64)) ** 0.5))  # 64 uint8 images of batch_mib MiB in all
-        loader: list[Any] = [(torch.full((64, 3, side, side), i, dtype=torch.uint8).pin_memory(),
-                              torch.full((64,), i, dtype=torch.int64).pin_memory()) for i in range(n_batches)]
-
-        def copy_all() -> None:
-            for x, y in loader:
-                to_float_normalized(x.to(dev, non_blocking=True))
-                y.to(dev, non_blocking=True)
-        resident: list[Any] = [(to_float_normalized(x.to(dev)), y.to(dev)) for x, y in loader]
-    else:
-        loader = [torch.full((n,), float(i)).pin_memory() for i in range(n_batches)]
-        dst = torch.empty(n, device=dev)
-
-        def copy_all() -> None:
-            for b in loader:
-                dst.copy_(b, non_blocking=True)
-        resident = [b.to(dev) for b in loader]
-    copy_all()  # warm-up
-    torch.cuda.synchronize(dev)
-    t0 = time.perf_counter()
-    copy_all()
-    torch.cuda.synchronize(dev)
-    compute = _calibrated_compute(dev, 1.5 * (time.perf_counter() - t0) / n_batches)
-    ratios = []
-    list(candidate(loader, dev))  # warm-up
-    for _ in range(check_int("repeats", repeats, 1, 20)):
-        torch.cuda.synchronize(dev)
-        t0 = time.perf_counter()
-        copy_all()
-        torch.cuda.synchronize(dev)
-        t_copy = time.perf_counter() - t0
-        t_compute = _loop_time(resident, compute, dev)
-        t_both = _loop_time(candidate(loader, dev), compute, dev)
-        ratios.append((t_copy + t_compute - t_both) / max(min(t_copy, t_compute), 1e-9))
-    return max(0.0, min(1.0, statistics.median(ratios)))
 
 
 @dataclass
@@ -901,8 +773,6 @@ def prefetch_step_times(device: torch.device | str = "cuda", *, batch: int = 256
     on the device) then compute, all on the default stream. With it: the same
     compute on batches from ``Prefetcher(loader, dev, normalize=...)``. CUDA only.
     """
-    from .prefetch import Prefetcher, normalize_uint8
-
     dev = _device(device)
     if dev.type != "cuda":
         raise ValueError("prefetch_step_times needs a CUDA device")
@@ -917,7 +787,7 @@ def prefetch_step_times(device: torch.device | str = "cuda", *, batch: int = 256
     f32[0].to(dev, non_blocking=True)
     e.record()
     torch.cuda.synchronize(dev)
-    compute = _calibrated_compute(dev, 1.2 * s.elapsed_time(e) / 1e3)
+    compute = calibrated_compute(dev, 1.2 * s.elapsed_time(e) / 1e3)
     out: dict[tuple[str, bool], float] = {}
     for dtype_name, loader in (("float32", f32), ("uint8", u8)):
         norm = (mean, std) if dtype_name == "uint8" else None
@@ -1033,7 +903,6 @@ def benchmark(results: Any, device: torch.device | str | None = None) -> Any:
     for (dtype_name, with_pf), sec in prefetch_step_times(dev).items():
         results.add("ch05.prefetch.batch_time", sec, "s", dtype=dtype_name, prefetcher=with_pf, batch=256,
                     image=128)
-    from .gpudecode import benchmark as decode_benchmark
 
     decode_benchmark(results, dev)
     return results

@@ -59,13 +59,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import statistics
 import time
 from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 from unittest import mock
 
 import torch
 
-from .validate import check_choice
+from .config import require_gpu
+from .data import MEAN, STD, normalization_stats, to_float_normalized
+from .device import resolve_device
+from .timing import GpuDelay, calibrated_compute
+from .validate import check_choice, check_int
 
 __all__ = [
     "Prefetcher",
@@ -92,9 +97,11 @@ __all__ = [
     "check_pipeline_prefetcher",
     "check_pipeline_race",
     "PairProbeLoader",
+    "prefetch_overlap_ratio",
 ]
 
 SAFETY_MODES = ("record_stream", "event")
+MiB = 1 << 20
 
 
 # ---------------------------------------------------------------------------
@@ -204,8 +211,6 @@ def normalize_uint8(
     is copied from the host, so a training step pays no hidden synchronisation here.
     A single image ``(C, H, W)`` and any leading dims ``(..., C, H, W)`` work.
     """
-    from .data import to_float_normalized
-
     if not isinstance(x, torch.Tensor) or x.dtype != torch.uint8:
         got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"x must be a uint8 tensor, got {got}")
@@ -318,8 +323,6 @@ class Prefetcher:
         # ONE side stream per prefetcher (never one per epoch).
         self.stream: torch.cuda.Stream | None = torch.cuda.Stream(self.device) if self.cuda else None
         if self.normalize is not None:  # built (or found) now, once: no host copy per batch
-            from .data import normalization_stats
-
             normalization_stats(*self.normalize, self.device, dtype)
         self.pinned_batches = 0
         self.pageable_batches = 0
@@ -680,8 +683,6 @@ def _is_reference(candidate: Any) -> bool:
 
 def _gpu_error(exc: BaseException, dev: torch.device) -> bool:
     """A CUDA error on a strict GPU run (``WORKBOOK_REQUIRE_GPU=1``): it must propagate, not become a FAIL."""
-    from .config import require_gpu
-
     if dev.type != "cuda" or not require_gpu():
         return False
     accel = getattr(torch, "AcceleratorError", None)
@@ -709,8 +710,6 @@ def check_race(candidate: Any, device: torch.device | str = "cuda", *, batch_mib
     batch sizes (a race is not guaranteed to show on every run, so zero is necessary,
     not proof).
     """
-    from .overlap import _GpuDelay
-
     dev = torch.device(device)
     if dev.type != "cuda":
         raise ValueError("check_race needs a CUDA device")
@@ -722,7 +721,7 @@ def check_race(candidate: Any, device: torch.device | str = "cuda", *, batch_mib
     probe.copy_(loader[0], non_blocking=True)
     e.record()
     torch.cuda.synchronize(dev)
-    delay = _GpuDelay(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))
+    delay = GpuDelay(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))
     del probe
     problems: list[str] = []
     for label, wait in (("checked at once", False), ("checked behind queued work", True)):
@@ -838,8 +837,6 @@ def check_prefetcher(
                                      "behind queued work"])
             result.correct = ok = not race
         if ok and check_overlap:
-            from .overlap import prefetch_overlap_ratio
-
             ratio = prefetch_overlap_ratio(candidate, dev)
             result.overlap_checked = True
             result.overlap_ratio = ratio
@@ -1210,8 +1207,6 @@ def check_protocol(log: Sequence[tuple[Any, ...]], handed: Sequence[Sequence[Any
 
 def _pair_reference(loader: Iterable[Any], device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """What a prefetcher of ``(uint8, labels)`` batches must hand over: the reference :class:`Prefetcher`'s batches."""
-    from .data import MEAN, STD
-
     return [tuple(b) for b in Prefetcher(loader, device, normalize=(MEAN, STD))]  # type: ignore[misc]
 
 
@@ -1240,9 +1235,6 @@ def check_pipeline_race(candidate: Any, device: torch.device | str = "cuda", *, 
     queued GPU work, then dropped. Zero wrong elements is necessary (a race need not show on
     every run), non-zero is a bug: a missing ``wait_stream`` or ``record_stream``.
     """
-    from .data import to_float_normalized
-    from .overlap import _GpuDelay
-
     dev = torch.device(device)
     if dev.type != "cuda":
         raise ValueError("check_pipeline_race needs a CUDA device")
@@ -1258,7 +1250,7 @@ def check_pipeline_race(candidate: Any, device: torch.device | str = "cuda", *, 
     probe.copy_(loader[0][0], non_blocking=True)
     e.record()
     torch.cuda.synchronize(dev)
-    delay = _GpuDelay(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))
+    delay = GpuDelay(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))
     del probe
     problems: list[str] = []
     for label, wait in (("checked at once", False), ("checked behind queued work", True)):
@@ -1302,7 +1294,7 @@ def check_pipeline_prefetcher(candidate: Any, device: torch.device | str | None 
        ``data.MEAN`` and ``data.STD``);
     3. on a CUDA device: the same comparison with real streams, :func:`check_pipeline_race`,
        and (``check_overlap``) how much of the copy time it hides
-       (:func:`helpers.overlap.prefetch_overlap_ratio` with pairs).
+       (:func:`prefetch_overlap_ratio` with pairs).
     """
     if candidate is None:
         return PrefetcherCheck(False, ["no answer yet: set answer = Prefetcher (the class you wrote) and run again"])
@@ -1357,11 +1349,85 @@ def check_pipeline_prefetcher(candidate: Any, device: torch.device | str | None 
                                         "read on the current stream, at once and behind queued work"])
         result.correct = not (real or race)
     if result.correct and check_overlap:
-        from .overlap import prefetch_overlap_ratio
-
         ratio = prefetch_overlap_ratio(candidate, dev, pairs=True)
         result.overlap_checked, result.overlap_ratio = True, ratio
         messages.append(f"overlap on {dev}: {ratio:.0%} of the copy time hidden behind compute -> "
                         + ("overlaps" if ratio >= 0.3 else "does NOT overlap"))
         result.correct = ratio >= 0.3
     return result
+
+
+# ---------------------------------------------------------------------------
+# How much of the copy a prefetcher hides (GPU) — for the checkers above (and _loop_time for overlap)
+# ---------------------------------------------------------------------------
+
+
+def _first_tensor(batch: Any) -> torch.Tensor:
+    for t in iter_tensors(batch):
+        return t
+    raise ValueError("the prefetcher yielded a batch with no tensor in it")
+
+
+def _loop_time(batches: Iterable[Any], compute: Callable[[torch.Tensor], torch.Tensor], dev: torch.device) -> float:
+    torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    for b in batches:
+        compute(_first_tensor(b))
+    torch.cuda.synchronize(dev)
+    return time.perf_counter() - t0
+
+
+def prefetch_overlap_ratio(candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 32,
+                           n_batches: int = 8, repeats: int = 3, pairs: bool = False) -> float:
+    """Share (0-1) of the copy time a prefetcher hides behind compute (CUDA only).
+
+    Times, with a synchronised wall clock: copying all batches alone (``t_copy``),
+    computing on device-resident batches alone (``t_compute``, calibrated to about
+    1.5x one copy), and iterating ``candidate(loader, device)`` while computing
+    (``t_both``). Ratio = ``(t_copy + t_compute - t_both) / min(t_copy, t_compute)``,
+    clipped to [0, 1]; the median of ``repeats`` runs. The loader holds pinned batches:
+    float32 tensors, or with ``pairs=True`` chapter 05's ``(uint8 images, labels)`` pairs,
+    whose "copy" is the copy plus the normalisation on the device (what the chapter's
+    prefetcher queues on its side stream).
+    """
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        raise ValueError("prefetch_overlap_ratio needs a CUDA device")
+    n = check_int("batch_mib", batch_mib, 1, 1024) * MiB // 4
+    n_batches = check_int("n_batches", n_batches, 2, 256)
+    if pairs:
+        side = max(8, int((4 * n / (3 * 64)) ** 0.5))  # 64 uint8 images of batch_mib MiB in all
+        loader: list[Any] = [(torch.full((64, 3, side, side), i, dtype=torch.uint8).pin_memory(),
+                              torch.full((64,), i, dtype=torch.int64).pin_memory()) for i in range(n_batches)]
+
+        def copy_all() -> None:
+            for x, y in loader:
+                to_float_normalized(x.to(dev, non_blocking=True))
+                y.to(dev, non_blocking=True)
+        resident: list[Any] = [(to_float_normalized(x.to(dev)), y.to(dev)) for x, y in loader]
+    else:
+        loader = [torch.full((n,), float(i)).pin_memory() for i in range(n_batches)]
+        dst = torch.empty(n, device=dev)
+
+        def copy_all() -> None:
+            for b in loader:
+                dst.copy_(b, non_blocking=True)
+        resident = [b.to(dev) for b in loader]
+    copy_all()  # warm-up
+    torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    copy_all()
+    torch.cuda.synchronize(dev)
+    compute = calibrated_compute(dev, 1.5 * (time.perf_counter() - t0) / n_batches)
+    ratios = []
+    list(candidate(loader, dev))  # warm-up
+    for _ in range(check_int("repeats", repeats, 1, 20)):
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        copy_all()
+        torch.cuda.synchronize(dev)
+        t_copy = time.perf_counter() - t0
+        t_compute = _loop_time(resident, compute, dev)
+        t_both = _loop_time(candidate(loader, dev), compute, dev)
+        ratios.append((t_copy + t_compute - t_both) / max(min(t_copy, t_compute), 1e-9))
+    return max(0.0, min(1.0, statistics.median(ratios)))

@@ -211,7 +211,7 @@ def link_ceiling_gbps(link: str) -> float | None:
 
     None for ``'not stated'`` or a name it does not know.
     """
-    from . import device
+    from . import device  # heavy: torch (this module imports without it)
 
     m = _PCIE.match(link.strip())
     if m:
@@ -549,7 +549,7 @@ def plot_share_of_ceiling(figures: Iterable[PublishedFigure] | None = None, ax: 
     measurements; the text at the right is the share (published / theoretical). Log x axis, since
     NVLink-C2C and PCIe Gen3 differ by more than an order of magnitude.
     """
-    from . import plots
+    from . import plots  # optional/heavy: matplotlib
 
     figs = [f for f in (figures if figures is not None else _cached()) if f.ceiling_gbps]
     ax = ax if ax is not None else plots.new_axes((8.5, 0.32 * len(figs) + 1.4))

@@ -80,7 +80,7 @@ class Record:
 
 def collect_provenance(device: Any = None) -> dict[str, Any]:
     """Hardware and software facts for a result file (see :mod:`helpers.device`)."""
-    from .device import hardware_report
+    from .device import hardware_report  # heavy: torch (this module imports without it)
 
     rep = hardware_report(device)
     return {

@@ -15,6 +15,10 @@ Three tools, one per question:
     h2d, compute, ...) of consecutive steps with host timestamps, and CUDA event
     timestamps for work that runs on the GPU, so timelines can be drawn later.
 
+Two sources of GPU work of a known duration, for experiments that need the GPU busy:
+``GpuDelay(dev)()`` (do-nothing work, ``torch.cuda._sleep``) and ``calibrated_compute(dev, s)``
+(matrix products). Chapter 05's hazards, race checks and overlap measurements use them.
+
 Every result carries its metadata (device, method, threads, mode) so that a
 number never travels without the way it was measured.
 """
@@ -22,6 +26,7 @@ number never travels without the way it was measured.
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -49,6 +54,8 @@ __all__ = [
     "Span",
     "SpanTrace",
     "SpanRecorder",
+    "GpuDelay",
+    "calibrated_compute",
 ]
 
 
@@ -471,3 +478,66 @@ class SpanRecorder:
                 spans.append(Span(name, step, lane, h0, h1, h0, h1, on_gpu=False))
         self._finished = SpanTrace(spans=spans, metadata=dict(self.metadata))
         return self._finished
+
+
+# ---------------------------------------------------------------------------
+# GPU work of a known duration (for overlap and race experiments)
+# ---------------------------------------------------------------------------
+
+
+class GpuDelay:
+    """Queue about ``seconds`` of do-nothing GPU work on the current stream (``torch.cuda._sleep``).
+
+    ``GpuDelay(dev)()`` keeps the GPU busy while the host runs on: chapter 05's hazards and the
+    prefetcher's race checks use it to make a missing synchronisation show. CUDA only.
+    """
+
+    def __init__(self, dev: torch.device, seconds: float = 0.05) -> None:
+        self.dev = dev
+        if hasattr(torch.cuda, "_sleep"):
+            probe = 5_000_000
+            torch.cuda._sleep(probe // 10)
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            torch.cuda._sleep(probe)
+            e.record()
+            torch.cuda.synchronize(dev)
+            per_s = probe / max(s.elapsed_time(e) / 1e3, 1e-6)
+            self.cycles = int(seconds * per_s)
+            self.a = None
+        else:  # pragma: no cover - very old torch
+            self.cycles = 0
+            self.a = torch.randn(2048, 2048, device=dev)
+
+    def __call__(self) -> None:
+        if self.a is None:
+            torch.cuda._sleep(self.cycles)
+        else:  # pragma: no cover
+            for _ in range(20):
+                self.a @ self.a
+
+
+def calibrated_compute(dev: torch.device, target_s: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function of a batch that takes about ``target_s`` of GPU time (matrix products; CUDA only).
+
+    Calibrated once on ``dev``; the function returns ``batch.float().sum()`` plus one element of
+    the product, so its result depends on the batch.
+    """
+    a = torch.randn(2048, 2048, device=dev) / math.sqrt(2048)
+    c = torch.empty_like(a)
+    torch.mm(a, a, out=c)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(5):
+        torch.mm(a, a, out=c)
+    e.record()
+    torch.cuda.synchronize(dev)
+    one = max(s.elapsed_time(e) / 5e3, 1e-6)
+    k = max(1, round(target_s / one))
+
+    def compute(batch: torch.Tensor) -> torch.Tensor:
+        for _ in range(k):
+            torch.mm(a, a, out=c)
+        return batch.float().sum() + c[0, 0]
+
+    return compute

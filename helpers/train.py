@@ -31,7 +31,7 @@ with two PyTorch hooks (``model.register_forward_hook``: ``model(x)`` has return
 ``optimizer.register_step_pre_hook``: ``optimizer.step()`` begins). :func:`step_anatomy` and
 :func:`panel_run` take the reader's ``make_loader``, ``to_device`` and ``train_step`` and run them
 through :func:`record_steps`; without them (the headless benchmark) they use the baseline of chapter 01
-(:func:`baseline_train_step`, a blocking ``Tensor.to``, :func:`helpers.data.make_loader`).
+(:func:`baseline_train_step`, a blocking ``Tensor.to``, :func:`helpers.loaders.timed_loader`).
 
 Public API (stable; later chapters rely on it):
 
@@ -61,8 +61,13 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import torch
 from torch import nn
 
-from .data import TimedCollate, to_float_normalized
+from .config import sized
+from .data import ShapesDataset, TimedCollate, default_sizes, make_shapes_dataset, to_float_normalized
+from .device import pick_device
+from .loaders import timed_loader
+from .models import build_model, check_training_memory, flops_per_sample
 from .progress import scaled
+from .reference import find, provenance_line
 from .timing import SpanRecorder, SpanTrace
 from .validate import check_choice, check_float, check_int
 
@@ -746,7 +751,7 @@ def step_anatomy(
 
     The pipeline is the reader's when given (chapter 01 passes the functions its cells define):
     ``make_loader(dataset, batch_size)``, ``to_device(x, y)``, ``train_step(model, optimizer, x, y)``.
-    Without them (the headless benchmark): :func:`helpers.data.make_loader` (shuffled with ``seed``,
+    Without them (the headless benchmark): :func:`helpers.loaders.timed_loader` (shuffled with ``seed``,
     ``drop_last=True``, ``num_workers`` workers, timed collate), ``transfer`` to ``device``, and
     :func:`baseline_train_step`.
 
@@ -765,13 +770,9 @@ def step_anatomy(
         progress: ``progress(fraction, text)`` (see :mod:`helpers.progress`), told after every step.
         make_loader / to_device / train_step: the reader's pipeline functions (see above).
 
-    The default loader with workers is built by :func:`helpers.data.make_loader`, i.e. by
+    The default loader with workers is built by :func:`helpers.loaders.timed_loader`, i.e. by
     :func:`helpers.loaders.build_loader`, which checks /dev/shm and sets a timeout.
     """
-    from .data import ShapesDataset, make_shapes_dataset
-    from .data import make_loader as helpers_loader
-    from .models import build_model, check_training_memory, flops_per_sample
-
     check_int("batch_size", batch_size, 1, 1024)
     check_int("crop_size", crop_size, 16, 512)
     check_int("steps", steps, 1, 1000)
@@ -797,8 +798,8 @@ def step_anatomy(
         if make_loader is not None:
             loader = make_loader(ds, batch_size)
         else:
-            loader = helpers_loader(ds, batch_size, shuffle=True, seed=seed, num_workers=num_workers, drop_last=True,
-                                    persistent_workers=num_workers > 0)
+            loader = timed_loader(ds, batch_size, shuffle=True, seed=seed, num_workers=num_workers, drop_last=True,
+                                  persistent_workers=num_workers > 0)
         try:
             total = warmup + steps
             report(0.0, f"width {width}: {warmup} untimed warm-up step(s), then {steps} timed")
@@ -858,9 +859,6 @@ def panel_run(
     them with ``functools.partial``), timed by :func:`record_steps`; without them, the baseline of
     :func:`step_anatomy`.
     """
-    from .config import sized
-    from .device import pick_device
-
     report = progress or _no_progress
     report(0.1, "building data set, loader and model")
     dev = torch.device(device) if device is not None else pick_device()
@@ -895,7 +893,7 @@ def _run_label(rec: Any) -> str:
 
 def panel_plot(history: list[Any], ax: Any) -> None:
     """Stacked phase bars of every panel run so far, with the measured step time as a black tick."""
-    from .plots import stacked_phases
+    from .plots import stacked_phases  # optional/heavy: matplotlib
 
     data = {_run_label(rec): rec.result.phase_means for rec in history}
     stacked_phases(data, ax, title="Baseline step by phase, one bar per run", unit="ms")
@@ -941,10 +939,6 @@ def benchmark(
 
     On the CPU it measures too (the h2d phase is then a no-op). Returns ``results``.
     """
-    from .config import sized
-    from .data import default_sizes
-    from .device import pick_device
-
     dev = torch.device(device) if device is not None else pick_device()
     sizes = default_sizes()
     n_steps = check_int("steps", steps, 1, 1000) if steps is not None else sized(6, 20)
@@ -991,8 +985,6 @@ def reference_anatomy() -> ReferenceAnatomy | None:
     Only reference files recorded on a CUDA GPU count (see :mod:`helpers.reference`);
     nothing is ever made up: no file, no result.
     """
-    from .reference import find, provenance_line
-
     for rs, recs in find("ch01.step.phase_time"):
         if not rs.hardware.get("gpu_name"):
             continue

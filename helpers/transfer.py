@@ -44,7 +44,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from .config import sized
+from . import reference
+from .config import require_gpu, sized
+from .device import intraop_threads, wrap
+from .timing import measure, summarize
 from .validate import check_choice, check_float, check_int, human_bytes, human_seconds
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -150,8 +153,6 @@ class Unavailable:
     available: bool = field(default=False, init=False)
 
     def __str__(self) -> str:
-        from .device import wrap
-
         return wrap(f"{self.what}: not measured here. {self.reason}")
 
     def __bool__(self) -> bool:  # `if result:` reads naturally
@@ -564,8 +565,6 @@ def pinning_status() -> tuple[bool, str]:
         del t
         return ok, "tensor.pin_memory() works here: the driver page-locked the buffer."
     except RuntimeError as exc:
-        from .config import require_gpu
-
         if require_gpu():  # a strict GPU run must see a pinning failure, not a fallback message
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -607,8 +606,6 @@ def measure_host_copy(
     and for a large copy the number of timed blocks is cut (to at least 3) so the
     measurement takes about ``max_seconds`` at most.
     """
-    from .timing import measure
-
     nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
     dtype = check_choice("dtype", dtype, DTYPES)
     check_host_bytes("nbytes", 2 * nbytes, what=f"a host copy of {human_bytes(nbytes)} (source and destination)")
@@ -747,7 +744,6 @@ def measure_copy(
     finally:
         torch.cuda.synchronize(dev)
         del dst, src
-    from .timing import summarize
 
     t = summarize(what, times)
     return TransferPoint(
@@ -797,8 +793,6 @@ def transfer_sweep(
 
 
 def _gpu_name(dev: torch.device) -> str:
-    from .config import require_gpu
-
     try:
         return torch.cuda.get_device_name(dev)
     except Exception:  # pragma: no cover - only on odd drivers
@@ -906,7 +900,6 @@ def sweep(
         if ok:
             torch.cuda.synchronize(dev)
             torch.cuda.empty_cache()  # device copies back to the driver; pinned blocks stay cached
-    from .timing import summarize
 
     how = (f"{name}(), yours: {rounds} alternating rounds x {reps} timed copies, median"
            + ("" if ok else "; no CUDA device here, so a host memcpy (CPU→CPU), not a GPU copy"))
@@ -1434,8 +1427,6 @@ def reference_sweeps() -> ReferenceSweeps | Unavailable:
     recorded it). Returns :class:`Unavailable` with the plain 'none recorded yet'
     message when no reference file holds chapter 02's sweeps.
     """
-    from . import reference
-
     hits = reference.find("ch02.copy_time")
     if not hits:
         return Unavailable("reference copy sweeps", reference.missing_message("chapter 02's copy sweeps (ch02.copy_time)"))
@@ -1493,7 +1484,7 @@ def plot_sweeps(
         fits: also draw each curve's fitted ``latency + bytes / bandwidth`` model, dotted.
         points: extra single points ``(point, label)``, e.g. the live panel's runs, drawn as stars.
     """
-    from . import plots
+    from . import plots  # optional/heavy: matplotlib
 
     series: dict[str, tuple[list[float], list[float]]] = {}
     styles: dict[str, dict[str, Any]] = {}
@@ -1622,13 +1613,10 @@ def panel_measure(
 def _point_from_fn(copy_fn: CopyFn, nbytes: int, dtype: str, dev: torch.device, memory: str, repeats: int,
                    *, pin_share: float = DEFAULT_PIN_SHARE) -> TransferPoint:
     """One call of ``copy_fn`` on a host tensor of ``nbytes`` bytes of ``dtype``, as a point."""
-    from .timing import summarize
-
     gpu = dev.type == "cuda"
     check_host_bytes("nbytes", 2 * nbytes, what=f"a source of {human_bytes(nbytes)} and one copy of it")
     if gpu and memory == "pinned":
         check_pin_size(nbytes, share=pin_share)
-    from .device import intraop_threads
 
     src = torch.ones(_numel(nbytes, dtype), dtype=DTYPES[dtype])
     try:  # a host memcpy on one thread, as the driver stages a pageable copy and as the chapter's sweep runs
@@ -1679,7 +1667,7 @@ def pin_cost_table(rows: Sequence[PinCost]) -> str:
 
 def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | None = None) -> Any:
     """Time of pinning (cold, cached) vs time one pinned copy saves, against size (log-log)."""
-    from . import plots
+    from . import plots  # optional/heavy: matplotlib
 
     sizes = [r.nbytes for r in rows]
     series = {
@@ -1701,7 +1689,7 @@ def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | Non
 
 def plot_speedup(pairs: dict[str, list[tuple[int, float]]], ax: Any = None, *, source: str | None = None) -> Any:
     """pageable/pinned time ratio per size, with the claimed 1.3-1.5 band shaded."""
-    from . import plots
+    from . import plots  # optional/heavy: matplotlib
 
     series = {f"{name}: pageable time / pinned time": ([n for n, _ in v], [r for _, r in v]) for name, v in pairs.items()}
     ax = plots.sweep(series, ax, xlabel="copy size (bytes, log scale)", ylabel="speed-up of pinned (x)",

@@ -201,4 +201,4 @@ def test_chapter_01_runs_and_times_its_own_cells() -> None:
     assert "train.record_steps(train_loader, to_device, train_step, model, optimizer" in code
     assert "PIPELINE = dict(make_loader=make_loader, to_device=to_device, train_step=train_step)" in code
     assert "**PIPELINE)" in code and "functools.partial(train.panel_run, **PIPELINE)" in code
-    assert "train_epoch" not in code and "data.make_loader" not in code
+    assert "train_epoch" not in code and "timed_loader" not in code

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torchvision.datasets import ImageFolder
 
-from helpers import data
+from helpers import data, loaders
 
 TINY = dict(n_train=24, n_val=12, image_size=32, num_classes=4, seed=3)
 
@@ -327,11 +327,11 @@ def test_loader_is_reproducible(tiny: data.DatasetInfo) -> None:
 
     def labels(seed: int) -> list[int]:
         torch.manual_seed(0)
-        return [int(t) for _, y in data.make_loader(ds, 8, seed=seed) for t in y]
+        return [int(t) for _, y in loaders.timed_loader(ds, 8, seed=seed) for t in y]
 
     assert labels(1) == labels(1)
     assert sorted(labels(1)) == sorted(ds.targets)
-    loader = data.make_loader(ds, 8)
+    loader = loaders.timed_loader(ds, 8)
     assert isinstance(loader.collate_fn, data.TimedCollate)
     next(iter(loader))
     assert loader.collate_fn.last is not None
@@ -351,7 +351,7 @@ def test_dataset_pickles(tiny: data.DatasetInfo) -> None:
 @pytest.mark.parametrize("context", ["spawn"])
 def test_workers_with_spawn(tiny: data.DatasetInfo, context: str) -> None:
     ds = data.ShapesDataset(tiny.train_dir, crop_size=16)
-    loader = data.make_loader(ds, 6, num_workers=1, multiprocessing_context=context)
+    loader = loaders.timed_loader(ds, 6, num_workers=1, multiprocessing_context=context)
     batches = list(loader)
     assert sum(len(y) for _, y in batches) == len(ds)
     assert batches[0][0].shape == (6, 3, 16, 16)
@@ -362,7 +362,7 @@ def test_worker_error_names_the_file(tiny: data.DatasetInfo, tmp_path: Path) -> 
     ds = data.ShapesDataset(root, crop_size=16)
     bad = Path(ds.samples[0][0])
     bad.write_bytes(b"garbage")
-    loader = data.make_loader(ds, 4, shuffle=False, num_workers=1)
+    loader = loaders.timed_loader(ds, 4, shuffle=False, num_workers=1)
     with pytest.raises(data.ImageDecodeError, match=bad.name):
         list(loader)
 
@@ -376,16 +376,16 @@ def test_parallel_generation_gives_identical_files(tmp_path: Path) -> None:
     assert data.verify_dataset(two.root, "full") == []
 
 
-def test_make_loader_is_build_loader_with_validated_knobs():
+def test_timed_loader_is_build_loader_with_validated_knobs():
     from helpers import loaders
 
     ds = loaders.CheapDataset(16, 4)
-    loader = data.make_loader(ds, 4, shuffle=False)
+    loader = loaders.timed_loader(ds, 4, shuffle=False)
     assert isinstance(loader.collate_fn, data.TimedCollate) and hasattr(loader, "_workbook_warnings")
     with pytest.raises(ValueError, match="prefetch_factor"):
-        data.make_loader(ds, 4, prefetch_factor=2)            # needs workers
+        loaders.timed_loader(ds, 4, prefetch_factor=2)            # needs workers
     with pytest.raises(ValueError, match="unknown loader knob"):
-        data.make_loader(ds, 4, workers=2)
+        loaders.timed_loader(ds, 4, workers=2)
     with pytest.raises(ValueError, match="shuffle=False"):
-        data.make_loader(ds, 4, sampler=range(16))
-    assert [int(t) for _, y in data.make_loader(ds, 4, shuffle=False, sampler=list(range(15, -1, -1))) for t in y][:2] == [ds[15][1], ds[14][1]]
+        loaders.timed_loader(ds, 4, sampler=range(16))
+    assert [int(t) for _, y in loaders.timed_loader(ds, 4, shuffle=False, sampler=list(range(15, -1, -1))) for t in y][:2] == [ds[15][1], ds[14][1]]

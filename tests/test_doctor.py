@@ -143,9 +143,7 @@ def _broken_cuda(*args, **kwargs):
 
 
 def test_pinned_probe_falls_back_only_outside_a_strict_gpu_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    import helpers.prefetch as P
-
-    monkeypatch.setattr(P, "map_tensors", _broken_cuda)
+    monkeypatch.setattr(D, "map_tensors", _broken_cuda)  # doctor's name for helpers.prefetch.map_tensors
     batch = (torch.zeros(2, 3, 4, 4), torch.zeros(2, dtype=torch.long))
     cuda = torch.device("cuda")
     monkeypatch.delenv("WORKBOOK_REQUIRE_GPU", raising=False)

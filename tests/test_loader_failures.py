@@ -194,9 +194,7 @@ def test_every_worker_loader_gets_a_timeout() -> None:
     assert L.build_loader(L.CheapDataset(8, 4), num_workers=1).timeout == L.WORKER_TIMEOUT_S
     assert L.build_loader(L.CheapDataset(8, 4), num_workers=1, timeout=7.0).timeout == 7.0
     assert L.build_loader(L.CheapDataset(8, 4)).timeout == 0
-    from helpers import data
-
-    assert data.make_loader(L.CheapDataset(8, 4), 4, num_workers=1).timeout == L.WORKER_TIMEOUT_S
+    assert L.timed_loader(L.CheapDataset(8, 4), 4, num_workers=1).timeout == L.WORKER_TIMEOUT_S
 
 
 class _Pause:
@@ -260,8 +258,6 @@ def test_explain_loader_error_knows_torchs_messages() -> None:
 
 
 def test_shm_is_checked_where_every_worker_loader_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
-    from helpers import data
-
     class Usage:
         total, used, free = 64 << 20, 63 << 20, 1 << 20
 
@@ -270,7 +266,7 @@ def test_shm_is_checked_where_every_worker_loader_is_built(monkeypatch: pytest.M
     with pytest.raises(ValueError, match="--shm-size"):
         L.build_loader(ds, batch_size=256, num_workers=2)
     with pytest.raises(ValueError, match="/dev/shm"):
-        data.make_loader(ds, 256, num_workers=2)
+        L.timed_loader(ds, 256, num_workers=2)
     with pytest.raises(ValueError, match="/dev/shm"):
         L.interleaved_speedup(ds, 2, rounds=1, batches=1, batch_size=256, warmup=0)
     L.build_loader(ds, batch_size=256)  # no workers: nothing goes through /dev/shm
@@ -403,11 +399,9 @@ def test_panel_runner_refuses_non_bool_persistent() -> None:
 
 
 @pytest.mark.parametrize("bad", [3, "default"])
-def test_make_loader_refuses_a_collate_fn_that_is_not_callable(bad: Any) -> None:
-    from helpers import data
-
+def test_timed_loader_refuses_a_collate_fn_that_is_not_callable(bad: Any) -> None:
     with pytest.raises(ValueError, match="collate_fn"):
-        data.make_loader(L.CheapDataset(8, 4), 4, collate_fn=bad)
+        L.timed_loader(L.CheapDataset(8, 4), 4, collate_fn=bad)
     with pytest.raises(ValueError, match="collate_fn"):
         L.build_loader(L.CheapDataset(8, 4), collate_fn=bad)
     with pytest.raises(ValueError, match="worker_init_fn"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import data, models, train
+from helpers import data, loaders, models, train
 from helpers.timing import SpanRecorder
 
 TINY = dict(n_train=48, n_val=24, image_size=32, num_classes=4, seed=5)
@@ -18,7 +18,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> data.DatasetInfo:
 
 def _setup(info: data.DatasetInfo, output: str = "float") -> tuple:
     ds = data.ShapesDataset(info.train_dir, crop_size=24, output=output)
-    loader = data.make_loader(ds, 8, seed=0)
+    loader = loaders.timed_loader(ds, 8, seed=0)
     model = models.build_model(width=4, depth=2, num_classes=4)
     return loader, model, train.make_optimizer(model)
 
@@ -72,7 +72,7 @@ def test_custom_transfer_and_no_recorder(tiny: data.DatasetInfo) -> None:
 
 def test_workers_record_load_without_collate(tiny: data.DatasetInfo) -> None:
     ds = data.ShapesDataset(tiny.train_dir, crop_size=16)
-    loader = data.make_loader(ds, 8, num_workers=1)
+    loader = loaders.timed_loader(ds, 8, num_workers=1)
     model = models.build_model(width=4, depth=2, num_classes=4)
     rec = SpanRecorder("cpu")
     train.train_epoch(model, loader, "cpu", train.make_optimizer(model), recorder=rec, max_steps=2)
@@ -81,13 +81,13 @@ def test_workers_record_load_without_collate(tiny: data.DatasetInfo) -> None:
 
 def test_evaluate(tiny: data.DatasetInfo) -> None:
     ds = data.ShapesDataset(tiny.val_dir, crop_size=24, augment=False)
-    loader = data.make_loader(ds, 10, shuffle=False)
+    loader = loaders.timed_loader(ds, 10, shuffle=False)
     model = models.build_model(width=4, depth=2, num_classes=4)
     model.train()
     acc = train.evaluate(model, loader, "cpu")
     assert 0.0 <= acc <= 1.0 and model.training
     assert train.evaluate(model, loader, "cpu") == acc  # deterministic
-    u = data.make_loader(data.ShapesDataset(tiny.val_dir, crop_size=24, augment=False, output="uint8"), 10, shuffle=False)
+    u = loaders.timed_loader(data.ShapesDataset(tiny.val_dir, crop_size=24, augment=False, output="uint8"), 10, shuffle=False)
     assert train.evaluate(model, u, "cpu") == pytest.approx(acc)
     with pytest.raises(ValueError, match="no samples"):
         train.evaluate(model, [], "cpu")
@@ -217,7 +217,7 @@ def test_benchmark_records(tiny: data.DatasetInfo, tmp_path, monkeypatch: pytest
     from helpers.results import ResultSet
 
     monkeypatch.setattr(train, "step_anatomy", _tiny_anatomy(tiny))
-    monkeypatch.setattr(data, "default_sizes", _tiny_sizes)
+    monkeypatch.setattr(train, "default_sizes", _tiny_sizes)  # the name train.benchmark looks up
     rs = ResultSet.new("test", "unit test", device="cpu")
     train.benchmark(rs, "cpu", widths=(4,), steps=2, warmup=0)
     phases = {r.params["phase"] for r in rs.find("ch01.step.phase_time")}
@@ -244,8 +244,8 @@ def test_baseline_learns_above_chance(tmp_path) -> None:
     """The chapter-01 recipe (quick sizes, seed 0) must beat chance clearly; later chapters rely on it."""
     info = data.make_shapes_dataset(root=tmp_path, n_train=640, n_val=256, image_size=80, num_classes=6, seed=0)
     torch.manual_seed(0)
-    train_loader = data.make_loader(data.ShapesDataset(info.train_dir, crop_size=64), 32, seed=0)
-    val_loader = data.make_loader(data.ShapesDataset(info.val_dir, crop_size=64, augment=False), 64, shuffle=False)
+    train_loader = loaders.timed_loader(data.ShapesDataset(info.train_dir, crop_size=64), 32, seed=0)
+    val_loader = loaders.timed_loader(data.ShapesDataset(info.val_dir, crop_size=64, augment=False), 64, shuffle=False)
     model = models.build_model(width=16, depth=3, num_classes=6, seed=0)
     history = train.fit(model, train_loader, val_loader, "cpu", epochs=4)
     chance = 1 / 6

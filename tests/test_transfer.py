@@ -407,7 +407,7 @@ def test_measure_host_copy_cuts_blocks_for_slow_copies(monkeypatch):
         return real(fn, **kw)
 
     ticks = iter(range(1000))
-    monkeypatch.setattr("helpers.timing.measure", spy)
+    monkeypatch.setattr(T, "measure", spy)  # the name transfer looks up
     monkeypatch.setattr(T, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))  # 1 s per copy
     T.measure_host_copy(64 * KiB, min_run_time=0.01, max_seconds=60.0)
     assert seen["blocks"] == 15

@@ -1,0 +1,220 @@
+"""The helpers package has layers, and its imports form no cycle.
+
+Every ``helpers/*.py`` is parsed (nothing is imported) and each import of a sibling module is an
+edge: ``from .x import y``, ``from . import x``, ``from helpers.x import y``, ``import helpers.x``,
+at module level and inside functions alike (an import inside a function is still a dependency; it
+only runs later). Imports by name at run time (``importlib.import_module("helpers.x")``, as
+``helpers.bench`` does for the chapters) are not edges: only ``tools`` modules do that.
+
+A module may import modules of its own layer and of the layers below it, never above.
+A new module must be placed in :data:`LAYERS` (and in the table in docs/CONTRIBUTING.md).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HELPERS = ROOT / "helpers"
+
+#: Lowest layer first. Keep in step with the "Layers" table in docs/CONTRIBUTING.md.
+LAYERS: dict[str, tuple[str, ...]] = {
+    # settings, checks, hardware facts, timers, result files: no plots, no chapters
+    "core": ("config", "validate", "progress", "device", "timing", "results", "reference"),
+    # what the reader sees: plots, widgets, exercise checks, code-cell diffs, published figures
+    # (published draws its figures with plots, so it sits here rather than in core)
+    "ui": ("plots", "widgets", "exercises", "codecells", "published"),
+    # the pipeline the chapters build and measure: data, model, loaders, copies, prefetch, overlap
+    "pipeline": ("data", "models", "loaders", "train", "transfer", "prefetch", "overlap", "gpudecode", "hygiene"),
+    # chapters 06-07 put the pipeline together
+    "chapters": ("capstone", "doctor", "distributed", "ddp_train"),
+    # command-line tools over everything
+    "tools": ("bench", "gpucheck"),
+}
+
+#: Imports allowed to go up a layer: (importer, imported) -> why. Empty, and it should stay so.
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
+
+RANK = {mod: i for i, mods in enumerate(LAYERS.values()) for mod in mods}
+LAYER_OF = {mod: name for name, mods in LAYERS.items() for mod in mods}
+
+
+def _modules() -> list[str]:
+    return sorted(p.stem for p in HELPERS.glob("*.py") if p.stem != "__init__")
+
+
+def _targets(node: ast.AST, module: str) -> list[str]:
+    """The helpers modules an import statement names (empty for any other import)."""
+    if isinstance(node, ast.ImportFrom):
+        if node.level == 1:
+            return [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
+        if node.level == 0 and node.module and node.module.split(".")[0] == "helpers":
+            parts = node.module.split(".")
+            return [parts[1]] if len(parts) > 1 else [a.name for a in node.names]
+        if node.level > 1:
+            raise AssertionError(f"helpers/{module}.py:{node.lineno}: an import above the package")
+    if isinstance(node, ast.Import):
+        return [a.name.split(".")[1] for a in node.names if a.name.startswith("helpers.")]
+    return []
+
+
+def _imports(module: str) -> list[tuple[str, int, bool]]:
+    """(imported module, line, inside a function) for each sibling import of ``module``."""
+    tree = ast.parse((HELPERS / f"{module}.py").read_text(encoding="utf-8"))
+    out: list[tuple[str, int, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            for target in _targets(child, module):
+                if target != module:
+                    out.append((target, child.lineno, in_function))
+            visit(child, inner)
+
+    visit(tree, False)
+    return out
+
+
+def _graph() -> dict[str, dict[str, list[int]]]:
+    """importer -> imported -> lines."""
+    graph: dict[str, dict[str, list[int]]] = {}
+    for mod in _modules():
+        graph[mod] = {}
+        for target, line, _ in _imports(mod):
+            graph[mod].setdefault(target, []).append(line)
+    return graph
+
+
+def _cycles(graph: dict[str, dict[str, list[int]]]) -> list[list[str]]:
+    """One cycle (as a path a -> ... -> a) through each strongly connected group of modules."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def strong(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    cycles = []
+    for group in groups:  # a shortest way back to the start, within the group
+        start, members = group[0], set(group)
+        paths = {start: [start]}
+        frontier = [start]
+        found = None
+        while frontier and found is None:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph.get(v, {})):
+                    if w == start:
+                        found = paths[v] + [start]
+                        break
+                    if w in members and w not in paths:
+                        paths[w] = paths[v] + [w]
+                        nxt.append(w)
+                if found:
+                    break
+            frontier = nxt
+        cycles.append(found or group)
+    return cycles
+
+
+def _describe(path: list[str], graph: dict[str, dict[str, list[int]]]) -> str:
+    return " -> ".join(path) + "  (" + "; ".join(
+        f"helpers/{a}.py:{','.join(map(str, graph[a][b]))} imports {b}" for a, b in zip(path, path[1:])) + ")"
+
+
+def test_the_graph_sees_module_level_and_function_level_imports() -> None:
+    edges = _imports("capstone")
+    assert any(t == "timing" and not inner for t, _, inner in edges)
+    assert any(t == "plots" and inner for t, _, inner in edges)  # matplotlib: imported where it is drawn
+    assert _cycles({"a": {"b": [1]}, "b": {"c": [2]}, "c": {"a": [3]}, "d": {"a": [4]}}) == [["a", "b", "c", "a"]]
+
+
+def test_no_import_cycles() -> None:
+    graph = _graph()
+    cycles = _cycles(graph)
+    for c in cycles:
+        print("import cycle:", _describe(c, graph))
+    assert not cycles, "import cycles in helpers/:\n" + "\n".join(_describe(c, graph) for c in cycles)
+
+
+def test_every_module_is_in_exactly_one_layer() -> None:
+    placed = [m for mods in LAYERS.values() for m in mods]
+    assert len(placed) == len(set(placed)), "a module is listed in two layers"
+    unmapped = sorted(set(_modules()) - set(placed))
+    assert not unmapped, (f"helpers modules with no layer: {unmapped}. Place each in LAYERS in "
+                          "tests/test_layers.py (and in the Layers table of docs/CONTRIBUTING.md)")
+    stale = sorted(set(placed) - set(_modules()))
+    assert not stale, f"LAYERS names modules that do not exist: {stale}"
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    graph = _graph()
+    upward = []
+    for a, targets in sorted(graph.items()):
+        for b, lines in sorted(targets.items()):
+            if a in RANK and b in RANK and RANK[b] > RANK[a] and (a, b) not in ALLOWED_UPWARD:
+                upward.append(f"helpers/{a}.py:{','.join(map(str, lines))} ({LAYER_OF[a]}) imports {b} "
+                              f"({LAYER_OF[b]})")
+    for line in upward:
+        print("upward import:", line)
+    assert not upward, ("imports that go up a layer (order: " + " < ".join(LAYERS) + "):\n" + "\n".join(upward))
+    stale = [edge for edge in ALLOWED_UPWARD if edge[1] not in graph.get(edge[0], {})]
+    assert not stale, f"ALLOWED_UPWARD lists imports that no longer exist: {stale}"
+
+
+def test_each_import_left_inside_a_function_says_why() -> None:
+    """Sibling imports go at module level; one left in a function carries a comment (heavy, optional, cycle)."""
+    silent = []
+    for mod in _modules():
+        lines = (HELPERS / f"{mod}.py").read_text(encoding="utf-8").splitlines()
+        tree = ast.parse("\n".join(lines))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for inner in ast.walk(node):
+                    if _targets(inner, mod) and "#" not in lines[inner.end_lineno - 1]:  # type: ignore[attr-defined]
+                        silent.append(f"helpers/{mod}.py:{inner.lineno}: {lines[inner.lineno - 1].strip()}")
+    assert not silent, ("imports inside functions without a reason (move them to the top, or add a comment "
+                        "such as '# optional/heavy: matplotlib' or '# avoids a cycle with x'):\n"
+                        + "\n".join(sorted(set(silent))))
+
+
+def test_the_package_init_imports_no_module() -> None:
+    tree = ast.parse((HELPERS / "__init__.py").read_text(encoding="utf-8"))
+    assert not [n for n in ast.walk(tree) if _targets(n, "__init__")], "importing helpers must stay cheap"
+
+
+def test_contributing_lists_the_same_layers() -> None:
+    text = (ROOT / "docs" / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if len(cells) >= 3 and cells[0] in LAYERS:
+            rows[cells[0]] = set(re.findall(r"`([a-z_0-9]+)`", cells[1]))
+    assert list(rows) == list(LAYERS), "docs/CONTRIBUTING.md needs a Layers table with one row per layer, in order"
+    for layer, mods in LAYERS.items():
+        assert rows[layer] == set(mods), f"docs/CONTRIBUTING.md, layer {layer}: {sorted(rows[layer])} != {sorted(mods)}"
