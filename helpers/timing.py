@@ -22,12 +22,11 @@ number never travels without the way it was measured.
 from __future__ import annotations
 
 import contextlib
+import logging
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
-
-import logging
 
 import torch
 

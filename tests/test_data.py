@@ -388,4 +388,6 @@ def test_make_loader_is_build_loader_with_validated_knobs():
         data.make_loader(ds, 4, workers=2)
     with pytest.raises(ValueError, match="shuffle=False"):
         data.make_loader(ds, 4, sampler=range(16))
-    assert [int(t) for _, y in data.make_loader(ds, 4, shuffle=False, sampler=list(range(15, -1, -1))) for t in y][:2] == [ds[15][1], ds[14][1]]
+    assert [int(t) for _, y in data.make_loader(ds, 4, shuffle=False, sampler=list(range(15, -1, -1))) for t in y][
+        :2
+    ] == [ds[15][1], ds[14][1]]
