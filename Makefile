@@ -12,12 +12,13 @@ NB_TIMEOUT ?= 300
 # JupyterLab refuses to start as root unless told; containers often run as root.
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: setup lab test test-fast test-unit test-notebooks test-browser bench gpu-check clean help
+.PHONY: setup lab test test-fast lint test-unit test-notebooks test-browser bench gpu-check clean help
 
 help:
 	@echo "make lab         set up .venv and open the workbook in JupyterLab"
 	@echo "make test        set up .venv and run every test (quick mode)"
-	@echo "make test-fast   unit tests only (no notebooks, no browser)"
+	@echo "make test-fast   lint + unit tests (no notebooks, no browser)"
+	@echo "make lint        ruff over the code and the notebooks, mypy over helpers/ (seconds)"
 	@echo "make test-notebooks  every notebook under nbval, quick mode"
 	@echo "make test-browser    every chapter in JupyterLab + headless Chromium (installs Debian's chromium)"
 	@echo "make bench       every chapter's measurements headless -> artifacts/bench-*.json + .png (BENCH_ARGS=--quick)"
@@ -41,11 +42,18 @@ lab: setup
 		--ip=127.0.0.1 --port=$(PORT) $(ROOT_FLAG) $(LAB_ARGS)
 
 test: setup
+	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory test-unit
 	$(MAKE) --no-print-directory test-notebooks
 	$(MAKE) --no-print-directory test-browser
 
-test-fast: setup test-unit
+test-fast: setup lint test-unit
+
+# Lint (pyproject.toml: [tool.ruff], [tool.mypy]): ruff checks every .py file and every notebook;
+# mypy type-checks helpers/ (the package ships py.typed).
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/python -m mypy
 
 test-unit: setup
 	WORKBOOK_QUICK=1 $(BIN)/python -m pytest -q tests -m "not browser"
@@ -72,4 +80,4 @@ gpu-check: setup
 	$(BIN)/python -m helpers.gpucheck --steps $(GPUCHECK_STEPS) $(GPUCHECK_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache artifacts data-cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache artifacts data-cache

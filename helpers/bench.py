@@ -72,7 +72,10 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Sequence
+
+if TYPE_CHECKING:
+    from .results import ResultSet
 
 __all__ = [
     "REQUIRE_GPU_ENV",
@@ -99,6 +102,7 @@ __all__ = [
 #: Environment variable for strict GPU runs. When it is 1, the bench requires CUDA, and chapters
 #: raise in a GPU path instead of quietly falling back (see docs/GPU-CHECK.md).
 from .config import REQUIRE_GPU_ENV  # noqa: E402
+
 #: Optional: the git commit of the checkout, for machines whose copy of the tree has no .git folder.
 COMMIT_ENV = "WORKBOOK_GIT_COMMIT"
 
@@ -106,13 +110,17 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
 
-from .config import require_gpu  # noqa: E402  (re-exported: the flag lives in helpers.config)
+from .config import (  # noqa: E402
+    artifacts_dir,
+    mode_name,
+    quick_mode,
+    require_gpu,  # noqa: E402  (re-exported: the flag lives in helpers.config)
+    size_tier,
+)
 from .progress import TqdmProgress  # noqa: E402
-from .config import artifacts_dir, mode_name, quick_mode, size_tier  # noqa: E402
 from .reference import missing_message, provenance_line, reference_dir, references  # noqa: E402
 from .results import ResultSet, comparable, compare, flag_lines  # noqa: E402
 from .validate import human_bytes  # noqa: E402
-
 
 # ---------------------------------------------------------------------------
 # Chapters
@@ -359,6 +367,8 @@ def run_benchmarks(
     """
     from tqdm import tqdm
 
+    from .results import flag_lines
+
     say = log or (lambda s: tqdm.write(s, file=sys.stderr))
     outcomes: list[ChapterOutcome] = [] if into is None else into
     bar = tqdm(total=len(chapters), desc="bench", unit="chapter", disable=not progress, file=sys.stderr,
@@ -529,9 +539,9 @@ class _LiveCounter:
             self.bar.set_postfix_str(f"{self.label}: {self.n} records, last {getattr(rec, 'key', '?')}")
 
 
-def _live_result_set_class() -> type:
+def _live_result_set_class() -> type[ResultSet]:
     """A ResultSet whose ``add`` also calls an optional ``_on_add`` hook (for progress)."""
-    class LiveResultSet(ResultSet):  # type: ignore[misc, valid-type]
+    class LiveResultSet(ResultSet):
         _on_add: Callable[[Any], None] | None = None
 
         def add(self, *args: Any, **kwargs: Any) -> Any:
@@ -710,8 +720,8 @@ def _varying_labels(recs: Sequence[Any]) -> list[str]:
     out = []
     for r in recs:
         p = _params(r)
-        shown = ", ".join(f"{k}={p.get(k)}" for k in varying[r.key][:3])
-        label = f"{r.key[5:]} ({shown})" if shown else r.key[5:]
+        shown_text = ", ".join(f"{k}={p.get(k)}" for k in varying[r.key][:3])
+        label = f"{r.key[5:]} ({shown_text})" if shown_text else r.key[5:]
         inactive = _inactive_settings(p)
         if inactive:
             label += " [no effect]"
@@ -772,9 +782,9 @@ def _panel_bandwidth(rs: Any) -> tuple[str, Callable[[Any], None]] | str:
         ceiling = (float(report["link_bandwidth_gbps"]), f"{desc.split(' (')[0]}: theoretical ceiling")
 
     def draw(ax: Any) -> None:
-        from .plots import sweep  # optional/heavy: matplotlib
+        from matplotlib.ticker import FuncFormatter, NullLocator  # optional/heavy: matplotlib
 
-        from matplotlib.ticker import FuncFormatter, NullLocator
+        from .plots import sweep  # optional/heavy: matplotlib
 
         sweep(series, ax, xlabel="transfer size", ylabel="bandwidth (GB/s, log scale)",
               title="ch02 · bandwidth by size and direction", ceiling=ceiling)
@@ -1030,8 +1040,8 @@ def summary_figure(rs: Any, path: str | Path) -> tuple[Path, list[str], list[str
         flag_text = ["FLAGGED as impossible or contradictory (red bars marked '!'):"]
         for item in flags:
             flag_text += textwrap.wrap(item, 150, initial_indent="  ! ", subsequent_indent="    ")
-    foot.text(0.0, 1.0, "\n".join([" "] * len(flag_text) + ([""] if flag_text else []) + lines), va="top", ha="left", fontsize=8,
-              family="monospace", transform=foot.transAxes)
+    foot.text(0.0, 1.0, "\n".join([" "] * len(flag_text) + ([""] if flag_text else []) + lines), va="top", ha="left",
+              fontsize=8, family="monospace", transform=foot.transAxes)
     if flags:
         foot.text(0.0, 1.0, "\n".join(flag_text), va="top", ha="left", fontsize=8, family="monospace",
                   color="#c0392b", transform=foot.transAxes)
@@ -1127,7 +1137,9 @@ def _cell_ceiling(rs: Any) -> str:
     rep = rs.provenance.get("report", {}) if isinstance(rs.provenance, dict) else {}
     if rep.get("link_bandwidth_gbps"):
         desc = (rep.get("link_description") or "").split(" (")[0]
-        return f"{float(rep['link_bandwidth_gbps']):.1f} ({desc})" if desc else f"{float(rep['link_bandwidth_gbps']):.1f}"
+        return (
+            f"{float(rep['link_bandwidth_gbps']):.1f} ({desc})" if desc else f"{float(rep['link_bandwidth_gbps']):.1f}"
+        )
     return "not reported"
 
 
@@ -1153,10 +1165,13 @@ def readme_table(sets: Sequence[Any] | None = None) -> str:
     rows = [header]
     for rs in sets:
         p = rs.provenance if isinstance(rs.provenance, dict) else {}
-        versions = f"{p.get('torch_version') or '?'} / {p.get('cuda_runtime_version') or '?'} / {p.get('driver_version') or '?'}"
+        versions = (f"{p.get('torch_version') or '?'} / {p.get('cuda_runtime_version') or '?'} / "
+                    f"{p.get('driver_version') or '?'}")
         rows.append(
-            f"| {rs.hardware.get('gpu_name') or 'no GPU'} | {rs.created[:16].replace('T', ' ')} | {rs.mode} | {versions} "
-            f"| {_cell_fit(rs, 'h2d', 'pinned')} | {_cell_best(rs, 'h2d', 'pinned')} | {_cell_fit(rs, 'h2d', 'pageable')} "
+            f"| {rs.hardware.get('gpu_name') or 'no GPU'} | {rs.created[:16].replace('T', ' ')} | {rs.mode} "
+            f"| {versions} "
+            f"| {_cell_fit(rs, 'h2d', 'pinned')} | {_cell_best(rs, 'h2d', 'pinned')} "
+            f"| {_cell_fit(rs, 'h2d', 'pageable')} "
             f"| {_cell_fit(rs, 'd2h', 'pinned')} | {_cell_fit(rs, 'd2h', 'pageable')} | {_cell_latency(rs)} "
             f"| {_cell_pin(rs)} | {_cell_waterfall(rs)} | ‖ | {_cell_ceiling(rs)} |"
         )
@@ -1234,7 +1249,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="also save the results as a reference file helpers/reference/<gpu>-<date>.json "
                     "(needs CUDA and full mode)")
     ap.add_argument("--strict", action="store_true",
-                    help=f"strict GPU run: require CUDA, a chapter that records nothing fails (also {REQUIRE_GPU_ENV}=1)")
+                    help="strict GPU run: require CUDA, a chapter that records nothing fails "
+                         f"(also {REQUIRE_GPU_ENV}=1)")
     ap.add_argument("--budget-s", type=float, metavar="S", help="time budget: each chapter may run for its share "
                     "of the time left and is stopped (marked 'timed out', partial file kept) when it outruns it")
     ap.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -1249,7 +1265,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--readme-table", action="store_true",
                     help="print the README tables (measured reference figures from the committed reference files, "
                     "then the theoretical link ceilings)")
-    ap.add_argument("--update", metavar="FILE", help="with --readme-table: replace the table between the markers in FILE")
+    ap.add_argument(
+        "--update", metavar="FILE", help="with --readme-table: replace the table between the markers in FILE"
+    )
     return ap
 
 
@@ -1263,7 +1281,7 @@ def run(
     chapters: Sequence[Chapter] = CHAPTERS,
     device: Any = None,
     out: str | Path | None = None,
-    png: str | Path | None = None,
+    png: str | Path | Literal[False] | None = None,
     reference: bool = False,
     strict: bool = False,
     progress: bool = True,
@@ -1302,7 +1320,7 @@ def run(
     if reference and tier != "full":
         err(f"refusing --reference in {tier} mode: reference results are recorded with full sizes (use --full).")
         return 2, None, {}
-    for flag, target in (("--out", out), ("--png", png if png not in (None, False) else None)):
+    for flag, target in (("--out", out), ("--png", png if png is not None and png is not False else None)):
         problem = _unwritable(target)
         if problem:
             err(f"error: {flag}: {problem}")
@@ -1388,7 +1406,9 @@ def run(
     print("\nhelpers.bench summary", flush=True)
     print(f"  {plain.label()}")
     for o in outcomes:
-        extra = f"{o.records} records, {o.artifacts} artifacts, {o.seconds:.1f} s" if o.status != "skipped" else o.reason
+        extra = (
+            f"{o.records} records, {o.artifacts} artifacts, {o.seconds:.1f} s" if o.status != "skipped" else o.reason
+        )
         if o.status == "failed":
             extra = f"{o.reason} ({o.seconds:.1f} s)"
         print(f"  {o.chapter:<9} {o.module:<22} {o.status.upper():<9} {extra}")

@@ -447,7 +447,7 @@ def reference_pipeline(device: torch.device | str = "cpu", *, seed: int = 0, wor
             "examples/fast_pipeline.py is not found from this installation of helpers; pass your own pipeline "
             "instead: run_waterfall(..., make_loader=make_loader, batches=batches, train_step=train_step)")
     key = ("script", str(path), path.stat().st_mtime_ns)
-    mod = _CACHE.get(key)
+    mod: Any = _CACHE.get(key)  # the script's module: its globals are set below
     if mod is None:
         spec = importlib.util.spec_from_file_location("fast_pipeline", path)
         mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
@@ -863,7 +863,7 @@ def run_config(
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device is 'cuda' but no CUDA device is available; use device='cpu'")
     pipe = _pipeline(pipeline, dev, spec.seed)
-    report = progress or (lambda f, t="": None)
+    report: Callable[..., None] = progress or (lambda f, t="": None)
 
     info = _dataset_info()
     model = build_model(width=spec.width, depth=spec.depth, num_classes=len(info.classes), seed=spec.seed).to(dev)
@@ -1109,7 +1109,10 @@ def compare_threads(
 #: Models the compute-bound search may pick, as (width, depth): the last stage has at most 8,192 channels
 #: (the largest, width 512 and depth 5, holds about 400 M parameters: a probe that runs out of memory ends the search).
 MODEL_LADDER: tuple[tuple[int, int], ...] = tuple(
-    (w, d) for d in (3, 4, 5) for w in (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512) if w * 2 ** (d - 1) <= 8192
+    (w, d)
+    for d in (3, 4, 5)
+    for w in (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+    if w * 2 ** (d - 1) <= 8192
 )
 
 
@@ -1213,9 +1216,12 @@ def choose_model(
         c = measure(*start)
         tried.append((start[0], start[1], c))
         ok = c * margin <= loader_s
-        why = (f"the tiny model computes a batch {loader_s / c:.1f}x faster than the loader loads one"
-               if ok else f"even the tiny model is not {margin:.0f}x faster than the loader here "
-                          "(data-bound regime not reached: loading steps may gain little)") if c > 0 else "no time measured"
+        why = (
+            (f"the tiny model computes a batch {loader_s / c:.1f}x faster than the loader loads one"
+             if ok else f"even the tiny model is not {margin:.0f}x faster than the loader here "
+                        "(data-bound regime not reached: loading steps may gain little)")
+            if c > 0 else "no time measured"
+        )
         return done(start[0], start[1], c, ok, why)
 
     order = sorted(set(ladder) | {start}, key=lambda m: model_flops(m[0], m[1], crop_size))
@@ -1254,10 +1260,10 @@ def choose_model(
             stop = "no other model on the ladder"
             break
         current = nxt
-    ok = {m: v for m, v in seen.items() if v >= margin * loader_s}
-    if ok:
-        best = min(ok, key=lambda m: flops[m])
-        c = ok[best]
+    fast_enough = {m: v for m, v in seen.items() if v >= margin * loader_s}
+    if fast_enough:
+        best = min(fast_enough, key=lambda m: flops[m])
+        c = fast_enough[best]
         why = (f"the smallest model measured whose step takes at least {margin:.0f}x the loader's batch "
                f"({len(tried)} model(s) measured)")
         return done(best[0], best[1], c, True, why)
@@ -1290,7 +1296,9 @@ def _loader_batch_s(pipeline: Pipeline, spec: JobSpec, dev: torch.device, batche
         if loader is not None:
             _release(loader)
     if not times:
-        raise ValueError(f"train_items={spec.train_items} gives too few batches of {spec.batch_size} to time the loader")
+        raise ValueError(
+            f"train_items={spec.train_items} gives too few batches of {spec.batch_size} to time the loader"
+        )
     return statistics.median(times)
 
 
@@ -1321,7 +1329,7 @@ def calibrate(
            str(_dataset_info().train_dir), id(pipe.make_loader), id(pipe.train_step))
     if key in _CACHE:
         return _CACHE[key]
-    report = progress or (lambda f, t="": None)
+    report: Callable[..., None] = progress or (lambda f, t="": None)
     report(0.0, "timing the loader alone")
     loader_s = _loader_batch_s(pipe, base, dev, batches=sized(quick=3, laptop=5, full=8))
     n_steps = sized(quick=3, laptop=4, full=5)
@@ -1589,7 +1597,9 @@ def run_waterfall(
             order.reverse()
         for i in order:
             step, s = configs[i]
-            part = scaled(progress, done / total, (done + 1) / total, f"{regime}, round {rnd + 1}/{n_rounds}, {step.label}: ")
+            part = scaled(
+                progress, done / total, (done + 1) / total, f"{regime}, round {rnd + 1}/{n_rounds}, {step.label}: "
+            )
             runs[i].append(run_config(s, spec, device, name=step.name, label=step.label,
                                       stages=stages and rnd == 0, progress=part, pipeline=pipe))
             done += 1

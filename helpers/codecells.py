@@ -40,7 +40,9 @@ def notebook_path(chapter: str, notebooks: Path = NOTEBOOKS) -> Path:
     """The notebook of ``chapter`` ("01" ... "07"); a clear error when there is none."""
     found = sorted(notebooks.glob(f"{chapter}_*.ipynb"))
     if not found:
-        raise FileNotFoundError(f"no notebook for chapter {chapter!r} in {notebooks}; chapters are two digits, e.g. '03'")
+        raise FileNotFoundError(
+            f"no notebook for chapter {chapter!r} in {notebooks}; chapters are two digits, e.g. '03'"
+        )
     return found[0]
 
 
@@ -131,11 +133,11 @@ def current_source(name: str, namespace: Mapping[str, Any] | None = None) -> str
             pass
         for filename in _method_files(obj):  # a class defined in a cell: its module (__main__) has no file
             try:
-                found = definitions("".join(linecache.getlines(filename))).get(name)
+                source = definitions("".join(linecache.getlines(filename))).get(name)
             except SyntaxError:
                 continue
-            if found is not None:
-                return found
+            if source is not None:
+                return source
     raise LookupError(f"{name!r} is not defined in the cells run so far: run the cell that defines it first")
 
 

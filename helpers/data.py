@@ -115,7 +115,8 @@ def default_sizes() -> dict[str, int]:
     in a few seconds on 2 cores). Laptop tier (no CUDA GPU, the default there):
     1,600 training and 400 validation images of 112x112 pixels, cropped to 96
     (about 2 ms per image to generate; chapter 01's model computes about
-    0.05 GFLOP per image forward, so an epoch takes tens of seconds on 2 cores). Full (a CUDA GPU, or ``WORKBOOK_FULL=1``):
+    0.05 GFLOP per image forward, so an epoch takes tens of seconds on 2 cores).
+    Full (a CUDA GPU, or ``WORKBOOK_FULL=1``):
     9,600 training and 2,400 validation images of 256x256 pixels, cropped to 224
     (about 30 KiB per file, decoding cost like a small photo; about 7 ms per
     image to generate, spread over the cores).
@@ -353,7 +354,9 @@ def _params(n_train: int, n_val: int, image_size: int, num_classes: int, seed: i
     }
 
 
-def verify_dataset(root: str | os.PathLike[str], level: str = "quick", params: dict[str, Any] | None = None) -> list[str]:
+def verify_dataset(
+    root: str | os.PathLike[str], level: str = "quick", params: dict[str, Any] | None = None
+) -> list[str]:
     """Check a generated data set against its manifest.
 
     Args:
@@ -831,7 +834,8 @@ class ShapesDataset(Dataset):
             raise TypeError(
                 f"ShapesDataset indices must be integers from 0 to {n - 1} (or -{n} to -1), "
                 f"got {type(index).__name__} {index!r}"
-                + (" (convert it with int(...))" if isinstance(index, str) and index.strip().lstrip("-").isdigit() else "")
+                + (" (convert it with int(...))"
+                   if isinstance(index, str) and index.strip().lstrip("-").isdigit() else "")
             )
         index = operator.index(index)
         if not -n <= index < n:
@@ -845,7 +849,9 @@ class ShapesDataset(Dataset):
                 if self.on_error == "raise":
                     raise
                 self.skipped.append(self.samples[i][0])
-                warnings.warn(f"skipped {self.samples[i][0]}: {str(exc).split(': ', 1)[-1][:120]}", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"skipped {self.samples[i][0]}: {str(exc).split(': ', 1)[-1][:120]}", RuntimeWarning, stacklevel=2
+                )
                 continue
             return self.transform(img), self.samples[i][1]
         raise ImageDecodeError(f"no file in {self.root} could be decoded ({n} tried)")
@@ -868,7 +874,8 @@ class ShapesDataset(Dataset):
 
     def __str__(self) -> str:  # what print() shows: the same, with the folder on its own line
         return (f"ShapesDataset({len(self)} images, {len(self.classes)} classes, crop_size={self.crop_size}, "
-                f"augment={self.augment}, output={self.output!r}, on_error={self.on_error!r})\n  root={str(self.root)!r}")
+                f"augment={self.augment}, output={self.output!r}, on_error={self.on_error!r})\n"
+                f"  root={str(self.root)!r}")
 
 
 #: Per-channel statistics already on a device, keyed by (mean, std, device, dtype): built once

@@ -177,7 +177,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(args.data_dir) if args.data_dir else make_shapes_dataset().train_dir
     base = ShapesDataset(root, crop_size=crop, augment=True, output="uint8")
     dataset = IndexedDataset(base, args.limit)
-    sampler = DistributedSampler(
+    sampler: DistributedSampler[int] = DistributedSampler(
         dataset, num_replicas=world, rank=rank, shuffle=not args.no_shuffle, seed=args.seed, drop_last=args.drop_last
     )
     # Built like every worker loader of the workbook (helpers.loaders.build_loader: validated

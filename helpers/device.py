@@ -110,7 +110,9 @@ def check_device_present(device: Any, name: str = "device", *, present: dict[str
     except (RuntimeError, TypeError, ValueError):
         raise ValueError(f"{name} must be a device such as 'cpu', 'cuda' or 'cuda:0', got {device!r}") from None
     kinds = _present_kinds() if present is None else present
-    here = ", ".join(f"{k!r}" + (f" ({n} device{'s' if n != 1 else ''})" if k != "cpu" else "") for k, n in kinds.items())
+    here = ", ".join(
+        f"{k!r}" + (f" ({n} device{'s' if n != 1 else ''})" if k != "cpu" else "") for k, n in kinds.items()
+    )
     if dev.type not in kinds:
         extra = ""
         if dev.type == "cuda":
@@ -483,7 +485,8 @@ class HardwareReport:
             return f"Gen{gen} x{width}"
 
         rows = [
-            ("Python / torch / torchvision", f"{self.python_version} / {self.torch_version} / {self.torchvision_version or '?'}"),
+            ("Python / torch / torchvision",
+             f"{self.python_version} / {self.torch_version} / {self.torchvision_version or '?'}"),
             ("Device chosen", self.device),
             ("CPU", show("cpu_model", self.cpu_model)),
             ("CPU cores (logical / physical / usable)", f"{show('cpu_cores_logical', self.cpu_cores_logical)} / "
@@ -500,7 +503,8 @@ class HardwareReport:
             ("CUDA runtime (torch build)", show("cuda_runtime_version", self.cuda_runtime_version)),
             ("Copy engines", show("copy_engines", self.copy_engines)),
             ("PCIe link now", link(self.pcie_generation, self.pcie_width, "pcie_generation", "pcie_width")),
-            ("PCIe link max", link(self.pcie_generation_max, self.pcie_width_max, "pcie_generation_max", "pcie_width_max")),
+            ("PCIe link max",
+             link(self.pcie_generation_max, self.pcie_width_max, "pcie_generation_max", "pcie_width_max")),
             ("Link ceiling per direction (theoretical)", show("link_bandwidth_gbps", self.link_bandwidth_gbps,
                                                               lambda v: f"{v:.1f} GB/s, from {self.link_description}")),
         ]
@@ -513,7 +517,10 @@ class HardwareReport:
         return "\n".join(wrap(f"{k:<{width}}  {v}", width=110, indent=" " * (width + 2)) for k, v in rows)
 
     def _repr_html_(self) -> str:
-        body = "".join(f"<tr><td style='text-align:left'>{k}</td><td style='text-align:left'>{v}</td></tr>" for k, v in self.lines())
+        body = "".join(
+            f"<tr><td style='text-align:left'>{k}</td><td style='text-align:left'>{v}</td></tr>"
+            for k, v in self.lines()
+        )
         return f"<table>{body}</table>"
 
 
@@ -678,7 +685,9 @@ def _fill_nvml(rep: HardwareReport, index: int) -> None:
         if gbps is not None:
             rep.link_bandwidth_gbps, rep.link_description, rep.link_basis = gbps, description, basis
         else:
-            rep.missing["link_bandwidth_gbps"] = "PCIe generation/width unknown (NVML could not read them; NVLink-C2C systems report none)"
+            rep.missing["link_bandwidth_gbps"] = (
+                "PCIe generation/width unknown (NVML could not read them; NVLink-C2C systems report none)"
+            )
     finally:
         try:
             pynvml.nvmlShutdown()

@@ -149,8 +149,10 @@ def shard_indices(
     seed = check_int("seed", seed, 0, 2**63 - 1)
     if drop_last and n < world_size:
         raise ValueError(f"with drop_last=True, n must be >= world_size ({world_size}), got {n}")
-    sampler = DistributedSampler(
-        _Sized(n), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+    # torch annotates the data set as a Dataset; DistributedSampler only calls len() on it.
+    sampler: DistributedSampler[int] = DistributedSampler(
+        _Sized(n),  # type: ignore[arg-type]
+        num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last,
     )
     if epoch is not None:
         sampler.set_epoch(check_int("epoch", epoch, 0, 10**9))
@@ -339,12 +341,12 @@ def coverage(indices_by_rank: Mapping[int, Sequence[int]] | Sequence[Sequence[in
     counts: Counter[int] = Counter()
     owners: dict[int, set[int]] = {}
     for r, idx in indices_by_rank.items():
-        for i in idx:
-            i = int(i)
+        for raw in idx:
+            i = int(raw)
             counts[i] += 1
             owners.setdefault(i, set()).add(int(r))
     overlap: Counter[tuple[int, int]] = Counter()
-    for i, rs in owners.items():
+    for rs in owners.values():
         rs_sorted = sorted(rs)
         for a in range(len(rs_sorted)):
             for b in range(a + 1, len(rs_sorted)):
@@ -517,7 +519,11 @@ class DistributedRun:
     def command_line(self) -> str:
         """The command that was run, for reading: ``python`` for the interpreter, folders shortened."""
         parts = ["python"] + list(self.command[1:])
-        short = {"--out=": "--out=<tmp>/results", "--log-dir=": "--log-dir=<tmp>/logs", "--data-dir=": "--data-dir=<data>"}
+        short = {
+            "--out=": "--out=<tmp>/results",
+            "--log-dir=": "--log-dir=<tmp>/logs",
+            "--data-dir=": "--data-dir=<data>",
+        }
         for i, a in enumerate(parts):
             for prefix, repl in short.items():
                 if a.startswith(prefix):
@@ -628,7 +634,7 @@ def _is_loopback_host(host: str) -> bool:
     except (OSError, UnicodeError):
         return False
     try:
-        return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
+        return bool(infos) and all(ipaddress.ip_address(str(i[4][0]).split("%")[0]).is_loopback for i in infos)
     except ValueError:
         return False
 
@@ -686,7 +692,7 @@ def _listen_on_loopback(port: int) -> tuple[int, int]:
 def _loopback_tcpstore(base: type) -> type:
     """A TCPStore class whose servers listen on 127.0.0.1 when their host is a loopback name."""
 
-    class LoopbackTCPStore(base):  # type: ignore[misc,valid-type]
+    class LoopbackTCPStore(base):
         """``torch.distributed.TCPStore``, but a server for a loopback host binds 127.0.0.1 only.
 
         c10d's store server binds the wildcard address (``::``) whatever ``host_name``
@@ -1132,7 +1138,7 @@ def launch_ddp(
         shutil.rmtree(work, ignore_errors=True)
 
     pids = tracker.pids() if tracker is not None else []
-    common = dict(stdout=stdout, stderr=stderr, tracked_pids=pids, leftover_pids=leftover)
+    common: dict[str, Any] = dict(stdout=stdout, stderr=stderr, tracked_pids=pids, leftover_pids=leftover)
     if interrupted:
         stop = KeyboardInterrupt(
             f"torchrun job interrupted after {wall_s:.1f} s; its {len(pids)} process(es) were stopped"

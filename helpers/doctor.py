@@ -79,7 +79,7 @@ class DoctorTimeout(TimeoutError):
 def usable_cores() -> int:
     """CPU cores this process may run on (affinity-aware; at least 1)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))  # type: ignore[attr-defined]
+        return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
 
@@ -266,15 +266,22 @@ def decide(m: Measurements, *, stall_threshold: float = 0.15, notable_share: flo
         suggested = max(current + 1, min(need, cores))
         if current < cores and suggested > current:
             new_wait = max(0.0, per_batch / suggested - busy)
-            gain = max(0.0, m.wait_s - new_wait)
-            who = "in the main process" if in_loop else f"per worker (with {current} worker{'s' if current != 1 else ''})"
-            what = "raise num_workers" if f.is_dataloader or nw is not None else "load in worker processes (a DataLoader with num_workers)"
+            gain: float | None = max(0.0, m.wait_s - new_wait)
+            who = (
+                "in the main process" if in_loop else f"per worker (with {current} worker{'s' if current != 1 else ''})"
+            )
+            what = (
+                "raise num_workers"
+                if f.is_dataloader or nw is not None
+                else "load in worker processes (a DataLoader with num_workers)"
+            )
             recs.append(Recommendation(
                 action=f"{what} from {current} to {suggested}",
                 evidence=(
                     f"the loop waited {_ms(m.wait_s)} per step for data ({stall:.0%} of the step); loading one batch "
                     f"takes {_ms(per_batch)} {who} while the step's own work takes {_ms(busy)}, so "
-                    f"ceil({per_batch * 1e3:.2f} / {busy * 1e3:.2f}) = {need} worker{'s' if need != 1 else ''} would keep up; "
+                    f"ceil({per_batch * 1e3:.2f} / {busy * 1e3:.2f}) = {need} worker{'s' if need != 1 else ''} "
+                    "would keep up; "
                     f"this machine has {cores} usable core{'s' if cores != 1 else ''}"
                     + (" (on a CPU device the workers share them with the model)" if not f.cuda else "")
                 ),
@@ -285,7 +292,8 @@ def decide(m: Measurements, *, stall_threshold: float = 0.15, notable_share: flo
         elif current >= cores:
             recs.append(Recommendation(
                 action="make each sample cheaper to load: send uint8, decode smaller or cached images, "
-                       + ("or decode JPEGs on the GPU (torchvision.io.decode_jpeg(device='cuda'))" if f.cuda else "or pre-decode once"),
+                       + ("or decode JPEGs on the GPU (torchvision.io.decode_jpeg(device='cuda'))" if f.cuda
+                          else "or pre-decode once"),
                 evidence=(f"already {current} workers on {cores} cores and the loop still waits {_ms(m.wait_s)} "
                           f"per step ({stall:.0%}): more workers than cores cannot help CPU-bound decoding"),
                 stage="data",
@@ -307,7 +315,8 @@ def decide(m: Measurements, *, stall_threshold: float = 0.15, notable_share: flo
         startup = max(0.0, m.first_batch_s - m.wait_s)
         recs.append(Recommendation(
             action="set persistent_workers=True",
-            evidence=(f"each epoch restarts {nw} worker{'s' if nw != 1 else ''}: the first batch took {m.first_batch_s:.3f} s, "
+            evidence=(f"each epoch restarts {nw} worker{'s' if nw != 1 else ''}: "
+                      f"the first batch took {m.first_batch_s:.3f} s, "
                       f"{startup:.3f} s more than a typical wait; spread over {per_epoch} steps per epoch"),
             stage="data",
             gain_s=startup / max(1, per_epoch),
@@ -322,7 +331,8 @@ def decide(m: Measurements, *, stall_threshold: float = 0.15, notable_share: flo
             if m.pinned_h2d_s is not None:
                 gain = max(0.0, m.h2d_s - m.pinned_h2d_s)
                 after_pin = min(m.h2d_s, m.pinned_h2d_s)
-                ev = f"the copy takes {_ms(m.h2d_s)} from pageable memory and {_ms(m.pinned_h2d_s)} from pinned memory (same batch, measured)"
+                ev = (f"the copy takes {_ms(m.h2d_s)} from pageable memory and {_ms(m.pinned_h2d_s)} "
+                      "from pinned memory (same batch, measured)")
             else:
                 gain = None
                 ev = f"the copy takes {_ms(m.h2d_s)} per step ({shares['h2d']:.0%}) from pageable memory"
@@ -334,16 +344,19 @@ def decide(m: Measurements, *, stall_threshold: float = 0.15, notable_share: flo
         if f.float_image_batch:
             recs.append(Recommendation(
                 action="send uint8 images and normalise on the GPU (4x fewer bytes)",
-                evidence=(f"the batch is {f.batch_dtype} {list(f.batch_shape)}, {f.batch_bytes / 2**20:.1f} MiB; as uint8 it "
-                          f"would be {f.batch_bytes / 4 / 2**20:.1f} MiB; copy time scales with bytes for batches this size "
+                evidence=(f"the batch is {f.batch_dtype} {list(f.batch_shape)}, {f.batch_bytes / 2**20:.1f} MiB; "
+                          f"as uint8 it would be {f.batch_bytes / 4 / 2**20:.1f} MiB; "
+                          "copy time scales with bytes for batches this size "
                           "(estimate: three quarters of the copy)"),
                 stage="transfer", gain_s=0.75 * after_pin, chapter="05 · uint8 + GPU normalise",
             ))
             after_pin *= 0.25
         if not f.uses_prefetcher:
             recs.append(Recommendation(
-                action="overlap the copy with compute: a side-stream prefetcher (helpers.prefetch.Prefetcher) on pinned batches",
-                evidence=(f"the copy ({_ms(after_pin)} after the steps above) and the compute ({_ms(m.compute_s)}) run one "
+                action="overlap the copy with compute: a side-stream prefetcher (helpers.prefetch.Prefetcher) "
+                       "on pinned batches",
+                evidence=(f"the copy ({_ms(after_pin)} after the steps above) "
+                          f"and the compute ({_ms(m.compute_s)}) run one "
                           "after the other; overlapped, the smaller one hides behind the larger"),
                 stage="transfer", gain_s=min(after_pin, m.compute_s), chapter="05 · overlap",
             ))
@@ -365,7 +378,9 @@ def decide(m: Measurements, *, stall_threshold: float = 0.15, notable_share: flo
             stage="compute", gain_s=None, chapter="01 · bottleneck model",
         ))
         if (nw or 0) > 0 or stall < stall_threshold:
-            notes.append("More workers or a deeper prefetch queue would not speed this loop up: it barely waits for data.")
+            notes.append(
+                "More workers or a deeper prefetch queue would not speed this loop up: it barely waits for data."
+            )
 
     # -- ranking ----------------------------------------------------------------
     def key(r: Recommendation) -> tuple[int, float]:
@@ -601,18 +616,22 @@ class Diagnosis:
         return "\n".join(self._lines())
 
     def __repr__(self) -> str:
-        return f"Diagnosis(verdict={self.verdict!r}, stall_share={self.stall_share:.2f}, recommendations={len(self.recommendations)})"
+        return (f"Diagnosis(verdict={self.verdict!r}, stall_share={self.stall_share:.2f}, "
+                f"recommendations={len(self.recommendations)})")
 
     def _repr_html_(self) -> str:
         m, d = self.measurements, self.decision
         color = {"data-bound": "#4e79a7", "transfer-bound": "#f28e2b", "compute-bound": "#59a14f"}[self.verdict]
         rows = "".join(
-            f"<tr><td>{p}</td><td style='text-align:right'>{v * 1e3:.2f} ms</td><td style='text-align:right'>{d.shares[k]:.0%}</td></tr>"
-            for p, k, v in (("wait for data", "wait", m.wait_s), ("copy to device", "h2d", m.h2d_s), ("compute", "compute", m.compute_s))
+            f"<tr><td>{p}</td><td style='text-align:right'>{v * 1e3:.2f} ms</td>"
+            f"<td style='text-align:right'>{d.shares[k]:.0%}</td></tr>"
+            for p, k, v in (("wait for data", "wait", m.wait_s), ("copy to device", "h2d", m.h2d_s),
+                            ("compute", "compute", m.compute_s))
         )
         recs = "".join(
             f"<li><b>{html.escape(r.action)}</b> "
-            f"<span style='color:#555'>({'saves ~' + _ms(r.gain_s) + '/step' if r.gain_s is not None else 'saving not estimable'}; "
+            "<span style='color:#555'>("
+            f"{'saves ~' + _ms(r.gain_s) + '/step' if r.gain_s is not None else 'saving not estimable'}; "
             f"chapter {html.escape(r.chapter)})</span><br><small>because {html.escape(r.evidence)}</small></li>"
             for r in self.recommendations
         )

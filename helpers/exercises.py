@@ -28,9 +28,9 @@ what is wrong).
 
 from __future__ import annotations
 
+import html
 import math
 import numbers
-import html
 from dataclasses import dataclass
 from typing import Any, Collection
 

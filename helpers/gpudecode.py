@@ -162,7 +162,7 @@ def read_encoded(path: str | os.PathLike[str]) -> torch.Tensor:
         if size == 0:
             raise ValueError("the file is empty")
         out = torch.empty(size, dtype=torch.uint8)
-        view = memoryview(out.numpy())
+        view = out.numpy().data  # a writable memoryview of the tensor's bytes
         got = 0
         with open(path, "rb") as f:
             while got < size:
@@ -398,7 +398,8 @@ def decode_batch(
     ours; see the module docstring), the batch is decoded by **one** batched nvJPEG call
     (``torchvision.io.decode_jpeg(list, device=...)``, which returns only when the
     pixels are written), and resized and centre-cropped on the GPU, on the current
-    stream. The call blocks the host: it is not a way to overlap decoding with compute. On the CPU: the same decoder on the CPU (libjpeg-turbo), the same
+    stream. The call blocks the host: it is not a way to overlap decoding with compute.
+    On the CPU: the same decoder on the CPU (libjpeg-turbo), the same
     resize and crop; same interface, same result up to decoder rounding.
 
     Every item first passes :func:`check_jpeg`, so a truncated or non-JPEG item

@@ -193,7 +193,8 @@ def events_vs_wall(
     fn = make_op("matmul", n, dev)
     return {
         "CUDA events": cuda_event_time(fn, repeats=repeats, warmup=2, device=dev, label=f"matmul {n}, events"),
-        "wall clock + sync": time_calls(fn, repeats=repeats, device=dev, sync=True, warmup=2, label=f"matmul {n}, wall"),
+        "wall clock + sync": time_calls(fn, repeats=repeats, device=dev, sync=True, warmup=2,
+                                        label=f"matmul {n}, wall"),
     }
 
 

@@ -76,7 +76,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -86,6 +86,9 @@ from .config import sized
 from .data import ShapesDataset, TimedCollate, default_sizes, make_shapes_dataset, seed_worker
 from .device import intraop_threads
 from .validate import check_choice, check_float, check_int, human_bytes
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # for mypy only: typing.TypeIs is Python 3.13+
 
 __all__ = [
     "MAX_WORKERS",
@@ -406,6 +409,9 @@ class _WorkbookLoader(DataLoader):
     workers (Ctrl-C, the panel's interrupt), the workers started so far are stopped before the interrupt
     propagates."""
 
+    _workbook_frozen: list[int]  # pids _FreezeWatch killed (set by build_loader and guard)
+    _workbook_warnings: list[str]
+
     def _get_iterator(self) -> Any:
         if self.num_workers == 0:
             return super()._get_iterator()
@@ -463,9 +469,11 @@ def build_loader(
             callable, or too little ``/dev/shm``.
     """
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
-        raise ValueError(f"dataset must be a map-style data set (with __getitem__ and __len__), got {type(dataset).__name__}")
+        raise ValueError(
+            f"dataset must be a map-style data set (with __getitem__ and __len__), got {type(dataset).__name__}"
+        )
     cfg = (config or LoaderConfig()).replace(**knobs).validated()
-    if len(dataset) == 0:  # type: ignore[arg-type]
+    if len(dataset) == 0:
         raise ValueError("dataset is empty; a loader needs at least one item")
     if sampler is not None and cfg.shuffle:
         raise ValueError("a sampler decides the order itself: pass shuffle=False together with sampler")
@@ -504,8 +512,8 @@ def build_loader(
         )
     # e.g. "This DataLoader will create 3 worker processes in total. Our suggested max ..." -
     # kept for the reader (Throughput.warnings), not printed to stderr.
-    loader._workbook_warnings = [str(w.message).strip() for w in wlist]  # type: ignore[attr-defined]
-    loader._workbook_frozen = []  # type: ignore[attr-defined]  # pids _FreezeWatch killed
+    loader._workbook_warnings = [str(w.message).strip() for w in wlist]
+    loader._workbook_frozen = []  # pids _FreezeWatch killed
     return loader
 
 
@@ -1090,7 +1098,11 @@ def run_config(
         )
     finally:
         release(loader)
-    result.config = {**cfg.params(), "dataset": type(dataset).__name__, "collate": getattr(collate_fn, "__name__", "default_collate")}
+    result.config = {
+        **cfg.params(),
+        "dataset": type(dataset).__name__,
+        "collate": getattr(collate_fn, "__name__", "default_collate"),
+    }
     return result
 
 
@@ -1185,7 +1197,9 @@ class PinnableBatch:
 
     def to(self, device: Any, non_blocking: bool = False) -> "PinnableBatch":
         """Move both tensors (``non_blocking`` only overlaps when pinned)."""
-        out = PinnableBatch(self.images.to(device, non_blocking=non_blocking), self.labels.to(device, non_blocking=non_blocking))
+        out = PinnableBatch(
+            self.images.to(device, non_blocking=non_blocking), self.labels.to(device, non_blocking=non_blocking)
+        )
         out.pin_seconds, out.pin_thread = self.pin_seconds, self.pin_thread
         return out
 
@@ -1259,7 +1273,10 @@ def pin_verdict(rows: Sequence[PinRow], num_workers: int) -> str:
     pair = {r.pin_memory: r for r in rows if r.num_workers == num_workers}
     if set(pair) != {False, True}:
         raise ValueError(f"rows hold no pin_memory pair for num_workers={num_workers}")
-    on, off = pair[True].round_items_per_s or [pair[True].items_per_s], pair[False].round_items_per_s or [pair[False].items_per_s]
+    on, off = (
+        pair[True].round_items_per_s or [pair[True].items_per_s],
+        pair[False].round_items_per_s or [pair[False].items_per_s],
+    )
     ratios = [a / b for a, b in zip(on, off)]
     med, lo, hi = statistics.median(ratios), min(ratios), max(ratios)
     n = len(ratios)
@@ -1335,7 +1352,9 @@ def pin_memory_experiment(
                     progress(k / total, f"round {r + 1}/{rounds}: workers={w}, pin_memory={pin}")
                 log = PinLog()
                 cfg = LoaderConfig(batch_size=batch_size, num_workers=w, pin_memory=pin, persistent_workers=w > 0)
-                res = run_config(dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_pinnable, on_batch=log)
+                res = run_config(
+                    dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_pinnable, on_batch=log
+                )
                 prev = by.get((w, pin))
                 by[(w, pin)] = PinRow(num_workers=w, pin_memory=pin, result=res, pin_active=bool(log.seconds),
                                       pin_ms_per_batch=log.ms_per_batch, pin_thread=log.thread,
@@ -1469,7 +1488,8 @@ def measure_pipeline(
     finally:
         _finish([x for x in (it, loader) if x is not None], before)
     return Throughput(
-        label=label or ", ".join(f"{k}={v}" for k, v in params.items() if k in ("batch_size", "num_workers", "pin_memory")),
+        label=label or ", ".join(f"{k}={v}" for k, v in params.items()
+                                 if k in ("batch_size", "num_workers", "pin_memory")),
         config=params, items=items, batches=batches, seconds=seconds, startup_s=startup, warmup_batches=warmup,
         epochs_started=epochs, wait_s=waits, main_cpu_s=cpu, batch_bytes=bytes_first, warnings=caught,
         extra={"copy_s": copies, "copy_ms_per_batch": 1e3 * statistics.fmean(copies), "pinned_batches": pinned,
@@ -1805,7 +1825,9 @@ class FixedRNGDataset(Dataset):
         return state
 
 
-def rng_draws(dataset: Dataset, *, num_workers: int = 2, batch_size: int = 4, multiprocessing_context: str | None = None) -> dict[int, list[float]]:
+def rng_draws(
+    dataset: Dataset, *, num_workers: int = 2, batch_size: int = 4, multiprocessing_context: str | None = None
+) -> dict[int, list[float]]:
     """Run ``dataset`` (items ``(index, worker_id, draw)``) through workers; draws per worker, in order
     (worker id -1: the main process, with ``num_workers=0``)."""
     cfg = LoaderConfig(batch_size=batch_size, num_workers=num_workers, shuffle=False,
@@ -2095,7 +2117,9 @@ def sweep_workers(
     except TypeError:
         raise ValueError(f"workers must be a list of integers in [0, {MAX_WORKERS}], got {workers!r}") from None
     if not ws or len(set(ws)) != len(ws):
-        raise ValueError(f"workers must be a non-empty list of distinct integers in [0, {MAX_WORKERS}], got {list(workers)}")
+        raise ValueError(
+            f"workers must be a non-empty list of distinct integers in [0, {MAX_WORKERS}], got {list(workers)}"
+        )
     _check_bool("persistent", persistent)
     results = []
     with intraop_threads(check_int("main_threads", main_threads, 1, 1024)):
@@ -2218,7 +2242,8 @@ def parallel_ceiling(
         done = pool.map_async(_ceiling_task, tasks, chunksize=1).get(timeout=seconds + WORKER_TIMEOUT_S)
     except mp.TimeoutError:
         raise LoaderFailure(f"parallel_ceiling: the {processes} processes did not report within "
-                            f"{seconds + WORKER_TIMEOUT_S:g} s (a frozen or starved process); they were stopped") from None
+                            f"{seconds + WORKER_TIMEOUT_S:g} s (a frozen or starved process); "
+                            "they were stopped") from None
     finally:
         if own and pool is not None:
             close_pool(pool)
@@ -2400,7 +2425,8 @@ class SpeedupRounds:
                 f"{len(self.ratios)} rounds, range {lo:.2f}-{hi:.2f}x).")
         if self.ceiling:
             text += (f" {self.num_workers} independent processes loading and collating the same batches reach "
-                     f"{self.ceiling_speedup:.2f}x: the measured ceiling. The loader gets {self.share_of_ceiling:.0%} of it.")
+                     f"{self.ceiling_speedup:.2f}x: the measured ceiling. "
+                     f"The loader gets {self.share_of_ceiling:.0%} of it.")
         for note in self.notes():
             text += f" Note: {note}."
         return text
@@ -2677,7 +2703,8 @@ def in_order_experiment(
     batch_size: int = 4,
     prefetch_factor: int | None = None,
 ) -> InOrderResult:
-    """One epoch (no shuffling) with ``in_order=True`` then ``False``; per-batch waits and how many arrived out of order.
+    """One epoch (no shuffling) with ``in_order=True`` then ``False``; per-batch waits and how many
+    arrived out of order.
 
     ``prefetch_factor`` defaults to the DataLoader's (2 with workers); with ``num_workers=0`` both runs are
     the same single-process loader (the flag only matters with workers).
@@ -2701,7 +2728,7 @@ def in_order_experiment(
     for flag in (True, False):
         firsts: list[int] = []
 
-        def note(batch: Any) -> None:
+        def note(batch: Any, firsts: list[int] = firsts) -> None:  # loop values bound as defaults (B023)
             firsts.append(int(batch[1][0]))
 
         cfg = LoaderConfig(batch_size=batch_size, num_workers=num_workers, shuffle=False,
@@ -2717,7 +2744,7 @@ def in_order_experiment(
 # ---------------------------------------------------------------------------
 
 
-def _is_factory(obj: Any) -> bool:
+def _is_factory(obj: Any) -> TypeIs[Callable[..., DataLoader]]:
     """True for a loader factory (a function returning a DataLoader), False for a data set or a loader."""
     return callable(obj) and not isinstance(obj, (Dataset, DataLoader)) and not hasattr(obj, "__getitem__")
 
@@ -2755,8 +2782,8 @@ def guard(loader: DataLoader, *, timeout: float | None = None, check_shm: bool =
             loader.worker_init_fn = _WorkerInit(loader.worker_init_fn)
     if type(loader) is DataLoader:
         loader.__class__ = _WorkbookLoader
-    loader._workbook_frozen = []  # type: ignore[attr-defined]
-    loader._workbook_warnings = list(getattr(loader, "_workbook_warnings", []))  # type: ignore[attr-defined]
+    loader._workbook_frozen = []
+    loader._workbook_warnings = list(getattr(loader, "_workbook_warnings", []))
     return loader
 
 
@@ -2810,9 +2837,10 @@ def measure_factory(
         release(loader)
 
 
-_LABEL_PART = {"num_workers": "workers=", "batch_size": "batch=", "prefetch_factor": "prefetch=",
-               "persistent_workers": "persistent", "in_order": "in_order=", "pin_memory": "pin_memory",
-               "multiprocessing_context": ("fork", "spawn", "forkserver")}
+_LABEL_PART: dict[str, str | tuple[str, ...]] = {
+    "num_workers": "workers=", "batch_size": "batch=", "prefetch_factor": "prefetch=",
+    "persistent_workers": "persistent", "in_order": "in_order=", "pin_memory": "pin_memory",
+    "multiprocessing_context": ("fork", "spawn", "forkserver")}
 
 
 def _label_without(cfg: LoaderConfig, knob: str) -> str:
@@ -2882,7 +2910,7 @@ def _in_order_factory(factory: Callable[[bool], DataLoader]) -> InOrderResult:
             where = {tuple(b): k for k, b in enumerate(order)}
             seen: list[int | None] = []
 
-            def note(batch: Any) -> None:
+            def note(batch: Any, seen: list[int | None] = seen, where: dict[tuple, int] = where) -> None:
                 seen.append(where.get(tuple(int(i) for i in batch[1])))
 
             results[flag] = measure_throughput(loader, batches=len(order) - 1, warmup=1, on_batch=note)
@@ -2964,7 +2992,9 @@ def getitems_experiment(
     per_item = _PerItem(batched)
     for w in workers:
         base = LoaderConfig(batch_size=batch_size, num_workers=w, persistent_workers=w > 0)
-        out[("per-item", w)] = run_config(per_item, base, batches=batches, warmup=warmup, label=f"__getitem__, workers={w}")
+        out[("per-item", w)] = run_config(
+            per_item, base, batches=batches, warmup=warmup, label=f"__getitem__, workers={w}"
+        )
         out[("batched", w)] = run_config(batched, base, batches=batches, warmup=warmup, collate_fn=passthrough_collate,
                                          label=f"__getitems__, workers={w}")
     return out
@@ -3181,9 +3211,13 @@ def benchmark(
     for r in rows:
         results.add("ch03.items_per_s", r.items_per_s, "items/s", num_workers=r.num_workers, pin_memory=r.pin_memory,
                     pin_active=r.pin_active, device=str(dev))
-        results.add("ch03.main_wait_ms", r.result.mean_wait_ms, "ms", num_workers=r.num_workers, pin_memory=r.pin_memory)
+        results.add(
+            "ch03.main_wait_ms", r.result.mean_wait_ms, "ms", num_workers=r.num_workers, pin_memory=r.pin_memory
+        )
         if r.pin_ms_per_batch is not None:
-            results.add("ch03.pin_ms_per_batch", r.pin_ms_per_batch, "ms", num_workers=r.num_workers, thread=r.pin_thread)
+            results.add(
+                "ch03.pin_ms_per_batch", r.pin_ms_per_batch, "ms", num_workers=r.num_workers, thread=r.pin_thread
+            )
     nbytes = rows[0].result.batch_bytes or 1
     results.add("ch03.copy_ms_per_batch", 1e3 * batch_copy_seconds(nbytes), "ms", bytes=nbytes)
 
@@ -3252,8 +3286,8 @@ def _benchmark_ch04(results: Any, ds_float: Dataset, ds_uint8: Dataset, bs: int,
     gi = getitems_experiment(sized(4096, 32768), batch_size=bs, batches=batches, warmup=warm)
     for (fetch, w), r in gi.items():
         results.add("ch04.getitems.items_per_s", r.items_per_s, "items/s", fetch=fetch, num_workers=w)
-    ce = cheap_vs_expensive({}, n_cheap=sized(4096, 32768), image_size=int(getattr(ds_float, "crop_size", 64)), batch_size=bs,
-                            batches=batches, warmup=warm)
+    ce = cheap_vs_expensive({}, n_cheap=sized(4096, 32768), image_size=int(getattr(ds_float, "crop_size", 64)),
+                            batch_size=bs, batches=batches, warmup=warm)
     for row in ce:
         r = row["result"]
         knobs = {k: row[k] for k in ("items", "output", "collate", "num_workers")}

@@ -304,7 +304,7 @@ def run_cell(
         do_copy(bufs[1])
         do_compute(bufs[0])
         synchronize(dev)
-        if copy_stream is not None and copy_stream is not compute_stream:
+        if copy_stream is not None and compute_stream is not None and copy_stream is not compute_stream:
             copy_stream.wait_stream(compute_stream)
         rec = SpanRecorder(dev, experiment="ch05.2x2", memory=memory, stream=stream,
                            copy_bytes=n * 4, matmul_n=matmul_n, steps=steps)
@@ -641,6 +641,7 @@ def hazard_hidden_syncs(
     n_bug, s_bug = _count_syncs(lambda: _loop_hidden_syncs(x, w, steps, sink), on_gpu)
     n_fix, s_fix = _count_syncs(lambda: _loop_no_syncs(x, w, steps, sink), on_gpu)
     if on_gpu:
+        assert n_bug is not None and n_fix is not None  # counted on a GPU
         loss = (x @ w).relu().mean()
         per_line = {
             ".item()": _count_syncs(lambda: loss.item(), True)[0],
@@ -676,7 +677,7 @@ def sync_counts_reference() -> str:
         steps = r.params.get("steps") or 1
         lines.append(f"  {r.params.get('variant')} loop, {steps} steps: {r.value:.0f} synchronisations "
                      f"({r.value / steps:.2f} per step)")
-    for rs2, per_line in reference.find("ch05.hazard.syncs_per_line")[:1]:
+    for _rs, per_line in reference.find("ch05.hazard.syncs_per_line")[:1]:
         lines.extend(f"  {r.params.get('line')} alone: {r.value:.0f}" for r in per_line)
     return "\n".join(lines)
 
@@ -792,7 +793,8 @@ def prefetch_step_times(device: torch.device | str = "cuda", *, batch: int = 256
     for dtype_name, loader in (("float32", f32), ("uint8", u8)):
         norm = (mean, std) if dtype_name == "uint8" else None
 
-        def plain() -> Iterable[torch.Tensor]:
+        # this iteration's loader and norm, bound as defaults (B023)
+        def plain(loader: Any = loader, norm: Any = norm) -> Iterable[torch.Tensor]:
             for b in loader:
                 x = b.to(dev, non_blocking=True)
                 yield normalize_uint8(x, mean, std) if norm else x

@@ -450,7 +450,7 @@ class Prefetcher:
         ok, batch = self._next_from(it)
         if not ok:
             return
-        pending = self._issue(batch)
+        pending: tuple[Any, torch.cuda.Event] | None = self._issue(batch)
         while pending is not None:
             current, ready = pending
             self._hand_over(current, ready)
@@ -623,7 +623,8 @@ def order_log(candidate: Any, device: torch.device | str = "cpu",
 
 def format_order_log(log: Sequence[tuple[str, int]]) -> str:
     """The log as one line per hand-over: what had happened since the previous one."""
-    lines, pending = [], []
+    lines: list[str] = []
+    pending: list[str] = []
     for kind, i in log:
         if kind == "handed":
             lines.append(f"  before handing over batch {i}: " + (", ".join(pending) if pending else "nothing"))
@@ -664,8 +665,8 @@ def check_order(candidate: Any, device: torch.device | str = "cpu", n_batches: i
             moved = any(e[0] == "move" for e in log)
             problems.append(
                 f"batch {i + 1} was requested before batch {i} was handed over, but "
-                + (f"moved (.to(device)) only after it: queue the copy of the next batch before you yield "
-                   f"the current one" if moved else
+                + ("moved (.to(device)) only after it: queue the copy of the next batch before you yield "
+                   "the current one" if moved else
                    "no batch was ever moved with its own .to(device) (this loader's batches are a custom type: "
                    "use prefetch.move_batch(batch, device), which calls it)"))
             break
@@ -760,7 +761,8 @@ def check_prefetcher(
     *,
     check_overlap: bool = True,
 ) -> PrefetcherCheck:
-    """Check a reader's prefetcher: a real prefetcher, the same batches in order, re-iterable; safe and overlapped on a GPU.
+    """Check a reader's prefetcher: a real prefetcher, the same batches in order, re-iterable;
+    safe and overlapped on a GPU.
 
     ``candidate`` is a class or a function called as ``candidate(loader, device)``
     that returns an iterable of batches on ``device``. The check
@@ -991,7 +993,7 @@ def stream_doubles() -> Iterator[_Protocol]:
     def record_stream(self: torch.Tensor, stream: Any) -> None:
         _log("record_stream", id(self), getattr(stream, "name", repr(stream)))
 
-    patches = [
+    patches: list[contextlib.AbstractContextManager[Any]] = [
         mock.patch.object(torch.cuda, "Stream", _make_stream),
         mock.patch.object(torch.cuda, "Event", _FakeEvent),
         mock.patch.object(torch.cuda, "stream", _FakeStreamContext),
@@ -1089,7 +1091,8 @@ def format_protocol(log: Sequence[tuple[Any, ...]], width: int = 100) -> str:
             return f"synchronize {e[1]}"
         return None
 
-    blocks, pending = [], []
+    blocks: list[str] = []
+    pending: list[str] = []
     for e in log:
         if e[0] == "handed":
             head = f"hand over batch {e[2]} after: "
@@ -1182,7 +1185,7 @@ def check_protocol(log: Sequence[tuple[Any, ...]], handed: Sequence[Sequence[Any
                             "side.wait_stream(torch.cuda.current_stream(device)) at the start of __iter__ "
                             "(work queued earlier on the current stream must come first)")
     # (4) the current stream waits for batch i's copy before batch i is handed over; (5) record_stream
-    for (epoch, i), at in sorted(at_handed.items()):
+    for (_epoch, i), at in sorted(at_handed.items()):
         mine = [(k, e) for k, e in side_moves if e[1] == i and k < at]
         if not mine:
             continue
@@ -1207,7 +1210,7 @@ def check_protocol(log: Sequence[tuple[Any, ...]], handed: Sequence[Sequence[Any
 
 def _pair_reference(loader: Iterable[Any], device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """What a prefetcher of ``(uint8, labels)`` batches must hand over: the reference :class:`Prefetcher`'s batches."""
-    return [tuple(b) for b in Prefetcher(loader, device, normalize=(MEAN, STD))]  # type: ignore[misc]
+    return [tuple(b) for b in Prefetcher(loader, device, normalize=(MEAN, STD))]
 
 
 def _pair_problems(got: Sequence[Any], want: Sequence[tuple[torch.Tensor, torch.Tensor]], epoch: int) -> list[str]:

@@ -27,8 +27,8 @@ Nothing here measures anything, and nothing is fitted to these numbers.
 from __future__ import annotations
 
 import json
-import textwrap
 import re
+import textwrap
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
@@ -256,7 +256,9 @@ def _check_entry(raw: Any, index: int) -> PublishedFigure:
     if not _DATE.match(raw["date_read"]):
         raise ValueError(f"{name}: date_read must be YYYY-MM-DD, got {raw['date_read']!r}")
     if raw["product_link"] != "not stated" and link_ceiling_gbps(raw["product_link"]) is None:
-        raise ValueError(f"{name}: product_link must look like 'PCIe Gen4 x16' or 'NVLink-C2C', got {raw['product_link']!r}")
+        raise ValueError(
+            f"{name}: product_link must look like 'PCIe Gen4 x16' or 'NVLink-C2C', got {raw['product_link']!r}"
+        )
     return PublishedFigure(**{f.name: raw[f.name] for f in fields(PublishedFigure)})
 
 
@@ -394,7 +396,8 @@ def markdown_table(figures: Iterable[PublishedFigure] | None = None) -> str:
     """
     figs = list(figures) if figures is not None else list(_cached())
     rows = [
-        "| GPU | copy | as published | GB/s (10^9 B/s) | transfer size | tool | NUMA placement | link (source) | source | read |",
+        "| GPU | copy | as published | GB/s (10^9 B/s) | transfer size | tool | NUMA placement | link (source) "
+        "| source | read |",
         "|---|---|---:|---:|---:|---|---|---|---|---|",
     ]
     for f in figs:
@@ -560,15 +563,16 @@ def plot_share_of_ceiling(figures: Iterable[PublishedFigure] | None = None, ax: 
     for y, f in zip(ys, figs):
         key = (f.direction, f.memory)
         ax.plot([f.gbps], [y], marker=_MEM_MARKER[f.memory], color=_DIR_COLOR[f.direction], markeredgecolor="black",
-                linestyle="", markersize=6, label=None if key in done else f"{f.direction.upper()} {f.memory}, {KIND_PUBLISHED}")
+                linestyle="", markersize=6,
+                label=None if key in done else f"{f.direction.upper()} {f.memory}, {KIND_PUBLISHED}")
         done.add(key)
-        ax.text(f.ceiling_gbps * 1.08, y, f"{f.share_of_ceiling:.0%}", va="center", fontsize=7)
+        ax.text((f.ceiling_gbps or 0.0) * 1.08, y, f"{f.share_of_ceiling:.0%}", va="center", fontsize=7)
     ax.set_yticks(ys)
     ax.set_yticklabels([f"{f.short_label()} ({f.product_link})" for f in figs], fontsize=7)
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     ax.set_xscale("log")
-    ax.set_xlim(1, max(f.ceiling_gbps for f in figs) * 2.2 if figs else 10)
+    ax.set_xlim(1, max(f.ceiling_gbps or 0.0 for f in figs) * 2.2 if figs else 10)
     ax.xaxis.set_major_locator(FixedLocator([1, 2, 5, 10, 20, 50, 100, 200, 500]))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     ax.xaxis.set_minor_locator(NullLocator())

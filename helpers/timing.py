@@ -26,13 +26,12 @@ number never travels without the way it was measured.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
-
-import logging
 
 import torch
 

@@ -568,7 +568,9 @@ def fit(
     history: list[EpochStats] = []
     step = 0
     for _ in range(epochs):
-        stats = train_epoch(model, train_loader, device, optimizer, recorder=recorder, transfer=transfer, start_step=step)
+        stats = train_epoch(
+            model, train_loader, device, optimizer, recorder=recorder, transfer=transfer, start_step=step
+        )
         step += stats.steps
         if val_loader is not None:
             stats.val_accuracy = evaluate(model, val_loader, device, transfer=transfer)
@@ -636,7 +638,7 @@ def predict_step_time(
         if value < 0 or value != value:
             raise ValueError(f"phase time {name!r} must be a non-negative number, got {value}")
     stage_times: dict[str, float] = {}
-    named = set()
+    named: set[str] = set()
     for stage, phases in stages.items():
         ph = tuple(phases)
         named.update(ph)

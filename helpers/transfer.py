@@ -619,7 +619,10 @@ def measure_host_copy(
         dst.copy_(src)  # one untimed call, to size the measurement
         one = time.perf_counter() - t0
         blocks = max(3, min(15, int(max_seconds / max(one, 1e-9)) - 4))
-        timing = measure(lambda: dst.copy_(src), label=f"host copy {human_bytes(nbytes)}", device="cpu",
+        # The lambda runs inside measure(), before the `del` in `finally` (which frees the buffers even when a
+        # traceback keeps this frame alive); ruff's F821 counts the later `del` against it.
+        timing = measure(lambda: dst.copy_(src), label=f"host copy {human_bytes(nbytes)}",  # noqa: F821
+                         device="cpu",
                          min_run_time=run_time, warmup=2, blocks=blocks,
                          num_threads=check_int("num_threads", num_threads, 1, 1024))
     finally:
@@ -974,7 +977,9 @@ class RoundingRow:
         return self.predicted_block - self.requested
 
 
-def pinned_rounding_demo(sizes: Sequence[int], *, pin_share: float = DEFAULT_PIN_SHARE) -> list[RoundingRow] | Unavailable:
+def pinned_rounding_demo(
+    sizes: Sequence[int], *, pin_share: float = DEFAULT_PIN_SHARE
+) -> list[RoundingRow] | Unavailable:
     """Pin each size once and read how many bytes the allocator's pool grew by.
 
     The host cache is emptied before each allocation so a fresh block is created.
@@ -1071,15 +1076,17 @@ def pin_cost(
     _check_device_bytes("nbytes", 2 * nbytes, dev, f"two device copies of {human_bytes(nbytes)}")
     src = torch.ones(nbytes, dtype=torch.uint8)
     cold, cached, plain, pin_copy = [], [], [], []
+    # Each lambda runs inside _wall(), before the `del src` in `finally` (which frees the buffer even when a
+    # traceback keeps this frame alive); ruff's F821 counts the later `del` against them.
     try:
-        plain.append(_wall(lambda: src.to(dev), dev))  # warm-up: CUDA context, device cache
+        plain.append(_wall(lambda: src.to(dev), dev))  # noqa: F821  (warm-up: CUDA context, device cache)
         for _ in range(repeats):
             release_pinned_cache()
-            cold.append(_wall(lambda: src.pin_memory(), dev))  # block freed on return, stays cached
-            cached.append(_wall(lambda: src.pin_memory(), dev))
-            plain.append(_wall(lambda: src.to(dev), dev))
+            cold.append(_wall(lambda: src.pin_memory(), dev))  # noqa: F821  (block freed on return, stays cached)
+            cached.append(_wall(lambda: src.pin_memory(), dev))  # noqa: F821
+            plain.append(_wall(lambda: src.to(dev), dev))  # noqa: F821
             release_pinned_cache()
-            pin_copy.append(_wall(lambda: src.pin_memory().to(dev, non_blocking=True), dev))
+            pin_copy.append(_wall(lambda: src.pin_memory().to(dev, non_blocking=True), dev))  # noqa: F821
         pageable = measure_copy(nbytes, "h2d", "pageable", device=dev, repeats=max(repeats, 5), pin_share=pin_share)
         pinned = measure_copy(nbytes, "h2d", "pinned", device=dev, repeats=max(repeats, 5), pin_share=pin_share)
         assert isinstance(pageable, TransferPoint) and isinstance(pinned, TransferPoint)
@@ -1198,7 +1205,8 @@ def host_blocking_probe(
         torch.cuda.empty_cache()
     return HostBlocking(
         nbytes=nbytes, gpu_work_s=measured_work, held_s=held,
-        method=f"GPU work: torch.cuda._sleep on the current stream; copy call timed with perf_counter, median of {repeats}",
+        method="GPU work: torch.cuda._sleep on the current stream; copy call timed with perf_counter, "
+               f"median of {repeats}",
     )
 
 
@@ -1333,7 +1341,9 @@ def sweeps_from_records(records: Iterable[Any], source: str = "reference") -> di
     """
     found: dict[tuple[str, str], list[TransferPoint]] = {}
     for r in records:
-        get = r.get if isinstance(r, dict) else (lambda k, _r=r: getattr(_r, k, None))
+        def get(k: str, _r: Any = r) -> Any:  # a record as an object or as a dict
+            return _r.get(k) if isinstance(_r, dict) else getattr(_r, k, None)
+
         if get("key") != "ch02.copy_time":
             continue
         params = get("params") or {}
@@ -1429,7 +1439,9 @@ def reference_sweeps() -> ReferenceSweeps | Unavailable:
     """
     hits = reference.find("ch02.copy_time")
     if not hits:
-        return Unavailable("reference copy sweeps", reference.missing_message("chapter 02's copy sweeps (ch02.copy_time)"))
+        return Unavailable(
+            "reference copy sweeps", reference.missing_message("chapter 02's copy sweeps (ch02.copy_time)")
+        )
     rs, recs = hits[0]
     source = reference.provenance_line(rs) + " — not measured on this machine"
     sweeps = sweeps_from_records(recs, source=source)
@@ -1449,7 +1461,7 @@ def _bytes_ticks(ax: Any, sizes: Sequence[float]) -> None:
     if not sizes:
         return
     lo, hi = min(sizes) / 1.5, max(sizes) * 1.5
-    shown = [4 ** k * KiB for k in range(1, 12) if lo <= 4 ** k * KiB <= hi] + ([4 * KiB] if lo <= 4 * KiB <= hi else [])
+    shown = [4**k * KiB for k in range(1, 12) if lo <= 4**k * KiB <= hi] + ([4 * KiB] if lo <= 4 * KiB <= hi else [])
     shown = sorted(set(shown))
     if len(shown) > 6:
         shown = shown[::2]
@@ -1486,7 +1498,7 @@ def plot_sweeps(
     """
     from . import plots  # optional/heavy: matplotlib
 
-    series: dict[str, tuple[list[float], list[float]]] = {}
+    series: dict[str, tuple[Sequence[float], list[float]]] = {}
     styles: dict[str, dict[str, Any]] = {}
     for sw in sweeps:
         if not sw.points:
@@ -1545,7 +1557,9 @@ class PanelReading:
             parts.append(f"reference {human_seconds(self.reference.median_s)} ({self.reference.gbps:.2f} GB/s, "
                          f"{human_bytes(self.reference.nbytes)} recorded)")
         if self.host is not None:
-            parts.append(f"host memcpy of the same bytes {human_seconds(self.host.median_s)} ({self.host.gbps:.2f} GB/s)")
+            parts.append(
+                f"host memcpy of the same bytes {human_seconds(self.host.median_s)} ({self.host.gbps:.2f} GB/s)"
+            )
         return head + "; ".join(parts) + (". " + self.note if self.note else "")
 
 
@@ -1634,7 +1648,9 @@ def pin_costs_from_records(records: Iterable[Any]) -> list[PinCost]:
     """Rebuild :class:`PinCost` rows from ``ch02.pin.*`` records (sizes with all six fields)."""
     by_size: dict[int, dict[str, float]] = {}
     for r in records:
-        get = r.get if isinstance(r, dict) else (lambda k, _r=r: getattr(_r, k, None))
+        def get(k: str, _r: Any = r) -> Any:  # a record as an object or as a dict
+            return _r.get(k) if isinstance(_r, dict) else getattr(_r, k, None)
+
         key = str(get("key"))
         if not key.startswith("ch02.pin."):
             continue
@@ -1691,7 +1707,9 @@ def plot_speedup(pairs: dict[str, list[tuple[int, float]]], ax: Any = None, *, s
     """pageable/pinned time ratio per size, with the claimed 1.3-1.5 band shaded."""
     from . import plots  # optional/heavy: matplotlib
 
-    series = {f"{name}: pageable time / pinned time": ([n for n, _ in v], [r for _, r in v]) for name, v in pairs.items()}
+    series = {
+        f"{name}: pageable time / pinned time": ([n for n, _ in v], [r for _, r in v]) for name, v in pairs.items()
+    }
     ax = plots.sweep(series, ax, xlabel="copy size (bytes, log scale)", ylabel="speed-up of pinned (x)",
                      title="Is pinning 30-50% faster? Measured ratio per size", logy=False, source=source)
     ax.axhspan(CLAIM_RANGE[0], CLAIM_RANGE[1], color="#bab0ac", alpha=0.35, label="the claim: 1.3x-1.5x")

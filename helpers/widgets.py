@@ -178,7 +178,9 @@ class Panel:
         self.runs_done = 0
         self._last_end = float("-inf")
 
-        self.button = W.Button(description=run_label, button_style="primary", icon="play", tooltip="Run with these settings")
+        self.button = W.Button(
+            description=run_label, button_style="primary", icon="play", tooltip="Run with these settings"
+        )
         self.bar = W.FloatProgress(value=0.0, min=0.0, max=1.0, layout=W.Layout(width="180px"))
         # An HTML widget wraps a long progress text; a Label would cut it off with an ellipsis.
         self.bar_label = W.HTML(value="", layout=W.Layout(flex="1 1 auto", min_width="0"))
@@ -264,7 +266,8 @@ class Panel:
         block = {
             "output_type": "display_data",
             "data": {
-                "text/html": f"<details><summary>{html.escape(summary)}</summary><pre>{html.escape(tb)}</pre></details>",
+                "text/html": f"<details><summary>{html.escape(summary)}</summary>"
+                             f"<pre>{html.escape(tb)}</pre></details>",
                 "text/plain": f"{summary}\n{tb}",
             },
             "metadata": {"workbook_details": True},
@@ -325,7 +328,8 @@ class Panel:
             if advice:
                 self.error = one_line(f"The run failed: {advice}")
             else:
-                self.error = one_line(f"The run failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                self.error = one_line(f"The run failed: {type(exc).__name__}: {first}")
             self._show_status(self.error, "error")
             self._show_details(exc)
         finally:
@@ -349,7 +353,9 @@ class Panel:
             ax = fig.add_subplot(1, 1, 1)
             self._plot(history, ax)
             fig.tight_layout()
-            data, metadata = InteractiveShell.instance().display_formatter.format(figure_to_display(fig))
+            formatter = InteractiveShell.instance().display_formatter
+            assert formatter is not None  # set up with the shell
+            data, metadata = formatter.format(figure_to_display(fig))
             outputs.append({"output_type": "display_data", "data": data, "metadata": metadata})
         return tuple(outputs)
 

@@ -12,7 +12,6 @@ import torch
 from helpers import capstone as C
 from helpers.results import ResultSet
 
-
 _JOB_SPEC = C.job_spec
 
 

@@ -92,7 +92,13 @@ def test_guard_gives_a_plain_loader_the_workbooks_safety_and_keeps_its_knobs() -
     assert type(dl).__name__ == "_WorkbookLoader" and isinstance(dl, DataLoader)
     assert dl.timeout == L.WORKER_TIMEOUT_S
     assert dl.worker_init_fn.fn is data.seed_worker   # the reader's function still runs, wrapped
-    assert (dl.num_workers, dl.batch_size, dl.prefetch_factor, dl.persistent_workers, dl.drop_last) == (2, 8, 3, True, True)
+    assert (dl.num_workers, dl.batch_size, dl.prefetch_factor, dl.persistent_workers, dl.drop_last) == (
+        2,
+        8,
+        3,
+        True,
+        True,
+    )
     init = dl.worker_init_fn
     assert L.guard(dl) is dl and dl.worker_init_fn is init  # guarding twice changes nothing
     own = make_loader(L.CheapDataset(64, 4), 8, workers=1)

@@ -104,7 +104,10 @@ def test_run_waterfall_times_the_functions_it_is_given() -> None:
                          rounds=1, stages=False, make_loader=make_loader, batches=batches, train_step=train_step)
     assert [r.name for r in wf.results] == ["baseline", "workers", "uint8"]
     assert made == [s.loader_kwargs() for _, s in C.configurations(1, ["baseline", "workers", "uint8"])]
-    assert {"prefetch": False, "float_on_host": True} in iterated and {"prefetch": False, "float_on_host": False} in iterated
+    assert {"prefetch": False, "float_on_host": True} in iterated and {
+        "prefetch": False,
+        "float_on_host": False,
+    } in iterated
     assert {} in iterated  # evaluation: batches(val_batches), the defaults
     assert steps[0] == 3 * (1 + 3)  # per configuration: one warm-up step, then 24 / 8 timed steps
     assert len({r.train_loss for r in wf.results}) == 1  # float on the host vs on the "device": the same bits

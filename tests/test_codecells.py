@@ -45,11 +45,18 @@ def test_show_diff_against_the_previous_chapter(books: Path) -> None:
     exec("def to_device(x, y):\n    return x.to(D, non_blocking=True), y.to(D)\n", ns)
     with pytest.raises(LookupError, match="run the cell"):
         codecells.show_diff("01", "to_device", notebooks=books)     # not in any executed cell, no namespace
-    d = codecells.diff("01", ["to_device"], {"to_device": "def to_device(x, y):\n    return x.to(D, non_blocking=True), y.to(D)"}, books)
+    d = codecells.diff(
+        "01",
+        ["to_device"],
+        {"to_device": "def to_device(x, y):\n    return x.to(D, non_blocking=True), y.to(D)"},
+        books,
+    )
     assert d.added == ["    return x.to(D, non_blocking=True), y.to(D)"]
     assert d.removed == ["    return x.to(D), y.to(D)"]
     assert "non_blocking" in d._repr_html_() and "1 lines added" in d._repr_html_()
-    unchanged = codecells.diff("02", ["to_device"], {"to_device": codecells.pipeline_after("02", books)["to_device"]}, books)
+    unchanged = codecells.diff(
+        "02", ["to_device"], {"to_device": codecells.pipeline_after("02", books)["to_device"]}, books
+    )
     assert "unchanged since chapter 02" in unchanged.text()
     with pytest.raises(ValueError, match="chapters are"):
         codecells.show_diff("09", "to_device", notebooks=books)

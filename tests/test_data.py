@@ -388,4 +388,6 @@ def test_timed_loader_is_build_loader_with_validated_knobs():
         loaders.timed_loader(ds, 4, workers=2)
     with pytest.raises(ValueError, match="shuffle=False"):
         loaders.timed_loader(ds, 4, sampler=range(16))
-    assert [int(t) for _, y in loaders.timed_loader(ds, 4, shuffle=False, sampler=list(range(15, -1, -1))) for t in y][:2] == [ds[15][1], ds[14][1]]
+    assert [int(t) for _, y in loaders.timed_loader(ds, 4, shuffle=False, sampler=list(range(15, -1, -1))) for t in y][
+        :2
+    ] == [ds[15][1], ds[14][1]]

@@ -65,16 +65,16 @@ def test_hardware_report_survives_broken_psutil(monkeypatch: pytest.MonkeyPatch)
 
 def test_environment_check_lines() -> None:
     lines = device.environment_check()
-    names = [l.name for l in lines]
+    names = [line.name for line in lines]
     assert {"python", "torch", "torchvision", "device", "/dev/shm"} <= set(names)
-    assert all(l.ok for l in lines if l.name in ("torch", "torchvision", "matplotlib", "ipywidgets"))
-    assert all(str(l).startswith(("[ok]", "[warning]")) for l in lines)
+    assert all(line.ok for line in lines if line.name in ("torch", "torchvision", "matplotlib", "ipywidgets"))
+    assert all(str(line).startswith(("[ok]", "[warning]")) for line in lines)
 
 
 def test_environment_check_flags_small_shm() -> None:
     rep = device.hardware_report("cpu")
     rep.shm_free_bytes, rep.shm_total_bytes = 64 << 20, 64 << 20
-    shm = [l for l in device.environment_check(rep) if l.name == "/dev/shm"][0]
+    shm = [line for line in device.environment_check(rep) if line.name == "/dev/shm"][0]
     assert not shm.ok and "--shm-size" in shm.detail
 
 
@@ -316,4 +316,11 @@ def test_printed_lines_are_wrapped_at_words() -> None:
         for line in text.splitlines():
             assert len(line) <= 110, line
     gpu_row = rep.describe().split("GPU memory")[0].split("\nGPU ")[1]
-    assert set(gpu_row.replace("(", " ").replace(")", " ").split()) <= {"not", "available", "a", "very", "long", "reason"}
+    assert set(gpu_row.replace("(", " ").replace(")", " ").split()) <= {
+        "not",
+        "available",
+        "a",
+        "very",
+        "long",
+        "reason",
+    }

@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from helpers import distributed as D
-from helpers.ddp_train import IndexedDataset, parse_args, params_checksum
-
+from helpers.ddp_train import IndexedDataset, params_checksum, parse_args
 
 # ---------------------------------------------------------------------------
 # Sharding without a process group

@@ -53,7 +53,8 @@ def _conda_requirements() -> dict[str, str]:
 def test_same_packages_and_ranges() -> None:
     pypi, conda = _pypi_requirements(), _conda_requirements()
     assert set(pypi) == set(conda), (
-        f"only in pyproject: {sorted(set(pypi) - set(conda))}; only in environment.yml: {sorted(set(conda) - set(pypi))}"
+        f"only in pyproject: {sorted(set(pypi) - set(conda))}; "
+        f"only in environment.yml: {sorted(set(conda) - set(pypi))}"
     )
     for name in pypi:
         assert pypi[name] == conda[name], f"{name}: pyproject says {pypi[name]!r}, environment.yml says {conda[name]!r}"
@@ -82,4 +83,6 @@ def test_constraints_pin_within_ranges() -> None:
     for name, version in pins.items():
         if name not in pypi:  # a pinned dependency of a dependency (e.g. greenlet for playwright)
             continue
-        assert Version(version) in Requirement(f"x{pypi[name]}").specifier, f"pin {name}=={version} outside {pypi[name]}"
+        assert Version(version) in Requirement(f"x{pypi[name]}").specifier, (
+            f"pin {name}=={version} outside {pypi[name]}"
+        )

@@ -166,7 +166,9 @@ def test_sigint_at_any_moment_leaves_no_worker() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert not leaks, f"workers left 5 s after SIGINT at these offsets (s, count): {leaks}; stderr: {proc.stderr.read()[-2000:]}"
+    assert not leaks, (
+        f"workers left 5 s after SIGINT at these offsets (s, count): {leaks}; stderr: {proc.stderr.read()[-2000:]}"
+    )
 
 
 def test_interrupt_while_iter_starts_workers_stops_them(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -249,7 +251,9 @@ def test_explain_loader_error_knows_torchs_messages() -> None:
     assert "within 5 s" in L.explain_loader_error(RuntimeError("DataLoader timed out after 5 seconds"))
     dead = L.explain_loader_error(RuntimeError("DataLoader worker (pid(s) 12, 13) exited unexpectedly"))
     assert dead and "out-of-memory" in dead
-    bus = L.explain_loader_error(RuntimeError("DataLoader worker (pid 12) is killed by signal: Bus error. It is possible"))
+    bus = L.explain_loader_error(
+        RuntimeError("DataLoader worker (pid 12) is killed by signal: Bus error. It is possible")
+    )
     assert bus and "Bus error" in bus and "--shm-size" in bus
     assert L.explain_loader_error(RuntimeError("something else")) is None
 

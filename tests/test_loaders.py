@@ -13,7 +13,11 @@ from helpers import loaders as L
 
 
 def _children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE}
+    return {
+        p.pid
+        for p in psutil.Process().children(recursive=True)
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    }
 
 
 def _wait_children_back_to(before: set[int], timeout: float = 10.0) -> set[int]:
@@ -206,7 +210,11 @@ def test_light_collate_and_cheap_rows():
     imgs, labels = L.light_uint8_collate([(torch.zeros(3, 2, 2, dtype=torch.uint8), 1)] * 3)
     assert imgs.shape == (3, 3, 2, 2) and labels == [1, 1, 1]
     rows = L.cheap_vs_expensive({}, n_cheap=64, image_size=4, workers=(0,), batch_size=8, batches=2, warmup=1)
-    assert [(r["output"], r["collate"]) for r in rows] == [("float", "default"), ("uint8", "default"), ("uint8", "light")]
+    assert [(r["output"], r["collate"]) for r in rows] == [
+        ("float", "default"),
+        ("uint8", "default"),
+        ("uint8", "light"),
+    ]
 
 
 def test_spin_dataset_adds_cpu_time():
@@ -287,8 +295,9 @@ def test_spawn_workers_measure_helpers_dataset():
 
 
 def test_panel_run_50_times_leaves_no_stray_processes():
-    from helpers.widgets import Panel
     import ipywidgets as W
+
+    from helpers.widgets import Panel
 
     runner = L.PanelRunner(None, crop_size=8, batches=2, warmup=1, n_cheap=64)
     panel = Panel(

@@ -19,13 +19,19 @@ def test_there_are_notebooks() -> None:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_name_pattern(path: Path) -> None:
-    assert re.fullmatch(r"0[0-7]_[a-z0-9_]+\.ipynb", path.name), f"{path.name}: chapters are named NN_title.ipynb, NN in 00..07"
+    assert re.fullmatch(r"0[0-7]_[a-z0-9_]+\.ipynb", path.name), (
+        f"{path.name}: chapters are named NN_title.ipynb, NN in 00..07"
+    )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_committed_without_outputs(path: Path) -> None:
     nb = json.loads(path.read_text())
-    dirty = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count"))]
+    dirty = [
+        i
+        for i, c in enumerate(nb["cells"])
+        if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count"))
+    ]
     assert not dirty, f"{path.name}: cells {dirty} carry outputs or execution counts; clear them before committing"
 
 
@@ -64,7 +70,9 @@ def test_no_lambdas_in_dataloaders(path: Path) -> None:
     for c in nb["cells"]:
         src = "".join(c["source"])
         if c["cell_type"] == "code" and "DataLoader(" in src:
-            assert not re.search(r"(collate_fn|worker_init_fn)\s*=\s*lambda", src), f"{path.name}: lambdas break spawn workers"
+            assert not re.search(r"(collate_fn|worker_init_fn)\s*=\s*lambda", src), (
+                f"{path.name}: lambdas break spawn workers"
+            )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS[:-1], ids=lambda p: p.name)

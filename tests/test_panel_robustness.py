@@ -24,13 +24,12 @@ import threading
 import time
 from typing import Any, Iterator
 
+import ipywidgets as W
 import psutil
 import pytest
 
 from helpers import loaders
 from helpers.validate import check_int
-import ipywidgets as W
-
 from helpers.widgets import Panel
 
 

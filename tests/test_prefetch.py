@@ -501,7 +501,9 @@ def test_one_training_step_of_each_ch05_pipeline_has_no_hidden_sync(pipeline: st
         if pipeline.startswith("DataLoader"):
             loader = DataLoader(TensorDataset(torch.cat(u8), torch.cat(ys)), batch_size=8, pin_memory=True)
         norm = (data.MEAN, data.STD) if use_u8 else None
-        source = iter(Prefetcher(loader, dev, normalize=norm, safety="event" if "event" in pipeline else "record_stream"))
+        source = iter(
+            Prefetcher(loader, dev, normalize=norm, safety="event" if "event" in pipeline else "record_stream")
+        )
     model = models.build_model().to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 

@@ -145,7 +145,9 @@ def test_plot_helpers_draw_on_cpu():
     assert skipped == [f for f in figs if f.transfer_size_bytes is None]
     labels = [line.get_label() for line in ax.get_lines()]
     assert any(published.KIND_PUBLISHED in lab for lab in labels)
-    drawn = published.add_theoretical_ceilings(ax, ["PCIe Gen3 x16", "PCIe Gen4 x16", "bogus"], skip_gbps=[published.link_ceiling_gbps("PCIe Gen3 x16")])
+    drawn = published.add_theoretical_ceilings(
+        ax, ["PCIe Gen3 x16", "PCIe Gen4 x16", "bogus"], skip_gbps=[published.link_ceiling_gbps("PCIe Gen3 x16")]
+    )
     assert drawn == ["PCIe Gen4 x16"]
     assert any("theoretical" in line.get_label() for line in ax.get_lines())
     ax2 = published.plot_share_of_ceiling(published.published_figures(memory="pinned"))

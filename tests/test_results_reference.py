@@ -102,4 +102,4 @@ def test_reference_fallback_and_lookup(rs: results.ResultSet, tmp_path, monkeypa
     same.records[0].value = 5.0
     same.save(tmp_path / "h200.json")
     lines = reference.live_vs_reference(rs, "ch02.h2d_bandwidth")
-    assert any("x2.00" in l for l in lines)
+    assert any("x2.00" in line for line in lines)

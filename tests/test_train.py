@@ -87,7 +87,9 @@ def test_evaluate(tiny: data.DatasetInfo) -> None:
     acc = train.evaluate(model, loader, "cpu")
     assert 0.0 <= acc <= 1.0 and model.training
     assert train.evaluate(model, loader, "cpu") == acc  # deterministic
-    u = loaders.timed_loader(data.ShapesDataset(tiny.val_dir, crop_size=24, augment=False, output="uint8"), 10, shuffle=False)
+    u = loaders.timed_loader(
+        data.ShapesDataset(tiny.val_dir, crop_size=24, augment=False, output="uint8"), 10, shuffle=False
+    )
     assert train.evaluate(model, u, "cpu") == pytest.approx(acc)
     with pytest.raises(ValueError, match="no samples"):
         train.evaluate(model, [], "cpu")

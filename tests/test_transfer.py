@@ -182,7 +182,9 @@ def test_break_even_and_pinning_pays():
 
 
 def test_speedup_by_size_and_claim_verdict():
-    pageable = T.Sweep("h2d", "pageable", [T.TransferPoint(n, "h2d", "pageable", t) for n, t in [(1, 2.0), (2, 3.0), (4, 4.0)]])
+    pageable = T.Sweep(
+        "h2d", "pageable", [T.TransferPoint(n, "h2d", "pageable", t) for n, t in [(1, 2.0), (2, 3.0), (4, 4.0)]]
+    )
     pinned = T.Sweep("h2d", "pinned", [T.TransferPoint(n, "h2d", "pinned", t) for n, t in [(1, 1.0), (4, 3.0)]])
     assert T.speedup_by_size(pageable, pinned) == [(1, 2.0), (4, pytest.approx(4 / 3))]
     assert [T.claim_verdict(r) for r in (0.9, 1.3, 1.4, 1.5, 2.0)] == ["below", "within", "within", "within", "above"]

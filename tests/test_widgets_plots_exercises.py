@@ -110,7 +110,10 @@ def test_panel_status_is_one_line_and_known_failures_become_advice() -> None:
     p.set(kind="b")
     p.click()
     assert p.error == "The run failed: RuntimeError: line one of a long error"
-    assert "frame 31" in [o for o in p.out.outputs if o.get("metadata", {}).get("workbook_details")][0]["data"]["text/plain"]
+    assert (
+        "frame 31"
+        in [o for o in p.out.outputs if o.get("metadata", {}).get("workbook_details")][0]["data"]["text/plain"]
+    )
     assert widgets.one_line("a\nb  c", limit=4) == "a b…"
 
 

@@ -142,7 +142,8 @@ class LabServer:
         except (urllib.error.URLError, OSError):
             left = None
         if left:
-            warnings.warn(f"{len(left)} kernel(s) still running after shutdown: {[k['id'] for k in left]}")
+            warnings.warn(f"{len(left)} kernel(s) still running after shutdown: {[k['id'] for k in left]}",
+                          stacklevel=2)
 
     def log_tail(self, n: int = 40) -> str:
         try:
@@ -217,8 +218,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
         except (urllib.error.URLError, OSError, ValueError):
             if time.monotonic() > deadline:
                 _stop(proc)
-                pytest.fail(f"jupyter lab did not answer /api/status in {SERVER_START_TIMEOUT_S:.0f} s:\n{server.log_tail()}",
-                            pytrace=False)
+                pytest.fail(f"jupyter lab did not answer /api/status in {SERVER_START_TIMEOUT_S:.0f} s:\n"
+                            f"{server.log_tail()}", pytrace=False)
             time.sleep(0.5)
     try:
         yield server

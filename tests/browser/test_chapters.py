@@ -31,7 +31,6 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-
 pytestmark = pytest.mark.browser
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
@@ -46,9 +45,10 @@ IMG_MIN_SCALE = 0.75            # a plot shown at less than this fraction of its
 _REPORT: dict[str, Any] = {}
 
 # -- JavaScript run in the page --------------------------------------------------
+# (JavaScript source: its long selector and message lines are exempted from E501 at each closing quote)
 
 JS_PROMPTS = """() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputArea-prompt')]
-    .map(e => e.textContent.trim())"""
+    .map(e => e.textContent.trim())"""  # noqa: E501
 
 JS_DONE = """() => {
   const prompts = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputArea-prompt')]
@@ -58,7 +58,7 @@ JS_DONE = """() => {
   const errors = document.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]');
   const hasError = [...errors].some(e => /Traceback|Error/.test(e.textContent));
   return hasError || prompts.every(p => /\\[\\d+\\]/.test(p));
-}"""
+}"""  # noqa: E501
 
 JS_STDERR = """() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
     .filter(e => !e.closest('.widget-output'))
@@ -66,7 +66,7 @@ JS_STDERR = """() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mo
        const cell = e.closest('.jp-Cell');
        const cells = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Cell')];
        return {cell: cells.indexOf(cell), text: e.textContent.slice(0, 2000)};
-    })"""
+    })"""  # noqa: E501
 
 # Things a reader trips over. Returns a list of {kind, cell, detail}.
 JS_LAYOUT = """(minScale) => {
@@ -105,7 +105,7 @@ JS_LAYOUT = """(minScale) => {
       out.push({kind: 'panel wider than the notebook', cell: idx(w), detail: `content ${w.scrollWidth}px, box ${w.clientWidth}px, output ${Math.round(hr.width)}px`});
   }
   return out;
-}"""
+}"""  # noqa: E501
 
 JS_SCROLL_TO = """(y) => {
   const nb = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook');
@@ -217,7 +217,11 @@ def _control_changes(page: Any, panel: Any) -> Iterator[Callable[[], str | None]
                 page.wait_for_timeout(300)
                 after = readout.first.inner_text() if readout.count() else None
                 if after != before:
-                    label = slider.locator(".widget-label").first.inner_text() if slider.locator(".widget-label").count() else "slider"
+                    label = (
+                        slider.locator(".widget-label").first.inner_text()
+                        if slider.locator(".widget-label").count()
+                        else "slider"
+                    )
                     return f"slider '{label}': {before} -> {after} ({key})"
             return None
         return go
@@ -301,7 +305,9 @@ def operate_panel(page: Any, panel: Any) -> dict[str, Any]:
             pass
         src = _img_src(panel)
         text = panel.locator(".widget-output").first.inner_text()
-        assert f"#{expected}" in text or not text.strip(), f"the panel's result text does not show run #{expected}: {text!r}"
+        assert f"#{expected}" in text or not text.strip(), (
+            f"the panel's result text does not show run #{expected}: {text!r}"
+        )
         plot_changed = bool(src) and src != src_prev
         attempts.append({"changed": what, "panel_run_s": round(seconds, 2), "status": status,
                          "output_text": text[:300], "plot_changed": plot_changed})
@@ -310,7 +316,9 @@ def operate_panel(page: Any, panel: Any) -> dict[str, Any]:
         if plot_changed:
             break
     assert attempts, "the panel has no slider, dropdown, toggle or checkbox a reader could change"
-    assert attempts[-1]["plot_changed"], f"the panel's plot did not change after changing a control and pressing Run: {attempts}"
+    assert attempts[-1]["plot_changed"], (
+        f"the panel's plot did not change after changing a control and pressing Run: {attempts}"
+    )
     return {"panel_attempts": attempts, "panel_run_s": attempts[-1]["panel_run_s"], "changed": attempts[-1]["changed"]}
 
 
