@@ -367,8 +367,6 @@ def run_benchmarks(
     """
     from tqdm import tqdm
 
-    from .results import flag_lines
-
     say = log or (lambda s: tqdm.write(s, file=sys.stderr))
     outcomes: list[ChapterOutcome] = [] if into is None else into
     bar = tqdm(total=len(chapters), desc="bench", unit="chapter", disable=not progress, file=sys.stderr,
