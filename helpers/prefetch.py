@@ -755,6 +755,17 @@ def check_race(candidate: Any, device: torch.device | str = "cuda", *, batch_mib
     return problems
 
 
+def _not_an_answer(candidate: Any, what_to_do: str, refused: "PrefetcherCheck") -> "PrefetcherCheck | None":
+    """The verdict for a candidate that is no answer yet, not callable, or the reference; else None."""
+    if candidate is None:
+        return PrefetcherCheck(False, [f"no answer yet: {what_to_do}"])
+    if not callable(candidate):
+        return PrefetcherCheck(False, [f"expected a class or function, got {type(candidate).__name__}"])
+    if _is_reference(candidate):
+        return refused
+    return None
+
+
 def check_prefetcher(
     candidate: Any,
     device: torch.device | str | None = None,
@@ -779,14 +790,11 @@ def check_prefetcher(
        yielded, with batches large enough for a race to show (:func:`check_race`), and
        (``check_overlap``) measures how much of the copy time it hides.
     """
-    if candidate is None:
-        return PrefetcherCheck(False, ["no answer yet: define your prefetcher and pass it to the check"])
-    if not callable(candidate):
-        return PrefetcherCheck(False, [f"expected a class or function, got {type(candidate).__name__}"])
     refused = PrefetcherCheck(False, ["this is (or uses) helpers.prefetch.Prefetcher, the chapter's reference: "
                                       "the exercise is to write your own (prefetch.move_batch is allowed)"])
-    if _is_reference(candidate):
-        return refused
+    early = _not_an_answer(candidate, "define your prefetcher and pass it to the check", refused)
+    if early is not None:
+        return early
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     messages: list[str] = []
     made_before = Prefetcher.made
@@ -1299,14 +1307,11 @@ def check_pipeline_prefetcher(candidate: Any, device: torch.device | str | None 
        and (``check_overlap``) how much of the copy time it hides
        (:func:`prefetch_overlap_ratio` with pairs).
     """
-    if candidate is None:
-        return PrefetcherCheck(False, ["no answer yet: set answer = Prefetcher (the class you wrote) and run again"])
-    if not callable(candidate):
-        return PrefetcherCheck(False, [f"expected a class or function, got {type(candidate).__name__}"])
     refused = PrefetcherCheck(False, ["this is (or uses) helpers.prefetch.Prefetcher, the chapter's reference: "
                                       "hand in the Prefetcher you wrote in the chapter"])
-    if _is_reference(candidate):
-        return refused
+    early = _not_an_answer(candidate, "set answer = Prefetcher (the class you wrote) and run again", refused)
+    if early is not None:
+        return early
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     made_before = Prefetcher.made
     messages: list[str] = []
