@@ -1,7 +1,8 @@
 """Every test module must leave no child process behind.
 
-After each test module, any process this pytest process started (directly or not) that is still
-running 5 s later is named in the run's summary and killed, so that a leak is found by the module that
+After each test module, any process this pytest process started (directly or not) during the module,
+and not through a service that was already running (a session-wide browser), that is still running
+5 s later is named in the run's summary and killed, so that a leak is found by the module that
 caused it and never outlives the run as an orphan.
 """
 
@@ -24,6 +25,10 @@ def _alive_children(me: psutil.Process, before: set[int]) -> list[psutil.Process
     for c in me.children(recursive=True):
         try:
             if c.pid not in before and c.status() != psutil.STATUS_ZOMBIE:
+                # A process started by one that was already running (a session-wide browser or server)
+                # belongs to that service, not to this module.
+                if any(p.pid in before for p in c.parents()):
+                    continue
                 if not any(s in " ".join(c.cmdline()) for s in SERVICES):
                     out.append(c)
         except psutil.Error:
