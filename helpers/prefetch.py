@@ -690,6 +690,18 @@ def _gpu_error(exc: BaseException, dev: torch.device) -> bool:
     return (accel is not None and isinstance(exc, accel)) or (isinstance(exc, RuntimeError) and "CUDA" in str(exc))
 
 
+def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> GpuDelay:
+    """Queued do-nothing GPU work lasting about three copies of ``src`` (measured once with CUDA events), so
+    that a consumer which forgets to wait for the copy reads the batch before it has arrived."""
+    probe = torch.empty_like(src, device=dev)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    probe.copy_(src, non_blocking=True)
+    e.record()
+    torch.cuda.synchronize(dev)
+    return GpuDelay(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))
+
+
 def check_race(candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 64,
                n_batches: int = 8) -> list[str]:
     """Problems (empty: none) seen when each batch is checked **on the consuming stream** as it arrives (CUDA).
@@ -716,14 +728,7 @@ def check_race(candidate: Any, device: torch.device | str = "cuda", *, batch_mib
         raise ValueError("check_race needs a CUDA device")
     n = batch_mib * (1 << 20) // 4
     loader = [torch.full((n,), float(i + 1)).pin_memory() for i in range(n_batches)]
-    probe = torch.empty(n, device=dev)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    probe.copy_(loader[0], non_blocking=True)
-    e.record()
-    torch.cuda.synchronize(dev)
-    delay = GpuDelay(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))
-    del probe
+    delay = _delay_behind_copy(loader[0], dev)
     problems: list[str] = []
     for label, wait in (("checked at once", False), ("checked behind queued work", True)):
         counts: list[torch.Tensor] = []
@@ -1255,14 +1260,7 @@ def check_pipeline_race(candidate: Any, device: torch.device | str = "cuda", *, 
                torch.full((64,), i, dtype=torch.int64).pin_memory()) for i in range(n_batches)]
     refs = [to_float_normalized(torch.full((1, 3, 1, 1), 10 + 20 * i, dtype=torch.uint8, device=dev))
             for i in range(n_batches)]
-    probe = torch.empty(shape, dtype=torch.uint8, device=dev)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    probe.copy_(loader[0][0], non_blocking=True)
-    e.record()
-    torch.cuda.synchronize(dev)
-    delay = GpuDelay(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))
-    del probe
+    delay = _delay_behind_copy(loader[0][0], dev)
     problems: list[str] = []
     for label, wait in (("checked at once", False), ("checked behind queued work", True)):
         counts: list[torch.Tensor] = []
