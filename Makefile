@@ -18,7 +18,7 @@ help:
 	@echo "make lab         set up .venv and open the workbook in JupyterLab"
 	@echo "make test        set up .venv and run every test (quick mode)"
 	@echo "make test-fast   lint + unit tests (no notebooks, no browser)"
-	@echo "make lint        ruff over the code and the notebooks, mypy over helpers/ (seconds)"
+	@echo "make lint        ruff check + ruff format --check over code and notebooks, mypy over helpers/"
 	@echo "make test-notebooks  every notebook under nbval, quick mode"
 	@echo "make test-browser    every chapter in JupyterLab + headless Chromium (installs Debian's chromium)"
 	@echo "make bench       every chapter's measurements headless -> artifacts/bench-*.json + .png (BENCH_ARGS=--quick)"
@@ -49,10 +49,11 @@ test: setup
 
 test-fast: setup lint test-unit
 
-# Lint (pyproject.toml: [tool.ruff], [tool.mypy]): ruff checks every .py file and every notebook;
+# Lint (pyproject.toml: [tool.ruff], [tool.mypy]): ruff checks and format-checks every .py file and notebook;
 # mypy type-checks helpers/ (the package ships py.typed).
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m mypy
 
 test-unit: setup
@@ -71,13 +72,13 @@ test-browser: setup
 
 # Every chapter's measurements, headless (BENCH_ARGS=--quick for a smoke run).
 bench: setup
-	$(BIN)/python -m helpers.bench $(BENCH_ARGS)
+	$(BIN)/python -m helpers.tools.bench $(BENCH_ARGS)
 
 # On a machine with a CUDA GPU, each step within its own time limit (docs/GPU-CHECK.md):
 # smoke (quick, every notebook + CUDA-only tests), bench (+ a reference file), notebooks (full), unit (CUDA-only).
 GPUCHECK_STEPS ?= smoke,bench,notebooks,unit
 gpu-check: setup
-	$(BIN)/python -m helpers.gpucheck --steps $(GPUCHECK_STEPS) $(GPUCHECK_ARGS)
+	$(BIN)/python -m helpers.tools.gpucheck --steps $(GPUCHECK_STEPS) $(GPUCHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache artifacts data-cache

@@ -20,8 +20,11 @@ def long_lines(outputs: list[Any] | None) -> list[str]:
     found = []
     for out in outputs or []:
         if out.get("output_type") == "stream":
-            found += [ln for ln in str(out.get("text", "")).splitlines()
-                      if len(ln) > MAX_PRINTED and not ln.startswith('  File "')]   # a traceback's file paths
+            found += [
+                ln
+                for ln in str(out.get("text", "")).splitlines()
+                if len(ln) > MAX_PRINTED and not ln.startswith('  File "')
+            ]  # a traceback's file paths
     return found
 
 
@@ -34,6 +37,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     too_long = long_lines(item.test_outputs)
     if too_long:
         report.outcome = "failed"
-        report.longrepr = (f"{len(too_long)} printed line(s) longer than {MAX_PRINTED} characters "
-                           "(they wrap mid-word in JupyterLab); shorten or wrap them:\n"
-                           + "\n".join(f"  [{len(ln)}] {ln}" for ln in too_long[:5]))
+        report.longrepr = (
+            f"{len(too_long)} printed line(s) longer than {MAX_PRINTED} characters "
+            "(they wrap mid-word in JupyterLab); shorten or wrap them:\n"
+            + "\n".join(f"  [{len(ln)}] {ln}" for ln in too_long[:5])
+        )

@@ -1,39 +1,17 @@
-"""Helpers for the GPU data-pipeline workbook.
+"""Helpers for the GPU data-pipeline workbook, in five layers (one folder each).
 
-One module per job; chapters import what they need, e.g.
-``from helpers import device, timing``. Importing this package is cheap: it
-does not import torch until a submodule that needs it is imported.
-The modules stand in layers, each importing only its own and lower ones, with no
-import cycle: core, ui, pipeline, chapters, tools (the table in docs/CONTRIBUTING.md,
-checked by tests/test_layers.py).
+Each layer imports only its own and lower layers, with no import cycle (the table in
+docs/CONTRIBUTING.md, checked by tests/test_layers.py):
 
-Modules:
-    config      quick mode (``WORKBOOK_QUICK``) and folders
-    validate    argument checks with clear messages
-    device      device choice and hardware facts (CPU, RAM, /dev/shm, GPU, link)
-    timing      benchmark timer, CUDA events, span recorder for step phases, GPU work of known length
-    results     JSON result files with provenance; comparisons as ratios
-    reference   reference results recorded on real GPUs, and honest fallbacks
-    widgets     the live-panel toolkit
-    plots       shared plots (timelines, stacked phases, sweeps, run history)
-    exercises   automatic checks for the exercises
-    hygiene     chapter 00: warm-up, synchronisation and clock experiments
-    data        chapter 01: the generated JPEG data set and its Dataset class
-    models      chapter 01: the small CNN whose compute per batch scales
-    train       chapter 01: the instrumented training loop and step anatomy
-    transfer    chapter 02: pageable vs pinned copies, pinning cost, allocator
-    loaders     chapters 03-04: DataLoader knobs, workers, pitfalls, throughput
-    prefetch    chapter 05: the side-stream prefetcher
-    overlap     chapter 05: the 2x2 overlap experiment and the async hazards
-    progress    the one progress convention: progress(fraction, text), tqdm bars for cells
-    published   host<->GPU copy figures published elsewhere (cited), beside ours and the theory
-    gpudecode   chapter 05 (optional): JPEG bytes to decoded batches, on the CPU or the GPU (nvJPEG)
-    capstone    chapter 06: every step stacked on one job, in two regimes
-    doctor      chapter 06: diagnose any pipeline (data-, transfer- or compute-bound)
-    distributed chapter 07: DistributedSampler demos and the torchrun launcher
-    ddp_train   chapter 07: the per-rank training script torchrun runs
-    bench       ``python -m helpers.bench``: every chapter's measurements, headless
-    gpucheck    ``python -m helpers.gpucheck``: the GPU check that records reference results
+    core       settings, checks, hardware facts, timers, result files     helpers.core.config, ...
+    ui         what the reader sees: plots, panels, exercise checks       helpers.ui.widgets, ...
+    pipeline   the data pipeline the chapters build and measure           helpers.pipeline.loaders, ...
+    chapters   what puts it together: one module per chapter              helpers.chapters.capstone, ...
+    tools      command-line tools over everything                         python -m helpers.tools.bench
+
+Chapters import what they need, e.g. ``from helpers.core import device, timing``. Importing a
+layer is cheap: nothing imports torch until a module that needs it is imported. Each layer's
+``__init__`` lists its modules.
 """
 
 __version__ = "0.1.0"

@@ -1,6 +1,6 @@
-"""Tests for the headless benchmark (helpers.bench) and the GPU check (helpers.gpucheck), on CPU.
+"""Tests for the headless benchmark (helpers.tools.bench) and the GPU check (helpers.tools.gpucheck), on CPU.
 
-The end-to-end test runs ``python -m helpers.bench --quick`` in a subprocess, as a
+The end-to-end test runs ``python -m helpers.tools.bench --quick`` in a subprocess, as a
 user would, and validates the file it writes. The failure path is tested in
 process with fake chapter modules injected into ``sys.modules``. Plot and
 table tests use a small *synthetic* result set (test data, never shown as a
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import bench
-from helpers.results import BENCHMARK_VERSION, SCHEMA, ResultSet
+from helpers.core.results import BENCHMARK_VERSION, SCHEMA, ResultSet
+from helpers.tools import bench
 
 ROOT = Path(__file__).resolve().parent.parent
 HAS_CUDA = False
@@ -47,7 +47,7 @@ def _env(tmp: Path) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------
-# End to end: python -m helpers.bench --quick
+# End to end: python -m helpers.tools.bench --quick
 # ---------------------------------------------------------------------------
 
 
@@ -58,7 +58,17 @@ QUICK_TIMEOUT_S = 1100
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("bench")
     out, png = tmp / "bench.json", tmp / "bench.png"
-    argv = [sys.executable, "-m", "helpers.bench", "--quick", "--no-progress", "--out", str(out), "--png", str(png)]
+    argv = [
+        sys.executable,
+        "-m",
+        "helpers.tools.bench",
+        "--quick",
+        "--no-progress",
+        "--out",
+        str(out),
+        "--png",
+        str(png),
+    ]
     proc = subprocess.Popen(argv, cwd=ROOT, env=_env(tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=QUICK_TIMEOUT_S)
@@ -69,9 +79,13 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
         if out.is_file():
             chapters = ResultSet.load(out).provenance["bench"]["chapters"]
             done = ", ".join(f"{c['chapter']} {c['status']} {c['seconds']:.0f} s" for c in chapters)
-        pytest.fail(f"python -m helpers.bench --quick took over {QUICK_TIMEOUT_S} s; chapters done: {done}")
-    return {"proc": subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr), "out": out, "png": png,
-            "tmp": tmp}
+        pytest.fail(f"python -m helpers.tools.bench --quick took over {QUICK_TIMEOUT_S} s; chapters done: {done}")
+    return {
+        "proc": subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr),
+        "out": out,
+        "png": png,
+        "tmp": tmp,
+    }
 
 
 @pytest.mark.slow
@@ -85,7 +99,7 @@ def test_quick_bench_writes_a_valid_results_file(quick_run: dict) -> None:
     assert rs.name == "bench"
     assert rs.mode == "quick"
     assert rs.benchmark_version == BENCHMARK_VERSION
-    assert "helpers.bench" in rs.method
+    assert "helpers.tools.bench" in rs.method
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", rs.created)
     prov = rs.provenance
     for key in ("hardware", "report", "torch_version", "python_version", "platform", "bench"):
@@ -111,8 +125,11 @@ def test_quick_bench_writes_a_valid_results_file(quick_run: dict) -> None:
 def test_quick_bench_succeeds_and_draws_a_png(quick_run: dict) -> None:
     proc = quick_run["proc"]
     rs = ResultSet.load(quick_run["out"])
-    failed = [f"{c['chapter']} ({c['module']}): {c['reason']}" for c in rs.provenance["bench"]["chapters"]
-              if c["status"] == "failed"]
+    failed = [
+        f"{c['chapter']} ({c['module']}): {c['reason']}"
+        for c in rs.provenance["bench"]["chapters"]
+        if c["status"] == "failed"
+    ]
     assert proc.returncode == 0, f"bench failed for {failed}; stderr tail:\n{proc.stderr[-3000:]}"
     assert rs.provenance["bench"]["ok"] is True
     assert quick_run["png"].read_bytes()[:8] == PNG_MAGIC
@@ -157,13 +174,21 @@ def fake_chapters(monkeypatch: pytest.MonkeyPatch) -> list[bench.Chapter]:
 
 
 def test_failing_chapter_is_loud_and_does_not_hide_others(
-    fake_chapters: list[bench.Chapter], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    fake_chapters: list[bench.Chapter],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("WORKBOOK_QUICK", "1")
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path / "ref"))
-    code, rs, paths = bench.run(chapters=fake_chapters, device="cpu", out=tmp_path / "r.json",
-                                png=tmp_path / "r.png", progress=False, argv=["--test"])
+    code, rs, paths = bench.run(
+        chapters=fake_chapters,
+        device="cpu",
+        out=tmp_path / "r.json",
+        png=tmp_path / "r.png",
+        progress=False,
+        argv=["--test"],
+    )
     assert code == 1
     status = {o["chapter"]: o["status"] for o in paths["outcomes"]}
     assert status == {"ch97": "skipped", "ch98": "ok", "ch99": "failed", "ch96": "skipped"}
@@ -206,8 +231,11 @@ def test_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_select_chapters() -> None:
-    assert [c.module for c in bench.select_chapters("2,ch05")] == ["helpers.transfer", "helpers.overlap"]
-    assert [c.module for c in bench.select_chapters("03,04")] == ["helpers.loaders"]
+    assert [c.module for c in bench.select_chapters("2,ch05")] == [
+        "helpers.pipeline.transfer",
+        "helpers.pipeline.overlap",
+    ]
+    assert [c.module for c in bench.select_chapters("03,04")] == ["helpers.pipeline.loaders"]
     assert len(bench.select_chapters(None)) == len(bench.CHAPTERS)
     with pytest.raises(ValueError, match="--chapters"):
         bench.select_chapters("08")
@@ -232,8 +260,11 @@ def synthetic_gpu_results() -> ResultSet:
     """A result set shaped like a GPU run. SYNTHETIC TEST DATA: the values are made up for the plot code."""
     rs = ResultSet.new("synthetic", "synthetic test data (not a measurement)", device="cpu")
     rs.provenance["hardware"] = dict(rs.provenance["hardware"], gpu_name="Test GPU 1000", gpu_count=1)
-    rs.provenance["report"] = dict(rs.provenance.get("report", {}), link_bandwidth_gbps=63.0,
-                                   link_description="PCIe Gen5 x16 (theoretical, per direction)")
+    rs.provenance["report"] = dict(
+        rs.provenance.get("report", {}),
+        link_bandwidth_gbps=63.0,
+        link_description="PCIe Gen5 x16 (theoretical, per direction)",
+    )
     for d in ("h2d", "d2h"):
         for m, bw in (("pinned", 50.0), ("pageable", 20.0)):
             for k in range(12, 29, 2):
@@ -249,10 +280,20 @@ def synthetic_gpu_results() -> ResultSet:
             rs.add("ch06.waterfall", 100.0 * (i + 1), "items/s", stage=stage, regime=regime, order=i)
     rs.add("ch04.items_per_s", 900.0, "items/s", num_workers=2)
     rs.add("ch04.items_per_s", 500.0, "items/s", num_workers=0)
-    spans = [{"name": name, "step": s, "lane": lane, "start": s + o, "end": s + o + 0.4, "host_start": s + o,
-              "host_end": s + o + 0.4, "on_gpu": lane != "host"}
-             for s in range(3) for name, lane, o in (("load", "host", 0.0), ("h2d", "copy stream", 0.3),
-                                                     ("compute", "compute stream", 0.6))]
+    spans = [
+        {
+            "name": name,
+            "step": s,
+            "lane": lane,
+            "start": s + o,
+            "end": s + o + 0.4,
+            "host_start": s + o,
+            "host_end": s + o + 0.4,
+            "on_gpu": lane != "host",
+        }
+        for s in range(3)
+        for name, lane, o in (("load", "host", 0.0), ("h2d", "copy stream", 0.3), ("compute", "compute stream", 0.6))
+    ]
     rs.artifacts["ch05.trace.overlapped"] = {"spans": spans, "metadata": {"synthetic": True}}
     return rs
 
@@ -262,8 +303,7 @@ def test_summary_figure_draws_every_panel_from_synthetic_records(tmp_path: Path)
     path, drawn, skipped = bench.summary_figure(rs, tmp_path / "s.png")
     assert path.read_bytes()[:8] == PNG_MAGIC
     titles = " | ".join(drawn)
-    for needle in ("bandwidth", "pinning", "timeline", "waterfall (input-bound)", "waterfall (compute-bound)",
-                   "ch04"):
+    for needle in ("bandwidth", "pinning", "timeline", "waterfall (input-bound)", "waterfall (compute-bound)", "ch04"):
         assert needle in titles, f"panel {needle!r} missing; drawn: {drawn}; skipped: {skipped}"
     assert skipped == []
 
@@ -312,7 +352,7 @@ def test_reference_table_doc_matches_committed_reference_files(monkeypatch: pyte
     start, end = doc.index(bench.TABLE_START) + len(bench.TABLE_START), doc.index(bench.TABLE_END)
     assert doc[start:end].strip() == bench.readme_block().strip(), (
         "the README's reference tables are out of date: run "
-        "`python -m helpers.bench --readme-table --update README.md`"
+        "`python -m helpers.tools.bench --readme-table --update README.md`"
     )
 
 
@@ -334,37 +374,63 @@ def test_update_table_file(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
 def test_gpucheck_refuses_plainly_without_cuda(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "helpers.gpucheck"], cwd=ROOT, env=_env(tmp_path),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "helpers.tools.gpucheck"],
+        cwd=ROOT,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "no CUDA GPU is usable here" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 def test_gpucheck_dry_run_plans_bench_then_notebooks_then_cuda_tests(tmp_path: Path) -> None:
-    from helpers import gpucheck
+    from helpers.tools import gpucheck
 
-    proc = subprocess.run([sys.executable, "-m", "helpers.gpucheck", "--allow-cpu", "--dry-run",
-                           "--logs", str(tmp_path / "logs")], cwd=ROOT, env=_env(tmp_path),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "helpers.tools.gpucheck", "--allow-cpu", "--dry-run", "--logs", str(tmp_path / "logs")],
+        cwd=ROOT,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     lines = [ln for ln in proc.stdout.splitlines() if "would run" in ln]
     n_nb = len(gpucheck.notebooks(ROOT))
     assert len(lines) == 1 + n_nb + 1
-    assert "[bench]" in lines[0] and "helpers.bench --full" in lines[0] and "--budget-s" in lines[0]
-    assert all("--nbval-lax" in ln and "--nbval-current-env" in ln and "WORKBOOK_FULL" not in ln.split(":")[0]
-               for ln in lines[1:n_nb + 1])
-    assert "--cuda-only" in lines[-1] and "-p helpers.gpucheck" in lines[-1] and "--ignore=tests/browser" in lines[-1]
+    assert "[bench]" in lines[0] and "helpers.tools.bench --full" in lines[0] and "--budget-s" in lines[0]
+    assert all(
+        "--nbval-lax" in ln and "--nbval-current-env" in ln and "WORKBOOK_FULL" not in ln.split(":")[0]
+        for ln in lines[1 : n_nb + 1]
+    )
+    assert (
+        "--cuda-only" in lines[-1]
+        and "-p helpers.tools.gpucheck" in lines[-1]
+        and "--ignore=tests/browser" in lines[-1]
+    )
     assert "WORKBOOK_REQUIRE_GPU" in proc.stdout and "WORKBOOK_FULL=1" in proc.stdout
 
 
 def test_gpucheck_smoke_plan_is_quick_and_cuda_only(tmp_path: Path) -> None:
-    from helpers import gpucheck
+    from helpers.tools import gpucheck
 
     root = gpucheck.repo_root()
     nbs = gpucheck.notebooks(root)
-    steps = gpucheck.plan(root, nbs, steps=["smoke"], cell_timeout=600, notebook_timeout=900, reference=True,
-                          strict=True, quick=False, workdir=tmp_path)
+    steps = gpucheck.plan(
+        root,
+        nbs,
+        steps=["smoke"],
+        cell_timeout=600,
+        notebook_timeout=900,
+        reference=True,
+        strict=True,
+        quick=False,
+        workdir=tmp_path,
+    )
     assert len(steps) == 1 + len(nbs) and {s.group for s in steps} == {"smoke"}
     assert all(s.env == {"WORKBOOK_QUICK": "1", "WORKBOOK_FULL": "0"} for s in steps)
     assert "--cuda-only" in steps[0].argv and "not slow and not browser" in steps[0].argv
@@ -374,13 +440,21 @@ def test_gpucheck_smoke_plan_is_quick_and_cuda_only(tmp_path: Path) -> None:
 
 
 def test_gpucheck_fits_inner_limits_to_the_time_left(tmp_path: Path) -> None:
-    from helpers import gpucheck
+    from helpers.tools import gpucheck
 
     root = gpucheck.repo_root()
     nb = gpucheck.notebooks(root)[:1]
-    bench_step, nb_step = gpucheck.plan(root, nb, steps=["bench", "notebooks"], cell_timeout=600,
-                                        notebook_timeout=900, reference=False, strict=False, quick=True,
-                                        workdir=tmp_path)
+    bench_step, nb_step = gpucheck.plan(
+        root,
+        nb,
+        steps=["bench", "notebooks"],
+        cell_timeout=600,
+        notebook_timeout=900,
+        reference=False,
+        strict=False,
+        quick=True,
+        workdir=tmp_path,
+    )
     assert bench_step.argv[bench_step.argv.index("--budget-s") + 1] == str(450 - gpucheck.BENCH_MARGIN_S)
     argv = gpucheck._fit_argv(bench_step, 200)
     assert argv[argv.index("--budget-s") + 1] == str(200 - gpucheck.BENCH_MARGIN_S)
@@ -391,11 +465,12 @@ def test_gpucheck_fits_inner_limits_to_the_time_left(tmp_path: Path) -> None:
 def test_gpucheck_groups_keep_their_time_limits(tmp_path: Path) -> None:
     import time as _time
 
-    from helpers import gpucheck
+    from helpers.tools import gpucheck
 
     def step(name: str, seconds: float, group: str) -> "gpucheck.Step":
-        return gpucheck.Step(name=name, group=group, timeout_s=900,
-                             argv=[sys.executable, "-c", f"import time; time.sleep({seconds})"])
+        return gpucheck.Step(
+            name=name, group=group, timeout_s=900, argv=[sys.executable, "-c", f"import time; time.sleep({seconds})"]
+        )
 
     env = dict(os.environ)
     # notebooks: fair shares; a hanging one is stopped at its share and the next still runs
@@ -417,9 +492,24 @@ def test_gpucheck_groups_keep_their_time_limits(tmp_path: Path) -> None:
 def test_gpucheck_unit_step_end_to_end_on_cpu(tmp_path: Path) -> None:
     """--allow-cpu tests the check itself: the CUDA-only selection runs (and skips here), files are bundled."""
     logs = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "helpers.gpucheck", "--allow-cpu", "--steps", "unit", "--logs",
-                           str(logs), "--bundle"], cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
-                          timeout=580)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "helpers.tools.gpucheck",
+            "--allow-cpu",
+            "--steps",
+            "unit",
+            "--logs",
+            str(logs),
+            "--bundle",
+        ],
+        cwd=ROOT,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=580,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in logs.iterdir()) == ["gpucheck-logs.tar.gz", "summary.json", "summary.txt"]
     summary = json.loads((logs / "summary.json").read_text())
@@ -436,18 +526,38 @@ def test_cuda_only_plugin_selects_tests_that_need_cuda(tmp_path: Path) -> None:
         "def test_gpu(): pass\n"
         "@pytest.mark.skipif(False, reason='checks the no-CUDA error')\n"
         "def test_fallback(): pass\n"
-        "def test_plain(): pass\n")
+        "def test_plain(): pass\n"
+    )
     env = _env(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "helpers.gpucheck", "--cuda-only", "--collect-only",
-                           "-q", "-p", "no:cacheprovider", "-o", "addopts=", str(tmp_path / "test_sel.py")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "helpers.tools.gpucheck",
+            "--cuda-only",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "addopts=",
+            str(tmp_path / "test_sel.py"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "test_gpu" in proc.stdout and "test_fallback" not in proc.stdout and "test_plain" not in proc.stdout
     assert "2 deselected" in proc.stdout
 
 
 def test_torch_api_gaps_names_what_the_machine_lacks(tmp_path: Path) -> None:
-    from helpers import gpucheck
+    from helpers.tools import gpucheck
 
     (tmp_path / "helpers").mkdir()
     t = "torch"  # built at run time, so that the scan of this very file finds nothing missing
@@ -456,15 +566,18 @@ def test_torch_api_gaps_names_what_the_machine_lacks(tmp_path: Path) -> None:
         f"from {t}.utils.data import DataLoader, NoSuchLoader42\n"
         f"{t}.cuda.synchronize\n"
         f"{t}.cuda.no_such_api_42()\n"
-        f"{t}.no_such_module_42.thing\n")
+        f"{t}.no_such_module_42.thing\n"
+    )
     gaps = gpucheck.torch_api_gaps(tmp_path)
-    assert gaps == [f"{t}.cuda.no_such_api_42 (used in helpers/x.py)",
-                    f"{t}.no_such_module_42 (used in helpers/x.py)",
-                    f"{t}.utils.data.NoSuchLoader42 (used in helpers/x.py)"]
+    assert gaps == [
+        f"{t}.cuda.no_such_api_42 (used in helpers/x.py)",
+        f"{t}.no_such_module_42 (used in helpers/x.py)",
+        f"{t}.utils.data.NoSuchLoader42 (used in helpers/x.py)",
+    ]
 
 
 def test_gpucheck_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    from helpers import gpucheck
+    from helpers.tools import gpucheck
 
     assert gpucheck.main(["--allow-cpu", "--steps", "lint"]) == 2
     assert "--steps" in capsys.readouterr().err
@@ -514,16 +627,33 @@ def test_reference_subset_drops_failed_chapters(fake_chapters: list[bench.Chapte
     assert len(rs.records) == 3, "the full result set is untouched"
 
 
-def test_reference_from_a_partial_gpu_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_reference_from_a_partial_gpu_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path / "ref"))
     rs = synthetic_gpu_results()
     rs.mode = "full"
     n = len(rs.records)
-    rs.provenance["bench"] = {"chapters": [
-        {"chapter": "ch02", "module": "m", "status": "ok", "first_record": 0, "records": n - 2, "artifact_names": []},
-        {"chapter": "ch04", "module": "m", "status": "failed", "first_record": n - 2, "records": 2,
-         "artifact_names": []}]}
+    rs.provenance["bench"] = {
+        "chapters": [
+            {
+                "chapter": "ch02",
+                "module": "m",
+                "status": "ok",
+                "first_record": 0,
+                "records": n - 2,
+                "artifact_names": [],
+            },
+            {
+                "chapter": "ch04",
+                "module": "m",
+                "status": "failed",
+                "first_record": n - 2,
+                "records": 2,
+                "artifact_names": [],
+            },
+        ]
+    }
     rs.save(tmp_path / "partial.json")
     assert bench.main(["--reference-from", str(tmp_path / "partial.json")]) == 0
     (ref,) = list((tmp_path / "ref").glob("*.json"))
@@ -543,8 +673,14 @@ def test_reference_from_a_partial_gpu_file(tmp_path: Path, monkeypatch: pytest.M
 def _run_cli(tmp_path: Path, *args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = _env(tmp_path)
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-m", "helpers.bench", "--no-progress", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "helpers.tools.bench", "--no-progress", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _one_error_line(proc: subprocess.CompletedProcess, start: str = "error:") -> str:
@@ -582,14 +718,17 @@ def test_cli_bad_input_prints_one_error_line(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
 def test_strict_run_without_gpu_is_refused_in_one_line(tmp_path: Path) -> None:
-    for args, extra in ((["--strict", "--chapters", "00"], {}), (["--chapters", "00"], {"WORKBOOK_REQUIRE_GPU": "1"}),
-                        (["--reference", "--chapters", "00"], {})):
+    for args, extra in (
+        (["--strict", "--chapters", "00"], {}),
+        (["--chapters", "00"], {"WORKBOOK_REQUIRE_GPU": "1"}),
+        (["--reference", "--chapters", "00"], {}),
+    ):
         proc = _run_cli(tmp_path, *args, env_extra=extra)
         assert "needs a CUDA device" in _one_error_line(proc, "refusing") or "CUDA GPU" in proc.stderr
 
 
 def test_full_and_quick_flags_set_the_tier(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from helpers import config
+    from helpers.core import config
 
     seen: dict[str, str] = {}
 
@@ -610,16 +749,17 @@ def test_full_and_quick_flags_set_the_tier(monkeypatch: pytest.MonkeyPatch, tmp_
     assert bench.main(["--chapters", "00"]) == 0 and seen["tier"] == "laptop"
 
 
-def test_reference_is_refused_outside_full_mode(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
-    from helpers import device
+def test_reference_is_refused_outside_full_mode(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from helpers.core import device
 
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path / "ref"))
     monkeypatch.setattr(device, "has_cuda", lambda: True)
     for env, tier in (({"WORKBOOK_QUICK": "1"}, "quick"), ({"WORKBOOK_QUICK": "0", "WORKBOOK_FULL": "0"}, "laptop")):
         for k, v in env.items():
             monkeypatch.setenv(k, v)
-        monkeypatch.setattr("helpers.config._cuda_present", lambda: False)  # the laptop tier
+        monkeypatch.setattr("helpers.core.config._cuda_present", lambda: False)  # the laptop tier
         code, rs, _ = bench.run(chapters=[], device="cuda", out=tmp_path / "a.json", reference=True, progress=False)
         assert code == 2 and rs is None
         assert f"refusing --reference in {tier} mode" in capsys.readouterr().err
@@ -642,7 +782,7 @@ def _ch03_ch04_records() -> ResultSet:
 
 
 def test_sanity_flags_mark_impossible_and_contradictory_figures() -> None:
-    from helpers.results import flag_lines, sanity_flags
+    from helpers.core.results import flag_lines, sanity_flags
 
     rs = _ch03_ch04_records()
     share = rs.find("ch04.share_of_ceiling")[0]
@@ -674,7 +814,8 @@ def test_summary_draws_ratios_pages_and_no_effect_notes(tmp_path: Path) -> None:
     labels = bench._varying_labels(rs.find("ch03.items_per_s"))
     assert all("[no effect]" in lb for lb, r in zip(labels, rs.find("ch03.items_per_s")) if r.params["pin_memory"])
     assert bench._inactive_settings(rs.find("ch03.items_per_s")[1].params) == [
-        "pin_memory=True had no effect (pin_active=False)"]
+        "pin_memory=True had no effect (pin_active=False)"
+    ]
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots()
@@ -763,8 +904,9 @@ def test_pool_terminate_never_hangs_with_the_handler_installed() -> None:
                 assert _time.monotonic() - t0 < 20
 
 
-def test_a_chapter_that_outruns_its_share_is_stopped_and_the_next_runs(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_chapter_that_outruns_its_share_is_stopped_and_the_next_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import time as _time
 
     def slow(results, device) -> None:
@@ -776,8 +918,9 @@ def test_a_chapter_that_outruns_its_share_is_stopped_and_the_next_runs(tmp_path:
     monkeypatch.setenv("WORKBOOK_QUICK", "1")
     chapters = [bench.Chapter(("93",), "fake_slow", "slow", 1.0), bench.Chapter(("98",), "fake_ok", "ok", 1.0)]
     t0 = _time.monotonic()
-    code, rs, paths = bench.run(chapters=chapters, device="cpu", out=tmp_path / "t.json", png=False, progress=False,
-                                budget_s=4.0)
+    code, rs, paths = bench.run(
+        chapters=chapters, device="cpu", out=tmp_path / "t.json", png=False, progress=False, budget_s=4.0
+    )
     assert _time.monotonic() - t0 < 30
     assert code == 1
     status = {o["chapter"]: (o["status"], o["budget_s"]) for o in paths["outcomes"]}
@@ -785,18 +928,31 @@ def test_a_chapter_that_outruns_its_share_is_stopped_and_the_next_runs(tmp_path:
     assert status["ch98"][0] == "ok"
     saved = ResultSet.load(tmp_path / "t.json")
     assert saved.find("ch93.partial") and saved.find("ch98.items_per_s"), "partial results are kept"
-    assert bench.reference_subset(saved, [bench.ChapterOutcome(**{k: v for k, v in c.items()})
-                                          for c in saved.provenance["bench"]["chapters"]]).find("ch93") == []
+    assert (
+        bench.reference_subset(
+            saved, [bench.ChapterOutcome(**{k: v for k, v in c.items()}) for c in saved.provenance["bench"]["chapters"]]
+        ).find("ch93")
+        == []
+    )
     assert bench.chapter_shares(bench.CHAPTERS, 110.0)[0] == pytest.approx(110.0 * 0.5 / 11.0)
 
 
 def test_notebook_shares_follow_recorded_times(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from helpers import config, gpucheck
+    from helpers.core import config
+    from helpers.tools import gpucheck
 
     times = tmp_path / "chapter_times.json"
-    times.write_text(json.dumps({"machine": "test", "chapters": {"00": {"laptop": {"seconds": 30}},
-                                                                 "01": {"full": {"seconds": 90},
-                                                                        "laptop": {"seconds": 10}}}}))
+    times.write_text(
+        json.dumps(
+            {
+                "machine": "test",
+                "chapters": {
+                    "00": {"laptop": {"seconds": 30}},
+                    "01": {"full": {"seconds": 90}, "laptop": {"seconds": 10}},
+                },
+            }
+        )
+    )
     monkeypatch.setattr(config, "_chapter_times_file", lambda: times)
     nbs = [Path("00_a.ipynb"), Path("01_b.ipynb"), Path("02_c.ipynb")]
     assert gpucheck.notebook_weights(nbs, "full") == [30.0, 90.0, 60.0]

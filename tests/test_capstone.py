@@ -1,4 +1,4 @@
-"""Tests for helpers.capstone: steps as data, same job in every configuration, records, plots."""
+"""Tests for helpers.chapters.capstone: steps as data, same job in every configuration, records, plots."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ matplotlib.use("Agg")
 import pytest
 import torch
 
-from helpers import capstone as C
-from helpers.results import ResultSet
+from helpers.chapters import capstone as C
+from helpers.core.results import ResultSet
 
 _JOB_SPEC = C.job_spec
 
@@ -37,11 +37,20 @@ def test_steps_are_cumulative_and_each_adds_one_change() -> None:
     assert [s.name for s, _ in cfgs] == list(C.STEP_NAMES)
     assert cfgs[0][1] == C.Settings()
     last = cfgs[-1][1]
-    assert (last.num_workers, last.pin_memory, last.persistent_workers, last.prefetch_factor, last.output,
-            last.prefetcher) == (2, True, True, 4, "uint8", True)
+    assert (
+        last.num_workers,
+        last.pin_memory,
+        last.persistent_workers,
+        last.prefetch_factor,
+        last.output,
+        last.prefetcher,
+    ) == (2, True, True, 4, "uint8", True)
     for (_, a), (_, b) in zip(cfgs, cfgs[1:]):
-        changed = [f for f in ("num_workers", "pin_memory", "persistent_workers", "output", "prefetcher")
-                   if getattr(a, f) != getattr(b, f)]
+        changed = [
+            f
+            for f in ("num_workers", "pin_memory", "persistent_workers", "output", "prefetcher")
+            if getattr(a, f) != getattr(b, f)
+        ]
         assert len(changed) == 1
 
 
@@ -72,7 +81,7 @@ def test_crops_do_not_depend_on_the_loading_process() -> None:
     ds = C.train_items(tiny(train_items=32))
     idx = [3, 17, 25, 4]
     direct = [ds[i][0] for i in idx]
-    from helpers.loaders import build_loader, release
+    from helpers.pipeline.loaders import build_loader, release
 
     loader = build_loader(ds, batch_size=1, sampler=idx, shuffle=False, num_workers=2)
     try:
@@ -104,8 +113,17 @@ def test_waterfall_benchmark_records_and_plots(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(C, "calibrate", lambda dev: fixed)
     rs = ResultSet.new("test", "unit test")
     C.benchmark(rs, "cpu")
-    for key in ("ch06.waterfall.step_time", "ch06.epoch_time", "ch06.throughput", "ch06.speedup", "ch06.accuracy",
-                "ch06.compute_busy", "ch06.data_stall", "ch06.efficiency", "ch06.stage_alone"):
+    for key in (
+        "ch06.waterfall.step_time",
+        "ch06.epoch_time",
+        "ch06.throughput",
+        "ch06.speedup",
+        "ch06.accuracy",
+        "ch06.compute_busy",
+        "ch06.data_stall",
+        "ch06.efficiency",
+        "ch06.stage_alone",
+    ):
         assert rs.find(key), key
     steps = rs.find("ch06.waterfall.step_time", regime="compute-bound")
     assert [r.params["stage"] for r in sorted(steps, key=lambda r: r.params["order"])] == list(C.STEP_NAMES)
@@ -131,7 +149,7 @@ def test_panel_run_and_bad_toggles(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_regimes_tiny_model_for_data_bound_and_threads_in_the_spec() -> None:
-    from helpers.models import build_model, flops_per_sample
+    from helpers.pipeline.models import build_model, flops_per_sample
 
     specs = {r: C.job_spec(r) for r in C.REGIMES}
     flops = {r: flops_per_sample(build_model(width=s.width, depth=s.depth), s.crop_size) for r, s in specs.items()}
@@ -205,8 +223,10 @@ def test_panel_checkboxes_stay_consistent() -> None:
 def test_every_configuration_is_bit_identical_on_cpu() -> None:
     """One normalisation function and the same threads: float and uint8 configurations train identically."""
     spec = tiny(warm_steps=0)
-    rs = [C.run_config(C.settings_for(n, workers=2), spec, "cpu", name="x", stages=False)
-          for n in ([], ["workers", "persistent"], ["workers", "uint8", "prefetcher"])]
+    rs = [
+        C.run_config(C.settings_for(n, workers=2), spec, "cpu", name="x", stages=False)
+        for n in ([], ["workers", "persistent"], ["workers", "uint8", "prefetcher"])
+    ]
     assert len({r.train_loss for r in rs}) == 1 and len({r.accuracy for r in rs}) == 1
     ok, msg = C.check_accuracies(rs, num_classes=6, n_val=256, above_chance=False)
     assert ok and "bit-identical" in msg
@@ -258,8 +278,13 @@ def test_loaders_are_built_by_the_pipelines_make_loader() -> None:
         calls.append(dict(kw, n=len(dataset), batch_size=batch_size))
         return ref.make_loader(dataset, batch_size, **kw)
 
-    C.run_config(C.settings_for(["workers"], workers=1), tiny(), "cpu", stages=True,
-                 pipeline=C.Pipeline(spy, ref.batches, ref.train_step))
+    C.run_config(
+        C.settings_for(["workers"], workers=1),
+        tiny(),
+        "cpu",
+        stages=True,
+        pipeline=C.Pipeline(spy, ref.batches, ref.train_step),
+    )
     assert dict(workers=1, pin=False, prefetch_factor=2, persistent=False, n=24, batch_size=8) in calls
 
 
@@ -301,8 +326,9 @@ def test_calibration_says_when_a_regime_is_not_reached() -> None:
     assert not cal.reached and "NOT reached" in cal.reason
     clock = iter(range(0, 10**6, 100))  # every probe "takes" 100 s: the budget stops the search
     measure, calls = _fake_measure(1e-15, 224)
-    cal = C.choose_model("compute-bound", measure, 10.0, start=(96, 3), crop_size=224, budget_s=30,
-                         clock=lambda: float(next(clock)))
+    cal = C.choose_model(
+        "compute-bound", measure, 10.0, start=(96, 3), crop_size=224, budget_s=30, clock=lambda: float(next(clock))
+    )
     assert len(calls) == 1 and "budget" in cal.reason and not cal.reached
     measure, _ = _fake_measure(1e-9, 64)
     slow = C.choose_model("data-bound", measure, 1e-9, start=(2, 1), crop_size=64)
@@ -312,30 +338,49 @@ def test_calibration_says_when_a_regime_is_not_reached() -> None:
 
 
 def test_model_flops_matches_the_model() -> None:
-    from helpers.models import build_model, flops_per_sample
+    from helpers.pipeline.models import build_model, flops_per_sample
 
     for w, d, c in [(2, 1, 64), (12, 3, 32), (8, 4, 64)]:
         assert C.model_flops(w, d, c) == flops_per_sample(build_model(width=w, depth=d), c)
 
 
 def _result(name: str, times: list[float]) -> C.ConfigResult:
-    from helpers.timing import SpanTrace
+    from helpers.core.timing import SpanTrace
 
     label = next(s.label for s in C.STEPS if s.name == name)
-    return C.ConfigResult(name=name, label=label, settings=C.Settings(), regime="data-bound", spec=tiny(),
-                          device="cpu", epoch_s=sorted(times)[len(times) // 2], steps=3, samples=24, accuracy=0.5,
-                          train_loss=1.0, trace=SpanTrace(spans=[], metadata={}), compute_busy=0.5, data_stall=0.5,
-                          round_epoch_s=times)
+    return C.ConfigResult(
+        name=name,
+        label=label,
+        settings=C.Settings(),
+        regime="data-bound",
+        spec=tiny(),
+        device="cpu",
+        epoch_s=sorted(times)[len(times) // 2],
+        steps=3,
+        samples=24,
+        accuracy=0.5,
+        train_loss=1.0,
+        trace=SpanTrace(spans=[], metadata={}),
+        compute_busy=0.5,
+        data_stall=0.5,
+        round_epoch_s=times,
+    )
 
 
 def test_waterfall_gains_come_from_rounds_and_noise_is_called_noise() -> None:
-    wf = C.Waterfall("data-bound", tiny(), "cpu", [
-        _result("baseline", [1.0, 1.02, 0.99]),
-        _result("pinned", [0.99, 1.03, 1.0]),       # pinning cannot act on a CPU, and within noise: no effect
-        _result("workers", [0.5, 0.52, 0.5]),       # back to back: ratios 1.98, 1.98, 2.0 -> faster
-        _result("persistent", [0.6, 0.62, 0.6]),    # 0.83, 0.84, 0.83 -> slower
-        _result("uint8", [0.59, 0.63, 0.6]),        # 1.02, 0.98, 1.0: uint8 cannot act on a CPU -> no effect
-    ], rounds=3)
+    wf = C.Waterfall(
+        "data-bound",
+        tiny(),
+        "cpu",
+        [
+            _result("baseline", [1.0, 1.02, 0.99]),
+            _result("pinned", [0.99, 1.03, 1.0]),  # pinning cannot act on a CPU, and within noise: no effect
+            _result("workers", [0.5, 0.52, 0.5]),  # back to back: ratios 1.98, 1.98, 2.0 -> faster
+            _result("persistent", [0.6, 0.62, 0.6]),  # 0.83, 0.84, 0.83 -> slower
+            _result("uint8", [0.59, 0.63, 0.6]),  # 1.02, 0.98, 1.0: uint8 cannot act on a CPU -> no effect
+        ],
+        rounds=3,
+    )
     assert wf.verdicts() == ["", "no effect", "faster", "slower", "no effect"]
     assert wf.noise_floor() == pytest.approx(0.04, abs=0.02)
     assert wf.gains()[2] == pytest.approx(1.98, rel=0.01)
@@ -344,12 +389,22 @@ def test_waterfall_gains_come_from_rounds_and_noise_is_called_noise() -> None:
     assert "noise" in table and "median of 3 round(s)" in table and "no effect" in table
     assert max(len(line) for line in table.splitlines()) <= 110  # a notebook wraps longer lines mid-word
     assert any("pinned memory" in e and "needs CUDA" in e and "noise level" in e for e in wf.expectations())
-    costly = C.Waterfall("data-bound", tiny(), "cpu", [_result("uint8", [1.0, 1.01, 1.0]),
-                                                         _result("prefetcher", [1.3, 1.31, 1.3])], rounds=3)
+    costly = C.Waterfall(
+        "data-bound",
+        tiny(),
+        "cpu",
+        [_result("uint8", [1.0, 1.01, 1.0]), _result("prefetcher", [1.3, 1.31, 1.3])],
+        rounds=3,
+    )
     assert costly.verdicts() == ["", "slower"]  # cannot act on a CPU, yet slower in every round: say so
     assert "costs time" in costly.expectations()[0]
-    small = C.Waterfall("data-bound", tiny(), "cpu", [_result("baseline", [1.0, 1.3, 0.8]),
-                                                        _result("workers", [0.9, 1.15, 0.7])], rounds=3)
+    small = C.Waterfall(
+        "data-bound",
+        tiny(),
+        "cpu",
+        [_result("baseline", [1.0, 1.3, 0.8]), _result("workers", [0.9, 1.15, 0.7])],
+        rounds=3,
+    )
     assert small.verdicts() == ["", "noise"]  # every round agrees (x1.11-1.14) but within the run-to-run spread
     one = C.Waterfall("data-bound", tiny(), "cpu", [_result("baseline", [1.0]), _result("workers", [0.5])])
     assert one.verdicts() == ["", "one round"] and one.within_noise() == [None, None]
@@ -366,8 +421,15 @@ def test_waterfall_runs_in_alternating_rounds(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(C, "run_config", fake_run)
     seen: list[float] = []
-    wf = C.run_waterfall("data-bound", "cpu", names=["baseline", "workers", "uint8"], spec=tiny(), workers=1,
-                         rounds=2, progress=lambda f, t="": seen.append(f))
+    wf = C.run_waterfall(
+        "data-bound",
+        "cpu",
+        names=["baseline", "workers", "uint8"],
+        spec=tiny(),
+        workers=1,
+        rounds=2,
+        progress=lambda f, t="": seen.append(f),
+    )
     # one untimed warm-up run, then forwards, then backwards
     assert [n for n, _ in order] == ["baseline", "baseline", "workers", "uint8", "uint8", "workers", "baseline"]
     assert [s for _, s in order] == [False] + [True] * 3 + [False] * 3  # stages alone in the first round only
@@ -375,7 +437,7 @@ def test_waterfall_runs_in_alternating_rounds(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_exercise_063_accepts_the_label_the_table_prints() -> None:
-    from helpers import exercises
+    from helpers.ui import exercises
 
     expected = C.step_answers("workers")
     for answer in ("workers", "+ workers", "Workers"):
@@ -398,7 +460,7 @@ def test_checklist_renders_as_lists() -> None:
 def test_laptop_tier_uses_the_small_data_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WORKBOOK_QUICK", raising=False)
     monkeypatch.delenv("WORKBOOK_FULL", raising=False)
-    monkeypatch.setattr("helpers.config._cuda_present", lambda: False)
+    monkeypatch.setattr("helpers.core.config._cuda_present", lambda: False)
     sizes = C.job_sizes()
     assert sizes["image_size"] == 80 and sizes["train_items"] <= sizes["n_train"] <= 640
 
@@ -414,8 +476,12 @@ def test_panel_runs_repeated_keep_memory_flat_and_leave_no_process() -> None:
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     spec = tiny()
-    toggles = [dict(workers=True), dict(workers=True, persistent=True), dict(workers=True, persistent=True,
-                                                                             uint8=True), {}]
+    toggles = [
+        dict(workers=True),
+        dict(workers=True, persistent=True),
+        dict(workers=True, persistent=True, uint8=True),
+        {},
+    ]
     rss = []
     for k in range(16):
         r = C.panel_run(None, regime="data-bound", device="cpu", spec=spec, **toggles[k % len(toggles)])
@@ -426,8 +492,9 @@ def test_panel_runs_repeated_keep_memory_flat_and_leave_no_process() -> None:
     assert last <= settled * 1.10 + 32 * 2**20, f"RSS kept growing after the first runs: {rss}"
     deadline = time.monotonic() + 10
     while True:
-        extra = {p.pid for p in me.children(recursive=True) if p.is_running()
-                 and p.status() != psutil.STATUS_ZOMBIE} - before
+        extra = {
+            p.pid for p in me.children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        } - before
         if not extra or time.monotonic() > deadline:
             break
         time.sleep(0.2)

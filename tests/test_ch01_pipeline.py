@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from helpers import codecells, data, models, train
-from helpers.timing import SpanRecorder
+from helpers.core.timing import SpanRecorder
+from helpers.pipeline import data, models, train
+from helpers.ui import codecells
 
 TINY = dict(n_train=48, n_val=24, image_size=32, num_classes=4, seed=5)
 PHASES = ["load", "collate", "h2d", "forward", "backward", "optimizer"]
@@ -31,8 +32,13 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> data.DatasetInfo:
 
 def _chapter_pipeline(device: str = "cpu", seed: int = 0) -> dict[str, Any]:
     """Execute chapter 01's pipeline cells with the globals its setup cell defines."""
-    ns: dict[str, Any] = {"torch": torch, "F": F, "DataLoader": DataLoader,
-                          "DEVICE": torch.device(device), "SEED": seed}
+    ns: dict[str, Any] = {
+        "torch": torch,
+        "F": F,
+        "DataLoader": DataLoader,
+        "DEVICE": torch.device(device),
+        "SEED": seed,
+    }
     for cell in codecells.pipeline_cells("01"):
         exec(compile(cell, "<chapter 01 pipeline cell>", "exec"), ns)  # noqa: S102 - our own notebook
     return ns
@@ -117,8 +123,10 @@ def test_record_steps_without_recorder_and_across_epochs(tiny: data.DatasetInfo)
     step = _Spy(ns["train_step"])
     model, opt = _model_and_optimizer()
     seen: list[float] = []
-    assert train.record_steps(loader, ns["to_device"], step, model, opt, steps=7,
-                              progress=lambda f, t="": seen.append(f)) == 7
+    assert (
+        train.record_steps(loader, ns["to_device"], step, model, opt, steps=7, progress=lambda f, t="": seen.append(f))
+        == 7
+    )
     assert step.calls == 7 and seen == pytest.approx([k / 7 for k in range(1, 8)])
     assert train.record_steps(loader, ns["to_device"], step, model, opt, steps=0) == 0 and step.calls == 7
     with pytest.raises(ValueError, match="no batch"):
@@ -130,7 +138,7 @@ def test_record_steps_without_recorder_and_across_epochs(tiny: data.DatasetInfo)
 def test_record_steps_any_iterable_and_cleanup_on_error(tiny: data.DatasetInfo) -> None:
     ns = _chapter_pipeline()
     ds = data.ShapesDataset(tiny.train_dir, crop_size=24)
-    plain = list(DataLoader(ds, batch_size=8))[:2]   # an iterable without a collate function: load only
+    plain = list(DataLoader(ds, batch_size=8))[:2]  # an iterable without a collate function: load only
     model, opt = _model_and_optimizer()
     rec = SpanRecorder("cpu")
     train.record_steps(plain, ns["to_device"], ns["train_step"], model, opt, rec, steps=2)
@@ -155,24 +163,47 @@ def test_uint8_batches_from_the_readers_copy_get_a_normalize_phase(tiny: data.Da
     model, opt = _model_and_optimizer()
     rec = SpanRecorder("cpu")
     train.record_steps(loader, ns["to_device"], ns["train_step"], model, opt, rec, steps=2)
-    assert list(rec.finish().phase_means()) == ["load", "collate", "h2d", "normalize", "forward", "backward",
-                                                "optimizer"]
+    assert list(rec.finish().phase_means()) == [
+        "load",
+        "collate",
+        "h2d",
+        "normalize",
+        "forward",
+        "backward",
+        "optimizer",
+    ]
 
 
-def test_step_anatomy_and_panel_run_time_the_readers_functions(tiny: data.DatasetInfo,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_step_anatomy_and_panel_run_time_the_readers_functions(
+    tiny: data.DatasetInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ns = _chapter_pipeline()
     make, move, step = _Spy(ns["make_loader"]), _Spy(ns["to_device"]), _Spy(ns["train_step"])
-    a = train.step_anatomy(batch_size=8, crop_size=24, width=4, depth=2, steps=3, warmup=1, data_root=tiny.train_dir,
-                           make_loader=make, to_device=move, train_step=step)
+    a = train.step_anatomy(
+        batch_size=8,
+        crop_size=24,
+        width=4,
+        depth=2,
+        steps=3,
+        warmup=1,
+        data_root=tiny.train_dir,
+        make_loader=make,
+        to_device=move,
+        train_step=step,
+    )
     assert make.calls == 1 and move.calls == step.calls == 4
     assert list(a.phase_means) == PHASES and a.trace.steps() == 3
     assert a.settings["pipeline"] == "yours" and a.settings["num_workers"] == 0
-    assert train.step_anatomy(batch_size=8, crop_size=24, width=4, depth=2, steps=1, warmup=0,
-                              data_root=tiny.train_dir).settings["pipeline"] == "helpers"
+    assert (
+        train.step_anatomy(
+            batch_size=8, crop_size=24, width=4, depth=2, steps=1, warmup=0, data_root=tiny.train_dir
+        ).settings["pipeline"]
+        == "helpers"
+    )
     with pytest.raises(ValueError, match="num_workers"):
-        train.step_anatomy(batch_size=8, crop_size=24, width=4, steps=1, num_workers=2, data_root=tiny.train_dir,
-                           make_loader=make)
+        train.step_anatomy(
+            batch_size=8, crop_size=24, width=4, steps=1, num_workers=2, data_root=tiny.train_dir, make_loader=make
+        )
 
     real, seen = train.step_anatomy, {}
 
@@ -181,8 +212,17 @@ def test_step_anatomy_and_panel_run_time_the_readers_functions(tiny: data.Datase
         return real(**{**kwargs, "data_root": tiny.train_dir, "depth": 2})
 
     monkeypatch.setattr(train, "step_anatomy", tiny_anatomy)
-    r = train.panel_run(None, batch_size=8, crop_size=24, width=4, steps=2, device="cpu",
-                        make_loader=make, to_device=move, train_step=step)
+    r = train.panel_run(
+        None,
+        batch_size=8,
+        crop_size=24,
+        width=4,
+        steps=2,
+        device="cpu",
+        make_loader=make,
+        to_device=move,
+        train_step=step,
+    )
     assert seen["make_loader"] is make and seen["to_device"] is move and seen["train_step"] is step
     assert r.settings["pipeline"] == "yours" and step.calls == 4 + 3
 

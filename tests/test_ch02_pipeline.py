@@ -2,7 +2,7 @@
 and the helpers that take them (``transfer.sweep``, ``transfer.panel_measure(copy_fn=...)``).
 
 The chapter's own cells are read from the committed notebook and executed here, so what is tested
-is what the reader runs. Tests that need a GPU say so in their skip reason (``helpers.gpucheck``
+is what the reader runs. Tests that need a GPU say so in their skip reason (``helpers.tools.gpucheck``
 selects them with ``--cuda-only``).
 """
 
@@ -16,9 +16,9 @@ import time
 import pytest
 import torch
 
-from helpers import codecells
-from helpers import transfer as T
-from helpers.transfer import KiB, MiB
+from helpers.pipeline import transfer as T
+from helpers.pipeline.transfer import KiB, MiB
+from helpers.ui import codecells
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -36,8 +36,13 @@ def _time_copy_cell() -> str:
 
 def _namespace(device: str) -> dict:
     """What the chapter's setup cell gives its cells: torch, time, functools, DEVICE."""
-    return {"torch": torch, "time": time, "functools": functools, "statistics": statistics,
-            "DEVICE": torch.device(device)}
+    return {
+        "torch": torch,
+        "time": time,
+        "functools": functools,
+        "statistics": statistics,
+        "DEVICE": torch.device(device),
+    }
 
 
 def chapter_time_copy():
@@ -59,8 +64,17 @@ def chapter_pipeline(device: str) -> dict:
 def test_time_copy_cell_is_short_and_teaches_the_loop():
     cell = _time_copy_cell()
     assert len([ln for ln in cell.splitlines() if ln.strip()]) <= 20
-    for token in (".pin_memory()", "non_blocking=True", "torch.cuda.Event(enable_timing=True)", "start.record()",
-                  "end.record()", "end.synchronize()", "elapsed_time", "warmup", "time.perf_counter()"):
+    for token in (
+        ".pin_memory()",
+        "non_blocking=True",
+        "torch.cuda.Event(enable_timing=True)",
+        "start.record()",
+        "end.record()",
+        "end.synchronize()",
+        "elapsed_time",
+        "warmup",
+        "time.perf_counter()",
+    ):
         assert token in cell, f"the timed copy loop should show {token}"
     # The pin happens once, before the timed loop, not inside it.
     assert cell.index(".pin_memory()") < cell.index("for _ in range(warmup + repeats):              #")
@@ -73,8 +87,12 @@ def test_pipeline_cell_defines_the_staged_copy():
     assert set(defs) == {"staging", "stage", "to_device"}
     stage = defs["stage"]
     # The race guard: wait for the previous copy before the refill, record after queuing the copy.
-    assert stage.index("copied.synchronize()") < stage.index("buf.copy_(t)") < stage.index(
-        "buf.to(DEVICE, non_blocking=True)") < stage.index("copied.record()")
+    assert (
+        stage.index("copied.synchronize()")
+        < stage.index("buf.copy_(t)")
+        < stage.index("buf.to(DEVICE, non_blocking=True)")
+        < stage.index("copied.record()")
+    )
     assert ".pin_memory()" in defs["staging"] and "lru_cache" in defs["staging"]
     assert "x.to(DEVICE), y.to(DEVICE)" in defs["to_device"]
 
@@ -126,8 +144,14 @@ def test_sweep_calls_a_cpu_function_with_pageable_only():
         return [1e-6 * (1 + src.numel() / 1e6)] * repeats
 
     progress = []
-    out = T.sweep(fake, [4 * KiB, 16 * KiB], device="cpu", repeats=2, rounds=3,
-                  progress=lambda f, text="": progress.append((f, text)))
+    out = T.sweep(
+        fake,
+        [4 * KiB, 16 * KiB],
+        device="cpu",
+        repeats=2,
+        rounds=3,
+        progress=lambda f, text="": progress.append((f, text)),
+    )
     assert calls == [(n, torch.uint8, "cpu", False, 2, True) for _ in range(3) for n in (4 * KiB, 16 * KiB)]
     assert progress[-1][0] == pytest.approx(1.0) and len(progress) == 6 and "round 3/3" in progress[-1][1]
     assert out[("h2h", "pageable")].points[0].n == 6
@@ -147,8 +171,16 @@ def test_sweep_alternates_pageable_and_pinned_rounds_on_cuda(monkeypatch):
         return 2e-6 if pinned else 3e-6  # one number is accepted as one sample
 
     out = T.sweep(fake, [4 * KiB, 8 * KiB], device="cuda", repeats=1, rounds=2)
-    assert calls == [(4 * KiB, "pageable"), (4 * KiB, "pinned"), (8 * KiB, "pageable"), (8 * KiB, "pinned"),
-                     (4 * KiB, "pinned"), (4 * KiB, "pageable"), (8 * KiB, "pinned"), (8 * KiB, "pageable")]
+    assert calls == [
+        (4 * KiB, "pageable"),
+        (4 * KiB, "pinned"),
+        (8 * KiB, "pageable"),
+        (8 * KiB, "pinned"),
+        (4 * KiB, "pinned"),
+        (4 * KiB, "pageable"),
+        (8 * KiB, "pinned"),
+        (8 * KiB, "pageable"),
+    ]
     assert set(out) == {("h2d", "pageable"), ("h2d", "pinned")}
     pinned = out[("h2d", "pinned")]
     assert pinned.label == "H2D pinned" and pinned.device == "a fake GPU" and pinned.points[0].n == 2
@@ -163,13 +195,16 @@ def test_sweep_refuses_a_function_that_returns_no_times(bad):
         T.sweep(lambda *a: bad, [4 * KiB], device="cpu", repeats=1, rounds=1)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(copy_fn=42), "copy_fn"),
-    (dict(sizes=[]), "sizes"),
-    (dict(sizes=[0]), "sizes"),
-    (dict(repeats=0), "repeats"),
-    (dict(rounds=0), "rounds"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(copy_fn=42), "copy_fn"),
+        (dict(sizes=[]), "sizes"),
+        (dict(sizes=[0]), "sizes"),
+        (dict(repeats=0), "repeats"),
+        (dict(rounds=0), "rounds"),
+    ],
+)
 def test_sweep_validates_its_arguments(kwargs, match):
     args = dict(copy_fn=lambda *a: [1e-6], sizes=[4 * KiB], device="cpu", repeats=1, rounds=1) | kwargs
     with pytest.raises(ValueError, match=match):
@@ -209,8 +244,7 @@ def test_panel_measure_uses_the_readers_function_without_cuda(tmp_path, monkeypa
 
 def test_panel_measure_with_the_chapter_function(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
-    reading = T.panel_measure(0.25, "h2d", "pageable", "uint8", device="cpu", copy_fn=chapter_time_copy(),
-                              repeats=3)
+    reading = T.panel_measure(0.25, "h2d", "pageable", "uint8", device="cpu", copy_fn=chapter_time_copy(), repeats=3)
     assert reading.host is not None and reading.host.n == 3 and reading.host.gbps > 0
 
 
@@ -231,8 +265,9 @@ def test_to_device_on_cuda_never_mixes_batches():  # pragma: no cover - GPU only
     ns = chapter_pipeline("cuda")
     gen = torch.Generator().manual_seed(0)
     shape = (64, 3, 224, 224)
-    batches = [(torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen), torch.randint(0, 10, (64,)))
-               for _ in range(12)]
+    batches = [
+        (torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen), torch.randint(0, 10, (64,))) for _ in range(12)
+    ]
     slow = torch.randn(4096, 4096, device="cuda")
     arrived = []
     for x, y in batches:  # GPU work queued ahead of every copy: the DMA lags the host, as in training

@@ -11,15 +11,21 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from helpers import loaders as L
+from helpers.pipeline import loaders as L
 
 DEVICE = torch.device("cpu")
 
 
 def make_loader(dataset: Any, batch_size: int, pin_memory: bool = DEVICE.type == "cuda") -> DataLoader:
     """Chapter 03's make_loader, as the reader writes it (SEED = 0)."""
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-                      generator=torch.Generator().manual_seed(0), pin_memory=pin_memory)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(0),
+        pin_memory=pin_memory,
+    )
 
 
 def to_device(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,8 +43,8 @@ def test_measure_pipeline_times_next_and_the_readers_copy() -> None:
     res = L.measure_pipeline(make_loader(ds, 8), to_device=copy, batches=7, warmup=2, label="mine")
     assert res.label == "mine" and res.batches == 7 and res.items == 56
     assert len(res.wait_s) == 7 and len(res.extra["copy_s"]) == 7
-    assert len(calls) == 9                        # warm-up batches go through the copy too, untimed
-    assert res.epochs_started == 3                # 3 batches per epoch: the window crosses epoch ends
+    assert len(calls) == 9  # warm-up batches go through the copy too, untimed
+    assert res.epochs_started == 3  # 3 batches per epoch: the window crosses epoch ends
     assert res.extra["pinned_batches"] == 0 and res.extra["on_cuda"] is False
     assert res.batch_bytes == 8 * 3 * 4 * 4 * 4 + 8 * 8
     assert res.config["pin_memory"] is False and res.items_per_s > 0
@@ -76,8 +82,16 @@ def test_pin_pair_rounds_builds_the_readers_loader_in_alternating_order() -> Non
         return make_loader(dataset, batch_size, pin_memory=pin_memory)
 
     seen: list[float] = []
-    rows = L.pin_pair_rounds(mine, L.CheapDataset(32, image_size=4), 4, to_device=to_device, batches=3, warmup=1,
-                             rounds=3, progress=lambda f, text="": seen.append(f))
+    rows = L.pin_pair_rounds(
+        mine,
+        L.CheapDataset(32, image_size=4),
+        4,
+        to_device=to_device,
+        batches=3,
+        warmup=1,
+        rounds=3,
+        progress=lambda f, text="": seen.append(f),
+    )
     assert asked == [False, True, True, False, False, True]
     assert [(r.num_workers, r.pin_memory) for r in rows] == [(0, False), (0, True)]
     assert all(len(r.round_items_per_s) == 3 for r in rows)
@@ -87,7 +101,7 @@ def test_pin_pair_rounds_builds_the_readers_loader_in_alternating_order() -> Non
     assert "3 alternating rounds" in verdict
     if not torch.accelerator.is_available():
         assert "noise" in verdict
-        assert any("pin_memory" in w for w in rows[1].result.warnings)     # captured, not printed
+        assert any("pin_memory" in w for w in rows[1].result.warnings)  # captured, not printed
 
 
 def test_pin_pair_rounds_reports_pinned_batches(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -137,7 +151,7 @@ def test_pin_step_seconds_times_the_loaders_pin_step(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
     s = L.pin_step_seconds((torch.zeros(4), torch.zeros(4)), repeats=3)
     assert s is not None and s >= 0
-    assert len(calls) == 2 * (1 + 3)                 # both tensors, one untimed call first
+    assert len(calls) == 2 * (1 + 3)  # both tensors, one untimed call first
     with pytest.raises(ValueError, match="repeats"):
         L.pin_step_seconds(torch.zeros(1), repeats=0)
 
@@ -149,7 +163,7 @@ def test_pipeline_panel_runs_the_readers_functions() -> None:
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    from helpers.widgets import Panel
+    from helpers.ui.widgets import Panel
 
     copied: list[int] = []
 
@@ -158,9 +172,14 @@ def test_pipeline_panel_runs_the_readers_functions() -> None:
         return to_device(x, y)
 
     runner = L.PipelinePanelRunner(make_loader, L.CheapDataset(64, image_size=4), to_device=copy, batches=2, warmup=1)
-    panel = Panel("pin", {"batch_size": W.IntSlider(value=8, min=8, max=32, step=8),
-                          "pin_memory": W.Checkbox(value=False)},
-                  runner, summarize=L.pipeline_panel_summary, plot=L.pipeline_panel_plot, debounce_s=0.0)
+    panel = Panel(
+        "pin",
+        {"batch_size": W.IntSlider(value=8, min=8, max=32, step=8), "pin_memory": W.Checkbox(value=False)},
+        runner,
+        summarize=L.pipeline_panel_summary,
+        plot=L.pipeline_panel_plot,
+        debounce_s=0.0,
+    )
     for pin in (False, True):
         panel.set(pin_memory=pin)
         rec = panel.click()
@@ -185,8 +204,14 @@ def test_pinned_batches_and_non_blocking_copies_on_cuda() -> None:  # pragma: no
     dev = torch.device("cuda")
 
     def mine(dataset: Any, batch_size: int, pin_memory: bool = True) -> DataLoader:
-        return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-                          generator=torch.Generator().manual_seed(0), pin_memory=pin_memory)
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=True,
+            drop_last=True,
+            generator=torch.Generator().manual_seed(0),
+            pin_memory=pin_memory,
+        )
 
     def copy(x: torch.Tensor, y: torch.Tensor) -> Any:
         return x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)

@@ -17,20 +17,35 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from helpers import codecells, data
-from helpers import loaders as L
+from helpers.pipeline import data
+from helpers.pipeline import loaders as L
+from helpers.ui import codecells
 
 SEED = 0
 
 
-def make_loader(dataset: Any, batch_size: int, workers: int = 2, persistent: bool = True, prefetch_factor: int = 2,
-                in_order: bool = True) -> DataLoader:
+def make_loader(
+    dataset: Any,
+    batch_size: int,
+    workers: int = 2,
+    persistent: bool = True,
+    prefetch_factor: int = 2,
+    in_order: bool = True,
+) -> DataLoader:
     """Chapter 04's make_loader, as a reader writes it (plain DataLoader, nothing from the workbook)."""
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
-                      generator=torch.Generator().manual_seed(SEED), pin_memory=False,
-                      num_workers=workers, persistent_workers=persistent and workers > 0,
-                      prefetch_factor=prefetch_factor if workers > 0 else None,
-                      worker_init_fn=data.seed_worker, in_order=in_order)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(SEED),
+        pin_memory=False,
+        num_workers=workers,
+        persistent_workers=persistent and workers > 0,
+        prefetch_factor=prefetch_factor if workers > 0 else None,
+        worker_init_fn=data.seed_worker,
+        in_order=in_order,
+    )
 
 
 def _live_workers() -> list[int]:
@@ -58,8 +73,15 @@ def _no_workers_left() -> Any:
 def _notebook_make_loader(workers: int = 2, prefetch: int = 4) -> Any:
     """``make_loader`` as chapter 04's tagged cell defines it, run with the globals its setup cell defines."""
     (cell,) = [c for c in codecells.pipeline_cells("04") if "def make_loader" in c]
-    ns: dict[str, Any] = {"DataLoader": DataLoader, "torch": torch, "data": data, "SEED": 0,
-                          "DEVICE": torch.device("cpu"), "WORKERS": workers, "PREFETCH": prefetch}
+    ns: dict[str, Any] = {
+        "DataLoader": DataLoader,
+        "torch": torch,
+        "data": data,
+        "SEED": 0,
+        "DEVICE": torch.device("cpu"),
+        "WORKERS": workers,
+        "PREFETCH": prefetch,
+    }
     exec(compile(cell, "<chapter 04 pipeline cell>", "exec"), ns)
     return ns["make_loader"]
 
@@ -68,9 +90,9 @@ def test_the_chapters_make_loader_sets_every_knob_it_teaches() -> None:
     mk = _notebook_make_loader(workers=2, prefetch=4)
     dl = mk(L.CheapDataset(64, 4), 8)
     assert (dl.num_workers, dl.persistent_workers, dl.prefetch_factor, dl.in_order) == (2, True, 4, True)
-    assert dl.worker_init_fn is data.seed_worker      # a module function: spawn/forkserver workers import it
-    assert dl.worker_init_fn.__module__ == "helpers.data"
-    assert dl.drop_last and not dl.pin_memory         # no CUDA here: pinning stays off
+    assert dl.worker_init_fn is data.seed_worker  # a module function: spawn/forkserver workers import it
+    assert dl.worker_init_fn.__module__ == "helpers.pipeline.data"
+    assert dl.drop_last and not dl.pin_memory  # no CUDA here: pinning stays off
     single = mk(L.CheapDataset(64, 4), 8, workers=0)  # the knobs that need workers drop out with workers=0
     assert (single.num_workers, single.persistent_workers, single.prefetch_factor) == (0, False, None)
     assert not mk(L.CheapDataset(64, 4), 8, in_order=False).in_order
@@ -91,7 +113,7 @@ def test_guard_gives_a_plain_loader_the_workbooks_safety_and_keeps_its_knobs() -
     assert L.guard(dl) is dl
     assert type(dl).__name__ == "_WorkbookLoader" and isinstance(dl, DataLoader)
     assert dl.timeout == L.WORKER_TIMEOUT_S
-    assert dl.worker_init_fn.fn is data.seed_worker   # the reader's function still runs, wrapped
+    assert dl.worker_init_fn.fn is data.seed_worker  # the reader's function still runs, wrapped
     assert (dl.num_workers, dl.batch_size, dl.prefetch_factor, dl.persistent_workers, dl.drop_last) == (
         2,
         8,
@@ -103,7 +125,7 @@ def test_guard_gives_a_plain_loader_the_workbooks_safety_and_keeps_its_knobs() -
     assert L.guard(dl) is dl and dl.worker_init_fn is init  # guarding twice changes nothing
     own = make_loader(L.CheapDataset(64, 4), 8, workers=1)
     own.timeout = 5.0
-    assert L.guard(own, timeout=9.0).timeout == 5.0   # a timeout of the reader's own is kept
+    assert L.guard(own, timeout=9.0).timeout == 5.0  # a timeout of the reader's own is kept
     assert L.guard(make_loader(L.CheapDataset(64, 4), 8, workers=1), timeout=9.0).timeout == 9.0
     single = L.guard(make_loader(L.CheapDataset(64, 4), 8, workers=0))
     assert single.timeout == 0 and single.worker_init_fn is data.seed_worker
@@ -125,7 +147,7 @@ def test_guard_checks_dev_shm_before_any_worker_starts(monkeypatch: pytest.Monke
         L.sweep_workers(lambda w: make_loader(ds, 256, workers=w), [0, 2], batches=1, warmup=0)
     with pytest.raises(ValueError, match="/dev/shm"):
         L.interleaved_speedup(lambda w: make_loader(ds, 256, workers=w), 2, rounds=1, batches=1, warmup=0)
-    L.guard(make_loader(ds, 256, workers=0))          # no workers: nothing goes through /dev/shm
+    L.guard(make_loader(ds, 256, workers=0))  # no workers: nothing goes through /dev/shm
     assert L.guard(make_loader(ds, 256, workers=2), check_shm=False).num_workers == 2
 
 
@@ -173,8 +195,9 @@ def test_interrupt_during_a_measurement_releases_the_readers_workers() -> None:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        L.measure_factory(lambda w: make_loader(L.CheapDataset(64, 4), 4, workers=w), 2, batches=10, warmup=1,
-                          on_batch=on_batch)
+        L.measure_factory(
+            lambda w: make_loader(L.CheapDataset(64, 4), 4, workers=w), 2, batches=10, warmup=1, on_batch=on_batch
+        )
     assert not _settle(5.0)
 
 
@@ -205,8 +228,13 @@ def test_a_frozen_worker_of_a_readers_loader_ends_with_a_plain_message() -> None
 
 def test_sweep_times_the_factorys_loaders_and_refuses_one_that_ignores_the_count() -> None:
     steps: list[str] = []
-    sw = L.sweep_workers(lambda w: make_loader(L.CheapDataset(64, 4), 8, workers=w), [0, 1, 2], batches=3, warmup=1,
-                         progress=lambda f, t: steps.append(t))
+    sw = L.sweep_workers(
+        lambda w: make_loader(L.CheapDataset(64, 4), 8, workers=w),
+        [0, 1, 2],
+        batches=3,
+        warmup=1,
+        progress=lambda f, t: steps.append(t),
+    )
     assert sw.workers == [0, 1, 2]
     assert [r.config["num_workers"] for r in sw.results] == [0, 1, 2]
     assert [r.config["persistent_workers"] for r in sw.results] == [False, True, True]
@@ -236,15 +264,21 @@ def test_interleaved_rounds_with_the_readers_loaders() -> None:
 
 
 def test_knob_experiment_with_a_factory_changes_only_that_knob() -> None:
-    kr = L.knob_experiment(lambda f: make_loader(L.CheapDataset(64, 4), 8, workers=1, prefetch_factor=f),
-                           "prefetch_factor", [1, 3], batches=3, warmup=1)
+    kr = L.knob_experiment(
+        lambda f: make_loader(L.CheapDataset(64, 4), 8, workers=1, prefetch_factor=f),
+        "prefetch_factor",
+        [1, 3],
+        batches=3,
+        warmup=1,
+    )
     assert [r.config["prefetch_factor"] for r in kr.results] == [1, 3]
     assert all(r.config["num_workers"] == 1 for r in kr.results)
     head = kr.table()[0]
     assert "prefetch=" not in head and "workers=1" in head and "changing prefetch_factor" in head
     with pytest.raises(ValueError, match="asked for"):
-        L.knob_experiment(lambda f: make_loader(L.CheapDataset(64, 4), 8, workers=1), "prefetch_factor", [1, 3],
-                          batches=1, warmup=0)
+        L.knob_experiment(
+            lambda f: make_loader(L.CheapDataset(64, 4), 8, workers=1), "prefetch_factor", [1, 3], batches=1, warmup=0
+        )
     with pytest.raises(ValueError, match="base"):
         L.knob_experiment(L.CheapDataset(8, 4), "prefetch_factor", [1])
 
@@ -261,17 +295,17 @@ def test_sampler_batches_is_the_next_epoch_and_leaves_it_unchanged() -> None:
     for workers in (0, 2):
         loader = L.guard(make_loader(ds, 4, workers=workers, persistent=False))
         first = L.sampler_batches(loader)
-        assert L.sampler_batches(loader) == first               # replaying does not advance the generator
+        assert L.sampler_batches(loader) == first  # replaying does not advance the generator
         with L.open_iterator(loader) as it:
             got = [b[1].tolist() for b in it]
         assert got == first and sorted(i for b in got for i in b) == list(range(24))
-        assert L.sampler_batches(loader) != first                # the next epoch is shuffled anew
+        assert L.sampler_batches(loader) != first  # the next epoch is shuffled anew
 
 
 def test_in_order_experiment_with_the_readers_shuffled_loader() -> None:
     ds = L.UnevenDataset(24, fast_ms=0.5, slow_ms=30, slow_every=9)
     io = L.in_order_experiment(lambda flag: make_loader(ds, 2, workers=2, in_order=flag))
-    assert io.out_of_order[True] == 0.0                          # in sampler order, shuffled or not
+    assert io.out_of_order[True] == 0.0  # in sampler order, shuffled or not
     assert set(io.results) == {True, False}
     assert io.results[False].config["in_order"] is False and io.results[True].batches == 24 // 2 - 1
     with pytest.raises(ValueError, match="indices"):
@@ -299,6 +333,6 @@ def test_pipeline_panel_runner_calls_the_readers_make_loader() -> None:
     with pytest.raises(ValueError, match="persistent"):
         runner(None, num_workers=1, persistent=1, item_cost=L.ITEM_COSTS[0])
     with pytest.raises(ValueError, match="item_cost"):
-        runner(None, num_workers=0)                              # no image root: only the cheap items
+        runner(None, num_workers=0)  # no image root: only the cheap items
     with pytest.raises(ValueError, match="make_loader"):
         L.WorkerPanelRunner(None, None)  # type: ignore[arg-type]

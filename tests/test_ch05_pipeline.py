@@ -2,7 +2,7 @@
 
 The chapter's ``pipeline`` cells (``stats``, ``normalize``, ``side_stream``, ``copy_on``,
 ``Prefetcher``, ``batches``) are read from the committed notebook and executed on the CPU:
-the ``Prefetcher`` through the stream test doubles of :mod:`helpers.prefetch`, ``batches``
+the ``Prefetcher`` through the stream test doubles of :mod:`helpers.pipeline.prefetch`, ``batches``
 through its plain path. Broken copies of the ``Prefetcher`` (a line removed) must fail the
 exercise check with a message that names the missing line. CUDA-only tests are skipped here.
 """
@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from helpers import codecells, data, overlap, prefetch
+from helpers.pipeline import data, overlap, prefetch
+from helpers.ui import codecells
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 RESTATED_CELL = "c5a1e0b1"  # chapter 05's restatement of chapter 04's pipeline (untagged)
@@ -39,8 +40,14 @@ def _namespace(device: str = "cpu") -> dict[str, Any]:
 
 def _pipeline(source: str | None = None, device: str = "cpu") -> dict[str, Any]:
     ns = _namespace(device)
-    exec(compile(source if source is not None else "\n\n".join(codecells.pipeline_cells("05")),
-                 "<chapter 05 pipeline>", "exec"), ns)
+    exec(
+        compile(
+            source if source is not None else "\n\n".join(codecells.pipeline_cells("05")),
+            "<chapter 05 pipeline>",
+            "exec",
+        ),
+        ns,
+    )
     return ns
 
 
@@ -63,8 +70,9 @@ def test_normalize_is_the_workbooks_normaliser_bit_for_bit_and_builds_stats_once
 def test_batches_plain_path_on_cpu_matches_the_float_pipeline() -> None:
     ns = _pipeline()
     g = torch.Generator().manual_seed(1)
-    loader = [(torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8, generator=g), torch.tensor([i, i]))
-              for i in range(3)]
+    loader = [
+        (torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8, generator=g), torch.tensor([i, i])) for i in range(3)
+    ]
     got = list(ns["batches"](loader))
     assert len(got) == 3
     for (x, y), (xu, yu) in zip(got, loader):
@@ -97,9 +105,9 @@ def test_a_prefetcher_with_a_line_removed_fails_and_the_message_names_it(what: s
     lines = source.splitlines()
     k = next(i for i, ln in enumerate(lines) if ln.startswith(line))
     if what == "record_stream":  # the loop body goes with its `for`
-        lines[k - 1:k + 1] = []
+        lines[k - 1 : k + 1] = []
     else:
-        lines[k:k + 1] = []
+        lines[k : k + 1] = []
     ns = _pipeline("\n".join(lines))
     res = prefetch.check_pipeline_prefetcher(ns["Prefetcher"], "cpu")
     assert not res.correct and words in str(res), str(res)
@@ -107,8 +115,11 @@ def test_a_prefetcher_with_a_line_removed_fails_and_the_message_names_it(what: s
 
 def test_the_check_refuses_the_reference_a_pass_through_and_non_answers() -> None:
     assert "reference" in str(prefetch.check_pipeline_prefetcher(prefetch.Prefetcher, "cpu"))
-    assert "reference" in str(prefetch.check_pipeline_prefetcher(
-        lambda loader, device: prefetch.Prefetcher(loader, device, normalize=(data.MEAN, data.STD)), "cpu"))
+    assert "reference" in str(
+        prefetch.check_pipeline_prefetcher(
+            lambda loader, device: prefetch.Prefetcher(loader, device, normalize=(data.MEAN, data.STD)), "cpu"
+        )
+    )
     res = prefetch.check_pipeline_prefetcher(lambda loader, device: iter(loader), "cpu")
     assert not res.correct and "pass-through" in str(res)
     assert not prefetch.check_pipeline_prefetcher(None).correct
@@ -121,13 +132,23 @@ def test_the_check_refuses_the_reference_a_pass_through_and_non_answers() -> Non
 
 
 def test_stream_doubles_restore_the_torch_api_even_after_an_error() -> None:
-    before = (torch.cuda.Stream, torch.cuda.stream, torch.cuda.current_stream, torch.Tensor.to,
-              torch.Tensor.record_stream)
+    before = (
+        torch.cuda.Stream,
+        torch.cuda.stream,
+        torch.cuda.current_stream,
+        torch.Tensor.to,
+        torch.Tensor.record_stream,
+    )
     with pytest.raises(ValueError), prefetch.stream_doubles():
         assert torch.cuda.Stream is not before[0]
         raise ValueError("inside")
-    after = (torch.cuda.Stream, torch.cuda.stream, torch.cuda.current_stream, torch.Tensor.to,
-             torch.Tensor.record_stream)
+    after = (
+        torch.cuda.Stream,
+        torch.cuda.stream,
+        torch.cuda.current_stream,
+        torch.Tensor.to,
+        torch.Tensor.record_stream,
+    )
     assert after == before
     assert "to" not in vars(torch.Tensor) or vars(torch.Tensor)["to"] is before[3]
     x = torch.ones(2)
@@ -142,8 +163,7 @@ def test_time_batches_runs_every_way_in_alternating_rounds() -> None:
         order.append(name)
         return iter(data_)
 
-    times = overlap.time_batches({"a": lambda: way("a"), "b": lambda: way("b")}, lambda x, y: x.sum(), "cpu",
-                                 rounds=3)
+    times = overlap.time_batches({"a": lambda: way("a"), "b": lambda: way("b")}, lambda x, y: x.sum(), "cpu", rounds=3)
     assert order == ["b", "a", "a", "b", "b", "a", "a", "b"]  # warm-up (reversed), then a b, b a, a b
     assert times.batches == {"a": 3, "b": 3} and all(len(v) == 3 for v in times.seconds.values())
     assert "median of 3 alternating rounds" in times.report()
@@ -175,8 +195,9 @@ def test_the_restated_chapter_04_pipeline_is_chapter_04s() -> None:
         pytest.skip("chapters 01-04 have no pipeline cells yet (converted in parallel)")
     restated = codecells.definitions(_cell(RESTATED_CELL))
     for name, src in restated.items():
-        assert before.get(name) == src, (f"chapter 05 restates {name} differently from chapters 01-04: copy it from "
-                                         f"there into cell {RESTATED_CELL}")
+        assert before.get(name) == src, (
+            f"chapter 05 restates {name} differently from chapters 01-04: copy it from there into cell {RESTATED_CELL}"
+        )
 
 
 @cuda
@@ -190,7 +211,8 @@ def test_the_chapters_prefetcher_on_a_gpu_is_right_race_free_and_overlaps() -> N
 @cuda
 def test_the_pair_race_check_catches_a_missing_wait() -> None:
     source = "\n\n".join(codecells.pipeline_cells("05")).replace(
-        "            current.wait_stream(self.side)", "            pass")
+        "            current.wait_stream(self.side)", "            pass"
+    )
     ns = _pipeline(source, device="cuda")
     found = [p for _ in range(3) for p in prefetch.check_pipeline_race(ns["Prefetcher"], "cuda")]
     assert any("wait_stream" in p or "record_stream" in p for p in found), found
@@ -200,7 +222,7 @@ def test_the_pair_race_check_catches_a_missing_wait() -> None:
 def test_time_batches_times_the_chapters_pipeline_on_a_gpu() -> None:
     import torch.nn.functional as F
 
-    from helpers import models
+    from helpers.pipeline import models
 
     ns = _pipeline(device="cuda")
     model = models.build_model().cuda()
@@ -213,8 +235,10 @@ def test_time_batches_times_the_chapters_pipeline_on_a_gpu() -> None:
         opt.step()
         return loss.detach()
 
-    loader = [(torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8).pin_memory(),
-               torch.randint(0, 6, (8,)).pin_memory()) for _ in range(4)]
+    loader = [
+        (torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8).pin_memory(), torch.randint(0, 6, (8,)).pin_memory())
+        for _ in range(4)
+    ]
     times = overlap.time_batches({"prefetcher": lambda: ns["batches"](loader)}, step, "cuda", rounds=2)
     assert times.batches == {"prefetcher": 4}
 
@@ -225,8 +249,13 @@ def test_a_step_of_the_chapters_batches_hides_no_synchronisation() -> None:
     the next copy never makes the host wait: torch.cuda.set_sync_debug_mode("error") raises if it does."""
     ns = _pipeline(device="cuda")
     g = torch.Generator().manual_seed(0)
-    loader = [(torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8, generator=g).pin_memory(),
-               torch.randint(0, 6, (8,), generator=g).pin_memory()) for _ in range(4)]
+    loader = [
+        (
+            torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8, generator=g).pin_memory(),
+            torch.randint(0, 6, (8,), generator=g).pin_memory(),
+        )
+        for _ in range(4)
+    ]
     it = iter(ns["batches"](loader))
     next(it)  # warm-up: stats() copies the mean and std to the device once
     torch.cuda.synchronize()

@@ -1,6 +1,6 @@
 """Chapter 06: the capstone times the reader's pipeline functions (make_loader, batches, train_step).
 
-What ``helpers.capstone`` adds for the reader-built pipeline: :class:`Pipeline`, the take-home
+What ``helpers.chapters.capstone`` adds for the reader-built pipeline: :class:`Pipeline`, the take-home
 script as the reference pipeline, one call per step (``Settings.loader_kwargs`` /
 ``batches_kwargs``), the same shuffling order with and without persistent workers
 (``seed_order``), and clear errors.
@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from helpers import capstone as C
+from helpers.chapters import capstone as C
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -36,18 +36,26 @@ def test_the_last_step_calls_the_pipeline_with_its_defaults() -> None:
     """The full stack is the pipeline as written: make_loader's and batches' defaults (workers aside)."""
     ref = C.reference_pipeline("cpu", workers=3)
     last = C.configurations(workers=3)[-1][1]
-    loader_defaults = {k: p.default for k, p in inspect.signature(ref.make_loader).parameters.items()
-                       if p.default is not inspect.Parameter.empty}
-    batches_defaults = {k: p.default for k, p in inspect.signature(ref.batches).parameters.items()
-                        if p.default is not inspect.Parameter.empty}
+    loader_defaults = {
+        k: p.default
+        for k, p in inspect.signature(ref.make_loader).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    batches_defaults = {
+        k: p.default
+        for k, p in inspect.signature(ref.batches).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
     assert {k: v for k, v in last.loader_kwargs().items() if k != "workers"} == {
-        k: v for k, v in loader_defaults.items() if k != "workers"}
+        k: v for k, v in loader_defaults.items() if k != "workers"
+    }
     assert last.batches_kwargs() == batches_defaults
     base = C.configurations(workers=3)[0][1]
     assert base.loader_kwargs() == {"workers": 0, "pin": False}
     assert base.batches_kwargs() == {"prefetch": False, "float_on_host": True}
-    assert base.calls() == ("make_loader(dataset, batch_size, workers=0, pin=False) · "
-                            "batches(loader, prefetch=False, float_on_host=True)")
+    assert base.calls() == (
+        "make_loader(dataset, batch_size, workers=0, pin=False) · batches(loader, prefetch=False, float_on_host=True)"
+    )
 
 
 def test_reference_pipeline_is_the_script_with_its_globals_set() -> None:
@@ -59,8 +67,15 @@ def test_reference_pipeline_is_the_script_with_its_globals_set() -> None:
 
 
 def _orders(persistent: bool, workers: int, passes: int = 3) -> list[list[int]]:
-    loader = DataLoader(list(range(24)), batch_size=4, shuffle=True, drop_last=True, num_workers=workers,
-                        persistent_workers=persistent, generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        list(range(24)),
+        batch_size=4,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        persistent_workers=persistent,
+        generator=torch.Generator().manual_seed(0),
+    )
     out = []
     try:
         for e in range(passes):
@@ -100,8 +115,18 @@ def test_run_waterfall_times_the_functions_it_is_given() -> None:
         steps[0] += 1
         return ref.train_step(model, optimizer, x, y)
 
-    wf = C.run_waterfall("data-bound", "cpu", names=["baseline", "workers", "uint8"], spec=tiny(), workers=1,
-                         rounds=1, stages=False, make_loader=make_loader, batches=batches, train_step=train_step)
+    wf = C.run_waterfall(
+        "data-bound",
+        "cpu",
+        names=["baseline", "workers", "uint8"],
+        spec=tiny(),
+        workers=1,
+        rounds=1,
+        stages=False,
+        make_loader=make_loader,
+        batches=batches,
+        train_step=train_step,
+    )
     assert [r.name for r in wf.results] == ["baseline", "workers", "uint8"]
     assert made == [s.loader_kwargs() for _, s in C.configurations(1, ["baseline", "workers", "uint8"])]
     assert {"prefetch": False, "float_on_host": True} in iterated and {
@@ -131,13 +156,14 @@ def test_a_batch_on_another_device_is_a_clear_error() -> None:
             yield x.to("meta"), y.to("meta")
 
     with pytest.raises(ValueError, match="reads DEVICE"):
-        C.run_config(C.Settings(), tiny(), "cpu", stages=False,
-                     pipeline=C.Pipeline(ref.make_loader, batches, ref.train_step))
+        C.run_config(
+            C.Settings(), tiny(), "cpu", stages=False, pipeline=C.Pipeline(ref.make_loader, batches, ref.train_step)
+        )
 
 
 def test_train_items_live_in_helpers_and_stop_at_the_job_size() -> None:
     ds = C.train_items(tiny(train_items=16))
-    assert type(ds).__module__ == "helpers.capstone" and len(ds) == 16
+    assert type(ds).__module__ == "helpers.chapters.capstone" and len(ds) == 16
     assert ds[3][0].dtype == torch.uint8 and torch.equal(ds[3][0], ds[3][0])
     with pytest.raises(IndexError):
         ds[16]

@@ -7,16 +7,25 @@ from pathlib import Path
 
 import pytest
 
-from helpers import config
+from helpers.core import config
 
 
 def test_expected_runtime_reads_the_record(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     f = tmp_path / "t.json"
-    f.write_text(json.dumps({"machine": "2 cores, no GPU", "date": "2026-11-22",
-                             "chapters": {"04": {"laptop": {"seconds": 170.0}, "quick": {"seconds": 40}}}}))
+    f.write_text(
+        json.dumps(
+            {
+                "machine": "2 cores, no GPU",
+                "date": "2026-11-22",
+                "chapters": {"04": {"laptop": {"seconds": 170.0}, "quick": {"seconds": 40}}},
+            }
+        )
+    )
     monkeypatch.setattr(config, "_chapter_times_file", lambda: f)
-    assert config.expected_runtime("04", "laptop") == \
-        "Run All took about 3 min at laptop sizes on 2 cores, no GPU (measured 2026-11-22)."
+    assert (
+        config.expected_runtime("04", "laptop")
+        == "Run All took about 3 min at laptop sizes on 2 cores, no GPU (measured 2026-11-22)."
+    )
     assert "about 40 s" in config.expected_runtime("04", "quick")
     assert config.expected_runtime("04", "full") is None
     assert config.expected_runtime("09", "quick") is None

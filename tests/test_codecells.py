@@ -1,4 +1,4 @@
-"""helpers.codecells: reading tagged pipeline cells, merging chapters, rendering a diff."""
+"""helpers.ui.codecells: reading tagged pipeline cells, merging chapters, rendering a diff."""
 
 from __future__ import annotations
 
@@ -7,22 +7,44 @@ from pathlib import Path
 
 import pytest
 
-from helpers import codecells
+from helpers.ui import codecells
 
 
 def _nb(path: Path, cells: list[tuple[str, bool]]) -> None:
-    nb = {"cells": [{"cell_type": "code", "source": src, "metadata": {"tags": ["pipeline"] if tagged else []},
-                     "outputs": [], "execution_count": None} for src, tagged in cells],
-          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    nb = {
+        "cells": [
+            {
+                "cell_type": "code",
+                "source": src,
+                "metadata": {"tags": ["pipeline"] if tagged else []},
+                "outputs": [],
+                "execution_count": None,
+            }
+            for src, tagged in cells
+        ],
+        "metadata": {},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     path.write_text(json.dumps(nb))
 
 
 @pytest.fixture
 def books(tmp_path: Path) -> Path:
-    _nb(tmp_path / "01_a.ipynb", [("def to_device(x, y):\n    return x.to(D), y.to(D)\n", True),
-                                  ("def helper():\n    pass\n", False)])
-    _nb(tmp_path / "02_b.ipynb", [("import functools\n\n@functools.cache\ndef to_device(x, y):\n"
-                                   "    return x.to(D, non_blocking=True), y.to(D, non_blocking=True)\n", True)])
+    _nb(
+        tmp_path / "01_a.ipynb",
+        [("def to_device(x, y):\n    return x.to(D), y.to(D)\n", True), ("def helper():\n    pass\n", False)],
+    )
+    _nb(
+        tmp_path / "02_b.ipynb",
+        [
+            (
+                "import functools\n\n@functools.cache\ndef to_device(x, y):\n"
+                "    return x.to(D, non_blocking=True), y.to(D, non_blocking=True)\n",
+                True,
+            )
+        ],
+    )
     return tmp_path
 
 
@@ -44,7 +66,7 @@ def test_show_diff_against_the_previous_chapter(books: Path) -> None:
     ns = {}
     exec("def to_device(x, y):\n    return x.to(D, non_blocking=True), y.to(D)\n", ns)
     with pytest.raises(LookupError, match="run the cell"):
-        codecells.show_diff("01", "to_device", notebooks=books)     # not in any executed cell, no namespace
+        codecells.show_diff("01", "to_device", notebooks=books)  # not in any executed cell, no namespace
     d = codecells.diff(
         "01",
         ["to_device"],

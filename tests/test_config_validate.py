@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import config
-from helpers.validate import check_choice, check_float, check_int, human_bytes, human_seconds
+from helpers.core import config
+from helpers.core.validate import check_choice, check_float, check_int, human_bytes, human_seconds
 
 
 @pytest.mark.parametrize("raw,expected", [("1", True), ("true", True), ("0", False), ("", False), ("no", False)])
@@ -38,8 +38,12 @@ def test_quick_and_full_together_refused(monkeypatch: pytest.MonkeyPatch) -> Non
 @pytest.mark.parametrize("raw", ["banana", "2"])
 def test_every_flag_refuses_unknown_values(monkeypatch: pytest.MonkeyPatch, env: str, raw: str) -> None:
     monkeypatch.setenv(env, raw)
-    read = {"WORKBOOK_QUICK": config.quick_mode, "WORKBOOK_FULL": config.full_requested,
-            "WORKBOOK_GRADE": config.grade_mode, "WORKBOOK_REQUIRE_GPU": config.require_gpu}[env]
+    read = {
+        "WORKBOOK_QUICK": config.quick_mode,
+        "WORKBOOK_FULL": config.full_requested,
+        "WORKBOOK_GRADE": config.grade_mode,
+        "WORKBOOK_REQUIRE_GPU": config.require_gpu,
+    }[env]
     with pytest.raises(ValueError, match=env):
         read()
 

@@ -1,4 +1,4 @@
-"""Unit tests for helpers.data: generation, cache integrity, the Dataset and the loader."""
+"""Unit tests for helpers.pipeline.data: generation, cache integrity, the Dataset and the loader."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torchvision.datasets import ImageFolder
 
-from helpers import data, loaders
+from helpers.pipeline import data, loaders
 
 TINY = dict(n_train=24, n_val=12, image_size=32, num_classes=4, seed=3)
 
@@ -41,7 +41,7 @@ def test_default_sizes_follow_quick_mode(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_laptop_tier_is_smaller_than_full_and_cached_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 19: without a GPU the default sizes fit a 2-core laptop; each size set is its own folder."""
-    from helpers import config
+    from helpers.core import config
 
     monkeypatch.delenv("WORKBOOK_QUICK", raising=False)
     monkeypatch.setenv("WORKBOOK_FULL", "1")
@@ -377,13 +377,13 @@ def test_parallel_generation_gives_identical_files(tmp_path: Path) -> None:
 
 
 def test_timed_loader_is_build_loader_with_validated_knobs():
-    from helpers import loaders
+    from helpers.pipeline import loaders
 
     ds = loaders.CheapDataset(16, 4)
     loader = loaders.timed_loader(ds, 4, shuffle=False)
     assert isinstance(loader.collate_fn, data.TimedCollate) and hasattr(loader, "_workbook_warnings")
     with pytest.raises(ValueError, match="prefetch_factor"):
-        loaders.timed_loader(ds, 4, prefetch_factor=2)            # needs workers
+        loaders.timed_loader(ds, 4, prefetch_factor=2)  # needs workers
     with pytest.raises(ValueError, match="unknown loader knob"):
         loaders.timed_loader(ds, 4, workers=2)
     with pytest.raises(ValueError, match="shuffle=False"):

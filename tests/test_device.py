@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import device
+from helpers.core import device
 
 
 def test_pick_device_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,7 +96,7 @@ def test_require_gpu_refuses_cpu_fallback(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_resolve_device():
-    from helpers.device import has_cuda, resolve_device
+    from helpers.core.device import has_cuda, resolve_device
 
     assert resolve_device("cpu").type == "cpu"
     assert resolve_device(None).type == ("cuda" if has_cuda() else "cpu")
@@ -110,7 +110,7 @@ def test_resolve_device():
 def test_intraop_threads_sets_and_restores():
     import torch
 
-    from helpers.device import intraop_threads
+    from helpers.core.device import intraop_threads
 
     before = torch.get_num_threads()
     with intraop_threads(1) as n:
@@ -177,8 +177,14 @@ def test_has_cuda_propagates_under_require_gpu(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_diagnose_old_driver_for_the_cuda13_wheel() -> None:
-    msg = device.diagnose_no_cuda(cuda_available=False, torch_cuda="13.0", driver_cuda="12.8",
-                                  driver_version="570.86", nvidia_smi=True, torch_version="2.14.1+cu130")
+    msg = device.diagnose_no_cuda(
+        cuda_available=False,
+        torch_cuda="13.0",
+        driver_cuda="12.8",
+        driver_version="570.86",
+        nvidia_smi=True,
+        torch_version="2.14.1+cu130",
+    )
     assert "supports CUDA up to 12.8" in msg and "built for CUDA 13.0" in msg
     assert "download.pytorch.org/whl/cu128" in msg and "torch==2.14.1" in msg and "580" in msg
     msg = device.diagnose_no_cuda(cuda_available=False, torch_cuda="13.0", driver_cuda="12.6", nvidia_smi=True)
@@ -206,13 +212,26 @@ class _FakeNVML:
 
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
-    def nvmlSystemGetCudaDriverVersion(self) -> int: return self.cuda
-    def nvmlSystemGetDriverVersion(self) -> bytes: return b"550.54.15"
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int: return i
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: int) -> int: return self.now[0]
-    def nvmlDeviceGetCurrPcieLinkWidth(self, h: int) -> int: return self.now[1]
-    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: int) -> int: return self.top[0]
-    def nvmlDeviceGetMaxPcieLinkWidth(self, h: int) -> int: return self.top[1]
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return self.cuda
+
+    def nvmlSystemGetDriverVersion(self) -> bytes:
+        return b"550.54.15"
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: int) -> int:
+        return self.now[0]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: int) -> int:
+        return self.now[1]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: int) -> int:
+        return self.top[0]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: int) -> int:
+        return self.top[1]
 
 
 def test_old_driver_is_reported_in_setup_and_env_check(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""Tests for helpers.distributed and helpers.ddp_train (chapter 07), on CPU.
+"""Tests for helpers.chapters.distributed and helpers.chapters.ddp_train (chapter 07), on CPU.
 
 The sharding tests need no process group. The slow tests start real torchrun
 jobs (gloo, 2 processes) and check coverage, replica sync, the readable error
@@ -14,8 +14,8 @@ import psutil
 import pytest
 import torch
 
-from helpers import distributed as D
-from helpers.ddp_train import IndexedDataset, params_checksum, parse_args
+from helpers.chapters import distributed as D
+from helpers.chapters.ddp_train import IndexedDataset, params_checksum, parse_args
 
 # ---------------------------------------------------------------------------
 # Sharding without a process group
@@ -120,18 +120,24 @@ def test_bad_input_names_the_parameter(call, name: str) -> None:
 def test_commands() -> None:
     cmd = D.torchrun_command(2, ["--epochs=1"], log_dir="/tmp/x")
     # torchrun, with every store it serves bound to 127.0.0.1 and the ranks told to meet there
-    assert cmd[:4] == [sys.executable, "-m", "helpers.distributed", "--local-addr=127.0.0.1"]
+    assert cmd[:4] == [sys.executable, "-m", "helpers.chapters.distributed", "--local-addr=127.0.0.1"]
     assert "--standalone" in cmd and "--nproc-per-node=2" in cmd
     plain = D.torchrun_command(2, ["--epochs=1"], loopback=False)
     assert plain[:3] == [sys.executable, "-m", "torch.distributed.run"] and "--local-addr=127.0.0.1" not in plain
     with pytest.raises(ValueError, match="rdzv_endpoint"):
         D.torchrun_command(1, [], rdzv_endpoint="8.8.8.8:29555")
-    assert cmd[-3:] == ["-m", "helpers.ddp_train", "--epochs=1"]
+    assert cmd[-3:] == ["-m", "helpers.chapters.ddp_train", "--epochs=1"]
     cmd = D.torchrun_command(1, [], rdzv_endpoint="127.0.0.1:29555")
     assert "--rdzv-endpoint=127.0.0.1:29555" in cmd and "--standalone" not in cmd
     text = D.multi_node_command(2, 8, "node0.example:29400", node_rank=1)
-    for part in ("--nnodes=2", "--nproc-per-node=8", "--node-rank=1", "--rdzv-backend=c10d",
-                 "--rdzv-endpoint=node0.example:29400", "--rdzv-id="):
+    for part in (
+        "--nnodes=2",
+        "--nproc-per-node=8",
+        "--node-rank=1",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=node0.example:29400",
+        "--rdzv-id=",
+    ):
         assert part in text
 
 
@@ -201,7 +207,7 @@ def _no_children_left() -> list[psutil.Process]:
 
     An earlier test that used spawn workers leaves one resource tracker behind, by design.
     """
-    from helpers.loaders import worker_processes
+    from helpers.pipeline.loaders import worker_processes
 
     return [p for p in worker_processes() if p.status() != psutil.STATUS_ZOMBIE]
 
@@ -215,8 +221,9 @@ def _need_two_ranks() -> None:
 def test_real_run_sees_every_sample_exactly_once() -> None:
     _need_two_ranks()
     steps = []
-    run = D.launch_ddp(NPROC, epochs=2, limit=96, batch_size=16, width=4, timeout_s=240,
-                       progress=lambda f, t: steps.append(f))
+    run = D.launch_ddp(
+        NPROC, epochs=2, limit=96, batch_size=16, width=4, timeout_s=240, progress=lambda f, t: steps.append(f)
+    )
     assert run.world_size == NPROC and len(run.ranks) == NPROC
     assert run.backend == ("nccl" if torch.cuda.is_available() else "gloo")
     for e in range(run.n_epochs):
@@ -267,8 +274,9 @@ def test_interrupt_stops_every_process() -> None:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt, match="stopped") as info:
-        D.launch_ddp(NPROC, epochs=3, limit=96, batch_size=8, width=4, workers=1, timeout_s=240,
-                     progress=interrupt_when_training)
+        D.launch_ddp(
+            NPROC, epochs=3, limit=96, batch_size=8, width=4, workers=1, timeout_s=240, progress=interrupt_when_training
+        )
     pids = info.value.tracked_pids
     assert len(pids) >= 1 + 2 * NPROC  # torchrun, the ranks and one worker each
     assert info.value.leftover_pids == []
@@ -290,7 +298,7 @@ def test_timeout_stops_every_process() -> None:
 
 
 _PARENT = """
-from helpers import distributed as D
+from helpers.chapters import distributed as D
 
 def report(fraction, text):
     if text.startswith("rank 0: step"):
@@ -332,7 +340,7 @@ def test_killed_parent_leaves_no_orphans(tmp_path) -> None:
 
 
 def test_public_api_and_benchmark_on_cpu() -> None:
-    from helpers.results import ResultSet
+    from helpers.core.results import ResultSet
 
     missing = [name for name in D.__all__ if not hasattr(D, name)]
     assert missing == []
@@ -342,16 +350,27 @@ def test_public_api_and_benchmark_on_cpu() -> None:
 
 
 def test_record_run_keys() -> None:
-    from helpers.results import ResultSet
+    from helpers.core.results import ResultSet
 
-    rank = {"rank": 0, "world_size": 1, "backend": "gloo", "dataset_size": 4, "params_checksum": "x",
-            "epochs": [{"indices": [0, 1, 2, 3], "n_items": 4, "seconds": 1.0, "loss": 1.0}]}
-    run = D.DistributedRun(nproc=1, command=["python"], ranks=[rank], wall_s=2.0,
-                           settings={"workers": 0, "batch_size": 4, "width": 4})
+    rank = {
+        "rank": 0,
+        "world_size": 1,
+        "backend": "gloo",
+        "dataset_size": 4,
+        "params_checksum": "x",
+        "epochs": [{"indices": [0, 1, 2, 3], "n_items": 4, "seconds": 1.0, "loss": 1.0}],
+    }
+    run = D.DistributedRun(
+        nproc=1, command=["python"], ranks=[rank], wall_s=2.0, settings={"workers": 0, "batch_size": 4, "width": 4}
+    )
     rs = ResultSet.new("t", "m")
     D.record_run(rs, run)
     keys = {r.key for r in rs.records}
-    assert keys == {"ch07.ddp.total_items_per_s", "ch07.ddp.rank_items_per_s", "ch07.ddp.wall_time",
-                    "ch07.ddp.exactly_once"}
+    assert keys == {
+        "ch07.ddp.total_items_per_s",
+        "ch07.ddp.rank_items_per_s",
+        "ch07.ddp.wall_time",
+        "ch07.ddp.exactly_once",
+    }
     assert rs.find("ch07.ddp.exactly_once")[0].value == 1.0
     assert run.total_items_per_s() == pytest.approx(4.0)

@@ -1,4 +1,4 @@
-"""Tests for helpers.doctor: the pure decision, and real pipelines built to be each kind of bound."""
+"""Tests for helpers.chapters.doctor: the pure decision, and real pipelines built to be each kind of bound."""
 
 from __future__ import annotations
 
@@ -6,13 +6,24 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from helpers import doctor as D
+from helpers.chapters import doctor as D
 
 
 def facts(**kw):
-    base = dict(loader_type="DataLoader", is_dataloader=True, num_workers=0, pin_memory=False,
-                persistent_workers=False, cpu_count=8, device_type="cpu", batch_bytes=3 * 2**20,
-                batch_dtype="float32", batch_shape=(64, 3, 64, 64), float_image_batch=True, batch_pinned=False)
+    base = dict(
+        loader_type="DataLoader",
+        is_dataloader=True,
+        num_workers=0,
+        pin_memory=False,
+        persistent_workers=False,
+        cpu_count=8,
+        device_type="cpu",
+        batch_bytes=3 * 2**20,
+        batch_dtype="float32",
+        batch_shape=(64, 3, 64, 64),
+        float_image_batch=True,
+        batch_pinned=False,
+    )
     base.update(kw)
     return D.PipelineFacts(**base)
 
@@ -58,8 +69,16 @@ def test_transfer_bound_from_injected_cuda_measurements() -> None:
 
 
 def test_pinned_uint8_prefetched_pipeline_gets_no_transfer_advice() -> None:
-    f = facts(device_type="cuda", num_workers=8, pin_memory=True, persistent_workers=True, prefetch_factor=2,
-              float_image_batch=False, batch_dtype="uint8", uses_prefetcher=True)
+    f = facts(
+        device_type="cuda",
+        num_workers=8,
+        pin_memory=True,
+        persistent_workers=True,
+        prefetch_factor=2,
+        float_image_batch=False,
+        batch_dtype="uint8",
+        uses_prefetcher=True,
+    )
     d = D.decide(m(0.0002, 0.001, 0.050, facts=f))
     assert d.verdict == "compute-bound"
     assert all(r.stage != "transfer" for r in d.recommendations)
@@ -143,7 +162,7 @@ def _broken_cuda(*args, **kwargs):
 
 
 def test_pinned_probe_falls_back_only_outside_a_strict_gpu_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(D, "map_tensors", _broken_cuda)  # doctor's name for helpers.prefetch.map_tensors
+    monkeypatch.setattr(D, "map_tensors", _broken_cuda)  # doctor's name for helpers.pipeline.prefetch.map_tensors
     batch = (torch.zeros(2, 3, 4, 4), torch.zeros(2, dtype=torch.long))
     cuda = torch.device("cuda")
     monkeypatch.delenv("WORKBOOK_REQUIRE_GPU", raising=False)

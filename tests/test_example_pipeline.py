@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import data
+from helpers.pipeline import data
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "fast_pipeline.py"
@@ -19,8 +19,9 @@ ALLOWED = {"torch", "torchvision", "__future__"} | set(sys.stdlib_module_names)
 
 
 def _run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
 
 
 def test_imports_torch_and_torchvision_only() -> None:
@@ -38,18 +39,27 @@ def test_pipeline_markers_frame_the_pipeline() -> None:
     lines = SCRIPT.read_text().splitlines()
     start, end = lines.index("# --- pipeline: start ---"), lines.index("# --- pipeline: end ---")
     body = "\n".join(lines[start:end])
-    code = [ln for ln in lines[start + 1:end] if ln.strip() and not ln.strip().startswith("#")]
+    code = [ln for ln in lines[start + 1 : end] if ln.strip() and not ln.strip().startswith("#")]
     assert len(code) <= 50 and end - start <= 70, "the pipeline itself stays short enough to read at once"
-    for token in ("DataLoader(", "pin_memory=pin", "persistent_workers", "prefetch_factor", "non_blocking=True",
-                  "torch.cuda.Stream", "wait_stream", "record_stream"):
+    for token in (
+        "DataLoader(",
+        "pin_memory=pin",
+        "persistent_workers",
+        "prefetch_factor",
+        "non_blocking=True",
+        "torch.cuda.Stream",
+        "wait_stream",
+        "record_stream",
+    ):
         assert token in body, token
 
 
 @pytest.mark.slow
 def test_trains_on_the_generated_data_set() -> None:
     info = data.make_shapes_dataset()
-    out = _run(str(info.train_dir), "--epochs", "2", "--max-steps", "3", "--workers", "2", "--crop", "32",
-               "--batch-size", "16")
+    out = _run(
+        str(info.train_dir), "--epochs", "2", "--max-steps", "3", "--workers", "2", "--crop", "32", "--batch-size", "16"
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "epoch 2: 3 steps" in out.stdout
     assert f"{info.n_train} images in {len(info.classes)} classes" in out.stdout
@@ -67,9 +77,29 @@ def test_main_sets_the_globals_the_pipeline_reads_and_every_knob_runs(capsys: py
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
     assert mod.DEVICE.type == "cpu" and mod.SEED == 0 and mod.WORKERS >= 1
-    rc = mod.main([str(info.train_dir), "--epochs", "1", "--max-steps", "2", "--workers", "0", "--crop", "16",
-                   "--batch-size", "8", "--device", "cpu", "--seed", "3", "--float-on-host", "--no-prefetcher",
-                   "--no-persistent", "--no-pin"])
+    rc = mod.main(
+        [
+            str(info.train_dir),
+            "--epochs",
+            "1",
+            "--max-steps",
+            "2",
+            "--workers",
+            "0",
+            "--crop",
+            "16",
+            "--batch-size",
+            "8",
+            "--device",
+            "cpu",
+            "--seed",
+            "3",
+            "--float-on-host",
+            "--no-prefetcher",
+            "--no-persistent",
+            "--no-pin",
+        ]
+    )
     assert rc == 0 and mod.SEED == 3 and mod.DEVICE == torch.device("cpu")
     out = capsys.readouterr().out
     assert "epoch 1: 2 steps" in out and "pin_memory False" in out and "prefetcher False" in out

@@ -1,4 +1,4 @@
-"""Tests for helpers.gpudecode: JPEG bytes to decoded batches (CPU here; GPU tests skip without CUDA)."""
+"""Tests for helpers.pipeline.gpudecode: JPEG bytes to decoded batches (CPU here; GPU tests skip without CUDA)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import gpudecode as G
-from helpers.data import ImageDecodeError, ShapesDataset, make_shapes_dataset
+from helpers.pipeline import gpudecode as G
+from helpers.pipeline.data import ImageDecodeError, ShapesDataset, make_shapes_dataset
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -78,8 +78,9 @@ def test_collate():
 @pytest.mark.timeout(180)
 def test_loader_with_a_spawned_worker(info):
     ds = G.EncodedJpegDataset(info.val_dir)
-    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=1, multiprocessing_context="spawn",
-                                         collate_fn=G.collate_encoded)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=8, num_workers=1, multiprocessing_context="spawn", collate_fn=G.collate_encoded
+    )
     batches = list(loader)
     assert len(batches) == 3
     enc, labels = batches[0]
@@ -96,8 +97,9 @@ def test_decode_batch_matches_the_pillow_pipeline(info):
     x = G.decode_batch(enc, "cpu", 32)
     assert x.shape == (6, 3, 32, 32) and x.dtype == torch.uint8 and x.device.type == "cpu"
     assert x.is_contiguous()
-    ref = torch.stack([ShapesDataset(info.val_dir, crop_size=32, augment=False, output="uint8")[i][0]
-                       for i in range(6)])
+    ref = torch.stack(
+        [ShapesDataset(info.val_dir, crop_size=32, augment=False, output="uint8")[i][0] for i in range(6)]
+    )
     diff = (x.int() - ref.int()).abs()
     assert diff.max() <= 3 and diff.float().mean() < 0.5  # libjpeg-turbo both ways; 0 when the builds agree
 
@@ -272,18 +274,34 @@ def test_compare_decode_on_cpu(info):
 
 
 def test_gpu_reference_none_then_found(tmp_path, monkeypatch):
-    from helpers.reference import REFERENCE_ENV
-    from helpers.results import ResultSet
+    from helpers.core.reference import REFERENCE_ENV
+    from helpers.core.results import ResultSet
 
     monkeypatch.setenv(REFERENCE_ENV, str(tmp_path))
     assert G.gpu_reference() is None
     assert "No reference results" in G.gpu_reference_report()
     rs = ResultSet.new("ref", "test")
     p = {"batch_size": 64, "crop_size": 224, "image_size": 256}
-    rs.add("ch05.decode.ms_per_batch", 9.0, "ms", spread={"iqr": 0.5, "n": 8}, where="cpu", device="cuda",
-           pinned=False, **p)
-    rs.add("ch05.decode.ms_per_batch", 2.0, "ms", spread={"iqr": 0.1, "n": 8}, where="cuda", device="cuda",
-           pinned=True, **p)
+    rs.add(
+        "ch05.decode.ms_per_batch",
+        9.0,
+        "ms",
+        spread={"iqr": 0.5, "n": 8},
+        where="cpu",
+        device="cuda",
+        pinned=False,
+        **p,
+    )
+    rs.add(
+        "ch05.decode.ms_per_batch",
+        2.0,
+        "ms",
+        spread={"iqr": 0.1, "n": 8},
+        where="cuda",
+        device="cuda",
+        pinned=True,
+        **p,
+    )
     rs.save(tmp_path / "ref.json")
     line, rows = G.gpu_reference()
     assert line.startswith("Recorded on")
@@ -293,7 +311,7 @@ def test_gpu_reference_none_then_found(tmp_path, monkeypatch):
 
 
 def test_benchmark_keys_are_prefixed(tmp_path):
-    from helpers.results import ResultSet
+    from helpers.core.results import ResultSet
 
     info = make_shapes_dataset(n_train=16, n_val=16, image_size=32, root=tmp_path)
     rs = ResultSet.new("t", "test")
@@ -307,8 +325,8 @@ def test_benchmark_keys_are_prefixed(tmp_path):
 
 
 def test_overlap_benchmark_still_records_nothing_on_cpu():
-    from helpers import overlap
-    from helpers.results import ResultSet
+    from helpers.core.results import ResultSet
+    from helpers.pipeline import overlap
 
     assert overlap.benchmark(ResultSet.new("t", "test"), "cpu").records == []
 
@@ -318,9 +336,24 @@ def test_diff_stats_and_the_gpu_diff_report():
     b = [torch.tensor([[2, 10]], dtype=torch.uint8), torch.tensor([[250]], dtype=torch.uint8)]
     assert G._diff_stats(a, b) == (5, pytest.approx(7 / 3))
     cmp = G.DecodeComparison(
-        device="cuda:0", on_gpu=True, batch_size=1, crop_size=8, image_size=8, n_batches=1, bytes={},
-        bytes_per_batch={}, cpu_path=None, device_path=None, pinned=True, max_abs_diff=4, mean_abs_diff=0.5,
-        decode_max_abs_diff=3, decode_mean_abs_diff=0.4, resize_max_abs_diff=1, resize_mean_abs_diff=0.1)
+        device="cuda:0",
+        on_gpu=True,
+        batch_size=1,
+        crop_size=8,
+        image_size=8,
+        n_batches=1,
+        bytes={},
+        bytes_per_batch={},
+        cpu_path=None,
+        device_path=None,
+        pinned=True,
+        max_abs_diff=4,
+        mean_abs_diff=0.5,
+        decode_max_abs_diff=3,
+        decode_mean_abs_diff=0.4,
+        resize_max_abs_diff=1,
+        resize_mean_abs_diff=0.1,
+    )
     text = cmp.diff_report()
     assert "decode alone" in text and "resize alone" in text and "both" in text and "largest   1" in text
 
@@ -357,7 +390,7 @@ def test_gpu_decode_names_a_corrupt_item(info):
 
 @cuda
 def test_gpu_benchmark_records_both_paths(info):
-    from helpers.results import ResultSet
+    from helpers.core.results import ResultSet
 
     rs = ResultSet.new("t", "test")
     G.benchmark(rs, "cuda", info=info, batch_size=8, crop_size=32, n_batches=2, repeats=1)

@@ -11,16 +11,23 @@ from pathlib import Path
 import pytest
 
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
-MODULES = sorted(p.stem for p in HELPERS.glob("*.py") if p.stem != "__init__")
+MODULES = sorted(
+    str(p.relative_to(HELPERS).with_suffix("")).replace("/", ".")
+    for p in HELPERS.glob("*/*.py")
+    if p.stem != "__init__"
+)
 
 
 @pytest.mark.parametrize("name", MODULES)
 def test_no_top_level_name_is_defined_twice(name: str) -> None:
-    tree = ast.parse((HELPERS / f"{name}.py").read_text(encoding="utf-8"))
-    counts = collections.Counter(n.name for n in tree.body
-                                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
+    tree = ast.parse((HELPERS / (name.replace(".", "/") + ".py")).read_text(encoding="utf-8"))
+    counts = collections.Counter(
+        n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    )
     twice = sorted(n for n, k in counts.items() if k > 1)
-    assert not twice, f"helpers/{name}.py defines {twice} more than once: the later one replaces the earlier"
+    assert not twice, (
+        f"helpers/{name.replace('.', '/')}.py defines {twice} more than once: the later one replaces the earlier"
+    )
 
 
 @pytest.mark.parametrize("name", MODULES)

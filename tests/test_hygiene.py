@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import hygiene, results
+from helpers.core import results
+from helpers.pipeline import hygiene
 
 
 def test_make_op_validates() -> None:
@@ -83,7 +84,7 @@ def test_estimate_scales_with_the_work() -> None:
 
 
 def test_make_op_checks_available_ram(monkeypatch: pytest.MonkeyPatch) -> None:
-    from helpers import transfer
+    from helpers.pipeline import transfer
 
     monkeypatch.setattr(transfer, "_memory_now", lambda: (8 << 30, 100 << 20))  # 100 MiB available
     with pytest.raises(ValueError, match="host RAM"):

@@ -1,13 +1,14 @@
-"""The helpers package has layers, and its imports form no cycle.
+"""The helpers package has layers, one folder each, and its imports form no cycle.
 
-Every ``helpers/*.py`` is parsed (nothing is imported) and each import of a sibling module is an
-edge: ``from .x import y``, ``from . import x``, ``from helpers.x import y``, ``import helpers.x``,
-at module level and inside functions alike (an import inside a function is still a dependency; it
-only runs later). Imports by name at run time (``importlib.import_module("helpers.x")``, as
-``helpers.bench`` does for the chapters) are not edges: only ``tools`` modules do that.
+The layout is the architecture: ``helpers/<layer>/<module>.py``, with the layers in :data:`ORDER`
+(lowest first). Every module is parsed (nothing is imported) and each import of another helpers
+module is an edge: ``from .x import y``, ``from ..core import x``, ``from ..core.x import y``,
+``from helpers.core import x``, ``import helpers.core.x``, at module level and inside functions alike
+(an import inside a function is still a dependency; it only runs later). Imports by name at run time
+(``importlib.import_module``, as the bench does for the chapters) are not edges: only ``tools`` do that.
 
 A module may import modules of its own layer and of the layers below it, never above.
-A new module must be placed in :data:`LAYERS` (and in the table in docs/CONTRIBUTING.md).
+A new module goes in a layer folder (and in the table in docs/CONTRIBUTING.md).
 """
 
 from __future__ import annotations
@@ -20,49 +21,74 @@ ROOT = Path(__file__).resolve().parents[1]
 HELPERS = ROOT / "helpers"
 
 #: Lowest layer first. Keep in step with the "Layers" table in docs/CONTRIBUTING.md.
-LAYERS: dict[str, tuple[str, ...]] = {
-    # settings, checks, hardware facts, timers, result files: no plots, no chapters
-    "core": ("config", "validate", "progress", "device", "timing", "results", "reference"),
-    # what the reader sees: plots, widgets, exercise checks, code-cell diffs, published figures
-    # (published draws its figures with plots, so it sits here rather than in core)
-    "ui": ("plots", "widgets", "exercises", "codecells", "published"),
-    # the pipeline the chapters build and measure: data, model, loaders, copies, prefetch, overlap
-    "pipeline": ("data", "models", "loaders", "train", "transfer", "prefetch", "overlap", "gpudecode", "hygiene"),
-    # chapters 06-07 put the pipeline together
-    "chapters": ("capstone", "doctor", "distributed", "ddp_train"),
-    # command-line tools over everything
-    "tools": ("bench", "gpucheck"),
-}
+ORDER = ("core", "ui", "pipeline", "chapters", "tools")
 
 #: Imports allowed to go up a layer: (importer, imported) -> why. Empty, and it should stay so.
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 
+
+def _layout() -> dict[str, tuple[str, ...]]:
+    """layer -> its modules, read from the folders."""
+    return {
+        layer: tuple(sorted(p.stem for p in (HELPERS / layer).glob("*.py") if p.stem != "__init__")) for layer in ORDER
+    }
+
+
+LAYERS = _layout()
 RANK = {mod: i for i, mods in enumerate(LAYERS.values()) for mod in mods}
 LAYER_OF = {mod: name for name, mods in LAYERS.items() for mod in mods}
 
 
+def _path(module: str) -> Path:
+    return HELPERS / "__init__.py" if module == "__init__" else HELPERS / LAYER_OF[module] / f"{module}.py"
+
+
+def _rel(module: str) -> str:
+    return str(_path(module).relative_to(ROOT))
+
+
 def _modules() -> list[str]:
-    return sorted(p.stem for p in HELPERS.glob("*.py") if p.stem != "__init__")
+    return sorted(LAYER_OF)
+
+
+def _names_to_modules(package: str | None, names: list[str]) -> list[str]:
+    """The modules named by ``from <package> import names`` (package: a layer, a module, or None = helpers)."""
+    if package in LAYER_OF:
+        return [package]
+    if package in ORDER or package is None:
+        return [n for n in names if n in LAYER_OF]
+    return []
 
 
 def _targets(node: ast.AST, module: str) -> list[str]:
     """The helpers modules an import statement names (empty for any other import)."""
     if isinstance(node, ast.ImportFrom):
-        if node.level == 1:
-            return [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
-        if node.level == 0 and node.module and node.module.split(".")[0] == "helpers":
-            parts = node.module.split(".")
-            return [parts[1]] if len(parts) > 1 else [a.name for a in node.names]
-        if node.level > 1:
-            raise AssertionError(f"helpers/{module}.py:{node.lineno}: an import above the package")
+        names = [a.name for a in node.names]
+        parts = node.module.split(".") if node.module else []
+        if node.level == 0:
+            if not parts or parts[0] != "helpers":
+                return []
+            parts = parts[1:]
+        elif node.level > 2:
+            raise AssertionError(f"{_rel(module)}:{node.lineno}: an import above the package")
+        elif node.level == 1 and module != "__init__":
+            parts = [LAYER_OF[module], *parts]  # from .x / from . import x: this module's own layer
+        if not parts:
+            return _names_to_modules(None, names)
+        return _names_to_modules(parts[-1] if len(parts) > 1 else parts[0], names)
     if isinstance(node, ast.Import):
-        return [a.name.split(".")[1] for a in node.names if a.name.startswith("helpers.")]
+        out = []
+        for a in node.names:
+            parts = a.name.split(".")
+            if parts[0] == "helpers" and parts[-1] in LAYER_OF:
+                out.append(parts[-1])
+        return out
     return []
 
 
 def _imports(module: str) -> list[tuple[str, int, bool]]:
-    """(imported module, line, inside a function) for each sibling import of ``module``."""
-    tree = ast.parse((HELPERS / f"{module}.py").read_text(encoding="utf-8"))
+    """(imported module, line, inside a function) for each helpers import of ``module``."""
+    tree = ast.parse(_path(module).read_text(encoding="utf-8"))
     out: list[tuple[str, int, bool]] = []
 
     def visit(node: ast.AST, in_function: bool) -> None:
@@ -143,8 +169,12 @@ def _cycles(graph: dict[str, dict[str, list[int]]]) -> list[list[str]]:
 
 
 def _describe(path: list[str], graph: dict[str, dict[str, list[int]]]) -> str:
-    return " -> ".join(path) + "  (" + "; ".join(
-        f"helpers/{a}.py:{','.join(map(str, graph[a][b]))} imports {b}" for a, b in zip(path, path[1:])) + ")"
+    return (
+        " -> ".join(path)
+        + "  ("
+        + "; ".join(f"{_rel(a)}:{','.join(map(str, graph[a][b]))} imports {b}" for a, b in zip(path, path[1:]))
+        + ")"
+    )
 
 
 def test_the_graph_sees_module_level_and_function_level_imports() -> None:
@@ -162,14 +192,17 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles in helpers/:\n" + "\n".join(_describe(c, graph) for c in cycles)
 
 
-def test_every_module_is_in_exactly_one_layer() -> None:
+def test_every_module_lives_in_one_layer_folder() -> None:
     placed = [m for mods in LAYERS.values() for m in mods]
-    assert len(placed) == len(set(placed)), "a module is listed in two layers"
-    unmapped = sorted(set(_modules()) - set(placed))
-    assert not unmapped, (f"helpers modules with no layer: {unmapped}. Place each in LAYERS in "
-                          "tests/test_layers.py (and in the Layers table of docs/CONTRIBUTING.md)")
-    stale = sorted(set(placed) - set(_modules()))
-    assert not stale, f"LAYERS names modules that do not exist: {stale}"
+    assert len(placed) == len(set(placed)), "two layer folders hold a module of the same name"
+    loose = sorted(p.name for p in HELPERS.glob("*.py") if p.stem != "__init__")
+    assert not loose, f"modules outside a layer folder: {loose}; move each into one of {ORDER}"
+    folders = sorted(p.name for p in HELPERS.iterdir() if p.is_dir() and (p / "__init__.py").exists())
+    assert folders == sorted(ORDER), f"layer folders {folders} != ORDER {ORDER} (tests/test_layers.py)"
+    for layer in ORDER:
+        assert (HELPERS / layer / "__init__.py").read_text(encoding="utf-8").startswith('"""'), (
+            f"helpers/{layer}/__init__.py must say in its docstring what the layer is for"
+        )
 
 
 def test_no_module_imports_a_layer_above_its_own() -> None:
@@ -178,11 +211,10 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
     for a, targets in sorted(graph.items()):
         for b, lines in sorted(targets.items()):
             if a in RANK and b in RANK and RANK[b] > RANK[a] and (a, b) not in ALLOWED_UPWARD:
-                upward.append(f"helpers/{a}.py:{','.join(map(str, lines))} ({LAYER_OF[a]}) imports {b} "
-                              f"({LAYER_OF[b]})")
+                upward.append(f"{_rel(a)}:{','.join(map(str, lines))} ({LAYER_OF[a]}) imports {b} ({LAYER_OF[b]})")
     for line in upward:
         print("upward import:", line)
-    assert not upward, ("imports that go up a layer (order: " + " < ".join(LAYERS) + "):\n" + "\n".join(upward))
+    assert not upward, "imports that go up a layer (order: " + " < ".join(LAYERS) + "):\n" + "\n".join(upward)
     stale = [edge for edge in ALLOWED_UPWARD if edge[1] not in graph.get(edge[0], {})]
     assert not stale, f"ALLOWED_UPWARD lists imports that no longer exist: {stale}"
 
@@ -191,21 +223,24 @@ def test_each_import_left_inside_a_function_says_why() -> None:
     """Sibling imports go at module level; one left in a function carries a comment (heavy, optional, cycle)."""
     silent = []
     for mod in _modules():
-        lines = (HELPERS / f"{mod}.py").read_text(encoding="utf-8").splitlines()
+        lines = _path(mod).read_text(encoding="utf-8").splitlines()
         tree = ast.parse("\n".join(lines))
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 for inner in ast.walk(node):
                     if _targets(inner, mod) and "#" not in lines[inner.end_lineno - 1]:  # type: ignore[attr-defined]
-                        silent.append(f"helpers/{mod}.py:{inner.lineno}: {lines[inner.lineno - 1].strip()}")
-    assert not silent, ("imports inside functions without a reason (move them to the top, or add a comment "
-                        "such as '# optional/heavy: matplotlib' or '# avoids a cycle with x'):\n"
-                        + "\n".join(sorted(set(silent))))
+                        silent.append(f"{_rel(mod)}:{inner.lineno}: {lines[inner.lineno - 1].strip()}")
+    assert not silent, (
+        "imports inside functions without a reason (move them to the top, or add a comment "
+        "such as '# optional/heavy: matplotlib' or '# avoids a cycle with x'):\n" + "\n".join(sorted(set(silent)))
+    )
 
 
-def test_the_package_init_imports_no_module() -> None:
-    tree = ast.parse((HELPERS / "__init__.py").read_text(encoding="utf-8"))
-    assert not [n for n in ast.walk(tree) if _targets(n, "__init__")], "importing helpers must stay cheap"
+def test_the_package_and_layer_inits_import_no_module() -> None:
+    for init in [HELPERS / "__init__.py", *(HELPERS / layer / "__init__.py" for layer in ORDER)]:
+        tree = ast.parse(init.read_text(encoding="utf-8"))
+        imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+        assert not imports, f"{init.relative_to(ROOT)} imports something: importing a layer must stay cheap"
 
 
 def test_contributing_lists_the_same_layers() -> None:

@@ -20,7 +20,7 @@ import psutil
 import pytest
 import torch
 
-from helpers import loaders as L
+from helpers.pipeline import loaders as L
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,7 +97,7 @@ def test_torch_still_starts_the_pin_thread_with_target_pin_memory_loop() -> None
 _SIGINT_CHILD = r"""
 import faulthandler, os, signal, sys, time
 import psutil
-from helpers import loaders as L
+from helpers.pipeline import loaders as L
 
 faulthandler.register(signal.SIGUSR1, all_threads=True)   # the parent asks for our stacks if we stop answering
 signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -129,8 +129,15 @@ def test_sigint_at_any_moment_leaves_no_worker() -> None:
     """SIGINT at many offsets (0-2 s, dense in the first 0.3 s where workers start) into a loop of
     measure_throughput runs with 3 workers; every worker must be gone within 5 s."""
     offsets = [0.0, 0.02, 0.04, 0.06, 0.08, 0.1, 0.13, 0.16, 0.2, 0.3, 0.5, 0.8, 1.3, 2.0]
-    proc = subprocess.Popen([sys.executable, "-c", _SIGINT_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env(), cwd=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SIGINT_CHILD],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=str(ROOT),
+    )
     leaks = []
     try:
         assert proc.stdin is not None and proc.stdout is not None
@@ -150,11 +157,13 @@ def test_sigint_at_any_moment_leaves_no_worker() -> None:
                     break
                 proc.send_signal(signal.SIGINT)
             else:
-                proc.send_signal(signal.SIGUSR1)   # stuck: dump every thread's stack to stderr, then fail
+                proc.send_signal(signal.SIGUSR1)  # stuck: dump every thread's stack to stderr, then fail
                 time.sleep(2.0)
                 proc.kill()
-                pytest.fail(f"no answer 40 s after SIGINT at {off} s (8 presses); the child's stacks:\n"
-                            f"{proc.stderr.read()[-6000:]}")
+                pytest.fail(
+                    f"no answer 40 s after SIGINT at {off} s (8 presses); the child's stacks:\n"
+                    f"{proc.stderr.read()[-6000:]}"
+                )
             line = proc.stdout.readline().split()
             assert line and line[0] == "left", line
             if int(line[1]):
@@ -281,7 +290,7 @@ def test_shm_is_checked_where_every_worker_loader_is_built(monkeypatch: pytest.M
 
 _POOL_CHILD = r"""
 import signal, sys, time
-from helpers import loaders as L
+from helpers.pipeline import loaders as L
 
 def handler(signum, frame):       # what the bench installs in the parent
     raise KeyboardInterrupt(f"signal {signum}")
@@ -301,8 +310,14 @@ print("done", flush=True)
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_pools_and_loaders_never_hang_with_a_parents_sigterm_handler() -> None:
-    proc = subprocess.run([sys.executable, "-c", _POOL_CHILD, "20", "30"], capture_output=True, text=True,
-                          env=_env(), cwd=str(ROOT), timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-c", _POOL_CHILD, "20", "30"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=str(ROOT),
+        timeout=240,
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("done"), proc.stdout[-500:] + proc.stderr[-2000:]
 
 
@@ -321,8 +336,11 @@ def test_pool_processes_reset_the_parents_handlers() -> None:
 
 def _handlers() -> tuple[int, int, list[int]]:
     blocked = sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
-    return int(signal.getsignal(signal.SIGTERM)), int(signal.getsignal(signal.SIGINT)), [
-        s for s in blocked if s in (signal.SIGINT, signal.SIGTERM)]
+    return (
+        int(signal.getsignal(signal.SIGTERM)),
+        int(signal.getsignal(signal.SIGINT)),
+        [s for s in blocked if s in (signal.SIGINT, signal.SIGTERM)],
+    )
 
 
 def test_loader_workers_reset_the_parents_handlers() -> None:
@@ -365,13 +383,16 @@ def test_close_pool_leaves_no_worker_when_workers_die_while_it_closes() -> None:
     before = {c.pid for c in me.children(recursive=True)}
     for _ in range(6):
         pool = L.start_pool(2)
-        os.kill(pool._pool[0].pid, signal.SIGKILL)      # the pool's handler starts a replacement
+        os.kill(pool._pool[0].pid, signal.SIGKILL)  # the pool's handler starts a replacement
         time.sleep(0.05)
         L.close_pool(pool, grace_s=1.0)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        left = [c for c in me.children(recursive=True) if c.pid not in before and c.is_running()
-                and c.status() != psutil.STATUS_ZOMBIE]
+        left = [
+            c
+            for c in me.children(recursive=True)
+            if c.pid not in before and c.is_running() and c.status() != psutil.STATUS_ZOMBIE
+        ]
         if not left:
             break
         time.sleep(0.2)
@@ -455,8 +476,9 @@ def test_getitems_experiment_takes_the_readers_data_set() -> None:
 
 
 def _rounds(single: list[float], workers: list[float], ceiling: list[float]) -> Any:
-    return L.SpeedupRounds(num_workers=2, batch_size=8, single=single, workers=workers, ceiling=ceiling, cores=2,
-                           seconds=1.0)
+    return L.SpeedupRounds(
+        num_workers=2, batch_size=8, single=single, workers=workers, ceiling=ceiling, cores=2, seconds=1.0
+    )
 
 
 def test_share_of_ceiling_above_one_is_flagged() -> None:
@@ -468,8 +490,16 @@ def test_share_of_ceiling_above_one_is_flagged() -> None:
 
 def test_contradictory_best_num_workers_is_flagged() -> None:
     def res(rate: float) -> Any:
-        return L.Throughput(label="x", config={}, items=int(rate), batches=1, seconds=1.0, startup_s=0.0,
-                            warmup_batches=0, epochs_started=1)
+        return L.Throughput(
+            label="x",
+            config={},
+            items=int(rate),
+            batches=1,
+            seconds=1.0,
+            startup_s=0.0,
+            warmup_batches=0,
+            epochs_started=1,
+        )
 
     sweep = L.WorkerSweep(workers=[0, 1, 2], results=[res(1000), res(900), res(980)], cores=2)
     rounds = _rounds([100, 100, 100], [160, 150, 170], [])
@@ -484,10 +514,18 @@ def test_contradictory_best_num_workers_is_flagged() -> None:
 
 
 def _pin_row(w: int, pin: bool, rates: list[float], active: bool) -> Any:
-    res = L.Throughput(label="x", config={}, items=1, batches=1, seconds=1.0, startup_s=0.0, warmup_batches=0,
-                       epochs_started=1)
-    return L.PinRow(num_workers=w, pin_memory=pin, result=res, pin_active=active and pin, pin_ms_per_batch=None,
-                    pin_thread=None, round_items_per_s=rates)
+    res = L.Throughput(
+        label="x", config={}, items=1, batches=1, seconds=1.0, startup_s=0.0, warmup_batches=0, epochs_started=1
+    )
+    return L.PinRow(
+        num_workers=w,
+        pin_memory=pin,
+        result=res,
+        pin_active=active and pin,
+        pin_ms_per_batch=None,
+        pin_thread=None,
+        round_items_per_s=rates,
+    )
 
 
 def test_pin_verdict_follows_the_rounds() -> None:

@@ -1,4 +1,4 @@
-"""Unit tests for helpers.loaders (CPU only; no speed is asserted)."""
+"""Unit tests for helpers.pipeline.loaders (CPU only; no speed is asserted)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import psutil
 import pytest
 import torch
 
-from helpers import loaders as L
+from helpers.pipeline import loaders as L
 
 
 def _children() -> set[int]:
@@ -286,8 +286,15 @@ def test_spawn_fails_for_main_module_class_and_works_for_helpers(monkeypatch):
 
 
 def test_spawn_workers_measure_helpers_dataset():
-    res = L.run_config(L.FixedRNGDataset(16), batch_size=4, num_workers=1, multiprocessing_context="spawn",
-                       batches=3, warmup=1, timeout=60.0)
+    res = L.run_config(
+        L.FixedRNGDataset(16),
+        batch_size=4,
+        num_workers=1,
+        multiprocessing_context="spawn",
+        batches=3,
+        warmup=1,
+        timeout=60.0,
+    )
     assert res.items == 12
 
 
@@ -297,7 +304,7 @@ def test_spawn_workers_measure_helpers_dataset():
 def test_panel_run_50_times_leaves_no_stray_processes():
     import ipywidgets as W
 
-    from helpers.widgets import Panel
+    from helpers.ui.widgets import Panel
 
     runner = L.PanelRunner(None, crop_size=8, batches=2, warmup=1, n_cheap=64)
     panel = Panel(
@@ -338,8 +345,17 @@ def test_panel_refuses_images_without_root_and_plots():
     assert "items/s" in L.panel_summary(res)
 
     class Rec:
-        index, values, result = 1, {"num_workers": 0, "batch_size": 32, "prefetch_factor": 2, "persistent": False,
-                                    "item_cost": L.ITEM_COSTS[0]}, res
+        index, values, result = (
+            1,
+            {
+                "num_workers": 0,
+                "batch_size": 32,
+                "prefetch_factor": 2,
+                "persistent": False,
+                "item_cost": L.ITEM_COSTS[0],
+            },
+            res,
+        )
 
     ax = Figure().add_subplot()
     L.panel_plot([Rec()], ax)
@@ -350,8 +366,8 @@ def test_panel_refuses_images_without_root_and_plots():
 
 
 def test_benchmark_keys_are_prefixed(tmp_path):
-    from helpers.data import make_shapes_dataset
-    from helpers.results import ResultSet
+    from helpers.core.results import ResultSet
+    from helpers.pipeline.data import make_shapes_dataset
 
     info = make_shapes_dataset(n_train=64, n_val=16, image_size=32, root=tmp_path)
     sizes = {"crop_size": 24, "batch_size": 8}
@@ -359,11 +375,23 @@ def test_benchmark_keys_are_prefixed(tmp_path):
     L.benchmark(rs, info=info, sizes=sizes, batches=3, warmup=1)
     keys = rs.keys()
     assert keys and all(k.startswith(("ch03.", "ch04.")) for k in keys)
-    for k in ("ch03.items_per_s", "ch03.main_wait_ms", "ch03.copy_ms_per_batch", "ch04.items_per_s", "ch04.speedup",
-              "ch04.parallel_ceiling", "ch04.share_of_ceiling",
-              "ch04.best_num_workers", "ch04.prefetch.items_per_s", "ch04.persistent.epoch_s",
-              "ch04.persistent.restart_cost_s", "ch04.in_order.p95_wait_ms", "ch04.getitems.items_per_s",
-              "ch04.cheap.items_per_s", "ch04.cheap.main_busy"):
+    for k in (
+        "ch03.items_per_s",
+        "ch03.main_wait_ms",
+        "ch03.copy_ms_per_batch",
+        "ch04.items_per_s",
+        "ch04.speedup",
+        "ch04.parallel_ceiling",
+        "ch04.share_of_ceiling",
+        "ch04.best_num_workers",
+        "ch04.prefetch.items_per_s",
+        "ch04.persistent.epoch_s",
+        "ch04.persistent.restart_cost_s",
+        "ch04.in_order.p95_wait_ms",
+        "ch04.getitems.items_per_s",
+        "ch04.cheap.items_per_s",
+        "ch04.cheap.main_busy",
+    ):
         assert k in keys, k
 
 
@@ -379,7 +407,7 @@ def test_parallel_ceiling_counts_items_and_closes_its_pool():
     rate = L.parallel_ceiling(L.SpinDataset(L.CheapDataset(16, 4), extra_ms=1.0), processes=2, seconds=0.2)
     assert rate > 0
     assert not _wait_children_back_to(before)
-    assert not (_children() - before)                 # the pool's processes are gone too
+    assert not (_children() - before)  # the pool's processes are gone too
 
 
 def test_parallel_ceiling_refuses_bad_arguments():
@@ -402,8 +430,8 @@ def test_interleaved_speedup_rounds_and_cleanup():
     assert sr.ceiling_speedup > 0 and sr.share_of_ceiling > 0
     assert len(sr.table()) == 4 and "median of 3 rounds" in sr.summary()
     assert set(sr.to_dict()) >= {"single", "workers", "ceiling", "speedup", "share_of_ceiling"}
-    assert torch.get_num_threads() == threads          # the one-thread setting is restored
-    assert not [p for p in L.worker_processes() if p.pid not in before]   # gone when it returns
+    assert torch.get_num_threads() == threads  # the one-thread setting is restored
+    assert not [p for p in L.worker_processes() if p.pid not in before]  # gone when it returns
     assert not _wait_children_back_to(before)
 
 
@@ -425,8 +453,15 @@ def test_plot_rounds_draws_three_series():
     import matplotlib
 
     matplotlib.use("Agg")
-    sr = L.SpeedupRounds(num_workers=2, batch_size=8, single=[100.0, 110.0], workers=[180.0, 170.0],
-                         ceiling=[200.0, 190.0], cores=2, seconds=1.0)
+    sr = L.SpeedupRounds(
+        num_workers=2,
+        batch_size=8,
+        single=[100.0, 110.0],
+        workers=[180.0, 170.0],
+        ceiling=[200.0, 190.0],
+        cores=2,
+        seconds=1.0,
+    )
     ax = L.plot_rounds(sr)
     assert len(ax.get_lines()) == 3 and "1.6" in ax.get_title()
     assert sr.speedup == pytest.approx((1.8 + 170 / 110) / 2)
@@ -436,8 +471,8 @@ def test_pin_log_collects_pinned_batches_only():
     log = L.PinLog()
     assert log.ms_per_batch is None and log.thread is None
     b = L.collate_pinnable([(torch.zeros(3), 0), (torch.ones(3), 1)])
-    log(b)                                    # never pinned: nothing recorded
-    log((torch.zeros(1), torch.zeros(1)))     # not a PinnableBatch
+    log(b)  # never pinned: nothing recorded
+    log((torch.zeros(1), torch.zeros(1)))  # not a PinnableBatch
     assert log.seconds == []
     b.pin_seconds, b.pin_thread = 0.002, "pt_data_pin"
     log(b)

@@ -1,4 +1,4 @@
-"""Unit tests for helpers.models."""
+"""Unit tests for helpers.pipeline.models."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import models
+from helpers.pipeline import models
 
 
 def test_forward_shape_and_any_size() -> None:

@@ -22,7 +22,7 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 def _lab_command() -> str:
     text = (ROOT / "Makefile").read_text()
-    block = text[text.index("\nlab:"):]
+    block = text[text.index("\nlab:") :]
     return block[: block.index("\n\n")]
 
 

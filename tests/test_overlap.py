@@ -1,4 +1,4 @@
-"""Tests for helpers.overlap: the 2x2 labels, overlap measurement, hazards, panel fallback."""
+"""Tests for helpers.pipeline.overlap: the 2x2 labels, overlap measurement, hazards, panel fallback."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ matplotlib.use("Agg")
 import pytest
 import torch
 
-from helpers import overlap as ov
-from helpers.results import ResultSet
-from helpers.timing import Span, SpanTrace
+from helpers.core.results import ResultSet
+from helpers.core.timing import Span, SpanTrace
+from helpers.pipeline import overlap as ov
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -130,8 +130,13 @@ def test_reference_artifact_round_trip(monkeypatch, tmp_path) -> None:  # type: 
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
     assert ov.reference_cell("pinned", "side") is None
     r = ov.run_cell("pinned", "side", copy_mib=1, matmul_n=32, steps=2, device="cpu")
-    rs = ResultSet(name="t", method="test", provenance={"hardware": {"gpu_name": "TestGPU"}},
-                   created="2026-01-01T00:00:00+00:00", mode="quick")
+    rs = ResultSet(
+        name="t",
+        method="test",
+        provenance={"hardware": {"gpu_name": "TestGPU"}},
+        created="2026-01-01T00:00:00+00:00",
+        mode="quick",
+    )
     rs.artifacts[ov.artifact_name("pinned", "side")] = r.trace.to_dict()
     rs.save(tmp_path / "ref.json")
     trace, line = ov.reference_cell("pinned", "side")
@@ -143,8 +148,13 @@ def test_reference_artifact_round_trip(monkeypatch, tmp_path) -> None:  # type: 
 def test_sync_counts_reference_none_then_found(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
     assert "ch05.hazard.syncs" in ov.sync_counts_reference()  # the "none recorded yet" message names the key
-    rs = ResultSet(name="t", method="test", provenance={"hardware": {"gpu_name": "TestGPU"}},
-                   created="2026-01-01T00:00:00+00:00", mode="quick")
+    rs = ResultSet(
+        name="t",
+        method="test",
+        provenance={"hardware": {"gpu_name": "TestGPU"}},
+        created="2026-01-01T00:00:00+00:00",
+        mode="quick",
+    )
     rs.add("ch05.hazard.syncs", 450, "count", variant="hidden", steps=50)
     rs.add("ch05.hazard.syncs", 1, "count", variant="fixed", steps=50)
     rs.add("ch05.hazard.syncs_per_line", 7, "count", line="print(loss)")

@@ -1,4 +1,4 @@
-"""Robustness of the live panels (helpers.widgets.Panel), driven from Python.
+"""Robustness of the live panels (helpers.ui.widgets.Panel), driven from Python.
 
 What a reader can do to a panel, and what must hold afterwards:
 
@@ -12,7 +12,7 @@ What a reader can do to a panel, and what must hold afterwards:
   stays within a small bound;
 * enter values out of range: refused, with a message that names the control.
 
-The data set used with workers is ``helpers.loaders.CheapDataset`` (importable,
+The data set used with workers is ``helpers.pipeline.loaders.CheapDataset`` (importable,
 so the test holds for spawn/forkserver too).
 """
 
@@ -28,9 +28,9 @@ import ipywidgets as W
 import psutil
 import pytest
 
-from helpers import loaders
-from helpers.validate import check_int
-from helpers.widgets import Panel
+from helpers.core.validate import check_int
+from helpers.pipeline import loaders
+from helpers.ui.widgets import Panel
 
 
 def _settle_children(expected: int, timeout_s: float = 10.0) -> list[Any]:
@@ -65,7 +65,7 @@ class LoaderRun:
 
     def __init__(self) -> None:
         self.interrupt_after: int | None = None  # batches; None = run to the end
-        self.real_signal = False                 # True: send SIGINT to ourselves, as the kernel does
+        self.real_signal = False  # True: send SIGINT to ourselves, as the kernel does
 
     def __call__(self, progress: Any, *, num_workers: int, batches: int) -> dict[str, Any]:
         ds = loaders.CheapDataset(512, image_size=8, output="uint8", bank=8)
@@ -199,8 +199,13 @@ def test_interrupt_while_drawing_leaves_no_half_drawn_output() -> None:
         if state["interrupt"]:
             raise KeyboardInterrupt
 
-    panel = Panel("draw", {"n": W.IntSlider(value=1, min=1, max=9)}, lambda progress, n: n,
-                  summarize=lambda r: f"value {r}", plot=plot)
+    panel = Panel(
+        "draw",
+        {"n": W.IntSlider(value=1, min=1, max=9)},
+        lambda progress, n: n,
+        summarize=lambda r: f"value {r}",
+        plot=plot,
+    )
     assert panel.click() is not None
     outputs_before, history_before = panel.out.outputs, list(panel.history)
     state["interrupt"] = True
@@ -284,8 +289,8 @@ def test_run_refusing_values_shows_in_the_panel() -> None:
 _KERNEL_SETUP = r"""
 import json, os, time
 import ipywidgets as W
-from helpers import loaders
-from helpers.widgets import Panel
+from helpers.pipeline import loaders
+from helpers.ui.widgets import Panel
 
 FLAG = {flag!r}
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import codecells
+from helpers.ui import codecells
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "fast_pipeline.py"
@@ -25,8 +25,16 @@ TEACHES = {
     "03": ("DataLoader(", "pin_memory=True", "non_blocking=True"),
     "04": ("num_workers", "persistent_workers", "prefetch_factor", "worker_init_fn", "in_order"),
     "05": ("torch.cuda.Stream", "wait_stream", "record_stream", "non_blocking=True"),
-    "06": ("DataLoader(", "pin_memory", "num_workers", "persistent_workers", "prefetch_factor",
-           "non_blocking=True", "wait_stream", "record_stream"),
+    "06": (
+        "DataLoader(",
+        "pin_memory",
+        "num_workers",
+        "persistent_workers",
+        "prefetch_factor",
+        "non_blocking=True",
+        "wait_stream",
+        "record_stream",
+    ),
 }
 MAX_CELL_LINES = 25
 MAX_PIPELINE_LINES = 20
@@ -68,14 +76,15 @@ def test_chapter_shows_its_diff(chapter: str) -> None:
 def _script_pipeline() -> list[str]:
     lines = SCRIPT.read_text(encoding="utf-8").splitlines()
     start, end = lines.index("# --- pipeline: start ---"), lines.index("# --- pipeline: end ---")
-    return [ln.rstrip() for ln in lines[start + 1:end] if ln.strip()]
+    return [ln.rstrip() for ln in lines[start + 1 : end] if ln.strip()]
 
 
 def test_chapter_06_pipeline_is_the_take_home_script() -> None:
     cells = [ln.rstrip() for cell in codecells.pipeline_cells("06") for ln in cell.splitlines() if ln.strip()]
     assert cells == _script_pipeline(), (
         "chapter 06's pipeline cells and the lines between the markers of examples/fast_pipeline.py must be "
-        "identical (blank lines aside); change both together")
+        "identical (blank lines aside); change both together"
+    )
 
 
 def test_the_pipeline_grows_one_chapter_at_a_time() -> None:
@@ -84,6 +93,7 @@ def test_the_pipeline_grows_one_chapter_at_a_time() -> None:
     assert set(before) <= set(after)
     for chapter in sorted(TEACHES)[1:]:
         prev = f"{int(chapter) - 1:02d}"
-        changed = {n for n, src in codecells.pipeline_after(chapter).items()
-                   if codecells.pipeline_after(prev).get(n) != src}
+        changed = {
+            n for n, src in codecells.pipeline_after(chapter).items() if codecells.pipeline_after(prev).get(n) != src
+        }
         assert changed, f"chapter {chapter} changes no pipeline function"

@@ -1,4 +1,4 @@
-"""Tests for helpers.prefetch: order, exhaustion, re-iteration, batch structures, normalisation.
+"""Tests for helpers.pipeline.prefetch: order, exhaustion, re-iteration, batch structures, normalisation.
 
 Everything runs on CPU (pass-through); the CUDA tests run only where a GPU exists.
 """
@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from helpers.prefetch import (
+from helpers.pipeline.prefetch import (
     CUDAPrefetcher,
     Pair,
     Prefetcher,
@@ -133,7 +133,7 @@ def test_uint8_normalisation_matches_the_reference() -> None:
     imgs = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8, generator=g)
     labels = torch.arange(4)
     pf = Prefetcher([(imgs, labels)], "cpu", normalize=(MEAN, STD))
-    (x, y), = list(pf)
+    ((x, y),) = list(pf)
     ref = tv.normalize(tv.to_dtype(imgs, torch.float32, scale=True), list(MEAN), list(STD))
     assert x.dtype == torch.float32 and x.shape == imgs.shape
     torch.testing.assert_close(x, ref, rtol=0, atol=1e-6)
@@ -142,7 +142,7 @@ def test_uint8_normalisation_matches_the_reference() -> None:
 
 
 def test_normalisation_matches_the_chapter_01_dataset_helper() -> None:
-    data = pytest.importorskip("helpers.data")
+    data = pytest.importorskip("helpers.pipeline.data")
     imgs = torch.randint(0, 256, (2, 3, 5, 5), dtype=torch.uint8)
     (x,) = list(Prefetcher([imgs], "cpu", normalize=(data.MEAN, data.STD)))
     assert torch.equal(x, data.to_float_normalized(imgs))
@@ -151,7 +151,7 @@ def test_normalisation_matches_the_chapter_01_dataset_helper() -> None:
 def test_float_tensors_are_not_normalised_and_dtype_is_respected() -> None:
     f = torch.rand(2, 3, 4, 4)
     u = torch.randint(0, 256, (3, 4, 4), dtype=torch.uint8)  # a single CHW image works too
-    (a, b), = list(Prefetcher([(f, u)], "cpu", normalize=(MEAN, STD), dtype=torch.float64))
+    ((a, b),) = list(Prefetcher([(f, u)], "cpu", normalize=(MEAN, STD), dtype=torch.float64))
     assert a is f
     assert b.dtype == torch.float64
 
@@ -410,7 +410,7 @@ def _no_record_stream(loader: Any, device: Any) -> Any:
 @cuda
 @pytest.mark.parametrize("buggy, word", [(_no_wait, "wait_stream"), (_no_record_stream, "record_stream")])
 def test_race_check_catches_a_missing_wait_or_record_stream(buggy: Any, word: str) -> None:
-    from helpers.prefetch import check_race
+    from helpers.pipeline.prefetch import check_race
 
     assert check_race(_reader_style, "cuda") == []
     found = [p for _ in range(3) for p in check_race(buggy, "cuda")]  # a race need not show every time
@@ -423,7 +423,7 @@ def test_race_check_catches_a_missing_wait_or_record_stream(buggy: Any, word: st
 def test_one_normaliser_bit_exact_with_torchvision_and_statistics_cached(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import torchvision.transforms.v2.functional as tv
 
-    from helpers import data
+    from helpers.pipeline import data
 
     imgs = torch.randint(0, 256, (3, 3, 6, 6), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     ref = tv.normalize(tv.to_dtype(imgs, torch.float32, scale=True), list(MEAN), list(STD))
@@ -451,9 +451,9 @@ def test_one_normaliser_bit_exact_with_torchvision_and_statistics_cached(monkeyp
 
 
 def test_normalisation_statistics_key_names_the_cuda_device(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """"cuda" and "cuda:0" must find the same cache entry (else the prefetcher, made with "cuda",
+    """ "cuda" and "cuda:0" must find the same cache entry (else the prefetcher, made with "cuda",
     would copy the statistics again on its first batch, which lives on "cuda:0")."""
-    from helpers import data
+    from helpers.pipeline import data
 
     sentinel = (torch.zeros(3, 1, 1), torch.ones(3, 1, 1))
     key = ((0.1, 0.2, 0.3), (1.0, 1.0, 1.0), torch.device("cuda", 0), torch.float32)
@@ -474,14 +474,23 @@ def _syncs_are_errors():  # type: ignore[no-untyped-def]
 
 
 @cuda
-@pytest.mark.parametrize("pipeline", ["plain float32", "plain uint8", "prefetcher float32", "prefetcher uint8",
-                                      "prefetcher uint8 event", "DataLoader pinned + prefetcher uint8"])
+@pytest.mark.parametrize(
+    "pipeline",
+    [
+        "plain float32",
+        "plain uint8",
+        "prefetcher float32",
+        "prefetcher uint8",
+        "prefetcher uint8 event",
+        "DataLoader pinned + prefetcher uint8",
+    ],
+)
 def test_one_training_step_of_each_ch05_pipeline_has_no_hidden_sync(pipeline: str) -> None:
     """Chapter 05 says these pipelines never make the host wait: one training step under
     torch.cuda.set_sync_debug_mode("error") (which raises at any synchronising call) proves it."""
     import torch.nn.functional as F
 
-    from helpers import data, models
+    from helpers.pipeline import data, models
 
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(0)
@@ -491,10 +500,12 @@ def test_one_training_step_of_each_ch05_pipeline_has_no_hidden_sync(pipeline: st
     use_u8 = "uint8" in pipeline
     batches = [(b.pin_memory(), y.pin_memory()) for b, y in zip(u8 if use_u8 else f32, ys)]
     if pipeline.startswith("plain"):
+
         def plain() -> Any:
             for b, y in batches:
                 x = b.to(dev, non_blocking=True)
                 yield (data.to_float_normalized(x) if use_u8 else x), y.to(dev, non_blocking=True)
+
         source: Any = plain()
     else:
         loader: Any = batches
@@ -527,7 +538,7 @@ def test_the_hidden_syncs_loop_does_synchronise() -> None:
     """The chapter's buggy loop is caught by the same debug mode (so the test above can see syncs)."""
     import io as _io
 
-    from helpers.overlap import _loop_hidden_syncs
+    from helpers.pipeline.overlap import _loop_hidden_syncs
 
     x = torch.randn(64, 64, device="cuda")
     with _syncs_are_errors(), pytest.raises(RuntimeError, match="synchroniz"):
@@ -536,7 +547,7 @@ def test_the_hidden_syncs_loop_does_synchronise() -> None:
 
 def test_checker_lets_cuda_errors_through_on_a_strict_gpu_run(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """WORKBOOK_REQUIRE_GPU=1: a CUDA error inside the checked code propagates instead of becoming a FAIL line."""
-    from helpers import prefetch
+    from helpers.pipeline import prefetch
 
     cuda_dev, cpu = torch.device("cuda"), torch.device("cpu")
     err = RuntimeError("CUDA error: an illegal memory access was encountered")

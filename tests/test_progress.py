@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import doctest
 
-from helpers import progress
+from helpers.core import progress
 
 
 def test_doctests() -> None:

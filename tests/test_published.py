@@ -1,4 +1,4 @@
-"""helpers.published: the data file of figures published elsewhere, its loader, tables and plots (CPU only)."""
+"""helpers.ui.published: the data file of figures published elsewhere, its loader, tables and plots (CPU only)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 
 import pytest
 
-from helpers import published
+from helpers.ui import published
 
 
 def _raw() -> dict:
@@ -163,4 +163,5 @@ def test_readme_published_table_is_current() -> None:
     start = readme.index("-->", start) + len("-->\n")
     end = readme.index("<!-- published-table:end -->")
     assert readme[start:end].rstrip() == published.readme_block().rstrip(), (
-        "README's published table is stale: regenerate it from helpers/published.json")
+        "README's published table is stale: regenerate it from helpers/ui/published.json"
+    )

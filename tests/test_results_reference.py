@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from helpers import reference, results
+from helpers.core import reference, results
 
 
 @pytest.fixture()

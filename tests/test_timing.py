@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from helpers import timing
+from helpers.core import timing
 
 
 def test_summarize_statistics() -> None:
@@ -99,7 +99,7 @@ def test_span_records_even_when_body_raises() -> None:
 
 
 def test_timing_quartiles_from_samples():
-    from helpers.timing import summarize
+    from helpers.core.timing import summarize
 
     t = summarize("x", [1.0, 2.0, 3.0, 4.0, 5.0])
     assert t.quartiles_s == (2.0, 4.0)

@@ -1,12 +1,12 @@
-"""Unit tests for helpers.train: the instrumented loop, evaluation and the bottleneck model."""
+"""Unit tests for helpers.pipeline.train: the instrumented loop, evaluation and the bottleneck model."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from helpers import data, loaders, models, train
-from helpers.timing import SpanRecorder
+from helpers.core.timing import SpanRecorder
+from helpers.pipeline import data, loaders, models, train
 
 TINY = dict(n_train=48, n_val=24, image_size=32, num_classes=4, seed=5)
 
@@ -120,20 +120,27 @@ def test_one_step_overlap_prediction() -> None:
 
 
 def _span(name: str, step: int, lane: str, a: float, b: float):
-    from helpers.timing import Span
+    from helpers.core.timing import Span
 
     return Span(name, step, lane, a, b, a, b)
 
 
 def test_lane_overlap() -> None:
-    from helpers.timing import SpanTrace
+    from helpers.core.timing import SpanTrace
 
     d, c = train.DATA_LANE, train.COMPUTE_LANE_GPU
     serial = SpanTrace([_span("load", 0, d, 0, 1), _span("forward", 0, c, 1, 2), _span("load", 1, d, 2, 3)])
     assert train.lane_overlap(serial, d, c) == 0.0
     # GPU-like: the CPU loads batch 1 (1.2-2.0) while the GPU still computes step 0 (1.0-2.5)
-    gpu = SpanTrace([_span("load", 0, d, 0, 1), _span("forward", 0, c, 1, 1.5), _span("backward", 0, c, 1.5, 2.5),
-                     _span("load", 1, d, 1.2, 2.0), _span("forward", 1, c, 2.6, 3.0)])
+    gpu = SpanTrace(
+        [
+            _span("load", 0, d, 0, 1),
+            _span("forward", 0, c, 1, 1.5),
+            _span("backward", 0, c, 1.5, 2.5),
+            _span("load", 1, d, 1.2, 2.0),
+            _span("forward", 1, c, 2.6, 3.0),
+        ]
+    )
     assert train.lane_overlap(gpu, d, c) == pytest.approx(0.8)
     assert train.lane_overlap(gpu, c, d) == pytest.approx(0.8)
     assert train.lane_overlap(gpu, d, "nothing") == 0.0
@@ -152,8 +159,16 @@ def test_progress_of_epochs_and_anatomy(tiny: data.DatasetInfo) -> None:
     assert [round(f, 3) for f, _ in seen] == [round(k / stats.steps, 3) for k in range(1, stats.steps + 1)]
     assert seen[-1][1] == f"step {stats.steps} of {stats.steps}"
     seen.clear()
-    train.step_anatomy(batch_size=8, crop_size=24, width=4, depth=2, steps=3, warmup=1, data_root=tiny.train_dir,
-                       progress=lambda f, t="": seen.append((f, t)))
+    train.step_anatomy(
+        batch_size=8,
+        crop_size=24,
+        width=4,
+        depth=2,
+        steps=3,
+        warmup=1,
+        data_root=tiny.train_dir,
+        progress=lambda f, t="": seen.append((f, t)),
+    )
     fractions = [f for f, _ in seen]
     assert fractions[0] == 0.0 and fractions[-1] == pytest.approx(1.0) and fractions == sorted(fractions)
     assert any("timed" in t for _, t in seen) and any("warm-up" in t for _, t in seen)
@@ -188,7 +203,7 @@ def test_panel_functions(tiny: data.DatasetInfo, monkeypatch: pytest.MonkeyPatch
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    from helpers.widgets import RunRecord
+    from helpers.ui.widgets import RunRecord
 
     monkeypatch.setattr(train, "step_anatomy", _tiny_anatomy(tiny))
     calls = []
@@ -216,7 +231,7 @@ def _tiny_sizes() -> dict[str, int]:
 
 
 def test_benchmark_records(tiny: data.DatasetInfo, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from helpers.results import ResultSet
+    from helpers.core.results import ResultSet
 
     monkeypatch.setattr(train, "step_anatomy", _tiny_anatomy(tiny))
     monkeypatch.setattr(train, "default_sizes", _tiny_sizes)  # the name train.benchmark looks up

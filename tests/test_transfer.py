@@ -1,4 +1,4 @@
-"""CPU unit tests for helpers.transfer (chapter 02: pageable vs pinned copies)."""
+"""CPU unit tests for helpers.pipeline.transfer (chapter 02: pageable vs pinned copies)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import transfer as T
-from helpers.transfer import GiB, KiB, MiB
+from helpers.pipeline import transfer as T
+from helpers.pipeline.transfer import GiB, KiB, MiB
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -196,7 +196,7 @@ def test_speedup_by_size_and_claim_verdict():
 
 
 class _FakeResults:
-    """Stands in for helpers.results.ResultSet.add (records only)."""
+    """Stands in for helpers.core.results.ResultSet.add (records only)."""
 
     def __init__(self):
         self.records = []
@@ -214,7 +214,7 @@ def test_benchmark_without_cuda_records_only_host_copies():
 
 
 def test_benchmark_writes_into_a_real_resultset():
-    from helpers.results import ResultSet
+    from helpers.core.results import ResultSet
 
     rs = ResultSet.new("test", "unit test")
     T.benchmark(rs, device="cpu", sizes=[4 * KiB])
@@ -223,8 +223,13 @@ def test_benchmark_writes_into_a_real_resultset():
 
 def test_sweeps_from_records_rebuilds_curves():
     recs = [
-        {"key": "ch02.copy_time", "value": 2e-6 + n / 20e9, "unit": "s",
-         "params": {"direction": "h2d", "memory": "pinned", "nbytes": n}, "spread": {"iqr_s": 1e-7, "n": 10}}
+        {
+            "key": "ch02.copy_time",
+            "value": 2e-6 + n / 20e9,
+            "unit": "s",
+            "params": {"direction": "h2d", "memory": "pinned", "nbytes": n},
+            "spread": {"iqr_s": 1e-7, "n": 10},
+        }
         for n in (MiB, 4096, 65536)
     ] + [{"key": "ch02.fit.latency", "value": 1.0, "unit": "s", "params": {"direction": "h2d", "memory": "pinned"}}]
     sweeps = T.sweeps_from_records(recs, source="Recorded on X")
@@ -242,15 +247,22 @@ def test_reference_sweeps_say_plainly_when_none(tmp_path, monkeypatch):
 
 
 def test_reference_sweeps_load_a_recorded_file(tmp_path, monkeypatch):
-    from helpers.results import ResultSet
+    from helpers.core.results import ResultSet
 
     rs = ResultSet.new("ref", "unit test")
     rs.provenance["hardware"]["gpu_name"] = "Test GPU"
     rs.provenance["report"]["link_bandwidth_gbps"] = 31.5
     rs.provenance["report"]["link_description"] = "PCIe Gen4 x16 (theoretical, per direction)"
     for n in (4096, MiB):
-        rs.add("ch02.copy_time", 1e-5 + n / 2e10, "s", spread={"iqr_s": 0.0, "n": 5},
-               direction="h2d", memory="pageable", nbytes=n)
+        rs.add(
+            "ch02.copy_time",
+            1e-5 + n / 2e10,
+            "s",
+            spread={"iqr_s": 0.0, "n": 5},
+            direction="h2d",
+            memory="pageable",
+            nbytes=n,
+        )
     rs.save(tmp_path / "ref.json")
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
     ref = T.reference_sweeps()
@@ -330,8 +342,9 @@ def test_wire_comparison_on_this_machine():
 def test_panel_measure_without_cuda_explains_and_measures_host(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
     calls = []
-    reading = T.panel_measure(0.25, "d2h", "pinned", "float32", reference=T.reference_sweeps(),
-                              progress=lambda f, text="": calls.append(f))
+    reading = T.panel_measure(
+        0.25, "d2h", "pinned", "float32", reference=T.reference_sweeps(), progress=lambda f, text="": calls.append(f)
+    )
     assert reading.nbytes == 4 * 256 * KiB and calls[-1] == 1.0
     if NO_CUDA:
         assert reading.measured is None and reading.reference is None and reading.host is not None
@@ -355,8 +368,9 @@ def test_plots_draw_without_error():
     assert fig.axes
     plt.close(fig)
     pts = [T.TransferPoint(n, "h2d", "pinned", 2e-6 + n / 25e9) for n in (4096, 65536, MiB)]
-    ax = T.plot_sweeps([T.Sweep("h2d", "pinned", pts)], ceiling=(31.5, "PCIe Gen4 x16 (theoretical)"),
-                       points=[(pts[1], "panel run")])
+    ax = T.plot_sweeps(
+        [T.Sweep("h2d", "pinned", pts)], ceiling=(31.5, "PCIe Gen4 x16 (theoretical)"), points=[(pts[1], "panel run")]
+    )
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "H2D pinned" in labels and any("theoretical" in s for s in labels) and "panel run" in labels
     assert any(s.startswith("H2D pinned fit") for s in labels)
@@ -402,7 +416,7 @@ def test_measure_host_copy_cuts_blocks_for_slow_copies(monkeypatch):
     import types
 
     seen = {}
-    real = __import__("helpers.timing", fromlist=["measure"]).measure
+    real = __import__("helpers.core.timing", fromlist=["measure"]).measure
 
     def spy(fn, **kw):
         seen.update(kw)

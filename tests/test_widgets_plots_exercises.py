@@ -8,8 +8,8 @@ import pytest
 
 matplotlib.use("Agg")
 
-from helpers import exercises, plots, widgets  # noqa: E402
-from helpers.timing import SpanRecorder  # noqa: E402
+from helpers.core.timing import SpanRecorder  # noqa: E402
+from helpers.ui import exercises, plots, widgets  # noqa: E402
 
 
 def _panel(run=None, **kw) -> widgets.Panel:
@@ -94,7 +94,7 @@ def test_panel_unexpected_error_in_plain_words() -> None:
 
 
 def test_panel_status_is_one_line_and_known_failures_become_advice() -> None:
-    import helpers.loaders  # noqa: F401  (the panel asks it to explain torch's loader errors)
+    import helpers.pipeline.loaders  # noqa: F401  (the panel asks it to explain torch's loader errors)
 
     def run(progress, n, kind):
         if kind == "a":
@@ -236,7 +236,7 @@ def test_check_parts_grade_mode_names_every_wrong_part(monkeypatch: pytest.Monke
 def test_status_names_the_settings_of_a_run_started_from_python() -> None:
     import ipywidgets as W
 
-    from helpers.widgets import Panel
+    from helpers.ui.widgets import Panel
 
     panel = Panel("demo", {"n": W.IntSlider(value=3, min=1, max=9)}, lambda progress, n: n * 2, debounce_s=0.0)
     panel.set(n=5)

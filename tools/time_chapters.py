@@ -5,9 +5,9 @@
     python tools/time_chapters.py --tier quick 00 04 # chosen chapters, another tier
 
 Each chapter runs top to bottom in a fresh kernel (nbclient), as Run All in JupyterLab does,
-with a per-chapter time limit. The wall times go into ``helpers/chapter_times.json``
+with a per-chapter time limit. The wall times go into ``helpers/core/chapter_times.json``
 with the machine they were measured on, so that a chapter's setup cell can say how long it
-should take (``helpers.config.describe_sizes``) and the README can list them. A chapter that
+should take (``helpers.core.config.describe_sizes``) and the README can list them. A chapter that
 fails or runs past the limit is recorded as such, never as a time. It is a measurement, not a
 test: CI never runs it.
 """
@@ -41,25 +41,31 @@ def run_chapter(path: Path, tier: str, limit_s: int) -> dict[str, object]:
     import nbformat
     from nbclient import NotebookClient
 
-    env_tier = {"quick": {"WORKBOOK_QUICK": "1", "WORKBOOK_FULL": "0"},
-                "laptop": {"WORKBOOK_QUICK": "0", "WORKBOOK_FULL": "0"},
-                "full": {"WORKBOOK_QUICK": "0", "WORKBOOK_FULL": "1"}}[tier]
+    env_tier = {
+        "quick": {"WORKBOOK_QUICK": "1", "WORKBOOK_FULL": "0"},
+        "laptop": {"WORKBOOK_QUICK": "0", "WORKBOOK_FULL": "0"},
+        "full": {"WORKBOOK_QUICK": "0", "WORKBOOK_FULL": "1"},
+    }[tier]
     os.environ.update(env_tier)
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=limit_s, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        nb, timeout=limit_s, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    )
     started = time.perf_counter()
     try:
         client.execute()
     except Exception as exc:  # a failure or a time-out is recorded, not hidden
-        return {"status": "failed", "seconds": round(time.perf_counter() - started, 1),
-                "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"}
+        return {
+            "status": "failed",
+            "seconds": round(time.perf_counter() - started, 1),
+            "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}",
+        }
     return {"status": "ok", "seconds": round(time.perf_counter() - started, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
-    from helpers import config
+    from helpers.core import config
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("chapters", nargs="*", help="two-digit chapter numbers (default: all)")
@@ -79,8 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     here = machine()
     if record.get("machine") != here:
         record = {"chapters": {}}  # times from another machine are not mixed with these
-    record.update(machine=here, date=dt.date.today().isoformat(),
-                  method="nbclient Run All in a fresh kernel, wall clock, one run per chapter")
+    record.update(
+        machine=here,
+        date=dt.date.today().isoformat(),
+        method="nbclient Run All in a fresh kernel, wall clock, one run per chapter",
+    )
     for nb in chosen:
         print(f"{nb.name} at {tier} sizes ...", end=" ", flush=True)
         result = run_chapter(nb, tier, args.limit)

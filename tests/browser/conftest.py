@@ -142,8 +142,9 @@ class LabServer:
         except (urllib.error.URLError, OSError):
             left = None
         if left:
-            warnings.warn(f"{len(left)} kernel(s) still running after shutdown: {[k['id'] for k in left]}",
-                          stacklevel=2)
+            warnings.warn(
+                f"{len(left)} kernel(s) still running after shutdown: {[k['id'] for k in left]}", stacklevel=2
+            )
 
     def log_tail(self, n: int = 40) -> str:
         try:
@@ -194,9 +195,15 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     )
     port = _free_port()
     cmd = [
-        str(jupyter), "lab", "--no-browser",
-        "--port", str(port), "--ip", "127.0.0.1",
-        "--ServerApp.token=", "--ServerApp.password=",
+        str(jupyter),
+        "lab",
+        "--no-browser",
+        "--port",
+        str(port),
+        "--ip",
+        "127.0.0.1",
+        "--ServerApp.token=",
+        "--ServerApp.password=",
         f"--ServerApp.root_dir={root}",
         "--ServerApp.port_retries=0",
         "--LabApp.news_url=None",
@@ -218,8 +225,10 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
         except (urllib.error.URLError, OSError, ValueError):
             if time.monotonic() > deadline:
                 _stop(proc)
-                pytest.fail(f"jupyter lab did not answer /api/status in {SERVER_START_TIMEOUT_S:.0f} s:\n"
-                            f"{server.log_tail()}", pytrace=False)
+                pytest.fail(
+                    f"jupyter lab did not answer /api/status in {SERVER_START_TIMEOUT_S:.0f} s:\n{server.log_tail()}",
+                    pytrace=False,
+                )
             time.sleep(0.5)
     try:
         yield server
@@ -234,8 +243,10 @@ def browser() -> Iterator[Any]:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        _missing("the `playwright` Python package is not installed: pip install playwright "
-                 "(or `make test-browser`, which installs it)")
+        _missing(
+            "the `playwright` Python package is not installed: pip install playwright "
+            "(or `make test-browser`, which installs it)"
+        )
     if not CHROMIUM.is_file():
         _missing(f"{CHROMIUM} is missing: run tools/install_browser.sh (installs Debian's chromium)")
     with sync_playwright() as p:

@@ -36,11 +36,11 @@ pytestmark = pytest.mark.browser
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 CHAPTERS = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
 KERNEL_IDLE = "Python 3 (ipykernel) | Idle"
-OPEN_TIMEOUT_MS = 120_000       # page load + kernel start
-RUN_ALL_TIMEOUT_MS = 300_000    # a chapter in quick mode: ~60-90 s on 2 cores; generous
+OPEN_TIMEOUT_MS = 120_000  # page load + kernel start
+RUN_ALL_TIMEOUT_MS = 300_000  # a chapter in quick mode: ~60-90 s on 2 cores; generous
 PANEL_RUN_TIMEOUT_MS = 180_000  # one panel run
-MAX_PAGES = 60                  # screens per chapter walkthrough
-IMG_MIN_SCALE = 0.75            # a plot shown at less than this fraction of its size is hard to read
+MAX_PAGES = 60  # screens per chapter walkthrough
+IMG_MIN_SCALE = 0.75  # a plot shown at less than this fraction of its size is hard to read
 
 _REPORT: dict[str, Any] = {}
 
@@ -174,8 +174,12 @@ def run_all(page: Any) -> float:
     page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
     t0 = time.monotonic()
     # Run All marks every queued cell with [*] at once; done when none is left.
-    page.wait_for_function("() => [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]"
-                           ".some(e => e.textContent.includes('*'))", timeout=30_000, polling=200)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]"
+        ".some(e => e.textContent.includes('*'))",
+        timeout=30_000,
+        polling=200,
+    )
     page.wait_for_function(JS_DONE, timeout=RUN_ALL_TIMEOUT_MS, polling=500)
     page.get_by_text(KERNEL_IDLE).first.wait_for(timeout=60_000)
     return time.monotonic() - t0
@@ -206,6 +210,7 @@ def _control_changes(page: Any, panel: Any) -> Iterator[Callable[[], str | None]
 
     Each item, when called, changes one control and returns what it did (None if it could not).
     """
+
     def slider_change(slider: Any) -> Callable[[], str | None]:
         def go() -> str | None:
             readout = slider.locator(".widget-readout")
@@ -224,6 +229,7 @@ def _control_changes(page: Any, panel: Any) -> Iterator[Callable[[], str | None]
                     )
                     return f"slider '{label}': {before} -> {after} ({key})"
             return None
+
         return go
 
     def dropdown_change(dd: Any) -> Callable[[], str | None]:
@@ -235,6 +241,7 @@ def _control_changes(page: Any, panel: Any) -> Iterator[Callable[[], str | None]
                 return None
             dd.select_option(label=others[0])
             return f"dropdown: {current} -> {others[0]}"
+
         return go
 
     def toggle_change(group: Any) -> Callable[[], str | None]:
@@ -246,12 +253,14 @@ def _control_changes(page: Any, panel: Any) -> Iterator[Callable[[], str | None]
                     b.click()
                     return f"toggle buttons: -> {b.inner_text().strip()}"
             return None
+
         return go
 
     def checkbox_change(cb: Any) -> Callable[[], str | None]:
         def go() -> str | None:
             cb.click()
             return "checkbox toggled"
+
         return go
 
     for slider in panel.locator(".widget-slider").all():
@@ -298,9 +307,13 @@ def operate_panel(page: Any, panel: Any) -> dict[str, Any]:
         assert f"Run #{expected} done" in status, f"after changing {what} and clicking Run, the panel says: {status!r}"
         # The kernel redraws the plot before it sets the status; give the front-end a moment to show it.
         try:
-            page.wait_for_function("([el, old]) => { const i = [...el.querySelectorAll('.widget-output img')].pop();"
-                                   " return !!i && i.getAttribute('src') !== old; }",
-                                   arg=[panel.element_handle(), src_prev], timeout=5_000, polling=200)
+            page.wait_for_function(
+                "([el, old]) => { const i = [...el.querySelectorAll('.widget-output img')].pop();"
+                " return !!i && i.getAttribute('src') !== old; }",
+                arg=[panel.element_handle(), src_prev],
+                timeout=5_000,
+                polling=200,
+            )
         except Exception:
             pass
         src = _img_src(panel)
@@ -309,8 +322,15 @@ def operate_panel(page: Any, panel: Any) -> dict[str, Any]:
             f"the panel's result text does not show run #{expected}: {text!r}"
         )
         plot_changed = bool(src) and src != src_prev
-        attempts.append({"changed": what, "panel_run_s": round(seconds, 2), "status": status,
-                         "output_text": text[:300], "plot_changed": plot_changed})
+        attempts.append(
+            {
+                "changed": what,
+                "panel_run_s": round(seconds, 2),
+                "status": status,
+                "output_text": text[:300],
+                "plot_changed": plot_changed,
+            }
+        )
         expected += 1
         src_prev = src
         if plot_changed:
@@ -358,7 +378,8 @@ def test_chapter_in_jupyterlab(chapter: str, page: Any, lab: Any, screenshot_dir
         warnings = [s for s in stderr if s not in errors]
         _record(stem, stderr_warnings=warnings, errors=errors)
         assert not errors, f"{chapter}: cell(s) show an error:\n" + "\n---\n".join(
-            f"cell {e['cell']}: {e['text'][:1500]}" for e in errors)
+            f"cell {e['cell']}: {e['text'][:1500]}" for e in errors
+        )
         not_run = [p for p in prompts if not re.search(r"\[\d+\]", p)]
         assert not not_run, f"{chapter}: {len(not_run)} code cell(s) did not run: {not_run}"
 

@@ -1,0 +1,12 @@
+"""Layer 1, core: settings, argument checks, hardware facts, timers and result files.
+
+No plots, no chapters, nothing above: every other layer may import these.
+
+    config      quick/laptop/full sizes (``WORKBOOK_QUICK``), folders, expected run times
+    validate    argument checks with clear messages
+    progress    the one progress convention: progress(fraction, text), tqdm bars for cells
+    device      device choice and hardware facts (CPU, RAM, /dev/shm, GPU, link)
+    timing      benchmark timer, CUDA events, span recorder for step phases, GPU work of known length
+    results     JSON result files with provenance; comparisons as ratios
+    reference   reference results recorded on real GPUs, and the honest fallback
+"""

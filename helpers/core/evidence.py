@@ -1,0 +1,183 @@
+"""One result type for every figure a chapter shows: measured, recorded, published, theoretical or missing.
+
+A chapter's measuring function returns an :class:`Evidence`, whichever path ran, and the notebook shows it
+with one call. It carries its provenance, so a number is never shown as more than it is:
+
+>>> from helpers.core import evidence
+>>> pins = evidence.measure_or_recall(
+...     "the cost of pinning", DEVICE,
+...     measure=lambda: [transfer.pin_cost(n, device=DEVICE) for n in SIZES],   # runs only with CUDA
+...     key="ch02.pin", convert=transfer.pin_costs_from_records)                # else: the reference files
+>>> pins.show(transfer.pin_cost_table)    # the no-CUDA sentence (if any), the provenance line, the table
+>>> if pins: plot(pins.value, source=pins.source)
+
+The five kinds:
+
+``measured``     measured now, on this machine (``source``: "measured now on <device>")
+``recorded``     recorded by this workbook on a named GPU (``source``: GPU, driver, torch, date, mode, method)
+``published``    published by a cited source (``source``: the citation)
+``theoretical``  computed from a specification (``source``: the basis)
+``missing``      none of these: ``value`` is None, and the message says how the figure gets recorded
+
+Nothing here makes up a number: ``missing`` is falsy and has no value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+import torch
+
+from .device import no_cuda_message, wrap
+from .reference import find, missing_message, provenance_line
+from .results import Record, ResultSet
+
+__all__ = [
+    "KINDS",
+    "Evidence",
+    "measured",
+    "recorded",
+    "published",
+    "theoretical",
+    "missing",
+    "measure_or_recall",
+]
+
+T = TypeVar("T")
+Kind = Literal["measured", "recorded", "published", "theoretical", "missing"]
+
+#: Each kind and the tag that opens its provenance line.
+KINDS: dict[str, str] = {
+    "measured": "measured here",
+    "recorded": "recorded elsewhere",
+    "published": "published",
+    "theoretical": "theoretical",
+    "missing": "missing",
+}
+
+
+@dataclass(frozen=True)
+class Evidence(Generic[T]):
+    """A figure (any payload: a number, a table's rows, a trace) with where it came from.
+
+    Attributes:
+        what: what it is, in words ("the cost of pinning").
+        kind: one of :data:`KINDS`.
+        value: the payload; None exactly when ``kind`` is ``"missing"``.
+        source: the provenance line (device, or GPU/driver/torch/date/method, or a citation, or the basis),
+            or for ``missing`` the sentence that says why there is nothing.
+        note: a line shown before it, e.g. the no-CUDA sentence that explains why this is not measured here.
+    """
+
+    what: str
+    kind: Kind
+    value: T | None = None
+    source: str = ""
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if (self.value is None) != (self.kind == "missing"):
+            raise ValueError("an Evidence has a value exactly when its kind is not 'missing'")
+        if not self.what:
+            raise ValueError("what must say what the figure is")
+
+    def __bool__(self) -> bool:
+        return self.kind != "missing"
+
+    @property
+    def here(self) -> bool:
+        """Measured now, on this machine."""
+        return self.kind == "measured"
+
+    def header(self) -> str:
+        """'[recorded elsewhere] the cost of pinning: Recorded on ...'."""
+        return f"[{KINDS[self.kind]}] {self.what}: {self.source}"
+
+    def lines(self, fmt: Callable[[T], str | Iterable[str]] | None = None) -> list[str]:
+        """The printed form: the note, the header, then ``fmt(value)`` (a string or lines), if any."""
+        out = [self.note] if self.note else []
+        out.append(wrap(self.header()))
+        if self.value is not None and fmt is not None:
+            body = fmt(self.value)
+            out.extend([body] if isinstance(body, str) else list(body))
+        return out
+
+    def show(self, fmt: Callable[[T], str | Iterable[str]] | None = None) -> None:
+        """Print :meth:`lines`."""
+        print("\n".join(self.lines(fmt)))
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+def measured(what: str, value: T, device: torch.device | str | None = None, method: str = "") -> Evidence[T]:
+    """Measured now on ``device`` (its name, for a CUDA device)."""
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cuda" and torch.cuda.is_available():
+        where = f"{torch.cuda.get_device_name(dev)} ({dev})"
+    else:
+        where = str(dev) if dev is not None else "this machine"
+    source = f"measured now on {where}, torch {torch.__version__}" + (f"; method: {method}" if method else "")
+    return Evidence(what, "measured", value, source)
+
+
+def recorded(
+    what: str,
+    key: str,
+    convert: Callable[[ResultSet, list[Record]], T] | None = None,
+    note: str = "",
+    **params: Any,
+) -> Evidence[Any]:
+    """The newest reference file's records for ``key`` (and ``params``), converted; or ``missing``.
+
+    ``convert(result_set, records)`` turns the records into the payload the chapter shows (default: the
+    records themselves). A convert that returns None (records present but unusable) counts as missing.
+    """
+    for rs, recs in find(key, **params):
+        value = convert(rs, recs) if convert is not None else recs
+        if value is not None:
+            return Evidence(what, "recorded", value, provenance_line(rs) + " (not this machine)", note)
+    return missing(what, note=note, reason=missing_message(f"{what} ({key})"))
+
+
+def published(what: str, value: T, citation: str) -> Evidence[T]:
+    """Published by a cited source (the citation names it: author or vendor, title, year, URL)."""
+    if not citation:
+        raise ValueError("a published figure needs its citation")
+    return Evidence(what, "published", value, f"published: {citation}")
+
+
+def theoretical(what: str, value: T, basis: str) -> Evidence[T]:
+    """Computed from a specification or a model, never measured (``basis`` says from what)."""
+    if not basis:
+        raise ValueError("a theoretical figure needs its basis")
+    return Evidence(what, "theoretical", value, f"theoretical: {basis}")
+
+
+def missing(what: str, reason: str | None = None, note: str = "") -> Evidence[Any]:
+    """Nothing to show; ``reason`` (default: how reference results get recorded) says why."""
+    return Evidence(what, "missing", None, reason or missing_message(what), note)
+
+
+def measure_or_recall(
+    what: str,
+    device: torch.device | str,
+    measure: Callable[[], T],
+    key: str,
+    convert: Callable[[ResultSet, list[Record]], Any] | None = None,
+    method: str = "",
+    **params: Any,
+) -> Evidence[Any]:
+    """Measure on a CUDA ``device``; without one, the reference records for ``key``, or ``missing``.
+
+    ``measure`` runs only on a CUDA device; elsewhere the Evidence's note is the no-CUDA sentence,
+    so the reader sees why the figure is not from this machine.
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return measured(what, measure(), dev, method)
+    return recorded(what, key, convert, note=no_cuda_message(what), **params)

@@ -1,0 +1,405 @@
+"""One JSON format for measurements, with provenance.
+
+A :class:`ResultSet` is a list of :class:`Record` s (a named value with a unit
+and the parameters it was measured at, plus optional spread) and free-form
+``artifacts`` (e.g. span traces for timelines), together with the provenance
+that makes it trustworthy: the hardware, driver and library versions, the
+date, the method, a benchmark version and quick/full mode.
+
+Comparisons are ratios within matching records, and only between result sets
+taken on the same hardware: :func:`compare` refuses otherwise, because a ratio
+between an H100 and a laptop says nothing about either.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from .config import mode_name
+
+__all__ = [
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "BENCHMARK_VERSION",
+    "Record",
+    "ResultSet",
+    "Comparison",
+    "NotComparableError",
+    "comparable",
+    "compare",
+    "collect_provenance",
+    "sanity_flags",
+    "flag_lines",
+]
+
+SCHEMA = "gpu-data-workbook/results"
+SCHEMA_VERSION = 1
+#: Bump when a benchmark's method changes so old and new figures are not mixed up.
+BENCHMARK_VERSION = "2"  # 2: ch04.speedup measured in alternating rounds
+
+
+class NotComparableError(ValueError):
+    """Raised when two result sets were measured on different hardware."""
+
+
+@dataclass
+class Record:
+    """One measured value.
+
+    Attributes:
+        key: what was measured, dotted, prefixed by chapter, e.g. ``"ch02.h2d_bandwidth"``.
+        value: the number (median, for timings).
+        unit: its unit, e.g. ``"GB/s"``, ``"s"``, ``"items/s"``, ``"ratio"``.
+        params: the settings it was measured at, e.g. ``{"bytes": 4096, "memory": "pinned"}``.
+        spread: optional spread, e.g. ``{"iqr": 0.1, "n": 30}``.
+        flags: why the value cannot be right, as recorded (e.g. a fraction above 1); see
+            :func:`sanity_flags`. Empty for an ordinary record (and then not written to the file).
+    """
+
+    key: str
+    value: float
+    unit: str
+    params: dict[str, Any] = field(default_factory=dict)
+    spread: dict[str, Any] = field(default_factory=dict)
+    flags: list[str] = field(default_factory=list)
+
+    def flag(self, why: str) -> None:
+        """Mark this value as impossible or contradictory (once per reason)."""
+        if why not in self.flags:
+            self.flags.append(why)
+
+    def ident(self) -> tuple[str, str]:
+        """Identity used to match records across result sets (key + params)."""
+        return self.key, json.dumps(self.params, sort_keys=True, default=str)
+
+
+def collect_provenance(device: Any = None) -> dict[str, Any]:
+    """Hardware and software facts for a result file (see :mod:`helpers.core.device`)."""
+    from .device import hardware_report  # heavy: torch (this module imports without it)
+
+    rep = hardware_report(device)
+    return {
+        "hardware": rep.fingerprint(),
+        "report": rep.to_dict(),
+        "driver_version": rep.driver_version,
+        "cuda_runtime_version": rep.cuda_runtime_version,
+        "torch_version": rep.torch_version,
+        "torchvision_version": rep.torchvision_version,
+        "python_version": rep.python_version,
+        "platform": rep.platform,
+    }
+
+
+@dataclass
+class ResultSet:
+    """Measurements plus their provenance. Build one with :meth:`new`."""
+
+    name: str
+    method: str
+    provenance: dict[str, Any]
+    created: str
+    mode: str
+    benchmark_version: str = BENCHMARK_VERSION
+    records: list[Record] = field(default_factory=list)
+    artifacts: dict[str, Any] = field(default_factory=dict)
+    notes: str = ""
+
+    @classmethod
+    def new(cls, name: str, method: str, device: Any = None, notes: str = "") -> "ResultSet":
+        """A fresh, empty result set with provenance collected from this machine now."""
+        if not name or not isinstance(name, str):
+            raise ValueError("name must be a non-empty string")
+        return cls(
+            name=name,
+            method=method,
+            provenance=collect_provenance(device),
+            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            mode=mode_name(),
+            notes=notes,
+        )
+
+    # -- records -------------------------------------------------------------
+    def add(self, key: str, value: float, unit: str, spread: dict[str, Any] | None = None, **params: Any) -> Record:
+        """Append a record; returns it. ``value`` must be a finite number."""
+        if not isinstance(key, str) or not key:
+            raise ValueError("key must be a non-empty string such as 'ch02.h2d_bandwidth'")
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"value for {key!r} must be a number, got {value!r}") from None
+        if not math.isfinite(v):
+            raise ValueError(f"value for {key!r} must be finite, got {value!r}")
+        rec = Record(key=key, value=v, unit=str(unit), params=dict(params), spread=dict(spread or {}))
+        self.records.append(rec)
+        sanity_flags(self, [rec])  # a fraction above 1 is flagged where it is recorded
+        return rec
+
+    def find(self, key: str, **params: Any) -> list[Record]:
+        """Records whose key equals ``key`` (or starts with ``key + '.'``) and whose params include ``params``."""
+        out = []
+        for r in self.records:
+            if r.key != key and not r.key.startswith(key + "."):
+                continue
+            if all(r.params.get(k) == v for k, v in params.items()):
+                out.append(r)
+        return out
+
+    def keys(self) -> list[str]:
+        return sorted({r.key for r in self.records})
+
+    # -- provenance ------------------------------------------------------------
+    @property
+    def hardware(self) -> dict[str, Any]:
+        return dict(self.provenance.get("hardware", {}))
+
+    def label(self) -> str:
+        """A one-line provenance label for plots and tables."""
+        hw = self.hardware
+        gpu = hw.get("gpu_name") or "no GPU"
+        p = self.provenance
+        return (
+            f"{gpu}, driver {p.get('driver_version') or 'n/a'}, torch {p.get('torch_version')}, "
+            f"{self.created[:10]}, {self.mode} mode"
+        )
+
+    # -- files -----------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for rec in data["records"]:
+            if not rec.get("flags"):
+                rec.pop("flags", None)  # files stay as they were for ordinary records
+        data["schema"] = SCHEMA
+        data["schema_version"] = SCHEMA_VERSION
+        return data
+
+    def save(self, path: str | Path) -> Path:
+        """Write JSON (atomically: a reader never sees half a file)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True, default=str) + "\n", encoding="utf-8")
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ResultSet":
+        """A result set from its JSON form; a ValueError that names the problem for anything else."""
+        if not isinstance(data, dict):
+            raise ValueError(f"not a workbook result file: its JSON is a {type(data).__name__}, not an object")
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"not a workbook result file (schema is {data.get('schema')!r}, expected {SCHEMA!r})")
+        if int(data.get("schema_version", 0)) > SCHEMA_VERSION:
+            raise ValueError(
+                f"result file has schema_version {data.get('schema_version')}, newer than this workbook "
+                f"understands ({SCHEMA_VERSION}); update the workbook"
+            )
+        missing = [k for k in ("name", "method", "provenance", "created", "mode") if k not in data]
+        if missing:
+            raise ValueError(f"result file lacks required fields: {', '.join(missing)}")
+        for name in ("name", "method", "created", "mode"):
+            if not isinstance(data[name], str):
+                raise ValueError(f"result file field {name!r} must be a string, got {data[name]!r}")
+        if not isinstance(data["provenance"], dict) or not isinstance(data["provenance"].get("hardware", {}), dict):
+            raise ValueError("result file field 'provenance' must be an object (with 'hardware' an object)")
+        raw_records = data.get("records", [])
+        if not isinstance(raw_records, list):
+            raise ValueError(f"result file field 'records' must be a list, got {type(raw_records).__name__}")
+        if not isinstance(data.get("artifacts", {}), dict):
+            raise ValueError("result file field 'artifacts' must be an object")
+        return cls(
+            name=data["name"],
+            method=data["method"],
+            provenance=data["provenance"],
+            created=data["created"],
+            mode=data["mode"],
+            benchmark_version=str(data.get("benchmark_version", "?")),
+            records=[_record_from_dict(i, r) for i, r in enumerate(raw_records)],
+            artifacts=dict(data.get("artifacts", {})),
+            notes=str(data.get("notes", "")),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ResultSet":
+        """Read a result file; a clear ValueError if it is not one."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no result file at {path}")
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not valid JSON ({exc}); was the run interrupted while writing?") from None
+        return cls.from_dict(data)
+
+
+def _record_from_dict(i: int, r: Any) -> Record:
+    """One record of a file, checked: key, unit (strings), a finite number, params/spread objects."""
+    where = f"record {i}"
+    if not isinstance(r, dict):
+        raise ValueError(f"{where} must be an object, got {type(r).__name__}")
+    where += f" ({r.get('key')!r})" if isinstance(r.get("key"), str) else ""
+    missing = [k for k in ("key", "value", "unit") if k not in r]
+    if missing:
+        raise ValueError(f"{where} lacks required fields: {', '.join(missing)}")
+    unknown = sorted(set(r) - set(Record.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"{where} has unknown fields: {', '.join(unknown)}")
+    if not isinstance(r["key"], str) or not r["key"] or not isinstance(r["unit"], str):
+        raise ValueError(f"{where}: 'key' and 'unit' must be strings")
+    value = r["value"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{where}: 'value' must be a finite number, got {value!r}")
+    for name in ("params", "spread"):
+        if not isinstance(r.get(name, {}), dict):
+            raise ValueError(f"{where}: {name!r} must be an object, got {r[name]!r}")
+    flags = r.get("flags", [])
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        raise ValueError(f"{where}: 'flags' must be a list of strings")
+    return Record(
+        key=r["key"],
+        value=float(value),
+        unit=r["unit"],
+        params=dict(r.get("params", {})),
+        spread=dict(r.get("spread", {})),
+        flags=list(flags),
+    )
+
+
+#: Tolerance for the fraction check: a share of 1.01 is noise around a tie; 1.27 is not (issue 15).
+_SLACK = 0.02
+
+
+def sanity_flags(rs: ResultSet, records: Iterable[Record] | None = None) -> list[str]:
+    """Flag figures that cannot be right, on the records themselves; returns one message per new flag.
+
+    The rules (each a contradiction that no honest measurement can produce, so
+    the figure is noise, a wrong ceiling, or a bug):
+
+    * a ``fraction`` outside [0, 1] (e.g. a share of the measured ceiling of 1.27);
+    * a host<->device bandwidth above the link's theoretical ceiling in the
+      provenance (the ceiling may describe a virtual root port, issue 14);
+    * ``*.best_num_workers`` = 0 beside a ``*.speedup`` above 1 for some workers
+      whose lowest round is above 1 too (a one-shot sweep contradicted by
+      alternating rounds), in the same chapter.
+
+    ``records``: only check these (and their relations); default every record.
+    Checking twice adds nothing. Values are never changed.
+    """
+    todo = list(rs.records if records is None else records)
+    messages: list[str] = []
+
+    def flag(rec: Record, why: str) -> None:
+        if why not in rec.flags:
+            rec.flag(why)
+            messages.append(f"{rec.key} {rec.params}: {rec.value:.4g} {rec.unit} — {why}")
+
+    report = rs.provenance.get("report", {}) if isinstance(rs.provenance, dict) else {}
+    ceiling = report.get("link_bandwidth_gbps") if isinstance(report, dict) else None
+    for rec in todo:
+        if rec.unit == "fraction" and not -_SLACK <= rec.value <= 1 + _SLACK:
+            flag(
+                rec, "impossible: a fraction outside 0..1 (noise, or the reference it is a share of was under-measured)"
+            )
+        if ceiling and rec.key.startswith("ch02."):
+            gbps = None
+            if rec.unit == "GB/s" and "bandwidth" in rec.key:
+                gbps = rec.value
+            elif rec.unit == "s" and rec.key == "ch02.copy_time" and rec.value > 0 and "nbytes" in rec.params:
+                try:
+                    gbps = float(rec.params["nbytes"]) / rec.value / 1e9
+                except (TypeError, ValueError):
+                    gbps = None
+            if gbps is not None and gbps > float(ceiling) * 1.02:
+                flag(
+                    rec,
+                    f"above the theoretical link ceiling ({gbps:.1f} > {float(ceiling):.1f} GB/s): the reported "
+                    "link (NVML, maybe a virtual root port) is not the real path",
+                )
+    chapters = {r.key.split(".", 1)[0] for r in todo}
+    for chap in chapters:
+        best = [r for r in rs.records if r.key.startswith(chap + ".") and r.key.endswith("best_num_workers")]
+        ups = [
+            r
+            for r in rs.records
+            if r.key.startswith(chap + ".")
+            and r.key.endswith(".speedup")
+            and _num(r.params.get("num_workers")) > 0
+            and r.value > 1
+            and _num(r.spread.get("min"), r.value) > 1
+        ]
+        for b in best:
+            if b.value == 0 and ups:
+                up = max(ups, key=lambda r: r.value)
+                why = (
+                    f"contradictory: best_num_workers = 0, yet {up.key} measured x{up.value:.2f} for "
+                    f"num_workers={up.params.get('num_workers')} (every round above 1)"
+                )
+                flag(b, why)
+                flag(up, why)
+    return messages
+
+
+def flag_lines(rs: ResultSet, records: Iterable[Record] | None = None) -> list[str]:
+    """One line per flag on ``records`` (default: every record of ``rs``), after :func:`sanity_flags`."""
+    todo = list(rs.records if records is None else records)
+    sanity_flags(rs, todo)
+    return [f"{r.key} {r.params}: {r.value:.4g} {r.unit} — {why}" for r in todo for why in r.flags]
+
+
+def _num(value: Any, default: float = 0.0) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def comparable(a: ResultSet, b: ResultSet) -> tuple[bool, str]:
+    """Whether ratios between ``a`` and ``b`` mean anything, and why not if not."""
+    ha, hb = a.hardware, b.hardware
+    diffs = [f"{k}: {ha.get(k)!r} vs {hb.get(k)!r}" for k in sorted(set(ha) | set(hb)) if ha.get(k) != hb.get(k)]
+    if diffs:
+        return False, "different hardware (" + "; ".join(diffs) + ")"
+    if a.benchmark_version != b.benchmark_version:
+        return False, f"different benchmark versions ({a.benchmark_version} vs {b.benchmark_version})"
+    return True, "same hardware and benchmark version"
+
+
+@dataclass
+class Comparison:
+    """Ratios ``b / a`` for every record present in both sets."""
+
+    rows: list[tuple[str, dict[str, Any], float, float, float, str]]
+    note: str
+
+    def ratio(self, key: str, **params: Any) -> float | None:
+        for k, p, _, _, r, _ in self.rows:
+            if k == key and all(p.get(n) == v for n, v in params.items()):
+                return r
+        return None
+
+    def lines(self) -> list[str]:
+        return [f"{k} {p}: {va:.4g} -> {vb:.4g} {unit}  (x{r:.2f})" for k, p, va, vb, r, unit in self.rows]
+
+
+def compare(a: ResultSet, b: ResultSet, keys: Iterable[str] | None = None) -> Comparison:
+    """Ratios ``b/a`` per matching record. Raises NotComparableError on different hardware."""
+    ok, why = comparable(a, b)
+    if not ok:
+        raise NotComparableError(
+            f"refusing to compare {a.name!r} and {b.name!r}: {why}. Show each as 'recorded on ...' instead."
+        )
+    wanted = set(keys) if keys is not None else None
+    index_b = {r.ident(): r for r in b.records}
+    rows = []
+    for ra in a.records:
+        if wanted is not None and ra.key not in wanted:
+            continue
+        rb = index_b.get(ra.ident())
+        if rb is None or ra.value == 0:
+            continue
+        rows.append((ra.key, ra.params, ra.value, rb.value, rb.value / ra.value, ra.unit))
+    return Comparison(rows=rows, note=why)

@@ -1,0 +1,234 @@
+"""Chapter 00's measurement-hygiene experiments, as functions.
+
+Each function runs one small, real experiment and returns
+:class:`helpers.core.timing.Timing` objects, so the notebook only shows the
+shape of the experiment and the result:
+
+* :func:`warmup_demo` — the first calls of a fresh operation are slower.
+* :func:`sync_demo` — timing GPU work without synchronising measures the
+  launch, not the work.
+* :func:`events_vs_wall` — CUDA events vs a synchronised wall clock.
+* :func:`time_op` — the operation the live panel times.
+* :func:`benchmark` — records the GPU-relevant figures for reference files.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+from ..core.config import sized
+from ..core.device import resolve_device
+from ..core.results import ResultSet
+from ..core.timing import Timing, cuda_event_time, measure, synchronize, time_calls
+from ..core.validate import check_choice, check_float, check_int
+from .transfer import check_host_bytes
+
+__all__ = [
+    "OPERATIONS",
+    "DEMO_MAX_SECONDS",
+    "SYNC_DEMO_MAX_SECONDS",
+    "make_op",
+    "estimate_call_s",
+    "calls_within",
+    "warmup_demo",
+    "sync_demo",
+    "events_vs_wall",
+    "time_op",
+    "benchmark",
+]
+
+DEMO_MAX_SECONDS = 60.0
+"""Default time budget of one :func:`time_op` (the panel's run): blocks are cut to fit it, and a
+size too big even for three is refused with a ValueError that names the largest size that fits."""
+SYNC_DEMO_MAX_SECONDS = 120.0
+"""Default time budget of :func:`sync_demo` and :func:`events_vs_wall` (a chapter cell, which
+may run the full sizes on a CPU when ``WORKBOOK_FULL=1`` asks for them): repeats are cut to fit."""
+
+#: Operations the live panel offers, with what their size means.
+OPERATIONS: dict[str, str] = {
+    "matmul": "n x n float32 matrix product",
+    "add": "element-wise add of two float32 vectors of n*n elements",
+    "copy": "copy of a float32 tensor of n*n elements",
+}
+
+
+def make_op(op: str, n: int, device: torch.device | str) -> Callable[[], Any]:
+    """Allocate inputs for ``op`` at size ``n`` on ``device`` and return a closure that runs it.
+
+    Raises:
+        ValueError: unknown op, or a size whose inputs would not fit (limit: 1 GiB of inputs,
+            and half the RAM available now).
+    """
+    check_choice("op", op, OPERATIONS)
+    n = check_int("n", n, 1, 16384)
+    need = 3 * n * n * 4
+    if need > (1 << 30):
+        raise ValueError(f"n={n} needs {need / 2**30:.1f} GiB of inputs; choose n <= 9000 so inputs stay under 1 GiB")
+    dev = resolve_device(device)
+    check_host_bytes("n", need if dev.type == "cpu" else 2 * n * n * 4, what=f"{op} at n={n}")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(dev)
+    b = torch.randn(n, n, generator=gen).to(dev)
+    out = torch.empty_like(a)
+    if op == "matmul":
+        return lambda: torch.matmul(a, b, out=out)
+    if op == "add":
+        return lambda: torch.add(a, b, out=out)
+    return lambda: out.copy_(a)
+
+
+def estimate_call_s(op: str, n: int, device: torch.device | str, *, probe_s: float = 0.2) -> float:
+    """Predict the time of one call of ``op`` at size ``n`` from short calibration runs.
+
+    Times the op (best of three synchronised calls, after one warm-up) at 256, 512, ...
+    until one call takes ``probe_s`` or the size reaches ``n``, then scales by the work:
+    ``n**3`` for a matrix product, ``n**2`` for the element-wise ops. Small sizes run less
+    efficiently than large ones (and a busy machine slows them most), so this errs on the
+    slow side.
+    """
+    n = check_int("n", n, 1, 16384)
+    n0 = min(n, 256)
+    while True:
+        fn = make_op(op, n0, device)
+        fn()
+        synchronize(device)
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            synchronize(device)
+            best = min(best, time.perf_counter() - t0)
+        del fn
+        if best >= probe_s or n0 >= n:
+            break
+        n0 = min(n, 2 * n0)
+    power = 3 if op == "matmul" else 2
+    return best * (n / n0) ** power
+
+
+def calls_within(
+    op: str, n: int, device: torch.device | str, *, wanted: int, overhead: int, max_seconds: float, least: int = 3
+) -> int:
+    """How many timed calls (at most ``wanted``) of ``op`` fit in ``max_seconds``, with ``overhead`` untimed calls.
+
+    Raises:
+        ValueError: even ``least`` calls would take longer than ``max_seconds``; the message
+            names the largest size that fits.
+    """
+    max_seconds = check_float("max_seconds", max_seconds, 0.1, 3600.0)
+    one = max(estimate_call_s(op, n, device), 1e-9)
+    fit = int(max_seconds / one) - overhead
+    if fit < least:
+        power = 3 if op == "matmul" else 2
+        largest = int(n * (max_seconds / ((least + overhead) * one)) ** (1 / power))
+        raise ValueError(
+            f"n={n}: one {op} call at this size takes about {one:.1f} s on {torch.device(device)}, so "
+            f"{least + overhead} calls would need about {(least + overhead) * one:.0f} s, beyond the "
+            f"{max_seconds:.0f} s budget (max_seconds); choose n <= {max(largest, 1)}"
+        )
+    return min(wanted, fit)
+
+
+def warmup_demo(device: torch.device | str, repeats: int = 15, channels: int = 7, size: int = 20) -> Timing:
+    """Time the first ``repeats`` calls of a freshly built convolution, with no warm-up.
+
+    The first call pays one-off costs: memory allocation, kernel selection and
+    library initialisation. On a GPU the CUDA context already exists by then
+    (the inputs were created on the device before the clock starts), so what the
+    first call pays there is cuDNN's set-up (its handle and the choice of a
+    convolution algorithm) and lazy module loading: CUDA loads a kernel's code
+    only when it is first launched (``CUDA_MODULE_LOADING=LAZY``, the default on
+    Linux since CUDA 12.2). Later calls pay none of it. ``times_s[0]`` is the
+    first call. The default problem is small on purpose, so the one-off cost is
+    not drowned by the work itself.
+    """
+    check_int("repeats", repeats, 2, 10_000)
+    check_int("channels", channels, 1, 1024)
+    check_int("size", size, 8, 1024)
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    # A channel count and size not used elsewhere, so nothing is cached from earlier cells.
+    conv = torch.nn.Conv2d(channels, channels + 3, kernel_size=5, padding=2).to(dev)
+    x = torch.randn(4, channels, size, size, device=dev)
+    with torch.no_grad():
+        return time_calls(lambda: conv(x), repeats=repeats, warmup=0, device=dev, label="fresh conv2d, no warm-up")
+
+
+def sync_demo(
+    device: torch.device | str, n: int = 2048, repeats: int = 10, *, max_seconds: float = SYNC_DEMO_MAX_SECONDS
+) -> dict[str, Timing]:
+    """Time the same matrix product with and without synchronising before reading the clock.
+
+    On a GPU, ``"no sync"`` measures only how long the CPU takes to *queue*
+    the kernel; on a CPU the two agree because CPU operations are synchronous.
+    ``repeats`` is cut (to at least 3 each) so the demo fits ``max_seconds``; each
+    result's ``n`` says how many calls were timed.
+    """
+    dev = torch.device(device)
+    check_int("repeats", repeats, 1, 100_000)
+    repeats = calls_within("matmul", n, dev, wanted=2 * repeats, overhead=3, max_seconds=max_seconds, least=6) // 2
+    fn = make_op("matmul", n, dev)
+    fn()  # warm up
+    return {
+        "no sync": time_calls(fn, repeats=repeats, device=dev, sync=False, warmup=1, label=f"matmul {n}, no sync"),
+        "sync": time_calls(fn, repeats=repeats, device=dev, sync=True, warmup=1, label=f"matmul {n}, synchronised"),
+    }
+
+
+def events_vs_wall(
+    device: torch.device | str, n: int = 2048, repeats: int = 10, *, max_seconds: float = SYNC_DEMO_MAX_SECONDS
+) -> dict[str, Timing] | None:
+    """CUDA-event time vs synchronised wall time of a matrix product; ``None`` without CUDA.
+
+    ``repeats`` is cut (to at least 3 each) so the demo fits ``max_seconds``.
+    """
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return None
+    check_int("repeats", repeats, 1, 100_000)
+    repeats = calls_within("matmul", n, dev, wanted=2 * repeats, overhead=4, max_seconds=max_seconds, least=6) // 2
+    fn = make_op("matmul", n, dev)
+    return {
+        "CUDA events": cuda_event_time(fn, repeats=repeats, warmup=2, device=dev, label=f"matmul {n}, events"),
+        "wall clock + sync": time_calls(
+            fn, repeats=repeats, device=dev, sync=True, warmup=2, label=f"matmul {n}, wall"
+        ),
+    }
+
+
+def time_op(
+    op: str, n: int, device: torch.device | str, min_run_time: float = 0.2, *, max_seconds: float = DEMO_MAX_SECONDS
+) -> Timing:
+    """Median/IQR timing of ``op`` at size ``n`` (what the chapter-00 panel runs).
+
+    ``measure`` times 15 blocks of at least one call each; for a slow op the number of
+    blocks is cut (to at least 3) so the whole timing fits ``max_seconds``, and a size
+    too slow even for that is refused with a ValueError naming the largest size that fits.
+    """
+    check_float("min_run_time", min_run_time, 0.01, 60.0)
+    check_float("max_seconds", max_seconds, 0.1, 3600.0)
+    if min_run_time > max_seconds:
+        raise ValueError(f"min_run_time must not exceed max_seconds ({max_seconds:g} s), got {min_run_time:g}")
+    check_choice("op", op, OPERATIONS)
+    check_int("n", n, 1, 16384)
+    blocks = calls_within(op, n, device, wanted=15, overhead=3, max_seconds=max_seconds)
+    fn = make_op(op, n, device)
+    return measure(fn, label=f"{op} n={n}", device=device, min_run_time=min_run_time, blocks=blocks)
+
+
+def benchmark(results: ResultSet, device: torch.device) -> None:
+    """Record chapter 00's figures (keys ``ch00.*``) into ``results``."""
+    warm = warmup_demo(device)
+    results.add("ch00.first_call_s", warm.times_s[0], "s", what="fresh conv2d, first call")
+    results.add("ch00.steady_call_s", warm.median_s, "s", what="fresh conv2d, median of the first calls")
+    for n in (sized(quick=256, full=1024), sized(quick=512, full=4096)):
+        demo = sync_demo(device, n=n)
+        for name, t in demo.items():
+            results.add("ch00.matmul_time_s", t.median_s, "s", spread={"iqr": t.iqr_s, "n": t.n}, n=n, clock=name)
+        ev = events_vs_wall(device, n=n)
+        if ev is not None:
+            for name, t in ev.items():
+                results.add("ch00.matmul_time_s", t.median_s, "s", spread={"iqr": t.iqr_s, "n": t.n}, n=n, clock=name)

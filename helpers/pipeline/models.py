@@ -1,0 +1,235 @@
+"""The workbook's model: a small CNN whose compute per batch can be scaled.
+
+The same data pipeline can be put in a *data-bound* regime (tiny model: the GPU
+waits for data) or a *compute-bound* one (wide model: the data waits for the
+GPU) by turning one knob, ``width``. Compute grows roughly with ``width**2``,
+so widths 8 -> 128 span more than two orders of magnitude.
+
+Public API (stable; later chapters rely on it):
+
+``SmallCNN(num_classes=6, width=16, depth=3, convs_per_stage=1)``
+    ``depth`` stages of (conv3x3-BN-ReLU) x ``convs_per_stage`` then 2x2 max-pool;
+    stage ``i`` has ``width * 2**i`` channels; global average pool; linear head.
+``build_model(width=16, depth=3, num_classes=6, convs_per_stage=1, seed=0) -> SmallCNN``
+    A reproducibly initialised model.
+``flops_per_sample(model, image_size) -> int``
+    Forward-pass FLOPs (2 x multiply-adds) of one image, counted from the layers.
+``count_parameters(model) -> int``
+``describe(model, image_size) -> str``
+    One line: width, depth, parameters, forward GFLOP per sample.
+``training_bytes(model, image_size, batch_size)`` / ``check_training_memory(...)``
+    Estimated memory of a training step, and a refusal (ValueError) when it cannot fit.
+
+``to_float_normalized`` (the on-device normalisation of uint8 batches) lives in
+:mod:`helpers.pipeline.data` and is re-exported here for convenience.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..core.validate import check_int
+from .data import to_float_normalized
+
+__all__ = [
+    "SmallCNN",
+    "build_model",
+    "flops_per_sample",
+    "count_parameters",
+    "describe",
+    "training_bytes",
+    "check_training_memory",
+    "to_float_normalized",
+]
+
+
+class SmallCNN(nn.Module):
+    """A plain CNN for ``(N, 3, H, W)`` float images (normalised), any ``H, W >= 2**depth``.
+
+    Args:
+        num_classes: output classes (2-1000).
+        width: channels of the first stage (1-512); stage ``i`` has ``width * 2**i``.
+        depth: number of stages, each halving the resolution (1-6).
+        convs_per_stage: 3x3 convolutions per stage (1-8); another compute knob.
+        in_channels: input channels (default 3).
+    """
+
+    def __init__(
+        self,
+        num_classes: int = 6,
+        width: int = 16,
+        depth: int = 3,
+        convs_per_stage: int = 1,
+        in_channels: int = 3,
+    ) -> None:
+        super().__init__()
+        self.num_classes = check_int("num_classes", num_classes, 2, 1000)
+        self.width = check_int("width", width, 1, 512)
+        self.depth = check_int("depth", depth, 1, 6)
+        self.convs_per_stage = check_int("convs_per_stage", convs_per_stage, 1, 8)
+        check_int("in_channels", in_channels, 1, 64)
+        layers: list[nn.Module] = []
+        c_in = in_channels
+        for stage in range(self.depth):
+            c_out = self.width * 2**stage
+            for _ in range(self.convs_per_stage):
+                layers += [
+                    nn.Conv2d(c_in, c_out, kernel_size=3, padding=1, bias=False),
+                    nn.BatchNorm2d(c_out),
+                    nn.ReLU(inplace=True),
+                ]
+                c_in = c_out
+            layers.append(nn.MaxPool2d(2))
+        self.features = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(c_in, self.num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``(N, num_classes)`` for a float batch ``x`` of shape ``(N, C, H, W)``."""
+        return self.head(torch.flatten(self.pool(self.features(x)), 1))
+
+    def extra_repr(self) -> str:
+        return f"width={self.width}, depth={self.depth}, convs_per_stage={self.convs_per_stage}"
+
+
+def build_model(
+    width: int = 16,
+    depth: int = 3,
+    num_classes: int = 6,
+    convs_per_stage: int = 1,
+    seed: int = 0,
+) -> SmallCNN:
+    """A :class:`SmallCNN` with weights initialised from ``seed`` (global RNG left untouched)."""
+    check_int("seed", seed, 0, 2**63 - 1)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return SmallCNN(num_classes=num_classes, width=width, depth=depth, convs_per_stage=convs_per_stage)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def flops_per_sample(model: nn.Module, image_size: int, in_channels: int = 3) -> int:
+    """Forward-pass FLOPs of one ``image_size x image_size`` image (2 FLOPs per multiply-add).
+
+    Counts convolutions and linear layers (the other layers are negligible) by
+    running one image through a CPU copy of the shapes with forward hooks. A
+    training step costs about 3x this (forward + backward for inputs and weights).
+    """
+    check_int("image_size", image_size, 1, 8192)
+    total = 0
+
+    def conv_hook(mod: nn.Conv2d, inp: Any, out: torch.Tensor) -> None:
+        nonlocal total
+        k = mod.kernel_size[0] * mod.kernel_size[1] * (mod.in_channels // mod.groups)
+        total += 2 * k * out.numel()
+
+    def linear_hook(mod: nn.Linear, inp: Any, out: torch.Tensor) -> None:
+        nonlocal total
+        total += 2 * mod.in_features * out.numel()
+
+    handles = []
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            handles.append(m.register_forward_hook(conv_hook))
+        elif isinstance(m, nn.Linear):
+            handles.append(m.register_forward_hook(linear_hook))
+    _probe_forward(model, image_size, in_channels, handles)
+    return int(total)
+
+
+def _probe_forward(model: nn.Module, image_size: int, in_channels: int, handles: list[Any]) -> None:
+    """One forward pass of a zero image in eval mode, for the forward ``handles`` (hooks) to count; removes them."""
+    try:
+        device = next(model.parameters()).device
+    except StopIteration:
+        device = torch.device("cpu")
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(torch.zeros(1, in_channels, image_size, image_size, device=device))
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+
+
+def training_bytes(model: nn.Module, image_size: int, batch_size: int, in_channels: int = 3) -> int:
+    """Estimated memory of one training step: activations kept for backward, their gradients, the batch.
+
+    Counts the outputs of every convolution, batch norm and pooling layer for one
+    image (in-place ReLUs allocate nothing), doubles them for the gradients of
+    the backward pass, adds the float input batch, and multiplies by
+    ``batch_size``. An estimate for refusing impossible sizes, not a measurement.
+    """
+    check_int("image_size", image_size, 1, 8192)
+    check_int("batch_size", batch_size, 1, 10**7)
+    floats = 0
+
+    def hook(mod: nn.Module, inp: Any, out: torch.Tensor) -> None:
+        nonlocal floats
+        floats += out.numel()
+
+    handles = [
+        m.register_forward_hook(hook)
+        for m in model.modules()
+        if isinstance(m, (nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.Linear))
+    ]
+    _probe_forward(model, image_size, in_channels, handles)
+    per_sample = 4 * (2 * floats + in_channels * image_size * image_size)
+    return int(per_sample * batch_size)
+
+
+def check_training_memory(
+    model: nn.Module, image_size: int, batch_size: int, *, share: float = 0.8, available_bytes: int | None = None
+) -> int:
+    """Refuse a step that cannot fit in memory: returns :func:`training_bytes`, or raises.
+
+    The limit is ``share`` of the memory available now: host RAM as psutil reports it
+    for a model on the CPU, free device memory (``torch.cuda.mem_get_info``) for a
+    model on a GPU. ``available_bytes`` overrides it (for tests and planning).
+
+    Raises:
+        ValueError: naming batch size, image size and width, the estimate and the limit.
+    """
+    need = training_bytes(model, image_size, batch_size)
+    if available_bytes is None:
+        try:
+            device = next(model.parameters()).device
+        except StopIteration:
+            device = torch.device("cpu")
+        if device.type == "cuda":
+            available_bytes = int(torch.cuda.mem_get_info(device)[0])
+        else:
+            import psutil
+
+            available_bytes = int(psutil.virtual_memory().available)
+    limit = int(share * available_bytes)
+    if need > limit:
+        width = getattr(model, "width", "?")
+        raise ValueError(
+            f"batch_size/crop_size/width: a training step with batch size {batch_size}, {image_size}x{image_size} "
+            f"px images and width {width} needs about {need / 2**30:.1f} GiB (activations, their gradients "
+            f"and the batch), more than the {limit / 2**30:.1f} GiB this machine has free for it. "
+            f"Use a smaller batch, smaller images or a thinner model."
+        )
+    return need
+
+
+def describe(model: nn.Module, image_size: int) -> str:
+    """One line describing the model's size and cost at ``image_size``."""
+    flops = flops_per_sample(model, image_size)
+    name = type(model).__name__
+    extra = ""
+    if isinstance(model, SmallCNN):
+        extra = f" width={model.width}, depth={model.depth}, convs/stage={model.convs_per_stage},"
+    return (
+        f"{name}:{extra} {count_parameters(model) / 1e3:.1f} k parameters, "
+        f"{flops / 1e9:.3f} GFLOP forward per {image_size}x{image_size} image"
+    )

@@ -1,0 +1,1085 @@
+"""Timing the reader's training pipeline phase by phase, and the loops every chapter reuses.
+
+One training step has six phases, recorded with :class:`helpers.core.timing.SpanRecorder`:
+
+========== ======================================================= ==============
+phase      what happens                                            timeline lane
+========== ======================================================= ==============
+load       the loader reads, decodes and augments the images       data (CPU)
+collate    the per-image tensors are stacked into one batch        data (CPU)
+h2d        the batch is copied host -> device (a no-op on CPU)     copy (link)
+forward    model(x) (and, in :func:`train_epoch`, the loss)        compute (GPU)
+backward   loss.backward() (in :func:`record_steps`: the loss too) compute (GPU)
+optimizer  optimizer.step() (and zero_grad in :func:`train_epoch`) compute (GPU)
+========== ======================================================= ==============
+
+On a CUDA device the copy and compute phases are timed with CUDA events (what
+the GPU did, when); on the CPU every phase is wall-clock time and the compute
+lane is called "compute (CPU)".
+
+(plus ``normalize`` when the batch arrives as uint8 and is converted on the
+device, and ``pin`` when a ``pin_memory=True`` loader pins the batch in the main
+process on a CUDA machine). "collate" is split out of "load" only when the loader runs in the main
+process (``num_workers=0``) and its collate function is timed (:class:`helpers.pipeline.data.TimedCollate`;
+:func:`record_steps` wraps a plain loader's collate function in one for the duration of the run); with
+workers, "load" is the time the main process *waits* for the next batch.
+
+**What is timed is what is shown.** :func:`record_steps` times the reader's own objects: it calls
+``next()`` on the reader's loader, the reader's ``to_device(x, y)`` and the reader's
+``train_step(model, optimizer, x, y)``, and splits the step into forward / backward / optimizer
+with two PyTorch hooks (``model.register_forward_hook``: ``model(x)`` has returned;
+``optimizer.register_step_pre_hook``: ``optimizer.step()`` begins). :func:`step_anatomy` and
+:func:`panel_run` take the reader's ``make_loader``, ``to_device`` and ``train_step`` and run them
+through :func:`record_steps`; without them (the headless benchmark) they use the baseline of chapter 01
+(:func:`baseline_train_step`, a blocking ``Tensor.to``, :func:`helpers.pipeline.loaders.timed_loader`).
+
+Public API (stable; later chapters rely on it):
+
+``record_steps(loader, to_device, train_step, model, optimizer, recorder=None, *, steps, ...) -> int``
+    (the reader's pipeline, timed phase by phase; chapter 01's anatomy)
+``baseline_train_step(model, optimizer, x, y) -> Tensor``  (chapter 01's train_step, for callers without a notebook)
+``train_epoch(model, loader, device, optimizer, *, recorder=None, transfer="blocking", ...) -> EpochStats``
+``evaluate(model, loader, device, *, transfer="blocking", max_batches=None) -> float``
+``make_optimizer(model, lr=3e-3) -> torch.optim.Optimizer``
+``fit(model, train_loader, val_loader, device, *, epochs, ...) -> list[EpochStats]``
+``predict_step_time(phase_times) -> Prediction``  (the bottleneck model)
+``step_anatomy(*, batch_size, crop_size, width, ..., make_loader=, to_device=, train_step=) -> Anatomy``
+    (a few measured steps of a fresh model; the thin/wide regimes and the live panel call it)
+``panel_run(progress, *, batch_size, crop_size, width, ..., make_loader=, to_device=, train_step=)`` /
+``panel_summary`` / ``panel_plot``  (the chapter-01 live panel's run, summary line and history plot)
+``benchmark(results, device) -> ResultSet``  (the chapter's key measurement as result records)
+``reference_anatomy() -> ReferenceAnatomy | None``  (the newest recorded GPU breakdown, for CPU-only machines)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import torch
+from torch import nn
+
+from ..core.config import sized
+from ..core.device import pick_device
+from ..core.progress import scaled
+from ..core.reference import find, provenance_line
+from ..core.timing import SpanRecorder, SpanTrace
+from ..core.validate import check_choice, check_float, check_int
+from .data import ShapesDataset, TimedCollate, default_sizes, make_shapes_dataset, to_float_normalized
+from .loaders import timed_loader
+from .models import build_model, check_training_memory, flops_per_sample
+
+__all__ = [
+    "PHASES",
+    "STAGES",
+    "DATA_LANE",
+    "COPY_LANE",
+    "COMPUTE_LANE_GPU",
+    "COMPUTE_LANE_CPU",
+    "EpochStats",
+    "Prediction",
+    "Anatomy",
+    "transfer_batch",
+    "make_optimizer",
+    "baseline_train_step",
+    "record_steps",
+    "train_epoch",
+    "evaluate",
+    "fit",
+    "predict_step_time",
+    "lane_overlap",
+    "step_anatomy",
+    "panel_run",
+    "panel_summary",
+    "panel_plot",
+    "BENCH_WIDTHS",
+    "benchmark",
+    "ReferenceAnatomy",
+    "reference_anatomy",
+]
+
+#: Phase names in step order (``pin`` only for pinning loaders, ``normalize`` only for uint8 batches).
+PHASES: tuple[str, ...] = ("load", "collate", "pin", "h2d", "normalize", "forward", "backward", "optimizer")
+
+#: The resources of the bottleneck model and the phases each one runs.
+STAGES: dict[str, tuple[str, ...]] = {
+    "data (CPU)": ("load", "collate", "pin"),
+    "copy (link)": ("h2d",),
+    "compute (device)": ("normalize", "forward", "backward", "optimizer"),
+}
+
+#: Timeline lanes (rows of a Gantt chart): the resource each phase occupies.
+DATA_LANE = "data (CPU)"
+COPY_LANE = "copy (link)"
+COMPUTE_LANE_GPU = "compute (GPU)"
+COMPUTE_LANE_CPU = "compute (CPU)"
+
+Transfer = Callable[[Any, torch.device], tuple[torch.Tensor, torch.Tensor]]
+
+
+def transfer_batch(batch: Any, device: torch.device, non_blocking: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Move an ``(x, y)`` batch to ``device`` with ``Tensor.to`` (a no-op on CPU for CPU tensors)."""
+    x, y = batch[0], batch[1]
+    return x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking)
+
+
+def _resolve_transfer(transfer: str | Transfer) -> Transfer:
+    if callable(transfer):
+        return transfer
+    check_choice("transfer", transfer, ("blocking", "non_blocking"))
+    if transfer == "blocking":
+        return transfer_batch
+    return _transfer_non_blocking
+
+
+def _transfer_non_blocking(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return transfer_batch(batch, device, non_blocking=True)
+
+
+def make_optimizer(model: nn.Module, lr: float = 3e-3, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """Adam with the workbook's default learning rate (reaches good accuracy in a few epochs)."""
+    check_float("lr", lr, 1e-7, 10.0)
+    check_float("weight_decay", weight_decay, 0.0, 1.0)
+    return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+
+
+@dataclass
+class EpochStats:
+    """What one call of :func:`train_epoch` did.
+
+    Attributes:
+        steps: optimizer steps taken.
+        samples: training samples seen.
+        seconds: wall-clock time of the epoch (synchronised at the end).
+        loss: mean training loss.
+        accuracy: training accuracy on the augmented batches (0-1).
+        val_accuracy: filled in by :func:`fit` after evaluation, else None.
+    """
+
+    steps: int
+    samples: int
+    seconds: float
+    loss: float
+    accuracy: float
+    val_accuracy: float | None = None
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else float("nan")
+
+
+def _can_pin() -> bool:
+    """Whether a ``pin_memory=True`` loader really pins here (it needs a CUDA device)."""
+    return torch.cuda.is_available()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _record_wait(recorder: SpanRecorder, step: int, h0: float, timed: TimedCollate | None, pinning: bool) -> None:
+    """Record the wait for one batch, from ``h0`` until now: load, and collate (and pin) when they are known.
+
+    ``timed`` is the loader's :class:`TimedCollate` when it runs in this process (then ``timed.last``
+    says when the batch was collated, on this process's clock); ``pinning``: the loader pins the
+    batch in this process right after collating it (``pin_memory=True`` on a CUDA machine).
+    """
+    h1 = recorder.now()
+    if timed is not None and timed.last is not None:
+        offset = time.perf_counter() - recorder.now()
+        c0, c1 = timed.last[0] - offset, timed.last[1] - offset
+        recorder.add("load", step, h0, max(h0, c0), lane=DATA_LANE)
+        if pinning and h1 > c1:  # the main process pins the batch right after collating it
+            recorder.add("collate", step, max(h0, c0), c1, lane=DATA_LANE)
+            recorder.add("pin", step, c1, h1, lane=DATA_LANE)
+        else:
+            recorder.add("collate", step, max(h0, c0), h1, lane=DATA_LANE)
+    else:
+        recorder.add("load", step, h0, h1, lane=DATA_LANE)
+
+
+def train_epoch(
+    model: nn.Module,
+    loader: Iterable[Any],
+    device: torch.device | str,
+    optimizer: torch.optim.Optimizer,
+    *,
+    recorder: SpanRecorder | None = None,
+    transfer: str | Transfer = "blocking",
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    max_steps: int | None = None,
+    start_step: int = 0,
+    progress: Callable[..., None] | None = None,
+) -> EpochStats:
+    """Train ``model`` for one pass over ``loader`` (or ``max_steps`` steps).
+
+    Args:
+        model: already on ``device``.
+        loader: yields ``(x, y)`` batches; ``x`` float (normalised) or uint8
+            (then converted with :func:`helpers.pipeline.data.to_float_normalized` after the copy).
+        device: where the model lives.
+        optimizer: e.g. :func:`make_optimizer`.
+        recorder: if given, every phase of every step is recorded as a span
+            (steps numbered from ``start_step``). The caller calls ``recorder.finish()``.
+        transfer: ``"blocking"`` (``x.to(device)``: the baseline), ``"non_blocking"``
+            (``x.to(device, non_blocking=True)``), or a callable ``(batch, device) -> (x, y)``.
+        loss_fn: default ``nn.functional.cross_entropy``.
+        max_steps: stop after this many steps (default: the whole loader).
+        start_step: number of the first step in the recorder.
+        progress: ``progress(fraction, text)`` (see :mod:`helpers.core.progress`), told
+            after every step (host-side only: it never waits for the device).
+
+    The loss and accuracy are accumulated on the device, so nothing forces a
+    host-device synchronisation inside the loop.
+    """
+    device = torch.device(device)
+    move = _resolve_transfer(transfer)
+    loss_fn = loss_fn or nn.functional.cross_entropy
+    if max_steps is not None:
+        check_int("max_steps", max_steps, 0, 10**9)
+    check_int("start_step", start_step, 0, 10**9)
+    collate = getattr(loader, "collate_fn", None)
+    timed = collate if isinstance(collate, TimedCollate) and getattr(loader, "num_workers", 1) == 0 else None
+    pinning = bool(getattr(loader, "pin_memory", False)) and _can_pin()
+
+    compute_lane = COMPUTE_LANE_GPU if (recorder is not None and recorder.cuda) else COMPUTE_LANE_CPU
+
+    def span(name: str, step: int, lane: str) -> Any:
+        if recorder is None:
+            return _NULL
+        return recorder.span(name, step, gpu=True, lane=lane)
+
+    try:
+        planned = len(loader)  # type: ignore[arg-type]
+    except TypeError:  # an iterable without a length
+        planned = 0
+    if max_steps is not None:
+        planned = min(planned, max_steps) if planned else max_steps
+
+    model.train()
+    total_loss = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    samples = steps = 0
+    t_start = time.perf_counter()
+    it = iter(loader)
+    while max_steps is None or steps < max_steps:
+        step = start_step + steps
+        # --- load (and collate): wait for the next batch from the loader ---
+        if timed is not None:
+            timed.last = None
+        h0 = recorder.now() if recorder is not None else 0.0
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        if recorder is not None:
+            _record_wait(recorder, step, h0, timed, pinning)
+        # --- host to device copy ---
+        with span("h2d", step, COPY_LANE):
+            x, y = move(batch, device)
+        if x.dtype == torch.uint8:
+            with span("normalize", step, compute_lane):
+                x = to_float_normalized(x)
+        # --- forward, backward, optimizer ---
+        with span("forward", step, compute_lane):
+            logits = model(x)
+            loss = loss_fn(logits, y)
+            total_loss += loss.detach() * y.shape[0]
+            correct += (logits.detach().argmax(1) == y).sum()
+        with span("backward", step, compute_lane):
+            loss.backward()
+        with span("optimizer", step, compute_lane):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        samples += int(y.shape[0])
+        steps += 1
+        if progress is not None:
+            progress(steps / planned if planned else 0.0, f"step {steps} of {planned}" if planned else f"step {steps}")
+    del it
+    _sync(device)
+    seconds = time.perf_counter() - t_start
+    n = max(samples, 1)
+    return EpochStats(
+        steps=steps,
+        samples=samples,
+        seconds=seconds,
+        loss=float(total_loss.item()) / n,
+        accuracy=float(correct.item()) / n,
+    )
+
+
+class _NullContext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_NULL = _NullContext()
+
+
+# ---------------------------------------------------------------------------
+# The reader's pipeline, timed phase by phase
+# ---------------------------------------------------------------------------
+
+ToDevice = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+StepFn = Callable[[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor], Any]
+
+
+def baseline_train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """Chapter 01's ``train_step``, for callers that have no notebook (the benchmark, the tests).
+
+    The same four lines as the chapter's pipeline cell (a test runs both and compares the weights):
+    forward and loss, ``zero_grad``, backward, optimizer step. Returns the loss without reading it,
+    so that nothing waits for the GPU.
+    """
+    loss = nn.functional.cross_entropy(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def _baseline_to_device(device: torch.device, transfer: str | Transfer) -> ToDevice:
+    """``to_device(x, y)`` for :func:`step_anatomy` without the reader's: ``transfer`` to ``device``."""
+    move = _resolve_transfer(transfer)
+
+    def to_device(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return move((x, y), device)
+
+    to_device.__name__ = transfer if isinstance(transfer, str) else getattr(transfer, "__name__", "custom")
+    return to_device
+
+
+class _StepMarks:
+    """The spans inside one call of the reader's ``train_step``: one open at a time, switched by hooks."""
+
+    def __init__(self, recorder: SpanRecorder | None, lane: str) -> None:
+        self.recorder, self.lane, self.step = recorder, lane, 0
+        self._open: Any = None
+
+    def begin(self, name: str) -> None:
+        """Close the open span (if any) and open phase ``name`` of :attr:`step`."""
+        self.end()
+        if self.recorder is not None:
+            span = self.recorder.span(name, self.step, gpu=True, lane=self.lane)
+            span.__enter__()
+            self._open = span
+
+    def end(self) -> None:
+        span, self._open = self._open, None
+        if span is not None:
+            span.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def _phase_hooks(model: nn.Module, optimizer: torch.optim.Optimizer, marks: _StepMarks) -> Iterator[None]:
+    """While active, ``model(x)`` returning begins "backward" and ``optimizer.step()`` beginning begins "optimizer".
+
+    PyTorch's own hooks, removed on exit: they run on the host, in order with the calls of the step,
+    so on a GPU the CUDA events they record sit in the stream between the kernels of the two phases.
+    """
+    handles = [
+        model.register_forward_hook(lambda module, args, output: marks.begin("backward")),
+        optimizer.register_step_pre_hook(lambda opt, args, kwargs: marks.begin("optimizer")),
+    ]
+    try:
+        yield
+    finally:
+        marks.end()
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def _collate_timer(loader: Iterable[Any]) -> Iterator[TimedCollate | None]:
+    """The loader's collate function with a clock around it, when it runs in this process; else None.
+
+    A ``DataLoader`` with ``num_workers=0`` and a plain collate function gets it wrapped in a
+    :class:`helpers.pipeline.data.TimedCollate` (the same function, called with the same batch, with a clock
+    reading before and after) until the block ends; then the original is put back. A loader whose
+    collate function is already a ``TimedCollate`` is used as it is.
+    """
+    collate = getattr(loader, "collate_fn", None)
+    if collate is None or getattr(loader, "num_workers", 1) != 0:
+        yield None
+    elif isinstance(collate, TimedCollate):
+        yield collate
+    elif isinstance(loader, torch.utils.data.DataLoader):
+        timed = TimedCollate(collate)
+        loader.collate_fn = timed  # read by the next iter(loader)
+        try:
+            yield timed
+        finally:
+            loader.collate_fn = collate
+    else:
+        yield None
+
+
+def record_steps(
+    loader: Iterable[Any],
+    to_device: ToDevice,
+    train_step: StepFn,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    recorder: SpanRecorder | None = None,
+    *,
+    steps: int,
+    start_step: int = 0,
+    progress: Callable[..., None] | None = None,
+) -> int:
+    """Run ``steps`` steps of the reader's pipeline; with a ``recorder``, record every phase as a span.
+
+    Each step makes the calls of chapter 01's loop, one at a time so that each gets its own span::
+
+        x, y = next(it)                              # load (and collate): it = iter(loader)
+        x, y = to_device(x, y)                       # h2d
+        loss = train_step(model, optimizer, x, y)    # forward | backward | optimizer
+
+    which is what ``for x, y in batches(loader): loss = train_step(model, optimizer, x, y)`` does.
+    Nothing here is a copy of the reader's code: ``train_step`` runs as written, and two PyTorch
+    hooks, active only during this call, mark where its phases meet: ``model.register_forward_hook``
+    (``model(x)`` has returned: "forward" ends, "backward" begins) and
+    ``optimizer.register_step_pre_hook`` (``optimizer.step()`` begins: "optimizer" begins, until
+    ``train_step`` returns). So the loss (computed after ``model(x)``; microseconds) and ``zero_grad``
+    count as part of "backward". On a CUDA device these spans, and "h2d", are CUDA events: what the GPU
+    did, when. "collate" is split from "load" when the loader collates in this process (see
+    :func:`_collate_timer`). A ``to_device`` that hands over uint8 batches gets a "normalize" span
+    (:func:`helpers.pipeline.data.to_float_normalized`, on the device), as in :func:`train_epoch`.
+
+    When the loader runs out before ``steps`` steps, the next epoch begins (a new iterator; its start
+    is part of that step's "load"). Steps are numbered from ``start_step``; the caller calls
+    ``recorder.finish()``. ``progress(fraction, text)`` is told after every step (host side only).
+
+    Returns:
+        the number of steps run (``steps``).
+
+    Raises:
+        ValueError: for a bad ``steps``/``start_step``, or a loader that yields no batch at all.
+    """
+    check_int("steps", steps, 0, 10**9)
+    check_int("start_step", start_step, 0, 10**9)
+    if steps == 0:
+        return 0
+    report = progress or _no_progress
+    compute_lane = COMPUTE_LANE_GPU if (recorder is not None and recorder.cuda) else COMPUTE_LANE_CPU
+    marks = _StepMarks(recorder, compute_lane)
+    pinning = bool(getattr(loader, "pin_memory", False)) and _can_pin()
+
+    def span(name: str, step: int, lane: str) -> Any:
+        return _NULL if recorder is None else recorder.span(name, step, gpu=True, lane=lane)
+
+    it = None
+    with contextlib.ExitStack() as stack:
+        timed = stack.enter_context(_collate_timer(loader)) if recorder is not None else None
+        if recorder is not None:
+            stack.enter_context(_phase_hooks(model, optimizer, marks))
+        try:
+            it = iter(loader)
+            for done in range(steps):
+                step = start_step + done
+                if timed is not None:
+                    timed.last = None
+                h0 = recorder.now() if recorder is not None else 0.0
+                batch = next(it, None)
+                if batch is None:  # the loader ran out: the next epoch begins
+                    it = iter(loader)
+                    batch = next(it, None)
+                    if batch is None:
+                        raise ValueError(
+                            "the loader yielded no batch; check the data set and the batch size "
+                            "(with drop_last=True a data set smaller than one batch yields none)"
+                        )
+                if recorder is not None:
+                    _record_wait(recorder, step, h0, timed, pinning)
+                x, y = batch
+                with span("h2d", step, COPY_LANE):
+                    x, y = to_device(x, y)
+                if x.dtype == torch.uint8:
+                    with span("normalize", step, compute_lane):
+                        x = to_float_normalized(x)
+                marks.step = step
+                marks.begin("forward")
+                train_step(model, optimizer, x, y)
+                marks.end()
+                report((done + 1) / steps, f"step {done + 1} of {steps}")
+        finally:
+            marks.end()
+            del it  # a loader with workers shuts them down when its iterator goes
+    return steps
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: Iterable[Any],
+    device: torch.device | str,
+    *,
+    transfer: str | Transfer = "blocking",
+    max_batches: int | None = None,
+) -> float:
+    """Top-1 accuracy (0-1) of ``model`` over ``loader`` (in eval mode; restores the mode after).
+
+    Raises:
+        ValueError: if the loader yields no samples.
+    """
+    device = torch.device(device)
+    move = _resolve_transfer(transfer)
+    if max_batches is not None:
+        check_int("max_batches", max_batches, 1, 10**9)
+    was_training = model.training
+    model.eval()
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    seen = 0
+    try:
+        for i, batch in enumerate(loader):
+            if max_batches is not None and i >= max_batches:
+                break
+            x, y = move(batch, device)
+            if x.dtype == torch.uint8:
+                x = to_float_normalized(x)
+            correct += (model(x).argmax(1) == y).sum()
+            seen += int(y.shape[0])
+    finally:
+        model.train(was_training)
+    if seen == 0:
+        raise ValueError("the evaluation loader yielded no samples; check the data set and batch size")
+    return float(correct.item()) / seen
+
+
+def fit(
+    model: nn.Module,
+    train_loader: Iterable[Any],
+    val_loader: Iterable[Any] | None,
+    device: torch.device | str,
+    *,
+    epochs: int,
+    optimizer: torch.optim.Optimizer | None = None,
+    recorder: SpanRecorder | None = None,
+    transfer: str | Transfer = "blocking",
+) -> list[EpochStats]:
+    """Train for ``epochs`` epochs, evaluating after each; returns one :class:`EpochStats` per epoch."""
+    check_int("epochs", epochs, 1, 10_000)
+    optimizer = optimizer or make_optimizer(model)
+    history: list[EpochStats] = []
+    step = 0
+    for _ in range(epochs):
+        stats = train_epoch(
+            model, train_loader, device, optimizer, recorder=recorder, transfer=transfer, start_step=step
+        )
+        step += stats.steps
+        if val_loader is not None:
+            stats.val_accuracy = evaluate(model, val_loader, device, transfer=transfer)
+        history.append(stats)
+    return history
+
+
+# ---------------------------------------------------------------------------
+# The bottleneck model
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Prediction:
+    """Step time predicted from phase times by the bottleneck model.
+
+    Attributes:
+        stage_times: seconds per step of each resource (:data:`STAGES`).
+        serial: sum of all phases: the step time when nothing overlaps.
+        overlapped: the slowest stage: the step time when all stages overlap perfectly.
+        bottleneck: name of the slowest stage.
+    """
+
+    stage_times: dict[str, float]
+    serial: float
+    overlapped: float
+    bottleneck: str
+
+    def speedup_bound(self) -> float:
+        """How much faster perfect overlap could make a step (serial / overlapped)."""
+        return self.serial / self.overlapped if self.overlapped > 0 else float("nan")
+
+    @property
+    def one_step_overlap(self) -> float:
+        """The naive loop's step on a GPU: copy + max(data, compute).
+
+        CUDA kernel launches are asynchronous: once the CPU has queued step i's
+        forward, backward and optimizer, it goes on to load batch i+1 while the
+        GPU still computes step i; the next blocking ``x.to(device)`` then waits
+        for the GPU. So data (CPU) overlaps compute (GPU) by one step for free,
+        and the copy overlaps nothing. On a CPU the same cores do both and the
+        naive loop pays :attr:`serial`. Needs the default :data:`STAGES` names
+        (falls back to :attr:`serial` otherwise).
+        """
+        names = list(STAGES)
+        if not all(n in self.stage_times for n in names):
+            return self.serial
+        data, copy, compute = (self.stage_times[n] for n in names)
+        rest = sum(v for k, v in self.stage_times.items() if k not in names)
+        return copy + max(data, compute) + rest
+
+
+def predict_step_time(
+    phase_times: Mapping[str, float], stages: Mapping[str, Iterable[str]] | None = None
+) -> Prediction:
+    """Predict the step time from per-step phase times (seconds).
+
+    ``serial`` adds every phase (a naive loop: one thing at a time);
+    ``overlapped`` is the slowest stage (a perfect pipeline: every resource works
+    on a different step at once). Phases not named in ``stages`` count as their
+    own stage.
+    """
+    stages = dict(STAGES if stages is None else stages)
+    for name, value in phase_times.items():
+        if value < 0 or value != value:
+            raise ValueError(f"phase time {name!r} must be a non-negative number, got {value}")
+    stage_times: dict[str, float] = {}
+    named: set[str] = set()
+    for stage, phases in stages.items():
+        ph = tuple(phases)
+        named.update(ph)
+        stage_times[stage] = float(sum(phase_times.get(p, 0.0) for p in ph))
+    for name, value in phase_times.items():
+        if name not in named:
+            stage_times[name] = float(value)
+    if not stage_times:
+        raise ValueError("phase_times is empty")
+    bottleneck = max(stage_times, key=lambda k: stage_times[k])
+    return Prediction(
+        stage_times=stage_times,
+        serial=float(sum(phase_times.values())),
+        overlapped=stage_times[bottleneck],
+        bottleneck=bottleneck,
+    )
+
+
+def lane_overlap(trace: SpanTrace, lane_a: str, lane_b: str) -> float:
+    """Seconds during which both lanes of ``trace`` were busy at once (0 when they took turns).
+
+    On a GPU, the data lane (host clock) and the compute lane (CUDA events) of the
+    naive loop overlap by about one step's worth of loading: the CPU loads batch
+    i+1 while the GPU computes step i. On a CPU the two take turns, and this is 0
+    up to clock rounding.
+    """
+
+    def merged(lane: str) -> list[tuple[float, float]]:
+        spans = sorted((s.start, s.end) for s in trace.spans if s.lane == lane and s.end > s.start)
+        out: list[tuple[float, float]] = []
+        for a, b in spans:
+            if out and a <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], b))
+            else:
+                out.append((a, b))
+        return out
+
+    xs, ys = merged(lane_a), merged(lane_b)
+    total, i, j = 0.0, 0, 0
+    while i < len(xs) and j < len(ys):
+        lo, hi = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        if hi > lo:
+            total += hi - lo
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+# ---------------------------------------------------------------------------
+# A short measured run (the live panel and the benchmark call this)
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Anatomy:
+    """Phase times of a few measured training steps at one setting.
+
+    Attributes:
+        settings: the arguments of the run (batch size, crop size, width, ...).
+        phase_means: mean seconds per step of each phase, in step order.
+        step_time: measured seconds per step (wall time of the timed steps / steps).
+        prediction: the bottleneck model's prediction from ``phase_means``.
+        trace: the recorded spans (for timelines).
+        gflop_per_step: forward+backward GFLOP of one step (about 3x the forward pass).
+    """
+
+    settings: dict[str, Any]
+    phase_means: dict[str, float]
+    step_time: float
+    prediction: Prediction
+    trace: SpanTrace
+    gflop_per_step: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.settings["batch_size"] / self.step_time if self.step_time > 0 else float("nan")
+
+    @property
+    def dominant_phase(self) -> str:
+        """The phase with the largest mean time."""
+        return max(self.phase_means, key=lambda k: self.phase_means[k])
+
+
+def step_anatomy(
+    *,
+    batch_size: int = 32,
+    crop_size: int = 64,
+    width: int = 16,
+    depth: int = 3,
+    steps: int = 6,
+    warmup: int = 2,
+    device: torch.device | str = "cpu",
+    num_workers: int = 0,
+    output: str = "float",
+    transfer: str | Transfer = "blocking",
+    data_root: Any = None,
+    seed: int = 0,
+    progress: Callable[..., None] | None = None,
+    make_loader: Callable[[Any, int], Iterable[Any]] | None = None,
+    to_device: ToDevice | None = None,
+    train_step: StepFn | None = None,
+) -> Anatomy:
+    """Train a fresh model ``warmup`` untimed then ``steps`` timed steps; return the phase times.
+
+    Builds the data set (on ``data_root`` or the default generated one), a model
+    (:func:`helpers.pipeline.models.build_model`) and Adam from the arguments, so a live panel can call it
+    with slider values, then runs the steps with :func:`record_steps`. Workers (if any) are shut
+    down on return.
+
+    The pipeline is the reader's when given (chapter 01 passes the functions its cells define):
+    ``make_loader(dataset, batch_size)``, ``to_device(x, y)``, ``train_step(model, optimizer, x, y)``.
+    Without them (the headless benchmark): :func:`helpers.pipeline.loaders.timed_loader` (shuffled with ``seed``,
+    ``drop_last=True``, ``num_workers`` workers, timed collate), ``transfer`` to ``device``, and
+    :func:`baseline_train_step`.
+
+    Args:
+        batch_size: 1-1024. crop_size: 16-512 (the image size the model sees).
+        width / depth: model knobs (see :class:`helpers.pipeline.models.SmallCNN`).
+        steps: timed steps (1-1000). warmup: untimed steps first (0-100).
+        device: where the model runs (the reader's ``to_device`` must copy there).
+        num_workers: loader workers for the default loader (0: the baseline); with the reader's
+            ``make_loader`` it must stay 0 (the reader's loader sets its own workers).
+        output: ``"float"`` or ``"uint8"`` batches.
+        transfer: the default copy, see :func:`train_epoch` (ignored with the reader's ``to_device``).
+        data_root: a class-folder root (e.g. ``info.train_dir``); default: the
+            training split of ``make_shapes_dataset()``.
+        seed: seeds the model, the shuffling of the default loader and the augmentation.
+        progress: ``progress(fraction, text)`` (see :mod:`helpers.core.progress`), told after every step.
+        make_loader / to_device / train_step: the reader's pipeline functions (see above).
+
+    The default loader with workers is built by :func:`helpers.pipeline.loaders.timed_loader`, i.e. by
+    :func:`helpers.pipeline.loaders.build_loader`, which checks /dev/shm and sets a timeout.
+    """
+    check_int("batch_size", batch_size, 1, 1024)
+    check_int("crop_size", crop_size, 16, 512)
+    check_int("steps", steps, 1, 1000)
+    check_int("warmup", warmup, 0, 100)
+    check_int("num_workers", num_workers, 0, 64)
+    if make_loader is not None and num_workers != 0:
+        raise ValueError(
+            f"num_workers={num_workers}: with your own make_loader, the loader's workers are set "
+            "inside make_loader; leave num_workers at 0"
+        )
+    device = torch.device(device)
+    report = progress or _no_progress
+    root = data_root if data_root is not None else make_shapes_dataset().train_dir
+    ds = ShapesDataset(root, crop_size=crop_size, augment=True, output=output)
+    model = build_model(width=width, depth=depth, num_classes=len(ds.classes), seed=seed).to(device)
+    check_training_memory(model, crop_size, batch_size)  # refuse sizes that cannot fit, before allocating
+    if len(ds) < batch_size:
+        raise ValueError(
+            f"the data set has fewer than batch_size={batch_size} images ({len(ds)}); lower the batch size"
+        )
+    opt = make_optimizer(model)
+    move = to_device if to_device is not None else _baseline_to_device(device, transfer)
+    step_fn = train_step if train_step is not None else baseline_train_step
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if make_loader is not None:
+            loader = make_loader(ds, batch_size)
+        else:
+            loader = timed_loader(
+                ds,
+                batch_size,
+                shuffle=True,
+                seed=seed,
+                num_workers=num_workers,
+                drop_last=True,
+                persistent_workers=num_workers > 0,
+            )
+        try:
+            total = warmup + steps
+            report(0.0, f"width {width}: {warmup} untimed warm-up step(s), then {steps} timed")
+            # untimed: first calls pay for lazy initialisation
+            record_steps(
+                loader,
+                move,
+                step_fn,
+                model,
+                opt,
+                steps=warmup,
+                progress=scaled(report, 0.0, warmup / total, f"width {width}, warm-up: "),
+            )
+            rec = SpanRecorder(
+                device,
+                batch_size=batch_size,
+                crop_size=crop_size,
+                width=width,
+                depth=depth,
+                num_workers=getattr(loader, "num_workers", num_workers),
+                output=output,
+            )
+            record_steps(
+                loader,
+                move,
+                step_fn,
+                model,
+                opt,
+                rec,
+                steps=steps,
+                progress=scaled(report, warmup / total, 1.0, f"width {width}, timed: "),
+            )
+            trace = rec.finish()
+        finally:
+            workers = getattr(loader, "num_workers", num_workers)
+            del loader  # shuts persistent workers down
+    means = trace.phase_totals()
+    n = trace.steps()
+    phase_means = {p: means[p] / n for p in PHASES if p in means}
+    step_time = trace.wall_time() / n
+    flops = flops_per_sample(model, crop_size)
+    settings = {
+        "batch_size": batch_size,
+        "crop_size": crop_size,
+        "width": width,
+        "depth": depth,
+        "steps": steps,
+        "warmup": warmup,
+        "device": str(device),
+        "num_workers": workers,
+        "output": output,
+        "transfer": getattr(move, "__name__", "custom"),
+        "pipeline": "yours" if any(f is not None for f in (make_loader, to_device, train_step)) else "helpers",
+    }
+    return Anatomy(
+        settings=settings,
+        phase_means=phase_means,
+        step_time=step_time,
+        prediction=predict_step_time(phase_means),
+        trace=trace,
+        gflop_per_step=3 * flops * batch_size / 1e9,
+    )
+
+
+# ---------------------------------------------------------------------------
+# The live panel of chapter 01
+# ---------------------------------------------------------------------------
+
+
+def panel_run(
+    progress: Callable[..., None] | None = None,
+    *,
+    batch_size: int,
+    crop_size: int,
+    width: int,
+    steps: int | None = None,
+    device: torch.device | str | None = None,
+    make_loader: Callable[[Any, int], Iterable[Any]] | None = None,
+    to_device: ToDevice | None = None,
+    train_step: StepFn | None = None,
+) -> Anatomy:
+    """Run a few steps of a fresh model at the panel's settings (for :class:`helpers.ui.widgets.Panel`).
+
+    ``steps`` defaults to 4 in quick mode, 5 at the laptop tier and 10 in full mode, after one untimed step.
+    ``make_loader``, ``to_device``, ``train_step``: the reader's pipeline functions (chapter 01 binds
+    them with ``functools.partial``), timed by :func:`record_steps`; without them, the baseline of
+    :func:`step_anatomy`.
+    """
+    report = progress or _no_progress
+    report(0.1, "building data set, loader and model")
+    dev = torch.device(device) if device is not None else pick_device()
+    n = check_int("steps", steps, 1, 1000) if steps is not None else sized(quick=4, full=10, laptop=5)
+    a = step_anatomy(
+        batch_size=batch_size,
+        crop_size=crop_size,
+        width=width,
+        depth=3,
+        steps=n,
+        warmup=1,
+        device=dev,
+        progress=scaled(report, 0.1, 1.0),
+        make_loader=make_loader,
+        to_device=to_device,
+        train_step=train_step,
+    )
+    report(1.0, "done")
+    return a
+
+
+def _no_progress(fraction: float, text: str = "") -> None:
+    return None
+
+
+def panel_summary(a: Anatomy) -> str:
+    """One line: measured step time, the two predictions, the dominant phase and the bottleneck."""
+    ms = 1e3
+    return (
+        f"step {a.step_time * ms:.1f} ms measured; predicted {a.prediction.serial * ms:.1f} ms if nothing overlaps, "
+        f"{a.prediction.overlapped * ms:.1f} ms with perfect overlap; largest phase: {a.dominant_phase}; "
+        f"bottleneck stage: {a.prediction.bottleneck}; {a.samples_per_s:.0f} img/s"
+    )
+
+
+def _run_label(rec: Any) -> str:
+    v = rec.values
+    if {"batch_size", "crop_size", "width"} <= set(v):
+        return f"#{rec.index}: batch {v['batch_size']}\n{v['crop_size']} px, width {v['width']}"
+    return rec.short_label()
+
+
+def panel_plot(history: list[Any], ax: Any) -> None:
+    """Stacked phase bars of every panel run so far, with the measured step time as a black tick."""
+    from ..ui.plots import stacked_phases  # optional/heavy: matplotlib
+
+    data = {_run_label(rec): rec.result.phase_means for rec in history}
+    stacked_phases(data, ax, title="Baseline step by phase, one bar per run", unit="ms")
+    for i, rec in enumerate(history):
+        ax.plot(
+            [i - 0.4, i + 0.4],
+            [rec.result.step_time * 1e3] * 2,
+            color="black",
+            linewidth=2,
+            label="measured step" if i == 0 else None,
+        )
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+
+
+#: Model widths the benchmark measures: the baseline model, and a 4x wider one (about 14x the compute).
+BENCH_WIDTHS: tuple[int, ...] = (16, 64)
+
+
+def benchmark(
+    results: Any,
+    device: torch.device | str | None = None,
+    *,
+    widths: Iterable[int] = BENCH_WIDTHS,
+    steps: int | None = None,
+    warmup: int = 3,
+) -> Any:
+    """Record chapter 01's measurement, the anatomy of a baseline step, into ``results``.
+
+    The baseline: ``num_workers=0``, pageable memory, blocking ``x.to(device)``,
+    float batches, the default data set and sizes of the current mode
+    (:func:`helpers.pipeline.data.default_sizes`), one run per model width. It runs headless, so it has
+    no reader's cells to time: :func:`step_anatomy` with its defaults runs chapter 01's pipeline
+    (:func:`baseline_train_step`, the same lines as the chapter's ``train_step``) through
+    :func:`record_steps`, the helper that times the reader's functions in the chapter.
+
+    Records (key: unit; params ``batch_size``, ``crop_size``, ``width``, ``depth``,
+    ``num_workers``, ``steps``; ``phase_time`` also has ``phase``):
+
+    - ``ch01.step.phase_time``: s per step, one record per phase (load, collate,
+      h2d, forward, backward, optimizer).
+    - ``ch01.step.step_time``: s per step, measured (wall time of the timed steps / steps).
+    - ``ch01.step.predicted_serial``: s, sum of the phases (the bottleneck model, no overlap).
+    - ``ch01.step.predicted_overlapped``: s, slowest stage (the bottleneck model, perfect overlap).
+    - ``ch01.step.samples_per_s``: items/s.
+    - ``ch01.step.gflop_per_step``: GFLOP (forward + backward, estimated), the compute per step.
+
+    Artifacts: ``ch01.timeline.width<W>`` (:meth:`SpanTrace.to_dict`) for each width.
+
+    On the CPU it measures too (the h2d phase is then a no-op). Returns ``results``.
+    """
+    dev = torch.device(device) if device is not None else pick_device()
+    sizes = default_sizes()
+    n_steps = check_int("steps", steps, 1, 1000) if steps is not None else sized(6, 20)
+    for width in widths:
+        a = step_anatomy(
+            batch_size=sizes["batch_size"],
+            crop_size=sizes["crop_size"],
+            width=int(width),
+            depth=3,
+            steps=n_steps,
+            warmup=warmup,
+            device=dev,
+        )
+        p = {
+            "batch_size": sizes["batch_size"],
+            "crop_size": sizes["crop_size"],
+            "width": int(width),
+            "depth": 3,
+            "num_workers": 0,
+            "steps": n_steps,
+        }
+        for phase, t in a.phase_means.items():
+            results.add("ch01.step.phase_time", t, "s", phase=phase, **p)
+        results.add("ch01.step.step_time", a.step_time, "s", **p)
+        results.add("ch01.step.predicted_serial", a.prediction.serial, "s", **p)
+        results.add("ch01.step.predicted_overlapped", a.prediction.overlapped, "s", **p)
+        results.add("ch01.step.samples_per_s", a.samples_per_s, "items/s", **p)
+        results.add("ch01.step.gflop_per_step", a.gflop_per_step, "GFLOP", **p)
+        trace = a.trace.to_dict()
+        trace["metadata"]["label"] = f"baseline step, width {int(width)}, batch {sizes['batch_size']}"
+        results.artifacts[f"ch01.timeline.width{int(width)}"] = trace
+    return results
+
+
+@dataclass
+class ReferenceAnatomy:
+    """A baseline-step breakdown recorded by :func:`benchmark` on a real GPU.
+
+    Attributes:
+        source: provenance line ("Recorded on <GPU>, driver ..., torch ..., date, mode; method: ...").
+        phases: bar label (e.g. ``"width 16, batch 64, 224 px"``) -> phase -> seconds per step.
+        step_time: same labels -> measured seconds per step.
+        traces: same labels -> span trace (``SpanTrace.to_dict()`` form), when recorded.
+    """
+
+    source: str
+    phases: dict[str, dict[str, float]]
+    step_time: dict[str, float]
+    traces: dict[str, Any]
+
+
+def reference_anatomy() -> ReferenceAnatomy | None:
+    """The newest reference result set holding ``ch01.step.phase_time`` records, or None.
+
+    Only reference files recorded on a CUDA GPU count (see :mod:`helpers.core.reference`);
+    nothing is ever made up: no file, no result.
+    """
+    for rs, recs in find("ch01.step.phase_time"):
+        if not rs.hardware.get("gpu_name"):
+            continue
+        phases: dict[str, dict[str, float]] = {}
+        steps: dict[str, float] = {}
+        traces: dict[str, Any] = {}
+        for r in recs:
+            p = r.params
+            label = f"width {p.get('width')}, batch {p.get('batch_size')}, {p.get('crop_size')} px"
+            phases.setdefault(label, {})[str(p.get("phase"))] = r.value
+            if label not in steps:
+                match = [
+                    x
+                    for x in rs.find(
+                        "ch01.step.step_time",
+                        width=p.get("width"),
+                        batch_size=p.get("batch_size"),
+                        crop_size=p.get("crop_size"),
+                    )
+                ]
+                if match:
+                    steps[label] = match[0].value
+                art = rs.artifacts.get(f"ch01.timeline.width{p.get('width')}")
+                if art is not None:
+                    traces[label] = art
+        order = {name: i for i, name in enumerate(PHASES)}
+        phases = {k: dict(sorted(v.items(), key=lambda kv: order.get(kv[0], 99))) for k, v in phases.items()}
+        return ReferenceAnatomy(source=provenance_line(rs), phases=phases, step_time=steps, traces=traces)
+    return None

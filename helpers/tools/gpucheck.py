@@ -1,0 +1,930 @@
+"""The GPU check: prove the workbook's GPU paths on a real CUDA GPU, inside a short booking.
+
+Run it on a machine with a CUDA GPU, from the workbook folder::
+
+    python -m helpers.tools.gpucheck --steps smoke      # <= 6 min: CUDA-only unit tests + every notebook, quick sizes
+    python -m helpers.tools.gpucheck                    # bench, then notebooks (full sizes), then CUDA-only unit tests
+    python -m helpers.tools.gpucheck --steps bench      # only the benchmark (records a reference file)
+    python -m helpers.tools.gpucheck --steps notebooks --notebooks 02,05
+    python -m helpers.tools.gpucheck --dry-run          # print what it would run
+
+The steps (``--steps``, run in the order given), each with its own time limit
+that it keeps by itself, so that a leased machine (10 minutes per command, 30
+minutes in all) gets the whole check in at most four commands:
+
+``smoke`` (``--smoke-timeout``, default 330 s)
+    The CUDA-only unit tests (not the slow ones) and every notebook in QUICK
+    mode, ``WORKBOOK_REQUIRE_GPU=1``, ``--jobs`` of them at a time: catches every
+    crash of a GPU path in a few minutes.
+``bench`` (``--bench-timeout``, default 450 s)
+    ``python -m helpers.tools.bench --full --strict --reference --budget-s ...``: each
+    chapter gets its share of the step's time and is stopped when it outruns it;
+    the results file is saved after each chapter; the reference file holds only
+    the chapters that completed, in full mode.
+``notebooks`` (``--notebooks-timeout``, default 450 s)
+    Every notebook in FULL mode under nbval, one after another, each within its
+    share of the time left (in proportion to its recorded Run All time where one
+    is recorded, else equal; unused time rolls over to the next ones).
+``unit`` (``--unit-timeout``, default 150 s)
+    The CUDA-only unit tests, slow ones too (``--unit-scope all``: the whole suite).
+
+"CUDA-only" tests are those marked ``pytest.mark.skipif(..., reason="needs
+CUDA...")`` (any reason saying a test *needs* CUDA or a GPU); this module is
+also the pytest plugin that selects them (``pytest -p helpers.tools.gpucheck --cuda-only``).
+
+Before any step it refuses (exit code 2) without a CUDA device (``--allow-cpu``
+to test the check itself) or without the packages it needs (carried as wheels on
+a bare machine: ``tools/carry_wheels.sh``), and it reports which torch and
+torchvision names used by the workbook the machine's torch lacks (the lent
+machines have their own, older torch; nothing here installs or replaces it).
+It prints a summary, writes ``summary.txt`` and ``summary.json`` beside the logs,
+and exits 0 only if every step passed. ``--budget-s`` bounds the whole run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as _FutureTimeout
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..core import config
+from ..core.config import artifacts_dir
+
+__all__ = ["NEEDED_MODULES", "STEPS", "Step", "main", "plan", "repo_root", "notebooks", "needs_cuda", "torch_api_gaps"]
+
+#: (import name, distribution name) of what the check needs beyond torch.
+NEEDED_MODULES: tuple[tuple[str, str], ...] = (
+    ("pytest", "pytest"),
+    ("pytest_timeout", "pytest-timeout"),
+    ("nbval", "nbval"),
+    ("nbformat", "nbformat"),
+    ("nbclient", "nbclient"),
+    ("jupyter_client", "jupyter_client"),
+    ("ipykernel", "ipykernel"),
+    ("ipywidgets", "ipywidgets"),
+    ("tqdm", "tqdm"),
+    ("matplotlib", "matplotlib"),
+    ("PIL", "pillow"),
+    ("psutil", "psutil"),
+    ("torchvision", "torchvision"),
+)
+
+#: The steps, in the order the documented procedure runs them, with their default time limits (s).
+STEPS: dict[str, int] = {"smoke": 330, "bench": 450, "notebooks": 450, "unit": 150}
+DEFAULT_STEPS = "bench,notebooks,unit"
+NO_CUDA_EXIT = 2
+#: Seconds the bench keeps for itself after its chapters' budget (saving the files, the PNG, the reference).
+BENCH_MARGIN_S = 45
+#: A skipif reason that says a test needs CUDA (or a GPU): such a test is "CUDA-only".
+NEEDS_CUDA_RE = re.compile(r"\b(needs?|requires?)\b.*\b(CUDA|GPU)\b", re.IGNORECASE)
+
+
+def repo_root() -> Path:
+    """The workbook checkout this module lives in."""
+    return Path(__file__).resolve().parents[2]
+
+
+def notebooks(root: Path, spec: str | None = None) -> list[Path]:
+    """Notebooks under ``root/notebooks`` (``spec``: comma-separated prefixes such as ``00,02``)."""
+    found = sorted(p for p in (root / "notebooks").glob("*.ipynb") if not p.name.startswith("."))
+    if not spec:
+        return found
+    wanted = [s.strip() for s in spec.split(",") if s.strip()]
+    chosen = [p for p in found if any(p.name.startswith(w.zfill(2) if w.isdigit() else w) for w in wanted)]
+    missing = [w for w in wanted if not any(p.name.startswith(w.zfill(2) if w.isdigit() else w) for p in found)]
+    if missing:
+        raise ValueError(
+            f"--notebooks: no notebook starts with {', '.join(missing)}; "
+            f"found {', '.join(p.name for p in found) or 'none'}"
+        )
+    return chosen
+
+
+# ---------------------------------------------------------------------------
+# The pytest plugin: select the CUDA-only tests (pytest -p helpers.tools.gpucheck --cuda-only)
+# ---------------------------------------------------------------------------
+
+
+def needs_cuda(item: Any) -> bool:
+    """Whether a collected test is CUDA-only: a ``skipif`` whose reason says it needs CUDA or a GPU."""
+    for mark in item.iter_markers("skipif"):
+        reason = str(mark.kwargs.get("reason", ""))
+        if NEEDS_CUDA_RE.search(reason):
+            return True
+    return False
+
+
+def pytest_addoption(parser: Any) -> None:
+    """pytest hook: ``--cuda-only`` keeps only the CUDA-only tests."""
+    parser.addoption(
+        "--cuda-only",
+        action="store_true",
+        default=False,
+        help="helpers.tools.gpucheck: run only the tests marked as needing CUDA",
+    )
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """pytest hook: with ``--cuda-only``, deselect every test that does not need CUDA."""
+    if not config.getoption("--cuda-only", default=False):
+        return
+    keep = [i for i in items if needs_cuda(i)]
+    dropped = [i for i in items if not needs_cuda(i)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = keep
+
+
+# ---------------------------------------------------------------------------
+# The machine's torch against the names the workbook uses
+# ---------------------------------------------------------------------------
+
+_DOTTED_RE = re.compile(r"(?<![\w.])(torch|torchvision)((?:\.[A-Za-z_]\w*)+)")
+_FROM_RE = re.compile(r"^\s*from\s+((?:torch|torchvision)(?:\.\w+)*)\s+import\s+\(?([\w\s,]+?)\)?\s*(?:#.*)?$", re.M)
+
+
+def _sources(root: Path) -> list[tuple[str, str]]:
+    """(name, code) of the helpers, the tests and the notebooks' code cells."""
+    out = []
+    for path in sorted((root / "helpers").rglob("*.py")) + sorted((root / "tests").glob("*.py")):
+        out.append((str(path.relative_to(root)), path.read_text(encoding="utf-8", errors="replace")))
+    for nb in sorted((root / "notebooks").glob("*.ipynb")):
+        try:
+            cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        except (OSError, ValueError, KeyError):
+            continue
+        code = "\n".join("".join(c.get("source", "")) for c in cells if c.get("cell_type") == "code")
+        out.append((str(nb.relative_to(root)), code))
+    return out
+
+
+def _missing_prefix(dotted: str) -> str | None:
+    """The shortest prefix of ``dotted`` that does not resolve (module or attribute), or None."""
+    parts = dotted.split(".")
+    try:
+        obj: Any = importlib.import_module(parts[0])
+    except ImportError:
+        return parts[0]
+    name = parts[0]
+    for part in parts[1:]:
+        name += "." + part
+        if hasattr(obj, part):
+            obj = getattr(obj, part)
+            continue
+        try:
+            obj = importlib.import_module(name)
+        except ImportError:
+            return name
+    return None
+
+
+def torch_api_gaps(root: Path | None = None) -> list[str]:
+    """Names of torch/torchvision that the workbook's code uses and this machine's versions lack.
+
+    A static scan (dotted names and ``from torch... import`` lists) of the helpers,
+    the tests and the notebooks, each name resolved against the installed
+    packages; one line per missing name with where it is first used. Empty when
+    everything resolves. The lent GPU machines have their own torch (2.11 at the
+    last reading, against the pinned 2.14.1), so the check says which names it lacks.
+    """
+    root = root or repo_root()
+    first_use: dict[str, str] = {}
+    for name, code in _sources(root):
+        for m in _DOTTED_RE.finditer(code):
+            first_use.setdefault(m.group(1) + m.group(2), name)
+        for m in _FROM_RE.finditer(code):
+            for item in m.group(2).replace("\n", " ").split(","):
+                item = item.strip().split(" as ")[0].strip()
+                if item and item.isidentifier():
+                    first_use.setdefault(f"{m.group(1)}.{item}", name)
+    missing: dict[str, str] = {}
+    for dotted in sorted(first_use):
+        gap = _missing_prefix(dotted)
+        if gap is not None:
+            missing.setdefault(gap, first_use[dotted])
+    return [f"{name} (used in {where})" for name, where in sorted(missing.items())]
+
+
+def _versions_line() -> str:
+    try:
+        import torch
+
+        line = f"torch {torch.__version__} (CUDA {torch.version.cuda})"
+    except Exception as exc:  # the refusal below says it plainly
+        return f"torch cannot be imported ({exc})"
+    try:
+        import torchvision
+
+        line += f", torchvision {torchvision.__version__}"
+    except Exception as exc:
+        line += f", torchvision cannot be imported ({exc})"
+    pins = repo_root() / "constraints.txt"
+    if pins.is_file():
+        pinned = re.findall(r"^(torch|torchvision)==(\S+)", pins.read_text(encoding="utf-8"), re.M)
+        if pinned:
+            line += "; the workbook pins " + ", ".join(f"{n} {v}" for n, v in pinned) + " (constraints.txt)"
+    return line
+
+
+# ---------------------------------------------------------------------------
+# Steps
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    """One command of the check: its argv, its log, and how it went."""
+
+    name: str
+    argv: list[str]
+    timeout_s: float
+    group: str = ""  # "smoke" | "bench" | "notebooks" | "unit"
+    log: str = ""
+    status: str = "not run"  # "passed" | "failed" | "timed out" | "not run"
+    returncode: int | None = None
+    seconds: float = 0.0
+    detail: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # overrides of the check's environment for this step
+
+
+def _check_imports() -> list[str]:
+    missing = []
+    for mod, dist in NEEDED_MODULES:
+        try:
+            importlib.import_module(mod)
+        except Exception as exc:
+            missing.append(f"{dist} (import {mod}: {exc})")
+    return missing
+
+
+def _tier_env(quick: bool) -> dict[str, str]:
+    """The variables that choose the size tier: quick, or explicitly full (never both)."""
+    return {"WORKBOOK_QUICK": "1", "WORKBOOK_FULL": "0"} if quick else {"WORKBOOK_QUICK": "0", "WORKBOOK_FULL": "1"}
+
+
+def _env(root: Path, quick: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(root)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))  # `import helpers` from the notebooks' folder
+    env.update(_tier_env(quick))
+    env["WORKBOOK_REQUIRE_GPU"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("MPLBACKEND", "Agg")
+    return env
+
+
+def _unit_argv(py: str, *, scope: str, slow: bool, per_test_s: int) -> list[str]:
+    argv = [
+        py,
+        "-m",
+        "pytest",
+        "-q",
+        "-rs",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        f"--timeout={per_test_s}",
+        "--ignore=tests/browser",
+        "--ignore=tests/test_environment_sync.py",
+        "--durations=10",
+    ]
+    if scope == "cuda":
+        argv += ["-p", "helpers.tools.gpucheck", "--cuda-only"]
+    if not slow:
+        argv += ["-m", "not slow and not browser"]
+    return argv + ["tests"]
+
+
+def _notebook_argv(py: str, root: Path, nb: Path, cell_timeout: int) -> list[str]:
+    argv = [
+        py,
+        "-m",
+        "pytest",
+        "-v",
+        "-p",
+        "no:cacheprovider",
+        "--nbval-lax",
+        "--nbval-current-env",
+        f"--nbval-cell-timeout={cell_timeout}",
+        f"--timeout={cell_timeout + 30}",
+        "-o",
+        "addopts=",
+        "--durations=5",
+    ]
+    sanitize = root / "tests" / "nbval_sanitize.cfg"
+    if sanitize.is_file():
+        argv += ["--nbval-sanitize-with", str(sanitize)]
+    return argv + [str(nb.relative_to(root))]
+
+
+def plan(
+    root: Path,
+    nbs: Sequence[Path],
+    *,
+    steps: Sequence[str],
+    cell_timeout: int,
+    notebook_timeout: int,
+    step_timeouts: dict[str, float] | None = None,
+    reference: bool,
+    strict: bool,
+    quick: bool,
+    workdir: Path,
+    unit_scope: str = "cuda",
+) -> list[Step]:
+    """The commands the check runs, in the order of ``steps``.
+
+    ``timeout_s`` of a step is its own upper limit; at run time it is also cut to
+    its group's time left (see :func:`main`). A CUDA-only test runs with
+    ``WORKBOOK_REQUIRE_GPU=1``; the whole suite (``unit_scope="all"``) runs without
+    it, since some tests check the CPU fallbacks on purpose.
+    """
+    py = sys.executable
+    limits = {**STEPS, **(step_timeouts or {})}
+    out: list[Step] = []
+    for group in steps:
+        if group == "smoke":
+            out.append(
+                Step(
+                    name="smoke: CUDA-only unit tests",
+                    group="smoke",
+                    timeout_s=limits["smoke"],
+                    argv=_unit_argv(py, scope="cuda", slow=False, per_test_s=120),
+                    env=_tier_env(True),
+                )
+            )
+            for nb in nbs:
+                out.append(
+                    Step(
+                        name=f"smoke: notebook {nb.stem}",
+                        group="smoke",
+                        timeout_s=min(notebook_timeout, limits["smoke"]),
+                        argv=_notebook_argv(py, root, nb, min(cell_timeout, 120)),
+                        env=_tier_env(True),
+                    )
+                )
+        elif group == "unit":
+            env = _tier_env(True)  # the unit tests choose quick sizes
+            if unit_scope == "all":
+                env["WORKBOOK_REQUIRE_GPU"] = "0"
+            out.append(
+                Step(
+                    name="unit tests" + (" (CUDA-only)" if unit_scope == "cuda" else " (all)"),
+                    group="unit",
+                    timeout_s=limits["unit"],
+                    env=env,
+                    argv=_unit_argv(py, scope=unit_scope, slow=True, per_test_s=300),
+                )
+            )
+        elif group == "notebooks":
+            for nb, w in zip(nbs, notebook_weights(nbs, "quick" if quick else "full")):
+                out.append(
+                    Step(
+                        name=f"notebook {nb.stem}",
+                        group="notebooks",
+                        timeout_s=min(notebook_timeout, limits["notebooks"]),
+                        argv=_notebook_argv(py, root, nb, cell_timeout),
+                        extra={"weight": round(w, 1)},
+                    )
+                )
+        elif group == "bench":
+            argv = [
+                py,
+                "-m",
+                "helpers.tools.bench",
+                "--quick" if quick else "--full",
+                "--no-progress",
+                "--out",
+                str(workdir / "bench.json"),
+                "--png",
+                str(workdir / "bench.png"),
+                "--budget-s",
+                str(max(10, int(limits["bench"]) - BENCH_MARGIN_S)),
+            ]
+            if strict:
+                argv.append("--strict")
+            if reference:
+                argv.append("--reference")
+            out.append(Step(name="bench", group="bench", argv=argv, timeout_s=limits["bench"]))
+    return out
+
+
+def _fit_argv(step: Step, timeout: float) -> list[str]:
+    """The step's argv with its inner time limits cut to fit ``timeout`` (so it stops itself, cleanly)."""
+    argv = list(step.argv)
+    for i, a in enumerate(argv):
+        if a.startswith("--nbval-cell-timeout="):
+            cell = max(10, min(int(a.split("=", 1)[1]), int(timeout) - 15))
+            argv[i] = f"--nbval-cell-timeout={cell}"
+            argv = [f"--timeout={cell + 10}" if x.startswith("--timeout=") else x for x in argv]
+            break
+    if "helpers.tools.bench" in argv and "--budget-s" in argv:
+        j = argv.index("--budget-s") + 1
+        argv[j] = str(max(10, min(int(float(argv[j])), int(timeout) - BENCH_MARGIN_S)))
+    return argv
+
+
+_RUNNING: set[subprocess.Popen] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+def _run_step(step: Step, root: Path, env: dict[str, str], log_path: Path, timeout: float, prefix: str = "") -> None:
+    """Run one step within ``timeout`` seconds (its processes are stopped at the limit)."""
+    step.log = str(log_path)
+    if timeout < 10:
+        step.status, step.detail = "not run", "its time limit was used up by the steps before it"
+        return
+    argv = _fit_argv(step, timeout)
+    print(f"\n=== {step.name}: {shlex.join(argv)}  (time limit {timeout:.0f} s)", flush=True)
+    t0 = time.monotonic()
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write(f"$ {shlex.join(argv)}\n\n")
+        log.flush()
+        proc = subprocess.Popen(
+            argv,
+            cwd=root,
+            env={**env, **step.env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+            bufsize=1,
+        )
+        with _RUNNING_LOCK:
+            _RUNNING.add(proc)
+        reader = threading.Thread(target=_tee, args=(proc, log, prefix), daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=timeout)  # a silent hang is caught too: the reader thread does the output
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            step.status, step.detail = "timed out", f"stopped at its time limit ({timeout:.0f} s)"
+        except KeyboardInterrupt:
+            _kill(proc)
+            step.status, step.detail = "failed", "interrupted"
+            raise
+        finally:
+            step.seconds = round(time.monotonic() - t0, 1)
+            if proc.poll() is None:
+                _kill(proc)
+            with _RUNNING_LOCK:
+                _RUNNING.discard(proc)
+            reader.join(timeout=10)
+            if step.status == "timed out":
+                log.write(f"\n[gpucheck] TIMED OUT after {timeout:.0f} s: the step was stopped\n")
+    step.returncode = proc.returncode
+    if step.status == "not run":
+        step.status = "passed" if proc.returncode == 0 else "failed"
+        if proc.returncode != 0:
+            step.detail = f"exit code {proc.returncode}; see {log_path.name}"
+
+
+def _tee(proc: subprocess.Popen, log: Any, prefix: str = "") -> None:
+    """Copy a step's output to the console (prefixed when steps run side by side) and its log."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(prefix + line)
+        sys.stdout.flush()
+        log.write(line)
+    log.flush()
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Stop a step and the processes it started (its own session, e.g. a notebook kernel)."""
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)  # the bench saves a partial file on SIGTERM
+        proc.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired, PermissionError):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _run_group(
+    group: str, steps: list[Step], root: Path, env: dict[str, str], logdir: Path, limit: float, jobs: int
+) -> None:
+    """Run one group of steps within ``limit`` seconds.
+
+    ``notebooks``: one after another, each within its fair share of the time
+    left (what one leaves unused rolls over). ``smoke``: ``jobs`` at a time, each
+    within the group's time left. Other groups: one step with the group's limit.
+    """
+    end = time.monotonic() + limit
+
+    def log_path(step: Step) -> Path:
+        return logdir / (re.sub(r"[^\w.-]+", "-", step.name).strip("-") + ".log")
+
+    if group == "smoke" and jobs > 1 and len(steps) > 1:
+
+        def one(step: Step) -> None:
+            _run_step(
+                step,
+                root,
+                env,
+                log_path(step),
+                min(step.timeout_s, end - time.monotonic()),
+                prefix=f"[{step.name.split(': ', 1)[-1]}] ",
+            )
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(one, s) for s in steps]
+            try:
+                for f in futures:
+                    while True:
+                        try:
+                            f.result(timeout=1.0)
+                            break
+                        except _FutureTimeout:
+                            continue
+            except KeyboardInterrupt:
+                for f in futures:
+                    f.cancel()
+                with _RUNNING_LOCK:
+                    running = list(_RUNNING)
+                for proc in running:
+                    _kill(proc)
+                raise
+        return
+    weights = [float(step.extra.get("weight", 1.0)) for step in steps]
+    for i, step in enumerate(steps):
+        left = end - time.monotonic()
+        share = left * weights[i] / sum(weights[i:]) if group == "notebooks" else left
+        _run_step(step, root, env, log_path(step), min(step.timeout_s, share))
+
+
+def notebook_weights(nbs: Sequence[Path], tier: str) -> list[float]:
+    """Relative cost of each notebook: its recorded Run All time at ``tier`` (else at the laptop tier), from
+    the chapter times that ``tools/time_chapters.py`` records; the mean of the known ones where none is
+    recorded; all equal when nothing is recorded."""
+    try:
+        data = json.loads(config._chapter_times_file().read_text(encoding="utf-8"))["chapters"]
+    except (OSError, ValueError, KeyError, TypeError):
+        data = {}
+    times: list[float | None] = []
+    for nb in nbs:
+        entry = data.get(nb.name[:2], {}) if isinstance(data, dict) else {}
+        secs = None
+        for t in (tier, "laptop"):
+            try:
+                secs = float(entry[t]["seconds"])
+                break
+            except (KeyError, TypeError, ValueError):
+                continue
+        times.append(secs if secs and secs > 0 else None)
+    known = [t for t in times if t is not None]
+    mean = sum(known) / len(known) if known else 1.0
+    return [t if t is not None else mean for t in times]
+
+
+# ---------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m helpers.tools.gpucheck",
+        description="Prove the workbook's GPU paths on a CUDA GPU within a short booking: a quick smoke run, the "
+        "reference bench, every notebook in full mode under nbval, the CUDA-only unit tests; fail loudly on any "
+        "error in a GPU path.",
+    )
+    ap.add_argument(
+        "--steps",
+        default=DEFAULT_STEPS,
+        help=f"which steps, in the order given: smoke, bench, notebooks, unit (default {DEFAULT_STEPS})",
+    )
+    ap.add_argument("--notebooks", metavar="LIST", help="only notebooks starting with these prefixes, e.g. 00,02")
+    ap.add_argument(
+        "--logs", metavar="DIR", help="folder for logs, results and the summary (default: artifacts/gpucheck-<time>)"
+    )
+    ap.add_argument(
+        "--bundle",
+        action="store_true",
+        help="put the per-step logs in one gpucheck-logs.tar.gz inside "
+        "--logs (few files: for machines that return a limited number of files)",
+    )
+    for name, default in STEPS.items():
+        ap.add_argument(
+            f"--{name}-timeout",
+            type=int,
+            default=default,
+            metavar="S",
+            help=f"time limit of the {name} step, seconds (default {default})",
+        )
+    ap.add_argument(
+        "--cell-timeout",
+        type=int,
+        default=600,
+        help="seconds per notebook cell at most (default 600; cut to fit each notebook's share)",
+    )
+    ap.add_argument("--notebook-timeout", type=int, default=900, help="seconds per notebook at most (default 900)")
+    ap.add_argument("--jobs", type=int, default=4, help="smoke: how many tests/notebooks run side by side (default 4)")
+    ap.add_argument(
+        "--unit-scope",
+        choices=("cuda", "all"),
+        default="cuda",
+        help="unit: the CUDA-only tests (default) or the whole suite",
+    )
+    ap.add_argument("--budget-s", type=float, help="stop starting steps when this many seconds have passed in all")
+    ap.add_argument("--no-reference", action="store_true", help="do not save the bench results as a reference file")
+    ap.add_argument(
+        "--allow-cpu",
+        action="store_true",
+        help="run without CUDA (to test the check itself; no reference file is written, and strict GPU checks are off)",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="bench and notebooks in quick mode instead of full (to test the check itself; no reference file)",
+    )
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    return ap
+
+
+def _has_cuda() -> tuple[bool, str]:
+    try:
+        import torch
+    except Exception as exc:
+        return False, f"torch cannot be imported ({exc})"
+    try:
+        if torch.cuda.is_available():
+            return True, f"{torch.cuda.get_device_name(0)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
+    except Exception as exc:
+        return False, f"torch.cuda failed: {exc}"
+    why = "this torch build has no CUDA support" if not torch.version.cuda else "no CUDA device or driver is visible"
+    return False, f"{why} (torch {torch.__version__})"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit code (0 all passed, 1 a step failed, 2 refused, 130 interrupted)."""
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    root = repo_root()
+    steps = [s.strip() for s in args.steps.split(",") if s.strip()]
+    bad = [s for s in steps if s not in STEPS]
+    if bad or not steps or len(set(steps)) != len(steps):
+        print(
+            f"error: --steps: {'unknown step(s) ' + ', '.join(bad) if bad else 'empty or repeated'}; "
+            f"allowed: {', '.join(STEPS)}",
+            file=sys.stderr,
+        )
+        return 2
+    limits = ["cell_timeout", "notebook_timeout"] + [f"{n}_timeout" for n in STEPS]
+    for name in limits:
+        if not 10 <= getattr(args, name) <= 86_400:
+            print(f"error: --{name.replace('_', '-')} must be between 10 and 86400 seconds", file=sys.stderr)
+            return 2
+    if not 1 <= args.jobs <= 32:
+        print("error: --jobs must be between 1 and 32", file=sys.stderr)
+        return 2
+    if args.budget_s is not None and not 60 <= args.budget_s <= 7 * 86_400:
+        print("error: --budget-s must be between 60 and 604800 seconds", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+    deadline = start + args.budget_s if args.budget_s else None
+
+    cuda, cuda_line = _has_cuda()
+    if not cuda and not args.allow_cpu:
+        print(
+            "gpucheck refused: no CUDA GPU is usable here — " + cuda_line + ".\n"
+            "The GPU check proves the workbook's GPU paths and records reference results, so it needs a machine "
+            "with a CUDA GPU (see docs/GPU-CHECK.md). On a machine without one, run `make test` instead; "
+            "to test the check itself, add --allow-cpu.",
+            file=sys.stderr,
+        )
+        return NO_CUDA_EXIT
+    try:
+        nbs = notebooks(root, args.notebooks) if {"notebooks", "smoke"} & set(steps) else []
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if {"notebooks", "smoke"} & set(steps) and not nbs:
+        print(f"error: no notebooks under {root / 'notebooks'}", file=sys.stderr)
+        return 2
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    if args.logs:
+        workdir = Path(args.logs).resolve()
+    else:
+        workdir = artifacts_dir().resolve() / f"gpucheck-{stamp}"
+    reference = cuda and not args.no_reference and not args.quick
+    strict = cuda
+    step_timeouts = {n: float(getattr(args, f"{n}_timeout")) for n in STEPS}
+    the_plan = plan(
+        root,
+        nbs,
+        steps=steps,
+        cell_timeout=args.cell_timeout,
+        notebook_timeout=args.notebook_timeout,
+        step_timeouts=step_timeouts,
+        reference=reference,
+        strict=strict,
+        quick=args.quick,
+        workdir=workdir,
+        unit_scope=args.unit_scope,
+    )
+    env = _env(root, args.quick)
+    if not cuda:
+        env["WORKBOOK_REQUIRE_GPU"] = "0"
+        for s in the_plan:
+            s.env.pop("WORKBOOK_REQUIRE_GPU", None)
+    mode = "quick" if args.quick else "full"
+
+    print(f"gpucheck: {cuda_line if cuda else 'NO CUDA (--allow-cpu): testing the check itself'}")
+    print(
+        f"  workbook: {root}\n  python: {sys.executable}\n  steps: {', '.join(steps)} (time limits: "
+        + ", ".join(f"{g} {step_timeouts[g]:.0f} s" for g in steps)
+        + ")\n"
+        f"  sizes: smoke and unit tests quick; bench and notebooks {mode} (WORKBOOK_FULL={env['WORKBOOK_FULL']}); "
+        f"WORKBOOK_REQUIRE_GPU={env['WORKBOOK_REQUIRE_GPU']}; logs: {workdir}"
+    )
+    if args.dry_run:
+        for s in the_plan:
+            extra = " ".join(f"{k}={v}" for k, v in s.env.items())
+            print(
+                f"  would run [{s.name}] (at most {s.timeout_s:.0f} s){' with ' + extra if extra else ''}: "
+                f"{shlex.join(s.argv)}"
+            )
+        return 0
+
+    missing = _check_imports()
+    if missing:
+        print(
+            "gpucheck refused: these packages are missing: " + "; ".join(missing) + ".\n"
+            "On a machine without network, carry them as wheels: see tools/carry_wheels.sh and docs/GPU-CHECK.md.",
+            file=sys.stderr,
+        )
+        return 2
+    versions = _versions_line()
+    gaps = torch_api_gaps(root)
+    print(f"  {versions}")
+    if gaps:
+        print(
+            "  WARNING: this machine's torch/torchvision lack names the workbook uses (a step that reaches one "
+            "fails with AttributeError/ImportError):\n    " + "\n    ".join(gaps),
+            flush=True,
+        )
+    else:
+        print("  every torch/torchvision name the workbook's code uses exists in this machine's versions", flush=True)
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    logdir = Path(tempfile.mkdtemp(prefix="gpucheck-logs-")) if args.bundle else workdir / "logs"
+    logdir.mkdir(parents=True, exist_ok=True)
+    preflight_error = ""
+    try:
+        from ..core.device import hardware_report  # heavy: torch (this module imports without it)
+
+        (logdir / "hardware.txt").write_text(hardware_report().describe() + "\n", encoding="utf-8")
+    except Exception as exc:  # a GPU path: reported as a failure of the check, not swallowed
+        preflight_error = f"hardware_report failed: {exc!r}"
+        (logdir / "hardware.txt").write_text(preflight_error + "\n", encoding="utf-8")
+        print(f"  FAILED: {preflight_error}", file=sys.stderr)
+
+    interrupted = False
+    try:
+        for group in steps:
+            members = [s for s in the_plan if s.group == group]
+            limit = step_timeouts[group]
+            if deadline is not None:
+                limit = min(limit, deadline - time.monotonic())
+            _run_group(group, members, root, env, logdir, limit, args.jobs)
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\ngpucheck interrupted", file=sys.stderr)
+
+    # -- what the bench wrote -----------------------------------------------------
+    bench_step = next((s for s in the_plan if s.group == "bench"), None)
+    ref_file = None
+    if bench_step is not None and bench_step.log and Path(bench_step.log).is_file():
+        log_text = Path(bench_step.log).read_text(encoding="utf-8", errors="replace")
+        if reference and "reference file:" not in log_text and (workdir / "bench.json").is_file():
+            # the bench was stopped before writing its reference: keep the chapters it completed
+            done = subprocess.run(
+                [sys.executable, "-m", "helpers.tools.bench", "--reference-from", str(workdir / "bench.json")],
+                cwd=root,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            with open(bench_step.log, "a", encoding="utf-8") as fh:
+                fh.write("\n[gpucheck] --reference-from the partial results:\n" + done.stdout + done.stderr)
+            log_text += "\n" + done.stdout
+            print(done.stdout + done.stderr)
+        for line in log_text.splitlines():
+            if line.strip().startswith("reference file:"):
+                ref_file = line.split("reference file:", 1)[1].split("(")[0].strip()
+        if ref_file and Path(ref_file).is_file():
+            shutil.copy2(ref_file, workdir / Path(ref_file).name)
+            bench_step.extra["reference_file"] = ref_file
+        if (workdir / "bench.json").is_file():
+            try:
+                data = json.loads((workdir / "bench.json").read_text(encoding="utf-8"))
+                info = data["provenance"]["bench"]
+                bench_step.extra["chapters"] = {c["chapter"]: c["status"] for c in info["chapters"]}
+                bench_step.extra["mode"] = data.get("mode")
+                bench_step.extra["flags"] = info.get("flags", [])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+            if not args.quick and bench_step.extra.get("mode") not in (None, "full"):
+                bench_step.status = "failed"
+                bench_step.detail = f"recorded in {bench_step.extra['mode']} mode; a GPU check records full mode"
+
+    # -- summary ----------------------------------------------------------------------
+    failed = [s for s in the_plan if s.status != "passed"]
+    passed = not failed and not interrupted and not preflight_error
+    lines = [
+        f"gpucheck {stamp}: {'PASSED' if passed else 'FAILED'}",
+        f"device: {cuda_line if cuda else 'no CUDA (--allow-cpu)'}",
+        f"software: {versions}",
+        "torch names the workbook uses but this torch lacks: " + ("; ".join(gaps) if gaps else "none"),
+        f"sizes: smoke/unit quick; bench/notebooks {mode}",
+        f"total: {time.monotonic() - start:.0f} s",
+        "",
+    ]
+    if preflight_error:
+        lines.insert(-1, f"FAILED preflight: {preflight_error}")
+    for s in the_plan:
+        lines.append(f"{s.status.upper():<10} {s.name:<40} {s.seconds:>7.1f} s  {s.detail}")
+        if s.extra.get("chapters"):
+            lines.append(
+                f"           chapters ({s.extra.get('mode')} mode): "
+                + ", ".join(f"{k} {v}" for k, v in s.extra["chapters"].items())
+            )
+        for flag in s.extra.get("flags", []):
+            lines.append(f"           FLAGGED: {flag}")
+    if ref_file:
+        lines += [
+            "",
+            f"reference file written: {ref_file}",
+            "commit it (copy it into helpers/core/reference/ of your checkout if this ran elsewhere); "
+            "then `python -m helpers.tools.bench --readme-table --update README.md`",
+        ]
+    elif reference and bench_step is not None:
+        lines += ["", "no reference file was written (see the bench log)"]
+    text = "\n".join(lines)
+    print("\n" + "=" * 78 + "\n" + text + "\n" + "=" * 78)
+    (workdir / "summary.txt").write_text(text + "\n", encoding="utf-8")
+    (workdir / "summary.json").write_text(
+        json.dumps(
+            {
+                "passed": passed,
+                "stamp": stamp,
+                "device": cuda_line,
+                "cuda": cuda,
+                "software": versions,
+                "torch_api_gaps": gaps,
+                "mode": mode,
+                "steps": [asdict(s) for s in the_plan],
+                "preflight_error": preflight_error,
+                "reference_file": ref_file,
+            },
+            indent=1,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    if args.bundle:
+        with tarfile.open(workdir / "gpucheck-logs.tar.gz", "w:gz") as tar:
+            tar.add(logdir, arcname="gpucheck-logs")
+        shutil.rmtree(logdir, ignore_errors=True)
+    if not passed:
+        print(
+            "\n"
+            + "!" * 78
+            + "\nGPU CHECK FAILED: "
+            + ", ".join([f"{s.name} ({s.status})" for s in failed] + (["preflight"] if preflight_error else []))
+            + "\n"
+            + "!" * 78,
+            file=sys.stderr,
+        )
+        return 130 if interrupted else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

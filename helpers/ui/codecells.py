@@ -1,0 +1,221 @@
+"""The reader's pipeline, as it grows from chapter to chapter: where it is written, and what changed.
+
+Chapters 01-06 build one data pipeline in their own code cells. A code cell that holds pipeline
+code carries the cell tag ``pipeline`` (JupyterLab: the cog in the right sidebar, "Cell Tags").
+Each chapter redefines only the functions it teaches; the pipeline after chapter N is the newest
+definition of every name in the tagged cells of chapters 01..N.
+
+This module reads those cells and renders what a chapter changed:
+
+``show_diff("02", "make_loader", "to_device")``
+    The functions *as they run in this kernel* (the newest definition in the cells you executed)
+    against the pipeline as chapter 02 left it: a coloured diff in a notebook, plain text elsewhere.
+``pipeline_after("04")``
+    ``{name: source}`` of the pipeline after chapter 04, read from the committed notebooks.
+``pipeline_cells("06")``
+    The source of a chapter's tagged cells, in order (a test keeps chapter 06's cells identical to
+    ``examples/fast_pipeline.py``).
+
+Nothing here runs the pipeline; the chapters run it, and the measuring helpers take the reader's
+objects (a loader, a copy function, a step function).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import html
+import inspect
+import json
+import linecache
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+PIPELINE_TAG = "pipeline"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+
+
+def notebook_path(chapter: str, notebooks: Path = NOTEBOOKS) -> Path:
+    """The notebook of ``chapter`` ("01" ... "07"); a clear error when there is none."""
+    found = sorted(notebooks.glob(f"{chapter}_*.ipynb"))
+    if not found:
+        raise FileNotFoundError(
+            f"no notebook for chapter {chapter!r} in {notebooks}; chapters are two digits, e.g. '03'"
+        )
+    return found[0]
+
+
+def chapters(notebooks: Path = NOTEBOOKS) -> list[str]:
+    """Every chapter that has a notebook, in order ("00", "01", ...)."""
+    return sorted({p.name[:2] for p in notebooks.glob("[0-9][0-9]_*.ipynb")})
+
+
+def pipeline_cells(chapter: str, notebooks: Path = NOTEBOOKS) -> list[str]:
+    """The source of the code cells tagged ``pipeline`` in ``chapter``'s notebook, in order."""
+    nb = json.loads(notebook_path(chapter, notebooks).read_text(encoding="utf-8"))
+    return [
+        "".join(c["source"])
+        for c in nb["cells"]
+        if c["cell_type"] == "code" and PIPELINE_TAG in c.get("metadata", {}).get("tags", [])
+    ]
+
+
+def definitions(source: str) -> dict[str, str]:
+    """Top-level ``def`` and ``class`` statements of ``source``: ``{name: their source}``, decorators included.
+
+    A name defined twice keeps its last definition, as Python would.
+    """
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    out: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            out[node.name] = "\n".join(lines[first - 1 : node.end_lineno])
+    return out
+
+
+def pipeline_after(chapter: str, notebooks: Path = NOTEBOOKS) -> dict[str, str]:
+    """The pipeline as chapter ``chapter`` leaves it: the newest definition of each name in chapters 01..``chapter``."""
+    merged: dict[str, str] = {}
+    for ch in chapters(notebooks):
+        if ch > chapter:
+            break
+        for cell in pipeline_cells(ch, notebooks):
+            merged.update(definitions(cell))
+    return merged
+
+
+def _kernel_inputs() -> list[str]:
+    """The cells executed in this IPython kernel, oldest first (empty outside IPython)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - IPython is installed with JupyterLab
+        return []
+    ip = get_ipython()
+    if ip is None:
+        return []
+    return [s for s in ip.user_ns.get("In", []) if isinstance(s, str)]
+
+
+def _method_files(obj: Any) -> list[str]:
+    """The files that hold the code of a class's methods (for a class defined in a notebook cell: that cell).
+
+    ``inspect.getsource`` finds a class through its module's file, and ``__main__`` in a kernel has
+    none; without the kernel's input history (nbval runs cells with ``store_history=False``) the
+    class is still found through the cell file IPython registers in ``linecache`` for its methods.
+    """
+    if not isinstance(obj, type):
+        return []
+    files: list[str] = []
+    for value in vars(obj).values():
+        code = getattr(getattr(value, "__func__", value), "__code__", None)
+        if code is not None and code.co_filename not in files:
+            files.append(code.co_filename)
+    return files
+
+
+def current_source(name: str, namespace: Mapping[str, Any] | None = None) -> str:
+    """The source of ``name`` as it runs now: its newest definition in the executed cells, else ``inspect``.
+
+    Raises a ``LookupError`` that says which cell to run when ``name`` is defined nowhere.
+    """
+    for cell in reversed(_kernel_inputs()):
+        try:
+            found = definitions(cell)
+        except SyntaxError:  # a cell with magics or a typo: not a definition we can read
+            continue
+        if name in found:
+            return found[name]
+    obj = (namespace or {}).get(name)
+    if obj is not None:
+        try:
+            return inspect.getsource(obj).rstrip("\n")
+        except (OSError, TypeError):
+            pass
+        for filename in _method_files(obj):  # a class defined in a cell: its module (__main__) has no file
+            try:
+                source = definitions("".join(linecache.getlines(filename))).get(name)
+            except SyntaxError:
+                continue
+            if source is not None:
+                return source
+    raise LookupError(f"{name!r} is not defined in the cells run so far: run the cell that defines it first")
+
+
+@dataclass
+class PipelineDiff:
+    """What a chapter changed in the pipeline: a unified diff per name, with counts."""
+
+    previous: str
+    names: list[str]
+    hunks: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def added(self) -> list[str]:
+        """The lines this chapter added (without the leading "+")."""
+        return [ln[1:] for h in self.hunks.values() for ln in h if ln.startswith("+") and not ln.startswith("+++")]
+
+    @property
+    def removed(self) -> list[str]:
+        """The lines this chapter removed (without the leading "-")."""
+        return [ln[1:] for h in self.hunks.values() for ln in h if ln.startswith("-") and not ln.startswith("---")]
+
+    def text(self) -> str:
+        """The diff as plain text, one block per name."""
+        blocks = []
+        for name in self.names:
+            body = self.hunks.get(name, [])
+            blocks.append("\n".join(body) if body else f"# {name}: unchanged since chapter {self.previous}")
+        return "\n\n".join(blocks)
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def _repr_html_(self) -> str:
+        colours = {"+": "#e6ffec", "-": "#ffebe9", "@": "#ddf4ff"}
+        rows = []
+        for line in self.text().splitlines():
+            bg = colours.get(line[:1], "transparent") if not line.startswith(("+++", "---")) else "#f6f8fa"
+            rows.append(f'<div style="background:{bg};white-space:pre">{html.escape(line) or "&nbsp;"}</div>')
+        title = (
+            f"What changed in the pipeline since chapter {self.previous} "
+            f"({len(self.added)} lines added, {len(self.removed)} removed)"
+        )
+        return f'<div style="font-family:monospace;font-size:12px"><b>{html.escape(title)}</b>{"".join(rows)}</div>'
+
+
+def diff(previous: str, names: Sequence[str], current: Mapping[str, str], notebooks: Path = NOTEBOOKS) -> PipelineDiff:
+    """The diff of ``current`` (``{name: source}``) against the pipeline after chapter ``previous``."""
+    before = pipeline_after(previous, notebooks)
+    out = PipelineDiff(previous=previous, names=list(names))
+    for name in names:
+        old = before.get(name, "").splitlines()
+        new = current[name].splitlines()
+        label_old = f"chapter {previous}: {name}" if name in before else f"chapter {previous}: (no {name} yet)"
+        lines = list(difflib.unified_diff(old, new, label_old, f"now: {name}", n=2, lineterm=""))
+        if lines:
+            out.hunks[name] = lines
+    return out
+
+
+def show_diff(
+    previous: str, *names: str, namespace: Mapping[str, Any] | None = None, notebooks: Path = NOTEBOOKS
+) -> PipelineDiff:
+    """What changed in ``names`` since chapter ``previous``, reading the code as it runs in this kernel.
+
+    In a notebook the returned object renders as a coloured diff; ``print`` gives plain text. Pass
+    ``namespace=globals()`` so that objects defined outside executed cells are found too.
+    """
+    if not names:
+        raise ValueError("name at least one pipeline function, e.g. show_diff('02', 'make_loader')")
+    if previous not in chapters(notebooks):
+        raise ValueError(f"chapter {previous!r} has no notebook; chapters are {', '.join(chapters(notebooks))}")
+    current = {name: current_source(name, namespace) for name in names}
+    return diff(previous, names, current, notebooks)
+
+
+def code_lines(source: str) -> int:
+    """Lines of a cell that a reader reads: not blank, not only a comment."""
+    return sum(1 for ln in source.splitlines() if ln.strip() and not ln.strip().startswith("#"))

@@ -1,0 +1,263 @@
+"""Shared plots: step timelines, stacked phase bars, sweeps, and run histories.
+
+Every function draws on a matplotlib ``Axes`` you pass (or a new figure) and
+returns the ``Axes``. Axis labels carry units; colours are fixed per phase
+name so the same phase has the same colour in every chapter.
+
+Plots of reference results must say so: pass ``source="Recorded on ..."``
+(see :func:`helpers.core.reference.provenance_line`) and it is written under the
+title.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+import matplotlib
+
+from ..core.timing import SpanTrace
+
+__all__ = [
+    "PHASE_COLORS",
+    "phase_color",
+    "new_axes",
+    "timeline",
+    "stacked_phases",
+    "sweep",
+    "history_bars",
+    "label_source",
+]
+
+#: One colour per well-known phase; other names get colours from a cycle.
+PHASE_COLORS: dict[str, str] = {
+    "load": "#4e79a7",
+    "collate": "#a0cbe8",
+    "pin": "#d4a6c8",
+    "h2d": "#f28e2b",
+    "copy": "#f28e2b",
+    "normalize": "#ffbe7d",
+    "forward": "#59a14f",
+    "backward": "#8cd17d",
+    "optimizer": "#b6992d",
+    "compute": "#59a14f",
+    "wait": "#bab0ac",
+    "d2h": "#e15759",
+}
+_CYCLE = ["#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#499894", "#d37295"]
+_assigned: dict[str, str] = {}
+
+
+def phase_color(name: str) -> str:
+    """The colour for phase ``name`` (stable within a session)."""
+    if name in PHASE_COLORS:
+        return PHASE_COLORS[name]
+    if name not in _assigned:
+        _assigned[name] = _CYCLE[len(_assigned) % len(_CYCLE)]
+    return _assigned[name]
+
+
+def new_axes(figsize: tuple[float, float] = (8.0, 3.5)) -> Any:
+    """A fresh figure with one Axes (through pyplot, so it displays in notebooks)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=figsize)
+    return ax
+
+
+def label_source(ax: Any, source: str | None) -> None:
+    """Write a provenance line under the plot (e.g. 'Recorded on NVIDIA H100 ...')."""
+    if source:
+        ax.text(0.0, -0.28, source, transform=ax.transAxes, fontsize=8, color="#555", va="top", wrap=True)
+
+
+def _time_scale(seconds: float) -> tuple[float, str]:
+    if seconds >= 1:
+        return 1.0, "s"
+    if seconds >= 1e-3:
+        return 1e3, "ms"
+    return 1e6, "µs"
+
+
+def timeline(
+    trace: SpanTrace | Mapping[str, Any],
+    ax: Any = None,
+    *,
+    title: str = "Timeline of consecutive steps",
+    lanes: Sequence[str] | None = None,
+    source: str | None = None,
+    max_steps: int | None = None,
+) -> Any:
+    """Gantt chart of a span trace: one row per lane, one bar per span, gaps = idle time.
+
+    Args:
+        trace: a :class:`SpanTrace` or its ``to_dict()`` form (as stored in result files).
+        lanes: row order (top to bottom); default: order of first appearance.
+        max_steps: draw only the first N steps (long runs get unreadable).
+    """
+    if not isinstance(trace, SpanTrace):
+        trace = SpanTrace.from_dict(dict(trace))
+    spans = trace.spans
+    if max_steps is not None:
+        keep = sorted({s.step for s in spans})[:max_steps]
+        spans = [s for s in spans if s.step in set(keep)]
+    ax = ax if ax is not None else new_axes((9.0, 0.8 + 0.55 * max(2, len({s.lane for s in spans}))))
+    if not spans:
+        ax.text(0.5, 0.5, "no spans recorded", ha="center", va="center", transform=ax.transAxes)
+        return ax
+    order = list(lanes) if lanes else list(dict.fromkeys(s.lane for s in spans))
+    t0 = min(s.start for s in spans)
+    scale, unit = _time_scale(max(s.end for s in spans) - t0)
+    seen: set[str] = set()
+    for s in spans:
+        if s.lane not in order:
+            order.append(s.lane)
+        y = len(order) - 1 - order.index(s.lane)
+        label = s.name if s.name not in seen else None
+        seen.add(s.name)
+        ax.barh(
+            y,
+            (s.end - s.start) * scale,
+            left=(s.start - t0) * scale,
+            height=0.6,
+            color=phase_color(s.name),
+            edgecolor="white",
+            linewidth=0.5,
+            label=label,
+        )
+    ax.set_yticks(range(len(order)))
+    ax.set_yticklabels(list(reversed(order)))
+    ax.set_xlabel(f"time since first span ({unit})")
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    label_source(ax, source)
+    return ax
+
+
+def stacked_phases(
+    data: Mapping[str, Mapping[str, float]],
+    ax: Any = None,
+    *,
+    title: str = "Time per step, by phase",
+    unit: str = "ms",
+    source: str | None = None,
+    horizontal: bool = False,
+) -> Any:
+    """One stacked bar per configuration, one segment per phase (seconds in, ``unit`` shown)."""
+    factor = {"s": 1.0, "ms": 1e3, "µs": 1e6, "us": 1e6}[unit]
+    ax = ax if ax is not None else new_axes((8.0, 3.5))
+    configs = list(data)
+    phases: list[str] = []
+    for c in configs:
+        for p in data[c]:
+            if p not in phases:
+                phases.append(p)
+    bottoms = [0.0] * len(configs)
+    for p in phases:
+        vals = [data[c].get(p, 0.0) * factor for c in configs]
+        if horizontal:
+            ax.barh(configs, vals, left=bottoms, color=phase_color(p), label=p)
+        else:
+            ax.bar(configs, vals, bottom=bottoms, color=phase_color(p), label=p)
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    if horizontal:
+        ax.set_xlabel(f"time per step ({unit})")
+        ax.invert_yaxis()
+    else:
+        ax.set_ylabel(f"time per step ({unit})")
+        if len(configs) > 3:
+            for lab in ax.get_xticklabels():
+                lab.set_rotation(20)
+                lab.set_ha("right")
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    label_source(ax, source)
+    return ax
+
+
+def sweep(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    ax: Any = None,
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    logx: bool = True,
+    logy: bool = True,
+    ceiling: tuple[float, str] | None = None,
+    source: str | None = None,
+    styles: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Any:
+    """Lines of y against x for several series, optionally with a horizontal ceiling.
+
+    Args:
+        series: label -> (xs, ys).
+        ceiling: (value, label), e.g. ``(31.5, "PCIe Gen4 x16, theoretical")``; drawn dashed.
+        styles: optional per-series matplotlib keyword arguments.
+    """
+    ax = ax if ax is not None else new_axes((7.5, 4.0))
+    for label, (xs, ys) in series.items():
+        kw = {"marker": "o", "markersize": 3}
+        kw.update((styles or {}).get(label, {}))
+        ax.plot(list(xs), list(ys), label=label, **kw)
+    if ceiling is not None:
+        ax.axhline(ceiling[0], color="#444", linestyle="--", linewidth=1, label=ceiling[1])
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+        _plain_log_ticks(ax.yaxis)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=8)
+    label_source(ax, source)
+    return ax
+
+
+def _plain_log_ticks(axis: Any) -> None:
+    """Label a log axis at 1-2-5 steps in plain numbers (a lone '10^1' can't be read off)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def history_bars(
+    labels: Iterable[str],
+    values: Iterable[float],
+    ax: Any = None,
+    *,
+    ylabel: str,
+    title: str = "Runs so far",
+    errors: Iterable[float] | None = None,
+    highlight_last: bool = True,
+) -> Any:
+    """A bar per panel run (the latest highlighted), for comparing runs."""
+    labels, values = list(labels), list(values)
+    ax = ax if ax is not None else new_axes((7.5, 3.2))
+    colors = ["#4e79a7"] * len(values)
+    if highlight_last and colors:
+        colors[-1] = "#f28e2b"
+    yerr = None
+    if errors is not None:
+        errs = [abs(float(e)) for e in errors]
+        # Times and rates are never negative: the lower bar stops at zero instead of drawing a negative time.
+        lower = [min(e, v) if v >= 0 else e for e, v in zip(errs, values)]
+        yerr = [lower, errs]
+    ax.bar(range(len(values)), values, color=colors, yerr=yerr, capsize=3)
+    if values and min(values) >= 0:
+        ax.set_ylim(bottom=0)
+    ax.set_xticks(range(len(values)))
+    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    return ax
+
+
+# Keep matplotlib quiet and consistent in notebooks.
+matplotlib.rcParams.update({"figure.dpi": 100, "axes.spines.top": False, "axes.spines.right": False})

@@ -1,0 +1,405 @@
+"""The live-panel toolkit shared by every chapter.
+
+A :class:`Panel` wires a few controls to a run function that lives in a helper
+module. The reader changes a knob and presses **Run**; the panel
+
+* disables the Run button while a run is in progress (a second click while busy,
+  or one queued during the run, starts nothing),
+* shows a progress bar that the run function advances,
+* keeps the history of runs and redraws a plot of all of them, so runs can be
+  compared,
+* shows errors inside the panel: one line in the status (for a known failure,
+  what to do about it), and the traceback in the output area below, folded
+  (a ``<details>`` block a reader can unfold).
+
+The panel writes to its output widget *from the kernel side*
+(``out.outputs = ()``, ``out.append_stdout``, ``out.append_display_data``),
+never with ``with out: print(...)``, so it behaves the same in JupyterLab,
+nbclient and nbval, and tests can read ``panel.out.outputs``.
+
+Tests (and the chapters' first demo run) drive a panel from Python::
+
+    panel.set(batch_size=64)
+    record = panel.click()
+    assert panel.error is None and record.result["items_per_s"] > 0
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import sys
+import textwrap
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import ipywidgets as W
+
+from ..core.evidence import Evidence
+from . import chapter as chapter_api
+
+__all__ = ["Panel", "RunRecord", "Progress", "figure_to_display", "one_line", "known_failure_advice"]
+
+#: Longest status line, in characters (longer texts are cut with an ellipsis; the output area has all of it).
+STATUS_MAX_CHARS = 400
+
+
+def one_line(text: str, limit: int = STATUS_MAX_CHARS) -> str:
+    """``text`` as one line for a status bar: whitespace (newlines included) collapsed, cut at ``limit``."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
+def known_failure_advice(exc: BaseException) -> str | None:
+    """Plain advice for a failure the workbook knows (``None``: unknown).
+
+    An exception that carries its own advice (``helpers.pipeline.loaders.LoaderFailure``) gives its message;
+    torch's DataLoader errors (a timeout, a worker that died) are translated by
+    :func:`helpers.pipeline.loaders.explain_loader_error` when that module is loaded.
+    """
+    if type(exc).__name__ == "LoaderFailure":
+        return str(exc)
+    loaders = sys.modules.get("helpers.pipeline.loaders")
+    explain = getattr(loaders, "explain_loader_error", None)
+    return explain(exc) if explain is not None else None
+
+
+class Progress:
+    """Handed to the run function: ``progress(fraction, text='')`` updates the bar."""
+
+    def __init__(self, bar: W.FloatProgress, label: W.HTML | W.Label) -> None:
+        self._bar = bar
+        self._label = label
+
+    def __call__(self, fraction: float, text: str = "") -> None:
+        try:
+            f = float(fraction)
+        except (TypeError, ValueError):
+            return
+        self._bar.value = min(1.0, max(0.0, f))
+        if text:
+            self._label.value = html.escape(str(text)) if isinstance(self._label, W.HTML) else str(text)
+
+
+@dataclass
+class RunRecord:
+    """One run of a panel: the settings, the result, how long it took."""
+
+    index: int
+    values: dict[str, Any]
+    result: Any
+    seconds: float
+    summary: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def short_label(self, keys: list[str] | None = None) -> str:
+        """Compact 'k=v' label of the settings, for plot axes."""
+        items = [(k, v) for k, v in self.values.items() if keys is None or k in keys]
+        return f"#{self.index} " + ", ".join(f"{k}={v}" for k, v in items)
+
+
+def figure_to_display(fig: Any, dpi: int = 100) -> Any:
+    """Render a matplotlib Figure to an ``IPython.display.Image`` (PNG) and close it.
+
+    Going through PNG bytes keeps the output identical in every front-end and
+    never triggers a second, automatic display of the figure.
+    """
+    from IPython.display import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    try:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+    except Exception:
+        pass
+    return Image(data=buf.getvalue(), format="png")
+
+
+PlotFn = Callable[[list[RunRecord], Any], None]
+
+
+class Panel:
+    """A live panel: controls, a Run button, a progress bar, a status line and an output.
+
+    Args:
+        title: shown above the controls.
+        controls: name -> ipywidgets value widget. Names are the keyword
+            arguments passed to ``run``.
+        run: ``run(progress, **values) -> result``. Raise ``ValueError`` with a
+            plain message for settings that can't run; it is shown in the panel.
+        summarize: ``summarize(result) -> str``, the text line shown after a run.
+        plot: ``plot(history, ax)`` draws all runs so far on a matplotlib Axes.
+        validate: ``validate(values)`` raises ValueError for settings to refuse
+            before anything runs.
+        advise: ``advise(exc) -> str | None``, plain advice for a failure the run function may meet
+            (default: :func:`known_failure_advice`); shown in the status line instead of the raw error.
+        max_history: how many runs the history keeps.
+        debounce_s: a click that arrives within this many seconds after a run
+            ended is treated as a double-click queued during the run, and ignored.
+        figsize: size of the history plot, in inches.
+    """
+
+    def __init__(
+        self,
+        title: str,
+        controls: Mapping[str, W.ValueWidget],
+        run: Callable[..., Any],
+        *,
+        summarize: Callable[[Any], str] | None = None,
+        plot: PlotFn | None = None,
+        validate: Callable[[dict[str, Any]], None] | None = None,
+        advise: Callable[[BaseException], str | None] | None = None,
+        max_history: int = 20,
+        debounce_s: float = 0.3,
+        figsize: tuple[float, float] = (7.5, 3.2),
+        run_label: str = "Run",
+    ) -> None:
+        if not callable(run):
+            raise ValueError("run must be a callable: run(progress, **values) -> result")
+        if not isinstance(max_history, int) or max_history < 1:
+            raise ValueError(f"max_history must be an integer >= 1, got {max_history!r}")
+        self.title = title
+        self.controls: dict[str, W.ValueWidget] = dict(controls)
+        self._run_fn = run
+        self._summarize = summarize
+        self._plot = plot
+        self._validate = validate
+        self._advise = advise if advise is not None else known_failure_advice
+        self.max_history = max_history
+        self.debounce_s = float(debounce_s)
+        self.figsize = figsize
+
+        self.history: list[RunRecord] = []
+        self.error: str | None = None
+        self.busy = False
+        self.runs_started = 0
+        self.ignored_clicks = 0
+        self.runs_done = 0
+        self._last_end = float("-inf")
+
+        self.button = W.Button(
+            description=run_label, button_style="primary", icon="play", tooltip="Run with these settings"
+        )
+        self.bar = W.FloatProgress(value=0.0, min=0.0, max=1.0, layout=W.Layout(width="180px"))
+        # An HTML widget wraps a long progress text; a Label would cut it off with an ellipsis.
+        self.bar_label = W.HTML(value="", layout=W.Layout(flex="1 1 auto", min_width="0"))
+        self.status = W.HTML(value="<i>Set the controls, then press Run.</i>")
+        self.out = W.Output(layout=W.Layout(min_height="40px"))
+        self.button.on_click(self._on_click)
+        head = W.HTML(value=f"<b>{html.escape(title)}</b>")
+        for w in self.controls.values():
+            if not w.layout.margin:
+                w.layout.margin = "2px 16px 2px 0"
+            # Show descriptions whole ("prefetch_factor", not "prefetch_f…").
+            style = getattr(w, "style", None)
+            if getattr(w, "description", "") and style is not None and hasattr(style, "description_width"):
+                if not style.description_width:
+                    style.description_width = "initial"
+        ctl_box = W.Box(
+            list(self.controls.values()),
+            layout=W.Layout(display="flex", flex_flow="row wrap", max_width="100%"),
+        )
+        self.widget = W.VBox(
+            [head, ctl_box, W.HBox([self.button, self.bar, self.bar_label]), self.status, self.out],
+            layout=W.Layout(max_width="100%", overflow="hidden"),
+        )
+
+    @classmethod
+    def for_chapter(cls, chapter: Any, *, device: Any, **context: Any) -> "Panel":
+        """The live panel of a chapter module (the interface in :mod:`helpers.ui.chapter`).
+
+        ``context`` is what the chapter's panel needs from the notebook: the reader's own functions
+        (``make_loader=make_loader``), the data set, sizes. It reaches ``panel_controls`` (for defaults)
+        and every ``panel_run``, beside the control values and ``device``. A run that returns anything
+        but an :class:`~helpers.core.evidence.Evidence` is an error in the chapter module.
+        """
+        chapter_api.check(chapter)
+        controls = chapter.panel_controls(**context)
+        chapter_api.split_context(controls, context)
+
+        def run(progress: Any, **values: Any) -> Evidence[Any]:
+            result = chapter.panel_run(progress, device=device, **context, **values)
+            if not isinstance(result, Evidence):
+                raise TypeError(f"{chapter.__name__}.panel_run returned {type(result).__name__}, not an Evidence")
+            return result
+
+        return cls(
+            chapter.PANEL_TITLE,
+            controls,
+            run,
+            summarize=chapter.panel_summary,
+            plot=chapter.panel_plot,
+            validate=getattr(chapter, "panel_validate", None),
+            figsize=getattr(chapter, "PANEL_FIGSIZE", (7.5, 3.2)),
+        )
+
+    # -- display ---------------------------------------------------------------
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.widget)
+
+    # -- driving from Python -------------------------------------------------
+    def values(self) -> dict[str, Any]:
+        """Current control values."""
+        return {k: w.value for k, w in self.controls.items()}
+
+    def set(self, **values: Any) -> None:
+        """Set control values as a reader would. Unknown names or refused values raise ValueError."""
+        for k, v in values.items():
+            if k not in self.controls:
+                raise ValueError(f"unknown control {k!r}; this panel has {sorted(self.controls)}")
+            w = self.controls[k]
+            options = getattr(w, "options", None)
+            if options is not None and not isinstance(w, W.SelectionRangeSlider):
+                labels = [o[1] if isinstance(o, tuple) else o for o in options]
+                if v not in labels:
+                    raise ValueError(f"{k} must be one of {labels}, got {v!r}")
+            try:
+                w.value = v
+            except Exception as exc:  # traitlets.TraitError and friends
+                raise ValueError(f"{k}={v!r} refused by the control: {exc}") from None
+            lo, hi = getattr(w, "min", None), getattr(w, "max", None)
+            if lo is not None and hi is not None and w.value != v:
+                raise ValueError(f"{k} must be in [{lo}, {hi}], got {v!r}")
+
+    def click(self) -> RunRecord | None:
+        """Press Run from Python. Returns the new record, or None if nothing ran.
+
+        Unlike a click message from the browser (``panel.button.click()``), this
+        is never mistaken for a double-click; it is still refused while a run
+        is in progress.
+        """
+        before = self.runs_done  # not len(history): history is capped at max_history
+        self._on_click(force=True)
+        return self.history[-1] if self.runs_done > before else None
+
+    @property
+    def last(self) -> RunRecord | None:
+        return self.history[-1] if self.history else None
+
+    # -- the run ----------------------------------------------------------------
+    def _show_status(self, text: str, kind: str = "info") -> None:
+        """One line (newlines collapsed, long text cut); details belong in the output area."""
+        color = {"info": "#333", "ok": "#1a7f37", "error": "#b00020", "busy": "#7a5a00"}[kind]
+        self.status.value = f"<span style='color:{color}'>{html.escape(one_line(text))}</span>"
+
+    def _show_details(self, exc: BaseException) -> None:
+        """The full error (traceback, and the error it came from) in the output area, folded.
+
+        Replaces earlier details instead of piling them up under the last good plot.
+        """
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        summary = f"Details: {type(exc).__name__} (traceback, click to unfold)"
+        block = {
+            "output_type": "display_data",
+            "data": {
+                "text/html": f"<details><summary>{html.escape(summary)}</summary>"
+                f"<pre>{html.escape(tb)}</pre></details>",
+                "text/plain": f"{summary}\n{tb}",
+            },
+            "metadata": {"workbook_details": True},
+        }
+        kept = tuple(
+            o
+            for o in self.out.outputs
+            if not o.get("metadata", {}).get("workbook_details") and o.get("name") != "stderr"
+        )
+        self.out.outputs = kept + (block,)
+
+    def _on_click(self, _button: Any = None, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.busy or (not force and (now - self._last_end) < self.debounce_s):
+            self.ignored_clicks += 1
+            return
+        self.busy = True
+        self.button.disabled = True
+        self.runs_started += 1
+        self.error = None
+        self.bar.value = 0.0
+        self.bar_label.value = ""
+        values = self.values()
+        self._show_status("Running…", "busy")
+        t0 = time.perf_counter()
+        try:
+            if self._validate is not None:
+                self._validate(values)
+            result = self._run_fn(Progress(self.bar, self.bar_label), **values)
+            seconds = time.perf_counter() - t0
+            summary = self._summarize(result) if self._summarize else ""
+            rec = RunRecord(index=self.runs_done + 1, values=values, result=result, seconds=seconds, summary=summary)
+            history = (self.history + [rec])[-self.max_history :]
+            # Draw first, commit after: an interrupt or error while drawing leaves the
+            # history and the output showing the last complete run (no half-drawn state).
+            outputs = self._build_outputs(history)
+            self.history[:] = history
+            self.runs_done += 1
+            self.out.outputs = outputs
+            self.bar.value = 1.0
+            # The summary is printed in the output just below; repeating it here doubled long summaries.
+            # Say which settings the shown result belongs to: a run started from a notebook cell
+            # (panel.set + panel.click) used values the reader did not choose.
+            origin = (
+                "started by a notebook cell, with the settings the controls now show; change any and "
+                "press Run for your own"
+                if force
+                else "with the settings above"
+            )
+            self._show_status(f"Run #{rec.index} done in {seconds:.1f} s ({rec.short_label()}), {origin}.", "ok")
+        except ValueError as exc:
+            self.error = one_line(f"Can't run with these settings: {exc}")
+            self._show_status(self.error, "error")
+        except KeyboardInterrupt:
+            self.error = "Interrupted. The run was stopped and its resources released; press Run to start again."
+            self._show_status(self.error, "error")
+        except MemoryError:
+            self.error = "Out of memory: choose smaller sizes and press Run again."
+            self._show_status(self.error, "error")
+        except Exception as exc:  # anything else: one line of plain words, the traceback below
+            try:
+                advice = self._advise(exc)
+            except Exception:  # an advisor must never hide the failure itself
+                advice = None
+            if advice:
+                self.error = one_line(f"The run failed: {advice}")
+            else:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                self.error = one_line(f"The run failed: {type(exc).__name__}: {first}")
+            self._show_status(self.error, "error")
+            self._show_details(exc)
+        finally:
+            self.busy = False
+            self.button.disabled = False
+            self._last_end = time.monotonic()
+
+    def _build_outputs(self, history: list[RunRecord]) -> tuple[dict[str, Any], ...]:
+        """The output widget's new content (the latest summary and the history plot), not yet shown."""
+        outputs: list[dict[str, Any]] = []
+        last = history[-1]
+        if last.summary:
+            # Wrapped at word boundaries: JupyterLab breaks long output lines mid-word.
+            text = textwrap.fill(f"Run #{last.index}: {last.summary}", width=110, break_long_words=False)
+            outputs.append({"output_type": "stream", "name": "stdout", "text": text + "\n"})
+        if self._plot is not None:
+            from IPython.core.interactiveshell import InteractiveShell
+            from matplotlib.figure import Figure
+
+            fig = Figure(figsize=self.figsize)
+            ax = fig.add_subplot(1, 1, 1)
+            self._plot(history, ax)
+            fig.tight_layout()
+            formatter = InteractiveShell.instance().display_formatter
+            assert formatter is not None  # set up with the shell
+            data, metadata = formatter.format(figure_to_display(fig))
+            outputs.append({"output_type": "display_data", "data": data, "metadata": metadata})
+        return tuple(outputs)
+
+    def clear_history(self) -> None:
+        """Forget previous runs (the next plot starts fresh)."""
+        self.history.clear()
+        self.out.outputs = ()
+        self._show_status("History cleared.", "info")
