@@ -10,6 +10,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+#: The template a new chapter starts from: it follows every structural rule a chapter does.
+CHAPTER_TEMPLATE = ROOT / "templates" / "chapter_template.ipynb"
+STRUCTURED = [*NOTEBOOKS, CHAPTER_TEMPLATE]
 TEMPLATE = ["Aim", "Setup", "Theory", "Practice", "Live panel", "Exercises", "Summary"]
 
 
@@ -19,12 +22,15 @@ def test_there_are_notebooks() -> None:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_name_pattern(path: Path) -> None:
-    assert re.fullmatch(r"0[0-7]_[a-z0-9_]+\.ipynb", path.name), (
-        f"{path.name}: chapters are named NN_title.ipynb, NN in 00..07"
-    )
+    assert re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", path.name), f"{path.name}: chapters are named NN_title.ipynb"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_chapter_numbers_run_from_00_without_gaps() -> None:
+    numbers = [int(p.name[:2]) for p in NOTEBOOKS]
+    assert numbers == list(range(len(NOTEBOOKS))), f"chapter numbers {numbers}: one per number, from 00, no gap"
+
+
+@pytest.mark.parametrize("path", STRUCTURED, ids=lambda p: p.name)
 def test_committed_without_outputs(path: Path) -> None:
     nb = json.loads(path.read_text())
     dirty = [
@@ -35,13 +41,13 @@ def test_committed_without_outputs(path: Path) -> None:
     assert not dirty, f"{path.name}: cells {dirty} carry outputs or execution counts; clear them before committing"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", STRUCTURED, ids=lambda p: p.name)
 def test_kernelspec_is_python3(path: Path) -> None:
     nb = json.loads(path.read_text())
     assert nb["metadata"].get("kernelspec", {}).get("name") == "python3", f"{path.name}: kernelspec must be python3"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", STRUCTURED, ids=lambda p: p.name)
 def test_follows_template(path: Path) -> None:
     nb = json.loads(path.read_text())
     heads = []
@@ -57,7 +63,7 @@ def test_follows_template(path: Path) -> None:
     assert positions == sorted(positions), f"{path.name}: sections out of order; expected {TEMPLATE}"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", STRUCTURED, ids=lambda p: p.name)
 def test_setup_cell_tagged_parameters(path: Path) -> None:
     nb = json.loads(path.read_text())
     tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
