@@ -149,13 +149,13 @@ def _fake_module(name: str, benchmark=None) -> types.ModuleType:
     return mod
 
 
-def _ok_benchmark(results, device) -> None:
+def _ok_benchmark(results, device, *, progress=None) -> None:
     results.add("ch98.items_per_s", 123.0, "items/s", workers=0)
     results.add("ch98.items_per_s", 456.0, "items/s", workers=2)
     results.artifacts["ch98.note"] = {"device": str(device)}
 
 
-def _bad_benchmark(results, device) -> None:
+def _bad_benchmark(results, device, *, progress=None) -> None:
     results.add("ch99.partial", 1.0, "s")
     raise RuntimeError("simulated failure inside a GPU path")
 
@@ -231,14 +231,26 @@ def test_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_select_chapters() -> None:
-    assert [c.module for c in bench.select_chapters("2,ch05")] == [
-        "helpers.pipeline.transfer",
-        "helpers.pipeline.overlap",
-    ]
-    assert [c.module for c in bench.select_chapters("03,04")] == ["helpers.pipeline.loaders"]
+    assert [c.module for c in bench.select_chapters("2,ch05")] == ["helpers.chapters.ch02", "helpers.chapters.ch05"]
+    assert [c.module for c in bench.select_chapters("03,04")] == ["helpers.chapters.ch03", "helpers.chapters.ch04"]
     assert len(bench.select_chapters(None)) == len(bench.CHAPTERS)
     with pytest.raises(ValueError, match="--chapters"):
-        bench.select_chapters("08")
+        bench.select_chapters("98")
+
+
+def test_chapters_are_found_by_file_name_without_importing_them(tmp_path: Path) -> None:
+    notebooks = sorted(p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert [c.ids[0] for c in bench.CHAPTERS] == notebooks  # one chapter module per notebook
+    (tmp_path / "ch08.py").write_text(
+        'raise RuntimeError("imported")\nNUMBER = "08"\nTITLE: str = "a new chapter"\nBENCH_WEIGHT = 0.5\n'
+    )
+    (tmp_path / "_template.py").write_text('NUMBER = "99"\n')
+    (tmp_path / "ch09.py").write_text("x = 1\n")  # no constants: named from the file
+    found = bench.discover_chapters(tmp_path)
+    assert found == (
+        bench.Chapter(("08",), "helpers.chapters.ch08", "a new chapter", 0.5),
+        bench.Chapter(("09",), "helpers.chapters.ch09", "ch09", 1.0),
+    )
 
 
 def test_require_gpu_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -418,7 +430,7 @@ def test_gpucheck_dry_run_plans_bench_then_notebooks_then_cuda_tests(tmp_path: P
 def test_gpucheck_smoke_plan_is_quick_and_cuda_only(tmp_path: Path) -> None:
     from helpers.tools import gpucheck
 
-    root = gpucheck.repo_root()
+    root = gpucheck.checkout()
     nbs = gpucheck.notebooks(root)
     steps = gpucheck.plan(
         root,
@@ -442,7 +454,7 @@ def test_gpucheck_smoke_plan_is_quick_and_cuda_only(tmp_path: Path) -> None:
 def test_gpucheck_fits_inner_limits_to_the_time_left(tmp_path: Path) -> None:
     from helpers.tools import gpucheck
 
-    root = gpucheck.repo_root()
+    root = gpucheck.checkout()
     nb = gpucheck.notebooks(root)[:1]
     bench_step, nb_step = gpucheck.plan(
         root,
@@ -467,8 +479,8 @@ def test_gpucheck_groups_keep_their_time_limits(tmp_path: Path) -> None:
 
     from helpers.tools import gpucheck
 
-    def step(name: str, seconds: float, group: str) -> "gpucheck.Step":
-        return gpucheck.Step(
+    def step(name: str, seconds: float, group: str) -> "gpucheck.CheckStep":
+        return gpucheck.CheckStep(
             name=name, group=group, timeout_s=900, argv=[sys.executable, "-c", f"import time; time.sleep({seconds})"]
         )
 
@@ -601,7 +613,7 @@ def test_compare_gives_ratios_only_on_matching_hardware(tmp_path: Path, capsys: 
 
 
 def test_interrupt_keeps_what_was_measured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def interrupted(results, device) -> None:
+    def interrupted(results, device, *, progress=None) -> None:
         saved = ResultSet.load(tmp_path / "p.json")  # the checkpoint after the previous chapter
         assert saved.find("ch98.items_per_s") and saved.provenance["bench"]["partial"] is True
         raise KeyboardInterrupt
@@ -909,7 +921,7 @@ def test_a_chapter_that_outruns_its_share_is_stopped_and_the_next_runs(
 ) -> None:
     import time as _time
 
-    def slow(results, device) -> None:
+    def slow(results, device, *, progress=None) -> None:
         results.add("ch93.partial", 1.0, "s")
         _time.sleep(60)
 
@@ -934,7 +946,8 @@ def test_a_chapter_that_outruns_its_share_is_stopped_and_the_next_runs(
         ).find("ch93")
         == []
     )
-    assert bench.chapter_shares(bench.CHAPTERS, 110.0)[0] == pytest.approx(110.0 * 0.5 / 11.0)
+    weights = [c.weight for c in bench.CHAPTERS]
+    assert bench.chapter_shares(bench.CHAPTERS, 110.0)[0] == pytest.approx(110.0 * weights[0] / sum(weights))
 
 
 def test_notebook_shares_follow_recorded_times(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -963,13 +976,13 @@ def test_notebook_shares_follow_recorded_times(tmp_path: Path, monkeypatch: pyte
 def test_a_chapter_that_swallows_its_timeout_is_still_marked_timed_out(monkeypatch: pytest.MonkeyPatch) -> None:
     import time as _time
 
-    def converts(results, device) -> None:
+    def converts(results, device, *, progress=None) -> None:
         try:
             _time.sleep(60)
         except KeyboardInterrupt:
             raise RuntimeError("interrupted while loading") from None
 
-    def swallows(results, device) -> None:
+    def swallows(results, device, *, progress=None) -> None:
         try:
             _time.sleep(60)
         except KeyboardInterrupt:

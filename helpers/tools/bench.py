@@ -13,10 +13,12 @@ Run it from the workbook folder (no browser, no notebook)::
     python -m helpers.tools.bench --compare FILE  # your results beside the reference files (ratios on same hardware)
     python -m helpers.tools.bench --readme-table       # the README's table of reference figures
 
-Each chapter's helper module offers ``benchmark(results, device)``, which adds
+Each chapter module, ``helpers/chapters/chNN.py``, follows the one chapter interface
+(:mod:`helpers.ui.chapter`): its ``benchmark(results, device, *, progress=None)`` adds
 records keyed ``chNN.*`` (and artifacts such as span traces) to a
-:class:`helpers.core.results.ResultSet`. This command finds those functions with
-:mod:`importlib`, runs each one guarded (a failing chapter is reported loudly,
+:class:`helpers.core.results.ResultSet`. This command finds the chapters by their file
+names, reads each one's ``NUMBER``, ``TITLE`` and ``BENCH_WEIGHT`` from its source
+(nothing is imported until the chapter runs), runs each benchmark guarded (a failing chapter is reported loudly,
 with its traceback, and makes the exit code non-zero, but the other chapters
 still run and the file is still written), shows progress bars, and writes:
 
@@ -53,6 +55,7 @@ the CPU or to reference results inside a GPU path.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import datetime as _dt
 import gc
@@ -81,6 +84,8 @@ __all__ = [
     "REQUIRE_GPU_ENV",
     "Chapter",
     "CHAPTERS",
+    "CHAPTER_DIR",
+    "discover_chapters",
     "ChapterOutcome",
     "ChapterTimeout",
     "signal_raises",
@@ -146,16 +151,49 @@ class Chapter:
         return tuple(f"ch{i}." for i in self.ids)
 
 
-#: Every chapter's benchmark module, in chapter order. Chapters 03 and 04 share one module.
-CHAPTERS: tuple[Chapter, ...] = (
-    Chapter(("00",), "helpers.pipeline.hygiene", "measuring: warm-up, synchronisation, events", 0.5),
-    Chapter(("01",), "helpers.pipeline.train", "anatomy of a training step", 1.0),
-    Chapter(("02",), "helpers.pipeline.transfer", "host-to-device transfers", 2.0),
-    Chapter(("03", "04"), "helpers.pipeline.loaders", "DataLoader workers and tuning", 3.0),
-    Chapter(("05",), "helpers.pipeline.overlap", "overlapping copies with compute", 1.0),
-    Chapter(("06",), "helpers.chapters.capstone", "capstone pipeline", 2.5),
-    Chapter(("07",), "helpers.chapters.distributed", "loading on several GPUs", 1.0),
-)
+#: Where the chapter modules are: ``helpers/chapters/chNN.py``.
+CHAPTER_DIR = Path(__file__).resolve().parents[1] / "chapters"
+
+
+def _constants(path: Path, names: tuple[str, ...] = ("NUMBER", "TITLE", "BENCH_WEIGHT")) -> dict[str, Any]:
+    """The literal values of ``names`` assigned at the top level of a module's source (nothing is imported)."""
+    out: dict[str, Any] = {}
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        for target in targets:
+            if isinstance(target, ast.Name) and target.id in names:
+                try:
+                    out[target.id] = ast.literal_eval(value)
+                except ValueError:
+                    pass
+    return out
+
+
+def discover_chapters(folder: Path = CHAPTER_DIR) -> tuple[Chapter, ...]:
+    """Every chapter module in ``folder`` (``chNN.py``), in chapter order, from its ``NUMBER``, ``TITLE`` and
+    ``BENCH_WEIGHT`` (the interface in :mod:`helpers.ui.chapter`); a missing constant falls back to the file name,
+    the module name and 1.0, and the module's own check (tests/test_chapter_interface.py) says what is missing."""
+    out = []
+    for path in sorted(folder.glob("ch[0-9][0-9].py")):
+        c = _constants(path)
+        out.append(
+            Chapter(
+                (str(c.get("NUMBER", path.stem[2:])),),
+                f"helpers.chapters.{path.stem}",
+                str(c.get("TITLE", path.stem)),
+                float(c.get("BENCH_WEIGHT", 1.0)),
+            )
+        )
+    return tuple(out)
+
+
+#: Every chapter module, in chapter order, found by file name.
+CHAPTERS: tuple[Chapter, ...] = discover_chapters()
 
 
 def select_chapters(spec: str | None, chapters: Sequence[Chapter] = CHAPTERS) -> list[Chapter]:
@@ -349,10 +387,10 @@ def run_benchmarks(
     into: list[ChapterOutcome] | None = None,
     budget_s: float | None = None,
 ) -> list[ChapterOutcome]:
-    """Run each chapter's ``benchmark(results, device)``, guarded; return one outcome per chapter.
+    """Run each chapter's ``benchmark(results, device, progress=...)``, guarded; return one outcome per chapter.
 
-    A chapter whose function also takes a ``progress`` keyword gets a
-    ``progress(fraction, text)`` callback that drives a second progress bar.
+    Every chapter's benchmark takes a ``progress(fraction, text)`` keyword (the chapter interface); with
+    ``progress`` on, it drives a second progress bar.
 
     A chapter whose module or function does not exist yet is skipped; one that
     raises is reported (banner + traceback through ``log``) and marked failed,
@@ -404,7 +442,7 @@ def run_benchmarks(
             t0 = time.perf_counter()
             kwargs: dict[str, Any] = {}
             inner = None
-            if progress and _accepts_progress(fn):
+            if progress:
                 inner = tqdm(
                     total=100,
                     desc=f"  {ch.label}",
@@ -519,16 +557,6 @@ class _ChapterTimer:
                 self.armed = False
                 if installed:
                     signal.setitimer(signal.ITIMER_REAL, 0)
-
-
-def _accepts_progress(fn: Callable[..., Any]) -> bool:
-    """Whether a chapter's benchmark takes an optional ``progress(fraction, text)`` keyword."""
-    import inspect
-
-    try:
-        return "progress" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 class _LiveCounter:

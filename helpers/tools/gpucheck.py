@@ -64,9 +64,19 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..core import config
-from ..core.config import artifacts_dir
+from ..core.config import artifacts_dir, repo_root
 
-__all__ = ["NEEDED_MODULES", "STEPS", "Step", "main", "plan", "repo_root", "notebooks", "needs_cuda", "torch_api_gaps"]
+__all__ = [
+    "NEEDED_MODULES",
+    "STEPS",
+    "CheckStep",
+    "main",
+    "plan",
+    "checkout",
+    "notebooks",
+    "needs_cuda",
+    "torch_api_gaps",
+]
 
 #: (import name, distribution name) of what the check needs beyond torch.
 NEEDED_MODULES: tuple[tuple[str, str], ...] = (
@@ -95,9 +105,19 @@ BENCH_MARGIN_S = 45
 NEEDS_CUDA_RE = re.compile(r"\b(needs?|requires?)\b.*\b(CUDA|GPU)\b", re.IGNORECASE)
 
 
-def repo_root() -> Path:
-    """The workbook checkout this module lives in."""
-    return Path(__file__).resolve().parents[2]
+def checkout() -> Path:
+    """The workbook checkout this module runs from (the GPU check runs its tests and notebooks).
+
+    Raises:
+        SystemExit: the package is installed without its checkout (no notebooks or tests to run).
+    """
+    root = repo_root()
+    if root is None:
+        raise SystemExit(
+            "the GPU check runs from a checkout of the workbook (with notebooks/ and tests/), "
+            "not from an installed package: cd into the checkout and run make gpu-check"
+        )
+    return root
 
 
 def notebooks(root: Path, spec: str | None = None) -> list[Path]:
@@ -203,7 +223,7 @@ def torch_api_gaps(root: Path | None = None) -> list[str]:
     everything resolves. The lent GPU machines have their own torch (2.11 at the
     last reading, against the pinned 2.14.1), so the check says which names it lacks.
     """
-    root = root or repo_root()
+    root = root or checkout()
     first_use: dict[str, str] = {}
     for name, code in _sources(root):
         for m in _DOTTED_RE.finditer(code):
@@ -234,7 +254,7 @@ def _versions_line() -> str:
         line += f", torchvision {torchvision.__version__}"
     except Exception as exc:
         line += f", torchvision cannot be imported ({exc})"
-    pins = repo_root() / "constraints.txt"
+    pins = checkout() / "constraints.txt"
     if pins.is_file():
         pinned = re.findall(r"^(torch|torchvision)==(\S+)", pins.read_text(encoding="utf-8"), re.M)
         if pinned:
@@ -248,7 +268,7 @@ def _versions_line() -> str:
 
 
 @dataclass
-class Step:
+class CheckStep:
     """One command of the check: its argv, its log, and how it went."""
 
     name: str
@@ -348,7 +368,7 @@ def plan(
     quick: bool,
     workdir: Path,
     unit_scope: str = "cuda",
-) -> list[Step]:
+) -> list[CheckStep]:
     """The commands the check runs, in the order of ``steps``.
 
     ``timeout_s`` of a step is its own upper limit; at run time it is also cut to
@@ -358,11 +378,11 @@ def plan(
     """
     py = sys.executable
     limits = {**STEPS, **(step_timeouts or {})}
-    out: list[Step] = []
+    out: list[CheckStep] = []
     for group in steps:
         if group == "smoke":
             out.append(
-                Step(
+                CheckStep(
                     name="smoke: CUDA-only unit tests",
                     group="smoke",
                     timeout_s=limits["smoke"],
@@ -372,7 +392,7 @@ def plan(
             )
             for nb in nbs:
                 out.append(
-                    Step(
+                    CheckStep(
                         name=f"smoke: notebook {nb.stem}",
                         group="smoke",
                         timeout_s=min(notebook_timeout, limits["smoke"]),
@@ -385,7 +405,7 @@ def plan(
             if unit_scope == "all":
                 env["WORKBOOK_REQUIRE_GPU"] = "0"
             out.append(
-                Step(
+                CheckStep(
                     name="unit tests" + (" (CUDA-only)" if unit_scope == "cuda" else " (all)"),
                     group="unit",
                     timeout_s=limits["unit"],
@@ -396,7 +416,7 @@ def plan(
         elif group == "notebooks":
             for nb, w in zip(nbs, notebook_weights(nbs, "quick" if quick else "full")):
                 out.append(
-                    Step(
+                    CheckStep(
                         name=f"notebook {nb.stem}",
                         group="notebooks",
                         timeout_s=min(notebook_timeout, limits["notebooks"]),
@@ -422,11 +442,11 @@ def plan(
                 argv.append("--strict")
             if reference:
                 argv.append("--reference")
-            out.append(Step(name="bench", group="bench", argv=argv, timeout_s=limits["bench"]))
+            out.append(CheckStep(name="bench", group="bench", argv=argv, timeout_s=limits["bench"]))
     return out
 
 
-def _fit_argv(step: Step, timeout: float) -> list[str]:
+def _fit_argv(step: CheckStep, timeout: float) -> list[str]:
     """The step's argv with its inner time limits cut to fit ``timeout`` (so it stops itself, cleanly)."""
     argv = list(step.argv)
     for i, a in enumerate(argv):
@@ -445,7 +465,9 @@ _RUNNING: set[subprocess.Popen] = set()
 _RUNNING_LOCK = threading.Lock()
 
 
-def _run_step(step: Step, root: Path, env: dict[str, str], log_path: Path, timeout: float, prefix: str = "") -> None:
+def _run_step(
+    step: CheckStep, root: Path, env: dict[str, str], log_path: Path, timeout: float, prefix: str = ""
+) -> None:
     """Run one step within ``timeout`` seconds (its processes are stopped at the limit)."""
     step.log = str(log_path)
     if timeout < 10:
@@ -526,7 +548,7 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def _run_group(
-    group: str, steps: list[Step], root: Path, env: dict[str, str], logdir: Path, limit: float, jobs: int
+    group: str, steps: list[CheckStep], root: Path, env: dict[str, str], logdir: Path, limit: float, jobs: int
 ) -> None:
     """Run one group of steps within ``limit`` seconds.
 
@@ -536,12 +558,12 @@ def _run_group(
     """
     end = time.monotonic() + limit
 
-    def log_path(step: Step) -> Path:
+    def log_path(step: CheckStep) -> Path:
         return logdir / (re.sub(r"[^\w.-]+", "-", step.name).strip("-") + ".log")
 
     if group == "smoke" and jobs > 1 and len(steps) > 1:
 
-        def one(step: Step) -> None:
+        def one(step: CheckStep) -> None:
             _run_step(
                 step,
                 root,
@@ -683,7 +705,7 @@ def _has_cuda() -> tuple[bool, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit code (0 all passed, 1 a step failed, 2 refused, 130 interrupted)."""
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    root = repo_root()
+    root = checkout()
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     bad = [s for s in steps if s not in STEPS]
     if bad or not steps or len(set(steps)) != len(steps):
