@@ -98,3 +98,26 @@ def test_chapters_complete() -> None:
     readme = (ROOT / "README.md").read_text()
     for p in NOTEBOOKS:
         assert f"(notebooks/{p.name})" in readme, f"README does not link {p.name}"
+
+
+@pytest.mark.parametrize("path", STRUCTURED, ids=lambda p: p.name)
+def test_no_hand_written_reference_fallback(path: Path) -> None:
+    """A figure from elsewhere reaches a cell as an Evidence (helpers.core.evidence), which carries its provenance;
+    no cell looks up reference files itself (`if HAS_CUDA: ... else: reference.find(...)`)."""
+    nb = json.loads(path.read_text())
+    found = [
+        c.get("id")
+        for c in nb["cells"]
+        if c["cell_type"] == "code" and re.search(r"\breference\.\w", "".join(c["source"]))
+    ]
+    assert not found, f"{path.name}: cells {found} use reference.* directly; return an Evidence from the helper"
+
+
+@pytest.mark.parametrize("path", STRUCTURED, ids=lambda p: p.name)
+def test_setup_cell_makes_the_one_setup_call(path: Path) -> None:
+    nb = json.loads(path.read_text())
+    setup = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+    number = path.name[:2] if path in NOTEBOOKS else "99"
+    assert f'DEVICE = setup.chapter("{number}"' in "".join(setup["source"]), (
+        f'{path.name}: the setup cell sets DEVICE = setup.chapter("{number}", gpu_for=...)'
+    )

@@ -4,7 +4,7 @@ Reference files are :class:`helpers.core.results.ResultSet` JSON files committed
 under ``helpers/core/reference/`` by the GPU check (``make gpu-check``), one per
 machine kind and run. Chapters use them when no CUDA device is present:
 
->>> from helpers import reference
+>>> from helpers.core import reference
 >>> hits = reference.find("ch02.h2d_bandwidth")       # [(ResultSet, [Record, ...]), ...]
 >>> print(reference.describe("ch02.h2d_bandwidth"))   # provenance lines, or a plain 'none recorded yet'
 

@@ -15,7 +15,7 @@ method, direction, memory kind, value and unit *as published*, transfer size and
 NUMA placement when stated. :func:`load` checks every entry and refuses a file
 with a missing field, a non-https URL, a non-positive value or an unknown unit.
 
->>> from helpers import published
+>>> from helpers.ui import published
 >>> figs = published.published_figures(direction="h2d", memory="pinned")
 >>> print(figs[0].citation())                       # GPU, tool, source URL, date read
 >>> print(published.markdown_table())               # the README's "Published elsewhere" table
