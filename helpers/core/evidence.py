@@ -100,7 +100,7 @@ class Evidence(Generic[T]):
     def lines(self, fmt: Callable[[T], str | Iterable[str]] | None = None) -> list[str]:
         """The printed form: the note, the header, then ``fmt(value)`` (a string or lines), if any."""
         out = [self.note] if self.note else []
-        out.append(wrap(self.header()))
+        out.append(wrap(" ".join(self.header().split())))  # a source may come pre-wrapped: wrap it once, here
         if self.value is not None and fmt is not None:
             body = fmt(self.value)
             out.extend([body] if isinstance(body, str) else list(body))
