@@ -4,7 +4,9 @@ The chapter's ``pipeline`` cells (``stats``, ``normalize``, ``side_stream``, ``c
 ``Prefetcher``, ``batches``) are read from the committed notebook and executed on the CPU:
 the ``Prefetcher`` through the stream test doubles of :mod:`helpers.pipeline.prefetch`, ``batches``
 through its plain path. Broken copies of the ``Prefetcher`` (a line removed) must fail the
-exercise check with a message that names the missing line. CUDA-only tests are skipped here.
+exercise check with a message that names the missing line. The chapter module
+(:mod:`helpers.chapters.ch05`: the live panel and the benchmark) is tested at the end.
+CUDA-only tests are skipped here.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ from typing import Any
 import pytest
 import torch
 
+from helpers.chapters import ch05
+from helpers.core import evidence
+from helpers.core.results import ResultSet
 from helpers.pipeline import data, overlap, prefetch
-from helpers.ui import codecells
+from helpers.ui import chapter, codecells, widgets
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 RESTATED_CELL = "c5a1e0b1"  # chapter 05's restatement of chapter 04's pipeline (untagged)
@@ -267,3 +272,95 @@ def test_a_step_of_the_chapters_batches_hides_no_synchronisation() -> None:
     finally:
         torch.cuda.set_sync_debug_mode(old)
     torch.cuda.synchronize()
+
+
+# -- the chapter module: live panel and benchmark ---------------------------------
+
+
+def test_the_chapter_module_follows_the_interface() -> None:
+    assert chapter.problems(ch05) == []
+
+
+def test_panel_without_gpu_shows_reference_or_a_labelled_schematic(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    out = ch05.panel_run(None, device="cpu", memory="pageable", stream="side", copy_mib=2, matmul_n=128)
+    assert isinstance(out, evidence.Evidence) and out.kind == "theoretical" and not out.here
+    assert "not measured" in out.source and out.value.metadata["kind"] == "schematic, not measured"
+    summary = ch05.panel_summary(out)
+    assert "no reference recording yet" in summary and "[theoretical]" in summary
+    with pytest.raises(ValueError, match="stream"):
+        ch05.panel_run(None, device="cpu", memory="pageable", stream="sideways")
+    with pytest.raises(ValueError, match="copy_mib"):
+        ch05.panel_run(None, device="cpu", copy_mib=0)
+
+
+def test_panel_without_gpu_shows_the_reference_recording_of_the_cell(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    r = overlap.run_cell("pinned", "side", copy_mib=1, matmul_n=32, steps=2, device="cpu")
+    rs = ResultSet(
+        name="t",
+        method="test",
+        provenance={"hardware": {"gpu_name": "TestGPU"}},
+        created="2026-01-01T00:00:00+00:00",
+        mode="quick",
+    )
+    rs.artifacts[overlap.artifact_name("pinned", "side")] = r.trace.to_dict()
+    rs.save(tmp_path / "ref.json")
+    out = ch05.panel_run(None, device="cpu", memory="pinned", stream="side", copy_mib=3, matmul_n=64)
+    assert out.kind == "recorded" and "TestGPU" in out.source and "not 3 MiB / n=64" in out.note
+    assert "TestGPU" in ch05.panel_summary(out)
+
+
+def test_the_panel_runs_from_python_as_the_notebook_drives_it(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    panel = widgets.Panel.for_chapter(ch05, device=torch.device("cpu"), copy=2, compute=128)
+    assert panel.controls["copy_mib"].value == 2 and panel.controls["matmul_n"].value == 128
+    if not torch.cuda.is_available():
+        assert panel.controls["copy_mib"].disabled and panel.controls["matmul_n"].disabled
+    panel.set(memory="pageable", stream="side", copy_mib=2, matmul_n=128)
+    panel.click()
+    assert panel.error is None, panel.error
+    assert isinstance(panel.last.result, evidence.Evidence) and panel.last.result.kind == "theoretical"
+    assert "schematic" in panel.last.summary
+
+
+def test_benchmark_records_nothing_without_cuda() -> None:
+    seen: list[float] = []
+    rs = ResultSet(name="t", method="m", provenance={}, created="x", mode="quick")
+    ch05.benchmark(rs, "cpu", progress=lambda f, t="": seen.append(f))
+    assert rs.records == [] and seen[-1] == 1.0
+
+
+@cuda
+def test_panel_on_a_gpu_is_measured_here() -> None:
+    out = ch05.panel_run(None, device="cuda", memory="pinned", stream="side", copy_mib=8, matmul_n=1024)
+    assert out.here and isinstance(out.value, overlap.CellResult) and out.value.on_gpu
+    assert out.value.summary() in ch05.panel_summary(out)
+
+
+@cuda
+def test_benchmark_on_gpu() -> None:
+    rs = ResultSet(name="t", method="m", provenance={}, created="x", mode="quick")
+    seen: list[float] = []
+    ch05.benchmark(rs, "cuda", progress=lambda f, t="": seen.append(f))
+    assert all(k.startswith("ch05.") for k in rs.keys())
+    assert {overlap.artifact_name(m, s) for m, s in overlap.CELLS} <= set(rs.artifacts)
+    assert seen == sorted(seen) and seen[-1] == 1.0
+    want = {
+        "ch05.overlap.step_time",
+        "ch05.overlap.copy_time",
+        "ch05.overlap.compute_time",
+        "ch05.overlap.fraction",
+        "ch05.overlap.agrees",
+        "ch05.hazard.d2h_wrong",
+        "ch05.hazard.mutation_wrong",
+        "ch05.hazard.syncs",
+        "ch05.hazard.syncs_per_line",
+        "ch05.prefetch.batch_time",
+        "ch05.decode.bytes_per_batch",
+        "ch05.decode.ms_per_batch",
+        "ch05.decode.speedup",
+        "ch05.decode.mean_abs_diff",
+        "ch05.decode.max_abs_diff",
+    }
+    assert set(rs.keys()) == want

@@ -274,14 +274,28 @@ def test_compare_decode_on_cpu(info):
 
 
 def test_gpu_reference_none_then_found(tmp_path, monkeypatch):
+    from helpers.core import evidence
     from helpers.core.reference import REFERENCE_ENV
     from helpers.core.results import ResultSet
 
+    def recall():
+        return evidence.measure_or_recall(
+            "decoding JPEGs on the GPU",
+            "cpu",
+            measure=lambda: pytest.fail("measured without CUDA"),
+            key="ch05.decode.ms_per_batch",
+            convert=G.gpu_reference_rows,
+        )
+
     monkeypatch.setenv(REFERENCE_ENV, str(tmp_path))
-    assert G.gpu_reference() is None
-    assert "No reference results" in G.gpu_reference_report()
+    none = recall()
+    assert not none and "No reference results" in str(none) and "ch05.decode.ms_per_batch" in str(none)
     rs = ResultSet.new("ref", "test")
     p = {"batch_size": 64, "crop_size": 224, "image_size": 256}
+    rs.add("ch05.decode.ms_per_batch", 5.0, "ms", where="cpu", device="cpu", pinned=False, **p)  # a CPU run
+    rs.save(tmp_path / "cpu.json")
+    assert not recall()  # a CPU recording is not a GPU's
+    rs = ResultSet.new("ref", "test")
     rs.add(
         "ch05.decode.ms_per_batch",
         9.0,
@@ -303,19 +317,21 @@ def test_gpu_reference_none_then_found(tmp_path, monkeypatch):
         **p,
     )
     rs.save(tmp_path / "ref.json")
-    line, rows = G.gpu_reference()
-    assert line.startswith("Recorded on")
+    ev = recall()
+    assert ev.kind == "recorded" and ev.source.startswith("Recorded on") and "No CUDA device" in ev.note
+    rows = ev.value
     assert [r[1] for r in rows] == [9.0, 2.0] and "nvJPEG, pinned" in rows[1][0] and "batch 64" in rows[0][0]
-    text = G.gpu_reference_report()
-    assert text.startswith("Recorded on") and "2.00 ms per batch (IQR 0.10)" in text
+    text = "\n".join(ev.lines(G.gpu_decode_lines))
+    assert "2.00 ms per batch (IQR 0.10)" in text
 
 
-def test_benchmark_keys_are_prefixed(tmp_path):
+def test_record_decode_keys_are_prefixed(tmp_path):
+    from helpers.chapters import ch05
     from helpers.core.results import ResultSet
 
     info = make_shapes_dataset(n_train=16, n_val=16, image_size=32, root=tmp_path)
     rs = ResultSet.new("t", "test")
-    G.benchmark(rs, "cpu", info=info, batch_size=4, crop_size=24, n_batches=2, repeats=1)
+    ch05.record_decode(rs, "cpu", info=info, batch_size=4, crop_size=24, n_batches=2, repeats=1)
     keys = rs.keys()
     assert keys == ["ch05.decode.bytes_per_batch", "ch05.decode.ms_per_batch"]
     forms = {r.params["form"] for r in rs.find("ch05.decode.bytes_per_batch")}
@@ -324,11 +340,13 @@ def test_benchmark_keys_are_prefixed(tmp_path):
     assert ms.params["where"] == "cpu" and ms.unit == "ms" and ms.value > 0
 
 
-def test_overlap_benchmark_still_records_nothing_on_cpu():
+def test_chapter_benchmark_still_records_nothing_on_cpu():
+    from helpers.chapters import ch05
     from helpers.core.results import ResultSet
-    from helpers.pipeline import overlap
 
-    assert overlap.benchmark(ResultSet.new("t", "test"), "cpu").records == []
+    rs = ResultSet.new("t", "test")
+    ch05.benchmark(rs, "cpu")
+    assert rs.records == []
 
 
 def test_diff_stats_and_the_gpu_diff_report():
@@ -389,11 +407,12 @@ def test_gpu_decode_names_a_corrupt_item(info):
 
 
 @cuda
-def test_gpu_benchmark_records_both_paths(info):
+def test_gpu_record_decode_records_both_paths(info):
+    from helpers.chapters import ch05
     from helpers.core.results import ResultSet
 
     rs = ResultSet.new("t", "test")
-    G.benchmark(rs, "cuda", info=info, batch_size=8, crop_size=32, n_batches=2, repeats=1)
+    ch05.record_decode(rs, "cuda", info=info, batch_size=8, crop_size=32, n_batches=2, repeats=1)
     wheres = {(r.params["where"], r.params["pinned"]) for r in rs.find("ch05.decode.ms_per_batch")}
     assert wheres == {("cpu", False), ("cuda", True), ("cuda", False)}
     for k in ("ch05.decode.speedup", "ch05.decode.mean_abs_diff", "ch05.decode.max_abs_diff"):

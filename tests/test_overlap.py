@@ -1,4 +1,6 @@
-"""Tests for helpers.pipeline.overlap: the 2x2 labels, overlap measurement, hazards, panel fallback."""
+"""Tests for helpers.pipeline.overlap: the 2x2 labels, overlap measurement, hazards, what a GPU recorded.
+
+The live panel and the benchmark are chapter 05's module (tests/test_ch05_pipeline.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ matplotlib.use("Agg")
 import pytest
 import torch
 
+from helpers.core import evidence
+from helpers.core.evidence import Evidence
 from helpers.core.results import ResultSet
 from helpers.core.timing import Span, SpanTrace
 from helpers.pipeline import overlap as ov
@@ -116,64 +120,103 @@ def test_cpu_hazards_count_no_wrong_values() -> None:
     assert h.bug["elements that arrived wrong"] == 0
 
 
-def test_panel_without_gpu_shows_reference_or_a_labelled_schematic(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
-    out = ov.panel_run(None, memory="pageable", stream="side", device="cpu")
-    assert out["kind"] == "schematic" and "not measured" in out["source"]
-    assert out["trace"].metadata["kind"] == "schematic, not measured"
-    with pytest.raises(ValueError):
-        ov.panel_run(None, memory="pageable", stream="sideways", device="cpu")
-
-
-def test_reference_artifact_round_trip(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """A recorded trace stored as an artifact comes back with its provenance line."""
-    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
-    assert ov.reference_cell("pinned", "side") is None
-    r = ov.run_cell("pinned", "side", copy_mib=1, matmul_n=32, steps=2, device="cpu")
-    rs = ResultSet(
+def _reference_set():  # type: ignore[no-untyped-def]
+    return ResultSet(
         name="t",
         method="test",
         provenance={"hardware": {"gpu_name": "TestGPU"}},
         created="2026-01-01T00:00:00+00:00",
         mode="quick",
     )
+
+
+def test_reference_artifact_round_trip(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A recorded trace stored as an artifact comes back as recorded Evidence with its provenance line."""
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    none = ov.reference_cell("pinned", "side")
+    assert not none and none.kind == "missing" and "ch05.timeline.pinned.side" in none.source
+    r = ov.run_cell("pinned", "side", copy_mib=1, matmul_n=32, steps=2, device="cpu")
+    rs = _reference_set()
     rs.artifacts[ov.artifact_name("pinned", "side")] = r.trace.to_dict()
     rs.save(tmp_path / "ref.json")
-    trace, line = ov.reference_cell("pinned", "side")
-    assert len(trace.spans) == len(r.trace.spans) and "TestGPU" in line
-    out = ov.panel_run(None, memory="pinned", stream="side", device="cpu")
-    assert out["kind"] == "reference" and "TestGPU" in out["source"]
+    ev = ov.reference_cell("pinned", "side")
+    assert isinstance(ev, Evidence) and ev.kind == "recorded" and not ev.here
+    assert len(ev.value.spans) == len(r.trace.spans) and "TestGPU" in ev.source and "not this machine" in ev.source
+
+
+def test_timeline_evidence_never_shows_a_cpu_run_as_the_experiment(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    r = ov.run_cell("pageable", "default", copy_mib=1, matmul_n=32, steps=2, device="cpu")
+    ev = ov.timeline_evidence(r)
+    assert ev.kind == "missing" and ev.value is None
+    ax = ov.draw_cell(ev)  # a missing timeline: an empty axis that says so
+    assert "no reference recording yet" in ax.get_title() and not ax.axison
+
+
+def test_draw_cell_takes_evidence_and_labels_it_with_its_source() -> None:
+    ev = evidence.theoretical("a schematic", ov.schematic_trace("pinned", "side"), "schematic, not measured")
+    ax = ov.draw_cell(ev)
+    assert "SCHEMATIC" in ax.get_xlabel()
+    assert any("theoretical: schematic" in t.get_text() for t in ax.texts + [ax.title, ax.xaxis.label])
+
+
+def test_copy_call_rows_measured_and_recorded(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cells = ov.run_grid(copy_mib=1, matmul_n=32, steps=3, device="cpu")
+    rows = ov.copy_call_rows(cells)
+    assert [r[0] for r in rows] == [c.name for c in cells] and all(r[1] is not None and r[1] >= 0 for r in rows)
+    calls = sorted(s.duration for s in cells[0].trace.spans if s.name == "copy call")
+    assert rows[0][1] == calls[1] and rows[0][2:] == (cells[0].copy_s, cells[0].step_s)
+    table = ov.copy_call_table(rows)
+    assert len(table) == 5 and "copy call (CPU)" in table[0]
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    assert not evidence.recorded("x", "ch05.overlap.step_time", convert=ov.copy_call_rows_from_records)
+    rs = _reference_set()
+    p = {"memory": "pinned", "stream": "side", "copy_bytes": 1 << 20, "matmul_n": 32, "steps": 8}
+    rs.add("ch05.overlap.step_time", 0.004, "s", **p)
+    rs.add("ch05.overlap.copy_time", 0.001, "s", **p)
+    rs.save(tmp_path / "ref.json")
+    ev = evidence.recorded("x", "ch05.overlap.step_time", convert=ov.copy_call_rows_from_records)
+    assert ev.kind == "recorded" and ev.value == [("pinned + side stream", None, 0.001, 0.004)]
+    assert "not recorded" in ov.copy_call_table(ev.value)[1] and "4.000 ms" in ov.copy_call_table(ev.value)[1]
+
+
+def test_prefetch_reference_rows_and_lines(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    rs = _reference_set()
+    rs.add("ch05.prefetch.batch_time", 0.002, "s", dtype="uint8", prefetcher=True, batch=256, image=128)
+    rs.save(tmp_path / "ref.json")
+    ev = evidence.recorded("x", "ch05.prefetch.batch_time", convert=ov.prefetch_times_from_records)
+    lines = ov.batch_time_lines(ev.value)
+    assert "not with your cells" in " ".join(lines) and lines[-1].endswith("uint8, prefetcher=True: 2.000 ms per batch")
+    times = ov.BatchTimes("cpu", {"a": [0.001, 0.003]}, {"a": 4})
+    assert ov.batch_time_lines(times) == times.report().splitlines()
+
+
+def test_hazard_count_lines() -> None:
+    rs = _reference_set()
+    rs.add("ch05.hazard.d2h_wrong", 1234, "count", variant="bug", n=4096)
+    assert ov.hazard_count_lines(rs.records) == ["  bug version: 1,234 of 4,096 elements wrong"]
 
 
 def test_sync_counts_reference_none_then_found(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
-    assert "ch05.hazard.syncs" in ov.sync_counts_reference()  # the "none recorded yet" message names the key
-    rs = ResultSet(
-        name="t",
-        method="test",
-        provenance={"hardware": {"gpu_name": "TestGPU"}},
-        created="2026-01-01T00:00:00+00:00",
-        mode="quick",
-    )
+    none = ov.sync_counts_reference()
+    assert not none and "ch05.hazard.syncs" in str(none)  # the "none recorded yet" message names the key
+    rs = _reference_set()
     rs.add("ch05.hazard.syncs", 450, "count", variant="hidden", steps=50)
     rs.add("ch05.hazard.syncs", 1, "count", variant="fixed", steps=50)
     rs.add("ch05.hazard.syncs_per_line", 7, "count", line="print(loss)")
     rs.save(tmp_path / "ref.json")
-    text = ov.sync_counts_reference()
-    assert "TestGPU" in text and "9.00 per step" in text and "print(loss) alone: 7" in text
+    ev = ov.sync_counts_reference()
+    assert ev.kind == "recorded" and "TestGPU" in ev.source
+    text = "\n".join(ev.lines(ov.sync_count_lines))
+    assert "9.00 per step" in text and "print(loss) alone: 7" in text
 
 
 def test_hidden_syncs_on_cpu_claims_no_count() -> None:
     h = ov.hazard_hidden_syncs("cpu", steps=2)
     assert "not counted" in str(h.bug["synchronisations"]) and "masked_select" in h.explanation
     assert "three synchronisations" not in h.code_bug
-
-
-def test_benchmark_records_nothing_without_cuda() -> None:
-    if torch.cuda.is_available():
-        pytest.skip("checks the no-CUDA path")
-    rs = ResultSet(name="t", method="m", provenance={}, created="x", mode="quick")
-    assert ov.benchmark(rs, "cpu").records == []
 
 
 # -- CUDA only: the measured labels must agree with the configuration ------------
@@ -197,11 +240,3 @@ def test_hazards_show_on_gpu() -> None:
     assert h.bug[".item() alone"] == 1 and h.bug[".cpu() alone"] == 1
     assert h.bug["print(loss) alone"] > 1  # torch/_tensor_str.py reads the value several times
     assert h.bug["per step"] == pytest.approx(h.bug["synchronisations"] / 5)
-
-
-@cuda
-def test_benchmark_on_gpu() -> None:
-    rs = ResultSet(name="t", method="m", provenance={}, created="x", mode="quick")
-    ov.benchmark(rs, "cuda")
-    assert all(k.startswith("ch05.") for k in rs.keys())
-    assert {ov.artifact_name(m, s) for m, s in ov.CELLS} <= set(rs.artifacts)

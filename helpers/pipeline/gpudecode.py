@@ -20,8 +20,10 @@ Public API:
 ``compare_decode(dataset, device, ...) -> DecodeComparison``
     (a) decode on the CPU and send uint8, against (b) send the JPEG bytes and
     decode on the device: time per batch, and the bytes each form puts on the link.
-``benchmark(results, device)``
-    ``ch05.decode.*`` records (run by :func:`helpers.pipeline.overlap.benchmark` on a GPU).
+``gpu_reference_rows`` / ``gpu_decode_lines``
+    what the notebook shows of the GPU path: measured here, or a GPU's reference recording
+    (an :class:`~helpers.core.evidence.Evidence`). The ``ch05.decode.*`` records are made by
+    :func:`helpers.chapters.ch05.record_decode` (run by chapter 05's benchmark on a GPU).
 
 torchvision facts this module relies on (torchvision 0.29.1, ``torchvision/io/image.py``
 and ``torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp``):
@@ -76,7 +78,7 @@ before any resize) and the **resize** (torchvision resizes uint8 images in integ
 arithmetic on the CPU but in float on CUDA, rounding back to uint8:
 :attr:`DecodeComparison.resize_mean_abs_diff`, the CPU's decoded pixels resized on the
 device against the same pixels resized on the CPU). :attr:`DecodeComparison.mean_abs_diff`
-is what a reader gets, both together; the benchmark records all three.
+is what a reader gets, both together; chapter 05's benchmark records all three.
 """
 
 from __future__ import annotations
@@ -94,13 +96,12 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch.utils.data import Dataset
 
-from ..core import reference
 from ..core.config import require_gpu
 from ..core.device import resolve_device
-from ..core.reference import missing_message
+from ..core.results import Record, ResultSet
 from ..core.timing import Timing, time_calls
 from ..core.validate import check_int, human_bytes
-from .data import ImageDecodeError, _scan_class_folders, default_sizes, make_shapes_dataset, to_float_normalized
+from .data import ImageDecodeError, _scan_class_folders, to_float_normalized
 
 __all__ = [
     "TORCHVISION_DEPRECATION",
@@ -113,10 +114,9 @@ __all__ = [
     "batch_bytes",
     "DecodeComparison",
     "compare_decode",
-    "gpu_reference",
-    "gpu_reference_report",
+    "gpu_reference_rows",
+    "gpu_decode_lines",
     "plot_comparison",
-    "benchmark",
 ]
 
 #: The start of the message every torchvision.io image codec warns with since 0.29.
@@ -308,10 +308,6 @@ def collate_encoded(items: Sequence[tuple[torch.Tensor, int]]) -> tuple[list[tor
 # ---------------------------------------------------------------------------
 
 
-def _device(device: torch.device | str | None) -> torch.device:
-    return resolve_device(device)
-
-
 def _staged(encoded: list[torch.Tensor]) -> list[torch.Tensor]:
     """The batch's bytes in one pinned host buffer, as 1-D views (already pinned: unchanged).
 
@@ -424,7 +420,7 @@ def decode_batch(
         ValueError: bad arguments (naming the parameter).
         ImageDecodeError: an item is not a decodable JPEG; the message names it.
     """
-    dev = _device(device)
+    dev = resolve_device(device)
     crop_size = check_int("crop_size", crop_size, 8, 1024)
     return _resize_crop(_decode_images(encoded, dev, pin=pin, names=names), crop_size)
 
@@ -649,7 +645,7 @@ def compare_decode(
     """
     if not isinstance(dataset, EncodedJpegDataset):
         raise ValueError(f"dataset: expected an EncodedJpegDataset, got {type(dataset).__name__}")
-    dev = _device(device)
+    dev = resolve_device(device)
     on_gpu = dev.type == "cuda"
     batch_size = check_int("batch_size", batch_size, 1, 4096)
     crop_size = check_int("crop_size", crop_size, 8, 1024)
@@ -746,38 +742,41 @@ def _diff_stats(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> tuple[i
 # ---------------------------------------------------------------------------
 
 
-def gpu_reference() -> tuple[str, list[tuple[str, float, float | None]]] | None:
-    """The newest reference recording of both paths on a GPU, or ``None`` when none exists.
+def gpu_reference_rows(rs: ResultSet, records: list[Record]) -> list[tuple[str, float, float | None]] | None:
+    """``convert`` for ``ch05.decode.ms_per_batch``: a GPU recording's rows, or None if the file has none.
 
-    Returns ``(provenance line, [(label, ms per batch, iqr ms or None), ...])`` with
-    the batch size and image size of the recording in the labels.
+    Rows are ``(label, ms per batch, iqr ms or None)``, the CPU path first, with the batch size and image
+    size of the recording in the labels; only records whose batch ended up on CUDA (``device="cuda"``)
+    count. Use it with :func:`helpers.core.evidence.measure_or_recall` (and :func:`gpu_decode_lines`).
     """
-    for rs, recs in reference.find("ch05.decode.ms_per_batch", device="cuda"):
-        rows: list[tuple[str, float, float | None]] = []
-        for r in sorted(recs, key=lambda r: (r.params.get("where") != "cpu", not r.params.get("pinned"))):
-            p = r.params
-            if p.get("where") == "cpu":
-                label = _CPU_LABEL
-            else:
-                label = _DEVICE_LABEL + (" (nvJPEG, pinned bytes)" if p.get("pinned") else " (nvJPEG, pageable bytes)")
-            label += f" · batch {p.get('batch_size')}, {p.get('image_size')} px -> {p.get('crop_size')}"
-            iqr = r.spread.get("iqr")
-            rows.append((label, r.value, float(iqr) if iqr is not None else None))
-        if rows:
-            return reference.provenance_line(rs), rows
-    return None
+    rows: list[tuple[str, float, float | None]] = []
+    cuda = [r for r in records if r.params.get("device") == "cuda"]
+    for r in sorted(cuda, key=lambda r: (r.params.get("where") != "cpu", not r.params.get("pinned"))):
+        p = r.params
+        if p.get("where") == "cpu":
+            label = _CPU_LABEL
+        else:
+            label = _DEVICE_LABEL + (" (nvJPEG, pinned bytes)" if p.get("pinned") else " (nvJPEG, pageable bytes)")
+        label += f" · batch {p.get('batch_size')}, {p.get('image_size')} px -> {p.get('crop_size')}"
+        iqr = r.spread.get("iqr")
+        rows.append((label, r.value, float(iqr) if iqr is not None else None))
+    return rows or None
 
 
-def gpu_reference_report() -> str:
-    """The reference GPU recording as printable lines, or the plain "none recorded yet" message."""
-    ref = gpu_reference()
-    if ref is None:
-        return missing_message("decoding JPEGs on the GPU (ch05.decode.ms_per_batch)")
-    line, rows = ref
-    out = [line]
-    for label, ms, iqr in rows:
-        out.append(f"  {label:<92}{ms:9.2f} ms per batch" + (f" (IQR {iqr:.2f})" if iqr is not None else ""))
-    return "\n".join(out)
+def gpu_decode_lines(value: DecodeComparison | list[tuple[str, float, float | None]]) -> list[str]:
+    """What the GPU decode shows: a comparison measured here on CUDA (the ratio of the two paths and
+    :meth:`DecodeComparison.diff_report`), or the reference rows of :func:`gpu_reference_rows`."""
+    if isinstance(value, DecodeComparison):
+        return [
+            f"CPU path / GPU path = {value.speedup:.2f} "
+            "(above 1: decoding on the GPU is faster at this image and batch size)",
+            *value.diff_report().splitlines(),
+        ]
+    lines: list[str] = []
+    for label, ms, iqr in value:  # wrapped: a label with its batch and image sizes is long
+        row = f"{label}: {ms:.2f} ms per batch" + (f" (IQR {iqr:.2f})" if iqr is not None else "")
+        lines += textwrap.wrap(row, 105, initial_indent="  ", subsequent_indent="    ", break_long_words=False)
+    return lines
 
 
 def plot_comparison(cmp: DecodeComparison, axes: Sequence[Any] | None = None) -> Any:
@@ -819,95 +818,3 @@ def plot_comparison(cmp: DecodeComparison, axes: Sequence[Any] | None = None) ->
     ax_t.set_title(f"Time per decoded batch, measured now on {cmp.device}{where}", fontsize=10)
     fig.tight_layout()
     return fig
-
-
-# ---------------------------------------------------------------------------
-# Reference recordings
-# ---------------------------------------------------------------------------
-
-
-def benchmark(
-    results: Any,
-    device: torch.device | str | None = None,
-    *,
-    info: Any = None,
-    batch_size: int | None = None,
-    crop_size: int | None = None,
-    n_batches: int | None = None,
-    repeats: int = 3,
-) -> Any:
-    """Record the decode comparison into ``results`` (a :class:`helpers.core.results.ResultSet`).
-
-    Keys (unit; params):
-
-    - ``ch05.decode.bytes_per_batch``: bytes (mean per batch, spread min/max/n);
-      ``form`` (jpeg/uint8/float32), ``batch_size``, ``crop_size``, ``image_size``.
-    - ``ch05.decode.ms_per_batch``: ms (median, spread iqr/n); ``where`` (where the decode
-      ran: cpu/cuda), ``device`` (where the batch ends up: cpu/cuda), ``pinned`` (bytes sent
-      from pinned memory), ``batch_size``, ``crop_size``, ``image_size``. On a CPU only the
-      CPU path is recorded (the other path would be the same code).
-    - ``ch05.decode.speedup`` (CUDA only): ratio, CPU path over GPU decode with pinned bytes.
-    - ``ch05.decode.mean_abs_diff`` / ``.max_abs_diff`` (CUDA only): levels (0-255), the GPU
-      path's pixels against the CPU path's on one batch; ``stage``: ``decode`` (nvJPEG against
-      libjpeg-turbo, full-size images), ``resize`` (float resize on the GPU against integer
-      resize on the CPU, same input pixels) or ``decode+resize`` (what a reader gets).
-
-    Uses the validation split of the data set at the current mode's sizes (``info``
-    and the sizes can be overridden, for tests). Returns ``results``.
-    """
-    dev = _device(device)
-    sizes = default_sizes()
-    info = info if info is not None else make_shapes_dataset()
-    bs = batch_size if batch_size is not None else sizes["batch_size"]
-    crop = crop_size if crop_size is not None else sizes["crop_size"]
-    nb = n_batches if n_batches is not None else 8
-    ds = EncodedJpegDataset(info.val_dir)
-    on_gpu = dev.type == "cuda"
-    runs = [(True,), (False,)] if on_gpu else [(False,)]
-    first: DecodeComparison | None = None
-    for (pin,) in runs:
-        cmp = compare_decode(ds, dev, batch_size=bs, crop_size=crop, n_batches=nb, repeats=repeats, pin=pin)
-        p = {"batch_size": cmp.batch_size, "crop_size": cmp.crop_size, "image_size": cmp.image_size}
-        if first is None:
-            first = cmp
-            for form in FORMS:
-                v = cmp.bytes_per_batch[form]
-                results.add(
-                    "ch05.decode.bytes_per_batch",
-                    cmp.bytes[form],
-                    "bytes",
-                    spread={"min": min(v), "max": max(v), "n": len(v)},
-                    form=form,
-                    **p,
-                )
-            results.add(
-                "ch05.decode.ms_per_batch",
-                cmp.cpu_path.median_s * 1e3,
-                "ms",
-                spread={"iqr": cmp.cpu_path.iqr_s * 1e3, "n": cmp.cpu_path.n},
-                where="cpu",
-                device=dev.type,
-                pinned=False,
-                **p,
-            )
-        if on_gpu:
-            results.add(
-                "ch05.decode.ms_per_batch",
-                cmp.device_path.median_s * 1e3,
-                "ms",
-                spread={"iqr": cmp.device_path.iqr_s * 1e3, "n": cmp.device_path.n},
-                where="cuda",
-                device="cuda",
-                pinned=cmp.pinned,
-                **p,
-            )
-            if cmp.pinned:
-                results.add("ch05.decode.speedup", cmp.speedup, "ratio", pinned=True, **p)
-                for stage, mx, mean in (
-                    ("decode+resize", cmp.max_abs_diff, cmp.mean_abs_diff),
-                    ("decode", cmp.decode_max_abs_diff, cmp.decode_mean_abs_diff),
-                    ("resize", cmp.resize_max_abs_diff, cmp.resize_mean_abs_diff),
-                ):
-                    results.add("ch05.decode.mean_abs_diff", mean, "levels", vs="cpu", stage=stage, **p)
-                    results.add("ch05.decode.max_abs_diff", mx, "levels", vs="cpu", stage=stage, **p)
-    return results

@@ -36,6 +36,12 @@ synchronous and the functions say so instead of pretending.
 
 Nothing here invents a number: :func:`schematic_trace` draws what each cell
 *looks like* and is labelled "schematic, not measured" everywhere it appears.
+What a GPU recorded elsewhere comes back as an :class:`~helpers.core.evidence.Evidence`
+with its provenance (:func:`reference_cell`, :func:`timeline_evidence`,
+:func:`sync_counts_reference`), and the ``convert``/format pairs here
+(:func:`copy_call_rows_from_records` / :func:`copy_call_table`, ...) let the notebook
+show a measurement or its recording with one call. The chapter's live panel and its
+benchmark are in :mod:`helpers.chapters.ch05`.
 """
 
 from __future__ import annotations
@@ -52,13 +58,15 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..core import reference
+from ..core import evidence, reference
 from ..core.config import sized
 from ..core.device import resolve_device
+from ..core.evidence import Evidence
+from ..core.results import Record, ResultSet
 from ..core.timing import GpuDelay, Span, SpanRecorder, SpanTrace, calibrated_compute, synchronize
 from ..core.validate import check_choice, check_int, human_seconds
-from .gpudecode import benchmark as decode_benchmark
-from .prefetch import Prefetcher, _loop_time, normalize_uint8
+from .data import to_float_normalized
+from .prefetch import Prefetcher, _loop_time
 
 __all__ = [
     "MEMORY_KINDS",
@@ -74,9 +82,14 @@ __all__ = [
     "CellResult",
     "run_cell",
     "run_grid",
+    "CopyCallRow",
+    "copy_call_rows",
+    "copy_call_rows_from_records",
+    "copy_call_table",
     "schematic_trace",
     "artifact_name",
     "reference_cell",
+    "timeline_evidence",
     "draw_cell",
     "HazardResult",
     "hazard_d2h_read_before_sync",
@@ -84,11 +97,14 @@ __all__ = [
     "hazard_hidden_syncs",
     "PRINT_SYNCS_WHY",
     "sync_counts_reference",
+    "sync_count_lines",
+    "hazard_count_lines",
     "BatchTimes",
     "time_batches",
+    "PREFETCH_REFERENCE_WHAT",
+    "prefetch_times_from_records",
+    "batch_time_lines",
     "prefetch_step_times",
-    "panel_run",
-    "benchmark",
 ]
 
 MiB = 1 << 20
@@ -241,10 +257,6 @@ def _defaults(on_gpu: bool, copy_mib: int | None, matmul_n: int | None, steps: i
     return copy_mib, matmul_n, steps
 
 
-def _device(device: torch.device | str | None) -> torch.device:
-    return resolve_device(device)
-
-
 def run_cell(
     memory: str,
     stream: str,
@@ -274,7 +286,7 @@ def run_cell(
         steps: recorded steps (default 4 in quick mode, 8 otherwise).
     """
     _check_cell(memory, stream)
-    dev = _device(device)
+    dev = resolve_device(device)
     on_gpu = dev.type == "cuda"
     copy_mib, matmul_n, steps = _defaults(on_gpu, copy_mib, matmul_n, steps)
     notes: list[str] = []
@@ -366,6 +378,49 @@ def run_grid(**kwargs: Any) -> list[CellResult]:
     return [run_cell(m, s, **kwargs) for m, s in CELLS]
 
 
+#: One row of the copy-call table: (configuration, CPU seconds inside the copy call or None when not
+#: recorded, the copy's GPU seconds, seconds per step).
+CopyCallRow = tuple[str, float | None, float, float]
+
+
+def copy_call_rows(cells: Iterable[CellResult]) -> list[CopyCallRow]:
+    """Per cell: the median time the CPU spent inside ``copy_(..., non_blocking=True)``, the copy, the step.
+
+    The copy call's median is the middle value of the sorted spans (the upper one of an even count).
+    """
+    rows: list[CopyCallRow] = []
+    for r in cells:
+        calls = sorted(s.duration for s in r.trace.spans if s.name == "copy call")
+        rows.append((r.name, calls[len(calls) // 2] if calls else None, r.copy_s, r.step_s))
+    return rows
+
+
+def copy_call_rows_from_records(rs: ResultSet, records: list[Record]) -> list[CopyCallRow] | None:
+    """The copy-call table from a reference file: ``ch05.overlap.step_time`` records with their copy times.
+
+    The duration of the copy call itself is not recorded (None: the table says so). None when no record
+    has its copy time in the same file.
+    """
+    rows: list[CopyCallRow] = []
+    for m, s in CELLS:
+        for r in records:
+            if (r.params.get("memory"), r.params.get("stream")) != (m, s):
+                continue
+            copy = rs.find("ch05.overlap.copy_time", **r.params)
+            if copy:
+                rows.append((f"{m} + {s} stream", None, copy[0].value, r.value))
+    return rows or None
+
+
+def copy_call_table(rows: list[CopyCallRow]) -> list[str]:
+    """The rows as a table: configuration, copy call (CPU), copy on GPU, step (ms)."""
+    lines = [f"{'configuration':<28}{'copy call (CPU)':>16}{'copy on GPU':>14}{'step':>12}"]
+    for name, call, copy, step in rows:
+        call_text = f"{call * 1e3:>13.3f} ms" if call is not None else f"{'not recorded':>16}"
+        lines.append(f"{name:<28}{call_text}{copy * 1e3:>11.3f} ms{step * 1e3:>9.3f} ms")
+    return lines
+
+
 # ---------------------------------------------------------------------------
 # Schematic and reference timelines
 # ---------------------------------------------------------------------------
@@ -409,24 +464,60 @@ def artifact_name(memory: str, stream: str) -> str:
     return f"ch05.timeline.{memory}.{stream}"
 
 
-def reference_cell(memory: str, stream: str) -> tuple[SpanTrace, str] | None:
-    """The newest reference recording of a cell, with its provenance line; ``None`` if none."""
-    hits = reference.artifacts(artifact_name(memory, stream))
-    if not hits:
-        return None
-    rs, data = hits[0]
-    return SpanTrace.from_dict(dict(data)), reference.provenance_line(rs)
+def _timeline_what(memory: str, stream: str) -> str:
+    return f"the timeline of {memory} + {stream} stream"
+
+
+def reference_cell(memory: str, stream: str) -> Evidence[SpanTrace]:
+    """The newest reference recording of a cell's timeline (``recorded``), or ``missing`` if none exists.
+
+    Its ``source`` is the recording's provenance line (GPU, driver, torch, date, mode, method).
+    """
+    name = artifact_name(memory, stream)
+    what = _timeline_what(memory, stream)
+    for rs, data in reference.artifacts(name):
+        line = reference.provenance_line(rs) + " (not this machine)"
+        return Evidence(what, "recorded", SpanTrace.from_dict(dict(data)), line)
+    return evidence.missing(what, reason=reference.missing_message(f"{what} ({name})"))
+
+
+def timeline_evidence(cell: CellResult) -> Evidence[Any]:
+    """A cell's timeline: measured here when ``cell`` ran on CUDA, else its reference recording, or missing.
+
+    A CPU run is not the GPU experiment (no streams, no pinning), so its trace is never shown as the
+    timeline: without CUDA this is :func:`reference_cell`.
+    """
+    if cell.on_gpu:
+        return evidence.measured(
+            _timeline_what(cell.memory, cell.stream), cell, cell.device, method="CUDA events, one lane per stream"
+        )
+    return reference_cell(cell.memory, cell.stream)
 
 
 def draw_cell(
-    cell: CellResult | SpanTrace,
+    cell: CellResult | SpanTrace | Evidence[Any],
     ax: Any = None,
     *,
     title: str | None = None,
     source: str | None = None,
     max_steps: int | None = 3,
 ) -> Any:
-    """Draw a cell's timeline with :func:`helpers.ui.plots.timeline` (schematics labelled as such)."""
+    """Draw a cell's timeline with :func:`helpers.ui.plots.timeline` (schematics labelled as such).
+
+    ``cell`` may be an :class:`~helpers.core.evidence.Evidence` of a cell or trace: it is drawn with its
+    provenance line as ``source``; a ``missing`` one leaves the axis empty, titled with what is missing
+    (the schematic of each cell is drawn in the chapter's Theory).
+    """
+    if isinstance(cell, Evidence):
+        if cell.value is None:
+            if ax is None:
+                import matplotlib.pyplot as plt  # optional/heavy: matplotlib
+
+                ax = plt.gca()
+            ax.set_axis_off()
+            ax.set_title(title or f"{cell.what}: no reference recording yet (its schematic is in Theory)", fontsize=9)
+            return ax
+        return draw_cell(cell.value, ax, title=title, source=source or cell.source, max_steps=max_steps)
     from ..ui.plots import timeline  # optional/heavy: matplotlib
 
     trace = cell.trace if isinstance(cell, CellResult) else cell
@@ -510,7 +601,7 @@ def hazard_d2h_read_before_sync(device: torch.device | str | None = None, n: int
     host buffer starts at -1. Any element still -1 (or anything not 1) when read
     was read before the copy wrote it.
     """
-    dev = _device(device)
+    dev = resolve_device(device)
     on_gpu = dev.type == "cuda"
     n = check_int("n", n if n is not None else 4 * MiB, 1, 256 * MiB)
     results: dict[str, dict[str, Any]] = {}
@@ -569,7 +660,7 @@ def hazard_pinned_source_mutation(device: torch.device | str | None = None, n: i
     The source holds ones; after queuing the copy behind ~50 ms of GPU work the host
     overwrites it with twos. The copy should deliver ones.
     """
-    dev = _device(device)
+    dev = resolve_device(device)
     on_gpu = dev.type == "cuda"
     n = check_int("n", n if n is not None else 4 * MiB, 1, 256 * MiB)
     results: dict[str, dict[str, Any]] = {}
@@ -669,7 +760,7 @@ def hazard_hidden_syncs(
     nothing to wait for, so there is nothing to count; the function says so and
     names the lines (:data:`PRINT_SYNCS_WHY` says why ``print`` costs several).
     """
-    dev = _device(device)
+    dev = resolve_device(device)
     on_gpu = dev.type == "cuda"
     steps = check_int("steps", steps if steps is not None else sized(20, 200, laptop=50), 1, 100_000)
     size = check_int("size", size if size is not None else (1024 if on_gpu else 128), 8, 16384)
@@ -730,26 +821,42 @@ def hazard_hidden_syncs(
     )
 
 
-def sync_counts_reference() -> str:
-    """The reference recording of hazard 3's synchronisation counts (per loop, per step, per line), or "none yet"."""
-    hits = reference.find("ch05.hazard.syncs")
-    if not hits:
-        return reference.missing_message("the synchronisation counts of hazard 3 (ch05.hazard.syncs)")
-    rs, recs = hits[0]
-    lines = [reference.provenance_line(rs)]
-    for r in recs:
-        steps = r.params.get("steps") or 1
-        lines.append(
-            f"  {r.params.get('variant')} loop, {steps} steps: {r.value:.0f} synchronisations "
-            f"({r.value / steps:.2f} per step)"
-        )
-    for _rs, per_line in reference.find("ch05.hazard.syncs_per_line")[:1]:
-        lines.extend(f"  {r.params.get('line')} alone: {r.value:.0f}" for r in per_line)
-    return "\n".join(lines)
+def _sync_counts(rs: ResultSet, records: list[Record]) -> dict[str, Any]:
+    """Hazard 3's recorded counts, from one reference file: per loop, and per line from the same file."""
+    return {
+        "loops": [(r.params.get("variant"), int(r.params.get("steps") or 1), r.value) for r in records],
+        "per line": [(r.params.get("line"), r.value) for r in rs.find("ch05.hazard.syncs_per_line")],
+    }
+
+
+def sync_counts_reference() -> Evidence[dict[str, Any]]:
+    """The reference recording of hazard 3's synchronisation counts (per loop, per step, per line), or missing.
+
+    Show it with :func:`sync_count_lines`: ``sync_counts_reference().show(sync_count_lines)``.
+    """
+    return evidence.recorded("the synchronisation counts of hazard 3", "ch05.hazard.syncs", convert=_sync_counts)
+
+
+def sync_count_lines(counts: dict[str, Any]) -> list[str]:
+    """'  hidden loop, 50 steps: 450 synchronisations (9.00 per step)', then one line per line of the step."""
+    lines = [
+        f"  {variant} loop, {steps} steps: {value:.0f} synchronisations ({value / steps:.2f} per step)"
+        for variant, steps, value in counts["loops"]
+    ]
+    lines.extend(f"  {line} alone: {value:.0f}" for line, value in counts["per line"])
+    return lines
+
+
+def hazard_count_lines(records: list[Record]) -> list[str]:
+    """Recorded counts of hazard 1 or 2 (``ch05.hazard.d2h_wrong`` / ``.mutation_wrong``), one line per version."""
+    return [
+        f"  {r.params.get('variant')} version: {r.value:,.0f} of {int(r.params.get('n', 0)):,} elements wrong"
+        for r in records
+    ]
 
 
 # ---------------------------------------------------------------------------
-# Prefetcher measurements (GPU) — used by the exercise checker and benchmark()
+# Prefetcher measurements (GPU) — used by the chapter and its benchmark (helpers.chapters.ch05)
 # ---------------------------------------------------------------------------
 
 
@@ -802,7 +909,7 @@ def time_batches(
     after each pass. Works on any device; on a CPU there is no copy to hide, so the ways differ
     only by noise.
     """
-    dev = _device(device)
+    dev = resolve_device(device)
     rounds = check_int("rounds", rounds, 1, 50)
     if not variants:
         raise ValueError("variants must name at least one way to feed the step, e.g. {'mine': lambda: batches(loader)}")
@@ -835,20 +942,43 @@ def time_batches(
     return out
 
 
+#: What the reference figures of the prefetcher are (they are not the reader's cells).
+PREFETCH_REFERENCE_WHAT = (
+    "Reference figures, recorded with the workbook's reference prefetcher (helpers.pipeline.prefetch.Prefetcher) "
+    "and a synthetic compute per batch, not with your cells:"
+)
+
+
+def prefetch_times_from_records(rs: ResultSet, records: list[Record]) -> list[tuple[str, bool, float]]:
+    """``ch05.prefetch.batch_time`` records as ``(dtype, prefetcher, seconds per batch)`` rows."""
+    return [(str(r.params.get("dtype")), bool(r.params.get("prefetcher")), r.value) for r in records]
+
+
+def batch_time_lines(times: BatchTimes | list[tuple[str, bool, float]]) -> list[str]:
+    """The lines shown for the prefetcher's effect: a :class:`BatchTimes` measured here (its report), or
+    the reference rows of :func:`prefetch_times_from_records`, introduced by what they are."""
+    if isinstance(times, BatchTimes):
+        return times.report().splitlines()
+    lines = textwrap.wrap(PREFETCH_REFERENCE_WHAT, 105)
+    lines += [f"  {dtype:>8}, prefetcher={pf}: {sec * 1e3:.3f} ms per batch" for dtype, pf, sec in times]
+    return lines
+
+
 def prefetch_step_times(
     device: torch.device | str = "cuda", *, batch: int = 256, image: int = 128, n_batches: int = 8
 ) -> dict[tuple[str, bool], float]:
     """Seconds per batch for {float32, uint8} pinned image batches, with and without the reference :class:`Prefetcher`.
 
-    These are the *reference* figures (``ch05.prefetch.batch_time``, recorded by :func:`benchmark`
-    on a GPU with the workbook's :class:`helpers.pipeline.prefetch.Prefetcher` and a synthetic compute);
+    These are the *reference* figures (``ch05.prefetch.batch_time``, recorded by
+    :func:`helpers.chapters.ch05.benchmark` on a GPU with the workbook's
+    :class:`helpers.pipeline.prefetch.Prefetcher` and a synthetic compute);
     the chapter times the reader's own ``batches()`` and ``train_step`` with :func:`time_batches`.
 
     Without the prefetcher: ``x = batch.to(dev, non_blocking=True)`` (uint8 normalised
     on the device) then compute, all on the default stream. With it: the same
     compute on batches from ``Prefetcher(loader, dev, normalize=...)``. CUDA only.
     """
-    dev = _device(device)
+    dev = resolve_device(device)
     if dev.type != "cuda":
         raise ValueError("prefetch_step_times needs a CUDA device")
     mean, std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
@@ -857,7 +987,7 @@ def prefetch_step_times(
         torch.randint(0, 256, (batch, 3, image, image), dtype=torch.uint8, generator=g).pin_memory()
         for _ in range(n_batches)
     ]
-    f32 = [normalize_uint8(b, mean, std).pin_memory() for b in u8]
+    f32 = [to_float_normalized(b, mean, std).pin_memory() for b in u8]
     f32[0].to(dev)  # warm-up
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s.record()
@@ -873,7 +1003,7 @@ def prefetch_step_times(
         def plain(loader: Any = loader, norm: Any = norm) -> Iterable[torch.Tensor]:
             for b in loader:
                 x = b.to(dev, non_blocking=True)
-                yield normalize_uint8(x, mean, std) if norm else x
+                yield to_float_normalized(x, mean, std) if norm else x
 
         pf = Prefetcher(loader, dev, normalize=norm)
         _loop_time(plain(), compute, dev)
@@ -881,131 +1011,3 @@ def prefetch_step_times(
         out[(dtype_name, False)] = statistics.median(_loop_time(plain(), compute, dev) for _ in range(3)) / n_batches
         out[(dtype_name, True)] = statistics.median(_loop_time(pf, compute, dev) for _ in range(3)) / n_batches
     return out
-
-
-# ---------------------------------------------------------------------------
-# The live panel's run function
-# ---------------------------------------------------------------------------
-
-
-def panel_run(
-    progress: Callable[[float, str], None] | None = None,
-    *,
-    copy_mib: int = 64,
-    matmul_n: int = 4096,
-    memory: str = "pinned",
-    stream: str = "side",
-    device: torch.device | str | None = None,
-) -> dict[str, Any]:
-    """Run one cell for the live panel (GPU), or pick what to show without one.
-
-    Returns a dict with ``trace`` (what to draw), ``source`` (provenance line or
-    ``None``), ``kind`` (``"measured here"``, ``"reference"`` or ``"schematic"``)
-    and ``summary`` (one line).
-    """
-    _check_cell(memory, stream)
-    dev = _device(device)
-    if dev.type == "cuda":
-        res = run_cell(memory, stream, copy_mib=copy_mib, matmul_n=matmul_n, device=dev, progress=progress)
-        return {
-            "trace": res.trace,
-            "source": f"measured here on {torch.cuda.get_device_name(dev)}",
-            "kind": "measured here",
-            "summary": res.summary(),
-            "result": res,
-        }
-    check_int("copy_mib", copy_mib, 1, 4096)
-    check_int("matmul_n", matmul_n, 16, 16384)
-    if progress is not None:
-        progress(1.0, "no GPU: nothing to run")
-    ref = reference_cell(memory, stream)
-    if ref is not None:
-        trace, line = ref
-        return {
-            "trace": trace,
-            "source": line,
-            "kind": "reference",
-            "summary": (
-                f"No CUDA device: showing the reference recording of {memory} + {stream} stream "
-                f"(recorded at its own sizes, not {copy_mib} MiB / n={matmul_n})."
-            ),
-            "result": None,
-        }
-    return {
-        "trace": schematic_trace(memory, stream),
-        "source": f"{SCHEMATIC}; no reference recording of this cell exists yet",
-        "kind": "schematic",
-        "summary": (
-            f"No CUDA device and no reference recording yet: showing a schematic of {memory} + {stream} "
-            f"stream (expected: {expected_label(memory, stream)}). The sizes are not used without a GPU."
-        ),
-        "result": None,
-    }
-
-
-# ---------------------------------------------------------------------------
-# Reference recordings
-# ---------------------------------------------------------------------------
-
-
-def benchmark(results: Any, device: torch.device | str | None = None) -> Any:
-    """Record chapter 05's GPU measurements into ``results`` (a :class:`helpers.core.results.ResultSet`).
-
-    Records (key: unit; params):
-
-    - ``ch05.overlap.step_time`` / ``.copy_time`` / ``.compute_time``: s (median per step);
-      ``memory``, ``stream``, ``copy_bytes``, ``matmul_n``, ``steps``.
-    - ``ch05.overlap.fraction``: ratio (0-1, share of the shorter activity hidden); same params.
-    - ``ch05.overlap.agrees``: ratio (1 if the measured label equals the expected one, else 0);
-      same params plus ``measured`` and ``expected``.
-    - ``ch05.hazard.d2h_wrong``: count; ``variant`` (bug/fix), ``n``.
-    - ``ch05.hazard.mutation_wrong``: count; ``variant``, ``n``.
-    - ``ch05.hazard.syncs``: count; ``variant`` (hidden/fixed), ``steps``.
-    - ``ch05.hazard.syncs_per_line``: count, one line of the buggy step alone; ``line``
-      (``.item()``, ``print(loss)``, ``.cpu()``).
-    - ``ch05.prefetch.batch_time``: s per batch; ``dtype`` (float32/uint8), ``prefetcher`` (bool),
-      ``batch``, ``image``.
-
-    - ``ch05.decode.*`` (the optional section on decoding JPEGs on the GPU): bytes per batch
-      as JPEG, uint8 and float32, and ms per batch for CPU decode + uint8 copy against nvJPEG
-      decode of the JPEG bytes; recorded by :func:`helpers.pipeline.gpudecode.benchmark`, called last.
-
-    Artifacts: ``ch05.timeline.<memory>.<stream>`` (:meth:`SpanTrace.to_dict`, labels in
-    its metadata) for each of the four cells, drawn by the notebook without a GPU.
-
-    Without CUDA nothing is recorded (there is nothing to measure). Returns ``results``.
-    """
-    dev = _device(device)
-    if dev.type != "cuda":
-        return results
-    for m, s in CELLS:
-        r = run_cell(m, s, device=dev, steps=8)
-        p = {"memory": m, "stream": s, "copy_bytes": r.copy_bytes, "matmul_n": r.matmul_n, "steps": 8}
-        results.add("ch05.overlap.step_time", r.step_s, "s", **p)
-        results.add("ch05.overlap.copy_time", r.copy_s, "s", **p)
-        results.add("ch05.overlap.compute_time", r.compute_s, "s", **p)
-        results.add("ch05.overlap.fraction", r.fraction, "ratio", **p)
-        results.add(
-            "ch05.overlap.agrees", 1.0 if r.agrees else 0.0, "ratio", measured=r.measured, expected=r.expected, **p
-        )
-        results.artifacts[artifact_name(m, s)] = r.trace.to_dict()
-    h = hazard_d2h_read_before_sync(dev)
-    results.add("ch05.hazard.d2h_wrong", h.bug["wrong elements when read"], "count", variant="bug", n=h.bug["of"])
-    results.add("ch05.hazard.d2h_wrong", h.fix["wrong elements when read"], "count", variant="fix", n=h.fix["of"])
-    h = hazard_pinned_source_mutation(dev)
-    results.add(
-        "ch05.hazard.mutation_wrong", h.bug["elements that arrived wrong"], "count", variant="bug", n=h.bug["of"]
-    )
-    results.add(
-        "ch05.hazard.mutation_wrong", h.fix["elements that arrived wrong"], "count", variant="fix", n=h.fix["of"]
-    )
-    h = hazard_hidden_syncs(dev, steps=50)
-    results.add("ch05.hazard.syncs", h.bug["synchronisations"], "count", variant="hidden", steps=50)
-    results.add("ch05.hazard.syncs", h.fix["synchronisations"], "count", variant="fixed", steps=50)
-    for line in (".item()", "print(loss)", ".cpu()"):
-        results.add("ch05.hazard.syncs_per_line", h.bug[f"{line} alone"], "count", line=line)
-    for (dtype_name, with_pf), sec in prefetch_step_times(dev).items():
-        results.add("ch05.prefetch.batch_time", sec, "s", dtype=dtype_name, prefetcher=with_pf, batch=256, image=128)
-
-    decode_benchmark(results, dev)
-    return results

@@ -209,7 +209,13 @@ def normalize_uint8(
     (torchvision's ``ToDtype(float32, scale=True)`` then ``Normalize(mean, std)``, bit for
     bit), whose statistics are cached per device and dtype: after the first call nothing
     is copied from the host, so a training step pays no hidden synchronisation here.
-    A single image ``(C, H, W)`` and any leading dims ``(..., C, H, W)`` work.
+
+    Why it exists beside the one normaliser: ``to_float_normalized`` takes exactly one
+    ``(N, C, H, W)`` batch, while the :class:`Prefetcher` normalises whatever uint8 tensors a
+    batch holds. This adds only that job: a single image ``(C, H, W)`` and any leading dims
+    ``(..., C, H, W)`` (flattened to ``(N, C, H, W)`` and viewed back), ``mean``/``std`` given
+    as tensors, and its own error messages. For a plain ``(N, C, H, W)`` batch call
+    ``to_float_normalized`` directly.
     """
     if not isinstance(x, torch.Tensor) or x.dtype != torch.uint8:
         got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__

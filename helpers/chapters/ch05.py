@@ -1,0 +1,332 @@
+"""Chapter 05 · Overlapped asynchronous transfer: the chapter module (the interface of :mod:`helpers.ui.chapter`).
+
+What the chapter measures lives in the pipeline layer: :mod:`helpers.pipeline.overlap` (the 2x2
+copy/compute experiment, the three hazards, the timing of the reader's pipeline),
+:mod:`helpers.pipeline.prefetch` (the reference prefetcher and the checks of the reader's) and
+:mod:`helpers.pipeline.gpudecode` (JPEG bytes decoded on the CPU or the GPU). This module holds the
+chapter around them:
+
+- the live panel: one cell of the 2x2 experiment per run, drawn as a timeline. On a GPU it runs
+  with the reader's sizes (measured here); without one it shows the reference recording of the
+  chosen cell (recorded elsewhere) or, when none exists, its schematic (theoretical), and the two
+  size sliders are disabled;
+- the headless benchmark (``python -m helpers.tools.bench``), which records the ``ch05.*`` keys of
+  the reference files on a GPU (:func:`benchmark`), the decode comparison included
+  (:func:`record_decode`).
+
+>>> panel = widgets.Panel.for_chapter(ch05, device=DEVICE, copy=COPY_MIB, compute=MATMUL_N)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ipywidgets as W
+import torch
+
+from ..core import config, evidence
+from ..core.device import has_cuda, resolve_device
+from ..core.evidence import Evidence
+from ..core.progress import ProgressFn, no_progress, scaled
+from ..core.results import ResultSet
+from ..core.validate import check_choice, check_int
+from ..pipeline import gpudecode, overlap
+from ..pipeline.data import default_sizes, make_shapes_dataset
+
+__all__ = [
+    "NUMBER",
+    "TITLE",
+    "BENCH_WEIGHT",
+    "PANEL_TITLE",
+    "PANEL_FIGSIZE",
+    "SIZES_NEED_GPU",
+    "benchmark",
+    "record_decode",
+    "panel_controls",
+    "panel_run",
+    "panel_summary",
+    "panel_plot",
+]
+
+NUMBER = "05"
+TITLE = "overlapping copies with compute"
+BENCH_WEIGHT = 1.0
+PANEL_TITLE = "Copy/compute overlap"
+PANEL_FIGSIZE = (8.5, 3.2)
+
+#: The tooltip of the size sliders on a machine without CUDA.
+SIZES_NEED_GPU = "disabled: no CUDA device, so there is no copy or compute to size here"
+
+#: Steps per cell and hazard-3 steps the benchmark records (part of the records' params).
+_BENCH_STEPS = 8
+_BENCH_SYNC_STEPS = 50
+
+
+# ---------------------------------------------------------------------------
+# The benchmark
+# ---------------------------------------------------------------------------
+
+
+def benchmark(results: ResultSet, device: torch.device | str | None, *, progress: ProgressFn | None = None) -> None:
+    """Record chapter 05's GPU measurements into ``results``.
+
+    Records (key: unit; params):
+
+    - ``ch05.overlap.step_time`` / ``.copy_time`` / ``.compute_time``: s (median per step);
+      ``memory``, ``stream``, ``copy_bytes``, ``matmul_n``, ``steps``.
+    - ``ch05.overlap.fraction``: ratio (0-1, share of the shorter activity hidden); same params.
+    - ``ch05.overlap.agrees``: ratio (1 if the measured label equals the expected one, else 0);
+      same params plus ``measured`` and ``expected``.
+    - ``ch05.hazard.d2h_wrong``: count; ``variant`` (bug/fix), ``n``.
+    - ``ch05.hazard.mutation_wrong``: count; ``variant``, ``n``.
+    - ``ch05.hazard.syncs``: count; ``variant`` (hidden/fixed), ``steps``.
+    - ``ch05.hazard.syncs_per_line``: count, one line of the buggy step alone; ``line``
+      (``.item()``, ``print(loss)``, ``.cpu()``).
+    - ``ch05.prefetch.batch_time``: s per batch; ``dtype`` (float32/uint8), ``prefetcher`` (bool),
+      ``batch``, ``image``.
+    - ``ch05.decode.*`` (the optional section on decoding JPEGs on the GPU): recorded by
+      :func:`record_decode`, last.
+
+    Artifacts: ``ch05.timeline.<memory>.<stream>`` (:meth:`SpanTrace.to_dict`, labels in its
+    metadata) for each of the four cells, drawn by the notebook without a GPU.
+
+    Without CUDA nothing is recorded: every figure of this chapter is about CUDA streams and copies.
+    """
+    progress = progress or no_progress
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        progress(1.0, "no CUDA device: nothing to record")
+        return
+    for i, (m, s) in enumerate(overlap.CELLS):
+        progress(0.4 * i / len(overlap.CELLS), f"2x2 experiment: {m} + {s} stream")
+        r = overlap.run_cell(m, s, device=dev, steps=_BENCH_STEPS)
+        p: dict[str, Any] = {
+            "memory": m,
+            "stream": s,
+            "copy_bytes": r.copy_bytes,
+            "matmul_n": r.matmul_n,
+            "steps": _BENCH_STEPS,
+        }
+        results.add("ch05.overlap.step_time", r.step_s, "s", **p)
+        results.add("ch05.overlap.copy_time", r.copy_s, "s", **p)
+        results.add("ch05.overlap.compute_time", r.compute_s, "s", **p)
+        results.add("ch05.overlap.fraction", r.fraction, "ratio", **p)
+        results.add(
+            "ch05.overlap.agrees", 1.0 if r.agrees else 0.0, "ratio", measured=r.measured, expected=r.expected, **p
+        )
+        results.artifacts[overlap.artifact_name(m, s)] = r.trace.to_dict()
+    progress(0.4, "hazard 1: a device-to-host copy read before a sync")
+    h = overlap.hazard_d2h_read_before_sync(dev)
+    results.add("ch05.hazard.d2h_wrong", h.bug["wrong elements when read"], "count", variant="bug", n=h.bug["of"])
+    results.add("ch05.hazard.d2h_wrong", h.fix["wrong elements when read"], "count", variant="fix", n=h.fix["of"])
+    progress(0.45, "hazard 2: a pinned source changed too early")
+    h = overlap.hazard_pinned_source_mutation(dev)
+    results.add(
+        "ch05.hazard.mutation_wrong", h.bug["elements that arrived wrong"], "count", variant="bug", n=h.bug["of"]
+    )
+    results.add(
+        "ch05.hazard.mutation_wrong", h.fix["elements that arrived wrong"], "count", variant="fix", n=h.fix["of"]
+    )
+    progress(0.5, "hazard 3: hidden synchronisations")
+    h = overlap.hazard_hidden_syncs(dev, steps=_BENCH_SYNC_STEPS)
+    results.add("ch05.hazard.syncs", h.bug["synchronisations"], "count", variant="hidden", steps=_BENCH_SYNC_STEPS)
+    results.add("ch05.hazard.syncs", h.fix["synchronisations"], "count", variant="fixed", steps=_BENCH_SYNC_STEPS)
+    for line in (".item()", "print(loss)", ".cpu()"):
+        results.add("ch05.hazard.syncs_per_line", h.bug[f"{line} alone"], "count", line=line)
+    progress(0.55, "the reference prefetcher: seconds per batch")
+    for (dtype_name, with_pf), sec in overlap.prefetch_step_times(dev).items():
+        results.add("ch05.prefetch.batch_time", sec, "s", dtype=dtype_name, prefetcher=with_pf, batch=256, image=128)
+    record_decode(results, dev, progress=scaled(progress, 0.7, 1.0, "JPEG decode: "))
+    progress(1.0, "done")
+
+
+def record_decode(
+    results: ResultSet,
+    device: torch.device | str | None = None,
+    *,
+    info: Any = None,
+    batch_size: int | None = None,
+    crop_size: int | None = None,
+    n_batches: int | None = None,
+    repeats: int = 3,
+    progress: ProgressFn | None = None,
+) -> ResultSet:
+    """Record the decode comparison of :func:`helpers.pipeline.gpudecode.compare_decode` into ``results``.
+
+    Keys (unit; params):
+
+    - ``ch05.decode.bytes_per_batch``: bytes (mean per batch, spread min/max/n);
+      ``form`` (jpeg/uint8/float32), ``batch_size``, ``crop_size``, ``image_size``.
+    - ``ch05.decode.ms_per_batch``: ms (median, spread iqr/n); ``where`` (where the decode
+      ran: cpu/cuda), ``device`` (where the batch ends up: cpu/cuda), ``pinned`` (bytes sent
+      from pinned memory), ``batch_size``, ``crop_size``, ``image_size``. On a CPU only the
+      CPU path is recorded (the other path would be the same code).
+    - ``ch05.decode.speedup`` (CUDA only): ratio, CPU path over GPU decode with pinned bytes.
+    - ``ch05.decode.mean_abs_diff`` / ``.max_abs_diff`` (CUDA only): levels (0-255), the GPU
+      path's pixels against the CPU path's on one batch; ``stage``: ``decode`` (nvJPEG against
+      libjpeg-turbo, full-size images), ``resize`` (float resize on the GPU against integer
+      resize on the CPU, same input pixels) or ``decode+resize`` (what a reader gets).
+
+    Uses the validation split of the data set at the current mode's sizes (``info``
+    and the sizes can be overridden, for tests). Returns ``results``.
+    """
+    dev = resolve_device(device)
+    sizes = default_sizes()
+    info = info if info is not None else make_shapes_dataset()
+    bs = batch_size if batch_size is not None else sizes["batch_size"]
+    crop = crop_size if crop_size is not None else sizes["crop_size"]
+    nb = n_batches if n_batches is not None else 8
+    ds = gpudecode.EncodedJpegDataset(info.val_dir)
+    on_gpu = dev.type == "cuda"
+    runs = [(True,), (False,)] if on_gpu else [(False,)]
+    first: gpudecode.DecodeComparison | None = None
+    for k, (pin,) in enumerate(runs):
+        part = scaled(progress, k / len(runs), (k + 1) / len(runs), "pinned bytes: " if pin else "")
+        cmp = gpudecode.compare_decode(
+            ds, dev, batch_size=bs, crop_size=crop, n_batches=nb, repeats=repeats, pin=pin, progress=part
+        )
+        p: dict[str, Any] = {"batch_size": cmp.batch_size, "crop_size": cmp.crop_size, "image_size": cmp.image_size}
+        if first is None:
+            first = cmp
+            for form in gpudecode.FORMS:
+                v = cmp.bytes_per_batch[form]
+                results.add(
+                    "ch05.decode.bytes_per_batch",
+                    cmp.bytes[form],
+                    "bytes",
+                    spread={"min": min(v), "max": max(v), "n": len(v)},
+                    form=form,
+                    **p,
+                )
+            results.add(
+                "ch05.decode.ms_per_batch",
+                cmp.cpu_path.median_s * 1e3,
+                "ms",
+                spread={"iqr": cmp.cpu_path.iqr_s * 1e3, "n": cmp.cpu_path.n},
+                where="cpu",
+                device=dev.type,
+                pinned=False,
+                **p,
+            )
+        if on_gpu:
+            results.add(
+                "ch05.decode.ms_per_batch",
+                cmp.device_path.median_s * 1e3,
+                "ms",
+                spread={"iqr": cmp.device_path.iqr_s * 1e3, "n": cmp.device_path.n},
+                where="cuda",
+                device="cuda",
+                pinned=cmp.pinned,
+                **p,
+            )
+            if cmp.pinned:
+                results.add("ch05.decode.speedup", cmp.speedup, "ratio", pinned=True, **p)
+                for stage, mx, mean in (
+                    ("decode+resize", cmp.max_abs_diff, cmp.mean_abs_diff),
+                    ("decode", cmp.decode_max_abs_diff, cmp.decode_mean_abs_diff),
+                    ("resize", cmp.resize_max_abs_diff, cmp.resize_mean_abs_diff),
+                ):
+                    results.add("ch05.decode.mean_abs_diff", mean, "levels", vs="cpu", stage=stage, **p)
+                    results.add("ch05.decode.max_abs_diff", mx, "levels", vs="cpu", stage=stage, **p)
+    return results
+
+
+# ---------------------------------------------------------------------------
+# The live panel
+# ---------------------------------------------------------------------------
+
+
+def panel_controls(**context: Any) -> dict[str, Any]:
+    """Bytes copied per step, compute per step (matrix side), host memory kind, stream.
+
+    ``context`` may set the sliders' starting values: ``copy=`` (MiB, the notebook's ``COPY_MIB``)
+    and ``compute=`` (matrix side, its ``MATMUL_N``). Without CUDA on this machine the two size
+    sliders are disabled (:data:`SIZES_NEED_GPU`): there is no copy or compute for them to size, and
+    a run shows a recording or a schematic of the chosen cell.
+    """
+    gpu = has_cuda()
+    tip = "" if gpu else SIZES_NEED_GPU
+    return {
+        "copy_mib": W.IntSlider(
+            value=context.get("copy", 64),
+            min=1,
+            max=config.sized(64, 256),
+            description="copy MiB",
+            disabled=not gpu,
+            tooltip=tip,
+        ),
+        "matmul_n": W.IntSlider(
+            value=context.get("compute", 4096),
+            min=64,
+            max=8192,
+            step=64,
+            description="compute n",
+            disabled=not gpu,
+            tooltip=tip,
+        ),
+        "memory": W.Dropdown(options=list(overlap.MEMORY_KINDS), value="pinned", description="memory"),
+        "stream": W.ToggleButtons(options=list(overlap.STREAM_KINDS), value="side", description="stream"),
+    }
+
+
+def panel_run(
+    progress: ProgressFn | None,
+    *,
+    device: torch.device | str | None,
+    copy_mib: int = 64,
+    matmul_n: int = 4096,
+    memory: str = "pinned",
+    stream: str = "side",
+    **context: Any,
+) -> Evidence[Any]:
+    """One cell of the 2x2 experiment: its timeline, as an Evidence whichever path ran.
+
+    On a CUDA ``device``: :func:`helpers.pipeline.overlap.run_cell` with these sizes, ``measured``
+    (the value is the :class:`~helpers.pipeline.overlap.CellResult`). Without one: the reference
+    recording of the cell (``recorded``, a :class:`~helpers.core.timing.SpanTrace`, recorded at its
+    own sizes), else its schematic (``theoretical``); the note says which and why.
+
+    Raises:
+        ValueError: a memory kind, stream or size out of range.
+    """
+    progress = progress or no_progress
+    check_choice("memory", memory, overlap.MEMORY_KINDS)
+    check_choice("stream", stream, overlap.STREAM_KINDS)
+    dev = resolve_device(device)
+    if dev.type == "cuda":
+        res = overlap.run_cell(memory, stream, copy_mib=copy_mib, matmul_n=matmul_n, device=dev, progress=progress)
+        return overlap.timeline_evidence(res)
+    check_int("copy_mib", copy_mib, 1, 4096)
+    check_int("matmul_n", matmul_n, 16, 16384)
+    progress(1.0, "no GPU: nothing to run")
+    ref = overlap.reference_cell(memory, stream)
+    if ref:
+        note = (
+            f"No CUDA device: showing the reference recording of {memory} + {stream} stream "
+            f"(recorded at its own sizes, not {copy_mib} MiB / n={matmul_n})."
+        )
+        return dataclasses.replace(ref, note=note)
+    schematic = evidence.theoretical(
+        ref.what,
+        overlap.schematic_trace(memory, stream),
+        f"{overlap.SCHEMATIC}; no reference recording of this cell exists yet",
+    )
+    note = (
+        f"No CUDA device and no reference recording yet: showing a schematic of {memory} + {stream} "
+        f"stream (expected: {overlap.expected_label(memory, stream)}). The sizes are not used without a GPU."
+    )
+    return dataclasses.replace(schematic, note=note)
+
+
+def panel_summary(result: Evidence[Any]) -> str:
+    """The cell's summary (when measured here) or the note, then the provenance header."""
+    if isinstance(result.value, overlap.CellResult):
+        return f"{result.value.summary()} — {result.header()}"
+    return " ".join(part for part in (result.note, result.header()) if part)
+
+
+def panel_plot(history: list[Any], ax: Any) -> None:
+    """The latest run's timeline, labelled with its source (measured now, recorded on ..., or schematic)."""
+    if history:
+        overlap.draw_cell(history[-1].result, ax)
