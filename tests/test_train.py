@@ -198,6 +198,24 @@ def test_lanes_name_the_resources(tiny: data.DatasetInfo) -> None:
     assert lanes["forward"] == lanes["backward"] == lanes["optimizer"] == train.COMPUTE_LANE_CPU
 
 
+def test_named_transfers_are_the_one_batch_mover(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bool] = []
+    real = train.move_batch
+
+    def spy(batch, device, *, non_blocking=True, pin=False):  # noqa: ANN001, ANN202 - a test double
+        seen.append(non_blocking)
+        return real(batch, device, non_blocking=non_blocking, pin=pin)
+
+    monkeypatch.setattr(train, "move_batch", spy)
+    x, y = torch.zeros(2, 3), torch.ones(2, dtype=torch.long)
+    for name in ("blocking", "non_blocking"):
+        out = train._resolve_transfer(name)([x, y, "index"], torch.device("cpu"))
+        assert isinstance(out, tuple) and out[0] is x and out[1] is y  # (x, y) only; a no-op on the CPU
+    assert seen == [False, True]
+    with pytest.raises(ValueError, match="transfer must be one of"):
+        train._resolve_transfer("teleport")
+
+
 def test_panel_functions(tiny: data.DatasetInfo, monkeypatch: pytest.MonkeyPatch) -> None:
     import matplotlib
 
@@ -259,6 +277,19 @@ def test_benchmark_records(tiny: data.DatasetInfo, tmp_path, monkeypatch: pytest
     assert ref.lines()[0] == "no CUDA here"
     (label,) = ref.value.phases
     assert list(ref.value.phases[label])[0] == "load" and label in ref.value.traces and ref.value.step_time[label] > 0
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    before = set(plt.get_fignums())
+    ch01.plot_reference_anatomy(ref)  # the phases and one timeline, each labelled with the source
+    figs = [plt.figure(n) for n in set(plt.get_fignums()) - before]
+    assert len(figs) == 2 and all("Recorded on" in " ".join(t.get_text() for t in f.axes[0].texts) for f in figs)
+    plt.close("all")
+    ch01.plot_reference_anatomy(missing)  # nothing to draw
+    assert set(plt.get_fignums()) == set()
 
 
 @pytest.mark.slow
