@@ -2,7 +2,7 @@
 
 - ``train.record_steps`` runs the reader's loader, ``to_device`` and ``train_step`` (no copy of them), and
   leaves no hook and no timed collate function behind, whatever happens;
-- ``train.step_anatomy`` and ``train.panel_run`` take the reader's functions;
+- ``train.step_anatomy`` and ``ch01.panel_run`` (the live panel) take the reader's functions;
 - the functions of chapter 01's cells tagged ``pipeline`` are the contract's baseline, and
   ``train.baseline_train_step`` (what the headless benchmark runs) trains exactly like the cell's ``train_step``.
 """
@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from helpers.chapters import ch01
 from helpers.core.timing import SpanRecorder
 from helpers.pipeline import data, models, train
 from helpers.ui import codecells
@@ -211,8 +212,8 @@ def test_step_anatomy_and_panel_run_time_the_readers_functions(
         seen.update(kwargs)
         return real(**{**kwargs, "data_root": tiny.train_dir, "depth": 2})
 
-    monkeypatch.setattr(train, "step_anatomy", tiny_anatomy)
-    r = train.panel_run(
+    monkeypatch.setattr(ch01, "step_anatomy", tiny_anatomy)
+    r = ch01.panel_run(
         None,
         batch_size=8,
         crop_size=24,
@@ -224,7 +225,7 @@ def test_step_anatomy_and_panel_run_time_the_readers_functions(
         train_step=step,
     )
     assert seen["make_loader"] is make and seen["to_device"] is move and seen["train_step"] is step
-    assert r.settings["pipeline"] == "yours" and step.calls == 4 + 3
+    assert r.here and r.value.settings["pipeline"] == "yours" and step.calls == 4 + 3
 
 
 def _code_cells() -> list[str]:
@@ -240,5 +241,5 @@ def test_chapter_01_runs_and_times_its_own_cells() -> None:
     assert "train_loader = make_loader(train_ds, BATCH_SIZE)" in code
     assert "train.record_steps(train_loader, to_device, train_step, model, optimizer" in code
     assert "PIPELINE = dict(make_loader=make_loader, to_device=to_device, train_step=train_step)" in code
-    assert "**PIPELINE)" in code and "functools.partial(train.panel_run, **PIPELINE)" in code
+    assert "widgets.Panel.for_chapter(ch01, device=DEVICE, **PIPELINE," in code
     assert "train_epoch" not in code and "timed_loader" not in code

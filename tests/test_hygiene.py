@@ -3,8 +3,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.core import results
+from helpers.chapters import ch00
+from helpers.core import evidence, results
 from helpers.pipeline import hygiene
+from helpers.ui import widgets
 
 
 def test_make_op_validates() -> None:
@@ -37,8 +39,45 @@ def test_demos_on_cpu() -> None:
 def test_benchmark_records(monkeypatch: pytest.MonkeyPatch) -> None:
     rs = results.ResultSet.new("t", "m")
     monkeypatch.setattr(hygiene, "sync_demo", lambda device, n: {"sync": hygiene.time_op("add", 16, "cpu", 0.01)})
-    hygiene.benchmark(rs, torch.device("cpu"))
+    told: list[float] = []
+    ch00.benchmark(rs, torch.device("cpu"), progress=lambda f, t="": told.append(f))
     assert {"ch00.first_call_s", "ch00.steady_call_s", "ch00.matmul_time_s"} <= set(rs.keys())
+    assert told[0] == 0.0 and told[-1] == 1.0 and told == sorted(told)
+    assert {r.params["clock"] for r in rs.find("ch00.matmul_time_s")} == {"sync"}
+
+
+def test_chapter_panel_measures_here_and_plots_every_run() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    panel = widgets.Panel.for_chapter(ch00, device=torch.device("cpu"), max_n=64, min_run_time=0.01, max_seconds=5.0)
+    assert panel.controls["n"].max == 64
+    for op in ("add", "copy"):
+        panel.set(op=op, n=32)
+        panel.click()
+    assert panel.error is None, panel.error
+    assert len(panel.history) == 2 and all(r.result.here for r in panel.history)
+    assert panel.last.result.value.label == "copy n=32" and "measured here" in panel.last.summary
+    assert "median" in ch00.panel_summary(panel.last.result)
+
+
+def test_clock_rows_measured_and_recorded(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    demo = hygiene.sync_demo("cpu", n=32, repeats=3)
+    rows = hygiene.clock_timings(demo, n=32)
+    assert [r.clock for r in rows] == ["no sync", "sync"] and hygiene.clock_timings(None, n=32) == []
+    assert "no sync, n=32: median" in hygiene.clock_table(rows)[0]
+
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    assert not evidence.recorded("the gap", "ch00.matmul_time_s", convert=hygiene.clock_timings_from_records)
+    rs = results.ResultSet.new("t", "m")
+    for r in rows:
+        rs.add("ch00.matmul_time_s", r.median_s, "s", spread={"iqr": r.iqr_s, "n": 3}, n=32, clock=r.clock)
+    rs.save(tmp_path / "cpu.json")  # recorded without a GPU: no reference for GPU timings
+    assert not evidence.recorded("the gap", "ch00.matmul_time_s", convert=hygiene.clock_timings_from_records)
+    rs.provenance["hardware"] = {**rs.hardware, "gpu_name": "Test GPU"}
+    rs.save(tmp_path / "gpu.json")
+    ev = evidence.recorded("the gap", "ch00.matmul_time_s", convert=hygiene.clock_timings_from_records, clock="sync")
+    assert ev.kind == "recorded" and [r.clock for r in ev.value] == ["sync"] and ev.value[0].iqr_s == rows[1].iqr_s
 
 
 # --- demos bounded in time and memory (issue 15 item 10) ----------------------------------------

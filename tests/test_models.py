@@ -70,9 +70,12 @@ def test_bad_arguments(kwargs: dict) -> None:
         models.SmallCNN(**kwargs)
 
 
-def test_uint8_helper_is_reexported() -> None:
+def test_the_one_normaliser_is_in_data_only() -> None:
+    from helpers.pipeline import data
+
+    assert not hasattr(models, "to_float_normalized")  # one normaliser, one name (issue 17)
     x = torch.full((1, 3, 2, 2), 255, dtype=torch.uint8)
-    out = models.to_float_normalized(x)
+    out = data.to_float_normalized(x)
     assert out.dtype == torch.float32 and torch.allclose(out, torch.full_like(out, 2.0))
 
 

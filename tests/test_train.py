@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.chapters import ch01
 from helpers.core.timing import SpanRecorder
 from helpers.pipeline import data, loaders, models, train
 
@@ -197,6 +198,24 @@ def test_lanes_name_the_resources(tiny: data.DatasetInfo) -> None:
     assert lanes["forward"] == lanes["backward"] == lanes["optimizer"] == train.COMPUTE_LANE_CPU
 
 
+def test_named_transfers_are_the_one_batch_mover(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bool] = []
+    real = train.move_batch
+
+    def spy(batch, device, *, non_blocking=True, pin=False):  # noqa: ANN001, ANN202 - a test double
+        seen.append(non_blocking)
+        return real(batch, device, non_blocking=non_blocking, pin=pin)
+
+    monkeypatch.setattr(train, "move_batch", spy)
+    x, y = torch.zeros(2, 3), torch.ones(2, dtype=torch.long)
+    for name in ("blocking", "non_blocking"):
+        out = train._resolve_transfer(name)([x, y, "index"], torch.device("cpu"))
+        assert isinstance(out, tuple) and out[0] is x and out[1] is y  # (x, y) only; a no-op on the CPU
+    assert seen == [False, True]
+    with pytest.raises(ValueError, match="transfer must be one of"):
+        train._resolve_transfer("teleport")
+
+
 def test_panel_functions(tiny: data.DatasetInfo, monkeypatch: pytest.MonkeyPatch) -> None:
     import matplotlib
 
@@ -205,15 +224,15 @@ def test_panel_functions(tiny: data.DatasetInfo, monkeypatch: pytest.MonkeyPatch
 
     from helpers.ui.widgets import RunRecord
 
-    monkeypatch.setattr(train, "step_anatomy", _tiny_anatomy(tiny))
+    monkeypatch.setattr(ch01, "step_anatomy", _tiny_anatomy(tiny))
     calls = []
-    a = train.panel_run(lambda f, t="": calls.append(f), batch_size=8, crop_size=24, width=4, steps=2, device="cpu")
-    assert calls and calls[-1] == 1.0 and a.trace.steps() == 2
-    text = train.panel_summary(a)
-    assert "measured" in text and "bottleneck" in text
+    r = ch01.panel_run(lambda f, t="": calls.append(f), batch_size=8, crop_size=24, width=4, steps=2, device="cpu")
+    assert calls and calls[-1] == 1.0 and r.here and r.value.trace.steps() == 2
+    text = ch01.panel_summary(r)
+    assert "measured" in text and "bottleneck" in text and "measured now on cpu" in text
     ax = Figure().add_subplot()
-    train.panel_plot([RunRecord(1, {"width": 4}, a, 0.1), RunRecord(2, {"width": 8}, a, 0.1)], ax)
-    assert ax.get_ylabel() == "time per step (ms)"
+    ch01.panel_plot([RunRecord(1, {"width": 4}, r, 0.1), RunRecord(2, {"width": 8}, r, 0.1)], ax)
+    assert ax.get_ylabel() == "time per step (ms)" and "measured now on cpu" in ax.get_title()
 
 
 def _tiny_anatomy(info: data.DatasetInfo):  # noqa: ANN202 - a test double
@@ -233,10 +252,12 @@ def _tiny_sizes() -> dict[str, int]:
 def test_benchmark_records(tiny: data.DatasetInfo, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     from helpers.core.results import ResultSet
 
-    monkeypatch.setattr(train, "step_anatomy", _tiny_anatomy(tiny))
-    monkeypatch.setattr(train, "default_sizes", _tiny_sizes)  # the name train.benchmark looks up
+    monkeypatch.setattr(ch01, "step_anatomy", _tiny_anatomy(tiny))
+    monkeypatch.setattr(ch01, "default_sizes", _tiny_sizes)  # the name ch01.benchmark looks up
     rs = ResultSet.new("test", "unit test", device="cpu")
-    train.benchmark(rs, "cpu", widths=(4,), steps=2, warmup=0)
+    told: list[float] = []
+    ch01.benchmark(rs, "cpu", widths=(4,), steps=2, warmup=0, progress=lambda f, t="": told.append(f))
+    assert told and told[-1] == 1.0
     phases = {r.params["phase"] for r in rs.find("ch01.step.phase_time")}
     assert phases == {"load", "collate", "h2d", "forward", "backward", "optimizer"}
     for key in ("step_time", "predicted_serial", "predicted_overlapped", "samples_per_s", "gflop_per_step"):
@@ -247,13 +268,28 @@ def test_benchmark_records(tiny: data.DatasetInfo, tmp_path, monkeypatch: pytest
     # A reference file recorded on a GPU is found; one without a GPU is ignored.
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
     rs.save(tmp_path / "cpu.json")
-    assert train.reference_anatomy() is None
+    missing = ch01.reference_anatomy()
+    assert not missing and missing.kind == "missing" and "ch01.step.phase_time" in missing.source
     rs.provenance["hardware"] = {**rs.hardware, "gpu_name": "Test GPU"}
     rs.save(tmp_path / "gpu.json")
-    ref = train.reference_anatomy()
-    assert ref is not None and "Recorded on" in ref.source
-    (label,) = ref.phases
-    assert list(ref.phases[label])[0] == "load" and label in ref.traces and ref.step_time[label] > 0
+    ref = ch01.reference_anatomy(note="no CUDA here")
+    assert ref.kind == "recorded" and "Recorded on" in ref.source and "not this machine" in ref.source
+    assert ref.lines()[0] == "no CUDA here"
+    (label,) = ref.value.phases
+    assert list(ref.value.phases[label])[0] == "load" and label in ref.value.traces and ref.value.step_time[label] > 0
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    before = set(plt.get_fignums())
+    ch01.plot_reference_anatomy(ref)  # the phases and one timeline, each labelled with the source
+    figs = [plt.figure(n) for n in set(plt.get_fignums()) - before]
+    assert len(figs) == 2 and all("Recorded on" in " ".join(t.get_text() for t in f.axes[0].texts) for f in figs)
+    plt.close("all")
+    ch01.plot_reference_anatomy(missing)  # nothing to draw
+    assert set(plt.get_fignums()) == set()
 
 
 @pytest.mark.slow

@@ -9,19 +9,23 @@ shape of the experiment and the result:
   launch, not the work.
 * :func:`events_vs_wall` — CUDA events vs a synchronised wall clock.
 * :func:`time_op` — the operation the live panel times.
-* :func:`benchmark` — records the GPU-relevant figures for reference files.
+* :func:`clock_timings` / :func:`clock_timings_from_records` / :func:`clock_table` — one
+  matrix product timed by several clocks, measured here or read from reference records
+  (``ch00.matmul_time_s``), and its printed form.
+
+Chapter 00's panel and its headless benchmark are in :mod:`helpers.chapters.ch00`.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from ..core.config import sized
 from ..core.device import resolve_device
-from ..core.results import ResultSet
+from ..core.results import Record, ResultSet
 from ..core.timing import Timing, cuda_event_time, measure, synchronize, time_calls
 from ..core.validate import check_choice, check_float, check_int
 from .transfer import check_host_bytes
@@ -37,7 +41,10 @@ __all__ = [
     "sync_demo",
     "events_vs_wall",
     "time_op",
-    "benchmark",
+    "ClockTiming",
+    "clock_timings",
+    "clock_timings_from_records",
+    "clock_table",
 ]
 
 DEMO_MAX_SECONDS = 60.0
@@ -219,16 +226,49 @@ def time_op(
     return measure(fn, label=f"{op} n={n}", device=device, min_run_time=min_run_time, blocks=blocks)
 
 
-def benchmark(results: ResultSet, device: torch.device) -> None:
-    """Record chapter 00's figures (keys ``ch00.*``) into ``results``."""
-    warm = warmup_demo(device)
-    results.add("ch00.first_call_s", warm.times_s[0], "s", what="fresh conv2d, first call")
-    results.add("ch00.steady_call_s", warm.median_s, "s", what="fresh conv2d, median of the first calls")
-    for n in (sized(quick=256, full=1024), sized(quick=512, full=4096)):
-        demo = sync_demo(device, n=n)
-        for name, t in demo.items():
-            results.add("ch00.matmul_time_s", t.median_s, "s", spread={"iqr": t.iqr_s, "n": t.n}, n=n, clock=name)
-        ev = events_vs_wall(device, n=n)
-        if ev is not None:
-            for name, t in ev.items():
-                results.add("ch00.matmul_time_s", t.median_s, "s", spread={"iqr": t.iqr_s, "n": t.n}, n=n, clock=name)
+@dataclass(frozen=True)
+class ClockTiming:
+    """One matrix product timed by one clock (a row of :func:`clock_table`).
+
+    Attributes:
+        clock: ``"no sync"``, ``"sync"`` (:func:`sync_demo`), ``"CUDA events"`` or ``"wall clock + sync"``
+            (:func:`events_vs_wall`).
+        n: the size of the ``n x n`` product.
+        median_s: the median time of one call, in seconds.
+        iqr_s: its inter-quartile range, in seconds (None when the record has no spread).
+    """
+
+    clock: str
+    n: int
+    median_s: float
+    iqr_s: float | None = None
+
+
+def clock_timings(timings: dict[str, Timing] | None, n: int) -> list[ClockTiming]:
+    """The rows of :func:`sync_demo`'s or :func:`events_vs_wall`'s result at size ``n`` (none for None)."""
+    return [ClockTiming(clock, n, t.median_s, t.iqr_s) for clock, t in (timings or {}).items()]
+
+
+def clock_timings_from_records(rs: ResultSet, records: list[Record]) -> list[ClockTiming] | None:
+    """Reference records of ``ch00.matmul_time_s`` as rows (a ``convert`` for :mod:`helpers.core.evidence`).
+
+    Only a result set recorded on a CUDA GPU counts (on a CPU the clocks agree: that is no reference
+    for GPU timings); None otherwise, which :func:`helpers.core.evidence.recorded` reads as missing.
+    """
+    if not rs.hardware.get("gpu_name"):
+        return None
+    rows = []
+    for r in records:
+        spread = r.spread or {}
+        iqr = spread.get("iqr")
+        rows.append(ClockTiming(str(r.params.get("clock")), int(r.params.get("n", 0)), r.value, iqr))
+    return rows or None
+
+
+def clock_table(rows: list[ClockTiming]) -> list[str]:
+    """One line per row: clock, size, median and IQR in milliseconds."""
+    out = []
+    for r in rows:
+        iqr = f" (IQR {r.iqr_s * 1e3:.3f} ms)" if r.iqr_s is not None else ""
+        out.append(f"{r.clock:>18}, n={r.n}: median {r.median_s * 1e3:.3f} ms{iqr}")
+    return out

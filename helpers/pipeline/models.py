@@ -20,8 +20,8 @@ Public API (stable; later chapters rely on it):
 ``training_bytes(model, image_size, batch_size)`` / ``check_training_memory(...)``
     Estimated memory of a training step, and a refusal (ValueError) when it cannot fit.
 
-``to_float_normalized`` (the on-device normalisation of uint8 batches) lives in
-:mod:`helpers.pipeline.data` and is re-exported here for convenience.
+The on-device normalisation of uint8 batches is the workbook's one normaliser,
+:func:`helpers.pipeline.data.to_float_normalized`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import torch
 from torch import nn
 
 from ..core.validate import check_int
-from .data import to_float_normalized
 
 __all__ = [
     "SmallCNN",
@@ -42,7 +41,6 @@ __all__ = [
     "describe",
     "training_bytes",
     "check_training_memory",
-    "to_float_normalized",
 ]
 
 

@@ -28,10 +28,11 @@ workers, "load" is the time the main process *waits* for the next batch.
 ``next()`` on the reader's loader, the reader's ``to_device(x, y)`` and the reader's
 ``train_step(model, optimizer, x, y)``, and splits the step into forward / backward / optimizer
 with two PyTorch hooks (``model.register_forward_hook``: ``model(x)`` has returned;
-``optimizer.register_step_pre_hook``: ``optimizer.step()`` begins). :func:`step_anatomy` and
-:func:`panel_run` take the reader's ``make_loader``, ``to_device`` and ``train_step`` and run them
-through :func:`record_steps`; without them (the headless benchmark) they use the baseline of chapter 01
-(:func:`baseline_train_step`, a blocking ``Tensor.to``, :func:`helpers.pipeline.loaders.timed_loader`).
+``optimizer.register_step_pre_hook``: ``optimizer.step()`` begins). :func:`step_anatomy` (and through
+it chapter 01's live panel, :func:`helpers.chapters.ch01.panel_run`) takes the reader's ``make_loader``,
+``to_device`` and ``train_step`` and runs them through :func:`record_steps`; without them (the headless
+benchmark) it uses the baseline of chapter 01 (:func:`baseline_train_step`, a blocking ``Tensor.to``,
+:func:`helpers.pipeline.loaders.timed_loader`).
 
 Public API (stable; later chapters rely on it):
 
@@ -45,10 +46,11 @@ Public API (stable; later chapters rely on it):
 ``predict_step_time(phase_times) -> Prediction``  (the bottleneck model)
 ``step_anatomy(*, batch_size, crop_size, width, ..., make_loader=, to_device=, train_step=) -> Anatomy``
     (a few measured steps of a fresh model; the thin/wide regimes and the live panel call it)
-``panel_run(progress, *, batch_size, crop_size, width, ..., make_loader=, to_device=, train_step=)`` /
-``panel_summary`` / ``panel_plot``  (the chapter-01 live panel's run, summary line and history plot)
-``benchmark(results, device) -> ResultSet``  (the chapter's key measurement as result records)
-``reference_anatomy() -> ReferenceAnatomy | None``  (the newest recorded GPU breakdown, for CPU-only machines)
+``lane_overlap(trace, lane_a, lane_b) -> float``  (seconds two timeline lanes were busy at once)
+
+The ``transfer="blocking"`` / ``"non_blocking"`` copies of :func:`train_epoch` and :func:`evaluate` are the
+workbook's one batch mover, :func:`helpers.pipeline.prefetch.move_batch`. Chapter 01's live panel, its
+headless benchmark (keys ``ch01.*``) and its recorded GPU breakdown are in :mod:`helpers.chapters.ch01`.
 """
 
 from __future__ import annotations
@@ -61,15 +63,13 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import torch
 from torch import nn
 
-from ..core.config import sized
-from ..core.device import pick_device
-from ..core.progress import scaled
-from ..core.reference import find, provenance_line
+from ..core.progress import no_progress, scaled
 from ..core.timing import SpanRecorder, SpanTrace
 from ..core.validate import check_choice, check_float, check_int
-from .data import ShapesDataset, TimedCollate, default_sizes, make_shapes_dataset, to_float_normalized
+from .data import ShapesDataset, TimedCollate, make_shapes_dataset, to_float_normalized
 from .loaders import timed_loader
 from .models import build_model, check_training_memory, flops_per_sample
+from .prefetch import move_batch
 
 __all__ = [
     "PHASES",
@@ -81,7 +81,6 @@ __all__ = [
     "EpochStats",
     "Prediction",
     "Anatomy",
-    "transfer_batch",
     "make_optimizer",
     "baseline_train_step",
     "record_steps",
@@ -91,13 +90,6 @@ __all__ = [
     "predict_step_time",
     "lane_overlap",
     "step_anatomy",
-    "panel_run",
-    "panel_summary",
-    "panel_plot",
-    "BENCH_WIDTHS",
-    "benchmark",
-    "ReferenceAnatomy",
-    "reference_anatomy",
 ]
 
 #: Phase names in step order (``pin`` only for pinning loaders, ``normalize`` only for uint8 batches).
@@ -119,23 +111,25 @@ COMPUTE_LANE_CPU = "compute (CPU)"
 Transfer = Callable[[Any, torch.device], tuple[torch.Tensor, torch.Tensor]]
 
 
-def transfer_batch(batch: Any, device: torch.device, non_blocking: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Move an ``(x, y)`` batch to ``device`` with ``Tensor.to`` (a no-op on CPU for CPU tensors)."""
-    x, y = batch[0], batch[1]
-    return x.to(device, non_blocking=non_blocking), y.to(device, non_blocking=non_blocking)
+def _blocking(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``transfer="blocking"``: the batch's ``(x, y)`` to ``device`` with a blocking ``Tensor.to`` (the baseline)."""
+    x, y = move_batch((batch[0], batch[1]), device, non_blocking=False)
+    return x, y
+
+
+def _non_blocking(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``transfer="non_blocking"``: ``Tensor.to(device, non_blocking=True)`` (asynchronous only towards CUDA)."""
+    x, y = move_batch((batch[0], batch[1]), device, non_blocking=True)
+    return x, y
 
 
 def _resolve_transfer(transfer: str | Transfer) -> Transfer:
+    """The copy a ``transfer`` argument names; both named ones are the workbook's one batch mover,
+    :func:`helpers.pipeline.prefetch.move_batch`, over the batch's first two entries."""
     if callable(transfer):
         return transfer
     check_choice("transfer", transfer, ("blocking", "non_blocking"))
-    if transfer == "blocking":
-        return transfer_batch
-    return _transfer_non_blocking
-
-
-def _transfer_non_blocking(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    return transfer_batch(batch, device, non_blocking=True)
+    return _blocking if transfer == "blocking" else _non_blocking
 
 
 def make_optimizer(model: nn.Module, lr: float = 3e-3, weight_decay: float = 0.0) -> torch.optim.Optimizer:
@@ -467,7 +461,7 @@ def record_steps(
     check_int("start_step", start_step, 0, 10**9)
     if steps == 0:
         return 0
-    report = progress or _no_progress
+    report = progress or no_progress
     compute_lane = COMPUTE_LANE_GPU if (recorder is not None and recorder.cuda) else COMPUTE_LANE_CPU
     marks = _StepMarks(recorder, compute_lane)
     pinning = bool(getattr(loader, "pin_memory", False)) and _can_pin()
@@ -788,7 +782,7 @@ def step_anatomy(
             "inside make_loader; leave num_workers at 0"
         )
     device = torch.device(device)
-    report = progress or _no_progress
+    report = progress or no_progress
     root = data_root if data_root is not None else make_shapes_dataset().train_dir
     ds = ShapesDataset(root, crop_size=crop_size, augment=True, output=output)
     model = build_model(width=width, depth=depth, num_classes=len(ds.classes), seed=seed).to(device)
@@ -876,210 +870,3 @@ def step_anatomy(
         trace=trace,
         gflop_per_step=3 * flops * batch_size / 1e9,
     )
-
-
-# ---------------------------------------------------------------------------
-# The live panel of chapter 01
-# ---------------------------------------------------------------------------
-
-
-def panel_run(
-    progress: Callable[..., None] | None = None,
-    *,
-    batch_size: int,
-    crop_size: int,
-    width: int,
-    steps: int | None = None,
-    device: torch.device | str | None = None,
-    make_loader: Callable[[Any, int], Iterable[Any]] | None = None,
-    to_device: ToDevice | None = None,
-    train_step: StepFn | None = None,
-) -> Anatomy:
-    """Run a few steps of a fresh model at the panel's settings (for :class:`helpers.ui.widgets.Panel`).
-
-    ``steps`` defaults to 4 in quick mode, 5 at the laptop tier and 10 in full mode, after one untimed step.
-    ``make_loader``, ``to_device``, ``train_step``: the reader's pipeline functions (chapter 01 binds
-    them with ``functools.partial``), timed by :func:`record_steps`; without them, the baseline of
-    :func:`step_anatomy`.
-    """
-    report = progress or _no_progress
-    report(0.1, "building data set, loader and model")
-    dev = torch.device(device) if device is not None else pick_device()
-    n = check_int("steps", steps, 1, 1000) if steps is not None else sized(quick=4, full=10, laptop=5)
-    a = step_anatomy(
-        batch_size=batch_size,
-        crop_size=crop_size,
-        width=width,
-        depth=3,
-        steps=n,
-        warmup=1,
-        device=dev,
-        progress=scaled(report, 0.1, 1.0),
-        make_loader=make_loader,
-        to_device=to_device,
-        train_step=train_step,
-    )
-    report(1.0, "done")
-    return a
-
-
-def _no_progress(fraction: float, text: str = "") -> None:
-    return None
-
-
-def panel_summary(a: Anatomy) -> str:
-    """One line: measured step time, the two predictions, the dominant phase and the bottleneck."""
-    ms = 1e3
-    return (
-        f"step {a.step_time * ms:.1f} ms measured; predicted {a.prediction.serial * ms:.1f} ms if nothing overlaps, "
-        f"{a.prediction.overlapped * ms:.1f} ms with perfect overlap; largest phase: {a.dominant_phase}; "
-        f"bottleneck stage: {a.prediction.bottleneck}; {a.samples_per_s:.0f} img/s"
-    )
-
-
-def _run_label(rec: Any) -> str:
-    v = rec.values
-    if {"batch_size", "crop_size", "width"} <= set(v):
-        return f"#{rec.index}: batch {v['batch_size']}\n{v['crop_size']} px, width {v['width']}"
-    return rec.short_label()
-
-
-def panel_plot(history: list[Any], ax: Any) -> None:
-    """Stacked phase bars of every panel run so far, with the measured step time as a black tick."""
-    from ..ui.plots import stacked_phases  # optional/heavy: matplotlib
-
-    data = {_run_label(rec): rec.result.phase_means for rec in history}
-    stacked_phases(data, ax, title="Baseline step by phase, one bar per run", unit="ms")
-    for i, rec in enumerate(history):
-        ax.plot(
-            [i - 0.4, i + 0.4],
-            [rec.result.step_time * 1e3] * 2,
-            color="black",
-            linewidth=2,
-            label="measured step" if i == 0 else None,
-        )
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
-
-
-#: Model widths the benchmark measures: the baseline model, and a 4x wider one (about 14x the compute).
-BENCH_WIDTHS: tuple[int, ...] = (16, 64)
-
-
-def benchmark(
-    results: Any,
-    device: torch.device | str | None = None,
-    *,
-    widths: Iterable[int] = BENCH_WIDTHS,
-    steps: int | None = None,
-    warmup: int = 3,
-) -> Any:
-    """Record chapter 01's measurement, the anatomy of a baseline step, into ``results``.
-
-    The baseline: ``num_workers=0``, pageable memory, blocking ``x.to(device)``,
-    float batches, the default data set and sizes of the current mode
-    (:func:`helpers.pipeline.data.default_sizes`), one run per model width. It runs headless, so it has
-    no reader's cells to time: :func:`step_anatomy` with its defaults runs chapter 01's pipeline
-    (:func:`baseline_train_step`, the same lines as the chapter's ``train_step``) through
-    :func:`record_steps`, the helper that times the reader's functions in the chapter.
-
-    Records (key: unit; params ``batch_size``, ``crop_size``, ``width``, ``depth``,
-    ``num_workers``, ``steps``; ``phase_time`` also has ``phase``):
-
-    - ``ch01.step.phase_time``: s per step, one record per phase (load, collate,
-      h2d, forward, backward, optimizer).
-    - ``ch01.step.step_time``: s per step, measured (wall time of the timed steps / steps).
-    - ``ch01.step.predicted_serial``: s, sum of the phases (the bottleneck model, no overlap).
-    - ``ch01.step.predicted_overlapped``: s, slowest stage (the bottleneck model, perfect overlap).
-    - ``ch01.step.samples_per_s``: items/s.
-    - ``ch01.step.gflop_per_step``: GFLOP (forward + backward, estimated), the compute per step.
-
-    Artifacts: ``ch01.timeline.width<W>`` (:meth:`SpanTrace.to_dict`) for each width.
-
-    On the CPU it measures too (the h2d phase is then a no-op). Returns ``results``.
-    """
-    dev = torch.device(device) if device is not None else pick_device()
-    sizes = default_sizes()
-    n_steps = check_int("steps", steps, 1, 1000) if steps is not None else sized(6, 20)
-    for width in widths:
-        a = step_anatomy(
-            batch_size=sizes["batch_size"],
-            crop_size=sizes["crop_size"],
-            width=int(width),
-            depth=3,
-            steps=n_steps,
-            warmup=warmup,
-            device=dev,
-        )
-        p = {
-            "batch_size": sizes["batch_size"],
-            "crop_size": sizes["crop_size"],
-            "width": int(width),
-            "depth": 3,
-            "num_workers": 0,
-            "steps": n_steps,
-        }
-        for phase, t in a.phase_means.items():
-            results.add("ch01.step.phase_time", t, "s", phase=phase, **p)
-        results.add("ch01.step.step_time", a.step_time, "s", **p)
-        results.add("ch01.step.predicted_serial", a.prediction.serial, "s", **p)
-        results.add("ch01.step.predicted_overlapped", a.prediction.overlapped, "s", **p)
-        results.add("ch01.step.samples_per_s", a.samples_per_s, "items/s", **p)
-        results.add("ch01.step.gflop_per_step", a.gflop_per_step, "GFLOP", **p)
-        trace = a.trace.to_dict()
-        trace["metadata"]["label"] = f"baseline step, width {int(width)}, batch {sizes['batch_size']}"
-        results.artifacts[f"ch01.timeline.width{int(width)}"] = trace
-    return results
-
-
-@dataclass
-class ReferenceAnatomy:
-    """A baseline-step breakdown recorded by :func:`benchmark` on a real GPU.
-
-    Attributes:
-        source: provenance line ("Recorded on <GPU>, driver ..., torch ..., date, mode; method: ...").
-        phases: bar label (e.g. ``"width 16, batch 64, 224 px"``) -> phase -> seconds per step.
-        step_time: same labels -> measured seconds per step.
-        traces: same labels -> span trace (``SpanTrace.to_dict()`` form), when recorded.
-    """
-
-    source: str
-    phases: dict[str, dict[str, float]]
-    step_time: dict[str, float]
-    traces: dict[str, Any]
-
-
-def reference_anatomy() -> ReferenceAnatomy | None:
-    """The newest reference result set holding ``ch01.step.phase_time`` records, or None.
-
-    Only reference files recorded on a CUDA GPU count (see :mod:`helpers.core.reference`);
-    nothing is ever made up: no file, no result.
-    """
-    for rs, recs in find("ch01.step.phase_time"):
-        if not rs.hardware.get("gpu_name"):
-            continue
-        phases: dict[str, dict[str, float]] = {}
-        steps: dict[str, float] = {}
-        traces: dict[str, Any] = {}
-        for r in recs:
-            p = r.params
-            label = f"width {p.get('width')}, batch {p.get('batch_size')}, {p.get('crop_size')} px"
-            phases.setdefault(label, {})[str(p.get("phase"))] = r.value
-            if label not in steps:
-                match = [
-                    x
-                    for x in rs.find(
-                        "ch01.step.step_time",
-                        width=p.get("width"),
-                        batch_size=p.get("batch_size"),
-                        crop_size=p.get("crop_size"),
-                    )
-                ]
-                if match:
-                    steps[label] = match[0].value
-                art = rs.artifacts.get(f"ch01.timeline.width{p.get('width')}")
-                if art is not None:
-                    traces[label] = art
-        order = {name: i for i, name in enumerate(PHASES)}
-        phases = {k: dict(sorted(v.items(), key=lambda kv: order.get(kv[0], 99))) for k, v in phases.items()}
-        return ReferenceAnatomy(source=provenance_line(rs), phases=phases, step_time=steps, traces=traces)
-    return None
