@@ -118,7 +118,7 @@ def panel_run(
     spec = (specs or {}).get(regime)
     if spec is not None and spec.regime != regime:
         raise ValueError(f"specs[{regime!r}] is for the {spec.regime!r} regime; pass each regime's own spec")
-    dev = torch.device(device)
+    dev = resolve_device(device)
     result = capstone.run_config(
         s,
         spec or capstone.job_spec(regime),
