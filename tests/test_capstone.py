@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from helpers.chapters import capstone as C
+from helpers.chapters import ch06
 from helpers.core.results import ResultSet
 
 _JOB_SPEC = C.job_spec
@@ -110,9 +111,11 @@ def test_waterfall_benchmark_records_and_plots(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(C, "job_spec", lambda regime, **kw: tiny(regime))
     monkeypatch.setattr(C, "default_workers", lambda: 1)
     fixed = {r: C.Calibration(r, 2, 1, 0.01, 0.02, True, 2.0, reason="fixed for the test") for r in C.REGIMES}
-    monkeypatch.setattr(C, "calibrate", lambda dev: fixed)
+    monkeypatch.setattr(C, "calibrate", lambda dev, **kw: fixed)
     rs = ResultSet.new("test", "unit test")
-    C.benchmark(rs, "cpu")
+    seen = []
+    ch06.benchmark(rs, "cpu", progress=lambda f, t="": seen.append(f))
+    assert seen == sorted(seen) and seen[-1] == 1.0
     for key in (
         "ch06.waterfall.step_time",
         "ch06.epoch_time",
@@ -136,16 +139,60 @@ def test_waterfall_benchmark_records_and_plots(monkeypatch: pytest.MonkeyPatch) 
     C.plot_reference_waterfall("data-bound")
 
 
+def test_reference_lookups_are_evidence(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """The waterfall, efficiency and timeline lookups say recorded (with provenance) or missing, never more."""
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    for ref in (C.reference_waterfall("data-bound"), C.reference_efficiency("data-bound")):
+        assert not ref and ref.kind == "missing" and ref.value is None
+    assert C.reference_timeline("data-bound", "prefetcher").kind == "missing"
+    rs = ResultSet.new("ref", "unit test")
+    for i, stage in enumerate(C.STEP_NAMES):
+        p = dict(regime="data-bound", stage=stage, label=f"L{i}", order=len(C.STEP_NAMES) - 1 - i)
+        rs.add("ch06.waterfall.step_time", 0.01 * (i + 1), "s", **p)
+        rs.add("ch06.efficiency", 0.5 + 0.05 * i, "ratio", **p)
+    rs.artifacts["ch06.trace.data-bound.prefetcher"] = {"spans": [], "metadata": {}}
+    rs.save(tmp_path / "ref.json")
+    wf = C.reference_waterfall("data-bound")
+    assert wf.kind == "recorded" and "not this machine" in wf.source
+    assert wf.value == [(f"L{i}", pytest.approx(0.01 * (i + 1))) for i in reversed(range(len(C.STEP_NAMES)))]
+    eff = C.reference_efficiency("data-bound")
+    assert eff.kind == "recorded" and C.efficiency_lines(eff.value)[0].startswith("    L5 0.75 · L4 0.70")
+    assert not C.reference_efficiency("compute-bound")  # nothing recorded for that regime
+    tl = C.reference_timeline("data-bound", "prefetcher")
+    assert tl.kind == "recorded" and tl.value == {"spans": [], "metadata": {}}
+    C.plot_reference_waterfall("data-bound")
+    with pytest.raises(ValueError, match="regime"):
+        C.reference_waterfall("io-bound")
+
+
 def test_panel_run_and_bad_toggles(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(C, "job_spec", lambda regime, **kw: tiny(regime))
-    r = C.panel_run(None, regime="compute-bound", baseline=True, uint8=True, pinned=False)
-    assert r.settings.output == "uint8" and r.regime == "compute-bound"
-    assert "s/epoch" in C.panel_summary(r)
+    ev = ch06.panel_run(None, device="cpu", regime="compute-bound", baseline=True, uint8=True, pinned=False)
+    assert ev.here and ev.value.settings.output == "uint8" and ev.value.regime == "compute-bound"
+    assert "s/epoch" in ch06.panel_summary(ev) and "measured here" in ch06.panel_summary(ev)
     with pytest.raises(ValueError, match="step"):
-        C.panel_run(None, regime="data-bound", turbo=True)
+        ch06.panel_run(None, device="cpu", regime="data-bound", turbo=True)
     with pytest.raises(ValueError, match="regime"):
-        C.panel_run(None, regime="data-bound", spec=tiny("compute-bound"))
-    assert C.panel_run(None, regime="compute-bound", spec=tiny("compute-bound", width=3)).spec.width == 3
+        ch06.panel_run(None, device="cpu", regime="data-bound", specs={"data-bound": tiny("compute-bound")})
+    with pytest.raises(ValueError, match="regime"):
+        ch06.panel_run(None, device="cpu", regime="io-bound")
+    specs = {"compute-bound": tiny("compute-bound", width=3)}
+    assert ch06.panel_run(None, device="cpu", regime="compute-bound", specs=specs).value.spec.width == 3
+
+
+def test_panel_for_chapter_drives_the_reader_pipeline() -> None:
+    """Panel.for_chapter(ch06, ...): the context (specs, pipeline) reaches every run; the result is Evidence."""
+    from helpers.ui import widgets
+
+    specs = {r: tiny(r) for r in C.REGIMES}
+    panel = widgets.Panel.for_chapter(ch06, device="cpu", specs=specs, pipeline=C.reference_pipeline("cpu"))
+    panel.set(regime="data-bound", workers=True)
+    panel.click()
+    assert panel.error is None, panel.error
+    ev = panel.last.result
+    assert ev.here and ev.value.spec == specs["data-bound"] and ev.value.settings.num_workers > 0
+    assert ev.value.trace.metadata["pipeline"] == "examples/fast_pipeline.py"
+    assert "measured here" in panel.last.summary
 
 
 def test_regimes_tiny_model_for_data_bound_and_threads_in_the_spec() -> None:
@@ -205,7 +252,7 @@ def test_efficiency_above_one_is_marked_as_noise() -> None:
 
 
 def test_panel_checkboxes_stay_consistent() -> None:
-    c = C.panel_controls()
+    c = ch06.panel_controls()
     assert set(c) == {"regime", *C.STEP_NAMES[1:]}
     c["persistent"].value = True
     assert c["workers"].value is True
@@ -484,7 +531,9 @@ def test_panel_runs_repeated_keep_memory_flat_and_leave_no_process() -> None:
     ]
     rss = []
     for k in range(16):
-        r = C.panel_run(None, regime="data-bound", device="cpu", spec=spec, **toggles[k % len(toggles)])
+        r = ch06.panel_run(
+            None, regime="data-bound", device="cpu", specs={"data-bound": spec}, **toggles[k % len(toggles)]
+        ).value
         assert r.throughput > 0
         gc.collect()
         rss.append(me.memory_info().rss)

@@ -14,6 +14,7 @@ import psutil
 import pytest
 import torch
 
+from helpers.chapters import ch07
 from helpers.chapters import distributed as D
 from helpers.chapters.ddp_train import IndexedDataset, params_checksum, parse_args
 
@@ -109,7 +110,7 @@ def test_coverage_reports_problems() -> None:
         (lambda: D.launch_ddp(1, timeout_s=0), "timeout_s"),
         (lambda: D.launch_ddp(1, fail_rank=1), "fail_rank"),
         (lambda: D.multi_node_command(2, 8, "nohost"), "rdzv_endpoint"),
-        (lambda: D.panel_validate({"processes": 0, "workers": 0, "batch_size": 8}), "processes"),
+        (lambda: ch07.panel_validate({"processes": 0, "workers": 0, "batch_size": 8}), "processes"),
     ],
 )
 def test_bad_input_names_the_parameter(call, name: str) -> None:
@@ -346,25 +347,35 @@ def test_public_api_and_benchmark_on_cpu() -> None:
     assert missing == []
     rs = ResultSet.new("t", "m")
     if not torch.cuda.is_available():
-        assert D.benchmark(rs).records == []  # nothing to measure without CUDA
+        seen = []
+        ch07.benchmark(rs, "cpu", progress=lambda f, t="": seen.append(f))
+        assert rs.records == [] and seen[-1] == 1.0  # nothing to measure without CUDA
+
+
+def _fake_run(nproc: int = 1) -> D.DistributedRun:
+    ranks = [
+        {
+            "rank": r,
+            "world_size": nproc,
+            "backend": "gloo",
+            "dataset_size": 4,
+            "params_checksum": "x",
+            "samples_per_rank": 4 // nproc,
+            "epochs": [{"indices": list(range(r, 4, nproc)), "n_items": 4 // nproc, "seconds": 1.0, "loss": 1.0}],
+        }
+        for r in range(nproc)
+    ]
+    return D.DistributedRun(
+        nproc=nproc, command=["python"], ranks=ranks, wall_s=2.0, settings={"workers": 0, "batch_size": 4, "width": 4}
+    )
 
 
 def test_record_run_keys() -> None:
     from helpers.core.results import ResultSet
 
-    rank = {
-        "rank": 0,
-        "world_size": 1,
-        "backend": "gloo",
-        "dataset_size": 4,
-        "params_checksum": "x",
-        "epochs": [{"indices": [0, 1, 2, 3], "n_items": 4, "seconds": 1.0, "loss": 1.0}],
-    }
-    run = D.DistributedRun(
-        nproc=1, command=["python"], ranks=[rank], wall_s=2.0, settings={"workers": 0, "batch_size": 4, "width": 4}
-    )
+    run = _fake_run()
     rs = ResultSet.new("t", "m")
-    D.record_run(rs, run)
+    ch07.record_run(rs, run)
     keys = {r.key for r in rs.records}
     assert keys == {
         "ch07.ddp.total_items_per_s",
@@ -374,3 +385,38 @@ def test_record_run_keys() -> None:
     }
     assert rs.find("ch07.ddp.exactly_once")[0].value == 1.0
     assert run.total_items_per_s() == pytest.approx(4.0)
+    # the same figure, measured here or recalled from records, reads the same
+    here = D.throughput_rows(run)
+    recalled = D.throughput_rows_from_records(rs, rs.find("ch07.ddp.total_items_per_s"))
+    assert here == recalled and D.throughput_table(here) == [
+        "  1 rank(s), gloo, 0 workers/rank, batch 4/rank: 4 items/s in total"
+    ]
+
+
+def test_panel_for_chapter_returns_evidence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chapter's panel (helpers.chapters.ch07) wires the launcher; a fake job keeps this test fast."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from helpers.ui import widgets
+
+    calls = []
+
+    def fake_launch(nproc, **kw):
+        calls.append((nproc, kw))
+        return _fake_run(nproc)
+
+    monkeypatch.setattr(D, "launch_ddp", fake_launch)
+    panel = widgets.Panel.for_chapter(
+        ch07, device="cpu", nproc=1, workers_per_rank=0, batch=16, epochs=2, limit=8, width=4, timeout_s=30
+    )
+    assert panel.values() == {"processes": 1, "workers": 0, "batch_size": 16}
+    panel.click()
+    assert panel.error is None, panel.error
+    assert panel.last.result.here and panel.last.result.value.nproc == 1
+    assert "measured here" in panel.last.summary and "every sample once per epoch" in panel.last.summary
+    assert calls == [
+        (1, dict(workers=0, batch_size=16, epochs=2, limit=8, width=4, timeout_s=30, progress=calls[0][1]["progress"]))
+    ]
+    with pytest.raises(ValueError, match="batch_size"):
+        panel.set(batch_size=3)

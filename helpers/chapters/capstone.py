@@ -67,7 +67,7 @@ least 1), set by :func:`main_threads` and restored afterwards. So each step chan
 thing only; and the model's threads do not fight the worker processes for the same cores
 (oversubscription; :func:`compare_threads` measures what that costs).
 
-``benchmark(results, device)`` records both regimes under ``ch06.*``.
+The chapter's live panel and its headless benchmark (records ``ch06.*``) are in :mod:`helpers.chapters.ch06`.
 """
 
 from __future__ import annotations
@@ -85,15 +85,18 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import torch
 from torch.utils.data import Dataset
 
+from ..core import evidence
 from ..core.config import repo_root, sized
-from ..core.device import intraop_threads, pick_device
+from ..core.device import intraop_threads
+from ..core.evidence import Evidence
 from ..core.progress import scaled
-from ..core.reference import find, missing_message, provenance_line
+from ..core.reference import artifacts, missing_message, provenance_line
 from ..core.timing import SpanRecorder, SpanTrace, synchronize
 from ..core.validate import check_choice, check_float, check_int
 from ..pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset, to_float_normalized
 from ..pipeline.loaders import require_shm, shm_needed_bytes
 from ..pipeline.models import build_model
+from ..pipeline.prefetch import move_batch
 from ..pipeline.train import COMPUTE_LANE_CPU, COMPUTE_LANE_GPU, make_optimizer
 from .doctor import usable_cores
 
@@ -113,7 +116,6 @@ __all__ = [
     "compute_threads",
     "main_threads",
     "compare_threads",
-    "panel_controls",
     "STEP_REQUIRES",
     "settings_for",
     "configurations",
@@ -130,7 +132,6 @@ __all__ = [
     "seed_spread",
     "check_accuracies",
     "job_sizes",
-    "normalize_images",
     "normalizer_device_exact",
     "same_numerics",
     "MODEL_LADDER",
@@ -144,12 +145,12 @@ __all__ = [
     "effective_on",
     "plot_waterfall",
     "plot_shares",
+    "step_rows_from_records",
     "reference_waterfall",
     "plot_reference_waterfall",
-    "panel_run",
-    "panel_summary",
-    "panel_plot",
-    "benchmark",
+    "reference_efficiency",
+    "efficiency_lines",
+    "reference_timeline",
 ]
 
 #: Span names of a timed step: the wait for ``next(batches(loader))`` (load, copy and normalise, as the
@@ -239,6 +240,10 @@ STEPS: tuple[Step, ...] = (
     ),
 )
 STEP_NAMES: tuple[str, ...] = tuple(s.name for s in STEPS)
+
+#: Steps that need another step switched on first (persistent workers need workers; :func:`settings_for`
+#: refuses them alone, and chapter 06's panel ticks and unticks its checkboxes accordingly).
+STEP_REQUIRES: dict[str, tuple[str, ...]] = {"persistent": ("workers",)}
 
 
 @dataclass(frozen=True)
@@ -541,9 +546,9 @@ class SeededItems(Dataset):
     class from ``helpers.chapters.capstone`` under spawn and forkserver (a class defined in a notebook
     cell could not be imported there).
 
-    With ``normalize=True`` the base's uint8 image is turned into a normalised float image
-    by :func:`normalize_images` (the capstone's job does not use it: its batches stay uint8
-    and the pipeline's ``batches`` normalises them).
+    With ``normalize=True`` the base's uint8 image is turned into a normalised float image by the
+    workbook's one normaliser, :func:`helpers.pipeline.data.to_float_normalized` (the capstone's job
+    does not use it: its batches stay uint8 and the pipeline's ``batches`` normalises them).
     """
 
     def __init__(self, base: Dataset, seed: int = 0, normalize: bool = False, limit: int | None = None) -> None:
@@ -563,7 +568,7 @@ class SeededItems(Dataset):
         torch.default_generator.manual_seed((self.seed * 1_000_003 + index) % (2**63))
         img, label = self.base[index]
         if self.normalize:
-            img = normalize_images(img.unsqueeze(0))[0]
+            img = to_float_normalized(img.unsqueeze(0))[0]
         return img, label
 
 
@@ -584,27 +589,19 @@ def seed_order(loader: Any, seed: int, epoch: int, *, fresh: bool) -> None:
         torch.empty((), dtype=torch.int64).random_(generator=gen)
 
 
-def normalize_images(x: torch.Tensor) -> torch.Tensor:
-    """The workbook's normaliser (:func:`helpers.pipeline.data.to_float_normalized`): uint8 ``(N, 3, H, W)`` to float32.
-
-    The capstone's job normalises with the pipeline's own ``normalize``; this one is the
-    default of :func:`normalizer_device_exact` and makes the batches the stages alone use.
-    """
-    return to_float_normalized(x)
-
-
 def normalizer_device_exact(
     device: torch.device | str, normalize: Callable[[torch.Tensor], torch.Tensor] | None = None
 ) -> bool:
     """Whether ``normalize`` gives the same bits on ``device`` as on the CPU, for all 256 levels.
 
-    ``normalize``: the pipeline's (the chapter passes its own), default :func:`normalize_images`.
+    ``normalize``: the pipeline's (the chapter passes its own), default the workbook's one normaliser,
+    :func:`helpers.pipeline.data.to_float_normalized`.
     On a CPU trivially True. On CUDA it depends on the arithmetic: dividing by a Python
     scalar runs as a multiplication by its reciprocal there (one bit may differ from a true
     division on the CPU), so float configurations (normalised on the CPU) and uint8 ones
     (normalised on the GPU) would not see identical inputs. Measured, not assumed.
     """
-    fn = normalize or normalize_images
+    fn = normalize or to_float_normalized
     dev = torch.device(device)
     levels = torch.arange(256, dtype=torch.uint8).repeat(3, 1).view(1, 3, 16, 16)
     on_cpu = fn(levels)
@@ -1136,8 +1133,8 @@ def _step_times(
 ) -> list[float]:
     """Seconds of ``n`` synchronised ``train_step`` calls with ``spec``'s model on one float batch on ``dev``."""
     step = train_step or _plain_step
-    x, y = _sample_batch(spec)
-    x, y = normalize_images(x.to(dev)), y.to(dev)
+    x, y = move_batch(_sample_batch(spec), dev, non_blocking=False)
+    x = to_float_normalized(x)
     model = build_model(
         width=spec.width, depth=spec.depth, num_classes=int(_dataset_info().params["num_classes"]), seed=spec.seed
     ).to(dev)
@@ -1975,13 +1972,19 @@ def plot_shares(wf: Waterfall, ax: Any = None) -> Any:
     return ax
 
 
-def reference_waterfall(regime: str) -> list[tuple[Any, list[tuple[str, float]]]]:
-    """Recorded GPU waterfalls for ``regime``: [(ResultSet, [(stage label, seconds per step), ...])]."""
-    out = []
-    for rs, recs in find("ch06.waterfall.step_time", regime=regime):
-        rows = sorted(recs, key=lambda r: r.params.get("order", 0))
-        out.append((rs, [(str(r.params.get("label", r.params.get("stage"))), r.value) for r in rows]))
-    return out
+def step_rows_from_records(rs: Any, recs: list[Any]) -> list[tuple[str, float]]:
+    """Records of one regime, one per configuration (``ch06.waterfall.step_time``, ``ch06.efficiency``, ...), as
+    [(configuration label, value), ...] in stacking order (the evidence's ``convert``)."""
+    rows = sorted(recs, key=lambda r: r.params.get("order", 0))
+    return [(str(r.params.get("label", r.params.get("stage"))), r.value) for r in rows]
+
+
+def reference_waterfall(regime: str) -> Evidence[list[tuple[str, float]]]:
+    """The newest recorded waterfall of ``regime`` (recorded elsewhere, with its provenance), or missing."""
+    check_choice("regime", regime, tuple(REGIMES))
+    return evidence.recorded(
+        f"the {regime} waterfall", "ch06.waterfall.step_time", convert=step_rows_from_records, regime=regime
+    )
 
 
 def plot_reference_waterfall(regime: str, ax: Any = None) -> Any:
@@ -1989,10 +1992,10 @@ def plot_reference_waterfall(regime: str, ax: Any = None) -> Any:
     from ..ui.plots import label_source, new_axes  # optional/heavy: matplotlib
 
     ax = ax if ax is not None else new_axes((5.0, 3.6))
-    hits = reference_waterfall(regime)
-    if not hits:
+    ref = reference_waterfall(regime)
+    if ref.value is None:
         ax.axis("off")
-        text = textwrap.fill(missing_message(f"the {regime} waterfall"), 48)
+        text = textwrap.fill(ref.source, 48)
         ax.text(
             0.5,
             0.5,
@@ -2004,7 +2007,7 @@ def plot_reference_waterfall(regime: str, ax: Any = None) -> Any:
             transform=ax.transAxes,
         )
         return ax
-    rs, rows = hits[0]
+    rows = ref.value
     vals = [v * 1e3 for _, v in rows]
     ax.bar(range(len(vals)), vals, color="#f28e2b")
     for i, v in enumerate(vals):
@@ -2013,159 +2016,33 @@ def plot_reference_waterfall(regime: str, ax: Any = None) -> Any:
     ax.set_xticklabels([s for s, _ in rows], rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("time per step (ms)")
     ax.set_title(f"REFERENCE, {regime} (recorded, not this machine)", fontsize=9)
-    label_source(ax, provenance_line(rs))
+    label_source(ax, ref.source)
     return ax
 
 
-# ---------------------------------------------------------------------------
-# Live panel
-# ---------------------------------------------------------------------------
-
-
-#: Steps that need another step switched on first (persistent workers need workers).
-STEP_REQUIRES: dict[str, tuple[str, ...]] = {"persistent": ("workers",)}
-
-
-def panel_controls() -> dict[str, Any]:
-    """The live panel's controls: a regime toggle and one checkbox per step after the baseline.
-
-    The checkboxes stay consistent: ticking a step ticks the steps it needs
-    (:data:`STEP_REQUIRES`), and unticking a step unticks the steps that need
-    it, so the panel can never hold settings that :func:`settings_for` refuses.
-    """
-    from ..ui.widgets import W  # optional/heavy: ipywidgets
-
-    controls: dict[str, Any] = {
-        "regime": W.ToggleButtons(options=list(REGIMES), value="data-bound", description="regime"),
-    }
-    for step in STEPS[1:]:
-        controls[step.name] = W.Checkbox(value=False, description=step.label, indent=False)
-
-    def on_change(name: str) -> Callable[[dict[str, Any]], None]:
-        def handler(change: dict[str, Any]) -> None:
-            if change.get("new"):
-                for need in STEP_REQUIRES.get(name, ()):
-                    controls[need].value = True
-            else:
-                for other, needs in STEP_REQUIRES.items():
-                    if name in needs:
-                        controls[other].value = False
-
-        return handler
-
-    for step in STEPS[1:]:
-        controls[step.name].observe(on_change(step.name), names="value")
-    return controls
-
-
-def panel_run(
-    progress: Callable[[float, str], None] | None = None,
-    *,
-    regime: str = "data-bound",
-    device: torch.device | str = "cpu",
-    spec: JobSpec | None = None,
-    pipeline: Pipeline | None = None,
-    **toggles: bool,
-) -> ConfigResult:
-    """Run the job with the steps whose toggles are True (keyword per step name), in ``regime``.
-
-    ``spec``: the job (the chapter passes its calibrated one for ``regime``); default :func:`job_spec`.
-    ``pipeline``: the functions to time (the chapter passes the reader's); see :func:`run_config`.
-    ``baseline`` is always part of the job; unknown toggles raise ValueError.
-    """
-    for k in toggles:
-        check_choice("step", k, STEP_NAMES)
-    enabled = [k for k, v in toggles.items() if v and k != "baseline"]
-    s = settings_for(enabled)
-    name = "+".join(enabled) if enabled else "baseline"
-    if spec is not None and spec.regime != regime:
-        raise ValueError(f"spec is for the {spec.regime!r} regime but regime={regime!r}; pass that regime's spec")
-    return run_config(
-        s, spec or job_spec(regime), device, name=name, label=name, stages=True, progress=progress, pipeline=pipeline
+def reference_efficiency(regime: str) -> Evidence[list[tuple[str, float]]]:
+    """The newest recorded pipeline efficiencies of ``regime``, every configuration (recorded elsewhere), or missing."""
+    check_choice("regime", regime, tuple(REGIMES))
+    return evidence.recorded(
+        f"the {regime} pipeline efficiency", "ch06.efficiency", convert=step_rows_from_records, regime=regime
     )
 
 
-def panel_summary(r: ConfigResult) -> str:
-    eff = f"{r.efficiency:.2f}" if r.efficiency is not None else "n/a"
-    return (
-        f"{r.regime}, {r.label}: {r.epoch_s:.2f} s/epoch, {r.throughput:.0f} img/s, compute busy "
-        f"{r.compute_busy:.0%}, data stall {r.data_stall:.0%}, efficiency {eff}, accuracy {r.accuracy:.1%}"
-    )
+def efficiency_lines(rows: list[tuple[str, float]]) -> list[str]:
+    """'    baseline 0.52 · + pinned memory 0.55 · ...', wrapped: recorded efficiencies, one regime."""
+    text = " · ".join(f"{label} {eff:.2f}" for label, eff in rows)
+    return textwrap.wrap(text, 100, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False)
 
 
-def panel_plot(history: Sequence[Any], ax: Any) -> None:
-    """Epoch time of every panel run so far (bars), for comparing toggles."""
-    from ..ui.plots import history_bars  # optional/heavy: matplotlib
+def reference_timeline(regime: str, stage: str) -> Evidence[dict[str, Any]]:
+    """The newest recorded span trace of one configuration (artifact ``ch06.trace.<regime>.<stage>``), or missing.
 
-    labels = [f"#{h.index} {h.result.regime[:4]} {h.result.label}"[:40] for h in history]
-    history_bars(
-        labels, [h.result.epoch_s for h in history], ax, ylabel="time per epoch (s)", title="Panel runs (measured now)"
-    )
-
-
-# ---------------------------------------------------------------------------
-# Benchmark records
-# ---------------------------------------------------------------------------
-
-
-def benchmark(results: Any, device: torch.device | str | None = None) -> Any:
-    """Run both regimes, every configuration, and add the records to ``results``.
-
-    Headless, there is no reader's pipeline: the functions timed are those of
-    ``examples/fast_pipeline.py`` (:func:`reference_pipeline`), which a test keeps identical
-    to chapter 06's pipeline cells.
-
-    Records (key: unit; params ``regime``, ``stage`` (step name), ``label``, ``order``, ``width``,
-    ``steps``, ``batch_size``, ``device``):
-
-    - ``ch06.waterfall.step_time``: s per step (epoch time / steps) — the waterfall bars;
-    - ``ch06.epoch_time``: s; ``ch06.throughput``: items/s; ``ch06.speedup``: ratio (vs baseline);
-    - ``ch06.accuracy``: ratio (validation); ``ch06.compute_busy``, ``ch06.data_stall``: ratio (0-1);
-    - ``ch06.efficiency``: ratio (throughput / slowest stage alone);
-    - ``ch06.stage_alone``: items/s, with ``part`` = loader / copy / compute (copy only with CUDA).
-
-    Artifacts: ``ch06.trace.<regime>.<stage>``: each configuration's span trace
-    (:meth:`SpanTrace.to_dict`), for reference timelines. Returns ``results``.
+    The value is the trace's stored form (:meth:`~helpers.core.timing.SpanTrace.to_dict`), which
+    :func:`helpers.ui.plots.timeline` draws.
     """
-    dev = torch.device(device) if device is not None else pick_device()
-    cal = calibrate(dev)  # the pipeline timed: examples/fast_pipeline.py's (reference_pipeline), as chapter 06's cells
-    for regime in REGIMES:
-        spec = job_spec(regime, width=cal[regime].width, depth=cal[regime].depth)
-        wf = run_waterfall(regime, dev, spec=spec, calibration=cal[regime])
-        results.add(
-            "ch06.calibration.compute_over_loader",
-            cal[regime].ratio,
-            "ratio",
-            regime=regime,
-            width=spec.width,
-            depth=spec.depth,
-            reached=cal[regime].reached,
-            device=str(dev),
-        )
-        for i, (r, sp) in enumerate(zip(wf.results, wf.speedups())):
-            p = dict(
-                regime=regime,
-                stage=r.name,
-                label=r.label,
-                order=i,
-                width=wf.spec.width,
-                depth=wf.spec.depth,
-                steps=r.steps,
-                batch_size=wf.spec.batch_size,
-                rounds=wf.rounds,
-                device=str(dev),
-            )
-            results.add("ch06.waterfall.step_time", r.step_s, "s", **p)
-            results.add("ch06.epoch_time", r.epoch_s, "s", **p)
-            results.add("ch06.throughput", r.throughput, "items/s", **p)
-            results.add("ch06.speedup", sp, "ratio", **p)
-            results.add("ch06.accuracy", r.accuracy, "ratio", **p)
-            results.add("ch06.compute_busy", r.compute_busy, "ratio", **p)
-            results.add("ch06.data_stall", r.data_stall, "ratio", **p)
-            if r.efficiency is not None:
-                results.add("ch06.efficiency", r.efficiency, "ratio", **p)
-            for part, v in r.stages.items():
-                if v is not None:
-                    results.add("ch06.stage_alone", v, "items/s", part=part, **p)
-            results.artifacts[f"ch06.trace.{regime}.{r.name}"] = r.trace.to_dict()
-    return results
+    check_choice("regime", regime, tuple(REGIMES))
+    check_choice("stage", stage, STEP_NAMES)
+    what = f"the {regime} timeline, {stage}"
+    for rs, trace in artifacts(f"ch06.trace.{regime}.{stage}"):
+        return Evidence(what, "recorded", trace, provenance_line(rs) + " (not this machine)")
+    return evidence.missing(what, reason=missing_message(f"{what} (artifact ch06.trace.{regime}.{stage})"))

@@ -66,7 +66,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..core.config import sized
 from ..core.validate import check_float, check_int
 
 __all__ = [
@@ -90,13 +89,10 @@ __all__ = [
     "multi_node_command",
     "launch_ddp",
     "process_alive",
-    "panel_validate",
-    "panel_run",
-    "panel_summary",
-    "panel_plot",
     "plot_run",
-    "record_run",
-    "benchmark",
+    "throughput_rows",
+    "throughput_rows_from_records",
+    "throughput_table",
 ]
 
 #: Upper bound on DataLoader workers per rank accepted by the launcher.
@@ -1238,7 +1234,7 @@ def _report_progress(out_dir: Path, progress: Callable[[float, str], None], last
 
 
 # ---------------------------------------------------------------------------
-# Plots and the live panel
+# Plots and tables (the live panel and the benchmark: helpers.chapters.ch07)
 # ---------------------------------------------------------------------------
 
 
@@ -1267,111 +1263,42 @@ def plot_run(run: DistributedRun, ax: Any = None, *, title: str | None = None) -
     return ax
 
 
-def panel_validate(values: Mapping[str, Any]) -> None:
-    """Refuse panel settings the machine can't run (ValueError naming the setting)."""
-    check_int("processes", values["processes"], 1, max_processes())
-    check_int("workers", values["workers"], 0, MAX_WORKERS_PER_RANK)
-    check_int("batch_size", values["batch_size"], 1, 4096)
+def throughput_rows(run: DistributedRun) -> list[dict[str, Any]]:
+    """The job's total throughput as one row of :func:`throughput_table` (for a figure measured here)."""
+    return [
+        {
+            "nproc": run.nproc,
+            "backend": run.backend,
+            "workers": run.settings.get("workers"),
+            "batch_size": run.settings.get("batch_size"),
+            "items_per_s": run.total_items_per_s(),
+            "unit": "items/s",
+        }
+    ]
 
 
-def panel_run(
-    progress: Callable[[float, str], None],
-    processes: int,
-    workers: int,
-    batch_size: int,
-    **kwargs: Any,
-) -> DistributedRun:
-    """The panel's run function: one torchrun job with these settings (other options via ``kwargs``)."""
-    return launch_ddp(processes, workers=workers, batch_size=batch_size, progress=progress, **kwargs)
+def throughput_rows_from_records(rs: Any, recs: Sequence[Any]) -> list[dict[str, Any]]:
+    """``ch07.ddp.total_items_per_s`` records (one per recorded job) as rows of :func:`throughput_table`."""
+    return [
+        {
+            "nproc": r.params.get("nproc"),
+            "backend": r.params.get("backend"),
+            "workers": r.params.get("workers"),
+            "batch_size": r.params.get("batch_size"),
+            "items_per_s": r.value,
+            "unit": r.unit,
+        }
+        for r in recs
+    ]
 
 
-def panel_summary(run: DistributedRun) -> str:
-    """The panel's status line for one run."""
-    cov = "every sample once per epoch" if run.exactly_once_every_epoch() else "coverage NOT exact"
-    return f"{run.summary()}; {cov}."
-
-
-def panel_plot(history: Sequence[Any], ax: Any) -> None:
-    """Stacked bars per panel run: each rank's items/s (stacked) adding up to the total."""
-    palette = ["#4e79a7", "#59a14f", "#edc948", "#b07aa1", "#76b7b2", "#ff9da7", "#9c755f", "#bab0ac"]
-    labels = []
-    max_ranks = 0
-    top = 0.0
-    for i, rec in enumerate(history):
-        run: DistributedRun = rec.result
-        per = run.per_rank_items_per_s()
-        bottom = 0.0
-        for r, v in enumerate(per):
-            ax.bar(
-                i,
-                v,
-                bottom=bottom,
-                width=0.6,
-                color=palette[r % len(palette)],
-                edgecolor="white",
-                label=f"rank {r}" if r >= max_ranks else None,
-            )
-            bottom += v
-        max_ranks = max(max_ranks, len(per))
-        top = max(top, bottom)
-        ax.annotate(f"total {run.total_items_per_s():.0f}", (i, bottom), ha="center", va="bottom", fontsize=8)
-        v = rec.values
-        labels.append(f"#{rec.index}: {v['processes']} proc, {v['workers']} wk, bs {v['batch_size']}")
-    ax.set_xticks(range(len(labels)))
-    ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
-    ax.set_xlim(-0.6, max(len(labels), 3) - 0.4)
-    ax.set_ylim(0, top * 1.15 if top > 0 else 1)
-    ax.set_ylabel("items/s (ranks stacked)")
-    ax.set_title("Runs so far: each rank's throughput, stacked to the job's total")
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-
-
-# ---------------------------------------------------------------------------
-# Headless benchmark (python -m helpers.tools.bench --chapters 07)
-# ---------------------------------------------------------------------------
-
-
-def record_run(results: Any, run: DistributedRun) -> None:
-    """Add one run's figures to a :class:`helpers.core.results.ResultSet` under ``ch07.ddp.*``.
-
-    Records: ``ch07.ddp.total_items_per_s`` and ``ch07.ddp.wall_time`` (params
-    ``nproc``, ``backend``, ``workers``, ``batch_size``, ``width``, ``epochs``,
-    ``dataset_size``), ``ch07.ddp.rank_items_per_s`` (same params plus ``rank``)
-    and ``ch07.ddp.exactly_once`` (1 if every epoch covered every sample once).
-    """
-    p = {
-        "nproc": run.nproc,
-        "backend": run.backend,
-        "workers": run.settings.get("workers"),
-        "batch_size": run.settings.get("batch_size"),
-        "width": run.settings.get("width"),
-        "epochs": run.n_epochs,
-        "dataset_size": run.dataset_size,
-    }
-    results.add("ch07.ddp.total_items_per_s", run.total_items_per_s(), "items/s", **p)
-    for r, v in zip(run.ranks, run.per_rank_items_per_s()):
-        results.add("ch07.ddp.rank_items_per_s", v, "items/s", rank=int(r["rank"]), **p)
-    results.add("ch07.ddp.wall_time", run.wall_s, "s", **p)
-    results.add("ch07.ddp.exactly_once", float(run.exactly_once_every_epoch()), "ratio", **p)
-
-
-def benchmark(results: Any, device: Any = None) -> Any:
-    """Record chapter 07's multi-GPU figures into ``results`` (CUDA only; a CPU records nothing).
-
-    Runs the DDP job with 1 process and with one process per GPU (nccl),
-    2 workers per rank, and records them with :func:`record_run`. Returns ``results``.
-    """
-    import torch
-
-    if not torch.cuda.is_available() or (device is not None and str(device).split(":")[0] != "cuda"):
-        return results
-
-    gpus = torch.cuda.device_count()
-    for nproc in sorted({1, gpus}):
-        run = launch_ddp(nproc, workers=2, batch_size=64, epochs=sized(3, 4), width=16, timeout_s=900)
-        record_run(results, run)
-    return results
+def throughput_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """'  2 rank(s), nccl, 2 workers/rank, batch 64/rank: 12345 items/s in total', one line per job."""
+    return [
+        f"  {p['nproc']} rank(s), {p['backend']}, {p['workers']} workers/rank, batch {p['batch_size']}/rank: "
+        f"{p['items_per_s']:.0f} {p['unit']} in total"
+        for p in rows
+    ]
 
 
 if __name__ == "__main__":  # python -m helpers.chapters.distributed: torchrun, bound to 127.0.0.1

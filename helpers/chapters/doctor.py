@@ -49,6 +49,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from ..core.config import require_gpu
+from ..core.device import resolve_device
 from ..core.validate import check_choice, check_float, check_int
 from ..pipeline.prefetch import iter_tensors, map_tensors, move_batch
 
@@ -764,9 +765,7 @@ def diagnose(
     check_int("warmup", warmup, 0, 1000)
     check_float("time_limit_s", time_limit_s, 0.1, 24 * 3600.0)
     check_float("stall_threshold", stall_threshold, 0.0, 1.0)
-    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device is 'cuda' but no CUDA device is available; use device='cpu' or None")
+    dev = resolve_device(device)  # None: CUDA when present; a device this machine lacks: ValueError
 
     if transfer == "auto":
 

@@ -1,0 +1,235 @@
+"""Chapter 06, the capstone: the chapter interface (:mod:`helpers.ui.chapter`) over :mod:`.capstone`.
+
+:mod:`~helpers.chapters.capstone` does the work (the steps as data, the job, the waterfall in rounds, the stages
+alone, the calibration, the checks and plots); this module holds the chapter: its live panel and its headless
+benchmark.
+
+The panel runs the job once, through the reader's functions, with the steps the reader ticks, in the regime the
+reader picks:
+
+>>> from helpers.chapters import ch06
+>>> panel = widgets.Panel.for_chapter(ch06, device=DEVICE, specs=SPECS, pipeline=PIPELINE)
+>>> panel
+
+``specs``: the chapter's calibrated :class:`~helpers.chapters.capstone.JobSpec` per regime (default
+:func:`~helpers.chapters.capstone.job_spec`); ``pipeline``: the reader's
+:class:`~helpers.chapters.capstone.Pipeline` (default: ``examples/fast_pipeline.py``'s, see
+:func:`~helpers.chapters.capstone.reference_pipeline`). Every run is measured here, on any device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable
+
+import torch
+
+from ..core import evidence
+from ..core.device import resolve_device
+from ..core.evidence import Evidence
+from ..core.progress import ProgressFn, no_progress, scaled
+from ..core.results import ResultSet
+from ..core.validate import check_choice
+from . import capstone
+from .capstone import ConfigResult, JobSpec, Pipeline
+
+__all__ = [
+    "NUMBER",
+    "TITLE",
+    "BENCH_WEIGHT",
+    "PANEL_TITLE",
+    "benchmark",
+    "panel_controls",
+    "panel_run",
+    "panel_summary",
+    "panel_plot",
+]
+
+NUMBER = "06"
+TITLE = "capstone pipeline"
+BENCH_WEIGHT = 2.5
+PANEL_TITLE = "Stack the steps yourself"
+
+#: How a panel run is measured (the Evidence's method).
+METHOD = "one timed epoch after warm-up, through the pipeline's functions; stages alone for the efficiency"
+
+
+# ---------------------------------------------------------------------------
+# Live panel
+# ---------------------------------------------------------------------------
+
+
+def panel_controls(**context: Any) -> dict[str, Any]:
+    """A regime toggle and one checkbox per step after the baseline (``context`` is not used).
+
+    The checkboxes stay consistent: ticking a step ticks the steps it needs
+    (:data:`~helpers.chapters.capstone.STEP_REQUIRES`), and unticking a step unticks the steps that need
+    it, so the panel can never hold settings that :func:`~helpers.chapters.capstone.settings_for` refuses.
+    """
+    from ..ui.widgets import W  # optional/heavy: ipywidgets
+
+    controls: dict[str, Any] = {
+        "regime": W.ToggleButtons(options=list(capstone.REGIMES), value="data-bound", description="regime"),
+    }
+    for step in capstone.STEPS[1:]:
+        controls[step.name] = W.Checkbox(value=False, description=step.label, indent=False)
+
+    def on_change(name: str) -> Callable[[dict[str, Any]], None]:
+        def handler(change: dict[str, Any]) -> None:
+            if change.get("new"):
+                for need in capstone.STEP_REQUIRES.get(name, ()):
+                    controls[need].value = True
+            else:
+                for other, needs in capstone.STEP_REQUIRES.items():
+                    if name in needs:
+                        controls[other].value = False
+
+        return handler
+
+    for step in capstone.STEPS[1:]:
+        controls[step.name].observe(on_change(step.name), names="value")
+    return controls
+
+
+def panel_run(
+    progress: ProgressFn | None,
+    *,
+    device: torch.device | str,
+    regime: str = "data-bound",
+    specs: Mapping[str, JobSpec] | None = None,
+    pipeline: Pipeline | None = None,
+    **toggles: bool,
+) -> Evidence[ConfigResult]:
+    """Run the job once with the steps whose toggles are True (keyword per step name), in ``regime``.
+
+    ``specs``: the job of each regime (the chapter passes its calibrated ones); default
+    :func:`~helpers.chapters.capstone.job_spec`. ``pipeline``: the functions to time (the chapter passes the
+    reader's); see :func:`~helpers.chapters.capstone.run_config`. ``baseline`` is always part of the job.
+
+    Raises:
+        ValueError: an unknown regime or toggle, or a spec made for another regime.
+    """
+    check_choice("regime", regime, tuple(capstone.REGIMES))
+    for k in toggles:
+        check_choice("step", k, capstone.STEP_NAMES)
+    enabled = [k for k, v in toggles.items() if v and k != "baseline"]
+    s = capstone.settings_for(enabled)
+    name = "+".join(enabled) if enabled else "baseline"
+    spec = (specs or {}).get(regime)
+    if spec is not None and spec.regime != regime:
+        raise ValueError(f"specs[{regime!r}] is for the {spec.regime!r} regime; pass each regime's own spec")
+    dev = resolve_device(device)
+    result = capstone.run_config(
+        s,
+        spec or capstone.job_spec(regime),
+        dev,
+        name=name,
+        label=name,
+        stages=True,
+        progress=progress,
+        pipeline=pipeline,
+    )
+    return evidence.measured(f"the {regime} job, {name}", result, dev, method=METHOD)
+
+
+def panel_summary(result: Evidence[ConfigResult]) -> str:
+    """'data-bound, workers: 1.23 s/epoch, ... accuracy 40.0% — [measured here] ...'."""
+    r = result.value
+    if r is None:
+        return result.header()
+    eff = f"{r.efficiency:.2f}" if r.efficiency is not None else "n/a"
+    return (
+        f"{r.regime}, {r.label}: {r.epoch_s:.2f} s/epoch, {r.throughput:.0f} img/s, compute busy "
+        f"{r.compute_busy:.0%}, data stall {r.data_stall:.0%}, efficiency {eff}, accuracy {r.accuracy:.1%}"
+        f" — {result.header()}"
+    )
+
+
+def panel_plot(history: Sequence[Any], ax: Any) -> None:
+    """Epoch time of every panel run so far (bars), for comparing toggles; labelled with where it was measured."""
+    from ..ui.plots import history_bars  # optional/heavy: matplotlib
+
+    runs = [h for h in history if h.result.value is not None]
+    labels = [f"#{h.index} {h.result.value.regime[:4]} {h.result.value.label}"[:40] for h in runs]
+    where = runs[-1].result.source.split(",")[0] if runs else "measured now"
+    history_bars(
+        labels,
+        [h.result.value.epoch_s for h in runs],
+        ax,
+        ylabel="time per epoch (s)",
+        title=f"Panel runs ({where})",
+    )
+
+
+# ---------------------------------------------------------------------------
+# Headless benchmark (python -m helpers.tools.bench --chapters 06)
+# ---------------------------------------------------------------------------
+
+
+def benchmark(results: ResultSet, device: torch.device | str | None, *, progress: ProgressFn | None = None) -> None:
+    """Run both regimes, every configuration, and add the records to ``results``.
+
+    Headless, there is no reader's pipeline: the functions timed are those of
+    ``examples/fast_pipeline.py`` (:func:`~helpers.chapters.capstone.reference_pipeline`), which a test keeps
+    identical to chapter 06's pipeline cells. ``device``: ``None`` = CUDA when present, else the CPU.
+
+    Records (key: unit; params ``regime``, ``stage`` (step name), ``label``, ``order``, ``width``,
+    ``depth``, ``steps``, ``batch_size``, ``rounds``, ``device``):
+
+    - ``ch06.calibration.compute_over_loader``: ratio (params ``regime``, ``width``, ``depth``, ``reached``,
+      ``device``) — how the regime's model was chosen;
+    - ``ch06.waterfall.step_time``: s per step (epoch time / steps) — the waterfall bars;
+    - ``ch06.epoch_time``: s; ``ch06.throughput``: items/s; ``ch06.speedup``: ratio (vs baseline);
+    - ``ch06.accuracy``: ratio (validation); ``ch06.compute_busy``, ``ch06.data_stall``: ratio (0-1);
+    - ``ch06.efficiency``: ratio (throughput / slowest stage alone);
+    - ``ch06.stage_alone``: items/s, with ``part`` = loader / copy / compute (copy only with CUDA).
+
+    Artifacts: ``ch06.trace.<regime>.<stage>``: each configuration's span trace
+    (:meth:`~helpers.core.timing.SpanTrace.to_dict`), for reference timelines.
+    """
+    progress = progress or no_progress
+    dev = resolve_device(device)
+    # The pipeline timed: examples/fast_pipeline.py's (reference_pipeline), as chapter 06's cells.
+    cal = capstone.calibrate(dev, progress=scaled(progress, 0.0, 0.1, "calibrating: "))
+    regimes = list(capstone.REGIMES)
+    for k, regime in enumerate(regimes):
+        spec = capstone.job_spec(regime, width=cal[regime].width, depth=cal[regime].depth)
+        part = scaled(progress, 0.1 + 0.9 * k / len(regimes), 0.1 + 0.9 * (k + 1) / len(regimes))
+        wf = capstone.run_waterfall(regime, dev, spec=spec, calibration=cal[regime], progress=part)
+        results.add(
+            "ch06.calibration.compute_over_loader",
+            cal[regime].ratio,
+            "ratio",
+            regime=regime,
+            width=spec.width,
+            depth=spec.depth,
+            reached=cal[regime].reached,
+            device=str(dev),
+        )
+        for i, (r, sp) in enumerate(zip(wf.results, wf.speedups())):
+            p: dict[str, Any] = dict(
+                regime=regime,
+                stage=r.name,
+                label=r.label,
+                order=i,
+                width=wf.spec.width,
+                depth=wf.spec.depth,
+                steps=r.steps,
+                batch_size=wf.spec.batch_size,
+                rounds=wf.rounds,
+                device=str(dev),
+            )
+            results.add("ch06.waterfall.step_time", r.step_s, "s", **p)
+            results.add("ch06.epoch_time", r.epoch_s, "s", **p)
+            results.add("ch06.throughput", r.throughput, "items/s", **p)
+            results.add("ch06.speedup", sp, "ratio", **p)
+            results.add("ch06.accuracy", r.accuracy, "ratio", **p)
+            results.add("ch06.compute_busy", r.compute_busy, "ratio", **p)
+            results.add("ch06.data_stall", r.data_stall, "ratio", **p)
+            if r.efficiency is not None:
+                results.add("ch06.efficiency", r.efficiency, "ratio", **p)
+            for stage_part, v in r.stages.items():
+                if v is not None:
+                    results.add("ch06.stage_alone", v, "items/s", part=stage_part, **p)
+            results.artifacts[f"ch06.trace.{regime}.{r.name}"] = r.trace.to_dict()
+    progress(1.0, "done")
