@@ -90,7 +90,6 @@ from ..core.config import repo_root, sized
 from ..core.device import intraop_threads
 from ..core.evidence import Evidence
 from ..core.progress import scaled
-from ..core.reference import artifacts, missing_message, provenance_line
 from ..core.timing import SpanRecorder, SpanTrace, synchronize
 from ..core.validate import check_choice, check_float, check_int
 from ..pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset, to_float_normalized
@@ -2042,7 +2041,4 @@ def reference_timeline(regime: str, stage: str) -> Evidence[dict[str, Any]]:
     """
     check_choice("regime", regime, tuple(REGIMES))
     check_choice("stage", stage, STEP_NAMES)
-    what = f"the {regime} timeline, {stage}"
-    for rs, trace in artifacts(f"ch06.trace.{regime}.{stage}"):
-        return Evidence(what, "recorded", trace, provenance_line(rs) + " (not this machine)")
-    return evidence.missing(what, reason=missing_message(f"{what} (artifact ch06.trace.{regime}.{stage})"))
+    return evidence.recorded_artifact(f"the {regime} timeline, {stage}", f"ch06.trace.{regime}.{stage}")

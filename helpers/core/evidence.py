@@ -31,7 +31,7 @@ from typing import Any, Generic, Literal, TypeVar
 import torch
 
 from .device import no_cuda_message, wrap
-from .reference import find, missing_message, provenance_line
+from .reference import artifacts, find, missing_message, provenance_line
 from .results import Record, ResultSet
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "Evidence",
     "measured",
     "recorded",
+    "recorded_artifact",
     "published",
     "theoretical",
     "missing",
@@ -142,6 +143,20 @@ def recorded(
         if value is not None:
             return Evidence(what, "recorded", value, provenance_line(rs) + " (not this machine)", note)
     return missing(what, note=note, reason=missing_message(f"{what} ({key})"))
+
+
+def recorded_artifact(
+    what: str, name: str, convert: Callable[[ResultSet, Any], T] | None = None, note: str = ""
+) -> Evidence[Any]:
+    """The newest reference file's artifact ``name`` (a span trace, a table), converted; or ``missing``.
+
+    ``convert(result_set, artifact)`` turns the stored form into the payload (default: as stored).
+    """
+    for rs, art in artifacts(name):
+        value = convert(rs, art) if convert is not None else art
+        if value is not None:
+            return Evidence(what, "recorded", value, provenance_line(rs) + " (not this machine)", note)
+    return missing(what, note=note, reason=missing_message(f"{what} (artifact {name})"))
 
 
 def published(what: str, value: T, citation: str) -> Evidence[T]:

@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..core import evidence, reference
+from ..core import evidence
 from ..core.config import sized
 from ..core.device import resolve_device
 from ..core.evidence import Evidence
@@ -473,12 +473,9 @@ def reference_cell(memory: str, stream: str) -> Evidence[SpanTrace]:
 
     Its ``source`` is the recording's provenance line (GPU, driver, torch, date, mode, method).
     """
-    name = artifact_name(memory, stream)
-    what = _timeline_what(memory, stream)
-    for rs, data in reference.artifacts(name):
-        line = reference.provenance_line(rs) + " (not this machine)"
-        return Evidence(what, "recorded", SpanTrace.from_dict(dict(data)), line)
-    return evidence.missing(what, reason=reference.missing_message(f"{what} ({name})"))
+    return evidence.recorded_artifact(
+        _timeline_what(memory, stream), artifact_name(memory, stream), lambda rs, data: SpanTrace.from_dict(dict(data))
+    )
 
 
 def timeline_evidence(cell: CellResult) -> Evidence[Any]:
