@@ -418,3 +418,58 @@ def test_to_device_on_cuda_never_mixes_batches():  # pragma: no cover - GPU only
     assert ns["staging"].cache_info().currsize == 2
     buf, _ = ns["staging"](shape, torch.uint8)
     assert buf.is_pinned()
+
+
+# -- the chapter's GPU paths (run by helpers.tools.gpucheck --cuda-only) ------------------
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_measure_sweeps_on_cuda_times_h2d_with_time_copy_and_d2h_with_the_helper():  # pragma: no cover - GPU only
+    sizes = [4 * KiB, 64 * KiB, 1 * MiB]
+    gpu = evidence.measure_or_recall(
+        "the GPU copy sweeps",
+        "cuda",
+        key="ch02.copy_time",
+        convert=ch02.recorded_sweeps,
+        measure=lambda: ch02.measure_sweeps(chapter_time_copy(), sizes, device="cuda", repeats=3, rounds=2),
+    )
+    assert gpu.here
+    sweeps = gpu.value.sweeps
+    assert set(sweeps) == {(d, m) for d in ("h2d", "d2h") for m in ("pageable", "pinned")}
+    assert all(sw.sizes() == sizes and all(p.median_s > 0 for p in sw.points) for sw in sweeps.values())
+    assert "time_copy()" in sweeps[("h2d", "pinned")].method and sweeps[("h2d", "pinned")].points[0].n == 6
+    assert "CUDA events on a side stream" in sweeps[("d2h", "pageable")].method
+    assert sweeps[("d2h", "pinned")].points[0].n == 6 and gpu.value.gpu == torch.cuda.get_device_name()
+    assert gpu.value.ceiling is not None or gpu.value.ceiling_note
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_transfer_sweep_on_cuda_copies_both_directions():  # pragma: no cover - GPU only
+    for direction in ("h2d", "d2h"):
+        for memory in ("pageable", "pinned"):
+            sw = T.transfer_sweep(direction, memory, [4 * KiB, 1 * MiB], device="cuda", repeats=4)
+            assert (sw.direction, sw.memory) == (direction, memory) and [p.n for p in sw.points] == [4, 4]
+            assert all(p.median_s > 0 for p in sw.points)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_panel_and_benchmark_on_cuda():  # pragma: no cover - GPU only
+    for direction in ("h2d", "d2h"):
+        result = _panel_run(1, direction, "pinned", "uint8", device="cuda", copy_fn=chapter_time_copy(), repeats=3)
+        assert result.here and result.value.measured is not None and result.value.host is None
+    rs = ResultSet.new("test", "unit test")
+    ch02.benchmark(rs, "cuda", sizes=[4 * KiB, 64 * KiB])
+    for key in (
+        "ch02.host_copy_time",
+        "ch02.copy_time",
+        "ch02.fit.bandwidth",
+        "ch02.pin.cold",
+        "ch02.host_held",
+        "ch02.wire_time",
+    ):
+        assert rs.find(key), key
+    assert len(rs.find("ch02.copy_time")) == 8
+    rows = T.pin_costs_from_records(rs, rs.find("ch02.pin"))
+    assert rows and rows[0].nbytes == 64 * KiB
+    assert T.host_blocking_from_records(rs, rs.find("ch02.host_held")) is not None
+    assert T.wire_from_records(rs, rs.find("ch02.wire_time")).byte_ratio == 4
