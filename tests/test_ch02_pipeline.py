@@ -1,5 +1,6 @@
 """Chapter 02's reader-built code: the timed copy loop (``time_copy``), the pipeline's ``to_device``,
-and the helpers that take them (``transfer.sweep``, ``transfer.panel_measure(copy_fn=...)``).
+the helpers that take them (``transfer.sweep``, the live panel's ``ch02.panel_run(copy_fn=...)``), and
+the chapter module (:mod:`helpers.chapters.ch02`: its GPU curves as an Evidence, its panel, its benchmark).
 
 The chapter's own cells are read from the committed notebook and executed here, so what is tested
 is what the reader runs. Tests that need a GPU say so in their skip reason (``helpers.tools.gpucheck``
@@ -16,9 +17,13 @@ import time
 import pytest
 import torch
 
+from helpers.chapters import ch02
+from helpers.core import evidence
+from helpers.core.progress import no_progress
+from helpers.core.results import ResultSet
 from helpers.pipeline import transfer as T
 from helpers.pipeline.transfer import KiB, MiB
-from helpers.ui import codecells
+from helpers.ui import codecells, widgets
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -160,6 +165,7 @@ def test_sweep_calls_a_cpu_function_with_pageable_only():
 def test_sweep_alternates_pageable_and_pinned_rounds_on_cuda(monkeypatch):
     # No GPU needed: the CUDA checks are replaced, and the fake copy function touches no device.
     monkeypatch.setattr(T, "cuda_status", lambda device=None: (True, ""))
+    monkeypatch.setattr(T, "resolve_device", lambda device=None: torch.device("cuda"))  # never allocated on
     monkeypatch.setattr(T, "_check_device_bytes", lambda *a, **k: None)
     monkeypatch.setattr(T, "_gpu_name", lambda dev: "a fake GPU")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
@@ -213,7 +219,7 @@ def test_sweep_validates_its_arguments(kwargs, match):
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
 def test_sweep_refuses_a_cuda_device_that_is_not_there():
-    with pytest.raises(ValueError, match="device: No CUDA device"):
+    with pytest.raises(ValueError, match="device='cuda' is not available on this machine"):
         T.sweep(lambda *a: [1e-6], [4 * KiB], device="cuda")
 
 
@@ -226,7 +232,19 @@ def test_sweep_refuses_more_host_memory_than_is_free(monkeypatch):
 # -- the panel with the reader's function ----------------------------------------------
 
 
-def test_panel_measure_uses_the_readers_function_without_cuda(tmp_path, monkeypatch):
+def _panel_run(size_mib, direction, memory, dtype, **context):
+    return ch02.panel_run(
+        no_progress,
+        device=context.pop("device", "cpu"),
+        size_mib=size_mib,
+        direction=direction,
+        memory=memory,
+        dtype=dtype,
+        **context,
+    )
+
+
+def test_panel_run_uses_the_readers_function_without_cuda(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
     seen = []
 
@@ -234,18 +252,138 @@ def test_panel_measure_uses_the_readers_function_without_cuda(tmp_path, monkeypa
         seen.append((src.dtype, src.numel(), device.type, pinned, repeats))
         return [1e-4] * repeats
 
-    reading = T.panel_measure(0.25, "h2d", "pinned", "float32", device="cpu", copy_fn=my_copy, repeats=4)
+    result = _panel_run(0.25, "h2d", "pinned", "float32", copy_fn=my_copy, repeats=4)
+    reading = result.value
+    assert isinstance(result, evidence.Evidence) and result.here and "my_copy()" in result.source
     assert seen == [(torch.float32, 256 * KiB, "cpu", False, 4)]  # 0.25 MiB of pixels, 4 bytes each
     assert reading.measured is None and reading.host is not None
     assert reading.host.direction == "h2h" and reading.host.median_s == pytest.approx(1e-4)
     assert "my_copy()" in reading.host.method and "not a GPU copy" in reading.host.method
-    assert "not a transfer to a GPU" in reading.summary()
+    assert "not a transfer to a GPU" in ch02.panel_summary(result)
 
 
-def test_panel_measure_with_the_chapter_function(tmp_path, monkeypatch):
+def test_panel_run_with_the_chapter_function(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
-    reading = T.panel_measure(0.25, "h2d", "pageable", "uint8", device="cpu", copy_fn=chapter_time_copy(), repeats=3)
+    reading = _panel_run(0.25, "h2d", "pageable", "uint8", copy_fn=chapter_time_copy(), repeats=3).value
     assert reading.host is not None and reading.host.n == 3 and reading.host.gbps > 0
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU path")
+def test_panel_run_without_cuda_explains_and_measures_host(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    calls = []
+    gpu = evidence.recorded("the GPU copy sweeps", "ch02.copy_time", convert=ch02.recorded_sweeps)
+    result = ch02.panel_run(
+        lambda f, text="": calls.append(f),
+        device="cpu",
+        size_mib=0.25,
+        direction="d2h",
+        memory="pinned",
+        dtype="float32",
+        gpu=gpu,
+    )
+    reading = result.value
+    assert not gpu and reading.nbytes == 4 * 256 * KiB and calls[-1] == 1.0
+    assert reading.measured is None and reading.reference is None and reading.host is not None
+    s = ch02.panel_summary(result)
+    assert "No CUDA device" in s and "make gpu-check" in s and "not a transfer to a GPU" in s
+    assert "Pinning is impossible" in s
+    with pytest.raises(ValueError, match="dtype"):
+        _panel_run(1, "h2d", "pinned", "int64")
+    monkeypatch.setattr(T, "_memory_now", lambda: (32 * 2**30, 3 * 2**30))
+    with pytest.raises(ValueError, match="host RAM"):  # 2 x 1 GiB: more than half of the 3 GiB available
+        _panel_run(256, "h2d", "pageable", "float32", copy_fn=chapter_time_copy())
+
+
+def _reference_file(tmp_path):
+    rs = ResultSet.new("ref", "unit test")
+    rs.provenance["hardware"]["gpu_name"] = "Test GPU"
+    rs.provenance["report"]["link_bandwidth_gbps"] = 31.5
+    rs.provenance["report"]["link_description"] = "PCIe Gen4 x16 (theoretical, per direction)"
+    for n in (4096, MiB):
+        rs.add(
+            "ch02.copy_time",
+            1e-5 + n / 2e10,
+            "s",
+            spread={"iqr_s": 0.0, "n": 5},
+            direction="h2d",
+            memory="pageable",
+            nbytes=n,
+        )
+    rs.save(tmp_path / "ref.json")
+
+
+def test_the_gpu_sweeps_say_plainly_when_none_is_recorded(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    gpu = evidence.recorded("the GPU copy sweeps", "ch02.copy_time", convert=ch02.recorded_sweeps)
+    assert not gpu and gpu.kind == "missing"
+    assert "No reference results" in gpu.source and "make gpu-check" in gpu.source
+    assert "none measured here and none recorded" in ch02.sweeps_caption(gpu)
+
+
+def test_the_gpu_sweeps_load_a_recorded_file(tmp_path, monkeypatch):
+    _reference_file(tmp_path)
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    gpu = evidence.recorded("the GPU copy sweeps", "ch02.copy_time", convert=ch02.recorded_sweeps)
+    assert gpu.kind == "recorded" and "Test GPU" in gpu.source and "not this machine" in gpu.source
+    ref = gpu.value
+    assert list(ref.sweeps) == [("h2d", "pageable")] and ref.sweeps[("h2d", "pageable")].sizes() == [4096, MiB]
+    assert ref.gpu == "Test GPU" and ref.ceiling == (31.5, "PCIe Gen4 x16 (theoretical, per direction)")
+    assert any("link ceiling: 31.5 GB/s" in line for line in ref.lines())
+    assert ch02.sweeps_caption(gpu).startswith("GPU curves: Recorded on")
+    if not HAS_CUDA:
+        reading = _panel_run(1, "h2d", "pageable", "uint8", gpu=gpu).value
+        assert reading.reference is not None and reading.reference.nbytes == MiB
+        assert "Test GPU" in reading.note and reading.ceiling == ref.ceiling
+
+
+def test_the_panel_is_three_lines_and_draws_its_runs(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    _reference_file(tmp_path)
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+    gpu = evidence.recorded("the GPU copy sweeps", "ch02.copy_time", convert=ch02.recorded_sweeps)
+    host = T.sweep(chapter_time_copy(), [4 * KiB, 64 * KiB], device="cpu", repeats=2, rounds=1)[("h2h", "pageable")]
+    panel = widgets.Panel.for_chapter(ch02, device="cpu", copy_fn=chapter_time_copy(), gpu=gpu, host=host)
+    assert set(panel.controls) == {"size_mib", "direction", "memory", "dtype"}
+    for size in (0.25, 1):
+        panel.set(size_mib=size, memory="pageable")
+        panel.click()
+        assert panel.error is None, panel.error
+    assert [r.result.value.nbytes for r in panel.history] == [256 * KiB, MiB]
+    assert len(panel.history[-1].result.value.background) == 2  # the recorded curve and the host memcpy
+
+
+# -- the chapter's benchmark ------------------------------------------------------------
+
+
+class _FakeResults:
+    """Stands in for helpers.core.results.ResultSet.add (records only)."""
+
+    def __init__(self):
+        self.records = []
+
+    def add(self, key, value, unit, spread=None, **params):
+        self.records.append({"key": key, "value": value, "unit": unit, "params": params, "spread": spread or {}})
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU path")
+def test_benchmark_without_cuda_records_only_host_copies():
+    res, seen = _FakeResults(), []
+    ch02.benchmark(res, "cpu", sizes=[4 * KiB, 64 * KiB], progress=lambda f, text="": seen.append(f))
+    assert {r["key"] for r in res.records} == {"ch02.host_copy_time"}
+    assert [r["params"]["nbytes"] for r in res.records] == [4 * KiB, 64 * KiB]
+    assert all(r["unit"] == "s" and r["value"] > 0 and r["spread"]["n"] >= 1 for r in res.records)
+    assert seen[0] == 0.0 and seen[-1] == 1.0
+
+
+def test_benchmark_writes_into_a_real_resultset():
+    rs = ResultSet.new("test", "unit test")
+    ch02.benchmark(rs, "cpu", sizes=[4 * KiB])
+    assert rs.find("ch02.host_copy_time", nbytes=4 * KiB)
+    with pytest.raises(ValueError, match="sizes"):
+        ch02.benchmark(rs, "cpu", sizes=[0])
 
 
 # -- the pipeline's to_device ---------------------------------------------------------
@@ -280,3 +418,58 @@ def test_to_device_on_cuda_never_mixes_batches():  # pragma: no cover - GPU only
     assert ns["staging"].cache_info().currsize == 2
     buf, _ = ns["staging"](shape, torch.uint8)
     assert buf.is_pinned()
+
+
+# -- the chapter's GPU paths (run by helpers.tools.gpucheck --cuda-only) ------------------
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_measure_sweeps_on_cuda_times_h2d_with_time_copy_and_d2h_with_the_helper():  # pragma: no cover - GPU only
+    sizes = [4 * KiB, 64 * KiB, 1 * MiB]
+    gpu = evidence.measure_or_recall(
+        "the GPU copy sweeps",
+        "cuda",
+        key="ch02.copy_time",
+        convert=ch02.recorded_sweeps,
+        measure=lambda: ch02.measure_sweeps(chapter_time_copy(), sizes, device="cuda", repeats=3, rounds=2),
+    )
+    assert gpu.here
+    sweeps = gpu.value.sweeps
+    assert set(sweeps) == {(d, m) for d in ("h2d", "d2h") for m in ("pageable", "pinned")}
+    assert all(sw.sizes() == sizes and all(p.median_s > 0 for p in sw.points) for sw in sweeps.values())
+    assert "time_copy()" in sweeps[("h2d", "pinned")].method and sweeps[("h2d", "pinned")].points[0].n == 6
+    assert "CUDA events on a side stream" in sweeps[("d2h", "pageable")].method
+    assert sweeps[("d2h", "pinned")].points[0].n == 6 and gpu.value.gpu == torch.cuda.get_device_name()
+    assert gpu.value.ceiling is not None or gpu.value.ceiling_note
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_transfer_sweep_on_cuda_copies_both_directions():  # pragma: no cover - GPU only
+    for direction in ("h2d", "d2h"):
+        for memory in ("pageable", "pinned"):
+            sw = T.transfer_sweep(direction, memory, [4 * KiB, 1 * MiB], device="cuda", repeats=4)
+            assert (sw.direction, sw.memory) == (direction, memory) and [p.n for p in sw.points] == [4, 4]
+            assert all(p.median_s > 0 for p in sw.points)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_panel_and_benchmark_on_cuda():  # pragma: no cover - GPU only
+    for direction in ("h2d", "d2h"):
+        result = _panel_run(1, direction, "pinned", "uint8", device="cuda", copy_fn=chapter_time_copy(), repeats=3)
+        assert result.here and result.value.measured is not None and result.value.host is None
+    rs = ResultSet.new("test", "unit test")
+    ch02.benchmark(rs, "cuda", sizes=[4 * KiB, 64 * KiB])
+    for key in (
+        "ch02.host_copy_time",
+        "ch02.copy_time",
+        "ch02.fit.bandwidth",
+        "ch02.pin.cold",
+        "ch02.host_held",
+        "ch02.wire_time",
+    ):
+        assert rs.find(key), key
+    assert len(rs.find("ch02.copy_time")) == 8
+    rows = T.pin_costs_from_records(rs, rs.find("ch02.pin"))
+    assert rows and rows[0].nbytes == 64 * KiB
+    assert T.host_blocking_from_records(rs, rs.find("ch02.host_held")) is not None
+    assert T.wire_from_records(rs, rs.find("ch02.wire_time")).byte_ratio == 4

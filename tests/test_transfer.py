@@ -23,13 +23,13 @@ def test_size_grid_is_geometric_and_inclusive():
     assert T.size_grid(100, 100, 2) == [100]
 
 
-def test_default_sizes_cover_the_issue_range(monkeypatch):
+def test_copy_sizes_cover_the_issue_range(monkeypatch):
     monkeypatch.setenv("WORKBOOK_QUICK", "0")
-    full = T.default_sizes()
+    full = T.copy_sizes()
     assert full[0] == 4 * KiB and full[-1] >= 256 * MiB
     assert all(b == 2 * a for a, b in zip(full, full[1:]))
     monkeypatch.setenv("WORKBOOK_QUICK", "1")
-    quick = T.default_sizes()
+    quick = T.copy_sizes()
     assert quick[0] == 4 * KiB and quick[-1] <= 16 * MiB and len(quick) < len(full)
 
 
@@ -195,30 +195,72 @@ def test_speedup_by_size_and_claim_verdict():
 # -- records round trip (the reference-file format) ----------------------------
 
 
-class _FakeResults:
-    """Stands in for helpers.core.results.ResultSet.add (records only)."""
-
-    def __init__(self):
-        self.records = []
-
-    def add(self, key, value, unit, spread=None, **params):
-        self.records.append({"key": key, "value": value, "unit": unit, "params": params, "spread": spread or {}})
+def _records(*rows):
+    return [{"key": k, "value": v, "unit": u, "params": p, "spread": {}} for k, v, u, p in rows]
 
 
-def test_benchmark_without_cuda_records_only_host_copies():
-    res = _FakeResults()
-    T.benchmark(res, device="cpu", sizes=[4 * KiB, 64 * KiB])
-    assert {r["key"] for r in res.records} == {"ch02.host_copy_time"}
-    assert [r["params"]["nbytes"] for r in res.records] == [4 * KiB, 64 * KiB]
-    assert all(r["unit"] == "s" and r["value"] > 0 and r["spread"]["n"] >= 1 for r in res.records)
+def test_records_convert_back_into_what_the_measurements_return():
+    pin = [
+        (f"ch02.pin.{f}", t, "s", {"nbytes": MiB})
+        for f, t in (
+            ("cold", 4e-3),
+            ("cached", 1e-4),
+            ("pageable_copy", 1e-4),
+            ("pinned_copy", 5e-5),
+            ("plain_to", 2e-4),
+            ("pin_then_copy", 4e-3),
+        )
+    ]
+    rows = T.pin_costs_from_records(None, _records(*pin, ("ch02.pin.cold", 1.0, "s", {"nbytes": 2 * MiB})))
+    assert (
+        [r.nbytes for r in rows] == [MiB]
+        and rows[0].block_bytes == MiB
+        and rows[0].break_even_cold == pytest.approx(80)
+    )
+    assert "pays after" in T.pin_cost_table(rows)
+    assert T.pin_costs_from_records(None, _records(pin[0])) is None  # incomplete: nothing to show
 
+    held = T.host_blocking_from_records(
+        None,
+        _records(
+            ("ch02.host_held", 0.05, "s", {"case": "pageable", "nbytes": 64 * MiB, "gpu_work_s": 0.05}),
+            (
+                "ch02.host_held",
+                1e-5,
+                "s",
+                {"case": "pinned, non_blocking=True", "nbytes": 64 * MiB, "gpu_work_s": 0.05},
+            ),
+        ),
+    )
+    assert held.held_s == {"pageable": 0.05, "pinned, non_blocking=True": 1e-5} and held.gpu_work_s == 0.05
+    lines = T.host_blocking_lines(held)
+    assert "GPU work queued ahead of the copy: 50.0 ms" in lines[0] and "CPU held for   50.000 ms" in lines[1]
+    assert T.host_blocking_from_records(None, []) is None
 
-def test_benchmark_writes_into_a_real_resultset():
-    from helpers.core.results import ResultSet
+    blocks = T.rounding_rows_from_records(
+        None,
+        _records(
+            ("ch02.pinned_block", 8 * MiB, "bytes", {"requested": 5 * MiB}),
+            ("ch02.pinned_block", 4 * MiB, "bytes", {"requested": 3 * MiB}),
+        ),
+    )
+    assert [(b.requested, b.predicted_block, b.allocated_delta) for b in blocks] == [
+        (3 * MiB, 4 * MiB, 4 * MiB),
+        (5 * MiB, 8 * MiB, 8 * MiB),
+    ]
+    assert T.rounding_lines(blocks)[1] == "  requested 5 MiB: pool grew by 8 MiB (predicted 8 MiB)"
+    assert "unknown" in T.rounding_lines([T.RoundingRow(MiB, MiB, None)])[0]
 
-    rs = ResultSet.new("test", "unit test")
-    T.benchmark(rs, device="cpu", sizes=[4 * KiB])
-    assert rs.find("ch02.host_copy_time", nbytes=4 * KiB)
+    wire = T.wire_from_records(
+        None,
+        _records(
+            ("ch02.wire_time", 1e-3, "s", {"dtype": "uint8", "nbytes": MiB}),
+            ("ch02.wire_time", 4e-3, "s", {"dtype": "float32", "nbytes": 4 * MiB}),
+        ),
+    )
+    assert wire.byte_ratio == 4 and wire.time_ratio == 4 and wire.shape is None
+    assert T.wire_lines(wire)[-1] == "bytes ratio 4x, time ratio 4.0x — pinned H2D copy"
+    assert T.wire_from_records(None, _records(("ch02.wire_time", 1e-3, "s", {"dtype": "uint8", "nbytes": MiB}))) is None
 
 
 def test_sweeps_from_records_rebuilds_curves():
@@ -237,42 +279,6 @@ def test_sweeps_from_records_rebuilds_curves():
     assert list(sweeps) == [("h2d", "pinned")]
     assert sw.sizes() == [4096, 65536, MiB] and sw.source == "Recorded on X" and sw.points[0].n == 10
     assert sw.fit().gbps == pytest.approx(20.0, rel=1e-6)
-
-
-def test_reference_sweeps_say_plainly_when_none(tmp_path, monkeypatch):
-    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
-    ref = T.reference_sweeps()
-    assert not T.is_available(ref)
-    assert "No reference results" in ref.reason and "make gpu-check" in ref.reason
-
-
-def test_reference_sweeps_load_a_recorded_file(tmp_path, monkeypatch):
-    from helpers.core.results import ResultSet
-
-    rs = ResultSet.new("ref", "unit test")
-    rs.provenance["hardware"]["gpu_name"] = "Test GPU"
-    rs.provenance["report"]["link_bandwidth_gbps"] = 31.5
-    rs.provenance["report"]["link_description"] = "PCIe Gen4 x16 (theoretical, per direction)"
-    for n in (4096, MiB):
-        rs.add(
-            "ch02.copy_time",
-            1e-5 + n / 2e10,
-            "s",
-            spread={"iqr_s": 0.0, "n": 5},
-            direction="h2d",
-            memory="pageable",
-            nbytes=n,
-        )
-    rs.save(tmp_path / "ref.json")
-    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
-    ref = T.reference_sweeps()
-    assert T.is_available(ref)
-    assert ref.gpu == "Test GPU" and ref.ceiling_gbps == 31.5 and "theoretical" in ref.ceiling_label
-    assert "not measured on this machine" in ref.source
-    reading = T.panel_measure(1, "h2d", "pageable", "uint8", reference=ref)
-    if NO_CUDA:
-        assert reading.reference is not None and reading.reference.nbytes == MiB
-        assert "Test GPU" in reading.note
 
 
 # -- what runs on this CPU-only machine ---------------------------------------
@@ -331,28 +337,55 @@ def test_cuda_status_for_a_cpu_device():
     assert not ok and reason
 
 
+@pytest.mark.skipif(not NO_CUDA, reason="checks the no-GPU path")
+def test_cuda_status_checks_the_spelling_and_answers_cuda_without_raising():
+    assert T.cuda_status("cuda") == (False, T.NO_CUDA_REASON)  # absent here, not wrong
+    assert isinstance(T.measure_copy(MiB, device="cuda"), T.Unavailable)
+    for bad, match in (("gpu", "such as 'cpu'"), ("mps", "one of")):
+        with pytest.raises(ValueError, match=match):
+            T.cuda_status(bad)
+
+
+def test_transfer_sweep_is_the_sweep_loop_with_the_helpers_copy(monkeypatch):
+    # No GPU needed: the CUDA checks and the helper's copy are replaced by fakes that touch no device.
+    monkeypatch.setattr(T, "cuda_status", lambda device=None: (True, ""))
+    monkeypatch.setattr(T, "resolve_device", lambda device=None: torch.device("cpu"))
+    monkeypatch.setattr(T, "_check_device_bytes", lambda *a, **k: None)
+    monkeypatch.setattr(T, "_gpu_name", lambda dev: "a fake GPU")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    calls = []
+
+    def fake_helper_copy(direction, warmup):
+        def copy(src, device, pinned, repeats):
+            calls.append((direction, warmup, src.numel(), pinned, repeats))
+            return [1e-6 + src.numel() / 1e10] * repeats
+
+        return copy
+
+    monkeypatch.setattr(T, "_helper_copy", fake_helper_copy)
+    seen = []
+    sw = T.transfer_sweep(
+        "d2h", "pinned", [4 * KiB, 64 * KiB], repeats=4, warmup=2, progress=lambda f, t="": seen.append(f)
+    )
+    assert calls == [("d2h", 2, 4 * KiB, True, 4), ("d2h", 2, 64 * KiB, True, 4)]  # one round, one kind
+    assert (sw.direction, sw.memory, sw.label, sw.device, sw.source) == (
+        "d2h",
+        "pinned",
+        "D2H pinned",
+        "a fake GPU",
+        "measured here",
+    )
+    assert sw.method == "CUDA events on a side stream, 2 warm-up copies, median of 4"
+    assert [p.n for p in sw.points] == [4, 4] and seen[-1] == pytest.approx(1.0)
+
+
 def test_wire_comparison_on_this_machine():
     w = T.wire_comparison(2, 3, 32, 32)
     assert w.byte_ratio == 4.0 and w.nbytes["uint8"] == 2 * 3 * 32 * 32
     assert all(s > 0 for s in w.seconds.values())
     if NO_CUDA:
         assert "not a GPU transfer" in w.what
-
-
-def test_panel_measure_without_cuda_explains_and_measures_host(tmp_path, monkeypatch):
-    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
-    calls = []
-    reading = T.panel_measure(
-        0.25, "d2h", "pinned", "float32", reference=T.reference_sweeps(), progress=lambda f, text="": calls.append(f)
-    )
-    assert reading.nbytes == 4 * 256 * KiB and calls[-1] == 1.0
-    if NO_CUDA:
-        assert reading.measured is None and reading.reference is None and reading.host is not None
-        s = reading.summary()
-        assert "No CUDA device" in s and "make gpu-check" in s and "not a transfer to a GPU" in s
-        assert "Pinning is impossible" in s
-    with pytest.raises(ValueError, match="dtype"):
-        T.panel_measure(1, "h2d", "pinned", "int64")
 
 
 # -- plots ----------------------------------------------------------------------
@@ -396,7 +429,7 @@ def test_measure_host_copy_refuses_64_gib_at_once(monkeypatch):
     with pytest.raises(ValueError, match="host RAM"):
         T.measure_host_copy(64 * GiB)
     with pytest.raises(ValueError, match="host RAM"):
-        T.panel_measure(1024, "h2d", "pageable", "float32", device="cpu")  # two 4 GiB buffers
+        T.measure_copy_fn(lambda *a: [1e-6], 4 * GiB, device="cpu")  # two 4 GiB buffers
     assert time.perf_counter() - t0 < 5
 
 

@@ -4,6 +4,7 @@
                 its live panel (controls, run, summary, plot) and its headless benchmark
     _template   the template a new chapter module is copied from
 
+ch02        chapter 02: pageable vs pinned copies (its panel, GPU curves, benchmark)
 capstone    chapter 06: every step stacked on one job, in two regimes
 doctor      chapter 06: diagnose any pipeline (data-, transfer- or compute-bound)
 distributed chapter 07: DistributedSampler demos and the torchrun launcher

@@ -1,9 +1,10 @@
 """Host <-> GPU copies: pageable vs pinned memory, measured across sizes (chapter 02).
 
-What lives here, one job per function:
+What lives here, one job per function (chapter 02's panel and headless benchmark are in
+:mod:`helpers.chapters.ch02`):
 
 Pure logic (runs anywhere, unit-tested on CPU)
-    :func:`size_grid`, :func:`default_sizes` - the byte sizes a sweep visits.
+    :func:`size_grid`, :func:`copy_sizes` - the byte sizes (of one copy) a sweep visits.
     :func:`fit_latency_bandwidth` - least-squares fit of ``time = latency + bytes / bandwidth``.
     :func:`predict_pinned_block` - the power-of-two block the caching host allocator takes.
     :func:`safe_pin_limit`, :func:`check_pin_size` - refuse to pin more than a safe share of RAM.
@@ -15,13 +16,21 @@ The reader's copy function, looped over sizes
     :func:`sweep` - calls the chapter's ``time_copy`` (any :data:`CopyFn`) for every size, pageable
     and pinned in alternating rounds, and records the times as sweeps. On a CPU device it asks only
     for pageable copies, which the chapter's function times as a host memcpy (labelled so).
+    :func:`transfer_sweep` runs the same loop with the helper's own copy (either direction).
+    :func:`measure_copy_fn` - one call of the reader's function at one size and dtype (the live panel).
 
 Measurements that need CUDA (they return :class:`Unavailable`, never raise, without it)
     :func:`measure_copy`, :func:`transfer_sweep` - CUDA-event timed copies on a side stream.
     :func:`pin_cost` - what ``tensor.pin_memory()`` costs, cold and cached, vs what it saves.
     :func:`host_blocking_probe` - how long the CPU is held by a copy queued behind GPU work.
     :func:`pinned_rounding_demo`, :func:`host_allocator_stats` - the pinned caching allocator.
-    :func:`benchmark` - the chapter's key GPU measurements, as ``ch02.*`` records.
+
+Reference records (``ch02.*``, recorded by :func:`helpers.chapters.ch02.benchmark`) back into results
+    :func:`sweeps_from_records`, and the ``convert`` functions of
+    :func:`helpers.core.evidence.measure_or_recall`: :func:`pin_costs_from_records`,
+    :func:`host_blocking_from_records`, :func:`rounding_rows_from_records`, :func:`wire_from_records`;
+    with the formatters that print either kind alike (:func:`pin_cost_table`, :func:`host_blocking_lines`,
+    :func:`rounding_lines`, :func:`wire_lines`).
 
 Measurements that are real on a CPU-only machine
     :func:`measure_host_copy`, :func:`host_copy_sweep` - pageable host-to-host ``copy_``
@@ -44,9 +53,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from ..core import reference
 from ..core.config import require_gpu, sized
-from ..core.device import intraop_threads, wrap
+from ..core.device import has_cuda, intraop_threads, resolve_device, wrap
 from ..core.timing import measure, summarize
 from ..core.validate import check_choice, check_float, check_int, human_bytes, human_seconds
 
@@ -73,7 +81,7 @@ __all__ = [
     "RoundingRow",
     "WireResult",
     "size_grid",
-    "default_sizes",
+    "copy_sizes",
     "fit_latency_bandwidth",
     "predict_pinned_block",
     "safe_pin_limit",
@@ -92,26 +100,26 @@ __all__ = [
     "transfer_sweep",
     "CopyFn",
     "sweep",
+    "measure_copy_fn",
     "pin_cost",
     "host_blocking_probe",
     "host_allocator_stats",
     "release_pinned_cache",
     "pinned_rounding_demo",
     "wire_comparison",
-    "benchmark",
     "sweeps_from_records",
-    "copy_paths_diagram",
-    "ReferenceSweeps",
-    "reference_sweeps",
-    "plot_sweeps",
-    "PANEL_SIZES_MIB",
-    "PanelReading",
-    "panel_measure",
     "pin_costs_from_records",
+    "host_blocking_from_records",
+    "rounding_rows_from_records",
+    "wire_from_records",
     "pin_cost_table",
+    "host_blocking_lines",
+    "rounding_lines",
+    "wire_lines",
+    "copy_paths_diagram",
+    "plot_sweeps",
     "plot_pin_costs",
     "plot_speedup",
-    "plot_panel_runs",
 ]
 
 KiB = 1024
@@ -296,8 +304,8 @@ def size_grid(lo: int = 4 * KiB, hi: int = 256 * MiB, factor: int = 2) -> list[i
     return sizes
 
 
-def default_sizes() -> list[int]:
-    """The chapter's sweep: 4 KiB..16 MiB (x4) in quick mode, 4 KiB..256 MiB (x2) in full mode."""
+def copy_sizes() -> list[int]:
+    """Bytes per copy of the chapter's sweep: 4 KiB..16 MiB (x4) in quick mode, 4 KiB..256 MiB (x2) in full mode."""
     return sized(quick=size_grid(4 * KiB, 16 * MiB, 4), full=size_grid(4 * KiB, 256 * MiB, 2))
 
 
@@ -543,17 +551,27 @@ def claim_verdict(ratio: float, lo: float = CLAIM_RANGE[0], hi: float = CLAIM_RA
 # ---------------------------------------------------------------------------
 
 
-def _device(device: torch.device | str | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    return torch.device(device)
+def _names_cuda(device: Any) -> bool:
+    try:
+        return torch.device(device).type == "cuda"
+    except (RuntimeError, TypeError, ValueError):
+        return False
 
 
 def cuda_status(device: torch.device | str | None = None) -> tuple[bool, str]:
-    """``(True, '')`` if ``device`` is a usable CUDA device, else ``(False, reason)``."""
-    dev = _device(device)
-    if not torch.cuda.is_available():
+    """``(True, '')`` if ``device`` is a usable CUDA device, else ``(False, reason)``.
+
+    ``device`` goes through :func:`helpers.core.device.resolve_device` (``None``: CUDA when present),
+    which refuses with a ValueError a device that is not ``cpu`` or ``cuda`` or not spelled as one, and,
+    with CUDA, a GPU that is not there (``"cuda:3"`` with one GPU). Without CUDA, a CUDA device is
+    answered with :data:`NO_CUDA_REASON`, not refused: a measurement asked for ``device="cuda"`` on a
+    CPU-only machine returns :class:`Unavailable`.
+    """
+    if not has_cuda():
+        if device is not None:  # the spelling is checked all the same; 'cuda' is absent here, not wrong
+            resolve_device("cpu" if _names_cuda(device) else device)
         return False, NO_CUDA_REASON
+    dev = resolve_device(device)
     if dev.type != "cuda":
         return False, f"device {str(dev)!r} is not a CUDA device; pass device='cuda' to measure copies."
     return True, ""
@@ -652,8 +670,8 @@ def measure_host_copy(
 
 
 def host_copy_sweep(sizes: Sequence[int] | None = None, *, min_run_time: float | None = None) -> Sweep:
-    """:func:`measure_host_copy` over ``sizes`` (default :func:`default_sizes`)."""
-    sizes = list(default_sizes() if sizes is None else sizes)
+    """:func:`measure_host_copy` over ``sizes`` (default :func:`copy_sizes`)."""
+    sizes = list(copy_sizes() if sizes is None else sizes)
     points = [measure_host_copy(n, min_run_time=min_run_time) for n in sizes]
     return Sweep(
         direction="h2h",
@@ -748,7 +766,7 @@ def measure_copy(
     what = f"{direction.upper()} {memory} copy of {human_bytes(nbytes)}"
     if not ok:
         return Unavailable(what, reason)
-    dev = _device(device)
+    dev = resolve_device(device)
     if memory == "pinned":
         check_pin_size(nbytes, share=pin_share)
     else:
@@ -785,40 +803,66 @@ def transfer_sweep(
     repeats: int | None = None,
     warmup: int = 3,
     pin_share: float = DEFAULT_PIN_SHARE,
-    progress: Callable[[TransferPoint], None] | None = None,
+    progress: Callable[..., Any] | None = None,
 ) -> Sweep | Unavailable:
-    """Measure one (direction, memory kind) curve over ``sizes`` (default :func:`default_sizes`).
+    """Measure one (direction, memory kind) curve over ``sizes`` (default :func:`copy_sizes`) with the helper's copy.
+
+    The loop is :func:`sweep`'s (one round, one memory kind); the copy is the helper's own
+    (:func:`_helper_copy`: CUDA events on a side stream, ``warmup`` untimed copies, buffers reused for
+    every repeat), in either direction. ``progress(fraction, text)`` is called after every size.
 
     Returns :class:`Unavailable` without CUDA (checked before anything is allocated).
     """
     direction = check_choice("direction", direction, DIRECTIONS)
     memory = check_choice("memory", memory, MEMORY_KINDS)
-    sizes = list(default_sizes() if sizes is None else sizes)
+    sizes = list(copy_sizes() if sizes is None else sizes)
     for n in sizes:
         check_int("sizes[i]", n, 1, _MAX_BYTES)
     reps = sized(10, 30) if repeats is None else check_int("repeats", repeats, 1, 10_000)
+    warmup = check_int("warmup", warmup, 0, 1_000)
     ok, reason = cuda_status(device)
     if not ok:
         return Unavailable(f"{direction.upper()} {memory} sweep", reason)
-    dev = _device(device)
-    points: list[TransferPoint] = []
-    try:
-        for n in sizes:
-            p = measure_copy(n, direction, memory, device=dev, repeats=reps, warmup=warmup, pin_share=pin_share)
-            assert isinstance(p, TransferPoint)
-            points.append(p)
-            if progress is not None:
-                progress(p)
-    finally:
-        torch.cuda.empty_cache()  # device buffers back to the driver; pinned blocks stay cached
-    return Sweep(
+    curves = sweep(
+        _helper_copy(direction, warmup),
+        sizes,
+        device=resolve_device(device),
+        repeats=reps,
+        rounds=1,
+        pin_share=pin_share,
+        progress=progress,
         direction=direction,
-        memory=memory,
-        points=points,
-        source="measured here",
-        device=_gpu_name(dev),
-        method=points[0].method if points else "",
+        kinds=(memory,),
+        method=f"CUDA events on a side stream, {warmup} warm-up copies, median of {reps}",
     )
+    return curves[(direction, memory)]
+
+
+def _helper_copy(direction: str, warmup: int) -> CopyFn:
+    """The helper's own copy as a :data:`CopyFn` for :func:`sweep` (CUDA only), in ``direction``.
+
+    H2D: from ``src`` itself (pageable) or from a pinned copy of it made once; D2H: from a device copy of
+    ``src`` into a host buffer, pinned or pageable. Each call times ``repeats`` copies between the same two
+    buffers with CUDA events on a side stream (:func:`_event_times`), after ``warmup`` untimed ones.
+    """
+
+    def helper_copy(src: torch.Tensor, device: torch.device, pinned: bool, repeats: int) -> list[float]:
+        dst = buf = None
+        try:
+            if direction == "h2d":
+                buf = src.pin_memory() if pinned else src
+                dst = torch.zeros_like(src, device=device)
+            else:
+                buf = src.to(device)
+                dst = torch.zeros(src.shape, dtype=src.dtype, pin_memory=pinned)
+            stream = torch.cuda.Stream(device=device)
+            return _event_times(dst, buf, non_blocking=pinned, repeats=repeats, warmup=warmup, stream=stream)
+        finally:
+            torch.cuda.synchronize(device)
+            del dst, buf
+
+    helper_copy.__name__ = f"helper_copy_{direction}"
+    return helper_copy
 
 
 def _gpu_name(dev: torch.device) -> str:
@@ -868,6 +912,9 @@ def sweep(
     rounds: int = 2,
     pin_share: float = DEFAULT_PIN_SHARE,
     progress: Callable[..., Any] | None = None,
+    direction: str = "h2d",
+    kinds: Sequence[str] = MEMORY_KINDS,
+    method: str | None = None,
 ) -> dict[tuple[str, str], Sweep]:
     """Time *your* copy function over ``sizes``: this helper only loops, alternates, records.
 
@@ -877,40 +924,47 @@ def sweep(
     and their order flips every round (pageable first in even rounds, pinned first in odd ones),
     so that a machine that slows down or speeds up during the sweep hurts both kinds alike.
 
-    On a usable CUDA ``device``: both kinds, recorded as ``("h2d", "pageable")`` and
-    ``("h2d", "pinned")``. On any other device there is no host-to-device copy and nothing can
-    be pinned: only ``pinned=False`` is asked for, and the result is recorded as
-    ``("h2h", "pageable")``, the host memcpy (labelled "not a GPU copy" on plots), which is
-    what the chapter's ``time_copy`` times on a CPU.
+    On a usable CUDA ``device``: every kind in ``kinds`` (default both), recorded as
+    ``(direction, "pageable")`` and ``(direction, "pinned")``. On any other device there is no
+    host-to-device copy and nothing can be pinned: only ``pinned=False`` is asked for, and the
+    result is recorded as ``("h2h", "pageable")``, the host memcpy (labelled "not a GPU copy" on
+    plots), which is what the chapter's ``time_copy`` times on a CPU.
 
     Args:
         copy_fn: see :data:`CopyFn`.
-        sizes: bytes per copy (default :func:`default_sizes`).
+        sizes: bytes per copy (default :func:`copy_sizes`).
         repeats: timed copies asked for per call (default 5 quick, 15 full).
         rounds: calls per size and kind; the samples of all rounds are pooled (median, IQR).
         progress: ``progress(fraction, text)``, called after every call.
+        direction: what ``copy_fn`` copies on a CUDA device, ``"h2d"`` (the reader's ``time_copy``)
+            or ``"d2h"`` (:func:`transfer_sweep`'s copy); it labels the curves.
+        kinds: the memory kinds asked for on a CUDA device, in this order in even rounds.
+        method: how the times were taken, for the curves (default: "<copy_fn>(), yours: ...").
 
     Returns ``{(direction, memory): Sweep}``. Raises ValueError for bad arguments, a buffer
     beyond the safe pin limit or the RAM available, or a ``copy_fn`` that returns no times.
     """
     if not callable(copy_fn):
         raise ValueError(f"copy_fn must be a function copy_fn(src, device, pinned, repeats), got {copy_fn!r}")
-    sizes = list(default_sizes() if sizes is None else sizes)
+    sizes = list(copy_sizes() if sizes is None else sizes)
     if not sizes:
         raise ValueError("sizes must hold at least one size in bytes")
     sizes = [check_int("sizes[i]", n, 1, _MAX_BYTES) for n in sizes]
     reps = sized(5, 15) if repeats is None else check_int("repeats", repeats, 1, 10_000)
     rounds = check_int("rounds", rounds, 1, 100)
-    dev = _device(device)
-    ok, reason = cuda_status(dev)
-    if dev.type == "cuda" and not ok:
-        raise ValueError(f"device: {reason} Pass device='cpu' to time the host memcpy instead.")
-    kinds = MEMORY_KINDS if ok else ("pageable",)
-    direction = "h2d" if ok else "h2h"
+    direction = check_choice("direction", direction, DIRECTIONS)
+    kinds = tuple(check_choice("kinds[i]", k, MEMORY_KINDS) for k in kinds)
+    if not kinds or len(set(kinds)) != len(kinds):
+        raise ValueError(f"kinds must name each memory kind at most once, at least one, got {kinds!r}")
+    dev = resolve_device(device)  # 'cuda' on a machine without one: a ValueError that says so
+    ok, _ = cuda_status(dev)
+    if not ok:  # no host-to-device copy here: the reader's function times a host memcpy
+        kinds, direction = ("pageable",), "h2h"
     biggest = max(sizes)
     check_host_bytes("sizes", 2 * biggest, what=f"a source of {human_bytes(biggest)} and one copy of it")
     if ok:
-        check_pin_size(biggest, share=pin_share)
+        if "pinned" in kinds:
+            check_pin_size(biggest, share=pin_share)
         _check_device_bytes("sizes", biggest, dev, f"a device copy of {human_bytes(biggest)}")
     name = getattr(copy_fn, "__name__", "copy_fn")
     samples: dict[tuple[str, int], list[float]] = {(m, n): [] for m in kinds for n in sizes}
@@ -932,7 +986,7 @@ def sweep(
             torch.cuda.synchronize(dev)
             torch.cuda.empty_cache()  # device copies back to the driver; pinned blocks stay cached
 
-    how = f"{name}(), yours: {rounds} alternating rounds x {reps} timed copies, median" + (
+    how = method or f"{name}(), yours: {rounds} alternating rounds x {reps} timed copies, median" + (
         "" if ok else "; no CUDA device here, so a host memcpy (CPU→CPU), not a GPU copy"
     )
     out: dict[tuple[str, str], Sweep] = {}
@@ -954,6 +1008,55 @@ def sweep(
             method=how,
         )
     return out
+
+
+def measure_copy_fn(
+    copy_fn: CopyFn,
+    nbytes: int,
+    memory: str = "pageable",
+    *,
+    dtype: str = "uint8",
+    device: torch.device | str | None = None,
+    repeats: int = 10,
+    pin_share: float = DEFAULT_PIN_SHARE,
+) -> TransferPoint:
+    """One call of *your* copy function on a host tensor of ``nbytes`` bytes of ``dtype``, as a point.
+
+    On a CUDA ``device`` it is an H2D copy (``pinned`` when ``memory == "pinned"``); on any other device
+    there is no host-to-device copy, and ``copy_fn`` is asked for a pageable copy, which the chapter's
+    ``time_copy`` times as a host memcpy, run on one CPU thread (as the driver stages a pageable copy,
+    and as :func:`sweep` runs on a CPU). Raises ValueError for bad arguments, a buffer beyond the RAM
+    available or the safe pin limit, or a ``copy_fn`` that returns no times.
+    """
+    if not callable(copy_fn):
+        raise ValueError(f"copy_fn must be a function copy_fn(src, device, pinned, repeats), got {copy_fn!r}")
+    nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
+    memory = check_choice("memory", memory, MEMORY_KINDS)
+    dtype = check_choice("dtype", dtype, DTYPES)
+    repeats = check_int("repeats", repeats, 1, 10_000)
+    dev = resolve_device(device)
+    gpu, _ = cuda_status(dev)
+    pinned = gpu and memory == "pinned"
+    check_host_bytes("nbytes", 2 * nbytes, what=f"a source of {human_bytes(nbytes)} and one copy of it")
+    if pinned:
+        check_pin_size(nbytes, share=pin_share)
+    src = torch.ones(_numel(nbytes, dtype), dtype=DTYPES[dtype])
+    try:
+        with contextlib.nullcontext() if gpu else intraop_threads(1):
+            t = summarize("copy", _samples(copy_fn, copy_fn(src, dev, pinned, repeats)))
+    finally:
+        del src
+    name = getattr(copy_fn, "__name__", "copy_fn")
+    return TransferPoint(
+        nbytes=nbytes,
+        direction="h2d" if gpu else "h2h",
+        memory=memory if gpu else "pageable",
+        median_s=t.median_s,
+        iqr_s=t.iqr_s,
+        n=t.n,
+        dtype=dtype,
+        method=f"{name}(), yours, median of {t.n}" + ("" if gpu else " (host memcpy, not a GPU copy)"),
+    )
 
 
 def release_pinned_cache() -> bool:
@@ -1107,7 +1210,7 @@ def pin_cost(
     ok, reason = cuda_status(device)
     if not ok:
         return Unavailable(f"cost of pinning {human_bytes(nbytes)}", reason + " " + pinning_status()[1])
-    dev = _device(device)
+    dev = resolve_device(device)
     block = check_pin_size(nbytes, share=pin_share)
     check_host_bytes("nbytes", nbytes, what=f"the pageable source of {human_bytes(nbytes)}")
     _check_device_bytes("nbytes", 2 * nbytes, dev, f"two device copies of {human_bytes(nbytes)}")
@@ -1206,7 +1309,7 @@ def host_blocking_probe(
     ok, reason = cuda_status(device)
     if not ok:
         return Unavailable("host-blocking probe", reason)
-    dev = _device(device)
+    dev = resolve_device(device)
     check_pin_size(nbytes, share=pin_share)
     check_host_bytes("nbytes", nbytes, what=f"the pageable source of {human_bytes(nbytes)}")
     _check_device_bytes("nbytes", nbytes, dev, f"a device buffer of {human_bytes(nbytes)}")
@@ -1258,7 +1361,7 @@ def host_blocking_probe(
 class WireResult:
     """The same images as uint8 and as float32: bytes and copy time of each."""
 
-    shape: tuple[int, int, int, int]
+    shape: tuple[int, int, int, int] | None  # None: rebuilt from records, which keep only the bytes
     nbytes: dict[str, int]
     seconds: dict[str, float]
     what: str
@@ -1297,7 +1400,7 @@ def wire_comparison(
     ok, _ = cuda_status(device)
     seconds: dict[str, float] = {}
     if ok:
-        dev = _device(device)
+        dev = resolve_device(device)
         for d, n in nbytes.items():
             p = measure_copy(n, "h2d", "pinned", dtype=d, device=dev, repeats=repeats)
             assert isinstance(p, TransferPoint)
@@ -1317,87 +1420,21 @@ def wire_comparison(
 
 
 # ---------------------------------------------------------------------------
-# Headless benchmark: ch02.* records
+# Reference records (ch02.*) back into results, and what prints either kind
 # ---------------------------------------------------------------------------
+#
+# Each ``*_from_records(result_set, records)`` is a ``convert`` for helpers.core.evidence.recorded /
+# measure_or_recall: it rebuilds what the measuring function returns from the records
+# helpers.chapters.ch02.benchmark wrote, or None when the records cannot make one (then the figure is missing).
 
 
-def benchmark(results: Any, device: torch.device | str | None = None, *, sizes: Sequence[int] | None = None) -> Any:
-    """Run chapter 02's key GPU measurements and add them to ``results`` (a ResultSet).
-
-    Records (key: unit; params):
-
-    - ``ch02.copy_time``: s; params ``direction``, ``memory``, ``nbytes``; spread ``iqr_s``, ``n``.
-      One per size, CUDA events on a side stream (see :func:`measure_copy`).
-    - ``ch02.fit.latency``: s; ``direction``, ``memory`` - fitted latency per curve.
-    - ``ch02.fit.bandwidth``: GB/s; ``direction``, ``memory`` - fitted bandwidth per curve.
-    - ``ch02.pin.cold`` / ``.cached`` / ``.pin_then_copy`` / ``.plain_to`` / ``.pageable_copy`` /
-      ``.pinned_copy``: s; ``nbytes`` - the fields of :class:`PinCost` (1, 16, 128 MiB).
-    - ``ch02.wire_time``: s; ``dtype``, ``nbytes`` - pinned H2D copy of 64x3x224x224 images.
-    - ``ch02.host_held``: s; ``case``, ``nbytes``, ``gpu_work_s`` - host time inside the copy call.
-    - ``ch02.pinned_block``: bytes; ``requested`` - allocator pool growth for one pin.
-    - ``ch02.host_copy_time``: s; params ``nbytes``; spread ``iqr_s``, ``n`` - host memcpy
-      (recorded with or without a GPU).
-
-    Without CUDA only ``ch02.host_copy_time`` is recorded. Returns ``results``.
-    """
-    sizes = list(default_sizes() if sizes is None else sizes)
-    for n in sizes:
-        check_int("sizes[i]", n, 1, _MAX_BYTES)
-    host = host_copy_sweep(sizes)
-    for p in host.points:
-        _add(results, "ch02.host_copy_time", p.median_s, "s", {"iqr_s": p.iqr_s, "n": p.n}, nbytes=p.nbytes)
-    ok, _ = cuda_status(device)
-    if not ok:
-        return results
-    dev = _device(device)
-    for direction in DIRECTIONS:
-        for memory in MEMORY_KINDS:
-            sw = transfer_sweep(direction, memory, sizes, device=dev)
-            assert isinstance(sw, Sweep)
-            for p in sw.points:
-                _add(
-                    results,
-                    "ch02.copy_time",
-                    p.median_s,
-                    "s",
-                    {"iqr_s": p.iqr_s, "n": p.n},
-                    direction=direction,
-                    memory=memory,
-                    nbytes=p.nbytes,
-                )
-            fit = sw.fit()
-            _add(results, "ch02.fit.latency", fit.latency_s, "s", direction=direction, memory=memory)
-            _add(results, "ch02.fit.bandwidth", fit.gbps, "GB/s", direction=direction, memory=memory)
-    for n in [s for s in (1 * MiB, 16 * MiB, 128 * MiB) if s <= max(sizes)] or [max(sizes)]:
-        pc = pin_cost(n, device=dev)
-        assert isinstance(pc, PinCost)
-        for name, value in (
-            ("cold", pc.pin_cold_s),
-            ("cached", pc.pin_cached_s),
-            ("pin_then_copy", pc.pin_then_copy_s),
-            ("plain_to", pc.plain_to_s),
-            ("pageable_copy", pc.pageable_copy_s),
-            ("pinned_copy", pc.pinned_copy_s),
-        ):
-            _add(results, f"ch02.pin.{name}", value, "s", nbytes=n)
-    hb = host_blocking_probe(device=dev, nbytes=min(64 * MiB, max(sizes)))
-    assert isinstance(hb, HostBlocking)
-    for case, value in hb.held_s.items():
-        _add(results, "ch02.host_held", value, "s", case=case, nbytes=hb.nbytes, gpu_work_s=hb.gpu_work_s)
-    wire = wire_comparison(device=dev)
-    for d in DTYPES:
-        _add(results, "ch02.wire_time", wire.seconds[d], "s", dtype=d, nbytes=wire.nbytes[d])
-    rows = pinned_rounding_demo([3 * MiB, 5 * MiB, 9 * MiB])
-    if isinstance(rows, list):
-        for r in rows:
-            if r.allocated_delta is not None:
-                _add(results, "ch02.pinned_block", r.allocated_delta, "bytes", requested=r.requested)
-    return results
+def _field(record: Any, name: str) -> Any:
+    """A record's field, whether it is a :class:`helpers.core.results.Record` or a dict."""
+    return record.get(name) if isinstance(record, dict) else getattr(record, name, None)
 
 
-def _add(results: Any, key: str, value: float, unit: str, spread: dict[str, Any] | None = None, **params: Any) -> None:
-    """Add one record to a :class:`helpers.core.results.ResultSet`."""
-    results.add(key, value, unit, spread=spread, **params)
+def _params(record: Any) -> dict[str, Any]:
+    return dict(_field(record, "params") or {})
 
 
 def sweeps_from_records(records: Iterable[Any], source: str = "reference") -> dict[tuple[str, str], Sweep]:
@@ -1407,14 +1444,10 @@ def sweeps_from_records(records: Iterable[Any], source: str = "reference") -> di
     """
     found: dict[tuple[str, str], list[TransferPoint]] = {}
     for r in records:
-
-        def get(k: str, _r: Any = r) -> Any:  # a record as an object or as a dict
-            return _r.get(k) if isinstance(_r, dict) else getattr(_r, k, None)
-
-        if get("key") != "ch02.copy_time":
+        if _field(r, "key") != "ch02.copy_time":
             continue
-        params = get("params") or {}
-        spread = get("spread") or {}
+        params = _field(r, "params") or {}
+        spread = _field(r, "spread") or {}
         d, m = params.get("direction"), params.get("memory")
         if d not in DIRECTIONS or m not in MEMORY_KINDS:
             continue
@@ -1423,7 +1456,7 @@ def sweeps_from_records(records: Iterable[Any], source: str = "reference") -> di
                 nbytes=int(params["nbytes"]),
                 direction=d,
                 memory=m,
-                median_s=float(get("value")),
+                median_s=float(_field(r, "value")),
                 iqr_s=float(spread.get("iqr_s", 0.0)),
                 n=int(spread.get("n", 1)),
                 method="reference record",
@@ -1433,6 +1466,120 @@ def sweeps_from_records(records: Iterable[Any], source: str = "reference") -> di
         k: Sweep(direction=k[0], memory=k[1], points=sorted(v, key=lambda p: p.nbytes), source=source)
         for k, v in found.items()
     }
+
+
+def pin_costs_from_records(result_set: Any, records: Iterable[Any]) -> list[PinCost] | None:
+    """:class:`PinCost` rows from ``ch02.pin.*`` records (sizes with all six fields); None if none has them."""
+    by_size: dict[int, dict[str, float]] = {}
+    for r in records:
+        key = str(_field(r, "key"))
+        if not key.startswith("ch02.pin."):
+            continue
+        n = int(_params(r).get("nbytes", 0))
+        by_size.setdefault(n, {})[key.rsplit(".", 1)[1]] = float(_field(r, "value"))
+    need = ("cold", "cached", "pageable_copy", "pinned_copy", "plain_to", "pin_then_copy")
+    rows = [
+        PinCost(
+            nbytes=n,
+            block_bytes=predict_pinned_block(n),
+            pin_cold_s=f["cold"],
+            pin_cached_s=f["cached"],
+            pageable_copy_s=f["pageable_copy"],
+            pinned_copy_s=f["pinned_copy"],
+            plain_to_s=f["plain_to"],
+            pin_then_copy_s=f["pin_then_copy"],
+            method="reference record",
+        )
+        for n, f in sorted(by_size.items())
+        if n > 0 and all(k in f for k in need)
+    ]
+    return rows or None
+
+
+def host_blocking_from_records(result_set: Any, records: Iterable[Any]) -> HostBlocking | None:
+    """A :class:`HostBlocking` from ``ch02.host_held`` records (one per case); None if there are none."""
+    recs = [r for r in records if _field(r, "key") == "ch02.host_held" and "case" in _params(r)]
+    if not recs:
+        return None
+    first = _params(recs[0])
+    same = [r for r in recs if _params(r).get("gpu_work_s") == first.get("gpu_work_s")]  # one probe's cases
+    return HostBlocking(
+        nbytes=int(first.get("nbytes", 0)),
+        gpu_work_s=float(first.get("gpu_work_s", 0.0)),
+        held_s={str(_params(r)["case"]): float(_field(r, "value")) for r in same},
+    )
+
+
+def rounding_rows_from_records(result_set: Any, records: Iterable[Any]) -> list[RoundingRow] | None:
+    """:class:`RoundingRow` s from ``ch02.pinned_block`` records (the pool growth per request); None if none."""
+    rows = [
+        RoundingRow(
+            int(_params(r)["requested"]), predict_pinned_block(int(_params(r)["requested"])), int(_field(r, "value"))
+        )
+        for r in records
+        if _field(r, "key") == "ch02.pinned_block" and "requested" in _params(r)
+    ]
+    return sorted(rows, key=lambda row: row.requested) or None
+
+
+def wire_from_records(result_set: Any, records: Iterable[Any]) -> WireResult | None:
+    """A :class:`WireResult` from ``ch02.wire_time`` records (uint8 and float32); None unless both are there."""
+    nbytes: dict[str, int] = {}
+    seconds: dict[str, float] = {}
+    for r in records:
+        d = _params(r).get("dtype")
+        if _field(r, "key") == "ch02.wire_time" and d in DTYPES:
+            nbytes[d], seconds[d] = int(_params(r).get("nbytes", 0)), float(_field(r, "value"))
+    if set(nbytes) != set(DTYPES) or not all(nbytes.values()) or not all(seconds.values()):
+        return None
+    return WireResult(None, nbytes, seconds, what="pinned H2D copy", method="reference record")
+
+
+def pin_cost_table(rows: Sequence[PinCost]) -> str:
+    """A fixed-width text table of pinning cost vs copy saving, one line per size."""
+    head = (
+        f"{'size':>10} {'pin (cold)':>11} {'pin (cached)':>13} {'pageable copy':>14} {'pinned copy':>12} "
+        f"{'to() plain':>11} {'pin+copy once':>14} {'pays after':>11}"
+    )
+    lines = [head]
+    for r in rows:
+        be = r.break_even_cold
+        pays = "never" if math.isinf(be) else f"{math.ceil(be) if be > 0 else 0} uses"
+        lines.append(
+            f"{human_bytes(r.nbytes):>10} {human_seconds(r.pin_cold_s):>11} {human_seconds(r.pin_cached_s):>13} "
+            f"{human_seconds(r.pageable_copy_s):>14} {human_seconds(r.pinned_copy_s):>12} "
+            f"{human_seconds(r.plain_to_s):>11} {human_seconds(r.pin_then_copy_s):>14} {pays:>11}"
+        )
+    return "\n".join(lines)
+
+
+def host_blocking_lines(probe: HostBlocking) -> list[str]:
+    """The probe as printed lines: the GPU work queued ahead, then the time each copy call held the CPU."""
+    how = f" ({probe.method})" if probe.method else ""
+    lines = [wrap(f"GPU work queued ahead of the copy: {probe.gpu_work_s * 1e3:.1f} ms{how}", indent="  ")]
+    lines += [f"  {case:<28} CPU held for {s * 1e3:8.3f} ms" for case, s in probe.held_s.items()]
+    return lines
+
+
+def rounding_lines(rows: Sequence[RoundingRow]) -> list[str]:
+    """One line per pin: requested, how much the pinned pool grew, and the predicted power-of-two block."""
+    return [
+        f"  requested {r.requested / MiB:.0f} MiB: pool grew by "
+        + (
+            "an unknown amount (no host_memory_stats)"
+            if r.allocated_delta is None
+            else f"{r.allocated_delta / MiB:.0f} MiB"
+        )
+        + f" (predicted {r.predicted_block / MiB:.0f} MiB)"
+        for r in rows
+    ]
+
+
+def wire_lines(wire: WireResult) -> list[str]:
+    """Bytes and copy time of each dtype, then the two ratios and what was copied."""
+    lines = [f"{d:>8}: {wire.nbytes[d] / MiB:7.2f} MiB, {wire.seconds[d] * 1e3:7.3f} ms" for d in DTYPES]
+    lines.append(f"bytes ratio {wire.byte_ratio:.0f}x, time ratio {wire.time_ratio:.1f}x — {wire.what}")
+    return lines
 
 
 # ---------------------------------------------------------------------------
@@ -1496,48 +1643,8 @@ def copy_paths_diagram() -> "Figure":
 
 
 # ---------------------------------------------------------------------------
-# Reference results (recorded on a GPU elsewhere) and plotting
+# Plots
 # ---------------------------------------------------------------------------
-
-
-@dataclass
-class ReferenceSweeps:
-    """Copy sweeps loaded from one reference file, with its provenance and link ceiling."""
-
-    sweeps: dict[tuple[str, str], Sweep]
-    source: str
-    gpu: str
-    ceiling_gbps: float | None = None
-    ceiling_label: str | None = None
-
-
-def reference_sweeps() -> ReferenceSweeps | Unavailable:
-    """The newest reference result set holding ``ch02.copy_time`` records, as sweeps.
-
-    The link ceiling comes from that file's own hardware report (it is the
-    *theoretical* figure :mod:`helpers.core.device` computed on the machine that
-    recorded it). Returns :class:`Unavailable` with the plain 'none recorded yet'
-    message when no reference file holds chapter 02's sweeps.
-    """
-    hits = reference.find("ch02.copy_time")
-    if not hits:
-        return Unavailable(
-            "reference copy sweeps", reference.missing_message("chapter 02's copy sweeps (ch02.copy_time)")
-        )
-    rs, recs = hits[0]
-    source = reference.provenance_line(rs) + " — not measured on this machine"
-    sweeps = sweeps_from_records(recs, source=source)
-    report = rs.provenance.get("report", {}) or {}
-    ceiling = report.get("link_bandwidth_gbps")
-    label = report.get("link_description") or "link ceiling"
-    gpu = rs.hardware.get("gpu_name") or "a GPU"
-    return ReferenceSweeps(
-        sweeps=sweeps,
-        source=source,
-        gpu=str(gpu),
-        ceiling_gbps=float(ceiling) if ceiling else None,
-        ceiling_label=(f"{label}" if "theoretical" in str(label) else f"{label} (theoretical)") if ceiling else None,
-    )
 
 
 def _bytes_ticks(ax: Any, sizes: Sequence[float]) -> None:
@@ -1631,190 +1738,6 @@ def plot_sweeps(
     return ax
 
 
-# ---------------------------------------------------------------------------
-# The live panel's run function
-# ---------------------------------------------------------------------------
-
-
-PANEL_SIZES_MIB = (0.25, 1, 4, 16, 64, 256)
-"""The panel's size choices: MiB of images *as uint8*; float32 moves 4x the bytes."""
-
-
-@dataclass
-class PanelReading:
-    """One panel run: the copy asked for and what could be shown for it."""
-
-    nbytes: int
-    direction: str
-    memory: str
-    dtype: str
-    measured: TransferPoint | None
-    reference: TransferPoint | None
-    host: TransferPoint | None
-    note: str
-
-    def summary(self) -> str:
-        head = f"{self.direction.upper()} {self.memory} {self.dtype}, {human_bytes(self.nbytes)}: "
-        parts = []
-        if self.measured is not None:
-            parts.append(f"measured here {human_seconds(self.measured.median_s)} ({self.measured.gbps:.2f} GB/s)")
-        if self.reference is not None:
-            parts.append(
-                f"reference {human_seconds(self.reference.median_s)} ({self.reference.gbps:.2f} GB/s, "
-                f"{human_bytes(self.reference.nbytes)} recorded)"
-            )
-        if self.host is not None:
-            parts.append(
-                f"host memcpy of the same bytes {human_seconds(self.host.median_s)} ({self.host.gbps:.2f} GB/s)"
-            )
-        return head + "; ".join(parts) + (". " + self.note if self.note else "")
-
-
-def panel_measure(
-    size_mib: float,
-    direction: str,
-    memory: str,
-    dtype: str,
-    *,
-    device: torch.device | str | None = None,
-    reference: ReferenceSweeps | Unavailable | None = None,
-    progress: Callable[..., Any] | None = None,
-    copy_fn: CopyFn | None = None,
-    repeats: int = 10,
-) -> PanelReading:
-    """Run the copy the panel asks for, or say plainly why it cannot run here.
-
-    ``size_mib`` is the size of the images *as uint8*; ``dtype="float32"`` moves four
-    times those bytes. With CUDA: a real CUDA-event measurement. Without: the nearest
-    reference point for that direction and memory kind (if one is recorded) and a live
-    host memcpy of the same bytes, labelled as a CPU copy.
-
-    ``copy_fn`` (the chapter's ``time_copy``, see :data:`CopyFn`) times the H2D copy with
-    CUDA and the host memcpy without (on one CPU thread); D2H copies, which it does not do, are
-    timed by :func:`measure_copy`. Without ``copy_fn`` every copy is timed by this module.
-    """
-    size_mib = check_float("size_mib", size_mib, 1 / 256, 1024)
-    direction = check_choice("direction", direction, DIRECTIONS)
-    memory = check_choice("memory", memory, MEMORY_KINDS)
-    dtype = check_choice("dtype", dtype, DTYPES)
-    item = torch.empty((), dtype=DTYPES[dtype]).element_size()
-    nbytes = int(round(size_mib * MiB)) * item
-    if progress is not None:
-        progress(0.1, "measuring…")
-    repeats = check_int("repeats", repeats, 1, 10_000)
-    ok, reason = cuda_status(device)
-    measured = ref_point = host = None
-    if ok and copy_fn is not None and direction == "h2d":
-        measured = _point_from_fn(copy_fn, nbytes, dtype, _device(device), memory, repeats, pin_share=DEFAULT_PIN_SHARE)
-        note = f"Timed by your {getattr(copy_fn, '__name__', 'copy_fn')}()."
-    elif ok:
-        p = measure_copy(nbytes, direction, memory, dtype=dtype, device=device, repeats=repeats)
-        measured = p if isinstance(p, TransferPoint) else None
-        note = "D2H: timed by transfer.measure_copy (your copy function does H2D)." if copy_fn is not None else ""
-    else:
-        note = "No CUDA device here: the GPU copy cannot run. "
-        if isinstance(reference, ReferenceSweeps) and (direction, memory) in reference.sweeps:
-            pts = reference.sweeps[(direction, memory)].points
-            ref_point = min(pts, key=lambda q: abs(math.log(q.nbytes / nbytes)))
-            note += f"Reference point recorded on {reference.gpu}, not here."
-        else:
-            note += "No reference result for this copy is recorded yet (run `make gpu-check` on a GPU machine)."
-        if memory == "pinned":
-            note += " Pinning is impossible without the NVIDIA driver."
-        if copy_fn is not None:
-            host = _point_from_fn(copy_fn, nbytes, dtype, torch.device("cpu"), "pageable", repeats)
-        else:
-            host = measure_host_copy(nbytes, dtype=dtype)
-        note += " The host memcpy is real, but it is a CPU copy, not a transfer to a GPU."
-    if progress is not None:
-        progress(1.0, "done")
-    return PanelReading(nbytes, direction, memory, dtype, measured, ref_point, host, note)
-
-
-def _point_from_fn(
-    copy_fn: CopyFn,
-    nbytes: int,
-    dtype: str,
-    dev: torch.device,
-    memory: str,
-    repeats: int,
-    *,
-    pin_share: float = DEFAULT_PIN_SHARE,
-) -> TransferPoint:
-    """One call of ``copy_fn`` on a host tensor of ``nbytes`` bytes of ``dtype``, as a point."""
-    gpu = dev.type == "cuda"
-    check_host_bytes("nbytes", 2 * nbytes, what=f"a source of {human_bytes(nbytes)} and one copy of it")
-    if gpu and memory == "pinned":
-        check_pin_size(nbytes, share=pin_share)
-
-    src = torch.ones(_numel(nbytes, dtype), dtype=DTYPES[dtype])
-    try:  # a host memcpy on one thread, as the driver stages a pageable copy and as the chapter's sweep runs
-        with contextlib.nullcontext() if gpu else intraop_threads(1):
-            t = summarize("panel copy", _samples(copy_fn, copy_fn(src, dev, memory == "pinned", repeats)))
-    finally:
-        del src
-    name = getattr(copy_fn, "__name__", "copy_fn")
-    return TransferPoint(
-        nbytes=nbytes,
-        direction="h2d" if gpu else "h2h",
-        memory=memory,
-        median_s=t.median_s,
-        iqr_s=t.iqr_s,
-        n=t.n,
-        dtype=dtype,
-        method=f"{name}(), yours, median of {t.n}" + ("" if gpu else " (host memcpy, not a GPU copy)"),
-    )
-
-
-def pin_costs_from_records(records: Iterable[Any]) -> list[PinCost]:
-    """Rebuild :class:`PinCost` rows from ``ch02.pin.*`` records (sizes with all six fields)."""
-    by_size: dict[int, dict[str, float]] = {}
-    for r in records:
-
-        def get(k: str, _r: Any = r) -> Any:  # a record as an object or as a dict
-            return _r.get(k) if isinstance(_r, dict) else getattr(_r, k, None)
-
-        key = str(get("key"))
-        if not key.startswith("ch02.pin."):
-            continue
-        n = int((get("params") or {}).get("nbytes", 0))
-        by_size.setdefault(n, {})[key.rsplit(".", 1)[1]] = float(get("value"))
-    need = ("cold", "cached", "pageable_copy", "pinned_copy", "plain_to", "pin_then_copy")
-    return [
-        PinCost(
-            nbytes=n,
-            block_bytes=predict_pinned_block(n),
-            pin_cold_s=f["cold"],
-            pin_cached_s=f["cached"],
-            pageable_copy_s=f["pageable_copy"],
-            pinned_copy_s=f["pinned_copy"],
-            plain_to_s=f["plain_to"],
-            pin_then_copy_s=f["pin_then_copy"],
-            method="reference record",
-        )
-        for n, f in sorted(by_size.items())
-        if n > 0 and all(k in f for k in need)
-    ]
-
-
-def pin_cost_table(rows: Sequence[PinCost]) -> str:
-    """A fixed-width text table of pinning cost vs copy saving, one line per size."""
-    head = (
-        f"{'size':>10} {'pin (cold)':>11} {'pin (cached)':>13} {'pageable copy':>14} {'pinned copy':>12} "
-        f"{'to() plain':>11} {'pin+copy once':>14} {'pays after':>11}"
-    )
-    lines = [head]
-    for r in rows:
-        be = r.break_even_cold
-        pays = "never" if math.isinf(be) else f"{math.ceil(be) if be > 0 else 0} uses"
-        lines.append(
-            f"{human_bytes(r.nbytes):>10} {human_seconds(r.pin_cold_s):>11} {human_seconds(r.pin_cached_s):>13} "
-            f"{human_seconds(r.pageable_copy_s):>14} {human_seconds(r.pinned_copy_s):>12} "
-            f"{human_seconds(r.plain_to_s):>11} {human_seconds(r.pin_then_copy_s):>14} {pays:>11}"
-        )
-    return "\n".join(lines)
-
-
 def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | None = None) -> Any:
     """Time of pinning (cold, cached) vs time one pinned copy saves, against size (log-log)."""
     from ..ui import plots  # optional/heavy: matplotlib
@@ -1864,32 +1787,4 @@ def plot_speedup(pairs: dict[str, list[tuple[int, float]]], ax: Any = None, *, s
     ax.axhline(1.0, color="black", linewidth=0.8)
     _bytes_ticks(ax, [n for v in pairs.values() for n, _ in v])
     ax.legend(fontsize=8)
-    return ax
-
-
-def plot_panel_runs(
-    readings: Sequence[PanelReading],
-    ax: Any,
-    *,
-    background: Sequence[Sweep] = (),
-    ceiling: tuple[float, str] | None = None,
-    source: str | None = None,
-) -> Any:
-    """The panel's runs as stars on the sweep plot (measured, reference, or host memcpy points)."""
-    pts: list[tuple[TransferPoint, str]] = []
-    for i, r in enumerate(readings, 1):
-        for p, what in ((r.measured, "measured now"), (r.reference, "reference"), (r.host, "host memcpy now")):
-            if p is not None:
-                pts.append((p, f"run {i}: {r.direction.upper()} {r.memory} {r.dtype}, {what}"))
-    ax = plot_sweeps(
-        list(background),
-        ax,
-        ceiling=ceiling,
-        source=source,
-        fits=False,
-        points=pts[-6:],
-        title="Panel runs on the sweep",
-    )
-    for p, _ in pts[:-6]:
-        ax.plot([p.nbytes], [p.gbps], marker="*", color="#bbbbbb", linestyle="", markersize=10)
     return ax

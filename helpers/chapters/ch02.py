@@ -1,0 +1,437 @@
+"""Chapter 02 · Pageable vs pinned memory: the chapter module (the interface of :mod:`helpers.ui.chapter`).
+
+What the chapter measures lives in :mod:`helpers.pipeline.transfer` (the sweeps, the cost of pinning, the
+host-blocking probe, the pinned allocator, bytes on the wire). This module puts it together for the chapter:
+
+- :func:`measure_sweeps` / :func:`recorded_sweeps`: the GPU copy curves, measured here (H2D by the reader's
+  ``time_copy``, D2H by :func:`~helpers.pipeline.transfer.transfer_sweep`) or rebuilt from a reference file,
+  both as a :class:`CopySweeps` (the curves and the link's theoretical ceiling), for
+  :func:`helpers.core.evidence.measure_or_recall`; :func:`sweeps_caption` says where they come from.
+- the live panel "Copy one batch": one copy of a batch of images, in a direction, memory kind and dtype,
+  drawn on the sweep plot (``panel_controls``, ``panel_run``, ``panel_summary``, ``panel_plot``).
+- :func:`benchmark`: the chapter's measurements, headless, as ``ch02.*`` records.
+
+>>> panel = widgets.Panel.for_chapter(ch02, device=DEVICE, copy_fn=time_copy, gpu=gpu, host=host)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import ipywidgets as W
+import torch
+
+from ..core import evidence
+from ..core.config import sized
+from ..core.device import hardware_report, resolve_device
+from ..core.evidence import Evidence
+from ..core.progress import ProgressFn, no_progress, scaled
+from ..core.reference import provenance_line
+from ..core.results import ResultSet
+from ..core.validate import check_choice, check_float, check_int, human_bytes, human_seconds
+from ..pipeline import transfer
+from ..pipeline.transfer import DIRECTIONS, DTYPES, MEMORY_KINDS, CopyFn, MiB, Sweep, TransferPoint
+
+__all__ = [
+    "NUMBER",
+    "TITLE",
+    "BENCH_WEIGHT",
+    "PANEL_TITLE",
+    "PANEL_FIGSIZE",
+    "PANEL_SIZES_MIB",
+    "CopySweeps",
+    "measure_sweeps",
+    "recorded_sweeps",
+    "sweeps_caption",
+    "PanelReading",
+    "panel_controls",
+    "panel_run",
+    "panel_summary",
+    "panel_plot",
+    "benchmark",
+]
+
+NUMBER = "02"
+TITLE = "host-to-device transfers"
+BENCH_WEIGHT = 2.0
+PANEL_TITLE = "Copy one batch"
+PANEL_FIGSIZE = (9.5, 4.2)
+
+PANEL_SIZES_MIB = (0.25, 1, 4, 16, 64, 256)
+"""The panel's size choices: MiB of images *as uint8*; float32 moves 4x the bytes."""
+
+
+# ---------------------------------------------------------------------------
+# The GPU copy curves, measured here or recorded elsewhere
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CopySweeps:
+    """The GPU copy curves of one machine and its link's theoretical ceiling.
+
+    Attributes:
+        sweeps: ``{(direction, memory): Sweep}``.
+        ceiling: ``(GB/s, label)`` of the link's theoretical ceiling, or None when unknown.
+        ceiling_note: why the ceiling is unknown (empty when it is known).
+        gpu: the GPU's name.
+    """
+
+    sweeps: dict[tuple[str, str], Sweep]
+    ceiling: tuple[float, str] | None = None
+    ceiling_note: str = ""
+    gpu: str = ""
+
+    def lines(self) -> list[str]:
+        """One line per curve (its sizes), then the ceiling, or why it is unknown."""
+        out = [
+            f"  {sw.label}: {len(sw.points)} sizes, {human_bytes(min(sw.sizes()))} to {human_bytes(max(sw.sizes()))}"
+            for sw in self.sweeps.values()
+            if sw.points
+        ]
+        if self.ceiling:
+            out.append(f"  link ceiling: {self.ceiling[0]:.1f} GB/s, {self.ceiling[1]}")
+        else:
+            out.append(f"  Link ceiling unknown: {self.ceiling_note or 'not recorded'}")
+        return out
+
+
+def _ceiling(gbps: Any, label: Any) -> tuple[float, str] | None:
+    if not gbps:
+        return None
+    text = str(label or "link ceiling")
+    return float(gbps), text if "theoretical" in text else f"{text} (theoretical)"
+
+
+def measure_sweeps(
+    copy_fn: CopyFn,
+    sizes: Sequence[int] | None = None,
+    *,
+    device: torch.device | str,
+    repeats: int | None = None,
+    rounds: int = 2,
+    progress: ProgressFn | None = None,
+) -> CopySweeps:
+    """The chapter's GPU curves, measured here (CUDA only): H2D by ``copy_fn``, D2H by the helper's copy.
+
+    H2D: :func:`~helpers.pipeline.transfer.sweep` calls ``copy_fn`` (the reader's ``time_copy``) in
+    ``rounds`` alternating rounds of ``repeats`` copies, pageable and pinned. D2H, which ``time_copy``
+    does not do: :func:`~helpers.pipeline.transfer.transfer_sweep`, ``rounds * repeats`` copies per size.
+    The ceiling is the link's theoretical figure from :func:`helpers.core.device.hardware_report`.
+
+    Raises:
+        ValueError: ``device`` is not a CUDA device (there is nothing to measure: use
+            :func:`helpers.core.evidence.measure_or_recall`, which calls this only with CUDA).
+    """
+    dev = resolve_device(device)
+    ok, reason = transfer.cuda_status(dev)
+    if not ok:
+        raise ValueError(f"device: {reason}")
+    progress = progress or no_progress
+    reps = sized(5, 15) if repeats is None else check_int("repeats", repeats, 1, 10_000)
+    rounds = check_int("rounds", rounds, 1, 100)
+    sweeps = transfer.sweep(
+        copy_fn, sizes, device=dev, repeats=reps, rounds=rounds, progress=scaled(progress, 0.0, 0.6, "H2D: ")
+    )
+    for i, memory in enumerate(MEMORY_KINDS):
+        d2h = transfer.transfer_sweep(
+            "d2h",
+            memory,
+            sizes,
+            device=dev,
+            repeats=rounds * reps,
+            progress=scaled(progress, 0.6 + 0.2 * i, 0.8 + 0.2 * i, f"D2H {memory}: "),
+        )
+        assert isinstance(d2h, Sweep)  # CUDA is present: checked above
+        sweeps[("d2h", memory)] = d2h
+    report = hardware_report(dev)
+    return CopySweeps(
+        sweeps,
+        _ceiling(report.link_bandwidth_gbps, report.link_description),
+        "" if report.link_bandwidth_gbps else str(report.missing.get("link_bandwidth_gbps", "not read")),
+        sweeps[("h2d", "pinned")].device,  # the GPU's name, as transfer.sweep read it
+    )
+
+
+def recorded_sweeps(result_set: ResultSet, records: list[Any]) -> CopySweeps | None:
+    """A ``convert`` for :func:`helpers.core.evidence.recorded`: the curves of a reference file's ``ch02.copy_time``.
+
+    The ceiling comes from that file's own hardware report (the *theoretical* figure
+    :mod:`helpers.core.device` computed on the machine that recorded it). None if no curve can be rebuilt.
+    """
+    sweeps = transfer.sweeps_from_records(records, source=provenance_line(result_set))
+    if not sweeps:
+        return None
+    report = result_set.provenance.get("report", {}) or {}
+    ceiling = _ceiling(report.get("link_bandwidth_gbps"), report.get("link_description"))
+    return CopySweeps(
+        sweeps,
+        ceiling,
+        "" if ceiling else "not in the reference file",
+        str(result_set.hardware.get("gpu_name") or "a GPU"),
+    )
+
+
+def sweeps_caption(gpu: Evidence[CopySweeps]) -> str:
+    """The sweep plot's caption: where the GPU curves come from; the host memcpy is measured now."""
+    if gpu:
+        return f"GPU curves: {gpu.source}. Host memcpy: measured now on this machine's CPU."
+    return "Host memcpy measured now on this machine's CPU. No GPU curves: none measured here and none recorded yet."
+
+
+# ---------------------------------------------------------------------------
+# The live panel: copy one batch
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class PanelReading:
+    """One panel run: the copy asked for, what could be shown for it, and the sweeps it is drawn on."""
+
+    nbytes: int
+    direction: str
+    memory: str
+    dtype: str
+    measured: TransferPoint | None
+    reference: TransferPoint | None
+    host: TransferPoint | None
+    note: str
+    background: tuple[Sweep, ...] = ()
+    ceiling: tuple[float, str] | None = None
+    caption: str | None = None
+
+    def summary(self) -> str:
+        head = f"{self.direction.upper()} {self.memory} {self.dtype}, {human_bytes(self.nbytes)}: "
+        parts = []
+        if self.measured is not None:
+            parts.append(f"measured here {human_seconds(self.measured.median_s)} ({self.measured.gbps:.2f} GB/s)")
+        if self.reference is not None:
+            parts.append(
+                f"reference {human_seconds(self.reference.median_s)} ({self.reference.gbps:.2f} GB/s, "
+                f"{human_bytes(self.reference.nbytes)} recorded)"
+            )
+        if self.host is not None:
+            parts.append(
+                f"host memcpy of the same bytes {human_seconds(self.host.median_s)} ({self.host.gbps:.2f} GB/s)"
+            )
+        return head + "; ".join(parts) + (". " + self.note if self.note else "")
+
+
+def panel_controls(**context: Any) -> dict[str, Any]:
+    """The batch's size (MiB of uint8 pixels), the direction, the memory kind and the dtype."""
+    return {
+        "size_mib": W.SelectionSlider(options=list(PANEL_SIZES_MIB), value=4, description="size (MiB of uint8 pixels)"),
+        "direction": W.Dropdown(options=list(DIRECTIONS), value="h2d", description="direction"),
+        "memory": W.ToggleButtons(options=list(MEMORY_KINDS), value="pinned", description="memory"),
+        "dtype": W.Dropdown(options=list(DTYPES), value="uint8", description="dtype"),
+    }
+
+
+def panel_run(
+    progress: ProgressFn,
+    *,
+    device: torch.device | str,
+    size_mib: float,
+    direction: str,
+    memory: str,
+    dtype: str,
+    copy_fn: CopyFn | None = None,
+    gpu: Evidence[CopySweeps] | None = None,
+    host: Sweep | None = None,
+    repeats: int = 10,
+    **context: Any,
+) -> Evidence[PanelReading]:
+    """Copy one batch as the panel asks, or say plainly why that copy cannot run here.
+
+    ``size_mib`` is the size of the images *as uint8*; ``dtype="float32"`` moves four times those bytes.
+    With CUDA: a real measurement, of an H2D copy by ``copy_fn`` (the reader's ``time_copy``), of a D2H
+    copy (which ``time_copy`` does not do) by :func:`~helpers.pipeline.transfer.measure_copy`. Without:
+    the nearest point of the recorded curves ``gpu`` for that direction and memory kind (if one is
+    recorded, with its GPU) and a live host memcpy of the same bytes by ``copy_fn`` (labelled as a CPU copy).
+    Either way the Evidence is ``measured`` (what ran here); the reference point says where it was recorded.
+
+    Context (from ``Panel.for_chapter``): ``copy_fn``, ``gpu`` (the chapter's GPU curves, an Evidence of
+    :class:`CopySweeps`) and ``host`` (this CPU's host memcpy sweep), which the plot draws under the runs.
+    """
+    size_mib = check_float("size_mib", size_mib, 1 / 256, 1024)
+    direction = check_choice("direction", direction, DIRECTIONS)
+    memory = check_choice("memory", memory, MEMORY_KINDS)
+    dtype = check_choice("dtype", dtype, DTYPES)
+    repeats = check_int("repeats", repeats, 1, 10_000)
+    item = torch.empty((), dtype=DTYPES[dtype]).element_size()
+    nbytes = int(round(size_mib * MiB)) * item
+    progress(0.1, "measuring…")
+    ok, _ = transfer.cuda_status(device)
+    recorded = gpu.value if gpu is not None and gpu.value is not None else None
+    name = getattr(copy_fn, "__name__", "copy_fn")
+    measured = ref_point = host_point = None
+    if ok and copy_fn is not None and direction == "h2d":
+        measured = transfer.measure_copy_fn(copy_fn, nbytes, memory, dtype=dtype, device=device, repeats=repeats)
+        note, method = f"Timed by your {name}().", f"your {name}()"
+    elif ok:
+        p = transfer.measure_copy(nbytes, direction, memory, dtype=dtype, device=device, repeats=repeats)
+        measured = p if isinstance(p, TransferPoint) else None
+        note = "D2H: timed by transfer.measure_copy (your copy function does H2D)." if copy_fn is not None else ""
+        method = "transfer.measure_copy, CUDA events"
+    else:
+        note = "No CUDA device here: the GPU copy cannot run. "
+        if recorded is not None and (direction, memory) in recorded.sweeps:
+            pts = recorded.sweeps[(direction, memory)].points
+            ref_point = min(pts, key=lambda q: abs(math.log(q.nbytes / nbytes)))
+            note += f"Reference point recorded on {recorded.gpu}, not here."
+        else:
+            note += "No reference result for this copy is recorded yet (run `make gpu-check` on a GPU machine)."
+        if memory == "pinned":
+            note += " Pinning is impossible without the NVIDIA driver."
+        if copy_fn is not None:
+            host_point = transfer.measure_copy_fn(copy_fn, nbytes, dtype=dtype, device="cpu", repeats=repeats)
+            method = f"your {name}() on one CPU thread"
+        else:
+            host_point = transfer.measure_host_copy(nbytes, dtype=dtype)
+            method = "transfer.measure_host_copy"
+        note += " The host memcpy is real, but it is a CPU copy, not a transfer to a GPU."
+    progress(1.0, "done")
+    background = tuple((recorded.sweeps.values() if recorded is not None else ())) + ((host,) if host else ())
+    reading = PanelReading(
+        nbytes,
+        direction,
+        memory,
+        dtype,
+        measured,
+        ref_point,
+        host_point,
+        note,
+        background=background,
+        ceiling=recorded.ceiling if recorded is not None else None,
+        caption=sweeps_caption(gpu) if gpu is not None else None,
+    )
+    if ok:
+        what = f"a {direction.upper()} {memory} {dtype} copy of {human_bytes(nbytes)}"
+        return evidence.measured(what, reading, device, method)
+    return evidence.measured(f"a host memcpy of {human_bytes(nbytes)} (not a GPU copy)", reading, "cpu", method)
+
+
+def panel_summary(result: Evidence[PanelReading]) -> str:
+    """The reading's line: each number labelled measured here, reference (recorded elsewhere) or host memcpy."""
+    return result.value.summary() if result.value is not None else result.header()
+
+
+def panel_plot(history: list[Any], ax: Any) -> None:
+    """The runs as stars on the sweep plot (measured, reference, or host memcpy points); the last six in colour."""
+    readings = [r.result.value for r in history if r.result.value is not None]
+    last = readings[-1] if readings else None
+    pts: list[tuple[TransferPoint, str]] = []
+    for i, r in enumerate(readings, 1):
+        for p, what in ((r.measured, "measured now"), (r.reference, "reference"), (r.host, "host memcpy now")):
+            if p is not None:
+                pts.append((p, f"run {i}: {r.direction.upper()} {r.memory} {r.dtype}, {what}"))
+    ax = transfer.plot_sweeps(
+        list(last.background) if last else [],
+        ax,
+        ceiling=last.ceiling if last else None,
+        source=last.caption if last else None,
+        fits=False,
+        points=pts[-6:],
+        title="Panel runs on the sweep",
+    )
+    for p, _ in pts[:-6]:
+        ax.plot([p.nbytes], [p.gbps], marker="*", color="#bbbbbb", linestyle="", markersize=10)
+
+
+# ---------------------------------------------------------------------------
+# Headless benchmark: ch02.* records
+# ---------------------------------------------------------------------------
+
+
+def benchmark(
+    results: ResultSet,
+    device: torch.device | str | None,
+    *,
+    progress: ProgressFn | None = None,
+    sizes: Sequence[int] | None = None,
+) -> None:
+    """Run chapter 02's key measurements and add them to ``results``.
+
+    Records (key: unit; params):
+
+    - ``ch02.host_copy_time``: s; params ``nbytes``; spread ``iqr_s``, ``n`` - host memcpy
+      (recorded with or without a GPU).
+    - ``ch02.copy_time``: s; params ``direction``, ``memory``, ``nbytes``; spread ``iqr_s``, ``n``.
+      One per size, CUDA events on a side stream (:func:`~helpers.pipeline.transfer.transfer_sweep`).
+    - ``ch02.fit.latency``: s; ``direction``, ``memory`` - fitted latency per curve.
+    - ``ch02.fit.bandwidth``: GB/s; ``direction``, ``memory`` - fitted bandwidth per curve.
+    - ``ch02.pin.cold`` / ``.cached`` / ``.pin_then_copy`` / ``.plain_to`` / ``.pageable_copy`` /
+      ``.pinned_copy``: s; ``nbytes`` - the fields of :class:`~helpers.pipeline.transfer.PinCost`
+      (1, 16, 128 MiB, those within ``sizes``).
+    - ``ch02.host_held``: s; ``case``, ``nbytes``, ``gpu_work_s`` - host time inside the copy call.
+    - ``ch02.wire_time``: s; ``dtype``, ``nbytes`` - pinned H2D copy of 64x3x224x224 images.
+    - ``ch02.pinned_block``: bytes; ``requested`` - allocator pool growth for one pin.
+
+    Without CUDA only ``ch02.host_copy_time`` is recorded. ``sizes``: bytes per copy (default
+    :func:`~helpers.pipeline.transfer.copy_sizes`).
+    """
+    progress = progress or no_progress
+    sizes = list(transfer.copy_sizes() if sizes is None else sizes)
+    for n in sizes:
+        check_int("sizes[i]", n, 1)
+    ok, _ = transfer.cuda_status(device)
+    progress(0.0, "host memcpy sweep")
+    for p in transfer.host_copy_sweep(sizes).points:
+        results.add("ch02.host_copy_time", p.median_s, "s", spread={"iqr_s": p.iqr_s, "n": p.n}, nbytes=p.nbytes)
+    if not ok:
+        progress(1.0, "no CUDA device: host memcpy only")
+        return
+    progress(0.1, "copy sweeps")
+    dev = resolve_device(device)
+    curves = [(d, m) for d in DIRECTIONS for m in MEMORY_KINDS]
+    for i, (direction, memory) in enumerate(curves):
+        part = scaled(
+            progress, 0.1 + 0.5 * i / len(curves), 0.1 + 0.5 * (i + 1) / len(curves), f"{direction} {memory}: "
+        )
+        sw = transfer.transfer_sweep(direction, memory, sizes, device=dev, progress=part)
+        assert isinstance(sw, Sweep)
+        for p in sw.points:
+            results.add(
+                "ch02.copy_time",
+                p.median_s,
+                "s",
+                spread={"iqr_s": p.iqr_s, "n": p.n},
+                direction=direction,
+                memory=memory,
+                nbytes=p.nbytes,
+            )
+        fit = sw.fit()
+        results.add("ch02.fit.latency", fit.latency_s, "s", direction=direction, memory=memory)
+        results.add("ch02.fit.bandwidth", fit.gbps, "GB/s", direction=direction, memory=memory)
+    pin_sizes = [s for s in (1 * MiB, 16 * MiB, 128 * MiB) if s <= max(sizes)] or [max(sizes)]
+    for i, n in enumerate(pin_sizes):
+        progress(0.6 + 0.2 * i / len(pin_sizes), f"cost of pinning {human_bytes(n)}")
+        pc = transfer.pin_cost(n, device=dev)
+        assert isinstance(pc, transfer.PinCost)
+        for name, value in (
+            ("cold", pc.pin_cold_s),
+            ("cached", pc.pin_cached_s),
+            ("pin_then_copy", pc.pin_then_copy_s),
+            ("plain_to", pc.plain_to_s),
+            ("pageable_copy", pc.pageable_copy_s),
+            ("pinned_copy", pc.pinned_copy_s),
+        ):
+            results.add(f"ch02.pin.{name}", value, "s", nbytes=n)
+    progress(0.8, "host-blocking probe")
+    hb = transfer.host_blocking_probe(device=dev, nbytes=min(64 * MiB, max(sizes)))
+    assert isinstance(hb, transfer.HostBlocking)
+    for case, value in hb.held_s.items():
+        results.add("ch02.host_held", value, "s", case=case, nbytes=hb.nbytes, gpu_work_s=hb.gpu_work_s)
+    progress(0.9, "uint8 vs float32 on the wire")
+    wire = transfer.wire_comparison(device=dev)
+    for d in DTYPES:
+        results.add("ch02.wire_time", wire.seconds[d], "s", dtype=d, nbytes=wire.nbytes[d])
+    progress(0.95, "pinned block rounding")
+    rows = transfer.pinned_rounding_demo([3 * MiB, 5 * MiB, 9 * MiB])
+    if isinstance(rows, list):
+        for r in rows:
+            if r.allocated_delta is not None:
+                results.add("ch02.pinned_block", r.allocated_delta, "bytes", requested=r.requested)
+    progress(1.0, "done")
