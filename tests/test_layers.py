@@ -249,7 +249,7 @@ def test_contributing_lists_the_same_layers() -> None:
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
         if len(cells) >= 3 and cells[0] in LAYERS:
-            rows[cells[0]] = set(re.findall(r"`([a-z_0-9]+)`", cells[1]))
+            rows[cells[0]] = set(re.findall(r"`([A-Za-z_0-9]+)`", cells[1]))
     assert list(rows) == list(LAYERS), "docs/CONTRIBUTING.md needs a Layers table with one row per layer, in order"
     for layer, mods in LAYERS.items():
         named = {"chNN" if re.fullmatch(r"ch\d\d", m) else m for m in mods}  # chapter modules: one row entry
