@@ -335,7 +335,7 @@ def panel_run(
     res.label = f"{res.label}, {item_cost.split(' ')[0]}"
     res.extra["item_cost"] = item_cost
     return evidence.measured(
-        f"your make_loader ({res.label})",
+        f"your make_loader, {item_cost.split(' ')[0]} items",
         res,
         "cpu",
         method=f"{res.batches} batches after {res.warmup_batches} warm-up",
