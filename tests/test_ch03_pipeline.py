@@ -1,4 +1,5 @@
-"""Chapter 03's measurements time the reader's own pipeline: ``make_loader`` and ``to_device`` from the cells.
+"""Chapter 03's measurements time the reader's own pipeline: ``make_loader`` and ``to_device`` from the cells;
+its chapter module (helpers/chapters/ch03.py) drives the panel and records the benchmark.
 
 CPU only (a CUDA-only test is skipped here); no speed is asserted.
 """
@@ -11,6 +12,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from helpers.chapters import ch03
+from helpers.core import evidence
+from helpers.core.results import ResultSet
 from helpers.pipeline import loaders as L
 
 DEVICE = torch.device("cpu")
@@ -32,7 +36,7 @@ def to_device(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True)
 
 
-def test_measure_pipeline_times_next_and_the_readers_copy() -> None:
+def test_measure_throughput_times_next_and_the_readers_copy() -> None:
     calls: list[int] = []
 
     def copy(x: torch.Tensor, y: torch.Tensor) -> Any:
@@ -40,7 +44,7 @@ def test_measure_pipeline_times_next_and_the_readers_copy() -> None:
         return to_device(x, y)
 
     ds = L.CheapDataset(24, image_size=4)
-    res = L.measure_pipeline(make_loader(ds, 8), to_device=copy, batches=7, warmup=2, label="mine")
+    res = L.measure_throughput(make_loader(ds, 8), to_device=copy, batches=7, warmup=2, label="mine")
     assert res.label == "mine" and res.batches == 7 and res.items == 56
     assert len(res.wait_s) == 7 and len(res.extra["copy_s"]) == 7
     assert len(calls) == 9  # warm-up batches go through the copy too, untimed
@@ -50,27 +54,27 @@ def test_measure_pipeline_times_next_and_the_readers_copy() -> None:
     assert res.config["pin_memory"] is False and res.items_per_s > 0
 
 
-def test_measure_pipeline_takes_any_iterable_and_refuses_bad_input() -> None:
+def test_measure_throughput_takes_any_iterable_and_refuses_bad_input() -> None:
     batches = [(torch.zeros(4, 2), torch.zeros(4)) for _ in range(3)]
-    res = L.measure_pipeline(batches, batches=5, warmup=0)
+    res = L.measure_throughput(batches, batches=5, warmup=0)
     assert res.items == 20 and res.config == {"loader": "list"}
     with pytest.raises(ValueError, match="no batches"):
-        L.measure_pipeline([], batches=1)
+        L.measure_throughput([], batches=1)
     with pytest.raises(ValueError, match="iterable"):
-        L.measure_pipeline(3, batches=1)
+        L.measure_throughput(3, batches=1)
     with pytest.raises(ValueError, match="to_device"):
-        L.measure_pipeline(batches, to_device="copy", batches=1)
+        L.measure_throughput(batches, to_device="copy", batches=1)
     with pytest.raises(ValueError, match="batches"):
-        L.measure_pipeline(batches, batches=0)
+        L.measure_throughput(batches, batches=0)
 
 
-def test_measure_pipeline_releases_workers_when_the_copy_fails() -> None:
+def test_measure_throughput_releases_workers_when_the_copy_fails() -> None:
     def broken(x: torch.Tensor, y: torch.Tensor) -> Any:
         raise RuntimeError("boom")
 
     loader = DataLoader(L.CheapDataset(32, image_size=4), batch_size=4, num_workers=1)
     with pytest.raises(RuntimeError, match="boom"):
-        L.measure_pipeline(loader, to_device=broken, batches=2, warmup=0)
+        L.measure_throughput(loader, to_device=broken, batches=2, warmup=0)
     assert not L.worker_processes()
 
 
@@ -156,8 +160,7 @@ def test_pin_step_seconds_times_the_loaders_pin_step(monkeypatch: pytest.MonkeyP
         L.pin_step_seconds(torch.zeros(1), repeats=0)
 
 
-def test_pipeline_panel_runs_the_readers_functions() -> None:
-    import ipywidgets as W
+def test_chapter_panel_runs_the_readers_functions() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -171,32 +174,79 @@ def test_pipeline_panel_runs_the_readers_functions() -> None:
         copied.append(1)
         return to_device(x, y)
 
-    runner = L.PipelinePanelRunner(make_loader, L.CheapDataset(64, image_size=4), to_device=copy, batches=2, warmup=1)
-    panel = Panel(
-        "pin",
-        {"batch_size": W.IntSlider(value=8, min=8, max=32, step=8), "pin_memory": W.Checkbox(value=False)},
-        runner,
-        summarize=L.pipeline_panel_summary,
-        plot=L.pipeline_panel_plot,
-        debounce_s=0.0,
+    ds = L.CheapDataset(64, image_size=4)
+    panel = Panel.for_chapter(
+        ch03, device=DEVICE, make_loader=make_loader, to_device=copy, dataset=ds, batch=8, batches=2, warmup=1
     )
+    assert panel.controls["batch_size"].value == 8
+    assert panel.controls["pin_memory"].value is False  # make_loader's default on this CPU
     for pin in (False, True):
         panel.set(pin_memory=pin)
         rec = panel.click()
         assert panel.error is None, panel.error
-        assert "items/s" in rec.summary and "to_device" in rec.summary
-    assert len(copied) == 6 and rec.result.config["pin_memory"] is True
+        assert "items/s" in rec.summary and "to_device" in rec.summary and "[measured here]" in rec.summary
+    assert isinstance(rec.result, evidence.Evidence) and rec.result.here
+    assert len(copied) == 6 and rec.result.value.config["pin_memory"] is True
     if not torch.accelerator.is_available():
         assert "nothing was pinned" in rec.summary
     ax = Figure().add_subplot()
-    L.pipeline_panel_plot(panel.history, ax)
-    assert ax.get_ylabel() == "throughput (items/s)"
+    ch03.panel_plot(panel.history, ax)
+    assert ax.get_ylabel() == "throughput (items/s)" and "measured now on cpu" in ax.get_title()
+    run = {"device": DEVICE, "make_loader": make_loader, "dataset": ds, "batches": 1, "warmup": 0}
     with pytest.raises(ValueError, match="pin_memory"):
-        runner(None, pin_memory="yes")
+        ch03.panel_run(None, pin_memory="yes", **run)
     with pytest.raises(ValueError, match="batch_size"):
-        runner(None, batch_size=0)
+        ch03.panel_run(None, batch_size=0, **run)
     with pytest.raises(ValueError, match="make_loader"):
-        L.PipelinePanelRunner("make_loader", None)  # type: ignore[arg-type]
+        ch03.panel_run(None, **{**run, "make_loader": "make_loader"})
+
+
+def test_pin_rows_measured_and_recorded() -> None:
+    def row(pin: bool, wait_ms: float) -> L.PinRow:
+        res = L.Throughput(
+            "t",
+            {},
+            items=8,
+            batches=1,
+            seconds=1.0,
+            startup_s=0.0,
+            warmup_batches=0,
+            epochs_started=1,
+            wait_s=[wait_ms / 1e3],
+        )
+        return L.PinRow(0, pin, res, pin, None, None, [8.0])
+
+    rows = ch03.pin_step_rows(0.002, [row(False, 1.0), row(True, 1.5)])
+    assert [ms for _, ms in rows] == pytest.approx([2.0, 0.5])
+    assert all(line.endswith("ms per batch") for line in ch03.pin_row_lines(rows))
+    with pytest.raises(ValueError, match="CUDA"):
+        ch03.pin_step_rows(None, [])
+    rs = ResultSet.new("t", "test")
+    rs.add("ch03.pin_ms_per_batch", 0.25, "ms", num_workers=2, thread="pt_data_pin")
+    got = ch03.pin_rows_from_records(rs, rs.find("ch03.pin_ms_per_batch"))
+    assert got == [("workers=2, pinned in pt_data_pin", 0.25)]
+    assert ch03.pin_rows_from_records(rs, []) is None
+
+
+def test_benchmark_records_chapter_03_keys_only(tmp_path: Any) -> None:
+    from helpers.pipeline.data import make_shapes_dataset
+
+    info = make_shapes_dataset(n_train=64, n_val=16, image_size=32, root=tmp_path)
+    rs = ResultSet.new("t", "test")
+    seen: list[float] = []
+    ch03.benchmark(
+        rs,
+        "cpu",
+        progress=lambda f, t="": seen.append(f),
+        info=info,
+        sizes={"crop_size": 24, "batch_size": 8},
+        batches=3,
+        warmup=1,
+    )
+    keys = rs.keys()
+    assert keys and all(k.startswith("ch03.") for k in keys)
+    assert {"ch03.items_per_s", "ch03.main_wait_ms", "ch03.copy_ms_per_batch"} <= set(keys)
+    assert seen[-1] == 1.0 and seen == sorted(seen)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -222,7 +272,7 @@ def test_pinned_batches_and_non_blocking_copies_on_cuda() -> None:  # pragma: no
     assert L.pin_step_seconds(next(iter(mine(L.CheapDataset(16, 8), 8, pin_memory=False)))) > 0
 
 
-def test_measure_pipeline_sets_and_restores_intraop_threads() -> None:
+def test_measure_throughput_sets_and_restores_intraop_threads() -> None:
     seen: list[int] = []
 
     def copy(x: torch.Tensor, y: torch.Tensor) -> Any:
@@ -230,7 +280,7 @@ def test_measure_pipeline_sets_and_restores_intraop_threads() -> None:
         return x, y
 
     before = torch.get_num_threads()
-    L.measure_pipeline([(torch.zeros(2), torch.zeros(2))], to_device=copy, batches=2, warmup=0, threads=1)
+    L.measure_throughput([(torch.zeros(2), torch.zeros(2))], to_device=copy, batches=2, warmup=0, threads=1)
     assert seen == [1, 1] and torch.get_num_threads() == before
     with pytest.raises(ValueError, match="threads"):
-        L.measure_pipeline([(torch.zeros(2), torch.zeros(2))], batches=1, threads=0)
+        L.measure_throughput([(torch.zeros(2), torch.zeros(2))], batches=1, threads=0)

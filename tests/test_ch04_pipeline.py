@@ -17,6 +17,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from helpers.chapters import ch04
+from helpers.core import evidence
 from helpers.pipeline import data
 from helpers.pipeline import loaders as L
 from helpers.ui import codecells
@@ -182,7 +184,9 @@ def test_interrupt_while_a_readers_loader_starts_workers_stops_them(monkeypatch:
 
     monkeypatch.setattr(_MultiProcessingDataLoaderIter, "_reset", interrupted_reset)
     with pytest.raises(KeyboardInterrupt):
-        L.measure_factory(lambda w: make_loader(L.CheapDataset(64, 4), 4, workers=w), 3, batches=4, warmup=1)
+        L.measure_throughput(
+            L.build_from_factory(lambda w: make_loader(L.CheapDataset(64, 4), 4, workers=w), 3), batches=4, warmup=1
+        )
     assert not _settle(5.0)
 
 
@@ -195,8 +199,11 @@ def test_interrupt_during_a_measurement_releases_the_readers_workers() -> None:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        L.measure_factory(
-            lambda w: make_loader(L.CheapDataset(64, 4), 4, workers=w), 2, batches=10, warmup=1, on_batch=on_batch
+        L.measure_throughput(
+            L.build_from_factory(lambda w: make_loader(L.CheapDataset(64, 4), 4, workers=w), 2),
+            batches=10,
+            warmup=1,
+            on_batch=on_batch,
         )
     assert not _settle(5.0)
 
@@ -315,24 +322,88 @@ def test_in_order_experiment_with_the_readers_shuffled_loader() -> None:
 # -- the live panel times the reader's make_loader ---------------------------------------
 
 
-def test_pipeline_panel_runner_calls_the_readers_make_loader() -> None:
+def test_chapter_panel_calls_the_readers_make_loader() -> None:
     calls: list[dict[str, Any]] = []
 
     def mine(dataset: Any, batch_size: int, **knobs: Any) -> DataLoader:
         calls.append({"batch_size": batch_size, **knobs})
         return make_loader(dataset, batch_size, **knobs)
 
-    runner = L.WorkerPanelRunner(mine, None, crop_size=8, batches=2, warmup=1, n_cheap=64)
-    res = runner(None, num_workers=1, batch_size=8, prefetch_factor=3, persistent=True, item_cost=L.ITEM_COSTS[0])
+    run = {"device": "cpu", "make_loader": mine, "crop_size": 8, "batches": 2, "warmup": 1, "n_cheap": 64}
+    cheap = ch04.ITEM_COSTS[0]
+    ev = ch04.panel_run(None, num_workers=1, batch_size=8, prefetch_factor=3, persistent=True, item_cost=cheap, **run)
+    assert isinstance(ev, evidence.Evidence) and ev.here
+    res = ev.value
     assert calls == [{"batch_size": 8, "workers": 1, "persistent": True, "prefetch_factor": 3}]
     assert res.config["num_workers"] == 1 and res.config["prefetch_factor"] == 3 and res.items == 16
-    assert res.extra["item_cost"] == L.ITEM_COSTS[0] and res.label.endswith("cheap")
-    assert "items/s" in L.worker_panel_summary(res)
-    res0 = runner(None, num_workers=0, batch_size=8, item_cost=L.ITEM_COSTS[0])
+    assert res.extra["item_cost"] == cheap and res.label.endswith("cheap")
+    assert "items/s" in ch04.panel_summary(ev) and "[measured here]" in ch04.panel_summary(ev)
+    res0 = ch04.panel_run(None, num_workers=0, batch_size=8, item_cost=cheap, **run).value
     assert res0.config["num_workers"] == 0
     with pytest.raises(ValueError, match="persistent"):
-        runner(None, num_workers=1, persistent=1, item_cost=L.ITEM_COSTS[0])
+        ch04.panel_run(None, num_workers=1, persistent=1, item_cost=cheap, **run)
     with pytest.raises(ValueError, match="item_cost"):
-        runner(None, num_workers=0)  # no image root: only the cheap items
+        ch04.panel_run(None, num_workers=0, **run)  # no image root: only the cheap items
     with pytest.raises(ValueError, match="make_loader"):
-        L.WorkerPanelRunner(None, None)  # type: ignore[arg-type]
+        ch04.panel_run(None, **{**run, "make_loader": None})
+    assert not _settle(5.0)
+
+
+def test_chapter_panel_50_runs_leave_no_stray_processes_and_plot() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from helpers.ui.widgets import Panel
+
+    panel = Panel.for_chapter(
+        ch04, device="cpu", make_loader=make_loader, crop_size=8, batch=8, batches=2, warmup=1, n_cheap=64
+    )
+    assert panel.controls["prefetch_factor"].value == 2 and panel.controls["persistent"].value is True
+    panel.debounce_s, panel.max_history = 0.0, 100
+    for k in range(50):
+        panel.set(num_workers=k % 3, persistent=bool(k % 2), item_cost=ch04.ITEM_COSTS[0])
+        rec = panel.click()
+        assert panel.error is None, panel.error
+        assert rec is not None and rec.result.value.items > 0
+    assert len(panel.history) == 50
+    assert not _settle(10.0)
+    ax = Figure().add_subplot()
+    ch04.panel_plot(panel.history, ax)
+    assert ax.get_ylabel() == "throughput (items/s)" and "measured now on cpu" in ax.get_title()
+
+
+def test_benchmark_records_chapter_04_keys_only(tmp_path: Any) -> None:
+    from helpers.core.results import ResultSet
+
+    info = data.make_shapes_dataset(n_train=64, n_val=16, image_size=32, root=tmp_path)
+    rs = ResultSet.new("t", "test")
+    seen: list[float] = []
+    ch04.benchmark(
+        rs,
+        "cpu",
+        progress=lambda f, t="": seen.append(f),
+        info=info,
+        sizes={"crop_size": 24, "batch_size": 8},
+        batches=3,
+        warmup=1,
+    )
+    keys = rs.keys()
+    assert keys and all(k.startswith("ch04.") for k in keys)
+    for k in (
+        "ch04.items_per_s",
+        "ch04.speedup",
+        "ch04.parallel_ceiling",
+        "ch04.share_of_ceiling",
+        "ch04.best_num_workers",
+        "ch04.prefetch.items_per_s",
+        "ch04.persistent.epoch_s",
+        "ch04.persistent.restart_cost_s",
+        "ch04.in_order.p95_wait_ms",
+        "ch04.getitems.items_per_s",
+        "ch04.cheap.items_per_s",
+        "ch04.cheap.main_busy",
+    ):
+        assert k in keys, k
+    assert seen[-1] == 1.0 and seen == sorted(seen)

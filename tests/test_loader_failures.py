@@ -108,7 +108,7 @@ for line in sys.stdin:
     try:
         print("go", flush=True)
         while True:   # non-persistent loaders: workers start and stop all the time
-            L.run_config(ds, batch_size=8, num_workers=3, batches=3, warmup=1)
+            L.measure_config(ds, batch_size=8, num_workers=3, batches=3, warmup=1)
     except KeyboardInterrupt:
         pass
     deadline = time.monotonic() + 5.0
@@ -417,10 +417,20 @@ def test_sweep_workers_refuses_non_integers(workers: Any) -> None:
         L.sweep_workers(L.CheapDataset(8, 4), workers, batch_size=4, batches=1, warmup=0)
 
 
-def test_panel_runner_refuses_non_bool_persistent() -> None:
-    runner = L.PanelRunner(None, crop_size=8, batches=1, warmup=0, n_cheap=16)
+def test_chapter_04_panel_refuses_non_bool_persistent() -> None:
+    from helpers.chapters import ch04
+
     with pytest.raises(ValueError, match="persistent"):
-        runner(None, num_workers=0, batch_size=4, persistent="no", item_cost=L.ITEM_COSTS[0])
+        ch04.panel_run(
+            None,
+            device="cpu",
+            make_loader=lambda ds, bs, **k: L.build_loader(ds, batch_size=bs),
+            num_workers=0,
+            batch_size=4,
+            persistent="no",
+            item_cost=ch04.ITEM_COSTS[0],
+            n_cheap=16,
+        )
 
 
 @pytest.mark.parametrize("bad", [3, "default"])

@@ -69,7 +69,9 @@ def test_label_mentions_knobs():
 def test_measure_counts_items_across_epochs_and_releases_workers():
     before = _children()
     ds = L.CheapDataset(40, image_size=4)
-    res = L.run_config(ds, L.LoaderConfig(batch_size=8, num_workers=2, persistent_workers=True), batches=12, warmup=2)
+    res = L.measure_config(
+        ds, L.LoaderConfig(batch_size=8, num_workers=2, persistent_workers=True), batches=12, warmup=2
+    )
     assert res.batches == 12 and res.items == 12 * 8
     assert res.epochs_started >= 3  # 5 batches per epoch
     assert len(res.wait_s) == 12 and res.items_per_s > 0
@@ -78,7 +80,7 @@ def test_measure_counts_items_across_epochs_and_releases_workers():
 
 
 def test_measure_without_workers():
-    res = L.run_config(L.CheapDataset(16, 4), L.LoaderConfig(batch_size=4), batches=5, warmup=1)
+    res = L.measure_config(L.CheapDataset(16, 4), L.LoaderConfig(batch_size=4), batches=5, warmup=1)
     assert res.items == 20 and res.config["num_workers"] == 0
 
 
@@ -99,7 +101,7 @@ def test_keyboard_interrupt_releases_workers():
 
 
 def test_too_many_workers_warning_is_captured_not_printed(capfd):
-    res = L.run_config(L.CheapDataset(16, 4), batch_size=4, num_workers=L.cpu_cores() + 1, batches=2, warmup=1)
+    res = L.measure_config(L.CheapDataset(16, 4), batch_size=4, num_workers=L.cpu_cores() + 1, batches=2, warmup=1)
     assert any("worker" in w for w in res.warnings)
     assert "UserWarning" not in capfd.readouterr().err
 
@@ -259,7 +261,7 @@ def test_shm_status_and_refusal(monkeypatch):
         L.require_shm(1 << 30)
     before = _children()
     with pytest.raises(ValueError, match="/dev/shm"):  # refused before any worker starts
-        L.run_config(L.CheapDataset(4096, 64), batch_size=512, num_workers=2, batches=2)
+        L.measure_config(L.CheapDataset(4096, 64), batch_size=512, num_workers=2, batches=2)
     assert not _wait_children_back_to(before, timeout=2)
 
 
@@ -286,7 +288,7 @@ def test_spawn_fails_for_main_module_class_and_works_for_helpers(monkeypatch):
 
 
 def test_spawn_workers_measure_helpers_dataset():
-    res = L.run_config(
+    res = L.measure_config(
         L.FixedRNGDataset(16),
         batch_size=4,
         num_workers=1,
@@ -296,103 +298,6 @@ def test_spawn_workers_measure_helpers_dataset():
         timeout=60.0,
     )
     assert res.items == 12
-
-
-# -- panel ------------------------------------------------------------------------
-
-
-def test_panel_run_50_times_leaves_no_stray_processes():
-    import ipywidgets as W
-
-    from helpers.ui.widgets import Panel
-
-    runner = L.PanelRunner(None, crop_size=8, batches=2, warmup=1, n_cheap=64)
-    panel = Panel(
-        "loader",
-        {
-            "num_workers": W.IntSlider(value=2, min=0, max=4),
-            "batch_size": W.IntSlider(value=8, min=1, max=64),
-            "prefetch_factor": W.IntSlider(value=2, min=1, max=8),
-            "persistent": W.Checkbox(value=True),
-            "item_cost": W.Dropdown(options=list(L.ITEM_COSTS), value=L.ITEM_COSTS[0]),
-        },
-        runner,
-        summarize=L.panel_summary,
-        plot=None,
-        debounce_s=0.0,
-        max_history=100,
-    )
-    before = _children()
-    for k in range(50):
-        panel.set(num_workers=k % 3, persistent=bool(k % 2))
-        rec = panel.click()
-        assert panel.error is None, panel.error
-        assert rec is not None and rec.result.items > 0
-    assert len(panel.history) == 50
-    assert not _wait_children_back_to(before)
-
-
-def test_panel_refuses_images_without_root_and_plots():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    runner = L.PanelRunner(None, crop_size=8, batches=2, warmup=1, n_cheap=32)
-    with pytest.raises(ValueError, match="item_cost"):
-        runner(None, item_cost=L.ITEM_COSTS[1])
-    res = runner(None, num_workers=0, item_cost=L.ITEM_COSTS[0])
-    assert "items/s" in L.panel_summary(res)
-
-    class Rec:
-        index, values, result = (
-            1,
-            {
-                "num_workers": 0,
-                "batch_size": 32,
-                "prefetch_factor": 2,
-                "persistent": False,
-                "item_cost": L.ITEM_COSTS[0],
-            },
-            res,
-        )
-
-    ax = Figure().add_subplot()
-    L.panel_plot([Rec()], ax)
-    assert ax.get_ylabel() == "throughput (items/s)"
-
-
-# -- benchmark --------------------------------------------------------------------
-
-
-def test_benchmark_keys_are_prefixed(tmp_path):
-    from helpers.core.results import ResultSet
-    from helpers.pipeline.data import make_shapes_dataset
-
-    info = make_shapes_dataset(n_train=64, n_val=16, image_size=32, root=tmp_path)
-    sizes = {"crop_size": 24, "batch_size": 8}
-    rs = ResultSet.new("t", "test")
-    L.benchmark(rs, info=info, sizes=sizes, batches=3, warmup=1)
-    keys = rs.keys()
-    assert keys and all(k.startswith(("ch03.", "ch04.")) for k in keys)
-    for k in (
-        "ch03.items_per_s",
-        "ch03.main_wait_ms",
-        "ch03.copy_ms_per_batch",
-        "ch04.items_per_s",
-        "ch04.speedup",
-        "ch04.parallel_ceiling",
-        "ch04.share_of_ceiling",
-        "ch04.best_num_workers",
-        "ch04.prefetch.items_per_s",
-        "ch04.persistent.epoch_s",
-        "ch04.persistent.restart_cost_s",
-        "ch04.in_order.p95_wait_ms",
-        "ch04.getitems.items_per_s",
-        "ch04.cheap.items_per_s",
-        "ch04.cheap.main_busy",
-    ):
-        assert k in keys, k
 
 
 def test_load_note_mentions_cores():

@@ -7,10 +7,12 @@ Building and running loaders
     :class:`LoaderConfig` / :func:`build_loader` validate the knobs
     (``num_workers``, ``batch_size``, ``prefetch_factor``, ``persistent_workers``,
     ``in_order``, ``pin_memory``, start method, timeout) with plain messages.
-    :func:`measure_throughput` runs a loader for N batches after a warm-up and
-    **always** shuts its workers down (``finally``, also on ``KeyboardInterrupt``,
-    also one that arrives while workers start; waits are bounded).
-    :func:`run_config` = build (``/dev/shm`` checked there) + measure + release.
+    :func:`measure_throughput`, the one way to time a loader, runs any loader (the
+    workbook's, the reader's ``make_loader(...)``, any iterable of batches) for N
+    batches after a warm-up, optionally through the reader's ``to_device`` (its copy
+    time recorded apart), and **always** shuts its workers down (``finally``, also on
+    ``KeyboardInterrupt``, also one that arrives while workers start; waits are bounded).
+    :func:`measure_config` = :func:`build_loader` (``/dev/shm`` checked there) + measure.
 
 Worker processes that can't hang or leak
     Every worker loader built here has a timeout (:data:`WORKER_TIMEOUT_S`), a
@@ -31,10 +33,10 @@ Experiments (each changes one knob against its own baseline)
 Your own loaders (chapter 04)
     The worker experiments also take a *loader factory*, a function of the knob they
     change that returns your DataLoader (``lambda w: make_loader(ds, 32, workers=w)``),
-    and time the loaders it builds (:func:`measure_factory`). :func:`guard` gives such a
-    loader the same safety as :func:`build_loader`'s (``/dev/shm``, timeout, signal reset
-    in workers, leak-proof start, freeze watchdog); :class:`WorkerPanelRunner` is the
-    panel's run function around your ``make_loader``.
+    and time the loaders it builds (:func:`build_from_factory`, then
+    :func:`measure_throughput`). :func:`guard` gives such a loader the same safety as
+    :func:`build_loader`'s (``/dev/shm``, timeout, signal reset in workers, leak-proof
+    start, freeze watchdog).
 
 Demo data sets and collate functions (module level, so spawn can import them)
     :class:`CheapDataset`, :class:`BatchedCheapDataset` (``__getitems__``),
@@ -51,10 +53,8 @@ Pitfalls, demonstrated without crashing the kernel
     :func:`worker_error_demo` (a worker's traceback surfacing),
     :func:`rng_duplicates` (workers repeating each other's random draws).
 
-Live panel and benchmark
-    :class:`PanelRunner`, :func:`panel_summary`, :func:`panel_plot`;
-    :func:`benchmark(results, device)` records the chapters' key figures under
-    ``ch03.*`` and ``ch04.*``.
+The chapters' live panels and benchmarks are in :mod:`helpers.chapters.ch03` and
+:mod:`helpers.chapters.ch04`; they use what is here.
 
 No speed is ever asserted here; every number comes from a run.
 """
@@ -75,17 +75,15 @@ import threading
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
-from ..core.config import sized
 from ..core.device import intraop_threads
 from ..core.validate import check_choice, check_float, check_int, human_bytes
-from .data import ShapesDataset, TimedCollate, default_sizes, make_shapes_dataset, seed_worker
+from .data import TimedCollate, seed_worker
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs  # for mypy only: typing.TypeIs is Python 3.13+
@@ -104,7 +102,7 @@ __all__ = [
     "worker_processes",
     "Throughput",
     "measure_throughput",
-    "run_config",
+    "measure_config",
     "pin_thread_alive",
     "pin_threads",
     "thread_label",
@@ -139,12 +137,8 @@ __all__ = [
     "pin_verdict",
     "PinLog",
     "batch_copy_seconds",
-    "measure_pipeline",
     "pin_pair_rounds",
     "pin_step_seconds",
-    "PipelinePanelRunner",
-    "pipeline_panel_summary",
-    "pipeline_panel_plot",
     "WorkerSweep",
     "sweep_workers",
     "plot_sweep",
@@ -160,17 +154,9 @@ __all__ = [
     "in_order_experiment",
     "guard",
     "build_from_factory",
-    "measure_factory",
     "sampler_batches",
-    "WorkerPanelRunner",
-    "worker_panel_summary",
     "getitems_experiment",
     "cheap_vs_expensive",
-    "ITEM_COSTS",
-    "PanelRunner",
-    "panel_summary",
-    "panel_plot",
-    "benchmark",
 ]
 
 #: Upper bound accepted for ``num_workers`` (beyond this a typo is more likely than intent).
@@ -866,6 +852,25 @@ def _batch_bytes(batch: Any) -> int:
     return 0
 
 
+def _batch_tensors(batch: Any) -> list[torch.Tensor]:
+    """The tensors in a batch (a tensor, tuple, list, dict or :class:`PinnableBatch`), in order."""
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, PinnableBatch):
+        return [batch.images, batch.labels]
+    if isinstance(batch, Mapping):
+        return [t for v in batch.values() for t in _batch_tensors(v)]
+    if isinstance(batch, (list, tuple)):
+        return [t for v in batch for t in _batch_tensors(v)]
+    return []
+
+
+def _is_pinned(batch: Any) -> bool:
+    """True when every tensor of ``batch`` is in page-locked memory (False for a batch without tensors)."""
+    ts = _batch_tensors(batch)
+    return bool(ts) and all(t.device.type == "cpu" and t.is_pinned() for t in ts)
+
+
 def _pct(values: Sequence[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -959,101 +964,129 @@ def _loader_params(loader: DataLoader) -> dict[str, Any]:
 
 
 def measure_throughput(
-    loader: DataLoader,
+    loader: Iterable[Any],
     *,
     batches: int,
     warmup: int = 2,
+    to_device: Callable[..., Any] | None = None,
     consume: Callable[[Any], Any] | None = None,
-    progress: Callable[..., Any] | None = None,
-    label: str | None = None,
     on_batch: Callable[[Any], None] | None = None,
+    threads: int | None = None,
+    label: str | None = None,
+    progress: Callable[..., Any] | None = None,
 ) -> Throughput:
-    """Run ``loader`` for ``warmup`` + ``batches`` batches and time the last ``batches``.
+    """Run ``loader`` for ``warmup`` + ``batches`` batches and time the last ``batches``: the one way to time a loader.
 
-    Epoch ends are crossed transparently (a new iterator is started; with
-    ``persistent_workers`` the same workers carry on), so the window can be
-    longer than one epoch. Workers are shut down in ``finally``: after a
-    normal end, an exception, or ``KeyboardInterrupt`` - also one that arrives
+    ``loader`` is a DataLoader (one of :func:`build_loader`, or the reader's ``make_loader(...)`` or
+    ``factory(value)``, given the workbook's safety by :func:`guard` / :func:`build_from_factory`) or any
+    iterable of batches. For each timed batch the main thread's wait inside ``next()`` is recorded
+    (loading, collating and, with ``pin_memory=True`` and no workers, pinning: ``Throughput.wait_s``).
+
+    Epoch ends are crossed transparently (a new iterator is started; with ``persistent_workers`` the
+    same workers carry on), so the window can be longer than one epoch. Workers are shut down in
+    ``finally``: after a normal end, an exception, or ``KeyboardInterrupt`` - also one that arrives
     while the workers are starting, or during the shutdown itself.
 
     Args:
-        loader: the DataLoader to run.
+        loader: the DataLoader (or iterable of batches) to run.
         batches: batches in the timed window (1-1,000,000).
         warmup: batches taken first and not timed (worker start-up, first-call costs).
-        consume: optional ``consume(batch)`` called per batch (e.g. a training step); its time is in the window.
-        progress: optional ``progress(fraction, text)`` (a panel's progress bar).
-        label: text for the result (default: the knobs).
+        to_device: the reader's copy function, called as ``to_device(*batch)`` on every batch; its time
+            is recorded apart (``extra["copy_s"]``, ``extra["copy_ms_per_batch"]``: a blocking copy is all
+            of the copy; a ``non_blocking`` copy from pinned memory is only the time to queue it). When it
+            returns CUDA tensors, the window ends with ``torch.cuda.synchronize()``, so copies still in
+            flight are inside the measured time.
+        consume: optional ``consume(batch)`` called per batch (e.g. a training step; it gets what
+            ``to_device`` returned, if given); its time is in the window.
         on_batch: optional ``on_batch(batch)`` called for every timed batch, outside the wait timing.
+        threads: torch's intra-op threads in this process while it runs (``None``: leave the setting
+            alone; chapters 03-04 pass 1, the count every worker and the pin thread use: on a busy machine
+            a second thread mostly measures waiting for a descheduled helper thread).
+        label: text for the result (default: the loader's knobs).
+        progress: optional ``progress(fraction, text)`` (a panel's progress bar).
 
     Returns:
-        A :class:`Throughput`.
+        A :class:`Throughput`; ``extra["pinned_batches"]`` counts the timed batches that arrived in
+        page-locked memory, ``extra["on_cuda"]`` says whether ``to_device`` put them on a CUDA device.
 
     Raises:
         ValueError: bad arguments, or a loader that yields no batch at all.
         LoaderFailure: a worker froze (the loader's timeout fired) or died; the message says what to check.
     """
-    if not isinstance(loader, DataLoader):
-        raise ValueError(f"loader must be a torch DataLoader (see build_loader), got {type(loader).__name__}")
+    if not hasattr(loader, "__iter__"):
+        raise ValueError(
+            f"loader must be an iterable of batches (a DataLoader, e.g. make_loader(...)), got {type(loader).__name__}"
+        )
+    if to_device is not None:
+        _check_callable("to_device", to_device)
     batches = check_int("batches", batches, 1, 1_000_000)
     warmup = check_int("warmup", warmup, 0, 1_000_000)
     total = warmup + batches
-    params = _loader_params(loader)
+    params = _loader_params(loader) if isinstance(loader, DataLoader) else {"loader": type(loader).__name__}
     caught: list[str] = list(getattr(loader, "_workbook_warnings", []))
     waits: list[float] = []
-    items = 0
-    bytes_first = 0
-    epochs = 0
+    copies: list[float] = []
+    items = bytes_first = pinned = epochs = 0
+    cuda_dev: torch.device | None = None  # where to_device put the batches, if on a CUDA device
     it = None
-    t_window = t_cpu = None
     startup = float("nan")
     before = _worker_children()
     try:
-        with warnings.catch_warnings(record=True) as wlist:
+        with (
+            warnings.catch_warnings(record=True) as wlist,
+            intraop_threads(threads) if threads is not None else contextlib.nullcontext(),
+        ):
             warnings.simplefilter("always")
             warnings.filterwarnings("ignore", category=DeprecationWarning)
-            t_start = time.perf_counter()
-            it = iter(loader)
-            epochs = 1
-            n = 0
-            empty_epochs = 0
-            while n < total:
+            t_start = t_window = time.perf_counter()
+            t_cpu = time.thread_time()
+            for n in range(total):
                 if n == warmup:
-                    t_window = time.perf_counter()
-                    t_cpu = time.thread_time()
+                    if cuda_dev is not None:
+                        torch.cuda.synchronize(cuda_dev)  # the warm-up's copies are not the window's
+                    t_window, t_cpu = time.perf_counter(), time.thread_time()
                 t0 = time.perf_counter()
-                while True:
+                batch = None
+                for _attempt in range(2):  # the end of an epoch: one new iterator, then give up
+                    if it is None:
+                        it = iter(loader)
+                        epochs += 1
                     try:
                         batch = next(it)
                         break
                     except StopIteration:
-                        empty_epochs += 1
-                        if empty_epochs > 1:
-                            raise ValueError(
-                                "the loader yields no batches (a data set smaller than batch_size with drop_last=True, "
-                                "or a sampler with no indices): give it at least one full batch of items"
-                            ) from None
-                        if not loader.persistent_workers:
+                        if not getattr(loader, "persistent_workers", False):
                             release(it)
-                        it = iter(loader)
-                        epochs += 1
-                empty_epochs = 0
+                        it = None
+                if batch is None:
+                    raise ValueError(
+                        "the loader yields no batches (a data set smaller than batch_size with drop_last=True, "
+                        "or a sampler with no indices): give it at least one full batch of items"
+                    )
                 t1 = time.perf_counter()
+                out = to_device(*batch) if to_device is not None else batch
+                t2 = time.perf_counter()
                 if n == 0:
                     startup = t1 - t_start
+                    cuda_dev = next((t.device for t in _batch_tensors(out) if t.is_cuda), None)
                 if consume is not None:
-                    consume(batch)
+                    consume(out)
                 if n >= warmup:
                     waits.append(t1 - t0)
+                    copies.append(t2 - t1)
                     items += _batch_len(batch)
+                    pinned += _is_pinned(batch)
                     if n == warmup:
                         bytes_first = _batch_bytes(batch)
                     if on_batch is not None:
                         on_batch(batch)
-                n += 1
-                if progress is not None and (n % max(1, total // 50) == 0 or n == total):
-                    progress(n / total, f"{n}/{total} batches")
-            seconds = time.perf_counter() - (t_window if t_window is not None else t_start)
-            cpu = time.thread_time() - (t_cpu if t_cpu is not None else 0.0)
+                del batch, out
+                if progress is not None and ((n + 1) % max(1, total // 50) == 0 or n + 1 == total):
+                    progress((n + 1) / total, f"{n + 1}/{total} batches")
+            if cuda_dev is not None:
+                torch.cuda.synchronize(cuda_dev)  # copies still queued belong to this window
+            seconds = time.perf_counter() - t_window
+            cpu = time.thread_time() - t_cpu
             for w in wlist:
                 msg = str(w.message).strip()
                 if msg not in caught:
@@ -1066,16 +1099,11 @@ def measure_throughput(
         raise failure from exc
     finally:
         _finish([x for x in (it, loader) if x is not None], before)
+    extra: dict[str, Any] = {"pinned_batches": pinned, "on_cuda": cuda_dev is not None}
+    if to_device is not None:
+        extra.update(copy_s=copies, copy_ms_per_batch=1e3 * statistics.fmean(copies))
     return Throughput(
-        label=label
-        or LoaderConfig(
-            batch_size=int(loader.batch_size or 1),
-            num_workers=loader.num_workers,
-            pin_memory=bool(loader.pin_memory),
-            prefetch_factor=loader.prefetch_factor if loader.num_workers else None,
-            persistent_workers=bool(loader.persistent_workers),
-            in_order=bool(getattr(loader, "in_order", True)),
-        ).label(),
+        label=label or (_config_of(params).label() if isinstance(loader, DataLoader) else type(loader).__name__),
         config=params,
         items=items,
         batches=batches,
@@ -1087,10 +1115,11 @@ def measure_throughput(
         main_cpu_s=cpu,
         batch_bytes=bytes_first,
         warnings=caught,
+        extra=extra,
     )
 
 
-def run_config(
+def measure_config(
     dataset: Dataset,
     config: LoaderConfig | None = None,
     *,
@@ -1103,7 +1132,10 @@ def run_config(
     on_batch: Callable[[Any], None] | None = None,
     **knobs: Any,
 ) -> Throughput:
-    """Check ``/dev/shm``, build a loader, measure it, release its workers.
+    """The workbook's own loader for ``config`` (and ``knobs``), measured: :func:`build_loader` (``/dev/shm``
+    checked there), then :func:`measure_throughput`, which releases its workers however the run ends.
+
+    ``result.config`` is the configuration's knobs with the data set's and the collate function's names.
 
     Raises:
         ValueError: bad knobs, or too little ``/dev/shm`` for this configuration
@@ -1112,12 +1144,9 @@ def run_config(
     """
     cfg = (config or LoaderConfig()).replace(**knobs).validated()
     loader = build_loader(dataset, cfg, collate_fn=collate_fn, check_shm=check_shm)
-    try:
-        result = measure_throughput(
-            loader, batches=batches, warmup=warmup, progress=progress, label=label or cfg.label(), on_batch=on_batch
-        )
-    finally:
-        release(loader)
+    result = measure_throughput(
+        loader, batches=batches, warmup=warmup, progress=progress, label=label or cfg.label(), on_batch=on_batch
+    )
     result.config = {
         **cfg.params(),
         "dataset": type(dataset).__name__,
@@ -1372,7 +1401,7 @@ def pin_memory_experiment(
                     progress(k / total, f"round {r + 1}/{rounds}: workers={w}, pin_memory={pin}")
                 log = PinLog()
                 cfg = LoaderConfig(batch_size=batch_size, num_workers=w, pin_memory=pin, persistent_workers=w > 0)
-                res = run_config(
+                res = measure_config(
                     dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_pinnable, on_batch=log
                 )
                 prev = by.get((w, pin))
@@ -1391,155 +1420,6 @@ def pin_memory_experiment(
     return [by[(w, pin)] for w in ws for pin in (False, True)]
 
 
-# The reader's pipeline, timed as the reader wrote it (chapter 03): the loader comes from the
-# reader's ``make_loader`` and every batch goes through the reader's ``to_device``.
-
-
-def _batch_tensors(batch: Any) -> list[torch.Tensor]:
-    """The tensors in a batch (a tensor, tuple, list, dict or :class:`PinnableBatch`), in order."""
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, PinnableBatch):
-        return [batch.images, batch.labels]
-    if isinstance(batch, Mapping):
-        return [t for v in batch.values() for t in _batch_tensors(v)]
-    if isinstance(batch, (list, tuple)):
-        return [t for v in batch for t in _batch_tensors(v)]
-    return []
-
-
-def _is_pinned(batch: Any) -> bool:
-    """True when every tensor of ``batch`` is in page-locked memory (False for a batch without tensors)."""
-    ts = _batch_tensors(batch)
-    return bool(ts) and all(t.device.type == "cpu" and t.is_pinned() for t in ts)
-
-
-def measure_pipeline(
-    loader: Any,
-    *,
-    to_device: Callable[..., Any] | None = None,
-    batches: int,
-    warmup: int = 2,
-    label: str | None = None,
-    progress: Callable[..., Any] | None = None,
-    threads: int | None = None,
-) -> Throughput:
-    """Time the reader's pipeline: the batches of ``loader``, each passed to ``to_device(*batch)``.
-
-    ``loader`` is any iterable of batches (the reader's ``make_loader(...)``); ``to_device`` is the
-    reader's copy function, called as ``to_device(x, y)`` on each ``(x, y)`` batch (``None``: no copy).
-    For each timed batch it records the main thread's wait inside ``next()`` (loading, collating and,
-    with ``pin_memory=True`` and no workers, pinning: ``Throughput.wait_s``) and its time inside
-    ``to_device`` (``extra["copy_s"]``: a blocking copy is all of the copy; a ``non_blocking`` copy from
-    pinned memory is only the time to queue it). When ``to_device`` returns CUDA tensors, the window
-    ends with ``torch.cuda.synchronize()``, so copies still in flight are inside the measured time.
-
-    Epoch ends are crossed (a new iterator); warnings are captured (``Throughput.warnings``), and the
-    loader's workers, if it has any, are released however the run ends. ``threads``: torch's intra-op
-    threads in this process while it runs (``None``: leave the setting alone; the chapters pass 1, the
-    count every worker and the pin thread use: on a busy machine a second thread mostly measures waiting
-    for a descheduled helper thread).
-
-    Raises:
-        ValueError: bad arguments, or a loader that yields no batch at all.
-    """
-    if not hasattr(loader, "__iter__"):
-        raise ValueError(f"loader must be an iterable of batches (e.g. make_loader(...)), got {type(loader).__name__}")
-    if to_device is not None:
-        _check_callable("to_device", to_device)
-    batches = check_int("batches", batches, 1, 1_000_000)
-    warmup = check_int("warmup", warmup, 0, 1_000_000)
-    total = warmup + batches
-    params = _loader_params(loader) if isinstance(loader, DataLoader) else {"loader": type(loader).__name__}
-    waits: list[float] = []
-    copies: list[float] = []
-    caught: list[str] = []
-    items = bytes_first = pinned = epochs = 0
-    cuda_dev: torch.device | None = None  # where to_device put the batches, if on a CUDA device
-    it = None
-    startup = float("nan")
-    before = _worker_children()
-    try:
-        with (
-            warnings.catch_warnings(record=True) as wlist,
-            intraop_threads(threads) if threads is not None else contextlib.nullcontext(),
-        ):
-            warnings.simplefilter("always")
-            warnings.filterwarnings("ignore", category=DeprecationWarning)
-            t_start = t_window = time.perf_counter()
-            t_cpu = time.thread_time()
-            for n in range(total):
-                if n == warmup:
-                    if cuda_dev is not None:
-                        torch.cuda.synchronize(cuda_dev)  # the warm-up's copies are not the window's
-                    t_window, t_cpu = time.perf_counter(), time.thread_time()
-                t0 = time.perf_counter()
-                batch = None
-                for _attempt in range(2):
-                    if it is None:
-                        it = iter(loader)
-                        epochs += 1
-                    try:
-                        batch = next(it)
-                        break
-                    except StopIteration:
-                        if not getattr(loader, "persistent_workers", False):
-                            release(it)
-                        it = None
-                if batch is None:
-                    raise ValueError(
-                        "the loader yields no batches (a data set smaller than batch_size with "
-                        "drop_last=True?): give it at least one full batch of items"
-                    )
-                t1 = time.perf_counter()
-                out = to_device(*batch) if to_device is not None else batch
-                t2 = time.perf_counter()
-                if n == 0:
-                    startup = t1 - t_start
-                    cuda_dev = next((t.device for t in _batch_tensors(out) if t.is_cuda), None)
-                if n >= warmup:
-                    waits.append(t1 - t0)
-                    copies.append(t2 - t1)
-                    items += _batch_len(batch)
-                    pinned += _is_pinned(batch)
-                    if n == warmup:
-                        bytes_first = _batch_bytes(batch)
-                del batch, out
-                if progress is not None and ((n + 1) % max(1, total // 50) == 0 or n + 1 == total):
-                    progress((n + 1) / total, f"{n + 1}/{total} batches")
-            if cuda_dev is not None:
-                torch.cuda.synchronize(cuda_dev)  # copies still queued belong to this window
-            seconds = time.perf_counter() - t_window
-            cpu = time.thread_time() - t_cpu
-            for w in wlist:
-                msg = str(w.message).strip()
-                if msg not in caught:
-                    caught.append(msg)
-    finally:
-        _finish([x for x in (it, loader) if x is not None], before)
-    return Throughput(
-        label=label
-        or ", ".join(f"{k}={v}" for k, v in params.items() if k in ("batch_size", "num_workers", "pin_memory")),
-        config=params,
-        items=items,
-        batches=batches,
-        seconds=seconds,
-        startup_s=startup,
-        warmup_batches=warmup,
-        epochs_started=epochs,
-        wait_s=waits,
-        main_cpu_s=cpu,
-        batch_bytes=bytes_first,
-        warnings=caught,
-        extra={
-            "copy_s": copies,
-            "copy_ms_per_batch": 1e3 * statistics.fmean(copies),
-            "pinned_batches": pinned,
-            "on_cuda": cuda_dev is not None,
-        },
-    )
-
-
 def pin_pair_rounds(
     make_loader: Callable[..., Any],
     dataset: Dataset,
@@ -1555,13 +1435,13 @@ def pin_pair_rounds(
     """The reader's ``make_loader(dataset, batch_size, pin_memory=flag)``, False against True, in alternating rounds.
 
     Each round builds the reader's loader once per flag (False then True; the order flips every round,
-    so drift in the machine's speed hits both alike) and times it with :func:`measure_pipeline`, each
+    so drift in the machine's speed hits both alike) and times it with :func:`measure_throughput`, each
     batch copied by the reader's ``to_device``. Returns two :class:`PinRow` (pin_memory False, True):
     ``round_items_per_s`` holds every round, ``result`` the last round's :class:`Throughput`, and
     ``pin_active`` says whether the timed batches really arrived pinned (never without an accelerator).
     :func:`pin_verdict` turns the rows into one honest sentence. No pin time is read here (plain tuples
     carry none): see :func:`pin_step_seconds`. ``threads``: intra-op threads while measuring (default 1,
-    as in the pin thread and every worker; see :func:`measure_pipeline`).
+    as in the pin thread and every worker; see :func:`measure_throughput`).
 
     Raises:
         ValueError: bad arguments, or a ``make_loader`` without a ``pin_memory`` keyword.
@@ -1594,7 +1474,7 @@ def pin_pair_rounds(
                     "make_loader must accept pin_memory=True/False as a keyword "
                     f"(def make_loader(dataset, batch_size, pin_memory=...)): {exc}"
                 ) from None
-            res = measure_pipeline(
+            res = measure_throughput(
                 loader,
                 to_device=to_device,
                 batches=batches,
@@ -1638,83 +1518,6 @@ def pin_step_seconds(batch: Any, repeats: int = 10) -> float | None:
         loader_pin(batch)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
-
-
-class PipelinePanelRunner:
-    """Chapter 03's panel: each run builds the reader's loader, ``make_loader(dataset, batch_size, pin_memory=...)``,
-    and times it with the reader's ``to_device`` (:func:`measure_pipeline`)."""
-
-    def __init__(
-        self,
-        make_loader: Callable[..., Any],
-        dataset: Dataset,
-        *,
-        to_device: Callable[..., Any] | None = None,
-        batches: int = 30,
-        warmup: int = 2,
-        threads: int | None = 1,
-    ) -> None:
-        if not callable(make_loader):
-            raise ValueError(
-                f"make_loader must be a function such as make_loader(dataset, batch_size, "
-                f"pin_memory=...), got {make_loader!r}"
-            )
-        if to_device is not None:
-            _check_callable("to_device", to_device)
-        self.make_loader, self.dataset, self.to_device = make_loader, dataset, to_device
-        self.batches = check_int("batches", batches, 1, 100_000)
-        self.warmup = check_int("warmup", warmup, 0, 10_000)
-        self.threads = threads
-
-    def __call__(
-        self, progress: Callable[..., Any] | None = None, *, batch_size: int = 32, pin_memory: bool = False
-    ) -> Throughput:
-        bs = check_int("batch_size", batch_size, 1, 100_000)
-        pin = _check_bool("pin_memory", pin_memory)
-        loader = self.make_loader(self.dataset, bs, pin_memory=pin)
-        res = measure_pipeline(
-            loader,
-            to_device=self.to_device,
-            batches=self.batches,
-            warmup=self.warmup,
-            label=f"batch_size={bs}, pin_memory={pin}",
-            progress=progress,
-            threads=self.threads,
-        )
-        res.config.update(batch_size=bs, pin_memory=pin)
-        return res
-
-
-def pipeline_panel_summary(result: Throughput) -> str:
-    """The chapter 03 panel's line: throughput, where the main thread's time went, and whether batches were pinned."""
-    text = (
-        f"{result.items_per_s:,.0f} items/s; per batch the main thread waited {result.mean_wait_ms:.2f} ms in "
-        f"next() and spent {result.extra.get('copy_ms_per_batch', float('nan')):.2f} ms in to_device."
-    )
-    if result.config.get("pin_memory"):
-        text += (
-            " Batches arrived pinned."
-            if result.extra.get("pinned_batches")
-            else " pin_memory=True, but nothing was pinned (no accelerator: the flag only warns)."
-        )
-    return text
-
-
-def pipeline_panel_plot(history: Sequence[Any], ax: Any) -> None:
-    """A bar per panel run (items/s), latest highlighted; batch size and pin_memory as labels."""
-    from ..ui.plots import history_bars  # optional/heavy: matplotlib
-
-    labels = [
-        f"#{rec.index} b={rec.values.get('batch_size')}{' pin' if rec.values.get('pin_memory') else ''}"
-        for rec in history
-    ]
-    history_bars(
-        labels,
-        [rec.result.items_per_s for rec in history],
-        ax,
-        ylabel="throughput (items/s)",
-        title="Panel runs so far (your make_loader and to_device)",
-    )
 
 
 # ---------------------------------------------------------------------------
@@ -2233,7 +2036,11 @@ def sweep_workers(
             if _is_factory(dataset):
                 if progress is not None:
                     progress(k / len(ws), f"num_workers={n} ({k + 1} of {len(ws)})")
-                results.append(measure_factory(dataset, n, batches=batches, warmup=warmup, expect={"num_workers": n}))
+                results.append(
+                    measure_throughput(
+                        build_from_factory(dataset, n, expect={"num_workers": n}), batches=batches, warmup=warmup
+                    )
+                )
                 continue
             cfg = LoaderConfig(
                 batch_size=batch_size,
@@ -2243,7 +2050,7 @@ def sweep_workers(
             )
             if progress is not None:
                 progress(k / len(ws), f"num_workers={n} ({k + 1} of {len(ws)})")
-            results.append(run_config(dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_fn))
+            results.append(measure_config(dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_fn))
         if progress is not None:
             progress(1.0, "done")
     return WorkerSweep(workers=ws, results=results, cores=cpu_cores())
@@ -2748,7 +2555,7 @@ def knob_experiment(
     results = []
     for k, v in enumerate(values):
         cfg = base.replace(**{knob: v})
-        results.append(run_config(dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_fn))
+        results.append(measure_config(dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_fn))
         if progress is not None:
             progress((k + 1) / len(values), f"{knob}={v}")
     return KnobResult(knob=knob, values=list(values), results=results, base=base)
@@ -2894,7 +2701,7 @@ def in_order_experiment(
             in_order=flag if num_workers else True,
             prefetch_factor=prefetch_factor,
         )
-        res = run_config(dataset, cfg, batches=n_batches - 1, warmup=1, on_batch=note)
+        res = measure_config(dataset, cfg, batches=n_batches - 1, warmup=1, on_batch=note)
         results[flag] = res
         ooo[flag] = sum(b < a for a, b in zip(firsts, firsts[1:])) / max(1, len(firsts) - 1)
     return InOrderResult(results=results, out_of_order=ooo)
@@ -2981,30 +2788,6 @@ def build_from_factory(
     return loader
 
 
-def measure_factory(
-    factory: Callable[[Any], DataLoader],
-    value: Any,
-    *,
-    batches: int,
-    warmup: int = 2,
-    expect: Mapping[str, Any] | None = None,
-    label: str | None = None,
-    progress: Callable[..., Any] | None = None,
-    on_batch: Callable[[Any], None] | None = None,
-) -> Throughput:
-    """Build your loader (:func:`build_from_factory`), measure it (:func:`measure_throughput`), release it.
-
-    The workers are released however the run ends (an interrupt included).
-    """
-    loader = build_from_factory(factory, value, expect=expect)
-    try:
-        return measure_throughput(
-            loader, batches=batches, warmup=warmup, label=label, progress=progress, on_batch=on_batch
-        )
-    finally:
-        release(loader)
-
-
 _LABEL_PART: dict[str, str | tuple[str, ...]] = {
     "num_workers": "workers=",
     "batch_size": "batch=",
@@ -3052,7 +2835,11 @@ def _knob_factory(
     results = []
     for k, v in enumerate(values):
         results.append(
-            measure_factory(factory, v, batches=batches, warmup=warmup, expect={knob: v} if expect_knob else None)
+            measure_throughput(
+                build_from_factory(factory, v, expect={knob: v} if expect_knob else None),
+                batches=batches,
+                warmup=warmup,
+            )
         )
         if progress is not None:
             progress((k + 1) / len(values), f"{knob}={v}")
@@ -3114,72 +2901,6 @@ def _in_order_factory(factory: Callable[[bool], DataLoader]) -> InOrderResult:
     return InOrderResult(results=results, out_of_order=ooo)
 
 
-class WorkerPanelRunner:
-    """The chapter 04 panel's run function, timing *your* ``make_loader`` with the panel's knobs.
-
-    Each run calls ``make_loader(dataset, batch_size, workers=..., persistent=..., prefetch_factor=...)``
-    (the keyword names of chapter 04's pipeline cell), guards the loader (:func:`guard`), measures it and
-    releases its workers at the end, also when the run is interrupted. The data sets are
-    :class:`PanelRunner`'s (cheap in-memory items, the JPEG baseline, the JPEG baseline + 2 ms of CPU).
-    """
-
-    def __init__(
-        self,
-        make_loader: Callable[..., DataLoader],
-        image_root: str | os.PathLike[str] | None,
-        *,
-        crop_size: int = 64,
-        batches: int = 30,
-        warmup: int = 3,
-        n_cheap: int = 2048,
-    ) -> None:
-        if not callable(make_loader):
-            raise ValueError(f"make_loader must be your loader function, got {type(make_loader).__name__}")
-        self.make_loader = make_loader
-        self.data = PanelRunner(image_root, crop_size=crop_size, batches=batches, warmup=warmup, n_cheap=n_cheap)
-
-    def __call__(
-        self,
-        progress: Callable[..., Any] | None = None,
-        *,
-        num_workers: int = 0,
-        batch_size: int = 32,
-        prefetch_factor: int = 2,
-        persistent: bool = False,
-        item_cost: str | None = None,
-    ) -> Throughput:
-        item_cost = ITEM_COSTS[1] if item_cost is None else item_cost  # the JPEG baseline
-        ds = self.data.dataset(item_cost)
-        knobs = {
-            "workers": check_int("num_workers", num_workers, 0, MAX_WORKERS),
-            "persistent": _check_bool("persistent", persistent),
-            "prefetch_factor": check_int("prefetch_factor", prefetch_factor, 1, 64),
-        }
-        bs = check_int("batch_size", batch_size, 1, 65536)
-        res = measure_factory(
-            lambda _: self.make_loader(ds, bs, **knobs),
-            knobs["workers"],
-            batches=self.data.batches,
-            warmup=self.data.warmup,
-            expect={"num_workers": knobs["workers"], "batch_size": bs},
-            progress=progress,
-        )
-        res.label = f"{res.label}, {item_cost.split(' ')[0]}"
-        res.extra["item_cost"] = item_cost
-        return res
-
-
-def worker_panel_summary(result: Throughput) -> str:
-    """The one-line summary of a :class:`WorkerPanelRunner` run (chapter 04)."""
-    text = (
-        f"{result.items_per_s:,.0f} items/s; first batch after {result.startup_s:.2f} s; "
-        f"main thread busy {100 * result.main_busy:.0f}% of the window."
-    )
-    if result.config.get("pin_memory"):
-        text += " pin_memory=True: the loader's pin thread pins every batch (included, not timed apart)."
-    return text
-
-
 def getitems_experiment(
     dataset: "BatchedCheapDataset | int",
     *,
@@ -3212,10 +2933,10 @@ def getitems_experiment(
     per_item = _PerItem(batched)
     for w in workers:
         base = LoaderConfig(batch_size=batch_size, num_workers=w, persistent_workers=w > 0)
-        out[("per-item", w)] = run_config(
+        out[("per-item", w)] = measure_config(
             per_item, base, batches=batches, warmup=warmup, label=f"__getitem__, workers={w}"
         )
-        out[("batched", w)] = run_config(
+        out[("batched", w)] = measure_config(
             batched,
             base,
             batches=batches,
@@ -3269,7 +2990,7 @@ def cheap_vs_expensive(
     for items, output, collate, ds, fn in cases:
         for w in workers:
             cfg = LoaderConfig(batch_size=batch_size, num_workers=w, persistent_workers=w > 0)
-            res = run_config(
+            res = measure_config(
                 ds,
                 cfg,
                 batches=batches,
@@ -3279,342 +3000,3 @@ def cheap_vs_expensive(
             )
             rows.append({"items": items, "output": output, "collate": collate, "num_workers": w, "result": res})
     return rows
-
-
-# ---------------------------------------------------------------------------
-# Live panel
-# ---------------------------------------------------------------------------
-
-
-ITEM_COSTS = ("cheap (in memory)", "baseline (JPEG decode + augment)", "heavy (baseline + 2 ms CPU)")
-
-
-class PanelRunner:
-    """The chapter 04 panel's run function: build a loader from the controls, measure it, release it.
-
-    Args:
-        image_root: class-folder root of the shapes data set (``info.train_dir``);
-            ``None`` allows only the cheap items.
-        crop_size: crop size for the baseline data set.
-        batches / warmup: batches timed per run, and batches skipped first.
-        n_cheap: items in the cheap in-memory data set.
-        collate: ``"default"`` (default_collate) or ``"pinnable"`` (:func:`collate_pinnable`, so a run
-            with ``pin_memory=True`` on a GPU reports how long pinning took and in which thread).
-    """
-
-    def __init__(
-        self,
-        image_root: str | os.PathLike[str] | None,
-        *,
-        crop_size: int = 64,
-        batches: int = 30,
-        warmup: int = 3,
-        n_cheap: int = 2048,
-        collate: str = "default",
-    ) -> None:
-        self.collate = check_choice("collate", collate, ("default", "pinnable"))
-        self.image_root = Path(image_root) if image_root is not None else None
-        self.crop_size = check_int("crop_size", crop_size, 8, 1024)
-        self.batches = check_int("batches", batches, 1, 100_000)
-        self.warmup = check_int("warmup", warmup, 0, 10_000)
-        self.n_cheap = check_int("n_cheap", n_cheap, 1, 10_000_000)
-        self._cache: dict[str, Dataset] = {}
-
-    def dataset(self, item_cost: str) -> Dataset:
-        check_choice("item_cost", item_cost, ITEM_COSTS)
-        if item_cost not in self._cache:
-            if item_cost == ITEM_COSTS[0]:
-                self._cache[item_cost] = CheapDataset(self.n_cheap, image_size=self.crop_size)
-            else:
-                if self.image_root is None:
-                    raise ValueError("this panel has no image data set; choose item_cost='cheap (in memory)'")
-                base = ShapesDataset(self.image_root, crop_size=self.crop_size)
-                self._cache[item_cost] = base if item_cost == ITEM_COSTS[1] else SpinDataset(base, 2.0)
-        return self._cache[item_cost]
-
-    def __call__(
-        self,
-        progress: Callable[..., Any] | None = None,
-        *,
-        num_workers: int = 0,
-        batch_size: int = 32,
-        prefetch_factor: int = 2,
-        persistent: bool = False,
-        item_cost: str = ITEM_COSTS[1],
-        pin_memory: bool = False,
-    ) -> Throughput:
-        ds = self.dataset(item_cost)
-        w = check_int("num_workers", num_workers, 0, MAX_WORKERS)
-        cfg = LoaderConfig(
-            batch_size=batch_size,
-            num_workers=w,
-            prefetch_factor=check_int("prefetch_factor", prefetch_factor, 1, 64) if w else None,
-            persistent_workers=_check_bool("persistent", persistent) and w > 0,
-            pin_memory=_check_bool("pin_memory", pin_memory),
-        )
-        log = PinLog()
-        res = run_config(
-            ds,
-            cfg,
-            batches=self.batches,
-            warmup=self.warmup,
-            progress=progress,
-            collate_fn=collate_pinnable if self.collate == "pinnable" else None,
-            on_batch=log,
-            label=f"{cfg.label()}, {item_cost.split(' ')[0]}",
-        )
-        res.extra["item_cost"] = item_cost
-        res.extra["pin_ms_per_batch"] = log.ms_per_batch
-        res.extra["pin_thread"] = log.thread
-        return res
-
-
-def panel_summary(result: Throughput) -> str:
-    """The panel's one-line summary."""
-    text = (
-        f"{result.items_per_s:,.0f} items/s; first batch after {result.startup_s:.2f} s; "
-        f"main thread busy {100 * result.main_busy:.0f}% of the window."
-    )
-    if result.config.get("pin_memory"):
-        pin = result.extra.get("pin_ms_per_batch")
-        text += (
-            f" Pinning: {pin:.2f} ms per batch in thread {result.extra.get('pin_thread')}."
-            if pin is not None
-            else " pin_memory=True, but nothing was pinned (no accelerator: the flag only warns)."
-        )
-    return text
-
-
-def panel_plot(history: Sequence[Any], ax: Any) -> None:
-    """Bar per run (items/s), latest highlighted; the settings as labels."""
-    from ..ui.plots import history_bars  # optional/heavy: matplotlib
-
-    labels = []
-    for rec in history:
-        v = rec.values
-        parts = [f"#{rec.index} w={v.get('num_workers')}", f"b={v.get('batch_size')}"]
-        if "prefetch_factor" in v:
-            parts.append(f"pf={v['prefetch_factor']}")
-        if v.get("persistent"):
-            parts.append("P")
-        if v.get("pin_memory"):
-            parts.append("pin")
-        if "item_cost" in v:
-            parts.append(str(v["item_cost"]).split(" ")[0])
-        labels.append(" ".join(parts))
-    history_bars(
-        labels,
-        [rec.result.items_per_s for rec in history],
-        ax,
-        ylabel="throughput (items/s)",
-        title="Panel runs so far (P = persistent workers)",
-    )
-
-
-# ---------------------------------------------------------------------------
-# Benchmark
-# ---------------------------------------------------------------------------
-
-
-def benchmark(
-    results: Any,
-    device: Any = None,
-    *,
-    progress: Callable[..., Any] | None = None,
-    info: Any = None,
-    sizes: Mapping[str, int] | None = None,
-    batches: int | None = None,
-    warmup: int | None = None,
-) -> Any:
-    """Record chapters 03-04's key measurements into ``results`` (a :class:`helpers.core.results.ResultSet`).
-
-    Uses the shapes data set at the current mode's sizes. Keys written:
-
-    * ``ch03.items_per_s`` {num_workers, pin_memory, pin_active}
-    * ``ch03.main_wait_ms`` {num_workers, pin_memory} - mean time the main thread waited per batch
-    * ``ch03.pin_ms_per_batch`` {num_workers, thread} - only where pinning really ran (CUDA)
-    * ``ch03.copy_ms_per_batch`` {bytes} - a plain CPU copy of one batch (the memcpy inside pinning)
-    * ``ch04.items_per_s`` {num_workers, persistent, output} - the worker sweep
-    * ``ch04.speedup`` {num_workers: 2, output, cores, main_threads, method} - steady state, persistent workers vs
-      workers=0, median of alternating rounds (:func:`interleaved_speedup`; one intra-op thread in the main
-      process, like each worker); spread = lowest/highest round
-    * ``ch04.parallel_ceiling`` {processes: 2, output, cores} - 2 independent processes vs workers=0 (the measured
-      ceiling), ``ch04.share_of_ceiling`` {num_workers: 2, output, cores} - the loader's share of it
-    * ``ch04.best_num_workers`` {cores}
-    * ``ch04.prefetch.items_per_s`` {prefetch_factor, num_workers}
-    * ``ch04.persistent.epoch_s`` {persistent, epoch} (short epochs: a subset of 160 / 2,400 images),
-      ``ch04.persistent.restart_cost_s``
-    * ``ch04.in_order.p95_wait_ms`` / ``ch04.in_order.total_s`` {in_order}
-    * ``ch04.getitems.items_per_s`` {fetch, num_workers}
-    * ``ch04.cheap.items_per_s`` / ``ch04.cheap.main_busy`` {items, output, collate, num_workers}
-
-    Args:
-        results: the ResultSet to add records to.
-        device: the device (pinning is real only on CUDA).
-        progress: optional ``progress(fraction, text)``.
-        info / sizes / batches / warmup: overrides (a :class:`helpers.pipeline.data.DatasetInfo`, a
-            :func:`helpers.pipeline.data.default_sizes`-like dict, batches per run); for tests.
-
-    Returns ``results``.
-    """
-
-    def step(f: float, text: str) -> None:
-        if progress is not None:
-            progress(f, text)
-
-    dev = torch.device(device) if device is not None else torch.device("cpu")
-    sizes = dict(sizes) if sizes is not None else default_sizes()
-    info = info if info is not None else make_shapes_dataset()
-    ds_float = ShapesDataset(info.train_dir, crop_size=sizes["crop_size"], output="float")
-    ds_uint8 = ShapesDataset(info.train_dir, crop_size=sizes["crop_size"], output="uint8")
-    bs = sizes["batch_size"]
-    batches = check_int("batches", batches, 1, 100_000) if batches is not None else sized(30, 80)
-    warm = check_int("warmup", warmup, 0, 100_000) if warmup is not None else sized(4, 8)
-    cores = cpu_cores()
-
-    step(0.05, "ch03: pin_memory")
-    rows = pin_memory_experiment(ds_float, workers=(0, 2), batch_size=bs, batches=batches, warmup=warm)
-    for r in rows:
-        results.add(
-            "ch03.items_per_s",
-            r.items_per_s,
-            "items/s",
-            num_workers=r.num_workers,
-            pin_memory=r.pin_memory,
-            pin_active=r.pin_active,
-            device=str(dev),
-        )
-        results.add(
-            "ch03.main_wait_ms", r.result.mean_wait_ms, "ms", num_workers=r.num_workers, pin_memory=r.pin_memory
-        )
-        if r.pin_ms_per_batch is not None:
-            results.add(
-                "ch03.pin_ms_per_batch", r.pin_ms_per_batch, "ms", num_workers=r.num_workers, thread=r.pin_thread
-            )
-    nbytes = rows[0].result.batch_bytes or 1
-    results.add("ch03.copy_ms_per_batch", 1e3 * batch_copy_seconds(nbytes), "ms", bytes=nbytes)
-
-    step(0.3, "ch04: worker sweep")
-    # Chapter 04 measures with one intra-op thread in the main process, as in every worker, so that
-    # workers=0 is a single-core baseline (the notebook does the same).
-    with intraop_threads(1):
-        _benchmark_ch04(results, ds_float, ds_uint8, bs, batches, warm, cores, sized, step)
-    step(1.0, "done")
-    return results
-
-
-def _flag(notes: Sequence[str]) -> dict[str, str]:
-    """``{"flag": "..."}`` for a record whose figure looks impossible or contradicts another; else ``{}``."""
-    return {"flag": "; ".join(notes)} if notes else {}
-
-
-def _benchmark_ch04(
-    results: Any,
-    ds_float: Dataset,
-    ds_uint8: Dataset,
-    bs: int,
-    batches: int,
-    warm: int,
-    cores: int,
-    sized: Callable[..., Any],
-    step: Callable[[float, str], None],
-) -> None:
-    """The chapter 04 part of :func:`benchmark`."""
-    ws = sorted(set([0, 1, 2, 3] + ([] if sized(True, False) else list(range(0, cores + 3)))))
-    sw = sweep_workers(ds_float, ws, batch_size=bs, batches=batches, warmup=warm)
-    for n, r in zip(sw.workers, sw.results):
-        results.add("ch04.items_per_s", r.items_per_s, "items/s", num_workers=n, persistent=n > 0, output="float")
-    # The headline speed-up is measured in alternating rounds (drift in the machine's speed cancels),
-    # beside the measured ceiling of 2 independent processes.
-    for output, ds in (("float", ds_float), ("uint8", ds_uint8)):
-        sr = interleaved_speedup(
-            ds, 2, rounds=sized(3, 7), batches=max(2, min(batches, sized(10, 40))), batch_size=bs, warmup=warm
-        )
-        if output == "float":
-            # best_num_workers comes from a one-shot sweep: flagged where it contradicts the rounds.
-            flags = _flag(sw.notes(sr))
-            results.add(
-                "ch04.best_num_workers", sw.best_workers, "workers", cores=cores, method="one-shot sweep", **flags
-            )
-        spread = {"min": sr.spread[0], "max": sr.spread[1], "n": len(sr.ratios)}
-        method = "interleaved rounds, median of per-round ratios"
-        results.add(
-            "ch04.speedup",
-            sr.speedup,
-            "ratio",
-            spread=spread,
-            num_workers=2,
-            output=output,
-            cores=cores,
-            main_threads=1,
-            method=method,
-        )
-        results.add(
-            "ch04.parallel_ceiling",
-            sr.ceiling_speedup,
-            "ratio",
-            processes=2,
-            output=output,
-            cores=cores,
-            **_flag([n for n in sr.notes() if "ceiling of" in n]),
-        )
-        results.add(
-            "ch04.share_of_ceiling",
-            sr.share_of_ceiling,
-            "fraction",
-            num_workers=2,
-            output=output,
-            cores=cores,
-            **_flag([n for n in sr.notes() if "of the measured ceiling" in n]),
-        )
-        if output == "uint8":
-            results.add(
-                "ch04.items_per_s",
-                statistics.median(sr.single),
-                "items/s",
-                num_workers=0,
-                persistent=False,
-                output="uint8",
-            )
-            results.add(
-                "ch04.items_per_s",
-                statistics.median(sr.workers),
-                "items/s",
-                num_workers=2,
-                persistent=True,
-                output="uint8",
-            )
-
-    step(0.6, "ch04: prefetch_factor, persistent, in_order")
-    base = LoaderConfig(batch_size=bs, num_workers=2, persistent_workers=True)
-    kr = knob_experiment(ds_float, "prefetch_factor", [1, 2, 4], base=base, batches=batches, warmup=warm)
-    for v, r in kr.rows():
-        results.add("ch04.prefetch.items_per_s", r.items_per_s, "items/s", prefetch_factor=v, num_workers=2)
-    short = torch.utils.data.Subset(ds_float, range(min(len(ds_float), sized(160, 2400))))  # type: ignore[arg-type]
-    pr = persistent_experiment(short, num_workers=2, epochs=3, batch_size=bs)
-    for p in (False, True):
-        for e, s in enumerate(pr.epoch_s[p]):
-            results.add("ch04.persistent.epoch_s", s, "s", persistent=p, epoch=e)
-    results.add("ch04.persistent.restart_cost_s", pr.restart_cost_s(), "s", num_workers=2)
-    io = in_order_experiment(UnevenDataset(sized(96, 400) if batches >= 8 else 24), num_workers=2)
-    for flag, r in io.results.items():
-        results.add("ch04.in_order.p95_wait_ms", r.p95_wait_ms, "ms", in_order=flag)
-        results.add("ch04.in_order.total_s", r.seconds, "s", in_order=flag)
-
-    step(0.8, "ch04: __getitems__ and cheap items")
-    gi = getitems_experiment(sized(4096, 32768), batch_size=bs, batches=batches, warmup=warm)
-    for (fetch, w), r in gi.items():
-        results.add("ch04.getitems.items_per_s", r.items_per_s, "items/s", fetch=fetch, num_workers=w)
-    ce = cheap_vs_expensive(
-        {},
-        n_cheap=sized(4096, 32768),
-        image_size=int(getattr(ds_float, "crop_size", 64)),
-        batch_size=bs,
-        batches=batches,
-        warmup=warm,
-    )
-    for row in ce:
-        r = row["result"]
-        knobs = {k: row[k] for k in ("items", "output", "collate", "num_workers")}
-        results.add("ch04.cheap.items_per_s", r.items_per_s, "items/s", **knobs)
-        results.add("ch04.cheap.main_busy", r.main_busy, "fraction", **knobs)

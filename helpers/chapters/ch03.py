@@ -1,0 +1,275 @@
+"""Chapter 03, ``pin_memory=True`` in the DataLoader: the chapter's panel, its pin-time figure and its benchmark.
+
+The chapter interface (:mod:`helpers.ui.chapter`) for ``notebooks/03_dataloader_pinning.ipynb``:
+
+>>> from helpers.chapters import ch03
+>>> panel = widgets.Panel.for_chapter(ch03, device=DEVICE, make_loader=make_loader, to_device=to_device,
+...                                   dataset=DS, batch=BATCH, batches=BATCHES, warmup=WARMUP)
+
+Each panel run builds the reader's loader, ``make_loader(dataset, batch_size, pin_memory=...)``, and times
+it with the reader's ``to_device`` (:func:`helpers.pipeline.loaders.measure_throughput`): measured here, on
+any machine. The loader machinery and the measuring functions stay in :mod:`helpers.pipeline.loaders`.
+
+The pin step's own time needs CUDA; without it the notebook shows the reference runs' figure
+(``ch03.pin_ms_per_batch``) through :func:`helpers.core.evidence.measure_or_recall`, with
+:func:`pin_step_rows` (measured), :func:`pin_rows_from_records` (recorded) and :func:`pin_row_lines` (shown).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Mapping, Sequence
+
+import ipywidgets as W
+import torch
+
+from ..core import config, evidence
+from ..core.device import resolve_device
+from ..core.evidence import Evidence
+from ..core.progress import ProgressFn, no_progress, scaled
+from ..core.results import Record, ResultSet
+from ..core.validate import check_int
+from ..pipeline import loaders
+from ..pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset
+from ..ui import plots
+
+__all__ = [
+    "NUMBER",
+    "TITLE",
+    "BENCH_WEIGHT",
+    "PANEL_TITLE",
+    "benchmark",
+    "panel_controls",
+    "panel_run",
+    "panel_summary",
+    "panel_plot",
+    "PinTimes",
+    "pin_step_rows",
+    "pin_rows_from_records",
+    "pin_row_lines",
+]
+
+NUMBER = "03"
+TITLE = "pin_memory in the DataLoader"
+BENCH_WEIGHT = 0.75
+PANEL_TITLE = "pin_memory in your DataLoader"
+
+#: The pin-time figure: (what, milliseconds per batch) rows.
+PinTimes = list[tuple[str, float]]
+
+
+# ---------------------------------------------------------------------------
+# Benchmark
+# ---------------------------------------------------------------------------
+
+
+def benchmark(
+    results: ResultSet,
+    device: torch.device | str | None,
+    *,
+    progress: ProgressFn | None = None,
+    info: Any = None,
+    sizes: Mapping[str, int] | None = None,
+    batches: int | None = None,
+    warmup: int | None = None,
+) -> ResultSet:
+    """Record chapter 03's key measurements into ``results``, on the shapes data set at the mode's sizes.
+
+    Keys written:
+
+    * ``ch03.items_per_s`` {num_workers, pin_memory, pin_active, device}
+    * ``ch03.main_wait_ms`` {num_workers, pin_memory} - mean time the main thread waited per batch
+    * ``ch03.pin_ms_per_batch`` {num_workers, thread} - only where pinning really ran (CUDA)
+    * ``ch03.copy_ms_per_batch`` {bytes} - a plain CPU copy of one batch (the memcpy inside pinning)
+
+    Args:
+        results: the ResultSet to add records to.
+        device: the device (pinning is real only on CUDA; ``None``: CUDA when present).
+        progress: optional ``progress(fraction, text)``.
+        info / sizes / batches / warmup: overrides (a :class:`helpers.pipeline.data.DatasetInfo`, a
+            :func:`helpers.pipeline.data.default_sizes`-like dict, batches per run); for tests.
+
+    Returns ``results``.
+    """
+    progress = progress or no_progress
+    dev = resolve_device(device)
+    sizes = dict(sizes) if sizes is not None else default_sizes()
+    info = info if info is not None else make_shapes_dataset()
+    ds = ShapesDataset(info.train_dir, crop_size=sizes["crop_size"], output="float")
+    bs = sizes["batch_size"]
+    batches = check_int("batches", batches, 1, 100_000) if batches is not None else config.sized(30, 80)
+    warm = check_int("warmup", warmup, 0, 100_000) if warmup is not None else config.sized(4, 8)
+
+    progress(0.05, "ch03: pin_memory")
+    rows = loaders.pin_memory_experiment(
+        ds, workers=(0, 2), batch_size=bs, batches=batches, warmup=warm, progress=scaled(progress, 0.05, 0.9, "ch03: ")
+    )
+    for r in rows:
+        results.add(
+            "ch03.items_per_s",
+            r.items_per_s,
+            "items/s",
+            num_workers=r.num_workers,
+            pin_memory=r.pin_memory,
+            pin_active=r.pin_active,
+            device=str(dev),
+        )
+        results.add(
+            "ch03.main_wait_ms", r.result.mean_wait_ms, "ms", num_workers=r.num_workers, pin_memory=r.pin_memory
+        )
+        if r.pin_ms_per_batch is not None:
+            results.add(
+                "ch03.pin_ms_per_batch", r.pin_ms_per_batch, "ms", num_workers=r.num_workers, thread=r.pin_thread
+            )
+    progress(0.9, "ch03: a plain copy of one batch")
+    nbytes = rows[0].result.batch_bytes or 1
+    results.add("ch03.copy_ms_per_batch", 1e3 * loaders.batch_copy_seconds(nbytes), "ms", bytes=nbytes)
+    progress(1.0, "done")
+    return results
+
+
+# ---------------------------------------------------------------------------
+# The pin step's time: measured with CUDA, else the reference runs' figure
+# ---------------------------------------------------------------------------
+
+
+def pin_step_rows(pin_s: float | None, rows: Sequence[loaders.PinRow]) -> PinTimes:
+    """The measured figure: the loader's pin step on one batch (:func:`~helpers.pipeline.loaders.pin_step_seconds`),
+    beside how much longer ``next()`` took with ``pin_memory=True`` in the last round of ``rows``
+    (:func:`~helpers.pipeline.loaders.pin_pair_rounds`; with ``num_workers=0`` the main thread pins).
+
+    Raises:
+        ValueError: ``pin_s`` is None (nothing could be pinned: no CUDA device), or ``rows`` is not a pair.
+    """
+    if pin_s is None:
+        raise ValueError("pin_s is None: the pin step can only be timed with a CUDA device")
+    pair = {r.pin_memory: r for r in rows}
+    if set(pair) != {False, True}:
+        raise ValueError("rows must hold the pin_memory=False/True pair of pin_pair_rounds")
+    extra_ms = pair[True].result.mean_wait_ms - pair[False].result.mean_wait_ms
+    return [
+        ("the loader's pin step on one batch of your loader (median)", 1e3 * pin_s),
+        ("extra time in next() with pin_memory=True (last round of section 4)", extra_ms),
+    ]
+
+
+def pin_rows_from_records(_rs: ResultSet, records: list[Record]) -> PinTimes | None:
+    """The recorded figure: one row per ``ch03.pin_ms_per_batch`` record (its worker count and pinning thread)."""
+    rows = [
+        (f"workers={rec.params.get('num_workers')}, pinned in {rec.params.get('thread')}", float(rec.value))
+        for rec in records
+    ]
+    return rows or None
+
+
+def pin_row_lines(rows: PinTimes) -> list[str]:
+    """'  <what>: 0.123 ms per batch', one line per row."""
+    return [f"  {what}: {ms:.3f} ms per batch" for what, ms in rows]
+
+
+# ---------------------------------------------------------------------------
+# Live panel
+# ---------------------------------------------------------------------------
+
+
+def _default_pin(make_loader: Any) -> bool:
+    """The ``pin_memory`` default of the reader's ``make_loader`` (``DEVICE.type == "cuda"``), else False."""
+    try:
+        default = inspect.signature(make_loader).parameters["pin_memory"].default
+    except (TypeError, ValueError, KeyError):
+        return False
+    return default if isinstance(default, bool) else False
+
+
+def panel_controls(**context: Any) -> dict[str, Any]:
+    """Batch size (from ``batch=``, default 32) and ``pin_memory`` (the reader's ``make_loader`` default).
+
+    No ``num_workers``: the reader's ``make_loader`` has no workers yet (chapter 04's panel has them).
+    """
+    return {
+        "batch_size": W.IntSlider(value=context.get("batch", 32), min=8, max=128, step=8, description="batch_size"),
+        "pin_memory": W.Checkbox(value=_default_pin(context.get("make_loader")), description="pin_memory"),
+    }
+
+
+def panel_run(
+    progress: ProgressFn,
+    *,
+    device: torch.device | str,
+    batch_size: int = 32,
+    pin_memory: bool = False,
+    make_loader: Callable[..., Any],
+    dataset: Any,
+    to_device: Callable[..., Any] | None = None,
+    batches: int = 30,
+    warmup: int = 2,
+    threads: int | None = 1,
+    **context: Any,
+) -> Evidence[loaders.Throughput]:
+    """One run: the reader's ``make_loader(dataset, batch_size, pin_memory=...)`` timed with the reader's
+    ``to_device`` (:func:`~helpers.pipeline.loaders.measure_throughput`, ``threads`` intra-op threads, as in
+    the pin thread). Measured here, on any machine: without an accelerator ``pin_memory=True`` pins nothing.
+
+    Raises:
+        ValueError: a ``make_loader`` that is not a function, bad sizes, a ``pin_memory`` that is not a bool.
+    """
+    if not callable(make_loader):
+        raise ValueError(
+            f"make_loader must be a function such as make_loader(dataset, batch_size, pin_memory=...), "
+            f"got {make_loader!r}"
+        )
+    bs = check_int("batch_size", batch_size, 1, 100_000)
+    if not isinstance(pin_memory, bool):
+        raise ValueError(f"pin_memory must be True or False, got {pin_memory!r}")
+    batches = check_int("batches", batches, 1, 100_000)
+    warmup = check_int("warmup", warmup, 0, 10_000)
+    loader = make_loader(dataset, bs, pin_memory=pin_memory)
+    res = loaders.measure_throughput(
+        loader,
+        to_device=to_device,
+        batches=batches,
+        warmup=warmup,
+        label=f"batch_size={bs}, pin_memory={pin_memory}",
+        progress=progress,
+        threads=threads,
+    )
+    res.config.update(batch_size=bs, pin_memory=pin_memory)
+    return evidence.measured(
+        f"your make_loader + to_device (batch_size={bs}, pin_memory={pin_memory})",
+        res,
+        device,
+        method=f"{batches} batches after {warmup} warm-up",
+    )
+
+
+def panel_summary(result: Evidence[loaders.Throughput]) -> str:
+    """Throughput, where the main thread's time went, whether batches were pinned; then the provenance."""
+    res = result.value
+    if res is None:
+        return result.header()
+    text = f"{res.items_per_s:,.0f} items/s; per batch the main thread waited {res.mean_wait_ms:.2f} ms in next()"
+    copy_ms = res.extra.get("copy_ms_per_batch")
+    text += f" and spent {copy_ms:.2f} ms in to_device." if copy_ms is not None else "."
+    if res.config.get("pin_memory"):
+        text += (
+            " Batches arrived pinned."
+            if res.extra.get("pinned_batches")
+            else " pin_memory=True, but nothing was pinned (no accelerator: the flag only warns)."
+        )
+    return f"{text} — {result.header()}"
+
+
+def panel_plot(history: Sequence[Any], ax: Any) -> None:
+    """A bar per run (items/s), latest highlighted; batch size and pin_memory as labels, the source in the title."""
+    runs = [rec for rec in history if rec.result.value is not None]
+    source = runs[-1].result.source.split(";")[0] if runs else "no run yet"
+    plots.history_bars(
+        [
+            f"#{rec.index} b={rec.values.get('batch_size')}{' pin' if rec.values.get('pin_memory') else ''}"
+            for rec in runs
+        ],
+        [rec.result.value.items_per_s for rec in runs],
+        ax,
+        ylabel="throughput (items/s)",
+        title=f"Panel runs so far (your make_loader and to_device)\n{source}",
+    )
