@@ -63,6 +63,5 @@ def test_for_chapter_refuses_a_module_off_the_interface_and_a_run_without_eviden
         widgets.Panel.for_chapter(_template, device="cpu", size_mib=3)
 
 
-@pytest.mark.xfail(reason="issue 17: chapter modules are being added chapter by chapter", strict=False)
 def test_every_notebook_has_its_chapter_module() -> None:
     assert [m[2:] for m in MODULES] == NOTEBOOKS
