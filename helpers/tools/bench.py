@@ -1544,7 +1544,7 @@ def run(
             )
 
     # -- the report -------------------------------------------------------------
-    print("\nhelpers.bench summary", flush=True)
+    print("\nhelpers.tools.bench summary", flush=True)
     print(f"  {plain.label()}")
     for o in outcomes:
         extra = (
