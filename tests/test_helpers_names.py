@@ -37,3 +37,24 @@ def test_all_lists_each_existing_name_once(name: str) -> None:
     assert len(names) == len(set(names)), [n for n, k in collections.Counter(names).items() if k > 1]
     missing = [n for n in names if not hasattr(module, n)]
     assert not missing, f"helpers.{name}.__all__ lists names it does not define: {missing}"
+
+
+#: Names every chapter module defines on purpose (the one chapter interface, helpers/ui/chapter.py), and `main`.
+SHARED_BY_DESIGN = {
+    "NUMBER", "TITLE", "BENCH_WEIGHT", "PANEL_TITLE", "PANEL_FIGSIZE", "benchmark", "panel_controls", "panel_run",
+    "panel_summary", "panel_plot", "panel_validate", "main",
+}  # fmt: skip
+
+
+def test_no_public_function_or_class_name_is_defined_in_two_modules() -> None:
+    """`from helpers.x import name` must say which one: one public function or class per name in the package."""
+    where = collections.defaultdict(list)
+    for name in MODULES:
+        tree = ast.parse((HELPERS / (name.replace(".", "/") + ".py")).read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.name.startswith(
+                "_"
+            ):
+                where[node.name].append(name)
+    twice = {n: mods for n, mods in where.items() if len(mods) > 1 and n not in SHARED_BY_DESIGN}
+    assert not twice, f"public names defined in several helpers modules (rename one): {twice}"

@@ -58,7 +58,7 @@ def test_describe_and_parameters() -> None:
     m = models.build_model(width=8, depth=2, num_classes=3)
     expected = sum(p.numel() for p in m.parameters())
     assert models.count_parameters(m) == expected
-    text = models.describe(m, 32)
+    text = models.describe_model(m, 32)
     assert "width=8" in text and "GFLOP" in text
 
 

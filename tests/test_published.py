@@ -122,7 +122,7 @@ def test_markdown_table_and_readme_block_render():
     assert len(lines) == 2 + len(published.load())
     assert all(line.count("|") >= 11 for line in lines)
     assert "theoretical" not in table.lower() and "measured here" not in table
-    block = published.readme_block()
+    block = published.published_block()
     assert block.startswith("### Published elsewhere") and table in block
     assert "https://github.com/NVIDIA/nvbandwidth/issues/24" in block
 
@@ -162,6 +162,6 @@ def test_readme_published_table_is_current() -> None:
     start = readme.index("<!-- published-table:start")
     start = readme.index("-->", start) + len("-->\n")
     end = readme.index("<!-- published-table:end -->")
-    assert readme[start:end].rstrip() == published.readme_block().rstrip(), (
+    assert readme[start:end].rstrip() == published.published_block().rstrip(), (
         "README's published table is stale: regenerate it from helpers/ui/published.json"
     )

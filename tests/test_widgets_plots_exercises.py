@@ -8,6 +8,7 @@ import pytest
 
 matplotlib.use("Agg")
 
+from helpers.core import config  # noqa: E402
 from helpers.core.timing import SpanRecorder  # noqa: E402
 from helpers.ui import exercises, plots, widgets  # noqa: E402
 
@@ -178,14 +179,14 @@ def test_timeline_and_stacked_plots() -> None:
     plots.stacked_phases({"a": {"load": 0.001, "h2d": 0.002}, "b": {"load": 0.003}}, ax3)
     assert ax3.get_ylabel() == "time per step (ms)"
     ax4 = Figure().add_subplot()
-    plots.sweep({"pinned": ([1, 10], [1, 2])}, ax4, xlabel="bytes", ylabel="GB/s", ceiling=(31.5, "theoretical"))
+    plots.sweep_plot({"pinned": ([1, 10], [1, 2])}, ax4, xlabel="bytes", ylabel="GB/s", ceiling=(31.5, "theoretical"))
     assert ax4.get_xscale() == "log" and len(ax4.get_lines()) == 2
     assert plots.phase_color("load") == plots.PHASE_COLORS["load"]
     assert plots.phase_color("mystery") == plots.phase_color("mystery")
 
 
 def test_exercise_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(exercises.GRADE_ENV, raising=False)
+    monkeypatch.delenv(config.GRADE_ENV, raising=False)
     r = exercises.check("t.1", None, 3.0, hint="think")
     assert r.status == "unanswered" and "Hint: think" in repr(r)
     assert exercises.check("t.1", 3.1, 3.0).correct  # within 5 %
@@ -200,7 +201,7 @@ def test_exercise_check(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_exercise_grade_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(exercises.GRADE_ENV, "1")
+    monkeypatch.setenv(config.GRADE_ENV, "1")
     with pytest.raises(AssertionError, match="not answered"):
         exercises.check("g.1", None, 1.0)
     with pytest.raises(AssertionError, match="not quite"):
@@ -209,7 +210,7 @@ def test_exercise_grade_mode(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_check_parts_shows_every_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(exercises.GRADE_ENV, raising=False)
+    monkeypatch.delenv(config.GRADE_ENV, raising=False)
     P = exercises.Part
     r = exercises.check_parts("9.9", a=P(True, expected=False, hint="once"), b=P(4.0, expected=4.0, explanation="ok"))
     lines = str(r).splitlines()
@@ -225,7 +226,7 @@ def test_check_parts_shows_every_verdict(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_check_parts_grade_mode_names_every_wrong_part(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(exercises.GRADE_ENV, "1")
+    monkeypatch.setenv(config.GRADE_ENV, "1")
     P = exercises.Part
     with pytest.raises(AssertionError) as err:
         exercises.check_parts("9.8", a=P(True, expected=False), b=P(None, expected=4.0), c=P(1.0, expected=1.0))

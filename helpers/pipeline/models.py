@@ -38,7 +38,7 @@ __all__ = [
     "build_model",
     "flops_per_sample",
     "count_parameters",
-    "describe",
+    "describe_model",
     "training_bytes",
     "check_training_memory",
 ]
@@ -220,7 +220,7 @@ def check_training_memory(
     return need
 
 
-def describe(model: nn.Module, image_size: int) -> str:
+def describe_model(model: nn.Module, image_size: int) -> str:
     """One line describing the model's size and cost at ``image_size``."""
     flops = flops_per_sample(model, image_size)
     name = type(model).__name__

@@ -1679,7 +1679,7 @@ def plot_sweeps(
     fits: bool = True,
     points: Sequence[tuple[TransferPoint, str]] = (),
 ) -> Any:
-    """Bandwidth (GB/s) against copy size (bytes) on log-log axes, via :func:`helpers.ui.plots.sweep`.
+    """Bandwidth (GB/s) against copy size (bytes) on log-log axes, via :func:`helpers.ui.plots.sweep_plot`.
 
     Args:
         sweeps: curves to draw (measured here, or reference; say which with ``source``).
@@ -1710,7 +1710,7 @@ def plot_sweeps(
                 "marker": "",
                 "linewidth": 1.2,
             }
-    ax = plots.sweep(
+    ax = plots.sweep_plot(
         series,
         ax,
         xlabel="copy size (bytes, log scale)",
@@ -1753,7 +1753,7 @@ def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | Non
         "pin_memory(), cached block (memcpy only)": {"color": "#f28e2b", "marker": "o", "linestyle": "--"},
         "saving per copy (pageable − pinned)": {"color": "#59a14f", "marker": "s"},
     }
-    ax = plots.sweep(
+    ax = plots.sweep_plot(
         series,
         ax,
         xlabel="buffer size (bytes, log scale)",
@@ -1774,7 +1774,7 @@ def plot_speedup(pairs: dict[str, list[tuple[int, float]]], ax: Any = None, *, s
     series = {
         f"{name}: pageable time / pinned time": ([n for n, _ in v], [r for _, r in v]) for name, v in pairs.items()
     }
-    ax = plots.sweep(
+    ax = plots.sweep_plot(
         series,
         ax,
         xlabel="copy size (bytes, log scale)",

@@ -794,7 +794,7 @@ def _fmt_bytes(n: float) -> str:
 # The PNG summary
 # ---------------------------------------------------------------------------
 
-Panel = Callable[[Any, Any], None]
+SummaryPanel = Callable[[Any, Any], None]
 
 
 def _panel_bandwidth(rs: Any) -> tuple[str, Callable[[Any], None]] | str:
@@ -839,9 +839,9 @@ def _panel_bandwidth(rs: Any) -> tuple[str, Callable[[Any], None]] | str:
     def draw(ax: Any) -> None:
         from matplotlib.ticker import FuncFormatter, NullLocator  # optional/heavy: matplotlib
 
-        from ..ui.plots import sweep  # optional/heavy: matplotlib
+        from ..ui.plots import sweep_plot  # optional/heavy: matplotlib
 
-        sweep(
+        sweep_plot(
             series,
             ax,
             xlabel="transfer size",
@@ -1291,7 +1291,7 @@ def readme_sections(sets: Sequence[Any] | None = None) -> list[tuple[str, str]]:
     * **Theoretical**: the link ceilings (:func:`ceiling_table`).
 
     Figures published elsewhere have their own README block, generated from
-    ``helpers/ui/published.json`` (:func:`helpers.ui.published.readme_block`).
+    ``helpers/ui/published.json`` (:func:`helpers.ui.published.published_block`).
     """
     sections = [
         ('**Measured** (one row per committed reference file; "—" = not recorded in that file):', readme_table(sets))

@@ -34,7 +34,7 @@ import re
 from types import ModuleType
 from typing import Any
 
-__all__ = ["CONSTANTS", "FUNCTIONS", "OPTIONAL", "MODULE_NAME", "problems", "check", "split_context"]
+__all__ = ["CONSTANTS", "FUNCTIONS", "OPTIONAL", "MODULE_NAME", "problems", "require", "split_context"]
 
 #: Module-level constants and their types.
 CONSTANTS: dict[str, type | tuple[type, ...]] = {
@@ -92,7 +92,7 @@ def problems(module: ModuleType) -> list[str]:
     return out
 
 
-def check(module: ModuleType) -> ModuleType:
+def require(module: ModuleType) -> ModuleType:
     """``module``, or a ValueError that lists what it lacks."""
     found = problems(module)
     if found:

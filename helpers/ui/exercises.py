@@ -36,14 +36,7 @@ from typing import Any, Collection
 
 from ..core import config
 
-__all__ = ["ExerciseResult", "ExerciseReport", "Part", "check", "check_parts", "grade_mode", "GRADE_ENV"]
-
-GRADE_ENV = config.GRADE_ENV
-
-
-def grade_mode() -> bool:
-    """True when ``WORKBOOK_GRADE=1``: wrong or missing answers raise (an unknown value raises ValueError)."""
-    return config.grade_mode()
+__all__ = ["ExerciseResult", "ExerciseReport", "Part", "check", "check_parts"]
 
 
 @dataclass
@@ -167,7 +160,7 @@ def check(
         rel_tol / abs_tol: tolerance for numbers.
     """
     result = _evaluate(exercise, answer, expected, hint=hint, explanation=explanation, rel_tol=rel_tol, abs_tol=abs_tol)
-    if grade_mode() and not result.correct:
+    if config.grade_mode() and not result.correct:
         raise AssertionError(result.message)
     return result
 
@@ -203,7 +196,7 @@ def check_parts(exercise: str, **parts: Part) -> ExerciseReport:
             for name, p in parts.items()
         ],
     )
-    if grade_mode() and not report.correct:
+    if config.grade_mode() and not report.correct:
         raise AssertionError("\n".join(p.message for p in report.parts if not p.correct))
     return report
 

@@ -23,7 +23,7 @@ __all__ = [
     "new_axes",
     "timeline",
     "stacked_phases",
-    "sweep",
+    "sweep_plot",
     "history_bars",
     "label_source",
 ]
@@ -175,7 +175,7 @@ def stacked_phases(
     return ax
 
 
-def sweep(
+def sweep_plot(
     series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
     ax: Any = None,
     *,

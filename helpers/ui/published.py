@@ -55,7 +55,7 @@ __all__ = [
     "memory_pairs",
     "share_table",
     "markdown_table",
-    "readme_block",
+    "published_block",
     "point_series",
     "point_key",
     "largest_copies",
@@ -446,7 +446,7 @@ def markdown_table(figures: Iterable[PublishedFigure] | None = None) -> str:
     return "\n".join(rows)
 
 
-def readme_block() -> str:
+def published_block() -> str:
     """The README section proposed for published figures: a heading, what they are, and the table."""
     figs = list(_cached())
     gens = generations(figs)

@@ -217,7 +217,7 @@ class Panel:
         and every ``panel_run``, beside the control values and ``device``. A run that returns anything
         but an :class:`~helpers.core.evidence.Evidence` is an error in the chapter module.
         """
-        chapter_api.check(chapter)
+        chapter_api.require(chapter)
         controls = chapter.panel_controls(**context)
         chapter_api.split_context(controls, context)
 
