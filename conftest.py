@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
                 if "execution_count" in out:
                     out.execution_count = n + 1
         done.metadata["nbval_outputs"] = {"source": Path(path).name, "cells": len(code),
+                                          "WORKBOOK_QUICK": os.environ.get("WORKBOOK_QUICK", ""),
                                           "note": "outputs of the nbval run; widget views dropped"}
         NBVAL_OUTPUTS.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(done, indent=1, ensure_ascii=False) + "\n")

@@ -110,12 +110,14 @@ def _code_sources(path: Path) -> list[str]:
 
 def nbval_outputs_for(notebook: Path) -> Path | None:
     """nbval's executed copy of ``notebook``, if asked for (``WORKBOOK_BROWSER_AFTER_NBVAL=1``: ``make test``
-    runs this suite right after nbval) and its code cells are exactly the committed ones; else None."""
+    runs this suite right after nbval), nbval ran it in quick mode as the lab's kernels run, and its code
+    cells are exactly the committed ones; else None."""
     done = NBVAL_OUTPUTS / notebook.name
     try:
         if os.environ.get("WORKBOOK_BROWSER_AFTER_NBVAL") != "1" or not done.is_file():
             return None
-        return done if _code_sources(done) == _code_sources(notebook) else None
+        quick = json.loads(done.read_text())["metadata"]["nbval_outputs"]["WORKBOOK_QUICK"] == "1"  # as the lab
+        return done if quick and _code_sources(done) == _code_sources(notebook) else None
     except (OSError, ValueError, KeyError):
         return None
 
