@@ -56,7 +56,8 @@ lint: setup
 	$(BIN)/python -m mypy
 
 # Two pytest-xdist workers, each test file on one worker (module fixtures run once; tests/conftest.py's
-# leak check runs per worker): about 40% faster on 2 cores, since many tests wait rather than compute.
+# leak check runs per worker). Many tests wait (subprocesses, timeouts, worker start-up) rather than compute.
+# UNIT_WORKERS=0: one process.
 UNIT_WORKERS ?= 2
 test-unit: setup
 	WORKBOOK_QUICK=1 $(BIN)/python -m pytest -q -n $(UNIT_WORKERS) --dist loadfile --durations=15 tests -m "not browser"
