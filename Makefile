@@ -45,7 +45,7 @@ test: setup
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory test-unit
 	$(MAKE) --no-print-directory test-notebooks
-	$(MAKE) --no-print-directory test-browser
+	$(MAKE) --no-print-directory test-browser AFTER_NBVAL=1
 
 test-fast: setup lint test-unit
 
@@ -56,19 +56,26 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m mypy
 
+# Two pytest-xdist workers, each test file on one worker (module fixtures run once; tests/conftest.py's
+# leak check runs per worker). Many tests wait (subprocesses, timeouts, worker start-up) rather than compute.
+# UNIT_WORKERS=0: one process.
+UNIT_WORKERS ?= 2
 test-unit: setup
-	WORKBOOK_QUICK=1 $(BIN)/python -m pytest -q tests -m "not browser"
+	WORKBOOK_QUICK=1 $(BIN)/python -m pytest -q -n $(UNIT_WORKERS) --dist loadfile --durations=15 tests -m "not browser"
 
 test-notebooks: setup
 	WORKBOOK_QUICK=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 \
 		--nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg \
-		--nbval-cell-timeout=$(NB_TIMEOUT) notebooks
+		--nbval-cell-timeout=$(NB_TIMEOUT) notebooks templates
 
 # Every chapter in JupyterLab, driven by headless Chromium (installs Debian's chromium if missing).
+# AFTER_NBVAL=1 (as `make test` calls it, right after test-notebooks): each chapter opens with the outputs
+# of nbval's run and only the cells its live panel needs run again (docs/BROWSER-TESTS.md); alone: Run All.
+AFTER_NBVAL ?=
 test-browser: setup
 	tools/install_browser.sh
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[browser]'
-	WORKBOOK_QUICK=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 -m browser tests/browser
+	WORKBOOK_QUICK=1 WORKBOOK_BROWSER_AFTER_NBVAL=$(AFTER_NBVAL) $(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 -m browser tests/browser
 
 # Every chapter's measurements, headless (BENCH_ARGS=--quick for a smoke run).
 bench: setup

@@ -4,6 +4,10 @@ After each test module, any process this pytest process started (directly or not
 and not through a service that was already running (a session-wide browser), that is still running
 5 s later is named in the run's summary and killed, so that a leak is found by the module that
 caused it and never outlives the run as an orphan.
+
+Under pytest-xdist (``make test-unit`` runs ``-n 2``) each worker is its own process, so the check
+watches that worker's own children, and each worker hands its findings to the controller, which
+prints them in the same summary.
 """
 
 from __future__ import annotations
@@ -53,6 +57,19 @@ def _no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
         except psutil.Error:
             continue
         _LEAKS.append(f"{request.node.nodeid}: {desc}")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker sends what it found to the controller (``workeroutput`` travels back with it)."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["leaked_processes"] = list(_LEAKS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """The controller collects each xdist worker's findings (this hook exists only with xdist)."""
+    _LEAKS.extend(getattr(node, "workeroutput", {}).get("leaked_processes", []))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -10,6 +10,13 @@ stay quiet.
 Chromium is Debian's ``/usr/bin/chromium`` (``tools/install_browser.sh``),
 driven by Playwright's sync API; ``playwright install`` is never needed.
 
+Right after ``make test``'s nbval run (``WORKBOOK_BROWSER_AFTER_NBVAL=1``), a notebook
+that nbval ran to completion is served with the outputs of that run
+(``artifacts/nbval-outputs/``, written by the root ``conftest.py``) when its code is
+the committed notebook's: the chapter test then runs in the browser only the cells
+its live panel needs (``test_chapters.py``). Otherwise the clean notebook is served
+and the test runs all its cells.
+
 Outside CI a missing browser or Playwright skips these tests with the reason.
 In CI (``CI=true``) it fails them: a browser suite that silently skips tests
 nothing.
@@ -48,6 +55,7 @@ CHROMIUM_ARGS = [
 ]
 VIEWPORT = {"width": 1366, "height": 768}  # a common laptop screen
 SCREENSHOTS = REPO / "artifacts" / "screenshots"
+NBVAL_OUTPUTS = REPO / "artifacts" / "nbval-outputs"  # written by the root conftest.py after nbval's run
 SERVER_START_TIMEOUT_S = 90.0
 
 
@@ -94,10 +102,38 @@ def _write_settings(settings_dir: Path) -> None:
         path.write_text(json.dumps(content, indent=2))
 
 
+def _code_sources(path: Path) -> list[str]:
+    cells = json.loads(path.read_text())["cells"]
+    return [
+        "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+        for c in cells
+        if c["cell_type"] == "code"
+    ]
+
+
+def nbval_outputs_for(notebook: Path) -> Path | None:
+    """nbval's executed copy of ``notebook``, if asked for (``WORKBOOK_BROWSER_AFTER_NBVAL=1``: ``make test``
+    runs this suite right after nbval), nbval ran it in quick mode as the lab's kernels run, and its code
+    cells are exactly the committed ones; else None."""
+    done = NBVAL_OUTPUTS / notebook.name
+    try:
+        if os.environ.get("WORKBOOK_BROWSER_AFTER_NBVAL") != "1" or not done.is_file():
+            return None
+        quick = json.loads(done.read_text())["metadata"]["nbval_outputs"]["WORKBOOK_QUICK"] == "1"  # as the lab
+        return done if quick and _code_sources(done) == _code_sources(notebook) else None
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 class LabServer:
-    """A running JupyterLab server (see the ``lab`` fixture)."""
+    """A running JupyterLab server (see the ``lab`` fixture).
+
+    ``prefilled``: the notebooks served with the outputs of nbval's run (see ``nbval_outputs_for``),
+    by name, with the source of each of their code cells.
+    """
 
     def __init__(self, root: Path, port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.prefilled: dict[str, list[str]] = {}
         self.root = root
         self.port = port
         self.proc = proc
@@ -181,8 +217,12 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     base = tmp_path_factory.mktemp("lab")
     root = base / "root"
     root.mkdir()
+    prefilled = {}
     for nb in sorted(NOTEBOOKS.glob("*.ipynb")):
-        shutil.copy2(nb, root / nb.name)
+        done = nbval_outputs_for(nb)
+        shutil.copy2(done or nb, root / nb.name)
+        if done:
+            prefilled[nb.name] = _code_sources(nb)
     settings = base / "settings"
     _write_settings(settings)
     env = dict(os.environ)
@@ -215,6 +255,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabServer]:
     with open(log, "wb") as fh:
         proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     server = LabServer(root, port, proc, log)
+    server.prefilled = prefilled
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     while True:
         if proc.poll() is not None:
