@@ -195,7 +195,7 @@ def run_all(page: Any) -> float:
 
 # -- which cells the live panel needs ------------------------------------------------
 
-PANEL_CELL = re.compile(r"\bPanel\(")  # the cell that builds the chapter's live panel (helpers.widgets.Panel)
+PANEL_CELL = re.compile(r"\bPanel(\.for_chapter)?\(")  # the cell that builds the live panel (widgets.Panel.for_chapter)
 
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)

@@ -38,4 +38,4 @@ def test_every_chapter_has_a_panel_and_its_cells_start_with_the_setup_cell(chapt
     code = _code(chapter)
     needed = panel_cells(code)
     assert needed, f"{chapter}: no cell builds a widgets.Panel"
-    assert needed[0] == 0 and "Panel(" in code[needed[-1]]
+    assert needed[0] == 0 and "Panel.for_chapter(" in code[needed[-1]]
