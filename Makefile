@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed; set PYTHON=python3.x")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt -e '.[test,browser]'
 	@touch $(STAMP)
 
 setup: $(STAMP)
@@ -63,8 +63,10 @@ UNIT_WORKERS ?= 2
 test-unit: setup
 	WORKBOOK_QUICK=1 $(BIN)/python -m pytest -q -n $(UNIT_WORKERS) --dist loadfile --durations=15 tests -m "not browser"
 
+# Two xdist workers, each notebook whole on one (its kernel keeps its state); NB_WORKERS=0: one process.
+NB_WORKERS ?= 2
 test-notebooks: setup
-	WORKBOOK_QUICK=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 \
+	WORKBOOK_QUICK=1 $(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 -n $(NB_WORKERS) --dist loadfile \
 		--nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg \
 		--nbval-cell-timeout=$(NB_TIMEOUT) notebooks templates
 
@@ -74,7 +76,6 @@ test-notebooks: setup
 AFTER_NBVAL ?=
 test-browser: setup
 	tools/install_browser.sh
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[browser]'
 	WORKBOOK_QUICK=1 WORKBOOK_BROWSER_AFTER_NBVAL=$(AFTER_NBVAL) $(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 -m browser tests/browser
 
 # Every chapter's measurements, headless (BENCH_ARGS=--quick for a smoke run).
