@@ -25,12 +25,14 @@ help:
 	@echo "make gpu-check   on a CUDA machine (~25 min): smoke (CUDA-only tests + notebooks, quick), the bench + a reference file, every notebook in full mode, the CUDA-only tests"
 	@echo "make clean       remove .venv, caches and artifacts"
 
-# Re-installs only when the dependency files change, so a second run is quick.
+# Re-installs only when the dependency files change, so a second run is quick. pip byte-compiles what it
+# installs: keep it so (with PYTHONDONTWRITEBYTECODE=1, as on our CI machines, nothing else would, and every
+# process would compile torch's sources again on import).
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed; set PYTHON=python3.x")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet --no-compile -c constraints.txt -e '.[test,browser]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,browser]'
 	@touch $(STAMP)
 
 setup: $(STAMP)
