@@ -12,7 +12,7 @@ NB_TIMEOUT ?= 300
 # JupyterLab refuses to start as root unless told; containers often run as root.
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: setup lab test test-fast lint test-unit test-notebooks test-browser bench gpu-check clean help
+.PHONY: setup compile lab test test-fast lint test-unit test-notebooks test-browser bench gpu-check clean help
 
 help:
 	@echo "make lab         set up .venv and open the workbook in JupyterLab"
@@ -43,13 +43,19 @@ lab: setup
 	$(BIN)/jupyter lab --ServerApp.root_dir=. --ServerApp.default_url=/lab/tree/notebooks \
 		--ip=127.0.0.1 --port=$(PORT) $(ROOT_FLAG) $(LAB_ARGS)
 
-test: setup
+# Byte-compiles the workbook's own code once: with PYTHONDONTWRITEBYTECODE=1 (as on our CI machines) every kernel,
+# worker and subprocess would otherwise compile helpers/ again on import (about 1 s of CPU each; stale files are
+# ignored, as Python checks each source's timestamp).
+compile: setup
+	@$(BIN)/python -m compileall -q helpers tests examples > /dev/null
+
+test: setup compile
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory test-unit
 	$(MAKE) --no-print-directory test-notebooks
 	$(MAKE) --no-print-directory test-browser AFTER_NBVAL=1
 
-test-fast: setup lint test-unit
+test-fast: setup compile lint test-unit
 
 # Lint (pyproject.toml: [tool.ruff], [tool.mypy]): ruff checks and format-checks every .py file and notebook;
 # mypy type-checks helpers/ (the package ships py.typed).
