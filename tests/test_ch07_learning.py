@@ -103,11 +103,14 @@ def _run_with(ranks: list[dict[str, Any]]) -> D.DistributedRun:
 
 def test_run_reports_accuracy_beside_chance() -> None:
     epoch = {"indices": [0], "n_items": 1, "seconds": 1.0, "loss": 1.0}
-    rank = {"rank": 0, "backend": "gloo", "epochs": [epoch]}
+    rank = {"rank": 0, "backend": "gloo", "epochs": [epoch], "dataset_size": 1, "world_size": 1}
     run = _run_with([{**rank, "num_classes": 6, "val_accuracy": 0.5, "val_items": 256}])
     assert run.chance == pytest.approx(1 / 6) and run.val_accuracy == 0.5 and run.val_items == 256
     assert run.learning() == "validation accuracy 50.0% on 256 held-out images (chance: 1/6 = 16.7%)"
-    assert "validation accuracy 50% (chance 17%)" in run.summary()
+    from helpers.core import evidence
+
+    line = ch07.panel_summary(evidence.measured("a job", run, "cpu", method="m"))
+    assert "validation accuracy 50% (chance 17%)" in line
     old = _run_with([rank])  # a record without a validation pass
     assert old.val_accuracy is None and old.chance is None and "not measured" in old.learning()
 

@@ -160,12 +160,16 @@ def panel_run(
 
 
 def panel_summary(result: Evidence[DistributedRun]) -> str:
-    """The panel's status line for one run: the job's figures, its coverage, and where it was measured."""
+    """The panel's status line for one run: the job's figures, its coverage, its validation accuracy beside the
+    chance level, and where it was measured."""
     run = result.value
     if run is None:
         return result.header()
     cov = "every sample once per epoch" if run.exactly_once_every_epoch() else "coverage NOT exact"
-    return f"{run.summary()}; {cov} — {result.header()}"
+    learned = ""
+    if run.val_accuracy is not None and run.chance is not None:
+        learned = f"; validation accuracy {run.val_accuracy:.0%} (chance {run.chance:.0%})"
+    return f"{run.summary()}; {cov}{learned} — {result.header()}"
 
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:

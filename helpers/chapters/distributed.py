@@ -594,14 +594,11 @@ class DistributedRun:
     def summary(self) -> str:
         """One line: processes, backend, total and per-rank items/s."""
         per = ", ".join(f"{v:.0f}" for v in self.per_rank_items_per_s())
-        text = (
+        return (
             f"{self.nproc} process(es), {self.backend}: total {self.total_items_per_s():.0f} items/s "
             f"(per rank: {per} items/s); wall time {self.wall_s:.1f} s, of which training "
             f"{self.train_s():.1f} s"
         )
-        if self.val_accuracy is not None and self.chance is not None:
-            text += f"; validation accuracy {self.val_accuracy:.0%} (chance {self.chance:.0%})"
-        return text
 
 
 def max_processes() -> int:
