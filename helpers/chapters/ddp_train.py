@@ -342,8 +342,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         for buf in model.buffers():
             dist.broadcast(buf, 0)
         val_set = IndexedDataset(ShapesDataset(val_root, crop_size=crop, augment=False, output="uint8"), args.val_limit)
-        correct, total = evaluate_shared(model, val_set, device, rank=rank, world=world, batch_size=2 * args.batch_size)
-        val = {"val_accuracy": correct / total if total else None, "val_items": total}
+        hits, scored = evaluate_shared(model, val_set, device, rank=rank, world=world, batch_size=2 * args.batch_size)
+        val = {"val_accuracy": hits / scored if scored else None, "val_items": scored}
     dist.barrier()
     t_end = time.perf_counter()
     try:

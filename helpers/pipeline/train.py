@@ -522,8 +522,8 @@ def evaluate(
 
     ``max_batches`` scores only the loader's *first* batches. A validation loader goes over its data set in
     order, and a class-folder data set lists its classes in order, so those batches hold the first classes
-    only: for a shorter evaluation, give a loader over a subset spread evenly over the data set (e.g.
-    :class:`helpers.chapters.ddp_train.IndexedDataset` with ``size``), not ``max_batches``.
+    only: for a shorter evaluation, give a loader over a subset spread evenly over the data set (``n`` items:
+    indices ``i * len(dataset) // n``, as chapter 07's job does), not ``max_batches``.
 
     Raises:
         ValueError: if the loader yields no samples.
