@@ -25,6 +25,7 @@ import torch
 
 from ..core import evidence
 from ..core.config import sized
+from ..core.device import has_cuda, resolve_device
 from ..core.evidence import Evidence
 from ..core.progress import ProgressFn, no_progress, scaled
 from ..core.results import ResultSet
@@ -39,6 +40,7 @@ __all__ = [
     "PANEL_TITLE",
     "PANEL_FIGSIZE",
     "benchmark",
+    "check_job_device",
     "record_run",
     "panel_controls",
     "panel_validate",
@@ -60,6 +62,32 @@ BATCH_SIZES = (8, 16, 32, 64, 128)
 # ---------------------------------------------------------------------------
 # Live panel
 # ---------------------------------------------------------------------------
+
+
+def check_job_device(device: torch.device | str | None) -> torch.device:
+    """``device`` as where a torchrun job of this chapter runs, or one ValueError saying what to use.
+
+    The job runs on this machine's GPUs (``nccl``, one rank per GPU) when CUDA is present, else on its CPU
+    cores (``gloo``); ``device`` names which, so the result is labelled truthfully. Accepted: ``"cuda"``
+    (or a ``"cuda:N"`` this machine has) with CUDA, ``"cpu"`` without, ``None`` for the one present.
+    Refused: a device this machine lacks (``"cuda:7"`` with fewer GPUs, ``"cuda"`` without CUDA), an
+    indexed CPU (``"cpu:1"``: there is one CPU device), ``"cpu"`` on a machine whose CUDA GPUs the
+    job would use anyway, and strings that are no device.
+    """
+    use = "device='cuda' (or None)" if has_cuda() else "device='cpu' (or None)"
+    try:
+        dev = resolve_device(device)  # unknown strings, devices this machine lacks
+    except ValueError as err:
+        text = str(err)
+        raise ValueError(text if "use device=" in text.lower() else f"{text}; use {use}") from None
+    if dev.type == "cpu" and dev.index is not None:
+        raise ValueError(f"device={str(device)!r}: the CPU has no device index; use {use}")
+    if dev.type == "cpu" and has_cuda():
+        raise ValueError(
+            f"device={str(device)!r}: with CUDA present the torchrun job runs on the GPUs (nccl, one rank per "
+            "GPU), not on the CPU; use device='cuda' (or None)"
+        )
+    return dev
 
 
 def panel_controls(**context: Any) -> dict[str, Any]:
@@ -108,8 +136,10 @@ def panel_run(
     is not used here.
 
     Raises:
-        ValueError: settings out of range. ``DistributedRunError``: a rank failed or the job timed out.
+        ValueError: settings out of range, or a device the job can't run on (:func:`check_job_device`).
+        ``DistributedRunError``: a rank failed or the job timed out.
     """
+    device = check_job_device(device)
     run = distributed.launch_ddp(
         processes,
         workers=workers,
@@ -130,12 +160,16 @@ def panel_run(
 
 
 def panel_summary(result: Evidence[DistributedRun]) -> str:
-    """The panel's status line for one run: the job's figures, its coverage, and where it was measured."""
+    """The panel's status line for one run: the job's figures, its coverage, its validation accuracy beside the
+    chance level, and where it was measured."""
     run = result.value
     if run is None:
         return result.header()
     cov = "every sample once per epoch" if run.exactly_once_every_epoch() else "coverage NOT exact"
-    return f"{run.summary()}; {cov} — {result.header()}"
+    learned = ""
+    if run.val_accuracy is not None and run.chance is not None:
+        learned = f"; validation accuracy {run.val_accuracy:.0%} (chance {run.chance:.0%})"
+    return f"{run.summary()}; {cov}{learned} — {result.header()}"
 
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
@@ -213,7 +247,8 @@ def benchmark(results: ResultSet, device: torch.device | str | None, *, progress
     them with :func:`record_run`.
     """
     progress = progress or no_progress
-    if not torch.cuda.is_available() or (device is not None and torch.device(device).type != "cuda"):
+    dev = resolve_device(device)  # a device this machine lacks, or no device at all: ValueError
+    if dev.type != "cuda":
         progress(1.0, "no CUDA device: nothing to record")
         return
     counts = sorted({1, torch.cuda.device_count()})

@@ -21,10 +21,18 @@ the results. Each rank:
 4. shards the data with :class:`~torch.utils.data.DistributedSampler` and calls
    ``sampler.set_epoch(epoch)`` before every epoch (``--no-set-epoch`` leaves it
    out, to show the bug);
-5. trains a :class:`~torch.nn.parallel.DistributedDataParallel` model and writes
-   ``rank<R>.json`` into ``--out``: the sample indices it saw in every epoch,
-   items/s, loss, and a checksum of its parameters (equal on every rank if DDP
-   kept the replicas in sync).
+5. trains a :class:`~torch.nn.parallel.DistributedDataParallel` model;
+6. measures validation accuracy on held-out images (``--val-dir``; each rank
+   scores its own share, the counts are summed across ranks), so a run shows
+   that the job **learns**, beside the chance level ``1 / classes``;
+7. writes ``rank<R>.json`` into ``--out``: the sample indices it saw in every
+   epoch, items/s, loss, the validation accuracy, and a checksum of its
+   parameters (equal on every rank if DDP kept the replicas in sync).
+
+``--limit`` and ``--val-limit`` keep a subset spread evenly over the data set
+(:class:`IndexedDataset`): the class folders are listed in order, so the
+*first* N images would hold only the first classes, and the model could not
+beat chance.
 
 If a rank fails, it writes ``rank<R>.error.json`` (exception type, message,
 traceback, time) before exiting non-zero, so the launcher can name the root
@@ -61,7 +69,7 @@ from ..pipeline.data import (
 from ..pipeline.loaders import LoaderConfig, build_loader
 from ..pipeline.models import build_model
 
-__all__ = ["IndexedDataset", "InjectedFailure", "parse_args", "main", "params_checksum"]
+__all__ = ["IndexedDataset", "InjectedFailure", "parse_args", "main", "params_checksum", "evaluate_shared"]
 
 
 class InjectedFailure(RuntimeError):
@@ -108,12 +116,56 @@ def params_checksum(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
+@torch.no_grad()
+def evaluate_shared(
+    model: torch.nn.Module,
+    dataset: Any,
+    device: torch.device,
+    *,
+    rank: int = 0,
+    world: int = 1,
+    batch_size: int = 64,
+    reduce: bool = True,
+) -> tuple[int, int]:
+    """Top-1 ``(correct, total)`` of ``model`` on ``dataset``, this rank scoring items ``rank, rank + world, ...``.
+
+    The shares are disjoint and cover every item once (no padding, unlike ``DistributedSampler``), and with
+    ``reduce`` the two counts are summed over all ranks (``all_reduce``), so every rank returns the same,
+    whole-set figures. Items are ``(uint8 image, label, ...)``; the images are normalised on ``device``.
+    The model is put in eval mode and restored after.
+    """
+    was_training = model.training
+    model.eval()
+    counts = torch.zeros(2, dtype=torch.int64, device=device)
+    mine = list(range(rank, len(dataset), world))
+    try:
+        for start in range(0, len(mine), batch_size):
+            items = [dataset[i] for i in mine[start : start + batch_size]]
+            images = torch.stack([it[0] for it in items]).to(device)
+            labels = torch.tensor([int(it[1]) for it in items], device=device)
+            logits = model(to_float_normalized(images))
+            counts[0] += (logits.argmax(1) == labels).sum()
+            counts[1] += len(items)
+    finally:
+        model.train(was_training)
+    if reduce and world > 1:
+        dist.all_reduce(counts)  # sums over ranks
+    return int(counts[0]), int(counts[1])
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command-line options (see ``python -m helpers.chapters.ddp_train --help``)."""
     p = argparse.ArgumentParser(prog="python -m helpers.chapters.ddp_train", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for rank<R>.json result files")
     p.add_argument("--data-dir", default=None, help="class-folder root (default: generate the chapter-01 train set)")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N training images")
+    p.add_argument(
+        "--limit", type=int, default=None, help="use N training images spread evenly over the set (every class)"
+    )
+    p.add_argument(
+        "--val-dir", default=None, help="held-out class-folder root (default: the chapter-01 validation set)"
+    )
+    p.add_argument("--val-limit", type=int, default=None, help="score N validation images spread evenly over the set")
+    p.add_argument("--no-val", action="store_true", help="skip the validation pass")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=32, help="per rank (the global batch is this x world size)")
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes per rank")
@@ -134,6 +186,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name, lo in (("epochs", 1), ("batch_size", 1), ("workers", 0), ("prefetch_factor", 1), ("width", 1)):
         if getattr(args, name) < lo:
             p.error(f"--{name.replace('_', '-')} must be >= {lo}, got {getattr(args, name)}")
+    for name in ("limit", "val_limit"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
 
 
@@ -182,9 +237,13 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     sizes = default_sizes()
     crop = args.crop_size or sizes["crop_size"]
-    root = Path(args.data_dir) if args.data_dir else make_shapes_dataset().train_dir
+    if args.data_dir:
+        root, val_root = Path(args.data_dir), Path(args.val_dir) if args.val_dir else None
+    else:
+        info = make_shapes_dataset()
+        root, val_root = info.train_dir, Path(args.val_dir) if args.val_dir else info.val_dir
     base = ShapesDataset(root, crop_size=crop, augment=True, output="uint8")
-    dataset = IndexedDataset(base, args.limit)
+    dataset = IndexedDataset(base, args.limit)  # spread over every class, never the first N (class-sorted)
     sampler: DistributedSampler[int] = DistributedSampler(
         dataset, num_replicas=world, rank=rank, shuffle=not args.no_shuffle, seed=args.seed, drop_last=args.drop_last
     )
@@ -276,6 +335,15 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         # Stop this rank's DataLoader workers now (persistent workers live as long as the iterator).
         del batches, loader
     train_end = time.time()
+    val: dict[str, Any] = {"val_accuracy": None, "val_items": 0}
+    if val_root is not None and not args.no_val:
+        # Running BatchNorm statistics are each rank's own (DDP broadcasts them from rank 0 before every
+        # forward, then each rank updates them): score the model rank 0 holds, on every rank.
+        for buf in model.buffers():
+            dist.broadcast(buf, 0)
+        val_set = IndexedDataset(ShapesDataset(val_root, crop_size=crop, augment=False, output="uint8"), args.val_limit)
+        hits, scored = evaluate_shared(model, val_set, device, rank=rank, world=world, batch_size=2 * args.batch_size)
+        val = {"val_accuracy": hits / scored if scored else None, "val_items": scored}
     dist.barrier()
     t_end = time.perf_counter()
     try:
@@ -299,6 +367,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "set_epoch": not args.no_set_epoch,
         "drop_last": args.drop_last,
         "dataset_size": len(dataset),
+        "num_classes": len(base.classes),
+        **val,
         "samples_per_rank": len(sampler),
         "batches_per_epoch": len(sampler) // args.batch_size + (len(sampler) % args.batch_size > 0),
         "epochs": epochs,

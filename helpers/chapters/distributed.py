@@ -520,6 +520,39 @@ class DistributedRun:
         """Per rank, the mean training loss of each epoch."""
         return [[e["loss"] for e in r["epochs"]] for r in self.ranks]
 
+    @property
+    def num_classes(self) -> int:
+        """Classes of the training set (0 when the ranks did not say)."""
+        return int(self.ranks[0].get("num_classes") or 0) if self.ranks else 0
+
+    @property
+    def chance(self) -> float | None:
+        """The chance level, ``1 / classes``: the accuracy of guessing (None when the classes are unknown)."""
+        return 1.0 / self.num_classes if self.num_classes else None
+
+    @property
+    def val_accuracy(self) -> float | None:
+        """Top-1 accuracy of the trained model on the held-out images (all ranks' shares summed), or None.
+
+        Every rank reports the same figure (the counts are all-reduced); rank 0's is returned.
+        """
+        v = self.ranks[0].get("val_accuracy") if self.ranks else None
+        return None if v is None else float(v)
+
+    @property
+    def val_items(self) -> int:
+        """Held-out images scored (0 without a validation pass)."""
+        return int(self.ranks[0].get("val_items") or 0) if self.ranks else 0
+
+    def learning(self) -> str:
+        """One line: the validation accuracy beside the chance level, both from this run."""
+        if self.val_accuracy is None or self.chance is None:
+            return "validation accuracy: not measured (no validation pass in this run)"
+        return (
+            f"validation accuracy {self.val_accuracy:.1%} on {self.val_items} held-out images "
+            f"(chance: 1/{self.num_classes} = {self.chance:.1%})"
+        )
+
     def command_line(self) -> str:
         """The command that was run, for reading: ``python`` for the interpreter, folders shortened."""
         parts = ["python"] + list(self.command[1:])
@@ -527,6 +560,7 @@ class DistributedRun:
             "--out=": "--out=<tmp>/results",
             "--log-dir=": "--log-dir=<tmp>/logs",
             "--data-dir=": "--data-dir=<data>",
+            "--val-dir=": "--val-dir=<data>",
         }
         for i, a in enumerate(parts):
             for prefix, repl in short.items():
@@ -1018,6 +1052,8 @@ def launch_ddp(
     epochs: int = 2,
     limit: int | None = None,
     width: int = 8,
+    val_dir: str | os.PathLike[str] | None = None,
+    val_limit: int | None = None,
     set_epoch: bool = True,
     drop_last: bool = False,
     fail_rank: int | None = None,
@@ -1042,8 +1078,13 @@ def launch_ddp(
         workers: DataLoader workers per rank (0-8).
         batch_size: per-rank batch size (1-4096); the global batch is ``nproc`` times that.
         epochs: 1-100 (throughput leaves out the first epoch when there are two or more).
-        limit: use only the first ``limit`` training images (``None``: all).
+        limit: train on ``limit`` images spread evenly over the training set, so every class is in
+            (``None``: all). The class folders are listed in order: the *first* ``limit`` images would
+            hold only the first classes.
         width: SmallCNN width.
+        val_dir: held-out class-folder root the trained model is scored on (validation accuracy, beside
+            the chance level); default: the chapter-01 validation set when ``data_dir`` is None, else none.
+        val_limit: score ``val_limit`` validation images spread evenly over the set (``None``: all).
         set_epoch / drop_last: passed to the worker script (``set_epoch=False`` shows the bug).
         fail_rank: make this rank raise on purpose (the failure demo).
         data_dir: class-folder root; default: the chapter-01 training set (generated here first).
@@ -1067,13 +1108,17 @@ def launch_ddp(
     timeout_s = check_float("timeout_s", timeout_s, 1.0, 3600.0)
     if limit is not None:
         limit = check_int("limit", limit, nproc, 10_000_000)
+    if val_limit is not None:
+        val_limit = check_int("val_limit", val_limit, 1, 10_000_000)
     if fail_rank is not None:
         fail_rank = check_int("fail_rank", fail_rank, 0, nproc - 1)
 
     if data_dir is None:
         from ..pipeline.data import make_shapes_dataset  # heavy: torch (this module imports without it)
 
-        data_dir = make_shapes_dataset().train_dir  # generated once here, not by every rank
+        info = make_shapes_dataset()  # generated once here, not by every rank
+        data_dir = info.train_dir
+        val_dir = info.val_dir if val_dir is None else val_dir
     _remove_stale_work_dirs()
     work = Path(tempfile.mkdtemp(prefix=f"{_WORK_PREFIX}{os.getpid()}-"))
     out_dir, log_dir = work / "results", work / "logs"
@@ -1088,6 +1133,12 @@ def launch_ddp(
     ]
     if limit is not None:
         args.append(f"--limit={limit}")
+    if val_dir is not None:
+        args.append(f"--val-dir={val_dir}")
+        if val_limit is not None:
+            args.append(f"--val-limit={val_limit}")
+    else:
+        args.append("--no-val")
     if not set_epoch:
         args.append("--no-set-epoch")
     if drop_last:
@@ -1107,6 +1158,7 @@ def launch_ddp(
         "batch_size": batch_size,
         "epochs": epochs,
         "limit": limit,
+        "val_limit": val_limit,
         "width": width,
         "set_epoch": set_epoch,
         "drop_last": drop_last,

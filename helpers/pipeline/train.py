@@ -520,6 +520,11 @@ def evaluate(
 ) -> float:
     """Top-1 accuracy (0-1) of ``model`` over ``loader`` (in eval mode; restores the mode after).
 
+    ``max_batches`` scores only the loader's *first* batches. A validation loader goes over its data set in
+    order, and a class-folder data set lists its classes in order, so those batches hold the first classes
+    only: for a shorter evaluation, give a loader over a subset spread evenly over the data set (``n`` items:
+    indices ``i * len(dataset) // n``, as chapter 07's job does), not ``max_batches``.
+
     Raises:
         ValueError: if the loader yields no samples.
     """
