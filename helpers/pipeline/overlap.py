@@ -586,7 +586,7 @@ def _d2h_fix(x_gpu: torch.Tensor, out: torch.Tensor) -> int:
     out.copy_(x_gpu, non_blocking=True)
     if x_gpu.is_cuda:
         done = torch.cuda.Event()
-        done.record()  # on the stream that queued the copy
+        done.record(torch.cuda.current_stream(x_gpu.device))  # on the stream that queued the copy (its device's)
         done.synchronize()  # the host waits until the GPU has passed this point
     return int((out != 1).sum())
 
@@ -646,7 +646,7 @@ def _mutation_fix(src: torch.Tensor, dst: torch.Tensor) -> None:
     dst.copy_(src, non_blocking=True)
     if dst.is_cuda:
         copied = torch.cuda.Event()
-        copied.record()
+        copied.record(torch.cuda.current_stream(dst.device))  # the copy's stream (no argument: the current device's)
         copied.synchronize()  # or: keep two source buffers and alternate
     src.fill_(2.0)
 
@@ -714,14 +714,14 @@ def _loop_no_syncs(x: torch.Tensor, w: torch.Tensor, steps: int, sink: io.String
     return value
 
 
-def _count_syncs(fn: Callable[[], Any], on_gpu: bool) -> tuple[int | None, float]:
-    """(synchronisations reported by torch's sync debug mode, wall seconds)."""
-    if not on_gpu:
+def _count_syncs(fn: Callable[[], Any], dev: torch.device) -> tuple[int | None, float]:
+    """(synchronisations reported by torch's sync debug mode, wall seconds) of ``fn`` working on ``dev``."""
+    if dev.type != "cuda":
         t0 = time.perf_counter()
         fn()
         return None, time.perf_counter() - t0
     old = torch.cuda.get_sync_debug_mode()
-    torch.cuda.synchronize()
+    torch.cuda.synchronize(dev)  # dev's queued work, not the current device's
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -729,7 +729,7 @@ def _count_syncs(fn: Callable[[], Any], on_gpu: bool) -> tuple[int | None, float
             t0 = time.perf_counter()
             fn()
             torch.cuda.set_sync_debug_mode(old)
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(dev)
             seconds = time.perf_counter() - t0
         finally:
             torch.cuda.set_sync_debug_mode(old)
@@ -767,15 +767,15 @@ def hazard_hidden_syncs(
     sink = io.StringIO()
     _loop_no_syncs(x, w, 2, sink)  # warm-up
     synchronize(dev)
-    n_bug, s_bug = _count_syncs(lambda: _loop_hidden_syncs(x, w, steps, sink), on_gpu)
-    n_fix, s_fix = _count_syncs(lambda: _loop_no_syncs(x, w, steps, sink), on_gpu)
+    n_bug, s_bug = _count_syncs(lambda: _loop_hidden_syncs(x, w, steps, sink), dev)
+    n_fix, s_fix = _count_syncs(lambda: _loop_no_syncs(x, w, steps, sink), dev)
     if on_gpu:
         assert n_bug is not None and n_fix is not None  # counted on a GPU
         loss = (x @ w).relu().mean()
         per_line = {
-            ".item()": _count_syncs(lambda: loss.item(), True)[0],
-            "print(loss)": _count_syncs(lambda: print(loss, file=sink), True)[0],
-            ".cpu()": _count_syncs(lambda: loss.cpu(), True)[0],
+            ".item()": _count_syncs(lambda: loss.item(), dev)[0],
+            "print(loss)": _count_syncs(lambda: print(loss, file=sink), dev)[0],
+            ".cpu()": _count_syncs(lambda: loss.cpu(), dev)[0],
         }
         bug = {
             "synchronisations": n_bug,
@@ -987,9 +987,9 @@ def prefetch_step_times(
     f32 = [to_float_normalized(b, mean, std).pin_memory() for b in u8]
     f32[0].to(dev)  # warm-up
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
+    s.record(torch.cuda.current_stream(dev))  # on the copy's stream
     f32[0].to(dev, non_blocking=True)
-    e.record()
+    e.record(torch.cuda.current_stream(dev))
     torch.cuda.synchronize(dev)
     compute = calibrated_compute(dev, 1.2 * s.elapsed_time(e) / 1e3)
     out: dict[tuple[str, bool], float] = {}

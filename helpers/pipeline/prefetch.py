@@ -709,9 +709,9 @@ def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> GpuDelay:
     that a consumer which forgets to wait for the copy reads the batch before it has arrived."""
     probe = torch.empty_like(src, device=dev)
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
+    s.record(torch.cuda.current_stream(dev))  # on the copy's stream (no argument: the current device's)
     probe.copy_(src, non_blocking=True)
-    e.record()
+    e.record(torch.cuda.current_stream(dev))
     torch.cuda.synchronize(dev)
     return GpuDelay(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))
 

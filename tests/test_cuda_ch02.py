@@ -1,0 +1,122 @@
+"""Chapter 02's CUDA-only code, run on a CPU with the CUDA stand-ins of :mod:`tests.cuda_standin`.
+
+What is checked is real: which device and stream each copy and each event go to (with ``DEVICE`` on
+``cuda:1`` while ``cuda:0`` is current, the case where ``Event.record()`` without a stream guards
+nothing), that a pinned source is pinned once and copied with ``non_blocking=True``, the dtype and
+shape that arrive, the order of refill / copy / record / wait in the staging buffer, and that the
+timed loop holds no host sync but the one it means. No time made by a stand-in is asserted or shown.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cuda_standin import fake_cuda
+from test_ch02_pipeline import _namespace, _time_copy_cell
+
+from helpers.pipeline import transfer as T
+from helpers.ui import codecells
+
+CUDA1 = torch.device("cuda", 1)
+
+
+def _time_copy():
+    ns = _namespace("cpu")
+    exec(compile(_time_copy_cell(), "<chapter 02: time_copy>", "exec"), ns)
+    return ns["time_copy"]
+
+
+def _pipeline(device: torch.device) -> dict:
+    ns = _namespace("cpu")
+    ns["DEVICE"] = device
+    for cell in codecells.pipeline_cells("02"):
+        exec(compile(cell, "<chapter 02: pipeline>", "exec"), ns)
+    return ns
+
+
+@pytest.mark.parametrize("current", [0, 1])
+@pytest.mark.parametrize("pinned", [True, False])
+def test_time_copy_brackets_each_copy_on_the_copys_stream(current: int, pinned: bool) -> None:
+    time_copy = _time_copy()
+    src = torch.arange(4096, dtype=torch.int64).to(torch.uint8)
+    with fake_cuda(devices=2, current=current) as cuda:
+        seconds = time_copy(src, CUDA1, pinned, 3, warmup=2)
+    assert len(seconds) == 3 and all(s > 0 for s in seconds)
+    copies = cuda.ops("copy")
+    assert len(copies) == 5  # warm-up + timed
+    assert all(c["device"] == CUDA1 and c.stream is cuda.default[1] for c in copies)
+    assert all(c["non_blocking"] == pinned and c["src_pinned"] == pinned for c in copies)
+    assert all(c["shape"] == (4096,) and c["dtype"] == torch.uint8 for c in copies)
+    assert len(cuda.ops("pin")) == (1 if pinned else 0)  # pinned once, before the loop
+    assert not src.is_pinned()  # the reader's tensor is left as it was
+    # Each copy is bracketed by two events on ITS stream, then the host waits for the end event, once.
+    log = cuda.log
+    for k, i in enumerate(n for n, op in enumerate(log) if op.kind == "copy"):
+        start, end, wait = log[i - 1], log[i + 1], log[i + 2]
+        assert start.kind == "record" and start.stream is log[i].stream, f"copy {k}: start event not on cuda:1's stream"
+        assert end.kind == "record" and end.stream is log[i].stream, f"copy {k}: end event not on cuda:1's stream"
+        assert wait.kind == "host_sync" and wait["event"] is end["event"]
+    assert len(cuda.host_syncs()) == 5  # one per copy: end.synchronize(); no torch.cuda.synchronize()
+
+
+def test_time_copy_on_the_current_device_still_brackets_its_copies() -> None:
+    """The plain case (one GPU, cuda = cuda:0 current): the same order."""
+    with fake_cuda(devices=1, current=0) as cuda:
+        _time_copy()(torch.ones(64, dtype=torch.uint8), torch.device("cuda"), True, 2, warmup=0)
+    kinds = [op.kind for op in cuda.log]
+    assert kinds == ["pin"] + ["record", "copy", "record", "host_sync"] * 2
+    assert {op.stream.index for op in cuda.log if op.stream is not None} == {0}
+
+
+@pytest.mark.parametrize("current", [0, 1])
+def test_stage_guards_each_refill_with_an_event_on_the_copys_stream(current: int) -> None:
+    ns = _pipeline(CUDA1)
+    gen = torch.Generator().manual_seed(0)
+    batches = [
+        (torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8, generator=gen), torch.randint(0, 10, (4,)))
+        for _ in range(3)
+    ]
+    with fake_cuda(devices=2, current=current) as cuda:
+        arrived = [ns["to_device"](x, y) for x, y in batches]
+        for (x, y), (xd, yd) in zip(batches, arrived):  # placement, dtype, shape and values
+            assert xd.device == CUDA1 and yd.device == CUDA1
+            assert (xd.dtype, xd.shape, yd.dtype, yd.shape) == (x.dtype, x.shape, y.dtype, y.shape)
+            assert torch.equal(xd.cpu(), x) and torch.equal(yd.cpu(), y)
+    assert ns["staging"].cache_info().currsize == 2  # one buffer (and event) for the images, one for the labels
+    assert len(cuda.ops("pin")) == 2
+    log = cuda.log
+    copies = [i for i, op in enumerate(log) if op.kind == "copy" and op["direction"] == "h2d"]
+    assert len(copies) == 6
+    for i in copies:
+        copy = log[i]
+        assert copy.stream is cuda.default[1] and copy["non_blocking"] and copy["src_pinned"]
+        record = log[i + 1]
+        assert record.kind == "record" and record.stream is copy.stream, "the event must go to the copy's stream"
+    # Each refill of a buffer waits (host) for the event recorded after that buffer's previous copy.
+    last_record: dict[int, object] = {}  # buffer id -> its event, as last recorded
+    for i, op in enumerate(log):
+        if op.kind == "fill_pinned" and op["buffer"] in last_record:
+            wait = log[i - 1]
+            assert wait.kind == "host_sync" and wait["event"] is last_record[op["buffer"]]
+        if op.kind == "copy" and op["direction"] == "h2d":
+            last_record[op["src"]] = log[i + 1]["event"]
+    # No other host sync in to_device: one event wait per staged tensor (the first waits on a fresh event).
+    assert len([op for op in cuda.host_syncs() if op["what"] == "event.synchronize"]) == 6
+
+
+def test_on_a_cpu_device_to_device_copies_nothing_even_with_cuda_present() -> None:
+    ns = _pipeline(torch.device("cpu"))
+    x, y = torch.zeros(2, 3), torch.zeros(2)
+    with fake_cuda() as cuda:
+        xd, yd = ns["to_device"](x, y)
+    assert xd is x and yd is y and cuda.log == []
+
+
+def test_sleep_calibration_and_probe_events_run_on_the_probed_device() -> None:
+    """transfer's GPU work and its events go to the device it measures, not to the current one."""
+    with fake_cuda(devices=2, current=0) as cuda:
+        T._sleep_cycles_per_s(CUDA1)
+        T._queue_gpu_work_fn(0.01, CUDA1)()
+    assert cuda.ops("kernel") and all(op.stream.index == 1 for op in cuda.ops("kernel"))
+    assert cuda.ops("record") and all(op.stream.index == 1 for op in cuda.ops("record"))
+    assert all(op["device"] == 1 for op in cuda.host_syncs() if "device" in op.detail)
