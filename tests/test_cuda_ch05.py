@@ -6,10 +6,18 @@ a stand-in is asserted or shown.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import json
+import types
+from typing import Any
+
+import pytest
 import torch
 from cuda_standin import fake_cuda
 
-from helpers.pipeline import overlap
+from helpers.pipeline import data, overlap
+from helpers.ui import codecells
 
 CUDA1 = torch.device("cuda", 1)
 
@@ -45,3 +53,142 @@ def test_sync_counter_synchronises_the_device_it_counts() -> None:
     syncs = cuda.host_syncs()
     assert len(syncs) == 2 and all(op["device"] == 1 for op in syncs)  # before and after fn, on cuda:1
     assert overlap._count_syncs(lambda: None, torch.device("cpu"))[0] is None  # nothing to count on a CPU
+
+
+# -- "Does it pay?": what a timed pass runs ----------------------------------------------------------
+
+DOES_IT_PAY = ("c5a1e0b1", "5e1c7a11", "fa095624")  # chapter 04 restated, in_line, the measuring cell
+
+
+class _CountingLoader(list):
+    """A loader that counts how often it is iterated (each iteration would decode a batch of images)."""
+
+    iterations = 0
+
+    def __iter__(self):  # type: ignore[override]
+        self.iterations += 1
+        return super().__iter__()
+
+
+def _does_it_pay_namespace(cuda, n: int = 3) -> tuple[dict[str, Any], list[tuple[int, Any]]]:
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader
+
+    from helpers.core import config
+    from helpers.core.progress import no_progress
+
+    steps: list[tuple[int, Any]] = []  # (place in the log, x) of every training step
+    g = torch.Generator().manual_seed(0)
+    u8 = [(torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8, generator=g), torch.arange(4)) for _ in range(n)]
+    ns: dict[str, Any] = {
+        "torch": torch,
+        "functools": functools,
+        "F": F,
+        "DataLoader": DataLoader,
+        "data": data,
+        "config": config,
+        "overlap": overlap,
+        "DEVICE": torch.device("cuda", 0),
+        "SEED": 0,
+        "WORKERS": 0,
+        "loader_u8": _CountingLoader(u8),
+        "loader_f32": _CountingLoader([(data.to_float_normalized(x), y) for x, y in u8]),
+        "progress_bar": lambda what: contextlib.nullcontext(no_progress),
+        "info": types.SimpleNamespace(classes=["a", "b"]),
+        "models": types.SimpleNamespace(build_model=lambda num_classes: _Model()),
+    }
+    cells = {c: _cell05(c) for c in DOES_IT_PAY}
+    exec(compile(cells["c5a1e0b1"], "<chapter 05: chapter 04 restated>", "exec"), ns)
+    ns["batches_04"] = ns["batches"]
+    exec(compile("\n\n".join(codecells.pipeline_cells("05")), "<chapter 05 pipeline>", "exec"), ns)
+    mean, std = (torch.tensor(v).view(1, 3, 1, 1) for v in (data.MEAN, data.STD))
+    ns["stats"] = lambda device: (mean, std)  # the statistics, made once per device, as host tensors here
+    ns["train_step"] = lambda model, optimizer, x, y: steps.append((len(cuda.log), x))
+    exec(compile(cells["5e1c7a11"], "<chapter 05: in_line>", "exec"), ns)
+    measuring = cells["fa095624"].split("\ntimes = ")[0]  # the function; the cell's evidence call shows it
+    exec(compile(measuring, "<chapter 05: time_your_pipeline>", "exec"), ns)
+    return ns, steps
+
+
+class _Model(torch.nn.Linear):
+    def __init__(self) -> None:
+        super().__init__(1, 1)
+
+    def to(self, *args: Any, **kwargs: Any) -> _Model:  # type: ignore[override]
+        return self  # its parameters are not what this test checks
+
+
+def _cell05(cell_id: str) -> str:
+    nb = json.loads(codecells.notebook_path("05").read_text(encoding="utf-8"))
+    return next("".join(c["source"]) for c in nb["cells"] if c.get("id") == cell_id)
+
+
+def test_does_it_pay_times_the_copy_on_preloaded_pinned_batches_not_the_loader() -> None:
+    """#24.2: every timed pass restarted the loader, whose load dwarfs the copy. Now each loader is read once,
+    into pinned memory, and each way's pass runs copy (or none) + normalise + step, and nothing else."""
+    n = 3
+    with fake_cuda(devices=1, current=0) as cuda:
+        ns, steps = _does_it_pay_namespace(cuda, n)
+        times = ns["time_your_pipeline"]()
+    assert ns["loader_u8"].iterations == 1 and ns["loader_f32"].iterations == 1, "a timed pass ran the loader"
+    assert len(cuda.ops("pin")) == 2 * 2 * n  # x and y of every batch of both loaders, pinned once
+    ways = ["chapter 04: float32, copied in line", overlap.IN_LINE, overlap.PREFETCHED, overlap.NO_COPY]
+    assert list(times.seconds) == ways
+    rounds = len(times.seconds[overlap.IN_LINE])
+    assert times.batches == dict.fromkeys(ways, n)
+    # The passes: between the device syncs time_batches makes before and after each one.
+    syncs = [i for i, op in enumerate(cuda.log) if op.kind == "host_sync"]
+    assert all(cuda.log[i]["what"] == "torch.cuda.synchronize" and cuda.log[i]["device"] == 0 for i in syncs)
+    passes = [(a, b) for a, b in zip(syncs, syncs[1:]) if any(a < at <= b for at, _ in steps)]
+    assert len(passes) == len(ways) * (rounds + 1)  # one warm-up pass per way, then the rounds
+    seen: dict[str, int] = {}
+    for a, b in passes:
+        ops = cuda.log[a + 1 : b]
+        pass_steps = [x for at, x in steps if a < at <= b]
+        assert len(pass_steps) == n and all(x.dtype == torch.float32 and x.shape == (4, 3, 8, 8) for x in pass_steps)
+        assert not [op for op in ops if op.kind in ("host_sync", "pin")], "a timed pass waited or pinned"
+        copies = [op for op in ops if op.kind == "copy"]
+        if not copies:
+            way = overlap.NO_COPY
+        elif all(c.stream is not cuda.default[0] for c in copies):
+            way = overlap.PREFETCHED
+            assert [op.kind for op in ops].count("wait_stream") == n + 1 and len(cuda.ops("record_stream")) > 0
+        elif copies[0]["dtype"] == torch.float32:
+            way = ways[0]
+        else:
+            way = overlap.IN_LINE
+        assert len(copies) == (0 if way == overlap.NO_COPY else 2 * n)
+        assert all(c["src_pinned"] and c["non_blocking"] and c["device"] == torch.device("cuda", 0) for c in copies)
+        seen[way] = seen.get(way, 0) + 1
+    assert seen == dict.fromkeys(ways, rounds + 1)
+    assert "hidden" in times.report() or "spread" in times.report()  # the copy-hidden line is there
+
+
+def test_preload_reads_one_pass_and_pins_only_for_cuda() -> None:
+    loader = _CountingLoader([(torch.zeros(2, 3), torch.zeros(2)) for _ in range(2)])
+    held = overlap.preload(loader, "cpu")
+    assert loader.iterations == 1 and len(held) == 2 and all(isinstance(b, tuple) for b in held)
+    assert held[0][0] is loader[0][0]  # on a CPU: the loader's own tensors, nothing pinned or copied
+    with fake_cuda(devices=1) as cuda:
+        pinned = overlap.preload(loader, "cuda")
+        assert all(t.is_pinned() for b in pinned for t in b)
+        again = overlap.preload(pinned, "cuda")
+        assert all(a is b for x, y in zip(pinned, again) for a, b in zip(x, y))  # pinned already: kept
+    assert len(cuda.ops("pin")) == 4
+    with pytest.raises(ValueError, match="no batch"):
+        overlap.preload([], "cpu")
+    with pytest.raises(ValueError, match="not a tuple of tensors"):
+        overlap.preload([torch.zeros(2)], "cpu")
+
+
+def test_copy_hidden_reads_the_three_ways_and_names_noise() -> None:
+    ms = 1e-3
+    t = overlap.BatchTimes(
+        "cuda:0",
+        {overlap.IN_LINE: [3 * ms, 3.1 * ms], overlap.PREFETCHED: [2 * ms, 2 * ms], overlap.NO_COPY: [1 * ms, 1 * ms]},
+    )
+    assert t.copy_hidden() is not None and "51% hidden" in t.copy_hidden()  # (3.05 - 2) / (3.05 - 1)
+    assert "51% hidden" in t.report()
+    noisy = overlap.BatchTimes("cuda:0", {k: [1 * ms, 2 * ms] for k in t.seconds})
+    assert "too small" in (noisy.copy_hidden() or "")
+    assert overlap.BatchTimes("cpu", {"a": [1.0]}).copy_hidden() is None

@@ -100,6 +100,10 @@ __all__ = [
     "sync_count_lines",
     "hazard_count_lines",
     "BatchTimes",
+    "IN_LINE",
+    "PREFETCHED",
+    "NO_COPY",
+    "preload",
     "time_batches",
     "PREFETCH_REFERENCE_WHAT",
     "prefetch_times_from_records",
@@ -856,6 +860,39 @@ def hazard_count_lines(records: list[Record]) -> list[str]:
 # Prefetcher measurements (GPU) — used by the chapter and its benchmark (helpers.chapters.ch05)
 # ---------------------------------------------------------------------------
 
+#: The three ways of chapter 05's "Does it pay?" that say how much of the copy the prefetcher hides:
+#: uint8 batches copied and normalised in line on the current stream, through the reader's Prefetcher,
+#: and already on the device (no copy at all: the floor). :meth:`BatchTimes.copy_hidden` reads them.
+IN_LINE = "uint8, copied and normalised in line"
+PREFETCHED = "uint8, through your Prefetcher"
+NO_COPY = "uint8, already on the GPU (no copy)"
+
+
+def preload(loader: Iterable[Any], device: torch.device | str | None = None) -> list[tuple[Any, ...]]:
+    """One pass of ``loader``, held in host memory: its ``(x, y, ...)`` batches as a list, pinned for CUDA.
+
+    Timing the copy with a loader in the loop times the loader: a pass that restarts it decodes a
+    batch of images (milliseconds) for every copy (a fraction of a millisecond). Iterating this list
+    instead costs nothing, so what a timed pass of ``batches(list)`` measures is the copy, the
+    normalisation and the step. The list is a loader to the reader's ``batches`` and ``Prefetcher``
+    (they only iterate it). With ``device`` on CUDA every tensor is pinned (a tensor the loader has
+    pinned already is kept as it is), so each copy is one DMA, as from a ``pin_memory=True`` loader.
+
+    Raises:
+        ValueError: the loader gives no batch, or a batch that is not a tuple or list of tensors.
+    """
+    dev = resolve_device(device)
+    out: list[tuple[Any, ...]] = []
+    for i, batch in enumerate(loader):
+        if not isinstance(batch, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in batch):
+            raise ValueError(f"batch {i} of the loader is {type(batch).__name__}, not a tuple of tensors (x, y)")
+        if dev.type == "cuda":
+            batch = tuple(t if t.is_pinned() else t.pin_memory() for t in batch)
+        out.append(tuple(batch))
+    if not out:
+        raise ValueError("the loader gave no batch to preload: give it at least batch_size items (drop_last=True)")
+    return out
+
 
 @dataclass
 class BatchTimes:
@@ -885,7 +922,29 @@ class BatchTimes:
                 f"  {name:<{width}}  {self.median(name) * 1e3:8.3f}  ({min(vals) * 1e3:.3f}-"
                 f"{max(vals) * 1e3:.3f}){ratio}"
             )
+        hidden = self.copy_hidden()
+        if hidden is not None:
+            lines += textwrap.wrap(hidden, 105)
         return "\n".join(lines)
+
+    def copy_hidden(self) -> str | None:
+        """How much of the in-line copy the prefetcher hid, from :data:`IN_LINE`, :data:`PREFETCHED` and
+        :data:`NO_COPY` (None when one is missing): the copy costs ``in line - no copy`` per batch, the
+        prefetcher saves ``in line - prefetched``. A cost within the rounds' spread is said to be noise."""
+        if not all(k in self.seconds for k in (IN_LINE, PREFETCHED, NO_COPY)):
+            return None
+        inline, pf, floor = self.median(IN_LINE), self.median(PREFETCHED), self.median(NO_COPY)
+        cost = inline - floor
+        spread = max(max(v) - min(v) for k, v in self.seconds.items() if k in (IN_LINE, NO_COPY))
+        if cost <= spread:
+            return (
+                f"The copy's cost per batch ({cost * 1e3:.3f} ms, in line minus no copy) is within the rounds' "
+                f"spread ({spread * 1e3:.3f} ms): too small to say how much of it the prefetcher hides here."
+            )
+        return (
+            f"The copy costs {cost * 1e3:.3f} ms per batch in line (in line minus no copy); the prefetcher "
+            f"saves {(inline - pf) * 1e3:.3f} ms of it: {(inline - pf) / cost:.0%} hidden."
+        )
 
 
 def time_batches(
@@ -905,6 +964,9 @@ def time_batches(
     round (so drift in the machine's speed cancels), with the device synchronised before and
     after each pass. Works on any device; on a CPU there is no copy to hide, so the ways differ
     only by noise.
+
+    What a pass times is everything ``variants[name]()`` does: give it batches that are already in
+    memory (:func:`preload`), or each pass times the loader too, which dwarfs a copy.
     """
     dev = resolve_device(device)
     rounds = check_int("rounds", rounds, 1, 50)
@@ -942,7 +1004,7 @@ def time_batches(
 #: What the reference figures of the prefetcher are (they are not the reader's cells).
 PREFETCH_REFERENCE_WHAT = (
     "Reference figures, recorded with the workbook's reference prefetcher (helpers.pipeline.prefetch.Prefetcher) "
-    "and a synthetic compute per batch, not with your cells:"
+    "on pre-loaded pinned batches and a synthetic compute per batch, not with your cells:"
 )
 
 
