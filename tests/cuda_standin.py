@@ -19,7 +19,9 @@ for the block only, the parts of the API the workbook's CUDA paths use:
   ``copy_kernel_cuda`` sets a guard to the CUDA side's device, then takes ``getCurrentCUDAStream()``) and
   returns a CPU copy whose ``.device`` / ``.is_cuda`` say where it went; ``copy_`` into such a tensor (or
   into a pinned buffer) is logged too; ``.cpu()`` of a placed tensor returns an unplaced copy;
-  ``record_stream`` is logged; ``torch.cuda._sleep`` logs a ``kernel`` on the current device's current stream.
+  ``record_stream`` is logged; ``torch.cuda._sleep`` logs a ``kernel`` on the current device's current stream;
+  ``torch.empty/zeros/ones/...(device=cuda)`` and ``*_like`` make such placed tensors, ``pin_memory=True``
+  pinned ones; ``mem_get_info`` says 8 of 16 GiB are free and ``get_device_name`` names a stand-in.
 
 Every call lands in ``cuda.log`` as an :class:`Op`, in order. Times (``Event.elapsed_time``) are a fixed
 stand-in value: they check that code runs and reads them, never a speed, and no number made here
@@ -43,6 +45,10 @@ _REAL_COPY = _TensorBase.copy_
 _REAL_CPU = _TensorBase.cpu
 _REAL_DEVICE = _TensorBase.device
 _REAL_IS_CUDA = _TensorBase.is_cuda
+
+#: Tensor factories that take ``device=`` (and ``pin_memory=``), replaced inside :func:`fake_cuda`.
+FACTORIES = ("empty", "zeros", "ones", "full", "rand", "randn", "randint", "arange", "tensor")
+LIKE_FACTORIES = ("empty_like", "zeros_like", "ones_like", "full_like")
 
 #: What ``Event.elapsed_time`` answers (ms): a stand-in value, never a measurement.
 STANDIN_MS = 1.0
@@ -284,6 +290,25 @@ def fake_cuda(devices: int = 2, current: int = 0) -> Iterator[FakeCuda]:
     def is_cuda(self: torch.Tensor) -> bool:
         return cuda.placed_on(self) is not None or _REAL_IS_CUDA.__get__(self)
 
+    def factory(real: Any, like: bool = False) -> Any:
+        """torch.empty/zeros/ones/... with ``device=cuda``: a CPU tensor that says it is on that device;
+        with ``pin_memory=True``: a pinned (stand-in) one. ``*_like`` keeps the device of its model."""
+
+        def make(*args: Any, **kwargs: Any) -> torch.Tensor:
+            pin = kwargs.pop("pin_memory", False)
+            dev = kwargs.get("device")
+            if dev is None and like and args and isinstance(args[0], torch.Tensor):
+                dev = cuda.placed_on(args[0])
+            if dev is not None and torch.device(dev).type == "cuda":
+                kwargs["device"] = "cpu"
+                return cuda._place(real(*args, **kwargs), torch.device("cuda", cuda.index(dev)))
+            if like:
+                kwargs.setdefault("device", "cpu")
+            out = real(*args, **kwargs)
+            return cuda.pin(out) if pin else out
+
+        return make
+
     def synchronize(device: Any = None) -> None:
         cuda._op("host_sync", None, what="torch.cuda.synchronize", device=cuda.index(device))
 
@@ -310,6 +335,11 @@ def fake_cuda(devices: int = 2, current: int = 0) -> Iterator[FakeCuda]:
         mock.patch.object(torch.cuda, "Event", lambda *a, **k: FakeEvent(cuda, *a, **k)),
         mock.patch.object(torch.cuda, "synchronize", synchronize),
         mock.patch.object(torch.cuda, "_sleep", sleep, create=True),
+        mock.patch.object(torch.cuda, "mem_get_info", lambda device=None: (8 << 30, 16 << 30)),
+        mock.patch.object(torch.cuda, "get_device_name", lambda device=None: "a stand-in GPU (no numbers)"),
+        mock.patch.object(torch.cuda, "empty_cache", lambda: None),
+        *[mock.patch.object(torch, name, factory(getattr(torch, name))) for name in FACTORIES],
+        *[mock.patch.object(torch, name, factory(getattr(torch, name), like=True)) for name in LIKE_FACTORIES],
         mock.patch.object(torch.accelerator, "is_available", lambda: True),
         mock.patch.object(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cuda")),
         mock.patch.object(torch.accelerator, "current_device_index", lambda: cuda.current),

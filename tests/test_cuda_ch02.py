@@ -120,3 +120,45 @@ def test_sleep_calibration_and_probe_events_run_on_the_probed_device() -> None:
     assert cuda.ops("kernel") and all(op.stream.index == 1 for op in cuda.ops("kernel"))
     assert cuda.ops("record") and all(op.stream.index == 1 for op in cuda.ops("record"))
     assert all(op["device"] == 1 for op in cuda.host_syncs() if "device" in op.detail)
+
+
+def _by_device(cuda) -> set[int]:
+    return {op.stream.index for op in cuda.log if op.stream is not None} | {
+        op["device"] for op in cuda.host_syncs() if "device" in op.detail
+    }
+
+
+def test_measure_sweeps_times_both_directions_on_the_chosen_device() -> None:
+    """ch02.measure_sweeps: H2D by the reader's time_copy, D2H by transfer_sweep on a side stream; all on cuda:1."""
+    from helpers.chapters import ch02
+
+    sizes = [4 * 1024, 64 * 1024]
+    with fake_cuda(devices=2, current=0) as cuda:
+        result = ch02.measure_sweeps(_time_copy(), sizes, device=CUDA1, repeats=2, rounds=1)
+    assert set(result.sweeps) == {("h2d", "pageable"), ("h2d", "pinned"), ("d2h", "pageable"), ("d2h", "pinned")}
+    assert all(sw.sizes() == sizes for sw in result.sweeps.values())
+    assert _by_device(cuda) == {1}, "something ran on cuda:0, the current device, not the one measured"
+    log = cuda.log
+    for i, op in enumerate(log):
+        if op.kind != "copy" or op["direction"] == "d2d":
+            continue
+        if op["direction"] == "h2d" and op["shape"] in ((4 * 1024,), (64 * 1024,)) and log[i - 1].kind == "record":
+            assert log[i - 1].stream is op.stream is cuda.default[1]  # the reader's loop: DEVICE's stream
+        if op["direction"] == "d2h":
+            assert op.stream is not cuda.default[1] and op.stream.index == 1  # transfer_sweep's side stream
+            assert op["non_blocking"] == op["src_pinned"] or not op["src_pinned"]
+    d2h_records = [op for op in cuda.ops("record") if op.stream is not cuda.default[1]]
+    assert d2h_records and all(op.stream.index == 1 for op in d2h_records)
+
+
+def test_host_blocking_probe_queues_each_copy_behind_the_gpu_work_on_its_device() -> None:
+    with fake_cuda(devices=2, current=0) as cuda:
+        held = T.host_blocking_probe(device=CUDA1, gpu_work_s=0.01, nbytes=1 << 20, repeats=1)
+    assert set(held.held_s) == {"pageable", "pageable, non_blocking=True", "pinned, non_blocking=True"}
+    assert _by_device(cuda) == {1}
+    log = cuda.log
+    timed = [i for i, op in enumerate(log) if op.kind == "copy" and log[i - 1].kind == "kernel"]
+    assert len(timed) == 3  # each case: the work, then at once the copy call whose time is taken
+    for i in timed:
+        assert log[i - 1].stream is log[i].stream is cuda.default[1]  # same stream: the copy waits for the work
+        assert log[i - 2].kind == "host_sync" and log[i + 1].kind == "host_sync"  # synced before and after only

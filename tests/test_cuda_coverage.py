@@ -55,6 +55,11 @@ SAMPLE = textwrap.dedent(
         if torch.cuda.is_available() or dev:
             return 4                    # 39
         return torch.cuda.device_count()
+
+    def maybe(on):
+        s = torch.cuda.Stream() if on else None   # 43: a conditional expression is not unconditional
+        f = lambda: torch.cuda.synchronize()      # 44: runs when called
+        return s, f
     """
 )
 
@@ -62,7 +67,7 @@ SAMPLE = textwrap.dedent(
 def test_the_three_rules_find_the_cuda_only_lines() -> None:
     lines = cc.cuda_only_lines(SAMPLE)
     assert {7, 8, 14, 16, 17, 18, 22, 27, 31, 34, 35} <= lines
-    assert not {5, 6, 11, 13, 24, 29, 37, 38, 39, 40} & lines
+    assert not {5, 6, 11, 13, 24, 29, 37, 38, 39, 40, 42, 43, 44, 45} & lines
 
 
 def test_report_counts_cuda_only_lines_apart() -> None:
