@@ -113,7 +113,7 @@ class FakeEvent:
         return STANDIN_MS
 
 
-@dataclass
+@dataclass(eq=False)  # two calls are two ops, even with the same details: log.index(op) finds this one
 class Op:
     """One logged call: ``kind`` (copy, record, host_sync, wait_stream, ...), the stream it went to, details."""
 

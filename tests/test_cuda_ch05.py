@@ -192,3 +192,48 @@ def test_copy_hidden_reads_the_three_ways_and_names_noise() -> None:
     noisy = overlap.BatchTimes("cuda:0", {k: [1 * ms, 2 * ms] for k in t.seconds})
     assert "too small" in (noisy.copy_hidden() or "")
     assert overlap.BatchTimes("cpu", {"a": [1.0]}).copy_hidden() is None
+
+
+# -- the 2x2 experiment: which stream each copy, each compute and each event goes to -----------------
+
+
+@pytest.mark.parametrize(("memory", "stream"), overlap.CELLS)
+def test_run_cell_puts_copy_compute_and_events_on_the_measured_devices_streams(memory: str, stream: str) -> None:
+    steps = 2
+    with fake_cuda(devices=2, current=0) as cuda:
+        cell = overlap.run_cell(memory, stream, device=CUDA1, copy_mib=1, matmul_n=16, steps=steps)
+    assert cell.on_gpu and cell.expected == overlap.expected_label(memory, stream)
+    default = cuda.default[1]
+    used = {op.stream.index for op in cuda.log if op.stream is not None}
+    assert used == {1}, "an event or a copy went to the current device (cuda:0), not the measured one"
+    assert all(op["device"] == 1 for op in cuda.host_syncs() if "device" in op.detail)
+    copies = [op for op in cuda.ops("copy") if op["direction"] == "h2d" and op["shape"] == ((1 << 20) // 4,)]
+    assert len(copies) == steps + 1  # a warm-up copy, then one per step
+    for op in copies:
+        assert op["src_pinned"] == (memory == "pinned") and op["non_blocking"]
+        assert (op.stream is not default) == (stream == "side")
+    if stream == "side":  # the side stream starts after the warm-up's work on the compute stream
+        waits = cuda.ops("wait_stream")
+        assert waits and waits[0].stream is copies[0].stream and waits[0]["other"] is default
+    # In each step the copy is bracketed by events on ITS stream, and the step ends with one host sync.
+    log = cuda.log
+    for op in copies[1:]:
+        i = log.index(op)
+        assert log[i - 1].kind == "record" and log[i - 1].stream is op.stream
+        assert log[i + 1].kind == "record" and log[i + 1].stream is op.stream
+    first = log.index(copies[1]) - 1
+    syncs = [op for op in cuda.host_syncs(first) if op["what"] == "torch.cuda.synchronize"]
+    assert len(syncs) == steps + 2  # one per step, then finish() and the final one
+
+
+def test_the_race_checks_delay_queues_on_the_checked_device() -> None:
+    """prefetch's race checks queue do-nothing GPU work before a check: on the device checked, not the current one."""
+    from helpers.pipeline import prefetch
+
+    with fake_cuda(devices=2, current=0) as cuda:
+        delay = prefetch._delay_behind_copy(torch.ones(64).pin_memory(), CUDA1)
+        start = len(cuda.log)
+        delay()
+    assert cuda.ops("kernel") and all(op.stream is cuda.default[1] for op in cuda.ops("kernel"))
+    assert [op.kind for op in cuda.log[start:]] == ["kernel"]  # the delay itself never waits on the host
+    assert all(op.stream.index == 1 for op in cuda.ops("record"))
