@@ -266,6 +266,7 @@ def fake_cuda(devices: int = 2, current: int = 0) -> Iterator[FakeCuda]:
                 device=cuda_side,
                 non_blocking=non_blocking,
                 src_pinned=cuda.is_pinned(src),
+                dst_pinned=cuda.is_pinned(self),
                 shape=tuple(self.shape),
                 dtype=self.dtype,
                 src=id(src),

@@ -162,3 +162,34 @@ def test_host_blocking_probe_queues_each_copy_behind_the_gpu_work_on_its_device(
     for i in timed:
         assert log[i - 1].stream is log[i].stream is cuda.default[1]  # same stream: the copy waits for the work
         assert log[i - 2].kind == "host_sync" and log[i + 1].kind == "host_sync"  # synced before and after only
+
+
+@pytest.mark.parametrize(("direction", "memory"), [("h2d", "pinned"), ("h2d", "pageable"), ("d2h", "pinned")])
+def test_the_panel_measures_on_the_chosen_device_with_the_readers_function(direction: str, memory: str) -> None:
+    """ch02.panel_run with CUDA: an H2D copy by the reader's time_copy, a D2H one by measure_copy, on cuda:1."""
+    from helpers.chapters import ch02
+    from helpers.core.progress import no_progress
+
+    with fake_cuda(devices=2, current=0) as cuda:
+        ev = ch02.panel_run(
+            no_progress,
+            device=CUDA1,
+            size_mib=1,
+            direction=direction,
+            memory=memory,
+            dtype="float32",
+            copy_fn=_time_copy(),
+            repeats=2,
+        )
+    reading = ev.value
+    assert ev.here and reading.nbytes == 4 << 20 and reading.measured is not None and reading.host is None
+    assert (reading.measured.direction, reading.measured.memory) == (direction, memory)
+    assert _by_device(cuda) == {1}
+    timed = [op for op in cuda.ops("copy") if op["direction"] == direction and op["shape"] == (1 << 20,)]
+    host_side = "src_pinned" if direction == "h2d" else "dst_pinned"
+    assert timed and all(op["dtype"] == torch.float32 and op[host_side] == (memory == "pinned") for op in timed)
+    log = cuda.log
+    for op in timed:
+        i = log.index(op)
+        if log[i - 1].kind == "record":  # a timed copy: both events on the copy's stream
+            assert log[i - 1].stream is op.stream is log[i + 1].stream

@@ -613,7 +613,7 @@ def _d2h_fix(x_gpu: torch.Tensor, out: torch.Tensor) -> int:
     out.copy_(x_gpu, non_blocking=True)
     if x_gpu.is_cuda:
         done = torch.cuda.Event()
-        done.record(torch.cuda.current_stream(x_gpu.device))  # on the stream that queued the copy (its device's)
+        done.record(torch.cuda.current_stream(x_gpu.device))  # on the stream the copy went to
         done.synchronize()  # the host waits until the GPU has passed this point
     return int((out != 1).sum())
 
@@ -674,7 +674,7 @@ def _mutation_fix(src: torch.Tensor, dst: torch.Tensor) -> None:
     dst.copy_(src, non_blocking=True)
     if dst.is_cuda:
         copied = torch.cuda.Event()
-        copied.record(torch.cuda.current_stream(dst.device))  # the copy's stream (no argument: the current device's)
+        copied.record(torch.cuda.current_stream(dst.device))  # on the stream the copy went to
         copied.synchronize()  # or: keep two source buffers and alternate
     src.fill_(2.0)
 
