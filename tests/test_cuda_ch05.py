@@ -237,3 +237,13 @@ def test_the_race_checks_delay_queues_on_the_checked_device() -> None:
     assert cuda.ops("kernel") and all(op.stream is cuda.default[1] for op in cuda.ops("kernel"))
     assert [op.kind for op in cuda.log[start:]] == ["kernel"]  # the delay itself never waits on the host
     assert all(op.stream.index == 1 for op in cuda.ops("record"))
+
+
+def test_the_panel_runs_the_cell_on_the_chosen_device() -> None:
+    from helpers.chapters import ch05
+
+    with fake_cuda(devices=2, current=0) as cuda:
+        ev = ch05.panel_run(None, device=CUDA1, copy_mib=1, matmul_n=16, memory="pinned", stream="side")
+    assert ev.here and ev.value.on_gpu and ev.value.expected == "overlapped"
+    assert {op.stream.index for op in cuda.log if op.stream is not None} == {1}
+    assert any(op.stream is not cuda.default[1] for op in cuda.ops("copy"))  # the side stream copied
