@@ -12,7 +12,7 @@ NB_TIMEOUT ?= 300
 # JupyterLab refuses to start as root unless told; containers often run as root.
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: setup compile lab test test-fast lint test-unit test-notebooks test-browser bench gpu-check clean help
+.PHONY: setup compile lab test test-fast lint test-unit test-notebooks test-browser bench gpu-check coverage-cuda clean help
 
 help:
 	@echo "make lab         set up .venv and open the workbook in JupyterLab"
@@ -23,6 +23,7 @@ help:
 	@echo "make test-browser    every chapter in JupyterLab + headless Chromium (installs Debian's chromium)"
 	@echo "make bench       every chapter's measurements headless -> artifacts/bench-*.json + .png (BENCH_ARGS=--quick)"
 	@echo "make gpu-check   on a CUDA machine (~25 min): smoke (CUDA-only tests + notebooks, quick), the bench + a reference file, every notebook in full mode, the CUDA-only tests"
+	@echo "make coverage-cuda  helpers/ line coverage by the unit tests, CUDA-only lines counted apart (COVERAGE_ARGS='--tests tests/test_x.py')"
 	@echo "make clean       remove .venv, caches and artifacts"
 
 # Re-installs only when the dependency files change, so a second run is quick. pip byte-compiles what it
@@ -85,6 +86,10 @@ AFTER_NBVAL ?=
 test-browser: setup
 	tools/install_browser.sh
 	WORKBOOK_QUICK=1 WORKBOOK_BROWSER_AFTER_NBVAL=$(AFTER_NBVAL) $(BIN)/python -m pytest -q -p no:cacheprovider --durations=0 -m browser tests/browser
+
+# How much of helpers/ the unit tests run, and of its CUDA-only lines (the rule: tools/cuda_coverage.py's docstring).
+coverage-cuda: setup
+	$(BIN)/python tools/cuda_coverage.py $(COVERAGE_ARGS)
 
 # Every chapter's measurements, headless (BENCH_ARGS=--quick for a smoke run).
 bench: setup

@@ -73,8 +73,9 @@ def test_time_copy_cell_is_short_and_teaches_the_loop():
         ".pin_memory()",
         "non_blocking=True",
         "torch.cuda.Event(enable_timing=True)",
-        "start.record()",
-        "end.record()",
+        "torch.cuda.current_stream(device)",
+        "start.record(stream)",
+        "end.record(stream)",
         "end.synchronize()",
         "elapsed_time",
         "warmup",
@@ -96,7 +97,7 @@ def test_pipeline_cell_defines_the_staged_copy():
         stage.index("copied.synchronize()")
         < stage.index("buf.copy_(t)")
         < stage.index("buf.to(DEVICE, non_blocking=True)")
-        < stage.index("copied.record()")
+        < stage.index("copied.record(torch.cuda.current_stream(DEVICE))")
     )
     assert ".pin_memory()" in defs["staging"] and "lru_cache" in defs["staging"]
     assert "x.to(DEVICE), y.to(DEVICE)" in defs["to_device"]

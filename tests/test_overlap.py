@@ -4,6 +4,7 @@ The live panel and the benchmark are chapter 05's module (tests/test_ch05_pipeli
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import matplotlib
@@ -240,3 +241,9 @@ def test_hazards_show_on_gpu() -> None:
     assert h.bug[".item() alone"] == 1 and h.bug[".cpu() alone"] == 1
     assert h.bug["print(loss) alone"] > 1  # torch/_tensor_str.py reads the value several times
     assert h.bug["per step"] == pytest.approx(h.bug["synchronisations"] / 5)
+
+
+def test_the_hazards_printed_code_fits_a_notebook_line() -> None:
+    """Chapter 05 prints the buggy and fixed functions' source; a line over 110 characters wraps mid-word."""
+    for fn in (ov._d2h_bug, ov._d2h_fix, ov._mutation_bug, ov._mutation_fix, ov._loop_hidden_syncs, ov._loop_no_syncs):
+        assert all(len(line) <= 110 for line in inspect.getsource(fn).splitlines()), fn.__name__

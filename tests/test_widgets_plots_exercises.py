@@ -245,3 +245,32 @@ def test_status_names_the_settings_of_a_run_started_from_python() -> None:
     assert "n=5" in panel.status.value and "notebook cell" in panel.status.value
     panel.button.click()
     assert "with the settings above" in panel.status.value
+
+
+def test_strict_gpu_run_lets_a_checkers_cuda_error_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    """#24.3: the 05.3 checker re-raises a CUDA error under WORKBOOK_REQUIRE_GPU=1; check() must not swallow it."""
+    monkeypatch.delenv(config.GRADE_ENV, raising=False)
+    monkeypatch.setenv(config.REQUIRE_GPU_ENV, "1")
+
+    def raises(exc: BaseException):
+        def expected(answer: object) -> bool:
+            raise exc
+
+        return expected
+
+    cuda_error = RuntimeError("CUDA error: an illegal memory access was encountered")
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        exercises.check("05.3", object(), expected=raises(cuda_error))
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        exercises.check_parts("05.9", a=exercises.Part(object(), expected=raises(cuda_error)))
+    accel = getattr(__import__("torch"), "AcceleratorError", None)
+    if accel is not None:  # torch's own class for CUDA errors (torch >= 2.8), matched by name
+        with pytest.raises(accel):
+            exercises.check("05.3", object(), expected=raises(accel.__new__(accel)))
+    # Not a CUDA error: still a verdict naming it, even on a strict GPU run.
+    r = exercises.check("05.3", object(), expected=raises(ValueError("odd answer")))
+    assert r.status == "wrong" and "ValueError: odd answer" in r.message
+    # Without the strict flag, a CUDA error is a verdict too (a reader's notebook never crashes on it).
+    monkeypatch.setenv(config.REQUIRE_GPU_ENV, "0")
+    r = exercises.check("05.3", object(), expected=raises(cuda_error))
+    assert r.status == "wrong" and "CUDA error" in r.message

@@ -46,6 +46,7 @@ benchmark are in :mod:`helpers.chapters.ch05`.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import io
 import math
@@ -100,6 +101,10 @@ __all__ = [
     "sync_count_lines",
     "hazard_count_lines",
     "BatchTimes",
+    "IN_LINE",
+    "PREFETCHED",
+    "NO_COPY",
+    "preload",
     "time_batches",
     "PREFETCH_REFERENCE_WHAT",
     "prefetch_times_from_records",
@@ -287,6 +292,28 @@ def run_cell(
     """
     _check_cell(memory, stream)
     dev = resolve_device(device)
+    with _on_device(dev):  # the recorder's reference event and the compute's events go to dev's stream
+        return _run_cell(memory, stream, dev, copy_mib=copy_mib, matmul_n=matmul_n, steps=steps, progress=progress)
+
+
+def _on_device(dev: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """``torch.cuda.device(dev)`` for a CUDA device, else nothing. Inside it, what takes no device goes to ``dev``:
+    ``Event.record()`` (torch records on ``torch.cuda.current_stream()``, the *current* device's),
+    ``torch.cuda._sleep`` (:class:`~helpers.core.timing.GpuDelay`), the timing helpers' reference events."""
+    return torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
+
+
+def _run_cell(
+    memory: str,
+    stream: str,
+    dev: torch.device,
+    *,
+    copy_mib: int | None,
+    matmul_n: int | None,
+    steps: int | None,
+    progress: Callable[[float, str], None] | None,
+) -> CellResult:
+    """:func:`run_cell` on a resolved device (current, when CUDA)."""
     on_gpu = dev.type == "cuda"
     copy_mib, matmul_n, steps = _defaults(on_gpu, copy_mib, matmul_n, steps)
     notes: list[str] = []
@@ -335,7 +362,7 @@ def run_cell(
             with rec.span("copy", i, gpu=True, lane=copy_lane, stream=copy_stream if on_gpu else None):
                 do_copy(nxt)
             rec.add("copy call", i, h0, rec.now(), lane=HOST_LANE)
-            with rec.span("compute", i, gpu=True, lane=compute_lane):
+            with rec.span("compute", i, gpu=True, lane=compute_lane, stream=compute_stream):
                 do_compute(cur)
             h2 = rec.now()
             synchronize(dev)
@@ -586,7 +613,7 @@ def _d2h_fix(x_gpu: torch.Tensor, out: torch.Tensor) -> int:
     out.copy_(x_gpu, non_blocking=True)
     if x_gpu.is_cuda:
         done = torch.cuda.Event()
-        done.record()  # on the stream that queued the copy
+        done.record(torch.cuda.current_stream(x_gpu.device))  # on the stream the copy went to
         done.synchronize()  # the host waits until the GPU has passed this point
     return int((out != 1).sum())
 
@@ -606,7 +633,8 @@ def hazard_d2h_read_before_sync(device: torch.device | str | None = None, n: int
         out = torch.full((n,), -1.0, pin_memory=on_gpu)
         x = torch.empty(n, device=dev)
         if on_gpu:
-            GpuDelay(dev)()  # the GPU is busy for a while ...
+            with _on_device(dev):  # GpuDelay queues on the current device: make it dev
+                GpuDelay(dev)()  # the GPU is busy for a while ...
         x.fill_(1.0)  # ... so x only becomes all ones later
         wrong = fn(x, out)
         synchronize(dev)
@@ -646,7 +674,7 @@ def _mutation_fix(src: torch.Tensor, dst: torch.Tensor) -> None:
     dst.copy_(src, non_blocking=True)
     if dst.is_cuda:
         copied = torch.cuda.Event()
-        copied.record()
+        copied.record(torch.cuda.current_stream(dst.device))  # on the stream the copy went to
         copied.synchronize()  # or: keep two source buffers and alternate
     src.fill_(2.0)
 
@@ -665,7 +693,8 @@ def hazard_pinned_source_mutation(device: torch.device | str | None = None, n: i
         src = torch.ones(n, pin_memory=on_gpu)
         dst = torch.zeros(n, device=dev)
         if on_gpu:
-            GpuDelay(dev)()
+            with _on_device(dev):  # GpuDelay queues on the current device: make it dev
+                GpuDelay(dev)()
         fn(src, dst)
         synchronize(dev)
         results[label] = {"elements that arrived wrong": int((dst != 1).sum()), "of": n}
@@ -714,14 +743,14 @@ def _loop_no_syncs(x: torch.Tensor, w: torch.Tensor, steps: int, sink: io.String
     return value
 
 
-def _count_syncs(fn: Callable[[], Any], on_gpu: bool) -> tuple[int | None, float]:
-    """(synchronisations reported by torch's sync debug mode, wall seconds)."""
-    if not on_gpu:
+def _count_syncs(fn: Callable[[], Any], dev: torch.device) -> tuple[int | None, float]:
+    """(synchronisations reported by torch's sync debug mode, wall seconds) of ``fn`` working on ``dev``."""
+    if dev.type != "cuda":
         t0 = time.perf_counter()
         fn()
         return None, time.perf_counter() - t0
     old = torch.cuda.get_sync_debug_mode()
-    torch.cuda.synchronize()
+    torch.cuda.synchronize(dev)  # dev's queued work, not the current device's
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -729,7 +758,7 @@ def _count_syncs(fn: Callable[[], Any], on_gpu: bool) -> tuple[int | None, float
             t0 = time.perf_counter()
             fn()
             torch.cuda.set_sync_debug_mode(old)
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(dev)
             seconds = time.perf_counter() - t0
         finally:
             torch.cuda.set_sync_debug_mode(old)
@@ -767,15 +796,15 @@ def hazard_hidden_syncs(
     sink = io.StringIO()
     _loop_no_syncs(x, w, 2, sink)  # warm-up
     synchronize(dev)
-    n_bug, s_bug = _count_syncs(lambda: _loop_hidden_syncs(x, w, steps, sink), on_gpu)
-    n_fix, s_fix = _count_syncs(lambda: _loop_no_syncs(x, w, steps, sink), on_gpu)
+    n_bug, s_bug = _count_syncs(lambda: _loop_hidden_syncs(x, w, steps, sink), dev)
+    n_fix, s_fix = _count_syncs(lambda: _loop_no_syncs(x, w, steps, sink), dev)
     if on_gpu:
         assert n_bug is not None and n_fix is not None  # counted on a GPU
         loss = (x @ w).relu().mean()
         per_line = {
-            ".item()": _count_syncs(lambda: loss.item(), True)[0],
-            "print(loss)": _count_syncs(lambda: print(loss, file=sink), True)[0],
-            ".cpu()": _count_syncs(lambda: loss.cpu(), True)[0],
+            ".item()": _count_syncs(lambda: loss.item(), dev)[0],
+            "print(loss)": _count_syncs(lambda: print(loss, file=sink), dev)[0],
+            ".cpu()": _count_syncs(lambda: loss.cpu(), dev)[0],
         }
         bug = {
             "synchronisations": n_bug,
@@ -856,6 +885,39 @@ def hazard_count_lines(records: list[Record]) -> list[str]:
 # Prefetcher measurements (GPU) — used by the chapter and its benchmark (helpers.chapters.ch05)
 # ---------------------------------------------------------------------------
 
+#: The three ways of chapter 05's "Does it pay?" that say how much of the copy the prefetcher hides:
+#: uint8 batches copied and normalised in line on the current stream, through the reader's Prefetcher,
+#: and already on the device (no copy at all: the floor). :meth:`BatchTimes.copy_hidden` reads them.
+IN_LINE = "uint8, copied and normalised in line"
+PREFETCHED = "uint8, through your Prefetcher"
+NO_COPY = "uint8, already on the GPU (no copy)"
+
+
+def preload(loader: Iterable[Any], device: torch.device | str | None = None) -> list[tuple[Any, ...]]:
+    """One pass of ``loader``, held in host memory: its ``(x, y, ...)`` batches as a list, pinned for CUDA.
+
+    Timing the copy with a loader in the loop times the loader: a pass that restarts it decodes a
+    batch of images (milliseconds) for every copy (a fraction of a millisecond). Iterating this list
+    instead costs nothing, so what a timed pass of ``batches(list)`` measures is the copy, the
+    normalisation and the step. The list is a loader to the reader's ``batches`` and ``Prefetcher``
+    (they only iterate it). With ``device`` on CUDA every tensor is pinned (a tensor the loader has
+    pinned already is kept as it is), so each copy is one DMA, as from a ``pin_memory=True`` loader.
+
+    Raises:
+        ValueError: the loader gives no batch, or a batch that is not a tuple or list of tensors.
+    """
+    dev = resolve_device(device)
+    out: list[tuple[Any, ...]] = []
+    for i, batch in enumerate(loader):
+        if not isinstance(batch, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in batch):
+            raise ValueError(f"batch {i} of the loader is {type(batch).__name__}, not a tuple of tensors (x, y)")
+        if dev.type == "cuda":
+            batch = tuple(t if t.is_pinned() else t.pin_memory() for t in batch)
+        out.append(tuple(batch))
+    if not out:
+        raise ValueError("the loader gave no batch to preload: give it at least batch_size items (drop_last=True)")
+    return out
+
 
 @dataclass
 class BatchTimes:
@@ -885,7 +947,29 @@ class BatchTimes:
                 f"  {name:<{width}}  {self.median(name) * 1e3:8.3f}  ({min(vals) * 1e3:.3f}-"
                 f"{max(vals) * 1e3:.3f}){ratio}"
             )
+        hidden = self.copy_hidden()
+        if hidden is not None:
+            lines += textwrap.wrap(hidden, 105)
         return "\n".join(lines)
+
+    def copy_hidden(self) -> str | None:
+        """How much of the in-line copy the prefetcher hid, from :data:`IN_LINE`, :data:`PREFETCHED` and
+        :data:`NO_COPY` (None when one is missing): the copy costs ``in line - no copy`` per batch, the
+        prefetcher saves ``in line - prefetched``. A cost within the rounds' spread is said to be noise."""
+        if not all(k in self.seconds for k in (IN_LINE, PREFETCHED, NO_COPY)):
+            return None
+        inline, pf, floor = self.median(IN_LINE), self.median(PREFETCHED), self.median(NO_COPY)
+        cost = inline - floor
+        spread = max(max(v) - min(v) for k, v in self.seconds.items() if k in (IN_LINE, NO_COPY))
+        if cost <= spread:
+            return (
+                f"The copy's cost per batch ({cost * 1e3:.3f} ms, in line minus no copy) is within the rounds' "
+                f"spread ({spread * 1e3:.3f} ms): too small to say how much of it the prefetcher hides here."
+            )
+        return (
+            f"The copy costs {cost * 1e3:.3f} ms per batch in line (in line minus no copy); the prefetcher "
+            f"saves {(inline - pf) * 1e3:.3f} ms of it: {(inline - pf) / cost:.0%} hidden."
+        )
 
 
 def time_batches(
@@ -905,6 +989,9 @@ def time_batches(
     round (so drift in the machine's speed cancels), with the device synchronised before and
     after each pass. Works on any device; on a CPU there is no copy to hide, so the ways differ
     only by noise.
+
+    What a pass times is everything ``variants[name]()`` does: give it batches that are already in
+    memory (:func:`preload`), or each pass times the loader too, which dwarfs a copy.
     """
     dev = resolve_device(device)
     rounds = check_int("rounds", rounds, 1, 50)
@@ -942,7 +1029,7 @@ def time_batches(
 #: What the reference figures of the prefetcher are (they are not the reader's cells).
 PREFETCH_REFERENCE_WHAT = (
     "Reference figures, recorded with the workbook's reference prefetcher (helpers.pipeline.prefetch.Prefetcher) "
-    "and a synthetic compute per batch, not with your cells:"
+    "on pre-loaded pinned batches and a synthetic compute per batch, not with your cells:"
 )
 
 
@@ -987,11 +1074,12 @@ def prefetch_step_times(
     f32 = [to_float_normalized(b, mean, std).pin_memory() for b in u8]
     f32[0].to(dev)  # warm-up
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
+    s.record(torch.cuda.current_stream(dev))  # on the copy's stream
     f32[0].to(dev, non_blocking=True)
-    e.record()
+    e.record(torch.cuda.current_stream(dev))
     torch.cuda.synchronize(dev)
-    compute = calibrated_compute(dev, 1.2 * s.elapsed_time(e) / 1e3)
+    with _on_device(dev):  # calibrated_compute's events are recorded with no stream: make them dev's
+        compute = calibrated_compute(dev, 1.2 * s.elapsed_time(e) / 1e3)
     out: dict[tuple[str, bool], float] = {}
     for dtype_name, loader in (("float32", f32), ("uint8", u8)):
         norm = (mean, std) if dtype_name == "uint8" else None

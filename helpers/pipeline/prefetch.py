@@ -704,16 +704,30 @@ def _gpu_error(exc: BaseException, dev: torch.device) -> bool:
     return (accel is not None and isinstance(exc, accel)) or (isinstance(exc, RuntimeError) and "CUDA" in str(exc))
 
 
-def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> GpuDelay:
+class _DelayOn:
+    """A :class:`~helpers.core.timing.GpuDelay` on ``dev`` whatever device is current (GpuDelay calibrates and
+    queues ``torch.cuda._sleep`` on the current device)."""
+
+    def __init__(self, dev: torch.device, seconds: float) -> None:
+        self.dev = dev
+        with torch.cuda.device(dev):
+            self._delay = GpuDelay(dev, seconds=seconds)
+
+    def __call__(self) -> None:
+        with torch.cuda.device(self.dev):
+            self._delay()
+
+
+def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> _DelayOn:
     """Queued do-nothing GPU work lasting about three copies of ``src`` (measured once with CUDA events), so
     that a consumer which forgets to wait for the copy reads the batch before it has arrived."""
     probe = torch.empty_like(src, device=dev)
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
+    s.record(torch.cuda.current_stream(dev))  # on the copy's stream (no argument: the current device's)
     probe.copy_(src, non_blocking=True)
-    e.record()
+    e.record(torch.cuda.current_stream(dev))
     torch.cuda.synchronize(dev)
-    return GpuDelay(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))
+    return _DelayOn(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))
 
 
 def check_race(
@@ -1522,7 +1536,8 @@ def prefetch_overlap_ratio(
     t0 = time.perf_counter()
     copy_all()
     torch.cuda.synchronize(dev)
-    compute = calibrated_compute(dev, 1.5 * (time.perf_counter() - t0) / n_batches)
+    with torch.cuda.device(dev):  # calibrated_compute's events are recorded with no stream: make them dev's
+        compute = calibrated_compute(dev, 1.5 * (time.perf_counter() - t0) / n_batches)
     ratios = []
     list(candidate(loader, dev))  # warm-up
     for _ in range(check_int("repeats", repeats, 1, 20)):

@@ -1072,7 +1072,8 @@ def release_pinned_cache() -> bool:
     fn = getattr(torch._C, "_host_emptyCache", None)
     if fn is None:
         return False
-    torch.cuda.synchronize()
+    for i in range(torch.cuda.device_count()):  # copies from pinned blocks may be queued on any device
+        torch.cuda.synchronize(i)
     fn()
     return True
 
@@ -1263,20 +1264,27 @@ class HostBlocking:
 def _sleep_cycles_per_s(dev: torch.device) -> float:
     """Calibrate ``torch.cuda._sleep`` (a spin kernel measured in GPU clock cycles)."""
     cycles = 10_000_000
-    torch.cuda._sleep(cycles // 10)  # warm-up / module load
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(cycles)
-    end.record()
+    with torch.cuda.device(dev):  # _sleep runs on the current device: make it `dev`
+        stream = torch.cuda.current_stream(dev)  # Event.record() alone would use the current device's stream
+        torch.cuda._sleep(cycles // 10)  # warm-up / module load
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        torch.cuda._sleep(cycles)
+        end.record(stream)
     torch.cuda.synchronize(dev)
     return cycles / (start.elapsed_time(end) / 1e3)
 
 
 def _queue_gpu_work_fn(seconds: float, dev: torch.device) -> Callable[[], None]:
-    """A function that enqueues about ``seconds`` of GPU work on the current stream."""
+    """A function that enqueues about ``seconds`` of GPU work on ``dev``'s current stream."""
     if hasattr(torch.cuda, "_sleep"):
         cycles = int(seconds * _sleep_cycles_per_s(dev))
-        return lambda: torch.cuda._sleep(cycles)
+
+        def sleep() -> None:
+            with torch.cuda.device(dev):  # _sleep runs on the current device: make it `dev`
+                torch.cuda._sleep(cycles)
+
+        return sleep
     a = torch.randn(2048, 2048, device=dev)  # pragma: no cover - fallback for torch without _sleep
     one = _wall(lambda: a @ a, dev)
     k = max(1, int(seconds / max(one, 1e-6)))
@@ -1324,9 +1332,9 @@ def host_blocking_probe(
     try:
         work = _queue_gpu_work_fn(gpu_work_s, dev)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        start.record(torch.cuda.current_stream(dev))  # on dev's stream, where work() queues
         work()
-        end.record()
+        end.record(torch.cuda.current_stream(dev))
         torch.cuda.synchronize(dev)
         measured_work = start.elapsed_time(end) / 1e3
         dst = torch.empty(nbytes, dtype=torch.uint8, device=dev)

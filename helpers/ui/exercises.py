@@ -24,6 +24,13 @@ is shown (two ``check`` calls in one cell would show only the last)::
 (case- and space-insensitive), a collection of acceptable strings, a bool, or a
 callable ``expected(answer) -> bool | str`` (a string is a message explaining
 what is wrong).
+
+An exception raised while comparing becomes a "not quite" verdict naming it (a reader's odd
+answer must not crash the cell), with one exception: on a strict GPU run
+(``WORKBOOK_REQUIRE_GPU=1``) a CUDA error (``torch.AcceleratorError``, or a ``RuntimeError``
+naming CUDA) propagates, so that a GPU job fails loudly instead of printing a verdict. The
+GPU checkers (e.g. ``prefetch.check_pipeline_prefetcher`` behind exercise 05.3) re-raise
+exactly those errors; this module lets them through.
 """
 
 from __future__ import annotations
@@ -110,6 +117,19 @@ class ExerciseReport:
 
 def _norm(s: str) -> str:
     return " ".join(str(s).lower().split())
+
+
+def _strict_gpu_error(exc: BaseException) -> bool:
+    """A CUDA error on a strict GPU run (``WORKBOOK_REQUIRE_GPU=1``): it must reach the reader, not a verdict.
+
+    The same rule as the GPU checkers' (``prefetch._gpu_error``), without importing torch here:
+    ``torch.AcceleratorError`` is matched by its class name.
+    """
+    if not config.require_gpu():
+        return False
+    if any(cls.__name__ == "AcceleratorError" for cls in type(exc).__mro__):
+        return True
+    return isinstance(exc, RuntimeError) and "CUDA" in str(exc)
 
 
 def _compare(answer: Any, expected: Any, rel_tol: float, abs_tol: float) -> tuple[bool, str]:
@@ -211,6 +231,8 @@ def _evaluate(
     try:
         ok, why = _compare(answer, expected, rel_tol, abs_tol)
     except Exception as exc:  # a reader's odd answer must not crash the checker
+        if _strict_gpu_error(exc):  # ... but a strict GPU run's CUDA error must not become a verdict
+            raise
         ok, why = False, f"could not compare the answer ({type(exc).__name__}: {exc})"
     if ok:
         msg = f"Exercise {exercise}: correct." + (f" {explanation}" if explanation else "")
