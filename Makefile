@@ -92,8 +92,8 @@ test-browser: setup
 # every notebook under nbval in quick mode. Not part of `make test` (the install alone takes minutes): run it before
 # a release (docs/CONTRIBUTING.md) and whenever a change uses a newer torch API.
 FLOOR_VENV        := .venv-floor
-FLOOR_TORCH       ?= 2.6.0
-FLOOR_TORCHVISION ?= 0.21.0
+FLOOR_TORCH       ?= 2.7.0
+FLOOR_TORCHVISION ?= 0.22.0
 FLOOR_STAMP       := $(FLOOR_VENV)/.installed-$(FLOOR_TORCH)-$(FLOOR_TORCHVISION)
 $(FLOOR_STAMP): pyproject.toml
 	@test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)

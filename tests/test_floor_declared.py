@@ -56,10 +56,11 @@ def test_makefile_floor_is_the_declared_floor(dist: str, var: str) -> None:
 
 
 def test_floor_is_torch_2_6_with_its_torchvision() -> None:
-    """2.6 is the first release with torch.accelerator and DataLoader(in_order=), which the chapters use."""
-    assert _lower_bound("torch") == Version("2.6") and _lower_bound("torchvision") == Version("0.21")
+    """2.6 brought torch.accelerator and DataLoader(in_order=); 2.7 the DataLoader's no-accelerator pin warning
+    (chapter 03 shows it). torch 2.7.0 came out in April 2025: more than 18 months before 2026-11."""
+    assert _lower_bound("torch") == Version("2.7") and _lower_bound("torchvision") == Version("0.22")
     readme = (ROOT / "README.md").read_text()
-    assert "torch 2.6.0 + torchvision 0.21.0" in readme and "make test-floor" in readme
+    assert "torch 2.7.0 + torchvision 0.22.0" in readme and "make test-floor" in readme
     assert ".venv-floor/" in (ROOT / ".gitignore").read_text().split()
 
 
@@ -78,12 +79,12 @@ def test_check_floor_accepts_this_torch_and_refuses_another() -> None:
     mod = _check_floor()
     here_torch, here_tv = torch.__version__.split("+")[0], torchvision.__version__.split("+")[0]
     assert mod.problems(here_torch, here_tv) == []
-    found = mod.problems("2.6.0", "0.21.0") if here_torch != "2.6.0" else mod.problems("9.9.9", "9.9.9")
+    found = mod.problems("2.7.0", "0.22.0") if here_torch != "2.7.0" else mod.problems("9.9.9", "9.9.9")
     assert len(found) == 2 and all("pip replaced it" in line for line in found)
 
 
 def test_check_floor_names_the_missing_api(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch 2.4/2.5: no torch.accelerator, no DataLoader(in_order=)."""
+    """torch 2.4/2.5: no torch.accelerator, no DataLoader(in_order=); 2.6: no pin warning without an accelerator."""
     import torch.utils.data as tud
 
     mod = _check_floor()
@@ -92,6 +93,12 @@ def test_check_floor_names_the_missing_api(monkeypatch: pytest.MonkeyPatch) -> N
     class OldLoader:
         def __init__(self, dataset: object, batch_size: int = 1) -> None: ...
 
+    class OldIter:
+        def __init__(self, loader: object) -> None:
+            self._pin_memory = False  # torch 2.6: loader.pin_memory and torch.cuda.is_available(), no warning
+
     monkeypatch.setattr(tud, "DataLoader", OldLoader)
+    monkeypatch.setattr(tud.dataloader, "_BaseDataLoaderIter", OldIter)
     found = mod.problems(torch.__version__.split("+")[0], torchvision.__version__.split("+")[0])
-    assert any("torch.accelerator" in line for line in found) and any("in_order" in line for line in found)
+    assert len(found) == 3, found
+    assert "torch.accelerator" in found[0] and "in_order" in found[1] and "pin_memory=True" in found[2]
