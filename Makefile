@@ -21,7 +21,7 @@ help:
 	@echo "make lint        ruff check + ruff format --check over code and notebooks, mypy over helpers/"
 	@echo "make test-notebooks  every notebook under nbval, quick mode"
 	@echo "make test-browser    every chapter in JupyterLab + headless Chromium (installs Debian's chromium)"
-	@echo "make test-floor  the oldest supported torch pair in .venv-floor + every notebook, quick (~15 min; before a release)"
+	@echo "make test-floor  the oldest supported torch pair in .venv-floor + every notebook, quick (~7 min from scratch; before a release)"
 	@echo "make bench       every chapter's measurements headless -> artifacts/bench-*.json + .png (BENCH_ARGS=--quick)"
 	@echo "make gpu-check   on a CUDA machine (~25 min): smoke (CUDA-only tests + notebooks, quick), the bench + a reference file, every notebook in full mode, the CUDA-only tests"
 	@echo "make clean       remove .venv, caches and artifacts"

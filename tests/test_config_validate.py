@@ -22,7 +22,9 @@ def test_size_tiers(monkeypatch: pytest.MonkeyPatch, cuda: bool, full: str, tier
     monkeypatch.setenv(config.QUICK_ENV, "0")
     monkeypatch.setenv(config.FULL_ENV, full)
     monkeypatch.setattr(config, "_cuda_present", lambda: cuda)
-    monkeypatch.setattr(config, "cpu_cores", lambda: 8)  # enough for the full tier (tests/test_tier_cpu.py: too few)
+    monkeypatch.setattr(
+        config, "usable_cpu_cores", lambda: 8
+    )  # enough for the full tier (tests/test_tier_cpu.py: too few)
     assert config.size_tier() == tier
     assert config.sized(quick=1, full=2, laptop=3) == {"laptop": 3, "full": 2}[tier]
     assert tier in config.tier_reason()

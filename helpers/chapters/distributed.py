@@ -720,7 +720,7 @@ def _loopback_tcpstore(base: type) -> type:
         ) -> None:
             import datetime
 
-            from ..core.device import torch_at_least as _torch_at_least
+            from ..core.device import torch_at_least as _torch_at_least  # heavy: imports torch, as this class needs
 
             if timeout is None:
                 timeout = datetime.timedelta(seconds=300)

@@ -113,7 +113,7 @@ def _cuda_present() -> bool:
         return False
 
 
-def cpu_cores() -> int:
+def usable_cpu_cores() -> int:
     """The CPU cores this process may use: its affinity mask, capped by a cgroup CPU quota (containers)."""
     try:
         n = len(os.sched_getaffinity(0))
@@ -146,7 +146,7 @@ def size_tier() -> str:
         return "quick"
     if full:
         return "full"
-    return "full" if _cuda_present() and cpu_cores() >= FULL_MIN_CPU_CORES else "laptop"
+    return "full" if _cuda_present() and usable_cpu_cores() >= FULL_MIN_CPU_CORES else "laptop"
 
 
 def tier_reason(tier: str | None = None) -> str:
@@ -158,10 +158,12 @@ def tier_reason(tier: str | None = None) -> str:
         if full_requested():
             why = f"{FULL_ENV}=1 asks for them"
         else:
-            why = f"a CUDA GPU and {cpu_cores()} CPU cores are present"
+            why = f"a CUDA GPU and {usable_cpu_cores()} CPU cores are present"
         return f"full sizes ({why}): the sizes the reference results are recorded at."
     if _cuda_present():
-        cores = cpu_cores()
+        cores = usable_cpu_cores()
+        if cores >= FULL_MIN_CPU_CORES:  # only when a caller names the laptop tier itself
+            return f"laptop sizes: problems cut to finish in minutes ({FULL_ENV}=1 for the full sizes)."
         return (
             f"laptop sizes (CUDA present, but {cores} CPU core{'s' if cores != 1 else ''}: full sizes would take up to "
             f"~{_full_minutes(cores):.0f} min per chapter; they need {FULL_MIN_CPU_CORES}+ cores to be the default). "
