@@ -6,8 +6,9 @@ Every chapter picks its problem sizes with :func:`sized`, from one of three tier
     ``WORKBOOK_QUICK=1`` (the test command sets it): the smallest sizes, so the
     whole test suite runs in minutes on a 2-core CPU machine.
 ``laptop``
-    The default on a machine **without** a CUDA GPU: sizes cut so that Run All of
-    any chapter finishes in a few minutes on a 2-core laptop.
+    The default on a machine **without** a CUDA GPU (or with one and fewer than
+    :data:`FULL_MIN_CPU_CORES` cores): sizes cut so that Run All of any chapter
+    finishes in a few minutes on a 2-core laptop.
 ``full``
     The default on a machine with a CUDA GPU **and** at least
     :data:`FULL_MIN_CPU_CORES` usable CPU cores, or asked for on any machine with
