@@ -12,7 +12,7 @@ NB_TIMEOUT ?= 300
 # JupyterLab refuses to start as root unless told; containers often run as root.
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: setup compile lab test test-fast lint test-unit test-notebooks test-browser bench gpu-check coverage-cuda clean help
+.PHONY: setup compile lab test test-fast lint test-unit test-notebooks test-browser test-floor bench gpu-check coverage-cuda clean help
 
 help:
 	@echo "make lab         set up .venv and open the workbook in JupyterLab"
@@ -21,6 +21,7 @@ help:
 	@echo "make lint        ruff check + ruff format --check over code and notebooks, mypy over helpers/"
 	@echo "make test-notebooks  every notebook under nbval, quick mode"
 	@echo "make test-browser    every chapter in JupyterLab + headless Chromium (installs Debian's chromium)"
+	@echo "make test-floor  the oldest supported torch pair in .venv-floor + every notebook, quick (~7 min from scratch; before a release)"
 	@echo "make bench       every chapter's measurements headless -> artifacts/bench-*.json + .png (BENCH_ARGS=--quick)"
 	@echo "make gpu-check   on a CUDA machine (~25 min): smoke (CUDA-only tests + notebooks, quick), the bench + a reference file, every notebook in full mode, the CUDA-only tests"
 	@echo "make coverage-cuda  helpers/ line coverage by the unit tests, CUDA-only lines counted apart (COVERAGE_ARGS='--tests tests/test_x.py')"
@@ -91,6 +92,28 @@ test-browser: setup
 coverage-cuda: setup
 	$(BIN)/python tools/cuda_coverage.py $(COVERAGE_ARGS)
 
+# The oldest torch the workbook supports (pyproject.toml's floor), in its own venv: torch + torchvision first, then
+# the workbook WITHOUT constraints.txt, as a reader with torch already installed would (pip keeps their torch), then
+# every notebook under nbval in quick mode. Not part of `make test` (the install alone takes minutes): run it before
+# a release (docs/CONTRIBUTING.md) and whenever a change uses a newer torch API.
+FLOOR_VENV        := .venv-floor
+FLOOR_TORCH       ?= 2.7.0
+FLOOR_TORCHVISION ?= 0.22.0
+FLOOR_STAMP       := $(FLOOR_VENV)/.installed-$(FLOOR_TORCH)-$(FLOOR_TORCHVISION)
+$(FLOOR_STAMP): pyproject.toml
+	@test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(FLOOR_VENV)/bin/python -m pip install --quiet torch==$(FLOOR_TORCH) torchvision==$(FLOOR_TORCHVISION)
+	$(FLOOR_VENV)/bin/python -m pip install --quiet -e '.[test]'
+	$(FLOOR_VENV)/bin/python tools/check_floor.py --torch $(FLOOR_TORCH) --torchvision $(FLOOR_TORCHVISION)
+	@touch $(FLOOR_STAMP)
+
+test-floor: $(FLOOR_STAMP)
+	@$(FLOOR_VENV)/bin/python -m compileall -q helpers > /dev/null
+	WORKBOOK_QUICK=1 $(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=0 -n $(NB_WORKERS) --dist loadfile --nbval-current-env \
+		--nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg \
+		--nbval-cell-timeout=$(NB_TIMEOUT) notebooks templates
+
 # Every chapter's measurements, headless (BENCH_ARGS=--quick for a smoke run).
 bench: setup
 	$(BIN)/python -m helpers.tools.bench $(BENCH_ARGS)
@@ -102,4 +125,4 @@ gpu-check: setup
 	$(BIN)/python -m helpers.tools.gpucheck --steps $(GPUCHECK_STEPS) $(GPUCHECK_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache artifacts data-cache
+	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache .ruff_cache .mypy_cache artifacts data-cache

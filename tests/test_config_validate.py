@@ -22,6 +22,9 @@ def test_size_tiers(monkeypatch: pytest.MonkeyPatch, cuda: bool, full: str, tier
     monkeypatch.setenv(config.QUICK_ENV, "0")
     monkeypatch.setenv(config.FULL_ENV, full)
     monkeypatch.setattr(config, "_cuda_present", lambda: cuda)
+    monkeypatch.setattr(
+        config, "usable_cpu_cores", lambda: 8
+    )  # enough for the full tier (tests/test_tier_cpu.py: too few)
     assert config.size_tier() == tier
     assert config.sized(quick=1, full=2, laptop=3) == {"laptop": 3, "full": 2}[tier]
     assert tier in config.tier_reason()
@@ -34,18 +37,47 @@ def test_quick_and_full_together_refused(monkeypatch: pytest.MonkeyPatch) -> Non
         config.size_tier()
 
 
-@pytest.mark.parametrize("env", ["WORKBOOK_QUICK", "WORKBOOK_FULL", "WORKBOOK_GRADE", "WORKBOOK_REQUIRE_GPU"])
-@pytest.mark.parametrize("raw", ["banana", "2"])
+_READERS = {
+    "WORKBOOK_QUICK": config.quick_mode,
+    "WORKBOOK_FULL": config.full_requested,
+    "WORKBOOK_GRADE": config.grade_mode,
+    "WORKBOOK_REQUIRE_GPU": config.require_gpu,
+}
+
+
+@pytest.mark.parametrize("env", list(_READERS))
+@pytest.mark.parametrize("raw", ["banana", "2", "on", "off", "y", "-1"])
 def test_every_flag_refuses_unknown_values(monkeypatch: pytest.MonkeyPatch, env: str, raw: str) -> None:
+    """One line naming the variable, the value and the accepted values (issue #25.7)."""
     monkeypatch.setenv(env, raw)
-    read = {
-        "WORKBOOK_QUICK": config.quick_mode,
-        "WORKBOOK_FULL": config.full_requested,
-        "WORKBOOK_GRADE": config.grade_mode,
-        "WORKBOOK_REQUIRE_GPU": config.require_gpu,
-    }[env]
-    with pytest.raises(ValueError, match=env):
-        read()
+    for read in (_READERS[env], config.check_environment):
+        with pytest.raises(ValueError) as err:
+            read()
+        msg = str(err.value)
+        assert "\n" not in msg and msg.startswith(f"{env}={raw!r} is not understood")
+        assert "1/true/yes/0/false/no" in msg
+
+
+@pytest.mark.parametrize("env", list(_READERS))
+@pytest.mark.parametrize(
+    "raw,value",
+    [("1", True), ("TRUE", True), (" Yes ", True), ("0", False), ("False", False), ("NO", False), ("", False)],
+)
+def test_every_flag_accepts_yes_no_in_any_case(
+    monkeypatch: pytest.MonkeyPatch, env: str, raw: str, value: bool
+) -> None:
+    for other in _READERS:
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.setenv(env, raw)
+    assert _READERS[env]() is value
+    config.check_environment()
+
+
+def test_check_environment_refuses_quick_and_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(config.QUICK_ENV, "yes")
+    monkeypatch.setenv(config.FULL_ENV, "true")
+    with pytest.raises(ValueError, match="contradict"):
+        config.check_environment()
 
 
 def test_quick_mode_rejects_garbage(monkeypatch: pytest.MonkeyPatch) -> None:

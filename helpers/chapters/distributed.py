@@ -754,6 +754,8 @@ def _loopback_tcpstore(base: type) -> type:
         ) -> None:
             import datetime
 
+            from ..core.device import torch_at_least as _torch_at_least  # heavy: imports torch, as this class needs
+
             if timeout is None:
                 timeout = datetime.timedelta(seconds=300)
             port = int(port)
@@ -773,7 +775,7 @@ def _loopback_tcpstore(base: type) -> type:
                 wait_for_workers,
                 multi_tenant,
                 master_listen_fd,
-                use_libuv,
+                use_libuv and (master_listen_fd is None or _torch_at_least(2, 8)),  # libuv takes a listen fd from 2.8
             )
 
     return LoopbackTCPStore

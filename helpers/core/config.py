@@ -6,14 +6,25 @@ Every chapter picks its problem sizes with :func:`sized`, from one of three tier
     ``WORKBOOK_QUICK=1`` (the test command sets it): the smallest sizes, so the
     whole test suite runs in minutes on a 2-core CPU machine.
 ``laptop``
-    The default on a machine **without** a CUDA GPU: sizes cut so that Run All of
-    any chapter finishes in a few minutes on a 2-core laptop.
+    The default on a machine **without** a CUDA GPU (or with one and fewer than
+    :data:`FULL_MIN_CPU_CORES` cores): sizes cut so that Run All of any chapter
+    finishes in a few minutes on a 2-core laptop.
 ``full``
-    The default on a machine with a CUDA GPU, or asked for on any machine with
-    ``WORKBOOK_FULL=1``: the sizes the reference results are recorded at.
+    The default on a machine with a CUDA GPU **and** at least
+    :data:`FULL_MIN_CPU_CORES` usable CPU cores, or asked for on any machine with
+    ``WORKBOOK_FULL=1``: the sizes the reference results are recorded at. A GPU
+    host with few cores (a hosted T4 has 2 vCPUs) gets the laptop sizes: the
+    DataLoader chapters are CPU-bound, and full sizes there would take about
+    10 minutes per chapter. The setup line says which tier and why.
 
 The tier never changes *which* code runs, only how much data goes through it.
 ``WORKBOOK_QUICK=1`` and ``WORKBOOK_FULL=1`` together are refused.
+
+Yes/no variables (``WORKBOOK_QUICK``, ``WORKBOOK_FULL``, ``WORKBOOK_GRADE``,
+``WORKBOOK_REQUIRE_GPU``) take ``1``/``0``, ``true``/``false`` or ``yes``/``no``
+(any case; unset or empty means no). Anything else (``WORKBOOK_QUICK=banana``)
+raises a one-line ValueError naming the variable and the accepted values:
+:func:`check_environment` checks them all at once.
 
 Other variables:
 
@@ -44,8 +55,23 @@ CACHE_ENV = "WORKBOOK_CACHE"
 ARTIFACTS_ENV = "WORKBOOK_ARTIFACTS"
 REQUIRE_GPU_ENV = "WORKBOOK_REQUIRE_GPU"
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
+_TRUE = ("1", "true", "yes")
+_FALSE = ("0", "false", "no")  # and unset or empty
+_FLAG_MEANS = {
+    QUICK_ENV: "quick mode",
+    FULL_ENV: "full sizes",
+    GRADE_ENV: "grade exercises",
+    REQUIRE_GPU_ENV: "strict GPU run",
+}
+FLAG_ENVS = tuple(_FLAG_MEANS)
+
+# The full tier by default needs CUDA *and* this many usable CPU cores. Why 4: the chapters' loading work is
+# CPU-bound, and the slowest full-size chapter (04, worker processes) took FULL_SLOWEST_2CORE_S of Run All on
+# 2 cores (FIELD-NOTES, 2026-11-24) against at most 82 s for any chapter at laptop sizes (chapter_times.json).
+# Scaled by cores, 4 cores bring it to about 290 s, under the 5 minutes a chapter may take; 2 cores (a hosted T4,
+# 2 vCPUs) would need about 10 minutes per chapter, so such a host gets the laptop sizes.
+FULL_MIN_CPU_CORES = 4
+FULL_SLOWEST_2CORE_S = 571.0
 
 
 TIERS = ("quick", "laptop", "full")
@@ -88,6 +114,26 @@ def _cuda_present() -> bool:
         return False
 
 
+def usable_cpu_cores() -> int:
+    """The CPU cores this process may use: its affinity mask, capped by a cgroup CPU quota (containers)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    try:  # cgroup v2: "max 100000" (no cap) or "<quota> <period>"
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max" and int(period) > 0:
+            n = min(n, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
+
+
+def _full_minutes(cores: int) -> float:
+    """Estimated Run All minutes of the slowest chapter at full sizes with ``cores`` CPU cores."""
+    return FULL_SLOWEST_2CORE_S * 2 / max(1, cores) / 60
+
+
 def size_tier() -> str:
     """The size tier in force: ``"quick"``, ``"laptop"`` or ``"full"`` (see the module docstring).
 
@@ -101,7 +147,7 @@ def size_tier() -> str:
         return "quick"
     if full:
         return "full"
-    return "full" if _cuda_present() else "laptop"
+    return "full" if _cuda_present() and usable_cpu_cores() >= FULL_MIN_CPU_CORES else "laptop"
 
 
 def tier_reason(tier: str | None = None) -> str:
@@ -110,8 +156,20 @@ def tier_reason(tier: str | None = None) -> str:
     if tier == "quick":
         return f"quick sizes ({QUICK_ENV}=1): the smallest problems, as the test suite runs them."
     if tier == "full":
-        why = f"{FULL_ENV}=1 asks for them" if full_requested() else "a CUDA GPU is present"
+        if full_requested():
+            why = f"{FULL_ENV}=1 asks for them"
+        else:
+            why = f"a CUDA GPU and {usable_cpu_cores()} CPU cores are present"
         return f"full sizes ({why}): the sizes the reference results are recorded at."
+    if _cuda_present():
+        cores = usable_cpu_cores()
+        if cores >= FULL_MIN_CPU_CORES:  # only when a caller names the laptop tier itself
+            return f"laptop sizes: problems cut to finish in minutes ({FULL_ENV}=1 for the full sizes)."
+        return (
+            f"laptop sizes (CUDA present, but {cores} CPU core{'s' if cores != 1 else ''}: full sizes would take up to "
+            f"~{_full_minutes(cores):.0f} min per chapter; they need {FULL_MIN_CPU_CORES}+ cores to be the default). "
+            f"{FULL_ENV}=1 uses them anyway, {QUICK_ENV}=1 the smallest."
+        )
     return (
         "laptop sizes: no CUDA GPU here, so problems are cut to finish in minutes on a CPU "
         f"({FULL_ENV}=1 for the full GPU sizes, {QUICK_ENV}=1 for the smallest)."
@@ -119,12 +177,29 @@ def tier_reason(tier: str | None = None) -> str:
 
 
 def _flag(env: str, what: str) -> bool:
-    raw = os.environ.get(env, "").strip().lower()
-    if raw in _TRUE:
+    raw = os.environ.get(env, "").strip()
+    if raw.lower() in _TRUE:
         return True
-    if raw in _FALSE:
+    if raw == "" or raw.lower() in _FALSE:
         return False
-    raise ValueError(f"{env}={raw!r} is not understood; set it to 1 ({what}) or 0.")
+    raise ValueError(
+        f"{env}={raw!r} is not understood ({what}): use one of {'/'.join(_TRUE + _FALSE)} (any case), or unset it."
+    )
+
+
+def check_environment() -> None:
+    """Check every yes/no ``WORKBOOK_*`` variable (and quick + full together) at once.
+
+    Command-line tools that set some of these variables for their child processes call this first,
+    so that a typo such as ``WORKBOOK_QUICK=banana`` stops them with one line instead of being ignored.
+
+    Raises:
+        ValueError: the first variable with a value that is not 1/0/true/false/yes/no, or quick and full both set.
+    """
+    for env in FLAG_ENVS:
+        _flag(env, _FLAG_MEANS[env])
+    if quick_mode() and full_requested():
+        raise ValueError(f"{QUICK_ENV}=1 and {FULL_ENV}=1 contradict each other; unset one of them.")
 
 
 def require_gpu() -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import re
 import shutil
 import sys
 import textwrap
@@ -41,6 +42,7 @@ __all__ = [
     "wrap",
     "intraop_threads",
     "has_cuda",
+    "torch_at_least",
     "no_cuda_message",
     "pcie_bandwidth_gbps",
     "HardwareReport",
@@ -59,6 +61,19 @@ _PCIE_GBPS_PER_LANE: dict[int, float] = {
     5: 32.0 * 128 / 130 / 8,
     6: 64.0 * 242 / 256 / 8,
 }
+
+
+def torch_at_least(major: int, minor: int) -> bool:
+    """True when the installed torch is release ``major.minor`` or newer (``2.7.0+cu126`` counts as 2.7).
+
+    The workbook supports torch 2.7 and newer (``pyproject.toml``; ``make test-floor`` runs every chapter on
+    2.7.0). Code that needs a newer API asks here first and says plainly what the older release lacks.
+
+    >>> torch_at_least(2, 7)
+    True
+    """
+    parts = re.findall(r"\d+", str(torch.__version__).split("+")[0])[:2]
+    return tuple(int(p) for p in parts) >= (major, minor)
 
 
 def has_cuda() -> bool:
