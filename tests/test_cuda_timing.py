@@ -9,6 +9,8 @@ caller's current device is left as it was. No time made by a stand-in is asserte
 
 from __future__ import annotations
 
+import ast
+import json
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ import torch
 from cuda_standin import FakeCuda, fake_cuda
 
 from helpers.core import timing
+from helpers.ui import codecells
 
 CUDA1 = torch.device("cuda", 1)
 
@@ -175,3 +178,52 @@ def test_measure_of_host_work_reads_a_plain_clock() -> None:
     with fake_cuda(devices=2, current=0) as cuda:
         t = timing.measure(lambda: None, device="cpu", min_run_time=0.001, blocks=3, warmup=0)
     assert _device_syncs(cuda) == [] and "wall clock" in t.metadata["method"]
+
+
+# -- the chapters' own cells ----------------------------------------------------------------------------------------
+
+#: Calls that act on the *current* device when given no argument, as the chapters' code would write them.
+_CURRENT_DEVICE_CALLS = {
+    "synchronize": "torch.cuda.synchronize() waits for the current device only: name the device",
+    "current_stream": "torch.cuda.current_stream() is the current device's stream: name the device",
+    "default_stream": "torch.cuda.default_stream() is the current device's stream: name the device",
+    "Stream": "torch.cuda.Stream() is made on the current device: name the device",
+}
+
+
+def _current_device_calls(source: str) -> list[str]:
+    """Calls in ``source`` that fall back to the current CUDA device: ``torch.cuda.X()`` of the table above with
+    no argument, and ``event.record()`` with no stream (``torch.cuda.current_stream()``). Strings are not code."""
+    code = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+    found = []
+    for node in ast.walk(ast.parse(code)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)) or node.args or node.keywords:
+            continue
+        name, owner = node.func.attr, ast.unparse(node.func.value)
+        if owner in ("torch.cuda", "cuda") and name in _CURRENT_DEVICE_CALLS:
+            found.append(f"line {node.lineno}: {_CURRENT_DEVICE_CALLS[name]}")
+        elif name == "record":
+            found.append(f"line {node.lineno}: {owner}.record() records on the current device's stream: pass one")
+    return found
+
+
+def test_no_chapter_cell_times_or_guards_on_the_current_device_by_default() -> None:
+    """A cell that runs on ``DEVICE`` names it: with ``DEVICE = cuda:1`` a bare ``torch.cuda.synchronize()`` lets
+    the clock stop while cuda:1 is still working (chapter 01's epoch timing did), a bare ``record()`` guards nothing."""
+    problems = []
+    for chapter in codecells.chapters():
+        nb = json.loads(codecells.notebook_path(chapter).read_text(encoding="utf-8"))
+        for i, cell in enumerate(nb["cells"]):
+            if cell["cell_type"] == "code":
+                problems += [
+                    f"chapter {chapter}, cell {i}, {p}" for p in _current_device_calls("".join(cell["source"]))
+                ]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_cell_check_sees_what_it_looks_for() -> None:
+    bad = "torch.cuda.synchronize()\nstart.record()\ns = torch.cuda.Stream()\nprint('torch.cuda.synchronize()')"
+    assert len(_current_device_calls(bad)) == 3  # the one in a string is no call
+    good = "%time x = 1\ntorch.cuda.synchronize(DEVICE)\nstart.record(torch.cuda.current_stream(DEVICE))\n"
+    good += "done.synchronize()\nwith torch.cuda.stream(torch.cuda.Stream(DEVICE)):\n    pass"
+    assert _current_device_calls(good) == []
