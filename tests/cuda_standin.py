@@ -12,8 +12,9 @@ for the block only, the parts of the API the workbook's CUDA paths use:
   stream records on ``torch.cuda.current_stream()``, the *current device's* stream, whatever device the
   copy went to; ``current_stream(None)`` is the current device's; a ``torch.device("cuda")`` without an
   index means the current device.
-* host syncs: ``torch.cuda.synchronize``, ``Event.synchronize``, ``Stream.synchronize`` are logged as
-  ``host_sync`` (a test counts them inside a timed loop).
+* host syncs: ``torch.cuda.synchronize``, ``torch.accelerator.synchronize``, ``Event.synchronize``,
+  ``Stream.synchronize`` are logged as ``host_sync`` (a test counts them inside a timed loop); the two
+  device-wide ones log the ``device`` index they waited for (the current one when given none).
 * tensors: ``Tensor.pin_memory`` returns a copy marked pinned (``is_pinned()`` says so);
   ``Tensor.to(cuda device)`` logs a ``copy`` on the current stream *of the destination device* (ATen's
   ``copy_kernel_cuda`` sets a guard to the CUDA side's device, then takes ``getCurrentCUDAStream()``) and
@@ -313,6 +314,9 @@ def fake_cuda(devices: int = 2, current: int = 0) -> Iterator[FakeCuda]:
     def synchronize(device: Any = None) -> None:
         cuda._op("host_sync", None, what="torch.cuda.synchronize", device=cuda.index(device))
 
+    def accelerator_synchronize(device: Any = None) -> None:
+        cuda._op("host_sync", None, what="torch.accelerator.synchronize", device=cuda.index(device))
+
     def set_device(device: Any) -> None:
         cuda.current = cuda.index(device)
 
@@ -345,6 +349,7 @@ def fake_cuda(devices: int = 2, current: int = 0) -> Iterator[FakeCuda]:
         mock.patch.object(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cuda")),
         mock.patch.object(torch.accelerator, "current_device_index", lambda: cuda.current),
         mock.patch.object(torch.accelerator, "set_device_index", set_device_index),
+        mock.patch.object(torch.accelerator, "synchronize", accelerator_synchronize),
         mock.patch.object(torch.Tensor, "pin_memory", lambda self, device=None: cuda.pin(self)),
         mock.patch.object(torch.Tensor, "is_pinned", lambda self, device=None: cuda.is_pinned(self)),
         mock.patch.object(torch.Tensor, "to", to),

@@ -106,3 +106,19 @@ def test_timing_quartiles_from_samples():
     assert t.quartiles_s[1] - t.quartiles_s[0] == pytest.approx(t.iqr_s)
     one = summarize("y", [0.5])
     assert one.quartiles_s == (one.median_s, one.median_s)
+
+
+def test_time_chapters_writes_where_the_setup_cells_read() -> None:
+    """tools/time_chapters.py's default output is the file helpers.core.config reads the Run All times from."""
+    import importlib.util
+    from pathlib import Path
+
+    from helpers.core import config
+
+    path = Path(__file__).resolve().parents[1] / "tools" / "time_chapters.py"
+    spec = importlib.util.spec_from_file_location("time_chapters", path)
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.OUT == config._chapter_times_file()
+    assert tool.OUT.is_file()

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "helpers" / "chapter_times.json"
+OUT = ROOT / "helpers" / "core" / "chapter_times.json"  # where helpers.core.config reads them
 
 
 def machine() -> str:
@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("chapters", nargs="*", help="two-digit chapter numbers (default: all)")
     p.add_argument("--tier", choices=config.TIERS, default=None, help="default: this machine's tier")
     p.add_argument("--limit", type=int, default=900, help="seconds allowed per chapter")
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument(
+        "--out", type=Path, default=OUT, help="default: helpers/core/chapter_times.json, the file the setup cells read"
+    )
     args = p.parse_args(argv)
     tier = args.tier or config.size_tier()
     notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))

@@ -19,6 +19,14 @@ Two sources of GPU work of a known duration, for experiments that need the GPU b
 ``GpuDelay(dev)()`` (do-nothing work, ``torch.cuda._sleep``) and ``calibrated_compute(dev, s)``
 (matrix products). Chapter 05's hazards, race checks and overlap measurements use them.
 
+Everything here measures the device it is given, not the current one. In torch,
+``Event.record()`` with no stream records on ``torch.cuda.current_stream()`` (the *current*
+device's stream) and ``torch.cuda.synchronize()`` with no device waits for the current device
+only: with the work on ``cuda:1`` while ``cuda:0`` is current, such an event guards nothing and
+such a timing times nothing. So every event here is recorded on ``torch.cuda.current_stream(dev)``
+(or the stream you pass), every sync names ``dev``, and work that takes no device
+(``torch.cuda._sleep``, your ``fn``) is queued under ``with torch.cuda.device(dev):``.
+
 Every result carries its metadata (device, method, threads, mode) so that a
 number never travels without the way it was measured.
 """
@@ -30,6 +38,7 @@ import logging
 import math
 import statistics
 import time
+import timeit
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -59,16 +68,72 @@ __all__ = [
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
-    """Wait for all queued work on ``device`` (no-op on CPU)."""
-    dev = torch.device(device) if device is not None else None
-    if dev is None:
+    """Wait for all queued work on ``device`` (no-op on CPU).
+
+    ``device=None`` waits for every CUDA device that has work (a CUDA context), not only the current
+    one: ``torch.cuda.synchronize()`` with no argument would leave ``cuda:1``'s work running while
+    ``cuda:0`` is current.
+    """
+    if device is None:
         if torch.cuda.is_available():
-            torch.cuda.synchronize()
+            for index in _cuda_devices_in_use():
+                torch.cuda.synchronize(index)
+        elif hasattr(torch, "accelerator") and torch.accelerator.is_available():
+            torch.accelerator.synchronize()
         return
+    dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     elif dev.type != "cpu" and hasattr(torch, "accelerator") and torch.accelerator.is_available():
-        torch.accelerator.synchronize()
+        torch.accelerator.synchronize(dev)
+
+
+def _cuda_devices_in_use() -> list[int]:
+    """Indices of the CUDA devices that may have queued work: those with a CUDA context.
+
+    A device without one has nothing queued, and synchronising it would create a context (memory on
+    a GPU nobody uses). Without torch's (private) probe, every device is taken.
+    """
+    if not torch.cuda.is_initialized():
+        return []
+    has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+    indices = list(range(torch.cuda.device_count()))
+    if has_context is None:
+        return indices
+    try:
+        return [i for i in indices if has_context(i)]
+    except RuntimeError:
+        return indices
+
+
+def _synchronised_clock(device: torch.device | str | None) -> Callable[[], float]:
+    """A clock for ``torch.utils.benchmark.Timer`` that first waits for ``device``'s queued work.
+
+    The Timer's own clock calls ``torch.accelerator.synchronize()``, which waits for the *current*
+    device only.
+    """
+
+    def clock() -> float:
+        synchronize(device)
+        return timeit.default_timer()
+
+    return clock
+
+
+def _clock_name(device: torch.device | str | None) -> str:
+    """How :func:`_synchronised_clock` reads the time, for a result's metadata."""
+    if device is None:
+        return "clock reads synchronised with every CUDA device" if torch.cuda.is_available() else "wall clock"
+    dev = torch.device(device)
+    if dev.type == "cpu" or (dev.type == "cuda" and not torch.cuda.is_available()):
+        return "wall clock"
+    return f"clock reads synchronised with {dev}"
+
+
+def _cuda_device(device: torch.device | str | None) -> torch.device:
+    """``device`` as a CUDA device with its index (``cuda`` alone means the current device)."""
+    dev = torch.device(device) if device is not None else torch.device("cuda")
+    return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
 def _is_cuda(device: torch.device | str | None) -> bool:
@@ -175,18 +240,19 @@ def measure(
 ) -> Timing:
     """Time ``fn()`` with ``torch.utils.benchmark.Timer``: warm-up, sync, median and IQR.
 
-    The Timer synchronises CUDA before each clock read when CUDA is present and
-    runs ``fn`` in blocks of several calls so that clock overhead is
-    negligible. We size the blocks so that about ``blocks`` of them fill
-    ``min_run_time`` (``Timer.blocked_autorange`` alone often takes a single
-    huge block for fast operations, which hides the spread), and we warm up
-    explicitly (``warmup`` calls, then a synchronisation) so lazy
-    initialisation is never timed.
+    The Timer synchronises ``device`` before each clock read (every CUDA device
+    in use when ``device`` is None; nothing for the CPU) and runs ``fn`` in
+    blocks of several calls so that clock overhead is negligible. We size the
+    blocks so that about ``blocks`` of them fill ``min_run_time``
+    (``Timer.blocked_autorange`` alone often takes a single huge block for fast
+    operations, which hides the spread), and we warm up explicitly (``warmup``
+    calls, then a synchronisation) so lazy initialisation is never timed.
 
     Args:
         fn: a zero-argument callable doing the work.
         label: what is being timed, for the result.
-        device: the device the work runs on (for the metadata and warm-up sync).
+        device: the device the work runs on (for the metadata, the warm-up sync
+            and the sync before every clock read).
         min_run_time: seconds of timed work to collect, roughly.
         blocks: number of timed blocks (samples) to collect.
         warmup: untimed calls first.
@@ -202,12 +268,14 @@ def measure(
     for _ in range(warmup):
         fn()
     synchronize(device)
-    timer = tbench.Timer(stmt="fn()", globals={"fn": fn}, label=label, num_threads=threads)
+    timer = tbench.Timer(
+        stmt="fn()", globals={"fn": fn}, label=label, num_threads=threads, timer=_synchronised_clock(device)
+    )
     one = max(timer.timeit(1).median, 1e-9)  # one synchronised call, to size the blocks
     number = max(1, min(1_000_000, int((min_run_time / blocks) / one)))
     samples = [timer.timeit(number).median for _ in range(blocks)]
     dev = str(torch.device(device)) if device is not None else "cpu"
-    clock = "CUDA-synchronised clock reads" if torch.cuda.is_available() else "wall clock"
+    clock = _clock_name(device)
     return summarize(
         label,
         samples,
@@ -264,9 +332,11 @@ def cuda_event_time(
     """Time ``fn`` on the GPU with CUDA events (one start/end pair per call).
 
     Events are timestamps the GPU writes when it reaches them in its stream, so
-    they measure GPU execution time, not CPU launch time. Without a CUDA device
-    this falls back to synchronised wall-clock timing and says so in
-    ``metadata['method']``; it never raises for a missing GPU.
+    they measure GPU execution time, not CPU launch time. They are recorded on
+    ``device``'s current stream, and ``fn`` runs with ``device`` current (so work
+    that takes no device goes there too), whichever device was current before.
+    Without a CUDA device this falls back to synchronised wall-clock timing and
+    says so in ``metadata['method']``; it never raises for a missing GPU.
     """
     check_int("repeats", repeats, 1, 1_000_000)
     check_int("warmup", warmup, 0, 10_000)
@@ -274,21 +344,22 @@ def cuda_event_time(
         timing = time_calls(fn, repeats=repeats, label=label, device="cpu", sync=True, warmup=warmup)
         timing.metadata["method"] = "wall clock (no CUDA device: CUDA events unavailable)"
         return timing
-    dev = torch.device(device) if device is not None else torch.device("cuda")
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize(dev)
+    dev = _cuda_device(device)
     pairs = []
-    for _ in range(repeats):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        pairs.append((start, end))
-    torch.cuda.synchronize(dev)
+    with torch.cuda.device(dev):
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize(dev)
+        for _ in range(repeats):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record(torch.cuda.current_stream(dev))
+            fn()
+            end.record(torch.cuda.current_stream(dev))
+            pairs.append((start, end))
+        torch.cuda.synchronize(dev)
     samples = [s.elapsed_time(e) / 1e3 for s, e in pairs]
-    return summarize(label, samples, device=str(dev), method="CUDA events on the current stream", warmup=warmup)
+    return summarize(label, samples, device=str(dev), method=f"CUDA events on {dev}'s current stream", warmup=warmup)
 
 
 # ---------------------------------------------------------------------------
@@ -392,9 +463,10 @@ class SpanRecorder:
     'compute'
 
     On a CUDA device, pass ``gpu=True`` for a phase that enqueues GPU work (a copy,
-    the forward pass): the recorder then records CUDA events on the current
-    stream (or on ``stream``) around it, and the span's ``start``/``end`` come
-    from the GPU's clock. Host-only phases (``gpu=False``, the default) use the
+    the forward pass): the recorder then records CUDA events on the recorder's
+    device's current stream (or on ``stream``, which must be on that device)
+    around it, runs the body with that device current, and the span's
+    ``start``/``end`` come from the GPU's clock. Host-only phases (``gpu=False``, the default) use the
     wall clock. Nothing is synchronised between spans, so recording does not
     change the overlap it is meant to reveal; call :meth:`finish` once at the
     end, which synchronises and resolves the events.
@@ -417,10 +489,11 @@ class SpanRecorder:
             else "time.perf_counter (no CUDA device: every phase is timed on the host)"
         )
         if self.cuda:
-            torch.cuda.synchronize(self.device)
+            self._cuda = _cuda_device(self.device)  # "cuda" alone: the device current now, for every span
+            torch.cuda.synchronize(self._cuda)
             self._ref = torch.cuda.Event(enable_timing=True)
-            self._ref.record()
-            torch.cuda.synchronize(self.device)
+            self._ref.record(torch.cuda.current_stream(self._cuda))
+            torch.cuda.synchronize(self._cuda)
         self._t0 = time.perf_counter()
         self._finished: SpanTrace | None = None
 
@@ -440,16 +513,25 @@ class SpanRecorder:
         use_events = gpu and self.cuda
         lane_name = lane or ("gpu" if gpu else "host")
         start_ev = end_ev = None
+        on_device: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if use_events:
+            if stream is not None and _cuda_device(stream.device) != self._cuda:
+                raise ValueError(
+                    f"span {name!r}: stream is on {stream.device} but this recorder times {self._cuda}; "
+                    f"pass a stream of {self._cuda} or record with a SpanRecorder({str(stream.device)!r})"
+                )
+            events_on = stream if stream is not None else torch.cuda.current_stream(self._cuda)
+            on_device = torch.cuda.device(self._cuda)
             start_ev = torch.cuda.Event(enable_timing=True)
-            start_ev.record(stream) if stream is not None else start_ev.record()
+            start_ev.record(events_on)
         h0 = time.perf_counter() - self._t0
         try:
-            yield
+            with on_device:
+                yield
         finally:
             if use_events:
                 end_ev = torch.cuda.Event(enable_timing=True)
-                end_ev.record(stream) if stream is not None else end_ev.record()
+                end_ev.record(events_on)
             h1 = time.perf_counter() - self._t0
             self._open.append((name, int(step), lane_name, h0, h1, start_ev, end_ev))
 
@@ -466,7 +548,7 @@ class SpanRecorder:
         if self._finished is not None:
             return self._finished
         if self.cuda:
-            torch.cuda.synchronize(self.device)
+            torch.cuda.synchronize(self._cuda)
         spans: list[Span] = []
         for name, step, lane, h0, h1, ev0, ev1 in self._open:
             if ev0 is not None and ev1 is not None:
@@ -485,21 +567,25 @@ class SpanRecorder:
 
 
 class GpuDelay:
-    """Queue about ``seconds`` of do-nothing GPU work on the current stream (``torch.cuda._sleep``).
+    """Queue about ``seconds`` of do-nothing GPU work on ``dev``'s current stream (``torch.cuda._sleep``).
 
     ``GpuDelay(dev)()`` keeps the GPU busy while the host runs on: chapter 05's hazards and the
-    prefetcher's race checks use it to make a missing synchronisation show. CUDA only.
+    prefetcher's race checks use it to make a missing synchronisation show. It calibrates and queues on
+    ``dev`` whichever device is current (``torch.cuda._sleep`` takes no device: it is queued under
+    ``with torch.cuda.device(dev):``), on the stream a ``with torch.cuda.stream(s):`` around the call
+    made current on ``dev``. CUDA only.
     """
 
     def __init__(self, dev: torch.device, seconds: float = 0.05) -> None:
         self.dev = dev
         if hasattr(torch.cuda, "_sleep"):
             probe = 5_000_000
-            torch.cuda._sleep(probe // 10)
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            torch.cuda._sleep(probe)
-            e.record()
+            with torch.cuda.device(dev):
+                torch.cuda._sleep(probe // 10)
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record(torch.cuda.current_stream(dev))
+                torch.cuda._sleep(probe)
+                e.record(torch.cuda.current_stream(dev))
             torch.cuda.synchronize(dev)
             per_s = probe / max(s.elapsed_time(e) / 1e3, 1e-6)
             self.cycles = int(seconds * per_s)
@@ -510,7 +596,8 @@ class GpuDelay:
 
     def __call__(self) -> None:
         if self.a is None:
-            torch.cuda._sleep(self.cycles)
+            with torch.cuda.device(self.dev):
+                torch.cuda._sleep(self.cycles)
         else:  # pragma: no cover
             for _ in range(20):
                 self.a @ self.a
@@ -519,17 +606,18 @@ class GpuDelay:
 def calibrated_compute(dev: torch.device, target_s: float) -> Callable[[torch.Tensor], torch.Tensor]:
     """A function of a batch that takes about ``target_s`` of GPU time (matrix products; CUDA only).
 
-    Calibrated once on ``dev``; the function returns ``batch.float().sum()`` plus one element of
-    the product, so its result depends on the batch.
+    Calibrated once on ``dev`` (events on ``dev``'s current stream, whichever device is current); the
+    products run on ``dev``, on its current stream at call time. The function returns
+    ``batch.float().sum()`` plus one element of the product, so its result depends on the batch.
     """
-    a = torch.randn(2048, 2048, device=dev) / math.sqrt(2048)
+    a = torch.randn(2048, 2048, device=dev).div_(math.sqrt(2048))
     c = torch.empty_like(a)
     torch.mm(a, a, out=c)
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
+    s.record(torch.cuda.current_stream(dev))
     for _ in range(5):
         torch.mm(a, a, out=c)
-    e.record()
+    e.record(torch.cuda.current_stream(dev))
     torch.cuda.synchronize(dev)
     one = max(s.elapsed_time(e) / 5e3, 1e-6)
     k = max(1, round(target_s / one))
