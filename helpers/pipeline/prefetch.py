@@ -786,7 +786,7 @@ def check_race(
                 "memory had been reused (record_stream)"
                 if not wait
                 else "a batch's memory was reused while the compute stream still had to read it: call "
-                "x.record_stream(torch.cuda.current_stream()) on each batch you hand over"
+                "x.record_stream(torch.cuda.current_stream(DEVICE)) on each batch you hand over"
             )
             problems.append(
                 f"race check ({label}): batch {first} had {wrong[first]:,} wrong elements of {n:,} "
