@@ -108,8 +108,9 @@ _SPLIT_CODE = {"train": 0, "val": 1}
 # ---------------------------------------------------------------------------
 
 
-def default_sizes() -> dict[str, int]:
-    """Problem sizes for the size tier in force (:func:`helpers.core.config.size_tier`).
+def default_sizes(tier: str | None = None) -> dict[str, int]:
+    """Problem sizes for the size tier in force (:func:`helpers.core.config.size_tier`), or for ``tier``
+    (``"quick"``, ``"laptop"`` or ``"full"``: what another tier would use, e.g. for an estimate).
 
     Quick mode (``WORKBOOK_QUICK=1``): 640 training and 256 validation images of
     80x80 pixels, cropped to 64 (about 4 KiB per file, 3.7 MiB in all; generated
@@ -128,13 +129,21 @@ def default_sizes() -> dict[str, int]:
     Returns:
         ``{"n_train", "n_val", "image_size", "crop_size", "num_classes", "batch_size"}``.
     """
+    if tier is None:
+        pick: Callable[..., int] = sized
+    else:
+        check_choice("tier", tier, ("quick", "laptop", "full"))
+
+        def pick(quick: int, full: int, laptop: int) -> int:
+            return {"quick": quick, "full": full, "laptop": laptop}[tier]
+
     return {
-        "n_train": sized(quick=640, full=9600, laptop=1600),
-        "n_val": sized(quick=256, full=2400, laptop=400),
-        "image_size": sized(quick=80, full=256, laptop=112),
-        "crop_size": sized(quick=64, full=224, laptop=96),
+        "n_train": pick(quick=640, full=9600, laptop=1600),
+        "n_val": pick(quick=256, full=2400, laptop=400),
+        "image_size": pick(quick=80, full=256, laptop=112),
+        "crop_size": pick(quick=64, full=224, laptop=96),
         "num_classes": 6,
-        "batch_size": sized(quick=32, full=64, laptop=32),
+        "batch_size": pick(quick=32, full=64, laptop=32),
     }
 
 
