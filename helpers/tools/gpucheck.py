@@ -764,13 +764,12 @@ def reads_data_set(nb: Path) -> bool:
     return any(_DATA_SET_RE.search(t) for t in texts)
 
 
-def estimate_notebooks(
-    nbs: Sequence[Path], tier: str, cost: Callable[[int, int], float] = measure_item_cost
-) -> Estimate:
+def estimate_notebooks(nbs: Sequence[Path], tier: str, cost: Callable[[int, int], float] | None = None) -> Estimate:
     """:class:`Estimate` for the notebooks ``nbs`` at ``tier``; ``cost(image_size, crop_size)`` gives seconds
     per item (default: measured here, :func:`measure_item_cost`)."""
     from ..pipeline.data import default_sizes  # heavy: torch
 
+    cost = cost or measure_item_cost
     items: dict[str, int] = {}
     per_item: dict[str, float] = {}
     for name in dict.fromkeys((tier, "laptop")):
