@@ -122,6 +122,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
 
+from ..core import config  # noqa: E402
 from ..core.config import (  # noqa: E402
     artifacts_dir,
     mode_name,
@@ -1814,8 +1815,6 @@ def output_problems(out: str | Path | None, png: str | Path | None) -> list[str]
 def folder_problems(names: Sequence[str] = ("WORKBOOK_ARTIFACTS", "WORKBOOK_CACHE")) -> list[str]:
     """Lines saying why a folder the run writes into cannot be used (from its environment variable, or the
     default), checked with a real write before any work starts; empty when every one can be used."""
-    from ..core import config
-
     getters = {
         config.ARTIFACTS_ENV: ("artifacts", "results and figures"),
         config.CACHE_ENV: ("data-cache", "generated data sets"),

@@ -13,7 +13,8 @@ that it keeps by itself, so that a leased machine (10 minutes per command, 30
 minutes in all) gets the whole check in at most four commands:
 
 ``smoke`` (``--smoke-timeout``, default 330 s)
-    The CUDA-only unit tests (not the slow ones) and every notebook in QUICK
+    The CUDA-only unit tests (not the slow ones) first, alone (some are
+    timing-sensitive: overlap ratios, the 2x2 labels), then every notebook in QUICK
     mode, ``WORKBOOK_REQUIRE_GPU=1``, ``--jobs`` of them at a time: catches every
     crash of a GPU path in a few minutes.
 ``bench`` (``--bench-timeout``, default 450 s)
@@ -24,7 +25,10 @@ minutes in all) gets the whole check in at most four commands:
 ``notebooks`` (``--notebooks-timeout``, default 450 s)
     Every notebook in FULL mode under nbval, one after another, each within its
     share of the time left (in proportion to its recorded Run All time where one
-    is recorded, else equal; unused time rolls over to the next ones).
+    is recorded, else equal; unused time rolls over to the next ones). Before it
+    starts, the check prints an estimate of the notebooks' time at full sizes,
+    computed from the data set's sizes and a per-item cost measured on this
+    machine (:func:`estimate_notebooks`), and gives the shares by it.
 ``unit`` (``--unit-timeout``, default 150 s)
     The CUDA-only unit tests, slow ones too (``--unit-scope all``: the whole suite).
 
@@ -65,6 +69,7 @@ from typing import Any, Callable, Sequence
 
 from ..core import config
 from ..core.config import artifacts_dir, repo_root
+from .bench import _write_probe, folder_problems
 
 __all__ = [
     "NEEDED_MODULES",
@@ -800,8 +805,6 @@ def estimate_notebooks(nbs: Sequence[Path], tier: str, cost: Callable[[int, int]
 
 def _logs_problem(path: Path) -> str:
     """Why ``--logs`` cannot hold the check's files ("" if it can), found with a real write; creates the folder."""
-    from .bench import _write_probe
-
     if path.exists() and not path.is_dir():
         return f"--logs: {path} is a file; give a folder (it is created if missing)"
     try:
@@ -938,8 +941,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    from .bench import folder_problems
-
     problems = folder_problems(("WORKBOOK_CACHE",) if args.logs else ("WORKBOOK_ARTIFACTS", "WORKBOOK_CACHE"))
     if args.logs is not None and not str(args.logs).strip():
         problems.insert(0, "--logs is empty; give a folder")
