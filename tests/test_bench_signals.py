@@ -177,3 +177,13 @@ def test_a_forked_child_gets_pythons_own_ctrl_c_handler_back() -> None:
         p.start()
         p.join(10)
     assert p.exitcode == 0
+
+
+def test_a_signal_ignored_at_start_stays_ignored() -> None:
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as for `cmd &` started by a script
+    try:
+        with bench.StopSignals().installed():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -311,7 +311,11 @@ class StopSignals:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        with signal_raises(signal.SIGINT, self._raise), signal_raises(signal.SIGTERM, self._raise):
+        with contextlib.ExitStack() as stack:
+            for num in (signal.SIGINT, signal.SIGTERM):
+                # a signal ignored when the process started (e.g. SIGINT for `cmd &` in a script) stays ignored
+                if signal.getsignal(num) is not signal.SIG_IGN:
+                    stack.enter_context(signal_raises(num, self._raise))
             yield
 
 
