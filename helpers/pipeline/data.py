@@ -46,6 +46,7 @@ import shutil
 import time
 import uuid
 import warnings
+import zlib
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +58,7 @@ from torch.utils.data import Dataset, default_collate
 
 from ..core.config import CACHE_ENV, cache_dir, sized
 from ..core.progress import progress_bar
-from ..core.validate import check_choice, check_int
+from ..core.validate import check_choice, check_int, human_bytes
 
 __all__ = [
     "SHAPE_CLASSES",
@@ -107,8 +108,9 @@ _SPLIT_CODE = {"train": 0, "val": 1}
 # ---------------------------------------------------------------------------
 
 
-def default_sizes() -> dict[str, int]:
-    """Problem sizes for the size tier in force (:func:`helpers.core.config.size_tier`).
+def default_sizes(tier: str | None = None) -> dict[str, int]:
+    """Problem sizes for the size tier in force (:func:`helpers.core.config.size_tier`), or for ``tier``
+    (``"quick"``, ``"laptop"`` or ``"full"``: what another tier would use, e.g. for an estimate).
 
     Quick mode (``WORKBOOK_QUICK=1``): 640 training and 256 validation images of
     80x80 pixels, cropped to 64 (about 4 KiB per file, 3.7 MiB in all; generated
@@ -127,13 +129,21 @@ def default_sizes() -> dict[str, int]:
     Returns:
         ``{"n_train", "n_val", "image_size", "crop_size", "num_classes", "batch_size"}``.
     """
+    if tier is None:
+        pick: Callable[..., int] = sized
+    else:
+        check_choice("tier", tier, ("quick", "laptop", "full"))
+
+        def pick(quick: int, full: int, laptop: int) -> int:
+            return {"quick": quick, "full": full, "laptop": laptop}[tier]
+
     return {
-        "n_train": sized(quick=640, full=9600, laptop=1600),
-        "n_val": sized(quick=256, full=2400, laptop=400),
-        "image_size": sized(quick=80, full=256, laptop=112),
-        "crop_size": sized(quick=64, full=224, laptop=96),
+        "n_train": pick(quick=640, full=9600, laptop=1600),
+        "n_val": pick(quick=256, full=2400, laptop=400),
+        "image_size": pick(quick=80, full=256, laptop=112),
+        "crop_size": pick(quick=64, full=224, laptop=96),
         "num_classes": 6,
-        "batch_size": sized(quick=32, full=64, laptop=32),
+        "batch_size": pick(quick=32, full=64, laptop=32),
     }
 
 
@@ -284,7 +294,15 @@ def _write_chunk(args: tuple[str, str, int, int, int, int, int, int]) -> list[di
         data = _encode_jpeg(render_image(label, image_size, rng), quality)
         rel = _file_rel(split, label, index)
         (Path(folder) / rel).write_bytes(data)
-        rows.append({"path": rel, "label": label, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+        rows.append(
+            {
+                "path": rel,
+                "label": label,
+                "size": len(data),
+                "crc32": zlib.crc32(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+        )
     return rows
 
 
@@ -354,6 +372,26 @@ def _params(n_train: int, n_val: int, image_size: int, num_classes: int, seed: i
     }
 
 
+def _manifest_rows(manifest: Any) -> tuple[list[dict[str, Any]], str]:
+    """The manifest's file rows, or ``([], why)`` when it is not shaped as :func:`_generate` writes it."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
+        return [], "it is not an object with a 'files' list"
+    rows = manifest["files"]
+    for i, row in enumerate(rows):
+        if not (
+            isinstance(row, dict)
+            and isinstance(row.get("path"), str)
+            and isinstance(row.get("size"), int)
+            and isinstance(row.get("sha256"), str)
+            and isinstance(row.get("crc32", 0), int)
+        ):
+            return [], f"files[{i}] lacks a path, size or sha256 of the right type"
+        parts = Path(row["path"]).parts
+        if Path(row["path"]).is_absolute() or ".." in parts or not parts or parts[0] not in _SPLIT_CODE:
+            return [], f"files[{i}] has the path {row['path']!r}, outside train/ and val/"
+    return rows, ""
+
+
 def verify_dataset(
     root: str | os.PathLike[str], level: str = "quick", params: dict[str, Any] | None = None
 ) -> list[str]:
@@ -361,24 +399,30 @@ def verify_dataset(
 
     Args:
         root: the data set folder (holding ``manifest.json``).
-        level: ``"quick"`` checks that every listed file exists with the recorded
-            size and that no extra images are present; ``"full"`` also checks
-            every file's SHA-256.
+        level: ``"quick"`` (default) checks that every listed file exists with the
+            recorded size and CRC-32 checksum (recorded at generation; a manifest
+            written before checksums were recorded is checked with SHA-256), and
+            that no extra images are present: a same-size change of content is
+            caught. Measured on a busy 2-core machine: 0.07 s for the quick-tier data
+            set (896 files) and about 2 s for the full tier (12,000 files, 0.35 GB). ``"full"`` checks
+            every file's SHA-256 instead (a few times slower).
         params: if given, the manifest's parameters must equal these.
 
     Returns:
-        A list of problems, empty when the data set is intact.
+        A list of problems, one line each, empty when the data set is intact.
     """
     check_choice("level", level, ("quick", "full"))
     root = Path(root)
     mpath = root / MANIFEST
-    if not mpath.is_file():
-        return [f"no {MANIFEST} in {root} (generation was interrupted or this is not a generated data set)"]
     try:
+        if not mpath.is_file():
+            return [f"no {MANIFEST} in {root} (generation was interrupted or this is not a generated data set)"]
         manifest = json.loads(mpath.read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError) as exc:
+    except (OSError, ValueError) as exc:
         return [f"{mpath} is unreadable: {exc}"]
+    files, why = _manifest_rows(manifest)
+    if why:
+        return [f"{mpath} is not a data-set manifest: {why}"]
     problems: list[str] = []
     if params is not None and manifest.get("params") != params:
         problems.append(f"manifest parameters {manifest.get('params')} differ from the requested {params}")
@@ -387,19 +431,27 @@ def verify_dataset(
         path = root / row["path"]
         listed.add(row["path"])
         try:
-            size = path.stat().st_size
+            content = path.read_bytes()  # one read per file: its length, then its checksum
+            if len(content) != row["size"]:
+                problems.append(f"{path} has {len(content)} bytes, the manifest says {row['size']}")
+            elif level == "quick" and "crc32" in row:
+                if zlib.crc32(content) != row["crc32"]:
+                    problems.append(f"{path} content differs from the manifest (CRC-32 mismatch)")
+            elif hashlib.sha256(content).hexdigest() != row["sha256"]:
+                problems.append(f"{path} content differs from the manifest (SHA-256 mismatch)")
         except FileNotFoundError:
             problems.append(f"missing file {path}")
-            continue
-        if size != row["size"]:
-            problems.append(f"{path} has {size} bytes, the manifest says {row['size']}")
-        elif level == "full" and hashlib.sha256(path.read_bytes()).hexdigest() != row["sha256"]:
-            problems.append(f"{path} content differs from the manifest (SHA-256 mismatch)")
+        except OSError as exc:  # e.g. a class folder replaced by a file (NotADirectoryError), unreadable
+            problems.append(f"cannot read {path}: {exc.strerror or type(exc).__name__}")
         if len(problems) > 20:
             problems.append("... (more problems not listed)")
             return problems
     for split in ("train", "val"):
-        for p in sorted((root / split).rglob("*")):
+        folder = root / split
+        if not folder.is_dir():
+            problems.append(f"{folder} is not a folder")
+            continue
+        for p in sorted(folder.rglob("*")):
             if p.is_file() and p.relative_to(root).as_posix() not in listed:
                 problems.append(f"unexpected file {p}")
                 if len(problems) > 20:
@@ -457,9 +509,80 @@ def _check_disk(parent: Path, n_images: int, image_size: int) -> None:
     if need > free:
         raise ValueError(
             f"n_train/n_val/image_size: {n_images} images of {image_size}x{image_size} px need about "
-            f"{need / 2**30:.1f} GiB on disk, but {parent} has {free / 2**30:.1f} GiB free. Use fewer or "
+            f"{human_bytes(need)} on disk, but {parent} has {human_bytes(free)} free. Use fewer or "
             f"smaller images, or point {CACHE_ENV} at a folder with more space."
         )
+
+
+def _remove_stale_temporaries(parent: Path, held: str) -> list[Path]:
+    """Remove temporary generation folders that no running generation owns; returns those removed.
+
+    A generation killed outright (SIGKILL, power loss) leaves ``.<name>.tmp-<pid>-<id>``.
+    The caller holds the lock of data set ``held``, so every temporary of that name is stale;
+    one of another name is stale when its own lock can be taken at once (no generation holds it).
+    """
+    removed: list[Path] = []
+    try:
+        candidates = [p for p in parent.iterdir() if p.name.startswith(".") and ".tmp-" in p.name]
+    except OSError:
+        return removed
+    for tmp in candidates:
+        name = tmp.name[1:].split(".tmp-", 1)[0]
+        if name != held:
+            try:
+                import fcntl
+            except ImportError:  # pragma: no cover - Windows: leave other data sets' temporaries alone
+                continue
+            try:
+                with open(parent / f".{name}.lock", "a+") as fh:
+                    try:
+                        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except OSError:
+                        continue  # a generation of that data set is running now
+                    try:
+                        shutil.rmtree(tmp, ignore_errors=True)
+                    finally:
+                        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            except OSError:
+                continue
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if not tmp.exists():
+            removed.append(tmp)
+    return removed
+
+
+def _cache_parent(root: str | os.PathLike[str] | None) -> Path:
+    """The folder the data set goes in: ``root`` or the cache folder, checked (one-line errors)."""
+    if root is not None:
+        if not isinstance(root, (str, os.PathLike)) or str(root).strip() == "":
+            raise ValueError(
+                f"root must be a folder path (a str or pathlib.Path), got {root!r}; leave it out to use the "
+                f"cache folder ({CACHE_ENV})"
+            )
+        parent = Path(root).expanduser()
+        what = f"root={str(root)!r}"
+    else:
+        what = f"{CACHE_ENV}={os.environ.get(CACHE_ENV, '')!r}" if os.environ.get(CACHE_ENV) else "the cache folder"
+        try:
+            return cache_dir()
+        except OSError as exc:
+            raw = Path(os.environ.get(CACHE_ENV) or ".").expanduser()
+            if exc.errno in _UNWRITABLE:
+                raise PermissionError(_not_writable_message(raw, exc, "cannot create the data set folder")) from None
+            raise ValueError(
+                f"{what} cannot be used as the data-set cache folder ({exc.strerror or exc}): point {CACHE_ENV} at "
+                f"a writable folder (for example `export {CACHE_ENV}=$HOME/workbook-cache`)"
+            ) from None
+    if parent.exists() and not parent.is_dir():
+        raise ValueError(f"{what} is a file, not a folder; pass a folder for the data set")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if exc.errno in _UNWRITABLE:
+            raise PermissionError(_not_writable_message(parent, exc, "cannot create the data set folder")) from None
+        raise ValueError(f"{what} cannot be created as a folder ({exc.strerror or exc}); pass another folder") from None
+    return parent
 
 
 def _chunk_size(n_images: int, workers: int) -> int:
@@ -527,6 +650,17 @@ def _generate(final: Path, params: dict[str, Any], workers: int, progress: Calla
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(
+                exc.errno,
+                f"the disk holding {final.parent} is full ({exc.strerror}): the data set {final.name} could not "
+                f"be written (nothing was kept). Free some space, or point {CACHE_ENV} at a folder on a disk with "
+                f"more space.",
+            ) from None
+        if exc.errno in _UNWRITABLE:
+            raise PermissionError(_not_writable_message(final.parent, exc, "cannot write the data set")) from None
+        raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -573,9 +707,11 @@ def make_shapes_dataset(
         num_classes: how many of :data:`SHAPE_CLASSES` to use (2-8). Labels are balanced.
         seed: generation seed.
         quality: JPEG quality (50-100).
-        root: parent folder; default :func:`helpers.core.config.cache_dir`.
-        verify: integrity check of a cached copy: ``"quick"`` (file count and sizes),
-            ``"full"`` (SHA-256 of every file) or ``"none"``.
+        root: parent folder (not ``""``); default :func:`helpers.core.config.cache_dir`.
+            Temporary folders left by a generation that was killed are removed here.
+        verify: integrity check of a cached copy: ``"quick"`` (file count, sizes and each
+            file's CRC-32: a changed byte is caught; about 2 s at full size), ``"full"``
+            (SHA-256 of every file) or ``"none"`` (the manifest's shape only).
         on_corrupt: what to do when a cached copy fails the check: ``"regenerate"``
             (with a warning) or ``"raise"`` (RuntimeError listing the problems).
         workers: processes used to generate; default 1 for small data sets (a pool
@@ -585,7 +721,9 @@ def make_shapes_dataset(
             ``None``: a tqdm bar is shown while files are generated (never when reused).
 
     Raises:
-        ValueError: for out-of-range arguments, or a data set that cannot fit on the disk.
+        ValueError: for out-of-range arguments, a ``root`` or ``WORKBOOK_CACHE`` that is not a
+            usable folder, or a data set that cannot fit on the disk.
+        OSError: the disk filled up while generating (``errno.ENOSPC``; one line, nothing kept).
         PermissionError: the cache folder is not writable and holds no usable copy
             (the message names ``WORKBOOK_CACHE``).
         RuntimeError: if the cached copy is damaged and ``on_corrupt="raise"``.
@@ -606,18 +744,18 @@ def make_shapes_dataset(
     report = progress or _no_progress
 
     params = _params(n_train, n_val, image_size, num_classes, seed, quality)
-    parent = Path(root) if root is not None else cache_dir()
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        if exc.errno in _UNWRITABLE:
-            raise PermissionError(_not_writable_message(parent, exc, "cannot create the data set folder")) from None
-        raise
+    parent = _cache_parent(root)
     final = parent / dataset_name(n_train, n_val, image_size, num_classes, seed, quality)
 
     def check_cached() -> list[str]:
         report(0.0, f"verifying the cached data set ({n_train + n_val} files)")
-        return [] if verify == "none" else verify_dataset(final, verify, params)
+        if verify != "none":
+            return verify_dataset(final, verify, params)
+        try:
+            _, why = _manifest_rows(json.loads((final / MANIFEST).read_text()))
+        except (OSError, ValueError) as exc:
+            why = str(exc)
+        return [f"{final / MANIFEST} is not a data-set manifest: {why}"] if why else []
 
     def generate() -> None:
         _check_disk(parent, n_train + n_val, image_size)
@@ -635,7 +773,8 @@ def make_shapes_dataset(
         try:
             stack.enter_context(_file_lock(parent / f".{final.name}.lock"))
         except OSError as exc:
-            if exc.errno not in _UNWRITABLE:
+            # A lock file cannot be made here: a read-only folder, or one that takes no new files (ENOENT: /proc).
+            if exc.errno not in _UNWRITABLE + (errno.ENOENT,):
                 raise
             # A read-only cache: a verified copy is used as it is; nothing can be written here.
             if not (final / MANIFEST).is_file():
@@ -652,14 +791,14 @@ def make_shapes_dataset(
                     )
                 ) from None
         else:
+            _remove_stale_temporaries(parent, final.name)
             if (final / MANIFEST).is_file():
                 problems = check_cached()
                 if problems:
                     if on_corrupt == "raise":
                         raise RuntimeError(
-                            f"the cached data set in {final} is damaged:\n  "
-                            + "\n  ".join(problems)
-                            + "\nDelete the folder or call make_shapes_dataset(on_corrupt='regenerate')."
+                            f"the cached data set in {final} is damaged ({len(problems)} problem(s), first: "
+                            f"{problems[0]}); delete the folder or call make_shapes_dataset(on_corrupt='regenerate')"
                         )
                     warnings.warn(
                         f"cached data set in {final} is damaged ({len(problems)} problem(s), first: "
@@ -796,10 +935,18 @@ class ShapesDataset(Dataset):
         self.augment = bool(augment)
         self.output = check_choice("output", output, ("float", "uint8"))
         self.on_error = check_choice("on_error", on_error, ("raise", "skip"))
-        self.mean = tuple(float(m) for m in mean)
-        self.std = tuple(float(s) for s in std)
-        if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
-            raise ValueError(f"mean and std must hold 3 values each (std > 0), got {mean} and {std}")
+        try:
+            self.mean = tuple(float(m) for m in mean)
+            self.std = tuple(float(s) for s in std)
+        except (TypeError, ValueError):
+            raise ValueError(f"mean and std must hold 3 numbers each, got {mean!r} and {std!r}") from None
+        if (
+            len(self.mean) != 3
+            or len(self.std) != 3
+            or not all(math.isfinite(v) for v in self.mean + self.std)
+            or min(self.std) <= 0
+        ):
+            raise ValueError(f"mean and std must hold 3 finite values each (std > 0), got {mean} and {std}")
         self.classes, self.samples = _scan_class_folders(self.root)
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self.targets = [t for _, t in self.samples]

@@ -31,8 +31,12 @@ still run and the file is still written), shows progress bars, and writes:
 
 Exit codes: 0 every chapter that exists ran; 1 at least one chapter failed or
 outran its time share (the file is still written); 2 refused before measuring
-(bad arguments, or a CUDA device was required and is absent: one ``error:`` or
-``refusing`` line, never a traceback); 130 interrupted (partial file written).
+(bad arguments, an output path that collides with another or has the wrong
+extension, a folder that cannot be written, or a CUDA device was required and is
+absent: one ``error:`` or ``refusing`` line, never a traceback; every path is checked
+with a real write before any work starts); 130 interrupted by Ctrl-C (SIGINT), 143
+stopped by SIGTERM (what was measured so far is written, child processes are
+stopped). A chapter that swallows the Ctrl-C never counts as ok.
 
 Time budget (``--budget-s N``, which the GPU check sets): each chapter may run
 for its share of the time left, in proportion to :attr:`Chapter.weight`, so a
@@ -89,6 +93,9 @@ __all__ = [
     "ChapterOutcome",
     "ChapterTimeout",
     "signal_raises",
+    "StopSignals",
+    "output_problems",
+    "folder_problems",
     "chapter_shares",
     "require_gpu",
     "select_chapters",
@@ -115,6 +122,7 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
 
+from ..core import config  # noqa: E402
 from ..core.config import (  # noqa: E402
     artifacts_dir,
     mode_name,
@@ -267,9 +275,66 @@ def _reset_own_handlers_in_child() -> None:
     for num, handler in list(_OWN_HANDLERS.items()):
         try:
             if signal.getsignal(num) is handler:
-                signal.signal(num, signal.SIG_DFL)
+                signal.signal(num, _child_default(num))
         except (ValueError, OSError):  # not the child's main thread: the handler's own pid check still applies
             pass
+
+
+def _child_default(num: int) -> Any:
+    """What a child process gets back for signal ``num``: Python's own handler for SIGINT (a
+    KeyboardInterrupt, as in any Python process), the default action for the others."""
+    return signal.default_int_handler if num == signal.SIGINT else signal.SIG_DFL
+
+
+class StopSignals:
+    """While in force, SIGINT (Ctrl-C) and SIGTERM raise ``KeyboardInterrupt`` in this process, and the
+    first one received is remembered, so that a chapter which swallows the ``KeyboardInterrupt`` (or turns
+    it into another error) cannot turn the stop into a success: :func:`run_benchmarks` asks
+    :attr:`received` after every chapter."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def _raise(self, num: int) -> BaseException:
+        if self.received is None:
+            self.received = num
+        return KeyboardInterrupt(f"signal {signal.Signals(num).name}")
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received is not None else ""
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal number (130 for SIGINT, 143 for SIGTERM), as a shell reports it."""
+        return 128 + (self.received if self.received is not None else signal.SIGINT)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for num in (signal.SIGINT, signal.SIGTERM):
+                # a signal ignored when the process started (e.g. SIGINT for `cmd &` in a script) stays ignored
+                if signal.getsignal(num) is not signal.SIG_IGN:
+                    stack.enter_context(signal_raises(num, self._raise))
+            yield
+
+
+def _release_children(timeout: float = 5.0) -> list[int]:
+    """Stop the child processes this process still has (workers of an interrupted chapter); returns their pids."""
+    import multiprocessing
+
+    children = multiprocessing.active_children()
+    for child in children:
+        with contextlib.suppress(Exception):
+            child.terminate()
+    end = time.monotonic() + timeout
+    for child in children:
+        with contextlib.suppress(Exception):
+            child.join(max(0.1, end - time.monotonic()))
+            if child.is_alive():
+                child.kill()
+                child.join(1.0)
+    return [c.pid for c in children if c.pid is not None]
 
 
 @contextlib.contextmanager
@@ -295,7 +360,9 @@ def signal_raises(signum: int, make_exc: Callable[[int], BaseException | None]) 
 
     def handler(num: int, frame: Any) -> None:
         if os.getpid() != owner:  # an inherited copy in a child process: behave as the default would
-            signal.signal(num, signal.SIG_DFL)
+            signal.signal(num, _child_default(num))
+            if num == signal.SIGINT:
+                raise KeyboardInterrupt
             os.kill(os.getpid(), num)
             return
         exc = make_exc(num)
@@ -386,6 +453,7 @@ def run_benchmarks(
     checkpoint: Callable[[list[ChapterOutcome]], None] | None = None,
     into: list[ChapterOutcome] | None = None,
     budget_s: float | None = None,
+    stop: StopSignals | None = None,
 ) -> list[ChapterOutcome]:
     """Run each chapter's ``benchmark(results, device, progress=...)``, guarded; return one outcome per chapter.
 
@@ -404,8 +472,15 @@ def run_benchmarks(
     :class:`ChapterTimeout` (a SIGALRM timer, main thread only) and marked
     ``timed out``, and the next chapter runs. After each chapter the records are
     checked (:func:`helpers.core.results.sanity_flags`) and flagged where impossible.
+
+    With ``stop`` (a :class:`StopSignals` in force), a chapter that returns, or fails, after a
+    SIGINT/SIGTERM arrived is marked interrupted and ``KeyboardInterrupt`` propagates: a chapter
+    that swallowed the signal never counts as ok, and no further chapter runs.
     """
     from tqdm import tqdm
+
+    def stopped() -> bool:
+        return stop is not None and stop.received is not None
 
     say = log or (lambda s: tqdm.write(s, file=sys.stderr))
     outcomes: list[ChapterOutcome] = [] if into is None else into
@@ -459,17 +534,21 @@ def run_benchmarks(
                 try:
                     with timer.limit(out.budget_s, ch.label):
                         fn(results, device, **kwargs)
+                    if stopped():  # the chapter swallowed the user's Ctrl-C / SIGTERM and returned
+                        raise KeyboardInterrupt(stop.name if stop else "")
                     if timer.fired:  # the chapter caught the ChapterTimeout itself and returned
                         raise ChapterTimeout(ch.label)
                 except Exception:
+                    if stopped():  # ... or turned it into another error (e.g. a DataLoader worker killed)
+                        raise KeyboardInterrupt(stop.name if stop else "") from None
                     if timer.fired:
                         raise ChapterTimeout(ch.label) from None
                     raise
             except (ChapterTimeout, KeyboardInterrupt) as exc:
-                if not (isinstance(exc, ChapterTimeout) or timer.fired):
-                    if isinstance(exc, KeyboardInterrupt):
-                        out.status, out.reason = "failed", "interrupted (Ctrl-C or SIGTERM)"
-                        out.seconds = time.perf_counter() - t0
+                if stopped() or not (isinstance(exc, ChapterTimeout) or timer.fired):
+                    why = stop.name if stop is not None and stop.received is not None else "Ctrl-C or SIGTERM"
+                    out.status, out.reason = "failed", f"interrupted ({why})"
+                    out.seconds = time.perf_counter() - t0
                     raise
                 # stopped by its time share (also when the chapter caught the ChapterTimeout, or turned it into
                 # a plain KeyboardInterrupt or another error)
@@ -518,6 +597,8 @@ def run_benchmarks(
                     checkpoint(outcomes)
                 except Exception as exc:
                     say(f"warning: could not save the partial results file: {exc!r}")
+            if stopped():  # arrived after the chapter ended (e.g. while saving): stop before the next one
+                raise KeyboardInterrupt(stop.name if stop else "")
     finally:
         bar.close()
         try:
@@ -1448,11 +1529,15 @@ def run(
     if reference and tier != "full":
         err(f"refusing --reference in {tier} mode: reference results are recorded with full sizes (use --full).")
         return 2, None, {}
-    for flag, target in (("--out", out), ("--png", png if png is not None and png is not False else None)):
-        problem = _unwritable(target)
-        if problem:
-            err(f"error: {flag}: {problem}")
-            return 2, None, {}
+    png_target: str | Path | None = png if png is not None and png is not False else None
+    if png_target is None and png is not False and out:
+        png_target = Path(out).with_suffix(".png")  # the default summary path, beside the results
+    problems = output_problems(out, png_target) + folder_problems(
+        ("WORKBOOK_CACHE",) if out else ("WORKBOOK_ARTIFACTS", "WORKBOOK_CACHE")
+    )
+    if problems:
+        err(f"error: {problems[0]}")
+        return 2, None, {}
 
     LiveResultSet = _live_result_set_class()
     started = time.perf_counter()
@@ -1493,8 +1578,10 @@ def run(
 
     interrupted = False
     outcomes: list[ChapterOutcome] = []
-    # SIGTERM (a scheduler's or the GPU check's time limit) -> KeyboardInterrupt in this process only
-    with signal_raises(signal.SIGTERM, lambda num: KeyboardInterrupt(f"signal {num}")):
+    # Ctrl-C (SIGINT) and SIGTERM (a scheduler's or the GPU check's time limit) -> KeyboardInterrupt in this
+    # process only, remembered: a chapter that swallows it is still interrupted (exit 130 / 143, never 0).
+    stop = StopSignals()
+    with stop.installed():
         try:
             run_benchmarks(
                 rs,
@@ -1505,10 +1592,19 @@ def run(
                 checkpoint=checkpoint,
                 into=outcomes,
                 budget_s=budget_s,
+                stop=stop,
             )
         except KeyboardInterrupt:
             interrupted = True
-            err("\ninterrupted: writing what was measured so far")
+        if stop.received is not None:
+            interrupted = True
+    if interrupted:
+        released = _release_children()
+        err(
+            f"\ninterrupted ({stop.name or 'KeyboardInterrupt'}): writing what was measured so far to {out_path}"
+            + (f" (stopped {len(released)} leftover worker process(es))" if released else "")
+        )
+        bench_info["interrupted_by"] = stop.name or "KeyboardInterrupt"
     bench_info.pop("partial", None)
     bench_info["chapters"] = [asdict(o) for o in outcomes]
     bench_info["seconds"] = round(time.perf_counter() - started, 2)
@@ -1565,7 +1661,7 @@ def run(
             print(f"    panel skipped — {s}")
     paths["outcomes"] = [asdict(o) for o in outcomes]
     if interrupted:
-        return 130, plain, paths
+        return stop.exit_code, plain, paths
     if failed:
         names = ", ".join(o.chapter for o in failed)
         err(
@@ -1665,19 +1761,90 @@ def reference_subset(rs: Any, outcomes: Sequence[ChapterOutcome]) -> Any:
     return ResultSet.from_dict(data)
 
 
-def _unwritable(target: str | Path | None) -> str:
-    """Why a file cannot be written at ``target`` ("" if it can). Folders are never created for it."""
+def _write_probe(folder: Path) -> str:
+    """ "" if a file can really be created in ``folder``, else why not (a real write: ``os.access`` says
+    yes to root everywhere, and to folders such as /proc that take no files)."""
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=".bench-probe-", dir=folder)
+    except OSError as exc:
+        return f"the folder {folder} is not writable ({exc.strerror or type(exc).__name__})"
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(name)
+    return ""
+
+
+def _unwritable(target: str | Path | None, suffix: str = "") -> str:
+    """Why a file cannot be written at ``target`` ("" if it can). Folders are never created for it.
+
+    ``suffix``: the extension the file must have (``.json`` for results, ``.png`` for the summary).
+    """
     if target is None:
         return ""
-    path = Path(target)
+    if str(target).strip() == "":
+        return "the path is empty"
+    path = Path(target).expanduser()
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
-        return f"{path} is a folder; give a file name such as {path / 'bench.json'}"
+        return f"{path} is a folder; give a file name such as {path / ('bench' + (suffix or '.json'))}"
+    if suffix and path.suffix.lower() != suffix:
+        return f"{path} does not end with {suffix}; give a {suffix} file name (e.g. {path.with_suffix(suffix).name})"
+    if path.exists() and not path.is_file():
+        return f"{path} exists and is not a regular file"
     if not parent.is_dir():
-        return f"the folder {parent} does not exist; create it first (the bench never creates it)"
-    if not os.access(parent, os.W_OK):
-        return f"the folder {parent} is not writable"
-    return ""
+        what = "is a file, not a folder" if parent.exists() else "does not exist; create it first"
+        return f"the folder {parent} {what} (the bench never creates it)"
+    return _write_probe(parent)
+
+
+def output_problems(out: str | Path | None, png: str | Path | None) -> list[str]:
+    """Lines (``--flag: why``) saying why the bench's output paths cannot be used; empty when they can.
+
+    The results file must be a writable ``.json``, the summary a writable ``.png``, and no two outputs may
+    be the same file (``--out r.png`` would have the summary drawn over the results).
+    """
+    problems = [
+        f"{flag}: {why}"
+        for flag, target, sfx in (("--out", out, ".json"), ("--png", png, ".png"))
+        if (why := _unwritable(target, sfx))
+    ]
+    if out is not None and png is not None and not problems:
+        if Path(out).expanduser().resolve() == Path(png).expanduser().resolve():
+            problems.append(f"--out and --png are the same file ({out}); give two different files")
+    return problems
+
+
+def folder_problems(names: Sequence[str] = ("WORKBOOK_ARTIFACTS", "WORKBOOK_CACHE")) -> list[str]:
+    """Lines saying why a folder the run writes into cannot be used (from its environment variable, or the
+    default), checked with a real write before any work starts; empty when every one can be used."""
+    getters = {
+        config.ARTIFACTS_ENV: ("artifacts", "results and figures"),
+        config.CACHE_ENV: ("data-cache", "generated data sets"),
+    }
+    out = []
+    for env in names:
+        default, what = getters[env]
+        raw = os.environ.get(env)
+        if raw:
+            folder, label = Path(raw).expanduser(), f"{env}={raw!r}"
+        else:
+            root = config.repo_root()
+            folder = root / default if root else Path.home() / ".cache" / "gpu-data-workbook" / default
+            label = f"the default folder for {what} ({folder}; set {env} to choose another)"
+        if folder.exists() and not folder.is_dir():
+            out.append(f"{label} is a file, not a folder; point {env} at a writable folder")
+            continue
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            out.append(f"{label} cannot be created ({exc.strerror or exc}); point {env} at a writable folder")
+            continue
+        why = _write_probe(folder)
+        if why:
+            out.append(f"{label}: {why}; point {env} at a writable folder")
+    return out
 
 
 def _list(chapters: Sequence[Chapter]) -> int:
@@ -1689,12 +1856,27 @@ def _list(chapters: Sequence[Chapter]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point; returns the exit code."""
+    """Command-line entry point; returns the exit code (130 / 143 when stopped by Ctrl-C / SIGTERM)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before the chapters started, or a second Ctrl-C while writing the files
+        _release_children()
+        print(
+            "\ninterrupted: stopped before the results were complete (a results file saved after the last "
+            "finished chapter, if any, is kept)",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     ap = _parser()
     args = ap.parse_args(args_list)
     if args.update and not args.readme_table:
         ap.error("--update needs --readme-table")
+    if args.no_png and args.png:
+        ap.error("--png and --no-png contradict each other; give one")
     if args.readme_table:
         table = readme_block()
         if args.update:
@@ -1722,6 +1904,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         png = Path(args.png) if args.png else Path(args.plot_only).with_suffix(".png")
         if png.resolve() == Path(args.plot_only).resolve():
             print("error: --png must differ from the results file", file=sys.stderr)
+            return 2
+        problem = _unwritable(png, ".png")
+        if problem:
+            print(f"error: --png: {problem}", file=sys.stderr)
             return 2
         _, drawn, skipped = summary_figure(rs, png)
         print(f"PNG summary: {png} ({len(drawn)} panels; skipped: {len(skipped)})")

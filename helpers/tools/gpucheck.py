@@ -13,7 +13,8 @@ that it keeps by itself, so that a leased machine (10 minutes per command, 30
 minutes in all) gets the whole check in at most four commands:
 
 ``smoke`` (``--smoke-timeout``, default 330 s)
-    The CUDA-only unit tests (not the slow ones) and every notebook in QUICK
+    The CUDA-only unit tests (not the slow ones) first, alone (some are
+    timing-sensitive: overlap ratios, the 2x2 labels), then every notebook in QUICK
     mode, ``WORKBOOK_REQUIRE_GPU=1``, ``--jobs`` of them at a time: catches every
     crash of a GPU path in a few minutes.
 ``bench`` (``--bench-timeout``, default 450 s)
@@ -24,7 +25,10 @@ minutes in all) gets the whole check in at most four commands:
 ``notebooks`` (``--notebooks-timeout``, default 450 s)
     Every notebook in FULL mode under nbval, one after another, each within its
     share of the time left (in proportion to its recorded Run All time where one
-    is recorded, else equal; unused time rolls over to the next ones).
+    is recorded, else equal; unused time rolls over to the next ones). Before it
+    starts, the check prints an estimate of the notebooks' time at full sizes,
+    computed from the data set's sizes and a per-item cost measured on this
+    machine (:func:`estimate_notebooks`), and gives the shares by it.
 ``unit`` (``--unit-timeout``, default 150 s)
     The CUDA-only unit tests, slow ones too (``--unit-scope all``: the whole suite).
 
@@ -61,10 +65,11 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as _FutureTimeout
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..core import config
 from ..core.config import artifacts_dir, repo_root
+from .bench import _write_probe, folder_problems
 
 __all__ = [
     "NEEDED_MODULES",
@@ -76,6 +81,11 @@ __all__ = [
     "notebooks",
     "needs_cuda",
     "torch_api_gaps",
+    "Estimate",
+    "measure_item_cost",
+    "estimate_notebooks",
+    "reads_data_set",
+    "SMOKE_SERIAL_SHARE",
 ]
 
 #: (import name, distribution name) of what the check needs beyond torch.
@@ -101,6 +111,9 @@ DEFAULT_STEPS = "bench,notebooks,unit"
 NO_CUDA_EXIT = 2
 #: Seconds the bench keeps for itself after its chapters' budget (saving the files, the PNG, the reference).
 BENCH_MARGIN_S = 45
+#: Share of the smoke step's limit for the CUDA-only unit tests, which run first and alone: some are
+#: timing-sensitive (overlap ratios, the 2x2 labels) and must not share the GPU with notebooks.
+SMOKE_SERIAL_SHARE = 0.4
 #: A skipif reason that says a test needs CUDA (or a GPU): such a test is "CUDA-only".
 NEEDS_CUDA_RE = re.compile(r"\b(needs?|requires?)\b.*\b(CUDA|GPU)\b", re.IGNORECASE)
 
@@ -123,9 +136,14 @@ def checkout() -> Path:
 def notebooks(root: Path, spec: str | None = None) -> list[Path]:
     """Notebooks under ``root/notebooks`` (``spec``: comma-separated prefixes such as ``00,02``)."""
     found = sorted(p for p in (root / "notebooks").glob("*.ipynb") if not p.name.startswith("."))
-    if not spec:
+    if spec is None:
         return found
     wanted = [s.strip() for s in spec.split(",") if s.strip()]
+    if not wanted:
+        raise ValueError(
+            f"--notebooks is empty; name notebooks by prefix such as 00,02 (found "
+            f"{', '.join(p.name[:2] for p in found) or 'none'}) or leave the option out for every notebook"
+        )
     chosen = [p for p in found if any(p.name.startswith(w.zfill(2) if w.isdigit() else w) for w in wanted)]
     missing = [w for w in wanted if not any(p.name.startswith(w.zfill(2) if w.isdigit() else w) for p in found)]
     if missing:
@@ -385,9 +403,10 @@ def plan(
                 CheckStep(
                     name="smoke: CUDA-only unit tests",
                     group="smoke",
-                    timeout_s=limits["smoke"],
+                    timeout_s=max(60.0, round(limits["smoke"] * SMOKE_SERIAL_SHARE)),
                     argv=_unit_argv(py, scope="cuda", slow=False, per_test_s=120),
                     env=_tier_env(True),
+                    extra={"alone": True},  # timing-sensitive tests: nothing else on the GPU meanwhile
                 )
             )
             for nb in nbs:
@@ -553,14 +572,20 @@ def _run_group(
     """Run one group of steps within ``limit`` seconds.
 
     ``notebooks``: one after another, each within its fair share of the time
-    left (what one leaves unused rolls over). ``smoke``: ``jobs`` at a time, each
-    within the group's time left. Other groups: one step with the group's limit.
+    left (what one leaves unused rolls over). ``smoke``: first the steps marked
+    ``alone`` (the CUDA-only unit tests, some timing-sensitive), one at a time with
+    nothing else running; then the others ``jobs`` at a time, each within the
+    group's time left. Other groups: one step with the group's limit.
     """
     end = time.monotonic() + limit
 
     def log_path(step: CheckStep) -> Path:
         return logdir / (re.sub(r"[^\w.-]+", "-", step.name).strip("-") + ".log")
 
+    if group == "smoke":
+        for step in [s for s in steps if s.extra.get("alone")]:
+            _run_step(step, root, env, log_path(step), min(step.timeout_s, end - time.monotonic()))
+        steps = [s for s in steps if not s.extra.get("alone")]
     if group == "smoke" and jobs > 1 and len(steps) > 1:
 
         def one(step: CheckStep) -> None:
@@ -621,6 +646,173 @@ def notebook_weights(nbs: Sequence[Path], tier: str) -> list[float]:
     known = [t for t in times if t is not None]
     mean = sum(known) / len(known) if known else 1.0
     return [t if t is not None else mean for t in times]
+
+
+# ---------------------------------------------------------------------------
+# How long the notebooks take at full sizes: an estimate computed before the check starts
+# ---------------------------------------------------------------------------
+
+
+def measure_item_cost(image_size: int, crop_size: int, *, n: int = 12, rounds: int = 5) -> float:
+    """Seconds per item to read, decode and augment one data-set image of ``image_size`` px cropped to
+    ``crop_size``, measured here and now: ``n`` images drawn as the data set draws them, written as JPEG
+    files to a temporary folder, read through :class:`helpers.pipeline.data.ShapesDataset` (augment on,
+    float output) in this process on one thread (as in a DataLoader worker), ``rounds`` times; the fastest
+    round's time per item (the least disturbed by other work on the machine). About a second."""
+    import tempfile
+
+    import numpy as np
+
+    from ..pipeline import data  # heavy: torch, torchvision
+
+    with tempfile.TemporaryDirectory(prefix="gpucheck-probe-") as tmp:
+        folder = Path(tmp) / data.SHAPE_CLASSES[0]
+        folder.mkdir()
+        for i in range(n):
+            img = data.render_image(i % len(data.SHAPE_CLASSES), image_size, np.random.default_rng(i))
+            (folder / f"{i:05d}.jpg").write_bytes(data._encode_jpeg(img, 90))
+        ds = data.ShapesDataset(tmp, crop_size=crop_size, augment=True, output="float")
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as in a DataLoader worker, which the DataLoader sets to one thread
+        try:
+            ds[0]  # warm-up: first-call costs are not per-item work
+            per_item = []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                for i in range(n):
+                    ds[i]
+                per_item.append((time.perf_counter() - t0) / n)
+        finally:
+            torch.set_num_threads(threads)
+    return min(per_item)
+
+
+@dataclass
+class Estimate:
+    """How long the notebooks should take at ``tier``, computed from the sizes and a per-item cost measured here.
+
+    For each notebook: its Run All time recorded at ``tier`` (``tools/time_chapters.py``) when one is
+    recorded; otherwise, for a notebook that reads the data set (:func:`reads_data_set`), its recorded
+    laptop-tier time x :attr:`ratio` (else its laptop time as it is), the work of the tier over the work of
+    the laptop tier: ``(items at tier x per-item cost at tier) / (items at laptop x per-item cost at laptop)``,
+    items from :func:`helpers.pipeline.data.default_sizes` (training + validation images) and the per-item
+    costs measured on this machine (:func:`measure_item_cost`). The recorded times come from the machine named
+    in ``chapter_times.json`` (2 cores), so this is what the work costs at that machine's pace: a host with
+    more cores runs the data-loading part faster, one with a slow GPU may take longer.
+    """
+
+    tier: str
+    items: dict[str, int]
+    per_item_s: dict[str, float]
+    ratio: float
+    seconds: dict[str, float | None]
+    how: dict[str, str]
+
+    @property
+    def total_s(self) -> float:
+        return sum(v for v in self.seconds.values() if v is not None)
+
+    def over(self, limit_s: float) -> list[str]:
+        """Notebooks whose estimate alone is above ``limit_s``."""
+        return [nb for nb, v in self.seconds.items() if v is not None and v > limit_s]
+
+    def line(self, limit_s: float | None = None) -> str:
+        t, lap = self.tier, "laptop"
+        head = f"estimate: the notebooks at {t} sizes need about {self.total_s:.0f} s of Run All" + (
+            f" (the step's limit is {limit_s:.0f} s)" if limit_s is not None else ""
+        )
+        method = (
+            f"method: recorded laptop Run All time of each notebook that reads the data set x {self.ratio:.1f} = "
+            f"({self.items[t]} items x {self.per_item_s[t] * 1e3:.2f} ms at {t}) / "
+            f"({self.items[lap]} items x {self.per_item_s[lap] * 1e3:.2f} ms at laptop); per-item read + decode + "
+            "augment cost measured here just now, one thread (fastest of 5 rounds of 12 images); a time recorded at "
+            f"{t} is used as it is"
+        )
+        parts = ", ".join(
+            f"{nb[:2]} {v:.0f} s"
+            + {"recorded": " (recorded)", "laptop": " (laptop time: reads no data set)"}.get(self.how[nb], "")
+            for nb, v in self.seconds.items()
+            if v is not None
+        )
+        unknown = [nb[:2] for nb, v in self.seconds.items() if v is None]
+        return f"{head}\n    {method}\n    per notebook: {parts or 'none recorded'}" + (
+            f"; no recorded time: {', '.join(unknown)}" if unknown else ""
+        )
+
+
+_DATA_SET_RE = re.compile(r"\b(make_shapes_dataset|default_sizes|ShapesDataset)\b")
+
+
+def reads_data_set(nb: Path) -> bool:
+    """Whether a notebook's work grows with the data set's sizes: its code cells, its chapter module
+    (``helpers/chapters/chNN.py``) or a chapter module that one imports name the data set's functions."""
+    texts = []
+    with_suppress = (OSError, ValueError, KeyError, TypeError)
+    try:
+        cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
+        texts.append("\n".join("".join(c.get("source", "")) for c in cells if c.get("cell_type") == "code"))
+    except with_suppress:
+        pass
+    chapters = nb.parent.parent / "helpers" / "chapters"
+    module = chapters / f"ch{nb.name[:2]}.py"
+    if module.is_file():
+        src = module.read_text(encoding="utf-8")
+        texts.append(src)
+        names = re.findall(r"^from \.(\w+) import", src, re.M)
+        for group in re.findall(r"^from \. import ([\w, ]+)", src, re.M):
+            names += [n.strip() for n in group.split(",")]
+        for name in names:
+            if (chapters / f"{name}.py").is_file():
+                texts.append((chapters / f"{name}.py").read_text(encoding="utf-8"))
+    return any(_DATA_SET_RE.search(t) for t in texts)
+
+
+def estimate_notebooks(nbs: Sequence[Path], tier: str, cost: Callable[[int, int], float] | None = None) -> Estimate:
+    """:class:`Estimate` for the notebooks ``nbs`` at ``tier``; ``cost(image_size, crop_size)`` gives seconds
+    per item (default: measured here, :func:`measure_item_cost`)."""
+    from ..pipeline.data import default_sizes  # heavy: torch
+
+    cost = cost or measure_item_cost
+    items: dict[str, int] = {}
+    per_item: dict[str, float] = {}
+    for name in dict.fromkeys((tier, "laptop")):
+        sizes = default_sizes(name)
+        items[name] = sizes["n_train"] + sizes["n_val"]
+        per_item[name] = cost(sizes["image_size"], sizes["crop_size"])
+    ratio = (items[tier] * per_item[tier]) / (items["laptop"] * per_item["laptop"])
+    try:
+        recorded = json.loads(config._chapter_times_file().read_text(encoding="utf-8"))["chapters"]
+    except (OSError, ValueError, KeyError, TypeError):
+        recorded = {}
+    seconds: dict[str, float | None] = {}
+    how: dict[str, str] = {}
+    for nb in nbs:
+        entry = recorded.get(nb.name[:2], {}) if isinstance(recorded, dict) else {}
+        own = (entry.get(tier) or {}).get("seconds") if isinstance(entry, dict) else None
+        lap = (entry.get("laptop") or {}).get("seconds") if isinstance(entry, dict) else None
+        if isinstance(own, (int, float)) and own > 0:
+            seconds[nb.name], how[nb.name] = float(own), "recorded"
+        elif isinstance(lap, (int, float)) and lap > 0 and reads_data_set(nb):
+            seconds[nb.name], how[nb.name] = float(lap) * ratio, "scaled"
+        elif isinstance(lap, (int, float)) and lap > 0:
+            seconds[nb.name], how[nb.name] = float(lap), "laptop"
+        else:
+            seconds[nb.name], how[nb.name] = None, "unknown"
+    return Estimate(tier=tier, items=items, per_item_s=per_item, ratio=ratio, seconds=seconds, how=how)
+
+
+def _logs_problem(path: Path) -> str:
+    """Why ``--logs`` cannot hold the check's files ("" if it can), found with a real write; creates the folder."""
+    if path.exists() and not path.is_dir():
+        return f"--logs: {path} is a file; give a folder (it is created if missing)"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"--logs: the folder {path} cannot be created ({exc.strerror or exc})"
+    why = _write_probe(path)
+    return f"--logs: {why}" if why else ""
 
 
 # ---------------------------------------------------------------------------
@@ -749,10 +941,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    problems = folder_problems(("WORKBOOK_CACHE",) if args.logs else ("WORKBOOK_ARTIFACTS", "WORKBOOK_CACHE"))
+    if args.logs is not None and not str(args.logs).strip():
+        problems.insert(0, "--logs is empty; give a folder")
+    if problems:
+        print(f"error: {problems[0]}", file=sys.stderr)
+        return 2
     if args.logs:
-        workdir = Path(args.logs).resolve()
+        workdir = Path(args.logs).expanduser().resolve()
     else:
         workdir = artifacts_dir().resolve() / f"gpucheck-{stamp}"
+    if not args.dry_run:
+        problem = _logs_problem(workdir)
+        if problem:
+            print(f"error: {problem}", file=sys.stderr)
+            return 2
+    elif workdir.exists() and not workdir.is_dir():
+        print(f"error: --logs: {workdir} is a file; give a folder (it is created if missing)", file=sys.stderr)
+        return 2
     reference = cuda and not args.no_reference and not args.quick
     strict = cuda
     step_timeouts = {n: float(getattr(args, f"{n}_timeout")) for n in STEPS}
@@ -784,6 +990,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"  sizes: smoke and unit tests quick; bench and notebooks {mode} (WORKBOOK_FULL={env['WORKBOOK_FULL']}); "
         f"WORKBOOK_REQUIRE_GPU={env['WORKBOOK_REQUIRE_GPU']}; logs: {workdir}"
     )
+    estimate = None
+    if "notebooks" in steps and not args.quick:
+        try:
+            estimate = estimate_notebooks(nbs, "full")
+            print("  " + estimate.line(step_timeouts["notebooks"]), flush=True)
+            limit = step_timeouts["notebooks"]
+            if estimate.total_s > limit:
+                alone = estimate.over(limit)
+                print(
+                    f"  WARNING: the estimate ({estimate.total_s:.0f} s) is above the notebooks step's limit "
+                    f"({limit:.0f} s): the notebooks that outrun their shares will be stopped ('timed out'). Split "
+                    "them over calls (--steps notebooks --notebooks NN) or raise --notebooks-timeout"
+                    + (
+                        f"; even alone, {', '.join(n[:2] for n in alone)} need more than {limit:.0f} s" if alone else ""
+                    ),
+                    flush=True,
+                )
+            for s in the_plan:  # shares in proportion to the estimate (the recorded time where there is one)
+                if s.group == "notebooks":
+                    secs = estimate.seconds.get(s.argv[-1].rsplit("/", 1)[-1])
+                    if secs:
+                        s.extra["weight"] = round(secs, 1)
+                        s.extra["estimate_s"] = round(secs, 1)
+        except Exception as exc:  # an estimate must never stop the check; say why there is none
+            print(f"  estimate: none ({type(exc).__name__}: {exc})", flush=True)
     if args.dry_run:
         for s in the_plan:
             extra = " ".join(f"{k}={v}" for k, v in s.env.items())

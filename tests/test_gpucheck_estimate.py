@@ -1,0 +1,167 @@
+"""The GPU check's full-tier estimate, its serial smoke tests and its path checks (issues 24.3, 25.4, 25.7).
+
+No GPU needed: the estimate's arithmetic runs with a stand-in per-item cost (and once with the real
+measurement on tiny images), the smoke order is checked on the commands the check builds and runs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from _support import ROOT
+
+from helpers.core import config
+from helpers.tools import gpucheck
+
+
+@pytest.fixture()
+def times_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "chapter_times.json"
+    path.write_text(
+        json.dumps(
+            {
+                "chapters": {
+                    "00": {"laptop": {"seconds": 5.0}},
+                    "01": {"laptop": {"seconds": 10.0}},
+                    "04": {"laptop": {"seconds": 3.0}, "full": {"seconds": 77.0}},
+                }
+            }
+        )
+    )
+    monkeypatch.setattr(config, "_chapter_times_file", lambda: path)
+    return path
+
+
+def _nbs(*prefixes: str) -> list[Path]:
+    return [p for p in gpucheck.notebooks(ROOT) if p.name[:2] in prefixes]
+
+
+def test_estimate_arithmetic(times_file: Path) -> None:
+    costs = {256: 0.010, 112: 0.002}  # seconds per item at the full and laptop image sizes (a stand-in)
+    seen: list[tuple[int, int]] = []
+
+    def cost(image_size: int, crop_size: int) -> float:
+        seen.append((image_size, crop_size))
+        return costs[image_size]
+
+    est = gpucheck.estimate_notebooks(_nbs("00", "01", "02", "04"), "full", cost=cost)
+    assert sorted(seen) == [(112, 96), (256, 224)], "each tier's image and crop sizes, from default_sizes"
+    assert est.items == {"full": 9600 + 2400, "laptop": 1600 + 400}
+    assert est.ratio == pytest.approx((12000 * 0.010) / (2000 * 0.002))  # 30
+    by = {k[:2]: v for k, v in est.seconds.items()}
+    assert by["01"] == pytest.approx(10.0 * 30)  # reads the data set: scaled
+    assert by["00"] == pytest.approx(5.0)  # reads no data set: its laptop time as it is
+    assert by["04"] == pytest.approx(77.0)  # recorded at full: used as it is
+    assert by["02"] is None  # nothing recorded
+    assert est.total_s == pytest.approx(382.0)
+    assert [n[:2] for n in est.over(100)] == ["01"]
+    line = est.line(450)
+    assert "about 382 s" in line and "limit is 450 s" in line
+    assert "x 30.0 = (12000 items x 10.00 ms at full) / (2000 items x 2.00 ms at laptop)" in line
+    assert "measured here" in line and "no recorded time: 02" in line
+
+
+def test_which_notebooks_read_the_data_set() -> None:
+    found = {nb.name[:2]: gpucheck.reads_data_set(nb) for nb in gpucheck.notebooks(ROOT)}
+    assert found["00"] is False
+    assert found["04"] is True and found["06"] is True  # 06 through its capstone module
+
+
+def test_item_cost_is_measured_here() -> None:
+    t0 = time.perf_counter()
+    cost = gpucheck.measure_item_cost(32, 24, n=3, rounds=2)
+    assert 0 < cost < time.perf_counter() - t0
+
+
+def test_estimate_is_printed_before_any_step_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], times_file: Path
+) -> None:
+    monkeypatch.setenv("WORKBOOK_ARTIFACTS", str(tmp_path / "artifacts"))
+    monkeypatch.setattr(gpucheck, "_check_imports", lambda: [])
+    monkeypatch.setattr(gpucheck, "torch_api_gaps", lambda root=None: [])
+    monkeypatch.setattr(gpucheck, "measure_item_cost", lambda size, crop, **kw: {256: 0.01, 112: 0.002}[size])
+    printed_before: list[str] = []
+
+    def run_group(group, steps, *args, **kwargs) -> None:
+        printed_before.append(capsys.readouterr().out)
+        assert steps[0].extra["estimate_s"] == pytest.approx(300.0), "the share follows the estimate"
+        for s in steps:
+            s.status = "passed"
+
+    monkeypatch.setattr(gpucheck, "_run_group", run_group)
+    code = gpucheck.main(["--allow-cpu", "--steps", "notebooks", "--notebooks", "01", "--logs", str(tmp_path / "l")])
+    assert code == 0 and len(printed_before) == 1
+    out = printed_before[0]
+    assert "estimate: the notebooks at full sizes need about 300 s" in out and "method:" in out
+
+
+def test_smoke_runs_the_cuda_only_tests_alone_before_the_notebooks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = gpucheck.checkout()
+    nbs = gpucheck.notebooks(root)[:3]
+    steps = gpucheck.plan(
+        root,
+        nbs,
+        steps=["smoke"],
+        cell_timeout=600,
+        notebook_timeout=900,
+        reference=False,
+        strict=True,
+        quick=False,
+        workdir=tmp_path,
+    )
+    unit = steps[0]
+    assert "--cuda-only" in unit.argv and unit.extra.get("alone") is True
+    assert not any("-n" == a or a.startswith("--numprocesses") for a in unit.argv), "one pytest process"
+    assert unit.timeout_s == round(gpucheck.STEPS["smoke"] * gpucheck.SMOKE_SERIAL_SHARE)
+    assert not any(s.extra.get("alone") for s in steps[1:])
+    spans: dict[str, tuple[float, float]] = {}
+
+    def fake_run_step(step, root, env, log_path, timeout, prefix="") -> None:
+        t0 = time.monotonic()
+        time.sleep(0.3)
+        spans[step.name] = (t0, time.monotonic())
+        step.status = "passed"
+
+    monkeypatch.setattr(gpucheck, "_run_step", fake_run_step)
+    gpucheck._run_group("smoke", steps, root, {}, tmp_path, 60, jobs=4)
+    unit_end = spans[unit.name][1]
+    starts = [spans[s.name][0] for s in steps[1:]]
+    assert all(start >= unit_end for start in starts), "a notebook started while the CUDA-only tests ran"
+    assert max(starts) - min(starts) < 0.25, "the notebooks still run side by side"
+
+
+def _refusal(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    code = gpucheck.main(["--allow-cpu", "--dry-run", *argv])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error:"), err
+    return lines[0]
+
+
+def test_empty_notebooks_option_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "--notebooks is empty" in _refusal(capsys, ["--steps", "notebooks", "--notebooks", ""])
+    assert "--notebooks is empty" in _refusal(capsys, ["--steps", "smoke", "--notebooks", " , "])
+
+
+def test_logs_on_a_file_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert "--logs" in _refusal(capsys, ["--steps", "unit", "--logs", str(f)])
+    code = gpucheck.main(["--allow-cpu", "--steps", "unit", "--logs", "/proc/gpucheck-logs"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: --logs") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("var", ["WORKBOOK_ARTIFACTS", "WORKBOOK_CACHE"])
+def test_folder_variables_are_checked_before_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, var: str
+) -> None:
+    f = tmp_path / "file"
+    f.write_text("x")
+    monkeypatch.setenv(var, str(f))
+    assert var in _refusal(capsys, ["--steps", "unit"])
