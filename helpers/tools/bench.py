@@ -133,6 +133,7 @@ from ..core.config import (  # noqa: E402
 from ..core.progress import TqdmProgress  # noqa: E402
 from ..core.reference import missing_message, provenance_line, reference_dir, references  # noqa: E402
 from ..core.results import ResultSet, comparable, compare, flag_lines  # noqa: E402
+from ..core.timing import synchronize as sync_every_device  # noqa: E402
 from ..core.validate import human_bytes  # noqa: E402
 
 # ---------------------------------------------------------------------------
@@ -430,7 +431,7 @@ def _free_memory() -> str:
     if not torch.cuda.is_available():
         return ""
     try:
-        torch.cuda.synchronize()
+        sync_every_device()  # every CUDA device in use, not only the current one
         torch.cuda.empty_cache()
     except RuntimeError as exc:  # torch.AcceleratorError is a RuntimeError
         return f"CUDA error after the chapter returned: {type(exc).__name__}: {exc}"
