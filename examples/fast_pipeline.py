@@ -99,9 +99,14 @@ def normalize(x):                                         # 05: uint8 -> float, 
     return (x.float() - mean) / std
 
 
+@functools.lru_cache(maxsize=None)
+def side_stream(device):                                  # 05: one side stream per device, made once
+    return torch.cuda.Stream(device)                      # (batches() makes a Prefetcher every epoch)
+
+
 class Prefetcher:                                         # 05: copy batch i+1 on a side stream while i trains
     def __init__(self, loader):
-        self.loader, self.stream = loader, torch.cuda.Stream(DEVICE)  # one side stream, reused every epoch
+        self.loader, self.stream = loader, side_stream(DEVICE)  # the device's one side stream, every epoch
 
     def __iter__(self):
         main = torch.cuda.current_stream(DEVICE)
