@@ -144,6 +144,8 @@ __all__ = [
     "same_numerics",
     "MODEL_LADDER",
     "model_flops",
+    "probe_bytes",
+    "device_memory_check",
     "Calibration",
     "choose_model",
     "calibrate",
@@ -1356,6 +1358,52 @@ def model_flops(width: int, depth: int, crop_size: int, num_classes: int = 6) ->
     return total + 2 * c_in * num_classes
 
 
+def probe_bytes(width: int, depth: int, batch_size: int, crop_size: int, num_classes: int = 6) -> int:
+    """Device memory one training step of :class:`helpers.pipeline.models.SmallCNN` needs, estimated from its shapes.
+
+    Per stage, per element of the batch's convolution output: the convolution's and BatchNorm's outputs kept
+    for the backward pass and their gradients (16 bytes; the ReLU works in place), the max-pool's output,
+    its int64 indices and its gradient (a quarter as many elements, 16 bytes); per parameter 16 bytes
+    (weights, gradients and Adam's two moments); the input batch (uint8 and float); then 25% for the
+    allocator's rounding and cuDNN's workspace. For width 96, depth 3, 64 crops of 224 pixels: about 13 GiB.
+    """
+    check_int("width", width, 1, 512)
+    check_int("depth", depth, 1, 6)
+    total, c_in, side, params = 0, 3, crop_size, 0
+    for stage in range(depth):
+        c_out = width * 2**stage
+        elems = batch_size * c_out * side * side
+        total += elems * 16 + (elems // 4) * 16
+        params += 9 * c_in * c_out + 2 * c_out
+        c_in, side = c_out, max(1, side // 2)
+    params += c_in * num_classes + num_classes
+    total += params * 16 + batch_size * 3 * crop_size * crop_size * 5
+    return int(total * 1.25)
+
+
+def device_memory_check(device: torch.device | str, need_bytes: int, share: float = 0.8) -> str | None:
+    """``None`` when ``need_bytes`` fits in ``share`` of the device's free memory, else why not (CUDA only).
+
+    The free memory is measured by ``torch.cuda.mem_get_info`` *after* ``torch.cuda.empty_cache()``: blocks
+    this process's caching allocator keeps but no tensor uses count as free only once they are returned.
+    The reason says what is held: the device's free and total memory, and what this process's tensors hold.
+    """
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    torch.cuda.empty_cache()  # first: cached blocks of earlier probes are free memory for this one
+    free, total = torch.cuda.mem_get_info(dev)
+    if need_bytes <= share * free:
+        return None
+    held = torch.cuda.memory_allocated(dev)
+    gib = 2.0**30
+    return (
+        f"it would need about {need_bytes / gib:.1f} GiB of device memory, more than {share:.0%} of the "
+        f"{free / gib:.1f} GiB free of {total / gib:.1f} GiB after empty_cache() (this process's tensors hold "
+        f"{held / gib:.1f} GiB; other processes and the CUDA context hold the rest)"
+    )
+
+
 @dataclass
 class Calibration:
     """What :func:`choose_model` chose for one regime on one device, and why.
@@ -1409,6 +1457,7 @@ def choose_model(
     max_probes: int = 6,
     ladder: Sequence[tuple[int, int]] = MODEL_LADDER,
     clock: Callable[[], float] = time.perf_counter,
+    fits: Callable[[int, int], str | None] | None = None,
 ) -> Calibration:
     """Pick the model of ``regime`` from measured stage times (a pure function of ``measure`` and ``loader_s``).
 
@@ -1423,7 +1472,8 @@ def choose_model(
       the needed size from the last measurement (time scales with
       :func:`model_flops`) and measures the smallest model of ``ladder`` that
       should get there; it stops when the ratio is in range, the ladder ends,
-      a probe runs out of device memory, ``max_probes`` models were measured, or
+      a probe runs out of device memory or would not fit in it (``fits(width, depth)`` returns why not,
+      e.g. :func:`device_memory_check`), ``max_probes`` models were measured, or
       ``budget_s`` is spent. It keeps the smallest model measured that reached
       the regime, else the largest measured (and says the regime was not reached).
     """
@@ -1459,6 +1509,10 @@ def choose_model(
     stop = ""
     seen: dict[tuple[int, int], float] = {}
     while True:
+        too_big = fits(*current) if fits is not None else None
+        if too_big is not None:  # not measured: the probe would not fit in the device's memory
+            stop = f"width {current[0]}, depth {current[1]} was not tried: {too_big}"
+            break
         try:
             c = measure(*current)
         except torch.OutOfMemoryError:
@@ -1593,12 +1647,24 @@ def calibrate(
         spec = dataclasses.replace(base, width=width, depth=depth)
         return statistics.median(_step_times(spec, dev, n_steps, pipe.train_step, warm=1))
 
+    classes = int(_dataset_info().params["num_classes"])
+
+    def fits(width: int, depth: int) -> str | None:  # bounded by the memory free now, not by the card's size
+        return device_memory_check(dev, probe_bytes(width, depth, base.batch_size, base.crop_size, classes))
+
     out = {}
     for regime in REGIMES:
         r = REGIMES[regime]
         start = (sized(quick=r["quick_width"], full=r["width"]), r["depth"])
         out[regime] = choose_model(
-            regime, measure, loader_s, start=start, crop_size=base.crop_size, margin=margin, budget_s=budget
+            regime,
+            measure,
+            loader_s,
+            start=start,
+            crop_size=base.crop_size,
+            margin=margin,
+            budget_s=budget,
+            fits=fits,
         )
     report(1.0, "calibrated")
     _CACHE[key] = out
