@@ -303,6 +303,31 @@ class StoppedWorkerWatch(threading.Thread):
                     proc.kill()
 
 
+class DeferredInterrupt:
+    """Ctrl-C handler: KeyboardInterrupt at once, except while a worker process is being forked.
+
+    There it would be raised inside ``os.fork``'s callbacks, which swallow it ("Exception ignored") and may
+    leave a lock held, so the next worker start hangs. Such an interrupt is kept and raised after the step.
+    """
+
+    pending = False
+
+    def __call__(self, signum: int, frame) -> None:
+        while frame is not None:
+            if frame.f_code.co_name == "start" and frame.f_code.co_filename.endswith("process.py"):
+                self.pending = True                            # inside multiprocessing's Process.start()
+                return
+            frame = frame.f_back
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.pending:
+            raise KeyboardInterrupt
+
+
+INTERRUPT = DeferredInterrupt()
+
+
 def end_workers(grace: float = 2.0) -> None:
     """Stop every worker process still running (SIGTERM, then SIGKILL after ``grace`` s): none outlives the run."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)              # workers ending now are expected (torch's check off)
@@ -360,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     watch = StoppedWorkerWatch(args.timeout)
     watch.start()
+    signal.signal(signal.SIGINT, INTERRUPT)
     status, message = 0, None
     try:
         train(args, loader, model, optimizer)
@@ -391,6 +417,7 @@ def train(args: argparse.Namespace, loader: DataLoader, model: nn.Module, optimi
         started, images, total_loss, step = time.perf_counter(), 0, torch.zeros((), device=DEVICE), 0
         for step, (x, y) in enumerate(batches(loader, prefetch=args.prefetcher, float_on_host=args.float_on_host),
                                       start=1):
+            INTERRUPT.check()                                    # a Ctrl-C that came while a worker started
             total_loss += train_step(model, optimizer, x, y)
             images += x.shape[0]
             if step % 5 == 0 or step == steps_per_epoch:
