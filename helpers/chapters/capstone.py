@@ -79,11 +79,12 @@ import math
 import statistics
 import textwrap
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
 from ..core import evidence
 from ..core.config import repo_root, sized
@@ -93,7 +94,14 @@ from ..core.progress import scaled
 from ..core.timing import SpanRecorder, SpanTrace, synchronize
 from ..core.validate import check_choice, check_float, check_int
 from ..pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset, to_float_normalized
-from ..pipeline.loaders import require_shm, shm_needed_bytes
+from ..pipeline.loaders import (
+    LoaderFailure,
+    explain_loader_error,
+    guard,
+    require_shm,
+    shm_needed_bytes,
+    worker_processes,
+)
 from ..pipeline.models import build_model
 from ..pipeline.prefetch import move_batch
 from ..pipeline.train import COMPUTE_LANE_CPU, COMPUTE_LANE_GPU, make_optimizer
@@ -130,11 +138,14 @@ __all__ = [
     "accuracy_tolerance",
     "seed_spread",
     "check_accuracies",
+    "chance_level",
     "job_sizes",
     "normalizer_device_exact",
     "same_numerics",
     "MODEL_LADDER",
     "model_flops",
+    "probe_bytes",
+    "device_memory_check",
     "Calibration",
     "choose_model",
     "calibrate",
@@ -537,7 +548,12 @@ def _pipeline(
 
 
 class SeededItems(Dataset):
-    """The first ``limit`` items of ``base``, item ``i`` augmented with a generator seeded by (seed, i).
+    """``limit`` items of ``base`` spread evenly over it, item ``i`` augmented with a generator seeded by (seed, i).
+
+    Item ``i`` of a subset of ``n`` is item ``i * len(base) // n`` of ``base`` (as
+    :class:`helpers.chapters.ddp_train.IndexedDataset` strides): the generated data set lists its
+    images class by class, so the *first* ``n`` items would be a few classes only (at full size
+    all of class 0), and the job would train on them and score chance on the others.
 
     The random crop then does not depend on which process (main or worker) loads the item,
     so every configuration trains on identical batches. An item gets the same crop in every
@@ -552,20 +568,24 @@ class SeededItems(Dataset):
 
     def __init__(self, base: Dataset, seed: int = 0, normalize: bool = False, limit: int | None = None) -> None:
         self.base = base
-        total = len(base)  # type: ignore[arg-type]
-        self.n = total if limit is None else min(total, check_int("limit", limit, 1))
+        self.total = len(base)  # type: ignore[arg-type]
+        self.n = self.total if limit is None else min(self.total, check_int("limit", limit, 1))
         self.seed = seed
         self.normalize = bool(normalize)
 
     def __len__(self) -> int:
         return self.n
 
+    def base_index(self, index: int) -> int:
+        """The index in ``base`` of item ``index``: evenly strided over the whole of ``base``."""
+        return index * self.total // self.n
+
     def __getitem__(self, index: int) -> Any:
         index = int(index)
         if not 0 <= index < self.n:
             raise IndexError(f"index {index} out of range for {self.n} items")
         torch.default_generator.manual_seed((self.seed * 1_000_003 + index) % (2**63))
-        img, label = self.base[index]
+        img, label = self.base[self.base_index(index)]
         if self.normalize:
             img = to_float_normalized(img.unsqueeze(0))[0]
         return img, label
@@ -671,8 +691,21 @@ def _val_batches(spec: JobSpec) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return _CACHE[key]
 
 
+def chance_level(spec: JobSpec) -> float:
+    """The accuracy of always answering the validation set's most frequent class (measured from its labels).
+
+    What a model that learned nothing scores at best; a job's accuracy means something only clearly above it.
+    """
+    counts: dict[int, int] = {}
+    for _, y in _val_batches(spec):
+        for v in y.tolist():
+            counts[int(v)] = counts.get(int(v), 0) + 1
+    return max(counts.values()) / sum(counts.values())
+
+
 def train_items(spec: JobSpec) -> SeededItems:
-    """The job's training set: ``spec.train_items`` generated images, uint8 crops seeded per item.
+    """The job's training set: ``spec.train_items`` generated images spread evenly over every class
+    (:class:`SeededItems`), uint8 crops seeded per item.
 
     It lives in this module so that DataLoader workers can import it (spawn, forkserver).
     """
@@ -691,7 +724,62 @@ def _build_loader(pipeline: Pipeline, spec: JobSpec, s: Settings) -> Any:
     if s.num_workers > 0:
         batch_bytes = 3 * spec.crop_size * spec.crop_size * spec.batch_size
         require_shm(shm_needed_bytes(batch_bytes, s.num_workers, kw["prefetch_factor"]))
-    return pipeline.make_loader(ds, spec.batch_size, **kw)
+    loader = pipeline.make_loader(ds, spec.batch_size, **kw)
+    if isinstance(loader, DataLoader):  # chapter 04's protection: a frozen or sleeping worker ends in an error
+        guard(loader, check_shm=False)
+    return loader
+
+
+def _worker_pids() -> set[int]:
+    """Pids of this process's DataLoader workers now (:func:`helpers.pipeline.loaders.worker_processes`)."""
+    return {p.pid for p in worker_processes()}
+
+
+def _stop_new_workers(before: set[int], grace_s: float = 2.0) -> None:
+    """End every worker started since ``before`` that is still alive (SIGTERM, then SIGKILL after ``grace_s``).
+
+    The last line of defence of a run: the loaders are released first (:func:`_release`); a worker of an
+    iterator the reader's ``batches`` held, and that an error or an interrupt left behind, ends here.
+    """
+    import psutil  # optional/heavy: only when a run ends
+
+    new = [p for p in worker_processes() if p.pid not in before]
+    for p in new:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _gone, alive = psutil.wait_procs(new, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=1.0)
+
+
+def _failed(exc: BaseException, loader: Any) -> LoaderFailure | None:
+    """What a run that failed with ``exc`` raises instead: a worker failure in plain words (None: ``exc`` itself).
+
+    The traceback's frames are cleared first: a frame of the pipeline's ``batches`` generator (ended by the
+    error) would otherwise keep its loader iterator, and with it the workers, alive for as long as the
+    traceback lives (in a notebook: until the next error).
+    """
+    traceback.clear_frames(exc.__traceback__)
+    return _plain_error(exc, loader) if isinstance(exc, RuntimeError) else None
+
+
+def _plain_error(exc: BaseException, loader: Any) -> LoaderFailure | None:
+    """A worker failure of ``loader`` in plain words (:class:`~helpers.pipeline.loaders.LoaderFailure`), or None."""
+    frozen = list(getattr(loader, "_workbook_frozen", None) or [])
+    if frozen:
+        timeout = getattr(loader, "timeout", 0)
+        text = (
+            f"A DataLoader worker was stopped (SIGSTOP or Ctrl-Z) for more than {timeout:g} s, so the run was "
+            f"stopped and its workers ended (pid(s) {', '.join(map(str, frozen))}). Run it again; with "
+            "workers=0 everything loads in this process."
+        )
+    else:
+        text = explain_loader_error(exc) or ""
+    if not text or isinstance(exc, LoaderFailure):
+        return None
+    return LoaderFailure(text)
 
 
 def _warm_batches(source: Any, steps: int, drain: bool) -> list[Any]:
@@ -936,6 +1024,7 @@ def run_config(
     opt = make_optimizer(model, lr=spec.lr)
     epochs: list[tuple[float, float]] = []
     loader = None
+    before = _worker_pids()
     try:
         with main_threads(spec.threads), same_numerics(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(spec.seed)
@@ -976,9 +1065,15 @@ def run_config(
             trace = rec.finish()
             report(0.85, f"{name}: evaluating")
             acc = _evaluate(pipe, model, spec)
+    except BaseException as exc:  # a worker that froze, slept past the timeout or died: plain words
+        plain = _failed(exc, loader)
+        if plain is None:
+            raise
+        raise plain from exc
     finally:
         if loader is not None:
             _release(loader)
+        _stop_new_workers(before)
     if steps == 0:
         raise ValueError(f"train_items={spec.train_items} gives no full batch of {spec.batch_size}; raise train_items")
     busy, stall = _shares(trace, epochs, total_s)
@@ -1036,6 +1131,7 @@ def _loader_alone(pipeline: Pipeline, spec: JobSpec, s: Settings, dev: torch.dev
     if key in _CACHE:
         return _CACHE[key]
     loader = None
+    before = _worker_pids()
     try:
         with main_threads(spec.threads), torch.random.fork_rng(devices=[]):
             loader = _build_loader(pipeline, spec, s)
@@ -1047,9 +1143,15 @@ def _loader_alone(pipeline: Pipeline, spec: JobSpec, s: Settings, dev: torch.dev
             for x, _y in loader:
                 n += int(x.shape[0])
             seconds = time.perf_counter() - t0
+    except BaseException as exc:  # a worker that froze, slept past the timeout or died: plain words
+        plain = _failed(exc, loader)
+        if plain is None:
+            raise
+        raise plain from exc
     finally:
         if loader is not None:
             _release(loader)
+        _stop_new_workers(before)
     _CACHE[key] = n / seconds if seconds > 0 else float("nan")
     return _CACHE[key]
 
@@ -1256,6 +1358,52 @@ def model_flops(width: int, depth: int, crop_size: int, num_classes: int = 6) ->
     return total + 2 * c_in * num_classes
 
 
+def probe_bytes(width: int, depth: int, batch_size: int, crop_size: int, num_classes: int = 6) -> int:
+    """Device memory one training step of :class:`helpers.pipeline.models.SmallCNN` needs, estimated from its shapes.
+
+    Per stage, per element of the batch's convolution output: the convolution's and BatchNorm's outputs kept
+    for the backward pass and their gradients (16 bytes; the ReLU works in place), the max-pool's output,
+    its int64 indices and its gradient (a quarter as many elements, 16 bytes); per parameter 16 bytes
+    (weights, gradients and Adam's two moments); the input batch (uint8 and float); then 25% for the
+    allocator's rounding and cuDNN's workspace. For width 96, depth 3, 64 crops of 224 pixels: about 13 GiB.
+    """
+    check_int("width", width, 1, 512)
+    check_int("depth", depth, 1, 6)
+    total, c_in, side, params = 0, 3, crop_size, 0
+    for stage in range(depth):
+        c_out = width * 2**stage
+        elems = batch_size * c_out * side * side
+        total += elems * 16 + (elems // 4) * 16
+        params += 9 * c_in * c_out + 2 * c_out
+        c_in, side = c_out, max(1, side // 2)
+    params += c_in * num_classes + num_classes
+    total += params * 16 + batch_size * 3 * crop_size * crop_size * 5
+    return int(total * 1.25)
+
+
+def device_memory_check(device: torch.device | str, need_bytes: int, share: float = 0.8) -> str | None:
+    """``None`` when ``need_bytes`` fits in ``share`` of the device's free memory, else why not (CUDA only).
+
+    The free memory is measured by ``torch.cuda.mem_get_info`` *after* ``torch.cuda.empty_cache()``: blocks
+    this process's caching allocator keeps but no tensor uses count as free only once they are returned.
+    The reason says what is held: the device's free and total memory, and what this process's tensors hold.
+    """
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    torch.cuda.empty_cache()  # first: cached blocks of earlier probes are free memory for this one
+    free, total = torch.cuda.mem_get_info(dev)
+    if need_bytes <= share * free:
+        return None
+    held = torch.cuda.memory_allocated(dev)
+    gib = 2.0**30
+    return (
+        f"it would need about {need_bytes / gib:.1f} GiB of device memory, more than {share:.0%} of the "
+        f"{free / gib:.1f} GiB free of {total / gib:.1f} GiB after empty_cache() (this process's tensors hold "
+        f"{held / gib:.1f} GiB; other processes and the CUDA context hold the rest)"
+    )
+
+
 @dataclass
 class Calibration:
     """What :func:`choose_model` chose for one regime on one device, and why.
@@ -1309,6 +1457,7 @@ def choose_model(
     max_probes: int = 6,
     ladder: Sequence[tuple[int, int]] = MODEL_LADDER,
     clock: Callable[[], float] = time.perf_counter,
+    fits: Callable[[int, int], str | None] | None = None,
 ) -> Calibration:
     """Pick the model of ``regime`` from measured stage times (a pure function of ``measure`` and ``loader_s``).
 
@@ -1323,7 +1472,8 @@ def choose_model(
       the needed size from the last measurement (time scales with
       :func:`model_flops`) and measures the smallest model of ``ladder`` that
       should get there; it stops when the ratio is in range, the ladder ends,
-      a probe runs out of device memory, ``max_probes`` models were measured, or
+      a probe runs out of device memory or would not fit in it (``fits(width, depth)`` returns why not,
+      e.g. :func:`device_memory_check`), ``max_probes`` models were measured, or
       ``budget_s`` is spent. It keeps the smallest model measured that reached
       the regime, else the largest measured (and says the regime was not reached).
     """
@@ -1359,6 +1509,10 @@ def choose_model(
     stop = ""
     seen: dict[tuple[int, int], float] = {}
     while True:
+        too_big = fits(*current) if fits is not None else None
+        if too_big is not None:  # not measured: the probe would not fit in the device's memory
+            stop = f"width {current[0]}, depth {current[1]} was not tried: {too_big}"
+            break
         try:
             c = measure(*current)
         except torch.OutOfMemoryError:
@@ -1418,6 +1572,7 @@ def _loader_batch_s(pipeline: Pipeline, spec: JobSpec, dev: torch.device, batche
     after one warm-up batch."""
     times = []
     loader = None
+    before = _worker_pids()
     try:
         with main_threads(spec.threads), torch.random.fork_rng(devices=[]):
             loader = _build_loader(pipeline, spec, Settings())
@@ -1430,9 +1585,15 @@ def _loader_batch_s(pipeline: Pipeline, spec: JobSpec, dev: torch.device, batche
                     break
                 times.append(time.perf_counter() - t0)
             del it
+    except BaseException as exc:  # a worker that froze, slept past the timeout or died: plain words
+        plain = _failed(exc, loader)
+        if plain is None:
+            raise
+        raise plain from exc
     finally:
         if loader is not None:
             _release(loader)
+        _stop_new_workers(before)
     if not times:
         raise ValueError(
             f"train_items={spec.train_items} gives too few batches of {spec.batch_size} to time the loader"
@@ -1486,12 +1647,24 @@ def calibrate(
         spec = dataclasses.replace(base, width=width, depth=depth)
         return statistics.median(_step_times(spec, dev, n_steps, pipe.train_step, warm=1))
 
+    classes = int(_dataset_info().params["num_classes"])
+
+    def fits(width: int, depth: int) -> str | None:  # bounded by the memory free now, not by the card's size
+        return device_memory_check(dev, probe_bytes(width, depth, base.batch_size, base.crop_size, classes))
+
     out = {}
     for regime in REGIMES:
         r = REGIMES[regime]
         start = (sized(quick=r["quick_width"], full=r["width"]), r["depth"])
         out[regime] = choose_model(
-            regime, measure, loader_s, start=start, crop_size=base.crop_size, margin=margin, budget_s=budget
+            regime,
+            measure,
+            loader_s,
+            start=start,
+            crop_size=base.crop_size,
+            margin=margin,
+            budget_s=budget,
+            fits=fits,
         )
     report(1.0, "calibrated")
     _CACHE[key] = out
@@ -1872,17 +2045,19 @@ def check_accuracies(
     n_val: int,
     above_chance: bool = True,
     seed_spread: float | None = None,
+    chance: float | None = None,
 ) -> tuple[bool, str]:
     """(ok, message): the accuracies' spread within :func:`accuracy_tolerance`, and (if asked) all above chance.
 
     Quick mode trains a handful of steps, too few to learn the task: there the
     notebook checks only that the configurations agree. ``seed_spread``: see
-    :func:`accuracy_tolerance`. The message also says whether the final
+    :func:`accuracy_tolerance`. ``chance``: the chance level measured on the validation set
+    (:func:`chance_level`); default ``1 / num_classes``. The message also says whether the final
     training losses are bit-identical (what identical inputs and deterministic
     kernels give).
     """
     tol = accuracy_tolerance(n_val, seed_spread=seed_spread)
-    chance = 1.0 / num_classes
+    chance = 1.0 / num_classes if chance is None else check_float("chance", chance, 0.0, 1.0)
     accs = [r.accuracy for r in results]
     spread = max(accs) - min(accs)
     ok = spread <= tol and (min(accs) > chance or not above_chance)

@@ -107,11 +107,14 @@ def panel_run(
     reader's); see :func:`~helpers.chapters.capstone.run_config`. ``baseline`` is always part of the job.
 
     Raises:
-        ValueError: an unknown regime or toggle, or a spec made for another regime.
+        ValueError: an unknown regime or toggle, a toggle that is not ``True`` or ``False`` (e.g. ``"yes"``),
+            or a spec made for another regime.
     """
     check_choice("regime", regime, tuple(capstone.REGIMES))
-    for k in toggles:
+    for k, v in toggles.items():
         check_choice("step", k, capstone.STEP_NAMES)
+        if not isinstance(v, bool):  # "yes", 1, None: a toggle is on or off, nothing else
+            raise ValueError(f"{k} must be True or False (tick the box or not), got {v!r}")
     enabled = [k for k, v in toggles.items() if v and k != "baseline"]
     s = capstone.settings_for(enabled)
     name = "+".join(enabled) if enabled else "baseline"

@@ -1,0 +1,74 @@
+"""Chapter 06's calibration bounds its probes by the device memory free now (issue 24, item 3).
+
+No GPU here: ``torch.cuda.empty_cache``, ``torch.cuda.mem_get_info`` and ``torch.cuda.memory_allocated`` are
+replaced by stand-ins that log their calls and report a 15 GB card (a T4) with 11 GiB free once the cache is
+emptied. The check must empty the cache *before* it reads the free memory, and the search must not measure a
+model that would not fit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers.chapters import capstone as C
+
+GIB = 2**30
+
+
+@pytest.fixture
+def t4(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    calls: list[str] = []
+    state = {"cached": 3 * GIB}
+
+    def empty_cache() -> None:
+        calls.append("empty_cache")
+        state["cached"] = 0
+
+    def mem_get_info(device: object = None) -> tuple[int, int]:
+        calls.append("mem_get_info")
+        return 11 * GIB - state["cached"], 15 * GIB
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 1 * GIB)
+    return calls
+
+
+def test_the_estimate_grows_with_the_model_and_matches_a_t4_report() -> None:
+    """Issue 24: on a T4, probes past (96, 3) at 224-pixel crops needed about 12-13 GiB."""
+    need = C.probe_bytes(96, 3, 64, 224)
+    assert 10 * GIB < need < 16 * GIB
+    assert C.probe_bytes(48, 3, 64, 224) < need < C.probe_bytes(128, 3, 64, 224) < C.probe_bytes(128, 4, 64, 224)
+
+
+def test_free_memory_is_read_after_empty_cache(t4: list[str]) -> None:
+    assert C.device_memory_check("cuda", 5 * GIB) is None  # fits in 80% of 11 GiB, once the cache is emptied
+    assert t4 == ["empty_cache", "mem_get_info"]
+    why = C.device_memory_check("cuda", 10 * GIB)
+    assert why is not None and "11.0 GiB free of 15.0 GiB after empty_cache()" in why and "hold 1.0 GiB" in why
+    assert C.device_memory_check("cpu", 10**15) is None and t4.count("mem_get_info") == 2  # no CUDA call on a CPU
+
+
+def test_the_search_never_measures_a_model_that_would_not_fit(t4: list[str]) -> None:
+    measured: list[tuple[int, int]] = []
+    need = {m: C.probe_bytes(m[0], m[1], 64, 224) for m in C.MODEL_LADDER}
+
+    def measure(width: int, depth: int) -> float:
+        measured.append((width, depth))
+        return 1e-9 * C.model_flops(width, depth, 224) / 1e3  # a fast GPU: every model is quick
+
+    cal = C.choose_model(
+        "compute-bound",
+        measure,
+        loader_s=1.0,
+        start=(48, 3),
+        crop_size=224,
+        max_probes=20,
+        budget_s=1e9,
+        fits=lambda w, d: C.device_memory_check("cuda", C.probe_bytes(w, d, 64, 224)),
+    )
+    assert measured, "the start model fits and is measured"
+    assert all(need[m] <= 0.8 * 11 * GIB for m in measured if m in need), measured
+    assert not cal.reached and "was not tried" in cal.reason and "after empty_cache()" in cal.reason
+    assert t4[:2] == ["empty_cache", "mem_get_info"]
