@@ -154,6 +154,9 @@ def _full_minutes(cores: int) -> float:
 def size_tier() -> str:
     """The size tier in force: ``"quick"``, ``"laptop"`` or ``"full"`` (see the module docstring).
 
+    ``WORKBOOK_QUICK=1`` gives quick; else ``WORKBOOK_FULL=1`` full and an explicit ``WORKBOOK_FULL=0`` laptop,
+    whatever the machine; unset, full with a CUDA GPU and :data:`FULL_MIN_CPU_CORES`+ cores, else laptop.
+
     Raises:
         ValueError: a variable holds an unknown value, or quick and full are both asked for.
     """
@@ -170,7 +173,8 @@ def size_tier() -> str:
 
 
 def tier_reason(tier: str | None = None) -> str:
-    """One sentence: which tier is in force, why, and how to choose another."""
+    """One sentence: which tier is in force, why, and how to choose another (``WORKBOOK_FULL=0`` is named as
+    the reason for the laptop tier when it asks for it, even on a CUDA host)."""
     tier = tier or size_tier()
     if tier == "quick":
         return f"quick sizes ({QUICK_ENV}=1): the smallest problems, as the test suite runs them."

@@ -1058,7 +1058,8 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m helpers.tools.gpucheck",
         description="Prove the workbook's GPU paths on a CUDA GPU within a short booking: a quick smoke run, the "
-        "reference bench, every notebook in full mode under nbval, the CUDA-only unit tests; fail loudly on any "
+        "reference bench at full sizes, every notebook under nbval (full sizes where its estimate fits its share, "
+        "else laptop), the CUDA-only unit tests; fail loudly on any "
         "error in a GPU path.",
     )
     ap.add_argument(
