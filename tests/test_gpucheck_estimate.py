@@ -178,23 +178,26 @@ def test_tier_choice_per_notebook_from_estimates_and_shares() -> None:
     how = {"00_a.ipynb": "laptop", "04_b.ipynb": "scaled", "05_c.ipynb": "scaled", "06_d.ipynb": "unknown"}
     choices = gpucheck.choose_tiers(full, laptop, 300.0, how=how)
     by = {c.notebook[:2]: c for c in choices}
-    # shares in proportion to the laptop estimates; the mean (50 s) for the notebook with none recorded
+    # a share: the laptop estimate (the mean, 50 s, for the notebook with none) + an equal part of the rest
     assert [c.notebook for c in choices] == list(full)
     assert sum(c.share_s for c in choices) == pytest.approx(300.0, abs=0.5)
-    assert by["04"].share_s == pytest.approx(300 * 95 / 200, abs=0.1)
-    assert by["06"].share_s == pytest.approx(300 * 50 / 200, abs=0.1)
+    assert {k: c.share_s for k, c in by.items()} == {"00": 35.0, "04": 120.0, "05": 70.0, "06": 75.0}
     assert {k: c.tier for k, c in by.items()} == {"00": "full", "04": "laptop", "05": "full", "06": "laptop"}
     assert by["05"].estimate_s == 60.0 and by["04"].estimate_s == 95.0
     line = by["04"].line(30.0)
     assert line.startswith("04: full ~1,450 s (recorded laptop 95 s x 30.0, the work ratio from per-item costs")
     assert "measured on this machine" in line and line.endswith(
-        "> share 142 s -> laptop ~95 s (the recorded laptop Run All time)"
+        "> share 120 s -> laptop ~95 s (the recorded laptop Run All time)"
     )
-    assert by["00"].line(30.0) == "00: full ~10 s (reads no data set: its recorded laptop time) <= share 15 s -> full"
+    assert by["00"].line(30.0) == "00: full ~10 s (reads no data set: its recorded laptop time) <= share 35 s -> full"
     assert by["06"].line(30.0).startswith("06: full: no estimate") and "-> laptop" in by["06"].line(30.0)
     # a per-notebook cap shrinks the share: 05's full estimate no longer fits
     capped = {c.notebook[:2]: c for c in gpucheck.choose_tiers(full, laptop, 300.0, per_notebook_s=50, how=how)}
     assert capped["05"].share_s == 50 and capped["05"].tier == "laptop"
+    # laptop estimates above the limit: shares in proportion to them, and the line says so
+    tight = {c.notebook[:2]: c for c in gpucheck.choose_tiers(full, laptop, 100.0, how=how)}
+    assert tight["04"].share_s == 47.5 and tight["04"].tier == "laptop"
+    assert tight["04"].line(30.0).endswith("; above its share too: it may be stopped")
     # a long enough limit gives 04 its full sizes
     assert {c.notebook[:2]: c.tier for c in gpucheck.choose_tiers(full, laptop, 10_000.0)}["04"] == "full"
 
@@ -229,7 +232,7 @@ def test_each_notebook_runs_with_its_tier_and_the_summary_names_it(
             "--notebooks",
             "00,01",
             "--notebooks-timeout",
-            "100",
+            "101",
             "--logs",
             str(logs),
         ]
@@ -237,8 +240,8 @@ def test_each_notebook_runs_with_its_tier_and_the_summary_names_it(
     out = capsys.readouterr().out
     assert code == 0, out
     before = out.split("=== ")[0]  # printed before the first notebook starts
-    assert "00: full ~5 s (reads no data set: its recorded laptop time) <= share 33 s -> full" in before
-    assert "01: full ~300 s (recorded laptop 10 s x 30.0" in before and "> share 67 s -> laptop ~10 s" in before
+    assert "00: full ~5 s (reads no data set: its recorded laptop time) <= share 48 s -> full" in before
+    assert "01: full ~300 s (recorded laptop 10 s x 30.0" in before and "> share 53 s -> laptop ~10 s" in before
     assert "measured here, on this machine" in before and "recorded laptop Run All time" in before
     assert {k: (e["WORKBOOK_QUICK"], e["WORKBOOK_FULL"]) for k, e in seen.items()} == {
         "00": ("0", "1"),

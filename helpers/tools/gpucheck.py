@@ -24,7 +24,7 @@ minutes in all) gets the whole check in at most four commands:
     the chapters that completed, in full mode.
 ``notebooks`` (``--notebooks-timeout``, default 450 s)
     Every notebook under nbval, one after another, each within its share of the
-    step's limit (in proportion to its recorded laptop Run All time, else equal;
+    step's limit (its recorded laptop Run All time plus an equal part of the rest;
     unused time rolls over to the next ones), each at the **largest size tier
     whose estimate fits its share**: full if it fits, else laptop
     (:func:`choose_tiers`; ``WORKBOOK_FULL=1`` or ``WORKBOOK_FULL=0`` in its
@@ -937,20 +937,23 @@ def choose_tiers(
 ) -> list[TierChoice]:
     """Each notebook's tier: ``full`` when its full-size estimate fits its share of ``limit_s``, else ``laptop``.
 
-    The shares are in proportion to the laptop estimates (the recorded laptop Run All times; the mean of the
-    known ones for a notebook with none; equal when none is known), capped at ``per_notebook_s``: the tier
-    every notebook can run at gets its room first, and a notebook runs at full sizes only when that fits in
-    the same room. A notebook with no full-size estimate runs at laptop sizes. ``full_s`` and ``laptop_s``
-    are keyed by notebook file name, in the order the notebooks run.
+    A notebook's share is its laptop estimate (its recorded laptop Run All time; the mean of the known ones
+    for a notebook with none) plus an equal part of what the laptop estimates leave of ``limit_s`` (so a short
+    notebook still has room to start its kernel and CUDA), capped at ``per_notebook_s``; when the laptop
+    estimates alone exceed ``limit_s``, the shares are in proportion to them. The tier every notebook can run
+    at gets its room first, and a notebook runs at full sizes only when that fits in the same room. A notebook
+    with no full-size estimate runs at laptop sizes. ``full_s`` and ``laptop_s`` are keyed by notebook file
+    name, in the order the notebooks run; the shares add up to ``limit_s`` (before the cap).
     """
     names = list(full_s)
     known = [v for v in (laptop_s.get(n) for n in names) if v is not None and v > 0]
     mean = sum(known) / len(known) if known else 1.0
     weights = [laptop_s.get(n) or mean for n in names]
     total = sum(weights) or 1.0
+    rest = limit_s - total
     out = []
     for name, w in zip(names, weights):
-        share = limit_s * w / total
+        share = w + rest / len(names) if rest >= 0 else limit_s * w / total
         if per_notebook_s is not None:
             share = min(share, per_notebook_s)
         full = full_s.get(name)
@@ -1013,8 +1016,8 @@ def _choose_notebook_tiers(
     total = sum(v for v in chosen if v is not None)
     print(
         f"  notebooks step: {sum(c.tier == 'full' for c in choices)} of {len(choices)} at full sizes, about "
-        f"{total:,.0f} s at the chosen tiers (limit {limit_s:,.0f} s; shares in proportion to the recorded "
-        "laptop times)",
+        f"{total:,.0f} s at the chosen tiers (limit {limit_s:,.0f} s; a share is the recorded laptop "
+        "time plus an equal part of the rest)",
         flush=True,
     )
     if total > limit_s:
