@@ -23,7 +23,7 @@ help:
 	@echo "make test-browser    every chapter in JupyterLab + headless Chromium (installs Debian's chromium)"
 	@echo "make test-floor  the oldest supported torch pair in .venv-floor + every notebook, quick (~7 min from scratch; before a release)"
 	@echo "make bench       every chapter's measurements headless -> artifacts/bench-*.json + .png (BENCH_ARGS=--quick)"
-	@echo "make gpu-check   on a CUDA machine (~25 min): smoke (CUDA-only tests + notebooks, quick), the bench + a reference file, every notebook in full mode, the CUDA-only tests"
+	@echo "make gpu-check   on a CUDA machine (at most ~24 min): smoke (CUDA-only tests + notebooks, quick), the bench + a reference file (full sizes), every notebook (full where its estimate fits its share, else laptop), the CUDA-only tests"
 	@echo "make coverage-cuda  helpers/ line coverage by the unit tests, CUDA-only lines counted apart (COVERAGE_ARGS='--tests tests/test_x.py')"
 	@echo "make clean       remove .venv, caches and artifacts"
 

@@ -165,3 +165,94 @@ def test_folder_variables_are_checked_before_work(
     f.write_text("x")
     monkeypatch.setenv(var, str(f))
     assert var in _refusal(capsys, ["--steps", "unit"])
+
+
+# ---------------------------------------------------------------------------
+# The tier each notebook runs at: the largest whose estimate fits its share (issue 24.3)
+# ---------------------------------------------------------------------------
+
+
+def test_tier_choice_per_notebook_from_estimates_and_shares() -> None:
+    full = {"00_a.ipynb": 10.0, "04_b.ipynb": 1450.0, "05_c.ipynb": 60.0, "06_d.ipynb": None}
+    laptop = {"00_a.ipynb": 10.0, "04_b.ipynb": 95.0, "05_c.ipynb": 45.0, "06_d.ipynb": None}
+    how = {"00_a.ipynb": "laptop", "04_b.ipynb": "scaled", "05_c.ipynb": "scaled", "06_d.ipynb": "unknown"}
+    choices = gpucheck.choose_tiers(full, laptop, 300.0, how=how)
+    by = {c.notebook[:2]: c for c in choices}
+    # a share: the laptop estimate (the mean, 50 s, for the notebook with none) + an equal part of the rest
+    assert [c.notebook for c in choices] == list(full)
+    assert sum(c.share_s for c in choices) == pytest.approx(300.0, abs=0.5)
+    assert {k: c.share_s for k, c in by.items()} == {"00": 35.0, "04": 120.0, "05": 70.0, "06": 75.0}
+    assert {k: c.tier for k, c in by.items()} == {"00": "full", "04": "laptop", "05": "full", "06": "laptop"}
+    assert by["05"].estimate_s == 60.0 and by["04"].estimate_s == 95.0
+    line = by["04"].line(30.0)
+    assert line.startswith("04: full ~1,450 s (recorded laptop 95 s x 30.0, the work ratio from per-item costs")
+    assert "measured on this machine" in line and line.endswith(
+        "> share 120 s -> laptop ~95 s (the recorded laptop Run All time)"
+    )
+    assert by["00"].line(30.0) == "00: full ~10 s (reads no data set: its recorded laptop time) <= share 35 s -> full"
+    assert by["06"].line(30.0).startswith("06: full: no estimate") and "-> laptop" in by["06"].line(30.0)
+    # a per-notebook cap shrinks the share: 05's full estimate no longer fits
+    capped = {c.notebook[:2]: c for c in gpucheck.choose_tiers(full, laptop, 300.0, per_notebook_s=50, how=how)}
+    assert capped["05"].share_s == 50 and capped["05"].tier == "laptop"
+    # laptop estimates above the limit: shares in proportion to them, and the line says so
+    tight = {c.notebook[:2]: c for c in gpucheck.choose_tiers(full, laptop, 100.0, how=how)}
+    assert tight["04"].share_s == 47.5 and tight["04"].tier == "laptop"
+    assert tight["04"].line(30.0).endswith("; above its share too: it may be stopped")
+    # a long enough limit gives 04 its full sizes
+    assert {c.notebook[:2]: c.tier for c in gpucheck.choose_tiers(full, laptop, 10_000.0)}["04"] == "full"
+
+
+def test_each_notebook_runs_with_its_tier_and_the_summary_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], times_file: Path
+) -> None:
+    """00 (5 s, reads no data set) fits its share at full; 01 (10 s laptop x 30 = 300 s at full) does not.
+    Each notebook's run gets the variables of its tier, and the tier they select is the one reported."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("WORKBOOK_ARTIFACTS", str(tmp_path / "artifacts"))
+    monkeypatch.setattr(gpucheck, "_check_imports", lambda: [])
+    monkeypatch.setattr(gpucheck, "torch_api_gaps", lambda root=None: [])
+    monkeypatch.setattr(gpucheck, "measure_item_cost", lambda size, crop, **kw: {256: 0.01, 112: 0.002}[size])
+    real_popen = subprocess.Popen
+    seen: dict[str, dict[str, str]] = {}
+
+    def fake_popen(argv, **kwargs):  # the notebook's run, replaced by a child that reports the tier it gets
+        seen[Path(argv[-1]).name[:2]] = kwargs["env"]
+        probe = "from helpers.core import config; print('TIER', config.size_tier())"
+        return real_popen([sys.executable, "-c", probe], **kwargs)
+
+    monkeypatch.setattr(gpucheck.subprocess, "Popen", fake_popen)
+    logs = tmp_path / "logs"
+    code = gpucheck.main(
+        [
+            "--allow-cpu",
+            "--steps",
+            "notebooks",
+            "--notebooks",
+            "00,01",
+            "--notebooks-timeout",
+            "101",
+            "--logs",
+            str(logs),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    before = out.split("=== ")[0]  # printed before the first notebook starts
+    assert "00: full ~5 s (reads no data set: its recorded laptop time) <= share 48 s -> full" in before
+    assert "01: full ~300 s (recorded laptop 10 s x 30.0" in before and "> share 53 s -> laptop ~10 s" in before
+    assert "measured here, on this machine" in before and "recorded laptop Run All time" in before
+    assert {k: (e["WORKBOOK_QUICK"], e["WORKBOOK_FULL"]) for k, e in seen.items()} == {
+        "00": ("0", "1"),
+        "01": ("0", "0"),
+    }
+    logged = {p.name[:30]: p.read_text() for p in (logs / "logs").glob("notebook-*.log")}
+    assert any("00_setup" in k and "TIER full" in v for k, v in logged.items()), logged
+    assert any("01_baseline" in k and "TIER laptop" in v for k, v in logged.items()), logged
+    summary = (logs / "summary.txt").read_text()
+    assert "notebook 00_setup_and_measuring (full sizes)" in summary
+    assert "notebook 01_baseline_pipeline (laptop sizes)" in summary
+    assert "notebooks 00 full, 01 laptop" in summary and "LAPTOP sizes, not full: 01" in summary
+    data = json.loads((logs / "summary.json").read_text())
+    assert data["notebook_tiers"] == {"00_setup_and_measuring.ipynb": "full", "01_baseline_pipeline.ipynb": "laptop"}

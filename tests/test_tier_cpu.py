@@ -76,3 +76,18 @@ def test_cpu_cores_reads_affinity_and_cgroup_quota(monkeypatch: pytest.MonkeyPat
     assert config.usable_cpu_cores() == 2
     (tmp_path / "cpu.max").write_text("150000 100000\n")
     assert config.usable_cpu_cores() == 2
+
+
+@pytest.mark.parametrize("value", ["0", "false", "No"])
+def test_explicit_full_0_gives_laptop_even_with_cuda(auto_tier: pytest.MonkeyPatch, value: str) -> None:
+    """The GPU check runs a notebook at laptop sizes on a CUDA host with WORKBOOK_FULL=0 (issue #24.3)."""
+    auto_tier.setattr(config, "_cuda_present", lambda: True)
+    auto_tier.setattr(config, "usable_cpu_cores", lambda: 16)
+    assert config.size_tier() == "full"  # unset: the machine decides
+    auto_tier.setenv(config.FULL_ENV, "")
+    assert config.size_tier() == "full"  # empty is unset
+    auto_tier.setenv(config.FULL_ENV, value)
+    assert config.size_tier() == "laptop" and config.sized(quick=1, full=2, laptop=3) == 3
+    assert config.tier_reason().startswith(f"laptop sizes ({config.FULL_ENV}=0 asks for them")
+    auto_tier.setenv(config.QUICK_ENV, "1")
+    assert config.size_tier() == "quick"  # quick with full=0 is the quick tier (the smoke and unit steps)

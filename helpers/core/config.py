@@ -17,8 +17,14 @@ Every chapter picks its problem sizes with :func:`sized`, from one of three tier
     DataLoader chapters are CPU-bound, and full sizes there would take about
     10 minutes per chapter. The setup line says which tier and why.
 
+``WORKBOOK_FULL`` decides either way when it is set: ``1`` asks for the full
+sizes on any machine, an explicit ``0`` (or ``false``/``no``) for the laptop
+sizes even on a CUDA host with many cores (the GPU check runs a notebook so when
+its full-size estimate does not fit the check's time, and ``tools/time_chapters.py``
+records the laptop tier so). Unset or empty leaves the choice to the machine.
 The tier never changes *which* code runs, only how much data goes through it.
-``WORKBOOK_QUICK=1`` and ``WORKBOOK_FULL=1`` together are refused.
+``WORKBOOK_QUICK=1`` and ``WORKBOOK_FULL=1`` together are refused; ``WORKBOOK_QUICK=1``
+with ``WORKBOOK_FULL=0`` is the quick tier.
 
 Yes/no variables (``WORKBOOK_QUICK``, ``WORKBOOK_FULL``, ``WORKBOOK_GRADE``,
 ``WORKBOOK_REQUIRE_GPU``) take ``1``/``0``, ``true``/``false`` or ``yes``/``no``
@@ -105,6 +111,17 @@ def grade_mode() -> bool:
     return _flag(GRADE_ENV, "grade exercises")
 
 
+def full_refused() -> bool:
+    """True when ``WORKBOOK_FULL`` is set to an explicit no (``0``/``false``/``no``): the laptop sizes even with
+    a CUDA GPU and enough cores. Unset or empty is not a refusal: the machine decides.
+
+    Raises:
+        ValueError: if the variable holds something other than a yes/no value.
+    """
+    raw = os.environ.get(FULL_ENV, "").strip()
+    return raw != "" and not _flag(FULL_ENV, "full sizes")
+
+
 def _cuda_present() -> bool:
     try:
         import torch  # heavy: imported only when no variable decides the tier
@@ -137,6 +154,9 @@ def _full_minutes(cores: int) -> float:
 def size_tier() -> str:
     """The size tier in force: ``"quick"``, ``"laptop"`` or ``"full"`` (see the module docstring).
 
+    ``WORKBOOK_QUICK=1`` gives quick; else ``WORKBOOK_FULL=1`` full and an explicit ``WORKBOOK_FULL=0`` laptop,
+    whatever the machine; unset, full with a CUDA GPU and :data:`FULL_MIN_CPU_CORES`+ cores, else laptop.
+
     Raises:
         ValueError: a variable holds an unknown value, or quick and full are both asked for.
     """
@@ -147,11 +167,14 @@ def size_tier() -> str:
         return "quick"
     if full:
         return "full"
+    if full_refused():
+        return "laptop"
     return "full" if _cuda_present() and usable_cpu_cores() >= FULL_MIN_CPU_CORES else "laptop"
 
 
 def tier_reason(tier: str | None = None) -> str:
-    """One sentence: which tier is in force, why, and how to choose another."""
+    """One sentence: which tier is in force, why, and how to choose another (``WORKBOOK_FULL=0`` is named as
+    the reason for the laptop tier when it asks for it, even on a CUDA host)."""
     tier = tier or size_tier()
     if tier == "quick":
         return f"quick sizes ({QUICK_ENV}=1): the smallest problems, as the test suite runs them."
@@ -161,6 +184,11 @@ def tier_reason(tier: str | None = None) -> str:
         else:
             why = f"a CUDA GPU and {usable_cpu_cores()} CPU cores are present"
         return f"full sizes ({why}): the sizes the reference results are recorded at."
+    if full_refused():
+        return (
+            f"laptop sizes ({FULL_ENV}=0 asks for them, whatever the machine): problems cut to finish in minutes "
+            f"(unset {FULL_ENV} to let the machine choose: full with a CUDA GPU and {FULL_MIN_CPU_CORES}+ CPU cores)."
+        )
     if _cuda_present():
         cores = usable_cpu_cores()
         if cores >= FULL_MIN_CPU_CORES:  # only when a caller names the laptop tier itself

@@ -3,7 +3,7 @@
 Run it on a machine with a CUDA GPU, from the workbook folder::
 
     python -m helpers.tools.gpucheck --steps smoke      # <= 6 min: CUDA-only unit tests + every notebook, quick sizes
-    python -m helpers.tools.gpucheck                    # bench, then notebooks (full sizes), then CUDA-only unit tests
+    python -m helpers.tools.gpucheck                    # bench (full), then notebooks (full where it fits), then unit
     python -m helpers.tools.gpucheck --steps bench      # only the benchmark (records a reference file)
     python -m helpers.tools.gpucheck --steps notebooks --notebooks 02,05
     python -m helpers.tools.gpucheck --dry-run          # print what it would run
@@ -23,12 +23,18 @@ minutes in all) gets the whole check in at most four commands:
     the results file is saved after each chapter; the reference file holds only
     the chapters that completed, in full mode.
 ``notebooks`` (``--notebooks-timeout``, default 450 s)
-    Every notebook in FULL mode under nbval, one after another, each within its
-    share of the time left (in proportion to its recorded Run All time where one
-    is recorded, else equal; unused time rolls over to the next ones). Before it
-    starts, the check prints an estimate of the notebooks' time at full sizes,
-    computed from the data set's sizes and a per-item cost measured on this
-    machine (:func:`estimate_notebooks`), and gives the shares by it.
+    Every notebook under nbval, one after another, each within its share of the
+    step's limit (its recorded laptop Run All time plus an equal part of the rest;
+    unused time rolls over to the next ones), each at the **largest size tier
+    whose estimate fits its share**: full if it fits, else laptop
+    (:func:`choose_tiers`; ``WORKBOOK_FULL=1`` or ``WORKBOOK_FULL=0`` in its
+    environment). Before it starts, the check prints the estimate
+    (:func:`estimate_notebooks`: the recorded laptop times, scaled to full sizes
+    by the data set's sizes and a per-item cost measured on this machine) and one
+    line per notebook: each tier's estimate, its share, the tier chosen and why.
+    The summary names the tier each notebook ran at: a laptop-size run is never
+    reported as a full-size one. A bigger ``--notebooks-timeout`` (a notebook alone
+    in a call: ``--notebooks 06``) lets a notebook's full sizes fit.
 ``unit`` (``--unit-timeout``, default 150 s)
     The CUDA-only unit tests, slow ones too (``--unit-scope all``: the whole suite).
 
@@ -84,6 +90,9 @@ __all__ = [
     "Estimate",
     "measure_item_cost",
     "estimate_notebooks",
+    "TierChoice",
+    "choose_tiers",
+    "apply_tiers",
     "reads_data_set",
     "SMOKE_SERIAL_SHARE",
 ]
@@ -201,7 +210,8 @@ def _sources(root: Path) -> list[tuple[str, str]]:
     """(name, code) of the helpers, the tests and the notebooks' code cells."""
     out = []
     for path in sorted((root / "helpers").rglob("*.py")) + sorted((root / "tests").glob("*.py")):
-        out.append((str(path.relative_to(root)), path.read_text(encoding="utf-8", errors="replace")))
+        text = _without_comments_and_strings(path.read_text(encoding="utf-8", errors="replace"))
+        out.append((str(path.relative_to(root)), text))
     for nb in sorted((root / "notebooks").glob("*.ipynb")):
         try:
             cells = json.loads(nb.read_text(encoding="utf-8"))["cells"]
@@ -210,6 +220,32 @@ def _sources(root: Path) -> list[tuple[str, str]]:
         code = "\n".join("".join(c.get("source", "")) for c in cells if c.get("cell_type") == "code")
         out.append((str(nb.relative_to(root)), code))
     return out
+
+
+def _without_comments_and_strings(code: str) -> str:
+    """``code`` with its comments and string literals (docstrings: ``torch.cuda.X`` as a placeholder) blanked
+    out, line structure kept; as it is when it does not tokenize."""
+    import io
+    import tokenize
+
+    lines = code.splitlines(keepends=True)
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return code
+    for tok in reversed(tokens):  # from the end, so that earlier positions stay valid
+        if tok.type not in (tokenize.COMMENT, tokenize.STRING):
+            continue
+        (r0, c0), (r1, c1) = tok.start, tok.end
+        if r0 == r1:
+            line = lines[r0 - 1]
+            lines[r0 - 1] = line[:c0] + " " * (c1 - c0) + line[c1:]
+        else:
+            lines[r0 - 1] = lines[r0 - 1][:c0] + "\n"
+            for r in range(r0, r1 - 1):
+                lines[r] = "\n"
+            lines[r1 - 1] = " " * c1 + lines[r1 - 1][c1:]
+    return "".join(lines)
 
 
 def _missing_prefix(dotted: str) -> str | None:
@@ -312,9 +348,18 @@ def _check_imports() -> list[str]:
     return missing
 
 
+#: The variables that choose each size tier, set explicitly (``WORKBOOK_FULL=0`` is the laptop tier even on a
+#: CUDA host with many cores: :func:`helpers.core.config.size_tier`).
+TIER_ENV: dict[str, dict[str, str]] = {
+    "quick": {"WORKBOOK_QUICK": "1", "WORKBOOK_FULL": "0"},
+    "laptop": {"WORKBOOK_QUICK": "0", "WORKBOOK_FULL": "0"},
+    "full": {"WORKBOOK_QUICK": "0", "WORKBOOK_FULL": "1"},
+}
+
+
 def _tier_env(quick: bool) -> dict[str, str]:
     """The variables that choose the size tier: quick, or explicitly full (never both)."""
-    return {"WORKBOOK_QUICK": "1", "WORKBOOK_FULL": "0"} if quick else {"WORKBOOK_QUICK": "0", "WORKBOOK_FULL": "1"}
+    return dict(TIER_ENV["quick" if quick else "full"])
 
 
 def _env(root: Path, quick: bool) -> dict[str, str]:
@@ -432,15 +477,17 @@ def plan(
                     argv=_unit_argv(py, scope=unit_scope, slow=True, per_test_s=300),
                 )
             )
-        elif group == "notebooks":
-            for nb, w in zip(nbs, notebook_weights(nbs, "quick" if quick else "full")):
+        elif group == "notebooks":  # full until main() chooses each notebook's tier (apply_tiers)
+            tier = "quick" if quick else "full"
+            for nb, w in zip(nbs, notebook_weights(nbs, tier)):
                 out.append(
                     CheckStep(
-                        name=f"notebook {nb.stem}",
+                        name=f"notebook {nb.stem} ({tier} sizes)",
                         group="notebooks",
                         timeout_s=min(notebook_timeout, limits["notebooks"]),
                         argv=_notebook_argv(py, root, nb, cell_timeout),
-                        extra={"weight": round(w, 1)},
+                        env=dict(TIER_ENV[tier]),
+                        extra={"weight": round(w, 1), "tier": tier},
                     )
                 )
         elif group == "bench":
@@ -709,6 +756,10 @@ class Estimate:
     ratio: float
     seconds: dict[str, float | None]
     how: dict[str, str]
+    #: each notebook's recorded laptop Run All time (the laptop tier's estimate), None where none is recorded
+    laptop_s: dict[str, float | None] = field(default_factory=dict)
+    #: the machine the recorded times were measured on (``chapter_times.json``)
+    machine: str = ""
 
     @property
     def total_s(self) -> float:
@@ -718,18 +769,23 @@ class Estimate:
         """Notebooks whose estimate alone is above ``limit_s``."""
         return [nb for nb, v in self.seconds.items() if v is not None and v > limit_s]
 
-    def line(self, limit_s: float | None = None) -> str:
+    def line(self, limit_s: float | None = None, choices: Sequence[TierChoice] | None = None) -> str:
+        """What the check prints before the notebooks step: the total, the method, and per notebook either
+        the estimate or (``choices``) one line with each tier's estimate, its share and the tier chosen."""
         t, lap = self.tier, "laptop"
-        head = f"estimate: the notebooks at {t} sizes need about {self.total_s:.0f} s of Run All" + (
-            f" (the step's limit is {limit_s:.0f} s)" if limit_s is not None else ""
+        head = f"estimate: the notebooks at {t} sizes need about {self.total_s:,.0f} s of Run All" + (
+            f" (the step's limit is {limit_s:,.0f} s)" if limit_s is not None else ""
         )
+        machine = f" on {self.machine}" if self.machine else ""
         method = (
-            f"method: recorded laptop Run All time of each notebook that reads the data set x {self.ratio:.1f} = "
-            f"({self.items[t]} items x {self.per_item_s[t] * 1e3:.2f} ms at {t}) / "
+            f"method: recorded laptop Run All time{machine} of each notebook that reads the data set x "
+            f"{self.ratio:.1f} = ({self.items[t]} items x {self.per_item_s[t] * 1e3:.2f} ms at {t}) / "
             f"({self.items[lap]} items x {self.per_item_s[lap] * 1e3:.2f} ms at laptop); per-item read + decode + "
-            "augment cost measured here just now, one thread (fastest of 5 rounds of 12 images); a time recorded at "
-            f"{t} is used as it is"
+            "augment cost measured here, on this machine, just now, one thread (fastest of 5 rounds of 12 images); "
+            f"a time recorded at {t} is used as it is; the laptop tier's estimate is the recorded laptop time"
         )
+        if choices is not None:
+            return f"{head}\n    {method}\n" + "\n".join("    " + c.line(self.ratio) for c in choices)
         parts = ", ".join(
             f"{nb[:2]} {v:.0f} s"
             + {"recorded": " (recorded)", "laptop": " (laptop time: reads no data set)"}.get(self.how[nb], "")
@@ -788,10 +844,12 @@ def estimate_notebooks(nbs: Sequence[Path], tier: str, cost: Callable[[int, int]
         recorded = {}
     seconds: dict[str, float | None] = {}
     how: dict[str, str] = {}
+    laptop_s: dict[str, float | None] = {}
     for nb in nbs:
         entry = recorded.get(nb.name[:2], {}) if isinstance(recorded, dict) else {}
         own = (entry.get(tier) or {}).get("seconds") if isinstance(entry, dict) else None
         lap = (entry.get("laptop") or {}).get("seconds") if isinstance(entry, dict) else None
+        laptop_s[nb.name] = float(lap) if isinstance(lap, (int, float)) and lap > 0 else None
         if isinstance(own, (int, float)) and own > 0:
             seconds[nb.name], how[nb.name] = float(own), "recorded"
         elif isinstance(lap, (int, float)) and lap > 0 and reads_data_set(nb):
@@ -800,7 +858,186 @@ def estimate_notebooks(nbs: Sequence[Path], tier: str, cost: Callable[[int, int]
             seconds[nb.name], how[nb.name] = float(lap), "laptop"
         else:
             seconds[nb.name], how[nb.name] = None, "unknown"
-    return Estimate(tier=tier, items=items, per_item_s=per_item, ratio=ratio, seconds=seconds, how=how)
+    machine = ""
+    try:
+        machine = str(json.loads(config._chapter_times_file().read_text(encoding="utf-8")).get("machine", ""))
+    except (OSError, ValueError, AttributeError):
+        pass
+    return Estimate(
+        tier=tier,
+        items=items,
+        per_item_s=per_item,
+        ratio=ratio,
+        seconds=seconds,
+        how=how,
+        laptop_s=laptop_s,
+        machine=machine.split(" (")[0],
+    )
+
+
+# ---------------------------------------------------------------------------
+# Which size tier each notebook runs at: the largest whose estimate fits its share of the step's limit
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class TierChoice:
+    """One notebook's size tier in the notebooks step, and why."""
+
+    notebook: str  # file name, e.g. "06_capstone.ipynb"
+    share_s: float  # its share of the step's limit
+    full_s: float | None  # estimated Run All at full sizes (None: no estimate)
+    laptop_s: float | None  # estimated Run All at laptop sizes: the recorded laptop time (None: none recorded)
+    tier: str  # "full" | "laptop"
+    how: str = "scaled"  # how full_s was made: "scaled" | "recorded" | "laptop" | "unknown" (Estimate.how)
+
+    @property
+    def estimate_s(self) -> float | None:
+        """The estimate at the chosen tier."""
+        return self.full_s if self.tier == "full" else self.laptop_s
+
+    def line(self, ratio: float | None = None) -> str:
+        """E.g. ``06: full ~2,463 s (...) > share 130 s -> laptop ~82 s (...)``."""
+        nn = self.notebook[:2]
+        if self.full_s is None:
+            full = "full: no estimate (no time recorded)"
+        else:
+            lap = f"{self.laptop_s:,.0f} s" if self.laptop_s is not None else "time"
+            tag = {
+                "recorded": "recorded at full sizes",
+                "laptop": "reads no data set: its recorded laptop time",
+            }.get(
+                self.how,
+                f"recorded laptop {lap} x {ratio:.1f}, the work ratio from per-item costs measured on this machine"
+                if ratio is not None
+                else "recorded laptop time x the work ratio measured on this machine",
+            )
+            full = f"full ~{self.full_s:,.0f} s ({tag})"
+        share = f"share {self.share_s:,.0f} s"
+        if self.tier == "full":
+            return f"{nn}: {full} <= {share} -> full"
+        laptop = (
+            f"laptop ~{self.laptop_s:,.0f} s (the recorded laptop Run All time)"
+            if self.laptop_s is not None
+            else "laptop (no time recorded)"
+        )
+        text = f"{nn}: {full} {'>' if self.full_s is not None else 'vs'} {share} -> {laptop}"
+        if self.laptop_s is not None and self.laptop_s > self.share_s:
+            text += "; above its share too: it may be stopped"
+        return text
+
+
+def choose_tiers(
+    full_s: dict[str, float | None],
+    laptop_s: dict[str, float | None],
+    limit_s: float,
+    *,
+    per_notebook_s: float | None = None,
+    how: dict[str, str] | None = None,
+) -> list[TierChoice]:
+    """Each notebook's tier: ``full`` when its full-size estimate fits its share of ``limit_s``, else ``laptop``.
+
+    A notebook's share is its laptop estimate (its recorded laptop Run All time; the mean of the known ones
+    for a notebook with none) plus an equal part of what the laptop estimates leave of ``limit_s`` (so a short
+    notebook still has room to start its kernel and CUDA), capped at ``per_notebook_s``; when the laptop
+    estimates alone exceed ``limit_s``, the shares are in proportion to them. The tier every notebook can run
+    at gets its room first, and a notebook runs at full sizes only when that fits in the same room. A notebook
+    with no full-size estimate runs at laptop sizes. ``full_s`` and ``laptop_s`` are keyed by notebook file
+    name, in the order the notebooks run; the shares add up to ``limit_s`` (before the cap).
+    """
+    names = list(full_s)
+    known = [v for v in (laptop_s.get(n) for n in names) if v is not None and v > 0]
+    mean = sum(known) / len(known) if known else 1.0
+    weights = [laptop_s.get(n) or mean for n in names]
+    total = sum(weights) or 1.0
+    rest = limit_s - total
+    out = []
+    for name, w in zip(names, weights):
+        share = w + rest / len(names) if rest >= 0 else limit_s * w / total
+        if per_notebook_s is not None:
+            share = min(share, per_notebook_s)
+        full = full_s.get(name)
+        tier = "full" if full is not None and full <= share else "laptop"
+        out.append(
+            TierChoice(
+                notebook=name,
+                share_s=round(share, 1),
+                full_s=full,
+                laptop_s=laptop_s.get(name),
+                tier=tier,
+                how=(how or {}).get(name, "scaled"),
+            )
+        )
+    return out
+
+
+def apply_tiers(steps: Sequence[CheckStep], choices: Sequence[TierChoice]) -> None:
+    """Give each notebook step of ``steps`` its chosen tier: the variables that select it (``WORKBOOK_FULL=1``
+    or ``=0``), its name (``notebook 06_capstone (laptop sizes)``), and its share as its weight."""
+    by_name = {c.notebook: c for c in choices}
+    for s in steps:
+        if s.group != "notebooks":
+            continue
+        c = by_name.get(s.argv[-1].rsplit("/", 1)[-1])
+        if c is None:
+            continue
+        s.env = {**s.env, **TIER_ENV[c.tier]}
+        s.name = f"notebook {Path(c.notebook).stem} ({c.tier} sizes)"
+        s.extra["tier"] = c.tier
+        s.extra["weight"] = max(c.share_s, 0.1)
+        s.extra["share_s"] = c.share_s
+        if c.estimate_s is not None:
+            s.extra["estimate_s"] = round(c.estimate_s, 1)
+
+
+def _choose_notebook_tiers(
+    the_plan: list[CheckStep], nbs: Sequence[Path], limit_s: float, per_notebook_s: float
+) -> None:
+    """Estimate the notebooks, choose each one's tier (:func:`choose_tiers`), print why, apply it to the plan."""
+    estimate: Estimate | None = None
+    try:
+        estimate = estimate_notebooks(nbs, "full")
+        full_s, laptop_s, how = dict(estimate.seconds), dict(estimate.laptop_s), dict(estimate.how)
+    except Exception as exc:  # an estimate must never stop the check; say why there is none
+        print(
+            f"  estimate: none ({type(exc).__name__}: {exc}); without a full-size estimate every notebook runs "
+            "at laptop sizes",
+            flush=True,
+        )
+        full_s = {nb.name: None for nb in nbs}
+        laptop_s = {nb.name: _recorded_laptop_s(nb) for nb in nbs}
+        how = {nb.name: "unknown" for nb in nbs}
+    choices = choose_tiers(full_s, laptop_s, limit_s, per_notebook_s=per_notebook_s, how=how)
+    if estimate is not None:
+        print("  " + estimate.line(limit_s, choices), flush=True)
+    else:
+        print("\n".join("    " + c.line() for c in choices), flush=True)
+    chosen = [c.estimate_s for c in choices]
+    total = sum(v for v in chosen if v is not None)
+    print(
+        f"  notebooks step: {sum(c.tier == 'full' for c in choices)} of {len(choices)} at full sizes, about "
+        f"{total:,.0f} s at the chosen tiers (limit {limit_s:,.0f} s; a share is the recorded laptop "
+        "time plus an equal part of the rest)",
+        flush=True,
+    )
+    if total > limit_s:
+        print(
+            f"  WARNING: even at the chosen tiers the notebooks need about {total:,.0f} s, above the step's limit "
+            f"({limit_s:,.0f} s): those that outrun their shares will be stopped ('timed out'). Split them over "
+            "calls (--steps notebooks --notebooks NN) or raise --notebooks-timeout",
+            flush=True,
+        )
+    apply_tiers(the_plan, choices)
+
+
+def _recorded_laptop_s(nb: Path) -> float | None:
+    """The notebook's recorded laptop Run All time (``chapter_times.json``), None where none is recorded."""
+    try:
+        secs = json.loads(config._chapter_times_file().read_text(encoding="utf-8"))["chapters"][nb.name[:2]]
+        value = float(secs["laptop"]["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return value if value > 0 else None
 
 
 def _logs_problem(path: Path) -> str:
@@ -824,7 +1061,8 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m helpers.tools.gpucheck",
         description="Prove the workbook's GPU paths on a CUDA GPU within a short booking: a quick smoke run, the "
-        "reference bench, every notebook in full mode under nbval, the CUDA-only unit tests; fail loudly on any "
+        "reference bench at full sizes, every notebook under nbval (full sizes where its estimate fits its share, "
+        "else laptop), the CUDA-only unit tests; fail loudly on any "
         "error in a GPU path.",
     )
     ap.add_argument(
@@ -987,34 +1225,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"  workbook: {root}\n  python: {sys.executable}\n  steps: {', '.join(steps)} (time limits: "
         + ", ".join(f"{g} {step_timeouts[g]:.0f} s" for g in steps)
         + ")\n"
-        f"  sizes: smoke and unit tests quick; bench and notebooks {mode} (WORKBOOK_FULL={env['WORKBOOK_FULL']}); "
-        f"WORKBOOK_REQUIRE_GPU={env['WORKBOOK_REQUIRE_GPU']}; logs: {workdir}"
+        f"  sizes: smoke and unit tests quick; bench {mode} (WORKBOOK_FULL={env['WORKBOOK_FULL']}); notebooks "
+        + (
+            "quick"
+            if args.quick
+            else "each at the largest tier whose estimate fits its share of the step (full, else laptop)"
+        )
+        + f"; WORKBOOK_REQUIRE_GPU={env['WORKBOOK_REQUIRE_GPU']}; logs: {workdir}"
     )
-    estimate = None
     if "notebooks" in steps and not args.quick:
-        try:
-            estimate = estimate_notebooks(nbs, "full")
-            print("  " + estimate.line(step_timeouts["notebooks"]), flush=True)
-            limit = step_timeouts["notebooks"]
-            if estimate.total_s > limit:
-                alone = estimate.over(limit)
-                print(
-                    f"  WARNING: the estimate ({estimate.total_s:.0f} s) is above the notebooks step's limit "
-                    f"({limit:.0f} s): the notebooks that outrun their shares will be stopped ('timed out'). Split "
-                    "them over calls (--steps notebooks --notebooks NN) or raise --notebooks-timeout"
-                    + (
-                        f"; even alone, {', '.join(n[:2] for n in alone)} need more than {limit:.0f} s" if alone else ""
-                    ),
-                    flush=True,
-                )
-            for s in the_plan:  # shares in proportion to the estimate (the recorded time where there is one)
-                if s.group == "notebooks":
-                    secs = estimate.seconds.get(s.argv[-1].rsplit("/", 1)[-1])
-                    if secs:
-                        s.extra["weight"] = round(secs, 1)
-                        s.extra["estimate_s"] = round(secs, 1)
-        except Exception as exc:  # an estimate must never stop the check; say why there is none
-            print(f"  estimate: none ({type(exc).__name__}: {exc})", flush=True)
+        _choose_notebook_tiers(the_plan, nbs, step_timeouts["notebooks"], args.notebook_timeout)
     if args.dry_run:
         for s in the_plan:
             extra = " ".join(f"{k}={v}" for k, v in s.env.items())
@@ -1109,13 +1329,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # -- summary ----------------------------------------------------------------------
     failed = [s for s in the_plan if s.status != "passed"]
+    nb_steps = [s for s in the_plan if s.group == "notebooks"]
     passed = not failed and not interrupted and not preflight_error
     lines = [
         f"gpucheck {stamp}: {'PASSED' if passed else 'FAILED'}",
         f"device: {cuda_line if cuda else 'no CUDA (--allow-cpu)'}",
         f"software: {versions}",
         "torch names the workbook uses but this torch lacks: " + ("; ".join(gaps) if gaps else "none"),
-        f"sizes: smoke/unit quick; bench/notebooks {mode}",
+        f"sizes: smoke/unit quick; bench {mode}"
+        + (
+            "; notebooks " + ", ".join(f"{Path(s.argv[-1]).name[:2]} {s.extra.get('tier', '?')}" for s in nb_steps)
+            if nb_steps
+            else ""
+        ),
         f"total: {time.monotonic() - start:.0f} s",
         "",
     ]
@@ -1130,6 +1356,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         for flag in s.extra.get("flags", []):
             lines.append(f"           FLAGGED: {flag}")
+    below_full = [Path(s.argv[-1]).name[:2] for s in nb_steps if s.extra.get("tier") == "laptop"]
+    if below_full:
+        lines += [
+            "",
+            f"notebooks run at LAPTOP sizes, not full: {', '.join(below_full)} (their full-size estimates did not "
+            "fit their shares of the notebooks step; one alone with a longer limit: --steps notebooks "
+            "--notebooks NN --notebooks-timeout S)",
+        ]
     if ref_file:
         lines += [
             "",
@@ -1152,6 +1386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "software": versions,
                 "torch_api_gaps": gaps,
                 "mode": mode,
+                "notebook_tiers": {s.argv[-1].rsplit("/", 1)[-1]: s.extra.get("tier") for s in nb_steps},
                 "steps": [asdict(s) for s in the_plan],
                 "preflight_error": preflight_error,
                 "reference_file": ref_file,
