@@ -256,3 +256,18 @@ def test_each_notebook_runs_with_its_tier_and_the_summary_names_it(
     assert "notebooks 00 full, 01 laptop" in summary and "LAPTOP sizes, not full: 01" in summary
     data = json.loads((logs / "summary.json").read_text())
     assert data["notebook_tiers"] == {"00_setup_and_measuring.ipynb": "full", "01_baseline_pipeline.ipynb": "laptop"}
+
+
+@pytest.mark.parametrize("tool", ["helpers.tools.gpucheck", "helpers.tools.bench"])
+def test_a_yes_no_variable_it_cannot_read_is_refused_not_ignored(
+    tool: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #25.7: `WORKBOOK_QUICK=banana` was silently replaced by the tool's own setting."""
+    import importlib
+
+    monkeypatch.setenv("WORKBOOK_QUICK", "banana")
+    module = importlib.import_module(tool)
+    args = ["--dry-run", "--allow-cpu"] if tool.endswith("gpucheck") else ["--quick", "--chapters", "00"]
+    assert module.main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: WORKBOOK_QUICK='banana'"), err

@@ -1878,6 +1878,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
         ap.error("--update needs --readme-table")
     if args.no_png and args.png:
         ap.error("--png and --no-png contradict each other; give one")
+    try:
+        config.check_environment()  # --quick/--full set WORKBOOK_QUICK/FULL: a typo in them would be lost
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.readme_table:
         table = readme_block()
         if args.update:

@@ -1135,6 +1135,11 @@ def _has_cuda() -> tuple[bool, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point; returns the exit code (0 all passed, 1 a step failed, 2 refused, 130 interrupted)."""
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        config.check_environment()  # the check sets WORKBOOK_QUICK/FULL for its children: a typo would be lost
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     root = checkout()
     steps = [s.strip() for s in args.steps.split(",") if s.strip()]
     bad = [s for s in steps if s not in STEPS]
