@@ -163,3 +163,7 @@ def test_the_packaged_file_loads_and_every_quote_holds_its_value() -> None:
     for fig in figures:
         assert fig.url.startswith("https://") and fig.date_read == "2026-11-24"
         assert fig.lines()[0].lstrip().startswith(fig.what.split()[0])
+        too_long = [
+            line for line in "\n".join(fig.lines()).splitlines() if len(line) > 110
+        ]  # JupyterLab would wrap them mid-word
+        assert not too_long, f"{fig.id}: printed lines over 110 characters (a shorter URL?): {too_long}"
