@@ -44,7 +44,7 @@ def test_without_a_recording_the_published_figures_of_the_experiment_are_shown(r
     assert ev.kind == "published" and ev.value is None and ev.cited and not ev  # text only: never drawn
     text = ev.lines(lambda v: "never called")
     assert "never called" not in text and text[0] == "No CUDA device here."
-    assert text[1].startswith("[published] the cost of pinning: not recorded by this workbook")
+    assert text[1].startswith("[published] the cost of pinning: No reference results for the cost of pinning")
     joined = " ".join(" ".join(text).split())
     for fig in ev.cited:
         assert fig.url in joined and fig.date_read in joined and " ".join(fig.quote.split()) in joined

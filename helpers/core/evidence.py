@@ -197,9 +197,12 @@ def published_elsewhere(what: str, key: str, note: str = "", label: str | None =
     published figure was found, and which experiment would produce one.
     """
     figs = cited_for(key)
-    not_recorded = f"not recorded by this workbook on a GPU yet ({label or key}); figures of the same experiment"
     if figs:
-        source = f"{not_recorded} measured by others, cited below (not this machine, not this workbook's setup)"
+        source = (
+            f"No reference results for {what} ({label or key}) have been recorded by this workbook on a real "
+            "GPU yet (`make gpu-check` records them); shown instead: figures of the same experiment "
+            "published by others (not this machine, not this workbook's setup)"
+        )
         return Evidence(what, "published", None, source, note, cited=figs)
     reason = missing_message(f"{what} ({label or key})")
     none = no_published_sentence(key)

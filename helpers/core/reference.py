@@ -101,6 +101,8 @@ def missing_message(what: str) -> str:
         "They are recorded by running `make gpu-check` on a machine with a CUDA GPU (see README); "
         "nothing is shown rather than a made-up number.",
         width=100,
+        break_on_hyphens=False,  # 'data-bound', 'gpu-check' stay whole
+        break_long_words=False,
     )
 
 
