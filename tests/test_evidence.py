@@ -32,10 +32,22 @@ def test_measured_is_true_and_names_the_device() -> None:
 
 
 def test_missing_is_false_has_no_value_and_says_how_to_record(refdir) -> None:
-    ev = evidence.recorded("the cost of pinning", "ch02.pin")
+    ev = evidence.recorded("the uint8 vs float32 GPU copy", "ch02.wire_time")  # nothing published either
     assert not ev and ev.kind == "missing" and ev.value is None
-    assert "make gpu-check" in str(ev) and "[missing] the cost of pinning" in str(ev)
+    assert "make gpu-check" in str(ev) and "[missing] the uint8 vs float32 GPU copy" in str(ev)
+    assert "No published figure of this experiment was found" in " ".join(str(ev).split())
     assert ev.lines(lambda v: "never called") == ev.lines()  # no value, no body
+
+
+def test_without_a_recording_the_published_figures_of_the_experiment_are_shown(refdir) -> None:
+    ev = evidence.recorded("the cost of pinning", "ch02.pin", note="No CUDA device here.")
+    assert ev.kind == "published" and ev.value is None and ev.cited and not ev  # text only: never drawn
+    text = ev.lines(lambda v: "never called")
+    assert "never called" not in text and text[0] == "No CUDA device here."
+    assert text[1].startswith("[published] the cost of pinning: No reference results for the cost of pinning")
+    joined = " ".join(" ".join(text).split())
+    for fig in ev.cited:
+        assert fig.url in joined and fig.date_read in joined and " ".join(fig.quote.split()) in joined
 
 
 def test_recorded_reads_the_newest_reference_with_its_provenance(refdir) -> None:
@@ -46,7 +58,7 @@ def test_recorded_reads_the_newest_reference_with_its_provenance(refdir) -> None
     one = evidence.recorded("one size", "ch02.pin", bytes=1 << 20)
     assert [r.value for r in one.value] == [0.004]
     unusable = evidence.recorded("the cost of pinning", "ch02.pin", convert=lambda rs, recs: None)
-    assert unusable.kind == "missing"
+    assert not unusable and unusable.kind == "published"  # unusable records: the published figures instead
 
 
 def test_measure_or_recall_measures_only_on_cuda(refdir) -> None:
@@ -57,7 +69,7 @@ def test_measure_or_recall_measures_only_on_cuda(refdir) -> None:
         return 1.0
 
     ev = evidence.measure_or_recall("the cost of pinning", "cpu", measure, key="ch02.pin")
-    assert not calls and ev.kind == "missing"
+    assert not calls and not ev and ev.kind == "published"  # no recording: others' figures, cited
     assert ev.note.startswith("No CUDA device") and str(ev).startswith("No CUDA device")
     _reference(refdir)
     ev = evidence.measure_or_recall("the cost of pinning", "cpu", measure, key="ch02.pin")
@@ -80,6 +92,11 @@ def test_the_type_refuses_inconsistent_states() -> None:
         evidence.Evidence("x", "measured", None)
     with pytest.raises(ValueError, match="exactly when"):
         evidence.Evidence("x", "missing", 1.0)
+    fig = reference.cited_for("ch02.pin")[0]
+    with pytest.raises(ValueError, match="cited figures belong"):
+        evidence.Evidence("x", "missing", None, cited=(fig,))
+    with pytest.raises(ValueError, match="cited figures belong"):
+        evidence.Evidence("x", "published", 1.0, "a citation", cited=(fig,))
 
 
 def test_setup_chapter_prints_the_mode_line_and_returns_the_device(capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,6 +19,13 @@ The five kinds:
 ``theoretical``  computed from a specification (``source``: the basis)
 ``missing``      none of these: ``value`` is None, and the message says how the figure gets recorded
 
+Without CUDA and without a recorded reference, :func:`recorded` (so :func:`measure_or_recall`) falls back to
+figures of the *same experiment* that others published (``helpers/core/published_experiments.json``): a
+``published`` Evidence whose ``cited`` figures print themselves (value, what was compared, hardware, the
+quoted sentence, the citation). It has no ``value`` in the chapter's own format, so it is falsy like
+``missing`` and ``if ev: plot(ev.value)`` stays right. Where nothing was published, the ``missing`` sentence
+says so and names the experiment that would produce a figure.
+
 Nothing here makes up a number: ``missing`` is falsy and has no value.
 """
 
@@ -31,7 +38,7 @@ from typing import Any, Generic, Literal, TypeVar
 import torch
 
 from .device import no_cuda_message, wrap
-from .reference import artifacts, find, missing_message, provenance_line
+from .reference import CitedFigure, artifacts, cited_for, find, missing_message, no_published_sentence, provenance_line
 from .results import Record, ResultSet
 
 __all__ = [
@@ -43,6 +50,7 @@ __all__ = [
     "published",
     "theoretical",
     "missing",
+    "published_elsewhere",
     "measure_or_recall",
 ]
 
@@ -70,6 +78,8 @@ class Evidence(Generic[T]):
         source: the provenance line (device, or GPU/driver/torch/date/method, or a citation, or the basis),
             or for ``missing`` the sentence that says why there is nothing.
         note: a line shown before it, e.g. the no-CUDA sentence that explains why this is not measured here.
+        cited: figures of the same experiment published elsewhere (kind ``published``, ``value`` None): they
+            are shown as text, never drawn as the chapter's own payload.
     """
 
     what: str
@@ -77,17 +87,21 @@ class Evidence(Generic[T]):
     value: T | None = None
     source: str = ""
     note: str = ""
+    cited: tuple[CitedFigure, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
-        if (self.value is None) != (self.kind == "missing"):
-            raise ValueError("an Evidence has a value exactly when its kind is not 'missing'")
+        if self.cited and (self.kind != "published" or self.value is not None):
+            raise ValueError("cited figures belong to a 'published' Evidence without a value of its own")
+        if (self.value is None) != (self.kind == "missing" or bool(self.cited)):
+            raise ValueError("an Evidence has a value exactly when its kind is not 'missing' (or it only cites)")
         if not self.what:
             raise ValueError("what must say what the figure is")
 
     def __bool__(self) -> bool:
-        return self.kind != "missing"
+        """True when it carries a payload in the chapter's own format (falsy: missing, or cited figures only)."""
+        return self.value is not None
 
     @property
     def here(self) -> bool:
@@ -105,6 +119,8 @@ class Evidence(Generic[T]):
         if self.value is not None and fmt is not None:
             body = fmt(self.value)
             out.extend([body] if isinstance(body, str) else list(body))
+        for fig in self.cited:
+            out.extend(fig.lines())
         return out
 
     def show(self, fmt: Callable[[T], str | Iterable[str]] | None = None) -> None:
@@ -142,7 +158,7 @@ def recorded(
         value = convert(rs, recs) if convert is not None else recs
         if value is not None:
             return Evidence(what, "recorded", value, provenance_line(rs) + " (not this machine)", note)
-    return missing(what, note=note, reason=missing_message(f"{what} ({key})"))
+    return published_elsewhere(what, key, note)
 
 
 def recorded_artifact(
@@ -156,7 +172,7 @@ def recorded_artifact(
         value = convert(rs, art) if convert is not None else art
         if value is not None:
             return Evidence(what, "recorded", value, provenance_line(rs) + " (not this machine)", note)
-    return missing(what, note=note, reason=missing_message(f"{what} (artifact {name})"))
+    return published_elsewhere(what, name, note, label=f"artifact {name}")
 
 
 def published(what: str, value: T, citation: str) -> Evidence[T]:
@@ -171,6 +187,28 @@ def theoretical(what: str, value: T, basis: str) -> Evidence[T]:
     if not basis:
         raise ValueError("a theoretical figure needs its basis")
     return Evidence(what, "theoretical", value, f"theoretical: {basis}")
+
+
+def published_elsewhere(what: str, key: str, note: str = "", label: str | None = None) -> Evidence[Any]:
+    """Figures of the experiment behind ``key`` published elsewhere; else ``missing``, saying none was found.
+
+    The fallback when no reference recorded by this workbook holds ``key``. A ``published`` Evidence lists
+    its cited figures (no value of its own: falsy). A ``missing`` one says that nothing was recorded, that no
+    published figure was found, and which experiment would produce one.
+    """
+    figs = cited_for(key)
+    if figs:
+        source = (
+            f"No reference results for {what} ({label or key}) have been recorded by this workbook on a real "
+            "GPU yet (`make gpu-check` records them); shown instead: figures of the same experiment "
+            "published by others (not this machine, not this workbook's setup)"
+        )
+        return Evidence(what, "published", None, source, note, cited=figs)
+    reason = missing_message(f"{what} ({label or key})")
+    none = no_published_sentence(key)
+    if none is None:
+        none = "No published figure of this experiment was found either; running the chapter on a GPU produces one."
+    return missing(what, note=note, reason=f"{reason} {none}")
 
 
 def missing(what: str, reason: str | None = None, note: str = "") -> Evidence[Any]:

@@ -8,14 +8,27 @@ machine kind and run. Chapters use them when no CUDA device is present:
 >>> hits = reference.find("ch02.h2d_bandwidth")       # [(ResultSet, [Record, ...]), ...]
 >>> print(reference.describe("ch02.h2d_bandwidth"))   # provenance lines, or a plain 'none recorded yet'
 
+Where no reference holds a key, a chapter falls back to figures of the *same experiment* that
+others measured and published (``helpers/core/published_experiments.json``, each with its
+source, the quoted sentence that holds the number, and the date it was read), or to a plain
+sentence that none was found and which experiment would produce one:
+
+>>> reference.cited_for("ch05.decode.ms_per_batch")   # (CitedFigure, ...) published elsewhere
+>>> reference.no_published_sentence("ch02.wire_time") # 'No published figure of this experiment ...'
+
 Nothing here ever makes up a number: when no file holds a key, the functions
 say so.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import json
 import os
+import re
 import textwrap
+from dataclasses import dataclass, fields
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +43,11 @@ __all__ = [
     "missing_message",
     "provenance_line",
     "live_vs_reference",
+    "CitedFigure",
+    "published_experiments_file",
+    "load_published_experiments",
+    "cited_for",
+    "no_published_sentence",
 ]
 
 REFERENCE_ENV = "WORKBOOK_REFERENCE_DIR"
@@ -83,6 +101,8 @@ def missing_message(what: str) -> str:
         "They are recorded by running `make gpu-check` on a machine with a CUDA GPU (see README); "
         "nothing is shown rather than a made-up number.",
         width=100,
+        break_on_hyphens=False,  # 'data-bound', 'gpu-check' stay whole
+        break_long_words=False,
     )
 
 
@@ -117,3 +137,150 @@ def live_vs_reference(live: ResultSet, key: str) -> list[str]:
     if not lines:
         lines.append(missing_message(key))
     return lines
+
+
+# --------------------------------------------------------------------------------------------------
+# Published figures of the same experiments (the fallback when no reference was recorded)
+
+PUBLISHED_ENV = "WORKBOOK_PUBLISHED_EXPERIMENTS"
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+@dataclass(frozen=True)
+class CitedFigure:
+    """One figure of a workbook experiment, measured and published by someone else (kind "published").
+
+    ``value`` and ``unit`` are as published; ``quote`` is the sentence or table row of the source that
+    holds the number, copied verbatim; ``compared`` says what was set against what, in the source's terms.
+    """
+
+    id: str
+    experiment: tuple[str, ...]  # record keys (glob patterns) this figure is evidence for
+    what: str
+    value: float
+    unit: str
+    compared: str
+    gpu: str
+    software: str
+    method: str
+    url: str
+    where: str
+    quote: str
+    published: str
+    date_read: str
+    notes: str
+
+    def matches(self, key: str) -> bool:
+        """Whether this figure is evidence for the record key (or artifact name) ``key``."""
+        return any(fnmatch.fnmatchcase(key, pattern) for pattern in self.experiment)
+
+    def citation(self) -> str:
+        """Where it comes from: the source, where in it, the date it was read."""
+        return f"{self.where}, {self.url} (read {self.date_read})"
+
+    def lines(self) -> list[str]:
+        """The printed form: the figure with what it compares, the hardware, the quote and the citation."""
+        rows = [
+            ("  ", f"{self.what}: {_number_text(self.value)} {self.unit}"),
+            ("    ", f"compared: {self.compared}"),
+            ("    ", f"on: {self.gpu}; {self.software}"),
+            ("    ", f"method: {self.method}"),
+            ("    ", f'the source says: "{" ".join(self.quote.split())}"'),
+            ("    ", f"source: {self.citation()}"),
+        ]
+        if self.notes:
+            rows.append(("    ", f"note: {self.notes}"))
+        return [
+            textwrap.fill(
+                text,
+                width=100,
+                initial_indent=pad,
+                subsequent_indent=pad + "  ",
+                break_on_hyphens=False,
+                break_long_words=False,
+            )
+            for pad, text in rows
+        ]
+
+
+_CITED_FIELDS = tuple(f.name for f in fields(CitedFigure))
+
+
+def published_experiments_file() -> Path:
+    """The data file (``$WORKBOOK_PUBLISHED_EXPERIMENTS`` overrides, for tests)."""
+    raw = os.environ.get(PUBLISHED_ENV)
+    return Path(raw) if raw else Path(__file__).resolve().parent / "published_experiments.json"
+
+
+def _number_text(value: float) -> str:
+    return f"{value:g}" if float(value).is_integer() else repr(float(value))
+
+
+def _check_figure(raw: Any, where: str) -> CitedFigure:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: an entry must be an object")
+    missing_fields = [name for name in _CITED_FIELDS if name not in raw]
+    if missing_fields:
+        raise ValueError(f"{where}: missing field(s) {', '.join(missing_fields)}")
+    ident = raw["id"]
+    for name in ("id", "what", "unit", "compared", "gpu", "software", "method", "where", "quote", "published"):
+        if not isinstance(raw[name], str) or not raw[name].strip():
+            raise ValueError(f"{where} ({ident}): field {name!r} must be a non-empty string")
+    if not str(raw["url"]).startswith("https://"):
+        raise ValueError(f"{where} ({ident}): url must be an https address, got {raw['url']!r}")
+    if not isinstance(raw["date_read"], str) or not _DATE.match(raw["date_read"]):
+        raise ValueError(f"{where} ({ident}): date_read must be YYYY-MM-DD, got {raw['date_read']!r}")
+    value = raw["value"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"{where} ({ident}): value must be a positive number, got {value!r}")
+    if _number_text(value) not in raw["quote"].replace(",", ""):
+        raise ValueError(
+            f"{where} ({ident}): the quote must contain the value {_number_text(value)} as published "
+            "(copy the sentence or table row that holds it)"
+        )
+    exp = raw["experiment"]
+    if not isinstance(exp, list) or not exp or not all(isinstance(e, str) and e.startswith("ch") for e in exp):
+        raise ValueError(f"{where} ({ident}): experiment must list record keys like 'ch05.decode.ms_per_batch'")
+    if not isinstance(raw["notes"], str):
+        raise ValueError(f"{where} ({ident}): notes must be a string ('' if none)")
+    return CitedFigure(**{**{k: raw[k] for k in _CITED_FIELDS}, "experiment": tuple(exp), "value": float(value)})
+
+
+def load_published_experiments(path: Path | str | None = None) -> tuple[tuple[CitedFigure, ...], dict[str, str]]:
+    """The cited figures and the 'none found' sentences of ``path`` (default: the packaged file), checked.
+
+    Raises ``ValueError`` naming the entry and the field when an entry lacks its url, quote, date read
+    or any other field, or when its quote does not hold its value.
+    """
+    p = Path(path) if path is not None else published_experiments_file()
+    data = json.loads(p.read_text(encoding="utf-8"))
+    figures = tuple(_check_figure(raw, f"{p.name} figure {i}") for i, raw in enumerate(data.get("figures", [])))
+    ids = [f.id for f in figures]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{p.name}: duplicate figure ids")
+    none_found = data.get("none_found", {})
+    if not isinstance(none_found, dict) or not all(isinstance(v, str) and v.strip() for v in none_found.values()):
+        raise ValueError(f"{p.name}: none_found maps a record key (pattern) to the experiment that would give one")
+    return figures, dict(none_found)
+
+
+@lru_cache(maxsize=4)
+def _cached(path: str) -> tuple[tuple[CitedFigure, ...], dict[str, str]]:
+    return load_published_experiments(path)
+
+
+def cited_for(key: str) -> tuple[CitedFigure, ...]:
+    """The published figures of the experiment behind record key (or artifact name) ``key``."""
+    figures, _ = _cached(str(published_experiments_file()))
+    return tuple(f for f in figures if f.matches(key))
+
+
+def no_published_sentence(key: str) -> str | None:
+    """'No published figure of this experiment was found; <what would produce one>', or None if not listed."""
+    _, none_found = _cached(str(published_experiments_file()))
+    for pattern, experiment in none_found.items():
+        if fnmatch.fnmatchcase(key, pattern):
+            return (
+                f"No published figure of this experiment was found; one would come from this experiment: {experiment}"
+            )
+    return None
