@@ -92,6 +92,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_WORKERS",
+    "WORKERS_PER_CORE",
+    "workers_limit",
+    "check_workers_for_cores",
     "START_METHODS",
     "cpu_cores",
     "load_note",
@@ -182,6 +185,32 @@ def cpu_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # pragma: no cover - macOS / Windows
         return max(1, os.cpu_count() or 1)
+
+
+#: Workers per CPU core beyond which a reader's request is refused (:func:`check_workers_for_cores`).
+WORKERS_PER_CORE = 4
+
+
+def workers_limit() -> int:
+    """The most workers the reader's entry points (panels, :func:`measure_config`) start on this machine:
+    :data:`WORKERS_PER_CORE` per core, and never fewer than 8."""
+    return max(8, WORKERS_PER_CORE * cpu_cores())
+
+
+def check_workers_for_cores(num_workers: int, name: str = "num_workers") -> int:
+    """``num_workers``, or ValueError (one line: what to do) when it is far above this machine's cores.
+
+    Each worker is a whole Python process with its own copy of the data set's state; 64 workers on 2 cores only
+    add start-up time and memory (and can exhaust both), they never load faster.
+    """
+    limit, cores = workers_limit(), cpu_cores()
+    if num_workers > limit:
+        raise ValueError(
+            f"{name}={num_workers} is far more than this machine's {cores} CPU cores: each worker is a whole "
+            f"process, and beyond a few per core they only add start-up time and memory. Choose at most {limit} "
+            f"here ({WORKERS_PER_CORE} per core); the best count is usually near the number of cores."
+        )
+    return num_workers
 
 
 def load_note() -> str:
@@ -1387,11 +1416,13 @@ def measure_config(
     ``result.config`` is the configuration's knobs with the data set's and the collate function's names.
 
     Raises:
-        ValueError: bad knobs, or too little ``/dev/shm`` for this configuration
-            (refused before any worker starts; see :func:`require_shm`).
+        ValueError: bad knobs, far more workers than this machine has cores (:func:`check_workers_for_cores`),
+            or too little ``/dev/shm`` for this configuration (refused before any worker starts; see
+            :func:`require_shm`).
         LoaderFailure: a worker froze or died (see :func:`measure_throughput`).
     """
     cfg = (config or LoaderConfig()).replace(**knobs).validated()
+    check_workers_for_cores(cfg.num_workers)
     loader = build_loader(dataset, cfg, collate_fn=collate_fn, check_shm=check_shm)
     result = measure_throughput(
         loader, batches=batches, warmup=warmup, progress=progress, label=label or cfg.label(), on_batch=on_batch
@@ -2146,11 +2177,13 @@ def spawn_failure_demo(dataset: Dataset, *, context: str = "spawn", timeout_s: f
 
 
 def worker_error_demo(dataset: Dataset | None = None, *, num_workers: int = 2) -> tuple[str, str]:
-    """Load from a data set whose item raises in a worker; return ``(exception type, message)``.
+    """Load from a data set whose item raises in a worker; return torch's ``(exception type, message)``.
 
     The DataLoader re-raises the worker's exception in the main process, of
     the same type, with the worker's traceback in the message ("Caught
     ValueError in DataLoader worker process 1. Original Traceback ...").
+    :func:`open_iterator` turns it into a :class:`LoaderFailure` in plain words
+    (:func:`explain_loader_error`); this returns torch's own error, kept as its cause.
     """
     ds = dataset if dataset is not None else FailingDataset()
     cfg = LoaderConfig(batch_size=4, num_workers=check_int("num_workers", num_workers, 1, MAX_WORKERS), shuffle=False)
@@ -2160,7 +2193,8 @@ def worker_error_demo(dataset: Dataset | None = None, *, num_workers: int = 2) -
             for _ in it:
                 pass
     except Exception as exc:
-        return type(exc).__name__, str(exc)
+        raw = exc.__cause__ if isinstance(exc, LoaderFailure) and exc.__cause__ is not None else exc
+        return type(raw).__name__, str(raw)
     return "none", "no worker raised"
 
 
