@@ -16,11 +16,16 @@ Building and running loaders
 
 Worker processes that can't hang or leak
     Every worker loader built here has a timeout (:data:`WORKER_TIMEOUT_S`), a
-    worker that is stopped longer than that is ended, and failures come back as
-    :class:`LoaderFailure` in plain words (:func:`explain_loader_error`: timeout,
-    dead worker - OOM killer, ``/dev/shm``, a segfault). Children never run the
-    parent's signal handlers (:func:`reset_child_signals`, :func:`start_pool`,
-    :func:`close_pool`).
+    worker that is stopped longer than that is ended, a worker that ends (even
+    with exit code 0) is noticed within a quarter second, and failures come back
+    as :class:`LoaderFailure`, one line naming the worker (and the item) and what
+    to check (:func:`explain_loader_error`: timeout, a crash, the OOM killer,
+    ``/dev/shm``, a clean exit, the data set's own exception). A Ctrl-C while
+    workers are forked is held until they are up, then raised (Python drops an
+    exception raised inside an at-fork callback). Children never run the parent's
+    signal handlers (:func:`reset_child_signals`, :func:`start_pool`,
+    :func:`close_pool`). Far more workers than cores are refused where a reader
+    asks for them (:func:`check_workers_for_cores`).
 
 Experiments (each changes one knob against its own baseline)
     :func:`pin_memory_experiment` (chapter 03), :func:`sweep_workers`,
@@ -1288,7 +1293,8 @@ def measure_throughput(
 
     Raises:
         ValueError: bad arguments, or a loader that yields no batch at all.
-        LoaderFailure: a worker froze (the loader's timeout fired) or died; the message says what to check.
+        LoaderFailure: a worker froze (the loader's timeout fired), died, or raised (the data set's own exception,
+            with the item that raised it); one line says which worker and what to check.
     """
     if not hasattr(loader, "__iter__"):
         raise ValueError(
@@ -1419,7 +1425,7 @@ def measure_config(
         ValueError: bad knobs, far more workers than this machine has cores (:func:`check_workers_for_cores`),
             or too little ``/dev/shm`` for this configuration (refused before any worker starts; see
             :func:`require_shm`).
-        LoaderFailure: a worker froze or died (see :func:`measure_throughput`).
+        LoaderFailure: a worker froze, died or raised (see :func:`measure_throughput`).
     """
     cfg = (config or LoaderConfig()).replace(**knobs).validated()
     check_workers_for_cores(cfg.num_workers)
