@@ -7,8 +7,8 @@ must end with ``KeyboardInterrupt`` within a few seconds of the one press, and 3
 left (psutil). Scenarios: (a) ``measure_config`` with workers, (b) a plain DataLoader given ``loaders.guard``
 and iterated in ``open_iterator``, (c) chapter 04's panel run.
 
-The in-suite test sends 24 interrupts. The battery (``python tests/test_interrupt_battery.py 300``, or the
-slow-marked test) sends 300 and prints the lost and leaked counts.
+The in-suite test sends 21 interrupts (7 per scenario). The battery (``python tests/test_interrupt_battery.py 300``, or
+the slow test with ``WORKBOOK_INTERRUPT_BATTERY=1``, about 5 minutes) sends 300 and prints the lost and leaked counts.
 """
 
 from __future__ import annotations
@@ -220,13 +220,16 @@ def _check(result: dict[str, Any]) -> None:
     assert not result["errors"], result["errors"]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_every_interrupt_is_honoured_at_the_first_press_and_leaves_no_child() -> None:
-    _check(battery("abc", 24, seed=2501))
+    _check(battery("abc", 21, seed=2501))
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
+@pytest.mark.skipif(
+    os.environ.get("WORKBOOK_INTERRUPT_BATTERY") != "1", reason="about 5 minutes: set WORKBOOK_INTERRUPT_BATTERY=1"
+)
 def test_interrupt_battery_300() -> None:
     _check(battery("abc", 300, seed=25))
 
