@@ -7,6 +7,7 @@ CPU only; no speed is asserted.
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import subprocess
@@ -252,7 +253,11 @@ def test_dead_worker_message_says_what_to_check(sig: int) -> None:
     with pytest.raises(L.LoaderFailure) as info:
         L.measure_throughput(loader, batches=2000, warmup=0, consume=_Kill(sig))
     msg = str(info.value)
-    assert "out-of-memory" in msg and "/dev/shm" in msg and "segfault" in msg
+    assert re.match(r"Worker \d \(pid \d+\) ", msg), msg  # which worker (issue 25 item 3)
+    if sig == signal.SIGKILL:
+        assert "was killed (SIGKILL)" in msg and "out-of-memory" in msg and "dmesg" in msg
+    else:
+        assert "crashed (SIGSEGV" in msg and "segfault" in msg and "num_workers=0" in msg
     assert not _settle(5.0)
 
 

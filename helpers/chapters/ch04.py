@@ -301,8 +301,9 @@ def panel_run(
     on the ``item_cost`` data set, guarded, timed and released. Measured here (a CPU matter, on any machine).
 
     Raises:
-        ValueError: bad settings; a ``make_loader`` that is not a function or ignores ``workers``/``batch_size``;
-            image items without ``image_root``.
+        ValueError: bad settings (also far more workers than this machine has cores:
+            :func:`~helpers.pipeline.loaders.check_workers_for_cores`); a ``make_loader`` that is not a function or
+            ignores ``workers``/``batch_size``; image items without ``image_root``.
     """
     if not callable(make_loader):
         raise ValueError(f"make_loader must be your loader function, got {type(make_loader).__name__}")
@@ -310,7 +311,7 @@ def panel_run(
     if not isinstance(persistent, bool):
         raise ValueError(f"persistent must be True or False, got {persistent!r}")
     knobs = {
-        "workers": check_int("num_workers", num_workers, 0, loaders.MAX_WORKERS),
+        "workers": loaders.check_workers_for_cores(check_int("num_workers", num_workers, 0, loaders.MAX_WORKERS)),
         "persistent": persistent,
         "prefetch_factor": check_int("prefetch_factor", prefetch_factor, 1, 64),
     }

@@ -16,11 +16,16 @@ Building and running loaders
 
 Worker processes that can't hang or leak
     Every worker loader built here has a timeout (:data:`WORKER_TIMEOUT_S`), a
-    worker that is stopped longer than that is ended, and failures come back as
-    :class:`LoaderFailure` in plain words (:func:`explain_loader_error`: timeout,
-    dead worker - OOM killer, ``/dev/shm``, a segfault). Children never run the
-    parent's signal handlers (:func:`reset_child_signals`, :func:`start_pool`,
-    :func:`close_pool`).
+    worker that is stopped longer than that is ended, a worker that ends (even
+    with exit code 0) is noticed within a quarter second, and failures come back
+    as :class:`LoaderFailure`, one line naming the worker (and the item) and what
+    to check (:func:`explain_loader_error`: timeout, a crash, the OOM killer,
+    ``/dev/shm``, a clean exit, the data set's own exception). A Ctrl-C while
+    workers are forked is held until they are up, then raised (Python drops an
+    exception raised inside an at-fork callback). Children never run the parent's
+    signal handlers (:func:`reset_child_signals`, :func:`start_pool`,
+    :func:`close_pool`). Far more workers than cores are refused where a reader
+    asks for them (:func:`check_workers_for_cores`).
 
 Experiments (each changes one knob against its own baseline)
     :func:`pin_memory_experiment` (chapter 03), :func:`sweep_workers`,
@@ -80,6 +85,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Se
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
+from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from ..core.device import intraop_threads
 from ..core.validate import check_choice, check_float, check_int, human_bytes
@@ -90,6 +97,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_WORKERS",
+    "WORKERS_PER_CORE",
+    "workers_limit",
+    "check_workers_for_cores",
     "START_METHODS",
     "cpu_cores",
     "load_note",
@@ -180,6 +190,32 @@ def cpu_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # pragma: no cover - macOS / Windows
         return max(1, os.cpu_count() or 1)
+
+
+#: Workers per CPU core beyond which a reader's request is refused (:func:`check_workers_for_cores`).
+WORKERS_PER_CORE = 4
+
+
+def workers_limit() -> int:
+    """The most workers the reader's entry points (panels, :func:`measure_config`) start on this machine:
+    :data:`WORKERS_PER_CORE` per core, and never fewer than 8."""
+    return max(8, WORKERS_PER_CORE * cpu_cores())
+
+
+def check_workers_for_cores(num_workers: int, name: str = "num_workers") -> int:
+    """``num_workers``, or ValueError (one line: what to do) when it is far above this machine's cores.
+
+    Each worker is a whole Python process with its own copy of the data set's state; 64 workers on 2 cores only
+    add start-up time and memory (and can exhaust both), they never load faster.
+    """
+    limit, cores = workers_limit(), cpu_cores()
+    if num_workers > limit:
+        raise ValueError(
+            f"{name}={num_workers} is far more than this machine's {cores} CPU cores: each worker is a whole "
+            f"process, and beyond a few per core they only add start-up time and memory. Choose at most {limit} "
+            f"here ({WORKERS_PER_CORE} per core); the best count is usually near the number of cores."
+        )
+    return num_workers
 
 
 def load_note() -> str:
@@ -347,8 +383,51 @@ class _WorkerInit:
 
     def __call__(self, worker_id: int) -> None:
         reset_child_signals()
+        _name_failing_items()
         if self.fn is not None:
             self.fn(worker_id)
+
+
+#: Start of the note a worker adds to a data set's exception: which item raised it (see :func:`_name_failing_items`).
+_ITEM_NOTE = "[workbook] failing item:"
+
+
+def _failing_item(dataset: Any, index: Any, batched: bool) -> str:
+    """Which item of ``index`` (a batch of indices, or one index) makes ``dataset`` raise: loaded again one by one,
+    in the worker, only after the batch failed. ``'collate_fn'`` when every item loads on its own."""
+    if not batched:
+        return repr(index)
+    for idx in list(index)[:1024]:
+        try:
+            dataset[idx]
+        except Exception:
+            return repr(idx)
+    return "none (each item loads on its own: the collate function raised)"
+
+
+def _name_failing_items() -> None:
+    """In a worker: a data set's exception gets a note naming the item that raised it, which reaches the main
+    process inside torch's worker traceback (the main process knows only the batch). Patches the fetcher class
+    of this worker process only; map-style data sets only."""
+    from torch.utils.data._utils import fetch
+
+    cls = fetch._MapDatasetFetcher
+    if getattr(cls.fetch, "_workbook", False):
+        return
+    original = cls.fetch
+
+    def fetch_naming_the_item(self: Any, possibly_batched_index: Any) -> Any:
+        try:
+            return original(self, possibly_batched_index)
+        except Exception as exc:
+            if hasattr(exc, "add_note"):  # Python 3.11+
+                with contextlib.suppress(Exception):
+                    item = _failing_item(self.dataset, possibly_batched_index, self.auto_collation)
+                    exc.add_note(f"{_ITEM_NOTE} {item}")
+            raise
+
+    fetch_naming_the_item._workbook = True  # type: ignore[attr-defined]
+    cls.fetch = fetch_naming_the_item  # type: ignore[method-assign]
 
 
 class _FreezeWatch(threading.Thread):
@@ -393,25 +472,104 @@ class _FreezeWatch(threading.Thread):
                         os.kill(pid, signal.SIGKILL)
 
 
+class _HeldSignals:
+    """``with _HeldSignals() as held:`` - SIGINT and SIGTERM are only noted while the block runs (workers are forked);
+    ``held.deliver()`` afterwards runs the handler they were meant for (``KeyboardInterrupt`` for Ctrl-C).
+
+    Why: ``os.fork()`` runs Python's at-fork callbacks (``logging``'s lock release, ...) in the parent, and an
+    exception raised inside one of them is printed ("Exception ignored in ...") and dropped. A Ctrl-C whose
+    ``KeyboardInterrupt`` is raised there is lost; the run goes on. A handler that only notes the signal never
+    raises, so nothing is dropped. A forked child inherits the noting handler too, so a Ctrl-C that reaches a
+    new worker before :func:`reset_child_signals` ignores it no longer ends that worker. Only in the main
+    thread (where Python runs signal handlers, whichever thread the OS delivered the signal to), and only for
+    signals whose handler is a Python function (not ``SIG_IGN``/``SIG_DFL``).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.saved: dict[int, Callable[..., Any]] = {}
+        self.noted: list[int] = []
+
+    def _note(self, signum: int, _frame: Any) -> None:
+        self.noted.append(signum)
+
+    def __enter__(self) -> "_HeldSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                handler = signal.getsignal(sig)
+                if callable(handler):
+                    self.saved[sig] = handler
+                    signal.signal(sig, self._note)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+
+    def deliver(self) -> None:
+        """Run the original handler of the first noted signal (default_int_handler raises KeyboardInterrupt)."""
+        if self.noted:
+            sig = self.noted[0]
+            self.noted.clear()
+            self.saved[sig](sig, None)
+
+
+#: Seconds between two checks that every worker is still alive while the main process waits for a batch.
+_ALIVE_CHECK_S = 0.25
+
+
+class _WatchedIter(_MultiProcessingDataLoaderIter):
+    """torch's worker iterator, waiting for a batch in short slices: a worker that ended (even with exit code 0,
+    which torch's SIGCHLD handler ignores) is noticed within :data:`_ALIVE_CHECK_S` instead of after the loader's
+    whole timeout. The loader's timeout still counts from the start of the wait."""
+
+    def _try_get_data(self, timeout: float = MP_STATUS_CHECK_INTERVAL) -> tuple[bool, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                ok, data = super()._try_get_data(max(0.0, min(_ALIVE_CHECK_S, deadline - time.monotonic())))
+            except RuntimeError as exc:
+                if "exited unexpectedly" in str(exc):
+                    raise RuntimeError(f"{exc} ({_worker_exits(self._workers)})") from exc
+                raise
+            if ok or time.monotonic() >= deadline:
+                return ok, data
+
+
+def _worker_exits(procs: Sequence[Any]) -> str:
+    """``'worker 1 (pid 123): exit code 0'`` for each ended worker of ``procs`` (worker id = position)."""
+    parts = []
+    for wid, w in enumerate(procs):
+        code = getattr(w, "exitcode", None)
+        if code is not None:
+            parts.append(f"worker {wid} (pid {w.pid}): exit code {code}")
+    return "; ".join(parts) or "no exit status"
+
+
 class _WorkbookLoader(DataLoader):
-    """A DataLoader whose worker start-up can't leak: if ``iter(loader)`` is interrupted while it starts
-    workers (Ctrl-C, the panel's interrupt), the workers started so far are stopped before the interrupt
-    propagates."""
+    """A DataLoader whose worker start-up can't leak or lose an interrupt: a Ctrl-C (or the panel's interrupt)
+    while ``iter(loader)`` starts workers is held until they are all started (:class:`_HeldSignals`), then the
+    workers are stopped and ``KeyboardInterrupt`` raised; and a worker that ends is noticed at once
+    (:class:`_WatchedIter`)."""
 
     _workbook_frozen: list[int]  # pids _FreezeWatch killed (set by build_loader and guard)
     _workbook_warnings: list[str]
+    _workbook_workers: list[Any]  # the worker processes of the latest iterator (worker id = position)
 
     def _get_iterator(self) -> Any:
         if self.num_workers == 0:
             return super()._get_iterator()
-        from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
-
         before = _worker_children()
         it = None
+        held = _HeldSignals()
         try:
-            self.check_worker_number_rationality()
-            it = _MultiProcessingDataLoaderIter.__new__(_MultiProcessingDataLoaderIter)
-            it.__init__(self)  # type: ignore[misc]
+            with held:
+                self.check_worker_number_rationality()
+                it = _WatchedIter.__new__(_WatchedIter)
+                it.__init__(self)  # type: ignore[misc]
+            self._workbook_workers = list(it._workers)
+            held.deliver()  # a Ctrl-C that came while the workers started: raised here, with `it` known
             if self.timeout > 0:
                 _FreezeWatch(it, self.timeout, self._workbook_frozen).start()
             return it
@@ -710,7 +868,9 @@ def release(obj: Any) -> None:
 @contextlib.contextmanager
 def open_iterator(loader: DataLoader) -> Iterator[Iterator[Any]]:
     """``with open_iterator(loader) as it:`` - the workers are released when the block ends, however it ends
-    (an interrupt while the workers start included)."""
+    (an interrupt while the workers start included). A worker failure inside the block (a worker that died or
+    froze, an exception the data set raised in a worker) comes out as :class:`LoaderFailure` in plain words,
+    torch's error kept as its ``__cause__``."""
     it = None
     before = _worker_children()
     try:
@@ -719,6 +879,11 @@ def open_iterator(loader: DataLoader) -> Iterator[Iterator[Any]]:
             warnings.filterwarnings("ignore", message=re.escape(_PIN_WARNING))
             it = iter(loader)
         yield it
+    except Exception as exc:  # a worker that died or froze, the data set's error in a worker: in plain words
+        failure = _plain_failure(exc, loader)
+        if failure is exc:
+            raise
+        raise failure from exc
     finally:
         _finish([x for x in (it, loader) if x is not None], before)
 
@@ -746,11 +911,90 @@ _DEAD_WORKER_ADVICE = (
 )
 
 
-def explain_loader_error(exc: BaseException) -> str | None:
-    """Plain words for a known DataLoader failure (``None``: not one we recognise).
+_SIGNAL_BY_TEXT = {signal.strsignal(sig) or sig.name: sig for sig in signal.Signals}
 
-    Known: the timeout (a frozen or very slow worker), a worker that died (killed by a signal,
-    or "exited unexpectedly"), and a pin-memory thread that died.
+
+def _who(worker: int | None, pid: int | str | None) -> str:
+    if worker is not None:
+        return f"Worker {worker} (pid {pid})"
+    return f"A worker (pid {pid})" if pid is not None else "A worker"
+
+
+def _ended_in_words(worker: int | None, pid: int | str | None, code: int) -> str:
+    """One line for a worker that ended with exit status ``code`` (``multiprocessing``'s: ``-N`` = signal N)."""
+    who = _who(worker, pid)
+    if code == 0:
+        return (
+            f"{who} exited cleanly (exit code 0) while the main process still waited for its batches: code in "
+            "the data set, collate_fn or worker_init_fn ended the process (os._exit(), sys.exit()), or a Ctrl-C "
+            "reached the worker while it started. What to check: exit calls in that code; run with num_workers=0 "
+            "to see where it happens."
+        )
+    if code > 0:
+        return (
+            f"{who} exited with code {code} without a Python error reaching the main process: sys.exit({code}) or "
+            "os._exit() in the data set or collate_fn, or a native library that called exit(). What to check: run "
+            "with num_workers=0 to see where it happens."
+        )
+    sig = -code
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    if sig == signal.SIGKILL:
+        return (
+            f"{who} was killed (SIGKILL), most often by the out-of-memory killer. What to check: `dmesg | tail` or "
+            "`journalctl -k | grep -i oom` names the killed pid; use fewer workers, a smaller batch_size or "
+            "prefetch_factor."
+        )
+    if sig == signal.SIGBUS:
+        return (
+            f"{who} was killed by SIGBUS (Bus error), usually a full /dev/shm, where workers put their batches. "
+            "What to check: `df -h /dev/shm`; in Docker start the container with --shm-size=2g or --ipc=host; or "
+            "use fewer workers, a smaller batch_size or prefetch_factor."
+        )
+    if sig in (signal.SIGSEGV, signal.SIGILL, signal.SIGABRT, signal.SIGFPE):
+        return (
+            f"{who} crashed ({name}: a segfault or abort in native code) - an image decoder, OpenCV or another "
+            "library used by the data set, or one not safe after fork. What to check: run with num_workers=0 to "
+            "see the crash in the main process; try multiprocessing_context='spawn'."
+        )
+    return (
+        f"{who} was ended by {name}, sent from outside the loader (another program, a job scheduler's time or "
+        "memory limit, a user). What to check: what sends it; then run again."
+    )
+
+
+def _raised_in_worker(exc: BaseException) -> re.Match[str] | None:
+    """torch's re-raised worker exception (``Caught ValueError in DataLoader worker process 0. Original ...``)."""
+    return re.match(r"Caught (\w+) in DataLoader worker process (\d+)", str(exc))
+
+
+def _worker_error_in_words(exc: BaseException, m: re.Match[str]) -> str:
+    """One line for an exception the data set (collate_fn, worker_init_fn) raised in a worker."""
+    etype, worker = m.group(1), m.group(2)
+    lines = [ln.rstrip() for ln in str(exc).splitlines()]
+    note = next((ln[len(_ITEM_NOTE) :].strip() for ln in lines if ln.startswith(_ITEM_NOTE)), None)
+    pat = re.compile(rf"^(?:[\w.]+\.)?{re.escape(etype)}(?::\s*(.*))?$")
+    said = [mm.group(1) or "" for mm in map(pat.match, lines) if mm]
+    what = f"{etype}: {said[-1]}" if said and said[-1] else etype
+    if note is None:
+        where, check = "a batch", "run the loader with num_workers=0 to see the full traceback in the main process"
+    elif note.startswith("none"):
+        where, check = "a batch whose items each load on their own", "the collate_fn (run it on that batch)"
+    else:
+        where = f"item {note}"
+        check = f"the data set's __getitem__ for that item: run dataset[{note}] in the main process to see it"
+    return f"Worker {worker} raised {what} while loading {where}. What to check: {check} (details below)."
+
+
+def explain_loader_error(exc: BaseException) -> str | None:
+    """Plain words for a known DataLoader failure (``None``: not one we recognise): one line that says what happened
+    (which worker, which item where known) and what to check.
+
+    Known: the timeout (a frozen or very slow worker), a worker that died (killed by a signal, or "exited
+    unexpectedly", with its exit code where known), an exception raised by the data set in a worker (torch's
+    "Caught ValueError in DataLoader worker process 0"), and a pin-memory thread that died.
     """
     text = str(exc)
     m = re.search(r"DataLoader timed out after ([\d.]+) seconds", text)
@@ -761,10 +1005,23 @@ def explain_loader_error(exc: BaseException) -> str | None:
             "slow (network storage, an item that takes minutes). Check with `top` or `ps` that the workers use "
             "CPU; run with num_workers=0 to time one item in the main process."
         )
-    killed = re.search(r"DataLoader worker \(pid[^)]*\) is killed by signal: ([^.\n]+)", text)
-    if killed or "exited unexpectedly" in text:
-        what = f"It was killed by a signal ({killed.group(1).strip()}). " if killed else ""
-        return what + _DEAD_WORKER_ADVICE
+    raised = _raised_in_worker(exc)
+    if raised:
+        return _worker_error_in_words(exc, raised)
+    killed = re.search(r"DataLoader worker \(pid ?([^)]*)\) is killed by signal: ([^.\n]+)", text)
+    if killed:
+        sig = _SIGNAL_BY_TEXT.get(killed.group(2).strip())
+        if sig is not None:
+            return _ended_in_words(None, killed.group(1).strip(), -int(sig))
+        return f"A worker was killed by a signal ({killed.group(2).strip()}). " + _DEAD_WORKER_ADVICE
+    if "exited unexpectedly" in text:
+        ours = re.search(r"worker (\d+) \(pid (\d+)\): exit code (-?\d+)", text)  # _WatchedIter's suffix
+        if ours:
+            return _ended_in_words(int(ours.group(1)), ours.group(2), int(ours.group(3)))
+        code = re.search(r"\(pid ?([^)]*)\) exited unexpectedly with exit code (-?\d+)", text)  # torch's SIGCHLD
+        if code:
+            return _ended_in_words(None, code.group(1).strip(), int(code.group(2)))
+        return _DEAD_WORKER_ADVICE
     if "Pin memory thread exited unexpectedly" in text:
         return (
             "The loader's pin-memory thread died. Pinning needs page-locked host memory: check free memory "
@@ -773,15 +1030,40 @@ def explain_loader_error(exc: BaseException) -> str | None:
     return None
 
 
+def _ended_workers(loader: Any, wait_s: float = 1.0) -> list[tuple[int, Any]]:
+    """(worker id, process) of the loader's latest workers that have ended; waits up to ``wait_s`` for one to show
+    (a broken pipe is often seen a moment before the worker's exit status)."""
+    procs = list(getattr(loader, "_workbook_workers", []) or [])
+    deadline = time.monotonic() + wait_s
+    while procs:
+        ended = [(wid, w) for wid, w in enumerate(procs) if w.exitcode is not None]
+        if ended or time.monotonic() >= deadline:
+            return ended
+        time.sleep(0.05)
+    return []
+
+
 def _plain_failure(exc: BaseException, loader: Any = None) -> BaseException:
     """``LoaderFailure`` with plain words for a known failure, else ``exc`` itself."""
     if isinstance(exc, LoaderFailure):
         return exc
     frozen = getattr(loader, "_workbook_frozen", None)
+    text = str(exc)
+    advice: str | None
     if frozen:
         advice = explain_loader_error(RuntimeError(f"DataLoader timed out after {loader.timeout:g} seconds"))
         advice = (advice or "") + f" (Stopped worker pid(s) {', '.join(map(str, frozen))}: ended by the workbook.)"
         frozen.clear()
+    elif isinstance(exc, (EOFError, ConnectionError)) or (
+        isinstance(exc, RuntimeError) and ("exited unexpectedly" in text or "is killed by signal" in text)
+    ):
+        # A worker died: torch says so without the worker's number or exit status, or the main process met the
+        # broken connection first (EOFError, ConnectionResetError while it fetched a batch's shared memory).
+        ended = _ended_workers(loader)
+        if ended:
+            advice = " ".join(_ended_in_words(wid, w.pid, int(w.exitcode)) for wid, w in ended[:2])
+        else:
+            advice = explain_loader_error(exc)
     else:
         advice = explain_loader_error(exc)
     if advice is None:
@@ -1011,7 +1293,8 @@ def measure_throughput(
 
     Raises:
         ValueError: bad arguments, or a loader that yields no batch at all.
-        LoaderFailure: a worker froze (the loader's timeout fired) or died; the message says what to check.
+        LoaderFailure: a worker froze (the loader's timeout fired), died, or raised (the data set's own exception,
+            with the item that raised it); one line says which worker and what to check.
     """
     if not hasattr(loader, "__iter__"):
         raise ValueError(
@@ -1091,8 +1374,9 @@ def measure_throughput(
                 msg = str(w.message).strip()
                 if msg not in caught:
                     caught.append(msg)
-    except (RuntimeError, OSError, EOFError) as exc:
-        # torch's timeout, or a dead worker (raised by its SIGCHLD handler wherever the main thread is)
+    except Exception as exc:
+        # torch's timeout, a dead worker (raised by its SIGCHLD handler wherever the main thread is, or met as
+        # a broken connection), or the data set's own exception re-raised from a worker: in plain words
         failure = _plain_failure(exc, loader)
         if failure is exc:
             raise
@@ -1138,11 +1422,13 @@ def measure_config(
     ``result.config`` is the configuration's knobs with the data set's and the collate function's names.
 
     Raises:
-        ValueError: bad knobs, or too little ``/dev/shm`` for this configuration
-            (refused before any worker starts; see :func:`require_shm`).
-        LoaderFailure: a worker froze or died (see :func:`measure_throughput`).
+        ValueError: bad knobs, far more workers than this machine has cores (:func:`check_workers_for_cores`),
+            or too little ``/dev/shm`` for this configuration (refused before any worker starts; see
+            :func:`require_shm`).
+        LoaderFailure: a worker froze, died or raised (see :func:`measure_throughput`).
     """
     cfg = (config or LoaderConfig()).replace(**knobs).validated()
+    check_workers_for_cores(cfg.num_workers)
     loader = build_loader(dataset, cfg, collate_fn=collate_fn, check_shm=check_shm)
     result = measure_throughput(
         loader, batches=batches, warmup=warmup, progress=progress, label=label or cfg.label(), on_batch=on_batch
@@ -1897,11 +2183,13 @@ def spawn_failure_demo(dataset: Dataset, *, context: str = "spawn", timeout_s: f
 
 
 def worker_error_demo(dataset: Dataset | None = None, *, num_workers: int = 2) -> tuple[str, str]:
-    """Load from a data set whose item raises in a worker; return ``(exception type, message)``.
+    """Load from a data set whose item raises in a worker; return torch's ``(exception type, message)``.
 
     The DataLoader re-raises the worker's exception in the main process, of
     the same type, with the worker's traceback in the message ("Caught
     ValueError in DataLoader worker process 1. Original Traceback ...").
+    :func:`open_iterator` turns it into a :class:`LoaderFailure` in plain words
+    (:func:`explain_loader_error`); this returns torch's own error, kept as its cause.
     """
     ds = dataset if dataset is not None else FailingDataset()
     cfg = LoaderConfig(batch_size=4, num_workers=check_int("num_workers", num_workers, 1, MAX_WORKERS), shuffle=False)
@@ -1911,7 +2199,8 @@ def worker_error_demo(dataset: Dataset | None = None, *, num_workers: int = 2) -
             for _ in it:
                 pass
     except Exception as exc:
-        return type(exc).__name__, str(exc)
+        raw = exc.__cause__ if isinstance(exc, LoaderFailure) and exc.__cause__ is not None else exc
+        return type(raw).__name__, str(raw)
     return "none", "no worker raised"
 
 
@@ -2187,11 +2476,18 @@ def start_pool(processes: int) -> Any:
     Close it with :func:`close_pool`.
     """
     processes = check_int("processes", processes, 1, MAX_WORKERS)
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    with _HeldSignals() as held:  # a Ctrl-C during the forks is noted, not lost in an at-fork callback
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            pool = mp.get_context().Pool(processes, initializer=_pool_initializer)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
     try:
-        return mp.get_context().Pool(processes, initializer=_pool_initializer)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        held.deliver()
+    except BaseException:
+        close_pool(pool)
+        raise
+    return pool
 
 
 def close_pool(pool: Any, grace_s: float = SHUTDOWN_GRACE_S) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import html
 import io
+import re
 import sys
 import textwrap
 import time
@@ -41,6 +42,9 @@ from ..core.evidence import Evidence
 from . import chapter as chapter_api
 
 __all__ = ["Panel", "RunRecord", "Progress", "figure_to_display", "one_line", "known_failure_advice"]
+
+#: torch's text for an exception the data set raised in a worker: a failed run, not a bad setting of the panel.
+_WORKER_RAISED = re.compile(r"Caught \w+ in DataLoader worker process \d+")
 
 #: Longest status line, in characters (longer texts are cut with an ellipsis; the output area has all of it).
 STATUS_MAX_CHARS = 400
@@ -311,6 +315,21 @@ class Panel:
         )
         self.out.outputs = kept + (block,)
 
+    def _show_failure(self, exc: BaseException) -> None:
+        """A failed run: one line of plain words in the status (the advisor's, else the error's first line), the
+        traceback folded in the output area."""
+        try:
+            advice = self._advise(exc)
+        except Exception:  # an advisor must never hide the failure itself
+            advice = None
+        if advice:
+            self.error = one_line(f"The run failed: {advice}")
+        else:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            self.error = one_line(f"The run failed: {type(exc).__name__}: {first}")
+        self._show_status(self.error, "error")
+        self._show_details(exc)
+
     def _on_click(self, _button: Any = None, force: bool = False) -> None:
         now = time.monotonic()
         if self.busy or (not force and (now - self._last_end) < self.debounce_s):
@@ -351,8 +370,11 @@ class Panel:
             )
             self._show_status(f"Run #{rec.index} done in {seconds:.1f} s ({rec.short_label()}), {origin}.", "ok")
         except ValueError as exc:
-            self.error = one_line(f"Can't run with these settings: {exc}")
-            self._show_status(self.error, "error")
+            if _WORKER_RAISED.match(str(exc)):  # the data set's own error, re-raised by torch from a worker
+                self._show_failure(exc)
+            else:
+                self.error = one_line(f"Can't run with these settings: {exc}")
+                self._show_status(self.error, "error")
         except KeyboardInterrupt:
             self.error = "Interrupted. The run was stopped and its resources released; press Run to start again."
             self._show_status(self.error, "error")
@@ -360,17 +382,7 @@ class Panel:
             self.error = "Out of memory: choose smaller sizes and press Run again."
             self._show_status(self.error, "error")
         except Exception as exc:  # anything else: one line of plain words, the traceback below
-            try:
-                advice = self._advise(exc)
-            except Exception:  # an advisor must never hide the failure itself
-                advice = None
-            if advice:
-                self.error = one_line(f"The run failed: {advice}")
-            else:
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                self.error = one_line(f"The run failed: {type(exc).__name__}: {first}")
-            self._show_status(self.error, "error")
-            self._show_details(exc)
+            self._show_failure(exc)
         finally:
             self.busy = False
             self.button.disabled = False
