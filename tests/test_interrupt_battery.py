@@ -5,7 +5,8 @@ sends SIGINT to the child's whole process group - what a terminal's Ctrl-C and J
 at offsets drawn from a seeded list, so they fall into worker start-up, steady state and shutdown. Each run
 must end with ``KeyboardInterrupt`` within a few seconds of the one press, and 3 s later no child process may be
 left (psutil). Scenarios: (a) ``measure_config`` with workers, (b) a plain DataLoader given ``loaders.guard``
-and iterated in ``open_iterator``, (c) chapter 04's panel run.
+and iterated in ``open_iterator``, (c) chapter 04's panel run, (d) chapter 06's panel run with workers (the
+capstone job, whose loaders the reader's ``make_loader`` builds and ``loaders.guard`` protects).
 
 The in-suite test sends 21 interrupts (7 per scenario). The battery (``python tests/test_interrupt_battery.py 300``, or
 the slow test with ``WORKBOOK_INTERRUPT_BATTERY=1``, about 5 minutes) sends 300 and prints the lost and leaked counts.
@@ -36,7 +37,7 @@ import faulthandler
 import psutil
 from torch.utils.data import DataLoader
 from helpers.core.progress import no_progress
-from helpers.chapters import ch04
+from helpers.chapters import ch04, ch06
 from helpers.pipeline import loaders as L
 
 faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -67,7 +68,11 @@ def run_c():
                    n_cheap=512)
 
 
-run = {"a": run_a, "b": run_b, "c": run_c}[sys.argv[1]]
+def run_d():
+    ch06.panel_run(no_progress, device="cpu", workers=True, persistent=True)
+
+
+run = {"a": run_a, "b": run_b, "c": run_c, "d": run_d}[sys.argv[1]]
 for line in sys.stdin:
     if line.strip() != "next":
         break
@@ -225,18 +230,23 @@ def test_every_interrupt_is_honoured_at_the_first_press_and_leaves_no_child() ->
     _check(battery("abc", 21, seed=2501))
 
 
+@pytest.mark.timeout(600)
+def test_chapter_06_panel_honours_every_interrupt_and_leaves_no_child() -> None:
+    _check(battery("d", 6, seed=2506))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 @pytest.mark.skipif(
     os.environ.get("WORKBOOK_INTERRUPT_BATTERY") != "1", reason="about 5 minutes: set WORKBOOK_INTERRUPT_BATTERY=1"
 )
 def test_interrupt_battery_300() -> None:
-    _check(battery("abc", 300, seed=25))
+    _check(battery("abcd", 300, seed=25))
 
 
 if __name__ == "__main__":  # python tests/test_interrupt_battery.py [count] [scenarios] [seed]
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 300
-    res = battery(sys.argv[2] if len(sys.argv) > 2 else "abc", n, int(sys.argv[3]) if len(sys.argv) > 3 else 25, True)
+    res = battery(sys.argv[2] if len(sys.argv) > 2 else "abcd", n, int(sys.argv[3]) if len(sys.argv) > 3 else 25, True)
     print(
         f"{res['count']} interrupts: {len(res['lost'])} lost {res['lost']}, {len(res['leaked'])} leaked "
         f"{res['leaked']}, {len(res['errors'])} errors {res['errors']}, slowest answer {res['max_answer_s']:.2f} s, "
