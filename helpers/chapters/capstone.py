@@ -1151,9 +1151,11 @@ def run_config(
 def _loader_alone(pipeline: Pipeline, spec: JobSpec, s: Settings, dev: torch.device) -> float:
     """Items/s of the pipeline's loader alone (``make_loader`` with ``s``), measured like the job's epoch.
 
-    Same loader, same order, same warm-up batches, then one whole pass (worker start-up
-    included, as in the job's epoch), with the job's threads in the main process; nothing
-    is copied or normalised. It does not depend on the model, so it is measured once for
+    Same loader, same order, a warm-up of at most 2 batches of pass 0 (worker start-up;
+    with persistent workers the rest of that pass is drained, as in the job; the job's longer
+    warm-up trains from memory and does not change how the loader runs its next pass), then
+    one whole pass (worker start-up included, as in the job's epoch), with the job's threads
+    in the main process; nothing is copied or normalised. It does not depend on the model, so it is measured once for
     both regimes.
     """
     key = (
@@ -1167,7 +1169,7 @@ def _loader_alone(pipeline: Pipeline, spec: JobSpec, s: Settings, dev: torch.dev
         s.prefetch_factor,
         s.pin_memory and dev.type == "cuda",
         spec.threads,
-        spec.warm_steps,
+        min(spec.warm_steps, 2),
     )
     if key in _CACHE:
         return _CACHE[key]
@@ -1177,7 +1179,7 @@ def _loader_alone(pipeline: Pipeline, spec: JobSpec, s: Settings, dev: torch.dev
         with main_threads(spec.threads), torch.random.fork_rng(devices=[]):
             loader = _build_loader(pipeline, spec, s)
             seed_order(loader, spec.seed, 0, fresh=True)
-            _warm_batches(loader, spec.warm_steps, drain=s.persistent_workers and s.num_workers > 0)
+            _warm_batches(loader, min(spec.warm_steps, 2), drain=s.persistent_workers and s.num_workers > 0)
             seed_order(loader, spec.seed, 1, fresh=False)
             t0 = time.perf_counter()
             n = 0
@@ -1345,10 +1347,11 @@ def compare_threads(
 
     ``threads`` defaults to ``(spec.threads, all usable cores)``: what the
     capstone uses while workers run, and PyTorch's default. Stages alone are
-    not measured, and the warm-up trains its batches once (``warm_passes=1``): this
+    not measured, and the warm-up is 2 steps (``warm_steps=2, warm_passes=1``): this
     compares the timed epoch, whose length does not depend on what the model has
-    learned, and no accuracy of it is reported (the extra passes, run with each
-    thread count, would only lengthen the chapter). Each result's
+    learned, and no accuracy of it is reported (a longer warm-up would only lengthen
+    the chapter: run with PyTorch's default threads beside busy workers, each of its
+    steps is slowed by the very oversubscription this measures). Each result's
     ``trace.metadata["threads"]`` says which count it had. ``pipeline``: as in :func:`run_config`.
     """
     check_choice("step", step, STEP_NAMES)
@@ -1359,7 +1362,9 @@ def compare_threads(
     for n in counts:
         r = run_config(
             settings,
-            dataclasses.replace(spec, threads=check_int("threads", n, 1, 1024), warm_passes=1),
+            dataclasses.replace(
+                spec, threads=check_int("threads", n, 1, 1024), warm_steps=min(spec.warm_steps, 2), warm_passes=1
+            ),
             device,
             name=step,
             label=f"{label}, {n} thread{'s' if n > 1 else ''}",
