@@ -27,7 +27,7 @@ def _quick_data_set():
 
 
 def tiny(regime: str = "data-bound", **kw) -> C.JobSpec:
-    base = dict(width=2, depth=1, batch_size=8, crop_size=32, train_items=24, warm_steps=1)
+    base = dict(width=2, depth=1, batch_size=8, crop_size=32, train_items=24, warm_steps=1, warm_passes=1)
     base.update(kw)
     return _JOB_SPEC(regime, **base)
 
@@ -201,7 +201,9 @@ def test_regimes_tiny_model_for_data_bound_and_threads_in_the_spec() -> None:
     specs = {r: C.job_spec(r) for r in C.REGIMES}
     flops = {r: flops_per_sample(build_model(width=s.width, depth=s.depth), s.crop_size) for r, s in specs.items()}
     assert flops["compute-bound"] > 20 * flops["data-bound"]
-    assert specs["data-bound"].depth == 1 and all(s.threads == C.compute_threads() for s in specs.values())
+    assert (specs["data-bound"].width, specs["data-bound"].depth) == (1, 4)  # one channel at full resolution
+    assert all(s.threads == C.compute_threads() for s in specs.values())
+    assert all(s.warm_steps == s.steps_per_epoch and s.warm_passes > 1 for s in specs.values())  # the job learns
     assert C.compute_threads(workers=64) == 1
     with pytest.raises(ValueError, match="depth"):
         C.job_spec("data-bound", depth=0)

@@ -26,7 +26,8 @@ CHILD = textwrap.dedent(
     import psutil
     from helpers.chapters import capstone as C, ch06
     from helpers.pipeline.loaders import worker_processes
-    spec = C.job_spec("data-bound", width=2, depth=1, batch_size=8, crop_size=32, train_items=400, warm_steps=1)
+    spec = C.job_spec("data-bound", width=2, depth=1, batch_size=8, crop_size=32, train_items=400, warm_steps=1,
+                      warm_passes=1)
     C.train_items(spec)  # the data set exists before the first job
     ref = C.reference_pipeline("cpu")
     AT, calls = int(sys.argv[1]), [0]

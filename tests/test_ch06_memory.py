@@ -72,3 +72,46 @@ def test_the_search_never_measures_a_model_that_would_not_fit(t4: list[str]) -> 
     assert all(need[m] <= 0.8 * 11 * GIB for m in measured if m in need), measured
     assert not cal.reached and "was not tried" in cal.reason and "after empty_cache()" in cal.reason
     assert t4[:2] == ["empty_cache", "mem_get_info"]
+
+
+@pytest.fixture
+def pinned_cache(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """A stand-in host allocator: 1 GiB of pinned blocks cached (64 MiB in use) until emptied; calls logged."""
+    from helpers.pipeline import transfer
+
+    calls: list[str] = []
+    state = {"held": GIB}
+
+    def stats() -> dict[str, int]:
+        calls.append("stats")
+        return {"allocated_bytes": state["held"], "active_bytes": 64 * 2**20}
+
+    def empty_host_cache() -> None:
+        calls.append("empty_host_cache")
+        state["held"] = 64 * 2**20  # the blocks in use stay
+
+    monkeypatch.setattr(transfer, "host_allocator_stats", stats)
+    monkeypatch.setattr(torch.accelerator, "empty_host_cache", empty_host_cache)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(f"sync {device}"))
+    return calls
+
+
+def test_pinned_host_memory_is_reported_then_released(pinned_cache: list[str]) -> None:
+    """After the waterfall on CUDA: one line with what the host allocator holds, then what releasing it gave back.
+
+    Order checked: stats, every device synchronised (a queued copy pins its block), release, stats again.
+    """
+    line = C.release_pinned_host_memory("cuda")
+    assert pinned_cache == ["stats", "sync 0", "sync 1", "empty_host_cache", "stats"]
+    assert "\n" not in line
+    assert "1024 MiB (64 MiB of it in use)" in line and "released 960 MiB, 64 MiB still held" in line
+
+
+def test_pinned_host_memory_says_what_it_cannot_do(pinned_cache: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert C.release_pinned_host_memory("cpu").startswith("pinned host memory: none (no CUDA device")
+    assert pinned_cache == []  # nothing asked of CUDA on a CPU
+    monkeypatch.delattr(torch.accelerator, "empty_host_cache")
+    line = C.release_pinned_host_memory("cuda")
+    assert "has no torch.accelerator.empty_host_cache(): it stays held" in line and "1024 MiB" in line
+    assert pinned_cache == ["stats"]

@@ -27,7 +27,7 @@ def _quick_data_set():
 
 
 def tiny(regime: str = "data-bound", **kw) -> C.JobSpec:
-    base = dict(width=2, depth=1, batch_size=8, crop_size=32, train_items=24, warm_steps=1)
+    base = dict(width=2, depth=1, batch_size=8, crop_size=32, train_items=24, warm_steps=1, warm_passes=1)
     base.update(kw)
     return C.job_spec(regime, **base)
 

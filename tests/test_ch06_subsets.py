@@ -47,7 +47,9 @@ def test_a_quick_job_learns_well_above_chance() -> None:
     (33.6%) is 20 points, four spreads, below the lowest seed. Before the subsets were spread over the classes,
     the chapter's quick jobs (320 items: classes 0-2 only) could not score above 50% even if perfect.
     """
-    spec = C.job_spec("compute-bound", width=12, depth=3, train_items=640, epochs=3, lr=3e-3, threads=2)
+    spec = C.job_spec(
+        "compute-bound", width=12, depth=3, train_items=640, epochs=3, lr=3e-3, threads=2, warm_steps=2, warm_passes=1
+    )
     r = C.run_config(C.Settings(), spec, "cpu", stages=False)
     chance = C.chance_level(spec)
     assert r.accuracy >= 2 * chance, f"accuracy {r.accuracy:.1%} is not clearly above chance {chance:.1%}"

@@ -72,7 +72,9 @@ def _pipeline(how: str) -> C.Pipeline:
 
 
 def _spec() -> C.JobSpec:
-    return C.job_spec("data-bound", width=2, depth=1, batch_size=8, crop_size=32, train_items=48, warm_steps=1)
+    return C.job_spec(
+        "data-bound", width=2, depth=1, batch_size=8, crop_size=32, train_items=48, warm_steps=1, warm_passes=1
+    )
 
 
 def _children() -> set[int]:
