@@ -211,3 +211,33 @@ def test_ctrl_c_exits_130_in_one_line_and_leaves_no_worker(shapes: Path, after_s
     lines = [ln for ln in err.replace("\r", "\n").splitlines() if ln.strip() and not ln.startswith("epoch ")]
     assert lines == ["interrupted; the worker processes were stopped"] or lines == ["interrupted"], err[-2000:]
     assert _gone(workers), "a worker outlived the run"
+
+
+@pytest.mark.parametrize("after_s", [0.3, 1.0])
+def test_ctrl_c_while_torch_loads_exits_130_in_one_line(shapes: Path, after_s: float) -> None:
+    """A Ctrl-C in the seconds ``import torch`` takes printed a traceback through torch's import (issue #25.1)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-X", "importtime", str(SCRIPT), str(shapes), "--epochs", "1", "--workers", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    # -X importtime writes a line per module to stderr as it goes: wait until torch's import has begun
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.rsplit("|", 1)[-1].strip() in ("torch._utils_internal", "torch.version"):
+            break
+    time.sleep(after_s)
+    if proc.poll() is not None:
+        pytest.skip("the run ended before the interrupt (a fast machine)")
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.returncode is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("import time:")]
+    assert proc.returncode == 130 and lines == ["interrupted"], (proc.returncode, err[-2000:])
