@@ -37,21 +37,22 @@ Ctrl-C stops the workers and exits with status 130. No worker process outlives t
 
 from __future__ import annotations
 
+import os
+import signal
+
+if __name__ == "__main__":  # Ctrl-C while torch loads (seconds): one line and status 130, not a traceback
+    signal.signal(signal.SIGINT, lambda *_: (os.write(2, b"\ninterrupted\n"), os._exit(130)))
+
 import argparse
 import functools
 import math
 import multiprocessing
-import os
 import re
-import signal
 import sys
 import threading
 import time
 import traceback
 from pathlib import Path
-
-if __name__ == "__main__":  # Ctrl-C while torch loads (seconds): one line and status 130, not a traceback
-    signal.signal(signal.SIGINT, lambda *_: (os.write(2, b"\ninterrupted\n"), os._exit(130)))
 
 import torch
 import torch.nn.functional as F
