@@ -343,3 +343,11 @@ def test_printed_lines_are_wrapped_at_words() -> None:
         "long",
         "reason",
     }
+
+
+@pytest.mark.parametrize("name", ["cpu:1", "cpu:7"])
+def test_an_indexed_cpu_is_refused_with_what_to_use(name: str) -> None:
+    """Issue #25.7: ``cpu:N`` devices were accepted (torch parses them; there is one CPU device)."""
+    with pytest.raises(ValueError, match=r"the CPU has no device \d+; use device='cpu'"):
+        device.resolve_device(name)
+    assert device.resolve_device("cpu:0") == torch.device("cpu:0")

@@ -183,7 +183,8 @@ def resolve_device(device: torch.device | str | None, kinds: tuple[str, ...] = (
 
     Raises:
         ValueError: a device type outside ``kinds``, or one this machine does not have
-            (``'cuda'`` without CUDA, ``'cuda:3'`` with one GPU): see :func:`check_device_present`.
+            (``'cuda'`` without CUDA, ``'cuda:3'`` with one GPU): see :func:`check_device_present`;
+            an indexed CPU other than ``'cpu:0'`` (``'cpu:1'``: there is one CPU device).
     """
     if device is None:
         return torch.device("cuda" if has_cuda() else "cpu")
@@ -197,6 +198,8 @@ def resolve_device(device: torch.device | str | None, kinds: tuple[str, ...] = (
     dev = check_device_present(device, "device")
     if dev.type not in kinds:
         raise ValueError(f"device must be one of {list(kinds)}, got {dev.type!r}")
+    if dev.type == "cpu" and dev.index not in (None, 0):  # torch accepts 'cpu:7'; there is one CPU device
+        raise ValueError(f"device={str(device)!r}: the CPU has no device {dev.index}; use device='cpu'")
     return dev
 
 
