@@ -1999,7 +1999,7 @@ class Waterfall:
             row("", "", "", "", "", "compute", "data", "", ""),
             row("configuration", "epoch", "speedup", "step gain", "", "busy", "stall", "efficiency", "accuracy"),
         ]
-        verdicts = {r.efficiency.verdict for r in self.results if r.efficiency is not None and r.efficiency.verdict}
+        flagged = any(r.efficiency is not None and r.efficiency.verdict for r in self.results)
         for r, s, gain, v in zip(self.results, self.speedups(), gains, self.verdicts()):
             eff = r.efficiency.short() if r.efficiency is not None else "n/a"
             lines.append(
@@ -2023,7 +2023,7 @@ class Waterfall:
             + (f" ({floor:.0%} here)" if floor is not None else "")
             + "; 'no effect': the step cannot act on this device and measured within noise"
         ]
-        if verdicts:
+        if flagged:
             notes.append(
                 "efficiency: never above 1 (a pipeline cannot beat its slowest stage alone); '(noise)': "
                 "measured above 1 within the noise, shown as 1.00, at the bottleneck; 'out of range': measured "
@@ -2285,7 +2285,8 @@ def plot_shares(wf: Waterfall, ax: Any = None) -> Any:
     busy_name = "GPU busy" if torch.device(wf.device).type == "cuda" else "compute busy"
     ax.bar([x - 0.2 for x in xs], [r.compute_busy * 100 for r in wf.results], 0.4, color="#59a14f", label=busy_name)
     ax.bar([x + 0.2 for x in xs], [r.data_stall * 100 for r in wf.results], 0.4, color="#4e79a7", label="data stall")
-    effs = [(x, r.efficiency.value * 100) for x, r in zip(xs, wf.results) if r.efficiency and r.efficiency.value]
+    shown = [(x, r.efficiency.value) for x, r in zip(xs, wf.results) if r.efficiency is not None]
+    effs = [(x, v * 100) for x, v in shown if v is not None]  # never above 100%
     if effs:
         ax.plot([x for x, _ in effs], [e for _, e in effs], "o-", color="#e15759", label="pipeline efficiency")
     for x, r in zip(xs, wf.results):  # no point above 100%: the verdict instead
