@@ -46,7 +46,8 @@ validation accuracy, the span trace of every step (the wait for ``batches``' nex
 And, per configuration, each stage **alone** (:func:`stage_alone`): the reader's loader
 alone, the copy alone (CUDA only; on a CPU there is no copy), the reader's ``train_step``
 alone on a batch already on the device; the **pipeline efficiency** is the pipeline's
-throughput divided by that of its slowest stage alone.
+throughput divided by that of its slowest stage alone, never shown above 1
+(:func:`pipeline_efficiency`, :class:`Efficiency`).
 
 Two regimes from the model's size (:data:`REGIMES`): a tiny model (1 channel at full resolution,
 4 stages) is **data-bound** (the loader is the slowest stage, even on a CPU), a wide one
@@ -133,6 +134,8 @@ __all__ = [
     "val_size",
     "stage_alone",
     "pipeline_efficiency",
+    "Efficiency",
+    "EFFICIENCY_NOISE",
     "Waterfall",
     "run_waterfall",
     "accuracy_tolerance",
@@ -875,7 +878,7 @@ class ConfigResult:
         compute_busy: share of the epoch the compute phases were running (GPU busy, on a GPU).
         data_stall: share of the epoch the loop waited for data (start-up included).
         stages: items/s of each stage alone ("loader", "copy", "compute"; ``None``: no such stage here).
-        efficiency: throughput / slowest stage alone (``None`` if not measured).
+        efficiency: :func:`pipeline_efficiency` (value at most 1, or a verdict; ``None`` if not measured).
         round_epoch_s: in a waterfall measured in rounds, the epoch time of every round
             (``epoch_s`` is then their median).
     """
@@ -895,7 +898,7 @@ class ConfigResult:
     compute_busy: float
     data_stall: float
     stages: dict[str, float | None] = field(default_factory=dict)
-    efficiency: float | None = None
+    efficiency: Efficiency | None = None
     round_epoch_s: list[float] = field(default_factory=list)
 
     @property
@@ -1317,22 +1320,76 @@ def stage_alone(
     }
 
 
-def pipeline_efficiency(throughput: float, stages: Mapping[str, float | None]) -> float | None:
-    """Pipeline throughput divided by the throughput of its slowest stage alone.
+EFFICIENCY_NOISE = 0.10
+"""Relative noise allowed between the pipeline's run and its stages' separate runs (10%): a pipeline
+measured faster than its slowest stage alone by no more than this is 'at the bottleneck'."""
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """A pipeline efficiency as shown to a reader: a ``value`` never above 1, or none and a verdict why.
+
+    ratio: the raw measurement, throughput / slowest stage alone (what is recorded).
+    value: ``ratio`` when at most 1; 1.0 when above 1 within the noise; ``None`` when out of range.
+    verdict: '' when ``value`` is the ratio, else why it is not ('at the bottleneck (within noise)',
+        or 'out of range: ...' with the reason).
+    """
+
+    ratio: float
+    value: float | None
+    verdict: str = ""
+
+    @classmethod
+    def of_ratio(cls, ratio: float, noise: float = EFFICIENCY_NOISE) -> Efficiency:
+        """The one rule: a pipeline cannot beat its slowest stage, so above 1 is noise or a bad measurement.
+
+        >>> Efficiency.of_ratio(1.05).value, Efficiency.of_ratio(1.49).value
+        (1.0, None)
+        """
+        if ratio <= 1.0:
+            return cls(ratio, ratio)
+        if ratio <= 1.0 + noise:
+            return cls(ratio, 1.0, "at the bottleneck (within noise)")
+        return cls(
+            ratio,
+            None,
+            f"out of range: the pipeline ran {ratio:.2f}x its slowest stage alone, beyond the {noise:.0%} "
+            "noise; the stages-alone figures were measured under other conditions (a pipeline cannot beat "
+            "its bottleneck)",
+        )
+
+    def short(self) -> str:
+        """For a table column: '0.90', '1.00 (noise)' or 'out of range'."""
+        if self.value is None:
+            return "out of range"
+        return f"{self.value:.2f}" + (" (noise)" if self.verdict else "")
+
+    def __str__(self) -> str:
+        """For a sentence: '0.90', '1.00, at the bottleneck (within noise)' or 'out of range: <why>'."""
+        if self.value is None:
+            return self.verdict
+        return f"{self.value:.2f}" + (f", {self.verdict}" if self.verdict else "")
+
+
+def pipeline_efficiency(
+    throughput: float, stages: Mapping[str, float | None], noise: float = EFFICIENCY_NOISE
+) -> Efficiency | None:
+    """Pipeline throughput divided by the throughput of its slowest stage alone, never shown above 1.
 
     1.0 means the stages overlap perfectly: the pipeline runs as fast as its
-    bottleneck allows; it cannot honestly exceed 1, so a value above 1 is
-    measurement noise between separate runs (the table marks it). Stages given
-    as ``None`` (absent, e.g. the copy on a CPU) are ignored; ``None`` if no
-    stage is known.
+    bottleneck allows; it cannot honestly exceed 1. A ratio above 1 by no more
+    than ``noise`` is shown as 1.0, 'at the bottleneck (within noise)'; further
+    above, no value is shown, only the verdict 'out of range' and why
+    (:meth:`Efficiency.of_ratio`). Stages given as ``None`` (absent, e.g. the
+    copy on a CPU) are ignored; ``None`` if no stage is known.
 
-    >>> pipeline_efficiency(900.0, {"loader": 1000.0, "copy": None, "compute": 3000.0})
+    >>> pipeline_efficiency(900.0, {"loader": 1000.0, "copy": None, "compute": 3000.0}).value
     0.9
     """
     known = [float(v) for v in stages.values() if v is not None and v > 0 and math.isfinite(v)]
     if not known or not (throughput > 0):
         return None
-    return float(throughput) / min(known)
+    return Efficiency.of_ratio(float(throughput) / min(known), noise)
 
 
 def compare_threads(
@@ -1935,18 +1992,16 @@ class Waterfall:
             label: str, epoch: str, speedup: str, gain: str, verdict: str, busy: str, stall: str, eff: str, acc: str
         ) -> str:
             return (
-                f"{label:<{lw}}{epoch:>7}{speedup:>9}{gain:>{gw}} {verdict:<9}{busy:>8}{stall:>7}{eff:>12}{acc:>10}"
+                f"{label:<{lw}}{epoch:>7}{speedup:>9}{gain:>{gw}} {verdict:<9}{busy:>8}{stall:>7}{eff:>14}{acc:>10}"
             ).rstrip()
 
         lines = [
             row("", "", "", "", "", "compute", "data", "", ""),
             row("configuration", "epoch", "speedup", "step gain", "", "busy", "stall", "efficiency", "accuracy"),
         ]
-        noisy = False
+        flagged = any(r.efficiency is not None and r.efficiency.verdict for r in self.results)
         for r, s, gain, v in zip(self.results, self.speedups(), gains, self.verdicts()):
-            eff = f"{r.efficiency:.2f}" if r.efficiency is not None else "n/a"
-            if r.efficiency is not None and r.efficiency > 1.0:
-                eff, noisy = eff + "*", True
+            eff = r.efficiency.short() if r.efficiency is not None else "n/a"
             lines.append(
                 row(
                     r.label,
@@ -1968,10 +2023,11 @@ class Waterfall:
             + (f" ({floor:.0%} here)" if floor is not None else "")
             + "; 'no effect': the step cannot act on this device and measured within noise"
         ]
-        if noisy:
+        if flagged:
             notes.append(
-                "* above 1: the pipeline cannot beat its slowest stage alone; this is noise between "
-                "separate measurements"
+                "efficiency: never above 1 (a pipeline cannot beat its slowest stage alone); '(noise)': "
+                "measured above 1 within the noise, shown as 1.00, at the bottleneck; 'out of range': measured "
+                "further above 1, so the stages-alone figures were taken under other conditions (no value)"
             )
         for note in notes:
             lines += textwrap.wrap(note, 105, break_on_hyphens=False, break_long_words=False)
@@ -2074,14 +2130,8 @@ def run_waterfall(
     out = []
     for rs in runs:
         times = [r.epoch_s for r in rs]
-        first = rs[0]
-        r = dataclasses.replace(first, epoch_s=statistics.median(times), round_epoch_s=times)
-        if first.stages:
-            r.efficiency = pipeline_efficiency(r.throughput, first.stages)
-        out.append(r)
-    if progress is not None:
-        progress(1.0, f"{regime}: done")
-    return Waterfall(
+        out.append(dataclasses.replace(rs[0], epoch_s=statistics.median(times), round_epoch_s=times))
+    wf = Waterfall(
         regime=regime,
         spec=spec,
         device=str(torch.device(device)),
@@ -2089,6 +2139,13 @@ def run_waterfall(
         rounds=n_rounds,
         calibration=calibration,
     )
+    noise = max(EFFICIENCY_NOISE, wf.noise_floor() or 0.0)  # this run's own spread, when larger
+    for r in out:
+        if r.stages:
+            r.efficiency = pipeline_efficiency(r.throughput, r.stages, noise)
+    if progress is not None:
+        progress(1.0, f"{regime}: done")
+    return wf
 
 
 def accuracy_tolerance(n_val: int, p: float = 0.5, seed_spread: float | None = None) -> float:
@@ -2228,13 +2285,17 @@ def plot_shares(wf: Waterfall, ax: Any = None) -> Any:
     busy_name = "GPU busy" if torch.device(wf.device).type == "cuda" else "compute busy"
     ax.bar([x - 0.2 for x in xs], [r.compute_busy * 100 for r in wf.results], 0.4, color="#59a14f", label=busy_name)
     ax.bar([x + 0.2 for x in xs], [r.data_stall * 100 for r in wf.results], 0.4, color="#4e79a7", label="data stall")
-    effs = [(x, r.efficiency * 100) for x, r in zip(xs, wf.results) if r.efficiency is not None]
+    shown = [(x, r.efficiency.value) for x, r in zip(xs, wf.results) if r.efficiency is not None]
+    effs = [(x, v * 100) for x, v in shown if v is not None]  # never above 100%
     if effs:
         ax.plot([x for x, _ in effs], [e for _, e in effs], "o-", color="#e15759", label="pipeline efficiency")
+    for x, r in zip(xs, wf.results):  # no point above 100%: the verdict instead
+        if r.efficiency is not None and r.efficiency.value is None:
+            ax.text(x, 100, "efficiency:\nout of range", ha="center", va="bottom", fontsize=6, color="#e15759")
     ax.set_xticks(xs)
     ax.set_xticklabels([r.label for r in wf.results], rotation=25, ha="right", fontsize=8)
     ax.set_ylabel("% of epoch time (efficiency: %)")
-    ax.set_ylim(0, max([115.0] + [e + 10 for _, e in effs]))
+    ax.set_ylim(0, 115.0)
     ax.axhline(90, color="#e15759", linestyle=":", linewidth=1)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7, ncol=3, loc="upper left")
@@ -2299,8 +2360,9 @@ def reference_efficiency(regime: str) -> Evidence[list[tuple[str, float]]]:
 
 
 def efficiency_lines(rows: list[tuple[str, float]]) -> list[str]:
-    """'    baseline 0.52 · + pinned memory 0.55 · ...', wrapped: recorded efficiencies, one regime."""
-    text = " · ".join(f"{label} {eff:.2f}" for label, eff in rows)
+    """'    baseline 0.52 · + pinned memory 0.55 · ...', wrapped: recorded ratios shown as :class:`Efficiency`
+    (never above 1: '1.00 (noise)' or 'out of range'), one regime."""
+    text = " · ".join(f"{label} {Efficiency.of_ratio(eff).short()}" for label, eff in rows)
     return textwrap.wrap(text, 100, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False)
 
 

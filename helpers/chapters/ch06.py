@@ -140,7 +140,7 @@ def panel_summary(result: Evidence[ConfigResult]) -> str:
     r = result.value
     if r is None:
         return result.header()
-    eff = f"{r.efficiency:.2f}" if r.efficiency is not None else "n/a"
+    eff = str(r.efficiency) if r.efficiency is not None else "n/a"
     return (
         f"{r.regime}, {r.label}: {r.epoch_s:.2f} s/epoch, {r.throughput:.0f} img/s, compute busy "
         f"{r.compute_busy:.0%}, data stall {r.data_stall:.0%}, efficiency {eff}, accuracy {r.accuracy:.1%}"
@@ -184,7 +184,8 @@ def benchmark(results: ResultSet, device: torch.device | str | None, *, progress
     - ``ch06.waterfall.step_time``: s per step (epoch time / steps) — the waterfall bars;
     - ``ch06.epoch_time``: s; ``ch06.throughput``: items/s; ``ch06.speedup``: ratio (vs baseline);
     - ``ch06.accuracy``: ratio (validation); ``ch06.compute_busy``, ``ch06.data_stall``: ratio (0-1);
-    - ``ch06.efficiency``: ratio (throughput / slowest stage alone);
+    - ``ch06.efficiency``: ratio (throughput / slowest stage alone, as measured; shown through
+      :class:`~helpers.chapters.capstone.Efficiency`, never above 1);
     - ``ch06.stage_alone``: items/s, with ``part`` = loader / copy / compute (copy only with CUDA).
 
     Artifacts: ``ch06.trace.<regime>.<stage>``: each configuration's span trace
@@ -230,7 +231,7 @@ def benchmark(results: ResultSet, device: torch.device | str | None, *, progress
             results.add("ch06.compute_busy", r.compute_busy, "ratio", **p)
             results.add("ch06.data_stall", r.data_stall, "ratio", **p)
             if r.efficiency is not None:
-                results.add("ch06.efficiency", r.efficiency, "ratio", **p)
+                results.add("ch06.efficiency", r.efficiency.ratio, "ratio", **p)
             for stage_part, v in r.stages.items():
                 if v is not None:
                     results.add("ch06.stage_alone", v, "items/s", part=stage_part, **p)
