@@ -65,3 +65,28 @@ def test_notebook_cap_check_and_sweep_print_use_the_same_point() -> None:
     assert "ch02.memcpy_cap_lines(host)" in text and "big = ch02.largest_copy(host)" in text
     assert "max(p.gbps for p in host.points" not in text  # the old cap: the fastest copy of 4 MiB or more
     assert "ch02.fit_check(sw, fit).verdict()" in text and "ch02.runs_agree(" in text
+
+
+@pytest.mark.parametrize(("sweep_s", "verdict"), [(1.05e-4, "they agree within their spread"), (5e-4, "do NOT agree")])
+def test_panel_run_sets_the_host_copy_against_the_sweeps_point_of_the_same_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sweep_s: float, verdict: str
+) -> None:
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
+
+    def my_copy(src, device, pinned, repeats):  # type: ignore[no-untyped-def]
+        return [1e-4] * repeats
+
+    host = _sweep([(MiB, sweep_s, 1e-5), (4 * MiB, 4e-4, 1e-5)])
+    result = ch02.panel_run(
+        lambda f, text="": None,
+        device="cpu",
+        size_mib=1,
+        direction="h2d",
+        memory="pageable",
+        dtype="uint8",
+        copy_fn=my_copy,
+        host=host,
+        repeats=3,
+    )
+    summary = ch02.panel_summary(result)
+    assert "sweep's 1.0 MiB point" in summary and verdict in summary

@@ -58,6 +58,7 @@ __all__ = [
     "FitCheck",
     "fit_check",
     "runs_agree",
+    "points_agree",
     "largest_copy",
     "memcpy_cap_lines",
     "PanelReading",
@@ -255,13 +256,23 @@ def runs_agree(first: str, seconds: Sequence[float], second: str, point: Transfe
     to trust: the sweep point (more samples, alternated rounds) over a single call.
     """
     t = summarize(first, list(seconds))
-    a = f"{first} {human_seconds(t.median_s)} (IQR {human_seconds(t.iqr_s)}, n={t.n})"
-    b = f"{second} {human_seconds(point.median_s)} (IQR {human_seconds(point.iqr_s)}, n={point.n})"
-    if abs(t.median_s - point.median_s) <= t.iqr_s + point.iqr_s:
-        return f"{a} vs {b}: they agree within their spread."
-    ratio = max(t.median_s, point.median_s) / min(t.median_s, point.median_s)
+    one = TransferPoint(point.nbytes, point.direction, point.memory, t.median_s, t.iqr_s, n=t.n)
+    return points_agree(first, one, second, point)
+
+
+def points_agree(first: str, a: TransferPoint, second: str, b: TransferPoint) -> str:
+    """Whether two measurements of one copy agree: their medians differ by at most the sum of their IQRs.
+
+    When they do not, the line says to trust ``second`` (the chapter passes the sweep's point there:
+    more samples, in alternating rounds).
+    """
+    one = f"{first} {human_seconds(a.median_s)} (IQR {human_seconds(a.iqr_s)}, n={a.n})"
+    two = f"{second} {human_seconds(b.median_s)} (IQR {human_seconds(b.iqr_s)}, n={b.n})"
+    if abs(a.median_s - b.median_s) <= a.iqr_s + b.iqr_s:
+        return f"{one} vs {two}: they agree within their spread."
+    ratio = max(a.median_s, b.median_s) / min(a.median_s, b.median_s)
     return (
-        f"{a} vs {b}: they do NOT agree within their spread ({ratio:.2f}x apart; the machine's speed changed "
+        f"{one} vs {two}: they do NOT agree within their spread ({ratio:.2f}x apart; the machine's speed changed "
         f"between the runs). Trust the {second}: more samples, in alternating rounds."
     )
 
@@ -402,6 +413,12 @@ def panel_run(
             host_point = transfer.measure_host_copy(nbytes, dtype=dtype)
             method = "transfer.measure_host_copy"
         note += " The host memcpy is real, but it is a CPU copy, not a transfer to a GPU."
+    mine, against = (measured, None) if ok else (host_point, host)
+    if ok and recorded is not None and gpu is not None and gpu.here:
+        against = recorded.sweeps.get((direction, memory))  # measured here too: the same copy, twice
+    same = [q for q in against.points if q.nbytes == nbytes] if mine is not None and against is not None else []
+    if mine is not None and same:
+        note += " " + points_agree("This run", mine, f"sweep's {human_bytes(nbytes)} point", same[0])
     progress(1.0, "done")
     background = tuple((recorded.sweeps.values() if recorded is not None else ())) + ((host,) if host else ())
     reading = PanelReading(
