@@ -233,8 +233,9 @@ class FitCheck:
         worst = max(self.misses, key=lambda m: m[1])
         sizes = ", ".join(human_bytes(n) for n, _, _ in self.misses)
         return (
-            f"fit misses {len(self.misses)} of {self.n_points} sizes by more than their spread ({sizes}; worst "
-            f"{human_bytes(worst[0])}: {worst[1]:.0%} off, IQR {worst[2]:.0%}): trust the points, not the fit, there"
+            f"fit misses {len(self.misses)} of {self.n_points} sizes by more than their spread ({sizes}; largest "
+            f"miss beyond the spread at {human_bytes(worst[0])}: {worst[1]:.0%} off, IQR {worst[2]:.0%}): "
+            "trust the points, not the fit, there"
         )
 
 
@@ -272,8 +273,9 @@ def points_agree(first: str, a: TransferPoint, second: str, b: TransferPoint) ->
         return f"{one} vs {two}: they agree within their spread."
     ratio = max(a.median_s, b.median_s) / min(a.median_s, b.median_s)
     return (
-        f"{one} vs {two}: they do NOT agree within their spread ({ratio:.2f}x apart; the machine's speed changed "
-        f"between the runs). Trust the {second}: more samples, in alternating rounds."
+        f"{one} vs {two}: they do NOT agree within their spread ({ratio:.2f}x apart, more than their noise: "
+        f"something differed between the runs, e.g. other load or cache state). Trust the {second}: more "
+        "samples, in alternating rounds."
     )
 
 
