@@ -25,14 +25,24 @@ import torch
 
 from ..core import evidence
 from ..core.config import sized
-from ..core.device import hardware_report, resolve_device
+from ..core.device import hardware_report, pcie_bandwidth_gbps, resolve_device
 from ..core.evidence import Evidence
 from ..core.progress import ProgressFn, no_progress, scaled
 from ..core.reference import provenance_line
 from ..core.results import ResultSet
+from ..core.timing import summarize
 from ..core.validate import check_choice, check_float, check_int, human_bytes, human_seconds
 from ..pipeline import transfer
-from ..pipeline.transfer import DIRECTIONS, DTYPES, MEMORY_KINDS, CopyFn, MiB, Sweep, TransferPoint
+from ..pipeline.transfer import (
+    DIRECTIONS,
+    DTYPES,
+    MEMORY_KINDS,
+    CopyFn,
+    LatencyBandwidthFit,
+    MiB,
+    Sweep,
+    TransferPoint,
+)
 
 __all__ = [
     "NUMBER",
@@ -45,6 +55,12 @@ __all__ = [
     "measure_sweeps",
     "recorded_sweeps",
     "sweeps_caption",
+    "FitCheck",
+    "fit_check",
+    "runs_agree",
+    "points_agree",
+    "largest_copy",
+    "memcpy_cap_lines",
     "PanelReading",
     "panel_controls",
     "panel_run",
@@ -182,6 +198,113 @@ def sweeps_caption(gpu: Evidence[CopySweeps]) -> str:
 
 
 # ---------------------------------------------------------------------------
+# Two measurements of one thing: do they agree within their spread?
+# ---------------------------------------------------------------------------
+#
+# One rule for the whole chapter: a measured figure is its median with a band of one IQR either side
+# (the IQR the sweep records for every size). A model's prediction agrees with a point when it lies in
+# that band; two measurements agree when their bands overlap (the medians differ by at most the sum of
+# the IQRs). A point recorded with an IQR of 0 (one sample) has no band: any difference is a miss.
+
+
+@dataclass(frozen=True)
+class FitCheck:
+    """A latency+bandwidth fit set against the points it was fitted to.
+
+    Attributes:
+        label: the curve's label.
+        n_points: sizes checked.
+        misses: ``(nbytes, off, spread)`` for each size where the fit lies outside the point's band:
+            ``off`` = |prediction / median - 1|, ``spread`` = IQR / median.
+    """
+
+    label: str
+    n_points: int
+    misses: tuple[tuple[int, float, float], ...]
+
+    @property
+    def agrees(self) -> bool:
+        return not self.misses
+
+    def verdict(self) -> str:
+        """One line: the fit agrees with its points within their spread, or where it misses and what to trust."""
+        if self.agrees:
+            return f"fit within the points' spread (±1 IQR) at every size ({self.n_points} sizes): fit and points agree"
+        worst = max(self.misses, key=lambda m: m[1])
+        sizes = ", ".join(human_bytes(n) for n, _, _ in self.misses)
+        return (
+            f"fit misses {len(self.misses)} of {self.n_points} sizes by more than their spread ({sizes}; largest "
+            f"miss beyond the spread at {human_bytes(worst[0])}: {worst[1]:.0%} off, IQR {worst[2]:.0%}): "
+            "trust the points, not the fit, there"
+        )
+
+
+def fit_check(sweep: Sweep, fit: LatencyBandwidthFit | None = None) -> FitCheck:
+    """Set ``fit`` (default ``sweep.fit()``) against the sweep's own points and their recorded IQR."""
+    fit = sweep.fit() if fit is None else fit
+    misses = []
+    for p in sweep.points:
+        off = abs(fit.predict_s(p.nbytes) - p.median_s)
+        if off > p.iqr_s:
+            misses.append((p.nbytes, off / p.median_s, p.iqr_s / p.median_s))
+    return FitCheck(sweep.label, len(sweep.points), tuple(misses))
+
+
+def runs_agree(first: str, seconds: Sequence[float], second: str, point: TransferPoint) -> str:
+    """Whether raw ``seconds`` (one run) and a sweep ``point`` (another run of the same copy) agree.
+
+    Returns one line with both medians, their IQRs and the verdict; when they do not agree it says which
+    to trust: the sweep point (more samples, alternated rounds) over a single call.
+    """
+    t = summarize(first, list(seconds))
+    one = TransferPoint(point.nbytes, point.direction, point.memory, t.median_s, t.iqr_s, n=t.n)
+    return points_agree(first, one, second, point)
+
+
+def points_agree(first: str, a: TransferPoint, second: str, b: TransferPoint) -> str:
+    """Whether two measurements of one copy agree: their medians differ by at most the sum of their IQRs.
+
+    When they do not, the line says to trust ``second`` (the chapter passes the sweep's point there:
+    more samples, in alternating rounds).
+    """
+    one = f"{first} {human_seconds(a.median_s)} (IQR {human_seconds(a.iqr_s)}, n={a.n})"
+    two = f"{second} {human_seconds(b.median_s)} (IQR {human_seconds(b.iqr_s)}, n={b.n})"
+    if abs(a.median_s - b.median_s) <= a.iqr_s + b.iqr_s:
+        return f"{one} vs {two}: they agree within their spread."
+    ratio = max(a.median_s, b.median_s) / min(a.median_s, b.median_s)
+    return (
+        f"{one} vs {two}: they do NOT agree within their spread ({ratio:.2f}x apart, more than their noise: "
+        f"something differed between the runs, e.g. other load or cache state). Trust the {second}: more "
+        "samples, in alternating rounds."
+    )
+
+
+def largest_copy(host: Sweep) -> TransferPoint:
+    """The sweep's largest copy: the one the chapter prints and the cap check uses (one measurement)."""
+    if not host.points:
+        raise ValueError("the host memcpy sweep has no points: run the sweep cell first")
+    return max(host.points, key=lambda p: p.nbytes)
+
+
+def memcpy_cap_lines(host: Sweep, gens: Sequence[int] = (3, 4, 5)) -> list[str]:
+    """The CPU-side cap check: the sweep's own largest-copy figure against PCIe x16 theoretical ceilings.
+
+    The figure is :func:`largest_copy` of ``host``, the same point the sweep cell printed: a large batch is
+    staged from RAM, not from the CPU caches that make mid-sized copies faster.
+    """
+    big = largest_copy(host)
+    out = [
+        f"Host memcpy at {human_bytes(big.nbytes)} (the sweep's largest copy, printed above, measured now): "
+        f"{big.gbps:.2f} GB/s"
+    ]
+    for gen in gens:
+        link = pcie_bandwidth_gbps(gen, 16)
+        side = "the CPU memcpy would cap pageable copies" if big.gbps < link else "the link is the cap either way"
+        out.append(f"  PCIe Gen{gen} x16, {link:5.1f} GB/s (theoretical): {side}")
+    return out
+
+
+# ---------------------------------------------------------------------------
 # The live panel: copy one batch
 # ---------------------------------------------------------------------------
 
@@ -292,6 +415,12 @@ def panel_run(
             host_point = transfer.measure_host_copy(nbytes, dtype=dtype)
             method = "transfer.measure_host_copy"
         note += " The host memcpy is real, but it is a CPU copy, not a transfer to a GPU."
+    mine, against = (measured, None) if ok else (host_point, host)
+    if ok and recorded is not None and gpu is not None and gpu.here:
+        against = recorded.sweeps.get((direction, memory))  # measured here too: the same copy, twice
+    same = [q for q in against.points if q.nbytes == nbytes] if mine is not None and against is not None else []
+    if mine is not None and same:
+        note += " " + points_agree("This run", mine, f"sweep's {human_bytes(nbytes)} point", same[0])
     progress(1.0, "done")
     background = tuple((recorded.sweeps.values() if recorded is not None else ())) + ((host,) if host else ())
     reading = PanelReading(
