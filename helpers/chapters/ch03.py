@@ -138,7 +138,8 @@ def benchmark(
 def pin_pair_verdict(rows: Sequence[loaders.PinRow]) -> str:
     """One sentence on section 4's pair (``pin_memory`` False/True, :func:`~helpers.pipeline.loaders.pin_pair_rounds`).
 
-    The rounds alternate, so each round gives one ratio (True over False, items/s). The gap is
+    The gap is the table's: the two settings' medians over the rounds. The rounds alternate, so each
+    round also gives one ratio (True over False, items/s), and those ratios are its spread. The gap is
     **within noise** when those ratios fall on both sides of 1 (the rounds disagree on its direction).
     When every round points the same way the gap is larger than the rounds' spread, and it is reported
     as a gap: on a CUDA device, the flag's effect; without one, nothing was pinned and both settings did
@@ -156,9 +157,10 @@ def pin_pair_verdict(rows: Sequence[loaders.PinRow]) -> str:
         a / b for a, b in zip(on.round_items_per_s or [on.items_per_s], off.round_items_per_s or [off.items_per_s])
     ]
     med, lo, hi, n = statistics.median(ratios), min(ratios), max(ratios), len(ratios)
-    gap = f"{abs(med - 1):.0%} {'faster' if med >= 1 else 'slower'}"
-    rng = f"median ratio {med:.2f}x over {n} alternating round{'s' if n > 1 else ''}, range {lo:.2f}-{hi:.2f}x"
-    head = f"pin_memory=True vs False: {gap} ({rng})"
+    gain = on.items_per_s / off.items_per_s  # the table's figures: the medians over the rounds
+    gap = f"{abs(gain - 1):.0%} {'faster' if gain >= 1 else 'slower'}"
+    rng = f"per-round ratios over {n} alternating round{'s' if n > 1 else ''}: {lo:.2f}-{hi:.2f}x, median {med:.2f}x"
+    head = f"pin_memory=True vs False: {gap} ({on.items_per_s:,.0f} vs {off.items_per_s:,.0f} items/s; {rng})"
     if n < 2:
         return f"{head}; one round has no spread, so it can't tell an effect from noise: run more rounds."
     if lo <= 1.0 <= hi:
@@ -167,7 +169,7 @@ def pin_pair_verdict(rows: Sequence[loaders.PinRow]) -> str:
     if on.pin_active:
         way = "faster" if lo > 1 else "slower"
         return f"{head}: {way} in every round, a gap beyond the rounds' spread: the flag's effect."
-    faster = on if med >= 1 else off
+    faster = on if gain >= 1 else off
     return (
         f"{head}: every round points the same way, a gap beyond the rounds' spread. Yet nothing was pinned "
         f"(no accelerator): both settings did the same work, so the gap is load on this machine, not the flag. "
