@@ -18,6 +18,7 @@ The pin step's own time needs CUDA; without it the notebook shows the reference 
 from __future__ import annotations
 
 import inspect
+import statistics
 from typing import Any, Callable, Mapping, Sequence
 
 import ipywidgets as W
@@ -47,6 +48,7 @@ __all__ = [
     "pin_step_rows",
     "pin_rows_from_records",
     "pin_row_lines",
+    "pin_pair_verdict",
 ]
 
 NUMBER = "03"
@@ -126,6 +128,54 @@ def benchmark(
     results.add("ch03.copy_ms_per_batch", 1e3 * loaders.batch_copy_seconds(nbytes), "ms", bytes=nbytes)
     progress(1.0, "done")
     return results
+
+
+# ---------------------------------------------------------------------------
+# Section 4's verdict: is the gap between the pair within the rounds' spread?
+# ---------------------------------------------------------------------------
+
+
+def pin_pair_verdict(rows: Sequence[loaders.PinRow]) -> str:
+    """One sentence on section 4's pair (``pin_memory`` False/True, :func:`~helpers.pipeline.loaders.pin_pair_rounds`).
+
+    The gap is the table's: the two settings' medians over the rounds. The rounds alternate, so each
+    round also gives one ratio (True over False, items/s), and those ratios are its spread. The gap is
+    **within noise** when those ratios fall on both sides of 1 (the rounds disagree on its direction).
+    When every round points the same way the gap is larger than the rounds' spread, and it is reported
+    as a gap: on a CUDA device, the flag's effect; without one, nothing was pinned and both settings did
+    the same work, so the gap is load on this machine, not the flag, and the faster setting's figure is
+    the one to trust (load only ever slows a run down).
+
+    Raises:
+        ValueError: ``rows`` is not a pin_memory False/True pair.
+    """
+    pair = {r.pin_memory: r for r in rows}
+    if set(pair) != {False, True} or len(rows) != 2:
+        raise ValueError("rows must hold the pin_memory=False/True pair of pin_pair_rounds")
+    on, off = pair[True], pair[False]
+    ratios = [
+        a / b for a, b in zip(on.round_items_per_s or [on.items_per_s], off.round_items_per_s or [off.items_per_s])
+    ]
+    med, lo, hi, n = statistics.median(ratios), min(ratios), max(ratios), len(ratios)
+    gain = on.items_per_s / off.items_per_s  # the table's figures: the medians over the rounds
+    gap = f"{abs(gain - 1):.0%} {'faster' if gain >= 1 else 'slower'}"
+    rng = f"per-round ratios over {n} alternating round{'s' if n > 1 else ''}: {lo:.2f}-{hi:.2f}x, median {med:.2f}x"
+    head = f"pin_memory=True vs False: {gap} ({on.items_per_s:,.0f} vs {off.items_per_s:,.0f} items/s; {rng})"
+    if n < 2:
+        return f"{head}; one round has no spread, so it can't tell an effect from noise: run more rounds."
+    if lo <= 1.0 <= hi:
+        why = "" if on.pin_active else " (as it should be: nothing was pinned, no accelerator)"
+        return f"{head}: the rounds disagree on the direction, so the gap is within their spread: within noise{why}."
+    if on.pin_active:
+        way = "faster" if lo > 1 else "slower"
+        return f"{head}: {way} in every round, a gap beyond the rounds' spread: the flag's effect."
+    faster = on if gain >= 1 else off
+    return (
+        f"{head}: every round points the same way, a gap beyond the rounds' spread. Yet nothing was pinned "
+        f"(no accelerator): both settings did the same work, so the gap is load on this machine, not the flag. "
+        f"Trust the faster figure, pin_memory={faster.pin_memory} at {faster.items_per_s:,.0f} items/s "
+        f"(load only ever slows a run down), as this loader's speed."
+    )
 
 
 # ---------------------------------------------------------------------------

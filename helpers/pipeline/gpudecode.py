@@ -114,6 +114,7 @@ __all__ = [
     "batch_bytes",
     "DecodeComparison",
     "compare_decode",
+    "same_path_verdict",
     "gpu_reference_rows",
     "gpu_decode_lines",
     "plot_comparison",
@@ -594,7 +595,48 @@ class DecodeComparison:
         for label, t in ((a, self.cpu_path), (b, self.device_path)):
             lines.append(f"  {label:<{w}}{t.median_s * 1e3:>13.2f}{t.iqr_s * 1e3:>9.2f}")
         lines.extend(textwrap.fill(f"  note: {n}", 105, subsequent_indent="    ") for n in self.notes)
+        if not self.on_gpu:
+            lines.append(textwrap.fill(f"  verdict: {self.verdict}", 105, subsequent_indent="    "))
         return "\n".join(lines)
+
+    @property
+    def verdict(self) -> str:
+        """Without a GPU: whether the two runs of the same CPU code agree (:func:`same_path_verdict`).
+        On a GPU the two paths are different code, compared by :attr:`speedup`."""
+        if self.on_gpu:
+            return f"two different paths: CPU path / GPU path = {self.speedup:.2f}"
+        return same_path_verdict(self.cpu_path, self.device_path)
+
+
+def _agree(first: Timing, second: Timing) -> bool:
+    """Whether two timings' interquartile ranges overlap."""
+    (a_lo, a_hi), (b_lo, b_hi) = first.quartiles_s, second.quartiles_s
+    return a_lo <= b_hi and b_lo <= a_hi
+
+
+def same_path_verdict(first: Timing, second: Timing) -> str:
+    """One sentence on two timings of the same code, ``first`` timed before ``second``.
+
+    They agree when their interquartile ranges (per-call quartiles, :attr:`Timing.quartiles_s`)
+    overlap: the gap between the medians is then within their spread, noise. When they do not
+    overlap the gap is still not the code's (it is the same code): it is warm-up or load on this
+    machine, and the faster run is the one to trust, since load and warm-up only ever add time.
+    """
+    (a_lo, a_hi), (b_lo, b_hi) = first.quartiles_s, second.quartiles_s
+    a_ms, b_ms = first.median_s * 1e3, second.median_s * 1e3
+    pair = f"{a_ms:.2f} ms (a, timed first) and {b_ms:.2f} ms (b, timed second)"
+    spread = f"quartiles {a_lo * 1e3:.2f}-{a_hi * 1e3:.2f} and {b_lo * 1e3:.2f}-{b_hi * 1e3:.2f} ms"
+    if _agree(first, second):
+        return (
+            f"the same CPU code timed twice, {pair} per batch, agree within their spread ({spread} overlap): "
+            f"the gap is noise."
+        )
+    which = "(b), timed second" if b_ms <= a_ms else "(a), timed first"
+    return (
+        f"the same CPU code timed twice, {pair} per batch, do NOT agree within their spread ({spread} do "
+        f"not overlap). Same code, so the gap is warm-up or load on this machine, not the path: trust the faster, "
+        f"{which}, {min(a_ms, b_ms):.2f} ms per batch (load and warm-up only ever add time), or re-run the cell."
+    )
 
 
 def _batches(
@@ -814,7 +856,8 @@ def plot_comparison(cmp: DecodeComparison, axes: Sequence[Any] | None = None) ->
     ax_t.barh(ys, med, xerr=xerr, color=["#f28e2b", "#4e79a7"], capsize=3)
     ax_t.invert_yaxis()
     ax_t.set_xlabel("ms per batch (median; whiskers: quartiles)")
-    where = "" if cmp.on_gpu else " (no GPU)"
+    agree = "agree within their quartiles" if _agree(t[0], t[1]) else "do NOT agree: see the verdict"
+    where = "" if cmp.on_gpu else f" (no GPU)\nsame code timed twice: {agree}"
     ax_t.set_title(f"Time per decoded batch, measured now on {cmp.device}{where}", fontsize=10)
     fig.tight_layout()
     return fig
