@@ -162,6 +162,8 @@ __all__ = [
     "KnobRounds",
     "within_spread",
     "sweep_vs_rounds",
+    "agreement_line",
+    "difference_line",
     "TRUST_ROUNDS",
     "PersistentResult",
     "persistent_experiment",
@@ -2889,25 +2891,52 @@ def within_spread(value: float, samples: Sequence[float]) -> bool:
     return min(vals) <= float(value) <= max(vals)
 
 
-def sweep_vs_rounds(sweep: "WorkerSweep", rounds: "SpeedupRounds | Sequence[SpeedupRounds]") -> list[str]:
-    """One verdict line per worker count that both the one-pass ``sweep`` and alternating ``rounds`` measured.
+def agreement_line(num_workers: int, one_pass: float, rounds: Sequence[float]) -> str:
+    """The verdict on one speed-up measured twice: once in a one-pass sweep, and per round in alternating rounds.
 
-    The sweep's speed-up is one measurement per setting (no spread); the rounds' range (lowest to highest
-    per-round speed-up) is the noise band (:func:`within_spread`). Each line ends in "agree within their
-    spread" or "disagree: " + :data:`TRUST_ROUNDS`.
+    ``one_pass`` has no spread of its own; the rounds' range (``rounds``: per-round speed-ups, or just their
+    lowest and highest) is the noise band (:func:`within_spread`). Ends in "agree within their spread" or
+    "disagree: " + :data:`TRUST_ROUNDS`.
     """
+    lo, hi = min(rounds), max(rounds)
+    verdict = "agree within their spread" if within_spread(one_pass, rounds) else f"disagree: {TRUST_ROUNDS}"
+    return (
+        f"num_workers={num_workers}: one-pass sweep {one_pass:.2f}x (one measurement, no spread of its own) vs "
+        f"alternating rounds {statistics.median(rounds):.2f}x (range {lo:.2f}-{hi:.2f}x over the rounds, "
+        f"the noise band): {verdict}"
+    )
+
+
+def difference_line(knob: str, value: Any, reference: Any, ratios: Sequence[float], rounds: int) -> str:
+    """The verdict on ``knob=value`` against ``knob=reference`` from per-round ratios (value / reference).
+
+    The noise is estimated from the rounds themselves: if 1.0 ("no difference") lies within the ratios' range
+    (:func:`within_spread`), the two settings can't be told apart here ("within the noise"); otherwise "a real
+    difference" (every round on the same side), with how often two equal settings would do that by chance.
+    ``ratios`` may be every per-round ratio or just their lowest and highest (with ``rounds`` their count).
+    """
+    lo, hi = min(ratios), max(ratios)
+    head = (
+        f"{knob}={value} vs {reference}: {statistics.median(ratios):.2f}x (per-round ratios over {rounds} rounds, "
+        f"range {lo:.2f}-{hi:.2f}x)"
+    )
+    if within_spread(1.0, ratios):
+        return f"{head}: within the noise (the rounds' range includes 1.00x): no difference shown"
+    side = "faster" if lo > 1.0 else "slower"
+    chance = round(1 / (2 * 0.5 ** max(1, rounds)))
+    return (
+        f"{head}: a real difference ({side} in all {rounds} rounds; two equal settings would do that by chance "
+        f"1 time in {chance})"
+    )
+
+
+def sweep_vs_rounds(sweep: "WorkerSweep", rounds: "SpeedupRounds | Sequence[SpeedupRounds]") -> list[str]:
+    """:func:`agreement_line` for every worker count that both the one-pass ``sweep`` and alternating ``rounds``
+    measured (the sweep must include ``num_workers=0``, its baseline)."""
     out = []
     for sr in [rounds] if isinstance(rounds, SpeedupRounds) else list(rounds):
-        if not sr.ratios or sr.num_workers not in sweep.workers or min(sweep.workers) != 0:
-            continue
-        one = sweep.speedup(sr.num_workers)
-        lo, hi = sr.spread
-        verdict = "agree within their spread" if within_spread(one, sr.ratios) else f"disagree: {TRUST_ROUNDS}"
-        out.append(
-            f"num_workers={sr.num_workers}: one-pass sweep {one:.2f}x (one measurement, no spread of its own) vs "
-            f"alternating rounds {sr.speedup:.2f}x (median of {len(sr.ratios)} rounds, range {lo:.2f}-{hi:.2f}x, "
-            f"the noise band): {verdict}"
-        )
+        if sr.ratios and sr.num_workers in sweep.workers and min(sweep.workers) == 0:
+            out.append(agreement_line(sr.num_workers, sweep.speedup(sr.num_workers), sr.ratios))
     return out
 
 
@@ -2937,32 +2966,11 @@ class KnobRounds:
         return lines
 
     def verdicts(self) -> list[str]:
-        """One line per value against the reference: within the noise, or a real difference.
-
-        The noise is estimated from the rounds themselves: the per-round ratio value/reference varies from
-        round to round; if 1.0 ("no difference") lies within its range (:func:`within_spread`), the two
-        settings can't be told apart here.
-        """
-        out = []
-        for v in self.values:
-            if v == self.reference:
-                continue
-            r = self.ratios(v)
-            lo, hi, med = min(r), max(r), statistics.median(r)
-            head = (
-                f"{self.knob}={v} vs {self.reference}: {med:.2f}x (median of {len(r)} per-round ratios, "
-                f"range {lo:.2f}-{hi:.2f}x)"
-            )
-            if within_spread(1.0, r):
-                out.append(f"{head}: within the noise (the rounds' range includes 1.00x): no difference shown")
-            else:
-                side = "faster" if lo > 1.0 else "slower"
-                chance = round(1 / (2 * 0.5 ** len(r)))
-                out.append(
-                    f"{head}: a real difference ({side} in all {len(r)} rounds; two equal settings would do that "
-                    f"by chance 1 time in {chance})"
-                )
-        return out
+        """One :func:`difference_line` per value against the reference: within the noise, or a real difference."""
+        n = len(self.rates[self.reference])
+        return [
+            difference_line(self.knob, v, self.reference, self.ratios(v), n) for v in self.values if v != self.reference
+        ]
 
 
 def knob_rounds(
