@@ -227,12 +227,12 @@ def _knobs(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: i
             "ch04.prefetch.items_per_s", kr.median(v), "items/s", spread=spread, prefetch_factor=v, num_workers=2
         )
         if v != kr.reference:
-            r = kr.ratios(v)
+            ratios = kr.ratios(v)
             results.add(
                 "ch04.prefetch.ratio",
-                statistics.median(r),
+                statistics.median(ratios),
                 "ratio",
-                spread={"min": min(r), "max": max(r), "n": len(r)},
+                spread={"min": min(ratios), "max": max(ratios), "n": len(ratios)},
                 prefetch_factor=v,
                 reference=kr.reference,
                 num_workers=2,
@@ -277,12 +277,12 @@ def agreement_lines(results: ResultSet) -> list[str]:
     """
     out = []
     for sp in results.find("ch04.speedup", output="float"):
-        n = sp.params.get("num_workers")
+        n = int(sp.params.get("num_workers") or 0)
         one = results.find("ch04.items_per_s", num_workers=n, output="float")
         zero = results.find("ch04.items_per_s", num_workers=0, output="float")
         if one and zero and zero[0].value > 0 and {"min", "max"} <= set(sp.spread):
             band = [float(sp.spread["min"]), sp.value, float(sp.spread["max"])]
-            out.append(loaders.agreement_line(int(n), one[0].value / zero[0].value, band))
+            out.append(loaders.agreement_line(n, one[0].value / zero[0].value, band))
     for pr in results.find("ch04.prefetch.ratio"):
         if {"min", "max"} <= set(pr.spread):
             p = pr.params
