@@ -2987,8 +2987,9 @@ def knob_rounds(
     """Measure your loader at each of a knob's ``values`` in alternating rounds, like :func:`interleaved_speedup`.
 
     ``factory(value)`` builds your loader with the knob at ``value`` (persistent workers). All loaders are built
-    once and warmed up; each round then times ``batches`` batches of each, one after another, so that every
-    round compares the values under the same load. Before each timed window the batches an idle loader's
+    once and warmed up; each round then times ``batches`` batches of each, one after another (each round starting
+    with the next value, so that none always goes first), so that every round compares the values under the same
+    load. Before each timed window the batches an idle loader's
     workers buffered (``num_workers x prefetch_factor``) are taken untimed. ``reference`` (default: the first
     value) is what :meth:`KnobRounds.verdicts` compares against. Workers are released at the end, also when
     interrupted.
@@ -3020,8 +3021,10 @@ def knob_rounds(
             buffered = [t.loader.num_workers * (t.loader.prefetch_factor or 2) for t in takers]
             for t, b in zip(takers, buffered):
                 t.take(warmup + b)
+            order = list(zip(values, takers, buffered))
             for r in range(rounds):
-                for v, t, b in zip(values, takers, buffered):
+                k = r % len(order)  # each round starts with the next value: no value always goes first
+                for v, t, b in order[k:] + order[:k]:
                     t.take(b)  # prepared while idle: not part of the steady state
                     items, secs = t.take(batches)
                     rates[v].append(items / secs)
