@@ -407,3 +407,7 @@ def test_benchmark_records_chapter_04_keys_only(tmp_path: Any) -> None:
     ):
         assert k in keys, k
     assert seen[-1] == 1.0 and seen == sorted(seen)
+    # a verdict for each pair that measures one thing: the sweep's 2-worker point, prefetch_factor 1 and 4 vs 2
+    lines = ch04.agreement_lines(rs)
+    assert len(lines) == 3 and lines[0].startswith("num_workers=2: one-pass sweep"), lines
+    assert {len(r.spread) for r in rs.find("ch04.prefetch")} == {3}  # median of rounds, lowest/highest, count

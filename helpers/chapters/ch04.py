@@ -45,6 +45,7 @@ __all__ = [
     "PANEL_FIGSIZE",
     "ITEM_COSTS",
     "benchmark",
+    "agreement_lines",
     "panel_controls",
     "panel_run",
     "panel_summary",
@@ -88,7 +89,9 @@ def benchmark(
     * ``ch04.parallel_ceiling`` {processes: 2, output, cores} - 2 independent processes vs workers=0 (the measured
       ceiling), ``ch04.share_of_ceiling`` {num_workers: 2, output, cores} - the loader's share of it
     * ``ch04.best_num_workers`` {cores, method}
-    * ``ch04.prefetch.items_per_s`` {prefetch_factor, num_workers}
+    * ``ch04.prefetch.items_per_s`` {prefetch_factor, num_workers} (median of alternating rounds, spread =
+      lowest/highest round), ``ch04.prefetch.ratio`` {prefetch_factor, reference, num_workers} (median per-round
+      ratio against ``reference``, spread = lowest/highest)
     * ``ch04.persistent.epoch_s`` {persistent, epoch} (short epochs: a subset of 160 / 2,400 images),
       ``ch04.persistent.restart_cost_s`` {num_workers}
     * ``ch04.in_order.p95_wait_ms`` / ``ch04.in_order.total_s`` {in_order}
@@ -101,6 +104,9 @@ def benchmark(
         progress: optional ``progress(fraction, text)``.
         info / sizes / batches / warmup: overrides (a :class:`helpers.pipeline.data.DatasetInfo`, a
             :func:`helpers.pipeline.data.default_sizes`-like dict, batches per run); for tests.
+
+    Where two records measure one thing (the sweep's 2-worker point and ``ch04.speedup``), a disagreement is
+    flagged on ``ch04.speedup``; :func:`agreement_lines` gives the verdict for every such pair.
 
     Returns ``results``.
     """
@@ -156,7 +162,7 @@ def _sweep_and_speedup(
             )
         spread = {"min": sr.spread[0], "max": sr.spread[1], "n": len(sr.ratios)}
         method = "interleaved rounds, median of per-round ratios"
-        results.add(
+        rec = results.add(
             "ch04.speedup",
             sr.speedup,
             "ratio",
@@ -167,6 +173,11 @@ def _sweep_and_speedup(
             main_threads=1,
             method=method,
         )
+        if output == "float":
+            # the sweep's 2-worker point is a second measurement of the same speed-up: flagged where it disagrees
+            for line in loaders.sweep_vs_rounds(sw, sr):
+                if "disagree" in line:
+                    rec.flag(line)
         results.add(
             "ch04.parallel_ceiling",
             sr.ceiling_speedup,
@@ -199,10 +210,33 @@ def _sweep_and_speedup(
 
 def _knobs(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: int) -> None:
     """prefetch_factor, persistent_workers and in_order, each against its own baseline."""
-    base = loaders.LoaderConfig(batch_size=bs, num_workers=2, persistent_workers=True)
-    kr = loaders.knob_experiment(ds_float, "prefetch_factor", [1, 2, 4], base=base, batches=batches, warmup=warm)
-    for v, r in kr.rows():
-        results.add("ch04.prefetch.items_per_s", r.items_per_s, "items/s", prefetch_factor=v, num_workers=2)
+    # alternating rounds: single measurements of 1, 2 and 4 could not tell a difference from the machine's drift
+    kr = loaders.knob_rounds(
+        functools.partial(_prefetch_loader, ds_float, bs),
+        "prefetch_factor",
+        PREFETCH_VALUES,
+        reference=PREFETCH_REFERENCE,
+        rounds=config.sized(5, 7),
+        batches=max(2, min(batches, config.sized(8, 40))),
+        warmup=warm,
+    )
+    for v in kr.values:
+        rates = kr.rates[v]
+        spread = {"min": min(rates), "max": max(rates), "n": len(rates)}
+        results.add(
+            "ch04.prefetch.items_per_s", kr.median(v), "items/s", spread=spread, prefetch_factor=v, num_workers=2
+        )
+        if v != kr.reference:
+            ratios = kr.ratios(v)
+            results.add(
+                "ch04.prefetch.ratio",
+                statistics.median(ratios),
+                "ratio",
+                spread={"min": min(ratios), "max": max(ratios), "n": len(ratios)},
+                prefetch_factor=v,
+                reference=kr.reference,
+                num_workers=2,
+            )
     n_short = min(len(ds_float), config.sized(160, 2400))  # type: ignore[arg-type]
     short = torch.utils.data.Subset(ds_float, range(n_short))
     pr = loaders.persistent_experiment(short, num_workers=2, epochs=3, batch_size=bs)
@@ -216,6 +250,48 @@ def _knobs(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: i
     for flag, r in io.results.items():
         results.add("ch04.in_order.p95_wait_ms", r.p95_wait_ms, "ms", in_order=flag)
         results.add("ch04.in_order.total_s", r.seconds, "s", in_order=flag)
+
+
+#: prefetch_factor values the benchmark compares, in alternating rounds, against the DataLoader's default.
+PREFETCH_VALUES = (1, 2, 4)
+PREFETCH_REFERENCE = 2
+
+
+def _prefetch_loader(ds: Dataset, bs: int, prefetch_factor: int) -> DataLoader:
+    """The benchmark's 2-worker persistent loader at ``prefetch_factor`` (a module function: picklable)."""
+    cfg = loaders.LoaderConfig(batch_size=bs, num_workers=2, persistent_workers=True, prefetch_factor=prefetch_factor)
+    return loaders.build_loader(ds, cfg)
+
+
+def agreement_lines(results: ResultSet) -> list[str]:
+    """One verdict line per pair of chapter 04 records that measure the same thing (the chapter's rule: no
+    silent contradictions).
+
+    * ``ch04.speedup`` (alternating rounds; spread = lowest/highest round) against the one-pass sweep's
+      ``ch04.items_per_s`` at the same ``num_workers`` over ``num_workers=0`` (output "float": the sweep's; one
+      measurement each, no spread): "agree within their spread" or "disagree: trust the alternating rounds ...";
+    * ``ch04.prefetch.ratio`` (per-round ratios against the reference prefetch_factor): within the noise (the
+      rounds' range includes 1.00x) or a real difference.
+
+    The verdict is :func:`helpers.pipeline.loaders.within_spread` on the recorded spreads.
+    """
+    out = []
+    for sp in results.find("ch04.speedup", output="float"):
+        n = int(sp.params.get("num_workers") or 0)
+        one = results.find("ch04.items_per_s", num_workers=n, output="float")
+        zero = results.find("ch04.items_per_s", num_workers=0, output="float")
+        if one and zero and zero[0].value > 0 and {"min", "max"} <= set(sp.spread):
+            band = [float(sp.spread["min"]), sp.value, float(sp.spread["max"])]
+            out.append(loaders.agreement_line(n, one[0].value / zero[0].value, band))
+    for pr in results.find("ch04.prefetch.ratio"):
+        if {"min", "max"} <= set(pr.spread):
+            p = pr.params
+            band = [float(pr.spread["min"]), pr.value, float(pr.spread["max"])]
+            rounds = int(pr.spread.get("n", 0))
+            out.append(
+                loaders.difference_line("prefetch_factor", p.get("prefetch_factor"), p.get("reference"), band, rounds)
+            )
+    return out
 
 
 def _cheap_items(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: int) -> None:

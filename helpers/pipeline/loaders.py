@@ -158,6 +158,13 @@ __all__ = [
     "plot_rounds",
     "KnobResult",
     "knob_experiment",
+    "knob_rounds",
+    "KnobRounds",
+    "within_spread",
+    "sweep_vs_rounds",
+    "agreement_line",
+    "difference_line",
+    "TRUST_ROUNDS",
     "PersistentResult",
     "persistent_experiment",
     "InOrderResult",
@@ -2855,6 +2862,177 @@ def knob_experiment(
         if progress is not None:
             progress((k + 1) / len(values), f"{knob}={v}")
     return KnobResult(knob=knob, values=list(values), results=results, base=base)
+
+
+# ---------------------------------------------------------------------------
+# Two measurements of one thing: do they agree within their spread?
+# ---------------------------------------------------------------------------
+
+#: What the verdict says when a one-pass figure falls outside the alternating rounds' range.
+TRUST_ROUNDS = (
+    "trust the alternating rounds (each round compares the two settings under the same load; "
+    "the one-pass sweep measures each setting once, at different moments)"
+)
+
+
+def within_spread(value: float, samples: Sequence[float]) -> bool:
+    """The verdict: whether ``value`` lies within the spread of ``samples`` (their lowest to highest, inclusive).
+
+    The one small rule behind every "agree / disagree" line of chapter 04: a figure with no spread of its own
+    (a one-pass measurement; or 1.0, "no difference") is compared with the range of repeated measurements
+    of the same thing (alternating rounds), which serves as the noise band.
+
+    Raises:
+        ValueError: no samples, or a value/sample that is not a finite number.
+    """
+    vals = [float(s) for s in samples]
+    if not vals or not all(math.isfinite(v) for v in [*vals, float(value)]):
+        raise ValueError(f"within_spread needs a finite value and finite samples, got {value!r} and {list(samples)!r}")
+    return min(vals) <= float(value) <= max(vals)
+
+
+def agreement_line(num_workers: int, one_pass: float, rounds: Sequence[float]) -> str:
+    """The verdict on one speed-up measured twice: once in a one-pass sweep, and per round in alternating rounds.
+
+    ``one_pass`` has no spread of its own; the rounds' range (``rounds``: per-round speed-ups, or just their
+    lowest and highest) is the noise band (:func:`within_spread`). Ends in "agree within their spread" or
+    "disagree: " + :data:`TRUST_ROUNDS`.
+    """
+    lo, hi = min(rounds), max(rounds)
+    verdict = "agree within their spread" if within_spread(one_pass, rounds) else f"disagree: {TRUST_ROUNDS}"
+    return (
+        f"num_workers={num_workers}: one-pass sweep {one_pass:.2f}x (one measurement, no spread of its own) vs "
+        f"alternating rounds {statistics.median(rounds):.2f}x (range {lo:.2f}-{hi:.2f}x over the rounds, "
+        f"the noise band): {verdict}"
+    )
+
+
+def difference_line(knob: str, value: Any, reference: Any, ratios: Sequence[float], rounds: int) -> str:
+    """The verdict on ``knob=value`` against ``knob=reference`` from per-round ratios (value / reference).
+
+    The noise is estimated from the rounds themselves: if 1.0 ("no difference") lies within the ratios' range
+    (:func:`within_spread`), the two settings can't be told apart here ("within the noise"); otherwise "a real
+    difference" (every round on the same side), with how often two equal settings would do that by chance.
+    ``ratios`` may be every per-round ratio or just their lowest and highest (with ``rounds`` their count).
+    """
+    lo, hi = min(ratios), max(ratios)
+    head = (
+        f"{knob}={value} vs {reference}: {statistics.median(ratios):.2f}x (per-round ratios over {rounds} rounds, "
+        f"range {lo:.2f}-{hi:.2f}x)"
+    )
+    if within_spread(1.0, ratios):
+        return f"{head}: within the noise (the rounds' range includes 1.00x): no difference shown"
+    side = "faster" if lo > 1.0 else "slower"
+    chance = round(1 / (2 * 0.5 ** max(1, rounds)))
+    return (
+        f"{head}: a real difference ({side} in all {rounds} rounds; two equal settings would do that by chance "
+        f"1 time in {chance})"
+    )
+
+
+def sweep_vs_rounds(sweep: "WorkerSweep", rounds: "SpeedupRounds | Sequence[SpeedupRounds]") -> list[str]:
+    """:func:`agreement_line` for every worker count that both the one-pass ``sweep`` and alternating ``rounds``
+    measured (the sweep must include ``num_workers=0``, its baseline)."""
+    out = []
+    for sr in [rounds] if isinstance(rounds, SpeedupRounds) else list(rounds):
+        if sr.ratios and sr.num_workers in sweep.workers and min(sweep.workers) == 0:
+            out.append(agreement_line(sr.num_workers, sweep.speedup(sr.num_workers), sr.ratios))
+    return out
+
+
+@dataclass
+class KnobRounds:
+    """One knob's values measured in alternating rounds: ``rates[v]`` holds items/s of value ``v``, one per round."""
+
+    knob: str
+    values: list[Any]
+    rates: dict[Any, list[float]]
+    reference: Any
+    seconds: float
+
+    def ratios(self, value: Any) -> list[float]:
+        """Per-round items/s of ``value`` over the reference value's, measured seconds apart."""
+        return [a / b for a, b in zip(self.rates[value], self.rates[self.reference])]
+
+    def median(self, value: Any) -> float:
+        return statistics.median(self.rates[value])
+
+    def table(self) -> list[str]:
+        n = len(self.rates[self.reference])
+        lines = [f"{self.knob:>16} {'items/s (median)':>17} {'per round':>30}   ({n} alternating rounds)"]
+        for v in self.values:
+            rounds = " ".join(f"{r:,.0f}" for r in self.rates[v])
+            lines.append(f"{v!s:>16} {self.median(v):>17,.0f} {rounds:>30}")
+        return lines
+
+    def verdicts(self) -> list[str]:
+        """One :func:`difference_line` per value against the reference: within the noise, or a real difference."""
+        n = len(self.rates[self.reference])
+        return [
+            difference_line(self.knob, v, self.reference, self.ratios(v), n) for v in self.values if v != self.reference
+        ]
+
+
+def knob_rounds(
+    factory: Callable[[Any], DataLoader],
+    knob: str,
+    values: Sequence[Any],
+    *,
+    reference: Any = None,
+    rounds: int = 3,
+    batches: int = 20,
+    warmup: int = 4,
+    progress: Callable[..., Any] | None = None,
+) -> KnobRounds:
+    """Measure your loader at each of a knob's ``values`` in alternating rounds, like :func:`interleaved_speedup`.
+
+    ``factory(value)`` builds your loader with the knob at ``value`` (persistent workers). All loaders are built
+    once and warmed up; each round then times ``batches`` batches of each, one after another (each round starting
+    with the next value, so that none always goes first), so that every round compares the values under the same
+    load. Before each timed window the batches an idle loader's
+    workers buffered (``num_workers x prefetch_factor``) are taken untimed. ``reference`` (default: the first
+    value) is what :meth:`KnobRounds.verdicts` compares against. Workers are released at the end, also when
+    interrupted.
+
+    Raises:
+        ValueError: bad arguments, a factory that ignores the value, or too little ``/dev/shm``.
+    """
+    if not isinstance(knob, str) or not knob:
+        raise ValueError(f"knob must name what the factory's argument changes, e.g. 'prefetch_factor'; got {knob!r}")
+    values = list(values)
+    if len(values) < 2:
+        raise ValueError("values must hold at least two settings to compare")
+    reference = values[0] if reference is None else reference
+    if reference not in values:
+        raise ValueError(f"reference must be one of {values}, got {reference!r}")
+    rounds = check_int("rounds", rounds, 1, 1000)
+    batches = check_int("batches", batches, 1, 1_000_000)
+    warmup = check_int("warmup", warmup, 0, 1_000_000)
+    expect_knob = knob in _LABEL_PART and knob != "multiprocessing_context"
+    t_start = time.perf_counter()
+    rates: dict[Any, list[float]] = {v: [] for v in values}
+    takers: list[_Batches] = []
+    before = _worker_children()
+    with intraop_threads(1), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
+        try:
+            for v in values:
+                takers.append(_Batches(build_from_factory(factory, v, expect={knob: v} if expect_knob else None)))
+            buffered = [t.loader.num_workers * (t.loader.prefetch_factor or 2) for t in takers]
+            for t, b in zip(takers, buffered):
+                t.take(warmup + b)
+            order = list(zip(values, takers, buffered))
+            for r in range(rounds):
+                k = r % len(order)  # each round starts with the next value: no value always goes first
+                for v, t, b in order[k:] + order[:k]:
+                    t.take(b)  # prepared while idle: not part of the steady state
+                    items, secs = t.take(batches)
+                    rates[v].append(items / secs)
+                if progress is not None:
+                    progress((r + 1) / rounds, f"round {r + 1}/{rounds}")
+        finally:
+            _finish([x for t in takers for x in t.objs()], before)
+    return KnobRounds(knob=knob, values=values, rates=rates, reference=reference, seconds=time.perf_counter() - t_start)
 
 
 @dataclass

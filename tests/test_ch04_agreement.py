@@ -1,0 +1,157 @@
+"""Chapter 04: two measurements of one thing get a verdict (issue 28, item 3: no silent contradictions).
+
+The one-pass worker sweep and the alternating rounds both measure the 2-worker speed-up; the prefetch_factor
+rows are compared in alternating rounds. Each pair gets one line: agree / disagree (trust the rounds), or
+within the noise / a real difference. Synthetic figures throughout (no speed is asserted), except one tiny
+real run of ``knob_rounds`` that checks its bookkeeping and that its workers are released.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from torch.utils.data import DataLoader
+
+from helpers.chapters import ch04
+from helpers.core.results import ResultSet
+from helpers.pipeline import loaders as L
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "04_worker_processes.ipynb"
+TRUST = (
+    "trust the alternating rounds (each round compares the two settings under the same load; "
+    "the one-pass sweep measures each setting once, at different moments)"
+)
+
+
+def _sweep(rates: dict[int, float]) -> L.WorkerSweep:
+    results: list[Any] = [SimpleNamespace(items_per_s=r) for r in rates.values()]
+    return L.WorkerSweep(workers=list(rates), results=results, cores=2)
+
+
+def _rounds(single: list[float], workers: list[float], n: int = 2, ceiling: float = 0.0) -> L.SpeedupRounds:
+    ceil = [ceiling] * len(single) if ceiling else []
+    return L.SpeedupRounds(
+        num_workers=n, batch_size=8, single=single, workers=workers, ceiling=ceil, cores=2, seconds=1.0
+    )
+
+
+def test_within_spread_is_the_range_of_the_repeated_measurements() -> None:
+    assert L.within_spread(1.5, [1.3, 1.44, 1.6])
+    assert L.within_spread(1.3, [1.3, 1.6]) and L.within_spread(1.6, [1.6, 1.3])  # edges count
+    assert not L.within_spread(0.96, [1.3, 1.44, 1.6])
+    assert not L.within_spread(1.7, [1.3, 1.6])
+    for bad in ([], [float("nan")]):
+        with pytest.raises(ValueError, match="finite"):
+            L.within_spread(1.0, bad)
+
+
+def test_agreement_line_agrees_or_says_to_trust_the_rounds() -> None:
+    agree = L.agreement_line(2, 1.5, [1.3, 1.44, 1.6])
+    assert agree.endswith("agree within their spread") and "num_workers=2" in agree
+    assert "no spread of its own" in agree and "1.50x" in agree and "1.30-1.60x" in agree
+    disagree = L.agreement_line(2, 0.96, [1.3, 1.44, 1.6])
+    assert disagree.endswith(f"disagree: {TRUST}") and "0.96x" in disagree and "1.44x" in disagree
+    assert L.TRUST_ROUNDS == TRUST
+
+
+def test_difference_line_within_the_noise_or_a_real_difference() -> None:
+    noise = L.difference_line("prefetch_factor", 4, 2, [0.8, 0.95, 1.1], 3)
+    assert "prefetch_factor=4 vs 2" in noise and "within the noise" in noise and "real" not in noise
+    real = L.difference_line("prefetch_factor", 1, 2, [0.5, 0.6, 0.55, 0.7, 0.52], 5)
+    assert "a real difference (slower in all 5 rounds" in real and "1 time in 16" in real
+    faster = L.difference_line("prefetch_factor", 4, 2, [1.1, 1.2, 1.3], 3)
+    assert "faster in all 3 rounds" in faster and "1 time in 4" in faster
+
+
+def test_sweep_vs_rounds_gives_one_verdict_per_shared_worker_count() -> None:
+    sweep = _sweep({0: 100.0, 1: 90.0, 2: 96.0, 3: 150.0})  # the one-pass sweep: 2 workers x0.96
+    r2 = _rounds([100.0, 100.0, 100.0], [130.0, 144.0, 160.0])  # the rounds: x1.30-x1.60
+    r3 = _rounds([100.0, 100.0], [140.0, 170.0], n=3)  # x1.50 lies within x1.40-x1.70
+    r5 = _rounds([100.0], [200.0], n=5)  # not in the sweep: no verdict
+    lines = L.sweep_vs_rounds(sweep, [r2, r3, r5])
+    assert len(lines) == 2
+    assert lines[0].startswith("num_workers=2:") and lines[0].endswith(f"disagree: {TRUST}")
+    assert lines[1].startswith("num_workers=3:") and lines[1].endswith("agree within their spread")
+    assert L.sweep_vs_rounds(sweep, r2) == lines[:1]
+
+
+def _bench_results(sweep2: float, lo: float, hi: float) -> ResultSet:
+    rs = ResultSet.new("t", "synthetic")
+    for n, v in ((0, 100.0), (1, 95.0), (2, sweep2), (3, 120.0)):
+        rs.add("ch04.items_per_s", v, "items/s", num_workers=n, persistent=n > 0, output="float")
+    for n, v in ((0, 100.0), (2, 167.0)):  # rounds' medians of the uint8 pipeline: no one-pass figure
+        rs.add("ch04.items_per_s", v, "items/s", num_workers=n, persistent=n > 0, output="uint8")
+    for out, (a, b) in (("float", (lo, hi)), ("uint8", (1.5, 1.8))):
+        rs.add("ch04.speedup", (a + b) / 2, "ratio", spread={"min": a, "max": b, "n": 3}, num_workers=2, output=out)
+    rs.add("ch04.prefetch.ratio", 0.95, "ratio", spread={"min": 0.8, "max": 1.1, "n": 5}, prefetch_factor=4,
+           reference=2, num_workers=2)  # fmt: skip
+    rs.add("ch04.prefetch.ratio", 0.55, "ratio", spread={"min": 0.5, "max": 0.7, "n": 5}, prefetch_factor=1,
+           reference=2, num_workers=2)  # fmt: skip
+    return rs
+
+
+def test_the_chapter_gives_a_verdict_for_every_pair_it_recorded() -> None:
+    lines = ch04.agreement_lines(_bench_results(96.0, 1.3, 1.6))
+    assert len(lines) == 3, lines  # the 2-worker point (float), and two prefetch_factor rows
+    assert lines[0].startswith("num_workers=2: one-pass sweep 0.96x") and lines[0].endswith(f"disagree: {TRUST}")
+    pf = {line.split(":")[0]: line for line in lines[1:]}
+    assert "within the noise" in pf["prefetch_factor=4 vs 2"]
+    assert "a real difference (slower in all 5 rounds" in pf["prefetch_factor=1 vs 2"]
+    agree = ch04.agreement_lines(_bench_results(150.0, 1.3, 1.6))
+    assert agree[0].endswith("agree within their spread")
+
+
+def test_the_benchmark_flags_a_speedup_the_sweep_contradicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    sweep = _sweep({0: 100.0, 1: 95.0, 2: 96.0, 3: 120.0})
+    monkeypatch.setattr(L, "sweep_workers", lambda *a, **k: sweep)
+    monkeypatch.setattr(
+        L, "interleaved_speedup", lambda *a, **k: _rounds([100.0] * 3, [130.0, 144.0, 160.0], ceiling=190.0)
+    )
+    rs = ResultSet.new("t", "synthetic")
+    ch04._sweep_and_speedup(rs, L.CheapDataset(8, 4), L.CheapDataset(8, 4), 4, 2, 0)
+    (up,) = rs.find("ch04.speedup", output="float")
+    assert any(f.endswith(f"disagree: {TRUST}") for f in up.flags), up.flags
+    (up8,) = rs.find("ch04.speedup", output="uint8")
+    assert not any("disagree" in f for f in up8.flags)  # no one-pass figure for uint8
+
+
+def test_knob_rounds_measures_every_value_each_round_and_releases_its_workers() -> None:
+    ds = L.CheapDataset(64, 4)
+    kr = L.knob_rounds(
+        lambda f: DataLoader(ds, batch_size=8, num_workers=1, persistent_workers=True, prefetch_factor=f),
+        "prefetch_factor",
+        [1, 2],
+        reference=2,
+        rounds=2,
+        batches=2,
+        warmup=0,
+    )
+    assert set(kr.rates) == {1, 2} and all(len(r) == 2 and min(r) > 0 for r in kr.rates.values())
+    (line,) = kr.verdicts()
+    assert line.startswith("prefetch_factor=1 vs 2") and ("within the noise" in line or "a real difference" in line)
+    assert len(kr.table()) == 3 and not L.worker_processes()
+    with pytest.raises(ValueError, match="refus|asked for|pass the value"):
+        L.knob_rounds(lambda f: DataLoader(ds, batch_size=8), "prefetch_factor", [1, 2], rounds=1, batches=1)
+    with pytest.raises(ValueError, match="two settings"):
+        L.knob_rounds(lambda f: DataLoader(ds, batch_size=8), "prefetch_factor", [1])
+
+
+def _cells() -> list[dict[str, Any]]:
+    return json.loads(NOTEBOOK.read_text())["cells"]
+
+
+def test_the_notebook_prints_the_verdicts_and_its_text_matches_them() -> None:
+    cells = _cells()
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    text = " ".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown").replace("\n", " ")
+    assert "loaders.sweep_vs_rounds(sweep, ROUNDS)" in code  # section 1b: the sweep's point against the rounds
+    assert "loaders.knob_rounds(" in code and "pf.verdicts()" in code  # section 2: rounds, with verdicts
+    assert "knob_experiment(" not in code  # no single-measurement rows left without a verdict
+    for phrase in ("agree within their spread", "trust the alternating rounds", "within the noise",
+                   "a real difference", "each round compares the two settings under the same load",
+                   "measures each setting once, at different moments"):  # fmt: skip
+        assert phrase in text, phrase
