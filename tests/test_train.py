@@ -339,3 +339,24 @@ def test_step_anatomy_refuses_sizes_beyond_memory(tiny: data.DatasetInfo) -> Non
     """Issue 15.10: a batch of 1024 images of 512 px with a wide model is refused before anything is allocated."""
     with pytest.raises(ValueError, match="GiB"):
         train.step_anatomy(batch_size=1024, crop_size=512, width=64, steps=1, warmup=0, data_root=tiny.train_dir)
+
+
+def test_a_pause_between_clock_reads_does_not_shift_the_collate_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh-clone run on a loaded machine recorded a collate span ending 24 ms before it started: the collate
+    time was converted to the recorder's clock through two clock reads, and the thread was descheduled between
+    them. Here the clock jumps 0.5 s between reads; the spans must still be ordered and within the wait."""
+    import itertools
+    import time
+
+    rec = SpanRecorder("cpu")
+    rec._t0 = 100.0
+    reads = itertools.chain([101.0, 101.0, 101.5], (101.5 + 0.01 * i for i in itertools.count(1)))
+    timed = data.TimedCollate()
+    timed.last = (100.8, 100.9)  # collated 0.8-0.9 s after the recorder started, before next() returned at 1.0 s
+    monkeypatch.setattr(time, "perf_counter", lambda: next(reads))
+    train._record_wait(rec, 0, 0.5, timed, pinning=False)
+    monkeypatch.undo()
+    spans = {s.name: s for s in rec.finish().spans}
+    assert spans["load"].start == 0.5 and abs(spans["load"].end - 0.8) < 1e-9
+    assert abs(spans["collate"].start - 0.8) < 1e-9 and spans["collate"].end == 1.0
+    assert all(s.end >= s.start for s in spans.values())

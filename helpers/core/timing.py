@@ -543,6 +543,14 @@ class SpanRecorder:
         """Seconds since this recorder started (host clock)."""
         return time.perf_counter() - self._t0
 
+    def since_start(self, perf_counter_s: float) -> float:
+        """A ``time.perf_counter()`` reading of this process as seconds since this recorder started.
+
+        One subtraction, no second clock read: converting through ``time.perf_counter() - self.now()``
+        shifts the result by however long the thread was descheduled between the two reads.
+        """
+        return perf_counter_s - self._t0
+
     def finish(self) -> SpanTrace:
         """Synchronise, resolve CUDA events, and return the trace (idempotent)."""
         if self._finished is not None:

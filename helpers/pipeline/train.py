@@ -182,9 +182,8 @@ def _record_wait(recorder: SpanRecorder, step: int, h0: float, timed: TimedColla
     batch in this process right after collating it (``pin_memory=True`` on a CUDA machine).
     """
     h1 = recorder.now()
-    if timed is not None and timed.last is not None:
-        offset = time.perf_counter() - recorder.now()
-        c0, c1 = timed.last[0] - offset, timed.last[1] - offset
+    if timed is not None and timed.last is not None:  # collate ran before next() returned: c0 <= c1 <= h1
+        c0, c1 = (min(recorder.since_start(t), h1) for t in timed.last)
         recorder.add("load", step, h0, max(h0, c0), lane=DATA_LANE)
         if pinning and h1 > c1:  # the main process pins the batch right after collating it
             recorder.add("collate", step, max(h0, c0), c1, lane=DATA_LANE)
