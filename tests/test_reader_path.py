@@ -27,6 +27,8 @@ PANEL_BUILD = re.compile(r"\bPanel(\.for_chapter)?$")  # widgets.Panel(...) / wi
 DRIVE_METHODS = {"click", "run", "drive"}
 # The workbook's helpers that take several seconds at laptop size; a cell calling one passes progress=.
 LONG_HELPERS = {"record_steps", "step_anatomy", "launch_ddp", "make_shapes_dataset", "train_epochs"}
+# Seconds at laptop size too, but a cell may also call it inside a longer cell's `with progress_bar(...)`.
+BAR_ENOUGH = {"evaluate"}
 
 
 def _code_cells(name: str) -> list[str]:
@@ -121,13 +123,47 @@ def test_the_signal_finds_a_driving_cell_and_spares_the_panel_cell() -> None:
 
 def _long_calls_without_progress(source: str) -> list[str]:
     tree = _parse(source)
+    if tree is None:
+        return []
+    in_bar: set[int] = set()  # calls inside a `with progress_bar(...)` block
+    for node in ast.walk(tree):
+        if isinstance(node, ast.With) and any(
+            isinstance(item.context_expr, ast.Call) and _dotted(item.context_expr.func).endswith("progress_bar")
+            for item in node.items
+        ):
+            in_bar |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
     out = []
-    for node in ast.walk(tree) if tree else ():
+    for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             fn = _dotted(node.func).rsplit(".", 1)[-1]
-            if fn in LONG_HELPERS and not any(k.arg == "progress" for k in node.keywords):
+            told = any(k.arg == "progress" for k in node.keywords)
+            if (fn in LONG_HELPERS and not told) or (fn in BAR_ENOUGH and not told and id(node) not in in_bar):
                 out.append(fn)
     return out
+
+
+def test_the_progress_rule() -> None:
+    assert _long_calls_without_progress("train.record_steps(a, steps=3)") == ["record_steps"]
+    assert _long_calls_without_progress("train.record_steps(a, steps=3, progress=p)") == []
+    assert _long_calls_without_progress("acc = train.evaluate(m, v, D)") == ["evaluate"]
+    assert _long_calls_without_progress('with progress_bar("x") as p:\n    train.evaluate(m, v, D)') == []
+    assert _long_calls_without_progress('with progress_bar("x") as p:\n    train.record_steps(a)') == ["record_steps"]
+
+
+def test_evaluate_reports_progress_after_every_batch() -> None:
+    import torch
+
+    from helpers.pipeline import train
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    batches = [(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))) for _ in range(3)]
+    told: list[tuple[float, str]] = []
+    acc = train.evaluate(model, batches, "cpu", progress=lambda f, t="": told.append((f, t)))
+    assert 0.0 <= acc <= 1.0
+    assert [f for f, _ in told] == [1 / 3, 2 / 3, 1.0, 1.0] and told[-1][1] == "validated 12 images"
+    told.clear()
+    train.evaluate(model, iter(batches), "cpu", progress=lambda f, t="": told.append((f, t)))  # no len: the end
+    assert told == [(1.0, "validated 12 images")]
 
 
 @pytest.mark.parametrize("chapter", [c for c in CHAPTERS if c.startswith(MOVED)])
