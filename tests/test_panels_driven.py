@@ -71,7 +71,6 @@ def test_ch00_panel_two_runs_keep_the_history(monkeypatch: pytest.MonkeyPatch) -
     assert all(run.result.here for run in panel.history)  # each result is an Evidence: measured now, here
 
 
-@pytest.mark.slow
 def test_ch01_panel_times_the_readers_functions(monkeypatch: pytest.MonkeyPatch) -> None:
     ns = build_panel("01_baseline_pipeline.ipynb", monkeypatch)
     panel = ns["panel"]
