@@ -516,6 +516,7 @@ def evaluate(
     *,
     transfer: str | Transfer = "blocking",
     max_batches: int | None = None,
+    progress: Callable[..., None] | None = None,
 ) -> float:
     """Top-1 accuracy (0-1) of ``model`` over ``loader`` (in eval mode; restores the mode after).
 
@@ -524,6 +525,8 @@ def evaluate(
     only: for a shorter evaluation, give a loader over a subset spread evenly over the data set (``n`` items:
     indices ``i * len(dataset) // n``, as chapter 07's job does), not ``max_batches``.
 
+    ``progress(fraction, text)`` is told after every batch (a loader without ``len`` moves it only at the end).
+
     Raises:
         ValueError: if the loader yields no samples.
     """
@@ -531,6 +534,13 @@ def evaluate(
     move = _resolve_transfer(transfer)
     if max_batches is not None:
         check_int("max_batches", max_batches, 1, 10**9)
+    report = progress or no_progress
+    try:
+        total: int | None = len(loader)  # type: ignore[arg-type]
+    except TypeError:  # a generator, or a DataLoader over an IterableDataset without __len__
+        total = None
+    if total is not None and max_batches is not None:
+        total = min(total, max_batches)
     was_training = model.training
     model.eval()
     correct = torch.zeros((), device=device, dtype=torch.long)
@@ -544,10 +554,13 @@ def evaluate(
                 x = to_float_normalized(x)
             correct += (model(x).argmax(1) == y).sum()
             seen += int(y.shape[0])
+            if total:
+                report(min(1.0, (i + 1) / total), f"validation batch {i + 1} of {total}")
     finally:
         model.train(was_training)
     if seen == 0:
         raise ValueError("the evaluation loader yielded no samples; check the data set and batch size")
+    report(1.0, f"validated {seen} images")
     return float(correct.item()) / seen
 
 
