@@ -155,3 +155,31 @@ def test_a_panel_shows_a_data_set_error_as_a_failed_run_not_as_bad_settings() ->
     panel.click()
     assert panel.error is not None
     assert panel.error.startswith("The run failed: Worker 0 raised ValueError: item 3 is broken"), panel.error
+
+
+def test_torchs_sigchld_error_while_the_explainer_waits_is_not_let_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh-clone run on a loaded machine: torch's SIGCHLD handler raised "DataLoader worker (pid N) is killed
+    by signal: Segmentation fault." inside the explainer's short wait for the dead worker's exit status, and that
+    raw error reached the reader instead of the plain line."""
+
+    class Ended:
+        pid, exitcode = 4242, None
+
+    class Loader:
+        _workbook_workers = [Ended()]
+
+    calls = []
+
+    def sleep(_s: float) -> None:
+        calls.append(_s)
+        if len(calls) == 1:
+            Ended.exitcode = -11
+            raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Segmentation fault. ")
+
+    monkeypatch.setattr(L.time, "sleep", sleep)
+    ended = L._ended_workers(Loader(), wait_s=5.0)
+    assert [(wid, w.pid) for wid, w in ended] == [(0, 4242)]
+    monkeypatch.setattr(L.time, "sleep", lambda _s: (_ for _ in ()).throw(RuntimeError("something else")))
+    Ended.exitcode = None
+    with pytest.raises(RuntimeError, match="something else"):
+        L._ended_workers(Loader(), wait_s=5.0)

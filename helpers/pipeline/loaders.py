@@ -1043,11 +1043,19 @@ def _ended_workers(loader: Any, wait_s: float = 1.0) -> list[tuple[int, Any]]:
     procs = list(getattr(loader, "_workbook_workers", []) or [])
     deadline = time.monotonic() + wait_s
     while procs:
-        ended = [(wid, w) for wid, w in enumerate(procs) if w.exitcode is not None]
-        if ended or time.monotonic() >= deadline:
-            return ended
-        time.sleep(0.05)
+        try:
+            ended = [(wid, w) for wid, w in enumerate(procs) if w.exitcode is not None]
+            if ended or time.monotonic() >= deadline:
+                return ended
+            time.sleep(0.05)
+        except RuntimeError as err:  # torch's SIGCHLD handler, raising for the worker that just ended: that is
+            if not _TORCH_WORKER_DIED.search(str(err)):  # what this waits for, so look again
+                raise
     return []
+
+
+#: torch's SIGCHLD handler's words for a worker that ended (``_error_if_any_worker_fails``).
+_TORCH_WORKER_DIED = re.compile(r"DataLoader worker \(pid[^)]*\) (is killed by signal|exited unexpectedly)")
 
 
 def _plain_failure(exc: BaseException, loader: Any = None) -> BaseException:
