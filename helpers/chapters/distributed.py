@@ -60,6 +60,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -592,13 +593,14 @@ class DistributedRun:
         return max((float(r.get("train_s", float("nan"))) for r in self.ranks), default=float("nan"))
 
     def summary(self) -> str:
-        """One line: processes, backend, total and per-rank items/s."""
+        """Processes, backend, total items/s and times; then per-rank items/s, wrapped to 100 characters."""
         per = ", ".join(f"{v:.0f}" for v in self.per_rank_items_per_s())
-        return (
-            f"{self.nproc} process(es), {self.backend}: total {self.total_items_per_s():.0f} items/s "
-            f"(per rank: {per} items/s); wall time {self.wall_s:.1f} s, of which training "
-            f"{self.train_s():.1f} s"
+        head = (
+            f"{self.nproc} process(es), {self.backend}: total {self.total_items_per_s():.0f} items/s; "
+            f"wall time {self.wall_s:.1f} s, of which training {self.train_s():.1f} s"
         )
+        ranks = textwrap.fill(f"items/s per rank: {per}", width=100, subsequent_indent="  ")
+        return f"{head}\n{ranks}"
 
 
 def max_processes() -> int:
