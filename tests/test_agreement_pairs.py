@@ -124,6 +124,10 @@ PAIRS: tuple[Pair, ...] = (
          missing="prints 'measured = x the sum' with no spread; the per-step wall times would give the range"),
     Pair("01", "thin and wide models: predicted sum of phases, and measured step time (section 5's table)",
          shown_by="p.serial * 1e3", missing="the table prints sum and measured side by side, no verdict"),
+    Pair("06", "the same job's validation accuracy under every configuration of a waterfall (section 4)",
+         shown_by="capstone.check_accuracies(w.results",
+         missing="the cell asserts the spread is within tolerance (it fails otherwise) and prints the spread and the "
+                 "tolerance, but no sentence says whether they agree; capstone.check_accuracies could say it"),
     Pair("06", "the baseline's bottleneck: slowest stage alone in the waterfall (section 5), and the doctor (9)",
          shown_by="doctor.diagnose(",
          missing="the doctor's verdict is compared with the expected regime, not with the waterfall's measured "
@@ -142,6 +146,7 @@ HEURISTICS: dict[str, str] = {
     "one operation timed with and without a sync": r"=\s*hygiene\.sync_demo\([^\n]*\)\s*$",
     "a model's prediction beside the measured step": r"\bpredict_step_time\(|\.serial\b",
     "a diagnosis of a pipeline a waterfall measured": r"\bdoctor\.diagnose\(",
+    "one job's accuracy under several configurations": r"\bcheck_accuracies\(",
 }
 
 # --- reading notebooks ------------------------------------------------------------------------------------------
@@ -260,6 +265,7 @@ def test_the_pairs_without_a_verdict_are_the_reported_ones() -> None:
         ("01", "pred = train.predict_step_time("),
         ("01", "p.serial * 1e3"),
         ("06", "doctor.diagnose("),
+        ("06", "capstone.check_accuracies(w.results"),
     }
 
 
