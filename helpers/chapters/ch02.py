@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import ipywidgets as W
 import torch
 
-from ..core import evidence
+from ..core import agreement, evidence
 from ..core.config import sized
 from ..core.device import hardware_report, pcie_bandwidth_gbps, resolve_device
 from ..core.evidence import Evidence
@@ -240,13 +240,14 @@ class FitCheck:
 
 
 def fit_check(sweep: Sweep, fit: LatencyBandwidthFit | None = None) -> FitCheck:
-    """Set ``fit`` (default ``sweep.fit()``) against the sweep's own points and their recorded IQR."""
+    """Set ``fit`` (default ``sweep.fit()``) against the sweep's own points and their recorded IQR: a size is a miss
+    when the prediction lies outside the point's band median ± IQR (:func:`helpers.core.agreement.within_range`)."""
     fit = sweep.fit() if fit is None else fit
     misses = []
     for p in sweep.points:
-        off = abs(fit.predict_s(p.nbytes) - p.median_s)
-        if off > p.iqr_s:
-            misses.append((p.nbytes, off / p.median_s, p.iqr_s / p.median_s))
+        predicted = fit.predict_s(p.nbytes)
+        if not agreement.within_range(predicted, agreement.median_band(p.median_s, p.iqr_s)):
+            misses.append((p.nbytes, abs(predicted - p.median_s) / p.median_s, p.iqr_s / p.median_s))
     return FitCheck(sweep.label, len(sweep.points), tuple(misses))
 
 
@@ -262,14 +263,16 @@ def runs_agree(first: str, seconds: Sequence[float], second: str, point: Transfe
 
 
 def points_agree(first: str, a: TransferPoint, second: str, b: TransferPoint) -> str:
-    """Whether two measurements of one copy agree: their medians differ by at most the sum of their IQRs.
+    """Whether two measurements of one copy agree: their medians differ by at most the sum of their IQRs
+    (:func:`helpers.core.agreement.spreads_overlap` on the bands median ± IQR).
 
     When they do not, the line says to trust ``second`` (the chapter passes the sweep's point there:
     more samples, in alternating rounds).
     """
     one = f"{first} {human_seconds(a.median_s)} (IQR {human_seconds(a.iqr_s)}, n={a.n})"
     two = f"{second} {human_seconds(b.median_s)} (IQR {human_seconds(b.iqr_s)}, n={b.n})"
-    if abs(a.median_s - b.median_s) <= a.iqr_s + b.iqr_s:
+    band_a, band_b = agreement.median_band(a.median_s, a.iqr_s), agreement.median_band(b.median_s, b.iqr_s)
+    if agreement.spreads_overlap(band_a, band_b):  # the medians differ by at most the sum of the IQRs
         return f"{one} vs {two}: they agree within their spread."
     ratio = max(a.median_s, b.median_s) / min(a.median_s, b.median_s)
     return (

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 import ipywidgets as W
 import torch
 
-from ..core import config, evidence
+from ..core import agreement, config, evidence
 from ..core.device import resolve_device
 from ..core.evidence import Evidence
 from ..core.progress import ProgressFn, no_progress, scaled
@@ -140,7 +140,8 @@ def pin_pair_verdict(rows: Sequence[loaders.PinRow]) -> str:
 
     The gap is the table's: the two settings' medians over the rounds. The rounds alternate, so each
     round also gives one ratio (True over False, items/s), and those ratios are its spread. The gap is
-    **within noise** when those ratios fall on both sides of 1 (the rounds disagree on its direction).
+    **within noise** when those ratios fall on both sides of 1 (the rounds disagree on its direction:
+    :func:`helpers.core.agreement.ratios_straddle_one`).
     When every round points the same way the gap is larger than the rounds' spread, and it is reported
     as a gap: on a CUDA device, the flag's effect; without one, nothing was pinned and both settings did
     the same work, so the gap is load on this machine, not the flag, and the faster setting's figure is
@@ -163,7 +164,7 @@ def pin_pair_verdict(rows: Sequence[loaders.PinRow]) -> str:
     head = f"pin_memory=True vs False: {gap} ({on.items_per_s:,.0f} vs {off.items_per_s:,.0f} items/s; {rng})"
     if n < 2:
         return f"{head}; one round has no spread, so it can't tell an effect from noise: run more rounds."
-    if lo <= 1.0 <= hi:
+    if agreement.ratios_straddle_one(ratios):
         why = "" if on.pin_active else " (as it should be: nothing was pinned, no accelerator)"
         return f"{head}: the rounds disagree on the direction, so the gap is within their spread: within noise{why}."
     if on.pin_active:

@@ -96,6 +96,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch.utils.data import Dataset
 
+from ..core import agreement
 from ..core.config import require_gpu
 from ..core.device import resolve_device
 from ..core.results import Record, ResultSet
@@ -609,9 +610,8 @@ class DecodeComparison:
 
 
 def _agree(first: Timing, second: Timing) -> bool:
-    """Whether two timings' interquartile ranges overlap."""
-    (a_lo, a_hi), (b_lo, b_hi) = first.quartiles_s, second.quartiles_s
-    return a_lo <= b_hi and b_lo <= a_hi
+    """Whether two timings' interquartile ranges overlap (:func:`helpers.core.agreement.spreads_overlap`)."""
+    return agreement.spreads_overlap(first.quartiles_s, second.quartiles_s)
 
 
 def same_path_verdict(first: Timing, second: Timing) -> str:

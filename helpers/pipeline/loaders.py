@@ -88,6 +88,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_in
 from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
+from ..core import agreement
 from ..core.device import intraop_threads
 from ..core.validate import check_choice, check_float, check_int, human_bytes
 from .data import TimedCollate, seed_worker
@@ -2888,15 +2889,12 @@ def within_spread(value: float, samples: Sequence[float]) -> bool:
 
     The one small rule behind every "agree / disagree" line of chapter 04: a figure with no spread of its own
     (a one-pass measurement; or 1.0, "no difference") is compared with the range of repeated measurements
-    of the same thing (alternating rounds), which serves as the noise band.
+    of the same thing (alternating rounds), which serves as the noise band: :func:`helpers.core.agreement.within_range`.
 
     Raises:
         ValueError: no samples, or a value/sample that is not a finite number.
     """
-    vals = [float(s) for s in samples]
-    if not vals or not all(math.isfinite(v) for v in [*vals, float(value)]):
-        raise ValueError(f"within_spread needs a finite value and finite samples, got {value!r} and {list(samples)!r}")
-    return min(vals) <= float(value) <= max(vals)
+    return agreement.within_range(value, samples)
 
 
 def agreement_line(num_workers: int, one_pass: float, rounds: Sequence[float]) -> str:
@@ -2919,8 +2917,9 @@ def difference_line(knob: str, value: Any, reference: Any, ratios: Sequence[floa
     """The verdict on ``knob=value`` against ``knob=reference`` from per-round ratios (value / reference).
 
     The noise is estimated from the rounds themselves: if 1.0 ("no difference") lies within the ratios' range
-    (:func:`within_spread`), the two settings can't be told apart here ("within the noise"); otherwise "a real
-    difference" (every round on the same side), with how often two equal settings would do that by chance.
+    (:func:`helpers.core.agreement.ratios_straddle_one`), the two settings can't be told apart here ("within the
+    noise"); otherwise "a real difference" (every round on the same side), with how often two equal settings would
+    do that by chance.
     ``ratios`` may be every per-round ratio or just their lowest and highest (with ``rounds`` their count).
     """
     lo, hi = min(ratios), max(ratios)
@@ -2928,7 +2927,7 @@ def difference_line(knob: str, value: Any, reference: Any, ratios: Sequence[floa
         f"{knob}={value} vs {reference}: {statistics.median(ratios):.2f}x (per-round ratios over {rounds} rounds, "
         f"range {lo:.2f}-{hi:.2f}x)"
     )
-    if within_spread(1.0, ratios):
+    if agreement.ratios_straddle_one(ratios):
         return f"{head}: within the noise (the rounds' range includes 1.00x): no difference shown"
     side = "faster" if lo > 1.0 else "slower"
     chance = round(1 / (2 * 0.5 ** max(1, rounds)))
