@@ -7,6 +7,9 @@
   ``progress=`` callback, so the cell shows its own bar.
 * The setup section says how to follow a Run All (JupyterLab follows the running cell to the bottom).
 
+Every chapter follows these rules, and so does the chapter template (``templates/chapter_template.ipynb``) a new
+chapter starts from.
+
 The signal is syntactic (Python's ``ast``), so it needs no kernel.
 """
 
@@ -19,20 +22,42 @@ from pathlib import Path
 
 import pytest
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+TEMPLATE = ROOT / "templates" / "chapter_template.ipynb"
 CHAPTERS = sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-MOVED = ("00_", "01_", "07_")  # chapters whose panel-driving cells have moved to tests (issue #28)
+STRUCTURED = [*CHAPTERS, TEMPLATE.name]  # the chapters and the template a new one is copied from
 
 PANEL_BUILD = re.compile(r"\bPanel(\.for_chapter)?$")  # widgets.Panel(...) / widgets.Panel.for_chapter(...)
 DRIVE_METHODS = {"click", "run", "drive"}
 # The workbook's helpers that take several seconds at laptop size; a cell calling one passes progress=.
-LONG_HELPERS = {"record_steps", "step_anatomy", "launch_ddp", "make_shapes_dataset", "train_epochs"}
-# Seconds at laptop size too, but a cell may also call it inside a longer cell's `with progress_bar(...)`.
-BAR_ENOUGH = {"evaluate"}
+LONG_HELPERS = {
+    "record_steps",
+    "step_anatomy",
+    "launch_ddp",
+    "make_shapes_dataset",
+    "train_epochs",
+    "pin_pair_rounds",
+    "sweep_workers",
+    "interleaved_speedup",
+    "knob_rounds",
+    "calibrate",
+    "run_waterfall",
+    "compare_decode",
+    "time_batches",
+}
+# Seconds at laptop size too, but a cell may also call it inside a longer cell's `with progress_bar(...)`
+# (these take no progress=: the cell's bar moves between calls).
+BAR_ENOUGH = {"evaluate", "compare_threads", "spawn_failure_demo"}
+
+
+def notebook_path(name: str) -> Path:
+    """A chapter's notebook (``NN_title.ipynb``), or the chapter template (``chapter_template.ipynb``)."""
+    return TEMPLATE if name == TEMPLATE.name else NOTEBOOKS / name
 
 
 def _code_cells(name: str) -> list[str]:
-    cells = json.loads((NOTEBOOKS / name).read_text())["cells"]
+    cells = json.loads(notebook_path(name).read_text())["cells"]
     return ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
 
 
@@ -91,13 +116,7 @@ def driving_cells(name: str) -> list[int]:
     return [i for i, src in enumerate(sources) if drives_and_asserts(src, panels)]
 
 
-def _marks(name: str) -> list[pytest.MarkDecorator]:
-    if name.startswith(MOVED):
-        return []
-    return [pytest.mark.xfail(reason="issue #28, other chapters not yet moved", strict=False)]
-
-
-@pytest.mark.parametrize("chapter", [pytest.param(c, marks=_marks(c)) for c in CHAPTERS])
+@pytest.mark.parametrize("chapter", STRUCTURED)
 def test_no_cell_drives_a_panel_and_asserts(chapter: str) -> None:
     found = driving_cells(chapter)
     assert found == [], (
@@ -148,6 +167,10 @@ def test_the_progress_rule() -> None:
     assert _long_calls_without_progress("acc = train.evaluate(m, v, D)") == ["evaluate"]
     assert _long_calls_without_progress('with progress_bar("x") as p:\n    train.evaluate(m, v, D)') == []
     assert _long_calls_without_progress('with progress_bar("x") as p:\n    train.record_steps(a)') == ["record_steps"]
+    assert _long_calls_without_progress("INFO = data.make_shapes_dataset()") == ["make_shapes_dataset"]
+    assert _long_calls_without_progress('with progress_bar("d") as p:\n    data.make_shapes_dataset(progress=p)') == []
+    assert _long_calls_without_progress("loaders.spawn_failure_demo(ds)") == ["spawn_failure_demo"]
+    assert _long_calls_without_progress('with progress_bar("x") as p:\n    loaders.spawn_failure_demo(ds)') == []
 
 
 def test_evaluate_reports_progress_after_every_batch() -> None:
@@ -166,7 +189,7 @@ def test_evaluate_reports_progress_after_every_batch() -> None:
     assert told == [(1.0, "validated 12 images")]
 
 
-@pytest.mark.parametrize("chapter", [c for c in CHAPTERS if c.startswith(MOVED)])
+@pytest.mark.parametrize("chapter", STRUCTURED)
 def test_long_cells_show_their_own_progress(chapter: str) -> None:
     missing = {i: f for i, src in enumerate(_code_cells(chapter)) if (f := _long_calls_without_progress(src))}
     assert missing == {}, (
@@ -175,9 +198,9 @@ def test_long_cells_show_their_own_progress(chapter: str) -> None:
     )
 
 
-@pytest.mark.parametrize("chapter", [c for c in CHAPTERS if c.startswith(MOVED)])
+@pytest.mark.parametrize("chapter", STRUCTURED)
 def test_setup_section_says_how_to_follow_a_run_all(chapter: str) -> None:
-    cells = json.loads((NOTEBOOKS / chapter).read_text())["cells"]
+    cells = json.loads(notebook_path(chapter).read_text())["cells"]
     setup = next("".join(c["source"]) for c in cells if "".join(c["source"]).startswith("## Setup"))
     assert "Run All" in setup and "progress" in setup, (
         f"{chapter}: the setup section must say how to follow progress during Run All "

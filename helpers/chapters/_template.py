@@ -11,6 +11,8 @@ Rules (docs/CONTRIBUTING.md):
 - ``panel_run`` returns an :class:`~helpers.core.evidence.Evidence` whichever path ran: measured here, or,
   for a GPU-only figure on a machine without CUDA, recorded elsewhere (reference files) or missing.
 - Record keys start with ``chNN.``; sizes come from :func:`helpers.core.config.sized`.
+- The notebook only builds the panel, for the reader; the test that drives it from Python (``panel.set``,
+  ``panel.click``, then asserts) goes in ``tests/test_panels_driven.py``, as the template's does.
 """
 
 from __future__ import annotations
