@@ -261,3 +261,6 @@ if __name__ == "__main__":  # python tests/test_interrupt_battery.py [count] [sc
         f"{res['leaked']}, {len(res['errors'])} errors {res['errors']}, slowest answer {res['max_answer_s']:.2f} s, "
         f"'Exception ignored' lines on stderr: {res['dropped_in_at_fork']}"
     )
+    for tail in res["stderr"]:
+        if "Exception ignored in" in tail or tail in res["lost_stderr"]:
+            print("--- a child's stderr (a lost press, or an exception dropped) ---", tail, sep="\n")
