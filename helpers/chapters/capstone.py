@@ -21,7 +21,7 @@ arguments (:data:`STEPS`, data, not code; :meth:`Settings.calls` prints the call
 ====  ==============================  ==================================================  =========
 
 (GPU JPEG decoding is not in the list: chapter 05's helpers do not provide it.) Without the
-reader's functions (``helpers.tools.bench``, the unit tests) the take-home script's own are timed
+reader's functions (``tools.bench``, the unit tests) the take-home script's own are timed
 (:func:`reference_pipeline`): a test keeps them identical to the chapter's cells.
 
 What stays here is the plumbing: the data set (:func:`train_items`: workers import it from
@@ -528,7 +528,7 @@ SCRIPT = ("examples", "fast_pipeline.py")
 def reference_pipeline(device: torch.device | str = "cpu", *, seed: int = 0, workers: int | None = None) -> Pipeline:
     """The pipeline of ``examples/fast_pipeline.py`` (torch and torchvision only), for runs without the chapter.
 
-    ``helpers.tools.bench`` and the unit tests time these functions; a test keeps them identical to
+    ``tools.bench`` and the unit tests time these functions; a test keeps them identical to
     chapter 06's pipeline cells. The script's globals ``DEVICE``, ``SEED`` and ``WORKERS`` (what its
     pipeline reads) are set to ``device``, ``seed`` and ``workers`` (default :func:`default_workers`).
 

@@ -165,7 +165,7 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Headless benchmark (python -m helpers.tools.bench --chapters 06)
+# Headless benchmark (python -m tools.bench --chapters 06)
 # ---------------------------------------------------------------------------
 
 
