@@ -261,6 +261,25 @@ def _upward_strings(module: str, source: str) -> list[str]:
     return found
 
 
+def test_the_string_scan_sees_a_reach_through_sys_modules() -> None:
+    """The hidden reach issue #27 found in ui/widgets.py: caught in a lower layer, allowed in a higher one."""
+    reach = 'import sys\nloaders = sys.modules.get("helpers.pipeline.loaders")\n'
+    assert _upward_strings("widgets", reach) == [
+        "helpers/ui/widgets.py:2 (ui) names 'helpers.pipeline.loaders' in a string"
+    ]
+    assert _upward_strings("capstone", reach) == []  # chapters may use pipeline
+    by_name = 'def f():\n    """Uses helpers.chapters.ch04 (a docstring may say so)."""\n    return 1\n'
+    assert _upward_strings("config", by_name) == []
+    assert _upward_strings("config", 'import importlib\nm = importlib.import_module(f"helpers.ui.{n}")\n')
+
+
+def test_no_module_reaches_a_layer_above_by_name() -> None:
+    """``sys.modules["helpers.<upper>..."]`` or ``importlib.import_module("helpers.<upper>...")``: a dependency
+    the import graph cannot see. Pass what the upper layer offers in as an argument, or move it down."""
+    found = [line for mod in _modules() for line in _upward_strings(mod, _path(mod).read_text(encoding="utf-8"))]
+    assert not found, "modules that reach a layer above by name:\n" + "\n".join(found)
+
+
 #: A module name of the checkout's tools: ``tools``, ``tools.bench``, ...
 _TOOLS_MODULE = re.compile(r"tools(\.\w+)*")
 
