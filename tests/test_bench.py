@@ -346,8 +346,7 @@ def test_reference_table_doc_matches_committed_reference_files(monkeypatch: pyte
     doc = (ROOT / "README.md").read_text(encoding="utf-8")
     start, end = doc.index(bench.TABLE_START) + len(bench.TABLE_START), doc.index(bench.TABLE_END)
     assert doc[start:end].strip() == bench.readme_block().strip(), (
-        "the README's reference tables are out of date: run "
-        "`python -m tools.bench --readme-table --update README.md`"
+        "the README's reference tables are out of date: run `python -m tools.bench --readme-table --update README.md`"
     )
 
 

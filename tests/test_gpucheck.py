@@ -51,11 +51,7 @@ def test_gpucheck_dry_run_plans_bench_then_notebooks_then_cuda_tests(tmp_path: P
         assert ("(full sizes)" in ln and "WORKBOOK_QUICK=0 WORKBOOK_FULL=1" in ln) or (
             "(laptop sizes)" in ln and "WORKBOOK_QUICK=0 WORKBOOK_FULL=0" in ln
         ), ln
-    assert (
-        "--cuda-only" in lines[-1]
-        and "-p tools.gpucheck" in lines[-1]
-        and "--ignore=tests/browser" in lines[-1]
-    )
+    assert "--cuda-only" in lines[-1] and "-p tools.gpucheck" in lines[-1] and "--ignore=tests/browser" in lines[-1]
     assert "WORKBOOK_REQUIRE_GPU" in proc.stdout and "WORKBOOK_FULL=1" in proc.stdout
 
 
