@@ -18,7 +18,7 @@ help:
 	@echo "make lab         set up .venv and open the workbook in JupyterLab"
 	@echo "make test        set up .venv and run every test (quick mode)"
 	@echo "make test-fast   lint + unit tests (no notebooks, no browser)"
-	@echo "make lint        ruff check + ruff format --check over code and notebooks, mypy over helpers/"
+	@echo "make lint        ruff check + ruff format --check over code and notebooks, mypy over helpers/ and tools/{bench,gpucheck}.py"
 	@echo "make test-notebooks  every notebook under nbval, quick mode"
 	@echo "make test-browser    every chapter in JupyterLab + headless Chromium (installs Debian's chromium)"
 	@echo "make test-floor  the oldest supported torch pair in .venv-floor + every notebook, quick (~7 min from scratch; before a release)"
@@ -60,7 +60,7 @@ test: setup compile
 test-fast: setup compile lint test-unit
 
 # Lint (pyproject.toml: [tool.ruff], [tool.mypy]): ruff checks and format-checks every .py file and notebook;
-# mypy type-checks helpers/ (the package ships py.typed).
+# mypy type-checks helpers/ (the package ships py.typed) and tools/bench.py, tools/gpucheck.py.
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -116,13 +116,13 @@ test-floor: $(FLOOR_STAMP)
 
 # Every chapter's measurements, headless (BENCH_ARGS=--quick for a smoke run).
 bench: setup
-	$(BIN)/python -m helpers.tools.bench $(BENCH_ARGS)
+	$(BIN)/python -m tools.bench $(BENCH_ARGS)
 
 # On a machine with a CUDA GPU, each step within its own time limit (docs/GPU-CHECK.md):
 # smoke (quick, every notebook + CUDA-only tests), bench (+ a reference file), notebooks (full), unit (CUDA-only).
 GPUCHECK_STEPS ?= smoke,bench,notebooks,unit
 gpu-check: setup
-	$(BIN)/python -m helpers.tools.gpucheck --steps $(GPUCHECK_STEPS) $(GPUCHECK_ARGS)
+	$(BIN)/python -m tools.gpucheck --steps $(GPUCHECK_STEPS) $(GPUCHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache .ruff_cache .mypy_cache artifacts data-cache

@@ -25,7 +25,8 @@ Example::
 
 The lines between ``# --- pipeline: start ---`` and ``# --- pipeline: end ---`` are the
 pipeline the chapters build, step by step: they are chapter 06's pipeline cells, line for line
-(a test keeps them identical). They read three globals, ``DEVICE``, ``WORKERS`` and ``SEED``,
+(a test keeps them identical, and the same lines in the workbook's package are what its benchmark
+times without the chapter). They read three globals, ``DEVICE``, ``WORKERS`` and ``SEED``,
 which ``main()`` sets before it builds anything; the rest is the data set, the model, the
 command line and the report.
 

@@ -1,4 +1,4 @@
-"""Helpers for the GPU data-pipeline workbook, in five layers (one folder each).
+"""Helpers for the GPU data-pipeline workbook, in four layers (one folder each).
 
 Each layer imports only its own and lower layers, with no import cycle (the table in
 docs/CONTRIBUTING.md, checked by tests/test_layers.py):
@@ -7,11 +7,13 @@ docs/CONTRIBUTING.md, checked by tests/test_layers.py):
     ui         what the reader sees: plots, panels, exercise checks       helpers.ui.widgets, ...
     pipeline   the data pipeline the chapters build and measure           helpers.pipeline.loaders, ...
     chapters   what puts it together: one module per chapter              helpers.chapters.capstone, ...
-    tools      command-line tools over everything                         python -m helpers.tools.bench
 
 Chapters import what they need, e.g. ``from helpers.core import device, timing``. Importing a
 layer is cheap: nothing imports torch until a module that needs it is imported. Each layer's
 ``__init__`` lists its modules.
+
+The maintainer's command-line tools (the bench, the GPU check) are not part of this package: they live
+in the checkout's ``tools/`` folder (``python -m tools.bench`` from its root) and nothing here imports them.
 """
 
 __version__ = "0.1.0"

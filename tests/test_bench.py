@@ -1,6 +1,6 @@
-"""Tests for the headless benchmark (helpers.tools.bench), on CPU (the GPU check: tests/test_gpucheck.py).
+"""Tests for the headless benchmark (tools.bench), on CPU (the GPU check: tests/test_gpucheck.py).
 
-The end-to-end test runs ``python -m helpers.tools.bench --quick`` in a subprocess, as a
+The end-to-end test runs ``python -m tools.bench --quick`` in a subprocess, as a
 user would, and validates the file it writes. The failure path is tested in
 process with fake chapter modules injected into ``sys.modules``. Plot and
 table tests use a small *synthetic* result set (test data, never shown as a
@@ -24,13 +24,13 @@ from _support import HAS_CUDA, ROOT
 from _support import workbook_env as _env
 
 from helpers.core.results import BENCHMARK_VERSION, SCHEMA, ResultSet
-from helpers.tools import bench
+from tools import bench
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 # ---------------------------------------------------------------------------
-# End to end: python -m helpers.tools.bench --quick
+# End to end: python -m tools.bench --quick
 # ---------------------------------------------------------------------------
 
 
@@ -44,7 +44,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     argv = [
         sys.executable,
         "-m",
-        "helpers.tools.bench",
+        "tools.bench",
         "--quick",
         "--no-progress",
         "--out",
@@ -62,7 +62,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
         if out.is_file():
             chapters = ResultSet.load(out).provenance["bench"]["chapters"]
             done = ", ".join(f"{c['chapter']} {c['status']} {c['seconds']:.0f} s" for c in chapters)
-        pytest.fail(f"python -m helpers.tools.bench --quick took over {QUICK_TIMEOUT_S} s; chapters done: {done}")
+        pytest.fail(f"python -m tools.bench --quick took over {QUICK_TIMEOUT_S} s; chapters done: {done}")
     return {
         "proc": subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr),
         "out": out,
@@ -82,7 +82,7 @@ def test_quick_bench_writes_a_valid_results_file(quick_run: dict) -> None:
     assert rs.name == "bench"
     assert rs.mode == "quick"
     assert rs.benchmark_version == BENCHMARK_VERSION
-    assert "helpers.tools.bench" in rs.method
+    assert "tools.bench" in rs.method
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", rs.created)
     prov = rs.provenance
     for key in ("hardware", "report", "torch_version", "python_version", "platform", "bench"):
@@ -346,8 +346,7 @@ def test_reference_table_doc_matches_committed_reference_files(monkeypatch: pyte
     doc = (ROOT / "README.md").read_text(encoding="utf-8")
     start, end = doc.index(bench.TABLE_START) + len(bench.TABLE_START), doc.index(bench.TABLE_END)
     assert doc[start:end].strip() == bench.readme_block().strip(), (
-        "the README's reference tables are out of date: run "
-        "`python -m helpers.tools.bench --readme-table --update README.md`"
+        "the README's reference tables are out of date: run `python -m tools.bench --readme-table --update README.md`"
     )
 
 
@@ -454,7 +453,7 @@ def _run_cli(tmp_path: Path, *args: str, env_extra: dict[str, str] | None = None
     env = _env(tmp_path)
     env.update(env_extra or {})
     return subprocess.run(
-        [sys.executable, "-m", "helpers.tools.bench", "--no-progress", *args],
+        [sys.executable, "-m", "tools.bench", "--no-progress", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -720,7 +719,7 @@ def test_a_chapter_that_outruns_its_share_is_stopped_and_the_next_runs(
 
 def test_notebook_shares_follow_recorded_times(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from helpers.core import config
-    from helpers.tools import gpucheck
+    from tools import gpucheck
 
     times = tmp_path / "chapter_times.json"
     times.write_text(

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers.core.results import ResultSet
-from helpers.tools import bench
+from tools import bench
 
 
 @pytest.fixture(autouse=True)

@@ -21,12 +21,12 @@ from _support import ROOT
 from _support import workbook_env as _env
 
 from helpers.core.results import ResultSet
-from helpers.tools import bench
+from tools import bench
 
 DRIVER = textwrap.dedent(
     """
     import multiprocessing as mp, sys, time
-    from helpers.tools import bench
+    from tools import bench
 
     chapters = [bench.Chapter(("97",), "fake_swallow", "swallows Ctrl-C"), bench.Chapter(("96",), "fake_next", "next")]
     code, _, _ = bench.run(chapters=chapters, device="cpu", out=sys.argv[1], png=False, progress=False)

@@ -3,7 +3,7 @@ the helpers that take them (``transfer.sweep``, the live panel's ``ch02.panel_ru
 the chapter module (:mod:`helpers.chapters.ch02`: its GPU curves as an Evidence, its panel, its benchmark).
 
 The chapter's own cells are read from the committed notebook and executed here, so what is tested
-is what the reader runs. Tests that need a GPU say so in their skip reason (``helpers.tools.gpucheck``
+is what the reader runs. Tests that need a GPU say so in their skip reason (``tools.gpucheck``
 selects them with ``--cuda-only``).
 """
 
@@ -421,7 +421,7 @@ def test_to_device_on_cuda_never_mixes_batches():  # pragma: no cover - GPU only
     assert buf.is_pinned()
 
 
-# -- the chapter's GPU paths (run by helpers.tools.gpucheck --cuda-only) ------------------
+# -- the chapter's GPU paths (run by tools.gpucheck --cuda-only) ------------------
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")

@@ -66,6 +66,77 @@ def test_reference_pipeline_is_the_script_with_its_globals_set() -> None:
     assert ref.make_loader(list(range(10)), 2, workers=0, pin=True).pin_memory is False  # pinning needs CUDA
 
 
+def _script_module(name: str):
+    import importlib.util
+
+    from helpers.core.config import repo_root
+
+    spec = importlib.util.spec_from_file_location(name, repo_root() / "examples" / "fast_pipeline.py")
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+@pytest.mark.parametrize("prefetch,float_on_host", [(True, False), (False, True), (False, False)])
+def test_the_packages_take_home_pipeline_behaves_as_the_script(prefetch: bool, float_on_host: bool) -> None:
+    """reference_pipeline's functions (helpers.chapters.fast_pipeline) and examples/fast_pipeline.py's give the same
+    batches, in the same order, and the same losses, bit for bit, on a tiny data set (same source:
+    tests/test_pipeline_cells.py)."""
+    script = _script_module("fast_pipeline_equivalence")
+    script.DEVICE, script.SEED, script.WORKERS = torch.device("cpu"), 7, 0
+    ref = C.reference_pipeline("cpu", seed=7, workers=0)
+    assert script.MEAN == C.take_home.MEAN and script.STD == C.take_home.STD
+    g = torch.Generator().manual_seed(0)
+    items = [(torch.randint(0, 256, (3, 8, 8), dtype=torch.uint8, generator=g), i % 3) for i in range(12)]
+    losses = []
+    for p in (ref, script):
+        loader = p.make_loader(items, 4, workers=0, pin=True, prefetch_factor=2, persistent=False)
+        got = list(p.batches(loader, prefetch=prefetch, float_on_host=float_on_host))
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        losses.append(([p.train_step(model, opt, x, y) for x, y in got], got))
+    (ref_loss, ref_batches), (script_loss, script_batches) = losses
+    assert len(ref_batches) == len(script_batches) == 3
+    for (xa, ya), (xb, yb) in zip(ref_batches, script_batches):
+        assert xa.dtype == xb.dtype == torch.float32 and torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert [float(v) for v in ref_loss] == [float(v) for v in script_loss]
+    assert torch.equal(ref.normalize(items[0][0][None]), script.normalize(items[0][0][None]))
+
+
+@pytest.mark.slow
+def test_reference_pipeline_needs_no_file_outside_the_package(tmp_path) -> None:
+    """Issue #27: reference_pipeline executed examples/fast_pipeline.py by path, so an installed helpers (no checkout
+    around it) could not time the take-home pipeline. A copy of the package alone, outside any checkout, can."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import helpers
+
+    shutil.copytree(Path(helpers.__file__).parent, tmp_path / "helpers", ignore=shutil.ignore_patterns("__pycache__"))
+    code = (
+        "from helpers.core.config import repo_root\n"
+        "assert repo_root() is None, repo_root()\n"
+        "from helpers.chapters import capstone\n"
+        "p = capstone.reference_pipeline('cpu', seed=3, workers=0)\n"
+        "loader = p.make_loader(list(range(8)), 4, workers=0, pin=False)\n"
+        "assert [b.tolist() for b in loader] and p.source == 'examples/fast_pipeline.py'\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
 def _orders(persistent: bool, workers: int, passes: int = 3) -> list[list[int]]:
     loader = DataLoader(
         list(range(24)),

@@ -1,4 +1,4 @@
-"""Tests for the GPU check (helpers.tools.gpucheck), on CPU: its plan, its time limits, its refusals."""
+"""Tests for the GPU check (tools.gpucheck), on CPU: its plan, its time limits, its refusals."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from _support import workbook_env as _env
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
 def test_gpucheck_refuses_plainly_without_cuda(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "helpers.tools.gpucheck"],
+        [sys.executable, "-m", "tools.gpucheck"],
         cwd=ROOT,
         env=_env(tmp_path),
         capture_output=True,
@@ -31,10 +31,10 @@ def test_gpucheck_refuses_plainly_without_cuda(tmp_path: Path) -> None:
 
 
 def test_gpucheck_dry_run_plans_bench_then_notebooks_then_cuda_tests(tmp_path: Path) -> None:
-    from helpers.tools import gpucheck
+    from tools import gpucheck
 
     proc = subprocess.run(
-        [sys.executable, "-m", "helpers.tools.gpucheck", "--allow-cpu", "--dry-run", "--logs", str(tmp_path / "logs")],
+        [sys.executable, "-m", "tools.gpucheck", "--allow-cpu", "--dry-run", "--logs", str(tmp_path / "logs")],
         cwd=ROOT,
         env=_env(tmp_path),
         capture_output=True,
@@ -45,22 +45,18 @@ def test_gpucheck_dry_run_plans_bench_then_notebooks_then_cuda_tests(tmp_path: P
     lines = [ln for ln in proc.stdout.splitlines() if "would run" in ln]
     n_nb = len(gpucheck.notebooks(ROOT))
     assert len(lines) == 1 + n_nb + 1
-    assert "[bench]" in lines[0] and "helpers.tools.bench --full" in lines[0] and "--budget-s" in lines[0]
+    assert "[bench]" in lines[0] and "tools.bench --full" in lines[0] and "--budget-s" in lines[0]
     assert all("--nbval-lax" in ln and "--nbval-current-env" in ln for ln in lines[1 : n_nb + 1])
     for ln in lines[1 : n_nb + 1]:  # each notebook names its tier, and its environment selects that tier
         assert ("(full sizes)" in ln and "WORKBOOK_QUICK=0 WORKBOOK_FULL=1" in ln) or (
             "(laptop sizes)" in ln and "WORKBOOK_QUICK=0 WORKBOOK_FULL=0" in ln
         ), ln
-    assert (
-        "--cuda-only" in lines[-1]
-        and "-p helpers.tools.gpucheck" in lines[-1]
-        and "--ignore=tests/browser" in lines[-1]
-    )
+    assert "--cuda-only" in lines[-1] and "-p tools.gpucheck" in lines[-1] and "--ignore=tests/browser" in lines[-1]
     assert "WORKBOOK_REQUIRE_GPU" in proc.stdout and "WORKBOOK_FULL=1" in proc.stdout
 
 
 def test_gpucheck_smoke_plan_is_quick_and_cuda_only(tmp_path: Path) -> None:
-    from helpers.tools import gpucheck
+    from tools import gpucheck
 
     root = gpucheck.checkout()
     nbs = gpucheck.notebooks(root)
@@ -84,7 +80,7 @@ def test_gpucheck_smoke_plan_is_quick_and_cuda_only(tmp_path: Path) -> None:
 
 
 def test_gpucheck_fits_inner_limits_to_the_time_left(tmp_path: Path) -> None:
-    from helpers.tools import gpucheck
+    from tools import gpucheck
 
     root = gpucheck.checkout()
     nb = gpucheck.notebooks(root)[:1]
@@ -109,7 +105,7 @@ def test_gpucheck_fits_inner_limits_to_the_time_left(tmp_path: Path) -> None:
 def test_gpucheck_groups_keep_their_time_limits(tmp_path: Path) -> None:
     import time as _time
 
-    from helpers.tools import gpucheck
+    from tools import gpucheck
 
     def step(name: str, seconds: float, group: str) -> "gpucheck.CheckStep":
         return gpucheck.CheckStep(
@@ -140,7 +136,7 @@ def test_gpucheck_unit_step_end_to_end_on_cpu(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "helpers.tools.gpucheck",
+            "tools.gpucheck",
             "--allow-cpu",
             "--steps",
             "unit",
@@ -179,7 +175,7 @@ def test_cuda_only_plugin_selects_tests_that_need_cuda(tmp_path: Path) -> None:
             "-m",
             "pytest",
             "-p",
-            "helpers.tools.gpucheck",
+            "tools.gpucheck",
             "--cuda-only",
             "--collect-only",
             "-q",
@@ -201,7 +197,7 @@ def test_cuda_only_plugin_selects_tests_that_need_cuda(tmp_path: Path) -> None:
 
 
 def test_torch_api_gaps_names_what_the_machine_lacks(tmp_path: Path) -> None:
-    from helpers.tools import gpucheck
+    from tools import gpucheck
 
     (tmp_path / "helpers").mkdir()
     t = "torch"  # built at run time, so that the scan of this very file finds nothing missing
@@ -223,7 +219,7 @@ def test_torch_api_gaps_names_what_the_machine_lacks(tmp_path: Path) -> None:
 
 
 def test_gpucheck_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    from helpers.tools import gpucheck
+    from tools import gpucheck
 
     assert gpucheck.main(["--allow-cpu", "--steps", "lint"]) == 2
     assert "--steps" in capsys.readouterr().err

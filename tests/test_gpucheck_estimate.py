@@ -14,7 +14,7 @@ import pytest
 from _support import ROOT
 
 from helpers.core import config
-from helpers.tools import gpucheck
+from tools import gpucheck
 
 
 @pytest.fixture()
@@ -258,7 +258,7 @@ def test_each_notebook_runs_with_its_tier_and_the_summary_names_it(
     assert data["notebook_tiers"] == {"00_setup_and_measuring.ipynb": "full", "01_baseline_pipeline.ipynb": "laptop"}
 
 
-@pytest.mark.parametrize("tool", ["helpers.tools.gpucheck", "helpers.tools.bench"])
+@pytest.mark.parametrize("tool", ["tools.gpucheck", "tools.bench"])
 def test_a_yes_no_variable_it_cannot_read_is_refused_not_ignored(
     tool: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

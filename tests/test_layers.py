@@ -4,11 +4,16 @@ The layout is the architecture: ``helpers/<layer>/<module>.py``, with the layers
 (lowest first). Every module is parsed (nothing is imported) and each import of another helpers
 module is an edge: ``from .x import y``, ``from ..core import x``, ``from ..core.x import y``,
 ``from helpers.core import x``, ``import helpers.core.x``, at module level and inside functions alike
-(an import inside a function is still a dependency; it only runs later). Imports by name at run time
-(``importlib.import_module``, as the bench does for the chapters) are not edges: only ``tools`` do that.
+(an import inside a function is still a dependency; it only runs later). A module named in a string
+(``sys.modules["helpers.pipeline.loaders"]``, ``importlib.import_module("helpers.chapters.ch04")``) is a
+dependency too, one the import graph cannot see: outside docstrings, a module may not name a layer above its
+own in a string (``helpers.<layer>``) either.
 
 A module may import modules of its own layer and of the layers below it, never above.
 A new module goes in a layer folder (and in the table in docs/CONTRIBUTING.md).
+
+The maintainer's tools (the bench, the GPU check) live outside the package, in the checkout's ``tools/``:
+they import ``helpers``, and nothing in ``helpers`` imports them or names them as a module.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HELPERS = ROOT / "helpers"
 
 #: Lowest layer first. Keep in step with the "Layers" table in docs/CONTRIBUTING.md.
-ORDER = ("core", "ui", "pipeline", "chapters", "tools")
+ORDER = ("core", "ui", "pipeline", "chapters")
 
 #: Imports allowed to go up a layer: (importer, imported) -> why. Empty, and it should stay so.
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
@@ -217,6 +222,95 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
     assert not upward, "imports that go up a layer (order: " + " < ".join(LAYERS) + "):\n" + "\n".join(upward)
     stale = [edge for edge in ALLOWED_UPWARD if edge[1] not in graph.get(edge[0], {})]
     assert not stale, f"ALLOWED_UPWARD lists imports that no longer exist: {stale}"
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the docstring nodes of a module, its classes and its functions."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def _strings(source: str) -> list[tuple[int, str]]:
+    """(line, text) of every string literal of ``source`` but the docstrings (f-strings' literal parts included)."""
+    tree = ast.parse(source)
+    docs = _docstrings(tree)
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+    ]
+
+
+#: ``helpers.<layer>`` in a string: a module reached by name (sys.modules, importlib), unseen by the import graph.
+_LAYER_NAMED = re.compile(r"\bhelpers\.([a-z_]+)(?:\.\w+)*")
+
+
+def _upward_strings(module: str, source: str) -> list[str]:
+    """Where ``source`` (a module of ``module``'s layer) names a helpers layer above its own in a string."""
+    own = ORDER.index(LAYER_OF[module])
+    found = []
+    for line, text in _strings(source):
+        for m in _LAYER_NAMED.finditer(text):
+            if m.group(1) in ORDER and ORDER.index(m.group(1)) > own:
+                found.append(f"{_rel(module)}:{line} ({LAYER_OF[module]}) names {m.group(0)!r} in a string")
+    return found
+
+
+def test_the_string_scan_sees_a_reach_through_sys_modules() -> None:
+    """The hidden reach issue #27 found in ui/widgets.py: caught in a lower layer, allowed in a higher one."""
+    reach = 'import sys\nloaders = sys.modules.get("helpers.pipeline.loaders")\n'
+    assert _upward_strings("widgets", reach) == [
+        "helpers/ui/widgets.py:2 (ui) names 'helpers.pipeline.loaders' in a string"
+    ]
+    assert _upward_strings("capstone", reach) == []  # chapters may use pipeline
+    by_name = 'def f():\n    """Uses helpers.chapters.ch04 (a docstring may say so)."""\n    return 1\n'
+    assert _upward_strings("config", by_name) == []
+    assert _upward_strings("config", 'import importlib\nm = importlib.import_module(f"helpers.ui.{n}")\n')
+
+
+def test_no_module_reaches_a_layer_above_by_name() -> None:
+    """``sys.modules["helpers.<upper>..."]`` or ``importlib.import_module("helpers.<upper>...")``: a dependency
+    the import graph cannot see. Pass what the upper layer offers in as an argument, or move it down."""
+    found = [line for mod in _modules() for line in _upward_strings(mod, _path(mod).read_text(encoding="utf-8"))]
+    assert not found, "modules that reach a layer above by name:\n" + "\n".join(found)
+
+
+#: A module name of the checkout's tools: ``tools``, ``tools.bench``, ...
+_TOOLS_MODULE = re.compile(r"tools(\.\w+)*")
+
+
+def test_nothing_in_helpers_imports_the_maintainer_tools() -> None:
+    """The bench and the GPU check (``tools/``) are outside the reader's package: an installed ``helpers`` has no
+    ``tools`` to import. Checked for imports and for module names in strings (importlib, sys.modules)."""
+    assert not (HELPERS / "tools").exists(), "helpers/tools/ is back: the maintainer's tools live in tools/"
+    packages = re.search(r"^packages = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M)
+    assert packages, "pyproject.toml: [tool.setuptools] packages = [...] on one line"
+    assert re.findall(r'"([^"]+)"', packages.group(1)) == ["helpers", *(f"helpers.{layer}" for layer in ORDER)], (
+        "pyproject.toml ships the reader's package only: helpers and its layers (the tools stay in the checkout)"
+    )
+    found = []
+    for path in sorted(HELPERS.rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(source)):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            found += [
+                f"{path.relative_to(ROOT)}:{node.lineno}: import {n}" for n in names if _TOOLS_MODULE.fullmatch(n)
+            ]
+        found += [
+            f"{path.relative_to(ROOT)}:{line}: names the module {text!r}"
+            for line, text in _strings(source)
+            if _TOOLS_MODULE.fullmatch(text)
+        ]
+    assert not found, "helpers must not import the maintainer's tools:\n" + "\n".join(found)
 
 
 def test_each_import_left_inside_a_function_says_why() -> None:

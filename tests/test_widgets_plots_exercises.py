@@ -274,3 +274,25 @@ def test_strict_gpu_run_lets_a_checkers_cuda_error_through(monkeypatch: pytest.M
     monkeypatch.setenv(config.REQUIRE_GPU_ENV, "0")
     r = exercises.check("05.3", object(), expected=raises(cuda_error))
     assert r.status == "wrong" and "CUDA error" in r.message
+
+
+def test_a_panel_advises_on_a_loader_failure_without_reaching_up_a_layer() -> None:
+    """Issue #27: ``known_failure_advice`` looked ``helpers.pipeline.loaders`` up in ``sys.modules`` (a ui module
+    reaching up a layer, unseen by the layer test), so a panel gave no advice unless that module happened to be
+    loaded. The words now live in ``helpers.core.failures``: advice in a fresh interpreter that never loads it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from helpers.ui import widgets\n"
+        "from helpers.core.failures import LoaderFailure\n"
+        "timeout = widgets.known_failure_advice(RuntimeError('DataLoader timed out after 5 seconds'))\n"
+        "assert timeout and 'within 5 s' in timeout, timeout\n"
+        "assert widgets.known_failure_advice(LoaderFailure('say this')) == 'say this'\n"
+        "assert widgets.known_failure_advice(ValueError('something else')) is None\n"
+        "assert 'helpers.pipeline.loaders' not in sys.modules, 'the panel imported the pipeline layer'\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

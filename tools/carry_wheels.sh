@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Download, HERE (a machine with network), the wheels that a bare GPU machine lacks to run the GPU check
-# (python -m helpers.tools.gpucheck): nbval and the Jupyter kernel stack, for CPython 3.12 on manylinux x86_64.
+# (python -m tools.gpucheck): nbval and the Jupyter kernel stack, for CPython 3.12 on manylinux x86_64.
 # torch, torchvision, numpy, matplotlib, pillow, psutil, nvidia-ml-py, tqdm, pytest and pytest-timeout are
 # already on that machine (see IMAGE_HAS below) and are NOT carried: torch is never reinstalled there.
 #
@@ -11,10 +11,10 @@
 # (smoke <= 6 min, bench <= 8, notebooks <= 8, unit <= 3: 25 minutes; timeout_s 420, 540, 540, 240). The machine's
 # own torch (2.11 there) is used as it is; the check reports any torch name the workbook uses that it lacks.
 #
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WORKBOOK_GIT_COMMIT=<sha> || exit; python3 -m helpers.tools.gpucheck --steps smoke --logs $OUT --bundle
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WORKBOOK_GIT_COMMIT=<sha> || exit; python3 -m helpers.tools.gpucheck --steps bench --logs $OUT --bundle
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WORKBOOK_GIT_COMMIT=<sha> || exit; python3 -m helpers.tools.gpucheck --steps notebooks --logs $OUT --bundle
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WORKBOOK_GIT_COMMIT=<sha> || exit; python3 -m helpers.tools.gpucheck --steps unit --logs $OUT --bundle
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WORKBOOK_GIT_COMMIT=<sha> || exit; python3 -m tools.gpucheck --steps smoke --logs $OUT --bundle
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WORKBOOK_GIT_COMMIT=<sha> || exit; python3 -m tools.gpucheck --steps bench --logs $OUT --bundle
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WORKBOOK_GIT_COMMIT=<sha> || exit; python3 -m tools.gpucheck --steps notebooks --logs $OUT --bundle
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 WORKBOOK_GIT_COMMIT=<sha> || exit; python3 -m tools.gpucheck --steps unit --logs $OUT --bundle
 #
 # See docs/GPU-CHECK.md ("On a bare machine") for the whole procedure.
 set -euo pipefail

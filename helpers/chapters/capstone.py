@@ -21,8 +21,9 @@ arguments (:data:`STEPS`, data, not code; :meth:`Settings.calls` prints the call
 ====  ==============================  ==================================================  =========
 
 (GPU JPEG decoding is not in the list: chapter 05's helpers do not provide it.) Without the
-reader's functions (``helpers.tools.bench``, the unit tests) the take-home script's own are timed
-(:func:`reference_pipeline`): a test keeps them identical to the chapter's cells.
+reader's functions (``tools.bench``, the unit tests) the take-home pipeline is timed
+(:func:`reference_pipeline`: :mod:`helpers.chapters.fast_pipeline`, the pipeline block of
+``examples/fast_pipeline.py`` in the package): tests keep it identical to the script and the chapter's cells.
 
 What stays here is the plumbing: the data set (:func:`train_items`: workers import it from
 this module under spawn and forkserver), the job, the clocks, the checks and the plots.
@@ -75,7 +76,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import math
 import statistics
 import textwrap
@@ -88,7 +88,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..core import evidence
-from ..core.config import repo_root, sized
+from ..core.config import sized
 from ..core.device import intraop_threads
 from ..core.evidence import Evidence
 from ..core.progress import scaled
@@ -106,6 +106,7 @@ from ..pipeline.loaders import (
 from ..pipeline.models import build_model
 from ..pipeline.prefetch import move_batch
 from ..pipeline.train import COMPUTE_LANE_CPU, COMPUTE_LANE_GPU, make_optimizer
+from . import fast_pipeline as take_home
 from .doctor import usable_cores
 
 __all__ = [
@@ -521,38 +522,26 @@ class Pipeline:
             raise ValueError(f"normalize must be a function or None, got {type(self.normalize).__name__}")
 
 
-#: The take-home script whose pipeline block is chapter 06's pipeline cells, line for line.
-SCRIPT = ("examples", "fast_pipeline.py")
-
-
 def reference_pipeline(device: torch.device | str = "cpu", *, seed: int = 0, workers: int | None = None) -> Pipeline:
-    """The pipeline of ``examples/fast_pipeline.py`` (torch and torchvision only), for runs without the chapter.
+    """The take-home pipeline (torch and torchvision only), for runs without the chapter's cells.
 
-    ``helpers.tools.bench`` and the unit tests time these functions; a test keeps them identical to
-    chapter 06's pipeline cells. The script's globals ``DEVICE``, ``SEED`` and ``WORKERS`` (what its
-    pipeline reads) are set to ``device``, ``seed`` and ``workers`` (default :func:`default_workers`).
-
-    Raises:
-        FileNotFoundError: the workbook's checkout (with ``examples/``) is not found.
+    Its functions are :mod:`helpers.chapters.fast_pipeline`'s: the pipeline block of ``examples/fast_pipeline.py``,
+    line for line, in the package (tests keep it identical to the script and to chapter 06's pipeline cells), so
+    an installed ``helpers`` needs no file outside it. ``tools.bench`` and the unit tests time these functions.
+    The module's globals ``DEVICE``, ``SEED`` and ``WORKERS`` (what the pipeline reads) are set to ``device``,
+    ``seed`` and ``workers`` (default :func:`default_workers`). The pipeline's ``source`` says
+    ``examples/fast_pipeline.py``: the lines a reader can open and take home.
     """
-    root = repo_root()
-    path = root.joinpath(*SCRIPT) if root is not None else None
-    if path is None or not path.is_file():
-        raise FileNotFoundError(
-            "examples/fast_pipeline.py is not found from this installation of helpers; pass your own pipeline "
-            "instead: run_waterfall(..., make_loader=make_loader, batches=batches, train_step=train_step)"
-        )
-    key = ("script", str(path), path.stat().st_mtime_ns)
-    mod: Any = _CACHE.get(key)  # the script's module: its globals are set below
-    if mod is None:
-        spec = importlib.util.spec_from_file_location("fast_pipeline", path)
-        mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        spec.loader.exec_module(mod)  # type: ignore[union-attr]
-        _CACHE[key] = mod
-    mod.DEVICE = torch.device(device)
-    mod.SEED = check_int("seed", seed, 0, 2**62)
-    mod.WORKERS = default_workers() if workers is None else check_int("workers", workers, 0, 64)
-    return Pipeline(mod.make_loader, mod.batches, mod.train_step, mod.normalize, source="examples/fast_pipeline.py")
+    take_home.DEVICE = torch.device(device)
+    take_home.SEED = check_int("seed", seed, 0, 2**62)
+    take_home.WORKERS = default_workers() if workers is None else check_int("workers", workers, 0, 64)
+    return Pipeline(
+        take_home.make_loader,
+        take_home.batches,
+        take_home.train_step,
+        take_home.normalize,
+        source="examples/fast_pipeline.py",
+    )
 
 
 def _pipeline(

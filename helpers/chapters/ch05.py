@@ -10,7 +10,7 @@ chapter around them:
   with the reader's sizes (measured here); without one it shows the reference recording of the
   chosen cell (recorded elsewhere) or, when none exists, its schematic (theoretical), and the two
   size sliders are disabled;
-- the headless benchmark (``python -m helpers.tools.bench``), which records the ``ch05.*`` keys of
+- the headless benchmark (``python -m tools.bench``), which records the ``ch05.*`` keys of
   the reference files on a GPU (:func:`benchmark`), the decode comparison included
   (:func:`record_decode`).
 

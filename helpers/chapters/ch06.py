@@ -13,8 +13,9 @@ reader picks:
 
 ``specs``: the chapter's calibrated :class:`~helpers.chapters.capstone.JobSpec` per regime (default
 :func:`~helpers.chapters.capstone.job_spec`); ``pipeline``: the reader's
-:class:`~helpers.chapters.capstone.Pipeline` (default: ``examples/fast_pipeline.py``'s, see
-:func:`~helpers.chapters.capstone.reference_pipeline`). Every run is measured here, on any device.
+:class:`~helpers.chapters.capstone.Pipeline` (default: the take-home pipeline of ``examples/fast_pipeline.py``,
+in the package as :mod:`helpers.chapters.fast_pipeline`, see :func:`~helpers.chapters.capstone.reference_pipeline`).
+Every run is measured here, on any device.
 """
 
 from __future__ import annotations
@@ -165,16 +166,17 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Headless benchmark (python -m helpers.tools.bench --chapters 06)
+# Headless benchmark (python -m tools.bench --chapters 06)
 # ---------------------------------------------------------------------------
 
 
 def benchmark(results: ResultSet, device: torch.device | str | None, *, progress: ProgressFn | None = None) -> None:
     """Run both regimes, every configuration, and add the records to ``results``.
 
-    Headless, there is no reader's pipeline: the functions timed are those of
-    ``examples/fast_pipeline.py`` (:func:`~helpers.chapters.capstone.reference_pipeline`), which a test keeps
-    identical to chapter 06's pipeline cells. ``device``: ``None`` = CUDA when present, else the CPU.
+    Headless, there is no reader's pipeline: the functions timed are the take-home pipeline's
+    (:func:`~helpers.chapters.capstone.reference_pipeline`: :mod:`helpers.chapters.fast_pipeline`, the pipeline
+    block of ``examples/fast_pipeline.py``), which tests keep identical to the script and chapter 06's cells.
+    ``device``: ``None`` = CUDA when present, else the CPU.
 
     Records (key: unit; params ``regime``, ``stage`` (step name), ``label``, ``order``, ``width``,
     ``depth``, ``steps``, ``batch_size``, ``rounds``, ``device``):
@@ -193,7 +195,7 @@ def benchmark(results: ResultSet, device: torch.device | str | None, *, progress
     """
     progress = progress or no_progress
     dev = resolve_device(device)
-    # The pipeline timed: examples/fast_pipeline.py's (reference_pipeline), as chapter 06's cells.
+    # The pipeline timed: the take-home one (reference_pipeline: helpers/chapters/fast_pipeline.py).
     cal = capstone.calibrate(dev, progress=scaled(progress, 0.0, 0.1, "calibrating: "))
     regimes = list(capstone.REGIMES)
     for k, regime in enumerate(regimes):

@@ -212,7 +212,7 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Headless benchmark (python -m helpers.tools.bench --chapters 07)
+# Headless benchmark (python -m tools.bench --chapters 07)
 # ---------------------------------------------------------------------------
 
 

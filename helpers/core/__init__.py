@@ -9,4 +9,5 @@ No plots, no chapters, nothing above: every other layer may import these.
     timing      benchmark timer, CUDA events, span recorder for step phases, GPU work of known length
     results     JSON result files with provenance; comparisons as ratios
     reference   reference results recorded on real GPUs, and the honest fallback
+    failures    DataLoader worker failures in plain words (LoaderFailure): the loaders raise them, panels show them
 """

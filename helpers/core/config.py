@@ -41,7 +41,7 @@ Other variables:
     Folder where notebooks and benchmarks write figures and result files
     (default: ``<repo>/artifacts``).
 ``WORKBOOK_REQUIRE_GPU``
-    Set to ``1`` by the GPU check (``python -m helpers.tools.gpucheck``): a run that
+    Set to ``1`` by the GPU check (``python -m tools.gpucheck``): a run that
     would fall back to the CPU fails loudly instead (see
     :func:`helpers.core.device.pick_device`).
 """

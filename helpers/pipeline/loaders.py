@@ -91,6 +91,8 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from ..core import agreement
 from ..core.device import intraop_threads
+from ..core.failures import ITEM_NOTE as _ITEM_NOTE
+from ..core.failures import LoaderFailure, ended_in_words, explain_loader_error
 from ..core.validate import check_choice, check_float, check_int, human_bytes
 from .data import TimedCollate, seed_worker
 
@@ -395,10 +397,6 @@ class _WorkerInit:
         _name_failing_items()
         if self.fn is not None:
             self.fn(worker_id)
-
-
-#: Start of the note a worker adds to a data set's exception: which item raised it (see :func:`_name_failing_items`).
-_ITEM_NOTE = "[workbook] failing item:"
 
 
 def _failing_item(dataset: Any, index: Any, batched: bool) -> str:
@@ -904,145 +902,8 @@ def open_iterator(loader: DataLoader) -> Iterator[Iterator[Any]]:
 
 
 # ---------------------------------------------------------------------------
-# Failures in plain words
+# Failures in plain words (the words themselves: helpers.core.failures, so that the panels reach them too)
 # ---------------------------------------------------------------------------
-
-
-class LoaderFailure(RuntimeError):
-    """A loader's workers failed in a known way; the message says what happened and what to check.
-
-    The original error (torch's) is kept as ``__cause__``.
-    """
-
-
-_DEAD_WORKER_ADVICE = (
-    "A DataLoader worker process died without raising a Python error. What to check: "
-    "(1) the out-of-memory killer: `dmesg | tail` or `journalctl -k | grep -i oom` names the killed pid; "
-    "use fewer workers, a smaller batch_size or prefetch_factor; "
-    "(2) /dev/shm: `df -h /dev/shm` - a full one kills workers with a bus error (SIGBUS); in Docker start the "
-    "container with --shm-size=2g or --ipc=host; "
-    "(3) a crash (segfault) in a native library used by the data set (an image decoder, OpenCV, a "
-    "library not safe after fork): run the loader with num_workers=0 to see the error in the main process."
-)
-
-
-_SIGNAL_BY_TEXT = {signal.strsignal(sig) or sig.name: sig for sig in signal.Signals}
-
-
-def _who(worker: int | None, pid: int | str | None) -> str:
-    if worker is not None:
-        return f"Worker {worker} (pid {pid})"
-    return f"A worker (pid {pid})" if pid is not None else "A worker"
-
-
-def _ended_in_words(worker: int | None, pid: int | str | None, code: int) -> str:
-    """One line for a worker that ended with exit status ``code`` (``multiprocessing``'s: ``-N`` = signal N)."""
-    who = _who(worker, pid)
-    if code == 0:
-        return (
-            f"{who} exited cleanly (exit code 0) while the main process still waited for its batches: code in "
-            "the data set, collate_fn or worker_init_fn ended the process (os._exit(), sys.exit()), or a Ctrl-C "
-            "reached the worker while it started. What to check: exit calls in that code; run with num_workers=0 "
-            "to see where it happens."
-        )
-    if code > 0:
-        return (
-            f"{who} exited with code {code} without a Python error reaching the main process: sys.exit({code}) or "
-            "os._exit() in the data set or collate_fn, or a native library that called exit(). What to check: run "
-            "with num_workers=0 to see where it happens."
-        )
-    sig = -code
-    try:
-        name = signal.Signals(sig).name
-    except ValueError:
-        name = f"signal {sig}"
-    if sig == signal.SIGKILL:
-        return (
-            f"{who} was killed (SIGKILL), most often by the out-of-memory killer. What to check: `dmesg | tail` or "
-            "`journalctl -k | grep -i oom` names the killed pid; use fewer workers, a smaller batch_size or "
-            "prefetch_factor."
-        )
-    if sig == signal.SIGBUS:
-        return (
-            f"{who} was killed by SIGBUS (Bus error), usually a full /dev/shm, where workers put their batches. "
-            "What to check: `df -h /dev/shm`; in Docker start the container with --shm-size=2g or --ipc=host; or "
-            "use fewer workers, a smaller batch_size or prefetch_factor."
-        )
-    if sig in (signal.SIGSEGV, signal.SIGILL, signal.SIGABRT, signal.SIGFPE):
-        return (
-            f"{who} crashed ({name}: a segfault or abort in native code) - an image decoder, OpenCV or another "
-            "library used by the data set, or one not safe after fork. What to check: run with num_workers=0 to "
-            "see the crash in the main process; try multiprocessing_context='spawn'."
-        )
-    return (
-        f"{who} was ended by {name}, sent from outside the loader (another program, a job scheduler's time or "
-        "memory limit, a user). What to check: what sends it; then run again."
-    )
-
-
-def _raised_in_worker(exc: BaseException) -> re.Match[str] | None:
-    """torch's re-raised worker exception (``Caught ValueError in DataLoader worker process 0. Original ...``)."""
-    return re.match(r"Caught (\w+) in DataLoader worker process (\d+)", str(exc))
-
-
-def _worker_error_in_words(exc: BaseException, m: re.Match[str]) -> str:
-    """One line for an exception the data set (collate_fn, worker_init_fn) raised in a worker."""
-    etype, worker = m.group(1), m.group(2)
-    lines = [ln.rstrip() for ln in str(exc).splitlines()]
-    note = next((ln[len(_ITEM_NOTE) :].strip() for ln in lines if ln.startswith(_ITEM_NOTE)), None)
-    pat = re.compile(rf"^(?:[\w.]+\.)?{re.escape(etype)}(?::\s*(.*))?$")
-    said = [mm.group(1) or "" for mm in map(pat.match, lines) if mm]
-    what = f"{etype}: {said[-1]}" if said and said[-1] else etype
-    if note is None:
-        where, check = "a batch", "run the loader with num_workers=0 to see the full traceback in the main process"
-    elif note.startswith("none"):
-        where, check = "a batch whose items each load on their own", "the collate_fn (run it on that batch)"
-    else:
-        where = f"item {note}"
-        check = f"the data set's __getitem__ for that item: run dataset[{note}] in the main process to see it"
-    return f"Worker {worker} raised {what} while loading {where}. What to check: {check} (details below)."
-
-
-def explain_loader_error(exc: BaseException) -> str | None:
-    """Plain words for a known DataLoader failure (``None``: not one we recognise): one line that says what happened
-    (which worker, which item where known) and what to check.
-
-    Known: the timeout (a frozen or very slow worker), a worker that died (killed by a signal, or "exited
-    unexpectedly", with its exit code where known), an exception raised by the data set in a worker (torch's
-    "Caught ValueError in DataLoader worker process 0"), and a pin-memory thread that died.
-    """
-    text = str(exc)
-    m = re.search(r"DataLoader timed out after ([\d.]+) seconds", text)
-    if m:
-        return (
-            f"No batch arrived from the worker processes within {float(m.group(1)):g} s, so the run was stopped "
-            "and its workers ended. A worker is frozen (stopped with SIGSTOP or Ctrl-Z, deadlocked) or extremely "
-            "slow (network storage, an item that takes minutes). Check with `top` or `ps` that the workers use "
-            "CPU; run with num_workers=0 to time one item in the main process."
-        )
-    raised = _raised_in_worker(exc)
-    if raised:
-        return _worker_error_in_words(exc, raised)
-    killed = re.search(r"DataLoader worker \(pid ?([^)]*)\) is killed by signal: ([^.\n]+)", text)
-    if killed:
-        sig = _SIGNAL_BY_TEXT.get(killed.group(2).strip())
-        if sig is not None:
-            return _ended_in_words(None, killed.group(1).strip(), -int(sig))
-        return f"A worker was killed by a signal ({killed.group(2).strip()}). " + _DEAD_WORKER_ADVICE
-    if "exited unexpectedly" in text:
-        ours = re.search(r"worker (\d+) \(pid (\d+)\): exit code (-?\d+)", text)  # _WatchedIter's suffix
-        if ours:
-            return _ended_in_words(int(ours.group(1)), ours.group(2), int(ours.group(3)))
-        code = re.search(r"\(pid ?([^)]*)\) exited unexpectedly with exit code (-?\d+)", text)  # torch's SIGCHLD
-        if code:
-            return _ended_in_words(None, code.group(1).strip(), int(code.group(2)))
-        return _DEAD_WORKER_ADVICE
-    if "Pin memory thread exited unexpectedly" in text:
-        return (
-            "The loader's pin-memory thread died. Pinning needs page-locked host memory: check free memory "
-            "and the locked-memory limit (`ulimit -l`), or run with pin_memory=False."
-        )
-    return None
 
 
 def _ended_workers(loader: Any, wait_s: float = 1.0) -> list[tuple[int, Any]]:
@@ -1084,7 +945,7 @@ def _plain_failure(exc: BaseException, loader: Any = None) -> BaseException:
         # broken connection first (EOFError, ConnectionResetError while it fetched a batch's shared memory).
         ended = _ended_workers(loader)
         if ended:
-            advice = " ".join(_ended_in_words(wid, w.pid, int(w.exitcode)) for wid, w in ended[:2])
+            advice = " ".join(ended_in_words(wid, w.pid, int(w.exitcode)) for wid, w in ended[:2])
         else:
             advice = explain_loader_error(exc)
     else:

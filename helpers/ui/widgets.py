@@ -29,7 +29,6 @@ from __future__ import annotations
 import html
 import io
 import re
-import sys
 import textwrap
 import time
 import traceback
@@ -39,6 +38,7 @@ from typing import Any, Callable, Mapping
 import ipywidgets as W
 
 from ..core.evidence import Evidence
+from ..core.failures import LoaderFailure, explain_loader_error
 from . import chapter as chapter_api
 
 __all__ = ["Panel", "RunRecord", "Progress", "figure_to_display", "one_line", "known_failure_advice"]
@@ -59,15 +59,13 @@ def one_line(text: str, limit: int = STATUS_MAX_CHARS) -> str:
 def known_failure_advice(exc: BaseException) -> str | None:
     """Plain advice for a failure the workbook knows (``None``: unknown).
 
-    An exception that carries its own advice (``helpers.pipeline.loaders.LoaderFailure``) gives its message;
-    torch's DataLoader errors (a timeout, a worker that died) are translated by
-    :func:`helpers.pipeline.loaders.explain_loader_error` when that module is loaded.
+    An exception that carries its own advice (:class:`helpers.core.failures.LoaderFailure`, which the loaders
+    raise) gives its message; torch's DataLoader errors (a timeout, a worker that died, the data set's exception
+    in a worker) are translated by :func:`helpers.core.failures.explain_loader_error`, whoever built the loader.
     """
-    if type(exc).__name__ == "LoaderFailure":
+    if isinstance(exc, LoaderFailure):
         return str(exc)
-    loaders = sys.modules.get("helpers.pipeline.loaders")
-    explain = getattr(loaders, "explain_loader_error", None)
-    return explain(exc) if explain is not None else None
+    return explain_loader_error(exc)
 
 
 class Progress:

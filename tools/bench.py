@@ -2,16 +2,16 @@
 
 Run it from the workbook folder (no browser, no notebook)::
 
-    python -m helpers.tools.bench                      # the size tier in force (full on a CUDA machine), every chapter
-    python -m helpers.tools.bench --quick              # small sizes: a smoke run, minutes on a laptop
-    python -m helpers.tools.bench --full               # full sizes on any machine (sets WORKBOOK_FULL=1)
-    python -m helpers.tools.bench --budget-s 450       # stop each chapter at its share of 450 s (partial file kept)
-    python -m helpers.tools.bench --chapters 02,05     # only some chapters
-    python -m helpers.tools.bench --full --reference   # also save it as a reference file (CUDA, full mode)
-    python -m helpers.tools.bench --list               # which chapters have a benchmark() yet
-    python -m helpers.tools.bench --plot-only FILE     # redraw the PNG summary of an existing results file
-    python -m helpers.tools.bench --compare FILE  # your results beside the reference files (ratios on same hardware)
-    python -m helpers.tools.bench --readme-table       # the README's table of reference figures
+    python -m tools.bench                      # the size tier in force (full on a CUDA machine), every chapter
+    python -m tools.bench --quick              # small sizes: a smoke run, minutes on a laptop
+    python -m tools.bench --full               # full sizes on any machine (sets WORKBOOK_FULL=1)
+    python -m tools.bench --budget-s 450       # stop each chapter at its share of 450 s (partial file kept)
+    python -m tools.bench --chapters 02,05     # only some chapters
+    python -m tools.bench --full --reference   # also save it as a reference file (CUDA, full mode)
+    python -m tools.bench --list               # which chapters have a benchmark() yet
+    python -m tools.bench --plot-only FILE     # redraw the PNG summary of an existing results file
+    python -m tools.bench --compare FILE  # your results beside the reference files (ratios on same hardware)
+    python -m tools.bench --readme-table       # the README's table of reference figures
 
 Each chapter module, ``helpers/chapters/chNN.py``, follows the one chapter interface
 (:mod:`helpers.ui.chapter`): its ``benchmark(results, device, *, progress=None)`` adds
@@ -82,7 +82,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Sequence
 
 if TYPE_CHECKING:
-    from ..core.results import ResultSet
+    from helpers.core.results import ResultSet
 
 __all__ = [
     "REQUIRE_GPU_ENV",
@@ -113,7 +113,7 @@ __all__ = [
 
 #: Environment variable for strict GPU runs. When it is 1, the bench requires CUDA, and chapters
 #: raise in a GPU path instead of quietly falling back (see docs/GPU-CHECK.md).
-from ..core.config import REQUIRE_GPU_ENV  # noqa: E402
+from helpers.core.config import REQUIRE_GPU_ENV  # noqa: E402
 
 #: Optional: the git commit of the checkout, for machines whose copy of the tree has no .git folder.
 COMMIT_ENV = "WORKBOOK_GIT_COMMIT"
@@ -122,19 +122,20 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"", "0", "false", "no", "off"}
 
 
-from ..core import config  # noqa: E402
-from ..core.config import (  # noqa: E402
+import helpers.chapters  # noqa: E402  (cheap: a layer's __init__ imports nothing)
+from helpers.core import config  # noqa: E402
+from helpers.core.config import (  # noqa: E402
     artifacts_dir,
     mode_name,
     quick_mode,
     require_gpu,  # noqa: E402  (re-exported: the flag lives in helpers.core.config)
     size_tier,
 )
-from ..core.progress import TqdmProgress  # noqa: E402
-from ..core.reference import missing_message, provenance_line, reference_dir, references  # noqa: E402
-from ..core.results import ResultSet, comparable, compare, flag_lines  # noqa: E402
-from ..core.timing import synchronize as sync_every_device  # noqa: E402
-from ..core.validate import human_bytes  # noqa: E402
+from helpers.core.progress import TqdmProgress  # noqa: E402
+from helpers.core.reference import missing_message, provenance_line, reference_dir, references  # noqa: E402
+from helpers.core.results import ResultSet, comparable, compare, flag_lines  # noqa: E402
+from helpers.core.timing import synchronize as sync_every_device  # noqa: E402
+from helpers.core.validate import human_bytes  # noqa: E402
 
 # ---------------------------------------------------------------------------
 # Chapters
@@ -160,8 +161,9 @@ class Chapter:
         return tuple(f"ch{i}." for i in self.ids)
 
 
-#: Where the chapter modules are: ``helpers/chapters/chNN.py``.
-CHAPTER_DIR = Path(__file__).resolve().parents[1] / "chapters"
+#: Where the chapter modules are: ``helpers/chapters/chNN.py`` of the ``helpers`` that ``import helpers`` finds
+#: (the checkout's, run from its root).
+CHAPTER_DIR = Path(helpers.chapters.__file__).resolve().parent
 
 
 def _constants(path: Path, names: tuple[str, ...] = ("NUMBER", "TITLE", "BENCH_WEIGHT")) -> dict[str, Any]:
@@ -717,7 +719,7 @@ def _git_commit() -> tuple[str | None, bool | None]:
     env = os.environ.get(COMMIT_ENV)
     if env:
         return env.strip(), None
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]  # the checkout: tools/bench.py
     if not (root / ".git").exists():
         return None, None
     try:
@@ -737,7 +739,7 @@ def _git_commit() -> tuple[str | None, bool | None]:
 
 
 METHOD = (
-    "python -m helpers.tools.bench: each chapter's helpers benchmark(results, device), run one after another in "
+    "python -m tools.bench: each chapter's helpers benchmark(results, device), run one after another in "
     "one process; timings are medians over repeated runs (torch.utils.benchmark Timer, or CUDA events on a "
     "GPU), with each record's spread and method in its params/spread; GPU memory is freed between chapters"
 )
@@ -921,7 +923,7 @@ def _panel_bandwidth(rs: Any) -> tuple[str, Callable[[Any], None]] | str:
     def draw(ax: Any) -> None:
         from matplotlib.ticker import FuncFormatter, NullLocator  # optional/heavy: matplotlib
 
-        from ..ui.plots import sweep_plot  # optional/heavy: matplotlib
+        from helpers.ui.plots import sweep_plot  # optional/heavy: matplotlib
 
         sweep_plot(
             series,
@@ -989,7 +991,7 @@ def _panels_timelines(rs: Any, per_chapter: int = 2, limit: int = 4) -> list[tup
     for name in chosen:
 
         def draw(ax: Any, _name: str = name) -> None:
-            from ..ui.plots import timeline  # optional/heavy: matplotlib
+            from helpers.ui.plots import timeline  # optional/heavy: matplotlib
 
             timeline(rs.artifacts[_name], ax, title=f"timeline · {_name}", max_steps=6)
 
@@ -1223,7 +1225,7 @@ def summary_figure(rs: Any, path: str | Path) -> tuple[Path, list[str], list[str
         )
     hw = rs.hardware.get("gpu_name") or f"no GPU (CPU: {rs.hardware.get('cpu_model') or 'unknown'})"
     fig.suptitle(
-        f"helpers.tools.bench summary — {hw}\n{rs.label()}; benchmark v{rs.benchmark_version}; "
+        f"tools.bench summary — {hw}\n{rs.label()}; benchmark v{rs.benchmark_version}; "
         "measured values only (dashed: a theoretical ceiling, or 1 in a ratio panel)",
         fontsize=10,
     )
@@ -1358,7 +1360,7 @@ def readme_table(sets: Sequence[Any] | None = None) -> str:
 
 def ceiling_table() -> str:
     """Markdown: theoretical per-direction PCIe x16 ceilings, from :func:`helpers.core.device.pcie_bandwidth_gbps`."""
-    from ..core.device import pcie_bandwidth_gbps  # heavy: torch (this module imports without it)
+    from helpers.core.device import pcie_bandwidth_gbps  # heavy: torch (this module imports without it)
 
     rows = ["| host link (theoretical) | per direction, GB/s (10^9 B/s) |", "|---|---:|"]
     for gen in (3, 4, 5, 6):
@@ -1389,9 +1391,7 @@ def readme_block(sets: Sequence[Any] | None = None) -> str:
     return "\n\n".join(f"{heading}\n\n{table}" for heading, table in readme_sections(sets))
 
 
-TABLE_START = (
-    "<!-- reference-table:start (generated by `python -m helpers.tools.bench --readme-table --update FILE`) -->"
-)
+TABLE_START = "<!-- reference-table:start (generated by `python -m tools.bench --readme-table --update FILE`) -->"
 TABLE_END = "<!-- reference-table:end -->"
 
 
@@ -1414,7 +1414,7 @@ def update_table_file(path: str | Path, table: str) -> Path:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m helpers.tools.bench",
+        prog="python -m tools.bench",
         description="Run every chapter's measurements headless; write one results file (JSON, with provenance) "
         "and a PNG summary.",
     )
@@ -1503,7 +1503,7 @@ def run(
     """
     import torch
 
-    from ..core.device import has_cuda, pick_device  # heavy: torch (this module imports without it)
+    from helpers.core.device import has_cuda, pick_device  # heavy: torch (this module imports without it)
 
     def err(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -1545,7 +1545,7 @@ def run(
     rs = LiveResultSet.new("bench", METHOD, device=dev, notes=notes)
     commit, dirty = _git_commit()
     bench_info: dict[str, Any] = {
-        "command": "python -m helpers.tools.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m tools.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "started": rs.created,
         "chapters_requested": [c.label for c in chapters],
         "strict": bool(strict),
@@ -1561,7 +1561,7 @@ def run(
     }
     rs.provenance["bench"] = bench_info
     print(
-        f"helpers.tools.bench: {rs.mode} mode on {dev} "
+        f"tools.bench: {rs.mode} mode on {dev} "
         f"({rs.hardware.get('gpu_name') or 'no CUDA device'}); chapters {', '.join(c.label for c in chapters)}",
         file=sys.stderr,
         flush=True,
@@ -1636,12 +1636,10 @@ def run(
             paths.update(png=str(png_path), panels=drawn, panels_skipped=skipped)
         except Exception as exc:
             err(_banner(f"the PNG summary could not be drawn: {exc!r}\n{traceback.format_exc()}"))
-            failed.append(
-                ChapterOutcome(chapter="summary", module="helpers.tools.bench", status="failed", reason=repr(exc))
-            )
+            failed.append(ChapterOutcome(chapter="summary", module="tools.bench", status="failed", reason=repr(exc)))
 
     # -- the report -------------------------------------------------------------
-    print("\nhelpers.tools.bench summary", flush=True)
+    print("\ntools.bench summary", flush=True)
     print(f"  {plain.label()}")
     for o in outcomes:
         extra = (
@@ -1667,7 +1665,7 @@ def run(
         names = ", ".join(o.chapter for o in failed)
         err(
             _banner(
-                f"helpers.tools.bench: FAILED — {names}. The results file holds the other chapters' records; "
+                f"tools.bench: FAILED — {names}. The results file holds the other chapters' records; "
                 "see the tracebacks above."
             )
         )

@@ -2,11 +2,11 @@
 
 Run it on a machine with a CUDA GPU, from the workbook folder::
 
-    python -m helpers.tools.gpucheck --steps smoke      # <= 6 min: CUDA-only unit tests + every notebook, quick sizes
-    python -m helpers.tools.gpucheck                    # bench (full), then notebooks (full where it fits), then unit
-    python -m helpers.tools.gpucheck --steps bench      # only the benchmark (records a reference file)
-    python -m helpers.tools.gpucheck --steps notebooks --notebooks 02,05
-    python -m helpers.tools.gpucheck --dry-run          # print what it would run
+    python -m tools.gpucheck --steps smoke      # <= 6 min: CUDA-only unit tests + every notebook, quick sizes
+    python -m tools.gpucheck                    # bench (full), then notebooks (full where it fits), then unit
+    python -m tools.gpucheck --steps bench      # only the benchmark (records a reference file)
+    python -m tools.gpucheck --steps notebooks --notebooks 02,05
+    python -m tools.gpucheck --dry-run          # print what it would run
 
 The steps (``--steps``, run in the order given), each with its own time limit
 that it keeps by itself, so that a leased machine (10 minutes per command, 30
@@ -18,7 +18,7 @@ minutes in all) gets the whole check in at most four commands:
     mode, ``WORKBOOK_REQUIRE_GPU=1``, ``--jobs`` of them at a time: catches every
     crash of a GPU path in a few minutes.
 ``bench`` (``--bench-timeout``, default 450 s)
-    ``python -m helpers.tools.bench --full --strict --reference --budget-s ...``: each
+    ``python -m tools.bench --full --strict --reference --budget-s ...``: each
     chapter gets its share of the step's time and is stopped when it outruns it;
     the results file is saved after each chapter; the reference file holds only
     the chapters that completed, in full mode.
@@ -40,7 +40,7 @@ minutes in all) gets the whole check in at most four commands:
 
 "CUDA-only" tests are those marked ``pytest.mark.skipif(..., reason="needs
 CUDA...")`` (any reason saying a test *needs* CUDA or a GPU); this module is
-also the pytest plugin that selects them (``pytest -p helpers.tools.gpucheck --cuda-only``).
+also the pytest plugin that selects them (``pytest -p tools.gpucheck --cuda-only``).
 
 Before any step it refuses (exit code 2) without a CUDA device (``--allow-cpu``
 to test the check itself) or without the packages it needs (carried as wheels on
@@ -73,9 +73,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..core import config
-from ..core.config import artifacts_dir, repo_root
-from .bench import _write_probe, folder_problems
+from helpers.core import config
+from helpers.core.config import artifacts_dir, repo_root
+from tools.bench import _write_probe, folder_problems
 
 __all__ = [
     "NEEDED_MODULES",
@@ -164,7 +164,7 @@ def notebooks(root: Path, spec: str | None = None) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------
-# The pytest plugin: select the CUDA-only tests (pytest -p helpers.tools.gpucheck --cuda-only)
+# The pytest plugin: select the CUDA-only tests (pytest -p tools.gpucheck --cuda-only)
 # ---------------------------------------------------------------------------
 
 
@@ -183,7 +183,7 @@ def pytest_addoption(parser: Any) -> None:
         "--cuda-only",
         action="store_true",
         default=False,
-        help="helpers.tools.gpucheck: run only the tests marked as needing CUDA",
+        help="tools.gpucheck: run only the tests marked as needing CUDA",
     )
 
 
@@ -207,9 +207,14 @@ _FROM_RE = re.compile(r"^\s*from\s+((?:torch|torchvision)(?:\.\w+)*)\s+import\s+
 
 
 def _sources(root: Path) -> list[tuple[str, str]]:
-    """(name, code) of the helpers, the tests and the notebooks' code cells."""
+    """(name, code) of the helpers, the bench and the GPU check, the tests and the notebooks' code cells."""
     out = []
-    for path in sorted((root / "helpers").rglob("*.py")) + sorted((root / "tests").glob("*.py")):
+    own = [root / "tools" / f"{name}.py" for name in ("bench", "gpucheck")]  # the tools that run on the machine
+    for path in (
+        sorted((root / "helpers").rglob("*.py"))
+        + sorted(p for p in own if p.is_file())
+        + sorted((root / "tests").glob("*.py"))
+    ):
         text = _without_comments_and_strings(path.read_text(encoding="utf-8", errors="replace"))
         out.append((str(path.relative_to(root)), text))
     for nb in sorted((root / "notebooks").glob("*.ipynb")):
@@ -390,7 +395,7 @@ def _unit_argv(py: str, *, scope: str, slow: bool, per_test_s: int) -> list[str]
         "--durations=10",
     ]
     if scope == "cuda":
-        argv += ["-p", "helpers.tools.gpucheck", "--cuda-only"]
+        argv += ["-p", "tools.gpucheck", "--cuda-only"]
     if not slow:
         argv += ["-m", "not slow and not browser"]
     return argv + ["tests"]
@@ -494,7 +499,7 @@ def plan(
             argv = [
                 py,
                 "-m",
-                "helpers.tools.bench",
+                "tools.bench",
                 "--quick" if quick else "--full",
                 "--no-progress",
                 "--out",
@@ -521,7 +526,7 @@ def _fit_argv(step: CheckStep, timeout: float) -> list[str]:
             argv[i] = f"--nbval-cell-timeout={cell}"
             argv = [f"--timeout={cell + 10}" if x.startswith("--timeout=") else x for x in argv]
             break
-    if "helpers.tools.bench" in argv and "--budget-s" in argv:
+    if "tools.bench" in argv and "--budget-s" in argv:
         j = argv.index("--budget-s") + 1
         argv[j] = str(max(10, min(int(float(argv[j])), int(timeout) - BENCH_MARGIN_S)))
     return argv
@@ -710,7 +715,7 @@ def measure_item_cost(image_size: int, crop_size: int, *, n: int = 12, rounds: i
 
     import numpy as np
 
-    from ..pipeline import data  # heavy: torch, torchvision
+    from helpers.pipeline import data  # heavy: torch, torchvision
 
     with tempfile.TemporaryDirectory(prefix="gpucheck-probe-") as tmp:
         folder = Path(tmp) / data.SHAPE_CLASSES[0]
@@ -828,7 +833,7 @@ def reads_data_set(nb: Path) -> bool:
 def estimate_notebooks(nbs: Sequence[Path], tier: str, cost: Callable[[int, int], float] | None = None) -> Estimate:
     """:class:`Estimate` for the notebooks ``nbs`` at ``tier``; ``cost(image_size, crop_size)`` gives seconds
     per item (default: measured here, :func:`measure_item_cost`)."""
-    from ..pipeline.data import default_sizes  # heavy: torch
+    from helpers.pipeline.data import default_sizes  # heavy: torch
 
     cost = cost or measure_item_cost
     items: dict[str, int] = {}
@@ -1059,7 +1064,7 @@ def _logs_problem(path: Path) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m helpers.tools.gpucheck",
+        prog="python -m tools.gpucheck",
         description="Prove the workbook's GPU paths on a CUDA GPU within a short booking: a quick smoke run, the "
         "reference bench at full sizes, every notebook under nbval (full sizes where its estimate fits its share, "
         "else laptop), the CUDA-only unit tests; fail loudly on any "
@@ -1274,7 +1279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logdir.mkdir(parents=True, exist_ok=True)
     preflight_error = ""
     try:
-        from ..core.device import hardware_report  # heavy: torch (this module imports without it)
+        from helpers.core.device import hardware_report  # heavy: torch (this module imports without it)
 
         (logdir / "hardware.txt").write_text(hardware_report().describe() + "\n", encoding="utf-8")
     except Exception as exc:  # a GPU path: reported as a failure of the check, not swallowed
@@ -1302,7 +1307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if reference and "reference file:" not in log_text and (workdir / "bench.json").is_file():
             # the bench was stopped before writing its reference: keep the chapters it completed
             done = subprocess.run(
-                [sys.executable, "-m", "helpers.tools.bench", "--reference-from", str(workdir / "bench.json")],
+                [sys.executable, "-m", "tools.bench", "--reference-from", str(workdir / "bench.json")],
                 cwd=root,
                 env=env,
                 capture_output=True,
@@ -1374,7 +1379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "",
             f"reference file written: {ref_file}",
             "commit it (copy it into helpers/core/reference/ of your checkout if this ran elsewhere); "
-            "then `python -m helpers.tools.bench --readme-table --update README.md`",
+            "then `python -m tools.bench --readme-table --update README.md`",
         ]
     elif reference and bench_step is not None:
         lines += ["", "no reference file was written (see the bench log)"]
