@@ -7,7 +7,9 @@ fresh model); this module puts it together for the one chapter interface (:mod:`
 - the live panel trains a fresh model for a few steps of the reader's pipeline at the batch size, image
   size and model width the reader picks, and plots every run so far as stacked phase bars;
 - :func:`benchmark` records the anatomy of a baseline step (keys ``ch01.*``), headless;
-- :func:`reference_anatomy` is the breakdown such a benchmark recorded on a GPU, for a machine without one.
+- :func:`reference_anatomy` is the breakdown such a benchmark recorded on a GPU, for a machine without one;
+- :func:`step_verdict` and :func:`regimes_verdict` say whether the bottleneck model's prediction for the naive
+  loop agrees with the measured steps (section 5), and which to trust when it does not.
 
 >>> panel = widgets.Panel.for_chapter(ch01, device=DEVICE, **PIPELINE,
 ...                                   defaults=dict(batch_size=BATCH_SIZE, crop_size=CROP, width=WIDTH))
@@ -18,13 +20,14 @@ starting values.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import ipywidgets as W
 import torch
 
-from ..core import evidence
+from ..core import agreement, evidence
 from ..core.config import sized
 from ..core.device import resolve_device
 from ..core.evidence import Evidence
@@ -32,7 +35,7 @@ from ..core.progress import ProgressFn, no_progress, scaled
 from ..core.results import Record, ResultSet
 from ..core.validate import check_int
 from ..pipeline.data import default_sizes
-from ..pipeline.train import PHASES, Anatomy, StepFn, ToDevice, step_anatomy
+from ..pipeline.train import PHASES, Anatomy, Prediction, StepFn, ToDevice, step_anatomy
 from ..ui import plots
 
 __all__ = [
@@ -51,6 +54,8 @@ __all__ = [
     "anatomy_from_records",
     "reference_anatomy",
     "plot_reference_anatomy",
+    "step_verdict",
+    "regimes_verdict",
 ]
 
 NUMBER = "01"
@@ -342,3 +347,84 @@ def plot_reference_anatomy(ref: Evidence[ReferenceAnatomy]) -> None:
     for label, tr in list(r.traces.items())[:1]:
         ax = plots.new_axes((9, 2.4))
         plots.timeline(tr, ax, max_steps=4, source=ref.source, title=f"Recorded timeline on a GPU: {label}")
+
+
+# ---------------------------------------------------------------------------
+# Section 5: the prediction against the measured steps
+# ---------------------------------------------------------------------------
+
+_WHY = (
+    "it is what the loop pays. The prediction adds phase means and leaves out what "
+    "runs between the phases (the loop's own Python, the hooks that mark them, a progress update)"
+)
+_TRUST_GPU = ", and it assumes data overlaps compute by exactly one step."
+
+
+def _against_steps(pred: Prediction, step_times_s: Sequence[float], cuda: bool) -> tuple[str, float, bool, str]:
+    """The naive loop's prediction on this device, and where it lies against the measured steps' range.
+
+    Returns (what is predicted, the prediction in seconds, whether it lies within the range
+    (:func:`helpers.core.agreement.within_range`), "within" / "below" / "above").
+    """
+    name, value = ("copy + max(data, compute)", pred.one_step_overlap) if cuda else ("sum", pred.serial)
+    inside = agreement.within_range(value, step_times_s)
+    where = "within" if inside else ("below" if value < min(step_times_s) else "above")
+    return name, value, inside, where
+
+
+def _span_ms(step_times_s: Sequence[float]) -> str:
+    return f"{min(step_times_s) * 1e3:.2f}-{max(step_times_s) * 1e3:.2f} ms"
+
+
+def step_verdict(
+    pred: Prediction, step_times_s: Sequence[float], *, device: torch.device | str, width: int = 100
+) -> str:
+    """Whether the bottleneck model's prediction for the naive loop agrees with the measured steps.
+
+    The prediction for this device's naive loop (on a CPU the sum of the phases, on a GPU copy + max(data,
+    compute), :attr:`helpers.pipeline.train.Prediction.one_step_overlap`) has no spread of its own; it
+    agrees when it lies within the range of the measured steps' wall times (``step_times_s``, from
+    :func:`helpers.pipeline.train.step_times`; :func:`helpers.core.agreement.within_range`). When it does
+    not, the measured step is the one to trust: the prediction leaves out what runs between the phases
+    (and on a GPU assumes one step of overlap). Wrapped at ``width`` characters.
+
+    Raises:
+        ValueError: no step times, or one that is not a finite number.
+    """
+    cuda = torch.device(device).type == "cuda"
+    name, value, inside, where = _against_steps(pred, step_times_s, cuda)
+    loop = "a GPU pays copy + max(data, compute)" if cuda else "a CPU pays the sum of the phases"
+    text = (
+        f"Prediction vs measurement: the naive loop on {loop}, {value * 1e3:.2f} ms, which lies {where} the range "
+        f"of the {len(step_times_s)} measured steps ({_span_ms(step_times_s)}): "
+    )
+    if inside:
+        text += "they agree within their spread."
+    else:
+        text += f"they do NOT agree within their spread. Trust the measured step: {_WHY}{_TRUST_GPU if cuda else '.'}"
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
+
+
+def regimes_verdict(
+    runs: Mapping[str, tuple[Prediction, Sequence[float]]], *, device: torch.device | str, width: int = 100
+) -> str:
+    """:func:`step_verdict` for each row of section 5's table (label -> (prediction, step times)), in one sentence.
+
+    Raises:
+        ValueError: no rows, or a row with no step times.
+    """
+    if not runs:
+        raise ValueError("regimes_verdict needs at least one (prediction, step times) row")
+    cuda = torch.device(device).type == "cuda"
+    parts, agree = [], True
+    for label, (pred, times) in runs.items():
+        name, value, inside, where = _against_steps(pred, times, cuda)
+        word = "agree" if inside else "do NOT agree"
+        parts.append(f"{label}: {word} ({value * 1e3:.2f} ms {where} {_span_ms(times)})")
+        agree = agree and inside
+    text = f"Each row's prediction ({name}) against the range of that model's measured steps: {'; '.join(parts)}"
+    if agree:
+        text += ": they agree within their spread."
+    else:
+        text += f". Where they do NOT agree, trust the measured step: {_WHY}{_TRUST_GPU if cuda else '.'}"
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)

@@ -6,7 +6,7 @@ shape of the experiment and the result:
 
 * :func:`warmup_demo` — the first calls of a fresh operation are slower.
 * :func:`sync_demo` — timing GPU work without synchronising measures the
-  launch, not the work.
+  launch, not the work; :func:`sync_verdict` says, on a CPU, whether its two timings agree.
 * :func:`events_vs_wall` — CUDA events vs a synchronised wall clock.
 * :func:`time_op` — the operation the live panel times.
 * :func:`clock_timings` / :func:`clock_timings_from_records` / :func:`clock_table` — one
@@ -18,12 +18,14 @@ Chapter 00's panel and its headless benchmark are in :mod:`helpers.chapters.ch00
 
 from __future__ import annotations
 
+import textwrap
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
+from ..core import agreement
 from ..core.device import resolve_device
 from ..core.results import Record, ResultSet
 from ..core.timing import Timing, cuda_event_time, measure, synchronize, time_calls
@@ -39,6 +41,7 @@ __all__ = [
     "calls_within",
     "warmup_demo",
     "sync_demo",
+    "sync_verdict",
     "events_vs_wall",
     "time_op",
     "ClockTiming",
@@ -170,7 +173,8 @@ def sync_demo(
     """Time the same matrix product with and without synchronising before reading the clock.
 
     On a GPU, ``"no sync"`` measures only how long the CPU takes to *queue*
-    the kernel; on a CPU the two agree because CPU operations are synchronous.
+    the kernel; on a CPU both time the same work, because CPU operations are synchronous
+    (:func:`sync_verdict` says whether the two agree within their spread).
     ``repeats`` is cut (to at least 3 each) so the demo fits ``max_seconds``; each
     result's ``n`` says how many calls were timed.
     """
@@ -183,6 +187,33 @@ def sync_demo(
         "no sync": time_calls(fn, repeats=repeats, device=dev, sync=False, warmup=1, label=f"matmul {n}, no sync"),
         "sync": time_calls(fn, repeats=repeats, device=dev, sync=True, warmup=1, label=f"matmul {n}, synchronised"),
     }
+
+
+def sync_verdict(no_sync: Timing, sync: Timing, *, width: int = 100) -> str:
+    """On a CPU, whether :func:`sync_demo`'s two timings agree within their spread, and which to trust if not.
+
+    CPU operations are synchronous, so both clocks time the same work: they agree when their
+    interquartile ranges (:attr:`Timing.quartiles_s`) overlap
+    (:func:`helpers.core.agreement.spreads_overlap`), and the gap between the medians is noise. When
+    they do not overlap, the gap is still not the clock's (the same work was timed): it is warm-up or
+    load on this machine, and the faster timing is the one to trust, since load and warm-up only ever
+    add time. ``no_sync`` was timed first. The sentence is wrapped at ``width`` characters.
+    """
+    (a_lo, a_hi), (b_lo, b_hi) = no_sync.quartiles_s, sync.quartiles_s
+    a_ms, b_ms = no_sync.median_s * 1e3, sync.median_s * 1e3
+    pair = f"no sync {a_ms:.3f} ms (timed first) and sync {b_ms:.3f} ms (timed second)"
+    spread = f"quartiles {a_lo * 1e3:.3f}-{a_hi * 1e3:.3f} and {b_lo * 1e3:.3f}-{b_hi * 1e3:.3f} ms"
+    head = "On the CPU, operations are synchronous, so both clocks timed the same work:"
+    if agreement.spreads_overlap(no_sync.quartiles_s, sync.quartiles_s):
+        text = f"{head} {pair} agree within their spread ({spread} overlap). The gap is noise."
+    else:
+        which = "sync, timed second" if b_ms <= a_ms else "no sync, timed first"
+        text = (
+            f"{head} {pair} do NOT agree within their spread ({spread} do not overlap). Same work, so the gap "
+            f"is warm-up or load on this machine, not the clock: trust the faster, {which}, "
+            f"{min(a_ms, b_ms):.3f} ms (load and warm-up only ever add time), or re-run the cell."
+        )
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
 
 
 def events_vs_wall(

@@ -47,6 +47,7 @@ Public API (stable; later chapters rely on it):
 ``step_anatomy(*, batch_size, crop_size, width, ..., make_loader=, to_device=, train_step=) -> Anatomy``
     (a few measured steps of a fresh model; the thin/wide regimes and the live panel call it)
 ``lane_overlap(trace, lane_a, lane_b) -> float``  (seconds two timeline lanes were busy at once)
+``step_times(trace) -> list[float]``  (each recorded step's wall time; their mean is the measured step time)
 
 The ``transfer="blocking"`` / ``"non_blocking"`` copies of :func:`train_epoch` and :func:`evaluate` are the
 workbook's one batch mover, :func:`helpers.pipeline.prefetch.move_batch`. Chapter 01's live panel, its
@@ -89,6 +90,7 @@ __all__ = [
     "fit",
     "predict_step_time",
     "lane_overlap",
+    "step_times",
     "step_anatomy",
 ]
 
@@ -700,6 +702,22 @@ def lane_overlap(trace: SpanTrace, lane_a: str, lane_b: str) -> float:
         else:
             j += 1
     return total
+
+
+def step_times(trace: SpanTrace) -> list[float]:
+    """Each recorded step's wall time, in step order: from its first span's start to the next step's.
+
+    The last step ends with its last span. The times add up to ``trace.wall_time()``, so their mean is
+    the measured step time (``trace.wall_time() / trace.steps()``), and their range is the spread a
+    prediction of the step is held against (chapter 01, :func:`helpers.chapters.ch01.step_verdict`).
+    """
+    starts: dict[int, float] = {}
+    end = 0.0
+    for s in trace.spans:
+        starts[s.step] = min(starts.get(s.step, s.start), s.start)
+        end = max(end, s.end)
+    order = sorted(starts.values())
+    return [b - a for a, b in zip(order, [*order[1:], end])]
 
 
 # ---------------------------------------------------------------------------
