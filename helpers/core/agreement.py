@@ -23,6 +23,9 @@ rule                     agree when                                             
 ``_floor``               run-to-run noise floor (a fraction)                    (with the rule above)
 =======================  =====================================================  ===================================
 
+Also: ch00 ``hygiene.sync_verdict`` (:func:`spreads_overlap` on quartiles) and ch01 ``ch01.step_verdict`` /
+``ch01.regimes_verdict`` (:func:`within_range`: the predicted step within the measured steps' range).
+
 Two spreads, one rule. Chapter 02's sweep points keep only a median and an IQR, so their spread is the
 wider band ``median ± IQR`` (two such bands overlap exactly when the medians differ by at most the sum
 of the IQRs); chapter 05's timings keep their quartiles, so theirs is ``(q1, q3)``. Both are
