@@ -36,6 +36,7 @@ phase_s = {{"load": 0.004, "collate": 0.001, "h2d": 0.0005, "forward": 0.002, "b
 regimes = {{"width 2": SimpleNamespace(prediction=SimpleNamespace(
     stage_times={{"data": 0.005, "copy": 0.0005, "compute": 0.001}}, bottleneck="data"))}}
 fits = {{"H2D pinned": SimpleNamespace(latency_s=1e-5, bandwidth_Bps=2e10)}}
+FIT = fits["H2D pinned"]  # chapter 02's exercise cell sets it again, as the chapter does
 host = SimpleNamespace(label="host memcpy")
 sweeps = {{("h2d", "pinned"): None}}
 ch02 = SimpleNamespace(fit_check=lambda sw, fit: SimpleNamespace(verdict=lambda: "the model fits its points"))
@@ -355,3 +356,55 @@ def test_a_submission_run_in_a_real_kernel_is_graded(tmp_path: Path) -> None:
     rows = {r.exercise: r for r in grade.grade_folder(tmp_path / "subs")}
     assert rows["04.1"].points == 1 and rows["04.3"].points == 1
     assert rows["04.5"].points == 0 and rows["04.2"].feedback == "not answered"
+
+
+# One typical wrong answer per exercise (a lazy, copied or unit mistake), as code run in the stand-in run.
+WRONG_ANSWERS = {
+    "00.1": "sum(warm.times_s) / len(warm.times_s) * 1e3",  # the mean, not the median
+    "00.2": "128 * 3 * 160 * 160 * 4 / (device.pcie_bandwidth_gbps(4, 16) * 1e9)",  # seconds, not ms
+    "00.3": '"a"',
+    "01.1": '"forward"',
+    "01.2": "sum(phase_s.values()) * 1e3",  # the serial time, not the slowest stage
+    "01.3": '"compute"',
+    "02.1": "(FIT.latency_s + 48e6 / FIT.bandwidth_Bps) * 1e3",  # MB, not MiB
+    "02.2": "128 * 3 * 160 * 160 * 4",  # all the float32 bytes, not the extra ones
+    "02.3a": "True",
+    "02.3b": "8 / 3",
+    "02.4": '"a"',
+    "02.5": '"c"',
+    "03.1": '"pin_memory"',
+    "03.2": "True",  # what the flag asked for, not what this run got
+    "03.3": '"pin thread"',
+    "03.4": '"a"',
+    "04.1": "sweep.rule_of_thumb()",
+    "04.2": "True",
+    "04.3": "3",
+    "04.4": "0.0",
+    "04.5": "1320 / 1600",  # against cores x one process, not the measured ceiling
+    "05.1": '{("pinned", "default")}',
+    "05.2": "256 * 3 * 224 * 224 * 4 / 2**20",  # float32
+    "05.3": "type('PassThrough', (), {})",  # a prefetcher that never waits: the checker refuses it
+    "05.4": 'cmp.bytes["float32"] / cmp.bytes["uint8"]',
+    "06.1": '"data-bound"',
+    "06.2": "1800 / 2400",  # against the loader, not the slowest stage
+    "06.3": '"pinned"',
+    "06.4": '"loader"',
+    "07.1": "1000 // 3",
+    "07.2": "0",
+    "07.3": '"C"',
+    "07.4": "50_000 // 8 // 64",
+    "07.5": "4 * 6",
+}
+
+
+@pytest.mark.parametrize("exercise", [ex for ex in key.ANSWERS if not ex.startswith("99.")])
+def test_each_exercise_refuses_a_typical_wrong_answer_and_accepts_its_solution(exercise: str) -> None:
+    ns: dict[str, Any] = {}
+    exec(SETUP.format(run=RUN_A), ns)
+    wrong = eval(WRONG_ANSWERS[exercise], ns)
+    facts = exercises.RUN_FACTS[exercise](ns, wrong) if exercise in exercises.RUN_FACTS else {}
+    assert not key.grade(exercise, wrong, facts)[0], f"{exercise}: {WRONG_ANSWERS[exercise]} passed"
+    solution = key.entry(exercise).solution.replace(f"answer_{exercise[-1]} =", "answer =")
+    exec(solution, ns)
+    facts = exercises.RUN_FACTS[exercise](ns, ns["answer"]) if exercise in exercises.RUN_FACTS else {}
+    assert key.grade(exercise, ns["answer"], facts)[0], f"{exercise}: the key's own solution fails"
