@@ -312,7 +312,7 @@ ANSWERS: dict[str, Answer] = {
     # 07 · Beyond one GPU
     "07.1": Answer(
         lambda f: _dist("per_rank"),
-        "answer = math.ceil(1000 / 3)",
+        "answer = -(-1000 // 3)  # ceil(1000 / 3)",
         "ceil(1000 / 3) = 334: ranks load 1,002 samples together, 2 of them repeated.",
         rel_tol=0,
     ),
@@ -330,7 +330,7 @@ ANSWERS: dict[str, Answer] = {
     ),
     "07.4": Answer(
         lambda f: _dist("batches"),
-        "answer = math.ceil(50_000 / 8 / 64)",
+        "answer = -(-(50_000 // 8) // 64)  # ceil(6,250 / 64)",
         "50,000 / 8 = 6,250 samples per rank; ceil(6,250 / 64) = 98 steps, the last with 42 images.",
         rel_tol=0,
     ),

@@ -25,7 +25,6 @@ CHAPTERS = [release.chapter_of(p) for p in release.chapter_notebooks()]
 
 # The figures of one student's run, as the chapters' objects expose them (stand-ins, never shown to a reader).
 SETUP = """
-import math
 from types import SimpleNamespace
 from helpers.core import device
 from helpers.ui import exercises
