@@ -12,7 +12,7 @@ NB_TIMEOUT ?= 300
 # JupyterLab refuses to start as root unless told; containers often run as root.
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: setup compile lab test test-fast lint test-unit test-notebooks test-browser test-floor bench gpu-check coverage-cuda clean help
+.PHONY: setup compile lab test test-fast lint test-unit test-notebooks test-browser test-floor bench gpu-check coverage-cuda release solutions grade clean help
 
 help:
 	@echo "make lab         set up .venv and open the workbook in JupyterLab"
@@ -25,6 +25,9 @@ help:
 	@echo "make bench       every chapter's measurements headless -> artifacts/bench-*.json + .png (BENCH_ARGS=--quick)"
 	@echo "make gpu-check   on a CUDA machine (at most ~24 min): smoke (CUDA-only tests + notebooks, quick), the bench + a reference file (full sizes), every notebook (full where its estimate fits its share, else laptop), the CUDA-only tests"
 	@echo "make coverage-cuda  helpers/ line coverage by the unit tests, CUDA-only lines counted apart (COVERAGE_ARGS='--tests tests/test_x.py')"
+	@echo "make release     the student release of every chapter (CHAPTER=04 for one) -> release/ (no answers, no key)"
+	@echo "make solutions   the instructor's solutions, generated from course/key.py -> SOLUTIONS.md (do not hand out)"
+	@echo "make grade SUBMISSIONS=dir   grade submitted notebooks -> grades.csv + a printed table (docs/INSTRUCTORS.md)"
 	@echo "make clean       remove .venv, caches and artifacts"
 
 # Re-installs only when the dependency files change, so a second run is quick. pip byte-compiles what it
@@ -123,6 +126,19 @@ bench: setup
 GPUCHECK_STEPS ?= smoke,bench,notebooks,unit
 gpu-check: setup
 	$(BIN)/python -m tools.gpucheck --steps $(GPUCHECK_STEPS) $(GPUCHECK_ARGS)
+
+# Courses and workshops (docs/INSTRUCTORS.md): the answer key is course/key.py, outside the installed package.
+RELEASE_DIR ?= release
+release: setup
+	$(BIN)/python -m course.release --out $(RELEASE_DIR) $(if $(CHAPTER),--chapters $(CHAPTER))
+
+solutions: setup
+	$(BIN)/python -m course.release --solutions SOLUTIONS.md $(if $(CHAPTER),--chapters $(CHAPTER))
+
+GRADES ?= grades.csv
+grade: setup
+	@test -n "$(SUBMISSIONS)" || { echo "make grade needs SUBMISSIONS=<folder of submitted notebooks>"; exit 2; }
+	$(BIN)/python -m course.grade $(SUBMISSIONS) --out $(GRADES)
 
 clean:
 	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache .ruff_cache .mypy_cache artifacts data-cache

@@ -1,29 +1,40 @@
-"""Automatic checks for the exercises.
+"""Automatic checks for the exercises, with the answers kept out of the reader's notebook.
 
-Each exercise cell ends with ``check("02.1", answer, expected=..., hint=...)``.
+Each exercise cell ends with ``check("02.1", answer, hint=...)``. The expected value, the
+explanation and a reference solution live in the answer key, ``course/key.py`` at the
+repository's root (the instructor's side: it is not part of the installed package, and the
+student release made by ``make release`` leaves it out). A check never prints the value it
+compares against.
 
-The result shows itself as the last expression of a cell (``print`` it in a
-script).
+The result shows itself as the last expression of a cell (``print`` it in a script).
 
 * An unanswered exercise (``answer`` is ``None`` or ``...``) prints a hint and
   does not fail, so notebooks run top to bottom before anyone answers.
-* A wrong answer prints what is wrong and a hint.
+* A wrong answer prints what is wrong and a hint, never the expected value.
 * A right answer prints a short explanation.
+* ``show_solution("02.1")`` prints the reference solution, on request (self-study).
+* Without the answer key (a course's student release) the answer is recorded for the
+  instructor's grader, and the check says so.
 
-For course assignments set ``WORKBOOK_GRADE=1``: then anything but a right
-answer raises ``AssertionError``, so an autograder (e.g. nbval or nbclient)
-fails the notebook.
+Every check also leaves a record in the cell's output (mimetype
+``application/vnd.workbook.exercise+json``, not displayed): the answer as the reader's run
+computed it and, for a measured exercise, the values that run recorded (e.g. the worker
+sweep's items/s). ``python -m course.grade`` grades a folder of submitted notebooks from these
+records with its own copy of the key, so an edited ``expected=`` or a deleted check cannot raise
+a score, and a measured answer is graded against the reader's own run, never a re-run.
+
+For a strict run set ``WORKBOOK_GRADE=1``: then anything but a right answer raises
+``AssertionError``, so nbval or nbclient fails the notebook.
 
 An exercise with several parts is checked with one call, so that every part's verdict
 is shown (two ``check`` calls in one cell would show only the last)::
 
-    check_parts("02.3", a=Part(answer_a, expected=False, hint=...),
-                        b=Part(answer_b, expected=4.0, hint=...))
+    check_parts("02.3", a=Part(answer_a, hint=...), b=Part(answer_b, hint=...))
 
-``expected`` may be a number (compared with a relative tolerance), a string
-(case- and space-insensitive), a collection of acceptable strings, a bool, or a
-callable ``expected(answer) -> bool | str`` (a string is a message explaining
-what is wrong).
+``expected`` (optional: the key's value by default) may be a number (compared with a relative
+tolerance), a string (case-, space- and ``"b)"``-insensitive), a collection of acceptable
+strings, a bool, or a callable ``expected(answer) -> bool | str`` (a string is a message
+explaining what is wrong).
 
 An exception raised while comparing becomes a "not quite" verdict naming it (a reader's odd
 answer must not crash the cell), with one exception: on a strict GPU run
@@ -36,23 +47,184 @@ exactly those errors; this module lets them through.
 from __future__ import annotations
 
 import html
+import importlib.util
 import math
 import numbers
-from dataclasses import dataclass
-from typing import Any, Collection
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Collection
 
 from ..core import config
 
-__all__ = ["ExerciseResult", "ExerciseReport", "Part", "check", "check_parts"]
+__all__ = [
+    "ExerciseResult",
+    "ExerciseReport",
+    "Part",
+    "RECORD_MIME",
+    "check",
+    "check_parts",
+    "show_solution",
+    "answer_key",
+    "encode_answer",
+    "decode_answer",
+]
+
+RECORD_MIME = "application/vnd.workbook.exercise+json"
+"""The mimetype of the grading record every check leaves in its cell's output (not displayed)."""
+
+KEY_ENV = "WORKBOOK_ANSWER_KEY"
+"""Path of the answer key to use instead of ``course/key.py`` (``none``: behave as a student release)."""
+
+
+class _FromKey:
+    def __repr__(self) -> str:
+        return "<from the answer key>"
+
+
+FROM_KEY: Any = _FromKey()
+"""The default ``expected``: the value the answer key computes for this exercise."""
+
+
+def _key_path() -> Path | None:
+    env = os.environ.get(KEY_ENV)
+    if env is not None:
+        return None if env.strip().lower() in ("", "none", "0") else Path(env)
+    path = Path(__file__).resolve().parents[2] / "course" / "key.py"
+    return path if path.is_file() else None
+
+
+_KEYS: dict[Path, ModuleType] = {}
+
+
+def answer_key() -> ModuleType | None:
+    """The answer key module (``course/key.py``), or None where it is absent (a student release)."""
+    path = _key_path()
+    if path is None:
+        return None
+    path = path.resolve()
+    if path not in _KEYS:
+        if not path.is_file():
+            raise ValueError(f"{KEY_ENV}={path}: no such answer key file; unset it or point it at course/key.py")
+        spec = importlib.util.spec_from_file_location("_workbook_answer_key", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+        _KEYS[path] = module
+    return _KEYS[path]
+
+
+# What each measured exercise reads from the reader's own run (their notebook's namespace). It is saved in the
+# check's grading record, so that the grader grades against the run the reader saw, never a re-run. These are
+# the run's own figures (tables the chapter shows), not answers: the key turns them into the expected value.
+def _phase_s(ns: dict[str, Any], answer: Any) -> dict[str, Any]:
+    return {"phase_s": {str(k): float(v) for k, v in ns["phase_s"].items()}}
+
+
+def _sweep(ns: dict[str, Any], answer: Any) -> dict[str, Any]:
+    sweep = ns["sweep"]
+    return {
+        "workers": [int(w) for w in sweep.workers],
+        "items_per_s": [float(v) for v in sweep.items_per_s],
+        "rule_of_thumb": int(sweep.rule_of_thumb()),
+    }
+
+
+def _prefetcher(ns: dict[str, Any], answer: Any) -> dict[str, Any]:
+    if answer is None or answer is Ellipsis:
+        return {}
+    verdict = ns["prefetch"].check_pipeline_prefetcher(answer, ns.get("DEVICE"))
+    return {"checker_correct": bool(verdict.correct), "checker_message": str(verdict)}
+
+
+def _waterfall(ns: dict[str, Any], regime: str) -> dict[str, Any]:
+    wf = ns["wf"][regime]
+    return {
+        "steps": [str(r.name) for r in wf.results],
+        "gains": [float(g) for g in wf.gains()],
+        "best_steps": [str(n) for n in wf.best_steps()],
+        "baseline_stages": {str(k): (float(v) if v else None) for k, v in wf.results[0].stages.items()},
+    }
+
+
+RUN_FACTS: dict[str, Callable[[dict[str, Any], Any], dict[str, Any]]] = {
+    "00.1": lambda ns, a: {"times_s": [float(t) for t in ns["warm"].times_s]},
+    "01.1": _phase_s,
+    "01.2": _phase_s,
+    "01.3": lambda ns, a: {
+        "stage_times": {str(k): float(v) for k, v in ns["regimes"]["width 2"].prediction.stage_times.items()}
+    },
+    "02.1": lambda ns, a: {"latency_s": float(ns["FIT"].latency_s), "bandwidth_Bps": float(ns["FIT"].bandwidth_Bps)},
+    "03.2": lambda ns, a: {"pinned": bool(next(r.pin_active for r in ns["rows"] if r.pin_memory))},
+    "04.1": _sweep,
+    "04.2": _sweep,
+    "04.4": lambda ns, a: {"dup_bad": float(ns["DUP_BAD"])},
+    "05.3": _prefetcher,
+    "05.4": lambda ns, a: {"bytes": {str(k): float(v) for k, v in ns["cmp"].bytes.items()}},
+    "06.1": lambda ns, a: {"verdict": str(ns["diagnoses"]["compute-bound"].verdict)},
+    "06.3": lambda ns, a: _waterfall(ns, "data-bound"),
+    "06.4": lambda ns, a: _waterfall(ns, "compute-bound"),
+    "99.1": lambda ns, a: {"nbytes": int(ns["src"].nbytes)},
+}
+
+
+def encode_answer(answer: Any) -> Any:
+    """The answer as JSON (sets and tuples tagged, anything else by its ``repr``), for the grading record."""
+    if answer is None or isinstance(answer, (bool, str)):
+        return answer
+    if isinstance(answer, numbers.Integral):
+        return int(answer)
+    if isinstance(answer, numbers.Real):
+        value = float(answer)
+        return value if math.isfinite(value) else {"float": repr(value)}
+    if isinstance(answer, (set, frozenset)):
+        return {"set": [encode_answer(x) for x in sorted(answer, key=repr)]}
+    if isinstance(answer, (list, tuple)):
+        return {"tuple" if isinstance(answer, tuple) else "list": [encode_answer(x) for x in answer]}
+    if answer is Ellipsis:
+        return {"ellipsis": True}
+    return {"repr": repr(answer)}
+
+
+def decode_answer(data: Any) -> Any:
+    """The inverse of :func:`encode_answer` (an object known only by its ``repr`` comes back as that string)."""
+    if not isinstance(data, dict):
+        return data
+    if "set" in data:
+        return {_hashable(decode_answer(x)) for x in data["set"]}
+    if "tuple" in data:
+        return tuple(decode_answer(x) for x in data["tuple"])
+    if "list" in data:
+        return [decode_answer(x) for x in data["list"]]
+    if "float" in data:
+        return float(data["float"])
+    if data.get("ellipsis"):
+        return Ellipsis
+    return _Unrecorded(str(data.get("repr", "")))
+
+
+def _hashable(x: Any) -> Any:
+    return tuple(_hashable(i) for i in x) if isinstance(x, list) else x
+
+
+class _Unrecorded(str):
+    """An answer the record holds only by its repr (a class, a function): the key's checker ran in the reader's run."""
 
 
 @dataclass
 class ExerciseResult:
-    """The outcome of one check: ``status`` is 'correct', 'wrong' or 'unanswered'."""
+    """The outcome of one check: ``status`` is 'correct', 'wrong', 'unanswered' or 'recorded' (no answer key here).
+
+    ``record`` is what the grader reads from the cell's output (see the module docstring).
+    """
 
     exercise: str
     status: str
     message: str
+    record: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def correct(self) -> bool:
@@ -65,8 +237,11 @@ class ExerciseResult:
         return self.message
 
     def _repr_html_(self) -> str:  # pragma: no cover - display only
-        color = {"correct": "#1a7f37", "wrong": "#b00020", "unanswered": "#7a5a00"}[self.status]
+        color = {"correct": "#1a7f37", "wrong": "#b00020", "unanswered": "#7a5a00", "recorded": "#444"}[self.status]
         return f"<span style='color:{color}'>{html.escape(self.message)}</span>"
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {RECORD_MIME: {"records": [self.record] if self.record else []}}
 
 
 @dataclass
@@ -74,11 +249,11 @@ class Part:
     """One part of a multi-part exercise: the reader's ``answer`` and what :func:`check` needs."""
 
     answer: Any
-    expected: Any
+    expected: Any = FROM_KEY
     hint: str = ""
     explanation: str = ""
-    rel_tol: float = 0.05
-    abs_tol: float = 0.0
+    rel_tol: float | None = None
+    abs_tol: float | None = None
 
 
 @dataclass
@@ -94,11 +269,13 @@ class ExerciseReport:
 
     @property
     def status(self) -> str:
-        """'correct' (every part), 'unanswered' (no part answered yet) or 'wrong'."""
+        """'correct' (every part), 'unanswered' (no part answered yet), 'recorded' or 'wrong'."""
         if self.correct:
             return "correct"
         if all(p.status == "unanswered" for p in self.parts):
             return "unanswered"
+        if all(p.status in ("recorded", "unanswered") for p in self.parts):
+            return "recorded"
         return "wrong"
 
     @property
@@ -114,9 +291,26 @@ class ExerciseReport:
     def _repr_html_(self) -> str:  # pragma: no cover - display only
         return "<br>".join(p._repr_html_() for p in self.parts)
 
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {RECORD_MIME: {"records": [p.record for p in self.parts if p.record]}}
 
-def _norm(s: str) -> str:
-    return " ".join(str(s).lower().split())
+
+@dataclass
+class Solution:
+    """A reference solution from the answer key, shown on request (:func:`show_solution`)."""
+
+    exercise: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _norm(s: Any) -> str:
+    return " ".join(str(s).lower().split()).strip("()\"'. ")
 
 
 def _strict_gpu_error(exc: BaseException) -> bool:
@@ -132,7 +326,23 @@ def _strict_gpu_error(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "CUDA" in str(exc)
 
 
-def _compare(answer: Any, expected: Any, rel_tol: float, abs_tol: float) -> tuple[bool, str]:
+def _units_hint(answer: float, expected: float) -> str:
+    """A hint when the answer is off by a unit factor (s vs ms, MiB vs MB), else ''."""
+    if expected == 0 or answer == 0:
+        return ""
+    ratio = answer / expected
+    for factor, what in ((1e3, "seconds or milliseconds? a factor of 1,000"), (2**20 / 1e6, "MiB or MB?")):
+        for r in (factor, 1 / factor):
+            if math.isclose(ratio, r, rel_tol=0.01):
+                return f"; check the units: {what}"
+    return ""
+
+
+def compare(answer: Any, expected: Any, rel_tol: float = 0.05, abs_tol: float = 0.0) -> tuple[bool, str]:
+    """``(right?, what is wrong)`` for ``answer`` against ``expected`` (see the module docstring).
+
+    The message never names the expected value (a direction, a type or a unit hint at most).
+    """
     if callable(expected):
         verdict = expected(answer)
         if isinstance(verdict, str):
@@ -151,10 +361,14 @@ def _compare(answer: Any, expected: Any, rel_tol: float, abs_tol: float) -> tupl
         if ok:
             return True, ""
         direction = "too high" if float(answer) > float(expected) else "too low"
-        return False, f"{answer:.4g} is {direction}"
+        return False, f"{answer:.4g} is {direction}{_units_hint(float(answer), float(expected))}"
     if isinstance(expected, str):
+        if not isinstance(answer, str):
+            return False, f"answer with a string, not {type(answer).__name__} {answer!r}"
         return _norm(answer) == _norm(expected), ""
     if isinstance(expected, Collection):
+        if not isinstance(answer, str):
+            return False, f"answer with a string, not {type(answer).__name__} {answer!r}"
         return _norm(answer) in {_norm(e) for e in expected}, ""
     return answer == expected, ""
 
@@ -162,25 +376,29 @@ def _compare(answer: Any, expected: Any, rel_tol: float, abs_tol: float) -> tupl
 def check(
     exercise: str,
     answer: Any,
-    expected: Any,
+    expected: Any = FROM_KEY,
     *,
     hint: str = "",
     explanation: str = "",
-    rel_tol: float = 0.05,
-    abs_tol: float = 0.0,
+    rel_tol: float | None = None,
+    abs_tol: float | None = None,
 ) -> ExerciseResult:
-    """Check ``answer`` against ``expected`` and print feedback.
+    """Check ``answer`` and show feedback (never the expected value).
 
     Args:
         exercise: the exercise id, e.g. ``"00.2"``.
         answer: what the reader wrote (``None`` or ``...`` = not answered yet).
-        expected: see the module docstring.
+        expected: by default the answer key's value for this exercise, computed from the figures of the
+            run that called the check (the caller's globals); see the module docstring for the other forms.
         hint: shown when unanswered or wrong.
-        explanation: shown when right.
-        rel_tol / abs_tol: tolerance for numbers.
+        explanation: shown when right (by default the key's).
+        rel_tol / abs_tol: tolerance for numbers (by default the key's, else 5 % and 0).
     """
-    result = _evaluate(exercise, answer, expected, hint=hint, explanation=explanation, rel_tol=rel_tol, abs_tol=abs_tol)
-    if config.grade_mode() and not result.correct:
+    ns = sys._getframe(1).f_globals
+    result = _evaluate(
+        exercise, answer, expected, hint=hint, explanation=explanation, rel_tol=rel_tol, abs_tol=abs_tol, ns=ns
+    )
+    if config.grade_mode() and result.status in ("wrong", "unanswered"):
         raise AssertionError(result.message)
     return result
 
@@ -188,7 +406,7 @@ def check(
 def check_parts(exercise: str, **parts: Part) -> ExerciseReport:
     """Check every part of a multi-part exercise and show all their verdicts together.
 
-    ``check_parts("02.3", a=Part(answer_a, expected=...), b=Part(answer_b, expected=...))``
+    ``check_parts("02.3", a=Part(answer_a, hint=...), b=Part(answer_b, hint=...))``
     checks parts "02.3a" and "02.3b". Every part is checked even when an earlier one is
     wrong; with ``WORKBOOK_GRADE=1`` any part that is not right raises ``AssertionError``
     naming all of them.
@@ -197,10 +415,11 @@ def check_parts(exercise: str, **parts: Part) -> ExerciseReport:
         ValueError: no parts, or a part that is not a :class:`Part`.
     """
     if not parts:
-        raise ValueError("check_parts needs at least one part, e.g. a=Part(answer_a, expected=...)")
+        raise ValueError("check_parts needs at least one part, e.g. a=Part(answer_a, hint=...)")
     for name, part in parts.items():
         if not isinstance(part, Part):
-            raise ValueError(f"part {name!r} must be a Part(answer, expected, ...), got {type(part).__name__}")
+            raise ValueError(f"part {name!r} must be a Part(answer, ...), got {type(part).__name__}")
+    ns = sys._getframe(1).f_globals
     report = ExerciseReport(
         exercise,
         [
@@ -212,32 +431,89 @@ def check_parts(exercise: str, **parts: Part) -> ExerciseReport:
                 explanation=p.explanation,
                 rel_tol=p.rel_tol,
                 abs_tol=p.abs_tol,
+                ns=ns,
             )
             for name, p in parts.items()
         ],
     )
-    if config.grade_mode() and not report.correct:
+    if config.grade_mode() and any(p.status in ("wrong", "unanswered") for p in report.parts):
         raise AssertionError("\n".join(p.message for p in report.parts if not p.correct))
     return report
 
 
+def show_solution(exercise: str) -> Solution:
+    """The answer key's reference solution and explanation for ``exercise`` (self-study: ask when ready).
+
+    Raises:
+        ValueError: an exercise id the key does not know.
+    """
+    key = answer_key()
+    if key is None:
+        return Solution(
+            exercise, f"Exercise {exercise}: no solutions in this copy (a course release); ask your instructor."
+        )
+    return Solution(exercise, key.solution_text(exercise))
+
+
 def _evaluate(
-    exercise: str, answer: Any, expected: Any, *, hint: str, explanation: str, rel_tol: float, abs_tol: float
+    exercise: str,
+    answer: Any,
+    expected: Any,
+    *,
+    hint: str,
+    explanation: str,
+    rel_tol: float | None,
+    abs_tol: float | None,
+    ns: dict[str, Any] | None = None,
 ) -> ExerciseResult:
-    """The verdict on one answer, without grade mode's AssertionError."""
-    if answer is None or answer is Ellipsis:
+    """The verdict on one answer, without grade mode's AssertionError, and its grading record."""
+    unanswered = answer is None or answer is Ellipsis
+    facts: dict[str, Any] | None = None
+    facts_error = ""
+    if exercise in RUN_FACTS and not (unanswered and exercise == "05.3"):
+        try:
+            facts = RUN_FACTS[exercise](dict(ns or {}), answer)
+        except Exception as exc:  # the run's figures are missing: say so instead of a traceback
+            if _strict_gpu_error(exc):
+                raise
+            facts_error = f"{type(exc).__name__}: {exc}"
+    record = {"exercise": exercise, "answer": encode_answer(answer), "facts": facts, "expected_given": False}
+    record["expected_given"] = expected is not FROM_KEY
+    if unanswered:
         msg = f"Exercise {exercise}: not answered yet." + (f" Hint: {hint}" if hint else "")
-        return ExerciseResult(exercise, "unanswered", msg)
+        return ExerciseResult(exercise, "unanswered", msg, record)
+    key = None
+    if expected is FROM_KEY:
+        key = answer_key()
+        if key is None:
+            msg = f"Exercise {exercise}: answer recorded ({_short(answer)}); your instructor's grader checks it."
+            return ExerciseResult(exercise, "recorded", msg, record)
+        if facts_error:
+            msg = (
+                f"Exercise {exercise}: could not read this run's figures ({facts_error}): run the chapter's "
+                "cells above first."
+            )
+            return ExerciseResult(exercise, "wrong", msg, record)
     try:
-        ok, why = _compare(answer, expected, rel_tol, abs_tol)
+        if key is not None:
+            ok, why = key.grade(exercise, answer, facts or {})
+            if ok and not explanation:
+                explanation = key.explanation(exercise, facts or {})
+        else:
+            ok, why = compare(answer, expected, 0.05 if rel_tol is None else rel_tol, abs_tol or 0.0)
     except Exception as exc:  # a reader's odd answer must not crash the checker
         if _strict_gpu_error(exc):  # ... but a strict GPU run's CUDA error must not become a verdict
             raise
         ok, why = False, f"could not compare the answer ({type(exc).__name__}: {exc})"
     if ok:
         msg = f"Exercise {exercise}: correct." + (f" {explanation}" if explanation else "")
-        return ExerciseResult(exercise, "correct", msg)
+        return ExerciseResult(exercise, "correct", msg, record)
     msg = f"Exercise {exercise}: not quite" + (f" ({why})" if why else "") + "."
     if hint:
         msg += f" Hint: {hint}"
-    return ExerciseResult(exercise, "wrong", msg)
+    return ExerciseResult(exercise, "wrong", msg, record)
+
+
+def _short(answer: Any) -> str:
+    text = repr(answer)
+    return text if len(text) <= 60 else text[:57] + "..."
