@@ -57,9 +57,13 @@ loader's batch (:func:`choose_model`, bounded in time), and says so when a regim
 be reached.
 
 Waterfalls are measured in alternating rounds (:func:`run_waterfall`): each step's gain is
-the median of per-round ratios between neighbours run back to back, and a gain whose range
-across rounds includes 1 is called noise (:meth:`Waterfall.verdicts`);
-:func:`expected_within_noise` says beforehand which steps should be noise on this device.
+the median of per-round ratios between neighbours run back to back, and its verdict comes from
+the rounds' spread: 'gain', 'slower', 'within noise' or 'no effect' (:meth:`Waterfall.verdicts`);
+:func:`expected_within_noise` says beforehand which steps should be within noise on this device.
+Without CUDA only the steps that can act are run: pinning, uint8 normalised on the device and the
+prefetcher are labelled 'needs CUDA', with figures of the same experiment published by others
+(:func:`cuda_step_evidence`), never a ratio. (The workers send uint8 batches in every configuration,
+so on a CPU the uint8 step changes only where the float image is made: the same process.)
 
 Threads. Every configuration of a waterfall, and every stage measured alone, runs with the
 same number of intra-op threads in the main process, ``JobSpec.threads`` =
@@ -2382,6 +2386,7 @@ def plot_waterfall(wf: Waterfall, ax: Any = None, *, title: str | None = None, s
         labels.append(steps[name].label)
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=25, ha="right", fontsize=8)
+    ax.set_xlim(-0.6, len(labels) - 0.4)  # the slots of the steps left out, too
     if any(h for h in hatches):
         ax.bar([0], [0], color="#d3d3d3", hatch="//", edgecolor="#555", label="needs CUDA: no effect here (noise only)")
         ax.legend(fontsize=7, loc="upper right")
