@@ -234,6 +234,9 @@ def test_the_advice_agrees_with_the_waterfall_it_follows() -> None:
     with_workers = D.decide(m(0.002, 0.0, 0.010, first_batch_s=0.5, facts=facts(num_workers=2)), measured=measured)
     (persist,) = [r for r in with_workers.recommendations if r.step == "persistent"]
     assert persist.gain_s is None and "within noise" in persist.evidence  # no saving the measurement did not see
+    kept = D.decide(m(0.040, 0.0, 0.010), measured={"workers": "slower", "persistent": "gain"})
+    top = kept.recommendations[0]  # workers that restart each epoch measured slower, persistent ones a gain
+    assert top.step == "persistent" and top.action.endswith("with persistent_workers=True")
     gained = D.decide(m(0.040, 0.0, 0.010), measured={"workers": "gain"})
     assert gained.recommendations[0].step == "workers" and "measured this step ('workers'): gain" in (
         gained.recommendations[0].evidence

@@ -225,7 +225,8 @@ def decide(
     ``measured``: what a waterfall measured on this machine, step name -> verdict
     (:meth:`helpers.chapters.capstone.Waterfall.step_verdicts`). The advice then agrees with it: a
     recommendation whose step was measured 'slower' (beyond the noise) is withdrawn, with a note
-    saying why; one measured 'within noise', 'no effect' or 'needs CUDA' keeps no estimated saving (the
+    saying why (workers measured slower while persistent workers measured a gain: the advice becomes
+    persistent workers); one measured 'within noise', 'no effect' or 'needs CUDA' keeps no estimated saving (the
     measurement did not see one) and says what was measured; one measured 'gain' says so.
 
     Raises:
@@ -458,6 +459,15 @@ def decide(
         agreed: list[Recommendation] = []
         for r in recs:
             v = measured.get(r.step) if r.step else None
+            if v == "slower" and r.step == "workers" and measured.get("persistent") == "gain":
+                r.action += " with persistent_workers=True"  # what the waterfall measured as a gain
+                r.evidence += (
+                    "; the waterfall on this machine measured workers that restart every epoch slower beyond its "
+                    "noise, and persistent workers (with prefetch_factor=4) a gain"
+                )
+                r.step = "persistent"
+                agreed.append(r)
+                continue
             if v == "slower":
                 notes.append(
                     f"Not recommended here: {r.action}. The waterfall on this machine measured its step "
@@ -467,6 +477,8 @@ def decide(
             if v in ("within noise", "no effect", "needs CUDA"):
                 r.gain_s = None  # the measurement saw no saving: no estimate ranks it
                 r.evidence += f"; but the waterfall on this machine measured this step ('{r.step}'): {v}"
+            elif v == "one round":
+                r.evidence += f"; the waterfall on this machine ran this step ('{r.step}') in one round: no verdict"
             elif v is not None:
                 r.evidence += f"; the waterfall on this machine measured this step ('{r.step}'): {v}"
             agreed.append(r)
