@@ -602,6 +602,8 @@ def test_on_a_cpu_the_waterfall_measures_only_the_steps_that_can_act(monkeypatch
     assert "No published figure of this experiment was found" in table  # uint8 over the link: none published
     assert C.cuda_step_evidence(C.STEPS[1]).cited and not C.cuda_step_evidence(C.STEPS[1])  # cited, no value
     C.plot_waterfall(wf)  # a labelled slot for each step left out
+    with pytest.raises(ValueError, match="need CUDA"):
+        C.run_waterfall("data-bound", "cpu", names=["pinned", "uint8"], spec=tiny(), workers=1, rounds=2)
     ran.clear()
     monkeypatch.setattr(C, "_pipeline", lambda *a, **kw: None)
     on_gpu = C.run_waterfall("data-bound", "cuda", spec=tiny(), workers=1, rounds=2)

@@ -2201,6 +2201,11 @@ def run_waterfall(
             for st, _ in configs
             if st.name in kept
         ]
+        if not configs:
+            raise ValueError(
+                f"names: none of {', '.join(skipped)} can act on {dev_type} (they need CUDA); "
+                "name a step that can, e.g. 'baseline' or 'workers'"
+            )
     runs: list[list[ConfigResult]] = [[] for _ in configs]
     total = n_rounds * len(configs) + (1 if n_rounds > 1 else 0)
     done = 0
