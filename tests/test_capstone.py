@@ -131,9 +131,10 @@ def test_waterfall_benchmark_records_and_plots(monkeypatch: pytest.MonkeyPatch) 
     ):
         assert rs.find(key), key
     steps = rs.find("ch06.waterfall.step_time", regime="compute-bound")
-    assert [r.params["stage"] for r in sorted(steps, key=lambda r: r.params["order"])] == list(C.STEP_NAMES)
+    acting = [s.name for s in C.STEPS if C.effective_on(s, "cpu")]  # on a CPU only the steps that can act there
+    assert [r.params["stage"] for r in sorted(steps, key=lambda r: r.params["order"])] == acting
     assert rs.find("ch06.speedup", stage="baseline", regime="data-bound")[0].value == pytest.approx(1.0)
-    assert "ch06.trace.data-bound.prefetcher" in rs.artifacts
+    assert "ch06.trace.data-bound.persistent" in rs.artifacts and not rs.find("ch06.speedup", stage="pinned")
     wf = C.run_waterfall("data-bound", "cpu", names=["baseline", "workers"], spec=tiny(), workers=1, stages=False)
     assert len(wf.speedups()) == 2 and wf.best_step() == "workers" and "baseline" in wf.table()
     C.plot_waterfall(wf)
@@ -432,14 +433,16 @@ def test_waterfall_gains_come_from_rounds_and_noise_is_called_noise() -> None:
         ],
         rounds=3,
     )
-    assert wf.verdicts() == ["", "no effect", "faster", "slower", "no effect"]
+    assert wf.verdicts() == ["", "needs CUDA", "gain", "slower", "needs CUDA"]  # measured anyway: still no verdict
     assert wf.noise_floor() == pytest.approx(0.04, abs=0.02)
     assert wf.gains()[2] == pytest.approx(1.98, rel=0.01)
     assert wf.best_step() == "workers" and wf.best_steps() == ["workers"]  # never the step that cannot act
     table = wf.table()
-    assert "noise" in table and "median of 3 round(s)" in table and "no effect" in table
+    assert "within noise" in table and "median of 3 round(s)" in table and "no effect" in table
     assert max(len(line) for line in table.splitlines()) <= 110  # a notebook wraps longer lines mid-word
-    assert any("pinned memory" in e and "needs CUDA" in e and "noise level" in e for e in wf.expectations())
+    (pinned_row,) = [line for line in table.splitlines() if line.startswith("+ pinned memory")]
+    assert "needs CUDA" in pinned_row and " x" not in pinned_row  # no ratio for a step that cannot act here
+    assert any("pinned memory" in e and "needs CUDA" in e and "noise" in e for e in wf.expectations())
     costly = C.Waterfall(
         "data-bound",
         tiny(),
@@ -447,8 +450,8 @@ def test_waterfall_gains_come_from_rounds_and_noise_is_called_noise() -> None:
         [_result("uint8", [1.0, 1.01, 1.0]), _result("prefetcher", [1.3, 1.31, 1.3])],
         rounds=3,
     )
-    assert costly.verdicts() == ["", "slower"]  # cannot act on a CPU, yet slower in every round: say so
-    assert "costs time" in costly.expectations()[0]
+    assert costly.verdicts() == ["", "needs CUDA"]  # cannot act on a CPU: its x0.77 is noise, not a verdict
+    assert "not the step's effect" in costly.expectations()[0]
     small = C.Waterfall(
         "data-bound",
         tiny(),
@@ -456,7 +459,16 @@ def test_waterfall_gains_come_from_rounds_and_noise_is_called_noise() -> None:
         [_result("baseline", [1.0, 1.3, 0.8]), _result("workers", [0.9, 1.15, 0.7])],
         rounds=3,
     )
-    assert small.verdicts() == ["", "noise"]  # every round agrees (x1.11-1.14) but within the run-to-run spread
+    assert small.verdicts() == ["", "within noise"]  # every round agrees (x1.11-1.14) but within the spread
+    same = C.Waterfall(
+        "data-bound",
+        tiny(),
+        "cpu",
+        [_result("baseline", [1.0, 1.02, 0.99]), _result("workers", [1.0, 1.01, 0.99])],
+        rounds=3,
+    )
+    assert same.verdicts() == ["", "no effect"]  # every round within the run-to-run variation of x1.00
+    assert set(same.verdicts()[1:] + small.verdicts()[1:] + wf.verdicts()[1:]) <= set(C.VERDICTS)
     one = C.Waterfall("data-bound", tiny(), "cpu", [_result("baseline", [1.0]), _result("workers", [0.5])])
     assert one.verdicts() == ["", "one round"] and one.within_noise() == [None, None]
 
@@ -475,14 +487,22 @@ def test_waterfall_runs_in_alternating_rounds(monkeypatch: pytest.MonkeyPatch) -
     wf = C.run_waterfall(
         "data-bound",
         "cpu",
-        names=["baseline", "workers", "uint8"],
+        names=["baseline", "workers", "persistent"],  # three steps that can act on a CPU
         spec=tiny(),
         workers=1,
         rounds=2,
         progress=lambda f, t="": seen.append(f),
     )
     # one untimed warm-up run, then forwards, then backwards
-    assert [n for n, _ in order] == ["baseline", "baseline", "workers", "uint8", "uint8", "workers", "baseline"]
+    assert [n for n, _ in order] == [
+        "baseline",
+        "baseline",
+        "workers",
+        "persistent",
+        "persistent",
+        "workers",
+        "baseline",
+    ]
     assert [s for _, s in order] == [False] + [True] * 3 + [False] * 3  # stages alone in the first round only
     assert all(len(r.round_epoch_s) == 2 for r in wf.results) and seen[-1] == 1.0 and seen == sorted(seen)
 
@@ -552,3 +572,39 @@ def test_panel_runs_repeated_keep_memory_flat_and_leave_no_process() -> None:
             break
         time.sleep(0.2)
     assert not extra, f"panel runs left processes behind: {extra}"
+
+
+def test_on_a_cpu_the_waterfall_measures_only_the_steps_that_can_act(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #28.2: without CUDA, pinning, uint8 on the device and the prefetcher get no ratio: they are left
+    out of the rounds, labelled "needs CUDA" in the table, with their published figure (or none found)."""
+    ran: list[tuple[str, C.Settings]] = []
+
+    def fake_run(settings, spec, device="cpu", *, name="custom", label=None, stages=True, progress=None, **kw):
+        ran.append((name, settings))
+        return _result(name, [1.0])
+
+    monkeypatch.setattr(C, "run_config", fake_run)
+    wf = C.run_waterfall("data-bound", "cpu", spec=tiny(), workers=1, rounds=2)
+    cuda_only = [s.name for s in C.STEPS if s.needs_cuda]
+    assert cuda_only == ["pinned", "uint8", "prefetcher"]
+    assert [r.name for r in wf.results] == ["baseline", "workers", "persistent"]
+    assert {n for n, _ in ran} == {"baseline", "workers", "persistent"} and wf.not_measured == cuda_only
+    assert not any(s.pin_memory or s.output == "uint8" or s.prefetcher for _, s in ran)  # nothing it cannot do
+    assert all(v in ("gain", "slower", "no effect", "within noise") for v in wf.verdicts()[1:])
+    assert {k: v for k, v in wf.step_verdicts().items() if k in cuda_only} == dict.fromkeys(cuda_only, "needs CUDA")
+    table = wf.table()
+    assert max(len(line) for line in table.splitlines()) <= 110
+    for step in C.STEPS:
+        if step.needs_cuda:
+            (row,) = [line for line in table.splitlines() if line.startswith(step.label)]
+            assert "needs CUDA" in row and " x" not in row  # labelled, and no ratio
+    assert "sd-scripts/pull/1894" in table and "pytorch_geometric/pull/7378" in table  # pinning, the prefetcher
+    assert "No published figure of this experiment was found" in table  # uint8 over the link: none published
+    assert C.cuda_step_evidence(C.STEPS[1]).cited and not C.cuda_step_evidence(C.STEPS[1])  # cited, no value
+    C.plot_waterfall(wf)  # a labelled slot for each step left out
+    with pytest.raises(ValueError, match="need CUDA"):
+        C.run_waterfall("data-bound", "cpu", names=["pinned", "uint8"], spec=tiny(), workers=1, rounds=2)
+    ran.clear()
+    monkeypatch.setattr(C, "_pipeline", lambda *a, **kw: None)
+    on_gpu = C.run_waterfall("data-bound", "cuda", spec=tiny(), workers=1, rounds=2)
+    assert [r.name for r in on_gpu.results] == list(C.STEP_NAMES) and on_gpu.not_measured == []

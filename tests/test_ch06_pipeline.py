@@ -194,6 +194,7 @@ def test_run_waterfall_times_the_functions_it_is_given() -> None:
         workers=1,
         rounds=1,
         stages=False,
+        cuda_steps=True,  # uint8 cannot act on a CPU: run it anyway, to check the plumbing
         make_loader=make_loader,
         batches=batches,
         train_step=train_step,

@@ -183,3 +183,63 @@ def test_is_pinned_error_is_raised_in_a_strict_gpu_run(monkeypatch: pytest.Monke
     monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "1")
     with pytest.raises(RuntimeError, match="illegal memory access"):
         D._describe_batch(batch, facts(device_type="cuda"))
+
+
+def test_the_advice_agrees_with_the_waterfall_it_follows() -> None:
+    """Issue #28.2: the doctor ran after a waterfall that measured workers slower must not recommend them."""
+    from helpers.chapters import capstone as C
+    from helpers.core.timing import SpanTrace
+
+    spec = C.job_spec("data-bound")
+
+    def _result(name: str, times: list[float]) -> C.ConfigResult:  # one configuration's rounds, made up
+        return C.ConfigResult(
+            name=name,
+            label=name,
+            settings=C.Settings(),
+            regime="data-bound",
+            spec=spec,
+            device="cpu",
+            epoch_s=sorted(times)[1],
+            steps=3,
+            samples=24,
+            accuracy=0.5,
+            train_loss=1.0,
+            trace=SpanTrace(spans=[], metadata={}),
+            compute_busy=0.5,
+            data_stall=0.5,
+            round_epoch_s=times,
+        )
+
+    wf = C.Waterfall(
+        "data-bound",
+        spec,
+        "cpu",
+        [
+            _result("baseline", [1.0, 1.01, 1.0]),
+            _result("workers", [1.2, 1.22, 1.21]),  # slower than the baseline in every round, beyond the noise
+            _result("persistent", [1.2, 1.3, 1.1]),  # within noise
+        ],
+        rounds=3,
+        not_measured=["pinned", "uint8", "prefetcher"],
+    )
+    measured = wf.step_verdicts()
+    assert measured["workers"] == "slower" and measured["persistent"] == "within noise"
+    alone = D.decide(m(0.040, 0.0, 0.010))
+    assert any(r.step == "workers" for r in alone.recommendations)  # the measured phase times alone: add workers
+    d = D.decide(m(0.040, 0.0, 0.010), measured=measured)
+    assert d.verdict == "data-bound"
+    assert not any(r.step == "workers" or "num_workers" in r.action for r in d.recommendations)
+    assert any("Not recommended here" in n and "'workers'" in n for n in d.notes)
+    with_workers = D.decide(m(0.002, 0.0, 0.010, first_batch_s=0.5, facts=facts(num_workers=2)), measured=measured)
+    (persist,) = [r for r in with_workers.recommendations if r.step == "persistent"]
+    assert persist.gain_s is None and "within noise" in persist.evidence  # no saving the measurement did not see
+    kept = D.decide(m(0.040, 0.0, 0.010), measured={"workers": "slower", "persistent": "gain"})
+    top = kept.recommendations[0]  # workers that restart each epoch measured slower, persistent ones a gain
+    assert top.step == "persistent" and top.action.endswith("with persistent_workers=True")
+    gained = D.decide(m(0.040, 0.0, 0.010), measured={"workers": "gain"})
+    assert gained.recommendations[0].step == "workers" and "measured this step ('workers'): gain" in (
+        gained.recommendations[0].evidence
+    )
+    with pytest.raises(ValueError, match="measured"):
+        D.decide(m(0.040, 0.0, 0.010), measured={"workers": 1.2})  # type: ignore[dict-item]

@@ -58,9 +58,13 @@ loader's batch (:func:`choose_model`, bounded in time), and says so when a regim
 be reached.
 
 Waterfalls are measured in alternating rounds (:func:`run_waterfall`): each step's gain is
-the median of per-round ratios between neighbours run back to back, and a gain whose range
-across rounds includes 1 is called noise (:meth:`Waterfall.verdicts`);
-:func:`expected_within_noise` says beforehand which steps should be noise on this device.
+the median of per-round ratios between neighbours run back to back, and its verdict comes from
+the rounds' spread: 'gain', 'slower', 'within noise' or 'no effect' (:meth:`Waterfall.verdicts`);
+:func:`expected_within_noise` says beforehand which steps should be within noise on this device.
+Without CUDA only the steps that can act are run: pinning, uint8 normalised on the device and the
+prefetcher are labelled 'needs CUDA', with figures of the same experiment published by others
+(:func:`cuda_step_evidence`), never a ratio. (The workers send uint8 batches in every configuration,
+so on a CPU the uint8 step changes only where the float image is made: the same process.)
 
 Threads. Every configuration of a waterfall, and every stage measured alone, runs with the
 same number of intra-op threads in the main process, ``JobSpec.threads`` =
@@ -92,6 +96,7 @@ from ..core.config import sized
 from ..core.device import intraop_threads
 from ..core.evidence import Evidence
 from ..core.progress import scaled
+from ..core.reference import no_published_sentence
 from ..core.timing import SpanRecorder, SpanTrace, synchronize
 from ..core.validate import check_choice, check_float, check_int
 from ..pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset, to_float_normalized
@@ -158,6 +163,9 @@ __all__ = [
     "expected_within_noise",
     "step_answers",
     "effective_on",
+    "cuda_step_evidence",
+    "VERDICTS",
+    "NO_EFFECT_FLOOR",
     "plot_waterfall",
     "plot_shares",
     "step_rows_from_records",
@@ -191,6 +199,9 @@ class Step:
         chapter: the chapter that measured it.
         needs_cuda: True if it can only have an effect with a CUDA device.
         why: one sentence: what it changes and why it can help.
+        published_key: for a step that needs CUDA, the record key of the experiment that measures it,
+            whose published figures (``helpers/core/published_experiments.json``) stand in for it without
+            CUDA (:func:`cuda_step_evidence`); "" for the others.
     """
 
     name: str
@@ -199,6 +210,7 @@ class Step:
     chapter: str
     needs_cuda: bool
     why: str
+    published_key: str = ""
 
 
 #: The steps in stacking order. ``num_workers="auto"`` becomes :func:`default_workers`.
@@ -220,6 +232,7 @@ STEPS: tuple[Step, ...] = (
         "02-03",
         True,
         "page-locked batches and copies that do not make the host wait; on a CPU there is no copy",
+        "ch03.pin_ms_per_batch",
     ),
     Step(
         "workers",
@@ -244,6 +257,7 @@ STEPS: tuple[Step, ...] = (
         "05",
         True,
         "uint8 crosses the link (4x fewer bytes), float is made on the device; on a CPU host and device are one",
+        "ch02.wire_time",
     ),
     Step(
         "prefetcher",
@@ -252,6 +266,7 @@ STEPS: tuple[Step, ...] = (
         "05",
         True,
         "copy batch i+1 on a side CUDA stream while batch i trains; on a CPU batches() copies nothing",
+        "ch05.prefetch.batch_time",
     ),
 )
 STEP_NAMES: tuple[str, ...] = tuple(s.name for s in STEPS)
@@ -363,8 +378,23 @@ def step_answers(name: str) -> set[str]:
 
 
 def effective_on(step: Step, device: torch.device | str) -> bool:
-    """Whether ``step`` can change anything on ``device`` (pinning and the prefetcher need CUDA)."""
+    """Whether ``step`` can change anything on ``device``: pinning, uint8 normalised on the device and the
+    prefetcher need CUDA.
+
+    The uint8 step changes only *where* the float image is made (``batches(..., float_on_host=False)``): the
+    workers send uint8 batches in every configuration (:func:`train_items` yields uint8 crops, and
+    ``normalize`` runs in the main process either way), so on a CPU, where host and device are one, the
+    step runs the same work in the same process as the configuration before it.
+    """
     return not step.needs_cuda or torch.device(device).type == "cuda"
+
+
+def cuda_step_evidence(step: Step) -> Evidence[Any]:
+    """What stands in for ``step``'s measurement where it cannot act (no CUDA): figures of the same experiment
+    published by others (cited, falsy: no value of this workbook's), or a ``missing`` Evidence saying that
+    none was found and which experiment would produce one."""
+    key = step.published_key or "ch06.waterfall.step_time"
+    return evidence.published_elsewhere(f"the '{step.label}' step", key)
 
 
 # ---------------------------------------------------------------------------
@@ -1845,6 +1875,14 @@ def expected_within_noise(
 # ---------------------------------------------------------------------------
 
 
+#: The largest run-to-run variation (:meth:`Waterfall.noise_floor`) under which a step within noise can be
+#: called 'no effect' rather than 'within noise': a noisier run cannot rule out a change of that size.
+NO_EFFECT_FLOOR = 0.10
+
+#: Every verdict :meth:`Waterfall.verdicts` gives a step (the baseline gets '').
+VERDICTS: tuple[str, ...] = ("gain", "slower", "no effect", "within noise", "one round", "needs CUDA")
+
+
 @dataclass
 class Waterfall:
     """All configurations of one regime, in stacking order, measured in alternating rounds.
@@ -1855,6 +1893,9 @@ class Waterfall:
             accuracy from the first round; ``epoch_s``: the median over rounds).
         rounds: how many rounds measured every configuration.
         calibration: how the regime's model was chosen (:func:`calibrate`), if it was.
+        not_measured: the names of the steps left out because they cannot act on this device (they need
+            CUDA): the table labels them so, with their published figures (:func:`cuda_step_evidence`),
+            and gives them no ratio.
     """
 
     regime: str
@@ -1863,6 +1904,7 @@ class Waterfall:
     results: list[ConfigResult]
     rounds: int = 1
     calibration: Calibration | None = None
+    not_measured: list[str] = field(default_factory=list)
 
     @property
     def baseline(self) -> ConfigResult:
@@ -1946,18 +1988,40 @@ class Waterfall:
         ]
 
     def verdicts(self) -> list[str]:
-        """Per configuration, what the measurement says about its step: 'faster', 'slower', 'noise',
-        'no effect' (the step cannot act on this device and its ratio is within noise) or 'one round'
-        (no spread measured); '' for the baseline. A step that cannot act here but measured a change
-        beyond the noise gets 'faster' or 'slower': the text follows the measurement."""
+        """Per configuration, what its rounds say about its step (one of :data:`VERDICTS`); '' for the baseline.
+
+        - 'gain': faster beyond the noise: every round faster, and the median gain above 1 by more
+          than :meth:`noise_floor` (not :meth:`within_noise`);
+        - 'slower': slower beyond the noise, by the same rule (kept apart from 'gain': the doctor and the
+          reader must not be told to add a step this machine measured slower);
+        - 'no effect': within noise, the range includes 1 and every round's ratio lies within the run-to-run
+          variation of 1 (``1 - floor`` to ``1 + floor``), in a run quiet enough to rule out a change larger
+          than :data:`NO_EFFECT_FLOOR` (floor at most that): the step changed nothing measurable;
+        - 'within noise': within noise, with a range wider than that: this run cannot tell;
+        - 'one round': no spread measured (quick mode), so no verdict;
+        - 'needs CUDA': the step cannot act on this device (it is only measured here when asked for,
+          :func:`run_waterfall`'s ``cuda_steps``); its ratio is noise and is not a verdict.
+        """
         out = [""]
-        for g, n, idle in zip(self.gains()[1:], self.within_noise()[1:], self.no_effect()[1:]):
-            if n is None:
-                out.append("no effect" if idle else "one round")
-            elif n:
-                out.append("no effect" if idle else "noise")
+        floor = self.noise_floor() or 0.0
+        rows = zip(self.gains()[1:], self.gain_ranges()[1:], self.within_noise()[1:], self.no_effect()[1:])
+        for g, rng, n, idle in rows:
+            if idle:
+                out.append("needs CUDA")
+            elif n is None or rng is None:
+                out.append("one round")
+            elif not n:
+                out.append("gain" if g > 1 else "slower")
             else:
-                out.append("faster" if g > 1 else "slower")
+                quiet = floor <= NO_EFFECT_FLOOR and 1 - floor <= rng[0] <= 1.0 <= rng[1] <= 1 + floor
+                out.append("no effect" if quiet else "within noise")
+        return out
+
+    def step_verdicts(self) -> dict[str, str]:
+        """Step name -> verdict, for every step of this waterfall: the measured ones (:meth:`verdicts`) and the
+        ones left out here ('needs CUDA'). What :func:`helpers.chapters.doctor.diagnose` takes as ``measured``."""
+        out = {r.name: v for r, v in zip(self.results[1:], self.verdicts()[1:])}
+        out.update({name: "needs CUDA" for name in self.not_measured})
         return out
 
     def table(self) -> str:
@@ -1971,17 +2035,17 @@ class Waterfall:
             return f"{v:.2f}" if v < 9.995 else f"{v:.1f}"
 
         gains = [
-            "" if r is self.results[0] else (f"x{num(g)}" + (f" ({num(rng[0])}-{num(rng[1])})" if rng else ""))
-            for r, g, rng in zip(self.results, self.gains(), self.gain_ranges())
-        ]
+            "" if r is self.results[0] or idle else (f"x{num(g)}" + (f" ({num(rng[0])}-{num(rng[1])})" if rng else ""))
+            for r, g, rng, idle in zip(self.results, self.gains(), self.gain_ranges(), self.no_effect())
+        ]  # a step that cannot act here gets no ratio: its bar is noise
         lw = max([len("configuration")] + [len(r.label) for r in self.results]) + 1
-        gw = max([len("step gain")] + [len(g) for g in gains]) + 2
+        gw = max([len("step gain")] + [len(g) for g in gains]) + 1
 
         def row(
             label: str, epoch: str, speedup: str, gain: str, verdict: str, busy: str, stall: str, eff: str, acc: str
         ) -> str:
             return (
-                f"{label:<{lw}}{epoch:>7}{speedup:>9}{gain:>{gw}} {verdict:<9}{busy:>8}{stall:>7}{eff:>14}{acc:>10}"
+                f"{label:<{lw}}{epoch:>7}{speedup:>9}{gain:>{gw}} {verdict:<12}{busy:>7}{stall:>6}{eff:>14}{acc:>10}"
             ).rstrip()
 
         lines = [
@@ -2008,9 +2072,11 @@ class Waterfall:
         notes = [
             f"epoch: median of {self.rounds} round(s), configurations run in alternating order; step gain: "
             "median over rounds of the ratio to the configuration before (range across rounds); "
-            "'noise': the range includes 1 or the gain is within the run-to-run variation"
+            "'gain' / 'slower': every round agrees and the change exceeds the run-to-run variation"
             + (f" ({floor:.0%} here)" if floor is not None else "")
-            + "; 'no effect': the step cannot act on this device and measured within noise"
+            + "; 'within noise': the range includes 1 or the change is within that variation; 'no effect': "
+            f"the range includes 1, every round within that variation of x1.00, and the run varied "
+            f"{NO_EFFECT_FLOOR:.0%} or less; 'needs CUDA': the step cannot act on this device: no ratio"
         ]
         if flagged:
             notes.append(
@@ -2020,7 +2086,41 @@ class Waterfall:
             )
         for note in notes:
             lines += textwrap.wrap(note, 105, break_on_hyphens=False, break_long_words=False)
+        lines += self.cuda_lines()
         return "\n".join(lines)
+
+    def cuda_lines(self) -> list[str]:
+        """The steps left out here because they need CUDA (:attr:`not_measured`): one line each saying so, then
+        the figures of the same experiment published by others (cited), or that none was found. No ratio."""
+        steps = {st.name: st for st in STEPS}
+        out: list[str] = []
+        dev = torch.device(self.device).type
+        for name in self.not_measured:
+            st = steps[name]
+            ev = cuda_step_evidence(st)
+            out.append(f"{st.label:<28}needs CUDA: not measured on {dev} (no ratio); chapter {st.chapter}")
+            if ev.cited:
+                for fig in ev.cited:
+                    text = f"published: {fig.what}: {fig.compared} (GPU: {fig.gpu}; {fig.url})"
+                    out += textwrap.wrap(
+                        text,
+                        105,
+                        initial_indent="    ",
+                        subsequent_indent="      ",
+                        break_on_hyphens=False,
+                        break_long_words=False,
+                    )
+            else:
+                none = no_published_sentence(st.published_key) if st.published_key else None
+                out += textwrap.wrap(
+                    none or "No published figure of this experiment was found.",
+                    105,
+                    initial_indent="    ",
+                    subsequent_indent="      ",
+                    break_on_hyphens=False,
+                    break_long_words=False,
+                )
+        return out
 
     def expectations(self) -> list[str]:
         """One line per step whose gain is expected to be within noise here, and what the measurement said."""
@@ -2030,14 +2130,8 @@ class Waterfall:
             st = steps.get(r.name)
             why = expected_within_noise(st, self.regime, self.device, self.calibration) if st else None
             if why:
-                if v == "no effect":
-                    said = f"measured x{g:.2f}, which is the noise level of this run"
-                elif v in ("faster", "slower") and st is not None and not effective_on(st, self.device):
-                    said = f"measured x{g:.2f}, {v} beyond the noise in every round: with nothing to act on, " + (
-                        "the step's own machinery costs time here"
-                        if v == "slower"
-                        else "no setting explains this; this run's noise is larger than its rounds show"
-                    )
+                if v == "needs CUDA":
+                    said = f"run anyway: x{g:.2f} is this run's noise, not the step's effect"
                 else:
                     said = f"measured: {v}"
                 out.append(f"{r.label}: expected within noise ({why}); {said}")
@@ -2059,8 +2153,15 @@ def run_waterfall(
     batches: Callable[..., Any] | None = None,
     train_step: Callable[..., Any] | None = None,
     pipeline: Pipeline | None = None,
+    cuda_steps: bool | None = None,
 ) -> Waterfall:
     """Run the cumulative configurations (all of :data:`STEPS`, or ``names``) of one regime, in rounds.
+
+    Only the steps that can act on ``device`` are measured (``cuda_steps=None``, the default: all of them on
+    a CUDA device; elsewhere pinning, uint8 on the device and the prefetcher are left out, listed in
+    :attr:`Waterfall.not_measured`, and each configuration switches on the measured steps so far).
+    ``cuda_steps=True`` runs them anyway (a test of the plumbing): their rows then get the verdict
+    'needs CUDA' and no ratio.
 
     The functions timed are the reader's: ``make_loader``, ``batches`` and ``train_step`` (all
     three), or ``pipeline=Pipeline(...)``; without them, :func:`reference_pipeline`. Each
@@ -2077,7 +2178,23 @@ def run_waterfall(
     spec = spec or job_spec(regime)
     pipe = _pipeline(pipeline, device, spec.seed, make_loader=make_loader, batches=batches, train_step=train_step)
     n_rounds = check_int("rounds", rounds if rounds is not None else sized(quick=1, laptop=3, full=2), 1, 100)
+    dev_type = torch.device(device).type
     configs = configurations(workers, names)
+    skipped: list[str] = []
+    if not (cuda_steps if cuda_steps is not None else dev_type == "cuda"):
+        skipped = [st.name for st, _ in configs if not effective_on(st, device)]
+        kept = [st.name for st, _ in configs if st.name not in skipped]
+        idle = {st.name for st in STEPS if not effective_on(st, device)}
+        configs = [  # cumulative over the steps measured here: no pin=True where it cannot pin
+            (st, settings_for([n for n in STEP_NAMES[: STEP_NAMES.index(st.name) + 1] if n not in idle], workers))
+            for st, _ in configs
+            if st.name in kept
+        ]
+        if not configs:
+            raise ValueError(
+                f"names: none of {', '.join(skipped)} can act on {dev_type} (they need CUDA); "
+                "name a step that can, e.g. 'baseline' or 'workers'"
+            )
     runs: list[list[ConfigResult]] = [[] for _ in configs]
     total = n_rounds * len(configs) + (1 if n_rounds > 1 else 0)
     done = 0
@@ -2127,6 +2244,7 @@ def run_waterfall(
         results=out,
         rounds=n_rounds,
         calibration=calibration,
+        not_measured=skipped,
     )
     noise = max(EFFICIENCY_NOISE, wf.noise_floor() or 0.0)  # this run's own spread, when larger
     for r in out:
@@ -2225,9 +2343,9 @@ def check_accuracies(
 def plot_waterfall(wf: Waterfall, ax: Any = None, *, title: str | None = None, source: str | None = None) -> Any:
     """Bars of time per epoch per configuration, annotated with the cumulative speedup.
 
-    Steps that cannot have an effect on this device (pinning and the prefetcher
-    on a CPU) are drawn hatched and grey: their bar differs from the previous
-    one only by noise.
+    Steps left out because they need CUDA (:attr:`Waterfall.not_measured`) get a labelled slot with no bar
+    and no ratio; one measured anyway (``cuda_steps=True``) is drawn hatched and grey: its bar differs from
+    the previous one only by noise.
     """
     from ..ui.plots import label_source, new_axes  # optional/heavy: matplotlib
 
@@ -2244,9 +2362,7 @@ def plot_waterfall(wf: Waterfall, ax: Any = None, *, title: str | None = None, s
     for b, h in zip(bars, hatches):
         b.set_hatch(h)
     for i, (v, s) in enumerate(zip(vals, wf.speedups())):
-        ax.text(i, v, f"{s:.2f}x", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(range(len(vals)))
-    ax.set_xticklabels([r.label for r in wf.results], rotation=25, ha="right", fontsize=8)
+        ax.text(i, v, "needs CUDA" if hatches[i] else f"{s:.2f}x", ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("time per epoch (s)")
     ax.set_ylim(0, max(vals) * 1.18)
     ax.grid(axis="y", alpha=0.3)
@@ -2257,6 +2373,14 @@ def plot_waterfall(wf: Waterfall, ax: Any = None, *, title: str | None = None, s
         f"steps/epoch on {dev} (measured now; labels: cumulative speedup)",
         fontsize=9,
     )
+    labels = [r.label for r in wf.results]
+    for k, name in enumerate(wf.not_measured):  # left out here: a labelled empty slot, no bar, no ratio
+        x = len(vals) + k
+        ax.text(x, 0, "needs CUDA:\nnot measured\nhere", ha="center", va="bottom", fontsize=7, color="#555")
+        labels.append(steps[name].label)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=25, ha="right", fontsize=8)
+    ax.set_xlim(-0.6, len(labels) - 0.4)  # the slots of the steps left out, too
     if any(h for h in hatches):
         ax.bar([0], [0], color="#d3d3d3", hatch="//", edgecolor="#555", label="needs CUDA: no effect here (noise only)")
         ax.legend(fontsize=7, loc="upper right")

@@ -171,7 +171,10 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
 
 
 def benchmark(results: ResultSet, device: torch.device | str | None, *, progress: ProgressFn | None = None) -> None:
-    """Run both regimes, every configuration, and add the records to ``results``.
+    """Run both regimes, every configuration that can act on ``device``, and add the records to ``results``.
+
+    Without CUDA the steps that need it (pinning, uint8 on the device, the prefetcher) are not run, so they
+    have no records (:func:`~helpers.chapters.capstone.run_waterfall`).
 
     Headless, there is no reader's pipeline: the functions timed are the take-home pipeline's
     (:func:`~helpers.chapters.capstone.reference_pipeline`: :mod:`helpers.chapters.fast_pipeline`, the pipeline

@@ -44,7 +44,7 @@ import textwrap
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
@@ -162,6 +162,8 @@ class Recommendation:
         stage: the stage it speeds up ("data", "transfer", "compute").
         gain_s: estimated seconds saved per step (``None``: not estimable from these measurements).
         chapter: where the workbook measures this effect.
+        step: the chapter 06 waterfall step that makes this change ("workers", "persistent", "pinned",
+            "uint8", "prefetcher"), or "" (no step of the waterfall does): what ``measured`` is matched on.
     """
 
     action: str
@@ -169,6 +171,7 @@ class Recommendation:
     stage: str
     gain_s: float | None = None
     chapter: str = ""
+    step: str = ""
 
 
 @dataclass
@@ -193,7 +196,13 @@ def _ms(s: float | None) -> str:
     return "n/a" if s is None else f"{s * 1e3:.2f} ms"
 
 
-def decide(m: Measurements, *, stall_threshold: float = 0.15, notable_share: float = 0.05) -> Decision:
+def decide(
+    m: Measurements,
+    *,
+    stall_threshold: float = 0.15,
+    notable_share: float = 0.05,
+    measured: Mapping[str, str] | None = None,
+) -> Decision:
     """Verdict and ranked recommendations from measured phase times (a pure function).
 
     The bottleneck model (chapter 01): with loading, copying and computing
@@ -213,8 +222,15 @@ def decide(m: Measurements, *, stall_threshold: float = 0.15, notable_share: flo
     (largest first), then advice for the bottleneck stage that has no number,
     then the rest.
 
+    ``measured``: what a waterfall measured on this machine, step name -> verdict
+    (:meth:`helpers.chapters.capstone.Waterfall.step_verdicts`). The advice then agrees with it: a
+    recommendation whose step was measured 'slower' (beyond the noise) is withdrawn, with a note
+    saying why (workers measured slower while persistent workers measured a gain: the advice becomes
+    persistent workers); one measured 'within noise', 'no effect' or 'needs CUDA' keeps no estimated saving (the
+    measurement did not see one) and says what was measured; one measured 'gain' says so.
+
     Raises:
-        ValueError: for negative or non-finite times, or no steps.
+        ValueError: for negative or non-finite times, or no steps, or a ``measured`` verdict that is not text.
     """
     check_int("steps", m.steps, 1)
     for name in ("wait_s", "h2d_s", "compute_s"):
@@ -223,6 +239,9 @@ def decide(m: Measurements, *, stall_threshold: float = 0.15, notable_share: flo
             raise ValueError(f"{name} must be a finite number >= 0 seconds, got {v!r}")
     check_float("stall_threshold", stall_threshold, 0.0, 1.0)
     check_float("notable_share", notable_share, 0.0, 1.0)
+    for k, v in (measured or {}).items():
+        if not isinstance(v, str):
+            raise ValueError(f"measured[{k!r}] must be a verdict such as 'gain' or 'slower', got {v!r}")
     f = m.facts
     step = m.step_s
     if step <= 0:
@@ -289,6 +308,7 @@ def decide(m: Measurements, *, stall_threshold: float = 0.15, notable_share: flo
                     stage="data",
                     gain_s=gain,
                     chapter="04 · workers",
+                    step="workers",
                 )
             )
         elif current >= cores:
@@ -321,6 +341,7 @@ def decide(m: Measurements, *, stall_threshold: float = 0.15, notable_share: flo
                         stage="data",
                         gain_s=max(0.0, m.wait_s - m.wait_median_s),
                         chapter="04 · prefetch_factor",
+                        step="persistent",
                     )
                 )
     if (nw or 0) > 0 and f.persistent_workers is False and m.first_batch_s is not None:
@@ -337,6 +358,7 @@ def decide(m: Measurements, *, stall_threshold: float = 0.15, notable_share: flo
                 stage="data",
                 gain_s=startup / max(1, per_epoch),
                 chapter="04 · persistent workers",
+                step="persistent",
             )
         )
 
@@ -362,6 +384,7 @@ def decide(m: Measurements, *, stall_threshold: float = 0.15, notable_share: flo
                     stage="transfer",
                     gain_s=gain,
                     chapter="02 · pinned memory",
+                    step="pinned",
                 )
             )
         if f.float_image_batch:
@@ -377,6 +400,7 @@ def decide(m: Measurements, *, stall_threshold: float = 0.15, notable_share: flo
                     stage="transfer",
                     gain_s=0.75 * after_pin,
                     chapter="05 · uint8 + GPU normalise",
+                    step="uint8",
                 )
             )
             after_pin *= 0.25
@@ -393,6 +417,7 @@ def decide(m: Measurements, *, stall_threshold: float = 0.15, notable_share: flo
                     stage="transfer",
                     gain_s=min(after_pin, m.compute_s),
                     chapter="05 · overlap",
+                    step="prefetcher",
                 )
             )
     elif not f.cuda and f.float_image_batch and (nw or 0) > 0 and bottleneck == "data":
@@ -428,6 +453,36 @@ def decide(m: Measurements, *, stall_threshold: float = 0.15, notable_share: flo
             notes.append(
                 "More workers or a deeper prefetch queue would not speed this loop up: it barely waits for data."
             )
+
+    # -- agreement with what a waterfall measured here ---------------------------
+    if measured:
+        agreed: list[Recommendation] = []
+        for r in recs:
+            v = measured.get(r.step) if r.step else None
+            if v == "slower" and r.step == "workers" and measured.get("persistent") == "gain":
+                r.action += " with persistent_workers=True"  # what the waterfall measured as a gain
+                r.evidence += (
+                    "; the waterfall on this machine measured workers that restart every epoch slower beyond its "
+                    "noise, and persistent workers (with prefetch_factor=4) a gain"
+                )
+                r.step = "persistent"
+                agreed.append(r)
+                continue
+            if v == "slower":
+                notes.append(
+                    f"Not recommended here: {r.action}. The waterfall on this machine measured its step "
+                    f"('{r.step}') slower beyond its noise."
+                )
+                continue
+            if v in ("within noise", "no effect", "needs CUDA"):
+                r.gain_s = None  # the measurement saw no saving: no estimate ranks it
+                r.evidence += f"; but the waterfall on this machine measured this step ('{r.step}'): {v}"
+            elif v == "one round":
+                r.evidence += f"; the waterfall on this machine ran this step ('{r.step}') in one round: no verdict"
+            elif v is not None:
+                r.evidence += f"; the waterfall on this machine measured this step ('{r.step}'): {v}"
+            agreed.append(r)
+        recs = agreed
 
     # -- ranking ----------------------------------------------------------------
     def key(r: Recommendation) -> tuple[int, float]:
@@ -733,6 +788,7 @@ def diagnose(
     transfer: str | Callable[[Any, torch.device], Any] = "auto",
     time_limit_s: float = 60.0,
     stall_threshold: float = 0.15,
+    measured: Mapping[str, str] | None = None,
 ) -> Diagnosis:
     """Measure a few steps of ``loader`` + ``step_fn`` and diagnose the pipeline.
 
@@ -749,6 +805,8 @@ def diagnose(
         time_limit_s: upper bound for the whole measurement; stops early after
             at least two timed steps, and interrupts a hanging ``next()`` or step.
         stall_threshold: see :func:`decide`.
+        measured: what a waterfall run before measured on this machine, step name -> verdict (e.g.
+            ``wf.step_verdicts()``); the advice then agrees with it (see :func:`decide`).
 
     Returns:
         A :class:`Diagnosis` (print it, or show it as the last line of a cell).
@@ -885,7 +943,7 @@ def diagnose(
         transfer_separate=separate,
         facts=facts,
     )
-    decision = decide(m, stall_threshold=stall_threshold)
+    decision = decide(m, stall_threshold=stall_threshold, measured=measured)
     notes.append(f"The doctor ran {warmup + len(waits)} real steps: step_fn's model has trained on them.")
     return Diagnosis(
         verdict=decision.verdict, measurements=m, decision=decision, seconds=time.perf_counter() - t_start, notes=notes
