@@ -430,7 +430,7 @@ SYNTHETIC: dict[str, tuple[Callable[[], tuple[str, str]], tuple[str, ...], tuple
     f"{CH04}.sweep_vs_rounds": (_sweep_vs_rounds, ("agree within their spread",), ("disagree",)),
     f"{CH04}.KnobRounds.verdicts": (_knob_verdicts, ("within the noise",), ("a real difference",)),
     f"{GPUDECODE}.same_path_verdict": (_same_path_verdict, (", agree within their spread",), ("do NOT agree",)),
-    f"{CAPSTONE}.Waterfall.verdicts": (_waterfall_verdicts, ("noise", "no effect"), ("faster", "slower")),
+    f"{CAPSTONE}.Waterfall.verdicts": (_waterfall_verdicts, ("within noise", "no effect"), ("gain", "slower")),
     f"{HYGIENE}.sync_verdict": (_sync_verdict, (") agree within their spread",), ("do NOT agree",)),
     f"{CH01}.step_verdict": (_step_verdict, ("they agree within their spread",), ("do NOT agree",)),
     f"{CH01}.regimes_verdict": (_regimes_verdict, ("they agree within their spread",), ("do NOT agree",)),
