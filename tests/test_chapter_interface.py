@@ -1,6 +1,7 @@
 """Every chapter module follows the one interface (helpers/ui/chapter.py), and so does the template.
 
-Chapter modules are found by file name: ``helpers/chapters/chNN/__init__.py``, one per notebook ``notebooks/NN_*.ipynb``.
+Chapter modules are found by folder name: ``helpers/chapters/chNN/__init__.py``, one per notebook
+``notebooks/NN_*.ipynb``.
 """
 
 from __future__ import annotations
