@@ -1,7 +1,8 @@
 """The one interface every chapter module offers (``helpers/chapters/chNN/__init__.py``).
 
-A chapter module is the ``__init__`` of its folder, found by the folder's name (``ch`` + two digits) and offers the same typed functions,
-so that a live panel is three lines in a notebook and the headless bench needs no list of chapters:
+A chapter module is the ``__init__`` of its folder, found by the folder's name (``ch`` + two digits), and
+offers the same typed functions, so that a live panel is three lines in a notebook and the headless bench
+needs no list of chapters:
 
 >>> from helpers.chapters import ch03
 >>> panel = widgets.Panel.for_chapter(ch03, device=DEVICE, make_loader=make_loader, to_device=to_device)
