@@ -90,13 +90,13 @@ def _prefetcher_ok(facts: Facts) -> Callable[[Any], bool | str]:
 
 
 def _efficiency() -> float:
-    from helpers.chapters import capstone
+    from helpers.chapters.ch06 import capstone
 
     return capstone.pipeline_efficiency(1800, {"loader": 2400, "copy": 9000, "compute": 2000}).value
 
 
 def _best_step_answers(facts: Facts) -> set[str]:
-    from helpers.chapters import capstone
+    from helpers.chapters.ch06 import capstone
 
     return set().union(*(capstone.step_answers(n) for n in facts["best_steps"]))
 
@@ -107,7 +107,7 @@ def _slowest(facts: Facts) -> str | None:
 
 
 def _dist(kind: str) -> int:
-    from helpers.chapters import distributed
+    from helpers.chapters.ch07 import distributed
 
     if kind == "per_rank":
         return int(distributed.rank_share(1000, 3).per_rank)

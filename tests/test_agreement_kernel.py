@@ -12,9 +12,9 @@ import random
 import pytest
 
 from helpers.chapters import ch02, ch03
+from helpers.chapters.ch05 import gpudecode
 from helpers.core import agreement as A
 from helpers.core.timing import Timing
-from helpers.pipeline import gpudecode
 from helpers.pipeline import loaders as L
 from helpers.pipeline.transfer import MiB, Sweep, TransferPoint
 

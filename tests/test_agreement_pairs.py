@@ -66,8 +66,8 @@ class Pair:
 
 
 CH02, CH03, CH04 = "helpers.chapters.ch02", "helpers.chapters.ch03", "helpers.pipeline.loaders"
-GPUDECODE, CAPSTONE = "helpers.pipeline.gpudecode", "helpers.chapters.capstone"
-HYGIENE, CH01 = "helpers.pipeline.hygiene", "helpers.chapters.ch01"
+GPUDECODE, CAPSTONE = "helpers.chapters.ch05.gpudecode", "helpers.chapters.ch06.capstone"
+HYGIENE, CH01 = "helpers.chapters.ch00.hygiene", "helpers.chapters.ch01"
 
 #: Every pair of measurements of one thing that the chapters show.
 PAIRS: tuple[Pair, ...] = (
@@ -356,8 +356,8 @@ def _knob_verdicts() -> tuple[str, str]:
 
 
 def _same_path_verdict() -> tuple[str, str]:
+    from helpers.chapters.ch05 import gpudecode
     from helpers.core.timing import Timing
-    from helpers.pipeline import gpudecode
 
     def t(ms: list[float]) -> Timing:
         s = sorted(v / 1e3 for v in ms)
@@ -369,7 +369,7 @@ def _same_path_verdict() -> tuple[str, str]:
 
 
 def _waterfall_verdicts() -> tuple[str, str]:
-    from helpers.chapters import capstone as C
+    from helpers.chapters.ch06 import capstone as C
 
     def wf(times: list[float]) -> str:
         res = [SimpleNamespace(name=n, epoch_s=sorted(r)[1], round_epoch_s=r)
@@ -385,8 +385,8 @@ def _flat(text: str) -> str:
 
 
 def _sync_verdict() -> tuple[str, str]:
+    from helpers.chapters.ch00 import hygiene
     from helpers.core.timing import Timing
-    from helpers.pipeline import hygiene
 
     def t(ms: list[float]) -> Timing:
         s = sorted(v / 1e3 for v in ms)

@@ -224,11 +224,14 @@ def test_select_chapters() -> None:
 def test_chapters_are_found_by_file_name_without_importing_them(tmp_path: Path) -> None:
     notebooks = sorted(p.name[:2] for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
     assert [c.ids[0] for c in bench.CHAPTERS] == notebooks  # one chapter module per notebook
-    (tmp_path / "ch08.py").write_text(
+    for name in ("ch08", "ch09", "ch10"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "ch08" / "__init__.py").write_text(
         'raise RuntimeError("imported")\nNUMBER = "08"\nTITLE: str = "a new chapter"\nBENCH_WEIGHT = 0.5\n'
     )
     (tmp_path / "_template.py").write_text('NUMBER = "99"\n')
-    (tmp_path / "ch09.py").write_text("x = 1\n")  # no constants: named from the file
+    (tmp_path / "ch09" / "__init__.py").write_text("x = 1\n")  # no constants: named from the folder
+    (tmp_path / "ch10" / "other.py").write_text('NUMBER = "10"\n')  # a folder without __init__: no chapter
     found = bench.discover_chapters(tmp_path)
     assert found == (
         bench.Chapter(("08",), "helpers.chapters.ch08", "a new chapter", 0.5),

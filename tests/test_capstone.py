@@ -1,4 +1,4 @@
-"""Tests for helpers.chapters.capstone: steps as data, same job in every configuration, records, plots."""
+"""Tests for helpers.chapters.ch06.capstone: steps as data, same job in every configuration, records, plots."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ matplotlib.use("Agg")
 import pytest
 import torch
 
-from helpers.chapters import capstone as C
 from helpers.chapters import ch06
+from helpers.chapters.ch06 import capstone as C
 from helpers.core.results import ResultSet
 
 _JOB_SPEC = C.job_spec

@@ -1,7 +1,7 @@
 """Chapter 00's sync demo without a GPU: the two timings of the same work get a measured verdict (issue #28.3).
 
 On a CPU the "no sync" and "sync" timings time the same synchronous work. The cell printed "only noise
-separates them" whatever the two medians were; :func:`helpers.pipeline.hygiene.sync_verdict` now says whether
+separates them" whatever the two medians were; :func:`helpers.chapters.ch00.hygiene.sync_verdict` now says whether
 their interquartile ranges overlap (:func:`helpers.core.agreement.spreads_overlap`) and, when they do not,
 which one to trust. Synthetic timings: nothing here is timed.
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers.chapters.ch00 import hygiene
 from helpers.core import agreement
 from helpers.core.timing import Timing
-from helpers.pipeline import hygiene
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "00_setup_and_measuring.ipynb"
 

@@ -1,5 +1,5 @@
 """Chapter 03's measurements time the reader's own pipeline: ``make_loader`` and ``to_device`` from the cells;
-its chapter module (helpers/chapters/ch03.py) drives the panel and records the benchmark.
+its chapter module (helpers/chapters/ch03/__init__.py) drives the panel and records the benchmark.
 
 CPU only (a CUDA-only test is skipped here); no speed is asserted.
 """

@@ -15,8 +15,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from helpers.chapters.ch05 import gpudecode  # noqa: E402
 from helpers.core.timing import Timing  # noqa: E402
-from helpers.pipeline import gpudecode  # noqa: E402
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "05_overlap_async_transfer.ipynb"
 

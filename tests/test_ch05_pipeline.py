@@ -20,9 +20,10 @@ import pytest
 import torch
 
 from helpers.chapters import ch05
+from helpers.chapters.ch05 import overlap
 from helpers.core import evidence
 from helpers.core.results import ResultSet
-from helpers.pipeline import data, overlap, prefetch
+from helpers.pipeline import data, prefetch
 from helpers.ui import chapter, codecells, widgets
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

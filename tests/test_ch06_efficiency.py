@@ -11,8 +11,8 @@ import pytest
 
 matplotlib.use("Agg")
 
-from helpers.chapters import capstone as C  # noqa: E402
 from helpers.chapters import ch06  # noqa: E402
+from helpers.chapters.ch06 import capstone as C  # noqa: E402
 from helpers.core import evidence  # noqa: E402
 from helpers.core.timing import SpanTrace  # noqa: E402
 

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers.chapters import capstone
-from helpers.chapters.capstone import Efficiency
+from helpers.chapters.ch06 import capstone
+from helpers.chapters.ch06.capstone import Efficiency
 
 CELL_ID = "2c4de75d"  # section 6: Pipeline efficiency
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "06_capstone.ipynb"

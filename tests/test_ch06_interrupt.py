@@ -24,7 +24,8 @@ CHILD = textwrap.dedent(
     """
     import os, signal, sys, time
     import psutil
-    from helpers.chapters import capstone as C, ch06
+    from helpers.chapters import ch06
+    from helpers.chapters.ch06 import capstone as C
     from helpers.pipeline.loaders import worker_processes
     spec = C.job_spec("data-bound", width=2, depth=1, batch_size=8, crop_size=32, train_items=400, warm_steps=1,
                       warm_passes=1)

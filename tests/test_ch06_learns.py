@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.chapters import capstone as C
+from helpers.chapters.ch06 import capstone as C
 
 #: Seeds the test trains (the chapter itself runs seed 0).
 SEEDS = (0, 1, 2)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.chapters import capstone as C
+from helpers.chapters.ch06 import capstone as C
 
 GIB = 2**30
 

@@ -1,6 +1,6 @@
 """Chapter 06: the capstone times the reader's pipeline functions (make_loader, batches, train_step).
 
-What ``helpers.chapters.capstone`` adds for the reader-built pipeline: :class:`Pipeline`, the take-home
+What ``helpers.chapters.ch06.capstone`` adds for the reader-built pipeline: :class:`Pipeline`, the take-home
 script as the reference pipeline, one call per step (``Settings.loader_kwargs`` /
 ``batches_kwargs``), the same shuffling order with and without persistent workers
 (``seed_order``), and clear errors.
@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from helpers.chapters import capstone as C
+from helpers.chapters.ch06 import capstone as C
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -79,8 +79,8 @@ def _script_module(name: str):
 
 @pytest.mark.parametrize("prefetch,float_on_host", [(True, False), (False, True), (False, False)])
 def test_the_packages_take_home_pipeline_behaves_as_the_script(prefetch: bool, float_on_host: bool) -> None:
-    """reference_pipeline's functions (helpers.chapters.fast_pipeline) and examples/fast_pipeline.py's give the same
-    batches, in the same order, and the same losses, bit for bit, on a tiny data set (same source:
+    """reference_pipeline's functions (helpers.chapters.ch06.fast_pipeline) and examples/fast_pipeline.py's give the
+    same batches, in the same order, and the same losses, bit for bit, on a tiny data set (same source:
     tests/test_pipeline_cells.py)."""
     script = _script_module("fast_pipeline_equivalence")
     script.DEVICE, script.SEED, script.WORKERS = torch.device("cpu"), 7, 0
@@ -120,7 +120,7 @@ def test_reference_pipeline_needs_no_file_outside_the_package(tmp_path) -> None:
     code = (
         "from helpers.core.config import repo_root\n"
         "assert repo_root() is None, repo_root()\n"
-        "from helpers.chapters import capstone\n"
+        "from helpers.chapters.ch06 import capstone\n"
         "p = capstone.reference_pipeline('cpu', seed=3, workers=0)\n"
         "loader = p.make_loader(list(range(8)), 4, workers=0, pin=False)\n"
         "assert [b.tolist() for b in loader] and p.source == 'examples/fast_pipeline.py'\n"
@@ -235,7 +235,7 @@ def test_a_batch_on_another_device_is_a_clear_error() -> None:
 
 def test_train_items_live_in_helpers_and_stop_at_the_job_size() -> None:
     ds = C.train_items(tiny(train_items=16))
-    assert type(ds).__module__ == "helpers.chapters.capstone" and len(ds) == 16
+    assert type(ds).__module__ == "helpers.chapters.ch06.capstone" and len(ds) == 16
     assert ds[3][0].dtype == torch.uint8 and torch.equal(ds[3][0], ds[3][0])
     with pytest.raises(IndexError):
         ds[16]

@@ -6,8 +6,8 @@ import collections
 
 import pytest
 
-from helpers.chapters import capstone as C
 from helpers.chapters import ch06
+from helpers.chapters.ch06 import capstone as C
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -17,8 +17,8 @@ import psutil
 import pytest
 from torch.utils.data import DataLoader, Dataset
 
-from helpers.chapters import capstone as C
 from helpers.chapters import ch06
+from helpers.chapters.ch06 import capstone as C
 from helpers.pipeline import loaders
 
 

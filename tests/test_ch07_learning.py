@@ -2,8 +2,8 @@
 
 Issue #24: a subset taken as the *first* N items of a class-sorted data set (ImageFolder lists class folders
 in order) holds only the first classes, and a model trained on it scores chance. The DDP job's ``--limit`` and
-``--val-limit`` subsets are strided over the whole set (:class:`~helpers.chapters.ddp_train.IndexedDataset`),
-the job scores held-out images after training (:func:`~helpers.chapters.ddp_train.evaluate_shared`), and the
+``--val-limit`` subsets are strided over the whole set (:class:`~helpers.chapters.ch07.ddp_train.IndexedDataset`),
+the job scores held-out images after training (:func:`~helpers.chapters.ch07.ddp_train.evaluate_shared`), and the
 chapter prints that accuracy beside the chance level. Issue #25.7: ``ch07.panel_run(device="cuda:7")`` ran on
 the CPU, and ``cpu:N`` devices were accepted.
 """
@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from helpers.chapters import ch07, ddp_train
-from helpers.chapters import distributed as D
-from helpers.chapters.ddp_train import IndexedDataset, evaluate_shared, parse_args
+from helpers.chapters import ch07
+from helpers.chapters.ch07 import ddp_train
+from helpers.chapters.ch07 import distributed as D
+from helpers.chapters.ch07.ddp_train import IndexedDataset, evaluate_shared, parse_args
 from helpers.pipeline import data
 
 #: Chapter 07's quick-mode job (notebook setup cell): workers, per-rank batch, epochs, images (all), width.

@@ -1,6 +1,7 @@
 """Every chapter module follows the one interface (helpers/ui/chapter.py), and so does the template.
 
-Chapter modules are found by file name: ``helpers/chapters/chNN.py``, one per notebook ``notebooks/NN_*.ipynb``.
+Chapter modules are found by folder name: ``helpers/chapters/chNN/__init__.py``, one per notebook
+``notebooks/NN_*.ipynb``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from helpers.core import evidence
 from helpers.ui import chapter, widgets
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = sorted(p.stem for p in (ROOT / "helpers" / "chapters").glob("ch[0-9][0-9].py"))
+MODULES = sorted(p.parent.name for p in (ROOT / "helpers" / "chapters").glob("ch[0-9][0-9]/__init__.py"))
 NOTEBOOKS = sorted(re.match(r"\d\d", p.name).group(0) for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 

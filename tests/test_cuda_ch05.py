@@ -16,7 +16,8 @@ import pytest
 import torch
 from cuda_standin import fake_cuda
 
-from helpers.pipeline import data, overlap
+from helpers.chapters.ch05 import overlap
+from helpers.pipeline import data
 from helpers.ui import codecells
 
 CUDA1 = torch.device("cuda", 1)

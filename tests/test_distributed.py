@@ -1,4 +1,4 @@
-"""Tests for helpers.chapters.distributed and helpers.chapters.ddp_train (chapter 07), on CPU.
+"""Tests for helpers.chapters.ch07.distributed and helpers.chapters.ch07.ddp_train (chapter 07), on CPU.
 
 The sharding tests need no process group. The slow tests start real torchrun
 jobs (gloo, 2 processes) and check coverage, replica sync, the readable error
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from helpers.chapters import ch07
-from helpers.chapters import distributed as D
-from helpers.chapters.ddp_train import IndexedDataset, params_checksum, parse_args
+from helpers.chapters.ch07 import distributed as D
+from helpers.chapters.ch07.ddp_train import IndexedDataset, params_checksum, parse_args
 
 # ---------------------------------------------------------------------------
 # Sharding without a process group
@@ -121,13 +121,13 @@ def test_bad_input_names_the_parameter(call, name: str) -> None:
 def test_commands() -> None:
     cmd = D.torchrun_command(2, ["--epochs=1"], log_dir="/tmp/x")
     # torchrun, with every store it serves bound to 127.0.0.1 and the ranks told to meet there
-    assert cmd[:4] == [sys.executable, "-m", "helpers.chapters.distributed", "--local-addr=127.0.0.1"]
+    assert cmd[:4] == [sys.executable, "-m", "helpers.chapters.ch07.distributed", "--local-addr=127.0.0.1"]
     assert "--standalone" in cmd and "--nproc-per-node=2" in cmd
     plain = D.torchrun_command(2, ["--epochs=1"], loopback=False)
     assert plain[:3] == [sys.executable, "-m", "torch.distributed.run"] and "--local-addr=127.0.0.1" not in plain
     with pytest.raises(ValueError, match="rdzv_endpoint"):
         D.torchrun_command(1, [], rdzv_endpoint="8.8.8.8:29555")
-    assert cmd[-3:] == ["-m", "helpers.chapters.ddp_train", "--epochs=1"]
+    assert cmd[-3:] == ["-m", "helpers.chapters.ch07.ddp_train", "--epochs=1"]
     cmd = D.torchrun_command(1, [], rdzv_endpoint="127.0.0.1:29555")
     assert "--rdzv-endpoint=127.0.0.1:29555" in cmd and "--standalone" not in cmd
     text = D.multi_node_command(2, 8, "node0.example:29400", node_rank=1)
@@ -299,7 +299,7 @@ def test_timeout_stops_every_process() -> None:
 
 
 _PARENT = """
-from helpers.chapters import distributed as D
+from helpers.chapters.ch07 import distributed as D
 
 def report(fraction, text):
     if text.startswith("rank 0: step"):

@@ -1,4 +1,4 @@
-"""Tests for helpers.chapters.doctor: the pure decision, and real pipelines built to be each kind of bound."""
+"""Tests for helpers.chapters.ch06.doctor: the pure decision, and real pipelines built to be each kind of bound."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from helpers.chapters import doctor as D
+from helpers.chapters.ch06 import doctor as D
 
 
 def facts(**kw):
@@ -187,7 +187,7 @@ def test_is_pinned_error_is_raised_in_a_strict_gpu_run(monkeypatch: pytest.Monke
 
 def test_the_advice_agrees_with_the_waterfall_it_follows() -> None:
     """Issue #28.2: the doctor ran after a waterfall that measured workers slower must not recommend them."""
-    from helpers.chapters import capstone as C
+    from helpers.chapters.ch06 import capstone as C
     from helpers.core.timing import SpanTrace
 
     spec = C.job_spec("data-bound")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from helpers.chapters import distributed
+from helpers.chapters.ch07 import distributed
 from helpers.core import device
 
 

@@ -1,4 +1,4 @@
-"""Tests for helpers.pipeline.gpudecode: JPEG bytes to decoded batches (CPU here; GPU tests skip without CUDA)."""
+"""Tests for helpers.chapters.ch05.gpudecode: JPEG bytes to decoded batches (CPU here; GPU tests skip without CUDA)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.pipeline import gpudecode as G
+from helpers.chapters.ch05 import gpudecode as G
 from helpers.pipeline.data import ImageDecodeError, ShapesDataset, make_shapes_dataset
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

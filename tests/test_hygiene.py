@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from helpers.chapters import ch00
+from helpers.chapters.ch00 import hygiene
 from helpers.core import evidence, results
-from helpers.pipeline import hygiene
 from helpers.ui import widgets
 
 

@@ -32,20 +32,31 @@ ORDER = ("core", "ui", "pipeline", "chapters")
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 
 
-def _layout() -> dict[str, tuple[str, ...]]:
-    """layer -> its modules, read from the folders."""
-    return {
-        layer: tuple(sorted(p.stem for p in (HELPERS / layer).glob("*.py") if p.stem != "__init__")) for layer in ORDER
-    }
+def _layout() -> dict[str, Path]:
+    """Every module of the package by its dotted name below ``helpers`` (``core.timing``, ``chapters.ch05``,
+    ``chapters.ch05.overlap``), read from the layer folders and the chapter folders inside ``chapters/``."""
+    out: dict[str, Path] = {}
+    for layer in ORDER:
+        for p in sorted((HELPERS / layer).rglob("*.py")):
+            parts = list(p.relative_to(HELPERS).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+                if len(parts) == 1:
+                    continue  # a layer's own __init__: a docstring, no code
+            out[".".join(parts)] = p
+    return out
 
 
-LAYERS = _layout()
-RANK = {mod: i for i, mods in enumerate(LAYERS.values()) for mod in mods}
-LAYER_OF = {mod: name for name, mods in LAYERS.items() for mod in mods}
+MODULES = _layout()
+LAYER_OF = {mod: mod.split(".")[0] for mod in MODULES}
+RANK = {mod: ORDER.index(layer) for mod, layer in LAYER_OF.items()}
+LAYERS = {layer: tuple(m for m in MODULES if LAYER_OF[m] == layer) for layer in ORDER}
+#: A chapter's folder: ``chapters.chNN`` and the modules inside it.
+_CHAPTER = re.compile(r"chapters\.(ch\d\d)(\.|$)")
 
 
 def _path(module: str) -> Path:
-    return HELPERS / "__init__.py" if module == "__init__" else HELPERS / LAYER_OF[module] / f"{module}.py"
+    return HELPERS / "__init__.py" if module == "__init__" else MODULES[module]
 
 
 def _rel(module: str) -> str:
@@ -53,40 +64,47 @@ def _rel(module: str) -> str:
 
 
 def _modules() -> list[str]:
-    return sorted(LAYER_OF)
+    return sorted(MODULES)
 
 
-def _names_to_modules(package: str | None, names: list[str]) -> list[str]:
-    """The modules named by ``from <package> import names`` (package: a layer, a module, or None = helpers)."""
-    if package in LAYER_OF:
-        return [package]
-    if package in ORDER or package is None:
-        return [n for n in names if n in LAYER_OF]
+def _package(module: str) -> list[str]:
+    """The package ``module`` lives in (itself, for a chapter folder's ``__init__``), as parts below helpers."""
+    if module == "__init__":
+        return []
+    parts = module.split(".")
+    return parts if _path(module).name == "__init__.py" else parts[:-1]
+
+
+def _resolve(name: str) -> list[str]:
+    """The modules a dotted name below helpers stands for: the module itself, else the longest module it is in."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in MODULES:
+            return [".".join(parts[:n])]
     return []
 
 
 def _targets(node: ast.AST, module: str) -> list[str]:
     """The helpers modules an import statement names (empty for any other import)."""
     if isinstance(node, ast.ImportFrom):
-        names = [a.name for a in node.names]
         parts = node.module.split(".") if node.module else []
         if node.level == 0:
             if not parts or parts[0] != "helpers":
                 return []
-            parts = parts[1:]
-        elif node.level > 2:
-            raise AssertionError(f"{_rel(module)}:{node.lineno}: an import above the package")
-        elif node.level == 1 and module != "__init__":
-            parts = [LAYER_OF[module], *parts]  # from .x / from . import x: this module's own layer
-        if not parts:
-            return _names_to_modules(None, names)
-        return _names_to_modules(parts[-1] if len(parts) > 1 else parts[0], names)
+            base = parts[1:]
+        else:
+            pkg = _package(module)
+            if node.level - 1 > len(pkg):
+                raise AssertionError(f"{_rel(module)}:{node.lineno}: an import above the package")
+            base = pkg[: len(pkg) - (node.level - 1)] + parts
+        named = [".".join([*base, a.name]) for a in node.names if ".".join([*base, a.name]) in MODULES]
+        return named or _resolve(".".join(base))
     if isinstance(node, ast.Import):
         out = []
         for a in node.names:
             parts = a.name.split(".")
-            if parts[0] == "helpers" and parts[-1] in LAYER_OF:
-                out.append(parts[-1])
+            if parts[0] == "helpers":
+                out += _resolve(".".join(parts[1:]))
         return out
     return []
 
@@ -183,9 +201,11 @@ def _describe(path: list[str], graph: dict[str, dict[str, list[int]]]) -> str:
 
 
 def test_the_graph_sees_module_level_and_function_level_imports() -> None:
-    edges = _imports("capstone")
-    assert any(t == "timing" and not inner for t, _, inner in edges)
-    assert any(t == "plots" and inner for t, _, inner in edges)  # matplotlib: imported where it is drawn
+    edges = _imports("chapters.ch06.capstone")
+    assert any(t == "core.timing" and not inner for t, _, inner in edges)
+    assert any(t == "ui.plots" and inner for t, _, inner in edges)  # matplotlib: imported where it is drawn
+    assert any(t == "chapters.ch06.doctor" for t, _, _ in _imports("chapters.ch06.capstone"))  # from .doctor import
+    assert any(t == "chapters.ch06.capstone" for t, _, _ in _imports("chapters.ch06"))  # from . import capstone
     assert _cycles({"a": {"b": [1]}, "b": {"c": [2]}, "c": {"a": [3]}, "d": {"a": [4]}}) == [["a", "b", "c", "a"]]
 
 
@@ -198,8 +218,6 @@ def test_no_import_cycles() -> None:
 
 
 def test_every_module_lives_in_one_layer_folder() -> None:
-    placed = [m for mods in LAYERS.values() for m in mods]
-    assert len(placed) == len(set(placed)), "two layer folders hold a module of the same name"
     loose = sorted(p.name for p in HELPERS.glob("*.py") if p.stem != "__init__")
     assert not loose, f"modules outside a layer folder: {loose}; move each into one of {ORDER}"
     folders = sorted(p.name for p in HELPERS.iterdir() if p.is_dir() and (p / "__init__.py").exists())
@@ -208,6 +226,40 @@ def test_every_module_lives_in_one_layer_folder() -> None:
         assert (HELPERS / layer / "__init__.py").read_text(encoding="utf-8").startswith('"""'), (
             f"helpers/{layer}/__init__.py must say in its docstring what the layer is for"
         )
+    nested = sorted(str(p.relative_to(HELPERS)) for p in HELPERS.glob("*/*/") if p.name != "__pycache__")
+    wrong = [n for n in nested if not re.fullmatch(r"chapters/ch\d\d|core/reference", n)]
+    assert not wrong, f"folders inside a layer: {wrong}; only chapters/chNN (one chapter's code) is a package"
+
+
+def test_a_chapter_imports_no_other_chapter() -> None:
+    """A chapter is one folder: its code imports the layers below and its own folder, never another chapter's.
+    What two chapters share goes down into pipeline, ui or core."""
+    crossing = [f"{_rel(a)}:{','.join(map(str, lines))} imports {b}" for a, b, lines in _crossings(_graph())]
+    assert not crossing, "imports of another chapter's folder:\n" + "\n".join(crossing)
+
+
+def _crossings(graph: dict[str, dict[str, list[int]]]) -> list[tuple[str, str, list[int]]]:
+    """(importer, imported, lines) for each import of a chapter folder from outside that folder."""
+    out = []
+    for a, targets in sorted(graph.items()):
+        ma = _CHAPTER.match(a)
+        for b, lines in sorted(targets.items()):
+            mb = _CHAPTER.match(b)
+            if mb and (ma is None or ma.group(1) != mb.group(1)):
+                out.append((a, b, lines))
+    return out
+
+
+def test_the_chapter_rule_sees_a_crossing() -> None:
+    graph = {
+        "chapters.ch06.capstone": {"chapters.ch06.doctor": [1], "chapters.ch05.overlap": [2], "core.timing": [3]},
+        "chapters.ch06": {"chapters.ch06.capstone": [4]},
+        "chapters._template": {"chapters.ch04": [5]},
+    }
+    assert _crossings(graph) == [
+        ("chapters._template", "chapters.ch04", [5]),
+        ("chapters.ch06.capstone", "chapters.ch05.overlap", [2]),
+    ]
 
 
 def test_no_module_imports_a_layer_above_its_own() -> None:
@@ -264,13 +316,13 @@ def _upward_strings(module: str, source: str) -> list[str]:
 def test_the_string_scan_sees_a_reach_through_sys_modules() -> None:
     """The hidden reach issue #27 found in ui/widgets.py: caught in a lower layer, allowed in a higher one."""
     reach = 'import sys\nloaders = sys.modules.get("helpers.pipeline.loaders")\n'
-    assert _upward_strings("widgets", reach) == [
+    assert _upward_strings("ui.widgets", reach) == [
         "helpers/ui/widgets.py:2 (ui) names 'helpers.pipeline.loaders' in a string"
     ]
-    assert _upward_strings("capstone", reach) == []  # chapters may use pipeline
+    assert _upward_strings("chapters.ch06.capstone", reach) == []  # chapters may use pipeline
     by_name = 'def f():\n    """Uses helpers.chapters.ch04 (a docstring may say so)."""\n    return 1\n'
-    assert _upward_strings("config", by_name) == []
-    assert _upward_strings("config", 'import importlib\nm = importlib.import_module(f"helpers.ui.{n}")\n')
+    assert _upward_strings("core.config", by_name) == []
+    assert _upward_strings("core.config", 'import importlib\nm = importlib.import_module(f"helpers.ui.{n}")\n')
 
 
 def test_no_module_reaches_a_layer_above_by_name() -> None:
@@ -291,9 +343,12 @@ def test_nothing_in_helpers_imports_the_maintainer_tools() -> None:
     assert not back, f"helpers/tools/ is back ({back}): the maintainer's tools live in tools/"
     packages = re.search(r"^packages = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M)
     assert packages, "pyproject.toml: [tool.setuptools] packages = [...] on one line"
-    assert re.findall(r'"([^"]+)"', packages.group(1)) == ["helpers", *(f"helpers.{layer}" for layer in ORDER)], (
-        "pyproject.toml ships the reader's package only: helpers and its layers (the tools stay in the checkout)"
-    )
+    chapters = sorted(f"helpers.{m}" for m in MODULES if _CHAPTER.fullmatch(m + "."))
+    assert re.findall(r'"([^"]+)"', packages.group(1)) == [
+        "helpers",
+        *(f"helpers.{layer}" for layer in ORDER),
+        *chapters,
+    ], "pyproject.toml ships the reader's package only: helpers, its layers and chapter folders (not the tools)"
     found = []
     for path in sorted(HELPERS.rglob("*.py")):
         source = path.read_text(encoding="utf-8")
@@ -347,5 +402,21 @@ def test_contributing_lists_the_same_layers() -> None:
             rows[cells[0]] = set(re.findall(r"`([A-Za-z_0-9]+)`", cells[1]))
     assert list(rows) == list(LAYERS), "docs/CONTRIBUTING.md needs a Layers table with one row per layer, in order"
     for layer, mods in LAYERS.items():
-        named = {"chNN" if re.fullmatch(r"ch\d\d", m) else m for m in mods}  # chapter modules: one row entry
+        # a chapter folder is one row entry, `chNN`; the modules inside it are in the chapter-folder table
+        named = {"chNN" if _CHAPTER.match(m) else m.split(".")[-1] for m in mods}
         assert rows[layer] == named, f"docs/CONTRIBUTING.md, layer {layer}: {sorted(rows[layer])} != {sorted(named)}"
+
+
+def test_contributing_lists_each_chapter_folder() -> None:
+    """The chapter-folder table: one row per ``chapters/chNN/``, naming the modules besides its ``__init__``."""
+    text = (ROOT / "docs" / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if len(cells) >= 2 and re.fullmatch(r"`chapters/ch\d\d/`", cells[0]):
+            rows[cells[0].strip("`").split("/")[1]] = set(re.findall(r"`([A-Za-z_0-9]+)`", cells[1])) - {"__init__"}
+    folders = sorted({m.group(1) for mod in MODULES if (m := _CHAPTER.match(mod))})
+    assert sorted(rows) == folders, f"docs/CONTRIBUTING.md: chapter-folder rows {sorted(rows)} != folders {folders}"
+    for ch in folders:
+        inside = {m.split(".")[-1] for m in MODULES if m.startswith(f"chapters.{ch}.")}
+        assert rows[ch] == inside, f"docs/CONTRIBUTING.md, chapters/{ch}/: {sorted(rows[ch])} != {sorted(inside)}"

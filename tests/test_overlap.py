@@ -1,4 +1,4 @@
-"""Tests for helpers.pipeline.overlap: the 2x2 labels, overlap measurement, hazards, what a GPU recorded.
+"""Tests for helpers.chapters.ch05.overlap: the 2x2 labels, overlap measurement, hazards, what a GPU recorded.
 
 The live panel and the benchmark are chapter 05's module (tests/test_ch05_pipeline.py)."""
 
@@ -14,11 +14,11 @@ matplotlib.use("Agg")
 import pytest
 import torch
 
+from helpers.chapters.ch05 import overlap as ov
 from helpers.core import evidence
 from helpers.core.evidence import Evidence
 from helpers.core.results import ResultSet
 from helpers.core.timing import Span, SpanTrace
-from helpers.pipeline import overlap as ov
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from test_reader_path import STRUCTURED, driving_cells, notebook_path
 
-from helpers.chapters import capstone
+from helpers.chapters.ch06 import capstone
 from helpers.core import evidence
 from helpers.pipeline import loaders
 from helpers.pipeline.transfer import MiB

@@ -89,11 +89,11 @@ def test_chapter_06_pipeline_is_the_take_home_script() -> None:
 
 def test_the_packages_take_home_pipeline_is_the_script() -> None:
     """Issue #27: the capstone times the take-home pipeline without reading examples/ (a file outside the installed
-    package): helpers/chapters/fast_pipeline.py holds the same lines as the script's pipeline block."""
-    lines = (ROOT / "helpers" / "chapters" / "fast_pipeline.py").read_text(encoding="utf-8").splitlines()
+    package): helpers/chapters/ch06/fast_pipeline.py holds the same lines as the script's pipeline block."""
+    lines = (ROOT / "helpers" / "chapters" / "ch06" / "fast_pipeline.py").read_text(encoding="utf-8").splitlines()
     start, end = lines.index("# --- pipeline: start ---"), lines.index("# --- pipeline: end ---")
     assert [ln.rstrip() for ln in lines[start + 1 : end] if ln.strip()] == _script_pipeline(), (
-        "helpers/chapters/fast_pipeline.py and examples/fast_pipeline.py must have the same lines between the "
+        "helpers/chapters/ch06/fast_pipeline.py and examples/fast_pipeline.py must have the same lines between the "
         "pipeline markers (blank lines aside); change both together (and chapter 06's pipeline cells)"
     )
 

@@ -538,7 +538,7 @@ def test_the_hidden_syncs_loop_does_synchronise() -> None:
     """The chapter's buggy loop is caught by the same debug mode (so the test above can see syncs)."""
     import io as _io
 
-    from helpers.pipeline.overlap import _loop_hidden_syncs
+    from helpers.chapters.ch05.overlap import _loop_hidden_syncs
 
     x = torch.randn(64, 64, device="cuda")
     with _syncs_are_errors(), pytest.raises(RuntimeError, match="synchroniz"):

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.chapters.ch05 import overlap
 from helpers.core import evidence, reference
-from helpers.pipeline import overlap
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "helpers" / "core" / "published_experiments.json"
@@ -66,7 +66,7 @@ def call_site_keys() -> dict[str, str]:
         for m in [*_KEY_ARG.finditer(text), *_RECORDED_CALL.finditer(text)]:
             keys.setdefault(re.sub(r"\{[^}]*\}", "x", m.group(1)), where)
     for memory, stream in overlap.CELLS:  # the 2x2 timelines: recorded_artifact(artifact_name(memory, stream))
-        keys.setdefault(overlap.artifact_name(memory, stream), "helpers/pipeline/overlap.py")
+        keys.setdefault(overlap.artifact_name(memory, stream), "helpers/chapters/ch05/overlap.py")
     return keys
 
 

@@ -13,7 +13,7 @@ Run it from the workbook folder (no browser, no notebook)::
     python -m tools.bench --compare FILE  # your results beside the reference files (ratios on same hardware)
     python -m tools.bench --readme-table       # the README's table of reference figures
 
-Each chapter module, ``helpers/chapters/chNN.py``, follows the one chapter interface
+Each chapter module, ``helpers/chapters/chNN/__init__.py``, follows the one chapter interface
 (:mod:`helpers.ui.chapter`): its ``benchmark(results, device, *, progress=None)`` adds
 records keyed ``chNN.*`` (and artifacts such as span traces) to a
 :class:`helpers.core.results.ResultSet`. This command finds the chapters by their file
@@ -161,7 +161,7 @@ class Chapter:
         return tuple(f"ch{i}." for i in self.ids)
 
 
-#: Where the chapter modules are: ``helpers/chapters/chNN.py`` of the ``helpers`` that ``import helpers`` finds
+#: Where the chapter modules are: ``helpers/chapters/chNN/__init__.py`` of the ``helpers`` that ``import helpers`` finds
 #: (the checkout's, run from its root).
 CHAPTER_DIR = Path(helpers.chapters.__file__).resolve().parent
 
@@ -186,17 +186,19 @@ def _constants(path: Path, names: tuple[str, ...] = ("NUMBER", "TITLE", "BENCH_W
 
 
 def discover_chapters(folder: Path = CHAPTER_DIR) -> tuple[Chapter, ...]:
-    """Every chapter module in ``folder`` (``chNN.py``), in chapter order, from its ``NUMBER``, ``TITLE`` and
-    ``BENCH_WEIGHT`` (the interface in :mod:`helpers.ui.chapter`); a missing constant falls back to the file name,
-    the module name and 1.0, and the module's own check (tests/test_chapter_interface.py) says what is missing."""
+    """Every chapter folder in ``folder`` (``chNN/__init__.py``), in chapter order, from its ``NUMBER``, ``TITLE``
+    and ``BENCH_WEIGHT`` (the interface in :mod:`helpers.ui.chapter`); a missing constant falls back to the folder
+    name, the module name and 1.0, and the module's own check (tests/test_chapter_interface.py) says what is
+    missing."""
     out = []
-    for path in sorted(folder.glob("ch[0-9][0-9].py")):
+    for path in sorted(folder.glob("ch[0-9][0-9]/__init__.py")):
+        name = path.parent.name
         c = _constants(path)
         out.append(
             Chapter(
-                (str(c.get("NUMBER", path.stem[2:])),),
-                f"helpers.chapters.{path.stem}",
-                str(c.get("TITLE", path.stem)),
+                (str(c.get("NUMBER", name[2:])),),
+                f"helpers.chapters.{name}",
+                str(c.get("TITLE", name)),
                 float(c.get("BENCH_WEIGHT", 1.0)),
             )
         )

@@ -808,7 +808,7 @@ _DATA_SET_RE = re.compile(r"\b(make_shapes_dataset|default_sizes|ShapesDataset)\
 
 def reads_data_set(nb: Path) -> bool:
     """Whether a notebook's work grows with the data set's sizes: its code cells, its chapter module
-    (``helpers/chapters/chNN.py``) or a chapter module that one imports name the data set's functions."""
+    (``helpers/chapters/chNN/__init__.py``) or a chapter module that one imports name the data set's functions."""
     texts = []
     with_suppress = (OSError, ValueError, KeyError, TypeError)
     try:

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["WORKBOOK_QUICK"] = "0"  # the laptop tier, as a reader's Run All on a machine without a GPU
     os.environ["WORKBOOK_FULL"] = "0"
 
-    from helpers.chapters import capstone  # after the environment: sizes are read from it
+    from helpers.chapters.ch06 import capstone  # after the environment: sizes are read from it
     from helpers.core.device import resolve_device
 
     for regime in args.regimes:

@@ -1,11 +1,13 @@
-"""Layer 4, chapters: one module per chapter, and what puts the pipeline together. Imports every layer below.
+"""Layer 4, chapters: one folder per chapter, and what puts the pipeline together. Imports every layer below.
 
-chNN        chapter NN's module (ch00 ... ch07), the one chapter interface (helpers/ui/chapter.py):
-            its live panel (controls, run, summary, plot), its headless benchmark, and the
-            chapter's own displays (e.g. ch02: the GPU copy curves, measured or recorded)
-_template   the template a new chapter module is copied from
-capstone    chapter 06: every step stacked on one job, in two regimes
-doctor      chapter 06: diagnose any pipeline (data-, transfer- or compute-bound)
-distributed chapter 07: DistributedSampler demos and the torchrun launcher
-ddp_train   chapter 07: the per-rank training script torchrun runs
+chNN/       chapter NN's folder (ch00 ... ch07): its ``__init__`` is the one chapter interface
+            (helpers/ui/chapter.py: the live panel's controls, run, summary and plot, and the headless
+            benchmark); the modules beside it are that chapter's own experiments:
+            ch00/hygiene                    warm-up, synchronisation and clock experiments
+            ch05/overlap, ch05/gpudecode    the 2x2 copy/compute overlap and async hazards; JPEG decode
+            ch06/capstone, doctor, fast_pipeline   every step stacked on one job; the diagnosis; the cells
+            ch07/distributed, ddp_train     DistributedSampler demos and the torchrun launcher; the rank script
+_template   the template a new chapter folder's ``__init__`` is copied from
+
+A chapter never imports another chapter's folder: what two chapters share lives in a lower layer.
 """

@@ -1,8 +1,8 @@
-"""Template for a chapter module: copy it to ``helpers/chapters/chNN.py`` (NN = the notebook's number).
+"""Template for a chapter module: copy it to ``helpers/chapters/chNN/__init__.py`` (NN = the notebook's number).
 
 A working example of the one chapter interface (:mod:`helpers.ui.chapter`), small enough to read at once:
 its panel times one host copy of a tensor the reader sizes. ``tests/test_chapter_interface.py`` checks
-every ``chNN.py`` (and this file) against the interface; ``python -m tools.bench`` finds a new
+every ``chNN/__init__.py`` (and this file) against the interface; ``python -m tools.bench`` finds a new
 chapter by its file name and reads ``NUMBER``, ``TITLE`` and ``BENCH_WEIGHT`` without importing it.
 
 Rules (docs/CONTRIBUTING.md):

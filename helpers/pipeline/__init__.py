@@ -1,15 +1,12 @@
 """Layer 3, pipeline: the data pipeline the chapters build and measure. Imports core and ui.
 
-What must live in a module lives here (worker processes import data sets, collate and worker-init
-functions by name), with the measuring plumbing each step needs:
+What two or more chapters use lives here, and what must live in a module (worker processes import data
+sets, collate and worker-init functions by name), with the measuring plumbing each step needs:
 
-    hygiene     warm-up, synchronisation and clock experiments (chapter 00)
     data        the generated JPEG data set, its Dataset classes, seed_worker
     models      the small CNN whose compute per batch scales
     train       step anatomy: timing the reader's loader, copy and step phase by phase
     transfer    pageable vs pinned copies, pinning cost, the caching host allocator
     loaders     DataLoader knobs, workers, pitfalls, throughput, leak-proof start and stop
     prefetch    the reference side-stream prefetcher and the checks for the reader's
-    overlap     the 2x2 copy/compute overlap experiment and the async hazards
-    gpudecode   JPEG bytes to decoded batches, on the CPU or the GPU (nvJPEG)
 """

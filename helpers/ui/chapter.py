@@ -1,7 +1,8 @@
-"""The one interface every chapter module offers (``helpers/chapters/chNN.py``).
+"""The one interface every chapter module offers (``helpers/chapters/chNN/__init__.py``).
 
-A chapter module is found by its file name (``ch`` + two digits) and offers the same typed functions,
-so that a live panel is three lines in a notebook and the headless bench needs no list of chapters:
+A chapter module is the ``__init__`` of its folder, found by the folder's name (``ch`` + two digits), and
+offers the same typed functions, so that a live panel is three lines in a notebook and the headless bench
+needs no list of chapters:
 
 >>> from helpers.chapters import ch03
 >>> panel = widgets.Panel.for_chapter(ch03, device=DEVICE, make_loader=make_loader, to_device=to_device)
@@ -56,7 +57,7 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
 #: Optional members.
 OPTIONAL: tuple[str, ...] = ("panel_validate", "PANEL_FIGSIZE")
 
-#: File names of chapter modules: ch00.py ... ch99.py.
+#: Names of chapter folders (their `__init__` is the chapter module): ch00 ... ch99.
 MODULE_NAME = re.compile(r"^ch(\d\d)$")
 
 

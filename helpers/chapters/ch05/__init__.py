@@ -1,9 +1,9 @@
 """Chapter 05 · Overlapped asynchronous transfer: the chapter module (the interface of :mod:`helpers.ui.chapter`).
 
-What the chapter measures lives in the pipeline layer: :mod:`helpers.pipeline.overlap` (the 2x2
+What the chapter measures lives in the pipeline layer: :mod:`helpers.chapters.ch05.overlap` (the 2x2
 copy/compute experiment, the three hazards, the timing of the reader's pipeline),
 :mod:`helpers.pipeline.prefetch` (the reference prefetcher and the checks of the reader's) and
-:mod:`helpers.pipeline.gpudecode` (JPEG bytes decoded on the CPU or the GPU). This module holds the
+:mod:`helpers.chapters.ch05.gpudecode` (JPEG bytes decoded on the CPU or the GPU). This module holds the
 chapter around them:
 
 - the live panel: one cell of the 2x2 experiment per run, drawn as a timeline. On a GPU it runs
@@ -25,14 +25,14 @@ from typing import Any
 import ipywidgets as W
 import torch
 
-from ..core import config, evidence
-from ..core.device import has_cuda, resolve_device
-from ..core.evidence import Evidence
-from ..core.progress import ProgressFn, no_progress, scaled
-from ..core.results import ResultSet
-from ..core.validate import check_choice, check_int
-from ..pipeline import gpudecode, overlap
-from ..pipeline.data import default_sizes, make_shapes_dataset
+from ...core import config, evidence
+from ...core.device import has_cuda, resolve_device
+from ...core.evidence import Evidence
+from ...core.progress import ProgressFn, no_progress, scaled
+from ...core.results import ResultSet
+from ...core.validate import check_choice, check_int
+from ...pipeline.data import default_sizes, make_shapes_dataset
+from . import gpudecode, overlap
 
 __all__ = [
     "NUMBER",
@@ -152,7 +152,7 @@ def record_decode(
     repeats: int = 3,
     progress: ProgressFn | None = None,
 ) -> ResultSet:
-    """Record the decode comparison of :func:`helpers.pipeline.gpudecode.compare_decode` into ``results``.
+    """Record the decode comparison of :func:`helpers.chapters.ch05.gpudecode.compare_decode` into ``results``.
 
     Keys (unit; params):
 
@@ -282,8 +282,8 @@ def panel_run(
 ) -> Evidence[Any]:
     """One cell of the 2x2 experiment: its timeline, as an Evidence whichever path ran.
 
-    On a CUDA ``device``: :func:`helpers.pipeline.overlap.run_cell` with these sizes, ``measured``
-    (the value is the :class:`~helpers.pipeline.overlap.CellResult`). Without one: the reference
+    On a CUDA ``device``: :func:`helpers.chapters.ch05.overlap.run_cell` with these sizes, ``measured``
+    (the value is the :class:`~helpers.chapters.ch05.overlap.CellResult`). Without one: the reference
     recording of the cell (``recorded``, a :class:`~helpers.core.timing.SpanTrace`, recorded at its
     own sizes), else its schematic (``theoretical``); the note says which and why.
 

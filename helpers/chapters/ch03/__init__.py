@@ -24,15 +24,15 @@ from typing import Any, Callable, Mapping, Sequence
 import ipywidgets as W
 import torch
 
-from ..core import agreement, config, evidence
-from ..core.device import resolve_device
-from ..core.evidence import Evidence
-from ..core.progress import ProgressFn, no_progress, scaled
-from ..core.results import Record, ResultSet
-from ..core.validate import check_int
-from ..pipeline import loaders
-from ..pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset
-from ..ui import plots
+from ...core import agreement, config, evidence
+from ...core.device import resolve_device
+from ...core.evidence import Evidence
+from ...core.progress import ProgressFn, no_progress, scaled
+from ...core.results import Record, ResultSet
+from ...core.validate import check_int
+from ...pipeline import loaders
+from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset
+from ...ui import plots
 
 __all__ = [
     "NUMBER",

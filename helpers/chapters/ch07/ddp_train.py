@@ -3,9 +3,9 @@
 Run it through the launcher, never directly::
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 \\
-        -m helpers.chapters.ddp_train --out /tmp/run --epochs 2 --batch-size 32
+        -m helpers.chapters.ch07.ddp_train --out /tmp/run --epochs 2 --batch-size 32
 
-:func:`helpers.chapters.distributed.launch_ddp` builds that command, runs it and reads
+:func:`helpers.chapters.ch07.distributed.launch_ddp` builds that command, runs it and reads
 the results. Each rank:
 
 1. reads its identity from the environment torchrun sets (``RANK``,
@@ -57,7 +57,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
 
-from ..pipeline.data import (
+from ...pipeline.data import (
     MEAN,
     STD,
     ShapesDataset,
@@ -66,8 +66,8 @@ from ..pipeline.data import (
     seed_worker,
     to_float_normalized,
 )
-from ..pipeline.loaders import LoaderConfig, build_loader
-from ..pipeline.models import build_model
+from ...pipeline.loaders import LoaderConfig, build_loader
+from ...pipeline.models import build_model
 
 __all__ = ["IndexedDataset", "InjectedFailure", "parse_args", "main", "params_checksum", "evaluate_shared"]
 
@@ -154,8 +154,8 @@ def evaluate_shared(
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The command-line options (see ``python -m helpers.chapters.ddp_train --help``)."""
-    p = argparse.ArgumentParser(prog="python -m helpers.chapters.ddp_train", description=__doc__.split("\n\n")[0])
+    """The command-line options (see ``python -m helpers.chapters.ch07.ddp_train --help``)."""
+    p = argparse.ArgumentParser(prog="python -m helpers.chapters.ch07.ddp_train", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for rank<R>.json result files")
     p.add_argument("--data-dir", default=None, help="class-folder root (default: generate the chapter-01 train set)")
     p.add_argument(
@@ -265,7 +265,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     batches: Any = loader
     if not args.no_prefetcher:
         try:
-            from ..pipeline.prefetch import Prefetcher  # optional: a missing module is tolerated (ImportError)
+            from ...pipeline.prefetch import Prefetcher  # optional: a missing module is tolerated (ImportError)
         except ImportError:  # chapter 05's helper missing: move batches by hand
             Prefetcher = None  # type: ignore[assignment,misc]
         if Prefetcher is not None:

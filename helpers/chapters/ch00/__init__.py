@@ -1,7 +1,7 @@
 """Chapter 00 · Setup, and measuring honestly: its live panel and its headless benchmark.
 
 The chapter's experiments (warm-up, synchronisation, CUDA events, the timed operations) are in
-:mod:`helpers.pipeline.hygiene`; this module puts them together for the one chapter interface
+:mod:`helpers.chapters.ch00.hygiene`; this module puts them together for the one chapter interface
 (:mod:`helpers.ui.chapter`):
 
 - the live panel times one operation (``hygiene.OPERATIONS``) at a size the reader picks, on any device,
@@ -19,15 +19,15 @@ from typing import Any
 import ipywidgets as W
 import torch
 
-from ..core import evidence
-from ..core.config import sized
-from ..core.evidence import Evidence
-from ..core.progress import ProgressFn, no_progress
-from ..core.results import ResultSet
-from ..core.timing import Timing
-from ..core.validate import check_int
-from ..pipeline import hygiene
-from ..ui import plots
+from ...core import evidence
+from ...core.config import sized
+from ...core.evidence import Evidence
+from ...core.progress import ProgressFn, no_progress
+from ...core.results import ResultSet
+from ...core.timing import Timing
+from ...core.validate import check_int
+from ...ui import plots
+from . import hygiene
 
 __all__ = [
     "NUMBER",
@@ -99,7 +99,7 @@ def panel_run(
     max_seconds: float = hygiene.DEMO_MAX_SECONDS,
     **context: Any,
 ) -> Evidence[Timing]:
-    """Time ``op`` at size ``n`` on ``device`` (:func:`helpers.pipeline.hygiene.time_op`): measured here.
+    """Time ``op`` at size ``n`` on ``device`` (:func:`helpers.chapters.ch00.hygiene.time_op`): measured here.
 
     ``min_run_time`` (seconds of timed work) and ``max_seconds`` (the run's budget: fewer blocks, or a
     refusal naming the largest size that fits) come from the notebook's settings.

@@ -23,17 +23,17 @@ from typing import Any, Sequence
 import ipywidgets as W
 import torch
 
-from ..core import agreement, evidence
-from ..core.config import sized
-from ..core.device import hardware_report, pcie_bandwidth_gbps, resolve_device
-from ..core.evidence import Evidence
-from ..core.progress import ProgressFn, no_progress, scaled
-from ..core.reference import provenance_line
-from ..core.results import ResultSet
-from ..core.timing import summarize
-from ..core.validate import check_choice, check_float, check_int, human_bytes, human_seconds
-from ..pipeline import transfer
-from ..pipeline.transfer import (
+from ...core import agreement, evidence
+from ...core.config import sized
+from ...core.device import hardware_report, pcie_bandwidth_gbps, resolve_device
+from ...core.evidence import Evidence
+from ...core.progress import ProgressFn, no_progress, scaled
+from ...core.reference import provenance_line
+from ...core.results import ResultSet
+from ...core.timing import summarize
+from ...core.validate import check_choice, check_float, check_int, human_bytes, human_seconds
+from ...pipeline import transfer
+from ...pipeline.transfer import (
     DIRECTIONS,
     DTYPES,
     MEMORY_KINDS,

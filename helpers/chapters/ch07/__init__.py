@@ -1,7 +1,7 @@
 """Chapter 07, beyond one GPU: the chapter interface (:mod:`helpers.ui.chapter`) over :mod:`.distributed`.
 
-:mod:`~helpers.chapters.distributed` does the work (the sampler lessons, the torchrun launcher bound to
-loopback, the clean-up, :class:`~helpers.chapters.distributed.DistributedRun`); this module holds the chapter:
+:mod:`~helpers.chapters.ch07.distributed` does the work (the sampler lessons, the torchrun launcher bound to
+loopback, the clean-up, :class:`~helpers.chapters.ch07.distributed.DistributedRun`); this module holds the chapter:
 its live panel and its headless benchmark.
 
 Each panel run is a real torchrun job on this machine (``gloo`` on CPU cores, ``nccl`` with one process per
@@ -13,7 +13,7 @@ GPU), so it is measured here on any machine:
 
 Context: ``nproc``, ``workers_per_rank`` and ``batch`` are the controls' starting values (the notebook's
 settings); ``epochs``, ``limit``, ``width`` and ``timeout_s`` size every job
-(:func:`~helpers.chapters.distributed.launch_ddp`).
+(:func:`~helpers.chapters.ch07.distributed.launch_ddp`).
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from typing import Any
 
 import torch
 
-from ..core import evidence
-from ..core.config import sized
-from ..core.device import has_cuda, resolve_device
-from ..core.evidence import Evidence
-from ..core.progress import ProgressFn, no_progress, scaled
-from ..core.results import ResultSet
-from ..core.validate import check_int
+from ...core import evidence
+from ...core.config import sized
+from ...core.device import has_cuda, resolve_device
+from ...core.evidence import Evidence
+from ...core.progress import ProgressFn, no_progress, scaled
+from ...core.results import ResultSet
+from ...core.validate import check_int
 from . import distributed
 from .distributed import DistributedRun
 
@@ -96,7 +96,7 @@ def panel_controls(**context: Any) -> dict[str, Any]:
     ``context`` may set their starting values: ``nproc`` (default 1), ``workers_per_rank`` (default 1) and
     ``batch`` (default 32, one of :data:`BATCH_SIZES`).
     """
-    from ..ui.widgets import W  # optional/heavy: ipywidgets
+    from ...ui.widgets import W  # optional/heavy: ipywidgets
 
     top = distributed.max_processes()
     batch = context.get("batch", 32)
@@ -132,7 +132,7 @@ def panel_run(
     """One torchrun job with these settings, measured here (``device`` names where: CPU cores or the GPUs).
 
     ``epochs``, ``limit``, ``width`` and ``timeout_s`` are passed to
-    :func:`~helpers.chapters.distributed.launch_ddp`; the rest of ``context`` (the controls' starting values)
+    :func:`~helpers.chapters.ch07.distributed.launch_ddp`; the rest of ``context`` (the controls' starting values)
     is not used here.
 
     Raises:

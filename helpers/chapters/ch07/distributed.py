@@ -22,8 +22,8 @@ be studied in one process:
     Did the ranks together see every sample exactly once?
 
 **A real multi-process run.** :func:`launch_ddp` starts torchrun,
-``python -m helpers.chapters.distributed --local-addr=127.0.0.1 --standalone --nproc-per-node N \
--m helpers.chapters.ddp_train ...``
+``python -m helpers.chapters.ch07.distributed --local-addr=127.0.0.1 --standalone --nproc-per-node N \
+-m helpers.chapters.ch07.ddp_train ...``
 (``python -m torch.distributed.run`` with every store it serves bound to
 127.0.0.1, see :func:`loopback_torchrun`), as a subprocess (the reader's own
 interpreter, ``sys.executable``), with a timeout and captured output, follows
@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..core.validate import check_float, check_int
+from ...core.validate import check_float, check_int
 
 __all__ = [
     "shard_indices",
@@ -433,7 +433,7 @@ class DistributedRun:
     Attributes:
         nproc: processes (ranks) started.
         command: the command line that was run.
-        ranks: the per-rank records written by :mod:`helpers.chapters.ddp_train`, sorted by rank.
+        ranks: the per-rank records written by :mod:`helpers.chapters.ch07.ddp_train`, sorted by rank.
         wall_s: seconds from launch to exit, including process start-up (imports).
         stdout / stderr: torchrun's captured output.
         settings: the launch settings (workers, batch size, ...).
@@ -622,7 +622,7 @@ def torchrun_command(
     nproc: int,
     script_args: Sequence[str],
     *,
-    module: str = "helpers.chapters.ddp_train",
+    module: str = "helpers.chapters.ch07.ddp_train",
     rdzv_endpoint: str | None = None,
     log_dir: str | os.PathLike[str] | None = None,
     loopback: bool = True,
@@ -633,7 +633,7 @@ def torchrun_command(
     With ``rdzv_endpoint="127.0.0.1:PORT"`` the store is at that address instead.
 
     ``loopback=True`` (the default) runs torchrun through
-    ``python -m helpers.chapters.distributed``: the same launcher, but every TCP store it
+    ``python -m helpers.chapters.ch07.distributed``: the same launcher, but every TCP store it
     serves listens on 127.0.0.1 only, and ``--local-addr=127.0.0.1`` makes the
     ranks meet there (see :func:`loopback_torchrun`). Plain torchrun's stores
     listen on every interface (``::``) whatever host they are given, because
@@ -648,7 +648,7 @@ def torchrun_command(
                 f"rdzv_endpoint: {rdzv_endpoint!r} is not a loopback address; a single-machine run listens "
                 "on 127.0.0.1 only (pass loopback=False for a store other machines can reach)"
             )
-        cmd = [sys.executable, "-m", "helpers.chapters.distributed", "--local-addr=127.0.0.1"]
+        cmd = [sys.executable, "-m", "helpers.chapters.ch07.distributed", "--local-addr=127.0.0.1"]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run"]
     if rdzv_endpoint:
@@ -756,7 +756,7 @@ def _loopback_tcpstore(base: type) -> type:
         ) -> None:
             import datetime
 
-            from ..core.device import torch_at_least as _torch_at_least  # heavy: imports torch, as this class needs
+            from ...core.device import torch_at_least as _torch_at_least  # heavy: imports torch, as this class needs
 
             if timeout is None:
                 timeout = datetime.timedelta(seconds=300)
@@ -786,7 +786,7 @@ def _loopback_tcpstore(base: type) -> type:
 def loopback_torchrun(argv: Sequence[str] | None = None) -> None:
     """Run torchrun (``torch.distributed.run``) with every store it serves bound to 127.0.0.1.
 
-    This is ``python -m helpers.chapters.distributed [torchrun options] -m module ...``: it
+    This is ``python -m helpers.chapters.ch07.distributed [torchrun options] -m module ...``: it
     replaces ``TCPStore`` in torchrun's rendezvous modules with a class that binds
     its server to the loopback address, then calls torchrun's own ``main``. Use it
     with ``--standalone`` (or a ``127.0.0.1`` endpoint) and ``--local-addr=127.0.0.1``
@@ -815,7 +815,7 @@ def multi_node_command(
     *,
     node_rank: int | None = None,
     rdzv_id: str = "job42",
-    script: str = "-m helpers.chapters.ddp_train --out results/",
+    script: str = "-m helpers.chapters.ch07.ddp_train --out results/",
 ) -> str:
     """The command to type on *each* of ``nnodes`` machines (shown, never run here).
 
@@ -1071,7 +1071,7 @@ def launch_ddp(
     """Train the chapter-01 model with DDP on ``nproc`` processes started by torchrun.
 
     Runs torchrun bound to loopback (:func:`torchrun_command`, ``--standalone``,
-    ``--nproc-per-node=N -m helpers.chapters.ddp_train``) with ``OMP_NUM_THREADS=1`` and
+    ``--nproc-per-node=N -m helpers.chapters.ch07.ddp_train``) with ``OMP_NUM_THREADS=1`` and
     :func:`loopback_env`, waits for it (at most ``timeout_s``), and returns the
     per-rank results. Size the job for the machine: each rank computes with one
     thread, so on a CPU a few hundred small images take seconds, and thousands
@@ -1092,7 +1092,7 @@ def launch_ddp(
         set_epoch / drop_last: passed to the worker script (``set_epoch=False`` shows the bug).
         fail_rank: make this rank raise on purpose (the failure demo).
         data_dir: class-folder root; default: the chapter-01 training set (generated here first).
-        extra_args: more options for :mod:`helpers.chapters.ddp_train`.
+        extra_args: more options for :mod:`helpers.chapters.ch07.ddp_train`.
         timeout_s: stop everything after this many seconds (1-3600).
         progress: ``progress(fraction, text)``, e.g. a Panel's progress bar.
         rdzv_endpoint: ``"127.0.0.1:PORT"`` instead of ``--standalone``.
@@ -1118,7 +1118,7 @@ def launch_ddp(
         fail_rank = check_int("fail_rank", fail_rank, 0, nproc - 1)
 
     if data_dir is None:
-        from ..pipeline.data import make_shapes_dataset  # heavy: torch (this module imports without it)
+        from ...pipeline.data import make_shapes_dataset  # heavy: torch (this module imports without it)
 
         info = make_shapes_dataset()  # generated once here, not by every rank
         data_dir = info.train_dir
@@ -1296,7 +1296,7 @@ def _report_progress(out_dir: Path, progress: Callable[[float, str], None], last
 
 def plot_run(run: DistributedRun, ax: Any = None, *, title: str | None = None) -> Any:
     """Bars: each rank's items/s and the total (measured in ``run``)."""
-    from ..ui.plots import new_axes  # optional/heavy: matplotlib
+    from ...ui.plots import new_axes  # optional/heavy: matplotlib
 
     ax = ax if ax is not None else new_axes((6.5, 3.2))
     per = run.per_rank_items_per_s()
@@ -1357,5 +1357,5 @@ def throughput_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
 
 
-if __name__ == "__main__":  # python -m helpers.chapters.distributed: torchrun, bound to 127.0.0.1
+if __name__ == "__main__":  # python -m helpers.chapters.ch07.distributed: torchrun, bound to 127.0.0.1
     loopback_torchrun()

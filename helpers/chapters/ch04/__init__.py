@@ -27,15 +27,15 @@ import ipywidgets as W
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..core import config, evidence
-from ..core.device import intraop_threads
-from ..core.evidence import Evidence
-from ..core.progress import ProgressFn, no_progress
-from ..core.results import ResultSet
-from ..core.validate import check_choice, check_int
-from ..pipeline import loaders
-from ..pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset
-from ..ui import plots
+from ...core import config, evidence
+from ...core.device import intraop_threads
+from ...core.evidence import Evidence
+from ...core.progress import ProgressFn, no_progress
+from ...core.results import ResultSet
+from ...core.validate import check_choice, check_int
+from ...pipeline import loaders
+from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset
+from ...ui import plots
 
 __all__ = [
     "NUMBER",

@@ -27,16 +27,16 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import ipywidgets as W
 import torch
 
-from ..core import agreement, evidence
-from ..core.config import sized
-from ..core.device import resolve_device
-from ..core.evidence import Evidence
-from ..core.progress import ProgressFn, no_progress, scaled
-from ..core.results import Record, ResultSet
-from ..core.validate import check_int
-from ..pipeline.data import default_sizes
-from ..pipeline.train import PHASES, Anatomy, Prediction, StepFn, ToDevice, step_anatomy
-from ..ui import plots
+from ...core import agreement, evidence
+from ...core.config import sized
+from ...core.device import resolve_device
+from ...core.evidence import Evidence
+from ...core.progress import ProgressFn, no_progress, scaled
+from ...core.results import Record, ResultSet
+from ...core.validate import check_int
+from ...pipeline.data import default_sizes
+from ...pipeline.train import PHASES, Anatomy, Prediction, StepFn, ToDevice, step_anatomy
+from ...ui import plots
 
 __all__ = [
     "NUMBER",

@@ -48,10 +48,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
-from ..core.config import require_gpu
-from ..core.device import resolve_device
-from ..core.validate import check_choice, check_float, check_int
-from ..pipeline.prefetch import iter_tensors, map_tensors, move_batch
+from ...core.config import require_gpu
+from ...core.device import resolve_device
+from ...core.validate import check_choice, check_float, check_int
+from ...pipeline.prefetch import iter_tensors, map_tensors, move_batch
 
 __all__ = [
     "VERDICTS",
@@ -223,7 +223,7 @@ def decide(
     then the rest.
 
     ``measured``: what a waterfall measured on this machine, step name -> verdict
-    (:meth:`helpers.chapters.capstone.Waterfall.step_verdicts`). The advice then agrees with it: a
+    (:meth:`helpers.chapters.ch06.capstone.Waterfall.step_verdicts`). The advice then agrees with it: a
     recommendation whose step was measured 'slower' (beyond the noise) is withdrawn, with a note
     saying why (workers measured slower while persistent workers measured a gain: the advice becomes
     persistent workers); one measured 'within noise', 'no effect' or 'needs CUDA' keeps no estimated saving (the

@@ -22,7 +22,7 @@ arguments (:data:`STEPS`, data, not code; :meth:`Settings.calls` prints the call
 
 (GPU JPEG decoding is not in the list: chapter 05's helpers do not provide it.) Without the
 reader's functions (``tools.bench``, the unit tests) the take-home pipeline is timed
-(:func:`reference_pipeline`: :mod:`helpers.chapters.fast_pipeline`, the pipeline block of
+(:func:`reference_pipeline`: :mod:`helpers.chapters.ch06.fast_pipeline`, the pipeline block of
 ``examples/fast_pipeline.py`` in the package): tests keep it identical to the script and the chapter's cells.
 
 What stays here is the plumbing: the data set (:func:`train_items`: workers import it from
@@ -91,16 +91,16 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..core import evidence
-from ..core.config import sized
-from ..core.device import intraop_threads
-from ..core.evidence import Evidence
-from ..core.progress import scaled
-from ..core.reference import no_published_sentence
-from ..core.timing import SpanRecorder, SpanTrace, synchronize
-from ..core.validate import check_choice, check_float, check_int
-from ..pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset, to_float_normalized
-from ..pipeline.loaders import (
+from ...core import evidence
+from ...core.config import sized
+from ...core.device import intraop_threads
+from ...core.evidence import Evidence
+from ...core.progress import scaled
+from ...core.reference import no_published_sentence
+from ...core.timing import SpanRecorder, SpanTrace, synchronize
+from ...core.validate import check_choice, check_float, check_int
+from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset, to_float_normalized
+from ...pipeline.loaders import (
     LoaderFailure,
     explain_loader_error,
     guard,
@@ -108,9 +108,9 @@ from ..pipeline.loaders import (
     shm_needed_bytes,
     worker_processes,
 )
-from ..pipeline.models import build_model
-from ..pipeline.prefetch import move_batch
-from ..pipeline.train import COMPUTE_LANE_CPU, COMPUTE_LANE_GPU, make_optimizer
+from ...pipeline.models import build_model
+from ...pipeline.prefetch import move_batch
+from ...pipeline.train import COMPUTE_LANE_CPU, COMPUTE_LANE_GPU, make_optimizer
 from . import fast_pipeline as take_home
 from .doctor import usable_cores
 
@@ -555,7 +555,7 @@ class Pipeline:
 def reference_pipeline(device: torch.device | str = "cpu", *, seed: int = 0, workers: int | None = None) -> Pipeline:
     """The take-home pipeline (torch and torchvision only), for runs without the chapter's cells.
 
-    Its functions are :mod:`helpers.chapters.fast_pipeline`'s: the pipeline block of ``examples/fast_pipeline.py``,
+    Its functions are :mod:`helpers.chapters.ch06.fast_pipeline`'s: the pipeline block of ``examples/fast_pipeline.py``,
     line for line, in the package (tests keep it identical to the script and to chapter 06's pipeline cells), so
     an installed ``helpers`` needs no file outside it. ``tools.bench`` and the unit tests time these functions.
     The module's globals ``DEVICE``, ``SEED`` and ``WORKERS`` (what the pipeline reads) are set to ``device``,
@@ -604,14 +604,14 @@ class SeededItems(Dataset):
     """``limit`` items of ``base`` spread evenly over it, item ``i`` augmented with a generator seeded by (seed, i).
 
     Item ``i`` of a subset of ``n`` is item ``i * len(base) // n`` of ``base`` (as
-    :class:`helpers.chapters.ddp_train.IndexedDataset` strides): the generated data set lists its
+    :class:`helpers.chapters.ch07.ddp_train.IndexedDataset` strides): the generated data set lists its
     images class by class, so the *first* ``n`` items would be a few classes only (at full size
     all of class 0), and the job would train on them and score chance on the others.
 
     The random crop then does not depend on which process (main or worker) loads the item,
     so every configuration trains on identical batches. An item gets the same crop in every
     pass (the job times one epoch after a short warm-up). Picklable: workers import this
-    class from ``helpers.chapters.capstone`` under spawn and forkserver (a class defined in a notebook
+    class from ``helpers.chapters.ch06.capstone`` under spawn and forkserver (a class defined in a notebook
     cell could not be imported there).
 
     With ``normalize=True`` the base's uint8 image is turned into a normalised float image by the
@@ -861,7 +861,7 @@ def _close(it: Any) -> None:
 
 def _release(loader: Any) -> None:
     try:
-        from ..pipeline.loaders import release  # optional: a missing module is tolerated (ImportError)
+        from ...pipeline.loaders import release  # optional: a missing module is tolerated (ImportError)
     except ImportError:  # pragma: no cover - chapter 04's module missing
         return
     release(loader)
@@ -1543,7 +1543,7 @@ def release_pinned_host_memory(device: torch.device | str) -> str:
     the stats read again.
     Without CUDA, or with a torch that lacks either function, the line says so; nothing is invented.
     """
-    from ..pipeline import transfer  # optional: only after a waterfall
+    from ...pipeline import transfer  # optional: only after a waterfall
 
     dev = torch.device(device)
     if dev.type != "cuda":
@@ -2019,7 +2019,7 @@ class Waterfall:
 
     def step_verdicts(self) -> dict[str, str]:
         """Step name -> verdict, for every step of this waterfall: the measured ones (:meth:`verdicts`) and the
-        ones left out here ('needs CUDA'). What :func:`helpers.chapters.doctor.diagnose` takes as ``measured``."""
+        ones left out here ('needs CUDA'). What :func:`helpers.chapters.ch06.doctor.diagnose` takes as ``measured``."""
         out = {r.name: v for r, v in zip(self.results[1:], self.verdicts()[1:])}
         out.update({name: "needs CUDA" for name in self.not_measured})
         return out
@@ -2347,7 +2347,7 @@ def plot_waterfall(wf: Waterfall, ax: Any = None, *, title: str | None = None, s
     and no ratio; one measured anyway (``cuda_steps=True``) is drawn hatched and grey: its bar differs from
     the previous one only by noise.
     """
-    from ..ui.plots import label_source, new_axes  # optional/heavy: matplotlib
+    from ...ui.plots import label_source, new_axes  # optional/heavy: matplotlib
 
     ax = ax if ax is not None else new_axes((8.0, 3.6))
     steps = {s.name: s for s in STEPS}
@@ -2390,7 +2390,7 @@ def plot_waterfall(wf: Waterfall, ax: Any = None, *, title: str | None = None, s
 
 def plot_shares(wf: Waterfall, ax: Any = None) -> Any:
     """Compute-busy and data-stall percentages per configuration (grouped bars), efficiency as a line."""
-    from ..ui.plots import new_axes  # optional/heavy: matplotlib
+    from ...ui.plots import new_axes  # optional/heavy: matplotlib
 
     ax = ax if ax is not None else new_axes((8.0, 3.2))
     n = len(wf.results)
@@ -2433,7 +2433,7 @@ def reference_waterfall(regime: str) -> Evidence[list[tuple[str, float]]]:
 
 def plot_reference_waterfall(regime: str, ax: Any = None) -> Any:
     """The newest recorded GPU waterfall of ``regime`` beside the live one, labelled; or a plain 'none recorded'."""
-    from ..ui.plots import label_source, new_axes  # optional/heavy: matplotlib
+    from ...ui.plots import label_source, new_axes  # optional/heavy: matplotlib
 
     ax = ax if ax is not None else new_axes((5.0, 3.6))
     ref = reference_waterfall(regime)

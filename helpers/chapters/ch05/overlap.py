@@ -59,15 +59,15 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from ..core import evidence
-from ..core.config import sized
-from ..core.device import resolve_device
-from ..core.evidence import Evidence
-from ..core.results import Record, ResultSet
-from ..core.timing import GpuDelay, Span, SpanRecorder, SpanTrace, calibrated_compute, synchronize
-from ..core.validate import check_choice, check_int, human_seconds
-from .data import to_float_normalized
-from .prefetch import Prefetcher, _loop_time
+from ...core import evidence
+from ...core.config import sized
+from ...core.device import resolve_device
+from ...core.evidence import Evidence
+from ...core.results import Record, ResultSet
+from ...core.timing import GpuDelay, Span, SpanRecorder, SpanTrace, calibrated_compute, synchronize
+from ...core.validate import check_choice, check_int, human_seconds
+from ...pipeline.data import to_float_normalized
+from ...pipeline.prefetch import Prefetcher, _loop_time
 
 __all__ = [
     "MEMORY_KINDS",
@@ -542,7 +542,7 @@ def draw_cell(
             ax.set_title(title or f"{cell.what}: no reference recording yet (its schematic is in Theory)", fontsize=9)
             return ax
         return draw_cell(cell.value, ax, title=title, source=source or cell.source, max_steps=max_steps)
-    from ..ui.plots import timeline  # optional/heavy: matplotlib
+    from ...ui.plots import timeline  # optional/heavy: matplotlib
 
     trace = cell.trace if isinstance(cell, CellResult) else cell
     meta = trace.metadata

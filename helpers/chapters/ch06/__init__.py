@@ -1,6 +1,6 @@
 """Chapter 06, the capstone: the chapter interface (:mod:`helpers.ui.chapter`) over :mod:`.capstone`.
 
-:mod:`~helpers.chapters.capstone` does the work (the steps as data, the job, the waterfall in rounds, the stages
+:mod:`~helpers.chapters.ch06.capstone` does the work (the steps as data, the job, the waterfall in rounds, the stages
 alone, the calibration, the checks and plots); this module holds the chapter: its live panel and its headless
 benchmark.
 
@@ -11,10 +11,11 @@ reader picks:
 >>> panel = widgets.Panel.for_chapter(ch06, device=DEVICE, specs=SPECS, pipeline=PIPELINE)
 >>> panel
 
-``specs``: the chapter's calibrated :class:`~helpers.chapters.capstone.JobSpec` per regime (default
-:func:`~helpers.chapters.capstone.job_spec`); ``pipeline``: the reader's
-:class:`~helpers.chapters.capstone.Pipeline` (default: the take-home pipeline of ``examples/fast_pipeline.py``,
-in the package as :mod:`helpers.chapters.fast_pipeline`, see :func:`~helpers.chapters.capstone.reference_pipeline`).
+``specs``: the chapter's calibrated :class:`~helpers.chapters.ch06.capstone.JobSpec` per regime (default
+:func:`~helpers.chapters.ch06.capstone.job_spec`); ``pipeline``: the reader's
+:class:`~helpers.chapters.ch06.capstone.Pipeline` (default: the take-home pipeline of
+``examples/fast_pipeline.py``, in the package as :mod:`helpers.chapters.ch06.fast_pipeline`, see
+:func:`~helpers.chapters.ch06.capstone.reference_pipeline`).
 Every run is measured here, on any device.
 """
 
@@ -25,12 +26,12 @@ from typing import Any, Callable
 
 import torch
 
-from ..core import evidence
-from ..core.device import resolve_device
-from ..core.evidence import Evidence
-from ..core.progress import ProgressFn, no_progress, scaled
-from ..core.results import ResultSet
-from ..core.validate import check_choice
+from ...core import evidence
+from ...core.device import resolve_device
+from ...core.evidence import Evidence
+from ...core.progress import ProgressFn, no_progress, scaled
+from ...core.results import ResultSet
+from ...core.validate import check_choice
 from . import capstone
 from .capstone import ConfigResult, JobSpec, Pipeline
 
@@ -64,10 +65,10 @@ def panel_controls(**context: Any) -> dict[str, Any]:
     """A regime toggle and one checkbox per step after the baseline (``context`` is not used).
 
     The checkboxes stay consistent: ticking a step ticks the steps it needs
-    (:data:`~helpers.chapters.capstone.STEP_REQUIRES`), and unticking a step unticks the steps that need
-    it, so the panel can never hold settings that :func:`~helpers.chapters.capstone.settings_for` refuses.
+    (:data:`~helpers.chapters.ch06.capstone.STEP_REQUIRES`), and unticking a step unticks the steps that need
+    it, so the panel can never hold settings that :func:`~helpers.chapters.ch06.capstone.settings_for` refuses.
     """
-    from ..ui.widgets import W  # optional/heavy: ipywidgets
+    from ...ui.widgets import W  # optional/heavy: ipywidgets
 
     controls: dict[str, Any] = {
         "regime": W.ToggleButtons(options=list(capstone.REGIMES), value="data-bound", description="regime"),
@@ -104,8 +105,8 @@ def panel_run(
     """Run the job once with the steps whose toggles are True (keyword per step name), in ``regime``.
 
     ``specs``: the job of each regime (the chapter passes its calibrated ones); default
-    :func:`~helpers.chapters.capstone.job_spec`. ``pipeline``: the functions to time (the chapter passes the
-    reader's); see :func:`~helpers.chapters.capstone.run_config`. ``baseline`` is always part of the job.
+    :func:`~helpers.chapters.ch06.capstone.job_spec`. ``pipeline``: the functions to time (the chapter passes the
+    reader's); see :func:`~helpers.chapters.ch06.capstone.run_config`. ``baseline`` is always part of the job.
 
     Raises:
         ValueError: an unknown regime or toggle, a toggle that is not ``True`` or ``False`` (e.g. ``"yes"``),
@@ -151,7 +152,7 @@ def panel_summary(result: Evidence[ConfigResult]) -> str:
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
     """Epoch time of every panel run so far (bars), for comparing toggles; labelled with where it was measured."""
-    from ..ui.plots import history_bars  # optional/heavy: matplotlib
+    from ...ui.plots import history_bars  # optional/heavy: matplotlib
 
     runs = [h for h in history if h.result.value is not None]
     labels = [f"#{h.index} {h.result.value.regime[:4]} {h.result.value.label}"[:40] for h in runs]
@@ -174,11 +175,12 @@ def benchmark(results: ResultSet, device: torch.device | str | None, *, progress
     """Run both regimes, every configuration that can act on ``device``, and add the records to ``results``.
 
     Without CUDA the steps that need it (pinning, uint8 on the device, the prefetcher) are not run, so they
-    have no records (:func:`~helpers.chapters.capstone.run_waterfall`).
+    have no records (:func:`~helpers.chapters.ch06.capstone.run_waterfall`).
 
     Headless, there is no reader's pipeline: the functions timed are the take-home pipeline's
-    (:func:`~helpers.chapters.capstone.reference_pipeline`: :mod:`helpers.chapters.fast_pipeline`, the pipeline
-    block of ``examples/fast_pipeline.py``), which tests keep identical to the script and chapter 06's cells.
+    (:func:`~helpers.chapters.ch06.capstone.reference_pipeline`: :mod:`helpers.chapters.ch06.fast_pipeline`, the
+    pipeline block of ``examples/fast_pipeline.py``), which tests keep identical to the script and chapter 06's
+    cells.
     ``device``: ``None`` = CUDA when present, else the CPU.
 
     Records (key: unit; params ``regime``, ``stage`` (step name), ``label``, ``order``, ``width``,
@@ -190,7 +192,7 @@ def benchmark(results: ResultSet, device: torch.device | str | None, *, progress
     - ``ch06.epoch_time``: s; ``ch06.throughput``: items/s; ``ch06.speedup``: ratio (vs baseline);
     - ``ch06.accuracy``: ratio (validation); ``ch06.compute_busy``, ``ch06.data_stall``: ratio (0-1);
     - ``ch06.efficiency``: ratio (throughput / slowest stage alone, as measured; shown through
-      :class:`~helpers.chapters.capstone.Efficiency`, never above 1);
+      :class:`~helpers.chapters.ch06.capstone.Efficiency`, never above 1);
     - ``ch06.stage_alone``: items/s, with ``part`` = loader / copy / compute (copy only with CUDA).
 
     Artifacts: ``ch06.trace.<regime>.<stage>``: each configuration's span trace
@@ -198,7 +200,7 @@ def benchmark(results: ResultSet, device: torch.device | str | None, *, progress
     """
     progress = progress or no_progress
     dev = resolve_device(device)
-    # The pipeline timed: the take-home one (reference_pipeline: helpers/chapters/fast_pipeline.py).
+    # The pipeline timed: the take-home one (reference_pipeline: helpers/chapters/ch06/fast_pipeline.py).
     cal = capstone.calibrate(dev, progress=scaled(progress, 0.0, 0.1, "calibrating: "))
     regimes = list(capstone.REGIMES)
     for k, regime in enumerate(regimes):

@@ -96,13 +96,13 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch.utils.data import Dataset
 
-from ..core import agreement
-from ..core.config import require_gpu
-from ..core.device import resolve_device
-from ..core.results import Record, ResultSet
-from ..core.timing import Timing, time_calls
-from ..core.validate import check_int, human_bytes
-from .data import ImageDecodeError, _scan_class_folders, to_float_normalized
+from ...core import agreement
+from ...core.config import require_gpu
+from ...core.device import resolve_device
+from ...core.results import Record, ResultSet
+from ...core.timing import Timing, time_calls
+from ...core.validate import check_int, human_bytes
+from ...pipeline.data import ImageDecodeError, _scan_class_folders, to_float_normalized
 
 __all__ = [
     "TORCHVISION_DEPRECATION",

@@ -25,12 +25,12 @@ from typing import Any, Callable
 
 import torch
 
-from ..core import agreement
-from ..core.device import resolve_device
-from ..core.results import Record, ResultSet
-from ..core.timing import Timing, cuda_event_time, measure, synchronize, time_calls
-from ..core.validate import check_choice, check_float, check_int
-from .transfer import check_host_bytes
+from ...core import agreement
+from ...core.device import resolve_device
+from ...core.results import Record, ResultSet
+from ...core.timing import Timing, cuda_event_time, measure, synchronize, time_calls
+from ...core.validate import check_choice, check_float, check_int
+from ...pipeline.transfer import check_host_bytes
 
 __all__ = [
     "OPERATIONS",

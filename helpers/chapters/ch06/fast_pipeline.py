@@ -7,7 +7,7 @@ batches and losses). The script stays standalone (torch and torchvision only, ne
 installed package time the same functions without reading a file outside it.
 
 The functions read three module globals, ``DEVICE``, ``WORKERS`` and ``SEED``, as the script's do;
-:func:`helpers.chapters.capstone.reference_pipeline` sets them. Laid out by hand, as the script is
+:func:`helpers.chapters.ch06.capstone.reference_pipeline` sets them. Laid out by hand, as the script is
 (``[tool.ruff.format] exclude``): the aligned comments annotate what each chapter taught.
 """
 
