@@ -64,7 +64,7 @@ def test_load_refuses_non_results(tmp_path) -> None:
 def test_compare_same_hardware(rs: results.ResultSet) -> None:
     other = results.ResultSet.from_dict(rs.to_dict())
     other.records[0].value = 20.0
-    cmp = results.compare(rs, other)
+    cmp = results.compare_results(rs, other)
     assert cmp.ratio("ch02.h2d_bandwidth", memory="pinned") == pytest.approx(2.0)
     assert cmp.ratio("ch02.h2d_bandwidth", memory="pageable") == pytest.approx(1.0)
     assert any("x2.00" in line for line in cmp.lines())
@@ -76,7 +76,7 @@ def test_compare_refuses_different_hardware(rs: results.ResultSet) -> None:
     ok, why = results.comparable(rs, other)
     assert not ok and "gpu_name" in why
     with pytest.raises(results.NotComparableError, match="refusing to compare"):
-        results.compare(rs, other)
+        results.compare_results(rs, other)
 
 
 def test_reference_fallback_and_lookup(rs: results.ResultSet, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:

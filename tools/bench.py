@@ -133,7 +133,7 @@ from helpers.core.config import (  # noqa: E402
 )
 from helpers.core.progress import TqdmProgress  # noqa: E402
 from helpers.core.reference import missing_message, provenance_line, reference_dir, references  # noqa: E402
-from helpers.core.results import ResultSet, comparable, compare, flag_lines  # noqa: E402
+from helpers.core.results import ResultSet, comparable, compare_results, flag_lines  # noqa: E402
 from helpers.core.timing import synchronize as sync_every_device  # noqa: E402
 from helpers.core.validate import human_bytes  # noqa: E402
 
@@ -1685,7 +1685,7 @@ def compare_lines(mine: Any, refs: Sequence[Any]) -> list[str]:
         if not ok:
             lines.append(f"{provenance_line(ref)} — not compared with your file: {why}")
             continue
-        cmp = compare(ref, mine)
+        cmp = compare_results(ref, mine)
         lines.append(
             f"{provenance_line(ref)} — same hardware: {len(cmp.rows)} matching records "
             "(reference -> yours, ratio yours/reference)"

@@ -7,7 +7,7 @@ that makes it trustworthy: the hardware, driver and library versions, the
 date, the method, a benchmark version and quick/full mode.
 
 Comparisons are ratios within matching records, and only between result sets
-taken on the same hardware: :func:`compare` refuses otherwise, because a ratio
+taken on the same hardware: :func:`compare_results` refuses otherwise, because a ratio
 between an H100 and a laptop says nothing about either.
 """
 
@@ -31,7 +31,7 @@ __all__ = [
     "Comparison",
     "NotComparableError",
     "comparable",
-    "compare",
+    "compare_results",
     "collect_provenance",
     "sanity_flags",
     "flag_lines",
@@ -385,7 +385,7 @@ class Comparison:
         return [f"{k} {p}: {va:.4g} -> {vb:.4g} {unit}  (x{r:.2f})" for k, p, va, vb, r, unit in self.rows]
 
 
-def compare(a: ResultSet, b: ResultSet, keys: Iterable[str] | None = None) -> Comparison:
+def compare_results(a: ResultSet, b: ResultSet, keys: Iterable[str] | None = None) -> Comparison:
     """Ratios ``b/a`` per matching record. Raises NotComparableError on different hardware."""
     ok, why = comparable(a, b)
     if not ok:
