@@ -71,6 +71,8 @@ class Waterfall:
         return self._gains
     def best_steps(self):
         return self._best
+    def no_effect(self):
+        return [False] * len(self.results)
 
 STEPS = ["baseline", "pinned", "workers", "persistent", "uint8", "prefetcher"]
 wf = {{"data-bound": Waterfall(STEPS, [1.0, 1.0, 1.8, 1.1, 1.2, 1.0], [RUN["best_step"]],

@@ -509,7 +509,7 @@ def _evaluate(
     try:
         used = key.forbidden_use(exercise, _cell_source(ns)) if key is not None else None
         if used:  # the grader scores it 0: say so now
-            ok, why = False, f"it uses {used}, which the exercise rules out: work it out from the figures"
+            ok, why = False, f"it uses {used}, which the exercise rules out: work it out yourself"
         elif key is not None:
             ok, why = key.grade(exercise, answer, facts or {})
             if ok and not explanation:
