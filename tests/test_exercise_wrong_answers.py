@@ -114,3 +114,29 @@ def test_late_prefetcher_fails_as_handed_out_and_its_fix_passes(tmp_path: Path) 
     _write(tmp_path / "in", "late", "05", nb)
     row = next(r for r in grade.grade_folder(tmp_path / "in") if r.exercise == "05.3")
     assert row.points == 0
+
+
+# A unit mistake for every exercise answered with a quantity: refused, and where the factor is a unit's, said so.
+UNIT_MISTAKES = {
+    "00.1": ("s = sorted(warm.times_s)\nanswer = (s[1] + s[2]) / 2", "units"),  # seconds, not ms
+    "00.2": ("answer = 128 * 3 * 160 * 160 * 4 / (device.pcie_bandwidth_gbps(4, 16) * 2**30) * 1e3", ""),  # GiB/s
+    "01.2": ("answer = 100 * (1 - 0.008 / 0.0135)", ""),  # a percentage, not a fraction
+    "02.1": ("answer = FIT.latency_s + 48 * 2**20 / FIT.bandwidth_Bps", "units"),  # seconds, not ms
+    "02.2": ("answer = 128 * 3 * 160 * 160 * 3 * 8", ""),  # bits, not bytes
+    "04.2": ("answer = 100 * 900 / 1700", ""),  # a percentage
+    "05.2": ("answer = 256 * 3 * 224 * 224 / 1e6", "MiB or MB"),  # MB, not MiB
+    "05.4": ('answer = cmp.bytes["jpeg"] / cmp.bytes["uint8"]', ""),  # upside down
+    "06.2": ("answer = 100 * 1800 / 2000", ""),  # a percentage
+    "06.4": ("answer = 1 / 4000", ""),  # seconds per image, not images/s
+}
+
+
+@pytest.mark.parametrize("exercise", sorted(UNIT_MISTAKES))
+def test_a_unit_mistake_is_refused(exercise: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WORKBOOK_GRADE", raising=False)
+    code, said = UNIT_MISTAKES[exercise]
+    ns: dict[str, Any] = {}
+    exec(SETUP.format(run=RUN_A), ns)
+    exec(code + f'\nr = exercises.check("{exercise}", answer)', ns)
+    assert ns["r"].status == "wrong", (exercise, ns["r"].message)
+    assert said in ns["r"].message, ns["r"].message
