@@ -12,6 +12,8 @@ with its own copy of the answer key (course/key.py), so
 
 * an edited check (``expected=answer``, a lambda returning True) changes nothing: the key decides;
 * a deleted or unrun check scores 0, with feedback saying so;
+* an answer computed with what the exercise rules out (``key.Answer.forbid``: ``statistics`` in 00.1, the
+  helper attribute ``sweep.best_workers`` in 04.1) scores 0, whatever its value;
 * a measured answer (e.g. 04.1's best ``num_workers``) is graded against the figures the student's own run
   recorded, never a fresh re-run: a value read off their table passes.
 
@@ -83,11 +85,6 @@ def records(nb: nbformat.NotebookNode) -> dict[str, tuple[dict[str, Any], str]]:
     return found
 
 
-def _uses(source: str, names: tuple[str, ...]) -> str | None:
-    code = "\n".join(line.split("#")[0] for line in source.splitlines())
-    return next((n for n in names if re.search(rf"(?<![\w.]){re.escape(n)}", code)), None)
-
-
 def grade_one(exercise: str, found: dict[str, tuple[dict[str, Any], str]]) -> tuple[float, str]:
     """``(points, feedback)`` for one exercise of one submission."""
     e = key.entry(exercise)
@@ -98,7 +95,7 @@ def grade_one(exercise: str, found: dict[str, tuple[dict[str, Any], str]]) -> tu
     if answer is None or answer is Ellipsis:
         return 0, "not answered"
     note = " (the check's expected= was edited: graded against the key)" if rec.get("expected_given") else ""
-    used = _uses(source, e.forbid)
+    used = key.forbidden_use(exercise, source)
     if used:
         return 0, f"uses {used}, which the exercise rules out{note}"
     facts = rec.get("facts")

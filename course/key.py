@@ -10,6 +10,7 @@ run, recorded by the check (``helpers.ui.exercises.RUN_FACTS``), never from a re
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -30,7 +31,10 @@ class Answer:
     rel_tol: float = 0.05
     abs_tol: float = 0.0
     measured: bool = False
-    forbid: tuple[str, ...] = ()  # names the exercise says not to use (checked by the grader in the cell's code)
+    # What the answer must not be computed with: a name (``"statistics"``) or, with a leading dot, an attribute
+    # or method of the chapter's helpers that yields the answer (``".best_workers"``). Checked in the cell's code
+    # (comments aside) by the grader, and by the self-check where the notebook's kernel knows the cell's source.
+    forbid: tuple[str, ...] = ()
 
 
 def _const(value: Any) -> Callable[[Facts], Any]:
@@ -49,12 +53,6 @@ def _phase_ok(facts: Facts) -> Callable[[Any], bool]:
     return lambda a: isinstance(a, str) and phase_s.get(a.strip().lower(), -1) >= 0.9 * top
 
 
-def _overlapped_ms(facts: Facts) -> float:
-    from helpers.pipeline import train
-
-    return train.predict_step_time(facts["phase_s"]).overlapped * 1e3
-
-
 def _bytes_extra() -> int:
     from helpers.pipeline import transfer
 
@@ -69,6 +67,27 @@ def _pinning(part: str) -> Any:
     return transfer.break_even_uses(8e-3, 5e-3, 3e-3)
 
 
+def _share_hidden(facts: Facts) -> float:
+    from helpers.pipeline import train
+
+    p = train.predict_step_time(facts["phase_s"])
+    return 1 - p.overlapped / p.serial
+
+
+# 01.3 and 06.1: the change that helps a job limited by each stage ("data (CPU)": "data") or verdict
+_FIX_FOR = {"data": "b", "copy": "c", "compute": "a"}
+_FIX_FOR_VERDICT = {"data-bound": "a", "transfer-bound": "b", "compute-bound": "c"}
+
+
+def _letter(letter: str) -> Callable[[Any], bool | str]:
+    def ok(a: Any) -> bool | str:
+        if not isinstance(a, str) or a.strip().strip("()").lower() not in ("a", "b", "c"):
+            return f'answer with the letter "a", "b" or "c", not {a!r}'
+        return a.strip().strip("()").lower() == letter
+
+    return ok
+
+
 def _best_workers(facts: Facts) -> int:
     items = facts["items_per_s"]
     return int(facts["workers"][items.index(max(items))])
@@ -80,10 +99,22 @@ def _overlapping_cells(a: Any) -> bool | str:
     return {tuple(x) for x in a} == {("pinned", "side")}
 
 
+def _rule_share(facts: Facts) -> float | Callable[[Any], str]:
+    items, workers = facts["items_per_s"], facts["workers"]
+    if facts["rule_of_thumb"] not in workers:
+        return lambda a: "this run's sweep did not measure the rule's num_workers: run section 1 again"
+    return float(items[workers.index(facts["rule_of_thumb"])] / max(items))
+
+
 def _prefetcher_ok(facts: Facts) -> Callable[[Any], bool | str]:
     def ok(candidate: Any) -> bool | str:
         if "checker_correct" not in facts:
-            return "hand in your Prefetcher class (answer = Prefetcher) and run the cell"
+            return "hand in the class of this cell, fixed (answer = LatePrefetcher), and run the cell"
+        if facts.get("name") != "LatePrefetcher":
+            return (
+                f"hand in LatePrefetcher, fixed in this cell, not {facts.get('name') or 'another class'} "
+                "(your section 3 Prefetcher is the model to reason from, not the answer)"
+            )
         return True if facts["checker_correct"] else str(facts.get("checker_message", "the checker refused it"))
 
     return ok
@@ -101,9 +132,9 @@ def _best_step_answers(facts: Facts) -> set[str]:
     return set().union(*(capstone.step_answers(n) for n in facts["best_steps"]))
 
 
-def _slowest(facts: Facts) -> str | None:
-    known = {k: v for k, v in facts["baseline_stages"].items() if v}
-    return min(known, key=lambda k: known[k]) if known else None
+def _ceiling_without_loader(facts: Facts) -> float | None:
+    rest = [v for k, v in facts["baseline_stages"].items() if k != "loader" and v]
+    return min(rest) if rest else None
 
 
 def _dist(kind: str) -> int:
@@ -125,7 +156,7 @@ ANSWERS: dict[str, Answer] = {
         "the median ignores the slow first call that pulls the mean up.",
         rel_tol=1e-6,
         measured=True,
-        forbid=("statistics", "numpy", "np."),
+        forbid=("statistics", "numpy", "np.", ".median_s"),
     ),
     "00.2": Answer(
         lambda f: _pcie_ms(),
@@ -150,17 +181,20 @@ ANSWERS: dict[str, Answer] = {
         measured=True,
     ),
     "01.2": Answer(
-        _overlapped_ms,
-        'stages = {"data": phase_s["load"] + phase_s["collate"], "copy": phase_s["h2d"],\n'
-        '          "compute": phase_s["forward"] + phase_s["backward"] + phase_s["optimizer"]}\n'
-        "answer = max(stages.values()) * 1e3",
-        "no pipeline can beat its slowest stage; to go faster still, shrink that stage.",
-        rel_tol=0.02,
+        _share_hidden,
+        'stages = [phase_s["load"] + phase_s["collate"], phase_s["h2d"],\n'
+        '          phase_s["forward"] + phase_s["backward"] + phase_s["optimizer"]]\n'
+        "answer = 1 - max(stages) / sum(phase_s.values())  # all but the slowest stage hides behind it",
+        "perfect overlap hides every stage but the slowest; to go faster still, shrink that stage.",
+        rel_tol=0,
+        abs_tol=0.01,
         measured=True,
+        forbid=("predict_step_time",),
     ),
     "01.3": Answer(
-        lambda f: max(f["stage_times"], key=lambda k: f["stage_times"][k]),
-        'answer = regimes["width 2"].prediction.bottleneck  # read off the largest stage of the width 2 run',
+        lambda f: _letter(_FIX_FOR[max(f["stage_times"], key=lambda k: f["stage_times"][k]).split()[0]]),
+        'st = regimes["width 2"].prediction.stage_times  # the largest stage sets the overlapped step\n'
+        'answer = {"data": "b", "copy": "c", "compute": "a"}[max(st, key=st.get).split()[0]]  # "data (CPU)" etc.',
         "a data-bound job gains nothing from a faster GPU; it needs faster or overlapped loading (chapter 04), "
         "and a compute-bound one gains nothing from faster loading.",
         measured=True,
@@ -172,18 +206,26 @@ ANSWERS: dict[str, Answer] = {
         "for large copies the latency term hardly matters; for 4 KiB it is most of the time.",
         rel_tol=0.01,
         measured=True,
+        forbid=(".predict_s", ".half_bandwidth_bytes"),
     ),
     "02.2": Answer(
         lambda f: _bytes_extra(),
         "answer = 128 * 3 * 160 * 160 * (4 - 1)",
         "three extra bytes per value: send uint8 and normalise on the GPU.",
         rel_tol=0,
+        forbid=("images_nbytes",),
     ),
-    "02.3a": Answer(lambda f: _pinning("a"), "answer_a = False  # 8 + 3 ms > 5 ms", "pin once, copy once loses."),
+    "02.3a": Answer(
+        lambda f: _pinning("a"),
+        "answer_a = False  # 8 + 3 ms > 5 ms",
+        "pin once, copy once loses.",
+        forbid=("pinning_pays", "break_even_uses"),
+    ),
     "02.3b": Answer(
         lambda f: _pinning("b"),
         "answer_b = 8 / (5 - 3)  # 4 copies",
         "a DataLoader reuses cached pinned blocks for every batch, so it is far past break-even.",
+        forbid=("pinning_pays", "break_even_uses"),
     ),
     "02.4": Answer(
         _const("b"), 'answer = "b"', "change one setting at a time; chapter 04 measures workers on their own."
@@ -222,16 +264,19 @@ ANSWERS: dict[str, Answer] = {
     # 04 · Worker processes
     "04.1": Answer(
         _best_workers,
-        "answer = sweep.best_workers  # or read the largest items/s off the sweep table",
+        "answer = max(zip(sweep.items_per_s, sweep.workers))[1]  # or read the largest items/s off the table",
         "measure on your own machine: the best value depends on cores, item cost and what else runs.",
         rel_tol=0,
         measured=True,
+        forbid=(".best_workers",),
     ),
     "04.2": Answer(
-        lambda f: _best_workers(f) == f["rule_of_thumb"],
-        "answer = sweep.best_workers == sweep.rule_of_thumb()",
-        "a rule of thumb is a starting point for a sweep, not a result.",
+        _rule_share,
+        "answer = sweep.at(sweep.rule_of_thumb()).items_per_s / max(sweep.items_per_s)",
+        "a rule of thumb is a starting point for a sweep, not a result: here is what trusting it costs (or not).",
+        rel_tol=0.02,
         measured=True,
+        forbid=(".best_workers",),
     ),
     "04.3": Answer(
         _const(12),
@@ -240,12 +285,11 @@ ANSWERS: dict[str, Answer] = {
         rel_tol=0,
     ),
     "04.4": Answer(
-        lambda f: f["dup_bad"],
-        "answer = DUP_BAD  # the printed share for the bad data set",
-        "every worker got the same generator state: create generators per worker, never in __init__.",
-        abs_tol=0.01,
+        _const(250),
+        "answer = 1000 // 4  # every worker replays the same 250 draws",
+        "every worker got a copy of the same generator state, so the 4 workers draw the same 250 values: "
+        "create generators per worker (seeded from the worker's id), never in __init__.",
         rel_tol=0,
-        measured=True,
     ),
     "04.5": Answer(
         _const(1320 / 1500),
@@ -270,25 +314,41 @@ ANSWERS: dict[str, Answer] = {
     ),
     "05.3": Answer(
         _prefetcher_ok,
-        "answer = Prefetcher  # your class from section 3, with wait_stream and record_stream",
-        "batch i+1 is copied on the side stream before batch i is handed over, the current stream waits for it, "
-        "and record_stream keeps its memory safe (on a GPU: race-free and overlapped).",
+        "def _iter_ahead(self):  # LatePrefetcher.__iter__, fixed: queue batch i+1 before handing batch i over\n"
+        "    cur = torch.cuda.current_stream(self.device)\n"
+        "    self.side.wait_stream(cur)\n"
+        "    pending = iter(self.loader)\n"
+        "    ahead = copy_on(self.side, next(pending, None), self.device)  # batch 0, before the loop\n"
+        "    while ahead is not None:\n"
+        "        cur.wait_stream(self.side)  # the copy is done before cur uses the batch\n"
+        "        for t in ahead:\n"
+        "            t.record_stream(cur)  # its memory is kept while cur may read it\n"
+        "        out, ahead = ahead, copy_on(self.side, next(pending, None), self.device)  # batch i+1 now\n"
+        "        yield out\n"
+        "LatePrefetcher.__iter__ = _iter_ahead\n"
+        "answer = LatePrefetcher",
+        "the late version copies batch i only when it is asked for it, so every copy runs while compute waits, and "
+        "it never calls record_stream. Issuing batch i+1's copy before handing batch i over lets the copy run "
+        "while batch i trains; the wait and record_stream keep it correct (on a GPU: race-free and overlapped).",
         points=2,
         measured=True,
+        forbid=("Prefetcher",),  # the section 3 class (or a subclass of it) is not the fix; LatePrefetcher is fine
     ),
     "05.4": Answer(
-        lambda f: f["bytes"]["float32"] / f["bytes"]["jpeg"],
-        'answer = cmp.bytes["float32"] / cmp.bytes["jpeg"]',
-        "the file is compressed, but it holds the whole stored image: with crops much smaller than the stored "
-        "image the factor shrinks, and against uint8 it can drop below 1.",
+        lambda f: f["bytes"]["uint8"] / f["bytes"]["jpeg"],
+        'answer = cmp.bytes["uint8"] / cmp.bytes["jpeg"]  # your pipeline already sends uint8',
+        "the file is compressed, but it holds the whole stored image, not the crop: with crops much smaller than "
+        "the stored image the factor shrinks, and it can drop below 1 (then JPEG bytes cost more link time).",
         rel_tol=0.01,
         measured=True,
     ),
     # 06 · Capstone
     "06.1": Answer(
-        lambda f: f["verdict"],
-        'answer = diagnoses["compute-bound"].verdict',
-        "the verdict is the stage that would set the pace if everything overlapped.",
+        lambda f: _letter(_FIX_FOR_VERDICT.get(f["verdict"], "?")),
+        'fix = {"data-bound": "a", "transfer-bound": "b", "compute-bound": "c"}  # what shortens each bottleneck\n'
+        'answer = fix[diagnoses["compute-bound"].verdict]',
+        "the verdict is the stage that would set the pace if everything overlapped: only shortening that stage "
+        "helps (data-bound: loading, a; transfer-bound: the copy, b; compute-bound: the model or the GPU, c).",
         measured=True,
     ),
     "06.2": Answer(
@@ -296,18 +356,26 @@ ANSWERS: dict[str, Answer] = {
         "answer = 1800 / min(2400, 9000, 2000)",
         "the compute (2,000 images/s) is the bottleneck; the pipeline reaches 90% of it.",
         rel_tol=1e-3,
+        forbid=("pipeline_efficiency", ".efficiency"),
     ),
     "06.3": Answer(
         _best_step_answers,
-        'answer = wf["data-bound"].best_steps()[0]  # the largest gain in the table you saw',
+        'dw = wf["data-bound"]  # the table you saw: each row\'s gain (x) over the one before; idle: cannot act here\n'
+        "g, idle = dw.gains(), dw.no_effect()\n"
+        "answer = dw.results[max((i for i in range(1, len(g)) if not idle[i]), key=g.__getitem__)].name",
         "the best step is the one that shortened or hid the slowest stage.",
         measured=True,
+        forbid=(".best_step", ".best_steps"),
     ),
     "06.4": Answer(
-        _slowest,
-        'answer = wf["compute-bound"].results[0].slowest_stage',
-        "a wide model makes the compute the bottleneck; loading steps then have little to hide.",
+        _ceiling_without_loader,
+        'st = wf["data-bound"].results[0].stages\n'
+        'answer = min(v for k, v in st.items() if k != "loader" and v)  # the next slowest stage sets the pace',
+        "remove the bottleneck and the next slowest stage sets the pace: that is how far loading steps alone "
+        "can take this job.",
+        rel_tol=0.01,
         measured=True,
+        forbid=(".slowest_stage", ".efficiency"),
     ),
     # 07 · Beyond one GPU
     "07.1": Answer(
@@ -315,12 +383,14 @@ ANSWERS: dict[str, Answer] = {
         "answer = -(-1000 // 3)  # ceil(1000 / 3)",
         "ceil(1000 / 3) = 334: ranks load 1,002 samples together, 2 of them repeated.",
         rel_tol=0,
+        forbid=("rank_share", "batches_per_rank", "DistributedSampler"),
     ),
     "07.2": Answer(
         lambda f: _dist("dropped"),
         "answer = 1000 - 3 * (1000 // 3)",
         "3 x 333 = 999, so one image sits out each epoch, a different one each epoch when shuffling.",
         rel_tol=0,
+        forbid=("rank_share", "batches_per_rank", "DistributedSampler"),
     ),
     "07.3": Answer(
         _const("B"),
@@ -333,6 +403,7 @@ ANSWERS: dict[str, Answer] = {
         "answer = -(-(50_000 // 8) // 64)  # ceil(6,250 / 64)",
         "50,000 / 8 = 6,250 samples per rank; ceil(6,250 / 64) = 98 steps, the last with 42 images.",
         rel_tol=0,
+        forbid=("rank_share", "batches_per_rank", "DistributedSampler"),
     ),
     "07.5": Answer(
         _const(28),
@@ -357,6 +428,22 @@ def entry(exercise: str) -> Answer:
         return ANSWERS[exercise]
     except KeyError:
         raise ValueError(f"exercise {exercise!r} is not in the answer key (course/key.py): add it there") from None
+
+
+def forbidden_use(exercise: str, source: str) -> str | None:
+    """The first name or attribute the exercise rules out (``Answer.forbid``) that ``source`` uses, else None.
+
+    Comments are left out: ``answer = None  # e.g. sorted(...)`` uses nothing.
+    """
+    code = "\n".join(line.split("#")[0] for line in source.splitlines())
+    for name in entry(exercise).forbid:
+        if name.startswith("."):  # an attribute: x.name, also getattr(x, "name")
+            attr = re.escape(name[1:])
+            if re.search(rf"\.\s*{attr}\b|[\"']{attr}[\"']", code):
+                return name
+        elif re.search(rf"(?<!\w){re.escape(name)}", code):
+            return name
+    return None
 
 
 def grade(exercise: str, answer: Any, facts: Facts) -> tuple[bool, str]:

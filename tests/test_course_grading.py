@@ -25,16 +25,20 @@ CHAPTERS = [release.chapter_of(p) for p in release.chapter_notebooks()]
 
 # The figures of one student's run, as the chapters' objects expose them (stand-ins, never shown to a reader).
 SETUP = """
+import functools
 from types import SimpleNamespace
+import torch
 from helpers.core import device
-from helpers.ui import exercises
+from helpers.pipeline import data, prefetch
+from helpers.ui import codecells, exercises
 
 RUN = {run!r}
-warm = SimpleNamespace(times_s=[0.010, 0.002, 0.003, 0.0021])
+warm = SimpleNamespace(times_s=[0.010, 0.002, 0.003, 0.0021], median_s=0.00255)
 phase_s = {{"load": 0.004, "collate": 0.001, "h2d": 0.0005, "forward": 0.002, "backward": 0.005, "optimizer": 0.001}}
 regimes = {{"width 2": SimpleNamespace(prediction=SimpleNamespace(
-    stage_times={{"data": 0.005, "copy": 0.0005, "compute": 0.001}}, bottleneck="data"))}}
-fits = {{"H2D pinned": SimpleNamespace(latency_s=1e-5, bandwidth_Bps=2e10)}}
+    stage_times={{"data (CPU)": 0.005, "copy (link)": 0.0005, "compute (device)": 0.001}},
+    bottleneck="data (CPU)"))}}
+fits = {{"H2D pinned": SimpleNamespace(latency_s=1e-5, bandwidth_Bps=2e10, predict_s=lambda n: 1e-5 + n / 2e10)}}
 FIT = fits["H2D pinned"]  # chapter 02's exercise cell sets it again, as the chapter does
 host = SimpleNamespace(label="host memcpy")
 sweeps = {{("h2d", "pinned"): None}}
@@ -47,20 +51,13 @@ class Sweep:
     best_workers = workers[items_per_s.index(max(items_per_s))]
     def rule_of_thumb(self):
         return 1
+    def at(self, w):
+        return SimpleNamespace(items_per_s=self.items_per_s[self.workers.index(w)])
 
 sweep, CORES, DUP_BAD = Sweep(), 2, 0.97
 
-class Verdict:
-    def __init__(self, ok):
-        self.correct = ok
-    def __str__(self):
-        return "right" if self.correct else "the current stream never waits for the side stream"
-
-prefetch = SimpleNamespace(check_pipeline_prefetcher=lambda cand, dev: Verdict(getattr(cand, "waits", False)))
-DEVICE = "cpu"
-
-class Prefetcher:
-    waits = True
+DEVICE = torch.device("cpu")
+exec("\\n\\n".join(codecells.pipeline_cells("05")))  # chapter 05's side_stream, copy_on, Prefetcher: 05.3's check
 
 cmp = SimpleNamespace(bytes={{"jpeg": 1000.0, "uint8": 3000.0, "float32": 12000.0}})
 diagnoses = {{"compute-bound": SimpleNamespace(verdict="compute-bound")}}
@@ -74,6 +71,8 @@ class Waterfall:
         return self._gains
     def best_steps(self):
         return self._best
+    def no_effect(self):
+        return [False] * len(self.results)
 
 STEPS = ["baseline", "pinned", "workers", "persistent", "uint8", "prefetcher"]
 wf = {{"data-bound": Waterfall(STEPS, [1.0, 1.0, 1.8, 1.1, 1.2, 1.0], [RUN["best_step"]],
@@ -178,6 +177,14 @@ def _delete_check(src: str) -> str:
 WRONG = {ex: "answer = 999" for ex in key.ANSWERS}
 
 
+def _prelude(exercise: str) -> str:
+    """What ``exercise``'s cell runs before ``answer = None`` (e.g. 05.3's LatePrefetcher, 02.1's FIT)."""
+    (path,) = release.chapter_notebooks([exercise[:2]])
+    nb = nbformat.read(path, as_version=4)
+    src = next(c.source for c in nb.cells for m in [release.CHECK_CALL.search(c.source)] if m and m[1] == exercise[:4])
+    return src[: src.index("answer")]
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[tuple[str, str], grade.Row], float]:
     tmp = tmp_path_factory.mktemp("submissions")
@@ -190,7 +197,7 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[tuple[str, st
         _write(folder, "dave_deleted_check", ch, _submission(ch, RUN_A, WRONG, tmp, edit=_delete_check))
     measured = {
         "04.1": "answer = 2",
-        "04.2": "answer = False",
+        "04.2": "answer = 900 / 1800",  # the rule's items/s over the best, read off her table
         "06.3": 'answer = "uint8"',
         "00.1": "s = sorted(warm.times_s)\nanswer = (s[1] + s[2]) / 2 * 1e3",
     }
@@ -287,7 +294,7 @@ def test_measured_answers_are_graded_against_the_students_own_run(graded) -> Non
             assert rows[("erin_own_run", ex)].points == key.points(ex), rows[("erin_own_run", ex)].feedback
     # ... and wrong for Frank, whose own run found 4 workers best: never graded against anyone else's run
     assert rows[("frank_other_run", "04.1")].points == 0
-    assert rows[("frank_other_run", "04.2")].points == 1  # 4 != the rule's 1: False is right for his run too
+    assert rows[("frank_other_run", "04.2")].points == 0  # his table: 900 / 1700, not her 900 / 1800
 
 
 def test_a_copied_forbidden_call_and_a_choice_with_a_parenthesis(graded) -> None:
@@ -321,7 +328,7 @@ def test_self_check_never_prints_the_expected_value(monkeypatch: pytest.MonkeyPa
     assert ns["t"].status == "wrong"  # 1.3 ms is 4 % off 1.248: the old 5 % tolerance passed it
     exec("u = exercises.check('04.1', 4)", ns)
     assert ns["u"].correct and ns["u"].record["facts"]["items_per_s"] == RUN_A["items_per_s"]
-    assert "answer = sweep.best_workers" in str(exercises.show_solution("04.1"))
+    assert "max(zip(sweep.items_per_s, sweep.workers))" in str(exercises.show_solution("04.1"))
 
 
 def test_without_the_key_a_check_records_the_answer(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -364,7 +371,7 @@ WRONG_ANSWERS = {
     "00.3": '"a"',
     "01.1": '"forward"',
     "01.2": "sum(phase_s.values()) * 1e3",  # the serial time, not the slowest stage
-    "01.3": '"compute"',
+    "01.3": '"a"',  # a faster GPU: the width 2 run is data-bound
     "02.1": "(FIT.latency_s + 48e6 / FIT.bandwidth_Bps) * 1e3",  # MB, not MiB
     "02.2": "128 * 3 * 160 * 160 * 4",  # all the float32 bytes, not the extra ones
     "02.3a": "True",
@@ -378,16 +385,16 @@ WRONG_ANSWERS = {
     "04.1": "sweep.rule_of_thumb()",
     "04.2": "True",
     "04.3": "3",
-    "04.4": "0.0",
+    "04.4": "1000",  # as if every worker drew its own values
     "04.5": "1320 / 1600",  # against cores x one process, not the measured ceiling
     "05.1": '{("pinned", "default")}',
     "05.2": "256 * 3 * 224 * 224 * 4 / 2**20",  # float32
     "05.3": "type('PassThrough', (), {})",  # a prefetcher that never waits: the checker refuses it
-    "05.4": 'cmp.bytes["float32"] / cmp.bytes["uint8"]',
-    "06.1": '"data-bound"',
+    "05.4": 'cmp.bytes["float32"] / cmp.bytes["jpeg"]',  # against float32, not what the pipeline sends
+    "06.1": '"a"',  # more workers for a compute-bound job
     "06.2": "1800 / 2400",  # against the loader, not the slowest stage
     "06.3": '"pinned"',
-    "06.4": '"loader"',
+    "06.4": 'min(wf["data-bound"].results[0].stages.values())',  # the loader's own rate: nothing removed
     "07.1": "1000 // 3",
     "07.2": "0",
     "07.3": '"C"',
@@ -400,6 +407,7 @@ WRONG_ANSWERS = {
 def test_each_exercise_refuses_a_typical_wrong_answer_and_accepts_its_solution(exercise: str) -> None:
     ns: dict[str, Any] = {}
     exec(SETUP.format(run=RUN_A), ns)
+    exec(_prelude(exercise), ns)
     wrong = eval(WRONG_ANSWERS[exercise], ns)
     facts = exercises.RUN_FACTS[exercise](ns, wrong) if exercise in exercises.RUN_FACTS else {}
     assert not key.grade(exercise, wrong, facts)[0], f"{exercise}: {WRONG_ANSWERS[exercise]} passed"

@@ -12,6 +12,9 @@ The result shows itself as the last expression of a cell (``print`` it in a scri
   does not fail, so notebooks run top to bottom before anyone answers.
 * A wrong answer prints what is wrong and a hint, never the expected value.
 * A right answer prints a short explanation.
+* An answer computed with what the exercise rules out (the key's ``forbid``: e.g. the helper
+  attribute ``sweep.best_workers`` that hands over 04.1's answer) is not right, here (in a kernel,
+  which keeps the cell's source) and for the grader.
 * ``show_solution("02.1")`` prints the reference solution, on request (self-study).
 * Without the answer key (a course's student release) the answer is recorded for the
   instructor's grader, and the check says so.
@@ -137,7 +140,8 @@ def _prefetcher(ns: dict[str, Any], answer: Any) -> dict[str, Any]:
     if answer is None or answer is Ellipsis:
         return {}
     verdict = ns["prefetch"].check_pipeline_prefetcher(answer, ns.get("DEVICE"))
-    return {"checker_correct": bool(verdict.correct), "checker_message": str(verdict)}
+    name = str(getattr(answer, "__qualname__", type(answer).__name__))  # which class was handed in
+    return {"checker_correct": bool(verdict.correct), "checker_message": str(verdict), "name": name}
 
 
 def _waterfall(ns: dict[str, Any], regime: str) -> dict[str, Any]:
@@ -161,12 +165,11 @@ RUN_FACTS: dict[str, Callable[[dict[str, Any], Any], dict[str, Any]]] = {
     "03.2": lambda ns, a: {"pinned": bool(next(r.pin_active for r in ns["rows"] if r.pin_memory))},
     "04.1": _sweep,
     "04.2": _sweep,
-    "04.4": lambda ns, a: {"dup_bad": float(ns["DUP_BAD"])},
     "05.3": _prefetcher,
     "05.4": lambda ns, a: {"bytes": {str(k): float(v) for k, v in ns["cmp"].bytes.items()}},
     "06.1": lambda ns, a: {"verdict": str(ns["diagnoses"]["compute-bound"].verdict)},
     "06.3": lambda ns, a: _waterfall(ns, "data-bound"),
-    "06.4": lambda ns, a: _waterfall(ns, "compute-bound"),
+    "06.4": lambda ns, a: _waterfall(ns, "data-bound"),
     "99.1": lambda ns, a: {"nbytes": int(ns["src"].nbytes)},
 }
 
@@ -331,9 +334,12 @@ def _units_hint(answer: float, expected: float) -> str:
     if expected == 0 or answer == 0:
         return ""
     ratio = answer / expected
-    for factor, what in ((1e3, "seconds or milliseconds? a factor of 1,000"), (2**20 / 1e6, "MiB or MB?")):
+    for factor, what, tol in (
+        (1e3, "seconds or milliseconds? a factor of 1,000", 0.01),
+        (2**20 / 1e6, "MiB or MB?", 2e-3),
+    ):
         for r in (factor, 1 / factor):
-            if math.isclose(ratio, r, rel_tol=0.01):
+            if math.isclose(ratio, r, rel_tol=tol):
                 return f"; check the units: {what}"
     return ""
 
@@ -455,6 +461,12 @@ def show_solution(exercise: str) -> Solution:
     return Solution(exercise, key.solution_text(exercise))
 
 
+def _cell_source(ns: dict[str, Any] | None) -> str:
+    """The source of the cell being run, where an IPython kernel keeps it (``_ih``), else ''."""
+    inputs = (ns or {}).get("_ih")
+    return inputs[-1] if isinstance(inputs, list) and inputs and isinstance(inputs[-1], str) else ""
+
+
 def _evaluate(
     exercise: str,
     answer: Any,
@@ -495,7 +507,10 @@ def _evaluate(
             )
             return ExerciseResult(exercise, "wrong", msg, record)
     try:
-        if key is not None:
+        used = key.forbidden_use(exercise, _cell_source(ns)) if key is not None else None
+        if used:  # the grader scores it 0: say so now
+            ok, why = False, f"it uses {used}, which the exercise rules out: work it out yourself"
+        elif key is not None:
             ok, why = key.grade(exercise, answer, facts or {})
             if ok and not explanation:
                 explanation = key.explanation(exercise, facts or {})
