@@ -43,7 +43,8 @@ LAZY = {
 }
 IMPORTS = (
     "from helpers.pipeline import train, transfer\n"
-    "from helpers.chapters import capstone, distributed\n"
+    "from helpers.chapters.ch06 import capstone\n"
+    "from helpers.chapters.ch07 import distributed\n"
     "DUP_BAD = 1.0\n"  # what chapter 04's pitfall (a) prints
 )
 CHAPTERS = sorted({ex[:2] for ex in LAZY})
