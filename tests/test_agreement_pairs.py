@@ -32,6 +32,9 @@ from typing import Any, Callable
 
 import pytest
 
+from helpers.chapters.ch03 import pinning
+from helpers.chapters.ch04 import speedup, sweeps
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 KERNEL = "helpers.core.agreement"
@@ -65,7 +68,7 @@ class Pair:
     missing: str = ""
 
 
-CH02, CH03, CH04 = "helpers.chapters.ch02", "helpers.chapters.ch03", "helpers.pipeline.loaders"
+CH02, CH03, CH04 = "helpers.chapters.ch02", "helpers.chapters.ch03", "helpers.chapters.ch04.speedup"
 GPUDECODE, CAPSTONE = "helpers.chapters.ch05.gpudecode", "helpers.chapters.ch06.capstone"
 HYGIENE, CH01 = "helpers.chapters.ch00.hygiene", "helpers.chapters.ch01"
 
@@ -88,16 +91,16 @@ PAIRS: tuple[Pair, ...] = (
          chain=(f"{CH02}.panel_run", f"{CH02}.points_agree", f"{KERNEL}.spreads_overlap"),
          rule="spreads_overlap on median ± IQR", trust="Trust the"),
     Pair("03", "your loader with pin_memory False and True in alternating rounds (without CUDA: the same work)",
-         shown_by="loaders.pin_pair_rounds(", call="ch03.pin_pair_verdict(rows)", verdict=f"{CH03}.pin_pair_verdict",
+         shown_by="pinning.pin_pair_rounds(", call="ch03.pin_pair_verdict(rows)", verdict=f"{CH03}.pin_pair_verdict",
          chain=(f"{CH03}.pin_pair_verdict", f"{KERNEL}.ratios_straddle_one"),
          rule="ratios_straddle_one on the per-round ratios", trust="Trust the faster figure"),
     Pair("04", "the 2-worker speed-up: the one-pass sweep (section 1), and alternating rounds (section 1b)",
-         shown_by="loaders.interleaved_speedup(", call="loaders.sweep_vs_rounds(sweep, ROUNDS)",
+         shown_by="speedup.interleaved_speedup(", call="speedup.sweep_vs_rounds(sweep, ROUNDS)",
          verdict=f"{CH04}.sweep_vs_rounds",
          chain=(f"{CH04}.sweep_vs_rounds", f"{CH04}.agreement_line", f"{CH04}.within_spread", f"{KERNEL}.within_range"),
          rule="within_range: the one-pass figure within the rounds' range", trust="trust the alternating rounds"),
     Pair("04", "prefetch_factor 1 and 4 against the default 2, in alternating rounds (section 2)",
-         shown_by="loaders.knob_rounds(", call="pf.verdicts()", verdict=f"{CH04}.KnobRounds.verdicts",
+         shown_by="speedup.knob_rounds(", call="pf.verdicts()", verdict=f"{CH04}.KnobRounds.verdicts",
          chain=(f"{CH04}.KnobRounds.verdicts", f"{CH04}.difference_line", f"{KERNEL}.ratios_straddle_one"),
          rule="ratios_straddle_one on the per-round ratios"),
     Pair("05", "without CUDA: the same CPU decode code path timed twice, (a) then (b) (section 5)",
@@ -316,11 +319,11 @@ def _pin_pair_verdict() -> tuple[str, str]:
     from helpers.chapters import ch03
     from helpers.pipeline import loaders as L
 
-    def rows(on: list[float], off: list[float]) -> list[L.PinRow]:
-        def row(pin: bool, rounds: list[float]) -> L.PinRow:
+    def rows(on: list[float], off: list[float]) -> list[pinning.PinRow]:
+        def row(pin: bool, rounds: list[float]) -> pinning.PinRow:
             res = L.Throughput(label="t", config={}, items=100, batches=10, seconds=1.0, startup_s=0.0,
                                warmup_batches=0, epochs_started=1)  # fmt: skip
-            return L.PinRow(0, pin, res, False, None, None, rounds)
+            return pinning.PinRow(0, pin, res, False, None, None, rounds)
 
         return [row(False, off), row(True, on)]
 
@@ -331,24 +334,22 @@ def _pin_pair_verdict() -> tuple[str, str]:
 
 
 def _sweep_vs_rounds() -> tuple[str, str]:
-    from helpers.pipeline import loaders as L
 
-    def sweep(two: float) -> L.WorkerSweep:
+    def sweep(two: float) -> sweeps.WorkerSweep:
         results: list[Any] = [SimpleNamespace(items_per_s=r) for r in (100.0, 90.0, two)]
-        return L.WorkerSweep(workers=[0, 1, 2], results=results, cores=2)
+        return sweeps.WorkerSweep(workers=[0, 1, 2], results=results, cores=2)
 
-    rounds = L.SpeedupRounds(num_workers=2, batch_size=8, single=[100.0] * 3, workers=[130.0, 144.0, 160.0],
+    rounds = sweeps.SpeedupRounds(num_workers=2, batch_size=8, single=[100.0] * 3, workers=[130.0, 144.0, 160.0],
                              ceiling=[], cores=2, seconds=1.0)  # fmt: skip
-    (agree,) = L.sweep_vs_rounds(sweep(150.0), rounds)
-    (disagree,) = L.sweep_vs_rounds(sweep(96.0), rounds)
+    (agree,) = speedup.sweep_vs_rounds(sweep(150.0), rounds)
+    (disagree,) = speedup.sweep_vs_rounds(sweep(96.0), rounds)
     return agree, disagree
 
 
 def _knob_verdicts() -> tuple[str, str]:
-    from helpers.pipeline import loaders as L
 
     def knob(one: list[float]) -> str:
-        kr = L.KnobRounds("prefetch_factor", [1, 2], {1: one, 2: [100.0, 100.0, 100.0]}, reference=2, seconds=1.0)
+        kr = speedup.KnobRounds("prefetch_factor", [1, 2], {1: one, 2: [100.0, 100.0, 100.0]}, reference=2, seconds=1.0)
         (line,) = kr.verdicts()
         return line
 
@@ -489,6 +490,6 @@ def test_the_scan_fails_on_a_copy_with_a_new_pair(tmp_path: Path) -> None:
         f"chapter 05, code cell {len(code_cells(notebook('05')))}: a sweep that measures again a copy already "
         "timed once: a pair not in the registry (add it to PAIRS, with its verdict)"
     ]
-    rounds_again = {**new_cell, "source": ["R2 = loaders.interleaved_speedup(factory, num_workers=3)\n"]}
+    rounds_again = {**new_cell, "source": ["R2 = speedup.interleaved_speedup(factory, num_workers=3)\n"]}
     problems = scan("04", _copy("04", tmp_path, lambda cells: cells.append(rounds_again)))
     assert len(problems) == 1 and "is not printed" in problems[0], problems

@@ -169,8 +169,8 @@ def test_the_progress_rule() -> None:
     assert _long_calls_without_progress('with progress_bar("x") as p:\n    train.record_steps(a)') == ["record_steps"]
     assert _long_calls_without_progress("INFO = data.make_shapes_dataset()") == ["make_shapes_dataset"]
     assert _long_calls_without_progress('with progress_bar("d") as p:\n    data.make_shapes_dataset(progress=p)') == []
-    assert _long_calls_without_progress("loaders.spawn_failure_demo(ds)") == ["spawn_failure_demo"]
-    assert _long_calls_without_progress('with progress_bar("x") as p:\n    loaders.spawn_failure_demo(ds)') == []
+    assert _long_calls_without_progress("pitfalls.spawn_failure_demo(ds)") == ["spawn_failure_demo"]
+    assert _long_calls_without_progress('with progress_bar("x") as p:\n    pitfalls.spawn_failure_demo(ds)') == []
 
 
 def test_evaluate_reports_progress_after_every_batch() -> None:
