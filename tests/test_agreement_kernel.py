@@ -12,13 +12,13 @@ import random
 import pytest
 
 from helpers.chapters import ch02, ch03
+from helpers.chapters.ch02.copies import MiB, Sweep, TransferPoint
 from helpers.chapters.ch03 import pinning
 from helpers.chapters.ch04 import speedup
 from helpers.chapters.ch05 import gpudecode
 from helpers.core import agreement as A
 from helpers.core.timing import Timing
 from helpers.pipeline import loaders as L
-from helpers.pipeline.transfer import MiB, Sweep, TransferPoint
 
 
 def test_median_band_is_the_median_plus_or_minus_the_spread() -> None:

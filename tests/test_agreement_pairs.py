@@ -75,7 +75,7 @@ HYGIENE, CH01 = "helpers.chapters.ch00.hygiene", "helpers.chapters.ch01"
 #: Every pair of measurements of one thing that the chapters show.
 PAIRS: tuple[Pair, ...] = (
     Pair("02", "one 1 MiB copy: one call of your time_copy, and the sweep's 1 MiB point (section 2)",
-         shown_by="cpu_sweep = transfer.sweep(time_copy", call="ch02.runs_agree(", verdict=f"{CH02}.runs_agree",
+         shown_by="cpu_sweep = copies.sweep(time_copy", call="ch02.runs_agree(", verdict=f"{CH02}.runs_agree",
          chain=(f"{CH02}.runs_agree", f"{CH02}.points_agree", f"{KERNEL}.spreads_overlap"),
          rule="spreads_overlap on median ± IQR", trust="Trust the"),
     Pair("02", "each copy curve: the latency + bandwidth fit, and the points it was fitted to (section 2)",
@@ -149,7 +149,7 @@ HEURISTICS: dict[str, str] = {
     "alternating rounds: a setting against a reference, or a one-pass figure measured again": (
         r"\b(interleaved_speedup|knob_rounds|pin_pair_rounds|run_waterfall)\("
     ),
-    "a sweep that measures again a copy already timed once": r"\btransfer\.sweep\(",
+    "a sweep that measures again a copy already timed once": r"\bcopies\.sweep\(",
     "a fit set against the points it was fitted to": r"\.fit\(\)|=\s*fits\[",
     "one code path timed twice": r"\bcompare_decode\(",
     "a panel handed an earlier measurement to compare with": r"Panel\.for_chapter\([^\n]*\b(host|gpu|sweep)=",
@@ -281,7 +281,7 @@ def test_the_pairs_without_a_verdict_are_the_reported_ones() -> None:
 
 def _points_agree() -> tuple[str, str]:
     from helpers.chapters import ch02
-    from helpers.pipeline.transfer import MiB, TransferPoint
+    from helpers.chapters.ch02.copies import MiB, TransferPoint
 
     sweep = TransferPoint(MiB, "h2h", "pageable", 100e-6, 10e-6, n=10)
     near = TransferPoint(MiB, "h2h", "pageable", 112e-6, 5e-6, n=5)
@@ -293,7 +293,7 @@ def _points_agree() -> tuple[str, str]:
 
 def _runs_agree() -> tuple[str, str]:
     from helpers.chapters import ch02
-    from helpers.pipeline.transfer import MiB, TransferPoint
+    from helpers.chapters.ch02.copies import MiB, TransferPoint
 
     point = TransferPoint(MiB, "h2h", "pageable", 100e-6, 10e-6, n=10)
     return (
@@ -304,7 +304,7 @@ def _runs_agree() -> tuple[str, str]:
 
 def _fit_check() -> tuple[str, str]:
     from helpers.chapters import ch02
-    from helpers.pipeline.transfer import KiB, MiB, Sweep, TransferPoint
+    from helpers.chapters.ch02.copies import KiB, MiB, Sweep, TransferPoint
 
     sizes = [4 * KiB, 64 * KiB, MiB, 16 * MiB, 64 * MiB]
     model = [(n, 5e-6 + n / 10e9) for n in sizes]
@@ -484,7 +484,7 @@ def test_the_scan_fails_on_a_copy_without_the_verdict_call(row: Pair, tmp_path: 
 
 def test_the_scan_fails_on_a_copy_with_a_new_pair(tmp_path: Path) -> None:
     new_cell = {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
-                "source": ["again = transfer.sweep(time_copy, SIZES, device='cpu')\n", "print(again)"]}  # fmt: skip
+                "source": ["again = copies.sweep(time_copy, SIZES, device='cpu')\n", "print(again)"]}  # fmt: skip
     problems = scan("05", _copy("05", tmp_path, lambda cells: cells.append(new_cell)))
     assert problems == [
         f"chapter 05, code cell {len(code_cells(notebook('05')))}: a sweep that measures again a copy already "
