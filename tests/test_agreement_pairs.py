@@ -124,7 +124,7 @@ PAIRS: tuple[Pair, ...] = (
          rule="spreads_overlap on the quartiles", trust="trust the faster"),
     Pair("01", "the baseline step: predicted for the naive loop (the sum of its phases on a CPU), and measured "
                "over the steps (section 5)",
-         shown_by="pred = train.predict_step_time(", call="ch01.step_verdict(pred, train.step_times(trace)",
+         shown_by="pred = train.predict_step_time(", call="ch01.step_verdict(pred, anatomy.step_times(trace)",
          verdict=f"{CH01}.step_verdict",
          chain=(f"{CH01}.step_verdict", f"{CH01}._against_steps", f"{KERNEL}.within_range"),
          rule="within_range: the prediction within the measured steps' range", trust="Trust the measured step"),

@@ -162,11 +162,11 @@ def _long_calls_without_progress(source: str) -> list[str]:
 
 
 def test_the_progress_rule() -> None:
-    assert _long_calls_without_progress("train.record_steps(a, steps=3)") == ["record_steps"]
-    assert _long_calls_without_progress("train.record_steps(a, steps=3, progress=p)") == []
+    assert _long_calls_without_progress("anatomy.record_steps(a, steps=3)") == ["record_steps"]
+    assert _long_calls_without_progress("anatomy.record_steps(a, steps=3, progress=p)") == []
     assert _long_calls_without_progress("acc = train.evaluate(m, v, D)") == ["evaluate"]
     assert _long_calls_without_progress('with progress_bar("x") as p:\n    train.evaluate(m, v, D)') == []
-    assert _long_calls_without_progress('with progress_bar("x") as p:\n    train.record_steps(a)') == ["record_steps"]
+    assert _long_calls_without_progress('with progress_bar("x") as p:\n    anatomy.record_steps(a)') == ["record_steps"]
     assert _long_calls_without_progress("INFO = data.make_shapes_dataset()") == ["make_shapes_dataset"]
     assert _long_calls_without_progress('with progress_bar("d") as p:\n    data.make_shapes_dataset(progress=p)') == []
     assert _long_calls_without_progress("pitfalls.spawn_failure_demo(ds)") == ["spawn_failure_demo"]

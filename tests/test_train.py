@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from helpers.chapters import ch01
+from helpers.chapters.ch01 import anatomy
 from helpers.core.timing import SpanRecorder
 from helpers.pipeline import data, loaders, models, train
 
@@ -131,7 +132,7 @@ def test_lane_overlap() -> None:
 
     d, c = train.DATA_LANE, train.COMPUTE_LANE_GPU
     serial = SpanTrace([_span("load", 0, d, 0, 1), _span("forward", 0, c, 1, 2), _span("load", 1, d, 2, 3)])
-    assert train.lane_overlap(serial, d, c) == 0.0
+    assert anatomy.lane_overlap(serial, d, c) == 0.0
     # GPU-like: the CPU loads batch 1 (1.2-2.0) while the GPU still computes step 0 (1.0-2.5)
     gpu = SpanTrace(
         [
@@ -142,15 +143,15 @@ def test_lane_overlap() -> None:
             _span("forward", 1, c, 2.6, 3.0),
         ]
     )
-    assert train.lane_overlap(gpu, d, c) == pytest.approx(0.8)
-    assert train.lane_overlap(gpu, c, d) == pytest.approx(0.8)
-    assert train.lane_overlap(gpu, d, "nothing") == 0.0
+    assert anatomy.lane_overlap(gpu, d, c) == pytest.approx(0.8)
+    assert anatomy.lane_overlap(gpu, c, d) == pytest.approx(0.8)
+    assert anatomy.lane_overlap(gpu, d, "nothing") == 0.0
 
 
 def test_cpu_naive_loop_does_not_overlap(tiny: data.DatasetInfo) -> None:
     """On a CPU the data and compute rows take turns: the recorded overlap is (almost) nil."""
-    a = train.step_anatomy(batch_size=8, crop_size=24, width=4, depth=2, steps=3, warmup=0, data_root=tiny.train_dir)
-    assert train.lane_overlap(a.trace, train.DATA_LANE, train.COMPUTE_LANE_CPU) <= 0.01 * a.trace.wall_time()
+    a = anatomy.step_anatomy(batch_size=8, crop_size=24, width=4, depth=2, steps=3, warmup=0, data_root=tiny.train_dir)
+    assert anatomy.lane_overlap(a.trace, train.DATA_LANE, train.COMPUTE_LANE_CPU) <= 0.01 * a.trace.wall_time()
 
 
 def test_progress_of_epochs_and_anatomy(tiny: data.DatasetInfo) -> None:
@@ -160,7 +161,7 @@ def test_progress_of_epochs_and_anatomy(tiny: data.DatasetInfo) -> None:
     assert [round(f, 3) for f, _ in seen] == [round(k / stats.steps, 3) for k in range(1, stats.steps + 1)]
     assert seen[-1][1] == f"step {stats.steps} of {stats.steps}"
     seen.clear()
-    train.step_anatomy(
+    anatomy.step_anatomy(
         batch_size=8,
         crop_size=24,
         width=4,
@@ -176,16 +177,16 @@ def test_progress_of_epochs_and_anatomy(tiny: data.DatasetInfo) -> None:
 
 
 def test_step_anatomy(tiny: data.DatasetInfo) -> None:
-    a = train.step_anatomy(batch_size=8, crop_size=24, width=4, depth=2, steps=3, warmup=1, data_root=tiny.train_dir)
+    a = anatomy.step_anatomy(batch_size=8, crop_size=24, width=4, depth=2, steps=3, warmup=1, data_root=tiny.train_dir)
     assert list(a.phase_means) == ["load", "collate", "h2d", "forward", "backward", "optimizer"]
     assert a.trace.steps() == 3 and a.step_time > 0 and a.samples_per_s > 0
     assert a.step_time >= 0.9 * a.prediction.overlapped
     assert a.dominant_phase in a.phase_means
     assert a.gflop_per_step > 0
     with pytest.raises(ValueError, match="batch_size"):
-        train.step_anatomy(batch_size=0, data_root=tiny.train_dir)
+        anatomy.step_anatomy(batch_size=0, data_root=tiny.train_dir)
     with pytest.raises(ValueError, match="fewer than"):
-        train.step_anatomy(batch_size=64, crop_size=24, width=4, steps=1, warmup=0, data_root=tiny.train_dir)
+        anatomy.step_anatomy(batch_size=64, crop_size=24, width=4, steps=1, warmup=0, data_root=tiny.train_dir)
 
 
 def test_lanes_name_the_resources(tiny: data.DatasetInfo) -> None:
@@ -236,7 +237,7 @@ def test_panel_functions(tiny: data.DatasetInfo, monkeypatch: pytest.MonkeyPatch
 
 
 def _tiny_anatomy(info: data.DatasetInfo):  # noqa: ANN202 - a test double
-    real = train.step_anatomy
+    real = anatomy.step_anatomy
 
     def run(**kwargs):  # noqa: ANN003, ANN202
         kwargs["data_root"] = info.train_dir
@@ -338,7 +339,7 @@ def test_pinning_time_gets_its_own_phase(tiny: data.DatasetInfo, monkeypatch: py
 def test_step_anatomy_refuses_sizes_beyond_memory(tiny: data.DatasetInfo) -> None:
     """Issue 15.10: a batch of 1024 images of 512 px with a wide model is refused before anything is allocated."""
     with pytest.raises(ValueError, match="GiB"):
-        train.step_anatomy(batch_size=1024, crop_size=512, width=64, steps=1, warmup=0, data_root=tiny.train_dir)
+        anatomy.step_anatomy(batch_size=1024, crop_size=512, width=64, steps=1, warmup=0, data_root=tiny.train_dir)
 
 
 def test_a_pause_between_clock_reads_does_not_shift_the_collate_span(monkeypatch: pytest.MonkeyPatch) -> None:
