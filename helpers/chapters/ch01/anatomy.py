@@ -38,18 +38,14 @@ from ...pipeline.data import ShapesDataset, TimedCollate, make_shapes_dataset, t
 from ...pipeline.loaders import timed_loader
 from ...pipeline.models import build_model, check_training_memory, flops_per_sample
 from ...pipeline.train import (
-    _NULL,
     COMPUTE_LANE_CPU,
     COMPUTE_LANE_GPU,
     COPY_LANE,
     Prediction,
-    Transfer,
-    _can_pin,
-    _record_wait,
-    _resolve_transfer,
     make_optimizer,
     predict_step_time,
 )
+from .training import _NULL, Transfer, _can_pin, _record_wait, _resolve_transfer
 
 __all__ = [
     "PHASES",
