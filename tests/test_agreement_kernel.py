@@ -12,11 +12,13 @@ import random
 import pytest
 
 from helpers.chapters import ch02, ch03
+from helpers.chapters.ch02.copies import MiB, Sweep, TransferPoint
+from helpers.chapters.ch03 import pinning
+from helpers.chapters.ch04 import speedup
 from helpers.chapters.ch05 import gpudecode
 from helpers.core import agreement as A
 from helpers.core.timing import Timing
 from helpers.pipeline import loaders as L
-from helpers.pipeline.transfer import MiB, Sweep, TransferPoint
 
 
 def test_median_band_is_the_median_plus_or_minus_the_spread() -> None:
@@ -119,11 +121,11 @@ def test_ch05_same_path_verdict_is_the_quartiles_rule() -> None:
         assert ("agree within their spread" in line and "NOT" not in line) == old
 
 
-def _pin_rows(on: list[float], off: list[float]) -> list[L.PinRow]:
-    def row(pin: bool, rounds: list[float]) -> L.PinRow:
+def _pin_rows(on: list[float], off: list[float]) -> list[pinning.PinRow]:
+    def row(pin: bool, rounds: list[float]) -> pinning.PinRow:
         res = L.Throughput(label=f"pin_memory={pin}", config={}, items=100, batches=10, seconds=1.0, startup_s=0.0,
                            warmup_batches=0, epochs_started=1)  # fmt: skip
-        return L.PinRow(0, pin, res, False, None, None, rounds)
+        return pinning.PinRow(0, pin, res, False, None, None, rounds)
 
     return [row(False, off), row(True, on)]
 
@@ -136,8 +138,8 @@ def test_ch03_and_ch04_ratio_verdicts_are_the_straddle_rule() -> None:
         ratios = [a / b for a, b in zip(on, off)]
         old = min(ratios) <= 1.0 <= max(ratios)
         assert ("within noise" in ch03.pin_pair_verdict(_pin_rows(on, off))) == old
-        assert ("within the noise" in L.difference_line("k", 1, 2, ratios, n)) == old
+        assert ("within the noise" in speedup.difference_line("k", 1, 2, ratios, n)) == old
         one_pass = rng.uniform(0.8, 1.3)
-        assert L.agreement_line(2, one_pass, ratios).endswith("agree within their spread") == (
+        assert speedup.agreement_line(2, one_pass, ratios).endswith("agree within their spread") == (
             min(ratios) <= one_pass <= max(ratios)
         )

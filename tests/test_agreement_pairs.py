@@ -32,6 +32,9 @@ from typing import Any, Callable
 
 import pytest
 
+from helpers.chapters.ch03 import pinning
+from helpers.chapters.ch04 import speedup, sweeps
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 KERNEL = "helpers.core.agreement"
@@ -65,14 +68,14 @@ class Pair:
     missing: str = ""
 
 
-CH02, CH03, CH04 = "helpers.chapters.ch02", "helpers.chapters.ch03", "helpers.pipeline.loaders"
+CH02, CH03, CH04 = "helpers.chapters.ch02", "helpers.chapters.ch03", "helpers.chapters.ch04.speedup"
 GPUDECODE, CAPSTONE = "helpers.chapters.ch05.gpudecode", "helpers.chapters.ch06.capstone"
 HYGIENE, CH01 = "helpers.chapters.ch00.hygiene", "helpers.chapters.ch01"
 
 #: Every pair of measurements of one thing that the chapters show.
 PAIRS: tuple[Pair, ...] = (
     Pair("02", "one 1 MiB copy: one call of your time_copy, and the sweep's 1 MiB point (section 2)",
-         shown_by="cpu_sweep = transfer.sweep(time_copy", call="ch02.runs_agree(", verdict=f"{CH02}.runs_agree",
+         shown_by="cpu_sweep = copies.sweep(time_copy", call="ch02.runs_agree(", verdict=f"{CH02}.runs_agree",
          chain=(f"{CH02}.runs_agree", f"{CH02}.points_agree", f"{KERNEL}.spreads_overlap"),
          rule="spreads_overlap on median ± IQR", trust="Trust the"),
     Pair("02", "each copy curve: the latency + bandwidth fit, and the points it was fitted to (section 2)",
@@ -88,16 +91,16 @@ PAIRS: tuple[Pair, ...] = (
          chain=(f"{CH02}.panel_run", f"{CH02}.points_agree", f"{KERNEL}.spreads_overlap"),
          rule="spreads_overlap on median ± IQR", trust="Trust the"),
     Pair("03", "your loader with pin_memory False and True in alternating rounds (without CUDA: the same work)",
-         shown_by="loaders.pin_pair_rounds(", call="ch03.pin_pair_verdict(rows)", verdict=f"{CH03}.pin_pair_verdict",
+         shown_by="pinning.pin_pair_rounds(", call="ch03.pin_pair_verdict(rows)", verdict=f"{CH03}.pin_pair_verdict",
          chain=(f"{CH03}.pin_pair_verdict", f"{KERNEL}.ratios_straddle_one"),
          rule="ratios_straddle_one on the per-round ratios", trust="Trust the faster figure"),
     Pair("04", "the 2-worker speed-up: the one-pass sweep (section 1), and alternating rounds (section 1b)",
-         shown_by="loaders.interleaved_speedup(", call="loaders.sweep_vs_rounds(sweep, ROUNDS)",
+         shown_by="speedup.interleaved_speedup(", call="speedup.sweep_vs_rounds(sweep, ROUNDS)",
          verdict=f"{CH04}.sweep_vs_rounds",
          chain=(f"{CH04}.sweep_vs_rounds", f"{CH04}.agreement_line", f"{CH04}.within_spread", f"{KERNEL}.within_range"),
          rule="within_range: the one-pass figure within the rounds' range", trust="trust the alternating rounds"),
     Pair("04", "prefetch_factor 1 and 4 against the default 2, in alternating rounds (section 2)",
-         shown_by="loaders.knob_rounds(", call="pf.verdicts()", verdict=f"{CH04}.KnobRounds.verdicts",
+         shown_by="speedup.knob_rounds(", call="pf.verdicts()", verdict=f"{CH04}.KnobRounds.verdicts",
          chain=(f"{CH04}.KnobRounds.verdicts", f"{CH04}.difference_line", f"{KERNEL}.ratios_straddle_one"),
          rule="ratios_straddle_one on the per-round ratios"),
     Pair("05", "without CUDA: the same CPU decode code path timed twice, (a) then (b) (section 5)",
@@ -121,7 +124,7 @@ PAIRS: tuple[Pair, ...] = (
          rule="spreads_overlap on the quartiles", trust="trust the faster"),
     Pair("01", "the baseline step: predicted for the naive loop (the sum of its phases on a CPU), and measured "
                "over the steps (section 5)",
-         shown_by="pred = train.predict_step_time(", call="ch01.step_verdict(pred, train.step_times(trace)",
+         shown_by="pred = train.predict_step_time(", call="ch01.step_verdict(pred, anatomy.step_times(trace)",
          verdict=f"{CH01}.step_verdict",
          chain=(f"{CH01}.step_verdict", f"{CH01}._against_steps", f"{KERNEL}.within_range"),
          rule="within_range: the prediction within the measured steps' range", trust="Trust the measured step"),
@@ -146,7 +149,7 @@ HEURISTICS: dict[str, str] = {
     "alternating rounds: a setting against a reference, or a one-pass figure measured again": (
         r"\b(interleaved_speedup|knob_rounds|pin_pair_rounds|run_waterfall)\("
     ),
-    "a sweep that measures again a copy already timed once": r"\btransfer\.sweep\(",
+    "a sweep that measures again a copy already timed once": r"\bcopies\.sweep\(",
     "a fit set against the points it was fitted to": r"\.fit\(\)|=\s*fits\[",
     "one code path timed twice": r"\bcompare_decode\(",
     "a panel handed an earlier measurement to compare with": r"Panel\.for_chapter\([^\n]*\b(host|gpu|sweep)=",
@@ -278,7 +281,7 @@ def test_the_pairs_without_a_verdict_are_the_reported_ones() -> None:
 
 def _points_agree() -> tuple[str, str]:
     from helpers.chapters import ch02
-    from helpers.pipeline.transfer import MiB, TransferPoint
+    from helpers.chapters.ch02.copies import MiB, TransferPoint
 
     sweep = TransferPoint(MiB, "h2h", "pageable", 100e-6, 10e-6, n=10)
     near = TransferPoint(MiB, "h2h", "pageable", 112e-6, 5e-6, n=5)
@@ -290,7 +293,7 @@ def _points_agree() -> tuple[str, str]:
 
 def _runs_agree() -> tuple[str, str]:
     from helpers.chapters import ch02
-    from helpers.pipeline.transfer import MiB, TransferPoint
+    from helpers.chapters.ch02.copies import MiB, TransferPoint
 
     point = TransferPoint(MiB, "h2h", "pageable", 100e-6, 10e-6, n=10)
     return (
@@ -301,7 +304,7 @@ def _runs_agree() -> tuple[str, str]:
 
 def _fit_check() -> tuple[str, str]:
     from helpers.chapters import ch02
-    from helpers.pipeline.transfer import KiB, MiB, Sweep, TransferPoint
+    from helpers.chapters.ch02.copies import KiB, MiB, Sweep, TransferPoint
 
     sizes = [4 * KiB, 64 * KiB, MiB, 16 * MiB, 64 * MiB]
     model = [(n, 5e-6 + n / 10e9) for n in sizes]
@@ -316,11 +319,11 @@ def _pin_pair_verdict() -> tuple[str, str]:
     from helpers.chapters import ch03
     from helpers.pipeline import loaders as L
 
-    def rows(on: list[float], off: list[float]) -> list[L.PinRow]:
-        def row(pin: bool, rounds: list[float]) -> L.PinRow:
+    def rows(on: list[float], off: list[float]) -> list[pinning.PinRow]:
+        def row(pin: bool, rounds: list[float]) -> pinning.PinRow:
             res = L.Throughput(label="t", config={}, items=100, batches=10, seconds=1.0, startup_s=0.0,
                                warmup_batches=0, epochs_started=1)  # fmt: skip
-            return L.PinRow(0, pin, res, False, None, None, rounds)
+            return pinning.PinRow(0, pin, res, False, None, None, rounds)
 
         return [row(False, off), row(True, on)]
 
@@ -331,24 +334,22 @@ def _pin_pair_verdict() -> tuple[str, str]:
 
 
 def _sweep_vs_rounds() -> tuple[str, str]:
-    from helpers.pipeline import loaders as L
 
-    def sweep(two: float) -> L.WorkerSweep:
+    def sweep(two: float) -> sweeps.WorkerSweep:
         results: list[Any] = [SimpleNamespace(items_per_s=r) for r in (100.0, 90.0, two)]
-        return L.WorkerSweep(workers=[0, 1, 2], results=results, cores=2)
+        return sweeps.WorkerSweep(workers=[0, 1, 2], results=results, cores=2)
 
-    rounds = L.SpeedupRounds(num_workers=2, batch_size=8, single=[100.0] * 3, workers=[130.0, 144.0, 160.0],
+    rounds = sweeps.SpeedupRounds(num_workers=2, batch_size=8, single=[100.0] * 3, workers=[130.0, 144.0, 160.0],
                              ceiling=[], cores=2, seconds=1.0)  # fmt: skip
-    (agree,) = L.sweep_vs_rounds(sweep(150.0), rounds)
-    (disagree,) = L.sweep_vs_rounds(sweep(96.0), rounds)
+    (agree,) = speedup.sweep_vs_rounds(sweep(150.0), rounds)
+    (disagree,) = speedup.sweep_vs_rounds(sweep(96.0), rounds)
     return agree, disagree
 
 
 def _knob_verdicts() -> tuple[str, str]:
-    from helpers.pipeline import loaders as L
 
     def knob(one: list[float]) -> str:
-        kr = L.KnobRounds("prefetch_factor", [1, 2], {1: one, 2: [100.0, 100.0, 100.0]}, reference=2, seconds=1.0)
+        kr = speedup.KnobRounds("prefetch_factor", [1, 2], {1: one, 2: [100.0, 100.0, 100.0]}, reference=2, seconds=1.0)
         (line,) = kr.verdicts()
         return line
 
@@ -483,12 +484,12 @@ def test_the_scan_fails_on_a_copy_without_the_verdict_call(row: Pair, tmp_path: 
 
 def test_the_scan_fails_on_a_copy_with_a_new_pair(tmp_path: Path) -> None:
     new_cell = {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
-                "source": ["again = transfer.sweep(time_copy, SIZES, device='cpu')\n", "print(again)"]}  # fmt: skip
+                "source": ["again = copies.sweep(time_copy, SIZES, device='cpu')\n", "print(again)"]}  # fmt: skip
     problems = scan("05", _copy("05", tmp_path, lambda cells: cells.append(new_cell)))
     assert problems == [
         f"chapter 05, code cell {len(code_cells(notebook('05')))}: a sweep that measures again a copy already "
         "timed once: a pair not in the registry (add it to PAIRS, with its verdict)"
     ]
-    rounds_again = {**new_cell, "source": ["R2 = loaders.interleaved_speedup(factory, num_workers=3)\n"]}
+    rounds_again = {**new_cell, "source": ["R2 = speedup.interleaved_speedup(factory, num_workers=3)\n"]}
     problems = scan("04", _copy("04", tmp_path, lambda cells: cells.append(rounds_again)))
     assert len(problems) == 1 and "is not printed" in problems[0], problems

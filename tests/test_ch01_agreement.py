@@ -4,7 +4,7 @@ Section 5 printed the predicted step (the sum of the phases) beside the measured
 sum beside the measured step of a thin and a wide model, with no word on whether they agree.
 :func:`helpers.chapters.ch01.step_verdict` and :func:`~helpers.chapters.ch01.regimes_verdict` now say
 whether the prediction for the naive loop on this device lies within the range of the measured steps'
-wall times (:func:`helpers.pipeline.train.step_times`; :func:`helpers.core.agreement.within_range`), and
+wall times (:func:`helpers.chapters.ch01.anatomy.step_times`; :func:`helpers.core.agreement.within_range`), and
 that the measured step is the one to trust when it does not. Synthetic figures: nothing here is timed.
 """
 
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from helpers.chapters import ch01
+from helpers.chapters.ch01 import anatomy
 from helpers.core import agreement
 from helpers.core.timing import Span, SpanTrace
 from helpers.pipeline import train
@@ -41,7 +42,7 @@ def test_step_times_are_each_steps_wall_time_and_add_up_to_the_trace() -> None:
         spans += [Span("load", step, "data (CPU)", t0, a, t0, a), Span("forward", step, "compute (CPU)", a,
                                                                        a + parts[1], a, a + parts[1])]  # fmt: skip
     trace = SpanTrace(spans)
-    times = train.step_times(trace)
+    times = anatomy.step_times(trace)
     assert times == pytest.approx([0.0105, 0.0135, 0.010])  # start to next start; the last to its end
     assert sum(times) == pytest.approx(trace.wall_time())
     assert sum(times) / len(times) == pytest.approx(trace.wall_time() / trace.steps())  # the measured step
@@ -109,6 +110,6 @@ def test_every_printed_line_fits_for_any_plausible_size(scale: float) -> None:
 def test_the_notebook_prints_both_verdicts_in_section_5() -> None:
     cells = ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]]
     (pred_cell,) = [c for c in cells if "pred = train.predict_step_time(phase_s)" in c]
-    assert "ch01.step_verdict(pred, train.step_times(trace), device=DEVICE)" in pred_cell
+    assert "ch01.step_verdict(pred, anatomy.step_times(trace), device=DEVICE)" in pred_cell
     (table,) = [c for c in cells if "p.serial * 1e3" in c]
-    assert "runs[label] = (p, train.step_times(tr))" in table and "ch01.regimes_verdict(runs, device=DEVICE)" in table
+    assert "runs[label] = (p, anatomy.step_times(tr))" in table and "ch01.regimes_verdict(runs, device=DEVICE)" in table

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from helpers.chapters.ch01 import training
 from helpers.pipeline import data, models, train
 from helpers.ui import codecells
 
@@ -64,6 +65,6 @@ def test_chapter_01_job_learns_clearly_above_chance(tmp_path) -> None:
         model.train()
         for x, y in ns["batches"](train_loader):
             ns["train_step"](model, optimizer, x, y)
-        accuracies.append(train.evaluate(model, val_loader, "cpu"))
+        accuracies.append(training.evaluate(model, val_loader, "cpu"))
     assert set(val_ds.targets) == set(range(6)) and len(val_ds) == QUICK_DATA["n_val"]
     assert accuracies[-1] >= MARGIN * chance, (accuracies, chance)

@@ -1,10 +1,10 @@
 """Chapter 01's pipeline is the reader's: the cells define it, and the measuring helpers time those functions.
 
-- ``train.record_steps`` runs the reader's loader, ``to_device`` and ``train_step`` (no copy of them), and
+- ``anatomy.record_steps`` runs the reader's loader, ``to_device`` and ``train_step`` (no copy of them), and
   leaves no hook and no timed collate function behind, whatever happens;
-- ``train.step_anatomy`` and ``ch01.panel_run`` (the live panel) take the reader's functions;
+- ``anatomy.step_anatomy`` and ``ch01.panel_run`` (the live panel) take the reader's functions;
 - the functions of chapter 01's cells tagged ``pipeline`` are the contract's baseline, and
-  ``train.baseline_train_step`` (what the headless benchmark runs) trains exactly like the cell's ``train_step``.
+  ``anatomy.baseline_train_step`` (what the headless benchmark runs) trains exactly like the cell's ``train_step``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from helpers.chapters import ch01
+from helpers.chapters.ch01 import anatomy
 from helpers.core.timing import SpanRecorder
 from helpers.pipeline import data, models, train
 from helpers.ui import codecells
@@ -83,7 +84,7 @@ def test_baseline_train_step_trains_like_the_chapter_cell(tiny: data.DatasetInfo
     x, y = next(iter(DataLoader(ds, batch_size=8)))
     weights = []
     losses = []
-    for step in (ns["train_step"], train.baseline_train_step):
+    for step in (ns["train_step"], anatomy.baseline_train_step):
         model, opt = _model_and_optimizer()
         losses.append([step(model, opt, x, y) for _ in range(2)])
         weights.append([p.detach().clone() for p in model.parameters()])
@@ -99,7 +100,7 @@ def test_record_steps_times_the_readers_functions(tiny: data.DatasetInfo) -> Non
     model, opt = _model_and_optimizer()
     before = [p.detach().clone() for p in model.parameters()]
     rec = SpanRecorder("cpu")
-    assert train.record_steps(loader, to_device, step, model, opt, rec, steps=4, start_step=3) == 4
+    assert anatomy.record_steps(loader, to_device, step, model, opt, rec, steps=4, start_step=3) == 4
     trace = rec.finish()
     assert to_device.calls == step.calls == 4
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -125,15 +126,17 @@ def test_record_steps_without_recorder_and_across_epochs(tiny: data.DatasetInfo)
     model, opt = _model_and_optimizer()
     seen: list[float] = []
     assert (
-        train.record_steps(loader, ns["to_device"], step, model, opt, steps=7, progress=lambda f, t="": seen.append(f))
+        anatomy.record_steps(
+            loader, ns["to_device"], step, model, opt, steps=7, progress=lambda f, t="": seen.append(f)
+        )
         == 7
     )
     assert step.calls == 7 and seen == pytest.approx([k / 7 for k in range(1, 8)])
-    assert train.record_steps(loader, ns["to_device"], step, model, opt, steps=0) == 0 and step.calls == 7
+    assert anatomy.record_steps(loader, ns["to_device"], step, model, opt, steps=0) == 0 and step.calls == 7
     with pytest.raises(ValueError, match="no batch"):
-        train.record_steps([], ns["to_device"], step, model, opt, steps=1)
+        anatomy.record_steps([], ns["to_device"], step, model, opt, steps=1)
     with pytest.raises(ValueError, match="steps"):
-        train.record_steps(loader, ns["to_device"], step, model, opt, steps=-1)
+        anatomy.record_steps(loader, ns["to_device"], step, model, opt, steps=-1)
 
 
 def test_record_steps_any_iterable_and_cleanup_on_error(tiny: data.DatasetInfo) -> None:
@@ -142,7 +145,7 @@ def test_record_steps_any_iterable_and_cleanup_on_error(tiny: data.DatasetInfo) 
     plain = list(DataLoader(ds, batch_size=8))[:2]  # an iterable without a collate function: load only
     model, opt = _model_and_optimizer()
     rec = SpanRecorder("cpu")
-    train.record_steps(plain, ns["to_device"], ns["train_step"], model, opt, rec, steps=2)
+    anatomy.record_steps(plain, ns["to_device"], ns["train_step"], model, opt, rec, steps=2)
     assert list(rec.finish().phase_means()) == ["load", "h2d", "forward", "backward", "optimizer"]
 
     loader = ns["make_loader"](ds, 8)
@@ -153,7 +156,7 @@ def test_record_steps_any_iterable_and_cleanup_on_error(tiny: data.DatasetInfo) 
         raise RuntimeError("a bug in the reader's step")
 
     with pytest.raises(RuntimeError, match="reader's step"):
-        train.record_steps(loader, ns["to_device"], broken_step, model, opt, SpanRecorder("cpu"), steps=2)
+        anatomy.record_steps(loader, ns["to_device"], broken_step, model, opt, SpanRecorder("cpu"), steps=2)
     assert loader.collate_fn is original_collate
     assert not model._forward_hooks and not opt._optimizer_step_pre_hooks
 
@@ -163,7 +166,7 @@ def test_uint8_batches_from_the_readers_copy_get_a_normalize_phase(tiny: data.Da
     loader = ns["make_loader"](data.ShapesDataset(tiny.train_dir, crop_size=24, output="uint8"), 8)
     model, opt = _model_and_optimizer()
     rec = SpanRecorder("cpu")
-    train.record_steps(loader, ns["to_device"], ns["train_step"], model, opt, rec, steps=2)
+    anatomy.record_steps(loader, ns["to_device"], ns["train_step"], model, opt, rec, steps=2)
     assert list(rec.finish().phase_means()) == [
         "load",
         "collate",
@@ -180,7 +183,7 @@ def test_step_anatomy_and_panel_run_time_the_readers_functions(
 ) -> None:
     ns = _chapter_pipeline()
     make, move, step = _Spy(ns["make_loader"]), _Spy(ns["to_device"]), _Spy(ns["train_step"])
-    a = train.step_anatomy(
+    a = anatomy.step_anatomy(
         batch_size=8,
         crop_size=24,
         width=4,
@@ -196,19 +199,19 @@ def test_step_anatomy_and_panel_run_time_the_readers_functions(
     assert list(a.phase_means) == PHASES and a.trace.steps() == 3
     assert a.settings["pipeline"] == "yours" and a.settings["num_workers"] == 0
     assert (
-        train.step_anatomy(
+        anatomy.step_anatomy(
             batch_size=8, crop_size=24, width=4, depth=2, steps=1, warmup=0, data_root=tiny.train_dir
         ).settings["pipeline"]
         == "helpers"
     )
     with pytest.raises(ValueError, match="num_workers"):
-        train.step_anatomy(
+        anatomy.step_anatomy(
             batch_size=8, crop_size=24, width=4, steps=1, num_workers=2, data_root=tiny.train_dir, make_loader=make
         )
 
-    real, seen = train.step_anatomy, {}
+    real, seen = anatomy.step_anatomy, {}
 
-    def tiny_anatomy(**kwargs: Any) -> train.Anatomy:
+    def tiny_anatomy(**kwargs: Any) -> anatomy.Anatomy:
         seen.update(kwargs)
         return real(**{**kwargs, "data_root": tiny.train_dir, "depth": 2})
 
@@ -239,7 +242,7 @@ def test_chapter_01_runs_and_times_its_own_cells() -> None:
     assert "for x, y in batches(train_loader):" in code
     assert "loss = train_step(model, optimizer, x, y)" in code
     assert "train_loader = make_loader(train_ds, BATCH_SIZE)" in code
-    assert "train.record_steps(train_loader, to_device, train_step, model, optimizer" in code
+    assert "anatomy.record_steps(train_loader, to_device, train_step, model, optimizer" in code
     assert "PIPELINE = dict(make_loader=make_loader, to_device=to_device, train_step=train_step)" in code
     assert "widgets.Panel.for_chapter(ch01, device=DEVICE, **PIPELINE," in code
     assert "train_epoch" not in code and "timed_loader" not in code

@@ -1,5 +1,5 @@
 """Chapter 02's reader-built code: the timed copy loop (``time_copy``), the pipeline's ``to_device``,
-the helpers that take them (``transfer.sweep``, the live panel's ``ch02.panel_run(copy_fn=...)``), and
+the helpers that take them (``copies.sweep``, the live panel's ``ch02.panel_run(copy_fn=...)``), and
 the chapter module (:mod:`helpers.chapters.ch02`: its GPU curves as an Evidence, its panel, its benchmark).
 
 The chapter's own cells are read from the committed notebook and executed here, so what is tested
@@ -18,11 +18,12 @@ import pytest
 import torch
 
 from helpers.chapters import ch02
+from helpers.chapters.ch02 import copies, pin_costs
+from helpers.chapters.ch02.copies import KiB, MiB
 from helpers.core import evidence
 from helpers.core.progress import no_progress
 from helpers.core.results import ResultSet
 from helpers.pipeline import transfer as T
-from helpers.pipeline.transfer import KiB, MiB
 from helpers.ui import codecells, widgets
 
 HAS_CUDA = torch.cuda.is_available()
@@ -129,12 +130,12 @@ def test_time_copy_on_cuda_times_both_kinds():  # pragma: no cover - GPU only
     assert not src.is_pinned()  # the reader's buffer is pinned as a copy, never in place
 
 
-# -- transfer.sweep: loops, alternates, records ---------------------------------------
+# -- copies.sweep: loops, alternates, records ---------------------------------------
 
 
 def test_sweep_with_the_chapter_function_on_a_cpu():
     sizes = [4 * KiB, 64 * KiB, 1 * MiB]
-    out = T.sweep(chapter_time_copy(), sizes, device="cpu", repeats=3, rounds=2)
+    out = copies.sweep(chapter_time_copy(), sizes, device="cpu", repeats=3, rounds=2)
     assert list(out) == [("h2h", "pageable")]
     sw = out[("h2h", "pageable")]
     assert sw.sizes() == sizes and all(p.n == 6 and p.median_s > 0 for p in sw.points)
@@ -150,7 +151,7 @@ def test_sweep_calls_a_cpu_function_with_pageable_only():
         return [1e-6 * (1 + src.numel() / 1e6)] * repeats
 
     progress = []
-    out = T.sweep(
+    out = copies.sweep(
         fake,
         [4 * KiB, 16 * KiB],
         device="cpu",
@@ -165,10 +166,10 @@ def test_sweep_calls_a_cpu_function_with_pageable_only():
 
 def test_sweep_alternates_pageable_and_pinned_rounds_on_cuda(monkeypatch):
     # No GPU needed: the CUDA checks are replaced, and the fake copy function touches no device.
-    monkeypatch.setattr(T, "cuda_status", lambda device=None: (True, ""))
-    monkeypatch.setattr(T, "resolve_device", lambda device=None: torch.device("cuda"))  # never allocated on
-    monkeypatch.setattr(T, "_check_device_bytes", lambda *a, **k: None)
-    monkeypatch.setattr(T, "_gpu_name", lambda dev: "a fake GPU")
+    monkeypatch.setattr(copies, "cuda_status", lambda device=None: (True, ""))
+    monkeypatch.setattr(copies, "resolve_device", lambda device=None: torch.device("cuda"))  # never allocated on
+    monkeypatch.setattr(copies, "_check_device_bytes", lambda *a, **k: None)
+    monkeypatch.setattr(copies, "_gpu_name", lambda dev: "a fake GPU")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     calls = []
@@ -177,7 +178,7 @@ def test_sweep_alternates_pageable_and_pinned_rounds_on_cuda(monkeypatch):
         calls.append((src.numel(), "pinned" if pinned else "pageable"))
         return 2e-6 if pinned else 3e-6  # one number is accepted as one sample
 
-    out = T.sweep(fake, [4 * KiB, 8 * KiB], device="cuda", repeats=1, rounds=2)
+    out = copies.sweep(fake, [4 * KiB, 8 * KiB], device="cuda", repeats=1, rounds=2)
     assert calls == [
         (4 * KiB, "pageable"),
         (4 * KiB, "pinned"),
@@ -192,14 +193,14 @@ def test_sweep_alternates_pageable_and_pinned_rounds_on_cuda(monkeypatch):
     pinned = out[("h2d", "pinned")]
     assert pinned.label == "H2D pinned" and pinned.device == "a fake GPU" and pinned.points[0].n == 2
     assert [p.median_s for p in pinned.points] == [2e-6, 2e-6]
-    ratios = T.speedup_by_size(out[("h2d", "pageable")], pinned)
+    ratios = copies.speedup_by_size(out[("h2d", "pageable")], pinned)
     assert [r for _, r in ratios] == pytest.approx([1.5, 1.5])
 
 
 @pytest.mark.parametrize("bad", [None, [], [-1.0], ["soon"], [float("nan")], "abc", True])
 def test_sweep_refuses_a_function_that_returns_no_times(bad):
     with pytest.raises(ValueError, match="copy_fn"):
-        T.sweep(lambda *a: bad, [4 * KiB], device="cpu", repeats=1, rounds=1)
+        copies.sweep(lambda *a: bad, [4 * KiB], device="cpu", repeats=1, rounds=1)
 
 
 @pytest.mark.parametrize(
@@ -215,19 +216,19 @@ def test_sweep_refuses_a_function_that_returns_no_times(bad):
 def test_sweep_validates_its_arguments(kwargs, match):
     args = dict(copy_fn=lambda *a: [1e-6], sizes=[4 * KiB], device="cpu", repeats=1, rounds=1) | kwargs
     with pytest.raises(ValueError, match=match):
-        T.sweep(**args)
+        copies.sweep(**args)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
 def test_sweep_refuses_a_cuda_device_that_is_not_there():
     with pytest.raises(ValueError, match="device='cuda' is not available on this machine"):
-        T.sweep(lambda *a: [1e-6], [4 * KiB], device="cuda")
+        copies.sweep(lambda *a: [1e-6], [4 * KiB], device="cuda")
 
 
 def test_sweep_refuses_more_host_memory_than_is_free(monkeypatch):
     monkeypatch.setattr(T, "_memory_now", lambda: (8 * 1024**3, 1 * 1024**3))
     with pytest.raises(ValueError, match="sizes"):
-        T.sweep(lambda *a: [1e-6], [1024**3], device="cpu")
+        copies.sweep(lambda *a: [1e-6], [1024**3], device="cpu")
 
 
 # -- the panel with the reader's function ----------------------------------------------
@@ -345,7 +346,9 @@ def test_the_panel_is_three_lines_and_draws_its_runs(tmp_path, monkeypatch):
     _reference_file(tmp_path)
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
     gpu = evidence.recorded("the GPU copy sweeps", "ch02.copy_time", convert=ch02.recorded_sweeps)
-    host = T.sweep(chapter_time_copy(), [4 * KiB, 64 * KiB], device="cpu", repeats=2, rounds=1)[("h2h", "pageable")]
+    host = copies.sweep(chapter_time_copy(), [4 * KiB, 64 * KiB], device="cpu", repeats=2, rounds=1)[
+        ("h2h", "pageable")
+    ]
     panel = widgets.Panel.for_chapter(ch02, device="cpu", copy_fn=chapter_time_copy(), gpu=gpu, host=host)
     assert set(panel.controls) == {"size_mib", "direction", "memory", "dtype"}
     for size in (0.25, 1):
@@ -448,7 +451,7 @@ def test_measure_sweeps_on_cuda_times_h2d_with_time_copy_and_d2h_with_the_helper
 def test_transfer_sweep_on_cuda_copies_both_directions():  # pragma: no cover - GPU only
     for direction in ("h2d", "d2h"):
         for memory in ("pageable", "pinned"):
-            sw = T.transfer_sweep(direction, memory, [4 * KiB, 1 * MiB], device="cuda", repeats=4)
+            sw = copies.transfer_sweep(direction, memory, [4 * KiB, 1 * MiB], device="cuda", repeats=4)
             assert (sw.direction, sw.memory) == (direction, memory) and [p.n for p in sw.points] == [4, 4]
             assert all(p.median_s > 0 for p in sw.points)
 
@@ -470,7 +473,7 @@ def test_panel_and_benchmark_on_cuda():  # pragma: no cover - GPU only
     ):
         assert rs.find(key), key
     assert len(rs.find("ch02.copy_time")) == 8
-    rows = T.pin_costs_from_records(rs, rs.find("ch02.pin"))
+    rows = pin_costs.pin_costs_from_records(rs, rs.find("ch02.pin"))
     assert rows and rows[0].nbytes == 64 * KiB
-    assert T.host_blocking_from_records(rs, rs.find("ch02.host_held")) is not None
-    assert T.wire_from_records(rs, rs.find("ch02.wire_time")).byte_ratio == 4
+    assert pin_costs.host_blocking_from_records(rs, rs.find("ch02.host_held")) is not None
+    assert copies.wire_from_records(rs, rs.find("ch02.wire_time")).byte_ratio == 4

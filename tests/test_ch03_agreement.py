@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from helpers.chapters import ch03
+from helpers.chapters.ch03 import pinning
 from helpers.pipeline import loaders as L
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "03_dataloader_pinning.ipynb"
 
 
-def _row(pin_memory: bool, rounds: list[float], *, pin_active: bool = False) -> L.PinRow:
+def _row(pin_memory: bool, rounds: list[float], *, pin_active: bool = False) -> pinning.PinRow:
     result = L.Throughput(
         label=f"pin_memory={pin_memory}",
         config={},
@@ -29,7 +30,7 @@ def _row(pin_memory: bool, rounds: list[float], *, pin_active: bool = False) -> 
         warmup_batches=0,
         epochs_started=1,
     )
-    return L.PinRow(0, pin_memory, result, pin_active and pin_memory, None, None, rounds)
+    return pinning.PinRow(0, pin_memory, result, pin_active and pin_memory, None, None, rounds)
 
 
 def test_a_gap_within_the_rounds_spread_is_within_noise() -> None:

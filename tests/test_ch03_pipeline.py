@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from helpers.chapters import ch03
+from helpers.chapters.ch03 import pinning
 from helpers.core import evidence
 from helpers.core.results import ResultSet
 from helpers.pipeline import loaders as L
@@ -86,7 +87,7 @@ def test_pin_pair_rounds_builds_the_readers_loader_in_alternating_order() -> Non
         return make_loader(dataset, batch_size, pin_memory=pin_memory)
 
     seen: list[float] = []
-    rows = L.pin_pair_rounds(
+    rows = pinning.pin_pair_rounds(
         mine,
         L.CheapDataset(32, image_size=4),
         4,
@@ -101,7 +102,7 @@ def test_pin_pair_rounds_builds_the_readers_loader_in_alternating_order() -> Non
     assert all(len(r.round_items_per_s) == 3 for r in rows)
     assert not any(r.pin_active for r in rows) or torch.accelerator.is_available()
     assert seen[-1] == 1.0 and seen == sorted(seen)
-    verdict = L.pin_verdict(rows, 0)
+    verdict = pinning.pin_verdict(rows, 0)
     assert "3 alternating rounds" in verdict
     if not torch.accelerator.is_available():
         assert "noise" in verdict
@@ -119,9 +120,9 @@ def test_pin_pair_rounds_reports_pinned_batches(monkeypatch: pytest.MonkeyPatch)
         b.pinned = pin_memory
         return [b, b]
 
-    rows = L.pin_pair_rounds(fake, None, 2, batches=2, warmup=0, rounds=2)  # type: ignore[arg-type]
+    rows = pinning.pin_pair_rounds(fake, None, 2, batches=2, warmup=0, rounds=2)  # type: ignore[arg-type]
     assert [r.pin_active for r in rows] == [False, True]
-    assert "rounds" in L.pin_verdict(rows, 0)
+    assert "rounds" in pinning.pin_verdict(rows, 0)
 
 
 def test_pin_pair_rounds_refuses_a_make_loader_without_the_keyword() -> None:
@@ -129,11 +130,11 @@ def test_pin_pair_rounds_refuses_a_make_loader_without_the_keyword() -> None:
         return make_loader(dataset, batch_size)
 
     with pytest.raises(ValueError, match="pin_memory"):
-        L.pin_pair_rounds(old, L.CheapDataset(8, image_size=2), 2, batches=1, rounds=1)
+        pinning.pin_pair_rounds(old, L.CheapDataset(8, image_size=2), 2, batches=1, rounds=1)
     with pytest.raises(ValueError, match="make_loader"):
-        L.pin_pair_rounds(None, L.CheapDataset(8, image_size=2), 2)  # type: ignore[arg-type]
+        pinning.pin_pair_rounds(None, L.CheapDataset(8, image_size=2), 2)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="rounds"):
-        L.pin_pair_rounds(make_loader, L.CheapDataset(8, image_size=2), 2, rounds=0)
+        pinning.pin_pair_rounds(make_loader, L.CheapDataset(8, image_size=2), 2, rounds=0)
 
 
 def test_is_pinned_reads_every_tensor() -> None:
@@ -144,7 +145,7 @@ def test_is_pinned_reads_every_tensor() -> None:
 
 def test_pin_step_seconds_times_the_loaders_pin_step(monkeypatch: pytest.MonkeyPatch) -> None:
     if not torch.cuda.is_available():
-        assert L.pin_step_seconds((torch.zeros(4), torch.zeros(4))) is None
+        assert pinning.pin_step_seconds((torch.zeros(4), torch.zeros(4))) is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     calls: list[int] = []
 
@@ -153,11 +154,11 @@ def test_pin_step_seconds_times_the_loaders_pin_step(monkeypatch: pytest.MonkeyP
         return self.clone()
 
     monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
-    s = L.pin_step_seconds((torch.zeros(4), torch.zeros(4)), repeats=3)
+    s = pinning.pin_step_seconds((torch.zeros(4), torch.zeros(4)), repeats=3)
     assert s is not None and s >= 0
     assert len(calls) == 2 * (1 + 3)  # both tensors, one untimed call first
     with pytest.raises(ValueError, match="repeats"):
-        L.pin_step_seconds(torch.zeros(1), repeats=0)
+        pinning.pin_step_seconds(torch.zeros(1), repeats=0)
 
 
 def test_chapter_panel_runs_the_readers_functions() -> None:
@@ -202,7 +203,7 @@ def test_chapter_panel_runs_the_readers_functions() -> None:
 
 
 def test_pin_rows_measured_and_recorded() -> None:
-    def row(pin: bool, wait_ms: float) -> L.PinRow:
+    def row(pin: bool, wait_ms: float) -> pinning.PinRow:
         res = L.Throughput(
             "t",
             {},
@@ -214,7 +215,7 @@ def test_pin_rows_measured_and_recorded() -> None:
             epochs_started=1,
             wait_s=[wait_ms / 1e3],
         )
-        return L.PinRow(0, pin, res, pin, None, None, [8.0])
+        return pinning.PinRow(0, pin, res, pin, None, None, [8.0])
 
     rows = ch03.pin_step_rows(0.002, [row(False, 1.0), row(True, 1.5)])
     assert [ms for _, ms in rows] == pytest.approx([2.0, 0.5])
@@ -266,10 +267,10 @@ def test_pinned_batches_and_non_blocking_copies_on_cuda() -> None:  # pragma: no
     def copy(x: torch.Tensor, y: torch.Tensor) -> Any:
         return x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
 
-    rows = L.pin_pair_rounds(mine, L.CheapDataset(64, 8), 8, to_device=copy, batches=4, warmup=1, rounds=2)
+    rows = pinning.pin_pair_rounds(mine, L.CheapDataset(64, 8), 8, to_device=copy, batches=4, warmup=1, rounds=2)
     assert [r.pin_active for r in rows] == [False, True]
     assert all(r.result.extra["on_cuda"] for r in rows)
-    assert L.pin_step_seconds(next(iter(mine(L.CheapDataset(16, 8), 8, pin_memory=False)))) > 0
+    assert pinning.pin_step_seconds(next(iter(mine(L.CheapDataset(16, 8), 8, pin_memory=False)))) > 0
 
 
 def test_measure_throughput_sets_and_restores_intraop_threads() -> None:

@@ -17,6 +17,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from helpers.chapters import ch04
+from helpers.chapters.ch04 import speedup, sweeps
 from helpers.core.results import ResultSet
 from helpers.pipeline import loaders as L
 
@@ -27,43 +28,43 @@ TRUST = (
 )
 
 
-def _sweep(rates: dict[int, float]) -> L.WorkerSweep:
+def _sweep(rates: dict[int, float]) -> sweeps.WorkerSweep:
     results: list[Any] = [SimpleNamespace(items_per_s=r) for r in rates.values()]
-    return L.WorkerSweep(workers=list(rates), results=results, cores=2)
+    return sweeps.WorkerSweep(workers=list(rates), results=results, cores=2)
 
 
-def _rounds(single: list[float], workers: list[float], n: int = 2, ceiling: float = 0.0) -> L.SpeedupRounds:
+def _rounds(single: list[float], workers: list[float], n: int = 2, ceiling: float = 0.0) -> sweeps.SpeedupRounds:
     ceil = [ceiling] * len(single) if ceiling else []
-    return L.SpeedupRounds(
+    return sweeps.SpeedupRounds(
         num_workers=n, batch_size=8, single=single, workers=workers, ceiling=ceil, cores=2, seconds=1.0
     )
 
 
 def test_within_spread_is_the_range_of_the_repeated_measurements() -> None:
-    assert L.within_spread(1.5, [1.3, 1.44, 1.6])
-    assert L.within_spread(1.3, [1.3, 1.6]) and L.within_spread(1.6, [1.6, 1.3])  # edges count
-    assert not L.within_spread(0.96, [1.3, 1.44, 1.6])
-    assert not L.within_spread(1.7, [1.3, 1.6])
+    assert speedup.within_spread(1.5, [1.3, 1.44, 1.6])
+    assert speedup.within_spread(1.3, [1.3, 1.6]) and speedup.within_spread(1.6, [1.6, 1.3])  # edges count
+    assert not speedup.within_spread(0.96, [1.3, 1.44, 1.6])
+    assert not speedup.within_spread(1.7, [1.3, 1.6])
     for bad in ([], [float("nan")]):
         with pytest.raises(ValueError, match="finite"):
-            L.within_spread(1.0, bad)
+            speedup.within_spread(1.0, bad)
 
 
 def test_agreement_line_agrees_or_says_to_trust_the_rounds() -> None:
-    agree = L.agreement_line(2, 1.5, [1.3, 1.44, 1.6])
+    agree = speedup.agreement_line(2, 1.5, [1.3, 1.44, 1.6])
     assert agree.endswith("agree within their spread") and "num_workers=2" in agree
     assert "no spread of its own" in agree and "1.50x" in agree and "1.30-1.60x" in agree
-    disagree = L.agreement_line(2, 0.96, [1.3, 1.44, 1.6])
+    disagree = speedup.agreement_line(2, 0.96, [1.3, 1.44, 1.6])
     assert disagree.endswith(f"disagree: {TRUST}") and "0.96x" in disagree and "1.44x" in disagree
-    assert L.TRUST_ROUNDS == TRUST
+    assert speedup.TRUST_ROUNDS == TRUST
 
 
 def test_difference_line_within_the_noise_or_a_real_difference() -> None:
-    noise = L.difference_line("prefetch_factor", 4, 2, [0.8, 0.95, 1.1], 3)
+    noise = speedup.difference_line("prefetch_factor", 4, 2, [0.8, 0.95, 1.1], 3)
     assert "prefetch_factor=4 vs 2" in noise and "within the noise" in noise and "real" not in noise
-    real = L.difference_line("prefetch_factor", 1, 2, [0.5, 0.6, 0.55, 0.7, 0.52], 5)
+    real = speedup.difference_line("prefetch_factor", 1, 2, [0.5, 0.6, 0.55, 0.7, 0.52], 5)
     assert "a real difference (slower in all 5 rounds" in real and "1 time in 16" in real
-    faster = L.difference_line("prefetch_factor", 4, 2, [1.1, 1.2, 1.3], 3)
+    faster = speedup.difference_line("prefetch_factor", 4, 2, [1.1, 1.2, 1.3], 3)
     assert "faster in all 3 rounds" in faster and "1 time in 4" in faster
 
 
@@ -72,11 +73,11 @@ def test_sweep_vs_rounds_gives_one_verdict_per_shared_worker_count() -> None:
     r2 = _rounds([100.0, 100.0, 100.0], [130.0, 144.0, 160.0])  # the rounds: x1.30-x1.60
     r3 = _rounds([100.0, 100.0], [140.0, 170.0], n=3)  # x1.50 lies within x1.40-x1.70
     r5 = _rounds([100.0], [200.0], n=5)  # not in the sweep: no verdict
-    lines = L.sweep_vs_rounds(sweep, [r2, r3, r5])
+    lines = speedup.sweep_vs_rounds(sweep, [r2, r3, r5])
     assert len(lines) == 2
     assert lines[0].startswith("num_workers=2:") and lines[0].endswith(f"disagree: {TRUST}")
     assert lines[1].startswith("num_workers=3:") and lines[1].endswith("agree within their spread")
-    assert L.sweep_vs_rounds(sweep, r2) == lines[:1]
+    assert speedup.sweep_vs_rounds(sweep, r2) == lines[:1]
 
 
 def _bench_results(sweep2: float, lo: float, hi: float) -> ResultSet:
@@ -107,9 +108,9 @@ def test_the_chapter_gives_a_verdict_for_every_pair_it_recorded() -> None:
 
 def test_the_benchmark_flags_a_speedup_the_sweep_contradicts(monkeypatch: pytest.MonkeyPatch) -> None:
     sweep = _sweep({0: 100.0, 1: 95.0, 2: 96.0, 3: 120.0})
-    monkeypatch.setattr(L, "sweep_workers", lambda *a, **k: sweep)
+    monkeypatch.setattr(sweeps, "sweep_workers", lambda *a, **k: sweep)
     monkeypatch.setattr(
-        L, "interleaved_speedup", lambda *a, **k: _rounds([100.0] * 3, [130.0, 144.0, 160.0], ceiling=190.0)
+        speedup, "interleaved_speedup", lambda *a, **k: _rounds([100.0] * 3, [130.0, 144.0, 160.0], ceiling=190.0)
     )
     rs = ResultSet.new("t", "synthetic")
     ch04._sweep_and_speedup(rs, L.CheapDataset(8, 4), L.CheapDataset(8, 4), 4, 2, 0)
@@ -121,7 +122,7 @@ def test_the_benchmark_flags_a_speedup_the_sweep_contradicts(monkeypatch: pytest
 
 def test_knob_rounds_measures_every_value_each_round_and_releases_its_workers() -> None:
     ds = L.CheapDataset(64, 4)
-    kr = L.knob_rounds(
+    kr = speedup.knob_rounds(
         lambda f: DataLoader(ds, batch_size=8, num_workers=1, persistent_workers=True, prefetch_factor=f),
         "prefetch_factor",
         [1, 2],
@@ -135,9 +136,9 @@ def test_knob_rounds_measures_every_value_each_round_and_releases_its_workers() 
     assert line.startswith("prefetch_factor=1 vs 2") and ("within the noise" in line or "a real difference" in line)
     assert len(kr.table()) == 3 and not L.worker_processes()
     with pytest.raises(ValueError, match="refus|asked for|pass the value"):
-        L.knob_rounds(lambda f: DataLoader(ds, batch_size=8), "prefetch_factor", [1, 2], rounds=1, batches=1)
+        speedup.knob_rounds(lambda f: DataLoader(ds, batch_size=8), "prefetch_factor", [1, 2], rounds=1, batches=1)
     with pytest.raises(ValueError, match="two settings"):
-        L.knob_rounds(lambda f: DataLoader(ds, batch_size=8), "prefetch_factor", [1])
+        speedup.knob_rounds(lambda f: DataLoader(ds, batch_size=8), "prefetch_factor", [1])
 
 
 def _cells() -> list[dict[str, Any]]:
@@ -148,8 +149,8 @@ def test_the_notebook_prints_the_verdicts_and_its_text_matches_them() -> None:
     cells = _cells()
     code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
     text = " ".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown").replace("\n", " ")
-    assert "loaders.sweep_vs_rounds(sweep, ROUNDS)" in code  # section 1b: the sweep's point against the rounds
-    assert "loaders.knob_rounds(" in code and "pf.verdicts()" in code  # section 2: rounds, with verdicts
+    assert "speedup.sweep_vs_rounds(sweep, ROUNDS)" in code  # section 1b: the sweep's point against the rounds
+    assert "speedup.knob_rounds(" in code and "pf.verdicts()" in code  # section 2: rounds, with verdicts
     assert "knob_experiment(" not in code  # no single-measurement rows left without a verdict
     for phrase in ("agree within their spread", "trust the alternating rounds", "within the noise",
                    "a real difference", "each round compares the two settings under the same load",

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from helpers.chapters import ch04
+from helpers.chapters.ch04 import speedup, sweeps
 from helpers.core import evidence
 from helpers.pipeline import data
 from helpers.pipeline import loaders as L
@@ -102,7 +103,7 @@ def test_the_chapters_make_loader_sets_every_knob_it_teaches() -> None:
 
 def test_the_chapters_make_loader_runs_in_the_helpers() -> None:
     mk = _notebook_make_loader(workers=1, prefetch=2)
-    sw = L.sweep_workers(lambda w: mk(L.CheapDataset(64, 4), 8, workers=w), [0, 1], batches=3, warmup=1)
+    sw = sweeps.sweep_workers(lambda w: mk(L.CheapDataset(64, 4), 8, workers=w), [0, 1], batches=3, warmup=1)
     assert [r.config["num_workers"] for r in sw.results] == [0, 1]
 
 
@@ -146,9 +147,9 @@ def test_guard_checks_dev_shm_before_any_worker_starts(monkeypatch: pytest.Monke
     with pytest.raises(ValueError, match="--shm-size"):
         L.guard(make_loader(ds, 256, workers=2))
     with pytest.raises(ValueError, match="/dev/shm"):
-        L.sweep_workers(lambda w: make_loader(ds, 256, workers=w), [0, 2], batches=1, warmup=0)
+        sweeps.sweep_workers(lambda w: make_loader(ds, 256, workers=w), [0, 2], batches=1, warmup=0)
     with pytest.raises(ValueError, match="/dev/shm"):
-        L.interleaved_speedup(lambda w: make_loader(ds, 256, workers=w), 2, rounds=1, batches=1, warmup=0)
+        speedup.interleaved_speedup(lambda w: make_loader(ds, 256, workers=w), 2, rounds=1, batches=1, warmup=0)
     L.guard(make_loader(ds, 256, workers=0))  # no workers: nothing goes through /dev/shm
     assert L.guard(make_loader(ds, 256, workers=2), check_shm=False).num_workers == 2
 
@@ -185,7 +186,9 @@ def test_interrupt_while_a_readers_loader_starts_workers_stops_them(monkeypatch:
     monkeypatch.setattr(_MultiProcessingDataLoaderIter, "_reset", interrupted_reset)
     with pytest.raises(KeyboardInterrupt):
         L.measure_throughput(
-            L.build_from_factory(lambda w: make_loader(L.CheapDataset(64, 4), 4, workers=w), 3), batches=4, warmup=1
+            sweeps.build_from_factory(lambda w: make_loader(L.CheapDataset(64, 4), 4, workers=w), 3),
+            batches=4,
+            warmup=1,
         )
     assert not _settle(5.0)
 
@@ -200,7 +203,7 @@ def test_interrupt_during_a_measurement_releases_the_readers_workers() -> None:
 
     with pytest.raises(KeyboardInterrupt):
         L.measure_throughput(
-            L.build_from_factory(lambda w: make_loader(L.CheapDataset(64, 4), 4, workers=w), 2),
+            sweeps.build_from_factory(lambda w: make_loader(L.CheapDataset(64, 4), 4, workers=w), 2),
             batches=10,
             warmup=1,
             on_batch=on_batch,
@@ -235,7 +238,7 @@ def test_a_frozen_worker_of_a_readers_loader_ends_with_a_plain_message() -> None
 
 def test_sweep_times_the_factorys_loaders_and_refuses_one_that_ignores_the_count() -> None:
     steps: list[str] = []
-    sw = L.sweep_workers(
+    sw = sweeps.sweep_workers(
         lambda w: make_loader(L.CheapDataset(64, 4), 8, workers=w),
         [0, 1, 2],
         batches=3,
@@ -247,14 +250,14 @@ def test_sweep_times_the_factorys_loaders_and_refuses_one_that_ignores_the_count
     assert [r.config["persistent_workers"] for r in sw.results] == [False, True, True]
     assert all(r.items == 3 * 8 for r in sw.results) and steps[-1] == "done"
     with pytest.raises(ValueError, match="asked for"):
-        L.sweep_workers(lambda w: make_loader(L.CheapDataset(64, 4), 8), [0, 1], batches=1, warmup=0)
+        sweeps.sweep_workers(lambda w: make_loader(L.CheapDataset(64, 4), 8), [0, 1], batches=1, warmup=0)
     with pytest.raises(ValueError, match="DataLoader"):
-        L.sweep_workers(lambda w: L.CheapDataset(64, 4), [0], batches=1, warmup=0)
+        sweeps.sweep_workers(lambda w: L.CheapDataset(64, 4), [0], batches=1, warmup=0)
 
 
 def test_sweep_keeps_the_dataloaders_warning_with_the_result(capfd: pytest.CaptureFixture[str]) -> None:
     many = L.cpu_cores() + 1
-    sw = L.sweep_workers(lambda w: make_loader(L.CheapDataset(64, 4), 4, workers=w), [many], batches=2, warmup=1)
+    sw = sweeps.sweep_workers(lambda w: make_loader(L.CheapDataset(64, 4), 4, workers=w), [many], batches=2, warmup=1)
     assert any("suggested max" in w for w in sw.results[0].warnings)
     assert "UserWarning" not in capfd.readouterr().err
 
@@ -262,16 +265,16 @@ def test_sweep_keeps_the_dataloaders_warning_with_the_result(capfd: pytest.Captu
 def test_interleaved_rounds_with_the_readers_loaders() -> None:
     threads = torch.get_num_threads()
     ds = L.SpinDataset(L.CheapDataset(64, 4), extra_ms=0.5)
-    sr = L.interleaved_speedup(lambda w: make_loader(ds, 8, workers=w), 2, rounds=2, batches=3, warmup=1)
+    sr = speedup.interleaved_speedup(lambda w: make_loader(ds, 8, workers=w), 2, rounds=2, batches=3, warmup=1)
     assert len(sr.single) == len(sr.workers) == len(sr.ceiling) == 2
     assert sr.batch_size == 8 and all(x > 0 for x in sr.single + sr.workers + sr.ceiling)
     assert torch.get_num_threads() == threads
     with pytest.raises(ValueError, match="asked for"):
-        L.interleaved_speedup(lambda w: make_loader(ds, 8, workers=1), 2, rounds=1, batches=1, warmup=0)
+        speedup.interleaved_speedup(lambda w: make_loader(ds, 8, workers=1), 2, rounds=1, batches=1, warmup=0)
 
 
 def test_knob_experiment_with_a_factory_changes_only_that_knob() -> None:
-    kr = L.knob_experiment(
+    kr = sweeps.knob_experiment(
         lambda f: make_loader(L.CheapDataset(64, 4), 8, workers=1, prefetch_factor=f),
         "prefetch_factor",
         [1, 3],
@@ -283,40 +286,42 @@ def test_knob_experiment_with_a_factory_changes_only_that_knob() -> None:
     head = kr.table()[0]
     assert "prefetch=" not in head and "workers=1" in head and "changing prefetch_factor" in head
     with pytest.raises(ValueError, match="asked for"):
-        L.knob_experiment(
+        sweeps.knob_experiment(
             lambda f: make_loader(L.CheapDataset(64, 4), 8, workers=1), "prefetch_factor", [1, 3], batches=1, warmup=0
         )
     with pytest.raises(ValueError, match="base"):
-        L.knob_experiment(L.CheapDataset(8, 4), "prefetch_factor", [1])
+        sweeps.knob_experiment(L.CheapDataset(8, 4), "prefetch_factor", [1])
 
 
 def test_persistent_experiment_with_a_factory() -> None:
-    pr = L.persistent_experiment(lambda p: make_loader(L.CheapDataset(32, 4), 8, workers=1, persistent=p), epochs=2)
+    pr = sweeps.persistent_experiment(
+        lambda p: make_loader(L.CheapDataset(32, 4), 8, workers=1, persistent=p), epochs=2
+    )
     assert pr.num_workers == 1 and len(pr.epoch_s[True]) == len(pr.first_batch_s[False]) == 2
     with pytest.raises(ValueError, match="workers"):
-        L.persistent_experiment(lambda p: make_loader(L.CheapDataset(32, 4), 8, workers=0, persistent=p), epochs=1)
+        sweeps.persistent_experiment(lambda p: make_loader(L.CheapDataset(32, 4), 8, workers=0, persistent=p), epochs=1)
 
 
 def test_sampler_batches_is_the_next_epoch_and_leaves_it_unchanged() -> None:
     ds = L.UnevenDataset(24, fast_ms=0.0, slow_ms=0.0)
     for workers in (0, 2):
         loader = L.guard(make_loader(ds, 4, workers=workers, persistent=False))
-        first = L.sampler_batches(loader)
-        assert L.sampler_batches(loader) == first  # replaying does not advance the generator
+        first = sweeps.sampler_batches(loader)
+        assert sweeps.sampler_batches(loader) == first  # replaying does not advance the generator
         with L.open_iterator(loader) as it:
             got = [b[1].tolist() for b in it]
         assert got == first and sorted(i for b in got for i in b) == list(range(24))
-        assert L.sampler_batches(loader) != first  # the next epoch is shuffled anew
+        assert sweeps.sampler_batches(loader) != first  # the next epoch is shuffled anew
 
 
 def test_in_order_experiment_with_the_readers_shuffled_loader() -> None:
     ds = L.UnevenDataset(24, fast_ms=0.5, slow_ms=30, slow_every=9)
-    io = L.in_order_experiment(lambda flag: make_loader(ds, 2, workers=2, in_order=flag))
+    io = sweeps.in_order_experiment(lambda flag: make_loader(ds, 2, workers=2, in_order=flag))
     assert io.out_of_order[True] == 0.0  # in sampler order, shuffled or not
     assert set(io.results) == {True, False}
     assert io.results[False].config["in_order"] is False and io.results[True].batches == 24 // 2 - 1
     with pytest.raises(ValueError, match="indices"):
-        L.in_order_experiment(lambda flag: make_loader(L.CheapDataset(24, 4), 2, workers=1, in_order=flag))
+        sweeps.in_order_experiment(lambda flag: make_loader(L.CheapDataset(24, 4), 2, workers=1, in_order=flag))
 
 
 # -- the live panel times the reader's make_loader ---------------------------------------

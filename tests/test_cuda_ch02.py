@@ -14,7 +14,7 @@ import torch
 from cuda_standin import fake_cuda
 from test_ch02_pipeline import _namespace, _time_copy_cell
 
-from helpers.pipeline import transfer as T
+from helpers.chapters.ch02 import pin_costs
 from helpers.ui import codecells
 
 CUDA1 = torch.device("cuda", 1)
@@ -115,8 +115,8 @@ def test_on_a_cpu_device_to_device_copies_nothing_even_with_cuda_present() -> No
 def test_sleep_calibration_and_probe_events_run_on_the_probed_device() -> None:
     """transfer's GPU work and its events go to the device it measures, not to the current one."""
     with fake_cuda(devices=2, current=0) as cuda:
-        T._sleep_cycles_per_s(CUDA1)
-        T._queue_gpu_work_fn(0.01, CUDA1)()
+        pin_costs._sleep_cycles_per_s(CUDA1)
+        pin_costs._queue_gpu_work_fn(0.01, CUDA1)()
     assert cuda.ops("kernel") and all(op.stream.index == 1 for op in cuda.ops("kernel"))
     assert cuda.ops("record") and all(op.stream.index == 1 for op in cuda.ops("record"))
     assert all(op["device"] == 1 for op in cuda.host_syncs() if "device" in op.detail)
@@ -153,7 +153,7 @@ def test_measure_sweeps_times_both_directions_on_the_chosen_device() -> None:
 
 def test_host_blocking_probe_queues_each_copy_behind_the_gpu_work_on_its_device() -> None:
     with fake_cuda(devices=2, current=0) as cuda:
-        held = T.host_blocking_probe(device=CUDA1, gpu_work_s=0.01, nbytes=1 << 20, repeats=1)
+        held = pin_costs.host_blocking_probe(device=CUDA1, gpu_work_s=0.01, nbytes=1 << 20, repeats=1)
     assert set(held.held_s) == {"pageable", "pageable, non_blocking=True", "pinned, non_blocking=True"}
     assert _by_device(cuda) == {1}
     log = cuda.log

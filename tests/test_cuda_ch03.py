@@ -19,6 +19,7 @@ import torch
 from cuda_standin import fake_cuda
 from torch.utils.data import DataLoader, TensorDataset
 
+from helpers.chapters.ch03 import pinning
 from helpers.pipeline import loaders
 from helpers.ui import codecells
 
@@ -77,9 +78,9 @@ def test_the_pin_thread_pins_on_the_current_device_and_is_released() -> None:
             loader = loaders.build_loader(_dataset(16), batch_size=4, num_workers=2, pin_memory=True)
             with loaders.open_iterator(loader) as it:
                 batches = [next(it)]
-                assert loaders.pin_thread_alive()  # running while the iterator is open
+                assert pinning.pin_thread_alive()  # running while the iterator is open
                 batches += list(it)
-            assert not loaders.pin_thread_alive() and not loaders.worker_processes()
+            assert not pinning.pin_thread_alive() and not loaders.worker_processes()
     finally:
         torch.set_num_threads(threads)
     assert len(batches) == 4 and all(x.shape == (4, 3, 8, 8) and y.dtype == torch.int64 for x, y in batches)

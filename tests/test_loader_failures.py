@@ -21,6 +21,8 @@ import psutil
 import pytest
 import torch
 
+from helpers.chapters.ch03 import pinning
+from helpers.chapters.ch04 import pitfalls, speedup, sweeps
 from helpers.pipeline import loaders as L
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,17 +57,17 @@ def _pin_memory_loop(stop: threading.Event, seen: list[str]) -> None:
 def test_pin_thread_is_found_by_its_target_not_its_name() -> None:
     stop, seen = threading.Event(), []
     t = threading.Thread(target=_pin_memory_loop, args=(stop, seen))  # no name=, as in torch's dataloader.py
-    assert not L.pin_thread_alive()
+    assert not pinning.pin_thread_alive()
     t.start()
     try:
         assert t.name.startswith("Thread-") and t.name != "pt_data_pin"
-        assert L.pin_thread_alive() and L.pin_threads() == [t]
+        assert pinning.pin_thread_alive() and pinning.pin_threads() == [t]
         assert L.thread_label(t) == "pt_data_pin"
     finally:
         stop.set()
         t.join()
     assert seen == ["pt_data_pin"]
-    assert not L.pin_thread_alive()
+    assert not pinning.pin_thread_alive()
     assert L.thread_label(threading.main_thread()) == "MainThread"
 
 
@@ -286,7 +288,7 @@ def test_shm_is_checked_where_every_worker_loader_is_built(monkeypatch: pytest.M
     with pytest.raises(ValueError, match="/dev/shm"):
         L.timed_loader(ds, 256, num_workers=2)
     with pytest.raises(ValueError, match="/dev/shm"):
-        L.interleaved_speedup(ds, 2, rounds=1, batches=1, batch_size=256, warmup=0)
+        speedup.interleaved_speedup(ds, 2, rounds=1, batches=1, batch_size=256, warmup=0)
     L.build_loader(ds, batch_size=256)  # no workers: nothing goes through /dev/shm
     assert not _settle(2.0)
 
@@ -295,6 +297,7 @@ def test_shm_is_checked_where_every_worker_loader_is_built(monkeypatch: pytest.M
 
 _POOL_CHILD = r"""
 import signal, sys, time
+from helpers.chapters.ch04 import speedup
 from helpers.pipeline import loaders as L
 
 def handler(signum, frame):       # what the bench installs in the parent
@@ -303,10 +306,10 @@ def handler(signum, frame):       # what the bench installs in the parent
 signal.signal(signal.SIGTERM, handler)
 ds = L.CheapDataset(256, image_size=8, output="uint8", bank=8)
 for i in range(int(sys.argv[1])):
-    L.parallel_ceiling(ds, 2, 0.05, batch_size=8)
+    speedup.parallel_ceiling(ds, 2, 0.05, batch_size=8)
     print("ceiling", i, flush=True)
 for i in range(int(sys.argv[2])):
-    L.interleaved_speedup(ds, 2, rounds=2, batches=2, batch_size=8, warmup=1)
+    speedup.interleaved_speedup(ds, 2, rounds=2, batches=2, batch_size=8, warmup=1)
     print("speedup", i, flush=True)
 print("done", flush=True)
 """
@@ -329,11 +332,11 @@ def test_pools_and_loaders_never_hang_with_a_parents_sigterm_handler() -> None:
 def test_pool_processes_reset_the_parents_handlers() -> None:
     old = signal.signal(signal.SIGTERM, lambda *a: None)
     try:
-        pool = L.start_pool(1)
+        pool = speedup.start_pool(1)
         try:
             got = pool.apply(_handlers)
         finally:
-            L.close_pool(pool)
+            speedup.close_pool(pool)
     finally:
         signal.signal(signal.SIGTERM, old)
     assert got == (int(signal.SIG_DFL), int(signal.SIG_IGN), [])
@@ -369,11 +372,11 @@ class _HandlerDataset(torch.utils.data.Dataset):
 
 
 def test_close_pool_is_bounded_when_terminate_hangs() -> None:
-    pool = L.start_pool(1)
+    pool = speedup.start_pool(1)
     procs = list(pool._pool)
     pool.terminate = lambda: time.sleep(60)  # type: ignore[method-assign]
     t0 = time.monotonic()
-    L.close_pool(pool, grace_s=0.5)
+    speedup.close_pool(pool, grace_s=0.5)
     assert time.monotonic() - t0 < 10
     assert not any(p.is_alive() for p in procs)
     pool._terminate.cancel()  # its real terminate never ran here; don't run it at exit
@@ -387,10 +390,10 @@ def test_close_pool_leaves_no_worker_when_workers_die_while_it_closes() -> None:
     me = psutil.Process()
     before = {c.pid for c in me.children(recursive=True)}
     for _ in range(6):
-        pool = L.start_pool(2)
+        pool = speedup.start_pool(2)
         os.kill(pool._pool[0].pid, signal.SIGKILL)  # the pool's handler starts a replacement
         time.sleep(0.05)
-        L.close_pool(pool, grace_s=1.0)
+        speedup.close_pool(pool, grace_s=1.0)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         left = [
@@ -419,7 +422,7 @@ def test_empty_loader_is_a_clear_error_not_stopiteration() -> None:
 @pytest.mark.parametrize("workers", [[0, 2.7], [0, "2"], [True], 3])
 def test_sweep_workers_refuses_non_integers(workers: Any) -> None:
     with pytest.raises(ValueError, match="workers"):
-        L.sweep_workers(L.CheapDataset(8, 4), workers, batch_size=4, batches=1, warmup=0)
+        sweeps.sweep_workers(L.CheapDataset(8, 4), workers, batch_size=4, batches=1, warmup=0)
 
 
 def test_chapter_04_panel_refuses_non_bool_persistent() -> None:
@@ -449,12 +452,12 @@ def test_timed_loader_refuses_a_collate_fn_that_is_not_callable(bad: Any) -> Non
 
 
 def test_experiments_without_workers_do_not_complain_about_knobs_never_passed() -> None:
-    io = L.in_order_experiment(L.UnevenDataset(12, fast_ms=0.0, slow_ms=0.0), num_workers=0, batch_size=4)
+    io = sweeps.in_order_experiment(L.UnevenDataset(12, fast_ms=0.0, slow_ms=0.0), num_workers=0, batch_size=4)
     assert set(io.results) == {True, False}
-    draws = L.rng_draws(L.FixedRNGDataset(8), num_workers=0, batch_size=4)
+    draws = pitfalls.rng_draws(L.FixedRNGDataset(8), num_workers=0, batch_size=4)
     assert list(draws) == [-1] and len(draws[-1]) == 8
     with pytest.raises(ValueError, match="prefetch_factor"):  # passed explicitly: the complaint is right
-        L.in_order_experiment(L.UnevenDataset(12, 0.0, 0.0), num_workers=0, prefetch_factor=2)
+        sweeps.in_order_experiment(L.UnevenDataset(12, 0.0, 0.0), num_workers=0, prefetch_factor=2)
 
 
 # -- the bench's figures (issue 15, "figures") ------------------------------------------------
@@ -475,23 +478,23 @@ class _ThreadsSeen(torch.utils.data.Dataset):
 def test_sweep_sets_the_main_thread_count_where_it_measures() -> None:
     ds = _ThreadsSeen()
     before = torch.get_num_threads()
-    L.sweep_workers(ds, [0], batch_size=4, batches=2, warmup=0)
+    sweeps.sweep_workers(ds, [0], batch_size=4, batches=2, warmup=0)
     assert ds.seen and set(ds.seen) == {1}
     assert torch.get_num_threads() == before
 
 
 def test_getitems_experiment_takes_the_readers_data_set() -> None:
     ds = L.BatchedCheapDataset(64, image_size=4, output="uint8")
-    out = L.getitems_experiment(ds, workers=(0,), batch_size=8, batches=2, warmup=0)
+    out = sweeps.getitems_experiment(ds, workers=(0,), batch_size=8, batches=2, warmup=0)
     assert set(out) == {("per-item", 0), ("batched", 0)}
     assert out[("batched", 0)].config["dataset"] == "BatchedCheapDataset"
     assert all(r.items == 16 for r in out.values())
     with pytest.raises(ValueError, match="__getitems__"):
-        L.getitems_experiment(L.CheapDataset(8, 4), workers=(0,))
+        sweeps.getitems_experiment(L.CheapDataset(8, 4), workers=(0,))
 
 
 def _rounds(single: list[float], workers: list[float], ceiling: list[float]) -> Any:
-    return L.SpeedupRounds(
+    return sweeps.SpeedupRounds(
         num_workers=2, batch_size=8, single=single, workers=workers, ceiling=ceiling, cores=2, seconds=1.0
     )
 
@@ -516,12 +519,12 @@ def test_contradictory_best_num_workers_is_flagged() -> None:
             epochs_started=1,
         )
 
-    sweep = L.WorkerSweep(workers=[0, 1, 2], results=[res(1000), res(900), res(980)], cores=2)
+    sweep = sweeps.WorkerSweep(workers=[0, 1, 2], results=[res(1000), res(900), res(980)], cores=2)
     rounds = _rounds([100, 100, 100], [160, 150, 170], [])
     assert sweep.best_workers == 0
     assert any("contradiction" in n for n in sweep.notes(rounds))
     assert not sweep.notes(_rounds([100], [95], []))
-    over = L.WorkerSweep(workers=[0, 1], results=[res(500), res(660)], cores=2)
+    over = sweeps.WorkerSweep(workers=[0, 1], results=[res(500), res(660)], cores=2)
     assert any("over 100%" in n for n in over.notes())
 
 
@@ -532,7 +535,7 @@ def _pin_row(w: int, pin: bool, rates: list[float], active: bool) -> Any:
     res = L.Throughput(
         label="x", config={}, items=1, batches=1, seconds=1.0, startup_s=0.0, warmup_batches=0, epochs_started=1
     )
-    return L.PinRow(
+    return pinning.PinRow(
         num_workers=w,
         pin_memory=pin,
         result=res,
@@ -546,16 +549,18 @@ def _pin_row(w: int, pin: bool, rates: list[float], active: bool) -> Any:
 def test_pin_verdict_follows_the_rounds() -> None:
     rows = [_pin_row(0, False, [100, 100, 100], False), _pin_row(0, True, [180, 90, 110], False)]
     assert rows[1].items_per_s == 110  # the median of the rounds
-    assert "noise" in L.pin_verdict(rows, 0) and "0.90-1.80x" in L.pin_verdict(rows, 0)
+    assert "noise" in pinning.pin_verdict(rows, 0) and "0.90-1.80x" in pinning.pin_verdict(rows, 0)
     active = [_pin_row(2, False, [100, 100, 100], True), _pin_row(2, True, [120, 110, 130], True)]
-    assert "faster in every round" in L.pin_verdict(active, 2)
+    assert "faster in every round" in pinning.pin_verdict(active, 2)
     mixed = [_pin_row(2, False, [100, 100, 100], True), _pin_row(2, True, [120, 90, 130], True)]
-    assert "within noise" in L.pin_verdict(mixed, 2)
+    assert "within noise" in pinning.pin_verdict(mixed, 2)
     with pytest.raises(ValueError, match="num_workers=4"):
-        L.pin_verdict(rows, 4)
+        pinning.pin_verdict(rows, 4)
 
 
 def test_pin_experiment_alternates_rounds() -> None:
-    rows = L.pin_memory_experiment(L.CheapDataset(32, 4), workers=(0,), batch_size=4, batches=2, warmup=0, rounds=3)
+    rows = pinning.pin_memory_experiment(
+        L.CheapDataset(32, 4), workers=(0,), batch_size=4, batches=2, warmup=0, rounds=3
+    )
     assert [(r.num_workers, r.pin_memory) for r in rows] == [(0, False), (0, True)]
     assert all(len(r.round_items_per_s) == 3 for r in rows)

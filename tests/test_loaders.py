@@ -9,6 +9,8 @@ import psutil
 import pytest
 import torch
 
+from helpers.chapters.ch03 import pinning
+from helpers.chapters.ch04 import pitfalls, speedup, sweeps
 from helpers.pipeline import loaders as L
 
 
@@ -112,14 +114,14 @@ def test_too_many_workers_warning_is_captured_not_printed(capfd):
 def test_pin_memory_on_cpu_only_warns():
     if torch.accelerator.is_available():
         pytest.skip("this machine has an accelerator")
-    msg = L.pin_memory_warning()
+    msg = pinning.pin_memory_warning()
     assert msg is not None and "pin_memory" in msg
-    rows = L.pin_memory_experiment(L.CheapDataset(32, 4), workers=(0, 1), batch_size=4, batches=3, warmup=1)
+    rows = pinning.pin_memory_experiment(L.CheapDataset(32, 4), workers=(0, 1), batch_size=4, batches=3, warmup=1)
     assert [(r.num_workers, r.pin_memory) for r in rows] == [(0, False), (0, True), (1, False), (1, True)]
     assert not any(r.pin_active for r in rows)
     assert all(r.pin_ms_per_batch is None for r in rows)
     assert any("pin_memory" in w for w in rows[1].result.warnings)
-    assert not L.pin_thread_alive()
+    assert not pinning.pin_thread_alive()
 
 
 def test_pinnable_batch_is_what_the_loader_pin_step_calls(monkeypatch):
@@ -136,64 +138,64 @@ def test_pinnable_batch_is_what_the_loader_pin_step_calls(monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_pin_thread_pins_with_workers():  # pragma: no cover - GPU only
-    rows = L.pin_memory_experiment(L.CheapDataset(64, 8), workers=(0, 2), batch_size=8, batches=4, warmup=1)
+    rows = pinning.pin_memory_experiment(L.CheapDataset(64, 8), workers=(0, 2), batch_size=8, batches=4, warmup=1)
     by = {(r.num_workers, r.pin_memory): r for r in rows}
     assert by[(0, True)].pin_thread == "MainThread"
     assert by[(2, True)].pin_thread == "pt_data_pin"  # torch's Python name is "Thread-N (_pin_memory_loop)"
     loader = L.build_loader(L.CheapDataset(64, 8), batch_size=8, num_workers=2, pin_memory=True)
     with L.open_iterator(loader) as it:
         next(it)
-        assert L.pin_thread_alive()  # found by its target, _pin_memory_loop
-    assert not L.pin_thread_alive()
+        assert pinning.pin_thread_alive()  # found by its target, _pin_memory_loop
+    assert not pinning.pin_thread_alive()
 
 
 def test_batch_copy_seconds_positive():
-    assert L.batch_copy_seconds(1 << 16, repeats=3) > 0
+    assert pinning.batch_copy_seconds(1 << 16, repeats=3) > 0
     with pytest.raises(ValueError, match="nbytes"):
-        L.batch_copy_seconds(0)
+        pinning.batch_copy_seconds(0)
 
 
 # -- chapter 04 --------------------------------------------------------------------
 
 
 def test_sweep_and_derived_figures():
-    sw = L.sweep_workers(L.CheapDataset(64, 4), [0, 1], batch_size=8, batches=4, warmup=1)
+    sw = sweeps.sweep_workers(L.CheapDataset(64, 4), [0, 1], batch_size=8, batches=4, warmup=1)
     assert sw.workers == [0, 1] and len(sw.results) == 2
     assert sw.speedup(0) == pytest.approx(1.0)
     assert sw.best_workers in (0, 1)
     assert sw.rule_of_thumb() == max(1, L.cpu_cores() // 2)
     assert len(sw.table()) == 3
     with pytest.raises(ValueError, match="workers"):
-        L.sweep_workers(L.CheapDataset(8, 4), [1, 1])
+        sweeps.sweep_workers(L.CheapDataset(8, 4), [1, 1])
 
 
 def test_plot_sweep_draws_two_panels():
     import matplotlib
 
     matplotlib.use("Agg")
-    sw = L.sweep_workers(L.CheapDataset(64, 4), [0, 1], batch_size=8, batches=3, warmup=1)
-    ax1, ax2 = L.plot_sweep(sw)
+    sw = sweeps.sweep_workers(L.CheapDataset(64, 4), [0, 1], batch_size=8, batches=3, warmup=1)
+    ax1, ax2 = sweeps.plot_sweep(sw)
     assert ax1.get_ylabel().startswith("throughput") and "efficiency" in ax2.get_ylabel()
 
 
 def test_knob_experiment_changes_one_knob():
     base = L.LoaderConfig(batch_size=4, num_workers=1, persistent_workers=True)
-    kr = L.knob_experiment(L.CheapDataset(32, 4), "prefetch_factor", [1, 3], base=base, batches=3, warmup=1)
+    kr = sweeps.knob_experiment(L.CheapDataset(32, 4), "prefetch_factor", [1, 3], base=base, batches=3, warmup=1)
     assert [r.config["prefetch_factor"] for r in kr.results] == [1, 3]
     assert all(r.config["num_workers"] == 1 for r in kr.results)
     with pytest.raises(ValueError, match="knob"):
-        L.knob_experiment(L.CheapDataset(8, 4), "speed", [1], base=base)
+        sweeps.knob_experiment(L.CheapDataset(8, 4), "speed", [1], base=base)
 
 
 def test_persistent_experiment_shapes():
-    pr = L.persistent_experiment(L.CheapDataset(16, 4), num_workers=1, epochs=2, batch_size=8)
+    pr = sweeps.persistent_experiment(L.CheapDataset(16, 4), num_workers=1, epochs=2, batch_size=8)
     assert len(pr.epoch_s[True]) == 2 and len(pr.first_batch_s[False]) == 2
     assert isinstance(pr.restart_cost_s(), float)
 
 
 def test_in_order_false_may_reorder_uneven_items():
     ds = L.UnevenDataset(24, fast_ms=0.5, slow_ms=30, slow_every=9)
-    io = L.in_order_experiment(ds, num_workers=2, batch_size=2)
+    io = sweeps.in_order_experiment(ds, num_workers=2, batch_size=2)
     assert io.out_of_order[True] == 0.0  # in_order=True always delivers in sampler order
     assert set(io.results) == {True, False}
 
@@ -203,7 +205,7 @@ def test_getitems_batched_fetch_gives_same_batches():
     images, labels = ds.__getitems__([0, 5, 3])
     ref = L.CheapDataset(32, image_size=4, output="uint8")
     assert torch.equal(images[1], ref[5][0]) and labels.tolist() == [ref[i][1] for i in (0, 5, 3)]
-    out = L.getitems_experiment(64, image_size=4, workers=(0,), batch_size=8, batches=3, warmup=1)
+    out = sweeps.getitems_experiment(64, image_size=4, workers=(0,), batch_size=8, batches=3, warmup=1)
     assert set(out) == {("per-item", 0), ("batched", 0)}
     assert out[("batched", 0)].items == 24
 
@@ -211,7 +213,7 @@ def test_getitems_batched_fetch_gives_same_batches():
 def test_light_collate_and_cheap_rows():
     imgs, labels = L.light_uint8_collate([(torch.zeros(3, 2, 2, dtype=torch.uint8), 1)] * 3)
     assert imgs.shape == (3, 3, 2, 2) and labels == [1, 1, 1]
-    rows = L.cheap_vs_expensive({}, n_cheap=64, image_size=4, workers=(0,), batch_size=8, batches=2, warmup=1)
+    rows = sweeps.cheap_vs_expensive({}, n_cheap=64, image_size=4, workers=(0,), batch_size=8, batches=2, warmup=1)
     assert [(r["output"], r["collate"]) for r in rows] == [
         ("float", "default"),
         ("uint8", "default"),
@@ -232,16 +234,16 @@ def test_spin_dataset_adds_cpu_time():
 
 
 def test_bad_rng_duplicates_across_workers_and_fix():
-    bad = L.rng_draws(L.BadRNGDataset(16), num_workers=2, batch_size=2)
+    bad = pitfalls.rng_draws(L.BadRNGDataset(16), num_workers=2, batch_size=2)
     assert set(bad) == {0, 1}
-    assert L.rng_duplicates(bad) == 1.0
-    good = L.rng_draws(L.FixedRNGDataset(16), num_workers=2, batch_size=2)
-    assert L.rng_duplicates(good) == 0.0
+    assert pitfalls.rng_duplicates(bad) == 1.0
+    good = pitfalls.rng_draws(L.FixedRNGDataset(16), num_workers=2, batch_size=2)
+    assert pitfalls.rng_duplicates(good) == 0.0
 
 
 def test_worker_exception_surfaces_with_traceback():
     before = _children()
-    kind, msg = L.worker_error_demo()
+    kind, msg = pitfalls.worker_error_demo()
     assert kind == "ValueError"
     assert "DataLoader worker process" in msg and "Original Traceback" in msg and "item 13 is damaged" in msg
     assert not _wait_children_back_to(before)
@@ -279,10 +281,10 @@ def test_spawn_fails_for_main_module_class_and_works_for_helpers(monkeypatch):
     before = _children()
     _MainOnly.__module__ = "__main__"
     monkeypatch.setattr(sys.modules["__main__"], "_MainOnly", _MainOnly, raising=False)
-    bad = L.spawn_failure_demo(_MainOnly(), context="spawn", timeout_s=60)
+    bad = pitfalls.spawn_failure_demo(_MainOnly(), context="spawn", timeout_s=60)
     assert not bad.ok
     assert bad.child_error is not None and "AttributeError" in bad.child_error and "_MainOnly" in bad.child_error
-    good = L.spawn_failure_demo(L.CheapDataset(8, 4), context="spawn", timeout_s=60)
+    good = pitfalls.spawn_failure_demo(L.CheapDataset(8, 4), context="spawn", timeout_s=60)
     assert good.ok, good
     assert not _wait_children_back_to(before)
 
@@ -309,7 +311,7 @@ def test_load_note_mentions_cores():
 
 def test_parallel_ceiling_counts_items_and_closes_its_pool():
     before = _children()
-    rate = L.parallel_ceiling(L.SpinDataset(L.CheapDataset(16, 4), extra_ms=1.0), processes=2, seconds=0.2)
+    rate = speedup.parallel_ceiling(L.SpinDataset(L.CheapDataset(16, 4), extra_ms=1.0), processes=2, seconds=0.2)
     assert rate > 0
     assert not _wait_children_back_to(before)
     assert not (_children() - before)  # the pool's processes are gone too
@@ -317,16 +319,16 @@ def test_parallel_ceiling_counts_items_and_closes_its_pool():
 
 def test_parallel_ceiling_refuses_bad_arguments():
     with pytest.raises(ValueError, match="processes"):
-        L.parallel_ceiling(L.CheapDataset(8, 4), processes=0)
+        speedup.parallel_ceiling(L.CheapDataset(8, 4), processes=0)
     with pytest.raises(ValueError, match="seconds"):
-        L.parallel_ceiling(L.CheapDataset(8, 4), seconds=0.0)
+        speedup.parallel_ceiling(L.CheapDataset(8, 4), seconds=0.0)
 
 
 def test_interleaved_speedup_rounds_and_cleanup():
     before = _children()
     threads = torch.get_num_threads()
     ds = L.SpinDataset(L.CheapDataset(64, 4), extra_ms=0.5)
-    sr = L.interleaved_speedup(ds, 2, rounds=3, batches=3, batch_size=8, warmup=1)
+    sr = speedup.interleaved_speedup(ds, 2, rounds=3, batches=3, batch_size=8, warmup=1)
     assert len(sr.single) == len(sr.workers) == len(sr.ceiling) == 3
     assert all(x > 0 for x in sr.single + sr.workers + sr.ceiling)
     assert sr.speedup == pytest.approx(sorted(sr.ratios)[1])
@@ -341,7 +343,9 @@ def test_interleaved_speedup_rounds_and_cleanup():
 
 
 def test_interleaved_speedup_without_ceiling():
-    sr = L.interleaved_speedup(L.CheapDataset(32, 4), 1, rounds=1, batches=2, batch_size=4, warmup=0, ceiling=False)
+    sr = speedup.interleaved_speedup(
+        L.CheapDataset(32, 4), 1, rounds=1, batches=2, batch_size=4, warmup=0, ceiling=False
+    )
     assert sr.ceiling == [] and sr.ceiling_speedup != sr.ceiling_speedup  # nan
     assert "ceiling" not in sr.summary()
     assert len(sr.table()[0].split()) == 5
@@ -349,16 +353,16 @@ def test_interleaved_speedup_without_ceiling():
 
 def test_interleaved_speedup_refuses_bad_arguments():
     with pytest.raises(ValueError, match="num_workers"):
-        L.interleaved_speedup(L.CheapDataset(8, 4), 0)
+        speedup.interleaved_speedup(L.CheapDataset(8, 4), 0)
     with pytest.raises(ValueError, match="rounds"):
-        L.interleaved_speedup(L.CheapDataset(8, 4), 2, rounds=0)
+        speedup.interleaved_speedup(L.CheapDataset(8, 4), 2, rounds=0)
 
 
 def test_plot_rounds_draws_three_series():
     import matplotlib
 
     matplotlib.use("Agg")
-    sr = L.SpeedupRounds(
+    sr = sweeps.SpeedupRounds(
         num_workers=2,
         batch_size=8,
         single=[100.0, 110.0],
@@ -367,13 +371,13 @@ def test_plot_rounds_draws_three_series():
         cores=2,
         seconds=1.0,
     )
-    ax = L.plot_rounds(sr)
+    ax = speedup.plot_rounds(sr)
     assert len(ax.get_lines()) == 3 and "1.6" in ax.get_title()
     assert sr.speedup == pytest.approx((1.8 + 170 / 110) / 2)
 
 
 def test_pin_log_collects_pinned_batches_only():
-    log = L.PinLog()
+    log = pinning.PinLog()
     assert log.ms_per_batch is None and log.thread is None
     b = L.collate_pinnable([(torch.zeros(3), 0), (torch.ones(3), 1)])
     log(b)  # never pinned: nothing recorded

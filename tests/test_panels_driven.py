@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from test_reader_path import STRUCTURED, driving_cells, notebook_path
 
+from helpers.chapters.ch02.copies import MiB
 from helpers.chapters.ch06 import capstone
 from helpers.core import evidence
 from helpers.pipeline import loaders
-from helpers.pipeline.transfer import MiB
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -162,30 +162,30 @@ def _long_calls_without_progress(source: str) -> list[str]:
 
 
 def test_the_progress_rule() -> None:
-    assert _long_calls_without_progress("train.record_steps(a, steps=3)") == ["record_steps"]
-    assert _long_calls_without_progress("train.record_steps(a, steps=3, progress=p)") == []
-    assert _long_calls_without_progress("acc = train.evaluate(m, v, D)") == ["evaluate"]
-    assert _long_calls_without_progress('with progress_bar("x") as p:\n    train.evaluate(m, v, D)') == []
-    assert _long_calls_without_progress('with progress_bar("x") as p:\n    train.record_steps(a)') == ["record_steps"]
+    assert _long_calls_without_progress("anatomy.record_steps(a, steps=3)") == ["record_steps"]
+    assert _long_calls_without_progress("anatomy.record_steps(a, steps=3, progress=p)") == []
+    assert _long_calls_without_progress("acc = training.evaluate(m, v, D)") == ["evaluate"]
+    assert _long_calls_without_progress('with progress_bar("x") as p:\n    training.evaluate(m, v, D)') == []
+    assert _long_calls_without_progress('with progress_bar("x") as p:\n    anatomy.record_steps(a)') == ["record_steps"]
     assert _long_calls_without_progress("INFO = data.make_shapes_dataset()") == ["make_shapes_dataset"]
     assert _long_calls_without_progress('with progress_bar("d") as p:\n    data.make_shapes_dataset(progress=p)') == []
-    assert _long_calls_without_progress("loaders.spawn_failure_demo(ds)") == ["spawn_failure_demo"]
-    assert _long_calls_without_progress('with progress_bar("x") as p:\n    loaders.spawn_failure_demo(ds)') == []
+    assert _long_calls_without_progress("pitfalls.spawn_failure_demo(ds)") == ["spawn_failure_demo"]
+    assert _long_calls_without_progress('with progress_bar("x") as p:\n    pitfalls.spawn_failure_demo(ds)') == []
 
 
 def test_evaluate_reports_progress_after_every_batch() -> None:
     import torch
 
-    from helpers.pipeline import train
+    from helpers.chapters.ch01 import training
 
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
     batches = [(torch.randn(4, 3, 2, 2), torch.randint(0, 3, (4,))) for _ in range(3)]
     told: list[tuple[float, str]] = []
-    acc = train.evaluate(model, batches, "cpu", progress=lambda f, t="": told.append((f, t)))
+    acc = training.evaluate(model, batches, "cpu", progress=lambda f, t="": told.append((f, t)))
     assert 0.0 <= acc <= 1.0
     assert [f for f, _ in told] == [1 / 3, 2 / 3, 1.0, 1.0] and told[-1][1] == "validated 12 images"
     told.clear()
-    train.evaluate(model, iter(batches), "cpu", progress=lambda f, t="": told.append((f, t)))  # no len: the end
+    training.evaluate(model, iter(batches), "cpu", progress=lambda f, t="": told.append((f, t)))  # no len: the end
     assert told == [(1.0, "validated 12 images")]
 
 

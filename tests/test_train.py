@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from helpers.chapters import ch01
+from helpers.chapters.ch01 import anatomy, training
 from helpers.core.timing import SpanRecorder
 from helpers.pipeline import data, loaders, models, train
 
@@ -27,7 +28,7 @@ def _setup(info: data.DatasetInfo, output: str = "float") -> tuple:
 def test_train_epoch_records_every_phase(tiny: data.DatasetInfo) -> None:
     loader, model, opt = _setup(tiny)
     rec = SpanRecorder("cpu")
-    stats = train.train_epoch(model, loader, "cpu", opt, recorder=rec, start_step=10)
+    stats = training.train_epoch(model, loader, "cpu", opt, recorder=rec, start_step=10)
     trace = rec.finish()
     assert stats.steps == 6 and stats.samples == 48
     assert 0.0 <= stats.accuracy <= 1.0 and stats.loss > 0 and stats.samples_per_s > 0
@@ -45,7 +46,7 @@ def test_train_epoch_records_every_phase(tiny: data.DatasetInfo) -> None:
 def test_train_epoch_changes_weights_and_respects_max_steps(tiny: data.DatasetInfo) -> None:
     loader, model, opt = _setup(tiny)
     before = [p.detach().clone() for p in model.parameters()]
-    stats = train.train_epoch(model, loader, "cpu", opt, max_steps=2)
+    stats = training.train_epoch(model, loader, "cpu", opt, max_steps=2)
     assert stats.steps == 2 and stats.samples == 16
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
@@ -53,7 +54,7 @@ def test_train_epoch_changes_weights_and_respects_max_steps(tiny: data.DatasetIn
 def test_uint8_batches_get_a_normalize_phase(tiny: data.DatasetInfo) -> None:
     loader, model, opt = _setup(tiny, output="uint8")
     rec = SpanRecorder("cpu")
-    train.train_epoch(model, loader, "cpu", opt, recorder=rec, max_steps=2)
+    training.train_epoch(model, loader, "cpu", opt, recorder=rec, max_steps=2)
     assert "normalize" in rec.finish().phase_totals()
 
 
@@ -65,10 +66,10 @@ def test_custom_transfer_and_no_recorder(tiny: data.DatasetInfo) -> None:
         calls.append(device)
         return batch[0].to(device), batch[1].to(device)
 
-    stats = train.train_epoch(model, loader, "cpu", opt, transfer=move, max_steps=3)
+    stats = training.train_epoch(model, loader, "cpu", opt, transfer=move, max_steps=3)
     assert stats.steps == 3 and len(calls) == 3
     with pytest.raises(ValueError, match="transfer"):
-        train.train_epoch(model, loader, "cpu", opt, transfer="teleport")
+        training.train_epoch(model, loader, "cpu", opt, transfer="teleport")
 
 
 def test_workers_record_load_without_collate(tiny: data.DatasetInfo) -> None:
@@ -76,7 +77,7 @@ def test_workers_record_load_without_collate(tiny: data.DatasetInfo) -> None:
     loader = loaders.timed_loader(ds, 8, num_workers=1)
     model = models.build_model(width=4, depth=2, num_classes=4)
     rec = SpanRecorder("cpu")
-    train.train_epoch(model, loader, "cpu", train.make_optimizer(model), recorder=rec, max_steps=2)
+    training.train_epoch(model, loader, "cpu", train.make_optimizer(model), recorder=rec, max_steps=2)
     assert "collate" not in rec.finish().phase_totals()
 
 
@@ -85,15 +86,15 @@ def test_evaluate(tiny: data.DatasetInfo) -> None:
     loader = loaders.timed_loader(ds, 10, shuffle=False)
     model = models.build_model(width=4, depth=2, num_classes=4)
     model.train()
-    acc = train.evaluate(model, loader, "cpu")
+    acc = training.evaluate(model, loader, "cpu")
     assert 0.0 <= acc <= 1.0 and model.training
-    assert train.evaluate(model, loader, "cpu") == acc  # deterministic
+    assert training.evaluate(model, loader, "cpu") == acc  # deterministic
     u = loaders.timed_loader(
         data.ShapesDataset(tiny.val_dir, crop_size=24, augment=False, output="uint8"), 10, shuffle=False
     )
-    assert train.evaluate(model, u, "cpu") == pytest.approx(acc)
+    assert training.evaluate(model, u, "cpu") == pytest.approx(acc)
     with pytest.raises(ValueError, match="no samples"):
-        train.evaluate(model, [], "cpu")
+        training.evaluate(model, [], "cpu")
 
 
 def test_predict_step_time() -> None:
@@ -131,7 +132,7 @@ def test_lane_overlap() -> None:
 
     d, c = train.DATA_LANE, train.COMPUTE_LANE_GPU
     serial = SpanTrace([_span("load", 0, d, 0, 1), _span("forward", 0, c, 1, 2), _span("load", 1, d, 2, 3)])
-    assert train.lane_overlap(serial, d, c) == 0.0
+    assert anatomy.lane_overlap(serial, d, c) == 0.0
     # GPU-like: the CPU loads batch 1 (1.2-2.0) while the GPU still computes step 0 (1.0-2.5)
     gpu = SpanTrace(
         [
@@ -142,25 +143,25 @@ def test_lane_overlap() -> None:
             _span("forward", 1, c, 2.6, 3.0),
         ]
     )
-    assert train.lane_overlap(gpu, d, c) == pytest.approx(0.8)
-    assert train.lane_overlap(gpu, c, d) == pytest.approx(0.8)
-    assert train.lane_overlap(gpu, d, "nothing") == 0.0
+    assert anatomy.lane_overlap(gpu, d, c) == pytest.approx(0.8)
+    assert anatomy.lane_overlap(gpu, c, d) == pytest.approx(0.8)
+    assert anatomy.lane_overlap(gpu, d, "nothing") == 0.0
 
 
 def test_cpu_naive_loop_does_not_overlap(tiny: data.DatasetInfo) -> None:
     """On a CPU the data and compute rows take turns: the recorded overlap is (almost) nil."""
-    a = train.step_anatomy(batch_size=8, crop_size=24, width=4, depth=2, steps=3, warmup=0, data_root=tiny.train_dir)
-    assert train.lane_overlap(a.trace, train.DATA_LANE, train.COMPUTE_LANE_CPU) <= 0.01 * a.trace.wall_time()
+    a = anatomy.step_anatomy(batch_size=8, crop_size=24, width=4, depth=2, steps=3, warmup=0, data_root=tiny.train_dir)
+    assert anatomy.lane_overlap(a.trace, train.DATA_LANE, train.COMPUTE_LANE_CPU) <= 0.01 * a.trace.wall_time()
 
 
 def test_progress_of_epochs_and_anatomy(tiny: data.DatasetInfo) -> None:
     loader, model, opt = _setup(tiny)
     seen: list[tuple[float, str]] = []
-    stats = train.train_epoch(model, loader, "cpu", opt, max_steps=3, progress=lambda f, t="": seen.append((f, t)))
+    stats = training.train_epoch(model, loader, "cpu", opt, max_steps=3, progress=lambda f, t="": seen.append((f, t)))
     assert [round(f, 3) for f, _ in seen] == [round(k / stats.steps, 3) for k in range(1, stats.steps + 1)]
     assert seen[-1][1] == f"step {stats.steps} of {stats.steps}"
     seen.clear()
-    train.step_anatomy(
+    anatomy.step_anatomy(
         batch_size=8,
         crop_size=24,
         width=4,
@@ -176,22 +177,22 @@ def test_progress_of_epochs_and_anatomy(tiny: data.DatasetInfo) -> None:
 
 
 def test_step_anatomy(tiny: data.DatasetInfo) -> None:
-    a = train.step_anatomy(batch_size=8, crop_size=24, width=4, depth=2, steps=3, warmup=1, data_root=tiny.train_dir)
+    a = anatomy.step_anatomy(batch_size=8, crop_size=24, width=4, depth=2, steps=3, warmup=1, data_root=tiny.train_dir)
     assert list(a.phase_means) == ["load", "collate", "h2d", "forward", "backward", "optimizer"]
     assert a.trace.steps() == 3 and a.step_time > 0 and a.samples_per_s > 0
     assert a.step_time >= 0.9 * a.prediction.overlapped
     assert a.dominant_phase in a.phase_means
     assert a.gflop_per_step > 0
     with pytest.raises(ValueError, match="batch_size"):
-        train.step_anatomy(batch_size=0, data_root=tiny.train_dir)
+        anatomy.step_anatomy(batch_size=0, data_root=tiny.train_dir)
     with pytest.raises(ValueError, match="fewer than"):
-        train.step_anatomy(batch_size=64, crop_size=24, width=4, steps=1, warmup=0, data_root=tiny.train_dir)
+        anatomy.step_anatomy(batch_size=64, crop_size=24, width=4, steps=1, warmup=0, data_root=tiny.train_dir)
 
 
 def test_lanes_name_the_resources(tiny: data.DatasetInfo) -> None:
     loader, model, opt = _setup(tiny)
     rec = SpanRecorder("cpu")
-    train.train_epoch(model, loader, "cpu", opt, recorder=rec, max_steps=1)
+    training.train_epoch(model, loader, "cpu", opt, recorder=rec, max_steps=1)
     lanes = {s.name: s.lane for s in rec.finish().spans}
     assert lanes["load"] == lanes["collate"] == train.DATA_LANE
     assert lanes["h2d"] == train.COPY_LANE
@@ -200,20 +201,20 @@ def test_lanes_name_the_resources(tiny: data.DatasetInfo) -> None:
 
 def test_named_transfers_are_the_one_batch_mover(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[bool] = []
-    real = train.move_batch
+    real = training.move_batch
 
     def spy(batch, device, *, non_blocking=True, pin=False):  # noqa: ANN001, ANN202 - a test double
         seen.append(non_blocking)
         return real(batch, device, non_blocking=non_blocking, pin=pin)
 
-    monkeypatch.setattr(train, "move_batch", spy)
+    monkeypatch.setattr(training, "move_batch", spy)
     x, y = torch.zeros(2, 3), torch.ones(2, dtype=torch.long)
     for name in ("blocking", "non_blocking"):
-        out = train._resolve_transfer(name)([x, y, "index"], torch.device("cpu"))
+        out = training._resolve_transfer(name)([x, y, "index"], torch.device("cpu"))
         assert isinstance(out, tuple) and out[0] is x and out[1] is y  # (x, y) only; a no-op on the CPU
     assert seen == [False, True]
     with pytest.raises(ValueError, match="transfer must be one of"):
-        train._resolve_transfer("teleport")
+        training._resolve_transfer("teleport")
 
 
 def test_panel_functions(tiny: data.DatasetInfo, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -236,7 +237,7 @@ def test_panel_functions(tiny: data.DatasetInfo, monkeypatch: pytest.MonkeyPatch
 
 
 def _tiny_anatomy(info: data.DatasetInfo):  # noqa: ANN202 - a test double
-    real = train.step_anatomy
+    real = anatomy.step_anatomy
 
     def run(**kwargs):  # noqa: ANN003, ANN202
         kwargs["data_root"] = info.train_dir
@@ -299,9 +300,9 @@ def test_fit_trains_and_scores_every_epoch(tiny: data.DatasetInfo) -> None:
     val_loader = loaders.timed_loader(data.ShapesDataset(tiny.val_dir, crop_size=24, augment=False), 12, shuffle=False)
     model = models.build_model(width=4, depth=2, num_classes=4, seed=0)
     before = [p.detach().clone() for p in model.parameters()]
-    history = train.fit(model, train_loader, val_loader, "cpu", epochs=2)
+    history = training.fit(model, train_loader, val_loader, "cpu", epochs=2)
     assert len(history) == 2 and all(h.val_accuracy is not None and 0 <= h.val_accuracy <= 1 for h in history)
-    assert history[1].val_accuracy == train.evaluate(model, val_loader, "cpu")
+    assert history[1].val_accuracy == training.evaluate(model, val_loader, "cpu")
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
@@ -328,8 +329,8 @@ def test_pinning_time_gets_its_own_phase(tiny: data.DatasetInfo, monkeypatch: py
     _, model, opt = _setup(tiny)
     loader = _PinningLoader(data.ShapesDataset(tiny.train_dir, crop_size=24), batches=2)
     rec = SpanRecorder("cpu")
-    monkeypatch.setattr(train, "_can_pin", lambda: True)
-    train.train_epoch(model, loader, "cpu", opt, recorder=rec)
+    monkeypatch.setattr(training, "_can_pin", lambda: True)
+    training.train_epoch(model, loader, "cpu", opt, recorder=rec)
     means = rec.finish().phase_means()
     assert list(means)[:3] == ["load", "collate", "pin"] and means["pin"] >= 0.009
     assert "pin" in train.STAGES["data (CPU)"]
@@ -338,7 +339,7 @@ def test_pinning_time_gets_its_own_phase(tiny: data.DatasetInfo, monkeypatch: py
 def test_step_anatomy_refuses_sizes_beyond_memory(tiny: data.DatasetInfo) -> None:
     """Issue 15.10: a batch of 1024 images of 512 px with a wide model is refused before anything is allocated."""
     with pytest.raises(ValueError, match="GiB"):
-        train.step_anatomy(batch_size=1024, crop_size=512, width=64, steps=1, warmup=0, data_root=tiny.train_dir)
+        anatomy.step_anatomy(batch_size=1024, crop_size=512, width=64, steps=1, warmup=0, data_root=tiny.train_dir)
 
 
 def test_a_pause_between_clock_reads_does_not_shift_the_collate_span(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -354,7 +355,7 @@ def test_a_pause_between_clock_reads_does_not_shift_the_collate_span(monkeypatch
     timed = data.TimedCollate()
     timed.last = (100.8, 100.9)  # collated 0.8-0.9 s after the recorder started, before next() returned at 1.0 s
     monkeypatch.setattr(time, "perf_counter", lambda: next(reads))
-    train._record_wait(rec, 0, 0.5, timed, pinning=False)
+    training._record_wait(rec, 0, 0.5, timed, pinning=False)
     monkeypatch.undo()
     spans = {s.name: s for s in rec.finish().spans}
     assert spans["load"].start == 0.5 and abs(spans["load"].end - 0.8) < 1e-9

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from helpers.chapters.ch02 import copies, pin_costs
+from helpers.chapters.ch02.copies import GiB, KiB, MiB
 from helpers.pipeline import transfer as T
-from helpers.pipeline.transfer import GiB, KiB, MiB
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -18,35 +19,35 @@ NO_CUDA = not torch.cuda.is_available()
 
 
 def test_size_grid_is_geometric_and_inclusive():
-    assert T.size_grid(4 * KiB, 64 * KiB, 2) == [4096, 8192, 16384, 32768, 65536]
-    assert T.size_grid(4 * KiB, 60 * KiB, 4) == [4096, 16384]
-    assert T.size_grid(100, 100, 2) == [100]
+    assert copies.size_grid(4 * KiB, 64 * KiB, 2) == [4096, 8192, 16384, 32768, 65536]
+    assert copies.size_grid(4 * KiB, 60 * KiB, 4) == [4096, 16384]
+    assert copies.size_grid(100, 100, 2) == [100]
 
 
 def test_copy_sizes_cover_the_issue_range(monkeypatch):
     monkeypatch.setenv("WORKBOOK_QUICK", "0")
-    full = T.copy_sizes()
+    full = copies.copy_sizes()
     assert full[0] == 4 * KiB and full[-1] >= 256 * MiB
     assert all(b == 2 * a for a, b in zip(full, full[1:]))
     monkeypatch.setenv("WORKBOOK_QUICK", "1")
-    quick = T.copy_sizes()
+    quick = copies.copy_sizes()
     assert quick[0] == 4 * KiB and quick[-1] <= 16 * MiB and len(quick) < len(full)
 
 
 @pytest.mark.parametrize("kwargs", [dict(lo=0), dict(lo=10, hi=5), dict(factor=1), dict(lo=1.5), dict(hi=True)])
 def test_size_grid_rejects_bad_input(kwargs):
     with pytest.raises(ValueError):
-        T.size_grid(**kwargs)
+        copies.size_grid(**kwargs)
 
 
 # -- the latency + bandwidth fit ----------------------------------------------
 
 
 def test_fit_recovers_exact_synthetic_parameters():
-    sizes = T.size_grid(4 * KiB, 256 * MiB, 2)
+    sizes = copies.size_grid(4 * KiB, 256 * MiB, 2)
     lat, bw = 9e-6, 24e9
     times = [lat + n / bw for n in sizes]
-    fit = T.fit_latency_bandwidth(sizes, times)
+    fit = copies.fit_latency_bandwidth(sizes, times)
     assert fit.latency_s == pytest.approx(lat, rel=1e-6)
     assert fit.bandwidth_Bps == pytest.approx(bw, rel=1e-6)
     assert fit.gbps == pytest.approx(24.0, rel=1e-6)
@@ -57,10 +58,10 @@ def test_fit_recovers_exact_synthetic_parameters():
 
 def test_fit_with_multiplicative_noise_is_close():
     rng = np.random.default_rng(0)
-    sizes = np.array(T.size_grid(4 * KiB, 256 * MiB, 2), dtype=float)
+    sizes = np.array(copies.size_grid(4 * KiB, 256 * MiB, 2), dtype=float)
     lat, bw = 15e-6, 12e9
     times = (lat + sizes / bw) * rng.lognormal(0.0, 0.03, sizes.size)
-    fit = T.fit_latency_bandwidth(sizes, times)
+    fit = copies.fit_latency_bandwidth(sizes, times)
     assert fit.latency_s == pytest.approx(lat, rel=0.1)
     assert fit.bandwidth_Bps == pytest.approx(bw, rel=0.05)
 
@@ -68,17 +69,17 @@ def test_fit_with_multiplicative_noise_is_close():
 def test_fit_weights_small_sizes_not_only_large_ones():
     # An ordinary least-squares fit would be dominated by the 256 MiB point and get the latency
     # wrong by far; the relative-error fit gets the small-size times right.
-    sizes = T.size_grid(4 * KiB, 256 * MiB, 4)
+    sizes = copies.size_grid(4 * KiB, 256 * MiB, 4)
     times = [5e-6 + n / 20e9 for n in sizes]
     times[-1] *= 1.02  # 2 % noise on the largest copy
-    fit = T.fit_latency_bandwidth(sizes, times)
+    fit = copies.fit_latency_bandwidth(sizes, times)
     assert fit.predict_s(4 * KiB) == pytest.approx(times[0], rel=0.05)
 
 
 def test_fit_clamps_negative_latency():
     sizes = [1 * MiB, 2 * MiB, 4 * MiB]
     times = [n / 10e9 - 5e-6 for n in sizes]  # impossible: negative intercept
-    fit = T.fit_latency_bandwidth(sizes, times)
+    fit = copies.fit_latency_bandwidth(sizes, times)
     assert fit.latency_clamped and fit.latency_s == 0.0 and fit.bandwidth_Bps > 0
     assert "clamped" in str(fit)
 
@@ -98,16 +99,16 @@ def test_fit_clamps_negative_latency():
 )
 def test_fit_rejects_bad_data(sizes, times):
     with pytest.raises(ValueError):
-        T.fit_latency_bandwidth(sizes, times)
+        copies.fit_latency_bandwidth(sizes, times)
 
 
 def test_sweep_fit_and_labels():
-    pts = [T.TransferPoint(n, "h2d", "pinned", 2e-6 + n / 25e9) for n in (4096, 65536, MiB)]
-    sw = T.Sweep("h2d", "pinned", pts)
+    pts = [copies.TransferPoint(n, "h2d", "pinned", 2e-6 + n / 25e9) for n in (4096, 65536, MiB)]
+    sw = copies.Sweep("h2d", "pinned", pts)
     assert sw.label == "H2D pinned"
     assert sw.fit().gbps == pytest.approx(25.0, rel=1e-6)
     assert pts[2].gbps == pytest.approx(MiB / pts[2].median_s / 1e9)
-    assert T.Sweep("h2h", "pageable", pts).label.startswith("host memcpy")
+    assert copies.Sweep("h2h", "pageable", pts).label.startswith("host memcpy")
 
 
 # -- pinned allocator rounding and the safe limit -----------------------------
@@ -118,26 +119,26 @@ def test_sweep_fit_and_labels():
     [(0, 0), (1, 1), (2, 2), (3, 4), (4096, 4096), (4097, 8192), (300 * MiB, 512 * MiB), (256 * MiB, 256 * MiB)],
 )
 def test_predict_pinned_block_rounds_up_to_power_of_two(n, block):
-    assert T.predict_pinned_block(n) == block
+    assert copies.predict_pinned_block(n) == block
 
 
 def test_predict_pinned_block_rejects_negative():
     with pytest.raises(ValueError, match="nbytes"):
-        T.predict_pinned_block(-1)
+        copies.predict_pinned_block(-1)
 
 
 def test_safe_pin_limit_uses_smaller_of_total_and_available():
-    assert T.safe_pin_limit(0.25, total_bytes=16 * GiB, available_bytes=8 * GiB) == 2 * GiB
-    assert T.safe_pin_limit(0.5, total_bytes=4 * GiB, available_bytes=8 * GiB) == 2 * GiB
-    assert T.safe_pin_limit() > 0  # psutil on this machine
+    assert copies.safe_pin_limit(0.25, total_bytes=16 * GiB, available_bytes=8 * GiB) == 2 * GiB
+    assert copies.safe_pin_limit(0.5, total_bytes=4 * GiB, available_bytes=8 * GiB) == 2 * GiB
+    assert copies.safe_pin_limit() > 0  # psutil on this machine
 
 
 def test_check_pin_size_refuses_with_clear_message():
     mem = dict(total_bytes=16 * GiB, available_bytes=16 * GiB)  # limit: 4 GiB
-    assert T.check_pin_size(1 * GiB, **mem) == 1 * GiB
-    assert T.check_pin_size(3 * GiB, **mem) == 4 * GiB  # rounds to a 4 GiB block: fits exactly
+    assert copies.check_pin_size(1 * GiB, **mem) == 1 * GiB
+    assert copies.check_pin_size(3 * GiB, **mem) == 4 * GiB  # rounds to a 4 GiB block: fits exactly
     with pytest.raises(ValueError) as err:
-        T.check_pin_size(5 * GiB, **mem)
+        copies.check_pin_size(5 * GiB, **mem)
     msg = str(err.value)
     assert "refusing to pin" in msg and "limit is 4.0 GiB" in msg and "25%" in msg and "reuse" in msg
 
@@ -145,15 +146,15 @@ def test_check_pin_size_refuses_with_clear_message():
 def test_check_pin_size_counts_rounding_and_already_pinned():
     mem = dict(total_bytes=16 * GiB, available_bytes=16 * GiB)
     with pytest.raises(ValueError, match="8.0 GiB block"):
-        T.check_pin_size(4 * GiB + 1, **mem)  # 4 GiB + 1 byte takes an 8 GiB block
+        copies.check_pin_size(4 * GiB + 1, **mem)  # 4 GiB + 1 byte takes an 8 GiB block
     with pytest.raises(ValueError, match="already pinned"):
-        T.check_pin_size(2 * GiB, already_pinned=3 * GiB, **mem)
+        copies.check_pin_size(2 * GiB, already_pinned=3 * GiB, **mem)
 
 
 @pytest.mark.parametrize("share", [0.0, 0.95, -1, "a"])
 def test_safe_pin_limit_rejects_bad_share(share):
     with pytest.raises(ValueError, match="share"):
-        T.safe_pin_limit(share, total_bytes=GiB, available_bytes=GiB)
+        copies.safe_pin_limit(share, total_bytes=GiB, available_bytes=GiB)
 
 
 # -- bytes on the wire, break-even, the 30-50 % claim -------------------------
@@ -182,14 +183,22 @@ def test_break_even_and_pinning_pays():
 
 
 def test_speedup_by_size_and_claim_verdict():
-    pageable = T.Sweep(
-        "h2d", "pageable", [T.TransferPoint(n, "h2d", "pageable", t) for n, t in [(1, 2.0), (2, 3.0), (4, 4.0)]]
+    pageable = copies.Sweep(
+        "h2d", "pageable", [copies.TransferPoint(n, "h2d", "pageable", t) for n, t in [(1, 2.0), (2, 3.0), (4, 4.0)]]
     )
-    pinned = T.Sweep("h2d", "pinned", [T.TransferPoint(n, "h2d", "pinned", t) for n, t in [(1, 1.0), (4, 3.0)]])
-    assert T.speedup_by_size(pageable, pinned) == [(1, 2.0), (4, pytest.approx(4 / 3))]
-    assert [T.claim_verdict(r) for r in (0.9, 1.3, 1.4, 1.5, 2.0)] == ["below", "within", "within", "within", "above"]
+    pinned = copies.Sweep(
+        "h2d", "pinned", [copies.TransferPoint(n, "h2d", "pinned", t) for n, t in [(1, 1.0), (4, 3.0)]]
+    )
+    assert copies.speedup_by_size(pageable, pinned) == [(1, 2.0), (4, pytest.approx(4 / 3))]
+    assert [copies.claim_verdict(r) for r in (0.9, 1.3, 1.4, 1.5, 2.0)] == [
+        "below",
+        "within",
+        "within",
+        "within",
+        "above",
+    ]
     with pytest.raises(ValueError, match="direction"):
-        T.speedup_by_size(pageable, T.Sweep("d2h", "pinned", []))
+        copies.speedup_by_size(pageable, copies.Sweep("d2h", "pinned", []))
 
 
 # -- records round trip (the reference-file format) ----------------------------
@@ -211,16 +220,16 @@ def test_records_convert_back_into_what_the_measurements_return():
             ("pin_then_copy", 4e-3),
         )
     ]
-    rows = T.pin_costs_from_records(None, _records(*pin, ("ch02.pin.cold", 1.0, "s", {"nbytes": 2 * MiB})))
+    rows = pin_costs.pin_costs_from_records(None, _records(*pin, ("ch02.pin.cold", 1.0, "s", {"nbytes": 2 * MiB})))
     assert (
         [r.nbytes for r in rows] == [MiB]
         and rows[0].block_bytes == MiB
         and rows[0].break_even_cold == pytest.approx(80)
     )
-    assert "pays after" in T.pin_cost_table(rows)
-    assert T.pin_costs_from_records(None, _records(pin[0])) is None  # incomplete: nothing to show
+    assert "pays after" in pin_costs.pin_cost_table(rows)
+    assert pin_costs.pin_costs_from_records(None, _records(pin[0])) is None  # incomplete: nothing to show
 
-    held = T.host_blocking_from_records(
+    held = pin_costs.host_blocking_from_records(
         None,
         _records(
             ("ch02.host_held", 0.05, "s", {"case": "pageable", "nbytes": 64 * MiB, "gpu_work_s": 0.05}),
@@ -233,11 +242,11 @@ def test_records_convert_back_into_what_the_measurements_return():
         ),
     )
     assert held.held_s == {"pageable": 0.05, "pinned, non_blocking=True": 1e-5} and held.gpu_work_s == 0.05
-    lines = T.host_blocking_lines(held)
+    lines = pin_costs.host_blocking_lines(held)
     assert "GPU work queued ahead of the copy: 50.0 ms" in lines[0] and "CPU held for   50.000 ms" in lines[1]
-    assert T.host_blocking_from_records(None, []) is None
+    assert pin_costs.host_blocking_from_records(None, []) is None
 
-    blocks = T.rounding_rows_from_records(
+    blocks = pin_costs.rounding_rows_from_records(
         None,
         _records(
             ("ch02.pinned_block", 8 * MiB, "bytes", {"requested": 5 * MiB}),
@@ -248,10 +257,10 @@ def test_records_convert_back_into_what_the_measurements_return():
         (3 * MiB, 4 * MiB, 4 * MiB),
         (5 * MiB, 8 * MiB, 8 * MiB),
     ]
-    assert T.rounding_lines(blocks)[1] == "  requested 5 MiB: pool grew by 8 MiB (predicted 8 MiB)"
-    assert "unknown" in T.rounding_lines([T.RoundingRow(MiB, MiB, None)])[0]
+    assert pin_costs.rounding_lines(blocks)[1] == "  requested 5 MiB: pool grew by 8 MiB (predicted 8 MiB)"
+    assert "unknown" in pin_costs.rounding_lines([pin_costs.RoundingRow(MiB, MiB, None)])[0]
 
-    wire = T.wire_from_records(
+    wire = copies.wire_from_records(
         None,
         _records(
             ("ch02.wire_time", 1e-3, "s", {"dtype": "uint8", "nbytes": MiB}),
@@ -259,8 +268,11 @@ def test_records_convert_back_into_what_the_measurements_return():
         ),
     )
     assert wire.byte_ratio == 4 and wire.time_ratio == 4 and wire.shape is None
-    assert T.wire_lines(wire)[-1] == "bytes ratio 4x, time ratio 4.0x — pinned H2D copy"
-    assert T.wire_from_records(None, _records(("ch02.wire_time", 1e-3, "s", {"dtype": "uint8", "nbytes": MiB}))) is None
+    assert copies.wire_lines(wire)[-1] == "bytes ratio 4x, time ratio 4.0x — pinned H2D copy"
+    assert (
+        copies.wire_from_records(None, _records(("ch02.wire_time", 1e-3, "s", {"dtype": "uint8", "nbytes": MiB})))
+        is None
+    )
 
 
 def test_sweeps_from_records_rebuilds_curves():
@@ -274,7 +286,7 @@ def test_sweeps_from_records_rebuilds_curves():
         }
         for n in (MiB, 4096, 65536)
     ] + [{"key": "ch02.fit.latency", "value": 1.0, "unit": "s", "params": {"direction": "h2d", "memory": "pinned"}}]
-    sweeps = T.sweeps_from_records(recs, source="Recorded on X")
+    sweeps = copies.sweeps_from_records(recs, source="Recorded on X")
     sw = sweeps[("h2d", "pinned")]
     assert list(sweeps) == [("h2d", "pinned")]
     assert sw.sizes() == [4096, 65536, MiB] and sw.source == "Recorded on X" and sw.points[0].n == 10
@@ -285,51 +297,51 @@ def test_sweeps_from_records_rebuilds_curves():
 
 
 def test_host_copy_is_real_and_labelled():
-    p = T.measure_host_copy(64 * KiB, min_run_time=0.01)
+    p = copies.measure_host_copy(64 * KiB, min_run_time=0.01)
     assert p.direction == "h2h" and p.memory == "pageable" and p.median_s > 0 and p.gbps > 0
     assert "CPU memcpy" in p.method
-    sw = T.host_copy_sweep([4 * KiB, 16 * KiB], min_run_time=0.005)
+    sw = copies.host_copy_sweep([4 * KiB, 16 * KiB], min_run_time=0.005)
     assert sw.sizes() == [4 * KiB, 16 * KiB] and "CPU" in sw.label + sw.source
     with pytest.raises(ValueError, match="multiple of 4"):
-        T.measure_host_copy(6, dtype="float32")
+        copies.measure_host_copy(6, dtype="float32")
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="checks the no-GPU path")
 def test_gpu_measurements_return_unavailable_without_cuda():
     results = [
-        T.measure_copy(MiB, "h2d", "pinned"),
-        T.transfer_sweep("d2h", "pageable", [4096]),
-        T.pin_cost(MiB),
-        T.host_blocking_probe(),
+        copies.measure_copy(MiB, "h2d", "pinned"),
+        copies.transfer_sweep("d2h", "pageable", [4096]),
+        pin_costs.pin_cost(MiB),
+        pin_costs.host_blocking_probe(),
         T.host_allocator_stats(),
-        T.pinned_rounding_demo([3 * MiB]),
+        pin_costs.pinned_rounding_demo([3 * MiB]),
     ]
     for r in results:
         assert isinstance(r, T.Unavailable) and not r and not T.is_available(r)
         assert "No CUDA device" in " ".join(str(r).split())
     assert "Found no NVIDIA driver" in results[2].reason  # the driver's own words are shown
-    assert T.release_pinned_cache() is False
+    assert pin_costs.release_pinned_cache() is False
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="checks the no-GPU path")
 def test_pinning_status_reports_the_driver_error():
-    ok, msg = T.pinning_status()
+    ok, msg = copies.pinning_status()
     assert not ok and "Found no NVIDIA driver" in msg and "driver" in msg
 
 
 def test_gpu_measurements_validate_before_checking_hardware():
     with pytest.raises(ValueError, match="direction"):
-        T.measure_copy(MiB, "sideways", "pinned")
+        copies.measure_copy(MiB, "sideways", "pinned")
     with pytest.raises(ValueError, match="memory"):
-        T.measure_copy(MiB, "h2d", "locked")
+        copies.measure_copy(MiB, "h2d", "locked")
     with pytest.raises(ValueError, match="nbytes"):
-        T.measure_copy(0)
+        copies.measure_copy(0)
     with pytest.raises(ValueError, match="multiple of 4"):
-        T.measure_copy(6, dtype="float32")
+        copies.measure_copy(6, dtype="float32")
     with pytest.raises(ValueError, match="gpu_work_s"):
-        T.host_blocking_probe(gpu_work_s=0)
+        pin_costs.host_blocking_probe(gpu_work_s=0)
     with pytest.raises(ValueError, match="memory"):
-        T.transfer_sweep("h2d", "gpu")
+        copies.transfer_sweep("h2d", "gpu")
 
 
 def test_cuda_status_for_a_cpu_device():
@@ -340,7 +352,7 @@ def test_cuda_status_for_a_cpu_device():
 @pytest.mark.skipif(not NO_CUDA, reason="checks the no-GPU path")
 def test_cuda_status_checks_the_spelling_and_answers_cuda_without_raising():
     assert T.cuda_status("cuda") == (False, T.NO_CUDA_REASON)  # absent here, not wrong
-    assert isinstance(T.measure_copy(MiB, device="cuda"), T.Unavailable)
+    assert isinstance(copies.measure_copy(MiB, device="cuda"), T.Unavailable)
     for bad, match in (("gpu", "such as 'cpu'"), ("mps", "one of")):
         with pytest.raises(ValueError, match=match):
             T.cuda_status(bad)
@@ -348,10 +360,10 @@ def test_cuda_status_checks_the_spelling_and_answers_cuda_without_raising():
 
 def test_transfer_sweep_is_the_sweep_loop_with_the_helpers_copy(monkeypatch):
     # No GPU needed: the CUDA checks and the helper's copy are replaced by fakes that touch no device.
-    monkeypatch.setattr(T, "cuda_status", lambda device=None: (True, ""))
-    monkeypatch.setattr(T, "resolve_device", lambda device=None: torch.device("cpu"))
-    monkeypatch.setattr(T, "_check_device_bytes", lambda *a, **k: None)
-    monkeypatch.setattr(T, "_gpu_name", lambda dev: "a fake GPU")
+    monkeypatch.setattr(copies, "cuda_status", lambda device=None: (True, ""))
+    monkeypatch.setattr(copies, "resolve_device", lambda device=None: torch.device("cpu"))
+    monkeypatch.setattr(copies, "_check_device_bytes", lambda *a, **k: None)
+    monkeypatch.setattr(copies, "_gpu_name", lambda dev: "a fake GPU")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     calls = []
@@ -363,9 +375,9 @@ def test_transfer_sweep_is_the_sweep_loop_with_the_helpers_copy(monkeypatch):
 
         return copy
 
-    monkeypatch.setattr(T, "_helper_copy", fake_helper_copy)
+    monkeypatch.setattr(copies, "_helper_copy", fake_helper_copy)
     seen = []
-    sw = T.transfer_sweep(
+    sw = copies.transfer_sweep(
         "d2h", "pinned", [4 * KiB, 64 * KiB], repeats=4, warmup=2, progress=lambda f, t="": seen.append(f)
     )
     assert calls == [("d2h", 2, 4 * KiB, True, 4), ("d2h", 2, 64 * KiB, True, 4)]  # one round, one kind
@@ -381,7 +393,7 @@ def test_transfer_sweep_is_the_sweep_loop_with_the_helpers_copy(monkeypatch):
 
 
 def test_wire_comparison_on_this_machine():
-    w = T.wire_comparison(2, 3, 32, 32)
+    w = copies.wire_comparison(2, 3, 32, 32)
     assert w.byte_ratio == 4.0 and w.nbytes["uint8"] == 2 * 3 * 32 * 32
     assert all(s > 0 for s in w.seconds.values())
     if NO_CUDA:
@@ -397,12 +409,14 @@ def test_plots_draw_without_error():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig = T.copy_paths_diagram()
+    fig = copies.copy_paths_diagram()
     assert fig.axes
     plt.close(fig)
-    pts = [T.TransferPoint(n, "h2d", "pinned", 2e-6 + n / 25e9) for n in (4096, 65536, MiB)]
-    ax = T.plot_sweeps(
-        [T.Sweep("h2d", "pinned", pts)], ceiling=(31.5, "PCIe Gen4 x16 (theoretical)"), points=[(pts[1], "panel run")]
+    pts = [copies.TransferPoint(n, "h2d", "pinned", 2e-6 + n / 25e9) for n in (4096, 65536, MiB)]
+    ax = copies.plot_sweeps(
+        [copies.Sweep("h2d", "pinned", pts)],
+        ceiling=(31.5, "PCIe Gen4 x16 (theoretical)"),
+        points=[(pts[1], "panel run")],
     )
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "H2D pinned" in labels and any("theoretical" in s for s in labels) and "panel run" in labels
@@ -427,14 +441,14 @@ def test_measure_host_copy_refuses_64_gib_at_once(monkeypatch):
     monkeypatch.setattr(T, "_memory_now", lambda: (32 * GiB, 4 * GiB))
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match="host RAM"):
-        T.measure_host_copy(64 * GiB)
+        copies.measure_host_copy(64 * GiB)
     with pytest.raises(ValueError, match="host RAM"):
-        T.measure_copy_fn(lambda *a: [1e-6], 4 * GiB, device="cpu")  # two 4 GiB buffers
+        copies.measure_copy_fn(lambda *a: [1e-6], 4 * GiB, device="cpu")  # two 4 GiB buffers
     assert time.perf_counter() - t0 < 5
 
 
 def test_predict_pinned_block_names_the_real_allocator_option():
-    doc = T.predict_pinned_block.__doc__ or ""
+    doc = copies.predict_pinned_block.__doc__ or ""
     assert "pinned_max_round_threshold_mb" in doc and "PYTORCH_ALLOC_CONF" in doc
 
 
@@ -442,7 +456,7 @@ def test_predict_pinned_block_names_the_real_allocator_option():
 def test_pinning_status_raises_under_require_gpu(monkeypatch):
     monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "1")
     with pytest.raises(RuntimeError, match="NVIDIA driver"):
-        T.pinning_status()
+        copies.pinning_status()
 
 
 def test_measure_host_copy_cuts_blocks_for_slow_copies(monkeypatch):
@@ -456,11 +470,11 @@ def test_measure_host_copy_cuts_blocks_for_slow_copies(monkeypatch):
         return real(fn, **kw)
 
     ticks = iter(range(1000))
-    monkeypatch.setattr(T, "measure", spy)  # the name transfer looks up
-    monkeypatch.setattr(T, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))  # 1 s per copy
-    T.measure_host_copy(64 * KiB, min_run_time=0.01, max_seconds=60.0)
+    monkeypatch.setattr(copies, "measure", spy)  # the name copies looks up
+    monkeypatch.setattr(copies, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))  # 1 s per copy
+    copies.measure_host_copy(64 * KiB, min_run_time=0.01, max_seconds=60.0)
     assert seen["blocks"] == 15
-    T.measure_host_copy(64 * KiB, min_run_time=0.01, max_seconds=10.0)
+    copies.measure_host_copy(64 * KiB, min_run_time=0.01, max_seconds=10.0)
     assert seen["blocks"] == 6  # 10 one-second copies fit, 4 of them untimed
-    T.measure_host_copy(64 * KiB, min_run_time=0.01, max_seconds=1.0)
+    copies.measure_host_copy(64 * KiB, min_run_time=0.01, max_seconds=1.0)
     assert seen["blocks"] == 3  # never fewer than 3 samples

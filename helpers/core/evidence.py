@@ -6,9 +6,9 @@ with one call. It carries its provenance, so a number is never shown as more tha
 >>> from helpers.core import evidence
 >>> pins = evidence.measure_or_recall(
 ...     "the cost of pinning", DEVICE,
-...     measure=lambda: [transfer.pin_cost(n, device=DEVICE) for n in SIZES],   # runs only with CUDA
-...     key="ch02.pin", convert=transfer.pin_costs_from_records)                # else: the reference files
->>> pins.show(transfer.pin_cost_table)    # the no-CUDA sentence (if any), the provenance line, the table
+...     measure=lambda: [pin_costs.pin_cost(n, device=DEVICE) for n in SIZES],   # runs only with CUDA
+...     key="ch02.pin", convert=pin_costs.pin_costs_from_records)                # else: the reference files
+>>> pins.show(pin_costs.pin_cost_table)    # the no-CUDA sentence (if any), the provenance line, the table
 >>> if pins: plot(pins.value, source=pins.source)
 
 The five kinds:

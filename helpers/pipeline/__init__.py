@@ -5,8 +5,13 @@ sets, collate and worker-init functions by name), with the measuring plumbing ea
 
     data        the generated JPEG data set, its Dataset classes, seed_worker
     models      the small CNN whose compute per batch scales
-    train       step anatomy: timing the reader's loader, copy and step phase by phase
-    transfer    pageable vs pinned copies, pinning cost, the caching host allocator
-    loaders     DataLoader knobs, workers, pitfalls, throughput, leak-proof start and stop
+    train       the timeline's phases and lanes, make_optimizer, the bottleneck model
+    transfer    copy facts: whether CUDA copies can be measured here, host-RAM guards, the pinned
+                allocator's counters, the pinning arithmetic
+    loaders     building, measuring and releasing loaders (leak-proof start and stop, failures in
+                plain words, /dev/shm), the pinnable batch, the demo data sets and collate functions
     prefetch    the reference side-stream prefetcher and the checks for the reader's
+
+The chapters' own experiments (chapter 01's step anatomy and training loop, 02's copy sweeps, 03's pin
+thread, 04's worker sweeps) are in their folders, helpers/chapters/chNN/.
 """

@@ -1,7 +1,7 @@
 """Chapter 01 · The baseline pipeline: its live panel, its benchmark and its recorded GPU breakdown.
 
-The measuring is in :mod:`helpers.pipeline.train` (:func:`~helpers.pipeline.train.record_steps` times the
-reader's own functions phase by phase, :func:`~helpers.pipeline.train.step_anatomy` runs a few steps of a
+The measuring is in :mod:`helpers.pipeline.train` (:func:`~helpers.chapters.ch01.anatomy.record_steps` times the
+reader's own functions phase by phase, :func:`~helpers.chapters.ch01.anatomy.step_anatomy` runs a few steps of a
 fresh model); this module puts it together for the one chapter interface (:mod:`helpers.ui.chapter`):
 
 - the live panel trains a fresh model for a few steps of the reader's pipeline at the batch size, image
@@ -35,8 +35,9 @@ from ...core.progress import ProgressFn, no_progress, scaled
 from ...core.results import Record, ResultSet
 from ...core.validate import check_int
 from ...pipeline.data import default_sizes
-from ...pipeline.train import PHASES, Anatomy, Prediction, StepFn, ToDevice, step_anatomy
+from ...pipeline.train import Prediction
 from ...ui import plots
+from .anatomy import PHASES, Anatomy, StepFn, ToDevice, step_anatomy
 
 __all__ = [
     "NUMBER",
@@ -65,7 +66,7 @@ PANEL_TITLE = "Anatomy of a baseline step"
 PANEL_FIGSIZE = (9.0, 3.4)
 
 #: Method line of a panel run's Evidence.
-METHOD = "train.record_steps over your pipeline: host clock for load/collate, CUDA events for GPU phases"
+METHOD = "anatomy.record_steps over your pipeline: host clock for load/collate, CUDA events for GPU phases"
 
 #: Model widths the benchmark measures: the baseline model, and a 4x wider one (about 14x the compute).
 BENCH_WIDTHS: tuple[int, ...] = (16, 64)
@@ -90,9 +91,9 @@ def benchmark(
     The baseline: ``num_workers=0``, pageable memory, blocking ``x.to(device)``,
     float batches, the default data set and sizes of the current mode
     (:func:`helpers.pipeline.data.default_sizes`), one run per model width. It runs headless, so it has
-    no reader's cells to time: :func:`helpers.pipeline.train.step_anatomy` with its defaults runs chapter 01's
-    pipeline (:func:`helpers.pipeline.train.baseline_train_step`, the same lines as the chapter's
-    ``train_step``) through :func:`helpers.pipeline.train.record_steps`, the helper that times the reader's
+    no reader's cells to time: :func:`helpers.chapters.ch01.anatomy.step_anatomy` with its defaults runs chapter 01's
+    pipeline (:func:`helpers.chapters.ch01.anatomy.baseline_train_step`, the same lines as the chapter's
+    ``train_step``) through :func:`helpers.chapters.ch01.anatomy.record_steps`, the helper that times the reader's
     functions in the chapter.
 
     Records (key: unit; params ``batch_size``, ``crop_size``, ``width``, ``depth``,
@@ -200,8 +201,8 @@ def panel_run(
 
     ``steps`` defaults to 4 in quick mode, 5 at the laptop tier and 10 in full mode, after one untimed step.
     ``make_loader``, ``to_device``, ``train_step``: the reader's pipeline functions (the notebook passes them
-    to ``Panel.for_chapter``), timed by :func:`helpers.pipeline.train.record_steps`; without them, the
-    baseline of :func:`helpers.pipeline.train.step_anatomy`. Other ``context`` (``defaults``) is not used here.
+    to ``Panel.for_chapter``), timed by :func:`helpers.chapters.ch01.anatomy.record_steps`; without them, the
+    baseline of :func:`helpers.chapters.ch01.anatomy.step_anatomy`. Other ``context`` (``defaults``) is not used here.
     """
     report = progress or no_progress
     report(0.1, "building data set, loader and model")
@@ -384,7 +385,7 @@ def step_verdict(
     The prediction for this device's naive loop (on a CPU the sum of the phases, on a GPU copy + max(data,
     compute), :attr:`helpers.pipeline.train.Prediction.one_step_overlap`) has no spread of its own; it
     agrees when it lies within the range of the measured steps' wall times (``step_times_s``, from
-    :func:`helpers.pipeline.train.step_times`; :func:`helpers.core.agreement.within_range`). When it does
+    :func:`helpers.chapters.ch01.anatomy.step_times`; :func:`helpers.core.agreement.within_range`). When it does
     not, the measured step is the one to trust: the prediction leaves out what runs between the phases
     (and on a GPU assumes one step of overlap). Wrapped at ``width`` characters.
 

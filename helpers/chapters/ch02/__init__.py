@@ -4,7 +4,7 @@ What the chapter measures lives in :mod:`helpers.pipeline.transfer` (the sweeps,
 host-blocking probe, the pinned allocator, bytes on the wire). This module puts it together for the chapter:
 
 - :func:`measure_sweeps` / :func:`recorded_sweeps`: the GPU copy curves, measured here (H2D by the reader's
-  ``time_copy``, D2H by :func:`~helpers.pipeline.transfer.transfer_sweep`) or rebuilt from a reference file,
+  ``time_copy``, D2H by :func:`~helpers.chapters.ch02.copies.transfer_sweep`) or rebuilt from a reference file,
   both as a :class:`CopySweeps` (the curves and the link's theoretical ceiling), for
   :func:`helpers.core.evidence.measure_or_recall`; :func:`sweeps_caption` says where they come from.
 - the live panel "Copy one batch": one copy of a batch of images, in a direction, memory kind and dtype,
@@ -33,16 +33,9 @@ from ...core.results import ResultSet
 from ...core.timing import summarize
 from ...core.validate import check_choice, check_float, check_int, human_bytes, human_seconds
 from ...pipeline import transfer
-from ...pipeline.transfer import (
-    DIRECTIONS,
-    DTYPES,
-    MEMORY_KINDS,
-    CopyFn,
-    LatencyBandwidthFit,
-    MiB,
-    Sweep,
-    TransferPoint,
-)
+from ...pipeline.transfer import DTYPES
+from . import copies, pin_costs
+from .copies import DIRECTIONS, MEMORY_KINDS, CopyFn, LatencyBandwidthFit, MiB, Sweep, TransferPoint
 
 __all__ = [
     "NUMBER",
@@ -132,9 +125,9 @@ def measure_sweeps(
 ) -> CopySweeps:
     """The chapter's GPU curves, measured here (CUDA only): H2D by ``copy_fn``, D2H by the helper's copy.
 
-    H2D: :func:`~helpers.pipeline.transfer.sweep` calls ``copy_fn`` (the reader's ``time_copy``) in
+    H2D: :func:`~helpers.chapters.ch02.copies.sweep` calls ``copy_fn`` (the reader's ``time_copy``) in
     ``rounds`` alternating rounds of ``repeats`` copies, pageable and pinned. D2H, which ``time_copy``
-    does not do: :func:`~helpers.pipeline.transfer.transfer_sweep`, ``rounds * repeats`` copies per size.
+    does not do: :func:`~helpers.chapters.ch02.copies.transfer_sweep`, ``rounds * repeats`` copies per size.
     The ceiling is the link's theoretical figure from :func:`helpers.core.device.hardware_report`.
 
     Raises:
@@ -148,11 +141,11 @@ def measure_sweeps(
     progress = progress or no_progress
     reps = sized(5, 15) if repeats is None else check_int("repeats", repeats, 1, 10_000)
     rounds = check_int("rounds", rounds, 1, 100)
-    sweeps = transfer.sweep(
+    sweeps = copies.sweep(
         copy_fn, sizes, device=dev, repeats=reps, rounds=rounds, progress=scaled(progress, 0.0, 0.6, "H2D: ")
     )
     for i, memory in enumerate(MEMORY_KINDS):
-        d2h = transfer.transfer_sweep(
+        d2h = copies.transfer_sweep(
             "d2h",
             memory,
             sizes,
@@ -167,7 +160,7 @@ def measure_sweeps(
         sweeps,
         _ceiling(report.link_bandwidth_gbps, report.link_description),
         "" if report.link_bandwidth_gbps else str(report.missing.get("link_bandwidth_gbps", "not read")),
-        sweeps[("h2d", "pinned")].device,  # the GPU's name, as transfer.sweep read it
+        sweeps[("h2d", "pinned")].device,  # the GPU's name, as copies.sweep read it
     )
 
 
@@ -177,7 +170,7 @@ def recorded_sweeps(result_set: ResultSet, records: list[Any]) -> CopySweeps | N
     The ceiling comes from that file's own hardware report (the *theoretical* figure
     :mod:`helpers.core.device` computed on the machine that recorded it). None if no curve can be rebuilt.
     """
-    sweeps = transfer.sweeps_from_records(records, source=provenance_line(result_set))
+    sweeps = copies.sweeps_from_records(records, source=provenance_line(result_set))
     if not sweeps:
         return None
     report = result_set.provenance.get("report", {}) or {}
@@ -373,7 +366,7 @@ def panel_run(
 
     ``size_mib`` is the size of the images *as uint8*; ``dtype="float32"`` moves four times those bytes.
     With CUDA: a real measurement, of an H2D copy by ``copy_fn`` (the reader's ``time_copy``), of a D2H
-    copy (which ``time_copy`` does not do) by :func:`~helpers.pipeline.transfer.measure_copy`. Without:
+    copy (which ``time_copy`` does not do) by :func:`~helpers.chapters.ch02.copies.measure_copy`. Without:
     the nearest point of the recorded curves ``gpu`` for that direction and memory kind (if one is
     recorded, with its GPU) and a live host memcpy of the same bytes by ``copy_fn`` (labelled as a CPU copy).
     Either way the Evidence is ``measured`` (what ran here); the reference point says where it was recorded.
@@ -394,13 +387,13 @@ def panel_run(
     name = getattr(copy_fn, "__name__", "copy_fn")
     measured = ref_point = host_point = None
     if ok and copy_fn is not None and direction == "h2d":
-        measured = transfer.measure_copy_fn(copy_fn, nbytes, memory, dtype=dtype, device=device, repeats=repeats)
+        measured = copies.measure_copy_fn(copy_fn, nbytes, memory, dtype=dtype, device=device, repeats=repeats)
         note, method = f"Timed by your {name}().", f"your {name}()"
     elif ok:
-        p = transfer.measure_copy(nbytes, direction, memory, dtype=dtype, device=device, repeats=repeats)
+        p = copies.measure_copy(nbytes, direction, memory, dtype=dtype, device=device, repeats=repeats)
         measured = p if isinstance(p, TransferPoint) else None
-        note = "D2H: timed by transfer.measure_copy (your copy function does H2D)." if copy_fn is not None else ""
-        method = "transfer.measure_copy, CUDA events"
+        note = "D2H: timed by copies.measure_copy (your copy function does H2D)." if copy_fn is not None else ""
+        method = "copies.measure_copy, CUDA events"
     else:
         note = "No CUDA device here: the GPU copy cannot run. "
         if recorded is not None and (direction, memory) in recorded.sweeps:
@@ -412,11 +405,11 @@ def panel_run(
         if memory == "pinned":
             note += " Pinning is impossible without the NVIDIA driver."
         if copy_fn is not None:
-            host_point = transfer.measure_copy_fn(copy_fn, nbytes, dtype=dtype, device="cpu", repeats=repeats)
+            host_point = copies.measure_copy_fn(copy_fn, nbytes, dtype=dtype, device="cpu", repeats=repeats)
             method = f"your {name}() on one CPU thread"
         else:
-            host_point = transfer.measure_host_copy(nbytes, dtype=dtype)
-            method = "transfer.measure_host_copy"
+            host_point = copies.measure_host_copy(nbytes, dtype=dtype)
+            method = "copies.measure_host_copy"
         note += " The host memcpy is real, but it is a CPU copy, not a transfer to a GPU."
     mine, against = (measured, None) if ok else (host_point, host)
     if ok and recorded is not None and gpu is not None and gpu.here:
@@ -459,7 +452,7 @@ def panel_plot(history: list[Any], ax: Any) -> None:
         for p, what in ((r.measured, "measured now"), (r.reference, "reference"), (r.host, "host memcpy now")):
             if p is not None:
                 pts.append((p, f"run {i}: {r.direction.upper()} {r.memory} {r.dtype}, {what}"))
-    ax = transfer.plot_sweeps(
+    ax = copies.plot_sweeps(
         list(last.background) if last else [],
         ax,
         ceiling=last.ceiling if last else None,
@@ -491,26 +484,26 @@ def benchmark(
     - ``ch02.host_copy_time``: s; params ``nbytes``; spread ``iqr_s``, ``n`` - host memcpy
       (recorded with or without a GPU).
     - ``ch02.copy_time``: s; params ``direction``, ``memory``, ``nbytes``; spread ``iqr_s``, ``n``.
-      One per size, CUDA events on a side stream (:func:`~helpers.pipeline.transfer.transfer_sweep`).
+      One per size, CUDA events on a side stream (:func:`~helpers.chapters.ch02.copies.transfer_sweep`).
     - ``ch02.fit.latency``: s; ``direction``, ``memory`` - fitted latency per curve.
     - ``ch02.fit.bandwidth``: GB/s; ``direction``, ``memory`` - fitted bandwidth per curve.
     - ``ch02.pin.cold`` / ``.cached`` / ``.pin_then_copy`` / ``.plain_to`` / ``.pageable_copy`` /
-      ``.pinned_copy``: s; ``nbytes`` - the fields of :class:`~helpers.pipeline.transfer.PinCost`
+      ``.pinned_copy``: s; ``nbytes`` - the fields of :class:`~helpers.chapters.ch02.pin_costs.PinCost`
       (1, 16, 128 MiB, those within ``sizes``).
     - ``ch02.host_held``: s; ``case``, ``nbytes``, ``gpu_work_s`` - host time inside the copy call.
     - ``ch02.wire_time``: s; ``dtype``, ``nbytes`` - pinned H2D copy of 64x3x224x224 images.
     - ``ch02.pinned_block``: bytes; ``requested`` - allocator pool growth for one pin.
 
     Without CUDA only ``ch02.host_copy_time`` is recorded. ``sizes``: bytes per copy (default
-    :func:`~helpers.pipeline.transfer.copy_sizes`).
+    :func:`~helpers.chapters.ch02.copies.copy_sizes`).
     """
     progress = progress or no_progress
-    sizes = list(transfer.copy_sizes() if sizes is None else sizes)
+    sizes = list(copies.copy_sizes() if sizes is None else sizes)
     for n in sizes:
         check_int("sizes[i]", n, 1)
     ok, _ = transfer.cuda_status(device)
     progress(0.0, "host memcpy sweep")
-    for p in transfer.host_copy_sweep(sizes).points:
+    for p in copies.host_copy_sweep(sizes).points:
         results.add("ch02.host_copy_time", p.median_s, "s", spread={"iqr_s": p.iqr_s, "n": p.n}, nbytes=p.nbytes)
     if not ok:
         progress(1.0, "no CUDA device: host memcpy only")
@@ -522,7 +515,7 @@ def benchmark(
         part = scaled(
             progress, 0.1 + 0.5 * i / len(curves), 0.1 + 0.5 * (i + 1) / len(curves), f"{direction} {memory}: "
         )
-        sw = transfer.transfer_sweep(direction, memory, sizes, device=dev, progress=part)
+        sw = copies.transfer_sweep(direction, memory, sizes, device=dev, progress=part)
         assert isinstance(sw, Sweep)
         for p in sw.points:
             results.add(
@@ -540,8 +533,8 @@ def benchmark(
     pin_sizes = [s for s in (1 * MiB, 16 * MiB, 128 * MiB) if s <= max(sizes)] or [max(sizes)]
     for i, n in enumerate(pin_sizes):
         progress(0.6 + 0.2 * i / len(pin_sizes), f"cost of pinning {human_bytes(n)}")
-        pc = transfer.pin_cost(n, device=dev)
-        assert isinstance(pc, transfer.PinCost)
+        pc = pin_costs.pin_cost(n, device=dev)
+        assert isinstance(pc, pin_costs.PinCost)
         for name, value in (
             ("cold", pc.pin_cold_s),
             ("cached", pc.pin_cached_s),
@@ -552,16 +545,16 @@ def benchmark(
         ):
             results.add(f"ch02.pin.{name}", value, "s", nbytes=n)
     progress(0.8, "host-blocking probe")
-    hb = transfer.host_blocking_probe(device=dev, nbytes=min(64 * MiB, max(sizes)))
-    assert isinstance(hb, transfer.HostBlocking)
+    hb = pin_costs.host_blocking_probe(device=dev, nbytes=min(64 * MiB, max(sizes)))
+    assert isinstance(hb, pin_costs.HostBlocking)
     for case, value in hb.held_s.items():
         results.add("ch02.host_held", value, "s", case=case, nbytes=hb.nbytes, gpu_work_s=hb.gpu_work_s)
     progress(0.9, "uint8 vs float32 on the wire")
-    wire = transfer.wire_comparison(device=dev)
+    wire = copies.wire_comparison(device=dev)
     for d in DTYPES:
         results.add("ch02.wire_time", wire.seconds[d], "s", dtype=d, nbytes=wire.nbytes[d])
     progress(0.95, "pinned block rounding")
-    rows = transfer.pinned_rounding_demo([3 * MiB, 5 * MiB, 9 * MiB])
+    rows = pin_costs.pinned_rounding_demo([3 * MiB, 5 * MiB, 9 * MiB])
     if isinstance(rows, list):
         for r in rows:
             if r.allocated_delta is not None:

@@ -33,6 +33,7 @@ from ...core.validate import check_int
 from ...pipeline import loaders
 from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset
 from ...ui import plots
+from . import pinning
 
 __all__ = [
     "NUMBER",
@@ -103,7 +104,7 @@ def benchmark(
     warm = check_int("warmup", warmup, 0, 100_000) if warmup is not None else config.sized(4, 8)
 
     progress(0.05, "ch03: pin_memory")
-    rows = loaders.pin_memory_experiment(
+    rows = pinning.pin_memory_experiment(
         ds, workers=(0, 2), batch_size=bs, batches=batches, warmup=warm, progress=scaled(progress, 0.05, 0.9, "ch03: ")
     )
     for r in rows:
@@ -125,7 +126,7 @@ def benchmark(
             )
     progress(0.9, "ch03: a plain copy of one batch")
     nbytes = rows[0].result.batch_bytes or 1
-    results.add("ch03.copy_ms_per_batch", 1e3 * loaders.batch_copy_seconds(nbytes), "ms", bytes=nbytes)
+    results.add("ch03.copy_ms_per_batch", 1e3 * pinning.batch_copy_seconds(nbytes), "ms", bytes=nbytes)
     progress(1.0, "done")
     return results
 
@@ -135,8 +136,8 @@ def benchmark(
 # ---------------------------------------------------------------------------
 
 
-def pin_pair_verdict(rows: Sequence[loaders.PinRow]) -> str:
-    """One sentence on section 4's pair (``pin_memory`` False/True, :func:`~helpers.pipeline.loaders.pin_pair_rounds`).
+def pin_pair_verdict(rows: Sequence[pinning.PinRow]) -> str:
+    """One sentence on section 4's pair (``pin_memory`` False/True, :func:`~.pinning.pin_pair_rounds`).
 
     The gap is the table's: the two settings' medians over the rounds. The rounds alternate, so each
     round also gives one ratio (True over False, items/s), and those ratios are its spread. The gap is
@@ -184,10 +185,10 @@ def pin_pair_verdict(rows: Sequence[loaders.PinRow]) -> str:
 # ---------------------------------------------------------------------------
 
 
-def pin_step_rows(pin_s: float | None, rows: Sequence[loaders.PinRow]) -> PinTimes:
-    """The measured figure: the loader's pin step on one batch (:func:`~helpers.pipeline.loaders.pin_step_seconds`),
+def pin_step_rows(pin_s: float | None, rows: Sequence[pinning.PinRow]) -> PinTimes:
+    """The measured figure: the loader's pin step on one batch (:func:`~.pinning.pin_step_seconds`),
     beside how much longer ``next()`` took with ``pin_memory=True`` in the last round of ``rows``
-    (:func:`~helpers.pipeline.loaders.pin_pair_rounds`; with ``num_workers=0`` the main thread pins).
+    (:func:`~.pinning.pin_pair_rounds`; with ``num_workers=0`` the main thread pins).
 
     Raises:
         ValueError: ``pin_s`` is None (nothing could be pinned: no CUDA device), or ``rows`` is not a pair.

@@ -9,7 +9,7 @@ The chapter interface (:mod:`helpers.ui.chapter`) for ``notebooks/04_worker_proc
 Each panel run calls the reader's ``make_loader(dataset, batch_size, workers=..., persistent=...,
 prefetch_factor=...)`` (the keyword names of chapter 04's pipeline cell) on one of three data sets
 (:data:`ITEM_COSTS`: cheap in-memory items, the JPEG baseline, the JPEG baseline + 2 ms of CPU), gives the
-loader the workbook's safety (:func:`helpers.pipeline.loaders.build_from_factory`: ``/dev/shm``, timeout,
+loader the workbook's safety (:func:`helpers.chapters.ch04.sweeps.build_from_factory`: ``/dev/shm``, timeout,
 leak-proof start), times it and releases its workers, also when the run is interrupted. Everything runs on
 the CPU, so every figure is measured here. The loader machinery and the experiments stay in
 :mod:`helpers.pipeline.loaders`.
@@ -36,6 +36,7 @@ from ...core.validate import check_choice, check_int
 from ...pipeline import loaders
 from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset
 from ...ui import plots
+from . import speedup, sweeps
 
 __all__ = [
     "NUMBER",
@@ -84,7 +85,7 @@ def benchmark(
 
     * ``ch04.items_per_s`` {num_workers, persistent, output} - the worker sweep
     * ``ch04.speedup`` {num_workers: 2, output, cores, main_threads, method} - steady state, persistent workers vs
-      workers=0, median of alternating rounds (:func:`~helpers.pipeline.loaders.interleaved_speedup`);
+      workers=0, median of alternating rounds (:func:`~helpers.chapters.ch04.speedup.interleaved_speedup`);
       spread = lowest/highest round
     * ``ch04.parallel_ceiling`` {processes: 2, output, cores} - 2 independent processes vs workers=0 (the measured
       ceiling), ``ch04.share_of_ceiling`` {num_workers: 2, output, cores} - the loader's share of it
@@ -140,13 +141,13 @@ def _sweep_and_speedup(
     """The worker sweep, then the 2-worker speed-up in alternating rounds beside the measured ceiling."""
     cores = loaders.cpu_cores()
     ws = sorted(set([0, 1, 2, 3] + ([] if config.sized(True, False) else list(range(0, cores + 3)))))
-    sw = loaders.sweep_workers(ds_float, ws, batch_size=bs, batches=batches, warmup=warm)
+    sw = sweeps.sweep_workers(ds_float, ws, batch_size=bs, batches=batches, warmup=warm)
     for n, r in zip(sw.workers, sw.results):
         results.add("ch04.items_per_s", r.items_per_s, "items/s", num_workers=n, persistent=n > 0, output="float")
     # The headline speed-up is measured in alternating rounds (drift in the machine's speed cancels),
     # beside the measured ceiling of 2 independent processes.
     for output, ds in (("float", ds_float), ("uint8", ds_uint8)):
-        sr = loaders.interleaved_speedup(
+        sr = speedup.interleaved_speedup(
             ds,
             2,
             rounds=config.sized(3, 7),
@@ -175,7 +176,7 @@ def _sweep_and_speedup(
         )
         if output == "float":
             # the sweep's 2-worker point is a second measurement of the same speed-up: flagged where it disagrees
-            for line in loaders.sweep_vs_rounds(sw, sr):
+            for line in speedup.sweep_vs_rounds(sw, sr):
                 if "disagree" in line:
                     rec.flag(line)
         results.add(
@@ -211,7 +212,7 @@ def _sweep_and_speedup(
 def _knobs(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: int) -> None:
     """prefetch_factor, persistent_workers and in_order, each against its own baseline."""
     # alternating rounds: single measurements of 1, 2 and 4 could not tell a difference from the machine's drift
-    kr = loaders.knob_rounds(
+    kr = speedup.knob_rounds(
         functools.partial(_prefetch_loader, ds_float, bs),
         "prefetch_factor",
         PREFETCH_VALUES,
@@ -239,14 +240,12 @@ def _knobs(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: i
             )
     n_short = min(len(ds_float), config.sized(160, 2400))  # type: ignore[arg-type]
     short = torch.utils.data.Subset(ds_float, range(n_short))
-    pr = loaders.persistent_experiment(short, num_workers=2, epochs=3, batch_size=bs)
+    pr = sweeps.persistent_experiment(short, num_workers=2, epochs=3, batch_size=bs)
     for p in (False, True):
         for e, s in enumerate(pr.epoch_s[p]):
             results.add("ch04.persistent.epoch_s", s, "s", persistent=p, epoch=e)
     results.add("ch04.persistent.restart_cost_s", pr.restart_cost_s(), "s", num_workers=2)
-    io = loaders.in_order_experiment(
-        loaders.UnevenDataset(config.sized(96, 400) if batches >= 8 else 24), num_workers=2
-    )
+    io = sweeps.in_order_experiment(loaders.UnevenDataset(config.sized(96, 400) if batches >= 8 else 24), num_workers=2)
     for flag, r in io.results.items():
         results.add("ch04.in_order.p95_wait_ms", r.p95_wait_ms, "ms", in_order=flag)
         results.add("ch04.in_order.total_s", r.seconds, "s", in_order=flag)
@@ -273,7 +272,7 @@ def agreement_lines(results: ResultSet) -> list[str]:
     * ``ch04.prefetch.ratio`` (per-round ratios against the reference prefetch_factor): within the noise (the
       rounds' range includes 1.00x) or a real difference.
 
-    The verdict is :func:`helpers.pipeline.loaders.within_spread` on the recorded spreads.
+    The verdict is :func:`helpers.chapters.ch04.speedup.within_spread` on the recorded spreads.
     """
     out = []
     for sp in results.find("ch04.speedup", output="float"):
@@ -282,24 +281,24 @@ def agreement_lines(results: ResultSet) -> list[str]:
         zero = results.find("ch04.items_per_s", num_workers=0, output="float")
         if one and zero and zero[0].value > 0 and {"min", "max"} <= set(sp.spread):
             band = [float(sp.spread["min"]), sp.value, float(sp.spread["max"])]
-            out.append(loaders.agreement_line(n, one[0].value / zero[0].value, band))
+            out.append(speedup.agreement_line(n, one[0].value / zero[0].value, band))
     for pr in results.find("ch04.prefetch.ratio"):
         if {"min", "max"} <= set(pr.spread):
             p = pr.params
             band = [float(pr.spread["min"]), pr.value, float(pr.spread["max"])]
             rounds = int(pr.spread.get("n", 0))
             out.append(
-                loaders.difference_line("prefetch_factor", p.get("prefetch_factor"), p.get("reference"), band, rounds)
+                speedup.difference_line("prefetch_factor", p.get("prefetch_factor"), p.get("reference"), band, rounds)
             )
     return out
 
 
 def _cheap_items(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: int) -> None:
     """``__getitems__`` against per-item fetching, and cheap items (where the main process is the bottleneck)."""
-    gi = loaders.getitems_experiment(config.sized(4096, 32768), batch_size=bs, batches=batches, warmup=warm)
+    gi = sweeps.getitems_experiment(config.sized(4096, 32768), batch_size=bs, batches=batches, warmup=warm)
     for (fetch, w), r in gi.items():
         results.add("ch04.getitems.items_per_s", r.items_per_s, "items/s", fetch=fetch, num_workers=w)
-    ce = loaders.cheap_vs_expensive(
+    ce = sweeps.cheap_vs_expensive(
         {},
         n_cheap=config.sized(4096, 32768),
         image_size=int(getattr(ds_float, "crop_size", 64)),
@@ -398,7 +397,7 @@ def panel_run(
         check_int("crop_size", crop_size, 8, 1024),
         check_int("n_cheap", n_cheap, 1, 10_000_000),
     )
-    loader = loaders.build_from_factory(
+    loader = sweeps.build_from_factory(
         lambda _: make_loader(ds, bs, **knobs),
         knobs["workers"],
         expect={"num_workers": knobs["workers"], "batch_size": bs},

@@ -1,0 +1,462 @@
+"""Chapter 02's costs of pinning itself: what ``tensor.pin_memory()`` costs, cold and cached, against what it
+saves; how long the CPU is held by a copy queued behind GPU work; the pinned caching allocator's power-of-two blocks.
+
+Measurements that need CUDA return :class:`~helpers.pipeline.transfer.Unavailable` (never raise) without it.
+Reference records (``ch02.*``) come back through the ``convert`` functions of
+:func:`helpers.core.evidence.measure_or_recall` (:func:`pin_costs_from_records`, :func:`host_blocking_from_records`,
+:func:`rounding_rows_from_records`), and the formatters print either kind alike (:func:`pin_cost_table`,
+:func:`host_blocking_lines`, :func:`rounding_lines`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+
+from ...core.device import resolve_device, wrap
+from ...core.validate import check_float, check_int, human_bytes, human_seconds
+from ...pipeline.transfer import (
+    Unavailable,
+    break_even_uses,
+    check_host_bytes,
+    cuda_status,
+    host_allocator_stats,
+)
+from .copies import (
+    _MAX_BYTES,
+    DEFAULT_PIN_SHARE,
+    MiB,
+    TransferPoint,
+    _bytes_ticks,
+    _check_device_bytes,
+    _field,
+    _params,
+    check_pin_size,
+    measure_copy,
+    pinning_status,
+    predict_pinned_block,
+)
+
+__all__ = [
+    "release_pinned_cache",
+    "RoundingRow",
+    "pinned_rounding_demo",
+    "PinCost",
+    "pin_cost",
+    "HostBlocking",
+    "host_blocking_probe",
+    "pin_costs_from_records",
+    "host_blocking_from_records",
+    "rounding_rows_from_records",
+    "pin_cost_table",
+    "host_blocking_lines",
+    "rounding_lines",
+    "plot_pin_costs",
+]
+
+
+def release_pinned_cache() -> bool:
+    """Give cached, unused pinned blocks back to the driver. Returns False if torch can't.
+
+    Freed pinned tensors normally stay in PyTorch's caching host allocator, because
+    ``cudaHostAlloc`` is slow and a loader pins the same size every batch.
+    ``torch.cuda.empty_cache()`` releases *device* memory only; the host cache is
+    emptied by the private ``torch._C._host_emptyCache`` (guarded here).
+    """
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return False
+    fn = getattr(torch._C, "_host_emptyCache", None)
+    if fn is None:
+        return False
+    for i in range(torch.cuda.device_count()):  # copies from pinned blocks may be queued on any device
+        torch.cuda.synchronize(i)
+    fn()
+    return True
+
+
+@dataclass
+class RoundingRow:
+    """One pinned allocation: requested bytes, predicted block, and what the allocator took."""
+
+    requested: int
+    predicted_block: int
+    allocated_delta: int | None
+
+    @property
+    def waste(self) -> int:
+        return self.predicted_block - self.requested
+
+
+def pinned_rounding_demo(
+    sizes: Sequence[int], *, pin_share: float = DEFAULT_PIN_SHARE
+) -> list[RoundingRow] | Unavailable:
+    """Pin each size once and read how many bytes the allocator's pool grew by.
+
+    The host cache is emptied before each allocation so a fresh block is created.
+    ``allocated_delta`` is None if this torch has no host-allocator statistics.
+    """
+    sizes = [check_int("sizes[i]", n, 1, _MAX_BYTES) for n in sizes]
+    ok, reason = cuda_status()
+    if not ok:
+        return Unavailable("pinned block rounding", reason)
+    rows: list[RoundingRow] = []
+    for n in sizes:
+        check_pin_size(n, share=pin_share)
+        release_pinned_cache()
+        before = host_allocator_stats()
+        t = None
+        try:
+            t = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+            after = host_allocator_stats()
+        finally:
+            del t
+        delta = None
+        if isinstance(before, dict) and isinstance(after, dict):
+            delta = after["allocated_bytes"] - before["allocated_bytes"]
+        rows.append(RoundingRow(n, predict_pinned_block(n), delta))
+    release_pinned_cache()
+    return rows
+
+
+@dataclass
+class PinCost:
+    """What pinning one buffer costs and what it saves, for one size (seconds).
+
+    Attributes:
+        pin_cold_s: ``t.pin_memory()`` when the allocator must call ``cudaHostAlloc``.
+        pin_cached_s: the same when a cached block of that size is reused (a memcpy).
+        pageable_copy_s / pinned_copy_s: one H2D copy from a reused buffer (CUDA events).
+        plain_to_s: wall time of ``t.to(dev)`` from pageable memory, synchronised.
+        pin_then_copy_s: wall time of ``t.pin_memory().to(dev, non_blocking=True)`` with a
+            cold allocator, synchronised: "pin once, copy once".
+    """
+
+    nbytes: int
+    block_bytes: int
+    pin_cold_s: float
+    pin_cached_s: float
+    pageable_copy_s: float
+    pinned_copy_s: float
+    plain_to_s: float
+    pin_then_copy_s: float
+    method: str = ""
+
+    @property
+    def saving_per_copy_s(self) -> float:
+        return self.pageable_copy_s - self.pinned_copy_s
+
+    @property
+    def break_even_cold(self) -> float:
+        """Copies of one buffer needed before a cold pin pays off."""
+        return break_even_uses(self.pin_cold_s, self.pageable_copy_s, self.pinned_copy_s)
+
+    @property
+    def break_even_cached(self) -> float:
+        return break_even_uses(self.pin_cached_s, self.pageable_copy_s, self.pinned_copy_s)
+
+
+def _wall(fn: Callable[[], Any], dev: torch.device) -> float:
+    torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize(dev)
+    return time.perf_counter() - t0
+
+
+def pin_cost(
+    nbytes: int,
+    *,
+    device: torch.device | str | None = None,
+    repeats: int = 5,
+    pin_share: float = DEFAULT_PIN_SHARE,
+) -> PinCost | Unavailable:
+    """Measure pinning itself against the copy time it saves, at one size (H2D).
+
+    Without CUDA this returns :class:`Unavailable` carrying the driver's own
+    error from :func:`pinning_status`.
+    """
+    nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
+    repeats = check_int("repeats", repeats, 1, 1000)
+    ok, reason = cuda_status(device)
+    if not ok:
+        return Unavailable(f"cost of pinning {human_bytes(nbytes)}", reason + " " + pinning_status()[1])
+    dev = resolve_device(device)
+    block = check_pin_size(nbytes, share=pin_share)
+    check_host_bytes("nbytes", nbytes, what=f"the pageable source of {human_bytes(nbytes)}")
+    _check_device_bytes("nbytes", 2 * nbytes, dev, f"two device copies of {human_bytes(nbytes)}")
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    cold, cached, plain, pin_copy = [], [], [], []
+    # Each lambda runs inside _wall(), before the `del src` in `finally` (which frees the buffer even when a
+    # traceback keeps this frame alive); ruff's F821 counts the later `del` against them.
+    try:
+        plain.append(_wall(lambda: src.to(dev), dev))  # noqa: F821  (warm-up: CUDA context, device cache)
+        for _ in range(repeats):
+            release_pinned_cache()
+            cold.append(_wall(lambda: src.pin_memory(), dev))  # noqa: F821  (block freed on return, stays cached)
+            cached.append(_wall(lambda: src.pin_memory(), dev))  # noqa: F821
+            plain.append(_wall(lambda: src.to(dev), dev))  # noqa: F821
+            release_pinned_cache()
+            pin_copy.append(_wall(lambda: src.pin_memory().to(dev, non_blocking=True), dev))  # noqa: F821
+        pageable = measure_copy(nbytes, "h2d", "pageable", device=dev, repeats=max(repeats, 5), pin_share=pin_share)
+        pinned = measure_copy(nbytes, "h2d", "pinned", device=dev, repeats=max(repeats, 5), pin_share=pin_share)
+        assert isinstance(pageable, TransferPoint) and isinstance(pinned, TransferPoint)
+    finally:
+        del src
+        torch.cuda.empty_cache()
+    med = statistics.median
+    return PinCost(
+        nbytes=nbytes,
+        block_bytes=block,
+        pin_cold_s=med(cold),
+        pin_cached_s=med(cached),
+        pageable_copy_s=pageable.median_s,
+        pinned_copy_s=pinned.median_s,
+        plain_to_s=med(plain[1:]),
+        pin_then_copy_s=med(pin_copy),
+        method=(
+            f"pin and to(): synchronised wall clock, median of {repeats}; copies: CUDA events; "
+            "'cold' = host cache emptied first (torch._C._host_emptyCache)"
+        ),
+    )
+
+
+@dataclass
+class HostBlocking:
+    """How long the CPU was held inside a copy call queued behind GPU work (seconds)."""
+
+    nbytes: int
+    gpu_work_s: float
+    held_s: dict[str, float]
+    method: str = ""
+
+
+def _sleep_cycles_per_s(dev: torch.device) -> float:
+    """Calibrate ``torch.cuda._sleep`` (a spin kernel measured in GPU clock cycles)."""
+    cycles = 10_000_000
+    with torch.cuda.device(dev):  # _sleep runs on the current device: make it `dev`
+        stream = torch.cuda.current_stream(dev)  # Event.record() alone would use the current device's stream
+        torch.cuda._sleep(cycles // 10)  # warm-up / module load
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        torch.cuda._sleep(cycles)
+        end.record(stream)
+    torch.cuda.synchronize(dev)
+    return cycles / (start.elapsed_time(end) / 1e3)
+
+
+def _queue_gpu_work_fn(seconds: float, dev: torch.device) -> Callable[[], None]:
+    """A function that enqueues about ``seconds`` of GPU work on ``dev``'s current stream."""
+    if hasattr(torch.cuda, "_sleep"):
+        cycles = int(seconds * _sleep_cycles_per_s(dev))
+
+        def sleep() -> None:
+            with torch.cuda.device(dev):  # _sleep runs on the current device: make it `dev`
+                torch.cuda._sleep(cycles)
+
+        return sleep
+    a = torch.randn(2048, 2048, device=dev)  # pragma: no cover - fallback for torch without _sleep
+    one = _wall(lambda: a @ a, dev)
+    k = max(1, int(seconds / max(one, 1e-6)))
+
+    def matmuls() -> None:
+        for _ in range(k):
+            a @ a
+
+    return matmuls
+
+
+def host_blocking_probe(
+    *,
+    device: torch.device | str | None = None,
+    gpu_work_s: float = 0.1,
+    nbytes: int = 64 * MiB,
+    repeats: int = 3,
+    pin_share: float = DEFAULT_PIN_SHARE,
+) -> HostBlocking | Unavailable:
+    """Queue ``gpu_work_s`` of GPU work, then time (host clock) the H2D copy *call*.
+
+    Cases: ``pageable`` (``copy_`` with the default ``non_blocking=False``),
+    ``pageable, non_blocking=True`` and ``pinned, non_blocking=True``. A copy that
+    holds the host about as long as the queued work has waited for the GPU; one
+    that returns in microseconds let the CPU run ahead to prepare the next batch.
+    """
+    gpu_work_s = check_float("gpu_work_s", gpu_work_s, 0.001, 5.0)
+    nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
+    repeats = check_int("repeats", repeats, 1, 100)
+    ok, reason = cuda_status(device)
+    if not ok:
+        return Unavailable("host-blocking probe", reason)
+    dev = resolve_device(device)
+    check_pin_size(nbytes, share=pin_share)
+    check_host_bytes("nbytes", nbytes, what=f"the pageable source of {human_bytes(nbytes)}")
+    _check_device_bytes("nbytes", nbytes, dev, f"a device buffer of {human_bytes(nbytes)}")
+    cases = {
+        "pageable": ("pageable", False),
+        "pageable, non_blocking=True": ("pageable", True),
+        "pinned, non_blocking=True": ("pinned", True),
+    }
+    held: dict[str, float] = {}
+    bufs: dict[str, torch.Tensor] = {}
+    dst = None
+    try:
+        work = _queue_gpu_work_fn(gpu_work_s, dev)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(torch.cuda.current_stream(dev))  # on dev's stream, where work() queues
+        work()
+        end.record(torch.cuda.current_stream(dev))
+        torch.cuda.synchronize(dev)
+        measured_work = start.elapsed_time(end) / 1e3
+        dst = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        bufs["pageable"] = torch.ones(nbytes, dtype=torch.uint8)
+        bufs["pinned"] = torch.ones(nbytes, dtype=torch.uint8, pin_memory=True)
+        for name, (kind, nb) in cases.items():
+            dst.copy_(bufs[kind], non_blocking=nb)  # warm-up
+            samples = []
+            for _ in range(repeats):
+                torch.cuda.synchronize(dev)
+                work()  # queued on the current stream, ahead of the copy
+                t0 = time.perf_counter()
+                dst.copy_(bufs[kind], non_blocking=nb)
+                samples.append(time.perf_counter() - t0)
+                torch.cuda.synchronize(dev)
+            held[name] = statistics.median(samples)
+    finally:
+        torch.cuda.synchronize(dev)
+        bufs.clear()
+        del dst
+        torch.cuda.empty_cache()
+    return HostBlocking(
+        nbytes=nbytes,
+        gpu_work_s=measured_work,
+        held_s=held,
+        method="GPU work: torch.cuda._sleep on the current stream; copy call timed with perf_counter, "
+        f"median of {repeats}",
+    )
+
+
+def pin_costs_from_records(result_set: Any, records: Iterable[Any]) -> list[PinCost] | None:
+    """:class:`PinCost` rows from ``ch02.pin.*`` records (sizes with all six fields); None if none has them."""
+    by_size: dict[int, dict[str, float]] = {}
+    for r in records:
+        key = str(_field(r, "key"))
+        if not key.startswith("ch02.pin."):
+            continue
+        n = int(_params(r).get("nbytes", 0))
+        by_size.setdefault(n, {})[key.rsplit(".", 1)[1]] = float(_field(r, "value"))
+    need = ("cold", "cached", "pageable_copy", "pinned_copy", "plain_to", "pin_then_copy")
+    rows = [
+        PinCost(
+            nbytes=n,
+            block_bytes=predict_pinned_block(n),
+            pin_cold_s=f["cold"],
+            pin_cached_s=f["cached"],
+            pageable_copy_s=f["pageable_copy"],
+            pinned_copy_s=f["pinned_copy"],
+            plain_to_s=f["plain_to"],
+            pin_then_copy_s=f["pin_then_copy"],
+            method="reference record",
+        )
+        for n, f in sorted(by_size.items())
+        if n > 0 and all(k in f for k in need)
+    ]
+    return rows or None
+
+
+def host_blocking_from_records(result_set: Any, records: Iterable[Any]) -> HostBlocking | None:
+    """A :class:`HostBlocking` from ``ch02.host_held`` records (one per case); None if there are none."""
+    recs = [r for r in records if _field(r, "key") == "ch02.host_held" and "case" in _params(r)]
+    if not recs:
+        return None
+    first = _params(recs[0])
+    same = [r for r in recs if _params(r).get("gpu_work_s") == first.get("gpu_work_s")]  # one probe's cases
+    return HostBlocking(
+        nbytes=int(first.get("nbytes", 0)),
+        gpu_work_s=float(first.get("gpu_work_s", 0.0)),
+        held_s={str(_params(r)["case"]): float(_field(r, "value")) for r in same},
+    )
+
+
+def rounding_rows_from_records(result_set: Any, records: Iterable[Any]) -> list[RoundingRow] | None:
+    """:class:`RoundingRow` s from ``ch02.pinned_block`` records (the pool growth per request); None if none."""
+    rows = [
+        RoundingRow(
+            int(_params(r)["requested"]), predict_pinned_block(int(_params(r)["requested"])), int(_field(r, "value"))
+        )
+        for r in records
+        if _field(r, "key") == "ch02.pinned_block" and "requested" in _params(r)
+    ]
+    return sorted(rows, key=lambda row: row.requested) or None
+
+
+def pin_cost_table(rows: Sequence[PinCost]) -> str:
+    """A fixed-width text table of pinning cost vs copy saving, one line per size."""
+    head = (
+        f"{'size':>10} {'pin (cold)':>11} {'pin (cached)':>13} {'pageable copy':>14} {'pinned copy':>12} "
+        f"{'to() plain':>11} {'pin+copy once':>14} {'pays after':>11}"
+    )
+    lines = [head]
+    for r in rows:
+        be = r.break_even_cold
+        pays = "never" if math.isinf(be) else f"{math.ceil(be) if be > 0 else 0} uses"
+        lines.append(
+            f"{human_bytes(r.nbytes):>10} {human_seconds(r.pin_cold_s):>11} {human_seconds(r.pin_cached_s):>13} "
+            f"{human_seconds(r.pageable_copy_s):>14} {human_seconds(r.pinned_copy_s):>12} "
+            f"{human_seconds(r.plain_to_s):>11} {human_seconds(r.pin_then_copy_s):>14} {pays:>11}"
+        )
+    return "\n".join(lines)
+
+
+def host_blocking_lines(probe: HostBlocking) -> list[str]:
+    """The probe as printed lines: the GPU work queued ahead, then the time each copy call held the CPU."""
+    how = f" ({probe.method})" if probe.method else ""
+    lines = [wrap(f"GPU work queued ahead of the copy: {probe.gpu_work_s * 1e3:.1f} ms{how}", indent="  ")]
+    lines += [f"  {case:<28} CPU held for {s * 1e3:8.3f} ms" for case, s in probe.held_s.items()]
+    return lines
+
+
+def rounding_lines(rows: Sequence[RoundingRow]) -> list[str]:
+    """One line per pin: requested, how much the pinned pool grew, and the predicted power-of-two block."""
+    return [
+        f"  requested {r.requested / MiB:.0f} MiB: pool grew by "
+        + (
+            "an unknown amount (no host_memory_stats)"
+            if r.allocated_delta is None
+            else f"{r.allocated_delta / MiB:.0f} MiB"
+        )
+        + f" (predicted {r.predicted_block / MiB:.0f} MiB)"
+        for r in rows
+    ]
+
+
+def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | None = None) -> Any:
+    """Time of pinning (cold, cached) vs time one pinned copy saves, against size (log-log)."""
+    from ...ui import plots  # optional/heavy: matplotlib
+
+    sizes = [r.nbytes for r in rows]
+    series = {
+        "pin_memory(), new block (cudaHostAlloc)": (sizes, [r.pin_cold_s * 1e3 for r in rows]),
+        "pin_memory(), cached block (memcpy only)": (sizes, [r.pin_cached_s * 1e3 for r in rows]),
+        "saving per copy (pageable − pinned)": (sizes, [max(r.saving_per_copy_s, 1e-9) * 1e3 for r in rows]),
+    }
+    styles = {
+        "pin_memory(), new block (cudaHostAlloc)": {"color": "#e15759", "marker": "o"},
+        "pin_memory(), cached block (memcpy only)": {"color": "#f28e2b", "marker": "o", "linestyle": "--"},
+        "saving per copy (pageable − pinned)": {"color": "#59a14f", "marker": "s"},
+    }
+    ax = plots.sweep_plot(
+        series,
+        ax,
+        xlabel="buffer size (bytes, log scale)",
+        ylabel="time (ms, log scale)",
+        title="Cost of pinning vs what one pinned copy saves",
+        source=source,
+        styles=styles,
+    )
+    _bytes_ticks(ax, sizes)
+    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return ax

@@ -1,0 +1,160 @@
+"""Chapter 04's pitfalls, shown live: duplicated random draws across workers, a data set defined in the
+notebook under spawn, an exception raised inside a worker.
+
+The data sets they run (module level, so spawn workers can import them) stay in :mod:`helpers.pipeline.loaders`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping, Sequence
+
+from torch.utils.data import Dataset
+
+from ...core.failures import LoaderFailure
+from ...core.validate import check_choice, check_float, check_int
+from ...pipeline.loaders import (
+    MAX_WORKERS,
+    START_METHODS,
+    FailingDataset,
+    LoaderConfig,
+    build_loader,
+    open_iterator,
+)
+
+__all__ = [
+    "rng_draws",
+    "rng_duplicates",
+    "SpawnOutcome",
+    "spawn_failure_demo",
+    "worker_error_demo",
+]
+
+
+def rng_draws(
+    dataset: Dataset, *, num_workers: int = 2, batch_size: int = 4, multiprocessing_context: str | None = None
+) -> dict[int, list[float]]:
+    """Run ``dataset`` (items ``(index, worker_id, draw)``) through workers; draws per worker, in order
+    (worker id -1: the main process, with ``num_workers=0``)."""
+    cfg = LoaderConfig(
+        batch_size=batch_size, num_workers=num_workers, shuffle=False, multiprocessing_context=multiprocessing_context
+    )
+    loader = build_loader(dataset, cfg)
+    out: dict[int, list[float]] = {}
+    with open_iterator(loader) as it:
+        for _idx, wid, draw in it:
+            for w, d in zip(wid.tolist(), draw.tolist()):
+                out.setdefault(int(w), []).append(float(d))
+    return out
+
+
+def rng_duplicates(draws: Mapping[int, Sequence[float]]) -> float:
+    """Fraction of draws made by workers other than the first that repeat one of worker 0's draws."""
+    if len(draws) < 2:
+        return 0.0
+    ids = sorted(draws)
+    first = set(draws[ids[0]])
+    others = [d for w in ids[1:] for d in draws[w]]
+    return sum(d in first for d in others) / len(others) if others else 0.0
+
+
+@contextlib.contextmanager
+def _capture_fd2() -> Iterator[Callable[[], str]]:
+    """Redirect file descriptor 2 (inherited by child processes) into a temporary file."""
+    import sys
+
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        try:
+            sys.stderr.flush()
+        except Exception:
+            pass
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        text: list[str] = []
+        try:
+            yield lambda: "".join(text)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text.append(tmp.read().decode("utf-8", "replace"))
+
+
+@dataclass
+class SpawnOutcome:
+    """What happened when a loader ran with a given start method."""
+
+    context: str
+    ok: bool
+    error_type: str | None
+    message: str
+    child_error: str | None
+    seconds: float
+
+
+def spawn_failure_demo(dataset: Dataset, *, context: str = "spawn", timeout_s: float = 30.0) -> SpawnOutcome:
+    """Try one batch from ``dataset`` with one worker started by ``context``; report, never hang or leak.
+
+    A data set class defined in a notebook cell lives in ``__main__``; a
+    spawn/forkserver worker is a fresh interpreter that cannot import it, so it
+    dies while unpickling the data set. The worker's own error message goes to
+    its stderr, which this function captures and returns as ``child_error``
+    (e.g. ``AttributeError: Can't get attribute 'MyData' on <module ...>``).
+
+    Args:
+        dataset: the data set to try.
+        context: "spawn", "forkserver" or "fork".
+        timeout_s: the DataLoader's timeout (1-600 s): the demo can't hang longer.
+    """
+    check_choice("context", context, [m for m in START_METHODS if m])
+    timeout_s = check_float("timeout_s", timeout_s, 1.0, 600.0)
+    cfg = LoaderConfig(batch_size=2, num_workers=1, shuffle=False, timeout=timeout_s, multiprocessing_context=context)
+    loader = build_loader(dataset, cfg)
+    t0 = time.perf_counter()
+    err: BaseException | None = None
+    with _capture_fd2() as captured:
+        try:
+            with open_iterator(loader) as it:
+                next(it)
+        except Exception as exc:  # the failure is the point of the demo
+            err = exc
+        # give a dying child a moment to flush its traceback
+        time.sleep(0.05)
+    child_text = captured()
+    found = re.findall(r"^(\w+(?:Error|Exception)): (.*)$", child_text, flags=re.M)
+    child_error = f"{found[-1][0]}: {found[-1][1]}" if found else None
+    return SpawnOutcome(
+        context=context,
+        ok=err is None,
+        error_type=type(err).__name__ if err else None,
+        message=str(err).strip() if err else "one batch loaded fine",
+        child_error=child_error,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def worker_error_demo(dataset: Dataset | None = None, *, num_workers: int = 2) -> tuple[str, str]:
+    """Load from a data set whose item raises in a worker; return torch's ``(exception type, message)``.
+
+    The DataLoader re-raises the worker's exception in the main process, of
+    the same type, with the worker's traceback in the message ("Caught
+    ValueError in DataLoader worker process 1. Original Traceback ...").
+    :func:`open_iterator` turns it into a :class:`LoaderFailure` in plain words
+    (:func:`explain_loader_error`); this returns torch's own error, kept as its cause.
+    """
+    ds = dataset if dataset is not None else FailingDataset()
+    cfg = LoaderConfig(batch_size=4, num_workers=check_int("num_workers", num_workers, 1, MAX_WORKERS), shuffle=False)
+    loader = build_loader(ds, cfg)
+    try:
+        with open_iterator(loader) as it:
+            for _ in it:
+                pass
+    except Exception as exc:
+        raw = exc.__cause__ if isinstance(exc, LoaderFailure) and exc.__cause__ is not None else exc
+        return type(raw).__name__, str(raw)
+    return "none", "no worker raised"
