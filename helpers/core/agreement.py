@@ -136,9 +136,10 @@ def ratio_noise(ratio_sets: Sequence[Sequence[float]]) -> float | None:
     that drift of the machine's speed cancels out of their ratio, and a slow round that slows both sides
     leaves it unchanged. An interquartile range settles as rounds are added (a range keeps widening: more
     rounds, more chances of an outlier), and one outlying round moves it little. With few rounds it reads
-    somewhat low (3 rounds: about 60% of what many rounds give), which the direction rule makes up for. With
-    :func:`ratios_straddle_one` and :func:`within_noise_floor` it makes chapter 06's verdict: a difference
-    when every round agrees on the direction and the median ratio differs from 1 by more than this.
+    somewhat low (3 rounds: about 60% of what many rounds give), which the direction rule makes up for: with
+    up to 3 rounds every round must agree. With :func:`ratios_split_on_direction` and
+    :func:`within_noise_floor` it makes chapter 06's verdict: a difference when the rounds agree on the
+    direction and the median ratio differs from 1 by more than this.
 
     Returns:
         The fraction, or None when no set has two rounds.
