@@ -1854,15 +1854,18 @@ def expected_within_noise(
     needs CUDA does nothing on a CPU; in a compute-bound regime (the step takes
     ``ratio`` x the loader's batch), only the workers step can remove the
     in-process loading from each step (an expected gain of about
-    ``1 + 1 / ratio``); once workers hide loading, the later loading steps, and
-    pinning, have little to remove.
+    ``1 + 1 / ratio``, less the workers' start-up, paid in every epoch); once
+    workers hide loading, the later loading steps, and pinning, have little to
+    remove. Persistent workers are not expected within noise in either regime:
+    the start-up they remove is a stall before the first batch of each epoch,
+    which no amount of compute hides.
     """
     if not effective_on(step, device):
         return "needs CUDA: no effect on this device"
     if regime == "compute-bound" and cal is not None and cal.reached:
         if step.name == "workers":
             return None
-        if step.name in ("persistent", "uint8", "prefetcher", "pinned"):
+        if step.name in ("uint8", "prefetcher", "pinned"):
             return (
                 f"compute-bound: the step takes {cal.ratio:.1f}x the loader's batch, so loading is already "
                 "hidden behind it (or, before workers, this step does not shorten it)"
@@ -2190,14 +2193,17 @@ def run_waterfall(
     Every round runs each configuration once, in alternating order (forwards,
     then backwards), so that two neighbouring configurations are measured back
     to back and drift in the machine's speed cancels out of their ratio
-    (chapter 04's method). ``rounds`` defaults to 1 quick, 3 laptop, 2 full.
+    (chapter 04's method). ``rounds`` defaults to 1 quick, 5 laptop, 2 full: on a
+    shared 2-core machine one round in a few is disturbed by other programs, and
+    with 4 or more rounds the verdict allows one disturbed round in four
+    (:meth:`Waterfall.within_noise`).
     Stages alone are measured in the first round only. With more than one
     round, one untimed run of the first configuration comes first, so that no
     configuration is charged for the one-off costs of the first run.
     """
     spec = spec or job_spec(regime)
     pipe = _pipeline(pipeline, device, spec.seed, make_loader=make_loader, batches=batches, train_step=train_step)
-    n_rounds = check_int("rounds", rounds if rounds is not None else sized(quick=1, laptop=3, full=2), 1, 100)
+    n_rounds = check_int("rounds", rounds if rounds is not None else sized(quick=1, laptop=5, full=2), 1, 100)
     dev_type = torch.device(device).type
     configs = configurations(workers, names)
     skipped: list[str] = []
