@@ -8,6 +8,7 @@ changing any chapter's verdict).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -73,6 +74,51 @@ def test_within_noise_floor() -> None:
     for ratio, floor in ((float("nan"), 0.1), (1.0, -0.1)):
         with pytest.raises(ValueError, match="floor"):
             A.within_noise_floor(ratio, floor)
+
+
+def test_ratio_noise_is_the_interquartile_range_of_the_rounds_relative_to_their_median() -> None:
+    assert A.ratio_noise([[0.9, 1.0, 1.2]]) == pytest.approx(0.15)  # three rounds: half the range over the median
+    assert A.ratio_noise([[2.0, 2.0, 2.0]]) == 0.0  # every round the same ratio: no scatter, whatever the ratio
+    # sets with different effects pool, each relative to its own median: x2 and x0.5 scatter alike here
+    same = A.ratio_noise([[0.9, 1.0, 1.2], [0.9, 1.0, 1.2]])
+    assert A.ratio_noise([[1.8, 2.0, 2.4], [0.45, 0.5, 0.6]]) == pytest.approx(same)
+    assert A.ratio_noise([[1.3], [0.7]]) is None and A.ratio_noise([]) is None  # one round: no spread
+    for bad in ([[1.0, float("nan")]], [[1.0, 0.0]], [[-1.0, 1.0]]):
+        with pytest.raises(ValueError, match="finite positive"):
+            A.ratio_noise(bad)
+
+
+def test_ratio_noise_settles_as_rounds_are_added_where_a_range_keeps_widening() -> None:
+    rng = random.Random(1)
+
+    def typical(n: int, measure: Callable[[list[float]], float]) -> float:  # median over 400 sets of n rounds
+        values = sorted(measure([rng.lognormvariate(0, 0.1) for _ in range(n)]) for _ in range(400))
+        return values[200]
+
+    def width(s: list[float]) -> float:
+        return max(s) - min(s)
+
+    def iqr(s: list[float]) -> float:
+        return A.ratio_noise([s]) or 0.0
+
+    assert typical(60, width) > 1.25 * typical(15, width)  # a range widens with more rounds ...
+    assert typical(60, iqr) == pytest.approx(typical(15, iqr), rel=0.15)  # ... the interquartile range settles
+    outlier = A.ratio_noise([[1.0, 1.02, 0.98, 1.01, 0.99, 3.0]])
+    assert outlier is not None and outlier < 0.05  # one disturbed round moves it little
+
+
+def test_ratios_split_on_direction_allows_a_quarter_of_the_rounds_on_the_other_side() -> None:
+    rng = random.Random(2)
+    for _ in range(500):  # up to 3 rounds: every round must agree, as ratios_straddle_one says
+        ratios = [rng.choice([1.0, rng.uniform(0.5, 1.5)]) for _ in range(rng.randint(1, 3))]
+        assert A.ratios_split_on_direction(ratios) == A.ratios_straddle_one(ratios)
+    assert not A.ratios_split_on_direction([1.4, 1.4, 0.9, 1.5, 1.4])  # one disturbed round in 5
+    assert A.ratios_split_on_direction([1.4, 0.95, 0.9, 1.5, 1.4])  # two in 5: no direction
+    assert A.ratios_split_on_direction([1.4, 1.0, 1.3, 1.5, 1.0])  # a round on 1 counts against both sides
+    assert not A.ratios_split_on_direction([0.7] * 6 + [1.2, 1.1])  # 2 of 8 may disagree
+    assert A.ratios_split_on_direction([0.7] * 5 + [1.2, 1.1, 1.0])
+    with pytest.raises(ValueError, match="finite"):
+        A.ratios_split_on_direction([])
 
 
 # --- each chapter function decides as its rule does (the old inline rules, restated here) ---------------------

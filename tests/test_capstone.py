@@ -456,10 +456,10 @@ def test_waterfall_gains_come_from_rounds_and_noise_is_called_noise() -> None:
         "data-bound",
         tiny(),
         "cpu",
-        [_result("baseline", [1.0, 1.3, 0.8]), _result("workers", [0.9, 1.15, 0.7])],
+        [_result("baseline", [1.0, 1.0, 1.0]), _result("workers", [0.98, 0.8, 0.95])],
         rounds=3,
     )
-    assert small.verdicts() == ["", "within noise"]  # every round agrees (x1.11-1.14) but within the spread
+    assert small.verdicts() == ["", "within noise"]  # every round agrees (x1.02-1.25), x1.05 within their scatter
     same = C.Waterfall(
         "data-bound",
         tiny(),
@@ -471,6 +471,42 @@ def test_waterfall_gains_come_from_rounds_and_noise_is_called_noise() -> None:
     assert set(same.verdicts()[1:] + small.verdicts()[1:] + wf.verdicts()[1:]) <= set(C.VERDICTS)
     one = C.Waterfall("data-bound", tiny(), "cpu", [_result("baseline", [1.0]), _result("workers", [0.5])])
     assert one.verdicts() == ["", "one round"] and one.within_noise() == [None, None]
+
+
+def test_a_slow_round_that_slows_both_neighbours_does_not_hide_a_gain() -> None:
+    """The verdict judges the per-round *ratios*: a round in which the machine ran at half speed slows both
+    neighbours measured back to back and leaves their ratio as it was (issue #28.2: the epoch times' spread
+    across rounds, 50-130% on a loaded 2-core machine, made every step 'within noise')."""
+    drift = C.Waterfall(
+        "data-bound",
+        tiny(),
+        "cpu",
+        [
+            _result("baseline", [1.0, 2.0, 1.0]),  # round 2 ran at half speed ...
+            _result("workers", [0.7, 1.4, 0.7]),  # ... for both neighbours: x1.43 in every round
+            _result("persistent", [0.7, 1.44, 0.69]),  # x1.00, 0.97, 1.01: the rounds disagree
+        ],
+        rounds=3,
+    )
+    assert drift.verdicts() == ["", "gain", "within noise"]
+    assert drift.noise_floor() == pytest.approx(1.0, abs=0.05)  # the epoch times varied 100% between rounds
+    assert drift.ratio_noise() is not None and drift.ratio_noise() < 0.05  # the ratios scattered little
+    scattered = C.Waterfall(
+        "data-bound",
+        tiny(),
+        "cpu",
+        [_result("baseline", [1.0, 1.0, 1.0, 1.0, 1.0]), _result("workers", [0.9, 0.6, 0.85, 0.99, 0.7])],
+        rounds=5,
+    )
+    assert scattered.verdicts() == ["", "within noise"]  # x1.01-1.67, every round faster, x1.18 within the scatter
+    disturbed = C.Waterfall(
+        "data-bound",
+        tiny(),
+        "cpu",
+        [_result("baseline", [1.0, 1.0, 1.0, 1.0, 1.0]), _result("workers", [0.7, 0.72, 1.05, 0.69, 0.71])],
+        rounds=5,
+    )
+    assert disturbed.verdicts() == ["", "gain"]  # x1.39-1.45 in 4 rounds of 5, one disturbed round (x0.95)
 
 
 def test_waterfall_runs_in_alternating_rounds(monkeypatch: pytest.MonkeyPatch) -> None:

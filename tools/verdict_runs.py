@@ -51,14 +51,19 @@ def main(argv: list[str] | None = None) -> int:
             gains = dict(zip((r.name for r in wf.results), wf.gains()))
             for name, verdict in wf.step_verdicts().items():
                 table[regime].setdefault(name, []).append((verdict, gains.get(name)))
-            floor = wf.noise_floor()
-            spread = f"run-to-run variation {floor:.0%}" if floor is not None else "one round: no spread"
+            floor, noise = wf.noise_floor(), wf.ratio_noise()
+            spread = (
+                f"epoch times varied {floor:.0%} between rounds, step gains scattered {noise:.0%} (IQR)"
+                if floor is not None and noise is not None
+                else "one round: no spread"
+            )
             print(
                 f"run {run + 1}/{args.runs}, {regime}: width {spec.width}, depth {spec.depth}, {wf.rounds} "
                 f"rounds, {spread}; " + ", ".join(f"{r.name} {r.epoch_s:.2f} s" for r in wf.results),
                 flush=True,
             )
-        print(f"run {run + 1}/{args.runs} took {time.perf_counter() - t0:.0f} s", flush=True)
+        load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
+        print(f"run {run + 1}/{args.runs} took {time.perf_counter() - t0:.0f} s{load}", flush=True)
     print()
     print(f"{'regime':<14}{'step':<12}" + "".join(f"{'run ' + str(i + 1):<22}" for i in range(args.runs)) + "agree")
     disagree = 0
@@ -68,7 +73,11 @@ def main(argv: list[str] | None = None) -> int:
             same = len({v for v, _ in runs}) == 1
             disagree += not same
             print(f"{regime:<14}{name:<12}" + "".join(f"{c:<22}" for c in cells) + ("yes" if same else "NO"))
-    print(f"\n{disagree} step(s) whose verdict differs between runs, on {dev} ({os.cpu_count()} CPUs seen).")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    print(
+        f"\n{disagree} step(s) whose verdict differs between runs, on {dev} ({os.cpu_count()} CPUs seen; "
+        f"load average at the end {load}: other programs' work shows up as noise)."
+    )
     return 0
 
 

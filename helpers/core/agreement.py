@@ -17,10 +17,12 @@ rule                     agree when                                             
                          (their lowest to highest, ends included)               ``agreement_line``
 :func:`ratios_straddle`  per-round ratios (A / B, one per alternating round)    ch03 ``pin_pair_verdict``, ch04
 ``_one``                 fall on both sides of 1 (or touch it): the rounds      ``difference_line`` /
-                         disagree on the direction, so no difference is shown   ``KnobRounds.verdicts``, ch06
-                                                                                ``Waterfall.within_noise``
+                         disagree on the direction, so no difference is shown   ``KnobRounds.verdicts``
+:func:`ratios_split_on`  the same, allowing a quarter of the rounds (rounded    ch06 ``Waterfall.within_noise``
+``_direction``           down) on the other side: one disturbed round in 4+
 :func:`within_noise`     a ratio differs from 1 by no more than a measured      ch06 ``Waterfall.within_noise``
-``_floor``               run-to-run noise floor (a fraction)                    (with the rule above)
+``_floor``               noise (a fraction): for per-round ratios, their        (with the rule above and
+                         :func:`ratio_noise`                                    :func:`ratio_noise`)
 =======================  =====================================================  ===================================
 
 Also: ch00 ``hygiene.sync_verdict`` (:func:`spreads_overlap` on quartiles) and ch01 ``ch01.step_verdict`` /
@@ -42,6 +44,7 @@ time). The registry of every pair the chapters show, and the test that each carr
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 __all__ = [
@@ -50,6 +53,8 @@ __all__ = [
     "within_range",
     "ratios_straddle_one",
     "within_noise_floor",
+    "ratio_noise",
+    "ratios_split_on_direction",
 ]
 
 
@@ -116,3 +121,62 @@ def within_noise_floor(ratio: float, floor: float) -> bool:
     if not _finite(ratio, floor) or floor < 0:
         raise ValueError(f"within_noise_floor needs a finite ratio and a floor >= 0, got {ratio!r} and {floor!r}")
     return abs(float(ratio) - 1.0) <= float(floor)
+
+
+def ratio_noise(ratio_sets: Sequence[Sequence[float]]) -> float | None:
+    """How much a per-round ratio scatters: the interquartile range of every round's ratio divided by the
+    median of its own set (a fraction; e.g. 0.08: the middle half of the rounds lie within 8% of each other).
+
+    ``ratio_sets``: one set of per-round ratios per pair compared in alternating rounds (A / B, one per round).
+    Each is divided by its own median, so pairs with different effects pool into one estimate of the noise of
+    a ratio; sets of one round are left out (no spread). The quartiles are ``statistics.quantiles(...,
+    method="inclusive")``: for one set of 3 rounds the result is half its range relative to its median.
+
+    The noise of the *ratio*, not of the epoch times: alternating rounds measure neighbours back to back so
+    that drift of the machine's speed cancels out of their ratio, and a slow round that slows both sides
+    leaves it unchanged. An interquartile range settles as rounds are added (a range keeps widening: more
+    rounds, more chances of an outlier), and one outlying round moves it little. With few rounds it reads
+    somewhat low (3 rounds: about 60% of what many rounds give), which the direction rule makes up for: with
+    up to 3 rounds every round must agree. With :func:`ratios_split_on_direction` and
+    :func:`within_noise_floor` it makes chapter 06's verdict: a difference when the rounds agree on the
+    direction and the median ratio differs from 1 by more than this.
+
+    Returns:
+        The fraction, or None when no set has two rounds.
+
+    Raises:
+        ValueError: a ratio that is not a finite positive number.
+    """
+    pooled: list[float] = []
+    for ratios in ratio_sets:
+        vals = [float(r) for r in ratios]
+        if not _finite(*vals) or any(v <= 0 for v in vals):
+            raise ValueError(f"ratio_noise needs finite positive ratios, got {list(ratios)!r}")
+        if len(vals) > 1:
+            mid = statistics.median(vals)
+            pooled += [v / mid for v in vals]
+    if len(pooled) < 2:
+        return None
+    q1, _, q3 = statistics.quantiles(pooled, n=4, method="inclusive")
+    return q3 - q1
+
+
+def ratios_split_on_direction(ratios: Sequence[float]) -> bool:
+    """Whether per-round ratios (A / B, one per alternating round) fail to agree on a direction.
+
+    They agree when every round but at most a quarter of them (rounded down) lies on the same side of 1:
+    all of 1-3 rounds, all but one of 4-7, all but two of 8-11. A round on 1 counts against both sides.
+    With up to 3 rounds this is :func:`ratios_straddle_one`; with more it does not turn into "noise"
+    because of the one disturbed round that more rounds are ever more likely to contain (a full range
+    keeps widening as rounds are added; this rule, like :func:`ratio_noise`, does not).
+
+    True: no direction agreed, so no difference is shown. False: the rounds agree on one.
+
+    Raises:
+        ValueError: no ratios, or one that is not a finite number.
+    """
+    vals = [float(r) for r in ratios]
+    if not vals or not _finite(*vals):
+        raise ValueError(f"ratios_split_on_direction needs finite ratios, got {list(ratios)!r}")
+    need = len(vals) - len(vals) // 4
+    return sum(v > 1.0 for v in vals) < need and sum(v < 1.0 for v in vals) < need
