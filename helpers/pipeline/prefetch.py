@@ -704,21 +704,7 @@ def _gpu_error(exc: BaseException, dev: torch.device) -> bool:
     return (accel is not None and isinstance(exc, accel)) or (isinstance(exc, RuntimeError) and "CUDA" in str(exc))
 
 
-class _DelayOn:
-    """A :class:`~helpers.core.timing.GpuDelay` on ``dev`` whatever device is current (GpuDelay calibrates and
-    queues ``torch.cuda._sleep`` on the current device)."""
-
-    def __init__(self, dev: torch.device, seconds: float) -> None:
-        self.dev = dev
-        with torch.cuda.device(dev):
-            self._delay = GpuDelay(dev, seconds=seconds)
-
-    def __call__(self) -> None:
-        with torch.cuda.device(self.dev):
-            self._delay()
-
-
-def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> _DelayOn:
+def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> GpuDelay:
     """Queued do-nothing GPU work lasting about three copies of ``src`` (measured once with CUDA events), so
     that a consumer which forgets to wait for the copy reads the batch before it has arrived."""
     probe = torch.empty_like(src, device=dev)
@@ -727,7 +713,7 @@ def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> _DelayOn:
     probe.copy_(src, non_blocking=True)
     e.record(torch.cuda.current_stream(dev))
     torch.cuda.synchronize(dev)
-    return _DelayOn(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))
+    return GpuDelay(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))  # it queues on dev, whatever is current
 
 
 def check_race(
