@@ -74,7 +74,6 @@ from .data import MEAN, STD, normalization_stats, to_float_normalized
 
 __all__ = [
     "Prefetcher",
-    "CUDAPrefetcher",
     "map_tensors",
     "iter_tensors",
     "move_batch",
@@ -82,7 +81,6 @@ __all__ = [
     "check_prefetcher",
     "check_order",
     "order_log",
-    "format_order_log",
     "check_race",
     "ProbeBatch",
     "ProbeLoader",
@@ -480,10 +478,6 @@ class Prefetcher:
         return self._iter_passthrough()
 
 
-#: The name used in the chapter text; on CPU it passes through.
-CUDAPrefetcher = Prefetcher
-
-
 # ---------------------------------------------------------------------------
 # Exercise checker: "write your own two-stage prefetcher"
 # ---------------------------------------------------------------------------
@@ -625,21 +619,6 @@ def order_log(
         loader.log.append(("handed", k))
         handed.append(b)
     return loader.log, handed
-
-
-def format_order_log(log: Sequence[tuple[str, int]]) -> str:
-    """The log as one line per hand-over: what had happened since the previous one."""
-    lines: list[str] = []
-    pending: list[str] = []
-    for kind, i in log:
-        if kind == "handed":
-            lines.append(f"  before handing over batch {i}: " + (", ".join(pending) if pending else "nothing"))
-            pending = []
-        else:
-            pending.append(f"{kind} {i}")
-    if pending:
-        lines.append("  after the last hand-over: " + ", ".join(pending))
-    return "\n".join(lines)
 
 
 def check_order(candidate: Any, device: torch.device | str = "cpu", n_batches: int = 6) -> list[str]:
