@@ -780,11 +780,6 @@ MAX_PAGES = 3
 _LABEL_IGNORE = {"method", "n", "iqr_s", "device"}
 
 
-def _short_params(p: dict[str, Any], limit: int = 3) -> str:
-    keep = [(k, v) for k, v in p.items() if not isinstance(v, (dict, list)) and k not in ("method", "n", "iqr_s")]
-    return ", ".join(f"{k}={v}" for k, v in keep[:limit])
-
-
 def _bytes_tick(value: float, _pos: Any = None) -> str:
     return _fmt_bytes(value).replace(".0 ", " ") if value >= 1 else ""
 
