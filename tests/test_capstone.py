@@ -8,28 +8,11 @@ matplotlib.use("Agg")
 
 import pytest
 import torch
+from _ch06_support import quick_data_set, tiny  # noqa: F401  (quick_data_set: autouse, for this module)
 
 from helpers.chapters import ch06
 from helpers.chapters.ch06 import capstone as C
 from helpers.core.results import ResultSet
-
-_JOB_SPEC = C.job_spec
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _quick_data_set():
-    """Quick mode for this module: the small generated data set (seconds), not the full one."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WORKBOOK_QUICK", "1")
-        C._CACHE.clear()
-        yield
-    C._CACHE.clear()
-
-
-def tiny(regime: str = "data-bound", **kw) -> C.JobSpec:
-    base = dict(width=2, depth=1, batch_size=8, crop_size=32, train_items=24, warm_steps=1, warm_passes=1)
-    base.update(kw)
-    return _JOB_SPEC(regime, **base)
 
 
 def test_steps_are_cumulative_and_each_adds_one_change() -> None:

@@ -102,10 +102,10 @@ def test_pin_pair_rounds_builds_the_readers_loader_in_alternating_order() -> Non
     assert all(len(r.round_items_per_s) == 3 for r in rows)
     assert not any(r.pin_active for r in rows) or torch.accelerator.is_available()
     assert seen[-1] == 1.0 and seen == sorted(seen)
-    verdict = pinning.pin_verdict(rows, 0)
+    verdict = ch03.pin_pair_verdict(rows)
     assert "3 alternating rounds" in verdict
     if not torch.accelerator.is_available():
-        assert "noise" in verdict
+        assert "nothing was pinned" in verdict
         assert any("pin_memory" in w for w in rows[1].result.warnings)  # captured, not printed
 
 
@@ -122,7 +122,7 @@ def test_pin_pair_rounds_reports_pinned_batches(monkeypatch: pytest.MonkeyPatch)
 
     rows = pinning.pin_pair_rounds(fake, None, 2, batches=2, warmup=0, rounds=2)  # type: ignore[arg-type]
     assert [r.pin_active for r in rows] == [False, True]
-    assert "rounds" in pinning.pin_verdict(rows, 0)
+    assert "rounds" in ch03.pin_pair_verdict(rows)
 
 
 def test_pin_pair_rounds_refuses_a_make_loader_without_the_keyword() -> None:

@@ -12,24 +12,10 @@ import inspect
 
 import pytest
 import torch
+from _ch06_support import quick_data_set, tiny  # noqa: F401  (quick_data_set: autouse, for this module)
 from torch.utils.data import DataLoader
 
 from helpers.chapters.ch06 import capstone as C
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _quick_data_set():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WORKBOOK_QUICK", "1")
-        C._CACHE.clear()
-        yield
-    C._CACHE.clear()
-
-
-def tiny(regime: str = "data-bound", **kw) -> C.JobSpec:
-    base = dict(width=2, depth=1, batch_size=8, crop_size=32, train_items=24, warm_steps=1, warm_passes=1)
-    base.update(kw)
-    return C.job_spec(regime, **base)
 
 
 def test_the_last_step_calls_the_pipeline_with_its_defaults() -> None:

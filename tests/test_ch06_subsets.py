@@ -5,18 +5,10 @@ from __future__ import annotations
 import collections
 
 import pytest
+from _ch06_support import quick_data_set  # noqa: F401  (quick_data_set: autouse, for this module)
 
 from helpers.chapters import ch06
 from helpers.chapters.ch06 import capstone as C
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _quick_data_set():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WORKBOOK_QUICK", "1")
-        C._CACHE.clear()
-        yield
-    C._CACHE.clear()
 
 
 @pytest.mark.parametrize("n", [48, 320, 600])

@@ -15,20 +15,12 @@ from typing import Any
 
 import psutil
 import pytest
+from _ch06_support import quick_data_set  # noqa: F401  (quick_data_set: autouse, for this module)
 from torch.utils.data import DataLoader, Dataset
 
 from helpers.chapters import ch06
 from helpers.chapters.ch06 import capstone as C
 from helpers.pipeline import loaders
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _quick_data_set():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WORKBOOK_QUICK", "1")
-        C._CACHE.clear()
-        yield
-    C._CACHE.clear()
 
 
 @pytest.fixture(autouse=True)

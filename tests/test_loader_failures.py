@@ -546,16 +546,8 @@ def _pin_row(w: int, pin: bool, rates: list[float], active: bool) -> Any:
     )
 
 
-def test_pin_verdict_follows_the_rounds() -> None:
-    rows = [_pin_row(0, False, [100, 100, 100], False), _pin_row(0, True, [180, 90, 110], False)]
-    assert rows[1].items_per_s == 110  # the median of the rounds
-    assert "noise" in pinning.pin_verdict(rows, 0) and "0.90-1.80x" in pinning.pin_verdict(rows, 0)
-    active = [_pin_row(2, False, [100, 100, 100], True), _pin_row(2, True, [120, 110, 130], True)]
-    assert "faster in every round" in pinning.pin_verdict(active, 2)
-    mixed = [_pin_row(2, False, [100, 100, 100], True), _pin_row(2, True, [120, 90, 130], True)]
-    assert "within noise" in pinning.pin_verdict(mixed, 2)
-    with pytest.raises(ValueError, match="num_workers=4"):
-        pinning.pin_verdict(rows, 4)
+def test_pin_row_is_the_median_of_its_rounds() -> None:
+    assert _pin_row(0, True, [180, 90, 110], False).items_per_s == 110
 
 
 def test_pin_experiment_alternates_rounds() -> None:

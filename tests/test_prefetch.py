@@ -14,7 +14,6 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from helpers.pipeline.prefetch import (
-    CUDAPrefetcher,
     Pair,
     Prefetcher,
     Sample,
@@ -202,8 +201,8 @@ def test_asking_for_cuda_without_cuda_is_a_value_error() -> None:
         Prefetcher([torch.ones(1)], "cuda")
 
 
-def test_default_device_and_alias() -> None:
-    pf = CUDAPrefetcher([torch.ones(1)])
+def test_default_device() -> None:
+    pf = Prefetcher([torch.ones(1)])
     assert pf.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
     assert "Prefetcher" in repr(pf)
 
@@ -309,7 +308,7 @@ def test_checker_refuses_the_reference_prefetcher() -> None:
     class Mine(Prefetcher):
         pass
 
-    for candidate in (Prefetcher, CUDAPrefetcher, Mine, lambda loader, device: Prefetcher(loader, device)):
+    for candidate in (Prefetcher, Mine, lambda loader, device: Prefetcher(loader, device)):
         res = check_prefetcher(candidate, "cpu")
         assert not res.correct and "reference" in str(res), candidate
 

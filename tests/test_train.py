@@ -25,51 +25,9 @@ def _setup(info: data.DatasetInfo, output: str = "float") -> tuple:
     return loader, model, train.make_optimizer(model)
 
 
-def test_train_epoch_records_every_phase(tiny: data.DatasetInfo) -> None:
-    loader, model, opt = _setup(tiny)
-    rec = SpanRecorder("cpu")
-    stats = training.train_epoch(model, loader, "cpu", opt, recorder=rec, start_step=10)
-    trace = rec.finish()
-    assert stats.steps == 6 and stats.samples == 48
-    assert 0.0 <= stats.accuracy <= 1.0 and stats.loss > 0 and stats.samples_per_s > 0
-    assert list(trace.phase_totals()) == ["load", "collate", "h2d", "forward", "backward", "optimizer"]
-    assert {s.step for s in trace.spans} == set(range(10, 16))
-    for s in trace.spans:
-        assert s.end >= s.start
-    # phases of one step come in order and do not overlap (nothing runs concurrently here)
-    step0 = sorted((s for s in trace.spans if s.step == 10), key=lambda s: s.start)
-    assert [s.name for s in step0] == ["load", "collate", "h2d", "forward", "backward", "optimizer"]
-    for a, b in zip(step0, step0[1:]):
-        assert a.end <= b.start + 1e-6
-
-
-def test_train_epoch_changes_weights_and_respects_max_steps(tiny: data.DatasetInfo) -> None:
-    loader, model, opt = _setup(tiny)
-    before = [p.detach().clone() for p in model.parameters()]
-    stats = training.train_epoch(model, loader, "cpu", opt, max_steps=2)
-    assert stats.steps == 2 and stats.samples == 16
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
-
-
-def test_uint8_batches_get_a_normalize_phase(tiny: data.DatasetInfo) -> None:
-    loader, model, opt = _setup(tiny, output="uint8")
-    rec = SpanRecorder("cpu")
-    training.train_epoch(model, loader, "cpu", opt, recorder=rec, max_steps=2)
-    assert "normalize" in rec.finish().phase_totals()
-
-
-def test_custom_transfer_and_no_recorder(tiny: data.DatasetInfo) -> None:
-    loader, model, opt = _setup(tiny)
-    calls = []
-
-    def move(batch: tuple, device: torch.device) -> tuple:
-        calls.append(device)
-        return batch[0].to(device), batch[1].to(device)
-
-    stats = training.train_epoch(model, loader, "cpu", opt, transfer=move, max_steps=3)
-    assert stats.steps == 3 and len(calls) == 3
-    with pytest.raises(ValueError, match="transfer"):
-        training.train_epoch(model, loader, "cpu", opt, transfer="teleport")
+def _record(loader: object, model: torch.nn.Module, opt: torch.optim.Optimizer, rec: SpanRecorder, steps: int) -> int:
+    """Chapter 01's recorded steps with the baseline step and a copy that leaves the batch where it is."""
+    return anatomy.record_steps(loader, lambda x, y: (x, y), anatomy.baseline_train_step, model, opt, rec, steps=steps)
 
 
 def test_workers_record_load_without_collate(tiny: data.DatasetInfo) -> None:
@@ -77,7 +35,7 @@ def test_workers_record_load_without_collate(tiny: data.DatasetInfo) -> None:
     loader = loaders.timed_loader(ds, 8, num_workers=1)
     model = models.build_model(width=4, depth=2, num_classes=4)
     rec = SpanRecorder("cpu")
-    training.train_epoch(model, loader, "cpu", train.make_optimizer(model), recorder=rec, max_steps=2)
+    _record(loader, model, train.make_optimizer(model), rec, steps=2)
     assert "collate" not in rec.finish().phase_totals()
 
 
@@ -154,13 +112,8 @@ def test_cpu_naive_loop_does_not_overlap(tiny: data.DatasetInfo) -> None:
     assert anatomy.lane_overlap(a.trace, train.DATA_LANE, train.COMPUTE_LANE_CPU) <= 0.01 * a.trace.wall_time()
 
 
-def test_progress_of_epochs_and_anatomy(tiny: data.DatasetInfo) -> None:
-    loader, model, opt = _setup(tiny)
+def test_progress_of_the_anatomy(tiny: data.DatasetInfo) -> None:
     seen: list[tuple[float, str]] = []
-    stats = training.train_epoch(model, loader, "cpu", opt, max_steps=3, progress=lambda f, t="": seen.append((f, t)))
-    assert [round(f, 3) for f, _ in seen] == [round(k / stats.steps, 3) for k in range(1, stats.steps + 1)]
-    assert seen[-1][1] == f"step {stats.steps} of {stats.steps}"
-    seen.clear()
     anatomy.step_anatomy(
         batch_size=8,
         crop_size=24,
@@ -187,16 +140,6 @@ def test_step_anatomy(tiny: data.DatasetInfo) -> None:
         anatomy.step_anatomy(batch_size=0, data_root=tiny.train_dir)
     with pytest.raises(ValueError, match="fewer than"):
         anatomy.step_anatomy(batch_size=64, crop_size=24, width=4, steps=1, warmup=0, data_root=tiny.train_dir)
-
-
-def test_lanes_name_the_resources(tiny: data.DatasetInfo) -> None:
-    loader, model, opt = _setup(tiny)
-    rec = SpanRecorder("cpu")
-    training.train_epoch(model, loader, "cpu", opt, recorder=rec, max_steps=1)
-    lanes = {s.name: s.lane for s in rec.finish().spans}
-    assert lanes["load"] == lanes["collate"] == train.DATA_LANE
-    assert lanes["h2d"] == train.COPY_LANE
-    assert lanes["forward"] == lanes["backward"] == lanes["optimizer"] == train.COMPUTE_LANE_CPU
 
 
 def test_named_transfers_are_the_one_batch_mover(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -293,19 +236,6 @@ def test_benchmark_records(tiny: data.DatasetInfo, tmp_path, monkeypatch: pytest
     assert set(plt.get_fignums()) == set()
 
 
-def test_fit_trains_and_scores_every_epoch(tiny: data.DatasetInfo) -> None:
-    """``fit`` runs its epochs and scores the validation loader after each (learning itself: test_ch01_learning)."""
-    torch.manual_seed(0)
-    train_loader = loaders.timed_loader(data.ShapesDataset(tiny.train_dir, crop_size=24), 8, seed=0)
-    val_loader = loaders.timed_loader(data.ShapesDataset(tiny.val_dir, crop_size=24, augment=False), 12, shuffle=False)
-    model = models.build_model(width=4, depth=2, num_classes=4, seed=0)
-    before = [p.detach().clone() for p in model.parameters()]
-    history = training.fit(model, train_loader, val_loader, "cpu", epochs=2)
-    assert len(history) == 2 and all(h.val_accuracy is not None and 0 <= h.val_accuracy <= 1 for h in history)
-    assert history[1].val_accuracy == training.evaluate(model, val_loader, "cpu")
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
-
-
 class _PinningLoader:
     """Stands in for a pin_memory=True loader on a CUDA machine: collate, then a pause (the pinning)."""
 
@@ -329,8 +259,8 @@ def test_pinning_time_gets_its_own_phase(tiny: data.DatasetInfo, monkeypatch: py
     _, model, opt = _setup(tiny)
     loader = _PinningLoader(data.ShapesDataset(tiny.train_dir, crop_size=24), batches=2)
     rec = SpanRecorder("cpu")
-    monkeypatch.setattr(training, "_can_pin", lambda: True)
-    training.train_epoch(model, loader, "cpu", opt, recorder=rec)
+    monkeypatch.setattr(anatomy, "_can_pin", lambda: True)
+    _record(loader, model, opt, rec, steps=2)
     means = rec.finish().phase_means()
     assert list(means)[:3] == ["load", "collate", "pin"] and means["pin"] >= 0.009
     assert "pin" in train.STAGES["data (CPU)"]

@@ -329,16 +329,10 @@ def _release_children(timeout: float = 5.0) -> list[int]:
     import multiprocessing
 
     children = multiprocessing.active_children()
-    for child in children:
-        with contextlib.suppress(Exception):
-            child.terminate()
-    end = time.monotonic() + timeout
-    for child in children:
-        with contextlib.suppress(Exception):
-            child.join(max(0.1, end - time.monotonic()))
-            if child.is_alive():
-                child.kill()
-                child.join(1.0)
+    if children:  # only then: the loaders module imports torch, slow for a Ctrl-C before any chapter ran
+        from helpers.pipeline.loaders import _stop_processes  # the loaders' one SIGTERM, wait, SIGKILL
+
+        _stop_processes(children, grace_s=timeout)
     return [c.pid for c in children if c.pid is not None]
 
 
@@ -784,11 +778,6 @@ BARS_PER_PANEL = 14
 #: Pages per chapter and kind; records beyond them are counted in the figure's footnote.
 MAX_PAGES = 3
 _LABEL_IGNORE = {"method", "n", "iqr_s", "device"}
-
-
-def _short_params(p: dict[str, Any], limit: int = 3) -> str:
-    keep = [(k, v) for k, v in p.items() if not isinstance(v, (dict, list)) and k not in ("method", "n", "iqr_s")]
-    return ", ".join(f"{k}={v}" for k, v in keep[:limit])
 
 
 def _bytes_tick(value: float, _pos: Any = None) -> str:

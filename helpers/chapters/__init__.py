@@ -4,7 +4,7 @@ chNN/       chapter NN's folder (ch00 ... ch07): its ``__init__`` is the one cha
             (helpers/ui/chapter.py: the live panel's controls, run, summary and plot, and the headless
             benchmark); the modules beside it are that chapter's own experiments:
             ch00/hygiene                    warm-up, synchronisation and clock experiments
-            ch01/anatomy, training          the reader's step timed phase by phase; the training loop
+            ch01/anatomy, training          the reader's step timed phase by phase; evaluation
             ch02/copies, pin_costs          the copy sweep, timed copies and fit; what pinning costs
             ch03/pinning                    the pin thread; pinned against pageable in alternating rounds
             ch04/sweeps, speedup, pitfalls  the worker sweep and knobs; the fair speed-up figure; pitfalls

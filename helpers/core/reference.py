@@ -32,7 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .results import Record, ResultSet, comparable
+from .results import Record, ResultSet
 
 __all__ = [
     "reference_dir",
@@ -42,7 +42,6 @@ __all__ = [
     "describe",
     "missing_message",
     "provenance_line",
-    "live_vs_reference",
     "CitedFigure",
     "published_experiments_file",
     "load_published_experiments",
@@ -112,31 +111,6 @@ def describe(key: str, **params: Any) -> str:
     if not hits:
         return missing_message(key)
     return "\n".join(f"{provenance_line(rs)} ({len(recs)} records)" for rs, recs in hits)
-
-
-def live_vs_reference(live: ResultSet, key: str) -> list[str]:
-    """Lines that put a live result beside each reference for ``key``.
-
-    Ratios are given only when the hardware matches; otherwise the reference
-    is shown as 'recorded on X' without a comparison.
-    """
-    lines = []
-    for rs, recs in find(key):
-        ok, why = comparable(rs, live)
-        if not ok:
-            lines.append(f"{provenance_line(rs)} — not compared with this machine: {why}")
-            continue
-        live_index = {r.ident(): r for r in live.records}
-        for rec in recs:
-            other = live_index.get(rec.ident())
-            if other is not None and rec.value:
-                lines.append(
-                    f"{rec.key} {rec.params}: reference {rec.value:.4g} {rec.unit}, "
-                    f"this run {other.value:.4g} {rec.unit} (x{other.value / rec.value:.2f})"
-                )
-    if not lines:
-        lines.append(missing_message(key))
-    return lines
 
 
 # --------------------------------------------------------------------------------------------------

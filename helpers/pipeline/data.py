@@ -1122,7 +1122,7 @@ class TimedCollate:
     Wraps ``collate_fn`` (default: ``torch.utils.data.default_collate``). After
     each call, :attr:`last` holds ``(start, end)`` in ``time.perf_counter()``
     seconds *of the process that ran it*: with ``num_workers=0`` that is the main
-    process, and :func:`helpers.chapters.ch01.training.train_epoch` uses it to split the "load"
+    process, and :func:`helpers.chapters.ch01.anatomy.record_steps` uses it to split the "load"
     phase into "load" (read, decode, augment) and "collate".
     """
 

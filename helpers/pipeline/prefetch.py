@@ -74,7 +74,6 @@ from .data import MEAN, STD, normalization_stats, to_float_normalized
 
 __all__ = [
     "Prefetcher",
-    "CUDAPrefetcher",
     "map_tensors",
     "iter_tensors",
     "move_batch",
@@ -82,7 +81,6 @@ __all__ = [
     "check_prefetcher",
     "check_order",
     "order_log",
-    "format_order_log",
     "check_race",
     "ProbeBatch",
     "ProbeLoader",
@@ -480,10 +478,6 @@ class Prefetcher:
         return self._iter_passthrough()
 
 
-#: The name used in the chapter text; on CPU it passes through.
-CUDAPrefetcher = Prefetcher
-
-
 # ---------------------------------------------------------------------------
 # Exercise checker: "write your own two-stage prefetcher"
 # ---------------------------------------------------------------------------
@@ -627,21 +621,6 @@ def order_log(
     return loader.log, handed
 
 
-def format_order_log(log: Sequence[tuple[str, int]]) -> str:
-    """The log as one line per hand-over: what had happened since the previous one."""
-    lines: list[str] = []
-    pending: list[str] = []
-    for kind, i in log:
-        if kind == "handed":
-            lines.append(f"  before handing over batch {i}: " + (", ".join(pending) if pending else "nothing"))
-            pending = []
-        else:
-            pending.append(f"{kind} {i}")
-    if pending:
-        lines.append("  after the last hand-over: " + ", ".join(pending))
-    return "\n".join(lines)
-
-
 def check_order(candidate: Any, device: torch.device | str = "cpu", n_batches: int = 6) -> list[str]:
     """Problems (empty: none) in *when* ``candidate(loader, device)`` requests and moves batches.
 
@@ -704,21 +683,7 @@ def _gpu_error(exc: BaseException, dev: torch.device) -> bool:
     return (accel is not None and isinstance(exc, accel)) or (isinstance(exc, RuntimeError) and "CUDA" in str(exc))
 
 
-class _DelayOn:
-    """A :class:`~helpers.core.timing.GpuDelay` on ``dev`` whatever device is current (GpuDelay calibrates and
-    queues ``torch.cuda._sleep`` on the current device)."""
-
-    def __init__(self, dev: torch.device, seconds: float) -> None:
-        self.dev = dev
-        with torch.cuda.device(dev):
-            self._delay = GpuDelay(dev, seconds=seconds)
-
-    def __call__(self) -> None:
-        with torch.cuda.device(self.dev):
-            self._delay()
-
-
-def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> _DelayOn:
+def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> GpuDelay:
     """Queued do-nothing GPU work lasting about three copies of ``src`` (measured once with CUDA events), so
     that a consumer which forgets to wait for the copy reads the batch before it has arrived."""
     probe = torch.empty_like(src, device=dev)
@@ -727,7 +692,7 @@ def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> _DelayOn:
     probe.copy_(src, non_blocking=True)
     e.record(torch.cuda.current_stream(dev))
     torch.cuda.synchronize(dev)
-    return _DelayOn(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))
+    return GpuDelay(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))  # it queues on dev, whatever is current
 
 
 def check_race(

@@ -8,9 +8,9 @@ phase      what happens                                            timeline lane
 load       the loader reads, decodes and augments the images       data (CPU)
 collate    the per-image tensors are stacked into one batch        data (CPU)
 h2d        the batch is copied host -> device (a no-op on CPU)     copy (link)
-forward    model(x) (and, in train_epoch, the loss)                compute (GPU)
+forward    model(x)                                                compute (GPU)
 backward   loss.backward() (in record_steps: the loss too)         compute (GPU)
-optimizer  optimizer.step() (and zero_grad in train_epoch)         compute (GPU)
+optimizer  optimizer.step()                                        compute (GPU)
 ========== ======================================================= ==============
 
 On a CUDA device the copy and compute phases are timed with CUDA events (what
@@ -26,8 +26,8 @@ duration of the run); with workers, "load" is the time the main process *waits* 
 
 Chapter 01's own code is in its folder: the step anatomy (``record_steps``: the reader's loader,
 ``to_device`` and ``train_step`` timed phase by phase; ``step_anatomy``, the live panel's and benchmark's short
-run) in :mod:`helpers.chapters.ch01.anatomy`, and the training loop (``train_epoch``, ``evaluate``, ``fit``)
-in :mod:`helpers.chapters.ch01.training`.
+run) in :mod:`helpers.chapters.ch01.anatomy`, and the evaluation (``evaluate``) in
+:mod:`helpers.chapters.ch01.training`.
 
 Here (chapter 01 and chapter 06's waterfall, and the course's answer key, use them):
 

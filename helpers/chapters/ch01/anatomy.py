@@ -189,7 +189,7 @@ def record_steps(
     count as part of "backward". On a CUDA device these spans, and "h2d", are CUDA events: what the GPU
     did, when. "collate" is split from "load" when the loader collates in this process (see
     :func:`_collate_timer`). A ``to_device`` that hands over uint8 batches gets a "normalize" span
-    (:func:`helpers.pipeline.data.to_float_normalized`, on the device), as in :func:`train_epoch`.
+    (:func:`helpers.pipeline.data.to_float_normalized`, on the device).
 
     When the loader runs out before ``steps`` steps, the next epoch begins (a new iterator; its start
     is part of that step's "load"). Steps are numbered from ``start_step``; the caller calls
@@ -372,7 +372,7 @@ def step_anatomy(
         num_workers: loader workers for the default loader (0: the baseline); with the reader's
             ``make_loader`` it must stay 0 (the reader's loader sets its own workers).
         output: ``"float"`` or ``"uint8"`` batches.
-        transfer: the default copy, see :func:`train_epoch` (ignored with the reader's ``to_device``).
+        transfer: the default copy, ``"blocking"`` or ``"non_blocking"`` (ignored with the reader's ``to_device``).
         data_root: a class-folder root (e.g. ``info.train_dir``); default: the
             training split of ``make_shapes_dataset()``.
         seed: seeds the model, the shuffling of the default loader and the augmentation.

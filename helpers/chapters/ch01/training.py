@@ -1,18 +1,14 @@
-"""Chapter 01's training loop: one epoch with every phase recorded, evaluation, and the two together.
+"""Chapter 01's evaluation, and the pieces its recorded steps (:mod:`.anatomy`) share.
 
-``train_epoch(model, loader, device, optimizer, *, recorder=None, transfer="blocking", ...) -> EpochStats``
 ``evaluate(model, loader, device, *, transfer="blocking", max_batches=None) -> float``
-``fit(model, train_loader, val_loader, device, *, epochs, ...) -> list[EpochStats]``
 
-The ``transfer="blocking"`` / ``"non_blocking"`` copies of :func:`train_epoch` and :func:`evaluate` are the
-workbook's one batch mover, :func:`helpers.pipeline.prefetch.move_batch`. The phases, their lanes and the
-bottleneck model are shared, in :mod:`helpers.pipeline.train`.
+The ``transfer="blocking"`` / ``"non_blocking"`` copies of :func:`evaluate` are the workbook's one batch mover,
+:func:`helpers.pipeline.prefetch.move_batch`. The phases, their lanes and the bottleneck model are shared, in
+:mod:`helpers.pipeline.train`; the training loop timed phase by phase is :func:`.anatomy.record_steps`.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
@@ -23,20 +19,9 @@ from ...core.timing import SpanRecorder
 from ...core.validate import check_choice, check_int
 from ...pipeline.data import TimedCollate, to_float_normalized
 from ...pipeline.prefetch import move_batch
-from ...pipeline.train import (
-    COMPUTE_LANE_CPU,
-    COMPUTE_LANE_GPU,
-    COPY_LANE,
-    DATA_LANE,
-    make_optimizer,
-)
+from ...pipeline.train import DATA_LANE
 
-__all__ = [
-    "EpochStats",
-    "train_epoch",
-    "evaluate",
-    "fit",
-]
+__all__ = ["evaluate"]
 
 
 Transfer = Callable[[Any, torch.device], tuple[torch.Tensor, torch.Tensor]]
@@ -63,39 +48,9 @@ def _resolve_transfer(transfer: str | Transfer) -> Transfer:
     return _blocking if transfer == "blocking" else _non_blocking
 
 
-@dataclass
-class EpochStats:
-    """What one call of :func:`train_epoch` did.
-
-    Attributes:
-        steps: optimizer steps taken.
-        samples: training samples seen.
-        seconds: wall-clock time of the epoch (synchronised at the end).
-        loss: mean training loss.
-        accuracy: training accuracy on the augmented batches (0-1).
-        val_accuracy: filled in by :func:`fit` after evaluation, else None.
-    """
-
-    steps: int
-    samples: int
-    seconds: float
-    loss: float
-    accuracy: float
-    val_accuracy: float | None = None
-
-    @property
-    def samples_per_s(self) -> float:
-        return self.samples / self.seconds if self.seconds > 0 else float("nan")
-
-
 def _can_pin() -> bool:
     """Whether a ``pin_memory=True`` loader really pins here (it needs a CUDA device)."""
     return torch.cuda.is_available()
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _record_wait(recorder: SpanRecorder, step: int, h0: float, timed: TimedCollate | None, pinning: bool) -> None:
@@ -116,116 +71,6 @@ def _record_wait(recorder: SpanRecorder, step: int, h0: float, timed: TimedColla
             recorder.add("collate", step, max(h0, c0), h1, lane=DATA_LANE)
     else:
         recorder.add("load", step, h0, h1, lane=DATA_LANE)
-
-
-def train_epoch(
-    model: nn.Module,
-    loader: Iterable[Any],
-    device: torch.device | str,
-    optimizer: torch.optim.Optimizer,
-    *,
-    recorder: SpanRecorder | None = None,
-    transfer: str | Transfer = "blocking",
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-    max_steps: int | None = None,
-    start_step: int = 0,
-    progress: Callable[..., None] | None = None,
-) -> EpochStats:
-    """Train ``model`` for one pass over ``loader`` (or ``max_steps`` steps).
-
-    Args:
-        model: already on ``device``.
-        loader: yields ``(x, y)`` batches; ``x`` float (normalised) or uint8
-            (then converted with :func:`helpers.pipeline.data.to_float_normalized` after the copy).
-        device: where the model lives.
-        optimizer: e.g. :func:`make_optimizer`.
-        recorder: if given, every phase of every step is recorded as a span
-            (steps numbered from ``start_step``). The caller calls ``recorder.finish()``.
-        transfer: ``"blocking"`` (``x.to(device)``: the baseline), ``"non_blocking"``
-            (``x.to(device, non_blocking=True)``), or a callable ``(batch, device) -> (x, y)``.
-        loss_fn: default ``nn.functional.cross_entropy``.
-        max_steps: stop after this many steps (default: the whole loader).
-        start_step: number of the first step in the recorder.
-        progress: ``progress(fraction, text)`` (see :mod:`helpers.core.progress`), told
-            after every step (host-side only: it never waits for the device).
-
-    The loss and accuracy are accumulated on the device, so nothing forces a
-    host-device synchronisation inside the loop.
-    """
-    device = torch.device(device)
-    move = _resolve_transfer(transfer)
-    loss_fn = loss_fn or nn.functional.cross_entropy
-    if max_steps is not None:
-        check_int("max_steps", max_steps, 0, 10**9)
-    check_int("start_step", start_step, 0, 10**9)
-    collate = getattr(loader, "collate_fn", None)
-    timed = collate if isinstance(collate, TimedCollate) and getattr(loader, "num_workers", 1) == 0 else None
-    pinning = bool(getattr(loader, "pin_memory", False)) and _can_pin()
-
-    compute_lane = COMPUTE_LANE_GPU if (recorder is not None and recorder.cuda) else COMPUTE_LANE_CPU
-
-    def span(name: str, step: int, lane: str) -> Any:
-        if recorder is None:
-            return _NULL
-        return recorder.span(name, step, gpu=True, lane=lane)
-
-    try:
-        planned = len(loader)  # type: ignore[arg-type]
-    except TypeError:  # an iterable without a length
-        planned = 0
-    if max_steps is not None:
-        planned = min(planned, max_steps) if planned else max_steps
-
-    model.train()
-    total_loss = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device, dtype=torch.long)
-    samples = steps = 0
-    t_start = time.perf_counter()
-    it = iter(loader)
-    while max_steps is None or steps < max_steps:
-        step = start_step + steps
-        # --- load (and collate): wait for the next batch from the loader ---
-        if timed is not None:
-            timed.last = None
-        h0 = recorder.now() if recorder is not None else 0.0
-        try:
-            batch = next(it)
-        except StopIteration:
-            break
-        if recorder is not None:
-            _record_wait(recorder, step, h0, timed, pinning)
-        # --- host to device copy ---
-        with span("h2d", step, COPY_LANE):
-            x, y = move(batch, device)
-        if x.dtype == torch.uint8:
-            with span("normalize", step, compute_lane):
-                x = to_float_normalized(x)
-        # --- forward, backward, optimizer ---
-        with span("forward", step, compute_lane):
-            logits = model(x)
-            loss = loss_fn(logits, y)
-            total_loss += loss.detach() * y.shape[0]
-            correct += (logits.detach().argmax(1) == y).sum()
-        with span("backward", step, compute_lane):
-            loss.backward()
-        with span("optimizer", step, compute_lane):
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        samples += int(y.shape[0])
-        steps += 1
-        if progress is not None:
-            progress(steps / planned if planned else 0.0, f"step {steps} of {planned}" if planned else f"step {steps}")
-    del it
-    _sync(device)
-    seconds = time.perf_counter() - t_start
-    n = max(samples, 1)
-    return EpochStats(
-        steps=steps,
-        samples=samples,
-        seconds=seconds,
-        loss=float(total_loss.item()) / n,
-        accuracy=float(correct.item()) / n,
-    )
 
 
 class _NullContext:
@@ -293,30 +138,3 @@ def evaluate(
         raise ValueError("the evaluation loader yielded no samples; check the data set and batch size")
     report(1.0, f"validated {seen} images")
     return float(correct.item()) / seen
-
-
-def fit(
-    model: nn.Module,
-    train_loader: Iterable[Any],
-    val_loader: Iterable[Any] | None,
-    device: torch.device | str,
-    *,
-    epochs: int,
-    optimizer: torch.optim.Optimizer | None = None,
-    recorder: SpanRecorder | None = None,
-    transfer: str | Transfer = "blocking",
-) -> list[EpochStats]:
-    """Train for ``epochs`` epochs, evaluating after each; returns one :class:`EpochStats` per epoch."""
-    check_int("epochs", epochs, 1, 10_000)
-    optimizer = optimizer or make_optimizer(model)
-    history: list[EpochStats] = []
-    step = 0
-    for _ in range(epochs):
-        stats = train_epoch(
-            model, train_loader, device, optimizer, recorder=recorder, transfer=transfer, start_step=step
-        )
-        step += stats.steps
-        if val_loader is not None:
-            stats.val_accuracy = evaluate(model, val_loader, device, transfer=transfer)
-        history.append(stats)
-    return history

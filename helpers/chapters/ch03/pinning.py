@@ -38,7 +38,6 @@ __all__ = [
     "pin_memory_warning",
     "batch_copy_seconds",
     "PinRow",
-    "pin_verdict",
     "PinLog",
     "pin_memory_experiment",
     "pin_pair_rounds",
@@ -117,35 +116,6 @@ class PinRow:
         return statistics.median(self.round_items_per_s) if self.round_items_per_s else self.result.items_per_s
 
 
-def pin_verdict(rows: Sequence[PinRow], num_workers: int) -> str:
-    """One sentence on ``pin_memory=True`` against ``False`` at ``num_workers``, from the per-round ratios.
-
-    The flag is credited with a difference only when every round agrees on its direction; otherwise
-    the sentence says the pair differs by noise, and by how much.
-    """
-    pair = {r.pin_memory: r for r in rows if r.num_workers == num_workers}
-    if set(pair) != {False, True}:
-        raise ValueError(f"rows hold no pin_memory pair for num_workers={num_workers}")
-    on, off = (
-        pair[True].round_items_per_s or [pair[True].items_per_s],
-        pair[False].round_items_per_s or [pair[False].items_per_s],
-    )
-    ratios = [a / b for a, b in zip(on, off)]
-    med, lo, hi = statistics.median(ratios), min(ratios), max(ratios)
-    n = len(ratios)
-    rng = f"median {med:.2f}x over {n} alternating round{'s' if n > 1 else ''}, range {lo:.2f}-{hi:.2f}x"
-    if not pair[True].pin_active:
-        what = "nothing was pinned (no accelerator), so any difference is noise"
-        return f"workers={num_workers}: pin_memory=True vs False {rng}; {what}."
-    if n < 2:
-        return f"workers={num_workers}: pin_memory=True vs False {rng}; one round can't tell an effect from noise."
-    if lo > 1.0:
-        return f"workers={num_workers}: pin_memory=True faster in every round ({rng})."
-    if hi < 1.0:
-        return f"workers={num_workers}: pin_memory=True slower in every round ({rng})."
-    return f"workers={num_workers}: the rounds disagree ({rng}): within noise."
-
-
 class PinLog:
     """``on_batch`` callback that collects the pin times :class:`PinnableBatch` batches carry."""
 
@@ -189,9 +159,8 @@ def pin_memory_experiment(
 
     With ``rounds`` > 1 the pair is measured in alternating rounds (False, True,
     False, True, ...; the order flips every round), so drift in the machine's
-    speed cancels; a row's ``items_per_s`` is then its median over the rounds,
-    and :func:`pin_verdict` says whether the flag made a difference or the pair
-    differs by noise. The other fields come from the row's last round.
+    speed cancels; a row's ``items_per_s`` is then its median over the rounds.
+    The other fields come from the row's last round.
     """
     rounds = check_int("rounds", rounds, 1, 100)
     ws = [check_int(f"workers[{i}]", w, 0, MAX_WORKERS) for i, w in enumerate(workers)]
@@ -243,8 +212,8 @@ def pin_pair_rounds(
     batch copied by the reader's ``to_device``. Returns two :class:`PinRow` (pin_memory False, True):
     ``round_items_per_s`` holds every round, ``result`` the last round's :class:`Throughput`, and
     ``pin_active`` says whether the timed batches really arrived pinned (never without an accelerator).
-    :func:`pin_verdict` turns the rows into one honest sentence. No pin time is read here (plain tuples
-    carry none): see :func:`pin_step_seconds`. ``threads``: intra-op threads while measuring (default 1,
+    The chapter's ``ch03.pin_pair_verdict`` turns the rows into one honest sentence. No pin time is read here
+    (plain tuples carry none): see :func:`pin_step_seconds`. ``threads``: intra-op threads while measuring (default 1,
     as in the pin thread and every worker; see :func:`measure_throughput`).
 
     Raises:

@@ -46,7 +46,6 @@ benchmark are in :mod:`helpers.chapters.ch05`.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import io
 import math
@@ -292,15 +291,7 @@ def run_cell(
     """
     _check_cell(memory, stream)
     dev = resolve_device(device)
-    with _on_device(dev):  # the recorder's reference event and the compute's events go to dev's stream
-        return _run_cell(memory, stream, dev, copy_mib=copy_mib, matmul_n=matmul_n, steps=steps, progress=progress)
-
-
-def _on_device(dev: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """``torch.cuda.device(dev)`` for a CUDA device, else nothing. Inside it, what takes no device goes to ``dev``:
-    ``Event.record()`` (torch records on ``torch.cuda.current_stream()``, the *current* device's),
-    ``torch.cuda._sleep`` (:class:`~helpers.core.timing.GpuDelay`), the timing helpers' reference events."""
-    return torch.cuda.device(dev) if dev.type == "cuda" else contextlib.nullcontext()
+    return _run_cell(memory, stream, dev, copy_mib=copy_mib, matmul_n=matmul_n, steps=steps, progress=progress)
 
 
 def _run_cell(
@@ -633,8 +624,7 @@ def hazard_d2h_read_before_sync(device: torch.device | str | None = None, n: int
         out = torch.full((n,), -1.0, pin_memory=on_gpu)
         x = torch.empty(n, device=dev)
         if on_gpu:
-            with _on_device(dev):  # GpuDelay queues on the current device: make it dev
-                GpuDelay(dev)()  # the GPU is busy for a while ...
+            GpuDelay(dev)()  # the GPU is busy for a while ...
         x.fill_(1.0)  # ... so x only becomes all ones later
         wrong = fn(x, out)
         synchronize(dev)
@@ -693,8 +683,7 @@ def hazard_pinned_source_mutation(device: torch.device | str | None = None, n: i
         src = torch.ones(n, pin_memory=on_gpu)
         dst = torch.zeros(n, device=dev)
         if on_gpu:
-            with _on_device(dev):  # GpuDelay queues on the current device: make it dev
-                GpuDelay(dev)()
+            GpuDelay(dev)()
         fn(src, dst)
         synchronize(dev)
         results[label] = {"elements that arrived wrong": int((dst != 1).sum()), "of": n}
@@ -1078,8 +1067,7 @@ def prefetch_step_times(
     f32[0].to(dev, non_blocking=True)
     e.record(torch.cuda.current_stream(dev))
     torch.cuda.synchronize(dev)
-    with _on_device(dev):  # calibrated_compute's events are recorded with no stream: make them dev's
-        compute = calibrated_compute(dev, 1.2 * s.elapsed_time(e) / 1e3)
+    compute = calibrated_compute(dev, 1.2 * s.elapsed_time(e) / 1e3)
     out: dict[tuple[str, bool], float] = {}
     for dtype_name, loader in (("float32", f32), ("uint8", u8)):
         norm = (mean, std) if dtype_name == "uint8" else None

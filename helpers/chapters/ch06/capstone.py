@@ -159,7 +159,6 @@ __all__ = [
     "Calibration",
     "choose_model",
     "calibrate",
-    "calibrated_specs",
     "expected_within_noise",
     "step_answers",
     "effective_on",
@@ -1837,12 +1836,6 @@ def calibrate(
     report(1.0, "calibrated")
     _CACHE[key] = out
     return out
-
-
-def calibrated_specs(device: torch.device | str = "cpu", **kw: Any) -> dict[str, JobSpec]:
-    """:func:`job_spec` of each regime with the width and depth :func:`calibrate` chose for ``device``."""
-    cal = calibrate(device, **kw)
-    return {regime: job_spec(regime, width=c.width, depth=c.depth) for regime, c in cal.items()}
 
 
 def expected_within_noise(

@@ -70,7 +70,6 @@ __all__ = [
 ]
 
 VERDICTS: tuple[str, ...] = ("data-bound", "transfer-bound", "compute-bound")
-_STAGE_OF = {"data-bound": "data", "transfer-bound": "transfer", "compute-bound": "compute"}
 
 
 class DoctorTimeout(TimeoutError):
