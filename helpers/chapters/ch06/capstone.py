@@ -409,7 +409,7 @@ def cuda_step_evidence(step: Step) -> Evidence[Any]:
 #: workbook's loaded 2-core machine (quick size, CPU, one thread): a training step on a batch of 32 takes
 #: 5.5-11 ms (the former width-2, one-stage model: 3.7-7.3 ms), loading that batch in one process 9-13 ms:
 #: ``calibrate`` checks it on every device (margin 2) and says when the regime is not reached.
-#: Neither model learns in one epoch of 10-15 steps (both scored about chance), so each job first trains
+#: Neither model learns in one epoch of 10 steps (both scored about chance), so each job first trains
 #: on the loader's first pass, loaded once and kept, ``warm_passes`` times (untimed: no loading; see
 #: :func:`run_config`); then the timed epoch. Accuracy after that: ``tests/test_ch06_learns.py``.
 REGIMES: dict[str, dict[str, Any]] = {
@@ -463,13 +463,15 @@ def job_sizes() -> dict[str, int]:
 
     quick and laptop use the small generated data set (640 training and 256
     validation images of 80x80, crops of 64: generated in seconds, shared with
-    the other chapters' quick mode); laptop trains on 480 images per epoch, quick
-    on 320. full (a GPU, or ``WORKBOOK_FULL=1``) uses chapter 01's data set
-    (224-pixel crops) and 1,280 images per epoch (20 steps: with the calibrated
-    compute-bound model each step takes 2-3.5x a batch of in-process loading,
-    so the chapter stays within a short GPU booking).
+    the other chapters' quick mode); laptop and quick train on 320 images per
+    epoch (10 steps: with 15, the '+ workers' step sat at x1.00 on a quiet 2-core
+    machine and its verdict changed from run to run). full (a GPU, or
+    ``WORKBOOK_FULL=1``) uses chapter 01's data set (224-pixel crops) and 1,280
+    images per epoch (20 steps: with the calibrated compute-bound model each step
+    takes 2-3.5x a batch of in-process loading, so the chapter stays within a
+    short GPU booking).
 
-    One epoch (10, 15 or 20 steps) is too short to learn the task: each job first
+    One epoch (10 or 20 steps) is too short to learn the task: each job first
     trains untimed on the loader's first pass, loaded once, ``REGIMES[...]["warm_passes"]``
     times (:func:`job_spec` sets ``warm_steps`` to the whole pass), then times one epoch.
     So every job sees (1 + warm_passes) x ``train_items`` images before its accuracy is taken,
@@ -477,7 +479,7 @@ def job_sizes() -> dict[str, int]:
     """
     if sized(quick=False, laptop=True, full=False):
         small = {"n_train": 640, "n_val": 256, "image_size": 80, "crop_size": 64, "batch_size": 32}
-        return {**small, "train_items": 480}
+        return {**small, "train_items": 320}
     sizes = dict(default_sizes())
     sizes["train_items"] = min(sizes["n_train"], sized(quick=320, full=1280))
     return sizes
