@@ -2093,6 +2093,11 @@ class Waterfall:
             + f" of x1.00, and that variation {NO_EFFECT_FLOOR:.0%} or less; 'needs CUDA': the step cannot act "
             "on this device: no ratio"
         ]
+        notes.append(
+            "efficiency: the configuration's throughput over its own slowest stage alone, so a step that speeds "
+            "up a stage alone (persistent workers make the loader alone faster) can lower it while the epoch "
+            "gets faster: compare epochs for speed, efficiency for how much of the slowest stage is used"
+        )
         if flagged:
             notes.append(
                 "efficiency: never above 1 (a pipeline cannot beat its slowest stage alone); '(noise)': "
