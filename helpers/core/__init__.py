@@ -7,6 +7,7 @@ No plots, no chapters, nothing above: every other layer may import these.
     progress    the one progress convention: progress(fraction, text), tqdm bars for cells
     device      device choice and hardware facts (CPU, RAM, /dev/shm, GPU, link)
     timing      benchmark timer, CUDA events, span recorder for step phases, GPU work of known length
+    rounds      the one alternating-rounds runner (alternate) and the one table renderer (table)
     results     JSON result files with provenance; comparisons as ratios
     reference   reference results recorded on real GPUs, and the honest fallback
     failures    DataLoader worker failures in plain words (LoaderFailure): the loaders raise them, panels show them

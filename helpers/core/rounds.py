@@ -1,0 +1,113 @@
+"""The one way to compare configurations: alternating rounds, and the one table renderer.
+
+A sequential comparison (all of A, then all of B) is at the mercy of the machine's speed at the
+time: on a shared or turbo-boosting CPU the rate moves by a third within seconds. :func:`alternate`
+measures every configuration once per round, back to back, and reverses the order every other
+round (A B, B A, A B, ...), so drift hits all alike. Ratios are taken within a round
+(:meth:`Rounds.ratios`), and their spread is what :mod:`helpers.core.agreement` turns into a verdict.
+
+    rounds = alternate({"0 workers": lambda: rate(0), "2 workers": lambda: rate(2)}, rounds=5)
+    rounds.ratio("2 workers", "0 workers")      # median of the per-round ratios
+
+:func:`table` lays out every fixed-width table a chapter prints.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from helpers.core.progress import ProgressFn, scaled
+from helpers.core.validate import check_int
+
+__all__ = ["Rounds", "alternate", "table"]
+
+Measure = Callable[..., float]
+"""One configuration's measurement: returns one figure (seconds, items/s, ...). If it takes a
+``progress`` keyword, it gets a callback for its share of the run."""
+
+
+@dataclass
+class Rounds:
+    """Every round's figure for every configuration, in round order."""
+
+    labels: tuple[str, ...]
+    values: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        """How many rounds ran to the end."""
+        return min((len(v) for v in self.values.values()), default=0)
+
+    def median(self, label: str) -> float:
+        """The median of ``label``'s figures over the rounds."""
+        return statistics.median(self.values[label])
+
+    def ratios(self, label: str, base: str) -> list[float]:
+        """``label / base`` within each round (figures taken seconds apart)."""
+        return [a / b for a, b in zip(self.values[label], self.values[base]) if b]
+
+    def ratio(self, label: str, base: str) -> float:
+        """The median of :meth:`ratios`."""
+        return statistics.median(self.ratios(label, base))
+
+
+def _takes_progress(fn: Callable[..., float]) -> bool:
+    import inspect
+
+    try:
+        return "progress" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def alternate(measures: Mapping[str, Measure], rounds: int, *, progress: ProgressFn | None = None) -> Rounds:
+    """Run each of ``measures`` once per round, the order reversed every other round.
+
+    Args:
+        measures: label -> a function returning one figure (called with ``progress=`` if it takes one).
+        rounds: how many rounds (1 to 1000).
+        progress: ``progress(fraction, text)``, told which round and configuration runs.
+
+    Returns:
+        :class:`Rounds` with one figure per round for each label.
+    """
+    rounds = check_int("rounds", rounds, 1, 1000)
+    if not measures:
+        raise ValueError("alternate() needs at least one configuration to measure")
+    labels = tuple(measures)
+    out = Rounds(labels, {k: [] for k in labels})
+    total = rounds * len(labels)
+    for r in range(rounds):
+        order = labels if r % 2 == 0 else labels[::-1]
+        for k, label in enumerate(order):
+            done = r * len(labels) + k
+            fn = measures[label]
+            part = scaled(progress, done / total, (done + 1) / total, f"round {r + 1}/{rounds}, {label}: ")
+            part(0.0)
+            value = fn(progress=part) if _takes_progress(fn) else fn()
+            out.values[label].append(float(value))
+    if progress is not None:
+        progress(1.0, "done")
+    return out
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, left: int = 1, gap: int = 2) -> list[str]:
+    """A fixed-width text table: the first ``left`` columns left-aligned, the rest right-aligned.
+
+    Cells are written with ``str()``: format numbers before (``f"{x:,.0f}"``), so each chapter
+    keeps its own units. Each column is as wide as its widest cell.
+
+    >>> table(["workers", "items/s"], [[0, "1,204"], [2, "2,310"]])
+    ['workers  items/s', '0          1,204', '2          2,310']
+    """
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    if any(len(row) != len(headers) for row in cells):
+        raise ValueError(f"every row needs {len(headers)} cells, one per header {list(headers)}")
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    pad = " " * gap
+    return [
+        pad.join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+        for row in cells
+    ]
