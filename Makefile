@@ -37,7 +37,11 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed; set PYTHON=python3.x")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,browser]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,browser,course]'
+	@# nbgrader (the course extra) stays out of the reader's JupyterLab; docs/INSTRUCTORS.md says how to turn it on
+	$(BIN)/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader >/dev/null
+	for e in formgrader assignment_list course_list validate_assignment; do \
+		$(BIN)/jupyter server extension disable --sys-prefix nbgrader.server_extensions.$$e >/dev/null 2>&1; done
 	@touch $(STAMP)
 
 setup: $(STAMP)
