@@ -160,9 +160,7 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
 def record_run(results: ResultSet, run: DistributedRun) -> None:
     """One run's figures under ``ch07.ddp.*``: ``total_items_per_s``, ``wall_time``, ``exactly_once`` (1 if every
     epoch covered every sample once) and ``rank_items_per_s`` (param ``rank``), each with the job's settings."""
-    s = run.settings
-    p: dict[str, Any] = {"nproc": run.nproc, "backend": run.backend, "workers": s.get("workers")}
-    p.update(batch_size=s.get("batch_size"), width=s.get("width"), epochs=run.n_epochs, dataset_size=run.dataset_size)
+    p = run.params()
     results.add("ch07.ddp.total_items_per_s", run.total_items_per_s(), "items/s", **p)
     for r, v in zip(run.ranks, run.per_rank_items_per_s()):
         results.add("ch07.ddp.rank_items_per_s", v, "items/s", rank=int(r["rank"]), **p)

@@ -88,8 +88,10 @@ def shard_table(
     """``{rank: indices}`` for every rank (:func:`shard_indices`); unshuffled by default, so the interleaving
     (rank ``r`` takes positions ``r, r + W, r + 2W, ...``) shows."""
     n, world_size = _check_world(n, world_size)
-    kw = dict(shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
-    return {r: shard_indices(n, world_size, r, **kw) for r in range(world_size)}  # type: ignore[arg-type]
+    return {
+        r: shard_indices(n, world_size, r, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
+        for r in range(world_size)
+    }
 
 
 def format_shard_table(table: Mapping[int, Sequence[int]], n: int, max_items: int = 20) -> str:
@@ -277,6 +279,11 @@ class DistributedRun:
         self.num_classes, self.val_items = int(r0.get("num_classes") or 0), int(r0.get("val_items") or 0)
         self.chance = 1.0 / self.num_classes if self.num_classes else None
         self.val_accuracy = None if r0.get("val_accuracy") is None else float(r0["val_accuracy"])
+
+    def params(self) -> dict[str, Any]:
+        """The job's settings, as its recorded figures (``ch07.ddp.*``) carry them."""
+        p = {"nproc": self.nproc, "backend": self.backend, "epochs": self.n_epochs, "dataset_size": self.dataset_size}
+        return p | {k: self.settings.get(k) for k in ("workers", "batch_size", "width")}
 
     def non_loopback_listeners(self) -> list[tuple[int, str, int]]:
         """Sockets of the job that listened on an address other machines could reach (should be none)."""
@@ -540,23 +547,14 @@ def plot_run(run: DistributedRun, ax: Any = None, *, title: str | None = None) -
     return ax
 
 
-def _throughput_row(params: Mapping[str, Any], value: float, unit: str) -> dict[str, Any]:
-    keys = ("nproc", "backend", "workers", "batch_size")
-    return {**{k: params.get(k) for k in keys}, "items_per_s": value, "unit": unit}
-
-
 def throughput_rows(run: DistributedRun) -> list[dict[str, Any]]:
     """The job's total throughput as one row of :func:`throughput_table` (a figure measured here)."""
-    return [
-        _throughput_row(
-            {**run.settings, "nproc": run.nproc, "backend": run.backend}, run.total_items_per_s(), "items/s"
-        )
-    ]
+    return [{**run.params(), "items_per_s": run.total_items_per_s(), "unit": "items/s"}]
 
 
 def throughput_rows_from_records(rs: Any, recs: Sequence[Any]) -> list[dict[str, Any]]:
     """``ch07.ddp.total_items_per_s`` records (one per recorded job) as rows of :func:`throughput_table`."""
-    return [_throughput_row(r.params, r.value, r.unit) for r in recs]
+    return [{**r.params, "items_per_s": r.value, "unit": r.unit} for r in recs]
 
 
 def throughput_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
