@@ -488,13 +488,7 @@ def _worker_args(out: Path, data_dir: Any, val_dir: Any, s: dict[str, Any]) -> l
 
 
 def _raise_if_failed(job: torchrun.Job, nproc: int, timeout_s: float, facts: dict[str, Any]) -> None:
-    """Raise what the reader needs to know if the job was interrupted, timed out or failed."""
-    if job.interrupted:
-        stop = KeyboardInterrupt(
-            f"torchrun job interrupted after {job.wall_s:.1f} s; its {len(job.pids)} process(es) were stopped"
-        )
-        stop.tracked_pids, stop.leftover_pids = job.pids, job.leftover  # type: ignore[attr-defined]
-        raise stop
+    """Raise what the reader needs to know if the job timed out or failed."""
     if job.timed_out:
         raise DistributedRunError(
             f"the torchrun job did not finish within timeout_s={timeout_s:g} s and was stopped "

@@ -328,7 +328,6 @@ class Job:
 
     returncode: int | None
     timed_out: bool
-    interrupted: bool
     wall_s: float
     stdout: str
     stderr: str
@@ -341,7 +340,8 @@ class Job:
 
 def run_job(cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable[[float, str], None] | None) -> Job:
     """Run ``cmd`` (:func:`torchrun_command`) in ``work`` for at most ``timeout_s``, following rank 0's steps,
-    then stop every process it started. A ``KeyboardInterrupt`` (the reader's, or ``progress``'s) ends it."""
+    then stop every process it started. A ``KeyboardInterrupt`` (the reader's, or ``progress``'s) is raised again
+    once they are stopped, with ``tracked_pids`` and ``leftover_pids``."""
     t0 = time.perf_counter()
     timed_out = interrupted = False
     results, seen = work / "results", [-1]
@@ -377,16 +377,22 @@ def run_job(cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable
             if proc.poll() is None:  # pragma: no cover - stop_all killed it
                 proc.kill()
                 proc.wait()
+    pids, wall_s = sorted(tracker.procs), time.perf_counter() - t0
+    if interrupted:
+        stop = KeyboardInterrupt(
+            f"torchrun job interrupted after {wall_s:.1f} s; its {len(pids)} process(es) were stopped"
+        )
+        stop.tracked_pids, stop.leftover_pids = pids, leftover  # type: ignore[attr-defined]
+        raise stop
     stdout, stderr = ((work / f"{name}.txt").read_text(errors="replace") for name in ("stdout", "stderr"))
     ranks = _read_json(f for f in sorted(results.glob("rank*.json")) if not f.name.endswith(".error.json"))
     return Job(
         proc.returncode,
         timed_out,
-        interrupted,
-        time.perf_counter() - t0,
+        wall_s,
         stdout,
         stderr,
-        sorted(tracker.procs),
+        pids,
         leftover,
         sorted(tracker.listening),
         sorted(ranks, key=lambda r: r["rank"]),
