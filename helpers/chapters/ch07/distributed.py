@@ -418,28 +418,15 @@ def launch_ddp(
     progress: Callable[[float, str], None] | None = None,
     rdzv_endpoint: str | None = None,
 ) -> DistributedRun:
-    """Train the chapter-01 model with DDP on ``nproc`` ranks started by torchrun, bound to loopback.
+    """Train the chapter-01 model with DDP on ``nproc`` ranks (1 to :func:`max_processes`) started by torchrun.
 
-    Each rank computes with one thread (``OMP_NUM_THREADS=1``): on a CPU a few hundred small images take
-    seconds, thousands of full-size ones many minutes. Size the job for the machine.
-
-    Args:
-        nproc: ranks, 1 to :func:`max_processes`. workers: DataLoader workers per rank (0-8).
-        batch_size: per rank (1-4096; the global batch is ``nproc`` times that). epochs: 1-100 (throughput
-            leaves out the first when there are two or more). width: SmallCNN width (1-256).
-        limit / val_limit: train on / score that many images spread evenly over the set, so every class is in
-            (the class folders are listed in order); None: all.
-        data_dir / val_dir: class-folder roots; default the chapter-01 sets (generated here first). With a
-            ``data_dir`` of your own and no ``val_dir``, no validation pass.
-        set_epoch / drop_last / fail_rank: passed to the rank script (``set_epoch=False`` shows the bug;
-            ``fail_rank`` makes that rank raise on purpose). extra_args: more :mod:`.ddp_train` options.
-        timeout_s: stop everything after this many seconds (1-3600). progress: ``progress(fraction, text)``.
-        rdzv_endpoint: ``"127.0.0.1:PORT"`` instead of ``--standalone``.
-
-    Raises:
-        ValueError: a setting out of range (named, with the allowed range).
-        DistributedRunError: a rank failed or the job timed out.
-        KeyboardInterrupt: re-raised (with ``tracked_pids``, ``leftover_pids``) once everything is stopped.
+    ``batch_size`` is per rank (the global batch is ``nproc`` times that); throughput leaves out the first of
+    two or more ``epochs``. ``limit`` / ``val_limit`` train on / score that many images spread evenly over the
+    class-sorted set (None: all). ``data_dir`` / ``val_dir`` default to the chapter-01 sets (a ``data_dir`` of
+    your own without ``val_dir``: no validation). ``set_epoch=False`` shows the bug; ``fail_rank`` raises on
+    purpose; ``extra_args`` go to :mod:`.ddp_train`. Each rank computes with one thread: size the job for the
+    machine. Raises ValueError before anything starts (a setting out of range, named); :class:`DistributedRunError`
+    (a rank failed, or ``timeout_s`` passed) or the reader's ``KeyboardInterrupt`` once every process is stopped.
     """
     settings = {
         "nproc": check_int("nproc", nproc, 1, max_processes()),
