@@ -300,7 +300,6 @@ def test_timeout_stops_every_process() -> None:
 
 _PARENT = """
 from helpers.chapters.ch07 import distributed as D
-from helpers.chapters.ch07 import torchrun as T
 
 def report(fraction, text):
     if text.startswith("rank 0: step"):
