@@ -1,4 +1,4 @@
-"""Tests for helpers.chapters.ch07.distributed and helpers.chapters.ch07.ddp_train (chapter 07), on CPU.
+"""Tests for helpers.chapters.ch07 (distributed, torchrun, ddp_train), on CPU.
 
 The sharding tests need no process group. The slow tests start real torchrun
 jobs (gloo, 2 processes) and check coverage, replica sync, the readable error
@@ -7,6 +7,7 @@ of a failing rank, and that no process is left behind (psutil).
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 
@@ -16,6 +17,7 @@ import torch
 
 from helpers.chapters import ch07
 from helpers.chapters.ch07 import distributed as D
+from helpers.chapters.ch07 import torchrun as T
 from helpers.chapters.ch07.ddp_train import IndexedDataset, params_checksum, parse_args
 
 # ---------------------------------------------------------------------------
@@ -119,16 +121,14 @@ def test_bad_input_names_the_parameter(call, name: str) -> None:
 
 
 def test_commands() -> None:
-    cmd = D.torchrun_command(2, ["--epochs=1"], log_dir="/tmp/x")
+    cmd = T.torchrun_command(2, ["--epochs=1"], log_dir="/tmp/x")
     # torchrun, with every store it serves bound to 127.0.0.1 and the ranks told to meet there
-    assert cmd[:4] == [sys.executable, "-m", "helpers.chapters.ch07.distributed", "--local-addr=127.0.0.1"]
+    assert cmd[:4] == [sys.executable, "-m", "helpers.chapters.ch07.torchrun", "--local-addr=127.0.0.1"]
     assert "--standalone" in cmd and "--nproc-per-node=2" in cmd
-    plain = D.torchrun_command(2, ["--epochs=1"], loopback=False)
-    assert plain[:3] == [sys.executable, "-m", "torch.distributed.run"] and "--local-addr=127.0.0.1" not in plain
     with pytest.raises(ValueError, match="rdzv_endpoint"):
-        D.torchrun_command(1, [], rdzv_endpoint="8.8.8.8:29555")
+        T.torchrun_command(1, [], rdzv_endpoint="8.8.8.8:29555")
     assert cmd[-3:] == ["-m", "helpers.chapters.ch07.ddp_train", "--epochs=1"]
-    cmd = D.torchrun_command(1, [], rdzv_endpoint="127.0.0.1:29555")
+    cmd = T.torchrun_command(1, [], rdzv_endpoint="127.0.0.1:29555")
     assert "--rdzv-endpoint=127.0.0.1:29555" in cmd and "--standalone" not in cmd
     text = D.multi_node_command(2, 8, "node0.example:29400", node_rank=1)
     for part in (
@@ -158,12 +158,12 @@ def test_indexed_dataset_and_args() -> None:
 
 
 def test_loopback_names_and_env() -> None:
-    assert D._is_loopback_host("127.0.0.1") and D._is_loopback_host("localhost") and D._is_loopback_host("::1")
-    assert not D._is_loopback_host("0.0.0.0") and not D._is_loopback_host("8.8.8.8")
-    assert not D._is_loopback_host("no-such-host.invalid")
-    env = D.loopback_env()
+    assert T._is_loopback_host("127.0.0.1") and T._is_loopback_host("localhost") and T._is_loopback_host("::1")
+    assert not T._is_loopback_host("0.0.0.0") and not T._is_loopback_host("8.8.8.8")
+    assert not T._is_loopback_host("no-such-host.invalid")
+    env = T.loopback_env()
     assert env["MASTER_ADDR"] == "127.0.0.1"
-    lo = D.loopback_interface()
+    lo = T.loopback_interface()
     if lo is not None:  # Linux: "lo"
         assert env["GLOO_SOCKET_IFNAME"] == lo and env["NCCL_SOCKET_IFNAME"] == lo
 
@@ -174,13 +174,13 @@ def test_loopback_store_listens_on_loopback_only() -> None:
 
     import torch.distributed as dist
 
-    store_cls = D._loopback_tcpstore(dist.TCPStore)
+    store_cls = T._loopback_tcpstore(dist.TCPStore)
     for kwargs in ({"multi_tenant": False}, {"multi_tenant": True}):
         store = store_cls("localhost", 0, None, True, datetime.timedelta(seconds=10), False, **kwargs)
         try:
             store.set("k", "v")
             assert store.get("k") == b"v"
-            mine = [(ip, port) for _, ip, port in D.listening_sockets([psutil.Process().pid]) if port == store.port]
+            mine = [(ip, port) for _, ip, port in T.listening_sockets([psutil.Process().pid]) if port == store.port]
             assert mine and all(ip == "127.0.0.1" for ip, _ in mine), mine
             client = dist.TCPStore("127.0.0.1", store.port, None, False, datetime.timedelta(seconds=10))
             assert client.get("k") == b"v"
@@ -190,7 +190,7 @@ def test_loopback_store_listens_on_loopback_only() -> None:
     # a host that is not a loopback name is left to c10d as it is (a multi-machine store)
     wild = store_cls("0.0.0.0", 0, None, True, datetime.timedelta(seconds=10), False)
     try:
-        found = [ip for _, ip, port in D.listening_sockets([psutil.Process().pid]) if port == wild.port]
+        found = [ip for _, ip, port in T.listening_sockets([psutil.Process().pid]) if port == wild.port]
         assert found and all(ip in ("::", "0.0.0.0") for ip in found), found
     finally:
         del wild
@@ -336,7 +336,8 @@ def test_killed_parent_leaves_no_orphans(tmp_path) -> None:
 
     stale = list(Path(tempfile.gettempdir()).glob(f"workbook-ddp-{parent.pid}-*"))
     assert stale
-    D._remove_stale_work_dirs()
+    fresh = T.work_dir()  # deletes the folders of launchers that are gone, then makes its own
+    shutil.rmtree(fresh)
     assert not any(p.exists() for p in stale)
 
 
@@ -389,7 +390,8 @@ def test_record_run_keys() -> None:
     here = D.throughput_rows(run)
     recalled = D.throughput_rows_from_records(rs, rs.find("ch07.ddp.total_items_per_s"))
     assert here == recalled and D.throughput_table(here) == [
-        "  1 rank(s), gloo, 0 workers/rank, batch 4/rank: 4 items/s in total"
+        "  ranks  backend  workers/rank  batch/rank      total",
+        "  1      gloo                0           4  4 items/s",
     ]
 
 

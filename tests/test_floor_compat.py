@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from helpers.chapters.ch07 import distributed
+from helpers.chapters.ch07 import torchrun
 from helpers.core import device
 
 
@@ -55,7 +55,7 @@ def test_loopback_store_uses_libuv_only_where_it_takes_a_listen_fd(
     chapter 07's torchrun died at rendezvous on torch 2.7. There the store takes the legacy backend instead."""
     monkeypatch.setattr(torch, "__version__", version)
     _StoreStandIn.seen = []
-    store = distributed._loopback_tcpstore(_StoreStandIn)
+    store = torchrun._loopback_tcpstore(_StoreStandIn)
     store("127.0.0.1", 0, 2, True, None)  # the server: given a socket bound to 127.0.0.1
     store("127.0.0.1", 29500, 2, False, None)  # a client: no listen fd, libuv as asked
     server, client = _StoreStandIn.seen

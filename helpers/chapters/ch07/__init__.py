@@ -1,19 +1,13 @@
 """Chapter 07, beyond one GPU: the chapter interface (:mod:`helpers.ui.chapter`) over :mod:`.distributed`.
 
-:mod:`~helpers.chapters.ch07.distributed` does the work (the sampler lessons, the torchrun launcher bound to
-loopback, the clean-up, :class:`~helpers.chapters.ch07.distributed.DistributedRun`); this module holds the chapter:
-its live panel and its headless benchmark.
-
 Each panel run is a real torchrun job on this machine (``gloo`` on CPU cores, ``nccl`` with one process per
 GPU), so it is measured here on any machine:
 
->>> from helpers.chapters import ch07
 >>> panel = widgets.Panel.for_chapter(ch07, device=DEVICE, nproc=NPROC, workers_per_rank=WORKERS, batch=BATCH,
 ...                                   epochs=EPOCHS, limit=LIMIT, width=WIDTH, timeout_s=TIMEOUT_S)
 
-Context: ``nproc``, ``workers_per_rank`` and ``batch`` are the controls' starting values (the notebook's
-settings); ``epochs``, ``limit``, ``width`` and ``timeout_s`` size every job
-(:func:`~helpers.chapters.ch07.distributed.launch_ddp`).
+``nproc``, ``workers_per_rank`` and ``batch`` are the controls' starting values; ``epochs``, ``limit``,
+``width`` and ``timeout_s`` size every job (:func:`.distributed.launch_ddp`).
 """
 
 from __future__ import annotations
@@ -33,21 +27,8 @@ from ...core.validate import check_int
 from . import distributed
 from .distributed import DistributedRun
 
-__all__ = [
-    "NUMBER",
-    "TITLE",
-    "BENCH_WEIGHT",
-    "PANEL_TITLE",
-    "PANEL_FIGSIZE",
-    "benchmark",
-    "check_job_device",
-    "record_run",
-    "panel_controls",
-    "panel_validate",
-    "panel_run",
-    "panel_summary",
-    "panel_plot",
-]
+__all__ = ["NUMBER", "TITLE", "BENCH_WEIGHT", "PANEL_TITLE", "PANEL_FIGSIZE", "benchmark", "check_job_device"]
+__all__ += ["record_run", "panel_controls", "panel_validate", "panel_run", "panel_summary", "panel_plot"]
 
 NUMBER = "07"
 TITLE = "loading on several GPUs"
@@ -59,20 +40,12 @@ PANEL_FIGSIZE = (7.5, 3.2)
 BATCH_SIZES = (8, 16, 32, 64, 128)
 
 
-# ---------------------------------------------------------------------------
-# Live panel
-# ---------------------------------------------------------------------------
-
-
 def check_job_device(device: torch.device | str | None) -> torch.device:
-    """``device`` as where a torchrun job of this chapter runs, or one ValueError saying what to use.
+    """``device`` as where a torchrun job runs, or one ValueError saying what to use.
 
-    The job runs on this machine's GPUs (``nccl``, one rank per GPU) when CUDA is present, else on its CPU
-    cores (``gloo``); ``device`` names which, so the result is labelled truthfully. Accepted: ``"cuda"``
-    (or a ``"cuda:N"`` this machine has) with CUDA, ``"cpu"`` without, ``None`` for the one present.
-    Refused: a device this machine lacks (``"cuda:7"`` with fewer GPUs, ``"cuda"`` without CUDA), an
-    indexed CPU (``"cpu:1"``: there is one CPU device), ``"cpu"`` on a machine whose CUDA GPUs the
-    job would use anyway, and strings that are no device.
+    The job runs on this machine's GPUs (``nccl``, one rank per GPU) with CUDA, else on its CPU cores
+    (``gloo``); ``device`` names which, so the result is labelled truthfully. Refused: a device this machine
+    lacks, an indexed CPU (``"cpu:1"``), ``"cpu"`` where the job would use the GPUs anyway, and non-devices.
     """
     use = "device='cuda' (or None)" if has_cuda() else "device='cpu' (or None)"
     try:
@@ -91,11 +64,8 @@ def check_job_device(device: torch.device | str | None) -> torch.device:
 
 
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """Processes (ranks), DataLoader workers per rank and the per-rank batch size.
-
-    ``context`` may set their starting values: ``nproc`` (default 1), ``workers_per_rank`` (default 1) and
-    ``batch`` (default 32, one of :data:`BATCH_SIZES`).
-    """
+    """Processes (ranks), DataLoader workers per rank and the per-rank batch size; ``context`` may set their
+    starting values: ``nproc`` (1), ``workers_per_rank`` (1) and ``batch`` (32, one of :data:`BATCH_SIZES`)."""
     from ...ui.widgets import W  # optional/heavy: ipywidgets
 
     top = distributed.max_processes()
@@ -129,16 +99,8 @@ def panel_run(
     timeout_s: float = 300.0,
     **context: Any,
 ) -> Evidence[DistributedRun]:
-    """One torchrun job with these settings, measured here (``device`` names where: CPU cores or the GPUs).
-
-    ``epochs``, ``limit``, ``width`` and ``timeout_s`` are passed to
-    :func:`~helpers.chapters.ch07.distributed.launch_ddp`; the rest of ``context`` (the controls' starting values)
-    is not used here.
-
-    Raises:
-        ValueError: settings out of range, or a device the job can't run on (:func:`check_job_device`).
-        ``DistributedRunError``: a rank failed or the job timed out.
-    """
+    """One torchrun job with these settings, measured here (``device``: CPU cores or the GPUs, see
+    :func:`check_job_device`). ``epochs``, ``limit``, ``width`` and ``timeout_s`` go to ``launch_ddp``."""
     device = check_job_device(device)
     run = distributed.launch_ddp(
         processes,
@@ -151,17 +113,12 @@ def panel_run(
         progress=progress,
     )
     where = "the GPUs" if run.backend == "nccl" else "CPU cores"
-    return evidence.measured(
-        f"a {run.nproc}-process DDP job ({run.backend})",
-        run,
-        device,
-        method=f"torchrun on this machine's {where}; items/s over the epochs after the first",
-    )
+    method = f"torchrun on this machine's {where}; items/s over the epochs after the first"
+    return evidence.measured(f"a {run.nproc}-process DDP job ({run.backend})", run, device, method=method)
 
 
 def panel_summary(result: Evidence[DistributedRun]) -> str:
-    """The panel's status line for one run: the job's figures, its coverage, its validation accuracy beside the
-    chance level, and where it was measured."""
+    """The job's figures, its coverage, its validation accuracy beside chance, and where it was measured."""
     run = result.value
     if run is None:
         return result.header()
@@ -175,27 +132,16 @@ def panel_summary(result: Evidence[DistributedRun]) -> str:
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
     """Stacked bars per panel run: each rank's items/s (stacked) adding up to the total."""
     palette = ["#4e79a7", "#59a14f", "#edc948", "#b07aa1", "#76b7b2", "#ff9da7", "#9c755f", "#bab0ac"]
-    labels = []
-    max_ranks = 0
-    top = 0.0
     runs = [rec for rec in history if rec.result.value is not None]
+    labels, ranks_drawn, top = [], 0, 0.0
     for i, rec in enumerate(runs):
         run: DistributedRun = rec.result.value
-        per = run.per_rank_items_per_s()
-        bottom = 0.0
+        per, bottom = run.per_rank_items_per_s(), 0.0
         for r, v in enumerate(per):
-            ax.bar(
-                i,
-                v,
-                bottom=bottom,
-                width=0.6,
-                color=palette[r % len(palette)],
-                edgecolor="white",
-                label=f"rank {r}" if r >= max_ranks else None,
-            )
+            label = f"rank {r}" if r >= ranks_drawn else None  # one legend entry per rank
+            ax.bar(i, v, bottom=bottom, width=0.6, color=palette[r % len(palette)], edgecolor="white", label=label)
             bottom += v
-        max_ranks = max(max_ranks, len(per))
-        top = max(top, bottom)
+        ranks_drawn, top = max(ranks_drawn, len(per)), max(top, bottom)
         ax.annotate(f"total {run.total_items_per_s():.0f}", (i, bottom), ha="center", va="bottom", fontsize=8)
         v = rec.values
         labels.append(f"#{rec.index}: {v['processes']} proc, {v['workers']} wk, bs {v['batch_size']}")
@@ -211,28 +157,10 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
-# ---------------------------------------------------------------------------
-# Headless benchmark (python -m tools.bench --chapters 07)
-# ---------------------------------------------------------------------------
-
-
 def record_run(results: ResultSet, run: DistributedRun) -> None:
-    """Add one run's figures to a :class:`helpers.core.results.ResultSet` under ``ch07.ddp.*``.
-
-    Records: ``ch07.ddp.total_items_per_s`` and ``ch07.ddp.wall_time`` (params
-    ``nproc``, ``backend``, ``workers``, ``batch_size``, ``width``, ``epochs``,
-    ``dataset_size``), ``ch07.ddp.rank_items_per_s`` (same params plus ``rank``)
-    and ``ch07.ddp.exactly_once`` (1 if every epoch covered every sample once).
-    """
-    p: dict[str, Any] = {
-        "nproc": run.nproc,
-        "backend": run.backend,
-        "workers": run.settings.get("workers"),
-        "batch_size": run.settings.get("batch_size"),
-        "width": run.settings.get("width"),
-        "epochs": run.n_epochs,
-        "dataset_size": run.dataset_size,
-    }
+    """One run's figures under ``ch07.ddp.*``: ``total_items_per_s``, ``wall_time``, ``exactly_once`` (1 if every
+    epoch covered every sample once) and ``rank_items_per_s`` (param ``rank``), each with the job's settings."""
+    p = run.params()
     results.add("ch07.ddp.total_items_per_s", run.total_items_per_s(), "items/s", **p)
     for r, v in zip(run.ranks, run.per_rank_items_per_s()):
         results.add("ch07.ddp.rank_items_per_s", v, "items/s", rank=int(r["rank"]), **p)
@@ -241,14 +169,10 @@ def record_run(results: ResultSet, run: DistributedRun) -> None:
 
 
 def benchmark(results: ResultSet, device: torch.device | str | None, *, progress: ProgressFn | None = None) -> None:
-    """Record chapter 07's multi-GPU figures into ``results`` (CUDA only: a CPU records nothing).
-
-    Runs the DDP job with 1 process and with one process per GPU (nccl), 2 workers per rank, and records
-    them with :func:`record_run`.
-    """
+    """Chapter 07's multi-GPU figures (CUDA only: a CPU records nothing): the DDP job with 1 process and with
+    one per GPU (nccl), 2 workers per rank, recorded by :func:`record_run`."""
     progress = progress or no_progress
-    dev = resolve_device(device)  # a device this machine lacks, or no device at all: ValueError
-    if dev.type != "cuda":
+    if resolve_device(device).type != "cuda":  # a device this machine lacks, or no device at all: ValueError
         progress(1.0, "no CUDA device: nothing to record")
         return
     counts = sorted({1, torch.cuda.device_count()})

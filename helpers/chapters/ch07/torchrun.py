@@ -1,0 +1,404 @@
+"""Running torchrun on this machine: bound to loopback, and with every process it started stopped after.
+
+**Nothing listens beyond this machine.** c10d's TCPStore server binds the wildcard address (``::``) whatever
+host it is given, unless it is handed a socket that is already bound, so plain torchrun exposes its rendezvous
+store on every interface. :func:`torchrun_command` runs torchrun through this module instead
+(``python -m helpers.chapters.ch07.torchrun``, :func:`loopback_torchrun`), which hands the stores sockets
+bound to 127.0.0.1; ``--local-addr=127.0.0.1`` and ``MASTER_ADDR`` make the ranks meet there, and
+:func:`loopback_env` puts gloo and NCCL on the loopback interface.
+
+**Nothing is left behind.** :func:`run_job` tracks every process the job starts (torchrun; the ranks, each in
+its own session; their DataLoader workers) and, when the job ends, times out or is interrupted, terminates then
+kills whatever is left. A killed parent takes torchrun with it (Linux's parent-death signal).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import psutil
+
+__all__ = ["torchrun_command", "loopback_env", "loopback_interface", "loopback_torchrun", "process_alive"]
+__all__ += ["listening_sockets", "work_dir", "Job", "run_job"]
+
+
+def torchrun_command(
+    nproc: int, script_args: Sequence[str], *, rdzv_endpoint: str | None = None, log_dir: str | Path | None = None
+) -> list[str]:
+    """The command line that runs :mod:`.ddp_train` under torchrun on this machine, through this module: every
+    store it serves bound to 127.0.0.1 and the ranks told to meet there; ``--standalone`` (a store on a free
+    port) or ``rdzv_endpoint`` (a 127.0.0.1 address)."""
+    if rdzv_endpoint and not _is_loopback_host(rdzv_endpoint.rsplit(":", 1)[0]):
+        raise ValueError(
+            f"rdzv_endpoint: {rdzv_endpoint!r} is not a loopback address; a single-machine run listens on "
+            "127.0.0.1 only (a job on several machines: distributed.multi_node_command)"
+        )
+    cmd = [sys.executable, "-m", "helpers.chapters.ch07.torchrun", "--local-addr=127.0.0.1"]
+    if rdzv_endpoint:
+        cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-id=workbook", "--nnodes=1"]
+    else:
+        cmd += ["--standalone"]
+    cmd += [f"--nproc-per-node={nproc}", "--max-restarts=0"] + ([f"--log-dir={log_dir}"] if log_dir else [])
+    return cmd + ["-m", "helpers.chapters.ch07.ddp_train", *script_args]
+
+
+# -- keeping a single-machine job on the loopback interface ------------------------------------------------------
+
+
+def _is_loopback_host(host: str) -> bool:
+    """True when every address ``host`` resolves to is a loopback address (127.0.0.0/8, ::1)."""
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), None)
+        return bool(infos) and all(ipaddress.ip_address(str(i[4][0]).split("%")[0]).is_loopback for i in infos)
+    except (OSError, UnicodeError, ValueError):
+        return False
+
+
+def loopback_interface() -> str | None:
+    """The name of this machine's loopback network interface (``lo`` on Linux), if any."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except (OSError, AttributeError):  # pragma: no cover - no interface list on this OS
+        return None
+    return next((n for n in ("lo", "lo0") if n in names), next((n for n in names if n.startswith("lo")), None))
+
+
+def loopback_env() -> dict[str, str]:
+    """The ranks' environment for a single-machine job: ``MASTER_ADDR=127.0.0.1`` and the interface gloo and
+    NCCL bind their own sockets to (without it they pick the one the host name resolves to, maybe a network's)."""
+    lo = loopback_interface()
+    return {"MASTER_ADDR": "127.0.0.1", **({"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo} if lo else {})}
+
+
+_LOOPBACK_PORTS: set[int] = set()
+
+
+def _listen_on_loopback(port: int) -> tuple[int, int]:
+    """A TCP socket listening on 127.0.0.1:``port`` (0: any free port): ``(port, fd)``; c10d takes the fd over."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", int(port)))
+        sock.listen(512)
+        return int(sock.getsockname()[1]), sock.detach()
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _loopback_tcpstore(base: type) -> type:
+    """``base`` (``torch.distributed.TCPStore``), whose server for a loopback host binds 127.0.0.1 only: c10d's
+    server binds the wildcard address unless given ``master_listen_fd``, a socket already bound and listening."""
+
+    class LoopbackTCPStore(base):
+        def __init__(
+            self,
+            host_name: str,
+            port: int,
+            world_size: int | None = None,
+            is_master: bool = False,
+            timeout: Any = None,
+            wait_for_workers: bool = True,
+            multi_tenant: bool = False,
+            master_listen_fd: int | None = None,
+            use_libuv: bool = True,
+        ) -> None:
+            import datetime
+
+            from ...core.device import torch_at_least  # heavy: imports torch, as this class needs
+
+            port = int(port)
+            reuse = multi_tenant and port in _LOOPBACK_PORTS  # c10d shares the server already running there
+            if is_master and master_listen_fd is None and not reuse and _is_loopback_host(str(host_name)):
+                try:
+                    port, master_listen_fd = _listen_on_loopback(port)
+                except OSError as exc:  # same type as c10d's own bind failure, which callers catch
+                    raise RuntimeError(f"cannot listen on 127.0.0.1:{port}: {exc}") from exc
+                _LOOPBACK_PORTS.add(port)
+            super().__init__(
+                host_name,
+                port,
+                world_size,
+                is_master,
+                datetime.timedelta(seconds=300) if timeout is None else timeout,
+                wait_for_workers,
+                multi_tenant,
+                master_listen_fd,
+                use_libuv and (master_listen_fd is None or torch_at_least(2, 8)),  # libuv takes a listen fd from 2.8
+            )
+
+    return LoopbackTCPStore
+
+
+def loopback_torchrun(argv: Sequence[str] | None = None) -> None:
+    """torchrun (``torch.distributed.run``) with every store it serves bound to 127.0.0.1.
+
+    ``python -m helpers.chapters.ch07.torchrun [torchrun options] -m module ...``: replaces ``TCPStore`` in
+    torchrun's rendezvous modules, then calls torchrun's own ``main``. For one machine only (with
+    ``--standalone`` or a 127.0.0.1 endpoint, and ``--local-addr=127.0.0.1``): others can't reach loopback.
+    """
+    import torch.distributed as dist
+    import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend as c10d_backend
+    import torch.distributed.elastic.rendezvous.dynamic_rendezvous  # noqa: F401  (uses dist.TCPStore)
+    import torch.distributed.elastic.rendezvous.static_tcp_rendezvous as static_backend
+    import torch.distributed.rendezvous as rendezvous
+    from torch.distributed import run
+
+    base = dist.TCPStore
+    patched = _loopback_tcpstore(base)
+    for module in (dist, c10d_backend, static_backend, rendezvous):
+        if getattr(module, "TCPStore", None) is base:
+            module.TCPStore = patched  # type: ignore[attr-defined]
+    run.main(list(sys.argv[1:] if argv is None else argv))
+
+
+# -- every process the job starts ------------------------------------------------------------------------------
+
+
+def process_alive(p: int | psutil.Process) -> bool:
+    """True if the process (a pid, or a :class:`psutil.Process`, then checked for pid reuse) runs; zombies are gone."""
+    try:
+        proc = p if isinstance(p, psutil.Process) else psutil.Process(p)
+        return bool(proc.is_running()) and proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def listening_sockets(procs: Iterable[int | psutil.Process]) -> list[tuple[int, str, int]]:
+    """``(pid, address, port)`` of every TCP socket in LISTEN state held by ``procs`` (gone ones skipped)."""
+    out = set()
+    for p in procs:
+        try:
+            proc = p if isinstance(p, psutil.Process) else psutil.Process(int(p))
+            conns = proc.net_connections(kind="tcp")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        out |= {(proc.pid, str(c.laddr.ip), int(c.laddr.port)) for c in conns if c.status == psutil.CONN_LISTEN}
+    return sorted(out)
+
+
+class _Tracker:
+    """Remembers every descendant of a launched process, so none is left behind."""
+
+    def __init__(self, pid: int) -> None:
+        self.root = psutil.Process(pid)  # our child: it stays (as a zombie) until we wait for it
+        self.procs = {pid: self.root}
+        self.listening: set[tuple[int, str, int]] = set()
+
+    def snapshot(self, sockets: bool = False) -> None:
+        """Add torchrun's current descendants and, with ``sockets``, every TCP socket they listen on."""
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for c in self.root.children(recursive=True):
+                self.procs.setdefault(c.pid, c)
+        if sockets:
+            self.listening.update(listening_sockets(self.procs.values()))
+
+    def orphans(self) -> None:
+        """Add processes left in a tracked process's group after their parent died (re-parented): torchrun
+        starts each rank in its own session, so a rank's DataLoader workers keep the rank's group."""
+        if not hasattr(os, "getpgid"):  # pragma: no cover - not POSIX
+            return
+        groups = set(self.procs)  # a rank's pid is its group id (new session)
+        for pid in list(self.procs):
+            with contextlib.suppress(OSError):
+                groups.add(os.getpgid(pid))
+        groups.discard(os.getpgid(0))
+        for p in psutil.process_iter():
+            with contextlib.suppress(OSError):
+                if p.pid not in self.procs and os.getpgid(p.pid) in groups:
+                    self.procs[p.pid] = p
+
+    def stop_all(self, grace_s: float = 3.0) -> list[int]:
+        """SIGTERM torchrun (it stops its ranks), then terminate, then kill the rest. Returns pids still alive."""
+        self.snapshot()
+        self.orphans()
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
+            if self.root.is_running():
+                self.root.send_signal(signal.SIGTERM)
+                self.root.wait(timeout=grace_s)
+        self.snapshot()
+        self.orphans()
+        for stop in (psutil.Process.terminate, psutil.Process.kill):
+            rest = [p for p in self.procs.values() if process_alive(p)]
+            for p in rest:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    stop(p)
+            psutil.wait_procs(rest, timeout=grace_s)
+        return [p.pid for p in self.procs.values() if process_alive(p)]
+
+
+# -- one job -------------------------------------------------------------------------------------------------------
+
+_WORK_PREFIX = "workbook-ddp-"
+
+
+def work_dir() -> Path:
+    """A new temporary folder for one job (with ``results/`` inside), once stale ones are deleted: those of
+    launchers that were killed (their pid, in the name, is gone) and could not delete their own."""
+    for d in Path(tempfile.gettempdir()).glob(f"{_WORK_PREFIX}*-*"):
+        pid = d.name[len(_WORK_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and d.is_dir() and not process_alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{_WORK_PREFIX}{os.getpid()}-"))
+    (work / "results").mkdir()
+    return work
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGTERM when its parent dies (Linux only): a killed or
+    restarted kernel then stops torchrun (and its ranks) instead of leaving it running as an orphan."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded in the parent: the child only calls it
+    except (OSError, AttributeError):  # pragma: no cover - exotic libc
+        return None
+    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
+    return lambda: prctl(pr_set_pdeathsig, sigterm, 0, 0, 0)
+
+
+def _job_env() -> dict[str, str]:
+    """This process's environment for the ranks: one compute thread each, on loopback, this package importable."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **loopback_env()}
+    root = str(Path(__file__).resolve().parents[3])  # the folder that holds helpers/
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _report_progress(results: Path, progress: Callable[[float, str], None], reported: list[int]) -> None:
+    """Rank 0's step (``progress.json``) to the progress bar, when it moved."""
+    try:
+        p = json.loads((results / "progress.json").read_text())
+    except (OSError, ValueError):
+        return
+    done, total = int(p.get("done", 0)), max(1, int(p.get("total", 1)))
+    if done != reported[0]:
+        reported[0] = done
+        progress(done / total, f"rank 0: step {done}/{total}, epoch {int(p.get('epoch', 0)) + 1}")
+
+
+def _read_json(paths: Any) -> list[dict[str, Any]]:
+    out = []
+    for f in paths:
+        try:
+            out.append(json.loads(f.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def _root_cause(results: Path, stderr: str) -> dict[str, Any]:
+    """The first failure: the earliest ``rank<R>.error.json``, else torchrun's 'Root Cause' summary."""
+    errors = _read_json(results.glob("rank*.error.json"))
+    if errors:
+        first = min(errors, key=lambda e: e.get("time", math.inf))
+        return {k: first.get(k, "") for k in ("type", "message", "traceback")} | {"rank": first.get("rank")}
+    m = _ROOT_CAUSE.search(stderr)
+    if m:
+        code = int(m.group(2))
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        return {"rank": int(m.group(1)), "type": "", "message": f"the process {how}", "traceback": ""}
+    return {"rank": None, "type": "", "message": "", "traceback": ""}
+
+
+@dataclass
+class Job:
+    """What :func:`run_job` saw: how it ended, its output, its processes and sockets, and what the ranks wrote
+    (``ranks``: their records, by rank; ``cause``: the first failure's rank, type, message and traceback)."""
+
+    returncode: int | None
+    timed_out: bool
+    wall_s: float
+    stdout: str
+    stderr: str
+    pids: list[int]
+    leftover: list[int]
+    listening: list[tuple[int, str, int]]
+    ranks: list[dict[str, Any]]
+    cause: dict[str, Any]
+
+
+def run_job(cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable[[float, str], None] | None) -> Job:
+    """Run ``cmd`` (:func:`torchrun_command`) in ``work`` for at most ``timeout_s``, following rank 0's steps,
+    then stop every process it started. A ``KeyboardInterrupt`` (the reader's, or ``progress``'s) is raised again
+    once they are stopped, with ``tracked_pids`` and ``leftover_pids``."""
+    t0 = time.perf_counter()
+    timed_out = interrupted = False
+    results, seen = work / "results", [-1]
+    with open(work / "stdout.txt", "wb") as out, open(work / "stderr.txt", "wb") as err:
+        proc = subprocess.Popen(
+            list(cmd),
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            env=_job_env(),
+            cwd=str(work),
+            start_new_session=os.name == "posix",
+            preexec_fn=_die_with_parent(),
+        )
+        tracker = _Tracker(proc.pid)
+        try:
+            next_scan = 0.0
+            while proc.poll() is None:
+                now = time.perf_counter()
+                if now >= next_scan:  # new processes (ranks, their workers) and their sockets
+                    tracker.snapshot(sockets=True)
+                    next_scan = now + 0.5
+                if now - t0 > timeout_s:
+                    timed_out = True
+                    break
+                if progress is not None:
+                    _report_progress(results, progress, seen)
+                time.sleep(0.1)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            leftover = tracker.stop_all()
+            if proc.poll() is None:  # pragma: no cover - stop_all killed it
+                proc.kill()
+                proc.wait()
+    pids, wall_s = sorted(tracker.procs), time.perf_counter() - t0
+    if interrupted:
+        stop = KeyboardInterrupt(
+            f"torchrun job interrupted after {wall_s:.1f} s; its {len(pids)} process(es) were stopped"
+        )
+        stop.tracked_pids, stop.leftover_pids = pids, leftover  # type: ignore[attr-defined]
+        raise stop
+    stdout, stderr = ((work / f"{name}.txt").read_text(errors="replace") for name in ("stdout", "stderr"))
+    ranks = _read_json(f for f in sorted(results.glob("rank*.json")) if not f.name.endswith(".error.json"))
+    return Job(
+        proc.returncode,
+        timed_out,
+        wall_s,
+        stdout,
+        stderr,
+        pids,
+        leftover,
+        sorted(tracker.listening),
+        sorted(ranks, key=lambda r: r["rank"]),
+        _root_cause(results, stderr),
+    )
+
+
+if __name__ == "__main__":  # python -m helpers.chapters.ch07.torchrun: torchrun, bound to 127.0.0.1
+    loopback_torchrun()
