@@ -19,7 +19,7 @@ import torch
 
 from helpers.chapters import ch02
 from helpers.chapters.ch02 import copies, pin_costs
-from helpers.chapters.ch02.copies import KiB, MiB
+from helpers.chapters.ch02.model import KiB, MiB
 from helpers.core import evidence
 from helpers.core.progress import no_progress
 from helpers.core.results import ResultSet

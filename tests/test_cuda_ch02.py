@@ -198,11 +198,11 @@ def test_the_panel_measures_on_the_chosen_device_with_the_readers_function(direc
 def test_benchmark_records_every_key_with_all_gpu_work_on_the_chosen_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """ch02.benchmark's CUDA path: every curve, the pin costs, the probe, the wire and the allocator's blocks."""
     from helpers.chapters import ch02
-    from helpers.chapters.ch02 import copies
+    from helpers.chapters.ch02 import copies, model
     from helpers.core.results import ResultSet
 
     # The stand-in's times are one fixed value, so no size dependence to fit: the fit is given.
-    monkeypatch.setattr(copies.Sweep, "fit", lambda self: copies.LatencyBandwidthFit(1e-5, 1e10, 2, 0.0))
+    monkeypatch.setattr(copies.Sweep, "fit", lambda self: model.LatencyBandwidthFit(1e-5, 1e10, 2, 0.0))
     rs = ResultSet.new("test", "unit test")
     with fake_cuda(devices=2, current=0) as cuda:
         ch02.benchmark(rs, CUDA1, sizes=[4096, 65536])

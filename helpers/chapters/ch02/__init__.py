@@ -29,8 +29,9 @@ from ...core.timing import summarize
 from ...core.validate import check_choice, check_float, check_int, human_bytes, human_seconds
 from ...pipeline import transfer
 from ...pipeline.transfer import DTYPES
-from . import copies, pin_costs
-from .copies import DIRECTIONS, MEMORY_KINDS, CopyFn, LatencyBandwidthFit, MiB, Sweep, TransferPoint
+from . import copies, figures, model, pin_costs
+from .copies import DIRECTIONS, MEMORY_KINDS, CopyFn, Sweep, TransferPoint
+from .model import LatencyBandwidthFit, MiB
 
 NUMBER = "02"
 TITLE = "host-to-device transfers"
@@ -375,7 +376,7 @@ def panel_plot(history: list[Any], ax: Any) -> None:
         for p, what in ((r.measured, "measured now"), (r.reference, "reference"), (r.host, "host memcpy now")):
             if p is not None:
                 pts.append((p, f"run {i}: {r.direction.upper()} {r.memory} {r.dtype}, {what}"))
-    ax = copies.plot_sweeps(
+    ax = figures.plot_sweeps(
         list(last.background) if last else [],
         ax,
         ceiling=last.ceiling if last else None,
@@ -396,7 +397,7 @@ def benchmark(
     sizes: Sequence[int] | None = None,
 ) -> None:
     """Run chapter 02's key measurements and add them to ``results`` (``sizes``: bytes per copy, default
-    :func:`~.copies.copy_sizes`). Records (key: unit; params):
+    :func:`~.model.copy_sizes`). Records (key: unit; params):
 
     - ``ch02.host_copy_time``: s; ``nbytes``; spread ``iqr_s``, ``n`` - host memcpy (the only one without CUDA).
     - ``ch02.copy_time``: s; ``direction``, ``memory``, ``nbytes``; spread ``iqr_s``, ``n`` (CUDA events on a
@@ -409,7 +410,7 @@ def benchmark(
     - ``ch02.pinned_block``: bytes; ``requested`` - allocator pool growth for one pin.
     """
     progress = progress or no_progress
-    sizes = [check_int("sizes[i]", n, 1) for n in (copies.copy_sizes() if sizes is None else sizes)]
+    sizes = [check_int("sizes[i]", n, 1) for n in (model.copy_sizes() if sizes is None else sizes)]
     progress(0.0, "host memcpy sweep")
     for p in copies.host_copy_sweep(sizes).points:
         results.add("ch02.host_copy_time", p.median_s, "s", spread={"iqr_s": p.iqr_s, "n": p.n}, nbytes=p.nbytes)

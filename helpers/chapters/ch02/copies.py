@@ -1,16 +1,10 @@
 """Chapter 02's copies: pageable against pinned host memory, measured across sizes.
 
-- Pure logic (unit-tested on CPU): the size grid, the ``time = latency + bytes / bandwidth`` fit, the pinned
-  allocator's power-of-two block, the safe pin limit, the "pinning is 30-50% faster" claim.
-- :func:`sweep`: the one copy loop. It calls a :data:`CopyFn` (the reader's ``time_copy``, or the helper's own
-  CUDA-event copy for :func:`transfer_sweep` and :func:`measure_copy`) for every size and memory kind, in
-  alternating rounds (:func:`helpers.core.rounds.alternate`). Without CUDA it asks only for pageable copies,
-  which ``time_copy`` times as a host memcpy (labelled so).
-- :func:`measure_host_copy`: a host-to-host ``copy_``, the CPU-side reference point, real on any machine.
-- Records (``ch02.*``) back into results: :func:`sweeps_from_records`, :func:`wire_from_records`; plots.
-
-Measurements that need CUDA return :class:`~helpers.pipeline.transfer.Unavailable` without it, never raise.
-Units: bytes (KiB, MiB when printed), seconds, GB/s = 1e9 bytes per second (the unit link specifications use).
+:func:`sweep` is the one copy loop: it calls a :data:`CopyFn` (the reader's ``time_copy``, or the helper's own
+CUDA-event copy behind :func:`transfer_sweep` and :func:`measure_copy`) for every size and memory kind in
+alternating rounds. Beside it: the host memcpy (the CPU-side reference point, real anywhere), bytes on the wire,
+and the ``ch02.*`` records read back. Without CUDA a GPU measurement returns
+:class:`~helpers.pipeline.transfer.Unavailable`, never raises. The arithmetic is in :mod:`.model`.
 """
 
 from __future__ import annotations
@@ -20,9 +14,8 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-import numpy as np
 import torch
 
 from ...core.config import require_gpu, sized
@@ -31,30 +24,16 @@ from ...core.progress import ProgressFn
 from ...core.rounds import alternate
 from ...core.timing import measure, summarize
 from ...core.validate import check_choice, check_float, check_int, human_bytes, human_seconds
-from ...pipeline.transfer import DTYPES, Unavailable, _memory_now, check_host_bytes, cuda_status, images_nbytes
-
-if TYPE_CHECKING:  # pragma: no cover
-    from matplotlib.figure import Figure
-
-KiB = 1024
-MiB = 1024**2
-GiB = 1024**3
+from ...pipeline.transfer import DTYPES, Unavailable, check_host_bytes, cuda_status, images_nbytes
+from .model import _MAX_BYTES, LatencyBandwidthFit, MiB, check_pin_size, copy_sizes, fit_latency_bandwidth
 
 DIRECTIONS = ("h2d", "d2h")
 MEMORY_KINDS = ("pageable", "pinned")
-DEFAULT_PIN_SHARE = 0.25
-"""Largest share of the machine's *available* RAM the helpers agree to pin."""
-CLAIM_RANGE = (1.3, 1.5)
-"""The seeds' claim, "pinning makes transfers 30-50% faster", as a pageable/pinned time ratio."""
-_MAX_BYTES = 64 * GiB
 _DIRECTION_NAMES = {"h2d": "host→device", "d2h": "device→host", "h2h": "host→host"}
 
 CopyFn = Callable[..., Any]
-"""``copy_fn(src, device, pinned, repeats)`` -> seconds of each timed copy (a list), or one number.
-
-The chapter's ``time_copy`` cell is one: warm-up, CUDA events, ``src.pin_memory()`` once when
-``pinned``, ``.to(device, non_blocking=True)``; on a CPU device it times a host memcpy instead.
-"""
+"""``copy_fn(src, device, pinned, repeats)`` -> seconds of each timed copy (a list), or one number: the chapter's
+``time_copy`` (on a CPU device it times a host memcpy)."""
 
 
 @dataclass
@@ -81,37 +60,6 @@ class TransferPoint:
             f"{_DIRECTION_NAMES.get(self.direction, self.direction)} {self.memory} {self.dtype} "
             f"{human_bytes(self.nbytes)}: {human_seconds(self.median_s)} (IQR {human_seconds(self.iqr_s)}, "
             f"{self.gbps:.2f} GB/s)"
-        )
-
-
-@dataclass(frozen=True)
-class LatencyBandwidthFit:
-    """``time = latency_s + nbytes / bandwidth_Bps``, fitted to a sweep. ``max_rel_error``: the worst relative
-    misfit over the points; ``latency_clamped``: the free fit's latency was negative, so it was fixed at 0."""
-
-    latency_s: float
-    bandwidth_Bps: float
-    n_points: int
-    max_rel_error: float
-    latency_clamped: bool = False
-
-    @property
-    def gbps(self) -> float:
-        return self.bandwidth_Bps / 1e9
-
-    def predict_s(self, nbytes: float) -> float:
-        """Predicted time of one copy of ``nbytes`` bytes, seconds."""
-        return self.latency_s + float(nbytes) / self.bandwidth_Bps
-
-    def half_bandwidth_bytes(self) -> float:
-        """Copy size at which half the asymptotic bandwidth is reached (latency x bandwidth)."""
-        return self.latency_s * self.bandwidth_Bps
-
-    def __str__(self) -> str:
-        note = " (latency clamped at 0)" if self.latency_clamped else ""
-        return (
-            f"latency {human_seconds(self.latency_s)}, bandwidth {self.gbps:.2f} GB/s{note}; "
-            f"worst misfit {self.max_rel_error:.0%} over {self.n_points} sizes"
         )
 
 
@@ -147,121 +95,6 @@ class Sweep:
         return fit_latency_bandwidth(self.sizes(), self.times())
 
 
-def size_grid(lo: int = 4 * KiB, hi: int = 256 * MiB, factor: int = 2) -> list[int]:
-    """Geometric grid of byte sizes ``lo, lo*factor, ...`` up to and including ``hi``.
-
-    >>> size_grid(4 * KiB, 64 * KiB, 4)
-    [4096, 16384, 65536]
-    """
-    lo = check_int("lo", lo, 1, _MAX_BYTES)
-    hi = check_int("hi", hi, lo, _MAX_BYTES)
-    factor = check_int("factor", factor, 2, 1024)
-    sizes = [lo]
-    while sizes[-1] * factor <= hi:
-        sizes.append(sizes[-1] * factor)
-    return sizes
-
-
-def copy_sizes() -> list[int]:
-    """Bytes per copy of the chapter's sweep: 4 KiB..16 MiB (x4) in quick mode, 4 KiB..256 MiB (x2) in full mode."""
-    return sized(quick=size_grid(4 * KiB, 16 * MiB, 4), full=size_grid(4 * KiB, 256 * MiB, 2))
-
-
-def _as_positive_array(name: str, values: Iterable[float]) -> np.ndarray:
-    arr = np.asarray(list(values), dtype=float)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"{name} must be a non-empty list of numbers")
-    if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-        raise ValueError(f"{name} must hold finite numbers > 0, got {arr.tolist()}")
-    return arr
-
-
-def fit_latency_bandwidth(nbytes: Sequence[float], seconds: Sequence[float]) -> LatencyBandwidthFit:
-    """Least-squares fit of ``seconds = latency + nbytes / bandwidth``.
-
-    Times across a sweep span four or five orders of magnitude, so an ordinary least-squares fit would be
-    decided by the largest copies alone. We minimise the *relative* error, ``sum(((latency + nbytes * k) / t
-    - 1) ** 2)`` with ``k = 1 / bandwidth``, which weights every size equally and is still linear. A negative
-    best latency (noise at small sizes) is refitted at zero (``latency_clamped``).
-
-    Raises:
-        ValueError: fewer than two distinct sizes, lengths differ, values not positive, or times that do
-            not grow with size (no bandwidth to fit).
-    """
-    x = _as_positive_array("nbytes", nbytes)
-    t = _as_positive_array("seconds", seconds)
-    if x.size != t.size:
-        raise ValueError(f"nbytes and seconds must have the same length, got {x.size} and {t.size}")
-    if np.unique(x).size < 2:
-        raise ValueError("fit_latency_bandwidth needs at least two distinct sizes")
-    (latency, k), *_ = np.linalg.lstsq(np.column_stack([1.0 / t, x / t]), np.ones_like(t), rcond=None)
-    clamped = bool(latency < 0)
-    if clamped:
-        u = x / t
-        latency, k = 0.0, float(u.sum() / (u * u).sum())
-    if not k > 0:
-        raise ValueError(
-            "times do not grow with size, so no bandwidth can be fitted; "
-            "check that the sweep covers sizes large enough for the copy to dominate"
-        )
-    worst = float(np.max(np.abs((latency + x * k) / t - 1.0)))
-    return LatencyBandwidthFit(float(latency), float(1.0 / k), int(x.size), worst, clamped)
-
-
-def predict_pinned_block(nbytes: int) -> int:
-    """Bytes the caching host allocator reserves for a pinned request of ``nbytes``.
-
-    PyTorch's ``CachingHostAllocator`` rounds every request up to the next power of two before calling
-    ``cudaHostAlloc``, so a 300 MiB pin takes a 512 MiB block. Requests above ``pinned_max_round_threshold_mb``
-    (or ``pinned_max_cached_size_mb``), set in ``PYTORCH_ALLOC_CONF`` (``PYTORCH_CUDA_ALLOC_CONF`` is still
-    read), keep their exact size; both are unlimited by default, which is what this prediction assumes.
-
-    >>> predict_pinned_block(300 * MiB) // MiB
-    512
-    """
-    nbytes = check_int("nbytes", nbytes, 0)
-    return nbytes if nbytes <= 1 else 1 << (nbytes - 1).bit_length()
-
-
-def safe_pin_limit(
-    share: float = DEFAULT_PIN_SHARE, *, total_bytes: int | None = None, available_bytes: int | None = None
-) -> int:
-    """Most bytes the helpers agree to pin: ``share`` of the smaller of total and available RAM (default: psutil's
-    figures now). Pinned memory can never be swapped out, so pinning too much starves the OS and can hang it."""
-    share = check_float("share", share, 0.001, 0.9)
-    total, avail = _memory_now() if total_bytes is None or available_bytes is None else (0, 0)
-    total_bytes = check_int("total_bytes", total if total_bytes is None else total_bytes, 1)
-    available_bytes = check_int("available_bytes", avail if available_bytes is None else available_bytes, 0)
-    return int(share * min(total_bytes, available_bytes))
-
-
-def check_pin_size(
-    nbytes: int,
-    *,
-    share: float = DEFAULT_PIN_SHARE,
-    already_pinned: int = 0,
-    total_bytes: int | None = None,
-    available_bytes: int | None = None,
-) -> int:
-    """The block a pin of ``nbytes`` takes (:func:`predict_pinned_block`); ValueError (what to do instead) when
-    that block plus ``already_pinned`` is over :func:`safe_pin_limit`."""
-    nbytes = check_int("nbytes", nbytes, 1)
-    already_pinned = check_int("already_pinned", already_pinned, 0)
-    block = predict_pinned_block(nbytes)
-    limit = safe_pin_limit(share, total_bytes=total_bytes, available_bytes=available_bytes)
-    if block + already_pinned > limit:
-        held = f" on top of {human_bytes(already_pinned)} already pinned" if already_pinned else ""
-        raise ValueError(
-            f"nbytes: refusing to pin {human_bytes(nbytes)} (a {human_bytes(block)} block after "
-            f"power-of-two rounding){held}: the safe limit is {human_bytes(limit)}, which is "
-            f"{share:.0%} of this machine's free RAM. Pinned memory cannot be swapped out, so "
-            "pinning too much starves the OS and other processes. Use a smaller buffer (pin one "
-            "batch and reuse it for every batch), or pass a larger `share` if you know this "
-            "machine can spare it."
-        )
-    return block
-
-
 def _check_device_bytes(name: str, nbytes: int, dev: torch.device, what: str) -> None:
     """Refuse a GPU allocation larger than 80% of the device memory free now."""
     free, _ = torch.cuda.mem_get_info(dev)
@@ -280,11 +113,6 @@ def speedup_by_size(pageable: Sweep, pinned: Sweep) -> list[tuple[int, float]]:
         )
     pinned_t = {p.nbytes: p.median_s for p in pinned.points}
     return [(p.nbytes, p.median_s / pinned_t[p.nbytes]) for p in pageable.points if p.nbytes in pinned_t]
-
-
-def claim_verdict(ratio: float, lo: float = CLAIM_RANGE[0], hi: float = CLAIM_RANGE[1]) -> str:
-    """A pageable/pinned time ratio against the claim "30-50 % faster": ``"below"``, ``"within"`` or ``"above"``."""
-    return "below" if ratio < lo else "above" if ratio > hi else "within"
 
 
 def pinning_status() -> tuple[bool, str]:
@@ -351,17 +179,9 @@ def measure_host_copy(
         )
     finally:
         del src, dst
-    how = f"host tensor copy_ (CPU memcpy, {timing.metadata.get('num_threads')} thread(s)), "
-    return TransferPoint(
-        nbytes,
-        "h2h",
-        "pageable",
-        timing.median_s,
-        timing.iqr_s,
-        timing.n,
-        dtype,
-        how + timing.metadata.get("method", ""),
-    )
+    meta = timing.metadata
+    how = f"host tensor copy_ (CPU memcpy, {meta.get('num_threads')} thread(s)), {meta.get('method', '')}"
+    return TransferPoint(nbytes, "h2h", "pageable", timing.median_s, timing.iqr_s, timing.n, dtype, how)
 
 
 def host_copy_sweep(sizes: Sequence[int] | None = None, *, min_run_time: float | None = None) -> Sweep:
@@ -373,11 +193,8 @@ def host_copy_sweep(sizes: Sequence[int] | None = None, *, min_run_time: float |
 def _event_times(
     dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool, repeats: int, warmup: int, stream: torch.cuda.Stream
 ) -> list[float]:
-    """Per-copy GPU times (s) of ``dst.copy_(src)`` on ``stream``, each bracketed by CUDA events on that stream.
-
-    For a pageable source the copy call itself blocks the host while the driver stages the data, and the end
-    event is recorded after it returns, so the interval covers the staging too.
-    """
+    """Per-copy GPU times (s) of ``dst.copy_(src)`` on ``stream``, each bracketed by CUDA events on that stream
+    (a pageable copy call blocks the host while the driver stages it, so the interval covers the staging too)."""
     stream.wait_stream(torch.cuda.current_stream(stream.device))  # the buffers' fills are done
     with torch.cuda.stream(stream):
         for _ in range(warmup):
@@ -394,12 +211,9 @@ def _event_times(
 
 
 def _helper_copy(direction: str, warmup: int) -> CopyFn:
-    """The helper's own copy as a :data:`CopyFn` (CUDA only), in ``direction``.
-
-    H2D: from ``src`` itself (pageable) or from a pinned copy of it made once; D2H: from a device copy of ``src``
-    into a host buffer, pinned or pageable. Each call times ``repeats`` copies between the same two buffers on a
-    side stream (:func:`_event_times`), after ``warmup`` untimed ones.
-    """
+    """The helper's own copy as a :data:`CopyFn` (CUDA only): H2D from ``src`` (pageable) or a pinned copy of it
+    made once; D2H from a device copy of ``src`` into a pinned or pageable host buffer. Each call times ``repeats``
+    copies between the same two buffers on a side stream (:func:`_event_times`), after ``warmup`` untimed ones."""
 
     def helper_copy(src: torch.Tensor, device: torch.device, pinned: bool, repeats: int) -> list[float]:
         dst = buf = None
@@ -445,12 +259,12 @@ def _samples(copy_fn: CopyFn, result: Any) -> list[float]:
     return out
 
 
-def _check_sweep_memory(sizes: list[int], kinds: tuple[str, ...], dev: torch.device, gpu: bool, share: float) -> None:
+def _check_sweep_memory(sizes: list[int], kinds: tuple[str, ...], dev: torch.device, gpu: bool) -> None:
     """Refuse (one line) a sweep whose largest buffers would not fit: host RAM, the safe pin limit, GPU memory."""
     biggest = max(sizes)
     check_host_bytes("sizes", 2 * biggest, what=f"a source of {human_bytes(biggest)} and one copy of it")
     if gpu and "pinned" in kinds:
-        check_pin_size(biggest, share=share)
+        check_pin_size(biggest)
     if gpu:
         _check_device_bytes("sizes", biggest, dev, f"a device copy of {human_bytes(biggest)}")
 
@@ -462,7 +276,6 @@ def sweep(
     device: torch.device | str | None = None,
     repeats: int | None = None,
     rounds: int = 2,
-    pin_share: float = DEFAULT_PIN_SHARE,
     progress: ProgressFn | None = None,
     direction: str = "h2d",
     kinds: Sequence[str] = MEMORY_KINDS,
@@ -471,19 +284,13 @@ def sweep(
 ) -> dict[tuple[str, str], Sweep]:
     """Time *your* copy function over ``sizes``: this helper only loops, alternates, records.
 
-    Each round calls ``copy_fn(src, device, pinned, repeats)`` once per size and memory kind, ``src`` a host
-    tensor of that many bytes of ``dtype`` (a slice of one buffer), pageable and pinned side by side, in
-    alternating rounds (:func:`helpers.core.rounds.alternate`: the order flips every round, so a machine that
-    drifts hurts both kinds alike); the seconds of all rounds are pooled (median, IQR).
-
-    On a CUDA ``device``: each kind in ``kinds``, recorded as ``(direction, kind)``; ``direction`` is what
-    ``copy_fn`` copies (``"h2d"``, the reader's ``time_copy``; ``"d2h"`` for :func:`transfer_sweep`). On any
-    other device nothing can be pinned: only pageable copies, recorded as ``("h2h", "pageable")``, the host
-    memcpy the chapter's ``time_copy`` times on a CPU. ``repeats``: timed copies per call (default 5 quick, 15
-    full); ``method``: how the times were taken (default: "<copy_fn>(), yours: ...").
-
-    Raises ValueError for bad arguments, a buffer beyond the safe pin limit or the RAM available, or a
-    ``copy_fn`` that returns no times.
+    Each round calls ``copy_fn(src, device, pinned, repeats)`` once per size and memory kind (``src``: that many
+    bytes of ``dtype``, a slice of one host buffer), pageable and pinned side by side, in alternating rounds
+    (:func:`helpers.core.rounds.alternate`: a machine that drifts hurts both kinds alike), and pools the seconds of
+    all rounds (median, IQR) into one curve per ``(direction, kind)``. Without CUDA nothing can be pinned: only
+    pageable copies, recorded as ``("h2h", "pageable")``, the host memcpy ``time_copy`` times on a CPU.
+    ``repeats``: timed copies per call (default 5 quick, 15 full). Raises ValueError for bad arguments, a buffer
+    beyond the safe pin limit or the RAM available, or a ``copy_fn`` that returns no times.
     """
     if not callable(copy_fn):
         raise ValueError(f"copy_fn must be a function copy_fn(src, device, pinned, repeats), got {copy_fn!r}")
@@ -495,7 +302,7 @@ def sweep(
     dev = resolve_device(device)  # 'cuda' on a machine without one: a ValueError that says so
     ok, _ = cuda_status(dev)
     kinds, direction = (tuple(kinds), direction) if ok else (("pageable",), "h2h")  # no GPU: a host memcpy
-    _check_sweep_memory(sizes, kinds, dev, ok, pin_share)
+    _check_sweep_memory(sizes, kinds, dev, ok)
     item = torch.empty((), dtype=DTYPES[dtype]).element_size()
     samples: dict[tuple[str, int], list[float]] = {(m, n): [] for m in kinds for n in sizes}
     base = torch.ones(max(sizes) // item, dtype=DTYPES[dtype])  # every size is a slice of it
@@ -537,7 +344,6 @@ def transfer_sweep(
     device: torch.device | str | None = None,
     repeats: int | None = None,
     warmup: int = 3,
-    pin_share: float = DEFAULT_PIN_SHARE,
     progress: ProgressFn | None = None,
     dtype: str = "uint8",
 ) -> Sweep | Unavailable:
@@ -559,7 +365,6 @@ def transfer_sweep(
         device=resolve_device(device),
         repeats=reps,
         rounds=1,
-        pin_share=pin_share,
         progress=progress,
         direction=direction,
         kinds=(memory,),
@@ -578,16 +383,13 @@ def measure_copy(
     device: torch.device | str | None = None,
     repeats: int = 20,
     warmup: int = 3,
-    pin_share: float = DEFAULT_PIN_SHARE,
 ) -> TransferPoint | Unavailable:
     """One host<->GPU copy size, timed as :func:`transfer_sweep` times each size (median of ``repeats``; pinned
     copies ``non_blocking=True``, pageable ones the default, as ``tensor.to('cuda')``). A freed pinned block stays
     in PyTorch's caching host allocator for the next pin of that size. :class:`Unavailable` without CUDA."""
     nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
     _numel(nbytes, check_choice("dtype", dtype, DTYPES))
-    sw = transfer_sweep(
-        direction, memory, [nbytes], device=device, repeats=repeats, warmup=warmup, pin_share=pin_share, dtype=dtype
-    )
+    sw = transfer_sweep(direction, memory, [nbytes], device=device, repeats=repeats, warmup=warmup, dtype=dtype)
     return sw if isinstance(sw, Unavailable) else sw.points[0]
 
 
@@ -597,31 +399,14 @@ def measure_copy_fn(
     memory: str = "pageable",
     *,
     dtype: str = "uint8",
-    device: torch.device | str | None = None,
+    device: Any = None,
     repeats: int = 10,
-    pin_share: float = DEFAULT_PIN_SHARE,
 ) -> TransferPoint:
-    """One call of *your* copy function on ``nbytes`` of ``dtype``, as a point (:func:`sweep`, one size, one round).
-
-    On a CUDA ``device`` an H2D copy (pinned when ``memory == "pinned"``); on any other device a pageable copy,
-    which the chapter's ``time_copy`` times as a host memcpy, on one CPU thread (as the driver stages one).
-    """
-    memory = check_choice("memory", memory, MEMORY_KINDS)
-    dtype = check_choice("dtype", dtype, DTYPES)
-    nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
-    _numel(nbytes, dtype)
-    gpu, _ = cuda_status(device)
-    with contextlib.nullcontext() if gpu else intraop_threads(1):
-        curves = sweep(
-            copy_fn,
-            [nbytes],
-            device=device,
-            repeats=repeats,
-            rounds=1,
-            pin_share=pin_share,
-            kinds=(memory,),
-            dtype=dtype,
-        )
+    """One call of *your* copy function on ``nbytes`` of ``dtype``, as a point (:func:`sweep`, one size, one round):
+    on a CUDA ``device`` an H2D copy (pinned when ``memory == "pinned"``); on any other device a pageable copy,
+    which ``time_copy`` times as a host memcpy, on one CPU thread (as the driver stages one)."""
+    with contextlib.nullcontext() if cuda_status(device)[0] else intraop_threads(1):
+        curves = sweep(copy_fn, [nbytes], device=device, repeats=repeats, rounds=1, kinds=(memory,), dtype=dtype)
     return next(iter(curves.values())).points[0]
 
 
@@ -672,9 +457,8 @@ def wire_comparison(
     return WireResult(shape, nbytes, seconds, what, "torch.utils.benchmark Timer, median")
 
 
-# Each ``*_from_records(result_set, records)`` is a ``convert`` for helpers.core.evidence.recorded /
-# measure_or_recall: it rebuilds what the measuring function returns from the records
-# helpers.chapters.ch02.benchmark wrote, or None when the records cannot make one (then the figure is missing).
+# Each ``*_from_records(result_set, records)`` is a ``convert`` for helpers.core.evidence.measure_or_recall: what
+# the measuring function returns, rebuilt from the records ch02.benchmark wrote, or None (the figure is missing).
 
 
 def _field(record: Any, name: str) -> Any:
@@ -687,34 +471,16 @@ def _params(record: Any) -> dict[str, Any]:
 
 
 def sweeps_from_records(records: Iterable[Any], source: str = "reference") -> dict[tuple[str, str], Sweep]:
-    """Rebuild sweeps from ``ch02.copy_time`` records (objects or dicts with key/value/params).
-
-    Returns ``{(direction, memory): Sweep}``, sizes ascending; empty if there are none.
-    """
+    """``{(direction, memory): Sweep}`` rebuilt from ``ch02.copy_time`` records (objects or dicts), sizes ascending."""
     found: dict[tuple[str, str], list[TransferPoint]] = {}
     for r in records:
-        if _field(r, "key") != "ch02.copy_time":
-            continue
-        params = _field(r, "params") or {}
-        spread = _field(r, "spread") or {}
+        params, spread = _params(r), _field(r, "spread") or {}
         d, m = params.get("direction"), params.get("memory")
-        if d not in DIRECTIONS or m not in MEMORY_KINDS:
-            continue
-        found.setdefault((d, m), []).append(
-            TransferPoint(
-                nbytes=int(params["nbytes"]),
-                direction=d,
-                memory=m,
-                median_s=float(_field(r, "value")),
-                iqr_s=float(spread.get("iqr_s", 0.0)),
-                n=int(spread.get("n", 1)),
-                method="reference record",
-            )
-        )
-    return {
-        k: Sweep(direction=k[0], memory=k[1], points=sorted(v, key=lambda p: p.nbytes), source=source)
-        for k, v in found.items()
-    }
+        if _field(r, "key") == "ch02.copy_time" and d in DIRECTIONS and m in MEMORY_KINDS:
+            value, iqr, n = float(_field(r, "value")), float(spread.get("iqr_s", 0.0)), int(spread.get("n", 1))
+            point = TransferPoint(int(params["nbytes"]), d, m, value, iqr, n, method="reference record")
+            found.setdefault((d, m), []).append(point)
+    return {(d, m): Sweep(d, m, sorted(v, key=lambda p: p.nbytes), source) for (d, m), v in found.items()}
 
 
 def wire_from_records(result_set: Any, records: Iterable[Any]) -> WireResult | None:
@@ -735,172 +501,3 @@ def wire_lines(wire: WireResult) -> list[str]:
     lines = [f"{d:>8}: {wire.nbytes[d] / MiB:7.2f} MiB, {wire.seconds[d] * 1e3:7.3f} ms" for d in DTYPES]
     lines.append(f"bytes ratio {wire.byte_ratio:.0f}x, time ratio {wire.time_ratio:.1f}x — {wire.what}")
     return lines
-
-
-def copy_paths_diagram() -> "Figure":
-    """Draw the two paths a host-to-device copy can take (matplotlib figure).
-
-    Top: pageable source. The CPU (driver) first copies it into a pinned staging
-    ("bounce") buffer, then the GPU's copy engine pulls it by DMA over the link,
-    chunk by chunk. Bottom: pinned source. The copy engine reads it directly.
-    """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
-
-    fig, ax = plt.subplots(figsize=(9.5, 4.2))
-    ax.set_xlim(0, 10)
-    ax.set_ylim(0, 5.2)
-    ax.axis("off")
-
-    def box(x: float, y: float, w: float, text: str, color: str) -> None:
-        ax.add_patch(FancyBboxPatch((x, y), w, 0.9, boxstyle="round,pad=0.05", fc=color, ec="black", lw=1))
-        ax.text(x + w / 2, y + 0.45, text, ha="center", va="center", fontsize=9.5)
-
-    def arrow(x0: float, x1: float, y: float, text: str) -> None:
-        ax.add_patch(FancyArrowPatch((x0, y), (x1, y), arrowstyle="-|>", mutation_scale=16, lw=1.6))
-        ax.text((x0 + x1) / 2, y + 0.18, text, ha="center", va="bottom", fontsize=8.5)
-
-    # Region shading: host RAM vs GPU memory.
-    ax.add_patch(FancyBboxPatch((0.1, 0.2), 6.2, 4.6, boxstyle="round,pad=0.02", fc="#f3f3f3", ec="#999999", lw=0.8))
-    ax.add_patch(FancyBboxPatch((7.9, 0.2), 2.0, 4.6, boxstyle="round,pad=0.02", fc="#eef6ee", ec="#999999", lw=0.8))
-    ax.text(3.2, 4.95, "host RAM (CPU side)", ha="center", fontsize=10, weight="bold")
-    ax.text(8.9, 4.95, "GPU memory", ha="center", fontsize=10, weight="bold")
-    ax.text(7.1, 4.95, "link (PCIe / NVLink)", ha="center", fontsize=8.5, style="italic")
-
-    # Pageable path.
-    ax.text(0.25, 4.35, "pageable source: two copies, and the CPU is busy for the first", fontsize=9, color="#a03000")
-    box(0.3, 3.2, 2.1, "pageable buffer\n(may be swapped out)", "#ffd9c7")
-    box(3.6, 3.2, 2.5, "driver's pinned\nstaging (bounce) buffer", "#c7dcff")
-    box(8.1, 3.2, 1.6, "device\nbuffer", "#c9efc9")
-    arrow(2.45, 3.55, 3.65, "CPU memcpy")
-    arrow(6.15, 8.05, 3.65, "DMA by copy engine")
-
-    # Pinned path.
-    ax.text(0.25, 2.0, "pinned source: one DMA, the CPU is free (non_blocking=True)", fontsize=9, color="#005a00")
-    box(0.3, 0.8, 2.1, "pinned buffer\n(page-locked)", "#c7dcff")
-    box(8.1, 0.8, 1.6, "device\nbuffer", "#c9efc9")
-    arrow(2.45, 8.05, 1.25, "DMA by copy engine: reads host RAM directly, at the link's speed")
-    ax.text(
-        5.0,
-        0.35,
-        "DMA needs physical addresses that cannot move: only page-locked memory qualifies.",
-        ha="center",
-        fontsize=8.5,
-        style="italic",
-    )
-    fig.tight_layout()
-    return fig
-
-
-def _bytes_ticks(ax: Any, sizes: Sequence[float]) -> None:
-    """Label a log x axis of byte sizes with 4 KiB, 16 KiB, ... 4 GiB ticks inside the data range."""
-    if not sizes:
-        return
-    lo, hi = min(sizes) / 1.5, max(sizes) * 1.5
-    shown = [4**k * KiB for k in range(1, 12) if lo <= 4**k * KiB <= hi] + ([4 * KiB] if lo <= 4 * KiB <= hi else [])
-    shown = sorted(set(shown))
-    if len(shown) > 6:
-        shown = shown[::2]
-    ax.set_xticks(shown)
-    ax.set_xticklabels([human_bytes(v).replace(".0 ", " ") for v in shown])
-    ax.minorticks_off() if len(shown) >= 2 else None
-
-
-_SWEEP_STYLES: dict[str, dict[str, Any]] = {
-    "H2D pageable": {"color": "#f28e2b", "linestyle": "-", "marker": "o"},
-    "H2D pinned": {"color": "#f28e2b", "linestyle": "-", "marker": "s", "markerfacecolor": "white"},
-    "D2H pageable": {"color": "#4e79a7", "linestyle": "-", "marker": "o"},
-    "D2H pinned": {"color": "#4e79a7", "linestyle": "-", "marker": "s", "markerfacecolor": "white"},
-}
-
-
-def plot_sweeps(
-    sweeps: Sequence[Sweep],
-    ax: Any = None,
-    *,
-    ceiling: tuple[float, str] | None = None,
-    source: str | None = None,
-    title: str = "Copy bandwidth vs size",
-    fits: bool = True,
-    points: Sequence[tuple[TransferPoint, str]] = (),
-) -> Any:
-    """Bandwidth (GB/s) against copy size (bytes) on log-log axes, via :func:`helpers.ui.plots.sweep_plot`.
-
-    Args:
-        sweeps: curves to draw (measured here, or reference; say which with ``source``).
-        ceiling: ``(GB/s, label)`` of the link's theoretical ceiling, drawn dashed.
-        fits: also draw each curve's fitted ``latency + bytes / bandwidth`` model, dotted.
-        points: extra single points ``(point, label)``, e.g. the live panel's runs, drawn as stars.
-    """
-    from ...ui import plots  # optional/heavy: matplotlib
-
-    series: dict[str, tuple[Sequence[float], list[float]]] = {}
-    styles: dict[str, dict[str, Any]] = {}
-    for sw in sweeps:
-        if not sw.points:
-            continue
-        series[sw.label] = (sw.sizes(), sw.gbps())
-        styles[sw.label] = dict(_SWEEP_STYLES.get(sw.label, {"color": "#59a14f", "marker": "^"}), markersize=4)
-        if fits and len(set(sw.sizes())) >= 2:
-            try:
-                f = sw.fit()
-            except ValueError:
-                continue
-            xs = np.geomspace(min(sw.sizes()), max(sw.sizes()), 60)
-            name = f"{sw.label} fit: {human_seconds(f.latency_s)} + bytes / {f.gbps:.1f} GB/s"
-            series[name] = (xs.tolist(), (xs / np.array([f.predict_s(x) for x in xs]) / 1e9).tolist())
-            styles[name] = {
-                "color": styles[sw.label].get("color", "#555"),
-                "linestyle": ":",
-                "marker": "",
-                "linewidth": 1.2,
-            }
-    ax = plots.sweep_plot(
-        series,
-        ax,
-        xlabel="copy size (bytes, log scale)",
-        ylabel="bandwidth (GB/s = 1e9 B/s, log scale)",
-        title=title,
-        ceiling=ceiling,
-        source=source,
-        styles=styles,
-    )
-    star_colors = ["#e15759", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7", "#9c755f"]
-    for i, (p, label) in enumerate(points):
-        ax.plot(
-            [p.nbytes],
-            [p.gbps],
-            marker="*",
-            markersize=14,
-            color=star_colors[i % len(star_colors)],
-            markeredgecolor="black",
-            linestyle="",
-            label=label,
-            zorder=5,
-        )
-    _bytes_ticks(ax, [n for sw in sweeps for n in sw.sizes()] + [p.nbytes for p, _ in points])
-    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return ax
-
-
-def plot_speedup(pairs: dict[str, list[tuple[int, float]]], ax: Any = None, *, source: str | None = None) -> Any:
-    """pageable/pinned time ratio per size, with the claimed 1.3-1.5 band shaded."""
-    from ...ui import plots  # optional/heavy: matplotlib
-
-    series = {
-        f"{name}: pageable time / pinned time": ([n for n, _ in v], [r for _, r in v]) for name, v in pairs.items()
-    }
-    ax = plots.sweep_plot(
-        series,
-        ax,
-        xlabel="copy size (bytes, log scale)",
-        ylabel="speed-up of pinned (x)",
-        title="Is pinning 30-50% faster? Measured ratio per size",
-        logy=False,
-        source=source,
-    )
-    ax.axhspan(CLAIM_RANGE[0], CLAIM_RANGE[1], color="#bab0ac", alpha=0.35, label="the claim: 1.3x-1.5x")
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    _bytes_ticks(ax, [n for v in pairs.values() for n, _ in v])
-    ax.legend(fontsize=8)
-    return ax

@@ -26,20 +26,8 @@ from ...pipeline.transfer import (
     cuda_status,
     host_allocator_stats,
 )
-from .copies import (
-    _MAX_BYTES,
-    DEFAULT_PIN_SHARE,
-    MiB,
-    TransferPoint,
-    _bytes_ticks,
-    _check_device_bytes,
-    _field,
-    _params,
-    check_pin_size,
-    measure_copy,
-    pinning_status,
-    predict_pinned_block,
-)
+from .copies import TransferPoint, _check_device_bytes, _field, _params, measure_copy, pinning_status
+from .model import _MAX_BYTES, MiB, check_pin_size, predict_pinned_block
 
 
 def release_pinned_cache() -> bool:
@@ -66,9 +54,7 @@ class RoundingRow:
     allocated_delta: int | None
 
 
-def pinned_rounding_demo(
-    sizes: Sequence[int], *, pin_share: float = DEFAULT_PIN_SHARE
-) -> list[RoundingRow] | Unavailable:
+def pinned_rounding_demo(sizes: Sequence[int]) -> list[RoundingRow] | Unavailable:
     """Pin each size once, the host cache emptied first so a fresh block is made, and read how many bytes the
     allocator's pool grew by (None if this torch has no host-allocator statistics)."""
     ok, reason = cuda_status()
@@ -76,7 +62,7 @@ def pinned_rounding_demo(
         return Unavailable("pinned block rounding", reason)
     rows: list[RoundingRow] = []
     for n in sizes:
-        check_pin_size(n, share=pin_share)
+        check_pin_size(n)
         release_pinned_cache()
         before = host_allocator_stats()
         t = None
@@ -133,7 +119,6 @@ def pin_cost(
     *,
     device: torch.device | str | None = None,
     repeats: int = 5,
-    pin_share: float = DEFAULT_PIN_SHARE,
 ) -> PinCost | Unavailable:
     """Measure pinning itself against the copy time it saves, at one size (H2D). Without CUDA:
     :class:`Unavailable` with the driver's own error (:func:`pinning_status`)."""
@@ -142,7 +127,7 @@ def pin_cost(
     if not ok:
         return Unavailable(f"cost of pinning {human_bytes(nbytes)}", reason + " " + pinning_status()[1])
     dev = resolve_device(device)
-    block = check_pin_size(nbytes, share=pin_share)
+    block = check_pin_size(nbytes)
     check_host_bytes("nbytes", nbytes, what=f"the pageable source of {human_bytes(nbytes)}")
     _check_device_bytes("nbytes", 2 * nbytes, dev, f"two device copies of {human_bytes(nbytes)}")
     src = torch.ones(nbytes, dtype=torch.uint8)
@@ -158,8 +143,8 @@ def pin_cost(
             plain.append(_wall(lambda: src.to(dev), dev))  # noqa: F821
             release_pinned_cache()
             pin_copy.append(_wall(lambda: src.pin_memory().to(dev, non_blocking=True), dev))  # noqa: F821
-        pageable = measure_copy(nbytes, "h2d", "pageable", device=dev, repeats=max(repeats, 5), pin_share=pin_share)
-        pinned = measure_copy(nbytes, "h2d", "pinned", device=dev, repeats=max(repeats, 5), pin_share=pin_share)
+        pageable = measure_copy(nbytes, "h2d", "pageable", device=dev, repeats=max(repeats, 5))
+        pinned = measure_copy(nbytes, "h2d", "pinned", device=dev, repeats=max(repeats, 5))
         assert isinstance(pageable, TransferPoint) and isinstance(pinned, TransferPoint)
     finally:
         del src
@@ -240,7 +225,6 @@ def host_blocking_probe(
     gpu_work_s: float = 0.1,
     nbytes: int = 64 * MiB,
     repeats: int = 3,
-    pin_share: float = DEFAULT_PIN_SHARE,
 ) -> HostBlocking | Unavailable:
     """Queue ``gpu_work_s`` of GPU work, then time (host clock) the H2D copy *call*: pageable (the default
     ``non_blocking=False``), pageable with ``non_blocking=True``, pinned with ``non_blocking=True``. A call that
@@ -253,7 +237,7 @@ def host_blocking_probe(
     if not ok:
         return Unavailable("host-blocking probe", reason)
     dev = resolve_device(device)
-    check_pin_size(nbytes, share=pin_share)
+    check_pin_size(nbytes)
     check_host_bytes("nbytes", nbytes, what=f"the pageable source of {human_bytes(nbytes)}")
     _check_device_bytes("nbytes", nbytes, dev, f"a device buffer of {human_bytes(nbytes)}")
     bufs: dict[str, torch.Tensor] = {}
@@ -360,32 +344,3 @@ def rounding_lines(rows: Sequence[RoundingRow]) -> list[str]:
         + f" (predicted {r.predicted_block / MiB:.0f} MiB)"
         for r in rows
     ]
-
-
-def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | None = None) -> Any:
-    """Time of pinning (cold, cached) vs time one pinned copy saves, against size (log-log)."""
-    from ...ui import plots  # optional/heavy: matplotlib
-
-    sizes = [r.nbytes for r in rows]
-    series = {
-        "pin_memory(), new block (cudaHostAlloc)": (sizes, [r.pin_cold_s * 1e3 for r in rows]),
-        "pin_memory(), cached block (memcpy only)": (sizes, [r.pin_cached_s * 1e3 for r in rows]),
-        "saving per copy (pageable − pinned)": (sizes, [max(r.saving_per_copy_s, 1e-9) * 1e3 for r in rows]),
-    }
-    styles = {
-        "pin_memory(), new block (cudaHostAlloc)": {"color": "#e15759", "marker": "o"},
-        "pin_memory(), cached block (memcpy only)": {"color": "#f28e2b", "marker": "o", "linestyle": "--"},
-        "saving per copy (pageable − pinned)": {"color": "#59a14f", "marker": "s"},
-    }
-    ax = plots.sweep_plot(
-        series,
-        ax,
-        xlabel="buffer size (bytes, log scale)",
-        ylabel="time (ms, log scale)",
-        title="Cost of pinning vs what one pinned copy saves",
-        source=source,
-        styles=styles,
-    )
-    _bytes_ticks(ax, sizes)
-    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return ax
