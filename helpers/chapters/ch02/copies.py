@@ -327,12 +327,19 @@ def sweep(
     how = method or f"{getattr(copy_fn, '__name__', 'copy_fn')}(), yours: {rounds} alternating round(s) x {reps} " + (
         "timed copies, median" if ok else "timed copies, median; no CUDA device here, so a host memcpy, not a GPU copy"
     )
-    source, where = ("measured here", _gpu_name(dev)) if ok else ("measured here (CPU memcpy)", "cpu")
-    out = {}
-    for m in kinds:
-        pts = [summarize(f"{direction} {m} {human_bytes(n)}", samples[(m, n)]) for n in sizes]
-        points = [TransferPoint(n, direction, m, t.median_s, t.iqr_s, t.n, dtype, how) for n, t in zip(sizes, pts)]
-        out[(direction, m)] = Sweep(direction, m, points, source, where, how)
+    where = ("measured here", _gpu_name(dev)) if ok else ("measured here (CPU memcpy)", "cpu")
+    return _curves(samples, direction, dtype, how, *where)
+
+
+def _curves(
+    samples: dict[tuple[str, int], list[float]], direction: str, dtype: str, how: str, source: str, where: str
+) -> dict[tuple[str, str], Sweep]:
+    """One :class:`Sweep` per memory kind from the pooled seconds ``samples[(kind, nbytes)]`` (median, IQR)."""
+    out: dict[tuple[str, str], Sweep] = {}
+    for (m, n), seconds in samples.items():
+        t = summarize(f"{direction} {m} {human_bytes(n)}", seconds)
+        sw = out.setdefault((direction, m), Sweep(direction, m, [], source, where, how))
+        sw.points.append(TransferPoint(n, direction, m, t.median_s, t.iqr_s, t.n, dtype, how))
     return out
 
 

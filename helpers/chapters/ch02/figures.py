@@ -17,56 +17,42 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def copy_paths_diagram() -> "Figure":
-    """Draw the two paths a host-to-device copy can take (matplotlib figure).
-
-    Top: pageable source. The CPU (driver) first copies it into a pinned staging
-    ("bounce") buffer, then the GPU's copy engine pulls it by DMA over the link,
-    chunk by chunk. Bottom: pinned source. The copy engine reads it directly.
-    """
+    """The two paths a host-to-device copy can take. Top: a pageable source, copied by the CPU (driver) into a
+    pinned staging ("bounce") buffer, then pulled by the GPU's copy engine (DMA) over the link. Bottom: a pinned
+    source, read by the copy engine directly."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
     fig, ax = plt.subplots(figsize=(9.5, 4.2))
-    ax.set_xlim(0, 10)
-    ax.set_ylim(0, 5.2)
+    ax.set(xlim=(0, 10), ylim=(0, 5.2))
     ax.axis("off")
-
-    def box(x: float, y: float, w: float, text: str, color: str) -> None:
-        ax.add_patch(FancyBboxPatch((x, y), w, 0.9, boxstyle="round,pad=0.05", fc=color, ec="black", lw=1))
-        ax.text(x + w / 2, y + 0.45, text, ha="center", va="center", fontsize=9.5)
-
-    def arrow(x0: float, x1: float, y: float, text: str) -> None:
-        ax.add_patch(FancyArrowPatch((x0, y), (x1, y), arrowstyle="-|>", mutation_scale=16, lw=1.6))
-        ax.text((x0 + x1) / 2, y + 0.18, text, ha="center", va="bottom", fontsize=8.5)
-
-    # Region shading: host RAM vs GPU memory.
-    ax.add_patch(FancyBboxPatch((0.1, 0.2), 6.2, 4.6, boxstyle="round,pad=0.02", fc="#f3f3f3", ec="#999999", lw=0.8))
-    ax.add_patch(FancyBboxPatch((7.9, 0.2), 2.0, 4.6, boxstyle="round,pad=0.02", fc="#eef6ee", ec="#999999", lw=0.8))
+    for x, w, fc in ((0.1, 6.2, "#f3f3f3"), (7.9, 2.0, "#eef6ee")):  # host RAM, GPU memory
+        ax.add_patch(FancyBboxPatch((x, 0.2), w, 4.6, boxstyle="round,pad=0.02", fc=fc, ec="#999999", lw=0.8))
     ax.text(3.2, 4.95, "host RAM (CPU side)", ha="center", fontsize=10, weight="bold")
     ax.text(8.9, 4.95, "GPU memory", ha="center", fontsize=10, weight="bold")
     ax.text(7.1, 4.95, "link (PCIe / NVLink)", ha="center", fontsize=8.5, style="italic")
-
-    # Pageable path.
     ax.text(0.25, 4.35, "pageable source: two copies, and the CPU is busy for the first", fontsize=9, color="#a03000")
-    box(0.3, 3.2, 2.1, "pageable buffer\n(may be swapped out)", "#ffd9c7")
-    box(3.6, 3.2, 2.5, "driver's pinned\nstaging (bounce) buffer", "#c7dcff")
-    box(8.1, 3.2, 1.6, "device\nbuffer", "#c9efc9")
-    arrow(2.45, 3.55, 3.65, "CPU memcpy")
-    arrow(6.15, 8.05, 3.65, "DMA by copy engine")
-
-    # Pinned path.
     ax.text(0.25, 2.0, "pinned source: one DMA, the CPU is free (non_blocking=True)", fontsize=9, color="#005a00")
-    box(0.3, 0.8, 2.1, "pinned buffer\n(page-locked)", "#c7dcff")
-    box(8.1, 0.8, 1.6, "device\nbuffer", "#c9efc9")
-    arrow(2.45, 8.05, 1.25, "DMA by copy engine: reads host RAM directly, at the link's speed")
-    ax.text(
-        5.0,
-        0.35,
-        "DMA needs physical addresses that cannot move: only page-locked memory qualifies.",
-        ha="center",
-        fontsize=8.5,
-        style="italic",
-    )
+    boxes = [
+        (0.3, 3.2, 2.1, "pageable buffer\n(may be swapped out)", "#ffd9c7"),
+        (3.6, 3.2, 2.5, "driver's pinned\nstaging (bounce) buffer", "#c7dcff"),
+        (8.1, 3.2, 1.6, "device\nbuffer", "#c9efc9"),
+        (0.3, 0.8, 2.1, "pinned buffer\n(page-locked)", "#c7dcff"),
+        (8.1, 0.8, 1.6, "device\nbuffer", "#c9efc9"),
+    ]
+    for x, y, w, text, color in boxes:
+        ax.add_patch(FancyBboxPatch((x, y), w, 0.9, boxstyle="round,pad=0.05", fc=color, ec="black", lw=1))
+        ax.text(x + w / 2, y + 0.45, text, ha="center", va="center", fontsize=9.5)
+    arrows = [
+        (2.45, 3.55, 3.65, "CPU memcpy"),
+        (6.15, 8.05, 3.65, "DMA by copy engine"),
+        (2.45, 8.05, 1.25, "DMA by copy engine: reads host RAM directly, at the link's speed"),
+    ]
+    for x0, x1, y, text in arrows:
+        ax.add_patch(FancyArrowPatch((x0, y), (x1, y), arrowstyle="-|>", mutation_scale=16, lw=1.6))
+        ax.text((x0 + x1) / 2, y + 0.18, text, ha="center", va="bottom", fontsize=8.5)
+    note = "DMA needs physical addresses that cannot move: only page-locked memory qualifies."
+    ax.text(5.0, 0.35, note, ha="center", fontsize=8.5, style="italic")
     fig.tight_layout()
     return fig
 
@@ -115,20 +101,13 @@ def plot_sweeps(
 
     series: dict[str, tuple[Sequence[float], list[float]]] = {}
     styles: dict[str, dict[str, Any]] = {}
-    for sw in sweeps:
-        if not sw.points:
-            continue
+    for sw in (sw for sw in sweeps if sw.points):
         series[sw.label] = (sw.sizes(), sw.gbps())
         styles[sw.label] = dict(_SWEEP_STYLES.get(sw.label, {"color": "#59a14f", "marker": "^"}), markersize=4)
-        if fits and len(set(sw.sizes())) >= 2:
-            try:
-                f = sw.fit()
-            except ValueError:
-                continue
-            xs = np.geomspace(min(sw.sizes()), max(sw.sizes()), 60)
-            name = f"{sw.label} fit: {human_seconds(f.latency_s)} + bytes / {f.gbps:.1f} GB/s"
-            series[name] = (xs.tolist(), (xs / np.array([f.predict_s(x) for x in xs]) / 1e9).tolist())
-            styles[name] = {
+        fit = _fit_curve(sw) if fits else None
+        if fit is not None:
+            series[fit[0]] = fit[1]
+            styles[fit[0]] = {
                 "color": styles[sw.label].get("color", "#555"),
                 "linestyle": ":",
                 "marker": "",
@@ -144,22 +123,28 @@ def plot_sweeps(
         source=source,
         styles=styles,
     )
-    star_colors = ["#e15759", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7", "#9c755f"]
+    star = {"marker": "*", "markersize": 14, "markeredgecolor": "black", "linestyle": "", "zorder": 5}
     for i, (p, label) in enumerate(points):
-        ax.plot(
-            [p.nbytes],
-            [p.gbps],
-            marker="*",
-            markersize=14,
-            color=star_colors[i % len(star_colors)],
-            markeredgecolor="black",
-            linestyle="",
-            label=label,
-            zorder=5,
-        )
+        ax.plot([p.nbytes], [p.gbps], color=_STAR_COLORS[i % len(_STAR_COLORS)], label=label, **star)
     _bytes_ticks(ax, [n for sw in sweeps for n in sw.sizes()] + [p.nbytes for p, _ in points])
     ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return ax
+
+
+_STAR_COLORS = ["#e15759", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7", "#9c755f"]
+
+
+def _fit_curve(sw: Sweep) -> tuple[str, tuple[list[float], list[float]]] | None:
+    """The sweep's fitted ``latency + bytes / bandwidth`` model as a named (sizes, GB/s) curve; None if it can't fit."""
+    if len(set(sw.sizes())) < 2:
+        return None
+    try:
+        f = sw.fit()
+    except ValueError:
+        return None
+    xs = np.geomspace(min(sw.sizes()), max(sw.sizes()), 60)
+    name = f"{sw.label} fit: {human_seconds(f.latency_s)} + bytes / {f.gbps:.1f} GB/s"
+    return name, (xs.tolist(), (xs / np.array([f.predict_s(x) for x in xs]) / 1e9).tolist())
 
 
 def plot_speedup(pairs: dict[str, list[tuple[int, float]]], ax: Any = None, *, source: str | None = None) -> Any:

@@ -146,6 +146,16 @@ def check_make_loader(make_loader: Any) -> None:
         )
 
 
+def _readers_loader(make_loader: Callable[..., Any], dataset: Dataset, batch_size: int, pin: bool) -> Any:
+    try:
+        return make_loader(dataset, batch_size, pin_memory=pin)
+    except TypeError as exc:
+        raise ValueError(
+            "make_loader must accept pin_memory=True/False as a keyword "
+            f"(def make_loader(dataset, batch_size, pin_memory=...)): {exc}"
+        ) from None
+
+
 def pin_pair_rounds(
     make_loader: Callable[..., Any],
     dataset: Dataset,
@@ -164,31 +174,23 @@ def pin_pair_rounds(
     batch copied by the reader's ``to_device`` (``threads`` intra-op threads, as in the pin thread). Returns
     two :class:`PinRow` (False, True): every round's items/s, the last round's :class:`Throughput`, and
     ``pin_active``: whether the timed batches arrived pinned (never without an accelerator). No pin time is
-    read here (plain tuples carry none): see :func:`pin_step_seconds`.
-
-    Raises:
-        ValueError: bad arguments, or a ``make_loader`` without a ``pin_memory`` keyword.
+    read here (plain tuples carry none): see :func:`pin_step_seconds`. Raises ValueError for bad arguments or
+    a ``make_loader`` without a ``pin_memory`` keyword.
     """
     check_make_loader(make_loader)
-    rounds = check_int("rounds", rounds, 1, 100)
     batch_size = check_int("batch_size", batch_size, 1, 1_000_000)
     last: dict[bool, tuple[Any, Throughput]] = {}
 
     def run(pin: bool) -> Callable[..., float]:
         def once(progress: ProgressFn) -> float:
-            try:
-                loader = make_loader(dataset, batch_size, pin_memory=pin)
-            except TypeError as exc:
-                raise ValueError(
-                    "make_loader must accept pin_memory=True/False as a keyword "
-                    f"(def make_loader(dataset, batch_size, pin_memory=...)): {exc}"
-                ) from None
+            loader = _readers_loader(make_loader, dataset, batch_size, pin)
+            label = f"pin_memory={pin}"
             res = measure_throughput(
                 loader,
                 to_device=to_device,
                 batches=batches,
                 warmup=warmup,
-                label=f"pin_memory={pin}",
+                label=label,
                 progress=progress,
                 threads=threads,
             )
@@ -201,12 +203,8 @@ def pin_pair_rounds(
     rows = []
     for pin in (False, True):
         loader, res = last[pin]
-        active = res.extra["pinned_batches"] > 0
-        rows.append(
-            PinRow(
-                int(getattr(loader, "num_workers", 0)), pin, res, active, None, None, out.values[f"pin_memory={pin}"]
-            )
-        )
+        workers, active = int(getattr(loader, "num_workers", 0)), res.extra["pinned_batches"] > 0
+        rows.append(PinRow(workers, pin, res, active, None, None, out.values[f"pin_memory={pin}"]))
     return rows
 
 
