@@ -437,18 +437,13 @@ def _record_curves(results: ResultSet, dev: torch.device, sizes: list[int], prog
         results.add("ch02.fit.bandwidth", fit.gbps, "GB/s", direction=direction, memory=memory)
 
 
-#: ``ch02.pin.<key>`` -> the :class:`~.pin_costs.PinCost` field it records.
-_PIN_FIELDS = dict(cold="pin_cold_s", cached="pin_cached_s", pin_then_copy="pin_then_copy_s", plain_to="plain_to_s")
-_PIN_FIELDS.update(pageable_copy="pageable_copy_s", pinned_copy="pinned_copy_s")
-
-
 def _record_pinning(results: ResultSet, dev: torch.device, sizes: list[int], progress: ProgressFn) -> None:
     pin_sizes = [s for s in (1 * MiB, 16 * MiB, 128 * MiB) if s <= max(sizes)] or [max(sizes)]
     for i, n in enumerate(pin_sizes):
         progress(0.6 + 0.2 * i / len(pin_sizes), f"cost of pinning {human_bytes(n)}")
         pc = pin_costs.pin_cost(n, device=dev)
         assert isinstance(pc, pin_costs.PinCost)
-        for key, name in _PIN_FIELDS.items():
+        for key, name in pin_costs.RECORD_FIELDS.items():
             results.add(f"ch02.pin.{key}", getattr(pc, name), "s", nbytes=n)
     progress(0.8, "host-blocking probe")
     hb = pin_costs.host_blocking_probe(device=dev, nbytes=min(64 * MiB, max(sizes)))

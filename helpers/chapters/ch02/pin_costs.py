@@ -106,6 +106,17 @@ class PinCost:
         return break_even_uses(self.pin_cold_s, self.pageable_copy_s, self.pinned_copy_s)
 
 
+#: ``ch02.pin.<key>`` records -> the :class:`PinCost` field each holds (written by ``ch02.benchmark``).
+RECORD_FIELDS = {
+    "cold": "pin_cold_s",
+    "cached": "pin_cached_s",
+    "pageable_copy": "pageable_copy_s",
+    "pinned_copy": "pinned_copy_s",
+    "plain_to": "plain_to_s",
+    "pin_then_copy": "pin_then_copy_s",
+}
+
+
 def _wall(fn: Callable[[], Any], dev: torch.device) -> float:
     torch.cuda.synchronize(dev)
     t0 = time.perf_counter()
@@ -267,21 +278,20 @@ def pin_costs_from_records(result_set: Any, records: Iterable[Any]) -> list[PinC
             continue
         n = int(_params(r).get("nbytes", 0))
         by_size.setdefault(n, {})[key.rsplit(".", 1)[1]] = float(_field(r, "value"))
-    need = ("cold", "cached", "pageable_copy", "pinned_copy", "plain_to", "pin_then_copy")
     rows = [
         PinCost(
-            nbytes=n,
-            block_bytes=predict_pinned_block(n),
-            pin_cold_s=f["cold"],
-            pin_cached_s=f["cached"],
-            pageable_copy_s=f["pageable_copy"],
-            pinned_copy_s=f["pinned_copy"],
-            plain_to_s=f["plain_to"],
-            pin_then_copy_s=f["pin_then_copy"],
-            method="reference record",
+            n,
+            predict_pinned_block(n),
+            f["cold"],
+            f["cached"],
+            f["pageable_copy"],
+            f["pinned_copy"],
+            f["plain_to"],
+            f["pin_then_copy"],
+            "reference record",
         )
         for n, f in sorted(by_size.items())
-        if n > 0 and all(k in f for k in need)
+        if n > 0 and set(RECORD_FIELDS) <= set(f)
     ]
     return rows or None
 
@@ -293,23 +303,21 @@ def host_blocking_from_records(result_set: Any, records: Iterable[Any]) -> HostB
         return None
     first = _params(recs[0])
     same = [r for r in recs if _params(r).get("gpu_work_s") == first.get("gpu_work_s")]  # one probe's cases
-    return HostBlocking(
-        nbytes=int(first.get("nbytes", 0)),
-        gpu_work_s=float(first.get("gpu_work_s", 0.0)),
-        held_s={str(_params(r)["case"]): float(_field(r, "value")) for r in same},
-    )
+    held = {str(_params(r)["case"]): float(_field(r, "value")) for r in same}
+    return HostBlocking(int(first.get("nbytes", 0)), float(first.get("gpu_work_s", 0.0)), held)
 
 
 def rounding_rows_from_records(result_set: Any, records: Iterable[Any]) -> list[RoundingRow] | None:
     """:class:`RoundingRow` s from ``ch02.pinned_block`` records (the pool growth per request); None if none."""
-    rows = [
-        RoundingRow(
-            int(_params(r)["requested"]), predict_pinned_block(int(_params(r)["requested"])), int(_field(r, "value"))
-        )
+    asked = [
+        (int(_params(r)["requested"]), r)
         for r in records
         if _field(r, "key") == "ch02.pinned_block" and "requested" in _params(r)
     ]
-    return sorted(rows, key=lambda row: row.requested) or None
+    rows = [
+        RoundingRow(n, predict_pinned_block(n), int(_field(r, "value"))) for n, r in sorted(asked, key=lambda a: a[0])
+    ]
+    return rows or None
 
 
 def pin_cost_table(rows: Sequence[PinCost]) -> str:
@@ -334,13 +342,10 @@ def host_blocking_lines(probe: HostBlocking) -> list[str]:
 
 def rounding_lines(rows: Sequence[RoundingRow]) -> list[str]:
     """One line per pin: requested, how much the pinned pool grew, and the predicted power-of-two block."""
-    return [
-        f"  requested {r.requested / MiB:.0f} MiB: pool grew by "
-        + (
-            "an unknown amount (no host_memory_stats)"
-            if r.allocated_delta is None
-            else f"{r.allocated_delta / MiB:.0f} MiB"
-        )
-        + f" (predicted {r.predicted_block / MiB:.0f} MiB)"
-        for r in rows
-    ]
+    out = []
+    for r in rows:
+        d = r.allocated_delta
+        grew = "an unknown amount (no host_memory_stats)" if d is None else f"{d / MiB:.0f} MiB"
+        block = f"{r.predicted_block / MiB:.0f} MiB"
+        out.append(f"  requested {r.requested / MiB:.0f} MiB: pool grew by {grew} (predicted {block})")
+    return out
