@@ -70,18 +70,9 @@ def benchmark(
         ds, workers=(0, 2), batch_size=bs, batches=batches, warmup=warm, progress=scaled(progress, 0.05, 0.9, "ch03: ")
     )
     for r in rows:
-        results.add(
-            "ch03.items_per_s",
-            r.items_per_s,
-            "items/s",
-            num_workers=r.num_workers,
-            pin_memory=r.pin_memory,
-            pin_active=r.pin_active,
-            device=str(dev),
-        )
-        results.add(
-            "ch03.main_wait_ms", r.result.mean_wait_ms, "ms", num_workers=r.num_workers, pin_memory=r.pin_memory
-        )
+        knobs: dict[str, Any] = {"num_workers": r.num_workers, "pin_memory": r.pin_memory}
+        results.add("ch03.items_per_s", r.items_per_s, "items/s", **knobs, pin_active=r.pin_active, device=str(dev))
+        results.add("ch03.main_wait_ms", r.result.mean_wait_ms, "ms", **knobs)
         if r.pin_ms_per_batch is not None:
             results.add(
                 "ch03.pin_ms_per_batch", r.pin_ms_per_batch, "ms", num_workers=r.num_workers, thread=r.pin_thread
@@ -93,6 +84,14 @@ def benchmark(
     return results
 
 
+def _pair(rows: Sequence[pinning.PinRow]) -> tuple[pinning.PinRow, pinning.PinRow]:
+    """The pin_memory=False and True rows of :func:`~.pinning.pin_pair_rounds` (ValueError if ``rows`` is not it)."""
+    pair = {r.pin_memory: r for r in rows}
+    if set(pair) != {False, True} or len(rows) != 2:
+        raise ValueError("rows must hold the pin_memory=False/True pair of pin_pair_rounds")
+    return pair[False], pair[True]
+
+
 def pin_pair_verdict(rows: Sequence[pinning.PinRow]) -> str:
     """One sentence on section 4's pair (``pin_memory`` False/True, :func:`~.pinning.pin_pair_rounds`).
 
@@ -102,10 +101,7 @@ def pin_pair_verdict(rows: Sequence[pinning.PinRow]) -> str:
     effect; without, both settings did the same work, so it is load, and the faster figure is the one to
     trust (load only ever slows a run down). Raises ValueError unless ``rows`` is the False/True pair.
     """
-    pair = {r.pin_memory: r for r in rows}
-    if set(pair) != {False, True} or len(rows) != 2:
-        raise ValueError("rows must hold the pin_memory=False/True pair of pin_pair_rounds")
-    on, off = pair[True], pair[False]
+    off, on = _pair(rows)
     ratios = [
         a / b for a, b in zip(on.round_items_per_s or [on.items_per_s], off.round_items_per_s or [off.items_per_s])
     ]
@@ -137,10 +133,8 @@ def pin_step_rows(pin_s: float | None, rows: Sequence[pinning.PinRow]) -> PinTim
     Raises ValueError when ``pin_s`` is None (no CUDA device) or ``rows`` is not the pair."""
     if pin_s is None:
         raise ValueError("pin_s is None: the pin step can only be timed with a CUDA device")
-    pair = {r.pin_memory: r for r in rows}
-    if set(pair) != {False, True}:
-        raise ValueError("rows must hold the pin_memory=False/True pair of pin_pair_rounds")
-    extra_ms = pair[True].result.mean_wait_ms - pair[False].result.mean_wait_ms
+    off, on = _pair(rows)
+    extra_ms = on.result.mean_wait_ms - off.result.mean_wait_ms
     return [
         ("the loader's pin step on one batch of your loader (median)", 1e3 * pin_s),
         ("extra time in next() with pin_memory=True (last round of section 4)", extra_ms),
