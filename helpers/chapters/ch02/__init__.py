@@ -98,23 +98,14 @@ def measure_sweeps(
         copy_fn, sizes, device=dev, repeats=reps, rounds=rounds, progress=scaled(progress, 0.0, 0.6, "H2D: ")
     )
     for i, memory in enumerate(MEMORY_KINDS):
-        d2h = copies.transfer_sweep(
-            "d2h",
-            memory,
-            sizes,
-            device=dev,
-            repeats=rounds * reps,
-            progress=scaled(progress, 0.6 + 0.2 * i, 0.8 + 0.2 * i, f"D2H {memory}: "),
-        )
+        part = scaled(progress, 0.6 + 0.2 * i, 0.8 + 0.2 * i, f"D2H {memory}: ")
+        d2h = copies.transfer_sweep("d2h", memory, sizes, device=dev, repeats=rounds * reps, progress=part)
         assert isinstance(d2h, Sweep)  # CUDA is present: checked above
         sweeps[("d2h", memory)] = d2h
     report = hardware_report(dev)
-    return CopySweeps(
-        sweeps,
-        _ceiling(report.link_bandwidth_gbps, report.link_description),
-        "" if report.link_bandwidth_gbps else str(report.missing.get("link_bandwidth_gbps", "not read")),
-        sweeps[("h2d", "pinned")].device,  # the GPU's name, as copies.sweep read it
-    )
+    ceiling = _ceiling(report.link_bandwidth_gbps, report.link_description)
+    why = "" if ceiling else str(report.missing.get("link_bandwidth_gbps", "not read"))
+    return CopySweeps(sweeps, ceiling, why, sweeps[("h2d", "pinned")].device)  # the GPU's name, as sweep read it
 
 
 def recorded_sweeps(result_set: ResultSet, records: list[Any]) -> CopySweeps | None:
@@ -125,12 +116,8 @@ def recorded_sweeps(result_set: ResultSet, records: list[Any]) -> CopySweeps | N
         return None
     report = result_set.provenance.get("report", {}) or {}
     ceiling = _ceiling(report.get("link_bandwidth_gbps"), report.get("link_description"))
-    return CopySweeps(
-        sweeps,
-        ceiling,
-        "" if ceiling else "not in the reference file",
-        str(result_set.hardware.get("gpu_name") or "a GPU"),
-    )
+    gpu = str(result_set.hardware.get("gpu_name") or "a GPU")
+    return CopySweeps(sweeps, ceiling, "" if ceiling else "not in the reference file", gpu)
 
 
 def sweeps_caption(gpu: Evidence[CopySweeps]) -> str:
