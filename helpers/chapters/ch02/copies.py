@@ -287,10 +287,9 @@ def sweep(
     Each round calls ``copy_fn(src, device, pinned, repeats)`` once per size and memory kind (``src``: that many
     bytes of ``dtype``, a slice of one host buffer), pageable and pinned side by side, in alternating rounds
     (:func:`helpers.core.rounds.alternate`: a machine that drifts hurts both kinds alike), and pools the seconds of
-    all rounds (median, IQR) into one curve per ``(direction, kind)``. Without CUDA nothing can be pinned: only
-    pageable copies, recorded as ``("h2h", "pageable")``, the host memcpy ``time_copy`` times on a CPU.
-    ``repeats``: timed copies per call (default 5 quick, 15 full). Raises ValueError for bad arguments, a buffer
-    beyond the safe pin limit or the RAM available, or a ``copy_fn`` that returns no times.
+    all rounds (median, IQR) into one curve per ``(direction, kind)``. Without CUDA: only pageable copies, recorded
+    as ``("h2h", "pageable")``, the host memcpy ``time_copy`` times on a CPU. Raises ValueError for bad arguments,
+    buffers beyond the RAM available or the safe pin limit, or a ``copy_fn`` that returns no times.
     """
     if not callable(copy_fn):
         raise ValueError(f"copy_fn must be a function copy_fn(src, device, pinned, repeats), got {copy_fn!r}")
