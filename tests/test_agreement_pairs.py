@@ -306,7 +306,8 @@ def _runs_agree() -> tuple[str, str]:
 
 def _fit_check() -> tuple[str, str]:
     from helpers.chapters import ch02
-    from helpers.chapters.ch02.copies import KiB, MiB, Sweep, TransferPoint
+    from helpers.chapters.ch02.copies import Sweep, TransferPoint
+    from helpers.chapters.ch02.model import KiB, MiB
 
     sizes = [4 * KiB, 64 * KiB, MiB, 16 * MiB, 64 * MiB]
     model = [(n, 5e-6 + n / 10e9) for n in sizes]

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from helpers.chapters import ch02
-from helpers.chapters.ch02.copies import KiB, MiB, Sweep, TransferPoint
+from helpers.chapters.ch02.copies import Sweep, TransferPoint
+from helpers.chapters.ch02.model import KiB, MiB
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "02_pageable_vs_pinned.ipynb"
 

@@ -19,7 +19,7 @@ import torch
 
 from helpers.chapters import ch02
 from helpers.chapters.ch02 import copies, pin_costs
-from helpers.chapters.ch02.copies import KiB, MiB
+from helpers.chapters.ch02.model import KiB, MiB
 from helpers.core import evidence
 from helpers.core.progress import no_progress
 from helpers.core.results import ResultSet
@@ -159,8 +159,10 @@ def test_sweep_calls_a_cpu_function_with_pageable_only():
         rounds=3,
         progress=lambda f, text="": progress.append((f, text)),
     )
-    assert calls == [(n, torch.uint8, "cpu", False, 2, True) for _ in range(3) for n in (4 * KiB, 16 * KiB)]
-    assert progress[-1][0] == pytest.approx(1.0) and len(progress) == 6 and "round 3/3" in progress[-1][1]
+    # core.rounds.alternate: the order of the calls reversed every other round
+    order = [4 * KiB, 16 * KiB, 16 * KiB, 4 * KiB, 4 * KiB, 16 * KiB]
+    assert calls == [(n, torch.uint8, "cpu", False, 2, True) for n in order]
+    assert len(progress) == 7 and "round 3/3" in progress[-2][1] and progress[-1] == (1.0, "done")
     assert out[("h2h", "pageable")].points[0].n == 6
 
 
@@ -184,10 +186,10 @@ def test_sweep_alternates_pageable_and_pinned_rounds_on_cuda(monkeypatch):
         (4 * KiB, "pinned"),
         (8 * KiB, "pageable"),
         (8 * KiB, "pinned"),
-        (4 * KiB, "pinned"),
-        (4 * KiB, "pageable"),
         (8 * KiB, "pinned"),
         (8 * KiB, "pageable"),
+        (4 * KiB, "pinned"),
+        (4 * KiB, "pageable"),
     ]
     assert set(out) == {("h2d", "pageable"), ("h2d", "pinned")}
     pinned = out[("h2d", "pinned")]

@@ -193,3 +193,21 @@ def test_the_panel_measures_on_the_chosen_device_with_the_readers_function(direc
         i = log.index(op)
         if log[i - 1].kind == "record":  # a timed copy: both events on the copy's stream
             assert log[i - 1].stream is op.stream is log[i + 1].stream
+
+
+def test_benchmark_records_every_key_with_all_gpu_work_on_the_chosen_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ch02.benchmark's CUDA path: every curve, the pin costs, the probe, the wire and the allocator's blocks."""
+    from helpers.chapters import ch02
+    from helpers.chapters.ch02 import copies, model
+    from helpers.core.results import ResultSet
+
+    # The stand-in's times are one fixed value, so no size dependence to fit: the fit is given.
+    monkeypatch.setattr(copies.Sweep, "fit", lambda self: model.LatencyBandwidthFit(1e-5, 1e10, 2, 0.0))
+    rs = ResultSet.new("test", "unit test")
+    with fake_cuda(devices=2, current=0) as cuda:
+        ch02.benchmark(rs, CUDA1, sizes=[4096, 65536])
+    assert len(rs.find("ch02.copy_time")) == 8 and len(rs.find("ch02.fit.bandwidth")) == 4
+    assert {r.params["case"] for r in rs.find("ch02.host_held")} == set(pin_costs._CASES)
+    assert {r.key for r in rs.find("ch02.pin")} == {f"ch02.pin.{k}" for k in pin_costs.RECORD_FIELDS}
+    assert rs.find("ch02.wire_time") and rs.find("ch02.host_copy_time")
+    assert {op.stream.index for op in cuda.log if op.stream is not None} == {1}

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.chapters.ch02 import copies, pin_costs
-from helpers.chapters.ch02.copies import GiB, KiB, MiB
+from helpers.chapters.ch02 import copies, figures, model, pin_costs
+from helpers.chapters.ch02.model import GiB, KiB, MiB
 from helpers.pipeline import transfer as T
 
 NO_CUDA = not torch.cuda.is_available()
@@ -19,35 +19,35 @@ NO_CUDA = not torch.cuda.is_available()
 
 
 def test_size_grid_is_geometric_and_inclusive():
-    assert copies.size_grid(4 * KiB, 64 * KiB, 2) == [4096, 8192, 16384, 32768, 65536]
-    assert copies.size_grid(4 * KiB, 60 * KiB, 4) == [4096, 16384]
-    assert copies.size_grid(100, 100, 2) == [100]
+    assert model.size_grid(4 * KiB, 64 * KiB, 2) == [4096, 8192, 16384, 32768, 65536]
+    assert model.size_grid(4 * KiB, 60 * KiB, 4) == [4096, 16384]
+    assert model.size_grid(100, 100, 2) == [100]
 
 
 def test_copy_sizes_cover_the_issue_range(monkeypatch):
     monkeypatch.setenv("WORKBOOK_QUICK", "0")
-    full = copies.copy_sizes()
+    full = model.copy_sizes()
     assert full[0] == 4 * KiB and full[-1] >= 256 * MiB
     assert all(b == 2 * a for a, b in zip(full, full[1:]))
     monkeypatch.setenv("WORKBOOK_QUICK", "1")
-    quick = copies.copy_sizes()
+    quick = model.copy_sizes()
     assert quick[0] == 4 * KiB and quick[-1] <= 16 * MiB and len(quick) < len(full)
 
 
 @pytest.mark.parametrize("kwargs", [dict(lo=0), dict(lo=10, hi=5), dict(factor=1), dict(lo=1.5), dict(hi=True)])
 def test_size_grid_rejects_bad_input(kwargs):
     with pytest.raises(ValueError):
-        copies.size_grid(**kwargs)
+        model.size_grid(**kwargs)
 
 
 # -- the latency + bandwidth fit ----------------------------------------------
 
 
 def test_fit_recovers_exact_synthetic_parameters():
-    sizes = copies.size_grid(4 * KiB, 256 * MiB, 2)
+    sizes = model.size_grid(4 * KiB, 256 * MiB, 2)
     lat, bw = 9e-6, 24e9
     times = [lat + n / bw for n in sizes]
-    fit = copies.fit_latency_bandwidth(sizes, times)
+    fit = model.fit_latency_bandwidth(sizes, times)
     assert fit.latency_s == pytest.approx(lat, rel=1e-6)
     assert fit.bandwidth_Bps == pytest.approx(bw, rel=1e-6)
     assert fit.gbps == pytest.approx(24.0, rel=1e-6)
@@ -58,10 +58,10 @@ def test_fit_recovers_exact_synthetic_parameters():
 
 def test_fit_with_multiplicative_noise_is_close():
     rng = np.random.default_rng(0)
-    sizes = np.array(copies.size_grid(4 * KiB, 256 * MiB, 2), dtype=float)
+    sizes = np.array(model.size_grid(4 * KiB, 256 * MiB, 2), dtype=float)
     lat, bw = 15e-6, 12e9
     times = (lat + sizes / bw) * rng.lognormal(0.0, 0.03, sizes.size)
-    fit = copies.fit_latency_bandwidth(sizes, times)
+    fit = model.fit_latency_bandwidth(sizes, times)
     assert fit.latency_s == pytest.approx(lat, rel=0.1)
     assert fit.bandwidth_Bps == pytest.approx(bw, rel=0.05)
 
@@ -69,17 +69,17 @@ def test_fit_with_multiplicative_noise_is_close():
 def test_fit_weights_small_sizes_not_only_large_ones():
     # An ordinary least-squares fit would be dominated by the 256 MiB point and get the latency
     # wrong by far; the relative-error fit gets the small-size times right.
-    sizes = copies.size_grid(4 * KiB, 256 * MiB, 4)
+    sizes = model.size_grid(4 * KiB, 256 * MiB, 4)
     times = [5e-6 + n / 20e9 for n in sizes]
     times[-1] *= 1.02  # 2 % noise on the largest copy
-    fit = copies.fit_latency_bandwidth(sizes, times)
+    fit = model.fit_latency_bandwidth(sizes, times)
     assert fit.predict_s(4 * KiB) == pytest.approx(times[0], rel=0.05)
 
 
 def test_fit_clamps_negative_latency():
     sizes = [1 * MiB, 2 * MiB, 4 * MiB]
     times = [n / 10e9 - 5e-6 for n in sizes]  # impossible: negative intercept
-    fit = copies.fit_latency_bandwidth(sizes, times)
+    fit = model.fit_latency_bandwidth(sizes, times)
     assert fit.latency_clamped and fit.latency_s == 0.0 and fit.bandwidth_Bps > 0
     assert "clamped" in str(fit)
 
@@ -99,7 +99,7 @@ def test_fit_clamps_negative_latency():
 )
 def test_fit_rejects_bad_data(sizes, times):
     with pytest.raises(ValueError):
-        copies.fit_latency_bandwidth(sizes, times)
+        model.fit_latency_bandwidth(sizes, times)
 
 
 def test_sweep_fit_and_labels():
@@ -119,26 +119,26 @@ def test_sweep_fit_and_labels():
     [(0, 0), (1, 1), (2, 2), (3, 4), (4096, 4096), (4097, 8192), (300 * MiB, 512 * MiB), (256 * MiB, 256 * MiB)],
 )
 def test_predict_pinned_block_rounds_up_to_power_of_two(n, block):
-    assert copies.predict_pinned_block(n) == block
+    assert model.predict_pinned_block(n) == block
 
 
 def test_predict_pinned_block_rejects_negative():
     with pytest.raises(ValueError, match="nbytes"):
-        copies.predict_pinned_block(-1)
+        model.predict_pinned_block(-1)
 
 
 def test_safe_pin_limit_uses_smaller_of_total_and_available():
-    assert copies.safe_pin_limit(0.25, total_bytes=16 * GiB, available_bytes=8 * GiB) == 2 * GiB
-    assert copies.safe_pin_limit(0.5, total_bytes=4 * GiB, available_bytes=8 * GiB) == 2 * GiB
-    assert copies.safe_pin_limit() > 0  # psutil on this machine
+    assert model.safe_pin_limit(0.25, total_bytes=16 * GiB, available_bytes=8 * GiB) == 2 * GiB
+    assert model.safe_pin_limit(0.5, total_bytes=4 * GiB, available_bytes=8 * GiB) == 2 * GiB
+    assert model.safe_pin_limit() > 0  # psutil on this machine
 
 
 def test_check_pin_size_refuses_with_clear_message():
     mem = dict(total_bytes=16 * GiB, available_bytes=16 * GiB)  # limit: 4 GiB
-    assert copies.check_pin_size(1 * GiB, **mem) == 1 * GiB
-    assert copies.check_pin_size(3 * GiB, **mem) == 4 * GiB  # rounds to a 4 GiB block: fits exactly
+    assert model.check_pin_size(1 * GiB, **mem) == 1 * GiB
+    assert model.check_pin_size(3 * GiB, **mem) == 4 * GiB  # rounds to a 4 GiB block: fits exactly
     with pytest.raises(ValueError) as err:
-        copies.check_pin_size(5 * GiB, **mem)
+        model.check_pin_size(5 * GiB, **mem)
     msg = str(err.value)
     assert "refusing to pin" in msg and "limit is 4.0 GiB" in msg and "25%" in msg and "reuse" in msg
 
@@ -146,15 +146,15 @@ def test_check_pin_size_refuses_with_clear_message():
 def test_check_pin_size_counts_rounding_and_already_pinned():
     mem = dict(total_bytes=16 * GiB, available_bytes=16 * GiB)
     with pytest.raises(ValueError, match="8.0 GiB block"):
-        copies.check_pin_size(4 * GiB + 1, **mem)  # 4 GiB + 1 byte takes an 8 GiB block
+        model.check_pin_size(4 * GiB + 1, **mem)  # 4 GiB + 1 byte takes an 8 GiB block
     with pytest.raises(ValueError, match="already pinned"):
-        copies.check_pin_size(2 * GiB, already_pinned=3 * GiB, **mem)
+        model.check_pin_size(2 * GiB, already_pinned=3 * GiB, **mem)
 
 
 @pytest.mark.parametrize("share", [0.0, 0.95, -1, "a"])
 def test_safe_pin_limit_rejects_bad_share(share):
     with pytest.raises(ValueError, match="share"):
-        copies.safe_pin_limit(share, total_bytes=GiB, available_bytes=GiB)
+        model.safe_pin_limit(share, total_bytes=GiB, available_bytes=GiB)
 
 
 # -- bytes on the wire, break-even, the 30-50 % claim -------------------------
@@ -190,7 +190,7 @@ def test_speedup_by_size_and_claim_verdict():
         "h2d", "pinned", [copies.TransferPoint(n, "h2d", "pinned", t) for n, t in [(1, 1.0), (4, 3.0)]]
     )
     assert copies.speedup_by_size(pageable, pinned) == [(1, 2.0), (4, pytest.approx(4 / 3))]
-    assert [copies.claim_verdict(r) for r in (0.9, 1.3, 1.4, 1.5, 2.0)] == [
+    assert [model.claim_verdict(r) for r in (0.9, 1.3, 1.4, 1.5, 2.0)] == [
         "below",
         "within",
         "within",
@@ -409,11 +409,11 @@ def test_plots_draw_without_error():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig = copies.copy_paths_diagram()
+    fig = figures.copy_paths_diagram()
     assert fig.axes
     plt.close(fig)
     pts = [copies.TransferPoint(n, "h2d", "pinned", 2e-6 + n / 25e9) for n in (4096, 65536, MiB)]
-    ax = copies.plot_sweeps(
+    ax = figures.plot_sweeps(
         [copies.Sweep("h2d", "pinned", pts)],
         ceiling=(31.5, "PCIe Gen4 x16 (theoretical)"),
         points=[(pts[1], "panel run")],
@@ -448,7 +448,7 @@ def test_measure_host_copy_refuses_64_gib_at_once(monkeypatch):
 
 
 def test_predict_pinned_block_names_the_real_allocator_option():
-    doc = copies.predict_pinned_block.__doc__ or ""
+    doc = model.predict_pinned_block.__doc__ or ""
     assert "pinned_max_round_threshold_mb" in doc and "PYTORCH_ALLOC_CONF" in doc
 
 

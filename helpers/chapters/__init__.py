@@ -5,7 +5,8 @@ chNN/       chapter NN's folder (ch00 ... ch07): its ``__init__`` is the one cha
             benchmark); the modules beside it are that chapter's own experiments:
             ch00/hygiene                    warm-up, synchronisation and clock experiments
             ch01/anatomy, training          the reader's step timed phase by phase; evaluation
-            ch02/copies, pin_costs          the copy sweep, timed copies and fit; what pinning costs
+            ch02/copies, model, pin_costs, figures   the copy sweep and timed copies; fit and pin limit;
+                                            what pinning costs; the plots
             ch03/pinning                    the pin thread; pinned against pageable in alternating rounds
             ch04/sweeps, speedup, pitfalls  the worker sweep and knobs; the fair speed-up figure; pitfalls
             ch05/overlap, ch05/gpudecode    the 2x2 copy/compute overlap and async hazards; JPEG decode

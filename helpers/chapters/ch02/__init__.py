@@ -1,15 +1,10 @@
-"""Chapter 02 · Pageable vs pinned memory: the chapter module (the interface of :mod:`helpers.ui.chapter`).
-
-What the chapter measures lives in :mod:`helpers.pipeline.transfer` (the sweeps, the cost of pinning, the
-host-blocking probe, the pinned allocator, bytes on the wire). This module puts it together for the chapter:
+"""Chapter 02 · Pageable vs pinned memory: the chapter interface (:mod:`helpers.ui.chapter`).
 
 - :func:`measure_sweeps` / :func:`recorded_sweeps`: the GPU copy curves, measured here (H2D by the reader's
-  ``time_copy``, D2H by :func:`~helpers.chapters.ch02.copies.transfer_sweep`) or rebuilt from a reference file,
-  both as a :class:`CopySweeps` (the curves and the link's theoretical ceiling), for
-  :func:`helpers.core.evidence.measure_or_recall`; :func:`sweeps_caption` says where they come from.
-- the live panel "Copy one batch": one copy of a batch of images, in a direction, memory kind and dtype,
-  drawn on the sweep plot (``panel_controls``, ``panel_run``, ``panel_summary``, ``panel_plot``).
-- :func:`benchmark`: the chapter's measurements, headless, as ``ch02.*`` records.
+  ``time_copy``, D2H by :func:`~.copies.transfer_sweep`) or rebuilt from a reference file, as a
+  :class:`CopySweeps` for :func:`helpers.core.evidence.measure_or_recall`.
+- The agreement lines: a fit against its points (:func:`fit_check`), two runs of one copy (:func:`points_agree`).
+- The live panel "Copy one batch", drawn on the sweep plot, and :func:`benchmark` (``ch02.*`` records).
 
 >>> panel = widgets.Panel.for_chapter(ch02, device=DEVICE, copy_fn=time_copy, gpu=gpu, host=host)
 """
@@ -34,33 +29,9 @@ from ...core.timing import summarize
 from ...core.validate import check_choice, check_float, check_int, human_bytes, human_seconds
 from ...pipeline import transfer
 from ...pipeline.transfer import DTYPES
-from . import copies, pin_costs
-from .copies import DIRECTIONS, MEMORY_KINDS, CopyFn, LatencyBandwidthFit, MiB, Sweep, TransferPoint
-
-__all__ = [
-    "NUMBER",
-    "TITLE",
-    "BENCH_WEIGHT",
-    "PANEL_TITLE",
-    "PANEL_FIGSIZE",
-    "PANEL_SIZES_MIB",
-    "CopySweeps",
-    "measure_sweeps",
-    "recorded_sweeps",
-    "sweeps_caption",
-    "FitCheck",
-    "fit_check",
-    "runs_agree",
-    "points_agree",
-    "largest_copy",
-    "memcpy_cap_lines",
-    "PanelReading",
-    "panel_controls",
-    "panel_run",
-    "panel_summary",
-    "panel_plot",
-    "benchmark",
-]
+from . import copies, figures, model, pin_costs
+from .copies import DIRECTIONS, MEMORY_KINDS, CopyFn, Sweep, TransferPoint
+from .model import LatencyBandwidthFit, MiB
 
 NUMBER = "02"
 TITLE = "host-to-device transfers"
@@ -72,21 +43,10 @@ PANEL_SIZES_MIB = (0.25, 1, 4, 16, 64, 256)
 """The panel's size choices: MiB of images *as uint8*; float32 moves 4x the bytes."""
 
 
-# ---------------------------------------------------------------------------
-# The GPU copy curves, measured here or recorded elsewhere
-# ---------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class CopySweeps:
-    """The GPU copy curves of one machine and its link's theoretical ceiling.
-
-    Attributes:
-        sweeps: ``{(direction, memory): Sweep}``.
-        ceiling: ``(GB/s, label)`` of the link's theoretical ceiling, or None when unknown.
-        ceiling_note: why the ceiling is unknown (empty when it is known).
-        gpu: the GPU's name.
-    """
+    """The GPU copy curves of one machine, ``{(direction, memory): Sweep}``, its link's theoretical ceiling
+    ``(GB/s, label)`` (or None, and ``ceiling_note`` says why) and the GPU's name."""
 
     sweeps: dict[tuple[str, str], Sweep]
     ceiling: tuple[float, str] | None = None
@@ -123,17 +83,10 @@ def measure_sweeps(
     rounds: int = 2,
     progress: ProgressFn | None = None,
 ) -> CopySweeps:
-    """The chapter's GPU curves, measured here (CUDA only): H2D by ``copy_fn``, D2H by the helper's copy.
-
-    H2D: :func:`~helpers.chapters.ch02.copies.sweep` calls ``copy_fn`` (the reader's ``time_copy``) in
-    ``rounds`` alternating rounds of ``repeats`` copies, pageable and pinned. D2H, which ``time_copy``
-    does not do: :func:`~helpers.chapters.ch02.copies.transfer_sweep`, ``rounds * repeats`` copies per size.
-    The ceiling is the link's theoretical figure from :func:`helpers.core.device.hardware_report`.
-
-    Raises:
-        ValueError: ``device`` is not a CUDA device (there is nothing to measure: use
-            :func:`helpers.core.evidence.measure_or_recall`, which calls this only with CUDA).
-    """
+    """The chapter's GPU curves, measured here (CUDA only; ValueError otherwise): H2D by ``copy_fn`` (the
+    reader's ``time_copy``) in ``rounds`` alternating rounds of ``repeats`` copies; D2H, which ``time_copy``
+    does not do, by :func:`~.copies.transfer_sweep` (``rounds * repeats`` copies per size). The ceiling is the
+    link's theoretical figure (:func:`helpers.core.device.hardware_report`)."""
     dev = resolve_device(device)
     ok, reason = transfer.cuda_status(dev)
     if not ok:
@@ -145,42 +98,26 @@ def measure_sweeps(
         copy_fn, sizes, device=dev, repeats=reps, rounds=rounds, progress=scaled(progress, 0.0, 0.6, "H2D: ")
     )
     for i, memory in enumerate(MEMORY_KINDS):
-        d2h = copies.transfer_sweep(
-            "d2h",
-            memory,
-            sizes,
-            device=dev,
-            repeats=rounds * reps,
-            progress=scaled(progress, 0.6 + 0.2 * i, 0.8 + 0.2 * i, f"D2H {memory}: "),
-        )
+        part = scaled(progress, 0.6 + 0.2 * i, 0.8 + 0.2 * i, f"D2H {memory}: ")
+        d2h = copies.transfer_sweep("d2h", memory, sizes, device=dev, repeats=rounds * reps, progress=part)
         assert isinstance(d2h, Sweep)  # CUDA is present: checked above
         sweeps[("d2h", memory)] = d2h
     report = hardware_report(dev)
-    return CopySweeps(
-        sweeps,
-        _ceiling(report.link_bandwidth_gbps, report.link_description),
-        "" if report.link_bandwidth_gbps else str(report.missing.get("link_bandwidth_gbps", "not read")),
-        sweeps[("h2d", "pinned")].device,  # the GPU's name, as copies.sweep read it
-    )
+    ceiling = _ceiling(report.link_bandwidth_gbps, report.link_description)
+    why = "" if ceiling else str(report.missing.get("link_bandwidth_gbps", "not read"))
+    return CopySweeps(sweeps, ceiling, why, sweeps[("h2d", "pinned")].device)  # the GPU's name, as sweep read it
 
 
 def recorded_sweeps(result_set: ResultSet, records: list[Any]) -> CopySweeps | None:
-    """A ``convert`` for :func:`helpers.core.evidence.recorded`: the curves of a reference file's ``ch02.copy_time``.
-
-    The ceiling comes from that file's own hardware report (the *theoretical* figure
-    :mod:`helpers.core.device` computed on the machine that recorded it). None if no curve can be rebuilt.
-    """
+    """A ``convert`` for :func:`helpers.core.evidence.recorded`: the curves of a reference file's ``ch02.copy_time``,
+    with the ceiling of that file's own hardware report (theoretical). None if no curve can be rebuilt."""
     sweeps = copies.sweeps_from_records(records, source=provenance_line(result_set))
     if not sweeps:
         return None
     report = result_set.provenance.get("report", {}) or {}
     ceiling = _ceiling(report.get("link_bandwidth_gbps"), report.get("link_description"))
-    return CopySweeps(
-        sweeps,
-        ceiling,
-        "" if ceiling else "not in the reference file",
-        str(result_set.hardware.get("gpu_name") or "a GPU"),
-    )
+    gpu = str(result_set.hardware.get("gpu_name") or "a GPU")
+    return CopySweeps(sweeps, ceiling, "" if ceiling else "not in the reference file", gpu)
 
 
 def sweeps_caption(gpu: Evidence[CopySweeps]) -> str:
@@ -190,26 +127,15 @@ def sweeps_caption(gpu: Evidence[CopySweeps]) -> str:
     return "Host memcpy measured now on this machine's CPU. No GPU curves: none measured here and none recorded yet."
 
 
-# ---------------------------------------------------------------------------
-# Two measurements of one thing: do they agree within their spread?
-# ---------------------------------------------------------------------------
-#
-# One rule for the whole chapter: a measured figure is its median with a band of one IQR either side
-# (the IQR the sweep records for every size). A model's prediction agrees with a point when it lies in
-# that band; two measurements agree when their bands overlap (the medians differ by at most the sum of
-# the IQRs). A point recorded with an IQR of 0 (one sample) has no band: any difference is a miss.
+# One rule for the whole chapter: a measured figure is its median with a band of one IQR either side. A model's
+# prediction agrees with a point when it lies in that band; two measurements agree when their bands overlap.
+# A point recorded with an IQR of 0 (one sample) has no band: any difference is a miss.
 
 
 @dataclass(frozen=True)
 class FitCheck:
-    """A latency+bandwidth fit set against the points it was fitted to.
-
-    Attributes:
-        label: the curve's label.
-        n_points: sizes checked.
-        misses: ``(nbytes, off, spread)`` for each size where the fit lies outside the point's band:
-            ``off`` = |prediction / median - 1|, ``spread`` = IQR / median.
-    """
+    """A latency+bandwidth fit set against its points: ``misses`` holds ``(nbytes, off, spread)`` for each size
+    where the fit lies outside the point's band (``off`` = |prediction / median - 1|, ``spread`` = IQR / median)."""
 
     label: str
     n_points: int
@@ -245,23 +171,16 @@ def fit_check(sweep: Sweep, fit: LatencyBandwidthFit | None = None) -> FitCheck:
 
 
 def runs_agree(first: str, seconds: Sequence[float], second: str, point: TransferPoint) -> str:
-    """Whether raw ``seconds`` (one run) and a sweep ``point`` (another run of the same copy) agree.
-
-    Returns one line with both medians, their IQRs and the verdict; when they do not agree it says which
-    to trust: the sweep point (more samples, alternated rounds) over a single call.
-    """
+    """Whether raw ``seconds`` (one run) and a sweep ``point`` (another run of the same copy) agree: one line
+    (:func:`points_agree`)."""
     t = summarize(first, list(seconds))
     one = TransferPoint(point.nbytes, point.direction, point.memory, t.median_s, t.iqr_s, n=t.n)
     return points_agree(first, one, second, point)
 
 
 def points_agree(first: str, a: TransferPoint, second: str, b: TransferPoint) -> str:
-    """Whether two measurements of one copy agree: their medians differ by at most the sum of their IQRs
-    (:func:`helpers.core.agreement.spreads_overlap` on the bands median ± IQR).
-
-    When they do not, the line says to trust ``second`` (the chapter passes the sweep's point there:
-    more samples, in alternating rounds).
-    """
+    """Whether two measurements of one copy agree (:func:`helpers.core.agreement.spreads_overlap` on the bands
+    median ± IQR); when they do not, the line says to trust ``second`` (the sweep's point: more samples)."""
     one = f"{first} {human_seconds(a.median_s)} (IQR {human_seconds(a.iqr_s)}, n={a.n})"
     two = f"{second} {human_seconds(b.median_s)} (IQR {human_seconds(b.iqr_s)}, n={b.n})"
     band_a, band_b = agreement.median_band(a.median_s, a.iqr_s), agreement.median_band(b.median_s, b.iqr_s)
@@ -283,11 +202,8 @@ def largest_copy(host: Sweep) -> TransferPoint:
 
 
 def memcpy_cap_lines(host: Sweep, gens: Sequence[int] = (3, 4, 5)) -> list[str]:
-    """The CPU-side cap check: the sweep's own largest-copy figure against PCIe x16 theoretical ceilings.
-
-    The figure is :func:`largest_copy` of ``host``, the same point the sweep cell printed: a large batch is
-    staged from RAM, not from the CPU caches that make mid-sized copies faster.
-    """
+    """The CPU-side cap check: the sweep's own largest copy (the point the sweep cell printed: a large batch is
+    staged from RAM, not from the caches that make mid-sized copies faster) against PCIe x16 ceilings."""
     big = largest_copy(host)
     out = [
         f"Host memcpy at {human_bytes(big.nbytes)} (the sweep's largest copy, printed above, measured now): "
@@ -300,11 +216,6 @@ def memcpy_cap_lines(host: Sweep, gens: Sequence[int] = (3, 4, 5)) -> list[str]:
     return out
 
 
-# ---------------------------------------------------------------------------
-# The live panel: copy one batch
-# ---------------------------------------------------------------------------
-
-
 @dataclass
 class PanelReading:
     """One panel run: the copy asked for, what could be shown for it, and the sweeps it is drawn on."""
@@ -313,10 +224,10 @@ class PanelReading:
     direction: str
     memory: str
     dtype: str
-    measured: TransferPoint | None
-    reference: TransferPoint | None
-    host: TransferPoint | None
-    note: str
+    measured: TransferPoint | None = None
+    reference: TransferPoint | None = None
+    host: TransferPoint | None = None
+    note: str = ""
     background: tuple[Sweep, ...] = ()
     ceiling: tuple[float, str] | None = None
     caption: str | None = None
@@ -348,6 +259,43 @@ def panel_controls(**context: Any) -> dict[str, Any]:
     }
 
 
+def _copy_here(
+    copy_fn: CopyFn | None, reading: PanelReading, device: torch.device | str, repeats: int
+) -> tuple[PanelReading, str]:
+    """With CUDA: an H2D copy by the reader's function, a D2H one (which it does not do) by the helper's."""
+    n, direction, memory, dtype = reading.nbytes, reading.direction, reading.memory, reading.dtype
+    if copy_fn is not None and direction == "h2d":
+        name = getattr(copy_fn, "__name__", "copy_fn")
+        reading.measured = copies.measure_copy_fn(copy_fn, n, memory, dtype=dtype, device=device, repeats=repeats)
+        reading.note = f"Timed by your {name}()."
+        return reading, f"your {name}()"
+    p = copies.measure_copy(n, direction, memory, dtype=dtype, device=device, repeats=repeats)
+    reading.measured = p if isinstance(p, TransferPoint) else None
+    reading.note = "D2H: timed by copies.measure_copy (your copy function does H2D)." if copy_fn is not None else ""
+    return reading, "copies.measure_copy, CUDA events"
+
+
+def _host_instead(
+    copy_fn: CopyFn | None, reading: PanelReading, recorded: CopySweeps | None, repeats: int
+) -> tuple[PanelReading, str]:
+    """Without CUDA: the nearest recorded point of this copy (if any) and a live host memcpy of the same bytes."""
+    n, key = reading.nbytes, (reading.direction, reading.memory)
+    reading.note = "No CUDA device here: the GPU copy cannot run. "
+    if recorded is not None and key in recorded.sweeps:
+        reading.reference = min(recorded.sweeps[key].points, key=lambda q: abs(math.log(q.nbytes / n)))
+        reading.note += f"Reference point recorded on {recorded.gpu}, not here."
+    else:
+        reading.note += "No reference result for this copy is recorded yet (run `make gpu-check` on a GPU machine)."
+    if reading.memory == "pinned":
+        reading.note += " Pinning is impossible without the NVIDIA driver."
+    reading.note += " The host memcpy is real, but it is a CPU copy, not a transfer to a GPU."
+    if copy_fn is None:
+        reading.host = copies.measure_host_copy(n, dtype=reading.dtype)
+        return reading, "copies.measure_host_copy"
+    reading.host = copies.measure_copy_fn(copy_fn, n, dtype=reading.dtype, device="cpu", repeats=repeats)
+    return reading, f"your {getattr(copy_fn, '__name__', 'copy_fn')}() on one CPU thread"
+
+
 def panel_run(
     progress: ProgressFn,
     *,
@@ -364,77 +312,40 @@ def panel_run(
 ) -> Evidence[PanelReading]:
     """Copy one batch as the panel asks, or say plainly why that copy cannot run here.
 
-    ``size_mib`` is the size of the images *as uint8*; ``dtype="float32"`` moves four times those bytes.
-    With CUDA: a real measurement, of an H2D copy by ``copy_fn`` (the reader's ``time_copy``), of a D2H
-    copy (which ``time_copy`` does not do) by :func:`~helpers.chapters.ch02.copies.measure_copy`. Without:
-    the nearest point of the recorded curves ``gpu`` for that direction and memory kind (if one is
-    recorded, with its GPU) and a live host memcpy of the same bytes by ``copy_fn`` (labelled as a CPU copy).
-    Either way the Evidence is ``measured`` (what ran here); the reference point says where it was recorded.
-
-    Context (from ``Panel.for_chapter``): ``copy_fn``, ``gpu`` (the chapter's GPU curves, an Evidence of
-    :class:`CopySweeps`) and ``host`` (this CPU's host memcpy sweep), which the plot draws under the runs.
+    ``size_mib``: MiB of images *as uint8* (float32 moves four times those bytes). With CUDA a real copy
+    (:func:`_copy_here`); without, the nearest point of the recorded curves ``gpu`` and a live host memcpy of the
+    same bytes (:func:`_host_instead`). Either way the Evidence is ``measured`` (what ran here), and the run is set
+    against the sweep's point of the same size when there is one. Context from ``Panel.for_chapter``:
+    ``copy_fn``, ``gpu`` (the chapter's curves) and ``host`` (this CPU's host memcpy sweep), drawn under the runs.
     """
     size_mib = check_float("size_mib", size_mib, 1 / 256, 1024)
     direction = check_choice("direction", direction, DIRECTIONS)
     memory = check_choice("memory", memory, MEMORY_KINDS)
     dtype = check_choice("dtype", dtype, DTYPES)
     repeats = check_int("repeats", repeats, 1, 10_000)
-    item = torch.empty((), dtype=DTYPES[dtype]).element_size()
-    nbytes = int(round(size_mib * MiB)) * item
+    nbytes = int(round(size_mib * MiB)) * torch.empty((), dtype=DTYPES[dtype]).element_size()
     progress(0.1, "measuring…")
     ok, _ = transfer.cuda_status(device)
-    recorded = gpu.value if gpu is not None and gpu.value is not None else None
-    name = getattr(copy_fn, "__name__", "copy_fn")
-    measured = ref_point = host_point = None
-    if ok and copy_fn is not None and direction == "h2d":
-        measured = copies.measure_copy_fn(copy_fn, nbytes, memory, dtype=dtype, device=device, repeats=repeats)
-        note, method = f"Timed by your {name}().", f"your {name}()"
-    elif ok:
-        p = copies.measure_copy(nbytes, direction, memory, dtype=dtype, device=device, repeats=repeats)
-        measured = p if isinstance(p, TransferPoint) else None
-        note = "D2H: timed by copies.measure_copy (your copy function does H2D)." if copy_fn is not None else ""
-        method = "copies.measure_copy, CUDA events"
+    recorded = gpu.value if gpu is not None else None
+    reading = PanelReading(nbytes, direction, memory, dtype)
+    if ok:
+        reading, method = _copy_here(copy_fn, reading, device, repeats)
+        here = recorded is not None and gpu is not None and gpu.here  # measured here too: the same copy, twice
+        mine, against = reading.measured, recorded.sweeps.get((direction, memory)) if here and recorded else None
     else:
-        note = "No CUDA device here: the GPU copy cannot run. "
-        if recorded is not None and (direction, memory) in recorded.sweeps:
-            pts = recorded.sweeps[(direction, memory)].points
-            ref_point = min(pts, key=lambda q: abs(math.log(q.nbytes / nbytes)))
-            note += f"Reference point recorded on {recorded.gpu}, not here."
-        else:
-            note += "No reference result for this copy is recorded yet (run `make gpu-check` on a GPU machine)."
-        if memory == "pinned":
-            note += " Pinning is impossible without the NVIDIA driver."
-        if copy_fn is not None:
-            host_point = copies.measure_copy_fn(copy_fn, nbytes, dtype=dtype, device="cpu", repeats=repeats)
-            method = f"your {name}() on one CPU thread"
-        else:
-            host_point = copies.measure_host_copy(nbytes, dtype=dtype)
-            method = "copies.measure_host_copy"
-        note += " The host memcpy is real, but it is a CPU copy, not a transfer to a GPU."
-    mine, against = (measured, None) if ok else (host_point, host)
-    if ok and recorded is not None and gpu is not None and gpu.here:
-        against = recorded.sweeps.get((direction, memory))  # measured here too: the same copy, twice
+        reading, method = _host_instead(copy_fn, reading, recorded, repeats)
+        mine, against = reading.host, host
     same = [q for q in against.points if q.nbytes == nbytes] if mine is not None and against is not None else []
     if mine is not None and same:
-        note += " " + points_agree("This run", mine, f"sweep's {human_bytes(nbytes)} point", same[0])
+        reading.note += " " + points_agree("This run", mine, f"sweep's {human_bytes(nbytes)} point", same[0])
     progress(1.0, "done")
-    background = tuple((recorded.sweeps.values() if recorded is not None else ())) + ((host,) if host else ())
-    reading = PanelReading(
-        nbytes,
-        direction,
-        memory,
-        dtype,
-        measured,
-        ref_point,
-        host_point,
-        note,
-        background=background,
-        ceiling=recorded.ceiling if recorded is not None else None,
-        caption=sweeps_caption(gpu) if gpu is not None else None,
-    )
+    reading.background = tuple(recorded.sweeps.values() if recorded is not None else ()) + ((host,) if host else ())
+    reading.ceiling = recorded.ceiling if recorded is not None else None
+    reading.caption = sweeps_caption(gpu) if gpu is not None else None
     if ok:
-        what = f"a {direction.upper()} {memory} {dtype} copy of {human_bytes(nbytes)}"
-        return evidence.measured(what, reading, device, method)
+        return evidence.measured(
+            f"a {direction.upper()} {memory} {dtype} copy of {human_bytes(nbytes)}", reading, device, method
+        )
     return evidence.measured(f"a host memcpy of {human_bytes(nbytes)} (not a GPU copy)", reading, "cpu", method)
 
 
@@ -452,7 +363,7 @@ def panel_plot(history: list[Any], ax: Any) -> None:
         for p, what in ((r.measured, "measured now"), (r.reference, "reference"), (r.host, "host memcpy now")):
             if p is not None:
                 pts.append((p, f"run {i}: {r.direction.upper()} {r.memory} {r.dtype}, {what}"))
-    ax = copies.plot_sweeps(
+    ax = figures.plot_sweeps(
         list(last.background) if last else [],
         ax,
         ceiling=last.ceiling if last else None,
@@ -465,11 +376,6 @@ def panel_plot(history: list[Any], ax: Any) -> None:
         ax.plot([p.nbytes], [p.gbps], marker="*", color="#bbbbbb", linestyle="", markersize=10)
 
 
-# ---------------------------------------------------------------------------
-# Headless benchmark: ch02.* records
-# ---------------------------------------------------------------------------
-
-
 def benchmark(
     results: ResultSet,
     device: torch.device | str | None,
@@ -477,73 +383,55 @@ def benchmark(
     progress: ProgressFn | None = None,
     sizes: Sequence[int] | None = None,
 ) -> None:
-    """Run chapter 02's key measurements and add them to ``results``.
+    """Run chapter 02's key measurements and add them to ``results`` (``sizes``: bytes per copy, default
+    :func:`~.model.copy_sizes`). Records (key: unit; params):
 
-    Records (key: unit; params):
-
-    - ``ch02.host_copy_time``: s; params ``nbytes``; spread ``iqr_s``, ``n`` - host memcpy
-      (recorded with or without a GPU).
-    - ``ch02.copy_time``: s; params ``direction``, ``memory``, ``nbytes``; spread ``iqr_s``, ``n``.
-      One per size, CUDA events on a side stream (:func:`~helpers.chapters.ch02.copies.transfer_sweep`).
-    - ``ch02.fit.latency``: s; ``direction``, ``memory`` - fitted latency per curve.
-    - ``ch02.fit.bandwidth``: GB/s; ``direction``, ``memory`` - fitted bandwidth per curve.
-    - ``ch02.pin.cold`` / ``.cached`` / ``.pin_then_copy`` / ``.plain_to`` / ``.pageable_copy`` /
-      ``.pinned_copy``: s; ``nbytes`` - the fields of :class:`~helpers.chapters.ch02.pin_costs.PinCost`
-      (1, 16, 128 MiB, those within ``sizes``).
+    - ``ch02.host_copy_time``: s; ``nbytes``; spread ``iqr_s``, ``n`` - host memcpy (the only one without CUDA).
+    - ``ch02.copy_time``: s; ``direction``, ``memory``, ``nbytes``; spread ``iqr_s``, ``n`` (CUDA events on a
+      side stream, :func:`~.copies.transfer_sweep`).
+    - ``ch02.fit.latency`` (s), ``ch02.fit.bandwidth`` (GB/s); ``direction``, ``memory`` - each curve's fit.
+    - ``ch02.pin.cold`` / ``.cached`` / ``.pin_then_copy`` / ``.plain_to`` / ``.pageable_copy`` / ``.pinned_copy``:
+      s; ``nbytes`` - :class:`~.pin_costs.PinCost` at 1, 16, 128 MiB (those within ``sizes``).
     - ``ch02.host_held``: s; ``case``, ``nbytes``, ``gpu_work_s`` - host time inside the copy call.
     - ``ch02.wire_time``: s; ``dtype``, ``nbytes`` - pinned H2D copy of 64x3x224x224 images.
     - ``ch02.pinned_block``: bytes; ``requested`` - allocator pool growth for one pin.
-
-    Without CUDA only ``ch02.host_copy_time`` is recorded. ``sizes``: bytes per copy (default
-    :func:`~helpers.chapters.ch02.copies.copy_sizes`).
     """
     progress = progress or no_progress
-    sizes = list(copies.copy_sizes() if sizes is None else sizes)
-    for n in sizes:
-        check_int("sizes[i]", n, 1)
-    ok, _ = transfer.cuda_status(device)
+    sizes = [check_int("sizes[i]", n, 1) for n in (model.copy_sizes() if sizes is None else sizes)]
     progress(0.0, "host memcpy sweep")
     for p in copies.host_copy_sweep(sizes).points:
         results.add("ch02.host_copy_time", p.median_s, "s", spread={"iqr_s": p.iqr_s, "n": p.n}, nbytes=p.nbytes)
-    if not ok:
+    if not transfer.cuda_status(device)[0]:
         progress(1.0, "no CUDA device: host memcpy only")
         return
-    progress(0.1, "copy sweeps")
     dev = resolve_device(device)
+    _record_curves(results, dev, sizes, scaled(progress, 0.1, 0.6))
+    _record_pinning(results, dev, sizes, progress)
+    progress(1.0, "done")
+
+
+def _record_curves(results: ResultSet, dev: torch.device, sizes: list[int], progress: ProgressFn) -> None:
     curves = [(d, m) for d in DIRECTIONS for m in MEMORY_KINDS]
     for i, (direction, memory) in enumerate(curves):
-        part = scaled(
-            progress, 0.1 + 0.5 * i / len(curves), 0.1 + 0.5 * (i + 1) / len(curves), f"{direction} {memory}: "
-        )
+        part = scaled(progress, i / len(curves), (i + 1) / len(curves), f"{direction} {memory}: ")
         sw = copies.transfer_sweep(direction, memory, sizes, device=dev, progress=part)
-        assert isinstance(sw, Sweep)
+        assert isinstance(sw, Sweep)  # CUDA is present: checked by the caller
         for p in sw.points:
-            results.add(
-                "ch02.copy_time",
-                p.median_s,
-                "s",
-                spread={"iqr_s": p.iqr_s, "n": p.n},
-                direction=direction,
-                memory=memory,
-                nbytes=p.nbytes,
-            )
+            spread = {"iqr_s": p.iqr_s, "n": p.n}
+            results.add("ch02.copy_time", p.median_s, "s", spread, direction=direction, memory=memory, nbytes=p.nbytes)
         fit = sw.fit()
         results.add("ch02.fit.latency", fit.latency_s, "s", direction=direction, memory=memory)
         results.add("ch02.fit.bandwidth", fit.gbps, "GB/s", direction=direction, memory=memory)
+
+
+def _record_pinning(results: ResultSet, dev: torch.device, sizes: list[int], progress: ProgressFn) -> None:
     pin_sizes = [s for s in (1 * MiB, 16 * MiB, 128 * MiB) if s <= max(sizes)] or [max(sizes)]
     for i, n in enumerate(pin_sizes):
         progress(0.6 + 0.2 * i / len(pin_sizes), f"cost of pinning {human_bytes(n)}")
         pc = pin_costs.pin_cost(n, device=dev)
         assert isinstance(pc, pin_costs.PinCost)
-        for name, value in (
-            ("cold", pc.pin_cold_s),
-            ("cached", pc.pin_cached_s),
-            ("pin_then_copy", pc.pin_then_copy_s),
-            ("plain_to", pc.plain_to_s),
-            ("pageable_copy", pc.pageable_copy_s),
-            ("pinned_copy", pc.pinned_copy_s),
-        ):
-            results.add(f"ch02.pin.{name}", value, "s", nbytes=n)
+        for key, name in pin_costs.RECORD_FIELDS.items():
+            results.add(f"ch02.pin.{key}", getattr(pc, name), "s", nbytes=n)
     progress(0.8, "host-blocking probe")
     hb = pin_costs.host_blocking_probe(device=dev, nbytes=min(64 * MiB, max(sizes)))
     assert isinstance(hb, pin_costs.HostBlocking)
@@ -555,8 +443,6 @@ def benchmark(
         results.add("ch02.wire_time", wire.seconds[d], "s", dtype=d, nbytes=wire.nbytes[d])
     progress(0.95, "pinned block rounding")
     rows = pin_costs.pinned_rounding_demo([3 * MiB, 5 * MiB, 9 * MiB])
-    if isinstance(rows, list):
-        for r in rows:
-            if r.allocated_delta is not None:
-                results.add("ch02.pinned_block", r.allocated_delta, "bytes", requested=r.requested)
-    progress(1.0, "done")
+    for r in rows if isinstance(rows, list) else []:
+        if r.allocated_delta is not None:
+            results.add("ch02.pinned_block", r.allocated_delta, "bytes", requested=r.requested)

@@ -1,11 +1,9 @@
-"""Chapter 02's costs of pinning itself: what ``tensor.pin_memory()`` costs, cold and cached, against what it
-saves; how long the CPU is held by a copy queued behind GPU work; the pinned caching allocator's power-of-two blocks.
+"""Chapter 02's costs of pinning itself: ``tensor.pin_memory()`` cold and cached against what it saves; how long
+the CPU is held by a copy queued behind GPU work; the pinned caching allocator's power-of-two blocks.
 
-Measurements that need CUDA return :class:`~helpers.pipeline.transfer.Unavailable` (never raise) without it.
-Reference records (``ch02.*``) come back through the ``convert`` functions of
-:func:`helpers.core.evidence.measure_or_recall` (:func:`pin_costs_from_records`, :func:`host_blocking_from_records`,
-:func:`rounding_rows_from_records`), and the formatters print either kind alike (:func:`pin_cost_table`,
-:func:`host_blocking_lines`, :func:`rounding_lines`).
+Measurements that need CUDA return :class:`~helpers.pipeline.transfer.Unavailable` (never raise) without it; the
+``*_from_records`` functions rebuild them from reference records (``convert`` for
+:func:`helpers.core.evidence.measure_or_recall`), and the formatters print either kind alike.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from ...core.device import resolve_device, wrap
+from ...core.rounds import table
 from ...core.validate import check_float, check_int, human_bytes, human_seconds
 from ...pipeline.transfer import (
     Unavailable,
@@ -27,47 +26,14 @@ from ...pipeline.transfer import (
     cuda_status,
     host_allocator_stats,
 )
-from .copies import (
-    _MAX_BYTES,
-    DEFAULT_PIN_SHARE,
-    MiB,
-    TransferPoint,
-    _bytes_ticks,
-    _check_device_bytes,
-    _field,
-    _params,
-    check_pin_size,
-    measure_copy,
-    pinning_status,
-    predict_pinned_block,
-)
-
-__all__ = [
-    "release_pinned_cache",
-    "RoundingRow",
-    "pinned_rounding_demo",
-    "PinCost",
-    "pin_cost",
-    "HostBlocking",
-    "host_blocking_probe",
-    "pin_costs_from_records",
-    "host_blocking_from_records",
-    "rounding_rows_from_records",
-    "pin_cost_table",
-    "host_blocking_lines",
-    "rounding_lines",
-    "plot_pin_costs",
-]
+from .copies import TransferPoint, _check_device_bytes, _field, _params, measure_copy, pinning_status
+from .model import _MAX_BYTES, MiB, check_pin_size, predict_pinned_block
 
 
 def release_pinned_cache() -> bool:
-    """Give cached, unused pinned blocks back to the driver. Returns False if torch can't.
-
-    Freed pinned tensors normally stay in PyTorch's caching host allocator, because
-    ``cudaHostAlloc`` is slow and a loader pins the same size every batch.
-    ``torch.cuda.empty_cache()`` releases *device* memory only; the host cache is
-    emptied by the private ``torch._C._host_emptyCache`` (guarded here).
-    """
+    """Give cached, unused pinned blocks back to the driver (False if torch can't). Freed pinned tensors stay in
+    PyTorch's caching host allocator (``cudaHostAlloc`` is slow); ``torch.cuda.empty_cache()`` releases *device*
+    memory only, so the host cache is emptied by the private ``torch._C._host_emptyCache`` (guarded here)."""
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return False
     fn = getattr(torch._C, "_host_emptyCache", None)
@@ -87,26 +53,16 @@ class RoundingRow:
     predicted_block: int
     allocated_delta: int | None
 
-    @property
-    def waste(self) -> int:
-        return self.predicted_block - self.requested
 
-
-def pinned_rounding_demo(
-    sizes: Sequence[int], *, pin_share: float = DEFAULT_PIN_SHARE
-) -> list[RoundingRow] | Unavailable:
-    """Pin each size once and read how many bytes the allocator's pool grew by.
-
-    The host cache is emptied before each allocation so a fresh block is created.
-    ``allocated_delta`` is None if this torch has no host-allocator statistics.
-    """
-    sizes = [check_int("sizes[i]", n, 1, _MAX_BYTES) for n in sizes]
+def pinned_rounding_demo(sizes: Sequence[int]) -> list[RoundingRow] | Unavailable:
+    """Pin each size once, the host cache emptied first so a fresh block is made, and read how many bytes the
+    allocator's pool grew by (None if this torch has no host-allocator statistics)."""
     ok, reason = cuda_status()
     if not ok:
         return Unavailable("pinned block rounding", reason)
     rows: list[RoundingRow] = []
     for n in sizes:
-        check_pin_size(n, share=pin_share)
+        check_pin_size(n)
         release_pinned_cache()
         before = host_allocator_stats()
         t = None
@@ -125,16 +81,10 @@ def pinned_rounding_demo(
 
 @dataclass
 class PinCost:
-    """What pinning one buffer costs and what it saves, for one size (seconds).
-
-    Attributes:
-        pin_cold_s: ``t.pin_memory()`` when the allocator must call ``cudaHostAlloc``.
-        pin_cached_s: the same when a cached block of that size is reused (a memcpy).
-        pageable_copy_s / pinned_copy_s: one H2D copy from a reused buffer (CUDA events).
-        plain_to_s: wall time of ``t.to(dev)`` from pageable memory, synchronised.
-        pin_then_copy_s: wall time of ``t.pin_memory().to(dev, non_blocking=True)`` with a
-            cold allocator, synchronised: "pin once, copy once".
-    """
+    """What pinning one buffer costs and what it saves, for one size (seconds): ``t.pin_memory()`` when the
+    allocator must call ``cudaHostAlloc`` (cold) or reuses a cached block (a memcpy); one H2D copy from a reused
+    buffer, pageable or pinned (CUDA events); the synchronised wall time of ``t.to(dev)`` from pageable memory
+    and of ``t.pin_memory().to(dev, non_blocking=True)`` with a cold allocator ("pin once, copy once")."""
 
     nbytes: int
     block_bytes: int
@@ -155,9 +105,16 @@ class PinCost:
         """Copies of one buffer needed before a cold pin pays off."""
         return break_even_uses(self.pin_cold_s, self.pageable_copy_s, self.pinned_copy_s)
 
-    @property
-    def break_even_cached(self) -> float:
-        return break_even_uses(self.pin_cached_s, self.pageable_copy_s, self.pinned_copy_s)
+
+#: ``ch02.pin.<key>`` records -> the :class:`PinCost` field each holds (written by ``ch02.benchmark``).
+RECORD_FIELDS = {
+    "cold": "pin_cold_s",
+    "cached": "pin_cached_s",
+    "pageable_copy": "pageable_copy_s",
+    "pinned_copy": "pinned_copy_s",
+    "plain_to": "plain_to_s",
+    "pin_then_copy": "pin_then_copy_s",
+}
 
 
 def _wall(fn: Callable[[], Any], dev: torch.device) -> float:
@@ -173,20 +130,15 @@ def pin_cost(
     *,
     device: torch.device | str | None = None,
     repeats: int = 5,
-    pin_share: float = DEFAULT_PIN_SHARE,
 ) -> PinCost | Unavailable:
-    """Measure pinning itself against the copy time it saves, at one size (H2D).
-
-    Without CUDA this returns :class:`Unavailable` carrying the driver's own
-    error from :func:`pinning_status`.
-    """
+    """Measure pinning itself against the copy time it saves, at one size (H2D). Without CUDA:
+    :class:`Unavailable` with the driver's own error (:func:`pinning_status`)."""
     nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
-    repeats = check_int("repeats", repeats, 1, 1000)
     ok, reason = cuda_status(device)
     if not ok:
         return Unavailable(f"cost of pinning {human_bytes(nbytes)}", reason + " " + pinning_status()[1])
     dev = resolve_device(device)
-    block = check_pin_size(nbytes, share=pin_share)
+    block = check_pin_size(nbytes)
     check_host_bytes("nbytes", nbytes, what=f"the pageable source of {human_bytes(nbytes)}")
     _check_device_bytes("nbytes", 2 * nbytes, dev, f"two device copies of {human_bytes(nbytes)}")
     src = torch.ones(nbytes, dtype=torch.uint8)
@@ -202,26 +154,17 @@ def pin_cost(
             plain.append(_wall(lambda: src.to(dev), dev))  # noqa: F821
             release_pinned_cache()
             pin_copy.append(_wall(lambda: src.pin_memory().to(dev, non_blocking=True), dev))  # noqa: F821
-        pageable = measure_copy(nbytes, "h2d", "pageable", device=dev, repeats=max(repeats, 5), pin_share=pin_share)
-        pinned = measure_copy(nbytes, "h2d", "pinned", device=dev, repeats=max(repeats, 5), pin_share=pin_share)
+        pageable = measure_copy(nbytes, "h2d", "pageable", device=dev, repeats=max(repeats, 5))
+        pinned = measure_copy(nbytes, "h2d", "pinned", device=dev, repeats=max(repeats, 5))
         assert isinstance(pageable, TransferPoint) and isinstance(pinned, TransferPoint)
     finally:
         del src
         torch.cuda.empty_cache()
     med = statistics.median
+    how = f"pin and to(): synchronised wall clock, median of {repeats}; copies: CUDA events; "
+    how += "'cold' = host cache emptied first (torch._C._host_emptyCache)"
     return PinCost(
-        nbytes=nbytes,
-        block_bytes=block,
-        pin_cold_s=med(cold),
-        pin_cached_s=med(cached),
-        pageable_copy_s=pageable.median_s,
-        pinned_copy_s=pinned.median_s,
-        plain_to_s=med(plain[1:]),
-        pin_then_copy_s=med(pin_copy),
-        method=(
-            f"pin and to(): synchronised wall clock, median of {repeats}; copies: CUDA events; "
-            "'cold' = host cache emptied first (torch._C._host_emptyCache)"
-        ),
+        nbytes, block, med(cold), med(cached), pageable.median_s, pinned.median_s, med(plain[1:]), med(pin_copy), how
     )
 
 
@@ -235,39 +178,56 @@ class HostBlocking:
     method: str = ""
 
 
-def _sleep_cycles_per_s(dev: torch.device) -> float:
-    """Calibrate ``torch.cuda._sleep`` (a spin kernel measured in GPU clock cycles)."""
-    cycles = 10_000_000
-    with torch.cuda.device(dev):  # _sleep runs on the current device: make it `dev`
-        stream = torch.cuda.current_stream(dev)  # Event.record() alone would use the current device's stream
-        torch.cuda._sleep(cycles // 10)  # warm-up / module load
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-        torch.cuda._sleep(cycles)
-        end.record(stream)
+def _event_seconds(fn: Callable[[], None], dev: torch.device) -> float:
+    """GPU time of what ``fn`` queues on ``dev``'s current stream, between two CUDA events on that stream."""
+    stream = torch.cuda.current_stream(dev)  # Event.record() alone would use the current device's stream
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    fn()
+    end.record(stream)
     torch.cuda.synchronize(dev)
-    return cycles / (start.elapsed_time(end) / 1e3)
+    return start.elapsed_time(end) / 1e3
+
+
+def _sleeper(dev: torch.device, cycles: int) -> Callable[[], None]:
+    def sleep() -> None:
+        with torch.cuda.device(dev):  # _sleep (a spin kernel, in GPU clock cycles) runs on the current device
+            torch.cuda._sleep(cycles)
+
+    return sleep
+
+
+def _sleep_cycles_per_s(dev: torch.device) -> float:
+    """Calibrate ``torch.cuda._sleep`` on ``dev``: GPU clock cycles per second."""
+    cycles = 10_000_000
+    _sleeper(dev, cycles // 10)()  # warm-up / module load
+    return cycles / _event_seconds(_sleeper(dev, cycles), dev)
 
 
 def _queue_gpu_work_fn(seconds: float, dev: torch.device) -> Callable[[], None]:
     """A function that enqueues about ``seconds`` of GPU work on ``dev``'s current stream."""
-    if hasattr(torch.cuda, "_sleep"):
-        cycles = int(seconds * _sleep_cycles_per_s(dev))
+    return _sleeper(dev, int(seconds * _sleep_cycles_per_s(dev)))
 
-        def sleep() -> None:
-            with torch.cuda.device(dev):  # _sleep runs on the current device: make it `dev`
-                torch.cuda._sleep(cycles)
 
-        return sleep
-    a = torch.randn(2048, 2048, device=dev)  # pragma: no cover - fallback for torch without _sleep
-    one = _wall(lambda: a @ a, dev)
-    k = max(1, int(seconds / max(one, 1e-6)))
+_CASES = {
+    "pageable": ("pageable", False),
+    "pageable, non_blocking=True": ("pageable", True),
+    "pinned, non_blocking=True": ("pinned", True),
+}
 
-    def matmuls() -> None:
-        for _ in range(k):
-            a @ a
 
-    return matmuls
+def _held(dst: torch.Tensor, src: torch.Tensor, nb: bool, work: Callable[[], None], dev: torch.device, n: int) -> float:
+    """Median host time of the call ``dst.copy_(src)`` queued right behind ``work()`` (``n`` times, after a warm-up)."""
+    dst.copy_(src, non_blocking=nb)
+    samples = []
+    for _ in range(n):
+        torch.cuda.synchronize(dev)
+        work()  # queued on the current stream, ahead of the copy
+        t0 = time.perf_counter()
+        dst.copy_(src, non_blocking=nb)
+        samples.append(time.perf_counter() - t0)
+        torch.cuda.synchronize(dev)
+    return statistics.median(samples)
 
 
 def host_blocking_probe(
@@ -276,15 +236,11 @@ def host_blocking_probe(
     gpu_work_s: float = 0.1,
     nbytes: int = 64 * MiB,
     repeats: int = 3,
-    pin_share: float = DEFAULT_PIN_SHARE,
 ) -> HostBlocking | Unavailable:
-    """Queue ``gpu_work_s`` of GPU work, then time (host clock) the H2D copy *call*.
-
-    Cases: ``pageable`` (``copy_`` with the default ``non_blocking=False``),
-    ``pageable, non_blocking=True`` and ``pinned, non_blocking=True``. A copy that
-    holds the host about as long as the queued work has waited for the GPU; one
-    that returns in microseconds let the CPU run ahead to prepare the next batch.
-    """
+    """Queue ``gpu_work_s`` of GPU work, then time (host clock) the H2D copy *call*: pageable (the default
+    ``non_blocking=False``), pageable with ``non_blocking=True``, pinned with ``non_blocking=True``. A call that
+    holds the host about as long as the queued work waited for the GPU; one that returns in microseconds let the
+    CPU run ahead to prepare the next batch."""
     gpu_work_s = check_float("gpu_work_s", gpu_work_s, 0.001, 5.0)
     nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
     repeats = check_int("repeats", repeats, 1, 100)
@@ -292,51 +248,25 @@ def host_blocking_probe(
     if not ok:
         return Unavailable("host-blocking probe", reason)
     dev = resolve_device(device)
-    check_pin_size(nbytes, share=pin_share)
+    check_pin_size(nbytes)
     check_host_bytes("nbytes", nbytes, what=f"the pageable source of {human_bytes(nbytes)}")
     _check_device_bytes("nbytes", nbytes, dev, f"a device buffer of {human_bytes(nbytes)}")
-    cases = {
-        "pageable": ("pageable", False),
-        "pageable, non_blocking=True": ("pageable", True),
-        "pinned, non_blocking=True": ("pinned", True),
-    }
-    held: dict[str, float] = {}
     bufs: dict[str, torch.Tensor] = {}
     dst = None
     try:
         work = _queue_gpu_work_fn(gpu_work_s, dev)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(torch.cuda.current_stream(dev))  # on dev's stream, where work() queues
-        work()
-        end.record(torch.cuda.current_stream(dev))
-        torch.cuda.synchronize(dev)
-        measured_work = start.elapsed_time(end) / 1e3
+        measured_work = _event_seconds(work, dev)
         dst = torch.empty(nbytes, dtype=torch.uint8, device=dev)
         bufs["pageable"] = torch.ones(nbytes, dtype=torch.uint8)
         bufs["pinned"] = torch.ones(nbytes, dtype=torch.uint8, pin_memory=True)
-        for name, (kind, nb) in cases.items():
-            dst.copy_(bufs[kind], non_blocking=nb)  # warm-up
-            samples = []
-            for _ in range(repeats):
-                torch.cuda.synchronize(dev)
-                work()  # queued on the current stream, ahead of the copy
-                t0 = time.perf_counter()
-                dst.copy_(bufs[kind], non_blocking=nb)
-                samples.append(time.perf_counter() - t0)
-                torch.cuda.synchronize(dev)
-            held[name] = statistics.median(samples)
+        held = {name: _held(dst, bufs[kind], nb, work, dev, repeats) for name, (kind, nb) in _CASES.items()}
     finally:
         torch.cuda.synchronize(dev)
         bufs.clear()
         del dst
         torch.cuda.empty_cache()
-    return HostBlocking(
-        nbytes=nbytes,
-        gpu_work_s=measured_work,
-        held_s=held,
-        method="GPU work: torch.cuda._sleep on the current stream; copy call timed with perf_counter, "
-        f"median of {repeats}",
-    )
+    how = f"GPU work: torch.cuda._sleep on the current stream; copy call timed with perf_counter, median of {repeats}"
+    return HostBlocking(nbytes, measured_work, held, how)
 
 
 def pin_costs_from_records(result_set: Any, records: Iterable[Any]) -> list[PinCost] | None:
@@ -348,21 +278,20 @@ def pin_costs_from_records(result_set: Any, records: Iterable[Any]) -> list[PinC
             continue
         n = int(_params(r).get("nbytes", 0))
         by_size.setdefault(n, {})[key.rsplit(".", 1)[1]] = float(_field(r, "value"))
-    need = ("cold", "cached", "pageable_copy", "pinned_copy", "plain_to", "pin_then_copy")
     rows = [
         PinCost(
-            nbytes=n,
-            block_bytes=predict_pinned_block(n),
-            pin_cold_s=f["cold"],
-            pin_cached_s=f["cached"],
-            pageable_copy_s=f["pageable_copy"],
-            pinned_copy_s=f["pinned_copy"],
-            plain_to_s=f["plain_to"],
-            pin_then_copy_s=f["pin_then_copy"],
-            method="reference record",
+            n,
+            predict_pinned_block(n),
+            f["cold"],
+            f["cached"],
+            f["pageable_copy"],
+            f["pinned_copy"],
+            f["plain_to"],
+            f["pin_then_copy"],
+            "reference record",
         )
         for n, f in sorted(by_size.items())
-        if n > 0 and all(k in f for k in need)
+        if n > 0 and set(RECORD_FIELDS) <= set(f)
     ]
     return rows or None
 
@@ -374,41 +303,33 @@ def host_blocking_from_records(result_set: Any, records: Iterable[Any]) -> HostB
         return None
     first = _params(recs[0])
     same = [r for r in recs if _params(r).get("gpu_work_s") == first.get("gpu_work_s")]  # one probe's cases
-    return HostBlocking(
-        nbytes=int(first.get("nbytes", 0)),
-        gpu_work_s=float(first.get("gpu_work_s", 0.0)),
-        held_s={str(_params(r)["case"]): float(_field(r, "value")) for r in same},
-    )
+    held = {str(_params(r)["case"]): float(_field(r, "value")) for r in same}
+    return HostBlocking(int(first.get("nbytes", 0)), float(first.get("gpu_work_s", 0.0)), held)
 
 
 def rounding_rows_from_records(result_set: Any, records: Iterable[Any]) -> list[RoundingRow] | None:
     """:class:`RoundingRow` s from ``ch02.pinned_block`` records (the pool growth per request); None if none."""
-    rows = [
-        RoundingRow(
-            int(_params(r)["requested"]), predict_pinned_block(int(_params(r)["requested"])), int(_field(r, "value"))
-        )
+    asked = [
+        (int(_params(r)["requested"]), r)
         for r in records
         if _field(r, "key") == "ch02.pinned_block" and "requested" in _params(r)
     ]
-    return sorted(rows, key=lambda row: row.requested) or None
+    rows = [
+        RoundingRow(n, predict_pinned_block(n), int(_field(r, "value"))) for n, r in sorted(asked, key=lambda a: a[0])
+    ]
+    return rows or None
 
 
 def pin_cost_table(rows: Sequence[PinCost]) -> str:
-    """A fixed-width text table of pinning cost vs copy saving, one line per size."""
-    head = (
-        f"{'size':>10} {'pin (cold)':>11} {'pin (cached)':>13} {'pageable copy':>14} {'pinned copy':>12} "
-        f"{'to() plain':>11} {'pin+copy once':>14} {'pays after':>11}"
-    )
-    lines = [head]
+    """Pinning cost against copy saving, one line per size (:func:`helpers.core.rounds.table`)."""
+    head = ["size", "pin (cold)", "pin (cached)", "pageable copy", "pinned copy", "to() plain", "pin+copy once"]
+    cells = []
     for r in rows:
         be = r.break_even_cold
         pays = "never" if math.isinf(be) else f"{math.ceil(be) if be > 0 else 0} uses"
-        lines.append(
-            f"{human_bytes(r.nbytes):>10} {human_seconds(r.pin_cold_s):>11} {human_seconds(r.pin_cached_s):>13} "
-            f"{human_seconds(r.pageable_copy_s):>14} {human_seconds(r.pinned_copy_s):>12} "
-            f"{human_seconds(r.plain_to_s):>11} {human_seconds(r.pin_then_copy_s):>14} {pays:>11}"
-        )
-    return "\n".join(lines)
+        times = (r.pin_cold_s, r.pin_cached_s, r.pageable_copy_s, r.pinned_copy_s, r.plain_to_s, r.pin_then_copy_s)
+        cells.append([human_bytes(r.nbytes), *map(human_seconds, times), pays])
+    return "\n".join(table([*head, "pays after"], cells, left=0, gap=1))
 
 
 def host_blocking_lines(probe: HostBlocking) -> list[str]:
@@ -421,42 +342,10 @@ def host_blocking_lines(probe: HostBlocking) -> list[str]:
 
 def rounding_lines(rows: Sequence[RoundingRow]) -> list[str]:
     """One line per pin: requested, how much the pinned pool grew, and the predicted power-of-two block."""
-    return [
-        f"  requested {r.requested / MiB:.0f} MiB: pool grew by "
-        + (
-            "an unknown amount (no host_memory_stats)"
-            if r.allocated_delta is None
-            else f"{r.allocated_delta / MiB:.0f} MiB"
-        )
-        + f" (predicted {r.predicted_block / MiB:.0f} MiB)"
-        for r in rows
-    ]
-
-
-def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | None = None) -> Any:
-    """Time of pinning (cold, cached) vs time one pinned copy saves, against size (log-log)."""
-    from ...ui import plots  # optional/heavy: matplotlib
-
-    sizes = [r.nbytes for r in rows]
-    series = {
-        "pin_memory(), new block (cudaHostAlloc)": (sizes, [r.pin_cold_s * 1e3 for r in rows]),
-        "pin_memory(), cached block (memcpy only)": (sizes, [r.pin_cached_s * 1e3 for r in rows]),
-        "saving per copy (pageable − pinned)": (sizes, [max(r.saving_per_copy_s, 1e-9) * 1e3 for r in rows]),
-    }
-    styles = {
-        "pin_memory(), new block (cudaHostAlloc)": {"color": "#e15759", "marker": "o"},
-        "pin_memory(), cached block (memcpy only)": {"color": "#f28e2b", "marker": "o", "linestyle": "--"},
-        "saving per copy (pageable − pinned)": {"color": "#59a14f", "marker": "s"},
-    }
-    ax = plots.sweep_plot(
-        series,
-        ax,
-        xlabel="buffer size (bytes, log scale)",
-        ylabel="time (ms, log scale)",
-        title="Cost of pinning vs what one pinned copy saves",
-        source=source,
-        styles=styles,
-    )
-    _bytes_ticks(ax, sizes)
-    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return ax
+    out = []
+    for r in rows:
+        d = r.allocated_delta
+        grew = "an unknown amount (no host_memory_stats)" if d is None else f"{d / MiB:.0f} MiB"
+        block = f"{r.predicted_block / MiB:.0f} MiB"
+        out.append(f"  requested {r.requested / MiB:.0f} MiB: pool grew by {grew} (predicted {block})")
+    return out

@@ -1,18 +1,12 @@
-"""Chapter 03, ``pin_memory=True`` in the DataLoader: the chapter's panel, its pin-time figure and its benchmark.
+"""Chapter 03, ``pin_memory=True`` in the DataLoader: the chapter interface (:mod:`helpers.ui.chapter`),
+section 4's verdict and the pin-time figure.
 
-The chapter interface (:mod:`helpers.ui.chapter`) for ``notebooks/03_dataloader_pinning.ipynb``:
-
->>> from helpers.chapters import ch03
 >>> panel = widgets.Panel.for_chapter(ch03, device=DEVICE, make_loader=make_loader, to_device=to_device,
 ...                                   dataset=DS, batch=BATCH, batches=BATCHES, warmup=WARMUP)
 
-Each panel run builds the reader's loader, ``make_loader(dataset, batch_size, pin_memory=...)``, and times
-it with the reader's ``to_device`` (:func:`helpers.pipeline.loaders.measure_throughput`): measured here, on
-any machine. The loader machinery and the measuring functions stay in :mod:`helpers.pipeline.loaders`.
-
-The pin step's own time needs CUDA; without it the notebook shows the reference runs' figure
-(``ch03.pin_ms_per_batch``) through :func:`helpers.core.evidence.measure_or_recall`, with
-:func:`pin_step_rows` (measured), :func:`pin_rows_from_records` (recorded) and :func:`pin_row_lines` (shown).
+Each panel run times the reader's ``make_loader(dataset, batch_size, pin_memory=...)`` with the reader's
+``to_device``: measured here, on any machine. The pin step's own time needs CUDA; without it the notebook
+shows the reference runs' ``ch03.pin_ms_per_batch`` (:func:`helpers.core.evidence.measure_or_recall`).
 """
 
 from __future__ import annotations
@@ -35,23 +29,6 @@ from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset
 from ...ui import plots
 from . import pinning
 
-__all__ = [
-    "NUMBER",
-    "TITLE",
-    "BENCH_WEIGHT",
-    "PANEL_TITLE",
-    "benchmark",
-    "panel_controls",
-    "panel_run",
-    "panel_summary",
-    "panel_plot",
-    "PinTimes",
-    "pin_step_rows",
-    "pin_rows_from_records",
-    "pin_row_lines",
-    "pin_pair_verdict",
-]
-
 NUMBER = "03"
 TITLE = "pin_memory in the DataLoader"
 BENCH_WEIGHT = 0.75
@@ -59,11 +36,6 @@ PANEL_TITLE = "pin_memory in your DataLoader"
 
 #: The pin-time figure: (what, milliseconds per batch) rows.
 PinTimes = list[tuple[str, float]]
-
-
-# ---------------------------------------------------------------------------
-# Benchmark
-# ---------------------------------------------------------------------------
 
 
 def benchmark(
@@ -78,21 +50,11 @@ def benchmark(
 ) -> ResultSet:
     """Record chapter 03's key measurements into ``results``, on the shapes data set at the mode's sizes.
 
-    Keys written:
-
-    * ``ch03.items_per_s`` {num_workers, pin_memory, pin_active, device}
-    * ``ch03.main_wait_ms`` {num_workers, pin_memory} - mean time the main thread waited per batch
-    * ``ch03.pin_ms_per_batch`` {num_workers, thread} - only where pinning really ran (CUDA)
-    * ``ch03.copy_ms_per_batch`` {bytes} - a plain CPU copy of one batch (the memcpy inside pinning)
-
-    Args:
-        results: the ResultSet to add records to.
-        device: the device (pinning is real only on CUDA; ``None``: CUDA when present).
-        progress: optional ``progress(fraction, text)``.
-        info / sizes / batches / warmup: overrides (a :class:`helpers.pipeline.data.DatasetInfo`, a
-            :func:`helpers.pipeline.data.default_sizes`-like dict, batches per run); for tests.
-
-    Returns ``results``.
+    Keys: ``ch03.items_per_s`` {num_workers, pin_memory, pin_active, device}; ``ch03.main_wait_ms``
+    {num_workers, pin_memory} (the main thread's mean wait per batch); ``ch03.pin_ms_per_batch``
+    {num_workers, thread} (only where pinning ran: CUDA); ``ch03.copy_ms_per_batch`` {bytes} (a plain CPU
+    copy of one batch, the memcpy inside pinning). ``info`` / ``sizes`` / ``batches`` / ``warmup``:
+    overrides for tests. Returns ``results``.
     """
     progress = progress or no_progress
     dev = resolve_device(device)
@@ -100,26 +62,17 @@ def benchmark(
     info = info if info is not None else make_shapes_dataset()
     ds = ShapesDataset(info.train_dir, crop_size=sizes["crop_size"], output="float")
     bs = sizes["batch_size"]
-    batches = check_int("batches", batches, 1, 100_000) if batches is not None else config.sized(30, 80)
-    warm = check_int("warmup", warmup, 0, 100_000) if warmup is not None else config.sized(4, 8)
+    batches = batches if batches is not None else config.sized(30, 80)
+    warm = warmup if warmup is not None else config.sized(4, 8)
 
     progress(0.05, "ch03: pin_memory")
     rows = pinning.pin_memory_experiment(
         ds, workers=(0, 2), batch_size=bs, batches=batches, warmup=warm, progress=scaled(progress, 0.05, 0.9, "ch03: ")
     )
     for r in rows:
-        results.add(
-            "ch03.items_per_s",
-            r.items_per_s,
-            "items/s",
-            num_workers=r.num_workers,
-            pin_memory=r.pin_memory,
-            pin_active=r.pin_active,
-            device=str(dev),
-        )
-        results.add(
-            "ch03.main_wait_ms", r.result.mean_wait_ms, "ms", num_workers=r.num_workers, pin_memory=r.pin_memory
-        )
+        knobs: dict[str, Any] = {"num_workers": r.num_workers, "pin_memory": r.pin_memory}
+        results.add("ch03.items_per_s", r.items_per_s, "items/s", **knobs, pin_active=r.pin_active, device=str(dev))
+        results.add("ch03.main_wait_ms", r.result.mean_wait_ms, "ms", **knobs)
         if r.pin_ms_per_batch is not None:
             results.add(
                 "ch03.pin_ms_per_batch", r.pin_ms_per_batch, "ms", num_workers=r.num_workers, thread=r.pin_thread
@@ -131,30 +84,24 @@ def benchmark(
     return results
 
 
-# ---------------------------------------------------------------------------
-# Section 4's verdict: is the gap between the pair within the rounds' spread?
-# ---------------------------------------------------------------------------
+def _pair(rows: Sequence[pinning.PinRow]) -> tuple[pinning.PinRow, pinning.PinRow]:
+    """The pin_memory=False and True rows of :func:`~.pinning.pin_pair_rounds` (ValueError if ``rows`` is not it)."""
+    pair = {r.pin_memory: r for r in rows}
+    if set(pair) != {False, True} or len(rows) != 2:
+        raise ValueError("rows must hold the pin_memory=False/True pair of pin_pair_rounds")
+    return pair[False], pair[True]
 
 
 def pin_pair_verdict(rows: Sequence[pinning.PinRow]) -> str:
     """One sentence on section 4's pair (``pin_memory`` False/True, :func:`~.pinning.pin_pair_rounds`).
 
-    The gap is the table's: the two settings' medians over the rounds. The rounds alternate, so each
-    round also gives one ratio (True over False, items/s), and those ratios are its spread. The gap is
-    **within noise** when those ratios fall on both sides of 1 (the rounds disagree on its direction:
-    :func:`helpers.core.agreement.ratios_straddle_one`).
-    When every round points the same way the gap is larger than the rounds' spread, and it is reported
-    as a gap: on a CUDA device, the flag's effect; without one, nothing was pinned and both settings did
-    the same work, so the gap is load on this machine, not the flag, and the faster setting's figure is
-    the one to trust (load only ever slows a run down).
-
-    Raises:
-        ValueError: ``rows`` is not a pin_memory False/True pair.
+    The gap is the table's (the medians over the rounds); its spread is the per-round ratios (True over
+    False). It is **within noise** when they fall on both sides of 1
+    (:func:`helpers.core.agreement.ratios_straddle_one`). Otherwise it is a gap: with CUDA the flag's
+    effect; without, both settings did the same work, so it is load, and the faster figure is the one to
+    trust (load only ever slows a run down). Raises ValueError unless ``rows`` is the False/True pair.
     """
-    pair = {r.pin_memory: r for r in rows}
-    if set(pair) != {False, True} or len(rows) != 2:
-        raise ValueError("rows must hold the pin_memory=False/True pair of pin_pair_rounds")
-    on, off = pair[True], pair[False]
+    off, on = _pair(rows)
     ratios = [
         a / b for a, b in zip(on.round_items_per_s or [on.items_per_s], off.round_items_per_s or [off.items_per_s])
     ]
@@ -180,25 +127,14 @@ def pin_pair_verdict(rows: Sequence[pinning.PinRow]) -> str:
     )
 
 
-# ---------------------------------------------------------------------------
-# The pin step's time: measured with CUDA, else the reference runs' figure
-# ---------------------------------------------------------------------------
-
-
 def pin_step_rows(pin_s: float | None, rows: Sequence[pinning.PinRow]) -> PinTimes:
-    """The measured figure: the loader's pin step on one batch (:func:`~.pinning.pin_step_seconds`),
-    beside how much longer ``next()`` took with ``pin_memory=True`` in the last round of ``rows``
-    (:func:`~.pinning.pin_pair_rounds`; with ``num_workers=0`` the main thread pins).
-
-    Raises:
-        ValueError: ``pin_s`` is None (nothing could be pinned: no CUDA device), or ``rows`` is not a pair.
-    """
+    """The measured figure: the loader's pin step on one batch (:func:`~.pinning.pin_step_seconds`), beside how
+    much longer ``next()`` took with ``pin_memory=True`` in the last round of ``rows`` (the main thread pins).
+    Raises ValueError when ``pin_s`` is None (no CUDA device) or ``rows`` is not the pair."""
     if pin_s is None:
         raise ValueError("pin_s is None: the pin step can only be timed with a CUDA device")
-    pair = {r.pin_memory: r for r in rows}
-    if set(pair) != {False, True}:
-        raise ValueError("rows must hold the pin_memory=False/True pair of pin_pair_rounds")
-    extra_ms = pair[True].result.mean_wait_ms - pair[False].result.mean_wait_ms
+    off, on = _pair(rows)
+    extra_ms = on.result.mean_wait_ms - off.result.mean_wait_ms
     return [
         ("the loader's pin step on one batch of your loader (median)", 1e3 * pin_s),
         ("extra time in next() with pin_memory=True (last round of section 4)", extra_ms),
@@ -219,11 +155,6 @@ def pin_row_lines(rows: PinTimes) -> list[str]:
     return [f"  {what}: {ms:.3f} ms per batch" for what, ms in rows]
 
 
-# ---------------------------------------------------------------------------
-# Live panel
-# ---------------------------------------------------------------------------
-
-
 def _default_pin(make_loader: Any) -> bool:
     """The ``pin_memory`` default of the reader's ``make_loader`` (``DEVICE.type == "cuda"``), else False."""
     try:
@@ -235,9 +166,7 @@ def _default_pin(make_loader: Any) -> bool:
 
 def panel_controls(**context: Any) -> dict[str, Any]:
     """Batch size (from ``batch=``, default 32) and ``pin_memory`` (the reader's ``make_loader`` default).
-
-    No ``num_workers``: the reader's ``make_loader`` has no workers yet (chapter 04's panel has them).
-    """
+    No ``num_workers``: the reader's ``make_loader`` has none yet (chapter 04's panel has them)."""
     return {
         "batch_size": W.IntSlider(value=context.get("batch", 32), min=8, max=128, step=8, description="batch_size"),
         "pin_memory": W.Checkbox(value=_default_pin(context.get("make_loader")), description="pin_memory"),
@@ -259,22 +188,12 @@ def panel_run(
     **context: Any,
 ) -> Evidence[loaders.Throughput]:
     """One run: the reader's ``make_loader(dataset, batch_size, pin_memory=...)`` timed with the reader's
-    ``to_device`` (:func:`~helpers.pipeline.loaders.measure_throughput`, ``threads`` intra-op threads, as in
-    the pin thread). Measured here, on any machine: without an accelerator ``pin_memory=True`` pins nothing.
-
-    Raises:
-        ValueError: a ``make_loader`` that is not a function, bad sizes, a ``pin_memory`` that is not a bool.
-    """
-    if not callable(make_loader):
-        raise ValueError(
-            f"make_loader must be a function such as make_loader(dataset, batch_size, pin_memory=...), "
-            f"got {make_loader!r}"
-        )
+    ``to_device`` (``threads`` intra-op threads, as in the pin thread). Measured here, on any machine: without
+    an accelerator ``pin_memory=True`` pins nothing. Raises ValueError for bad arguments."""
+    pinning.check_make_loader(make_loader)
     bs = check_int("batch_size", batch_size, 1, 100_000)
     if not isinstance(pin_memory, bool):
         raise ValueError(f"pin_memory must be True or False, got {pin_memory!r}")
-    batches = check_int("batches", batches, 1, 100_000)
-    warmup = check_int("warmup", warmup, 0, 10_000)
     loader = make_loader(dataset, bs, pin_memory=pin_memory)
     res = loaders.measure_throughput(
         loader,

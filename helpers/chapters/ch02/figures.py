@@ -1,0 +1,199 @@
+"""Chapter 02's figures: the two paths of a host-to-device copy, the bandwidth curves, the pinned/pageable ratio
+and the cost of pinning, drawn with :func:`helpers.ui.plots.sweep_plot` (matplotlib is imported when drawn)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from ...core.validate import human_bytes, human_seconds
+from .copies import Sweep, TransferPoint
+from .model import CLAIM_RANGE, KiB
+from .pin_costs import PinCost
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+
+def copy_paths_diagram() -> "Figure":
+    """The two paths a host-to-device copy can take. Top: a pageable source, copied by the CPU (driver) into a
+    pinned staging ("bounce") buffer, then pulled by the GPU's copy engine (DMA) over the link. Bottom: a pinned
+    source, read by the copy engine directly."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    fig, ax = plt.subplots(figsize=(9.5, 4.2))
+    ax.set(xlim=(0, 10), ylim=(0, 5.2))
+    ax.axis("off")
+    for x, w, fc in ((0.1, 6.2, "#f3f3f3"), (7.9, 2.0, "#eef6ee")):  # host RAM, GPU memory
+        ax.add_patch(FancyBboxPatch((x, 0.2), w, 4.6, boxstyle="round,pad=0.02", fc=fc, ec="#999999", lw=0.8))
+    ax.text(3.2, 4.95, "host RAM (CPU side)", ha="center", fontsize=10, weight="bold")
+    ax.text(8.9, 4.95, "GPU memory", ha="center", fontsize=10, weight="bold")
+    ax.text(7.1, 4.95, "link (PCIe / NVLink)", ha="center", fontsize=8.5, style="italic")
+    ax.text(0.25, 4.35, "pageable source: two copies, and the CPU is busy for the first", fontsize=9, color="#a03000")
+    ax.text(0.25, 2.0, "pinned source: one DMA, the CPU is free (non_blocking=True)", fontsize=9, color="#005a00")
+    boxes = [
+        (0.3, 3.2, 2.1, "pageable buffer\n(may be swapped out)", "#ffd9c7"),
+        (3.6, 3.2, 2.5, "driver's pinned\nstaging (bounce) buffer", "#c7dcff"),
+        (8.1, 3.2, 1.6, "device\nbuffer", "#c9efc9"),
+        (0.3, 0.8, 2.1, "pinned buffer\n(page-locked)", "#c7dcff"),
+        (8.1, 0.8, 1.6, "device\nbuffer", "#c9efc9"),
+    ]
+    for x, y, w, text, color in boxes:
+        ax.add_patch(FancyBboxPatch((x, y), w, 0.9, boxstyle="round,pad=0.05", fc=color, ec="black", lw=1))
+        ax.text(x + w / 2, y + 0.45, text, ha="center", va="center", fontsize=9.5)
+    arrows = [
+        (2.45, 3.55, 3.65, "CPU memcpy"),
+        (6.15, 8.05, 3.65, "DMA by copy engine"),
+        (2.45, 8.05, 1.25, "DMA by copy engine: reads host RAM directly, at the link's speed"),
+    ]
+    for x0, x1, y, text in arrows:
+        ax.add_patch(FancyArrowPatch((x0, y), (x1, y), arrowstyle="-|>", mutation_scale=16, lw=1.6))
+        ax.text((x0 + x1) / 2, y + 0.18, text, ha="center", va="bottom", fontsize=8.5)
+    note = "DMA needs physical addresses that cannot move: only page-locked memory qualifies."
+    ax.text(5.0, 0.35, note, ha="center", fontsize=8.5, style="italic")
+    fig.tight_layout()
+    return fig
+
+
+def _bytes_ticks(ax: Any, sizes: Sequence[float]) -> None:
+    """Label a log x axis of byte sizes with 4 KiB, 16 KiB, ... 4 GiB ticks inside the data range."""
+    if not sizes:
+        return
+    lo, hi = min(sizes) / 1.5, max(sizes) * 1.5
+    shown = [4**k * KiB for k in range(1, 12) if lo <= 4**k * KiB <= hi] + ([4 * KiB] if lo <= 4 * KiB <= hi else [])
+    shown = sorted(set(shown))
+    if len(shown) > 6:
+        shown = shown[::2]
+    ax.set_xticks(shown)
+    ax.set_xticklabels([human_bytes(v).replace(".0 ", " ") for v in shown])
+    ax.minorticks_off() if len(shown) >= 2 else None
+
+
+_SWEEP_STYLES: dict[str, dict[str, Any]] = {
+    "H2D pageable": {"color": "#f28e2b", "linestyle": "-", "marker": "o"},
+    "H2D pinned": {"color": "#f28e2b", "linestyle": "-", "marker": "s", "markerfacecolor": "white"},
+    "D2H pageable": {"color": "#4e79a7", "linestyle": "-", "marker": "o"},
+    "D2H pinned": {"color": "#4e79a7", "linestyle": "-", "marker": "s", "markerfacecolor": "white"},
+}
+
+
+def plot_sweeps(
+    sweeps: Sequence[Sweep],
+    ax: Any = None,
+    *,
+    ceiling: tuple[float, str] | None = None,
+    source: str | None = None,
+    title: str = "Copy bandwidth vs size",
+    fits: bool = True,
+    points: Sequence[tuple[TransferPoint, str]] = (),
+) -> Any:
+    """Bandwidth (GB/s) against copy size (bytes) on log-log axes, via :func:`helpers.ui.plots.sweep_plot`.
+
+    Args:
+        sweeps: curves to draw (measured here, or reference; say which with ``source``).
+        ceiling: ``(GB/s, label)`` of the link's theoretical ceiling, drawn dashed.
+        fits: also draw each curve's fitted ``latency + bytes / bandwidth`` model, dotted.
+        points: extra single points ``(point, label)``, e.g. the live panel's runs, drawn as stars.
+    """
+    from ...ui import plots  # optional/heavy: matplotlib
+
+    series: dict[str, tuple[Sequence[float], list[float]]] = {}
+    styles: dict[str, dict[str, Any]] = {}
+    for sw in (sw for sw in sweeps if sw.points):
+        series[sw.label] = (sw.sizes(), sw.gbps())
+        styles[sw.label] = dict(_SWEEP_STYLES.get(sw.label, {"color": "#59a14f", "marker": "^"}), markersize=4)
+        fit = _fit_curve(sw) if fits else None
+        if fit is not None:
+            series[fit[0]] = fit[1]
+            styles[fit[0]] = {
+                "color": styles[sw.label].get("color", "#555"),
+                "linestyle": ":",
+                "marker": "",
+                "linewidth": 1.2,
+            }
+    ax = plots.sweep_plot(
+        series,
+        ax,
+        xlabel="copy size (bytes, log scale)",
+        ylabel="bandwidth (GB/s = 1e9 B/s, log scale)",
+        title=title,
+        ceiling=ceiling,
+        source=source,
+        styles=styles,
+    )
+    star = {"marker": "*", "markersize": 14, "markeredgecolor": "black", "linestyle": "", "zorder": 5}
+    for i, (p, label) in enumerate(points):
+        ax.plot([p.nbytes], [p.gbps], color=_STAR_COLORS[i % len(_STAR_COLORS)], label=label, **star)
+    _bytes_ticks(ax, [n for sw in sweeps for n in sw.sizes()] + [p.nbytes for p, _ in points])
+    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return ax
+
+
+_STAR_COLORS = ["#e15759", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7", "#9c755f"]
+
+
+def _fit_curve(sw: Sweep) -> tuple[str, tuple[list[float], list[float]]] | None:
+    """The sweep's fitted ``latency + bytes / bandwidth`` model as a named (sizes, GB/s) curve; None if it can't fit."""
+    if len(set(sw.sizes())) < 2:
+        return None
+    try:
+        f = sw.fit()
+    except ValueError:
+        return None
+    xs = np.geomspace(min(sw.sizes()), max(sw.sizes()), 60)
+    name = f"{sw.label} fit: {human_seconds(f.latency_s)} + bytes / {f.gbps:.1f} GB/s"
+    return name, (xs.tolist(), (xs / np.array([f.predict_s(x) for x in xs]) / 1e9).tolist())
+
+
+def plot_speedup(pairs: dict[str, list[tuple[int, float]]], ax: Any = None, *, source: str | None = None) -> Any:
+    """pageable/pinned time ratio per size, with the claimed 1.3-1.5 band shaded."""
+    from ...ui import plots  # optional/heavy: matplotlib
+
+    series = {
+        f"{name}: pageable time / pinned time": ([n for n, _ in v], [r for _, r in v]) for name, v in pairs.items()
+    }
+    ax = plots.sweep_plot(
+        series,
+        ax,
+        xlabel="copy size (bytes, log scale)",
+        ylabel="speed-up of pinned (x)",
+        title="Is pinning 30-50% faster? Measured ratio per size",
+        logy=False,
+        source=source,
+    )
+    ax.axhspan(CLAIM_RANGE[0], CLAIM_RANGE[1], color="#bab0ac", alpha=0.35, label="the claim: 1.3x-1.5x")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    _bytes_ticks(ax, [n for v in pairs.values() for n, _ in v])
+    ax.legend(fontsize=8)
+    return ax
+
+
+def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | None = None) -> Any:
+    """Time of pinning (cold, cached) vs time one pinned copy saves, against size (log-log)."""
+    from ...ui import plots  # optional/heavy: matplotlib
+
+    sizes = [r.nbytes for r in rows]
+    series = {
+        "pin_memory(), new block (cudaHostAlloc)": (sizes, [r.pin_cold_s * 1e3 for r in rows]),
+        "pin_memory(), cached block (memcpy only)": (sizes, [r.pin_cached_s * 1e3 for r in rows]),
+        "saving per copy (pageable − pinned)": (sizes, [max(r.saving_per_copy_s, 1e-9) * 1e3 for r in rows]),
+    }
+    styles = {
+        "pin_memory(), new block (cudaHostAlloc)": {"color": "#e15759", "marker": "o"},
+        "pin_memory(), cached block (memcpy only)": {"color": "#f28e2b", "marker": "o", "linestyle": "--"},
+        "saving per copy (pageable − pinned)": {"color": "#59a14f", "marker": "s"},
+    }
+    ax = plots.sweep_plot(
+        series,
+        ax,
+        xlabel="buffer size (bytes, log scale)",
+        ylabel="time (ms, log scale)",
+        title="Cost of pinning vs what one pinned copy saves",
+        source=source,
+        styles=styles,
+    )
+    _bytes_ticks(ax, sizes)
+    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return ax
