@@ -23,7 +23,7 @@ from ...core.device import has_cuda, resolve_device
 from ...core.evidence import Evidence
 from ...core.progress import ProgressFn, no_progress, scaled
 from ...core.results import ResultSet
-from ...core.validate import check_choice, check_int
+from ...core.validate import check_int
 from ...pipeline.data import default_sizes, make_shapes_dataset
 from . import feeding, gpudecode, hazards, overlap
 
@@ -241,8 +241,7 @@ def panel_run(
         ValueError: a memory kind, stream or size out of range.
     """
     progress = progress or no_progress
-    check_choice("memory", memory, overlap.MEMORY_KINDS)
-    check_choice("stream", stream, overlap.STREAM_KINDS)
+    expected = overlap.expected_label(memory, stream)  # checks memory and stream
     dev = resolve_device(device)
     if dev.type == "cuda":
         res = overlap.run_cell(memory, stream, copy_mib=copy_mib, matmul_n=matmul_n, device=dev, progress=progress)
@@ -264,7 +263,7 @@ def panel_run(
     )
     note = (
         f"No CUDA device and no reference recording yet: showing a schematic of {memory} + {stream} "
-        f"stream (expected: {overlap.expected_label(memory, stream)}). The sizes are not used without a GPU."
+        f"stream (expected: {expected}). The sizes are not used without a GPU."
     )
     return dataclasses.replace(schematic, note=note)
 

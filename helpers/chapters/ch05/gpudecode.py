@@ -323,15 +323,11 @@ def batch_bytes(encoded: Sequence[torch.Tensor], decoded: torch.Tensor) -> dict[
 
 @dataclass
 class DecodeComparison:
-    """(a) decode on the CPU and send uint8, against (b) send JPEG bytes and decode on ``device``.
-
-    Without a GPU, (b) is the same CPU decode as (a) (``on_gpu`` False: "CPU decode, same code path").
-    ``bytes``: per form (:data:`FORMS`), the mean bytes per batch; ``bytes_per_batch`` the exact count of each.
-    ``cpu_path`` / ``device_path``: per-batch times (synchronised wall clock: (a) is mostly CPU work, which CUDA
-    events would miss). ``pinned``: (b) staged its bytes in pinned memory. The pixel differences of (b) against
-    (a) on the first batch (0-255 levels, 0 on a CPU): ``max/mean_abs_diff`` both stages (what a reader gets),
-    ``decode_*`` the full-size decoded images (nvJPEG against libjpeg-turbo), ``resize_*`` (a)'s images resized
-    on the device (float arithmetic on CUDA) against the same resized on the CPU (integer for uint8).
+    """(a) decode on the CPU and send uint8, against (b) send JPEG bytes and decode on ``device`` (without a GPU,
+    the same CPU code). ``bytes``: mean bytes per batch of each form, ``bytes_per_batch`` each batch's count.
+    ``cpu_path`` / ``device_path``: per-batch times, synchronised wall clock ((a) is mostly CPU work, which CUDA
+    events would miss). The pixel differences of (b) from (a) on the first batch (0-255 levels): ``*_abs_diff``
+    both stages (what a reader gets), ``decode_*`` the decode alone, ``resize_*`` the resize alone.
     """
 
     device: str

@@ -208,12 +208,8 @@ def run_cell(
     if stream == "side" and not on_gpu:
         notes.append("no CUDA streams on the CPU: the copy runs in order with the compute")
     lanes = lanes_for(stream) if on_gpu else ("copy (CPU)", "compute (CPU)")
-    rec = SpanRecorder(
-        dev, experiment="ch05.2x2", memory=memory, stream=stream, copy_bytes=src.numel() * 4, matmul_n=matmul_n,
-        steps=steps,
-    )  # fmt: skip
-    steps_s = _record_steps(rec, src, stream == "side", matmul_n, steps, lanes, progress)
-    trace = rec.finish()
+    meta = {"memory": memory, "stream": stream, "copy_bytes": src.numel() * 4, "matmul_n": matmul_n, "steps": steps}
+    trace, steps_s = _record_steps(dev, src, stream == "side", lanes, progress, meta)
     frac = overlap_fraction(trace) if on_gpu else 0.0
     trace.metadata.update(
         notes=list(notes), lanes=[*lanes, HOST_LANE], expected_label=expected_label(memory, stream),
@@ -231,17 +227,16 @@ def run_cell(
 
 
 def _record_steps(
-    rec: SpanRecorder,
+    dev: torch.device,
     src: torch.Tensor,
     side: bool,
-    matmul_n: int,
-    steps: int,
     lanes: tuple[str, str],
     progress: Callable[[float, str], None] | None,
-) -> list[float]:
-    """The timed loop of :func:`run_cell` on ``rec``'s device (any CUDA device, current or not):
-    wall seconds of each step; the copy and compute spans go to ``rec``."""
-    dev, on_gpu = rec.device, rec.cuda
+    meta: dict[str, Any],
+) -> tuple[SpanTrace, list[float]]:
+    """The loop of :func:`run_cell` on ``dev`` (any CUDA device, current or not): the trace of the timed
+    steps (recorded from after the warm-up step), and the wall seconds of each step."""
+    on_gpu, matmul_n, steps = dev.type == "cuda", meta["matmul_n"], meta["steps"]
     bufs = [torch.empty(src.numel(), dtype=torch.float32, device=dev) for _ in range(2)]
     g = torch.Generator().manual_seed(0)
     a = (torch.randn(matmul_n, matmul_n, generator=g) / math.sqrt(matmul_n)).to(dev)
@@ -265,6 +260,7 @@ def _record_steps(
         synchronize(dev)
         if side_stream is not None and compute_stream is not None:
             side_stream.wait_stream(compute_stream)  # the side stream starts after the warm-up's work
+        rec = SpanRecorder(dev, experiment="ch05.2x2", **meta)
         for i in range(steps):
             t0 = time.perf_counter()
             nxt, cur = bufs[i % 2], bufs[(i + 1) % 2]
@@ -280,9 +276,10 @@ def _record_steps(
             steps_s.append(time.perf_counter() - t0)
             if progress is not None:
                 progress((i + 1) / steps, f"step {i + 1}/{steps}")
+        trace = rec.finish()
     finally:
         synchronize(dev)
-    return steps_s
+    return trace, steps_s
 
 
 def run_grid(**kwargs: Any) -> list[CellResult]:
