@@ -106,7 +106,7 @@ PAIRS: tuple[Pair, ...] = (
     Pair("05", "without CUDA: the same CPU decode code path timed twice, (a) then (b) (section 5)",
          shown_by="gpudecode.compare_decode(", call="cmp.report()", verdict=f"{GPUDECODE}.same_path_verdict",
          chain=(f"{GPUDECODE}.DecodeComparison.report", f"{GPUDECODE}.DecodeComparison.verdict",
-                f"{GPUDECODE}.same_path_verdict", f"{GPUDECODE}._agree", f"{KERNEL}.spreads_overlap"),
+                f"{GPUDECODE}.same_path_verdict", f"{KERNEL}.spreads_overlap"),
          rule="spreads_overlap on the quartiles", trust="trust the faster"),
     Pair("06", "data-bound waterfall: each configuration against the one before it, in alternating rounds",
          shown_by='wf["data-bound"] = capstone.run_waterfall(', call='wf["data-bound"].table()',

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from helpers.chapters import ch05
-from helpers.chapters.ch05 import overlap
+from helpers.chapters.ch05 import feeding, overlap
 from helpers.core import evidence
 from helpers.core.results import ResultSet
 from helpers.pipeline import data, prefetch
@@ -169,16 +169,16 @@ def test_time_batches_runs_every_way_in_alternating_rounds() -> None:
         order.append(name)
         return iter(data_)
 
-    times = overlap.time_batches({"a": lambda: way("a"), "b": lambda: way("b")}, lambda x, y: x.sum(), "cpu", rounds=3)
+    times = feeding.time_batches({"a": lambda: way("a"), "b": lambda: way("b")}, lambda x, y: x.sum(), "cpu", rounds=3)
     assert order == ["b", "a", "a", "b", "b", "a", "a", "b"]  # warm-up (reversed), then a b, b a, a b
     assert times.batches == {"a": 3, "b": 3} and all(len(v) == 3 for v in times.seconds.values())
     assert "median of 3 alternating rounds" in times.report()
     with pytest.raises(ValueError, match="variants"):
-        overlap.time_batches({}, lambda x, y: None, "cpu")
+        feeding.time_batches({}, lambda x, y: None, "cpu")
     with pytest.raises(ValueError, match="no batches"):
-        overlap.time_batches({"empty": lambda: iter([])}, lambda x, y: None, "cpu")
+        feeding.time_batches({"empty": lambda: iter([])}, lambda x, y: None, "cpu")
     with pytest.raises(ValueError, match="rounds"):
-        overlap.time_batches({"a": lambda: iter(data_)}, lambda x, y: None, "cpu", rounds=0)
+        feeding.time_batches({"a": lambda: iter(data_)}, lambda x, y: None, "cpu", rounds=0)
 
 
 def test_show_diff_finds_a_class_defined_in_a_cell_without_input_history() -> None:
@@ -245,7 +245,7 @@ def test_time_batches_times_the_chapters_pipeline_on_a_gpu() -> None:
         (torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8).pin_memory(), torch.randint(0, 6, (8,)).pin_memory())
         for _ in range(4)
     ]
-    times = overlap.time_batches({"prefetcher": lambda: ns["batches"](loader)}, step, "cuda", rounds=2)
+    times = feeding.time_batches({"prefetcher": lambda: ns["batches"](loader)}, step, "cuda", rounds=2)
     assert times.batches == {"prefetcher": 4}
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from cuda_standin import fake_cuda
 
-from helpers.chapters.ch05 import overlap
+from helpers.chapters.ch05 import feeding, hazards, overlap
 from helpers.pipeline import data
 from helpers.ui import codecells
 
@@ -27,7 +27,7 @@ def test_d2h_fix_waits_for_its_copy_on_the_copys_device() -> None:
     with fake_cuda(devices=2, current=0) as cuda:
         x_gpu = torch.ones(16).to(CUDA1)
         out = torch.full((16,), -1.0)
-        assert overlap._d2h_fix(x_gpu, out) == 0
+        assert hazards._d2h_fix(x_gpu, out) == 0
     copy = [op for op in cuda.ops("copy") if op["direction"] == "d2h"]
     assert len(copy) == 1 and copy[0].stream is cuda.default[1] and copy[0]["non_blocking"]
     (record,) = cuda.ops("record")
@@ -40,7 +40,7 @@ def test_mutation_fix_waits_for_the_copy_before_refilling_its_source() -> None:
     with fake_cuda(devices=2, current=0) as cuda:
         dst = torch.zeros(8).to(CUDA1)
         src = torch.ones(8).pin_memory()
-        overlap._mutation_fix(src, dst)
+        hazards._mutation_fix(src, dst)
         assert torch.equal(dst.cpu(), torch.ones(8))  # the copy read the ones, not the refill's twos
     kinds = [op.kind for op in cuda.log if op.kind in ("copy", "record", "host_sync", "fill_pinned")]
     assert kinds[:4] == ["copy", "copy", "record", "host_sync"]  # zeros -> dst, then src -> dst, event, wait
@@ -50,10 +50,10 @@ def test_mutation_fix_waits_for_the_copy_before_refilling_its_source() -> None:
 
 def test_sync_counter_synchronises_the_device_it_counts() -> None:
     with fake_cuda(devices=2, current=0) as cuda:
-        overlap._count_syncs(lambda: None, CUDA1)
+        hazards._count_syncs(lambda: None, CUDA1)
     syncs = cuda.host_syncs()
     assert len(syncs) == 2 and all(op["device"] == 1 for op in syncs)  # before and after fn, on cuda:1
-    assert overlap._count_syncs(lambda: None, torch.device("cpu"))[0] is None  # nothing to count on a CPU
+    assert hazards._count_syncs(lambda: None, torch.device("cpu"))[0] is None  # nothing to count on a CPU
 
 
 # -- "Does it pay?": what a timed pass runs ----------------------------------------------------------
@@ -89,6 +89,7 @@ def _does_it_pay_namespace(cuda, n: int = 3) -> tuple[dict[str, Any], list[tuple
         "data": data,
         "config": config,
         "overlap": overlap,
+        "feeding": feeding,
         "DEVICE": torch.device("cuda", 0),
         "SEED": 0,
         "WORKERS": 0,
@@ -133,9 +134,9 @@ def test_does_it_pay_times_the_copy_on_preloaded_pinned_batches_not_the_loader()
         times = ns["time_your_pipeline"]()
     assert ns["loader_u8"].iterations == 1 and ns["loader_f32"].iterations == 1, "a timed pass ran the loader"
     assert len(cuda.ops("pin")) == 2 * 2 * n  # x and y of every batch of both loaders, pinned once
-    ways = ["chapter 04: float32, copied in line", overlap.IN_LINE, overlap.PREFETCHED, overlap.NO_COPY]
+    ways = ["chapter 04: float32, copied in line", feeding.IN_LINE, feeding.PREFETCHED, feeding.NO_COPY]
     assert list(times.seconds) == ways
-    rounds = len(times.seconds[overlap.IN_LINE])
+    rounds = len(times.seconds[feeding.IN_LINE])
     assert times.batches == dict.fromkeys(ways, n)
     # The passes: between the device syncs time_batches makes before and after each one.
     syncs = [i for i, op in enumerate(cuda.log) if op.kind == "host_sync"]
@@ -150,15 +151,15 @@ def test_does_it_pay_times_the_copy_on_preloaded_pinned_batches_not_the_loader()
         assert not [op for op in ops if op.kind in ("host_sync", "pin")], "a timed pass waited or pinned"
         copies = [op for op in ops if op.kind == "copy"]
         if not copies:
-            way = overlap.NO_COPY
+            way = feeding.NO_COPY
         elif all(c.stream is not cuda.default[0] for c in copies):
-            way = overlap.PREFETCHED
+            way = feeding.PREFETCHED
             assert [op.kind for op in ops].count("wait_stream") == n + 1 and len(cuda.ops("record_stream")) > 0
         elif copies[0]["dtype"] == torch.float32:
             way = ways[0]
         else:
-            way = overlap.IN_LINE
-        assert len(copies) == (0 if way == overlap.NO_COPY else 2 * n)
+            way = feeding.IN_LINE
+        assert len(copies) == (0 if way == feeding.NO_COPY else 2 * n)
         assert all(c["src_pinned"] and c["non_blocking"] and c["device"] == torch.device("cuda", 0) for c in copies)
         seen[way] = seen.get(way, 0) + 1
     assert seen == dict.fromkeys(ways, rounds + 1)
@@ -167,32 +168,32 @@ def test_does_it_pay_times_the_copy_on_preloaded_pinned_batches_not_the_loader()
 
 def test_preload_reads_one_pass_and_pins_only_for_cuda() -> None:
     loader = _CountingLoader([(torch.zeros(2, 3), torch.zeros(2)) for _ in range(2)])
-    held = overlap.preload(loader, "cpu")
+    held = feeding.preload(loader, "cpu")
     assert loader.iterations == 1 and len(held) == 2 and all(isinstance(b, tuple) for b in held)
     assert held[0][0] is loader[0][0]  # on a CPU: the loader's own tensors, nothing pinned or copied
     with fake_cuda(devices=1) as cuda:
-        pinned = overlap.preload(loader, "cuda")
+        pinned = feeding.preload(loader, "cuda")
         assert all(t.is_pinned() for b in pinned for t in b)
-        again = overlap.preload(pinned, "cuda")
+        again = feeding.preload(pinned, "cuda")
         assert all(a is b for x, y in zip(pinned, again) for a, b in zip(x, y))  # pinned already: kept
     assert len(cuda.ops("pin")) == 4
     with pytest.raises(ValueError, match="no batch"):
-        overlap.preload([], "cpu")
+        feeding.preload([], "cpu")
     with pytest.raises(ValueError, match="not a tuple of tensors"):
-        overlap.preload([torch.zeros(2)], "cpu")
+        feeding.preload([torch.zeros(2)], "cpu")
 
 
 def test_copy_hidden_reads_the_three_ways_and_names_noise() -> None:
     ms = 1e-3
-    t = overlap.BatchTimes(
+    t = feeding.BatchTimes(
         "cuda:0",
-        {overlap.IN_LINE: [3 * ms, 3.1 * ms], overlap.PREFETCHED: [2 * ms, 2 * ms], overlap.NO_COPY: [1 * ms, 1 * ms]},
+        {feeding.IN_LINE: [3 * ms, 3.1 * ms], feeding.PREFETCHED: [2 * ms, 2 * ms], feeding.NO_COPY: [1 * ms, 1 * ms]},
     )
     assert t.copy_hidden() is not None and "51% hidden" in t.copy_hidden()  # (3.05 - 2) / (3.05 - 1)
     assert "51% hidden" in t.report()
-    noisy = overlap.BatchTimes("cuda:0", {k: [1 * ms, 2 * ms] for k in t.seconds})
+    noisy = feeding.BatchTimes("cuda:0", {k: [1 * ms, 2 * ms] for k in t.seconds})
     assert "too small" in (noisy.copy_hidden() or "")
-    assert overlap.BatchTimes("cpu", {"a": [1.0]}).copy_hidden() is None
+    assert feeding.BatchTimes("cpu", {"a": [1.0]}).copy_hidden() is None
 
 
 # -- the 2x2 experiment: which stream each copy, each compute and each event goes to -----------------
@@ -248,3 +249,45 @@ def test_the_panel_runs_the_cell_on_the_chosen_device() -> None:
     assert ev.here and ev.value.on_gpu and ev.value.expected == "overlapped"
     assert {op.stream.index for op in cuda.log if op.stream is not None} == {1}
     assert any(op.stream is not cuda.default[1] for op in cuda.ops("copy"))  # the side stream copied
+
+
+def test_the_reference_prefetch_figures_copy_in_line_or_ahead_on_the_measured_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ch05.prefetch.batch_time: four ways, each pass between two syncs of the device measured; without the
+    prefetcher every copy goes to the device's current stream, with it to its side stream; all from pinned memory."""
+    calibrated: list[float] = []
+
+    def cheap_compute(dev: torch.device, target_s: float) -> Any:  # the product's size is not what is checked
+        calibrated.append(target_s)
+        return lambda x: x.float().sum()
+
+    monkeypatch.setattr(feeding, "calibrated_compute", cheap_compute)
+    with fake_cuda(devices=2, current=0) as cuda:
+        times = feeding.prefetch_step_times(CUDA1, batch=2, image=4, n_batches=2)
+    assert set(times) == {(d, p) for d in ("float32", "uint8") for p in (False, True)}
+    assert calibrated and all(t > 0 for t in times.values())
+    assert all(op["device"] == 1 for op in cuda.host_syncs() if "device" in op.detail)
+    batches = [op for op in cuda.ops("copy") if op["direction"] == "h2d" and op["shape"] in ((2, 3, 4, 4), (2,))]
+    assert batches and all(op["src_pinned"] and op.stream.index == 1 for op in batches)
+    assert len([op for op in batches if not op["non_blocking"]]) == 1  # the calibration's warm-up copy
+    batches = [op for op in batches if op["non_blocking"]]
+    assert {op.stream is cuda.default[1] for op in batches} == {True, False}  # in line, and ahead on a side stream
+    assert {op["dtype"] for op in batches if op["shape"] == (2, 3, 4, 4)} == {torch.uint8, torch.float32}
+
+
+def test_the_hazards_gpu_branches_give_what_the_benchmark_records() -> None:
+    """Each hazard's CUDA branch, on cuda:1 while cuda:0 is current: its copies and events on cuda:1's stream,
+    and the counts the benchmark records (ch05.hazard.*) under their keys. No count made here is asserted."""
+    with fake_cuda(devices=2, current=0) as cuda:
+        d2h = hazards.hazard_d2h_read_before_sync(CUDA1, n=64)
+        mutation = hazards.hazard_pinned_source_mutation(CUDA1, n=64)
+        syncs = hazards.hazard_hidden_syncs(CUDA1, steps=2, size=8)
+    assert d2h.on_gpu and mutation.on_gpu and syncs.on_gpu
+    assert {op.stream.index for op in cuda.log if op.stream is not None} == {1}
+    assert len(cuda.ops("kernel")) >= 4  # the GPU is kept busy before each version of hazards 1 and 2
+    for h, key in ((d2h, "wrong elements when read"), (mutation, "elements that arrived wrong")):
+        assert all(isinstance(v[key], int) and v["of"] == 64 for v in (h.bug, h.fix))
+    assert isinstance(syncs.bug["synchronisations"], int) and isinstance(syncs.fix["synchronisations"], int)
+    assert [k for k in syncs.bug if k.endswith(" alone")] == [".item() alone", "print(loss) alone", ".cpu() alone"]
+    assert "masked_select" in syncs.explanation and "not counted" not in str(syncs.bug)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cuda_standin import fake_cuda
 
 from helpers.chapters.ch05 import gpudecode as G
 from helpers.pipeline.data import ImageDecodeError, ShapesDataset, make_shapes_dataset
@@ -447,3 +448,14 @@ def test_gpu_decode_does_not_overwrite_memory_the_callers_stream_still_reads(inf
         G.decode_batch(enc, "cuda", 32)
         wrong += int(total.item() != n_bytes // 4 + 1024)
     assert wrong == 0
+
+
+def test_the_bytes_are_staged_in_one_pinned_buffer_with_the_cuda_stand_ins():
+    """decode_batch's pinned staging (CUDA only), with the CUDA stand-ins: one pinned buffer, one view per file."""
+    enc = [_jpeg(8, 8, seed=0), _jpeg(16, 8, seed=1)]
+    with fake_cuda(devices=1) as cuda:
+        views = G._staged(enc)
+        assert [v.tolist() for v in views] == [t.tolist() for t in enc]
+        assert views[0]._base is views[1]._base and cuda.is_pinned(views[0]._base)
+        pinned = [t.pin_memory() for t in enc]
+        assert all(a is b for a, b in zip(G._staged(pinned), pinned))  # pinned already: used as they are

@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import pytest
 import torch
 
+from helpers.chapters.ch05 import feeding, hazards
 from helpers.chapters.ch05 import overlap as ov
 from helpers.core import evidence
 from helpers.core.evidence import Evidence
@@ -35,7 +36,6 @@ TRUTH = {
 def test_expected_labels_follow_the_configuration(cell: tuple[str, str]) -> None:
     memory, stream = cell
     assert ov.expected_label(memory, stream) == TRUTH[cell]
-    assert ov.expected_reason(memory, stream)
     assert ov.schematic_trace(memory, stream).metadata["expected_label"] == TRUTH[cell]
 
 
@@ -104,10 +104,10 @@ def test_draw_cell_labels_schematics() -> None:
 
 
 @pytest.mark.parametrize(
-    "fn", [ov.hazard_d2h_read_before_sync, ov.hazard_pinned_source_mutation, ov.hazard_hidden_syncs]
+    "fn", [hazards.hazard_d2h_read_before_sync, hazards.hazard_pinned_source_mutation, hazards.hazard_hidden_syncs]
 )
 def test_hazards_run_on_cpu_and_explain(fn) -> None:  # type: ignore[no-untyped-def]
-    kwargs = {"steps": 2} if fn is ov.hazard_hidden_syncs else {"n": 1024}
+    kwargs = {"steps": 2} if fn is hazards.hazard_hidden_syncs else {"n": 1024}
     h = fn("cpu", **kwargs)
     assert not h.on_gpu and "GPU" in h.explanation
     assert "def " in h.code_bug and "def " in h.code_fix
@@ -115,9 +115,9 @@ def test_hazards_run_on_cpu_and_explain(fn) -> None:  # type: ignore[no-untyped-
 
 
 def test_cpu_hazards_count_no_wrong_values() -> None:
-    h = ov.hazard_d2h_read_before_sync("cpu", n=1000)
+    h = hazards.hazard_d2h_read_before_sync("cpu", n=1000)
     assert h.bug["wrong elements when read"] == 0 and h.fix["wrong elements when read"] == 0
-    h = ov.hazard_pinned_source_mutation("cpu", n=1000)
+    h = hazards.hazard_pinned_source_mutation("cpu", n=1000)
     assert h.bug["elements that arrived wrong"] == 0
 
 
@@ -186,36 +186,36 @@ def test_prefetch_reference_rows_and_lines(monkeypatch, tmp_path) -> None:  # ty
     rs = _reference_set()
     rs.add("ch05.prefetch.batch_time", 0.002, "s", dtype="uint8", prefetcher=True, batch=256, image=128)
     rs.save(tmp_path / "ref.json")
-    ev = evidence.recorded("x", "ch05.prefetch.batch_time", convert=ov.prefetch_times_from_records)
-    lines = ov.batch_time_lines(ev.value)
+    ev = evidence.recorded("x", "ch05.prefetch.batch_time", convert=feeding.prefetch_times_from_records)
+    lines = feeding.batch_time_lines(ev.value)
     assert "not with your cells" in " ".join(lines) and lines[-1].endswith("uint8, prefetcher=True: 2.000 ms per batch")
-    times = ov.BatchTimes("cpu", {"a": [0.001, 0.003]}, {"a": 4})
-    assert ov.batch_time_lines(times) == times.report().splitlines()
+    times = feeding.BatchTimes("cpu", {"a": [0.001, 0.003]}, {"a": 4})
+    assert feeding.batch_time_lines(times) == times.report().splitlines()
 
 
 def test_hazard_count_lines() -> None:
     rs = _reference_set()
     rs.add("ch05.hazard.d2h_wrong", 1234, "count", variant="bug", n=4096)
-    assert ov.hazard_count_lines(rs.records) == ["  bug version: 1,234 of 4,096 elements wrong"]
+    assert hazards.hazard_count_lines(rs.records) == ["  bug version: 1,234 of 4,096 elements wrong"]
 
 
 def test_sync_counts_reference_none_then_found(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
-    none = ov.sync_counts_reference()
+    none = hazards.sync_counts_reference()
     assert not none and "ch05.hazard.syncs" in str(none)  # the "none recorded yet" message names the key
     rs = _reference_set()
     rs.add("ch05.hazard.syncs", 450, "count", variant="hidden", steps=50)
     rs.add("ch05.hazard.syncs", 1, "count", variant="fixed", steps=50)
     rs.add("ch05.hazard.syncs_per_line", 7, "count", line="print(loss)")
     rs.save(tmp_path / "ref.json")
-    ev = ov.sync_counts_reference()
+    ev = hazards.sync_counts_reference()
     assert ev.kind == "recorded" and "TestGPU" in ev.source
-    text = "\n".join(ev.lines(ov.sync_count_lines))
+    text = "\n".join(ev.lines(hazards.sync_count_lines))
     assert "9.00 per step" in text and "print(loss) alone: 7" in text
 
 
 def test_hidden_syncs_on_cpu_claims_no_count() -> None:
-    h = ov.hazard_hidden_syncs("cpu", steps=2)
+    h = hazards.hazard_hidden_syncs("cpu", steps=2)
     assert "not counted" in str(h.bug["synchronisations"]) and "masked_select" in h.explanation
     assert "three synchronisations" not in h.code_bug
 
@@ -232,11 +232,11 @@ def test_measured_label_matches_configuration_on_gpu(cell: tuple[str, str]) -> N
 
 @cuda
 def test_hazards_show_on_gpu() -> None:
-    h = ov.hazard_d2h_read_before_sync("cuda")
+    h = hazards.hazard_d2h_read_before_sync("cuda")
     assert h.fix["wrong elements when read"] == 0 and h.bug["wrong after a later sync"] == 0
-    h = ov.hazard_pinned_source_mutation("cuda")
+    h = hazards.hazard_pinned_source_mutation("cuda")
     assert h.fix["elements that arrived wrong"] == 0
-    h = ov.hazard_hidden_syncs("cuda", steps=5)
+    h = hazards.hazard_hidden_syncs("cuda", steps=5)
     assert h.bug["synchronisations"] >= 3 * 5 and h.fix["synchronisations"] <= 2
     assert h.bug[".item() alone"] == 1 and h.bug[".cpu() alone"] == 1
     assert h.bug["print(loss) alone"] > 1  # torch/_tensor_str.py reads the value several times
@@ -245,5 +245,6 @@ def test_hazards_show_on_gpu() -> None:
 
 def test_the_hazards_printed_code_fits_a_notebook_line() -> None:
     """Chapter 05 prints the buggy and fixed functions' source; a line over 110 characters wraps mid-word."""
-    for fn in (ov._d2h_bug, ov._d2h_fix, ov._mutation_bug, ov._mutation_fix, ov._loop_hidden_syncs, ov._loop_no_syncs):
+    h = hazards
+    for fn in (h._d2h_bug, h._d2h_fix, h._mutation_bug, h._mutation_fix, h._loop_hidden_syncs, h._loop_no_syncs):
         assert all(len(line) <= 110 for line in inspect.getsource(fn).splitlines()), fn.__name__

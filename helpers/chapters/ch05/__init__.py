@@ -1,18 +1,11 @@
 """Chapter 05 · Overlapped asynchronous transfer: the chapter module (the interface of :mod:`helpers.ui.chapter`).
 
-What the chapter measures lives in the pipeline layer: :mod:`helpers.chapters.ch05.overlap` (the 2x2
-copy/compute experiment, the three hazards, the timing of the reader's pipeline),
-:mod:`helpers.pipeline.prefetch` (the reference prefetcher and the checks of the reader's) and
-:mod:`helpers.chapters.ch05.gpudecode` (JPEG bytes decoded on the CPU or the GPU). This module holds the
-chapter around them:
-
-- the live panel: one cell of the 2x2 experiment per run, drawn as a timeline. On a GPU it runs
-  with the reader's sizes (measured here); without one it shows the reference recording of the
-  chosen cell (recorded elsewhere) or, when none exists, its schematic (theoretical), and the two
-  size sliders are disabled;
-- the headless benchmark (``python -m tools.bench``), which records the ``ch05.*`` keys of
-  the reference files on a GPU (:func:`benchmark`), the decode comparison included
-  (:func:`record_decode`).
+The experiments are the modules beside it: :mod:`.overlap` (the 2x2 copy/compute experiment), :mod:`.hazards`
+(the three async hazards), :mod:`.feeding` (the reader's pipeline timed) and :mod:`.gpudecode` (JPEG bytes
+decoded on the CPU or the GPU). This module holds the live panel, one cell of the 2x2 experiment per run drawn
+as a timeline (measured on a GPU with the reader's sizes; without one the cell's reference recording, or its
+schematic, with the size sliders disabled), and the headless benchmark (``python -m tools.bench``), which
+records the ``ch05.*`` keys of the reference files on a GPU.
 
 >>> panel = widgets.Panel.for_chapter(ch05, device=DEVICE, copy=COPY_MIB, compute=MATMUL_N)
 """
@@ -30,9 +23,9 @@ from ...core.device import has_cuda, resolve_device
 from ...core.evidence import Evidence
 from ...core.progress import ProgressFn, no_progress, scaled
 from ...core.results import ResultSet
-from ...core.validate import check_choice, check_int
+from ...core.validate import check_int
 from ...pipeline.data import default_sizes, make_shapes_dataset
-from . import gpudecode, overlap
+from . import feeding, gpudecode, hazards, overlap
 
 __all__ = [
     "NUMBER",
@@ -69,29 +62,19 @@ _BENCH_SYNC_STEPS = 50
 
 
 def benchmark(results: ResultSet, device: torch.device | str | None, *, progress: ProgressFn | None = None) -> None:
-    """Record chapter 05's GPU measurements into ``results``.
+    """Record chapter 05's GPU measurements into ``results`` (without CUDA nothing: every figure of this
+    chapter is about CUDA streams and copies). Keys (unit; params):
 
-    Records (key: unit; params):
-
-    - ``ch05.overlap.step_time`` / ``.copy_time`` / ``.compute_time``: s (median per step);
-      ``memory``, ``stream``, ``copy_bytes``, ``matmul_n``, ``steps``.
-    - ``ch05.overlap.fraction``: ratio (0-1, share of the shorter activity hidden); same params.
-    - ``ch05.overlap.agrees``: ratio (1 if the measured label equals the expected one, else 0);
-      same params plus ``measured`` and ``expected``.
-    - ``ch05.hazard.d2h_wrong``: count; ``variant`` (bug/fix), ``n``.
-    - ``ch05.hazard.mutation_wrong``: count; ``variant``, ``n``.
-    - ``ch05.hazard.syncs``: count; ``variant`` (hidden/fixed), ``steps``.
-    - ``ch05.hazard.syncs_per_line``: count, one line of the buggy step alone; ``line``
-      (``.item()``, ``print(loss)``, ``.cpu()``).
-    - ``ch05.prefetch.batch_time``: s per batch; ``dtype`` (float32/uint8), ``prefetcher`` (bool),
-      ``batch``, ``image``.
-    - ``ch05.decode.*`` (the optional section on decoding JPEGs on the GPU): recorded by
-      :func:`record_decode`, last.
-
-    Artifacts: ``ch05.timeline.<memory>.<stream>`` (:meth:`SpanTrace.to_dict`, labels in its
-    metadata) for each of the four cells, drawn by the notebook without a GPU.
-
-    Without CUDA nothing is recorded: every figure of this chapter is about CUDA streams and copies.
+    - ``ch05.overlap.step_time`` / ``.copy_time`` / ``.compute_time``: s (median per step); ``.fraction``:
+      ratio (share of the shorter activity hidden); ``.agrees``: ratio (1 if the measured label equals the
+      expected one; plus ``measured``, ``expected``). Params ``memory``, ``stream``, ``copy_bytes``,
+      ``matmul_n``, ``steps``. Artifacts ``ch05.timeline.<memory>.<stream>``: each cell's trace.
+    - ``ch05.hazard.d2h_wrong`` / ``.mutation_wrong``: count; ``variant`` (bug/fix), ``n``.
+      ``ch05.hazard.syncs``: count; ``variant`` (hidden/fixed), ``steps``. ``.syncs_per_line``: count, one
+      line of the buggy step alone; ``line`` (``.item()``, ``print(loss)``, ``.cpu()``).
+    - ``ch05.prefetch.batch_time``: s per batch; ``dtype`` (float32/uint8), ``prefetcher`` (bool), ``batch``,
+      ``image``.
+    - ``ch05.decode.*``: :func:`record_decode`, last.
     """
     progress = progress or no_progress
     dev = resolve_device(device)
@@ -101,44 +84,41 @@ def benchmark(results: ResultSet, device: torch.device | str | None, *, progress
     for i, (m, s) in enumerate(overlap.CELLS):
         progress(0.4 * i / len(overlap.CELLS), f"2x2 experiment: {m} + {s} stream")
         r = overlap.run_cell(m, s, device=dev, steps=_BENCH_STEPS)
-        p: dict[str, Any] = {
-            "memory": m,
-            "stream": s,
-            "copy_bytes": r.copy_bytes,
-            "matmul_n": r.matmul_n,
-            "steps": _BENCH_STEPS,
-        }
-        results.add("ch05.overlap.step_time", r.step_s, "s", **p)
-        results.add("ch05.overlap.copy_time", r.copy_s, "s", **p)
-        results.add("ch05.overlap.compute_time", r.compute_s, "s", **p)
+        p: dict[str, Any] = {"memory": m, "stream": s, "copy_bytes": r.copy_bytes, "matmul_n": r.matmul_n}
+        p["steps"] = _BENCH_STEPS
+        for key, value in (("step", r.step_s), ("copy", r.copy_s), ("compute", r.compute_s)):
+            results.add(f"ch05.overlap.{key}_time", value, "s", **p)
         results.add("ch05.overlap.fraction", r.fraction, "ratio", **p)
         results.add(
-            "ch05.overlap.agrees", 1.0 if r.agrees else 0.0, "ratio", measured=r.measured, expected=r.expected, **p
+            "ch05.overlap.agrees", float(bool(r.agrees)), "ratio", measured=r.measured, expected=r.expected, **p
         )
         results.artifacts[overlap.artifact_name(m, s)] = r.trace.to_dict()
-    progress(0.4, "hazard 1: a device-to-host copy read before a sync")
-    h = overlap.hazard_d2h_read_before_sync(dev)
-    results.add("ch05.hazard.d2h_wrong", h.bug["wrong elements when read"], "count", variant="bug", n=h.bug["of"])
-    results.add("ch05.hazard.d2h_wrong", h.fix["wrong elements when read"], "count", variant="fix", n=h.fix["of"])
-    progress(0.45, "hazard 2: a pinned source changed too early")
-    h = overlap.hazard_pinned_source_mutation(dev)
-    results.add(
-        "ch05.hazard.mutation_wrong", h.bug["elements that arrived wrong"], "count", variant="bug", n=h.bug["of"]
-    )
-    results.add(
-        "ch05.hazard.mutation_wrong", h.fix["elements that arrived wrong"], "count", variant="fix", n=h.fix["of"]
-    )
-    progress(0.5, "hazard 3: hidden synchronisations")
-    h = overlap.hazard_hidden_syncs(dev, steps=_BENCH_SYNC_STEPS)
-    results.add("ch05.hazard.syncs", h.bug["synchronisations"], "count", variant="hidden", steps=_BENCH_SYNC_STEPS)
-    results.add("ch05.hazard.syncs", h.fix["synchronisations"], "count", variant="fixed", steps=_BENCH_SYNC_STEPS)
-    for line in (".item()", "print(loss)", ".cpu()"):
-        results.add("ch05.hazard.syncs_per_line", h.bug[f"{line} alone"], "count", line=line)
+    _record_hazards(results, dev, progress)
     progress(0.55, "the reference prefetcher: seconds per batch")
-    for (dtype_name, with_pf), sec in overlap.prefetch_step_times(dev).items():
+    for (dtype_name, with_pf), sec in feeding.prefetch_step_times(dev).items():
         results.add("ch05.prefetch.batch_time", sec, "s", dtype=dtype_name, prefetcher=with_pf, batch=256, image=128)
     record_decode(results, dev, progress=scaled(progress, 0.7, 1.0, "JPEG decode: "))
     progress(1.0, "done")
+
+
+def _record_hazards(results: ResultSet, dev: torch.device, progress: ProgressFn) -> None:
+    progress(0.4, "hazard 1: a device-to-host copy read before a sync")
+    h = hazards.hazard_d2h_read_before_sync(dev)
+    for variant, counts in (("bug", h.bug), ("fix", h.fix)):
+        results.add(
+            "ch05.hazard.d2h_wrong", counts["wrong elements when read"], "count", variant=variant, n=counts["of"]
+        )
+    progress(0.45, "hazard 2: a pinned source changed too early")
+    h = hazards.hazard_pinned_source_mutation(dev)
+    for variant, counts in (("bug", h.bug), ("fix", h.fix)):
+        wrong = counts["elements that arrived wrong"]
+        results.add("ch05.hazard.mutation_wrong", wrong, "count", variant=variant, n=counts["of"])
+    progress(0.5, "hazard 3: hidden synchronisations")
+    h = hazards.hazard_hidden_syncs(dev, steps=_BENCH_SYNC_STEPS)
+    for variant, counts in (("hidden", h.bug), ("fixed", h.fix)):
+        results.add("ch05.hazard.syncs", counts["synchronisations"], "count", variant=variant, steps=_BENCH_SYNC_STEPS)
+    for line in (".item()", "print(loss)", ".cpu()"):
+        results.add("ch05.hazard.syncs_per_line", h.bug[f"{line} alone"], "count", line=line)
 
 
 def record_decode(
@@ -152,84 +132,54 @@ def record_decode(
     repeats: int = 3,
     progress: ProgressFn | None = None,
 ) -> ResultSet:
-    """Record the decode comparison of :func:`helpers.chapters.ch05.gpudecode.compare_decode` into ``results``.
+    """Record :func:`helpers.chapters.ch05.gpudecode.compare_decode` on the validation split at the current mode's
+    sizes (``info`` and the sizes can be overridden, for tests) into ``results``, and return it. Keys (unit; params):
 
-    Keys (unit; params):
-
-    - ``ch05.decode.bytes_per_batch``: bytes (mean per batch, spread min/max/n);
-      ``form`` (jpeg/uint8/float32), ``batch_size``, ``crop_size``, ``image_size``.
-    - ``ch05.decode.ms_per_batch``: ms (median, spread iqr/n); ``where`` (where the decode
-      ran: cpu/cuda), ``device`` (where the batch ends up: cpu/cuda), ``pinned`` (bytes sent
-      from pinned memory), ``batch_size``, ``crop_size``, ``image_size``. On a CPU only the
-      CPU path is recorded (the other path would be the same code).
-    - ``ch05.decode.speedup`` (CUDA only): ratio, CPU path over GPU decode with pinned bytes.
-    - ``ch05.decode.mean_abs_diff`` / ``.max_abs_diff`` (CUDA only): levels (0-255), the GPU
-      path's pixels against the CPU path's on one batch; ``stage``: ``decode`` (nvJPEG against
-      libjpeg-turbo, full-size images), ``resize`` (float resize on the GPU against integer
-      resize on the CPU, same input pixels) or ``decode+resize`` (what a reader gets).
-
-    Uses the validation split of the data set at the current mode's sizes (``info``
-    and the sizes can be overridden, for tests). Returns ``results``.
+    - ``ch05.decode.bytes_per_batch``: bytes (mean per batch, spread min/max/n); ``form`` (jpeg/uint8/float32),
+      ``batch_size``, ``crop_size``, ``image_size``.
+    - ``ch05.decode.ms_per_batch``: ms (median, spread iqr/n); ``where`` the decode ran (cpu/cuda), ``device``
+      where the batch ends up, ``pinned`` (bytes sent from pinned memory), and the sizes. On a CPU only the CPU
+      path (the other would be the same code); on CUDA both, with pinned and with pageable bytes.
+    - CUDA only, with pinned bytes: ``ch05.decode.speedup`` (ratio, CPU path over GPU decode);
+      ``ch05.decode.mean_abs_diff`` / ``.max_abs_diff`` (levels 0-255, the GPU path's pixels against the CPU
+      path's on one batch), ``stage``: ``decode`` (full-size images), ``resize`` (same input pixels) or
+      ``decode+resize`` (what a reader gets).
     """
     dev = resolve_device(device)
     sizes = default_sizes()
-    info = info if info is not None else make_shapes_dataset()
+    ds = gpudecode.EncodedJpegDataset((info if info is not None else make_shapes_dataset()).val_dir)
     bs = batch_size if batch_size is not None else sizes["batch_size"]
     crop = crop_size if crop_size is not None else sizes["crop_size"]
     nb = n_batches if n_batches is not None else 8
-    ds = gpudecode.EncodedJpegDataset(info.val_dir)
-    on_gpu = dev.type == "cuda"
-    runs = [(True,), (False,)] if on_gpu else [(False,)]
-    first: gpudecode.DecodeComparison | None = None
-    for k, (pin,) in enumerate(runs):
-        part = scaled(progress, k / len(runs), (k + 1) / len(runs), "pinned bytes: " if pin else "")
+    pins = (True, False) if dev.type == "cuda" else (False,)
+    for k, pin in enumerate(pins):
+        part = scaled(progress, k / len(pins), (k + 1) / len(pins), "pinned bytes: " if pin else "")
         cmp = gpudecode.compare_decode(
             ds, dev, batch_size=bs, crop_size=crop, n_batches=nb, repeats=repeats, pin=pin, progress=part
         )
         p: dict[str, Any] = {"batch_size": cmp.batch_size, "crop_size": cmp.crop_size, "image_size": cmp.image_size}
-        if first is None:
-            first = cmp
-            for form in gpudecode.FORMS:
-                v = cmp.bytes_per_batch[form]
-                results.add(
-                    "ch05.decode.bytes_per_batch",
-                    cmp.bytes[form],
-                    "bytes",
-                    spread={"min": min(v), "max": max(v), "n": len(v)},
-                    form=form,
-                    **p,
-                )
-            results.add(
-                "ch05.decode.ms_per_batch",
-                cmp.cpu_path.median_s * 1e3,
-                "ms",
-                spread={"iqr": cmp.cpu_path.iqr_s * 1e3, "n": cmp.cpu_path.n},
-                where="cpu",
-                device=dev.type,
-                pinned=False,
-                **p,
-            )
-        if on_gpu:
-            results.add(
-                "ch05.decode.ms_per_batch",
-                cmp.device_path.median_s * 1e3,
-                "ms",
-                spread={"iqr": cmp.device_path.iqr_s * 1e3, "n": cmp.device_path.n},
-                where="cuda",
-                device="cuda",
-                pinned=cmp.pinned,
-                **p,
-            )
-            if cmp.pinned:
-                results.add("ch05.decode.speedup", cmp.speedup, "ratio", pinned=True, **p)
-                for stage, mx, mean in (
-                    ("decode+resize", cmp.max_abs_diff, cmp.mean_abs_diff),
-                    ("decode", cmp.decode_max_abs_diff, cmp.decode_mean_abs_diff),
-                    ("resize", cmp.resize_max_abs_diff, cmp.resize_mean_abs_diff),
-                ):
-                    results.add("ch05.decode.mean_abs_diff", mean, "levels", vs="cpu", stage=stage, **p)
-                    results.add("ch05.decode.max_abs_diff", mx, "levels", vs="cpu", stage=stage, **p)
+        if k == 0:  # the CPU path and the bytes: the same code in every run
+            for form, v in cmp.bytes_per_batch.items():
+                spread = {"min": min(v), "max": max(v), "n": len(v)}
+                results.add("ch05.decode.bytes_per_batch", cmp.bytes[form], "bytes", spread, form=form, **p)
+            _add_ms(results, cmp.cpu_path, where="cpu", device=dev.type, pinned=False, **p)
+        if cmp.on_gpu:
+            _add_ms(results, cmp.device_path, where="cuda", device="cuda", pinned=cmp.pinned, **p)
+        if cmp.on_gpu and cmp.pinned:
+            results.add("ch05.decode.speedup", cmp.speedup, "ratio", pinned=True, **p)
+            for stage, mx, mean in (
+                ("decode+resize", cmp.max_abs_diff, cmp.mean_abs_diff),
+                ("decode", cmp.decode_max_abs_diff, cmp.decode_mean_abs_diff),
+                ("resize", cmp.resize_max_abs_diff, cmp.resize_mean_abs_diff),
+            ):
+                results.add("ch05.decode.mean_abs_diff", mean, "levels", vs="cpu", stage=stage, **p)
+                results.add("ch05.decode.max_abs_diff", mx, "levels", vs="cpu", stage=stage, **p)
     return results
+
+
+def _add_ms(results: ResultSet, t: Any, **params: Any) -> None:
+    spread = {"iqr": t.iqr_s * 1e3, "n": t.n}
+    results.add("ch05.decode.ms_per_batch", t.median_s * 1e3, "ms", spread, **params)
 
 
 # ---------------------------------------------------------------------------
@@ -291,8 +241,7 @@ def panel_run(
         ValueError: a memory kind, stream or size out of range.
     """
     progress = progress or no_progress
-    check_choice("memory", memory, overlap.MEMORY_KINDS)
-    check_choice("stream", stream, overlap.STREAM_KINDS)
+    expected = overlap.expected_label(memory, stream)  # checks memory and stream
     dev = resolve_device(device)
     if dev.type == "cuda":
         res = overlap.run_cell(memory, stream, copy_mib=copy_mib, matmul_n=matmul_n, device=dev, progress=progress)
@@ -314,7 +263,7 @@ def panel_run(
     )
     note = (
         f"No CUDA device and no reference recording yet: showing a schematic of {memory} + {stream} "
-        f"stream (expected: {overlap.expected_label(memory, stream)}). The sizes are not used without a GPU."
+        f"stream (expected: {expected}). The sizes are not used without a GPU."
     )
     return dataclasses.replace(schematic, note=note)
 

@@ -1,0 +1,228 @@
+"""Chapter 05's "Does it pay?": seconds per batch of a few ways to feed one training step, in alternating rounds.
+
+:func:`time_batches` times the reader's own ``batches`` and ``train_step`` (on batches :func:`preload` read
+once into pinned memory); :func:`prefetch_step_times` times the workbook's reference
+:class:`~helpers.pipeline.prefetch.Prefetcher` the same way, for the reference files.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import textwrap
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+
+from ...core.device import resolve_device
+from ...core.results import Record, ResultSet
+from ...core.rounds import alternate
+from ...core.timing import calibrated_compute, synchronize
+from ...core.validate import check_int
+from ...pipeline.data import to_float_normalized
+from ...pipeline.prefetch import Prefetcher
+
+__all__ = [
+    "BatchTimes",
+    "IN_LINE",
+    "PREFETCHED",
+    "NO_COPY",
+    "preload",
+    "time_batches",
+    "prefetch_times_from_records",
+    "batch_time_lines",
+    "prefetch_step_times",
+]
+
+#: The three ways of chapter 05's "Does it pay?" that say how much of the copy the prefetcher hides:
+#: uint8 batches copied and normalised in line on the current stream, through the reader's Prefetcher,
+#: and already on the device (no copy at all: the floor). :meth:`BatchTimes.copy_hidden` reads them.
+IN_LINE = "uint8, copied and normalised in line"
+PREFETCHED = "uint8, through your Prefetcher"
+NO_COPY = "uint8, already on the GPU (no copy)"
+
+
+def preload(loader: Iterable[Any], device: torch.device | str | None = None) -> list[tuple[Any, ...]]:
+    """One pass of ``loader``, held in host memory: its ``(x, y, ...)`` batches as a list, pinned for CUDA.
+
+    Timing the copy with a loader in the loop times the loader: a pass that restarts it decodes a batch
+    of images (milliseconds) for every copy (a fraction of a millisecond). A timed pass over this list
+    measures the copy, the normalisation and the step. With ``device`` on CUDA every tensor is pinned (one
+    the loader pinned already is kept), so each copy is one DMA, as from a ``pin_memory=True`` loader.
+
+    Raises:
+        ValueError: the loader gives no batch, or a batch that is not a tuple or list of tensors.
+    """
+    dev = resolve_device(device)
+    out: list[tuple[Any, ...]] = []
+    for i, batch in enumerate(loader):
+        if not isinstance(batch, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in batch):
+            raise ValueError(f"batch {i} of the loader is {type(batch).__name__}, not a tuple of tensors (x, y)")
+        if dev.type == "cuda":
+            batch = tuple(t if t.is_pinned() else t.pin_memory() for t in batch)
+        out.append(tuple(batch))
+    if not out:
+        raise ValueError("the loader gave no batch to preload: give it at least batch_size items (drop_last=True)")
+    return out
+
+
+@dataclass
+class BatchTimes:
+    """Seconds per batch of a few ways to feed one training step, measured in alternating rounds:
+    ``seconds[name]`` one value per round (the round's wall clock, synchronised on a GPU, over its
+    batches), ``batches[name]`` how many batches a pass gave."""
+
+    device: str
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+    batches: dict[str, int] = field(default_factory=dict)
+
+    def median(self, name: str) -> float:
+        """Median seconds per batch of ``name`` over the rounds."""
+        return statistics.median(self.seconds[name])
+
+    def report(self, baseline: str | None = None) -> str:
+        """One line per way: ms per batch (median, min-max over rounds), and the ratio to ``baseline``."""
+        base = baseline if baseline in self.seconds else next(iter(self.seconds), None)
+        width = max((len(n) for n in self.seconds), default=0)
+        rounds = len(next(iter(self.seconds.values()), []))
+        lines = [f"ms per batch on {self.device}, median of {rounds} alternating rounds (min-max):"]
+        for name, vals in self.seconds.items():
+            ratio = "" if base is None or name == base else f"  {self.median(base) / self.median(name):.2f}x"
+            lines.append(
+                f"  {name:<{width}}  {self.median(name) * 1e3:8.3f}  ({min(vals) * 1e3:.3f}-"
+                f"{max(vals) * 1e3:.3f}){ratio}"
+            )
+        hidden = self.copy_hidden()
+        return "\n".join(lines + (textwrap.wrap(hidden, 105) if hidden else []))
+
+    def copy_hidden(self) -> str | None:
+        """How much of the in-line copy the prefetcher hid (None without :data:`IN_LINE`, :data:`PREFETCHED`
+        and :data:`NO_COPY`): the copy costs ``in line - no copy`` per batch, the prefetcher saves
+        ``in line - prefetched``. A cost within the rounds' spread is said to be noise."""
+        if not all(k in self.seconds for k in (IN_LINE, PREFETCHED, NO_COPY)):
+            return None
+        inline, pf, floor = self.median(IN_LINE), self.median(PREFETCHED), self.median(NO_COPY)
+        cost = inline - floor
+        spread = max(max(v) - min(v) for k, v in self.seconds.items() if k in (IN_LINE, NO_COPY))
+        if cost <= spread:
+            return (
+                f"The copy's cost per batch ({cost * 1e3:.3f} ms, in line minus no copy) is within the rounds' "
+                f"spread ({spread * 1e3:.3f} ms): too small to say how much of it the prefetcher hides here."
+            )
+        return (
+            f"The copy costs {cost * 1e3:.3f} ms per batch in line (in line minus no copy); the prefetcher "
+            f"saves {(inline - pf) * 1e3:.3f} ms of it: {(inline - pf) / cost:.0%} hidden."
+        )
+
+
+def time_batches(
+    variants: dict[str, Callable[[], Iterable[Any]]],
+    step: Callable[..., Any],
+    device: torch.device | str | None = None,
+    *,
+    rounds: int = 3,
+    progress: Callable[[float, str], None] | None = None,
+) -> BatchTimes:
+    """Time the reader's pipeline: each of ``variants`` feeds ``step(x, y)`` for one pass, in alternating rounds.
+
+    ``variants`` maps a label to a function returning a fresh iterable of ``(x, y)`` device batches
+    (``lambda: batches(loader)``); ``step`` is the reader's training step
+    (``functools.partial(train_step, model, optimizer)``). One untimed warm-up pass per variant (in
+    reverse order, so the first timed pass follows its own warm-up), then ``rounds`` rounds of
+    :func:`helpers.core.rounds.alternate`, the device synchronised before and after each pass. On a CPU
+    there is no copy to hide, so the ways differ only by noise. A pass times everything
+    ``variants[name]()`` does: give it batches already in memory (:func:`preload`), or it times the loader too.
+    """
+    dev = resolve_device(device)
+    rounds = check_int("rounds", rounds, 1, 50)
+    if not variants:
+        raise ValueError("variants must name at least one way to feed the step, e.g. {'mine': lambda: batches(loader)}")
+    out = BatchTimes(device=str(dev))
+
+    def one_pass(name: str) -> float:
+        synchronize(dev)
+        t0, k = time.perf_counter(), 0
+        for x, y in variants[name]():
+            step(x, y)
+            k += 1
+        synchronize(dev)
+        seconds = time.perf_counter() - t0
+        if k == 0:
+            raise ValueError(f"variant {name!r} gave no batches")
+        out.batches[name] = k
+        return seconds / k
+
+    if progress is not None:
+        progress(0.0, "warm-up: one untimed pass of each way")
+    for name in reversed(variants):
+        one_pass(name)
+    out.seconds = alternate({n: functools.partial(one_pass, n) for n in variants}, rounds, progress=progress).values
+    return out
+
+
+def prefetch_times_from_records(rs: ResultSet, records: list[Record]) -> list[tuple[str, bool, float]]:
+    """``ch05.prefetch.batch_time`` records as ``(dtype, prefetcher, seconds per batch)`` rows."""
+    return [(str(r.params.get("dtype")), bool(r.params.get("prefetcher")), r.value) for r in records]
+
+
+#: What the reference figures of the prefetcher are (they are not the reader's cells).
+PREFETCH_REFERENCE_WHAT = (
+    "Reference figures, recorded with the workbook's reference prefetcher (helpers.pipeline.prefetch.Prefetcher) "
+    "on pre-loaded pinned batches and a synthetic compute per batch, not with your cells:"
+)
+
+
+def batch_time_lines(times: BatchTimes | list[tuple[str, bool, float]]) -> list[str]:
+    """The lines shown for the prefetcher's effect: a :class:`BatchTimes` measured here (its report), or
+    the reference rows of :func:`prefetch_times_from_records`, introduced by what they are."""
+    if isinstance(times, BatchTimes):
+        return times.report().splitlines()
+    lines = textwrap.wrap(PREFETCH_REFERENCE_WHAT, 105)
+    return lines + [f"  {dtype:>8}, prefetcher={pf}: {sec * 1e3:.3f} ms per batch" for dtype, pf, sec in times]
+
+
+def _in_line(loader: list[tuple[torch.Tensor, torch.Tensor]], dev: torch.device, norm: Any) -> Iterator[Any]:
+    """Batches copied on the current stream (and normalised on the device when ``norm`` is given)."""
+    for x, y in loader:
+        x = x.to(dev, non_blocking=True)
+        yield (to_float_normalized(x, *norm) if norm else x), y.to(dev, non_blocking=True)
+
+
+def prefetch_step_times(
+    device: torch.device | str = "cuda", *, batch: int = 256, image: int = 128, n_batches: int = 8
+) -> dict[tuple[str, bool], float]:
+    """Seconds per batch for {float32, uint8} pinned image batches, with and without the reference
+    :class:`~helpers.pipeline.prefetch.Prefetcher` (CUDA only).
+
+    The *reference* figures ``ch05.prefetch.batch_time`` (recorded by :func:`helpers.chapters.ch05.benchmark`),
+    timed as the chapter times the reader's pipeline (:func:`time_batches`, 3 rounds): each batch feeds a
+    synthetic compute of about 1.2 copies. Without the prefetcher the batch is copied on the current stream
+    (uint8 normalised on the device); with it, ``Prefetcher(loader, dev, normalize=...)`` copies it ahead.
+    """
+    dev = resolve_device(device)
+    if dev.type != "cuda":
+        raise ValueError("prefetch_step_times needs a CUDA device")
+    mean, std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+    g = torch.Generator().manual_seed(0)
+    y = torch.zeros(batch, dtype=torch.int64).pin_memory()
+    shape = (batch, 3, image, image)
+    u8 = [(torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).pin_memory(), y) for _ in range(n_batches)]
+    f32 = [(to_float_normalized(x, mean, std).pin_memory(), y) for x, _ in u8]
+    f32[0][0].to(dev)  # warm-up
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record(torch.cuda.current_stream(dev))  # on the copy's stream
+    f32[0][0].to(dev, non_blocking=True)
+    e.record(torch.cuda.current_stream(dev))
+    torch.cuda.synchronize(dev)
+    compute = calibrated_compute(dev, 1.2 * s.elapsed_time(e) / 1e3)
+    ways: dict[str, Callable[[], Iterable[Any]]] = {}
+    keys: dict[str, tuple[str, bool]] = {}
+    for dtype_name, loader, norm in (("float32", f32, None), ("uint8", u8, (mean, std))):
+        pf = Prefetcher(loader, dev, normalize=norm)
+        for with_pf, way in ((False, functools.partial(_in_line, loader, dev, norm)), (True, lambda pf=pf: pf)):
+            keys[f"{dtype_name}, prefetcher={with_pf}"] = (dtype_name, with_pf)
+            ways[f"{dtype_name}, prefetcher={with_pf}"] = way
+    times = time_batches(ways, lambda x, y: compute(x), dev)
+    return {key: times.median(label) for label, key in keys.items()}

@@ -1,0 +1,306 @@
+"""Chapter 05's hazards of asynchronous copies, each run as a buggy and a fixed version, counting what went wrong.
+
+A read of a non-blocking device-to-host copy before a sync, a pinned source refilled before its copy ran,
+and synchronisations hidden in ``.item()``, ``print`` and ``.cpu()``. The races need a GPU: on a CPU the
+copies are synchronous, and the results say so instead of pretending. What a GPU recorded comes back as
+:class:`~helpers.core.evidence.Evidence` (:func:`sync_counts_reference`, :func:`hazard_count_lines`).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+import textwrap
+import time
+import warnings
+from dataclasses import dataclass
+from inspect import getsource
+from typing import Any, Callable
+
+import torch
+
+from ...core import evidence
+from ...core.config import sized
+from ...core.device import resolve_device
+from ...core.evidence import Evidence
+from ...core.results import Record, ResultSet
+from ...core.timing import GpuDelay, synchronize
+from ...core.validate import check_int, human_seconds
+
+__all__ = [
+    "HazardResult",
+    "hazard_d2h_read_before_sync",
+    "hazard_pinned_source_mutation",
+    "hazard_hidden_syncs",
+    "sync_counts_reference",
+    "sync_count_lines",
+    "hazard_count_lines",
+]
+
+MiB = 1 << 20
+
+
+@dataclass
+class HazardResult:
+    """A buggy and a fixed run of one hazard: what was counted in each, the source of the two functions
+    that ran, and ``on_gpu``: whether the race could happen at all here."""
+
+    name: str
+    device: str
+    on_gpu: bool
+    bug: dict[str, Any]
+    fix: dict[str, Any]
+    code_bug: str
+    code_fix: str
+    explanation: str
+
+    def report(self) -> str:
+        """Plain-text report: what ran, what was counted, what it means."""
+        lines = [f"{self.name} (on {self.device})"]
+        lines.append("  buggy version: " + ", ".join(f"{k} = {v}" for k, v in self.bug.items()))
+        lines.append("  fixed version: " + ", ".join(f"{k} = {v}" for k, v in self.fix.items()))
+        lines.append("  " + self.explanation)
+        return "\n".join(textwrap.fill(ln, 105, subsequent_indent="    ") for ln in lines)
+
+
+def _result(
+    name: str, dev: torch.device, code: tuple[Callable[..., Any], ...], counts: list[Any], why: str
+) -> HazardResult:
+    """A :class:`HazardResult` of the buggy and the fixed function (``code``), with their ``counts``."""
+    bug, fix = code
+    return HazardResult(name, str(dev), dev.type == "cuda", counts[0], counts[1], getsource(bug), getsource(fix), why)
+
+
+def _d2h_bug(x_gpu: torch.Tensor, out: torch.Tensor) -> int:
+    """BUG: read the result of a non-blocking device-to-host copy before synchronising."""
+    out.copy_(x_gpu, non_blocking=True)  # returns at once: the copy is only queued
+    return int((out != 1).sum())  # reads `out` now, while the copy may not have run yet
+
+
+def _d2h_fix(x_gpu: torch.Tensor, out: torch.Tensor) -> int:
+    """FIX: wait for exactly this copy (an event) before reading the host tensor."""
+    out.copy_(x_gpu, non_blocking=True)
+    if x_gpu.is_cuda:
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(x_gpu.device))  # on the stream the copy went to
+        done.synchronize()  # the host waits until the GPU has passed this point
+    return int((out != 1).sum())
+
+
+_D2H_WHY = {
+    True: "The buggy read happened while the copy was still queued behind GPU work, so it saw the "
+    "buffer's old contents; after a sync the same buffer is right. Wait on an event (or "
+    "synchronise the stream) before reading a non-blocking device-to-host copy.",
+    False: "On a CPU the copy is synchronous, so both versions read correct values here. On a GPU, "
+    "copy_(..., non_blocking=True) into pinned memory returns before the copy runs and the buggy "
+    "read sees stale values (pytorch/pytorch#86264, #137878).",
+}
+
+
+def hazard_d2h_read_before_sync(device: torch.device | str | None = None, n: int | None = None) -> HazardResult:
+    """Count values read from a non-blocking D2H copy before and after a proper wait.
+
+    The device tensor becomes all ones *behind* ~50 ms of queued GPU work; the host buffer starts at -1.
+    An element not 1 when read was read before the copy wrote it.
+    """
+    dev = resolve_device(device)
+    on_gpu = dev.type == "cuda"
+    n = check_int("n", n if n is not None else 4 * MiB, 1, 256 * MiB)
+
+    def run(fn: Callable[[torch.Tensor, torch.Tensor], int]) -> dict[str, Any]:
+        out = torch.full((n,), -1.0, pin_memory=on_gpu)
+        x = torch.empty(n, device=dev)
+        if on_gpu:
+            GpuDelay(dev)()  # the GPU is busy for a while ...
+        x.fill_(1.0)  # ... so x only becomes all ones later
+        wrong = fn(x, out)
+        synchronize(dev)
+        return {"wrong elements when read": wrong, "of": n, "wrong after a later sync": int((out != 1).sum())}
+
+    name = "non-blocking device-to-host copy read before a sync"
+    code = (_d2h_bug, _d2h_fix)
+    return _result(name, dev, code, [run(fn) for fn in code], _D2H_WHY[on_gpu])
+
+
+def _mutation_bug(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """BUG: change a pinned source before its asynchronous copy has read it."""
+    dst.copy_(src, non_blocking=True)  # queued; the DMA reads src later
+    src.fill_(2.0)  # the next batch overwrites the buffer: the copy may read 2s
+
+
+def _mutation_fix(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """FIX: record an event after the copy and wait for it before reusing the source."""
+    dst.copy_(src, non_blocking=True)
+    if dst.is_cuda:
+        copied = torch.cuda.Event()
+        copied.record(torch.cuda.current_stream(dst.device))  # on the stream the copy went to
+        copied.synchronize()  # or: keep two source buffers and alternate
+    src.fill_(2.0)
+
+
+_MUTATION_WHY = {
+    True: "The copy ran after the host had overwritten the pinned buffer, so the device received "
+    "the next batch's values. Wait for an event recorded after the copy, or alternate between "
+    "two pinned buffers, before writing into a source again (pytorch/pytorch#127612).",
+    False: "On a CPU the copy finishes inside copy_(), so changing the source afterwards is harmless. On "
+    "a GPU the copy from pinned memory is only queued; the DMA reads the buffer later, and if the "
+    "host has refilled it the device gets the new values (pytorch/pytorch#127612).",
+}
+
+
+def hazard_pinned_source_mutation(device: torch.device | str | None = None, n: int | None = None) -> HazardResult:
+    """Count device elements that got the *new* value because the pinned source changed too early:
+    the source holds ones, and after queuing the copy behind ~50 ms of GPU work the host writes twos."""
+    dev = resolve_device(device)
+    on_gpu = dev.type == "cuda"
+    n = check_int("n", n if n is not None else 4 * MiB, 1, 256 * MiB)
+
+    def run(fn: Callable[[torch.Tensor, torch.Tensor], None]) -> dict[str, Any]:
+        src = torch.ones(n, pin_memory=on_gpu)
+        dst = torch.zeros(n, device=dev)
+        if on_gpu:
+            GpuDelay(dev)()
+        fn(src, dst)
+        synchronize(dev)
+        return {"elements that arrived wrong": int((dst != 1).sum()), "of": n}
+
+    name = "pinned source modified before its asynchronous copy ran"
+    code = (_mutation_bug, _mutation_fix)
+    return _result(name, dev, code, [run(fn) for fn in code], _MUTATION_WHY[on_gpu])
+
+
+def _loop_hidden_syncs(x: torch.Tensor, w: torch.Tensor, steps: int, sink: io.StringIO) -> float:
+    """BUG: synchronisations hide in three innocent-looking lines of every step."""
+    for _ in range(steps):
+        loss = (x @ w).relu().mean()
+        value = loss.item()  # sync: copies the value to the host and waits for it
+        print(loss, file=sink)  # several syncs: formatting reads the value on the host again and again
+        _ = loss.cpu()  # sync: a blocking device-to-host copy
+    return value
+
+
+def _loop_no_syncs(x: torch.Tensor, w: torch.Tensor, steps: int, sink: io.StringIO) -> float:
+    """FIX: keep the running loss on the device and read it once, after the loop."""
+    total = torch.zeros((), device=x.device)
+    for _ in range(steps):
+        loss = (x @ w).relu().mean()
+        total += loss.detach()  # stays on the device: no sync
+    value = (total / steps).item()  # one sync, at the end
+    print(f"mean loss {value:.4f}", file=sink)
+    return value
+
+
+def _count_syncs(fn: Callable[[], Any], dev: torch.device) -> tuple[int | None, float]:
+    """(synchronisations reported by torch's sync debug mode, wall seconds) of ``fn`` working on ``dev``."""
+    if dev.type != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return None, time.perf_counter() - t0
+    old = torch.cuda.get_sync_debug_mode()
+    torch.cuda.synchronize(dev)  # dev's queued work, not the current device's
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.set_sync_debug_mode(old)
+            torch.cuda.synchronize(dev)
+            seconds = time.perf_counter() - t0
+        finally:
+            torch.cuda.set_sync_debug_mode(old)
+    return sum(1 for w in caught if "synchroniz" in str(w.message).lower()), seconds
+
+
+#: Why ``print(loss)`` costs more than one synchronisation (read in torch/_tensor_str.py, torch 2.14).
+PRINT_SYNCS_WHY = (
+    "print(loss) is not one read: torch/_tensor_str.py first picks the finite, non-zero values with "
+    "torch.masked_select (its output size depends on the data, so the host waits to learn it), then, to "
+    "choose a format, tests each value against its ceiling and the ranges that switch to scientific notation "
+    "(each `if` on a CUDA tensor is a .item(): one wait each), and finally formats the value (.item() again)."
+)
+_SYNCS_WHY = {
+    True: "Each synchronisation stops the CPU until the GPU has caught up, so the CPU cannot queue the next "
+    "step (or prepare the next batch) meanwhile. " + PRINT_SYNCS_WHY + " The fixed loop keeps the "
+    "value on the device and reads it once, after the loop.",
+    False: "On a CPU every operation finishes before the next line runs, so nothing waits. On a GPU, "
+    "torch.cuda.set_sync_debug_mode('warn') reports each synchronising call and this function counts "
+    "them, per step and per line. " + PRINT_SYNCS_WHY,
+}
+
+
+def hazard_hidden_syncs(
+    device: torch.device | str | None = None, steps: int | None = None, size: int | None = None
+) -> HazardResult:
+    """Run a loop with ``.item()``, ``print`` and ``.cpu()`` each step, and one without.
+
+    On a GPU, ``torch.cuda.set_sync_debug_mode("warn")`` reports every synchronising call: both loops'
+    are counted (per step too), each of the three lines alone on one step, and both loops are timed.
+    On a CPU there is nothing to wait for, so nothing to count: the result names the lines instead.
+    """
+    dev = resolve_device(device)
+    on_gpu = dev.type == "cuda"
+    steps = check_int("steps", steps if steps is not None else sized(20, 200, laptop=50), 1, 100_000)
+    size = check_int("size", size if size is not None else (1024 if on_gpu else 128), 8, 16384)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(size, size, generator=g).to(dev)
+    w = (torch.randn(size, size, generator=g) / math.sqrt(size)).to(dev)
+    sink = io.StringIO()
+    _loop_no_syncs(x, w, 2, sink)  # warm-up
+    synchronize(dev)
+    counted = {
+        fn: _count_syncs(functools.partial(fn, x, w, steps, sink), dev) for fn in (_loop_hidden_syncs, _loop_no_syncs)
+    }
+    not_counted = "not counted: no CUDA device"
+    bug: dict[str, Any] = {"lines that synchronise on a GPU, per step": ".item(), print(loss), .cpu()"}
+    fix: dict[str, Any] = {"lines that synchronise on a GPU": "one .item(), after the loop"}
+    if on_gpu:
+        loss = (x @ w).relu().mean()
+        lines: dict[str, Callable[[], Any]] = {
+            ".item()": loss.item,
+            "print(loss)": functools.partial(print, loss, file=sink),
+            ".cpu()": loss.cpu,
+        }
+        (n_bug, s_bug), (n_fix, s_fix) = counted.values()
+        assert n_bug is not None  # counted on a GPU
+        bug = {"synchronisations": n_bug, "steps": steps, "per step": round(n_bug / steps, 2)}
+        bug.update({f"{k} alone": _count_syncs(fn, dev)[0] for k, fn in lines.items()})
+        bug["loop time"] = human_seconds(s_bug)
+        fix = {"synchronisations": n_fix, "steps": steps, "loop time": human_seconds(s_fix)}
+    else:
+        bug.update(steps=steps, synchronisations=not_counted)
+        fix.update(steps=steps, synchronisations=not_counted)
+    name = "synchronisations hidden in .item(), print and .cpu()"
+    return _result(name, dev, (_loop_hidden_syncs, _loop_no_syncs), [bug, fix], _SYNCS_WHY[on_gpu])
+
+
+def _sync_counts(rs: ResultSet, records: list[Record]) -> dict[str, Any]:
+    """Hazard 3's recorded counts, from one reference file: per loop, and per line from the same file."""
+    return {
+        "loops": [(r.params.get("variant"), int(r.params.get("steps") or 1), r.value) for r in records],
+        "per line": [(r.params.get("line"), r.value) for r in rs.find("ch05.hazard.syncs_per_line")],
+    }
+
+
+def sync_counts_reference() -> Evidence[dict[str, Any]]:
+    """The reference recording of hazard 3's synchronisation counts (per loop, per step, per line), or missing:
+    ``sync_counts_reference().show(sync_count_lines)``."""
+    return evidence.recorded("the synchronisation counts of hazard 3", "ch05.hazard.syncs", convert=_sync_counts)
+
+
+def sync_count_lines(counts: dict[str, Any]) -> list[str]:
+    """'  hidden loop, 50 steps: 450 synchronisations (9.00 per step)', then one line per line of the step."""
+    lines = [
+        f"  {variant} loop, {steps} steps: {value:.0f} synchronisations ({value / steps:.2f} per step)"
+        for variant, steps, value in counts["loops"]
+    ]
+    return lines + [f"  {line} alone: {value:.0f}" for line, value in counts["per line"]]
+
+
+def hazard_count_lines(records: list[Record]) -> list[str]:
+    """Recorded counts of hazard 1 or 2 (``ch05.hazard.d2h_wrong`` / ``.mutation_wrong``), one line per version."""
+    return [
+        f"  {r.params.get('variant')} version: {r.value:,.0f} of {int(r.params.get('n', 0)):,} elements wrong"
+        for r in records
+    ]
