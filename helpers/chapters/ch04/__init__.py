@@ -117,57 +117,35 @@ def _sweep_and_speedup(
     for n, r in zip(sw.workers, sw.results):
         results.add("ch04.items_per_s", r.items_per_s, "items/s", num_workers=n, persistent=n > 0, output="float")
     for output, ds in (("float", ds_float), ("uint8", ds_uint8)):
-        n_batches = max(2, min(batches, config.sized(10, 40)))
-        sr = speedup.interleaved_speedup(
-            ds, 2, rounds=config.sized(3, 7), batches=n_batches, batch_size=bs, warmup=warm
-        )
-        at: dict[str, Any] = {"output": output, "cores": cores}
-        if output == "float":  # from a one-shot sweep: flagged where the rounds contradict it
-            results.add(
-                "ch04.best_num_workers",
-                sw.best_workers,
-                "workers",
-                cores=cores,
-                method="one-shot sweep",
-                **_flag(sw.notes(sr)),
-            )
-        method = "interleaved rounds, median of per-round ratios"
-        rec = results.add(
-            "ch04.speedup",
-            sr.speedup,
-            "ratio",
-            spread=_spread(sr.ratios),
-            num_workers=2,
-            **at,
-            main_threads=1,
-            method=method,
-        )
-        if output == "float":  # the sweep's 2-worker point measures the same speed-up: flagged where it disagrees
-            for line in speedup.sweep_vs_rounds(sw, sr):
-                if "disagree" in line:
-                    rec.flag(line)
-        notes = sr.notes()
-        results.add(
-            "ch04.parallel_ceiling", sr.ceiling_speedup, "ratio", processes=2, **at, **_flag(notes, "ceiling of")
-        )
-        results.add(
-            "ch04.share_of_ceiling",
-            sr.share_of_ceiling,
-            "fraction",
-            num_workers=2,
-            **at,
-            **_flag(notes, "of the measured ceiling"),
-        )
-        if output == "uint8":
-            for n, rates in ((0, sr.single), (2, sr.workers)):
-                results.add(
-                    "ch04.items_per_s",
-                    statistics.median(rates),
-                    "items/s",
-                    num_workers=n,
-                    persistent=n > 0,
-                    output="uint8",
-                )
+        n_batches, rounds = max(2, min(batches, config.sized(10, 40))), config.sized(3, 7)
+        sr = speedup.interleaved_speedup(ds, 2, rounds=rounds, batches=n_batches, batch_size=bs, warmup=warm)
+        _speedup_records(results, sw if output == "float" else None, sr, output, cores)
+
+
+def _speedup_records(
+    results: ResultSet, sw: sweeps.WorkerSweep | None, sr: sweeps.SpeedupRounds, output: str, cores: int
+) -> None:
+    """The rounds' records, flagged where the one-shot sweep ``sw`` (float only) contradicts them."""
+    at: dict[str, Any] = {"output": output, "cores": cores}
+    if sw is not None:  # from a one-shot sweep: flagged where the rounds contradict it
+        flags = _flag(sw.notes(sr))
+        results.add("ch04.best_num_workers", sw.best_workers, "workers", cores=cores, method="one-shot sweep", **flags)
+    method = "interleaved rounds, median of per-round ratios"
+    params: dict[str, Any] = {"num_workers": 2, **at, "main_threads": 1, "method": method}
+    rec = results.add("ch04.speedup", sr.speedup, "ratio", spread=_spread(sr.ratios), **params)
+    # the sweep's 2-worker point measures the same speed-up: flagged where it disagrees
+    for line in speedup.sweep_vs_rounds(sw, sr) if sw is not None else []:
+        if "disagree" in line:
+            rec.flag(line)
+    notes = sr.notes()
+    flags = _flag(notes, "ceiling of")
+    results.add("ch04.parallel_ceiling", sr.ceiling_speedup, "ratio", processes=2, **at, **flags)
+    flags = _flag(notes, "of the measured ceiling")
+    results.add("ch04.share_of_ceiling", sr.share_of_ceiling, "fraction", num_workers=2, **at, **flags)
+    if output == "uint8":
+        for n, rates in ((0, sr.single), (2, sr.workers)):
+            rate = statistics.median(rates)
+            results.add("ch04.items_per_s", rate, "items/s", num_workers=n, persistent=n > 0, output="uint8")
 
 
 def _knobs(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: int) -> None:

@@ -227,6 +227,21 @@ def _held_loaders(takers: list[_Batches]) -> Iterator[None]:
             _finish([x for t in takers for x in t.objs()], before)
 
 
+def _speedup_loaders(
+    dataset: "Dataset | Callable[[int], DataLoader]", num_workers: int, batch_size: int, prefetch: Any, collate_fn: Any
+) -> tuple[_Batches, _Batches]:
+    """The single-process and the persistent worker loader of :func:`interleaved_speedup` (``/dev/shm`` checked)."""
+    if _is_factory(dataset):
+        one = build_from_factory(dataset, 0, expect={"num_workers": 0})
+        expect = {"num_workers": num_workers, "persistent_workers": True}
+        return _Batches(one), _Batches(build_from_factory(dataset, num_workers, expect=expect))
+    single_cfg = LoaderConfig(batch_size=batch_size)
+    worker_cfg = single_cfg.replace(num_workers=num_workers, persistent_workers=True, prefetch_factor=prefetch)
+    worker_cfg.validated()  # both refused before any worker starts
+    one = build_loader(dataset, single_cfg, collate_fn=collate_fn)
+    return _Batches(one), _Batches(build_loader(dataset, worker_cfg, collate_fn=collate_fn))
+
+
 def interleaved_speedup(
     dataset: "Dataset | Callable[[int], DataLoader]",
     num_workers: int = 2,
@@ -242,37 +257,19 @@ def interleaved_speedup(
 ) -> SpeedupRounds:
     """The worker speed-up in alternating rounds, so that drift in the machine's speed cancels out.
 
-    Each round measures, back to back (in reverse order every other round): ``batches`` batches in one
-    process, :func:`parallel_ceiling` (``num_workers`` independent processes, the same batches, for as long;
-    if ``ceiling``), and ``batches`` batches from the worker loader. The speed-up is the median of the
-    per-round ratios. The worker loader is built once, persistent and warmed up; the batches its idle
-    workers buffered are taken untimed before each window. The main process uses one intra-op thread.
-
-    ``dataset`` is your loader factory (``factory(0)`` the single-process loader, ``factory(num_workers)``
-    the worker loader, with persistent workers; the ceiling then runs its data set, collate function and
-    batch size) or a data set (then both loaders are built from ``batch_size``, ``prefetch_factor`` and
-    ``collate_fn``).
-
-    Raises:
-        ValueError: bad arguments, or too little ``/dev/shm`` (checked before any worker starts).
+    Each round measures, back to back (reversed every other round): ``batches`` batches in one process,
+    :func:`parallel_ceiling` (``num_workers`` processes, the same batches, for as long; if ``ceiling``) and
+    ``batches`` batches from the persistent worker loader, after the batches its idle workers buffered. The
+    main process uses one intra-op thread. ``dataset`` is your loader factory (``factory(0)``,
+    ``factory(num_workers)`` with persistent workers) or a data set (then ``batch_size``, ``prefetch_factor``
+    and ``collate_fn`` apply). ValueError for bad arguments or too little ``/dev/shm`` (before any worker starts).
     """
     num_workers = check_int("num_workers", num_workers, 1, MAX_WORKERS)
     rounds = check_int("rounds", rounds, 1, 1000)
     batches = check_int("batches", batches, 1, 1_000_000)
     warmup = check_int("warmup", warmup, 0, 1_000_000)
     t_start = time.perf_counter()
-    if _is_factory(dataset):
-        one = _Batches(build_from_factory(dataset, 0, expect={"num_workers": 0}))
-        expect = {"num_workers": num_workers, "persistent_workers": True}
-        many = _Batches(build_from_factory(dataset, num_workers, expect=expect))
-    else:
-        single_cfg = LoaderConfig(batch_size=batch_size)
-        worker_cfg = single_cfg.replace(
-            num_workers=num_workers, persistent_workers=True, prefetch_factor=prefetch_factor
-        )
-        worker_cfg.validated()  # both refused before any worker starts
-        one = _Batches(build_loader(dataset, single_cfg, collate_fn=collate_fn))
-        many = _Batches(build_loader(dataset, worker_cfg, collate_fn=collate_fn))
+    one, many = _speedup_loaders(dataset, num_workers, batch_size, prefetch_factor, collate_fn)
     ds, collate, bs = many.loader.dataset, many.loader.collate_fn, int(many.loader.batch_size or 1)
     pool = None
     with _held_loaders([many, one]):
