@@ -163,16 +163,10 @@ class WorkerSweep:
         return out
 
     def table(self) -> list[str]:
-        rows = [
-            [
-                n,
-                f"{r.items_per_s:,.0f}",
-                f"{self.speedup(n):.2f}x",
-                f"{100 * self.efficiency(n):.0f}%",
-                f"{r.startup_s:.2f}s",
-            ]
-            for n, r in zip(self.workers, self.results)
-        ]
+        rows = []
+        for n, r in zip(self.workers, self.results):
+            ratios = f"{self.speedup(n):.2f}x", f"{100 * self.efficiency(n):.0f}%"
+            rows.append([n, f"{r.items_per_s:,.0f}", *ratios, f"{r.startup_s:.2f}s"])
         return table(["workers", "items/s", "speedup", "efficiency", "startup"], rows, left=0)
 
 
@@ -215,12 +209,8 @@ def sweep_workers(
                 loader = build_from_factory(dataset, n, expect={"num_workers": n})
                 results.append(measure_throughput(loader, batches=batches, warmup=warmup))
                 continue
-            cfg = LoaderConfig(
-                batch_size=batch_size,
-                num_workers=n,
-                persistent_workers=persistent and n > 0,
-                prefetch_factor=prefetch_factor if n > 0 else None,
-            )
+            knobs = {"persistent_workers": persistent and n > 0, "prefetch_factor": prefetch_factor if n > 0 else None}
+            cfg = LoaderConfig(batch_size=batch_size, num_workers=n).replace(**knobs)
             results.append(measure_config(dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_fn))
         if progress is not None:
             progress(1.0, "done")
