@@ -179,7 +179,7 @@ def close_pool(pool: Any, grace_s: float = SHUTDOWN_GRACE_S) -> None:
 
 
 class _Batches:
-    """Batches from one loader across epoch ends (persistent workers carry on); ``close()`` releases them."""
+    """Batches from one loader across epoch ends (persistent workers carry on); :func:`_held_loaders` releases them."""
 
     def __init__(self, loader: DataLoader) -> None:
         self.loader = loader
