@@ -100,6 +100,17 @@ def build_from_factory(
     return loader
 
 
+def _builder(
+    dataset: "Dataset | Callable[[Any], DataLoader]", knob: str, cfg: LoaderConfig
+) -> Callable[[Any], DataLoader]:
+    """``build(value)``: your factory's loader, which must have ``knob=value``, or the data set's loader for ``cfg``
+    with ``knob=value`` (its knobs checked by :func:`~helpers.pipeline.loaders.build_loader`)."""
+    if _is_factory(dataset):
+        factory = dataset
+        return lambda value: build_from_factory(factory, value, expect={knob: value})
+    return lambda value: build_loader(dataset, cfg, **{knob: value})
+
+
 # -- the worker sweep ---------------------------------------------------------------------------------
 
 
@@ -383,20 +394,19 @@ def persistent_experiment(
     epochs = check_int("epochs", epochs, 1, 100)
     epoch_s: dict[bool, list[float]] = {False: [], True: []}
     first: dict[bool, list[float]] = {False: [], True: []}
+    if not _is_factory(dataset):
+        num_workers = check_int("num_workers", num_workers, 1, MAX_WORKERS)
+    cfg = LoaderConfig(batch_size, num_workers, multiprocessing_context=multiprocessing_context)
+    build = _builder(dataset, "persistent_workers", cfg)
     for persistent in (False, True):
-        if _is_factory(dataset):
-            loader = build_from_factory(dataset, persistent, expect={"persistent_workers": persistent})
-            num_workers = loader.num_workers
-            if num_workers < 1:
-                release(loader)
-                raise ValueError(
-                    "persistent_experiment: the loader factory must build a loader with workers "
-                    "(num_workers >= 1): persistent_workers only matters with worker processes"
-                )
-        else:
-            num_workers = check_int("num_workers", num_workers, 1, MAX_WORKERS)
-            cfg = LoaderConfig(batch_size=batch_size, num_workers=num_workers, persistent_workers=persistent)
-            loader = build_loader(dataset, cfg, multiprocessing_context=multiprocessing_context)
+        loader = build(persistent)
+        num_workers = loader.num_workers
+        if num_workers < 1:
+            release(loader)
+            raise ValueError(
+                "persistent_experiment: the loader factory must build a loader with workers "
+                "(num_workers >= 1): persistent_workers only matters with worker processes"
+            )
         before = _worker_children()
         try:
             with warnings.catch_warnings():
@@ -451,19 +461,8 @@ def in_order_experiment(
     shuffling (``prefetch_factor`` default: the DataLoader's; with no workers both runs are the same).
     Items must carry their index as the label, as :class:`UnevenDataset`'s do.
     """
-    if _is_factory(dataset):
-        factory = dataset
-
-        def build(flag: bool) -> DataLoader:
-            return build_from_factory(factory, flag, expect={"in_order": flag})
-    else:
-        num_workers = check_int("num_workers", num_workers, 0, MAX_WORKERS)
-        bs = check_int("batch_size", batch_size, 1, 65536)
-        cfg = LoaderConfig(batch_size=bs, num_workers=num_workers, shuffle=False, prefetch_factor=prefetch_factor)
-        ds = dataset
-
-        def build(flag: bool) -> DataLoader:
-            return build_loader(ds, cfg.replace(in_order=flag or not num_workers))
+    cfg = LoaderConfig(batch_size, num_workers, shuffle=False, prefetch_factor=prefetch_factor)
+    build = _builder(dataset, "in_order", cfg)  # no workers: both runs are the same
 
     results: dict[bool, Throughput] = {}
     ooo: dict[bool, float] = {}
