@@ -273,26 +273,6 @@ def test_interleaved_rounds_with_the_readers_loaders() -> None:
         speedup.interleaved_speedup(lambda w: make_loader(ds, 8, workers=1), 2, rounds=1, batches=1, warmup=0)
 
 
-def test_knob_experiment_with_a_factory_changes_only_that_knob() -> None:
-    kr = sweeps.knob_experiment(
-        lambda f: make_loader(L.CheapDataset(64, 4), 8, workers=1, prefetch_factor=f),
-        "prefetch_factor",
-        [1, 3],
-        batches=3,
-        warmup=1,
-    )
-    assert [r.config["prefetch_factor"] for r in kr.results] == [1, 3]
-    assert all(r.config["num_workers"] == 1 for r in kr.results)
-    head = kr.table()[0]
-    assert "prefetch=" not in head and "workers=1" in head and "changing prefetch_factor" in head
-    with pytest.raises(ValueError, match="asked for"):
-        sweeps.knob_experiment(
-            lambda f: make_loader(L.CheapDataset(64, 4), 8, workers=1), "prefetch_factor", [1, 3], batches=1, warmup=0
-        )
-    with pytest.raises(ValueError, match="base"):
-        sweeps.knob_experiment(L.CheapDataset(8, 4), "prefetch_factor", [1])
-
-
 def test_persistent_experiment_with_a_factory() -> None:
     pr = sweeps.persistent_experiment(
         lambda p: make_loader(L.CheapDataset(32, 4), 8, workers=1, persistent=p), epochs=2

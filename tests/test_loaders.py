@@ -176,15 +176,6 @@ def test_plot_sweep_draws_two_panels():
     assert ax1.get_ylabel().startswith("throughput") and "efficiency" in ax2.get_ylabel()
 
 
-def test_knob_experiment_changes_one_knob():
-    base = L.LoaderConfig(batch_size=4, num_workers=1, persistent_workers=True)
-    kr = sweeps.knob_experiment(L.CheapDataset(32, 4), "prefetch_factor", [1, 3], base=base, batches=3, warmup=1)
-    assert [r.config["prefetch_factor"] for r in kr.results] == [1, 3]
-    assert all(r.config["num_workers"] == 1 for r in kr.results)
-    with pytest.raises(ValueError, match="knob"):
-        sweeps.knob_experiment(L.CheapDataset(8, 4), "speed", [1], base=base)
-
-
 def test_persistent_experiment_shapes():
     pr = sweeps.persistent_experiment(L.CheapDataset(16, 4), num_workers=1, epochs=2, batch_size=8)
     assert len(pr.epoch_s[True]) == 2 and len(pr.first_batch_s[False]) == 2

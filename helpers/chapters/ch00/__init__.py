@@ -1,12 +1,5 @@
-"""Chapter 00 · Setup, and measuring honestly: its live panel and its headless benchmark.
-
-The chapter's experiments (warm-up, synchronisation, CUDA events, the timed operations) are in
-:mod:`helpers.chapters.ch00.hygiene`; this module puts them together for the one chapter interface
-(:mod:`helpers.ui.chapter`):
-
-- the live panel times one operation (``hygiene.OPERATIONS``) at a size the reader picks, on any device,
-  and plots every run so far as median bars with IQR error bars, on a log scale;
-- :func:`benchmark` records the figures reference files keep (keys ``ch00.*``).
+"""Chapter 00 · Setup, and measuring honestly: the live panel (one operation of ``hygiene.OPERATIONS`` timed at
+a size the reader picks, on any device) and the headless benchmark (``ch00.*``).
 
 >>> panel = widgets.Panel.for_chapter(ch00, device=DEVICE, max_n=PANEL_MAX_N, min_run_time=MIN_RUN_TIME,
 ...                                   max_seconds=PANEL_MAX_S)
@@ -29,18 +22,6 @@ from ...core.validate import check_int
 from ...ui import plots
 from . import hygiene
 
-__all__ = [
-    "NUMBER",
-    "TITLE",
-    "BENCH_WEIGHT",
-    "PANEL_TITLE",
-    "benchmark",
-    "panel_controls",
-    "panel_run",
-    "panel_summary",
-    "panel_plot",
-]
-
 NUMBER = "00"
 TITLE = "measuring: warm-up, synchronisation, events"
 BENCH_WEIGHT = 0.5
@@ -51,15 +32,9 @@ METHOD = "torch.utils.benchmark.Timer blocks, median and IQR (helpers.core.timin
 
 
 def benchmark(results: ResultSet, device: torch.device, *, progress: ProgressFn | None = None) -> None:
-    """Record chapter 00's figures into ``results``.
-
-    Records (key: unit; params):
-
-    - ``ch00.first_call_s``: s, the first call of a fresh conv2d (``what``).
-    - ``ch00.steady_call_s``: s, the median of its first calls (``what``).
-    - ``ch00.matmul_time_s``: s, the median of an ``n x n`` matrix product (``n``, ``clock``: ``"no sync"``,
-      ``"sync"``, and on a CUDA device ``"CUDA events"``, ``"wall clock + sync"``), with its IQR as spread.
-    """
+    """Record ``ch00.first_call_s`` and ``ch00.steady_call_s`` (a fresh conv2d: its first call, the median of
+    its first calls) and ``ch00.matmul_time_s`` {n, clock: "no sync", "sync", with CUDA "CUDA events",
+    "wall clock + sync"} (median, IQR as spread)."""
     report = progress or no_progress
     sizes = (sized(quick=256, full=1024), sized(quick=512, full=4096))
     total = 1 + 2 * len(sizes)
@@ -70,13 +45,9 @@ def benchmark(results: ResultSet, device: torch.device, *, progress: ProgressFn 
     for i, n in enumerate(sizes):
         report((1 + 2 * i) / total, f"matmul n={n}: with and without synchronising")
         demo = hygiene.sync_demo(device, n=n)
-        for name, t in demo.items():
-            results.add("ch00.matmul_time_s", t.median_s, "s", spread={"iqr": t.iqr_s, "n": t.n}, n=n, clock=name)
         report((2 + 2 * i) / total, f"matmul n={n}: CUDA events vs wall clock")
-        ev = hygiene.events_vs_wall(device, n=n)
-        if ev is not None:
-            for name, t in ev.items():
-                results.add("ch00.matmul_time_s", t.median_s, "s", spread={"iqr": t.iqr_s, "n": t.n}, n=n, clock=name)
+        for name, t in {**demo, **(hygiene.events_vs_wall(device, n=n) or {})}.items():
+            results.add("ch00.matmul_time_s", t.median_s, "s", spread={"iqr": t.iqr_s, "n": t.n}, n=n, clock=name)
     report(1.0, "done")
 
 
@@ -99,11 +70,7 @@ def panel_run(
     max_seconds: float = hygiene.DEMO_MAX_SECONDS,
     **context: Any,
 ) -> Evidence[Timing]:
-    """Time ``op`` at size ``n`` on ``device`` (:func:`helpers.chapters.ch00.hygiene.time_op`): measured here.
-
-    ``min_run_time`` (seconds of timed work) and ``max_seconds`` (the run's budget: fewer blocks, or a
-    refusal naming the largest size that fits) come from the notebook's settings.
-    """
+    """Time ``op`` at size ``n`` on ``device`` (:func:`~.hygiene.time_op`, within ``max_seconds``): measured here."""
     progress(0.1, f"timing {op} n={n}")
     t = hygiene.time_op(op, n, device, min_run_time=min_run_time, max_seconds=max_seconds)
     return evidence.measured(f"{op} at n={n}", t, device, method=METHOD)

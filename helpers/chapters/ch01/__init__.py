@@ -1,21 +1,10 @@
-"""Chapter 01 · The baseline pipeline: its live panel, its benchmark and its recorded GPU breakdown.
-
-The measuring is in :mod:`helpers.pipeline.train` (:func:`~helpers.chapters.ch01.anatomy.record_steps` times the
-reader's own functions phase by phase, :func:`~helpers.chapters.ch01.anatomy.step_anatomy` runs a few steps of a
-fresh model); this module puts it together for the one chapter interface (:mod:`helpers.ui.chapter`):
-
-- the live panel trains a fresh model for a few steps of the reader's pipeline at the batch size, image
-  size and model width the reader picks, and plots every run so far as stacked phase bars;
-- :func:`benchmark` records the anatomy of a baseline step (keys ``ch01.*``), headless;
-- :func:`reference_anatomy` is the breakdown such a benchmark recorded on a GPU, for a machine without one;
-- :func:`step_verdict` and :func:`regimes_verdict` say whether the bottleneck model's prediction for the naive
-  loop agrees with the measured steps (section 5), and which to trust when it does not.
+"""Chapter 01 · The baseline pipeline: its live panel (a fresh model trained a few steps through the reader's
+``make_loader``, ``to_device`` and ``train_step``, at the batch size, image size and width the reader picks), its
+benchmark (``ch01.*``), the breakdown recorded on a GPU (:func:`reference_anatomy`), and the verdicts on the
+bottleneck model's prediction against the measured steps (:func:`step_verdict`, :func:`regimes_verdict`).
 
 >>> panel = widgets.Panel.for_chapter(ch01, device=DEVICE, **PIPELINE,
 ...                                   defaults=dict(batch_size=BATCH_SIZE, crop_size=CROP, width=WIDTH))
-
-``PIPELINE`` is the reader's ``make_loader``, ``to_device`` and ``train_step``; ``defaults`` the controls'
-starting values.
 """
 
 from __future__ import annotations
@@ -39,26 +28,6 @@ from ...pipeline.train import Prediction
 from ...ui import plots
 from .anatomy import PHASES, Anatomy, StepFn, ToDevice, step_anatomy
 
-__all__ = [
-    "NUMBER",
-    "TITLE",
-    "BENCH_WEIGHT",
-    "PANEL_TITLE",
-    "PANEL_FIGSIZE",
-    "BENCH_WIDTHS",
-    "benchmark",
-    "panel_controls",
-    "panel_run",
-    "panel_summary",
-    "panel_plot",
-    "ReferenceAnatomy",
-    "anatomy_from_records",
-    "reference_anatomy",
-    "plot_reference_anatomy",
-    "step_verdict",
-    "regimes_verdict",
-]
-
 NUMBER = "01"
 TITLE = "anatomy of a training step"
 BENCH_WEIGHT = 1.0
@@ -72,9 +41,7 @@ METHOD = "anatomy.record_steps over your pipeline: host clock for load/collate, 
 BENCH_WIDTHS: tuple[int, ...] = (16, 64)
 
 
-# ---------------------------------------------------------------------------
-# The headless benchmark
-# ---------------------------------------------------------------------------
+# -- the headless benchmark ------------------------------------------------------------------------------
 
 
 def benchmark(
@@ -86,31 +53,17 @@ def benchmark(
     steps: int | None = None,
     warmup: int = 3,
 ) -> None:
-    """Record chapter 01's measurement, the anatomy of a baseline step, into ``results``.
+    """Record the anatomy of a baseline step for each model width: ``num_workers=0``, pageable memory, blocking
+    copies, float batches, the mode's sizes. Headless, so :func:`~.anatomy.step_anatomy` runs chapter 01's
+    baseline (:func:`~.anatomy.baseline_train_step`) through :func:`~.anatomy.record_steps` (on a CPU too: h2d
+    is then a no-op). Keys (params batch_size, crop_size, width, depth, num_workers, steps):
 
-    The baseline: ``num_workers=0``, pageable memory, blocking ``x.to(device)``,
-    float batches, the default data set and sizes of the current mode
-    (:func:`helpers.pipeline.data.default_sizes`), one run per model width. It runs headless, so it has
-    no reader's cells to time: :func:`helpers.chapters.ch01.anatomy.step_anatomy` with its defaults runs chapter 01's
-    pipeline (:func:`helpers.chapters.ch01.anatomy.baseline_train_step`, the same lines as the chapter's
-    ``train_step``) through :func:`helpers.chapters.ch01.anatomy.record_steps`, the helper that times the reader's
-    functions in the chapter.
+    - ``ch01.step.phase_time`` {phase}: s per step (load, collate, h2d, forward, backward, optimizer)
+    - ``ch01.step.step_time``: s per step, measured; ``ch01.step.samples_per_s``: items/s
+    - ``ch01.step.predicted_serial`` / ``ch01.step.predicted_overlapped``: s, the bottleneck model's sum / max
+    - ``ch01.step.gflop_per_step``: GFLOP (forward + backward, estimated)
 
-    Records (key: unit; params ``batch_size``, ``crop_size``, ``width``, ``depth``,
-    ``num_workers``, ``steps``; ``phase_time`` also has ``phase``):
-
-    - ``ch01.step.phase_time``: s per step, one record per phase (load, collate,
-      h2d, forward, backward, optimizer).
-    - ``ch01.step.step_time``: s per step, measured (wall time of the timed steps / steps).
-    - ``ch01.step.predicted_serial``: s, sum of the phases (the bottleneck model, no overlap).
-    - ``ch01.step.predicted_overlapped``: s, slowest stage (the bottleneck model, perfect overlap).
-    - ``ch01.step.samples_per_s``: items/s.
-    - ``ch01.step.gflop_per_step``: GFLOP (forward + backward, estimated), the compute per step.
-
-    Artifacts: ``ch01.timeline.width<W>`` (:meth:`SpanTrace.to_dict`) for each width.
-
-    On the CPU it measures too (the h2d phase is then a no-op). ``progress(fraction, text)`` is told
-    after every step.
+    Artifacts: ``ch01.timeline.width<W>`` (:meth:`SpanTrace.to_dict`).
     """
     dev = resolve_device(device)
     report = progress or no_progress
@@ -118,69 +71,44 @@ def benchmark(
     n_steps = check_int("steps", steps, 1, 1000) if steps is not None else sized(6, 20)
     widths = [int(w) for w in widths]
     for i, width in enumerate(widths):
-        a = step_anatomy(
-            batch_size=sizes["batch_size"],
-            crop_size=sizes["crop_size"],
-            width=width,
-            depth=3,
-            steps=n_steps,
-            warmup=warmup,
-            device=dev,
-            progress=scaled(report, i / len(widths), (i + 1) / len(widths)),
-        )
-        p: dict[str, Any] = {
-            "batch_size": sizes["batch_size"],
-            "crop_size": sizes["crop_size"],
-            "width": width,
-            "depth": 3,
-            "num_workers": 0,
-            "steps": n_steps,
-        }
+        p: dict[str, Any] = {"batch_size": sizes["batch_size"], "crop_size": sizes["crop_size"], "width": width}
+        part = scaled(report, i / len(widths), (i + 1) / len(widths))
+        a = step_anatomy(**p, depth=3, steps=n_steps, warmup=warmup, device=dev, progress=part)
+        p.update(depth=3, num_workers=0, steps=n_steps)
         for phase, t in a.phase_means.items():
             results.add("ch01.step.phase_time", t, "s", phase=phase, **p)
-        results.add("ch01.step.step_time", a.step_time, "s", **p)
-        results.add("ch01.step.predicted_serial", a.prediction.serial, "s", **p)
-        results.add("ch01.step.predicted_overlapped", a.prediction.overlapped, "s", **p)
-        results.add("ch01.step.samples_per_s", a.samples_per_s, "items/s", **p)
-        results.add("ch01.step.gflop_per_step", a.gflop_per_step, "GFLOP", **p)
+        for key, value, unit in (
+            ("step_time", a.step_time, "s"),
+            ("predicted_serial", a.prediction.serial, "s"),
+            ("predicted_overlapped", a.prediction.overlapped, "s"),
+            ("samples_per_s", a.samples_per_s, "items/s"),
+            ("gflop_per_step", a.gflop_per_step, "GFLOP"),
+        ):
+            results.add(f"ch01.step.{key}", value, unit, **p)
         trace = a.trace.to_dict()
         trace["metadata"]["label"] = f"baseline step, width {width}, batch {sizes['batch_size']}"
         results.artifacts[f"ch01.timeline.width{width}"] = trace
     report(1.0, "done")
 
 
-# ---------------------------------------------------------------------------
-# The live panel
-# ---------------------------------------------------------------------------
-
-
-def _options(values: list[int], default: int) -> list[int]:
-    """``values`` with ``default`` added (a reader's setting the list lacks stays selectable)."""
-    return sorted(set(values) | {default})
+# -- the live panel --------------------------------------------------------------------------------------
 
 
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """Batch size, image size (the crop the model sees) and model width.
-
-    ``context["defaults"]`` (optional) sets their starting values: ``batch_size``, ``crop_size``, ``width``
-    (default: :func:`helpers.pipeline.data.default_sizes` and width 16).
-    """
+    """Batch size, image size (the crop the model sees) and model width; ``context["defaults"]`` may set their
+    starting values (default: :func:`helpers.pipeline.data.default_sizes` and width 16)."""
     sizes = default_sizes()
     start = {"batch_size": sizes["batch_size"], "crop_size": sizes["crop_size"], "width": 16}
     start.update(context.get("defaults") or {})
     crops = sized(quick=[32, 48, 64, 96, 128], full=[96, 128, 160, 224, 256], laptop=[64, 80, 96, 112])
+    options = {
+        "batch_size": ([8, 16, 32, 64, 128], "batch size"),
+        "crop_size": (crops, "image size"),
+        "width": ([4, 8, 16, 32, 64], "model width"),
+    }
     return {
-        "batch_size": W.Dropdown(
-            options=_options([8, 16, 32, 64, 128], start["batch_size"]),
-            value=start["batch_size"],
-            description="batch size",
-        ),
-        "crop_size": W.Dropdown(
-            options=_options(crops, start["crop_size"]), value=start["crop_size"], description="image size"
-        ),
-        "width": W.Dropdown(
-            options=_options([4, 8, 16, 32, 64], start["width"]), value=start["width"], description="model width"
-        ),
+        name: W.Dropdown(options=sorted(set(values) | {start[name]}), value=start[name], description=label)
+        for name, (values, label) in options.items()
     }
 
 
@@ -197,30 +125,22 @@ def panel_run(
     train_step: StepFn | None = None,
     **context: Any,
 ) -> Evidence[Anatomy]:
-    """Run a few steps of a fresh model at the panel's settings: measured here, on any device.
-
-    ``steps`` defaults to 4 in quick mode, 5 at the laptop tier and 10 in full mode, after one untimed step.
-    ``make_loader``, ``to_device``, ``train_step``: the reader's pipeline functions (the notebook passes them
-    to ``Panel.for_chapter``), timed by :func:`helpers.chapters.ch01.anatomy.record_steps`; without them, the
-    baseline of :func:`helpers.chapters.ch01.anatomy.step_anatomy`. Other ``context`` (``defaults``) is not used here.
-    """
+    """A few steps (default 4 quick, 5 laptop, 10 full, after one untimed) of a fresh model at the panel's
+    settings through the reader's ``make_loader``, ``to_device`` and ``train_step`` (without them, the
+    baseline): measured here, on any device."""
     report = progress or no_progress
     report(0.1, "building data set, loader and model")
     dev = resolve_device(device)
     n = check_int("steps", steps, 1, 1000) if steps is not None else sized(quick=4, full=10, laptop=5)
-    a = step_anatomy(
-        batch_size=batch_size,
-        crop_size=crop_size,
-        width=width,
-        depth=3,
-        steps=n,
-        warmup=1,
-        device=dev,
-        progress=scaled(report, 0.1, 1.0),
-        make_loader=make_loader,
-        to_device=to_device,
-        train_step=train_step,
-    )
+    pipeline: dict[str, Any] = {"make_loader": make_loader, "to_device": to_device, "train_step": train_step}
+    settings: dict[str, Any] = {
+        "batch_size": batch_size,
+        "crop_size": crop_size,
+        "width": width,
+        "depth": 3,
+        "steps": n,
+    }
+    a = step_anatomy(**settings, warmup=1, device=dev, progress=scaled(report, 0.1, 1.0), **pipeline)
     report(1.0, "done")
     what = f"a baseline step (batch {batch_size}, {crop_size} px, width {width}; {n} steps)"
     return evidence.measured(what, a, dev, method=METHOD)
@@ -250,38 +170,22 @@ def panel_plot(history: list[Any], ax: Any) -> None:
     """Stacked phase bars of every panel run so far, with the measured step time as a black tick."""
     runs = [rec for rec in history if rec.result.value is not None]
     data = {_run_label(rec): rec.result.value.phase_means for rec in runs}
-    devices = sorted({str(rec.result.value.settings.get("device", "?")) for rec in runs})
-    plots.stacked_phases(
-        data,
-        ax,
-        title=f"Baseline step by phase, one bar per run (measured now on {', '.join(devices) or 'this machine'})",
-        unit="ms",
-    )
+    devices = ", ".join(sorted({str(rec.result.value.settings.get("device", "?")) for rec in runs}))
+    title = f"Baseline step by phase, one bar per run (measured now on {devices or 'this machine'})"
+    plots.stacked_phases(data, ax, title=title, unit="ms")
     for i, rec in enumerate(runs):
-        ax.plot(
-            [i - 0.4, i + 0.4],
-            [rec.result.value.step_time * 1e3] * 2,
-            color="black",
-            linewidth=2,
-            label="measured step" if i == 0 else None,
-        )
+        label = "measured step" if i == 0 else None
+        ax.plot([i - 0.4, i + 0.4], [rec.result.value.step_time * 1e3] * 2, color="black", linewidth=2, label=label)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
 
 
-# ---------------------------------------------------------------------------
-# The breakdown recorded on a GPU
-# ---------------------------------------------------------------------------
+# -- the breakdown recorded on a GPU ---------------------------------------------------------------------
 
 
 @dataclass
 class ReferenceAnatomy:
-    """A baseline-step breakdown recorded by :func:`benchmark` on a real GPU.
-
-    Attributes:
-        phases: bar label (e.g. ``"width 16, batch 64, 224 px"``) -> phase -> seconds per step.
-        step_time: same labels -> measured seconds per step.
-        traces: same labels -> span trace (``SpanTrace.to_dict()`` form), when recorded.
-    """
+    """A baseline-step breakdown :func:`benchmark` recorded on a GPU, per bar label
+    (``"width 16, batch 64, 224 px"``): phase -> s per step, measured s per step, span trace (dict form)."""
 
     phases: dict[str, dict[str, float]]
     step_time: dict[str, float]
@@ -289,11 +193,8 @@ class ReferenceAnatomy:
 
 
 def anatomy_from_records(rs: ResultSet, records: list[Record]) -> ReferenceAnatomy | None:
-    """``ch01.step.phase_time`` records of one result set as a :class:`ReferenceAnatomy` (an evidence ``convert``).
-
-    Only a result set recorded on a CUDA GPU counts: None otherwise, which
-    :func:`helpers.core.evidence.recorded` reads as missing.
-    """
+    """``ch01.step.phase_time`` records as a :class:`ReferenceAnatomy` (an evidence ``convert``): only a result
+    set recorded on a CUDA GPU counts; None (read as missing) otherwise."""
     if not rs.hardware.get("gpu_name"):
         return None
     phases: dict[str, dict[str, float]] = {}
@@ -304,12 +205,8 @@ def anatomy_from_records(rs: ResultSet, records: list[Record]) -> ReferenceAnato
         label = f"width {p.get('width')}, batch {p.get('batch_size')}, {p.get('crop_size')} px"
         phases.setdefault(label, {})[str(p.get("phase"))] = r.value
         if label not in steps:
-            match = rs.find(
-                "ch01.step.step_time",
-                width=p.get("width"),
-                batch_size=p.get("batch_size"),
-                crop_size=p.get("crop_size"),
-            )
+            at = {k: p.get(k) for k in ("width", "batch_size", "crop_size")}
+            match = rs.find("ch01.step.step_time", **at)
             if match:
                 steps[label] = match[0].value
             art = rs.artifacts.get(f"ch01.timeline.width{p.get('width')}")
@@ -321,14 +218,10 @@ def anatomy_from_records(rs: ResultSet, records: list[Record]) -> ReferenceAnato
 
 
 def reference_anatomy(note: str = "") -> Evidence[ReferenceAnatomy]:
-    """The newest breakdown of a baseline step recorded on a GPU (``ch01.step.phase_time``), or missing.
-
-    Nothing is ever made up: no reference file recorded on a CUDA GPU, no figure. ``note`` is shown
-    before it (e.g. the no-CUDA sentence).
-    """
-    return evidence.recorded(
-        "the baseline step's phases on a GPU", "ch01.step.phase_time", convert=anatomy_from_records, note=note
-    )
+    """The newest breakdown of a baseline step recorded on a GPU (``ch01.step.phase_time``), or missing (nothing
+    made up); ``note`` is shown before it (e.g. the no-CUDA sentence)."""
+    what = "the baseline step's phases on a GPU"
+    return evidence.recorded(what, "ch01.step.phase_time", convert=anatomy_from_records, note=note)
 
 
 def plot_reference_anatomy(ref: Evidence[ReferenceAnatomy]) -> None:
@@ -337,22 +230,14 @@ def plot_reference_anatomy(ref: Evidence[ReferenceAnatomy]) -> None:
     if r is None:
         return
     ax = plots.new_axes((8, 0.9 + 0.5 * len(r.phases)))
-    plots.stacked_phases(
-        r.phases,
-        ax,
-        horizontal=True,
-        unit="ms",
-        source=ref.source,
-        title="Baseline step by phase on a GPU (recorded elsewhere, not this machine)",
-    )
+    title = "Baseline step by phase on a GPU (recorded elsewhere, not this machine)"
+    plots.stacked_phases(r.phases, ax, horizontal=True, unit="ms", source=ref.source, title=title)
     for label, tr in list(r.traces.items())[:1]:
         ax = plots.new_axes((9, 2.4))
         plots.timeline(tr, ax, max_steps=4, source=ref.source, title=f"Recorded timeline on a GPU: {label}")
 
 
-# ---------------------------------------------------------------------------
-# Section 5: the prediction against the measured steps
-# ---------------------------------------------------------------------------
+# -- section 5: the prediction against the measured steps ------------------------------------------------
 
 _WHY = (
     "it is what the loop pays. The prediction adds phase means and leaves out what "
@@ -362,11 +247,8 @@ _TRUST_GPU = ", and it assumes data overlaps compute by exactly one step."
 
 
 def _against_steps(pred: Prediction, step_times_s: Sequence[float], cuda: bool) -> tuple[str, float, bool, str]:
-    """The naive loop's prediction on this device, and where it lies against the measured steps' range.
-
-    Returns (what is predicted, the prediction in seconds, whether it lies within the range
-    (:func:`helpers.core.agreement.within_range`), "within" / "below" / "above").
-    """
+    """(what the naive loop's prediction on this device is, its seconds, whether it lies within the measured
+    steps' range (:func:`helpers.core.agreement.within_range`), "within" / "below" / "above")."""
     name, value = ("copy + max(data, compute)", pred.one_step_overlap) if cuda else ("sum", pred.serial)
     inside = agreement.within_range(value, step_times_s)
     where = "within" if inside else ("below" if value < min(step_times_s) else "above")
@@ -380,18 +262,10 @@ def _span_ms(step_times_s: Sequence[float]) -> str:
 def step_verdict(
     pred: Prediction, step_times_s: Sequence[float], *, device: torch.device | str, width: int = 100
 ) -> str:
-    """Whether the bottleneck model's prediction for the naive loop agrees with the measured steps.
-
-    The prediction for this device's naive loop (on a CPU the sum of the phases, on a GPU copy + max(data,
-    compute), :attr:`helpers.pipeline.train.Prediction.one_step_overlap`) has no spread of its own; it
-    agrees when it lies within the range of the measured steps' wall times (``step_times_s``, from
-    :func:`helpers.chapters.ch01.anatomy.step_times`; :func:`helpers.core.agreement.within_range`). When it does
-    not, the measured step is the one to trust: the prediction leaves out what runs between the phases
-    (and on a GPU assumes one step of overlap). Wrapped at ``width`` characters.
-
-    Raises:
-        ValueError: no step times, or one that is not a finite number.
-    """
+    """Whether the bottleneck model's prediction for this device's naive loop (a CPU: the sum of the phases; a
+    GPU: copy + max(data, compute)) lies within the measured steps' range (``step_times_s``:
+    :func:`~.anatomy.step_times`). If not, trust the measured step: the prediction leaves out what runs between
+    the phases. Wrapped at ``width``; ValueError for no step times or a non-finite one."""
     cuda = torch.device(device).type == "cuda"
     name, value, inside, where = _against_steps(pred, step_times_s, cuda)
     loop = "a GPU pays copy + max(data, compute)" if cuda else "a CPU pays the sum of the phases"
@@ -409,11 +283,8 @@ def step_verdict(
 def regimes_verdict(
     runs: Mapping[str, tuple[Prediction, Sequence[float]]], *, device: torch.device | str, width: int = 100
 ) -> str:
-    """:func:`step_verdict` for each row of section 5's table (label -> (prediction, step times)), in one sentence.
-
-    Raises:
-        ValueError: no rows, or a row with no step times.
-    """
+    """:func:`step_verdict` for each row of section 5's table (label -> (prediction, step times)), in one
+    sentence; ValueError for no rows or a row with no step times."""
     if not runs:
         raise ValueError("regimes_verdict needs at least one (prediction, step times) row")
     cuda = torch.device(device).type == "cuda"

@@ -1,30 +1,17 @@
-"""Chapter 01's step anatomy: the reader's training step timed phase by phase, and what the timeline shows.
+"""Chapter 01's step anatomy: the reader's training step timed phase by phase on the kernel's span recorder
+(:class:`helpers.core.timing.SpanRecorder`), and what the timeline shows.
 
-**What is timed is what is shown.** :func:`record_steps` times the reader's own objects: it calls
-``next()`` on the reader's loader, the reader's ``to_device(x, y)`` and the reader's
-``train_step(model, optimizer, x, y)``, and splits the step into forward / backward / optimizer
-with two PyTorch hooks (``model.register_forward_hook``: ``model(x)`` has returned;
-``optimizer.register_step_pre_hook``: ``optimizer.step()`` begins). :func:`step_anatomy` (and through
-it chapter 01's live panel, :func:`helpers.chapters.ch01.panel_run`) takes the reader's ``make_loader``,
-``to_device`` and ``train_step`` and runs them through :func:`record_steps`; without them (the headless
-benchmark) it uses the baseline of chapter 01 (:func:`baseline_train_step`, a blocking ``Tensor.to``,
-:func:`helpers.pipeline.loaders.timed_loader`).
-
-``record_steps(loader, to_device, train_step, model, optimizer, recorder=None, *, steps, ...) -> int``
-    (the reader's pipeline, timed phase by phase)
-``baseline_train_step(model, optimizer, x, y) -> Tensor``  (chapter 01's train_step, for callers without a notebook)
-``step_anatomy(*, batch_size, crop_size, width, ..., make_loader=, to_device=, train_step=) -> Anatomy``
-    (a few measured steps of a fresh model; the thin/wide regimes and the live panel call it)
-``lane_overlap(trace, lane_a, lane_b) -> float``  (seconds two timeline lanes were busy at once)
-``step_times(trace) -> list[float]``  (each recorded step's wall time; their mean is the measured step time)
-
-The phases, their lanes and the bottleneck model (:func:`~helpers.pipeline.train.predict_step_time`) are shared,
-in :mod:`helpers.pipeline.train`.
+**What is timed is what is shown.** :func:`record_steps` calls the reader's own loader, ``to_device`` and
+``train_step``; two PyTorch hooks split the step into forward / backward / optimizer. :func:`step_anatomy` (and
+the live panel) runs a fresh model through it, with the reader's functions or, headless, chapter 01's
+baseline (:func:`baseline_train_step`). The phases' lanes and the bottleneck model are in
+:mod:`helpers.pipeline.train`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
@@ -47,17 +34,6 @@ from ...pipeline.train import (
 )
 from .training import _NULL, Transfer, _can_pin, _record_wait, _resolve_transfer
 
-__all__ = [
-    "PHASES",
-    "baseline_train_step",
-    "record_steps",
-    "lane_overlap",
-    "step_times",
-    "Anatomy",
-    "step_anatomy",
-]
-
-
 #: Phase names in step order (``pin`` only for pinning loaders, ``normalize`` only for uint8 batches).
 PHASES: tuple[str, ...] = ("load", "collate", "pin", "h2d", "normalize", "forward", "backward", "optimizer")
 
@@ -71,12 +47,8 @@ StepFn = Callable[[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]
 def baseline_train_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
 ) -> torch.Tensor:
-    """Chapter 01's ``train_step``, for callers that have no notebook (the benchmark, the tests).
-
-    The same four lines as the chapter's pipeline cell (a test runs both and compares the weights):
-    forward and loss, ``zero_grad``, backward, optimizer step. Returns the loss without reading it,
-    so that nothing waits for the GPU.
-    """
+    """Chapter 01's ``train_step`` for callers without a notebook: the same lines as the chapter's cell (a test
+    compares the weights). Returns the loss unread, so that nothing waits for the GPU."""
     loss = nn.functional.cross_entropy(model(x), y)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -110,6 +82,10 @@ class _StepMarks:
             span.__enter__()
             self._open = span
 
+    def span(self, name: str, step: int, lane: str) -> Any:
+        """A span of its own (h2d, normalize), or nothing without a recorder."""
+        return _NULL if self.recorder is None else self.recorder.span(name, step, gpu=True, lane=lane)
+
     def end(self) -> None:
         span, self._open = self._open, None
         if span is not None:
@@ -118,11 +94,9 @@ class _StepMarks:
 
 @contextlib.contextmanager
 def _phase_hooks(model: nn.Module, optimizer: torch.optim.Optimizer, marks: _StepMarks) -> Iterator[None]:
-    """While active, ``model(x)`` returning begins "backward" and ``optimizer.step()`` beginning begins "optimizer".
-
-    PyTorch's own hooks, removed on exit: they run on the host, in order with the calls of the step,
-    so on a GPU the CUDA events they record sit in the stream between the kernels of the two phases.
-    """
+    """While active, ``model(x)`` returning begins "backward" and ``optimizer.step()`` beginning begins "optimizer":
+    PyTorch's hooks run on the host in order with the step's calls, so on a GPU their CUDA events sit in the
+    stream between the two phases' kernels."""
     handles = [
         model.register_forward_hook(lambda module, args, output: marks.begin("backward")),
         optimizer.register_step_pre_hook(lambda opt, args, kwargs: marks.begin("optimizer")),
@@ -137,13 +111,8 @@ def _phase_hooks(model: nn.Module, optimizer: torch.optim.Optimizer, marks: _Ste
 
 @contextlib.contextmanager
 def _collate_timer(loader: Iterable[Any]) -> Iterator[TimedCollate | None]:
-    """The loader's collate function with a clock around it, when it runs in this process; else None.
-
-    A ``DataLoader`` with ``num_workers=0`` and a plain collate function gets it wrapped in a
-    :class:`helpers.pipeline.data.TimedCollate` (the same function, called with the same batch, with a clock
-    reading before and after) until the block ends; then the original is put back. A loader whose
-    collate function is already a ``TimedCollate`` is used as it is.
-    """
+    """The loader's collate function with a clock around it (:class:`~helpers.pipeline.data.TimedCollate`, the
+    original put back at the end), when it runs in this process (``num_workers=0``); else None."""
     collate = getattr(loader, "collate_fn", None)
     if collate is None or getattr(loader, "num_workers", 1) != 0:
         yield None
@@ -174,32 +143,16 @@ def record_steps(
 ) -> int:
     """Run ``steps`` steps of the reader's pipeline; with a ``recorder``, record every phase as a span.
 
-    Each step makes the calls of chapter 01's loop, one at a time so that each gets its own span::
+    Each step makes chapter 01's loop's calls one at a time, each in its own span::
 
-        x, y = next(it)                              # load (and collate): it = iter(loader)
-        x, y = to_device(x, y)                       # h2d
+        x, y = next(it)                              # load (and collate, when it runs in this process)
+        x, y = to_device(x, y)                       # h2d (then "normalize" for uint8 batches)
         loss = train_step(model, optimizer, x, y)    # forward | backward | optimizer
 
-    which is what ``for x, y in batches(loader): loss = train_step(model, optimizer, x, y)`` does.
-    Nothing here is a copy of the reader's code: ``train_step`` runs as written, and two PyTorch
-    hooks, active only during this call, mark where its phases meet: ``model.register_forward_hook``
-    (``model(x)`` has returned: "forward" ends, "backward" begins) and
-    ``optimizer.register_step_pre_hook`` (``optimizer.step()`` begins: "optimizer" begins, until
-    ``train_step`` returns). So the loss (computed after ``model(x)``; microseconds) and ``zero_grad``
-    count as part of "backward". On a CUDA device these spans, and "h2d", are CUDA events: what the GPU
-    did, when. "collate" is split from "load" when the loader collates in this process (see
-    :func:`_collate_timer`). A ``to_device`` that hands over uint8 batches gets a "normalize" span
-    (:func:`helpers.pipeline.data.to_float_normalized`, on the device).
-
-    When the loader runs out before ``steps`` steps, the next epoch begins (a new iterator; its start
-    is part of that step's "load"). Steps are numbered from ``start_step``; the caller calls
-    ``recorder.finish()``. ``progress(fraction, text)`` is told after every step (host side only).
-
-    Returns:
-        the number of steps run (``steps``).
-
-    Raises:
-        ValueError: for a bad ``steps``/``start_step``, or a loader that yields no batch at all.
+    ``train_step`` runs as written; hooks mark where its phases meet (:func:`_phase_hooks`: the loss and
+    ``zero_grad`` count as "backward"). On CUDA the spans are CUDA events. When the loader runs out, the next
+    epoch begins. Steps are numbered from ``start_step``; the caller calls ``recorder.finish()``. Returns
+    ``steps``; ValueError for bad ``steps``/``start_step`` or a loader that yields no batch at all.
     """
     check_int("steps", steps, 0, 10**9)
     check_int("start_step", start_step, 0, 10**9)
@@ -210,57 +163,62 @@ def record_steps(
     marks = _StepMarks(recorder, compute_lane)
     pinning = bool(getattr(loader, "pin_memory", False)) and _can_pin()
 
-    def span(name: str, step: int, lane: str) -> Any:
-        return _NULL if recorder is None else recorder.span(name, step, gpu=True, lane=lane)
-
     it = None
-    with contextlib.ExitStack() as stack:
-        timed = stack.enter_context(_collate_timer(loader)) if recorder is not None else None
-        if recorder is not None:
-            stack.enter_context(_phase_hooks(model, optimizer, marks))
+    with _instruments(loader, model, optimizer, marks) as timed:
         try:
             it = iter(loader)
-            for done in range(steps):
-                step = start_step + done
+            for step in range(start_step, start_step + steps):
                 if timed is not None:
                     timed.last = None
                 h0 = recorder.now() if recorder is not None else 0.0
-                batch = next(it, None)
-                if batch is None:  # the loader ran out: the next epoch begins
-                    it = iter(loader)
-                    batch = next(it, None)
-                    if batch is None:
-                        raise ValueError(
-                            "the loader yielded no batch; check the data set and the batch size "
-                            "(with drop_last=True a data set smaller than one batch yields none)"
-                        )
+                it, (x, y) = _next_batch(it, loader)
                 if recorder is not None:
                     _record_wait(recorder, step, h0, timed, pinning)
-                x, y = batch
-                with span("h2d", step, COPY_LANE):
+                with marks.span("h2d", step, COPY_LANE):
                     x, y = to_device(x, y)
                 if x.dtype == torch.uint8:
-                    with span("normalize", step, compute_lane):
+                    with marks.span("normalize", step, compute_lane):
                         x = to_float_normalized(x)
                 marks.step = step
                 marks.begin("forward")
                 train_step(model, optimizer, x, y)
                 marks.end()
-                report((done + 1) / steps, f"step {done + 1} of {steps}")
+                report((step - start_step + 1) / steps, f"step {step - start_step + 1} of {steps}")
         finally:
             marks.end()
             del it  # a loader with workers shuts them down when its iterator goes
     return steps
 
 
-def lane_overlap(trace: SpanTrace, lane_a: str, lane_b: str) -> float:
-    """Seconds during which both lanes of ``trace`` were busy at once (0 when they took turns).
+@contextlib.contextmanager
+def _instruments(
+    loader: Iterable[Any], model: nn.Module, opt: torch.optim.Optimizer, marks: _StepMarks
+) -> Iterator[Any]:
+    """With a recorder: the in-process collate clock (:func:`_collate_timer`, or None) and the phase hooks."""
+    if marks.recorder is None:
+        yield None
+        return
+    with _collate_timer(loader) as timed, _phase_hooks(model, opt, marks):
+        yield timed
 
-    On a GPU, the data lane (host clock) and the compute lane (CUDA events) of the
-    naive loop overlap by about one step's worth of loading: the CPU loads batch
-    i+1 while the GPU computes step i. On a CPU the two take turns, and this is 0
-    up to clock rounding.
-    """
+
+def _next_batch(it: Iterator[Any], loader: Iterable[Any]) -> tuple[Iterator[Any], Any]:
+    """The next batch; when the loader has run out, the first of the next epoch (a new iterator)."""
+    batch = next(it, None)
+    if batch is None:
+        it = iter(loader)
+        batch = next(it, None)
+        if batch is None:
+            raise ValueError(
+                "the loader yielded no batch; check the data set and the batch size "
+                "(with drop_last=True a data set smaller than one batch yields none)"
+            )
+    return it, batch
+
+
+def lane_overlap(trace: SpanTrace, lane_a: str, lane_b: str) -> float:
+    """Seconds both lanes of ``trace`` were busy at once: on a GPU the naive loop's data and compute lanes overlap
+    by about one step of loading; on a CPU they take turns (0 up to clock rounding)."""
 
     def merged(lane: str) -> list[tuple[float, float]]:
         spans = sorted((s.start, s.end) for s in trace.spans if s.lane == lane and s.end > s.start)
@@ -286,12 +244,9 @@ def lane_overlap(trace: SpanTrace, lane_a: str, lane_b: str) -> float:
 
 
 def step_times(trace: SpanTrace) -> list[float]:
-    """Each recorded step's wall time, in step order: from its first span's start to the next step's.
-
-    The last step ends with its last span. The times add up to ``trace.wall_time()``, so their mean is
-    the measured step time (``trace.wall_time() / trace.steps()``), and their range is the spread a
-    prediction of the step is held against (chapter 01, :func:`helpers.chapters.ch01.step_verdict`).
-    """
+    """Each recorded step's wall time, from its first span's start to the next step's (the last: to its last
+    span's end). They add up to ``trace.wall_time()``; their range is what :func:`~helpers.chapters.ch01.step_verdict`
+    holds a prediction against."""
     starts: dict[int, float] = {}
     end = 0.0
     for s in trace.spans:
@@ -303,16 +258,9 @@ def step_times(trace: SpanTrace) -> list[float]:
 
 @dataclass
 class Anatomy:
-    """Phase times of a few measured training steps at one setting.
-
-    Attributes:
-        settings: the arguments of the run (batch size, crop size, width, ...).
-        phase_means: mean seconds per step of each phase, in step order.
-        step_time: measured seconds per step (wall time of the timed steps / steps).
-        prediction: the bottleneck model's prediction from ``phase_means``.
-        trace: the recorded spans (for timelines).
-        gflop_per_step: forward+backward GFLOP of one step (about 3x the forward pass).
-    """
+    """Phase times of a few measured steps at one setting: ``phase_means`` (s per step, in step order),
+    ``step_time`` (measured s per step), the bottleneck model's ``prediction``, the spans (``trace``) and
+    ``gflop_per_step`` (forward + backward, about 3x the forward pass)."""
 
     settings: dict[str, Any]
     phase_means: dict[str, float]
@@ -322,6 +270,13 @@ class Anatomy:
     gflop_per_step: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, settings: dict[str, Any], trace: SpanTrace, gflop: float) -> "Anatomy":
+        """The phase means, measured step time and prediction of the recorded ``trace``."""
+        means, n = trace.phase_totals(), trace.steps()
+        phase_means = {p: means[p] / n for p in PHASES if p in means}
+        return cls(settings, phase_means, trace.wall_time() / n, predict_step_time(phase_means), trace, gflop)
+
     @property
     def samples_per_s(self) -> float:
         return self.settings["batch_size"] / self.step_time if self.step_time > 0 else float("nan")
@@ -330,6 +285,16 @@ class Anatomy:
     def dominant_phase(self) -> str:
         """The phase with the largest mean time."""
         return max(self.phase_means, key=lambda k: self.phase_means[k])
+
+
+#: :func:`step_anatomy`'s size arguments and their ranges.
+_RANGES = {
+    "batch_size": (1, 1024),
+    "crop_size": (16, 512),
+    "steps": (1, 1000),
+    "warmup": (0, 100),
+    "num_workers": (0, 64),
+}
 
 
 def step_anatomy(
@@ -351,133 +316,76 @@ def step_anatomy(
     to_device: ToDevice | None = None,
     train_step: StepFn | None = None,
 ) -> Anatomy:
-    """Train a fresh model ``warmup`` untimed then ``steps`` timed steps; return the phase times.
+    """Train a fresh model (``build_model(width, depth)``, Adam) ``warmup`` untimed then ``steps`` timed steps
+    through :func:`record_steps`; workers are shut down on return.
 
-    Builds the data set (on ``data_root`` or the default generated one), a model
-    (:func:`helpers.pipeline.models.build_model`) and Adam from the arguments, so a live panel can call it
-    with slider values, then runs the steps with :func:`record_steps`. Workers (if any) are shut
-    down on return.
-
-    The pipeline is the reader's when given (chapter 01 passes the functions its cells define):
-    ``make_loader(dataset, batch_size)``, ``to_device(x, y)``, ``train_step(model, optimizer, x, y)``.
-    Without them (the headless benchmark): :func:`helpers.pipeline.loaders.timed_loader` (shuffled with ``seed``,
-    ``drop_last=True``, ``num_workers`` workers, timed collate), ``transfer`` to ``device``, and
-    :func:`baseline_train_step`.
-
-    Args:
-        batch_size: 1-1024. crop_size: 16-512 (the image size the model sees).
-        width / depth: model knobs (see :class:`helpers.pipeline.models.SmallCNN`).
-        steps: timed steps (1-1000). warmup: untimed steps first (0-100).
-        device: where the model runs (the reader's ``to_device`` must copy there).
-        num_workers: loader workers for the default loader (0: the baseline); with the reader's
-            ``make_loader`` it must stay 0 (the reader's loader sets its own workers).
-        output: ``"float"`` or ``"uint8"`` batches.
-        transfer: the default copy, ``"blocking"`` or ``"non_blocking"`` (ignored with the reader's ``to_device``).
-        data_root: a class-folder root (e.g. ``info.train_dir``); default: the
-            training split of ``make_shapes_dataset()``.
-        seed: seeds the model, the shuffling of the default loader and the augmentation.
-        progress: ``progress(fraction, text)`` (see :mod:`helpers.core.progress`), told after every step.
-        make_loader / to_device / train_step: the reader's pipeline functions (see above).
-
-    The default loader with workers is built by :func:`helpers.pipeline.loaders.timed_loader`, i.e. by
-    :func:`helpers.pipeline.loaders.build_loader`, which checks /dev/shm and sets a timeout.
+    The pipeline is the reader's when given: ``make_loader(dataset, batch_size)`` (then ``num_workers`` must
+    stay 0: the loader sets its own), ``to_device(x, y)``, ``train_step(model, optimizer, x, y)``. Otherwise
+    (headless): :func:`helpers.pipeline.loaders.timed_loader` (shuffled with ``seed``, ``drop_last``,
+    ``num_workers`` workers), the ``transfer`` copy ("blocking" or "non_blocking") and
+    :func:`baseline_train_step`. ``data_root``: a class-folder root (default: the generated training split);
+    ``output``: "float" or "uint8" batches; ``seed`` seeds the model, shuffling and augmentation.
     """
-    check_int("batch_size", batch_size, 1, 1024)
-    check_int("crop_size", crop_size, 16, 512)
-    check_int("steps", steps, 1, 1000)
-    check_int("warmup", warmup, 0, 100)
-    check_int("num_workers", num_workers, 0, 64)
+    given = dict(batch_size=batch_size, crop_size=crop_size, steps=steps, warmup=warmup, num_workers=num_workers)
+    for name, (lo, hi) in _RANGES.items():
+        check_int(name, given[name], lo, hi)
     if make_loader is not None and num_workers != 0:
         raise ValueError(
             f"num_workers={num_workers}: with your own make_loader, the loader's workers are set "
             "inside make_loader; leave num_workers at 0"
         )
     device = torch.device(device)
-    report = progress or no_progress
-    root = data_root if data_root is not None else make_shapes_dataset().train_dir
-    ds = ShapesDataset(root, crop_size=crop_size, augment=True, output=output)
-    model = build_model(width=width, depth=depth, num_classes=len(ds.classes), seed=seed).to(device)
-    check_training_memory(model, crop_size, batch_size)  # refuse sizes that cannot fit, before allocating
-    if len(ds) < batch_size:
-        raise ValueError(
-            f"the data set has fewer than batch_size={batch_size} images ({len(ds)}); lower the batch size"
-        )
-    opt = make_optimizer(model)
+    ds, model = _fresh_model(data_root, crop_size, output, width, depth, seed, device, batch_size)
     move = to_device if to_device is not None else _baseline_to_device(device, transfer)
-    step_fn = train_step if train_step is not None else baseline_train_step
+    step_fn, opt = train_step or baseline_train_step, make_optimizer(model)
+    run = functools.partial(record_steps, to_device=move, train_step=step_fn, model=model, optimizer=opt)
+    settings: dict[str, Any] = {"batch_size": batch_size, "crop_size": crop_size, "width": width, "depth": depth}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if make_loader is not None:
             loader = make_loader(ds, batch_size)
         else:
-            loader = timed_loader(
-                ds,
-                batch_size,
-                shuffle=True,
-                seed=seed,
-                num_workers=num_workers,
-                drop_last=True,
-                persistent_workers=num_workers > 0,
-            )
+            workers: dict[str, Any] = {"num_workers": num_workers, "persistent_workers": num_workers > 0}
+            loader = timed_loader(ds, batch_size, shuffle=True, seed=seed, drop_last=True, **workers)
         try:
-            total = warmup + steps
-            report(0.0, f"width {width}: {warmup} untimed warm-up step(s), then {steps} timed")
-            # untimed: first calls pay for lazy initialisation
-            record_steps(
-                loader,
-                move,
-                step_fn,
-                model,
-                opt,
-                steps=warmup,
-                progress=scaled(report, 0.0, warmup / total, f"width {width}, warm-up: "),
-            )
-            rec = SpanRecorder(
-                device,
-                batch_size=batch_size,
-                crop_size=crop_size,
-                width=width,
-                depth=depth,
-                num_workers=getattr(loader, "num_workers", num_workers),
-                output=output,
-            )
-            record_steps(
-                loader,
-                move,
-                step_fn,
-                model,
-                opt,
-                rec,
-                steps=steps,
-                progress=scaled(report, warmup / total, 1.0, f"width {width}, timed: "),
-            )
-            trace = rec.finish()
+            settings["num_workers"] = getattr(loader, "num_workers", num_workers)
+            trace = _warm_then_record(loader, run, warmup, steps, progress or no_progress, device, settings, output)
         finally:
-            workers = getattr(loader, "num_workers", num_workers)
             del loader  # shuts persistent workers down
-    means = trace.phase_totals()
-    n = trace.steps()
-    phase_means = {p: means[p] / n for p in PHASES if p in means}
-    step_time = trace.wall_time() / n
-    flops = flops_per_sample(model, crop_size)
-    settings = {
-        "batch_size": batch_size,
-        "crop_size": crop_size,
-        "width": width,
-        "depth": depth,
-        "steps": steps,
-        "warmup": warmup,
-        "device": str(device),
-        "num_workers": workers,
-        "output": output,
-        "transfer": getattr(move, "__name__", "custom"),
-        "pipeline": "yours" if any(f is not None for f in (make_loader, to_device, train_step)) else "helpers",
-    }
-    return Anatomy(
-        settings=settings,
-        phase_means=phase_means,
-        step_time=step_time,
-        prediction=predict_step_time(phase_means),
-        trace=trace,
-        gflop_per_step=3 * flops * batch_size / 1e9,
-    )
+    yours = any(f is not None for f in (make_loader, to_device, train_step))
+    transfer_name = getattr(move, "__name__", "custom")
+    settings.update(steps=steps, warmup=warmup, device=str(device), output=output, transfer=transfer_name)
+    settings["pipeline"] = "yours" if yours else "helpers"
+    return Anatomy.of(settings, trace, gflop=3 * flops_per_sample(model, crop_size) * batch_size / 1e9)
+
+
+def _fresh_model(
+    data_root: Any, crop_size: int, output: str, width: int, depth: int, seed: int, device: torch.device, batch: int
+) -> tuple[ShapesDataset, nn.Module]:
+    """The augmented data set and a fresh model on ``device``; sizes that cannot fit are refused first."""
+    root = data_root if data_root is not None else make_shapes_dataset().train_dir
+    ds = ShapesDataset(root, crop_size=crop_size, augment=True, output=output)
+    model = build_model(width=width, depth=depth, num_classes=len(ds.classes), seed=seed).to(device)
+    check_training_memory(model, crop_size, batch)  # refuse sizes that cannot fit, before allocating
+    if len(ds) < batch:
+        raise ValueError(f"the data set has fewer than batch_size={batch} images ({len(ds)}); lower the batch size")
+    return ds, model
+
+
+def _warm_then_record(
+    loader: Iterable[Any],
+    run: Callable[..., int],
+    warmup: int,
+    steps: int,
+    report: Callable[..., None],
+    device: torch.device,
+    settings: dict[str, Any],
+    output: str,
+) -> SpanTrace:
+    """``warmup`` untimed steps (first calls pay for lazy initialisation), then ``steps`` recorded ones."""
+    total, width = warmup + steps, settings["width"]
+    report(0.0, f"width {width}: {warmup} untimed warm-up step(s), then {steps} timed")
+    run(loader, steps=warmup, progress=scaled(report, 0.0, warmup / total, f"width {width}, warm-up: "))
+    rec = SpanRecorder(device, **settings, output=output)
+    run(loader, recorder=rec, steps=steps, progress=scaled(report, warmup / total, 1.0, f"width {width}, timed: "))
+    return rec.finish()

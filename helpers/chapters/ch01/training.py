@@ -1,14 +1,10 @@
-"""Chapter 01's evaluation, and the pieces its recorded steps (:mod:`.anatomy`) share.
-
-``evaluate(model, loader, device, *, transfer="blocking", max_batches=None) -> float``
-
-The ``transfer="blocking"`` / ``"non_blocking"`` copies of :func:`evaluate` are the workbook's one batch mover,
-:func:`helpers.pipeline.prefetch.move_batch`. The phases, their lanes and the bottleneck model are shared, in
-:mod:`helpers.pipeline.train`; the training loop timed phase by phase is :func:`.anatomy.record_steps`.
+"""Chapter 01's evaluation, and the batch copies and wait spans its recorded steps (:mod:`.anatomy`) share.
+The named copies are the workbook's one batch mover, :func:`helpers.pipeline.prefetch.move_batch`.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Iterable
 
 import torch
@@ -21,31 +17,21 @@ from ...pipeline.data import TimedCollate, to_float_normalized
 from ...pipeline.prefetch import move_batch
 from ...pipeline.train import DATA_LANE
 
-__all__ = ["evaluate"]
-
-
 Transfer = Callable[[Any, torch.device], tuple[torch.Tensor, torch.Tensor]]
 
 
-def _blocking(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``transfer="blocking"``: the batch's ``(x, y)`` to ``device`` with a blocking ``Tensor.to`` (the baseline)."""
-    x, y = move_batch((batch[0], batch[1]), device, non_blocking=False)
-    return x, y
-
-
-def _non_blocking(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``transfer="non_blocking"``: ``Tensor.to(device, non_blocking=True)`` (asynchronous only towards CUDA)."""
-    x, y = move_batch((batch[0], batch[1]), device, non_blocking=True)
-    return x, y
-
-
 def _resolve_transfer(transfer: str | Transfer) -> Transfer:
-    """The copy a ``transfer`` argument names; both named ones are the workbook's one batch mover,
-    :func:`helpers.pipeline.prefetch.move_batch`, over the batch's first two entries."""
+    """The copy ``transfer`` names: the batch's ``(x, y)`` to the device with a blocking ``Tensor.to`` (the
+    baseline) or ``non_blocking=True`` (asynchronous only towards CUDA); a function is used as it is."""
     if callable(transfer):
         return transfer
-    check_choice("transfer", transfer, ("blocking", "non_blocking"))
-    return _blocking if transfer == "blocking" else _non_blocking
+    non_blocking = check_choice("transfer", transfer, ("blocking", "non_blocking")) == "non_blocking"
+
+    def move(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = move_batch((batch[0], batch[1]), device, non_blocking=non_blocking)
+        return x, y
+
+    return move
 
 
 def _can_pin() -> bool:
@@ -54,12 +40,9 @@ def _can_pin() -> bool:
 
 
 def _record_wait(recorder: SpanRecorder, step: int, h0: float, timed: TimedCollate | None, pinning: bool) -> None:
-    """Record the wait for one batch, from ``h0`` until now: load, and collate (and pin) when they are known.
-
-    ``timed`` is the loader's :class:`TimedCollate` when it runs in this process (then ``timed.last``
-    says when the batch was collated, on this process's clock); ``pinning``: the loader pins the
-    batch in this process right after collating it (``pin_memory=True`` on a CUDA machine).
-    """
+    """Record the wait for one batch, from ``h0`` until now: load, and collate (and pin) when known: ``timed`` is
+    the loader's in-process :class:`TimedCollate` (``timed.last``: when it collated); ``pinning``: the loader pins
+    right after collating (``pin_memory=True`` on a CUDA machine)."""
     h1 = recorder.now()
     if timed is not None and timed.last is not None:  # collate ran before next() returned: c0 <= c1 <= h1
         c0, c1 = (min(recorder.since_start(t), h1) for t in timed.last)
@@ -73,15 +56,7 @@ def _record_wait(recorder: SpanRecorder, step: int, h0: float, timed: TimedColla
         recorder.add("load", step, h0, h1, lane=DATA_LANE)
 
 
-class _NullContext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-_NULL = _NullContext()
+_NULL = contextlib.nullcontext()
 
 
 @torch.no_grad()
@@ -94,17 +69,11 @@ def evaluate(
     max_batches: int | None = None,
     progress: Callable[..., None] | None = None,
 ) -> float:
-    """Top-1 accuracy (0-1) of ``model`` over ``loader`` (in eval mode; restores the mode after).
+    """Top-1 accuracy (0-1) of ``model`` over ``loader``, in eval mode (the mode restored after).
 
-    ``max_batches`` scores only the loader's *first* batches. A validation loader goes over its data set in
-    order, and a class-folder data set lists its classes in order, so those batches hold the first classes
-    only: for a shorter evaluation, give a loader over a subset spread evenly over the data set (``n`` items:
-    indices ``i * len(dataset) // n``, as chapter 07's job does), not ``max_batches``.
-
-    ``progress(fraction, text)`` is told after every batch (a loader without ``len`` moves it only at the end).
-
-    Raises:
-        ValueError: if the loader yields no samples.
+    ``max_batches`` scores only the *first* batches: of a class-folder data set read in order, the first
+    classes only. For a shorter evaluation give a loader over an evenly spread subset (indices
+    ``i * len(dataset) // n``, as chapter 07's job does). ValueError if the loader yields no samples.
     """
     device = torch.device(device)
     move = _resolve_transfer(transfer)

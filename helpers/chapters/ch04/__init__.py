@@ -1,18 +1,12 @@
 """Chapter 04, worker processes: the chapter's live panel and its benchmark.
 
-The chapter interface (:mod:`helpers.ui.chapter`) for ``notebooks/04_worker_processes.ipynb``:
-
->>> from helpers.chapters import ch04
 >>> panel = widgets.Panel.for_chapter(ch04, device=DEVICE, make_loader=make_loader, image_root=INFO.train_dir,
 ...                                   crop_size=CROP, batch=BATCH, batches=BATCHES, warmup=WARMUP, n_cheap=N_CHEAP)
 
 Each panel run calls the reader's ``make_loader(dataset, batch_size, workers=..., persistent=...,
-prefetch_factor=...)`` (the keyword names of chapter 04's pipeline cell) on one of three data sets
-(:data:`ITEM_COSTS`: cheap in-memory items, the JPEG baseline, the JPEG baseline + 2 ms of CPU), gives the
-loader the workbook's safety (:func:`helpers.chapters.ch04.sweeps.build_from_factory`: ``/dev/shm``, timeout,
-leak-proof start), times it and releases its workers, also when the run is interrupted. Everything runs on
-the CPU, so every figure is measured here. The loader machinery and the experiments stay in
-:mod:`helpers.pipeline.loaders`.
+prefetch_factor=...)`` on one of :data:`ITEM_COSTS`' data sets, guarded
+(:func:`~helpers.chapters.ch04.sweeps.build_from_factory`), timed, and released, also when interrupted.
+Everything runs on the CPU, so every figure is measured here.
 """
 
 from __future__ import annotations
@@ -38,21 +32,6 @@ from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset
 from ...ui import plots
 from . import speedup, sweeps
 
-__all__ = [
-    "NUMBER",
-    "TITLE",
-    "BENCH_WEIGHT",
-    "PANEL_TITLE",
-    "PANEL_FIGSIZE",
-    "ITEM_COSTS",
-    "benchmark",
-    "agreement_lines",
-    "panel_controls",
-    "panel_run",
-    "panel_summary",
-    "panel_plot",
-]
-
 NUMBER = "04"
 TITLE = "DataLoader worker processes"
 BENCH_WEIGHT = 2.25
@@ -62,10 +41,12 @@ PANEL_FIGSIZE = (8.0, 3.4)
 #: The panel's item costs: cheap in-memory items, the JPEG baseline, the baseline + 2 ms of CPU per item.
 ITEM_COSTS = ("cheap (in memory)", "baseline (JPEG decode + augment)", "heavy (baseline + 2 ms CPU)")
 
+#: prefetch_factor values the benchmark compares, in alternating rounds, against the DataLoader's default.
+PREFETCH_VALUES = (1, 2, 4)
+PREFETCH_REFERENCE = 2
 
-# ---------------------------------------------------------------------------
-# Benchmark
-# ---------------------------------------------------------------------------
+
+# -- benchmark ---------------------------------------------------------------------------------------
 
 
 def benchmark(
@@ -78,38 +59,24 @@ def benchmark(
     batches: int | None = None,
     warmup: int | None = None,
 ) -> ResultSet:
-    """Record chapter 04's key measurements into ``results``, on the shapes data set at the mode's sizes.
+    """Record chapter 04's measurements on the shapes data set at the mode's sizes; returns ``results``.
 
-    Everything runs on the CPU (``device`` is not used), with one intra-op thread in the main process, as in
-    every worker, so that workers=0 is a single-core baseline (the notebook does the same). Keys written:
+    On the CPU (``device`` unused), one intra-op thread in the main process as in every worker, so that
+    workers=0 is a single-core baseline. Keys:
 
-    * ``ch04.items_per_s`` {num_workers, persistent, output} - the worker sweep
-    * ``ch04.speedup`` {num_workers: 2, output, cores, main_threads, method} - steady state, persistent workers vs
-      workers=0, median of alternating rounds (:func:`~helpers.chapters.ch04.speedup.interleaved_speedup`);
-      spread = lowest/highest round
-    * ``ch04.parallel_ceiling`` {processes: 2, output, cores} - 2 independent processes vs workers=0 (the measured
-      ceiling), ``ch04.share_of_ceiling`` {num_workers: 2, output, cores} - the loader's share of it
-    * ``ch04.best_num_workers`` {cores, method}
-    * ``ch04.prefetch.items_per_s`` {prefetch_factor, num_workers} (median of alternating rounds, spread =
-      lowest/highest round), ``ch04.prefetch.ratio`` {prefetch_factor, reference, num_workers} (median per-round
-      ratio against ``reference``, spread = lowest/highest)
-    * ``ch04.persistent.epoch_s`` {persistent, epoch} (short epochs: a subset of 160 / 2,400 images),
-      ``ch04.persistent.restart_cost_s`` {num_workers}
+    * ``ch04.items_per_s`` {num_workers, persistent, output}: the worker sweep (float), the rounds' medians (uint8)
+    * ``ch04.speedup`` {num_workers: 2, output, cores, main_threads, method}: median of alternating rounds, spread
+      = lowest/highest round; flagged where the sweep's 2-worker point disagrees (:func:`agreement_lines`)
+    * ``ch04.parallel_ceiling`` {processes: 2, output, cores}, ``ch04.share_of_ceiling`` {num_workers: 2, ...}
+    * ``ch04.best_num_workers`` {cores, method} (one-shot sweep; flagged where the rounds contradict it)
+    * ``ch04.prefetch.items_per_s`` {prefetch_factor, num_workers}, ``ch04.prefetch.ratio`` {prefetch_factor,
+      reference, num_workers}: alternating rounds, spread = lowest/highest round
+    * ``ch04.persistent.epoch_s`` {persistent, epoch}, ``ch04.persistent.restart_cost_s`` {num_workers}
     * ``ch04.in_order.p95_wait_ms`` / ``ch04.in_order.total_s`` {in_order}
     * ``ch04.getitems.items_per_s`` {fetch, num_workers}
     * ``ch04.cheap.items_per_s`` / ``ch04.cheap.main_busy`` {items, output, collate, num_workers}
 
-    Args:
-        results: the ResultSet to add records to.
-        device: the bench's device (unused: workers are a CPU matter).
-        progress: optional ``progress(fraction, text)``.
-        info / sizes / batches / warmup: overrides (a :class:`helpers.pipeline.data.DatasetInfo`, a
-            :func:`helpers.pipeline.data.default_sizes`-like dict, batches per run); for tests.
-
-    Where two records measure one thing (the sweep's 2-worker point and ``ch04.speedup``), a disagreement is
-    flagged on ``ch04.speedup``; :func:`agreement_lines` gives the verdict for every such pair.
-
-    Returns ``results``.
+    ``info`` / ``sizes`` / ``batches`` / ``warmup`` override the data set, sizes and batches per run (tests).
     """
     progress = progress or no_progress
     sizes = dict(sizes) if sizes is not None else default_sizes()
@@ -130,9 +97,14 @@ def benchmark(
     return results
 
 
-def _flag(notes: Sequence[str]) -> dict[str, Any]:
-    """``{"flag": "..."}`` for a record whose figure looks impossible or contradicts another; else ``{}``."""
+def _flag(notes: Sequence[str], part: str = "") -> dict[str, Any]:
+    """``{"flag": "..."}`` from the notes containing ``part`` (a figure that looks impossible); else ``{}``."""
+    notes = [n for n in notes if part in n]
     return {"flag": "; ".join(notes)} if notes else {}
+
+
+def _spread(values: Sequence[float]) -> dict[str, Any]:
+    return {"min": min(values), "max": max(values), "n": len(values)}
 
 
 def _sweep_and_speedup(
@@ -144,76 +116,44 @@ def _sweep_and_speedup(
     sw = sweeps.sweep_workers(ds_float, ws, batch_size=bs, batches=batches, warmup=warm)
     for n, r in zip(sw.workers, sw.results):
         results.add("ch04.items_per_s", r.items_per_s, "items/s", num_workers=n, persistent=n > 0, output="float")
-    # The headline speed-up is measured in alternating rounds (drift in the machine's speed cancels),
-    # beside the measured ceiling of 2 independent processes.
     for output, ds in (("float", ds_float), ("uint8", ds_uint8)):
-        sr = speedup.interleaved_speedup(
-            ds,
-            2,
-            rounds=config.sized(3, 7),
-            batches=max(2, min(batches, config.sized(10, 40))),
-            batch_size=bs,
-            warmup=warm,
-        )
-        if output == "float":
-            # best_num_workers comes from a one-shot sweep: flagged where it contradicts the rounds.
-            flags = _flag(sw.notes(sr))
-            results.add(
-                "ch04.best_num_workers", sw.best_workers, "workers", cores=cores, method="one-shot sweep", **flags
-            )
-        spread = {"min": sr.spread[0], "max": sr.spread[1], "n": len(sr.ratios)}
-        method = "interleaved rounds, median of per-round ratios"
-        rec = results.add(
-            "ch04.speedup",
-            sr.speedup,
-            "ratio",
-            spread=spread,
-            num_workers=2,
-            output=output,
-            cores=cores,
-            main_threads=1,
-            method=method,
-        )
-        if output == "float":
-            # the sweep's 2-worker point is a second measurement of the same speed-up: flagged where it disagrees
-            for line in speedup.sweep_vs_rounds(sw, sr):
-                if "disagree" in line:
-                    rec.flag(line)
-        results.add(
-            "ch04.parallel_ceiling",
-            sr.ceiling_speedup,
-            "ratio",
-            processes=2,
-            output=output,
-            cores=cores,
-            **_flag([n for n in sr.notes() if "ceiling of" in n]),
-        )
-        results.add(
-            "ch04.share_of_ceiling",
-            sr.share_of_ceiling,
-            "fraction",
-            num_workers=2,
-            output=output,
-            cores=cores,
-            **_flag([n for n in sr.notes() if "of the measured ceiling" in n]),
-        )
-        if output == "uint8":
-            for n, rates in ((0, sr.single), (2, sr.workers)):
-                results.add(
-                    "ch04.items_per_s",
-                    statistics.median(rates),
-                    "items/s",
-                    num_workers=n,
-                    persistent=n > 0,
-                    output="uint8",
-                )
+        n_batches, rounds = max(2, min(batches, config.sized(10, 40))), config.sized(3, 7)
+        sr = speedup.interleaved_speedup(ds, 2, rounds=rounds, batches=n_batches, batch_size=bs, warmup=warm)
+        _speedup_records(results, sw if output == "float" else None, sr, output, cores)
+
+
+def _speedup_records(
+    results: ResultSet, sw: sweeps.WorkerSweep | None, sr: sweeps.SpeedupRounds, output: str, cores: int
+) -> None:
+    """The rounds' records, flagged where the one-shot sweep ``sw`` (float only) contradicts them."""
+    at: dict[str, Any] = {"output": output, "cores": cores}
+    if sw is not None:  # from a one-shot sweep: flagged where the rounds contradict it
+        flags = _flag(sw.notes(sr))
+        results.add("ch04.best_num_workers", sw.best_workers, "workers", cores=cores, method="one-shot sweep", **flags)
+    method = "interleaved rounds, median of per-round ratios"
+    params: dict[str, Any] = {"num_workers": 2, **at, "main_threads": 1, "method": method}
+    rec = results.add("ch04.speedup", sr.speedup, "ratio", spread=_spread(sr.ratios), **params)
+    # the sweep's 2-worker point measures the same speed-up: flagged where it disagrees
+    for line in speedup.sweep_vs_rounds(sw, sr) if sw is not None else []:
+        if "disagree" in line:
+            rec.flag(line)
+    notes = sr.notes()
+    flags = _flag(notes, "ceiling of")
+    results.add("ch04.parallel_ceiling", sr.ceiling_speedup, "ratio", processes=2, **at, **flags)
+    flags = _flag(notes, "of the measured ceiling")
+    results.add("ch04.share_of_ceiling", sr.share_of_ceiling, "fraction", num_workers=2, **at, **flags)
+    if output == "uint8":
+        for n, rates in ((0, sr.single), (2, sr.workers)):
+            rate = statistics.median(rates)
+            results.add("ch04.items_per_s", rate, "items/s", num_workers=n, persistent=n > 0, output="uint8")
 
 
 def _knobs(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: int) -> None:
-    """prefetch_factor, persistent_workers and in_order, each against its own baseline."""
-    # alternating rounds: single measurements of 1, 2 and 4 could not tell a difference from the machine's drift
+    """prefetch_factor (alternating rounds: single measurements can't tell it from drift), persistent_workers
+    and in_order, each against its own baseline."""
+    factory = functools.partial(_prefetch_loader, ds_float, bs)
     kr = speedup.knob_rounds(
-        functools.partial(_prefetch_loader, ds_float, bs),
+        factory,
         "prefetch_factor",
         PREFETCH_VALUES,
         reference=PREFETCH_REFERENCE,
@@ -222,10 +162,13 @@ def _knobs(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: i
         warmup=warm,
     )
     for v in kr.values:
-        rates = kr.rates[v]
-        spread = {"min": min(rates), "max": max(rates), "n": len(rates)}
         results.add(
-            "ch04.prefetch.items_per_s", kr.median(v), "items/s", spread=spread, prefetch_factor=v, num_workers=2
+            "ch04.prefetch.items_per_s",
+            kr.median(v),
+            "items/s",
+            spread=_spread(kr.rates[v]),
+            prefetch_factor=v,
+            num_workers=2,
         )
         if v != kr.reference:
             ratios = kr.ratios(v)
@@ -233,7 +176,7 @@ def _knobs(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: i
                 "ch04.prefetch.ratio",
                 statistics.median(ratios),
                 "ratio",
-                spread={"min": min(ratios), "max": max(ratios), "n": len(ratios)},
+                spread=_spread(ratios),
                 prefetch_factor=v,
                 reference=kr.reference,
                 num_workers=2,
@@ -251,11 +194,6 @@ def _knobs(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: i
         results.add("ch04.in_order.total_s", r.seconds, "s", in_order=flag)
 
 
-#: prefetch_factor values the benchmark compares, in alternating rounds, against the DataLoader's default.
-PREFETCH_VALUES = (1, 2, 4)
-PREFETCH_REFERENCE = 2
-
-
 def _prefetch_loader(ds: Dataset, bs: int, prefetch_factor: int) -> DataLoader:
     """The benchmark's 2-worker persistent loader at ``prefetch_factor`` (a module function: picklable)."""
     cfg = loaders.LoaderConfig(batch_size=bs, num_workers=2, persistent_workers=True, prefetch_factor=prefetch_factor)
@@ -263,17 +201,10 @@ def _prefetch_loader(ds: Dataset, bs: int, prefetch_factor: int) -> DataLoader:
 
 
 def agreement_lines(results: ResultSet) -> list[str]:
-    """One verdict line per pair of chapter 04 records that measure the same thing (the chapter's rule: no
-    silent contradictions).
-
-    * ``ch04.speedup`` (alternating rounds; spread = lowest/highest round) against the one-pass sweep's
-      ``ch04.items_per_s`` at the same ``num_workers`` over ``num_workers=0`` (output "float": the sweep's; one
-      measurement each, no spread): "agree within their spread" or "disagree: trust the alternating rounds ...";
-    * ``ch04.prefetch.ratio`` (per-round ratios against the reference prefetch_factor): within the noise (the
-      rounds' range includes 1.00x) or a real difference.
-
-    The verdict is :func:`helpers.chapters.ch04.speedup.within_spread` on the recorded spreads.
-    """
+    """One verdict per pair of chapter 04 records that measure one thing (no silent contradictions):
+    ``ch04.speedup`` (rounds) against the one-pass sweep's ``ch04.items_per_s`` ratio at the same
+    ``num_workers`` (:func:`~.speedup.agreement_line`), and each ``ch04.prefetch.ratio``
+    (:func:`~.speedup.difference_line`), from the recorded spreads."""
     out = []
     for sp in results.find("ch04.speedup", output="float"):
         n = int(sp.params.get("num_workers") or 0)
@@ -284,9 +215,8 @@ def agreement_lines(results: ResultSet) -> list[str]:
             out.append(speedup.agreement_line(n, one[0].value / zero[0].value, band))
     for pr in results.find("ch04.prefetch.ratio"):
         if {"min", "max"} <= set(pr.spread):
-            p = pr.params
+            p, rounds = pr.params, int(pr.spread.get("n", 0))
             band = [float(pr.spread["min"]), pr.value, float(pr.spread["max"])]
-            rounds = int(pr.spread.get("n", 0))
             out.append(
                 speedup.difference_line("prefetch_factor", p.get("prefetch_factor"), p.get("reference"), band, rounds)
             )
@@ -295,27 +225,18 @@ def agreement_lines(results: ResultSet) -> list[str]:
 
 def _cheap_items(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: int) -> None:
     """``__getitems__`` against per-item fetching, and cheap items (where the main process is the bottleneck)."""
-    gi = sweeps.getitems_experiment(config.sized(4096, 32768), batch_size=bs, batches=batches, warmup=warm)
-    for (fetch, w), r in gi.items():
+    run: dict[str, Any] = {"batch_size": bs, "batches": batches, "warmup": warm}
+    for (fetch, w), r in sweeps.getitems_experiment(config.sized(4096, 32768), **run).items():
         results.add("ch04.getitems.items_per_s", r.items_per_s, "items/s", fetch=fetch, num_workers=w)
-    ce = sweeps.cheap_vs_expensive(
-        {},
-        n_cheap=config.sized(4096, 32768),
-        image_size=int(getattr(ds_float, "crop_size", 64)),
-        batch_size=bs,
-        batches=batches,
-        warmup=warm,
-    )
-    for row in ce:
+    size = int(getattr(ds_float, "crop_size", 64))
+    for row in sweeps.cheap_vs_expensive({}, n_cheap=config.sized(4096, 32768), image_size=size, **run):
         r = row["result"]
         knobs = {k: row[k] for k in ("items", "output", "collate", "num_workers")}
         results.add("ch04.cheap.items_per_s", r.items_per_s, "items/s", **knobs)
         results.add("ch04.cheap.main_busy", r.main_busy, "fraction", **knobs)
 
 
-# ---------------------------------------------------------------------------
-# Live panel
-# ---------------------------------------------------------------------------
+# -- live panel --------------------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=8)
@@ -339,18 +260,15 @@ def _default(make_loader: Any, name: str, fallback: Any) -> Any:
 
 
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """Workers, batch size (``batch=``), prefetch factor and persistence (defaults: the reader's ``make_loader``'s),
-    and the cost per item."""
+    """Workers, batch size (``batch=``), prefetch factor and persistence (defaults: the reader's
+    ``make_loader``'s), and the cost per item."""
     make_loader = context.get("make_loader")
+    prefetch, persistent = _default(make_loader, "prefetch_factor", 2), _default(make_loader, "persistent", True)
     return {
         "num_workers": W.IntSlider(value=2, min=0, max=loaders.cpu_cores() + 2, description="num_workers"),
         "batch_size": W.IntSlider(value=context.get("batch", 32), min=8, max=256, step=8, description="batch_size"),
-        "prefetch_factor": W.IntSlider(
-            value=_default(make_loader, "prefetch_factor", 2), min=1, max=8, description="prefetch_factor"
-        ),
-        "persistent": W.Checkbox(
-            value=bool(_default(make_loader, "persistent", True)), description="persistent workers"
-        ),
+        "prefetch_factor": W.IntSlider(value=prefetch, min=1, max=8, description="prefetch_factor"),
+        "persistent": W.Checkbox(value=bool(persistent), description="persistent workers"),
         "item_cost": W.Dropdown(options=list(ITEM_COSTS), value=ITEM_COSTS[1], description="items"),
     }
 
@@ -372,50 +290,38 @@ def panel_run(
     n_cheap: int = 2048,
     **context: Any,
 ) -> Evidence[loaders.Throughput]:
-    """One run: the reader's ``make_loader(dataset, batch_size, workers=..., persistent=..., prefetch_factor=...)``
-    on the ``item_cost`` data set, guarded, timed and released. Measured here (a CPU matter, on any machine).
+    """One run of the reader's ``make_loader(dataset, batch_size, workers=..., persistent=..., prefetch_factor=...)``
+    on the ``item_cost`` data set, guarded, timed and released: measured here (a CPU matter).
 
     Raises:
-        ValueError: bad settings (also far more workers than this machine has cores:
-            :func:`~helpers.pipeline.loaders.check_workers_for_cores`); a ``make_loader`` that is not a function or
-            ignores ``workers``/``batch_size``; image items without ``image_root``.
+        ValueError: bad settings (also far more workers than this machine has cores); a ``make_loader`` that is
+            not a function or ignores ``workers``/``batch_size``; image items without ``image_root``.
     """
     if not callable(make_loader):
         raise ValueError(f"make_loader must be your loader function, got {type(make_loader).__name__}")
     check_choice("item_cost", item_cost, ITEM_COSTS)
     if not isinstance(persistent, bool):
         raise ValueError(f"persistent must be True or False, got {persistent!r}")
+    workers = loaders.check_workers_for_cores(check_int("num_workers", num_workers, 0, loaders.MAX_WORKERS))
     knobs = {
-        "workers": loaders.check_workers_for_cores(check_int("num_workers", num_workers, 0, loaders.MAX_WORKERS)),
+        "workers": workers,
         "persistent": persistent,
         "prefetch_factor": check_int("prefetch_factor", prefetch_factor, 1, 64),
     }
     bs = check_int("batch_size", batch_size, 1, 65536)
+    root = None if image_root is None else os.fspath(image_root)
     ds = _panel_dataset(
-        item_cost,
-        None if image_root is None else os.fspath(image_root),
-        check_int("crop_size", crop_size, 8, 1024),
-        check_int("n_cheap", n_cheap, 1, 10_000_000),
+        item_cost, root, check_int("crop_size", crop_size, 8, 1024), check_int("n_cheap", n_cheap, 1, 10**7)
     )
-    loader = sweeps.build_from_factory(
-        lambda _: make_loader(ds, bs, **knobs),
-        knobs["workers"],
-        expect={"num_workers": knobs["workers"], "batch_size": bs},
-    )
-    res = loaders.measure_throughput(
-        loader,
-        batches=check_int("batches", batches, 1, 100_000),
-        warmup=check_int("warmup", warmup, 0, 10_000),
-        progress=progress,
-    )
-    res.label = f"{res.label}, {item_cost.split(' ')[0]}"
+    expect = {"num_workers": workers, "batch_size": bs}
+    loader = sweeps.build_from_factory(lambda _: make_loader(ds, bs, **knobs), workers, expect=expect)
+    batches, warmup = check_int("batches", batches, 1, 100_000), check_int("warmup", warmup, 0, 10_000)
+    res = loaders.measure_throughput(loader, batches=batches, warmup=warmup, progress=progress)
+    items = item_cost.split(" ")[0]
+    res.label = f"{res.label}, {items}"
     res.extra["item_cost"] = item_cost
-    return evidence.measured(
-        f"your make_loader, {item_cost.split(' ')[0]} items",
-        res,
-        "cpu",
-        method=f"{res.batches} batches after {res.warmup_batches} warm-up",
-    )
+    method = f"{res.batches} batches after {res.warmup_batches} warm-up"
+    return evidence.measured(f"your make_loader, {items} items", res, "cpu", method=method)
 
 
 def panel_summary(result: Evidence[loaders.Throughput]) -> str:

@@ -1,7 +1,5 @@
-"""Chapter 04's pitfalls, shown live: duplicated random draws across workers, a data set defined in the
-notebook under spawn, an exception raised inside a worker.
-
-The data sets they run (module level, so spawn workers can import them) stay in :mod:`helpers.pipeline.loaders`.
+"""Chapter 04's pitfalls, shown live: duplicated random draws across workers, a data set defined in the notebook
+under spawn, an exception raised inside a worker (the data sets they run are in :mod:`helpers.pipeline.loaders`).
 """
 
 from __future__ import annotations
@@ -9,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -27,24 +26,14 @@ from ...pipeline.loaders import (
     open_iterator,
 )
 
-__all__ = [
-    "rng_draws",
-    "rng_duplicates",
-    "SpawnOutcome",
-    "spawn_failure_demo",
-    "worker_error_demo",
-]
-
 
 def rng_draws(
     dataset: Dataset, *, num_workers: int = 2, batch_size: int = 4, multiprocessing_context: str | None = None
 ) -> dict[int, list[float]]:
     """Run ``dataset`` (items ``(index, worker_id, draw)``) through workers; draws per worker, in order
     (worker id -1: the main process, with ``num_workers=0``)."""
-    cfg = LoaderConfig(
-        batch_size=batch_size, num_workers=num_workers, shuffle=False, multiprocessing_context=multiprocessing_context
-    )
-    loader = build_loader(dataset, cfg)
+    cfg = LoaderConfig(batch_size=batch_size, num_workers=num_workers, shuffle=False)
+    loader = build_loader(dataset, cfg, multiprocessing_context=multiprocessing_context)
     out: dict[int, list[float]] = {}
     with open_iterator(loader) as it:
         for _idx, wid, draw in it:
@@ -66,13 +55,9 @@ def rng_duplicates(draws: Mapping[int, Sequence[float]]) -> float:
 @contextlib.contextmanager
 def _capture_fd2() -> Iterator[Callable[[], str]]:
     """Redirect file descriptor 2 (inherited by child processes) into a temporary file."""
-    import sys
-
     with tempfile.TemporaryFile(mode="w+b") as tmp:
-        try:
+        with contextlib.suppress(Exception):
             sys.stderr.flush()
-        except Exception:
-            pass
         saved = os.dup(2)
         os.dup2(tmp.fileno(), 2)
         text: list[str] = []
@@ -87,7 +72,7 @@ def _capture_fd2() -> Iterator[Callable[[], str]]:
 
 @dataclass
 class SpawnOutcome:
-    """What happened when a loader ran with a given start method."""
+    """What happened when a loader ran with a given start method (``child_error``: the worker's own last error)."""
 
     context: str
     ok: bool
@@ -98,18 +83,12 @@ class SpawnOutcome:
 
 
 def spawn_failure_demo(dataset: Dataset, *, context: str = "spawn", timeout_s: float = 30.0) -> SpawnOutcome:
-    """Try one batch from ``dataset`` with one worker started by ``context``; report, never hang or leak.
+    """One batch from ``dataset`` with one worker started by ``context`` ("spawn", "forkserver", "fork"), within
+    the loader's ``timeout_s``; never hangs or leaks.
 
-    A data set class defined in a notebook cell lives in ``__main__``; a
-    spawn/forkserver worker is a fresh interpreter that cannot import it, so it
-    dies while unpickling the data set. The worker's own error message goes to
-    its stderr, which this function captures and returns as ``child_error``
-    (e.g. ``AttributeError: Can't get attribute 'MyData' on <module ...>``).
-
-    Args:
-        dataset: the data set to try.
-        context: "spawn", "forkserver" or "fork".
-        timeout_s: the DataLoader's timeout (1-600 s): the demo can't hang longer.
+    A data set class defined in a notebook cell lives in ``__main__``, which a spawn/forkserver worker (a fresh
+    interpreter) cannot import: it dies while unpickling the data set, and its own error, on its stderr, is
+    captured here as ``child_error`` (``AttributeError: Can't get attribute 'MyData' on <module ...>``).
     """
     check_choice("context", context, [m for m in START_METHODS if m])
     timeout_s = check_float("timeout_s", timeout_s, 1.0, 600.0)
@@ -125,27 +104,17 @@ def spawn_failure_demo(dataset: Dataset, *, context: str = "spawn", timeout_s: f
             err = exc
         # give a dying child a moment to flush its traceback
         time.sleep(0.05)
-    child_text = captured()
-    found = re.findall(r"^(\w+(?:Error|Exception)): (.*)$", child_text, flags=re.M)
+    found = re.findall(r"^(\w+(?:Error|Exception)): (.*)$", captured(), flags=re.M)
     child_error = f"{found[-1][0]}: {found[-1][1]}" if found else None
-    return SpawnOutcome(
-        context=context,
-        ok=err is None,
-        error_type=type(err).__name__ if err else None,
-        message=str(err).strip() if err else "one batch loaded fine",
-        child_error=child_error,
-        seconds=time.perf_counter() - t0,
-    )
+    message = str(err).strip() if err else "one batch loaded fine"
+    kind = type(err).__name__ if err else None
+    return SpawnOutcome(context, err is None, kind, message, child_error, time.perf_counter() - t0)
 
 
 def worker_error_demo(dataset: Dataset | None = None, *, num_workers: int = 2) -> tuple[str, str]:
-    """Load from a data set whose item raises in a worker; return torch's ``(exception type, message)``.
-
-    The DataLoader re-raises the worker's exception in the main process, of
-    the same type, with the worker's traceback in the message ("Caught
-    ValueError in DataLoader worker process 1. Original Traceback ...").
-    :func:`open_iterator` turns it into a :class:`LoaderFailure` in plain words
-    (:func:`explain_loader_error`); this returns torch's own error, kept as its cause.
+    """Load from a data set whose item raises in a worker; torch's ``(exception type, message)``: the worker's
+    exception re-raised in the main process with its traceback ("Caught ValueError in DataLoader worker process
+    1. Original Traceback ..."), kept as the cause of :func:`open_iterator`'s plain-words :class:`LoaderFailure`.
     """
     ds = dataset if dataset is not None else FailingDataset()
     cfg = LoaderConfig(batch_size=4, num_workers=check_int("num_workers", num_workers, 1, MAX_WORKERS), shuffle=False)

@@ -1,5 +1,6 @@
-"""Chapter 04's fair speed-up figure: alternating rounds of workers=0 against workers=N, the machine's own
-parallel ceiling beside them, and whether two measurements of one thing agree within their spread.
+"""Chapter 04's fair comparisons: workers=0 against workers=N (and the machine's own parallel ceiling), and a
+knob's values, each in alternating rounds (:func:`helpers.core.rounds.alternate`), with the verdicts on two
+measurements of one thing.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 from ...core import agreement
 from ...core.device import intraop_threads
 from ...core.failures import LoaderFailure
+from ...core.rounds import alternate, table
 from ...core.validate import check_float, check_int
 from ...pipeline.loaders import (
     MAX_WORKERS,
@@ -35,10 +37,11 @@ from ...pipeline.loaders import (
     cpu_cores,
     reset_child_signals,
 )
-from .sweeps import _LABEL_PART, SpeedupRounds, WorkerSweep, _is_factory, build_from_factory
+from .sweeps import SpeedupRounds, WorkerSweep, _is_factory, build_from_factory
 
 __all__ = [
     "parallel_ceiling",
+    "start_pool",
     "close_pool",
     "interleaved_speedup",
     "plot_rounds",
@@ -51,17 +54,17 @@ __all__ = [
     "knob_rounds",
 ]
 
+# -- the measured ceiling: N independent processes, no loader around them ---------------------------
+
 
 def _ceiling_task(args: tuple[Any, int, int, Any, float, float]) -> tuple[int, float]:
-    """One process of :func:`parallel_ceiling`: load and collate batches in a loop for ``seconds``; (items, seconds)."""
+    """One process of :func:`parallel_ceiling`: load and collate batches for ``seconds``; (items, seconds)."""
     dataset, offset, batch_size, collate_fn, start_at, seconds = args
     torch.set_num_threads(1)
     collate = collate_fn if collate_fn is not None else default_collate
     while time.time() < start_at:  # all processes start together
         time.sleep(0.0005)
-    n = len(dataset)
-    k = 0
-    t0 = time.perf_counter()
+    n, k, t0 = len(dataset), 0, time.perf_counter()
     while True:
         collate([dataset[(offset + k + j) % n] for j in range(batch_size)])
         k += batch_size
@@ -79,24 +82,13 @@ def parallel_ceiling(
     collate_fn: Callable[[Any], Any] | None = None,
     pool: Any = None,
 ) -> float:
-    """Items/s that ``processes`` independent processes reach together, each loading and collating batches.
+    """Items/s that ``processes`` independent processes reach together, each doing what ``num_workers=0``
+    does (``collate_fn([dataset[i] for i in batch])``) with no queues, shared memory or main process to feed.
 
-    Each process does exactly what ``num_workers=0`` does in the main process -
-    ``collate_fn([dataset[i] for i in batch])`` - but with no loader around it: no
-    queues, no shared memory, no main process to feed. That is the most
-    ``num_workers=processes`` can deliver on this machine right now - the
-    *measured* core-count ceiling. On a laptop with turbo boost, on a VM whose
-    virtual cores share physical ones, or next to other programs it is below
-    ``processes`` x the single-process rate.
-
-    Args:
-        dataset: a map-style data set (picklable; from an importable module under spawn).
-        processes: how many processes (1-64).
-        seconds: how long each one runs (0.05-600); at least one batch is always completed.
-        batch_size: items per batch (1-65536).
-        collate_fn: default ``torch.utils.data.default_collate``.
-        pool: an open ``multiprocessing`` pool with ``processes`` processes to reuse; default: one is
-            started for this call and terminated afterwards (also on ``KeyboardInterrupt``).
+    That is the most ``num_workers=processes`` can deliver here right now: the *measured* core-count
+    ceiling, below ``processes`` x the single-process rate on a turbo-boosting laptop, on a VM whose virtual
+    cores share physical ones, or next to other programs. ``pool``: an open pool of :func:`start_pool` to
+    reuse; by default one is started and closed here (also on ``KeyboardInterrupt``).
     """
     processes = check_int("processes", processes, 1, MAX_WORKERS)
     seconds = check_float("seconds", seconds, 0.05, 600.0)
@@ -113,8 +105,7 @@ def parallel_ceiling(
     except mp.TimeoutError:
         raise LoaderFailure(
             f"parallel_ceiling: the {processes} processes did not report within "
-            f"{seconds + WORKER_TIMEOUT_S:g} s (a frozen or starved process); "
-            "they were stopped"
+            f"{seconds + WORKER_TIMEOUT_S:g} s (a frozen or starved process); they were stopped"
         ) from None
     finally:
         if own and pool is not None:
@@ -128,12 +119,9 @@ def _pool_initializer() -> None:
 
 
 def start_pool(processes: int) -> Any:
-    """A ``multiprocessing`` pool whose processes never run the parent's signal handlers.
-
-    SIGINT and SIGTERM are blocked in this thread while the pool forks, so a child can't receive
-    one before its initializer has reset the handlers (:func:`reset_child_signals`) and unblocked them.
-    Close it with :func:`close_pool`.
-    """
+    """A ``multiprocessing`` pool whose processes never run the parent's signal handlers; close it with
+    :func:`close_pool`. SIGINT and SIGTERM stay blocked while the pool forks, until each child has reset its
+    handlers (:func:`~helpers.pipeline.loaders.reset_child_signals`)."""
     processes = check_int("processes", processes, 1, MAX_WORKERS)
     with _HeldSignals() as held:  # a Ctrl-C during the forks is noted, not lost in an at-fork callback
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
@@ -150,11 +138,10 @@ def start_pool(processes: int) -> Any:
 
 
 def close_pool(pool: Any, grace_s: float = SHUTDOWN_GRACE_S) -> None:
-    """``pool.terminate()`` + ``join()``, with a bounded wait: after ``grace_s`` the processes are killed.
+    """``pool.terminate()`` + ``join()``, bounded: after ``grace_s`` the processes are killed.
 
-    ``terminate()`` can block for ever on a queue lock that a misbehaving process holds; it runs in a
-    helper thread here, and killing the processes releases what they held. An interrupt that arrives
-    meanwhile is re-raised after the processes are gone.
+    ``terminate()`` can block for ever on a queue lock a misbehaving process holds, so it runs in a helper
+    thread; killing the processes releases what they held. An interrupt meanwhile is re-raised at the end.
     """
     import multiprocessing.pool as mp_pool
 
@@ -188,17 +175,22 @@ def close_pool(pool: Any, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         raise pending
 
 
+# -- loaders measured in alternating rounds -------------------------------------------------------------
+
+
 class _Batches:
-    """Take batches from a loader across epoch ends (persistent workers carry on); close() releases the workers."""
+    """Batches from one loader across epoch ends (persistent workers carry on); :func:`_held_loaders` releases them."""
 
     def __init__(self, loader: DataLoader) -> None:
         self.loader = loader
         self.it: Iterator[Any] | None = None
+        self.last_s = 0.05
+        # the batches its workers buffer while idle (num_workers x prefetch_factor): taken untimed first
+        self.buffered = loader.num_workers * (loader.prefetch_factor or 2)
 
     def take(self, count: int) -> tuple[int, float]:
         """Take ``count`` batches; returns (items, seconds)."""
-        items = 0
-        t0 = time.perf_counter()
+        items, t0 = 0, time.perf_counter()
         for _ in range(count):
             if self.it is None:
                 self.it = iter(self.loader)
@@ -208,14 +200,46 @@ class _Batches:
                 self.it = iter(self.loader)
                 batch = next(self.it)
             items += _batch_len(batch)
-        return items, time.perf_counter() - t0
+        self.last_s = time.perf_counter() - t0
+        return items, self.last_s
+
+    def rate(self, batches: int) -> float:
+        """Items/s over ``batches`` batches, after the batches prepared while idle (not the steady state)."""
+        self.take(self.buffered)
+        items, secs = self.take(batches)
+        return items / secs
 
     def objs(self) -> list[Any]:
         """What :func:`_finish` must release."""
         return [x for x in (self.it, self.loader) if x is not None]
 
-    def close(self) -> None:
-        _finish(self.objs())
+
+@contextlib.contextmanager
+def _held_loaders(takers: list[_Batches]) -> Iterator[None]:
+    """One intra-op thread, the DataLoader's core-count warning quiet, and every taker's workers released at
+    the end (also on an interrupt)."""
+    before = _worker_children()
+    with intraop_threads(1), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
+        try:
+            yield
+        finally:
+            _finish([x for t in takers for x in t.objs()], before)
+
+
+def _speedup_loaders(
+    dataset: "Dataset | Callable[[int], DataLoader]", num_workers: int, batch_size: int, prefetch: Any, collate_fn: Any
+) -> tuple[_Batches, _Batches]:
+    """The single-process and the persistent worker loader of :func:`interleaved_speedup` (``/dev/shm`` checked)."""
+    if _is_factory(dataset):
+        one = build_from_factory(dataset, 0, expect={"num_workers": 0})
+        expect = {"num_workers": num_workers, "persistent_workers": True}
+        return _Batches(one), _Batches(build_from_factory(dataset, num_workers, expect=expect))
+    single_cfg = LoaderConfig(batch_size=batch_size)
+    worker_cfg = single_cfg.replace(num_workers=num_workers, persistent_workers=True, prefetch_factor=prefetch)
+    worker_cfg.validated()  # both refused before any worker starts
+    one = build_loader(dataset, single_cfg, collate_fn=collate_fn)
+    return _Batches(one), _Batches(build_loader(dataset, worker_cfg, collate_fn=collate_fn))
 
 
 def interleaved_speedup(
@@ -231,97 +255,45 @@ def interleaved_speedup(
     collate_fn: Callable[[Any], Any] | None = None,
     progress: Callable[..., Any] | None = None,
 ) -> SpeedupRounds:
-    """Measure the worker speed-up in alternating rounds, so that drift in the machine's speed cancels out.
+    """The worker speed-up in alternating rounds, so that drift in the machine's speed cancels out.
 
-    A sequential comparison (all of ``num_workers=0``, then all of the worker
-    loader) is at the mercy of the machine's speed at the time: on a shared or
-    turbo-boosting CPU the single-core rate moves by a third within seconds.
-    Here each round measures, back to back: ``batches`` batches in one process,
-    (optionally) :func:`parallel_ceiling` (the same batches, collated the same way,
-    in ``num_workers`` independent processes) for as long, then ``batches`` batches
-    from the worker loader. The speed-up of each round compares measurements
-    taken seconds apart; the result is their median.
-
-    The worker loader is built once, with persistent workers, and warmed up. While
-    the single-process window runs, its workers sit idle with full buffers, so the
-    ``num_workers x prefetch_factor`` batches they hold are taken (untimed) before
-    each timed window. The main process uses one intra-op thread throughout.
-
-    ``dataset`` is either your loader factory (a function of the worker count: ``factory(0)`` is the
-    single-process loader, ``factory(num_workers)`` the worker loader; give it persistent workers), or a
-    data set (then both loaders are built here from ``batch_size``, ``prefetch_factor`` and ``collate_fn``).
-    With a factory, the ceiling runs the worker loader's own data set, collate function and batch size,
-    and its ``prefetch_factor`` sets how many buffered batches are taken before each window.
-
-    Raises:
-        ValueError: bad arguments, or too little ``/dev/shm`` (checked before any worker starts).
+    Each round measures, back to back (reversed every other round): ``batches`` batches in one process,
+    :func:`parallel_ceiling` (``num_workers`` processes, the same batches, for as long; if ``ceiling``) and
+    ``batches`` batches from the persistent worker loader, after the batches its idle workers buffered. The
+    main process uses one intra-op thread. ``dataset`` is your loader factory (``factory(0)``,
+    ``factory(num_workers)`` with persistent workers) or a data set (then ``batch_size``, ``prefetch_factor``
+    and ``collate_fn`` apply). ValueError for bad arguments or too little ``/dev/shm`` (before any worker starts).
     """
     num_workers = check_int("num_workers", num_workers, 1, MAX_WORKERS)
     rounds = check_int("rounds", rounds, 1, 1000)
     batches = check_int("batches", batches, 1, 1_000_000)
     warmup = check_int("warmup", warmup, 0, 1_000_000)
-    single: list[float] = []
-    workers: list[float] = []
-    ceil: list[float] = []
     t_start = time.perf_counter()
-    if _is_factory(dataset):
-        # your loaders, with the workbook's safety (guard: /dev/shm checked before any worker starts)
-        one = _Batches(build_from_factory(dataset, 0, expect={"num_workers": 0}))
-        many = _Batches(
-            build_from_factory(dataset, num_workers, expect={"num_workers": num_workers, "persistent_workers": True})
-        )
-        dataset, collate_fn = many.loader.dataset, many.loader.collate_fn
-        batch_size, prefetch_factor = int(many.loader.batch_size or 1), many.loader.prefetch_factor
-    else:
-        single_cfg = LoaderConfig(batch_size=batch_size)
-        worker_cfg = single_cfg.replace(
-            num_workers=num_workers, persistent_workers=True, prefetch_factor=prefetch_factor
-        )
-        worker_cfg.validated()
-        # build_loader checks /dev/shm before any worker starts
-        one = _Batches(build_loader(dataset, single_cfg, collate_fn=collate_fn))
-        many = _Batches(build_loader(dataset, worker_cfg, collate_fn=collate_fn))
-    buffered = num_workers * (prefetch_factor or 2)
-    with intraop_threads(1), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
-        pool = None
-        before = _worker_children()
+    one, many = _speedup_loaders(dataset, num_workers, batch_size, prefetch_factor, collate_fn)
+    ds, collate, bs = many.loader.dataset, many.loader.collate_fn, int(many.loader.batch_size or 1)
+    pool = None
+    with _held_loaders([many, one]):
         try:
             one.take(max(1, warmup))
-            many.take(warmup + buffered)
+            many.take(warmup + many.buffered)
+            measures = {"workers=0": lambda: one.rate(batches)}
             if ceiling:
                 pool = start_pool(num_workers)
-            for r in range(rounds):
-                items, secs = one.take(batches)
-                single.append(items / secs)
-                if pool is not None:
-                    ceil.append(
-                        parallel_ceiling(
-                            dataset,
-                            num_workers,
-                            max(0.05, secs),
-                            batch_size=batch_size,
-                            collate_fn=collate_fn,
-                            pool=pool,
-                        )
-                    )
-                many.take(buffered)  # prepared while idle: not part of the steady state
-                items, secs = many.take(batches)
-                workers.append(items / secs)
-                if progress is not None:
-                    progress((r + 1) / rounds, f"round {r + 1}/{rounds}")
+                # as long as the latest single-process window
+                measures["ceiling"] = lambda: parallel_ceiling(
+                    ds, num_workers, max(0.05, one.last_s), batch_size=bs, collate_fn=collate, pool=pool
+                )
+            measures["workers"] = lambda: many.rate(batches)
+            got = alternate(measures, rounds, progress=progress)
         finally:
-            try:
-                if pool is not None:
-                    close_pool(pool)
-            finally:
-                _finish([*many.objs(), *one.objs()], before)
+            if pool is not None:
+                close_pool(pool)
     return SpeedupRounds(
         num_workers=num_workers,
-        batch_size=batch_size,
-        single=single,
-        workers=workers,
-        ceiling=ceil,
+        batch_size=bs,
+        single=got.values["workers=0"],
+        workers=got.values["workers"],
+        ceiling=got.values.get("ceiling", []),
         cores=cpu_cores(),
         seconds=time.perf_counter() - t_start,
     )
@@ -329,7 +301,7 @@ def interleaved_speedup(
 
 def plot_rounds(sr: SpeedupRounds, ax: Any = None, title: str = "") -> Any:
     """Items/s per round: one process, the worker loader, and (if measured) the measured ceiling."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional/heavy: matplotlib
 
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 3.4))
@@ -338,84 +310,12 @@ def plot_rounds(sr: SpeedupRounds, ax: Any = None, title: str = "") -> Any:
         ax.plot(xs, sr.ceiling, "s--", color="#444", label=f"ceiling: {sr.num_workers} independent processes")
     ax.plot(xs, sr.workers, "o-", color="#f28e2b", label=f"loader, num_workers={sr.num_workers} (persistent)")
     ax.plot(xs, sr.single, "o-", color="#4e79a7", label="loader, num_workers=0")
-    ax.set_xticks(xs)
-    ax.set_xlabel("round (each measures all series back to back)")
-    ax.set_ylabel("throughput (items/s)")
+    ax.set(xticks=xs, xlabel="round (each measures all series back to back)", ylabel="throughput (items/s)")
     ax.set_ylim(bottom=0)
     ax.set_title(title or f"Speed-up in alternating rounds: median {sr.speedup:.2f}x")
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
     return ax
-
-
-#: What the verdict says when a one-pass figure falls outside the alternating rounds' range.
-TRUST_ROUNDS = (
-    "trust the alternating rounds (each round compares the two settings under the same load; "
-    "the one-pass sweep measures each setting once, at different moments)"
-)
-
-
-def within_spread(value: float, samples: Sequence[float]) -> bool:
-    """The verdict: whether ``value`` lies within the spread of ``samples`` (their lowest to highest, inclusive).
-
-    The one small rule behind every "agree / disagree" line of chapter 04: a figure with no spread of its own
-    (a one-pass measurement; or 1.0, "no difference") is compared with the range of repeated measurements
-    of the same thing (alternating rounds), which serves as the noise band: :func:`helpers.core.agreement.within_range`.
-
-    Raises:
-        ValueError: no samples, or a value/sample that is not a finite number.
-    """
-    return agreement.within_range(value, samples)
-
-
-def agreement_line(num_workers: int, one_pass: float, rounds: Sequence[float]) -> str:
-    """The verdict on one speed-up measured twice: once in a one-pass sweep, and per round in alternating rounds.
-
-    ``one_pass`` has no spread of its own; the rounds' range (``rounds``: per-round speed-ups, or just their
-    lowest and highest) is the noise band (:func:`within_spread`). Ends in "agree within their spread" or
-    "disagree: " + :data:`TRUST_ROUNDS`.
-    """
-    lo, hi = min(rounds), max(rounds)
-    verdict = "agree within their spread" if within_spread(one_pass, rounds) else f"disagree: {TRUST_ROUNDS}"
-    return (
-        f"num_workers={num_workers}: one-pass sweep {one_pass:.2f}x (one measurement, no spread of its own) vs "
-        f"alternating rounds {statistics.median(rounds):.2f}x (range {lo:.2f}-{hi:.2f}x over the rounds, "
-        f"the noise band): {verdict}"
-    )
-
-
-def difference_line(knob: str, value: Any, reference: Any, ratios: Sequence[float], rounds: int) -> str:
-    """The verdict on ``knob=value`` against ``knob=reference`` from per-round ratios (value / reference).
-
-    The noise is estimated from the rounds themselves: if 1.0 ("no difference") lies within the ratios' range
-    (:func:`helpers.core.agreement.ratios_straddle_one`), the two settings can't be told apart here ("within the
-    noise"); otherwise "a real difference" (every round on the same side), with how often two equal settings would
-    do that by chance.
-    ``ratios`` may be every per-round ratio or just their lowest and highest (with ``rounds`` their count).
-    """
-    lo, hi = min(ratios), max(ratios)
-    head = (
-        f"{knob}={value} vs {reference}: {statistics.median(ratios):.2f}x (per-round ratios over {rounds} rounds, "
-        f"range {lo:.2f}-{hi:.2f}x)"
-    )
-    if agreement.ratios_straddle_one(ratios):
-        return f"{head}: within the noise (the rounds' range includes 1.00x): no difference shown"
-    side = "faster" if lo > 1.0 else "slower"
-    chance = round(1 / (2 * 0.5 ** max(1, rounds)))
-    return (
-        f"{head}: a real difference ({side} in all {rounds} rounds; two equal settings would do that by chance "
-        f"1 time in {chance})"
-    )
-
-
-def sweep_vs_rounds(sweep: "WorkerSweep", rounds: "SpeedupRounds | Sequence[SpeedupRounds]") -> list[str]:
-    """:func:`agreement_line` for every worker count that both the one-pass ``sweep`` and alternating ``rounds``
-    measured (the sweep must include ``num_workers=0``, its baseline)."""
-    out = []
-    for sr in [rounds] if isinstance(rounds, SpeedupRounds) else list(rounds):
-        if sr.ratios and sr.num_workers in sweep.workers and min(sweep.workers) == 0:
-            out.append(agreement_line(sr.num_workers, sweep.speedup(sr.num_workers), sr.ratios))
-    return out
 
 
 @dataclass
@@ -437,11 +337,9 @@ class KnobRounds:
 
     def table(self) -> list[str]:
         n = len(self.rates[self.reference])
-        lines = [f"{self.knob:>16} {'items/s (median)':>17} {'per round':>30}   ({n} alternating rounds)"]
-        for v in self.values:
-            rounds = " ".join(f"{r:,.0f}" for r in self.rates[v])
-            lines.append(f"{v!s:>16} {self.median(v):>17,.0f} {rounds:>30}")
-        return lines
+        rows = [[v, f"{self.median(v):,.0f}", " ".join(f"{r:,.0f}" for r in self.rates[v])] for v in self.values]
+        lines = table([self.knob, "items/s (median)", "per round"], rows, left=0)
+        return [f"{lines[0]}   ({n} alternating rounds)", *lines[1:]]
 
     def verdicts(self) -> list[str]:
         """One :func:`difference_line` per value against the reference: within the noise, or a real difference."""
@@ -449,6 +347,10 @@ class KnobRounds:
         return [
             difference_line(self.knob, v, self.reference, self.ratios(v), n) for v in self.values if v != self.reference
         ]
+
+
+#: The knobs a factory's loader shows as attributes: knob_rounds checks that each loader has the value asked for.
+_VISIBLE_KNOBS = ("num_workers", "batch_size", "prefetch_factor", "persistent_workers", "in_order", "pin_memory")
 
 
 def knob_rounds(
@@ -462,15 +364,12 @@ def knob_rounds(
     warmup: int = 4,
     progress: Callable[..., Any] | None = None,
 ) -> KnobRounds:
-    """Measure your loader at each of a knob's ``values`` in alternating rounds, like :func:`interleaved_speedup`.
+    """Your loader at each of a knob's ``values`` in alternating rounds, like :func:`interleaved_speedup`.
 
-    ``factory(value)`` builds your loader with the knob at ``value`` (persistent workers). All loaders are built
-    once and warmed up; each round then times ``batches`` batches of each, one after another (each round starting
-    with the next value, so that none always goes first), so that every round compares the values under the same
-    load. Before each timed window the batches an idle loader's
-    workers buffered (``num_workers x prefetch_factor``) are taken untimed. ``reference`` (default: the first
-    value) is what :meth:`KnobRounds.verdicts` compares against. Workers are released at the end, also when
-    interrupted.
+    ``factory(value)`` builds your loader with the knob at ``value`` (persistent workers). All loaders are
+    built once and warmed up; each round times ``batches`` batches of each (the order reversed every other
+    round), after the batches its idle workers buffered. ``reference`` (default: the first value) is what
+    :meth:`KnobRounds.verdicts` compares against. Workers are released at the end, also when interrupted.
 
     Raises:
         ValueError: bad arguments, a factory that ignores the value, or too little ``/dev/shm``.
@@ -486,28 +385,78 @@ def knob_rounds(
     rounds = check_int("rounds", rounds, 1, 1000)
     batches = check_int("batches", batches, 1, 1_000_000)
     warmup = check_int("warmup", warmup, 0, 1_000_000)
-    expect_knob = knob in _LABEL_PART and knob != "multiprocessing_context"
     t_start = time.perf_counter()
-    rates: dict[Any, list[float]] = {v: [] for v in values}
     takers: list[_Batches] = []
-    before = _worker_children()
-    with intraop_threads(1), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
-        try:
-            for v in values:
-                takers.append(_Batches(build_from_factory(factory, v, expect={knob: v} if expect_knob else None)))
-            buffered = [t.loader.num_workers * (t.loader.prefetch_factor or 2) for t in takers]
-            for t, b in zip(takers, buffered):
-                t.take(warmup + b)
-            order = list(zip(values, takers, buffered))
-            for r in range(rounds):
-                k = r % len(order)  # each round starts with the next value: no value always goes first
-                for v, t, b in order[k:] + order[:k]:
-                    t.take(b)  # prepared while idle: not part of the steady state
-                    items, secs = t.take(batches)
-                    rates[v].append(items / secs)
-                if progress is not None:
-                    progress((r + 1) / rounds, f"round {r + 1}/{rounds}")
-        finally:
-            _finish([x for t in takers for x in t.objs()], before)
+    with _held_loaders(takers):
+        for v in values:
+            takers.append(
+                _Batches(build_from_factory(factory, v, expect={knob: v} if knob in _VISIBLE_KNOBS else None))
+            )
+        for t in takers:
+            t.take(warmup + t.buffered)
+        measures = {f"{knob}={v}": (lambda t=t: t.rate(batches)) for v, t in zip(values, takers)}
+        got = alternate(measures, rounds, progress=progress)
+    rates = {v: got.values[f"{knob}={v}"] for v in values}
     return KnobRounds(knob=knob, values=values, rates=rates, reference=reference, seconds=time.perf_counter() - t_start)
+
+
+# -- verdicts: two measurements of one thing ---------------------------------------------------------------
+
+#: What the verdict says when a one-pass figure falls outside the alternating rounds' range.
+TRUST_ROUNDS = (
+    "trust the alternating rounds (each round compares the two settings under the same load; "
+    "the one-pass sweep measures each setting once, at different moments)"
+)
+
+
+def within_spread(value: float, samples: Sequence[float]) -> bool:
+    """Whether ``value`` (a figure with no spread of its own) lies within ``samples``' lowest to highest
+    (repeated measurements of the same thing: the noise band): :func:`helpers.core.agreement.within_range`.
+
+    Raises:
+        ValueError: no samples, or a value/sample that is not a finite number.
+    """
+    return agreement.within_range(value, samples)
+
+
+def agreement_line(num_workers: int, one_pass: float, rounds: Sequence[float]) -> str:
+    """The verdict on one speed-up measured in a one-pass sweep and per round in alternating rounds
+    (``rounds``: per-round speed-ups, or their lowest and highest): "agree within their spread" or
+    "disagree: " + :data:`TRUST_ROUNDS`."""
+    lo, hi = min(rounds), max(rounds)
+    verdict = "agree within their spread" if within_spread(one_pass, rounds) else f"disagree: {TRUST_ROUNDS}"
+    return (
+        f"num_workers={num_workers}: one-pass sweep {one_pass:.2f}x (one measurement, no spread of its own) vs "
+        f"alternating rounds {statistics.median(rounds):.2f}x (range {lo:.2f}-{hi:.2f}x over the rounds, "
+        f"the noise band): {verdict}"
+    )
+
+
+def difference_line(knob: str, value: Any, reference: Any, ratios: Sequence[float], rounds: int) -> str:
+    """The verdict on ``knob=value`` against ``knob=reference`` from per-round ratios (or their lowest and
+    highest, with ``rounds`` their count): "within the noise" when 1.0 lies in their range
+    (:func:`helpers.core.agreement.ratios_straddle_one`), else "a real difference", with how often two equal
+    settings would land on one side in every round by chance."""
+    lo, hi = min(ratios), max(ratios)
+    head = (
+        f"{knob}={value} vs {reference}: {statistics.median(ratios):.2f}x (per-round ratios over {rounds} rounds, "
+        f"range {lo:.2f}-{hi:.2f}x)"
+    )
+    if agreement.ratios_straddle_one(ratios):
+        return f"{head}: within the noise (the rounds' range includes 1.00x): no difference shown"
+    side = "faster" if lo > 1.0 else "slower"
+    chance = round(1 / (2 * 0.5 ** max(1, rounds)))
+    return (
+        f"{head}: a real difference ({side} in all {rounds} rounds; two equal settings would do that by chance "
+        f"1 time in {chance})"
+    )
+
+
+def sweep_vs_rounds(sweep: WorkerSweep, rounds: SpeedupRounds | Sequence[SpeedupRounds]) -> list[str]:
+    """:func:`agreement_line` for every worker count both the one-pass ``sweep`` (with its ``num_workers=0``
+    baseline) and the alternating ``rounds`` measured."""
+    out = []
+    for sr in [rounds] if isinstance(rounds, SpeedupRounds) else list(rounds):
+        if sr.ratios and sr.num_workers in sweep.workers and min(sweep.workers) == 0:
+            out.append(agreement_line(sr.num_workers, sweep.speedup(sr.num_workers), sr.ratios))
+    return out
