@@ -524,14 +524,11 @@ def test_race_check_runs_on_the_checked_device_and_refuses_batches_left_on_the_h
     monkeypatch.setattr(data, "_STATS_CACHE", {})
     with fake_cuda(devices=2, current=0) as cuda:
 
-        def placed(loader: Any, device: Any) -> Any:  # the stand-in's arithmetic forgets the device: say it again
-            return ((cuda._place(x, torch.device(device)), y) for x, y in _reference_pairs(loader, device))
-
         def stale(loader: Any, device: Any) -> Any:  # hands batch 0 over again and again: wrong values
-            first = next(iter(placed(loader, device)))
+            first = next(iter(_reference_pairs(loader, device)))
             return (first for _ in loader)
 
-        assert prefetch.check_pipeline_race(placed, "cuda:1", batch_mib=1, n_batches=3) == []
+        assert prefetch.check_pipeline_race(_reference_pairs, "cuda:1", batch_mib=1, n_batches=3) == []
         assert {op.stream.index for op in cuda.ops("kernel")} == {1}  # the delay queued on the checked device
         assert all(op["device"] == torch.device("cuda", 1) for op in cuda.ops("copy"))
         wrong = prefetch.check_pipeline_race(stale, "cuda:1", batch_mib=1, n_batches=3)
@@ -564,3 +561,63 @@ def test_overlap_ratio_times_the_candidate_on_the_device_and_stays_between_0_and
         assert len(computed) == 2 * (2 + 2) and all(len(s) == 4 for s in computed)  # on each batch's images
         assert {op["device"] for op in cuda.host_syncs() if "device" in op.detail} == {1}
         assert {op["device"] for op in cuda.ops("copy")} == {torch.device("cuda", 1)}
+
+
+class _ReaderPrefetcher:
+    """What chapter 05's reader writes: (uint8 x, y) pairs, copied on one side stream, normalised there."""
+
+    def __init__(self, loader: Any, device: Any) -> None:
+        self.loader, self.device = loader, torch.device(device)
+        self.side = torch.cuda.Stream(self.device)  # made once (on a CPU only under the stream doubles)
+
+    def _issue(self, batch: Any) -> Any:
+        from helpers.pipeline import data
+
+        x, y = batch
+        with torch.cuda.stream(self.side):
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            return data.to_float_normalized(x), y
+
+    def __iter__(self) -> Any:
+        current = torch.cuda.current_stream(self.device)
+        self.side.wait_stream(current)
+        it = iter(self.loader)
+        nxt = self._issue(next(it))
+        while nxt is not None:
+            current.wait_stream(self.side)
+            for t in nxt:
+                t.record_stream(current)
+            batch = next(it, None)
+            out, nxt = nxt, (self._issue(batch) if batch is not None else None)
+            yield out
+
+
+def test_the_exercise_check_passes_a_reader_prefetcher_on_the_standin_gpu_and_refuses_the_reference(
+    monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """The GPU branch of check_pipeline_prefetcher on the stand-ins: the real-streams comparison runs, the race
+    check and the overlap ratio are called (replaced here: their own tests are above), the reference is refused."""
+    from cuda_standin import fake_cuda
+
+    from helpers.pipeline import data, prefetch
+
+    monkeypatch.setattr(data, "_STATS_CACHE", {})
+    raced: list[Any] = []
+    monkeypatch.setattr(prefetch, "check_pipeline_race", lambda c, dev: raced.append(dev) or [])
+    monkeypatch.setattr(prefetch, "prefetch_overlap_ratio", lambda c, dev: 0.5)
+    with fake_cuda(devices=1, current=0):
+        assert prefetch.check_pipeline_prefetcher(_ReaderPrefetcher, "cpu").correct  # the protocol, on the doubles
+        res = prefetch.check_pipeline_prefetcher(_ReaderPrefetcher, "cuda")
+        assert res.correct and res.overlap_checked and res.overlap_ratio == 0.5, str(res)
+        assert raced == [torch.device("cuda")] and "the same batches with real streams" in str(res)
+        assert "50% of the copy time hidden" in str(res)
+        monkeypatch.setattr(prefetch, "prefetch_overlap_ratio", lambda c, dev: 0.1)
+        assert "does NOT overlap" in str(prefetch.check_pipeline_prefetcher(_ReaderPrefetcher, "cuda"))
+        monkeypatch.setattr(prefetch, "check_pipeline_race", lambda c, dev: ["race check (checked at once): ..."])
+        res = prefetch.check_pipeline_prefetcher(_ReaderPrefetcher, "cuda")
+        assert not res.correct and not res.overlap_checked and "race check" in str(res)
+
+        def hidden(loader: Any, device: Any) -> Any:  # passes under the doubles, uses the reference on a GPU
+            return _ReaderPrefetcher(loader, device) if device.type == "cpu" else _reference_pairs(loader, device)
+
+        assert "reference" in str(prefetch.check_pipeline_prefetcher(hidden, "cuda"))

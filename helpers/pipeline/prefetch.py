@@ -44,12 +44,9 @@ import torch
 from ..core.config import require_gpu
 from ..core.validate import check_choice
 from .data import MEAN, STD, normalization_stats, to_float_normalized
-from .streamcheck import (  # re-exported: chapter 05, its checks and tests call them as prefetch.<name>
-    CONSUMER,
-    MAX_AHEAD,
+from .streamcheck import (  # noqa: F401 (re-exported: chapter 05 and its tests call them as prefetch.<name>)
     PairProbeLoader,
     _delay_behind_copy,
-    _log,
     _loop_time,
     check_pipeline_race,
     check_protocol,
@@ -68,24 +65,17 @@ __all__ = [
     "PrefetcherCheck",
     "check_pipeline_prefetcher",
     "check_pipeline_race",
-    "CONSUMER",
-    "MAX_AHEAD",
-    "PairProbeLoader",
     "stream_doubles",
     "stream_protocol",
     "format_protocol",
     "check_protocol",
-    "prefetch_overlap_ratio",
 ]
-_PRIVATE_REEXPORTS = (_log, _delay_behind_copy, _loop_time)  # tests and chapter 05 reach them as prefetch.<name>
 
 SAFETY_MODES = ("record_stream", "event")
 _PLAIN = (str, bytes, int, float, bool, type(None))
 
 
-# ---------------------------------------------------------------------------
-# Walking nested batch structures
-# ---------------------------------------------------------------------------
+# -- Walking nested batch structures --
 
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Any, *, obj_fn: Callable[[Any], Any] | None = None) -> Any:
@@ -199,6 +189,8 @@ def normalize_uint8(
             f"normalize has {len(m)} channels but the uint8 tensor has shape {tuple(x.shape)}"
             " (expected ...CHW with that many channels)"
         )
+    if x.dim() == 4:
+        return to_float_normalized(x, m, s, dtype=dtype)
     return to_float_normalized(x.reshape(-1, *x.shape[-3:]), m, s, dtype=dtype).view(x.shape)
 
 
@@ -230,9 +222,7 @@ def move_batch(batch: Any, device: torch.device | str, *, non_blocking: bool = T
     return map_tensors(move, batch, obj_fn=move_obj)
 
 
-# ---------------------------------------------------------------------------
-# The prefetcher
-# ---------------------------------------------------------------------------
+# -- The prefetcher --
 
 
 class Prefetcher:
@@ -385,9 +375,7 @@ class Prefetcher:
             del current
 
 
-# ---------------------------------------------------------------------------
-# The check of chapter 05's exercise: the reader's Prefetcher of (uint8 x, y) pairs
-# ---------------------------------------------------------------------------
+# -- The check of chapter 05's exercise: the reader's Prefetcher of (uint8 x, y) pairs --
 
 
 @dataclasses.dataclass

@@ -24,6 +24,7 @@ from unittest import mock
 
 import torch
 
+from ..core.rounds import alternate
 from ..core.timing import GpuDelay, calibrated_compute
 from .data import to_float_normalized
 
@@ -396,9 +397,7 @@ def check_protocol(log: Sequence[tuple[Any, ...]], handed: Sequence[Sequence[Any
     return problems + ([hand_over] if hand_over else [])
 
 
-# ---------------------------------------------------------------------------
-# With real streams (CUDA): races, and how much of the copy a prefetcher hides
-# ---------------------------------------------------------------------------
+# -- With real streams (CUDA): races, and how much of the copy a prefetcher hides --
 
 
 def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> GpuDelay:
@@ -413,8 +412,9 @@ def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> GpuDelay:
     return GpuDelay(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))  # it queues on dev, whatever is current
 
 
-def _pinned_pairs(n_batches: int, side: int, value: Callable[[int], int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``n_batches`` pinned ``(64 uint8 images of side x side, 64 labels)`` batches; batch i's pixels = value(i)."""
+def _pinned_pairs(n_batches: int, batch_mib: int, value: Callable[[int], int]) -> list[tuple[torch.Tensor, ...]]:
+    """Pinned ``(64 uint8 images, 64 labels)`` batches of about ``batch_mib`` MiB; batch i's pixels = value(i)."""
+    side = max(8, int((batch_mib * (1 << 20) / (3 * 64)) ** 0.5))
     return [
         (
             torch.full((64, 3, side, side), value(i), dtype=torch.uint8).pin_memory(),
@@ -439,7 +439,7 @@ def check_pipeline_race(
     dev = torch.device(device)
     if dev.type != "cuda":
         raise ValueError("check_pipeline_race needs a CUDA device")
-    loader = _pinned_pairs(n_batches, max(8, int((batch_mib * (1 << 20) / (3 * 64)) ** 0.5)), lambda i: 10 + 20 * i)
+    loader = _pinned_pairs(n_batches, batch_mib, lambda i: 10 + 20 * i)
     refs = [
         to_float_normalized(torch.full((1, 3, 1, 1), 10 + 20 * i, dtype=torch.uint8, device=dev))
         for i in range(n_batches)
@@ -497,11 +497,11 @@ def prefetch_overlap_ratio(
     Times, with a synchronised wall clock, on pinned ``(uint8 images, labels)`` batches of ``batch_mib`` MiB:
     the copies (and the normalisation on the device) alone, ``t_copy``; compute on device-resident batches
     alone, ``t_compute``, calibrated to about 1.5x one copy; and iterating ``candidate(loader, device)`` while
-    computing, ``t_both``. Ratio = ``(t_copy + t_compute - t_both) / min(t_copy, t_compute)``, clipped to
-    [0, 1]; the median of ``repeats`` runs.
+    computing, ``t_both``, in alternating rounds. Ratio = ``(t_copy + t_compute - t_both) / min(t_copy,
+    t_compute)`` within a round; the median of ``repeats`` rounds, clipped to [0, 1].
     """
     dev = torch.device(device)
-    loader = _pinned_pairs(n_batches, max(8, int((batch_mib * (1 << 20) / (3 * 64)) ** 0.5)), lambda i: i)
+    loader = _pinned_pairs(n_batches, batch_mib, lambda i: i)
 
     def copy_all() -> float:
         torch.cuda.synchronize(dev)
@@ -516,10 +516,15 @@ def prefetch_overlap_ratio(
     copy_all()  # warm-up
     compute = calibrated_compute(dev, 1.5 * copy_all() / n_batches)  # on dev, whichever device is current
     list(candidate(loader, dev))  # warm-up
-    ratios = []
-    for _ in range(repeats):
-        t_copy = copy_all()
-        t_compute = _loop_time(resident, compute, dev)
-        t_both = _loop_time(candidate(loader, dev), compute, dev)
-        ratios.append((t_copy + t_compute - t_both) / max(min(t_copy, t_compute), 1e-9))
+    r = alternate(
+        {
+            "copy": copy_all,
+            "compute": lambda: _loop_time(resident, compute, dev),
+            "both": lambda: _loop_time(candidate(loader, dev), compute, dev),
+        },
+        repeats,
+    )
+    ratios = [
+        (c + k - b) / max(min(c, k), 1e-9) for c, k, b in zip(*(r.values[x] for x in ("copy", "compute", "both")))
+    ]
     return max(0.0, min(1.0, statistics.median(ratios)))
