@@ -9,20 +9,14 @@ a **non-default stream** (one stream runs in order) and a **copy engine** is fre
 
 Memory safety across streams: a tensor made on the side stream belongs, for the caching allocator, to that
 stream; once dropped, its block may go at once to the next allocation *on the side stream* while kernels
-queued on the compute stream still read it. Two ways to prevent that:
-
-``safety="record_stream"`` (default)
-    ``tensor.record_stream(compute_stream)`` on every tensor handed out: the allocator reuses the block only
-    after an event recorded on the compute stream at free time has passed. Safe however long a batch is kept,
-    for any batch structure whose tensors we reach; freed blocks come back a little later (peak memory).
-``safety="event"``
-    Each time the next batch is asked for, an event is recorded on the compute stream and the side stream
-    waits for it before it allocates the following batch. The contract: a batch is valid until you ask for
-    the batch after next, and no new work is queued on it after that (``.clone()`` it to keep it).
-
-Custom objects are moved with their own ``.to()`` and protected by their ``record_stream(stream)`` method,
-or through their attributes. One stream per prefetcher, made once: a new ``torch.cuda.Stream`` per epoch
-leaks reserved memory in the caching allocator (timm issue #2781).
+queued on the compute stream still read it. So every tensor handed out gets
+``tensor.record_stream(compute_stream)``: the allocator reuses its block only after an event recorded on the
+compute stream at free time has passed. That is safe however long a batch is kept and for any batch
+structure whose tensors we reach (custom objects: their own ``record_stream(stream)`` method, or their
+attributes); freed blocks come back a little later (peak memory). The other way, an event recorded on the
+compute stream that the side stream waits for before each allocation, needs a contract (a batch is valid
+until the batch after next is asked for). One stream per prefetcher, made once: a new
+``torch.cuda.Stream`` per epoch leaks reserved memory in the caching allocator (timm issue #2781).
 
 ``normalize=(mean, std)`` turns ``uint8`` image tensors (``...CHW``) into normalised floats *after* the copy,
 on the device, with the workbook's one normaliser (:func:`helpers.pipeline.data.to_float_normalized`,
@@ -36,13 +30,11 @@ the stream test doubles of :mod:`helpers.pipeline.streamcheck` (re-exported here
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
 from ..core.config import require_gpu
-from ..core.validate import check_choice
 from .data import MEAN, STD, normalization_stats, to_float_normalized
 from .streamcheck import (  # noqa: F401 (re-exported: chapter 05 and its tests call them as prefetch.<name>)
     PairProbeLoader,
@@ -71,7 +63,7 @@ __all__ = [
     "check_protocol",
 ]
 
-SAFETY_MODES = ("record_stream", "event")
+_END = object()  # the end of a loader (a batch may be None)
 _PLAIN = (str, bytes, int, float, bool, type(None))
 
 
@@ -194,24 +186,13 @@ def normalize_uint8(
     return to_float_normalized(x.reshape(-1, *x.shape[-3:]), m, s, dtype=dtype).view(x.shape)
 
 
-def move_batch(batch: Any, device: torch.device | str, *, non_blocking: bool = True, pin: bool = False) -> Any:
-    """Move every tensor in ``batch`` to ``device`` (custom objects via their ``.to()``).
-
-    ``non_blocking`` applies to CUDA only. ``pin=True`` first copies unpinned tensors into pinned memory
-    (CUDA only): a host copy in this thread, so prefer ``DataLoader(pin_memory=True)`` (a background thread).
-    """
+def move_batch(batch: Any, device: torch.device | str, *, non_blocking: bool = True) -> Any:
+    """Move every tensor in ``batch`` to ``device`` (custom objects via their ``.to()``); ``non_blocking``
+    applies to CUDA only (from pinned memory it returns at once; the copy runs on the current stream)."""
     dev = torch.device(device)
-    cuda = dev.type == "cuda"
-    non_blocking = non_blocking and cuda
-
-    def move(t: torch.Tensor) -> torch.Tensor:
-        if pin and cuda and t.device.type == "cpu" and not t.is_pinned():
-            t = t.pin_memory()
-        return t.to(dev, non_blocking=non_blocking)
+    non_blocking = non_blocking and dev.type == "cuda"
 
     def move_obj(obj: Any) -> Any:
-        if pin and cuda and hasattr(obj, "pin_memory"):
-            obj = obj.pin_memory()
         if not hasattr(obj, "to"):
             return obj
         try:
@@ -219,7 +200,7 @@ def move_batch(batch: Any, device: torch.device | str, *, non_blocking: bool = T
         except TypeError:
             return obj.to(dev)
 
-    return map_tensors(move, batch, obj_fn=move_obj)
+    return map_tensors(lambda t: t.to(dev, non_blocking=non_blocking), batch, obj_fn=move_obj)
 
 
 # -- The prefetcher --
@@ -235,15 +216,9 @@ class Prefetcher:
         normalize: ``None`` or ``(mean, std)``: uint8 ``...CHW`` tensors become ``(x / 255 - mean) / std`` in
             ``dtype`` on the device (after the copy, so only the uint8 bytes cross the link).
         dtype: floating dtype produced by ``normalize``.
-        pin_memory: pin what the loader did not (in this thread: a host copy). CUDA only.
-        safety: ``"record_stream"`` (default) or ``"event"``; see the module docstring.
 
-    Attributes:
-        stream: the one side stream (``None`` without CUDA).
-        pinned_batches / pageable_batches: batches whose tensors were all / not all pinned when the copy was
-            issued (a pageable copy blocks the host and cannot overlap).
-        wait_s: host seconds spent waiting for the underlying loader.
-        made: (class attribute) prefetchers made in this process: the exercise check refuses this reference.
+    ``stream`` is the one side stream (``None`` without CUDA). ``Prefetcher.made`` counts the prefetchers made
+    in this process: the exercise check refuses this reference as an answer.
     """
 
     made: int = 0
@@ -255,8 +230,6 @@ class Prefetcher:
         *,
         normalize: tuple[Sequence[float], Sequence[float]] | None = None,
         dtype: torch.dtype = torch.float32,
-        pin_memory: bool = False,
-        safety: str = "record_stream",
     ) -> None:
         if not hasattr(loader, "__iter__"):
             raise ValueError(f"loader must be an iterable of batches, got {type(loader).__name__}")
@@ -266,21 +239,16 @@ class Prefetcher:
             )
         if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise ValueError(f"dtype must be a floating torch dtype, got {dtype!r}")
-        self.safety = check_choice("safety", safety, SAFETY_MODES)
         self.device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
-        self.cuda = self.device.type == "cuda"
-        if self.cuda and not torch.cuda.is_available():
+        if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device is 'cuda' but no CUDA device is available; use device='cpu' or None")
-        self.loader = loader
-        self.normalize = _check_normalize(normalize)
-        self.dtype = dtype
-        self.pin_memory = bool(pin_memory)
+        self.loader, self.normalize, self.dtype = loader, _check_normalize(normalize), dtype
         # ONE side stream per prefetcher (never one per epoch).
-        self.stream: torch.cuda.Stream | None = torch.cuda.Stream(self.device) if self.cuda else None
+        self.stream: torch.cuda.Stream | None = None
+        if self.device.type == "cuda":
+            self.stream = torch.cuda.Stream(self.device)
         if self.normalize is not None:  # built (or found) now, once: no host copy per batch
             normalization_stats(*self.normalize, self.device, dtype)
-        self.pinned_batches = self.pageable_batches = 0
-        self.wait_s = 0.0
         Prefetcher.made += 1
 
     @property
@@ -296,81 +264,50 @@ class Prefetcher:
 
     def __repr__(self) -> str:
         mode = "side stream" if self.overlaps else "pass-through"
-        return (
-            f"Prefetcher(device={str(self.device)!r}, {mode}, normalize={self.normalize is not None},"
-            f" pin_memory={self.pin_memory}, safety={self.safety!r})"
-        )
+        return f"Prefetcher(device={str(self.device)!r}, {mode}, normalize={self.normalize is not None})"
 
     def _normalize(self, t: torch.Tensor) -> torch.Tensor:
         if self.normalize is None or t.dtype != torch.uint8:
             return t
         return normalize_uint8(t, *self.normalize, self.dtype)
 
-    def _batches(self) -> Iterator[Any]:
-        """The loader's batches, the host's wait for each one added to :attr:`wait_s`."""
-        it = iter(self.loader)
-        while True:
-            t0 = time.perf_counter()
-            try:
-                batch = next(it)
-            except StopIteration:
-                return
-            finally:
-                self.wait_s += time.perf_counter() - t0
-            yield batch
-
     def __iter__(self) -> Iterator[Any]:
-        return self._iter_cuda() if self.cuda else self._iter_passthrough()
-
-    def _iter_passthrough(self) -> Iterator[Any]:
-        for batch in self._batches():
-            if self.device.type != "cpu":
-                batch = move_batch(batch, self.device, non_blocking=False)
-            yield map_tensors(self._normalize, batch)
+        if self.stream is not None:
+            return self._iter_cuda(self.stream)
+        if self.device.type == "cpu":
+            return (map_tensors(self._normalize, b) for b in self.loader)
+        return (map_tensors(self._normalize, move_batch(b, self.device, non_blocking=False)) for b in self.loader)
 
     # -- CUDA: copy the next batch on the side stream ----------------------
 
-    def _issue(self, batch: Any) -> tuple[Any, torch.cuda.Event]:
+    def _issue(self, batch: Any, side: torch.cuda.Stream) -> tuple[Any, torch.cuda.Event]:
         """Queue the copy (and the normalisation) of ``batch`` on the side stream; an event marks its end."""
-        assert self.stream is not None
-        tensors = [t for t in iter_tensors(batch) if t.device.type == "cpu"]
-        if tensors and (self.pin_memory or all(t.is_pinned() for t in tensors)):
-            self.pinned_batches += 1
-        elif tensors:
-            self.pageable_batches += 1
-        with torch.cuda.stream(self.stream):  # the side stream is current on its device (and that device)
-            moved = map_tensors(self._normalize, move_batch(batch, self.device, pin=self.pin_memory))
+        with torch.cuda.stream(side):  # the side stream is current on its device (and that device)
+            moved = map_tensors(self._normalize, move_batch(batch, self.device, non_blocking=True))
             ready = torch.cuda.Event()
-            ready.record(self.stream)
+            ready.record(side)
         return moved, ready
 
     def _hand_over(self, batch: Any, ready: torch.cuda.Event) -> Any:
-        """The compute stream waits for ``batch``'s copy; with record_stream, its memory waits for the compute."""
+        """The compute stream waits for ``batch``'s copy, and record_stream keeps its memory until that stream
+        is done with it: freed, a block made on the side stream would go at once to the next copy."""
         consumer = torch.cuda.current_stream(self.device)
         consumer.wait_event(ready)
-        if self.safety == "record_stream":
-            for obj in _walk(batch, _protects_itself):
-                if not isinstance(obj, torch.Tensor) or obj.device.type == "cuda":  # a CPU tensor has no stream
-                    obj.record_stream(consumer)
+        for obj in _walk(batch, _protects_itself):
+            if not isinstance(obj, torch.Tensor) or obj.device.type == "cuda":  # a CPU tensor has no stream
+                obj.record_stream(consumer)
         return batch
 
-    def _iter_cuda(self) -> Iterator[Any]:
-        assert self.stream is not None
+    def _iter_cuda(self, side: torch.cuda.Stream) -> Iterator[Any]:
         # Work queued on the compute stream before this epoch (the normaliser's statistics, ...) comes first.
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        batches = self._batches()
-        first = next(batches, None)
-        pending = None if first is None else self._issue(first)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        it = iter(self.loader)
+        first = next(it, _END)
+        pending = None if first is _END else self._issue(first, side)
         while pending is not None:
             current = self._hand_over(*pending)
-            following = next(batches, None)
-            pending = None
-            if following is not None:
-                if self.safety == "event":  # work queued on earlier batches ends before the next allocation
-                    freed = torch.cuda.Event()
-                    freed.record(torch.cuda.current_stream(self.device))
-                    self.stream.wait_event(freed)
-                pending = self._issue(following)  # batch i+1 copies while batch i computes
+            following = next(it, _END)
+            pending = None if following is _END else self._issue(following, side)  # i+1 copies while i computes
             yield current
             del current
 
