@@ -2,7 +2,7 @@
 
 ``batches()`` makes a new ``Prefetcher`` every epoch; the side stream must still be made once per device
 and reused (chapter 05's protocol check refuses a stream per epoch). No GPU here: the CUDA stream API is
-replaced by the logging test doubles of :func:`helpers.pipeline.prefetch.stream_doubles`, ``DEVICE`` is
+replaced by the logging test doubles of :func:`helpers.pipeline.streamcheck.stream_doubles`, ``DEVICE`` is
 ``cuda`` and ``Tensor.to`` is redirected so that a move to ``cuda`` is recorded (target device, stream,
 ``non_blocking``) and then made to the CPU. ``normalize`` is replaced by the identity for the run, so the
 tensors ``batches()`` hands over are the prefetcher's own (those ``record_stream`` must have been called on).
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from helpers.pipeline import data, prefetch
+from helpers.pipeline import data, streamcheck
 from helpers.ui import codecells
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +69,7 @@ def _run_two_epochs(mod: Any, n_batches: int = 4) -> tuple[list[Any], list[list[
     saved = (mod.DEVICE, mod.normalize)
     mod.DEVICE, mod.normalize = CUDA, lambda x: x
     try:
-        with prefetch.stream_doubles() as proto:
+        with streamcheck.stream_doubles() as proto:
             logged_to = torch.Tensor.to
 
             def to_cpu(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -81,14 +81,14 @@ def _run_two_epochs(mod: Any, n_batches: int = 4) -> tuple[list[Any], list[list[
                     kwargs = {**kwargs, "device": "cpu"} if "device" in kwargs else kwargs
                 return logged_to(self, *args, **kwargs)
 
-            loader = prefetch.PairProbeLoader(n_batches, proto)
+            loader = streamcheck.PairProbeLoader(n_batches, proto)
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(torch.Tensor, "to", to_cpu)
                 for epoch in range(2):
-                    prefetch._log("epoch", epoch)
+                    streamcheck._log("epoch", epoch)
                     got = []
                     for k, batch in enumerate(mod.batches(loader)):
-                        prefetch._log("handed", epoch, k, [id(t) for t in batch])
+                        streamcheck._log("handed", epoch, k, [id(t) for t in batch])
                         got.append(batch)
                     handed.append(got)
             return proto.log, handed, proto.streams_made, targets
@@ -103,15 +103,15 @@ def test_batches_keeps_one_side_stream_and_follows_the_stream_protocol(where: st
     n = 4
     log, handed, streams_made, targets = _run_two_epochs(mod, n)
     assert streams_made == 1, f"{where}: {streams_made} side streams made in two epochs; make it once per device"
-    problems = prefetch.check_protocol(log, handed, n)
-    assert problems == [], f"{where}:\n" + "\n".join(problems) + "\n" + prefetch.format_protocol(log)
+    problems = streamcheck.check_protocol(log, handed, n)
+    assert problems == [], f"{where}:\n" + "\n".join(problems) + "\n" + streamcheck.format_protocol(log)
     # every copy goes to DEVICE, non-blocking, on the side stream; the batches handed over are those copies
     moves = [e for e in log if e[0] == "move"]
-    assert len(moves) == 2 * 2 * n and all(e[3] != prefetch.CONSUMER and e[4] for e in moves)
+    assert len(moves) == 2 * 2 * n and all(e[3] != streamcheck.CONSUMER and e[4] for e in moves)
     assert targets == [CUDA] * (2 * 2 * n)
     for epoch in handed:
         assert [int(y[0]) for _, y in epoch] == list(range(n))
     # the main (current) stream waits for the side stream before every hand-over
-    waits = [e for e in log if e[0] == "wait" and e[1] == prefetch.CONSUMER]
+    waits = [e for e in log if e[0] == "wait" and e[1] == streamcheck.CONSUMER]
     assert len(waits) >= 2 * n
-    assert sum(1 for e in log if e[0] == "record_stream" and e[2] == prefetch.CONSUMER) == 2 * 2 * n
+    assert sum(1 for e in log if e[0] == "record_stream" and e[2] == streamcheck.CONSUMER) == 2 * 2 * n

@@ -13,19 +13,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from helpers.pipeline.prefetch import (
-    Pair,
-    Prefetcher,
-    Sample,
-    _same,
-    check_order,
-    check_prefetcher,
-    example_loaders,
-    iter_tensors,
-    map_tensors,
-    move_batch,
-    normalize_uint8,
-)
+from helpers.pipeline.prefetch import Prefetcher, iter_tensors, map_tensors, move_batch, normalize_uint8
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -52,6 +40,54 @@ class XY(NamedTuple):
 class Frozen:
     x: torch.Tensor
     n: int = dataclasses.field(default=0, init=False)
+
+
+class Pair(NamedTuple):
+    images: torch.Tensor
+    labels: torch.Tensor
+
+
+@dataclasses.dataclass
+class Sample:
+    """A dataclass batch with a tensor, a nested dict and a plain field."""
+
+    x: torch.Tensor
+    extra: dict[str, torch.Tensor]
+    name: str = "sample"
+
+
+def example_loaders(n_batches: int = 5, seed: int = 0) -> dict[str, list[Any]]:
+    """Lists of distinct batches with different structures (order mistakes show)."""
+    g = torch.Generator().manual_seed(seed)
+    out: dict[str, list[Any]] = {k: [] for k in ("tensor", "tuple", "dict", "namedtuple", "dataclass", "uint8 images")}
+    for i in range(n_batches):
+        x = torch.randn(4, 3, generator=g) + i
+        y = torch.full((4,), i, dtype=torch.int64)
+        img = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8, generator=g)
+        out["tensor"].append(x)
+        out["tuple"].append((x, y))
+        out["dict"].append({"x": x, "y": y, "meta": [y + 1, "tag"]})
+        out["namedtuple"].append(Pair(img, y))
+        out["dataclass"].append(Sample(x=x, extra={"y": y}, name=f"b{i}"))
+        out["uint8 images"].append((img, y))
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        a, b = a.cpu(), b.cpu()
+        return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if dataclasses.is_dataclass(a):
+        return all(_same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    return a == b
 
 
 def _loader(n: int = 10, batch_size: int = 3) -> DataLoader:
@@ -163,7 +199,6 @@ def test_float_tensors_are_not_normalised_and_dtype_is_respected() -> None:
         ({"normalize": (MEAN, (0.2, 0.0, 0.1))}, "> 0"),
         ({"normalize": ("abc", STD)}, "normalize mean"),
         ({"dtype": torch.int64}, "dtype"),
-        ({"safety": "hope"}, "safety"),
     ],
 )
 def test_bad_arguments_raise_value_error(kwargs: dict[str, Any], match: str) -> None:
@@ -213,132 +248,6 @@ def test_workers_loader_passes_through() -> None:
     assert [b[0].tolist() for b in Prefetcher(loader, "cpu")] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
 
 
-# -- the exercise checker ------------------------------------------------------
-
-
-def _reads_ahead_moves_late(loader: Any, device: Any) -> Any:
-    """Requests batch i+1 before handing over batch i, but moves each batch only as it hands it over."""
-    it = iter(loader)
-    nxt = next(it, None)
-    while nxt is not None:
-        cur, nxt = nxt, next(it, None)
-        yield move_batch(cur, device)
-
-
-def _reader_style(loader: Any, device: Any) -> Any:
-    """What a reader writes: two stages, the next batch fetched and moved before the current one is handed over.
-
-    On a GPU the copy runs on one side stream; the consumer's stream waits for it and the
-    batch is protected with record_stream. On a CPU the same structure, without streams.
-    """
-    device = torch.device(device)
-    side = torch.cuda.Stream(device) if device.type == "cuda" else None
-
-    def issue(batch: Any) -> Any:
-        if side is None:
-            return move_batch(batch, device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            return move_batch(batch, device)
-
-    it = iter(loader)
-    first = next(it, None)
-    if first is None:
-        return
-    nxt = issue(first)
-    while nxt is not None:
-        if side is not None:
-            consumer = torch.cuda.current_stream(device)
-            consumer.wait_stream(side)
-            for t in iter_tensors(nxt):
-                if t.is_cuda:
-                    t.record_stream(consumer)
-        cur = nxt
-        following = next(it, None)
-        nxt = issue(following) if following is not None else None
-        yield cur
-        del cur
-
-
-class _ReaderStyleClass:
-    """The same, as a class (re-iterable)."""
-
-    def __init__(self, loader: Any, device: Any) -> None:
-        self.loader, self.device = loader, device
-
-    def __iter__(self) -> Any:
-        return _reader_style(self.loader, self.device)
-
-
-class _Dropper:
-    def __init__(self, loader: Any, device: Any) -> None:
-        self.loader = loader
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(list(self.loader)[:-1])
-
-
-def test_checker_accepts_a_reader_style_prefetcher_on_cpu() -> None:
-    for candidate in (_reader_style, _ReaderStyleClass):
-        res = check_prefetcher(candidate, "cpu")
-        assert res.correct, str(res)
-        assert not res.overlap_checked
-        assert "requested and moved before" in str(res)
-
-
-def test_checker_refuses_a_pass_through_on_cpu() -> None:
-    res = check_prefetcher(lambda loader, device: (b for b in loader), "cpu")
-    assert not res.correct and "pass-through" in str(res)
-    res = check_prefetcher(lambda loader, device: (move_batch(b, device) for b in loader), "cpu")
-    assert not res.correct and "pass-through" in str(res)
-
-
-def test_checker_refuses_moving_late_and_reading_the_whole_epoch() -> None:
-    res = check_prefetcher(_reads_ahead_moves_late, "cpu")
-    assert not res.correct and "only after it" in str(res)
-
-    def everything_first(loader: Any, device: Any) -> Any:
-        return [move_batch(b, device) for b in loader]
-
-    res = check_prefetcher(everything_first, "cpu")
-    assert not res.correct and "read ahead" in str(res)
-
-
-def test_checker_refuses_the_reference_prefetcher() -> None:
-    class Mine(Prefetcher):
-        pass
-
-    for candidate in (Prefetcher, Mine, lambda loader, device: Prefetcher(loader, device)):
-        res = check_prefetcher(candidate, "cpu")
-        assert not res.correct and "reference" in str(res), candidate
-
-    def hidden(loader: Any, device: Any) -> Any:
-        yield from Prefetcher(loader, device)
-
-    res = check_prefetcher(hidden, "cpu")
-    assert not res.correct and "reference" in str(res)
-
-
-def test_order_check_logs_requests_moves_and_hand_overs() -> None:
-    assert check_order(_reader_style, "cpu") == []
-    problems = check_order(lambda loader, device: iter(loader), "cpu")
-    assert len(problems) == 1 and "batch 1 was requested" in problems[0]
-    # the reference implementation passes through on a CPU (nothing to overlap there), and the order shows it
-    assert "pass-through" in check_order(Prefetcher, "cpu")[0]
-
-
-def test_checker_rejects_wrong_answers_without_crashing() -> None:
-    assert check_prefetcher(None).correct is False
-    assert check_prefetcher(42).correct is False
-    res = check_prefetcher(_Dropper, "cpu")
-    assert not res.correct and "gave 5 batches of 6" in str(res)
-
-    def boom(loader: Any, device: Any) -> Any:
-        raise RuntimeError("oops")
-
-    assert "RuntimeError" in str(check_prefetcher(boom, "cpu"))
-
-
 # -- CUDA only ------------------------------------------------------------------
 
 
@@ -353,67 +262,15 @@ def test_cuda_prefetcher_moves_batches_on_one_stream() -> None:
         assert all(x.is_cuda and y.is_cuda for x, y in got)
         for (x, y), (wx, wy) in zip(got, loader):
             assert torch.equal(x.cpu(), wx) and torch.equal(y.cpu(), wy)
-    assert pf.pinned_batches == 8 and pf.pageable_batches == 0
 
 
 @cuda
-@pytest.mark.parametrize("safety", ["record_stream", "event"])
-def test_cuda_normalise_and_structures(safety: str) -> None:
+def test_cuda_normalise_and_structures() -> None:
     imgs = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8)
     loader = [{"img": imgs, "c": Custom(torch.ones(2), "t"), "p": Pair(imgs, torch.zeros(2))}]
-    (b,) = list(Prefetcher(loader, "cuda", normalize=(MEAN, STD), pin_memory=True, safety=safety))
+    (b,) = list(Prefetcher(loader, "cuda", normalize=(MEAN, STD)))
     torch.testing.assert_close(b["img"].cpu(), normalize_uint8(imgs, MEAN, STD), rtol=0, atol=1e-6)
     assert b["c"].x.is_cuda and b["p"].images.is_cuda
-
-
-@cuda
-def test_checker_measures_overlap_on_gpu() -> None:
-    res = check_prefetcher(_reader_style, "cuda")
-    assert res.correct, str(res)
-    assert res.overlap_checked and res.overlap_ratio is not None
-
-
-def _no_wait(loader: Any, device: Any) -> Any:
-    """BUG: copies on a side stream but never makes the consuming stream wait for it."""
-    side = torch.cuda.Stream(device)
-    it = iter(loader)
-    with torch.cuda.stream(side):
-        nxt = move_batch(next(it), device)
-    for batch in it:
-        cur = nxt
-        with torch.cuda.stream(side):
-            nxt = move_batch(batch, device)
-        yield cur
-        del cur
-    yield nxt
-
-
-def _no_record_stream(loader: Any, device: Any) -> Any:
-    """BUG: waits for the copy, but never protects the batch's memory with record_stream."""
-    side = torch.cuda.Stream(device)
-    consumer = torch.cuda.current_stream(device)
-    it = iter(loader)
-    with torch.cuda.stream(side):
-        nxt = move_batch(next(it), device)
-    for batch in it:
-        consumer.wait_stream(side)
-        cur = nxt
-        with torch.cuda.stream(side):
-            nxt = move_batch(batch, device)
-        yield cur
-        del cur
-    consumer.wait_stream(side)
-    yield nxt
-
-
-@cuda
-@pytest.mark.parametrize("buggy, word", [(_no_wait, "wait_stream"), (_no_record_stream, "record_stream")])
-def test_race_check_catches_a_missing_wait_or_record_stream(buggy: Any, word: str) -> None:
-    from helpers.pipeline.prefetch import check_race
-
-    assert check_race(_reader_style, "cuda") == []
-    found = [p for _ in range(3) for p in check_race(buggy, "cuda")]  # a race need not show every time
-    assert any(word in p for p in found), found
 
 
 # -- the one normaliser: cached statistics, no hidden synchronisation ------------------------
@@ -480,7 +337,6 @@ def _syncs_are_errors():  # type: ignore[no-untyped-def]
         "plain uint8",
         "prefetcher float32",
         "prefetcher uint8",
-        "prefetcher uint8 event",
         "DataLoader pinned + prefetcher uint8",
     ],
 )
@@ -511,9 +367,7 @@ def test_one_training_step_of_each_ch05_pipeline_has_no_hidden_sync(pipeline: st
         if pipeline.startswith("DataLoader"):
             loader = DataLoader(TensorDataset(torch.cat(u8), torch.cat(ys)), batch_size=8, pin_memory=True)
         norm = (data.MEAN, data.STD) if use_u8 else None
-        source = iter(
-            Prefetcher(loader, dev, normalize=norm, safety="event" if "event" in pipeline else "record_stream")
-        )
+        source = iter(Prefetcher(loader, dev, normalize=norm))
     model = models.build_model().to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
@@ -556,3 +410,190 @@ def test_checker_lets_cuda_errors_through_on_a_strict_gpu_run(monkeypatch) -> No
     assert not prefetch._gpu_error(err, cpu)
     monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "0")
     assert not prefetch._gpu_error(err, cuda_dev)
+
+
+# -- the CUDA path, on the stand-ins of tests/cuda_standin.py (what is asked of streams, events and copies) ----
+
+
+class _SelfProtecting:
+    """A custom batch object that moves itself and protects its own memory (``record_stream``)."""
+
+    def __init__(self, x: torch.Tensor, log: list[Any]) -> None:
+        self.x, self.log = x, log
+
+    def to(self, device: Any, non_blocking: bool = False) -> "_SelfProtecting":
+        return _SelfProtecting(self.x.to(device, non_blocking=non_blocking), self.log)
+
+    def record_stream(self, stream: Any) -> None:
+        self.log.append(stream)
+
+
+@pytest.mark.parametrize("current", [0, 1])
+def test_cuda_path_copies_one_ahead_on_one_side_stream_and_protects_what_it_hands_over(current: int) -> None:
+    from cuda_standin import fake_cuda
+
+    n = 3
+    with fake_cuda(devices=2, current=current) as cuda:
+        loader = [(torch.full((2, 4), i).pin_memory(), torch.full((2,), i).pin_memory()) for i in range(n)]
+        pf = Prefetcher(loader, "cuda:1")
+        assert pf.overlaps and pf.stream is not None and pf.stream.index == 1
+        epochs = [[(len(cuda.log), b) for b in pf] for _ in range(2)]  # (place in the log, batch) per hand-over
+        side, consumer, log = pf.stream, cuda.default[1], cuda.log
+        assert cuda._made == 1  # one side stream for both epochs
+        assert cuda.current == current  # the side stream's device was current only while copies were queued
+        copies = cuda.ops("copy")
+        assert len(copies) == 2 * 2 * n
+        assert all(op.stream is side and op["non_blocking"] and op["src_pinned"] for op in copies)
+        waits = [i for i, op in enumerate(log) if op.kind == "wait_stream" and op.stream is side]
+        assert len(waits) == 2 and all(log[i]["other"] is consumer for i in waits)  # once per epoch, first
+        for w, handed in zip(waits, epochs):
+            assert [int(y[0]) for _, (x, y) in handed] == list(range(n))
+            assert w < min(log.index(op) for op in copies if op["out"] in {id(t) for t in handed[0][1]})
+            for k, (at, batch) in enumerate(handed):
+                ids = {id(t) for t in batch}
+                last_copy = max(i for i, op in enumerate(log[:at]) if op.kind == "copy" and op["out"] in ids)
+                ready = next(op for op in log[last_copy:at] if op.kind == "record" and op.stream is side)
+                assert any(
+                    op.kind == "wait_event" and op.stream is consumer and op["event"] is ready["event"]
+                    for op in log[log.index(ready) : at]
+                )  # the compute stream waits for batch k's copy before it is handed over
+                recorded = {op["tensor"] for op in log[last_copy:at] if op.kind == "record_stream"}
+                assert ids <= recorded and all(op.stream is consumer for op in cuda.ops("record_stream"))
+                if k < n - 1:  # batch k+1's copy is queued before batch k is handed over
+                    nxt = {id(t) for t in handed[k + 1][1]}
+                    assert sum(op.kind == "copy" and op["out"] in nxt for op in log[:at]) == 2
+        assert not cuda.host_syncs()  # the prefetcher never makes the host wait
+
+
+def test_cuda_path_moves_custom_objects_and_normalises_with_statistics_copied_once(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from cuda_standin import fake_cuda
+
+    from helpers.pipeline import data
+
+    monkeypatch.setattr(data, "_STATS_CACHE", {})  # the stand-in's tensors stay out of the real cache
+    protected: list[Any] = []
+    imgs = [torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8) for _ in range(3)]
+    with fake_cuda(devices=1, current=0) as cuda:
+        loader = [{"img": im, "obj": _SelfProtecting(torch.ones(2), protected)} for im in imgs]
+        pf = Prefetcher(loader, "cuda", normalize=(MEAN, STD))
+        got = list(pf)
+        stats = [op for op in cuda.ops("copy") if op["shape"] == (3, 1, 1)]
+        assert len(stats) == 2 and all(op.stream is cuda.default[0] for op in stats)  # at __init__, not per batch
+        assert [b["obj"].x.is_cuda for b in got] == [True] * 3  # moved by its own .to()
+    for b, im in zip(got, imgs):
+        assert torch.equal(b["img"], data.to_float_normalized(im, MEAN, STD))
+    assert protected == [cuda.default[0]] * 3  # its own record_stream, with the compute stream
+
+
+def _reference_pairs(loader: Any, device: Any) -> Prefetcher:
+    from helpers.pipeline import data
+
+    return Prefetcher(loader, device, normalize=(data.MEAN, data.STD))
+
+
+def test_race_check_runs_on_the_checked_device_and_refuses_batches_left_on_the_host(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """On the stand-ins (no race can show there): the check's batches, delay and comparisons go to cuda:1."""
+    from cuda_standin import fake_cuda
+
+    from helpers.pipeline import data, prefetch
+
+    monkeypatch.setattr(data, "_STATS_CACHE", {})
+    with fake_cuda(devices=2, current=0) as cuda:
+
+        def stale(loader: Any, device: Any) -> Any:  # hands batch 0 over again and again: wrong values
+            first = next(iter(_reference_pairs(loader, device)))
+            return (first for _ in loader)
+
+        assert prefetch.check_pipeline_race(_reference_pairs, "cuda:1", batch_mib=1, n_batches=3) == []
+        assert {op.stream.index for op in cuda.ops("kernel")} == {1}  # the delay queued on the checked device
+        assert all(op["device"] == torch.device("cuda", 1) for op in cuda.ops("copy"))
+        wrong = prefetch.check_pipeline_race(stale, "cuda:1", batch_mib=1, n_batches=3)
+        assert len(wrong) == 2 and "batch 1 had" in wrong[0] and "wait_stream" in wrong[0]
+        assert "record_stream" in wrong[1]
+        got = prefetch.check_pipeline_race(lambda loader, device: iter(loader), "cuda:1", batch_mib=1, n_batches=3)
+        assert got == ["race check: batch 0 came back on cpu, not on the CUDA device"]
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        prefetch.check_pipeline_race(_reference_pairs, "cpu")
+
+
+def test_overlap_ratio_times_the_candidate_on_the_device_and_stays_between_0_and_1(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """On the stand-ins the ratio means nothing (never shown); the test checks what runs where and the bounds."""
+    from cuda_standin import fake_cuda
+
+    from helpers.pipeline import data, streamcheck
+
+    monkeypatch.setattr(data, "_STATS_CACHE", {})
+    computed: list[tuple[int, ...]] = []
+    calibrated: list[torch.device] = []
+
+    def calibrated_compute(dev: torch.device, seconds: float) -> Any:
+        calibrated.append(dev)
+        return lambda batch: computed.append(tuple(batch.shape))
+
+    monkeypatch.setattr(streamcheck, "calibrated_compute", calibrated_compute)
+    with fake_cuda(devices=2, current=0) as cuda:
+        ratio = streamcheck.prefetch_overlap_ratio(_reference_pairs, "cuda:1", batch_mib=1, n_batches=2, repeats=2)
+        assert 0.0 <= ratio <= 1.0 and calibrated == [torch.device("cuda", 1)]
+        assert len(computed) == 2 * (2 + 2) and all(len(s) == 4 for s in computed)  # on each batch's images
+        assert {op["device"] for op in cuda.host_syncs() if "device" in op.detail} == {1}
+        assert {op["device"] for op in cuda.ops("copy")} == {torch.device("cuda", 1)}
+
+
+class _ReaderPrefetcher:
+    """What chapter 05's reader writes: (uint8 x, y) pairs, copied on one side stream, normalised there."""
+
+    def __init__(self, loader: Any, device: Any) -> None:
+        self.loader, self.device = loader, torch.device(device)
+        self.side = torch.cuda.Stream(self.device)  # made once (on a CPU only under the stream doubles)
+
+    def _issue(self, batch: Any) -> Any:
+        from helpers.pipeline import data
+
+        x, y = batch
+        with torch.cuda.stream(self.side):
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            return data.to_float_normalized(x), y
+
+    def __iter__(self) -> Any:
+        current = torch.cuda.current_stream(self.device)
+        self.side.wait_stream(current)
+        it = iter(self.loader)
+        nxt = self._issue(next(it))
+        while nxt is not None:
+            current.wait_stream(self.side)
+            for t in nxt:
+                t.record_stream(current)
+            batch = next(it, None)
+            out, nxt = nxt, (self._issue(batch) if batch is not None else None)
+            yield out
+
+
+def test_the_exercise_check_passes_a_reader_prefetcher_on_the_standin_gpu_and_refuses_the_reference(
+    monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """The GPU branch of check_pipeline_prefetcher on the stand-ins: the real-streams comparison runs, the race
+    check and the overlap ratio are called (replaced here: their own tests are above), the reference is refused."""
+    from cuda_standin import fake_cuda
+
+    from helpers.pipeline import data, prefetch
+
+    monkeypatch.setattr(data, "_STATS_CACHE", {})
+    raced: list[Any] = []
+    monkeypatch.setattr(prefetch, "check_pipeline_race", lambda c, dev: raced.append(dev) or [])
+    monkeypatch.setattr(prefetch, "prefetch_overlap_ratio", lambda c, dev: 0.5)
+    with fake_cuda(devices=1, current=0):
+        assert prefetch.check_pipeline_prefetcher(_ReaderPrefetcher, "cpu").correct  # the protocol, on the doubles
+        res = prefetch.check_pipeline_prefetcher(_ReaderPrefetcher, "cuda")
+        assert res.correct and res.overlap_checked and res.overlap_ratio == 0.5, str(res)
+        assert raced == [torch.device("cuda")] and "the same batches with real streams" in str(res)
+        assert "50% of the copy time hidden" in str(res)
+        monkeypatch.setattr(prefetch, "prefetch_overlap_ratio", lambda c, dev: 0.1)
+        assert "does NOT overlap" in str(prefetch.check_pipeline_prefetcher(_ReaderPrefetcher, "cuda"))
+        monkeypatch.setattr(prefetch, "check_pipeline_race", lambda c, dev: ["race check (checked at once): ..."])
+        res = prefetch.check_pipeline_prefetcher(_ReaderPrefetcher, "cuda")
+        assert not res.correct and not res.overlap_checked and "race check" in str(res)
+
+        def hidden(loader: Any, device: Any) -> Any:  # passes under the doubles, uses the reference on a GPU
+            return _ReaderPrefetcher(loader, device) if device.type == "cpu" else _reference_pairs(loader, device)
+
+        assert "reference" in str(prefetch.check_pipeline_prefetcher(hidden, "cuda"))

@@ -146,9 +146,9 @@ def test_named_transfers_are_the_one_batch_mover(monkeypatch: pytest.MonkeyPatch
     seen: list[bool] = []
     real = training.move_batch
 
-    def spy(batch, device, *, non_blocking=True, pin=False):  # noqa: ANN001, ANN202 - a test double
+    def spy(batch, device, *, non_blocking=True):  # noqa: ANN001, ANN202 - a test double
         seen.append(non_blocking)
-        return real(batch, device, non_blocking=non_blocking, pin=pin)
+        return real(batch, device, non_blocking=non_blocking)
 
     monkeypatch.setattr(training, "move_batch", spy)
     x, y = torch.zeros(2, 3), torch.ones(2, dtype=torch.long)

@@ -478,3 +478,30 @@ def test_measure_host_copy_cuts_blocks_for_slow_copies(monkeypatch):
     assert seen["blocks"] == 6  # 10 one-second copies fit, 4 of them untimed
     copies.measure_host_copy(64 * KiB, min_run_time=0.01, max_seconds=1.0)
     assert seen["blocks"] == 3  # never fewer than 3 samples
+
+
+def test_cuda_status_and_the_allocator_counters_on_the_standin_gpu(monkeypatch):
+    """With CUDA (the stand-ins): a present GPU is usable, a CPU device is not, and the allocator's counters
+    are read from torch.cuda.memory.host_memory_stats under their short names (the value is never shown)."""
+    from cuda_standin import fake_cuda
+
+    raw = {"allocated_bytes.current": 4096, "active_bytes.current": 1024, "allocations.current": 2}
+    raw.update({"allocated_bytes.peak": 8192, "num_host_alloc": 3, "num_host_free": 1})
+    with fake_cuda(devices=2, current=0):
+        assert T.cuda_status("cuda:1") == (True, "")
+        assert T.cuda_status(None) == (True, "")
+        ok, why = T.cuda_status("cpu")
+        assert not ok and "not a CUDA device" in why
+        with pytest.raises(ValueError):
+            T.cuda_status("cuda:2")  # not there
+        monkeypatch.setattr(torch.cuda, "init", lambda: None)
+        monkeypatch.setattr(torch.cuda.memory, "host_memory_stats", lambda: raw)
+        assert T.host_allocator_stats() == {
+            "allocated_bytes": 4096,
+            "active_bytes": 1024,
+            "allocations": 2,
+            "num_host_alloc": 3,
+            "num_host_free": 1,
+        }
+        monkeypatch.delattr(torch.cuda.memory, "host_memory_stats")
+        assert "has no torch.cuda.memory.host_memory_stats" in T.host_allocator_stats().reason

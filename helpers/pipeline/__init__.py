@@ -10,7 +10,8 @@ sets, collate and worker-init functions by name), with the measuring plumbing ea
                 allocator's counters, the pinning arithmetic
     loaders     building, measuring and releasing loaders (leak-proof start and stop, failures in
                 plain words, /dev/shm), the pinnable batch, the demo data sets and collate functions
-    prefetch    the reference side-stream prefetcher and the checks for the reader's
+    prefetch    the reference side-stream prefetcher and the check of the reader's
+    streamcheck its stream protocol checked with test doubles of the stream API, and on a GPU
 
 The chapters' own experiments (chapter 01's step anatomy and training loop, 02's copy sweeps, 03's pin
 thread, 04's worker sweeps) are in their folders, helpers/chapters/chNN/.

@@ -1,32 +1,15 @@
-"""The workbook's model: a small CNN whose compute per batch can be scaled.
+"""The workbook's model: a small CNN whose compute per batch is one knob, ``width``.
 
-The same data pipeline can be put in a *data-bound* regime (tiny model: the GPU
-waits for data) or a *compute-bound* one (wide model: the data waits for the
-GPU) by turning one knob, ``width``. Compute grows roughly with ``width**2``,
-so widths 8 -> 128 span more than two orders of magnitude.
-
-Public API (stable; later chapters rely on it):
-
-``SmallCNN(num_classes=6, width=16, depth=3, convs_per_stage=1)``
-    ``depth`` stages of (conv3x3-BN-ReLU) x ``convs_per_stage`` then 2x2 max-pool;
-    stage ``i`` has ``width * 2**i`` channels; global average pool; linear head.
-``build_model(width=16, depth=3, num_classes=6, convs_per_stage=1, seed=0) -> SmallCNN``
-    A reproducibly initialised model.
-``flops_per_sample(model, image_size) -> int``
-    Forward-pass FLOPs (2 x multiply-adds) of one image, counted from the layers.
-``count_parameters(model) -> int``
-``describe(model, image_size) -> str``
-    One line: width, depth, parameters, forward GFLOP per sample.
-``training_bytes(model, image_size, batch_size)`` / ``check_training_memory(...)``
-    Estimated memory of a training step, and a refusal (ValueError) when it cannot fit.
-
-The on-device normalisation of uint8 batches is the workbook's one normaliser,
-:func:`helpers.pipeline.data.to_float_normalized`.
+A tiny model puts the same pipeline in a *data-bound* regime (the GPU waits for data), a wide one in a
+*compute-bound* regime (the data waits for the GPU): compute grows roughly with ``width**2``, so widths
+8 -> 128 span more than two orders of magnitude. ``flops_per_sample``, ``training_bytes`` and
+``check_training_memory`` count a model's cost and refuse a step that cannot fit; ``describe_model`` says it
+in one line. The normalisation of uint8 batches is :func:`helpers.pipeline.data.to_float_normalized`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -112,41 +95,19 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def flops_per_sample(model: nn.Module, image_size: int, in_channels: int = 3) -> int:
-    """Forward-pass FLOPs of one ``image_size x image_size`` image (2 FLOPs per multiply-add).
-
-    Counts convolutions and linear layers (the other layers are negligible) by
-    running one image through a CPU copy of the shapes with forward hooks. A
-    training step costs about 3x this (forward + backward for inputs and weights).
-    """
-    check_int("image_size", image_size, 1, 8192)
+def _count_outputs(
+    model: nn.Module, image_size: int, in_channels: int, count: Callable[[nn.Module, torch.Tensor], int]
+) -> int:
+    """Sum of ``count(module, output)`` over one forward pass of a zero image (eval mode, no grad; the
+    model's mode and weights are left as they were)."""
     total = 0
 
-    def conv_hook(mod: nn.Conv2d, inp: Any, out: torch.Tensor) -> None:
+    def hook(mod: nn.Module, inp: Any, out: torch.Tensor) -> None:
         nonlocal total
-        k = mod.kernel_size[0] * mod.kernel_size[1] * (mod.in_channels // mod.groups)
-        total += 2 * k * out.numel()
+        total += count(mod, out)
 
-    def linear_hook(mod: nn.Linear, inp: Any, out: torch.Tensor) -> None:
-        nonlocal total
-        total += 2 * mod.in_features * out.numel()
-
-    handles = []
-    for m in model.modules():
-        if isinstance(m, nn.Conv2d):
-            handles.append(m.register_forward_hook(conv_hook))
-        elif isinstance(m, nn.Linear):
-            handles.append(m.register_forward_hook(linear_hook))
-    _probe_forward(model, image_size, in_channels, handles)
-    return int(total)
-
-
-def _probe_forward(model: nn.Module, image_size: int, in_channels: int, handles: list[Any]) -> None:
-    """One forward pass of a zero image in eval mode, for the forward ``handles`` (hooks) to count; removes them."""
-    try:
-        device = next(model.parameters()).device
-    except StopIteration:
-        device = torch.device("cpu")
+    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
     was_training = model.training
     try:
         model.eval()
@@ -156,32 +117,37 @@ def _probe_forward(model: nn.Module, image_size: int, in_channels: int, handles:
         model.train(was_training)
         for h in handles:
             h.remove()
+    return int(total)
+
+
+def flops_per_sample(model: nn.Module, image_size: int, in_channels: int = 3) -> int:
+    """Forward-pass FLOPs of one ``image_size x image_size`` image (2 FLOPs per multiply-add).
+
+    Counts convolutions and linear layers (the others are negligible). A training step costs about 3x this
+    (forward, and backward for inputs and weights).
+    """
+    check_int("image_size", image_size, 1, 8192)
+
+    def flops(mod: nn.Module, out: torch.Tensor) -> int:
+        if isinstance(mod, nn.Conv2d):
+            return 2 * mod.kernel_size[0] * mod.kernel_size[1] * (mod.in_channels // mod.groups) * out.numel()
+        return 2 * mod.in_features * out.numel() if isinstance(mod, nn.Linear) else 0
+
+    return _count_outputs(model, image_size, in_channels, flops)
 
 
 def training_bytes(model: nn.Module, image_size: int, batch_size: int, in_channels: int = 3) -> int:
     """Estimated memory of one training step: activations kept for backward, their gradients, the batch.
 
-    Counts the outputs of every convolution, batch norm and pooling layer for one
-    image (in-place ReLUs allocate nothing), doubles them for the gradients of
-    the backward pass, adds the float input batch, and multiplies by
-    ``batch_size``. An estimate for refusing impossible sizes, not a measurement.
+    The outputs of every convolution, batch norm, pooling and linear layer for one image (in-place ReLUs
+    allocate nothing), doubled for the backward pass's gradients, plus the float input, times ``batch_size``.
+    An estimate for refusing impossible sizes, not a measurement.
     """
     check_int("image_size", image_size, 1, 8192)
     check_int("batch_size", batch_size, 1, 10**7)
-    floats = 0
-
-    def hook(mod: nn.Module, inp: Any, out: torch.Tensor) -> None:
-        nonlocal floats
-        floats += out.numel()
-
-    handles = [
-        m.register_forward_hook(hook)
-        for m in model.modules()
-        if isinstance(m, (nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.Linear))
-    ]
-    _probe_forward(model, image_size, in_channels, handles)
-    per_sample = 4 * (2 * floats + in_channels * image_size * image_size)
-    return int(per_sample * batch_size)
+    kept = (nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.Linear)
+    floats = _count_outputs(model, image_size, in_channels, lambda m, out: out.numel() if isinstance(m, kept) else 0)
+    return int(4 * (2 * floats + in_channels * image_size * image_size) * batch_size)
 
 
 def check_training_memory(
@@ -198,10 +164,7 @@ def check_training_memory(
     """
     need = training_bytes(model, image_size, batch_size)
     if available_bytes is None:
-        try:
-            device = next(model.parameters()).device
-        except StopIteration:
-            device = torch.device("cpu")
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
         if device.type == "cuda":
             available_bytes = int(torch.cuda.mem_get_info(device)[0])
         else:

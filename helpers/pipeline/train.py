@@ -1,39 +1,12 @@
-"""The timeline's phases and lanes, the optimizer, and the bottleneck model (chapters 01 and 06).
+"""The timeline's phases and lanes, the optimizer, and the bottleneck model (chapters 01 and 06, the answer key).
 
-One training step has six phases, recorded with :class:`helpers.core.timing.SpanRecorder`:
-
-========== ======================================================= ==============
-phase      what happens                                            timeline lane
-========== ======================================================= ==============
-load       the loader reads, decodes and augments the images       data (CPU)
-collate    the per-image tensors are stacked into one batch        data (CPU)
-h2d        the batch is copied host -> device (a no-op on CPU)     copy (link)
-forward    model(x)                                                compute (GPU)
-backward   loss.backward() (in record_steps: the loss too)         compute (GPU)
-optimizer  optimizer.step()                                        compute (GPU)
-========== ======================================================= ==============
-
-On a CUDA device the copy and compute phases are timed with CUDA events (what
-the GPU did, when); on the CPU every phase is wall-clock time and the compute
-lane is called "compute (CPU)".
-
-(plus ``normalize`` when the batch arrives as uint8 and is converted on the
-device, and ``pin`` when a ``pin_memory=True`` loader pins the batch in the main
-process on a CUDA machine). "collate" is split out of "load" only when the loader runs in the main
-process (``num_workers=0``) and its collate function is timed (:class:`helpers.pipeline.data.TimedCollate`;
-:func:`~helpers.chapters.ch01.anatomy.record_steps` wraps a plain loader's collate function in one for the
-duration of the run); with workers, "load" is the time the main process *waits* for the next batch.
-
-Chapter 01's own code is in its folder: the step anatomy (``record_steps``: the reader's loader,
-``to_device`` and ``train_step`` timed phase by phase; ``step_anatomy``, the live panel's and benchmark's short
-run) in :mod:`helpers.chapters.ch01.anatomy`, and the evaluation (``evaluate``) in
-:mod:`helpers.chapters.ch01.training`.
-
-Here (chapter 01 and chapter 06's waterfall, and the course's answer key, use them):
-
-``STAGES``, ``DATA_LANE``, ``COPY_LANE``, ``COMPUTE_LANE_GPU``, ``COMPUTE_LANE_CPU``  (the timeline's stages and lanes)
-``make_optimizer(model, lr=3e-3) -> torch.optim.Optimizer``
-``predict_step_time(phase_times) -> Prediction``  (the bottleneck model)
+A training step's phases, recorded with :class:`helpers.core.timing.SpanRecorder`, and the lane (resource)
+each occupies: ``load`` and ``collate`` (the loader; "collate" apart only with ``num_workers=0`` and a timed
+collate function, :class:`helpers.pipeline.data.TimedCollate`; with workers "load" is the main process's
+wait) and ``pin`` (a ``pin_memory=True`` loader, CUDA) on the data (CPU) lane; ``h2d`` (a no-op on CPU) on
+the copy lane; ``normalize`` (uint8 batches), ``forward``, ``backward`` and ``optimizer`` on the compute lane.
+On CUDA the copy and compute phases are timed with CUDA events; on the CPU every phase is wall-clock time
+and the compute lane is "compute (CPU)". Chapter 01's step anatomy and evaluation are in its folder.
 """
 
 from __future__ import annotations
@@ -79,20 +52,12 @@ def make_optimizer(model: nn.Module, lr: float = 3e-3, weight_decay: float = 0.0
     return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
 
 
-# ---------------------------------------------------------------------------
-# The bottleneck model
-# ---------------------------------------------------------------------------
-
-
 @dataclass
 class Prediction:
     """Step time predicted from phase times by the bottleneck model.
 
-    Attributes:
-        stage_times: seconds per step of each resource (:data:`STAGES`).
-        serial: sum of all phases: the step time when nothing overlaps.
-        overlapped: the slowest stage: the step time when all stages overlap perfectly.
-        bottleneck: name of the slowest stage.
+    ``stage_times``: seconds per step of each resource (:data:`STAGES`); ``serial``: the sum of all phases
+    (nothing overlaps); ``overlapped``: the slowest stage (all stages overlap perfectly), ``bottleneck``.
     """
 
     stage_times: dict[str, float]
@@ -108,13 +73,10 @@ class Prediction:
     def one_step_overlap(self) -> float:
         """The naive loop's step on a GPU: copy + max(data, compute).
 
-        CUDA kernel launches are asynchronous: once the CPU has queued step i's
-        forward, backward and optimizer, it goes on to load batch i+1 while the
-        GPU still computes step i; the next blocking ``x.to(device)`` then waits
-        for the GPU. So data (CPU) overlaps compute (GPU) by one step for free,
-        and the copy overlaps nothing. On a CPU the same cores do both and the
-        naive loop pays :attr:`serial`. Needs the default :data:`STAGES` names
-        (falls back to :attr:`serial` otherwise).
+        Kernel launches are asynchronous: once step i's work is queued the CPU loads batch i+1 while the GPU
+        computes, and the next blocking ``x.to(device)`` waits for the GPU. So data overlaps compute by one
+        step for free and the copy overlaps nothing (on a CPU the same cores do both: :attr:`serial`). Needs
+        the default :data:`STAGES` names (else :attr:`serial`).
         """
         names = list(STAGES)
         if not all(n in self.stage_times for n in names):
@@ -127,26 +89,17 @@ class Prediction:
 def predict_step_time(
     phase_times: Mapping[str, float], stages: Mapping[str, Iterable[str]] | None = None
 ) -> Prediction:
-    """Predict the step time from per-step phase times (seconds).
-
-    ``serial`` adds every phase (a naive loop: one thing at a time);
-    ``overlapped`` is the slowest stage (a perfect pipeline: every resource works
-    on a different step at once). Phases not named in ``stages`` count as their
-    own stage.
-    """
+    """Predict the step time from per-step phase times (seconds): ``serial`` adds every phase (one thing at a
+    time), ``overlapped`` is the slowest stage (every resource on a different step at once). Phases not named
+    in ``stages`` count as their own stage."""
     stages = dict(STAGES if stages is None else stages)
     for name, value in phase_times.items():
         if value < 0 or value != value:
             raise ValueError(f"phase time {name!r} must be a non-negative number, got {value}")
-    stage_times: dict[str, float] = {}
-    named: set[str] = set()
-    for stage, phases in stages.items():
-        ph = tuple(phases)
-        named.update(ph)
-        stage_times[stage] = float(sum(phase_times.get(p, 0.0) for p in ph))
-    for name, value in phase_times.items():
-        if name not in named:
-            stage_times[name] = float(value)
+    stages = {stage: tuple(phases) for stage, phases in stages.items()}
+    named = {p for phases in stages.values() for p in phases}
+    stage_times = {stage: float(sum(phase_times.get(p, 0.0) for p in phases)) for stage, phases in stages.items()}
+    stage_times.update({name: float(v) for name, v in phase_times.items() if name not in named})
     if not stage_times:
         raise ValueError("phase_times is empty")
     bottleneck = max(stage_times, key=lambda k: stage_times[k])

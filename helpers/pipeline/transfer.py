@@ -1,21 +1,10 @@
-"""Host <-> GPU copy facts two or more chapters use (chapter 02's experiments are in :mod:`helpers.chapters.ch02`).
+"""Host <-> GPU copy facts two or more chapters use (chapter 02's own experiments are in its folder).
 
-Here, one job per function:
-
-* :func:`cuda_status` - whether copies to a device can be measured here, and if not the one sentence why;
-  :class:`Unavailable` / :func:`is_available` - what a measurement that needs CUDA returns without it.
-* :func:`check_host_bytes` - refuse (one line) host buffers larger than the RAM available now
-  (chapter 00's hygiene operations, chapter 02's copies).
-* :func:`images_nbytes`, :func:`break_even_uses`, :func:`pinning_pays` - bytes on the wire, and when
-  pinning a buffer pays for itself (chapter 02, and the course's answer key).
-* :func:`host_allocator_stats` - the pinned caching allocator's counters (chapter 02, chapter 06's waterfall).
-
-Chapter 02's own measurements - the sweep of the reader's ``time_copy``, the helper's CUDA-event copies,
-the latency + bandwidth fit, the host memcpy reference - are in :mod:`helpers.chapters.ch02.copies`; what
-pinning itself costs, the host-blocking probe and the allocator's rounding are in
-:mod:`helpers.chapters.ch02.pin_costs`.
-
-Units: sizes in bytes, times in seconds.
+:func:`cuda_status` says whether copies can be measured here (if not, :class:`Unavailable` says why);
+:func:`check_host_bytes` refuses host buffers larger than the RAM available now (chapters 00 and 02);
+:func:`images_nbytes`, :func:`break_even_uses` and :func:`pinning_pays` are the bytes on the wire and when
+pinning pays (chapter 02, the answer key); :func:`host_allocator_stats` reads the pinned caching allocator's
+counters (chapter 02, chapter 06's waterfall). Sizes in bytes, times in seconds.
 """
 
 from __future__ import annotations
@@ -50,19 +39,10 @@ NO_CUDA_REASON = (
 )
 
 
-# ---------------------------------------------------------------------------
-# Result types
-# ---------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Unavailable:
-    """A measurement that could not run here, and why (e.g. no CUDA device).
-
-    Every GPU measurement in this module returns one of these instead of
-    raising when the hardware is missing, so a notebook cell can print it and
-    move on to reference results.
-    """
+    """A measurement that could not run here, and why (no CUDA device): returned instead of raising, so a
+    notebook cell prints it and moves on to reference results."""
 
     what: str
     reason: str
@@ -80,11 +60,6 @@ def is_available(result: Any) -> bool:
     return not isinstance(result, Unavailable)
 
 
-# ---------------------------------------------------------------------------
-# Pure logic
-# ---------------------------------------------------------------------------
-
-
 def _memory_now() -> tuple[int, int]:
     import psutil
 
@@ -100,13 +75,9 @@ def check_host_bytes(
     what: str = "",
     available_bytes: int | None = None,
 ) -> int:
-    """Return ``nbytes`` if that much host RAM can be allocated safely, else raise ValueError.
-
-    ``nbytes`` is the *total* the caller is about to allocate (e.g. both buffers of a
-    copy). The limit is ``share`` of the RAM :func:`psutil.virtual_memory` reports as
-    available now (pass ``available_bytes`` to test or to plan), so a request that
-    would push the machine into swap or the out-of-memory killer is refused first.
-    """
+    """Return ``nbytes`` (the *total* the caller is about to allocate) if that much host RAM can be allocated
+    safely, else raise ValueError: the limit is ``share`` of the RAM psutil reports available now (or
+    ``available_bytes``), so a request that would push the machine into swap or the OOM killer is refused."""
     nbytes = check_int(name, nbytes, 0)
     share = check_float("share", share, 0.01, 0.95)
     if available_bytes is None:
@@ -137,30 +108,19 @@ def images_nbytes(batch: int, channels: int, height: int, width: int, dtype: str
 
 
 def break_even_uses(pin_s: float, pageable_copy_s: float, pinned_copy_s: float) -> float:
-    """Copies of one buffer after which pinning it has paid for itself.
-
-    Pinning costs ``pin_s`` once and saves ``pageable_copy_s - pinned_copy_s`` per copy,
-    so it pays after ``pin_s / saving`` copies. Returns ``inf`` if pinned copies save
-    nothing, and 0 if pinning is free.
-    """
+    """Copies of one buffer after which pinning it (``pin_s`` once) has paid for itself: ``pin_s / saving``
+    with ``saving = pageable_copy_s - pinned_copy_s`` per copy; ``inf`` if pinned copies save nothing."""
     pin_s = check_float("pin_s", pin_s, 0.0)
     pageable_copy_s = check_float("pageable_copy_s", pageable_copy_s, 0.0)
     pinned_copy_s = check_float("pinned_copy_s", pinned_copy_s, 0.0)
     saving = pageable_copy_s - pinned_copy_s
-    if saving <= 0:
-        return math.inf
-    return pin_s / saving
+    return pin_s / saving if saving > 0 else math.inf
 
 
 def pinning_pays(uses: int, pin_s: float, pageable_copy_s: float, pinned_copy_s: float) -> bool:
     """True if pinning once and copying ``uses`` times beats ``uses`` pageable copies."""
     uses = check_int("uses", uses, 1)
     return pin_s + uses * pinned_copy_s < uses * pageable_copy_s
-
-
-# ---------------------------------------------------------------------------
-# What this machine can do
-# ---------------------------------------------------------------------------
 
 
 def _names_cuda(device: Any) -> bool:
@@ -173,11 +133,9 @@ def _names_cuda(device: Any) -> bool:
 def cuda_status(device: torch.device | str | None = None) -> tuple[bool, str]:
     """``(True, '')`` if ``device`` is a usable CUDA device, else ``(False, reason)``.
 
-    ``device`` goes through :func:`helpers.core.device.resolve_device` (``None``: CUDA when present),
-    which refuses with a ValueError a device that is not ``cpu`` or ``cuda`` or not spelled as one, and,
-    with CUDA, a GPU that is not there (``"cuda:3"`` with one GPU). Without CUDA, a CUDA device is
-    answered with :data:`NO_CUDA_REASON`, not refused: a measurement asked for ``device="cuda"`` on a
-    CPU-only machine returns :class:`Unavailable`.
+    ``device`` goes through :func:`helpers.core.device.resolve_device` (``None``: CUDA when present; a
+    ValueError for a device that is neither ``cpu`` nor ``cuda``, or, with CUDA, a GPU that is not there).
+    Without CUDA a CUDA device is answered with :data:`NO_CUDA_REASON`, not refused (:class:`Unavailable`).
     """
     if not has_cuda():
         if device is not None:  # the spelling is checked all the same; 'cuda' is absent here, not wrong
@@ -189,18 +147,10 @@ def cuda_status(device: torch.device | str | None = None) -> tuple[bool, str]:
     return True, ""
 
 
-# ---------------------------------------------------------------------------
-# The pinned caching allocator (chapter 02, and chapter 06's waterfall reports it)
-# ---------------------------------------------------------------------------
-
-
 def host_allocator_stats() -> dict[str, int] | Unavailable:
-    """Key counters of the pinned caching allocator (``torch.cuda.memory.host_memory_stats``).
-
-    Returns the keys ``allocated_bytes`` (pinned bytes the allocator owns, active + cached,
-    at their rounded size), ``active_bytes`` (handed out now), ``allocations``,
-    ``num_host_alloc`` and ``num_host_free`` (``cudaHostAlloc`` / ``cudaFreeHost`` calls).
-    """
+    """Key counters of the pinned caching allocator (``torch.cuda.memory.host_memory_stats``):
+    ``allocated_bytes`` (pinned bytes it owns, active + cached, at their rounded size), ``active_bytes``
+    (handed out now), ``allocations``, ``num_host_alloc`` and ``num_host_free`` (cudaHostAlloc / cudaFreeHost)."""
     ok, reason = cuda_status()
     if not ok:
         return Unavailable("pinned allocator statistics", reason)
@@ -211,11 +161,5 @@ def host_allocator_stats() -> dict[str, int] | Unavailable:
         )
     torch.cuda.init()
     raw = fn()
-    keys = {
-        "allocated_bytes": "allocated_bytes.current",
-        "active_bytes": "active_bytes.current",
-        "allocations": "allocations.current",
-        "num_host_alloc": "num_host_alloc",
-        "num_host_free": "num_host_free",
-    }
-    return {short: int(raw.get(k, 0)) for short, k in keys.items()}
+    keys = ("allocated_bytes.current", "active_bytes.current", "allocations.current", "num_host_alloc", "num_host_free")
+    return {k.removesuffix(".current"): int(raw.get(k, 0)) for k in keys}

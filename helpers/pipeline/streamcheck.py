@@ -1,0 +1,530 @@
+"""Check a side-stream prefetcher's stream protocol on any machine, with logging test doubles of the stream API.
+
+Chapter 05's reader writes ``class Prefetcher``: ``(x, y)`` batches copied on a side stream with
+``non_blocking=True``, handed over after ``current.wait_stream(side)`` with ``record_stream(current)``.
+Streams exist only on CUDA, so :func:`stream_protocol` runs that code under :func:`stream_doubles`:
+``torch.cuda.Stream``, ``stream``, ``current_stream``, ``Event`` and ``Tensor.record_stream`` are replaced,
+for the run only, by objects that write what was asked of them into one log, and ``Tensor.to`` logs when a
+loader's tensor is moved and under which stream. No GPU work happens; the log says whether the *protocol*
+is right (:func:`check_protocol`), and :func:`format_protocol` shows it. On a GPU the same prefetcher
+is checked with real streams: :func:`check_pipeline_race` (each batch right when read on the consuming
+stream) and :func:`prefetch_overlap_ratio` (how much of the copy it hides). :mod:`helpers.pipeline.prefetch`
+re-exports these names (``prefetch.stream_protocol``, ...): chapter 05 and its checker call them there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import statistics
+import textwrap
+import time
+from typing import Any, Callable, Iterable, Iterator, Sequence
+from unittest import mock
+
+import torch
+
+from ..core.rounds import alternate
+from ..core.timing import GpuDelay, calibrated_compute
+from .data import to_float_normalized
+
+__all__ = [
+    "CONSUMER",
+    "MAX_AHEAD",
+    "PairProbeLoader",
+    "stream_doubles",
+    "stream_protocol",
+    "format_protocol",
+    "check_protocol",
+    "check_pipeline_race",
+    "prefetch_overlap_ratio",
+]
+
+#: The stream a prefetcher's consumer runs on, in the logs.
+CONSUMER = "current stream"
+#: A prefetcher keeps one batch in flight (two-stage); this many ahead is still accepted.
+MAX_AHEAD = 2
+
+
+class _Protocol:
+    """The log of one run under the doubles (module-global while active, so doubles a reader cached log here)."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[Any, ...]] = []
+        self.consumer = _FakeStream(CONSUMER)
+        self.current: _FakeStream = self.consumer
+        self.streams_made = 0
+        self.probes: dict[int, tuple[int, str]] = {}  # id(loader tensor) -> (batch index, "x" or "y")
+
+
+_ACTIVE: _Protocol | None = None
+_STREAM_NUMBERS = itertools.count(1)  # doubles may outlive a run (a reader's cache): names stay unique
+
+
+def _log(*entry: Any) -> int:
+    if _ACTIVE is None:
+        return -1
+    _ACTIVE.log.append(entry)
+    return len(_ACTIVE.log) - 1
+
+
+def _current() -> _FakeStream | None:
+    return _ACTIVE.current if _ACTIVE is not None else None
+
+
+class _FakeStream:
+    """A double of ``torch.cuda.Stream``: logs waits instead of queuing them."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def wait_stream(self, other: Any) -> None:
+        _log("wait", self.name, getattr(other, "name", repr(other)), len(_ACTIVE.log) if _ACTIVE else -1)
+
+    def wait_event(self, event: _FakeEvent) -> None:
+        event.wait(self)
+
+    def record_event(self, event: _FakeEvent | None = None) -> _FakeEvent:
+        event = event if event is not None else _FakeEvent()
+        event.record(self)
+        return event
+
+    def synchronize(self) -> None:
+        _log("synchronize", self.name)
+
+    def query(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"<test double of a CUDA stream: {self.name}>"
+
+
+class _FakeEvent:
+    """A double of ``torch.cuda.Event``: remembers where in the log it was recorded."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.stream: str | None = None
+        self.at = -1
+
+    def record(self, stream: _FakeStream | None = None) -> None:
+        self.stream = getattr(stream if stream is not None else _current(), "name", None)
+        self.at = _log("record event", self.stream)
+
+    def wait(self, stream: _FakeStream | None = None) -> None:
+        if self.stream is not None:
+            _log("wait", getattr(stream if stream is not None else _current(), "name", None), self.stream, self.at)
+
+    def synchronize(self) -> None:
+        _log("synchronize", self.stream)
+
+    def query(self) -> bool:
+        return True
+
+
+@contextlib.contextmanager
+def _use_stream(stream: Any) -> Iterator[Any]:
+    """The double of ``torch.cuda.stream(s)``: ``s`` is the current stream inside the block."""
+    before = _current()
+    if _ACTIVE is not None and stream is not None:
+        _ACTIVE.current = stream
+    try:
+        yield stream
+    finally:
+        if _ACTIVE is not None and stream is not None and before is not None:
+            _ACTIVE.current = before
+
+
+def _make_stream(device: Any = None, priority: int = 0, **kwargs: Any) -> _FakeStream:
+    assert _ACTIVE is not None
+    _ACTIVE.streams_made += 1
+    stream = _FakeStream(f"side stream {next(_STREAM_NUMBERS)}")
+    _log("new stream", stream.name)
+    return stream
+
+
+@contextlib.contextmanager
+def stream_doubles() -> Iterator[_Protocol]:
+    """Replace the CUDA stream API by logging doubles while the ``with`` block runs (any machine).
+
+    Inside, ``torch.cuda.Stream(...)`` makes a side stream, ``torch.cuda.current_stream()`` is
+    :data:`CONSUMER` (or the stream of an enclosing ``torch.cuda.stream(s)``), waits, events and
+    ``Tensor.record_stream`` are logged, and ``Tensor.to`` logs a move when called on a tensor registered
+    in ``probes``. Everything is restored on exit, also after an exception. It does not nest.
+    """
+    global _ACTIVE
+    if _ACTIVE is not None:
+        raise RuntimeError("stream_doubles() is already active (it does not nest)")
+    proto = _Protocol()
+    original_to = torch.Tensor.to
+
+    def logged_to(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        hit = proto.probes.get(id(self))
+        target = kwargs.get("device", args[0] if args else None)
+        if hit is not None and isinstance(target, (str, int, torch.device)):  # a move, not x.to(torch.float32)
+            _log("move", hit[0], hit[1], proto.current.name, bool(kwargs.get("non_blocking", False)))
+        return original_to(self, *args, **kwargs)
+
+    def record_stream(self: torch.Tensor, stream: Any) -> None:
+        _log("record_stream", id(self), getattr(stream, "name", repr(stream)))
+
+    patches: list[contextlib.AbstractContextManager[Any]] = [
+        mock.patch.object(torch.cuda, "Stream", _make_stream),
+        mock.patch.object(torch.cuda, "Event", _FakeEvent),
+        mock.patch.object(torch.cuda, "stream", _use_stream),
+        mock.patch.object(torch.cuda, "current_stream", lambda device=None: proto.current),
+        mock.patch.object(torch.cuda, "default_stream", lambda device=None: proto.consumer),
+        mock.patch.object(torch.cuda, "synchronize", lambda device=None: _log("synchronize", "device")),
+        mock.patch.object(torch.Tensor, "to", logged_to),
+        mock.patch.object(torch.Tensor, "record_stream", record_stream),
+    ]
+    with contextlib.ExitStack() as stack:
+        for p in patches:
+            stack.enter_context(p)
+        _ACTIVE = proto
+        try:
+            yield proto
+        finally:
+            _ACTIVE = None
+
+
+class PairProbeLoader:
+    """A re-iterable loader of ``(uint8 images, labels)`` batches that logs ``("request", i)`` per batch.
+
+    Batch ``i``'s images are ``(2, 3, 4, 4)`` uint8 values and its labels are ``i``, so order mistakes show.
+    Given the active ``proto``, its tensors are registered so that their ``.to()`` calls are logged as moves.
+    """
+
+    def __init__(self, n_batches: int = 4, proto: _Protocol | None = None) -> None:
+        g = torch.Generator().manual_seed(5)
+        self.batches = [
+            (torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8, generator=g), torch.full((2,), i))
+            for i in range(n_batches)
+        ]
+        if proto is not None:
+            for i, (x, y) in enumerate(self.batches):
+                proto.probes[id(x)], proto.probes[id(y)] = (i, "x"), (i, "y")
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for i, batch in enumerate(self.batches):
+            _log("request", i)
+            yield batch
+
+
+def _tensors(batch: Any) -> Iterator[torch.Tensor]:
+    """The tensors of a batch of tensors, tuples, lists and dicts."""
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, (list, tuple, dict)):
+        for b in batch.values() if isinstance(batch, dict) else batch:
+            yield from _tensors(b)
+
+
+def stream_protocol(
+    candidate: Any, n_batches: int = 4, epochs: int = 1
+) -> tuple[list[tuple[Any, ...]], list[list[Any]], int]:
+    """Run ``candidate(loader, "cpu")`` under :func:`stream_doubles` on a :class:`PairProbeLoader`.
+
+    Returns ``(log, handed, streams_made)``: the log (requests, moves, new streams, waits, events,
+    ``record_stream``, and ``("handed", epoch, i, ids of the batch's tensors)`` at each hand-over), the
+    batches handed over per epoch, and how many side streams were made. The same object is iterated
+    ``epochs`` times (a generator function is called again per epoch).
+    """
+    handed: list[list[Any]] = []
+    with stream_doubles() as proto:
+        loader = PairProbeLoader(n_batches, proto)
+        wrapped = candidate(loader, torch.device("cpu"))
+        for epoch in range(epochs):
+            if epoch and isinstance(wrapped, Iterator):
+                wrapped = candidate(loader, torch.device("cpu"))
+            _log("epoch", epoch)
+            handed.append([])
+            for k, batch in enumerate(wrapped):
+                _log("handed", epoch, k, [id(t) for t in _tensors(batch)])
+                handed[-1].append(batch)
+        return proto.log, handed, proto.streams_made
+
+
+def _says(e: tuple[Any, ...]) -> str | None:
+    """One log entry in words (None: not shown)."""
+
+    def where(name: str) -> str:
+        return "the current stream" if name == CONSUMER else name
+
+    kind = e[0]
+    if kind == "move":
+        return f"copy {e[2]}{e[1]} on {where(e[3])}" + (" (non_blocking)" if e[4] else " (blocking)")
+    words = {
+        "request": lambda: f"request {e[1]}",
+        "new stream": lambda: f"make {e[1]}",
+        "wait": lambda: f"{where(e[1])} waits for {where(e[2])}",
+        "record event": lambda: f"event on {where(e[1])}",
+        "record_stream": lambda: f"record_stream({where(e[2])})",
+        "synchronize": lambda: f"synchronize {e[1]}",
+    }
+    return words[kind]() if kind in words else None
+
+
+def _count_repeats(items: list[str]) -> str:
+    """``a, a, b`` -> ``a (x2), b``."""
+    groups = [(k, len(list(g))) for k, g in itertools.groupby(items)]
+    return ", ".join(f"{it} (x{n})" if n > 1 else it for it, n in groups)
+
+
+def format_protocol(log: Sequence[tuple[Any, ...]], width: int = 100) -> str:
+    """The log, wrapped, one block per hand-over: what was asked of the stream API since the previous one."""
+    blocks: list[str] = []
+    pending: list[str] = []
+    for e in log:
+        if e[0] == "handed":
+            blocks.append(f"hand over batch {e[2]} after: " + (_count_repeats(pending) if pending else "nothing"))
+            pending = []
+        elif (text := _says(e)) is not None:
+            pending.append(text)
+    if pending:
+        blocks.append("after the last hand-over: " + _count_repeats(pending))
+    return "\n".join(textwrap.fill(b, width=width, initial_indent="  ", subsequent_indent="      ") for b in blocks)
+
+
+def _order_problem(events: list[tuple[Any, ...]], at_handed: dict[tuple[int, int], int], n: int) -> str | None:
+    """(1) Batch i+1 requested and moved before batch i is handed over, at most MAX_AHEAD read ahead (epoch 0)."""
+    moved_any = any(e[0] == "move" for e in events)
+    for i in range(n - 1):
+        before = events[: at_handed[(0, i)]]
+        if ("request", i + 1) not in before:
+            return (
+                f"batch {i + 1} was requested only after batch {i} was handed over: nothing is prefetched (a "
+                "pass-through). Request and copy the next batch before you yield the current one."
+            )
+        if not any(e[0] == "move" and e[1] == i + 1 for e in before):
+            if not moved_any:
+                return "no batch was moved with .to(device): copy x and y with .to(device, non_blocking=True)"
+            return (
+                f"batch {i + 1} was requested before batch {i} was handed over but moved only after it: "
+                "queue its copy before you yield the current batch"
+            )
+        ahead = sum(1 for e in before if e[0] == "request") - (i + 1)
+        if ahead > MAX_AHEAD:
+            return f"{ahead} batches were read ahead of batch {i}: keep one batch in flight"
+    return None
+
+
+def _copy_problems(events: list[tuple[Any, ...]], moves: list[tuple[int, tuple[Any, ...]]]) -> list[str]:
+    """(2) copies on a side stream, non-blocking, the stream made once; (3) it first waits for the current one."""
+    problems: list[str] = []
+    on_current = [e for _, e in moves if e[3] == CONSUMER]
+    if on_current:
+        problems.append(
+            f"batch {on_current[0][1]}'s {on_current[0][2]} was moved on the current stream: queue the "
+            "copies inside `with torch.cuda.stream(side):` so they can overlap with compute"
+        )
+    blocking = [e for _, e in moves if not e[4]]
+    if blocking:
+        problems.append(
+            f"batch {blocking[0][1]}'s {blocking[0][2]} was moved without non_blocking=True: the copy "
+            "call would hold the CPU until the copy is done"
+        )
+    second = events.index(("epoch", 1)) if ("epoch", 1) in events else None
+    if second is not None and any(e[0] == "new stream" for e in events[second:]):
+        problems.append(
+            "a new side stream was made for the second epoch: make it once (in __init__, or cached "
+            "per device) and reuse it; a stream per epoch makes the caching allocator keep memory for "
+            "each of them"
+        )
+    side_moves = [(k, e) for k, e in moves if e[3] != CONSUMER]
+    if side_moves:
+        k0, e0 = side_moves[0]
+        if not any(e[0] == "wait" and e[1] == e0[3] and e[2] == CONSUMER for e in events[:k0]):
+            problems.append(
+                "the side stream did not wait for the current stream before its first copy: call "
+                "side.wait_stream(torch.cuda.current_stream(device)) at the start of __iter__ "
+                "(work queued earlier on the current stream must come first)"
+            )
+    return problems
+
+
+def _hand_over_problem(
+    events: list[tuple[Any, ...]], moves: list[tuple[int, tuple[Any, ...]]], at_handed: dict[tuple[int, int], int]
+) -> str | None:
+    """(4) The current stream waits for batch i's copy before batch i is handed over; (5) record_stream on it."""
+    side_moves = [(k, e) for k, e in moves if e[3] != CONSUMER]
+    for (_epoch, i), at in sorted(at_handed.items()):
+        mine = [(k, e) for k, e in side_moves if e[1] == i and k < at]
+        if not mine:
+            continue
+        first_move, last_move = mine[0][0], mine[-1][0]
+        streams = {e[3] for _, e in mine}
+        if not any(
+            e[0] == "wait" and e[1] == CONSUMER and e[2] in streams and e[3] > last_move for e in events[last_move:at]
+        ):
+            return (
+                f"batch {i} was handed over before the current stream waited for its copy: call "
+                "torch.cuda.current_stream(device).wait_stream(side) before you hand a batch over"
+            )
+        recorded = {e[1] for e in events[first_move:at] if e[0] == "record_stream" and e[2] == CONSUMER}
+        if any(t not in recorded for t in events[at][3]):
+            return (
+                f"batch {i} was handed over without record_stream(current) on each of its tensors: "
+                "they were made on the side stream, so the caching allocator could give their memory "
+                "to the next copy while the current stream still reads them"
+            )
+    return None
+
+
+def check_protocol(log: Sequence[tuple[Any, ...]], handed: Sequence[Sequence[Any]], n_batches: int) -> list[str]:
+    """Problems (empty: none) in a :func:`stream_protocol` log of a side-stream prefetcher of ``(x, y)`` batches.
+
+    A prefetcher that overlaps safely (1) requests **and moves** batch ``i + 1`` before it hands over batch
+    ``i``, reading at most :data:`MAX_AHEAD` ahead; (2) moves every tensor with ``non_blocking=True`` under
+    ``torch.cuda.stream(side)``, a side stream made once (not per epoch); (3) makes the side stream wait for
+    the current stream before its first copy; (4) before handing batch ``i`` over, makes the current stream
+    wait for the side stream (``wait_stream``, or ``wait_event`` on an event recorded after batch ``i``'s
+    copy); and (5) calls ``record_stream(current)`` on every tensor it hands over.
+    """
+    if [len(h) for h in handed] != [n_batches] * len(handed):
+        return [f"gave {[len(h) for h in handed]} batches per epoch, expected {n_batches}"]
+    events = list(log)
+    moves = [(k, e) for k, e in enumerate(events) if e[0] == "move"]
+    at_handed = {(e[1], e[2]): k for k, e in enumerate(events) if e[0] == "handed"}
+    order = _order_problem(events, at_handed, n_batches)
+    problems = [order] if order else []
+    if not moves:
+        return problems or ["no batch was moved with .to(device): copy x and y with .to(device, non_blocking=True)"]
+    problems += _copy_problems(events, moves)
+    hand_over = _hand_over_problem(events, moves, at_handed)
+    return problems + ([hand_over] if hand_over else [])
+
+
+# -- With real streams (CUDA): races, and how much of the copy a prefetcher hides --
+
+
+def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> GpuDelay:
+    """Queued do-nothing GPU work lasting about three copies of ``src`` (timed once with CUDA events on
+    ``dev``'s current stream), so that a consumer which forgets to wait reads a batch before it arrived."""
+    probe = torch.empty_like(src, device=dev)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record(torch.cuda.current_stream(dev))
+    probe.copy_(src, non_blocking=True)  # on dev's current stream (the copy runs under a guard of dev)
+    e.record(torch.cuda.current_stream(dev))
+    torch.cuda.synchronize(dev)
+    return GpuDelay(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))  # it queues on dev, whatever is current
+
+
+def _pinned_pairs(n_batches: int, batch_mib: int, value: Callable[[int], int]) -> list[tuple[torch.Tensor, ...]]:
+    """Pinned ``(64 uint8 images, 64 labels)`` batches of about ``batch_mib`` MiB; batch i's pixels = value(i)."""
+    side = max(8, int((batch_mib * (1 << 20) / (3 * 64)) ** 0.5))
+    return [
+        (
+            torch.full((64, 3, side, side), value(i), dtype=torch.uint8).pin_memory(),
+            torch.full((64,), i, dtype=torch.int64).pin_memory(),
+        )
+        for i in range(n_batches)
+    ]
+
+
+def check_pipeline_race(
+    candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 64, n_batches: int = 8
+) -> list[str]:
+    """Problems (empty: none) seen when each batch is checked **on the consuming stream** as it arrives (CUDA).
+
+    Batch ``i`` of large pinned ``(uint8 images, labels)`` batches holds ``10 + 20 i`` in every pixel and the
+    label ``i``. As soon as the candidate yields a batch, its comparison with the normalised value is queued
+    on the current stream, and the batch is dropped. Pass 1 checks at once (a missing ``wait_stream`` reads a
+    batch before its copy has written it); pass 2 behind about three copies' worth of queued GPU work (a
+    missing ``record_stream`` lets the allocator give the dropped batch's block to the next copy first).
+    Zero wrong elements is necessary (a race need not show on every run), non-zero is a bug.
+    """
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError("check_pipeline_race needs a CUDA device")
+    loader = _pinned_pairs(n_batches, batch_mib, lambda i: 10 + 20 * i)
+    refs = [
+        to_float_normalized(torch.full((1, 3, 1, 1), 10 + 20 * i, dtype=torch.uint8, device=dev))
+        for i in range(n_batches)
+    ]
+    delay = _delay_behind_copy(loader[0][0], dev)
+    problems: list[str] = []
+    for label, wait in (("checked at once", False), ("checked behind queued work", True)):
+        counts: list[torch.Tensor] = []
+        for i, batch in enumerate(candidate(loader, dev)):
+            x, y = batch
+            if x.device.type != "cuda":
+                return [f"race check: batch {i} came back on {x.device}, not on the CUDA device"]
+            if wait:
+                delay()
+            counts.append(((x - refs[i]).abs() > 1e-3).sum() + (y != i).sum())
+            del batch, x, y  # the consumer drops the batch at once: its memory may now be reused
+        torch.cuda.synchronize(dev)
+        wrong = [int(c) for c in counts]
+        if len(wrong) != n_batches:
+            problems.append(f"race check ({label}): gave {len(wrong)} batches of {n_batches}")
+        elif any(wrong):
+            first = next(i for i, w in enumerate(wrong) if w)
+            why = (
+                "a batch's memory was reused while the current stream still had to read it: call "
+                "t.record_stream(current) on each tensor you hand over"
+                if wait
+                else "the current stream read a batch before its copy had finished: call "
+                "current.wait_stream(side) before handing it over"
+            )
+            problems.append(
+                f"race check ({label}): batch {first} had {wrong[first]:,} wrong elements when read "
+                f"on the current stream: {why}"
+            )
+    return problems
+
+
+def _loop_time(batches: Iterable[Any], compute: Callable[[torch.Tensor], torch.Tensor], dev: torch.device) -> float:
+    """Wall seconds of ``compute`` on each batch's first tensor, synchronised with ``dev`` before and after."""
+    torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    for b in batches:
+        first = next(_tensors(b), None)
+        if first is None:
+            raise ValueError("the prefetcher yielded a batch with no tensor in it")
+        compute(first)
+    torch.cuda.synchronize(dev)
+    return time.perf_counter() - t0
+
+
+def prefetch_overlap_ratio(
+    candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 32, n_batches: int = 8, repeats: int = 3
+) -> float:
+    """Share (0-1) of the copy time a prefetcher of chapter 05's pairs hides behind compute (CUDA only).
+
+    Times, with a synchronised wall clock, on pinned ``(uint8 images, labels)`` batches of ``batch_mib`` MiB:
+    the copies (and the normalisation on the device) alone, ``t_copy``; compute on device-resident batches
+    alone, ``t_compute``, calibrated to about 1.5x one copy; and iterating ``candidate(loader, device)`` while
+    computing, ``t_both``, in alternating rounds. Ratio = ``(t_copy + t_compute - t_both) / min(t_copy,
+    t_compute)`` within a round; the median of ``repeats`` rounds, clipped to [0, 1].
+    """
+    dev = torch.device(device)
+    loader = _pinned_pairs(n_batches, batch_mib, lambda i: i)
+
+    def copy_all() -> float:
+        torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        for x, y in loader:
+            to_float_normalized(x.to(dev, non_blocking=True))
+            y.to(dev, non_blocking=True)
+        torch.cuda.synchronize(dev)
+        return time.perf_counter() - t0
+
+    resident = [(to_float_normalized(x.to(dev)), y.to(dev)) for x, y in loader]
+    copy_all()  # warm-up
+    compute = calibrated_compute(dev, 1.5 * copy_all() / n_batches)  # on dev, whichever device is current
+    list(candidate(loader, dev))  # warm-up
+    r = alternate(
+        {
+            "copy": copy_all,
+            "compute": lambda: _loop_time(resident, compute, dev),
+            "both": lambda: _loop_time(candidate(loader, dev), compute, dev),
+        },
+        repeats,
+    )
+    ratios = [
+        (c + k - b) / max(min(c, k), 1e-9) for c, k, b in zip(*(r.values[x] for x in ("copy", "compute", "both")))
+    ]
+    return max(0.0, min(1.0, statistics.median(ratios)))
