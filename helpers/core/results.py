@@ -276,18 +276,11 @@ _SLACK = 0.02
 def sanity_flags(rs: ResultSet, records: Iterable[Record] | None = None) -> list[str]:
     """Flag figures that cannot be right, on the records themselves; returns one message per new flag.
 
-    The rules (each a contradiction that no honest measurement can produce, so
-    the figure is noise, a wrong ceiling, or a bug):
-
-    * a ``fraction`` outside [0, 1] (e.g. a share of the measured ceiling of 1.27);
-    * a host<->device bandwidth above the link's theoretical ceiling in the
-      provenance (the ceiling may describe a virtual root port, issue 14);
-    * ``*.best_num_workers`` = 0 beside a ``*.speedup`` above 1 for some workers
-      whose lowest round is above 1 too (a one-shot sweep contradicted by
-      alternating rounds), in the same chapter.
-
-    ``records``: only check these (and their relations); default every record.
-    Checking twice adds nothing. Values are never changed.
+    Each rule is a contradiction no honest measurement produces (so noise, a wrong ceiling, or a bug): a
+    ``fraction`` outside [0, 1]; a host<->device bandwidth above the provenance's theoretical link ceiling
+    (which may describe a VM's virtual root port); ``*.best_num_workers`` = 0 beside a ``*.speedup`` above 1
+    in every round for some workers, in the same chapter. ``records``: only check these (default: all).
+    Checking twice adds nothing; values are never changed.
     """
     todo = list(rs.records if records is None else records)
     messages: list[str] = []
@@ -295,59 +288,74 @@ def sanity_flags(rs: ResultSet, records: Iterable[Record] | None = None) -> list
     def flag(rec: Record, why: str) -> None:
         if why not in rec.flags:
             rec.flag(why)
-            messages.append(f"{rec.key} {rec.params}: {rec.value:.4g} {rec.unit} — {why}")
+            messages.append(_flag_line(rec, why))
 
     report = rs.provenance.get("report", {}) if isinstance(rs.provenance, dict) else {}
-    ceiling = report.get("link_bandwidth_gbps") if isinstance(report, dict) else None
+    raw_ceiling = report.get("link_bandwidth_gbps") if isinstance(report, dict) else None
+    ceiling = float(raw_ceiling) if raw_ceiling else None
     for rec in todo:
         if rec.unit == "fraction" and not -_SLACK <= rec.value <= 1 + _SLACK:
             flag(
                 rec, "impossible: a fraction outside 0..1 (noise, or the reference it is a share of was under-measured)"
             )
-        if ceiling and rec.key.startswith("ch02."):
-            gbps = None
-            if rec.unit == "GB/s" and "bandwidth" in rec.key:
-                gbps = rec.value
-            elif rec.unit == "s" and rec.key == "ch02.copy_time" and rec.value > 0 and "nbytes" in rec.params:
-                try:
-                    gbps = float(rec.params["nbytes"]) / rec.value / 1e9
-                except (TypeError, ValueError):
-                    gbps = None
-            if gbps is not None and gbps > float(ceiling) * 1.02:
-                flag(
-                    rec,
-                    f"above the theoretical link ceiling ({gbps:.1f} > {float(ceiling):.1f} GB/s): the reported "
-                    "link (NVML, maybe a virtual root port) is not the real path",
-                )
-    chapters = {r.key.split(".", 1)[0] for r in todo}
-    for chap in chapters:
-        best = [r for r in rs.records if r.key.startswith(chap + ".") and r.key.endswith("best_num_workers")]
-        ups = [
-            r
-            for r in rs.records
-            if r.key.startswith(chap + ".")
-            and r.key.endswith(".speedup")
-            and _num(r.params.get("num_workers")) > 0
-            and r.value > 1
-            and _num(r.spread.get("min"), r.value) > 1
-        ]
-        for b in best:
-            if b.value == 0 and ups:
-                up = max(ups, key=lambda r: r.value)
-                why = (
-                    f"contradictory: best_num_workers = 0, yet {up.key} measured x{up.value:.2f} for "
-                    f"num_workers={up.params.get('num_workers')} (every round above 1)"
-                )
-                flag(b, why)
-                flag(up, why)
+        gbps = _copy_gbps(rec) if ceiling else None
+        if ceiling and gbps is not None and gbps > ceiling * 1.02:
+            flag(
+                rec,
+                f"above the theoretical link ceiling ({gbps:.1f} > {ceiling:.1f} GB/s): the reported "
+                "link (NVML, maybe a virtual root port) is not the real path",
+            )
+    for chap in {r.key.split(".", 1)[0] for r in todo}:
+        for best, up, why in _workers_contradicted(rs, chap):
+            flag(best, why)
+            flag(up, why)
     return messages
+
+
+def _copy_gbps(rec: Record) -> float | None:
+    """The GB/s of a chapter 02 copy record (a bandwidth, or a copy time of ``nbytes``), else None."""
+    if not rec.key.startswith("ch02."):
+        return None
+    if rec.unit == "GB/s" and "bandwidth" in rec.key:
+        return rec.value
+    if rec.unit == "s" and rec.key == "ch02.copy_time" and rec.value > 0 and "nbytes" in rec.params:
+        try:
+            return float(rec.params["nbytes"]) / rec.value / 1e9
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _workers_contradicted(rs: ResultSet, chap: str) -> list[tuple[Record, Record, str]]:
+    """``(best_num_workers = 0, the largest speed-up above 1 in every round, why)`` in chapter ``chap``."""
+    mine = [r for r in rs.records if r.key.startswith(chap + ".")]
+    ups = [
+        r
+        for r in mine
+        if r.key.endswith(".speedup")
+        and _num(r.params.get("num_workers")) > 0
+        and r.value > 1
+        and _num(r.spread.get("min"), r.value) > 1
+    ]
+    if not ups:
+        return []
+    up = max(ups, key=lambda r: r.value)
+    why = (
+        f"contradictory: best_num_workers = 0, yet {up.key} measured x{up.value:.2f} for "
+        f"num_workers={up.params.get('num_workers')} (every round above 1)"
+    )
+    return [(b, up, why) for b in mine if b.key.endswith("best_num_workers") and b.value == 0]
 
 
 def flag_lines(rs: ResultSet, records: Iterable[Record] | None = None) -> list[str]:
     """One line per flag on ``records`` (default: every record of ``rs``), after :func:`sanity_flags`."""
     todo = list(rs.records if records is None else records)
     sanity_flags(rs, todo)
-    return [f"{r.key} {r.params}: {r.value:.4g} {r.unit} — {why}" for r in todo for why in r.flags]
+    return [_flag_line(r, why) for r in todo for why in r.flags]
+
+
+def _flag_line(rec: Record, why: str) -> str:
+    return f"{rec.key} {rec.params}: {rec.value:.4g} {rec.unit} — {why}"
 
 
 def _num(value: Any, default: float = 0.0) -> float:

@@ -33,12 +33,23 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 PIPELINE_TAG = "pipeline"
+#: The checkout's notebooks (an installed package has none beside it: pass ``notebooks=`` to every function).
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+
+
+def _folder(notebooks: Path) -> Path:
+    """``notebooks``, or a FileNotFoundError saying these functions read a checkout's notebooks."""
+    if not Path(notebooks).is_dir():
+        raise FileNotFoundError(
+            f"no notebooks folder at {notebooks}: the pipeline cells are read from the workbook's notebooks, "
+            "so run from a checkout of the workbook, or pass notebooks=<the folder that holds them>"
+        )
+    return Path(notebooks)
 
 
 def notebook_path(chapter: str, notebooks: Path = NOTEBOOKS) -> Path:
     """The notebook of ``chapter`` ("01" ... "07"); a clear error when there is none."""
-    found = sorted(notebooks.glob(f"{chapter}_*.ipynb"))
+    found = sorted(_folder(notebooks).glob(f"{chapter}_*.ipynb"))
     if not found:
         raise FileNotFoundError(
             f"no notebook for chapter {chapter!r} in {notebooks}; chapters are two digits, e.g. '03'"
@@ -48,7 +59,7 @@ def notebook_path(chapter: str, notebooks: Path = NOTEBOOKS) -> Path:
 
 def chapters(notebooks: Path = NOTEBOOKS) -> list[str]:
     """Every chapter that has a notebook, in order ("00", "01", ...)."""
-    return sorted({p.name[:2] for p in notebooks.glob("[0-9][0-9]_*.ipynb")})
+    return sorted({p.name[:2] for p in _folder(notebooks).glob("[0-9][0-9]_*.ipynb")})
 
 
 def pipeline_cells(chapter: str, notebooks: Path = NOTEBOOKS) -> list[str]:

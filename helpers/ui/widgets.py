@@ -127,22 +127,12 @@ PlotFn = Callable[[list[RunRecord], Any], None]
 class Panel:
     """A live panel: controls, a Run button, a progress bar, a status line and an output.
 
-    Args:
-        title: shown above the controls.
-        controls: name -> ipywidgets value widget. Names are the keyword
-            arguments passed to ``run``.
-        run: ``run(progress, **values) -> result``. Raise ``ValueError`` with a
-            plain message for settings that can't run; it is shown in the panel.
-        summarize: ``summarize(result) -> str``, the text line shown after a run.
-        plot: ``plot(history, ax)`` draws all runs so far on a matplotlib Axes.
-        validate: ``validate(values)`` raises ValueError for settings to refuse
-            before anything runs.
-        advise: ``advise(exc) -> str | None``, plain advice for a failure the run function may meet
-            (default: :func:`known_failure_advice`); shown in the status line instead of the raw error.
-        max_history: how many runs the history keeps.
-        debounce_s: a click that arrives within this many seconds after a run
-            ended is treated as a double-click queued during the run, and ignored.
-        figsize: size of the history plot, in inches.
+    ``controls`` maps names (the keyword arguments of ``run``) to ipywidgets value widgets.
+    ``run(progress, **values) -> result`` raises ValueError with a plain message for settings that can't run;
+    ``summarize(result) -> str`` is the line shown after a run; ``plot(history, ax)`` draws every run so far;
+    ``validate(values)`` refuses settings before anything runs; ``advise(exc) -> str | None`` words a known
+    failure (default :func:`known_failure_advice`). A click within ``debounce_s`` of a run's end is a
+    double-click queued during the run, and ignored; the history keeps ``max_history`` runs.
     """
 
     def __init__(
@@ -182,7 +172,10 @@ class Panel:
         self.ignored_clicks = 0
         self.runs_done = 0
         self._last_end = float("-inf")
+        self.widget = self._layout(title, run_label)
 
+    def _layout(self, title: str, run_label: str) -> W.VBox:
+        """The widgets: title, controls (descriptions shown whole), Run button, progress, status, output."""
         self.button = W.Button(
             description=run_label, button_style="primary", icon="play", tooltip="Run with these settings"
         )
@@ -205,7 +198,7 @@ class Panel:
             list(self.controls.values()),
             layout=W.Layout(display="flex", flex_flow="row wrap", max_width="100%"),
         )
-        self.widget = W.VBox(
+        return W.VBox(
             [head, ctl_box, W.HBox([self.button, self.bar, self.bar_label]), self.status, self.out],
             layout=W.Layout(max_width="100%", overflow="hidden"),
         )
@@ -357,9 +350,7 @@ class Panel:
             self.runs_done += 1
             self.out.outputs = outputs
             self.bar.value = 1.0
-            # The summary is printed in the output just below; repeating it here doubled long summaries.
-            # Say which settings the shown result belongs to: a run started from a notebook cell
-            # (panel.set + panel.click) used values the reader did not choose.
+            # Which settings the result belongs to: a run a notebook cell started used values the reader did not choose.
             origin = (
                 "started by a notebook cell, with the settings the controls now show; change any and "
                 "press Run for your own"
@@ -407,9 +398,3 @@ class Panel:
             data, metadata = formatter.format(figure_to_display(fig))
             outputs.append({"output_type": "display_data", "data": data, "metadata": metadata})
         return tuple(outputs)
-
-    def clear_history(self) -> None:
-        """Forget previous runs (the next plot starts fresh)."""
-        self.history.clear()
-        self.out.outputs = ()
-        self._show_status("History cleared.", "info")
