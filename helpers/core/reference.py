@@ -23,7 +23,7 @@ from typing import Any
 from .results import Record, ResultSet
 
 __all__ = [
-    "reference_dir", "references", "find", "artifacts", "describe", "missing_message", "provenance_line",
+    "reference_dir", "references", "find", "artifacts", "missing_message", "provenance_line",
     "CitedFigure", "published_experiments_file", "load_published_experiments", "cited_for", "no_published_sentence",
 ]  # fmt: skip
 
@@ -81,14 +81,6 @@ def missing_message(what: str) -> str:
         break_on_hyphens=False,  # 'data-bound', 'gpu-check' stay whole
         break_long_words=False,
     )
-
-
-def describe(key: str, **params: Any) -> str:
-    """Provenance lines for every reference holding ``key``, or the missing message."""
-    hits = find(key, **params)
-    if not hits:
-        return missing_message(key)
-    return "\n".join(f"{provenance_line(rs)} ({len(recs)} records)" for rs, recs in hits)
 
 
 # --------------------------------------------------------------------------------------------------

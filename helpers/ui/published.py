@@ -293,14 +293,8 @@ def _pair(
 ) -> list[tuple[PublishedFigure, PublishedFigure]]:
     """Pairs (x, y) with x.field == a, y.field == b and equal values of every attribute in ``same``."""
     figs = list(figures)
-    out = []
-    for x in figs:
-        if getattr(x, field) != a:
-            continue
-        for y in figs:
-            if getattr(y, field) == b and all(getattr(x, s) == getattr(y, s) for s in same):
-                out.append((x, y))
-    return out
+    xs, ys = [x for x in figs if getattr(x, field) == a], [y for y in figs if getattr(y, field) == b]
+    return [(x, y) for x in xs for y in ys if all(getattr(x, s) == getattr(y, s) for s in same)]
 
 
 def direction_pairs(figures: Iterable[PublishedFigure] | None = None) -> list[tuple[PublishedFigure, PublishedFigure]]:
@@ -312,14 +306,9 @@ def direction_pairs(figures: Iterable[PublishedFigure] | None = None) -> list[tu
 
 def numa_pairs(figures: Iterable[PublishedFigure] | None = None) -> list[tuple[PublishedFigure, PublishedFigure]]:
     """(near socket, far socket) pairs: the same GPU, direction and copy, placed on either socket."""
-    figs = [f for f in (figures if figures is not None else _cached()) if f.numa_side]
+    figs = list(figures) if figures is not None else list(_cached())
     same = ("url", "gpu", "direction", "memory", "transfer_size_bytes", "tool")
-    out = []
-    for x in figs:
-        for y in figs:
-            if x.numa_side == "near" and y.numa_side == "far" and all(getattr(x, s) == getattr(y, s) for s in same):
-                out.append((x, y))
-    return out
+    return _pair(figs, "numa_side", "near", "far", same)
 
 
 def memory_pairs(figures: Iterable[PublishedFigure] | None = None) -> list[tuple[PublishedFigure, PublishedFigure]]:

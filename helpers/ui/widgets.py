@@ -1,27 +1,13 @@
 """The live-panel toolkit shared by every chapter.
 
-A :class:`Panel` wires a few controls to a run function that lives in a helper
-module. The reader changes a knob and presses **Run**; the panel
+A :class:`Panel` wires a few controls to a run function. The reader changes a knob and presses **Run**; the
+panel disables the button while it runs (a click then, or one queued during the run, starts nothing), shows a
+progress bar the run advances, keeps the history of runs and redraws a plot of all of them, and shows errors
+inside itself: one line in the status (for a known failure, what to do), the traceback folded below.
 
-* disables the Run button while a run is in progress (a second click while busy,
-  or one queued during the run, starts nothing),
-* shows a progress bar that the run function advances,
-* keeps the history of runs and redraws a plot of all of them, so runs can be
-  compared,
-* shows errors inside the panel: one line in the status (for a known failure,
-  what to do about it), and the traceback in the output area below, folded
-  (a ``<details>`` block a reader can unfold).
-
-The panel writes to its output widget *from the kernel side*
-(``out.outputs = ()``, ``out.append_stdout``, ``out.append_display_data``),
-never with ``with out: print(...)``, so it behaves the same in JupyterLab,
-nbclient and nbval, and tests can read ``panel.out.outputs``.
-
-Tests (and the chapters' first demo run) drive a panel from Python::
-
-    panel.set(batch_size=64)
-    record = panel.click()
-    assert panel.error is None and record.result["items_per_s"] > 0
+The panel writes its output widget *from the kernel side* (``out.outputs = ...``), never ``with out: print()``,
+so it behaves the same in JupyterLab, nbclient and nbval, and tests read ``panel.out.outputs``. Tests (and a
+chapter's first demo run) drive it from Python: ``panel.set(batch_size=64); record = panel.click()``.
 """
 
 from __future__ import annotations
@@ -41,7 +27,9 @@ from ..core.evidence import Evidence
 from ..core.failures import LoaderFailure, explain_loader_error
 from . import chapter as chapter_api
 
-__all__ = ["Panel", "RunRecord", "Progress", "figure_to_display", "one_line", "known_failure_advice"]
+__all__ = [
+    "Panel", "RunRecord", "Progress", "figure_to_display", "one_line", "known_failure_advice",
+]  # fmt: skip
 
 #: torch's text for an exception the data set raised in a worker: a failed run, not a bad setting of the panel.
 _WORKER_RAISED = re.compile(r"Caught \w+ in DataLoader worker process \d+")
@@ -57,12 +45,8 @@ def one_line(text: str, limit: int = STATUS_MAX_CHARS) -> str:
 
 
 def known_failure_advice(exc: BaseException) -> str | None:
-    """Plain advice for a failure the workbook knows (``None``: unknown).
-
-    An exception that carries its own advice (:class:`helpers.core.failures.LoaderFailure`, which the loaders
-    raise) gives its message; torch's DataLoader errors (a timeout, a worker that died, the data set's exception
-    in a worker) are translated by :func:`helpers.core.failures.explain_loader_error`, whoever built the loader.
-    """
+    """Plain advice for a failure the workbook knows (``None``: unknown): a :class:`LoaderFailure`'s own message,
+    else torch's DataLoader errors in words (:func:`helpers.core.failures.explain_loader_error`)."""
     if isinstance(exc, LoaderFailure):
         return str(exc)
     return explain_loader_error(exc)
@@ -103,11 +87,8 @@ class RunRecord:
 
 
 def figure_to_display(fig: Any, dpi: int = 100) -> Any:
-    """Render a matplotlib Figure to an ``IPython.display.Image`` (PNG) and close it.
-
-    Going through PNG bytes keeps the output identical in every front-end and
-    never triggers a second, automatic display of the figure.
-    """
+    """A matplotlib Figure as an ``IPython.display.Image`` (PNG), closed: the same in every front-end, never
+    displayed a second time automatically."""
     from IPython.display import Image
 
     buf = io.BytesIO()
