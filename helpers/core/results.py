@@ -1,14 +1,10 @@
 """One JSON format for measurements, with provenance.
 
-A :class:`ResultSet` is a list of :class:`Record` s (a named value with a unit
-and the parameters it was measured at, plus optional spread) and free-form
-``artifacts`` (e.g. span traces for timelines), together with the provenance
-that makes it trustworthy: the hardware, driver and library versions, the
-date, the method, a benchmark version and quick/full mode.
-
-Comparisons are ratios within matching records, and only between result sets
-taken on the same hardware: :func:`compare_results` refuses otherwise, because a ratio
-between an H100 and a laptop says nothing about either.
+A :class:`ResultSet` holds :class:`Record` s (a named value with its unit, the parameters it was measured at and
+optional spread) and free-form ``artifacts`` (span traces for timelines), with the provenance that makes them
+trustworthy: hardware, driver and library versions, date, method, benchmark version and size tier. Ratios are
+taken only between sets from the same hardware (:func:`compare_results` refuses otherwise: a ratio between an
+H100 and a laptop says nothing about either).
 """
 
 from __future__ import annotations
@@ -23,19 +19,9 @@ from typing import Any, Iterable
 from .config import mode_name
 
 __all__ = [
-    "SCHEMA",
-    "SCHEMA_VERSION",
-    "BENCHMARK_VERSION",
-    "Record",
-    "ResultSet",
-    "Comparison",
-    "NotComparableError",
-    "comparable",
-    "compare_results",
-    "collect_provenance",
-    "sanity_flags",
-    "flag_lines",
-]
+    "SCHEMA", "SCHEMA_VERSION", "BENCHMARK_VERSION", "Record", "ResultSet", "Comparison", "NotComparableError",
+    "comparable", "compare_results", "collect_provenance", "sanity_flags", "flag_lines",
+]  # fmt: skip
 
 SCHEMA = "gpu-data-workbook/results"
 SCHEMA_VERSION = 1
@@ -49,17 +35,9 @@ class NotComparableError(ValueError):
 
 @dataclass
 class Record:
-    """One measured value.
-
-    Attributes:
-        key: what was measured, dotted, prefixed by chapter, e.g. ``"ch02.h2d_bandwidth"``.
-        value: the number (median, for timings).
-        unit: its unit, e.g. ``"GB/s"``, ``"s"``, ``"items/s"``, ``"ratio"``.
-        params: the settings it was measured at, e.g. ``{"bytes": 4096, "memory": "pinned"}``.
-        spread: optional spread, e.g. ``{"iqr": 0.1, "n": 30}``.
-        flags: why the value cannot be right, as recorded (e.g. a fraction above 1); see
-            :func:`sanity_flags`. Empty for an ordinary record (and then not written to the file).
-    """
+    """One measured value: ``key`` (``"ch02.h2d_bandwidth"``), ``value`` (the median, for timings), ``unit``,
+    the ``params`` it was measured at (``{"bytes": 4096}``), optional ``spread`` (``{"iqr": 0.1, "n": 30}``) and
+    ``flags``: why it cannot be right (:func:`sanity_flags`; not written to the file when empty)."""
 
     key: str
     value: float

@@ -1,23 +1,11 @@
 """The reader's pipeline, as it grows from chapter to chapter: where it is written, and what changed.
 
-Chapters 01-06 build one data pipeline in their own code cells. A code cell that holds pipeline
-code carries the cell tag ``pipeline`` (JupyterLab: the cog in the right sidebar, "Cell Tags").
-Each chapter redefines only the functions it teaches; the pipeline after chapter N is the newest
-definition of every name in the tagged cells of chapters 01..N.
-
-This module reads those cells and renders what a chapter changed:
-
-``show_diff("02", "make_loader", "to_device")``
-    The functions *as they run in this kernel* (the newest definition in the cells you executed)
-    against the pipeline as chapter 02 left it: a coloured diff in a notebook, plain text elsewhere.
-``pipeline_after("04")``
-    ``{name: source}`` of the pipeline after chapter 04, read from the committed notebooks.
-``pipeline_cells("06")``
-    The source of a chapter's tagged cells, in order (a test keeps chapter 06's cells identical to
-    ``examples/fast_pipeline.py``).
-
-Nothing here runs the pipeline; the chapters run it, and the measuring helpers take the reader's
-objects (a loader, a copy function, a step function).
+Chapters 01-06 build one data pipeline in code cells tagged ``pipeline``; each redefines only the functions it
+teaches, so the pipeline after chapter N is the newest definition of every name in the tagged cells of 01..N.
+``show_diff("02", "make_loader")`` diffs the functions *as they run in this kernel* against the pipeline chapter
+02 left (coloured in a notebook); ``pipeline_after("04")`` is ``{name: source}`` after chapter 04;
+``pipeline_cells("06")`` the tagged cells' source (a test keeps chapter 06's equal to ``examples/fast_pipeline.py``).
+Nothing here runs the pipeline.
 """
 
 from __future__ import annotations
