@@ -61,16 +61,8 @@ def collect_provenance(device: Any = None) -> dict[str, Any]:
     from .device import hardware_report  # heavy: torch (this module imports without it)
 
     rep = hardware_report(device)
-    return {
-        "hardware": rep.fingerprint(),
-        "report": rep.to_dict(),
-        "driver_version": rep.driver_version,
-        "cuda_runtime_version": rep.cuda_runtime_version,
-        "torch_version": rep.torch_version,
-        "torchvision_version": rep.torchvision_version,
-        "python_version": rep.python_version,
-        "platform": rep.platform,
-    }
+    names = "driver_version cuda_runtime_version torch_version torchvision_version python_version platform".split()
+    return {"hardware": rep.fingerprint(), "report": rep.to_dict(), **{n: getattr(rep, n) for n in names}}
 
 
 @dataclass
@@ -189,16 +181,11 @@ class ResultSet:
             raise ValueError(f"result file field 'records' must be a list, got {type(raw_records).__name__}")
         if not isinstance(data.get("artifacts", {}), dict):
             raise ValueError("result file field 'artifacts' must be an object")
+        fixed = {k: data[k] for k in ("name", "method", "provenance", "created", "mode")}
+        records = [_record_from_dict(i, r) for i, r in enumerate(raw_records)]
+        version, notes = str(data.get("benchmark_version", "?")), str(data.get("notes", ""))
         return cls(
-            name=data["name"],
-            method=data["method"],
-            provenance=data["provenance"],
-            created=data["created"],
-            mode=data["mode"],
-            benchmark_version=str(data.get("benchmark_version", "?")),
-            records=[_record_from_dict(i, r) for i, r in enumerate(raw_records)],
-            artifacts=dict(data.get("artifacts", {})),
-            notes=str(data.get("notes", "")),
+            **fixed, benchmark_version=version, records=records, artifacts=dict(data.get("artifacts", {})), notes=notes
         )
 
     @classmethod
@@ -237,14 +224,7 @@ def _record_from_dict(i: int, r: Any) -> Record:
     flags = r.get("flags", [])
     if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
         raise ValueError(f"{where}: 'flags' must be a list of strings")
-    return Record(
-        key=r["key"],
-        value=float(value),
-        unit=r["unit"],
-        params=dict(r.get("params", {})),
-        spread=dict(r.get("spread", {})),
-        flags=list(flags),
-    )
+    return Record(r["key"], float(value), r["unit"], dict(r.get("params", {})), dict(r.get("spread", {})), list(flags))
 
 
 #: Tolerance for the fraction check: a share of 1.01 is noise around a tie; 1.27 is not (issue 15).

@@ -202,8 +202,7 @@ class ExerciseResult:
     def __str__(self) -> str:
         return self.message
 
-    def __repr__(self) -> str:
-        return self.message
+    __repr__ = __str__
 
     def _repr_html_(self) -> str:  # pragma: no cover - display only
         color = {"correct": "#1a7f37", "wrong": "#b00020", "unanswered": "#7a5a00", "recorded": "#444"}[self.status]
@@ -254,8 +253,7 @@ class ExerciseReport:
     def __str__(self) -> str:
         return self.message
 
-    def __repr__(self) -> str:
-        return self.message
+    __repr__ = __str__
 
     def _repr_html_(self) -> str:  # pragma: no cover - display only
         return "<br>".join(p._repr_html_() for p in self.parts)
@@ -274,8 +272,7 @@ class Solution:
     def __str__(self) -> str:
         return self.text
 
-    def __repr__(self) -> str:
-        return self.text
+    __repr__ = __str__
 
 
 def _norm(s: Any) -> str:
