@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import html
 import io
-import re
 import textwrap
 import time
 import traceback
@@ -24,15 +23,12 @@ from typing import Any, Callable, Mapping
 import ipywidgets as W
 
 from ..core.evidence import Evidence
-from ..core.failures import LoaderFailure, explain_loader_error
+from ..core.failures import LoaderFailure, explain_loader_error, raised_in_worker
 from . import chapter as chapter_api
 
 __all__ = [
     "Panel", "RunRecord", "Progress", "figure_to_display", "one_line", "known_failure_advice",
 ]  # fmt: skip
-
-#: torch's text for an exception the data set raised in a worker: a failed run, not a bad setting of the panel.
-_WORKER_RAISED = re.compile(r"Caught \w+ in DataLoader worker process \d+")
 
 #: Longest status line, in characters (longer texts are cut with an ellipsis; the output area has all of it).
 STATUS_MAX_CHARS = 400
@@ -340,7 +336,7 @@ class Panel:
             )
             self._show_status(f"Run #{rec.index} done in {seconds:.1f} s ({rec.short_label()}), {origin}.", "ok")
         except ValueError as exc:
-            if _WORKER_RAISED.match(str(exc)):  # the data set's own error, re-raised by torch from a worker
+            if raised_in_worker(exc):  # the data set's own error, re-raised by torch from a worker
                 self._show_failure(exc)
             else:
                 self.error = one_line(f"Can't run with these settings: {exc}")
