@@ -99,3 +99,13 @@ def test_current_source_reads_the_newest_executed_cell(monkeypatch: pytest.Monke
 
 def test_code_lines_skip_blanks_and_comments() -> None:
     assert codecells.code_lines("a = 1\n\n# note\n  # indented note\nb = 2  # trailing\n") == 2
+
+
+def test_without_a_checkout_the_cells_say_where_they_are_read(tmp_path: Path) -> None:
+    """The installed package has no notebooks beside it: one clear line, not an empty chapter list."""
+    nowhere = tmp_path / "site-packages" / "notebooks"
+    for call in (lambda: codecells.chapters(nowhere), lambda: codecells.pipeline_cells("02", nowhere)):
+        with pytest.raises(FileNotFoundError, match="run from a checkout of the workbook, or pass notebooks="):
+            call()
+    with pytest.raises(FileNotFoundError, match="no notebooks folder"):
+        codecells.show_diff("01", "to_device", namespace={"to_device": len}, notebooks=nowhere)

@@ -21,6 +21,8 @@ from helpers.core import timing
 from helpers.ui import codecells
 
 CUDA1 = torch.device("cuda", 1)
+#: What a SpanRecorder on cuda:1 does when made: a sync, its reference event, a sync (cuda_event_time times with one).
+_RECORDER = ["host_sync", "record", "host_sync"]
 
 
 def _records(cuda: FakeCuda) -> list[Any]:
@@ -47,9 +49,15 @@ def test_gpu_delay_calibrates_and_sleeps_on_the_measured_device(current: int) ->
     assert all(k.stream is cuda.default[1] for k in kernels[:3]), "the sleep went to the current device's stream"
     assert kernels[3].stream is side
     records = _records(cuda)
-    assert len(records) == 2 and all(r.stream is cuda.default[1] for r in records), "calibration events not on cuda:1"
-    assert [op.kind for op in cuda.log[:calibration]] == ["kernel", "record", "kernel", "record", "host_sync"]
-    assert _device_syncs(cuda) == [1]
+    assert len(records) == 3 and all(r.stream is cuda.default[1] for r in records), "calibration events not on cuda:1"
+    # warm-up, then cuda_event_time's recorder: sync, reference event, sync, (start, probe, end), sync
+    assert [op.kind for op in cuda.log[:calibration]] == ["kernel"] + _RECORDER + [
+        "record",
+        "kernel",
+        "record",
+        "host_sync",
+    ]
+    assert _device_syncs(cuda) == [1, 1, 1]
     assert delay.cycles > 0
 
 
@@ -71,11 +79,11 @@ def test_calibrated_compute_times_its_products_on_the_measured_device(
         out = compute(torch.ones(4, 3))
     assert float(out) == 12.0  # the batch's sum plus one element of the (stand-in, zero) product
     log = cuda.log[:calibration]
-    assert [op.kind for op in log] == ["kernel", "record"] + ["kernel"] * 5 + ["record", "host_sync"]
+    assert [op.kind for op in log] == ["kernel"] * 5 + _RECORDER + ["record"] + ["kernel"] * 5 + ["record", "host_sync"]
     records = _records(cuda)
-    assert len(records) == 2 and all(r.stream is cuda.default[1] for r in records), "calibration events not on cuda:1"
+    assert len(records) == 3 and all(r.stream is cuda.default[1] for r in records), "calibration events not on cuda:1"
     assert all(k.stream is cuda.default[1] for k in cuda.ops("kernel"))
-    assert _device_syncs(cuda) == [1]
+    assert _device_syncs(cuda) == [1, 1, 1]
     # one product takes a fifth of the calibration's (stand-in) 1 ms: 0.002 s is 10 products, on cuda:1
     assert [op.kind for op in cuda.log[calibration:]] == ["kernel"] * 10
 
@@ -85,11 +93,11 @@ def test_cuda_event_time_brackets_each_call_on_the_measured_device(current: int)
     with fake_cuda(devices=2, current=current) as cuda:
         t = timing.cuda_event_time(lambda: torch.cuda._sleep(10), repeats=3, warmup=1, device=CUDA1)
         assert cuda.current == current
-    # warm-up kernel, a sync naming cuda:1, then (start, kernel, end) x 3 on cuda:1's stream, a sync naming cuda:1
-    assert [op.kind for op in cuda.log] == ["kernel", "host_sync"] + ["record", "kernel", "record"] * 3 + ["host_sync"]
+    # warm-up kernel, the recorder's syncs around its reference event, (start, kernel, end) x 3, a final sync
+    assert [op.kind for op in cuda.log] == ["kernel"] + _RECORDER + ["record", "kernel", "record"] * 3 + ["host_sync"]
     on_streams = [op.stream for op in cuda.log if op.kind in ("record", "kernel")]
     assert all(s is cuda.default[1] for s in on_streams), "events or fn's work not on cuda:1's stream"
-    assert _device_syncs(cuda) == [1, 1]
+    assert _device_syncs(cuda) == [1, 1, 1]
     assert t.n == 3 and t.metadata["device"] == "cuda:1" and "cuda:1" in t.metadata["method"]
 
 
@@ -97,7 +105,7 @@ def test_cuda_event_time_on_cuda_without_an_index_times_the_current_device() -> 
     with fake_cuda(devices=2, current=1) as cuda:
         t = timing.cuda_event_time(lambda: torch.cuda._sleep(10), repeats=2, warmup=0, device="cuda")
     assert {op.stream for op in cuda.log if op.stream is not None} == {cuda.default[1]}
-    assert _device_syncs(cuda) == [1, 1] and t.metadata["device"] == "cuda:1"
+    assert _device_syncs(cuda) == [1, 1, 1] and t.metadata["device"] == "cuda:1"
 
 
 @pytest.mark.parametrize("current", [0, 1])

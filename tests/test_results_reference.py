@@ -82,7 +82,7 @@ def test_compare_refuses_different_hardware(rs: results.ResultSet) -> None:
 def test_reference_fallback_and_lookup(rs: results.ResultSet, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(reference.REFERENCE_ENV, str(tmp_path))
     assert reference.references() == []
-    msg = reference.describe("ch02.h2d_bandwidth")
+    msg = reference.missing_message("ch02.h2d_bandwidth")  # what a chapter shows when no file holds the key
     assert "No reference results" in msg and "make gpu-check" in msg
     # a reference recorded on another machine
     ref = results.ResultSet.from_dict(rs.to_dict())
@@ -92,5 +92,5 @@ def test_reference_fallback_and_lookup(rs: results.ResultSet, tmp_path, monkeypa
     (tmp_path / "broken.json").write_text("{")
     hits = reference.find("ch02.h2d_bandwidth", memory="pinned")
     assert len(hits) == 1 and hits[0][1][0].value == 10.0
-    assert "Recorded on NVIDIA H200, driver 580.1" in reference.describe("ch02.h2d_bandwidth")
+    assert "Recorded on NVIDIA H200, driver 580.1" in reference.provenance_line(hits[0][0])
     assert reference.artifacts("ch05.trace")[0][1] == {"spans": [], "metadata": {}}

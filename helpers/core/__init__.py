@@ -6,6 +6,7 @@ No plots, no chapters, nothing above: every other layer may import these.
     validate    argument checks with clear messages
     progress    the one progress convention: progress(fraction, text), tqdm bars for cells
     device      device choice and hardware facts (CPU, RAM, /dev/shm, GPU, link)
+    nocuda      why torch cannot use an installed NVIDIA driver, and the fix
     timing      benchmark timer, CUDA events, span recorder for step phases, GPU work of known length
     rounds      the one alternating-rounds runner (alternate) and the one table renderer (table)
     results     JSON result files with provenance; comparisons as ratios

@@ -1,49 +1,20 @@
-"""Size tiers (quick, laptop, full) and folders.
+"""Size tiers (quick, laptop, full) and folders. Every chapter picks its problem sizes with :func:`sized`.
 
-Every chapter picks its problem sizes with :func:`sized`, from one of three tiers:
+``quick``   ``WORKBOOK_QUICK=1`` (the tests set it): the smallest sizes, the suite runs in minutes on 2 cores.
+``laptop``  no CUDA GPU, or one with fewer than :data:`FULL_MIN_CPU_CORES` cores (a hosted T4 has 2 vCPUs, and
+            the DataLoader chapters are CPU-bound): Run All of any chapter finishes in minutes on 2 cores.
+``full``    a CUDA GPU and :data:`FULL_MIN_CPU_CORES`+ usable cores, or ``WORKBOOK_FULL=1`` on any machine:
+            the sizes the reference results are recorded at.
 
-``quick``
-    ``WORKBOOK_QUICK=1`` (the test command sets it): the smallest sizes, so the
-    whole test suite runs in minutes on a 2-core CPU machine.
-``laptop``
-    The default on a machine **without** a CUDA GPU (or with one and fewer than
-    :data:`FULL_MIN_CPU_CORES` cores): sizes cut so that Run All of any chapter
-    finishes in a few minutes on a 2-core laptop.
-``full``
-    The default on a machine with a CUDA GPU **and** at least
-    :data:`FULL_MIN_CPU_CORES` usable CPU cores, or asked for on any machine with
-    ``WORKBOOK_FULL=1``: the sizes the reference results are recorded at. A GPU
-    host with few cores (a hosted T4 has 2 vCPUs) gets the laptop sizes: the
-    DataLoader chapters are CPU-bound, and full sizes there would take about
-    10 minutes per chapter. The setup line says which tier and why.
+``WORKBOOK_FULL`` decides when set: ``1`` full sizes anywhere, ``0`` laptop sizes even on a big CUDA host (the
+GPU check and ``tools/time_chapters.py`` use it). Quick and full together are refused; quick with
+``WORKBOOK_FULL=0`` is quick. The tier changes how much data goes through, never which code runs.
 
-``WORKBOOK_FULL`` decides either way when it is set: ``1`` asks for the full
-sizes on any machine, an explicit ``0`` (or ``false``/``no``) for the laptop
-sizes even on a CUDA host with many cores (the GPU check runs a notebook so when
-its full-size estimate does not fit the check's time, and ``tools/time_chapters.py``
-records the laptop tier so). Unset or empty leaves the choice to the machine.
-The tier never changes *which* code runs, only how much data goes through it.
-``WORKBOOK_QUICK=1`` and ``WORKBOOK_FULL=1`` together are refused; ``WORKBOOK_QUICK=1``
-with ``WORKBOOK_FULL=0`` is the quick tier.
-
-Yes/no variables (``WORKBOOK_QUICK``, ``WORKBOOK_FULL``, ``WORKBOOK_GRADE``,
-``WORKBOOK_REQUIRE_GPU``) take ``1``/``0``, ``true``/``false`` or ``yes``/``no``
-(any case; unset or empty means no). Anything else (``WORKBOOK_QUICK=banana``)
-raises a one-line ValueError naming the variable and the accepted values:
-:func:`check_environment` checks them all at once.
-
-Other variables:
-
-``WORKBOOK_CACHE``
-    Folder for generated data sets (default: ``<repo>/data-cache``, else
-    ``~/.cache/gpu-data-workbook``).
-``WORKBOOK_ARTIFACTS``
-    Folder where notebooks and benchmarks write figures and result files
-    (default: ``<repo>/artifacts``).
-``WORKBOOK_REQUIRE_GPU``
-    Set to ``1`` by the GPU check (``python -m tools.gpucheck``): a run that
-    would fall back to the CPU fails loudly instead (see
-    :func:`helpers.core.device.pick_device`).
+Yes/no variables (``WORKBOOK_QUICK``, ``_FULL``, ``_GRADE``, ``_REQUIRE_GPU``) take 1/0, true/false, yes/no (any
+case; unset or empty is no); anything else raises a one-line ValueError (:func:`check_environment` checks all).
+``WORKBOOK_CACHE``: generated data sets (default ``<repo>/data-cache``, else ``~/.cache/gpu-data-workbook``).
+``WORKBOOK_ARTIFACTS``: figures and result files (default ``<repo>/artifacts``). ``WORKBOOK_REQUIRE_GPU=1``
+(the GPU check): a run that would fall back to the CPU fails loudly instead.
 """
 
 from __future__ import annotations
@@ -63,12 +34,8 @@ REQUIRE_GPU_ENV = "WORKBOOK_REQUIRE_GPU"
 
 _TRUE = ("1", "true", "yes")
 _FALSE = ("0", "false", "no")  # and unset or empty
-_FLAG_MEANS = {
-    QUICK_ENV: "quick mode",
-    FULL_ENV: "full sizes",
-    GRADE_ENV: "grade exercises",
-    REQUIRE_GPU_ENV: "strict GPU run",
-}
+_FLAG_MEANS = {QUICK_ENV: "quick mode", FULL_ENV: "full sizes", GRADE_ENV: "grade exercises"}
+_FLAG_MEANS[REQUIRE_GPU_ENV] = "strict GPU run"
 FLAG_ENVS = tuple(_FLAG_MEANS)
 
 # The full tier by default needs CUDA *and* this many usable CPU cores. Why 4: the chapters' loading work is
@@ -84,40 +51,22 @@ TIERS = ("quick", "laptop", "full")
 
 
 def quick_mode() -> bool:
-    """Return True when ``WORKBOOK_QUICK`` asks for small problem sizes.
-
-    Raises:
-        ValueError: if the variable holds something other than a yes/no value.
-    """
+    """True when ``WORKBOOK_QUICK`` asks for small problem sizes (ValueError for a value not yes/no)."""
     return _flag(QUICK_ENV, "quick mode")
 
 
 def full_requested() -> bool:
-    """True when ``WORKBOOK_FULL=1`` asks for full (GPU-sized) problems on any machine.
-
-    Raises:
-        ValueError: if the variable holds something other than a yes/no value.
-    """
+    """True when ``WORKBOOK_FULL=1`` asks for full (GPU-sized) problems on any machine."""
     return _flag(FULL_ENV, "full sizes")
 
 
 def grade_mode() -> bool:
-    """True when ``WORKBOOK_GRADE=1``: wrong or missing exercise answers raise (course assignments).
-
-    Raises:
-        ValueError: if the variable holds something other than a yes/no value, so that a typo
-            never turns grading off silently.
-    """
+    """True when ``WORKBOOK_GRADE=1``: wrong or missing answers raise (a typo raises too, never grades off)."""
     return _flag(GRADE_ENV, "grade exercises")
 
 
 def full_refused() -> bool:
-    """True when ``WORKBOOK_FULL`` is set to an explicit no (``0``/``false``/``no``): the laptop sizes even with
-    a CUDA GPU and enough cores. Unset or empty is not a refusal: the machine decides.
-
-    Raises:
-        ValueError: if the variable holds something other than a yes/no value.
-    """
+    """True when ``WORKBOOK_FULL`` is an explicit no (``0``): laptop sizes whatever the machine (unset: it decides)."""
     raw = os.environ.get(FULL_ENV, "").strip()
     return raw != "" and not _flag(FULL_ENV, "full sizes")
 
@@ -152,14 +101,7 @@ def _full_minutes(cores: int) -> float:
 
 
 def size_tier() -> str:
-    """The size tier in force: ``"quick"``, ``"laptop"`` or ``"full"`` (see the module docstring).
-
-    ``WORKBOOK_QUICK=1`` gives quick; else ``WORKBOOK_FULL=1`` full and an explicit ``WORKBOOK_FULL=0`` laptop,
-    whatever the machine; unset, full with a CUDA GPU and :data:`FULL_MIN_CPU_CORES`+ cores, else laptop.
-
-    Raises:
-        ValueError: a variable holds an unknown value, or quick and full are both asked for.
-    """
+    """The size tier in force: ``"quick"``, ``"laptop"`` or ``"full"`` (see the module docstring)."""
     quick, full = quick_mode(), full_requested()
     if quick and full:
         raise ValueError(f"{QUICK_ENV}=1 and {FULL_ENV}=1 contradict each other; unset one of them.")
@@ -216,14 +158,8 @@ def _flag(env: str, what: str) -> bool:
 
 
 def check_environment() -> None:
-    """Check every yes/no ``WORKBOOK_*`` variable (and quick + full together) at once.
-
-    Command-line tools that set some of these variables for their child processes call this first,
-    so that a typo such as ``WORKBOOK_QUICK=banana`` stops them with one line instead of being ignored.
-
-    Raises:
-        ValueError: the first variable with a value that is not 1/0/true/false/yes/no, or quick and full both set.
-    """
+    """Check every yes/no ``WORKBOOK_*`` variable (and quick + full together) at once: tools that set them for
+    child processes call this first, so ``WORKBOOK_QUICK=banana`` stops them with one line."""
     for env in FLAG_ENVS:
         _flag(env, _FLAG_MEANS[env])
     if quick_mode() and full_requested():
@@ -231,11 +167,7 @@ def check_environment() -> None:
 
 
 def require_gpu() -> bool:
-    """True when ``WORKBOOK_REQUIRE_GPU=1``: GPU paths must fail loudly rather than fall back.
-
-    Raises:
-        ValueError: if the variable holds something other than a yes/no value.
-    """
+    """True when ``WORKBOOK_REQUIRE_GPU=1``: GPU paths must fail loudly rather than fall back."""
     return _flag(REQUIRE_GPU_ENV, "strict GPU run")
 
 
@@ -245,11 +177,7 @@ def mode_name() -> str:
 
 
 def sized(quick: T, full: T, laptop: T | None = None) -> T:
-    """Pick a problem size for the tier in force (``laptop`` defaults to ``full``).
-
-    >>> sized(quick=64, full=4096, laptop=512) in (64, 512, 4096)
-    True
-    """
+    """Pick a problem size for the tier in force (``laptop`` defaults to ``full``)."""
     tier = size_tier()
     if tier == "quick":
         return quick
@@ -292,9 +220,8 @@ def _chapter_times_file() -> Path:
 
 
 def expected_runtime(chapter: str, tier: str | None = None) -> str | None:
-    """How long Run All of ``chapter`` (e.g. ``"04"``) took at this tier, as measured by
-    ``tools/time_chapters.py`` and recorded in ``helpers/core/chapter_times.json``,
-    with the machine it was measured on; ``None`` when no such measurement is recorded."""
+    """How long Run All of ``chapter`` took at this tier, and where (``chapter_times.json``, written by
+    ``tools/time_chapters.py``); ``None`` when nothing is recorded."""
     import json
 
     tier = tier or size_tier()

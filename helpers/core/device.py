@@ -1,15 +1,9 @@
 """Which device to use, and the hardware facts that bound a data pipeline.
 
-``pick_device()`` chooses CUDA when present, else another accelerator torch
-reports (MPS, XPU, ...), else the CPU. ``hardware_report()`` gathers what
-limits a pipeline: CPU cores, RAM, ``/dev/shm`` (DataLoader workers pass
-batches through it), the GPU, its driver, copy engines, and the PCIe link.
-
-No field ever raises: a value that cannot be read is ``None`` and
-``report.missing[field]`` says why.
-
-Link bandwidth figures here are **theoretical** (from the PCIe generation and
-width), never measurements; chapter 02 measures the real thing.
+``pick_device()`` chooses CUDA, else another accelerator torch reports, else the CPU. ``hardware_report()``
+gathers CPU cores, RAM, ``/dev/shm`` (workers pass batches through it), the GPU, its driver, copy engines and
+the PCIe link; a field that cannot be read is ``None`` and ``report.missing[field]`` says why. Link figures
+here are **theoretical** (PCIe generation and width), never measurements.
 """
 
 from __future__ import annotations
@@ -28,49 +22,24 @@ import torch
 
 from . import config
 from .config import REQUIRE_GPU_ENV, require_gpu
+from .nocuda import diagnose_no_cuda
 from .validate import check_int, human_bytes
 
 __all__ = [
-    "pick_device",
-    "resolve_device",
-    "check_device_present",
-    "cuda_driver_problem",
-    "diagnose_no_cuda",
-    "link_ceiling",
-    "ceiling_share",
-    "copy_engine_count",
-    "wrap",
-    "intraop_threads",
-    "has_cuda",
-    "torch_at_least",
-    "no_cuda_message",
-    "pcie_bandwidth_gbps",
-    "HardwareReport",
-    "hardware_report",
-    "environment_check",
-    "CheckLine",
-]
+    "pick_device", "resolve_device", "check_device_present", "cuda_driver_problem",
+    "link_ceiling", "ceiling_share", "copy_engine_count", "wrap", "intraop_threads", "has_cuda", "torch_at_least",
+    "no_cuda_message", "pcie_bandwidth_gbps", "HardwareReport", "hardware_report", "environment_check", "CheckLine",
+]  # fmt: skip
 
-# Per-lane, per-direction payload rate in GB/s after line encoding
-# (Gen1/2: 8b/10b; Gen3-5: 128b/130b; Gen6: PAM4 + FLIT, approx.).
-_PCIE_GBPS_PER_LANE: dict[int, float] = {
-    1: 0.25,
-    2: 0.5,
-    3: 8.0 * 128 / 130 / 8,
-    4: 16.0 * 128 / 130 / 8,
-    5: 32.0 * 128 / 130 / 8,
-    6: 64.0 * 242 / 256 / 8,
-}
+# Per-lane, per-direction payload GB/s after line encoding (Gen1/2: 8b/10b; Gen3-5: 128b/130b; Gen6: PAM4 + FLIT).
+_PCIE_GBPS_PER_LANE = {1: 0.25, 2: 0.5, 3: 8 * 128 / 130 / 8, 4: 16 * 128 / 130 / 8, 5: 32 * 128 / 130 / 8}
+_PCIE_GBPS_PER_LANE[6] = 64 * 242 / 256 / 8
 
 
 def torch_at_least(major: int, minor: int) -> bool:
     """True when the installed torch is release ``major.minor`` or newer (``2.7.0+cu126`` counts as 2.7).
 
-    The workbook supports torch 2.7 and newer (``pyproject.toml``; ``make test-floor`` runs every chapter on
-    2.7.0). Code that needs a newer API asks here first and says plainly what the older release lacks.
-
-    >>> torch_at_least(2, 7)
-    True
+    The workbook supports torch 2.7+ (``make test-floor``); code needing a newer API asks here first.
     """
     parts = re.findall(r"\d+", str(torch.__version__).split("+")[0])[:2]
     return tuple(int(p) for p in parts) >= (major, minor)
@@ -109,14 +78,9 @@ def _present_kinds() -> dict[str, int]:
 def check_device_present(device: Any, name: str = "device", *, present: dict[str, int] | None = None) -> torch.device:
     """``device`` (a string, a ``torch.device`` or a CUDA index) as a ``torch.device`` that exists here.
 
-    Args:
-        device: what the caller asked for, e.g. ``"cuda"``, ``"cuda:1"``, ``0`` or ``"cpu"``.
-        name: the parameter's name, for the message.
-        present: ``{type: count}`` of usable devices (default: what torch reports on this machine).
-
-    Raises:
-        ValueError: an unknown device string, a device type not present on this machine (``"mps"``
-            on Linux, ``"cuda"`` without a GPU), or an index beyond the devices present.
+    ``name`` is the parameter's name, for the message; ``present`` is ``{type: count}`` of usable devices
+    (default: what torch reports). A ValueError says what is missing: an unknown string, a device type not
+    present (``"mps"`` on Linux, ``"cuda"`` without a GPU), or an index beyond the devices present.
     """
     if isinstance(device, bool):
         raise ValueError(f"{name} must be a device such as 'cpu' or 'cuda', got {device!r}")
@@ -129,10 +93,8 @@ def check_device_present(device: Any, name: str = "device", *, present: dict[str
         f"{k!r}" + (f" ({n} device{'s' if n != 1 else ''})" if k != "cpu" else "") for k, n in kinds.items()
     )
     if dev.type not in kinds:
-        extra = ""
-        if dev.type == "cuda":
-            problem = _short_problem()
-            extra = " (no CUDA device is present" + (f"; {problem}" if problem else "") + ")"
+        problem = (cuda_driver_problem() or "").split(". ")[0] if dev.type == "cuda" else ""
+        extra = " (no CUDA device is present" + (f"; {problem}" if problem else "") + ")" if dev.type == "cuda" else ""
         raise ValueError(
             f"{name}={str(dev)!r} is not available on this machine{extra}; devices here: {here}. "
             f"Use {name}='cpu', or None to choose automatically"
@@ -145,23 +107,11 @@ def check_device_present(device: Any, name: str = "device", *, present: dict[str
     return dev
 
 
-def _short_problem() -> str:
-    problem = cuda_driver_problem()
-    return problem.split(". ")[0] if problem else ""
-
-
 def pick_device(prefer: str | None = None) -> torch.device:
-    """Choose the device a chapter runs on.
+    """Choose the device a chapter runs on: ``prefer`` (``"cuda:1"``, a CUDA index, ``"cpu"``, ...) or automatic.
 
-    Args:
-        prefer: ``None`` (automatic), ``"cuda"``, ``"cuda:1"``, a CUDA index,
-            ``"cpu"``, or another accelerator type present here. A device this
-            machine does not have (``"cuda"`` without a GPU, ``"cuda:7"`` on a
-            machine with one GPU, ``"mps"`` on Linux) raises a ValueError that
-            says so, instead of failing later inside torch.
-
-    With ``WORKBOOK_REQUIRE_GPU=1`` (set by the GPU check) a machine without
-    CUDA raises RuntimeError, so a GPU check can never pass on CPU fallbacks.
+    A device this machine lacks raises a ValueError saying so. With ``WORKBOOK_REQUIRE_GPU=1`` (the GPU check)
+    a machine without CUDA raises RuntimeError, so a GPU check never passes on CPU fallbacks.
     """
     if require_gpu() and not has_cuda():
         raise RuntimeError(
@@ -181,10 +131,7 @@ def pick_device(prefer: str | None = None) -> torch.device:
 def resolve_device(device: torch.device | str | None, kinds: tuple[str, ...] = ("cpu", "cuda")) -> torch.device:
     """A helper's ``device`` argument as a ``torch.device``: ``None`` = CUDA when present, else the CPU.
 
-    Raises:
-        ValueError: a device type outside ``kinds``, or one this machine does not have
-            (``'cuda'`` without CUDA, ``'cuda:3'`` with one GPU): see :func:`check_device_present`;
-            an indexed CPU other than ``'cpu:0'`` (``'cpu:1'``: there is one CPU device).
+    ValueError for a type outside ``kinds``, a device this machine lacks, or a CPU index other than 0.
     """
     if device is None:
         return torch.device("cuda" if has_cuda() else "cpu")
@@ -205,11 +152,7 @@ def resolve_device(device: torch.device | str | None, kinds: tuple[str, ...] = (
 
 @contextlib.contextmanager
 def intraop_threads(n: int) -> Iterator[int]:
-    """``with intraop_threads(n):`` - torch uses ``n`` intra-op threads in this process; the count is restored after.
-
-    Every DataLoader worker (and the loader's pin thread) runs with one thread; the
-    chapters give the main process a deliberate count too, so that comparisons are fair.
-    """
+    """``with intraop_threads(n):`` torch uses ``n`` intra-op threads here, restored after (fair comparisons)."""
     check_int("threads", n, 1, 1024)
     prev = torch.get_num_threads()
     torch.set_num_threads(n)
@@ -220,11 +163,7 @@ def intraop_threads(n: int) -> Iterator[int]:
 
 
 def no_cuda_message(what: str) -> str:
-    """The one plain sentence every GPU-only cell prints without CUDA.
-
-    When an NVIDIA driver is installed but torch cannot use it (see :func:`cuda_driver_problem`),
-    the message says so and how to fix it, instead of letting the CPU fallback run silently.
-    """
+    """The one plain sentence every GPU-only cell prints without CUDA (with the fix, when a driver is unusable)."""
     problem = cuda_driver_problem()
     text = (
         f"No CUDA device is {'usable' if problem else 'present'} on this machine, so {what} cannot be measured "
@@ -243,126 +182,19 @@ def wrap(text: str, width: int = 100, indent: str = "") -> str:
     )
 
 
-#: The PyTorch wheel index that holds builds for each CUDA 12.x level (see https://pytorch.org/get-started/locally/).
-_CUDA12_INDEXES = ((12, 8, "cu128"), (12, 6, "cu126"))
-
-
-def _version_tuple(text: str | None) -> tuple[int, int] | None:
-    try:
-        parts = str(text).split(".")
-        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
-    except (ValueError, IndexError):
-        return None
-
-
-def diagnose_no_cuda(
-    *,
-    cuda_available: bool,
-    torch_cuda: str | None,
-    driver_cuda: str | None,
-    driver_version: str | None = None,
-    nvidia_smi: bool = False,
-    torch_version: str = torch.__version__,
-) -> str | None:
-    """Why torch cannot use an NVIDIA GPU that seems to be installed, and how to fix it; ``None`` if no such case.
-
-    Pure logic (every input passed in), so it is tested on any machine; :func:`cuda_driver_problem`
-    feeds it this machine's facts.
-
-    Args:
-        cuda_available: ``torch.cuda.is_available()``.
-        torch_cuda: ``torch.version.cuda`` (``None`` for a CPU-only torch build).
-        driver_cuda: the newest CUDA version the installed driver supports, e.g. ``"12.4"``
-            (NVML's ``nvmlSystemGetCudaDriverVersion``), ``None`` if no driver answered.
-        driver_version: the driver's own version, e.g. ``"550.54.15"``, for the message.
-        nvidia_smi: whether ``nvidia-smi`` is on the PATH (a sign an NVIDIA driver is installed).
-    """
-    if cuda_available or (driver_cuda is None and not nvidia_smi):
-        return None
-    base = torch_version.split("+")[0]
-    pins = f"torch=={base} " + (f"torchvision=={_torchvision_base()}" if _torchvision_base() else "torchvision")
-    drv = f"driver {driver_version}" if driver_version else "an NVIDIA driver"
-    if not torch_cuda:
-        return (
-            f"An NVIDIA GPU driver is installed, but this torch ({torch_version}) is a CPU-only build, "
-            "so every chapter runs on the CPU. Install a CUDA build, e.g. "
-            f"`.venv/bin/python -m pip install --force-reinstall {pins} --index-url "
-            "https://download.pytorch.org/whl/cu128`."
-        )
-    need, have = _version_tuple(torch_cuda), _version_tuple(driver_cuda)
-    if need is not None and have is not None and have < (need[0], 0):
-        index = next((tag for major, minor, tag in _CUDA12_INDEXES if have >= (major, minor)), None)
-        if have[0] == 12 and index:
-            fix = (
-                f"Either update the NVIDIA driver (CUDA {need[0]} needs driver 580 or newer), or install "
-                f"the torch build for CUDA {have[0]}.x: `.venv/bin/python -m pip install --force-reinstall "
-                f"{pins} --index-url https://download.pytorch.org/whl/{index}` "
-                "(https://pytorch.org/get-started/locally/ lists the builds each torch version has)."
-            )
-        else:
-            fix = (
-                f"Update the NVIDIA driver (CUDA {need[0]} needs driver 580 or newer); builds of this torch for "
-                f"CUDA {driver_cuda} may not exist (see https://pytorch.org/get-started/locally/)."
-            )
-        return (
-            f"The GPU cannot be used: {drv} supports CUDA up to {driver_cuda}, but this torch "
-            f"({torch_version}) is built for CUDA {torch_cuda}, so torch.cuda.is_available() is False and "
-            f"the workbook falls back to the CPU. {fix}"
-        )
-    subject = f"NVIDIA driver {driver_version}" if driver_version else "An NVIDIA driver"
-    return (
-        f"{subject} is installed"
-        + (f" (CUDA up to {driver_cuda})" if driver_cuda else "")
-        + f", but torch ({torch_version}, CUDA {torch_cuda}) cannot use the GPU, so the workbook falls back "
-        "to the CPU. Run `nvidia-smi` to see whether the GPU is visible (in a container: start it with "
-        "--gpus all), and check CUDA_VISIBLE_DEVICES."
-    )
-
-
-def _torchvision_base() -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version("torchvision").split("+")[0]
-    except Exception:  # torchvision not installed: the command names it without a version
-        return None
-
-
 def _driver_facts() -> tuple[str | None, str | None]:
     """``(driver_cuda, driver_version)`` from NVML, ``(None, None)`` when no driver answers."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no NVML library, or no driver: nothing to report
-        return None, None
-    try:
-        raw = int(pynvml.nvmlSystemGetCudaDriverVersion())  # e.g. 12040 for CUDA 12.4
-        cuda = f"{raw // 1000}.{(raw % 1000) // 10}"
-        try:
-            version = pynvml.nvmlSystemGetDriverVersion()
-            version = version.decode() if isinstance(version, bytes) else str(version)
-        except Exception:  # the version string is only for the message
-            version = None
-        return cuda, version
-    except Exception:  # an NVML that cannot answer is no evidence of a driver
-        return None, None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:  # shutting NVML down cannot fail in a way that matters here
-            pass
+    rep = HardwareReport()
+    _fill_nvml(rep, None)
+    return rep.driver_cuda_version, rep.driver_version
 
 
 def cuda_driver_problem() -> str | None:
-    """A plain explanation when an NVIDIA driver is installed but torch cannot use the GPU, else ``None``.
+    """Why an installed NVIDIA driver is unusable by torch (e.g. a CUDA 13 wheel, a 12.x driver), else ``None``."""
+    return None if has_cuda() else _diagnose(*_driver_facts())
 
-    Typical case: the pinned torch wheel is a CUDA 13 build and the driver supports only
-    CUDA 12.x; torch then reports no GPU and every chapter would silently run its CPU fallback.
-    """
-    if has_cuda():
-        return None
-    driver_cuda, driver_version = _driver_facts()
+
+def _diagnose(driver_cuda: str | None, driver_version: str | None) -> str | None:
     return diagnose_no_cuda(
         cuda_available=False,
         torch_cuda=torch.version.cuda,
@@ -373,11 +205,7 @@ def cuda_driver_problem() -> str | None:
 
 
 def pcie_bandwidth_gbps(generation: int, width: int) -> float:
-    """Theoretical per-direction payload bandwidth of a PCIe link, in GB/s (10**9 B/s).
-
-    >>> round(pcie_bandwidth_gbps(4, 16), 1)
-    31.5
-    """
+    """Theoretical per-direction payload bandwidth of a PCIe link, in GB/s (10**9 B/s): Gen4 x16 is 31.5."""
     check_int("generation", generation, 1, 6)
     check_int("width", width, 1, 32)
     return _PCIE_GBPS_PER_LANE[generation] * width
@@ -395,34 +223,23 @@ def link_ceiling(
 ) -> tuple[float | None, str | None, str | None]:
     """The theoretical per-direction ceiling of a PCIe link: ``(GB/s, description, basis)``.
 
-    ``basis`` says which of NVML's readings was used: ``"max"`` (the link's maximum; a link
-    trained lower *now* is usually idling to save power and trains up under load) or ``"current"``
-    (used when the reported maximum is *below* the current link, which real hardware cannot do:
-    in a VM the maximum may describe a virtual root port). ``(None, None, None)`` when neither
-    reading is a valid PCIe link.
-
-    >>> link_ceiling(4, 16, 4, 16)[2]
-    'max'
-    >>> link_ceiling(4, 16, 1, 1)[2]
-    'current'
+    ``basis`` is ``"max"`` (NVML's maximum: a link trained lower *now* is idling and trains up under load) or
+    ``"current"`` (when the maximum is *below* the current link, which real hardware cannot do: a VM's virtual
+    root port). ``(None, None, None)`` when neither reading is a valid PCIe link.
     """
     now = pcie_bandwidth_gbps(int(gen_now), int(width_now)) if _link_ok(gen_now, width_now) else None  # type: ignore[arg-type]
     top = pcie_bandwidth_gbps(int(gen_max), int(width_max)) if _link_ok(gen_max, width_max) else None  # type: ignore[arg-type]
     tail = "(theoretical, per direction)"
     if top is not None and (now is None or now <= top):
+        note = ", its maximum" if now is None else ""
         if now is not None and now < top:
             note = f", its maximum; Gen{gen_now} x{width_now} now, idling"
-        else:
-            note = "" if now is not None else ", its maximum"
         return top, f"PCIe Gen{gen_max} x{width_max}{note} {tail}", "max"
     if now is not None:
+        note = " as trained now"
         if top is not None:
-            note = (
-                f" as trained now; NVML's maximum, Gen{gen_max} x{width_max}, is below that, which real "
-                "hardware cannot do (a VM's virtual root port?)"
-            )
-        else:
-            note = " as trained now"
+            note += f"; NVML's maximum, Gen{gen_max} x{width_max}, is below that, which real hardware cannot do"
+            note += " (a VM's virtual root port?)"
         return now, f"PCIe Gen{gen_now} x{width_now}{note} {tail}", "current"
     return None, None, None
 
@@ -430,10 +247,8 @@ def link_ceiling(
 def ceiling_share(measured_gbps: float, ceiling_gbps: float | None, *, tolerance: float = 0.03) -> str:
     """Words for a measured bandwidth against a theoretical ceiling: ``"62% of the theoretical ceiling"``.
 
-    A measurement above the ceiling (by more than ``tolerance``, for rounding) is impossible on
-    that link, so it is flagged as such instead of being printed as ``110%``: the ceiling is then
-    wrong for this machine (NVML may describe a virtual root port in a VM, or the copy does not
-    cross PCIe at all, e.g. NVLink-C2C or memory shared with the CPU).
+    A measurement above the ceiling (beyond ``tolerance``) is impossible on that link, so it is flagged
+    instead of printed as ``110%``: the ceiling is wrong for this machine.
     """
     measured_gbps = float(measured_gbps)
     if not ceiling_gbps or ceiling_gbps <= 0 or measured_gbps != measured_gbps:
@@ -488,75 +303,47 @@ class HardwareReport:
 
     def fingerprint(self) -> dict[str, Any]:
         """The fields that decide whether two measurements are comparable."""
-        return {
-            "gpu_name": self.gpu_name,
-            "gpu_count": self.gpu_count,
-            "cpu_model": self.cpu_model,
-            "cpu_cores_logical": self.cpu_cores_logical,
-            "pcie_generation_max": self.pcie_generation_max,
-            "pcie_width_max": self.pcie_width_max,
-        }
+        names = "gpu_name gpu_count cpu_model cpu_cores_logical pcie_generation_max pcie_width_max".split()
+        return {name: getattr(self, name) for name in names}
 
     def lines(self) -> list[tuple[str, str]]:
         """(label, value) rows for display; unknown values say why."""
 
-        def show(name: str, value: Any, fmt: Any = str) -> str:
-            if value is None:
-                return f"not available ({self.missing.get(name, 'unknown')})"
-            return fmt(value)
+        def show(name: str, fmt: Any = str) -> str:
+            value = getattr(self, name)
+            return f"not available ({self.missing.get(name, 'unknown')})" if value is None else fmt(value)
 
-        def link(gen: Any, width: Any, gname: str, wname: str) -> str:
+        def link(gname: str, wname: str) -> str:
+            gen, width = getattr(self, gname), getattr(self, wname)
             if gen is None or width is None:
                 return f"not available ({self.missing.get(gname) or self.missing.get(wname, 'unknown')})"
             return f"Gen{gen} x{width}"
 
-        rows = [
-            (
-                "Python / torch / torchvision",
-                f"{self.python_version} / {self.torch_version} / {self.torchvision_version or '?'}",
-            ),
+        versions = f"{self.python_version} / {self.torch_version} / {self.torchvision_version or '?'}"
+        cores = " / ".join(show(n) for n in ("cpu_cores_logical", "cpu_cores_physical", "cpu_affinity"))
+
+        def pair(a: str, b: str) -> str:
+            return f"{show(a, human_bytes)} / {show(b, human_bytes)}"
+
+        drv_cuda = f" (CUDA {self.driver_cuda_version})" if self.driver_cuda_version else ""
+        return [
+            ("Python / torch / torchvision", versions),
             ("Device chosen", self.device),
-            ("CPU", show("cpu_model", self.cpu_model)),
-            (
-                "CPU cores (logical / physical / usable)",
-                f"{show('cpu_cores_logical', self.cpu_cores_logical)} / "
-                f"{show('cpu_cores_physical', self.cpu_cores_physical)} / {show('cpu_affinity', self.cpu_affinity)}",
-            ),
-            (
-                "RAM total / available",
-                f"{show('ram_total_bytes', self.ram_total_bytes, human_bytes)} / "
-                f"{show('ram_available_bytes', self.ram_available_bytes, human_bytes)}",
-            ),
-            (
-                "/dev/shm total / free",
-                f"{show('shm_total_bytes', self.shm_total_bytes, human_bytes)} / "
-                f"{show('shm_free_bytes', self.shm_free_bytes, human_bytes)}",
-            ),
-            ("GPU", show("gpu_name", self.gpu_name)),
-            ("GPU memory", show("gpu_memory_bytes", self.gpu_memory_bytes, human_bytes)),
-            ("Compute capability", show("gpu_compute_capability", self.gpu_compute_capability)),
-            (
-                "Driver (newest CUDA it supports)",
-                f"{show('driver_version', self.driver_version)}"
-                + (f" (CUDA {self.driver_cuda_version})" if self.driver_cuda_version else ""),
-            ),
-            ("CUDA runtime (torch build)", show("cuda_runtime_version", self.cuda_runtime_version)),
-            ("Copy engines", show("copy_engines", self.copy_engines)),
-            ("PCIe link now", link(self.pcie_generation, self.pcie_width, "pcie_generation", "pcie_width")),
-            (
-                "PCIe link max",
-                link(self.pcie_generation_max, self.pcie_width_max, "pcie_generation_max", "pcie_width_max"),
-            ),
-            (
-                "Link ceiling per direction (theoretical)",
-                show(
-                    "link_bandwidth_gbps",
-                    self.link_bandwidth_gbps,
-                    lambda v: f"{v:.1f} GB/s, from {self.link_description}",
-                ),
-            ),
-        ]
-        return rows
+            ("CPU", show("cpu_model")),
+            ("CPU cores (logical / physical / usable)", cores),
+            ("RAM total / available", pair("ram_total_bytes", "ram_available_bytes")),
+            ("/dev/shm total / free", pair("shm_total_bytes", "shm_free_bytes")),
+            ("GPU", show("gpu_name")),
+            ("GPU memory", show("gpu_memory_bytes", human_bytes)),
+            ("Compute capability", show("gpu_compute_capability")),
+            ("Driver (newest CUDA it supports)", show("driver_version") + drv_cuda),
+            ("CUDA runtime (torch build)", show("cuda_runtime_version")),
+            ("Copy engines", show("copy_engines")),
+            ("PCIe link now", link("pcie_generation", "pcie_width")),
+            ("PCIe link max", link("pcie_generation_max", "pcie_width_max")),
+            ("Link ceiling per direction (theoretical)",
+             show("link_bandwidth_gbps", lambda v: f"{v:.1f} GB/s, from {self.link_description}")),
+        ]  # fmt: skip
 
     def describe(self) -> str:
         """A plain-text table of :meth:`lines`."""
@@ -619,19 +406,9 @@ def _fill_host(rep: HardwareReport) -> None:
 
 
 _NO_GPU_FIELDS = (
-    "gpu_name",
-    "gpu_memory_bytes",
-    "gpu_compute_capability",
-    "driver_version",
-    "copy_engines",
-    "pcie_generation",
-    "pcie_width",
-    "pcie_generation_max",
-    "pcie_width_max",
-    "link_bandwidth_gbps",
-    "link_basis",
-    "driver_cuda_version",
-)
+    "gpu_name gpu_memory_bytes gpu_compute_capability driver_version copy_engines pcie_generation pcie_width "
+    "pcie_generation_max pcie_width_max link_bandwidth_gbps link_basis driver_cuda_version"
+).split()
 
 
 def _fill_gpu(rep: HardwareReport, index: int) -> None:
@@ -643,12 +420,7 @@ def _fill_gpu(rep: HardwareReport, index: int) -> None:
     if not rep.cuda_available:
         for name in _NO_GPU_FIELDS:
             rep.missing[name] = "no CUDA device is usable"
-        driver_cuda, driver_version = _driver_facts()  # a driver torch cannot use still says which CUDA it supports
-        if driver_cuda is not None:
-            rep.driver_cuda_version, rep.driver_version = driver_cuda, driver_version
-            rep.missing.pop("driver_cuda_version", None)
-            if driver_version is not None:
-                rep.missing.pop("driver_version", None)
+        _fill_nvml(rep, None)  # a driver torch cannot use still says which CUDA it supports
         return
     try:
         rep.gpu_count = torch.cuda.device_count()
@@ -668,11 +440,10 @@ def _fill_gpu(rep: HardwareReport, index: int) -> None:
 
 
 def copy_engine_count(index: int, props: Any = None) -> tuple[int | None, str]:
-    """``(count, how it was read)`` of the GPU's copy engines (``cudaDevAttrAsyncEngineCount``).
+    """``(count, how it was read)`` of the GPU's copy engines, ``(None, reason)`` when nothing can say.
 
-    torch's device properties have no ``async_engine_count`` (not in torch 2.14), so this
-    asks the CUDA runtime through ``cuda.bindings`` (installed with torch's Linux wheels),
-    and returns ``(None, reason)`` when neither can say.
+    torch 2.14's device properties lack ``async_engine_count``, so the CUDA runtime is asked through
+    ``cuda.bindings`` (installed with torch's Linux wheels).
     """
     engines = getattr(props, "async_engine_count", None) if props is not None else None
     if engines is not None:
@@ -693,48 +464,45 @@ def copy_engine_count(index: int, props: Any = None) -> tuple[int | None, str]:
 
 
 _NVML_FIELDS = (
-    "driver_version",
-    "driver_cuda_version",
-    "pcie_generation",
-    "pcie_width",
-    "pcie_generation_max",
-    "pcie_width_max",
-    "link_bandwidth_gbps",
-)
+    "driver_version driver_cuda_version pcie_generation pcie_width pcie_generation_max pcie_width_max "
+    "link_bandwidth_gbps"
+).split()
 
 
-def _fill_nvml(rep: HardwareReport, index: int) -> None:
+def _fill_nvml(rep: HardwareReport, index: int | None) -> None:
+    """The driver's facts from NVML, and the PCIe link of GPU ``index`` (None: the driver's facts only)."""
+    step = "nvidia-ml-py is not importable"
     try:
         import pynvml
-    except Exception as exc:
-        for name in _NVML_FIELDS:
-            rep.missing.setdefault(name, f"nvidia-ml-py is not importable: {exc}")
-        return
-    try:
+
+        step = "NVML could not start"
         pynvml.nvmlInit()
     except Exception as exc:
         for name in _NVML_FIELDS:
-            rep.missing.setdefault(name, f"NVML could not start: {exc}")
+            rep.missing.setdefault(name, f"{step}: {exc}")
         return
+
+    def read(name: str, fn: Any, *args: Any) -> Any:
+        try:
+            value = fn(*args)
+        except Exception as exc:
+            rep.missing[name] = f"NVML: {exc}"
+            return None
+        rep.missing.pop(name, None)
+        return value.decode() if isinstance(value, bytes) else value
+
     try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-
-        def read(name: str, fn: Any, *args: Any) -> Any:
-            try:
-                value = fn(*args)
-                return value.decode() if isinstance(value, bytes) else value
-            except Exception as exc:
-                rep.missing[name] = f"NVML: {exc}"
-                return None
-
         rep.driver_version = read("driver_version", pynvml.nvmlSystemGetDriverVersion)
+        cuda_raw = read("driver_cuda_version", pynvml.nvmlSystemGetCudaDriverVersion)  # e.g. 12040 for CUDA 12.4
+        if cuda_raw is not None:
+            rep.driver_cuda_version = f"{int(cuda_raw) // 1000}.{(int(cuda_raw) % 1000) // 10}"
+        if index is None:
+            return
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         rep.pcie_generation = read("pcie_generation", pynvml.nvmlDeviceGetCurrPcieLinkGeneration, handle)
         rep.pcie_width = read("pcie_width", pynvml.nvmlDeviceGetCurrPcieLinkWidth, handle)
         rep.pcie_generation_max = read("pcie_generation_max", pynvml.nvmlDeviceGetMaxPcieLinkGeneration, handle)
         rep.pcie_width_max = read("pcie_width_max", pynvml.nvmlDeviceGetMaxPcieLinkWidth, handle)
-        cuda_raw = read("driver_cuda_version", pynvml.nvmlSystemGetCudaDriverVersion)
-        if cuda_raw is not None:
-            rep.driver_cuda_version = f"{int(cuda_raw) // 1000}.{(int(cuda_raw) % 1000) // 10}"
         gbps, description, basis = link_ceiling(
             rep.pcie_generation, rep.pcie_width, rep.pcie_generation_max, rep.pcie_width_max
         )
@@ -745,10 +513,8 @@ def _fill_nvml(rep: HardwareReport, index: int) -> None:
                 "PCIe generation/width unknown (NVML could not read them; NVLink-C2C systems report none)"
             )
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def hardware_report(device: torch.device | str | None = None) -> HardwareReport:
@@ -781,9 +547,23 @@ class CheckLine:
 _PACKAGES = ("torch", "torchvision", "numpy", "matplotlib", "ipywidgets", "psutil", "pynvml", "tqdm", "PIL")
 
 
+def _device_line(rep: HardwareReport) -> CheckLine:
+    """The device's line: the GPU, or why an installed one cannot be used (the report's driver facts), or none."""
+    if rep.cuda_available:
+        return CheckLine("device", True, f"CUDA: {rep.gpu_name}, driver {rep.driver_version or 'unknown'}")
+    problem = _diagnose(rep.driver_cuda_version, rep.driver_version)
+    if problem:
+        return CheckLine("device", False, f"running on {rep.device}, not on the GPU. {problem}")
+    return CheckLine(
+        "device",
+        False,
+        f"no CUDA device; running on {rep.device}. Every chapter still runs: CPU parts are measured live, "
+        "GPU parts show reference results recorded on a real GPU",
+    )
+
+
 def environment_check(report: HardwareReport | None = None, shm_min_bytes: int = 1 << 30) -> list[CheckLine]:
-    """An ok/warning line per package, the device (and why a GPU that is installed cannot be used),
-    the size tier in force, and /dev/shm. Never raises."""
+    """An ok/warning line per package, the device (why an installed GPU is unusable), the size tier, /dev/shm."""
     import importlib
 
     lines: list[CheckLine] = []
@@ -791,38 +571,11 @@ def environment_check(report: HardwareReport | None = None, shm_min_bytes: int =
     lines.append(CheckLine("python", ok_v, platform.python_version() + ("" if ok_v else " (3.10 or newer is needed)")))
     for mod in _PACKAGES:
         try:
-            m = importlib.import_module(mod)
-            version = getattr(m, "__version__", "installed")
-            lines.append(CheckLine(mod, True, str(version)))
+            lines.append(CheckLine(mod, True, str(getattr(importlib.import_module(mod), "__version__", "installed"))))
         except Exception as exc:
             lines.append(CheckLine(mod, False, f"cannot import ({exc}); run `make setup` from the workbook folder"))
     rep = report or hardware_report()
-    if rep.cuda_available:
-        lines.append(CheckLine("device", True, f"CUDA: {rep.gpu_name}, driver {rep.driver_version or 'unknown'}"))
-    else:
-        problem = (
-            cuda_driver_problem()
-            if report is None
-            else diagnose_no_cuda(
-                cuda_available=False,
-                torch_cuda=torch.version.cuda,
-                driver_cuda=rep.driver_cuda_version,
-                driver_version=rep.driver_version,
-                nvidia_smi=shutil.which("nvidia-smi") is not None,
-            )
-        )
-        if problem:
-            lines.append(CheckLine("device", False, f"running on {rep.device}, not on the GPU. {problem}"))
-        else:
-            lines.append(
-                CheckLine(
-                    "device",
-                    False,
-                    f"no CUDA device; running on {rep.device}. Every chapter still runs: CPU parts are measured live, "
-                    "GPU parts show reference results recorded on a real GPU",
-                )
-            )
-
+    lines.append(_device_line(rep))
     try:
         tier = config.size_tier()
         lines.append(CheckLine("sizes", True, f"{tier} tier: {config.tier_reason(tier)}"))

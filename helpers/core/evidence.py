@@ -1,32 +1,18 @@
 """One result type for every figure a chapter shows: measured, recorded, published, theoretical or missing.
 
-A chapter's measuring function returns an :class:`Evidence`, whichever path ran, and the notebook shows it
-with one call. It carries its provenance, so a number is never shown as more than it is:
+A chapter's measuring function returns an :class:`Evidence` whichever path ran, and the notebook shows it with
+one call; it carries its provenance, so a number is never shown as more than it is::
 
->>> from helpers.core import evidence
->>> pins = evidence.measure_or_recall(
-...     "the cost of pinning", DEVICE,
-...     measure=lambda: [pin_costs.pin_cost(n, device=DEVICE) for n in SIZES],   # runs only with CUDA
-...     key="ch02.pin", convert=pin_costs.pin_costs_from_records)                # else: the reference files
->>> pins.show(pin_costs.pin_cost_table)    # the no-CUDA sentence (if any), the provenance line, the table
->>> if pins: plot(pins.value, source=pins.source)
+    pins = evidence.measure_or_recall("the cost of pinning", DEVICE, measure=lambda: ...,  # runs only with CUDA
+                                      key="ch02.pin", convert=pin_costs.pin_costs_from_records)  # else: references
+    pins.show(pin_costs.pin_cost_table)  # the no-CUDA sentence (if any), the provenance line, the table
 
-The five kinds:
-
-``measured``     measured now, on this machine (``source``: "measured now on <device>")
-``recorded``     recorded by this workbook on a named GPU (``source``: GPU, driver, torch, date, mode, method)
-``published``    published by a cited source (``source``: the citation)
-``theoretical``  computed from a specification (``source``: the basis)
-``missing``      none of these: ``value`` is None, and the message says how the figure gets recorded
-
-Without CUDA and without a recorded reference, :func:`recorded` (so :func:`measure_or_recall`) falls back to
-figures of the *same experiment* that others published (``helpers/core/published_experiments.json``): a
-``published`` Evidence whose ``cited`` figures print themselves (value, what was compared, hardware, the
-quoted sentence, the citation). It has no ``value`` in the chapter's own format, so it is falsy like
-``missing`` and ``if ev: plot(ev.value)`` stays right. Where nothing was published, the ``missing`` sentence
-says so and names the experiment that would produce a figure.
-
-Nothing here makes up a number: ``missing`` is falsy and has no value.
+``measured`` now on this machine; ``recorded`` by this workbook on a named GPU; ``published`` by a cited source;
+``theoretical`` from a specification; ``missing``: ``value`` is None and the message says how the figure gets
+recorded. Without CUDA and a recorded reference, :func:`recorded` falls back to published figures of the *same
+experiment* (``published_experiments.json``): a ``published`` Evidence whose ``cited`` figures print themselves,
+falsy like ``missing`` (no value in the chapter's format), so ``if ev: plot(ev.value)`` stays right.
+Nothing here makes up a number.
 """
 
 from __future__ import annotations
@@ -42,44 +28,24 @@ from .reference import CitedFigure, artifacts, cited_for, find, missing_message,
 from .results import Record, ResultSet
 
 __all__ = [
-    "KINDS",
-    "Evidence",
-    "measured",
-    "recorded",
-    "recorded_artifact",
-    "published",
-    "theoretical",
-    "missing",
-    "published_elsewhere",
-    "measure_or_recall",
-]
+    "KINDS", "Evidence", "measured", "recorded", "recorded_artifact", "published", "theoretical", "missing",
+    "published_elsewhere", "measure_or_recall",
+]  # fmt: skip
 
 T = TypeVar("T")
 Kind = Literal["measured", "recorded", "published", "theoretical", "missing"]
 
 #: Each kind and the tag that opens its provenance line.
-KINDS: dict[str, str] = {
-    "measured": "measured here",
-    "recorded": "recorded elsewhere",
-    "published": "published",
-    "theoretical": "theoretical",
-    "missing": "missing",
-}
+KINDS: dict[str, str] = {"measured": "measured here", "recorded": "recorded elsewhere", "published": "published"}
+KINDS.update(theoretical="theoretical", missing="missing")
 
 
 @dataclass(frozen=True)
 class Evidence(Generic[T]):
-    """A figure (any payload: a number, a table's rows, a trace) with where it came from.
+    """A figure (``value``: a number, a table's rows, a trace; None exactly when missing) with where it came from.
 
-    Attributes:
-        what: what it is, in words ("the cost of pinning").
-        kind: one of :data:`KINDS`.
-        value: the payload; None exactly when ``kind`` is ``"missing"``.
-        source: the provenance line (device, or GPU/driver/torch/date/method, or a citation, or the basis),
-            or for ``missing`` the sentence that says why there is nothing.
-        note: a line shown before it, e.g. the no-CUDA sentence that explains why this is not measured here.
-        cited: figures of the same experiment published elsewhere (kind ``published``, ``value`` None): they
-            are shown as text, never drawn as the chapter's own payload.
+    ``source`` is the provenance line (or, when missing, why there is nothing); ``note`` a line shown before it
+    (the no-CUDA sentence); ``cited`` published figures of the same experiment, shown as text, never drawn.
     """
 
     what: str
@@ -151,8 +117,7 @@ def recorded(
 ) -> Evidence[Any]:
     """The newest reference file's records for ``key`` (and ``params``), converted; or ``missing``.
 
-    ``convert(result_set, records)`` turns the records into the payload the chapter shows (default: the
-    records themselves). A convert that returns None (records present but unusable) counts as missing.
+    ``convert(result_set, records)`` makes the chapter's payload (default: the records); None counts as missing.
     """
     for rs, recs in find(key, **params):
         value = convert(rs, recs) if convert is not None else recs
@@ -164,10 +129,7 @@ def recorded(
 def recorded_artifact(
     what: str, name: str, convert: Callable[[ResultSet, Any], T] | None = None, note: str = ""
 ) -> Evidence[Any]:
-    """The newest reference file's artifact ``name`` (a span trace, a table), converted; or ``missing``.
-
-    ``convert(result_set, artifact)`` turns the stored form into the payload (default: as stored).
-    """
+    """The newest reference file's artifact ``name`` (a span trace, a table), converted; or ``missing``."""
     for rs, art in artifacts(name):
         value = convert(rs, art) if convert is not None else art
         if value is not None:
@@ -190,12 +152,8 @@ def theoretical(what: str, value: T, basis: str) -> Evidence[T]:
 
 
 def published_elsewhere(what: str, key: str, note: str = "", label: str | None = None) -> Evidence[Any]:
-    """Figures of the experiment behind ``key`` published elsewhere; else ``missing``, saying none was found.
-
-    The fallback when no reference recorded by this workbook holds ``key``. A ``published`` Evidence lists
-    its cited figures (no value of its own: falsy). A ``missing`` one says that nothing was recorded, that no
-    published figure was found, and which experiment would produce one.
-    """
+    """Figures of the experiment behind ``key`` published elsewhere (falsy: no value of its own); else
+    ``missing``, saying nothing was recorded or found and which experiment would produce a figure."""
     figs = cited_for(key)
     if figs:
         source = (
@@ -225,11 +183,8 @@ def measure_or_recall(
     method: str = "",
     **params: Any,
 ) -> Evidence[Any]:
-    """Measure on a CUDA ``device``; without one, the reference records for ``key``, or ``missing``.
-
-    ``measure`` runs only on a CUDA device; elsewhere the Evidence's note is the no-CUDA sentence,
-    so the reader sees why the figure is not from this machine.
-    """
+    """Measure on a CUDA ``device``; without one, the reference records for ``key`` (or ``missing``), with the
+    no-CUDA sentence as the note, so the reader sees why the figure is not from this machine."""
     dev = torch.device(device)
     if dev.type == "cuda":
         return measured(what, measure(), dev, method)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import signal
 
-__all__ = ["ITEM_NOTE", "LoaderFailure", "ended_in_words", "explain_loader_error"]
+__all__ = ["ITEM_NOTE", "LoaderFailure", "ended_in_words", "explain_loader_error", "raised_in_worker"]
 
 #: Start of the note a worker adds to a data set's exception: which item raised it (the loaders add it in the worker).
 ITEM_NOTE = "[workbook] failing item:"
@@ -92,7 +92,7 @@ def ended_in_words(worker: int | None, pid: int | str | None, code: int) -> str:
     )
 
 
-def _raised_in_worker(exc: BaseException) -> re.Match[str] | None:
+def raised_in_worker(exc: BaseException) -> re.Match[str] | None:
     """torch's re-raised worker exception (``Caught ValueError in DataLoader worker process 0. Original ...``)."""
     return re.match(r"Caught (\w+) in DataLoader worker process (\d+)", str(exc))
 
@@ -132,7 +132,7 @@ def explain_loader_error(exc: BaseException) -> str | None:
             "slow (network storage, an item that takes minutes). Check with `top` or `ps` that the workers use "
             "CPU; run with num_workers=0 to time one item in the main process."
         )
-    raised = _raised_in_worker(exc)
+    raised = raised_in_worker(exc)
     if raised:
         return _worker_error_in_words(exc, raised)
     killed = re.search(r"DataLoader worker \(pid ?([^)]*)\) is killed by signal: ([^.\n]+)", text)

@@ -1,16 +1,11 @@
-"""Progress for anything that runs longer than about ten seconds.
+"""Progress for anything that runs longer than about ten seconds: one callback, ``progress(fraction, text="")``.
 
-The workbook's one progress convention is a callback ``progress(fraction, text="")``:
-``fraction`` is the share done (0 to 1), ``text`` says what is happening and what is
-left. Long helpers (data set generation, training epochs, waterfalls, sweeps) take an
-optional ``progress`` argument of that shape; the live panels hand them one that moves
-the panel's own bar (:class:`helpers.ui.widgets.Progress`), and a notebook cell or a
-script gets one from :func:`progress_bar`::
+``fraction`` is the share done (0 to 1), ``text`` what is happening. Long helpers take an optional ``progress``;
+the live panels hand them one that moves the panel's bar, a cell or a script gets a tqdm bar (a widget in a
+notebook, text on stderr in a terminal)::
 
     with progress_bar("generating JPEGs") as progress:
         data.make_shapes_dataset(progress=progress)
-
-The bar is tqdm's: a widget in a notebook, text on stderr in a terminal.
 """
 
 from __future__ import annotations
@@ -50,11 +45,8 @@ class TqdmProgress:
 def progress_bar(desc: str, *, enabled: bool = True, notebook: bool | None = None) -> Iterator[TqdmProgress]:
     """``with progress_bar("what") as progress:`` - a tqdm bar in percent, closed at the end.
 
-    Args:
-        desc: what runs, shown before the bar.
-        enabled: ``False`` gives a bar that draws nothing (same code path).
-        notebook: force the widget bar (``True``) or the text bar (``False``); ``None``
-            lets ``tqdm.auto`` decide (a widget inside Jupyter).
+    ``enabled=False``: a bar that draws nothing (same code path); ``notebook`` forces the widget (True) or text
+    (False) bar, None lets ``tqdm.auto`` decide.
     """
     if notebook is None:
         from tqdm.auto import tqdm
@@ -77,14 +69,8 @@ def progress_bar(desc: str, *, enabled: bool = True, notebook: bool | None = Non
 
 
 def scaled(progress: ProgressFn | None, start: float, stop: float, prefix: str = "") -> ProgressFn:
-    """A callback for one part of a longer job: its 0..1 maps onto ``start..stop`` of ``progress``.
-
-    >>> seen = []
-    >>> part = scaled(lambda f, t="": seen.append((round(f, 2), t)), 0.5, 1.0, "epoch 2: ")
-    >>> part(0.5, "step 3 of 6")
-    >>> seen
-    [(0.75, 'epoch 2: step 3 of 6')]
-    """
+    """A callback for one part of a longer job: its 0..1 maps onto ``start..stop`` of ``progress``, its text
+    gets ``prefix`` (``"epoch 2: "``)."""
     if progress is None:
         return no_progress
 

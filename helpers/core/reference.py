@@ -1,23 +1,11 @@
 """Reference results recorded on real GPUs, and the honest fallback.
 
-Reference files are :class:`helpers.core.results.ResultSet` JSON files committed
-under ``helpers/core/reference/`` by the GPU check (``make gpu-check``), one per
-machine kind and run. Chapters use them when no CUDA device is present:
-
->>> from helpers.core import reference
->>> hits = reference.find("ch02.h2d_bandwidth")       # [(ResultSet, [Record, ...]), ...]
->>> print(reference.describe("ch02.h2d_bandwidth"))   # provenance lines, or a plain 'none recorded yet'
-
-Where no reference holds a key, a chapter falls back to figures of the *same experiment* that
-others measured and published (``helpers/core/published_experiments.json``, each with its
-source, the quoted sentence that holds the number, and the date it was read), or to a plain
-sentence that none was found and which experiment would produce one:
-
->>> reference.cited_for("ch05.decode.ms_per_batch")   # (CitedFigure, ...) published elsewhere
->>> reference.no_published_sentence("ch02.wire_time") # 'No published figure of this experiment ...'
-
-Nothing here ever makes up a number: when no file holds a key, the functions
-say so.
+Reference files are :class:`~helpers.core.results.ResultSet` JSON files under ``helpers/core/reference/``,
+committed by the GPU check (``make gpu-check``); chapters use them when no CUDA device is present
+(``find("ch02.h2d_bandwidth")`` -> ``[(ResultSet, [Record, ...]), ...]``). Where none holds a key, a chapter
+shows figures of the *same experiment* others published (``published_experiments.json``: source, the quoted
+sentence holding the number, date read; :func:`cited_for`), or says none was found and which experiment would
+produce one (:func:`no_published_sentence`). Nothing here makes up a number.
 """
 
 from __future__ import annotations
@@ -35,19 +23,9 @@ from typing import Any
 from .results import Record, ResultSet
 
 __all__ = [
-    "reference_dir",
-    "references",
-    "find",
-    "artifacts",
-    "describe",
-    "missing_message",
-    "provenance_line",
-    "CitedFigure",
-    "published_experiments_file",
-    "load_published_experiments",
-    "cited_for",
-    "no_published_sentence",
-]
+    "reference_dir", "references", "find", "artifacts", "missing_message", "provenance_line",
+    "CitedFigure", "published_experiments_file", "load_published_experiments", "cited_for", "no_published_sentence",
+]  # fmt: skip
 
 REFERENCE_ENV = "WORKBOOK_REFERENCE_DIR"
 
@@ -105,14 +83,6 @@ def missing_message(what: str) -> str:
     )
 
 
-def describe(key: str, **params: Any) -> str:
-    """Provenance lines for every reference holding ``key``, or the missing message."""
-    hits = find(key, **params)
-    if not hits:
-        return missing_message(key)
-    return "\n".join(f"{provenance_line(rs)} ({len(recs)} records)" for rs, recs in hits)
-
-
 # --------------------------------------------------------------------------------------------------
 # Published figures of the same experiments (the fallback when no reference was recorded)
 
@@ -167,7 +137,7 @@ class CitedFigure:
         return [
             textwrap.fill(
                 text,
-                width=100,
+                100,
                 initial_indent=pad,
                 subsequent_indent=pad + "  ",
                 break_on_hyphens=False,
@@ -221,11 +191,8 @@ def _check_figure(raw: Any, where: str) -> CitedFigure:
 
 
 def load_published_experiments(path: Path | str | None = None) -> tuple[tuple[CitedFigure, ...], dict[str, str]]:
-    """The cited figures and the 'none found' sentences of ``path`` (default: the packaged file), checked.
-
-    Raises ``ValueError`` naming the entry and the field when an entry lacks its url, quote, date read
-    or any other field, or when its quote does not hold its value.
-    """
+    """The cited figures and the 'none found' sentences of ``path`` (default: the packaged file), checked: a
+    ValueError names the entry and the field when one is missing or bad, or a quote does not hold its value."""
     p = Path(path) if path is not None else published_experiments_file()
     data = json.loads(p.read_text(encoding="utf-8"))
     figures = tuple(_check_figure(raw, f"{p.name} figure {i}") for i, raw in enumerate(data.get("figures", [])))

@@ -1,14 +1,10 @@
 """One JSON format for measurements, with provenance.
 
-A :class:`ResultSet` is a list of :class:`Record` s (a named value with a unit
-and the parameters it was measured at, plus optional spread) and free-form
-``artifacts`` (e.g. span traces for timelines), together with the provenance
-that makes it trustworthy: the hardware, driver and library versions, the
-date, the method, a benchmark version and quick/full mode.
-
-Comparisons are ratios within matching records, and only between result sets
-taken on the same hardware: :func:`compare_results` refuses otherwise, because a ratio
-between an H100 and a laptop says nothing about either.
+A :class:`ResultSet` holds :class:`Record` s (a named value with its unit, the parameters it was measured at and
+optional spread) and free-form ``artifacts`` (span traces for timelines), with the provenance that makes them
+trustworthy: hardware, driver and library versions, date, method, benchmark version and size tier. Ratios are
+taken only between sets from the same hardware (:func:`compare_results` refuses otherwise: a ratio between an
+H100 and a laptop says nothing about either).
 """
 
 from __future__ import annotations
@@ -23,19 +19,9 @@ from typing import Any, Iterable
 from .config import mode_name
 
 __all__ = [
-    "SCHEMA",
-    "SCHEMA_VERSION",
-    "BENCHMARK_VERSION",
-    "Record",
-    "ResultSet",
-    "Comparison",
-    "NotComparableError",
-    "comparable",
-    "compare_results",
-    "collect_provenance",
-    "sanity_flags",
-    "flag_lines",
-]
+    "SCHEMA", "SCHEMA_VERSION", "BENCHMARK_VERSION", "Record", "ResultSet", "Comparison", "NotComparableError",
+    "comparable", "compare_results", "collect_provenance", "sanity_flags", "flag_lines",
+]  # fmt: skip
 
 SCHEMA = "gpu-data-workbook/results"
 SCHEMA_VERSION = 1
@@ -49,17 +35,9 @@ class NotComparableError(ValueError):
 
 @dataclass
 class Record:
-    """One measured value.
-
-    Attributes:
-        key: what was measured, dotted, prefixed by chapter, e.g. ``"ch02.h2d_bandwidth"``.
-        value: the number (median, for timings).
-        unit: its unit, e.g. ``"GB/s"``, ``"s"``, ``"items/s"``, ``"ratio"``.
-        params: the settings it was measured at, e.g. ``{"bytes": 4096, "memory": "pinned"}``.
-        spread: optional spread, e.g. ``{"iqr": 0.1, "n": 30}``.
-        flags: why the value cannot be right, as recorded (e.g. a fraction above 1); see
-            :func:`sanity_flags`. Empty for an ordinary record (and then not written to the file).
-    """
+    """One measured value: ``key`` (``"ch02.h2d_bandwidth"``), ``value`` (the median, for timings), ``unit``,
+    the ``params`` it was measured at (``{"bytes": 4096}``), optional ``spread`` (``{"iqr": 0.1, "n": 30}``) and
+    ``flags``: why it cannot be right (:func:`sanity_flags`; not written to the file when empty)."""
 
     key: str
     value: float
@@ -83,16 +61,8 @@ def collect_provenance(device: Any = None) -> dict[str, Any]:
     from .device import hardware_report  # heavy: torch (this module imports without it)
 
     rep = hardware_report(device)
-    return {
-        "hardware": rep.fingerprint(),
-        "report": rep.to_dict(),
-        "driver_version": rep.driver_version,
-        "cuda_runtime_version": rep.cuda_runtime_version,
-        "torch_version": rep.torch_version,
-        "torchvision_version": rep.torchvision_version,
-        "python_version": rep.python_version,
-        "platform": rep.platform,
-    }
+    names = "driver_version cuda_runtime_version torch_version torchvision_version python_version platform".split()
+    return {"hardware": rep.fingerprint(), "report": rep.to_dict(), **{n: getattr(rep, n) for n in names}}
 
 
 @dataclass
@@ -211,16 +181,11 @@ class ResultSet:
             raise ValueError(f"result file field 'records' must be a list, got {type(raw_records).__name__}")
         if not isinstance(data.get("artifacts", {}), dict):
             raise ValueError("result file field 'artifacts' must be an object")
+        fixed = {k: data[k] for k in ("name", "method", "provenance", "created", "mode")}
+        records = [_record_from_dict(i, r) for i, r in enumerate(raw_records)]
+        version, notes = str(data.get("benchmark_version", "?")), str(data.get("notes", ""))
         return cls(
-            name=data["name"],
-            method=data["method"],
-            provenance=data["provenance"],
-            created=data["created"],
-            mode=data["mode"],
-            benchmark_version=str(data.get("benchmark_version", "?")),
-            records=[_record_from_dict(i, r) for i, r in enumerate(raw_records)],
-            artifacts=dict(data.get("artifacts", {})),
-            notes=str(data.get("notes", "")),
+            **fixed, benchmark_version=version, records=records, artifacts=dict(data.get("artifacts", {})), notes=notes
         )
 
     @classmethod
@@ -259,14 +224,7 @@ def _record_from_dict(i: int, r: Any) -> Record:
     flags = r.get("flags", [])
     if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
         raise ValueError(f"{where}: 'flags' must be a list of strings")
-    return Record(
-        key=r["key"],
-        value=float(value),
-        unit=r["unit"],
-        params=dict(r.get("params", {})),
-        spread=dict(r.get("spread", {})),
-        flags=list(flags),
-    )
+    return Record(r["key"], float(value), r["unit"], dict(r.get("params", {})), dict(r.get("spread", {})), list(flags))
 
 
 #: Tolerance for the fraction check: a share of 1.01 is noise around a tie; 1.27 is not (issue 15).
@@ -276,18 +234,11 @@ _SLACK = 0.02
 def sanity_flags(rs: ResultSet, records: Iterable[Record] | None = None) -> list[str]:
     """Flag figures that cannot be right, on the records themselves; returns one message per new flag.
 
-    The rules (each a contradiction that no honest measurement can produce, so
-    the figure is noise, a wrong ceiling, or a bug):
-
-    * a ``fraction`` outside [0, 1] (e.g. a share of the measured ceiling of 1.27);
-    * a host<->device bandwidth above the link's theoretical ceiling in the
-      provenance (the ceiling may describe a virtual root port, issue 14);
-    * ``*.best_num_workers`` = 0 beside a ``*.speedup`` above 1 for some workers
-      whose lowest round is above 1 too (a one-shot sweep contradicted by
-      alternating rounds), in the same chapter.
-
-    ``records``: only check these (and their relations); default every record.
-    Checking twice adds nothing. Values are never changed.
+    Each rule is a contradiction no honest measurement produces (so noise, a wrong ceiling, or a bug): a
+    ``fraction`` outside [0, 1]; a host<->device bandwidth above the provenance's theoretical link ceiling
+    (which may describe a VM's virtual root port); ``*.best_num_workers`` = 0 beside a ``*.speedup`` above 1
+    in every round for some workers, in the same chapter. ``records``: only check these (default: all).
+    Checking twice adds nothing; values are never changed.
     """
     todo = list(rs.records if records is None else records)
     messages: list[str] = []
@@ -295,59 +246,74 @@ def sanity_flags(rs: ResultSet, records: Iterable[Record] | None = None) -> list
     def flag(rec: Record, why: str) -> None:
         if why not in rec.flags:
             rec.flag(why)
-            messages.append(f"{rec.key} {rec.params}: {rec.value:.4g} {rec.unit} — {why}")
+            messages.append(_flag_line(rec, why))
 
     report = rs.provenance.get("report", {}) if isinstance(rs.provenance, dict) else {}
-    ceiling = report.get("link_bandwidth_gbps") if isinstance(report, dict) else None
+    raw_ceiling = report.get("link_bandwidth_gbps") if isinstance(report, dict) else None
+    ceiling = float(raw_ceiling) if raw_ceiling else None
     for rec in todo:
         if rec.unit == "fraction" and not -_SLACK <= rec.value <= 1 + _SLACK:
             flag(
                 rec, "impossible: a fraction outside 0..1 (noise, or the reference it is a share of was under-measured)"
             )
-        if ceiling and rec.key.startswith("ch02."):
-            gbps = None
-            if rec.unit == "GB/s" and "bandwidth" in rec.key:
-                gbps = rec.value
-            elif rec.unit == "s" and rec.key == "ch02.copy_time" and rec.value > 0 and "nbytes" in rec.params:
-                try:
-                    gbps = float(rec.params["nbytes"]) / rec.value / 1e9
-                except (TypeError, ValueError):
-                    gbps = None
-            if gbps is not None and gbps > float(ceiling) * 1.02:
-                flag(
-                    rec,
-                    f"above the theoretical link ceiling ({gbps:.1f} > {float(ceiling):.1f} GB/s): the reported "
-                    "link (NVML, maybe a virtual root port) is not the real path",
-                )
-    chapters = {r.key.split(".", 1)[0] for r in todo}
-    for chap in chapters:
-        best = [r for r in rs.records if r.key.startswith(chap + ".") and r.key.endswith("best_num_workers")]
-        ups = [
-            r
-            for r in rs.records
-            if r.key.startswith(chap + ".")
-            and r.key.endswith(".speedup")
-            and _num(r.params.get("num_workers")) > 0
-            and r.value > 1
-            and _num(r.spread.get("min"), r.value) > 1
-        ]
-        for b in best:
-            if b.value == 0 and ups:
-                up = max(ups, key=lambda r: r.value)
-                why = (
-                    f"contradictory: best_num_workers = 0, yet {up.key} measured x{up.value:.2f} for "
-                    f"num_workers={up.params.get('num_workers')} (every round above 1)"
-                )
-                flag(b, why)
-                flag(up, why)
+        gbps = _copy_gbps(rec) if ceiling else None
+        if ceiling and gbps is not None and gbps > ceiling * 1.02:
+            flag(
+                rec,
+                f"above the theoretical link ceiling ({gbps:.1f} > {ceiling:.1f} GB/s): the reported "
+                "link (NVML, maybe a virtual root port) is not the real path",
+            )
+    for chap in {r.key.split(".", 1)[0] for r in todo}:
+        for best, up, why in _workers_contradicted(rs, chap):
+            flag(best, why)
+            flag(up, why)
     return messages
+
+
+def _copy_gbps(rec: Record) -> float | None:
+    """The GB/s of a chapter 02 copy record (a bandwidth, or a copy time of ``nbytes``), else None."""
+    if not rec.key.startswith("ch02."):
+        return None
+    if rec.unit == "GB/s" and "bandwidth" in rec.key:
+        return rec.value
+    if rec.unit == "s" and rec.key == "ch02.copy_time" and rec.value > 0 and "nbytes" in rec.params:
+        try:
+            return float(rec.params["nbytes"]) / rec.value / 1e9
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _workers_contradicted(rs: ResultSet, chap: str) -> list[tuple[Record, Record, str]]:
+    """``(best_num_workers = 0, the largest speed-up above 1 in every round, why)`` in chapter ``chap``."""
+    mine = [r for r in rs.records if r.key.startswith(chap + ".")]
+    ups = [
+        r
+        for r in mine
+        if r.key.endswith(".speedup")
+        and _num(r.params.get("num_workers")) > 0
+        and r.value > 1
+        and _num(r.spread.get("min"), r.value) > 1
+    ]
+    if not ups:
+        return []
+    up = max(ups, key=lambda r: r.value)
+    why = (
+        f"contradictory: best_num_workers = 0, yet {up.key} measured x{up.value:.2f} for "
+        f"num_workers={up.params.get('num_workers')} (every round above 1)"
+    )
+    return [(b, up, why) for b in mine if b.key.endswith("best_num_workers") and b.value == 0]
 
 
 def flag_lines(rs: ResultSet, records: Iterable[Record] | None = None) -> list[str]:
     """One line per flag on ``records`` (default: every record of ``rs``), after :func:`sanity_flags`."""
     todo = list(rs.records if records is None else records)
     sanity_flags(rs, todo)
-    return [f"{r.key} {r.params}: {r.value:.4g} {r.unit} — {why}" for r in todo for why in r.flags]
+    return [_flag_line(r, why) for r in todo for why in r.flags]
+
+
+def _flag_line(rec: Record, why: str) -> str:
+    return f"{rec.key} {rec.params}: {rec.value:.4g} {rec.unit} — {why}"
 
 
 def _num(value: Any, default: float = 0.0) -> float:

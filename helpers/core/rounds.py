@@ -14,12 +14,13 @@ round (A B, B A, A B, ...), so drift hits all alike. Ratios are taken within a r
 
 from __future__ import annotations
 
+import inspect
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-from helpers.core.progress import ProgressFn, scaled
-from helpers.core.validate import check_int
+from .progress import ProgressFn, scaled
+from .validate import check_int
 
 __all__ = ["Rounds", "alternate", "table"]
 
@@ -54,8 +55,6 @@ class Rounds:
 
 
 def _takes_progress(fn: Callable[..., float]) -> bool:
-    import inspect
-
     try:
         return "progress" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -63,16 +62,8 @@ def _takes_progress(fn: Callable[..., float]) -> bool:
 
 
 def alternate(measures: Mapping[str, Measure], rounds: int, *, progress: ProgressFn | None = None) -> Rounds:
-    """Run each of ``measures`` once per round, the order reversed every other round.
-
-    Args:
-        measures: label -> a function returning one figure (called with ``progress=`` if it takes one).
-        rounds: how many rounds (1 to 1000).
-        progress: ``progress(fraction, text)``, told which round and configuration runs.
-
-    Returns:
-        :class:`Rounds` with one figure per round for each label.
-    """
+    """Run each of ``measures`` (label -> a function returning one figure, given ``progress=`` if it takes one)
+    once per round, the order reversed every other round; ``progress`` is told which round and label runs."""
     rounds = check_int("rounds", rounds, 1, 1000)
     if not measures:
         raise ValueError("alternate() needs at least one configuration to measure")

@@ -1,12 +1,7 @@
-"""The one setup call every chapter makes first.
+"""The one setup call every chapter makes first: ``DEVICE = setup.chapter("02", gpu_for="host-to-GPU copies")``.
 
->>> from helpers.core import setup
->>> DEVICE = setup.chapter("02", gpu_for="host-to-GPU copies and pinning")
-
-It picks the device (:func:`helpers.core.device.pick_device`), prints the mode line (chapter, size
-tier, device, torch version), the sizes line with the chapter's recorded Run All time, and, when no
-CUDA device is present, the one plain sentence that says which of the chapter's measurements cannot
-run here (:func:`helpers.core.device.no_cuda_message`). It returns the device.
+It picks the device, prints the mode line (chapter, size tier, device, torch), the sizes line with the
+chapter's recorded Run All time and, without CUDA, the one sentence saying what cannot run here.
 """
 
 from __future__ import annotations
@@ -25,16 +20,9 @@ def mode_line(chapter: str, device: torch.device) -> str:
 
 
 def chapter(chapter: str, gpu_for: str | None = None, prefer: str | None = None) -> torch.device:
-    """Print the chapter's mode and sizes lines (and the no-CUDA sentence) and return its device.
+    """Print the chapter's (two digits) mode and sizes lines and return its device (``prefer``, else automatic).
 
-    Args:
-        chapter: the chapter's two-digit number, e.g. ``"02"``.
-        gpu_for: what in this chapter needs a CUDA device (``"host-to-GPU copies"``); printed in the
-            no-CUDA sentence when there is none. ``None``: the chapter has nothing GPU-only.
-        prefer: a device to use instead of the automatic choice (see ``pick_device``).
-
-    Raises:
-        ValueError: ``chapter`` is not two digits, or ``prefer`` names a device this machine lacks.
+    ``gpu_for`` names what needs CUDA, for the no-CUDA sentence (None: nothing GPU-only).
     """
     if not (isinstance(chapter, str) and len(chapter) == 2 and chapter.isdigit()):
         raise ValueError(f"chapter must be two digits such as '02', got {chapter!r}")

@@ -1,34 +1,16 @@
-"""Timing that tells the truth: warm-up, synchronisation, medians and spread.
+"""Timing that tells the truth: warm-up, synchronisation, medians and spread. One tool per question:
 
-Three tools, one per question:
+``measure(fn)``        how long does this operation take? ``torch.utils.benchmark.Timer`` blocks, median and IQR.
+``time_calls(fn)``     what does each single call cost (the first one, or one not synchronised)? The wall clock.
+``SpanRecorder``       where does a step's time go? Named phases on the host clock, GPU phases with CUDA events;
+                       ``cuda_event_time(fn)`` times calls with it; ``GpuDelay``, ``calibrated_compute`` calibrate so.
 
-``measure(fn, ...)``
-    "How long does this operation take?" Built on ``torch.utils.benchmark.Timer``,
-    which warms up, synchronises CUDA before every clock read and reports the
-    median and inter-quartile range (IQR) of many timed blocks.
-``gpu_span()`` / ``cuda_event_time(fn)``
-    "How long did the GPU spend on this?" CUDA events are recorded on the stream,
-    so they time the GPU's work, not the CPU's enqueueing of it. On a machine with
-    no CUDA device they fall back to the wall clock and say so in ``method``.
-``SpanRecorder``
-    "Where does a training step spend its time?" Records named phases (load,
-    h2d, compute, ...) of consecutive steps with host timestamps, and CUDA event
-    timestamps for work that runs on the GPU, so timelines can be drawn later.
-
-Two sources of GPU work of a known duration, for experiments that need the GPU busy:
-``GpuDelay(dev)()`` (do-nothing work, ``torch.cuda._sleep``) and ``calibrated_compute(dev, s)``
-(matrix products). Chapter 05's hazards, race checks and overlap measurements use them.
-
-Everything here measures the device it is given, not the current one. In torch,
-``Event.record()`` with no stream records on ``torch.cuda.current_stream()`` (the *current*
-device's stream) and ``torch.cuda.synchronize()`` with no device waits for the current device
-only: with the work on ``cuda:1`` while ``cuda:0`` is current, such an event guards nothing and
-such a timing times nothing. So every event here is recorded on ``torch.cuda.current_stream(dev)``
-(or the stream you pass), every sync names ``dev``, and work that takes no device
-(``torch.cuda._sleep``, your ``fn``) is queued under ``with torch.cuda.device(dev):``.
-
-Every result carries its metadata (device, method, threads, mode) so that a
-number never travels without the way it was measured.
+Everything measures the device it is given, not the current one: ``Event.record()`` without a stream records
+on the *current* device's stream and ``torch.cuda.synchronize()`` without a device waits for the current device
+only, so with the work on ``cuda:1`` and ``cuda:0`` current such an event guards nothing. Every event here is
+recorded on ``torch.cuda.current_stream(dev)`` (or the stream passed), every sync names ``dev``, and work that
+takes no device (``torch.cuda._sleep``, your ``fn``) runs under ``with torch.cuda.device(dev):``.
+Every result carries how it was measured (device, method, threads, mode).
 """
 
 from __future__ import annotations
@@ -37,6 +19,7 @@ import contextlib
 import logging
 import math
 import statistics
+import textwrap
 import time
 import timeit
 from dataclasses import asdict, dataclass, field
@@ -53,27 +36,13 @@ from .config import mode_name
 from .validate import check_float, check_int, human_seconds
 
 __all__ = [
-    "Timing",
-    "measure",
-    "time_calls",
-    "summarize",
-    "synchronize",
-    "cuda_event_time",
-    "Span",
-    "SpanTrace",
-    "SpanRecorder",
-    "GpuDelay",
-    "calibrated_compute",
-]
+    "Timing", "measure", "time_calls", "summarize", "synchronize", "cuda_event_time", "Span", "SpanTrace",
+    "SpanRecorder", "GpuDelay", "calibrated_compute",
+]  # fmt: skip
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
-    """Wait for all queued work on ``device`` (no-op on CPU).
-
-    ``device=None`` waits for every CUDA device that has work (a CUDA context), not only the current
-    one: ``torch.cuda.synchronize()`` with no argument would leave ``cuda:1``'s work running while
-    ``cuda:0`` is current.
-    """
+    """Wait for all queued work on ``device`` (no-op on CPU); None: every CUDA device with a context."""
     if device is None:
         if torch.cuda.is_available():
             for index in _cuda_devices_in_use():
@@ -89,10 +58,9 @@ def synchronize(device: torch.device | str | None = None) -> None:
 
 
 def _cuda_devices_in_use() -> list[int]:
-    """Indices of the CUDA devices that may have queued work: those with a CUDA context.
+    """Indices of the CUDA devices with a context (others have nothing queued, and a sync would make one).
 
-    A device without one has nothing queued, and synchronising it would create a context (memory on
-    a GPU nobody uses). Without torch's (private) probe, every device is taken.
+    Without torch's (private) probe, every device is taken.
     """
     if not torch.cuda.is_initialized():
         return []
@@ -107,11 +75,7 @@ def _cuda_devices_in_use() -> list[int]:
 
 
 def _synchronised_clock(device: torch.device | str | None) -> Callable[[], float]:
-    """A clock for ``torch.utils.benchmark.Timer`` that first waits for ``device``'s queued work.
-
-    The Timer's own clock calls ``torch.accelerator.synchronize()``, which waits for the *current*
-    device only.
-    """
+    """A clock for the Timer that first waits for ``device`` (the Timer's own waits for the current device)."""
 
     def clock() -> float:
         synchronize(device)
@@ -144,18 +108,8 @@ def _is_cuda(device: torch.device | str | None) -> bool:
 
 @dataclass
 class Timing:
-    """Summary of repeated timings of one operation, in seconds.
-
-    Attributes:
-        label: what was timed.
-        median_s: median time of one call.
-        iqr_s: inter-quartile range (75th minus 25th percentile) of one call.
-        mean_s: mean time of one call (pulled up by outliers; prefer the median).
-        min_s / max_s: extremes of the per-call times.
-        n: number of timed samples (blocks or calls).
-        times_s: the per-call samples themselves.
-        metadata: how it was measured (device, method, threads, mode, ...).
-    """
+    """Repeated timings of one call, in seconds: median, IQR (75th - 25th percentile), mean (pulled up by
+    outliers), extremes, the ``n`` per-call samples (blocks or calls) and how they were measured."""
 
     label: str
     median_s: float
@@ -178,14 +132,9 @@ class Timing:
     @property
     def quartiles_s(self) -> tuple[float, float]:
         """(25th, 75th) percentile of one call, from :attr:`times_s` (the median twice with fewer than 2 samples)."""
-        if len(self.times_s) < 2:
-            return self.median_s, self.median_s
-        ordered = sorted(self.times_s)
-        return _quantile(ordered, 0.25), _quantile(ordered, 0.75)
+        return _quartiles(self.times_s) if len(self.times_s) > 1 else (self.median_s, self.median_s)
 
     def __str__(self) -> str:
-        import textwrap
-
         text = (
             f"{self.label}: median {human_seconds(self.median_s)}"
             f" (IQR {human_seconds(self.iqr_s)}, n={self.n}, {self.metadata.get('method', '?')})"
@@ -194,38 +143,24 @@ class Timing:
         return textwrap.fill(text, width=100, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
 
 
-def _quantile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated quantile of an already sorted list."""
-    if not sorted_values:
-        return float("nan")
-    pos = (len(sorted_values) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    frac = pos - lo
-    return sorted_values[lo] * (1 - frac) + sorted_values[hi] * frac
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    """(25th, 75th) percentile, linearly interpolated between samples; one sample: itself twice."""
+    if len(values) < 2:
+        return values[0], values[0]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q3
 
 
 def summarize(label: str, times_s: list[float], **metadata: Any) -> Timing:
-    """Build a :class:`Timing` from raw per-call samples (seconds).
-
-    Raises:
-        ValueError: if ``times_s`` is empty.
-    """
+    """A :class:`Timing` of raw per-call samples (seconds); ValueError if there are none."""
     if len(times_s) == 0:
         raise ValueError("times_s must hold at least one sample, got none")
     values = sorted(float(t) for t in times_s)
     metadata.setdefault("mode", mode_name())
-    return Timing(
-        label=label,
-        median_s=statistics.median(values),
-        iqr_s=_quantile(values, 0.75) - _quantile(values, 0.25),
-        mean_s=statistics.fmean(values),
-        min_s=values[0],
-        max_s=values[-1],
-        n=len(values),
-        times_s=[float(t) for t in times_s],
-        metadata=metadata,
-    )
+    q1, q3 = _quartiles(values)
+    median, mean = statistics.median(values), statistics.fmean(values)
+    samples = [float(t) for t in times_s]
+    return Timing(label, median, q3 - q1, mean, values[0], values[-1], len(values), samples, metadata)
 
 
 def measure(
@@ -240,24 +175,10 @@ def measure(
 ) -> Timing:
     """Time ``fn()`` with ``torch.utils.benchmark.Timer``: warm-up, sync, median and IQR.
 
-    The Timer synchronises ``device`` before each clock read (every CUDA device
-    in use when ``device`` is None; nothing for the CPU) and runs ``fn`` in
-    blocks of several calls so that clock overhead is negligible. We size the
-    blocks so that about ``blocks`` of them fill ``min_run_time``
-    (``Timer.blocked_autorange`` alone often takes a single huge block for fast
-    operations, which hides the spread), and we warm up explicitly (``warmup``
-    calls, then a synchronisation) so lazy initialisation is never timed.
-
-    Args:
-        fn: a zero-argument callable doing the work.
-        label: what is being timed, for the result.
-        device: the device the work runs on (for the metadata, the warm-up sync
-            and the sync before every clock read).
-        min_run_time: seconds of timed work to collect, roughly.
-        blocks: number of timed blocks (samples) to collect.
-        warmup: untimed calls first.
-        num_threads: torch intra-op threads during timing; default: the
-            current ``torch.get_num_threads()`` (the Timer alone would use 1).
+    The clock synchronises ``device`` before each read (every CUDA device in use when None; nothing for the
+    CPU). ``blocks`` blocks of calls fill about ``min_run_time`` (``blocked_autorange`` often takes one huge
+    block for fast operations, which hides the spread), after ``warmup`` untimed calls and a sync.
+    ``num_threads`` defaults to the current ``torch.get_num_threads()`` (the Timer alone would use 1).
     """
     if not callable(fn):
         raise ValueError(f"fn must be a callable taking no arguments, got {type(fn).__name__}")
@@ -298,13 +219,9 @@ def time_calls(
 ) -> Timing:
     """Time ``repeats`` single calls of ``fn`` with the wall clock, one sample each.
 
-    Use this to *show* effects the benchmark Timer hides on purpose: the cost
-    of the first call (``warmup=0``), or what happens when you forget to
-    synchronise (``sync=False``: the clock stops when the CPU has *queued* the
-    work, not when the GPU has done it).
+    This *shows* what the Timer hides on purpose (its ``timeit`` always warms up first): the cost of the first
+    call (``warmup=0``), or a missing sync (``sync=False``: the clock stops when the CPU has *queued* the work).
     """
-    check_int("repeats", repeats, 1, 1_000_000)
-    check_int("warmup", warmup, 0, 10_000)
     for _ in range(warmup):
         fn()
     if sync:
@@ -329,36 +246,24 @@ def cuda_event_time(
     label: str = "operation",
     device: torch.device | str | None = None,
 ) -> Timing:
-    """Time ``fn`` on the GPU with CUDA events (one start/end pair per call).
+    """Time ``fn`` on the GPU with CUDA events, one :class:`SpanRecorder` span per call.
 
-    Events are timestamps the GPU writes when it reaches them in its stream, so
-    they measure GPU execution time, not CPU launch time. They are recorded on
-    ``device``'s current stream, and ``fn`` runs with ``device`` current (so work
-    that takes no device goes there too), whichever device was current before.
-    Without a CUDA device this falls back to synchronised wall-clock timing and
-    says so in ``metadata['method']``; it never raises for a missing GPU.
+    Events time the GPU's execution, not the CPU's launch; ``fn`` runs with ``device`` current. Without a
+    CUDA device: synchronised wall-clock timing, said so in ``metadata['method']``, never an error.
     """
-    check_int("repeats", repeats, 1, 1_000_000)
-    check_int("warmup", warmup, 0, 10_000)
     if not _is_cuda(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")):
         timing = time_calls(fn, repeats=repeats, label=label, device="cpu", sync=True, warmup=warmup)
         timing.metadata["method"] = "wall clock (no CUDA device: CUDA events unavailable)"
         return timing
     dev = _cuda_device(device)
-    pairs = []
     with torch.cuda.device(dev):
         for _ in range(warmup):
             fn()
-        torch.cuda.synchronize(dev)
-        for _ in range(repeats):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record(torch.cuda.current_stream(dev))
+    rec = SpanRecorder(dev)  # synchronises dev first
+    for i in range(repeats):
+        with rec.span(label, i, gpu=True):
             fn()
-            end.record(torch.cuda.current_stream(dev))
-            pairs.append((start, end))
-        torch.cuda.synchronize(dev)
-    samples = [s.elapsed_time(e) / 1e3 for s, e in pairs]
+    samples = [s.duration for s in rec.finish().spans]
     return summarize(label, samples, device=str(dev), method=f"CUDA events on {dev}'s current stream", warmup=warmup)
 
 
@@ -369,13 +274,10 @@ def cuda_event_time(
 
 @dataclass
 class Span:
-    """One timed phase of one step.
+    """One timed phase of one step, in seconds since the recorder started.
 
-    Times are seconds since the recorder started. ``start``/``end`` are when the
-    work *ran*: for a GPU span those come from CUDA events (the GPU's own clock,
-    aligned to the recorder's start), for a host span from the wall clock.
-    ``host_start``/``host_end`` always hold the wall-clock interval during which
-    the CPU was inside the ``with`` block (for a GPU span: enqueueing the work).
+    ``start``/``end``: when the work *ran* (a GPU span: CUDA events, aligned to the recorder's start; a host
+    span: the wall clock). ``host_start``/``host_end``: when the CPU was inside the ``with`` block.
     """
 
     name: str
@@ -453,27 +355,15 @@ class SpanTrace:
 
 
 class SpanRecorder:
-    """Record the phases of consecutive training steps.
+    """Record the phases of consecutive training steps: ``with rec.span("compute", step=0): ...``, then
+    ``rec.finish()``.
 
-    >>> rec = SpanRecorder("cpu")
-    >>> with rec.span("compute", step=0):
-    ...     _ = sum(range(1000))
-    >>> trace = rec.finish()
-    >>> trace.spans[0].name
-    'compute'
-
-    On a CUDA device, pass ``gpu=True`` for a phase that enqueues GPU work (a copy,
-    the forward pass): the recorder then records CUDA events on the recorder's
-    device's current stream (or on ``stream``, which must be on that device)
-    around it, runs the body with that device current, and the span's
-    ``start``/``end`` come from the GPU's clock. Host-only phases (``gpu=False``, the default) use the
-    wall clock. Nothing is synchronised between spans, so recording does not
-    change the overlap it is meant to reveal; call :meth:`finish` once at the
-    end, which synchronises and resolves the events.
-
-    Lanes name the resource a phase occupies, for timeline plots: by default
-    ``"host"`` for host phases and ``"gpu"`` for GPU phases; pass ``lane=`` to
-    split, e.g. ``"copy stream"`` vs ``"compute stream"``.
+    On a CUDA device, ``gpu=True`` marks a phase that enqueues GPU work: CUDA events are recorded around it on
+    the recorder's device's current stream (or ``stream``, of that device), the body runs with that device
+    current, and ``start``/``end`` come from the GPU's clock. Host phases use the wall clock. Nothing is
+    synchronised between spans, so recording does not change the overlap it reveals; :meth:`finish`
+    synchronises once and resolves the events. ``lane`` names the resource, for timelines (default ``"host"``
+    or ``"gpu"``; e.g. ``"copy stream"``).
     """
 
     def __init__(self, device: torch.device | str = "cpu", **metadata: Any) -> None:
@@ -544,11 +434,7 @@ class SpanRecorder:
         return time.perf_counter() - self._t0
 
     def since_start(self, perf_counter_s: float) -> float:
-        """A ``time.perf_counter()`` reading of this process as seconds since this recorder started.
-
-        One subtraction, no second clock read: converting through ``time.perf_counter() - self.now()``
-        shifts the result by however long the thread was descheduled between the two reads.
-        """
+        """A ``time.perf_counter()`` reading as seconds since this recorder started (no second clock read)."""
         return perf_counter_s - self._t0
 
     def finish(self) -> SpanTrace:
@@ -561,7 +447,7 @@ class SpanRecorder:
         for name, step, lane, h0, h1, ev0, ev1 in self._open:
             if ev0 is not None and ev1 is not None:
                 g0 = self._ref.elapsed_time(ev0) / 1e3
-                g1 = self._ref.elapsed_time(ev1) / 1e3
+                g1 = g0 + ev0.elapsed_time(ev1) / 1e3  # the pair itself: exact however long the run
                 spans.append(Span(name, step, lane, g0, g1, h0, h1, on_gpu=True))
             else:
                 spans.append(Span(name, step, lane, h0, h1, h0, h1, on_gpu=False))
@@ -575,59 +461,38 @@ class SpanRecorder:
 
 
 class GpuDelay:
-    """Queue about ``seconds`` of do-nothing GPU work on ``dev``'s current stream (``torch.cuda._sleep``).
+    """Queue about ``seconds`` of do-nothing GPU work on ``dev`` (``torch.cuda._sleep``; CUDA only).
 
-    ``GpuDelay(dev)()`` keeps the GPU busy while the host runs on: chapter 05's hazards and the
-    prefetcher's race checks use it to make a missing synchronisation show. It calibrates and queues on
-    ``dev`` whichever device is current (``torch.cuda._sleep`` takes no device: it is queued under
-    ``with torch.cuda.device(dev):``), on the stream a ``with torch.cuda.stream(s):`` around the call
-    made current on ``dev``. CUDA only.
+    ``GpuDelay(dev)()`` keeps the GPU busy while the host runs on: chapter 05's hazards and the prefetcher's
+    race checks use it to make a missing synchronisation show. It runs on ``dev`` whichever device is current
+    (``_sleep`` takes no device), on the stream a ``with torch.cuda.stream(s):`` made current on ``dev``.
     """
 
     def __init__(self, dev: torch.device, seconds: float = 0.05) -> None:
         self.dev = dev
-        if hasattr(torch.cuda, "_sleep"):
-            probe = 5_000_000
-            with torch.cuda.device(dev):
-                torch.cuda._sleep(probe // 10)
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record(torch.cuda.current_stream(dev))
-                torch.cuda._sleep(probe)
-                e.record(torch.cuda.current_stream(dev))
-            torch.cuda.synchronize(dev)
-            per_s = probe / max(s.elapsed_time(e) / 1e3, 1e-6)
-            self.cycles = int(seconds * per_s)
-            self.a = None
-        else:  # pragma: no cover - very old torch
-            self.cycles = 0
-            self.a = torch.randn(2048, 2048, device=dev)
+        probe = 5_000_000
+        took = cuda_event_time(lambda: torch.cuda._sleep(probe), repeats=1, warmup=1, device=dev).median_s
+        self.cycles = int(seconds * probe / max(took, 1e-6))
 
     def __call__(self) -> None:
-        if self.a is None:
-            with torch.cuda.device(self.dev):
-                torch.cuda._sleep(self.cycles)
-        else:  # pragma: no cover
-            for _ in range(20):
-                self.a @ self.a
+        with torch.cuda.device(self.dev):
+            torch.cuda._sleep(self.cycles)
 
 
 def calibrated_compute(dev: torch.device, target_s: float) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A function of a batch that takes about ``target_s`` of GPU time (matrix products; CUDA only).
+    """A function of a batch that takes about ``target_s`` of GPU time on ``dev`` (matrix products; CUDA only).
 
-    Calibrated once on ``dev`` (events on ``dev``'s current stream, whichever device is current); the
-    products run on ``dev``, on its current stream at call time. The function returns
-    ``batch.float().sum()`` plus one element of the product, so its result depends on the batch.
+    The products run on ``dev``'s current stream at call time; the result, ``batch.float().sum()`` plus one
+    element of the product, depends on the batch.
     """
     a = torch.randn(2048, 2048, device=dev).div_(math.sqrt(2048))
     c = torch.empty_like(a)
-    torch.mm(a, a, out=c)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record(torch.cuda.current_stream(dev))
-    for _ in range(5):
-        torch.mm(a, a, out=c)
-    e.record(torch.cuda.current_stream(dev))
-    torch.cuda.synchronize(dev)
-    one = max(s.elapsed_time(e) / 5e3, 1e-6)
+
+    def five() -> None:
+        for _ in range(5):
+            torch.mm(a, a, out=c)
+
+    one = max(cuda_event_time(five, repeats=1, warmup=1, device=dev).median_s / 5, 1e-6)
     k = max(1, round(target_s / one))
 
     def compute(batch: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,7 @@
-"""Argument checks that fail early with a message saying what to do.
+"""Argument checks at the entry points a notebook or the command line calls, and number formatting.
 
-Every public helper checks its inputs with these functions, so a reader who
-types a wrong value sees ``ValueError: batch_size must be an integer in
-[1, 4096], got 0`` instead of a traceback from deep inside torch.
+A wrong value reads ``ValueError: batch_size must be an integer in [1, 4096], got 0``, not a traceback from
+deep inside torch. Internal functions trust what an entry point checked.
 """
 
 from __future__ import annotations

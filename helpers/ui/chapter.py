@@ -38,12 +38,8 @@ from typing import Any
 __all__ = ["CONSTANTS", "FUNCTIONS", "OPTIONAL", "MODULE_NAME", "problems", "require", "split_context"]
 
 #: Module-level constants and their types.
-CONSTANTS: dict[str, type | tuple[type, ...]] = {
-    "NUMBER": str,
-    "TITLE": str,
-    "BENCH_WEIGHT": (int, float),
-    "PANEL_TITLE": str,
-}
+CONSTANTS: dict[str, type | tuple[type, ...]] = {"NUMBER": str, "TITLE": str, "BENCH_WEIGHT": (int, float)}
+CONSTANTS["PANEL_TITLE"] = str
 
 #: Functions and the parameters each must accept (a name in parentheses: keyword-only).
 FUNCTIONS: dict[str, tuple[str, ...]] = {

@@ -1,23 +1,11 @@
 """The reader's pipeline, as it grows from chapter to chapter: where it is written, and what changed.
 
-Chapters 01-06 build one data pipeline in their own code cells. A code cell that holds pipeline
-code carries the cell tag ``pipeline`` (JupyterLab: the cog in the right sidebar, "Cell Tags").
-Each chapter redefines only the functions it teaches; the pipeline after chapter N is the newest
-definition of every name in the tagged cells of chapters 01..N.
-
-This module reads those cells and renders what a chapter changed:
-
-``show_diff("02", "make_loader", "to_device")``
-    The functions *as they run in this kernel* (the newest definition in the cells you executed)
-    against the pipeline as chapter 02 left it: a coloured diff in a notebook, plain text elsewhere.
-``pipeline_after("04")``
-    ``{name: source}`` of the pipeline after chapter 04, read from the committed notebooks.
-``pipeline_cells("06")``
-    The source of a chapter's tagged cells, in order (a test keeps chapter 06's cells identical to
-    ``examples/fast_pipeline.py``).
-
-Nothing here runs the pipeline; the chapters run it, and the measuring helpers take the reader's
-objects (a loader, a copy function, a step function).
+Chapters 01-06 build one data pipeline in code cells tagged ``pipeline``; each redefines only the functions it
+teaches, so the pipeline after chapter N is the newest definition of every name in the tagged cells of 01..N.
+``show_diff("02", "make_loader")`` diffs the functions *as they run in this kernel* against the pipeline chapter
+02 left (coloured in a notebook); ``pipeline_after("04")`` is ``{name: source}`` after chapter 04;
+``pipeline_cells("06")`` the tagged cells' source (a test keeps chapter 06's equal to ``examples/fast_pipeline.py``).
+Nothing here runs the pipeline.
 """
 
 from __future__ import annotations
@@ -33,12 +21,23 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 PIPELINE_TAG = "pipeline"
+#: The checkout's notebooks (an installed package has none beside it: pass ``notebooks=`` to every function).
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+
+
+def _folder(notebooks: Path) -> Path:
+    """``notebooks``, or a FileNotFoundError saying these functions read a checkout's notebooks."""
+    if not Path(notebooks).is_dir():
+        raise FileNotFoundError(
+            f"no notebooks folder at {notebooks}: the pipeline cells are read from the workbook's notebooks, "
+            "so run from a checkout of the workbook, or pass notebooks=<the folder that holds them>"
+        )
+    return Path(notebooks)
 
 
 def notebook_path(chapter: str, notebooks: Path = NOTEBOOKS) -> Path:
     """The notebook of ``chapter`` ("01" ... "07"); a clear error when there is none."""
-    found = sorted(notebooks.glob(f"{chapter}_*.ipynb"))
+    found = sorted(_folder(notebooks).glob(f"{chapter}_*.ipynb"))
     if not found:
         raise FileNotFoundError(
             f"no notebook for chapter {chapter!r} in {notebooks}; chapters are two digits, e.g. '03'"
@@ -48,7 +47,7 @@ def notebook_path(chapter: str, notebooks: Path = NOTEBOOKS) -> Path:
 
 def chapters(notebooks: Path = NOTEBOOKS) -> list[str]:
     """Every chapter that has a notebook, in order ("00", "01", ...)."""
-    return sorted({p.name[:2] for p in notebooks.glob("[0-9][0-9]_*.ipynb")})
+    return sorted({p.name[:2] for p in _folder(notebooks).glob("[0-9][0-9]_*.ipynb")})
 
 
 def pipeline_cells(chapter: str, notebooks: Path = NOTEBOOKS) -> list[str]:

@@ -1,50 +1,24 @@
 """Automatic checks for the exercises, with the answers kept out of the reader's notebook.
 
-Each exercise cell ends with ``check("02.1", answer, hint=...)``. The expected value, the
-explanation and a reference solution live in the answer key, ``course/key.py`` at the
-repository's root (the instructor's side: it is not part of the installed package, and the
-student release made by ``make release`` leaves it out). A check never prints the value it
-compares against.
+Each exercise cell ends with ``check("02.1", answer, hint=...)`` (several parts: ``check_parts("02.3",
+a=Part(answer_a, hint=...), b=...)``, so every part's verdict shows). The expected value, the explanation and a
+reference solution live in the answer key, ``course/key.py`` (the instructor's side: not in the installed
+package, left out of the student release). A check never prints the value it compares against: unanswered
+(``None`` or ``...``) prints a hint and does not fail, so notebooks run top to bottom; wrong prints what is
+wrong and a hint; right prints a short explanation. An answer computed with what the exercise rules out (the
+key's ``forbid``, e.g. ``sweep.best_workers`` for 04.1) is not right. ``show_solution("02.1")`` shows the
+reference solution on request. Without the key, the answer is recorded for the instructor's grader.
 
-The result shows itself as the last expression of a cell (``print`` it in a script).
+Every check leaves a record in its cell's output (``application/vnd.workbook.exercise+json``, not displayed):
+the answer and, for a measured exercise, the figures the reader's run recorded. ``python -m course.grade``
+grades submitted notebooks from these records with its own key, so an edited ``expected=`` or a deleted check
+cannot raise a score, and a measured answer is graded against the reader's own run. ``WORKBOOK_GRADE=1``:
+anything but a right answer raises ``AssertionError`` (nbval fails the notebook).
 
-* An unanswered exercise (``answer`` is ``None`` or ``...``) prints a hint and
-  does not fail, so notebooks run top to bottom before anyone answers.
-* A wrong answer prints what is wrong and a hint, never the expected value.
-* A right answer prints a short explanation.
-* An answer computed with what the exercise rules out (the key's ``forbid``: e.g. the helper
-  attribute ``sweep.best_workers`` that hands over 04.1's answer) is not right, here (in a kernel,
-  which keeps the cell's source) and for the grader.
-* ``show_solution("02.1")`` prints the reference solution, on request (self-study).
-* Without the answer key (a course's student release) the answer is recorded for the
-  instructor's grader, and the check says so.
-
-Every check also leaves a record in the cell's output (mimetype
-``application/vnd.workbook.exercise+json``, not displayed): the answer as the reader's run
-computed it and, for a measured exercise, the values that run recorded (e.g. the worker
-sweep's items/s). ``python -m course.grade`` grades a folder of submitted notebooks from these
-records with its own copy of the key, so an edited ``expected=`` or a deleted check cannot raise
-a score, and a measured answer is graded against the reader's own run, never a re-run.
-
-For a strict run set ``WORKBOOK_GRADE=1``: then anything but a right answer raises
-``AssertionError``, so nbval or nbclient fails the notebook.
-
-An exercise with several parts is checked with one call, so that every part's verdict
-is shown (two ``check`` calls in one cell would show only the last)::
-
-    check_parts("02.3", a=Part(answer_a, hint=...), b=Part(answer_b, hint=...))
-
-``expected`` (optional: the key's value by default) may be a number (compared with a relative
-tolerance), a string (case-, space- and ``"b)"``-insensitive), a collection of acceptable
-strings, a bool, or a callable ``expected(answer) -> bool | str`` (a string is a message
-explaining what is wrong).
-
-An exception raised while comparing becomes a "not quite" verdict naming it (a reader's odd
-answer must not crash the cell), with one exception: on a strict GPU run
-(``WORKBOOK_REQUIRE_GPU=1``) a CUDA error (``torch.AcceleratorError``, or a ``RuntimeError``
-naming CUDA) propagates, so that a GPU job fails loudly instead of printing a verdict. The
-GPU checkers (e.g. ``prefetch.check_pipeline_prefetcher`` behind exercise 05.3) re-raise
-exactly those errors; this module lets them through.
+``expected`` (default: the key's) may be a number (relative tolerance), a string (case-, space- and
+``"b)"``-insensitive), a collection of acceptable strings, a bool, or ``expected(answer) -> bool | str`` (a
+string says what is wrong). An exception while comparing becomes a "not quite" verdict naming it, except a CUDA
+error on a strict GPU run (``WORKBOOK_REQUIRE_GPU=1``), which propagates so a GPU job fails loudly.
 """
 
 from __future__ import annotations
@@ -63,17 +37,9 @@ from typing import Any, Callable, Collection
 from ..core import config
 
 __all__ = [
-    "ExerciseResult",
-    "ExerciseReport",
-    "Part",
-    "RECORD_MIME",
-    "check",
-    "check_parts",
-    "show_solution",
-    "answer_key",
-    "encode_answer",
-    "decode_answer",
-]
+    "ExerciseResult", "ExerciseReport", "Part", "RECORD_MIME", "check", "check_parts", "show_solution",
+    "answer_key", "encode_answer", "decode_answer",
+]  # fmt: skip
 
 RECORD_MIME = "application/vnd.workbook.exercise+json"
 """The mimetype of the grading record every check leaves in its cell's output (not displayed)."""
@@ -236,8 +202,7 @@ class ExerciseResult:
     def __str__(self) -> str:
         return self.message
 
-    def __repr__(self) -> str:
-        return self.message
+    __repr__ = __str__
 
     def _repr_html_(self) -> str:  # pragma: no cover - display only
         color = {"correct": "#1a7f37", "wrong": "#b00020", "unanswered": "#7a5a00", "recorded": "#444"}[self.status]
@@ -288,8 +253,7 @@ class ExerciseReport:
     def __str__(self) -> str:
         return self.message
 
-    def __repr__(self) -> str:
-        return self.message
+    __repr__ = __str__
 
     def _repr_html_(self) -> str:  # pragma: no cover - display only
         return "<br>".join(p._repr_html_() for p in self.parts)
@@ -308,8 +272,7 @@ class Solution:
     def __str__(self) -> str:
         return self.text
 
-    def __repr__(self) -> str:
-        return self.text
+    __repr__ = __str__
 
 
 def _norm(s: Any) -> str:
@@ -389,70 +352,36 @@ def check(
     rel_tol: float | None = None,
     abs_tol: float | None = None,
 ) -> ExerciseResult:
-    """Check ``answer`` and show feedback (never the expected value).
+    """Check ``answer`` of ``exercise`` (``"00.2"``) and show feedback (never the expected value).
 
-    Args:
-        exercise: the exercise id, e.g. ``"00.2"``.
-        answer: what the reader wrote (``None`` or ``...`` = not answered yet).
-        expected: by default the answer key's value for this exercise, computed from the figures of the
-            run that called the check (the caller's globals); see the module docstring for the other forms.
-        hint: shown when unanswered or wrong.
-        explanation: shown when right (by default the key's).
-        rel_tol / abs_tol: tolerance for numbers (by default the key's, else 5 % and 0).
+    ``expected`` defaults to the key's value, computed from the figures of the run that called the check (the
+    caller's globals). ``hint`` shows when unanswered or wrong, ``explanation`` when right (default: the key's);
+    ``rel_tol``/``abs_tol`` for numbers default to 5 % and 0.
     """
-    ns = sys._getframe(1).f_globals
-    result = _evaluate(
-        exercise, answer, expected, hint=hint, explanation=explanation, rel_tol=rel_tol, abs_tol=abs_tol, ns=ns
-    )
+    part = Part(answer, expected, hint, explanation, rel_tol, abs_tol)
+    result = _evaluate(exercise, part, sys._getframe(1).f_globals)
     if config.grade_mode() and result.status in ("wrong", "unanswered"):
         raise AssertionError(result.message)
     return result
 
 
 def check_parts(exercise: str, **parts: Part) -> ExerciseReport:
-    """Check every part of a multi-part exercise and show all their verdicts together.
-
-    ``check_parts("02.3", a=Part(answer_a, hint=...), b=Part(answer_b, hint=...))``
-    checks parts "02.3a" and "02.3b". Every part is checked even when an earlier one is
-    wrong; with ``WORKBOOK_GRADE=1`` any part that is not right raises ``AssertionError``
-    naming all of them.
-
-    Raises:
-        ValueError: no parts, or a part that is not a :class:`Part`.
-    """
+    """Check every part (``a=Part(...)`` is part "02.3a"), even after a wrong one, and show all verdicts together;
+    with ``WORKBOOK_GRADE=1`` any part not right raises ``AssertionError`` naming all of them."""
     if not parts:
         raise ValueError("check_parts needs at least one part, e.g. a=Part(answer_a, hint=...)")
     for name, part in parts.items():
         if not isinstance(part, Part):
             raise ValueError(f"part {name!r} must be a Part(answer, ...), got {type(part).__name__}")
     ns = sys._getframe(1).f_globals
-    report = ExerciseReport(
-        exercise,
-        [
-            _evaluate(
-                f"{exercise}{name}",
-                p.answer,
-                p.expected,
-                hint=p.hint,
-                explanation=p.explanation,
-                rel_tol=p.rel_tol,
-                abs_tol=p.abs_tol,
-                ns=ns,
-            )
-            for name, p in parts.items()
-        ],
-    )
+    report = ExerciseReport(exercise, [_evaluate(f"{exercise}{name}", p, ns) for name, p in parts.items()])
     if config.grade_mode() and any(p.status in ("wrong", "unanswered") for p in report.parts):
         raise AssertionError("\n".join(p.message for p in report.parts if not p.correct))
     return report
 
 
 def show_solution(exercise: str) -> Solution:
-    """The answer key's reference solution and explanation for ``exercise`` (self-study: ask when ready).
-
-    Raises:
-        ValueError: an exercise id the key does not know.
-    """
+    """The answer key's reference solution and explanation for ``exercise`` (ValueError for an unknown id)."""
     key = answer_key()
     if key is None:
         return Solution(
@@ -467,31 +396,25 @@ def _cell_source(ns: dict[str, Any] | None) -> str:
     return inputs[-1] if isinstance(inputs, list) and inputs and isinstance(inputs[-1], str) else ""
 
 
-def _evaluate(
-    exercise: str,
-    answer: Any,
-    expected: Any,
-    *,
-    hint: str,
-    explanation: str,
-    rel_tol: float | None,
-    abs_tol: float | None,
-    ns: dict[str, Any] | None = None,
-) -> ExerciseResult:
+def _run_facts(exercise: str, answer: Any, ns: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """``(the figures of the reader's run this exercise is graded on, why they could not be read)``."""
+    if exercise not in RUN_FACTS or (exercise == "05.3" and (answer is None or answer is Ellipsis)):
+        return None, ""
+    try:
+        return RUN_FACTS[exercise](dict(ns), answer), ""
+    except Exception as exc:  # the run's figures are missing: say so instead of a traceback
+        if _strict_gpu_error(exc):
+            raise
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _evaluate(exercise: str, part: Part, ns: dict[str, Any]) -> ExerciseResult:
     """The verdict on one answer, without grade mode's AssertionError, and its grading record."""
-    unanswered = answer is None or answer is Ellipsis
-    facts: dict[str, Any] | None = None
-    facts_error = ""
-    if exercise in RUN_FACTS and not (unanswered and exercise == "05.3"):
-        try:
-            facts = RUN_FACTS[exercise](dict(ns or {}), answer)
-        except Exception as exc:  # the run's figures are missing: say so instead of a traceback
-            if _strict_gpu_error(exc):
-                raise
-            facts_error = f"{type(exc).__name__}: {exc}"
-    record = {"exercise": exercise, "answer": encode_answer(answer), "facts": facts, "expected_given": False}
+    answer, expected, hint, explanation = part.answer, part.expected, part.hint, part.explanation
+    facts, facts_error = _run_facts(exercise, answer, ns)
+    record = {"exercise": exercise, "answer": encode_answer(answer), "facts": facts}
     record["expected_given"] = expected is not FROM_KEY
-    if unanswered:
+    if answer is None or answer is Ellipsis:
         msg = f"Exercise {exercise}: not answered yet." + (f" Hint: {hint}" if hint else "")
         return ExerciseResult(exercise, "unanswered", msg, record)
     key = None
@@ -515,7 +438,8 @@ def _evaluate(
             if ok and not explanation:
                 explanation = key.explanation(exercise, facts or {})
         else:
-            ok, why = compare(answer, expected, 0.05 if rel_tol is None else rel_tol, abs_tol or 0.0)
+            rel_tol = 0.05 if part.rel_tol is None else part.rel_tol
+            ok, why = compare(answer, expected, rel_tol, part.abs_tol or 0.0)
     except Exception as exc:  # a reader's odd answer must not crash the checker
         if _strict_gpu_error(exc):  # ... but a strict GPU run's CUDA error must not become a verdict
             raise
@@ -523,9 +447,7 @@ def _evaluate(
     if ok:
         msg = f"Exercise {exercise}: correct." + (f" {explanation}" if explanation else "")
         return ExerciseResult(exercise, "correct", msg, record)
-    msg = f"Exercise {exercise}: not quite" + (f" ({why})" if why else "") + "."
-    if hint:
-        msg += f" Hint: {hint}"
+    msg = f"Exercise {exercise}: not quite" + (f" ({why})" if why else "") + "." + (f" Hint: {hint}" if hint else "")
     return ExerciseResult(exercise, "wrong", msg, record)
 
 

@@ -1,12 +1,8 @@
 """Shared plots: step timelines, stacked phase bars, sweeps, and run histories.
 
-Every function draws on a matplotlib ``Axes`` you pass (or a new figure) and
-returns the ``Axes``. Axis labels carry units; colours are fixed per phase
-name so the same phase has the same colour in every chapter.
-
-Plots of reference results must say so: pass ``source="Recorded on ..."``
-(see :func:`helpers.core.reference.provenance_line`) and it is written under the
-title.
+Every function draws on the matplotlib ``Axes`` you pass (or a new figure) and returns it. Axis labels carry
+units; a phase has the same colour in every chapter. Plots of reference results say so: ``source="Recorded on
+..."`` (:func:`helpers.core.reference.provenance_line`) is written under the title.
 """
 
 from __future__ import annotations
@@ -18,31 +14,16 @@ import matplotlib
 from ..core.timing import SpanTrace
 
 __all__ = [
-    "PHASE_COLORS",
-    "phase_color",
-    "new_axes",
-    "timeline",
-    "stacked_phases",
-    "sweep_plot",
-    "history_bars",
+    "PHASE_COLORS", "phase_color", "new_axes", "timeline", "stacked_phases", "sweep_plot", "history_bars",
     "label_source",
-]
+]  # fmt: skip
 
 #: One colour per well-known phase; other names get colours from a cycle.
 PHASE_COLORS: dict[str, str] = {
-    "load": "#4e79a7",
-    "collate": "#a0cbe8",
-    "pin": "#d4a6c8",
-    "h2d": "#f28e2b",
-    "copy": "#f28e2b",
-    "normalize": "#ffbe7d",
-    "forward": "#59a14f",
-    "backward": "#8cd17d",
-    "optimizer": "#b6992d",
-    "compute": "#59a14f",
-    "wait": "#bab0ac",
-    "d2h": "#e15759",
-}
+    "load": "#4e79a7", "collate": "#a0cbe8", "pin": "#d4a6c8", "h2d": "#f28e2b", "copy": "#f28e2b",
+    "normalize": "#ffbe7d", "forward": "#59a14f", "backward": "#8cd17d", "optimizer": "#b6992d",
+    "compute": "#59a14f", "wait": "#bab0ac", "d2h": "#e15759",
+}  # fmt: skip
 _CYCLE = ["#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#499894", "#d37295"]
 _assigned: dict[str, str] = {}
 
@@ -87,13 +68,8 @@ def timeline(
     source: str | None = None,
     max_steps: int | None = None,
 ) -> Any:
-    """Gantt chart of a span trace: one row per lane, one bar per span, gaps = idle time.
-
-    Args:
-        trace: a :class:`SpanTrace` or its ``to_dict()`` form (as stored in result files).
-        lanes: row order (top to bottom); default: order of first appearance.
-        max_steps: draw only the first N steps (long runs get unreadable).
-    """
+    """Gantt chart of a span trace (or its ``to_dict()`` form): one row per lane (``lanes``: their order; default
+    first appearance), one bar per span, gaps = idle time; ``max_steps``: only the first N steps."""
     if not isinstance(trace, SpanTrace):
         trace = SpanTrace.from_dict(dict(trace))
     spans = trace.spans
@@ -114,16 +90,9 @@ def timeline(
         y = len(order) - 1 - order.index(s.lane)
         label = s.name if s.name not in seen else None
         seen.add(s.name)
-        ax.barh(
-            y,
-            (s.end - s.start) * scale,
-            left=(s.start - t0) * scale,
-            height=0.6,
-            color=phase_color(s.name),
-            edgecolor="white",
-            linewidth=0.5,
-            label=label,
-        )
+        width, left = (s.end - s.start) * scale, (s.start - t0) * scale
+        style = {"height": 0.6, "edgecolor": "white", "linewidth": 0.5}
+        ax.barh(y, width, left=left, color=phase_color(s.name), label=label, **style)
     ax.set_yticks(range(len(order)))
     ax.set_yticklabels(list(reversed(order)))
     ax.set_xlabel(f"time since first span ({unit})")
@@ -188,13 +157,8 @@ def sweep_plot(
     source: str | None = None,
     styles: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Any:
-    """Lines of y against x for several series, optionally with a horizontal ceiling.
-
-    Args:
-        series: label -> (xs, ys).
-        ceiling: (value, label), e.g. ``(31.5, "PCIe Gen4 x16, theoretical")``; drawn dashed.
-        styles: optional per-series matplotlib keyword arguments.
-    """
+    """Lines of y against x, ``series``: label -> (xs, ys), with per-series matplotlib ``styles``; ``ceiling``:
+    ``(value, label)``, e.g. ``(31.5, "PCIe Gen4 x16, theoretical")``, drawn dashed."""
     ax = ax if ax is not None else new_axes((7.5, 4.0))
     for label, (xs, ys) in series.items():
         kw = {"marker": "o", "markersize": 3}

@@ -1,27 +1,13 @@
 """Host↔GPU copy bandwidths *published elsewhere*: cited, labelled, and kept apart from ours.
 
-The workbook shows four kinds of figure. Each has its own label, and two kinds are
-never mixed in one table column, one plotted series or one fit:
+Four kinds of figure, each with its own label, never mixed in one column, series or fit: measured here,
+recorded by this workbook on a named GPU (``helpers/core/reference/*.json``), published elsewhere with a
+cited source (this module), and theoretical (a link's ceiling from its specification).
 
-* :data:`KIND_MEASURED` -- measured in this run, on this machine;
-* :data:`KIND_RECORDED` -- recorded by this workbook on a named GPU (``helpers/core/reference/*.json``);
-* :data:`KIND_PUBLISHED` -- published by someone else, with a cited source (this module);
-* :data:`KIND_THEORETICAL` -- a link's ceiling computed from its specification.
-
-The published figures live in ``helpers/ui/published.json``, one entry per figure,
-each copied by hand from the source at its ``url`` on its ``date_read``: the GPU,
-the link (as the source states it, else ``"not stated"``), the tool and its
-method, direction, memory kind, value and unit *as published*, transfer size and
-NUMA placement when stated. :func:`load` checks every entry and refuses a file
-with a missing field, a non-https URL, a non-positive value or an unknown unit.
-
->>> from helpers.ui import published
->>> figs = published.published_figures(direction="h2d", memory="pinned")
->>> print(figs[0].citation())                       # GPU, tool, source URL, date read
->>> print(published.markdown_table())               # the README's "Published elsewhere" table
->>> ax = published.add_published_points(ax, figs)   # labelled points on a sweep plot
-
-Nothing here measures anything, and nothing is fitted to these numbers.
+``helpers/ui/published.json`` holds one entry per figure, copied by hand from its ``url`` on its
+``date_read``: GPU, link (as the source states it), tool and method, direction, memory kind, value and unit
+*as published*, transfer size and NUMA placement when stated. :func:`load` refuses a file with a missing
+field, a non-https URL, a non-positive value or an unknown unit. Nothing here measures or fits anything.
 """
 
 from __future__ import annotations
@@ -37,34 +23,12 @@ from typing import Any, Iterable, Sequence
 from ..core.validate import check_choice, human_bytes
 
 __all__ = [
-    "KIND_MEASURED",
-    "KIND_RECORDED",
-    "KIND_PUBLISHED",
-    "KIND_THEORETICAL",
-    "KINDS",
-    "NVLINK_C2C_GBPS",
-    "UNITS",
-    "PublishedFigure",
-    "data_file",
-    "load",
-    "published_figures",
-    "generations",
-    "link_ceiling_gbps",
-    "direction_pairs",
-    "numa_pairs",
-    "memory_pairs",
-    "share_table",
-    "markdown_table",
-    "published_block",
-    "point_series",
-    "point_key",
-    "largest_copies",
-    "size_text",
-    "short_source",
-    "add_published_points",
-    "add_theoretical_ceilings",
-    "plot_share_of_ceiling",
-]
+    "KIND_MEASURED", "KIND_RECORDED", "KIND_PUBLISHED", "KIND_THEORETICAL", "KINDS", "NVLINK_C2C_GBPS", "UNITS",
+    "PublishedFigure", "data_file", "load", "published_figures", "generations", "link_ceiling_gbps",
+    "direction_pairs", "numa_pairs", "memory_pairs", "share_table", "markdown_table", "published_block",
+    "point_series", "point_key", "largest_copies", "size_text", "short_source", "add_published_points",
+    "add_theoretical_ceilings", "plot_share_of_ceiling",
+]  # fmt: skip
 
 KIND_MEASURED = "measured here"
 KIND_RECORDED = "recorded by this workbook"
@@ -83,26 +47,9 @@ UNITS: dict[str, tuple[float, ...]] = {"GB/s": (1e9,), "MB/s": (1e6, 1.024e6)}
 
 DIRECTIONS = ("h2d", "d2h")
 MEMORY_KINDS = ("pinned", "pageable")
-_REQUIRED = (
-    "id",
-    "gpu",
-    "generation",
-    "link",
-    "product_link",
-    "tool",
-    "method",
-    "direction",
-    "memory",
-    "value",
-    "unit",
-    "unit_bytes_per_s",
-    "transfer_size_bytes",
-    "numa",
-    "url",
-    "where",
-    "published",
-    "date_read",
-    "notes",
+_REQUIRED = tuple(
+    "id gpu generation link product_link tool method direction memory value unit unit_bytes_per_s "
+    "transfer_size_bytes numa url where published date_read notes".split()
 )
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _PCIE = re.compile(r"^PCIe Gen(\d) x(\d+)$")
@@ -143,12 +90,6 @@ class PublishedFigure:
     def as_published(self) -> str:
         """``'12150.7 MB/s'`` -- the value and unit exactly as the source prints them."""
         return f"{self.value:g} {self.unit}"
-
-    @property
-    def size_label(self) -> str:
-        """The transfer size in bytes and binary units, or ``'not stated'``."""
-        n = self.transfer_size_bytes
-        return "not stated" if n is None else f"{n:,} B ({size_text(n)})"
 
     @property
     def numa_side(self) -> str | None:
@@ -227,10 +168,7 @@ def data_file() -> Path:
 
 
 def link_ceiling_gbps(link: str) -> float | None:
-    """The **theoretical** per-direction ceiling of a link named like ``'PCIe Gen4 x16'`` or ``'NVLink-C2C'``.
-
-    None for ``'not stated'`` or a name it does not know.
-    """
+    """The **theoretical** per-direction ceiling of ``'PCIe Gen4 x16'`` or ``'NVLink-C2C'``; None if unknown."""
     from ..core import device  # heavy: torch (this module imports without it)
 
     m = _PCIE.match(link.strip())
@@ -291,9 +229,8 @@ def _key(f: PublishedFigure) -> tuple[Any, ...]:
 def load(path: str | Path | None = None) -> list[PublishedFigure]:
     """Read and validate a published-figures file (default: :func:`data_file`).
 
-    Raises:
-        ValueError: a malformed file, an entry lacking a field or with a bad value, or a duplicate
-            (same id, or same source, GPU, tool, direction, memory kind, size and NUMA placement).
+    ValueError for a malformed file, an entry lacking a field or with a bad value, or a duplicate (same id,
+    or same source, GPU, tool, direction, memory kind, size and NUMA placement).
     """
     p = Path(path) if path is not None else data_file()
     try:
@@ -326,14 +263,8 @@ def _cached() -> tuple[PublishedFigure, ...]:
 def published_figures(
     direction: str | None = None, memory: str | None = None, *, generation: str | None = None, sized: bool = False
 ) -> list[PublishedFigure]:
-    """The shipped published figures, optionally filtered.
-
-    Args:
-        direction: ``"h2d"`` or ``"d2h"`` (None: both).
-        memory: ``"pinned"`` or ``"pageable"`` (None: both).
-        generation: a GPU generation such as ``"Ampere"`` (None: all).
-        sized: keep only figures whose source states the transfer size.
-    """
+    """The shipped published figures, filtered by direction, memory kind, GPU generation (``"Ampere"``), and
+    to those whose source states the transfer size (``sized``); None keeps all."""
     if direction is not None:
         check_choice("direction", direction, DIRECTIONS)
     if memory is not None:
@@ -362,14 +293,8 @@ def _pair(
 ) -> list[tuple[PublishedFigure, PublishedFigure]]:
     """Pairs (x, y) with x.field == a, y.field == b and equal values of every attribute in ``same``."""
     figs = list(figures)
-    out = []
-    for x in figs:
-        if getattr(x, field) != a:
-            continue
-        for y in figs:
-            if getattr(y, field) == b and all(getattr(x, s) == getattr(y, s) for s in same):
-                out.append((x, y))
-    return out
+    xs, ys = [x for x in figs if getattr(x, field) == a], [y for y in figs if getattr(y, field) == b]
+    return [(x, y) for x in xs for y in ys if all(getattr(x, s) == getattr(y, s) for s in same)]
 
 
 def direction_pairs(figures: Iterable[PublishedFigure] | None = None) -> list[tuple[PublishedFigure, PublishedFigure]]:
@@ -381,14 +306,9 @@ def direction_pairs(figures: Iterable[PublishedFigure] | None = None) -> list[tu
 
 def numa_pairs(figures: Iterable[PublishedFigure] | None = None) -> list[tuple[PublishedFigure, PublishedFigure]]:
     """(near socket, far socket) pairs: the same GPU, direction and copy, placed on either socket."""
-    figs = [f for f in (figures if figures is not None else _cached()) if f.numa_side]
+    figs = list(figures) if figures is not None else list(_cached())
     same = ("url", "gpu", "direction", "memory", "transfer_size_bytes", "tool")
-    out = []
-    for x in figs:
-        for y in figs:
-            if x.numa_side == "near" and y.numa_side == "far" and all(getattr(x, s) == getattr(y, s) for s in same):
-                out.append((x, y))
-    return out
+    return _pair(figs, "numa_side", "near", "far", same)
 
 
 def memory_pairs(figures: Iterable[PublishedFigure] | None = None) -> list[tuple[PublishedFigure, PublishedFigure]]:
@@ -512,17 +432,11 @@ def point_key(figures: Iterable[PublishedFigure] | None = None) -> str:
 def add_published_points(
     ax: Any, figures: Iterable[PublishedFigure] | None = None, *, annotate: bool = True, fontsize: float = 7.0
 ) -> list[PublishedFigure]:
-    """Draw published figures on a bandwidth-vs-copy-size Axes as marked points.
+    """Draw published figures on a bandwidth-vs-copy-size Axes as marked points; return those not drawn (no size).
 
-    Markers are diamonds (pinned) or downward triangles (pageable) with a black edge, orange for H2D
-    and blue for D2H: distinct from measured curves (lines with small markers) and from theoretical
-    ceilings (dashed lines). Figures from one source and run at several sizes are joined by a thin
-    dotted line. Each series is marked ``[k]`` beside its largest size; :func:`point_key` lists
-    what ``[k]`` is, with its source. The legend gets one entry per direction and memory kind,
-    labelled "published elsewhere".
-
-    Returns:
-        The figures *not* drawn, because their source does not state the transfer size.
+    Diamonds (pinned) or triangles (pageable) with a black edge, orange for H2D and blue for D2H: distinct from
+    measured curves and theoretical ceilings (dashed). One source's sizes are joined by a dotted line and marked
+    ``[k]`` beside the largest (:func:`point_key` lists them); one legend entry per direction and memory kind.
     """
     figs = list(figures) if figures is not None else list(_cached())
     skipped = [f for f in figs if f.transfer_size_bytes is None]
@@ -535,29 +449,12 @@ def add_published_points(
         key = (f0.direction, f0.memory)
         label = f"{f0.direction.upper()} {f0.memory}, {KIND_PUBLISHED} [k]" if key not in legend_done else None
         legend_done.add(key)
-        ax.plot(
-            xs,
-            ys,
-            linestyle=":" if len(group) > 1 else "",
-            linewidth=0.8,
-            marker=marker,
-            markersize=6,
-            color=color,
-            markeredgecolor="black",
-            markeredgewidth=0.7,
-            label=label,
-            zorder=4,
-        )
+        line = {"linestyle": ":" if len(group) > 1 else "", "linewidth": 0.8, "markersize": 6, "zorder": 4}
+        edge = {"markeredgecolor": "black", "markeredgewidth": 0.7}
+        ax.plot(xs, ys, marker=marker, color=color, label=label, **line, **edge)
         if annotate:
-            ax.annotate(
-                f"{k}",
-                (xs[-1], ys[-1]),
-                xytext=(4, -3),
-                textcoords="offset points",
-                fontsize=fontsize,
-                color="#222",
-                zorder=5,
-            )
+            text = {"textcoords": "offset points", "fontsize": fontsize, "color": "#222", "zorder": 5}
+            ax.annotate(f"{k}", (xs[-1], ys[-1]), xytext=(4, -3), **text)
     if ax.get_xscale() == "log":
         _size_ticks(ax)
     return skipped
@@ -576,14 +473,8 @@ def _size_ticks(ax: Any) -> None:
 
 
 def add_theoretical_ceilings(ax: Any, links: Iterable[str], *, skip_gbps: Iterable[float] = ()) -> list[str]:
-    """Horizontal dashed lines at the **theoretical** per-direction ceiling of each link, labelled as theoretical.
-
-    Args:
-        links: link names such as ``"PCIe Gen4 x16"`` or ``"NVLink-C2C"`` (unknown names are ignored).
-        skip_gbps: ceilings already drawn (e.g. this machine's link), not drawn twice.
-    Returns:
-        The links drawn.
-    """
+    """Dashed lines at the **theoretical** per-direction ceiling of each link (``"PCIe Gen4 x16"``; unknown names
+    ignored), labelled as theoretical, except ceilings in ``skip_gbps`` (already drawn). Returns the links drawn."""
     skip = [float(s) for s in skip_gbps]
     by_value: dict[float, list[str]] = {}
     for link in dict.fromkeys(links):
@@ -595,14 +486,8 @@ def add_theoretical_ceilings(ax: Any, links: Iterable[str], *, skip_gbps: Iterab
     styles = [":", "-.", (0, (5, 2)), (0, (1, 1))]
     drawn = []
     for i, (c, names) in enumerate(sorted(by_value.items())):
-        ax.axhline(
-            c,
-            color="#777",
-            linewidth=0.9,
-            linestyle=styles[i % len(styles)],
-            label=f"{' = '.join(names)}: {c:.1f} GB/s, {KIND_THEORETICAL}",
-            zorder=1,
-        )
+        label = f"{' = '.join(names)}: {c:.1f} GB/s, {KIND_THEORETICAL}"
+        ax.axhline(c, color="#777", linewidth=0.9, linestyle=styles[i % len(styles)], label=label, zorder=1)
         drawn.extend(names)
     return drawn
 
@@ -611,63 +496,45 @@ def plot_share_of_ceiling(figures: Iterable[PublishedFigure] | None = None, ax: 
     """One row per published figure: the published GB/s (marker) and its link's theoretical ceiling (bar end).
 
     Bars are the **theoretical** ceilings of each GPU product's host link; markers are the **published**
-    measurements; the text at the right is the share (published / theoretical). Log x axis, since
-    NVLink-C2C and PCIe Gen3 differ by more than an order of magnitude.
+    measurements; the text at the right is the share. Log x axis: NVLink-C2C and PCIe Gen3 differ tenfold.
     """
     from . import plots  # optional/heavy: matplotlib
 
     figs = [f for f in (figures if figures is not None else _cached()) if f.ceiling_gbps]
     ax = ax if ax is not None else plots.new_axes((8.5, 0.32 * len(figs) + 1.4))
     ys = list(range(len(figs)))[::-1]
-    ax.barh(
-        ys,
-        [f.ceiling_gbps for f in figs],
-        color="#e6e6e6",
-        edgecolor="#999",
-        label=f"host link ceiling, {KIND_THEORETICAL}",
-    )
+    ceilings = [f.ceiling_gbps or 0.0 for f in figs]
+    ax.barh(ys, ceilings, color="#e6e6e6", edgecolor="#999", label=f"host link ceiling, {KIND_THEORETICAL}")
     done: set[tuple[str, str]] = set()
-    for y, f in zip(ys, figs):
+    for y, f, c in zip(ys, figs, ceilings):
         key = (f.direction, f.memory)
-        ax.plot(
-            [f.gbps],
-            [y],
-            marker=_MEM_MARKER[f.memory],
-            color=_DIR_COLOR[f.direction],
-            markeredgecolor="black",
-            linestyle="",
-            markersize=6,
-            label=None if key in done else f"{f.direction.upper()} {f.memory}, {KIND_PUBLISHED}",
-        )
+        label = None if key in done else f"{f.direction.upper()} {f.memory}, {KIND_PUBLISHED}"
+        style = {"markeredgecolor": "black", "linestyle": "", "markersize": 6}
+        ax.plot([f.gbps], [y], marker=_MEM_MARKER[f.memory], color=_DIR_COLOR[f.direction], label=label, **style)
         done.add(key)
-        ax.text((f.ceiling_gbps or 0.0) * 1.08, y, f"{f.share_of_ceiling:.0%}", va="center", fontsize=7)
+        ax.text(c * 1.08, y, f"{f.share_of_ceiling:.0%}", va="center", fontsize=7)
     ax.set_yticks(ys)
     ax.set_yticklabels([f"{f.short_label()} ({f.product_link})" for f in figs], fontsize=7)
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+    _share_axes(ax, max(ceilings) * 2.2 if figs else 10)
+    return ax
+
+
+def _share_axes(ax: Any, right: float) -> None:
+    """The share plot's log GB/s axis, title, legend and the note on what bars and markers are."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # optional/heavy: matplotlib
 
     ax.set_xscale("log")
-    ax.set_xlim(1, max(f.ceiling_gbps or 0.0 for f in figs) * 2.2 if figs else 10)
+    ax.set_xlim(1, right)
     ax.xaxis.set_major_locator(FixedLocator([1, 2, 5, 10, 20, 50, 100, 200, 500]))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel("GB/s (10^9 B/s, log scale)")
     ax.set_title("Published copies against the theoretical ceiling of each GPU's host link")
     ax.legend(fontsize=7, loc="lower right")
-    import textwrap
-
-    ax.annotate(
-        textwrap.fill(
-            "Markers: published elsewhere (sources in helpers/ui/published.json). Bars: theoretical, "
-            "from the link each GPU product has per its specification; the actual slot may be "
-            "slower.",
-            110,
-        ),
-        xy=(0, 0),
-        xycoords="axes fraction",
-        xytext=(0, -34),
-        textcoords="offset points",
-        fontsize=7.5,
-        color="#555",
-        va="top",
+    note = textwrap.fill(
+        "Markers: published elsewhere (sources in helpers/ui/published.json). Bars: theoretical, from the link "
+        "each GPU product has per its specification; the actual slot may be slower.",
+        110,
     )
-    return ax
+    style = {"xycoords": "axes fraction", "textcoords": "offset points", "fontsize": 7.5, "color": "#555"}
+    ax.annotate(note, xy=(0, 0), xytext=(0, -34), va="top", **style)

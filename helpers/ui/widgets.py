@@ -1,34 +1,19 @@
 """The live-panel toolkit shared by every chapter.
 
-A :class:`Panel` wires a few controls to a run function that lives in a helper
-module. The reader changes a knob and presses **Run**; the panel
+A :class:`Panel` wires a few controls to a run function. The reader changes a knob and presses **Run**; the
+panel disables the button while it runs (a click then, or one queued during the run, starts nothing), shows a
+progress bar the run advances, keeps the history of runs and redraws a plot of all of them, and shows errors
+inside itself: one line in the status (for a known failure, what to do), the traceback folded below.
 
-* disables the Run button while a run is in progress (a second click while busy,
-  or one queued during the run, starts nothing),
-* shows a progress bar that the run function advances,
-* keeps the history of runs and redraws a plot of all of them, so runs can be
-  compared,
-* shows errors inside the panel: one line in the status (for a known failure,
-  what to do about it), and the traceback in the output area below, folded
-  (a ``<details>`` block a reader can unfold).
-
-The panel writes to its output widget *from the kernel side*
-(``out.outputs = ()``, ``out.append_stdout``, ``out.append_display_data``),
-never with ``with out: print(...)``, so it behaves the same in JupyterLab,
-nbclient and nbval, and tests can read ``panel.out.outputs``.
-
-Tests (and the chapters' first demo run) drive a panel from Python::
-
-    panel.set(batch_size=64)
-    record = panel.click()
-    assert panel.error is None and record.result["items_per_s"] > 0
+The panel writes its output widget *from the kernel side* (``out.outputs = ...``), never ``with out: print()``,
+so it behaves the same in JupyterLab, nbclient and nbval, and tests read ``panel.out.outputs``. Tests (and a
+chapter's first demo run) drive it from Python: ``panel.set(batch_size=64); record = panel.click()``.
 """
 
 from __future__ import annotations
 
 import html
 import io
-import re
 import textwrap
 import time
 import traceback
@@ -38,13 +23,12 @@ from typing import Any, Callable, Mapping
 import ipywidgets as W
 
 from ..core.evidence import Evidence
-from ..core.failures import LoaderFailure, explain_loader_error
+from ..core.failures import LoaderFailure, explain_loader_error, raised_in_worker
 from . import chapter as chapter_api
 
-__all__ = ["Panel", "RunRecord", "Progress", "figure_to_display", "one_line", "known_failure_advice"]
-
-#: torch's text for an exception the data set raised in a worker: a failed run, not a bad setting of the panel.
-_WORKER_RAISED = re.compile(r"Caught \w+ in DataLoader worker process \d+")
+__all__ = [
+    "Panel", "RunRecord", "Progress", "figure_to_display", "one_line", "known_failure_advice",
+]  # fmt: skip
 
 #: Longest status line, in characters (longer texts are cut with an ellipsis; the output area has all of it).
 STATUS_MAX_CHARS = 400
@@ -57,12 +41,8 @@ def one_line(text: str, limit: int = STATUS_MAX_CHARS) -> str:
 
 
 def known_failure_advice(exc: BaseException) -> str | None:
-    """Plain advice for a failure the workbook knows (``None``: unknown).
-
-    An exception that carries its own advice (:class:`helpers.core.failures.LoaderFailure`, which the loaders
-    raise) gives its message; torch's DataLoader errors (a timeout, a worker that died, the data set's exception
-    in a worker) are translated by :func:`helpers.core.failures.explain_loader_error`, whoever built the loader.
-    """
+    """Plain advice for a failure the workbook knows (``None``: unknown): a :class:`LoaderFailure`'s own message,
+    else torch's DataLoader errors in words (:func:`helpers.core.failures.explain_loader_error`)."""
     if isinstance(exc, LoaderFailure):
         return str(exc)
     return explain_loader_error(exc)
@@ -103,11 +83,8 @@ class RunRecord:
 
 
 def figure_to_display(fig: Any, dpi: int = 100) -> Any:
-    """Render a matplotlib Figure to an ``IPython.display.Image`` (PNG) and close it.
-
-    Going through PNG bytes keeps the output identical in every front-end and
-    never triggers a second, automatic display of the figure.
-    """
+    """A matplotlib Figure as an ``IPython.display.Image`` (PNG), closed: the same in every front-end, never
+    displayed a second time automatically."""
     from IPython.display import Image
 
     buf = io.BytesIO()
@@ -127,22 +104,12 @@ PlotFn = Callable[[list[RunRecord], Any], None]
 class Panel:
     """A live panel: controls, a Run button, a progress bar, a status line and an output.
 
-    Args:
-        title: shown above the controls.
-        controls: name -> ipywidgets value widget. Names are the keyword
-            arguments passed to ``run``.
-        run: ``run(progress, **values) -> result``. Raise ``ValueError`` with a
-            plain message for settings that can't run; it is shown in the panel.
-        summarize: ``summarize(result) -> str``, the text line shown after a run.
-        plot: ``plot(history, ax)`` draws all runs so far on a matplotlib Axes.
-        validate: ``validate(values)`` raises ValueError for settings to refuse
-            before anything runs.
-        advise: ``advise(exc) -> str | None``, plain advice for a failure the run function may meet
-            (default: :func:`known_failure_advice`); shown in the status line instead of the raw error.
-        max_history: how many runs the history keeps.
-        debounce_s: a click that arrives within this many seconds after a run
-            ended is treated as a double-click queued during the run, and ignored.
-        figsize: size of the history plot, in inches.
+    ``controls`` maps names (the keyword arguments of ``run``) to ipywidgets value widgets.
+    ``run(progress, **values) -> result`` raises ValueError with a plain message for settings that can't run;
+    ``summarize(result) -> str`` is the line shown after a run; ``plot(history, ax)`` draws every run so far;
+    ``validate(values)`` refuses settings before anything runs; ``advise(exc) -> str | None`` words a known
+    failure (default :func:`known_failure_advice`). A click within ``debounce_s`` of a run's end is a
+    double-click queued during the run, and ignored; the history keeps ``max_history`` runs.
     """
 
     def __init__(
@@ -182,7 +149,10 @@ class Panel:
         self.ignored_clicks = 0
         self.runs_done = 0
         self._last_end = float("-inf")
+        self.widget = self._layout(title, run_label)
 
+    def _layout(self, title: str, run_label: str) -> W.VBox:
+        """The widgets: title, controls (descriptions shown whole), Run button, progress, status, output."""
         self.button = W.Button(
             description=run_label, button_style="primary", icon="play", tooltip="Run with these settings"
         )
@@ -205,7 +175,7 @@ class Panel:
             list(self.controls.values()),
             layout=W.Layout(display="flex", flex_flow="row wrap", max_width="100%"),
         )
-        self.widget = W.VBox(
+        return W.VBox(
             [head, ctl_box, W.HBox([self.button, self.bar, self.bar_label]), self.status, self.out],
             layout=W.Layout(max_width="100%", overflow="hidden"),
         )
@@ -357,9 +327,7 @@ class Panel:
             self.runs_done += 1
             self.out.outputs = outputs
             self.bar.value = 1.0
-            # The summary is printed in the output just below; repeating it here doubled long summaries.
-            # Say which settings the shown result belongs to: a run started from a notebook cell
-            # (panel.set + panel.click) used values the reader did not choose.
+            # Which settings the result belongs to: a run a notebook cell started used values the reader did not choose.
             origin = (
                 "started by a notebook cell, with the settings the controls now show; change any and "
                 "press Run for your own"
@@ -368,7 +336,7 @@ class Panel:
             )
             self._show_status(f"Run #{rec.index} done in {seconds:.1f} s ({rec.short_label()}), {origin}.", "ok")
         except ValueError as exc:
-            if _WORKER_RAISED.match(str(exc)):  # the data set's own error, re-raised by torch from a worker
+            if raised_in_worker(exc):  # the data set's own error, re-raised by torch from a worker
                 self._show_failure(exc)
             else:
                 self.error = one_line(f"Can't run with these settings: {exc}")
@@ -407,9 +375,3 @@ class Panel:
             data, metadata = formatter.format(figure_to_display(fig))
             outputs.append({"output_type": "display_data", "data": data, "metadata": metadata})
         return tuple(outputs)
-
-    def clear_history(self) -> None:
-        """Forget previous runs (the next plot starts fresh)."""
-        self.history.clear()
-        self.out.outputs = ()
-        self._show_status("History cleared.", "info")
