@@ -12,7 +12,7 @@ import pytest
 import torch
 from torchvision.datasets import ImageFolder
 
-from helpers.pipeline import data, loaders
+from helpers.pipeline import data, loaders, shapes
 
 TINY = dict(n_train=24, n_val=12, image_size=32, num_classes=4, seed=3)
 
@@ -86,7 +86,7 @@ def _read_only_lock(monkeypatch: pytest.MonkeyPatch, err: int) -> None:
         yield  # pragma: no cover
 
     assert err in (errno_mod.EROFS, errno_mod.EACCES)
-    monkeypatch.setattr(data, "_file_lock", refuse)
+    monkeypatch.setattr(shapes, "_file_lock", refuse)
 
 
 @pytest.mark.parametrize("err", ["EROFS", "EACCES"])
@@ -111,7 +111,7 @@ def test_read_only_lock_other_errors_still_raise(tmp_path: Path, monkeypatch: py
 
     data.make_shapes_dataset(root=tmp_path, **TINY)
     _read_only_lock(monkeypatch, errno_mod.EROFS)
-    monkeypatch.setattr(data, "_UNWRITABLE", ())  # an OSError that is not about permissions
+    monkeypatch.setattr(shapes, "_UNWRITABLE", ())  # an OSError that is not about permissions
     with pytest.raises(OSError):
         data.make_shapes_dataset(root=tmp_path, **TINY)
 
