@@ -208,16 +208,6 @@ class ShapesDataset(Dataset):
             return self.transform(img), self.samples[i][1]
         raise ImageDecodeError(f"no file in {self.root} could be decoded ({n} tried)")
 
-    @property
-    def n_skipped(self) -> int:
-        """How many damaged files this process skipped (``on_error="skip"``)."""
-        return len(self.skipped)
-
-    def sample_bytes(self) -> int:
-        """Bytes of one returned image tensor (what a batch moves per sample)."""
-        per = 4 if self.output == "float" else 1
-        return 3 * self.crop_size * self.crop_size * per
-
     def __repr__(self) -> str:
         return (
             f"ShapesDataset({len(self)} images, {len(self.classes)} classes, root={str(self.root)!r}, "

@@ -193,11 +193,8 @@ class UnevenDataset(Dataset):
     def __len__(self) -> int:
         return self.n
 
-    def is_slow(self, index: int) -> bool:
-        return index % self.slow_every == 0
-
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        time.sleep((self.slow_ms if self.is_slow(index) else self.fast_ms) / 1e3)
+        time.sleep((self.slow_ms if index % self.slow_every == 0 else self.fast_ms) / 1e3)
         return torch.full((16,), index % 256, dtype=torch.uint8), index
 
 

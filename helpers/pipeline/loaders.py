@@ -126,10 +126,6 @@ class LoaderConfig:
             raise ValueError(f"unknown loader knob(s) {sorted(unknown)}; knobs are {sorted(asdict(self))}")
         return LoaderConfig(**{**asdict(self), **changes})
 
-    def params(self) -> dict[str, Any]:
-        """The knobs as a plain dict (for result files)."""
-        return asdict(self)
-
     def label(self) -> str:
         """Short text such as ``'workers=2, batch=32, prefetch=2, persistent'``."""
         parts = [f"workers={self.num_workers}", f"batch={self.batch_size}"]
@@ -573,5 +569,5 @@ def measure_config(
         loader, batches=batches, warmup=warmup, progress=progress, label=label or cfg.label(), on_batch=on_batch
     )
     collate = getattr(collate_fn, "__name__", "default_collate")
-    result.config = {**cfg.params(), "dataset": type(dataset).__name__, "collate": collate}
+    result.config = {**asdict(cfg), "dataset": type(dataset).__name__, "collate": collate}
     return result

@@ -9,8 +9,9 @@ start, watch, stop and explain their workers.
 - explain: :func:`_plain_failure` turns torch's errors into one :class:`LoaderFailure` line;
 - ``/dev/shm``, where workers hand batches over: too little is refused before any worker starts (:func:`require_shm`).
 
-Processes are listed with psutil (:func:`worker_processes`). torch has no public way to close an iterator or to
-watch its workers, so a few private torch names remain; each says beside it which test the public path fails.
+Processes are found, resumed and stopped with psutil and multiprocessing. torch has no public way to close an
+iterator, watch its workers or name a failing item, so a few private torch names remain; each says beside it why
+(which test the public path fails).
 """
 
 from __future__ import annotations
@@ -183,9 +184,11 @@ class _HeldSignals:
 class _FreezeWatch(threading.Thread):
     """Kills a worker stopped (SIGSTOP, Ctrl-Z) for longer than the loader's timeout; notes its pid in ``frozen``.
 
-    torch's ``timeout`` covers the wait for a batch, not the hand-over of its shared memory: with the
+    ``DataLoader(timeout=...)`` covers the wait for a batch, not the hand-over of its shared memory: with the
     ``file_descriptor`` strategy the main process fetches each tensor's descriptor from the worker that made it,
-    and blocks forever if that worker is frozen (tests/test_ch06_workers.py, the stopped worker).
+    and blocks forever if that worker is frozen (without the watch, tests/test_loader_failures.py's
+    ``..._frozen_after_handing_a_batch_over...`` hangs). The iterator's private ``_workers`` name its workers:
+    psutil's process tree can't tell them from another loader's.
     """
 
     def __init__(self, it: Any, timeout_s: float, frozen: list[int]) -> None:
@@ -201,7 +204,7 @@ class _FreezeWatch(threading.Thread):
             it = self._it()
             if it is None or getattr(it, "_shutdown", True):
                 return
-            pids = [w.pid for w in list(getattr(it, "_workers", []))]  # this iterator's workers: psutil can't tell
+            pids = [w.pid for w in list(getattr(it, "_workers", []))]
             del it
             now = time.monotonic()
             for pid in pids:
@@ -244,7 +247,8 @@ def _worker_exits(procs: Sequence[Any]) -> str:
 class _WorkbookLoader(DataLoader):
     """A DataLoader whose worker start can't leak or lose an interrupt: a Ctrl-C while ``iter(loader)`` starts
     workers is held until they are all up, then they are stopped and ``KeyboardInterrupt`` raised; a worker that
-    ends is noticed at once (:class:`_WatchedIter`). ``_get_iterator`` is the one place torch starts workers."""
+    ends is noticed at once (:class:`_WatchedIter`). ``_get_iterator`` is the one place torch starts workers: signals
+    held around it are what keeps a press during a fork from being lost (tests/test_interrupt_battery.py)."""
 
     _workbook_frozen: list[int]  # pids _FreezeWatch killed
     _workbook_warnings: list[str]
@@ -461,13 +465,13 @@ def _stop_new_children(before: set[int]) -> None:
     psutil.wait_procs(alive, timeout=1.0)
 
 
-def _kill_stopped(procs: Sequence[Any]) -> None:
-    """SIGKILL stopped workers: nothing else ends them, and a shutdown would wait its whole grace for each."""
+def _resume_stopped(procs: Sequence[Any]) -> None:
+    """SIGCONT to stopped workers (SIGSTOP, Ctrl-Z), so that torch's own shutdown ends them at once instead of
+    waiting its whole grace for each."""
     for p in procs:
         with contextlib.suppress(Exception):
             if p.is_alive() and psutil.Process(p.pid).status() == psutil.STATUS_STOPPED:
-                p.kill()
-                p.join(1.0)
+                psutil.Process(p.pid).resume()
 
 
 # -- teardown ------------------------------------------------------------------------------------------------
@@ -482,13 +486,7 @@ def release(obj: Any) -> None:
     it = getattr(obj, "_iterator", None) if isinstance(obj, DataLoader) else obj  # a persistent loader's iterator
     if it is not None:
         workers = list(getattr(it, "_workers", []) or [])  # this iterator's: psutil's tree can't tell them apart
-        if getattr(it, "_worker_pids_set", False):
-            # Ending them is expected from here on: without this, torch's SIGCHLD handler raises "killed by signal"
-            # into whatever the main thread does next (tests/test_loaders.py's KeyboardInterrupt test).
-            with contextlib.suppress(Exception):
-                torch.utils.data._utils.signal_handling._remove_worker_pids(id(it))
-                it._worker_pids_set = False
-        _kill_stopped(workers)
+        _resume_stopped(workers)
         shutdown = getattr(it, "_shutdown_workers", None)  # torch has no public close(): this is what __del__ runs
         if shutdown is not None:
             with contextlib.suppress(Exception):  # a half-started iterator must not block cleanup
