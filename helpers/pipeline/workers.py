@@ -465,13 +465,13 @@ def _stop_new_children(before: set[int]) -> None:
     psutil.wait_procs(alive, timeout=1.0)
 
 
-def _resume_stopped(procs: Sequence[Any]) -> None:
-    """SIGCONT to stopped workers (SIGSTOP, Ctrl-Z), so that torch's own shutdown ends them at once instead of
-    waiting its whole grace for each."""
+def _kill_stopped(procs: Sequence[Any]) -> None:
+    """SIGKILL stopped workers: nothing else ends them, and a shutdown would wait its whole grace for each."""
     for p in procs:
         with contextlib.suppress(Exception):
             if p.is_alive() and psutil.Process(p.pid).status() == psutil.STATUS_STOPPED:
-                psutil.Process(p.pid).resume()
+                p.kill()
+                p.join(1.0)
 
 
 # -- teardown ------------------------------------------------------------------------------------------------
@@ -486,7 +486,14 @@ def release(obj: Any) -> None:
     it = getattr(obj, "_iterator", None) if isinstance(obj, DataLoader) else obj  # a persistent loader's iterator
     if it is not None:
         workers = list(getattr(it, "_workers", []) or [])  # this iterator's: psutil's tree can't tell them apart
-        _resume_stopped(workers)
+        if getattr(it, "_worker_pids_set", False):
+            # From here on a worker that ends is expected (one killed below, or hit by the Ctrl-C sent to the
+            # process group before it dropped the parent's handler): torch's SIGCHLD handler must not raise "killed
+            # by signal" into the teardown. torch's own shutdown forgets the pids only at its very end.
+            with contextlib.suppress(Exception):
+                torch.utils.data._utils.signal_handling._remove_worker_pids(id(it))
+                it._worker_pids_set = False
+        _kill_stopped(workers)
         shutdown = getattr(it, "_shutdown_workers", None)  # torch has no public close(): this is what __del__ runs
         if shutdown is not None:
             with contextlib.suppress(Exception):  # a half-started iterator must not block cleanup
