@@ -7,7 +7,8 @@ start, watch, stop and explain their workers.
   one stopped longer than the loader's timeout is ended (:class:`_FreezeWatch`);
 - stop: :func:`release` and :func:`_finish`, bounded waits, whatever interrupts them;
 - explain: :func:`_plain_failure` turns torch's errors into one :class:`LoaderFailure` line;
-- ``/dev/shm``, where workers hand batches over: too little is refused before any worker starts (:func:`require_shm`).
+- ``/dev/shm``, where workers hand batches over: too little is refused before any worker starts (:func:`require_shm`);
+- how many: far more workers than cores are refused where a reader asks for them (:func:`check_workers_for_cores`).
 
 Processes are found, resumed and stopped with psutil and multiprocessing. torch has no public way to close an
 iterator, watch its workers or name a failing item, so a few private torch names remain; each says beside it why
