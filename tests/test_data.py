@@ -12,7 +12,7 @@ import pytest
 import torch
 from torchvision.datasets import ImageFolder
 
-from helpers.pipeline import data, loaders
+from helpers.pipeline import data, loaders, shapes
 
 TINY = dict(n_train=24, n_val=12, image_size=32, num_classes=4, seed=3)
 
@@ -86,7 +86,7 @@ def _read_only_lock(monkeypatch: pytest.MonkeyPatch, err: int) -> None:
         yield  # pragma: no cover
 
     assert err in (errno_mod.EROFS, errno_mod.EACCES)
-    monkeypatch.setattr(data, "_file_lock", refuse)
+    monkeypatch.setattr(shapes, "_file_lock", refuse)
 
 
 @pytest.mark.parametrize("err", ["EROFS", "EACCES"])
@@ -111,7 +111,7 @@ def test_read_only_lock_other_errors_still_raise(tmp_path: Path, monkeypatch: py
 
     data.make_shapes_dataset(root=tmp_path, **TINY)
     _read_only_lock(monkeypatch, errno_mod.EROFS)
-    monkeypatch.setattr(data, "_UNWRITABLE", ())  # an OSError that is not about permissions
+    monkeypatch.setattr(shapes, "_UNWRITABLE", ())  # an OSError that is not about permissions
     with pytest.raises(OSError):
         data.make_shapes_dataset(root=tmp_path, **TINY)
 
@@ -224,7 +224,7 @@ def test_dataset_items(tiny: data.DatasetInfo) -> None:
     u = data.ShapesDataset(tiny.train_dir, crop_size=24, output="uint8")
     xu, _ = u[0]
     assert xu.dtype == torch.uint8 and xu.shape == (3, 24, 24)
-    assert u.sample_bytes() * 4 == ds.sample_bytes()
+    assert xu.numel() * xu.element_size() * 4 == x.numel() * x.element_size()  # uint8: 4x fewer bytes to move
     assert ds.targets == [t for _, t in ds.samples]
 
 
@@ -317,7 +317,7 @@ def test_corrupt_file_raises_naming_it_or_is_skipped(tiny: data.DatasetInfo, tmp
         warnings.simplefilter("always")
         items = [skip[i] for i in range(len(skip))]
     assert len(items) == len(skip)
-    assert skip.n_skipped == 3 and str(bad) in skip.skipped and str(cut) in skip.skipped
+    assert len(skip.skipped) == 3 and str(bad) in skip.skipped and str(cut) in skip.skipped
     assert items[2][1] == skip.samples[3][1]  # replaced by the next readable file
     assert sum("skipped" in str(w.message) for w in caught) == 3
 

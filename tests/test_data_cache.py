@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.pipeline import data
+from helpers.pipeline import data, shapes
 
 TINY = dict(n_train=24, n_val=12, image_size=32, num_classes=4, seed=5)
 
@@ -145,7 +145,7 @@ def test_full_disk_is_one_line_and_leaves_nothing(tmp_path: Path, monkeypatch: p
 
 def test_space_refusal_says_real_sizes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(data.shutil, "disk_usage", lambda p: usage._replace(free=5 * 2**20))
+    monkeypatch.setattr(shapes.shutil, "disk_usage", lambda p: usage._replace(free=5 * 2**20))
     with pytest.raises(ValueError) as err:
         data.make_shapes_dataset(root=tmp_path, n_train=4000, n_val=10, image_size=64)
     msg = str(err.value)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from helpers.pipeline import loaders
+from helpers.pipeline import loaders, workers
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def test_a_press_during_the_teardown_is_raised_once_it_is_done(ctrl_c: None, mon
         _busy(0.01)
         calls["completed"] += 1
 
-    monkeypatch.setattr(loaders, "release", release)
+    monkeypatch.setattr(workers, "release", release)
     with pytest.raises(KeyboardInterrupt):
         loaders._finish([object()])
     assert calls == {"started": 1, "completed": 1}, "the teardown was interrupted half-way, then run again"
@@ -67,7 +67,7 @@ def test_a_second_press_escapes_a_slow_teardown(ctrl_c: None, monkeypatch: Any) 
         _busy(0.01)
         calls["completed"] += 1
 
-    monkeypatch.setattr(loaders, "release", release)
+    monkeypatch.setattr(workers, "release", release)
     with pytest.raises(KeyboardInterrupt):
         loaders._finish([object()])
     assert calls == {"started": 1, "completed": 0}, "the second press did not end the teardown at once"
@@ -85,12 +85,12 @@ def test_a_press_inside_a_finalizer_the_teardown_runs_is_not_lost(ctrl_c: None, 
         obj = _PressInFinalizer()
         del obj  # its __del__ runs here, and the press lands inside it
 
-    monkeypatch.setattr(loaders, "release", release)
+    monkeypatch.setattr(workers, "release", release)
     with pytest.raises(KeyboardInterrupt):  # before: "Exception ignored in ... __del__", and _finish returned
         loaders._finish([object()])
 
 
 def test_the_signal_handlers_are_restored_after_the_teardown(ctrl_c: None, monkeypatch: Any) -> None:
-    monkeypatch.setattr(loaders, "release", lambda _obj: None)
+    monkeypatch.setattr(workers, "release", lambda _obj: None)
     loaders._finish([object()])
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

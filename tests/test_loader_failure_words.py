@@ -17,7 +17,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from helpers.core.failures import ITEM_NOTE
 from helpers.pipeline import loaders as L
+from helpers.pipeline import workers
 
 BAD = 13  # the broken item: batch 3 of 4 items (shuffle=False), so worker 1 of 2 meets it
 
@@ -131,7 +133,7 @@ def test_explain_names_each_kind_from_torchs_text() -> None:
     raw = ValueError(
         "Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
         '  File "x.py", line 3, in __getitem__\n    raise ValueError("bad")\nValueError: bad\n'
-        f"{L._ITEM_NOTE} 7\n"
+        f"{ITEM_NOTE} 7\n"
     )
     words = L.explain_loader_error(raw)
     assert words == (
@@ -177,9 +179,9 @@ def test_torchs_sigchld_error_while_the_explainer_waits_is_not_let_through(monke
             raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Segmentation fault. ")
 
     monkeypatch.setattr(L.time, "sleep", sleep)
-    ended = L._ended_workers(Loader(), wait_s=5.0)
+    ended = workers._ended_workers(Loader(), wait_s=5.0)
     assert [(wid, w.pid) for wid, w in ended] == [(0, 4242)]
     monkeypatch.setattr(L.time, "sleep", lambda _s: (_ for _ in ()).throw(RuntimeError("something else")))
     Ended.exitcode = None
     with pytest.raises(RuntimeError, match="something else"):
-        L._ended_workers(Loader(), wait_s=5.0)
+        workers._ended_workers(Loader(), wait_s=5.0)

@@ -237,6 +237,31 @@ def test_frozen_worker_ends_with_a_plain_message() -> None:
     assert time.monotonic() - t0 < 60
 
 
+class _StopsAfterHandingOver(torch.utils.data.Dataset):
+    """One worker, batches of 4: the worker stops itself (SIGSTOP) when it starts batch 2, right after it handed
+    batch 1 over, while the main process still sleeps over batch 0 (``consume``)."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 8 and torch.utils.data.get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return torch.zeros(4)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_frozen_after_handing_a_batch_over_is_ended_not_waited_for() -> None:
+    """Why ``_FreezeWatch`` stays: with the ``file_descriptor`` sharing strategy the main process fetches a batch's
+    shared memory from the worker that made it, outside ``DataLoader(timeout=...)``: without the watch this hangs."""
+    if torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
+        pytest.skip("the batch's memory is not fetched from the worker under this sharing strategy")
+    loader = L.build_loader(_StopsAfterHandingOver(), batch_size=4, num_workers=1, shuffle=False, timeout=2.0)
+    with pytest.raises(L.LoaderFailure, match="Stopped worker pid"):
+        L.measure_throughput(loader, batches=10, warmup=0, consume=lambda _batch: time.sleep(1.0))
+    assert not _settle(5.0)
+
+
 class _Kill:
     def __init__(self, sig: int) -> None:
         self.sig, self.n = sig, 0

@@ -15,13 +15,14 @@ import pytest
 from helpers.chapters import ch04
 from helpers.core.progress import no_progress
 from helpers.pipeline import loaders as L
+from helpers.pipeline import workers
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def two_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(L, "cpu_cores", lambda: 2)
+    monkeypatch.setattr(workers, "cpu_cores", lambda: 2)
 
 
 def _assert_one_clear_line(msg: str) -> None:
@@ -35,7 +36,7 @@ def _make_loader(dataset: Any, batch_size: int, workers: int = 0, persistent: bo
 
 def test_limit_is_four_per_core_and_never_below_eight(two_cores: None, monkeypatch: pytest.MonkeyPatch) -> None:
     assert L.workers_limit() == 8 and L.check_workers_for_cores(8) == 8
-    monkeypatch.setattr(L, "cpu_cores", lambda: 16)
+    monkeypatch.setattr(workers, "cpu_cores", lambda: 16)
     assert L.workers_limit() == 64 and L.check_workers_for_cores(64) == 64
 
 

@@ -1,0 +1,258 @@
+"""The demo data sets, batch type and collate functions of chapters 03-04, at module level so that spawn and
+forkserver workers can import them by name. Everything here is re-exported by :mod:`helpers.pipeline.loaders`,
+where the chapters and notebooks import them from.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, default_collate, get_worker_info
+
+from ..core.validate import check_choice, check_float, check_int
+
+__all__ = [
+    "CheapDataset",
+    "BatchedCheapDataset",
+    "SpinDataset",
+    "UnevenDataset",
+    "FailingDataset",
+    "BadRNGDataset",
+    "FixedRNGDataset",
+    "PinnableBatch",
+    "collate_pinnable",
+    "light_uint8_collate",
+    "passthrough_collate",
+    "thread_label",
+]
+
+#: What the workbook calls the DataLoader's pin-memory thread: the name torch gives the OS thread.
+PIN_THREAD_NAME = "pt_data_pin"
+
+
+def _is_pin_thread(thread: threading.Thread) -> bool:
+    """True for a DataLoader pin-memory thread, found by its target: torch starts it without a ``name=`` (Python
+    calls it ``Thread-N (_pin_memory_loop)``); only the OS-level thread is named ``pt_data_pin``."""
+    target = getattr(thread, "_target", None)  # set while the thread runs (Thread.run deletes it at the end)
+    if getattr(target, "__name__", None) == "_pin_memory_loop":
+        return True
+    return thread.name == PIN_THREAD_NAME or thread.name.endswith("(_pin_memory_loop)")
+
+
+def thread_label(thread: threading.Thread | None = None) -> str:
+    """``pt_data_pin`` for a pin-memory thread, else the thread's Python name (default: the current thread)."""
+    thread = thread if thread is not None else threading.current_thread()
+    return PIN_THREAD_NAME if _is_pin_thread(thread) else thread.name
+
+
+class PinnableBatch:
+    """A custom batch type with its own ``pin_memory()``, which the DataLoader's pin step calls (in the pin thread
+    with workers, in the main thread without); it records how long pinning took (``pin_seconds``) and which
+    thread did it (``pin_thread``), so chapter 03 can show where the pinning time goes."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        self.images = images
+        self.labels = labels
+        self.pin_seconds: float | None = None
+        self.pin_thread: str | None = None
+
+    def pin_memory(self, device: Any = None) -> "PinnableBatch":
+        """A copy in page-locked memory (what ``DataLoader(pin_memory=True)`` calls)."""
+        t0 = time.perf_counter()
+        out = PinnableBatch(self.images.pin_memory(), self.labels.pin_memory())
+        out.pin_seconds = time.perf_counter() - t0
+        out.pin_thread = thread_label()
+        return out
+
+    def is_pinned(self) -> bool:
+        return bool(self.images.is_pinned() and self.labels.is_pinned())
+
+    def to(self, device: Any, non_blocking: bool = False) -> "PinnableBatch":
+        """Move both tensors (``non_blocking`` only overlaps when pinned)."""
+        out = PinnableBatch(
+            self.images.to(device, non_blocking=non_blocking), self.labels.to(device, non_blocking=non_blocking)
+        )
+        out.pin_seconds, out.pin_thread = self.pin_seconds, self.pin_thread
+        return out
+
+    def __len__(self) -> int:
+        return int(self.images.shape[0])
+
+    def __repr__(self) -> str:
+        return f"PinnableBatch(images={tuple(self.images.shape)} {self.images.dtype}, pinned={self.is_pinned()})"
+
+
+def collate_pinnable(items: list[tuple[torch.Tensor, int]]) -> PinnableBatch:
+    """Collate ``(image, label)`` items into a :class:`PinnableBatch` (stacked as default_collate does: straight
+    into shared memory inside a worker)."""
+    return PinnableBatch(default_collate([x for x, _ in items]), torch.as_tensor([int(y) for _, y in items]))
+
+
+def passthrough_collate(batch: Any) -> Any:
+    """A collate function that returns its input (for data sets that batch in ``__getitems__``)."""
+    return batch
+
+
+def light_uint8_collate(items: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, list[int]]:
+    """A lighter collate for uint8 images: one shared-memory tensor per batch, labels as a plain list.
+
+    ``default_collate`` makes the labels a second tensor, and every tensor crosses the process boundary with its
+    own shared-memory handle the main process must open and map; a tiny pickled list needs none.
+    """
+    return default_collate([x for x, _ in items]), [int(y) for _, y in items]
+
+
+class CheapDataset(Dataset):
+    """Items that cost almost nothing: views into a small in-memory bank of random images, so that a DataLoader's
+    per-batch overhead in the main process (receiving and unpickling batches) is what limits throughput.
+
+    Args: ``n`` items (1-10,000,000), ``image_size`` (1-1024), ``output`` ``"float"`` or ``"uint8"``,
+    ``bank`` distinct images (1-4096), ``seed`` of the bank.
+    """
+
+    def __init__(self, n: int, image_size: int = 64, output: str = "float", bank: int = 64, seed: int = 0) -> None:
+        self.n = check_int("n", n, 1, 10_000_000)
+        self.image_size = check_int("image_size", image_size, 1, 1024)
+        self.output = check_choice("output", output, ("float", "uint8"))
+        bank = check_int("bank", bank, 1, 4096)
+        g = torch.Generator().manual_seed(check_int("seed", seed, 0, 2**63 - 1))
+        data = torch.randint(0, 256, (bank, 3, self.image_size, self.image_size), dtype=torch.uint8, generator=g)
+        self.bank = data if output == "uint8" else data.float().div_(255.0)
+        self.labels = torch.arange(bank) % 10
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if not -self.n <= index < self.n:
+            raise IndexError(f"index {index} out of range for {self.n} items")
+        k = index % len(self.bank)
+        return self.bank[k], int(self.labels[k])
+
+
+class BatchedCheapDataset(CheapDataset):
+    """:class:`CheapDataset` plus ``__getitems__``: one gather per batch instead of one call per item. It returns
+    a finished ``(images, labels)`` batch, which the DataLoader passes to ``collate_fn``: pair it with
+    :func:`passthrough_collate`."""
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.as_tensor(indices, dtype=torch.long) % len(self.bank)
+        if get_worker_info() is None:
+            return self.bank.index_select(0, idx), self.labels.index_select(0, idx)
+        out = self.bank.new_empty((len(indices), *self.bank.shape[1:])).share_memory_()  # as default_collate does
+        torch.index_select(self.bank, 0, idx, out=out)
+        return out, self.labels.index_select(0, idx)
+
+
+class _PerItem(Dataset):
+    """A view of a data set that fetches item by item (hides its ``__getitems__``)."""
+
+    def __init__(self, base: Dataset) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        return self.base[index]
+
+
+class SpinDataset(Dataset):
+    """Wrap a data set and add ``extra_ms`` of CPU time per item (a stand-in for heavier augmentation): a busy
+    loop on the thread's CPU clock, so it competes for cores like real augmentation (``time.sleep`` would not)."""
+
+    def __init__(self, base: Dataset, extra_ms: float) -> None:
+        self.base = base
+        self.extra_ms = check_float("extra_ms", extra_ms, 0.0, 1000.0)
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        end = time.thread_time() + self.extra_ms / 1e3
+        while time.thread_time() < end:
+            pass
+        return self.base[index]
+
+
+class UnevenDataset(Dataset):
+    """Items of uneven cost: most take ``fast_ms``, every ``slow_every``-th ``slow_ms``. The cost is a sleep (a slow
+    read from network storage), so it takes no core and ``in_order``'s effect shows even on two cores."""
+
+    def __init__(self, n: int, fast_ms: float = 1.0, slow_ms: float = 60.0, slow_every: int = 23) -> None:
+        self.n = check_int("n", n, 1, 10_000_000)
+        self.fast_ms = check_float("fast_ms", fast_ms, 0.0, 10_000.0)
+        self.slow_ms = check_float("slow_ms", slow_ms, 0.0, 10_000.0)
+        self.slow_every = check_int("slow_every", slow_every, 1, 10_000_000)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        time.sleep((self.slow_ms if index % self.slow_every == 0 else self.fast_ms) / 1e3)
+        return torch.full((16,), index % 256, dtype=torch.uint8), index
+
+
+class FailingDataset(Dataset):
+    """Raises ``ValueError`` for one item, to show how a worker's exception reaches the main process."""
+
+    def __init__(self, n: int = 32, bad_index: int = 13) -> None:
+        self.n = check_int("n", n, 1, 10_000_000)
+        self.bad_index = check_int("bad_index", bad_index, 0, self.n - 1)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if index == self.bad_index:
+            raise ValueError(f"item {index} is damaged (a deliberate failure in FailingDataset.__getitem__)")
+        return torch.zeros(4), index
+
+
+class BadRNGDataset(Dataset):
+    """THE BUG: a random generator created in ``__init__``. Every worker gets a copy, state included, so all
+    workers draw the same "random" augmentation. Items are ``(index, worker_id, draw)``."""
+
+    def __init__(self, n: int = 64, seed: int = 0) -> None:
+        self.n = check_int("n", n, 1, 10_000_000)
+        self.rng = np.random.default_rng(seed)  # <- copied into every worker
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[int, int, float]:
+        info = get_worker_info()
+        return index, (info.id if info else -1), float(self.rng.random())
+
+
+class FixedRNGDataset(Dataset):
+    """THE FIX: the generator is made lazily, in each process, from that worker's own seed
+    (``get_worker_info().seed``, different per worker and epoch; ``seed`` in the main process). Any start method."""
+
+    def __init__(self, n: int = 64, seed: int = 0) -> None:
+        self.n = check_int("n", n, 1, 10_000_000)
+        self.seed = check_int("seed", seed, 0, 2**63 - 1)
+        self._rng: np.random.Generator | None = None
+        self._rng_key: tuple[int, int] | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _generator(self) -> np.random.Generator:
+        info = get_worker_info()
+        key = (os.getpid(), info.seed if info else self.seed)
+        if self._rng is None or self._rng_key != key:
+            self._rng, self._rng_key = np.random.default_rng(key[1]), key
+        return self._rng
+
+    def __getitem__(self, index: int) -> tuple[int, int, float]:
+        info = get_worker_info()
+        return index, (info.id if info else -1), float(self._generator().random())
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_rng": None, "_rng_key": None}

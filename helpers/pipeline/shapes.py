@@ -1,0 +1,599 @@
+"""The workbook's data set on disk, drawn here (nothing can be downloaded): shapes and textures on noisy, shaded
+backgrounds, JPEG files in ImageFolder class folders that cost what real photos of the same size cost to decode,
+and that a small CNN learns in a few epochs. :func:`make_shapes_dataset` generates it once (deterministic from
+``seed``) or reuses a verified cached copy. Re-exported by :mod:`helpers.pipeline.data`."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import io
+import json
+import math
+import multiprocessing as mp
+import os
+import shutil
+import time
+import uuid
+import warnings
+import zlib
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ..core.config import CACHE_ENV, cache_dir, sized
+from ..core.progress import progress_bar
+from ..core.validate import check_choice, check_int, human_bytes
+
+__all__ = [
+    "SHAPE_CLASSES",
+    "GENERATOR_VERSION",
+    "DatasetInfo",
+    "default_sizes",
+    "dataset_name",
+    "make_shapes_dataset",
+    "verify_dataset",
+    "render_image",
+]
+
+#: Class names, in label order. ``num_classes=k`` uses the first ``k``.
+SHAPE_CLASSES: tuple[str, ...] = ("disc", "ring", "square", "stripes", "dots", "checker", "triangle", "cross")
+#: Bump when the drawing code changes, so cached copies are regenerated.
+GENERATOR_VERSION = 2
+MANIFEST = "manifest.json"
+_SPLIT_CODE = {"train": 0, "val": 1}
+#: errno values that mean "this folder cannot be written here" (not a bug, a setup).
+_UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+#: Work (pixels drawn) below which one process generates faster than a pool that must start first.
+_POOL_MIN_PIXELS = 100_000_000
+
+
+def default_sizes(tier: str | None = None) -> dict[str, int]:
+    """Problem sizes for the size tier in force (:func:`helpers.core.config.size_tier`), or for ``tier``
+    (``"quick"``, ``"laptop"``, ``"full"``: what another tier would use, e.g. for an estimate).
+
+    Quick (``WORKBOOK_QUICK=1``): 640 + 256 images of 80 px cropped to 64 (3.7 MiB; seconds to generate on 2
+    cores). Laptop (no CUDA GPU): 1,600 + 400 of 112 px cropped to 96 (an epoch of chapter 01's model takes tens of
+    seconds on 2 cores). Full (a CUDA GPU, or ``WORKBOOK_FULL=1``): 9,600 + 2,400 of 256 px cropped to 224 (about
+    30 KiB per file, decoding like a small photo). Each size set is its own cached folder (:func:`dataset_name`).
+    Keys: ``n_train``, ``n_val``, ``image_size``, ``crop_size``, ``num_classes``, ``batch_size``."""
+    if tier is None:
+        pick: Callable[..., int] = sized
+    else:
+        check_choice("tier", tier, ("quick", "laptop", "full"))
+
+        def pick(quick: int, full: int, laptop: int) -> int:
+            return {"quick": quick, "full": full, "laptop": laptop}[tier]
+
+    return {
+        "n_train": pick(quick=640, full=9600, laptop=1600),
+        "n_val": pick(quick=256, full=2400, laptop=400),
+        "image_size": pick(quick=80, full=256, laptop=112),
+        "crop_size": pick(quick=64, full=224, laptop=96),
+        "num_classes": 6,
+        "batch_size": pick(quick=32, full=64, laptop=32),
+    }
+
+
+# -- drawing (the order of the random draws is the data set: changing it needs a new GENERATOR_VERSION) ----------
+
+
+def _regular_polygon(n: int, cx: float, cy: float, r: float, angle: float) -> list[tuple[float, float]]:
+    steps = [angle + 2 * math.pi * k / n for k in range(n)]
+    return [(cx + r * math.cos(a), cy + r * math.sin(a)) for a in steps]
+
+
+def _cross(cx: float, cy: float, r: float, angle: float) -> list[tuple[float, float]]:
+    t = r * 0.36  # half arm thickness
+    pts = [(t, r), (t, t), (r, t), (r, -t), (t, -t), (t, -r), (-t, -r), (-t, -t), (-r, -t), (-r, t), (-t, t), (-t, r)]
+    c, s = math.cos(angle), math.sin(angle)
+    return [(cx + x * c - y * s, cy + x * s + y * c) for x, y in pts]
+
+
+def _colour_pair(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A background and a foreground colour with a clear luminance difference."""
+    weights = np.array([0.299, 0.587, 0.114])
+    while True:
+        bg = rng.integers(0, 256, size=3)
+        fg = rng.integers(0, 256, size=3)
+        if abs(float(weights @ bg) - float(weights @ fg)) >= 70:
+            return bg.astype(np.float32), fg.astype(np.float32)
+
+
+def _checker(draw: Any, size: int, angle: float, fill: Any, rng: np.random.Generator) -> None:
+    cell = float(rng.uniform(0.12, 0.2)) * size
+    c, s = math.cos(angle), math.sin(angle)
+    cells = int(size * 1.5 / cell) + 2
+    for i in range(-cells, cells):
+        for j in range(-cells, cells):
+            if (i + j) % 2:
+                continue
+            corners = [(i, j), (i + 1, j), (i + 1, j + 1), (i, j + 1)]
+            pts = [(size / 2 + cell * (a * c - b * s), size / 2 + cell * (a * s + b * c)) for a, b in corners]
+            if all(-cell <= px <= size + cell and -cell <= py <= size + cell for px, py in pts):
+                draw.polygon(pts, fill=fill)
+
+
+def _stripes(draw: Any, size: int, angle: float, fill: Any, rng: np.random.Generator) -> None:
+    period = float(rng.uniform(0.12, 0.22)) * size
+    width = max(1, int(period * 0.45))
+    c, s = math.cos(angle), math.sin(angle)
+    span = size * 1.5
+    k = -span
+    while k <= span:
+        px, py = size / 2 + k * c, size / 2 + k * s
+        draw.line([(px - span * s, py + span * c), (px + span * s, py - span * c)], fill=fill, width=width)
+        k += period
+
+
+def _dots(draw: Any, size: int, angle: float, fill: Any, rng: np.random.Generator) -> None:
+    period = float(rng.uniform(0.14, 0.24)) * size
+    rad = period * 0.25
+    off = rng.uniform(0, period, size=2)
+    y = off[1] - period
+    while y < size + period:
+        x = off[0] - period
+        while x < size + period:
+            draw.ellipse([x - rad, y - rad, x + rad, y + rad], fill=fill)
+            x += period
+        y += period
+
+
+_TEXTURES = {"checker": _checker, "stripes": _stripes, "dots": _dots}
+
+
+def render_image(label: int, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Draw one image of class ``label`` as an ``(size, size, 3)`` uint8 array: a shape (disc, ring, square,
+    triangle, cross: position, size, rotation, colour vary) or a texture (stripes, dots, checker: period, angle,
+    colour vary) on a shaded background, with a few thin distractor lines and Gaussian noise."""
+    from PIL import Image, ImageDraw
+
+    name = SHAPE_CLASSES[label]
+    bg, fg = _colour_pair(rng)
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / max(size - 1, 1)
+    gdir = rng.uniform(-1, 1, size=2)
+    grad = (gdir[0] * (xx - 0.5) + gdir[1] * (yy - 0.5))[..., None] * rng.uniform(20, 60)
+    img = Image.fromarray(np.clip(bg[None, None, :] + grad, 0, 255).astype(np.uint8), "RGB")
+    draw = ImageDraw.Draw(img)
+    fill = tuple(int(v) for v in fg)
+    mid = tuple(int(v) for v in (0.6 * bg + 0.4 * fg))  # distractor lines, between background and foreground
+    for _ in range(int(rng.integers(1, 4))):
+        x0, y0, x1, y1 = (float(v) for v in rng.uniform(0, size, size=4))
+        draw.line([(x0, y0), (x1, y1)], fill=mid, width=max(1, size // 64))
+    r = float(rng.uniform(0.22, 0.38)) * size
+    cx = float(rng.uniform(r, size - r))
+    cy = float(rng.uniform(r, size - r))
+    angle = float(rng.uniform(0, 2 * math.pi))
+    if name == "disc":
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
+    elif name == "ring":
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], outline=fill, width=max(2, int(r * 0.3)))
+    elif name in ("square", "triangle"):
+        n, scale = (4, 1.1) if name == "square" else (3, 1.2)
+        draw.polygon(_regular_polygon(n, cx, cy, r * scale, angle), fill=fill)
+    elif name == "cross":
+        draw.polygon(_cross(cx, cy, r * 1.1, angle), fill=fill)
+    else:
+        _TEXTURES[name](draw, size, angle, fill, rng)
+    arr = np.asarray(img, dtype=np.float32)
+    arr += rng.normal(0.0, float(rng.uniform(6, 18)), size=arr.shape).astype(np.float32)
+    return np.clip(arr, 0, 255).astype(np.uint8)
+
+
+def _encode_jpeg(arr: np.ndarray, quality: int) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(arr, "RGB").save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def _write_chunk(args: tuple[str, str, int, int, int, int, int, int]) -> list[dict[str, Any]]:
+    """Render and write images ``[start, stop)`` of one split; return their manifest rows (module level: a
+    process pool of any start method runs it)."""
+    folder, split, start, stop, num_classes, image_size, seed, quality = args
+    rows = []
+    for index in range(start, stop):
+        label = index % num_classes
+        rng = np.random.default_rng(np.random.SeedSequence([seed, _SPLIT_CODE[split], index]))
+        data = _encode_jpeg(render_image(label, image_size, rng), quality)
+        rel = f"{split}/{SHAPE_CLASSES[label]}/{index:05d}.jpg"
+        (Path(folder) / rel).write_bytes(data)
+        crc, sha = zlib.crc32(data), hashlib.sha256(data).hexdigest()
+        rows.append({"path": rel, "label": label, "size": len(data), "crc32": crc, "sha256": sha})
+    return rows
+
+
+# -- the cache -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DatasetInfo:
+    """Where a generated data set lives (``root``, and ``train_dir``/``val_dir`` for :class:`ShapesDataset` or
+    ImageFolder) and what it holds; ``generated`` is False for a reused cached copy, ``seconds`` what this call
+    spent generating or verifying, ``params`` the generation parameters recorded in the manifest."""
+
+    root: Path
+    train_dir: Path
+    val_dir: Path
+    classes: list[str]
+    n_train: int
+    n_val: int
+    image_size: int
+    total_bytes: int
+    generated: bool
+    seconds: float
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        how = "generated" if self.generated else "reused (verified)"
+        mean_kib = self.total_bytes / max(1, self.n_train + self.n_val) / 1024
+        return (
+            f"{self.n_train} train + {self.n_val} val JPEGs, {self.image_size}x{self.image_size} px, "
+            f"{len(self.classes)} classes, {self.total_bytes / 2**20:.1f} MiB "
+            f"(mean {mean_kib:.1f} KiB/file), {how},\n  in {self.root}"
+        )
+
+
+def dataset_name(n_train: int, n_val: int, image_size: int, num_classes: int, seed: int, quality: int) -> str:
+    """Folder name that encodes the generation parameters (so sizes never collide)."""
+    return f"shapes-v{GENERATOR_VERSION}-c{num_classes}-{image_size}px-{n_train}x{n_val}-q{quality}-seed{seed}"
+
+
+def _manifest_rows(manifest: Any) -> tuple[list[dict[str, Any]], str]:
+    """The manifest's file rows, or ``([], why)`` when it is not shaped as :func:`_generate` writes it."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
+        return [], "it is not an object with a 'files' list"
+    rows = manifest["files"]
+    for i, row in enumerate(rows):
+        if not (
+            isinstance(row, dict)
+            and isinstance(row.get("path"), str)
+            and isinstance(row.get("size"), int)
+            and isinstance(row.get("sha256"), str)
+            and isinstance(row.get("crc32", 0), int)
+        ):
+            return [], f"files[{i}] lacks a path, size or sha256 of the right type"
+        parts = Path(row["path"]).parts
+        if Path(row["path"]).is_absolute() or ".." in parts or not parts or parts[0] not in _SPLIT_CODE:
+            return [], f"files[{i}] has the path {row['path']!r}, outside train/ and val/"
+    return rows, ""
+
+
+def _file_problem(path: Path, row: dict[str, Any], level: str) -> str | None:
+    """What is wrong with one listed file, or None (one read: its length, then its checksum)."""
+    try:
+        content = path.read_bytes()
+    except FileNotFoundError:
+        return f"missing file {path}"
+    except OSError as exc:  # e.g. a class folder replaced by a file (NotADirectoryError), unreadable
+        return f"cannot read {path}: {exc.strerror or type(exc).__name__}"
+    if len(content) != row["size"]:
+        return f"{path} has {len(content)} bytes, the manifest says {row['size']}"
+    if level == "quick" and "crc32" in row:
+        same, kind = zlib.crc32(content) == row["crc32"], "CRC-32"
+    else:
+        same, kind = hashlib.sha256(content).hexdigest() == row["sha256"], "SHA-256"
+    return None if same else f"{path} content differs from the manifest ({kind} mismatch)"
+
+
+def verify_dataset(
+    root: str | os.PathLike[str], level: str = "quick", params: dict[str, Any] | None = None
+) -> list[str]:
+    """Problems of a generated data set against its manifest, one line each (empty: intact).
+
+    ``level="quick"`` checks every listed file's size and CRC-32 (a manifest from before checksums were recorded:
+    SHA-256) and that no extra image is present: a same-size change is caught; measured on a busy 2-core machine,
+    0.07 s for the quick tier (896 files), about 2 s for the full one (12,000 files). ``"full"`` checks every
+    file's SHA-256 (a few times slower). ``params``, if given, must equal the manifest's.
+    """
+    check_choice("level", level, ("quick", "full"))
+    root = Path(root)
+    mpath = root / MANIFEST
+    try:
+        if not mpath.is_file():
+            return [f"no {MANIFEST} in {root} (generation was interrupted or this is not a generated data set)"]
+        manifest = json.loads(mpath.read_text())
+    except (OSError, ValueError) as exc:
+        return [f"{mpath} is unreadable: {exc}"]
+    files, why = _manifest_rows(manifest)
+    if why:
+        return [f"{mpath} is not a data-set manifest: {why}"]
+    problems: list[str] = []
+    if params is not None and manifest.get("params") != params:
+        problems.append(f"manifest parameters {manifest.get('params')} differ from the requested {params}")
+    for row in files:
+        problem = _file_problem(root / row["path"], row, level)
+        problems += [problem] if problem else []
+        if len(problems) > 20:
+            return problems + ["... (more problems not listed)"]
+    listed = {row["path"] for row in files}
+    for split in ("train", "val"):
+        folder = root / split
+        if not folder.is_dir():
+            problems.append(f"{folder} is not a folder")
+            continue
+        for p in sorted(folder.rglob("*")):
+            if p.is_file() and p.relative_to(root).as_posix() not in listed:
+                problems.append(f"unexpected file {p}")
+                if len(problems) > 20:
+                    return problems
+    return problems
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """Exclusive lock on ``path`` between processes (no-op where fcntl is missing); OSError when the lock file
+    can't be opened (a read-only folder): the caller decides what that means."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: the atomic rename still protects the cache
+        yield
+        return
+    with open(path, "a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _not_writable_message(folder: Path, exc: OSError, what: str) -> str:
+    return (
+        f"{what}: the cache folder {folder} is not writable ({exc.strerror or type(exc).__name__}). Point the "
+        f"cache at a writable folder with the environment variable {CACHE_ENV} (for example "
+        f"`export {CACHE_ENV}=$HOME/workbook-cache` before starting Jupyter), or pass "
+        f"root=<a writable folder> to make_shapes_dataset()."
+    )
+
+
+def _check_disk(parent: Path, n_images: int, image_size: int) -> None:
+    """Refuse a generation that can't fit on the disk holding ``parent``: about 0.45 byte per pixel at q90 was
+    measured, 0.8 is assumed, twice (a temporary copy exists while regenerating)."""
+    need = 2 * (int(n_images * image_size * image_size * 0.8) + 64 * 1024)
+    try:
+        free = shutil.disk_usage(parent).free
+    except OSError:  # pragma: no cover - unknown: let the write itself fail
+        return
+    if need > free:
+        raise ValueError(
+            f"n_train/n_val/image_size: {n_images} images of {image_size}x{image_size} px need about "
+            f"{human_bytes(need)} on disk, but {parent} has {human_bytes(free)} free. Use fewer or "
+            f"smaller images, or point {CACHE_ENV} at a folder with more space."
+        )
+
+
+def _remove_stale_temporaries(parent: Path, held: str) -> None:
+    """Remove the temporary folders (``.<name>.tmp-<pid>-<id>``) of generations killed outright. The caller holds
+    data set ``held``'s lock, so each of its temporaries is stale; another's is when its lock is free."""
+    with contextlib.suppress(OSError):
+        for tmp in [p for p in parent.iterdir() if p.name.startswith(".") and ".tmp-" in p.name]:
+            name = tmp.name[1:].split(".tmp-", 1)[0]
+            if name == held:
+                shutil.rmtree(tmp, ignore_errors=True)
+                continue
+            try:
+                import fcntl
+            except ImportError:  # pragma: no cover - Windows: leave other data sets' temporaries alone
+                return
+            with contextlib.suppress(OSError), open(parent / f".{name}.lock", "a+") as fh:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # OSError: that generation runs now
+                try:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                finally:
+                    fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _cache_parent(root: str | os.PathLike[str] | None) -> Path:
+    """The folder the data set goes in: ``root`` or the cache folder, checked (one-line errors)."""
+    if root is None:
+        what = f"{CACHE_ENV}={os.environ.get(CACHE_ENV, '')!r}" if os.environ.get(CACHE_ENV) else "the cache folder"
+        try:
+            return cache_dir()
+        except OSError as exc:
+            if exc.errno in _UNWRITABLE:
+                raw = Path(os.environ.get(CACHE_ENV) or ".").expanduser()
+                raise PermissionError(_not_writable_message(raw, exc, "cannot create the data set folder")) from None
+            raise ValueError(
+                f"{what} cannot be used as the data-set cache folder ({exc.strerror or exc}): point {CACHE_ENV} at "
+                f"a writable folder (for example `export {CACHE_ENV}=$HOME/workbook-cache`)"
+            ) from None
+    if not isinstance(root, (str, os.PathLike)) or str(root).strip() == "":
+        raise ValueError(
+            f"root must be a folder path (a str or pathlib.Path), got {root!r}; leave it out to use the "
+            f"cache folder ({CACHE_ENV})"
+        )
+    parent, what = Path(root).expanduser(), f"root={str(root)!r}"
+    if parent.exists() and not parent.is_dir():
+        raise ValueError(f"{what} is a file, not a folder; pass a folder for the data set")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if exc.errno in _UNWRITABLE:
+            raise PermissionError(_not_writable_message(parent, exc, "cannot create the data set folder")) from None
+        raise ValueError(f"{what} cannot be created as a folder ({exc.strerror or exc}); pass another folder") from None
+    return parent
+
+
+def _write_all(tmp: Path, params: dict[str, Any], workers: int, report: Callable[..., None]) -> list[dict[str, Any]]:
+    """Write every image into ``tmp`` (chunks of a size that lets a progress bar move); their manifest rows."""
+    total, size = params["n_train"] + params["n_val"], params["image_size"]
+    chunk = max(16, min(256, math.ceil(total / (8 * workers))))
+    jobs = [
+        (str(tmp), split, start, min(start + chunk, n), params["num_classes"], size, params["seed"], params["quality"])
+        for split, n in (("train", params["n_train"]), ("val", params["n_val"]))
+        for start in range(0, n, chunk)
+    ]
+    pool = workers > 1 and len(jobs) > 1
+    report(0.0, f"drawing and encoding {total} JPEGs of {size}x{size} px" + (f" (starting {workers} processes)" * pool))
+    rows: list[dict[str, Any]] = []
+
+    def done(part: list[dict[str, Any]]) -> None:
+        rows.extend(part)
+        processes = f"{workers} process{'es' if workers > 1 else ''}"
+        report(
+            len(rows) / total, f"drawing and encoding {size}x{size} JPEGs: {len(rows)} of {total} written ({processes})"
+        )
+
+    if pool:
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as executor:
+            for part in executor.map(_write_chunk, jobs):
+                done(part)
+    else:
+        for job in jobs:
+            done(_write_chunk(job))
+    return rows
+
+
+def _generate(final: Path, params: dict[str, Any], workers: int, report: Callable[..., None]) -> None:
+    """Write the data set into a temporary sibling folder, the manifest last (its presence marks a complete data
+    set), then rename it into place. Nothing is kept when it fails."""
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        for split in ("train", "val"):
+            for name in params["classes"]:
+                (tmp / split / name).mkdir(parents=True, exist_ok=True)
+        rows = _write_all(tmp, params, workers, report)
+        manifest = {"params": params, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": rows}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=0))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(
+                exc.errno,
+                f"the disk holding {final.parent} is full ({exc.strerror}): the data set {final.name} could not "
+                f"be written (nothing was kept). Free some space, or point {CACHE_ENV} at a folder on a disk with "
+                f"more space.",
+            ) from None
+        if exc.errno in _UNWRITABLE:
+            raise PermissionError(_not_writable_message(final.parent, exc, "cannot write the data set")) from None
+        raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _checked_params(
+    n_train: int | None, n_val: int | None, image_size: int | None, num_classes: int, seed: int, quality: int
+) -> dict[str, Any]:
+    """The generation parameters (recorded in the manifest), checked; ``None`` sizes from :func:`default_sizes`."""
+    sizes = default_sizes()
+    params: dict[str, Any] = {
+        "generator_version": GENERATOR_VERSION,
+        "n_train": check_int("n_train", sizes["n_train"] if n_train is None else n_train, 1, 1_000_000),
+        "n_val": check_int("n_val", sizes["n_val"] if n_val is None else n_val, 1, 1_000_000),
+        "image_size": check_int("image_size", sizes["image_size"] if image_size is None else image_size, 16, 1024),
+        "num_classes": check_int("num_classes", num_classes, 2, len(SHAPE_CLASSES)),
+    }
+    params["classes"] = list(SHAPE_CLASSES[: params["num_classes"]])
+    return {**params, "seed": check_int("seed", seed, 0, 2**31 - 1), "quality": check_int("quality", quality, 50, 100)}
+
+
+def _problems(final: Path, params: dict[str, Any], verify: str, report: Callable[..., None]) -> list[str]:
+    """A cached copy's problems (``verify="none"``: the manifest's shape only)."""
+    report(0.0, f"verifying the cached data set ({params['n_train'] + params['n_val']} files)")
+    if verify != "none":
+        return verify_dataset(final, verify, params)
+    try:
+        _, why = _manifest_rows(json.loads((final / MANIFEST).read_text()))
+    except (OSError, ValueError) as exc:
+        why = str(exc)
+    return [f"{final / MANIFEST} is not a data-set manifest: {why}"] if why else []
+
+
+def _reuse_or_generate(
+    final: Path, check: Callable[[], list[str]], generate: Callable[[], None], on_corrupt: str
+) -> bool:
+    """Reuse a verified copy or (re)generate it, under the data set's lock; True when generated. In a read-only
+    cache folder (no lock file can be made) a verified copy is used as it is."""
+    parent = final.parent
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(_file_lock(parent / f".{final.name}.lock"))
+        except OSError as exc:  # a read-only folder, or one that takes no new files (ENOENT: /proc)
+            if exc.errno not in _UNWRITABLE + (errno.ENOENT,):
+                raise
+            if not (final / MANIFEST).is_file():
+                what = f"cannot generate the data set {final.name}"
+                raise PermissionError(_not_writable_message(parent, exc, what)) from None
+            problems = check()
+            if problems:
+                what = f"the cached data set in {final} is damaged ({problems[0]}) and cannot be regenerated in place"
+                raise PermissionError(_not_writable_message(parent, exc, what)) from None
+            return False
+        _remove_stale_temporaries(parent, final.name)
+        if (final / MANIFEST).is_file():
+            problems = check()
+            if not problems:
+                return False
+            what = f"cached data set in {final} is damaged ({len(problems)} problem(s), first: {problems[0]})"
+            if on_corrupt == "raise":
+                raise RuntimeError(
+                    f"the {what}; delete the folder or call make_shapes_dataset(on_corrupt='regenerate')"
+                )
+            warnings.warn(f"{what}; regenerating it", RuntimeWarning, stacklevel=3)
+        generate()
+        return True
+
+
+def make_shapes_dataset(
+    *,
+    n_train: int | None = None,
+    n_val: int | None = None,
+    image_size: int | None = None,
+    num_classes: int = 6,
+    seed: int = 0,
+    quality: int = 90,
+    root: str | os.PathLike[str] | None = None,
+    verify: str = "quick",
+    on_corrupt: str = "regenerate",
+    workers: int | None = None,
+    progress: Callable[..., None] | None = None,
+) -> DatasetInfo:
+    """Generate the shapes data set, or reuse a verified cached copy: ``<root>/<dataset_name(...)>/`` with
+    ``train/<class>/NNNNN.jpg``, ``val/<class>/NNNNN.jpg`` and ``manifest.json`` (parameters, size and checksums of
+    every file). The same parameters always give byte-identical files; generation happens in a temporary folder
+    renamed into place, under a file lock, so two processes never see a half-written data set.
+
+    ``n_train``/``n_val``/``image_size`` ``None``: :func:`default_sizes`. ``num_classes``: 2-8 of
+    :data:`SHAPE_CLASSES`. ``root``: default :func:`helpers.core.config.cache_dir`. ``verify`` a cached copy
+    ``"quick"``, ``"full"`` or ``"none"`` (see :func:`verify_dataset`); ``on_corrupt`` ``"regenerate"`` (with a
+    warning) or ``"raise"``. ``workers``: generating processes (default 1 for small sets, a pool costs seconds to
+    start; else the CPU count, at most 8). ``progress(fraction, text)``; ``None``: a bar while generating.
+
+    Raises:
+        ValueError: bad arguments, an unusable ``root`` or ``WORKBOOK_CACHE``, not enough disk space.
+        OSError: the disk filled up while generating (nothing kept).
+        PermissionError: a read-only cache folder without a usable copy (the message names ``WORKBOOK_CACHE``).
+        RuntimeError: a damaged cached copy with ``on_corrupt="raise"``.
+    """
+    check_choice("verify", verify, ("quick", "full", "none"))
+    check_choice("on_corrupt", on_corrupt, ("regenerate", "raise"))
+    params = _checked_params(n_train, n_val, image_size, num_classes, seed, quality)
+    n_images, size = params["n_train"] + params["n_val"], params["image_size"]
+    if workers is None:
+        workers = 1 if n_images * size * size < _POOL_MIN_PIXELS else min(8, os.cpu_count() or 1)
+    workers = check_int("workers", workers, 1, 256)
+    report = progress or (lambda fraction, text="": None)
+    names = ("n_train", "n_val", "image_size", "num_classes", "seed", "quality")
+    final = _cache_parent(root) / dataset_name(*(params[k] for k in names))
+
+    def generate() -> None:
+        _check_disk(final.parent, n_images, size)
+        if progress is not None:
+            return _generate(final, params, workers, report)
+        with progress_bar(f"generating {n_images} JPEG files (once; reused after)") as bar:
+            _generate(final, params, workers, bar)  # generation takes seconds to minutes: a bar even unasked
+
+    t0 = time.perf_counter()
+    generated = _reuse_or_generate(final, lambda: _problems(final, params, verify, report), generate, on_corrupt)
+    total = sum(int(r["size"]) for r in json.loads((final / MANIFEST).read_text())["files"])
+    report(1.0, ("generated " if generated else "reused ") + f"{params['n_train']} + {params['n_val']} images")
+    counts = (params["classes"], params["n_train"], params["n_val"], size, total)
+    return DatasetInfo(final, final / "train", final / "val", *counts, generated, time.perf_counter() - t0, params)

@@ -1,0 +1,594 @@
+"""Worker processes that can't hang, leak or lose a Ctrl-C: how the loaders of :mod:`helpers.pipeline.loaders`
+start, watch, stop and explain their workers.
+
+- start: SIGINT/SIGTERM are held while workers are forked (:class:`_HeldSignals`), and each worker drops the
+  parent's handlers (:func:`reset_child_signals`) and names the item its data set fails on;
+- watch: a worker that ends (even with exit code 0) is noticed within a quarter second (:class:`_WatchedIter`),
+  one stopped longer than the loader's timeout is ended (:class:`_FreezeWatch`);
+- stop: :func:`release` and :func:`_finish`, bounded waits, whatever interrupts them;
+- explain: :func:`_plain_failure` turns torch's errors into one :class:`LoaderFailure` line;
+- ``/dev/shm``, where workers hand batches over: too little is refused before any worker starts (:func:`require_shm`);
+- how many: far more workers than cores are refused where a reader asks for them (:func:`check_workers_for_cores`).
+
+Processes are found, resumed and stopped with psutil and multiprocessing. torch has no public way to close an
+iterator, watch its workers or name a failing item, so a few private torch names remain; each says beside it why
+(which test the public path fails).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import multiprocessing as mp
+import os
+import re
+import shutil
+import signal
+import textwrap
+import threading
+import time
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import psutil
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+from ..core.failures import ITEM_NOTE, LoaderFailure, ended_in_words, explain_loader_error
+from ..core.validate import check_float, check_int, human_bytes
+
+__all__ = [
+    "MAX_WORKERS",
+    "WORKERS_PER_CORE",
+    "cpu_cores",
+    "workers_limit",
+    "check_workers_for_cores",
+    "load_note",
+    "SHUTDOWN_GRACE_S",
+    "reset_child_signals",
+    "release",
+    "open_iterator",
+    "child_processes",
+    "worker_processes",
+    "ShmStatus",
+    "shm_status",
+    "shm_needed_bytes",
+    "require_shm",
+]
+
+#: Upper bound accepted for ``num_workers`` (beyond this a typo is more likely than intent).
+MAX_WORKERS = 64
+
+#: Seconds a shutdown waits for worker or pool processes before it kills them.
+SHUTDOWN_GRACE_S = 3.0
+#: Seconds between two checks that every worker is alive while the main process waits for a batch.
+_ALIVE_CHECK_S = 0.25
+_PIN_WARNING = "'pin_memory' argument is set as true but no accelerator is found"
+#: torch's SIGCHLD handler's words for a worker that ended (``_error_if_any_worker_fails``).
+_TORCH_WORKER_DIED = re.compile(r"DataLoader worker \(pid[^)]*\) (is killed by signal|exited unexpectedly)")
+
+
+def reset_child_signals() -> None:
+    """In a child process (a loader worker, a pool process): drop signal handlers meant for the parent.
+
+    A forked child inherits them: a parent that turns SIGTERM into ``KeyboardInterrupt`` would make
+    ``pool.terminate()`` raise inside a pool worker holding a queue lock, and the parent would wait for that lock
+    forever. SIGTERM goes back to the default, SIGINT is ignored (the parent gets Ctrl-C and stops its children).
+    """
+    for sig, handler in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.SIG_IGN)):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread of the child
+            signal.signal(sig, handler)
+
+
+def _failing_item(dataset: Any, index: Any, batched: bool) -> str:
+    """Which item of a failed batch makes ``dataset`` raise (loaded again one by one, in the worker)."""
+    if not batched:
+        return repr(index)
+    for idx in list(index)[:1024]:
+        try:
+            dataset[idx]
+        except Exception:
+            return repr(idx)
+    return "none (each item loads on its own: the collate function raised)"
+
+
+def _name_failing_items() -> None:
+    """In a worker: a data set's exception gets a note naming the item (the main process knows only the batch).
+
+    Patches torch's map-style fetcher in this worker process only: torch offers no hook there.
+    """
+    from torch.utils.data._utils import fetch
+
+    cls = fetch._MapDatasetFetcher
+    if getattr(cls.fetch, "_workbook", False):
+        return
+    original = cls.fetch
+
+    def fetch_naming_the_item(self: Any, possibly_batched_index: Any) -> Any:
+        try:
+            return original(self, possibly_batched_index)
+        except Exception as exc:
+            if hasattr(exc, "add_note"):  # Python 3.11+
+                with contextlib.suppress(Exception):
+                    exc.add_note(
+                        f"{ITEM_NOTE} {_failing_item(self.dataset, possibly_batched_index, self.auto_collation)}"
+                    )
+            raise
+
+    fetch_naming_the_item._workbook = True  # type: ignore[attr-defined]
+    cls.fetch = fetch_naming_the_item  # type: ignore[method-assign]
+
+
+class _WorkerInit:
+    """``worker_init_fn`` of every loader built or guarded here: reset the parent's signal handlers, then run ``fn``
+    (module level and picklable, for spawn and forkserver)."""
+
+    def __init__(self, fn: Callable[[int], None] | None) -> None:
+        self.fn = fn
+
+    def __call__(self, worker_id: int) -> None:
+        reset_child_signals()
+        _name_failing_items()
+        if self.fn is not None:
+            self.fn(worker_id)
+
+
+class _HeldSignals:
+    """``with _HeldSignals() as held:`` SIGINT and SIGTERM are only noted while the block runs; ``held.deliver()``
+    afterwards runs the handler they were meant for (``KeyboardInterrupt`` for Ctrl-C).
+
+    Why: ``os.fork()`` runs Python's at-fork callbacks in the parent, and an exception raised inside one (or inside
+    a finalizer a teardown runs) is printed as "Exception ignored" and dropped: the press would be lost. A handler
+    that only notes never raises. A forked child inherits the noting handler, so a press that reaches a new worker
+    before :func:`reset_child_signals` doesn't end it. Main thread only, and only for Python handlers.
+    ``escape=True``: a second signal is handled at once (a second Ctrl-C always ends a slow teardown).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, *, escape: bool = False) -> None:
+        self.saved: dict[int, Callable[..., Any]] = {}
+        self.noted: list[int] = []
+        self.escape = escape
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.noted.append(signum)
+        if self.escape and len(self.noted) > 1 and signum in self.saved:
+            self.noted.clear()
+            self.saved[signum](signum, frame)
+
+    def __enter__(self) -> "_HeldSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                handler = signal.getsignal(sig)
+                if callable(handler):
+                    self.saved[sig] = handler
+                    signal.signal(sig, self._note)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+
+    def deliver(self) -> None:
+        """Run the original handler of the first noted signal (default_int_handler raises KeyboardInterrupt)."""
+        if self.noted:
+            sig = self.noted[0]
+            self.noted.clear()
+            self.saved[sig](sig, None)
+
+
+class _FreezeWatch(threading.Thread):
+    """Kills a worker stopped (SIGSTOP, Ctrl-Z) for longer than the loader's timeout; notes its pid in ``frozen``.
+
+    ``DataLoader(timeout=...)`` covers the wait for a batch, not the hand-over of its shared memory: with the
+    ``file_descriptor`` strategy the main process fetches each tensor's descriptor from the worker that made it,
+    and blocks forever if that worker is frozen (without the watch, tests/test_loader_failures.py's
+    ``..._frozen_after_handing_a_batch_over...`` hangs). The iterator's private ``_workers`` name its workers:
+    psutil's process tree can't tell them from another loader's.
+    """
+
+    def __init__(self, it: Any, timeout_s: float, frozen: list[int]) -> None:
+        super().__init__(name="workbook-freeze-watch", daemon=True)
+        self._it = weakref.ref(it)
+        self.timeout_s = float(timeout_s)
+        self.frozen = frozen
+
+    def run(self) -> None:
+        since: dict[int, float] = {}
+        while True:
+            time.sleep(min(0.5, self.timeout_s / 2))
+            it = self._it()
+            if it is None or getattr(it, "_shutdown", True):
+                return
+            pids = [w.pid for w in list(getattr(it, "_workers", []))]
+            del it
+            now = time.monotonic()
+            for pid in pids:
+                try:
+                    stopped = psutil.Process(pid).status() == psutil.STATUS_STOPPED
+                except psutil.Error:
+                    continue
+                if not stopped:
+                    since.pop(pid, None)
+                elif now - since.setdefault(pid, now) > self.timeout_s:
+                    self.frozen.append(pid)
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+
+
+class _WatchedIter(_MultiProcessingDataLoaderIter):
+    """torch's worker iterator, waiting for a batch in slices of :data:`_ALIVE_CHECK_S`: a worker that ended (even
+    with exit code 0, which torch's SIGCHLD handler ignores) is noticed at once, not after the whole timeout
+    (``DataLoader(timeout=...)`` alone fails tests/test_loader_failures.py's exit-0 case: noticed in < 25 s)."""
+
+    def _try_get_data(self, timeout: float = MP_STATUS_CHECK_INTERVAL) -> tuple[bool, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                ok, data = super()._try_get_data(max(0.0, min(_ALIVE_CHECK_S, deadline - time.monotonic())))
+            except RuntimeError as exc:
+                if "exited unexpectedly" in str(exc):
+                    raise RuntimeError(f"{exc} ({_worker_exits(self._workers)})") from exc
+                raise
+            if ok or time.monotonic() >= deadline:
+                return ok, data
+
+
+def _worker_exits(procs: Sequence[Any]) -> str:
+    """``'worker 1 (pid 123): exit code 0'`` for each ended worker (worker id = position)."""
+    parts = [f"worker {i} (pid {w.pid}): exit code {w.exitcode}" for i, w in enumerate(procs) if w.exitcode is not None]
+    return "; ".join(parts) or "no exit status"
+
+
+class _WorkbookLoader(DataLoader):
+    """A DataLoader whose worker start can't leak or lose an interrupt: a Ctrl-C while ``iter(loader)`` starts
+    workers is held until they are all up, then they are stopped and ``KeyboardInterrupt`` raised; a worker that
+    ends is noticed at once (:class:`_WatchedIter`). ``_get_iterator`` is the one place torch starts workers: signals
+    held around it are what keeps a press during a fork from being lost (tests/test_interrupt_battery.py)."""
+
+    _workbook_frozen: list[int]  # pids _FreezeWatch killed
+    _workbook_warnings: list[str]
+    _workbook_workers: list[Any]  # the latest iterator's worker processes (worker id = position)
+
+    def _get_iterator(self) -> Any:
+        if self.num_workers == 0:
+            return super()._get_iterator()
+        before = _worker_children()
+        it = None
+        held = _HeldSignals()
+        try:
+            with held:
+                self.check_worker_number_rationality()
+                it = _WatchedIter.__new__(_WatchedIter)
+                it.__init__(self)  # type: ignore[misc]
+            self._workbook_workers = list(it._workers)
+            held.deliver()  # a Ctrl-C that came while the workers started: raised here, with `it` known
+            if self.timeout > 0:
+                _FreezeWatch(it, self.timeout, self._workbook_frozen).start()
+            return it
+        except BaseException:
+            _finish([it] if it is not None else [], before)
+            raise
+
+
+# -- how many workers this machine takes --------------------------------------------------------------------------
+
+
+#: Workers per CPU core beyond which a reader's request is refused (:func:`check_workers_for_cores`).
+WORKERS_PER_CORE = 4
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may run on (affinity-aware; at least 1)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - macOS / Windows
+        return max(1, os.cpu_count() or 1)
+
+
+def workers_limit() -> int:
+    """The most workers the reader's entry points start here: :data:`WORKERS_PER_CORE` per core, at least 8."""
+    return max(8, WORKERS_PER_CORE * cpu_cores())
+
+
+def check_workers_for_cores(num_workers: int, name: str = "num_workers") -> int:
+    """``num_workers``, or ValueError (one line: what to do) when it is far above this machine's cores: each worker
+    is a whole process with its own copy of the data set; 64 on 2 cores only add start-up time and memory."""
+    limit, cores = workers_limit(), cpu_cores()
+    if num_workers > limit:
+        raise ValueError(
+            f"{name}={num_workers} is far more than this machine's {cores} CPU cores: each worker is a whole "
+            f"process, and beyond a few per core they only add start-up time and memory. Choose at most {limit} "
+            f"here ({WORKERS_PER_CORE} per core); the best count is usually near the number of cores."
+        )
+    return num_workers
+
+
+def load_note() -> str:
+    """One line on how busy this machine is: above one runnable process per core, workers get a slice of a core
+    and throughput figures understate what the same settings give on an idle machine."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # pragma: no cover - Windows
+        return "Load average: not available on this platform."
+    cores = cpu_cores()
+    text = f"Load average (1 min): {load:.1f} on {cores} cores."
+    if load > cores:
+        text += (
+            "\nOther programs compete for the cores right now, so the figures below understate what these "
+            "settings\ngive on an idle machine; re-run later to compare."
+        )
+    return text
+
+
+# -- /dev/shm, where workers hand batches over ----------------------------------------------------------------
+
+
+@dataclass
+class ShmStatus:
+    """Size of the shared-memory file system DataLoader workers hand batches through."""
+
+    path: str
+    exists: bool
+    total_bytes: int | None
+    free_bytes: int | None
+    sharing_strategy: str
+
+    def explain(self, width: int = 105) -> str:
+        """Plain-words summary, wrapped at word boundaries to lines of at most ``width`` characters."""
+        if not self.exists:
+            text = (
+                f"{self.path} does not exist here; torch uses the '{self.sharing_strategy}' strategy "
+                "for handing batches from workers to the main process."
+            )
+        else:
+            text = (
+                f"{self.path}: {human_bytes(self.total_bytes or 0)} in total, {human_bytes(self.free_bytes or 0)} free "
+                f"(torch sharing strategy: '{self.sharing_strategy}'). Every batch a worker produces sits there until "
+                f"the main process has taken it."
+            )
+        return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
+
+
+def shm_status(path: str = "/dev/shm") -> ShmStatus:
+    """Size and free space of ``/dev/shm`` (never raises)."""
+    strategy = torch.multiprocessing.get_sharing_strategy()
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return ShmStatus(path, False, None, None, strategy)
+    return ShmStatus(path, True, int(usage.total), int(usage.free), strategy)
+
+
+def shm_needed_bytes(batch_bytes: int, num_workers: int, prefetch_factor: int = 2, margin: float = 2.0) -> int:
+    """Shared memory a loader may hold at once: workers x prefetch_factor batches, times a safety margin."""
+    check_int("batch_bytes", batch_bytes, 0, 1 << 50)
+    check_int("num_workers", num_workers, 0, MAX_WORKERS)
+    check_int("prefetch_factor", prefetch_factor, 1, 64)
+    check_float("margin", margin, 1.0, 100.0)
+    return int(batch_bytes * max(1, num_workers) * prefetch_factor * margin)
+
+
+def require_shm(needed_bytes: int, path: str = "/dev/shm") -> ShmStatus:
+    """Refuse (ValueError) before any worker starts if ``/dev/shm`` has less than ``needed_bytes`` free: a worker
+    out of shared memory dies of SIGBUS and torch says only that it "exited unexpectedly". (Docker gives
+    containers 64 MiB of ``/dev/shm`` by default.)"""
+    check_int("needed_bytes", needed_bytes, 0, 1 << 50)
+    st = shm_status(path)
+    if st.exists and st.free_bytes is not None and st.free_bytes < needed_bytes:
+        raise ValueError(
+            f"{path} has only {human_bytes(st.free_bytes)} free, but this loader may hold about "
+            f"{human_bytes(needed_bytes)} of batches there (workers x prefetch_factor x batch bytes, x2 margin). "
+            f"Workers would die with a bus error. Fix: in Docker start the container with --shm-size=2g "
+            f"(or --ipc=host); or lower num_workers, prefetch_factor or batch_size; or call "
+            f"torch.multiprocessing.set_sharing_strategy('file_system')."
+        )
+    return st
+
+
+# -- processes -----------------------------------------------------------------------------------------------
+
+
+def child_processes() -> list[Any]:
+    """Live child processes of this process (psutil objects), recursively."""
+    try:
+        return [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+    except psutil.Error:  # pragma: no cover
+        return []
+
+
+def worker_processes() -> list[Any]:
+    """Children that are not multiprocessing's own long-lived helpers (the resource tracker and forkserver that
+    spawn/forkserver start once per Python process, by design: not leaked workers)."""
+    out = []
+    for p in child_processes():
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            cmd = ""
+        if "resource_tracker" not in cmd and "forkserver" not in cmd:
+            out.append(p)
+    return out
+
+
+def _worker_children() -> set[int]:
+    """Pids of live, non-zombie :func:`worker_processes`: from the OS, so a worker forked but not yet recorded by
+    ``multiprocessing`` (an interrupt inside ``Process.start()``) is included."""
+    out = set()
+    for p in worker_processes():
+        with contextlib.suppress(psutil.Error):
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.add(p.pid)
+    return out
+
+
+def _stop_processes(procs: Sequence[Any], grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    """multiprocessing processes: SIGTERM, wait at most ``grace_s`` in all, then SIGKILL (ends a stopped one too).
+
+    Through ``multiprocessing``, not psutil: a child psutil reaps is one multiprocessing believes alive forever.
+    """
+    procs = [p for p in procs if p.is_alive()]
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            with contextlib.suppress(Exception):
+                p.kill()
+                p.join(1.0)
+
+
+def _stop_new_children(before: set[int]) -> None:
+    """Stop every child started since ``before`` (pids): multiprocessing's own through it, strays through psutil."""
+    new = _worker_children() - before
+    if not new:
+        return
+    known = {p.pid: p for p in mp.active_children()}
+    _stop_processes([known[pid] for pid in new if pid in known])
+    strays = []
+    for pid in new - set(known):
+        with contextlib.suppress(psutil.Error):
+            strays.append(psutil.Process(pid))
+            strays[-1].terminate()
+    _gone, alive = psutil.wait_procs(strays, timeout=SHUTDOWN_GRACE_S)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=1.0)
+
+
+def _kill_stopped(procs: Sequence[Any]) -> None:
+    """SIGKILL stopped workers: nothing else ends them, and a shutdown would wait its whole grace for each."""
+    for p in procs:
+        with contextlib.suppress(Exception):
+            if p.is_alive() and psutil.Process(p.pid).status() == psutil.STATUS_STOPPED:
+                p.kill()
+                p.join(1.0)
+
+
+# -- teardown ------------------------------------------------------------------------------------------------
+
+
+def release(obj: Any) -> None:
+    """Shut down the worker processes (and pin thread) behind a loader or an iterator.
+
+    Safe more than once, with or without workers, on persistent loaders and on half-started iterators. Waits are
+    bounded: a worker that doesn't end within :data:`SHUTDOWN_GRACE_S` (or is frozen) is killed.
+    """
+    it = getattr(obj, "_iterator", None) if isinstance(obj, DataLoader) else obj  # a persistent loader's iterator
+    if it is not None:
+        workers = list(getattr(it, "_workers", []) or [])  # this iterator's: psutil's tree can't tell them apart
+        if getattr(it, "_worker_pids_set", False):
+            # From here on a worker that ends is expected (one killed below, or hit by the Ctrl-C sent to the
+            # process group before it dropped the parent's handler): torch's SIGCHLD handler must not raise "killed
+            # by signal" into the teardown. torch's own shutdown forgets the pids only at its very end.
+            with contextlib.suppress(Exception):
+                torch.utils.data._utils.signal_handling._remove_worker_pids(id(it))
+                it._worker_pids_set = False
+        _kill_stopped(workers)
+        shutdown = getattr(it, "_shutdown_workers", None)  # torch has no public close(): this is what __del__ runs
+        if shutdown is not None:
+            with contextlib.suppress(Exception):  # a half-started iterator must not block cleanup
+                shutdown()
+            it._shutdown = True  # a later __del__ has nothing left to do
+        _stop_processes(workers)
+    if isinstance(obj, DataLoader):
+        obj._iterator = None
+
+
+def _finish(objs: Sequence[Any], before: set[int] | None = None) -> None:
+    """Release every loader/iterator in ``objs``, then stop any loader worker started since ``before``.
+
+    Runs to the end even if an interrupt arrives: SIGINT/SIGTERM are held (:class:`_HeldSignals`) and the first one
+    is raised once done; a second press escapes at once. Holding, not catching, matters: the teardown runs
+    finalizers (torch's iterator, queues, pipes), and a ``KeyboardInterrupt`` raised inside one is printed as
+    "Exception ignored" and lost. Young cyclic garbage is collected inside the hold for the same reason.
+    """
+    held = _HeldSignals(escape=True)
+    with held:
+        for obj in objs:
+            release(obj)
+        if before is not None:
+            _stop_new_children(before)
+        gc.collect(1)  # the young generations, where the run's iterator and queues are (< 1 ms; a full one ~0.1 s)
+    held.deliver()
+
+
+@contextlib.contextmanager
+def open_iterator(loader: DataLoader) -> Iterator[Iterator[Any]]:
+    """``with open_iterator(loader) as it:`` the workers are released when the block ends, however it ends (an
+    interrupt while they start included). A worker failure inside the block (died, froze, or the data set raised)
+    comes out as :class:`LoaderFailure` in plain words, torch's error kept as its ``__cause__``."""
+    it = None
+    before = _worker_children()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
+            warnings.filterwarnings("ignore", message=re.escape(_PIN_WARNING))
+            it = iter(loader)
+        yield it
+    except Exception as exc:
+        failure = _plain_failure(exc, loader)
+        if failure is exc:
+            raise
+        raise failure from exc
+    finally:
+        _finish([x for x in (it, loader) if x is not None], before)
+
+
+# -- failures in plain words (the words themselves: helpers.core.failures, which the panels reach too) ------------
+
+
+def _ended_workers(loader: Any, wait_s: float = 1.0) -> list[tuple[int, Any]]:
+    """(worker id, process) of the loader's latest workers that have ended; waits up to ``wait_s`` for one to show
+    (a broken pipe is often seen a moment before the worker's exit status)."""
+    procs = list(getattr(loader, "_workbook_workers", []) or [])
+    deadline = time.monotonic() + wait_s
+    while procs:
+        try:
+            ended = [(wid, w) for wid, w in enumerate(procs) if w.exitcode is not None]
+            if ended or time.monotonic() >= deadline:
+                return ended
+            time.sleep(0.05)
+        except RuntimeError as err:  # torch's SIGCHLD handler raising for the worker that just ended: look again
+            if not _TORCH_WORKER_DIED.search(str(err)):
+                raise
+    return []
+
+
+def _plain_failure(exc: BaseException, loader: Any = None) -> BaseException:
+    """``LoaderFailure`` with plain words for a known failure, else ``exc`` itself."""
+    if isinstance(exc, LoaderFailure):
+        return exc
+    frozen = getattr(loader, "_workbook_frozen", None)
+    text = str(exc)
+    if frozen:
+        advice = explain_loader_error(RuntimeError(f"DataLoader timed out after {loader.timeout:g} seconds"))
+        advice = f"{advice or ''} (Stopped worker pid(s) {', '.join(map(str, frozen))}: ended by the workbook.)"
+        frozen.clear()
+    elif isinstance(exc, (EOFError, ConnectionError)) or (
+        isinstance(exc, RuntimeError) and ("exited unexpectedly" in text or "is killed by signal" in text)
+    ):
+        # A worker died: torch says so without its number or exit status, or the main process met the broken
+        # connection first (EOFError, ConnectionResetError while it fetched a batch's shared memory).
+        ended = _ended_workers(loader)
+        if ended:
+            advice = " ".join(ended_in_words(wid, w.pid, int(w.exitcode)) for wid, w in ended[:2])
+        else:
+            advice = explain_loader_error(exc)
+    else:
+        advice = explain_loader_error(exc)
+    if advice is None:
+        return exc
+    failure = LoaderFailure(advice)
+    failure.__cause__ = exc
+    return failure
