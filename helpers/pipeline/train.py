@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..core.validate import check_float
+from .workers import _HeldSignals
 
 __all__ = [
     "STAGES",
@@ -49,7 +50,12 @@ def make_optimizer(model: nn.Module, lr: float = 3e-3, weight_decay: float = 0.0
     """Adam with the workbook's default learning rate (reaches good accuracy in a few epochs)."""
     check_float("lr", lr, 1e-7, 10.0)
     check_float("weight_decay", weight_decay, 0.0, 1.0)
-    return torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    # The first optimizer of a process imports torch._dynamo (about a second, sympy included). A Ctrl-C inside
+    # that import leaves sympy half-imported, and every later run in the kernel fails: hold it until the end.
+    with _HeldSignals() as held:
+        opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    held.deliver()
+    return opt
 
 
 @dataclass
