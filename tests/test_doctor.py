@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from helpers.chapters.ch06 import diagnosis
 from helpers.chapters.ch06 import doctor as D
 
 
@@ -120,7 +121,7 @@ def test_real_data_bound_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
     assert diag.recommendations[0].action.startswith("raise num_workers from 0 to ")
     assert diag.stall_share > 0.5 and step.calls == 5
     assert "DATA-BOUND" in str(diag) and "Verdict" in diag._repr_html_()
-    assert max(len(line) for line in str(diag).splitlines()) <= D.LINE_WIDTH  # long lines wrapped at words
+    assert max(len(line) for line in str(diag).splitlines()) <= diagnosis.LINE_WIDTH  # long lines wrapped at words
     assert "raise num_workers from 0 to " in " ".join(str(diag).split())
 
 

@@ -207,40 +207,28 @@ def benchmark(results: ResultSet, device: torch.device | str | None, *, progress
         spec = capstone.job_spec(regime, width=cal[regime].width, depth=cal[regime].depth)
         part = scaled(progress, 0.1 + 0.9 * k / len(regimes), 0.1 + 0.9 * (k + 1) / len(regimes))
         wf = capstone.run_waterfall(regime, dev, spec=spec, calibration=cal[regime], progress=part)
-        results.add(
-            "ch06.calibration.compute_over_loader",
-            cal[regime].ratio,
-            "ratio",
-            regime=regime,
-            width=spec.width,
-            depth=spec.depth,
-            reached=cal[regime].reached,
-            device=str(dev),
-        )
-        for i, (r, sp) in enumerate(zip(wf.results, wf.speedups())):
-            p: dict[str, Any] = dict(
-                regime=regime,
-                stage=r.name,
-                label=r.label,
-                order=i,
-                width=wf.spec.width,
-                depth=wf.spec.depth,
-                steps=r.steps,
-                batch_size=wf.spec.batch_size,
-                rounds=wf.rounds,
-                device=str(dev),
-            )
-            results.add("ch06.waterfall.step_time", r.step_s, "s", **p)
-            results.add("ch06.epoch_time", r.epoch_s, "s", **p)
-            results.add("ch06.throughput", r.throughput, "items/s", **p)
-            results.add("ch06.speedup", sp, "ratio", **p)
-            results.add("ch06.accuracy", r.accuracy, "ratio", **p)
-            results.add("ch06.compute_busy", r.compute_busy, "ratio", **p)
-            results.add("ch06.data_stall", r.data_stall, "ratio", **p)
-            if r.efficiency is not None:
-                results.add("ch06.efficiency", r.efficiency.ratio, "ratio", **p)
-            for stage_part, v in r.stages.items():
-                if v is not None:
-                    results.add("ch06.stage_alone", v, "items/s", part=stage_part, **p)
-            results.artifacts[f"ch06.trace.{regime}.{r.name}"] = r.trace.to_dict()
+        results.add("ch06.calibration.compute_over_loader", cal[regime].ratio, "ratio", regime=regime,
+                    width=spec.width, depth=spec.depth, reached=cal[regime].reached, device=str(dev))  # fmt: skip
+        _record(results, wf, str(dev))
     progress(1.0, "done")
+
+
+def _record(results: ResultSet, wf: capstone.Waterfall, dev: str) -> None:
+    """One waterfall's records and traces (see :func:`benchmark`)."""
+    for i, (r, sp) in enumerate(zip(wf.results, wf.speedups())):
+        p: dict[str, Any] = dict(regime=wf.regime, stage=r.name, label=r.label, order=i, width=wf.spec.width,
+                                 depth=wf.spec.depth, steps=r.steps, batch_size=wf.spec.batch_size,
+                                 rounds=wf.rounds, device=dev)  # fmt: skip
+        results.add("ch06.waterfall.step_time", r.step_s, "s", **p)
+        results.add("ch06.epoch_time", r.epoch_s, "s", **p)
+        results.add("ch06.throughput", r.throughput, "items/s", **p)
+        results.add("ch06.speedup", sp, "ratio", **p)
+        results.add("ch06.accuracy", r.accuracy, "ratio", **p)
+        results.add("ch06.compute_busy", r.compute_busy, "ratio", **p)
+        results.add("ch06.data_stall", r.data_stall, "ratio", **p)
+        if r.efficiency is not None:
+            results.add("ch06.efficiency", r.efficiency.ratio, "ratio", **p)
+        for stage_part, v in r.stages.items():
+            if v is not None:
+                results.add("ch06.stage_alone", v, "items/s", part=stage_part, **p)
+        results.artifacts[f"ch06.trace.{wf.regime}.{r.name}"] = r.trace.to_dict()
