@@ -12,8 +12,8 @@ import html
 import math
 import re
 import textwrap
-from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import Mapping
 
 from ...core.validate import check_float, check_int
 
@@ -400,37 +400,6 @@ class Diagnosis:
     def stall_share(self) -> float:
         """Share of the measured step spent waiting for data (0-1)."""
         return self.decision.stall_share
-
-    @property
-    def evidence(self) -> dict[str, Any]:
-        """Phase times (ms per step), shares and the facts the verdict rests on."""
-        m, d, f = self.measurements, self.decision, self.measurements.facts
-        return {
-            "steps": m.steps,
-            "wait_ms": m.wait_s * 1e3,
-            "h2d_ms": m.h2d_s * 1e3,
-            "compute_ms": m.compute_s * 1e3,
-            "step_ms": m.step_s * 1e3,
-            "stall_share": d.stall_share,
-            "shares": dict(d.shares),
-            "stage_ms": {k: (None if v is None else v * 1e3) for k, v in d.stage_times.items()},
-            "predicted_overlapped_ms": d.predicted_overlapped_s * 1e3,
-            "first_batch_s": m.first_batch_s,
-            "num_workers": f.num_workers,
-            "cores": f.cpu_count,
-            "pin_memory": f.pin_memory,
-            "device": f.device_type,
-            "batch": f"{f.batch_dtype} {list(f.batch_shape)}",
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "verdict": self.verdict,
-            "evidence": self.evidence,
-            "recommendations": [asdict(r) for r in self.recommendations],
-            "notes": self.notes + self.decision.notes,
-            "seconds": self.seconds,
-        }
 
     def _lines(self) -> list[str]:
         """The report's lines, each at most :data:`LINE_WIDTH` characters: a long one is wrapped at words,

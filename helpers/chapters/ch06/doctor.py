@@ -27,13 +27,13 @@ import torch
 
 from ...core.config import require_gpu
 from ...core.device import resolve_device
-from ...core.validate import check_choice, check_float, check_int
+from ...core.validate import check_float, check_int
 from ...pipeline.prefetch import iter_tensors, map_tensors, move_batch
 from .diagnosis import VERDICTS, Decision, Diagnosis, Measurements, PipelineFacts, Recommendation, decide
 
 __all__ = [
     "VERDICTS", "PipelineFacts", "Measurements", "Recommendation", "Decision", "Diagnosis", "DoctorTimeout",
-    "decide", "diagnose", "inspect_loader", "usable_cores", "SyntheticImages", "BusyStep",
+    "decide", "diagnose", "inspect_loader", "usable_cores",
 ]  # fmt: skip
 
 
@@ -348,54 +348,3 @@ def _diagnosis(loop: _Loop, facts: PipelineFacts, dev: torch.device, separate: b
     decision = decide(m, stall_threshold=stall_threshold, measured=measured)
     notes = loop.notes + [f"The doctor ran {warmup + len(waits)} real steps: step_fn's model has trained on them."]
     return Diagnosis(decision.verdict, m, decision, time.perf_counter() - t_start, notes)
-
-
-# ---------------------------------------------------------------------------
-# Small pipelines of a known kind (tests and the chapter's demos)
-# ---------------------------------------------------------------------------
-
-
-class SyntheticImages(torch.utils.data.Dataset):
-    """``n`` random images of ``size x size``, each costing ``delay_s`` seconds of CPU work to "load".
-
-    The delay is spent busy (not sleeping), like decoding, so workers compete for
-    cores as real loading does. Picklable, so it works with any worker start method.
-
-    Args:
-        n: items (1-1e6). size: image side (1-1024). delay_s: busy seconds per item (0-1).
-        dtype: ``"float"`` (normalised float32) or ``"uint8"``.
-    """
-
-    def __init__(self, n: int = 256, size: int = 32, delay_s: float = 0.0, dtype: str = "float") -> None:
-        self.n = check_int("n", n, 1, 1_000_000)
-        self.size = check_int("size", size, 1, 1024)
-        self.delay_s = check_float("delay_s", delay_s, 0.0, 1.0)
-        self.dtype = check_choice("dtype", dtype, ("float", "uint8"))
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        if self.delay_s > 0:
-            end = time.perf_counter() + self.delay_s
-            while time.perf_counter() < end:
-                pass
-        g = torch.Generator().manual_seed(int(index))
-        img = torch.randint(0, 256, (3, self.size, self.size), dtype=torch.uint8, generator=g)
-        if self.dtype == "float":
-            img = img.float().div_(255).sub_(0.5).div_(0.25)
-        return img, int(index) % 4
-
-
-class BusyStep:
-    """A step function that spends ``seconds`` of busy CPU time per call (and counts calls)."""
-
-    def __init__(self, seconds: float = 0.0) -> None:
-        self.seconds = check_float("seconds", seconds, 0.0, 10.0)
-        self.calls = 0
-
-    def __call__(self, batch: Any) -> None:
-        self.calls += 1
-        end = time.perf_counter() + self.seconds
-        while time.perf_counter() < end:
-            pass
