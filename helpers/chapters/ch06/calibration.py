@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import torch
 
 from ...core.config import sized
-from ...core.validate import check_choice, check_float, check_int
+from ...core.validate import check_int
 from .job import (
     _CACHE,
     REGIMES,
@@ -251,20 +251,15 @@ def choose_model(
     clock: Callable[[], float] = time.perf_counter,
     fits: Callable[[int, int], str | None] | None = None,
 ) -> Calibration:
-    """Pick the model of ``regime`` from measured stage times (a pure function of ``measure`` and ``loader_s``).
+    """Pick the model of ``regime`` from measured stage times (a pure function of ``measure`` and ``loader_s``,
+    the seconds per step of a model alone and per batch of the loader alone; :func:`calibrate` passes them).
 
-    ``measure(width, depth)``: seconds per step of that model alone; ``loader_s``: seconds per batch of the
-    loader alone. **data-bound**: the ``start`` (tiny) model must compute a batch ``margin`` x faster than the
-    loader loads one, else the regime is not reached. **compute-bound**: the step must take ``margin`` to
-    ``upper`` x the loader's batch; from ``start``, each probe predicts the size needed (:meth:`_Search.next_model`)
-    until the ratio is in range, the ladder ends, a probe does not fit (``fits(width, depth)`` says why, e.g.
-    :func:`device_memory_check`) or runs out of memory, ``max_probes`` were measured or ``budget_s`` is spent.
-    It keeps the smallest model measured that reached the regime, else the largest measured (not reached).
+    **data-bound**: the ``start`` (tiny) model must compute a batch ``margin`` x faster than the loader loads one.
+    **compute-bound**: the step must take ``margin`` to ``upper`` x the loader's batch; each probe predicts the
+    size needed (:meth:`_Search.next_model`) until the ratio is in range, the ladder ends, a probe does not fit
+    (``fits(width, depth)`` says why) or runs out of memory, ``max_probes`` or ``budget_s`` are spent. It keeps
+    the smallest model measured that reached the regime, else the largest measured (not reached).
     """
-    check_choice("regime", regime, tuple(REGIMES))
-    check_float("loader_s", loader_s, 0.0)
-    check_float("margin", margin, 1.0, 1000.0)
-    check_float("upper", upper, margin, 1e6)
     t0 = clock()
     tried: list[tuple[int, int, float]] = []
 
