@@ -236,6 +236,17 @@ def _probe(s: _Search, measure: Callable[[int, int], float], current: tuple[int,
         return None
 
 
+def _tiny_reason(c: float, loader_s: float, margin: float, ok: bool) -> str:
+    if c <= 0:
+        return "no time measured"
+    if ok:
+        return f"the tiny model computes a batch {loader_s / c:.1f}x faster than the loader loads one"
+    return (
+        f"even the tiny model is not {margin:.0f}x faster than the loader here "
+        "(data-bound regime not reached: loading steps may gain little)"
+    )
+
+
 def choose_model(
     regime: str,
     measure: Callable[[int, int], float],
@@ -270,10 +281,7 @@ def choose_model(
         c = measure(*start)
         tried.append((start[0], start[1], c))
         ok = c * margin <= loader_s
-        fast = f"the tiny model computes a batch {loader_s / max(c, 1e-12):.1f}x faster than the loader loads one"
-        slow = f"even the tiny model is not {margin:.0f}x faster than the loader here " + (
-            "(data-bound regime not reached: loading steps may gain little)")  # fmt: skip
-        return done(start[0], start[1], c, ok, "no time measured" if c <= 0 else fast if ok else slow)
+        return done(start[0], start[1], c, ok, _tiny_reason(c, loader_s, margin, ok))
     order = sorted(set(ladder) | {start}, key=lambda m: model_flops(m[0], m[1], crop_size))
     s = _Search(order, {m: model_flops(m[0], m[1], crop_size) for m in order}, margin, upper, loader_s)
     current: tuple[int, int] | None = start
