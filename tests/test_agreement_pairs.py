@@ -135,15 +135,17 @@ PAIRS: tuple[Pair, ...] = (
          chain=(f"{CH01}.regimes_verdict", f"{CH01}._against_steps", f"{KERNEL}.within_range"),
          rule="within_range: each row's prediction within its measured steps' range",
          trust="trust the measured step"),
-    # Found in the chapters, with no verdict printed today (reported; the notebooks are not this change's).
     Pair("06", "the same job's validation accuracy under every configuration of a waterfall (section 4)",
-         shown_by="capstone.check_accuracies(w.results",
-         missing="the cell asserts the spread is within tolerance (it fails otherwise) and prints the spread and the "
-                 "tolerance, but no sentence says whether they agree; capstone.check_accuracies could say it"),
+         shown_by="capstone.check_accuracies(w.results", call='print(textwrap.fill(f"{regime}: {msg}"',
+         verdict=f"{CAPSTONE}.accuracy_verdict",
+         chain=(f"{CAPSTONE}.check_accuracies", f"{CAPSTONE}.accuracy_verdict", f"{KERNEL}.spreads_overlap"),
+         rule="spreads_overlap on each accuracy +- half the tolerance (two binomial standard errors, or the "
+              "seed-to-seed spread)", trust="trust the baseline"),
     Pair("06", "the baseline's bottleneck: slowest stage alone in the waterfall (section 5), and the doctor (9)",
-         shown_by="doctor.diagnose(",
-         missing="the doctor's verdict is compared with the expected regime, not with the waterfall's measured "
-                 "slowest stage, and no spread is given"),
+         shown_by="doctor.diagnose(", call="capstone.bottleneck_verdict(", verdict=f"{CAPSTONE}.bottleneck_verdict",
+         chain=(f"{CAPSTONE}.bottleneck_verdict", f"{KERNEL}.within_noise_floor"),
+         rule="within_noise_floor: the two stages' ratio, in either measurement, within the waterfall's noise",
+         trust="trust the waterfall's stages alone"),
 )  # fmt: skip
 
 #: Calls known to make a second measurement of something already measured (on a notebook's code cells).
@@ -272,10 +274,7 @@ def test_every_row_names_a_chapter_that_exists_and_a_known_pair_kind() -> None:
 
 def test_the_pairs_without_a_verdict_are_the_reported_ones() -> None:
     missing = {(r.chapter, r.shown_by) for r in PAIRS if r.missing}
-    assert missing == {
-        ("06", "doctor.diagnose("),
-        ("06", "capstone.check_accuracies(w.results"),
-    }
+    assert missing == set()  # chapter 06's accuracies and bottleneck now print theirs (issue 28)
 
 
 # --- (b) each verdict function on synthetic agreeing and disagreeing inputs -----------------------------------
@@ -383,6 +382,35 @@ def _waterfall_verdicts() -> tuple[str, str]:
     return wf([0.99, 1.03, 1.0]), wf([0.5, 0.52, 0.5])
 
 
+def _accuracy_verdict() -> tuple[str, str]:
+    from helpers.chapters.ch06 import capstone as C
+
+    tol = C.accuracy_tolerance(256)  # 6.25%: two binomial standard errors of 256 images
+    return C.accuracy_verdict([0.50, 0.52, 0.47], tol), C.accuracy_verdict([0.50, 0.52, 0.35], tol)
+
+
+def _bottleneck_verdict() -> tuple[str, str]:
+    from helpers.chapters.ch06 import capstone as C
+    from helpers.chapters.ch06 import doctor as D
+
+    def diagnosis(wait_ms: float, compute_ms: float) -> Any:
+        m = D.Measurements(steps=10, wait_s=wait_ms / 1e3, h2d_s=0.0, compute_s=compute_ms / 1e3)
+        d = D.decide(m)
+        return D.Diagnosis(d.verdict, m, d, 1.0)
+
+    def wf(loader: float, compute: float) -> Any:
+        base = SimpleNamespace(name="baseline", epoch_s=1.0, round_epoch_s=[1.0, 1.01, 0.99],
+                               stages={"loader": loader, "copy": None, "compute": compute})  # fmt: skip
+        base.slowest_stage = min(("loader", "compute"), key=lambda k: base.stages[k])
+        return C.Waterfall("data-bound", None, "cpu", [base], rounds=3)  # type: ignore[arg-type]
+
+    agree = C.bottleneck_verdict(diagnosis(12.0, 5.0), wf(2600.0, 6300.0))  # both: the loader
+    near = C.bottleneck_verdict(diagnosis(5.2, 5.0), wf(6300.0, 6100.0))  # named apart, within the noise
+    apart = C.bottleneck_verdict(diagnosis(20.0, 5.0), wf(9000.0, 2000.0))  # named apart, far beyond it
+    assert "they agree" in near and "either stage may set the pace" in near, near
+    return _flat(agree), _flat(apart)
+
+
 def _flat(text: str) -> str:
     """A wrapped sentence on one line (the verdicts are wrapped for print; a phrase may straddle a line end)."""
     return " ".join(text.split())
@@ -435,6 +463,8 @@ SYNTHETIC: dict[str, tuple[Callable[[], tuple[str, str]], tuple[str, ...], tuple
     f"{CH04}.KnobRounds.verdicts": (_knob_verdicts, ("within the noise",), ("a real difference",)),
     f"{GPUDECODE}.same_path_verdict": (_same_path_verdict, (", agree within their spread",), ("do NOT agree",)),
     f"{CAPSTONE}.Waterfall.verdicts": (_waterfall_verdicts, ("within noise", "no effect"), ("gain", "slower")),
+    f"{CAPSTONE}.accuracy_verdict": (_accuracy_verdict, ("accuracies agree within their spread",), ("do NOT agree",)),
+    f"{CAPSTONE}.bottleneck_verdict": (_bottleneck_verdict, ("they agree",), ("do NOT agree",)),
     f"{HYGIENE}.sync_verdict": (_sync_verdict, (") agree within their spread",), ("do NOT agree",)),
     f"{CH01}.step_verdict": (_step_verdict, ("they agree within their spread",), ("do NOT agree",)),
     f"{CH01}.regimes_verdict": (_regimes_verdict, ("they agree within their spread",), ("do NOT agree",)),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -12,6 +14,8 @@ from _ch06_support import quick_data_set, tiny  # noqa: F401  (quick_data_set: a
 
 from helpers.chapters import ch06
 from helpers.chapters.ch06 import capstone as C
+from helpers.chapters.ch06 import doctor as D
+from helpers.chapters.ch06 import job
 from helpers.core.results import ResultSet
 
 
@@ -94,7 +98,7 @@ def test_same_job_same_accuracy_across_configurations() -> None:
 
 def test_waterfall_benchmark_records_and_plots(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(C, "job_spec", lambda regime, **kw: tiny(regime))
-    monkeypatch.setattr(C, "default_workers", lambda: 1)
+    monkeypatch.setattr(job, "default_workers", lambda: 1)  # what settings_for reads
     fixed = {r: C.Calibration(r, 2, 1, 0.01, 0.02, True, 2.0, reason="fixed for the test") for r in C.REGIMES}
     monkeypatch.setattr(C, "calibrate", lambda dev, **kw: fixed)
     rs = ResultSet.new("test", "unit test")
@@ -218,9 +222,9 @@ def test_warm_up_drains_the_pass_only_when_asked() -> None:
                 seen.append(i)
                 yield i
 
-    assert C._warm_batches(Source(), 2, drain=False) == [0, 1] and seen == [0, 1]
+    assert job._warm_batches(Source(), 2, drain=False) == [0, 1] and seen == [0, 1]
     seen.clear()
-    assert C._warm_batches(Source(), 2, drain=True) == [0, 1] and seen == [0, 1, 2, 3, 4]
+    assert job._warm_batches(Source(), 2, drain=True) == [0, 1] and seen == [0, 1, 2, 3, 4]
 
 
 def test_compare_threads_runs_back_to_back_and_restores() -> None:
@@ -630,3 +634,18 @@ def test_on_a_cpu_the_waterfall_measures_only_the_steps_that_can_act(monkeypatch
     monkeypatch.setattr(C, "_pipeline", lambda *a, **kw: None)
     on_gpu = C.run_waterfall("data-bound", "cuda", spec=tiny(), workers=1, rounds=2)
     assert [r.name for r in on_gpu.results] == list(C.STEP_NAMES) and on_gpu.not_measured == []
+
+
+def test_accuracy_and_bottleneck_verdicts_follow_the_figures() -> None:
+    """Issue #28: each pair's printed sentence follows its two figures (agree, and not)."""
+    tol = C.accuracy_tolerance(256)
+    assert "agree within their spread" in C.accuracy_verdict([0.5, 0.5 + 0.99 * tol], tol)
+    assert "do NOT agree" in C.accuracy_verdict([0.5, 0.5 + 1.01 * tol], tol)
+    res = [SimpleNamespace(accuracy=a, train_loss=1.0) for a in (0.5, 0.5 + 1.01 * tol)]
+    ok, msg = C.check_accuracies(res, 6, 256, chance=0.17)  # type: ignore[arg-type]
+    assert not ok and msg.endswith(C.accuracy_verdict([0.5, 0.5 + 1.01 * tol], tol))
+    base = SimpleNamespace(name="baseline", epoch_s=1.0, round_epoch_s=[1.0], stages={}, slowest_stage=None)
+    m = D.Measurements(steps=4, wait_s=0.01, h2d_s=0.0, compute_s=0.005)
+    d = D.Diagnosis("data-bound", m, D.decide(m), 1.0)
+    no_stages = C.bottleneck_verdict(d, C.Waterfall("data-bound", tiny(), "cpu", [base]))  # type: ignore[list-item]
+    assert "cannot be compared" in no_stages and "agree" not in no_stages

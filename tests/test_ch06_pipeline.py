@@ -16,6 +16,8 @@ from _ch06_support import quick_data_set, tiny  # noqa: F401  (quick_data_set: a
 from torch.utils.data import DataLoader
 
 from helpers.chapters.ch06 import capstone as C
+from helpers.chapters.ch06 import job
+from helpers.pipeline.loaders import release
 
 
 def test_the_last_step_calls_the_pipeline_with_its_defaults() -> None:
@@ -71,7 +73,7 @@ def test_the_packages_take_home_pipeline_behaves_as_the_script(prefetch: bool, f
     script = _script_module("fast_pipeline_equivalence")
     script.DEVICE, script.SEED, script.WORKERS = torch.device("cpu"), 7, 0
     ref = C.reference_pipeline("cpu", seed=7, workers=0)
-    assert script.MEAN == C.take_home.MEAN and script.STD == C.take_home.STD
+    assert script.MEAN == job.take_home.MEAN and script.STD == job.take_home.STD
     g = torch.Generator().manual_seed(0)
     items = [(torch.randint(0, 256, (3, 8, 8), dtype=torch.uint8, generator=g), i % 3) for i in range(12)]
     losses = []
@@ -139,7 +141,7 @@ def _orders(persistent: bool, workers: int, passes: int = 3) -> list[list[int]]:
             C.seed_order(loader, 7, e, fresh=e == 0)
             out.append([int(i) for b in loader for i in b])
     finally:
-        C._release(loader)
+        release(loader)
     return out
 
 
@@ -221,7 +223,7 @@ def test_a_batch_on_another_device_is_a_clear_error() -> None:
 
 def test_train_items_live_in_helpers_and_stop_at_the_job_size() -> None:
     ds = C.train_items(tiny(train_items=16))
-    assert type(ds).__module__ == "helpers.chapters.ch06.capstone" and len(ds) == 16
+    assert type(ds).__module__ == "helpers.chapters.ch06.job" and len(ds) == 16  # workers import it from there
     assert ds[3][0].dtype == torch.uint8 and torch.equal(ds[3][0], ds[3][0])
     with pytest.raises(IndexError):
         ds[16]

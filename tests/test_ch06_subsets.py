@@ -9,6 +9,7 @@ from _ch06_support import quick_data_set  # noqa: F401  (quick_data_set: autouse
 
 from helpers.chapters import ch06
 from helpers.chapters.ch06 import capstone as C
+from helpers.chapters.ch06 import job
 
 
 @pytest.mark.parametrize("n", [48, 320, 600])
@@ -27,7 +28,7 @@ def test_a_job_subset_is_spread_evenly_over_every_class(n: int) -> None:
 
 def test_the_chance_level_is_measured_on_the_validation_set() -> None:
     spec = C.job_spec("data-bound")
-    counts = collections.Counter(int(v) for _, y in C._val_batches(spec) for v in y)
+    counts = collections.Counter(int(v) for _, y in job._val_batches(spec) for v in y)
     assert C.chance_level(spec) == pytest.approx(max(counts.values()) / sum(counts.values()))
 
 

@@ -2,11 +2,48 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from helpers.chapters.ch06 import diagnosis
 from helpers.chapters.ch06 import doctor as D
+
+
+class SyntheticImages(torch.utils.data.Dataset):
+    """``n`` random float images of ``size x size``, each costing ``delay_s`` seconds of busy CPU work to "load"
+    (busy, like decoding, so workers would compete for cores as real loading does)."""
+
+    def __init__(self, n: int = 256, size: int = 32, delay_s: float = 0.0) -> None:
+        self.n, self.size, self.delay_s = n, size, delay_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        _busy(self.delay_s)
+        g = torch.Generator().manual_seed(int(index))
+        img = torch.randint(0, 256, (3, self.size, self.size), dtype=torch.uint8, generator=g)
+        return img.float().div_(255).sub_(0.5).div_(0.25), int(index) % 4
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+class BusyStep:
+    """A step function that spends ``seconds`` of busy CPU time per call (and counts calls)."""
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        self.seconds, self.calls = seconds, 0
+
+    def __call__(self, batch: object) -> None:
+        self.calls += 1
+        _busy(self.seconds)
 
 
 def facts(**kw):
@@ -113,27 +150,27 @@ def test_decide_rejects_bad_measurements() -> None:
 
 def test_real_data_bound_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(D, "usable_cores", lambda: 4)  # a multi-core machine, whatever CI has
-    loader = DataLoader(D.SyntheticImages(64, 16, delay_s=0.004), batch_size=8)  # 32 ms per batch
-    step = D.BusyStep(0.001)
+    loader = DataLoader(SyntheticImages(64, 16, delay_s=0.004), batch_size=8)  # 32 ms per batch
+    step = BusyStep(0.001)
     diag = D.diagnose(loader, step, "cpu", steps=4, warmup=1)
     assert diag.verdict == "data-bound"
     assert diag.recommendations[0].action.startswith("raise num_workers from 0 to ")
     assert diag.stall_share > 0.5 and step.calls == 5
     assert "DATA-BOUND" in str(diag) and "Verdict" in diag._repr_html_()
-    assert max(len(line) for line in str(diag).splitlines()) <= D.LINE_WIDTH  # long lines wrapped at words
+    assert max(len(line) for line in str(diag).splitlines()) <= diagnosis.LINE_WIDTH  # long lines wrapped at words
     assert "raise num_workers from 0 to " in " ".join(str(diag).split())
 
 
 def test_real_compute_bound_pipeline() -> None:
-    loader = DataLoader(D.SyntheticImages(64, 8), batch_size=8)
-    diag = D.diagnose(loader, D.BusyStep(0.03), "cpu", steps=4, warmup=1)
+    loader = DataLoader(SyntheticImages(64, 8), batch_size=8)
+    diag = D.diagnose(loader, BusyStep(0.03), "cpu", steps=4, warmup=1)
     assert diag.verdict == "compute-bound"
-    assert diag.evidence["compute_ms"] >= 30
+    assert diag.measurements.compute_s * 1e3 >= 30
 
 
 def test_works_on_a_plain_list_and_a_step_that_copies_itself() -> None:
     batches = [(torch.randn(4, 3, 8, 8), torch.zeros(4, dtype=torch.long)) for _ in range(3)]
-    diag = D.diagnose(batches, D.BusyStep(0.01), "cpu", steps=5, warmup=1, transfer="none")
+    diag = D.diagnose(batches, BusyStep(0.01), "cpu", steps=5, warmup=1, transfer="none")
     assert diag.verdict == "compute-bound"
     assert diag.measurements.facts.num_workers is None
     assert any("restarted" in n for n in diag.notes)
@@ -142,16 +179,16 @@ def test_works_on_a_plain_list_and_a_step_that_copies_itself() -> None:
 def test_time_limit_stops_a_hanging_step() -> None:
     loader = [torch.zeros(2)] * 4
     with pytest.raises(D.DoctorTimeout, match="step_fn"):
-        D.diagnose(loader, D.BusyStep(5.0), "cpu", steps=3, warmup=0, time_limit_s=0.5)
+        D.diagnose(loader, BusyStep(5.0), "cpu", steps=3, warmup=0, time_limit_s=0.5)
 
 
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="steps"):
-        D.diagnose([1], D.BusyStep(), steps=0)
+        D.diagnose([1], BusyStep(), steps=0)
     with pytest.raises(ValueError, match="transfer"):
-        D.diagnose([1], D.BusyStep(), transfer="fast")
+        D.diagnose([1], BusyStep(), transfer="fast")
     with pytest.raises(ValueError, match="no batches"):
-        D.diagnose([], D.BusyStep())
+        D.diagnose([], BusyStep())
 
 
 # -- strict GPU runs (WORKBOOK_REQUIRE_GPU=1) never swallow a CUDA error ------------------

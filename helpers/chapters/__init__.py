@@ -10,7 +10,9 @@ chNN/       chapter NN's folder (ch00 ... ch07): its ``__init__`` is the one cha
             ch03/pinning                    the pin thread; pinned against pageable in alternating rounds
             ch04/sweeps, speedup, pitfalls  the worker sweep and knobs; the fair speed-up figure; pitfalls
             ch05/overlap, hazards, feeding, gpudecode   the 2x2 overlap; async hazards; pipeline timing; JPEG decode
-            ch06/capstone, doctor, fast_pipeline   every step stacked on one job; the diagnosis; the cells
+            ch06/job, run, calibration, capstone   the job and its loader; one configuration's run; the regimes;
+                                            every step stacked on one job (the waterfall)
+            ch06/doctor, diagnosis, fast_pipeline  the doctor's measurement; its decision; the chapter's cells
             ch07/distributed, torchrun, ddp_train   sampler demos and the launcher; torchrun on loopback; the rank
 _template   the template a new chapter folder's ``__init__`` is copied from
 

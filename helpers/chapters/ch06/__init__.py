@@ -1,22 +1,10 @@
-"""Chapter 06, the capstone: the chapter interface (:mod:`helpers.ui.chapter`) over :mod:`.capstone`.
+"""Chapter 06, the capstone: the chapter interface (:mod:`helpers.ui.chapter`): the live panel and the headless
+benchmark, over :mod:`.capstone` (which does the work).
 
-:mod:`~helpers.chapters.ch06.capstone` does the work (the steps as data, the job, the waterfall in rounds, the stages
-alone, the calibration, the checks and plots); this module holds the chapter: its live panel and its headless
-benchmark.
-
-The panel runs the job once, through the reader's functions, with the steps the reader ticks, in the regime the
-reader picks:
-
->>> from helpers.chapters import ch06
->>> panel = widgets.Panel.for_chapter(ch06, device=DEVICE, specs=SPECS, pipeline=PIPELINE)
->>> panel
-
-``specs``: the chapter's calibrated :class:`~helpers.chapters.ch06.capstone.JobSpec` per regime (default
-:func:`~helpers.chapters.ch06.capstone.job_spec`); ``pipeline``: the reader's
-:class:`~helpers.chapters.ch06.capstone.Pipeline` (default: the take-home pipeline of
-``examples/fast_pipeline.py``, in the package as :mod:`helpers.chapters.ch06.fast_pipeline`, see
-:func:`~helpers.chapters.ch06.capstone.reference_pipeline`).
-Every run is measured here, on any device.
+The panel runs the job once through the reader's functions, with the steps the reader ticks, in the regime the
+reader picks: ``widgets.Panel.for_chapter(ch06, device=DEVICE, specs=SPECS, pipeline=PIPELINE)`` (``specs``: the
+calibrated :class:`~.capstone.JobSpec` per regime, default :func:`~.capstone.job_spec`; ``pipeline``: the
+reader's :class:`~.capstone.Pipeline`, default :func:`~.capstone.reference_pipeline`). Measured here, on any device.
 """
 
 from __future__ import annotations
@@ -172,31 +160,17 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
 
 
 def benchmark(results: ResultSet, device: torch.device | str | None, *, progress: ProgressFn | None = None) -> None:
-    """Run both regimes, every configuration that can act on ``device``, and add the records to ``results``.
+    """Run both regimes, every configuration that can act on ``device`` (``None``: CUDA when present), through
+    the take-home pipeline (:func:`~.capstone.reference_pipeline`, kept identical to the script and the cells),
+    and add the records to ``results``. Steps that need CUDA are not run without it: no records.
 
-    Without CUDA the steps that need it (pinning, uint8 on the device, the prefetcher) are not run, so they
-    have no records (:func:`~helpers.chapters.ch06.capstone.run_waterfall`).
-
-    Headless, there is no reader's pipeline: the functions timed are the take-home pipeline's
-    (:func:`~helpers.chapters.ch06.capstone.reference_pipeline`: :mod:`helpers.chapters.ch06.fast_pipeline`, the
-    pipeline block of ``examples/fast_pipeline.py``), which tests keep identical to the script and chapter 06's
-    cells.
-    ``device``: ``None`` = CUDA when present, else the CPU.
-
-    Records (key: unit; params ``regime``, ``stage`` (step name), ``label``, ``order``, ``width``,
-    ``depth``, ``steps``, ``batch_size``, ``rounds``, ``device``):
-
-    - ``ch06.calibration.compute_over_loader``: ratio (params ``regime``, ``width``, ``depth``, ``reached``,
-      ``device``) — how the regime's model was chosen;
-    - ``ch06.waterfall.step_time``: s per step (epoch time / steps) — the waterfall bars;
-    - ``ch06.epoch_time``: s; ``ch06.throughput``: items/s; ``ch06.speedup``: ratio (vs baseline);
-    - ``ch06.accuracy``: ratio (validation); ``ch06.compute_busy``, ``ch06.data_stall``: ratio (0-1);
-    - ``ch06.efficiency``: ratio (throughput / slowest stage alone, as measured; shown through
-      :class:`~helpers.chapters.ch06.capstone.Efficiency`, never above 1);
-    - ``ch06.stage_alone``: items/s, with ``part`` = loader / copy / compute (copy only with CUDA).
-
-    Artifacts: ``ch06.trace.<regime>.<stage>``: each configuration's span trace
-    (:meth:`~helpers.core.timing.SpanTrace.to_dict`), for reference timelines.
+    Records (params ``regime``, ``stage`` (step name), ``label``, ``order``, ``width``, ``depth``, ``steps``,
+    ``batch_size``, ``rounds``, ``device``): ``ch06.waterfall.step_time`` (s per step: the bars),
+    ``ch06.epoch_time`` (s), ``ch06.throughput`` (items/s), ``ch06.speedup`` (vs baseline), ``ch06.accuracy``,
+    ``ch06.compute_busy``, ``ch06.data_stall`` (0-1), ``ch06.efficiency`` (throughput / slowest stage alone, as
+    measured; shown through :class:`~.capstone.Efficiency`), ``ch06.stage_alone`` (items/s, ``part`` = loader /
+    copy / compute); ``ch06.calibration.compute_over_loader`` (params ``regime``, ``width``, ``depth``,
+    ``reached``, ``device``). Artifacts ``ch06.trace.<regime>.<stage>``: each configuration's span trace.
     """
     progress = progress or no_progress
     dev = resolve_device(device)
@@ -207,40 +181,28 @@ def benchmark(results: ResultSet, device: torch.device | str | None, *, progress
         spec = capstone.job_spec(regime, width=cal[regime].width, depth=cal[regime].depth)
         part = scaled(progress, 0.1 + 0.9 * k / len(regimes), 0.1 + 0.9 * (k + 1) / len(regimes))
         wf = capstone.run_waterfall(regime, dev, spec=spec, calibration=cal[regime], progress=part)
-        results.add(
-            "ch06.calibration.compute_over_loader",
-            cal[regime].ratio,
-            "ratio",
-            regime=regime,
-            width=spec.width,
-            depth=spec.depth,
-            reached=cal[regime].reached,
-            device=str(dev),
-        )
-        for i, (r, sp) in enumerate(zip(wf.results, wf.speedups())):
-            p: dict[str, Any] = dict(
-                regime=regime,
-                stage=r.name,
-                label=r.label,
-                order=i,
-                width=wf.spec.width,
-                depth=wf.spec.depth,
-                steps=r.steps,
-                batch_size=wf.spec.batch_size,
-                rounds=wf.rounds,
-                device=str(dev),
-            )
-            results.add("ch06.waterfall.step_time", r.step_s, "s", **p)
-            results.add("ch06.epoch_time", r.epoch_s, "s", **p)
-            results.add("ch06.throughput", r.throughput, "items/s", **p)
-            results.add("ch06.speedup", sp, "ratio", **p)
-            results.add("ch06.accuracy", r.accuracy, "ratio", **p)
-            results.add("ch06.compute_busy", r.compute_busy, "ratio", **p)
-            results.add("ch06.data_stall", r.data_stall, "ratio", **p)
-            if r.efficiency is not None:
-                results.add("ch06.efficiency", r.efficiency.ratio, "ratio", **p)
-            for stage_part, v in r.stages.items():
-                if v is not None:
-                    results.add("ch06.stage_alone", v, "items/s", part=stage_part, **p)
-            results.artifacts[f"ch06.trace.{regime}.{r.name}"] = r.trace.to_dict()
+        results.add("ch06.calibration.compute_over_loader", cal[regime].ratio, "ratio", regime=regime,
+                    width=spec.width, depth=spec.depth, reached=cal[regime].reached, device=str(dev))  # fmt: skip
+        _record(results, wf, str(dev))
     progress(1.0, "done")
+
+
+def _record(results: ResultSet, wf: capstone.Waterfall, dev: str) -> None:
+    """One waterfall's records and traces (see :func:`benchmark`)."""
+    for i, (r, sp) in enumerate(zip(wf.results, wf.speedups())):
+        p: dict[str, Any] = dict(regime=wf.regime, stage=r.name, label=r.label, order=i, width=wf.spec.width,
+                                 depth=wf.spec.depth, steps=r.steps, batch_size=wf.spec.batch_size,
+                                 rounds=wf.rounds, device=dev)  # fmt: skip
+        results.add("ch06.waterfall.step_time", r.step_s, "s", **p)
+        results.add("ch06.epoch_time", r.epoch_s, "s", **p)
+        results.add("ch06.throughput", r.throughput, "items/s", **p)
+        results.add("ch06.speedup", sp, "ratio", **p)
+        results.add("ch06.accuracy", r.accuracy, "ratio", **p)
+        results.add("ch06.compute_busy", r.compute_busy, "ratio", **p)
+        results.add("ch06.data_stall", r.data_stall, "ratio", **p)
+        if r.efficiency is not None:
+            results.add("ch06.efficiency", r.efficiency.ratio, "ratio", **p)
+        for stage_part, v in r.stages.items():
+            if v is not None:
+                results.add("ch06.stage_alone", v, "items/s", part=stage_part, **p)
+        results.artifacts[f"ch06.trace.{wf.regime}.{r.name}"] = r.trace.to_dict()

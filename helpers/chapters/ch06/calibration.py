@@ -1,0 +1,394 @@
+"""Chapter 06: the regimes calibrated on this device (:func:`calibrate`), and the device-memory facts it needs.
+
+"Wide" depends on the device: a model that is wide on a laptop computes a batch in a few milliseconds on an
+H200, faster than the loader, and both regimes would be data-bound. So :func:`calibrate` times the loader alone
+and the model alone on the device in use and picks a model whose step takes 2-3.5x the loader's batch
+(:func:`choose_model`, bounded in time), and says so when a regime cannot be reached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from ...core.config import sized
+from ...core.validate import check_int
+from .job import (
+    _CACHE,
+    REGIMES,
+    JobSpec,
+    Pipeline,
+    Settings,
+    Step,
+    _pipeline,
+    built_loader,
+    dataset_info,
+    effective_on,
+    job_spec,
+    seed_order,
+)
+from .run import _step_times
+
+#: Models the compute-bound search may pick, as (width, depth): the last stage has at most 8,192 channels
+#: (the largest, width 512 and depth 5, holds about 400 M parameters: a probe out of memory ends the search).
+MODEL_LADDER: tuple[tuple[int, int], ...] = tuple(
+    (w, d)
+    for d in (3, 4, 5)
+    for w in (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+    if w * 2 ** (d - 1) <= 8192
+)
+
+
+def model_flops(width: int, depth: int, crop_size: int, num_classes: int = 6) -> int:
+    """Forward FLOPs per image of :class:`helpers.pipeline.models.SmallCNN` from its shapes, without building it
+    (as :func:`helpers.pipeline.models.flops_per_sample`: 2 per multiply-add, 3x3 convs, each stage halving)."""
+    check_int("width", width, 1, 512)
+    check_int("depth", depth, 1, 6)
+    check_int("crop_size", crop_size, 1, 8192)
+    total, c_in, side = 0, 3, crop_size
+    for stage in range(depth):
+        c_out = width * 2**stage
+        total += 2 * 9 * c_in * c_out * side * side
+        c_in, side = c_out, side // 2
+    return total + 2 * c_in * num_classes
+
+
+def probe_bytes(width: int, depth: int, batch_size: int, crop_size: int, num_classes: int = 6) -> int:
+    """Device memory one training step of :class:`helpers.pipeline.models.SmallCNN` needs, from its shapes.
+
+    Per element of a stage's output: the conv's and BatchNorm's outputs and gradients (16 bytes; ReLU in place),
+    the max-pool's output, int64 indices and gradient (a quarter as many, 16 bytes); per parameter 16 bytes
+    (weights, gradients, Adam's two moments); the input batch (uint8 and float); then 25% for the allocator's
+    rounding and cuDNN's workspace. Width 96, depth 3, 64 crops of 224 pixels: about 13 GiB.
+    """
+    check_int("width", width, 1, 512)
+    check_int("depth", depth, 1, 6)
+    total, c_in, side, params = 0, 3, crop_size, 0
+    for stage in range(depth):
+        c_out = width * 2**stage
+        elems = batch_size * c_out * side * side
+        total += elems * 16 + (elems // 4) * 16
+        params += 9 * c_in * c_out + 2 * c_out
+        c_in, side = c_out, max(1, side // 2)
+    params += c_in * num_classes + num_classes
+    total += params * 16 + batch_size * 3 * crop_size * crop_size * 5
+    return int(total * 1.25)
+
+
+def device_memory_check(device: torch.device | str, need_bytes: int, share: float = 0.8) -> str | None:
+    """``None`` when ``need_bytes`` fits in ``share`` of the device's free memory, else why not (CUDA only).
+
+    Free memory is read after ``torch.cuda.empty_cache()``: blocks the caching allocator keeps but no tensor
+    uses count as free only once returned.
+    """
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    torch.cuda.empty_cache()  # first: cached blocks of earlier probes are free memory for this one
+    free, total = torch.cuda.mem_get_info(dev)
+    if need_bytes <= share * free:
+        return None
+    held, gib = torch.cuda.memory_allocated(dev), 2.0**30
+    return (
+        f"it would need about {need_bytes / gib:.1f} GiB of device memory, more than {share:.0%} of the "
+        f"{free / gib:.1f} GiB free of {total / gib:.1f} GiB after empty_cache() (this process's tensors hold "
+        f"{held / gib:.1f} GiB; other processes and the CUDA context hold the rest)"
+    )
+
+
+def release_pinned_host_memory(device: torch.device | str) -> str:
+    """One line: the pinned host memory PyTorch's caching host allocator holds, and what releasing it gave back.
+
+    Every pinned batch stays cached there after use, for the kernel's lifetime. The held bytes are read from
+    ``torch.cuda.host_memory_stats()`` (:func:`helpers.pipeline.transfer.host_allocator_stats`), every device is
+    synchronised (a block whose copy is queued cannot be freed), the unused blocks are returned with
+    ``torch.accelerator.empty_host_cache()`` (looked up, not assumed) and the stats read again. Without CUDA, or
+    a torch without either function, the line says so.
+    """
+    from ...pipeline import transfer  # optional: only after a waterfall
+
+    if torch.device(device).type != "cuda":
+        return "pinned host memory: none (no CUDA device: nothing was pinned, so the host allocator holds nothing)"
+    before = transfer.host_allocator_stats()
+    if not isinstance(before, dict):
+        return f"pinned host memory: not measured ({before})"
+    mib = 2.0**20
+    line = (
+        f"pinned host memory cached by PyTorch's host allocator: {before['allocated_bytes'] / mib:.0f} MiB "
+        f"({before['active_bytes'] / mib:.0f} MiB of it in use)"
+    )
+    empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
+    if empty is None:
+        return line + f"; torch {torch.__version__} has no torch.accelerator.empty_host_cache(): it stays held"
+    for i in range(torch.cuda.device_count()):  # copies from pinned blocks may still be queued on any device
+        torch.cuda.synchronize(i)
+    empty()
+    after = transfer.host_allocator_stats()
+    if not isinstance(after, dict):
+        return line + f"; released with torch.accelerator.empty_host_cache(), not measured after ({after})"
+    freed = before["allocated_bytes"] - after["allocated_bytes"]
+    return (
+        line + f"; torch.accelerator.empty_host_cache() released {freed / mib:.0f} MiB, "
+        f"{after['allocated_bytes'] / mib:.0f} MiB still held"
+    )
+
+
+@dataclass
+class Calibration:
+    """What :func:`choose_model` chose for one regime on one device, and why.
+
+    ``loader_s``: seconds per batch of the baseline loader alone; ``compute_s``: seconds per step of the chosen
+    model alone; ``reached``: data-bound: ``compute_s * margin <= loader_s``, compute-bound:
+    ``compute_s >= margin * loader_s``; ``tried``: (width, depth, seconds per step) of every model measured.
+    """
+
+    regime: str
+    width: int
+    depth: int
+    loader_s: float
+    compute_s: float
+    reached: bool
+    margin: float
+    tried: list[tuple[int, int, float]] = field(default_factory=list)
+    reason: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ratio(self) -> float:
+        """Compute time over loader time per batch (> 1: the compute is slower)."""
+        return self.compute_s / self.loader_s if self.loader_s > 0 else float("inf")
+
+    def describe(self) -> str:
+        return (
+            f"{self.regime}: width {self.width}, depth {self.depth}: compute alone {self.compute_s * 1e3:.1f} ms "
+            f"per batch vs loader alone {self.loader_s * 1e3:.1f} ms (x{self.ratio:.2f}); {self.reason}"
+        )
+
+
+@dataclass
+class _Search:
+    """The compute-bound search's state: the ladder by FLOPs, what was measured, why it stopped."""
+
+    order: list[tuple[int, int]]
+    flops: dict[tuple[int, int], int]
+    margin: float
+    upper: float
+    loader_s: float
+    seen: dict[tuple[int, int], float] = field(default_factory=dict)
+    stop: str = ""
+
+    def next_model(self, current: tuple[int, int], ratio: float) -> tuple[int, int] | None:
+        """The smallest unmeasured model predicted (time scales with FLOPs) to land in range, in the direction
+        needed; else the furthest one that way; a smaller model is never one a faster-than-range model bounds."""
+        f, target = self.flops, self.flops[current] * (self.margin + self.upper) / 2 / max(ratio, 1e-9)
+        if ratio < self.margin:
+            cands = [m for m in self.order if f[m] > f[current] and m not in self.seen]
+        else:
+            cands = [
+                m
+                for m in self.order
+                if f[m] < f[current]
+                and m not in self.seen
+                and not any(f[m] <= f[k] and v < self.margin * self.loader_s for k, v in self.seen.items())
+            ]
+        return next((m for m in cands if f[m] >= target), cands[-1] if cands else None)
+
+    def choice(self, start: tuple[int, int], probes: int) -> tuple[tuple[int, int], float, bool, str]:
+        """(model, seconds per step, reached, why): the smallest measured model that reached the regime, else the
+        largest measured (not reached)."""
+        fast_enough = {m: v for m, v in self.seen.items() if v >= self.margin * self.loader_s}
+        if fast_enough:
+            best = min(fast_enough, key=lambda m: self.flops[m])
+            why = (
+                f"the smallest model measured whose step takes at least {self.margin:.0f}x the loader's batch "
+                f"({probes} model(s) measured)"
+            )
+            return best, fast_enough[best], True, why
+        if not self.seen:
+            return start, float("nan"), False, f"nothing could be measured: {self.stop}"
+        best = max(self.seen, key=lambda m: self.flops[m])
+        why = (
+            f"compute-bound regime NOT reached: the largest model measured takes only "
+            f"{self.seen[best] / self.loader_s:.2f}x the loader's batch ({self.stop}); its loading steps are "
+            "expected to gain as in the data-bound regime"
+        )
+        return best, self.seen[best], False, why
+
+
+def _probe(s: _Search, measure: Callable[[int, int], float], current: tuple[int, int],
+           fits: Callable[[int, int], str | None] | None) -> float | None:  # fmt: skip
+    """Seconds per step of ``current``, or None (and ``s.stop`` says why) when it does not fit or runs out."""
+    too_big = fits(*current) if fits is not None else None
+    if too_big is not None:  # not measured: the probe would not fit in the device's memory
+        s.stop = f"width {current[0]}, depth {current[1]} was not tried: {too_big}"
+        return None
+    try:
+        return measure(*current)
+    except torch.OutOfMemoryError:
+        s.stop = f"width {current[0]}, depth {current[1]} ran out of device memory"
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return None
+
+
+def _tiny_reason(c: float, loader_s: float, margin: float, ok: bool) -> str:
+    if c <= 0:
+        return "no time measured"
+    if ok:
+        return f"the tiny model computes a batch {loader_s / c:.1f}x faster than the loader loads one"
+    return (
+        f"even the tiny model is not {margin:.0f}x faster than the loader here "
+        "(data-bound regime not reached: loading steps may gain little)"
+    )
+
+
+def choose_model(
+    regime: str,
+    measure: Callable[[int, int], float],
+    loader_s: float,
+    *,
+    start: tuple[int, int],
+    crop_size: int,
+    margin: float = 2.0,
+    upper: float = 3.5,
+    budget_s: float = 30.0,
+    max_probes: int = 6,
+    ladder: Sequence[tuple[int, int]] = MODEL_LADDER,
+    clock: Callable[[], float] = time.perf_counter,
+    fits: Callable[[int, int], str | None] | None = None,
+) -> Calibration:
+    """Pick the model of ``regime`` from measured stage times (a pure function of ``measure`` and ``loader_s``,
+    the seconds per step of a model alone and per batch of the loader alone; :func:`calibrate` passes them).
+
+    **data-bound**: the ``start`` (tiny) model must compute a batch ``margin`` x faster than the loader loads one.
+    **compute-bound**: the step must take ``margin`` to ``upper`` x the loader's batch; each probe predicts the
+    size needed (:meth:`_Search.next_model`) until the ratio is in range, the ladder ends, a probe does not fit
+    (``fits(width, depth)`` says why) or runs out of memory, ``max_probes`` or ``budget_s`` are spent. It keeps
+    the smallest model measured that reached the regime, else the largest measured (not reached).
+    """
+    t0 = clock()
+    tried: list[tuple[int, int, float]] = []
+
+    def done(width: int, depth: int, compute_s: float, reached: bool, reason: str) -> Calibration:
+        return Calibration(regime, width, depth, loader_s, compute_s, reached, margin, tried, reason, clock() - t0)
+
+    if regime == "data-bound":
+        c = measure(*start)
+        tried.append((start[0], start[1], c))
+        ok = c * margin <= loader_s
+        return done(start[0], start[1], c, ok, _tiny_reason(c, loader_s, margin, ok))
+    order = sorted(set(ladder) | {start}, key=lambda m: model_flops(m[0], m[1], crop_size))
+    s = _Search(order, {m: model_flops(m[0], m[1], crop_size) for m in order}, margin, upper, loader_s)
+    current: tuple[int, int] | None = start
+    while current is not None:
+        step_s = _probe(s, measure, current, fits)
+        if step_s is None:
+            break
+        s.seen[current] = step_s
+        tried.append((current[0], current[1], step_s))
+        ratio = step_s / loader_s if loader_s > 0 else float("inf")
+        if margin <= ratio <= upper:
+            break
+        if len(tried) >= max_probes:
+            s.stop = f"{max_probes} models measured"
+        elif clock() - t0 > budget_s:
+            s.stop = f"the calibration's time budget ({budget_s:.0f} s) is spent"
+        else:
+            current = s.next_model(current, ratio)
+            s.stop = "" if current else "no other model on the ladder"
+            continue
+        break
+    (width, depth), compute_s, reached, why = s.choice(start, len(tried))
+    return done(width, depth, compute_s, reached, why)
+
+
+def _loader_batch_s(pipeline: Pipeline, spec: JobSpec, batches: int = 4) -> float:
+    """Median seconds per batch of the baseline loader alone (``workers=0, pin=False``), after one warm-up batch."""
+    times = []
+    with built_loader(pipeline, spec, Settings()) as loader:
+        seed_order(loader, spec.seed, 0, fresh=True)
+        it = iter(loader)
+        next(it)
+        for _ in range(batches):
+            t0 = time.perf_counter()
+            if next(it, None) is None:
+                break
+            times.append(time.perf_counter() - t0)
+        del it
+    if not times:
+        raise ValueError(
+            f"train_items={spec.train_items} gives too few batches of {spec.batch_size} to time the loader"
+        )
+    return statistics.median(times)
+
+
+def calibrate(
+    device: torch.device | str = "cpu",
+    *,
+    margin: float = 2.0,
+    budget_s: float | None = None,
+    progress: Callable[..., None] | None = None,
+    pipeline: Pipeline | None = None,
+) -> dict[str, Calibration]:
+    """Choose each regime's model for ``device`` from measured stage times (cached per device and sizes).
+
+    The pipeline's loader alone (baseline, main process, the job's threads) is timed for a few batches, then
+    :func:`choose_model` times the pipeline's ``train_step``: the tiny model must be ``margin`` x faster
+    (data-bound), and a model ``margin`` x slower is searched for (compute-bound) within ``budget_s`` seconds
+    (default 10 quick, 30 laptop, 60 full).
+    """
+    dev = torch.device(device)
+    budget = budget_s if budget_s is not None else sized(quick=10.0, laptop=30.0, full=60.0)
+    base = job_spec("data-bound")
+    pipe = _pipeline(pipeline, dev, base.seed)
+    key = ("calibration", str(dev), base.batch_size, base.crop_size, base.threads, margin,
+           str(dataset_info().train_dir), id(pipe.make_loader), id(pipe.train_step))  # fmt: skip
+    if key in _CACHE:
+        return _CACHE[key]
+    report: Callable[..., None] = progress or (lambda f, t="": None)
+    report(0.0, "timing the loader alone")
+    loader_s = _loader_batch_s(pipe, base, batches=sized(quick=3, laptop=5, full=8))
+    n_steps = sized(quick=3, laptop=4, full=5)
+    classes = int(dataset_info().params["num_classes"])
+
+    def measure(width: int, depth: int) -> float:
+        report(0.3, f"timing train_step alone: width {width}, depth {depth}")
+        spec = dataclasses.replace(base, width=width, depth=depth)
+        return statistics.median(_step_times(spec, dev, n_steps, pipe.train_step, warm=1))
+
+    def fits(width: int, depth: int) -> str | None:  # bounded by the memory free now, not by the card's size
+        return device_memory_check(dev, probe_bytes(width, depth, base.batch_size, base.crop_size, classes))
+
+    out = {}
+    for regime, r in REGIMES.items():
+        start = (sized(quick=r["quick_width"], full=r["width"]), r["depth"])
+        out[regime] = choose_model(regime, measure, loader_s, start=start, crop_size=base.crop_size, margin=margin,
+                                   budget_s=budget, fits=fits)  # fmt: skip
+    report(1.0, "calibrated")
+    _CACHE[key] = out
+    return out
+
+
+def expected_within_noise(
+    step: Step, regime: str, device: torch.device | str, cal: Calibration | None = None
+) -> str | None:
+    """Why ``step``'s gain is expected to be within noise here, or None (the bottleneck model and the calibration).
+
+    A step that needs CUDA does nothing on a CPU. Compute-bound (the step takes ``ratio`` x the loader's batch):
+    only the workers step can remove the in-process loading from each step; the later loading steps and pinning
+    have little left to remove. Persistent workers are never expected within noise: the start-up they remove is
+    a stall before each epoch's first batch, which no compute hides.
+    """
+    if not effective_on(step, device):
+        return "needs CUDA: no effect on this device"
+    if regime == "compute-bound" and cal is not None and cal.reached and step.name in ("uint8", "prefetcher", "pinned"):
+        return (
+            f"compute-bound: the step takes {cal.ratio:.1f}x the loader's batch, so loading is already "
+            "hidden behind it (or, before workers, this step does not shorten it)"
+        )
+    return None

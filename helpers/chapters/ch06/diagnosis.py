@@ -1,0 +1,475 @@
+"""What the pipeline doctor decides and reports: the facts, the measurements, the pure decision, the report.
+
+:func:`decide` applies chapter 01's bottleneck model to measured phase times (a pure function, so a verdict a
+CPU cannot show, transfer-bound, is unit-tested with made-up times): overlapped, a step takes as long as its
+slowest stage, which is the verdict. The recommendations come from the same numbers, each with its evidence
+and an estimated saving per step, ranked by that saving. :mod:`.doctor` measures and calls it.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+import textwrap
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from ...core.validate import check_float, check_int
+
+VERDICTS: tuple[str, ...] = ("data-bound", "transfer-bound", "compute-bound")
+
+
+# ---------------------------------------------------------------------------
+# What the doctor knows about the pipeline
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class PipelineFacts:
+    """Facts about the pipeline read from the loader and the first batch (not timed).
+
+    ``None`` means unknown (e.g. ``num_workers`` of a plain iterable).
+    """
+
+    loader_type: str = "unknown"
+    is_dataloader: bool = False
+    num_workers: int | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    prefetch_factor: int | None = None
+    batch_size: int | None = None
+    batches_per_epoch: int | None = None
+    cpu_count: int = 1
+    device_type: str = "cpu"
+    batch_bytes: int = 0
+    batch_dtype: str = "unknown"
+    batch_shape: tuple[int, ...] = ()
+    float_image_batch: bool = False
+    batch_pinned: bool | None = None
+    uses_prefetcher: bool = False
+
+    @property
+    def cuda(self) -> bool:
+        return self.device_type == "cuda"
+
+
+@dataclass
+class Measurements:
+    """Per-step phase times (seconds, means over the timed steps) plus the facts.
+
+    Attributes:
+        steps: timed steps.
+        wait_s / h2d_s / compute_s: mean seconds per step of each phase.
+        wait_median_s / wait_p90_s: spread of the waits (bursty loaders show a high p90).
+        first_batch_s: seconds from ``iter(loader)`` to the first batch (worker start-up
+            and first load); ``None`` if not measured.
+        pinned_h2d_s: the same batch copied from pinned memory (CUDA probe), if measured.
+        transfer_separate: False when the step function does its own copy (then the copy
+            is inside ``compute_s``).
+        facts: see :class:`PipelineFacts`.
+    """
+
+    steps: int
+    wait_s: float
+    h2d_s: float
+    compute_s: float
+    wait_median_s: float | None = None
+    wait_p90_s: float | None = None
+    first_batch_s: float | None = None
+    pinned_h2d_s: float | None = None
+    transfer_separate: bool = True
+    facts: PipelineFacts = field(default_factory=PipelineFacts)
+
+    @property
+    def step_s(self) -> float:
+        """Mean seconds per step of the (synchronised, serial) measured loop."""
+        return self.wait_s + self.h2d_s + self.compute_s
+
+
+@dataclass
+class Recommendation:
+    """One ranked piece of advice.
+
+    Attributes:
+        action: what to do, with concrete numbers.
+        evidence: the measurements that justify it.
+        stage: the stage it speeds up ("data", "transfer", "compute").
+        gain_s: estimated seconds saved per step (``None``: not estimable from these measurements).
+        chapter: where the workbook measures this effect.
+        step: the chapter 06 waterfall step that makes this change ("workers", "persistent", "pinned",
+            "uint8", "prefetcher"), or "" (no step of the waterfall does): what ``measured`` is matched on.
+    """
+
+    action: str
+    evidence: str
+    stage: str
+    gain_s: float | None = None
+    chapter: str = ""
+    step: str = ""
+
+
+@dataclass
+class Decision:
+    """The output of :func:`decide`."""
+
+    verdict: str
+    stage_times: dict[str, float | None]
+    shares: dict[str, float]
+    stall_share: float
+    predicted_overlapped_s: float
+    recommendations: list[Recommendation]
+    notes: list[str]
+
+
+# ---------------------------------------------------------------------------
+# The pure decision
+# ---------------------------------------------------------------------------
+
+
+def _ms(s: float | None) -> str:
+    return "n/a" if s is None else f"{s * 1e3:.2f} ms"
+
+
+@dataclass
+class _Step:
+    """What every piece of advice reads: the measurements, the step's shares and the verdict's stage."""
+
+    m: Measurements
+    stall: float
+    shares: dict[str, float]
+    bottleneck: str
+    stall_threshold: float
+
+    @property
+    def busy(self) -> float:  # the loop's own work per step
+        return self.m.h2d_s + self.m.compute_s
+
+    @property
+    def in_loop(self) -> bool:  # loading happens in the loop's process
+        return not self.m.facts.num_workers
+
+
+def _more_workers(s: _Step) -> list[Recommendation]:
+    """More workers (or, with as many as cores, cheaper samples) when the loop waits for data."""
+    m, f, nw = s.m, s.m.facts, s.m.facts.num_workers or 0
+    cores = max(1, int(f.cpu_count))
+    per_batch = m.wait_s if s.in_loop else nw * (m.wait_s + s.busy)  # seconds one worker needs per batch
+    need = math.ceil(per_batch / s.busy) if s.busy > 0 else cores
+    suggested = max(nw + 1, min(need, cores))
+    if nw >= cores:
+        extra = (
+            "or decode JPEGs on the GPU (torchvision.io.decode_jpeg(device='cuda'))" if f.cuda else "or pre-decode once"
+        )
+        return [Recommendation(
+            action="make each sample cheaper to load: send uint8, decode smaller or cached images, " + extra,
+            evidence=f"already {nw} workers on {cores} cores and the loop still waits {_ms(m.wait_s)} per step "
+            f"({s.stall:.0%}): more workers than cores cannot help CPU-bound decoding",
+            stage="data", chapter="04 · workers",
+        )]  # fmt: skip
+    who = "in the main process" if s.in_loop else f"per worker (with {nw} worker{'s' if nw != 1 else ''})"
+    what = "raise num_workers" if f.is_dataloader or f.num_workers is not None else (
+        "load in worker processes (a DataLoader with num_workers)")  # fmt: skip
+    return [Recommendation(
+        action=f"{what} from {nw} to {suggested}",
+        evidence=f"the loop waited {_ms(m.wait_s)} per step for data ({s.stall:.0%} of the step); loading one batch "
+        f"takes {_ms(per_batch)} {who} while the step's own work takes {_ms(s.busy)}, so ceil({per_batch * 1e3:.2f} "
+        f"/ {s.busy * 1e3:.2f}) = {need} worker{'s' if need != 1 else ''} would keep up; this machine has {cores} "
+        f"usable core{'s' if cores != 1 else ''}" + ("" if f.cuda else " (on a CPU device the workers share them "
+        "with the model)"),
+        stage="data", gain_s=max(0.0, m.wait_s - max(0.0, per_batch / suggested - s.busy)), chapter="04 · workers",
+        step="workers",
+    )]  # fmt: skip
+
+
+def _data_advice(s: _Step) -> list[Recommendation]:
+    """The data stage: more workers, a deeper queue for bursty waits, persistent workers for the start-up."""
+    m, f, nw = s.m, s.m.facts, s.m.facts.num_workers or 0
+    recs: list[Recommendation] = []
+    if m.wait_s > 0 and (s.in_loop or s.stall >= s.stall_threshold):
+        recs += _more_workers(s)
+        med, p90 = m.wait_median_s, m.wait_p90_s
+        if nw and p90 is not None and med is not None and f.prefetch_factor and p90 > 3 * max(med, 1e-6) and (
+                p90 > 0.1 * s.busy):  # fmt: skip
+            recs.append(Recommendation(
+                action=f"raise prefetch_factor from {f.prefetch_factor} to {2 * f.prefetch_factor}",
+                evidence=f"waits are bursty: median {_ms(med)}, 90th percentile {_ms(p90)}; a deeper queue absorbs "
+                "bursts (it cannot raise the loader's average rate)",
+                stage="data", gain_s=max(0.0, m.wait_s - med), chapter="04 · prefetch_factor", step="persistent",
+            ))  # fmt: skip
+    if nw and f.persistent_workers is False and m.first_batch_s is not None:
+        per_epoch = f.batches_per_epoch or m.steps
+        startup = max(0.0, m.first_batch_s - m.wait_s)
+        recs.append(Recommendation(
+            action="set persistent_workers=True",
+            evidence=f"each epoch restarts {nw} worker{'s' if nw != 1 else ''}: the first batch took "
+            f"{m.first_batch_s:.3f} s, {startup:.3f} s more than a typical wait; spread over {per_epoch} steps "
+            "per epoch",
+            stage="data", gain_s=startup / max(1, per_epoch), chapter="04 · persistent workers", step="persistent",
+        ))  # fmt: skip
+    return recs
+
+
+def _transfer_advice(s: _Step, notable_share: float) -> list[Recommendation]:
+    """The copy: pinned memory, uint8 batches, a side-stream prefetcher (CUDA); uint8 from CPU workers."""
+    m, f = s.m, s.m.facts
+    recs: list[Recommendation] = []
+    if not (f.cuda and m.transfer_separate and s.shares["h2d"] >= notable_share):
+        if not f.cuda and f.float_image_batch and f.num_workers and s.bottleneck == "data":
+            recs.append(Recommendation(
+                action="send uint8 images from the workers and normalise in the step",
+                evidence=f"workers hand over {f.batch_bytes / 2**20:.2f} MiB float batches; uint8 is 4x fewer bytes "
+                "to collate and pass between processes, and skips the float conversion in the workers",
+                stage="data", chapter="04 · uint8 batches",
+            ))  # fmt: skip
+        return recs
+    after_pin = m.h2d_s
+    if not (f.pin_memory or f.batch_pinned):
+        gain, ev = None, f"the copy takes {_ms(m.h2d_s)} per step ({s.shares['h2d']:.0%}) from pageable memory"
+        if m.pinned_h2d_s is not None:
+            gain, after_pin = max(0.0, m.h2d_s - m.pinned_h2d_s), min(m.h2d_s, m.pinned_h2d_s)
+            ev = f"the copy takes {_ms(m.h2d_s)} from pageable memory and {_ms(m.pinned_h2d_s)} from pinned " + (
+                "memory (same batch, measured)")  # fmt: skip
+        recs.append(Recommendation(
+            action="pin memory: DataLoader(pin_memory=True)",
+            evidence=ev + "; pinned memory is also what lets a copy overlap with compute",
+            stage="transfer", gain_s=gain, chapter="02 · pinned memory", step="pinned",
+        ))  # fmt: skip
+    if f.float_image_batch:
+        recs.append(Recommendation(
+            action="send uint8 images and normalise on the GPU (4x fewer bytes)",
+            evidence=f"the batch is {f.batch_dtype} {list(f.batch_shape)}, {f.batch_bytes / 2**20:.1f} MiB; as uint8 "
+            f"it would be {f.batch_bytes / 4 / 2**20:.1f} MiB; copy time scales with bytes for batches this size "
+            "(estimate: three quarters of the copy)",
+            stage="transfer", gain_s=0.75 * after_pin, chapter="05 · uint8 + GPU normalise", step="uint8",
+        ))  # fmt: skip
+        after_pin *= 0.25
+    if not f.uses_prefetcher:
+        recs.append(Recommendation(
+            action="overlap the copy with compute: a side-stream prefetcher (helpers.pipeline.prefetch.Prefetcher) "
+            "on pinned batches",
+            evidence=f"the copy ({_ms(after_pin)} after the steps above) and the compute ({_ms(m.compute_s)}) run "
+            "one after the other; overlapped, the smaller one hides behind the larger",
+            stage="transfer", gain_s=min(after_pin, m.compute_s), chapter="05 · overlap", step="prefetcher",
+        ))  # fmt: skip
+    return recs
+
+
+def _compute_advice(s: _Step, notes: list[str]) -> list[Recommendation]:
+    if s.bottleneck != "compute":
+        return []
+    m, quiet = s.m, s.stall < s.stall_threshold
+    if m.facts.num_workers or quiet:
+        notes.append("More workers or a deeper prefetch queue would not speed this loop up: it barely waits for data.")
+    return [Recommendation(
+        action="speed up the step itself: mixed precision (torch.autocast), channels_last, torch.compile, or a larger "
+        "batch" + ("; the input pipeline already keeps up" if quiet else ""),
+        evidence=f"compute takes {_ms(m.compute_s)} of a {_ms(m.step_s)} step ({s.shares['compute']:.0%}); the loop "
+        f"waited {s.stall:.0%} of its time for data",
+        stage="compute", chapter="01 · bottleneck model",
+    )]  # fmt: skip
+
+
+def _agree_with(recs: list[Recommendation], measured: Mapping[str, str], notes: list[str]) -> list[Recommendation]:
+    """The advice, made to agree with what a waterfall measured on this machine (step name -> verdict)."""
+    agreed: list[Recommendation] = []
+    here = "the waterfall on this machine"
+    for r in recs:
+        v = measured.get(r.step) if r.step else None
+        if v == "slower" and r.step == "workers" and measured.get("persistent") == "gain":
+            r.action += " with persistent_workers=True"  # what the waterfall measured as a gain
+            r.evidence += (f"; {here} measured workers that restart every epoch slower beyond its noise, and "
+                           "persistent workers (with prefetch_factor=4) a gain")  # fmt: skip
+            r.step = "persistent"
+        elif v == "slower":
+            notes.append(f"Not recommended here: {r.action}. The waterfall on this machine measured its step "
+                         f"('{r.step}') slower beyond its noise.")  # fmt: skip
+            continue
+        elif v in ("within noise", "no effect", "needs CUDA"):
+            r.gain_s = None  # the measurement saw no saving: no estimate ranks it
+            r.evidence += f"; but {here} measured this step ('{r.step}'): {v}"
+        elif v == "one round":
+            r.evidence += f"; {here} ran this step ('{r.step}') in one round: no verdict"
+        elif v is not None:
+            r.evidence += f"; {here} measured this step ('{r.step}'): {v}"
+        agreed.append(r)
+    return agreed
+
+
+def _check(m: Measurements, stall_threshold: float, notable_share: float, measured: Mapping[str, str] | None) -> None:
+    check_int("steps", m.steps, 1)
+    for name in ("wait_s", "h2d_s", "compute_s"):
+        v = getattr(m, name)
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{name} must be a finite number >= 0 seconds, got {v!r}")
+    check_float("stall_threshold", stall_threshold, 0.0, 1.0)
+    check_float("notable_share", notable_share, 0.0, 1.0)
+    for k, v in (measured or {}).items():
+        if not isinstance(v, str):
+            raise ValueError(f"measured[{k!r}] must be a verdict such as 'gain' or 'slower', got {v!r}")
+    if m.step_s <= 0:
+        raise ValueError("the measured step time is 0 s: nothing was timed")
+
+
+def decide(
+    m: Measurements,
+    *,
+    stall_threshold: float = 0.15,
+    notable_share: float = 0.05,
+    measured: Mapping[str, str] | None = None,
+) -> Decision:
+    """Verdict and ranked recommendations from measured phase times (a pure function).
+
+    The bottleneck model (chapter 01): overlapped, a step takes as long as its slowest stage, which is the
+    verdict. **data**: without workers the wait *is* the data stage; with workers the wait is what they failed to
+    hide: at least ``stall_threshold`` of the step, the loader sets the pace (stage ``wait + h2d + compute``),
+    else loading is hidden. **transfer** = ``h2d``; **compute** = ``compute``.
+
+    Recommendations carry an estimated saving per step from the same numbers: those saving at least
+    ``notable_share`` of a step first (largest first), then advice for the bottleneck stage, then the rest.
+    ``measured``: what a waterfall measured here, step name -> verdict
+    (:meth:`helpers.chapters.ch06.capstone.Waterfall.step_verdicts`): a step measured 'slower' is withdrawn
+    with a note (workers slower while persistent workers gained: the advice becomes persistent workers); one
+    measured 'within noise', 'no effect' or 'needs CUDA' keeps no estimated saving and says what was measured.
+
+    Raises:
+        ValueError: for negative or non-finite times, or no steps, or a ``measured`` verdict that is not text.
+    """
+    _check(m, stall_threshold, notable_share, measured)
+    step, nw = m.step_s, m.facts.num_workers
+    stall = m.wait_s / step
+    shares = {"wait": stall, "h2d": m.h2d_s / step, "compute": m.compute_s / step}
+    notes: list[str] = []
+    data_stage: float | None = m.wait_s if not nw else m.wait_s + m.h2d_s + m.compute_s
+    if nw and stall < stall_threshold:
+        data_stage = None  # hidden by the workers: below the step's own work
+        notes.append(f"Loading is hidden by {nw} worker(s): the loop waited only {stall:.0%} of its time for data.")
+    stages: dict[str, float | None] = {"data": data_stage, "transfer": m.h2d_s, "compute": m.compute_s}
+    known = {k: v for k, v in stages.items() if v is not None}
+    bottleneck = max(known, key=lambda k: known[k])
+    if not m.transfer_separate:
+        notes.append("The step function does its own copy, so the copy is counted inside 'compute'.")
+    if not m.facts.cuda:
+        notes.append("No CUDA device: the copy to the device is a no-op here, so transfer cannot be the bottleneck.")
+    s = _Step(m, stall, shares, bottleneck, stall_threshold)
+    recs = _data_advice(s) + _transfer_advice(s, notable_share) + _compute_advice(s, notes)
+    if measured:
+        recs = _agree_with(recs, measured, notes)
+
+    def rank(r: Recommendation) -> tuple[int, float]:
+        g = r.gain_s or 0.0
+        return (0 if r.gain_s is not None and g >= notable_share * step else 1 if r.stage == bottleneck else 2, -g)
+
+    recs.sort(key=rank)
+    if not recs:
+        notes.append("No change is indicated by these measurements.")
+    verdict = {"data": "data-bound", "transfer": "transfer-bound", "compute": "compute-bound"}[bottleneck]
+    return Decision(verdict, stages, shares, stall, known[bottleneck], recs, notes)
+
+
+LINE_WIDTH = 105
+
+
+def _wrap(text: str, indent: str) -> list[str]:
+    """``text`` wrapped at words to :data:`LINE_WIDTH` characters, continuation lines starting with ``indent``.
+
+    Hyphenated words (``data-bound``) and long words (paths) are never split, nor a number from the word
+    after it (``34.25 ms``, ``4 cores``)."""
+    glued = re.sub(r"(?<=\d) (?=\S)", "\xa0", text)  # textwrap breaks at ASCII whitespace only
+    lines = textwrap.wrap(
+        glued, LINE_WIDTH, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False
+    ) or [glued]
+    return [ln.replace("\xa0", " ") for ln in lines]
+
+
+@dataclass
+class Diagnosis:
+    """What :func:`diagnose` found: a verdict, its evidence and ranked recommendations."""
+
+    verdict: str
+    measurements: Measurements
+    decision: Decision
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def recommendations(self) -> list[Recommendation]:
+        return self.decision.recommendations
+
+    @property
+    def stall_share(self) -> float:
+        """Share of the measured step spent waiting for data (0-1)."""
+        return self.decision.stall_share
+
+    def _lines(self) -> list[str]:
+        """The report's lines, each at most :data:`LINE_WIDTH` characters: a long one is wrapped at words,
+        its continuation lines indented under its text."""
+        m, d, f = self.measurements, self.decision, self.measurements.facts
+        out = [
+            f"Verdict: {self.verdict.upper()}  ({m.steps} steps measured on {f.device_type}, {self.seconds:.1f} s)",
+            *_wrap(
+                f"Per step: wait for data {_ms(m.wait_s)} ({d.shares['wait']:.0%}) · copy {_ms(m.h2d_s)} "
+                f"({d.shares['h2d']:.0%}) · compute {_ms(m.compute_s)} ({d.shares['compute']:.0%}) · "
+                f"total {_ms(m.step_s)}",
+                " " * len("Per step: "),
+            ),
+            *_wrap(
+                "Stages (bottleneck model): "
+                + " · ".join(f"{k} {'hidden' if v is None else _ms(v)}" for k, v in d.stage_times.items())
+                + f" -> overlapped step >= {_ms(d.predicted_overlapped_s)}",
+                " " * len("Stages (bottleneck model): "),
+            ),
+            *_wrap(
+                f"Pipeline: {f.loader_type}, num_workers={f.num_workers}, pin_memory={f.pin_memory}, "
+                f"persistent_workers={f.persistent_workers}, prefetch_factor={f.prefetch_factor}, "
+                f"{f.cpu_count} cores, batch {f.batch_dtype} {list(f.batch_shape)} "
+                f"({f.batch_bytes / 2**20:.2f} MiB)"
+                + (f", first batch after {m.first_batch_s:.3f} s" if m.first_batch_s is not None else ""),
+                " " * len("Pipeline: "),
+            ),
+        ]
+        if self.recommendations:
+            out.append("Recommendations, most promising first:")
+            for i, r in enumerate(self.recommendations, 1):
+                gain = f"saves ~{_ms(r.gain_s)}/step" if r.gain_s is not None else "saving not estimable here"
+                out += _wrap(f"  {i}. {r.action}  [{gain}; chapter {r.chapter}]", " " * len(f"  {i}. "))
+                out += _wrap(f"     because {r.evidence}", " " * len("     "))
+        for n in self.notes + d.notes:
+            out += _wrap(f"Note: {n}", " " * len("Note: "))
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self._lines())
+
+    def __repr__(self) -> str:
+        return (
+            f"Diagnosis(verdict={self.verdict!r}, stall_share={self.stall_share:.2f}, "
+            f"recommendations={len(self.recommendations)})"
+        )
+
+    def _repr_html_(self) -> str:
+        m, d = self.measurements, self.decision
+        color = {"data-bound": "#4e79a7", "transfer-bound": "#f28e2b", "compute-bound": "#59a14f"}[self.verdict]
+        rows = "".join(
+            f"<tr><td>{p}</td><td style='text-align:right'>{v * 1e3:.2f} ms</td>"
+            f"<td style='text-align:right'>{d.shares[k]:.0%}</td></tr>"
+            for p, k, v in (
+                ("wait for data", "wait", m.wait_s),
+                ("copy to device", "h2d", m.h2d_s),
+                ("compute", "compute", m.compute_s),
+            )
+        )
+        recs = "".join(
+            f"<li><b>{html.escape(r.action)}</b> "
+            "<span style='color:#555'>("
+            f"{'saves ~' + _ms(r.gain_s) + '/step' if r.gain_s is not None else 'saving not estimable'}; "
+            f"chapter {html.escape(r.chapter)})</span><br><small>because {html.escape(r.evidence)}</small></li>"
+            for r in self.recommendations
+        )
+        notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes + d.notes)
+        return (
+            f"<div><b style='color:{color}'>Verdict: {self.verdict}</b> "
+            f"<small>({m.steps} steps on {html.escape(m.facts.device_type)}, {self.seconds:.1f} s)</small>"
+            f"<table><tr><th>phase</th><th>per step</th><th>share</th></tr>{rows}</table>"
+            f"<ol>{recs}</ol>" + (f"<ul style='color:#555'>{notes}</ul>" if notes else "") + "</div>"
+        )

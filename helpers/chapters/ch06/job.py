@@ -1,0 +1,550 @@
+"""Chapter 06's job: the steps as data, the training job, and one configuration's run of it (:func:`run_config`).
+
+Each configuration of the waterfall is one call of the reader's ``make_loader`` and ``batches`` with other
+keyword arguments (:data:`STEPS`, :meth:`Settings.calls`); without the reader's functions (``tools.bench``,
+tests) the take-home pipeline is timed (:func:`reference_pipeline`, :mod:`.fast_pipeline`).
+
+Same job, same answer: every configuration uses the same seed, initial weights, data order (:func:`seed_order`)
+and augmentation crops (drawn from a generator seeded by (seed, item), not by whichever worker loads the item:
+:class:`SeededItems`), normalises with the reader's one ``normalize``, and runs deterministic cuDNN
+(:func:`same_numerics`). On a CPU the configurations are then bit-identical; on a GPU too when ``normalize``
+gives the same bits there (:func:`normalizer_device_exact`, measured).
+
+Threads: every configuration runs with the same intra-op threads in the main process, ``JobSpec.threads`` =
+:func:`compute_threads` (the usable cores minus the workers, at least 1), so each step changes one thing only
+and the model's threads do not fight the workers for the cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ...core import evidence
+from ...core.config import sized
+from ...core.device import intraop_threads
+from ...core.evidence import Evidence
+from ...core.validate import check_choice, check_int
+from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset, to_float_normalized
+from ...pipeline.loaders import (
+    LoaderFailure,
+    explain_loader_error,
+    guard,
+    release,
+    require_shm,
+    shm_needed_bytes,
+    worker_processes,
+)
+from . import fast_pipeline as take_home
+from .doctor import usable_cores
+
+# ---------------------------------------------------------------------------
+# The steps, as data
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the stack: ``change`` is the settings it switches on (:class:`Settings`); ``needs_cuda``: it
+    can only act with a CUDA device, and then ``published_key`` names the experiment whose published figures
+    stand in for it without CUDA (:func:`cuda_step_evidence`)."""
+
+    name: str
+    label: str
+    change: Mapping[str, Any]
+    chapter: str
+    needs_cuda: bool
+    why: str
+    published_key: str = ""
+
+
+#: The steps in stacking order. ``num_workers="auto"`` becomes :func:`default_workers`.
+STEPS: tuple[Step, ...] = (
+    Step("baseline", "baseline", {}, "01", False,
+         "load, decode and augment in the training loop's process; float32 made on the CPU; pageable copies"),
+    Step("pinned", "+ pinned memory", {"pin_memory": True}, "02-03", True,
+         "page-locked batches and copies that do not make the host wait; on a CPU there is no copy",
+         "ch03.pin_ms_per_batch"),
+    Step("workers", "+ workers", {"num_workers": "auto"}, "04", False,
+         "load in worker processes, in parallel with the training step (DataLoader's prefetch_factor=2)"),
+    Step("persistent", "+ persistent, prefetch 4", {"persistent_workers": True, "prefetch_factor": 4}, "04", False,
+         "keep the workers alive between epochs (no start-up per epoch) and queue 4 batches per worker"),
+    Step("uint8", "+ uint8, device normalise", {"output": "uint8"}, "05", True,
+         "uint8 crosses the link (4x fewer bytes), float is made on the device; on a CPU host and device are one",
+         "ch02.wire_time"),
+    Step("prefetcher", "+ side-stream prefetcher", {"prefetcher": True}, "05", True,
+         "copy batch i+1 on a side CUDA stream while batch i trains; on a CPU batches() copies nothing",
+         "ch05.prefetch.batch_time"),
+)  # fmt: skip
+STEP_NAMES: tuple[str, ...] = tuple(s.name for s in STEPS)
+
+#: Steps that need another step first (:func:`settings_for` refuses them alone; the panel ticks accordingly).
+STEP_REQUIRES: dict[str, tuple[str, ...]] = {"persistent": ("workers",)}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One configuration: the keyword arguments of its calls of the pipeline (``output="float"``:
+    ``batches(..., float_on_host=True)``; ``"uint8"``: float made on the device)."""
+
+    num_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None
+    output: str = "float"
+    prefetcher: bool = False
+
+    def describe(self) -> str:
+        parts = [f"workers={self.num_workers}"]
+        if self.num_workers:
+            parts.append(f"persistent={self.persistent_workers}, prefetch={self.prefetch_factor or 2}")
+        parts += [f"pin={self.pin_memory}", f"batches={self.output}", f"prefetcher={self.prefetcher}"]
+        return ", ".join(parts)
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        """``make_loader``'s keyword arguments (``prefetch_factor`` and ``persistent`` only with workers)."""
+        kw: dict[str, Any] = {"workers": self.num_workers, "pin": self.pin_memory}
+        if self.num_workers:
+            kw.update(prefetch_factor=self.prefetch_factor or 2, persistent=self.persistent_workers)
+        return kw
+
+    def batches_kwargs(self) -> dict[str, Any]:
+        return {"prefetch": self.prefetcher, "float_on_host": self.output == "float"}
+
+    def calls(self, sep: str = " · ") -> str:
+        """The two calls this configuration makes, as the reader would type them (joined by ``sep``)."""
+        lk = ", ".join(f"{k}={v!r}" for k, v in self.loader_kwargs().items())
+        bk = ", ".join(f"{k}={v!r}" for k, v in self.batches_kwargs().items())
+        return f"make_loader(dataset, batch_size, {lk}){sep}batches(loader, {bk})"
+
+
+def default_workers() -> int:
+    """Workers used by the ``workers`` step: the usable cores, at most 8."""
+    return max(1, min(8, usable_cores()))
+
+
+def compute_threads(workers: int | None = None) -> int:
+    """Intra-op threads for the main process: the usable cores minus the workers, at least 1."""
+    nw = default_workers() if workers is None else check_int("workers", workers, 0, 64)
+    return max(1, usable_cores() - nw)
+
+
+def main_threads(n: int) -> contextlib.AbstractContextManager[int]:
+    """``torch.set_num_threads(n)`` for the block, restored after (:func:`helpers.core.device.intraop_threads`)."""
+    return intraop_threads(n)
+
+
+def settings_for(enabled: Iterable[str], workers: int | None = None) -> Settings:
+    """Settings with the named steps switched on (any subset, any order); ValueError for an unknown step, or
+    persistent workers without workers."""
+    names = [check_choice("step", n, STEP_NAMES) for n in enabled]
+    nw = default_workers() if workers is None else check_int("workers", workers, 1, 64)
+    values: dict[str, Any] = {}
+    for step in STEPS:
+        if step.name in names:
+            values.update({k: nw if v == "auto" else v for k, v in step.change.items()})
+    if values.get("persistent_workers") and not values.get("num_workers"):
+        raise ValueError("persistent workers need workers: switch on the 'workers' step too")
+    if not values.get("num_workers"):
+        values.pop("prefetch_factor", None)
+    return Settings(**values)
+
+
+def configurations(workers: int | None = None, names: Sequence[str] | None = None) -> list[tuple[Step, Settings]]:
+    """The cumulative configurations: step k switches on steps 0..k. ``names`` picks a subset (in order)."""
+    return [
+        (step, settings_for(STEP_NAMES[: i + 1], workers))
+        for i, step in enumerate(STEPS)
+        if names is None or step.name in names
+    ]
+
+
+def step_answers(name: str) -> set[str]:
+    """Every way a reader may name step ``name``: its name, its label as the tables print it, the label without '+'."""
+    check_choice("step", name, STEP_NAMES)
+    label = next(st.label for st in STEPS if st.name == name)
+    return {name, label, label.lstrip("+ ").strip()}
+
+
+def effective_on(step: Step, device: torch.device | str) -> bool:
+    """Whether ``step`` can change anything on ``device``: pinning, uint8 normalised on the device and the
+    prefetcher need CUDA. (The workers send uint8 in every configuration, so on a CPU, where host and device
+    are one, the uint8 step runs the same work in the same process as the configuration before it.)"""
+    return not step.needs_cuda or torch.device(device).type == "cuda"
+
+
+def cuda_step_evidence(step: Step) -> Evidence[Any]:
+    """What stands in for ``step`` where it cannot act: figures of the same experiment published by others
+    (cited, no value of ours), or a ``missing`` Evidence naming the experiment that would produce one."""
+    return evidence.published_elsewhere(f"the '{step.label}' step", step.published_key or "ch06.waterfall.step_time")
+
+
+# ---------------------------------------------------------------------------
+# The job
+# ---------------------------------------------------------------------------
+
+#: The two regimes. The data-bound model is tiny so that even a CPU computes a batch faster than one process
+#: loads it: 1 channel in its first stage (where most compute is) and 4 stages, whose receptive field spans the
+#: shapes (one stage stays at chance). Measured on the loaded 2-core machine (quick size, one thread): a step on
+#: 32 images 5.5-11 ms, loading them in one process 9-13 ms; :func:`calibrate` checks the margin on every device.
+#: One epoch of 10 steps learns nothing, so each job first trains ``warm_passes`` times on the loader's first
+#: pass, loaded once (untimed; ``tests/test_ch06_learns.py``).
+REGIMES: dict[str, dict[str, Any]] = {
+    "data-bound": {
+        "width": 1,
+        "quick_width": 1,
+        "depth": 4,
+        "lr": 2e-2,
+        "warm_passes": 5,
+        "about": "a tiny CNN (1 channel at full resolution, 4 stages): the step is cheap, so the loader sets the pace",
+    },
+    "compute-bound": {
+        "width": 96,
+        "quick_width": 12,
+        "depth": 3,
+        "lr": 5e-3,
+        "warm_passes": 3,
+        "about": "a wide CNN (3 stages): the step is expensive, so the loader has time to spare",
+    },
+}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """The job every configuration runs: ``warm_steps`` batches of pass 0 trained ``warm_passes`` times
+    (untimed), then ``epochs`` timed epochs; ``lr``: Adam's learning rate."""
+
+    regime: str
+    width: int
+    depth: int = 3
+    batch_size: int = 32
+    crop_size: int = 64
+    train_items: int = 640
+    warm_steps: int = 2
+    warm_passes: int = 1
+    epochs: int = 1
+    seed: int = 0
+    lr: float = 2e-3
+    threads: int = 1
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.train_items // self.batch_size
+
+
+def job_sizes() -> dict[str, int]:
+    """The data set and job sizes of the tier in force.
+
+    quick and laptop: the small generated data set (640 + 256 images of 80x80, crops of 64), 320 images per
+    epoch (10 steps: with 15, the '+ workers' step sat at x1.00 on a quiet 2-core machine and its verdict
+    changed from run to run). full: chapter 01's data set and 1,280 images per epoch (20 steps).
+    """
+    if sized(quick=False, laptop=True, full=False):
+        return {"n_train": 640, "n_val": 256, "image_size": 80, "crop_size": 64, "batch_size": 32, "train_items": 320}
+    sizes = dict(default_sizes())
+    sizes["train_items"] = min(sizes["n_train"], sized(quick=320, full=1280))
+    return sizes
+
+
+def job_spec(regime: str, **overrides: Any) -> JobSpec:
+    """The default job for ``regime`` at the tier in force; the warm-up keeps the loader's whole first pass.
+    The chapter passes the width and depth :func:`calibrate` chose for this device."""
+    check_choice("regime", regime, tuple(REGIMES))
+    sizes, r = job_sizes(), REGIMES[regime]
+    base = dict(
+        regime=regime,
+        width=sized(quick=r["quick_width"], full=r["width"]),
+        depth=r["depth"],
+        threads=compute_threads(),
+        batch_size=sizes["batch_size"],
+        crop_size=sizes["crop_size"],
+        train_items=sizes["train_items"],
+        warm_passes=r["warm_passes"],
+        lr=r["lr"],
+        epochs=1,
+    )
+    base.update(overrides)
+    base.setdefault("warm_steps", base["train_items"] // max(1, base["batch_size"]))  # the whole first pass
+    spec = JobSpec(**base)
+    check_int("width", spec.width, 1, 512)
+    check_int("depth", spec.depth, 1, 6)
+    check_int("threads", spec.threads, 1, 1024)
+    check_int("batch_size", spec.batch_size, 1, 4096)
+    check_int("train_items", spec.train_items, spec.batch_size, 10_000_000)
+    check_int("epochs", spec.epochs, 1, 100)
+    check_int("warm_steps", spec.warm_steps, 0, 1000)
+    check_int("warm_passes", spec.warm_passes, 1, 100)
+    return spec
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """The functions the capstone times: the reader's, from chapter 06's pipeline cells.
+
+    ``make_loader(dataset, batch_size, workers=, pin=, prefetch_factor=, persistent=)`` returns a re-iterable
+    loader of uint8 host batches; ``batches(loader, prefetch=, float_on_host=)`` yields normalised float batches
+    on the device; ``train_step(model, optimizer, x, y)`` returns the loss; ``normalize`` (optional) is used by
+    :func:`normalizer_device_exact`; ``source`` names them in messages.
+    """
+
+    make_loader: Callable[..., Any]
+    batches: Callable[..., Iterable[Any]]
+    train_step: Callable[..., Any]
+    normalize: Callable[[torch.Tensor], torch.Tensor] | None = None
+    source: str = "your pipeline cells"
+
+    def __post_init__(self) -> None:
+        for name in ("make_loader", "batches", "train_step"):
+            if not callable(getattr(self, name)):
+                raise ValueError(
+                    f"{name} must be a function (run the pipeline cell that defines it), "
+                    f"got {type(getattr(self, name)).__name__}"
+                )
+        if self.normalize is not None and not callable(self.normalize):
+            raise ValueError(f"normalize must be a function or None, got {type(self.normalize).__name__}")
+
+
+def reference_pipeline(device: torch.device | str = "cpu", *, seed: int = 0, workers: int | None = None) -> Pipeline:
+    """The take-home pipeline (:mod:`.fast_pipeline`, ``examples/fast_pipeline.py``'s pipeline block line for
+    line), with its globals ``DEVICE``, ``SEED`` and ``WORKERS`` set: what runs without the chapter's cells."""
+    take_home.DEVICE = torch.device(device)
+    take_home.SEED = check_int("seed", seed, 0, 2**62)
+    take_home.WORKERS = default_workers() if workers is None else check_int("workers", workers, 0, 64)
+    return Pipeline(
+        take_home.make_loader, take_home.batches, take_home.train_step, take_home.normalize, "examples/fast_pipeline.py"
+    )
+
+
+def _pipeline(
+    pipeline: Pipeline | None,
+    device: torch.device | str,
+    seed: int = 0,
+    *,
+    make_loader: Callable[..., Any] | None = None,
+    batches: Callable[..., Any] | None = None,
+    train_step: Callable[..., Any] | None = None,
+) -> Pipeline:
+    """``pipeline``; or one made of the three functions (all three, or none); else :func:`reference_pipeline`."""
+    given = {"make_loader": make_loader, "batches": batches, "train_step": train_step}
+    if any(v is not None for v in given.values()):
+        missing = [k for k, v in given.items() if v is None]
+        if missing or pipeline is not None:
+            raise ValueError(
+                "pass make_loader, batches and train_step together (missing: "
+                f"{', '.join(missing) or 'none'}), or pipeline=Pipeline(...), not both"
+            )
+        return Pipeline(make_loader, batches, train_step)  # type: ignore[arg-type]
+    if pipeline is not None:
+        if not isinstance(pipeline, Pipeline):
+            raise ValueError(f"pipeline must be a capstone.Pipeline, got {type(pipeline).__name__}")
+        return pipeline
+    return reference_pipeline(device, seed=seed)
+
+
+class SeededItems(Dataset):
+    """``limit`` items of ``base`` spread evenly over it (the generated set lists its images class by class), item
+    ``i`` augmented with a generator seeded by (seed, i): the crop does not depend on which process loads it.
+
+    Picklable: workers import it from this module under spawn and forkserver. ``normalize=True`` turns the uint8
+    image into a normalised float one (:func:`helpers.pipeline.data.to_float_normalized`); the job does not.
+    """
+
+    def __init__(self, base: Dataset, seed: int = 0, normalize: bool = False, limit: int | None = None) -> None:
+        self.base = base
+        self.total = len(base)  # type: ignore[arg-type]
+        self.n = self.total if limit is None else min(self.total, check_int("limit", limit, 1))
+        self.seed = seed
+        self.normalize = bool(normalize)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def base_index(self, index: int) -> int:
+        return index * self.total // self.n
+
+    def __getitem__(self, index: int) -> Any:
+        index = int(index)
+        if not 0 <= index < self.n:
+            raise IndexError(f"index {index} out of range for {self.n} items")
+        torch.default_generator.manual_seed((self.seed * 1_000_003 + index) % (2**63))
+        img, label = self.base[self.base_index(index)]
+        if self.normalize:
+            img = to_float_normalized(img.unsqueeze(0))[0]
+        return img, label
+
+
+def seed_order(loader: Any, seed: int, epoch: int, *, fresh: bool) -> None:
+    """Seed the shuffling of ``loader``'s next pass: the same order in every configuration.
+
+    Every new iterator draws once for the workers' base seed before the permutation; a persistent loader makes
+    a new iterator only for its first pass (``fresh``), so for its later passes that draw is made and dropped
+    here (``tests/test_ch06_pipeline.py`` checks this against torch).
+    """
+    gen = getattr(loader, "generator", None)
+    gen = gen if isinstance(gen, torch.Generator) else torch.default_generator
+    gen.manual_seed((int(seed) * 1_000_003 + int(epoch)) % (2**63))
+    if not fresh and getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0) > 0:
+        torch.empty((), dtype=torch.int64).random_(generator=gen)
+
+
+def normalizer_device_exact(
+    device: torch.device | str, normalize: Callable[[torch.Tensor], torch.Tensor] | None = None
+) -> bool:
+    """Whether ``normalize`` (default :func:`~helpers.pipeline.data.to_float_normalized`) gives the same bits on
+    ``device`` as on the CPU for all 256 levels. On CUDA a division by a Python scalar runs as a multiplication
+    by its reciprocal, so one bit may differ: measured, not assumed."""
+    fn = normalize or to_float_normalized
+    dev = torch.device(device)
+    levels = torch.arange(256, dtype=torch.uint8).repeat(3, 1).view(1, 3, 16, 16)
+    if dev.type == "cpu":
+        return True
+    return bool(torch.equal(fn(levels.to(dev)).cpu(), fn(levels)))
+
+
+@contextlib.contextmanager
+def same_numerics() -> Iterator[None]:
+    """Deterministic cuDNN for the block (``deterministic=True``, ``benchmark=False``), restored after.
+
+    ``torch.use_deterministic_algorithms(True)`` is not used: it raises for ``adaptive_avg_pool2d_backward_cuda``.
+    TF32 is left at PyTorch's setting (deterministic; mixing its two switches raises in torch >= 2.9).
+    """
+    cudnn = torch.backends.cudnn
+    before = (cudnn.deterministic, cudnn.benchmark)
+    cudnn.deterministic, cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        cudnn.deterministic, cudnn.benchmark = before
+
+
+_CACHE: dict[Any, Any] = {}
+
+
+def dataset_info() -> Any:
+    """The generated data set the job trains on (:func:`helpers.pipeline.data.make_shapes_dataset`, cached)."""
+    sizes = job_sizes()
+    key = ("info", sizes["n_train"], sizes["n_val"], sizes["image_size"])
+    if key not in _CACHE:
+        _CACHE[key] = make_shapes_dataset(
+            n_train=sizes["n_train"], n_val=sizes["n_val"], image_size=sizes["image_size"]
+        )
+    return _CACHE[key]
+
+
+def val_size(spec: JobSpec) -> int:
+    """Number of validation images the job's accuracy is measured on."""
+    return sum(int(y.shape[0]) for _, y in _val_batches(spec))
+
+
+def _val_batches(spec: JobSpec) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The validation set, decoded once (uint8, centre crop), as host batches (``batches`` normalises them)."""
+    key = ("val", str(dataset_info().val_dir), spec.crop_size, spec.batch_size)
+    if key not in _CACHE:
+        ds = ShapesDataset(dataset_info().val_dir, crop_size=spec.crop_size, augment=False, output="uint8")
+        out = []
+        for s in range(0, len(ds), spec.batch_size):
+            items = [ds[i] for i in range(s, min(len(ds), s + spec.batch_size))]
+            out.append((torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])))
+        _CACHE[key] = out
+    return _CACHE[key]
+
+
+def chance_level(spec: JobSpec) -> float:
+    """The accuracy of always answering the validation set's most frequent class (measured from its labels)."""
+    labels = torch.cat([y for _, y in _val_batches(spec)])
+    return int(torch.bincount(labels).max()) / int(labels.numel())
+
+
+def train_items(spec: JobSpec) -> SeededItems:
+    """The job's training set: ``spec.train_items`` images over every class, uint8 crops seeded per item."""
+    base = ShapesDataset(dataset_info().train_dir, crop_size=spec.crop_size, augment=True, output="uint8")
+    return SeededItems(base, seed=spec.seed, limit=spec.train_items)
+
+
+# ---------------------------------------------------------------------------
+# One loader's life: built, run, released with its workers
+# ---------------------------------------------------------------------------
+
+
+def _stop_new_workers(before: set[int], grace_s: float = 2.0) -> None:
+    """End every worker started since ``before`` that is still alive (SIGTERM, then SIGKILL): the last line of
+    defence, for an iterator the reader's ``batches`` held that an error or an interrupt left behind."""
+    import psutil  # optional/heavy: only when a run ends
+
+    new = [p for p in worker_processes() if p.pid not in before]
+    for p in new:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _gone, alive = psutil.wait_procs(new, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=1.0)
+
+
+def _plain_error(exc: BaseException, loader: Any) -> LoaderFailure | None:
+    """A worker failure of ``loader`` in plain words, or None (then ``exc`` is raised as it is)."""
+    frozen = list(getattr(loader, "_workbook_frozen", None) or [])
+    if frozen:
+        text = (
+            f"A DataLoader worker was stopped (SIGSTOP or Ctrl-Z) for more than {getattr(loader, 'timeout', 0):g} s, "
+            f"so the run was stopped and its workers ended (pid(s) {', '.join(map(str, frozen))}). Run it again; "
+            "with workers=0 everything loads in this process."
+        )
+    else:
+        text = explain_loader_error(exc) or ""
+    if not text or isinstance(exc, LoaderFailure):
+        return None
+    return LoaderFailure(text)
+
+
+@contextlib.contextmanager
+def built_loader(pipeline: Pipeline, spec: JobSpec, s: Settings) -> Iterator[Any]:
+    """The pipeline's ``make_loader(train_items(spec), batch_size, **s.loader_kwargs())``, with the job's threads,
+    deterministic numerics and a forked RNG seeded from ``spec.seed``.
+
+    With workers, ``/dev/shm`` is checked first (a worker out of shared memory dies of a bus error). On exit the
+    loader is released and every worker started meanwhile ended, also on errors and interrupts; a worker that
+    froze, slept past the timeout or died is re-raised in plain words. The traceback's frames are cleared first:
+    a frame of the pipeline's ``batches`` generator would otherwise keep its workers alive.
+    """
+    before = {p.pid for p in worker_processes()}
+    loader = None
+    try:
+        with main_threads(spec.threads), same_numerics(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(spec.seed)
+            kw = s.loader_kwargs()
+            if s.num_workers > 0:
+                batch_bytes = 3 * spec.crop_size * spec.crop_size * spec.batch_size
+                require_shm(shm_needed_bytes(batch_bytes, s.num_workers, kw["prefetch_factor"]))
+            loader = pipeline.make_loader(train_items(spec), spec.batch_size, **kw)
+            if isinstance(loader, DataLoader):  # chapter 04's protection: a frozen worker ends in an error
+                guard(loader, check_shm=False)
+            yield loader
+    except BaseException as exc:
+        traceback.clear_frames(exc.__traceback__)
+        plain = _plain_error(exc, loader) if isinstance(exc, RuntimeError) else None
+        if plain is None:
+            raise
+        raise plain from exc
+    finally:
+        if loader is not None:
+            release(loader)
+        _stop_new_workers(before)
+
+
+def _warm_batches(source: Any, steps: int, drain: bool) -> list[Any]:
+    """The first ``steps`` batches of a fresh pass over ``source``. With persistent workers (``drain``) the rest
+    of the pass is read and dropped, so the next (timed) epoch is not charged for the warm-up's leftovers."""
+    it = iter(source)
+    batches = [b for _, b in zip(range(steps), it)]
+    if drain:
+        for _ in it:
+            pass
+    del it
+    return batches

@@ -1,0 +1,536 @@
+"""Chapter 06: one configuration's run of the job (:func:`run_config`), each stage alone (:func:`stage_alone`) and
+the pipeline efficiency (:func:`pipeline_efficiency`, :class:`Efficiency`).
+
+Measured per configuration: the time of one epoch (worker start-up included: what persistent workers remove),
+throughput, validation accuracy, the span trace of every step, the compute-busy and data-stall shares; and each
+stage **alone** (the reader's loader, the copy (CUDA only), the reader's ``train_step`` on a batch already on the
+device). The pipeline efficiency is the throughput over that of its slowest stage alone, never shown above 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from ...core import agreement
+from ...core.timing import SpanRecorder, SpanTrace, synchronize
+from ...core.validate import check_choice, check_float, check_int
+from ...pipeline.data import to_float_normalized
+from ...pipeline.models import build_model
+from ...pipeline.prefetch import move_batch
+from ...pipeline.train import COMPUTE_LANE_CPU, COMPUTE_LANE_GPU, make_optimizer
+from .doctor import usable_cores
+from .job import (
+    _CACHE,
+    STEP_NAMES,
+    STEPS,
+    JobSpec,
+    Pipeline,
+    Settings,
+    _pipeline,
+    _val_batches,
+    _warm_batches,
+    built_loader,
+    configurations,
+    dataset_info,
+    main_threads,
+    same_numerics,
+    seed_order,
+    train_items,
+)
+
+#: Span names of a timed step: the wait for the next batch of the reader's ``batches``, then ``train_step``.
+DATA_PHASES = ("batch",)
+COMPUTE_PHASES = ("train_step",)
+DATA_LANE = "data (CPU)"
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, cur_s, cur_e = 0.0, 0.0, None
+    for a, b in sorted(intervals):
+        if cur_e is None or a > cur_e:
+            total += 0.0 if cur_e is None else cur_e - cur_s
+            cur_s, cur_e = a, b
+        else:
+            cur_e = max(cur_e, b)
+    return total + (0.0 if cur_e is None else cur_e - cur_s)
+
+
+@dataclass
+class ConfigResult:
+    """One configuration's run of the job.
+
+    ``epoch_s``: seconds per timed epoch, worker start-up included (in a waterfall: the median of
+    ``round_epoch_s``); ``trace``: the spans of every timed step; ``compute_busy`` / ``data_stall``: shares of the
+    epoch the compute ran / the loop waited for data (start-up included); ``stages``: items/s of each stage alone
+    (``None``: no such stage here); ``efficiency``: :func:`pipeline_efficiency`.
+    """
+
+    name: str
+    label: str
+    settings: Settings
+    regime: str
+    spec: JobSpec
+    device: str
+    epoch_s: float
+    steps: int
+    samples: int
+    accuracy: float
+    train_loss: float
+    trace: SpanTrace
+    compute_busy: float
+    data_stall: float
+    stages: dict[str, float | None] = field(default_factory=dict)
+    efficiency: Efficiency | None = None
+    round_epoch_s: list[float] = field(default_factory=list)
+
+    @property
+    def throughput(self) -> float:
+        """Training samples per second."""
+        return self.samples / self.epoch_s if self.epoch_s > 0 else float("nan")
+
+    @property
+    def step_s(self) -> float:
+        return self.epoch_s / max(1, self.steps)
+
+    @property
+    def slowest_stage(self) -> str | None:
+        known = {k: v for k, v in self.stages.items() if v}
+        return min(known, key=lambda k: known[k]) if known else None
+
+
+def _shares(trace: SpanTrace, epochs: list[tuple[float, float]], epoch_total: float) -> tuple[float, float]:
+    compute = _union([(s.start, s.end) for s in trace.spans if s.name in COMPUTE_PHASES])
+    data = sum(s.host_end - s.host_start for s in trace.spans if s.name in DATA_PHASES)
+    startup = 0.0  # before each epoch's first span (iterator creation, worker start-up): a data stall too
+    for t_begin, _ in epochs:
+        firsts = [s.host_start for s in trace.spans if s.host_start >= t_begin]
+        startup += max(0.0, min(firsts) - t_begin) if firsts else 0.0
+    return min(1.0, compute / epoch_total), min(1.0, (data + startup) / epoch_total)
+
+
+def _on_device(x: torch.Tensor, dev: torch.device, pipeline: Pipeline) -> None:
+    if x.device.type != dev.type:
+        raise ValueError(
+            f"batches() put the batch on {x.device}, but the job runs on {dev}: the pipeline "
+            f"({pipeline.source}) reads DEVICE; run the job on DEVICE (device=DEVICE)"
+        )
+
+
+def _warm_up(pipe: Pipeline, model: Any, opt: Any, loader: Any, s: Settings, spec: JobSpec, dev: torch.device) -> None:
+    """Untimed: the first ``spec.warm_steps`` batches of pass 0, loaded once through ``batches`` and kept on the
+    device, trained ``spec.warm_passes`` times (later passes in an order drawn from the seed)."""
+    seed_order(loader, spec.seed, 0, fresh=True)
+    it = pipe.batches(loader, **s.batches_kwargs())
+    try:
+        warm = _warm_batches(it, spec.warm_steps, drain=s.persistent_workers and s.num_workers > 0)
+    finally:
+        getattr(it, "close", lambda: None)()  # the loader iterator inside the generator is let go now
+    for x, _y in warm:
+        _on_device(x, dev, pipe)
+    order = torch.Generator().manual_seed(spec.seed)
+    for p in range(spec.warm_passes):
+        for i in range(len(warm)) if p == 0 else torch.randperm(len(warm), generator=order).tolist():
+            pipe.train_step(model, opt, *warm[i])
+
+
+def _timed_epoch(
+    pipe: Pipeline, model: Any, opt: Any, loader: Any, s: Settings, rec: SpanRecorder, epoch: int, first: int
+) -> tuple[int, int, float, torch.Tensor]:
+    """One pass of ``for x, y in batches(loader, ...): train_step(model, optimizer, x, y)``, recorded: ``batch``
+    (the host's wait for the next batch) and ``train_step`` (CUDA events on a GPU). The loss is summed on the
+    device: nothing waits for the GPU. Returns (steps, samples, seconds, summed loss)."""
+    lane = COMPUTE_LANE_GPU if rec.cuda else COMPUTE_LANE_CPU
+    total = torch.zeros((), device=rec.device)
+    steps = samples = 0
+    t0 = time.perf_counter()
+    it = iter(pipe.batches(loader, **s.batches_kwargs()))
+    try:
+        while True:
+            h0 = rec.now()
+            try:
+                x, y = next(it)
+            except StopIteration:
+                break
+            rec.add("batch", first + steps, h0, rec.now(), lane=DATA_LANE)
+            if steps == 0:
+                _on_device(x, rec.device, pipe)
+            with rec.span("train_step", first + steps, gpu=True, lane=lane):
+                loss = pipe.train_step(model, opt, x, y)
+            total += loss.detach().float() * y.shape[0]
+            samples += int(y.shape[0])
+            steps += 1
+    finally:
+        getattr(it, "close", lambda: None)()
+    synchronize(rec.device)
+    return steps, samples, time.perf_counter() - t0, total
+
+
+@torch.no_grad()
+def _evaluate(pipeline: Pipeline, model: Any, spec: JobSpec) -> float:
+    """Top-1 accuracy on the validation set, through ``batches(val_batches)`` (the pipeline's defaults)."""
+    was = model.training
+    model.eval()
+    correct, seen = torch.zeros((), dtype=torch.int64), 0
+    try:
+        for x, y in pipeline.batches(_val_batches(spec)):
+            correct = correct.to(x.device) + (model(x).argmax(1) == y).sum()
+            seen += int(y.shape[0])
+    finally:
+        model.train(was)
+    if not seen:
+        raise ValueError("the validation set yielded no batch")
+    return float(correct.item()) / seen
+
+
+def run_config(
+    settings: Settings,
+    spec: JobSpec,
+    device: torch.device | str = "cpu",
+    *,
+    name: str = "custom",
+    label: str | None = None,
+    stages: bool = True,
+    progress: Callable[[float, str], None] | None = None,
+    pipeline: Pipeline | None = None,
+) -> ConfigResult:
+    """Train the job once with ``settings`` through the pipeline's functions (default :func:`reference_pipeline`)
+    and measure it: warm-up (:func:`_warm_up`), ``spec.epochs`` timed epochs, then the validation accuracy; with
+    ``stages``, each stage alone and the pipeline efficiency. Workers are released on return, errors and
+    interrupts; the reader's RNG state and thread count are restored."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device is 'cuda' but no CUDA device is available; use device='cpu'")
+    pipe = _pipeline(pipeline, dev, spec.seed)
+    report: Callable[..., None] = progress or (lambda f, t="": None)
+    model = build_model(width=spec.width, depth=spec.depth, num_classes=len(dataset_info().classes), seed=spec.seed)
+    model = model.to(dev)
+    opt = make_optimizer(model, lr=spec.lr)
+    epochs: list[tuple[float, float]] = []
+    total_s, steps, samples, loss = 0.0, 0, 0, torch.zeros((), device=dev)
+    with built_loader(pipe, spec, settings) as loader:
+        report(0.05, f"{name}: warm-up")
+        if spec.warm_steps:
+            _warm_up(pipe, model, opt, loader, settings, spec, dev)
+        rec = SpanRecorder(dev, config=name, regime=spec.regime, settings=settings.describe(),
+                           calls=settings.calls(), pipeline=pipe.source)  # fmt: skip
+        for e in range(spec.epochs):
+            report(0.1 + 0.7 * e / spec.epochs, f"{name}: epoch {e + 1}/{spec.epochs}")
+            t_begin = rec.now()
+            seed_order(loader, spec.seed, e + 1, fresh=not spec.warm_steps and e == 0)
+            n, k, sec, summed = _timed_epoch(pipe, model, opt, loader, settings, rec, e + 1, steps)
+            epochs.append((t_begin, rec.now()))
+            total_s, steps, samples, loss = total_s + sec, steps + n, samples + k, loss + summed
+        trace = rec.finish()
+        report(0.85, f"{name}: evaluating")
+        acc = _evaluate(pipe, model, spec)
+    if steps == 0:
+        raise ValueError(f"train_items={spec.train_items} gives no full batch of {spec.batch_size}; raise train_items")
+    busy, stall = _shares(trace, epochs, total_s)
+    trace.metadata.update({"epoch_s": total_s / spec.epochs, "compute_busy": busy, "data_stall": stall})
+    result = ConfigResult(name, label or name, settings, spec.regime, spec, str(dev), total_s / spec.epochs,
+                          steps // spec.epochs, samples // spec.epochs, acc, float(loss.item()) / max(1, samples),
+                          trace, busy, stall)  # fmt: skip
+    if stages:
+        report(0.9, f"{name}: stages alone")
+        result.stages = stage_alone(settings, spec, dev, pipeline=pipe)
+        result.efficiency = pipeline_efficiency(result.throughput, result.stages)
+    report(1.0, f"{name}: done")
+    return result
+
+
+# ---------------------------------------------------------------------------
+# Stages alone and pipeline efficiency
+# ---------------------------------------------------------------------------
+
+
+def _loader_alone(pipeline: Pipeline, spec: JobSpec, s: Settings, dev: torch.device) -> float:
+    """Items/s of the pipeline's loader alone, measured like the job's epoch: a warm-up of at most 2 batches of
+    pass 0 (drained with persistent workers, as in the job), then one whole pass, start-up included; nothing is
+    copied or normalised. It does not depend on the model: measured once for both regimes."""
+    key = ("loader", id(pipeline.make_loader), spec.train_items, spec.batch_size, spec.crop_size, s.num_workers,
+           s.persistent_workers, s.prefetch_factor, s.pin_memory and dev.type == "cuda", spec.threads,
+           min(spec.warm_steps, 2))  # fmt: skip
+    if key not in _CACHE:
+        with built_loader(pipeline, spec, s) as loader:
+            seed_order(loader, spec.seed, 0, fresh=True)
+            _warm_batches(loader, min(spec.warm_steps, 2), drain=s.persistent_workers and s.num_workers > 0)
+            seed_order(loader, spec.seed, 1, fresh=False)
+            t0 = time.perf_counter()
+            n = sum(int(x.shape[0]) for x, _y in loader)
+            seconds = time.perf_counter() - t0
+        _CACHE[key] = n / seconds if seconds > 0 else float("nan")
+    return _CACHE[key]
+
+
+def _sample_batch(spec: JobSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``spec.batch_size`` training items, collated (uint8)."""
+    key = ("sample", spec.batch_size, spec.crop_size, spec.seed, spec.train_items)
+    if key not in _CACHE:
+        from torch.utils.data import default_collate
+
+        ds = train_items(spec)
+        with torch.random.fork_rng(devices=[]):
+            _CACHE[key] = default_collate([ds[i] for i in range(min(spec.batch_size, len(ds)))])
+    return _CACHE[key]
+
+
+def _copy_alone(spec: JobSpec, s: Settings, dev: torch.device, repeats: int = 10) -> float | None:
+    """Items/s of host-to-device copies of one batch as the configuration sends it (float32 or uint8; pinned and
+    ``non_blocking`` with ``pin=True``, as ``batches`` copies); ``None`` without CUDA."""
+    if dev.type != "cuda":
+        return None
+    x, y = _sample_batch(spec)
+    if s.output == "float":
+        x = x.float()  # the bytes a float batch moves (the values do not change a copy's time)
+    if s.pin_memory:
+        x, y = x.pin_memory(), y.pin_memory()
+    times = []
+    for _ in range(repeats + 2):
+        synchronize(dev)
+        t0 = time.perf_counter()
+        x.to(dev, non_blocking=s.pin_memory), y.to(dev, non_blocking=s.pin_memory)
+        synchronize(dev)
+        times.append(time.perf_counter() - t0)
+    return spec.batch_size / statistics.median(times[2:])
+
+
+def _compute_alone(pipeline: Pipeline, spec: JobSpec, dev: torch.device) -> float:
+    """Items/s of the pipeline's ``train_step`` on one float batch on the device: as many timed steps as an epoch
+    has (4 to 20). The **lower-quartile** step is the stage's own pace; steps slowed by other programs slow the
+    pipeline's epoch too, so they count against its efficiency, never for it."""
+    key = ("compute", id(pipeline.train_step), spec.width, spec.depth, spec.batch_size, spec.crop_size, str(dev),
+           spec.threads, spec.train_items)  # fmt: skip
+    if key not in _CACHE:
+        times = _step_times(spec, dev, max(4, min(spec.steps_per_epoch, 20)), pipeline.train_step)
+        _CACHE[key] = spec.batch_size / statistics.quantiles(times, n=4, method="inclusive")[0]
+    return _CACHE[key]
+
+
+def _plain_step(model: Any, optimizer: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Chapter 01's train_step, for calibrations run without the reader's pipeline."""
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def _step_times(
+    spec: JobSpec, dev: torch.device, n: int, train_step: Callable[..., Any] | None = None, warm: int = 2
+) -> list[float]:
+    """Seconds of ``n`` synchronised ``train_step`` calls with ``spec``'s model on one float batch on ``dev``."""
+    step = train_step or _plain_step
+    x, y = move_batch(_sample_batch(spec), dev, non_blocking=False)
+    x = to_float_normalized(x)
+    classes = int(dataset_info().params["num_classes"])
+    model = build_model(width=spec.width, depth=spec.depth, num_classes=classes, seed=spec.seed).to(dev)
+    opt = make_optimizer(model, lr=spec.lr)
+    times = []
+    with main_threads(spec.threads), same_numerics():
+        for _ in range(warm):
+            step(model, opt, x, y)
+        synchronize(dev)
+        for _ in range(n):
+            t0 = time.perf_counter()
+            step(model, opt, x, y)
+            synchronize(dev)
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def stage_alone(
+    settings: Settings, spec: JobSpec, device: torch.device | str = "cpu", *, pipeline: Pipeline | None = None
+) -> dict[str, float | None]:
+    """Items/s of each stage run alone, as it runs in the job (batch size, warm-up, threads): ``loader`` (the
+    pipeline's ``make_loader``), ``copy`` (CUDA only) and ``compute`` (``train_step``). Cached per stage
+    settings: a stage a configuration does not change is measured once."""
+    dev = torch.device(device)
+    pipe = _pipeline(pipeline, dev, spec.seed)
+    return {
+        "loader": _loader_alone(pipe, spec, settings, dev),
+        "copy": _copy_alone(spec, settings, dev),
+        "compute": _compute_alone(pipe, spec, dev),
+    }
+
+
+#: Relative noise allowed between the pipeline's run and its stages' separate runs: a pipeline measured faster
+#: than its slowest stage alone by no more than this is 'at the bottleneck'.
+EFFICIENCY_NOISE = 0.10
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """A pipeline efficiency as shown to a reader: ``ratio`` (throughput / slowest stage alone, what is
+    recorded); ``value``, never above 1 (1.0 above 1 within the noise, ``None`` further above); ``verdict``,
+    why ``value`` is not the ratio ('' when it is)."""
+
+    ratio: float
+    value: float | None
+    verdict: str = ""
+
+    @classmethod
+    def of_ratio(cls, ratio: float, noise: float = EFFICIENCY_NOISE) -> Efficiency:
+        """The one rule: a pipeline cannot beat its slowest stage, so above 1 is noise or a bad measurement.
+
+        >>> Efficiency.of_ratio(1.05).value, Efficiency.of_ratio(1.49).value
+        (1.0, None)
+        """
+        if ratio <= 1.0:
+            return cls(ratio, ratio)
+        if ratio <= 1.0 + noise:
+            return cls(ratio, 1.0, "at the bottleneck (within noise)")
+        return cls(
+            ratio,
+            None,
+            f"out of range: the pipeline ran {ratio:.2f}x its slowest stage alone, beyond the {noise:.0%} "
+            "noise; the stages-alone figures were measured under other conditions (a pipeline cannot beat "
+            "its bottleneck)",
+        )
+
+    def short(self) -> str:
+        """For a table column: '0.90', '1.00 (noise)' or 'out of range'."""
+        if self.value is None:
+            return "out of range"
+        return f"{self.value:.2f}" + (" (noise)" if self.verdict else "")
+
+    def __str__(self) -> str:
+        """For a sentence: '0.90', '1.00, at the bottleneck (within noise)' or 'out of range: <why>'."""
+        if self.value is None:
+            return self.verdict
+        return f"{self.value:.2f}" + (f", {self.verdict}" if self.verdict else "")
+
+
+def pipeline_efficiency(
+    throughput: float, stages: Mapping[str, float | None], noise: float = EFFICIENCY_NOISE
+) -> Efficiency | None:
+    """Pipeline throughput over that of its slowest stage alone (:meth:`Efficiency.of_ratio`); stages given as
+    ``None`` (no such stage here) are ignored; ``None`` if no stage is known.
+
+    >>> pipeline_efficiency(900.0, {"loader": 1000.0, "copy": None, "compute": 3000.0}).value
+    0.9
+    """
+    known = [float(v) for v in stages.values() if v is not None and v > 0 and math.isfinite(v)]
+    if not known or not (throughput > 0):
+        return None
+    return Efficiency.of_ratio(float(throughput) / min(known), noise)
+
+
+def compare_threads(
+    spec: JobSpec,
+    step: str = "persistent",
+    device: torch.device | str = "cpu",
+    threads: Sequence[int] | None = None,
+    *,
+    pipeline: Pipeline | None = None,
+) -> list[ConfigResult]:
+    """The cumulative configuration ``step`` once per main-process thread count (default: ``spec.threads`` and all
+    usable cores, PyTorch's default), back to back; each result's ``trace.metadata["threads"]`` says which.
+
+    Stages alone are not measured and the warm-up is 2 steps: this compares the timed epoch, whose length does
+    not depend on what the model learned (no accuracy is reported).
+    """
+    check_choice("step", step, STEP_NAMES)
+    counts = list(threads) if threads is not None else sorted({spec.threads, usable_cores()})
+    settings = dict((st.name, s) for st, s in configurations())[step]
+    label = next(st.label for st in STEPS if st.name == step)
+    out = []
+    for n in counts:
+        short = dataclasses.replace(
+            spec, threads=check_int("threads", n, 1, 1024), warm_steps=min(spec.warm_steps, 2), warm_passes=1
+        )
+        r = run_config(settings, short, device, name=step, label=f"{label}, {n} thread{'s' if n > 1 else ''}",
+                       stages=False, pipeline=pipeline)  # fmt: skip
+        r.trace.metadata["threads"] = n
+        out.append(r)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Same job, same accuracy
+# ---------------------------------------------------------------------------
+
+
+def accuracy_tolerance(n_val: int, p: float = 0.5, seed_spread: float | None = None) -> float:
+    """The tolerance for "same accuracy within noise": two binomial standard errors, ``2 sqrt(p (1 - p) / n_val)``
+    (widest at ``p = 0.5``), what a fresh validation set could show by chance; at least the measured
+    seed-to-seed spread where configurations cannot be bit-identical (:func:`normalizer_device_exact`)."""
+    check_int("n_val", n_val, 1)
+    tol = 2.0 * math.sqrt(p * (1 - p) / n_val)
+    if seed_spread is not None:
+        tol = max(tol, check_float("seed_spread", seed_spread, 0.0, 1.0))
+    return tol
+
+
+def seed_spread(
+    spec: JobSpec,
+    device: torch.device | str = "cpu",
+    seeds: Sequence[int] = (1, 2),
+    step: str = "prefetcher",
+    *,
+    pipeline: Pipeline | None = None,
+) -> tuple[list[float], float]:
+    """``(accuracies, max - min)`` of the cumulative configuration ``step`` trained with ``spec.seed`` and each of
+    ``seeds`` (new weights, order and crops): what "the same job, trained again" varies by on this device."""
+    check_choice("step", step, STEP_NAMES)
+    settings = dict((st.name, s) for st, s in configurations())[step]
+    accs = []
+    for sd in [spec.seed, *[check_int("seed", x, 0, 2**31) for x in seeds]]:
+        r = run_config(settings, dataclasses.replace(spec, seed=sd), device, name=step, stages=False, pipeline=pipeline)
+        accs.append(r.accuracy)
+    return accs, max(accs) - min(accs)
+
+
+def accuracy_verdict(accuracies: Sequence[float], tolerance: float) -> str:
+    """Whether one job's accuracies under every configuration (the baseline's first) agree within their spread:
+    each accuracy is a band of ± half the ``tolerance`` (:func:`accuracy_tolerance`), and the lowest's band
+    overlaps the highest's (:func:`helpers.core.agreement.spreads_overlap`), i.e. they differ by at most the
+    tolerance. When they do not, a step changed what the job learned: trust the baseline's."""
+    lo, hi, half = min(accuracies), max(accuracies), tolerance / 2
+    if agreement.spreads_overlap((lo - half, lo + half), (hi - half, hi + half)):
+        return (
+            f"the {len(accuracies)} accuracies agree within their spread (each ±{half:.1%}): the steps changed "
+            "the speed, not what the job learned"
+        )
+    return (
+        f"the accuracies do NOT agree within their spread (lowest {lo:.1%}, highest {hi:.1%}, each ±{half:.1%}): "
+        f"a step changed what the job learned; trust the baseline's {accuracies[0]:.1%} and look for what the "
+        "others changed (data order, crops, normalize)"
+    )
+
+
+def check_accuracies(
+    results: Sequence[ConfigResult],
+    num_classes: int,
+    n_val: int,
+    above_chance: bool = True,
+    seed_spread: float | None = None,
+    chance: float | None = None,
+    chance_margin: float = 2.0,
+) -> tuple[bool, str]:
+    """(ok, message): the accuracies agree within :func:`accuracy_tolerance` (:func:`accuracy_verdict`, which the
+    message ends with), and (if asked) all reach ``chance_margin`` x the chance level (``chance``, measured by
+    :func:`chance_level`; default ``1 / num_classes``). The message also says whether the final training losses
+    are bit-identical (what identical inputs and deterministic kernels give)."""
+    tol = accuracy_tolerance(n_val, seed_spread=seed_spread)
+    chance = 1.0 / num_classes if chance is None else check_float("chance", chance, 0.0, 1.0)
+    check_float("chance_margin", chance_margin, 1.0, 100.0)
+    accs = [r.accuracy for r in results]
+    verdict = accuracy_verdict(accs, tol)
+    ok = "do NOT agree" not in verdict and (min(accs) >= chance_margin * chance or not above_chance)
+    same = len({r.train_loss for r in results}) == 1
+    why = f"at least the measured seed-to-seed spread {seed_spread:.1%}" if seed_spread is not None else (
+        "two binomial standard errors")  # fmt: skip
+    msg = (
+        f"accuracies {', '.join(f'{a:.1%}' for a in accs)}: spread {max(accs) - min(accs):.1%} (tolerance "
+        f"{tol:.1%}: {why}), lowest {min(accs):.1%} vs chance {chance:.1%}"
+        + (f" (needs {chance_margin:g}x chance: {chance_margin * chance:.1%})" if above_chance else "")
+        + f"; training losses {'bit-identical' if same else 'differ by rounding'}; {verdict}"
+    )
+    return ok, msg
