@@ -309,18 +309,22 @@ class StoppedWorkerWatch(threading.Thread):
 
 
 class DeferredInterrupt:
-    """Ctrl-C handler: KeyboardInterrupt at once, except while a worker process is being forked.
+    """Ctrl-C handler: KeyboardInterrupt at once, except while a worker process is being forked or the
+    loader's iterator is being built.
 
-    There it would be raised inside ``os.fork``'s callbacks, which swallow it ("Exception ignored") and may
-    leave a lock held, so the next worker start hangs. Such an interrupt is kept and raised after the step.
+    In a fork it would be raised inside ``os.fork``'s callbacks, which swallow it ("Exception ignored") and may
+    leave a lock held, so the next worker start hangs. Out of the iterator's ``__init__`` it leaves a half-built
+    iterator whose ``__del__`` prints an AttributeError. Such an interrupt is kept and raised after the step.
     """
 
     pending = False
 
     def __call__(self, signum: int, frame) -> None:
         while frame is not None:
-            if frame.f_code.co_name == "start" and frame.f_code.co_filename.endswith("process.py"):
-                self.pending = True                            # inside multiprocessing's Process.start()
+            name, path = frame.f_code.co_name, frame.f_code.co_filename
+            if (name == "start" and path.endswith("process.py")          # multiprocessing's Process.start()
+                    or name == "__init__" and path.endswith("dataloader.py")):  # the DataLoader's iterator
+                self.pending = True
                 return
             frame = frame.f_back
         raise KeyboardInterrupt

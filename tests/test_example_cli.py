@@ -241,3 +241,40 @@ def test_ctrl_c_while_torch_loads_exits_130_in_one_line(shapes: Path, after_s: f
             proc.wait()
     lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("import time:")]
     assert proc.returncode == 130 and lines == ["interrupted"], (proc.returncode, err[-2000:])
+
+
+BUILD_PRESS = """
+import gc, importlib.util, multiprocessing as mp, os, signal, sys
+import torch
+from torch.utils.data import DataLoader
+
+spec = importlib.util.spec_from_file_location("fast_pipeline_cli", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+
+
+class PressWhileBuilding(type(mp.get_context("fork"))):
+    def Queue(self, *args, **kwargs):  # the iterator's first step: Ctrl-C lands here
+        os.kill(os.getpid(), signal.SIGINT)
+        return super().Queue(*args, **kwargs)
+
+
+loader = DataLoader(torch.arange(8), batch_size=2, num_workers=1, multiprocessing_context=PressWhileBuilding())
+signal.signal(signal.SIGINT, m.INTERRUPT)
+it = iter(loader)
+print("built; pending", m.INTERRUPT.pending)
+try:
+    m.INTERRUPT.check()
+except KeyboardInterrupt:
+    print("raised after the step")
+del it
+gc.collect()
+"""
+
+
+def test_a_press_while_the_iterator_is_built_is_raised_after_it() -> None:
+    """Ctrl-C inside the iterator's __init__ is kept: no half-built iterator, no "Exception ignored" (#25)."""
+    done = subprocess.run([sys.executable, "-c", BUILD_PRESS, str(SCRIPT)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "built; pending True" in done.stdout and "raised after the step" in done.stdout
+    assert "Exception ignored" not in done.stderr, done.stderr[-2000:]
