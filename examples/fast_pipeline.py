@@ -309,12 +309,14 @@ class StoppedWorkerWatch(threading.Thread):
 
 
 class DeferredInterrupt:
-    """Ctrl-C handler: KeyboardInterrupt at once, except while a worker process is being forked or the
-    loader's iterator is being built.
+    """Ctrl-C handler: KeyboardInterrupt at once, except while a worker process is being forked, the loader's
+    iterator is being built, or a batch's shared memory is being handed over by a worker.
 
     In a fork it would be raised inside ``os.fork``'s callbacks, which swallow it ("Exception ignored") and may
     leave a lock held, so the next worker start hangs. Out of the iterator's ``__init__`` it leaves a half-built
-    iterator whose ``__del__`` prints an AttributeError. Such an interrupt is kept and raised after the step.
+    iterator whose ``__del__`` prints an AttributeError. In a hand-over (multiprocessing's resource_sharer) it
+    cuts the worker's connection, and the worker prints a ConnectionResetError traceback. Such an interrupt is
+    kept and raised after the step.
     """
 
     pending = False
@@ -323,7 +325,8 @@ class DeferredInterrupt:
         while frame is not None:
             name, path = frame.f_code.co_name, frame.f_code.co_filename
             if (name == "start" and path.endswith("process.py")          # multiprocessing's Process.start()
-                    or name == "__init__" and path.endswith("dataloader.py")):  # the DataLoader's iterator
+                    or name == "__init__" and path.endswith("dataloader.py")  # the DataLoader's iterator
+                    or path.endswith("resource_sharer.py")):             # a batch's file descriptors
                 self.pending = True
                 return
             frame = frame.f_back
