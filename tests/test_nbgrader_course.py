@@ -165,3 +165,20 @@ def test_the_exercise_table_has_one_row_per_student_and_exercise(course: dict[st
     assert "not quite" in rows[("frank_other_run", "04.1")]["feedback"]
     for student, total in course["totals"].items():
         assert sum(float(r["points"]) for r in table if r["student"] == student) == total
+
+
+def test_every_chapter_releases_through_nbgrader(tmp_path: Path) -> None:
+    """nbgrader's generate_assignment takes every chapter: one locked check per exercise, the key's points,
+    no answer left."""
+    written = with_nbgrader.make_course(tmp_path)
+    assert [p.name for p in written] == [p.name for p in release.chapter_notebooks()]
+    for source in written:
+        _nbgrader(tmp_path, "generate_assignment", source.parent.name)
+        nb = nbformat.read(tmp_path / "release" / source.parent.name / source.name, as_version=4)
+        assert release.leaks(nb) == [], source.name
+        assert "BEGIN SOLUTION" not in "".join(c.source for c in nb.cells), source.name
+        ids = key.chapter_exercises(release.chapter_of(source) or "")
+        checks = {_grade_id(c): c.metadata["nbgrader"] for c in nb.cells if _grade_id(c).startswith("check_")}
+        assert set(checks) == {f"check_{ex[:4].replace('.', '_')}" for ex in ids}, source.name
+        assert sum(m["points"] for m in checks.values()) == sum(key.points(ex) for ex in ids), source.name
+        assert all(m["locked"] for m in checks.values()), source.name
