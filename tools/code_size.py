@@ -86,7 +86,8 @@ def report(root: Path) -> str:
     big = sorted(size.items(), key=lambda kv: -kv[1])[:5]
     out.append("largest modules: " + ", ".join(f"{m.removeprefix('helpers.')} {n:,}" for m, n in big))
     longs = sorted((f for p in files.values() for f in long_functions(p)), key=lambda f: -f[1])
-    out.append(f"functions over 60 lines: {len(longs)}; longest: " + ", ".join(f"{name} {n}" for name, n in longs[:5]))
+    named = ", ".join(f"{name} {n}" for name, n in longs[:5])
+    out.append(f"functions over 60 lines: {len(longs)}" + (f"; longest: {named}" if longs else ""))
     return "\n".join(out)
 
 
