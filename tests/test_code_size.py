@@ -30,3 +30,12 @@ def test_counts_lines_like_wc(tmp_path: Path) -> None:
 def test_runs_on_this_checkout() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "code_size.py")], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.startswith("helpers/: ")
+
+
+def test_no_module_over_600_lines_and_no_function_over_60() -> None:
+    """The limits docs/CONTRIBUTING.md sets (issue #27), held for every module of helpers/."""
+    helpers = ROOT / "helpers"
+    big = {str(p.relative_to(ROOT)): n for p in helpers.rglob("*.py") if (n := code_size.lines(p)) > 600}
+    assert big == {}, f"modules over 600 lines: {big}: split them by job"
+    long = [f for p in helpers.rglob("*.py") for f in code_size.long_functions(p)]
+    assert long == [], f"functions over 60 lines: {long}: split them into named steps"
