@@ -42,11 +42,8 @@ KINDS.update(theoretical="theoretical", missing="missing")
 
 @dataclass(frozen=True)
 class Evidence(Generic[T]):
-    """A figure (``value``: a number, a table's rows, a trace; None exactly when missing) with where it came from.
-
-    ``source`` is the provenance line (or, when missing, why there is nothing); ``note`` a line shown before it
-    (the no-CUDA sentence); ``cited`` published figures of the same experiment, shown as text, never drawn.
-    """
+    """A figure (``value``; None exactly when missing) with its provenance line ``source`` (or why there is
+    nothing), a ``note`` shown before it (the no-CUDA sentence) and ``cited`` figures (text, never drawn)."""
 
     what: str
     kind: Kind
@@ -66,12 +63,10 @@ class Evidence(Generic[T]):
             raise ValueError("what must say what the figure is")
 
     def __bool__(self) -> bool:
-        """True when it carries a payload in the chapter's own format (falsy: missing, or cited figures only)."""
         return self.value is not None
 
     @property
     def here(self) -> bool:
-        """Measured now, on this machine."""
         return self.kind == "measured"
 
     def header(self) -> str:
@@ -90,7 +85,6 @@ class Evidence(Generic[T]):
         return out
 
     def show(self, fmt: Callable[[T], str | Iterable[str]] | None = None) -> None:
-        """Print :meth:`lines`."""
         print("\n".join(self.lines(fmt)))
 
     def __str__(self) -> str:
@@ -115,10 +109,8 @@ def recorded(
     note: str = "",
     **params: Any,
 ) -> Evidence[Any]:
-    """The newest reference file's records for ``key`` (and ``params``), converted; or ``missing``.
-
-    ``convert(result_set, records)`` makes the chapter's payload (default: the records); None counts as missing.
-    """
+    """The newest reference file's records for ``key`` (and ``params``) through ``convert(rs, records)``
+    (None counts as missing); else :func:`published_elsewhere`."""
     for rs, recs in find(key, **params):
         value = convert(rs, recs) if convert is not None else recs
         if value is not None:
