@@ -21,10 +21,7 @@ ITEM_NOTE = "[workbook] failing item:"
 
 
 class LoaderFailure(RuntimeError):
-    """A loader's workers failed in a known way; the message says what happened and what to check.
-
-    The original error (torch's) is kept as ``__cause__``.
-    """
+    """A loader's workers failed in a known way: what happened and what to check (torch's error is the cause)."""
 
 
 _DEAD_WORKER_ADVICE = (
@@ -98,7 +95,6 @@ def raised_in_worker(exc: BaseException) -> re.Match[str] | None:
 
 
 def _worker_error_in_words(exc: BaseException, m: re.Match[str]) -> str:
-    """One line for an exception the data set (collate_fn, worker_init_fn) raised in a worker."""
     etype, worker = m.group(1), m.group(2)
     lines = [ln.rstrip() for ln in str(exc).splitlines()]
     note = next((ln[len(ITEM_NOTE) :].strip() for ln in lines if ln.startswith(ITEM_NOTE)), None)
@@ -116,13 +112,9 @@ def _worker_error_in_words(exc: BaseException, m: re.Match[str]) -> str:
 
 
 def explain_loader_error(exc: BaseException) -> str | None:
-    """Plain words for a known DataLoader failure (``None``: not one we recognise): one line that says what happened
-    (which worker, which item where known) and what to check.
-
-    Known: the timeout (a frozen or very slow worker), a worker that died (killed by a signal, or "exited
-    unexpectedly", with its exit code where known), an exception raised by the data set in a worker (torch's
-    "Caught ValueError in DataLoader worker process 0"), and a pin-memory thread that died.
-    """
+    """One line of plain words (what happened, which worker and item where known, what to check) for a known
+    DataLoader failure: a timeout, a dead worker, the data set's exception in a worker, a dead pin-memory
+    thread; ``None`` for anything else."""
     text = str(exc)
     m = re.search(r"DataLoader timed out after ([\d.]+) seconds", text)
     if m:

@@ -43,11 +43,8 @@ class TqdmProgress:
 
 @contextlib.contextmanager
 def progress_bar(desc: str, *, enabled: bool = True, notebook: bool | None = None) -> Iterator[TqdmProgress]:
-    """``with progress_bar("what") as progress:`` - a tqdm bar in percent, closed at the end.
-
-    ``enabled=False``: a bar that draws nothing (same code path); ``notebook`` forces the widget (True) or text
-    (False) bar, None lets ``tqdm.auto`` decide.
-    """
+    """``with progress_bar("what") as progress:`` a tqdm bar in percent, closed at the end (``enabled=False``
+    draws nothing; ``notebook`` True/False forces the widget/text bar, None lets ``tqdm.auto`` decide)."""
     if notebook is None:
         from tqdm.auto import tqdm
     elif notebook:
