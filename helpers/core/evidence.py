@@ -7,12 +7,9 @@ one call; it carries its provenance, so a number is never shown as more than it 
                                       key="ch02.pin", convert=pin_costs.pin_costs_from_records)  # else: references
     pins.show(pin_costs.pin_cost_table)  # the no-CUDA sentence (if any), the provenance line, the table
 
-``measured`` now on this machine; ``recorded`` by this workbook on a named GPU; ``published`` by a cited source;
-``theoretical`` from a specification; ``missing``: ``value`` is None and the message says how the figure gets
-recorded. Without CUDA and a recorded reference, :func:`recorded` falls back to published figures of the *same
-experiment* (``published_experiments.json``): a ``published`` Evidence whose ``cited`` figures print themselves,
-falsy like ``missing`` (no value in the chapter's format), so ``if ev: plot(ev.value)`` stays right.
-Nothing here makes up a number.
+Kinds: ``measured`` here, ``recorded`` on a named GPU, ``published`` (cited), ``theoretical``, ``missing``.
+Without a recorded reference, :func:`recorded` falls back to cited figures of the *same experiment*: a falsy
+``published`` Evidence (no value in the chapter's format), so ``if ev: plot(ev.value)`` stays right.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Failures of DataLoader worker processes, in plain words (the loaders raise them, the panels show them).
-
-:class:`LoaderFailure` is what :mod:`helpers.pipeline.loaders` raises for a worker that froze, died or raised:
-one line that says which worker (and which item, where known) and what to check.
-:func:`explain_loader_error` reads torch's own DataLoader errors (a timeout, a worker killed by a signal or
-exited, the data set's exception re-raised from a worker, a dead pin-memory thread) and returns that line.
-
-They live in the lowest layer, text only (no torch), so that the live panel (:mod:`helpers.ui.widgets`) can give
-the same advice for any run, the reader's own loop included, without reaching up into the pipeline layer.
+"""Failures of DataLoader worker processes, in plain words: :class:`LoaderFailure` (the loaders raise it) and
+:func:`explain_loader_error` (torch's own errors). Text only, in the lowest layer, so the live panel gives the
+same advice for any run, the reader's own loop included.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Progress for anything that runs longer than about ten seconds: one callback, ``progress(fraction, text="")``.
 
-``fraction`` is the share done (0 to 1), ``text`` what is happening. Long helpers take an optional ``progress``;
-the live panels hand them one that moves the panel's bar, a cell or a script gets a tqdm bar (a widget in a
-notebook, text on stderr in a terminal)::
+Long helpers take an optional ``progress``: a panel hands them its bar, a cell or a script a tqdm bar::
 
     with progress_bar("generating JPEGs") as progress:
         data.make_shapes_dataset(progress=progress)
@@ -17,7 +15,6 @@ from typing import Any, Callable, Iterator
 __all__ = ["ProgressFn", "TqdmProgress", "progress_bar", "no_progress", "scaled"]
 
 ProgressFn = Callable[..., None]
-"""``progress(fraction, text="")``: the callback every long helper accepts."""
 
 
 def no_progress(fraction: float, text: str = "") -> None:

@@ -282,33 +282,29 @@ def generations(figures: Iterable[PublishedFigure] | None = None) -> list[str]:
 
 
 def _pair(
-    figures: Iterable[PublishedFigure], field: str, a: str, b: str, same: Sequence[str]
+    figures: Iterable[PublishedFigure] | None, field: str, a: str, b: str, same: Sequence[str]
 ) -> list[tuple[PublishedFigure, PublishedFigure]]:
     """Pairs (x, y) with x.field == a, y.field == b and equal values of every attribute in ``same``."""
-    figs = list(figures)
+    figs = list(figures) if figures is not None else list(_cached())
     xs, ys = [x for x in figs if getattr(x, field) == a], [y for y in figs if getattr(y, field) == b]
     return [(x, y) for x in xs for y in ys if all(getattr(x, s) == getattr(y, s) for s in same)]
 
 
 def direction_pairs(figures: Iterable[PublishedFigure] | None = None) -> list[tuple[PublishedFigure, PublishedFigure]]:
     """(H2D, D2H) pairs from one source and run: same GPU, memory kind, size and NUMA placement."""
-    figs = list(figures) if figures is not None else list(_cached())
-    same = ("url", "gpu", "memory", "transfer_size_bytes", "numa", "method")
-    return _pair(figs, "direction", "h2d", "d2h", same)
+    return _pair(figures, "direction", "h2d", "d2h", ("url", "gpu", "memory", "transfer_size_bytes", "numa", "method"))
 
 
 def numa_pairs(figures: Iterable[PublishedFigure] | None = None) -> list[tuple[PublishedFigure, PublishedFigure]]:
     """(near socket, far socket) pairs: the same GPU, direction and copy, placed on either socket."""
-    figs = list(figures) if figures is not None else list(_cached())
-    same = ("url", "gpu", "direction", "memory", "transfer_size_bytes", "tool")
-    return _pair(figs, "numa_side", "near", "far", same)
+    return _pair(
+        figures, "numa_side", "near", "far", ("url", "gpu", "direction", "memory", "transfer_size_bytes", "tool")
+    )
 
 
 def memory_pairs(figures: Iterable[PublishedFigure] | None = None) -> list[tuple[PublishedFigure, PublishedFigure]]:
     """(pageable, pinned) pairs: same source, GPU, direction, size and NUMA placement."""
-    figs = list(figures) if figures is not None else list(_cached())
-    same = ("url", "gpu", "direction", "transfer_size_bytes", "numa")
-    return _pair(figs, "memory", "pageable", "pinned", same)
+    return _pair(figures, "memory", "pageable", "pinned", ("url", "gpu", "direction", "transfer_size_bytes", "numa"))
 
 
 def share_table(figures: Iterable[PublishedFigure] | None = None) -> str:

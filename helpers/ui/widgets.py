@@ -100,14 +100,11 @@ PlotFn = Callable[[list[RunRecord], Any], None]
 
 
 class Panel:
-    """A live panel: controls, a Run button, a progress bar, a status line and an output.
+    """A live panel: ``controls`` (named as ``run``'s keywords), a Run button, a progress bar, a status, an output.
 
-    ``controls`` maps names (the keyword arguments of ``run``) to ipywidgets value widgets.
-    ``run(progress, **values) -> result`` raises ValueError with a plain message for settings that can't run;
-    ``summarize(result) -> str`` is the line shown after a run; ``plot(history, ax)`` draws every run so far;
-    ``validate(values)`` refuses settings before anything runs; ``advise(exc) -> str | None`` words a known
-    failure (default :func:`known_failure_advice`). A click within ``debounce_s`` of a run's end is a
-    double-click queued during the run, and ignored; the history keeps ``max_history`` runs.
+    ``run(progress, **values)`` raises ValueError in plain words for settings that can't run; ``summarize``,
+    ``plot(history, ax)``, ``validate(values)`` and ``advise(exc)`` are optional. A click within ``debounce_s``
+    of a run's end is a double-click queued during the run, and ignored.
     """
 
     def __init__(
