@@ -4,23 +4,12 @@ Wherever a chapter shows one thing measured twice (a one-pass sweep and alternat
 points, two runs of one code path), it prints one sentence, in its own terms, saying whether the two agree
 within their spread and which to trust when they do not. The rule behind each sentence is one of these:
 
-=======================  =====================================================  ===================================
-rule                     agree when                                             used by
-=======================  =====================================================  ===================================
-:func:`spreads_overlap`  two spreads, each a ``(low, high)`` interval, overlap  ch02 ``points_agree`` /
-                         (a shared end counts): the quartiles ``(q1, q3)``       ``runs_agree`` (median ± IQR),
-                         where a timing keeps them, else :func:`median_band`     ch05 ``same_path_verdict``,
-                         ``(median - IQR, median + IQR)`` (errs toward agree)    ch00 ``sync_verdict`` (quartiles)
-:func:`within_range`     a figure with no spread of its own lies within the     ch02 ``fit_check``, ch04
-                         range of repeated measurements of the same thing       ``agreement_line``, ch01
-                         (their lowest to highest, ends included)               ``step_verdict``/``regimes_verdict``
-:func:`ratios_straddle`  per-round ratios (A / B, one per alternating round)    ch03 ``pin_pair_verdict``, ch04
-``_one``                 fall on both sides of 1 (or touch it): no difference   ``difference_line`` / ``verdicts``
-:func:`ratios_split_on`  the same, allowing a quarter of the rounds (rounded    ch06 ``Waterfall.within_noise``
-``_direction``           down) on the other side: one disturbed round in 4+
-:func:`within_noise`     a ratio differs from 1 by no more than a measured      ch06 ``Waterfall.within_noise``
-``_floor``               noise (a fraction): per-round ratios' :func:`ratio_noise`
-=======================  =====================================================  ===================================
+- :func:`spreads_overlap`: two ``(low, high)`` spreads overlap (a shared end counts): the quartiles where a
+  timing keeps them, else :func:`median_band` (median ± IQR, errs toward agree).
+- :func:`within_range`: a figure with no spread lies within repeated measurements' lowest..highest.
+- :func:`ratios_straddle_one`: per-round ratios A / B fall on both sides of 1 (or touch it).
+- :func:`ratios_split_on_direction`: the same, allowing a quarter of the rounds on the other side.
+- :func:`within_noise_floor`: a ratio differs from 1 by no more than the measured :func:`ratio_noise`.
 
 When two measurements disagree, the chapter's sentence says which to trust: alternating rounds over a one-pass
 figure (each round compares the two under the same load), more samples over fewer, and for the same code
@@ -61,8 +50,7 @@ def spreads_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
 
 
 def within_range(value: float, samples: Sequence[float]) -> bool:
-    """Whether ``value`` (no spread of its own: a one-pass figure, a prediction, 1.0) lies within the range of
-    ``samples`` (repeated measurements of the same thing), ends included. ValueError: none, or not finite."""
+    """Whether ``value`` (no spread of its own) lies within ``samples``' lowest..highest, ends included."""
     vals = [float(s) for s in samples]
     if not vals or not _finite(value, *vals):
         raise ValueError(f"within_range needs a finite value and finite samples, got {value!r} and {list(samples)!r}")
@@ -70,8 +58,7 @@ def within_range(value: float, samples: Sequence[float]) -> bool:
 
 
 def ratios_straddle_one(ratios: Sequence[float]) -> bool:
-    """Whether per-round ratios (A / B) include 1 in their range: True, the rounds disagree on the direction
-    (noise); False, every round points the same way. ValueError: no ratios, or one not finite."""
+    """True when per-round ratios (A / B) include 1 in their range: the rounds disagree on the direction."""
     return within_range(1.0, ratios)
 
 
@@ -83,14 +70,10 @@ def within_noise_floor(ratio: float, floor: float) -> bool:
 
 
 def ratio_noise(ratio_sets: Sequence[Sequence[float]]) -> float | None:
-    """How much a per-round ratio scatters: the IQR of every round's ratio over its own set's median (a fraction;
-    0.08: the middle half of the rounds lie within 8%), or None when no set has two rounds.
-
-    ``ratio_sets``: per-round ratios (A / B) of each pair compared in alternating rounds; dividing each by its
-    own median pools pairs with different effects. The noise of the *ratio*: drift that slows both sides of a
-    round cancels out of it. An IQR settles as rounds are added (a range keeps widening) and reads somewhat low
-    with few (3 rounds: about 60%), which the direction rule makes up for. With
-    :func:`ratios_split_on_direction` and :func:`within_noise_floor` it makes chapter 06's verdict.
+    """The IQR of every round's ratio over its own set's median (0.08: the middle half lie within 8%), or None
+    when no set has two rounds. Dividing by each set's median pools pairs with different effects; drift that
+    slows both sides of a round cancels out of a ratio. An IQR settles as rounds are added (a range keeps
+    widening) but reads low with few rounds, which the direction rule makes up for.
     """
     pooled: list[float] = []
     for ratios in ratio_sets:

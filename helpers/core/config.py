@@ -36,7 +36,6 @@ _TRUE = ("1", "true", "yes")
 _FALSE = ("0", "false", "no")  # and unset or empty
 _FLAG_MEANS = {QUICK_ENV: "quick mode", FULL_ENV: "full sizes", GRADE_ENV: "grade exercises"}
 _FLAG_MEANS[REQUIRE_GPU_ENV] = "strict GPU run"
-FLAG_ENVS = tuple(_FLAG_MEANS)
 
 # The full tier by default needs CUDA *and* this many usable CPU cores. Why 4: the chapters' loading work is
 # CPU-bound, and the slowest full-size chapter (04, worker processes) took FULL_SLOWEST_2CORE_S of Run All on
@@ -52,23 +51,23 @@ TIERS = ("quick", "laptop", "full")
 
 def quick_mode() -> bool:
     """True when ``WORKBOOK_QUICK`` asks for small problem sizes (ValueError for a value not yes/no)."""
-    return _flag(QUICK_ENV, "quick mode")
+    return _flag(QUICK_ENV)
 
 
 def full_requested() -> bool:
     """True when ``WORKBOOK_FULL=1`` asks for full (GPU-sized) problems on any machine."""
-    return _flag(FULL_ENV, "full sizes")
+    return _flag(FULL_ENV)
 
 
 def grade_mode() -> bool:
     """True when ``WORKBOOK_GRADE=1``: wrong or missing answers raise (a typo raises too, never grades off)."""
-    return _flag(GRADE_ENV, "grade exercises")
+    return _flag(GRADE_ENV)
 
 
 def full_refused() -> bool:
     """True when ``WORKBOOK_FULL`` is an explicit no (``0``): laptop sizes whatever the machine (unset: it decides)."""
     raw = os.environ.get(FULL_ENV, "").strip()
-    return raw != "" and not _flag(FULL_ENV, "full sizes")
+    return raw != "" and not _flag(FULL_ENV)
 
 
 def _cuda_present() -> bool:
@@ -100,11 +99,16 @@ def _full_minutes(cores: int) -> float:
     return FULL_SLOWEST_2CORE_S * 2 / max(1, cores) / 60
 
 
-def size_tier() -> str:
-    """The size tier in force: ``"quick"``, ``"laptop"`` or ``"full"`` (see the module docstring)."""
+def _quick_or_full() -> tuple[bool, bool]:
     quick, full = quick_mode(), full_requested()
     if quick and full:
         raise ValueError(f"{QUICK_ENV}=1 and {FULL_ENV}=1 contradict each other; unset one of them.")
+    return quick, full
+
+
+def size_tier() -> str:
+    """The size tier in force: ``"quick"``, ``"laptop"`` or ``"full"`` (see the module docstring)."""
+    quick, full = _quick_or_full()
     if quick:
         return "quick"
     if full:
@@ -146,29 +150,29 @@ def tier_reason(tier: str | None = None) -> str:
     )
 
 
-def _flag(env: str, what: str) -> bool:
+def _flag(env: str) -> bool:
     raw = os.environ.get(env, "").strip()
     if raw.lower() in _TRUE:
         return True
     if raw == "" or raw.lower() in _FALSE:
         return False
     raise ValueError(
-        f"{env}={raw!r} is not understood ({what}): use one of {'/'.join(_TRUE + _FALSE)} (any case), or unset it."
+        f"{env}={raw!r} is not understood ({_FLAG_MEANS[env]}): use one of {'/'.join(_TRUE + _FALSE)} (any case), "
+        "or unset it."
     )
 
 
 def check_environment() -> None:
     """Check every yes/no ``WORKBOOK_*`` variable (and quick + full together) at once: tools that set them for
     child processes call this first, so ``WORKBOOK_QUICK=banana`` stops them with one line."""
-    for env in FLAG_ENVS:
-        _flag(env, _FLAG_MEANS[env])
-    if quick_mode() and full_requested():
-        raise ValueError(f"{QUICK_ENV}=1 and {FULL_ENV}=1 contradict each other; unset one of them.")
+    for env in _FLAG_MEANS:
+        _flag(env)
+    _quick_or_full()
 
 
 def require_gpu() -> bool:
     """True when ``WORKBOOK_REQUIRE_GPU=1``: GPU paths must fail loudly rather than fall back."""
-    return _flag(REQUIRE_GPU_ENV, "strict GPU run")
+    return _flag(REQUIRE_GPU_ENV)
 
 
 def mode_name() -> str:

@@ -37,19 +37,13 @@ _PCIE_GBPS_PER_LANE[6] = 64 * 242 / 256 / 8
 
 
 def torch_at_least(major: int, minor: int) -> bool:
-    """True when the installed torch is release ``major.minor`` or newer (``2.7.0+cu126`` counts as 2.7).
-
-    The workbook supports torch 2.7+ (``make test-floor``); code needing a newer API asks here first.
-    """
+    """True when the installed torch is ``major.minor`` or newer (``2.7.0+cu126`` is 2.7; the floor is 2.7)."""
     parts = re.findall(r"\d+", str(torch.__version__).split("+")[0])[:2]
     return tuple(int(p) for p in parts) >= (major, minor)
 
 
 def has_cuda() -> bool:
-    """True when a CUDA device is usable (``torch.cuda.is_available()``).
-
-    A broken driver answers False, except under ``WORKBOOK_REQUIRE_GPU=1``, where its error propagates.
-    """
+    """``torch.cuda.is_available()``; a broken driver is False, except under ``WORKBOOK_REQUIRE_GPU=1``."""
     try:
         return bool(torch.cuda.is_available())
     except Exception:  # a broken driver must not crash a notebook...
@@ -76,12 +70,8 @@ def _present_kinds() -> dict[str, int]:
 
 
 def check_device_present(device: Any, name: str = "device", *, present: dict[str, int] | None = None) -> torch.device:
-    """``device`` (a string, a ``torch.device`` or a CUDA index) as a ``torch.device`` that exists here.
-
-    ``name`` is the parameter's name, for the message; ``present`` is ``{type: count}`` of usable devices
-    (default: what torch reports). A ValueError says what is missing: an unknown string, a device type not
-    present (``"mps"`` on Linux, ``"cuda"`` without a GPU), or an index beyond the devices present.
-    """
+    """``device`` (a string, a ``torch.device`` or a CUDA index) as a ``torch.device`` that exists here, else a
+    ValueError naming parameter ``name`` and the devices ``present`` (``{type: count}``; default: torch's)."""
     if isinstance(device, bool):
         raise ValueError(f"{name} must be a device such as 'cpu' or 'cuda', got {device!r}")
     try:
@@ -108,11 +98,8 @@ def check_device_present(device: Any, name: str = "device", *, present: dict[str
 
 
 def pick_device(prefer: str | None = None) -> torch.device:
-    """Choose the device a chapter runs on: ``prefer`` (``"cuda:1"``, a CUDA index, ``"cpu"``, ...) or automatic.
-
-    A device this machine lacks raises a ValueError saying so. With ``WORKBOOK_REQUIRE_GPU=1`` (the GPU check)
-    a machine without CUDA raises RuntimeError, so a GPU check never passes on CPU fallbacks.
-    """
+    """The device a chapter runs on: ``prefer`` (``"cuda:1"``, a CUDA index, ``"cpu"``) or automatic. Under
+    ``WORKBOOK_REQUIRE_GPU=1`` no CUDA is a RuntimeError, so a GPU check never passes on CPU fallbacks."""
     if require_gpu() and not has_cuda():
         raise RuntimeError(
             f"{REQUIRE_GPU_ENV}=1 (a strict GPU run, as the GPU check sets) but no CUDA device is present; "
@@ -129,10 +116,7 @@ def pick_device(prefer: str | None = None) -> torch.device:
 
 
 def resolve_device(device: torch.device | str | None, kinds: tuple[str, ...] = ("cpu", "cuda")) -> torch.device:
-    """A helper's ``device`` argument as a ``torch.device``: ``None`` = CUDA when present, else the CPU.
-
-    ValueError for a type outside ``kinds``, a device this machine lacks, or a CPU index other than 0.
-    """
+    """A helper's ``device`` argument as a ``torch.device`` of one of ``kinds`` (None: CUDA if present, else CPU)."""
     if device is None:
         return torch.device("cuda" if has_cuda() else "cpu")
     if isinstance(device, (str, torch.device)):
@@ -183,7 +167,6 @@ def wrap(text: str, width: int = 100, indent: str = "") -> str:
 
 
 def _driver_facts() -> tuple[str | None, str | None]:
-    """``(driver_cuda, driver_version)`` from NVML, ``(None, None)`` when no driver answers."""
     rep = HardwareReport()
     _fill_nvml(rep, None)
     return rep.driver_cuda_version, rep.driver_version
@@ -221,11 +204,10 @@ def _link_ok(gen: Any, width: Any) -> bool:
 def link_ceiling(
     gen_now: int | None, width_now: int | None, gen_max: int | None, width_max: int | None
 ) -> tuple[float | None, str | None, str | None]:
-    """The theoretical per-direction ceiling of a PCIe link: ``(GB/s, description, basis)``.
+    """``(GB/s, description, basis)`` of a PCIe link's theoretical per-direction ceiling, or three Nones.
 
-    ``basis`` is ``"max"`` (NVML's maximum: a link trained lower *now* is idling and trains up under load) or
-    ``"current"`` (when the maximum is *below* the current link, which real hardware cannot do: a VM's virtual
-    root port). ``(None, None, None)`` when neither reading is a valid PCIe link.
+    ``basis``: ``"max"`` (a link trained lower *now* is idling) or ``"current"`` (a maximum *below* the current
+    link, which real hardware cannot do: a VM's virtual root port).
     """
     now = pcie_bandwidth_gbps(int(gen_now), int(width_now)) if _link_ok(gen_now, width_now) else None  # type: ignore[arg-type]
     top = pcie_bandwidth_gbps(int(gen_max), int(width_max)) if _link_ok(gen_max, width_max) else None  # type: ignore[arg-type]
@@ -245,11 +227,7 @@ def link_ceiling(
 
 
 def ceiling_share(measured_gbps: float, ceiling_gbps: float | None, *, tolerance: float = 0.03) -> str:
-    """Words for a measured bandwidth against a theoretical ceiling: ``"62% of the theoretical ceiling"``.
-
-    A measurement above the ceiling (beyond ``tolerance``) is impossible on that link, so it is flagged
-    instead of printed as ``110%``: the ceiling is wrong for this machine.
-    """
+    """``"62% of the theoretical ceiling"``; above it (beyond ``tolerance``) is flagged, never ``110%``."""
     measured_gbps = float(measured_gbps)
     if not ceiling_gbps or ceiling_gbps <= 0 or measured_gbps != measured_gbps:
         return "no theoretical ceiling is known for this link"
@@ -440,11 +418,8 @@ def _fill_gpu(rep: HardwareReport, index: int) -> None:
 
 
 def copy_engine_count(index: int, props: Any = None) -> tuple[int | None, str]:
-    """``(count, how it was read)`` of the GPU's copy engines, ``(None, reason)`` when nothing can say.
-
-    torch 2.14's device properties lack ``async_engine_count``, so the CUDA runtime is asked through
-    ``cuda.bindings`` (installed with torch's Linux wheels).
-    """
+    """``(count, how it was read)`` of the GPU's copy engines, else ``(None, reason)``. torch 2.14's properties
+    lack ``async_engine_count``: then the CUDA runtime is asked through ``cuda.bindings`` (torch's Linux wheels)."""
     engines = getattr(props, "async_engine_count", None) if props is not None else None
     if engines is not None:
         return int(engines), "torch device properties"
@@ -534,8 +509,6 @@ def hardware_report(device: torch.device | str | None = None) -> HardwareReport:
 
 @dataclass
 class CheckLine:
-    """One line of the environment check."""
-
     name: str
     ok: bool
     detail: str
@@ -548,7 +521,6 @@ _PACKAGES = ("torch", "torchvision", "numpy", "matplotlib", "ipywidgets", "psuti
 
 
 def _device_line(rep: HardwareReport) -> CheckLine:
-    """The device's line: the GPU, or why an installed one cannot be used (the report's driver facts), or none."""
     if rep.cuda_available:
         return CheckLine("device", True, f"CUDA: {rep.gpu_name}, driver {rep.driver_version or 'unknown'}")
     problem = _diagnose(rep.driver_cuda_version, rep.driver_version)

@@ -7,12 +7,9 @@ one call; it carries its provenance, so a number is never shown as more than it 
                                       key="ch02.pin", convert=pin_costs.pin_costs_from_records)  # else: references
     pins.show(pin_costs.pin_cost_table)  # the no-CUDA sentence (if any), the provenance line, the table
 
-``measured`` now on this machine; ``recorded`` by this workbook on a named GPU; ``published`` by a cited source;
-``theoretical`` from a specification; ``missing``: ``value`` is None and the message says how the figure gets
-recorded. Without CUDA and a recorded reference, :func:`recorded` falls back to published figures of the *same
-experiment* (``published_experiments.json``): a ``published`` Evidence whose ``cited`` figures print themselves,
-falsy like ``missing`` (no value in the chapter's format), so ``if ev: plot(ev.value)`` stays right.
-Nothing here makes up a number.
+Kinds: ``measured`` here, ``recorded`` on a named GPU, ``published`` (cited), ``theoretical``, ``missing``.
+Without a recorded reference, :func:`recorded` falls back to cited figures of the *same experiment*: a falsy
+``published`` Evidence (no value in the chapter's format), so ``if ev: plot(ev.value)`` stays right.
 """
 
 from __future__ import annotations
@@ -42,11 +39,8 @@ KINDS.update(theoretical="theoretical", missing="missing")
 
 @dataclass(frozen=True)
 class Evidence(Generic[T]):
-    """A figure (``value``: a number, a table's rows, a trace; None exactly when missing) with where it came from.
-
-    ``source`` is the provenance line (or, when missing, why there is nothing); ``note`` a line shown before it
-    (the no-CUDA sentence); ``cited`` published figures of the same experiment, shown as text, never drawn.
-    """
+    """A figure (``value``; None exactly when missing) with its provenance line ``source`` (or why there is
+    nothing), a ``note`` shown before it (the no-CUDA sentence) and ``cited`` figures (text, never drawn)."""
 
     what: str
     kind: Kind
@@ -66,12 +60,10 @@ class Evidence(Generic[T]):
             raise ValueError("what must say what the figure is")
 
     def __bool__(self) -> bool:
-        """True when it carries a payload in the chapter's own format (falsy: missing, or cited figures only)."""
         return self.value is not None
 
     @property
     def here(self) -> bool:
-        """Measured now, on this machine."""
         return self.kind == "measured"
 
     def header(self) -> str:
@@ -90,7 +82,6 @@ class Evidence(Generic[T]):
         return out
 
     def show(self, fmt: Callable[[T], str | Iterable[str]] | None = None) -> None:
-        """Print :meth:`lines`."""
         print("\n".join(self.lines(fmt)))
 
     def __str__(self) -> str:
@@ -115,10 +106,8 @@ def recorded(
     note: str = "",
     **params: Any,
 ) -> Evidence[Any]:
-    """The newest reference file's records for ``key`` (and ``params``), converted; or ``missing``.
-
-    ``convert(result_set, records)`` makes the chapter's payload (default: the records); None counts as missing.
-    """
+    """The newest reference file's records for ``key`` (and ``params``) through ``convert(rs, records)``
+    (None counts as missing); else :func:`published_elsewhere`."""
     for rs, recs in find(key, **params):
         value = convert(rs, recs) if convert is not None else recs
         if value is not None:

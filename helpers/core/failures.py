@@ -1,12 +1,6 @@
-"""Failures of DataLoader worker processes, in plain words (the loaders raise them, the panels show them).
-
-:class:`LoaderFailure` is what :mod:`helpers.pipeline.loaders` raises for a worker that froze, died or raised:
-one line that says which worker (and which item, where known) and what to check.
-:func:`explain_loader_error` reads torch's own DataLoader errors (a timeout, a worker killed by a signal or
-exited, the data set's exception re-raised from a worker, a dead pin-memory thread) and returns that line.
-
-They live in the lowest layer, text only (no torch), so that the live panel (:mod:`helpers.ui.widgets`) can give
-the same advice for any run, the reader's own loop included, without reaching up into the pipeline layer.
+"""Failures of DataLoader worker processes, in plain words: :class:`LoaderFailure` (the loaders raise it) and
+:func:`explain_loader_error` (torch's own errors). Text only, in the lowest layer, so the live panel gives the
+same advice for any run, the reader's own loop included.
 """
 
 from __future__ import annotations
@@ -21,10 +15,7 @@ ITEM_NOTE = "[workbook] failing item:"
 
 
 class LoaderFailure(RuntimeError):
-    """A loader's workers failed in a known way; the message says what happened and what to check.
-
-    The original error (torch's) is kept as ``__cause__``.
-    """
+    """A loader's workers failed in a known way: what happened and what to check (torch's error is the cause)."""
 
 
 _DEAD_WORKER_ADVICE = (
@@ -98,7 +89,6 @@ def raised_in_worker(exc: BaseException) -> re.Match[str] | None:
 
 
 def _worker_error_in_words(exc: BaseException, m: re.Match[str]) -> str:
-    """One line for an exception the data set (collate_fn, worker_init_fn) raised in a worker."""
     etype, worker = m.group(1), m.group(2)
     lines = [ln.rstrip() for ln in str(exc).splitlines()]
     note = next((ln[len(ITEM_NOTE) :].strip() for ln in lines if ln.startswith(ITEM_NOTE)), None)
@@ -116,13 +106,9 @@ def _worker_error_in_words(exc: BaseException, m: re.Match[str]) -> str:
 
 
 def explain_loader_error(exc: BaseException) -> str | None:
-    """Plain words for a known DataLoader failure (``None``: not one we recognise): one line that says what happened
-    (which worker, which item where known) and what to check.
-
-    Known: the timeout (a frozen or very slow worker), a worker that died (killed by a signal, or "exited
-    unexpectedly", with its exit code where known), an exception raised by the data set in a worker (torch's
-    "Caught ValueError in DataLoader worker process 0"), and a pin-memory thread that died.
-    """
+    """One line of plain words (what happened, which worker and item where known, what to check) for a known
+    DataLoader failure: a timeout, a dead worker, the data set's exception in a worker, a dead pin-memory
+    thread; ``None`` for anything else."""
     text = str(exc)
     m = re.search(r"DataLoader timed out after ([\d.]+) seconds", text)
     if m:

@@ -33,11 +33,7 @@ def diagnose_no_cuda(
     torch_version: str = torch.__version__,
 ) -> str | None:
     """Why torch cannot use an NVIDIA GPU that seems installed, and the fix; ``None`` if no such case.
-
-    Pure logic, tested on any machine: ``torch_cuda`` is ``torch.version.cuda`` (None: a CPU-only build),
-    ``driver_cuda`` the newest CUDA the driver supports (NVML, e.g. ``"12.4"``; None: no driver answered),
-    ``nvidia_smi`` whether ``nvidia-smi`` is on the PATH. :func:`cuda_driver_problem` passes this machine's facts.
-    """
+    ``torch_cuda``: ``torch.version.cuda`` (None: CPU-only build); ``driver_cuda``: NVML's newest CUDA (``"12.4"``)."""
     if cuda_available or (driver_cuda is None and not nvidia_smi):
         return None
     base = torch_version.split("+")[0]

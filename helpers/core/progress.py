@@ -1,8 +1,6 @@
 """Progress for anything that runs longer than about ten seconds: one callback, ``progress(fraction, text="")``.
 
-``fraction`` is the share done (0 to 1), ``text`` what is happening. Long helpers take an optional ``progress``;
-the live panels hand them one that moves the panel's bar, a cell or a script gets a tqdm bar (a widget in a
-notebook, text on stderr in a terminal)::
+Long helpers take an optional ``progress``: a panel hands them its bar, a cell or a script a tqdm bar::
 
     with progress_bar("generating JPEGs") as progress:
         data.make_shapes_dataset(progress=progress)
@@ -17,7 +15,6 @@ from typing import Any, Callable, Iterator
 __all__ = ["ProgressFn", "TqdmProgress", "progress_bar", "no_progress", "scaled"]
 
 ProgressFn = Callable[..., None]
-"""``progress(fraction, text="")``: the callback every long helper accepts."""
 
 
 def no_progress(fraction: float, text: str = "") -> None:
@@ -43,11 +40,8 @@ class TqdmProgress:
 
 @contextlib.contextmanager
 def progress_bar(desc: str, *, enabled: bool = True, notebook: bool | None = None) -> Iterator[TqdmProgress]:
-    """``with progress_bar("what") as progress:`` - a tqdm bar in percent, closed at the end.
-
-    ``enabled=False``: a bar that draws nothing (same code path); ``notebook`` forces the widget (True) or text
-    (False) bar, None lets ``tqdm.auto`` decide.
-    """
+    """``with progress_bar("what") as progress:`` a tqdm bar in percent, closed at the end (``enabled=False``
+    draws nothing; ``notebook`` True/False forces the widget/text bar, None lets ``tqdm.auto`` decide)."""
     if notebook is None:
         from tqdm.auto import tqdm
     elif notebook:

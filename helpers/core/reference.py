@@ -11,12 +11,12 @@ produce one (:func:`no_published_sentence`). Nothing here makes up a number.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import os
 import re
 import textwrap
 from dataclasses import dataclass, fields
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ __all__ = [
 ]  # fmt: skip
 
 REFERENCE_ENV = "WORKBOOK_REFERENCE_DIR"
+# Wrapped between words only: 'data-bound', 'gpu-check' stay whole (device.wrap would import torch).
+_fill = functools.partial(textwrap.fill, width=100, break_on_hyphens=False, break_long_words=False)
 
 
 def reference_dir() -> Path:
@@ -73,18 +75,12 @@ def provenance_line(rs: ResultSet) -> str:
 
 def missing_message(what: str) -> str:
     """The plain sentence shown when no reference holds ``what``."""
-    return textwrap.fill(
+    return _fill(
         f"No reference results for {what} have been recorded on a real GPU yet. "
         "They are recorded by running `make gpu-check` on a machine with a CUDA GPU (see README); "
-        "nothing is shown rather than a made-up number.",
-        width=100,
-        break_on_hyphens=False,  # 'data-bound', 'gpu-check' stay whole
-        break_long_words=False,
+        "nothing is shown rather than a made-up number."
     )
 
-
-# --------------------------------------------------------------------------------------------------
-# Published figures of the same experiments (the fallback when no reference was recorded)
 
 PUBLISHED_ENV = "WORKBOOK_PUBLISHED_EXPERIMENTS"
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -92,11 +88,8 @@ _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 @dataclass(frozen=True)
 class CitedFigure:
-    """One figure of a workbook experiment, measured and published by someone else (kind "published").
-
-    ``value`` and ``unit`` are as published; ``quote`` is the sentence or table row of the source that
-    holds the number, copied verbatim; ``compared`` says what was set against what, in the source's terms.
-    """
+    """A figure of a workbook experiment published by someone else: ``value`` and ``unit`` as published,
+    ``quote`` the source's sentence holding the number (verbatim), ``compared`` what was set against what."""
 
     id: str
     experiment: tuple[str, ...]  # record keys (glob patterns) this figure is evidence for
@@ -115,15 +108,12 @@ class CitedFigure:
     notes: str
 
     def matches(self, key: str) -> bool:
-        """Whether this figure is evidence for the record key (or artifact name) ``key``."""
         return any(fnmatch.fnmatchcase(key, pattern) for pattern in self.experiment)
 
     def citation(self) -> str:
-        """Where it comes from: the source, where in it, the date it was read."""
         return f"{self.where}, {self.url} (read {self.date_read})"
 
     def lines(self) -> list[str]:
-        """The printed form: the figure with what it compares, the hardware, the quote and the citation."""
         rows = [
             ("  ", f"{self.what}: {_number_text(self.value)} {self.unit}"),
             ("    ", f"compared: {self.compared}"),
@@ -134,17 +124,7 @@ class CitedFigure:
         ]
         if self.notes:
             rows.append(("    ", f"note: {self.notes}"))
-        return [
-            textwrap.fill(
-                text,
-                100,
-                initial_indent=pad,
-                subsequent_indent=pad + "  ",
-                break_on_hyphens=False,
-                break_long_words=False,
-            )
-            for pad, text in rows
-        ]
+        return [_fill(text, initial_indent=pad, subsequent_indent=pad + "  ") for pad, text in rows]
 
 
 _CITED_FIELDS = tuple(f.name for f in fields(CitedFigure))
@@ -205,7 +185,7 @@ def load_published_experiments(path: Path | str | None = None) -> tuple[tuple[Ci
     return figures, dict(none_found)
 
 
-@lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=4)
 def _cached(path: str) -> tuple[tuple[CitedFigure, ...], dict[str, str]]:
     return load_published_experiments(path)
 

@@ -1,10 +1,7 @@
-"""One JSON format for measurements, with provenance.
+"""One JSON format for measurements, with provenance (hardware, versions, date, method, size tier).
 
-A :class:`ResultSet` holds :class:`Record` s (a named value with its unit, the parameters it was measured at and
-optional spread) and free-form ``artifacts`` (span traces for timelines), with the provenance that makes them
-trustworthy: hardware, driver and library versions, date, method, benchmark version and size tier. Ratios are
-taken only between sets from the same hardware (:func:`compare_results` refuses otherwise: a ratio between an
-H100 and a laptop says nothing about either).
+A :class:`ResultSet` holds :class:`Record` s and free-form ``artifacts`` (span traces). Ratios are taken only
+between sets from the same hardware: a ratio between an H100 and a laptop says nothing about either.
 """
 
 from __future__ import annotations
@@ -35,9 +32,8 @@ class NotComparableError(ValueError):
 
 @dataclass
 class Record:
-    """One measured value: ``key`` (``"ch02.h2d_bandwidth"``), ``value`` (the median, for timings), ``unit``,
-    the ``params`` it was measured at (``{"bytes": 4096}``), optional ``spread`` (``{"iqr": 0.1, "n": 30}``) and
-    ``flags``: why it cannot be right (:func:`sanity_flags`; not written to the file when empty)."""
+    """One value (the median, for timings) at ``params``, with optional ``spread`` (``{"iqr": 0.1, "n": 30}``)
+    and ``flags``: why it cannot be right (:func:`sanity_flags`; not written when empty)."""
 
     key: str
     value: float
@@ -47,17 +43,14 @@ class Record:
     flags: list[str] = field(default_factory=list)
 
     def flag(self, why: str) -> None:
-        """Mark this value as impossible or contradictory (once per reason)."""
         if why not in self.flags:
             self.flags.append(why)
 
     def ident(self) -> tuple[str, str]:
-        """Identity used to match records across result sets (key + params)."""
         return self.key, json.dumps(self.params, sort_keys=True, default=str)
 
 
 def collect_provenance(device: Any = None) -> dict[str, Any]:
-    """Hardware and software facts for a result file (see :mod:`helpers.core.device`)."""
     from .device import hardware_report  # heavy: torch (this module imports without it)
 
     rep = hardware_report(device)
@@ -81,7 +74,6 @@ class ResultSet:
 
     @classmethod
     def new(cls, name: str, method: str, device: Any = None, notes: str = "") -> "ResultSet":
-        """A fresh, empty result set with provenance collected from this machine now."""
         if not name or not isinstance(name, str):
             raise ValueError("name must be a non-empty string")
         return cls(
@@ -93,9 +85,7 @@ class ResultSet:
             notes=notes,
         )
 
-    # -- records -------------------------------------------------------------
     def add(self, key: str, value: float, unit: str, spread: dict[str, Any] | None = None, **params: Any) -> Record:
-        """Append a record; returns it. ``value`` must be a finite number."""
         if not isinstance(key, str) or not key:
             raise ValueError("key must be a non-empty string such as 'ch02.h2d_bandwidth'")
         try:
@@ -122,13 +112,11 @@ class ResultSet:
     def keys(self) -> list[str]:
         return sorted({r.key for r in self.records})
 
-    # -- provenance ------------------------------------------------------------
     @property
     def hardware(self) -> dict[str, Any]:
         return dict(self.provenance.get("hardware", {}))
 
     def label(self) -> str:
-        """A one-line provenance label for plots and tables."""
         hw = self.hardware
         gpu = hw.get("gpu_name") or "no GPU"
         p = self.provenance
@@ -137,7 +125,6 @@ class ResultSet:
             f"{self.created[:10]}, {self.mode} mode"
         )
 
-    # -- files -----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         for rec in data["records"]:
@@ -148,7 +135,7 @@ class ResultSet:
         return data
 
     def save(self, path: str | Path) -> Path:
-        """Write JSON (atomically: a reader never sees half a file)."""
+        """Write JSON atomically: a reader never sees half a file."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
@@ -158,7 +145,6 @@ class ResultSet:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ResultSet":
-        """A result set from its JSON form; a ValueError that names the problem for anything else."""
         if not isinstance(data, dict):
             raise ValueError(f"not a workbook result file: its JSON is a {type(data).__name__}, not an object")
         if data.get("schema") != SCHEMA:
@@ -190,7 +176,6 @@ class ResultSet:
 
     @classmethod
     def load(cls, path: str | Path) -> "ResultSet":
-        """Read a result file; a clear ValueError if it is not one."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no result file at {path}")
@@ -202,7 +187,6 @@ class ResultSet:
 
 
 def _record_from_dict(i: int, r: Any) -> Record:
-    """One record of a file, checked: key, unit (strings), a finite number, params/spread objects."""
     where = f"record {i}"
     if not isinstance(r, dict):
         raise ValueError(f"{where} must be an object, got {type(r).__name__}")
@@ -232,13 +216,9 @@ _SLACK = 0.02
 
 
 def sanity_flags(rs: ResultSet, records: Iterable[Record] | None = None) -> list[str]:
-    """Flag figures that cannot be right, on the records themselves; returns one message per new flag.
-
-    Each rule is a contradiction no honest measurement produces (so noise, a wrong ceiling, or a bug): a
-    ``fraction`` outside [0, 1]; a host<->device bandwidth above the provenance's theoretical link ceiling
-    (which may describe a VM's virtual root port); ``*.best_num_workers`` = 0 beside a ``*.speedup`` above 1
-    in every round for some workers, in the same chapter. ``records``: only check these (default: all).
-    Checking twice adds nothing; values are never changed.
+    """Flag, on the records (default: all), contradictions no honest measurement produces; one message per new
+    flag. A ``fraction`` outside [0, 1]; a copy above the theoretical link ceiling (maybe a VM's virtual root
+    port); ``best_num_workers`` = 0 beside a ``speedup`` above 1 in every round. Values are never changed.
     """
     todo = list(rs.records if records is None else records)
     messages: list[str] = []
@@ -336,8 +316,6 @@ def comparable(a: ResultSet, b: ResultSet) -> tuple[bool, str]:
 
 @dataclass
 class Comparison:
-    """Ratios ``b / a`` for every record present in both sets."""
-
     rows: list[tuple[str, dict[str, Any], float, float, float, str]]
     note: str
 

@@ -20,10 +20,7 @@ def mode_line(chapter: str, device: torch.device) -> str:
 
 
 def chapter(chapter: str, gpu_for: str | None = None, prefer: str | None = None) -> torch.device:
-    """Print the chapter's (two digits) mode and sizes lines and return its device (``prefer``, else automatic).
-
-    ``gpu_for`` names what needs CUDA, for the no-CUDA sentence (None: nothing GPU-only).
-    """
+    """Print the chapter's mode and sizes lines (and, without CUDA, what ``gpu_for`` cannot run); return its device."""
     if not (isinstance(chapter, str) and len(chapter) == 2 and chapter.isdigit()):
         raise ValueError(f"chapter must be two digits such as '02', got {chapter!r}")
     device = pick_device(prefer)

@@ -58,10 +58,7 @@ def synchronize(device: torch.device | str | None = None) -> None:
 
 
 def _cuda_devices_in_use() -> list[int]:
-    """Indices of the CUDA devices with a context (others have nothing queued, and a sync would make one).
-
-    Without torch's (private) probe, every device is taken.
-    """
+    """CUDA devices with a context (others have nothing queued; a sync would create one); all without the probe."""
     if not torch.cuda.is_initialized():
         return []
     has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
@@ -75,7 +72,7 @@ def _cuda_devices_in_use() -> list[int]:
 
 
 def _synchronised_clock(device: torch.device | str | None) -> Callable[[], float]:
-    """A clock for the Timer that first waits for ``device`` (the Timer's own waits for the current device)."""
+    """A Timer clock that first waits for ``device`` (the Timer's own waits for the current device only)."""
 
     def clock() -> float:
         synchronize(device)
@@ -95,7 +92,7 @@ def _clock_name(device: torch.device | str | None) -> str:
 
 
 def _cuda_device(device: torch.device | str | None) -> torch.device:
-    """``device`` as a CUDA device with its index (``cuda`` alone means the current device)."""
+    """``device`` as a CUDA device with its index (``cuda`` alone: the current device)."""
     dev = torch.device(device) if device is not None else torch.device("cuda")
     return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
 
@@ -122,7 +119,6 @@ class Timing:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-friendly copy."""
         return asdict(self)
 
     @classmethod
@@ -217,11 +213,8 @@ def time_calls(
     sync: bool = True,
     warmup: int = 0,
 ) -> Timing:
-    """Time ``repeats`` single calls of ``fn`` with the wall clock, one sample each.
-
-    This *shows* what the Timer hides on purpose (its ``timeit`` always warms up first): the cost of the first
-    call (``warmup=0``), or a missing sync (``sync=False``: the clock stops when the CPU has *queued* the work).
-    """
+    """Time ``repeats`` single calls with the wall clock: *shows* what the Timer hides, the first call's cost
+    (``warmup=0``) or a missing sync (``sync=False``: the clock stops when the CPU has *queued* the work)."""
     for _ in range(warmup):
         fn()
     if sync:
@@ -246,11 +239,8 @@ def cuda_event_time(
     label: str = "operation",
     device: torch.device | str | None = None,
 ) -> Timing:
-    """Time ``fn`` on the GPU with CUDA events, one :class:`SpanRecorder` span per call.
-
-    Events time the GPU's execution, not the CPU's launch; ``fn`` runs with ``device`` current. Without a
-    CUDA device: synchronised wall-clock timing, said so in ``metadata['method']``, never an error.
-    """
+    """Time ``fn``'s GPU execution with CUDA events (one :class:`SpanRecorder` span per call, ``device`` current).
+    Without CUDA: synchronised wall-clock timing, said so in ``metadata['method']``."""
     if not _is_cuda(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")):
         timing = time_calls(fn, repeats=repeats, label=label, device="cpu", sync=True, warmup=warmup)
         timing.metadata["method"] = "wall clock (no CUDA device: CUDA events unavailable)"
@@ -265,11 +255,6 @@ def cuda_event_time(
             fn()
     samples = [s.duration for s in rec.finish().spans]
     return summarize(label, samples, device=str(dev), method=f"CUDA events on {dev}'s current stream", warmup=warmup)
-
-
-# ---------------------------------------------------------------------------
-# Span recording for step anatomy and timelines
-# ---------------------------------------------------------------------------
 
 
 @dataclass
@@ -296,7 +281,7 @@ class Span:
 
 @dataclass
 class SpanTrace:
-    """The spans of a recorded run, with metadata describing how they were taken."""
+    """The spans of a recorded run, and how they were taken."""
 
     spans: list[Span]
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -455,11 +440,6 @@ class SpanRecorder:
         return self._finished
 
 
-# ---------------------------------------------------------------------------
-# GPU work of a known duration (for overlap and race experiments)
-# ---------------------------------------------------------------------------
-
-
 class GpuDelay:
     """Queue about ``seconds`` of do-nothing GPU work on ``dev`` (``torch.cuda._sleep``; CUDA only).
 
@@ -480,11 +460,8 @@ class GpuDelay:
 
 
 def calibrated_compute(dev: torch.device, target_s: float) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A function of a batch that takes about ``target_s`` of GPU time on ``dev`` (matrix products; CUDA only).
-
-    The products run on ``dev``'s current stream at call time; the result, ``batch.float().sum()`` plus one
-    element of the product, depends on the batch.
-    """
+    """A function of a batch taking about ``target_s`` of GPU time on ``dev``'s current stream (CUDA only); its
+    result, ``batch.float().sum()`` plus one element of the product, depends on the batch."""
     a = torch.randn(2048, 2048, device=dev).div_(math.sqrt(2048))
     c = torch.empty_like(a)
 

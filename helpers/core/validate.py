@@ -11,10 +11,7 @@ from typing import Any, Iterable
 
 
 def check_int(name: str, value: Any, lo: int, hi: int | None = None) -> int:
-    """Return ``value`` as an int if ``lo <= value <= hi``; else raise ValueError.
-
-    Booleans are refused (``True`` is not a batch size).
-    """
+    """``value`` as an int if ``lo <= value <= hi`` (a bool is not: ``True`` is no batch size); else ValueError."""
     upper = "inf" if hi is None else str(hi)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{name} must be an integer in [{lo}, {upper}], got {value!r}")

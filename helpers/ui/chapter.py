@@ -1,8 +1,5 @@
-"""The one interface every chapter module offers (``helpers/chapters/chNN/__init__.py``).
-
-A chapter module is the ``__init__`` of its folder, found by the folder's name (``ch`` + two digits), and
-offers the same typed functions, so that a live panel is three lines in a notebook and the headless bench
-needs no list of chapters:
+"""The one interface every chapter module (``helpers/chapters/chNN/__init__.py``) offers, so that a live panel
+is three lines in a notebook and the headless bench needs no list of chapters:
 
 >>> from helpers.chapters import ch03
 >>> panel = widgets.Panel.for_chapter(ch03, device=DEVICE, make_loader=make_loader, to_device=to_device)
@@ -14,13 +11,10 @@ What a chapter module defines (``helpers/chapters/_template.py`` is a working ex
 ``TITLE: str``            what it measures, for the bench's report
 ``BENCH_WEIGHT: float``   its share of a bench time budget (an estimate of its cost, not a measurement)
 ``PANEL_TITLE: str``      the live panel's heading
-``benchmark(results, device, *, progress=None) -> None``
-    its measurements, headless, added to a :class:`helpers.core.results.ResultSet`
-``panel_controls(**context) -> dict[str, ipywidgets widget]``
-    the panel's knobs; their names are ``panel_run``'s keywords
-``panel_run(progress, *, device, **values_and_context) -> Evidence``
-    one run of the panel; ``context`` is what the notebook passed to ``for_chapter`` (the reader's functions,
-    the data set, sizes); always returns a :class:`helpers.core.evidence.Evidence`, whichever path ran
+``benchmark(results, device, *, progress=None) -> None``   its measurements, headless, added to a ResultSet
+``panel_controls(**context) -> dict[str, widget]``        the panel's knobs, named as ``panel_run``'s keywords
+``panel_run(progress, *, device, **values_and_context) -> Evidence``   one run (``context``: what the notebook
+    passed to ``for_chapter``: the reader's functions, the data set, sizes), an Evidence whichever path ran
 ``panel_summary(result: Evidence) -> str``   the line shown after a run
 ``panel_plot(history, ax) -> None``          draws every run so far (``history[i].result`` is an Evidence)
 
@@ -37,7 +31,6 @@ from typing import Any
 
 __all__ = ["CONSTANTS", "FUNCTIONS", "OPTIONAL", "MODULE_NAME", "problems", "require", "split_context"]
 
-#: Module-level constants and their types.
 CONSTANTS: dict[str, type | tuple[type, ...]] = {"NUMBER": str, "TITLE": str, "BENCH_WEIGHT": (int, float)}
 CONSTANTS["PANEL_TITLE"] = str
 
@@ -50,7 +43,6 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "panel_plot": ("history", "ax"),
 }
 
-#: Optional members.
 OPTIONAL: tuple[str, ...] = ("panel_validate", "PANEL_FIGSIZE")
 
 #: Names of chapter folders (their `__init__` is the chapter module): ch00 ... ch99.

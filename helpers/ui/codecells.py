@@ -26,7 +26,6 @@ NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 def _folder(notebooks: Path) -> Path:
-    """``notebooks``, or a FileNotFoundError saying these functions read a checkout's notebooks."""
     if not Path(notebooks).is_dir():
         raise FileNotFoundError(
             f"no notebooks folder at {notebooks}: the pipeline cells are read from the workbook's notebooks, "
@@ -61,10 +60,7 @@ def pipeline_cells(chapter: str, notebooks: Path = NOTEBOOKS) -> list[str]:
 
 
 def definitions(source: str) -> dict[str, str]:
-    """Top-level ``def`` and ``class`` statements of ``source``: ``{name: their source}``, decorators included.
-
-    A name defined twice keeps its last definition, as Python would.
-    """
+    """``{name: source}`` of the top-level ``def``/``class`` statements (decorators included; the last wins)."""
     tree = ast.parse(source)
     lines = source.splitlines()
     out: dict[str, str] = {}
@@ -87,7 +83,6 @@ def pipeline_after(chapter: str, notebooks: Path = NOTEBOOKS) -> dict[str, str]:
 
 
 def _kernel_inputs() -> list[str]:
-    """The cells executed in this IPython kernel, oldest first (empty outside IPython)."""
     try:
         from IPython import get_ipython
     except ImportError:  # pragma: no cover - IPython is installed with JupyterLab
@@ -99,12 +94,8 @@ def _kernel_inputs() -> list[str]:
 
 
 def _method_files(obj: Any) -> list[str]:
-    """The files that hold the code of a class's methods (for a class defined in a notebook cell: that cell).
-
-    ``inspect.getsource`` finds a class through its module's file, and ``__main__`` in a kernel has
-    none; without the kernel's input history (nbval runs cells with ``store_history=False``) the
-    class is still found through the cell file IPython registers in ``linecache`` for its methods.
-    """
+    """The files holding a class's methods: for a class defined in a cell, the cell file IPython registers in
+    ``linecache`` (``__main__`` has no file, and nbval keeps no input history)."""
     if not isinstance(obj, type):
         return []
     files: list[str] = []
@@ -116,10 +107,7 @@ def _method_files(obj: Any) -> list[str]:
 
 
 def current_source(name: str, namespace: Mapping[str, Any] | None = None) -> str:
-    """The source of ``name`` as it runs now: its newest definition in the executed cells, else ``inspect``.
-
-    Raises a ``LookupError`` that says which cell to run when ``name`` is defined nowhere.
-    """
+    """The source of ``name`` as it runs now: its newest definition in the executed cells, else ``inspect``."""
     for cell in reversed(_kernel_inputs()):
         try:
             found = definitions(cell)
@@ -153,16 +141,13 @@ class PipelineDiff:
 
     @property
     def added(self) -> list[str]:
-        """The lines this chapter added (without the leading "+")."""
         return [ln[1:] for h in self.hunks.values() for ln in h if ln.startswith("+") and not ln.startswith("+++")]
 
     @property
     def removed(self) -> list[str]:
-        """The lines this chapter removed (without the leading "-")."""
         return [ln[1:] for h in self.hunks.values() for ln in h if ln.startswith("-") and not ln.startswith("---")]
 
     def text(self) -> str:
-        """The diff as plain text, one block per name."""
         blocks = []
         for name in self.names:
             body = self.hunks.get(name, [])
@@ -202,11 +187,8 @@ def diff(previous: str, names: Sequence[str], current: Mapping[str, str], notebo
 def show_diff(
     previous: str, *names: str, namespace: Mapping[str, Any] | None = None, notebooks: Path = NOTEBOOKS
 ) -> PipelineDiff:
-    """What changed in ``names`` since chapter ``previous``, reading the code as it runs in this kernel.
-
-    In a notebook the returned object renders as a coloured diff; ``print`` gives plain text. Pass
-    ``namespace=globals()`` so that objects defined outside executed cells are found too.
-    """
+    """What changed in ``names`` since chapter ``previous``, as the code runs in this kernel (a coloured diff;
+    ``print`` gives text). ``namespace=globals()`` finds objects defined outside executed cells too."""
     if not names:
         raise ValueError("name at least one pipeline function, e.g. show_diff('02', 'make_loader')")
     if previous not in chapters(notebooks):

@@ -1,24 +1,18 @@
 """Automatic checks for the exercises, with the answers kept out of the reader's notebook.
 
-Each exercise cell ends with ``check("02.1", answer, hint=...)`` (several parts: ``check_parts("02.3",
-a=Part(answer_a, hint=...), b=...)``, so every part's verdict shows). The expected value, the explanation and a
-reference solution live in the answer key, ``course/key.py`` (the instructor's side: not in the installed
-package, left out of the student release). A check never prints the value it compares against: unanswered
-(``None`` or ``...``) prints a hint and does not fail, so notebooks run top to bottom; wrong prints what is
-wrong and a hint; right prints a short explanation. An answer computed with what the exercise rules out (the
-key's ``forbid``, e.g. ``sweep.best_workers`` for 04.1) is not right. ``show_solution("02.1")`` shows the
-reference solution on request. Without the key, the answer is recorded for the instructor's grader.
+An exercise cell ends with ``check("02.1", answer, hint=...)`` or ``check_parts("02.3", a=Part(...), ...)``.
+Expected values, explanations and solutions live in the answer key, ``course/key.py`` (left out of the
+student release; without it the answer is only recorded). A check never prints the expected value: unanswered
+(``None``/``...``) prints a hint and does not fail, so notebooks run top to bottom; an answer using what the
+key's ``forbid`` rules out is not right. ``show_solution("02.1")`` shows the key's solution.
 
-Every check leaves a record in its cell's output (``application/vnd.workbook.exercise+json``, not displayed):
-the answer and, for a measured exercise, the figures the reader's run recorded. ``python -m course.grade``
-grades submitted notebooks from these records with its own key, so an edited ``expected=`` or a deleted check
-cannot raise a score, and a measured answer is graded against the reader's own run. ``WORKBOOK_GRADE=1``:
-anything but a right answer raises ``AssertionError`` (nbval fails the notebook).
+Every check leaves a record in its cell's output (``RECORD_MIME``, not displayed): the answer and the figures
+of the reader's run. ``python -m course.grade`` grades those records with its own key, so an edited
+``expected=`` or a deleted check cannot raise a score. ``WORKBOOK_GRADE=1``: anything not right raises.
 
-``expected`` (default: the key's) may be a number (relative tolerance), a string (case-, space- and
-``"b)"``-insensitive), a collection of acceptable strings, a bool, or ``expected(answer) -> bool | str`` (a
-string says what is wrong). An exception while comparing becomes a "not quite" verdict naming it, except a CUDA
-error on a strict GPU run (``WORKBOOK_REQUIRE_GPU=1``), which propagates so a GPU job fails loudly.
+``expected`` may be a number (relative tolerance), a string (case-, space- and ``"b)"``-insensitive), a
+collection of strings, a bool, or ``expected(answer) -> bool | str``. An exception while comparing is a "not
+quite" verdict, except a CUDA error on a strict GPU run (``WORKBOOK_REQUIRE_GPU=1``), which propagates.
 """
 
 from __future__ import annotations
@@ -42,7 +36,6 @@ __all__ = [
 ]  # fmt: skip
 
 RECORD_MIME = "application/vnd.workbook.exercise+json"
-"""The mimetype of the grading record every check leaves in its cell's output (not displayed)."""
 
 KEY_ENV = "WORKBOOK_ANSWER_KEY"
 """Path of the answer key to use instead of ``course/key.py`` (``none``: behave as a student release)."""
@@ -280,11 +273,8 @@ def _norm(s: Any) -> str:
 
 
 def _strict_gpu_error(exc: BaseException) -> bool:
-    """A CUDA error on a strict GPU run (``WORKBOOK_REQUIRE_GPU=1``): it must reach the reader, not a verdict.
-
-    The same rule as the GPU checkers' (``prefetch._gpu_error``), without importing torch here:
-    ``torch.AcceleratorError`` is matched by its class name.
-    """
+    """A CUDA error on a strict GPU run, which must reach the reader, not a verdict (``prefetch._gpu_error``'s
+    rule without importing torch: ``AcceleratorError`` matched by name)."""
     if not config.require_gpu():
         return False
     if any(cls.__name__ == "AcceleratorError" for cls in type(exc).__mro__):
@@ -308,10 +298,7 @@ def _units_hint(answer: float, expected: float) -> str:
 
 
 def compare(answer: Any, expected: Any, rel_tol: float = 0.05, abs_tol: float = 0.0) -> tuple[bool, str]:
-    """``(right?, what is wrong)`` for ``answer`` against ``expected`` (see the module docstring).
-
-    The message never names the expected value (a direction, a type or a unit hint at most).
-    """
+    """``(right?, what is wrong)``; the message never names the expected value (a direction or unit hint at most)."""
     if callable(expected):
         verdict = expected(answer)
         if isinstance(verdict, str):
@@ -352,12 +339,8 @@ def check(
     rel_tol: float | None = None,
     abs_tol: float | None = None,
 ) -> ExerciseResult:
-    """Check ``answer`` of ``exercise`` (``"00.2"``) and show feedback (never the expected value).
-
-    ``expected`` defaults to the key's value, computed from the figures of the run that called the check (the
-    caller's globals). ``hint`` shows when unanswered or wrong, ``explanation`` when right (default: the key's);
-    ``rel_tol``/``abs_tol`` for numbers default to 5 % and 0.
-    """
+    """Check ``answer`` of ``exercise`` (``"00.2"``) against the key's value for the caller's run (or ``expected``);
+    ``hint`` shows when unanswered or wrong, ``explanation`` when right; numbers within 5 % by default."""
     part = Part(answer, expected, hint, explanation, rel_tol, abs_tol)
     result = _evaluate(exercise, part, sys._getframe(1).f_globals)
     if config.grade_mode() and result.status in ("wrong", "unanswered"):
@@ -409,7 +392,6 @@ def _run_facts(exercise: str, answer: Any, ns: dict[str, Any]) -> tuple[dict[str
 
 
 def _evaluate(exercise: str, part: Part, ns: dict[str, Any]) -> ExerciseResult:
-    """The verdict on one answer, without grade mode's AssertionError, and its grading record."""
     answer, expected, hint, explanation = part.answer, part.expected, part.hint, part.explanation
     facts, facts_error = _run_facts(exercise, answer, ns)
     record = {"exercise": exercise, "answer": encode_answer(answer), "facts": facts}

@@ -1,8 +1,7 @@
 """Shared plots: step timelines, stacked phase bars, sweeps, and run histories.
 
-Every function draws on the matplotlib ``Axes`` you pass (or a new figure) and returns it. Axis labels carry
-units; a phase has the same colour in every chapter. Plots of reference results say so: ``source="Recorded on
-..."`` (:func:`helpers.core.reference.provenance_line`) is written under the title.
+Each draws on the ``Axes`` passed (or a new one) and returns it; a phase has one colour in every chapter, and
+``source="Recorded on ..."`` is written under a plot of reference results.
 """
 
 from __future__ import annotations

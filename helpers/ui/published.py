@@ -123,14 +123,12 @@ class PublishedFigure:
         return "SM" if "_memcpy_sm" in self.tool else None
 
     def short_label(self) -> str:
-        """A compact name for plots: short GPU name, direction, memory kind, copy engine and NUMA side."""
         name = _short_gpu(self.gpu)
         engine = f" {self.engine}" if self.engine else ""
         side = f", {self.numa_side} socket" if self.numa_side else ""
         return f"{name} {self.direction.upper()} {self.memory}{engine}{side}"
 
     def citation(self) -> str:
-        """One line of provenance: kind, GPU, tool, source URL and the date it was read."""
         link = self.link if self.link != "not stated" else f"link not stated (product: {self.product_link})"
         return (
             f"[{KIND_PUBLISHED}] {self.gpu}, {link}; {self.tool}; {self.as_published}; "
@@ -163,7 +161,6 @@ def _short_gpu(gpu: str) -> str:
 
 
 def data_file() -> Path:
-    """``helpers/ui/published.json``, shipped with the package."""
     return Path(__file__).resolve().parent / "published.json"
 
 
@@ -180,7 +177,6 @@ def link_ceiling_gbps(link: str) -> float | None:
 
 
 def _check_entry(raw: Any, index: int) -> PublishedFigure:
-    """Validate one raw JSON entry; a clear ValueError naming the entry and the field otherwise."""
     if not isinstance(raw, dict):
         raise ValueError(f"published figure #{index} must be a JSON object, got {type(raw).__name__}")
     name = f"published figure #{index} ({raw.get('id', 'no id')})"
@@ -227,11 +223,8 @@ def _key(f: PublishedFigure) -> tuple[Any, ...]:
 
 
 def load(path: str | Path | None = None) -> list[PublishedFigure]:
-    """Read and validate a published-figures file (default: :func:`data_file`).
-
-    ValueError for a malformed file, an entry lacking a field or with a bad value, or a duplicate (same id,
-    or same source, GPU, tool, direction, memory kind, size and NUMA placement).
-    """
+    """Read and validate a published-figures file (default: :func:`data_file`); ValueError for a bad entry or
+    a duplicate."""
     p = Path(path) if path is not None else data_file()
     try:
         doc = json.loads(p.read_text(encoding="utf-8"))
@@ -289,40 +282,33 @@ def generations(figures: Iterable[PublishedFigure] | None = None) -> list[str]:
 
 
 def _pair(
-    figures: Iterable[PublishedFigure], field: str, a: str, b: str, same: Sequence[str]
+    figures: Iterable[PublishedFigure] | None, field: str, a: str, b: str, same: Sequence[str]
 ) -> list[tuple[PublishedFigure, PublishedFigure]]:
     """Pairs (x, y) with x.field == a, y.field == b and equal values of every attribute in ``same``."""
-    figs = list(figures)
+    figs = list(figures) if figures is not None else list(_cached())
     xs, ys = [x for x in figs if getattr(x, field) == a], [y for y in figs if getattr(y, field) == b]
     return [(x, y) for x in xs for y in ys if all(getattr(x, s) == getattr(y, s) for s in same)]
 
 
 def direction_pairs(figures: Iterable[PublishedFigure] | None = None) -> list[tuple[PublishedFigure, PublishedFigure]]:
     """(H2D, D2H) pairs from one source and run: same GPU, memory kind, size and NUMA placement."""
-    figs = list(figures) if figures is not None else list(_cached())
-    same = ("url", "gpu", "memory", "transfer_size_bytes", "numa", "method")
-    return _pair(figs, "direction", "h2d", "d2h", same)
+    return _pair(figures, "direction", "h2d", "d2h", ("url", "gpu", "memory", "transfer_size_bytes", "numa", "method"))
 
 
 def numa_pairs(figures: Iterable[PublishedFigure] | None = None) -> list[tuple[PublishedFigure, PublishedFigure]]:
     """(near socket, far socket) pairs: the same GPU, direction and copy, placed on either socket."""
-    figs = list(figures) if figures is not None else list(_cached())
-    same = ("url", "gpu", "direction", "memory", "transfer_size_bytes", "tool")
-    return _pair(figs, "numa_side", "near", "far", same)
+    return _pair(
+        figures, "numa_side", "near", "far", ("url", "gpu", "direction", "memory", "transfer_size_bytes", "tool")
+    )
 
 
 def memory_pairs(figures: Iterable[PublishedFigure] | None = None) -> list[tuple[PublishedFigure, PublishedFigure]]:
     """(pageable, pinned) pairs: same source, GPU, direction, size and NUMA placement."""
-    figs = list(figures) if figures is not None else list(_cached())
-    same = ("url", "gpu", "direction", "transfer_size_bytes", "numa")
-    return _pair(figs, "memory", "pageable", "pinned", same)
+    return _pair(figures, "memory", "pageable", "pinned", ("url", "gpu", "direction", "transfer_size_bytes", "numa"))
 
 
 def share_table(figures: Iterable[PublishedFigure] | None = None) -> str:
-    """A plain-text table: published GB/s beside the **theoretical** ceiling of the GPU's host link.
-
-    The two numbers sit in separate, labelled columns; the share is published / theoretical.
-    """
+    """A plain-text table: published GB/s and, in its own column, the **theoretical** host-link ceiling."""
     figs = list(figures) if figures is not None else list(_cached())
     head = (
         f"{'GPU, copy':<40}{'size':>10}{'published':>11}  {'host link':<15}{'theoretical':>13}{'share':>7}\n"
@@ -345,10 +331,7 @@ def _md_escape(s: str) -> str:
 
 
 def markdown_table(figures: Iterable[PublishedFigure] | None = None) -> str:
-    """The README's separate **Published elsewhere** table: one row per figure, with its source.
-
-    Only published figures appear here: never a measurement of this workbook, never a theoretical ceiling.
-    """
+    """The README's **Published elsewhere** table (never our measurements or ceilings): a row per figure."""
     figs = list(figures) if figures is not None else list(_cached())
     rows = [
         "| GPU | copy | as published | GB/s (10^9 B/s) | transfer size | tool | NUMA placement | link (source) "
@@ -389,19 +372,12 @@ def published_block() -> str:
     )
 
 
-# ---------------------------------------------------------------------------
-# Plots: published points and theoretical lines, each labelled with its kind
-# ---------------------------------------------------------------------------
-
 _DIR_COLOR = {"h2d": "#f28e2b", "d2h": "#4e79a7"}
 _MEM_MARKER = {"pinned": "D", "pageable": "v"}
 
 
 def point_series(figures: Iterable[PublishedFigure] | None = None) -> list[list[PublishedFigure]]:
-    """Figures with a stated size, grouped into series (one source and run at one or more sizes).
-
-    Series ``k`` (from 1) is what :func:`add_published_points` marks ``[k]`` on a plot; sizes ascend.
-    """
+    """Figures with a stated size, grouped by source and run (series ``k`` is marked ``[k]``), sizes ascending."""
     figs = list(figures) if figures is not None else list(_cached())
     series: dict[tuple[Any, ...], list[PublishedFigure]] = {}
     for f in figs:
@@ -432,12 +408,8 @@ def point_key(figures: Iterable[PublishedFigure] | None = None) -> str:
 def add_published_points(
     ax: Any, figures: Iterable[PublishedFigure] | None = None, *, annotate: bool = True, fontsize: float = 7.0
 ) -> list[PublishedFigure]:
-    """Draw published figures on a bandwidth-vs-copy-size Axes as marked points; return those not drawn (no size).
-
-    Diamonds (pinned) or triangles (pageable) with a black edge, orange for H2D and blue for D2H: distinct from
-    measured curves and theoretical ceilings (dashed). One source's sizes are joined by a dotted line and marked
-    ``[k]`` beside the largest (:func:`point_key` lists them); one legend entry per direction and memory kind.
-    """
+    """Draw published figures on a bandwidth-vs-size Axes (black-edged diamonds: pinned, triangles: pageable;
+    orange H2D, blue D2H; a source's sizes dotted, ``[k]`` by the largest); return those without a size."""
     figs = list(figures) if figures is not None else list(_cached())
     skipped = [f for f in figs if f.transfer_size_bytes is None]
     legend_done: set[tuple[str, str]] = set()
@@ -493,11 +465,8 @@ def add_theoretical_ceilings(ax: Any, links: Iterable[str], *, skip_gbps: Iterab
 
 
 def plot_share_of_ceiling(figures: Iterable[PublishedFigure] | None = None, ax: Any = None) -> Any:
-    """One row per published figure: the published GB/s (marker) and its link's theoretical ceiling (bar end).
-
-    Bars are the **theoretical** ceilings of each GPU product's host link; markers are the **published**
-    measurements; the text at the right is the share. Log x axis: NVLink-C2C and PCIe Gen3 differ tenfold.
-    """
+    """A row per figure: the **published** GB/s (marker), its host link's **theoretical** ceiling (bar) and
+    the share. Log x axis: NVLink-C2C and PCIe Gen3 differ tenfold."""
     from . import plots  # optional/heavy: matplotlib
 
     figs = [f for f in (figures if figures is not None else _cached()) if f.ceiling_gbps]
@@ -520,7 +489,6 @@ def plot_share_of_ceiling(figures: Iterable[PublishedFigure] | None = None, ax: 
 
 
 def _share_axes(ax: Any, right: float) -> None:
-    """The share plot's log GB/s axis, title, legend and the note on what bars and markers are."""
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # optional/heavy: matplotlib
 
     ax.set_xscale("log")

@@ -41,8 +41,7 @@ def one_line(text: str, limit: int = STATUS_MAX_CHARS) -> str:
 
 
 def known_failure_advice(exc: BaseException) -> str | None:
-    """Plain advice for a failure the workbook knows (``None``: unknown): a :class:`LoaderFailure`'s own message,
-    else torch's DataLoader errors in words (:func:`helpers.core.failures.explain_loader_error`)."""
+    """Plain advice for a known failure (a :class:`LoaderFailure`, a DataLoader error), else None."""
     if isinstance(exc, LoaderFailure):
         return str(exc)
     return explain_loader_error(exc)
@@ -77,7 +76,6 @@ class RunRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def short_label(self, keys: list[str] | None = None) -> str:
-        """Compact 'k=v' label of the settings, for plot axes."""
         items = [(k, v) for k, v in self.values.items() if keys is None or k in keys]
         return f"#{self.index} " + ", ".join(f"{k}={v}" for k, v in items)
 
@@ -102,14 +100,11 @@ PlotFn = Callable[[list[RunRecord], Any], None]
 
 
 class Panel:
-    """A live panel: controls, a Run button, a progress bar, a status line and an output.
+    """A live panel: ``controls`` (named as ``run``'s keywords), a Run button, a progress bar, a status, an output.
 
-    ``controls`` maps names (the keyword arguments of ``run``) to ipywidgets value widgets.
-    ``run(progress, **values) -> result`` raises ValueError with a plain message for settings that can't run;
-    ``summarize(result) -> str`` is the line shown after a run; ``plot(history, ax)`` draws every run so far;
-    ``validate(values)`` refuses settings before anything runs; ``advise(exc) -> str | None`` words a known
-    failure (default :func:`known_failure_advice`). A click within ``debounce_s`` of a run's end is a
-    double-click queued during the run, and ignored; the history keeps ``max_history`` runs.
+    ``run(progress, **values)`` raises ValueError in plain words for settings that can't run; ``summarize``,
+    ``plot(history, ax)``, ``validate(values)`` and ``advise(exc)`` are optional. A click within ``debounce_s``
+    of a run's end is a double-click queued during the run, and ignored.
     """
 
     def __init__(
@@ -152,7 +147,6 @@ class Panel:
         self.widget = self._layout(title, run_label)
 
     def _layout(self, title: str, run_label: str) -> W.VBox:
-        """The widgets: title, controls (descriptions shown whole), Run button, progress, status, output."""
         self.button = W.Button(
             description=run_label, button_style="primary", icon="play", tooltip="Run with these settings"
         )
@@ -182,13 +176,8 @@ class Panel:
 
     @classmethod
     def for_chapter(cls, chapter: Any, *, device: Any, **context: Any) -> "Panel":
-        """The live panel of a chapter module (the interface in :mod:`helpers.ui.chapter`).
-
-        ``context`` is what the chapter's panel needs from the notebook: the reader's own functions
-        (``make_loader=make_loader``), the data set, sizes. It reaches ``panel_controls`` (for defaults)
-        and every ``panel_run``, beside the control values and ``device``. A run that returns anything
-        but an :class:`~helpers.core.evidence.Evidence` is an error in the chapter module.
-        """
+        """The live panel of a chapter module (:mod:`helpers.ui.chapter`). ``context`` (the reader's functions,
+        the data set, sizes) reaches ``panel_controls`` and every ``panel_run``, beside the values and ``device``."""
         chapter_api.require(chapter)
         controls = chapter.panel_controls(**context)
         chapter_api.split_context(controls, context)
@@ -209,15 +198,12 @@ class Panel:
             figsize=getattr(chapter, "PANEL_FIGSIZE", (7.5, 3.2)),
         )
 
-    # -- display ---------------------------------------------------------------
     def _ipython_display_(self) -> None:
         from IPython.display import display
 
         display(self.widget)
 
-    # -- driving from Python -------------------------------------------------
     def values(self) -> dict[str, Any]:
-        """Current control values."""
         return {k: w.value for k, w in self.controls.items()}
 
     def set(self, **values: Any) -> None:
@@ -240,12 +226,8 @@ class Panel:
                 raise ValueError(f"{k} must be in [{lo}, {hi}], got {v!r}")
 
     def click(self) -> RunRecord | None:
-        """Press Run from Python. Returns the new record, or None if nothing ran.
-
-        Unlike a click message from the browser (``panel.button.click()``), this
-        is never mistaken for a double-click; it is still refused while a run
-        is in progress.
-        """
+        """Press Run from Python: the new record, or None if nothing ran (refused during a run, never taken for
+        a double-click as a browser's ``panel.button.click()`` may be)."""
         before = self.runs_done  # not len(history): history is capped at max_history
         self._on_click(force=True)
         return self.history[-1] if self.runs_done > before else None
@@ -254,17 +236,13 @@ class Panel:
     def last(self) -> RunRecord | None:
         return self.history[-1] if self.history else None
 
-    # -- the run ----------------------------------------------------------------
     def _show_status(self, text: str, kind: str = "info") -> None:
         """One line (newlines collapsed, long text cut); details belong in the output area."""
         color = {"info": "#333", "ok": "#1a7f37", "error": "#b00020", "busy": "#7a5a00"}[kind]
         self.status.value = f"<span style='color:{color}'>{html.escape(one_line(text))}</span>"
 
     def _show_details(self, exc: BaseException) -> None:
-        """The full error (traceback, and the error it came from) in the output area, folded.
-
-        Replaces earlier details instead of piling them up under the last good plot.
-        """
+        """The traceback, folded, in the output area (replacing earlier details, under the last good plot)."""
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         summary = f"Details: {type(exc).__name__} (traceback, click to unfold)"
         block = {
@@ -284,8 +262,7 @@ class Panel:
         self.out.outputs = kept + (block,)
 
     def _show_failure(self, exc: BaseException) -> None:
-        """A failed run: one line of plain words in the status (the advisor's, else the error's first line), the
-        traceback folded in the output area."""
+        """One line of plain words in the status (the advisor's, else the error's first line), the traceback below."""
         try:
             advice = self._advise(exc)
         except Exception:  # an advisor must never hide the failure itself
