@@ -18,6 +18,7 @@ import torch
 
 from ...core.device import resolve_device, wrap
 from ...core.rounds import table
+from ...core.timing import GpuDelay, cuda_event_time
 from ...core.validate import check_float, check_int, human_bytes, human_seconds
 from ...pipeline.transfer import (
     Unavailable,
@@ -178,37 +179,6 @@ class HostBlocking:
     method: str = ""
 
 
-def _event_seconds(fn: Callable[[], None], dev: torch.device) -> float:
-    """GPU time of what ``fn`` queues on ``dev``'s current stream, between two CUDA events on that stream."""
-    stream = torch.cuda.current_stream(dev)  # Event.record() alone would use the current device's stream
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record(stream)
-    fn()
-    end.record(stream)
-    torch.cuda.synchronize(dev)
-    return start.elapsed_time(end) / 1e3
-
-
-def _sleeper(dev: torch.device, cycles: int) -> Callable[[], None]:
-    def sleep() -> None:
-        with torch.cuda.device(dev):  # _sleep (a spin kernel, in GPU clock cycles) runs on the current device
-            torch.cuda._sleep(cycles)
-
-    return sleep
-
-
-def _sleep_cycles_per_s(dev: torch.device) -> float:
-    """Calibrate ``torch.cuda._sleep`` on ``dev``: GPU clock cycles per second."""
-    cycles = 10_000_000
-    _sleeper(dev, cycles // 10)()  # warm-up / module load
-    return cycles / _event_seconds(_sleeper(dev, cycles), dev)
-
-
-def _queue_gpu_work_fn(seconds: float, dev: torch.device) -> Callable[[], None]:
-    """A function that enqueues about ``seconds`` of GPU work on ``dev``'s current stream."""
-    return _sleeper(dev, int(seconds * _sleep_cycles_per_s(dev)))
-
-
 _CASES = {
     "pageable": ("pageable", False),
     "pageable, non_blocking=True": ("pageable", True),
@@ -254,8 +224,8 @@ def host_blocking_probe(
     bufs: dict[str, torch.Tensor] = {}
     dst = None
     try:
-        work = _queue_gpu_work_fn(gpu_work_s, dev)
-        measured_work = _event_seconds(work, dev)
+        work = GpuDelay(dev, gpu_work_s)
+        measured_work = cuda_event_time(work, repeats=1, warmup=0, device=dev).median_s
         dst = torch.empty(nbytes, dtype=torch.uint8, device=dev)
         bufs["pageable"] = torch.ones(nbytes, dtype=torch.uint8)
         bufs["pinned"] = torch.ones(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -280,15 +250,7 @@ def pin_costs_from_records(result_set: Any, records: Iterable[Any]) -> list[PinC
         by_size.setdefault(n, {})[key.rsplit(".", 1)[1]] = float(_field(r, "value"))
     rows = [
         PinCost(
-            n,
-            predict_pinned_block(n),
-            f["cold"],
-            f["cached"],
-            f["pageable_copy"],
-            f["pinned_copy"],
-            f["plain_to"],
-            f["pin_then_copy"],
-            "reference record",
+            n, predict_pinned_block(n), **{name: f[k] for k, name in RECORD_FIELDS.items()}, method="reference record"
         )
         for n, f in sorted(by_size.items())
         if n > 0 and set(RECORD_FIELDS) <= set(f)

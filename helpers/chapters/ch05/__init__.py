@@ -27,21 +27,6 @@ from ...core.validate import check_int
 from ...pipeline.data import default_sizes, make_shapes_dataset
 from . import feeding, gpudecode, hazards, overlap
 
-__all__ = [
-    "NUMBER",
-    "TITLE",
-    "BENCH_WEIGHT",
-    "PANEL_TITLE",
-    "PANEL_FIGSIZE",
-    "SIZES_NEED_GPU",
-    "benchmark",
-    "record_decode",
-    "panel_controls",
-    "panel_run",
-    "panel_summary",
-    "panel_plot",
-]
-
 NUMBER = "05"
 TITLE = "overlapping copies with compute"
 BENCH_WEIGHT = 1.0
@@ -54,11 +39,6 @@ SIZES_NEED_GPU = "disabled: no CUDA device, so there is no copy or compute to si
 #: Steps per cell and hazard-3 steps the benchmark records (part of the records' params).
 _BENCH_STEPS = 8
 _BENCH_SYNC_STEPS = 50
-
-
-# ---------------------------------------------------------------------------
-# The benchmark
-# ---------------------------------------------------------------------------
 
 
 def benchmark(results: ResultSet, device: torch.device | str | None, *, progress: ProgressFn | None = None) -> None:
@@ -182,11 +162,6 @@ def _add_ms(results: ResultSet, t: Any, **params: Any) -> None:
     results.add("ch05.decode.ms_per_batch", t.median_s * 1e3, "ms", spread, **params)
 
 
-# ---------------------------------------------------------------------------
-# The live panel
-# ---------------------------------------------------------------------------
-
-
 def panel_controls(**context: Any) -> dict[str, Any]:
     """Bytes copied per step, compute per step (matrix side), host memory kind, stream.
 
@@ -195,26 +170,11 @@ def panel_controls(**context: Any) -> dict[str, Any]:
     sliders are disabled (:data:`SIZES_NEED_GPU`): there is no copy or compute for them to size, and
     a run shows a recording or a schematic of the chosen cell.
     """
-    gpu = has_cuda()
-    tip = "" if gpu else SIZES_NEED_GPU
+    gpu = {"disabled": not has_cuda(), "tooltip": "" if has_cuda() else SIZES_NEED_GPU}
+    copy, compute = context.get("copy", 64), context.get("compute", 4096)
     return {
-        "copy_mib": W.IntSlider(
-            value=context.get("copy", 64),
-            min=1,
-            max=config.sized(64, 256),
-            description="copy MiB",
-            disabled=not gpu,
-            tooltip=tip,
-        ),
-        "matmul_n": W.IntSlider(
-            value=context.get("compute", 4096),
-            min=64,
-            max=8192,
-            step=64,
-            description="compute n",
-            disabled=not gpu,
-            tooltip=tip,
-        ),
+        "copy_mib": W.IntSlider(value=copy, min=1, max=config.sized(64, 256), description="copy MiB", **gpu),
+        "matmul_n": W.IntSlider(value=compute, min=64, max=8192, step=64, description="compute n", **gpu),
         "memory": W.Dropdown(options=list(overlap.MEMORY_KINDS), value="pinned", description="memory"),
         "stream": W.ToggleButtons(options=list(overlap.STREAM_KINDS), value="side", description="stream"),
     }

@@ -24,18 +24,6 @@ from ...core.validate import check_int
 from ...pipeline.data import to_float_normalized
 from ...pipeline.prefetch import Prefetcher
 
-__all__ = [
-    "BatchTimes",
-    "IN_LINE",
-    "PREFETCHED",
-    "NO_COPY",
-    "preload",
-    "time_batches",
-    "prefetch_times_from_records",
-    "batch_time_lines",
-    "prefetch_step_times",
-]
-
 #: The three ways of chapter 05's "Does it pay?" that say how much of the copy the prefetcher hides:
 #: uint8 batches copied and normalised in line on the current stream, through the reader's Prefetcher,
 #: and already on the device (no copy at all: the floor). :meth:`BatchTimes.copy_hidden` reads them.

@@ -51,22 +51,6 @@ from ...core.timing import Timing, time_calls
 from ...core.validate import check_int, human_bytes
 from ...pipeline.data import ImageDecodeError, _scan_class_folders, to_float_normalized
 
-__all__ = [
-    "TORCHVISION_DEPRECATION",
-    "FORMS",
-    "EncodedJpegDataset",
-    "check_jpeg",
-    "collate_encoded",
-    "decode_batch",
-    "batch_bytes",
-    "DecodeComparison",
-    "compare_decode",
-    "same_path_verdict",
-    "gpu_reference_rows",
-    "gpu_decode_lines",
-    "plot_comparison",
-]
-
 #: The start of the message every torchvision.io image codec warns with since 0.29.
 TORCHVISION_DEPRECATION = "The image decoding and encoding capabilities of TorchVision are deprecated"
 #: The forms a batch can cross the link in, smallest first (for this data set).

@@ -28,16 +28,6 @@ from ...core.results import Record, ResultSet
 from ...core.timing import GpuDelay, synchronize
 from ...core.validate import check_int, human_seconds
 
-__all__ = [
-    "HazardResult",
-    "hazard_d2h_read_before_sync",
-    "hazard_pinned_source_mutation",
-    "hazard_hidden_syncs",
-    "sync_counts_reference",
-    "sync_count_lines",
-    "hazard_count_lines",
-]
-
 MiB = 1 << 20
 
 

@@ -41,27 +41,6 @@ from ...core.timing import Span, SpanRecorder, SpanTrace, synchronize
 from ...core.validate import check_choice, check_int, human_seconds
 from .hazards import _loop_hidden_syncs  # noqa: F401  (tests/test_prefetch.py imports it from here)
 
-__all__ = [
-    "MEMORY_KINDS",
-    "STREAM_KINDS",
-    "CELLS",
-    "expected_label",
-    "lanes_for",
-    "overlap_fraction",
-    "measured_label",
-    "CellResult",
-    "run_cell",
-    "run_grid",
-    "copy_call_rows",
-    "copy_call_rows_from_records",
-    "copy_call_table",
-    "schematic_trace",
-    "artifact_name",
-    "reference_cell",
-    "timeline_evidence",
-    "draw_cell",
-]
-
 MiB = 1 << 20
 MEMORY_KINDS = ("pageable", "pinned")
 STREAM_KINDS = ("default", "side")
@@ -71,11 +50,6 @@ HOST_LANE = "host thread"
 OVERLAP_THRESHOLD = 0.3
 OVERLAPPED, SERIALISED = "overlapped", "serialised"
 SCHEMATIC = "schematic, not measured"
-
-
-# ---------------------------------------------------------------------------
-# Labels: from the configuration, and from the spans
-# ---------------------------------------------------------------------------
 
 
 def _check_cell(memory: str, stream: str) -> None:
@@ -122,11 +96,6 @@ def overlap_fraction(trace: SpanTrace, copy: str = "copy", compute: str = "compu
 def measured_label(fraction: float, threshold: float = OVERLAP_THRESHOLD) -> str:
     """``"overlapped"`` if ``fraction >= threshold`` else ``"serialised"``."""
     return OVERLAPPED if fraction >= threshold else SERIALISED
-
-
-# ---------------------------------------------------------------------------
-# One cell of the 2x2 experiment
-# ---------------------------------------------------------------------------
 
 
 @dataclass
@@ -322,11 +291,6 @@ def copy_call_table(rows: list[CopyCallRow]) -> list[str]:
 
     headers = ["configuration", "copy call (CPU)", "copy on GPU", "step"]
     return table(headers, [[name, ms(call), ms(copy), ms(step)] for name, call, copy, step in rows])
-
-
-# ---------------------------------------------------------------------------
-# Schematic and reference timelines
-# ---------------------------------------------------------------------------
 
 
 def schematic_trace(memory: str, stream: str, steps: int = 3, copy: float = 1.0, compute: float = 1.5) -> SpanTrace:
