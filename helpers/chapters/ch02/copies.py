@@ -147,12 +147,9 @@ def measure_host_copy(
     max_seconds: float = 20.0,
 ) -> TransferPoint:
     """Time ``dst.copy_(src)`` between two pageable host tensors of ``nbytes``: a CPU memcpy, the work the driver
-    does to stage a pageable buffer, **not** a host-to-GPU transfer (:func:`helpers.core.timing.measure`).
-
-    One thread by default, as the driver stages a pageable copy (a multi-threaded copy on a busy 2-core machine
-    mostly measures threads waiting for each other). Both buffers must fit in half the RAM available now; a slow
-    copy gets fewer timed blocks (at least 3), so it takes about ``max_seconds`` at most.
-    """
+    does to stage a pageable buffer, **not** a host-to-GPU transfer. One thread by default, as the driver stages
+    one (on a busy 2-core machine more threads mostly wait for each other); a slow copy gets fewer timed blocks
+    (at least 3), so it takes about ``max_seconds`` at most."""
     nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
     dtype = check_choice("dtype", dtype, DTYPES)
     check_host_bytes("nbytes", 2 * nbytes, what=f"a host copy of {human_bytes(nbytes)} (source and destination)")
@@ -166,8 +163,7 @@ def measure_host_copy(
         t0 = time.perf_counter()
         dst.copy_(src)  # one untimed call, to size the measurement
         blocks = max(3, min(15, int(max_seconds / max(time.perf_counter() - t0, 1e-9)) - 4))
-        # The lambda runs inside measure(), before the `del` in `finally` (which frees the buffers even when a
-        # traceback keeps this frame alive); ruff's F821 counts the later `del` against it.
+        # noqa F821: the lambda runs before the `del` in `finally` (which frees the buffers even if a traceback holds us)
         timing = measure(
             lambda: dst.copy_(src),  # noqa: F821
             label=f"host copy {human_bytes(nbytes)}",
@@ -284,12 +280,10 @@ def sweep(
 ) -> dict[tuple[str, str], Sweep]:
     """Time *your* copy function over ``sizes``: this helper only loops, alternates, records.
 
-    Each round calls ``copy_fn(src, device, pinned, repeats)`` once per size and memory kind (``src``: that many
-    bytes of ``dtype``, a slice of one host buffer), pageable and pinned side by side, in alternating rounds
-    (:func:`helpers.core.rounds.alternate`: a machine that drifts hurts both kinds alike), and pools the seconds of
-    all rounds (median, IQR) into one curve per ``(direction, kind)``. Without CUDA: only pageable copies, recorded
-    as ``("h2h", "pageable")``, the host memcpy ``time_copy`` times on a CPU. Raises ValueError for bad arguments,
-    buffers beyond the RAM available or the safe pin limit, or a ``copy_fn`` that returns no times.
+    Each round calls ``copy_fn(src, device, pinned, repeats)`` once per size and memory kind (``src``: a slice of
+    one host buffer), in alternating rounds (a machine that drifts hurts both kinds alike), and pools the seconds
+    of all rounds (median, IQR) into one curve per ``(direction, kind)``. Without CUDA: only pageable copies, as
+    ``("h2h", "pageable")``, the host memcpy ``time_copy`` times on a CPU.
     """
     if not callable(copy_fn):
         raise ValueError(f"copy_fn must be a function copy_fn(src, device, pinned, repeats), got {copy_fn!r}")
@@ -353,10 +347,8 @@ def transfer_sweep(
     progress: ProgressFn | None = None,
     dtype: str = "uint8",
 ) -> Sweep | Unavailable:
-    """One (direction, memory kind) curve over ``sizes`` (default :func:`copy_sizes`): :func:`sweep`'s loop (one
-    round) with the helper's own copy (:func:`_helper_copy`: CUDA events on a side stream, buffers reused for
-    every repeat, ``warmup`` untimed copies first), in either direction. :class:`Unavailable` without CUDA,
-    checked before anything is allocated."""
+    """One (direction, memory kind) curve: :func:`sweep`'s loop (one round) with the helper's own copy
+    (:func:`_helper_copy`), in either direction. :class:`Unavailable` without CUDA, before anything is allocated."""
     direction = check_choice("direction", direction, DIRECTIONS)
     memory = check_choice("memory", memory, MEMORY_KINDS)
     reps = sized(10, 30) if repeats is None else check_int("repeats", repeats, 1, 10_000)
@@ -390,9 +382,8 @@ def measure_copy(
     repeats: int = 20,
     warmup: int = 3,
 ) -> TransferPoint | Unavailable:
-    """One host<->GPU copy size, timed as :func:`transfer_sweep` times each size (median of ``repeats``; pinned
-    copies ``non_blocking=True``, pageable ones the default, as ``tensor.to('cuda')``). A freed pinned block stays
-    in PyTorch's caching host allocator for the next pin of that size. :class:`Unavailable` without CUDA."""
+    """One host<->GPU copy size, timed as :func:`transfer_sweep` times each (pinned copies ``non_blocking=True``,
+    pageable ones the default). :class:`Unavailable` without CUDA."""
     nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
     _numel(nbytes, check_choice("dtype", dtype, DTYPES))
     sw = transfer_sweep(direction, memory, [nbytes], device=device, repeats=repeats, warmup=warmup, dtype=dtype)
@@ -408,9 +399,8 @@ def measure_copy_fn(
     device: Any = None,
     repeats: int = 10,
 ) -> TransferPoint:
-    """One call of *your* copy function on ``nbytes`` of ``dtype``, as a point (:func:`sweep`, one size, one round):
-    on a CUDA ``device`` an H2D copy (pinned when ``memory == "pinned"``); on any other device a pageable copy,
-    which ``time_copy`` times as a host memcpy, on one CPU thread (as the driver stages one)."""
+    """One call of *your* copy function on ``nbytes``, as a point (:func:`sweep`, one size, one round): an H2D copy
+    on CUDA; elsewhere the host memcpy ``time_copy`` times, on one CPU thread (as the driver stages one)."""
     with contextlib.nullcontext() if cuda_status(device)[0] else intraop_threads(1):
         curves = sweep(copy_fn, [nbytes], device=device, repeats=repeats, rounds=1, kinds=(memory,), dtype=dtype)
     return next(iter(curves.values())).points[0]

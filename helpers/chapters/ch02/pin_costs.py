@@ -144,8 +144,7 @@ def pin_cost(
     _check_device_bytes("nbytes", 2 * nbytes, dev, f"two device copies of {human_bytes(nbytes)}")
     src = torch.ones(nbytes, dtype=torch.uint8)
     cold, cached, plain, pin_copy = [], [], [], []
-    # Each lambda runs inside _wall(), before the `del src` in `finally` (which frees the buffer even when a
-    # traceback keeps this frame alive); ruff's F821 counts the later `del` against them.
+    # noqa F821: each lambda runs before the `del src` in `finally` (which frees it even if a traceback holds us)
     try:
         plain.append(_wall(lambda: src.to(dev), dev))  # noqa: F821  (warm-up: CUDA context, device cache)
         for _ in range(repeats):
@@ -207,10 +206,9 @@ def host_blocking_probe(
     nbytes: int = 64 * MiB,
     repeats: int = 3,
 ) -> HostBlocking | Unavailable:
-    """Queue ``gpu_work_s`` of GPU work, then time (host clock) the H2D copy *call*: pageable (the default
-    ``non_blocking=False``), pageable with ``non_blocking=True``, pinned with ``non_blocking=True``. A call that
-    holds the host about as long as the queued work waited for the GPU; one that returns in microseconds let the
-    CPU run ahead to prepare the next batch."""
+    """Queue ``gpu_work_s`` of GPU work, then time (host clock) the H2D copy *call* of each of :data:`_CASES`: a
+    call that holds the host about as long as the work waited for the GPU; one that returns at once let the CPU
+    run ahead."""
     gpu_work_s = check_float("gpu_work_s", gpu_work_s, 0.001, 5.0)
     nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
     repeats = check_int("repeats", repeats, 1, 100)

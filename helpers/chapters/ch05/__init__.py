@@ -163,13 +163,8 @@ def _add_ms(results: ResultSet, t: Any, **params: Any) -> None:
 
 
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """Bytes copied per step, compute per step (matrix side), host memory kind, stream.
-
-    ``context`` may set the sliders' starting values: ``copy=`` (MiB, the notebook's ``COPY_MIB``)
-    and ``compute=`` (matrix side, its ``MATMUL_N``). Without CUDA on this machine the two size
-    sliders are disabled (:data:`SIZES_NEED_GPU`): there is no copy or compute for them to size, and
-    a run shows a recording or a schematic of the chosen cell.
-    """
+    """Bytes copied per step, compute per step (matrix side), host memory kind, stream. ``context``: the
+    sliders' starting values, ``copy=`` (MiB) and ``compute=`` (matrix side); disabled without CUDA."""
     gpu = {"disabled": not has_cuda(), "tooltip": "" if has_cuda() else SIZES_NEED_GPU}
     copy, compute = context.get("copy", 64), context.get("compute", 4096)
     return {
@@ -190,16 +185,8 @@ def panel_run(
     stream: str = "side",
     **context: Any,
 ) -> Evidence[Any]:
-    """One cell of the 2x2 experiment: its timeline, as an Evidence whichever path ran.
-
-    On a CUDA ``device``: :func:`helpers.chapters.ch05.overlap.run_cell` with these sizes, ``measured``
-    (the value is the :class:`~helpers.chapters.ch05.overlap.CellResult`). Without one: the reference
-    recording of the cell (``recorded``, a :class:`~helpers.core.timing.SpanTrace`, recorded at its
-    own sizes), else its schematic (``theoretical``); the note says which and why.
-
-    Raises:
-        ValueError: a memory kind, stream or size out of range.
-    """
+    """One cell of the 2x2 experiment as an Evidence: on CUDA measured (:func:`.overlap.run_cell`, a CellResult);
+    without, the cell's reference recording (at its own sizes), else its schematic; the note says which."""
     progress = progress or no_progress
     expected = overlap.expected_label(memory, stream)  # checks memory and stream
     dev = resolve_device(device)

@@ -227,15 +227,11 @@ def decode_batch(
 ) -> torch.Tensor:
     """Decode a batch of JPEG byte tensors into a uint8 ``(N, 3, crop, crop)`` batch on ``device``.
 
-    On CUDA: the bytes are packed into one pinned host buffer (``pin``, default on; skipped when they are
-    pinned already, e.g. by a ``pin_memory=True`` loader), the caller's current stream is synchronised (see
-    the module docstring), **one** batched nvJPEG call decodes them, and the resize and crop run on the GPU,
-    on the current stream. The call blocks the host: it does not overlap decoding with compute. On the CPU:
-    the same decoder (libjpeg-turbo), resize and crop; the same result up to decoder rounding.
-
-    Every item first passes :func:`check_jpeg`, so a truncated or non-JPEG item fails with its position (and
-    its name from ``names``); if the batched GPU call still fails, the CPU decodes the items to name the culprit.
-    Raises ValueError for bad arguments, ImageDecodeError naming an item that is not a decodable JPEG.
+    On CUDA: the bytes staged in one pinned buffer (``pin``, default on; skipped when already pinned), the
+    caller's stream synchronised (module docstring), **one** batched nvJPEG call, resize and crop on the GPU; the
+    call blocks the host. On the CPU: libjpeg-turbo, the same resize and crop. Every item first passes
+    :func:`check_jpeg`, so a bad item fails with its position (and name from ``names``); if the GPU call still
+    fails, the CPU decodes the items to name the culprit (ImageDecodeError).
     """
     dev = resolve_device(device)
     crop_size = check_int("crop_size", crop_size, 8, 1024)
@@ -470,15 +466,10 @@ def compare_decode(
     pin: bool | None = None,
     progress: Callable[[float, str], None] | None = None,
 ) -> DecodeComparison:
-    """Measure both ways of getting a decoded batch onto ``device``.
-
-    Both paths start from the same bytes, read into memory first (not timed): (a) ``decode_batch(bytes, "cpu",
-    crop).to(device)``, decode on the CPU and send uint8; (b) ``decode_batch(bytes, device, crop, pin=pin)``,
-    send the JPEG bytes and decode on the device. Each is timed per batch, synchronised (:func:`time_calls
-    <helpers.core.timing.time_calls>`), (a) then (b), ``repeats`` passes over ``n_batches`` batches after one
-    untimed warm-up batch (the first nvJPEG call creates its handle). Sizes: batch_size 1-4096, crop_size
-    8-1024, n_batches 1-1000, repeats 1-100; ``pin``: stage (b)'s bytes in pinned memory on CUDA (None: yes).
-    """
+    """Measure both ways of getting a decoded batch onto ``device``, from the same bytes read first (not timed):
+    (a) ``decode_batch(bytes, "cpu", crop).to(device)``; (b) ``decode_batch(bytes, device, crop, pin=pin)``.
+    Each is timed per batch, synchronised, (a) then (b), ``repeats`` passes over ``n_batches`` batches after one
+    untimed warm-up batch (the first nvJPEG call creates its handle)."""
     if not isinstance(dataset, EncodedJpegDataset):
         raise ValueError(f"dataset: expected an EncodedJpegDataset, got {type(dataset).__name__}")
     dev = resolve_device(device)

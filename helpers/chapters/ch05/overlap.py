@@ -151,16 +151,10 @@ def run_cell(
 ) -> CellResult:
     """Run one cell of the 2x2 experiment and return its trace and labels.
 
-    Each step ``i`` copies the next batch into buffer ``i % 2`` (``non_blocking=True``, from pinned or
-    pageable memory, on the side or the default stream) and computes on the other buffer (``torch.mm``
-    on the default stream, plus a sum that reads the batch), then synchronises. The buffers alternate,
-    so the copy never writes what the compute reads. One untimed warm-up step runs first. Without
-    CUDA the same loop runs on the CPU with host timing and ``measured`` is None.
-
-    Args:
-        copy_mib: MiB copied per step (default 64 on a GPU, 4 on a CPU; 1-4096).
-        matmul_n: matrix side of the compute (default 4096 on a GPU, 256 on a CPU; 16-16384).
-        steps: recorded steps (default 4 in quick mode, 8 otherwise; 1-200).
+    Each step ``i`` copies the next batch into buffer ``i % 2`` (``non_blocking=True``, on the side or the
+    default stream) and computes on the other buffer (``torch.mm`` on the default stream, plus a sum that reads
+    the batch), then synchronises: the copy never writes what the compute reads. One untimed warm-up step runs
+    first. Without CUDA the same loop runs on the CPU with host timing and ``measured`` is None.
     """
     _check_cell(memory, stream)
     dev = resolve_device(device)
@@ -203,8 +197,7 @@ def _record_steps(
     progress: Callable[[float, str], None] | None,
     meta: dict[str, Any],
 ) -> tuple[SpanTrace, list[float]]:
-    """The loop of :func:`run_cell` on ``dev`` (any CUDA device, current or not): the trace of the timed
-    steps (recorded from after the warm-up step), and the wall seconds of each step."""
+    """The loop of :func:`run_cell` on ``dev`` (current or not): the timed steps' trace and wall seconds."""
     on_gpu, matmul_n, steps = dev.type == "cuda", meta["matmul_n"], meta["steps"]
     bufs = [torch.empty(src.numel(), dtype=torch.float32, device=dev) for _ in range(2)]
     g = torch.Generator().manual_seed(0)
@@ -363,11 +356,8 @@ def draw_cell(
     source: str | None = None,
     max_steps: int | None = 3,
 ) -> Any:
-    """Draw a cell's timeline with :func:`helpers.ui.plots.timeline` (schematics labelled as such).
-
-    An :class:`~helpers.core.evidence.Evidence` is drawn with its provenance line as ``source``; a
-    ``missing`` one leaves the axis empty, titled with what is missing (the schematics are in Theory).
-    """
+    """Draw a cell's timeline with :func:`helpers.ui.plots.timeline` (schematics labelled as such); an Evidence
+    with its provenance line as ``source``, a ``missing`` one as an empty axis titled with what is missing."""
     if isinstance(cell, Evidence):
         if cell.value is not None:
             return draw_cell(cell.value, ax, title=title, source=source or cell.source, max_steps=max_steps)
