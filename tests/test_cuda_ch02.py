@@ -137,6 +137,8 @@ def test_measure_sweeps_times_both_directions_on_the_chosen_device() -> None:
         if op["direction"] == "d2h":
             assert op.stream is not cuda.default[1] and op.stream.index == 1  # transfer_sweep's side stream
             assert op["non_blocking"] == op["src_pinned"] or not op["src_pinned"]
+            if log[i - 1].kind == "record":  # a timed copy: bracketed by events on its own stream
+                assert log[i - 1].stream is op.stream is log[i + 1].stream and log[i + 1].kind == "record"
     d2h_records = [op for op in cuda.ops("record") if op.stream is not cuda.default[1]]
     assert d2h_records and all(op.stream.index == 1 for op in d2h_records)
 

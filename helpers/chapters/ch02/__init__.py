@@ -361,15 +361,9 @@ def panel_plot(history: list[Any], ax: Any) -> None:
         for p, what in ((r.measured, "measured now"), (r.reference, "reference"), (r.host, "host memcpy now")):
             if p is not None:
                 pts.append((p, f"run {i}: {r.direction.upper()} {r.memory} {r.dtype}, {what}"))
-    ax = figures.plot_sweeps(
-        list(last.background) if last else [],
-        ax,
-        ceiling=last.ceiling if last else None,
-        source=last.caption if last else None,
-        fits=False,
-        points=pts[-6:],
-        title="Panel runs on the sweep",
-    )
+    background, ceiling, caption = (list(last.background), last.ceiling, last.caption) if last else ([], None, None)
+    title = "Panel runs on the sweep"
+    ax = figures.plot_sweeps(background, ax, ceiling=ceiling, source=caption, fits=False, points=pts[-6:], title=title)
     for p, _ in pts[:-6]:
         ax.plot([p.nbytes], [p.gbps], marker="*", color="#bbbbbb", linestyle="", markersize=10)
 

@@ -10,6 +10,7 @@ and the ``ch02.*`` records read back. Without CUDA a GPU measurement returns
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import statistics
 import time
@@ -22,7 +23,7 @@ from ...core.config import require_gpu, sized
 from ...core.device import intraop_threads, resolve_device
 from ...core.progress import ProgressFn
 from ...core.rounds import alternate
-from ...core.timing import measure, summarize
+from ...core.timing import cuda_event_time, measure, summarize
 from ...core.validate import check_choice, check_float, check_int, human_bytes, human_seconds
 from ...pipeline.transfer import DTYPES, Unavailable, check_host_bytes, cuda_status, images_nbytes
 from .model import _MAX_BYTES, LatencyBandwidthFit, MiB, check_pin_size, copy_sizes, fit_latency_bandwidth
@@ -186,30 +187,12 @@ def host_copy_sweep(sizes: Sequence[int] | None = None, *, min_run_time: float |
     return Sweep("h2h", "pageable", points, "measured here (CPU memcpy)", "cpu", points[0].method if points else "")
 
 
-def _event_times(
-    dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool, repeats: int, warmup: int, stream: torch.cuda.Stream
-) -> list[float]:
-    """Per-copy GPU times (s) of ``dst.copy_(src)`` on ``stream``, each bracketed by CUDA events on that stream
-    (a pageable copy call blocks the host while the driver stages it, so the interval covers the staging too)."""
-    stream.wait_stream(torch.cuda.current_stream(stream.device))  # the buffers' fills are done
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            dst.copy_(src, non_blocking=non_blocking)
-        stream.synchronize()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-        for s, e in zip(starts, ends):
-            s.record(stream)
-            dst.copy_(src, non_blocking=non_blocking)
-            e.record(stream)
-    stream.synchronize()
-    return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
-
-
 def _helper_copy(direction: str, warmup: int) -> CopyFn:
     """The helper's own copy as a :data:`CopyFn` (CUDA only): H2D from ``src`` (pageable) or a pinned copy of it
     made once; D2H from a device copy of ``src`` into a pinned or pageable host buffer. Each call times ``repeats``
-    copies between the same two buffers on a side stream (:func:`_event_times`), after ``warmup`` untimed ones."""
+    copies between the same two buffers on a side stream, each bracketed by CUDA events on that stream (a pageable
+    copy call holds the host while the driver stages it, so the interval covers the staging too), after ``warmup``
+    untimed ones (:func:`helpers.core.timing.cuda_event_time`)."""
 
     def helper_copy(src: torch.Tensor, device: torch.device, pinned: bool, repeats: int) -> list[float]:
         dst = buf = None
@@ -221,7 +204,10 @@ def _helper_copy(direction: str, warmup: int) -> CopyFn:
                 buf = src.to(device)
                 dst = torch.zeros(src.shape, dtype=src.dtype, pin_memory=pinned)
             stream = torch.cuda.Stream(device=device)
-            return _event_times(dst, buf, non_blocking=pinned, repeats=repeats, warmup=warmup, stream=stream)
+            stream.wait_stream(torch.cuda.current_stream(device))  # the buffers' fills are done
+            with torch.cuda.stream(stream):  # device's current stream, where cuda_event_time runs and records
+                copy = functools.partial(dst.copy_, buf, non_blocking=pinned)
+                return cuda_event_time(copy, repeats=repeats, warmup=warmup, device=device).times_s
         finally:
             torch.cuda.synchronize(device)
             del dst, buf

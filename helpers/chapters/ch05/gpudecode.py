@@ -83,11 +83,8 @@ def check_jpeg(data: torch.Tensor, name: str = "the data") -> None:
     marker ``FF D9`` in the last :data:`EOI_SEARCH_BYTES` bytes (a few trailing bytes are tolerated).
 
     This catches a truncated file and a non-JPEG before a batched GPU decode, which names no item when it
-    fails; damage *inside* the compressed data only a checksum finds (``verify_dataset(level="full")``).
-
-    Raises:
-        ValueError: ``data`` is not a 1-D uint8 CPU tensor.
-        ImageDecodeError: naming ``name``, if a marker is missing.
+    fails (ImageDecodeError naming ``name``); damage *inside* the data only a checksum finds
+    (``verify_dataset(level="full")``).
     """
     if not isinstance(data, torch.Tensor) or (data.dtype, data.dim(), data.device.type) != (torch.uint8, 1, "cpu"):
         got = (
@@ -117,11 +114,9 @@ def check_jpeg(data: torch.Tensor, name: str = "the data") -> None:
 class EncodedJpegDataset(Dataset):
     """The JPEG files of a class-folder tree as raw bytes: ``(uint8 1-D tensor, label)``.
 
-    Same folders, classes, ``samples`` and ``targets`` as :class:`helpers.pipeline.data.ShapesDataset`
-    (``info.val_dir`` of :func:`helpers.pipeline.data.make_shapes_dataset`). A worker only reads the file, so
-    the compressed bytes are what travels to the main process and across the link. Picklable (paths and
-    labels only). ``check``: run :func:`check_jpeg` on every item read, so a truncated file fails in the
-    worker with its path in the message. A bad ``root`` raises as ``ShapesDataset`` does.
+    Same folders, classes, ``samples`` and ``targets`` as :class:`helpers.pipeline.data.ShapesDataset`. A worker
+    only reads the file, so the compressed bytes travel to the main process and across the link. ``check``: run
+    :func:`check_jpeg` on every item, so a truncated file fails in the worker with its path in the message.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, check: bool = True) -> None:
@@ -138,9 +133,6 @@ class EncodedJpegDataset(Dataset):
         return self.samples[index][0]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        n = len(self.samples)
-        if not -n <= index < n:
-            raise IndexError(f"index {index} out of range for a data set of {n} items")
         path, label = self.samples[index]
         try:  # the file's bytes, not decoded
             raw = Path(path).read_bytes()
@@ -159,11 +151,7 @@ class EncodedJpegDataset(Dataset):
 
 def collate_encoded(items: Sequence[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
     """``(bytes, label)`` items as ``(list of byte tensors, int64 labels)``: the byte tensors keep their own
-    lengths (they cannot be stacked). A loader with ``pin_memory=True`` pins each of them.
-
-    Raises:
-        ValueError: for an empty batch or items that are not ``(tensor, label)`` pairs.
-    """
+    lengths (they cannot be stacked). A loader with ``pin_memory=True`` pins each of them."""
     if len(items) == 0:
         raise ValueError("items: collate_encoded needs at least one (bytes, label) item, got none")
     for i, item in enumerate(items):
