@@ -24,7 +24,7 @@ from ...core.device import intraop_threads, resolve_device
 from ...core.progress import ProgressFn
 from ...core.rounds import alternate
 from ...core.timing import cuda_event_time, measure, summarize
-from ...core.validate import check_choice, check_float, check_int, human_bytes, human_seconds
+from ...core.validate import check_choice, check_int, human_bytes, human_seconds
 from ...pipeline.transfer import DTYPES, Unavailable, check_host_bytes, cuda_status, images_nbytes
 from .model import _MAX_BYTES, LatencyBandwidthFit, MiB, check_pin_size, copy_sizes, fit_latency_bandwidth
 
@@ -140,23 +140,14 @@ def _numel(nbytes: int, dtype: str) -> int:
 
 
 def measure_host_copy(
-    nbytes: int,
-    *,
-    dtype: str = "uint8",
-    min_run_time: float | None = None,
-    num_threads: int = 1,
-    max_seconds: float = 20.0,
+    nbytes: int, *, dtype: str = "uint8", min_run_time: float | None = None, max_seconds: float = 20.0
 ) -> TransferPoint:
     """Time ``dst.copy_(src)`` between two pageable host tensors of ``nbytes``: a CPU memcpy, the work the driver
-    does to stage a pageable buffer, **not** a host-to-GPU transfer. One thread by default, as the driver stages
-    one (on a busy 2-core machine more threads mostly wait for each other); a slow copy gets fewer timed blocks
-    (at least 3), so it takes about ``max_seconds`` at most."""
-    nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
-    dtype = check_choice("dtype", dtype, DTYPES)
+    does to stage a pageable buffer, **not** a host-to-GPU transfer. One thread, as the driver stages one (on a
+    busy 2-core machine more threads mostly wait for each other); a slow copy gets fewer timed blocks (at least
+    3), so it takes about ``max_seconds`` at most. Its callers check ``nbytes`` and ``dtype``."""
     check_host_bytes("nbytes", 2 * nbytes, what=f"a host copy of {human_bytes(nbytes)} (source and destination)")
-    run_time = sized(0.02, 0.1) if min_run_time is None else check_float("min_run_time", min_run_time, 1e-4, 60.0)
-    max_seconds = check_float("max_seconds", max_seconds, 0.1, 3600.0)
-    num_threads = check_int("num_threads", num_threads, 1, 1024)
+    run_time = sized(0.02, 0.1) if min_run_time is None else min_run_time
     n = _numel(nbytes, dtype)
     src = torch.ones(n, dtype=DTYPES[dtype])
     dst = torch.zeros(n, dtype=DTYPES[dtype])  # pages touched now, not during timing
@@ -172,7 +163,7 @@ def measure_host_copy(
             min_run_time=run_time,
             warmup=2,
             blocks=blocks,
-            num_threads=num_threads,
+            num_threads=1,
         )
     finally:
         del src, dst

@@ -19,7 +19,7 @@ import torch
 from ...core.device import resolve_device
 from ...core.results import Record, ResultSet
 from ...core.rounds import alternate
-from ...core.timing import calibrated_compute, synchronize
+from ...core.timing import calibrated_compute, cuda_event_time, synchronize
 from ...core.validate import check_int
 from ...pipeline.data import to_float_normalized
 from ...pipeline.prefetch import Prefetcher
@@ -188,12 +188,8 @@ def prefetch_step_times(
     u8 = [(torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).pin_memory(), y) for _ in range(n_batches)]
     f32 = [(to_float_normalized(x, mean, std).pin_memory(), y) for x, _ in u8]
     f32[0][0].to(dev)  # warm-up
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record(torch.cuda.current_stream(dev))  # on the copy's stream
-    f32[0][0].to(dev, non_blocking=True)
-    e.record(torch.cuda.current_stream(dev))
-    torch.cuda.synchronize(dev)
-    compute = calibrated_compute(dev, 1.2 * s.elapsed_time(e) / 1e3)
+    copy = cuda_event_time(lambda: f32[0][0].to(dev, non_blocking=True), repeats=1, warmup=0, device=dev)
+    compute = calibrated_compute(dev, 1.2 * copy.median_s)
     ways: dict[str, Callable[[], Iterable[Any]]] = {}
     keys: dict[str, tuple[str, bool]] = {}
     for dtype_name, loader, norm in (("float32", f32, None), ("uint8", u8, (mean, std))):
