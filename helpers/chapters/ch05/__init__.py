@@ -1,10 +1,7 @@
-"""Chapter 05 · Overlapped asynchronous transfer: the chapter module (the interface of :mod:`helpers.ui.chapter`).
+"""Chapter 05 · Overlapped asynchronous transfer: the chapter interface (:mod:`helpers.ui.chapter`).
 
-The experiments are the modules beside it: :mod:`.overlap` (the 2x2 copy/compute experiment), :mod:`.hazards`
-(the three async hazards), :mod:`.feeding` (the reader's pipeline timed) and :mod:`.gpudecode` (JPEG bytes
-decoded on the CPU or the GPU). This module holds the live panel, one cell of the 2x2 experiment per run drawn
-as a timeline (measured on a GPU with the reader's sizes; without one the cell's reference recording, or its
-schematic, with the size sliders disabled), and the headless benchmark (``python -m tools.bench``), which
+The live panel draws one cell of the 2x2 experiment (:mod:`.overlap`) per run as a timeline: measured on a GPU
+with the reader's sizes; without one, the cell's reference recording or its schematic. The headless benchmark
 records the ``ch05.*`` keys of the reference files on a GPU.
 
 >>> panel = widgets.Panel.for_chapter(ch05, device=DEVICE, copy=COPY_MIB, compute=MATMUL_N)
@@ -108,7 +105,7 @@ def record_decode(
     info: Any = None,
     batch_size: int | None = None,
     crop_size: int | None = None,
-    n_batches: int | None = None,
+    n_batches: int = 8,
     repeats: int = 3,
     progress: ProgressFn | None = None,
 ) -> ResultSet:
@@ -130,12 +127,11 @@ def record_decode(
     ds = gpudecode.EncodedJpegDataset((info if info is not None else make_shapes_dataset()).val_dir)
     bs = batch_size if batch_size is not None else sizes["batch_size"]
     crop = crop_size if crop_size is not None else sizes["crop_size"]
-    nb = n_batches if n_batches is not None else 8
     pins = (True, False) if dev.type == "cuda" else (False,)
     for k, pin in enumerate(pins):
         part = scaled(progress, k / len(pins), (k + 1) / len(pins), "pinned bytes: " if pin else "")
         cmp = gpudecode.compare_decode(
-            ds, dev, batch_size=bs, crop_size=crop, n_batches=nb, repeats=repeats, pin=pin, progress=part
+            ds, dev, batch_size=bs, crop_size=crop, n_batches=n_batches, repeats=repeats, pin=pin, progress=part
         )
         p: dict[str, Any] = {"batch_size": cmp.batch_size, "crop_size": cmp.crop_size, "image_size": cmp.image_size}
         if k == 0:  # the CPU path and the bytes: the same code in every run

@@ -14,10 +14,8 @@ cells serialise:
   holds the host until the data is staged, so the compute is queued only after the copy.
 * pageable + default stream: both reasons.
 
-The hazards are :mod:`helpers.chapters.ch05.hazards`, the timing of the reader's pipeline
-:mod:`helpers.chapters.ch05.feeding`. Nothing here invents a number: :func:`schematic_trace`
-is labelled "schematic, not measured" wherever it appears, and what a GPU recorded elsewhere comes back
-as an :class:`~helpers.core.evidence.Evidence` with its provenance.
+Nothing here invents a number: :func:`schematic_trace` is labelled "schematic, not measured" wherever it
+appears, and what a GPU recorded elsewhere comes back as an :class:`~helpers.core.evidence.Evidence`.
 """
 
 from __future__ import annotations
