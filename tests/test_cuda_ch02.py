@@ -112,16 +112,6 @@ def test_on_a_cpu_device_to_device_copies_nothing_even_with_cuda_present() -> No
     assert xd is x and yd is y and cuda.log == []
 
 
-def test_sleep_calibration_and_probe_events_run_on_the_probed_device() -> None:
-    """transfer's GPU work and its events go to the device it measures, not to the current one."""
-    with fake_cuda(devices=2, current=0) as cuda:
-        pin_costs._sleep_cycles_per_s(CUDA1)
-        pin_costs._queue_gpu_work_fn(0.01, CUDA1)()
-    assert cuda.ops("kernel") and all(op.stream.index == 1 for op in cuda.ops("kernel"))
-    assert cuda.ops("record") and all(op.stream.index == 1 for op in cuda.ops("record"))
-    assert all(op["device"] == 1 for op in cuda.host_syncs() if "device" in op.detail)
-
-
 def _by_device(cuda) -> set[int]:
     return {op.stream.index for op in cuda.log if op.stream is not None} | {
         op["device"] for op in cuda.host_syncs() if "device" in op.detail
@@ -147,6 +137,8 @@ def test_measure_sweeps_times_both_directions_on_the_chosen_device() -> None:
         if op["direction"] == "d2h":
             assert op.stream is not cuda.default[1] and op.stream.index == 1  # transfer_sweep's side stream
             assert op["non_blocking"] == op["src_pinned"] or not op["src_pinned"]
+            if log[i - 1].kind == "record":  # a timed copy: bracketed by events on its own stream
+                assert log[i - 1].stream is op.stream is log[i + 1].stream and log[i + 1].kind == "record"
     d2h_records = [op for op in cuda.ops("record") if op.stream is not cuda.default[1]]
     assert d2h_records and all(op.stream.index == 1 for op in d2h_records)
 
@@ -156,6 +148,10 @@ def test_host_blocking_probe_queues_each_copy_behind_the_gpu_work_on_its_device(
         held = pin_costs.host_blocking_probe(device=CUDA1, gpu_work_s=0.01, nbytes=1 << 20, repeats=1)
     assert set(held.held_s) == {"pageable", "pageable, non_blocking=True", "pinned, non_blocking=True"}
     assert _by_device(cuda) == {1}
+    # the GPU work's calibration, its kernels and events go to the device probed, not to the current one
+    assert cuda.ops("kernel") and all(op.stream.index == 1 for op in cuda.ops("kernel"))
+    assert cuda.ops("record") and all(op.stream.index == 1 for op in cuda.ops("record"))
+    assert all(op["device"] == 1 for op in cuda.host_syncs() if "device" in op.detail)
     log = cuda.log
     timed = [i for i, op in enumerate(log) if op.kind == "copy" and log[i - 1].kind == "kernel"]
     assert len(timed) == 3  # each case: the work, then at once the copy call whose time is taken

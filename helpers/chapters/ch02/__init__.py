@@ -310,13 +310,11 @@ def panel_run(
     repeats: int = 10,
     **context: Any,
 ) -> Evidence[PanelReading]:
-    """Copy one batch as the panel asks, or say plainly why that copy cannot run here.
+    """Copy one batch as the panel asks (``size_mib``: MiB *as uint8*), or say plainly why it cannot run here.
 
-    ``size_mib``: MiB of images *as uint8* (float32 moves four times those bytes). With CUDA a real copy
-    (:func:`_copy_here`); without, the nearest point of the recorded curves ``gpu`` and a live host memcpy of the
-    same bytes (:func:`_host_instead`). Either way the Evidence is ``measured`` (what ran here), and the run is set
-    against the sweep's point of the same size when there is one. Context from ``Panel.for_chapter``:
-    ``copy_fn``, ``gpu`` (the chapter's curves) and ``host`` (this CPU's host memcpy sweep), drawn under the runs.
+    With CUDA a real copy (:func:`_copy_here`); without, the nearest point of the recorded curves ``gpu`` and a
+    live host memcpy of the same bytes (:func:`_host_instead`), set against the sweep's point of the same size
+    when there is one. Context: ``copy_fn``, ``gpu`` (the chapter's curves), ``host`` (this CPU's memcpy sweep).
     """
     size_mib = check_float("size_mib", size_mib, 1 / 256, 1024)
     direction = check_choice("direction", direction, DIRECTIONS)
@@ -363,15 +361,9 @@ def panel_plot(history: list[Any], ax: Any) -> None:
         for p, what in ((r.measured, "measured now"), (r.reference, "reference"), (r.host, "host memcpy now")):
             if p is not None:
                 pts.append((p, f"run {i}: {r.direction.upper()} {r.memory} {r.dtype}, {what}"))
-    ax = figures.plot_sweeps(
-        list(last.background) if last else [],
-        ax,
-        ceiling=last.ceiling if last else None,
-        source=last.caption if last else None,
-        fits=False,
-        points=pts[-6:],
-        title="Panel runs on the sweep",
-    )
+    background, ceiling, caption = (list(last.background), last.ceiling, last.caption) if last else ([], None, None)
+    title = "Panel runs on the sweep"
+    ax = figures.plot_sweeps(background, ax, ceiling=ceiling, source=caption, fits=False, points=pts[-6:], title=title)
     for p, _ in pts[:-6]:
         ax.plot([p.nbytes], [p.gbps], marker="*", color="#bbbbbb", linestyle="", markersize=10)
 

@@ -10,6 +10,7 @@ and the ``ch02.*`` records read back. Without CUDA a GPU measurement returns
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import statistics
 import time
@@ -22,8 +23,8 @@ from ...core.config import require_gpu, sized
 from ...core.device import intraop_threads, resolve_device
 from ...core.progress import ProgressFn
 from ...core.rounds import alternate
-from ...core.timing import measure, summarize
-from ...core.validate import check_choice, check_float, check_int, human_bytes, human_seconds
+from ...core.timing import cuda_event_time, measure, summarize
+from ...core.validate import check_choice, check_int, human_bytes, human_seconds
 from ...pipeline.transfer import DTYPES, Unavailable, check_host_bytes, cuda_status, images_nbytes
 from .model import _MAX_BYTES, LatencyBandwidthFit, MiB, check_pin_size, copy_sizes, fit_latency_bandwidth
 
@@ -139,26 +140,14 @@ def _numel(nbytes: int, dtype: str) -> int:
 
 
 def measure_host_copy(
-    nbytes: int,
-    *,
-    dtype: str = "uint8",
-    min_run_time: float | None = None,
-    num_threads: int = 1,
-    max_seconds: float = 20.0,
+    nbytes: int, *, dtype: str = "uint8", min_run_time: float | None = None, max_seconds: float = 20.0
 ) -> TransferPoint:
     """Time ``dst.copy_(src)`` between two pageable host tensors of ``nbytes``: a CPU memcpy, the work the driver
-    does to stage a pageable buffer, **not** a host-to-GPU transfer (:func:`helpers.core.timing.measure`).
-
-    One thread by default, as the driver stages a pageable copy (a multi-threaded copy on a busy 2-core machine
-    mostly measures threads waiting for each other). Both buffers must fit in half the RAM available now; a slow
-    copy gets fewer timed blocks (at least 3), so it takes about ``max_seconds`` at most.
-    """
-    nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
-    dtype = check_choice("dtype", dtype, DTYPES)
+    does to stage a pageable buffer, **not** a host-to-GPU transfer. One thread, as the driver stages one (on a
+    busy 2-core machine more threads mostly wait for each other); a slow copy gets fewer timed blocks (at least
+    3), so it takes about ``max_seconds`` at most. Its callers check ``nbytes`` and ``dtype``."""
     check_host_bytes("nbytes", 2 * nbytes, what=f"a host copy of {human_bytes(nbytes)} (source and destination)")
-    run_time = sized(0.02, 0.1) if min_run_time is None else check_float("min_run_time", min_run_time, 1e-4, 60.0)
-    max_seconds = check_float("max_seconds", max_seconds, 0.1, 3600.0)
-    num_threads = check_int("num_threads", num_threads, 1, 1024)
+    run_time = sized(0.02, 0.1) if min_run_time is None else min_run_time
     n = _numel(nbytes, dtype)
     src = torch.ones(n, dtype=DTYPES[dtype])
     dst = torch.zeros(n, dtype=DTYPES[dtype])  # pages touched now, not during timing
@@ -166,8 +155,7 @@ def measure_host_copy(
         t0 = time.perf_counter()
         dst.copy_(src)  # one untimed call, to size the measurement
         blocks = max(3, min(15, int(max_seconds / max(time.perf_counter() - t0, 1e-9)) - 4))
-        # The lambda runs inside measure(), before the `del` in `finally` (which frees the buffers even when a
-        # traceback keeps this frame alive); ruff's F821 counts the later `del` against it.
+        # noqa F821: the lambda runs before the `del` in `finally` (which frees the buffers even if a traceback holds us)
         timing = measure(
             lambda: dst.copy_(src),  # noqa: F821
             label=f"host copy {human_bytes(nbytes)}",
@@ -175,7 +163,7 @@ def measure_host_copy(
             min_run_time=run_time,
             warmup=2,
             blocks=blocks,
-            num_threads=num_threads,
+            num_threads=1,
         )
     finally:
         del src, dst
@@ -190,30 +178,12 @@ def host_copy_sweep(sizes: Sequence[int] | None = None, *, min_run_time: float |
     return Sweep("h2h", "pageable", points, "measured here (CPU memcpy)", "cpu", points[0].method if points else "")
 
 
-def _event_times(
-    dst: torch.Tensor, src: torch.Tensor, *, non_blocking: bool, repeats: int, warmup: int, stream: torch.cuda.Stream
-) -> list[float]:
-    """Per-copy GPU times (s) of ``dst.copy_(src)`` on ``stream``, each bracketed by CUDA events on that stream
-    (a pageable copy call blocks the host while the driver stages it, so the interval covers the staging too)."""
-    stream.wait_stream(torch.cuda.current_stream(stream.device))  # the buffers' fills are done
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            dst.copy_(src, non_blocking=non_blocking)
-        stream.synchronize()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-        for s, e in zip(starts, ends):
-            s.record(stream)
-            dst.copy_(src, non_blocking=non_blocking)
-            e.record(stream)
-    stream.synchronize()
-    return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
-
-
 def _helper_copy(direction: str, warmup: int) -> CopyFn:
     """The helper's own copy as a :data:`CopyFn` (CUDA only): H2D from ``src`` (pageable) or a pinned copy of it
     made once; D2H from a device copy of ``src`` into a pinned or pageable host buffer. Each call times ``repeats``
-    copies between the same two buffers on a side stream (:func:`_event_times`), after ``warmup`` untimed ones."""
+    copies between the same two buffers on a side stream, each bracketed by CUDA events on that stream (a pageable
+    copy call holds the host while the driver stages it, so the interval covers the staging too), after ``warmup``
+    untimed ones (:func:`helpers.core.timing.cuda_event_time`)."""
 
     def helper_copy(src: torch.Tensor, device: torch.device, pinned: bool, repeats: int) -> list[float]:
         dst = buf = None
@@ -225,7 +195,10 @@ def _helper_copy(direction: str, warmup: int) -> CopyFn:
                 buf = src.to(device)
                 dst = torch.zeros(src.shape, dtype=src.dtype, pin_memory=pinned)
             stream = torch.cuda.Stream(device=device)
-            return _event_times(dst, buf, non_blocking=pinned, repeats=repeats, warmup=warmup, stream=stream)
+            stream.wait_stream(torch.cuda.current_stream(device))  # the buffers' fills are done
+            with torch.cuda.stream(stream):  # device's current stream, where cuda_event_time runs and records
+                copy = functools.partial(dst.copy_, buf, non_blocking=pinned)
+                return cuda_event_time(copy, repeats=repeats, warmup=warmup, device=device).times_s
         finally:
             torch.cuda.synchronize(device)
             del dst, buf
@@ -284,12 +257,10 @@ def sweep(
 ) -> dict[tuple[str, str], Sweep]:
     """Time *your* copy function over ``sizes``: this helper only loops, alternates, records.
 
-    Each round calls ``copy_fn(src, device, pinned, repeats)`` once per size and memory kind (``src``: that many
-    bytes of ``dtype``, a slice of one host buffer), pageable and pinned side by side, in alternating rounds
-    (:func:`helpers.core.rounds.alternate`: a machine that drifts hurts both kinds alike), and pools the seconds of
-    all rounds (median, IQR) into one curve per ``(direction, kind)``. Without CUDA: only pageable copies, recorded
-    as ``("h2h", "pageable")``, the host memcpy ``time_copy`` times on a CPU. Raises ValueError for bad arguments,
-    buffers beyond the RAM available or the safe pin limit, or a ``copy_fn`` that returns no times.
+    Each round calls ``copy_fn(src, device, pinned, repeats)`` once per size and memory kind (``src``: a slice of
+    one host buffer), in alternating rounds (a machine that drifts hurts both kinds alike), and pools the seconds
+    of all rounds (median, IQR) into one curve per ``(direction, kind)``. Without CUDA: only pageable copies, as
+    ``("h2h", "pageable")``, the host memcpy ``time_copy`` times on a CPU.
     """
     if not callable(copy_fn):
         raise ValueError(f"copy_fn must be a function copy_fn(src, device, pinned, repeats), got {copy_fn!r}")
@@ -353,10 +324,8 @@ def transfer_sweep(
     progress: ProgressFn | None = None,
     dtype: str = "uint8",
 ) -> Sweep | Unavailable:
-    """One (direction, memory kind) curve over ``sizes`` (default :func:`copy_sizes`): :func:`sweep`'s loop (one
-    round) with the helper's own copy (:func:`_helper_copy`: CUDA events on a side stream, buffers reused for
-    every repeat, ``warmup`` untimed copies first), in either direction. :class:`Unavailable` without CUDA,
-    checked before anything is allocated."""
+    """One (direction, memory kind) curve: :func:`sweep`'s loop (one round) with the helper's own copy
+    (:func:`_helper_copy`), in either direction. :class:`Unavailable` without CUDA, before anything is allocated."""
     direction = check_choice("direction", direction, DIRECTIONS)
     memory = check_choice("memory", memory, MEMORY_KINDS)
     reps = sized(10, 30) if repeats is None else check_int("repeats", repeats, 1, 10_000)
@@ -390,9 +359,8 @@ def measure_copy(
     repeats: int = 20,
     warmup: int = 3,
 ) -> TransferPoint | Unavailable:
-    """One host<->GPU copy size, timed as :func:`transfer_sweep` times each size (median of ``repeats``; pinned
-    copies ``non_blocking=True``, pageable ones the default, as ``tensor.to('cuda')``). A freed pinned block stays
-    in PyTorch's caching host allocator for the next pin of that size. :class:`Unavailable` without CUDA."""
+    """One host<->GPU copy size, timed as :func:`transfer_sweep` times each (pinned copies ``non_blocking=True``,
+    pageable ones the default). :class:`Unavailable` without CUDA."""
     nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
     _numel(nbytes, check_choice("dtype", dtype, DTYPES))
     sw = transfer_sweep(direction, memory, [nbytes], device=device, repeats=repeats, warmup=warmup, dtype=dtype)
@@ -408,9 +376,8 @@ def measure_copy_fn(
     device: Any = None,
     repeats: int = 10,
 ) -> TransferPoint:
-    """One call of *your* copy function on ``nbytes`` of ``dtype``, as a point (:func:`sweep`, one size, one round):
-    on a CUDA ``device`` an H2D copy (pinned when ``memory == "pinned"``); on any other device a pageable copy,
-    which ``time_copy`` times as a host memcpy, on one CPU thread (as the driver stages one)."""
+    """One call of *your* copy function on ``nbytes``, as a point (:func:`sweep`, one size, one round): an H2D copy
+    on CUDA; elsewhere the host memcpy ``time_copy`` times, on one CPU thread (as the driver stages one)."""
     with contextlib.nullcontext() if cuda_status(device)[0] else intraop_threads(1):
         curves = sweep(copy_fn, [nbytes], device=device, repeats=repeats, rounds=1, kinds=(memory,), dtype=dtype)
     return next(iter(curves.values())).points[0]

@@ -107,12 +107,8 @@ def plot_sweeps(
         fit = _fit_curve(sw) if fits else None
         if fit is not None:
             series[fit[0]] = fit[1]
-            styles[fit[0]] = {
-                "color": styles[sw.label].get("color", "#555"),
-                "linestyle": ":",
-                "marker": "",
-                "linewidth": 1.2,
-            }
+            styles[fit[0]] = {"color": styles[sw.label].get("color", "#555"), "linestyle": ":", "marker": ""}
+            styles[fit[0]]["linewidth"] = 1.2
     ax = plots.sweep_plot(
         series,
         ax,

@@ -91,10 +91,6 @@ def fit_latency_bandwidth(nbytes: Sequence[float], seconds: Sequence[float]) -> 
     decided by the largest copies alone. We minimise the *relative* error, ``sum(((latency + nbytes * k) / t
     - 1) ** 2)`` with ``k = 1 / bandwidth``, which weights every size equally and is still linear. A negative
     best latency (noise at small sizes) is refitted at zero (``latency_clamped``).
-
-    Raises:
-        ValueError: fewer than two distinct sizes, lengths differ, values not positive, or times that do
-            not grow with size (no bandwidth to fit).
     """
     x = _as_positive_array("nbytes", nbytes)
     t = _as_positive_array("seconds", seconds)

@@ -18,6 +18,7 @@ import torch
 
 from ...core.device import resolve_device, wrap
 from ...core.rounds import table
+from ...core.timing import GpuDelay, cuda_event_time
 from ...core.validate import check_float, check_int, human_bytes, human_seconds
 from ...pipeline.transfer import (
     Unavailable,
@@ -143,8 +144,7 @@ def pin_cost(
     _check_device_bytes("nbytes", 2 * nbytes, dev, f"two device copies of {human_bytes(nbytes)}")
     src = torch.ones(nbytes, dtype=torch.uint8)
     cold, cached, plain, pin_copy = [], [], [], []
-    # Each lambda runs inside _wall(), before the `del src` in `finally` (which frees the buffer even when a
-    # traceback keeps this frame alive); ruff's F821 counts the later `del` against them.
+    # noqa F821: each lambda runs before the `del src` in `finally` (which frees it even if a traceback holds us)
     try:
         plain.append(_wall(lambda: src.to(dev), dev))  # noqa: F821  (warm-up: CUDA context, device cache)
         for _ in range(repeats):
@@ -178,37 +178,6 @@ class HostBlocking:
     method: str = ""
 
 
-def _event_seconds(fn: Callable[[], None], dev: torch.device) -> float:
-    """GPU time of what ``fn`` queues on ``dev``'s current stream, between two CUDA events on that stream."""
-    stream = torch.cuda.current_stream(dev)  # Event.record() alone would use the current device's stream
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record(stream)
-    fn()
-    end.record(stream)
-    torch.cuda.synchronize(dev)
-    return start.elapsed_time(end) / 1e3
-
-
-def _sleeper(dev: torch.device, cycles: int) -> Callable[[], None]:
-    def sleep() -> None:
-        with torch.cuda.device(dev):  # _sleep (a spin kernel, in GPU clock cycles) runs on the current device
-            torch.cuda._sleep(cycles)
-
-    return sleep
-
-
-def _sleep_cycles_per_s(dev: torch.device) -> float:
-    """Calibrate ``torch.cuda._sleep`` on ``dev``: GPU clock cycles per second."""
-    cycles = 10_000_000
-    _sleeper(dev, cycles // 10)()  # warm-up / module load
-    return cycles / _event_seconds(_sleeper(dev, cycles), dev)
-
-
-def _queue_gpu_work_fn(seconds: float, dev: torch.device) -> Callable[[], None]:
-    """A function that enqueues about ``seconds`` of GPU work on ``dev``'s current stream."""
-    return _sleeper(dev, int(seconds * _sleep_cycles_per_s(dev)))
-
-
 _CASES = {
     "pageable": ("pageable", False),
     "pageable, non_blocking=True": ("pageable", True),
@@ -237,10 +206,9 @@ def host_blocking_probe(
     nbytes: int = 64 * MiB,
     repeats: int = 3,
 ) -> HostBlocking | Unavailable:
-    """Queue ``gpu_work_s`` of GPU work, then time (host clock) the H2D copy *call*: pageable (the default
-    ``non_blocking=False``), pageable with ``non_blocking=True``, pinned with ``non_blocking=True``. A call that
-    holds the host about as long as the queued work waited for the GPU; one that returns in microseconds let the
-    CPU run ahead to prepare the next batch."""
+    """Queue ``gpu_work_s`` of GPU work, then time (host clock) the H2D copy *call* of each of :data:`_CASES`: a
+    call that holds the host about as long as the work waited for the GPU; one that returns at once let the CPU
+    run ahead."""
     gpu_work_s = check_float("gpu_work_s", gpu_work_s, 0.001, 5.0)
     nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
     repeats = check_int("repeats", repeats, 1, 100)
@@ -254,8 +222,8 @@ def host_blocking_probe(
     bufs: dict[str, torch.Tensor] = {}
     dst = None
     try:
-        work = _queue_gpu_work_fn(gpu_work_s, dev)
-        measured_work = _event_seconds(work, dev)
+        work = GpuDelay(dev, gpu_work_s)
+        measured_work = cuda_event_time(work, repeats=1, warmup=0, device=dev).median_s
         dst = torch.empty(nbytes, dtype=torch.uint8, device=dev)
         bufs["pageable"] = torch.ones(nbytes, dtype=torch.uint8)
         bufs["pinned"] = torch.ones(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -280,15 +248,7 @@ def pin_costs_from_records(result_set: Any, records: Iterable[Any]) -> list[PinC
         by_size.setdefault(n, {})[key.rsplit(".", 1)[1]] = float(_field(r, "value"))
     rows = [
         PinCost(
-            n,
-            predict_pinned_block(n),
-            f["cold"],
-            f["cached"],
-            f["pageable_copy"],
-            f["pinned_copy"],
-            f["plain_to"],
-            f["pin_then_copy"],
-            "reference record",
+            n, predict_pinned_block(n), **{name: f[k] for k, name in RECORD_FIELDS.items()}, method="reference record"
         )
         for n, f in sorted(by_size.items())
         if n > 0 and set(RECORD_FIELDS) <= set(f)

@@ -1,10 +1,7 @@
-"""Chapter 05 · Overlapped asynchronous transfer: the chapter module (the interface of :mod:`helpers.ui.chapter`).
+"""Chapter 05 · Overlapped asynchronous transfer: the chapter interface (:mod:`helpers.ui.chapter`).
 
-The experiments are the modules beside it: :mod:`.overlap` (the 2x2 copy/compute experiment), :mod:`.hazards`
-(the three async hazards), :mod:`.feeding` (the reader's pipeline timed) and :mod:`.gpudecode` (JPEG bytes
-decoded on the CPU or the GPU). This module holds the live panel, one cell of the 2x2 experiment per run drawn
-as a timeline (measured on a GPU with the reader's sizes; without one the cell's reference recording, or its
-schematic, with the size sliders disabled), and the headless benchmark (``python -m tools.bench``), which
+The live panel draws one cell of the 2x2 experiment (:mod:`.overlap`) per run as a timeline: measured on a GPU
+with the reader's sizes; without one, the cell's reference recording or its schematic. The headless benchmark
 records the ``ch05.*`` keys of the reference files on a GPU.
 
 >>> panel = widgets.Panel.for_chapter(ch05, device=DEVICE, copy=COPY_MIB, compute=MATMUL_N)
@@ -27,21 +24,6 @@ from ...core.validate import check_int
 from ...pipeline.data import default_sizes, make_shapes_dataset
 from . import feeding, gpudecode, hazards, overlap
 
-__all__ = [
-    "NUMBER",
-    "TITLE",
-    "BENCH_WEIGHT",
-    "PANEL_TITLE",
-    "PANEL_FIGSIZE",
-    "SIZES_NEED_GPU",
-    "benchmark",
-    "record_decode",
-    "panel_controls",
-    "panel_run",
-    "panel_summary",
-    "panel_plot",
-]
-
 NUMBER = "05"
 TITLE = "overlapping copies with compute"
 BENCH_WEIGHT = 1.0
@@ -54,11 +36,6 @@ SIZES_NEED_GPU = "disabled: no CUDA device, so there is no copy or compute to si
 #: Steps per cell and hazard-3 steps the benchmark records (part of the records' params).
 _BENCH_STEPS = 8
 _BENCH_SYNC_STEPS = 50
-
-
-# ---------------------------------------------------------------------------
-# The benchmark
-# ---------------------------------------------------------------------------
 
 
 def benchmark(results: ResultSet, device: torch.device | str | None, *, progress: ProgressFn | None = None) -> None:
@@ -128,7 +105,7 @@ def record_decode(
     info: Any = None,
     batch_size: int | None = None,
     crop_size: int | None = None,
-    n_batches: int | None = None,
+    n_batches: int = 8,
     repeats: int = 3,
     progress: ProgressFn | None = None,
 ) -> ResultSet:
@@ -150,12 +127,11 @@ def record_decode(
     ds = gpudecode.EncodedJpegDataset((info if info is not None else make_shapes_dataset()).val_dir)
     bs = batch_size if batch_size is not None else sizes["batch_size"]
     crop = crop_size if crop_size is not None else sizes["crop_size"]
-    nb = n_batches if n_batches is not None else 8
     pins = (True, False) if dev.type == "cuda" else (False,)
     for k, pin in enumerate(pins):
         part = scaled(progress, k / len(pins), (k + 1) / len(pins), "pinned bytes: " if pin else "")
         cmp = gpudecode.compare_decode(
-            ds, dev, batch_size=bs, crop_size=crop, n_batches=nb, repeats=repeats, pin=pin, progress=part
+            ds, dev, batch_size=bs, crop_size=crop, n_batches=n_batches, repeats=repeats, pin=pin, progress=part
         )
         p: dict[str, Any] = {"batch_size": cmp.batch_size, "crop_size": cmp.crop_size, "image_size": cmp.image_size}
         if k == 0:  # the CPU path and the bytes: the same code in every run
@@ -182,39 +158,14 @@ def _add_ms(results: ResultSet, t: Any, **params: Any) -> None:
     results.add("ch05.decode.ms_per_batch", t.median_s * 1e3, "ms", spread, **params)
 
 
-# ---------------------------------------------------------------------------
-# The live panel
-# ---------------------------------------------------------------------------
-
-
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """Bytes copied per step, compute per step (matrix side), host memory kind, stream.
-
-    ``context`` may set the sliders' starting values: ``copy=`` (MiB, the notebook's ``COPY_MIB``)
-    and ``compute=`` (matrix side, its ``MATMUL_N``). Without CUDA on this machine the two size
-    sliders are disabled (:data:`SIZES_NEED_GPU`): there is no copy or compute for them to size, and
-    a run shows a recording or a schematic of the chosen cell.
-    """
-    gpu = has_cuda()
-    tip = "" if gpu else SIZES_NEED_GPU
+    """Bytes copied per step, compute per step (matrix side), host memory kind, stream. ``context``: the
+    sliders' starting values, ``copy=`` (MiB) and ``compute=`` (matrix side); disabled without CUDA."""
+    gpu = {"disabled": not has_cuda(), "tooltip": "" if has_cuda() else SIZES_NEED_GPU}
+    copy, compute = context.get("copy", 64), context.get("compute", 4096)
     return {
-        "copy_mib": W.IntSlider(
-            value=context.get("copy", 64),
-            min=1,
-            max=config.sized(64, 256),
-            description="copy MiB",
-            disabled=not gpu,
-            tooltip=tip,
-        ),
-        "matmul_n": W.IntSlider(
-            value=context.get("compute", 4096),
-            min=64,
-            max=8192,
-            step=64,
-            description="compute n",
-            disabled=not gpu,
-            tooltip=tip,
-        ),
+        "copy_mib": W.IntSlider(value=copy, min=1, max=config.sized(64, 256), description="copy MiB", **gpu),
+        "matmul_n": W.IntSlider(value=compute, min=64, max=8192, step=64, description="compute n", **gpu),
         "memory": W.Dropdown(options=list(overlap.MEMORY_KINDS), value="pinned", description="memory"),
         "stream": W.ToggleButtons(options=list(overlap.STREAM_KINDS), value="side", description="stream"),
     }
@@ -230,16 +181,8 @@ def panel_run(
     stream: str = "side",
     **context: Any,
 ) -> Evidence[Any]:
-    """One cell of the 2x2 experiment: its timeline, as an Evidence whichever path ran.
-
-    On a CUDA ``device``: :func:`helpers.chapters.ch05.overlap.run_cell` with these sizes, ``measured``
-    (the value is the :class:`~helpers.chapters.ch05.overlap.CellResult`). Without one: the reference
-    recording of the cell (``recorded``, a :class:`~helpers.core.timing.SpanTrace`, recorded at its
-    own sizes), else its schematic (``theoretical``); the note says which and why.
-
-    Raises:
-        ValueError: a memory kind, stream or size out of range.
-    """
+    """One cell of the 2x2 experiment as an Evidence: on CUDA measured (:func:`.overlap.run_cell`, a CellResult);
+    without, the cell's reference recording (at its own sizes), else its schematic; the note says which."""
     progress = progress or no_progress
     expected = overlap.expected_label(memory, stream)  # checks memory and stream
     dev = resolve_device(device)

@@ -19,22 +19,10 @@ import torch
 from ...core.device import resolve_device
 from ...core.results import Record, ResultSet
 from ...core.rounds import alternate
-from ...core.timing import calibrated_compute, synchronize
+from ...core.timing import calibrated_compute, cuda_event_time, synchronize
 from ...core.validate import check_int
 from ...pipeline.data import to_float_normalized
 from ...pipeline.prefetch import Prefetcher
-
-__all__ = [
-    "BatchTimes",
-    "IN_LINE",
-    "PREFETCHED",
-    "NO_COPY",
-    "preload",
-    "time_batches",
-    "prefetch_times_from_records",
-    "batch_time_lines",
-    "prefetch_step_times",
-]
 
 #: The three ways of chapter 05's "Does it pay?" that say how much of the copy the prefetcher hides:
 #: uint8 batches copied and normalised in line on the current stream, through the reader's Prefetcher,
@@ -47,13 +35,9 @@ NO_COPY = "uint8, already on the GPU (no copy)"
 def preload(loader: Iterable[Any], device: torch.device | str | None = None) -> list[tuple[Any, ...]]:
     """One pass of ``loader``, held in host memory: its ``(x, y, ...)`` batches as a list, pinned for CUDA.
 
-    Timing the copy with a loader in the loop times the loader: a pass that restarts it decodes a batch
-    of images (milliseconds) for every copy (a fraction of a millisecond). A timed pass over this list
-    measures the copy, the normalisation and the step. With ``device`` on CUDA every tensor is pinned (one
-    the loader pinned already is kept), so each copy is one DMA, as from a ``pin_memory=True`` loader.
-
-    Raises:
-        ValueError: the loader gives no batch, or a batch that is not a tuple or list of tensors.
+    A timed pass with the loader in the loop times the loader (a batch decoded in milliseconds per copy of a
+    fraction of one); a pass over this list times the copy, the normalisation and the step. On CUDA every
+    tensor is pinned (as from a ``pin_memory=True`` loader), so each copy is one DMA.
     """
     dev = resolve_device(device)
     out: list[tuple[Any, ...]] = []
@@ -125,15 +109,12 @@ def time_batches(
     rounds: int = 3,
     progress: Callable[[float, str], None] | None = None,
 ) -> BatchTimes:
-    """Time the reader's pipeline: each of ``variants`` feeds ``step(x, y)`` for one pass, in alternating rounds.
+    """Time the reader's pipeline: each of ``variants`` (label -> a function returning a fresh iterable of
+    ``(x, y)`` device batches) feeds ``step(x, y)`` for one pass, in alternating rounds.
 
-    ``variants`` maps a label to a function returning a fresh iterable of ``(x, y)`` device batches
-    (``lambda: batches(loader)``); ``step`` is the reader's training step
-    (``functools.partial(train_step, model, optimizer)``). One untimed warm-up pass per variant (in
-    reverse order, so the first timed pass follows its own warm-up), then ``rounds`` rounds of
-    :func:`helpers.core.rounds.alternate`, the device synchronised before and after each pass. On a CPU
-    there is no copy to hide, so the ways differ only by noise. A pass times everything
-    ``variants[name]()`` does: give it batches already in memory (:func:`preload`), or it times the loader too.
+    One untimed warm-up pass per variant (in reverse order, so the first timed pass follows its own warm-up),
+    then ``rounds`` rounds of :func:`helpers.core.rounds.alternate`, the device synchronised around each pass.
+    A pass times everything ``variants[name]()`` does: give it :func:`preload` ed batches, or it times the loader.
     """
     dev = resolve_device(device)
     rounds = check_int("rounds", rounds, 1, 50)
@@ -193,14 +174,10 @@ def _in_line(loader: list[tuple[torch.Tensor, torch.Tensor]], dev: torch.device,
 def prefetch_step_times(
     device: torch.device | str = "cuda", *, batch: int = 256, image: int = 128, n_batches: int = 8
 ) -> dict[tuple[str, bool], float]:
-    """Seconds per batch for {float32, uint8} pinned image batches, with and without the reference
-    :class:`~helpers.pipeline.prefetch.Prefetcher` (CUDA only).
-
-    The *reference* figures ``ch05.prefetch.batch_time`` (recorded by :func:`helpers.chapters.ch05.benchmark`),
-    timed as the chapter times the reader's pipeline (:func:`time_batches`, 3 rounds): each batch feeds a
-    synthetic compute of about 1.2 copies. Without the prefetcher the batch is copied on the current stream
-    (uint8 normalised on the device); with it, ``Prefetcher(loader, dev, normalize=...)`` copies it ahead.
-    """
+    """Seconds per batch of {float32, uint8} pinned image batches, with and without the reference
+    :class:`~helpers.pipeline.prefetch.Prefetcher` (CUDA only; the ``ch05.prefetch.batch_time`` records), timed
+    by :func:`time_batches`: each batch feeds a synthetic compute of about 1.2 copies; without the prefetcher
+    it is copied (uint8 normalised) on the current stream."""
     dev = resolve_device(device)
     if dev.type != "cuda":
         raise ValueError("prefetch_step_times needs a CUDA device")
@@ -211,12 +188,8 @@ def prefetch_step_times(
     u8 = [(torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).pin_memory(), y) for _ in range(n_batches)]
     f32 = [(to_float_normalized(x, mean, std).pin_memory(), y) for x, _ in u8]
     f32[0][0].to(dev)  # warm-up
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record(torch.cuda.current_stream(dev))  # on the copy's stream
-    f32[0][0].to(dev, non_blocking=True)
-    e.record(torch.cuda.current_stream(dev))
-    torch.cuda.synchronize(dev)
-    compute = calibrated_compute(dev, 1.2 * s.elapsed_time(e) / 1e3)
+    copy = cuda_event_time(lambda: f32[0][0].to(dev, non_blocking=True), repeats=1, warmup=0, device=dev)
+    compute = calibrated_compute(dev, 1.2 * copy.median_s)
     ways: dict[str, Callable[[], Iterable[Any]]] = {}
     keys: dict[str, tuple[str, bool]] = {}
     for dtype_name, loader, norm in (("float32", f32, None), ("uint8", u8, (mean, std))):

@@ -51,22 +51,6 @@ from ...core.timing import Timing, time_calls
 from ...core.validate import check_int, human_bytes
 from ...pipeline.data import ImageDecodeError, _scan_class_folders, to_float_normalized
 
-__all__ = [
-    "TORCHVISION_DEPRECATION",
-    "FORMS",
-    "EncodedJpegDataset",
-    "check_jpeg",
-    "collate_encoded",
-    "decode_batch",
-    "batch_bytes",
-    "DecodeComparison",
-    "compare_decode",
-    "same_path_verdict",
-    "gpu_reference_rows",
-    "gpu_decode_lines",
-    "plot_comparison",
-]
-
 #: The start of the message every torchvision.io image codec warns with since 0.29.
 TORCHVISION_DEPRECATION = "The image decoding and encoding capabilities of TorchVision are deprecated"
 #: The forms a batch can cross the link in, smallest first (for this data set).
@@ -99,11 +83,8 @@ def check_jpeg(data: torch.Tensor, name: str = "the data") -> None:
     marker ``FF D9`` in the last :data:`EOI_SEARCH_BYTES` bytes (a few trailing bytes are tolerated).
 
     This catches a truncated file and a non-JPEG before a batched GPU decode, which names no item when it
-    fails; damage *inside* the compressed data only a checksum finds (``verify_dataset(level="full")``).
-
-    Raises:
-        ValueError: ``data`` is not a 1-D uint8 CPU tensor.
-        ImageDecodeError: naming ``name``, if a marker is missing.
+    fails (ImageDecodeError naming ``name``); damage *inside* the data only a checksum finds
+    (``verify_dataset(level="full")``).
     """
     if not isinstance(data, torch.Tensor) or (data.dtype, data.dim(), data.device.type) != (torch.uint8, 1, "cpu"):
         got = (
@@ -133,11 +114,9 @@ def check_jpeg(data: torch.Tensor, name: str = "the data") -> None:
 class EncodedJpegDataset(Dataset):
     """The JPEG files of a class-folder tree as raw bytes: ``(uint8 1-D tensor, label)``.
 
-    Same folders, classes, ``samples`` and ``targets`` as :class:`helpers.pipeline.data.ShapesDataset`
-    (``info.val_dir`` of :func:`helpers.pipeline.data.make_shapes_dataset`). A worker only reads the file, so
-    the compressed bytes are what travels to the main process and across the link. Picklable (paths and
-    labels only). ``check``: run :func:`check_jpeg` on every item read, so a truncated file fails in the
-    worker with its path in the message. A bad ``root`` raises as ``ShapesDataset`` does.
+    Same folders, classes, ``samples`` and ``targets`` as :class:`helpers.pipeline.data.ShapesDataset`. A worker
+    only reads the file, so the compressed bytes travel to the main process and across the link. ``check``: run
+    :func:`check_jpeg` on every item, so a truncated file fails in the worker with its path in the message.
     """
 
     def __init__(self, root: str | os.PathLike[str], *, check: bool = True) -> None:
@@ -154,9 +133,6 @@ class EncodedJpegDataset(Dataset):
         return self.samples[index][0]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        n = len(self.samples)
-        if not -n <= index < n:
-            raise IndexError(f"index {index} out of range for a data set of {n} items")
         path, label = self.samples[index]
         try:  # the file's bytes, not decoded
             raw = Path(path).read_bytes()
@@ -175,11 +151,7 @@ class EncodedJpegDataset(Dataset):
 
 def collate_encoded(items: Sequence[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
     """``(bytes, label)`` items as ``(list of byte tensors, int64 labels)``: the byte tensors keep their own
-    lengths (they cannot be stacked). A loader with ``pin_memory=True`` pins each of them.
-
-    Raises:
-        ValueError: for an empty batch or items that are not ``(tensor, label)`` pairs.
-    """
+    lengths (they cannot be stacked). A loader with ``pin_memory=True`` pins each of them."""
     if len(items) == 0:
         raise ValueError("items: collate_encoded needs at least one (bytes, label) item, got none")
     for i, item in enumerate(items):
@@ -243,15 +215,11 @@ def decode_batch(
 ) -> torch.Tensor:
     """Decode a batch of JPEG byte tensors into a uint8 ``(N, 3, crop, crop)`` batch on ``device``.
 
-    On CUDA: the bytes are packed into one pinned host buffer (``pin``, default on; skipped when they are
-    pinned already, e.g. by a ``pin_memory=True`` loader), the caller's current stream is synchronised (see
-    the module docstring), **one** batched nvJPEG call decodes them, and the resize and crop run on the GPU,
-    on the current stream. The call blocks the host: it does not overlap decoding with compute. On the CPU:
-    the same decoder (libjpeg-turbo), resize and crop; the same result up to decoder rounding.
-
-    Every item first passes :func:`check_jpeg`, so a truncated or non-JPEG item fails with its position (and
-    its name from ``names``); if the batched GPU call still fails, the CPU decodes the items to name the culprit.
-    Raises ValueError for bad arguments, ImageDecodeError naming an item that is not a decodable JPEG.
+    On CUDA: the bytes staged in one pinned buffer (``pin``, default on; skipped when already pinned), the
+    caller's stream synchronised (module docstring), **one** batched nvJPEG call, resize and crop on the GPU; the
+    call blocks the host. On the CPU: libjpeg-turbo, the same resize and crop. Every item first passes
+    :func:`check_jpeg`, so a bad item fails with its position (and name from ``names``); if the GPU call still
+    fails, the CPU decodes the items to name the culprit (ImageDecodeError).
     """
     dev = resolve_device(device)
     crop_size = check_int("crop_size", crop_size, 8, 1024)
@@ -486,15 +454,10 @@ def compare_decode(
     pin: bool | None = None,
     progress: Callable[[float, str], None] | None = None,
 ) -> DecodeComparison:
-    """Measure both ways of getting a decoded batch onto ``device``.
-
-    Both paths start from the same bytes, read into memory first (not timed): (a) ``decode_batch(bytes, "cpu",
-    crop).to(device)``, decode on the CPU and send uint8; (b) ``decode_batch(bytes, device, crop, pin=pin)``,
-    send the JPEG bytes and decode on the device. Each is timed per batch, synchronised (:func:`time_calls
-    <helpers.core.timing.time_calls>`), (a) then (b), ``repeats`` passes over ``n_batches`` batches after one
-    untimed warm-up batch (the first nvJPEG call creates its handle). Sizes: batch_size 1-4096, crop_size
-    8-1024, n_batches 1-1000, repeats 1-100; ``pin``: stage (b)'s bytes in pinned memory on CUDA (None: yes).
-    """
+    """Measure both ways of getting a decoded batch onto ``device``, from the same bytes read first (not timed):
+    (a) ``decode_batch(bytes, "cpu", crop).to(device)``; (b) ``decode_batch(bytes, device, crop, pin=pin)``.
+    Each is timed per batch, synchronised, (a) then (b), ``repeats`` passes over ``n_batches`` batches after one
+    untimed warm-up batch (the first nvJPEG call creates its handle)."""
     if not isinstance(dataset, EncodedJpegDataset):
         raise ValueError(f"dataset: expected an EncodedJpegDataset, got {type(dataset).__name__}")
     dev = resolve_device(device)

@@ -28,16 +28,6 @@ from ...core.results import Record, ResultSet
 from ...core.timing import GpuDelay, synchronize
 from ...core.validate import check_int, human_seconds
 
-__all__ = [
-    "HazardResult",
-    "hazard_d2h_read_before_sync",
-    "hazard_pinned_source_mutation",
-    "hazard_hidden_syncs",
-    "sync_counts_reference",
-    "sync_count_lines",
-    "hazard_count_lines",
-]
-
 MiB = 1 << 20
 
 
@@ -233,12 +223,9 @@ _SYNCS_WHY = {
 def hazard_hidden_syncs(
     device: torch.device | str | None = None, steps: int | None = None, size: int | None = None
 ) -> HazardResult:
-    """Run a loop with ``.item()``, ``print`` and ``.cpu()`` each step, and one without.
-
-    On a GPU, ``torch.cuda.set_sync_debug_mode("warn")`` reports every synchronising call: both loops'
-    are counted (per step too), each of the three lines alone on one step, and both loops are timed.
-    On a CPU there is nothing to wait for, so nothing to count: the result names the lines instead.
-    """
+    """Run a loop with ``.item()``, ``print`` and ``.cpu()`` each step, and one without. On a GPU,
+    ``torch.cuda.set_sync_debug_mode("warn")`` counts the synchronising calls of both loops and of each line
+    alone, and both loops are timed; on a CPU nothing waits, so the result names the lines instead."""
     dev = resolve_device(device)
     on_gpu = dev.type == "cuda"
     steps = check_int("steps", steps if steps is not None else sized(20, 200, laptop=50), 1, 100_000)

@@ -14,10 +14,8 @@ cells serialise:
   holds the host until the data is staged, so the compute is queued only after the copy.
 * pageable + default stream: both reasons.
 
-The hazards are :mod:`helpers.chapters.ch05.hazards`, the timing of the reader's pipeline
-:mod:`helpers.chapters.ch05.feeding`. Nothing here invents a number: :func:`schematic_trace`
-is labelled "schematic, not measured" wherever it appears, and what a GPU recorded elsewhere comes back
-as an :class:`~helpers.core.evidence.Evidence` with its provenance.
+Nothing here invents a number: :func:`schematic_trace` is labelled "schematic, not measured" wherever it
+appears, and what a GPU recorded elsewhere comes back as an :class:`~helpers.core.evidence.Evidence`.
 """
 
 from __future__ import annotations
@@ -41,27 +39,6 @@ from ...core.timing import Span, SpanRecorder, SpanTrace, synchronize
 from ...core.validate import check_choice, check_int, human_seconds
 from .hazards import _loop_hidden_syncs  # noqa: F401  (tests/test_prefetch.py imports it from here)
 
-__all__ = [
-    "MEMORY_KINDS",
-    "STREAM_KINDS",
-    "CELLS",
-    "expected_label",
-    "lanes_for",
-    "overlap_fraction",
-    "measured_label",
-    "CellResult",
-    "run_cell",
-    "run_grid",
-    "copy_call_rows",
-    "copy_call_rows_from_records",
-    "copy_call_table",
-    "schematic_trace",
-    "artifact_name",
-    "reference_cell",
-    "timeline_evidence",
-    "draw_cell",
-]
-
 MiB = 1 << 20
 MEMORY_KINDS = ("pageable", "pinned")
 STREAM_KINDS = ("default", "side")
@@ -71,11 +48,6 @@ HOST_LANE = "host thread"
 OVERLAP_THRESHOLD = 0.3
 OVERLAPPED, SERIALISED = "overlapped", "serialised"
 SCHEMATIC = "schematic, not measured"
-
-
-# ---------------------------------------------------------------------------
-# Labels: from the configuration, and from the spans
-# ---------------------------------------------------------------------------
 
 
 def _check_cell(memory: str, stream: str) -> None:
@@ -122,11 +94,6 @@ def overlap_fraction(trace: SpanTrace, copy: str = "copy", compute: str = "compu
 def measured_label(fraction: float, threshold: float = OVERLAP_THRESHOLD) -> str:
     """``"overlapped"`` if ``fraction >= threshold`` else ``"serialised"``."""
     return OVERLAPPED if fraction >= threshold else SERIALISED
-
-
-# ---------------------------------------------------------------------------
-# One cell of the 2x2 experiment
-# ---------------------------------------------------------------------------
 
 
 @dataclass
@@ -182,16 +149,10 @@ def run_cell(
 ) -> CellResult:
     """Run one cell of the 2x2 experiment and return its trace and labels.
 
-    Each step ``i`` copies the next batch into buffer ``i % 2`` (``non_blocking=True``, from pinned or
-    pageable memory, on the side or the default stream) and computes on the other buffer (``torch.mm``
-    on the default stream, plus a sum that reads the batch), then synchronises. The buffers alternate,
-    so the copy never writes what the compute reads. One untimed warm-up step runs first. Without
-    CUDA the same loop runs on the CPU with host timing and ``measured`` is None.
-
-    Args:
-        copy_mib: MiB copied per step (default 64 on a GPU, 4 on a CPU; 1-4096).
-        matmul_n: matrix side of the compute (default 4096 on a GPU, 256 on a CPU; 16-16384).
-        steps: recorded steps (default 4 in quick mode, 8 otherwise; 1-200).
+    Each step ``i`` copies the next batch into buffer ``i % 2`` (``non_blocking=True``, on the side or the
+    default stream) and computes on the other buffer (``torch.mm`` on the default stream, plus a sum that reads
+    the batch), then synchronises: the copy never writes what the compute reads. One untimed warm-up step runs
+    first. Without CUDA the same loop runs on the CPU with host timing and ``measured`` is None.
     """
     _check_cell(memory, stream)
     dev = resolve_device(device)
@@ -234,8 +195,7 @@ def _record_steps(
     progress: Callable[[float, str], None] | None,
     meta: dict[str, Any],
 ) -> tuple[SpanTrace, list[float]]:
-    """The loop of :func:`run_cell` on ``dev`` (any CUDA device, current or not): the trace of the timed
-    steps (recorded from after the warm-up step), and the wall seconds of each step."""
+    """The loop of :func:`run_cell` on ``dev`` (current or not): the timed steps' trace and wall seconds."""
     on_gpu, matmul_n, steps = dev.type == "cuda", meta["matmul_n"], meta["steps"]
     bufs = [torch.empty(src.numel(), dtype=torch.float32, device=dev) for _ in range(2)]
     g = torch.Generator().manual_seed(0)
@@ -324,11 +284,6 @@ def copy_call_table(rows: list[CopyCallRow]) -> list[str]:
     return table(headers, [[name, ms(call), ms(copy), ms(step)] for name, call, copy, step in rows])
 
 
-# ---------------------------------------------------------------------------
-# Schematic and reference timelines
-# ---------------------------------------------------------------------------
-
-
 def schematic_trace(memory: str, stream: str, steps: int = 3, copy: float = 1.0, compute: float = 1.5) -> SpanTrace:
     """What a cell's timeline *looks like*, in arbitrary units: not a measurement, and its metadata
     (``kind: "schematic, not measured"``) says so to :func:`draw_cell`."""
@@ -399,11 +354,8 @@ def draw_cell(
     source: str | None = None,
     max_steps: int | None = 3,
 ) -> Any:
-    """Draw a cell's timeline with :func:`helpers.ui.plots.timeline` (schematics labelled as such).
-
-    An :class:`~helpers.core.evidence.Evidence` is drawn with its provenance line as ``source``; a
-    ``missing`` one leaves the axis empty, titled with what is missing (the schematics are in Theory).
-    """
+    """Draw a cell's timeline with :func:`helpers.ui.plots.timeline` (schematics labelled as such); an Evidence
+    with its provenance line as ``source``, a ``missing`` one as an empty axis titled with what is missing."""
     if isinstance(cell, Evidence):
         if cell.value is not None:
             return draw_cell(cell.value, ax, title=title, source=source or cell.source, max_steps=max_steps)
