@@ -1,18 +1,8 @@
-"""Worker processes that can't hang, leak or lose a Ctrl-C: how the loaders of :mod:`helpers.pipeline.loaders`
-start, watch, stop and explain their workers.
-
-- start: SIGINT/SIGTERM are held while workers are forked (:class:`_HeldSignals`), and each worker drops the
-  parent's handlers (:func:`reset_child_signals`) and names the item its data set fails on;
-- watch: a worker that ends (even with exit code 0) is noticed within a quarter second (:class:`_WatchedIter`),
-  one stopped longer than the loader's timeout is ended (:class:`_FreezeWatch`);
-- stop: :func:`release` and :func:`_finish`, bounded waits, whatever interrupts them;
-- explain: :func:`_plain_failure` turns torch's errors into one :class:`LoaderFailure` line;
-- ``/dev/shm``, where workers hand batches over: too little is refused before any worker starts (:func:`require_shm`);
-- how many: far more workers than cores are refused where a reader asks for them (:func:`check_workers_for_cores`).
-
-Processes are found, resumed and stopped with psutil and multiprocessing. torch has no public way to close an
-iterator, watch its workers or name a failing item, so a few private torch names remain; each says beside it why
-(which test the public path fails).
+"""Worker processes that can't hang, leak or lose a Ctrl-C: start (signals held while forking, parent handlers
+dropped in each worker), watch (an ended worker noticed within 0.25 s, a frozen one ended), stop (:func:`release`,
+:func:`_finish`: bounded, uninterruptible), explain (one :class:`LoaderFailure` line), ``/dev/shm`` and core
+limits. torch has no public way to close an iterator, watch its workers or name a failing item, so a few private
+torch names remain; each says beside it why.
 """
 
 from __future__ import annotations
@@ -73,12 +63,8 @@ _TORCH_WORKER_DIED = re.compile(r"DataLoader worker \(pid[^)]*\) (is killed by s
 
 
 def reset_child_signals() -> None:
-    """In a child process (a loader worker, a pool process): drop signal handlers meant for the parent.
-
-    A forked child inherits them: a parent that turns SIGTERM into ``KeyboardInterrupt`` would make
-    ``pool.terminate()`` raise inside a pool worker holding a queue lock, and the parent would wait for that lock
-    forever. SIGTERM goes back to the default, SIGINT is ignored (the parent gets Ctrl-C and stops its children).
-    """
+    """In a child process: SIGTERM to the default, SIGINT ignored (the parent stops its children). Inherited, a
+    parent's SIGTERM -> ``KeyboardInterrupt`` would raise inside a pool worker holding a queue lock: a hang."""
     for sig, handler in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.SIG_IGN)):
         with contextlib.suppress(ValueError, OSError):  # not the main thread of the child
             signal.signal(sig, handler)
@@ -97,10 +83,7 @@ def _failing_item(dataset: Any, index: Any, batched: bool) -> str:
 
 
 def _name_failing_items() -> None:
-    """In a worker: a data set's exception gets a note naming the item (the main process knows only the batch).
-
-    Patches torch's map-style fetcher in this worker process only: torch offers no hook there.
-    """
+    """In a worker: a data set's exception gets a note naming the item (torch's fetcher patched: no hook)."""
     from torch.utils.data._utils import fetch
 
     cls = fetch._MapDatasetFetcher
@@ -240,7 +223,6 @@ class _WatchedIter(_MultiProcessingDataLoaderIter):
 
 
 def _worker_exits(procs: Sequence[Any]) -> str:
-    """``'worker 1 (pid 123): exit code 0'`` for each ended worker (worker id = position)."""
     parts = [f"worker {i} (pid {w.pid}): exit code {w.exitcode}" for i, w in enumerate(procs) if w.exitcode is not None]
     return "; ".join(parts) or "no exit status"
 
@@ -340,7 +322,6 @@ class ShmStatus:
     sharing_strategy: str
 
     def explain(self, width: int = 105) -> str:
-        """Plain-words summary, wrapped at word boundaries to lines of at most ``width`` characters."""
         if not self.exists:
             text = (
                 f"{self.path} does not exist here; torch uses the '{self.sharing_strategy}' strategy "
@@ -479,11 +460,8 @@ def _kill_stopped(procs: Sequence[Any]) -> None:
 
 
 def release(obj: Any) -> None:
-    """Shut down the worker processes (and pin thread) behind a loader or an iterator.
-
-    Safe more than once, with or without workers, on persistent loaders and on half-started iterators. Waits are
-    bounded: a worker that doesn't end within :data:`SHUTDOWN_GRACE_S` (or is frozen) is killed.
-    """
+    """Shut down the workers (and pin thread) behind a loader or iterator: idempotent, half-started iterators too;
+    a worker not ended within :data:`SHUTDOWN_GRACE_S` (or frozen) is killed."""
     it = getattr(obj, "_iterator", None) if isinstance(obj, DataLoader) else obj  # a persistent loader's iterator
     if it is not None:
         workers = list(getattr(it, "_workers", []) or [])  # this iterator's: psutil's tree can't tell them apart
