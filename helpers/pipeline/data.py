@@ -191,18 +191,16 @@ class ShapesDataset(Dataset):
             return self.transform(img), self.samples[i][1]
         raise ImageDecodeError(f"no file in {self.root} could be decoded ({n} tried)")
 
-    def __repr__(self) -> str:
-        return (
-            f"ShapesDataset({len(self)} images, {len(self.classes)} classes, root={str(self.root)!r}, "
-            f"crop_size={self.crop_size}, augment={self.augment}, output={self.output!r}, on_error={self.on_error!r})"
-        )
+    def _text(self, root: str) -> str:
+        s = self
+        knobs = f"crop_size={s.crop_size}, augment={s.augment}, output={s.output!r}, on_error={s.on_error!r}"
+        return f"ShapesDataset({len(s)} images, {len(s.classes)} classes, {root}{knobs})"
 
-    def __str__(self) -> str:  # what print() shows: the same, with the folder on its own line
-        return (
-            f"ShapesDataset({len(self)} images, {len(self.classes)} classes, crop_size={self.crop_size}, "
-            f"augment={self.augment}, output={self.output!r}, on_error={self.on_error!r})\n"
-            f"  root={str(self.root)!r}"
-        )
+    def __repr__(self) -> str:
+        return self._text(f"root={str(self.root)!r}, ")
+
+    def __str__(self) -> str:  # what print() shows: the folder on its own line
+        return self._text("") + f"\n  root={str(self.root)!r}"
 
 
 #: Per-channel statistics already on a device, keyed by (mean, std, device, dtype): built once (a blocking copy).

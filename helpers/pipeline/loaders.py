@@ -103,11 +103,6 @@ class LoaderConfig:
                     )
         return self
 
-    def effective_timeout(self) -> float:
-        if self.num_workers == 0:
-            return 0.0
-        return WORKER_TIMEOUT_S if self.timeout is None else float(self.timeout)
-
     def replace(self, **changes: Any) -> "LoaderConfig":
         """A copy with some knobs changed (unknown names raise ValueError)."""
         unknown = set(changes) - set(asdict(self))
@@ -182,7 +177,7 @@ def build_loader(
             worker_init_fn=_WorkerInit(worker_init_fn if worker_init_fn is not None else seed_worker),
             persistent_workers=cfg.persistent_workers,
             prefetch_factor=cfg.prefetch_factor,
-            timeout=cfg.effective_timeout(),
+            timeout=WORKER_TIMEOUT_S if cfg.timeout is None else float(cfg.timeout),
             in_order=cfg.in_order,
             multiprocessing_context=cfg.multiprocessing_context,
         )
