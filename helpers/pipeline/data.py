@@ -72,14 +72,6 @@ def _scan_class_folders(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
     return classes, samples
 
 
-def _is_integer(value: Any) -> bool:
-    try:
-        operator.index(value)
-    except TypeError:
-        return False
-    return True
-
-
 class ShapesDataset(Dataset):
     """``(image, label)`` items decoded (Pillow: torchvision.io's decoders are deprecated since 0.29) and
     augmented from an ImageFolder tree: float32 normalised, or uint8 with ``output="uint8"`` (4x fewer bytes; normalise
@@ -163,13 +155,16 @@ class ShapesDataset(Dataset):
 
     def _check_index(self, index: Any) -> int:
         n = len(self.samples)
-        if isinstance(index, bool) or not _is_integer(index):
+        try:  # ints, numpy integers, 0-d integer tensors (what samplers hand a data set); not bools
+            if isinstance(index, bool):
+                raise TypeError
+            index = operator.index(index)
+        except TypeError:
             digits = isinstance(index, str) and index.strip().lstrip("-").isdigit()
             raise TypeError(
                 f"ShapesDataset indices must be integers from 0 to {n - 1} (or -{n} to -1), "
                 f"got {type(index).__name__} {index!r}" + " (convert it with int(...))" * digits
-            )
-        index = operator.index(index)
+            ) from None
         if not -n <= index < n:
             raise IndexError(f"index {index} out of range for a data set of {n} items")
         return index % n

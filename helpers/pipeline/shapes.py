@@ -314,15 +314,16 @@ def verify_dataset(
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Exclusive lock on ``path`` between processes (no-op without fcntl); OSError for a read-only folder."""
+def _file_lock(path: Path, wait: bool = True) -> Iterator[None]:
+    """Exclusive lock on ``path`` between processes (no-op without fcntl); OSError for a read-only folder, or
+    (``wait=False``) when another process holds it."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: the atomic rename still protects the cache
         yield
         return
     with open(path, "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         try:
             yield
         finally:
@@ -362,17 +363,9 @@ def _remove_stale_temporaries(parent: Path, held: str) -> None:
             name = tmp.name[1:].split(".tmp-", 1)[0]
             if name == held:
                 shutil.rmtree(tmp, ignore_errors=True)
-                continue
-            try:
-                import fcntl
-            except ImportError:  # pragma: no cover - Windows: leave other data sets' temporaries alone
-                return
-            with contextlib.suppress(OSError), open(parent / f".{name}.lock", "a+") as fh:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # OSError: that generation runs now
-                try:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                finally:
-                    fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            elif os.name == "posix":  # without fcntl (Windows) other data sets' temporaries are left alone
+                with contextlib.suppress(OSError), _file_lock(parent / f".{name}.lock", wait=False):
+                    shutil.rmtree(tmp, ignore_errors=True)  # OSError above: that generation runs now
 
 
 def _cache_parent(root: str | os.PathLike[str] | None) -> Path:
