@@ -1,12 +1,8 @@
-"""The workbook's data set as the chapters read it: :class:`ShapesDataset` decodes and augments the JPEG files
-that :mod:`helpers.pipeline.shapes` generates (re-exported here: :func:`make_shapes_dataset`,
-:func:`default_sizes`, :func:`verify_dataset`, ...), :func:`to_float_normalized` normalises a uint8 batch where it
-lies (e.g. on the GPU), and :class:`TimedCollate` / :func:`seed_worker` are the collate function that remembers
-when it ran and the ``worker_init_fn`` (module level: workers import them by name).
-
-Random augmentation draws from torch's global generator, which the DataLoader seeds differently in every worker,
-so workers never repeat each other's crops, whatever the start method. No generator is created in ``__init__``
-(the classic bug chapter 04 demonstrates).
+"""The data set as the chapters read it: :class:`ShapesDataset` decodes and augments the JPEGs
+:mod:`~helpers.pipeline.shapes` generates (re-exported here), :func:`to_float_normalized` normalises a uint8 batch
+where it lies, :class:`TimedCollate` and :func:`seed_worker` (module level: workers import them by name).
+Augmentation draws from torch's global generator, which the DataLoader seeds per worker: no generator is created
+in ``__init__`` (the classic bug chapter 04 shows).
 """
 
 from __future__ import annotations
@@ -76,28 +72,11 @@ def _scan_class_folders(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
     return classes, samples
 
 
-def _is_integer(value: Any) -> bool:
-    """True for ints, numpy integers and 0-d integer tensors (what samplers hand a data set)."""
-    try:
-        operator.index(value)
-    except TypeError:
-        return False
-    return True
-
-
 class ShapesDataset(Dataset):
-    """Decode and augment the JPEG files of a class-folder tree (ImageFolder layout, e.g. ``info.train_dir``).
-
-    Items are ``(image, label)``: a ``(3, crop_size, crop_size)`` float32 tensor normalised with
-    :data:`MEAN`/:data:`STD`, or raw uint8 with ``output="uint8"`` (4x fewer bytes to move; normalise later with
-    :func:`to_float_normalized`, e.g. on the GPU). Decoding uses Pillow (torchvision.io's decoders are deprecated
-    since torchvision 0.29). ``augment=True``: a RandomResizedCrop and a flip (torch's global generator, seeded per
-    worker by the DataLoader); ``False``: a resize and centre crop, for evaluation. Holds only paths, labels and
-    transforms, all picklable: any start method works.
-
-    ``on_error="raise"``: a damaged file raises :class:`ImageDecodeError` naming it; ``"skip"``: the item is
-    replaced by the next readable one, the file recorded in :attr:`skipped` (per process) with a RuntimeWarning.
-    ``classes``, ``class_to_idx``, ``samples``, ``targets`` are as in ``torchvision.datasets.ImageFolder``.
+    """``(image, label)`` items decoded (Pillow: torchvision.io's decoders are deprecated since 0.29) and
+    augmented from an ImageFolder tree: float32 normalised, or uint8 with ``output="uint8"`` (4x fewer bytes; normalise
+    later). ``augment``: random resized crop and flip, else resize and centre crop. ``on_error="skip"`` replaces a
+    damaged file's item by the next readable one (recorded in :attr:`skipped`, with a warning). Picklable.
     """
 
     def __init__(
@@ -156,11 +135,7 @@ class ShapesDataset(Dataset):
         return len(self.samples)
 
     def decode(self, index: int) -> torch.Tensor:
-        """Read and decode file ``index`` into a uint8 ``(3, H, W)`` tensor (no augmentation).
-
-        Raises:
-            ImageDecodeError: naming the file, if it is missing, empty or not a decodable image.
-        """
+        """File ``index`` as a uint8 ``(3, H, W)`` tensor; :class:`ImageDecodeError` names a bad file."""
         from PIL import Image
 
         path = self.samples[index][0]
@@ -180,13 +155,16 @@ class ShapesDataset(Dataset):
 
     def _check_index(self, index: Any) -> int:
         n = len(self.samples)
-        if isinstance(index, bool) or not _is_integer(index):
+        try:  # ints, numpy integers, 0-d integer tensors (what samplers hand a data set); not bools
+            if isinstance(index, bool):
+                raise TypeError
+            index = operator.index(index)
+        except TypeError:
             digits = isinstance(index, str) and index.strip().lstrip("-").isdigit()
             raise TypeError(
                 f"ShapesDataset indices must be integers from 0 to {n - 1} (or -{n} to -1), "
                 f"got {type(index).__name__} {index!r}" + " (convert it with int(...))" * digits
-            )
-        index = operator.index(index)
+            ) from None
         if not -n <= index < n:
             raise IndexError(f"index {index} out of range for a data set of {n} items")
         return index % n
@@ -208,18 +186,16 @@ class ShapesDataset(Dataset):
             return self.transform(img), self.samples[i][1]
         raise ImageDecodeError(f"no file in {self.root} could be decoded ({n} tried)")
 
-    def __repr__(self) -> str:
-        return (
-            f"ShapesDataset({len(self)} images, {len(self.classes)} classes, root={str(self.root)!r}, "
-            f"crop_size={self.crop_size}, augment={self.augment}, output={self.output!r}, on_error={self.on_error!r})"
-        )
+    def _text(self, root: str) -> str:
+        s = self
+        knobs = f"crop_size={s.crop_size}, augment={s.augment}, output={s.output!r}, on_error={s.on_error!r}"
+        return f"ShapesDataset({len(s)} images, {len(s.classes)} classes, {root}{knobs})"
 
-    def __str__(self) -> str:  # what print() shows: the same, with the folder on its own line
-        return (
-            f"ShapesDataset({len(self)} images, {len(self.classes)} classes, crop_size={self.crop_size}, "
-            f"augment={self.augment}, output={self.output!r}, on_error={self.on_error!r})\n"
-            f"  root={str(self.root)!r}"
-        )
+    def __repr__(self) -> str:
+        return self._text(f"root={str(self.root)!r}, ")
+
+    def __str__(self) -> str:  # what print() shows: the folder on its own line
+        return self._text("") + f"\n  root={str(self.root)!r}"
 
 
 #: Per-channel statistics already on a device, keyed by (mean, std, device, dtype): built once (a blocking copy).
@@ -231,12 +207,8 @@ _STATS_CACHE: dict[
 def normalization_stats(
     mean: Sequence[float], std: Sequence[float], device: torch.device | str, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(mean, std)`` as ``(C, 1, 1)`` tensors on ``device``, built once per (values, device, dtype).
-
-    ``torch.tensor(..., device="cuda")`` is a blocking host-to-device copy: built on every step it puts a hidden
-    synchronisation into every step (``torch.cuda.set_sync_debug_mode`` reports it). The cached tensors are
-    complete when cached and never freed, so any stream may read them. Treat them as read-only.
-    """
+    """``(mean, std)`` as ``(C, 1, 1)`` tensors on ``device``, built once: ``torch.tensor(..., device="cuda")`` is
+    a blocking copy, a hidden synchronisation per step. Never freed, so any stream may read them (read-only)."""
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:  # "cuda" and "cuda:0" must find the same entry
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -256,16 +228,10 @@ def to_float_normalized(
     *,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """Turn a uint8 ``(N, C, H, W)`` batch into normalised floats, on the batch's device: the workbook's one
-    normaliser (:func:`helpers.pipeline.prefetch.normalize_uint8` and the prefetcher delegate to it).
-
-    torchvision's ``ToDtype(float32, scale=True)`` then ``Normalize``, in the same order:
-    ``x.to(dtype).mul_(1 / 255).sub_(mean).div_(std)``, so it equals, bit for bit, what
-    ``ShapesDataset(output="float")`` gives from the same crops, on CPU and GPU alike (``div_(255)`` would not: CUDA
-    divides by a Python scalar as a multiplication by its reciprocal). The statistics are cached per device
-    (:func:`normalization_stats`): no call after the first copies from the host. ValueError for a batch that is
-    not uint8 ``(N, C, H, W)`` with as many channels as ``mean``, or a ``dtype`` that is not floating.
-    """
+    """A uint8 ``(N, C, H, W)`` batch as normalised floats on its device: the workbook's one normaliser. It is
+    torchvision's ``ToDtype(scale=True)`` then ``Normalize`` in the same order, so bit for bit what
+    ``ShapesDataset(output="float")`` gives, CPU and GPU alike (``div_(255)`` would not: CUDA multiplies by the
+    reciprocal). Statistics cached per device (:func:`normalization_stats`)."""
     if not isinstance(batch, torch.Tensor) or batch.dtype != torch.uint8:
         got = batch.dtype if isinstance(batch, torch.Tensor) else type(batch).__name__
         raise ValueError(f"batch must be a uint8 tensor, got {got}")
@@ -278,10 +244,8 @@ def to_float_normalized(
 
 
 class TimedCollate:
-    """A picklable collate function (``collate_fn``, default ``default_collate``) that remembers when it last ran:
-    :attr:`last` is ``(start, end)`` in ``time.perf_counter()`` seconds of the process that ran it. With
-    ``num_workers=0`` that is the main process: :func:`helpers.chapters.ch01.anatomy.record_steps` splits its
-    "load" phase into "load" (read, decode, augment) and "collate" with it."""
+    """A picklable ``collate_fn`` wrapper that remembers when it last ran (:attr:`last`, ``perf_counter`` start and
+    end): with ``num_workers=0`` chapter 01 splits "load" into "load" and "collate" with it."""
 
     def __init__(self, collate_fn: Callable[[list[Any]], Any] | None = None) -> None:
         self.collate_fn = collate_fn if collate_fn is not None else default_collate
@@ -298,8 +262,7 @@ class TimedCollate:
 
 
 def seed_worker(worker_id: int) -> None:
-    """``worker_init_fn`` that seeds numpy and ``random`` from the worker's torch seed (torch's own generator is
-    already seeded per worker by the DataLoader): code that uses them in a worker is just as safe."""
+    """``worker_init_fn``: numpy and ``random`` seeded from the worker's torch seed (torch's is already)."""
     import random
 
     seed = torch.initial_seed() % 2**32

@@ -1,7 +1,5 @@
-"""The demo data sets, batch type and collate functions of chapters 03-04, at module level so that spawn and
-forkserver workers can import them by name. Everything here is re-exported by :mod:`helpers.pipeline.loaders`,
-where the chapters and notebooks import them from.
-"""
+"""Chapters 03-04's demo data sets, batch type and collate functions, at module level for spawn workers;
+re-exported by :mod:`helpers.pipeline.loaders`."""
 
 from __future__ import annotations
 
@@ -36,8 +34,7 @@ PIN_THREAD_NAME = "pt_data_pin"
 
 
 def _is_pin_thread(thread: threading.Thread) -> bool:
-    """True for a DataLoader pin-memory thread, found by its target: torch starts it without a ``name=`` (Python
-    calls it ``Thread-N (_pin_memory_loop)``); only the OS-level thread is named ``pt_data_pin``."""
+    """A DataLoader pin-memory thread, by its target: only the OS-level thread is named ``pt_data_pin``."""
     target = getattr(thread, "_target", None)  # set while the thread runs (Thread.run deletes it at the end)
     if getattr(target, "__name__", None) == "_pin_memory_loop":
         return True
@@ -51,9 +48,8 @@ def thread_label(thread: threading.Thread | None = None) -> str:
 
 
 class PinnableBatch:
-    """A custom batch type with its own ``pin_memory()``, which the DataLoader's pin step calls (in the pin thread
-    with workers, in the main thread without); it records how long pinning took (``pin_seconds``) and which
-    thread did it (``pin_thread``), so chapter 03 can show where the pinning time goes."""
+    """A batch whose ``pin_memory()`` (called by the DataLoader's pin step) records how long it took and in which
+    thread: chapter 03 shows where the pinning time goes."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
         self.images = images
@@ -62,7 +58,6 @@ class PinnableBatch:
         self.pin_thread: str | None = None
 
     def pin_memory(self, device: Any = None) -> "PinnableBatch":
-        """A copy in page-locked memory (what ``DataLoader(pin_memory=True)`` calls)."""
         t0 = time.perf_counter()
         out = PinnableBatch(self.images.pin_memory(), self.labels.pin_memory())
         out.pin_seconds = time.perf_counter() - t0
@@ -73,7 +68,6 @@ class PinnableBatch:
         return bool(self.images.is_pinned() and self.labels.is_pinned())
 
     def to(self, device: Any, non_blocking: bool = False) -> "PinnableBatch":
-        """Move both tensors (``non_blocking`` only overlaps when pinned)."""
         out = PinnableBatch(
             self.images.to(device, non_blocking=non_blocking), self.labels.to(device, non_blocking=non_blocking)
         )
@@ -88,8 +82,7 @@ class PinnableBatch:
 
 
 def collate_pinnable(items: list[tuple[torch.Tensor, int]]) -> PinnableBatch:
-    """Collate ``(image, label)`` items into a :class:`PinnableBatch` (stacked as default_collate does: straight
-    into shared memory inside a worker)."""
+    """``(image, label)`` items as a :class:`PinnableBatch` (stacked by default_collate: shared memory in a worker)."""
     return PinnableBatch(default_collate([x for x, _ in items]), torch.as_tensor([int(y) for _, y in items]))
 
 
@@ -99,21 +92,14 @@ def passthrough_collate(batch: Any) -> Any:
 
 
 def light_uint8_collate(items: list[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, list[int]]:
-    """A lighter collate for uint8 images: one shared-memory tensor per batch, labels as a plain list.
-
-    ``default_collate`` makes the labels a second tensor, and every tensor crosses the process boundary with its
-    own shared-memory handle the main process must open and map; a tiny pickled list needs none.
-    """
+    """uint8 images as one shared-memory tensor, labels as a plain list: each tensor crosses from a worker with
+    its own shared-memory handle to open and map, a tiny pickled list needs none."""
     return default_collate([x for x, _ in items]), [int(y) for _, y in items]
 
 
 class CheapDataset(Dataset):
-    """Items that cost almost nothing: views into a small in-memory bank of random images, so that a DataLoader's
-    per-batch overhead in the main process (receiving and unpickling batches) is what limits throughput.
-
-    Args: ``n`` items (1-10,000,000), ``image_size`` (1-1024), ``output`` ``"float"`` or ``"uint8"``,
-    ``bank`` distinct images (1-4096), ``seed`` of the bank.
-    """
+    """Items that cost almost nothing (views into a bank of ``bank`` random images): the DataLoader's per-batch
+    overhead in the main process is what limits throughput."""
 
     def __init__(self, n: int, image_size: int = 64, output: str = "float", bank: int = 64, seed: int = 0) -> None:
         self.n = check_int("n", n, 1, 10_000_000)
@@ -136,9 +122,8 @@ class CheapDataset(Dataset):
 
 
 class BatchedCheapDataset(CheapDataset):
-    """:class:`CheapDataset` plus ``__getitems__``: one gather per batch instead of one call per item. It returns
-    a finished ``(images, labels)`` batch, which the DataLoader passes to ``collate_fn``: pair it with
-    :func:`passthrough_collate`."""
+    """:class:`CheapDataset` with ``__getitems__``: one gather per batch, a finished batch (use
+    :func:`passthrough_collate`)."""
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.as_tensor(indices, dtype=torch.long) % len(self.bank)
@@ -163,8 +148,7 @@ class _PerItem(Dataset):
 
 
 class SpinDataset(Dataset):
-    """Wrap a data set and add ``extra_ms`` of CPU time per item (a stand-in for heavier augmentation): a busy
-    loop on the thread's CPU clock, so it competes for cores like real augmentation (``time.sleep`` would not)."""
+    """``base`` plus ``extra_ms`` of busy CPU per item: it competes for cores like augmentation (a sleep would not)."""
 
     def __init__(self, base: Dataset, extra_ms: float) -> None:
         self.base = base
@@ -181,8 +165,8 @@ class SpinDataset(Dataset):
 
 
 class UnevenDataset(Dataset):
-    """Items of uneven cost: most take ``fast_ms``, every ``slow_every``-th ``slow_ms``. The cost is a sleep (a slow
-    read from network storage), so it takes no core and ``in_order``'s effect shows even on two cores."""
+    """Most items take ``fast_ms``, every ``slow_every``-th ``slow_ms``: a sleep (a slow network read), so
+    ``in_order``'s effect shows even on two cores."""
 
     def __init__(self, n: int, fast_ms: float = 1.0, slow_ms: float = 60.0, slow_every: int = 23) -> None:
         self.n = check_int("n", n, 1, 10_000_000)
@@ -231,8 +215,8 @@ class BadRNGDataset(Dataset):
 
 
 class FixedRNGDataset(Dataset):
-    """THE FIX: the generator is made lazily, in each process, from that worker's own seed
-    (``get_worker_info().seed``, different per worker and epoch; ``seed`` in the main process). Any start method."""
+    """THE FIX: the generator is made lazily in each process from ``get_worker_info().seed`` (per worker and
+    epoch; ``seed`` in the main process)."""
 
     def __init__(self, n: int = 64, seed: int = 0) -> None:
         self.n = check_int("n", n, 1, 10_000_000)

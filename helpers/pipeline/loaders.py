@@ -1,10 +1,6 @@
-"""The DataLoader plumbing every chapter uses: :class:`LoaderConfig`, :func:`build_loader` and :func:`timed_loader`
-(the knobs, checked with plain messages), :func:`guard` (the same safety for a loader built in a cell), and
-:func:`measure_throughput`, the one way to time a loader, which always releases its workers.
-
-Worker start, watch, teardown, ``/dev/shm`` and failures in plain words are in :mod:`helpers.pipeline.workers`;
-the demo data sets and collate functions (spawn workers import them by name) in :mod:`helpers.pipeline.demo`.
-Both are re-exported here, where chapters and notebooks import them from. No speed is ever asserted here.
+"""Building and timing loaders: :class:`LoaderConfig`, :func:`build_loader`, :func:`timed_loader`, :func:`guard`
+(the same safety for a loader built in a cell) and :func:`measure_throughput`, the one way to time a loader, which
+always releases its workers. Re-exports :mod:`~helpers.pipeline.workers` and :mod:`~helpers.pipeline.demo`.
 """
 
 from __future__ import annotations
@@ -62,13 +58,8 @@ def _check_bool(name: str, value: Any) -> bool:
 
 @dataclass
 class LoaderConfig:
-    """The DataLoader knobs chapters 03-04 turn, validated together (:meth:`validated`).
-
-    ``prefetch_factor`` ``None`` = DataLoader's default (2 with workers); ``timeout`` ``None`` =
-    :data:`WORKER_TIMEOUT_S` with workers, 0 = wait forever; ``multiprocessing_context`` ``None`` = the platform's
-    default. ``prefetch_factor``, ``persistent_workers``, ``timeout`` and the start method need workers.
-    ``seed`` seeds the shuffling generator and the workers' base seed.
-    """
+    """The DataLoader knobs chapters 03-04 turn, checked together by :meth:`validated`. ``None``: DataLoader's
+    default (``timeout``: :data:`WORKER_TIMEOUT_S` with workers; 0 waits forever). ``seed`` seeds the shuffle."""
 
     batch_size: int = 32
     num_workers: int = 0
@@ -83,7 +74,6 @@ class LoaderConfig:
     drop_last: bool = False
 
     def validated(self) -> "LoaderConfig":
-        """Return self after checking every knob; ValueError names the knob and its range."""
         check_int("batch_size", self.batch_size, 1, 65536)
         check_int("num_workers", self.num_workers, 0, MAX_WORKERS)
         for name in ("pin_memory", "persistent_workers", "in_order", "shuffle", "drop_last"):
@@ -113,12 +103,6 @@ class LoaderConfig:
                     )
         return self
 
-    def effective_timeout(self) -> float:
-        """The DataLoader's ``timeout``: 0 without workers, :data:`WORKER_TIMEOUT_S` unless set."""
-        if self.num_workers == 0:
-            return 0.0
-        return WORKER_TIMEOUT_S if self.timeout is None else float(self.timeout)
-
     def replace(self, **changes: Any) -> "LoaderConfig":
         """A copy with some knobs changed (unknown names raise ValueError)."""
         unknown = set(changes) - set(asdict(self))
@@ -127,7 +111,7 @@ class LoaderConfig:
         return LoaderConfig(**{**asdict(self), **changes})
 
     def label(self) -> str:
-        """Short text such as ``'workers=2, batch=32, prefetch=2, persistent'``."""
+        """E.g. ``'workers=2, batch=32, prefetch=2, persistent'``."""
         parts = [f"workers={self.num_workers}", f"batch={self.batch_size}"]
         if self.num_workers:
             parts.append(f"prefetch={self.prefetch_factor or 2}")
@@ -171,11 +155,9 @@ def build_loader(
     check_shm: bool = True,
     **knobs: Any,
 ) -> DataLoader:
-    """A DataLoader from validated knobs (every loader of the workbook is built here); ``knobs`` override
-    ``config``'s. With workers it refuses to start when ``/dev/shm`` can't hold the batches in flight, waits at most
-    :data:`WORKER_TIMEOUT_S` for a batch, resets SIGINT/SIGTERM in each worker before ``worker_init_fn`` (default
-    :func:`helpers.pipeline.data.seed_worker`) and stops the workers if ``iter(loader)`` is interrupted.
-    ValueError names a bad knob, collate or init function, a sampler with ``shuffle=True``, too little /dev/shm."""
+    """Every loader of the workbook: ``config`` with ``knobs`` over it, validated. With workers: ``/dev/shm``
+    checked first, a batch timeout, the parent's signal handlers dropped in each worker before ``worker_init_fn``
+    (default :func:`~helpers.pipeline.data.seed_worker`), workers stopped if ``iter(loader)`` is interrupted."""
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         raise ValueError(
             f"dataset must be a map-style data set (with __getitem__ and __len__), got {type(dataset).__name__}"
@@ -195,7 +177,7 @@ def build_loader(
             worker_init_fn=_WorkerInit(worker_init_fn if worker_init_fn is not None else seed_worker),
             persistent_workers=cfg.persistent_workers,
             prefetch_factor=cfg.prefetch_factor,
-            timeout=cfg.effective_timeout(),
+            timeout=WORKER_TIMEOUT_S if cfg.timeout is None else float(cfg.timeout),
             in_order=cfg.in_order,
             multiprocessing_context=cfg.multiprocessing_context,
         )
@@ -232,10 +214,8 @@ def timed_loader(
     timed_collate: bool = True,
     **kwargs: Any,
 ) -> DataLoader:
-    """Chapter 01's loader: :func:`build_loader` with plain keyword arguments and the collate function wrapped in
-    :class:`helpers.pipeline.data.TimedCollate` (``timed_collate``). Other keyword arguments are the other
-    :class:`LoaderConfig` knobs and ``collate_fn``, ``worker_init_fn``, ``sampler``, all validated. (Not named
-    ``make_loader``: that is the function the chapters write in their cells.)"""
+    """Chapter 01's :func:`build_loader`, collate wrapped in :class:`~helpers.pipeline.data.TimedCollate`. (Not
+    ``make_loader``: the chapters write that one in their cells.)"""
     collate = kwargs.pop("collate_fn", None)
     config = LoaderConfig(
         batch_size=batch_size,
@@ -249,14 +229,9 @@ def timed_loader(
 
 
 def guard(loader: DataLoader, *, timeout: float | None = None, check_shm: bool = True) -> DataLoader:
-    """The safety of :func:`build_loader`, given in place to a DataLoader you built yourself; returns it.
-
-    With workers: ``/dev/shm`` is checked before any worker starts (estimated from ``loader.dataset[0]``); a loader
-    without a ``timeout`` of its own gets ``timeout`` s (default :data:`WORKER_TIMEOUT_S`); your ``worker_init_fn``
-    still runs, after the worker dropped the parent's SIGINT/SIGTERM handlers. A plain ``DataLoader`` becomes a
-    ``_WorkbookLoader``: starting workers can't leak them, and a worker frozen past the timeout is ended. Its knobs,
-    data set and sampler stay yours. A loader from :func:`build_loader` is returned unchanged.
-    """
+    """The safety of :func:`build_loader` given in place to your own DataLoader (knobs, data set and sampler stay
+    yours): ``/dev/shm`` checked, a ``timeout`` if it has none, signal handlers dropped before your
+    ``worker_init_fn``; a plain ``DataLoader`` becomes a ``_WorkbookLoader`` (no leaked or frozen workers)."""
     if not isinstance(loader, DataLoader):
         raise ValueError(f"loader must be a torch DataLoader, got {type(loader).__name__}")
     if isinstance(loader, _WorkbookLoader):
@@ -327,11 +302,9 @@ def _pct(values: Sequence[float], q: float) -> float:
 
 @dataclass
 class Throughput:
-    """One measured loader run: ``items``/``batches`` counted in the timed window of ``seconds`` (after
-    ``warmup_batches``); ``startup_s`` from ``iter(loader)`` to the first batch (worker start included);
-    ``epochs_started`` iterators made; ``wait_s`` the main thread's time inside ``next()`` per timed batch;
-    ``main_cpu_s`` its CPU time in the window; ``batch_bytes`` of the first timed batch; ``warnings`` the loader
-    emitted (captured, not printed); ``extra`` experiment-specific values."""
+    """One measured loader run: ``items``/``batches`` in the timed window of ``seconds`` (after the warm-up);
+    ``startup_s`` until the first batch; ``wait_s`` per batch inside ``next()``; ``main_cpu_s`` the main thread's
+    CPU time; ``batch_bytes`` of the first timed batch; captured ``warnings``; ``extra`` per experiment."""
 
     label: str
     config: dict[str, Any]
@@ -369,7 +342,7 @@ class Throughput:
 
     @property
     def main_busy(self) -> float:
-        """Fraction of the window the main thread was on a CPU (near 1: the main process is the bottleneck)."""
+        """Near 1: the main process is the bottleneck."""
         return self.main_cpu_s / self.seconds if self.seconds > 0 else float("nan")
 
     def summary(self) -> str:
@@ -396,7 +369,6 @@ def _loader_params(loader: DataLoader) -> dict[str, Any]:
 
 
 def _config_of(params: Mapping[str, Any]) -> LoaderConfig:
-    """A :class:`LoaderConfig` (for labels) from a result's ``config`` (:func:`_loader_params`)."""
     knobs = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "in_order")
     keep = {k: params[k] for k in knobs if k in params}
     return LoaderConfig(**{**keep, "batch_size": int(keep.get("batch_size") or 1)})
@@ -492,15 +464,10 @@ def measure_throughput(
     label: str | None = None,
     progress: Callable[..., Any] | None = None,
 ) -> Throughput:
-    """Run ``loader`` (a DataLoader or any iterable of batches) for ``warmup`` + ``batches`` batches, across epoch
-    ends, and time the last ``batches``: the one way to time a loader. Its workers are shut down however it ends.
-
-    ``to_device(*batch)``, the reader's copy, is timed apart (``extra["copy_s"]``, ``extra["copy_ms_per_batch"]``);
-    when it returns CUDA tensors the window ends with ``torch.cuda.synchronize()``. ``consume(batch)`` (e.g. a
-    training step) runs inside the window, ``on_batch(batch)`` outside the wait timing. ``threads``: torch's
-    intra-op threads meanwhile (chapters 03-04 pass 1, as in every worker). ``extra["pinned_batches"]`` counts
-    page-locked batches. ValueError for bad arguments or a loader without batches; :class:`LoaderFailure` (one
-    line: which worker and item, what to check) for a worker that froze, died or raised.
+    """Time the last ``batches`` of ``warmup + batches`` (across epoch ends) of any iterable of batches; its
+    workers are shut down however it ends. ``to_device(*batch)`` is timed apart (``extra["copy_s"]``; CUDA results
+    synchronised); ``consume(batch)`` runs inside the window, ``on_batch`` outside the wait timing; ``threads``:
+    torch's intra-op threads meanwhile. A worker that froze, died or raised: :class:`LoaderFailure`, one line.
     """
     if not hasattr(loader, "__iter__"):
         raise ValueError(
@@ -554,14 +521,8 @@ def measure_config(
     on_batch: Callable[[Any], None] | None = None,
     **knobs: Any,
 ) -> Throughput:
-    """The workbook's own loader for ``config`` (and ``knobs``), measured: :func:`build_loader` (``/dev/shm``
-    checked there), then :func:`measure_throughput`. ``result.config`` is the knobs with the data set's and the
-    collate function's names.
-
-    Raises:
-        ValueError: bad knobs, far more workers than cores (:func:`check_workers_for_cores`), too little /dev/shm.
-        LoaderFailure: a worker froze, died or raised (see :func:`measure_throughput`).
-    """
+    """:func:`build_loader` then :func:`measure_throughput`; also refuses far more workers than cores.
+    ``result.config``: the knobs with the data set's and collate function's names."""
     cfg = (config or LoaderConfig()).replace(**knobs).validated()
     check_workers_for_cores(cfg.num_workers)
     loader = build_loader(dataset, cfg, collate_fn=collate_fn, check_shm=check_shm)

@@ -1,10 +1,6 @@
-"""The workbook's model: a small CNN whose compute per batch is one knob, ``width``.
-
-A tiny model puts the same pipeline in a *data-bound* regime (the GPU waits for data), a wide one in a
-*compute-bound* regime (the data waits for the GPU): compute grows roughly with ``width**2``, so widths
-8 -> 128 span more than two orders of magnitude. ``flops_per_sample``, ``training_bytes`` and
-``check_training_memory`` count a model's cost and refuse a step that cannot fit; ``describe_model`` says it
-in one line. The normalisation of uint8 batches is :func:`helpers.pipeline.data.to_float_normalized`.
+"""The workbook's model: a small CNN whose compute per batch is one knob, ``width`` (compute grows with
+``width**2``): a tiny one makes the pipeline data-bound, a wide one compute-bound. Its cost counted, and a step
+that cannot fit refused.
 """
 
 from __future__ import annotations
@@ -28,15 +24,8 @@ __all__ = [
 
 
 class SmallCNN(nn.Module):
-    """A plain CNN for ``(N, 3, H, W)`` float images (normalised), any ``H, W >= 2**depth``.
-
-    Args:
-        num_classes: output classes (2-1000).
-        width: channels of the first stage (1-512); stage ``i`` has ``width * 2**i``.
-        depth: number of stages, each halving the resolution (1-6).
-        convs_per_stage: 3x3 convolutions per stage (1-8); another compute knob.
-        in_channels: input channels (default 3).
-    """
+    """A plain CNN for normalised ``(N, 3, H, W)`` float images, ``H, W >= 2**depth``: ``depth`` stages that halve
+    the resolution, stage ``i`` with ``width * 2**i`` channels and ``convs_per_stage`` 3x3 convolutions."""
 
     def __init__(
         self,
@@ -69,7 +58,6 @@ class SmallCNN(nn.Module):
         self.head = nn.Linear(c_in, self.num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits ``(N, num_classes)`` for a float batch ``x`` of shape ``(N, C, H, W)``."""
         return self.head(torch.flatten(self.pool(self.features(x)), 1))
 
     def extra_repr(self) -> str:
@@ -98,8 +86,7 @@ def count_parameters(model: nn.Module) -> int:
 def _count_outputs(
     model: nn.Module, image_size: int, in_channels: int, count: Callable[[nn.Module, torch.Tensor], int]
 ) -> int:
-    """Sum of ``count(module, output)`` over one forward pass of a zero image (eval mode, no grad; the
-    model's mode and weights are left as they were)."""
+    """Sum of ``count(module, output)`` over one no-grad eval forward pass of a zero image (mode restored)."""
     total = 0
 
     def hook(mod: nn.Module, inp: Any, out: torch.Tensor) -> None:
@@ -121,11 +108,7 @@ def _count_outputs(
 
 
 def flops_per_sample(model: nn.Module, image_size: int, in_channels: int = 3) -> int:
-    """Forward-pass FLOPs of one ``image_size x image_size`` image (2 FLOPs per multiply-add).
-
-    Counts convolutions and linear layers (the others are negligible). A training step costs about 3x this
-    (forward, and backward for inputs and weights).
-    """
+    """Forward FLOPs of one image (2 per multiply-add; convolutions and linear layers). Training: about 3x."""
     check_int("image_size", image_size, 1, 8192)
 
     def flops(mod: nn.Module, out: torch.Tensor) -> int:
@@ -137,12 +120,8 @@ def flops_per_sample(model: nn.Module, image_size: int, in_channels: int = 3) ->
 
 
 def training_bytes(model: nn.Module, image_size: int, batch_size: int, in_channels: int = 3) -> int:
-    """Estimated memory of one training step: activations kept for backward, their gradients, the batch.
-
-    The outputs of every convolution, batch norm, pooling and linear layer for one image (in-place ReLUs
-    allocate nothing), doubled for the backward pass's gradients, plus the float input, times ``batch_size``.
-    An estimate for refusing impossible sizes, not a measurement.
-    """
+    """Estimated bytes of one training step: the outputs kept for backward (in-place ReLUs allocate nothing), their
+    gradients and the float batch. For refusing impossible sizes, not a measurement."""
     check_int("image_size", image_size, 1, 8192)
     check_int("batch_size", batch_size, 1, 10**7)
     kept = (nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.Linear)
@@ -153,15 +132,8 @@ def training_bytes(model: nn.Module, image_size: int, batch_size: int, in_channe
 def check_training_memory(
     model: nn.Module, image_size: int, batch_size: int, *, share: float = 0.8, available_bytes: int | None = None
 ) -> int:
-    """Refuse a step that cannot fit in memory: returns :func:`training_bytes`, or raises.
-
-    The limit is ``share`` of the memory available now: host RAM as psutil reports it
-    for a model on the CPU, free device memory (``torch.cuda.mem_get_info``) for a
-    model on a GPU. ``available_bytes`` overrides it (for tests and planning).
-
-    Raises:
-        ValueError: naming batch size, image size and width, the estimate and the limit.
-    """
+    """:func:`training_bytes`, or ValueError above ``share`` of the memory available now (host RAM, or free memory
+    of the model's GPU; ``available_bytes`` overrides it)."""
     need = training_bytes(model, image_size, batch_size)
     if available_bytes is None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))

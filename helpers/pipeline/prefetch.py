@@ -1,30 +1,16 @@
 """A side-stream prefetcher (copy batch i+1 while batch i computes), and the check of the reader's own.
 
-``Prefetcher(loader, device)`` wraps any re-iterable of batches (usually a ``DataLoader``) and yields the
-same batches, in the same order, already on ``device``. On a CUDA device it issues the host-to-device copy
-of the *next* batch on its own stream before handing out the current one, so the copy runs on a copy engine
-while the current batch's kernels run on the compute (current) stream. That overlap is real only when the
-source is in **pinned** memory (a pageable copy is staged by the driver and blocks the host), the copy is on
-a **non-default stream** (one stream runs in order) and a **copy engine** is free (every NVIDIA GPU has one).
+``Prefetcher(loader, device)`` yields ``loader``'s batches, in order, already on ``device``. On CUDA it queues the
+next batch's copy on its own stream before handing out the current one; that overlaps only from **pinned** memory,
+on a **non-default** stream. Every tensor handed out gets ``record_stream(compute_stream)``: made on the side
+stream, its block would otherwise go to the next side-stream allocation while the compute stream still reads it
+(safe however long a batch is kept; freed blocks return a little later). One stream per prefetcher, made once: a
+new ``torch.cuda.Stream`` per epoch leaks reserved memory in the caching allocator (timm issue #2781).
+``normalize=(mean, std)`` turns uint8 images into floats after the copy, on the device (a quarter of the bytes
+cross the link). Without CUDA batches pass through, normalised all the same.
 
-Memory safety across streams: a tensor made on the side stream belongs, for the caching allocator, to that
-stream; once dropped, its block may go at once to the next allocation *on the side stream* while kernels
-queued on the compute stream still read it. So every tensor handed out gets
-``tensor.record_stream(compute_stream)``: the allocator reuses its block only after an event recorded on the
-compute stream at free time has passed. That is safe however long a batch is kept and for any batch
-structure whose tensors we reach (custom objects: their own ``record_stream(stream)`` method, or their
-attributes); freed blocks come back a little later (peak memory). The other way, an event recorded on the
-compute stream that the side stream waits for before each allocation, needs a contract (a batch is valid
-until the batch after next is asked for). One stream per prefetcher, made once: a new
-``torch.cuda.Stream`` per epoch leaks reserved memory in the caching allocator (timm issue #2781).
-
-``normalize=(mean, std)`` turns ``uint8`` image tensors (``...CHW``) into normalised floats *after* the copy,
-on the device, with the workbook's one normaliser (:func:`helpers.pipeline.data.to_float_normalized`,
-statistics cached per device and dtype): a quarter of the bytes of float32 cross the link. Without CUDA
-batches pass through (normalised all the same: the training loop is the same code on every machine).
-
-The check of chapter 05's exercise, :func:`check_pipeline_prefetcher`, runs the reader's prefetcher under
-the stream test doubles of :mod:`helpers.pipeline.streamcheck` (re-exported here) and, on a GPU, for real.
+:func:`check_pipeline_prefetcher` checks chapter 05's exercise under the stream test doubles of
+:mod:`helpers.pipeline.streamcheck` (re-exported here) and, on a GPU, for real.
 """
 
 from __future__ import annotations
@@ -39,7 +25,6 @@ from .data import MEAN, STD, normalization_stats, to_float_normalized
 from .streamcheck import (  # noqa: F401 (re-exported: chapter 05 and its tests call them as prefetch.<name>)
     PairProbeLoader,
     _delay_behind_copy,
-    _loop_time,
     check_pipeline_race,
     check_protocol,
     format_protocol,
@@ -71,12 +56,8 @@ _PLAIN = (str, bytes, int, float, bool, type(None))
 
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Any, *, obj_fn: Callable[[Any], Any] | None = None) -> Any:
-    """Apply ``fn`` to every tensor inside ``batch``; rebuild the same structure.
-
-    Handles tensors, lists, tuples, namedtuples, dicts (any ``dict`` subclass that can be rebuilt from
-    items) and dataclass instances. Any other object goes to ``obj_fn`` when given (e.g. to call its
-    ``.to()``), else is returned unchanged, as are strings, numbers and ``None``.
-    """
+    """Apply ``fn`` to every tensor in ``batch`` (lists, tuples, namedtuples, dicts, dataclasses), same structure;
+    other objects go to ``obj_fn`` (e.g. their ``.to()``) or come back unchanged."""
     if isinstance(batch, torch.Tensor):
         return fn(batch)
     if isinstance(batch, _PLAIN):
@@ -166,12 +147,8 @@ def normalize_uint8(
     std: torch.Tensor | Sequence[float],
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """``(x / 255 - mean) / std`` for a uint8 tensor whose last three dims are C, H, W.
-
-    The one normaliser, :func:`helpers.pipeline.data.to_float_normalized` (bit for bit torchvision's, statistics
-    cached: no host copy after the first call), which takes exactly one ``(N, C, H, W)`` batch; this adds what
-    the :class:`Prefetcher` needs: one ``(C, H, W)`` image or any leading dims, ``mean``/``std`` as tensors.
-    """
+    """``(x / 255 - mean) / std`` for a uint8 ``...CHW`` tensor: :func:`helpers.pipeline.data.to_float_normalized`
+    for any leading dims, ``mean``/``std`` also as tensors."""
     if not isinstance(x, torch.Tensor) or x.dtype != torch.uint8:
         got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"x must be a uint8 tensor, got {got}")
@@ -207,18 +184,9 @@ def move_batch(batch: Any, device: torch.device | str, *, non_blocking: bool = T
 
 
 class Prefetcher:
-    """Wrap ``loader`` so that batches arrive on ``device``, copied one step ahead.
-
-    Args:
-        loader: a re-iterable of batches (a ``DataLoader``, a list, ...); each ``iter(prefetcher)`` starts a
-            fresh ``iter(loader)``.
-        device: target device; ``None`` picks CUDA when available, else CPU.
-        normalize: ``None`` or ``(mean, std)``: uint8 ``...CHW`` tensors become ``(x / 255 - mean) / std`` in
-            ``dtype`` on the device (after the copy, so only the uint8 bytes cross the link).
-        dtype: floating dtype produced by ``normalize``.
-
-    ``stream`` is the one side stream (``None`` without CUDA). ``Prefetcher.made`` counts the prefetchers made
-    in this process: the exercise check refuses this reference as an answer.
+    """Batches of a re-iterable ``loader`` on ``device`` (``None``: CUDA if present), copied one step ahead;
+    ``normalize=(mean, std)`` makes uint8 ``...CHW`` tensors ``dtype`` floats on the device. ``stream``: the one
+    side stream (``None`` without CUDA). ``Prefetcher.made`` counts instances: the exercise check refuses this one.
     """
 
     made: int = 0
@@ -406,15 +374,10 @@ _PASSED = [
 def check_pipeline_prefetcher(
     candidate: Any, device: torch.device | str | None = None, *, check_overlap: bool = True, n_batches: int = 4
 ) -> PrefetcherCheck:
-    """Check the reader's chapter-05 ``Prefetcher`` (``(uint8 x, y)`` batches in, normalised on the device out).
-
-    ``candidate(loader, device)`` must return an iterable of ``(x, y)`` pairs. The check refuses
-    :class:`Prefetcher` itself (or anything that makes one); on every machine it runs the candidate under the
-    stream test doubles (:func:`stream_protocol`, two epochs of one object), checks the protocol
-    (:func:`check_protocol`) and compares every batch with the reference :class:`Prefetcher`'s (normalised
-    with ``data.MEAN`` and ``data.STD``); on a CUDA device, the same comparison with real streams,
-    :func:`check_pipeline_race`, and (``check_overlap``) how much of the copy time it hides.
-    """
+    """Check the reader's chapter-05 prefetcher: ``candidate(loader, device)`` yields ``(x, y)`` pairs, uint8 in,
+    normalised on the device out. Refuses :class:`Prefetcher` itself; everywhere: the protocol under the stream
+    doubles (two epochs) and the batches against the reference's; on CUDA: real streams, the race check and
+    (``check_overlap``) how much copy time it hides."""
     if candidate is None:
         return PrefetcherCheck(False, ["no answer yet: set answer = Prefetcher (the class you wrote) and run again"])
     if not callable(candidate):

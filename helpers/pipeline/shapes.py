@@ -53,14 +53,9 @@ _POOL_MIN_PIXELS = 100_000_000
 
 
 def default_sizes(tier: str | None = None) -> dict[str, int]:
-    """Problem sizes for the size tier in force (:func:`helpers.core.config.size_tier`), or for ``tier``
-    (``"quick"``, ``"laptop"``, ``"full"``: what another tier would use, e.g. for an estimate).
-
-    Quick (``WORKBOOK_QUICK=1``): 640 + 256 images of 80 px cropped to 64 (3.7 MiB; seconds to generate on 2
-    cores). Laptop (no CUDA GPU): 1,600 + 400 of 112 px cropped to 96 (an epoch of chapter 01's model takes tens of
-    seconds on 2 cores). Full (a CUDA GPU, or ``WORKBOOK_FULL=1``): 9,600 + 2,400 of 256 px cropped to 224 (about
-    30 KiB per file, decoding like a small photo). Each size set is its own cached folder (:func:`dataset_name`).
-    Keys: ``n_train``, ``n_val``, ``image_size``, ``crop_size``, ``num_classes``, ``batch_size``."""
+    """Problem sizes for the size tier in force, or for ``tier`` (``"quick"``, ``"laptop"``, ``"full"``). Quick:
+    seconds to generate on 2 cores; laptop (no GPU): an epoch of chapter 01's model in tens of seconds; full (a GPU):
+    224 px crops of ~30 KiB files that decode like small photos. Each size set is its own cached folder."""
     if tier is None:
         pick: Callable[..., int] = sized
     else:
@@ -147,9 +142,8 @@ _TEXTURES = {"checker": _checker, "stripes": _stripes, "dots": _dots}
 
 
 def render_image(label: int, size: int, rng: np.random.Generator) -> np.ndarray:
-    """Draw one image of class ``label`` as an ``(size, size, 3)`` uint8 array: a shape (disc, ring, square,
-    triangle, cross: position, size, rotation, colour vary) or a texture (stripes, dots, checker: period, angle,
-    colour vary) on a shaded background, with a few thin distractor lines and Gaussian noise."""
+    """One ``(size, size, 3)`` uint8 image of class ``label``: a shape or texture on a shaded background, with
+    distractor lines and Gaussian noise."""
     from PIL import Image, ImageDraw
 
     name = SHAPE_CLASSES[label]
@@ -193,8 +187,7 @@ def _encode_jpeg(arr: np.ndarray, quality: int) -> bytes:
 
 
 def _write_chunk(args: tuple[str, str, int, int, int, int, int, int]) -> list[dict[str, Any]]:
-    """Render and write images ``[start, stop)`` of one split; return their manifest rows (module level: a
-    process pool of any start method runs it)."""
+    """Render and write images ``[start, stop)`` of one split; their manifest rows (module level: pool workers)."""
     folder, split, start, stop, num_classes, image_size, seed, quality = args
     rows = []
     for index in range(start, stop):
@@ -213,9 +206,8 @@ def _write_chunk(args: tuple[str, str, int, int, int, int, int, int]) -> list[di
 
 @dataclass
 class DatasetInfo:
-    """Where a generated data set lives (``root``, and ``train_dir``/``val_dir`` for :class:`ShapesDataset` or
-    ImageFolder) and what it holds; ``generated`` is False for a reused cached copy, ``seconds`` what this call
-    spent generating or verifying, ``params`` the generation parameters recorded in the manifest."""
+    """Where a generated data set lives and what it holds; ``generated`` False: a reused cached copy; ``seconds``
+    spent generating or verifying; ``params`` as recorded in the manifest."""
 
     root: Path
     train_dir: Path
@@ -284,13 +276,9 @@ def _file_problem(path: Path, row: dict[str, Any], level: str) -> str | None:
 def verify_dataset(
     root: str | os.PathLike[str], level: str = "quick", params: dict[str, Any] | None = None
 ) -> list[str]:
-    """Problems of a generated data set against its manifest, one line each (empty: intact).
-
-    ``level="quick"`` checks every listed file's size and CRC-32 (a manifest from before checksums were recorded:
-    SHA-256) and that no extra image is present: a same-size change is caught; measured on a busy 2-core machine,
-    0.07 s for the quick tier (896 files), about 2 s for the full one (12,000 files). ``"full"`` checks every
-    file's SHA-256 (a few times slower). ``params``, if given, must equal the manifest's.
-    """
+    """Problems of a generated data set against its manifest, one line each (empty: intact). ``"quick"``: each
+    file's size and CRC-32 (about 2 s for 12,000 files on 2 busy cores), no extra files; ``"full"``: SHA-256 (a few
+    times slower). ``params``, if given, must equal the manifest's."""
     check_choice("level", level, ("quick", "full"))
     root = Path(root)
     mpath = root / MANIFEST
@@ -326,16 +314,16 @@ def verify_dataset(
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Exclusive lock on ``path`` between processes (no-op where fcntl is missing); OSError when the lock file
-    can't be opened (a read-only folder): the caller decides what that means."""
+def _file_lock(path: Path, wait: bool = True) -> Iterator[None]:
+    """Exclusive lock on ``path`` between processes (no-op without fcntl); OSError for a read-only folder, or
+    (``wait=False``) when another process holds it."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: the atomic rename still protects the cache
         yield
         return
     with open(path, "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         try:
             yield
         finally:
@@ -352,8 +340,8 @@ def _not_writable_message(folder: Path, exc: OSError, what: str) -> str:
 
 
 def _check_disk(parent: Path, n_images: int, image_size: int) -> None:
-    """Refuse a generation that can't fit on the disk holding ``parent``: about 0.45 byte per pixel at q90 was
-    measured, 0.8 is assumed, twice (a temporary copy exists while regenerating)."""
+    """Refuse a generation that can't fit: 0.45 byte per pixel measured at q90, 0.8 assumed, twice (the temporary
+    copy)."""
     need = 2 * (int(n_images * image_size * image_size * 0.8) + 64 * 1024)
     try:
         free = shutil.disk_usage(parent).free
@@ -375,17 +363,9 @@ def _remove_stale_temporaries(parent: Path, held: str) -> None:
             name = tmp.name[1:].split(".tmp-", 1)[0]
             if name == held:
                 shutil.rmtree(tmp, ignore_errors=True)
-                continue
-            try:
-                import fcntl
-            except ImportError:  # pragma: no cover - Windows: leave other data sets' temporaries alone
-                return
-            with contextlib.suppress(OSError), open(parent / f".{name}.lock", "a+") as fh:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # OSError: that generation runs now
-                try:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                finally:
-                    fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+            elif os.name == "posix":  # without fcntl (Windows) other data sets' temporaries are left alone
+                with contextlib.suppress(OSError), _file_lock(parent / f".{name}.lock", wait=False):
+                    shutil.rmtree(tmp, ignore_errors=True)  # OSError above: that generation runs now
 
 
 def _cache_parent(root: str | os.PathLike[str] | None) -> Path:
@@ -450,8 +430,8 @@ def _write_all(tmp: Path, params: dict[str, Any], workers: int, report: Callable
 
 
 def _generate(final: Path, params: dict[str, Any], workers: int, report: Callable[..., None]) -> None:
-    """Write the data set into a temporary sibling folder, the manifest last (its presence marks a complete data
-    set), then rename it into place. Nothing is kept when it fails."""
+    """Write into a temporary sibling folder, the manifest last (it marks a complete set), then rename it into
+    place; nothing is kept on failure."""
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         for split in ("train", "val"):
@@ -510,8 +490,8 @@ def _problems(final: Path, params: dict[str, Any], verify: str, report: Callable
 def _reuse_or_generate(
     final: Path, check: Callable[[], list[str]], generate: Callable[[], None], on_corrupt: str
 ) -> bool:
-    """Reuse a verified copy or (re)generate it, under the data set's lock; True when generated. In a read-only
-    cache folder (no lock file can be made) a verified copy is used as it is."""
+    """Reuse a verified copy or (re)generate it under the data set's lock; True when generated. A read-only cache
+    folder's verified copy is used as it is."""
     parent = final.parent
     with contextlib.ExitStack() as stack:
         try:
@@ -556,22 +536,12 @@ def make_shapes_dataset(
     workers: int | None = None,
     progress: Callable[..., None] | None = None,
 ) -> DatasetInfo:
-    """Generate the shapes data set, or reuse a verified cached copy: ``<root>/<dataset_name(...)>/`` with
-    ``train/<class>/NNNNN.jpg``, ``val/<class>/NNNNN.jpg`` and ``manifest.json`` (parameters, size and checksums of
-    every file). The same parameters always give byte-identical files; generation happens in a temporary folder
-    renamed into place, under a file lock, so two processes never see a half-written data set.
-
-    ``n_train``/``n_val``/``image_size`` ``None``: :func:`default_sizes`. ``num_classes``: 2-8 of
-    :data:`SHAPE_CLASSES`. ``root``: default :func:`helpers.core.config.cache_dir`. ``verify`` a cached copy
-    ``"quick"``, ``"full"`` or ``"none"`` (see :func:`verify_dataset`); ``on_corrupt`` ``"regenerate"`` (with a
-    warning) or ``"raise"``. ``workers``: generating processes (default 1 for small sets, a pool costs seconds to
-    start; else the CPU count, at most 8). ``progress(fraction, text)``; ``None``: a bar while generating.
-
-    Raises:
-        ValueError: bad arguments, an unusable ``root`` or ``WORKBOOK_CACHE``, not enough disk space.
-        OSError: the disk filled up while generating (nothing kept).
-        PermissionError: a read-only cache folder without a usable copy (the message names ``WORKBOOK_CACHE``).
-        RuntimeError: a damaged cached copy with ``on_corrupt="raise"``.
+    """Generate the shapes data set, or reuse a verified cached copy: ``<root>/<dataset_name(...)>/`` holding
+    ``train/<class>/NNNNN.jpg``, ``val/...`` and ``manifest.json`` (sizes and checksums). Same parameters, same
+    bytes; written in a temporary folder renamed into place under a file lock. ``None`` sizes: :func:`default_sizes`;
+    ``root``: the cache folder; ``verify``: see :func:`verify_dataset`; ``workers``: 1 for small sets (a pool costs
+    seconds to start), else up to 8. Errors are one line each (ValueError, OSError for a full disk,
+    PermissionError for a read-only cache naming ``WORKBOOK_CACHE``, RuntimeError with ``on_corrupt="raise"``).
     """
     check_choice("verify", verify, ("quick", "full", "none"))
     check_choice("on_corrupt", on_corrupt, ("regenerate", "raise"))

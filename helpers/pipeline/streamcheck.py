@@ -1,15 +1,10 @@
 """Check a side-stream prefetcher's stream protocol on any machine, with logging test doubles of the stream API.
 
-Chapter 05's reader writes ``class Prefetcher``: ``(x, y)`` batches copied on a side stream with
-``non_blocking=True``, handed over after ``current.wait_stream(side)`` with ``record_stream(current)``.
-Streams exist only on CUDA, so :func:`stream_protocol` runs that code under :func:`stream_doubles`:
-``torch.cuda.Stream``, ``stream``, ``current_stream``, ``Event`` and ``Tensor.record_stream`` are replaced,
-for the run only, by objects that write what was asked of them into one log, and ``Tensor.to`` logs when a
-loader's tensor is moved and under which stream. No GPU work happens; the log says whether the *protocol*
-is right (:func:`check_protocol`), and :func:`format_protocol` shows it. On a GPU the same prefetcher
-is checked with real streams: :func:`check_pipeline_race` (each batch right when read on the consuming
-stream) and :func:`prefetch_overlap_ratio` (how much of the copy it hides). :mod:`helpers.pipeline.prefetch`
-re-exports these names (``prefetch.stream_protocol``, ...): chapter 05 and its checker call them there.
+:func:`stream_protocol` runs the reader's ``Prefetcher`` under :func:`stream_doubles`: ``torch.cuda.Stream``,
+``stream``, ``current_stream``, ``Event`` and ``Tensor.record_stream`` log what was asked of them, and
+``Tensor.to`` logs a loader tensor's move and its stream. No GPU work happens: :func:`check_protocol` judges the
+log, :func:`format_protocol` shows it. On a GPU: :func:`check_pipeline_race` (each batch right when read on the
+consuming stream) and :func:`prefetch_overlap_ratio` (how much copy it hides). Re-exported by ``prefetch``.
 """
 
 from __future__ import annotations
@@ -144,13 +139,8 @@ def _make_stream(device: Any = None, priority: int = 0, **kwargs: Any) -> _FakeS
 
 @contextlib.contextmanager
 def stream_doubles() -> Iterator[_Protocol]:
-    """Replace the CUDA stream API by logging doubles while the ``with`` block runs (any machine).
-
-    Inside, ``torch.cuda.Stream(...)`` makes a side stream, ``torch.cuda.current_stream()`` is
-    :data:`CONSUMER` (or the stream of an enclosing ``torch.cuda.stream(s)``), waits, events and
-    ``Tensor.record_stream`` are logged, and ``Tensor.to`` logs a move when called on a tensor registered
-    in ``probes``. Everything is restored on exit, also after an exception. It does not nest.
-    """
+    """The CUDA stream API replaced by logging doubles inside the block (restored on exit; does not nest):
+    ``current_stream()`` is :data:`CONSUMER`; ``.to()`` of a tensor in ``probes`` logs a move."""
     global _ACTIVE
     if _ACTIVE is not None:
         raise RuntimeError("stream_doubles() is already active (it does not nest)")
@@ -188,11 +178,8 @@ def stream_doubles() -> Iterator[_Protocol]:
 
 
 class PairProbeLoader:
-    """A re-iterable loader of ``(uint8 images, labels)`` batches that logs ``("request", i)`` per batch.
-
-    Batch ``i``'s images are ``(2, 3, 4, 4)`` uint8 values and its labels are ``i``, so order mistakes show.
-    Given the active ``proto``, its tensors are registered so that their ``.to()`` calls are logged as moves.
-    """
+    """A re-iterable loader of ``(uint8 (2, 3, 4, 4) images, labels = i)`` batches that logs ``("request", i)``;
+    given ``proto``, its tensors' ``.to()`` calls are logged as moves."""
 
     def __init__(self, n_batches: int = 4, proto: _Protocol | None = None) -> None:
         g = torch.Generator().manual_seed(5)
@@ -225,13 +212,8 @@ def _tensors(batch: Any) -> Iterator[torch.Tensor]:
 def stream_protocol(
     candidate: Any, n_batches: int = 4, epochs: int = 1
 ) -> tuple[list[tuple[Any, ...]], list[list[Any]], int]:
-    """Run ``candidate(loader, "cpu")`` under :func:`stream_doubles` on a :class:`PairProbeLoader`.
-
-    Returns ``(log, handed, streams_made)``: the log (requests, moves, new streams, waits, events,
-    ``record_stream``, and ``("handed", epoch, i, ids of the batch's tensors)`` at each hand-over), the
-    batches handed over per epoch, and how many side streams were made. The same object is iterated
-    ``epochs`` times (a generator function is called again per epoch).
-    """
+    """``(log, handed per epoch, side streams made)`` of ``candidate(loader, "cpu")`` under :func:`stream_doubles`
+    on a :class:`PairProbeLoader`, iterated ``epochs`` times; each hand-over logs ``("handed", epoch, i, ids)``."""
     handed: list[list[Any]] = []
     with stream_doubles() as proto:
         loader = PairProbeLoader(n_batches, proto)
@@ -374,15 +356,10 @@ def _hand_over_problem(
 
 
 def check_protocol(log: Sequence[tuple[Any, ...]], handed: Sequence[Sequence[Any]], n_batches: int) -> list[str]:
-    """Problems (empty: none) in a :func:`stream_protocol` log of a side-stream prefetcher of ``(x, y)`` batches.
-
-    A prefetcher that overlaps safely (1) requests **and moves** batch ``i + 1`` before it hands over batch
-    ``i``, reading at most :data:`MAX_AHEAD` ahead; (2) moves every tensor with ``non_blocking=True`` under
-    ``torch.cuda.stream(side)``, a side stream made once (not per epoch); (3) makes the side stream wait for
-    the current stream before its first copy; (4) before handing batch ``i`` over, makes the current stream
-    wait for the side stream (``wait_stream``, or ``wait_event`` on an event recorded after batch ``i``'s
-    copy); and (5) calls ``record_stream(current)`` on every tensor it hands over.
-    """
+    """Problems (empty: none) in a :func:`stream_protocol` log. A safe prefetcher (1) requests and moves batch
+    ``i + 1`` before handing over ``i`` (at most :data:`MAX_AHEAD` ahead); (2) copies non-blocking on one side
+    stream made once; (3) which first waits for the current stream; (4) makes the current stream wait before each
+    hand-over; (5) calls ``record_stream(current)`` on every tensor it hands over."""
     if [len(h) for h in handed] != [n_batches] * len(handed):
         return [f"gave {[len(h) for h in handed]} batches per epoch, expected {n_batches}"]
     events = list(log)
@@ -427,15 +404,9 @@ def _pinned_pairs(n_batches: int, batch_mib: int, value: Callable[[int], int]) -
 def check_pipeline_race(
     candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 64, n_batches: int = 8
 ) -> list[str]:
-    """Problems (empty: none) seen when each batch is checked **on the consuming stream** as it arrives (CUDA).
-
-    Batch ``i`` of large pinned ``(uint8 images, labels)`` batches holds ``10 + 20 i`` in every pixel and the
-    label ``i``. As soon as the candidate yields a batch, its comparison with the normalised value is queued
-    on the current stream, and the batch is dropped. Pass 1 checks at once (a missing ``wait_stream`` reads a
-    batch before its copy has written it); pass 2 behind about three copies' worth of queued GPU work (a
-    missing ``record_stream`` lets the allocator give the dropped batch's block to the next copy first).
-    Zero wrong elements is necessary (a race need not show on every run), non-zero is a bug.
-    """
+    """Problems (empty: none) when each batch (pixels ``10 + 20 i``, label ``i``) is compared on the consuming
+    stream as it arrives, then dropped (CUDA). Pass 1 at once catches a missing ``wait_stream``; pass 2, behind
+    about three copies of queued work, a missing ``record_stream``. Zero is necessary, not sufficient."""
     dev = torch.device(device)
     if dev.type != "cuda":
         raise ValueError("check_pipeline_race needs a CUDA device")
@@ -492,14 +463,8 @@ def _loop_time(batches: Iterable[Any], compute: Callable[[torch.Tensor], torch.T
 def prefetch_overlap_ratio(
     candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 32, n_batches: int = 8, repeats: int = 3
 ) -> float:
-    """Share (0-1) of the copy time a prefetcher of chapter 05's pairs hides behind compute (CUDA only).
-
-    Times, with a synchronised wall clock, on pinned ``(uint8 images, labels)`` batches of ``batch_mib`` MiB:
-    the copies (and the normalisation on the device) alone, ``t_copy``; compute on device-resident batches
-    alone, ``t_compute``, calibrated to about 1.5x one copy; and iterating ``candidate(loader, device)`` while
-    computing, ``t_both``, in alternating rounds. Ratio = ``(t_copy + t_compute - t_both) / min(t_copy,
-    t_compute)`` within a round; the median of ``repeats`` rounds, clipped to [0, 1].
-    """
+    """Share (0-1) of copy time a prefetcher hides behind compute (CUDA): copies alone, compute alone (about 1.5x
+    a copy), both, in alternating rounds; ``(t_copy + t_compute - t_both) / min(t_copy, t_compute)``, median."""
     dev = torch.device(device)
     loader = _pinned_pairs(n_batches, batch_mib, lambda i: i)
 

@@ -1,12 +1,8 @@
 """The timeline's phases and lanes, the optimizer, and the bottleneck model (chapters 01 and 06, the answer key).
 
-A training step's phases, recorded with :class:`helpers.core.timing.SpanRecorder`, and the lane (resource)
-each occupies: ``load`` and ``collate`` (the loader; "collate" apart only with ``num_workers=0`` and a timed
-collate function, :class:`helpers.pipeline.data.TimedCollate`; with workers "load" is the main process's
-wait) and ``pin`` (a ``pin_memory=True`` loader, CUDA) on the data (CPU) lane; ``h2d`` (a no-op on CPU) on
-the copy lane; ``normalize`` (uint8 batches), ``forward``, ``backward`` and ``optimizer`` on the compute lane.
-On CUDA the copy and compute phases are timed with CUDA events; on the CPU every phase is wall-clock time
-and the compute lane is "compute (CPU)". Chapter 01's step anatomy and evaluation are in its folder.
+Each phase of a step occupies one lane: ``load``, ``collate`` (apart only with ``num_workers=0`` and a
+:class:`~helpers.pipeline.data.TimedCollate`) and ``pin`` the data (CPU) lane; ``h2d`` the copy lane;
+``normalize``, ``forward``, ``backward`` and ``optimizer`` the compute lane (CUDA events on a GPU, wall clock on CPU).
 """
 
 from __future__ import annotations
@@ -60,11 +56,7 @@ def make_optimizer(model: nn.Module, lr: float = 3e-3, weight_decay: float = 0.0
 
 @dataclass
 class Prediction:
-    """Step time predicted from phase times by the bottleneck model.
-
-    ``stage_times``: seconds per step of each resource (:data:`STAGES`); ``serial``: the sum of all phases
-    (nothing overlaps); ``overlapped``: the slowest stage (all stages overlap perfectly), ``bottleneck``.
-    """
+    """The bottleneck model's step time: ``serial`` (nothing overlaps), ``overlapped`` (the slowest stage)."""
 
     stage_times: dict[str, float]
     serial: float
@@ -77,13 +69,8 @@ class Prediction:
 
     @property
     def one_step_overlap(self) -> float:
-        """The naive loop's step on a GPU: copy + max(data, compute).
-
-        Kernel launches are asynchronous: once step i's work is queued the CPU loads batch i+1 while the GPU
-        computes, and the next blocking ``x.to(device)`` waits for the GPU. So data overlaps compute by one
-        step for free and the copy overlaps nothing (on a CPU the same cores do both: :attr:`serial`). Needs
-        the default :data:`STAGES` names (else :attr:`serial`).
-        """
+        """The naive loop's step on a GPU, copy + max(data, compute): asynchronous kernel launches let the CPU load
+        batch i+1 while the GPU computes, and the blocking copy overlaps nothing. Needs the default stages."""
         names = list(STAGES)
         if not all(n in self.stage_times for n in names):
             return self.serial

@@ -1,10 +1,5 @@
-"""Host <-> GPU copy facts two or more chapters use (chapter 02's own experiments are in its folder).
-
-:func:`cuda_status` says whether copies can be measured here (if not, :class:`Unavailable` says why);
-:func:`check_host_bytes` refuses host buffers larger than the RAM available now (chapters 00 and 02);
-:func:`images_nbytes`, :func:`break_even_uses` and :func:`pinning_pays` are the bytes on the wire and when
-pinning pays (chapter 02, the answer key); :func:`host_allocator_stats` reads the pinned caching allocator's
-counters (chapter 02, chapter 06's waterfall). Sizes in bytes, times in seconds.
+"""Host <-> GPU copy facts two or more chapters use: whether copies can be measured here, host-RAM guards, bytes
+on the wire, when pinning pays, the pinned allocator's counters. Sizes in bytes, times in seconds.
 """
 
 from __future__ import annotations
@@ -41,8 +36,7 @@ NO_CUDA_REASON = (
 
 @dataclass(frozen=True)
 class Unavailable:
-    """A measurement that could not run here, and why (no CUDA device): returned instead of raising, so a
-    notebook cell prints it and moves on to reference results."""
+    """A measurement that could not run here, and why: returned, not raised, so a cell prints it and moves on."""
 
     what: str
     reason: str
@@ -75,9 +69,8 @@ def check_host_bytes(
     what: str = "",
     available_bytes: int | None = None,
 ) -> int:
-    """Return ``nbytes`` (the *total* the caller is about to allocate) if that much host RAM can be allocated
-    safely, else raise ValueError: the limit is ``share`` of the RAM psutil reports available now (or
-    ``available_bytes``), so a request that would push the machine into swap or the OOM killer is refused."""
+    """``nbytes`` (the total about to be allocated), or ValueError above ``share`` of the RAM available now: no
+    swapping, no OOM killer."""
     nbytes = check_int(name, nbytes, 0)
     share = check_float("share", share, 0.01, 0.95)
     if available_bytes is None:
@@ -131,12 +124,8 @@ def _names_cuda(device: Any) -> bool:
 
 
 def cuda_status(device: torch.device | str | None = None) -> tuple[bool, str]:
-    """``(True, '')`` if ``device`` is a usable CUDA device, else ``(False, reason)``.
-
-    ``device`` goes through :func:`helpers.core.device.resolve_device` (``None``: CUDA when present; a
-    ValueError for a device that is neither ``cpu`` nor ``cuda``, or, with CUDA, a GPU that is not there).
-    Without CUDA a CUDA device is answered with :data:`NO_CUDA_REASON`, not refused (:class:`Unavailable`).
-    """
+    """``(True, '')`` for a usable CUDA device, else ``(False, reason)``; a misspelt device is a ValueError, but
+    ``cuda`` without CUDA is answered with :data:`NO_CUDA_REASON`."""
     if not has_cuda():
         if device is not None:  # the spelling is checked all the same; 'cuda' is absent here, not wrong
             resolve_device("cpu" if _names_cuda(device) else device)
@@ -148,9 +137,8 @@ def cuda_status(device: torch.device | str | None = None) -> tuple[bool, str]:
 
 
 def host_allocator_stats() -> dict[str, int] | Unavailable:
-    """Key counters of the pinned caching allocator (``torch.cuda.memory.host_memory_stats``):
-    ``allocated_bytes`` (pinned bytes it owns, active + cached, at their rounded size), ``active_bytes``
-    (handed out now), ``allocations``, ``num_host_alloc`` and ``num_host_free`` (cudaHostAlloc / cudaFreeHost)."""
+    """The pinned caching allocator's counters: ``allocated_bytes`` (owned, active + cached, rounded),
+    ``active_bytes`` (handed out), ``allocations``, ``num_host_alloc``/``_free`` (cudaHostAlloc, cudaFreeHost)."""
     ok, reason = cuda_status()
     if not ok:
         return Unavailable("pinned allocator statistics", reason)

@@ -1,18 +1,8 @@
-"""Worker processes that can't hang, leak or lose a Ctrl-C: how the loaders of :mod:`helpers.pipeline.loaders`
-start, watch, stop and explain their workers.
-
-- start: SIGINT/SIGTERM are held while workers are forked (:class:`_HeldSignals`), and each worker drops the
-  parent's handlers (:func:`reset_child_signals`) and names the item its data set fails on;
-- watch: a worker that ends (even with exit code 0) is noticed within a quarter second (:class:`_WatchedIter`),
-  one stopped longer than the loader's timeout is ended (:class:`_FreezeWatch`);
-- stop: :func:`release` and :func:`_finish`, bounded waits, whatever interrupts them;
-- explain: :func:`_plain_failure` turns torch's errors into one :class:`LoaderFailure` line;
-- ``/dev/shm``, where workers hand batches over: too little is refused before any worker starts (:func:`require_shm`);
-- how many: far more workers than cores are refused where a reader asks for them (:func:`check_workers_for_cores`).
-
-Processes are found, resumed and stopped with psutil and multiprocessing. torch has no public way to close an
-iterator, watch its workers or name a failing item, so a few private torch names remain; each says beside it why
-(which test the public path fails).
+"""Worker processes that can't hang, leak or lose a Ctrl-C: start (signals held while forking, parent handlers
+dropped in each worker), watch (an ended worker noticed within 0.25 s, a frozen one ended), stop (:func:`release`,
+:func:`_finish`: bounded, uninterruptible), explain (one :class:`LoaderFailure` line), ``/dev/shm`` and core
+limits. torch has no public way to close an iterator, watch its workers or name a failing item, so a few private
+torch names remain; each says beside it why.
 """
 
 from __future__ import annotations
@@ -73,12 +63,8 @@ _TORCH_WORKER_DIED = re.compile(r"DataLoader worker \(pid[^)]*\) (is killed by s
 
 
 def reset_child_signals() -> None:
-    """In a child process (a loader worker, a pool process): drop signal handlers meant for the parent.
-
-    A forked child inherits them: a parent that turns SIGTERM into ``KeyboardInterrupt`` would make
-    ``pool.terminate()`` raise inside a pool worker holding a queue lock, and the parent would wait for that lock
-    forever. SIGTERM goes back to the default, SIGINT is ignored (the parent gets Ctrl-C and stops its children).
-    """
+    """In a child process: SIGTERM to the default, SIGINT ignored (the parent stops its children). Inherited, a
+    parent's SIGTERM -> ``KeyboardInterrupt`` would raise inside a pool worker holding a queue lock: a hang."""
     for sig, handler in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.SIG_IGN)):
         with contextlib.suppress(ValueError, OSError):  # not the main thread of the child
             signal.signal(sig, handler)
@@ -97,10 +83,7 @@ def _failing_item(dataset: Any, index: Any, batched: bool) -> str:
 
 
 def _name_failing_items() -> None:
-    """In a worker: a data set's exception gets a note naming the item (the main process knows only the batch).
-
-    Patches torch's map-style fetcher in this worker process only: torch offers no hook there.
-    """
+    """In a worker: a data set's exception gets a note naming the item (torch's fetcher patched: no hook)."""
     from torch.utils.data._utils import fetch
 
     cls = fetch._MapDatasetFetcher
@@ -124,8 +107,7 @@ def _name_failing_items() -> None:
 
 
 class _WorkerInit:
-    """``worker_init_fn`` of every loader built or guarded here: reset the parent's signal handlers, then run ``fn``
-    (module level and picklable, for spawn and forkserver)."""
+    """Every loader's ``worker_init_fn``: the parent's signal handlers reset, then ``fn`` (picklable for spawn)."""
 
     def __init__(self, fn: Callable[[int], None] | None) -> None:
         self.fn = fn
@@ -138,14 +120,10 @@ class _WorkerInit:
 
 
 class _HeldSignals:
-    """``with _HeldSignals() as held:`` SIGINT and SIGTERM are only noted while the block runs; ``held.deliver()``
-    afterwards runs the handler they were meant for (``KeyboardInterrupt`` for Ctrl-C).
-
-    Why: ``os.fork()`` runs Python's at-fork callbacks in the parent, and an exception raised inside one (or inside
-    a finalizer a teardown runs) is printed as "Exception ignored" and dropped: the press would be lost. A handler
-    that only notes never raises. A forked child inherits the noting handler, so a press that reaches a new worker
-    before :func:`reset_child_signals` doesn't end it. Main thread only, and only for Python handlers.
-    ``escape=True``: a second signal is handled at once (a second Ctrl-C always ends a slow teardown).
+    """``with _HeldSignals() as held:`` SIGINT/SIGTERM are only noted; ``held.deliver()`` afterwards runs their
+    handler. Why: an exception raised in an at-fork callback or a finalizer is printed as "Exception ignored" and the
+    press is lost; a noting handler never raises (and a new worker inherits it until it resets its handlers).
+    Main thread, Python handlers only. ``escape=True``: a second signal is handled at once (ends a slow teardown).
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -175,7 +153,7 @@ class _HeldSignals:
             signal.signal(sig, handler)
 
     def deliver(self) -> None:
-        """Run the original handler of the first noted signal (default_int_handler raises KeyboardInterrupt)."""
+        """The first noted signal's own handler (Ctrl-C: KeyboardInterrupt)."""
         if self.noted:
             sig = self.noted[0]
             self.noted.clear()
@@ -183,13 +161,10 @@ class _HeldSignals:
 
 
 class _FreezeWatch(threading.Thread):
-    """Kills a worker stopped (SIGSTOP, Ctrl-Z) for longer than the loader's timeout; notes its pid in ``frozen``.
-
-    ``DataLoader(timeout=...)`` covers the wait for a batch, not the hand-over of its shared memory: with the
-    ``file_descriptor`` strategy the main process fetches each tensor's descriptor from the worker that made it,
-    and blocks forever if that worker is frozen (without the watch, tests/test_loader_failures.py's
-    ``..._frozen_after_handing_a_batch_over...`` hangs). The iterator's private ``_workers`` name its workers:
-    psutil's process tree can't tell them from another loader's.
+    """Kills a worker stopped (SIGSTOP, Ctrl-Z) longer than the loader's timeout, its pid noted in ``frozen``.
+    ``DataLoader(timeout=...)`` misses the shared-memory hand-over: the main process fetches each descriptor from a
+    frozen worker forever (tests/test_loader_failures.py's ``..._frozen_after_handing_a_batch_over...``). The
+    iterator's private ``_workers`` name its workers: psutil can't tell them from another loader's.
     """
 
     def __init__(self, it: Any, timeout_s: float, frozen: list[int]) -> None:
@@ -240,16 +215,14 @@ class _WatchedIter(_MultiProcessingDataLoaderIter):
 
 
 def _worker_exits(procs: Sequence[Any]) -> str:
-    """``'worker 1 (pid 123): exit code 0'`` for each ended worker (worker id = position)."""
     parts = [f"worker {i} (pid {w.pid}): exit code {w.exitcode}" for i, w in enumerate(procs) if w.exitcode is not None]
     return "; ".join(parts) or "no exit status"
 
 
 class _WorkbookLoader(DataLoader):
-    """A DataLoader whose worker start can't leak or lose an interrupt: a Ctrl-C while ``iter(loader)`` starts
-    workers is held until they are all up, then they are stopped and ``KeyboardInterrupt`` raised; a worker that
-    ends is noticed at once (:class:`_WatchedIter`). ``_get_iterator`` is the one place torch starts workers: signals
-    held around it are what keeps a press during a fork from being lost (tests/test_interrupt_battery.py)."""
+    """A DataLoader whose worker start can't leak or lose an interrupt: a Ctrl-C while ``_get_iterator`` (the one
+    place torch starts workers) runs is held until all are up, then they are stopped and it is raised
+    (tests/test_interrupt_battery.py); an ended worker is noticed at once (:class:`_WatchedIter`)."""
 
     _workbook_frozen: list[int]  # pids _FreezeWatch killed
     _workbook_warnings: list[str]
@@ -297,8 +270,7 @@ def workers_limit() -> int:
 
 
 def check_workers_for_cores(num_workers: int, name: str = "num_workers") -> int:
-    """``num_workers``, or ValueError (one line: what to do) when it is far above this machine's cores: each worker
-    is a whole process with its own copy of the data set; 64 on 2 cores only add start-up time and memory."""
+    """``num_workers``, or a one-line ValueError when it is far above this machine's cores."""
     limit, cores = workers_limit(), cpu_cores()
     if num_workers > limit:
         raise ValueError(
@@ -310,8 +282,7 @@ def check_workers_for_cores(num_workers: int, name: str = "num_workers") -> int:
 
 
 def load_note() -> str:
-    """One line on how busy this machine is: above one runnable process per core, workers get a slice of a core
-    and throughput figures understate what the same settings give on an idle machine."""
+    """How busy this machine is: above one runnable process per core, throughput figures understate."""
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # pragma: no cover - Windows
@@ -340,7 +311,6 @@ class ShmStatus:
     sharing_strategy: str
 
     def explain(self, width: int = 105) -> str:
-        """Plain-words summary, wrapped at word boundaries to lines of at most ``width`` characters."""
         if not self.exists:
             text = (
                 f"{self.path} does not exist here; torch uses the '{self.sharing_strategy}' strategy "
@@ -375,9 +345,8 @@ def shm_needed_bytes(batch_bytes: int, num_workers: int, prefetch_factor: int = 
 
 
 def require_shm(needed_bytes: int, path: str = "/dev/shm") -> ShmStatus:
-    """Refuse (ValueError) before any worker starts if ``/dev/shm`` has less than ``needed_bytes`` free: a worker
-    out of shared memory dies of SIGBUS and torch says only that it "exited unexpectedly". (Docker gives
-    containers 64 MiB of ``/dev/shm`` by default.)"""
+    """ValueError before any worker starts if ``/dev/shm`` has less than ``needed_bytes`` free (Docker's default is
+    64 MiB): a worker out of shared memory dies of SIGBUS and torch says only "exited unexpectedly"."""
     check_int("needed_bytes", needed_bytes, 0, 1 << 50)
     st = shm_status(path)
     if st.exists and st.free_bytes is not None and st.free_bytes < needed_bytes:
@@ -403,8 +372,7 @@ def child_processes() -> list[Any]:
 
 
 def worker_processes() -> list[Any]:
-    """Children that are not multiprocessing's own long-lived helpers (the resource tracker and forkserver that
-    spawn/forkserver start once per Python process, by design: not leaked workers)."""
+    """Children except multiprocessing's resource tracker and forkserver (started once per process by design)."""
     out = []
     for p in child_processes():
         try:
@@ -417,8 +385,7 @@ def worker_processes() -> list[Any]:
 
 
 def _worker_children() -> set[int]:
-    """Pids of live, non-zombie :func:`worker_processes`: from the OS, so a worker forked but not yet recorded by
-    ``multiprocessing`` (an interrupt inside ``Process.start()``) is included."""
+    """Pids of live :func:`worker_processes`, from the OS: a worker forked but not yet recorded is included."""
     out = set()
     for p in worker_processes():
         with contextlib.suppress(psutil.Error):
@@ -479,11 +446,8 @@ def _kill_stopped(procs: Sequence[Any]) -> None:
 
 
 def release(obj: Any) -> None:
-    """Shut down the worker processes (and pin thread) behind a loader or an iterator.
-
-    Safe more than once, with or without workers, on persistent loaders and on half-started iterators. Waits are
-    bounded: a worker that doesn't end within :data:`SHUTDOWN_GRACE_S` (or is frozen) is killed.
-    """
+    """Shut down the workers (and pin thread) behind a loader or iterator: idempotent, half-started iterators too;
+    a worker not ended within :data:`SHUTDOWN_GRACE_S` (or frozen) is killed."""
     it = getattr(obj, "_iterator", None) if isinstance(obj, DataLoader) else obj  # a persistent loader's iterator
     if it is not None:
         workers = list(getattr(it, "_workers", []) or [])  # this iterator's: psutil's tree can't tell them apart
@@ -506,12 +470,9 @@ def release(obj: Any) -> None:
 
 
 def _finish(objs: Sequence[Any], before: set[int] | None = None) -> None:
-    """Release every loader/iterator in ``objs``, then stop any loader worker started since ``before``.
-
-    Runs to the end even if an interrupt arrives: SIGINT/SIGTERM are held (:class:`_HeldSignals`) and the first one
-    is raised once done; a second press escapes at once. Holding, not catching, matters: the teardown runs
-    finalizers (torch's iterator, queues, pipes), and a ``KeyboardInterrupt`` raised inside one is printed as
-    "Exception ignored" and lost. Young cyclic garbage is collected inside the hold for the same reason.
+    """Release every loader/iterator in ``objs``, then stop any worker started since ``before``. Runs to the end:
+    signals are held (a ``KeyboardInterrupt`` inside one of the finalizers it runs would be lost) and the first is
+    raised once done; a second press escapes at once. Young garbage is collected inside the hold for that reason.
     """
     held = _HeldSignals(escape=True)
     with held:
@@ -525,9 +486,8 @@ def _finish(objs: Sequence[Any], before: set[int] | None = None) -> None:
 
 @contextlib.contextmanager
 def open_iterator(loader: DataLoader) -> Iterator[Iterator[Any]]:
-    """``with open_iterator(loader) as it:`` the workers are released when the block ends, however it ends (an
-    interrupt while they start included). A worker failure inside the block (died, froze, or the data set raised)
-    comes out as :class:`LoaderFailure` in plain words, torch's error kept as its ``__cause__``."""
+    """``with open_iterator(loader) as it:`` workers released however the block ends; a worker failure comes out
+    as a one-line :class:`LoaderFailure` (torch's error its ``__cause__``)."""
     it = None
     before = _worker_children()
     try:
@@ -549,8 +509,7 @@ def open_iterator(loader: DataLoader) -> Iterator[Iterator[Any]]:
 
 
 def _ended_workers(loader: Any, wait_s: float = 1.0) -> list[tuple[int, Any]]:
-    """(worker id, process) of the loader's latest workers that have ended; waits up to ``wait_s`` for one to show
-    (a broken pipe is often seen a moment before the worker's exit status)."""
+    """(worker id, process) of the loader's ended workers, waiting up to ``wait_s`` (a broken pipe shows first)."""
     procs = list(getattr(loader, "_workbook_workers", []) or [])
     deadline = time.monotonic() + wait_s
     while procs:
