@@ -18,6 +18,7 @@ SCRIPT = textwrap.dedent(
     import torch
     from helpers.pipeline import train
 
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a kernel (a test runner's worker may ignore it)
     real = torch.optim.Adam
 
     def pressed_during_construction(*args, **kwargs):
