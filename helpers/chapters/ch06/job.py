@@ -134,9 +134,8 @@ def compute_threads(workers: int | None = None) -> int:
     return max(1, usable_cores() - nw)
 
 
-def main_threads(n: int) -> contextlib.AbstractContextManager[int]:
-    """``torch.set_num_threads(n)`` for the block, restored after (:func:`helpers.core.device.intraop_threads`)."""
-    return intraop_threads(n)
+#: ``torch.set_num_threads(n)`` for the block, restored after.
+main_threads = intraop_threads
 
 
 def settings_for(enabled: Iterable[str], workers: int | None = None) -> Settings:

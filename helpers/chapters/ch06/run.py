@@ -25,7 +25,7 @@ from ...pipeline.data import to_float_normalized
 from ...pipeline.models import build_model
 from ...pipeline.prefetch import move_batch
 from ...pipeline.train import COMPUTE_LANE_CPU, COMPUTE_LANE_GPU, make_optimizer
-from .doctor import usable_cores
+from .doctor import timed_calls, usable_cores
 from .job import (
     _CACHE,
     STEP_NAMES,
@@ -239,7 +239,7 @@ def run_config(
                           trace, busy, stall)  # fmt: skip
     if stages:
         report(0.9, f"{name}: stages alone")
-        result.stages = stage_alone(settings, spec, dev, pipeline=pipe)
+        result.stages = stage_alone(settings, spec, dev, pipe)
         result.efficiency = pipeline_efficiency(result.throughput, result.stages)
     report(1.0, f"{name}: done")
     return result
@@ -291,14 +291,8 @@ def _copy_alone(spec: JobSpec, s: Settings, dev: torch.device, repeats: int = 10
         x = x.float()  # the bytes a float batch moves (the values do not change a copy's time)
     if s.pin_memory:
         x, y = x.pin_memory(), y.pin_memory()
-    times = []
-    for _ in range(repeats + 2):
-        synchronize(dev)
-        t0 = time.perf_counter()
-        x.to(dev, non_blocking=s.pin_memory), y.to(dev, non_blocking=s.pin_memory)
-        synchronize(dev)
-        times.append(time.perf_counter() - t0)
-    return spec.batch_size / statistics.median(times[2:])
+    times = timed_calls(lambda: move_batch((x, y), dev, non_blocking=s.pin_memory), dev, repeats, warm=2)
+    return spec.batch_size / statistics.median(times)
 
 
 def _compute_alone(pipeline: Pipeline, spec: JobSpec, dev: torch.device) -> float:
@@ -332,27 +326,14 @@ def _step_times(
     classes = int(dataset_info().params["num_classes"])
     model = build_model(width=spec.width, depth=spec.depth, num_classes=classes, seed=spec.seed).to(dev)
     opt = make_optimizer(model, lr=spec.lr)
-    times = []
     with main_threads(spec.threads), same_numerics():
-        for _ in range(warm):
-            step(model, opt, x, y)
-        synchronize(dev)
-        for _ in range(n):
-            t0 = time.perf_counter()
-            step(model, opt, x, y)
-            synchronize(dev)
-            times.append(time.perf_counter() - t0)
-    return times
+        return timed_calls(lambda: step(model, opt, x, y), dev, n, warm)
 
 
-def stage_alone(
-    settings: Settings, spec: JobSpec, device: torch.device | str = "cpu", *, pipeline: Pipeline | None = None
-) -> dict[str, float | None]:
+def stage_alone(settings: Settings, spec: JobSpec, dev: torch.device, pipe: Pipeline) -> dict[str, float | None]:
     """Items/s of each stage run alone, as it runs in the job (batch size, warm-up, threads): ``loader`` (the
     pipeline's ``make_loader``), ``copy`` (CUDA only) and ``compute`` (``train_step``). Cached per stage
     settings: a stage a configuration does not change is measured once."""
-    dev = torch.device(device)
-    pipe = _pipeline(pipeline, dev, spec.seed)
     return {
         "loader": _loader_alone(pipe, spec, settings, dev),
         "copy": _copy_alone(spec, settings, dev),
