@@ -123,8 +123,7 @@ class Settings:
         return f"make_loader(dataset, batch_size, {lk}){sep}batches(loader, {bk})"
 
 
-def default_workers() -> int:
-    """Workers used by the ``workers`` step: the usable cores, at most 8."""
+def default_workers() -> int:  # the ``workers`` step's: the usable cores, at most 8
     return max(1, min(8, usable_cores()))
 
 
@@ -435,8 +434,7 @@ def dataset_info() -> Any:
     return _CACHE[key]
 
 
-def val_size(spec: JobSpec) -> int:
-    """Number of validation images the job's accuracy is measured on."""
+def val_size(spec: JobSpec) -> int:  # validation images the job's accuracy is measured on
     return sum(int(y.shape[0]) for _, y in _val_batches(spec))
 
 

@@ -91,8 +91,7 @@ class ConfigResult:
     round_epoch_s: list[float] = field(default_factory=list)
 
     @property
-    def throughput(self) -> float:
-        """Training samples per second."""
+    def throughput(self) -> float:  # training samples per second
         return self.samples / self.epoch_s if self.epoch_s > 0 else float("nan")
 
     @property
@@ -403,6 +402,11 @@ def pipeline_efficiency(
     return Efficiency.of_ratio(float(throughput) / min(known), noise)
 
 
+def _cumulative(step: str) -> Settings:
+    """The settings of the cumulative configuration ending at ``step`` (checked: one of :data:`STEP_NAMES`)."""
+    return dict((st.name, s) for st, s in configurations())[check_choice("step", step, STEP_NAMES)]
+
+
 def compare_threads(
     spec: JobSpec,
     step: str = "persistent",
@@ -417,9 +421,8 @@ def compare_threads(
     Stages alone are not measured and the warm-up is 2 steps: this compares the timed epoch, whose length does
     not depend on what the model learned (no accuracy is reported).
     """
-    check_choice("step", step, STEP_NAMES)
+    settings = _cumulative(step)
     counts = list(threads) if threads is not None else sorted({spec.threads, usable_cores()})
-    settings = dict((st.name, s) for st, s in configurations())[step]
     label = next(st.label for st in STEPS if st.name == step)
     out = []
     for n in counts:
@@ -459,8 +462,7 @@ def seed_spread(
 ) -> tuple[list[float], float]:
     """``(accuracies, max - min)`` of the cumulative configuration ``step`` trained with ``spec.seed`` and each of
     ``seeds`` (new weights, order and crops): what "the same job, trained again" varies by on this device."""
-    check_choice("step", step, STEP_NAMES)
-    settings = dict((st.name, s) for st, s in configurations())[step]
+    settings = _cumulative(step)
     accs = []
     for sd in [spec.seed, *[check_int("seed", x, 0, 2**31) for x in seeds]]:
         r = run_config(settings, dataclasses.replace(spec, seed=sd), device, name=step, stages=False, pipeline=pipeline)
