@@ -149,8 +149,7 @@ class Calibration:
     seconds: float = 0.0
 
     @property
-    def ratio(self) -> float:
-        """Compute time over loader time per batch (> 1: the compute is slower)."""
+    def ratio(self) -> float:  # compute time over loader time per batch (> 1: the compute is slower)
         return self.compute_s / self.loader_s if self.loader_s > 0 else float("inf")
 
     def describe(self) -> str:

@@ -164,8 +164,7 @@ def configurations(workers: int | None = None, names: Sequence[str] | None = Non
 
 def step_answers(name: str) -> set[str]:
     """Every way a reader may name step ``name``: its name, its label as the tables print it, the label without '+'."""
-    check_choice("step", name, STEP_NAMES)
-    label = next(st.label for st in STEPS if st.name == name)
+    label = STEPS[STEP_NAMES.index(check_choice("step", name, STEP_NAMES))].label
     return {name, label, label.lstrip("+ ").strip()}
 
 
@@ -327,7 +326,7 @@ def _pipeline(
     batches: Callable[..., Any] | None = None,
     train_step: Callable[..., Any] | None = None,
 ) -> Pipeline:
-    """``pipeline``; or one made of the three functions (all three, or none); else :func:`reference_pipeline`."""
+    """``pipeline``, or the three functions (all or none), else :func:`reference_pipeline`."""
     given = {"make_loader": make_loader, "batches": batches, "train_step": train_step}
     if any(v is not None for v in given.values()):
         missing = [k for k, v in given.items() if v is None]

@@ -423,7 +423,7 @@ def compare_threads(
     """
     settings = _cumulative(step)
     counts = list(threads) if threads is not None else sorted({spec.threads, usable_cores()})
-    label = next(st.label for st in STEPS if st.name == step)
+    label = STEPS[STEP_NAMES.index(step)].label
     out = []
     for n in counts:
         short = dataclasses.replace(
