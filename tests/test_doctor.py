@@ -210,6 +210,13 @@ def test_pinned_probe_falls_back_only_outside_a_strict_gpu_run(monkeypatch: pyte
     assert D._pinned_probe(batch, torch.device("cpu")) is None  # no CUDA path at all: nothing to raise
 
 
+def test_timed_calls_times_n_calls_after_the_warm_ones() -> None:
+    """The one phase timer the doctor's probe and the waterfall's stages alone share."""
+    calls: list[int] = []
+    times = D.timed_calls(lambda: calls.append(1), torch.device("cpu"), 3, warm=2)
+    assert len(times) == 3 and len(calls) == 5 and all(t >= 0 for t in times)
+
+
 def test_is_pinned_error_is_raised_in_a_strict_gpu_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.Tensor, "is_pinned", _broken_cuda)
     batch = (torch.zeros(2, 3, 4, 4), torch.zeros(2, dtype=torch.long))

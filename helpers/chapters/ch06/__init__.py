@@ -24,16 +24,9 @@ from . import capstone
 from .capstone import ConfigResult, JobSpec, Pipeline
 
 __all__ = [
-    "NUMBER",
-    "TITLE",
-    "BENCH_WEIGHT",
-    "PANEL_TITLE",
-    "benchmark",
-    "panel_controls",
-    "panel_run",
-    "panel_summary",
+    "NUMBER", "TITLE", "BENCH_WEIGHT", "PANEL_TITLE", "benchmark", "panel_controls", "panel_run", "panel_summary",
     "panel_plot",
-]
+]  # fmt: skip
 
 NUMBER = "06"
 TITLE = "capstone pipeline"
@@ -50,12 +43,9 @@ METHOD = "one timed epoch after warm-up, through the pipeline's functions; stage
 
 
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """A regime toggle and one checkbox per step after the baseline (``context`` is not used).
-
-    The checkboxes stay consistent: ticking a step ticks the steps it needs
-    (:data:`~helpers.chapters.ch06.capstone.STEP_REQUIRES`), and unticking a step unticks the steps that need
-    it, so the panel can never hold settings that :func:`~helpers.chapters.ch06.capstone.settings_for` refuses.
-    """
+    """A regime toggle and one checkbox per step after the baseline. Ticking a step ticks the steps it needs
+    (:data:`~.capstone.STEP_REQUIRES`), unticking one unticks the steps that need it: the panel never holds
+    settings that :func:`~.capstone.settings_for` refuses."""
     from ...ui.widgets import W  # optional/heavy: ipywidgets
 
     controls: dict[str, Any] = {
@@ -90,16 +80,10 @@ def panel_run(
     pipeline: Pipeline | None = None,
     **toggles: bool,
 ) -> Evidence[ConfigResult]:
-    """Run the job once with the steps whose toggles are True (keyword per step name), in ``regime``.
-
-    ``specs``: the job of each regime (the chapter passes its calibrated ones); default
-    :func:`~helpers.chapters.ch06.capstone.job_spec`. ``pipeline``: the functions to time (the chapter passes the
-    reader's); see :func:`~helpers.chapters.ch06.capstone.run_config`. ``baseline`` is always part of the job.
-
-    Raises:
-        ValueError: an unknown regime or toggle, a toggle that is not ``True`` or ``False`` (e.g. ``"yes"``),
-            or a spec made for another regime.
-    """
+    """Run the job once in ``regime`` with the steps whose toggles are True (keyword per step name; the baseline
+    always), through ``pipeline`` (the reader's; see :func:`~.capstone.run_config`), with ``specs[regime]`` (the
+    calibrated job; default :func:`~.capstone.job_spec`). ValueError: an unknown regime or toggle, a toggle that
+    is not True or False, or a spec made for another regime."""
     check_choice("regime", regime, tuple(capstone.REGIMES))
     for k, v in toggles.items():
         check_choice("step", k, capstone.STEP_NAMES)
@@ -112,16 +96,8 @@ def panel_run(
     if spec is not None and spec.regime != regime:
         raise ValueError(f"specs[{regime!r}] is for the {spec.regime!r} regime; pass each regime's own spec")
     dev = resolve_device(device)
-    result = capstone.run_config(
-        s,
-        spec or capstone.job_spec(regime),
-        dev,
-        name=name,
-        label=name,
-        stages=True,
-        progress=progress,
-        pipeline=pipeline,
-    )
+    result = capstone.run_config(s, spec or capstone.job_spec(regime), dev, name=name, label=name, stages=True,
+                                 progress=progress, pipeline=pipeline)  # fmt: skip
     return evidence.measured(f"the {regime} job, {name}", result, dev, method=METHOD)
 
 
@@ -145,13 +121,8 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
     runs = [h for h in history if h.result.value is not None]
     labels = [f"#{h.index} {h.result.value.regime[:4]} {h.result.value.label}"[:40] for h in runs]
     where = runs[-1].result.source.split(",")[0] if runs else "measured now"
-    history_bars(
-        labels,
-        [h.result.value.epoch_s for h in runs],
-        ax,
-        ylabel="time per epoch (s)",
-        title=f"Panel runs ({where})",
-    )
+    history_bars(labels, [h.result.value.epoch_s for h in runs], ax, ylabel="time per epoch (s)",
+                 title=f"Panel runs ({where})")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------

@@ -17,7 +17,6 @@ from typing import Callable, Sequence
 import torch
 
 from ...core.config import sized
-from ...core.validate import check_int
 from .job import (
     _CACHE,
     REGIMES,
@@ -47,9 +46,6 @@ MODEL_LADDER: tuple[tuple[int, int], ...] = tuple(
 def model_flops(width: int, depth: int, crop_size: int, num_classes: int = 6) -> int:
     """Forward FLOPs per image of :class:`helpers.pipeline.models.SmallCNN` from its shapes, without building it
     (as :func:`helpers.pipeline.models.flops_per_sample`: 2 per multiply-add, 3x3 convs, each stage halving)."""
-    check_int("width", width, 1, 512)
-    check_int("depth", depth, 1, 6)
-    check_int("crop_size", crop_size, 1, 8192)
     total, c_in, side = 0, 3, crop_size
     for stage in range(depth):
         c_out = width * 2**stage
@@ -66,8 +62,6 @@ def probe_bytes(width: int, depth: int, batch_size: int, crop_size: int, num_cla
     (weights, gradients, Adam's two moments); the input batch (uint8 and float); then 25% for the allocator's
     rounding and cuDNN's workspace. Width 96, depth 3, 64 crops of 224 pixels: about 13 GiB.
     """
-    check_int("width", width, 1, 512)
-    check_int("depth", depth, 1, 6)
     total, c_in, side, params = 0, 3, crop_size, 0
     for stage in range(depth):
         c_out = width * 2**stage
@@ -102,14 +96,10 @@ def device_memory_check(device: torch.device | str, need_bytes: int, share: floa
 
 
 def release_pinned_host_memory(device: torch.device | str) -> str:
-    """One line: the pinned host memory PyTorch's caching host allocator holds, and what releasing it gave back.
-
-    Every pinned batch stays cached there after use, for the kernel's lifetime. The held bytes are read from
-    ``torch.cuda.host_memory_stats()`` (:func:`helpers.pipeline.transfer.host_allocator_stats`), every device is
-    synchronised (a block whose copy is queued cannot be freed), the unused blocks are returned with
-    ``torch.accelerator.empty_host_cache()`` (looked up, not assumed) and the stats read again. Without CUDA, or
-    a torch without either function, the line says so.
-    """
+    """One line: the pinned host memory PyTorch's caching host allocator holds (every pinned batch stays cached
+    for the kernel's lifetime), and what ``torch.accelerator.empty_host_cache()`` (looked up, not assumed) gave
+    back, read from ``torch.cuda.host_memory_stats()`` before and after; every device is synchronised first (a
+    block whose copy is queued cannot be freed). Without CUDA, or a torch without either function, it says so."""
     from ...pipeline import transfer  # optional: only after a waterfall
 
     if torch.device(device).type != "cuda":
@@ -159,8 +149,7 @@ class Calibration:
     seconds: float = 0.0
 
     @property
-    def ratio(self) -> float:
-        """Compute time over loader time per batch (> 1: the compute is slower)."""
+    def ratio(self) -> float:  # compute time over loader time per batch (> 1: the compute is slower)
         return self.compute_s / self.loader_s if self.loader_s > 0 else float("inf")
 
     def describe(self) -> str:

@@ -2,19 +2,8 @@
 
 Chapter 06 defines the whole pipeline in its cells (the lines of ``examples/fast_pipeline.py``). Each
 configuration of the waterfall is one call of the reader's ``make_loader`` and ``batches`` with other keyword
-arguments, switching on one more step than the one before (:data:`STEPS`, data, not code):
-
-====  ==============================  ==================================================  =========
-#     step                            the call changes                                    chapter
-====  ==============================  ==================================================  =========
-0     baseline                        ``workers=0, pin=False``; ``prefetch=False,         01
-                                      float_on_host=True``
-1     + pinned memory                 ``pin=True``                                        02, 03
-2     + workers                       ``workers=N, prefetch_factor=2, persistent=False``  04
-3     + persistent, prefetch 4        ``prefetch_factor=4, persistent=True``              04
-4     + uint8, device normalise       ``float_on_host=False``                             05
-5     + side-stream prefetcher        ``prefetch=True`` (the defaults: the fast pipeline) 05
-====  ==============================  ==================================================  =========
+arguments, switching on one more step than the one before (:data:`STEPS`, data, not code: baseline, pinned
+memory, workers, persistent workers with prefetch 4, uint8 normalised on the device, the side-stream prefetcher).
 
 The folder: :mod:`.job` (the steps, the job, its data and loader), :mod:`.run` (one configuration's run, stages
 alone, efficiency, accuracy), :mod:`.calibration` (the regimes here), this module (the waterfall, its verdicts,
@@ -65,7 +54,6 @@ from .job import (
     STEPS,
     JobSpec,
     Pipeline,
-    SeededItems,
     Settings,
     Step,
     _pipeline,
@@ -99,22 +87,19 @@ from .run import (
     pipeline_efficiency,
     run_config,
     seed_spread,
-    stage_alone,
 )
 
 #: The names of the folder that chapter 06, its tests, the course key and the tools call through ``capstone``.
 __all__ = [
-    "Step", "STEPS", "STEP_NAMES", "STEP_REQUIRES", "Settings", "Pipeline", "reference_pipeline", "seed_order",
-    "train_items", "SeededItems", "REGIMES", "JobSpec", "job_spec", "job_sizes", "default_workers",
-    "compute_threads", "main_threads", "settings_for", "configurations", "step_answers", "effective_on",
-    "cuda_step_evidence", "dataset_info", "val_size", "chance_level", "normalizer_device_exact", "same_numerics",
-    "ConfigResult", "run_config", "stage_alone", "pipeline_efficiency", "Efficiency", "EFFICIENCY_NOISE",
-    "compare_threads", "MODEL_LADDER", "model_flops", "probe_bytes", "device_memory_check",
-    "release_pinned_host_memory", "Calibration", "choose_model", "calibrate", "expected_within_noise",
-    "Waterfall", "run_waterfall", "VERDICTS", "NO_EFFECT_FLOOR", "accuracy_tolerance", "seed_spread",
-    "check_accuracies", "accuracy_verdict", "bottleneck_verdict", "plot_waterfall", "plot_shares",
-    "reference_waterfall", "plot_reference_waterfall", "reference_efficiency", "efficiency_lines",
-    "reference_timeline",
+    "STEPS", "STEP_NAMES", "STEP_REQUIRES", "Settings", "Pipeline", "reference_pipeline", "seed_order", "train_items",
+    "REGIMES", "JobSpec", "job_spec", "job_sizes", "default_workers", "compute_threads", "main_threads",
+    "settings_for", "configurations", "step_answers", "effective_on", "cuda_step_evidence", "dataset_info",
+    "val_size", "chance_level", "normalizer_device_exact", "same_numerics", "ConfigResult", "run_config",
+    "pipeline_efficiency", "Efficiency", "compare_threads", "MODEL_LADDER", "model_flops", "probe_bytes",
+    "device_memory_check", "release_pinned_host_memory", "Calibration", "choose_model", "calibrate", "Waterfall",
+    "run_waterfall", "VERDICTS", "accuracy_tolerance", "seed_spread", "check_accuracies", "accuracy_verdict",
+    "bottleneck_verdict", "plot_waterfall", "plot_shares", "reference_waterfall", "plot_reference_waterfall",
+    "reference_efficiency", "efficiency_lines", "reference_timeline",
 ]  # fmt: skip
 
 # ---------------------------------------------------------------------------
@@ -134,12 +119,9 @@ _STEPS = {st.name: st for st in STEPS}
 
 @dataclass
 class Waterfall:
-    """All configurations of one regime, in stacking order, measured in alternating rounds.
-
-    ``results``: one :class:`ConfigResult` per configuration (trace, shares and accuracy from the first round;
-    ``epoch_s`` the median over rounds); ``calibration``: how the regime's model was chosen; ``not_measured``:
-    the steps left out because they need CUDA (labelled so, with published figures, and no ratio).
-    """
+    """All configurations of one regime, in stacking order, measured in alternating rounds: one
+    :class:`ConfigResult` each (trace, shares and accuracy from the first round, ``epoch_s`` the median over
+    rounds); ``not_measured``: the steps left out because they need CUDA (published figures, no ratio)."""
 
     regime: str
     spec: JobSpec
@@ -153,8 +135,7 @@ class Waterfall:
     def baseline(self) -> ConfigResult:
         return self.results[0]
 
-    def speedups(self) -> list[float]:
-        """Cumulative speedup of each configuration over the first (ratio of median epoch times)."""
+    def speedups(self) -> list[float]:  # over the baseline: ratio of median epoch times
         return [self.baseline.epoch_s / r.epoch_s for r in self.results]
 
     def _round_gains(self, i: int) -> list[float]:
@@ -162,8 +143,7 @@ class Waterfall:
         return [x / y for x, y in zip(a.round_epoch_s or [a.epoch_s], b.round_epoch_s or [b.epoch_s])]
 
     def gains(self) -> list[float]:
-        """Speedup of each configuration over the one before it (1.0 for the first): the median of the per-round
-        ratios, each taken between two runs measured back to back."""
+        """Speedup over the configuration before (1.0 for the first): the median of per-round ratios."""
         return [1.0] + [statistics.median(self._round_gains(i)) for i in range(1, len(self.results))]
 
     def gain_ranges(self) -> list[tuple[float, float] | None]:
@@ -187,10 +167,9 @@ class Waterfall:
         return agreement.ratio_noise([self._round_gains(i) for i in range(1, len(self.results))])
 
     def within_noise(self) -> list[bool | None]:
-        """Per configuration: True when its gain cannot be told from noise: its per-round gains do not agree on a
-        direction (:func:`~helpers.core.agreement.ratios_split_on_direction`: one disturbed round in four is
-        allowed), or the median gain is within :meth:`ratio_noise` of 1
-        (:func:`~helpers.core.agreement.within_noise_floor`). None with one round."""
+        """Per configuration: True when its per-round gains split on direction (one disturbed round in four is
+        allowed) or the median gain is within :meth:`ratio_noise` of 1 (:mod:`helpers.core.agreement`); None
+        with one round."""
         noise = self.ratio_noise() or 0.0
         out: list[bool | None] = [None]
         for i, g in enumerate(self.gains()[1:], 1):
@@ -471,11 +450,10 @@ def plot_waterfall(wf: Waterfall, ax: Any = None, *, title: str | None = None, s
     from ...ui.plots import label_source, new_axes  # optional/heavy: matplotlib
 
     ax = ax if ax is not None else new_axes((8.0, 3.6))
-    steps = {s.name: s for s in STEPS}
     vals = [r.epoch_s for r in wf.results]
     colors, hatches = [], []
     for i, r in enumerate(wf.results):
-        st = steps.get(r.name)
+        st = _STEPS.get(r.name)
         idle = st is not None and not effective_on(st, wf.device)
         colors.append("#d3d3d3" if idle else ("#bab0ac" if i == 0 else "#4e79a7"))
         hatches.append("//" if idle else "")
@@ -498,7 +476,7 @@ def plot_waterfall(wf: Waterfall, ax: Any = None, *, title: str | None = None, s
     for k, name in enumerate(wf.not_measured):  # left out here: a labelled empty slot, no bar, no ratio
         x = len(vals) + k
         ax.text(x, 0, "needs CUDA:\nnot measured\nhere", ha="center", va="bottom", fontsize=7, color="#555")
-        labels.append(steps[name].label)
+        labels.append(_STEPS[name].label)
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=25, ha="right", fontsize=8)
     ax.set_xlim(-0.6, len(labels) - 0.4)  # the slots of the steps left out, too

@@ -27,10 +27,7 @@ VERDICTS: tuple[str, ...] = ("data-bound", "transfer-bound", "compute-bound")
 
 @dataclass
 class PipelineFacts:
-    """Facts about the pipeline read from the loader and the first batch (not timed).
-
-    ``None`` means unknown (e.g. ``num_workers`` of a plain iterable).
-    """
+    """Facts read from the loader and the first batch (not timed); ``None``: unknown (a plain iterable's workers)."""
 
     loader_type: str = "unknown"
     is_dataloader: bool = False
@@ -56,19 +53,10 @@ class PipelineFacts:
 
 @dataclass
 class Measurements:
-    """Per-step phase times (seconds, means over the timed steps) plus the facts.
-
-    Attributes:
-        steps: timed steps.
-        wait_s / h2d_s / compute_s: mean seconds per step of each phase.
-        wait_median_s / wait_p90_s: spread of the waits (bursty loaders show a high p90).
-        first_batch_s: seconds from ``iter(loader)`` to the first batch (worker start-up
-            and first load); ``None`` if not measured.
-        pinned_h2d_s: the same batch copied from pinned memory (CUDA probe), if measured.
-        transfer_separate: False when the step function does its own copy (then the copy
-            is inside ``compute_s``).
-        facts: see :class:`PipelineFacts`.
-    """
+    """Mean seconds per step of each phase over ``steps`` timed steps, plus the facts. ``wait_median_s`` /
+    ``wait_p90_s``: the waits' spread (bursty loaders show a high p90); ``first_batch_s``: ``iter(loader)`` to the
+    first batch (worker start-up); ``pinned_h2d_s``: the same batch copied from pinned memory (CUDA probe);
+    ``transfer_separate``: False when the step function copies (the copy is then inside ``compute_s``)."""
 
     steps: int
     wait_s: float
@@ -89,17 +77,9 @@ class Measurements:
 
 @dataclass
 class Recommendation:
-    """One ranked piece of advice.
-
-    Attributes:
-        action: what to do, with concrete numbers.
-        evidence: the measurements that justify it.
-        stage: the stage it speeds up ("data", "transfer", "compute").
-        gain_s: estimated seconds saved per step (``None``: not estimable from these measurements).
-        chapter: where the workbook measures this effect.
-        step: the chapter 06 waterfall step that makes this change ("workers", "persistent", "pinned",
-            "uint8", "prefetcher"), or "" (no step of the waterfall does): what ``measured`` is matched on.
-    """
+    """One ranked piece of advice: ``action`` with its ``evidence``, the ``stage`` it speeds up, ``gain_s`` the
+    estimated saving per step (``None``: not estimable), ``chapter`` where the workbook measures it, ``step`` the
+    waterfall step making this change ('' if none): what ``measured`` is matched on."""
 
     action: str
     evidence: str
@@ -371,10 +351,8 @@ LINE_WIDTH = 105
 
 
 def _wrap(text: str, indent: str) -> list[str]:
-    """``text`` wrapped at words to :data:`LINE_WIDTH` characters, continuation lines starting with ``indent``.
-
-    Hyphenated words (``data-bound``) and long words (paths) are never split, nor a number from the word
-    after it (``34.25 ms``, ``4 cores``)."""
+    """``text`` wrapped at words to :data:`LINE_WIDTH`, continuation lines indented; never split: hyphenated
+    words (``data-bound``), long words (paths), a number and the word after it (``34.25 ms``)."""
     glued = re.sub(r"(?<=\d) (?=\S)", "\xa0", text)  # textwrap breaks at ASCII whitespace only
     lines = textwrap.wrap(
         glued, LINE_WIDTH, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False
@@ -397,13 +375,10 @@ class Diagnosis:
         return self.decision.recommendations
 
     @property
-    def stall_share(self) -> float:
-        """Share of the measured step spent waiting for data (0-1)."""
+    def stall_share(self) -> float:  # share of the measured step spent waiting for data (0-1)
         return self.decision.stall_share
 
     def _lines(self) -> list[str]:
-        """The report's lines, each at most :data:`LINE_WIDTH` characters: a long one is wrapped at words,
-        its continuation lines indented under its text."""
         m, d, f = self.measurements, self.decision, self.measurements.facts
         out = [
             f"Verdict: {self.verdict.upper()}  ({m.steps} steps measured on {f.device_type}, {self.seconds:.1f} s)",

@@ -27,6 +27,7 @@ import torch
 
 from ...core.config import require_gpu
 from ...core.device import resolve_device
+from ...core.timing import synchronize
 from ...core.validate import check_float, check_int
 from ...pipeline.prefetch import iter_tensors, map_tensors, move_batch
 from .diagnosis import VERDICTS, Decision, Diagnosis, Measurements, PipelineFacts, Recommendation, decide
@@ -147,40 +148,34 @@ def _alarm(seconds: float, what: list[str]) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+def timed_calls(fn: Callable[[], Any], dev: torch.device, n: int, warm: int = 0) -> list[float]:
+    """Seconds of ``n`` calls of ``fn``, each synchronised before and after, after ``warm`` untimed calls: how the
+    doctor's pinned probe and the waterfall's stages alone (:mod:`.run`: the copy, the step) time one phase."""
+    times = []
+    for _ in range(n + warm):
+        synchronize(dev)
+        t0 = time.perf_counter()
+        fn()
+        synchronize(dev)
+        times.append(time.perf_counter() - t0)
+    return times[warm:]
 
 
 def _pinned_probe(batch: Any, dev: torch.device, repeats: int = 5) -> float | None:
-    """Median seconds to copy ``batch`` to ``dev`` from pinned memory (CUDA only).
-
-    ``None`` without CUDA, or when pinning or the copy fails with a ``RuntimeError``
-    (the diagnosis then goes without the pinned figure), except in a strict GPU run
-    (``WORKBOOK_REQUIRE_GPU=1``, :func:`helpers.core.config.require_gpu`): there the error
-    is raised, so that a broken CUDA path never passes the GPU check silently.
-    """
+    """Median seconds to copy ``batch`` to ``dev`` from pinned memory (CUDA only); ``None`` without CUDA or when
+    pinning or the copy raises a ``RuntimeError``, except in a strict GPU run (``require_gpu()``): a broken CUDA
+    path never passes the GPU check silently."""
     if dev.type != "cuda":
         return None
-
     try:
         pinned = map_tensors(lambda t: t.pin_memory() if t.device.type == "cpu" else t, batch)
-        times = []
-        for _ in range(repeats + 1):
-            _sync(dev)
-            t0 = time.perf_counter()
-            move_batch(pinned, dev, non_blocking=True)
-            _sync(dev)
-            times.append(time.perf_counter() - t0)
-        del pinned
-        return statistics.median(times[1:])
+        return statistics.median(timed_calls(lambda: move_batch(pinned, dev, non_blocking=True), dev, repeats, 1))
     except RuntimeError:
         if require_gpu():
             raise
         return None
 
 
-#: The longest line the printed report has (a notebook wraps longer ones in the middle of a word).
 def _mover(transfer: str | Callable[[Any, torch.device], Any]) -> tuple[Callable[[Any, torch.device], Any], bool]:
     """The copy phase's function, and whether the copy is timed apart from ``step_fn``."""
     if transfer == "auto":
@@ -210,9 +205,8 @@ class _Loop:
 def _time_steps(out: _Loop, loader: Iterable[Any], step_fn: Callable[[Any], Any],
                 move: Callable[[Any, torch.device], Any], dev: torch.device, facts: PipelineFacts, steps: int,
                 warmup: int, what: list[str]) -> None:  # fmt: skip
-    """Run steps into ``out`` until ``steps`` are timed (after ``warmup``; a new iterator's first batch is never
-    timed: it includes start-up), each phase synchronised; restart the loader at most 3 times; stop at the
-    deadline. ``what`` says what runs, for the time limit's message."""
+    """Time ``steps`` steps into ``out`` after ``warmup``, each phase synchronised (a new iterator's first batch is
+    never timed: start-up); restart the loader at most 3 times; stop at the deadline. ``what``: what runs now."""
     restarts, it = 0, iter(loader)
     fresh = True  # the next batch comes from a new iterator: its wait includes start-up
     try:
@@ -241,11 +235,11 @@ def _time_steps(out: _Loop, loader: Iterable[Any], step_fn: Callable[[Any], Any]
                 _describe_batch(batch, facts)
             what[0] = "the copy to the device"
             moved = move(batch, dev)
-            _sync(dev)
+            synchronize(dev)
             t2 = time.perf_counter()
             what[0] = "step_fn"
             step_fn(moved)
-            _sync(dev)
+            synchronize(dev)
             if out.done >= warmup and not fresh:
                 out.waits.append(t1 - t0)
                 out.h2ds.append(t2 - t1)
@@ -275,25 +269,13 @@ def diagnose(
     stall_threshold: float = 0.15,
     measured: Mapping[str, str] | None = None,
 ) -> Diagnosis:
-    """Measure a few steps of ``loader`` + ``step_fn`` and diagnose the pipeline.
+    """Measure a few steps of ``loader`` (any re-iterable of batches) + ``step_fn(batch)`` (one training step on a
+    batch on ``device``, default CUDA if present) and diagnose the pipeline.
 
-    Args:
-        loader: any re-iterable of batches (``DataLoader``, ``Prefetcher``, list, ...).
-        step_fn: ``step_fn(batch)`` does one training step on a batch already on ``device``.
-        device: where the step runs; default CUDA if available, else CPU.
-        steps: timed steps (1-10000). warmup: untimed steps first (0-1000).
-        transfer: ``"auto"`` (the doctor copies every tensor with ``.to(device)``, timed as the copy phase),
-            ``"none"`` (``step_fn`` copies the batch itself; the copy counts as compute), or a callable
-            ``(batch, device) -> batch``.
-        time_limit_s: bounds the whole measurement; stops early after at least two timed steps, and
-            interrupts a hanging ``next()`` or step.
-        stall_threshold: see :func:`decide`.
-        measured: what a waterfall measured on this machine, step name -> verdict (``wf.step_verdicts()``);
-            the advice then agrees with it (see :func:`decide`).
-
-    Raises:
-        ValueError: bad arguments, or the loader yields nothing.
-        DoctorTimeout: fewer than two steps could be timed within ``time_limit_s``.
+    ``transfer``: ``"auto"`` (the doctor copies every tensor, timed as the copy phase), ``"none"`` (``step_fn``
+    copies: the copy counts as compute) or a callable ``(batch, device) -> batch``. ``time_limit_s`` bounds the
+    run (it stops after at least two timed steps, and interrupts a hanging ``next()`` or step: DoctorTimeout if
+    fewer). ``stall_threshold`` and ``measured`` (a waterfall's ``step_verdicts()``): see :func:`decide`.
     """
     if not hasattr(loader, "__iter__"):
         raise ValueError(f"loader must be an iterable of batches, got {type(loader).__name__}")

@@ -123,8 +123,7 @@ class Settings:
         return f"make_loader(dataset, batch_size, {lk}){sep}batches(loader, {bk})"
 
 
-def default_workers() -> int:
-    """Workers used by the ``workers`` step: the usable cores, at most 8."""
+def default_workers() -> int:  # the ``workers`` step's: the usable cores, at most 8
     return max(1, min(8, usable_cores()))
 
 
@@ -134,9 +133,8 @@ def compute_threads(workers: int | None = None) -> int:
     return max(1, usable_cores() - nw)
 
 
-def main_threads(n: int) -> contextlib.AbstractContextManager[int]:
-    """``torch.set_num_threads(n)`` for the block, restored after (:func:`helpers.core.device.intraop_threads`)."""
-    return intraop_threads(n)
+#: ``torch.set_num_threads(n)`` for the block, restored after.
+main_threads = intraop_threads
 
 
 def settings_for(enabled: Iterable[str], workers: int | None = None) -> Settings:
@@ -166,8 +164,7 @@ def configurations(workers: int | None = None, names: Sequence[str] | None = Non
 
 def step_answers(name: str) -> set[str]:
     """Every way a reader may name step ``name``: its name, its label as the tables print it, the label without '+'."""
-    check_choice("step", name, STEP_NAMES)
-    label = next(st.label for st in STEPS if st.name == name)
+    label = STEPS[STEP_NAMES.index(check_choice("step", name, STEP_NAMES))].label
     return {name, label, label.lstrip("+ ").strip()}
 
 
@@ -329,7 +326,7 @@ def _pipeline(
     batches: Callable[..., Any] | None = None,
     train_step: Callable[..., Any] | None = None,
 ) -> Pipeline:
-    """``pipeline``; or one made of the three functions (all three, or none); else :func:`reference_pipeline`."""
+    """``pipeline``, or the three functions (all or none), else :func:`reference_pipeline`."""
     given = {"make_loader": make_loader, "batches": batches, "train_step": train_step}
     if any(v is not None for v in given.values()):
         missing = [k for k, v in given.items() if v is None]
@@ -436,8 +433,7 @@ def dataset_info() -> Any:
     return _CACHE[key]
 
 
-def val_size(spec: JobSpec) -> int:
-    """Number of validation images the job's accuracy is measured on."""
+def val_size(spec: JobSpec) -> int:  # validation images the job's accuracy is measured on
     return sum(int(y.shape[0]) for _, y in _val_batches(spec))
 
 

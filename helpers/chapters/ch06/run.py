@@ -25,7 +25,7 @@ from ...pipeline.data import to_float_normalized
 from ...pipeline.models import build_model
 from ...pipeline.prefetch import move_batch
 from ...pipeline.train import COMPUTE_LANE_CPU, COMPUTE_LANE_GPU, make_optimizer
-from .doctor import usable_cores
+from .doctor import timed_calls, usable_cores
 from .job import (
     _CACHE,
     STEP_NAMES,
@@ -91,8 +91,7 @@ class ConfigResult:
     round_epoch_s: list[float] = field(default_factory=list)
 
     @property
-    def throughput(self) -> float:
-        """Training samples per second."""
+    def throughput(self) -> float:  # training samples per second
         return self.samples / self.epoch_s if self.epoch_s > 0 else float("nan")
 
     @property
@@ -239,7 +238,7 @@ def run_config(
                           trace, busy, stall)  # fmt: skip
     if stages:
         report(0.9, f"{name}: stages alone")
-        result.stages = stage_alone(settings, spec, dev, pipeline=pipe)
+        result.stages = stage_alone(settings, spec, dev, pipe)
         result.efficiency = pipeline_efficiency(result.throughput, result.stages)
     report(1.0, f"{name}: done")
     return result
@@ -291,14 +290,8 @@ def _copy_alone(spec: JobSpec, s: Settings, dev: torch.device, repeats: int = 10
         x = x.float()  # the bytes a float batch moves (the values do not change a copy's time)
     if s.pin_memory:
         x, y = x.pin_memory(), y.pin_memory()
-    times = []
-    for _ in range(repeats + 2):
-        synchronize(dev)
-        t0 = time.perf_counter()
-        x.to(dev, non_blocking=s.pin_memory), y.to(dev, non_blocking=s.pin_memory)
-        synchronize(dev)
-        times.append(time.perf_counter() - t0)
-    return spec.batch_size / statistics.median(times[2:])
+    times = timed_calls(lambda: move_batch((x, y), dev, non_blocking=s.pin_memory), dev, repeats, warm=2)
+    return spec.batch_size / statistics.median(times)
 
 
 def _compute_alone(pipeline: Pipeline, spec: JobSpec, dev: torch.device) -> float:
@@ -332,27 +325,14 @@ def _step_times(
     classes = int(dataset_info().params["num_classes"])
     model = build_model(width=spec.width, depth=spec.depth, num_classes=classes, seed=spec.seed).to(dev)
     opt = make_optimizer(model, lr=spec.lr)
-    times = []
     with main_threads(spec.threads), same_numerics():
-        for _ in range(warm):
-            step(model, opt, x, y)
-        synchronize(dev)
-        for _ in range(n):
-            t0 = time.perf_counter()
-            step(model, opt, x, y)
-            synchronize(dev)
-            times.append(time.perf_counter() - t0)
-    return times
+        return timed_calls(lambda: step(model, opt, x, y), dev, n, warm)
 
 
-def stage_alone(
-    settings: Settings, spec: JobSpec, device: torch.device | str = "cpu", *, pipeline: Pipeline | None = None
-) -> dict[str, float | None]:
+def stage_alone(settings: Settings, spec: JobSpec, dev: torch.device, pipe: Pipeline) -> dict[str, float | None]:
     """Items/s of each stage run alone, as it runs in the job (batch size, warm-up, threads): ``loader`` (the
     pipeline's ``make_loader``), ``copy`` (CUDA only) and ``compute`` (``train_step``). Cached per stage
     settings: a stage a configuration does not change is measured once."""
-    dev = torch.device(device)
-    pipe = _pipeline(pipeline, dev, spec.seed)
     return {
         "loader": _loader_alone(pipe, spec, settings, dev),
         "copy": _copy_alone(spec, settings, dev),
@@ -422,6 +402,11 @@ def pipeline_efficiency(
     return Efficiency.of_ratio(float(throughput) / min(known), noise)
 
 
+def _cumulative(step: str) -> Settings:
+    """The settings of the cumulative configuration ending at ``step`` (checked: one of :data:`STEP_NAMES`)."""
+    return dict((st.name, s) for st, s in configurations())[check_choice("step", step, STEP_NAMES)]
+
+
 def compare_threads(
     spec: JobSpec,
     step: str = "persistent",
@@ -436,10 +421,9 @@ def compare_threads(
     Stages alone are not measured and the warm-up is 2 steps: this compares the timed epoch, whose length does
     not depend on what the model learned (no accuracy is reported).
     """
-    check_choice("step", step, STEP_NAMES)
+    settings = _cumulative(step)
     counts = list(threads) if threads is not None else sorted({spec.threads, usable_cores()})
-    settings = dict((st.name, s) for st, s in configurations())[step]
-    label = next(st.label for st in STEPS if st.name == step)
+    label = STEPS[STEP_NAMES.index(step)].label
     out = []
     for n in counts:
         short = dataclasses.replace(
@@ -478,8 +462,7 @@ def seed_spread(
 ) -> tuple[list[float], float]:
     """``(accuracies, max - min)`` of the cumulative configuration ``step`` trained with ``spec.seed`` and each of
     ``seeds`` (new weights, order and crops): what "the same job, trained again" varies by on this device."""
-    check_choice("step", step, STEP_NAMES)
-    settings = dict((st.name, s) for st, s in configurations())[step]
+    settings = _cumulative(step)
     accs = []
     for sd in [spec.seed, *[check_int("seed", x, 0, 2**31) for x in seeds]]:
         r = run_config(settings, dataclasses.replace(spec, seed=sd), device, name=step, stages=False, pipeline=pipeline)
