@@ -210,10 +210,12 @@ def test_pinned_probe_falls_back_only_outside_a_strict_gpu_run(monkeypatch: pyte
     assert D._pinned_probe(batch, torch.device("cpu")) is None  # no CUDA path at all: nothing to raise
 
 
-def test_timed_calls_times_n_calls_after_the_warm_ones() -> None:
-    """The one phase timer the doctor's probe and the waterfall's stages alone share."""
+def test_time_calls_times_n_calls_after_the_warm_ones() -> None:
+    """The one phase timer the doctor's probe and the waterfall's stages alone share: the kernel's time_calls."""
+    from helpers.core.timing import time_calls
+
     calls: list[int] = []
-    times = D.timed_calls(lambda: calls.append(1), torch.device("cpu"), 3, warm=2)
+    times = time_calls(lambda: calls.append(1), repeats=3, device=torch.device("cpu"), warmup=2).times_s
     assert len(times) == 3 and len(calls) == 5 and all(t >= 0 for t in times)
 
 

@@ -27,7 +27,7 @@ import torch
 
 from ...core.config import require_gpu
 from ...core.device import resolve_device
-from ...core.timing import synchronize
+from ...core.timing import synchronize, time_calls
 from ...core.validate import check_float, check_int
 from ...pipeline.prefetch import iter_tensors, map_tensors, move_batch
 from .diagnosis import VERDICTS, Decision, Diagnosis, Measurements, PipelineFacts, Recommendation, decide
@@ -148,19 +148,6 @@ def _alarm(seconds: float, what: list[str]) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def timed_calls(fn: Callable[[], Any], dev: torch.device, n: int, warm: int = 0) -> list[float]:
-    """Seconds of ``n`` calls of ``fn``, each synchronised before and after, after ``warm`` untimed calls: how the
-    doctor's pinned probe and the waterfall's stages alone (:mod:`.run`: the copy, the step) time one phase."""
-    times = []
-    for _ in range(n + warm):
-        synchronize(dev)
-        t0 = time.perf_counter()
-        fn()
-        synchronize(dev)
-        times.append(time.perf_counter() - t0)
-    return times[warm:]
-
-
 def _pinned_probe(batch: Any, dev: torch.device, repeats: int = 5) -> float | None:
     """Median seconds to copy ``batch`` to ``dev`` from pinned memory (CUDA only); ``None`` without CUDA or when
     pinning or the copy raises a ``RuntimeError``, except in a strict GPU run (``require_gpu()``): a broken CUDA
@@ -169,7 +156,8 @@ def _pinned_probe(batch: Any, dev: torch.device, repeats: int = 5) -> float | No
         return None
     try:
         pinned = map_tensors(lambda t: t.pin_memory() if t.device.type == "cpu" else t, batch)
-        return statistics.median(timed_calls(lambda: move_batch(pinned, dev, non_blocking=True), dev, repeats, 1))
+        copy = time_calls(lambda: move_batch(pinned, dev, non_blocking=True), repeats=repeats, device=dev, warmup=1)
+        return copy.median_s
     except RuntimeError:
         if require_gpu():
             raise

@@ -19,13 +19,13 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from ...core import agreement
-from ...core.timing import SpanRecorder, SpanTrace, synchronize
+from ...core.timing import SpanRecorder, SpanTrace, synchronize, time_calls
 from ...core.validate import check_choice, check_float, check_int
 from ...pipeline.data import to_float_normalized
 from ...pipeline.models import build_model
 from ...pipeline.prefetch import move_batch
 from ...pipeline.train import COMPUTE_LANE_CPU, COMPUTE_LANE_GPU, make_optimizer
-from .doctor import timed_calls, usable_cores
+from .doctor import usable_cores
 from .job import (
     _CACHE,
     STEP_NAMES,
@@ -290,8 +290,8 @@ def _copy_alone(spec: JobSpec, s: Settings, dev: torch.device, repeats: int = 10
         x = x.float()  # the bytes a float batch moves (the values do not change a copy's time)
     if s.pin_memory:
         x, y = x.pin_memory(), y.pin_memory()
-    times = timed_calls(lambda: move_batch((x, y), dev, non_blocking=s.pin_memory), dev, repeats, warm=2)
-    return spec.batch_size / statistics.median(times)
+    copy = time_calls(lambda: move_batch((x, y), dev, non_blocking=s.pin_memory), repeats=repeats, device=dev, warmup=2)
+    return spec.batch_size / copy.median_s
 
 
 def _compute_alone(pipeline: Pipeline, spec: JobSpec, dev: torch.device) -> float:
@@ -326,7 +326,7 @@ def _step_times(
     model = build_model(width=spec.width, depth=spec.depth, num_classes=classes, seed=spec.seed).to(dev)
     opt = make_optimizer(model, lr=spec.lr)
     with main_threads(spec.threads), same_numerics():
-        return timed_calls(lambda: step(model, opt, x, y), dev, n, warm)
+        return time_calls(lambda: step(model, opt, x, y), repeats=n, device=dev, warmup=warm).times_s
 
 
 def stage_alone(settings: Settings, spec: JobSpec, dev: torch.device, pipe: Pipeline) -> dict[str, float | None]:
