@@ -24,17 +24,6 @@ from ..core.validate import check_choice, check_int
 from .shapes import *  # noqa: F403  (re-exported: make_shapes_dataset, default_sizes, SHAPE_CLASSES, ...)
 from .shapes import _encode_jpeg as _encode_jpeg
 
-__all__ = [
-    "MEAN",
-    "STD",
-    "ImageDecodeError",
-    "ShapesDataset",
-    "to_float_normalized",
-    "normalization_stats",
-    "TimedCollate",
-    "seed_worker",
-]
-
 #: Per-channel mean and standard deviation used to normalise images (0-1 scale).
 MEAN: tuple[float, float, float] = (0.5, 0.5, 0.5)
 STD: tuple[float, float, float] = (0.25, 0.25, 0.25)
@@ -104,27 +93,21 @@ class ShapesDataset(Dataset):
         self.output = check_choice("output", output, ("float", "uint8"))
         self.on_error = check_choice("on_error", on_error, ("raise", "skip"))
         try:
-            self.mean = tuple(float(m) for m in mean)
-            self.std = tuple(float(s) for s in std)
+            self.mean, self.std = tuple(float(m) for m in mean), tuple(float(v) for v in std)
+            ok = len(self.mean) == len(self.std) == 3 and min(self.std) > 0
+            ok = ok and all(math.isfinite(v) for v in self.mean + self.std)
         except (TypeError, ValueError):
-            raise ValueError(f"mean and std must hold 3 numbers each, got {mean!r} and {std!r}") from None
-        if (
-            len(self.mean) != 3
-            or len(self.std) != 3
-            or not all(math.isfinite(v) for v in self.mean + self.std)
-            or min(self.std) <= 0
-        ):
-            raise ValueError(f"mean and std must hold 3 finite values each (std > 0), got {mean} and {std}")
+            ok = False
+        if not ok:
+            raise ValueError(f"mean and std must hold 3 finite numbers each (std > 0), got {mean!r} and {std!r}")
         self.classes, self.samples = _scan_class_folders(self.root)
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self.targets = [t for _, t in self.samples]
         self.skipped: list[str] = []
 
         if self.augment:
-            steps: list[Any] = [
-                v2.RandomResizedCrop(self.crop_size, scale=(0.6, 1.0), ratio=(0.8, 1.25), antialias=True),
-                v2.RandomHorizontalFlip(),
-            ]
+            resize = v2.RandomResizedCrop(self.crop_size, scale=(0.6, 1.0), ratio=(0.8, 1.25), antialias=True)
+            steps: list[Any] = [resize, v2.RandomHorizontalFlip()]
         else:
             steps = [v2.Resize(self.crop_size, antialias=True), v2.CenterCrop(self.crop_size)]
         if self.output == "float":
@@ -199,9 +182,7 @@ class ShapesDataset(Dataset):
 
 
 #: Per-channel statistics already on a device, keyed by (mean, std, device, dtype): built once (a blocking copy).
-_STATS_CACHE: dict[
-    tuple[tuple[float, ...], tuple[float, ...], torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]
-] = {}
+_STATS_CACHE: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def normalization_stats(
@@ -213,12 +194,10 @@ def normalization_stats(
     if dev.type == "cuda" and dev.index is None:  # "cuda" and "cuda:0" must find the same entry
         dev = torch.device("cuda", torch.cuda.current_device())
     key = (tuple(float(v) for v in mean), tuple(float(v) for v in std), dev, dtype)
-    hit = _STATS_CACHE.get(key)
-    if hit is None:
-        m = torch.tensor(key[0], dtype=dtype).view(-1, 1, 1).to(key[2])
-        s = torch.tensor(key[1], dtype=dtype).view(-1, 1, 1).to(key[2])
-        hit = _STATS_CACHE[key] = (m, s)
-    return hit
+    if key not in _STATS_CACHE:
+        m, s = (torch.tensor(v, dtype=dtype).view(-1, 1, 1).to(dev) for v in key[:2])
+        _STATS_CACHE[key] = (m, s)
+    return _STATS_CACHE[key]
 
 
 def to_float_normalized(

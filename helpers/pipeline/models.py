@@ -12,16 +12,6 @@ from torch import nn
 
 from ..core.validate import check_int
 
-__all__ = [
-    "SmallCNN",
-    "build_model",
-    "flops_per_sample",
-    "count_parameters",
-    "describe_model",
-    "training_bytes",
-    "check_training_memory",
-]
-
 
 class SmallCNN(nn.Module):
     """A plain CNN for normalised ``(N, 3, H, W)`` float images, ``H, W >= 2**depth``: ``depth`` stages that halve
@@ -109,7 +99,6 @@ def _count_outputs(
 
 def flops_per_sample(model: nn.Module, image_size: int, in_channels: int = 3) -> int:
     """Forward FLOPs of one image (2 per multiply-add; convolutions and linear layers). Training: about 3x."""
-    check_int("image_size", image_size, 1, 8192)
 
     def flops(mod: nn.Module, out: torch.Tensor) -> int:
         if isinstance(mod, nn.Conv2d):
@@ -122,8 +111,6 @@ def flops_per_sample(model: nn.Module, image_size: int, in_channels: int = 3) ->
 def training_bytes(model: nn.Module, image_size: int, batch_size: int, in_channels: int = 3) -> int:
     """Estimated bytes of one training step: the outputs kept for backward (in-place ReLUs allocate nothing), their
     gradients and the float batch. For refusing impossible sizes, not a measurement."""
-    check_int("image_size", image_size, 1, 8192)
-    check_int("batch_size", batch_size, 1, 10**7)
     kept = (nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.Linear)
     floats = _count_outputs(model, image_size, in_channels, lambda m, out: out.numel() if isinstance(m, kept) else 0)
     return int(4 * (2 * floats + in_channels * image_size * image_size) * batch_size)
@@ -157,12 +144,8 @@ def check_training_memory(
 
 def describe_model(model: nn.Module, image_size: int) -> str:
     """One line describing the model's size and cost at ``image_size``."""
-    flops = flops_per_sample(model, image_size)
-    name = type(model).__name__
-    extra = ""
-    if isinstance(model, SmallCNN):
-        extra = f" width={model.width}, depth={model.depth}, convs/stage={model.convs_per_stage},"
+    extra = f" {model.extra_repr().replace('_per_', '/')}," if isinstance(model, SmallCNN) else ""
     return (
-        f"{name}:{extra} {count_parameters(model) / 1e3:.1f} k parameters, "
-        f"{flops / 1e9:.3f} GFLOP forward per {image_size}x{image_size} image"
+        f"{type(model).__name__}:{extra} {count_parameters(model) / 1e3:.1f} k parameters, "
+        f"{flops_per_sample(model, image_size) / 1e9:.3f} GFLOP forward per {image_size}x{image_size} image"
     )

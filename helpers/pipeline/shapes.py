@@ -56,13 +56,11 @@ def default_sizes(tier: str | None = None) -> dict[str, int]:
     """Problem sizes for the size tier in force, or for ``tier`` (``"quick"``, ``"laptop"``, ``"full"``). Quick:
     seconds to generate on 2 cores; laptop (no GPU): an epoch of chapter 01's model in tens of seconds; full (a GPU):
     224 px crops of ~30 KiB files that decode like small photos. Each size set is its own cached folder."""
-    if tier is None:
-        pick: Callable[..., int] = sized
-    else:
+    if tier is not None:
         check_choice("tier", tier, ("quick", "laptop", "full"))
 
-        def pick(quick: int, full: int, laptop: int) -> int:
-            return {"quick": quick, "full": full, "laptop": laptop}[tier]
+    def pick(**by_tier: int) -> int:
+        return sized(**by_tier) if tier is None else by_tier[tier]
 
     return {
         "n_train": pick(quick=640, full=9600, laptop=1600),
@@ -240,20 +238,16 @@ def _manifest_rows(manifest: Any) -> tuple[list[dict[str, Any]], str]:
     """The manifest's file rows, or ``([], why)`` when it is not shaped as :func:`_generate` writes it."""
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
         return [], "it is not an object with a 'files' list"
-    rows = manifest["files"]
-    for i, row in enumerate(rows):
-        if not (
-            isinstance(row, dict)
-            and isinstance(row.get("path"), str)
-            and isinstance(row.get("size"), int)
-            and isinstance(row.get("sha256"), str)
-            and isinstance(row.get("crc32", 0), int)
+    for i, row in enumerate(manifest["files"]):
+        types = {"path": str, "size": int, "sha256": str, "crc32": int}
+        if not isinstance(row, dict) or not all(
+            isinstance(row.get(k, 0 if k == "crc32" else None), t) for k, t in types.items()
         ):
             return [], f"files[{i}] lacks a path, size or sha256 of the right type"
         parts = Path(row["path"]).parts
         if Path(row["path"]).is_absolute() or ".." in parts or not parts or parts[0] not in _SPLIT_CODE:
             return [], f"files[{i}] has the path {row['path']!r}, outside train/ and val/"
-    return rows, ""
+    return manifest["files"], ""
 
 
 def _file_problem(path: Path, row: dict[str, Any], level: str) -> str | None:
@@ -278,10 +272,9 @@ def verify_dataset(
 ) -> list[str]:
     """Problems of a generated data set against its manifest, one line each (empty: intact). ``"quick"``: each
     file's size and CRC-32 (about 2 s for 12,000 files on 2 busy cores), no extra files; ``"full"``: SHA-256 (a few
-    times slower). ``params``, if given, must equal the manifest's."""
-    check_choice("level", level, ("quick", "full"))
-    root = Path(root)
-    mpath = root / MANIFEST
+    times slower); ``"none"``: the manifest's shape only. ``params``, if given, must equal the manifest's."""
+    check_choice("level", level, ("quick", "full", "none"))
+    mpath = Path(root) / MANIFEST
     try:
         if not mpath.is_file():
             return [f"no {MANIFEST} in {root} (generation was interrupted or this is not a generated data set)"]
@@ -294,29 +287,30 @@ def verify_dataset(
     problems: list[str] = []
     if params is not None and manifest.get("params") != params:
         problems.append(f"manifest parameters {manifest.get('params')} differ from the requested {params}")
-    for row in files:
-        problem = _file_problem(root / row["path"], row, level)
-        problems += [problem] if problem else []
-        if len(problems) > 20:
-            return problems + ["... (more problems not listed)"]
+    if level == "none":
+        return problems
     listed = {row["path"] for row in files}
+    found: list[tuple[Path, dict[str, Any] | None]] = [(Path(root) / row["path"], row) for row in files]
     for split in ("train", "val"):
-        folder = root / split
+        folder = Path(root) / split
         if not folder.is_dir():
             problems.append(f"{folder} is not a folder")
             continue
-        for p in sorted(folder.rglob("*")):
-            if p.is_file() and p.relative_to(root).as_posix() not in listed:
-                problems.append(f"unexpected file {p}")
-                if len(problems) > 20:
-                    return problems
+        found += [
+            (p, None) for p in sorted(folder.rglob("*")) if p.is_file() and p.relative_to(root).as_posix() not in listed
+        ]
+    for path, row in found:
+        problem = _file_problem(path, row, level) if row is not None else f"unexpected file {path}"
+        problems += [problem] if problem else []
+        if len(problems) > 20:
+            return problems + ["... (more problems not listed)"]
     return problems
 
 
 @contextlib.contextmanager
 def _file_lock(path: Path, wait: bool = True) -> Iterator[None]:
     """Exclusive lock on ``path`` between processes (no-op without fcntl); OSError for a read-only folder, or
-    (``wait=False``) when another process holds it."""
+    (``wait=False``) when another process holds it. Closing the file releases the lock."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: the atomic rename still protects the cache
@@ -324,35 +318,16 @@ def _file_lock(path: Path, wait: bool = True) -> Iterator[None]:
         return
     with open(path, "a+") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+        yield
 
 
-def _not_writable_message(folder: Path, exc: OSError, what: str) -> str:
-    return (
+def _unwritable(folder: Path, exc: OSError, what: str) -> PermissionError:
+    return PermissionError(
         f"{what}: the cache folder {folder} is not writable ({exc.strerror or type(exc).__name__}). Point the "
         f"cache at a writable folder with the environment variable {CACHE_ENV} (for example "
         f"`export {CACHE_ENV}=$HOME/workbook-cache` before starting Jupyter), or pass "
         f"root=<a writable folder> to make_shapes_dataset()."
     )
-
-
-def _check_disk(parent: Path, n_images: int, image_size: int) -> None:
-    """Refuse a generation that can't fit: 0.45 byte per pixel measured at q90, 0.8 assumed, twice (the temporary
-    copy)."""
-    need = 2 * (int(n_images * image_size * image_size * 0.8) + 64 * 1024)
-    try:
-        free = shutil.disk_usage(parent).free
-    except OSError:  # pragma: no cover - unknown: let the write itself fail
-        return
-    if need > free:
-        raise ValueError(
-            f"n_train/n_val/image_size: {n_images} images of {image_size}x{image_size} px need about "
-            f"{human_bytes(need)} on disk, but {parent} has {human_bytes(free)} free. Use fewer or "
-            f"smaller images, or point {CACHE_ENV} at a folder with more space."
-        )
 
 
 def _remove_stale_temporaries(parent: Path, held: str) -> None:
@@ -369,34 +344,31 @@ def _remove_stale_temporaries(parent: Path, held: str) -> None:
 
 
 def _cache_parent(root: str | os.PathLike[str] | None) -> Path:
-    """The folder the data set goes in: ``root`` or the cache folder, checked (one-line errors)."""
+    """The folder the data set goes in, ``root`` or the cache folder, created (one-line errors)."""
+    env = os.environ.get(CACHE_ENV)
     if root is None:
-        what = f"{CACHE_ENV}={os.environ.get(CACHE_ENV, '')!r}" if os.environ.get(CACHE_ENV) else "the cache folder"
-        try:
-            return cache_dir()
-        except OSError as exc:
-            if exc.errno in _UNWRITABLE:
-                raw = Path(os.environ.get(CACHE_ENV) or ".").expanduser()
-                raise PermissionError(_not_writable_message(raw, exc, "cannot create the data set folder")) from None
-            raise ValueError(
-                f"{what} cannot be used as the data-set cache folder ({exc.strerror or exc}): point {CACHE_ENV} at "
-                f"a writable folder (for example `export {CACHE_ENV}=$HOME/workbook-cache`)"
-            ) from None
-    if not isinstance(root, (str, os.PathLike)) or str(root).strip() == "":
+        what, parent = (f"{CACHE_ENV}={env!r}" if env else "the cache folder"), Path(env or ".").expanduser()
+    elif not isinstance(root, (str, os.PathLike)) or str(root).strip() == "":
         raise ValueError(
             f"root must be a folder path (a str or pathlib.Path), got {root!r}; leave it out to use the "
             f"cache folder ({CACHE_ENV})"
         )
-    parent, what = Path(root).expanduser(), f"root={str(root)!r}"
-    if parent.exists() and not parent.is_dir():
-        raise ValueError(f"{what} is a file, not a folder; pass a folder for the data set")
+    else:
+        what, parent = f"root={str(root)!r}", Path(root).expanduser()
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(f"{what} is a file, not a folder; pass a folder for the data set")
     try:
+        if root is None:
+            return cache_dir()
         parent.mkdir(parents=True, exist_ok=True)
+        return parent
     except OSError as exc:
         if exc.errno in _UNWRITABLE:
-            raise PermissionError(_not_writable_message(parent, exc, "cannot create the data set folder")) from None
-        raise ValueError(f"{what} cannot be created as a folder ({exc.strerror or exc}); pass another folder") from None
-    return parent
+            raise _unwritable(parent, exc, "cannot create the data set folder") from None
+        raise ValueError(
+            f"{what} cannot be used as the data-set folder ({exc.strerror or exc}): pass root=<another folder>, "
+            f"or point {CACHE_ENV} at a writable folder (for example `export {CACHE_ENV}=$HOME/workbook-cache`)"
+        ) from None
 
 
 def _write_all(tmp: Path, params: dict[str, Any], workers: int, report: Callable[..., None]) -> list[dict[str, Any]]:
@@ -410,28 +382,29 @@ def _write_all(tmp: Path, params: dict[str, Any], workers: int, report: Callable
     ]
     pool = workers > 1 and len(jobs) > 1
     report(0.0, f"drawing and encoding {total} JPEGs of {size}x{size} px" + (f" (starting {workers} processes)" * pool))
+    processes = f"{workers} process{'es' if workers > 1 else ''}"
     rows: list[dict[str, Any]] = []
-
-    def done(part: list[dict[str, Any]]) -> None:
-        rows.extend(part)
-        processes = f"{workers} process{'es' if workers > 1 else ''}"
-        report(
-            len(rows) / total, f"drawing and encoding {size}x{size} JPEGs: {len(rows)} of {total} written ({processes})"
-        )
-
-    if pool:
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as executor:
-            for part in executor.map(_write_chunk, jobs):
-                done(part)
-    else:
-        for job in jobs:
-            done(_write_chunk(job))
+    executor = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) if pool else None
+    with executor or contextlib.nullcontext():
+        for part in (executor.map if executor else map)(_write_chunk, jobs):
+            rows.extend(part)
+            done = f"{len(rows)} of {total} written ({processes})"
+            report(len(rows) / total, f"drawing and encoding {size}x{size} JPEGs: {done}")
     return rows
 
 
 def _generate(final: Path, params: dict[str, Any], workers: int, report: Callable[..., None]) -> None:
-    """Write into a temporary sibling folder, the manifest last (it marks a complete set), then rename it into
-    place; nothing is kept on failure."""
+    """Refuse a set that can't fit, write it into a temporary sibling folder, the manifest last (it marks a complete
+    set), then rename it into place; nothing is kept on failure. Space: 0.45 byte per pixel measured at q90, 0.8
+    assumed, twice (the temporary copy)."""
+    n_images, size = params["n_train"] + params["n_val"], params["image_size"]
+    need, free = 2 * (int(n_images * size * size * 0.8) + 64 * 1024), shutil.disk_usage(final.parent).free
+    if need > free:
+        raise ValueError(
+            f"n_train/n_val/image_size: {n_images} images of {size}x{size} px need about {human_bytes(need)} on "
+            f"disk, but {final.parent} has {human_bytes(free)} free. Use fewer or smaller images, or point "
+            f"{CACHE_ENV} at a folder with more space."
+        )
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         for split in ("train", "val"):
@@ -452,68 +425,33 @@ def _generate(final: Path, params: dict[str, Any], workers: int, report: Callabl
                 f"more space.",
             ) from None
         if exc.errno in _UNWRITABLE:
-            raise PermissionError(_not_writable_message(final.parent, exc, "cannot write the data set")) from None
+            raise _unwritable(final.parent, exc, "cannot write the data set") from None
         raise
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _checked_params(
-    n_train: int | None, n_val: int | None, image_size: int | None, num_classes: int, seed: int, quality: int
-) -> dict[str, Any]:
-    """The generation parameters (recorded in the manifest), checked; ``None`` sizes from :func:`default_sizes`."""
-    sizes = default_sizes()
-    params: dict[str, Any] = {
-        "generator_version": GENERATOR_VERSION,
-        "n_train": check_int("n_train", sizes["n_train"] if n_train is None else n_train, 1, 1_000_000),
-        "n_val": check_int("n_val", sizes["n_val"] if n_val is None else n_val, 1, 1_000_000),
-        "image_size": check_int("image_size", sizes["image_size"] if image_size is None else image_size, 16, 1024),
-        "num_classes": check_int("num_classes", num_classes, 2, len(SHAPE_CLASSES)),
-    }
-    params["classes"] = list(SHAPE_CLASSES[: params["num_classes"]])
-    return {**params, "seed": check_int("seed", seed, 0, 2**31 - 1), "quality": check_int("quality", quality, 50, 100)}
-
-
-def _problems(final: Path, params: dict[str, Any], verify: str, report: Callable[..., None]) -> list[str]:
-    """A cached copy's problems (``verify="none"``: the manifest's shape only)."""
-    report(0.0, f"verifying the cached data set ({params['n_train'] + params['n_val']} files)")
-    if verify != "none":
-        return verify_dataset(final, verify, params)
-    try:
-        _, why = _manifest_rows(json.loads((final / MANIFEST).read_text()))
-    except (OSError, ValueError) as exc:
-        why = str(exc)
-    return [f"{final / MANIFEST} is not a data-set manifest: {why}"] if why else []
-
-
-def _reuse_or_generate(
-    final: Path, check: Callable[[], list[str]], generate: Callable[[], None], on_corrupt: str
-) -> bool:
+def _reuse_or_generate(final: Path, check: Callable[[], list[str]], generate: Callable[[], None], raise_: bool) -> bool:
     """Reuse a verified copy or (re)generate it under the data set's lock; True when generated. A read-only cache
     folder's verified copy is used as it is."""
-    parent = final.parent
     with contextlib.ExitStack() as stack:
         try:
-            stack.enter_context(_file_lock(parent / f".{final.name}.lock"))
+            stack.enter_context(_file_lock(final.parent / f".{final.name}.lock"))
         except OSError as exc:  # a read-only folder, or one that takes no new files (ENOENT: /proc)
             if exc.errno not in _UNWRITABLE + (errno.ENOENT,):
                 raise
-            if not (final / MANIFEST).is_file():
-                what = f"cannot generate the data set {final.name}"
-                raise PermissionError(_not_writable_message(parent, exc, what)) from None
             problems = check()
             if problems:
-                what = f"the cached data set in {final} is damaged ({problems[0]}) and cannot be regenerated in place"
-                raise PermissionError(_not_writable_message(parent, exc, what)) from None
+                what = f"the data set in {final} is missing or damaged ({problems[0]}) and cannot be generated here"
+                raise _unwritable(final.parent, exc, what) from None
             return False
-        _remove_stale_temporaries(parent, final.name)
+        _remove_stale_temporaries(final.parent, final.name)
         if (final / MANIFEST).is_file():
             problems = check()
             if not problems:
                 return False
             what = f"cached data set in {final} is damaged ({len(problems)} problem(s), first: {problems[0]})"
-            if on_corrupt == "raise":
+            if raise_:
                 raise RuntimeError(
                     f"the {what}; delete the folder or call make_shapes_dataset(on_corrupt='regenerate')"
                 )
@@ -545,8 +483,20 @@ def make_shapes_dataset(
     """
     check_choice("verify", verify, ("quick", "full", "none"))
     check_choice("on_corrupt", on_corrupt, ("regenerate", "raise"))
-    params = _checked_params(n_train, n_val, image_size, num_classes, seed, quality)
-    n_images, size = params["n_train"] + params["n_val"], params["image_size"]
+    given, sizes = {"n_train": n_train, "n_val": n_val, "image_size": image_size}, default_sizes()
+    n_train, n_val, size = (sizes[k] if v is None else v for k, v in given.items())
+    params: dict[str, Any] = {
+        "generator_version": GENERATOR_VERSION,
+        "n_train": check_int("n_train", n_train, 1, 1_000_000),
+        "n_val": check_int("n_val", n_val, 1, 1_000_000),
+        "image_size": check_int("image_size", size, 16, 1024),
+        "num_classes": check_int("num_classes", num_classes, 2, len(SHAPE_CLASSES)),
+        "classes": list(SHAPE_CLASSES[:num_classes]),
+        "seed": check_int("seed", seed, 0, 2**31 - 1),
+        "quality": check_int("quality", quality, 50, 100),
+    }
+    n_train, n_val, size = params["n_train"], params["n_val"], params["image_size"]
+    n_images = n_train + n_val
     if workers is None:
         workers = 1 if n_images * size * size < _POOL_MIN_PIXELS else min(8, os.cpu_count() or 1)
     workers = check_int("workers", workers, 1, 256)
@@ -554,16 +504,19 @@ def make_shapes_dataset(
     names = ("n_train", "n_val", "image_size", "num_classes", "seed", "quality")
     final = _cache_parent(root) / dataset_name(*(params[k] for k in names))
 
+    def check() -> list[str]:
+        report(0.0, f"verifying the cached data set ({n_images} files)")
+        return verify_dataset(final, verify, params)
+
     def generate() -> None:
-        _check_disk(final.parent, n_images, size)
         if progress is not None:
             return _generate(final, params, workers, report)
         with progress_bar(f"generating {n_images} JPEG files (once; reused after)") as bar:
             _generate(final, params, workers, bar)  # generation takes seconds to minutes: a bar even unasked
 
     t0 = time.perf_counter()
-    generated = _reuse_or_generate(final, lambda: _problems(final, params, verify, report), generate, on_corrupt)
+    generated = _reuse_or_generate(final, check, generate, on_corrupt == "raise")
     total = sum(int(r["size"]) for r in json.loads((final / MANIFEST).read_text())["files"])
-    report(1.0, ("generated " if generated else "reused ") + f"{params['n_train']} + {params['n_val']} images")
-    counts = (params["classes"], params["n_train"], params["n_val"], size, total)
+    report(1.0, ("generated " if generated else "reused ") + f"{n_train} + {n_val} images")
+    counts = (params["classes"], n_train, n_val, size, total)
     return DatasetInfo(final, final / "train", final / "val", *counts, generated, time.perf_counter() - t0, params)

@@ -16,18 +16,6 @@ from torch import nn
 from ..core.validate import check_float
 from .workers import _HeldSignals
 
-__all__ = [
-    "STAGES",
-    "DATA_LANE",
-    "COPY_LANE",
-    "COMPUTE_LANE_GPU",
-    "COMPUTE_LANE_CPU",
-    "Prediction",
-    "make_optimizer",
-    "predict_step_time",
-]
-
-
 #: The resources of the bottleneck model and the phases each one runs.
 STAGES: dict[str, tuple[str, ...]] = {
     "data (CPU)": ("load", "collate", "pin"),
@@ -85,20 +73,14 @@ def predict_step_time(
     """Predict the step time from per-step phase times (seconds): ``serial`` adds every phase (one thing at a
     time), ``overlapped`` is the slowest stage (every resource on a different step at once). Phases not named
     in ``stages`` count as their own stage."""
-    stages = dict(STAGES if stages is None else stages)
+    stages = {stage: tuple(phases) for stage, phases in (STAGES if stages is None else stages).items()}
     for name, value in phase_times.items():
         if value < 0 or value != value:
             raise ValueError(f"phase time {name!r} must be a non-negative number, got {value}")
-    stages = {stage: tuple(phases) for stage, phases in stages.items()}
     named = {p for phases in stages.values() for p in phases}
     stage_times = {stage: float(sum(phase_times.get(p, 0.0) for p in phases)) for stage, phases in stages.items()}
     stage_times.update({name: float(v) for name, v in phase_times.items() if name not in named})
     if not stage_times:
         raise ValueError("phase_times is empty")
     bottleneck = max(stage_times, key=lambda k: stage_times[k])
-    return Prediction(
-        stage_times=stage_times,
-        serial=float(sum(phase_times.values())),
-        overlapped=stage_times[bottleneck],
-        bottleneck=bottleneck,
-    )
+    return Prediction(stage_times, float(sum(phase_times.values())), stage_times[bottleneck], bottleneck)

@@ -4,6 +4,7 @@ on the wire, when pinning pays, the pinned allocator's counters. Sizes in bytes,
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,20 +13,6 @@ import torch
 
 from ..core.device import has_cuda, resolve_device, wrap
 from ..core.validate import check_choice, check_float, check_int, human_bytes
-
-__all__ = [
-    "DTYPES",
-    "NO_CUDA_REASON",
-    "Unavailable",
-    "is_available",
-    "check_host_bytes",
-    "images_nbytes",
-    "break_even_uses",
-    "pinning_pays",
-    "cuda_status",
-    "host_allocator_stats",
-]
-
 
 DTYPES: dict[str, torch.dtype] = {"uint8": torch.uint8, "float32": torch.float32}
 NO_CUDA_REASON = (
@@ -116,19 +103,14 @@ def pinning_pays(uses: int, pin_s: float, pageable_copy_s: float, pinned_copy_s:
     return pin_s + uses * pinned_copy_s < uses * pageable_copy_s
 
 
-def _names_cuda(device: Any) -> bool:
-    try:
-        return torch.device(device).type == "cuda"
-    except (RuntimeError, TypeError, ValueError):
-        return False
-
-
 def cuda_status(device: torch.device | str | None = None) -> tuple[bool, str]:
     """``(True, '')`` for a usable CUDA device, else ``(False, reason)``; a misspelt device is a ValueError, but
     ``cuda`` without CUDA is answered with :data:`NO_CUDA_REASON`."""
     if not has_cuda():
         if device is not None:  # the spelling is checked all the same; 'cuda' is absent here, not wrong
-            resolve_device("cpu" if _names_cuda(device) else device)
+            with contextlib.suppress(RuntimeError, TypeError, ValueError):
+                device = "cpu" if torch.device(device).type == "cuda" else device
+            resolve_device(device)
         return False, NO_CUDA_REASON
     dev = resolve_device(device)
     if dev.type != "cuda":

@@ -1,12 +1,6 @@
-"""Chapter 03, ``pin_memory=True`` in the DataLoader: the chapter interface (:mod:`helpers.ui.chapter`),
-section 4's verdict and the pin-time figure.
-
->>> panel = widgets.Panel.for_chapter(ch03, device=DEVICE, make_loader=make_loader, to_device=to_device,
-...                                   dataset=DS, batch=BATCH, batches=BATCHES, warmup=WARMUP)
-
-Each panel run times the reader's ``make_loader(dataset, batch_size, pin_memory=...)`` with the reader's
-``to_device``: measured here, on any machine. The pin step's own time needs CUDA; without it the notebook
-shows the reference runs' ``ch03.pin_ms_per_batch`` (:func:`helpers.core.evidence.measure_or_recall`).
+"""Chapter 03, ``pin_memory=True`` in the DataLoader: the chapter interface (:mod:`helpers.ui.chapter`), section
+4's verdict and the pin-time figure. The panel times the reader's ``make_loader(dataset, batch_size, pin_memory=...)``
+and ``to_device`` on any machine; the pin step's own time needs CUDA (else the reference runs' figure).
 """
 
 from __future__ import annotations
@@ -48,14 +42,10 @@ def benchmark(
     batches: int | None = None,
     warmup: int | None = None,
 ) -> ResultSet:
-    """Record chapter 03's key measurements into ``results``, on the shapes data set at the mode's sizes.
-
-    Keys: ``ch03.items_per_s`` {num_workers, pin_memory, pin_active, device}; ``ch03.main_wait_ms``
-    {num_workers, pin_memory} (the main thread's mean wait per batch); ``ch03.pin_ms_per_batch``
-    {num_workers, thread} (only where pinning ran: CUDA); ``ch03.copy_ms_per_batch`` {bytes} (a plain CPU
-    copy of one batch, the memcpy inside pinning). ``info`` / ``sizes`` / ``batches`` / ``warmup``:
-    overrides for tests. Returns ``results``.
-    """
+    """Record chapter 03's key measurements at the mode's sizes: ``ch03.items_per_s`` {num_workers, pin_memory,
+    pin_active, device}, ``ch03.main_wait_ms`` {num_workers, pin_memory} (the main thread's mean wait per batch),
+    ``ch03.pin_ms_per_batch`` {num_workers, thread} (only where pinning ran: CUDA), ``ch03.copy_ms_per_batch``
+    {bytes} (a plain CPU copy of one batch, the memcpy inside pinning). The keywords are overrides for tests."""
     progress = progress or no_progress
     dev = resolve_device(device)
     sizes = dict(sizes) if sizes is not None else default_sizes()
@@ -93,14 +83,10 @@ def _pair(rows: Sequence[pinning.PinRow]) -> tuple[pinning.PinRow, pinning.PinRo
 
 
 def pin_pair_verdict(rows: Sequence[pinning.PinRow]) -> str:
-    """One sentence on section 4's pair (``pin_memory`` False/True, :func:`~.pinning.pin_pair_rounds`).
-
-    The gap is the table's (the medians over the rounds); its spread is the per-round ratios (True over
-    False). It is **within noise** when they fall on both sides of 1
-    (:func:`helpers.core.agreement.ratios_straddle_one`). Otherwise it is a gap: with CUDA the flag's
-    effect; without, both settings did the same work, so it is load, and the faster figure is the one to
-    trust (load only ever slows a run down). Raises ValueError unless ``rows`` is the False/True pair.
-    """
+    """One sentence on section 4's pair (:func:`~.pinning.pin_pair_rounds`). The gap is the table's (medians over
+    the rounds); it is **within noise** when the per-round ratios (True over False) fall on both sides of 1
+    (:func:`helpers.core.agreement.ratios_straddle_one`). Otherwise, with CUDA, it is the flag's effect; without,
+    both settings did the same work, so it is load, and the faster figure is the one to trust."""
     off, on = _pair(rows)
     ratios = [
         a / b for a, b in zip(on.round_items_per_s or [on.items_per_s], off.round_items_per_s or [off.items_per_s])
@@ -155,21 +141,16 @@ def pin_row_lines(rows: PinTimes) -> list[str]:
     return [f"  {what}: {ms:.3f} ms per batch" for what, ms in rows]
 
 
-def _default_pin(make_loader: Any) -> bool:
-    """The ``pin_memory`` default of the reader's ``make_loader`` (``DEVICE.type == "cuda"``), else False."""
-    try:
-        default = inspect.signature(make_loader).parameters["pin_memory"].default
-    except (TypeError, ValueError, KeyError):
-        return False
-    return default if isinstance(default, bool) else False
-
-
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """Batch size (from ``batch=``, default 32) and ``pin_memory`` (the reader's ``make_loader`` default).
-    No ``num_workers``: the reader's ``make_loader`` has none yet (chapter 04's panel has them)."""
+    """Batch size (from ``batch=``, default 32) and ``pin_memory`` (the default of the reader's ``make_loader``,
+    ``DEVICE.type == "cuda"``, else False). No ``num_workers``: the reader's ``make_loader`` has none yet."""
+    try:
+        pin = inspect.signature(context.get("make_loader")).parameters["pin_memory"].default  # type: ignore[arg-type]
+    except (TypeError, ValueError, KeyError):
+        pin = False
     return {
         "batch_size": W.IntSlider(value=context.get("batch", 32), min=8, max=128, step=8, description="batch_size"),
-        "pin_memory": W.Checkbox(value=_default_pin(context.get("make_loader")), description="pin_memory"),
+        "pin_memory": W.Checkbox(value=pin if isinstance(pin, bool) else False, description="pin_memory"),
     }
 
 
@@ -190,11 +171,10 @@ def panel_run(
     """One run: the reader's ``make_loader(dataset, batch_size, pin_memory=...)`` timed with the reader's
     ``to_device`` (``threads`` intra-op threads, as in the pin thread). Measured here, on any machine: without
     an accelerator ``pin_memory=True`` pins nothing. Raises ValueError for bad arguments."""
-    pinning.check_make_loader(make_loader)
     bs = check_int("batch_size", batch_size, 1, 100_000)
     if not isinstance(pin_memory, bool):
         raise ValueError(f"pin_memory must be True or False, got {pin_memory!r}")
-    loader = make_loader(dataset, bs, pin_memory=pin_memory)
+    loader = pinning.readers_loader(make_loader, dataset, bs, pin_memory)
     res = loaders.measure_throughput(
         loader,
         to_device=to_device,

@@ -1,15 +1,12 @@
-"""Chapter 03's experiments: the pin thread, pinned against pageable batches in alternating rounds
-(:func:`helpers.core.rounds.alternate`), what one pin step costs.
-
-The loader plumbing they measure with (:func:`helpers.pipeline.loaders.measure_throughput`, the pinnable batch
-and its collate function, which workers import by name) is shared and stays in :mod:`helpers.pipeline.loaders`.
-"""
+"""Chapter 03's experiments: the pin thread, pinned against pageable batches in alternating rounds, what one pin
+step costs. The loader plumbing they measure with is shared: :mod:`helpers.pipeline.loaders`."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import threading
-import time
+import timeit
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -25,34 +22,32 @@ from ...pipeline.loaders import (
     LoaderConfig,
     PinnableBatch,
     Throughput,
-    _is_pin_thread,
     collate_pinnable,
     measure_config,
     measure_throughput,
+    thread_label,
 )
 
 
 def pin_threads() -> list[threading.Thread]:
-    """The DataLoader pin-memory threads alive in this process."""
-    return [t for t in threading.enumerate() if t.is_alive() and _is_pin_thread(t)]
+    """The DataLoader pin-memory threads (``pt_data_pin``, found by their target) alive in this process."""
+    return [t for t in threading.enumerate() if t.is_alive() and thread_label(t) == "pt_data_pin"]
 
 
 def pin_thread_alive() -> bool:
-    """True while a DataLoader pin-memory thread (``pt_data_pin``) runs in this process."""
+    """True while a DataLoader pin-memory thread runs in this process."""
     return bool(pin_threads())
 
 
 def batch_copy_seconds(nbytes: int, repeats: int = 20) -> float:
     """Median time of one plain CPU copy of ``nbytes``: the memcpy inside pinning, measurable on any machine
     (a lower bound of the pin step, not its cost). One thread, as in the DataLoader's pin thread."""
-    nbytes = check_int("nbytes", nbytes, 1, 1 << 34)
-    src = torch.empty(nbytes, dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    blocks = check_int("repeats", repeats, 1, 10_000)
-    timing = measure(
+    src = torch.empty(check_int("nbytes", nbytes, 1, 1 << 34), dtype=torch.uint8)
+    dst, blocks = torch.empty_like(src), check_int("repeats", repeats, 1, 10_000)
+    copy = measure(
         lambda: dst.copy_(src), label="batch copy", device="cpu", min_run_time=0.01, blocks=blocks, num_threads=1
     )
-    return timing.median_s
+    return copy.median_s
 
 
 @dataclass
@@ -96,6 +91,21 @@ class PinLog:
         return max(set(self.threads), key=self.threads.count) if self.threads else None
 
 
+def _rounds(runs: dict[str, Callable[[ProgressFn], PinRow]], rounds: int, progress: ProgressFn | None) -> list[PinRow]:
+    """Each run once per round, alternating (:func:`alternate`): its last round's row with every round's items/s."""
+    last: dict[str, PinRow] = {}
+
+    def timed(label: str) -> Callable[[ProgressFn], float]:
+        def once(progress: ProgressFn) -> float:
+            last[label] = runs[label](progress)
+            return last[label].result.items_per_s
+
+        return once
+
+    out = alternate({label: timed(label) for label in runs}, rounds, progress=progress)
+    return [dataclasses.replace(last[label], round_items_per_s=out.values[label]) for label in runs]
+
+
 def pin_memory_experiment(
     dataset: Dataset,
     *,
@@ -106,49 +116,39 @@ def pin_memory_experiment(
     progress: ProgressFn | None = None,
     rounds: int = 1,
 ) -> list[PinRow]:
-    """The workbook's loader with and without ``pin_memory``, for each worker count, in alternating rounds.
-
-    Batches are :class:`PinnableBatch`: when pinning really happens (CUDA) each says how long it took and
-    which thread did it (the main thread with ``num_workers=0``, ``pt_data_pin`` with workers). Without an
-    accelerator the flag only warns: ``pin_active=False``, no pin time. Rows are ordered (workers, False/True).
-    """
+    """The workbook's loader with and without ``pin_memory``, per worker count, in alternating rounds; rows ordered
+    (workers, False/True). Its :class:`PinnableBatch` batches say how long pinning took and in which thread (the
+    main one with ``num_workers=0``, else ``pt_data_pin``); without an accelerator nothing is pinned."""
     ws = [check_int(f"workers[{i}]", w, 0, MAX_WORKERS) for i, w in enumerate(workers)]
-    last: dict[tuple[int, bool], tuple[Throughput, PinLog]] = {}
 
-    def run(w: int, pin: bool) -> Callable[[], float]:
-        def once() -> float:
-            log = PinLog()
-            cfg = LoaderConfig(batch_size=batch_size, num_workers=w, pin_memory=pin, persistent_workers=w > 0)
+    def run(w: int, pin: bool) -> Callable[[ProgressFn], PinRow]:
+        def once(progress: ProgressFn) -> PinRow:
+            log, cfg = (
+                PinLog(),
+                LoaderConfig(batch_size=batch_size, num_workers=w, pin_memory=pin, persistent_workers=w > 0),
+            )
             res = measure_config(
                 dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_pinnable, on_batch=log
             )
-            last[(w, pin)] = res, log
-            return res.items_per_s
+            return PinRow(w, pin, res, bool(log.seconds), log.ms_per_batch, log.thread)
 
         return once
 
-    keys = [(w, pin) for w in ws for pin in (False, True)]
-    measures = {f"workers={w}, pin_memory={pin}": run(w, pin) for w, pin in keys}
-    out = alternate(measures, check_int("rounds", rounds, 1, 100), progress=progress)
-    rows = []
-    for label, (w, pin) in zip(measures, keys):
-        res, log = last[(w, pin)]
-        rows.append(PinRow(w, pin, res, bool(log.seconds), log.ms_per_batch, log.thread, out.values[label]))
-    return rows
+    return _rounds(
+        {f"workers={w}, pin_memory={pin}": run(w, pin) for w in ws for pin in (False, True)}, rounds, progress
+    )
 
 
-def check_make_loader(make_loader: Any) -> None:
-    """The reader's ``make_loader`` must be a function (one clear line otherwise)."""
+def readers_loader(make_loader: Any, dataset: Any, batch_size: int, pin_memory: bool) -> Any:
+    """``make_loader(dataset, batch_size, pin_memory=...)``, the reader's function; one clear line when it is not a
+    function or takes no ``pin_memory`` keyword."""
     if not callable(make_loader):
         raise ValueError(
             f"make_loader must be a function such as make_loader(dataset, batch_size, pin_memory=...), "
             f"got {make_loader!r}"
         )
-
-
-def _readers_loader(make_loader: Callable[..., Any], dataset: Dataset, batch_size: int, pin: bool) -> Any:
     try:
-        return make_loader(dataset, batch_size, pin_memory=pin)
+        return make_loader(dataset, batch_size, pin_memory=pin_memory)
     except TypeError as exc:
         raise ValueError(
             "make_loader must accept pin_memory=True/False as a keyword "
@@ -168,44 +168,25 @@ def pin_pair_rounds(
     progress: ProgressFn | None = None,
     threads: int | None = 1,
 ) -> list[PinRow]:
-    """The reader's ``make_loader(dataset, batch_size, pin_memory=flag)``, False against True, in alternating rounds.
-
-    Each round builds the reader's loader once per flag and times it with :func:`measure_throughput`, each
-    batch copied by the reader's ``to_device`` (``threads`` intra-op threads, as in the pin thread). Returns
-    two :class:`PinRow` (False, True): every round's items/s, the last round's :class:`Throughput`, and
-    ``pin_active``: whether the timed batches arrived pinned (never without an accelerator). No pin time is
-    read here (plain tuples carry none): see :func:`pin_step_seconds`. Raises ValueError for bad arguments or
-    a ``make_loader`` without a ``pin_memory`` keyword.
-    """
-    check_make_loader(make_loader)
+    """The reader's ``make_loader(dataset, batch_size, pin_memory=flag)``, False against True, in alternating rounds,
+    timed with the reader's ``to_device`` (``threads`` intra-op threads, as in the pin thread). Two rows (False,
+    True); ``pin_active``: the timed batches arrived pinned (never without an accelerator). No pin time (plain
+    tuples carry none): see :func:`pin_step_seconds`."""
     batch_size = check_int("batch_size", batch_size, 1, 1_000_000)
-    last: dict[bool, tuple[Any, Throughput]] = {}
 
-    def run(pin: bool) -> Callable[..., float]:
-        def once(progress: ProgressFn) -> float:
-            loader = _readers_loader(make_loader, dataset, batch_size, pin)
-            label = f"pin_memory={pin}"
+    def run(pin: bool) -> Callable[[ProgressFn], PinRow]:
+        def once(progress: ProgressFn) -> PinRow:
+            loader = readers_loader(make_loader, dataset, batch_size, pin)
             res = measure_throughput(
-                loader,
-                to_device=to_device,
-                batches=batches,
-                warmup=warmup,
-                label=label,
-                progress=progress,
-                threads=threads,
-            )
-            last[pin] = loader, res
-            return res.items_per_s
+                loader, to_device=to_device, batches=batches, warmup=warmup, label=f"pin_memory={pin}",
+                progress=progress, threads=threads,
+            )  # fmt: skip
+            workers = int(getattr(loader, "num_workers", 0))
+            return PinRow(workers, pin, res, res.extra["pinned_batches"] > 0, None, None)
 
         return once
 
-    out = alternate({"pin_memory=False": run(False), "pin_memory=True": run(True)}, rounds, progress=progress)
-    rows = []
-    for pin in (False, True):
-        loader, res = last[pin]
-        workers, active = int(getattr(loader, "num_workers", 0)), res.extra["pinned_batches"] > 0
-        rows.append(PinRow(workers, pin, res, active, None, None, out.values[f"pin_memory={pin}"]))
-    return rows
+    return _rounds({f"pin_memory={pin}": run(pin) for pin in (False, True)}, rounds, progress)
 
 
 def pin_step_seconds(batch: Any, repeats: int = 10) -> float | None:
@@ -221,9 +202,4 @@ def pin_step_seconds(batch: Any, repeats: int = 10) -> float | None:
     from torch.utils.data._utils.pin_memory import pin_memory as loader_pin
 
     loader_pin(batch)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        loader_pin(batch)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(timeit.repeat(lambda: loader_pin(batch), number=1, repeat=repeats))
