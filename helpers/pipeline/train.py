@@ -16,18 +16,17 @@ from torch import nn
 from ..core.validate import check_float
 from .workers import _HeldSignals
 
-#: The resources of the bottleneck model and the phases each one runs.
-STAGES: dict[str, tuple[str, ...]] = {
-    "data (CPU)": ("load", "collate", "pin"),
-    "copy (link)": ("h2d",),
-    "compute (device)": ("normalize", "forward", "backward", "optimizer"),
-}
-
 #: Timeline lanes (rows of a Gantt chart): the resource each phase occupies.
 DATA_LANE = "data (CPU)"
 COPY_LANE = "copy (link)"
 COMPUTE_LANE_GPU = "compute (GPU)"
 COMPUTE_LANE_CPU = "compute (CPU)"
+#: The resources of the bottleneck model and the phases each one runs.
+STAGES: dict[str, tuple[str, ...]] = {
+    DATA_LANE: ("load", "collate", "pin"),
+    COPY_LANE: ("h2d",),
+    "compute (device)": ("normalize", "forward", "backward", "optimizer"),
+}
 
 
 def make_optimizer(model: nn.Module, lr: float = 3e-3, weight_decay: float = 0.0) -> torch.optim.Optimizer:
