@@ -440,9 +440,11 @@ def _reuse_or_generate(final: Path, check: Callable[[], list[str]], generate: Ca
         except OSError as exc:  # a read-only folder, or one that takes no new files (ENOENT: /proc)
             if exc.errno not in _UNWRITABLE + (errno.ENOENT,):
                 raise
+            if not (final / MANIFEST).is_file():
+                raise _unwritable(final.parent, exc, f"cannot generate the data set {final.name}") from None
             problems = check()
             if problems:
-                what = f"the data set in {final} is missing or damaged ({problems[0]}) and cannot be generated here"
+                what = f"the cached data set in {final} is damaged ({problems[0]}) and cannot be regenerated in place"
                 raise _unwritable(final.parent, exc, what) from None
             return False
         _remove_stale_temporaries(final.parent, final.name)
