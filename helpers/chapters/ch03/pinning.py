@@ -123,10 +123,8 @@ def pin_memory_experiment(
 
     def run(w: int, pin: bool) -> Callable[[ProgressFn], PinRow]:
         def once(progress: ProgressFn) -> PinRow:
-            log, cfg = (
-                PinLog(),
-                LoaderConfig(batch_size=batch_size, num_workers=w, pin_memory=pin, persistent_workers=w > 0),
-            )
+            log = PinLog()
+            cfg = LoaderConfig(batch_size=batch_size, num_workers=w, pin_memory=pin, persistent_workers=w > 0)
             res = measure_config(
                 dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_pinnable, on_batch=log
             )
@@ -178,9 +176,14 @@ def pin_pair_rounds(
         def once(progress: ProgressFn) -> PinRow:
             loader = readers_loader(make_loader, dataset, batch_size, pin)
             res = measure_throughput(
-                loader, to_device=to_device, batches=batches, warmup=warmup, label=f"pin_memory={pin}",
-                progress=progress, threads=threads,
-            )  # fmt: skip
+                loader,
+                to_device=to_device,
+                batches=batches,
+                warmup=warmup,
+                label=f"pin_memory={pin}",
+                progress=progress,
+                threads=threads,
+            )
             workers = int(getattr(loader, "num_workers", 0))
             return PinRow(workers, pin, res, res.extra["pinned_batches"] > 0, None, None)
 
