@@ -371,8 +371,9 @@ def _cache_parent(root: str | os.PathLike[str] | None) -> Path:
         ) from None
 
 
-def _write_all(tmp: Path, params: dict[str, Any], workers: int, report: Callable[..., None]) -> list[dict[str, Any]]:
-    """Write every image into ``tmp`` (chunks of a size that lets a progress bar move); their manifest rows."""
+def _write_all(tmp: Path, params: dict[str, Any], workers: int, progress: Callable[..., None] | None) -> list[Any]:
+    """Write every image into ``tmp`` (chunks of a size that lets a progress bar move); their manifest rows.
+    Without ``progress``, a bar all the same: generation takes seconds to minutes."""
     total, size = params["n_train"] + params["n_val"], params["image_size"]
     chunk = max(16, min(256, math.ceil(total / (8 * workers))))
     jobs = [
@@ -381,11 +382,14 @@ def _write_all(tmp: Path, params: dict[str, Any], workers: int, report: Callable
         for start in range(0, n, chunk)
     ]
     pool = workers > 1 and len(jobs) > 1
-    report(0.0, f"drawing and encoding {total} JPEGs of {size}x{size} px" + (f" (starting {workers} processes)" * pool))
     processes = f"{workers} process{'es' if workers > 1 else ''}"
     rows: list[dict[str, Any]] = []
     executor = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) if pool else None
-    with executor or contextlib.nullcontext():
+    bar: Any = progress_bar(f"generating {total} JPEG files (once; reused after)") if progress is None else None
+    with executor or contextlib.nullcontext(), bar or contextlib.nullcontext(progress) as report:
+        report(
+            0.0, f"drawing and encoding {total} JPEGs of {size}x{size} px" + f" (starting {workers} processes)" * pool
+        )
         for part in (executor.map if executor else map)(_write_chunk, jobs):
             rows.extend(part)
             done = f"{len(rows)} of {total} written ({processes})"
@@ -393,7 +397,7 @@ def _write_all(tmp: Path, params: dict[str, Any], workers: int, report: Callable
     return rows
 
 
-def _generate(final: Path, params: dict[str, Any], workers: int, report: Callable[..., None]) -> None:
+def _generate(final: Path, params: dict[str, Any], workers: int, progress: Callable[..., None] | None) -> None:
     """Refuse a set that can't fit, write it into a temporary sibling folder, the manifest last (it marks a complete
     set), then rename it into place; nothing is kept on failure. Space: 0.45 byte per pixel measured at q90, 0.8
     assumed, twice (the temporary copy)."""
@@ -410,7 +414,7 @@ def _generate(final: Path, params: dict[str, Any], workers: int, report: Callabl
         for split in ("train", "val"):
             for name in params["classes"]:
                 (tmp / split / name).mkdir(parents=True, exist_ok=True)
-        rows = _write_all(tmp, params, workers, report)
+        rows = _write_all(tmp, params, workers, progress)
         manifest = {"params": params, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": rows}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=0))
         if final.exists():
@@ -510,14 +514,10 @@ def make_shapes_dataset(
         report(0.0, f"verifying the cached data set ({n_images} files)")
         return verify_dataset(final, verify, params)
 
-    def generate() -> None:
-        if progress is not None:
-            return _generate(final, params, workers, report)
-        with progress_bar(f"generating {n_images} JPEG files (once; reused after)") as bar:
-            _generate(final, params, workers, bar)  # generation takes seconds to minutes: a bar even unasked
-
     t0 = time.perf_counter()
-    generated = _reuse_or_generate(final, check, generate, on_corrupt == "raise")
+    generated = _reuse_or_generate(
+        final, check, lambda: _generate(final, params, workers, progress), on_corrupt == "raise"
+    )
     total = sum(int(r["size"]) for r in json.loads((final / MANIFEST).read_text())["files"])
     report(1.0, ("generated " if generated else "reused ") + f"{n_train} + {n_val} images")
     counts = (params["classes"], n_train, n_val, size, total)
