@@ -169,16 +169,15 @@ class ShapesDataset(Dataset):
             return self.transform(img), self.samples[i][1]
         raise ImageDecodeError(f"no file in {self.root} could be decoded ({n} tried)")
 
-    def _text(self, root: str) -> str:
-        s = self
-        knobs = f"crop_size={s.crop_size}, augment={s.augment}, output={s.output!r}, on_error={s.on_error!r}"
-        return f"ShapesDataset({len(s)} images, {len(s.classes)} classes, {root}{knobs})"
-
     def __repr__(self) -> str:
-        return self._text(f"root={str(self.root)!r}, ")
+        knobs = (
+            f"crop_size={self.crop_size}, augment={self.augment}, output={self.output!r}, on_error={self.on_error!r}"
+        )
+        return f"ShapesDataset({len(self)} images, {len(self.classes)} classes, root={str(self.root)!r}, {knobs})"
 
     def __str__(self) -> str:  # what print() shows: the folder on its own line
-        return self._text("") + f"\n  root={str(self.root)!r}"
+        root = f"root={str(self.root)!r}"
+        return repr(self).replace(f"{root}, ", "") + f"\n  {root}"
 
 
 #: Per-channel statistics already on a device, keyed by (mean, std, device, dtype): built once (a blocking copy).

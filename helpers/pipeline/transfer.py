@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,7 +27,6 @@ class Unavailable:
 
     what: str
     reason: str
-    available: bool = field(default=False, init=False)
 
     def __str__(self) -> str:
         return wrap(f"{self.what}: not measured here. {self.reason}")
