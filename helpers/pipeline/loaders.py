@@ -26,22 +26,22 @@ from .data import TimedCollate, seed_worker
 from .demo import *  # noqa: F403  (re-exported: chapters and notebooks import the demo data sets from here)
 from .demo import PinnableBatch
 from .demo import _is_pin_thread as _is_pin_thread
-from .demo import _PerItem as _PerItem
 from .workers import *  # noqa: F403  (re-exported: release, open_iterator, worker_processes, ...)
 from .workers import (
     MAX_WORKERS,
-    _finish,
-    _plain_failure,
     _WorkbookLoader,
-    _worker_children,
     _WorkerInit,
     check_workers_for_cores,
+    plain_failures,
     release,
+    released,
     require_shm,
     shm_needed_bytes,
+    stop_processes,
 )
-from .workers import _HeldSignals as _HeldSignals
-from .workers import _stop_processes as _stop_processes
+from .workers import _finish as _finish  # tests/test_finish_holds_signals.py reaches it here
+
+_stop_processes = stop_processes  # tools/bench.py's name for it
 
 #: Start methods a loader may ask for (``None`` = the platform default).
 START_METHODS: tuple[str | None, ...] = (None, "fork", "spawn", "forkserver")
@@ -178,7 +178,6 @@ def build_loader(
             persistent_workers=cfg.persistent_workers,
             prefetch_factor=cfg.prefetch_factor,
             timeout=WORKER_TIMEOUT_S if cfg.timeout is None else float(cfg.timeout),
-            in_order=cfg.in_order,
             multiprocessing_context=cfg.multiprocessing_context,
         )
     with warnings.catch_warnings(record=True) as wlist:
@@ -190,6 +189,7 @@ def build_loader(
             num_workers=cfg.num_workers,
             pin_memory=cfg.pin_memory,
             drop_last=cfg.drop_last,
+            in_order=cfg.in_order,
             collate_fn=collate_fn if collate_fn is not None else default_collate,
             generator=torch.Generator().manual_seed(cfg.seed),
             sampler=sampler,
@@ -266,17 +266,18 @@ def _batch_tensors(batch: Any) -> list[torch.Tensor]:
     return []
 
 
-def _batch_len(batch: Any) -> int:
+def batch_len(batch: Any) -> int:
+    """How many items ``batch`` holds (the first dimension of its first tensor)."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
     if isinstance(batch, PinnableBatch):
         return len(batch)
     if isinstance(batch, Mapping):
-        return _batch_len(next(iter(batch.values())))
+        return batch_len(next(iter(batch.values())))
     if isinstance(batch, (list, tuple)) and batch:
         first = batch[0]
         return (
-            _batch_len(first) if isinstance(first, (torch.Tensor, list, tuple, PinnableBatch, Mapping)) else len(batch)
+            batch_len(first) if isinstance(first, (torch.Tensor, list, tuple, PinnableBatch, Mapping)) else len(batch)
         )
     return 1
 
@@ -351,9 +352,6 @@ class Throughput:
             f"({self.batches} batches in {self.seconds:.2f} s; first batch after {self.startup_s:.2f} s; "
             f"main thread busy {100 * self.main_busy:.0f}%)"
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "items_per_s": self.items_per_s}
 
 
 def _loader_params(loader: DataLoader) -> dict[str, Any]:
@@ -432,7 +430,7 @@ def _timed_window(
         if n >= warmup:
             waits.append(t1 - t0)
             copies.append(t2 - t1)
-            items += _batch_len(batch)
+            items += batch_len(batch)
             pinned += _is_pinned(batch)
             first_bytes = first_bytes if n > warmup else _batch_bytes(batch)
             if on_batch is not None:
@@ -480,23 +478,18 @@ def measure_throughput(
     params = _loader_params(loader) if isinstance(loader, DataLoader) else {"loader": type(loader).__name__}
     caught: list[str] = list(getattr(loader, "_workbook_warnings", []))
     epochs = _Epochs(loader)
-    before = _worker_children()
-    try:
+    with released([loader]) as objs, plain_failures(loader):
         with (
             warnings.catch_warnings(record=True) as wlist,
             intraop_threads(threads) if threads is not None else contextlib.nullcontext(),
         ):
             warnings.simplefilter("always")
             warnings.filterwarnings("ignore", category=DeprecationWarning)
-            timed = _timed_window(epochs, warmup, batches, to_device, consume, on_batch, progress)
+            try:
+                timed = _timed_window(epochs, warmup, batches, to_device, consume, on_batch, progress)
+            finally:
+                objs[:0] = [epochs.it] if epochs.it is not None else []  # released first, as open_iterator does
         caught += [m for m in dict.fromkeys(str(w.message).strip() for w in wlist) if m not in caught]
-    except Exception as exc:  # torch's timeout, a dead worker, the data set's own error: in plain words
-        failure = _plain_failure(exc, loader)
-        if failure is exc:
-            raise
-        raise failure from exc
-    finally:
-        _finish([x for x in (epochs.it, loader) if x is not None], before)
     default_label = _config_of(params).label() if isinstance(loader, DataLoader) else type(loader).__name__
     return Throughput(
         label=label or default_label,

@@ -42,12 +42,16 @@ __all__ = [
     "reset_child_signals",
     "release",
     "open_iterator",
+    "released",
+    "plain_failures",
     "child_processes",
     "worker_processes",
     "ShmStatus",
     "shm_status",
     "shm_needed_bytes",
     "require_shm",
+    "HeldSignals",
+    "stop_processes",
 ]
 
 #: Upper bound accepted for ``num_workers`` (beyond this a typo is more likely than intent).
@@ -119,8 +123,8 @@ class _WorkerInit:
             self.fn(worker_id)
 
 
-class _HeldSignals:
-    """``with _HeldSignals() as held:`` SIGINT/SIGTERM are only noted; ``held.deliver()`` afterwards runs their
+class HeldSignals:
+    """``with HeldSignals() as held:`` SIGINT/SIGTERM are only noted; ``held.deliver()`` afterwards runs their
     handler. Why: an exception raised in an at-fork callback or a finalizer is printed as "Exception ignored" and the
     press is lost; a noting handler never raises (and a new worker inherits it until it resets its handlers).
     Main thread, Python handlers only. ``escape=True``: a second signal is handled at once (ends a slow teardown).
@@ -139,7 +143,7 @@ class _HeldSignals:
             self.noted.clear()
             self.saved[signum](signum, frame)
 
-    def __enter__(self) -> "_HeldSignals":
+    def __enter__(self) -> "HeldSignals":
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
                 handler = signal.getsignal(sig)
@@ -158,6 +162,9 @@ class _HeldSignals:
             sig = self.noted[0]
             self.noted.clear()
             self.saved[sig](sig, None)
+
+
+_HeldSignals = HeldSignals  # helpers/pipeline/train.py's name for it
 
 
 class _FreezeWatch(threading.Thread):
@@ -233,7 +240,7 @@ class _WorkbookLoader(DataLoader):
             return super()._get_iterator()
         before = _worker_children()
         it = None
-        held = _HeldSignals()
+        held = HeldSignals()
         try:
             with held:
                 self.check_worker_number_rationality()
@@ -394,7 +401,7 @@ def _worker_children() -> set[int]:
     return out
 
 
-def _stop_processes(procs: Sequence[Any], grace_s: float = SHUTDOWN_GRACE_S) -> None:
+def stop_processes(procs: Sequence[Any], grace_s: float = SHUTDOWN_GRACE_S) -> None:
     """multiprocessing processes: SIGTERM, wait at most ``grace_s`` in all, then SIGKILL (ends a stopped one too).
 
     Through ``multiprocessing``, not psutil: a child psutil reaps is one multiprocessing believes alive forever.
@@ -420,7 +427,7 @@ def _stop_new_children(before: set[int]) -> None:
     if not new:
         return
     known = {p.pid: p for p in mp.active_children()}
-    _stop_processes([known[pid] for pid in new if pid in known])
+    stop_processes([known[pid] for pid in new if pid in known])
     strays = []
     for pid in new - set(known):
         with contextlib.suppress(psutil.Error):
@@ -464,7 +471,7 @@ def release(obj: Any) -> None:
             with contextlib.suppress(Exception):  # a half-started iterator must not block cleanup
                 shutdown()
             it._shutdown = True  # a later __del__ has nothing left to do
-        _stop_processes(workers)
+        stop_processes(workers)
     if isinstance(obj, DataLoader):
         obj._iterator = None
 
@@ -474,7 +481,7 @@ def _finish(objs: Sequence[Any], before: set[int] | None = None) -> None:
     signals are held (a ``KeyboardInterrupt`` inside one of the finalizers it runs would be lost) and the first is
     raised once done; a second press escapes at once. Young garbage is collected inside the hold for that reason.
     """
-    held = _HeldSignals(escape=True)
+    held = HeldSignals(escape=True)
     with held:
         for obj in objs:
             release(obj)
@@ -485,24 +492,40 @@ def _finish(objs: Sequence[Any], before: set[int] | None = None) -> None:
 
 
 @contextlib.contextmanager
-def open_iterator(loader: DataLoader) -> Iterator[Iterator[Any]]:
-    """``with open_iterator(loader) as it:`` workers released however the block ends; a worker failure comes out
-    as a one-line :class:`LoaderFailure` (torch's error its ``__cause__``)."""
-    it = None
+def released(objs: list[Any]) -> Iterator[list[Any]]:
+    """``with released([loader]) as objs:`` every loader or iterator in ``objs`` (add more inside the block) is
+    released at the end, and any worker started meanwhile stopped (:func:`_finish`), however the block ends."""
     before = _worker_children()
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
-            warnings.filterwarnings("ignore", message=re.escape(_PIN_WARNING))
-            it = iter(loader)
-        yield it
+        yield objs
+    finally:
+        _finish(objs, before)
+
+
+@contextlib.contextmanager
+def plain_failures(loader: Any) -> Iterator[None]:
+    """``with plain_failures(loader):`` a worker's failure (torch's timeout, a dead worker, the data set's own
+    error) comes out as a one-line :class:`LoaderFailure`, torch's error its ``__cause__``; others pass unchanged."""
+    try:
+        yield
     except Exception as exc:
         failure = _plain_failure(exc, loader)
         if failure is exc:
             raise
         raise failure from exc
-    finally:
-        _finish([x for x in (it, loader) if x is not None], before)
+
+
+@contextlib.contextmanager
+def open_iterator(loader: DataLoader) -> Iterator[Iterator[Any]]:
+    """``with open_iterator(loader) as it:`` workers released however the block ends; a worker failure comes out
+    as a one-line :class:`LoaderFailure` (torch's error its ``__cause__``)."""
+    with released([loader]) as objs, plain_failures(loader):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
+            warnings.filterwarnings("ignore", message=re.escape(_PIN_WARNING))
+            it = iter(loader)
+        objs.insert(0, it)
+        yield it
 
 
 # -- failures in plain words (the words themselves: helpers.core.failures, which the panels reach too) ------------

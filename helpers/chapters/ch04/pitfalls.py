@@ -1,5 +1,5 @@
 """Chapter 04's pitfalls, shown live: duplicated random draws across workers, a data set defined in the notebook
-under spawn, an exception raised inside a worker (the data sets they run are in :mod:`helpers.pipeline.loaders`).
+under spawn, an exception raised inside a worker (the data sets they run are in :mod:`.datasets`).
 """
 
 from __future__ import annotations
@@ -17,14 +17,8 @@ from torch.utils.data import Dataset
 
 from ...core.failures import LoaderFailure
 from ...core.validate import check_choice, check_float, check_int
-from ...pipeline.loaders import (
-    MAX_WORKERS,
-    START_METHODS,
-    FailingDataset,
-    LoaderConfig,
-    build_loader,
-    open_iterator,
-)
+from ...pipeline.loaders import MAX_WORKERS, START_METHODS, LoaderConfig, build_loader, open_iterator
+from .datasets import FailingDataset
 
 
 def rng_draws(
