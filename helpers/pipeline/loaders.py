@@ -203,29 +203,11 @@ def build_loader(
 
 
 def timed_loader(
-    dataset: Dataset,
-    batch_size: int,
-    *,
-    shuffle: bool = True,
-    num_workers: int = 0,
-    seed: int = 0,
-    pin_memory: bool = False,
-    drop_last: bool = False,
-    timed_collate: bool = True,
-    **kwargs: Any,
+    dataset: Dataset, batch_size: int, *, collate_fn: Callable[[Any], Any] | None = None, **knobs: Any
 ) -> DataLoader:
     """Chapter 01's :func:`build_loader`, collate wrapped in :class:`~helpers.pipeline.data.TimedCollate`. (Not
     ``make_loader``: the chapters write that one in their cells.)"""
-    collate = kwargs.pop("collate_fn", None)
-    config = LoaderConfig(
-        batch_size=batch_size,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        shuffle=shuffle,
-        seed=seed,
-        drop_last=drop_last,
-    )
-    return build_loader(dataset, config, collate_fn=TimedCollate(collate) if timed_collate else collate, **kwargs)
+    return build_loader(dataset, batch_size=batch_size, collate_fn=TimedCollate(collate_fn), **knobs)
 
 
 def guard(loader: DataLoader, *, timeout: float | None = None, check_shm: bool = True) -> DataLoader:
@@ -372,8 +354,9 @@ def _config_of(params: Mapping[str, Any]) -> LoaderConfig:
     return LoaderConfig(**{**keep, "batch_size": int(keep.get("batch_size") or 1)})
 
 
-class _Epochs:
-    """A loader's batches across epoch ends: a new iterator at each end (persistent workers carry on)."""
+class Epochs:
+    """A loader's batches across epoch ends: ``next()`` starts a new iterator at each end (persistent workers carry
+    on; others are released); ``it`` is the current iterator, for :func:`~helpers.pipeline.workers.released`."""
 
     def __init__(self, loader: Iterable[Any]) -> None:
         self.loader, self.started = loader, 0
@@ -397,7 +380,7 @@ class _Epochs:
 
 
 def _timed_window(
-    epochs: _Epochs,
+    epochs: Epochs,
     warmup: int,
     batches: int,
     to_device: Callable[..., Any] | None,
@@ -477,7 +460,7 @@ def measure_throughput(
     check_int("warmup", warmup, 0, 1_000_000)
     params = _loader_params(loader) if isinstance(loader, DataLoader) else {"loader": type(loader).__name__}
     caught: list[str] = list(getattr(loader, "_workbook_warnings", []))
-    epochs = _Epochs(loader)
+    epochs = Epochs(loader)
     with released([loader]) as objs, plain_failures(loader):
         with (
             warnings.catch_warnings(record=True) as wlist,

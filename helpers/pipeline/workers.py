@@ -215,15 +215,14 @@ class _WatchedIter(_MultiProcessingDataLoaderIter):
                 ok, data = super()._try_get_data(max(0.0, min(_ALIVE_CHECK_S, deadline - time.monotonic())))
             except RuntimeError as exc:
                 if "exited unexpectedly" in str(exc):
-                    raise RuntimeError(f"{exc} ({_worker_exits(self._workers)})") from exc
+                    ws = enumerate(self._workers)
+                    exits = [
+                        f"worker {i} (pid {w.pid}): exit code {w.exitcode}" for i, w in ws if w.exitcode is not None
+                    ]
+                    raise RuntimeError(f"{exc} ({'; '.join(exits) or 'no exit status'})") from exc
                 raise
             if ok or time.monotonic() >= deadline:
                 return ok, data
-
-
-def _worker_exits(procs: Sequence[Any]) -> str:
-    parts = [f"worker {i} (pid {w.pid}): exit code {w.exitcode}" for i, w in enumerate(procs) if w.exitcode is not None]
-    return "; ".join(parts) or "no exit status"
 
 
 class _WorkbookLoader(DataLoader):
@@ -440,15 +439,6 @@ def _stop_new_children(before: set[int]) -> None:
     psutil.wait_procs(alive, timeout=1.0)
 
 
-def _kill_stopped(procs: Sequence[Any]) -> None:
-    """SIGKILL stopped workers: nothing else ends them, and a shutdown would wait its whole grace for each."""
-    for p in procs:
-        with contextlib.suppress(Exception):
-            if p.is_alive() and psutil.Process(p.pid).status() == psutil.STATUS_STOPPED:
-                p.kill()
-                p.join(1.0)
-
-
 # -- teardown ------------------------------------------------------------------------------------------------
 
 
@@ -465,7 +455,11 @@ def release(obj: Any) -> None:
             with contextlib.suppress(Exception):
                 torch.utils.data._utils.signal_handling._remove_worker_pids(id(it))
                 it._worker_pids_set = False
-        _kill_stopped(workers)
+        for w in workers:  # a stopped (SIGSTOP) worker: nothing else ends it, and a shutdown would wait its grace
+            with contextlib.suppress(Exception):
+                if w.is_alive() and psutil.Process(w.pid).status() == psutil.STATUS_STOPPED:
+                    w.kill()
+                    w.join(1.0)
         shutdown = getattr(it, "_shutdown_workers", None)  # torch has no public close(): this is what __del__ runs
         if shutdown is not None:
             with contextlib.suppress(Exception):  # a half-started iterator must not block cleanup
@@ -553,22 +547,17 @@ def _plain_failure(exc: BaseException, loader: Any = None) -> BaseException:
         return exc
     frozen = getattr(loader, "_workbook_frozen", None)
     text = str(exc)
+    # A worker died: torch says so without its number or exit status, or the main process met the broken
+    # connection first (EOFError, ConnectionResetError while it fetched a batch's shared memory).
+    died = isinstance(exc, (EOFError, ConnectionError)) or (
+        isinstance(exc, RuntimeError) and ("exited unexpectedly" in text or "is killed by signal" in text)
+    )
+    ended = _ended_workers(loader) if died and not frozen else []
+    advice = " ".join(ended_in_words(wid, w.pid, int(w.exitcode)) for wid, w in ended[:2]) or explain_loader_error(exc)
     if frozen:
         advice = explain_loader_error(RuntimeError(f"DataLoader timed out after {loader.timeout:g} seconds"))
         advice = f"{advice or ''} (Stopped worker pid(s) {', '.join(map(str, frozen))}: ended by the workbook.)"
         frozen.clear()
-    elif isinstance(exc, (EOFError, ConnectionError)) or (
-        isinstance(exc, RuntimeError) and ("exited unexpectedly" in text or "is killed by signal" in text)
-    ):
-        # A worker died: torch says so without its number or exit status, or the main process met the broken
-        # connection first (EOFError, ConnectionResetError while it fetched a batch's shared memory).
-        ended = _ended_workers(loader)
-        if ended:
-            advice = " ".join(ended_in_words(wid, w.pid, int(w.exitcode)) for wid, w in ended[:2])
-        else:
-            advice = explain_loader_error(exc)
-    else:
-        advice = explain_loader_error(exc)
     if advice is None:
         return exc
     failure = LoaderFailure(advice)

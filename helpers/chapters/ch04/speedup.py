@@ -27,6 +27,7 @@ from ...pipeline.loaders import (
     MAX_WORKERS,
     SHUTDOWN_GRACE_S,
     WORKER_TIMEOUT_S,
+    Epochs,
     HeldSignals,
     batch_len,
     cpu_cores,
@@ -35,21 +36,6 @@ from ...pipeline.loaders import (
     stop_processes,
 )
 from .sweeps import SpeedupRounds, WorkerSweep, build_from_factory
-
-__all__ = [
-    "parallel_ceiling",
-    "start_pool",
-    "close_pool",
-    "interleaved_speedup",
-    "plot_rounds",
-    "TRUST_ROUNDS",
-    "within_spread",
-    "agreement_line",
-    "difference_line",
-    "sweep_vs_rounds",
-    "KnobRounds",
-    "knob_rounds",
-]
 
 # -- the measured ceiling: N independent processes, no loader around them ---------------------------
 
@@ -175,28 +161,21 @@ def close_pool(pool: Any, grace_s: float = SHUTDOWN_GRACE_S) -> None:
 # -- loaders measured in alternating rounds -------------------------------------------------------------
 
 
-class _Batches:
-    """Batches from one loader across epoch ends (persistent workers carry on), timed."""
+class _Batches(Epochs):
+    """Batches from one loader across epoch ends, timed."""
+
+    loader: DataLoader
 
     def __init__(self, loader: DataLoader) -> None:
-        self.loader = loader
-        self.it: Iterator[Any] | None = None
+        super().__init__(loader)
         self.last_s = 0.05
         # the batches its workers buffer while idle (num_workers x prefetch_factor): taken untimed first
         self.buffered = loader.num_workers * (loader.prefetch_factor or 2)
 
     def take(self, count: int) -> tuple[int, float]:
         """Take ``count`` batches; returns (items, seconds)."""
-        items, t0 = 0, time.perf_counter()
-        for _ in range(count):
-            if self.it is None:
-                self.it = iter(self.loader)
-            try:
-                batch = next(self.it)
-            except StopIteration:
-                self.it = iter(self.loader)
-                batch = next(self.it)
-            items += batch_len(batch)
+        t0 = time.perf_counter()
+        items = sum(batch_len(self.next()) for _ in range(count))
         self.last_s = time.perf_counter() - t0
         return items, self.last_s
 

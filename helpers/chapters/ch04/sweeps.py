@@ -18,7 +18,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ...core.device import intraop_threads
 from ...core.rounds import table
 from ...core.validate import check_int
 from ...pipeline.loaders import (
@@ -35,21 +34,6 @@ from ...pipeline.loaders import (
     released,
 )
 from .datasets import PerItem, light_uint8_collate, passthrough_collate
-
-__all__ = [
-    "WorkerSweep",
-    "sweep_workers",
-    "plot_sweep",
-    "SpeedupRounds",
-    "PersistentResult",
-    "persistent_experiment",
-    "InOrderResult",
-    "in_order_experiment",
-    "build_from_factory",
-    "sampler_batches",
-    "getitems_experiment",
-    "cheap_vs_expensive",
-]
 
 
 def build_from_factory(
@@ -175,14 +159,13 @@ def sweep_workers(
             f"workers must be a non-empty list of distinct integers in [0, {MAX_WORKERS}], got {list(workers)}"
         )
     results = []
-    with intraop_threads(1):
-        for k, n in enumerate(ws):
-            if progress is not None:
-                progress(k / len(ws), f"num_workers={n} ({k + 1} of {len(ws)})")
-            loader = build_from_factory(factory, n, expect={"num_workers": n})
-            results.append(measure_throughput(loader, batches=batches, warmup=warmup))
+    for k, n in enumerate(ws):
         if progress is not None:
-            progress(1.0, "done")
+            progress(k / len(ws), f"num_workers={n} ({k + 1} of {len(ws)})")
+        loader = build_from_factory(factory, n, expect={"num_workers": n})
+        results.append(measure_throughput(loader, batches=batches, warmup=warmup, threads=1))
+    if progress is not None:
+        progress(1.0, "done")
     return WorkerSweep(workers=ws, results=results, cores=cpu_cores())
 
 
