@@ -152,7 +152,6 @@ def build_loader(
     collate_fn: Callable[[Any], Any] | None = None,
     worker_init_fn: Callable[[int], None] | None = None,
     sampler: Any = None,
-    check_shm: bool = True,
     **knobs: Any,
 ) -> DataLoader:
     """Every loader of the workbook: ``config`` with ``knobs`` over it, validated. With workers: ``/dev/shm``
@@ -171,8 +170,7 @@ def build_loader(
     _check_callable("worker_init_fn", worker_init_fn)
     kwargs: dict[str, Any] = {}
     if cfg.num_workers > 0:
-        if check_shm:
-            _require_shm_for(dataset, cfg.batch_size, cfg.num_workers, cfg.prefetch_factor)
+        _require_shm_for(dataset, cfg.batch_size, cfg.num_workers, cfg.prefetch_factor)
         kwargs.update(
             worker_init_fn=_WorkerInit(worker_init_fn if worker_init_fn is not None else seed_worker),
             persistent_workers=cfg.persistent_workers,
@@ -492,8 +490,6 @@ def measure_config(
     warmup: int = 2,
     collate_fn: Callable[[Any], Any] | None = None,
     label: str | None = None,
-    check_shm: bool = True,
-    progress: Callable[..., Any] | None = None,
     on_batch: Callable[[Any], None] | None = None,
     **knobs: Any,
 ) -> Throughput:
@@ -501,10 +497,8 @@ def measure_config(
     ``result.config``: the knobs with the data set's and collate function's names."""
     cfg = (config or LoaderConfig()).replace(**knobs).validated()
     check_workers_for_cores(cfg.num_workers)
-    loader = build_loader(dataset, cfg, collate_fn=collate_fn, check_shm=check_shm)
-    result = measure_throughput(
-        loader, batches=batches, warmup=warmup, progress=progress, label=label or cfg.label(), on_batch=on_batch
-    )
+    loader = build_loader(dataset, cfg, collate_fn=collate_fn)
+    result = measure_throughput(loader, batches=batches, warmup=warmup, label=label or cfg.label(), on_batch=on_batch)
     collate = getattr(collate_fn, "__name__", "default_collate")
     result.config = {**asdict(cfg), "dataset": type(dataset).__name__, "collate": collate}
     return result
