@@ -6,14 +6,13 @@ always releases its workers. Re-exports :mod:`~helpers.pipeline.workers` and :mo
 from __future__ import annotations
 
 import contextlib
-import math
 import multiprocessing as mp
 import shutil as shutil  # the /dev/shm check reads shutil.disk_usage: tests fake it as loaders.shutil
 import statistics
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
@@ -272,15 +271,6 @@ def _is_pinned(batch: Any) -> bool:
     return bool(ts) and all(t.device.type == "cpu" and t.is_pinned() for t in ts)
 
 
-def _pct(values: Sequence[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    pos = (len(s) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 @dataclass
 class Throughput:
     """One measured loader run: ``items``/``batches`` in the timed window of ``seconds`` (after the warm-up);
@@ -315,7 +305,8 @@ class Throughput:
 
     @property
     def p95_wait_ms(self) -> float:
-        return 1e3 * _pct(self.wait_s, 0.95)
+        waits = torch.tensor(self.wait_s, dtype=torch.float64)  # linear interpolation between the two nearest
+        return 1e3 * float(waits.quantile(0.95)) if self.wait_s else float("nan")
 
     @property
     def max_wait_ms(self) -> float:
@@ -325,13 +316,6 @@ class Throughput:
     def main_busy(self) -> float:
         """Near 1: the main process is the bottleneck."""
         return self.main_cpu_s / self.seconds if self.seconds > 0 else float("nan")
-
-    def summary(self) -> str:
-        return (
-            f"{self.label}: {self.items_per_s:,.0f} items/s "
-            f"({self.batches} batches in {self.seconds:.2f} s; first batch after {self.startup_s:.2f} s; "
-            f"main thread busy {100 * self.main_busy:.0f}%)"
-        )
 
 
 def _loader_params(loader: DataLoader) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from ..core.failures import ITEM_NOTE, LoaderFailure, ended_in_words, explain_loader_error
-from ..core.validate import check_float, check_int, human_bytes
+from ..core.validate import check_int, human_bytes
 
 __all__ = [
     "MAX_WORKERS",
@@ -341,13 +341,12 @@ def shm_status(path: str = "/dev/shm") -> ShmStatus:
     return ShmStatus(path, True, int(usage.total), int(usage.free), strategy)
 
 
-def shm_needed_bytes(batch_bytes: int, num_workers: int, prefetch_factor: int = 2, margin: float = 2.0) -> int:
-    """Shared memory a loader may hold at once: workers x prefetch_factor batches, times a safety margin."""
+def shm_needed_bytes(batch_bytes: int, num_workers: int, prefetch_factor: int = 2) -> int:
+    """Shared memory a loader may hold at once: workers x prefetch_factor batches, times 2 (a safety margin)."""
     check_int("batch_bytes", batch_bytes, 0, 1 << 50)
     check_int("num_workers", num_workers, 0, MAX_WORKERS)
     check_int("prefetch_factor", prefetch_factor, 1, 64)
-    check_float("margin", margin, 1.0, 100.0)
-    return int(batch_bytes * max(1, num_workers) * prefetch_factor * margin)
+    return batch_bytes * max(1, num_workers) * prefetch_factor * 2
 
 
 def require_shm(needed_bytes: int, path: str = "/dev/shm") -> ShmStatus:

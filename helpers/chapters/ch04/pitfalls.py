@@ -21,13 +21,10 @@ from ...pipeline.loaders import MAX_WORKERS, START_METHODS, LoaderConfig, build_
 from .datasets import FailingDataset
 
 
-def rng_draws(
-    dataset: Dataset, *, num_workers: int = 2, batch_size: int = 4, multiprocessing_context: str | None = None
-) -> dict[int, list[float]]:
+def rng_draws(dataset: Dataset, *, num_workers: int = 2, batch_size: int = 4) -> dict[int, list[float]]:
     """Run ``dataset`` (items ``(index, worker_id, draw)``) through workers; draws per worker, in order
     (worker id -1: the main process, with ``num_workers=0``)."""
-    cfg = LoaderConfig(batch_size=batch_size, num_workers=num_workers, shuffle=False)
-    loader = build_loader(dataset, cfg, multiprocessing_context=multiprocessing_context)
+    loader = build_loader(dataset, batch_size=batch_size, num_workers=num_workers, shuffle=False)
     out: dict[int, list[float]] = {}
     with open_iterator(loader) as it:
         for _idx, wid, draw in it:

@@ -323,16 +323,10 @@ def knob_rounds(
     warmup: int = 4,
     progress: Callable[..., Any] | None = None,
 ) -> KnobRounds:
-    """Your loader at each of a knob's ``values`` in alternating rounds, like :func:`interleaved_speedup`.
-
-    ``factory(value)`` builds your loader with the knob at ``value`` (persistent workers). All loaders are
-    built once and warmed up; each round times ``batches`` batches of each (the order reversed every other
-    round), after the batches its idle workers buffered. ``reference`` (default: the first value) is what
-    :meth:`KnobRounds.verdicts` compares against. Workers are released at the end, also when interrupted.
-
-    Raises:
-        ValueError: bad arguments, a factory that ignores the value, or too little ``/dev/shm``.
-    """
+    """Your loader ``factory(value)`` (persistent workers) at each of a knob's ``values``, in alternating rounds
+    like :func:`interleaved_speedup`; ``reference`` (default: the first value) is what
+    :meth:`KnobRounds.verdicts` compares against. ValueError: bad arguments, a factory that ignores the value,
+    or too little ``/dev/shm``."""
     if not isinstance(knob, str) or not knob:
         raise ValueError(f"knob must name what the factory's argument changes, e.g. 'prefetch_factor'; got {knob!r}")
     values = list(values)
@@ -363,12 +357,7 @@ TRUST_ROUNDS = (
 
 
 def within_spread(value: float, samples: Sequence[float]) -> bool:
-    """Whether ``value`` (a figure with no spread of its own) lies within ``samples``' lowest to highest
-    (repeated measurements of the same thing: the noise band): :func:`helpers.core.agreement.within_range`.
-
-    Raises:
-        ValueError: no samples, or a value/sample that is not a finite number.
-    """
+    """Whether ``value`` lies within ``samples``' lowest to highest (their noise band; ValueError if not finite)."""
     return agreement.within_range(value, samples)
 
 
