@@ -20,7 +20,6 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from ...core import agreement
 from ...core.device import intraop_threads
-from ...core.failures import LoaderFailure
 from ...core.rounds import alternate, table
 from ...core.validate import check_float, check_int
 from ...pipeline.loaders import (
@@ -29,6 +28,7 @@ from ...pipeline.loaders import (
     WORKER_TIMEOUT_S,
     Epochs,
     HeldSignals,
+    LoaderFailure,
     batch_len,
     cpu_cores,
     released,
