@@ -454,7 +454,8 @@ def getitems_experiment(
         ("batched", "__getitems__", dataset, passthrough_collate),
     ]
     run = {"batch_size": batch_size, "batches": batches, "warmup": warmup}
-    return {(key, w): r for key, w, r in _measure_cases(cases, workers, **run)}
+    got = _measure_cases(cases, workers, **run)
+    return {(key, w): r for key, w, r in sorted(got, key=lambda row: row[1])}  # by worker count, as printed
 
 
 def cheap_vs_expensive(
