@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from helpers.chapters import ch04
+from helpers.chapters.ch04 import datasets as D
 from helpers.chapters.ch04 import speedup, sweeps
 from helpers.core import evidence
 from helpers.pipeline import data
@@ -283,7 +284,7 @@ def test_persistent_experiment_with_a_factory() -> None:
 
 
 def test_sampler_batches_is_the_next_epoch_and_leaves_it_unchanged() -> None:
-    ds = L.UnevenDataset(24, fast_ms=0.0, slow_ms=0.0)
+    ds = D.UnevenDataset(24, fast_ms=0.0, slow_ms=0.0)
     for workers in (0, 2):
         loader = L.guard(make_loader(ds, 4, workers=workers, persistent=False))
         first = sweeps.sampler_batches(loader)
@@ -295,7 +296,7 @@ def test_sampler_batches_is_the_next_epoch_and_leaves_it_unchanged() -> None:
 
 
 def test_in_order_experiment_with_the_readers_shuffled_loader() -> None:
-    ds = L.UnevenDataset(24, fast_ms=0.5, slow_ms=30, slow_every=9)
+    ds = D.UnevenDataset(24, fast_ms=0.5, slow_ms=30, slow_every=9)
     io = sweeps.in_order_experiment(lambda flag: make_loader(ds, 2, workers=2, in_order=flag))
     assert io.out_of_order[True] == 0.0  # in sampler order, shuffled or not
     assert set(io.results) == {True, False}

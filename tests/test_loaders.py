@@ -10,8 +10,14 @@ import pytest
 import torch
 
 from helpers.chapters.ch03 import pinning
+from helpers.chapters.ch04 import datasets as D
 from helpers.chapters.ch04 import pitfalls, speedup, sweeps
 from helpers.pipeline import loaders as L
+
+
+def _factory(ds, bs):
+    """A loader factory of num_workers (persistent workers when there are any)."""
+    return lambda w: L.build_loader(ds, batch_size=bs, num_workers=w, persistent_workers=w > 0)
 
 
 def _children() -> set[int]:
@@ -157,50 +163,56 @@ def test_batch_copy_seconds_positive():
 
 
 def test_sweep_and_derived_figures():
-    sw = sweeps.sweep_workers(L.CheapDataset(64, 4), [0, 1], batch_size=8, batches=4, warmup=1)
+    sw = sweeps.sweep_workers(_factory(L.CheapDataset(64, 4), 8), [0, 1], batches=4, warmup=1)
     assert sw.workers == [0, 1] and len(sw.results) == 2
     assert sw.speedup(0) == pytest.approx(1.0)
     assert sw.best_workers in (0, 1)
     assert sw.rule_of_thumb() == max(1, L.cpu_cores() // 2)
     assert len(sw.table()) == 3
     with pytest.raises(ValueError, match="workers"):
-        sweeps.sweep_workers(L.CheapDataset(8, 4), [1, 1])
+        sweeps.sweep_workers(_factory(L.CheapDataset(8, 4), 4), [1, 1])
 
 
 def test_plot_sweep_draws_two_panels():
     import matplotlib
 
     matplotlib.use("Agg")
-    sw = sweeps.sweep_workers(L.CheapDataset(64, 4), [0, 1], batch_size=8, batches=3, warmup=1)
+    sw = sweeps.sweep_workers(_factory(L.CheapDataset(64, 4), 8), [0, 1], batches=3, warmup=1)
     ax1, ax2 = sweeps.plot_sweep(sw)
     assert ax1.get_ylabel().startswith("throughput") and "efficiency" in ax2.get_ylabel()
 
 
 def test_persistent_experiment_shapes():
-    pr = sweeps.persistent_experiment(L.CheapDataset(16, 4), num_workers=1, epochs=2, batch_size=8)
+    pr = sweeps.persistent_experiment(
+        lambda p: L.build_loader(L.CheapDataset(16, 4), batch_size=8, num_workers=1, persistent_workers=p), epochs=2
+    )
     assert len(pr.epoch_s[True]) == 2 and len(pr.first_batch_s[False]) == 2
     assert isinstance(pr.restart_cost_s(), float)
 
 
 def test_in_order_false_may_reorder_uneven_items():
-    ds = L.UnevenDataset(24, fast_ms=0.5, slow_ms=30, slow_every=9)
-    io = sweeps.in_order_experiment(ds, num_workers=2, batch_size=2)
+    ds = D.UnevenDataset(24, fast_ms=0.5, slow_ms=30, slow_every=9)
+    io = sweeps.in_order_experiment(
+        lambda flag: L.build_loader(ds, batch_size=2, num_workers=2, shuffle=False, in_order=flag)
+    )
     assert io.out_of_order[True] == 0.0  # in_order=True always delivers in sampler order
     assert set(io.results) == {True, False}
 
 
 def test_getitems_batched_fetch_gives_same_batches():
-    ds = L.BatchedCheapDataset(32, image_size=4, output="uint8")
+    ds = D.BatchedCheapDataset(32, image_size=4, output="uint8")
     images, labels = ds.__getitems__([0, 5, 3])
     ref = L.CheapDataset(32, image_size=4, output="uint8")
     assert torch.equal(images[1], ref[5][0]) and labels.tolist() == [ref[i][1] for i in (0, 5, 3)]
-    out = sweeps.getitems_experiment(64, image_size=4, workers=(0,), batch_size=8, batches=3, warmup=1)
+    out = sweeps.getitems_experiment(
+        D.BatchedCheapDataset(64, image_size=4, output="uint8"), workers=(0,), batch_size=8, batches=3, warmup=1
+    )
     assert set(out) == {("per-item", 0), ("batched", 0)}
     assert out[("batched", 0)].items == 24
 
 
 def test_light_collate_and_cheap_rows():
-    imgs, labels = L.light_uint8_collate([(torch.zeros(3, 2, 2, dtype=torch.uint8), 1)] * 3)
+    imgs, labels = D.light_uint8_collate([(torch.zeros(3, 2, 2, dtype=torch.uint8), 1)] * 3)
     assert imgs.shape == (3, 3, 2, 2) and labels == [1, 1, 1]
     rows = sweeps.cheap_vs_expensive({}, n_cheap=64, image_size=4, workers=(0,), batch_size=8, batches=2, warmup=1)
     assert [(r["output"], r["collate"]) for r in rows] == [
@@ -223,10 +235,10 @@ def test_spin_dataset_adds_cpu_time():
 
 
 def test_bad_rng_duplicates_across_workers_and_fix():
-    bad = pitfalls.rng_draws(L.BadRNGDataset(16), num_workers=2, batch_size=2)
+    bad = pitfalls.rng_draws(D.BadRNGDataset(16), num_workers=2, batch_size=2)
     assert set(bad) == {0, 1}
     assert pitfalls.rng_duplicates(bad) == 1.0
-    good = pitfalls.rng_draws(L.FixedRNGDataset(16), num_workers=2, batch_size=2)
+    good = pitfalls.rng_draws(D.FixedRNGDataset(16), num_workers=2, batch_size=2)
     assert pitfalls.rng_duplicates(good) == 0.0
 
 
@@ -280,7 +292,7 @@ def test_spawn_fails_for_main_module_class_and_works_for_helpers(monkeypatch):
 
 def test_spawn_workers_measure_helpers_dataset():
     res = L.measure_config(
-        L.FixedRNGDataset(16),
+        D.FixedRNGDataset(16),
         batch_size=4,
         num_workers=1,
         multiprocessing_context="spawn",
@@ -317,7 +329,7 @@ def test_interleaved_speedup_rounds_and_cleanup():
     before = _children()
     threads = torch.get_num_threads()
     ds = L.SpinDataset(L.CheapDataset(64, 4), extra_ms=0.5)
-    sr = speedup.interleaved_speedup(ds, 2, rounds=3, batches=3, batch_size=8, warmup=1)
+    sr = speedup.interleaved_speedup(_factory(ds, 8), 2, rounds=3, batches=3, warmup=1)
     assert len(sr.single) == len(sr.workers) == len(sr.ceiling) == 3
     assert all(x > 0 for x in sr.single + sr.workers + sr.ceiling)
     assert sr.speedup == pytest.approx(sorted(sr.ratios)[1])
@@ -325,15 +337,14 @@ def test_interleaved_speedup_rounds_and_cleanup():
     assert lo <= sr.speedup <= hi
     assert sr.ceiling_speedup > 0 and sr.share_of_ceiling > 0
     assert len(sr.table()) == 4 and "median of 3 rounds" in sr.summary()
-    assert set(sr.to_dict()) >= {"single", "workers", "ceiling", "speedup", "share_of_ceiling"}
     assert torch.get_num_threads() == threads  # the one-thread setting is restored
     assert not [p for p in L.worker_processes() if p.pid not in before]  # gone when it returns
     assert not _wait_children_back_to(before)
 
 
-def test_interleaved_speedup_without_ceiling():
-    sr = speedup.interleaved_speedup(
-        L.CheapDataset(32, 4), 1, rounds=1, batches=2, batch_size=4, warmup=0, ceiling=False
+def test_speedup_rounds_without_ceiling():
+    sr = sweeps.SpeedupRounds(
+        num_workers=1, batch_size=4, single=[100.0], workers=[90.0], ceiling=[], cores=2, seconds=1.0
     )
     assert sr.ceiling == [] and sr.ceiling_speedup != sr.ceiling_speedup  # nan
     assert "ceiling" not in sr.summary()
@@ -342,9 +353,9 @@ def test_interleaved_speedup_without_ceiling():
 
 def test_interleaved_speedup_refuses_bad_arguments():
     with pytest.raises(ValueError, match="num_workers"):
-        speedup.interleaved_speedup(L.CheapDataset(8, 4), 0)
+        speedup.interleaved_speedup(_factory(L.CheapDataset(8, 4), 4), 0)
     with pytest.raises(ValueError, match="rounds"):
-        speedup.interleaved_speedup(L.CheapDataset(8, 4), 2, rounds=0)
+        speedup.interleaved_speedup(_factory(L.CheapDataset(8, 4), 4), 2, rounds=0)
 
 
 def test_plot_rounds_draws_three_series():

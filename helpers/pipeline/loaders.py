@@ -6,14 +6,13 @@ always releases its workers. Re-exports :mod:`~helpers.pipeline.workers` and :mo
 from __future__ import annotations
 
 import contextlib
-import math
 import multiprocessing as mp
 import shutil as shutil  # the /dev/shm check reads shutil.disk_usage: tests fake it as loaders.shutil
 import statistics
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
@@ -26,22 +25,22 @@ from .data import TimedCollate, seed_worker
 from .demo import *  # noqa: F403  (re-exported: chapters and notebooks import the demo data sets from here)
 from .demo import PinnableBatch
 from .demo import _is_pin_thread as _is_pin_thread
-from .demo import _PerItem as _PerItem
 from .workers import *  # noqa: F403  (re-exported: release, open_iterator, worker_processes, ...)
 from .workers import (
     MAX_WORKERS,
-    _finish,
-    _plain_failure,
     _WorkbookLoader,
-    _worker_children,
     _WorkerInit,
     check_workers_for_cores,
+    plain_failures,
     release,
+    released,
     require_shm,
     shm_needed_bytes,
+    stop_processes,
 )
-from .workers import _HeldSignals as _HeldSignals
-from .workers import _stop_processes as _stop_processes
+from .workers import _finish as _finish  # tests/test_finish_holds_signals.py reaches it here
+
+_stop_processes = stop_processes  # tools/bench.py's name for it
 
 #: Start methods a loader may ask for (``None`` = the platform default).
 START_METHODS: tuple[str | None, ...] = (None, "fork", "spawn", "forkserver")
@@ -152,7 +151,6 @@ def build_loader(
     collate_fn: Callable[[Any], Any] | None = None,
     worker_init_fn: Callable[[int], None] | None = None,
     sampler: Any = None,
-    check_shm: bool = True,
     **knobs: Any,
 ) -> DataLoader:
     """Every loader of the workbook: ``config`` with ``knobs`` over it, validated. With workers: ``/dev/shm``
@@ -171,14 +169,12 @@ def build_loader(
     _check_callable("worker_init_fn", worker_init_fn)
     kwargs: dict[str, Any] = {}
     if cfg.num_workers > 0:
-        if check_shm:
-            _require_shm_for(dataset, cfg.batch_size, cfg.num_workers, cfg.prefetch_factor)
+        _require_shm_for(dataset, cfg.batch_size, cfg.num_workers, cfg.prefetch_factor)
         kwargs.update(
             worker_init_fn=_WorkerInit(worker_init_fn if worker_init_fn is not None else seed_worker),
             persistent_workers=cfg.persistent_workers,
             prefetch_factor=cfg.prefetch_factor,
             timeout=WORKER_TIMEOUT_S if cfg.timeout is None else float(cfg.timeout),
-            in_order=cfg.in_order,
             multiprocessing_context=cfg.multiprocessing_context,
         )
     with warnings.catch_warnings(record=True) as wlist:
@@ -190,6 +186,7 @@ def build_loader(
             num_workers=cfg.num_workers,
             pin_memory=cfg.pin_memory,
             drop_last=cfg.drop_last,
+            in_order=cfg.in_order,
             collate_fn=collate_fn if collate_fn is not None else default_collate,
             generator=torch.Generator().manual_seed(cfg.seed),
             sampler=sampler,
@@ -203,29 +200,11 @@ def build_loader(
 
 
 def timed_loader(
-    dataset: Dataset,
-    batch_size: int,
-    *,
-    shuffle: bool = True,
-    num_workers: int = 0,
-    seed: int = 0,
-    pin_memory: bool = False,
-    drop_last: bool = False,
-    timed_collate: bool = True,
-    **kwargs: Any,
+    dataset: Dataset, batch_size: int, *, collate_fn: Callable[[Any], Any] | None = None, **knobs: Any
 ) -> DataLoader:
     """Chapter 01's :func:`build_loader`, collate wrapped in :class:`~helpers.pipeline.data.TimedCollate`. (Not
     ``make_loader``: the chapters write that one in their cells.)"""
-    collate = kwargs.pop("collate_fn", None)
-    config = LoaderConfig(
-        batch_size=batch_size,
-        num_workers=num_workers,
-        pin_memory=pin_memory,
-        shuffle=shuffle,
-        seed=seed,
-        drop_last=drop_last,
-    )
-    return build_loader(dataset, config, collate_fn=TimedCollate(collate) if timed_collate else collate, **kwargs)
+    return build_loader(dataset, batch_size=batch_size, collate_fn=TimedCollate(collate_fn), **knobs)
 
 
 def guard(loader: DataLoader, *, timeout: float | None = None, check_shm: bool = True) -> DataLoader:
@@ -266,17 +245,18 @@ def _batch_tensors(batch: Any) -> list[torch.Tensor]:
     return []
 
 
-def _batch_len(batch: Any) -> int:
+def batch_len(batch: Any) -> int:
+    """How many items ``batch`` holds (the first dimension of its first tensor)."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
     if isinstance(batch, PinnableBatch):
         return len(batch)
     if isinstance(batch, Mapping):
-        return _batch_len(next(iter(batch.values())))
+        return batch_len(next(iter(batch.values())))
     if isinstance(batch, (list, tuple)) and batch:
         first = batch[0]
         return (
-            _batch_len(first) if isinstance(first, (torch.Tensor, list, tuple, PinnableBatch, Mapping)) else len(batch)
+            batch_len(first) if isinstance(first, (torch.Tensor, list, tuple, PinnableBatch, Mapping)) else len(batch)
         )
     return 1
 
@@ -289,15 +269,6 @@ def _is_pinned(batch: Any) -> bool:
     """True when every tensor of ``batch`` is in page-locked memory (False for a batch without tensors)."""
     ts = _batch_tensors(batch)
     return bool(ts) and all(t.device.type == "cpu" and t.is_pinned() for t in ts)
-
-
-def _pct(values: Sequence[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    pos = (len(s) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 @dataclass
@@ -334,7 +305,8 @@ class Throughput:
 
     @property
     def p95_wait_ms(self) -> float:
-        return 1e3 * _pct(self.wait_s, 0.95)
+        waits = torch.tensor(self.wait_s, dtype=torch.float64)  # linear interpolation between the two nearest
+        return 1e3 * float(waits.quantile(0.95)) if self.wait_s else float("nan")
 
     @property
     def max_wait_ms(self) -> float:
@@ -344,16 +316,6 @@ class Throughput:
     def main_busy(self) -> float:
         """Near 1: the main process is the bottleneck."""
         return self.main_cpu_s / self.seconds if self.seconds > 0 else float("nan")
-
-    def summary(self) -> str:
-        return (
-            f"{self.label}: {self.items_per_s:,.0f} items/s "
-            f"({self.batches} batches in {self.seconds:.2f} s; first batch after {self.startup_s:.2f} s; "
-            f"main thread busy {100 * self.main_busy:.0f}%)"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "items_per_s": self.items_per_s}
 
 
 def _loader_params(loader: DataLoader) -> dict[str, Any]:
@@ -374,8 +336,9 @@ def _config_of(params: Mapping[str, Any]) -> LoaderConfig:
     return LoaderConfig(**{**keep, "batch_size": int(keep.get("batch_size") or 1)})
 
 
-class _Epochs:
-    """A loader's batches across epoch ends: a new iterator at each end (persistent workers carry on)."""
+class Epochs:
+    """A loader's batches across epoch ends: ``next()`` starts a new iterator at each end (persistent workers carry
+    on; others are released); ``it`` is the current iterator, for :func:`~helpers.pipeline.workers.released`."""
 
     def __init__(self, loader: Iterable[Any]) -> None:
         self.loader, self.started = loader, 0
@@ -399,7 +362,7 @@ class _Epochs:
 
 
 def _timed_window(
-    epochs: _Epochs,
+    epochs: Epochs,
     warmup: int,
     batches: int,
     to_device: Callable[..., Any] | None,
@@ -432,7 +395,7 @@ def _timed_window(
         if n >= warmup:
             waits.append(t1 - t0)
             copies.append(t2 - t1)
-            items += _batch_len(batch)
+            items += batch_len(batch)
             pinned += _is_pinned(batch)
             first_bytes = first_bytes if n > warmup else _batch_bytes(batch)
             if on_batch is not None:
@@ -479,24 +442,19 @@ def measure_throughput(
     check_int("warmup", warmup, 0, 1_000_000)
     params = _loader_params(loader) if isinstance(loader, DataLoader) else {"loader": type(loader).__name__}
     caught: list[str] = list(getattr(loader, "_workbook_warnings", []))
-    epochs = _Epochs(loader)
-    before = _worker_children()
-    try:
+    epochs = Epochs(loader)
+    with released([loader]) as objs, plain_failures(loader):
         with (
             warnings.catch_warnings(record=True) as wlist,
             intraop_threads(threads) if threads is not None else contextlib.nullcontext(),
         ):
             warnings.simplefilter("always")
             warnings.filterwarnings("ignore", category=DeprecationWarning)
-            timed = _timed_window(epochs, warmup, batches, to_device, consume, on_batch, progress)
+            try:
+                timed = _timed_window(epochs, warmup, batches, to_device, consume, on_batch, progress)
+            finally:
+                objs[:0] = [epochs.it] if epochs.it is not None else []  # released first, as open_iterator does
         caught += [m for m in dict.fromkeys(str(w.message).strip() for w in wlist) if m not in caught]
-    except Exception as exc:  # torch's timeout, a dead worker, the data set's own error: in plain words
-        failure = _plain_failure(exc, loader)
-        if failure is exc:
-            raise
-        raise failure from exc
-    finally:
-        _finish([x for x in (epochs.it, loader) if x is not None], before)
     default_label = _config_of(params).label() if isinstance(loader, DataLoader) else type(loader).__name__
     return Throughput(
         label=label or default_label,
@@ -516,8 +474,6 @@ def measure_config(
     warmup: int = 2,
     collate_fn: Callable[[Any], Any] | None = None,
     label: str | None = None,
-    check_shm: bool = True,
-    progress: Callable[..., Any] | None = None,
     on_batch: Callable[[Any], None] | None = None,
     **knobs: Any,
 ) -> Throughput:
@@ -525,10 +481,8 @@ def measure_config(
     ``result.config``: the knobs with the data set's and collate function's names."""
     cfg = (config or LoaderConfig()).replace(**knobs).validated()
     check_workers_for_cores(cfg.num_workers)
-    loader = build_loader(dataset, cfg, collate_fn=collate_fn, check_shm=check_shm)
-    result = measure_throughput(
-        loader, batches=batches, warmup=warmup, progress=progress, label=label or cfg.label(), on_batch=on_batch
-    )
+    loader = build_loader(dataset, cfg, collate_fn=collate_fn)
+    result = measure_throughput(loader, batches=batches, warmup=warmup, label=label or cfg.label(), on_batch=on_batch)
     collate = getattr(collate_fn, "__name__", "default_collate")
     result.config = {**asdict(cfg), "dataset": type(dataset).__name__, "collate": collate}
     return result

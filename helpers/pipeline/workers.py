@@ -29,7 +29,7 @@ from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from ..core.failures import ITEM_NOTE, LoaderFailure, ended_in_words, explain_loader_error
-from ..core.validate import check_float, check_int, human_bytes
+from ..core.validate import check_int, human_bytes
 
 __all__ = [
     "MAX_WORKERS",
@@ -42,12 +42,16 @@ __all__ = [
     "reset_child_signals",
     "release",
     "open_iterator",
+    "released",
+    "plain_failures",
     "child_processes",
     "worker_processes",
     "ShmStatus",
     "shm_status",
     "shm_needed_bytes",
     "require_shm",
+    "HeldSignals",
+    "stop_processes",
 ]
 
 #: Upper bound accepted for ``num_workers`` (beyond this a typo is more likely than intent).
@@ -119,8 +123,8 @@ class _WorkerInit:
             self.fn(worker_id)
 
 
-class _HeldSignals:
-    """``with _HeldSignals() as held:`` SIGINT/SIGTERM are only noted; ``held.deliver()`` afterwards runs their
+class HeldSignals:
+    """``with HeldSignals() as held:`` SIGINT/SIGTERM are only noted; ``held.deliver()`` afterwards runs their
     handler. Why: an exception raised in an at-fork callback or a finalizer is printed as "Exception ignored" and the
     press is lost; a noting handler never raises (and a new worker inherits it until it resets its handlers).
     Main thread, Python handlers only. ``escape=True``: a second signal is handled at once (ends a slow teardown).
@@ -139,7 +143,7 @@ class _HeldSignals:
             self.noted.clear()
             self.saved[signum](signum, frame)
 
-    def __enter__(self) -> "_HeldSignals":
+    def __enter__(self) -> "HeldSignals":
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
                 handler = signal.getsignal(sig)
@@ -158,6 +162,9 @@ class _HeldSignals:
             sig = self.noted[0]
             self.noted.clear()
             self.saved[sig](sig, None)
+
+
+_HeldSignals = HeldSignals  # helpers/pipeline/train.py's name for it
 
 
 class _FreezeWatch(threading.Thread):
@@ -208,15 +215,14 @@ class _WatchedIter(_MultiProcessingDataLoaderIter):
                 ok, data = super()._try_get_data(max(0.0, min(_ALIVE_CHECK_S, deadline - time.monotonic())))
             except RuntimeError as exc:
                 if "exited unexpectedly" in str(exc):
-                    raise RuntimeError(f"{exc} ({_worker_exits(self._workers)})") from exc
+                    ws = enumerate(self._workers)
+                    exits = [
+                        f"worker {i} (pid {w.pid}): exit code {w.exitcode}" for i, w in ws if w.exitcode is not None
+                    ]
+                    raise RuntimeError(f"{exc} ({'; '.join(exits) or 'no exit status'})") from exc
                 raise
             if ok or time.monotonic() >= deadline:
                 return ok, data
-
-
-def _worker_exits(procs: Sequence[Any]) -> str:
-    parts = [f"worker {i} (pid {w.pid}): exit code {w.exitcode}" for i, w in enumerate(procs) if w.exitcode is not None]
-    return "; ".join(parts) or "no exit status"
 
 
 class _WorkbookLoader(DataLoader):
@@ -233,7 +239,7 @@ class _WorkbookLoader(DataLoader):
             return super()._get_iterator()
         before = _worker_children()
         it = None
-        held = _HeldSignals()
+        held = HeldSignals()
         try:
             with held:
                 self.check_worker_number_rationality()
@@ -335,13 +341,12 @@ def shm_status(path: str = "/dev/shm") -> ShmStatus:
     return ShmStatus(path, True, int(usage.total), int(usage.free), strategy)
 
 
-def shm_needed_bytes(batch_bytes: int, num_workers: int, prefetch_factor: int = 2, margin: float = 2.0) -> int:
-    """Shared memory a loader may hold at once: workers x prefetch_factor batches, times a safety margin."""
+def shm_needed_bytes(batch_bytes: int, num_workers: int, prefetch_factor: int = 2) -> int:
+    """Shared memory a loader may hold at once: workers x prefetch_factor batches, times 2 (a safety margin)."""
     check_int("batch_bytes", batch_bytes, 0, 1 << 50)
     check_int("num_workers", num_workers, 0, MAX_WORKERS)
     check_int("prefetch_factor", prefetch_factor, 1, 64)
-    check_float("margin", margin, 1.0, 100.0)
-    return int(batch_bytes * max(1, num_workers) * prefetch_factor * margin)
+    return batch_bytes * max(1, num_workers) * prefetch_factor * 2
 
 
 def require_shm(needed_bytes: int, path: str = "/dev/shm") -> ShmStatus:
@@ -394,7 +399,7 @@ def _worker_children() -> set[int]:
     return out
 
 
-def _stop_processes(procs: Sequence[Any], grace_s: float = SHUTDOWN_GRACE_S) -> None:
+def stop_processes(procs: Sequence[Any], grace_s: float = SHUTDOWN_GRACE_S) -> None:
     """multiprocessing processes: SIGTERM, wait at most ``grace_s`` in all, then SIGKILL (ends a stopped one too).
 
     Through ``multiprocessing``, not psutil: a child psutil reaps is one multiprocessing believes alive forever.
@@ -420,7 +425,7 @@ def _stop_new_children(before: set[int]) -> None:
     if not new:
         return
     known = {p.pid: p for p in mp.active_children()}
-    _stop_processes([known[pid] for pid in new if pid in known])
+    stop_processes([known[pid] for pid in new if pid in known])
     strays = []
     for pid in new - set(known):
         with contextlib.suppress(psutil.Error):
@@ -431,15 +436,6 @@ def _stop_new_children(before: set[int]) -> None:
         with contextlib.suppress(psutil.Error):
             p.kill()
     psutil.wait_procs(alive, timeout=1.0)
-
-
-def _kill_stopped(procs: Sequence[Any]) -> None:
-    """SIGKILL stopped workers: nothing else ends them, and a shutdown would wait its whole grace for each."""
-    for p in procs:
-        with contextlib.suppress(Exception):
-            if p.is_alive() and psutil.Process(p.pid).status() == psutil.STATUS_STOPPED:
-                p.kill()
-                p.join(1.0)
 
 
 # -- teardown ------------------------------------------------------------------------------------------------
@@ -458,13 +454,17 @@ def release(obj: Any) -> None:
             with contextlib.suppress(Exception):
                 torch.utils.data._utils.signal_handling._remove_worker_pids(id(it))
                 it._worker_pids_set = False
-        _kill_stopped(workers)
+        for w in workers:  # a stopped (SIGSTOP) worker: nothing else ends it, and a shutdown would wait its grace
+            with contextlib.suppress(Exception):
+                if w.is_alive() and psutil.Process(w.pid).status() == psutil.STATUS_STOPPED:
+                    w.kill()
+                    w.join(1.0)
         shutdown = getattr(it, "_shutdown_workers", None)  # torch has no public close(): this is what __del__ runs
         if shutdown is not None:
             with contextlib.suppress(Exception):  # a half-started iterator must not block cleanup
                 shutdown()
             it._shutdown = True  # a later __del__ has nothing left to do
-        _stop_processes(workers)
+        stop_processes(workers)
     if isinstance(obj, DataLoader):
         obj._iterator = None
 
@@ -474,7 +474,7 @@ def _finish(objs: Sequence[Any], before: set[int] | None = None) -> None:
     signals are held (a ``KeyboardInterrupt`` inside one of the finalizers it runs would be lost) and the first is
     raised once done; a second press escapes at once. Young garbage is collected inside the hold for that reason.
     """
-    held = _HeldSignals(escape=True)
+    held = HeldSignals(escape=True)
     with held:
         for obj in objs:
             release(obj)
@@ -485,24 +485,40 @@ def _finish(objs: Sequence[Any], before: set[int] | None = None) -> None:
 
 
 @contextlib.contextmanager
-def open_iterator(loader: DataLoader) -> Iterator[Iterator[Any]]:
-    """``with open_iterator(loader) as it:`` workers released however the block ends; a worker failure comes out
-    as a one-line :class:`LoaderFailure` (torch's error its ``__cause__``)."""
-    it = None
+def released(objs: list[Any]) -> Iterator[list[Any]]:
+    """``with released([loader]) as objs:`` every loader or iterator in ``objs`` (add more inside the block) is
+    released at the end, and any worker started meanwhile stopped (:func:`_finish`), however the block ends."""
     before = _worker_children()
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
-            warnings.filterwarnings("ignore", message=re.escape(_PIN_WARNING))
-            it = iter(loader)
-        yield it
+        yield objs
+    finally:
+        _finish(objs, before)
+
+
+@contextlib.contextmanager
+def plain_failures(loader: Any) -> Iterator[None]:
+    """``with plain_failures(loader):`` a worker's failure (torch's timeout, a dead worker, the data set's own
+    error) comes out as a one-line :class:`LoaderFailure`, torch's error its ``__cause__``; others pass unchanged."""
+    try:
+        yield
     except Exception as exc:
         failure = _plain_failure(exc, loader)
         if failure is exc:
             raise
         raise failure from exc
-    finally:
-        _finish([x for x in (it, loader) if x is not None], before)
+
+
+@contextlib.contextmanager
+def open_iterator(loader: DataLoader) -> Iterator[Iterator[Any]]:
+    """``with open_iterator(loader) as it:`` workers released however the block ends; a worker failure comes out
+    as a one-line :class:`LoaderFailure` (torch's error its ``__cause__``)."""
+    with released([loader]) as objs, plain_failures(loader):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
+            warnings.filterwarnings("ignore", message=re.escape(_PIN_WARNING))
+            it = iter(loader)
+        objs.insert(0, it)
+        yield it
 
 
 # -- failures in plain words (the words themselves: helpers.core.failures, which the panels reach too) ------------
@@ -530,22 +546,17 @@ def _plain_failure(exc: BaseException, loader: Any = None) -> BaseException:
         return exc
     frozen = getattr(loader, "_workbook_frozen", None)
     text = str(exc)
+    # A worker died: torch says so without its number or exit status, or the main process met the broken
+    # connection first (EOFError, ConnectionResetError while it fetched a batch's shared memory).
+    died = isinstance(exc, (EOFError, ConnectionError)) or (
+        isinstance(exc, RuntimeError) and ("exited unexpectedly" in text or "is killed by signal" in text)
+    )
+    ended = _ended_workers(loader) if died and not frozen else []
+    advice = " ".join(ended_in_words(wid, w.pid, int(w.exitcode)) for wid, w in ended[:2]) or explain_loader_error(exc)
     if frozen:
         advice = explain_loader_error(RuntimeError(f"DataLoader timed out after {loader.timeout:g} seconds"))
         advice = f"{advice or ''} (Stopped worker pid(s) {', '.join(map(str, frozen))}: ended by the workbook.)"
         frozen.clear()
-    elif isinstance(exc, (EOFError, ConnectionError)) or (
-        isinstance(exc, RuntimeError) and ("exited unexpectedly" in text or "is killed by signal" in text)
-    ):
-        # A worker died: torch says so without its number or exit status, or the main process met the broken
-        # connection first (EOFError, ConnectionResetError while it fetched a batch's shared memory).
-        ended = _ended_workers(loader)
-        if ended:
-            advice = " ".join(ended_in_words(wid, w.pid, int(w.exitcode)) for wid, w in ended[:2])
-        else:
-            advice = explain_loader_error(exc)
-    else:
-        advice = explain_loader_error(exc)
     if advice is None:
         return exc
     failure = LoaderFailure(advice)

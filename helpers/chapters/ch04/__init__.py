@@ -31,6 +31,7 @@ from ...pipeline import loaders
 from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset
 from ...ui import plots
 from . import speedup, sweeps
+from .datasets import BatchedCheapDataset, UnevenDataset
 
 NUMBER = "04"
 TITLE = "DataLoader worker processes"
@@ -107,18 +108,30 @@ def _spread(values: Sequence[float]) -> dict[str, Any]:
     return {"min": min(values), "max": max(values), "n": len(values)}
 
 
+def _factory(ds: Dataset, bs: int, knob: str = "num_workers", **fixed: Any) -> Callable[[Any], DataLoader]:
+    """The benchmark's loaders as a function of ``knob``: 2 workers unless ``knob`` is num_workers, persistent
+    whenever there are workers (unless ``knob`` is persistent_workers)."""
+
+    def build(value: Any) -> DataLoader:
+        knobs = {"num_workers": 2, **fixed, knob: value}
+        knobs.setdefault("persistent_workers", knobs["num_workers"] > 0)
+        return loaders.build_loader(ds, batch_size=bs, **knobs)
+
+    return build
+
+
 def _sweep_and_speedup(
     results: ResultSet, ds_float: Dataset, ds_uint8: Dataset, bs: int, batches: int, warm: int
 ) -> None:
     """The worker sweep, then the 2-worker speed-up in alternating rounds beside the measured ceiling."""
     cores = loaders.cpu_cores()
     ws = sorted(set([0, 1, 2, 3] + ([] if config.sized(True, False) else list(range(0, cores + 3)))))
-    sw = sweeps.sweep_workers(ds_float, ws, batch_size=bs, batches=batches, warmup=warm)
+    sw = sweeps.sweep_workers(_factory(ds_float, bs), ws, batches=batches, warmup=warm)
     for n, r in zip(sw.workers, sw.results):
         results.add("ch04.items_per_s", r.items_per_s, "items/s", num_workers=n, persistent=n > 0, output="float")
     for output, ds in (("float", ds_float), ("uint8", ds_uint8)):
         n_batches, rounds = max(2, min(batches, config.sized(10, 40))), config.sized(3, 7)
-        sr = speedup.interleaved_speedup(ds, 2, rounds=rounds, batches=n_batches, batch_size=bs, warmup=warm)
+        sr = speedup.interleaved_speedup(_factory(ds, bs), 2, rounds=rounds, batches=n_batches, warmup=warm)
         _speedup_records(results, sw if output == "float" else None, sr, output, cores)
 
 
@@ -151,9 +164,8 @@ def _speedup_records(
 def _knobs(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: int) -> None:
     """prefetch_factor (alternating rounds: single measurements can't tell it from drift), persistent_workers
     and in_order, each against its own baseline."""
-    factory = functools.partial(_prefetch_loader, ds_float, bs)
     kr = speedup.knob_rounds(
-        factory,
+        _factory(ds_float, bs, "prefetch_factor"),
         "prefetch_factor",
         PREFETCH_VALUES,
         reference=PREFETCH_REFERENCE,
@@ -162,42 +174,24 @@ def _knobs(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: i
         warmup=warm,
     )
     for v in kr.values:
-        results.add(
-            "ch04.prefetch.items_per_s",
-            kr.median(v),
-            "items/s",
-            spread=_spread(kr.rates[v]),
-            prefetch_factor=v,
-            num_workers=2,
-        )
+        at = {"prefetch_factor": v, "num_workers": 2}
+        results.add("ch04.prefetch.items_per_s", kr.median(v), "items/s", spread=_spread(kr.rates[v]), **at)
         if v != kr.reference:
             ratios = kr.ratios(v)
-            results.add(
-                "ch04.prefetch.ratio",
-                statistics.median(ratios),
-                "ratio",
-                spread=_spread(ratios),
-                prefetch_factor=v,
-                reference=kr.reference,
-                num_workers=2,
-            )
+            median, spread = statistics.median(ratios), _spread(ratios)
+            results.add("ch04.prefetch.ratio", median, "ratio", spread=spread, reference=kr.reference, **at)
     n_short = min(len(ds_float), config.sized(160, 2400))  # type: ignore[arg-type]
     short = torch.utils.data.Subset(ds_float, range(n_short))
-    pr = sweeps.persistent_experiment(short, num_workers=2, epochs=3, batch_size=bs)
+    pr = sweeps.persistent_experiment(_factory(short, bs, "persistent_workers"), epochs=3)
     for p in (False, True):
         for e, s in enumerate(pr.epoch_s[p]):
             results.add("ch04.persistent.epoch_s", s, "s", persistent=p, epoch=e)
     results.add("ch04.persistent.restart_cost_s", pr.restart_cost_s(), "s", num_workers=2)
-    io = sweeps.in_order_experiment(loaders.UnevenDataset(config.sized(96, 400) if batches >= 8 else 24), num_workers=2)
+    uneven = UnevenDataset(config.sized(96, 400) if batches >= 8 else 24)
+    io = sweeps.in_order_experiment(_factory(uneven, 4, "in_order", shuffle=False, persistent_workers=False))
     for flag, r in io.results.items():
         results.add("ch04.in_order.p95_wait_ms", r.p95_wait_ms, "ms", in_order=flag)
         results.add("ch04.in_order.total_s", r.seconds, "s", in_order=flag)
-
-
-def _prefetch_loader(ds: Dataset, bs: int, prefetch_factor: int) -> DataLoader:
-    """The benchmark's 2-worker persistent loader at ``prefetch_factor`` (a module function: picklable)."""
-    cfg = loaders.LoaderConfig(batch_size=bs, num_workers=2, persistent_workers=True, prefetch_factor=prefetch_factor)
-    return loaders.build_loader(ds, cfg)
 
 
 def agreement_lines(results: ResultSet) -> list[str]:
@@ -226,10 +220,11 @@ def agreement_lines(results: ResultSet) -> list[str]:
 def _cheap_items(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: int) -> None:
     """``__getitems__`` against per-item fetching, and cheap items (where the main process is the bottleneck)."""
     run: dict[str, Any] = {"batch_size": bs, "batches": batches, "warmup": warm}
-    for (fetch, w), r in sweeps.getitems_experiment(config.sized(4096, 32768), **run).items():
+    n = config.sized(4096, 32768)
+    for (fetch, w), r in sweeps.getitems_experiment(BatchedCheapDataset(n, 32, "uint8"), **run).items():
         results.add("ch04.getitems.items_per_s", r.items_per_s, "items/s", fetch=fetch, num_workers=w)
     size = int(getattr(ds_float, "crop_size", 64))
-    for row in sweeps.cheap_vs_expensive({}, n_cheap=config.sized(4096, 32768), image_size=size, **run):
+    for row in sweeps.cheap_vs_expensive({}, n_cheap=n, image_size=size, **run):
         r = row["result"]
         knobs = {k: row[k] for k in ("items", "output", "collate", "num_workers")}
         results.add("ch04.cheap.items_per_s", r.items_per_s, "items/s", **knobs)

@@ -1,5 +1,5 @@
 """Chapter 04's pitfalls, shown live: duplicated random draws across workers, a data set defined in the notebook
-under spawn, an exception raised inside a worker (the data sets they run are in :mod:`helpers.pipeline.loaders`).
+under spawn, an exception raised inside a worker (the data sets they run are in :mod:`.datasets`).
 """
 
 from __future__ import annotations
@@ -15,25 +15,15 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from torch.utils.data import Dataset
 
-from ...core.failures import LoaderFailure
 from ...core.validate import check_choice, check_float, check_int
-from ...pipeline.loaders import (
-    MAX_WORKERS,
-    START_METHODS,
-    FailingDataset,
-    LoaderConfig,
-    build_loader,
-    open_iterator,
-)
+from ...pipeline.loaders import MAX_WORKERS, START_METHODS, LoaderConfig, LoaderFailure, build_loader, open_iterator
+from .datasets import FailingDataset
 
 
-def rng_draws(
-    dataset: Dataset, *, num_workers: int = 2, batch_size: int = 4, multiprocessing_context: str | None = None
-) -> dict[int, list[float]]:
+def rng_draws(dataset: Dataset, *, num_workers: int = 2, batch_size: int = 4) -> dict[int, list[float]]:
     """Run ``dataset`` (items ``(index, worker_id, draw)``) through workers; draws per worker, in order
     (worker id -1: the main process, with ``num_workers=0``)."""
-    cfg = LoaderConfig(batch_size=batch_size, num_workers=num_workers, shuffle=False)
-    loader = build_loader(dataset, cfg, multiprocessing_context=multiprocessing_context)
+    loader = build_loader(dataset, batch_size=batch_size, num_workers=num_workers, shuffle=False)
     out: dict[int, list[float]] = {}
     with open_iterator(loader) as it:
         for _idx, wid, draw in it:

@@ -13,46 +13,29 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from ...core import agreement
 from ...core.device import intraop_threads
-from ...core.failures import LoaderFailure
 from ...core.rounds import alternate, table
 from ...core.validate import check_float, check_int
 from ...pipeline.loaders import (
     MAX_WORKERS,
     SHUTDOWN_GRACE_S,
     WORKER_TIMEOUT_S,
-    LoaderConfig,
-    _batch_len,
-    _finish,
-    _HeldSignals,
-    _stop_processes,
-    _worker_children,
-    build_loader,
+    Epochs,
+    HeldSignals,
+    LoaderFailure,
+    batch_len,
     cpu_cores,
+    released,
     reset_child_signals,
+    stop_processes,
 )
-from .sweeps import SpeedupRounds, WorkerSweep, _is_factory, build_from_factory
-
-__all__ = [
-    "parallel_ceiling",
-    "start_pool",
-    "close_pool",
-    "interleaved_speedup",
-    "plot_rounds",
-    "TRUST_ROUNDS",
-    "within_spread",
-    "agreement_line",
-    "difference_line",
-    "sweep_vs_rounds",
-    "KnobRounds",
-    "knob_rounds",
-]
+from .sweeps import SpeedupRounds, WorkerSweep, build_from_factory
 
 # -- the measured ceiling: N independent processes, no loader around them ---------------------------
 
@@ -123,7 +106,7 @@ def start_pool(processes: int) -> Any:
     :func:`close_pool`. SIGINT and SIGTERM stay blocked while the pool forks, until each child has reset its
     handlers (:func:`~helpers.pipeline.loaders.reset_child_signals`)."""
     processes = check_int("processes", processes, 1, MAX_WORKERS)
-    with _HeldSignals() as held:  # a Ctrl-C during the forks is noted, not lost in an at-fork callback
+    with HeldSignals() as held:  # a Ctrl-C during the forks is noted, not lost in an at-fork callback
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             pool = mp.get_context().Pool(processes, initializer=_pool_initializer)
@@ -162,12 +145,12 @@ def close_pool(pool: Any, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         try:
             t.join(grace_s)
             if t.is_alive():
-                _stop_processes(procs, grace_s=0.0)
+                stop_processes(procs, grace_s=0.0)
                 t.join(grace_s)
             # A worker the pool started while it was closing is not in ``procs``: forked while another
             # thread held a lock, it can sit on that lock for ever (an orphan after the run). Stop it too.
             late = [p for p in list(getattr(pool, "_pool", []) or []) if all(p is not q for q in procs)]
-            _stop_processes(procs + late, grace_s=0.5)
+            stop_processes(procs + late, grace_s=0.5)
             break
         except KeyboardInterrupt as exc:
             pending = exc
@@ -178,28 +161,21 @@ def close_pool(pool: Any, grace_s: float = SHUTDOWN_GRACE_S) -> None:
 # -- loaders measured in alternating rounds -------------------------------------------------------------
 
 
-class _Batches:
-    """Batches from one loader across epoch ends (persistent workers carry on); :func:`_held_loaders` releases them."""
+class _Batches(Epochs):
+    """Batches from one loader across epoch ends, timed."""
+
+    loader: DataLoader
 
     def __init__(self, loader: DataLoader) -> None:
-        self.loader = loader
-        self.it: Iterator[Any] | None = None
+        super().__init__(loader)
         self.last_s = 0.05
         # the batches its workers buffer while idle (num_workers x prefetch_factor): taken untimed first
         self.buffered = loader.num_workers * (loader.prefetch_factor or 2)
 
     def take(self, count: int) -> tuple[int, float]:
         """Take ``count`` batches; returns (items, seconds)."""
-        items, t0 = 0, time.perf_counter()
-        for _ in range(count):
-            if self.it is None:
-                self.it = iter(self.loader)
-            try:
-                batch = next(self.it)
-            except StopIteration:
-                self.it = iter(self.loader)
-                batch = next(self.it)
-            items += _batch_len(batch)
+        t0 = time.perf_counter()
+        items = sum(batch_len(self.next()) for _ in range(count))
         self.last_s = time.perf_counter() - t0
         return items, self.last_s
 
@@ -209,91 +185,78 @@ class _Batches:
         items, secs = self.take(batches)
         return items / secs
 
-    def objs(self) -> list[Any]:
-        """What :func:`_finish` must release."""
-        return [x for x in (self.it, self.loader) if x is not None]
+
+#: The knobs a DataLoader shows as attributes: the factory's loader is checked to have the value asked for.
+_VISIBLE_KNOBS = ("num_workers", "batch_size", "prefetch_factor", "persistent_workers", "in_order", "pin_memory")
 
 
 @contextlib.contextmanager
-def _held_loaders(takers: list[_Batches]) -> Iterator[None]:
-    """One intra-op thread, the DataLoader's core-count warning quiet, and every taker's workers released at
-    the end (also on an interrupt)."""
-    before = _worker_children()
-    with intraop_threads(1), warnings.catch_warnings():
+def _loader_rounds(
+    factory: Callable[[Any], DataLoader], expect: Mapping[Any, Mapping[str, Any] | None], warmup: int
+) -> Iterator[list[_Batches]]:
+    """``factory(value)`` for each value of ``expect`` (checked to have the knobs given there), all built before
+    any is warmed up; one intra-op thread and the core-count warning quiet meanwhile; every worker released."""
+    with released([]) as objs, intraop_threads(1), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
+        takers = []
+        for value, knobs in expect.items():
+            objs.append(build_from_factory(factory, value, expect=knobs))
+            takers.append(_Batches(objs[-1]))
         try:
-            yield
+            for t in takers:
+                t.take(warmup + t.buffered)
+            yield takers
         finally:
-            _finish([x for t in takers for x in t.objs()], before)
-
-
-def _speedup_loaders(
-    dataset: "Dataset | Callable[[int], DataLoader]", num_workers: int, batch_size: int, prefetch: Any, collate_fn: Any
-) -> tuple[_Batches, _Batches]:
-    """The single-process and the persistent worker loader of :func:`interleaved_speedup` (``/dev/shm`` checked)."""
-    if _is_factory(dataset):
-        one = build_from_factory(dataset, 0, expect={"num_workers": 0})
-        expect = {"num_workers": num_workers, "persistent_workers": True}
-        return _Batches(one), _Batches(build_from_factory(dataset, num_workers, expect=expect))
-    single_cfg = LoaderConfig(batch_size=batch_size)
-    worker_cfg = single_cfg.replace(num_workers=num_workers, persistent_workers=True, prefetch_factor=prefetch)
-    worker_cfg.validated()  # both refused before any worker starts
-    one = build_loader(dataset, single_cfg, collate_fn=collate_fn)
-    return _Batches(one), _Batches(build_loader(dataset, worker_cfg, collate_fn=collate_fn))
+            objs[:0] = [t.it for t in takers if t.it is not None]
 
 
 def interleaved_speedup(
-    dataset: "Dataset | Callable[[int], DataLoader]",
+    factory: Callable[[int], DataLoader],
     num_workers: int = 2,
     *,
     rounds: int = 5,
     batches: int = 30,
-    batch_size: int = 32,
     warmup: int = 4,
-    prefetch_factor: int | None = None,
-    ceiling: bool = True,
-    collate_fn: Callable[[Any], Any] | None = None,
     progress: Callable[..., Any] | None = None,
 ) -> SpeedupRounds:
     """The worker speed-up in alternating rounds, so that drift in the machine's speed cancels out.
 
-    Each round measures, back to back (reversed every other round): ``batches`` batches in one process,
-    :func:`parallel_ceiling` (``num_workers`` processes, the same batches, for as long; if ``ceiling``) and
-    ``batches`` batches from the persistent worker loader, after the batches its idle workers buffered. The
-    main process uses one intra-op thread. ``dataset`` is your loader factory (``factory(0)``,
-    ``factory(num_workers)`` with persistent workers) or a data set (then ``batch_size``, ``prefetch_factor``
-    and ``collate_fn`` apply). ValueError for bad arguments or too little ``/dev/shm`` (before any worker starts).
+    ``factory(0)`` and ``factory(num_workers)`` (persistent workers) are your loaders. Each round measures, back to
+    back (reversed every other round): ``batches`` batches in one process, :func:`parallel_ceiling`
+    (``num_workers`` processes, the same batches, for as long) and ``batches`` batches from the worker loader,
+    after the batches its idle workers buffered. The main process uses one intra-op thread. ValueError for bad
+    arguments or too little ``/dev/shm`` (before any worker starts).
     """
     num_workers = check_int("num_workers", num_workers, 1, MAX_WORKERS)
     rounds = check_int("rounds", rounds, 1, 1000)
     batches = check_int("batches", batches, 1, 1_000_000)
     warmup = check_int("warmup", warmup, 0, 1_000_000)
     t_start = time.perf_counter()
-    one, many = _speedup_loaders(dataset, num_workers, batch_size, prefetch_factor, collate_fn)
-    ds, collate, bs = many.loader.dataset, many.loader.collate_fn, int(many.loader.batch_size or 1)
-    pool = None
-    with _held_loaders([many, one]):
+    expect = {0: {"num_workers": 0}, num_workers: {"num_workers": num_workers, "persistent_workers": True}}
+    with _loader_rounds(factory, expect, warmup) as (one, many):
+        ds, collate, bs = many.loader.dataset, many.loader.collate_fn, int(many.loader.batch_size or 1)
+        pool = start_pool(num_workers)
         try:
-            one.take(max(1, warmup))
-            many.take(warmup + many.buffered)
-            measures = {"workers=0": lambda: one.rate(batches)}
-            if ceiling:
-                pool = start_pool(num_workers)
-                # as long as the latest single-process window
-                measures["ceiling"] = lambda: parallel_ceiling(
-                    ds, num_workers, max(0.05, one.last_s), batch_size=bs, collate_fn=collate, pool=pool
-                )
-            measures["workers"] = lambda: many.rate(batches)
-            got = alternate(measures, rounds, progress=progress)
+            got = alternate(
+                {
+                    "workers=0": lambda: one.rate(batches),
+                    # as long as the latest single-process window
+                    "ceiling": lambda: parallel_ceiling(
+                        ds, num_workers, max(0.05, one.last_s), batch_size=bs, collate_fn=collate, pool=pool
+                    ),
+                    "workers": lambda: many.rate(batches),
+                },
+                rounds,
+                progress=progress,
+            )
         finally:
-            if pool is not None:
-                close_pool(pool)
+            close_pool(pool)
     return SpeedupRounds(
         num_workers=num_workers,
         batch_size=bs,
         single=got.values["workers=0"],
         workers=got.values["workers"],
-        ceiling=got.values.get("ceiling", []),
+        ceiling=got.values["ceiling"],
         cores=cpu_cores(),
         seconds=time.perf_counter() - t_start,
     )
@@ -349,10 +312,6 @@ class KnobRounds:
         ]
 
 
-#: The knobs a factory's loader shows as attributes: knob_rounds checks that each loader has the value asked for.
-_VISIBLE_KNOBS = ("num_workers", "batch_size", "prefetch_factor", "persistent_workers", "in_order", "pin_memory")
-
-
 def knob_rounds(
     factory: Callable[[Any], DataLoader],
     knob: str,
@@ -364,16 +323,10 @@ def knob_rounds(
     warmup: int = 4,
     progress: Callable[..., Any] | None = None,
 ) -> KnobRounds:
-    """Your loader at each of a knob's ``values`` in alternating rounds, like :func:`interleaved_speedup`.
-
-    ``factory(value)`` builds your loader with the knob at ``value`` (persistent workers). All loaders are
-    built once and warmed up; each round times ``batches`` batches of each (the order reversed every other
-    round), after the batches its idle workers buffered. ``reference`` (default: the first value) is what
-    :meth:`KnobRounds.verdicts` compares against. Workers are released at the end, also when interrupted.
-
-    Raises:
-        ValueError: bad arguments, a factory that ignores the value, or too little ``/dev/shm``.
-    """
+    """Your loader ``factory(value)`` (persistent workers) at each of a knob's ``values``, in alternating rounds
+    like :func:`interleaved_speedup`; ``reference`` (default: the first value) is what
+    :meth:`KnobRounds.verdicts` compares against. ValueError: bad arguments, a factory that ignores the value,
+    or too little ``/dev/shm``."""
     if not isinstance(knob, str) or not knob:
         raise ValueError(f"knob must name what the factory's argument changes, e.g. 'prefetch_factor'; got {knob!r}")
     values = list(values)
@@ -386,14 +339,8 @@ def knob_rounds(
     batches = check_int("batches", batches, 1, 1_000_000)
     warmup = check_int("warmup", warmup, 0, 1_000_000)
     t_start = time.perf_counter()
-    takers: list[_Batches] = []
-    with _held_loaders(takers):
-        for v in values:
-            takers.append(
-                _Batches(build_from_factory(factory, v, expect={knob: v} if knob in _VISIBLE_KNOBS else None))
-            )
-        for t in takers:
-            t.take(warmup + t.buffered)
+    expect = {v: {knob: v} if knob in _VISIBLE_KNOBS else None for v in values}
+    with _loader_rounds(factory, expect, warmup) as takers:
         measures = {f"{knob}={v}": (lambda t=t: t.rate(batches)) for v, t in zip(values, takers)}
         got = alternate(measures, rounds, progress=progress)
     rates = {v: got.values[f"{knob}={v}"] for v in values}
@@ -410,12 +357,7 @@ TRUST_ROUNDS = (
 
 
 def within_spread(value: float, samples: Sequence[float]) -> bool:
-    """Whether ``value`` (a figure with no spread of its own) lies within ``samples``' lowest to highest
-    (repeated measurements of the same thing: the noise band): :func:`helpers.core.agreement.within_range`.
-
-    Raises:
-        ValueError: no samples, or a value/sample that is not a finite number.
-    """
+    """Whether ``value`` lies within ``samples``' lowest to highest (their noise band; ValueError if not finite)."""
     return agreement.within_range(value, samples)
 
 

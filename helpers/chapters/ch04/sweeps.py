@@ -1,8 +1,8 @@
 """Chapter 04's measurements of the reader's loaders: the worker sweep, persistent workers, in-order
 delivery, batched fetching, cheap against expensive items.
 
-Each takes a loader factory (the reader's ``make_loader`` as a function of one knob) or a data set (then
-the loaders are built here by :func:`helpers.pipeline.loaders.build_loader`).
+Each experiment of one knob takes a loader factory: the reader's ``make_loader`` as a function of that knob
+(``lambda w: make_loader(ds, 32, workers=w)``), which decides every other knob.
 """
 
 from __future__ import annotations
@@ -11,62 +11,29 @@ import contextlib
 import statistics
 import time
 import warnings
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ...core.device import intraop_threads
 from ...core.rounds import table
 from ...core.validate import check_int
 from ...pipeline.loaders import (
     MAX_WORKERS,
-    BatchedCheapDataset,
     CheapDataset,
     LoaderConfig,
     Throughput,
-    UnevenDataset,
-    _check_bool,
-    _finish,
-    _loader_params,
-    _pct,
-    _PerItem,
-    _worker_children,
-    build_loader,
     cpu_cores,
     guard,
-    light_uint8_collate,
     measure_config,
     measure_throughput,
     open_iterator,
-    passthrough_collate,
     release,
+    released,
 )
-
-if TYPE_CHECKING:
-    from typing_extensions import TypeIs  # for mypy only: typing.TypeIs is Python 3.13+
-
-__all__ = [
-    "WorkerSweep",
-    "sweep_workers",
-    "plot_sweep",
-    "SpeedupRounds",
-    "PersistentResult",
-    "persistent_experiment",
-    "InOrderResult",
-    "in_order_experiment",
-    "build_from_factory",
-    "sampler_batches",
-    "getitems_experiment",
-    "cheap_vs_expensive",
-]
-
-
-def _is_factory(obj: Any) -> TypeIs[Callable[..., DataLoader]]:
-    """True for a loader factory (a function returning a DataLoader), False for a data set or a loader."""
-    return callable(obj) and not isinstance(obj, (Dataset, DataLoader)) and not hasattr(obj, "__getitem__")
+from .datasets import PerItem, light_uint8_collate, passthrough_collate
 
 
 def build_from_factory(
@@ -88,8 +55,7 @@ def build_from_factory(
             f"the loader factory returned {type(loader).__name__} for {value!r}; it must return a "
             f"torch DataLoader (e.g. lambda w: make_loader(dataset, batch_size, workers=w))"
         )
-    params = _loader_params(loader)
-    wrong = {k: params.get(k) for k, v in (expect or {}).items() if params.get(k) != v}
+    wrong = {k: getattr(loader, k, None) for k, v in (expect or {}).items() if getattr(loader, k, None) != v}
     if wrong:
         raise ValueError(
             f"the loader factory was asked for {dict(expect or {})} (value {value!r}) but built a loader "
@@ -98,17 +64,6 @@ def build_from_factory(
     guard(loader)
     loader._workbook_warnings += [str(w.message).strip() for w in wlist]  # type: ignore[attr-defined]
     return loader
-
-
-def _builder(
-    dataset: "Dataset | Callable[[Any], DataLoader]", knob: str, cfg: LoaderConfig
-) -> Callable[[Any], DataLoader]:
-    """``build(value)``: your factory's loader, which must have ``knob=value``, or the data set's loader for ``cfg``
-    with ``knob=value`` (its knobs checked by :func:`~helpers.pipeline.loaders.build_loader`)."""
-    if _is_factory(dataset):
-        factory = dataset
-        return lambda value: build_from_factory(factory, value, expect={knob: value})
-    return lambda value: build_loader(dataset, cfg, **{knob: value})
 
 
 # -- the worker sweep ---------------------------------------------------------------------------------
@@ -182,25 +137,18 @@ class WorkerSweep:
 
 
 def sweep_workers(
-    dataset: "Dataset | Callable[[int], DataLoader]",
+    factory: Callable[[int], DataLoader],
     workers: Sequence[int],
     *,
-    batch_size: int = 32,
     batches: int = 40,
     warmup: int = 4,
-    persistent: bool = True,
-    prefetch_factor: int | None = None,
-    collate_fn: Callable[[Any], Any] | None = None,
     progress: Callable[..., Any] | None = None,
-    main_threads: int = 1,
 ) -> WorkerSweep:
-    """Steady-state throughput for each ``num_workers``.
+    """Steady-state throughput of ``factory(n)`` for each ``n`` in ``workers``, one measurement each.
 
-    ``dataset`` is your loader factory (``lambda w: make_loader(ds, 32, workers=w)``: it decides every other
-    knob) or a data set (then ``batch_size``, ``persistent``, ``prefetch_factor`` and ``collate_fn`` apply).
-    Each point's workers are released after it, also on an interrupt. The main process runs with
-    ``main_threads`` intra-op threads (default 1, as in every worker): otherwise workers=0 would use all
-    cores and a 1-worker row could show more than 100% efficiency.
+    Each point's workers are released after it, also on an interrupt. The main process runs with one
+    intra-op thread, as every worker does: otherwise workers=0 would use all cores and a 1-worker row could
+    show more than 100% efficiency.
     """
     try:
         ws = [check_int(f"workers[{i}]", w, 0, MAX_WORKERS) for i, w in enumerate(workers)]
@@ -210,21 +158,14 @@ def sweep_workers(
         raise ValueError(
             f"workers must be a non-empty list of distinct integers in [0, {MAX_WORKERS}], got {list(workers)}"
         )
-    _check_bool("persistent", persistent)
     results = []
-    with intraop_threads(check_int("main_threads", main_threads, 1, 1024)):
-        for k, n in enumerate(ws):
-            if progress is not None:
-                progress(k / len(ws), f"num_workers={n} ({k + 1} of {len(ws)})")
-            if _is_factory(dataset):
-                loader = build_from_factory(dataset, n, expect={"num_workers": n})
-                results.append(measure_throughput(loader, batches=batches, warmup=warmup))
-                continue
-            knobs = {"persistent_workers": persistent and n > 0, "prefetch_factor": prefetch_factor if n > 0 else None}
-            cfg = LoaderConfig(batch_size=batch_size, num_workers=n).replace(**knobs)
-            results.append(measure_config(dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_fn))
+    for k, n in enumerate(ws):
         if progress is not None:
-            progress(1.0, "done")
+            progress(k / len(ws), f"num_workers={n} ({k + 1} of {len(ws)})")
+        loader = build_from_factory(factory, n, expect={"num_workers": n})
+        results.append(measure_throughput(loader, batches=batches, warmup=warmup, threads=1))
+    if progress is not None:
+        progress(1.0, "done")
     return WorkerSweep(workers=ws, results=results, cores=cpu_cores())
 
 
@@ -344,10 +285,6 @@ class SpeedupRounds:
             )
         return text + "".join(f" Note: {note}." for note in self.notes())
 
-    def to_dict(self) -> dict[str, Any]:
-        figures = {"speedup": self.speedup, "ceiling_speedup": self.ceiling_speedup}
-        return {**asdict(self), **figures, "share_of_ceiling": self.share_of_ceiling, "notes": self.notes()}
-
 
 # -- persistent workers and in-order delivery ---------------------------------------------------------
 
@@ -378,49 +315,29 @@ class PersistentResult:
         return table(["", "epoch times (s)", "first batch (ms)"], rows)
 
 
-def persistent_experiment(
-    dataset: "Dataset | Callable[[bool], DataLoader]",
-    *,
-    num_workers: int = 2,
-    epochs: int = 3,
-    batch_size: int = 32,
-    multiprocessing_context: str | None = None,
-) -> PersistentResult:
-    """Run ``epochs`` full epochs with ``persistent_workers`` off, then on, and time each epoch.
-
-    ``dataset`` is your loader factory, a function of ``persistent``
-    (``lambda p: make_loader(ds, 32, workers=2, persistent=p)``: the other knobs are its own), or a data set.
-    """
+def persistent_experiment(factory: Callable[[bool], DataLoader], *, epochs: int = 3) -> PersistentResult:
+    """Run ``epochs`` full epochs of ``factory(False)`` then ``factory(True)`` (``persistent_workers`` off, on:
+    ``lambda p: make_loader(ds, 32, workers=2, persistent=p)``) and time each epoch."""
     epochs = check_int("epochs", epochs, 1, 100)
     epoch_s: dict[bool, list[float]] = {False: [], True: []}
     first: dict[bool, list[float]] = {False: [], True: []}
-    if not _is_factory(dataset):
-        num_workers = check_int("num_workers", num_workers, 1, MAX_WORKERS)
-    cfg = LoaderConfig(batch_size, num_workers, multiprocessing_context=multiprocessing_context)
-    build = _builder(dataset, "persistent_workers", cfg)
     for persistent in (False, True):
-        loader = build(persistent)
-        num_workers = loader.num_workers
-        if num_workers < 1:
-            release(loader)
-            raise ValueError(
-                "persistent_experiment: the loader factory must build a loader with workers "
-                "(num_workers >= 1): persistent_workers only matters with worker processes"
-            )
-        before = _worker_children()
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                for _ in range(epochs):
-                    t0, t_first = time.perf_counter(), None
-                    with open_iterator(loader) if not persistent else contextlib.nullcontext(iter(loader)) as it:
-                        for _batch in it:
-                            t_first = t_first or time.perf_counter() - t0
-                    epoch_s[persistent].append(time.perf_counter() - t0)
-                    first[persistent].append(t_first or 0.0)
-        finally:
-            _finish([loader], before)
-    return PersistentResult(epoch_s=epoch_s, first_batch_s=first, num_workers=num_workers)
+        loader = build_from_factory(factory, persistent, expect={"persistent_workers": persistent})
+        with released([loader]), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if loader.num_workers < 1:
+                raise ValueError(
+                    "persistent_experiment: the loader factory must build a loader with workers "
+                    "(num_workers >= 1): persistent_workers only matters with worker processes"
+                )
+            for _ in range(epochs):
+                t0, t_first = time.perf_counter(), None
+                with open_iterator(loader) if not persistent else contextlib.nullcontext(iter(loader)) as it:
+                    for _batch in it:
+                        t_first = t_first or time.perf_counter() - t0
+                epoch_s[persistent].append(time.perf_counter() - t0)
+                first[persistent].append(t_first or 0.0)
+    return PersistentResult(epoch_s=epoch_s, first_batch_s=first, num_workers=loader.num_workers)
 
 
 @dataclass
@@ -434,7 +351,7 @@ class InOrderResult:
         rows = []
         for flag in (True, False):
             r = self.results[flag]
-            ms = [1e3 * _pct(r.wait_s, 0.5), r.p95_wait_ms, r.max_wait_ms]
+            ms = [1e3 * statistics.median(r.wait_s), r.p95_wait_ms, r.max_wait_ms]
             rows.append(
                 [
                     f"in_order={flag}",
@@ -446,28 +363,15 @@ class InOrderResult:
         return table(["", "total", "median wait", "p95 wait", "max wait", "batches out of order"], rows)
 
 
-def in_order_experiment(
-    dataset: "UnevenDataset | Callable[[bool], DataLoader]",
-    *,
-    num_workers: int = 2,
-    batch_size: int = 4,
-    prefetch_factor: int | None = None,
-) -> InOrderResult:
-    """One epoch with ``in_order=True`` then ``False``: per-batch waits, and the share of batches that
-    arrived before one the sampler handed out earlier (:func:`sampler_batches`).
-
-    ``dataset`` is your loader factory, a function of ``in_order``
-    (``lambda flag: make_loader(uneven, 4, workers=2, in_order=flag)``), or a data set, read without
-    shuffling (``prefetch_factor`` default: the DataLoader's; with no workers both runs are the same).
-    Items must carry their index as the label, as :class:`UnevenDataset`'s do.
+def in_order_experiment(factory: Callable[[bool], DataLoader]) -> InOrderResult:
+    """One epoch of ``factory(True)`` then ``factory(False)`` (``lambda flag: make_loader(uneven, 4, workers=2,
+    in_order=flag)``): per-batch waits, and the share of batches that arrived before one the sampler handed out
+    earlier (:func:`sampler_batches`). Items must carry their index as the label, as ``UnevenDataset``'s do.
     """
-    cfg = LoaderConfig(batch_size, num_workers, shuffle=False, prefetch_factor=prefetch_factor)
-    build = _builder(dataset, "in_order", cfg)  # no workers: both runs are the same
-
     results: dict[bool, Throughput] = {}
     ooo: dict[bool, float] = {}
     for flag in (True, False):
-        loader = build(flag)
+        loader = build_from_factory(factory, flag, expect={"in_order": flag})
         try:
             order = sampler_batches(loader)
             if len(order) < 2:
@@ -519,38 +423,39 @@ def sampler_batches(loader: DataLoader) -> list[list[int]]:
 # -- batched fetching and cheap items -------------------------------------------------------------------
 
 
-def getitems_experiment(
-    dataset: "BatchedCheapDataset | int",
-    *,
-    image_size: int = 32,
-    output: str = "uint8",
-    workers: Sequence[int] = (0, 2),
-    batch_size: int = 64,
-    batches: int = 60,
-    warmup: int = 4,
-) -> dict[tuple[str, int], Throughput]:
-    """Per-item fetching (``__getitem__`` + default_collate) against one ``__getitems__`` call per batch.
-
-    ``dataset`` has a ``__getitems__`` that returns a finished batch (like :class:`BatchedCheapDataset`; the
-    per-item runs read it through a view that hides ``__getitems__``), or is an item count ``n``: then
-    ``BatchedCheapDataset(n, image_size, output)``.
-    """
-    if isinstance(dataset, bool) or not (isinstance(dataset, int) or hasattr(dataset, "__getitems__")):
-        raise ValueError(
-            "dataset must be a data set with __getitems__ (e.g. loaders.BatchedCheapDataset) or an item "
-            f"count, got {type(dataset).__name__}"
-        )
-    if isinstance(dataset, int):
-        dataset = BatchedCheapDataset(check_int("n", dataset, 1, 10_000_000), image_size=image_size, output=output)
-    out: dict[tuple[str, int], Throughput] = {}
-    for w in workers:
-        base = LoaderConfig(batch_size=batch_size, num_workers=w, persistent_workers=w > 0)
-        run: dict[str, Any] = {"batches": batches, "warmup": warmup}
-        out[("per-item", w)] = measure_config(_PerItem(dataset), base, **run, label=f"__getitem__, workers={w}")
-        out[("batched", w)] = measure_config(
-            dataset, base, **run, collate_fn=passthrough_collate, label=f"__getitems__, workers={w}"
-        )
+def _measure_cases(
+    cases: Sequence[tuple[Any, str, Dataset, Callable[[Any], Any] | None]],
+    workers: Sequence[int],
+    **run: int,
+) -> list[tuple[Any, int, Throughput]]:
+    """``(key, workers, result)`` for each case ``(key, label, data set, collate_fn)`` at each worker count."""
+    out = []
+    for key, label, ds, collate in cases:
+        for w in workers:
+            cfg = LoaderConfig(batch_size=run["batch_size"], num_workers=w, persistent_workers=w > 0)
+            res = measure_config(
+                ds, cfg, batches=run["batches"], warmup=run["warmup"], collate_fn=collate, label=f"{label}, workers={w}"
+            )
+            out.append((key, w, res))
     return out
+
+
+def getitems_experiment(
+    dataset: Dataset, *, workers: Sequence[int] = (0, 2), batch_size: int = 64, batches: int = 60, warmup: int = 4
+) -> dict[tuple[str, int], Throughput]:
+    """Per-item fetching (``__getitem__`` + default_collate, through a view that hides ``__getitems__``) against
+    one ``__getitems__`` call per batch that returns a finished batch (like ``BatchedCheapDataset``'s)."""
+    if not hasattr(dataset, "__getitems__"):
+        raise ValueError(
+            f"dataset must be a data set with __getitems__ (e.g. BatchedCheapDataset), got {type(dataset).__name__}"
+        )
+    cases = [
+        ("per-item", "__getitem__", PerItem(dataset), None),
+        ("batched", "__getitems__", dataset, passthrough_collate),
+    ]
+    run = {"batch_size": batch_size, "batches": batches, "warmup": warmup}
+    got = _measure_cases(cases, workers, **run)
+    return {(key, w): r for key, w, r in sorted(got, key=lambda row: row[1])}  # by worker count, as printed
 
 
 def cheap_vs_expensive(
@@ -565,17 +470,17 @@ def cheap_vs_expensive(
 ) -> list[dict[str, Any]]:
     """Throughput and main-thread load for cheap in-memory items (float, uint8, uint8 + light collate) and for
     ``expensive`` (name -> data set); rows ``{"items", "output", "collate", "num_workers", "result"}``."""
-    cases: list[tuple[str, str, str, Dataset, Callable[[Any], Any] | None]] = [
-        ("cheap", "float", "default", CheapDataset(n_cheap, image_size, "float"), None),
-        ("cheap", "uint8", "default", CheapDataset(n_cheap, image_size, "uint8"), None),
-        ("cheap", "uint8", "light", CheapDataset(n_cheap, image_size, "uint8"), light_uint8_collate),
+    cases: list[tuple[Any, str, Dataset, Callable[[Any], Any] | None]] = [
+        (("cheap", out, coll), f"cheap {out} ({coll} collate)", CheapDataset(n_cheap, image_size, out), fn)
+        for out, coll, fn in (
+            ("float", "default", None),
+            ("uint8", "default", None),
+            ("uint8", "light", light_uint8_collate),
+        )
     ]
-    cases += [(name, getattr(ds, "output", "?"), "default", ds, None) for name, ds in expensive.items()]
-    rows = []
-    for items, output, collate, ds, fn in cases:
-        for w in workers:
-            cfg = LoaderConfig(batch_size=batch_size, num_workers=w, persistent_workers=w > 0)
-            label = f"{items} {output} ({collate} collate), workers={w}"
-            res = measure_config(ds, cfg, batches=batches, warmup=warmup, collate_fn=fn, label=label)
-            rows.append({"items": items, "output": output, "collate": collate, "num_workers": w, "result": res})
-    return rows
+    for name, ds in expensive.items():
+        out = getattr(ds, "output", "?")
+        cases.append(((name, out, "default"), f"{name} {out} (default collate)", ds, None))
+    run = {"batch_size": batch_size, "batches": batches, "warmup": warmup}
+    keys = ("items", "output", "collate")
+    return [{**dict(zip(keys, k)), "num_workers": w, "result": r} for k, w, r in _measure_cases(cases, workers, **run)]
