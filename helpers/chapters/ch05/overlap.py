@@ -37,7 +37,6 @@ from ...core.results import Record, ResultSet
 from ...core.rounds import table
 from ...core.timing import Span, SpanRecorder, SpanTrace, synchronize
 from ...core.validate import check_choice, check_int, human_seconds
-from .hazards import _loop_hidden_syncs  # noqa: F401  (tests/test_prefetch.py imports it from here)
 
 MiB = 1 << 20
 MEMORY_KINDS = ("pageable", "pinned")
