@@ -122,10 +122,7 @@ def normalize_uint8(
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """``(x / 255 - mean) / std`` for a uint8 ``...CHW`` tensor: :func:`helpers.pipeline.data.to_float_normalized`
-    for any leading dims, ``mean``/``std`` also as tensors."""
-    if not isinstance(x, torch.Tensor) or x.dtype != torch.uint8:
-        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"x must be a uint8 tensor, got {got}")
+    (which checks the dtype) for any leading dims, ``mean``/``std`` also as tensors."""
     m, s = _as_stats("mean", mean), _as_stats("std", std)
     if x.dim() < 3 or x.shape[-3] != len(m):
         raise ValueError(
@@ -195,7 +192,6 @@ class Prefetcher:
 
     @property
     def overlaps(self) -> bool:
-        """True when copies can run on a side stream (a CUDA device)."""
         return self.stream is not None
 
     def __len__(self) -> int:
