@@ -24,7 +24,7 @@ import torch
 
 from ...core.config import require_gpu
 from ...core.rounds import alternate
-from ...core.timing import GpuDelay, calibrated_compute
+from ...core.timing import GpuDelay, calibrated_compute, cuda_event_time
 from ...pipeline.data import MEAN, STD, to_float_normalized
 from ...pipeline.prefetch import Prefetcher, iter_tensors
 
@@ -361,15 +361,11 @@ def check_protocol(log: Sequence[tuple[Any, ...]], handed: Sequence[Sequence[Any
 
 
 def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> GpuDelay:
-    """Queued do-nothing GPU work lasting about three copies of ``src`` (timed once with CUDA events on
-    ``dev``'s current stream), so that a consumer which forgets to wait reads a batch before it arrived."""
+    """Queued do-nothing GPU work lasting about three copies of ``src`` (timed once with CUDA events on ``dev``),
+    so that a consumer which forgets to wait reads a batch before it arrived."""
     probe = torch.empty_like(src, device=dev)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record(torch.cuda.current_stream(dev))
-    probe.copy_(src, non_blocking=True)  # on dev's current stream (the copy runs under a guard of dev)
-    e.record(torch.cuda.current_stream(dev))
-    torch.cuda.synchronize(dev)
-    return GpuDelay(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))  # it queues on dev, whatever is current
+    copy = cuda_event_time(lambda: probe.copy_(src, non_blocking=True), repeats=1, warmup=0, device=dev)
+    return GpuDelay(dev, seconds=max(3 * copy.median_s, 0.002))  # it queues on dev, whatever is current
 
 
 def _pinned_pairs(n_batches: int, batch_mib: int, value: Callable[[int], int]) -> list[tuple[torch.Tensor, ...]]:
