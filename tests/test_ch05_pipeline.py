@@ -2,7 +2,7 @@
 
 The chapter's ``pipeline`` cells (``stats``, ``normalize``, ``side_stream``, ``copy_on``,
 ``Prefetcher``, ``batches``) are read from the committed notebook and executed on the CPU:
-the ``Prefetcher`` through the stream test doubles of :mod:`helpers.pipeline.prefetch`, ``batches``
+the ``Prefetcher`` through the stream test doubles of :mod:`helpers.chapters.ch05.prefetch`, ``batches``
 through its plain path. Broken copies of the ``Prefetcher`` (a line removed) must fail the
 exercise check with a message that names the missing line. The chapter module
 (:mod:`helpers.chapters.ch05`: the live panel and the benchmark) is tested at the end.
@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from helpers.chapters import ch05
-from helpers.chapters.ch05 import feeding, overlap
+from helpers.chapters.ch05 import feeding, overlap, prefetch
 from helpers.core import evidence
 from helpers.core.results import ResultSet
-from helpers.pipeline import data, prefetch
+from helpers.pipeline import data
 from helpers.ui import chapter, codecells, widgets
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -2,7 +2,7 @@
 
 ``batches()`` makes a new ``Prefetcher`` every epoch; the side stream must still be made once per device
 and reused (chapter 05's protocol check refuses a stream per epoch). No GPU here: the CUDA stream API is
-replaced by the logging test doubles of :func:`helpers.pipeline.streamcheck.stream_doubles`, ``DEVICE`` is
+replaced by the logging test doubles of :func:`helpers.chapters.ch05.prefetch.stream_doubles`, ``DEVICE`` is
 ``cuda`` and ``Tensor.to`` is redirected so that a move to ``cuda`` is recorded (target device, stream,
 ``non_blocking``) and then made to the CPU. ``normalize`` is replaced by the identity for the run, so the
 tensors ``batches()`` hands over are the prefetcher's own (those ``record_stream`` must have been called on).
@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from helpers.pipeline import data, streamcheck
+from helpers.chapters.ch05 import prefetch as streamcheck
+from helpers.pipeline import data
 from helpers.ui import codecells
 
 ROOT = Path(__file__).resolve().parents[1]

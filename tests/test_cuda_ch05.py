@@ -230,7 +230,7 @@ def test_run_cell_puts_copy_compute_and_events_on_the_measured_devices_streams(m
 
 def test_the_race_checks_delay_queues_on_the_checked_device() -> None:
     """prefetch's race checks queue do-nothing GPU work before a check: on the device checked, not the current one."""
-    from helpers.pipeline import prefetch
+    from helpers.chapters.ch05 import prefetch
 
     with fake_cuda(devices=2, current=0) as cuda:
         delay = prefetch._delay_behind_copy(torch.ones(64).pin_memory(), CUDA1)

@@ -261,8 +261,8 @@ def test_compare_decode_on_cpu(info):
     assert cmp.n_batches == 2 and cmp.image_size == 40 and not cmp.on_gpu and not cmp.pinned
     assert set(cmp.bytes) == set(G.FORMS) and all(len(v) == 2 for v in cmp.bytes_per_batch.values())
     assert cmp.bytes["uint8"] == 8 * 3 * 32 * 32 and cmp.bytes["float32"] == 4 * cmp.bytes["uint8"]
-    assert cmp.max_abs_diff == 0  # both paths are the same CPU decode here
-    assert (cmp.decode_max_abs_diff, cmp.resize_max_abs_diff) == (0, 0) and "identical" in cmp.diff_report()
+    assert cmp.diffs["decode+resize"][0] == 0  # both paths are the same CPU decode here
+    assert (cmp.diffs["decode"][0], cmp.diffs["resize"][0]) == (0, 0) and "identical" in cmp.diff_report()
     assert cmp.cpu_path.n == 2 and cmp.device_path.n == 2
     assert "same code path" in cmp.labels[1] and "same code path" in cmp.report()
     fig = G.plot_comparison(cmp)
@@ -366,12 +366,7 @@ def test_diff_stats_and_the_gpu_diff_report():
         cpu_path=None,
         device_path=None,
         pinned=True,
-        max_abs_diff=4,
-        mean_abs_diff=0.5,
-        decode_max_abs_diff=3,
-        decode_mean_abs_diff=0.4,
-        resize_max_abs_diff=1,
-        resize_mean_abs_diff=0.1,
+        diffs={"decode+resize": (4, 0.5), "decode": (3, 0.4), "resize": (1, 0.1)},
     )
     text = cmp.diff_report()
     assert "decode alone" in text and "resize alone" in text and "both" in text and "largest   1" in text
@@ -425,8 +420,8 @@ def test_gpu_record_decode_records_both_paths(info):
 def test_gpu_pixel_difference_is_measured_apart(info):
     ds = G.EncodedJpegDataset(info.val_dir)
     cmp = G.compare_decode(ds, "cuda", batch_size=8, crop_size=32, n_batches=1, repeats=1)
-    assert cmp.decode_mean_abs_diff < 6  # nvJPEG's IDCT and chroma upsampling against libjpeg-turbo
-    assert cmp.resize_max_abs_diff <= 3  # float against integer rounding of the same pixels
+    assert cmp.diffs["decode"][1] < 6  # nvJPEG's IDCT and chroma upsampling against libjpeg-turbo
+    assert cmp.diffs["resize"][0] <= 3  # float against integer rounding of the same pixels
     assert "decode alone" in cmp.diff_report()
 
 

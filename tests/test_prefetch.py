@@ -1,4 +1,5 @@
-"""Tests for helpers.pipeline.prefetch: order, exhaustion, re-iteration, batch structures, normalisation.
+"""Tests for helpers.pipeline.prefetch: order, exhaustion, re-iteration, batch structures, normalisation; and for
+chapter 05's check of a reader's prefetcher (helpers.chapters.ch05.prefetch) on the CUDA stand-ins.
 
 Everything runs on CPU (pass-through); the CUDA tests run only where a GPU exists.
 """
@@ -391,7 +392,7 @@ def test_the_hidden_syncs_loop_does_synchronise() -> None:
     """The chapter's buggy loop is caught by the same debug mode (so the test above can see syncs)."""
     import io as _io
 
-    from helpers.chapters.ch05.overlap import _loop_hidden_syncs
+    from helpers.chapters.ch05.hazards import _loop_hidden_syncs
 
     x = torch.randn(64, 64, device="cuda")
     with _syncs_are_errors(), pytest.raises(RuntimeError, match="synchroniz"):
@@ -400,7 +401,7 @@ def test_the_hidden_syncs_loop_does_synchronise() -> None:
 
 def test_checker_lets_cuda_errors_through_on_a_strict_gpu_run(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """WORKBOOK_REQUIRE_GPU=1: a CUDA error inside the checked code propagates instead of becoming a FAIL line."""
-    from helpers.pipeline import prefetch
+    from helpers.chapters.ch05 import prefetch
 
     cuda_dev, cpu = torch.device("cuda"), torch.device("cpu")
     err = RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -495,7 +496,8 @@ def test_race_check_runs_on_the_checked_device_and_refuses_batches_left_on_the_h
     """On the stand-ins (no race can show there): the check's batches, delay and comparisons go to cuda:1."""
     from cuda_standin import fake_cuda
 
-    from helpers.pipeline import data, prefetch
+    from helpers.chapters.ch05 import prefetch
+    from helpers.pipeline import data
 
     monkeypatch.setattr(data, "_STATS_CACHE", {})
     with fake_cuda(devices=2, current=0) as cuda:
@@ -520,7 +522,8 @@ def test_overlap_ratio_times_the_candidate_on_the_device_and_stays_between_0_and
     """On the stand-ins the ratio means nothing (never shown); the test checks what runs where and the bounds."""
     from cuda_standin import fake_cuda
 
-    from helpers.pipeline import data, streamcheck
+    from helpers.chapters.ch05 import prefetch as streamcheck
+    from helpers.pipeline import data
 
     monkeypatch.setattr(data, "_STATS_CACHE", {})
     computed: list[tuple[int, ...]] = []
@@ -575,7 +578,8 @@ def test_the_exercise_check_passes_a_reader_prefetcher_on_the_standin_gpu_and_re
     check and the overlap ratio are called (replaced here: their own tests are above), the reference is refused."""
     from cuda_standin import fake_cuda
 
-    from helpers.pipeline import data, prefetch
+    from helpers.chapters.ch05 import prefetch
+    from helpers.pipeline import data
 
     monkeypatch.setattr(data, "_STATS_CACHE", {})
     raced: list[Any] = []

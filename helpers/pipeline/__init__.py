@@ -5,6 +5,6 @@ shapes (the JPEG data set drawn, cached, verified), data (its Dataset, the norma
 models (the small CNN), train (the timeline's phases, make_optimizer, the bottleneck model), transfer (copy facts,
 host-RAM guards, pinning arithmetic), workers (leak-proof worker processes, failures in plain words, /dev/shm),
 demo (chapters 03-04's data sets and collate functions), loaders (building and timing loaders; re-exports workers
-and demo), prefetch (the reference side-stream prefetcher, the check of the reader's) and streamcheck (its stream
-protocol checked with test doubles, and on a GPU). Each chapter's own experiments are in helpers/chapters/chNN/.
+and demo) and prefetch (the reference side-stream prefetcher). Each chapter's own experiments are in
+helpers/chapters/chNN/.
 """

@@ -1,4 +1,4 @@
-"""A side-stream prefetcher (copy batch i+1 while batch i computes), and the check of the reader's own.
+"""A side-stream prefetcher: copy batch i+1 while batch i computes.
 
 ``Prefetcher(loader, device)`` yields ``loader``'s batches, in order, already on ``device``. On CUDA it queues the
 next batch's copy on its own stream before handing out the current one; that overlaps only from **pinned** memory,
@@ -8,9 +8,7 @@ stream, its block would otherwise go to the next side-stream allocation while th
 new ``torch.cuda.Stream`` per epoch leaks reserved memory in the caching allocator (timm issue #2781).
 ``normalize=(mean, std)`` turns uint8 images into floats after the copy, on the device (a quarter of the bytes
 cross the link). Without CUDA batches pass through, normalised all the same.
-
-:func:`check_pipeline_prefetcher` checks chapter 05's exercise under the stream test doubles of
-:mod:`helpers.pipeline.streamcheck` (re-exported here) and, on a GPU, for real.
+Chapter 05 checks the reader's own prefetcher against this one (:mod:`helpers.chapters.ch05.prefetch`).
 """
 
 from __future__ import annotations
@@ -20,33 +18,9 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from ..core.config import require_gpu
-from .data import MEAN, STD, normalization_stats, to_float_normalized
-from .streamcheck import (  # noqa: F401 (re-exported: chapter 05 and its tests call them as prefetch.<name>)
-    PairProbeLoader,
-    _delay_behind_copy,
-    check_pipeline_race,
-    check_protocol,
-    format_protocol,
-    prefetch_overlap_ratio,
-    stream_doubles,
-    stream_protocol,
-)
+from .data import normalization_stats, to_float_normalized
 
-__all__ = [
-    "Prefetcher",
-    "map_tensors",
-    "iter_tensors",
-    "move_batch",
-    "normalize_uint8",
-    "PrefetcherCheck",
-    "check_pipeline_prefetcher",
-    "check_pipeline_race",
-    "stream_doubles",
-    "stream_protocol",
-    "format_protocol",
-    "check_protocol",
-]
+__all__ = ["Prefetcher", "map_tensors", "iter_tensors", "move_batch", "normalize_uint8"]
 
 _END = object()  # the end of a loader (a batch may be None)
 _PLAIN = (str, bytes, int, float, bool, type(None))
@@ -148,10 +122,7 @@ def normalize_uint8(
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """``(x / 255 - mean) / std`` for a uint8 ``...CHW`` tensor: :func:`helpers.pipeline.data.to_float_normalized`
-    for any leading dims, ``mean``/``std`` also as tensors."""
-    if not isinstance(x, torch.Tensor) or x.dtype != torch.uint8:
-        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"x must be a uint8 tensor, got {got}")
+    (which checks the dtype) for any leading dims, ``mean``/``std`` also as tensors."""
     m, s = _as_stats("mean", mean), _as_stats("std", std)
     if x.dim() < 3 or x.shape[-3] != len(m):
         raise ValueError(
@@ -221,7 +192,6 @@ class Prefetcher:
 
     @property
     def overlaps(self) -> bool:
-        """True when copies can run on a side stream (a CUDA device)."""
         return self.stream is not None
 
     def __len__(self) -> int:
@@ -278,144 +248,3 @@ class Prefetcher:
             pending = None if following is _END else self._issue(following, side)  # i+1 copies while i computes
             yield current
             del current
-
-
-# -- The check of chapter 05's exercise: the reader's Prefetcher of (uint8 x, y) pairs --
-
-
-@dataclasses.dataclass
-class PrefetcherCheck:
-    """The verdict of :func:`check_pipeline_prefetcher`."""
-
-    correct: bool
-    messages: list[str]
-    overlap_checked: bool = False
-    overlap_ratio: float | None = None
-
-    def __bool__(self) -> bool:
-        return self.correct
-
-    def __str__(self) -> str:
-        return ("PASS" if self.correct else "FAIL") + ":\n  " + "\n  ".join(self.messages)
-
-
-_REFUSED = (
-    "this is (or uses) helpers.pipeline.prefetch.Prefetcher, the chapter's reference: "
-    "hand in the Prefetcher you wrote in the chapter"
-)
-
-
-def _gpu_error(exc: BaseException, dev: torch.device) -> bool:
-    """A CUDA error on a strict GPU run (``WORKBOOK_REQUIRE_GPU=1``): it must propagate, not become a FAIL."""
-    if dev.type != "cuda" or not require_gpu():
-        return False
-    accel = getattr(torch, "AcceleratorError", None)
-    return (accel is not None and isinstance(exc, accel)) or (isinstance(exc, RuntimeError) and "CUDA" in str(exc))
-
-
-def _pair_reference(loader: Iterable[Any], device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """What a prefetcher of ``(uint8, labels)`` batches must hand over: the reference :class:`Prefetcher`'s."""
-    return [tuple(b) for b in Prefetcher(loader, device, normalize=(MEAN, STD))]
-
-
-def _pair_problems(got: Sequence[Any], want: Sequence[tuple[torch.Tensor, torch.Tensor]], epoch: int) -> list[str]:
-    if len(got) != len(want):
-        return [f"epoch {epoch}: gave {len(got)} batches, expected {len(want)}"]
-    for i, (g, (x_ref, y_ref)) in enumerate(zip(got, want)):
-        if not (isinstance(g, (tuple, list)) and len(g) == 2 and all(isinstance(t, torch.Tensor) for t in g)):
-            return [f"epoch {epoch}: batch {i} is a {type(g).__name__}, not an (x, y) pair of tensors"]
-        x, y = g
-        if x.dtype != x_ref.dtype or x.shape != x_ref.shape or x.device.type != x_ref.device.type:
-            return [
-                f"epoch {epoch}: batch {i}'s x is {x.dtype} {tuple(x.shape)} on {x.device}, expected "
-                f"{x_ref.dtype} {tuple(x_ref.shape)} on {x_ref.device.type} (normalise the uint8 images)"
-            ]
-        if not torch.allclose(x.cpu(), x_ref.cpu(), rtol=0, atol=1e-5) or not torch.equal(y.cpu(), y_ref.cpu()):
-            return [
-                f"epoch {epoch}: batch {i} differs from the reference's (order, or normalisation: use "
-                "data.MEAN and data.STD as helpers.pipeline.data.to_float_normalized does)"
-            ]
-    return []
-
-
-def _under_the_doubles(candidate: Any, n_batches: int) -> tuple[list[str], list[list[Any]]]:
-    """Problems in the protocol under the stream doubles (two epochs of one object), and the batches handed over."""
-    try:
-        log, handed, _ = stream_protocol(candidate, n_batches, epochs=2)
-    except Exception as exc:  # the reader's code may raise anything
-        return [f"under the stream test doubles it raised {type(exc).__name__}: {exc}"], []
-    return check_protocol(log, handed, n_batches), handed
-
-
-def _on_the_gpu(candidate: Any, dev: torch.device, n_batches: int) -> list[str] | None:
-    """Problems with real streams (the reference's batches, then the race check); None: it made a Prefetcher."""
-    try:
-        loader = [(x.pin_memory(), y.pin_memory()) for x, y in PairProbeLoader(n_batches).batches]
-        want = _pair_reference(loader, dev)
-        made_before = Prefetcher.made
-        problems = _pair_problems([tuple(b) for b in candidate(loader, dev)], want, 1)
-        problems += check_pipeline_race(candidate, dev)
-        return problems if Prefetcher.made == made_before else None
-    except Exception as exc:  # the reader's code may raise anything
-        if _gpu_error(exc, dev):
-            raise
-        return [f"on {dev}: raised {type(exc).__name__}: {exc}"]
-
-
-_PASSED = [
-    "order: batch i+1 is requested and copied before batch i is handed over",
-    "streams: copies with non_blocking=True on one side stream, made once, which first waits for the "
-    "current stream; the current stream waits before each hand-over; record_stream on every tensor "
-    "handed over (checked with test doubles of the CUDA stream API)",
-    "values: the reference prefetcher's batches (normalised with data.MEAN and data.STD), in order, twice",
-]
-
-
-def check_pipeline_prefetcher(
-    candidate: Any, device: torch.device | str | None = None, *, check_overlap: bool = True, n_batches: int = 4
-) -> PrefetcherCheck:
-    """Check the reader's chapter-05 prefetcher: ``candidate(loader, device)`` yields ``(x, y)`` pairs, uint8 in,
-    normalised on the device out. Refuses :class:`Prefetcher` itself; everywhere: the protocol under the stream
-    doubles (two epochs) and the batches against the reference's; on CUDA: real streams, the race check and
-    (``check_overlap``) how much copy time it hides."""
-    if candidate is None:
-        return PrefetcherCheck(False, ["no answer yet: set answer = Prefetcher (the class you wrote) and run again"])
-    if not callable(candidate):
-        return PrefetcherCheck(False, [f"expected a class or function, got {type(candidate).__name__}"])
-    refused = PrefetcherCheck(False, [_REFUSED])
-    if isinstance(candidate, type) and issubclass(candidate, Prefetcher):
-        return refused
-    dev = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
-    made_before = Prefetcher.made
-    problems, handed = _under_the_doubles(candidate, n_batches)
-    if Prefetcher.made != made_before:
-        return refused
-    if not problems:
-        want = _pair_reference(PairProbeLoader(n_batches).batches, torch.device("cpu"))
-        for epoch, got in enumerate(handed):
-            problems += _pair_problems(got, want, epoch + 1)
-    result = PrefetcherCheck(not problems, problems or list(_PASSED))
-    if dev.type != "cuda":
-        if check_overlap:
-            result.messages.append("real streams, races and overlap not checked: no CUDA device here")
-        return result
-    if not torch.cuda.is_available():
-        raise ValueError("device is 'cuda' but no CUDA device is available")
-    if result.correct:
-        gpu = _on_the_gpu(candidate, dev, n_batches)
-        if gpu is None:
-            return refused
-        result.messages.extend(
-            gpu
-            or [
-                f"on {dev}: the same batches with real streams, and each batch right when "
-                "read on the current stream, at once and behind queued work"
-            ]
-        )
-        result.correct = not gpu
-    if result.correct and check_overlap:
-        ratio = prefetch_overlap_ratio(candidate, dev)
-        result.overlap_checked, result.overlap_ratio, result.correct = True, ratio, ratio >= 0.3
-        verdict = "overlaps" if ratio >= 0.3 else "does NOT overlap"
-        result.messages.append(f"overlap on {dev}: {ratio:.0%} of the copy time hidden behind compute -> {verdict}")
-    return result

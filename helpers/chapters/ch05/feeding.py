@@ -33,12 +33,8 @@ NO_COPY = "uint8, already on the GPU (no copy)"
 
 
 def preload(loader: Iterable[Any], device: torch.device | str | None = None) -> list[tuple[Any, ...]]:
-    """One pass of ``loader``, held in host memory: its ``(x, y, ...)`` batches as a list, pinned for CUDA.
-
-    A timed pass with the loader in the loop times the loader (a batch decoded in milliseconds per copy of a
-    fraction of one); a pass over this list times the copy, the normalisation and the step. On CUDA every
-    tensor is pinned (as from a ``pin_memory=True`` loader), so each copy is one DMA.
-    """
+    """One pass of ``loader``, held in host memory (pinned for CUDA, as from a ``pin_memory=True`` loader): a timed
+    pass over it times the copy, the normalisation and the step, not the loader's decoding (milliseconds a batch)."""
     dev = resolve_device(device)
     out: list[tuple[Any, ...]] = []
     for i, batch in enumerate(loader):
@@ -63,7 +59,6 @@ class BatchTimes:
     batches: dict[str, int] = field(default_factory=dict)
 
     def median(self, name: str) -> float:
-        """Median seconds per batch of ``name`` over the rounds."""
         return statistics.median(self.seconds[name])
 
     def report(self, baseline: str | None = None) -> str:
@@ -110,12 +105,9 @@ def time_batches(
     progress: Callable[[float, str], None] | None = None,
 ) -> BatchTimes:
     """Time the reader's pipeline: each of ``variants`` (label -> a function returning a fresh iterable of
-    ``(x, y)`` device batches) feeds ``step(x, y)`` for one pass, in alternating rounds.
-
-    One untimed warm-up pass per variant (in reverse order, so the first timed pass follows its own warm-up),
-    then ``rounds`` rounds of :func:`helpers.core.rounds.alternate`, the device synchronised around each pass.
-    A pass times everything ``variants[name]()`` does: give it :func:`preload` ed batches, or it times the loader.
-    """
+    ``(x, y)`` device batches, e.g. of :func:`preload` ed ones) feeds ``step(x, y)`` for one pass, synchronised
+    around it: one untimed warm-up pass per variant (in reverse order, so the first timed pass follows its own),
+    then ``rounds`` rounds of :func:`helpers.core.rounds.alternate`."""
     dev = resolve_device(device)
     rounds = check_int("rounds", rounds, 1, 50)
     if not variants:
@@ -174,10 +166,9 @@ def _in_line(loader: list[tuple[torch.Tensor, torch.Tensor]], dev: torch.device,
 def prefetch_step_times(
     device: torch.device | str = "cuda", *, batch: int = 256, image: int = 128, n_batches: int = 8
 ) -> dict[tuple[str, bool], float]:
-    """Seconds per batch of {float32, uint8} pinned image batches, with and without the reference
-    :class:`~helpers.pipeline.prefetch.Prefetcher` (CUDA only; the ``ch05.prefetch.batch_time`` records), timed
-    by :func:`time_batches`: each batch feeds a synthetic compute of about 1.2 copies; without the prefetcher
-    it is copied (uint8 normalised) on the current stream."""
+    """Seconds per batch (the ``ch05.prefetch.batch_time`` records, CUDA only) of {float32, uint8} pinned image
+    batches feeding a synthetic compute of about 1.2 copies, by :func:`time_batches`: through the reference
+    :class:`~helpers.pipeline.prefetch.Prefetcher`, or copied (uint8 normalised) on the current stream."""
     dev = resolve_device(device)
     if dev.type != "cuda":
         raise ValueError("prefetch_step_times needs a CUDA device")
@@ -190,12 +181,9 @@ def prefetch_step_times(
     f32[0][0].to(dev)  # warm-up
     copy = cuda_event_time(lambda: f32[0][0].to(dev, non_blocking=True), repeats=1, warmup=0, device=dev)
     compute = calibrated_compute(dev, 1.2 * copy.median_s)
-    ways: dict[str, Callable[[], Iterable[Any]]] = {}
-    keys: dict[str, tuple[str, bool]] = {}
+    ways: dict[tuple[str, bool], Callable[[], Iterable[Any]]] = {}
     for dtype_name, loader, norm in (("float32", f32, None), ("uint8", u8, (mean, std))):
-        pf = Prefetcher(loader, dev, normalize=norm)
-        for with_pf, way in ((False, functools.partial(_in_line, loader, dev, norm)), (True, lambda pf=pf: pf)):
-            keys[f"{dtype_name}, prefetcher={with_pf}"] = (dtype_name, with_pf)
-            ways[f"{dtype_name}, prefetcher={with_pf}"] = way
-    times = time_batches(ways, lambda x, y: compute(x), dev)
-    return {key: times.median(label) for label, key in keys.items()}
+        ways[(dtype_name, False)] = functools.partial(_in_line, loader, dev, norm)
+        ways[(dtype_name, True)] = functools.partial(iter, Prefetcher(loader, dev, normalize=norm))
+    times = time_batches({f"{d}, prefetcher={p}": w for (d, p), w in ways.items()}, lambda x, y: compute(x), dev)
+    return {(d, p): times.median(f"{d}, prefetcher={p}") for d, p in ways}

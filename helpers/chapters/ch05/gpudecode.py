@@ -11,19 +11,16 @@ What this module relies on (torchvision 0.29.1: ``torchvision/io/image.py``, and
 * ``decode_jpeg(list, device="cuda")`` takes **CPU** byte tensors whatever ``device`` says, decodes the list
   in one batched call, and "does not return partial results in case of an error".
 * The CUDA decoder allocates its outputs **on the caller's current stream** but writes them from **its own**
-  stream, unordered with the caller's: a block freed on the caller's stream while a queued kernel still reads
-  it can be handed to the decoder and overwritten (PR #9606 shows it on an H100; torchcodec PR #1634 fixes
-  its own decoder with a host sync). So :func:`decode_batch` **synchronises the caller's current stream
-  first**. It costs little: the decoder syncs its own stream with the host before returning, so the pixels
-  are written, and the input bytes (and the pinned staging buffer) free, when the call returns.
-* Since 0.29 every ``torchvision.io`` codec call warns (``DeprecationWarning``: superseded by torchcodec >=
-  0.16). The workbook pins torchvision 0.29, so it silences exactly that warning around its own calls
-  (:func:`_quiet_torchvision_io`; under ``-W error`` it would break decoding). :func:`decode_batch` is the one
-  place to switch to ``torchcodec.decoders.decode_jpeg`` when torchvision drops its decoders.
+  stream: a block freed on the caller's stream while a queued kernel still reads it can be handed to the
+  decoder and overwritten (PR #9606, on an H100). So :func:`decode_batch` **synchronises the caller's current
+  stream first**; the decoder syncs its own stream before returning, so nothing needs to wait after it.
+* Since 0.29 every ``torchvision.io`` codec call warns (superseded by torchcodec); the workbook pins 0.29 and
+  silences exactly that warning around its own calls (under ``-W error`` it would break decoding).
+  :func:`decode_batch` is the one place to switch to ``torchcodec.decoders.decode_jpeg``.
 
 On the CPU the pixels equal chapter 01's Pillow pipeline (libjpeg-turbo both ways, the same ``v2`` resize and
-crop). On a GPU two things differ, measured apart by :func:`compare_decode`: the **decode** (nvJPEG's IDCT and
-chroma upsampling) and the **resize** (integer arithmetic for uint8 on the CPU, float on CUDA).
+crop). On a GPU the **decode** (nvJPEG's IDCT and chroma upsampling) and the **resize** (integer arithmetic for
+uint8 on the CPU, float on CUDA) differ, measured apart by :func:`compare_decode`.
 """
 
 from __future__ import annotations
@@ -55,9 +52,9 @@ from ...pipeline.data import ImageDecodeError, _scan_class_folders, to_float_nor
 TORCHVISION_DEPRECATION = "The image decoding and encoding capabilities of TorchVision are deprecated"
 #: The forms a batch can cross the link in, smallest first (for this data set).
 FORMS = ("jpeg", "uint8", "float32")
-_SOI = (0xFF, 0xD8)  # start-of-image marker: the first two bytes of every JPEG
-_EOI = (0xFF, 0xD9)  # end-of-image marker: the last marker of a complete JPEG
-EOI_SEARCH_BYTES = 4096  # how many bytes at the end of a file are searched for the end-of-image marker
+#: The pixel differences :func:`compare_decode` measures: what a reader gets, the decode alone, the resize alone.
+STAGES = ("decode+resize", "decode", "resize")
+EOI_SEARCH_BYTES = 4096  # how many bytes at the end of a file are searched for the end-of-image marker FF D9
 _CPU_LABEL = "decode on the CPU, send uint8"
 _DEVICE_LABEL = "send JPEG bytes, decode on the device"
 _SAME_PATH_LABEL = "CPU decode, same code path"
@@ -65,59 +62,50 @@ _SAME_PATH_LABEL = "CPU decode, same code path"
 
 @contextlib.contextmanager
 def _quiet_torchvision_io() -> Iterator[None]:
-    """Silence torchvision 0.29's deprecation warning of its codecs, only it, only around our own short calls
-    (``catch_warnings`` changes process-wide filters, and restores them on exit)."""
+    """torchvision 0.29's deprecation warning of its codecs silenced, only it, around our own short calls."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=TORCHVISION_DEPRECATION, category=DeprecationWarning)
         yield
 
 
 def _item_name(index: int, names: Sequence[str] | None) -> str:
-    if names is not None and index < len(names):
-        return f"item {index} of the batch ({names[index]})"
-    return f"item {index} of the batch"
+    return f"item {index} of the batch" + (f" ({names[index]})" if names is not None and index < len(names) else "")
 
 
 def check_jpeg(data: torch.Tensor, name: str = "the data") -> None:
     """Cheap structural check of one encoded JPEG, without decoding: the start marker ``FF D8``, and the end
-    marker ``FF D9`` in the last :data:`EOI_SEARCH_BYTES` bytes (a few trailing bytes are tolerated).
-
-    This catches a truncated file and a non-JPEG before a batched GPU decode, which names no item when it
-    fails (ImageDecodeError naming ``name``); damage *inside* the data only a checksum finds
-    (``verify_dataset(level="full")``).
-    """
+    marker ``FF D9`` in the last :data:`EOI_SEARCH_BYTES` bytes. It catches a truncated file or a non-JPEG before
+    a batched GPU decode, which names no item when it fails (ImageDecodeError naming ``name``); damage *inside*
+    the data only a checksum finds (``verify_dataset(level="full")``)."""
     if not isinstance(data, torch.Tensor) or (data.dtype, data.dim(), data.device.type) != (torch.uint8, 1, "cpu"):
-        got = (
-            f"a {data.dtype} tensor of shape {tuple(data.shape)} on {data.device}"
-            if isinstance(data, torch.Tensor)
-            else type(data).__name__
-        )
+        got = type(data).__name__
+        if isinstance(data, torch.Tensor):
+            got = f"a {data.dtype} tensor of shape {tuple(data.shape)} on {data.device}"
         raise ValueError(
             f"encoded: {name} must be a 1-D uint8 CPU tensor of file bytes (nvJPEG reads host memory), got {got}"
         )
-    n = data.numel()
+    n, tail = data.numel(), data[-EOI_SEARCH_BYTES:]
+    why = None
     if n < 4:
-        raise ImageDecodeError(f"could not decode {name}: {n} bytes is too short to be a JPEG")
-    if (int(data[0]), int(data[1])) != _SOI:
-        raise ImageDecodeError(
-            f"could not decode {name}: it does not start with the JPEG marker FF D8 "
-            f"(starts with {int(data[0]):02X} {int(data[1]):02X}); it is not a JPEG file"
+        why = f"{n} bytes is too short to be a JPEG"
+    elif (int(data[0]), int(data[1])) != (0xFF, 0xD8):
+        why = (
+            f"it does not start with the JPEG marker FF D8 (starts with {int(data[0]):02X} {int(data[1]):02X}); "
+            "it is not a JPEG file"
         )
-    tail = data[-min(n, EOI_SEARCH_BYTES) :]
-    if not bool(((tail[:-1] == _EOI[0]) & (tail[1:] == _EOI[1])).any()):
-        raise ImageDecodeError(
-            f"could not decode {name}: no JPEG end marker FF D9 near the end of its {n} bytes; "
-            f"the file is truncated or damaged (delete the data set folder and regenerate it)"
+    elif not bool(((tail[:-1] == 0xFF) & (tail[1:] == 0xD9)).any()):
+        why = (
+            f"no JPEG end marker FF D9 near the end of its {n} bytes; the file is truncated or damaged "
+            "(delete the data set folder and regenerate it)"
         )
+    if why is not None:
+        raise ImageDecodeError(f"could not decode {name}: {why}")
 
 
 class EncodedJpegDataset(Dataset):
-    """The JPEG files of a class-folder tree as raw bytes: ``(uint8 1-D tensor, label)``.
-
-    Same folders, classes, ``samples`` and ``targets`` as :class:`helpers.pipeline.data.ShapesDataset`. A worker
-    only reads the file, so the compressed bytes travel to the main process and across the link. ``check``: run
-    :func:`check_jpeg` on every item, so a truncated file fails in the worker with its path in the message.
-    """
+    """The JPEG files of a class-folder tree as raw bytes, ``(uint8 1-D tensor, label)``: the folders, ``classes``,
+    ``samples`` and ``targets`` of :class:`helpers.pipeline.data.ShapesDataset`. A worker only reads the file.
+    ``check``: :func:`check_jpeg` on every item, so a truncated file fails in the worker, named."""
 
     def __init__(self, root: str | os.PathLike[str], *, check: bool = True) -> None:
         self.root = Path(root)
@@ -129,7 +117,6 @@ class EncodedJpegDataset(Dataset):
         return len(self.samples)
 
     def path(self, index: int) -> str:
-        """The file behind item ``index``."""
         return self.samples[index][0]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
@@ -161,10 +148,8 @@ def collate_encoded(items: Sequence[tuple[torch.Tensor, int]]) -> tuple[list[tor
 
 
 def _staged(encoded: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The batch's bytes in one pinned host buffer, as 1-D views (already pinned: unchanged).
-
-    nvJPEG copies the bitstreams from these host addresses: from page-locked memory, by direct DMA. The buffer
-    comes from the caching host allocator and may go when the decode returns (it has read the bytes by then)."""
+    """The batch's bytes in one pinned host buffer, as 1-D views (already pinned: unchanged), so that nvJPEG copies
+    them by direct DMA. The caching host allocator may reuse the buffer once the decode returns (it has read it)."""
     if all(t.is_pinned() for t in encoded):
         return encoded
     sizes = [t.numel() for t in encoded]
@@ -226,45 +211,34 @@ def decode_batch(
     if isinstance(encoded, torch.Tensor) or not isinstance(encoded, Sequence) or len(encoded) == 0:
         got = "an empty sequence" if isinstance(encoded, Sequence) else f"a {type(encoded).__name__}"
         raise ValueError(f"encoded: expected a non-empty list of 1-D uint8 tensors (one per JPEG file), got {got}")
-    return _resize_crop(_decode_images(encoded, dev, pin=pin, names=names), crop_size)
+    return _resize_crop(_decode_images(list(encoded), dev, pin=pin, names=names), crop_size)
 
 
 def _decode_images(
-    encoded: Sequence[torch.Tensor], dev: torch.device, *, pin: bool | None = None, names: Sequence[str] | None = None
+    items: list[torch.Tensor], dev: torch.device, *, pin: bool | None = None, names: Sequence[str] | None = None
 ) -> list[torch.Tensor]:
     """The decode step of :func:`decode_batch`: full-size uint8 ``(3, H, W)`` images on ``dev``."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    items = list(encoded)
     for i, t in enumerate(items):
         check_jpeg(t, _item_name(i, names))
-    if dev.type == "cuda":
-        return _decode_on_gpu(items, dev, pin, names)
-    with _quiet_torchvision_io():
-        images = []
-        for i, t in enumerate(items):
-            try:
-                images.append(decode_jpeg(t, mode=ImageReadMode.RGB))
-            except RuntimeError as exc:
-                raise ImageDecodeError(f"could not decode {_item_name(i, names)}: {_reason(exc)}") from None
-    return images
-
-
-def _decode_on_gpu(
-    items: list[torch.Tensor], dev: torch.device, pin: bool | None, names: Sequence[str] | None
-) -> list[torch.Tensor]:
-    """One batched nvJPEG call; on failure, the items decoded on the CPU to name the culprit."""
-    from torchvision.io import ImageReadMode, decode_jpeg
-
+    if dev.type != "cuda":
+        with _quiet_torchvision_io():
+            images = []
+            for i, t in enumerate(items):
+                try:
+                    images.append(decode_jpeg(t, mode=ImageReadMode.RGB))
+                except RuntimeError as exc:
+                    raise ImageDecodeError(f"could not decode {_item_name(i, names)}: {_reason(exc)}") from None
+        return images
     src = _staged(items) if (pin is None or pin) else items
     # The decoder allocates its outputs on our current stream but writes them from its own: let what is queued
-    # on ours finish first, so no block a queued kernel still reads is handed to it (PR #9606). It syncs its
-    # stream before returning, so the pixels are complete when the call returns: no wait is needed after it.
+    # on ours finish first, so no block a queued kernel still reads is handed to it (PR #9606).
     torch.cuda.current_stream(dev).synchronize()
     try:
         with _quiet_torchvision_io():
             return list(decode_jpeg(src, mode=ImageReadMode.RGB, device=dev))
-    except RuntimeError as exc:
+    except RuntimeError as exc:  # one batched call names no item: the CPU decodes them to find the culprit
         try:
             _decode_images(items, torch.device("cpu"), names=names)
         except ImageDecodeError as bad:  # the data is bad (it fails on the CPU too); keep the CUDA error on strict runs
@@ -289,13 +263,17 @@ def batch_bytes(encoded: Sequence[torch.Tensor], decoded: torch.Tensor) -> dict[
     }
 
 
+def _no_diffs() -> dict[str, tuple[int, float]]:
+    return dict.fromkeys(STAGES, (0, 0.0))
+
+
 @dataclass
 class DecodeComparison:
     """(a) decode on the CPU and send uint8, against (b) send JPEG bytes and decode on ``device`` (without a GPU,
     the same CPU code). ``bytes``: mean bytes per batch of each form, ``bytes_per_batch`` each batch's count.
     ``cpu_path`` / ``device_path``: per-batch times, synchronised wall clock ((a) is mostly CPU work, which CUDA
-    events would miss). The pixel differences of (b) from (a) on the first batch (0-255 levels): ``*_abs_diff``
-    both stages (what a reader gets), ``decode_*`` the decode alone, ``resize_*`` the resize alone.
+    events would miss). ``diffs``: per :data:`STAGES`, (largest, mean) difference of (b)'s pixels from (a)'s on
+    the first batch, in 0-255 levels.
     """
 
     device: str
@@ -309,31 +287,23 @@ class DecodeComparison:
     cpu_path: Timing
     device_path: Timing
     pinned: bool
-    max_abs_diff: int
-    mean_abs_diff: float
-    notes: list[str] = field(default_factory=list)
-    decode_max_abs_diff: int = 0
-    decode_mean_abs_diff: float = 0.0
-    resize_max_abs_diff: int = 0
-    resize_mean_abs_diff: float = 0.0
+    diffs: dict[str, tuple[int, float]] = field(default_factory=_no_diffs)
 
     def diff_report(self) -> str:
         """Where (b)'s pixels differ from (a)'s: the decode alone, the resize alone, and both (what you get)."""
         if not self.on_gpu:
             return (
                 "pixels: path (b) ran the same CPU code as (a): identical (largest difference "
-                f"{self.max_abs_diff} of 255 levels)"
+                f"{self.diffs['decode+resize'][0]} of 255 levels)"
             )
-        rows = [
-            ("decode alone (nvJPEG vs libjpeg-turbo, full-size images)", self.decode_max_abs_diff,
-             self.decode_mean_abs_diff),
-            ("resize alone (same pixels, float resize on the GPU vs integer on the CPU)", self.resize_max_abs_diff,
-             self.resize_mean_abs_diff),
-            ("both (what decode_batch returns)", self.max_abs_diff, self.mean_abs_diff),
-        ]  # fmt: skip
+        names = {
+            "decode": "decode alone (nvJPEG vs libjpeg-turbo, full-size images)",
+            "resize": "resize alone (same pixels, float resize on the GPU vs integer on the CPU)",
+            "decode+resize": "both (what decode_batch returns)",
+        }
         return "\n".join(
             ["pixels of (b) against (a), in 0-255 levels, first batch:"]
-            + [f"  {name:<76} largest {mx:>3}, mean {mean:.3f}" for name, mx, mean in rows]
+            + [f"  {text:<76} largest {self.diffs[k][0]:>3}, mean {self.diffs[k][1]:.3f}" for k, text in names.items()]
         )
 
     @property
@@ -360,9 +330,10 @@ class DecodeComparison:
             *("  " + ln for ln in table(["form on the link", "bytes per batch", "vs float32"], forms)),
             *("  " + ln for ln in table(["path", "ms per batch", "IQR"], paths)),
         ]
-        lines += [textwrap.fill(f"  note: {n}", 105, subsequent_indent="    ") for n in self.notes]
         if not self.on_gpu:
-            lines.append(textwrap.fill(f"  verdict: {self.verdict}", 105, subsequent_indent="    "))
+            note = f"no CUDA device: path (b) decodes on the CPU too ({_SAME_PATH_LABEL}); the GPU figures come from"
+            for text in (f"note: {note} reference results", f"verdict: {self.verdict}"):
+                lines.append(textwrap.fill("  " + text, 105, subsequent_indent="    "))
         return "\n".join(lines)
 
     @property
@@ -412,11 +383,11 @@ def _diff_stats(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> tuple[i
 def _first_batch_diffs(
     enc: list[torch.Tensor], names: list[str], dev: torch.device, crop: int, pin: bool | None
 ) -> dict[str, tuple[int, float]]:
-    """(largest, mean) difference of path (b)'s pixels from path (a)'s: both stages, and on a GPU the decode
-    alone (full-size images) and the resize alone (the CPU's decoded pixels resized on the device)."""
+    """(largest, mean) difference of path (b)'s pixels from path (a)'s, per :data:`STAGES` (on a CPU only both:
+    the same code): the decode alone on full-size images, the resize alone of the CPU's decoded pixels."""
     x_cpu = decode_batch(enc, "cpu", crop, names=names)
-    out = {"both": _diff_stats([x_cpu], [decode_batch(enc, dev, crop, pin=pin, names=names).cpu()])}
-    out["decode"] = out["resize"] = (0, 0.0)
+    out = _no_diffs()
+    out["decode+resize"] = _diff_stats([x_cpu], [decode_batch(enc, dev, crop, pin=pin, names=names).cpu()])
     if dev.type == "cuda":
         raw_cpu = _decode_images(enc, torch.device("cpu"), names=names)
         raw_dev = _decode_images(enc, dev, pin=pin, names=names)
@@ -479,22 +450,16 @@ def compare_decode(
     for j, (label, fn) in enumerate(paths.items()):
         say(j / 2, f"timing path {'ab'[j]} ({j + 1} of 2): {repeats * len(batches)} batches")
         timings.append(_time_path(fn, batches, repeats, label, dev))
-        timings[-1].metadata.update(batch_size=batch_size, crop_size=crop_size, pinned=pinned if j else False)
     say(1.0, "timed both paths")
-    no_gpu = f"no CUDA device: path (b) decodes on the CPU too ({_SAME_PATH_LABEL}); the GPU figures come from"
-    notes = [] if dev.type == "cuda" else [no_gpu + " reference results"]
     return DecodeComparison(
         str(dev), dev.type == "cuda", batch_size, crop_size, image_size, len(batches),
-        {f: statistics.fmean(v) for f, v in per_form.items()}, per_form, timings[0], timings[1], pinned,
-        *diffs["both"], notes, *diffs["decode"], *diffs["resize"],
+        {f: statistics.fmean(v) for f, v in per_form.items()}, per_form, timings[0], timings[1], pinned, diffs,
     )  # fmt: skip
 
 
 def gpu_reference_rows(rs: ResultSet, records: list[Record]) -> list[tuple[str, float, float | None]] | None:
-    """``convert`` for ``ch05.decode.ms_per_batch``: a GPU recording's rows, or None if the file has none.
-
-    Rows: ``(label with the recording's sizes, ms per batch, iqr ms or None)``, the CPU path first, of the
-    records whose batch ended up on CUDA (``device="cuda"``). Shown with :func:`gpu_decode_lines`."""
+    """``convert`` for ``ch05.decode.ms_per_batch``: ``(label with the recording's sizes, ms per batch, iqr ms or
+    None)`` of the records whose batch ended up on CUDA, the CPU path first; None if the file has none."""
     rows: list[tuple[str, float, float | None]] = []
     cuda = [r for r in records if r.params.get("device") == "cuda"]
     for r in sorted(cuda, key=lambda r: (r.params.get("where") != "cpu", not r.params.get("pinned"))):
@@ -545,14 +510,16 @@ def plot_comparison(cmp: DecodeComparison, axes: Sequence[Any] | None = None) ->
     t = [cmp.cpu_path, cmp.device_path]
     med = [x.median_s * 1e3 for x in t]
     xerr = [[m - x.quartiles_s[0] * 1e3 for m, x in zip(med, t)], [x.quartiles_s[1] * 1e3 - m for m, x in zip(med, t)]]
-    b_label = "nvJPEG decode" if cmp.on_gpu else "CPU decode (same code)"
-    ys = ["(a) CPU decode,\nsend uint8", "(b) send JPEG bytes,\n" + b_label]
+    ys = [
+        "(a) CPU decode,\nsend uint8",
+        "(b) send JPEG bytes,\n" + ("nvJPEG decode" if cmp.on_gpu else "CPU decode (same code)"),
+    ]
     ax_t.barh(ys, med, xerr=xerr, color=["#f28e2b", "#4e79a7"], capsize=3)
     ax_t.invert_yaxis()
     ax_t.set_xlabel("ms per batch (median; whiskers: quartiles)")
-    agree = "agree within their quartiles"
-    if not agreement.spreads_overlap(t[0].quartiles_s, t[1].quartiles_s):
-        agree = "do NOT agree: see the verdict"
+    agree = "agree within their quartiles" if agreement.spreads_overlap(*(x.quartiles_s for x in t)) else (
+        "do NOT agree: see the verdict"
+    )  # fmt: skip
     where = "" if cmp.on_gpu else f" (no GPU)\nsame code timed twice: {agree}"
     ax_t.set_title(f"Time per decoded batch, measured now on {cmp.device}{where}", fontsize=10)
     ax_b.figure.tight_layout()

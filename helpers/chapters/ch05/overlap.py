@@ -1,21 +1,14 @@
 """Chapter 05: overlapping the host-to-device copy with compute, the 2x2 experiment and its timelines.
 
-The 2x2 experiment (:func:`run_cell`, one cell of ``{pageable, pinned} x {default, side}``): each step
-copies the *next* batch (``copy_mib`` MiB of float32) while it computes on the *current* one (``torch.mm``
-of ``matmul_n x matmul_n``), then synchronises, as a training loop that logs its loss each step does.
-CUDA events time the copy and the compute, one lane per stream, plus a host lane showing where the CPU
-thread waited. Two labels come back, derived independently: ``expected`` from the configuration alone
-(overlap needs a pinned source AND a side stream AND a free copy engine, which every current NVIDIA GPU
-has), ``measured`` from the spans (:func:`overlap_fraction`; ``None`` without a GPU). Why the other three
-cells serialise:
-
-* pinned + default stream: one stream runs its work in order; the compute queued after the copy waits.
-* pageable + side stream: the driver stages a pageable copy through a pinned bounce buffer and the call
-  holds the host until the data is staged, so the compute is queued only after the copy.
-* pageable + default stream: both reasons.
-
-Nothing here invents a number: :func:`schematic_trace` is labelled "schematic, not measured" wherever it
-appears, and what a GPU recorded elsewhere comes back as an :class:`~helpers.core.evidence.Evidence`.
+One cell (:func:`run_cell`) of ``{pageable, pinned} x {default, side}``: each step copies the *next* batch while
+it computes (``torch.mm``) on the *current* one, then synchronises, as a training loop that logs its loss each
+step does. CUDA events time the copy and the compute, one lane per stream, plus a host lane showing where the CPU
+waited. Two labels, derived independently: ``expected`` from the configuration alone (overlap needs a pinned
+source AND a side stream AND a free copy engine, which every current NVIDIA GPU has), ``measured`` from the spans
+(:func:`overlap_fraction`; None without a GPU). The other three cells serialise: on one stream the compute queued
+after the copy waits; a pageable copy is staged through a pinned bounce buffer while the call holds the host, so
+the compute is queued only after it. :func:`schematic_trace` is labelled "schematic, not measured" wherever it
+appears; what a GPU recorded elsewhere comes back as an :class:`~helpers.core.evidence.Evidence`.
 """
 
 from __future__ import annotations
@@ -37,7 +30,6 @@ from ...core.results import Record, ResultSet
 from ...core.rounds import table
 from ...core.timing import Span, SpanRecorder, SpanTrace, synchronize
 from ...core.validate import check_choice, check_int, human_seconds
-from .hazards import _loop_hidden_syncs  # noqa: F401  (tests/test_prefetch.py imports it from here)
 
 MiB = 1 << 20
 MEMORY_KINDS = ("pageable", "pinned")
@@ -50,14 +42,10 @@ OVERLAPPED, SERIALISED = "overlapped", "serialised"
 SCHEMATIC = "schematic, not measured"
 
 
-def _check_cell(memory: str, stream: str) -> None:
+def expected_label(memory: str, stream: str) -> str:
+    """``"overlapped"`` only for a pinned source on a side stream; else ``"serialised"`` (checks both)."""
     check_choice("memory", memory, MEMORY_KINDS)
     check_choice("stream", stream, STREAM_KINDS)
-
-
-def expected_label(memory: str, stream: str) -> str:
-    """``"overlapped"`` only for a pinned source on a side stream; else ``"serialised"``."""
-    _check_cell(memory, stream)
     return OVERLAPPED if (memory, stream) == ("pinned", "side") else SERIALISED
 
 
@@ -77,11 +65,8 @@ def _merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]
 
 
 def overlap_fraction(trace: SpanTrace, copy: str = "copy", compute: str = "compute") -> float:
-    """Share (0-1) of the shorter of the two activities that ran at the same time as the other.
-
-    From the ``start``/``end`` of the spans named ``copy`` and ``compute`` (the GPU's clock for GPU
-    spans): 0 is strictly one after the other, 1 the shorter one entirely hidden behind the longer.
-    """
+    """Share (0-1) of the shorter of the two activities (spans named ``copy`` and ``compute``) that ran at the same
+    time as the other: 0 is strictly one after the other, 1 the shorter one entirely hidden behind the longer."""
     a = _merge((s.start, s.end) for s in trace.spans if s.name == copy)
     b = _merge((s.start, s.end) for s in trace.spans if s.name == compute)
     denom = min(sum(e - s for s, e in a), sum(e - s for s, e in b))
@@ -98,9 +83,8 @@ def measured_label(fraction: float, threshold: float = OVERLAP_THRESHOLD) -> str
 
 @dataclass
 class CellResult:
-    """One run of the 2x2 experiment: its trace, both labels (``measured`` None without a GPU), the
-    overlap fraction (0 on a CPU), medians per step in seconds, and ``notes`` on what differs from
-    the configuration on this machine (no pinning or streams without CUDA)."""
+    """One run of the 2x2 experiment: its trace, both labels (``measured`` None without a GPU), the overlap fraction
+    (0 on a CPU), medians per step in seconds, and ``notes`` on what this machine could not do (pin, streams)."""
 
     memory: str
     stream: str
@@ -123,11 +107,9 @@ class CellResult:
 
     @property
     def agrees(self) -> bool | None:
-        """Whether the measured label equals the expected one (``None`` when not measured)."""
         return None if self.measured is None else self.measured == self.expected
 
     def summary(self) -> str:
-        """One line: configuration, labels and medians."""
         base = (
             f"{self.name}: expected {self.expected}; step {human_seconds(self.step_s)}, "
             f"copy {human_seconds(self.copy_s)}, compute {human_seconds(self.compute_s)}"
@@ -147,14 +129,11 @@ def run_cell(
     device: torch.device | str | None = None,
     progress: Callable[[float, str], None] | None = None,
 ) -> CellResult:
-    """Run one cell of the 2x2 experiment and return its trace and labels.
-
-    Each step ``i`` copies the next batch into buffer ``i % 2`` (``non_blocking=True``, on the side or the
-    default stream) and computes on the other buffer (``torch.mm`` on the default stream, plus a sum that reads
-    the batch), then synchronises: the copy never writes what the compute reads. One untimed warm-up step runs
-    first. Without CUDA the same loop runs on the CPU with host timing and ``measured`` is None.
-    """
-    _check_cell(memory, stream)
+    """One cell of the 2x2 experiment, its trace and labels: step ``i`` copies ``copy_mib`` MiB of float32 into
+    buffer ``i % 2`` (``non_blocking=True``, on the side or the default stream) and computes on the other
+    (``matmul_n`` square ``torch.mm`` on the default stream, plus a sum that reads the batch), then synchronises.
+    One untimed warm-up step first. Without CUDA the same loop runs on the CPU and ``measured`` is None."""
+    expected = expected_label(memory, stream)
     dev = resolve_device(device)
     on_gpu = dev.type == "cuda"
     copy_mib = check_int("copy_mib", copy_mib if copy_mib is not None else (64 if on_gpu else 4), 1, 4096)
@@ -173,7 +152,7 @@ def run_cell(
     trace, steps_s = _record_steps(dev, src, stream == "side", lanes, progress, meta)
     frac = overlap_fraction(trace) if on_gpu else 0.0
     trace.metadata.update(
-        notes=list(notes), lanes=[*lanes, HOST_LANE], expected_label=expected_label(memory, stream),
+        notes=list(notes), lanes=[*lanes, HOST_LANE], expected_label=expected,
         measured_label=measured_label(frac) if on_gpu else None, overlap_fraction=frac,
     )  # fmt: skip
 
@@ -253,8 +232,8 @@ CopyCallRow = tuple[str, float | None, float, float]
 
 
 def copy_call_rows(cells: Iterable[CellResult]) -> list[CopyCallRow]:
-    """Per cell: the median time the CPU spent inside ``copy_(..., non_blocking=True)`` (the upper
-    middle of an even count), the copy's time, the step's."""
+    """Per cell: the median time (upper middle) the CPU spent inside ``copy_(..., non_blocking=True)``, the copy's
+    time, the step's."""
     rows: list[CopyCallRow] = []
     for r in cells:
         calls = sorted(s.duration for s in r.trace.spans if s.name == "copy call")
@@ -309,7 +288,6 @@ def schematic_trace(memory: str, stream: str, steps: int = 3, copy: float = 1.0,
 
 
 def artifact_name(memory: str, stream: str) -> str:
-    """Name of the reference artifact holding a cell's recorded trace."""
     return f"ch05.timeline.{memory}.{stream}"
 
 

@@ -1,15 +1,18 @@
-"""Check a side-stream prefetcher's stream protocol on any machine, with logging test doubles of the stream API.
+"""Chapter 05's check of the reader's prefetcher (exercise 05.3): its stream protocol on any machine, and on a
+GPU its batches, races and overlap with real streams.
 
-:func:`stream_protocol` runs the reader's ``Prefetcher`` under :func:`stream_doubles`: ``torch.cuda.Stream``,
-``stream``, ``current_stream``, ``Event`` and ``Tensor.record_stream`` log what was asked of them, and
-``Tensor.to`` logs a loader tensor's move and its stream. No GPU work happens: :func:`check_protocol` judges the
-log, :func:`format_protocol` shows it. On a GPU: :func:`check_pipeline_race` (each batch right when read on the
-consuming stream) and :func:`prefetch_overlap_ratio` (how much copy it hides). Re-exported by ``prefetch``.
+:func:`stream_protocol` runs a prefetcher under :func:`stream_doubles`: ``torch.cuda.Stream``, ``stream``,
+``current_stream``, ``Event`` and ``Tensor.record_stream`` log what was asked of them, and a probe batch's
+``.to(device)`` logs a move and its stream. No GPU work happens: :func:`check_protocol` judges the log,
+:func:`format_protocol` shows it. :func:`check_pipeline_prefetcher` adds the batches against the reference
+:class:`~helpers.pipeline.prefetch.Prefetcher`'s and, on a GPU, :func:`check_pipeline_race` and
+:func:`prefetch_overlap_ratio`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import statistics
 import textwrap
@@ -19,21 +22,11 @@ from unittest import mock
 
 import torch
 
-from ..core.rounds import alternate
-from ..core.timing import GpuDelay, calibrated_compute
-from .data import to_float_normalized
-
-__all__ = [
-    "CONSUMER",
-    "MAX_AHEAD",
-    "PairProbeLoader",
-    "stream_doubles",
-    "stream_protocol",
-    "format_protocol",
-    "check_protocol",
-    "check_pipeline_race",
-    "prefetch_overlap_ratio",
-]
+from ...core.config import require_gpu
+from ...core.rounds import alternate
+from ...core.timing import GpuDelay, calibrated_compute, cuda_event_time
+from ...pipeline.data import MEAN, STD, to_float_normalized
+from ...pipeline.prefetch import Prefetcher, iter_tensors
 
 #: The stream a prefetcher's consumer runs on, in the logs.
 CONSUMER = "current stream"
@@ -46,8 +39,7 @@ class _Protocol:
 
     def __init__(self) -> None:
         self.log: list[tuple[Any, ...]] = []
-        self.consumer = _FakeStream(CONSUMER)
-        self.current: _FakeStream = self.consumer
+        self.consumer = self.current = _FakeStream(CONSUMER)
         self.streams_made = 0
         self.probes: dict[int, tuple[int, str]] = {}  # id(loader tensor) -> (batch index, "x" or "y")
 
@@ -63,8 +55,11 @@ def _log(*entry: Any) -> int:
     return len(_ACTIVE.log) - 1
 
 
-def _current() -> _FakeStream | None:
-    return _ACTIVE.current if _ACTIVE is not None else None
+def _name(stream: Any) -> Any:
+    """A stream's name in the log (``None``: the current stream)."""
+    if stream is None:
+        return _ACTIVE.current.name if _ACTIVE is not None else None
+    return getattr(stream, "name", repr(stream))
 
 
 class _FakeStream:
@@ -74,7 +69,7 @@ class _FakeStream:
         self.name = name
 
     def wait_stream(self, other: Any) -> None:
-        _log("wait", self.name, getattr(other, "name", repr(other)), len(_ACTIVE.log) if _ACTIVE else -1)
+        _log("wait", self.name, _name(other), len(_ACTIVE.log) if _ACTIVE else -1)
 
     def wait_event(self, event: _FakeEvent) -> None:
         event.wait(self)
@@ -102,12 +97,12 @@ class _FakeEvent:
         self.at = -1
 
     def record(self, stream: _FakeStream | None = None) -> None:
-        self.stream = getattr(stream if stream is not None else _current(), "name", None)
+        self.stream = _name(stream)
         self.at = _log("record event", self.stream)
 
     def wait(self, stream: _FakeStream | None = None) -> None:
         if self.stream is not None:
-            _log("wait", getattr(stream if stream is not None else _current(), "name", None), self.stream, self.at)
+            _log("wait", _name(stream), self.stream, self.at)
 
     def synchronize(self) -> None:
         _log("synchronize", self.stream)
@@ -119,14 +114,15 @@ class _FakeEvent:
 @contextlib.contextmanager
 def _use_stream(stream: Any) -> Iterator[Any]:
     """The double of ``torch.cuda.stream(s)``: ``s`` is the current stream inside the block."""
-    before = _current()
-    if _ACTIVE is not None and stream is not None:
-        _ACTIVE.current = stream
+    proto = _ACTIVE
+    if proto is None or stream is None:
+        yield stream
+        return
+    before, proto.current = proto.current, stream
     try:
         yield stream
     finally:
-        if _ACTIVE is not None and stream is not None and before is not None:
-            _ACTIVE.current = before
+        proto.current = before
 
 
 def _make_stream(device: Any = None, priority: int = 0, **kwargs: Any) -> _FakeStream:
@@ -155,21 +151,21 @@ def stream_doubles() -> Iterator[_Protocol]:
         return original_to(self, *args, **kwargs)
 
     def record_stream(self: torch.Tensor, stream: Any) -> None:
-        _log("record_stream", id(self), getattr(stream, "name", repr(stream)))
+        _log("record_stream", id(self), _name(stream))
 
-    patches: list[contextlib.AbstractContextManager[Any]] = [
-        mock.patch.object(torch.cuda, "Stream", _make_stream),
-        mock.patch.object(torch.cuda, "Event", _FakeEvent),
-        mock.patch.object(torch.cuda, "stream", _use_stream),
-        mock.patch.object(torch.cuda, "current_stream", lambda device=None: proto.current),
-        mock.patch.object(torch.cuda, "default_stream", lambda device=None: proto.consumer),
-        mock.patch.object(torch.cuda, "synchronize", lambda device=None: _log("synchronize", "device")),
-        mock.patch.object(torch.Tensor, "to", logged_to),
-        mock.patch.object(torch.Tensor, "record_stream", record_stream),
-    ]
+    doubles = {
+        "Stream": _make_stream,
+        "Event": _FakeEvent,
+        "stream": _use_stream,
+        "current_stream": lambda device=None: proto.current,
+        "default_stream": lambda device=None: proto.consumer,
+        "synchronize": lambda device=None: _log("synchronize", "device"),
+    }
     with contextlib.ExitStack() as stack:
-        for p in patches:
-            stack.enter_context(p)
+        for name, double in doubles.items():
+            stack.enter_context(mock.patch.object(torch.cuda, name, double))
+        stack.enter_context(mock.patch.object(torch.Tensor, "to", logged_to))
+        stack.enter_context(mock.patch.object(torch.Tensor, "record_stream", record_stream))
         _ACTIVE = proto
         try:
             yield proto
@@ -200,15 +196,6 @@ class PairProbeLoader:
             yield batch
 
 
-def _tensors(batch: Any) -> Iterator[torch.Tensor]:
-    """The tensors of a batch of tensors, tuples, lists and dicts."""
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif isinstance(batch, (list, tuple, dict)):
-        for b in batch.values() if isinstance(batch, dict) else batch:
-            yield from _tensors(b)
-
-
 def stream_protocol(
     candidate: Any, n_batches: int = 4, epochs: int = 1
 ) -> tuple[list[tuple[Any, ...]], list[list[Any]], int]:
@@ -224,50 +211,48 @@ def stream_protocol(
             _log("epoch", epoch)
             handed.append([])
             for k, batch in enumerate(wrapped):
-                _log("handed", epoch, k, [id(t) for t in _tensors(batch)])
+                _log("handed", epoch, k, [id(t) for t in iter_tensors(batch)])
                 handed[-1].append(batch)
         return proto.log, handed, proto.streams_made
 
 
 def _says(e: tuple[Any, ...]) -> str | None:
     """One log entry in words (None: not shown)."""
-
-    def where(name: str) -> str:
-        return "the current stream" if name == CONSUMER else name
-
-    kind = e[0]
-    if kind == "move":
-        return f"copy {e[2]}{e[1]} on {where(e[3])}" + (" (non_blocking)" if e[4] else " (blocking)")
+    where = ["the current stream" if x == CONSUMER else x for x in e]
     words = {
+        "move": lambda: f"copy {e[2]}{e[1]} on {where[3]}" + (" (non_blocking)" if e[4] else " (blocking)"),
         "request": lambda: f"request {e[1]}",
         "new stream": lambda: f"make {e[1]}",
-        "wait": lambda: f"{where(e[1])} waits for {where(e[2])}",
-        "record event": lambda: f"event on {where(e[1])}",
-        "record_stream": lambda: f"record_stream({where(e[2])})",
+        "wait": lambda: f"{where[1]} waits for {where[2]}",
+        "record event": lambda: f"event on {where[1]}",
+        "record_stream": lambda: f"record_stream({where[2]})",
         "synchronize": lambda: f"synchronize {e[1]}",
     }
-    return words[kind]() if kind in words else None
-
-
-def _count_repeats(items: list[str]) -> str:
-    """``a, a, b`` -> ``a (x2), b``."""
-    groups = [(k, len(list(g))) for k, g in itertools.groupby(items)]
-    return ", ".join(f"{it} (x{n})" if n > 1 else it for it, n in groups)
+    return words[e[0]]() if e[0] in words else None
 
 
 def format_protocol(log: Sequence[tuple[Any, ...]], width: int = 100) -> str:
-    """The log, wrapped, one block per hand-over: what was asked of the stream API since the previous one."""
+    """The log, wrapped, one block per hand-over: what was asked of the stream API since the previous one
+    (a repeat counted: ``a, a, b`` -> ``a (x2), b``)."""
+
+    def counted(items: list[str]) -> str:
+        groups = [(k, len(list(g))) for k, g in itertools.groupby(items)]
+        return ", ".join(f"{it} (x{n})" if n > 1 else it for it, n in groups) or "nothing"
+
     blocks: list[str] = []
     pending: list[str] = []
     for e in log:
         if e[0] == "handed":
-            blocks.append(f"hand over batch {e[2]} after: " + (_count_repeats(pending) if pending else "nothing"))
+            blocks.append(f"hand over batch {e[2]} after: " + counted(pending))
             pending = []
         elif (text := _says(e)) is not None:
             pending.append(text)
     if pending:
-        blocks.append("after the last hand-over: " + _count_repeats(pending))
+        blocks.append("after the last hand-over: " + counted(pending))
     return "\n".join(textwrap.fill(b, width=width, initial_indent="  ", subsequent_indent="      ") for b in blocks)
+
+
+_NOT_MOVED = "no batch was moved with .to(device): copy x and y with .to(device, non_blocking=True)"
 
 
 def _order_problem(events: list[tuple[Any, ...]], at_handed: dict[tuple[int, int], int], n: int) -> str | None:
@@ -282,7 +267,7 @@ def _order_problem(events: list[tuple[Any, ...]], at_handed: dict[tuple[int, int
             )
         if not any(e[0] == "move" and e[1] == i + 1 for e in before):
             if not moved_any:
-                return "no batch was moved with .to(device): copy x and y with .to(device, non_blocking=True)"
+                return _NOT_MOVED
             return (
                 f"batch {i + 1} was requested before batch {i} was handed over but moved only after it: "
                 "queue its copy before you yield the current batch"
@@ -308,8 +293,7 @@ def _copy_problems(events: list[tuple[Any, ...]], moves: list[tuple[int, tuple[A
             f"batch {blocking[0][1]}'s {blocking[0][2]} was moved without non_blocking=True: the copy "
             "call would hold the CPU until the copy is done"
         )
-    second = events.index(("epoch", 1)) if ("epoch", 1) in events else None
-    if second is not None and any(e[0] == "new stream" for e in events[second:]):
+    if ("epoch", 1) in events and any(e[0] == "new stream" for e in events[events.index(("epoch", 1)) :]):
         problems.append(
             "a new side stream was made for the second epoch: make it once (in __init__, or cached "
             "per device) and reuse it; a stream per epoch makes the caching allocator keep memory for "
@@ -368,25 +352,20 @@ def check_protocol(log: Sequence[tuple[Any, ...]], handed: Sequence[Sequence[Any
     order = _order_problem(events, at_handed, n_batches)
     problems = [order] if order else []
     if not moves:
-        return problems or ["no batch was moved with .to(device): copy x and y with .to(device, non_blocking=True)"]
-    problems += _copy_problems(events, moves)
+        return problems or [_NOT_MOVED]
     hand_over = _hand_over_problem(events, moves, at_handed)
-    return problems + ([hand_over] if hand_over else [])
+    return problems + _copy_problems(events, moves) + ([hand_over] if hand_over else [])
 
 
 # -- With real streams (CUDA): races, and how much of the copy a prefetcher hides --
 
 
 def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> GpuDelay:
-    """Queued do-nothing GPU work lasting about three copies of ``src`` (timed once with CUDA events on
-    ``dev``'s current stream), so that a consumer which forgets to wait reads a batch before it arrived."""
+    """Queued do-nothing GPU work lasting about three copies of ``src`` (timed once with CUDA events on ``dev``),
+    so that a consumer which forgets to wait reads a batch before it arrived."""
     probe = torch.empty_like(src, device=dev)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record(torch.cuda.current_stream(dev))
-    probe.copy_(src, non_blocking=True)  # on dev's current stream (the copy runs under a guard of dev)
-    e.record(torch.cuda.current_stream(dev))
-    torch.cuda.synchronize(dev)
-    return GpuDelay(dev, seconds=max(3 * s.elapsed_time(e) / 1e3, 0.002))  # it queues on dev, whatever is current
+    copy = cuda_event_time(lambda: probe.copy_(src, non_blocking=True), repeats=1, warmup=0, device=dev)
+    return GpuDelay(dev, seconds=max(3 * copy.median_s, 0.002))  # it queues on dev, whatever is current
 
 
 def _pinned_pairs(n_batches: int, batch_mib: int, value: Callable[[int], int]) -> list[tuple[torch.Tensor, ...]]:
@@ -399,6 +378,14 @@ def _pinned_pairs(n_batches: int, batch_mib: int, value: Callable[[int], int]) -
         )
         for i in range(n_batches)
     ]
+
+
+_RACE_WHY = {
+    False: "the current stream read a batch before its copy had finished: call current.wait_stream(side) before "
+    "handing it over",
+    True: "a batch's memory was reused while the current stream still had to read it: call "
+    "t.record_stream(current) on each tensor you hand over",
+}
 
 
 def check_pipeline_race(
@@ -433,31 +420,11 @@ def check_pipeline_race(
             problems.append(f"race check ({label}): gave {len(wrong)} batches of {n_batches}")
         elif any(wrong):
             first = next(i for i, w in enumerate(wrong) if w)
-            why = (
-                "a batch's memory was reused while the current stream still had to read it: call "
-                "t.record_stream(current) on each tensor you hand over"
-                if wait
-                else "the current stream read a batch before its copy had finished: call "
-                "current.wait_stream(side) before handing it over"
-            )
             problems.append(
                 f"race check ({label}): batch {first} had {wrong[first]:,} wrong elements when read "
-                f"on the current stream: {why}"
+                f"on the current stream: {_RACE_WHY[wait]}"
             )
     return problems
-
-
-def _loop_time(batches: Iterable[Any], compute: Callable[[torch.Tensor], torch.Tensor], dev: torch.device) -> float:
-    """Wall seconds of ``compute`` on each batch's first tensor, synchronised with ``dev`` before and after."""
-    torch.cuda.synchronize(dev)
-    t0 = time.perf_counter()
-    for b in batches:
-        first = next(_tensors(b), None)
-        if first is None:
-            raise ValueError("the prefetcher yielded a batch with no tensor in it")
-        compute(first)
-    torch.cuda.synchronize(dev)
-    return time.perf_counter() - t0
 
 
 def prefetch_overlap_ratio(
@@ -468,24 +435,28 @@ def prefetch_overlap_ratio(
     dev = torch.device(device)
     loader = _pinned_pairs(n_batches, batch_mib, lambda i: i)
 
-    def copy_all() -> float:
+    def timed(batches: Iterable[Any], compute: Callable[[torch.Tensor], Any] | None = None) -> float:
+        """Wall seconds of one pass (``compute`` on each batch's first tensor), synchronised before and after."""
         torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
-        for x, y in loader:
-            to_float_normalized(x.to(dev, non_blocking=True))
-            y.to(dev, non_blocking=True)
+        for b in batches:
+            if compute is not None:
+                compute(next(iter_tensors(b)))
         torch.cuda.synchronize(dev)
         return time.perf_counter() - t0
 
+    def copies() -> Iterator[Any]:
+        return ((to_float_normalized(x.to(dev, non_blocking=True)), y.to(dev, non_blocking=True)) for x, y in loader)
+
     resident = [(to_float_normalized(x.to(dev)), y.to(dev)) for x, y in loader]
-    copy_all()  # warm-up
-    compute = calibrated_compute(dev, 1.5 * copy_all() / n_batches)  # on dev, whichever device is current
+    timed(copies())  # warm-up
+    compute = calibrated_compute(dev, 1.5 * timed(copies()) / n_batches)  # on dev, whichever device is current
     list(candidate(loader, dev))  # warm-up
     r = alternate(
         {
-            "copy": copy_all,
-            "compute": lambda: _loop_time(resident, compute, dev),
-            "both": lambda: _loop_time(candidate(loader, dev), compute, dev),
+            "copy": lambda: timed(copies()),
+            "compute": lambda: timed(resident, compute),
+            "both": lambda: timed(candidate(loader, dev), compute),
         },
         repeats,
     )
@@ -493,3 +464,131 @@ def prefetch_overlap_ratio(
         (c + k - b) / max(min(c, k), 1e-9) for c, k, b in zip(*(r.values[x] for x in ("copy", "compute", "both")))
     ]
     return max(0.0, min(1.0, statistics.median(ratios)))
+
+
+# -- The check of the exercise: the reader's Prefetcher of (uint8 x, y) pairs --
+
+
+@dataclasses.dataclass
+class PrefetcherCheck:
+    """The verdict of :func:`check_pipeline_prefetcher`."""
+
+    correct: bool
+    messages: list[str]
+    overlap_checked: bool = False
+    overlap_ratio: float | None = None
+
+    def __bool__(self) -> bool:
+        return self.correct
+
+    def __str__(self) -> str:
+        return ("PASS" if self.correct else "FAIL") + ":\n  " + "\n  ".join(self.messages)
+
+
+_REFUSED = (
+    "this is (or uses) helpers.pipeline.prefetch.Prefetcher, the chapter's reference: "
+    "hand in the Prefetcher you wrote in the chapter"
+)
+_PASSED = [
+    "order: batch i+1 is requested and copied before batch i is handed over",
+    "streams: copies with non_blocking=True on one side stream, made once, which first waits for the "
+    "current stream; the current stream waits before each hand-over; record_stream on every tensor "
+    "handed over (checked with test doubles of the CUDA stream API)",
+    "values: the reference prefetcher's batches (normalised with data.MEAN and data.STD), in order, twice",
+]
+
+
+def _gpu_error(exc: BaseException, dev: torch.device) -> bool:
+    """A CUDA error on a strict GPU run (``WORKBOOK_REQUIRE_GPU=1``): it must propagate, not become a FAIL."""
+    if dev.type != "cuda" or not require_gpu():
+        return False
+    accel = getattr(torch, "AcceleratorError", None)
+    return (accel is not None and isinstance(exc, accel)) or (isinstance(exc, RuntimeError) and "CUDA" in str(exc))
+
+
+def _pair_problems(got: Sequence[Any], loader: Iterable[Any], device: torch.device, epoch: int) -> list[str]:
+    """What differs from the reference :class:`Prefetcher`'s batches of ``loader`` on ``device``."""
+    want = [tuple(b) for b in Prefetcher(loader, device, normalize=(MEAN, STD))]
+    if len(got) != len(want):
+        return [f"epoch {epoch}: gave {len(got)} batches, expected {len(want)}"]
+    for i, (g, (x_ref, y_ref)) in enumerate(zip(got, want)):
+        if not (isinstance(g, (tuple, list)) and len(g) == 2 and all(isinstance(t, torch.Tensor) for t in g)):
+            return [f"epoch {epoch}: batch {i} is a {type(g).__name__}, not an (x, y) pair of tensors"]
+        x, y = g
+        if x.dtype != x_ref.dtype or x.shape != x_ref.shape or x.device.type != x_ref.device.type:
+            return [
+                f"epoch {epoch}: batch {i}'s x is {x.dtype} {tuple(x.shape)} on {x.device}, expected "
+                f"{x_ref.dtype} {tuple(x_ref.shape)} on {x_ref.device.type} (normalise the uint8 images)"
+            ]
+        if not torch.allclose(x.cpu(), x_ref.cpu(), rtol=0, atol=1e-5) or not torch.equal(y.cpu(), y_ref.cpu()):
+            return [
+                f"epoch {epoch}: batch {i} differs from the reference's (order, or normalisation: use "
+                "data.MEAN and data.STD as helpers.pipeline.data.to_float_normalized does)"
+            ]
+    return []
+
+
+def _on_the_gpu(candidate: Any, dev: torch.device, n_batches: int) -> list[str] | None:
+    """Problems with real streams (the reference's batches, then the race check); None: it made a Prefetcher."""
+    try:
+        loader = [(x.pin_memory(), y.pin_memory()) for x, y in PairProbeLoader(n_batches).batches]
+        made_before = Prefetcher.made
+        got = [tuple(b) for b in candidate(loader, dev)]
+        problems = _pair_problems(got, loader, dev, 1) + check_pipeline_race(candidate, dev)
+        return problems if Prefetcher.made == made_before + 1 else None  # + 1: _pair_problems' reference
+    except Exception as exc:  # the reader's code may raise anything
+        if _gpu_error(exc, dev):
+            raise
+        return [f"on {dev}: raised {type(exc).__name__}: {exc}"]
+
+
+def check_pipeline_prefetcher(
+    candidate: Any, device: torch.device | str | None = None, *, check_overlap: bool = True, n_batches: int = 4
+) -> PrefetcherCheck:
+    """Check the reader's chapter-05 prefetcher: ``candidate(loader, device)`` yields ``(x, y)`` pairs, uint8 in,
+    normalised on the device out. Refuses :class:`Prefetcher` itself; everywhere: the protocol under the stream
+    doubles (two epochs) and the batches against the reference's; on CUDA: real streams, the race check and
+    (``check_overlap``) how much copy time it hides."""
+    if candidate is None:
+        return PrefetcherCheck(False, ["no answer yet: set answer = Prefetcher (the class you wrote) and run again"])
+    if not callable(candidate):
+        return PrefetcherCheck(False, [f"expected a class or function, got {type(candidate).__name__}"])
+    refused = PrefetcherCheck(False, [_REFUSED])
+    if isinstance(candidate, type) and issubclass(candidate, Prefetcher):
+        return refused
+    dev = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+    made_before = Prefetcher.made
+    try:
+        log, handed, _ = stream_protocol(candidate, n_batches, epochs=2)
+        problems = check_protocol(log, handed, n_batches)
+    except Exception as exc:  # the reader's code may raise anything
+        problems, handed = [f"under the stream test doubles it raised {type(exc).__name__}: {exc}"], []
+    if Prefetcher.made != made_before:
+        return refused
+    for epoch, got in enumerate(handed if not problems else []):
+        problems += _pair_problems(got, PairProbeLoader(n_batches).batches, torch.device("cpu"), epoch + 1)
+    result = PrefetcherCheck(not problems, problems or list(_PASSED))
+    if dev.type != "cuda":
+        if check_overlap:
+            result.messages.append("real streams, races and overlap not checked: no CUDA device here")
+        return result
+    if not torch.cuda.is_available():
+        raise ValueError("device is 'cuda' but no CUDA device is available")
+    if result.correct:
+        gpu = _on_the_gpu(candidate, dev, n_batches)
+        if gpu is None:
+            return refused
+        result.messages.extend(
+            gpu
+            or [
+                f"on {dev}: the same batches with real streams, and each batch right when "
+                "read on the current stream, at once and behind queued work"
+            ]
+        )
+        result.correct = not gpu
+    if result.correct and check_overlap:
+        ratio = prefetch_overlap_ratio(candidate, dev)
+        result.overlap_checked, result.overlap_ratio, result.correct = True, ratio, ratio >= 0.3
+        verdict = "overlaps" if ratio >= 0.3 else "does NOT overlap"
+        result.messages.append(f"overlap on {dev}: {ratio:.0%} of the copy time hidden behind compute -> {verdict}")
+    return result
