@@ -233,19 +233,14 @@ class PanelReading:
     caption: str | None = None
 
     def summary(self) -> str:
+        """Each point labelled measured here, reference (recorded elsewhere) or host memcpy, then the note."""
         head = f"{self.direction.upper()} {self.memory} {self.dtype}, {human_bytes(self.nbytes)}: "
         parts = []
-        if self.measured is not None:
-            parts.append(f"measured here {human_seconds(self.measured.median_s)} ({self.measured.gbps:.2f} GB/s)")
-        if self.reference is not None:
-            parts.append(
-                f"reference {human_seconds(self.reference.median_s)} ({self.reference.gbps:.2f} GB/s, "
-                f"{human_bytes(self.reference.nbytes)} recorded)"
-            )
-        if self.host is not None:
-            parts.append(
-                f"host memcpy of the same bytes {human_seconds(self.host.median_s)} ({self.host.gbps:.2f} GB/s)"
-            )
+        for p, what in ((self.measured, "measured here"), (self.reference, "reference"), (self.host, "host memcpy")):
+            if p is not None:
+                recorded = f", {human_bytes(p.nbytes)} recorded" if p is self.reference else ""
+                what += " of the same bytes" if p is self.host else ""
+                parts.append(f"{what} {human_seconds(p.median_s)} ({p.gbps:.2f} GB/s{recorded})")
         return head + "; ".join(parts) + (". " + self.note if self.note else "")
 
 
@@ -259,25 +254,21 @@ def panel_controls(**context: Any) -> dict[str, Any]:
     }
 
 
-def _copy_here(
-    copy_fn: CopyFn | None, reading: PanelReading, device: torch.device | str, repeats: int
-) -> tuple[PanelReading, str]:
+def _copy_here(copy_fn: CopyFn | None, reading: PanelReading, device: torch.device | str, repeats: int) -> str:
     """With CUDA: an H2D copy by the reader's function, a D2H one (which it does not do) by the helper's."""
     n, direction, memory, dtype = reading.nbytes, reading.direction, reading.memory, reading.dtype
     if copy_fn is not None and direction == "h2d":
         name = getattr(copy_fn, "__name__", "copy_fn")
         reading.measured = copies.measure_copy_fn(copy_fn, n, memory, dtype=dtype, device=device, repeats=repeats)
         reading.note = f"Timed by your {name}()."
-        return reading, f"your {name}()"
+        return f"your {name}()"
     p = copies.measure_copy(n, direction, memory, dtype=dtype, device=device, repeats=repeats)
     reading.measured = p if isinstance(p, TransferPoint) else None
     reading.note = "D2H: timed by copies.measure_copy (your copy function does H2D)." if copy_fn is not None else ""
-    return reading, "copies.measure_copy, CUDA events"
+    return "copies.measure_copy, CUDA events"
 
 
-def _host_instead(
-    copy_fn: CopyFn | None, reading: PanelReading, recorded: CopySweeps | None, repeats: int
-) -> tuple[PanelReading, str]:
+def _host_instead(copy_fn: CopyFn | None, reading: PanelReading, recorded: CopySweeps | None, repeats: int) -> str:
     """Without CUDA: the nearest recorded point of this copy (if any) and a live host memcpy of the same bytes."""
     n, key = reading.nbytes, (reading.direction, reading.memory)
     reading.note = "No CUDA device here: the GPU copy cannot run. "
@@ -291,9 +282,9 @@ def _host_instead(
     reading.note += " The host memcpy is real, but it is a CPU copy, not a transfer to a GPU."
     if copy_fn is None:
         reading.host = copies.measure_host_copy(n, dtype=reading.dtype)
-        return reading, "copies.measure_host_copy"
+        return "copies.measure_host_copy"
     reading.host = copies.measure_copy_fn(copy_fn, n, dtype=reading.dtype, device="cpu", repeats=repeats)
-    return reading, f"your {getattr(copy_fn, '__name__', 'copy_fn')}() on one CPU thread"
+    return f"your {getattr(copy_fn, '__name__', 'copy_fn')}() on one CPU thread"
 
 
 def panel_run(
@@ -310,12 +301,9 @@ def panel_run(
     repeats: int = 10,
     **context: Any,
 ) -> Evidence[PanelReading]:
-    """Copy one batch as the panel asks (``size_mib``: MiB *as uint8*), or say plainly why it cannot run here.
-
-    With CUDA a real copy (:func:`_copy_here`); without, the nearest point of the recorded curves ``gpu`` and a
-    live host memcpy of the same bytes (:func:`_host_instead`), set against the sweep's point of the same size
-    when there is one. Context: ``copy_fn``, ``gpu`` (the chapter's curves), ``host`` (this CPU's memcpy sweep).
-    """
+    """Copy one batch as the panel asks (``size_mib``: MiB *as uint8*): with CUDA a real copy; without, the nearest
+    point of the recorded curves ``gpu`` and a live host memcpy of the same bytes, saying plainly why. Either is set
+    against the sweep's point of the same size when there is one (``host``: this CPU's memcpy sweep)."""
     size_mib = check_float("size_mib", size_mib, 1 / 256, 1024)
     direction = check_choice("direction", direction, DIRECTIONS)
     memory = check_choice("memory", memory, MEMORY_KINDS)
@@ -323,32 +311,27 @@ def panel_run(
     repeats = check_int("repeats", repeats, 1, 10_000)
     nbytes = int(round(size_mib * MiB)) * torch.empty((), dtype=DTYPES[dtype]).element_size()
     progress(0.1, "measuring…")
-    ok, _ = transfer.cuda_status(device)
     recorded = gpu.value if gpu is not None else None
-    reading = PanelReading(nbytes, direction, memory, dtype)
-    if ok:
-        reading, method = _copy_here(copy_fn, reading, device, repeats)
+    background = tuple(recorded.sweeps.values() if recorded else ()) + ((host,) if host else ())
+    caption = sweeps_caption(gpu) if gpu is not None else None
+    reading = PanelReading(nbytes, direction, memory, dtype, background=background, caption=caption)
+    reading.ceiling = recorded.ceiling if recorded else None
+    if transfer.cuda_status(device)[0]:
+        method, where = _copy_here(copy_fn, reading, device, repeats), device
         here = recorded is not None and gpu is not None and gpu.here  # measured here too: the same copy, twice
         mine, against = reading.measured, recorded.sweeps.get((direction, memory)) if here and recorded else None
+        what = f"a {direction.upper()} {memory} {dtype} copy of {human_bytes(nbytes)}"
     else:
-        reading, method = _host_instead(copy_fn, reading, recorded, repeats)
-        mine, against = reading.host, host
+        method, where = _host_instead(copy_fn, reading, recorded, repeats), "cpu"
+        mine, against, what = reading.host, host, f"a host memcpy of {human_bytes(nbytes)} (not a GPU copy)"
     same = [q for q in against.points if q.nbytes == nbytes] if mine is not None and against is not None else []
     if mine is not None and same:
         reading.note += " " + points_agree("This run", mine, f"sweep's {human_bytes(nbytes)} point", same[0])
     progress(1.0, "done")
-    reading.background = tuple(recorded.sweeps.values() if recorded is not None else ()) + ((host,) if host else ())
-    reading.ceiling = recorded.ceiling if recorded is not None else None
-    reading.caption = sweeps_caption(gpu) if gpu is not None else None
-    if ok:
-        return evidence.measured(
-            f"a {direction.upper()} {memory} {dtype} copy of {human_bytes(nbytes)}", reading, device, method
-        )
-    return evidence.measured(f"a host memcpy of {human_bytes(nbytes)} (not a GPU copy)", reading, "cpu", method)
+    return evidence.measured(what, reading, where, method)
 
 
 def panel_summary(result: Evidence[PanelReading]) -> str:
-    """The reading's line: each number labelled measured here, reference (recorded elsewhere) or host memcpy."""
     return result.value.summary() if result.value is not None else result.header()
 
 

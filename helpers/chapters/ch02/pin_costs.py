@@ -18,16 +18,10 @@ import torch
 
 from ...core.device import resolve_device, wrap
 from ...core.rounds import table
-from ...core.timing import GpuDelay, cuda_event_time
+from ...core.timing import GpuDelay, cuda_event_time, time_calls
 from ...core.validate import check_float, check_int, human_bytes, human_seconds
-from ...pipeline.transfer import (
-    Unavailable,
-    break_even_uses,
-    check_host_bytes,
-    cuda_status,
-    host_allocator_stats,
-)
-from .copies import TransferPoint, _check_device_bytes, _field, _params, measure_copy, pinning_status
+from ...pipeline.transfer import Unavailable, break_even_uses, check_host_bytes, cuda_status, host_allocator_stats
+from .copies import TransferPoint, _check_device_bytes, _rows, measure_copy, pinning_status
 from .model import _MAX_BYTES, MiB, check_pin_size, predict_pinned_block
 
 
@@ -119,19 +113,11 @@ RECORD_FIELDS = {
 
 
 def _wall(fn: Callable[[], Any], dev: torch.device) -> float:
-    torch.cuda.synchronize(dev)
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize(dev)
-    return time.perf_counter() - t0
+    """One call of ``fn``, wall clock, synchronised with ``dev`` before and after."""
+    return time_calls(fn, repeats=1, device=dev).median_s
 
 
-def pin_cost(
-    nbytes: int,
-    *,
-    device: torch.device | str | None = None,
-    repeats: int = 5,
-) -> PinCost | Unavailable:
+def pin_cost(nbytes: int, *, device: torch.device | str | None = None, repeats: int = 5) -> PinCost | Unavailable:
     """Measure pinning itself against the copy time it saves, at one size (H2D). Without CUDA:
     :class:`Unavailable` with the driver's own error (:func:`pinning_status`)."""
     nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
@@ -163,9 +149,8 @@ def pin_cost(
     med = statistics.median
     how = f"pin and to(): synchronised wall clock, median of {repeats}; copies: CUDA events; "
     how += "'cold' = host cache emptied first (torch._C._host_emptyCache)"
-    return PinCost(
-        nbytes, block, med(cold), med(cached), pageable.median_s, pinned.median_s, med(plain[1:]), med(pin_copy), how
-    )
+    copies = (pageable.median_s, pinned.median_s)
+    return PinCost(nbytes, block, med(cold), med(cached), *copies, med(plain[1:]), med(pin_copy), how)
 
 
 @dataclass
@@ -240,12 +225,8 @@ def host_blocking_probe(
 def pin_costs_from_records(result_set: Any, records: Iterable[Any]) -> list[PinCost] | None:
     """:class:`PinCost` rows from ``ch02.pin.*`` records (sizes with all six fields); None if none has them."""
     by_size: dict[int, dict[str, float]] = {}
-    for r in records:
-        key = str(_field(r, "key"))
-        if not key.startswith("ch02.pin."):
-            continue
-        n = int(_params(r).get("nbytes", 0))
-        by_size.setdefault(n, {})[key.rsplit(".", 1)[1]] = float(_field(r, "value"))
+    for key, params, value, _ in _rows(records, "ch02.pin"):
+        by_size.setdefault(int(params.get("nbytes", 0)), {})[key.rsplit(".", 1)[1]] = value
     rows = [
         PinCost(
             n, predict_pinned_block(n), **{name: f[k] for k, name in RECORD_FIELDS.items()}, method="reference record"
@@ -257,27 +238,21 @@ def pin_costs_from_records(result_set: Any, records: Iterable[Any]) -> list[PinC
 
 
 def host_blocking_from_records(result_set: Any, records: Iterable[Any]) -> HostBlocking | None:
-    """A :class:`HostBlocking` from ``ch02.host_held`` records (one per case); None if there are none."""
-    recs = [r for r in records if _field(r, "key") == "ch02.host_held" and "case" in _params(r)]
-    if not recs:
+    """A :class:`HostBlocking` from ``ch02.host_held`` records (one per case, of the first probe); None if none."""
+    rows = [(p, v) for _, p, v, _ in _rows(records, "ch02.host_held") if "case" in p]
+    if not rows:
         return None
-    first = _params(recs[0])
-    same = [r for r in recs if _params(r).get("gpu_work_s") == first.get("gpu_work_s")]  # one probe's cases
-    held = {str(_params(r)["case"]): float(_field(r, "value")) for r in same}
+    first = rows[0][0]
+    held = {str(p["case"]): v for p, v in rows if p.get("gpu_work_s") == first.get("gpu_work_s")}
     return HostBlocking(int(first.get("nbytes", 0)), float(first.get("gpu_work_s", 0.0)), held)
 
 
 def rounding_rows_from_records(result_set: Any, records: Iterable[Any]) -> list[RoundingRow] | None:
     """:class:`RoundingRow` s from ``ch02.pinned_block`` records (the pool growth per request); None if none."""
-    asked = [
-        (int(_params(r)["requested"]), r)
-        for r in records
-        if _field(r, "key") == "ch02.pinned_block" and "requested" in _params(r)
-    ]
-    rows = [
-        RoundingRow(n, predict_pinned_block(n), int(_field(r, "value"))) for n, r in sorted(asked, key=lambda a: a[0])
-    ]
-    return rows or None
+    asked = sorted(
+        (int(p["requested"]), int(v)) for _, p, v, _ in _rows(records, "ch02.pinned_block") if "requested" in p
+    )
+    return [RoundingRow(n, predict_pinned_block(n), grew) for n, grew in asked] or None
 
 
 def pin_cost_table(rows: Sequence[PinCost]) -> str:
