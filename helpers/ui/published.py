@@ -77,8 +77,6 @@ class PublishedFigure:
     date_read: str
     notes: str
 
-    kind = KIND_PUBLISHED
-
     @property
     def gbps(self) -> float:
         """The figure in GB/s (10**9 B/s), converted with the tool's own unit definition."""

@@ -137,7 +137,6 @@ class FitCheck:
     """A latency+bandwidth fit set against its points: ``misses`` holds ``(nbytes, off, spread)`` for each size
     where the fit lies outside the point's band (``off`` = |prediction / median - 1|, ``spread`` = IQR / median)."""
 
-    label: str
     n_points: int
     misses: tuple[tuple[int, float, float], ...]
 
@@ -167,7 +166,7 @@ def fit_check(sweep: Sweep, fit: LatencyBandwidthFit | None = None) -> FitCheck:
         predicted = fit.predict_s(p.nbytes)
         if not agreement.within_range(predicted, agreement.median_band(p.median_s, p.iqr_s)):
             misses.append((p.nbytes, abs(predicted - p.median_s) / p.median_s, p.iqr_s / p.median_s))
-    return FitCheck(sweep.label, len(sweep.points), tuple(misses))
+    return FitCheck(len(sweep.points), tuple(misses))
 
 
 def runs_agree(first: str, seconds: Sequence[float], second: str, point: TransferPoint) -> str:
@@ -201,7 +200,7 @@ def largest_copy(host: Sweep) -> TransferPoint:
     return max(host.points, key=lambda p: p.nbytes)
 
 
-def memcpy_cap_lines(host: Sweep, gens: Sequence[int] = (3, 4, 5)) -> list[str]:
+def memcpy_cap_lines(host: Sweep) -> list[str]:
     """The CPU-side cap check: the sweep's own largest copy (the point the sweep cell printed: a large batch is
     staged from RAM, not from the caches that make mid-sized copies faster) against PCIe x16 ceilings."""
     big = largest_copy(host)
@@ -209,7 +208,7 @@ def memcpy_cap_lines(host: Sweep, gens: Sequence[int] = (3, 4, 5)) -> list[str]:
         f"Host memcpy at {human_bytes(big.nbytes)} (the sweep's largest copy, printed above, measured now): "
         f"{big.gbps:.2f} GB/s"
     ]
-    for gen in gens:
+    for gen in (3, 4, 5):
         link = pcie_bandwidth_gbps(gen, 16)
         side = "the CPU memcpy would cap pageable copies" if big.gbps < link else "the link is the cap either way"
         out.append(f"  PCIe Gen{gen} x16, {link:5.1f} GB/s (theoretical): {side}")
@@ -358,18 +357,15 @@ def benchmark(
     progress: ProgressFn | None = None,
     sizes: Sequence[int] | None = None,
 ) -> None:
-    """Run chapter 02's key measurements and add them to ``results`` (``sizes``: bytes per copy, default
-    :func:`~.model.copy_sizes`). Records (key: unit; params):
+    """Run chapter 02's key measurements into ``results`` (``sizes``: bytes per copy, default
+    :func:`~.model.copy_sizes`). Records (key: unit; params; spread ``iqr_s``, ``n`` where a median):
 
-    - ``ch02.host_copy_time``: s; ``nbytes``; spread ``iqr_s``, ``n`` - host memcpy (the only one without CUDA).
-    - ``ch02.copy_time``: s; ``direction``, ``memory``, ``nbytes``; spread ``iqr_s``, ``n`` (CUDA events on a
-      side stream, :func:`~.copies.transfer_sweep`).
-    - ``ch02.fit.latency`` (s), ``ch02.fit.bandwidth`` (GB/s); ``direction``, ``memory`` - each curve's fit.
-    - ``ch02.pin.cold`` / ``.cached`` / ``.pin_then_copy`` / ``.plain_to`` / ``.pageable_copy`` / ``.pinned_copy``:
-      s; ``nbytes`` - :class:`~.pin_costs.PinCost` at 1, 16, 128 MiB (those within ``sizes``).
+    - ``ch02.host_copy_time``: s; ``nbytes`` - host memcpy (the only one without CUDA).
+    - ``ch02.copy_time``: s; ``direction``, ``memory``, ``nbytes`` (:func:`~.copies.transfer_sweep`); each curve's
+      fit as ``ch02.fit.latency`` (s) and ``ch02.fit.bandwidth`` (GB/s).
+    - ``ch02.pin.<key>`` (:data:`~.pin_costs.RECORD_FIELDS`): s; ``nbytes`` - at 1, 16, 128 MiB (within ``sizes``).
     - ``ch02.host_held``: s; ``case``, ``nbytes``, ``gpu_work_s`` - host time inside the copy call.
-    - ``ch02.wire_time``: s; ``dtype``, ``nbytes`` - pinned H2D copy of 64x3x224x224 images.
-    - ``ch02.pinned_block``: bytes; ``requested`` - allocator pool growth for one pin.
+    - ``ch02.wire_time``: s; ``dtype``, ``nbytes``; ``ch02.pinned_block``: bytes; ``requested``.
     """
     progress = progress or no_progress
     sizes = [check_int("sizes[i]", n, 1) for n in (model.copy_sizes() if sizes is None else sizes)]

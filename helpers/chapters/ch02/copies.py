@@ -1,11 +1,8 @@
-"""Chapter 02's copies: pageable against pinned host memory, measured across sizes.
-
-:func:`sweep` is the one copy loop: it calls a :data:`CopyFn` (the reader's ``time_copy``, or the helper's own
-CUDA-event copy behind :func:`transfer_sweep` and :func:`measure_copy`) for every size and memory kind in
-alternating rounds. Beside it: the host memcpy (the CPU-side reference point, real anywhere), bytes on the wire,
-and the ``ch02.*`` records read back. Without CUDA a GPU measurement returns
-:class:`~helpers.pipeline.transfer.Unavailable`, never raises. The arithmetic is in :mod:`.model`.
-"""
+"""Chapter 02's copies: pageable against pinned host memory, across sizes. :func:`sweep` is the one copy loop: a
+:data:`CopyFn` (the reader's ``time_copy``, or the helper's CUDA-event copy behind :func:`transfer_sweep` and
+:func:`measure_copy`) for every size and memory kind, in alternating rounds. Beside it: the host memcpy (real
+anywhere), bytes on the wire, and the ``ch02.*`` records read back. Without CUDA a GPU measurement returns
+:class:`~helpers.pipeline.transfer.Unavailable`, never raises."""
 
 from __future__ import annotations
 
@@ -39,8 +36,7 @@ CopyFn = Callable[..., Any]
 
 @dataclass
 class TransferPoint:
-    """One copy size: median and IQR of the time of one copy. ``direction``: ``"h2d"``, ``"d2h"`` or ``"h2h"``
-    (host memcpy, the CPU-only reference point); ``memory``: the host side's kind."""
+    """One copy size: median and IQR of one copy's time; ``direction`` ``"h2h"`` is the host memcpy."""
 
     nbytes: int
     direction: str
@@ -66,8 +62,7 @@ class TransferPoint:
 
 @dataclass
 class Sweep:
-    """Copy times across sizes for one (direction, memory kind) pair; ``source``: ``"measured here"`` or
-    the reference it was recorded in."""
+    """Copy times across sizes for one (direction, memory kind); ``source``: measured here, or the reference."""
 
     direction: str
     memory: str
@@ -79,9 +74,8 @@ class Sweep:
     @property
     def label(self) -> str:
         """Legend label, e.g. ``'H2D pinned'``."""
-        if self.direction == "h2h":
-            return "host memcpy (CPU→CPU, not a GPU copy)"
-        return f"{self.direction.upper()} {self.memory}"
+        h2h = self.direction == "h2h"
+        return "host memcpy (CPU→CPU, not a GPU copy)" if h2h else f"{self.direction.upper()} {self.memory}"
 
     def sizes(self) -> list[int]:
         return [p.nbytes for p in self.points]
@@ -313,15 +307,9 @@ def transfer_sweep(
     if not ok:
         return Unavailable(f"{direction.upper()} {memory} copies", reason)
     how = f"CUDA events on a side stream, {warmup} warm-up copies, median of {reps}"
-    kw: dict[str, Any] = {
-        "direction": direction,
-        "kinds": (memory,),
-        "method": how,
-        "dtype": dtype,
-        "progress": progress,
-    }
-    curves = sweep(_helper_copy(direction, warmup), sizes, device=resolve_device(device), repeats=reps, rounds=1, **kw)
-    return curves[(direction, memory)]
+    dev, copy = resolve_device(device), _helper_copy(direction, warmup)
+    kw: dict[str, Any] = {"kinds": (memory,), "method": how, "dtype": dtype, "progress": progress}
+    return sweep(copy, sizes, device=dev, repeats=reps, rounds=1, direction=direction, **kw)[(direction, memory)]
 
 
 def measure_copy(
@@ -366,7 +354,6 @@ class WireResult:
     nbytes: dict[str, int]
     seconds: dict[str, float]
     what: str
-    method: str = ""
 
     @property
     def byte_ratio(self) -> float:
@@ -395,10 +382,10 @@ def wire_comparison(
         dev = resolve_device(device)
         points = {d: measure_copy(n, "h2d", "pinned", dtype=d, device=dev, repeats=repeats) for d, n in nbytes.items()}
         seconds = {d: p.median_s for d, p in points.items() if isinstance(p, TransferPoint)}
-        return WireResult(shape, nbytes, seconds, f"pinned H2D copy on {_gpu_name(dev)}", "CUDA events, median")
+        return WireResult(shape, nbytes, seconds, f"pinned H2D copy on {_gpu_name(dev)}")
     seconds = {d: measure_host_copy(n, dtype=d).median_s for d, n in nbytes.items()}
     what = "host memcpy on this CPU (no GPU here: not a GPU transfer)"
-    return WireResult(shape, nbytes, seconds, what, "torch.utils.benchmark Timer, median")
+    return WireResult(shape, nbytes, seconds, what)
 
 
 # Each ``*_from_records(result_set, records)`` is a ``convert`` for helpers.core.evidence.measure_or_recall: what
@@ -439,7 +426,7 @@ def wire_from_records(result_set: Any, records: Iterable[Any]) -> WireResult | N
     if set(got) != set(DTYPES) or not all(n and s for n, s in got.values()):
         return None
     nbytes, seconds = {d: got[d][0] for d in DTYPES}, {d: got[d][1] for d in DTYPES}
-    return WireResult(None, nbytes, seconds, what="pinned H2D copy", method="reference record")
+    return WireResult(None, nbytes, seconds, what="pinned H2D copy")
 
 
 def wire_lines(wire: WireResult) -> list[str]:

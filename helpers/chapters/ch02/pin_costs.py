@@ -77,9 +77,10 @@ def pinned_rounding_demo(sizes: Sequence[int]) -> list[RoundingRow] | Unavailabl
 @dataclass
 class PinCost:
     """What pinning one buffer costs and what it saves, for one size (seconds): ``t.pin_memory()`` when the
-    allocator must call ``cudaHostAlloc`` (cold) or reuses a cached block (a memcpy); one H2D copy from a reused
-    buffer, pageable or pinned (CUDA events); the synchronised wall time of ``t.to(dev)`` from pageable memory
-    and of ``t.pin_memory().to(dev, non_blocking=True)`` with a cold allocator ("pin once, copy once")."""
+    allocator must call ``cudaHostAlloc`` (cold: host cache emptied first) or reuses a cached block (a memcpy);
+    one H2D copy from a reused buffer, pageable or pinned (CUDA events); the synchronised wall time of
+    ``t.to(dev)`` from pageable memory and of ``t.pin_memory().to(dev, non_blocking=True)`` with a cold
+    allocator ("pin once, copy once"). Wall times: medians of ``repeats`` calls."""
 
     nbytes: int
     block_bytes: int
@@ -89,7 +90,6 @@ class PinCost:
     pinned_copy_s: float
     plain_to_s: float
     pin_then_copy_s: float
-    method: str = ""
 
     @property
     def saving_per_copy_s(self) -> float:
@@ -147,10 +147,8 @@ def pin_cost(nbytes: int, *, device: torch.device | str | None = None, repeats: 
         del src
         torch.cuda.empty_cache()
     med = statistics.median
-    how = f"pin and to(): synchronised wall clock, median of {repeats}; copies: CUDA events; "
-    how += "'cold' = host cache emptied first (torch._C._host_emptyCache)"
     copies = (pageable.median_s, pinned.median_s)
-    return PinCost(nbytes, block, med(cold), med(cached), *copies, med(plain[1:]), med(pin_copy), how)
+    return PinCost(nbytes, block, med(cold), med(cached), *copies, med(plain[1:]), med(pin_copy))
 
 
 @dataclass
@@ -228,9 +226,7 @@ def pin_costs_from_records(result_set: Any, records: Iterable[Any]) -> list[PinC
     for key, params, value, _ in _rows(records, "ch02.pin"):
         by_size.setdefault(int(params.get("nbytes", 0)), {})[key.rsplit(".", 1)[1]] = value
     rows = [
-        PinCost(
-            n, predict_pinned_block(n), **{name: f[k] for k, name in RECORD_FIELDS.items()}, method="reference record"
-        )
+        PinCost(n, predict_pinned_block(n), **{name: f[k] for k, name in RECORD_FIELDS.items()})
         for n, f in sorted(by_size.items())
         if n > 0 and set(RECORD_FIELDS) <= set(f)
     ]
