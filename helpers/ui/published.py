@@ -160,14 +160,10 @@ def _check_entry(raw: Any, index: int) -> PublishedFigure:
     value, size, unit, link = raw["value"], raw["transfer_size_bytes"], raw["unit"], raw["product_link"]
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     need(number and value > 0, f"value must be a number > 0, got {value!r}")
-    need(unit in UNITS, f"unit must be one of {list(UNITS)}, got {unit!r}")
-    per = UNITS[unit]
-    need(
-        raw["unit_bytes_per_s"] in per,
-        f"unit_bytes_per_s for {unit} must be one of {list(per)}, got {raw['unit_bytes_per_s']!r}",
-    )
-    need(raw["direction"] in DIRECTIONS, f"direction must be one of {list(DIRECTIONS)}, got {raw['direction']!r}")
-    need(raw["memory"] in MEMORY_KINDS, f"memory must be one of {list(MEMORY_KINDS)}, got {raw['memory']!r}")
+    for key, choices in (("unit", UNITS), ("direction", DIRECTIONS), ("memory", MEMORY_KINDS)):
+        need(raw[key] in choices, f"{key} must be one of {list(choices)}, got {raw[key]!r}")
+    per, got = UNITS[unit], raw["unit_bytes_per_s"]
+    need(got in per, f"unit_bytes_per_s for {unit} must be one of {list(per)}, got {got!r}")
     whole = size is None or (isinstance(size, int) and not isinstance(size, bool) and size > 0)
     need(whole, f"transfer_size_bytes must be a positive integer or null, got {size!r}")
     need(bool(_DATE.match(raw["date_read"])), f"date_read must be YYYY-MM-DD, got {raw['date_read']!r}")
@@ -359,9 +355,7 @@ def _mark(
     ax.plot(xs, ys, label=label, markersize=6, **style, **kw)
 
 
-def add_published_points(
-    ax: Any, figures: Iterable[PublishedFigure] | None = None, *, annotate: bool = True, fontsize: float = 7.0
-) -> list[PublishedFigure]:
+def add_published_points(ax: Any, figures: Iterable[PublishedFigure] | None = None) -> list[PublishedFigure]:
     """Draw published figures on a bandwidth-vs-size Axes (black-edged diamonds: pinned, triangles: pageable;
     orange H2D, blue D2H; a source's sizes dotted, ``[k]`` by the largest); return those without a size."""
     figs = _figs(figures)
@@ -370,9 +364,8 @@ def add_published_points(
         xs, ys = [float(f.transfer_size_bytes or 0) for f in group], [f.gbps for f in group]
         dotted = ":" if len(group) > 1 else ""
         _mark(ax, group[-1], xs, ys, done, " [k]", linestyle=dotted, linewidth=0.8, markeredgewidth=0.7, zorder=4)
-        if annotate:
-            text = {"textcoords": "offset points", "fontsize": fontsize, "color": "#222", "zorder": 5}
-            ax.annotate(f"{k}", (xs[-1], ys[-1]), xytext=(4, -3), **text)
+        text = {"textcoords": "offset points", "fontsize": 7, "color": "#222", "zorder": 5}
+        ax.annotate(f"{k}", (xs[-1], ys[-1]), xytext=(4, -3), **text)
     if ax.get_xscale() == "log":
         size_ticks(ax)
     return [f for f in figs if f.transfer_size_bytes is None]

@@ -183,11 +183,7 @@ def _held(dst: torch.Tensor, src: torch.Tensor, nb: bool, work: Callable[[], Non
 
 
 def host_blocking_probe(
-    *,
-    device: torch.device | str | None = None,
-    gpu_work_s: float = 0.1,
-    nbytes: int = 64 * MiB,
-    repeats: int = 3,
+    *, device: torch.device | str | None = None, gpu_work_s: float = 0.1, nbytes: int = 64 * MiB, repeats: int = 3
 ) -> HostBlocking | Unavailable:
     """Queue ``gpu_work_s`` of GPU work, then time (host clock) the H2D copy *call* of each of :data:`_CASES`: a
     call that holds the host about as long as the work waited for the GPU; one that returns at once let the CPU
