@@ -60,18 +60,13 @@ class CopySweeps:
             for sw in self.sweeps.values()
             if sw.points
         ]
-        if self.ceiling:
-            out.append(f"  link ceiling: {self.ceiling[0]:.1f} GB/s, {self.ceiling[1]}")
-        else:
-            out.append(f"  Link ceiling unknown: {self.ceiling_note or 'not recorded'}")
-        return out
+        c, why = self.ceiling, self.ceiling_note or "not recorded"
+        return out + [f"  link ceiling: {c[0]:.1f} GB/s, {c[1]}" if c else f"  Link ceiling unknown: {why}"]
 
 
 def _ceiling(gbps: Any, label: Any) -> tuple[float, str] | None:
-    if not gbps:
-        return None
     text = str(label or "link ceiling")
-    return float(gbps), text if "theoretical" in text else f"{text} (theoretical)"
+    return (float(gbps), text if "theoretical" in text else f"{text} (theoretical)") if gbps else None
 
 
 def measure_sweeps(
@@ -92,8 +87,7 @@ def measure_sweeps(
     if not ok:
         raise ValueError(f"device: {reason}")
     progress = progress or no_progress
-    reps = sized(5, 15) if repeats is None else check_int("repeats", repeats, 1, 10_000)
-    rounds = check_int("rounds", rounds, 1, 100)
+    reps = sized(5, 15) if repeats is None else repeats  # checked by copies.sweep, and rounds by its alternate()
     sweeps = copies.sweep(
         copy_fn, sizes, device=dev, repeats=reps, rounds=rounds, progress=scaled(progress, 0.0, 0.6, "H2D: ")
     )

@@ -204,12 +204,12 @@ def _samples(copy_fn: CopyFn, result: Any) -> list[float]:
     try:
         out = [float(v) for v in values]
     except (TypeError, ValueError):
-        raise ValueError(
-            f"copy_fn: {name}(...) must return the seconds of each timed copy (a list of "
-            f"numbers) or one number, got {result!r}"
-        ) from None
+        out = []
     if not out or not all(math.isfinite(v) and v >= 0 for v in out):
-        raise ValueError(f"copy_fn: {name}(...) returned {out!r}; expected one or more times in seconds, >= 0")
+        raise ValueError(
+            f"copy_fn: {name}(...) must return the seconds of each timed copy (a list of numbers >= 0) or one "
+            f"number, got {result!r}"
+        )
     return out
 
 

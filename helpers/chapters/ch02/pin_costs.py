@@ -1,10 +1,7 @@
 """Chapter 02's costs of pinning itself: ``tensor.pin_memory()`` cold and cached against what it saves; how long
-the CPU is held by a copy queued behind GPU work; the pinned caching allocator's power-of-two blocks.
-
-Measurements that need CUDA return :class:`~helpers.pipeline.transfer.Unavailable` (never raise) without it; the
-``*_from_records`` functions rebuild them from reference records (``convert`` for
-:func:`helpers.core.evidence.measure_or_recall`), and the formatters print either kind alike.
-"""
+the CPU is held by a copy queued behind GPU work; the pinned caching allocator's power-of-two blocks. Without CUDA
+each measurement returns :class:`~helpers.pipeline.transfer.Unavailable`; the ``*_from_records`` functions rebuild
+it from reference records, and the formatters print either kind alike."""
 
 from __future__ import annotations
 
