@@ -228,12 +228,10 @@ class PanelReading:
     def summary(self) -> str:
         """Each point labelled measured here, reference (recorded elsewhere) or host memcpy, then the note."""
         head = f"{self.direction.upper()} {self.memory} {self.dtype}, {human_bytes(self.nbytes)}: "
-        parts = []
-        for p, what in ((self.measured, "measured here"), (self.reference, "reference"), (self.host, "host memcpy")):
-            if p is not None:
-                recorded = f", {human_bytes(p.nbytes)} recorded" if p is self.reference else ""
-                what += " of the same bytes" if p is self.host else ""
-                parts.append(f"{what} {human_seconds(p.median_s)} ({p.gbps:.2f} GB/s{recorded})")
+        ref = f", {human_bytes(self.reference.nbytes)} recorded" if self.reference else ""
+        shown = [(self.measured, "measured here", ""), (self.reference, "reference", ref)]
+        shown.append((self.host, "host memcpy of the same bytes", ""))
+        parts = [f"{what} {human_seconds(p.median_s)} ({p.gbps:.2f} GB/s{x})" for p, what, x in shown if p is not None]
         return head + "; ".join(parts) + (". " + self.note if self.note else "")
 
 

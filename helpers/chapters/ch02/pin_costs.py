@@ -144,8 +144,8 @@ def pin_cost(nbytes: int, *, device: torch.device | str | None = None, repeats: 
         del src
         torch.cuda.empty_cache()
     med = statistics.median
-    copies = (pageable.median_s, pinned.median_s)
-    return PinCost(nbytes, block, med(cold), med(cached), *copies, med(plain[1:]), med(pin_copy))
+    copy_s = (pageable.median_s, pinned.median_s)
+    return PinCost(nbytes, block, med(cold), med(cached), *copy_s, med(plain[1:]), med(pin_copy))
 
 
 @dataclass
