@@ -115,7 +115,6 @@ def test_filters_validate_their_arguments():
     with pytest.raises(ValueError, match="what"):
         published.pairs("socket")
     assert all(f.transfer_size_bytes for f in published.published_figures(sized=True))
-    assert {f.generation for f in published.published_figures(generation="Pascal")} == {"Pascal"}
 
 
 def test_markdown_table_and_readme_block_render():

@@ -209,23 +209,18 @@ def _figs(figures: Iterable[PublishedFigure] | None) -> list[PublishedFigure]:
 
 
 def published_figures(
-    direction: str | None = None, memory: str | None = None, *, generation: str | None = None, sized: bool = False
+    direction: str | None = None, memory: str | None = None, *, sized: bool = False
 ) -> list[PublishedFigure]:
-    """The shipped published figures, filtered by direction, memory kind, GPU generation (``"Ampere"``), and
-    to those whose source states the transfer size (``sized``); None keeps all."""
+    """The shipped published figures, filtered by direction, memory kind, and to those whose source states the
+    transfer size (``sized``); None keeps all."""
     if direction is not None:
         check_choice("direction", direction, DIRECTIONS)
     if memory is not None:
         check_choice("memory", memory, MEMORY_KINDS)
-    if generation is not None:
-        check_choice("generation", generation, generations())
     return [
         f
         for f in _cached()
-        if direction in (None, f.direction)
-        and memory in (None, f.memory)
-        and generation in (None, f.generation)
-        and (not sized or f.transfer_size_bytes)
+        if direction in (None, f.direction) and memory in (None, f.memory) and (not sized or f.transfer_size_bytes)
     ]
 
 

@@ -320,13 +320,12 @@ def measure_copy(
     dtype: str = "uint8",
     device: torch.device | str | None = None,
     repeats: int = 20,
-    warmup: int = 3,
 ) -> TransferPoint | Unavailable:
     """One host<->GPU copy size, timed as :func:`transfer_sweep` times each (pinned copies ``non_blocking=True``,
     pageable ones the default). :class:`Unavailable` without CUDA."""
     nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
     _numel(nbytes, check_choice("dtype", dtype, DTYPES))
-    sw = transfer_sweep(direction, memory, [nbytes], device=device, repeats=repeats, warmup=warmup, dtype=dtype)
+    sw = transfer_sweep(direction, memory, [nbytes], device=device, repeats=repeats, dtype=dtype)
     return sw if isinstance(sw, Unavailable) else sw.points[0]
 
 
@@ -365,22 +364,16 @@ class WireResult:
 
 
 def wire_comparison(
-    batch: int = 64,
-    channels: int = 3,
-    height: int = 224,
-    width: int = 224,
-    *,
-    device: torch.device | str | None = None,
-    repeats: int = 10,
+    batch: int = 64, channels: int = 3, height: int = 224, width: int = 224, *, device: torch.device | str | None = None
 ) -> WireResult:
-    """Copy the same images as uint8 and as float32 and time both: pinned H2D copies (CUDA events) on a CUDA
-    device; else a pageable host memcpy (real, but a CPU copy, and ``what`` says so)."""
+    """Copy the same images as uint8 and as float32 and time both: pinned H2D copies (CUDA events, median of 10) on
+    a CUDA device; else a pageable host memcpy (real, but a CPU copy, and ``what`` says so)."""
     limits = {"batch": (batch, 100_000), "channels": (channels, 64), "height": (height, 8192), "width": (width, 8192)}
     b, c, h, w = (check_int(name, value, 1, hi) for name, (value, hi) in limits.items())
     shape, nbytes = (b, c, h, w), {d: images_nbytes(b, c, h, w, dtype=d) for d in DTYPES}
     if cuda_status(device)[0]:
         dev = resolve_device(device)
-        points = {d: measure_copy(n, "h2d", "pinned", dtype=d, device=dev, repeats=repeats) for d, n in nbytes.items()}
+        points = {d: measure_copy(n, "h2d", "pinned", dtype=d, device=dev, repeats=10) for d, n in nbytes.items()}
         seconds = {d: p.median_s for d, p in points.items() if isinstance(p, TransferPoint)}
         return WireResult(shape, nbytes, seconds, f"pinned H2D copy on {_gpu_name(dev)}")
     seconds = {d: measure_host_copy(n, dtype=d).median_s for d, n in nbytes.items()}
