@@ -40,7 +40,7 @@ def _time_copy_cell() -> str:
     return found[0]
 
 
-def _namespace(device: str) -> dict:
+def _namespace(device: str | torch.device) -> dict:
     """What the chapter's setup cell gives its cells: torch, time, functools, DEVICE."""
     return {
         "torch": torch,
@@ -57,7 +57,7 @@ def chapter_time_copy():
     return ns["time_copy"]
 
 
-def chapter_pipeline(device: str) -> dict:
+def chapter_pipeline(device: str | torch.device) -> dict:
     ns = _namespace(device)
     for cell in codecells.pipeline_cells("02"):
         exec(compile(cell, "<chapter 02: pipeline>", "exec"), ns)

@@ -12,26 +12,12 @@ from __future__ import annotations
 import pytest
 import torch
 from cuda_standin import fake_cuda
-from test_ch02_pipeline import _namespace, _time_copy_cell
+from test_ch02_pipeline import chapter_pipeline as _pipeline
+from test_ch02_pipeline import chapter_time_copy as _time_copy
 
 from helpers.chapters.ch02 import pin_costs
-from helpers.ui import codecells
 
 CUDA1 = torch.device("cuda", 1)
-
-
-def _time_copy():
-    ns = _namespace("cpu")
-    exec(compile(_time_copy_cell(), "<chapter 02: time_copy>", "exec"), ns)
-    return ns["time_copy"]
-
-
-def _pipeline(device: torch.device) -> dict:
-    ns = _namespace("cpu")
-    ns["DEVICE"] = device
-    for cell in codecells.pipeline_cells("02"):
-        exec(compile(cell, "<chapter 02: pipeline>", "exec"), ns)
-    return ns
 
 
 @pytest.mark.parametrize("current", [0, 1])

@@ -60,18 +60,13 @@ class CopySweeps:
             for sw in self.sweeps.values()
             if sw.points
         ]
-        if self.ceiling:
-            out.append(f"  link ceiling: {self.ceiling[0]:.1f} GB/s, {self.ceiling[1]}")
-        else:
-            out.append(f"  Link ceiling unknown: {self.ceiling_note or 'not recorded'}")
-        return out
+        c, why = self.ceiling, self.ceiling_note or "not recorded"
+        return out + [f"  link ceiling: {c[0]:.1f} GB/s, {c[1]}" if c else f"  Link ceiling unknown: {why}"]
 
 
 def _ceiling(gbps: Any, label: Any) -> tuple[float, str] | None:
-    if not gbps:
-        return None
     text = str(label or "link ceiling")
-    return float(gbps), text if "theoretical" in text else f"{text} (theoretical)"
+    return (float(gbps), text if "theoretical" in text else f"{text} (theoretical)") if gbps else None
 
 
 def measure_sweeps(
@@ -92,8 +87,7 @@ def measure_sweeps(
     if not ok:
         raise ValueError(f"device: {reason}")
     progress = progress or no_progress
-    reps = sized(5, 15) if repeats is None else check_int("repeats", repeats, 1, 10_000)
-    rounds = check_int("rounds", rounds, 1, 100)
+    reps = sized(5, 15) if repeats is None else repeats  # checked by copies.sweep, and rounds by its alternate()
     sweeps = copies.sweep(
         copy_fn, sizes, device=dev, repeats=reps, rounds=rounds, progress=scaled(progress, 0.0, 0.6, "H2D: ")
     )
@@ -137,7 +131,6 @@ class FitCheck:
     """A latency+bandwidth fit set against its points: ``misses`` holds ``(nbytes, off, spread)`` for each size
     where the fit lies outside the point's band (``off`` = |prediction / median - 1|, ``spread`` = IQR / median)."""
 
-    label: str
     n_points: int
     misses: tuple[tuple[int, float, float], ...]
 
@@ -167,7 +160,7 @@ def fit_check(sweep: Sweep, fit: LatencyBandwidthFit | None = None) -> FitCheck:
         predicted = fit.predict_s(p.nbytes)
         if not agreement.within_range(predicted, agreement.median_band(p.median_s, p.iqr_s)):
             misses.append((p.nbytes, abs(predicted - p.median_s) / p.median_s, p.iqr_s / p.median_s))
-    return FitCheck(sweep.label, len(sweep.points), tuple(misses))
+    return FitCheck(len(sweep.points), tuple(misses))
 
 
 def runs_agree(first: str, seconds: Sequence[float], second: str, point: TransferPoint) -> str:
@@ -201,7 +194,7 @@ def largest_copy(host: Sweep) -> TransferPoint:
     return max(host.points, key=lambda p: p.nbytes)
 
 
-def memcpy_cap_lines(host: Sweep, gens: Sequence[int] = (3, 4, 5)) -> list[str]:
+def memcpy_cap_lines(host: Sweep) -> list[str]:
     """The CPU-side cap check: the sweep's own largest copy (the point the sweep cell printed: a large batch is
     staged from RAM, not from the caches that make mid-sized copies faster) against PCIe x16 ceilings."""
     big = largest_copy(host)
@@ -209,7 +202,7 @@ def memcpy_cap_lines(host: Sweep, gens: Sequence[int] = (3, 4, 5)) -> list[str]:
         f"Host memcpy at {human_bytes(big.nbytes)} (the sweep's largest copy, printed above, measured now): "
         f"{big.gbps:.2f} GB/s"
     ]
-    for gen in gens:
+    for gen in (3, 4, 5):
         link = pcie_bandwidth_gbps(gen, 16)
         side = "the CPU memcpy would cap pageable copies" if big.gbps < link else "the link is the cap either way"
         out.append(f"  PCIe Gen{gen} x16, {link:5.1f} GB/s (theoretical): {side}")
@@ -233,19 +226,12 @@ class PanelReading:
     caption: str | None = None
 
     def summary(self) -> str:
+        """Each point labelled measured here, reference (recorded elsewhere) or host memcpy, then the note."""
         head = f"{self.direction.upper()} {self.memory} {self.dtype}, {human_bytes(self.nbytes)}: "
-        parts = []
-        if self.measured is not None:
-            parts.append(f"measured here {human_seconds(self.measured.median_s)} ({self.measured.gbps:.2f} GB/s)")
-        if self.reference is not None:
-            parts.append(
-                f"reference {human_seconds(self.reference.median_s)} ({self.reference.gbps:.2f} GB/s, "
-                f"{human_bytes(self.reference.nbytes)} recorded)"
-            )
-        if self.host is not None:
-            parts.append(
-                f"host memcpy of the same bytes {human_seconds(self.host.median_s)} ({self.host.gbps:.2f} GB/s)"
-            )
+        ref = f", {human_bytes(self.reference.nbytes)} recorded" if self.reference else ""
+        shown = [(self.measured, "measured here", ""), (self.reference, "reference", ref)]
+        shown.append((self.host, "host memcpy of the same bytes", ""))
+        parts = [f"{what} {human_seconds(p.median_s)} ({p.gbps:.2f} GB/s{x})" for p, what, x in shown if p is not None]
         return head + "; ".join(parts) + (". " + self.note if self.note else "")
 
 
@@ -259,25 +245,21 @@ def panel_controls(**context: Any) -> dict[str, Any]:
     }
 
 
-def _copy_here(
-    copy_fn: CopyFn | None, reading: PanelReading, device: torch.device | str, repeats: int
-) -> tuple[PanelReading, str]:
+def _copy_here(copy_fn: CopyFn | None, reading: PanelReading, device: torch.device | str, repeats: int) -> str:
     """With CUDA: an H2D copy by the reader's function, a D2H one (which it does not do) by the helper's."""
     n, direction, memory, dtype = reading.nbytes, reading.direction, reading.memory, reading.dtype
     if copy_fn is not None and direction == "h2d":
         name = getattr(copy_fn, "__name__", "copy_fn")
         reading.measured = copies.measure_copy_fn(copy_fn, n, memory, dtype=dtype, device=device, repeats=repeats)
         reading.note = f"Timed by your {name}()."
-        return reading, f"your {name}()"
+        return f"your {name}()"
     p = copies.measure_copy(n, direction, memory, dtype=dtype, device=device, repeats=repeats)
     reading.measured = p if isinstance(p, TransferPoint) else None
     reading.note = "D2H: timed by copies.measure_copy (your copy function does H2D)." if copy_fn is not None else ""
-    return reading, "copies.measure_copy, CUDA events"
+    return "copies.measure_copy, CUDA events"
 
 
-def _host_instead(
-    copy_fn: CopyFn | None, reading: PanelReading, recorded: CopySweeps | None, repeats: int
-) -> tuple[PanelReading, str]:
+def _host_instead(copy_fn: CopyFn | None, reading: PanelReading, recorded: CopySweeps | None, repeats: int) -> str:
     """Without CUDA: the nearest recorded point of this copy (if any) and a live host memcpy of the same bytes."""
     n, key = reading.nbytes, (reading.direction, reading.memory)
     reading.note = "No CUDA device here: the GPU copy cannot run. "
@@ -291,9 +273,9 @@ def _host_instead(
     reading.note += " The host memcpy is real, but it is a CPU copy, not a transfer to a GPU."
     if copy_fn is None:
         reading.host = copies.measure_host_copy(n, dtype=reading.dtype)
-        return reading, "copies.measure_host_copy"
+        return "copies.measure_host_copy"
     reading.host = copies.measure_copy_fn(copy_fn, n, dtype=reading.dtype, device="cpu", repeats=repeats)
-    return reading, f"your {getattr(copy_fn, '__name__', 'copy_fn')}() on one CPU thread"
+    return f"your {getattr(copy_fn, '__name__', 'copy_fn')}() on one CPU thread"
 
 
 def panel_run(
@@ -310,12 +292,9 @@ def panel_run(
     repeats: int = 10,
     **context: Any,
 ) -> Evidence[PanelReading]:
-    """Copy one batch as the panel asks (``size_mib``: MiB *as uint8*), or say plainly why it cannot run here.
-
-    With CUDA a real copy (:func:`_copy_here`); without, the nearest point of the recorded curves ``gpu`` and a
-    live host memcpy of the same bytes (:func:`_host_instead`), set against the sweep's point of the same size
-    when there is one. Context: ``copy_fn``, ``gpu`` (the chapter's curves), ``host`` (this CPU's memcpy sweep).
-    """
+    """Copy one batch as the panel asks (``size_mib``: MiB *as uint8*): with CUDA a real copy; without, the nearest
+    point of the recorded curves ``gpu`` and a live host memcpy of the same bytes, saying plainly why. Either is set
+    against the sweep's point of the same size when there is one (``host``: this CPU's memcpy sweep)."""
     size_mib = check_float("size_mib", size_mib, 1 / 256, 1024)
     direction = check_choice("direction", direction, DIRECTIONS)
     memory = check_choice("memory", memory, MEMORY_KINDS)
@@ -323,32 +302,27 @@ def panel_run(
     repeats = check_int("repeats", repeats, 1, 10_000)
     nbytes = int(round(size_mib * MiB)) * torch.empty((), dtype=DTYPES[dtype]).element_size()
     progress(0.1, "measuring…")
-    ok, _ = transfer.cuda_status(device)
     recorded = gpu.value if gpu is not None else None
-    reading = PanelReading(nbytes, direction, memory, dtype)
-    if ok:
-        reading, method = _copy_here(copy_fn, reading, device, repeats)
+    background = tuple(recorded.sweeps.values() if recorded else ()) + ((host,) if host else ())
+    caption = sweeps_caption(gpu) if gpu is not None else None
+    reading = PanelReading(nbytes, direction, memory, dtype, background=background, caption=caption)
+    reading.ceiling = recorded.ceiling if recorded else None
+    if transfer.cuda_status(device)[0]:
+        method, where = _copy_here(copy_fn, reading, device, repeats), device
         here = recorded is not None and gpu is not None and gpu.here  # measured here too: the same copy, twice
         mine, against = reading.measured, recorded.sweeps.get((direction, memory)) if here and recorded else None
+        what = f"a {direction.upper()} {memory} {dtype} copy of {human_bytes(nbytes)}"
     else:
-        reading, method = _host_instead(copy_fn, reading, recorded, repeats)
-        mine, against = reading.host, host
+        method, where = _host_instead(copy_fn, reading, recorded, repeats), "cpu"
+        mine, against, what = reading.host, host, f"a host memcpy of {human_bytes(nbytes)} (not a GPU copy)"
     same = [q for q in against.points if q.nbytes == nbytes] if mine is not None and against is not None else []
     if mine is not None and same:
         reading.note += " " + points_agree("This run", mine, f"sweep's {human_bytes(nbytes)} point", same[0])
     progress(1.0, "done")
-    reading.background = tuple(recorded.sweeps.values() if recorded is not None else ()) + ((host,) if host else ())
-    reading.ceiling = recorded.ceiling if recorded is not None else None
-    reading.caption = sweeps_caption(gpu) if gpu is not None else None
-    if ok:
-        return evidence.measured(
-            f"a {direction.upper()} {memory} {dtype} copy of {human_bytes(nbytes)}", reading, device, method
-        )
-    return evidence.measured(f"a host memcpy of {human_bytes(nbytes)} (not a GPU copy)", reading, "cpu", method)
+    return evidence.measured(what, reading, where, method)
 
 
 def panel_summary(result: Evidence[PanelReading]) -> str:
-    """The reading's line: each number labelled measured here, reference (recorded elsewhere) or host memcpy."""
     return result.value.summary() if result.value is not None else result.header()
 
 
@@ -375,18 +349,15 @@ def benchmark(
     progress: ProgressFn | None = None,
     sizes: Sequence[int] | None = None,
 ) -> None:
-    """Run chapter 02's key measurements and add them to ``results`` (``sizes``: bytes per copy, default
-    :func:`~.model.copy_sizes`). Records (key: unit; params):
+    """Run chapter 02's key measurements into ``results`` (``sizes``: bytes per copy, default
+    :func:`~.model.copy_sizes`). Records (key: unit; params; spread ``iqr_s``, ``n`` where a median):
 
-    - ``ch02.host_copy_time``: s; ``nbytes``; spread ``iqr_s``, ``n`` - host memcpy (the only one without CUDA).
-    - ``ch02.copy_time``: s; ``direction``, ``memory``, ``nbytes``; spread ``iqr_s``, ``n`` (CUDA events on a
-      side stream, :func:`~.copies.transfer_sweep`).
-    - ``ch02.fit.latency`` (s), ``ch02.fit.bandwidth`` (GB/s); ``direction``, ``memory`` - each curve's fit.
-    - ``ch02.pin.cold`` / ``.cached`` / ``.pin_then_copy`` / ``.plain_to`` / ``.pageable_copy`` / ``.pinned_copy``:
-      s; ``nbytes`` - :class:`~.pin_costs.PinCost` at 1, 16, 128 MiB (those within ``sizes``).
+    - ``ch02.host_copy_time``: s; ``nbytes`` - host memcpy (the only one without CUDA).
+    - ``ch02.copy_time``: s; ``direction``, ``memory``, ``nbytes`` (:func:`~.copies.transfer_sweep`); each curve's
+      fit as ``ch02.fit.latency`` (s) and ``ch02.fit.bandwidth`` (GB/s).
+    - ``ch02.pin.<key>`` (:data:`~.pin_costs.RECORD_FIELDS`): s; ``nbytes`` - at 1, 16, 128 MiB (within ``sizes``).
     - ``ch02.host_held``: s; ``case``, ``nbytes``, ``gpu_work_s`` - host time inside the copy call.
-    - ``ch02.wire_time``: s; ``dtype``, ``nbytes`` - pinned H2D copy of 64x3x224x224 images.
-    - ``ch02.pinned_block``: bytes; ``requested`` - allocator pool growth for one pin.
+    - ``ch02.wire_time``: s; ``dtype``, ``nbytes``; ``ch02.pinned_block``: bytes; ``requested``.
     """
     progress = progress or no_progress
     sizes = [check_int("sizes[i]", n, 1) for n in (model.copy_sizes() if sizes is None else sizes)]

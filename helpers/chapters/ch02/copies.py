@@ -1,11 +1,8 @@
-"""Chapter 02's copies: pageable against pinned host memory, measured across sizes.
-
-:func:`sweep` is the one copy loop: it calls a :data:`CopyFn` (the reader's ``time_copy``, or the helper's own
-CUDA-event copy behind :func:`transfer_sweep` and :func:`measure_copy`) for every size and memory kind in
-alternating rounds. Beside it: the host memcpy (the CPU-side reference point, real anywhere), bytes on the wire,
-and the ``ch02.*`` records read back. Without CUDA a GPU measurement returns
-:class:`~helpers.pipeline.transfer.Unavailable`, never raises. The arithmetic is in :mod:`.model`.
-"""
+"""Chapter 02's copies: pageable against pinned host memory, across sizes. :func:`sweep` is the one copy loop: a
+:data:`CopyFn` (the reader's ``time_copy``, or the helper's CUDA-event copy behind :func:`transfer_sweep` and
+:func:`measure_copy`) for every size and memory kind, in alternating rounds. Beside it: the host memcpy (real
+anywhere), bytes on the wire, and the ``ch02.*`` records read back. Without CUDA a GPU measurement returns
+:class:`~helpers.pipeline.transfer.Unavailable`, never raises."""
 
 from __future__ import annotations
 
@@ -39,8 +36,7 @@ CopyFn = Callable[..., Any]
 
 @dataclass
 class TransferPoint:
-    """One copy size: median and IQR of the time of one copy. ``direction``: ``"h2d"``, ``"d2h"`` or ``"h2h"``
-    (host memcpy, the CPU-only reference point); ``memory``: the host side's kind."""
+    """One copy size: median and IQR of one copy's time; ``direction`` ``"h2h"`` is the host memcpy."""
 
     nbytes: int
     direction: str
@@ -66,8 +62,7 @@ class TransferPoint:
 
 @dataclass
 class Sweep:
-    """Copy times across sizes for one (direction, memory kind) pair; ``source``: ``"measured here"`` or
-    the reference it was recorded in."""
+    """Copy times across sizes for one (direction, memory kind); ``source``: measured here, or the reference."""
 
     direction: str
     memory: str
@@ -79,21 +74,17 @@ class Sweep:
     @property
     def label(self) -> str:
         """Legend label, e.g. ``'H2D pinned'``."""
-        if self.direction == "h2h":
-            return "host memcpy (CPU→CPU, not a GPU copy)"
-        return f"{self.direction.upper()} {self.memory}"
+        h2h = self.direction == "h2h"
+        return "host memcpy (CPU→CPU, not a GPU copy)" if h2h else f"{self.direction.upper()} {self.memory}"
 
     def sizes(self) -> list[int]:
         return [p.nbytes for p in self.points]
-
-    def times(self) -> list[float]:
-        return [p.median_s for p in self.points]
 
     def gbps(self) -> list[float]:
         return [p.gbps for p in self.points]
 
     def fit(self) -> LatencyBandwidthFit:
-        return fit_latency_bandwidth(self.sizes(), self.times())
+        return fit_latency_bandwidth(self.sizes(), [p.median_s for p in self.points])
 
 
 def _check_device_bytes(name: str, nbytes: int, dev: torch.device, what: str) -> None:
@@ -142,48 +133,38 @@ def _numel(nbytes: int, dtype: str) -> int:
 def measure_host_copy(
     nbytes: int, *, dtype: str = "uint8", min_run_time: float | None = None, max_seconds: float = 20.0
 ) -> TransferPoint:
-    """Time ``dst.copy_(src)`` between two pageable host tensors of ``nbytes``: a CPU memcpy, the work the driver
-    does to stage a pageable buffer, **not** a host-to-GPU transfer. One thread, as the driver stages one (on a
-    busy 2-core machine more threads mostly wait for each other); a slow copy gets fewer timed blocks (at least
-    3), so it takes about ``max_seconds`` at most. Its callers check ``nbytes`` and ``dtype``."""
+    """Time ``dst.copy_(src)`` between two pageable host tensors of ``nbytes``: a CPU memcpy (what the driver does
+    to stage a pageable buffer), **not** a host-to-GPU transfer. One thread, as the driver stages one; a slow copy
+    gets fewer timed blocks (at least 3), so it takes about ``max_seconds`` at most."""
     check_host_bytes("nbytes", 2 * nbytes, what=f"a host copy of {human_bytes(nbytes)} (source and destination)")
     run_time = sized(0.02, 0.1) if min_run_time is None else min_run_time
     n = _numel(nbytes, dtype)
     src = torch.ones(n, dtype=DTYPES[dtype])
     dst = torch.zeros(n, dtype=DTYPES[dtype])  # pages touched now, not during timing
+    copy = functools.partial(dst.copy_, src)
     try:
         t0 = time.perf_counter()
-        dst.copy_(src)  # one untimed call, to size the measurement
+        copy()  # one untimed call, to size the measurement
         blocks = max(3, min(15, int(max_seconds / max(time.perf_counter() - t0, 1e-9)) - 4))
-        # noqa F821: the lambda runs before the `del` in `finally` (which frees the buffers even if a traceback holds us)
-        timing = measure(
-            lambda: dst.copy_(src),  # noqa: F821
-            label=f"host copy {human_bytes(nbytes)}",
-            device="cpu",
-            min_run_time=run_time,
-            warmup=2,
-            blocks=blocks,
-            num_threads=1,
-        )
+        label = f"host copy {human_bytes(nbytes)}"
+        timing = measure(copy, label=label, device="cpu", min_run_time=run_time, warmup=2, blocks=blocks, num_threads=1)
     finally:
-        del src, dst
+        del src, dst, copy  # freed now, even if a traceback holds this frame
     meta = timing.metadata
     how = f"host tensor copy_ (CPU memcpy, {meta.get('num_threads')} thread(s)), {meta.get('method', '')}"
     return TransferPoint(nbytes, "h2h", "pageable", timing.median_s, timing.iqr_s, timing.n, dtype, how)
 
 
 def host_copy_sweep(sizes: Sequence[int] | None = None, *, min_run_time: float | None = None) -> Sweep:
-    """:func:`measure_host_copy` over ``sizes`` (default :func:`copy_sizes`)."""
     points = [measure_host_copy(n, min_run_time=min_run_time) for n in (copy_sizes() if sizes is None else sizes)]
     return Sweep("h2h", "pageable", points, "measured here (CPU memcpy)", "cpu", points[0].method if points else "")
 
 
 def _helper_copy(direction: str, warmup: int) -> CopyFn:
-    """The helper's own copy as a :data:`CopyFn` (CUDA only): H2D from ``src`` (pageable) or a pinned copy of it
-    made once; D2H from a device copy of ``src`` into a pinned or pageable host buffer. Each call times ``repeats``
-    copies between the same two buffers on a side stream, each bracketed by CUDA events on that stream (a pageable
-    copy call holds the host while the driver stages it, so the interval covers the staging too), after ``warmup``
-    untimed ones (:func:`helpers.core.timing.cuda_event_time`)."""
+    """The helper's own copy as a :data:`CopyFn` (CUDA only), H2D from ``src`` or a pinned copy of it, or D2H from
+    a device copy into a pinned or pageable buffer: ``repeats`` copies after ``warmup``, each bracketed by CUDA
+    events on a side stream (a pageable copy call holds the host while the driver stages it: the interval covers
+    the staging too)."""
 
     def helper_copy(src: torch.Tensor, device: torch.device, pinned: bool, repeats: int) -> list[float]:
         dst = buf = None
@@ -223,23 +204,13 @@ def _samples(copy_fn: CopyFn, result: Any) -> list[float]:
     try:
         out = [float(v) for v in values]
     except (TypeError, ValueError):
-        raise ValueError(
-            f"copy_fn: {name}(...) must return the seconds of each timed copy (a list of "
-            f"numbers) or one number, got {result!r}"
-        ) from None
+        out = []
     if not out or not all(math.isfinite(v) and v >= 0 for v in out):
-        raise ValueError(f"copy_fn: {name}(...) returned {out!r}; expected one or more times in seconds, >= 0")
+        raise ValueError(
+            f"copy_fn: {name}(...) must return the seconds of each timed copy (a list of numbers >= 0) or one "
+            f"number, got {result!r}"
+        )
     return out
-
-
-def _check_sweep_memory(sizes: list[int], kinds: tuple[str, ...], dev: torch.device, gpu: bool) -> None:
-    """Refuse (one line) a sweep whose largest buffers would not fit: host RAM, the safe pin limit, GPU memory."""
-    biggest = max(sizes)
-    check_host_bytes("sizes", 2 * biggest, what=f"a source of {human_bytes(biggest)} and one copy of it")
-    if gpu and "pinned" in kinds:
-        check_pin_size(biggest)
-    if gpu:
-        _check_device_bytes("sizes", biggest, dev, f"a device copy of {human_bytes(biggest)}")
 
 
 def sweep(
@@ -255,13 +226,10 @@ def sweep(
     method: str | None = None,
     dtype: str = "uint8",
 ) -> dict[tuple[str, str], Sweep]:
-    """Time *your* copy function over ``sizes``: this helper only loops, alternates, records.
-
-    Each round calls ``copy_fn(src, device, pinned, repeats)`` once per size and memory kind (``src``: a slice of
-    one host buffer), in alternating rounds (a machine that drifts hurts both kinds alike), and pools the seconds
-    of all rounds (median, IQR) into one curve per ``(direction, kind)``. Without CUDA: only pageable copies, as
-    ``("h2h", "pageable")``, the host memcpy ``time_copy`` times on a CPU.
-    """
+    """Time *your* copy function over ``sizes``: each round calls ``copy_fn(src, device, pinned, repeats)`` once per
+    size and memory kind (``src``: a slice of one host buffer), in alternating rounds (a drifting machine hurts both
+    kinds alike), and pools all rounds' seconds (median, IQR) into one curve per ``(direction, kind)``. Without
+    CUDA: only pageable copies, as ``("h2h", "pageable")``, the host memcpy ``time_copy`` times on a CPU."""
     if not callable(copy_fn):
         raise ValueError(f"copy_fn must be a function copy_fn(src, device, pinned, repeats), got {copy_fn!r}")
     sizes = [check_int("sizes[i]", n, 1, _MAX_BYTES) for n in (copy_sizes() if sizes is None else sizes)]
@@ -272,10 +240,14 @@ def sweep(
     dev = resolve_device(device)  # 'cuda' on a machine without one: a ValueError that says so
     ok, _ = cuda_status(dev)
     kinds, direction = (tuple(kinds), direction) if ok else (("pageable",), "h2h")  # no GPU: a host memcpy
-    _check_sweep_memory(sizes, kinds, dev, ok)
-    item = torch.empty((), dtype=DTYPES[dtype]).element_size()
+    biggest = max(sizes)  # refused (one line) if it would not fit: host RAM, the safe pin limit, GPU memory
+    check_host_bytes("sizes", 2 * biggest, what=f"a source of {human_bytes(biggest)} and one copy of it")
+    if ok and "pinned" in kinds:
+        check_pin_size(biggest)
+    if ok:
+        _check_device_bytes("sizes", biggest, dev, f"a device copy of {human_bytes(biggest)}")
     samples: dict[tuple[str, int], list[float]] = {(m, n): [] for m in kinds for n in sizes}
-    base = torch.ones(max(sizes) // item, dtype=DTYPES[dtype])  # every size is a slice of it
+    base = torch.ones(_numel(biggest, dtype), dtype=DTYPES[dtype])  # every size is a slice of it
 
     def call(memory: str, n: int) -> Callable[[], float]:
         def once() -> float:
@@ -294,8 +266,9 @@ def sweep(
         if ok:
             torch.cuda.synchronize(dev)
             torch.cuda.empty_cache()  # device copies back to the driver; pinned blocks stay cached
-    how = method or f"{getattr(copy_fn, '__name__', 'copy_fn')}(), yours: {rounds} alternating round(s) x {reps} " + (
-        "timed copies, median" if ok else "timed copies, median; no CUDA device here, so a host memcpy, not a GPU copy"
+    name = getattr(copy_fn, "__name__", "copy_fn")
+    how = method or f"{name}(), yours: {rounds} alternating round(s) x {reps} timed copies, median" + (
+        "" if ok else "; no CUDA device here, so a host memcpy, not a GPU copy"
     )
     where = ("measured here", _gpu_name(dev)) if ok else ("measured here (CPU memcpy)", "cpu")
     return _curves(samples, direction, dtype, how, *where)
@@ -334,19 +307,9 @@ def transfer_sweep(
     if not ok:
         return Unavailable(f"{direction.upper()} {memory} copies", reason)
     how = f"CUDA events on a side stream, {warmup} warm-up copies, median of {reps}"
-    curves = sweep(
-        _helper_copy(direction, warmup),
-        sizes,
-        device=resolve_device(device),
-        repeats=reps,
-        rounds=1,
-        progress=progress,
-        direction=direction,
-        kinds=(memory,),
-        method=how,
-        dtype=dtype,
-    )
-    return curves[(direction, memory)]
+    dev, copy = resolve_device(device), _helper_copy(direction, warmup)
+    kw: dict[str, Any] = {"kinds": (memory,), "method": how, "dtype": dtype, "progress": progress}
+    return sweep(copy, sizes, device=dev, repeats=reps, rounds=1, direction=direction, **kw)[(direction, memory)]
 
 
 def measure_copy(
@@ -357,13 +320,12 @@ def measure_copy(
     dtype: str = "uint8",
     device: torch.device | str | None = None,
     repeats: int = 20,
-    warmup: int = 3,
 ) -> TransferPoint | Unavailable:
     """One host<->GPU copy size, timed as :func:`transfer_sweep` times each (pinned copies ``non_blocking=True``,
     pageable ones the default). :class:`Unavailable` without CUDA."""
     nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
     _numel(nbytes, check_choice("dtype", dtype, DTYPES))
-    sw = transfer_sweep(direction, memory, [nbytes], device=device, repeats=repeats, warmup=warmup, dtype=dtype)
+    sw = transfer_sweep(direction, memory, [nbytes], device=device, repeats=repeats, dtype=dtype)
     return sw if isinstance(sw, Unavailable) else sw.points[0]
 
 
@@ -387,11 +349,10 @@ def measure_copy_fn(
 class WireResult:
     """The same images as uint8 and as float32: bytes and copy time of each."""
 
-    shape: tuple[int, int, int, int] | None  # None: rebuilt from records, which keep only the bytes
+    shape: tuple[int, int, int, int] | None  # (batch, channels, height, width); None: rebuilt from records
     nbytes: dict[str, int]
     seconds: dict[str, float]
     what: str
-    method: str = ""
 
     @property
     def byte_ratio(self) -> float:
@@ -403,70 +364,62 @@ class WireResult:
 
 
 def wire_comparison(
-    batch: int = 64,
-    channels: int = 3,
-    height: int = 224,
-    width: int = 224,
-    *,
-    device: torch.device | str | None = None,
-    repeats: int = 10,
+    batch: int = 64, channels: int = 3, height: int = 224, width: int = 224, *, device: torch.device | str | None = None
 ) -> WireResult:
-    """Copy the same images as uint8 and as float32 and time both: pinned H2D copies (CUDA events) on a CUDA
-    device; else a pageable host memcpy (real, but a CPU copy, and ``what`` says so)."""
-    shape = (
-        check_int("batch", batch, 1, 100_000),
-        check_int("channels", channels, 1, 64),
-        check_int("height", height, 1, 8192),
-        check_int("width", width, 1, 8192),
-    )
-    nbytes = {d: images_nbytes(*shape, dtype=d) for d in DTYPES}
+    """Copy the same images as uint8 and as float32 and time both: pinned H2D copies (CUDA events, median of 10) on
+    a CUDA device; else a pageable host memcpy (real, but a CPU copy, and ``what`` says so)."""
+    limits = {"batch": (batch, 100_000), "channels": (channels, 64), "height": (height, 8192), "width": (width, 8192)}
+    b, c, h, w = (check_int(name, value, 1, hi) for name, (value, hi) in limits.items())
+    shape, nbytes = (b, c, h, w), {d: images_nbytes(b, c, h, w, dtype=d) for d in DTYPES}
     if cuda_status(device)[0]:
         dev = resolve_device(device)
-        points = {d: measure_copy(n, "h2d", "pinned", dtype=d, device=dev, repeats=repeats) for d, n in nbytes.items()}
+        points = {d: measure_copy(n, "h2d", "pinned", dtype=d, device=dev, repeats=10) for d, n in nbytes.items()}
         seconds = {d: p.median_s for d, p in points.items() if isinstance(p, TransferPoint)}
-        return WireResult(shape, nbytes, seconds, f"pinned H2D copy on {_gpu_name(dev)}", "CUDA events, median")
+        return WireResult(shape, nbytes, seconds, f"pinned H2D copy on {_gpu_name(dev)}")
     seconds = {d: measure_host_copy(n, dtype=d).median_s for d, n in nbytes.items()}
     what = "host memcpy on this CPU (no GPU here: not a GPU transfer)"
-    return WireResult(shape, nbytes, seconds, what, "torch.utils.benchmark Timer, median")
+    return WireResult(shape, nbytes, seconds, what)
 
 
 # Each ``*_from_records(result_set, records)`` is a ``convert`` for helpers.core.evidence.measure_or_recall: what
 # the measuring function returns, rebuilt from the records ch02.benchmark wrote, or None (the figure is missing).
 
 
-def _field(record: Any, name: str) -> Any:
-    """A record's field, whether it is a :class:`helpers.core.results.Record` or a dict."""
-    return record.get(name) if isinstance(record, dict) else getattr(record, name, None)
-
-
-def _params(record: Any) -> dict[str, Any]:
-    return dict(_field(record, "params") or {})
+def _rows(records: Iterable[Any], key: str) -> list[tuple[str, dict[str, Any], float, dict[str, Any]]]:
+    """``(key, params, value, spread)`` of each record under ``key`` (``key`` or ``key.*``), whether the record
+    is a :class:`helpers.core.results.Record` or its dict."""
+    out = []
+    for r in records:
+        names = ("key", "params", "value", "spread")
+        row: list[Any] = [r.get(n) if isinstance(r, dict) else getattr(r, n, None) for n in names]
+        k, params, value, spread = row
+        if str(k) == key or str(k).startswith(key + "."):
+            out.append((str(k), dict(params or {}), float(value), dict(spread or {})))
+    return out
 
 
 def sweeps_from_records(records: Iterable[Any], source: str = "reference") -> dict[tuple[str, str], Sweep]:
     """``{(direction, memory): Sweep}`` rebuilt from ``ch02.copy_time`` records (objects or dicts), sizes ascending."""
     found: dict[tuple[str, str], list[TransferPoint]] = {}
-    for r in records:
-        params, spread = _params(r), _field(r, "spread") or {}
+    for _, params, value, spread in _rows(records, "ch02.copy_time"):
         d, m = params.get("direction"), params.get("memory")
-        if _field(r, "key") == "ch02.copy_time" and d in DIRECTIONS and m in MEMORY_KINDS:
-            value, iqr, n = float(_field(r, "value")), float(spread.get("iqr_s", 0.0)), int(spread.get("n", 1))
-            point = TransferPoint(int(params["nbytes"]), d, m, value, iqr, n, method="reference record")
-            found.setdefault((d, m), []).append(point)
+        if d in DIRECTIONS and m in MEMORY_KINDS:
+            n, iqr, k = int(params["nbytes"]), float(spread.get("iqr_s", 0.0)), int(spread.get("n", 1))
+            found.setdefault((d, m), []).append(TransferPoint(n, d, m, value, iqr, k, method="reference record"))
     return {(d, m): Sweep(d, m, sorted(v, key=lambda p: p.nbytes), source) for (d, m), v in found.items()}
 
 
 def wire_from_records(result_set: Any, records: Iterable[Any]) -> WireResult | None:
     """A :class:`WireResult` from ``ch02.wire_time`` records (uint8 and float32); None unless both are there."""
-    nbytes: dict[str, int] = {}
-    seconds: dict[str, float] = {}
-    for r in records:
-        d = _params(r).get("dtype")
-        if _field(r, "key") == "ch02.wire_time" and d in DTYPES:
-            nbytes[d], seconds[d] = int(_params(r).get("nbytes", 0)), float(_field(r, "value"))
-    if set(nbytes) != set(DTYPES) or not all(nbytes.values()) or not all(seconds.values()):
+    got = {
+        p["dtype"]: (int(p.get("nbytes", 0)), v)
+        for _, p, v, _ in _rows(records, "ch02.wire_time")
+        if p.get("dtype") in DTYPES
+    }
+    if set(got) != set(DTYPES) or not all(n and s for n, s in got.values()):
         return None
-    return WireResult(None, nbytes, seconds, what="pinned H2D copy", method="reference record")
+    nbytes, seconds = {d: got[d][0] for d in DTYPES}, {d: got[d][1] for d in DTYPES}
+    return WireResult(None, nbytes, seconds, what="pinned H2D copy")
 
 
 def wire_lines(wire: WireResult) -> list[str]:

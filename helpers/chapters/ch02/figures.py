@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from ...core.validate import human_bytes, human_seconds
+from ...core.validate import human_seconds
+from ...ui.published import size_ticks
 from .copies import Sweep, TransferPoint
-from .model import CLAIM_RANGE, KiB
+from .model import CLAIM_RANGE
 from .pin_costs import PinCost
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,25 +58,11 @@ def copy_paths_diagram() -> "Figure":
     return fig
 
 
-def _bytes_ticks(ax: Any, sizes: Sequence[float]) -> None:
-    """Label a log x axis of byte sizes with 4 KiB, 16 KiB, ... 4 GiB ticks inside the data range."""
-    if not sizes:
-        return
-    lo, hi = min(sizes) / 1.5, max(sizes) * 1.5
-    shown = [4**k * KiB for k in range(1, 12) if lo <= 4**k * KiB <= hi] + ([4 * KiB] if lo <= 4 * KiB <= hi else [])
-    shown = sorted(set(shown))
-    if len(shown) > 6:
-        shown = shown[::2]
-    ax.set_xticks(shown)
-    ax.set_xticklabels([human_bytes(v).replace(".0 ", " ") for v in shown])
-    ax.minorticks_off() if len(shown) >= 2 else None
-
-
 _SWEEP_STYLES: dict[str, dict[str, Any]] = {
-    "H2D pageable": {"color": "#f28e2b", "linestyle": "-", "marker": "o"},
-    "H2D pinned": {"color": "#f28e2b", "linestyle": "-", "marker": "s", "markerfacecolor": "white"},
-    "D2H pageable": {"color": "#4e79a7", "linestyle": "-", "marker": "o"},
-    "D2H pinned": {"color": "#4e79a7", "linestyle": "-", "marker": "s", "markerfacecolor": "white"},
+    "H2D pageable": {"color": "#f28e2b"},
+    "H2D pinned": {"color": "#f28e2b", "marker": "s", "markerfacecolor": "white"},
+    "D2H pageable": {"color": "#4e79a7"},
+    "D2H pinned": {"color": "#4e79a7", "marker": "s", "markerfacecolor": "white"},
 }
 
 
@@ -89,14 +76,9 @@ def plot_sweeps(
     fits: bool = True,
     points: Sequence[tuple[TransferPoint, str]] = (),
 ) -> Any:
-    """Bandwidth (GB/s) against copy size (bytes) on log-log axes, via :func:`helpers.ui.plots.sweep_plot`.
-
-    Args:
-        sweeps: curves to draw (measured here, or reference; say which with ``source``).
-        ceiling: ``(GB/s, label)`` of the link's theoretical ceiling, drawn dashed.
-        fits: also draw each curve's fitted ``latency + bytes / bandwidth`` model, dotted.
-        points: extra single points ``(point, label)``, e.g. the live panel's runs, drawn as stars.
-    """
+    """Bandwidth (GB/s) against copy size on log-log axes (:func:`helpers.ui.plots.sweep_plot`): the ``sweeps``
+    (``source`` says where they come from), the link's theoretical ``ceiling`` ``(GB/s, label)`` dashed, each
+    curve's fitted model dotted (``fits``), and single ``points`` ``(point, label)`` (the panel's runs) as stars."""
     from ...ui import plots  # optional/heavy: matplotlib
 
     series: dict[str, tuple[Sequence[float], list[float]]] = {}
@@ -107,8 +89,7 @@ def plot_sweeps(
         fit = _fit_curve(sw) if fits else None
         if fit is not None:
             series[fit[0]] = fit[1]
-            styles[fit[0]] = {"color": styles[sw.label].get("color", "#555"), "linestyle": ":", "marker": ""}
-            styles[fit[0]]["linewidth"] = 1.2
+            styles[fit[0]] = {"color": styles[sw.label]["color"], "linestyle": ":", "marker": "", "linewidth": 1.2}
     ax = plots.sweep_plot(
         series,
         ax,
@@ -122,7 +103,7 @@ def plot_sweeps(
     star = {"marker": "*", "markersize": 14, "markeredgecolor": "black", "linestyle": "", "zorder": 5}
     for i, (p, label) in enumerate(points):
         ax.plot([p.nbytes], [p.gbps], color=_STAR_COLORS[i % len(_STAR_COLORS)], label=label, **star)
-    _bytes_ticks(ax, [n for sw in sweeps for n in sw.sizes()] + [p.nbytes for p, _ in points])
+    size_ticks(ax)
     ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return ax
 
@@ -161,7 +142,7 @@ def plot_speedup(pairs: dict[str, list[tuple[int, float]]], ax: Any = None, *, s
     )
     ax.axhspan(CLAIM_RANGE[0], CLAIM_RANGE[1], color="#bab0ac", alpha=0.35, label="the claim: 1.3x-1.5x")
     ax.axhline(1.0, color="black", linewidth=0.8)
-    _bytes_ticks(ax, [n for v in pairs.values() for n, _ in v])
+    size_ticks(ax)
     ax.legend(fontsize=8)
     return ax
 
@@ -171,16 +152,13 @@ def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | Non
     from ...ui import plots  # optional/heavy: matplotlib
 
     sizes = [r.nbytes for r in rows]
-    series = {
-        "pin_memory(), new block (cudaHostAlloc)": (sizes, [r.pin_cold_s * 1e3 for r in rows]),
-        "pin_memory(), cached block (memcpy only)": (sizes, [r.pin_cached_s * 1e3 for r in rows]),
-        "saving per copy (pageable − pinned)": (sizes, [max(r.saving_per_copy_s, 1e-9) * 1e3 for r in rows]),
-    }
-    styles = {
-        "pin_memory(), new block (cudaHostAlloc)": {"color": "#e15759", "marker": "o"},
-        "pin_memory(), cached block (memcpy only)": {"color": "#f28e2b", "marker": "o", "linestyle": "--"},
-        "saving per copy (pageable − pinned)": {"color": "#59a14f", "marker": "s"},
-    }
+    lines = [  # label, PinCost field (s), style; a saving <= 0 is drawn at 1 ns (log axis)
+        ("pin_memory(), new block (cudaHostAlloc)", "pin_cold_s", {"color": "#e15759"}),
+        ("pin_memory(), cached block (memcpy only)", "pin_cached_s", {"color": "#f28e2b", "linestyle": "--"}),
+        ("saving per copy (pageable − pinned)", "saving_per_copy_s", {"color": "#59a14f", "marker": "s"}),
+    ]
+    series = {label: (sizes, [max(getattr(r, key), 1e-9) * 1e3 for r in rows]) for label, key, _ in lines}
+    styles = {label: style for label, _, style in lines}
     ax = plots.sweep_plot(
         series,
         ax,
@@ -190,6 +168,6 @@ def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | Non
         source=source,
         styles=styles,
     )
-    _bytes_ticks(ax, sizes)
+    size_ticks(ax)
     ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return ax

@@ -56,14 +56,10 @@ class LatencyBandwidthFit:
 
 
 def size_grid(lo: int = 4 * KiB, hi: int = 256 * MiB, factor: int = 2) -> list[int]:
-    """Geometric grid of byte sizes ``lo, lo*factor, ...`` up to and including ``hi``.
-
-    >>> size_grid(4 * KiB, 64 * KiB, 4)
-    [4096, 16384, 65536]
-    """
-    lo = check_int("lo", lo, 1, _MAX_BYTES)
+    """Geometric grid of byte sizes ``lo, lo*factor, ...`` up to and including ``hi``: ``size_grid(4096, 65536, 4)``
+    is ``[4096, 16384, 65536]``."""
+    lo, factor = check_int("lo", lo, 1, _MAX_BYTES), check_int("factor", factor, 2, 1024)
     hi = check_int("hi", hi, lo, _MAX_BYTES)
-    factor = check_int("factor", factor, 2, 1024)
     sizes = [lo]
     while sizes[-1] * factor <= hi:
         sizes.append(sizes[-1] * factor)
@@ -77,10 +73,8 @@ def copy_sizes() -> list[int]:
 
 def _as_positive_array(name: str, values: Iterable[float]) -> np.ndarray:
     arr = np.asarray(list(values), dtype=float)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"{name} must be a non-empty list of numbers")
-    if not np.all(np.isfinite(arr)) or np.any(arr <= 0):
-        raise ValueError(f"{name} must hold finite numbers > 0, got {arr.tolist()}")
+    if arr.ndim != 1 or arr.size == 0 or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+        raise ValueError(f"{name} must be a non-empty list of finite numbers > 0, got {arr.tolist()}")
     return arr
 
 

@@ -1,10 +1,7 @@
 """Chapter 02's costs of pinning itself: ``tensor.pin_memory()`` cold and cached against what it saves; how long
-the CPU is held by a copy queued behind GPU work; the pinned caching allocator's power-of-two blocks.
-
-Measurements that need CUDA return :class:`~helpers.pipeline.transfer.Unavailable` (never raise) without it; the
-``*_from_records`` functions rebuild them from reference records (``convert`` for
-:func:`helpers.core.evidence.measure_or_recall`), and the formatters print either kind alike.
-"""
+the CPU is held by a copy queued behind GPU work; the pinned caching allocator's power-of-two blocks. Without CUDA
+each measurement returns :class:`~helpers.pipeline.transfer.Unavailable`; the ``*_from_records`` functions rebuild
+it from reference records, and the formatters print either kind alike."""
 
 from __future__ import annotations
 
@@ -18,16 +15,10 @@ import torch
 
 from ...core.device import resolve_device, wrap
 from ...core.rounds import table
-from ...core.timing import GpuDelay, cuda_event_time
+from ...core.timing import GpuDelay, cuda_event_time, time_calls
 from ...core.validate import check_float, check_int, human_bytes, human_seconds
-from ...pipeline.transfer import (
-    Unavailable,
-    break_even_uses,
-    check_host_bytes,
-    cuda_status,
-    host_allocator_stats,
-)
-from .copies import TransferPoint, _check_device_bytes, _field, _params, measure_copy, pinning_status
+from ...pipeline.transfer import Unavailable, break_even_uses, check_host_bytes, cuda_status, host_allocator_stats
+from .copies import TransferPoint, _check_device_bytes, _rows, measure_copy, pinning_status
 from .model import _MAX_BYTES, MiB, check_pin_size, predict_pinned_block
 
 
@@ -83,9 +74,10 @@ def pinned_rounding_demo(sizes: Sequence[int]) -> list[RoundingRow] | Unavailabl
 @dataclass
 class PinCost:
     """What pinning one buffer costs and what it saves, for one size (seconds): ``t.pin_memory()`` when the
-    allocator must call ``cudaHostAlloc`` (cold) or reuses a cached block (a memcpy); one H2D copy from a reused
-    buffer, pageable or pinned (CUDA events); the synchronised wall time of ``t.to(dev)`` from pageable memory
-    and of ``t.pin_memory().to(dev, non_blocking=True)`` with a cold allocator ("pin once, copy once")."""
+    allocator must call ``cudaHostAlloc`` (cold: host cache emptied first) or reuses a cached block (a memcpy);
+    one H2D copy from a reused buffer, pageable or pinned (CUDA events); the synchronised wall time of
+    ``t.to(dev)`` from pageable memory and of ``t.pin_memory().to(dev, non_blocking=True)`` with a cold
+    allocator ("pin once, copy once"). Wall times: medians of ``repeats`` calls."""
 
     nbytes: int
     block_bytes: int
@@ -95,7 +87,6 @@ class PinCost:
     pinned_copy_s: float
     plain_to_s: float
     pin_then_copy_s: float
-    method: str = ""
 
     @property
     def saving_per_copy_s(self) -> float:
@@ -119,19 +110,11 @@ RECORD_FIELDS = {
 
 
 def _wall(fn: Callable[[], Any], dev: torch.device) -> float:
-    torch.cuda.synchronize(dev)
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize(dev)
-    return time.perf_counter() - t0
+    """One call of ``fn``, wall clock, synchronised with ``dev`` before and after."""
+    return time_calls(fn, repeats=1, device=dev).median_s
 
 
-def pin_cost(
-    nbytes: int,
-    *,
-    device: torch.device | str | None = None,
-    repeats: int = 5,
-) -> PinCost | Unavailable:
+def pin_cost(nbytes: int, *, device: torch.device | str | None = None, repeats: int = 5) -> PinCost | Unavailable:
     """Measure pinning itself against the copy time it saves, at one size (H2D). Without CUDA:
     :class:`Unavailable` with the driver's own error (:func:`pinning_status`)."""
     nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
@@ -161,11 +144,8 @@ def pin_cost(
         del src
         torch.cuda.empty_cache()
     med = statistics.median
-    how = f"pin and to(): synchronised wall clock, median of {repeats}; copies: CUDA events; "
-    how += "'cold' = host cache emptied first (torch._C._host_emptyCache)"
-    return PinCost(
-        nbytes, block, med(cold), med(cached), pageable.median_s, pinned.median_s, med(plain[1:]), med(pin_copy), how
-    )
+    copy_s = (pageable.median_s, pinned.median_s)
+    return PinCost(nbytes, block, med(cold), med(cached), *copy_s, med(plain[1:]), med(pin_copy))
 
 
 @dataclass
@@ -200,11 +180,7 @@ def _held(dst: torch.Tensor, src: torch.Tensor, nb: bool, work: Callable[[], Non
 
 
 def host_blocking_probe(
-    *,
-    device: torch.device | str | None = None,
-    gpu_work_s: float = 0.1,
-    nbytes: int = 64 * MiB,
-    repeats: int = 3,
+    *, device: torch.device | str | None = None, gpu_work_s: float = 0.1, nbytes: int = 64 * MiB, repeats: int = 3
 ) -> HostBlocking | Unavailable:
     """Queue ``gpu_work_s`` of GPU work, then time (host clock) the H2D copy *call* of each of :data:`_CASES`: a
     call that holds the host about as long as the work waited for the GPU; one that returns at once let the CPU
@@ -240,16 +216,10 @@ def host_blocking_probe(
 def pin_costs_from_records(result_set: Any, records: Iterable[Any]) -> list[PinCost] | None:
     """:class:`PinCost` rows from ``ch02.pin.*`` records (sizes with all six fields); None if none has them."""
     by_size: dict[int, dict[str, float]] = {}
-    for r in records:
-        key = str(_field(r, "key"))
-        if not key.startswith("ch02.pin."):
-            continue
-        n = int(_params(r).get("nbytes", 0))
-        by_size.setdefault(n, {})[key.rsplit(".", 1)[1]] = float(_field(r, "value"))
+    for key, params, value, _ in _rows(records, "ch02.pin"):
+        by_size.setdefault(int(params.get("nbytes", 0)), {})[key.rsplit(".", 1)[1]] = value
     rows = [
-        PinCost(
-            n, predict_pinned_block(n), **{name: f[k] for k, name in RECORD_FIELDS.items()}, method="reference record"
-        )
+        PinCost(n, predict_pinned_block(n), **{name: f[k] for k, name in RECORD_FIELDS.items()})
         for n, f in sorted(by_size.items())
         if n > 0 and set(RECORD_FIELDS) <= set(f)
     ]
@@ -257,27 +227,21 @@ def pin_costs_from_records(result_set: Any, records: Iterable[Any]) -> list[PinC
 
 
 def host_blocking_from_records(result_set: Any, records: Iterable[Any]) -> HostBlocking | None:
-    """A :class:`HostBlocking` from ``ch02.host_held`` records (one per case); None if there are none."""
-    recs = [r for r in records if _field(r, "key") == "ch02.host_held" and "case" in _params(r)]
-    if not recs:
+    """A :class:`HostBlocking` from ``ch02.host_held`` records (one per case, of the first probe); None if none."""
+    rows = [(p, v) for _, p, v, _ in _rows(records, "ch02.host_held") if "case" in p]
+    if not rows:
         return None
-    first = _params(recs[0])
-    same = [r for r in recs if _params(r).get("gpu_work_s") == first.get("gpu_work_s")]  # one probe's cases
-    held = {str(_params(r)["case"]): float(_field(r, "value")) for r in same}
+    first = rows[0][0]
+    held = {str(p["case"]): v for p, v in rows if p.get("gpu_work_s") == first.get("gpu_work_s")}
     return HostBlocking(int(first.get("nbytes", 0)), float(first.get("gpu_work_s", 0.0)), held)
 
 
 def rounding_rows_from_records(result_set: Any, records: Iterable[Any]) -> list[RoundingRow] | None:
     """:class:`RoundingRow` s from ``ch02.pinned_block`` records (the pool growth per request); None if none."""
-    asked = [
-        (int(_params(r)["requested"]), r)
-        for r in records
-        if _field(r, "key") == "ch02.pinned_block" and "requested" in _params(r)
-    ]
-    rows = [
-        RoundingRow(n, predict_pinned_block(n), int(_field(r, "value"))) for n, r in sorted(asked, key=lambda a: a[0])
-    ]
-    return rows or None
+    asked = sorted(
+        (int(p["requested"]), int(v)) for _, p, v, _ in _rows(records, "ch02.pinned_block") if "requested" in p
+    )
+    return [RoundingRow(n, predict_pinned_block(n), grew) for n, grew in asked] or None
 
 
 def pin_cost_table(rows: Sequence[PinCost]) -> str:
