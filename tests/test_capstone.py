@@ -229,11 +229,13 @@ def test_warm_up_drains_the_pass_only_when_asked() -> None:
 
 def test_compare_threads_runs_back_to_back_and_restores() -> None:
     before = torch.get_num_threads()
-    rs = C.compare_threads(tiny(), "baseline", "cpu", threads=(1, 2))
-    assert [r.trace.metadata["threads"] for r in rs] == [1, 2] and all(r.stages == {} for r in rs)
+    wf = C.run_waterfall("data-bound", "cpu", names=["baseline"], spec=tiny(threads=1), stages=False)
+    rs = C.compare_threads(wf, "baseline", threads=(1, 2))
+    assert [r.spec.threads for r in rs] == [1, 2] and all(r.stages == {} for r in rs)
+    assert rs[0].epoch_s == wf.results[0].epoch_s  # the job's thread count: the waterfall's own run
     assert "2 threads" in rs[1].label and torch.get_num_threads() == before
     with pytest.raises(ValueError, match="step"):
-        C.compare_threads(tiny(), "turbo")
+        C.compare_threads(wf, "turbo")
 
 
 def test_efficiency_above_one_is_never_shown() -> None:

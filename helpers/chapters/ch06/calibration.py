@@ -20,18 +20,15 @@ from ...core.config import sized
 from .job import (
     _CACHE,
     REGIMES,
-    JobSpec,
     Pipeline,
     Settings,
     Step,
     _pipeline,
-    built_loader,
     dataset_info,
     effective_on,
     job_spec,
-    seed_order,
 )
-from .run import _step_times
+from .run import _loader_alone, _step_times
 
 #: Models the compute-bound search may pick, as (width, depth): the last stage has at most 8,192 channels
 #: (the largest, width 512 and depth 5, holds about 400 M parameters: a probe out of memory ends the search).
@@ -296,26 +293,6 @@ def choose_model(
     return done(width, depth, compute_s, reached, why)
 
 
-def _loader_batch_s(pipeline: Pipeline, spec: JobSpec, batches: int = 4) -> float:
-    """Median seconds per batch of the baseline loader alone (``workers=0, pin=False``), after one warm-up batch."""
-    times = []
-    with built_loader(pipeline, spec, Settings()) as loader:
-        seed_order(loader, spec.seed, 0, fresh=True)
-        it = iter(loader)
-        next(it)
-        for _ in range(batches):
-            t0 = time.perf_counter()
-            if next(it, None) is None:
-                break
-            times.append(time.perf_counter() - t0)
-        del it
-    if not times:
-        raise ValueError(
-            f"train_items={spec.train_items} gives too few batches of {spec.batch_size} to time the loader"
-        )
-    return statistics.median(times)
-
-
 def calibrate(
     device: torch.device | str = "cpu",
     *,
@@ -326,7 +303,7 @@ def calibrate(
 ) -> dict[str, Calibration]:
     """Choose each regime's model for ``device`` from measured stage times (cached per device and sizes).
 
-    The pipeline's loader alone (baseline, main process, the job's threads) is timed for a few batches, then
+    The pipeline's loader alone (baseline, main process, the job's threads) is timed over a pass, then
     :func:`choose_model` times the pipeline's ``train_step``: the tiny model must be ``margin`` x faster
     (data-bound), and a model ``margin`` x slower is searched for (compute-bound) within ``budget_s`` seconds
     (default 10 quick, 30 laptop, 60 full).
@@ -341,7 +318,7 @@ def calibrate(
         return _CACHE[key]
     report: Callable[..., None] = progress or (lambda f, t="": None)
     report(0.0, "timing the loader alone")
-    loader_s = _loader_batch_s(pipe, base, batches=sized(quick=3, laptop=5, full=8))
+    loader_s = base.batch_size / _loader_alone(pipe, base, Settings(), dev)  # cached: the waterfall's baseline
     n_steps = sized(quick=3, laptop=4, full=5)
     classes = int(dataset_info().params["num_classes"])
 

@@ -317,30 +317,13 @@ def reference_pipeline(device: torch.device | str = "cpu", *, seed: int = 0, wor
     )
 
 
-def _pipeline(
-    pipeline: Pipeline | None,
-    device: torch.device | str,
-    seed: int = 0,
-    *,
-    make_loader: Callable[..., Any] | None = None,
-    batches: Callable[..., Any] | None = None,
-    train_step: Callable[..., Any] | None = None,
-) -> Pipeline:
-    """``pipeline``, or the three functions (all or none), else :func:`reference_pipeline`."""
-    given = {"make_loader": make_loader, "batches": batches, "train_step": train_step}
-    if any(v is not None for v in given.values()):
-        missing = [k for k, v in given.items() if v is None]
-        if missing or pipeline is not None:
-            raise ValueError(
-                "pass make_loader, batches and train_step together (missing: "
-                f"{', '.join(missing) or 'none'}), or pipeline=Pipeline(...), not both"
-            )
-        return Pipeline(make_loader, batches, train_step)  # type: ignore[arg-type]
-    if pipeline is not None:
-        if not isinstance(pipeline, Pipeline):
-            raise ValueError(f"pipeline must be a capstone.Pipeline, got {type(pipeline).__name__}")
-        return pipeline
-    return reference_pipeline(device, seed=seed)
+def _pipeline(pipeline: Pipeline | None, device: torch.device | str, seed: int = 0) -> Pipeline:
+    """``pipeline`` (the reader's), else :func:`reference_pipeline`."""
+    if pipeline is None:
+        return reference_pipeline(device, seed=seed)
+    if not isinstance(pipeline, Pipeline):
+        raise ValueError(f"pipeline must be a capstone.Pipeline, got {type(pipeline).__name__}")
+    return pipeline
 
 
 class SeededItems(Dataset):
