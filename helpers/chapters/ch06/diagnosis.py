@@ -1,9 +1,6 @@
-"""What the pipeline doctor decides and reports: the facts, the measurements, the pure decision, the report.
-
-:func:`decide` applies chapter 01's bottleneck model to measured phase times (a pure function, so a verdict a
-CPU cannot show, transfer-bound, is unit-tested with made-up times): overlapped, a step takes as long as its
-slowest stage, which is the verdict. The recommendations come from the same numbers, each with its evidence
-and an estimated saving per step, ranked by that saving. :mod:`.doctor` measures and calls it.
+"""What the pipeline doctor decides and reports. :func:`decide` applies chapter 01's bottleneck model to measured
+phase times, a pure function (a transfer-bound verdict, which a CPU cannot show, is tested with made-up times);
+its recommendations come from the same numbers, ranked by estimated saving. :mod:`.doctor` measures.
 """
 
 from __future__ import annotations
@@ -18,11 +15,6 @@ from typing import Mapping
 from ...core.validate import check_float, check_int
 
 VERDICTS: tuple[str, ...] = ("data-bound", "transfer-bound", "compute-bound")
-
-
-# ---------------------------------------------------------------------------
-# What the doctor knows about the pipeline
-# ---------------------------------------------------------------------------
 
 
 @dataclass
@@ -53,9 +45,8 @@ class PipelineFacts:
 
 @dataclass
 class Measurements:
-    """Mean seconds per step of each phase over ``steps`` timed steps, plus the facts. ``wait_median_s`` /
-    ``wait_p90_s``: the waits' spread (bursty loaders show a high p90); ``first_batch_s``: ``iter(loader)`` to the
-    first batch (worker start-up); ``pinned_h2d_s``: the same batch copied from pinned memory (CUDA probe);
+    """Mean seconds per step of each phase over ``steps`` timed steps; the waits' median and 90th percentile;
+    ``first_batch_s`` (worker start-up); ``pinned_h2d_s`` (the copy from pinned memory, CUDA);
     ``transfer_separate``: False when the step function copies (the copy is then inside ``compute_s``)."""
 
     steps: int
@@ -70,15 +61,13 @@ class Measurements:
     facts: PipelineFacts = field(default_factory=PipelineFacts)
 
     @property
-    def step_s(self) -> float:
-        """Mean seconds per step of the (synchronised, serial) measured loop."""
+    def step_s(self) -> float:  # the measured (synchronised, serial) loop's
         return self.wait_s + self.h2d_s + self.compute_s
 
 
 @dataclass
 class Recommendation:
-    """One ranked piece of advice: ``action`` with its ``evidence``, the ``stage`` it speeds up, ``gain_s`` the
-    estimated saving per step (``None``: not estimable), ``chapter`` where the workbook measures it, ``step`` the
+    """One piece of advice: ``gain_s`` is the estimated saving per step (``None``: not estimable), ``step`` the
     waterfall step making this change ('' if none): what ``measured`` is matched on."""
 
     action: str
@@ -102,18 +91,13 @@ class Decision:
     notes: list[str]
 
 
-# ---------------------------------------------------------------------------
-# The pure decision
-# ---------------------------------------------------------------------------
-
-
 def _ms(s: float | None) -> str:
     return "n/a" if s is None else f"{s * 1e3:.2f} ms"
 
 
 @dataclass
 class _Step:
-    """What every piece of advice reads: the measurements, the step's shares and the verdict's stage."""
+    """What every piece of advice reads."""
 
     m: Measurements
     stall: float
@@ -298,23 +282,14 @@ def decide(
     notable_share: float = 0.05,
     measured: Mapping[str, str] | None = None,
 ) -> Decision:
-    """Verdict and ranked recommendations from measured phase times (a pure function).
+    """Verdict and ranked recommendations from measured phase times: overlapped, a step takes as long as its
+    slowest stage, the verdict. **data**: without workers, the wait; with workers, ``wait + h2d + compute`` when the
+    wait is at least ``stall_threshold`` of the step, else hidden. **transfer**: ``h2d``; **compute**: ``compute``.
 
-    The bottleneck model (chapter 01): overlapped, a step takes as long as its slowest stage, which is the
-    verdict. **data**: without workers the wait *is* the data stage; with workers the wait is what they failed to
-    hide: at least ``stall_threshold`` of the step, the loader sets the pace (stage ``wait + h2d + compute``),
-    else loading is hidden. **transfer** = ``h2d``; **compute** = ``compute``.
-
-    Recommendations carry an estimated saving per step from the same numbers: those saving at least
-    ``notable_share`` of a step first (largest first), then advice for the bottleneck stage, then the rest.
-    ``measured``: what a waterfall measured here, step name -> verdict
-    (:meth:`helpers.chapters.ch06.capstone.Waterfall.step_verdicts`): a step measured 'slower' is withdrawn
-    with a note (workers slower while persistent workers gained: the advice becomes persistent workers); one
-    measured 'within noise', 'no effect' or 'needs CUDA' keeps no estimated saving and says what was measured.
-
-    Raises:
-        ValueError: for negative or non-finite times, or no steps, or a ``measured`` verdict that is not text.
-    """
+    Advice saving at least ``notable_share`` of a step comes first, then the bottleneck's, then the rest.
+    ``measured`` (:meth:`.capstone.Waterfall.step_verdicts`): a step measured 'slower' is withdrawn with a note
+    (workers slower but persistent workers a gain: persistent workers advised); one measured 'within noise',
+    'no effect' or 'needs CUDA' keeps no estimated saving. ValueError: negative or non-finite times, no steps."""
     _check(m, stall_threshold, notable_share, measured)
     step, nw = m.step_s, m.facts.num_workers
     stall = m.wait_s / step
@@ -351,8 +326,7 @@ LINE_WIDTH = 105
 
 
 def _wrap(text: str, indent: str) -> list[str]:
-    """``text`` wrapped at words to :data:`LINE_WIDTH`, continuation lines indented; never split: hyphenated
-    words (``data-bound``), long words (paths), a number and the word after it (``34.25 ms``)."""
+    """``text`` wrapped to :data:`LINE_WIDTH`, never splitting ``data-bound``, a path, or ``34.25 ms``."""
     glued = re.sub(r"(?<=\d) (?=\S)", "\xa0", text)  # textwrap breaks at ASCII whitespace only
     lines = textwrap.wrap(
         glued, LINE_WIDTH, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False
