@@ -140,13 +140,11 @@ def _record(results: ResultSet, wf: capstone.Waterfall, dev: str) -> None:
         p: dict[str, Any] = dict(regime=wf.regime, stage=r.name, label=r.label, order=i, width=wf.spec.width,
                                  depth=wf.spec.depth, steps=r.steps, batch_size=wf.spec.batch_size,
                                  rounds=wf.rounds, device=dev)  # fmt: skip
-        results.add("ch06.waterfall.step_time", r.step_s, "s", **p)
-        results.add("ch06.epoch_time", r.epoch_s, "s", **p)
-        results.add("ch06.throughput", r.throughput, "items/s", **p)
-        results.add("ch06.speedup", sp, "ratio", **p)
-        results.add("ch06.accuracy", r.accuracy, "ratio", **p)
-        results.add("ch06.compute_busy", r.compute_busy, "ratio", **p)
-        results.add("ch06.data_stall", r.data_stall, "ratio", **p)
+        values = {"waterfall.step_time": (r.step_s, "s"), "epoch_time": (r.epoch_s, "s"),
+                  "throughput": (r.throughput, "items/s"), "speedup": (sp, "ratio"), "accuracy": (r.accuracy, "ratio"),
+                  "compute_busy": (r.compute_busy, "ratio"), "data_stall": (r.data_stall, "ratio")}  # fmt: skip
+        for key, (value, unit) in values.items():
+            results.add(f"ch06.{key}", value, unit, **p)
         if r.efficiency is not None:
             results.add("ch06.efficiency", r.efficiency.ratio, "ratio", **p)
         for stage_part, v in r.stages.items():

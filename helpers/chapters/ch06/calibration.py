@@ -64,9 +64,10 @@ def probe_bytes(width: int, depth: int, batch_size: int, crop_size: int, num_cla
     return int(total * 1.25)
 
 
-def device_memory_check(device: torch.device | str, need_bytes: int, share: float = 0.8) -> str | None:
-    """``None`` when ``need_bytes`` fits in ``share`` of the device's free memory (after ``empty_cache()``), else
-    why not (CUDA only)."""
+def device_memory_check(device: torch.device | str, need_bytes: int) -> str | None:
+    """``None`` when ``need_bytes`` fits in 80% of the device's free memory (after ``empty_cache()``), else why not
+    (CUDA only)."""
+    share = 0.8
     dev = torch.device(device)
     if dev.type != "cuda":
         return None
@@ -274,21 +275,15 @@ def choose_model(
 
 
 def calibrate(
-    device: torch.device | str = "cpu",
-    *,
-    margin: float = 2.0,
-    budget_s: float | None = None,
-    progress: Callable[..., None] | None = None,
-    pipeline: Pipeline | None = None,
+    device: torch.device | str = "cpu", *, progress: Callable[..., None] | None = None, pipeline: Pipeline | None = None
 ) -> dict[str, Calibration]:
     """Choose each regime's model for ``device`` (:func:`choose_model`) from the pipeline's loader alone
-    (baseline, timed over a pass) and its ``train_step`` alone, within ``budget_s`` (default 10 quick, 30 laptop,
-    60 full); cached per device and sizes."""
+    (baseline, timed over a pass) and its ``train_step`` alone, within 10 s quick, 30 laptop, 60 full; cached."""
     dev = torch.device(device)
-    budget = budget_s if budget_s is not None else sized(quick=10.0, laptop=30.0, full=60.0)
+    budget = sized(quick=10.0, laptop=30.0, full=60.0)
     base = job_spec("data-bound")
     pipe = _pipeline(pipeline, dev, base.seed)
-    key = ("calibration", str(dev), base.batch_size, base.crop_size, base.threads, margin,
+    key = ("calibration", str(dev), base.batch_size, base.crop_size, base.threads,
            str(dataset_info().train_dir), id(pipe.make_loader), id(pipe.train_step))  # fmt: skip
     if key in _CACHE:
         return _CACHE[key]
@@ -309,8 +304,8 @@ def calibrate(
     out = {}
     for regime, r in REGIMES.items():
         start = (sized(quick=r["quick_width"], full=r["width"]), r["depth"])
-        out[regime] = choose_model(regime, measure, loader_s, start=start, crop_size=base.crop_size, margin=margin,
-                                   budget_s=budget, fits=fits)  # fmt: skip
+        out[regime] = choose_model(regime, measure, loader_s, start=start, crop_size=base.crop_size, budget_s=budget,
+                                   fits=fits)  # fmt: skip
     report(1.0, "calibrated")
     _CACHE[key] = out
     return out

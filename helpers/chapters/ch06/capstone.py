@@ -409,10 +409,10 @@ def bottleneck_verdict(diagnosis: Diagnosis, wf: Waterfall) -> str:
     return f"{head}, {alone}: they do NOT agree beyond the noise ({noise:.0%}); trust the waterfall's stages alone"
 
 
-def plot_waterfall(wf: Waterfall, ax: Any = None, *, title: str | None = None, source: str | None = None) -> Any:
+def plot_waterfall(wf: Waterfall, ax: Any = None) -> Any:
     """Bars of time per epoch per configuration, labelled with the cumulative speedup; a step left out (it needs
     CUDA) gets a labelled empty slot, one measured anyway (``cuda_steps=True``) a hatched grey bar."""
-    from ...ui.plots import label_source, new_axes  # optional/heavy: matplotlib
+    from ...ui.plots import new_axes  # optional/heavy: matplotlib
 
     ax = ax if ax is not None else new_axes((8.0, 3.6))
     vals = [r.epoch_s for r in wf.results]
@@ -432,8 +432,7 @@ def plot_waterfall(wf: Waterfall, ax: Any = None, *, title: str | None = None, s
     ax.grid(axis="y", alpha=0.3)
     dev = torch.device(wf.device).type
     ax.set_title(
-        title
-        or f"{wf.regime}: width {wf.spec.width}, depth {wf.spec.depth}, {wf.results[0].steps} "
+        f"{wf.regime}: width {wf.spec.width}, depth {wf.spec.depth}, {wf.results[0].steps} "
         f"steps/epoch on {dev} (measured now; labels: cumulative speedup)",
         fontsize=9,
     )
@@ -448,7 +447,6 @@ def plot_waterfall(wf: Waterfall, ax: Any = None, *, title: str | None = None, s
     if any(h for h in hatches):
         ax.bar([0], [0], color="#d3d3d3", hatch="//", edgecolor="#555", label="needs CUDA: no effect here (noise only)")
         ax.legend(fontsize=7, loc="upper right")
-    label_source(ax, source)
     return ax
 
 

@@ -12,9 +12,13 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ...core.validate import check_float, check_int
+from ...core.validate import check_int
 
 VERDICTS: tuple[str, ...] = ("data-bound", "transfer-bound", "compute-bound")
+#: With workers, a wait of at least this share of the step means the loader sets the pace (else it is hidden).
+STALL_THRESHOLD = 0.15
+#: Advice saving at least this share of a step is ranked first; a copy below it is not worth advice.
+NOTABLE_SHARE = 0.05
 
 
 @dataclass
@@ -103,7 +107,6 @@ class _Step:
     stall: float
     shares: dict[str, float]
     bottleneck: str
-    stall_threshold: float
 
     @property
     def busy(self) -> float:  # the loop's own work per step
@@ -150,7 +153,7 @@ def _data_advice(s: _Step) -> list[Recommendation]:
     """The data stage: more workers, a deeper queue for bursty waits, persistent workers for the start-up."""
     m, f, nw = s.m, s.m.facts, s.m.facts.num_workers or 0
     recs: list[Recommendation] = []
-    if m.wait_s > 0 and (s.in_loop or s.stall >= s.stall_threshold):
+    if m.wait_s > 0 and (s.in_loop or s.stall >= STALL_THRESHOLD):
         recs += _more_workers(s)
         med, p90 = m.wait_median_s, m.wait_p90_s
         if nw and p90 is not None and med is not None and f.prefetch_factor and p90 > 3 * max(med, 1e-6) and (
@@ -174,11 +177,11 @@ def _data_advice(s: _Step) -> list[Recommendation]:
     return recs
 
 
-def _transfer_advice(s: _Step, notable_share: float) -> list[Recommendation]:
+def _transfer_advice(s: _Step) -> list[Recommendation]:
     """The copy: pinned memory, uint8 batches, a side-stream prefetcher (CUDA); uint8 from CPU workers."""
     m, f = s.m, s.m.facts
     recs: list[Recommendation] = []
-    if not (f.cuda and m.transfer_separate and s.shares["h2d"] >= notable_share):
+    if not (f.cuda and m.transfer_separate and s.shares["h2d"] >= NOTABLE_SHARE):
         if not f.cuda and f.float_image_batch and f.num_workers and s.bottleneck == "data":
             recs.append(Recommendation(
                 action="send uint8 images from the workers and normalise in the step",
@@ -222,7 +225,7 @@ def _transfer_advice(s: _Step, notable_share: float) -> list[Recommendation]:
 def _compute_advice(s: _Step, notes: list[str]) -> list[Recommendation]:
     if s.bottleneck != "compute":
         return []
-    m, quiet = s.m, s.stall < s.stall_threshold
+    m, quiet = s.m, s.stall < STALL_THRESHOLD
     if m.facts.num_workers or quiet:
         notes.append("More workers or a deeper prefetch queue would not speed this loop up: it barely waits for data.")
     return [Recommendation(
@@ -260,14 +263,12 @@ def _agree_with(recs: list[Recommendation], measured: Mapping[str, str], notes: 
     return agreed
 
 
-def _check(m: Measurements, stall_threshold: float, notable_share: float, measured: Mapping[str, str] | None) -> None:
+def _check(m: Measurements, measured: Mapping[str, str] | None) -> None:
     check_int("steps", m.steps, 1)
     for name in ("wait_s", "h2d_s", "compute_s"):
         v = getattr(m, name)
         if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ValueError(f"{name} must be a finite number >= 0 seconds, got {v!r}")
-    check_float("stall_threshold", stall_threshold, 0.0, 1.0)
-    check_float("notable_share", notable_share, 0.0, 1.0)
     for k, v in (measured or {}).items():
         if not isinstance(v, str):
             raise ValueError(f"measured[{k!r}] must be a verdict such as 'gain' or 'slower', got {v!r}")
@@ -275,28 +276,22 @@ def _check(m: Measurements, stall_threshold: float, notable_share: float, measur
         raise ValueError("the measured step time is 0 s: nothing was timed")
 
 
-def decide(
-    m: Measurements,
-    *,
-    stall_threshold: float = 0.15,
-    notable_share: float = 0.05,
-    measured: Mapping[str, str] | None = None,
-) -> Decision:
+def decide(m: Measurements, *, measured: Mapping[str, str] | None = None) -> Decision:
     """Verdict and ranked recommendations from measured phase times: overlapped, a step takes as long as its
     slowest stage, the verdict. **data**: without workers, the wait; with workers, ``wait + h2d + compute`` when the
-    wait is at least ``stall_threshold`` of the step, else hidden. **transfer**: ``h2d``; **compute**: ``compute``.
+    wait is at least :data:`STALL_THRESHOLD` of the step, else hidden. **transfer**: ``h2d``; **compute**: ``compute``.
 
-    Advice saving at least ``notable_share`` of a step comes first, then the bottleneck's, then the rest.
+    Advice saving at least :data:`NOTABLE_SHARE` of a step comes first, then the bottleneck's, then the rest.
     ``measured`` (:meth:`.capstone.Waterfall.step_verdicts`): a step measured 'slower' is withdrawn with a note
     (workers slower but persistent workers a gain: persistent workers advised); one measured 'within noise',
     'no effect' or 'needs CUDA' keeps no estimated saving. ValueError: negative or non-finite times, no steps."""
-    _check(m, stall_threshold, notable_share, measured)
+    _check(m, measured)
     step, nw = m.step_s, m.facts.num_workers
     stall = m.wait_s / step
     shares = {"wait": stall, "h2d": m.h2d_s / step, "compute": m.compute_s / step}
     notes: list[str] = []
     data_stage: float | None = m.wait_s if not nw else m.wait_s + m.h2d_s + m.compute_s
-    if nw and stall < stall_threshold:
+    if nw and stall < STALL_THRESHOLD:
         data_stage = None  # hidden by the workers: below the step's own work
         notes.append(f"Loading is hidden by {nw} worker(s): the loop waited only {stall:.0%} of its time for data.")
     stages: dict[str, float | None] = {"data": data_stage, "transfer": m.h2d_s, "compute": m.compute_s}
@@ -306,14 +301,14 @@ def decide(
         notes.append("The step function does its own copy, so the copy is counted inside 'compute'.")
     if not m.facts.cuda:
         notes.append("No CUDA device: the copy to the device is a no-op here, so transfer cannot be the bottleneck.")
-    s = _Step(m, stall, shares, bottleneck, stall_threshold)
-    recs = _data_advice(s) + _transfer_advice(s, notable_share) + _compute_advice(s, notes)
+    s = _Step(m, stall, shares, bottleneck)
+    recs = _data_advice(s) + _transfer_advice(s) + _compute_advice(s, notes)
     if measured:
         recs = _agree_with(recs, measured, notes)
 
     def rank(r: Recommendation) -> tuple[int, float]:
         g = r.gain_s or 0.0
-        return (0 if r.gain_s is not None and g >= notable_share * step else 1 if r.stage == bottleneck else 2, -g)
+        return (0 if r.gain_s is not None and g >= NOTABLE_SHARE * step else 1 if r.stage == bottleneck else 2, -g)
 
     recs.sort(key=rank)
     if not recs:
@@ -396,29 +391,7 @@ class Diagnosis:
             f"recommendations={len(self.recommendations)})"
         )
 
-    def _repr_html_(self) -> str:
-        m, d = self.measurements, self.decision
+    def _repr_html_(self) -> str:  # the same report, its verdict line in the verdict's colour
         color = {"data-bound": "#4e79a7", "transfer-bound": "#f28e2b", "compute-bound": "#59a14f"}[self.verdict]
-        rows = "".join(
-            f"<tr><td>{p}</td><td style='text-align:right'>{v * 1e3:.2f} ms</td>"
-            f"<td style='text-align:right'>{d.shares[k]:.0%}</td></tr>"
-            for p, k, v in (
-                ("wait for data", "wait", m.wait_s),
-                ("copy to device", "h2d", m.h2d_s),
-                ("compute", "compute", m.compute_s),
-            )
-        )
-        recs = "".join(
-            f"<li><b>{html.escape(r.action)}</b> "
-            "<span style='color:#555'>("
-            f"{'saves ~' + _ms(r.gain_s) + '/step' if r.gain_s is not None else 'saving not estimable'}; "
-            f"chapter {html.escape(r.chapter)})</span><br><small>because {html.escape(r.evidence)}</small></li>"
-            for r in self.recommendations
-        )
-        notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes + d.notes)
-        return (
-            f"<div><b style='color:{color}'>Verdict: {self.verdict}</b> "
-            f"<small>({m.steps} steps on {html.escape(m.facts.device_type)}, {self.seconds:.1f} s)</small>"
-            f"<table><tr><th>phase</th><th>per step</th><th>share</th></tr>{rows}</table>"
-            f"<ol>{recs}</ol>" + (f"<ul style='color:#555'>{notes}</ul>" if notes else "") + "</div>"
-        )
+        head, *rest = self._lines()
+        return f"<pre><b style='color:{color}'>{html.escape(head)}</b>\n{html.escape(chr(10).join(rest))}</pre>"

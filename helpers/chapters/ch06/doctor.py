@@ -219,13 +219,12 @@ def diagnose(
     warmup: int = 3,
     transfer: str = "auto",
     time_limit_s: float = 60.0,
-    stall_threshold: float = 0.15,
     measured: Mapping[str, str] | None = None,
 ) -> Diagnosis:
     """Measure a few steps of ``loader`` + ``step_fn(batch)`` (a training step on a batch on ``device``, default
     CUDA if present) and diagnose the pipeline. ``transfer``: ``"auto"`` (the doctor copies, timed apart) or
     ``"none"`` (``step_fn`` copies: counted as compute). ``time_limit_s`` bounds the run (DoctorTimeout with fewer
-    than two timed steps). ``stall_threshold`` and ``measured`` (a waterfall's verdicts): see :func:`decide`."""
+    than two timed steps). ``measured`` (a waterfall's verdicts): see :func:`decide`."""
     if not hasattr(loader, "__iter__"):
         raise ValueError(f"loader must be an iterable of batches, got {type(loader).__name__}")
     if not callable(step_fn):
@@ -233,7 +232,6 @@ def diagnose(
     check_int("steps", steps, 1, 10_000)
     check_int("warmup", warmup, 0, 1000)
     check_float("time_limit_s", time_limit_s, 0.1, 24 * 3600.0)
-    check_float("stall_threshold", stall_threshold, 0.0, 1.0)
     if transfer not in ("auto", "none"):
         raise ValueError(f"transfer must be 'auto' or 'none', got {transfer!r}")
     dev = resolve_device(device)  # None: CUDA when present; a device this machine lacks: ValueError
@@ -255,12 +253,11 @@ def diagnose(
                 f"is one step longer than the limit? Raise time_limit_s or lower steps."
             ) from None
         loop.notes.append(f"Interrupted: {exc}; measured {n} steps before that.")
-    return _diagnosis(loop, facts, dev, separate, timed_out, t_start, warmup, stall_threshold, measured)
+    return _diagnosis(loop, facts, dev, separate, timed_out, t_start, warmup, measured)
 
 
 def _diagnosis(loop: _Loop, facts: PipelineFacts, dev: torch.device, separate: bool, timed_out: bool,
-               t_start: float, warmup: int, stall_threshold: float,
-               measured: Mapping[str, str] | None) -> Diagnosis:  # fmt: skip
+               t_start: float, warmup: int, measured: Mapping[str, str] | None) -> Diagnosis:  # fmt: skip
     """The timed loop's measurements (plus the pinned-copy probe on CUDA), decided."""
     waits = loop.waits
     if not waits:
@@ -279,6 +276,6 @@ def _diagnosis(loop: _Loop, facts: PipelineFacts, dev: torch.device, separate: b
         transfer_separate=separate,
         facts=facts,
     )
-    decision = decide(m, stall_threshold=stall_threshold, measured=measured)
+    decision = decide(m, measured=measured)
     notes = loop.notes + [f"The doctor ran {warmup + len(waits)} real steps: step_fn's model has trained on them."]
     return Diagnosis(decision.verdict, m, decision, time.perf_counter() - t_start, notes)
