@@ -25,18 +25,12 @@ from ...core.reference import no_published_sentence
 from ...core.rounds import alternate, table
 from ...core.validate import check_choice, check_int
 from .calibration import (
-    MODEL_LADDER,
     Calibration,
     calibrate,
-    choose_model,
-    device_memory_check,
     expected_within_noise,
-    model_flops,
-    probe_bytes,
     release_pinned_host_memory,
 )
 from .doctor import Diagnosis, usable_cores
-from .job import _CACHE as _CACHE  # tests clear the job's cache through this module
 from .job import (
     REGIMES,
     STEP_NAMES,
@@ -54,7 +48,6 @@ from .job import (
     dataset_info,
     default_workers,
     effective_on,
-    job_sizes,
     job_spec,
     main_threads,
     normalizer_device_exact,
@@ -80,11 +73,10 @@ from .run import (
 
 __all__ = [
     "STEPS", "STEP_NAMES", "STEP_REQUIRES", "Settings", "Pipeline", "reference_pipeline", "seed_order", "train_items",
-    "REGIMES", "JobSpec", "job_spec", "job_sizes", "default_workers", "compute_threads", "main_threads",
-    "settings_for", "configurations", "step_answers", "effective_on", "cuda_step_evidence", "dataset_info",
-    "val_size", "chance_level", "normalizer_device_exact", "same_numerics", "ConfigResult", "run_config",
-    "pipeline_efficiency", "Efficiency", "compare_threads", "MODEL_LADDER", "model_flops", "probe_bytes",
-    "device_memory_check", "release_pinned_host_memory", "Calibration", "choose_model", "calibrate", "Waterfall",
+    "REGIMES", "JobSpec", "job_spec", "default_workers", "compute_threads", "main_threads", "settings_for",
+    "configurations", "step_answers", "effective_on", "cuda_step_evidence", "dataset_info", "val_size",
+    "chance_level", "normalizer_device_exact", "same_numerics", "ConfigResult", "run_config", "pipeline_efficiency",
+    "Efficiency", "compare_threads", "release_pinned_host_memory", "Calibration", "calibrate", "Waterfall",
     "run_waterfall", "VERDICTS", "accuracy_tolerance", "seed_spread", "check_accuracies", "accuracy_verdict",
     "bottleneck_verdict", "plot_waterfall", "plot_shares", "reference_waterfall", "plot_reference_waterfall",
     "reference_efficiency", "efficiency_lines", "reference_timeline",

@@ -85,13 +85,6 @@ class Settings:
     output: str = "float"
     prefetcher: bool = False
 
-    def describe(self) -> str:
-        parts = [f"workers={self.num_workers}"]
-        if self.num_workers:
-            parts.append(f"persistent={self.persistent_workers}, prefetch={self.prefetch_factor or 2}")
-        parts += [f"pin={self.pin_memory}", f"batches={self.output}", f"prefetcher={self.prefetcher}"]
-        return ", ".join(parts)
-
     def loader_kwargs(self) -> dict[str, Any]:  # prefetch_factor and persistent only with workers
         kw: dict[str, Any] = {"workers": self.num_workers, "pin": self.pin_memory}
         if self.num_workers:

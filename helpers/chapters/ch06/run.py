@@ -45,13 +45,9 @@ from .job import (
 
 @dataclass
 class ConfigResult:
-    """One configuration's run of the job.
-
-    ``epoch_s``: seconds per timed epoch, worker start-up included (in a waterfall: the median of
-    ``round_epoch_s``); ``trace``: the spans of every timed step; ``compute_busy`` / ``data_stall``: shares of the
-    epoch the compute ran / the loop waited for data (start-up included); ``stages``: items/s of each stage alone
-    (``None``: no such stage here); ``efficiency``: :func:`pipeline_efficiency`.
-    """
+    """One configuration's run: ``epoch_s`` per timed epoch, start-up included (in a waterfall the median of
+    ``round_epoch_s``); ``compute_busy`` / ``data_stall``: shares of the epoch; ``stages``: items/s of each stage
+    alone (``None``: no such stage here)."""
 
     name: str
     label: str
@@ -197,8 +193,7 @@ def run_config(
         report(0.05, f"{name}: warm-up")
         if spec.warm_steps:
             _warm_up(pipe, model, opt, loader, settings, spec, dev)
-        rec = SpanRecorder(dev, config=name, regime=spec.regime, settings=settings.describe(),
-                           calls=settings.calls(), pipeline=pipe.source)  # fmt: skip
+        rec = SpanRecorder(dev, config=name, regime=spec.regime, calls=settings.calls(), pipeline=pipe.source)
         for e in range(spec.epochs):
             report(0.1 + 0.7 * e / spec.epochs, f"{name}: epoch {e + 1}/{spec.epochs}")
             t_begin = rec.now()
