@@ -279,18 +279,13 @@ class Waterfall:
 def _measured_configs(
     device: torch.device | str, workers: int | None, names: Sequence[str] | None, cuda_steps: bool | None
 ) -> tuple[list[tuple[Step, Settings]], list[str]]:
-    """The configurations to run, and the steps left out because they need CUDA."""
-    configs = configurations(workers, names)
+    """The configurations to run (cumulative over the steps run here: no pin=True where it cannot pin), and the
+    steps left out because they need CUDA."""
     dev_type = torch.device(device).type
-    if cuda_steps if cuda_steps is not None else dev_type == "cuda":
-        return configs, []
-    idle = {st.name for st in STEPS if not effective_on(st, device)}
-    skipped = [st.name for st, _ in configs if st.name in idle]
-    kept = [  # cumulative over the steps measured here: no pin=True where it cannot pin
-        (st, settings_for([n for n in STEP_NAMES[: STEP_NAMES.index(st.name) + 1] if n not in idle], workers))
-        for st, _ in configs
-        if st.name not in idle
-    ]
+    run_all = cuda_steps if cuda_steps is not None else dev_type == "cuda"
+    idle = set() if run_all else {st.name for st in STEPS if not effective_on(st, device)}
+    kept = configurations(workers, names, skip=idle)
+    skipped = [n for n in STEP_NAMES if n in idle and (names is None or n in names)]
     if not kept:
         raise ValueError(
             f"names: none of {', '.join(skipped)} can act on {dev_type} (they need CUDA); "
@@ -407,13 +402,8 @@ def plot_waterfall(wf: Waterfall, ax: Any = None) -> Any:
     from ...ui.plots import new_axes  # optional/heavy: matplotlib
 
     ax = ax if ax is not None else new_axes((8.0, 3.6))
-    vals = [r.epoch_s for r in wf.results]
-    colors, hatches = [], []
-    for i, r in enumerate(wf.results):
-        st = _STEPS.get(r.name)
-        idle = st is not None and not effective_on(st, wf.device)
-        colors.append("#d3d3d3" if idle else ("#bab0ac" if i == 0 else "#4e79a7"))
-        hatches.append("//" if idle else "")
+    vals, hatches = [r.epoch_s for r in wf.results], ["//" if idle else "" for idle in wf.no_effect()]
+    colors = ["#d3d3d3" if h else "#bab0ac" if i == 0 else "#4e79a7" for i, h in enumerate(hatches)]
     bars = ax.bar(range(len(vals)), vals, color=colors, edgecolor="#555", linewidth=0.5)
     for b, h in zip(bars, hatches):
         b.set_hatch(h)

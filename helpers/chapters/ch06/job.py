@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
@@ -128,12 +128,15 @@ def settings_for(enabled: Iterable[str], workers: int | None = None) -> Settings
     return Settings(**values)
 
 
-def configurations(workers: int | None = None, names: Sequence[str] | None = None) -> list[tuple[Step, Settings]]:
-    """The cumulative configurations: step k switches on steps 0..k. ``names`` picks a subset (in order)."""
+def configurations(
+    workers: int | None = None, names: Sequence[str] | None = None, skip: Collection[str] = ()
+) -> list[tuple[Step, Settings]]:
+    """The cumulative configurations: step k switches on steps 0..k, except those in ``skip`` (left out);
+    ``names`` picks a subset (in order)."""
     return [
-        (step, settings_for(STEP_NAMES[: i + 1], workers))
+        (step, settings_for([n for n in STEP_NAMES[: i + 1] if n not in skip], workers))
         for i, step in enumerate(STEPS)
-        if names is None or step.name in names
+        if (names is None or step.name in names) and step.name not in skip
     ]
 
 
