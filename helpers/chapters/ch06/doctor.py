@@ -24,8 +24,8 @@ from ...core.config import require_gpu
 from ...core.device import resolve_device
 from ...core.timing import synchronize, time_calls
 from ...core.validate import check_float, check_int
+from ...pipeline.loaders import cpu_cores as usable_cores  # CPU cores this process may run on
 from ...pipeline.prefetch import iter_tensors, map_tensors, move_batch
-from ...pipeline.workers import cpu_cores as usable_cores  # CPU cores this process may run on
 from .diagnosis import VERDICTS, Decision, Diagnosis, Measurements, PipelineFacts, Recommendation, decide
 
 __all__ = [
