@@ -112,18 +112,17 @@ class Waterfall:
     def speedups(self) -> list[float]:  # over the baseline
         return [self.baseline.epoch_s / r.epoch_s for r in self.results]
 
-    def _round_gains(self, i: int) -> list[float]:
-        a, b = self.results[i - 1], self.results[i]
-        return [x / y for x, y in zip(a.round_epoch_s or [a.epoch_s], b.round_epoch_s or [b.epoch_s])]
+    def _round_gains(self) -> list[list[float]]:  # per step after the baseline: its per-round gains
+        times = [r.round_epoch_s or [r.epoch_s] for r in self.results]
+        return [[x / y for x, y in zip(a, b)] for a, b in zip(times, times[1:])]
 
     def gains(self) -> list[float]:
         """Speedup over the configuration before (1.0 first): the median of per-round ratios."""
-        return [1.0] + [statistics.median(self._round_gains(i)) for i in range(1, len(self.results))]
+        return [1.0] + [statistics.median(g) for g in self._round_gains()]
 
     def gain_ranges(self) -> list[tuple[float, float] | None]:
         """(lowest, highest) per-round gain over the configuration before; None with one round."""
-        gains = [self._round_gains(i) for i in range(1, len(self.results))]
-        return [None] + [(min(g), max(g)) if len(g) > 1 else None for g in gains]
+        return [None] + [(min(g), max(g)) if len(g) > 1 else None for g in self._round_gains()]
 
     def noise_floor(self) -> float | None:
         """Median over configurations of (slowest - fastest) / median round; ``None`` with one round."""
@@ -136,15 +135,14 @@ class Waterfall:
 
     def ratio_noise(self) -> float | None:
         """The scatter of the per-round gains (a slower round slows both neighbours and leaves their ratio)."""
-        return agreement.ratio_noise([self._round_gains(i) for i in range(1, len(self.results))])
+        return agreement.ratio_noise(self._round_gains())
 
     def within_noise(self) -> list[bool | None]:
         """Per configuration: its per-round gains split on direction or the median is within :meth:`ratio_noise`
         of 1; None with one round."""
         noise = self.ratio_noise() or 0.0
         out: list[bool | None] = [None]
-        for i, g in enumerate(self.gains()[1:], 1):
-            ratios = self._round_gains(i)
+        for g, ratios in zip(self.gains()[1:], self._round_gains()):
             split = agreement.ratios_split_on_direction(ratios)
             out.append(None if len(ratios) < 2 else (split or agreement.within_noise_floor(g, noise)))
         return out
