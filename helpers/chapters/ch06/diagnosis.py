@@ -320,11 +320,12 @@ def decide(m: Measurements, *, measured: Mapping[str, str] | None = None) -> Dec
 LINE_WIDTH = 105
 
 
-def _wrap(text: str, indent: str) -> list[str]:
-    """``text`` wrapped to :data:`LINE_WIDTH`, never splitting ``data-bound``, a path, or ``34.25 ms``."""
-    glued = re.sub(r"(?<=\d) (?=\S)", "\xa0", text)  # textwrap breaks at ASCII whitespace only
+def _wrap(head: str, text: str) -> list[str]:
+    """``head + text`` wrapped to :data:`LINE_WIDTH` under the text, never splitting ``data-bound``, a path, or
+    ``34.25 ms``."""
+    glued = re.sub(r"(?<=\d) (?=\S)", "\xa0", head + text)  # textwrap breaks at ASCII whitespace only
     lines = textwrap.wrap(
-        glued, LINE_WIDTH, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False
+        glued, LINE_WIDTH, subsequent_indent=" " * len(head), break_on_hyphens=False, break_long_words=False
     ) or [glued]
     return [ln.replace("\xa0", " ") for ln in lines]
 
@@ -351,35 +352,25 @@ class Diagnosis:
         m, d, f = self.measurements, self.decision, self.measurements.facts
         out = [
             f"Verdict: {self.verdict.upper()}  ({m.steps} steps measured on {f.device_type}, {self.seconds:.1f} s)",
-            *_wrap(
-                f"Per step: wait for data {_ms(m.wait_s)} ({d.shares['wait']:.0%}) · copy {_ms(m.h2d_s)} "
-                f"({d.shares['h2d']:.0%}) · compute {_ms(m.compute_s)} ({d.shares['compute']:.0%}) · "
-                f"total {_ms(m.step_s)}",
-                " " * len("Per step: "),
-            ),
-            *_wrap(
-                "Stages (bottleneck model): "
-                + " · ".join(f"{k} {'hidden' if v is None else _ms(v)}" for k, v in d.stage_times.items())
-                + f" -> overlapped step >= {_ms(d.predicted_overlapped_s)}",
-                " " * len("Stages (bottleneck model): "),
-            ),
-            *_wrap(
-                f"Pipeline: {f.loader_type}, num_workers={f.num_workers}, pin_memory={f.pin_memory}, "
-                f"persistent_workers={f.persistent_workers}, prefetch_factor={f.prefetch_factor}, "
-                f"{f.cpu_count} cores, batch {f.batch_dtype} {list(f.batch_shape)} "
-                f"({f.batch_bytes / 2**20:.2f} MiB)"
-                + (f", first batch after {m.first_batch_s:.3f} s" if m.first_batch_s is not None else ""),
-                " " * len("Pipeline: "),
-            ),
-        ]
+            *_wrap("Per step: ", f"wait for data {_ms(m.wait_s)} ({d.shares['wait']:.0%}) · copy {_ms(m.h2d_s)} "
+                   f"({d.shares['h2d']:.0%}) · compute {_ms(m.compute_s)} ({d.shares['compute']:.0%}) · "
+                   f"total {_ms(m.step_s)}"),
+            *_wrap("Stages (bottleneck model): ",
+                   " · ".join(f"{k} {'hidden' if v is None else _ms(v)}" for k, v in d.stage_times.items())
+                   + f" -> overlapped step >= {_ms(d.predicted_overlapped_s)}"),
+            *_wrap("Pipeline: ", f"{f.loader_type}, num_workers={f.num_workers}, pin_memory={f.pin_memory}, "
+                   f"persistent_workers={f.persistent_workers}, prefetch_factor={f.prefetch_factor}, "
+                   f"{f.cpu_count} cores, batch {f.batch_dtype} {list(f.batch_shape)} ({f.batch_bytes / 2**20:.2f} MiB)"
+                   + (f", first batch after {m.first_batch_s:.3f} s" if m.first_batch_s is not None else "")),
+        ]  # fmt: skip
         if self.recommendations:
             out.append("Recommendations, most promising first:")
             for i, r in enumerate(self.recommendations, 1):
                 gain = f"saves ~{_ms(r.gain_s)}/step" if r.gain_s is not None else "saving not estimable here"
-                out += _wrap(f"  {i}. {r.action}  [{gain}; chapter {r.chapter}]", " " * len(f"  {i}. "))
-                out += _wrap(f"     because {r.evidence}", " " * len("     "))
+                out += _wrap(f"  {i}. ", f"{r.action}  [{gain}; chapter {r.chapter}]")
+                out += _wrap("     ", f"because {r.evidence}")
         for n in self.notes + d.notes:
-            out += _wrap(f"Note: {n}", " " * len("Note: "))
+            out += _wrap("Note: ", n)
         return out
 
     def __str__(self) -> str:
