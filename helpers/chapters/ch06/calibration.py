@@ -207,17 +207,6 @@ def _probe(s: _Search, measure: Callable[[int, int], float], current: tuple[int,
         return None
 
 
-def _tiny_reason(c: float, loader_s: float, margin: float, ok: bool) -> str:
-    if c <= 0:
-        return "no time measured"
-    if ok:
-        return f"the tiny model computes a batch {loader_s / c:.1f}x faster than the loader loads one"
-    return (
-        f"even the tiny model is not {margin:.0f}x faster than the loader here "
-        "(data-bound regime not reached: loading steps may gain little)"
-    )
-
-
 def choose_model(
     regime: str,
     measure: Callable[[int, int], float],
@@ -239,16 +228,14 @@ def choose_model(
     size needed until the ratio is in range, the ladder ends, a probe does not fit (``fits`` says why) or runs
     out of memory, or ``max_probes`` or ``budget_s`` are spent."""
     t0 = clock()
-    tried: list[tuple[int, int, float]] = []
-
-    def done(width: int, depth: int, compute_s: float, reached: bool, reason: str) -> Calibration:
-        return Calibration(regime, width, depth, loader_s, compute_s, reached, margin, tried, reason, clock() - t0)
-
     if regime == "data-bound":
         c = measure(*start)
-        tried.append((start[0], start[1], c))
         ok = c * margin <= loader_s
-        return done(start[0], start[1], c, ok, _tiny_reason(c, loader_s, margin, ok))
+        why = "no time measured" if c <= 0 else (
+            f"the tiny model computes a batch {loader_s / c:.1f}x faster than the loader loads one" if ok else
+            f"even the tiny model is not {margin:.0f}x faster than the loader here (data-bound regime not reached: "
+            "loading steps may gain little)")  # fmt: skip
+        return Calibration(regime, *start, loader_s, c, ok, margin, [(*start, c)], why, clock() - t0)
     order = sorted(set(ladder) | {start}, key=lambda m: model_flops(m[0], m[1], crop_size))
     s = _Search(order, {m: model_flops(m[0], m[1], crop_size) for m in order}, margin, upper, loader_s)
     current: tuple[int, int] | None = start
@@ -257,11 +244,10 @@ def choose_model(
         if step_s is None:
             break
         s.seen[current] = step_s
-        tried.append((current[0], current[1], step_s))
         ratio = step_s / loader_s if loader_s > 0 else float("inf")
         if margin <= ratio <= upper:
             break
-        if len(tried) >= max_probes:
+        if len(s.seen) >= max_probes:
             s.stop = f"{max_probes} models measured"
         elif clock() - t0 > budget_s:
             s.stop = f"the calibration's time budget ({budget_s:.0f} s) is spent"
@@ -270,8 +256,9 @@ def choose_model(
             s.stop = "" if current else "no other model on the ladder"
             continue
         break
-    (width, depth), compute_s, reached, why = s.choice(start, len(tried))
-    return done(width, depth, compute_s, reached, why)
+    (width, depth), compute_s, reached, why = s.choice(start, len(s.seen))
+    tried = [(w, d, v) for (w, d), v in s.seen.items()]
+    return Calibration(regime, width, depth, loader_s, compute_s, reached, margin, tried, why, clock() - t0)
 
 
 def calibrate(
