@@ -25,6 +25,7 @@ from ...core.device import resolve_device
 from ...core.timing import synchronize, time_calls
 from ...core.validate import check_float, check_int
 from ...pipeline.loaders import cpu_cores as usable_cores  # CPU cores this process may run on
+from ...pipeline.loaders import release
 from ...pipeline.prefetch import iter_tensors, map_tensors, move_batch
 from .diagnosis import VERDICTS, Decision, Diagnosis, Measurements, PipelineFacts, Recommendation, decide
 
@@ -201,9 +202,7 @@ def _time_steps(out: _Loop, loader: Iterable[Any], step_fn: Callable[[Any], Any]
             del batch, moved
     finally:
         if not getattr(_unwrap(loader)[0], "persistent_workers", False):
-            shutdown = getattr(it, "_shutdown_workers", None)
-            if callable(shutdown):
-                shutdown()
+            release(it)  # the kernel's one teardown: this iterator's workers, also a frozen one
         del it  # the iterator (and its workers) is let go now, also on an error
     if restarts:
         out.notes.append(f"The loader was restarted {restarts} time(s) to get enough steps; each restart's first "
