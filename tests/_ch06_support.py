@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from helpers.chapters.ch06 import capstone as C
+from helpers.chapters.ch06 import job
 
 _JOB_SPEC = C.job_spec  # the real one: a test may patch C.job_spec with a function that calls tiny()
 
@@ -21,9 +22,9 @@ def quick_data_set() -> Iterator[None]:
     """Quick mode for the importing module: the small generated data set (seconds), not the full one."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("WORKBOOK_QUICK", "1")
-        C._CACHE.clear()
+        job._CACHE.clear()
         yield
-    C._CACHE.clear()
+    job._CACHE.clear()
 
 
 def tiny(regime: str = "data-bound", **kw: Any) -> C.JobSpec:

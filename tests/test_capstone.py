@@ -13,6 +13,7 @@ import torch
 from _ch06_support import quick_data_set, tiny  # noqa: F401  (quick_data_set: autouse, for this module)
 
 from helpers.chapters import ch06
+from helpers.chapters.ch06 import calibration as K
 from helpers.chapters.ch06 import capstone as C
 from helpers.chapters.ch06 import doctor as D
 from helpers.chapters.ch06 import job
@@ -229,11 +230,13 @@ def test_warm_up_drains_the_pass_only_when_asked() -> None:
 
 def test_compare_threads_runs_back_to_back_and_restores() -> None:
     before = torch.get_num_threads()
-    rs = C.compare_threads(tiny(), "baseline", "cpu", threads=(1, 2))
-    assert [r.trace.metadata["threads"] for r in rs] == [1, 2] and all(r.stages == {} for r in rs)
+    wf = C.run_waterfall("data-bound", "cpu", names=["baseline"], spec=tiny(threads=1), stages=False)
+    rs = C.compare_threads(wf, "baseline", threads=(1, 2))
+    assert [r.spec.threads for r in rs] == [1, 2] and all(r.stages == {} for r in rs)
+    assert rs[0].epoch_s == wf.results[0].epoch_s  # the job's thread count: the waterfall's own run
     assert "2 threads" in rs[1].label and torch.get_num_threads() == before
     with pytest.raises(ValueError, match="step"):
-        C.compare_threads(tiny(), "turbo")
+        C.compare_threads(wf, "turbo")
 
 
 def test_efficiency_above_one_is_never_shown() -> None:
@@ -332,9 +335,9 @@ def _fake_measure(per_flop_s: float, crop: int, oom_above: int | None = None):
 
     def measure(width: int, depth: int) -> float:
         calls.append((width, depth))
-        if oom_above is not None and C.model_flops(width, depth, crop) > oom_above:
+        if oom_above is not None and K.model_flops(width, depth, crop) > oom_above:
             raise torch.OutOfMemoryError("CUDA out of memory (fake)")
-        return per_flop_s * C.model_flops(width, depth, crop)
+        return per_flop_s * K.model_flops(width, depth, crop)
 
     return measure, calls
 
@@ -343,36 +346,36 @@ def test_calibration_grows_the_model_on_a_fast_device() -> None:
     # An H200-like device: the CPU's wide model (96, 3) takes far less than the loader's batch.
     measure, calls = _fake_measure(1e-12, 224)
     loader_s = 0.2
-    cal = C.choose_model("compute-bound", measure, loader_s, start=(96, 3), crop_size=224, budget_s=1e9)
+    cal = K.choose_model("compute-bound", measure, loader_s, start=(96, 3), crop_size=224, budget_s=1e9)
     assert cal.reached and cal.compute_s >= 2 * loader_s and calls[0] == (96, 3) and len(calls) <= 6
-    assert C.model_flops(cal.width, cal.depth, 224) > C.model_flops(96, 3, 224)
+    assert K.model_flops(cal.width, cal.depth, 224) > K.model_flops(96, 3, 224)
     assert "smallest model" in cal.reason and cal.tried[0][:2] == (96, 3)
 
 
 def test_calibration_keeps_a_model_that_already_fits_and_shrinks_an_oversized_one() -> None:
     measure, calls = _fake_measure(1e-9, 64)
-    t96 = 1e-9 * C.model_flops(96, 3, 64)
-    cal = C.choose_model("compute-bound", measure, t96 / 3, start=(96, 3), crop_size=64)
+    t96 = 1e-9 * K.model_flops(96, 3, 64)
+    cal = K.choose_model("compute-bound", measure, t96 / 3, start=(96, 3), crop_size=64)
     assert (cal.width, cal.depth) == (96, 3) and cal.reached and calls == [(96, 3)]
     measure, calls = _fake_measure(1e-9, 64)
-    cal = C.choose_model("compute-bound", measure, t96 / 50, start=(96, 3), crop_size=64, budget_s=1e9)
-    assert cal.reached and 2 <= cal.ratio <= 50 and C.model_flops(cal.width, cal.depth, 64) < C.model_flops(96, 3, 64)
+    cal = K.choose_model("compute-bound", measure, t96 / 50, start=(96, 3), crop_size=64, budget_s=1e9)
+    assert cal.reached and 2 <= cal.ratio <= 50 and K.model_flops(cal.width, cal.depth, 64) < K.model_flops(96, 3, 64)
 
 
 def test_calibration_says_when_a_regime_is_not_reached() -> None:
     measure, _ = _fake_measure(1e-15, 224, oom_above=10**11)
-    cal = C.choose_model("compute-bound", measure, 10.0, start=(96, 3), crop_size=224, budget_s=1e9)
+    cal = K.choose_model("compute-bound", measure, 10.0, start=(96, 3), crop_size=224, budget_s=1e9)
     assert not cal.reached and "NOT reached" in cal.reason
     clock = iter(range(0, 10**6, 100))  # every probe "takes" 100 s: the budget stops the search
     measure, calls = _fake_measure(1e-15, 224)
-    cal = C.choose_model(
+    cal = K.choose_model(
         "compute-bound", measure, 10.0, start=(96, 3), crop_size=224, budget_s=30, clock=lambda: float(next(clock))
     )
     assert len(calls) == 1 and "budget" in cal.reason and not cal.reached
     measure, _ = _fake_measure(1e-9, 64)
-    slow = C.choose_model("data-bound", measure, 1e-9, start=(2, 1), crop_size=64)
+    slow = K.choose_model("data-bound", measure, 1e-9, start=(2, 1), crop_size=64)
     assert not slow.reached and "not reached" in slow.reason
-    fast = C.choose_model("data-bound", measure, 1.0, start=(2, 1), crop_size=64)
+    fast = K.choose_model("data-bound", measure, 1.0, start=(2, 1), crop_size=64)
     assert fast.reached and (fast.width, fast.depth) == (2, 1)
 
 
@@ -380,7 +383,7 @@ def test_model_flops_matches_the_model() -> None:
     from helpers.pipeline.models import build_model, flops_per_sample
 
     for w, d, c in [(2, 1, 64), (12, 3, 32), (8, 4, 64)]:
-        assert C.model_flops(w, d, c) == flops_per_sample(build_model(width=w, depth=d), c)
+        assert K.model_flops(w, d, c) == flops_per_sample(build_model(width=w, depth=d), c)
 
 
 def _result(name: str, times: list[float]) -> C.ConfigResult:
@@ -555,7 +558,7 @@ def test_laptop_tier_uses_the_small_data_set(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.delenv("WORKBOOK_QUICK", raising=False)
     monkeypatch.delenv("WORKBOOK_FULL", raising=False)
     monkeypatch.setattr("helpers.core.config._cuda_present", lambda: False)
-    sizes = C.job_sizes()
+    sizes = job.job_sizes()
     assert sizes["image_size"] == 80 and sizes["train_items"] <= sizes["n_train"] <= 640
     # Issue 28: 10-step epochs. With 15, '+ workers' sat at x1.00 on a quiet 2-core machine (gain, within noise or
     # no effect from run to run); with 10 it came out 'slower' in 6 of 6 runs, quiet and loaded.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.chapters.ch06 import calibration as K
 from helpers.chapters.ch06 import capstone as C
 
 GIB = 2**30
@@ -37,28 +38,28 @@ def t4(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_the_estimate_grows_with_the_model_and_matches_a_t4_report() -> None:
     """Issue 24: on a T4, probes past (96, 3) at 224-pixel crops needed about 12-13 GiB."""
-    need = C.probe_bytes(96, 3, 64, 224)
+    need = K.probe_bytes(96, 3, 64, 224)
     assert 10 * GIB < need < 16 * GIB
-    assert C.probe_bytes(48, 3, 64, 224) < need < C.probe_bytes(128, 3, 64, 224) < C.probe_bytes(128, 4, 64, 224)
+    assert K.probe_bytes(48, 3, 64, 224) < need < K.probe_bytes(128, 3, 64, 224) < K.probe_bytes(128, 4, 64, 224)
 
 
 def test_free_memory_is_read_after_empty_cache(t4: list[str]) -> None:
-    assert C.device_memory_check("cuda", 5 * GIB) is None  # fits in 80% of 11 GiB, once the cache is emptied
+    assert K.device_memory_check("cuda", 5 * GIB) is None  # fits in 80% of 11 GiB, once the cache is emptied
     assert t4 == ["empty_cache", "mem_get_info"]
-    why = C.device_memory_check("cuda", 10 * GIB)
+    why = K.device_memory_check("cuda", 10 * GIB)
     assert why is not None and "11.0 GiB free of 15.0 GiB after empty_cache()" in why and "hold 1.0 GiB" in why
-    assert C.device_memory_check("cpu", 10**15) is None and t4.count("mem_get_info") == 2  # no CUDA call on a CPU
+    assert K.device_memory_check("cpu", 10**15) is None and t4.count("mem_get_info") == 2  # no CUDA call on a CPU
 
 
 def test_the_search_never_measures_a_model_that_would_not_fit(t4: list[str]) -> None:
     measured: list[tuple[int, int]] = []
-    need = {m: C.probe_bytes(m[0], m[1], 64, 224) for m in C.MODEL_LADDER}
+    need = {m: K.probe_bytes(m[0], m[1], 64, 224) for m in K.MODEL_LADDER}
 
     def measure(width: int, depth: int) -> float:
         measured.append((width, depth))
-        return 1e-9 * C.model_flops(width, depth, 224) / 1e3  # a fast GPU: every model is quick
+        return 1e-9 * K.model_flops(width, depth, 224) / 1e3  # a fast GPU: every model is quick
 
-    cal = C.choose_model(
+    cal = K.choose_model(
         "compute-bound",
         measure,
         loader_s=1.0,
@@ -66,7 +67,7 @@ def test_the_search_never_measures_a_model_that_would_not_fit(t4: list[str]) -> 
         crop_size=224,
         max_probes=20,
         budget_s=1e9,
-        fits=lambda w, d: C.device_memory_check("cuda", C.probe_bytes(w, d, 64, 224)),
+        fits=lambda w, d: K.device_memory_check("cuda", K.probe_bytes(w, d, 64, 224)),
     )
     assert measured, "the start model fits and is measured"
     assert all(need[m] <= 0.8 * 11 * GIB for m in measured if m in need), measured

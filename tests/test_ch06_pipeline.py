@@ -183,9 +183,7 @@ def test_run_waterfall_times_the_functions_it_is_given() -> None:
         rounds=1,
         stages=False,
         cuda_steps=True,  # uint8 cannot act on a CPU: run it anyway, to check the plumbing
-        make_loader=make_loader,
-        batches=batches,
-        train_step=train_step,
+        pipeline=C.Pipeline(make_loader, batches, train_step),
     )
     assert [r.name for r in wf.results] == ["baseline", "workers", "uint8"]
     assert made == [s.loader_kwargs() for _, s in C.configurations(1, ["baseline", "workers", "uint8"])]
@@ -202,8 +200,8 @@ def test_pipeline_arguments_are_checked() -> None:
     ref = C.reference_pipeline("cpu")
     with pytest.raises(ValueError, match="train_step must be a function"):
         C.Pipeline(ref.make_loader, ref.batches, None)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="missing: train_step"):
-        C.run_waterfall("data-bound", "cpu", spec=tiny(), make_loader=ref.make_loader, batches=ref.batches)
+    with pytest.raises(ValueError, match="pipeline must be"):
+        C.run_waterfall("data-bound", "cpu", spec=tiny(), pipeline=(ref.make_loader, ref.batches))
     with pytest.raises(ValueError, match="pipeline must be"):
         C.run_config(C.Settings(), tiny(), "cpu", pipeline=(ref.make_loader, ref.batches, ref.train_step))
 

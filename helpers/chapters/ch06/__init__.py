@@ -1,10 +1,7 @@
-"""Chapter 06, the capstone: the chapter interface (:mod:`helpers.ui.chapter`): the live panel and the headless
-benchmark, over :mod:`.capstone` (which does the work).
+"""Chapter 06, the capstone: the chapter interface (:mod:`helpers.ui.chapter`) over :mod:`.capstone`.
 
 The panel runs the job once through the reader's functions, with the steps the reader ticks, in the regime the
-reader picks: ``widgets.Panel.for_chapter(ch06, device=DEVICE, specs=SPECS, pipeline=PIPELINE)`` (``specs``: the
-calibrated :class:`~.capstone.JobSpec` per regime, default :func:`~.capstone.job_spec`; ``pipeline``: the
-reader's :class:`~.capstone.Pipeline`, default :func:`~.capstone.reference_pipeline`). Measured here, on any device.
+reader picks: ``widgets.Panel.for_chapter(ch06, device=DEVICE, specs=SPECS, pipeline=PIPELINE)``.
 """
 
 from __future__ import annotations
@@ -37,15 +34,9 @@ PANEL_TITLE = "Stack the steps yourself"
 METHOD = "one timed epoch after warm-up, through the pipeline's functions; stages alone for the efficiency"
 
 
-# ---------------------------------------------------------------------------
-# Live panel
-# ---------------------------------------------------------------------------
-
-
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """A regime toggle and one checkbox per step after the baseline. Ticking a step ticks the steps it needs
-    (:data:`~.capstone.STEP_REQUIRES`), unticking one unticks the steps that need it: the panel never holds
-    settings that :func:`~.capstone.settings_for` refuses."""
+    """A regime toggle and a checkbox per step after the baseline; ticking a step ticks the steps it needs,
+    unticking one unticks the steps that need it (:data:`~.capstone.STEP_REQUIRES`)."""
     from ...ui.widgets import W  # optional/heavy: ipywidgets
 
     controls: dict[str, Any] = {
@@ -80,10 +71,8 @@ def panel_run(
     pipeline: Pipeline | None = None,
     **toggles: bool,
 ) -> Evidence[ConfigResult]:
-    """Run the job once in ``regime`` with the steps whose toggles are True (keyword per step name; the baseline
-    always), through ``pipeline`` (the reader's; see :func:`~.capstone.run_config`), with ``specs[regime]`` (the
-    calibrated job; default :func:`~.capstone.job_spec`). ValueError: an unknown regime or toggle, a toggle that
-    is not True or False, or a spec made for another regime."""
+    """Run the job once in ``regime`` with the steps whose toggles (keyword per step name) are True, through
+    ``pipeline`` (default the take-home one), with ``specs[regime]`` (default :func:`~.capstone.job_spec`)."""
     check_choice("regime", regime, tuple(capstone.REGIMES))
     for k, v in toggles.items():
         check_choice("step", k, capstone.STEP_NAMES)
@@ -115,7 +104,7 @@ def panel_summary(result: Evidence[ConfigResult]) -> str:
 
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
-    """Epoch time of every panel run so far (bars), for comparing toggles; labelled with where it was measured."""
+    """Epoch time of every panel run so far (bars), labelled with where it was measured."""
     from ...ui.plots import history_bars  # optional/heavy: matplotlib
 
     runs = [h for h in history if h.result.value is not None]
@@ -125,27 +114,14 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
                  title=f"Panel runs ({where})")  # fmt: skip
 
 
-# ---------------------------------------------------------------------------
-# Headless benchmark (python -m tools.bench --chapters 06)
-# ---------------------------------------------------------------------------
-
-
 def benchmark(results: ResultSet, device: torch.device | str | None, *, progress: ProgressFn | None = None) -> None:
-    """Run both regimes, every configuration that can act on ``device`` (``None``: CUDA when present), through
-    the take-home pipeline (:func:`~.capstone.reference_pipeline`, kept identical to the script and the cells),
-    and add the records to ``results``. Steps that need CUDA are not run without it: no records.
-
-    Records (params ``regime``, ``stage`` (step name), ``label``, ``order``, ``width``, ``depth``, ``steps``,
-    ``batch_size``, ``rounds``, ``device``): ``ch06.waterfall.step_time`` (s per step: the bars),
-    ``ch06.epoch_time`` (s), ``ch06.throughput`` (items/s), ``ch06.speedup`` (vs baseline), ``ch06.accuracy``,
-    ``ch06.compute_busy``, ``ch06.data_stall`` (0-1), ``ch06.efficiency`` (throughput / slowest stage alone, as
-    measured; shown through :class:`~.capstone.Efficiency`), ``ch06.stage_alone`` (items/s, ``part`` = loader /
-    copy / compute); ``ch06.calibration.compute_over_loader`` (params ``regime``, ``width``, ``depth``,
-    ``reached``, ``device``). Artifacts ``ch06.trace.<regime>.<stage>``: each configuration's span trace.
-    """
+    """Both regimes' waterfalls on ``device`` (``None``: CUDA when present) through the take-home pipeline, only
+    the steps that can act there. Records, per configuration (params ``regime``, ``stage``, ``label``, ``order``,
+    ...): ``ch06.waterfall.step_time``, ``.epoch_time``, ``.throughput``, ``.speedup``, ``.accuracy``,
+    ``.compute_busy``, ``.data_stall``, ``.efficiency`` (the ratio), ``.stage_alone`` (``part``);
+    ``ch06.calibration.compute_over_loader``; artifacts ``ch06.trace.<regime>.<stage>`` (span traces)."""
     progress = progress or no_progress
     dev = resolve_device(device)
-    # The pipeline timed: the take-home one (reference_pipeline: helpers/chapters/ch06/fast_pipeline.py).
     cal = capstone.calibrate(dev, progress=scaled(progress, 0.0, 0.1, "calibrating: "))
     regimes = list(capstone.REGIMES)
     for k, regime in enumerate(regimes):
@@ -164,13 +140,11 @@ def _record(results: ResultSet, wf: capstone.Waterfall, dev: str) -> None:
         p: dict[str, Any] = dict(regime=wf.regime, stage=r.name, label=r.label, order=i, width=wf.spec.width,
                                  depth=wf.spec.depth, steps=r.steps, batch_size=wf.spec.batch_size,
                                  rounds=wf.rounds, device=dev)  # fmt: skip
-        results.add("ch06.waterfall.step_time", r.step_s, "s", **p)
-        results.add("ch06.epoch_time", r.epoch_s, "s", **p)
-        results.add("ch06.throughput", r.throughput, "items/s", **p)
-        results.add("ch06.speedup", sp, "ratio", **p)
-        results.add("ch06.accuracy", r.accuracy, "ratio", **p)
-        results.add("ch06.compute_busy", r.compute_busy, "ratio", **p)
-        results.add("ch06.data_stall", r.data_stall, "ratio", **p)
+        values = {"waterfall.step_time": (r.step_s, "s"), "epoch_time": (r.epoch_s, "s"),
+                  "throughput": (r.throughput, "items/s"), "speedup": (sp, "ratio"), "accuracy": (r.accuracy, "ratio"),
+                  "compute_busy": (r.compute_busy, "ratio"), "data_stall": (r.data_stall, "ratio")}  # fmt: skip
+        for key, (value, unit) in values.items():
+            results.add(f"ch06.{key}", value, unit, **p)
         if r.efficiency is not None:
             results.add("ch06.efficiency", r.efficiency.ratio, "ratio", **p)
         for stage_part, v in r.stages.items():

@@ -1,9 +1,7 @@
 """Chapter 06: the regimes calibrated on this device (:func:`calibrate`), and the device-memory facts it needs.
 
-"Wide" depends on the device: a model that is wide on a laptop computes a batch in a few milliseconds on an
-H200, faster than the loader, and both regimes would be data-bound. So :func:`calibrate` times the loader alone
-and the model alone on the device in use and picks a model whose step takes 2-3.5x the loader's batch
-(:func:`choose_model`, bounded in time), and says so when a regime cannot be reached.
+"Wide" depends on the device (wide on a laptop is fast on an H200), so :func:`calibrate` times the loader alone
+and the model alone here and picks a model whose step takes 2-3.5x the loader's batch (:func:`choose_model`).
 """
 
 from __future__ import annotations
@@ -20,21 +18,17 @@ from ...core.config import sized
 from .job import (
     _CACHE,
     REGIMES,
-    JobSpec,
     Pipeline,
     Settings,
     Step,
     _pipeline,
-    built_loader,
     dataset_info,
     effective_on,
     job_spec,
-    seed_order,
 )
-from .run import _step_times
+from .run import _loader_alone, _step_times
 
-#: Models the compute-bound search may pick, as (width, depth): the last stage has at most 8,192 channels
-#: (the largest, width 512 and depth 5, holds about 400 M parameters: a probe out of memory ends the search).
+#: Models the compute-bound search may pick, as (width, depth): the last stage has at most 8,192 channels.
 MODEL_LADDER: tuple[tuple[int, int], ...] = tuple(
     (w, d)
     for d in (3, 4, 5)
@@ -44,8 +38,7 @@ MODEL_LADDER: tuple[tuple[int, int], ...] = tuple(
 
 
 def model_flops(width: int, depth: int, crop_size: int, num_classes: int = 6) -> int:
-    """Forward FLOPs per image of :class:`helpers.pipeline.models.SmallCNN` from its shapes, without building it
-    (as :func:`helpers.pipeline.models.flops_per_sample`: 2 per multiply-add, 3x3 convs, each stage halving)."""
+    """Forward FLOPs per image of :class:`helpers.pipeline.models.SmallCNN` from its shapes, without building it."""
     total, c_in, side = 0, 3, crop_size
     for stage in range(depth):
         c_out = width * 2**stage
@@ -55,13 +48,10 @@ def model_flops(width: int, depth: int, crop_size: int, num_classes: int = 6) ->
 
 
 def probe_bytes(width: int, depth: int, batch_size: int, crop_size: int, num_classes: int = 6) -> int:
-    """Device memory one training step of :class:`helpers.pipeline.models.SmallCNN` needs, from its shapes.
-
-    Per element of a stage's output: the conv's and BatchNorm's outputs and gradients (16 bytes; ReLU in place),
-    the max-pool's output, int64 indices and gradient (a quarter as many, 16 bytes); per parameter 16 bytes
-    (weights, gradients, Adam's two moments); the input batch (uint8 and float); then 25% for the allocator's
-    rounding and cuDNN's workspace. Width 96, depth 3, 64 crops of 224 pixels: about 13 GiB.
-    """
+    """Device memory one training step of :class:`helpers.pipeline.models.SmallCNN` needs, from its shapes: per
+    element of a stage's output the conv's and BatchNorm's outputs and gradients (16 bytes), the max-pool's
+    output, indices and gradient (a quarter as many, 16 bytes); per parameter 16 bytes (with Adam's moments);
+    the input batch; then 25% for the allocator's rounding and cuDNN's workspace."""
     total, c_in, side, params = 0, 3, crop_size, 0
     for stage in range(depth):
         c_out = width * 2**stage
@@ -74,12 +64,10 @@ def probe_bytes(width: int, depth: int, batch_size: int, crop_size: int, num_cla
     return int(total * 1.25)
 
 
-def device_memory_check(device: torch.device | str, need_bytes: int, share: float = 0.8) -> str | None:
-    """``None`` when ``need_bytes`` fits in ``share`` of the device's free memory, else why not (CUDA only).
-
-    Free memory is read after ``torch.cuda.empty_cache()``: blocks the caching allocator keeps but no tensor
-    uses count as free only once returned.
-    """
+def device_memory_check(device: torch.device | str, need_bytes: int) -> str | None:
+    """``None`` when ``need_bytes`` fits in 80% of the device's free memory (after ``empty_cache()``), else why not
+    (CUDA only)."""
+    share = 0.8
     dev = torch.device(device)
     if dev.type != "cuda":
         return None
@@ -96,10 +84,9 @@ def device_memory_check(device: torch.device | str, need_bytes: int, share: floa
 
 
 def release_pinned_host_memory(device: torch.device | str) -> str:
-    """One line: the pinned host memory PyTorch's caching host allocator holds (every pinned batch stays cached
-    for the kernel's lifetime), and what ``torch.accelerator.empty_host_cache()`` (looked up, not assumed) gave
-    back, read from ``torch.cuda.host_memory_stats()`` before and after; every device is synchronised first (a
-    block whose copy is queued cannot be freed). Without CUDA, or a torch without either function, it says so."""
+    """One line: the pinned host memory PyTorch's caching host allocator holds (every pinned batch stays cached),
+    and what ``torch.accelerator.empty_host_cache()`` (looked up, not assumed) gave back, after synchronising every
+    device (a block whose copy is queued cannot be freed). Without CUDA, or such a function, it says so."""
     from ...pipeline import transfer  # optional: only after a waterfall
 
     if torch.device(device).type != "cuda":
@@ -130,12 +117,8 @@ def release_pinned_host_memory(device: torch.device | str) -> str:
 
 @dataclass
 class Calibration:
-    """What :func:`choose_model` chose for one regime on one device, and why.
-
-    ``loader_s``: seconds per batch of the baseline loader alone; ``compute_s``: seconds per step of the chosen
-    model alone; ``reached``: data-bound: ``compute_s * margin <= loader_s``, compute-bound:
-    ``compute_s >= margin * loader_s``; ``tried``: (width, depth, seconds per step) of every model measured.
-    """
+    """What :func:`choose_model` chose for one regime, and why: ``loader_s`` (seconds per batch of the baseline
+    loader alone), ``compute_s`` (per step of the chosen model alone), ``tried``: (width, depth, seconds)."""
 
     regime: str
     width: int
@@ -173,7 +156,7 @@ class _Search:
 
     def next_model(self, current: tuple[int, int], ratio: float) -> tuple[int, int] | None:
         """The smallest unmeasured model predicted (time scales with FLOPs) to land in range, in the direction
-        needed; else the furthest one that way; a smaller model is never one a faster-than-range model bounds."""
+        needed, else the furthest that way; never a smaller one than a model already measured too fast."""
         f, target = self.flops, self.flops[current] * (self.margin + self.upper) / 2 / max(ratio, 1e-9)
         if ratio < self.margin:
             cands = [m for m in self.order if f[m] > f[current] and m not in self.seen]
@@ -188,8 +171,7 @@ class _Search:
         return next((m for m in cands if f[m] >= target), cands[-1] if cands else None)
 
     def choice(self, start: tuple[int, int], probes: int) -> tuple[tuple[int, int], float, bool, str]:
-        """(model, seconds per step, reached, why): the smallest measured model that reached the regime, else the
-        largest measured (not reached)."""
+        """(model, seconds per step, reached, why): the smallest model that reached the regime, else the largest."""
         fast_enough = {m: v for m, v in self.seen.items() if v >= self.margin * self.loader_s}
         if fast_enough:
             best = min(fast_enough, key=lambda m: self.flops[m])
@@ -225,17 +207,6 @@ def _probe(s: _Search, measure: Callable[[int, int], float], current: tuple[int,
         return None
 
 
-def _tiny_reason(c: float, loader_s: float, margin: float, ok: bool) -> str:
-    if c <= 0:
-        return "no time measured"
-    if ok:
-        return f"the tiny model computes a batch {loader_s / c:.1f}x faster than the loader loads one"
-    return (
-        f"even the tiny model is not {margin:.0f}x faster than the loader here "
-        "(data-bound regime not reached: loading steps may gain little)"
-    )
-
-
 def choose_model(
     regime: str,
     measure: Callable[[int, int], float],
@@ -251,26 +222,20 @@ def choose_model(
     clock: Callable[[], float] = time.perf_counter,
     fits: Callable[[int, int], str | None] | None = None,
 ) -> Calibration:
-    """Pick the model of ``regime`` from measured stage times (a pure function of ``measure`` and ``loader_s``,
-    the seconds per step of a model alone and per batch of the loader alone; :func:`calibrate` passes them).
-
-    **data-bound**: the ``start`` (tiny) model must compute a batch ``margin`` x faster than the loader loads one.
+    """Pick ``regime``'s model from ``measure(width, depth)`` (seconds per step) and ``loader_s`` (per batch).
+    **data-bound**: the ``start`` model must compute a batch ``margin`` x faster than the loader loads one.
     **compute-bound**: the step must take ``margin`` to ``upper`` x the loader's batch; each probe predicts the
-    size needed (:meth:`_Search.next_model`) until the ratio is in range, the ladder ends, a probe does not fit
-    (``fits(width, depth)`` says why) or runs out of memory, ``max_probes`` or ``budget_s`` are spent. It keeps
-    the smallest model measured that reached the regime, else the largest measured (not reached).
-    """
+    size needed until the ratio is in range, the ladder ends, a probe does not fit (``fits`` says why) or runs
+    out of memory, or ``max_probes`` or ``budget_s`` are spent."""
     t0 = clock()
-    tried: list[tuple[int, int, float]] = []
-
-    def done(width: int, depth: int, compute_s: float, reached: bool, reason: str) -> Calibration:
-        return Calibration(regime, width, depth, loader_s, compute_s, reached, margin, tried, reason, clock() - t0)
-
     if regime == "data-bound":
         c = measure(*start)
-        tried.append((start[0], start[1], c))
         ok = c * margin <= loader_s
-        return done(start[0], start[1], c, ok, _tiny_reason(c, loader_s, margin, ok))
+        why = "no time measured" if c <= 0 else (
+            f"the tiny model computes a batch {loader_s / c:.1f}x faster than the loader loads one" if ok else
+            f"even the tiny model is not {margin:.0f}x faster than the loader here (data-bound regime not reached: "
+            "loading steps may gain little)")  # fmt: skip
+        return Calibration(regime, *start, loader_s, c, ok, margin, [(*start, c)], why, clock() - t0)
     order = sorted(set(ladder) | {start}, key=lambda m: model_flops(m[0], m[1], crop_size))
     s = _Search(order, {m: model_flops(m[0], m[1], crop_size) for m in order}, margin, upper, loader_s)
     current: tuple[int, int] | None = start
@@ -279,11 +244,10 @@ def choose_model(
         if step_s is None:
             break
         s.seen[current] = step_s
-        tried.append((current[0], current[1], step_s))
         ratio = step_s / loader_s if loader_s > 0 else float("inf")
         if margin <= ratio <= upper:
             break
-        if len(tried) >= max_probes:
+        if len(s.seen) >= max_probes:
             s.stop = f"{max_probes} models measured"
         elif clock() - t0 > budget_s:
             s.stop = f"the calibration's time budget ({budget_s:.0f} s) is spent"
@@ -292,56 +256,27 @@ def choose_model(
             s.stop = "" if current else "no other model on the ladder"
             continue
         break
-    (width, depth), compute_s, reached, why = s.choice(start, len(tried))
-    return done(width, depth, compute_s, reached, why)
-
-
-def _loader_batch_s(pipeline: Pipeline, spec: JobSpec, batches: int = 4) -> float:
-    """Median seconds per batch of the baseline loader alone (``workers=0, pin=False``), after one warm-up batch."""
-    times = []
-    with built_loader(pipeline, spec, Settings()) as loader:
-        seed_order(loader, spec.seed, 0, fresh=True)
-        it = iter(loader)
-        next(it)
-        for _ in range(batches):
-            t0 = time.perf_counter()
-            if next(it, None) is None:
-                break
-            times.append(time.perf_counter() - t0)
-        del it
-    if not times:
-        raise ValueError(
-            f"train_items={spec.train_items} gives too few batches of {spec.batch_size} to time the loader"
-        )
-    return statistics.median(times)
+    (width, depth), compute_s, reached, why = s.choice(start, len(s.seen))
+    tried = [(w, d, v) for (w, d), v in s.seen.items()]
+    return Calibration(regime, width, depth, loader_s, compute_s, reached, margin, tried, why, clock() - t0)
 
 
 def calibrate(
-    device: torch.device | str = "cpu",
-    *,
-    margin: float = 2.0,
-    budget_s: float | None = None,
-    progress: Callable[..., None] | None = None,
-    pipeline: Pipeline | None = None,
+    device: torch.device | str = "cpu", *, progress: Callable[..., None] | None = None, pipeline: Pipeline | None = None
 ) -> dict[str, Calibration]:
-    """Choose each regime's model for ``device`` from measured stage times (cached per device and sizes).
-
-    The pipeline's loader alone (baseline, main process, the job's threads) is timed for a few batches, then
-    :func:`choose_model` times the pipeline's ``train_step``: the tiny model must be ``margin`` x faster
-    (data-bound), and a model ``margin`` x slower is searched for (compute-bound) within ``budget_s`` seconds
-    (default 10 quick, 30 laptop, 60 full).
-    """
+    """Choose each regime's model for ``device`` (:func:`choose_model`) from the pipeline's loader alone
+    (baseline, timed over a pass) and its ``train_step`` alone, within 10 s quick, 30 laptop, 60 full; cached."""
     dev = torch.device(device)
-    budget = budget_s if budget_s is not None else sized(quick=10.0, laptop=30.0, full=60.0)
+    budget = sized(quick=10.0, laptop=30.0, full=60.0)
     base = job_spec("data-bound")
     pipe = _pipeline(pipeline, dev, base.seed)
-    key = ("calibration", str(dev), base.batch_size, base.crop_size, base.threads, margin,
+    key = ("calibration", str(dev), base.batch_size, base.crop_size, base.threads,
            str(dataset_info().train_dir), id(pipe.make_loader), id(pipe.train_step))  # fmt: skip
     if key in _CACHE:
         return _CACHE[key]
     report: Callable[..., None] = progress or (lambda f, t="": None)
     report(0.0, "timing the loader alone")
-    loader_s = _loader_batch_s(pipe, base, batches=sized(quick=3, laptop=5, full=8))
+    loader_s = base.batch_size / _loader_alone(pipe, base, Settings(), dev)  # cached: the waterfall's baseline
     n_steps = sized(quick=3, laptop=4, full=5)
     classes = int(dataset_info().params["num_classes"])
 
@@ -356,8 +291,8 @@ def calibrate(
     out = {}
     for regime, r in REGIMES.items():
         start = (sized(quick=r["quick_width"], full=r["width"]), r["depth"])
-        out[regime] = choose_model(regime, measure, loader_s, start=start, crop_size=base.crop_size, margin=margin,
-                                   budget_s=budget, fits=fits)  # fmt: skip
+        out[regime] = choose_model(regime, measure, loader_s, start=start, crop_size=base.crop_size, budget_s=budget,
+                                   fits=fits)  # fmt: skip
     report(1.0, "calibrated")
     _CACHE[key] = out
     return out
@@ -366,13 +301,9 @@ def calibrate(
 def expected_within_noise(
     step: Step, regime: str, device: torch.device | str, cal: Calibration | None = None
 ) -> str | None:
-    """Why ``step``'s gain is expected to be within noise here, or None (the bottleneck model and the calibration).
-
-    A step that needs CUDA does nothing on a CPU. Compute-bound (the step takes ``ratio`` x the loader's batch):
-    only the workers step can remove the in-process loading from each step; the later loading steps and pinning
-    have little left to remove. Persistent workers are never expected within noise: the start-up they remove is
-    a stall before each epoch's first batch, which no compute hides.
-    """
+    """Why ``step``'s gain is expected within noise here, or None: a step that needs CUDA does nothing on a CPU;
+    compute-bound, only workers remove loading from each step (persistent workers remove a start-up stall that no
+    compute hides), so pinning, uint8 and the prefetcher have little left to remove."""
     if not effective_on(step, device):
         return "needs CUDA: no effect on this device"
     if regime == "compute-bound" and cal is not None and cal.reached and step.name in ("uint8", "prefetcher", "pinned"):

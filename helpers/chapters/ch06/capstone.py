@@ -1,19 +1,9 @@
-"""Chapter 06, the capstone: the reader's finished pipeline, timed one step at a time (the waterfall).
+"""Chapter 06, the capstone: the reader's pipeline timed one step at a time (the waterfall), and the names the
+chapter calls from the folder (:mod:`.job`, :mod:`.run`, :mod:`.calibration`).
 
-Chapter 06 defines the whole pipeline in its cells (the lines of ``examples/fast_pipeline.py``). Each
-configuration of the waterfall is one call of the reader's ``make_loader`` and ``batches`` with other keyword
-arguments, switching on one more step than the one before (:data:`STEPS`, data, not code: baseline, pinned
-memory, workers, persistent workers with prefetch 4, uint8 normalised on the device, the side-stream prefetcher).
-
-The folder: :mod:`.job` (the steps, the job, its data and loader), :mod:`.run` (one configuration's run, stages
-alone, efficiency, accuracy), :mod:`.calibration` (the regimes here), this module (the waterfall, its verdicts,
-plots and recorded references; the names the chapter calls), :mod:`.doctor` and :mod:`.diagnosis`.
-
-Two regimes from the model's size (:data:`REGIMES`): a tiny model is **data-bound** (the loader is the slowest
-stage, even on a CPU), a wide one **compute-bound** (:func:`calibrate`). Each step's gain is the median of
-per-round ratios between neighbours run back to back (:func:`helpers.core.rounds.alternate`), its verdict from
-the rounds' spread (:meth:`Waterfall.verdicts`). Without CUDA only the steps that can act are run: the others
-are labelled 'needs CUDA', with figures published by others (:func:`cuda_step_evidence`), never a ratio.
+Each step's gain is the median of per-round ratios between neighbours run back to back
+(:func:`helpers.core.rounds.alternate`), its verdict from the rounds' spread (:meth:`Waterfall.verdicts`).
+Without CUDA only the steps that can act are run; the others are 'needs CUDA', with published figures, no ratio.
 """
 
 from __future__ import annotations
@@ -35,18 +25,12 @@ from ...core.reference import no_published_sentence
 from ...core.rounds import alternate, table
 from ...core.validate import check_choice, check_int
 from .calibration import (
-    MODEL_LADDER,
     Calibration,
     calibrate,
-    choose_model,
-    device_memory_check,
     expected_within_noise,
-    model_flops,
-    probe_bytes,
     release_pinned_host_memory,
 )
-from .doctor import Diagnosis
-from .job import _CACHE as _CACHE  # tests clear the job's cache through this module
+from .doctor import Diagnosis, usable_cores
 from .job import (
     REGIMES,
     STEP_NAMES,
@@ -64,7 +48,6 @@ from .job import (
     dataset_info,
     default_workers,
     effective_on,
-    job_sizes,
     job_spec,
     main_threads,
     normalizer_device_exact,
@@ -83,29 +66,21 @@ from .run import (
     accuracy_tolerance,
     accuracy_verdict,
     check_accuracies,
-    compare_threads,
     pipeline_efficiency,
     run_config,
     seed_spread,
 )
 
-#: The names of the folder that chapter 06, its tests, the course key and the tools call through ``capstone``.
 __all__ = [
     "STEPS", "STEP_NAMES", "STEP_REQUIRES", "Settings", "Pipeline", "reference_pipeline", "seed_order", "train_items",
-    "REGIMES", "JobSpec", "job_spec", "job_sizes", "default_workers", "compute_threads", "main_threads",
-    "settings_for", "configurations", "step_answers", "effective_on", "cuda_step_evidence", "dataset_info",
-    "val_size", "chance_level", "normalizer_device_exact", "same_numerics", "ConfigResult", "run_config",
-    "pipeline_efficiency", "Efficiency", "compare_threads", "MODEL_LADDER", "model_flops", "probe_bytes",
-    "device_memory_check", "release_pinned_host_memory", "Calibration", "choose_model", "calibrate", "Waterfall",
+    "REGIMES", "JobSpec", "job_spec", "default_workers", "compute_threads", "main_threads", "settings_for",
+    "configurations", "step_answers", "effective_on", "cuda_step_evidence", "dataset_info", "val_size",
+    "chance_level", "normalizer_device_exact", "same_numerics", "ConfigResult", "run_config", "pipeline_efficiency",
+    "Efficiency", "compare_threads", "release_pinned_host_memory", "Calibration", "calibrate", "Waterfall",
     "run_waterfall", "VERDICTS", "accuracy_tolerance", "seed_spread", "check_accuracies", "accuracy_verdict",
     "bottleneck_verdict", "plot_waterfall", "plot_shares", "reference_waterfall", "plot_reference_waterfall",
     "reference_efficiency", "efficiency_lines", "reference_timeline",
 ]  # fmt: skip
-
-# ---------------------------------------------------------------------------
-# The waterfall: every configuration of one regime
-# ---------------------------------------------------------------------------
-
 
 #: The largest run-to-run variation (:meth:`Waterfall.noise_floor`) under which a step within noise can be
 #: called 'no effect' rather than 'within noise': a noisier run cannot rule out a change of that size.
@@ -119,9 +94,8 @@ _STEPS = {st.name: st for st in STEPS}
 
 @dataclass
 class Waterfall:
-    """All configurations of one regime, in stacking order, measured in alternating rounds: one
-    :class:`ConfigResult` each (trace, shares and accuracy from the first round, ``epoch_s`` the median over
-    rounds); ``not_measured``: the steps left out because they need CUDA (published figures, no ratio)."""
+    """One regime's configurations in stacking order: a :class:`ConfigResult` each (from the first round, with
+    ``epoch_s`` the median over rounds); ``not_measured``: the steps left out because they need CUDA."""
 
     regime: str
     spec: JobSpec
@@ -135,25 +109,23 @@ class Waterfall:
     def baseline(self) -> ConfigResult:
         return self.results[0]
 
-    def speedups(self) -> list[float]:  # over the baseline: ratio of median epoch times
+    def speedups(self) -> list[float]:  # over the baseline
         return [self.baseline.epoch_s / r.epoch_s for r in self.results]
 
-    def _round_gains(self, i: int) -> list[float]:
-        a, b = self.results[i - 1], self.results[i]
-        return [x / y for x, y in zip(a.round_epoch_s or [a.epoch_s], b.round_epoch_s or [b.epoch_s])]
+    def _round_gains(self) -> list[list[float]]:  # per step after the baseline: its per-round gains
+        times = [r.round_epoch_s or [r.epoch_s] for r in self.results]
+        return [[x / y for x, y in zip(a, b)] for a, b in zip(times, times[1:])]
 
     def gains(self) -> list[float]:
-        """Speedup over the configuration before (1.0 for the first): the median of per-round ratios."""
-        return [1.0] + [statistics.median(self._round_gains(i)) for i in range(1, len(self.results))]
+        """Speedup over the configuration before (1.0 first): the median of per-round ratios."""
+        return [1.0] + [statistics.median(g) for g in self._round_gains()]
 
     def gain_ranges(self) -> list[tuple[float, float] | None]:
         """(lowest, highest) per-round gain over the configuration before; None with one round."""
-        gains = [self._round_gains(i) for i in range(1, len(self.results))]
-        return [None] + [(min(g), max(g)) if len(g) > 1 else None for g in gains]
+        return [None] + [(min(g), max(g)) if len(g) > 1 else None for g in self._round_gains()]
 
     def noise_floor(self) -> float | None:
-        """How much one configuration's epoch time varied between rounds: the median over configurations of
-        (slowest - fastest) / median round. ``None`` with one round."""
+        """Median over configurations of (slowest - fastest) / median round; ``None`` with one round."""
         spreads = [
             (max(r.round_epoch_s) - min(r.round_epoch_s)) / statistics.median(r.round_epoch_s)
             for r in self.results
@@ -162,37 +134,34 @@ class Waterfall:
         return statistics.median(spreads) if spreads else None
 
     def ratio_noise(self) -> float | None:
-        """The scatter of the ratio the verdicts judge (:func:`helpers.core.agreement.ratio_noise` of every step's
-        per-round gains), not of the epoch times: a slower round slows both neighbours and leaves their ratio."""
-        return agreement.ratio_noise([self._round_gains(i) for i in range(1, len(self.results))])
+        """The scatter of the per-round gains (a slower round slows both neighbours and leaves their ratio)."""
+        return agreement.ratio_noise(self._round_gains())
 
     def within_noise(self) -> list[bool | None]:
-        """Per configuration: True when its per-round gains split on direction (one disturbed round in four is
-        allowed) or the median gain is within :meth:`ratio_noise` of 1 (:mod:`helpers.core.agreement`); None
-        with one round."""
+        """Per configuration: its per-round gains split on direction or the median is within :meth:`ratio_noise`
+        of 1; None with one round."""
         noise = self.ratio_noise() or 0.0
         out: list[bool | None] = [None]
-        for i, g in enumerate(self.gains()[1:], 1):
-            ratios = self._round_gains(i)
+        for g, ratios in zip(self.gains()[1:], self._round_gains()):
             split = agreement.ratios_split_on_direction(ratios)
             out.append(None if len(ratios) < 2 else (split or agreement.within_noise_floor(g, noise)))
         return out
 
     def no_effect(self) -> list[bool]:
-        """Per configuration: True when its step cannot act on this device (its gain is a sample of the noise)."""
+        """Per configuration: True when its step cannot act on this device."""
         return [
             i > 0 and r.name in _STEPS and not effective_on(_STEPS[r.name], self.device)
             for i, r in enumerate(self.results)
         ]
 
     def best_step(self) -> str:
-        """The name of the step with the largest gain over its predecessor (among steps that can act here)."""
+        """The step with the largest gain over its predecessor (among steps that can act here)."""
         g, idle = self.gains(), self.no_effect()
         cands = [i for i in range(1, len(g)) if not idle[i]] or list(range(1, len(g)))
         return self.results[max(cands, key=lambda i: g[i])].name if len(g) > 1 else self.results[0].name
 
     def best_steps(self) -> list[str]:
-        """The best step, and every step whose gain range overlaps the best one's (not told apart by this run)."""
+        """The best step, and every step whose gain range overlaps the best one's."""
         best = self.best_step()
         ranges, idle = self.gain_ranges(), self.no_effect()
         top = ranges[next(i for i, r in enumerate(self.results) if r.name == best)]
@@ -205,13 +174,7 @@ class Waterfall:
         ]
 
     def verdicts(self) -> list[str]:
-        """Per configuration, what its rounds say about its step (one of :data:`VERDICTS`); '' for the baseline.
-
-        'gain' / 'slower': beyond the noise (not :meth:`within_noise`; kept apart so the doctor never advises a
-        step measured slower); 'no effect': within noise, every round within the run-to-run variation of x1.00,
-        in a run quiet enough (:data:`NO_EFFECT_FLOOR`) to rule out a larger change; 'within noise': this run
-        cannot tell; 'one round': no spread (quick mode); 'needs CUDA': the step cannot act on this device.
-        """
+        """Per configuration, one of :data:`VERDICTS` ('' for the baseline); :meth:`_notes` says what each means."""
         out = [""]
         floor = self.noise_floor() or 0.0
         rows = zip(self.gains()[1:], self.gain_ranges()[1:], self.within_noise()[1:], self.no_effect()[1:])
@@ -228,15 +191,13 @@ class Waterfall:
         return out
 
     def step_verdicts(self) -> dict[str, str]:
-        """Step name -> verdict, the steps left out included ('needs CUDA'): what the doctor takes as ``measured``."""
+        """Step name -> verdict, the steps left out included: what the doctor takes as ``measured``."""
         out = {r.name: v for r, v in zip(self.results[1:], self.verdicts()[1:])}
         out.update(dict.fromkeys(self.not_measured, "needs CUDA"))
         return out
 
     def table(self) -> str:
-        """The waterfall as text, lines of at most 110 characters: one row per configuration (epoch, speedup over
-        the baseline, step gain over the configuration before with its range across rounds, its verdict, the
-        shares, efficiency, accuracy), then the footnotes and the steps left out (:meth:`cuda_lines`)."""
+        """The waterfall as text (lines <= 110 characters): a row per configuration, the notes, the steps left out."""
 
         def num(v: float) -> str:  # three significant digits from x10 on: the column keeps its width
             return f"{v:.2f}" if v < 9.995 else f"{v:.1f}"
@@ -282,7 +243,7 @@ class Waterfall:
         return notes
 
     def cuda_lines(self) -> list[str]:
-        """Per step left out here (it needs CUDA): a line, then figures published by others, or none found."""
+        """Per step left out (it needs CUDA): a line, then figures published by others, or none found."""
         out: list[str] = []
 
         def wrap(text: str) -> list[str]:
@@ -301,7 +262,7 @@ class Waterfall:
         return out
 
     def expectations(self) -> list[str]:
-        """One line per step whose gain is expected to be within noise here, and what the measurement said."""
+        """A line per step expected within noise here, and what was measured."""
         out = []
         for r, v, g in zip(self.results[1:], self.verdicts()[1:], self.gains()[1:]):
             st = _STEPS.get(r.name)
@@ -316,18 +277,13 @@ class Waterfall:
 def _measured_configs(
     device: torch.device | str, workers: int | None, names: Sequence[str] | None, cuda_steps: bool | None
 ) -> tuple[list[tuple[Step, Settings]], list[str]]:
-    """The configurations to run, and the steps left out because they cannot act here (they need CUDA)."""
-    configs = configurations(workers, names)
+    """The configurations to run (cumulative over the steps run here: no pin=True where it cannot pin), and the
+    steps left out because they need CUDA."""
     dev_type = torch.device(device).type
-    if cuda_steps if cuda_steps is not None else dev_type == "cuda":
-        return configs, []
-    idle = {st.name for st in STEPS if not effective_on(st, device)}
-    skipped = [st.name for st, _ in configs if st.name in idle]
-    kept = [  # cumulative over the steps measured here: no pin=True where it cannot pin
-        (st, settings_for([n for n in STEP_NAMES[: STEP_NAMES.index(st.name) + 1] if n not in idle], workers))
-        for st, _ in configs
-        if st.name not in idle
-    ]
+    run_all = cuda_steps if cuda_steps is not None else dev_type == "cuda"
+    idle = set() if run_all else {st.name for st in STEPS if not effective_on(st, device)}
+    kept = configurations(workers, names, skip=idle)
+    skipped = [n for n in STEP_NAMES if n in idle and (names is None or n in names)]
     if not kept:
         raise ValueError(
             f"names: none of {', '.join(skipped)} can act on {dev_type} (they need CUDA); "
@@ -347,23 +303,15 @@ def run_waterfall(
     rounds: int | None = None,
     calibration: Calibration | None = None,
     progress: Callable[[float, str], None] | None = None,
-    make_loader: Callable[..., Any] | None = None,
-    batches: Callable[..., Any] | None = None,
-    train_step: Callable[..., Any] | None = None,
     pipeline: Pipeline | None = None,
     cuda_steps: bool | None = None,
 ) -> Waterfall:
-    """Run the cumulative configurations (all of :data:`STEPS`, or ``names``) of one regime, in alternating rounds.
-
-    The functions timed are the reader's (``make_loader``, ``batches`` and ``train_step``, or ``pipeline``;
-    default :func:`reference_pipeline`). Only the steps that can act on ``device`` run (``cuda_steps=True`` runs
-    the others anyway: 'needs CUDA', no ratio). ``rounds`` defaults to 1 quick, 5 laptop, 2 full: on a shared
-    2-core machine one round in a few is disturbed, and with 4 or more the verdict allows one in four. Stages
-    alone are measured in the first round; with several rounds an untimed run of the first configuration comes
-    first, so that none is charged for the one-off costs of the first run.
-    """
+    """Run one regime's cumulative configurations (all of :data:`STEPS`, or ``names``) through ``pipeline`` (default
+    :func:`reference_pipeline`) in alternating rounds (default 1 quick, 5 laptop, 2 full: with 4 or more the
+    verdict allows one disturbed round in four). Only the steps that can act on ``device`` run (``cuda_steps=True``:
+    all). Stages alone are measured in the first round; with several rounds an untimed run comes first."""
     spec = spec or job_spec(regime)
-    pipe = _pipeline(pipeline, device, spec.seed, make_loader=make_loader, batches=batches, train_step=train_step)
+    pipe = _pipeline(pipeline, device, spec.seed)
     n_rounds = check_int("rounds", rounds if rounds is not None else sized(quick=1, laptop=5, full=2), 1, 100)
     configs, skipped = _measured_configs(device, workers, names, cuda_steps)
     warm = 1 / (n_rounds * len(configs) + 1) if n_rounds > 1 else 0.0
@@ -398,9 +346,25 @@ def run_waterfall(
     return wf
 
 
-# ---------------------------------------------------------------------------
-# Two measurements of one thing: the doctor's bottleneck and the waterfall's
-# ---------------------------------------------------------------------------
+def compare_threads(
+    wf: Waterfall, step: str = "persistent", threads: Sequence[int] | None = None, *, pipeline: Pipeline | None = None
+) -> list[ConfigResult]:
+    """``wf``'s configuration ``step`` once per main-process thread count (default: the job's and all usable cores,
+    PyTorch's default): at the job's count the waterfall's own run, at any other the same job run once more
+    through ``pipeline`` (stages alone not measured). Each result's ``spec.threads`` says which."""
+    ran = {r.name: r for r in wf.results}
+    if step not in ran:
+        raise ValueError(f"step {step!r} was not measured in this waterfall; choose one of {', '.join(ran)}")
+    out = []
+    for n in threads if threads is not None else sorted({wf.spec.threads, usable_cores()}):
+        label = f"{_STEPS[step].label}, {n} thread{'s' if n > 1 else ''}"
+        if n == wf.spec.threads:
+            out.append(dataclasses.replace(ran[step], label=label))
+        else:
+            spec = dataclasses.replace(wf.spec, threads=n)
+            out.append(run_config(ran[step].settings, spec, wf.device, name=step, label=label, stages=False,
+                                  pipeline=pipeline))  # fmt: skip
+    return out
 
 
 #: The doctor's stages (:attr:`helpers.chapters.ch06.doctor.Decision.stage_times`) as the waterfall names them.
@@ -408,14 +372,9 @@ _WATERFALL_STAGE = {"data": "loader", "transfer": "copy", "compute": "compute"}
 
 
 def bottleneck_verdict(diagnosis: Diagnosis, wf: Waterfall) -> str:
-    """Whether the doctor's bottleneck and the waterfall's slowest stage alone (of its baseline) agree.
-
-    The doctor times a few synchronised steps phase by phase; the waterfall times each stage alone over an
-    epoch. Named alike, they agree. Named apart, they agree within the noise when, in either measurement, the
-    two stages' ratio is within the waterfall's noise of 1 (:func:`helpers.core.agreement.within_noise_floor`;
-    noise: ``max(EFFICIENCY_NOISE, noise_floor)``, as for the efficiency): either stage may set the pace.
-    Otherwise they do not agree: trust the waterfall's stages alone (each timed as the job runs it).
-    """
+    """Whether the doctor's bottleneck and the waterfall baseline's slowest stage alone agree: named alike, or
+    named apart with the two stages' ratio, in either measurement, within the waterfall's noise of 1
+    (:func:`helpers.core.agreement.within_noise_floor`). Otherwise trust the waterfall's stages alone."""
     speeds = {k: v for k, v in wf.baseline.stages.items() if v}
     times = {_WATERFALL_STAGE[k]: v for k, v in diagnosis.decision.stage_times.items() if v}
     named = _WATERFALL_STAGE[diagnosis.verdict.split("-")[0]]
@@ -435,28 +394,14 @@ def bottleneck_verdict(diagnosis: Diagnosis, wf: Waterfall) -> str:
     return f"{head}, {alone}: they do NOT agree beyond the noise ({noise:.0%}); trust the waterfall's stages alone"
 
 
-# ---------------------------------------------------------------------------
-# Plots
-# ---------------------------------------------------------------------------
-
-
-def plot_waterfall(wf: Waterfall, ax: Any = None, *, title: str | None = None, source: str | None = None) -> Any:
-    """Bars of time per epoch per configuration, annotated with the cumulative speedup.
-
-    Steps left out because they need CUDA (:attr:`Waterfall.not_measured`) get a labelled slot with no bar
-    and no ratio; one measured anyway (``cuda_steps=True``) is drawn hatched and grey: its bar differs from
-    the previous one only by noise.
-    """
-    from ...ui.plots import label_source, new_axes  # optional/heavy: matplotlib
+def plot_waterfall(wf: Waterfall, ax: Any = None) -> Any:
+    """Bars of time per epoch per configuration, labelled with the cumulative speedup; a step left out (it needs
+    CUDA) gets a labelled empty slot, one measured anyway (``cuda_steps=True``) a hatched grey bar."""
+    from ...ui.plots import new_axes  # optional/heavy: matplotlib
 
     ax = ax if ax is not None else new_axes((8.0, 3.6))
-    vals = [r.epoch_s for r in wf.results]
-    colors, hatches = [], []
-    for i, r in enumerate(wf.results):
-        st = _STEPS.get(r.name)
-        idle = st is not None and not effective_on(st, wf.device)
-        colors.append("#d3d3d3" if idle else ("#bab0ac" if i == 0 else "#4e79a7"))
-        hatches.append("//" if idle else "")
+    vals, hatches = [r.epoch_s for r in wf.results], ["//" if idle else "" for idle in wf.no_effect()]
+    colors = ["#d3d3d3" if h else "#bab0ac" if i == 0 else "#4e79a7" for i, h in enumerate(hatches)]
     bars = ax.bar(range(len(vals)), vals, color=colors, edgecolor="#555", linewidth=0.5)
     for b, h in zip(bars, hatches):
         b.set_hatch(h)
@@ -467,8 +412,7 @@ def plot_waterfall(wf: Waterfall, ax: Any = None, *, title: str | None = None, s
     ax.grid(axis="y", alpha=0.3)
     dev = torch.device(wf.device).type
     ax.set_title(
-        title
-        or f"{wf.regime}: width {wf.spec.width}, depth {wf.spec.depth}, {wf.results[0].steps} "
+        f"{wf.regime}: width {wf.spec.width}, depth {wf.spec.depth}, {wf.results[0].steps} "
         f"steps/epoch on {dev} (measured now; labels: cumulative speedup)",
         fontsize=9,
     )
@@ -483,7 +427,6 @@ def plot_waterfall(wf: Waterfall, ax: Any = None, *, title: str | None = None, s
     if any(h for h in hatches):
         ax.bar([0], [0], color="#d3d3d3", hatch="//", edgecolor="#555", label="needs CUDA: no effect here (noise only)")
         ax.legend(fontsize=7, loc="upper right")
-    label_source(ax, source)
     return ax
 
 
@@ -516,8 +459,7 @@ def plot_shares(wf: Waterfall, ax: Any = None) -> Any:
 
 
 def step_rows_from_records(rs: Any, recs: list[Any]) -> list[tuple[str, float]]:
-    """Records of one regime, one per configuration (``ch06.waterfall.step_time``, ``ch06.efficiency``, ...), as
-    [(configuration label, value), ...] in stacking order (the evidence's ``convert``)."""
+    """One regime's records, one per configuration, as [(label, value), ...] in stacking order."""
     rows = sorted(recs, key=lambda r: r.params.get("order", 0))
     return [(str(r.params.get("label", r.params.get("stage"))), r.value) for r in rows]
 
@@ -531,7 +473,7 @@ def reference_waterfall(regime: str) -> Evidence[list[tuple[str, float]]]:
 
 
 def plot_reference_waterfall(regime: str, ax: Any = None) -> Any:
-    """The newest recorded GPU waterfall of ``regime`` beside the live one, labelled; or a plain 'none recorded'."""
+    """The newest recorded GPU waterfall of ``regime``, labelled; or a plain 'none recorded'."""
     from ...ui.plots import label_source, new_axes  # optional/heavy: matplotlib
 
     ax = ax if ax is not None else new_axes((5.0, 3.6))
@@ -564,15 +506,13 @@ def reference_efficiency(regime: str) -> Evidence[list[tuple[str, float]]]:
 
 
 def efficiency_lines(rows: list[tuple[str, float]]) -> list[str]:
-    """'    baseline 0.52 · + pinned memory 0.55 · ...', wrapped: recorded ratios shown as :class:`Efficiency`
-    (never above 1: '1.00 (noise)' or 'out of range'), one regime."""
+    """'    baseline 0.52 · + pinned memory 0.55 · ...', wrapped: recorded ratios shown as :class:`Efficiency`."""
     text = " · ".join(f"{label} {Efficiency.of_ratio(eff).short()}" for label, eff in rows)
     return textwrap.wrap(text, 100, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False)
 
 
 def reference_timeline(regime: str, stage: str) -> Evidence[dict[str, Any]]:
-    """The newest recorded span trace of one configuration (artifact ``ch06.trace.<regime>.<stage>``, the form
-    :func:`helpers.ui.plots.timeline` draws), or missing."""
+    """The newest recorded span trace of one configuration (artifact ``ch06.trace.<regime>.<stage>``), or missing."""
     check_choice("regime", regime, tuple(REGIMES))
     check_choice("stage", stage, STEP_NAMES)
     return evidence.recorded_artifact(f"the {regime} timeline, {stage}", f"ch06.trace.{regime}.{stage}")

@@ -1,9 +1,6 @@
-"""What the pipeline doctor decides and reports: the facts, the measurements, the pure decision, the report.
-
-:func:`decide` applies chapter 01's bottleneck model to measured phase times (a pure function, so a verdict a
-CPU cannot show, transfer-bound, is unit-tested with made-up times): overlapped, a step takes as long as its
-slowest stage, which is the verdict. The recommendations come from the same numbers, each with its evidence
-and an estimated saving per step, ranked by that saving. :mod:`.doctor` measures and calls it.
+"""What the pipeline doctor decides and reports. :func:`decide` applies chapter 01's bottleneck model to measured
+phase times, a pure function (a transfer-bound verdict, which a CPU cannot show, is tested with made-up times);
+its recommendations come from the same numbers, ranked by estimated saving. :mod:`.doctor` measures.
 """
 
 from __future__ import annotations
@@ -15,14 +12,13 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ...core.validate import check_float, check_int
+from ...core.validate import check_int
 
 VERDICTS: tuple[str, ...] = ("data-bound", "transfer-bound", "compute-bound")
-
-
-# ---------------------------------------------------------------------------
-# What the doctor knows about the pipeline
-# ---------------------------------------------------------------------------
+#: With workers, a wait of at least this share of the step means the loader sets the pace (else it is hidden).
+STALL_THRESHOLD = 0.15
+#: Advice saving at least this share of a step is ranked first; a copy below it is not worth advice.
+NOTABLE_SHARE = 0.05
 
 
 @dataclass
@@ -53,9 +49,8 @@ class PipelineFacts:
 
 @dataclass
 class Measurements:
-    """Mean seconds per step of each phase over ``steps`` timed steps, plus the facts. ``wait_median_s`` /
-    ``wait_p90_s``: the waits' spread (bursty loaders show a high p90); ``first_batch_s``: ``iter(loader)`` to the
-    first batch (worker start-up); ``pinned_h2d_s``: the same batch copied from pinned memory (CUDA probe);
+    """Mean seconds per step of each phase over ``steps`` timed steps; the waits' median and 90th percentile;
+    ``first_batch_s`` (worker start-up); ``pinned_h2d_s`` (the copy from pinned memory, CUDA);
     ``transfer_separate``: False when the step function copies (the copy is then inside ``compute_s``)."""
 
     steps: int
@@ -70,15 +65,13 @@ class Measurements:
     facts: PipelineFacts = field(default_factory=PipelineFacts)
 
     @property
-    def step_s(self) -> float:
-        """Mean seconds per step of the (synchronised, serial) measured loop."""
+    def step_s(self) -> float:  # the measured (synchronised, serial) loop's
         return self.wait_s + self.h2d_s + self.compute_s
 
 
 @dataclass
 class Recommendation:
-    """One ranked piece of advice: ``action`` with its ``evidence``, the ``stage`` it speeds up, ``gain_s`` the
-    estimated saving per step (``None``: not estimable), ``chapter`` where the workbook measures it, ``step`` the
+    """One piece of advice: ``gain_s`` is the estimated saving per step (``None``: not estimable), ``step`` the
     waterfall step making this change ('' if none): what ``measured`` is matched on."""
 
     action: str
@@ -102,24 +95,18 @@ class Decision:
     notes: list[str]
 
 
-# ---------------------------------------------------------------------------
-# The pure decision
-# ---------------------------------------------------------------------------
-
-
 def _ms(s: float | None) -> str:
     return "n/a" if s is None else f"{s * 1e3:.2f} ms"
 
 
 @dataclass
 class _Step:
-    """What every piece of advice reads: the measurements, the step's shares and the verdict's stage."""
+    """What every piece of advice reads."""
 
     m: Measurements
     stall: float
     shares: dict[str, float]
     bottleneck: str
-    stall_threshold: float
 
     @property
     def busy(self) -> float:  # the loop's own work per step
@@ -166,7 +153,7 @@ def _data_advice(s: _Step) -> list[Recommendation]:
     """The data stage: more workers, a deeper queue for bursty waits, persistent workers for the start-up."""
     m, f, nw = s.m, s.m.facts, s.m.facts.num_workers or 0
     recs: list[Recommendation] = []
-    if m.wait_s > 0 and (s.in_loop or s.stall >= s.stall_threshold):
+    if m.wait_s > 0 and (s.in_loop or s.stall >= STALL_THRESHOLD):
         recs += _more_workers(s)
         med, p90 = m.wait_median_s, m.wait_p90_s
         if nw and p90 is not None and med is not None and f.prefetch_factor and p90 > 3 * max(med, 1e-6) and (
@@ -190,11 +177,11 @@ def _data_advice(s: _Step) -> list[Recommendation]:
     return recs
 
 
-def _transfer_advice(s: _Step, notable_share: float) -> list[Recommendation]:
+def _transfer_advice(s: _Step) -> list[Recommendation]:
     """The copy: pinned memory, uint8 batches, a side-stream prefetcher (CUDA); uint8 from CPU workers."""
     m, f = s.m, s.m.facts
     recs: list[Recommendation] = []
-    if not (f.cuda and m.transfer_separate and s.shares["h2d"] >= notable_share):
+    if not (f.cuda and m.transfer_separate and s.shares["h2d"] >= NOTABLE_SHARE):
         if not f.cuda and f.float_image_batch and f.num_workers and s.bottleneck == "data":
             recs.append(Recommendation(
                 action="send uint8 images from the workers and normalise in the step",
@@ -238,7 +225,7 @@ def _transfer_advice(s: _Step, notable_share: float) -> list[Recommendation]:
 def _compute_advice(s: _Step, notes: list[str]) -> list[Recommendation]:
     if s.bottleneck != "compute":
         return []
-    m, quiet = s.m, s.stall < s.stall_threshold
+    m, quiet = s.m, s.stall < STALL_THRESHOLD
     if m.facts.num_workers or quiet:
         notes.append("More workers or a deeper prefetch queue would not speed this loop up: it barely waits for data.")
     return [Recommendation(
@@ -276,14 +263,12 @@ def _agree_with(recs: list[Recommendation], measured: Mapping[str, str], notes: 
     return agreed
 
 
-def _check(m: Measurements, stall_threshold: float, notable_share: float, measured: Mapping[str, str] | None) -> None:
+def _check(m: Measurements, measured: Mapping[str, str] | None) -> None:
     check_int("steps", m.steps, 1)
     for name in ("wait_s", "h2d_s", "compute_s"):
         v = getattr(m, name)
         if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ValueError(f"{name} must be a finite number >= 0 seconds, got {v!r}")
-    check_float("stall_threshold", stall_threshold, 0.0, 1.0)
-    check_float("notable_share", notable_share, 0.0, 1.0)
     for k, v in (measured or {}).items():
         if not isinstance(v, str):
             raise ValueError(f"measured[{k!r}] must be a verdict such as 'gain' or 'slower', got {v!r}")
@@ -291,37 +276,22 @@ def _check(m: Measurements, stall_threshold: float, notable_share: float, measur
         raise ValueError("the measured step time is 0 s: nothing was timed")
 
 
-def decide(
-    m: Measurements,
-    *,
-    stall_threshold: float = 0.15,
-    notable_share: float = 0.05,
-    measured: Mapping[str, str] | None = None,
-) -> Decision:
-    """Verdict and ranked recommendations from measured phase times (a pure function).
+def decide(m: Measurements, *, measured: Mapping[str, str] | None = None) -> Decision:
+    """Verdict and ranked recommendations from measured phase times: overlapped, a step takes as long as its
+    slowest stage, the verdict. **data**: without workers, the wait; with workers, ``wait + h2d + compute`` when the
+    wait is at least :data:`STALL_THRESHOLD` of the step, else hidden. **transfer**: ``h2d``; **compute**: ``compute``.
 
-    The bottleneck model (chapter 01): overlapped, a step takes as long as its slowest stage, which is the
-    verdict. **data**: without workers the wait *is* the data stage; with workers the wait is what they failed to
-    hide: at least ``stall_threshold`` of the step, the loader sets the pace (stage ``wait + h2d + compute``),
-    else loading is hidden. **transfer** = ``h2d``; **compute** = ``compute``.
-
-    Recommendations carry an estimated saving per step from the same numbers: those saving at least
-    ``notable_share`` of a step first (largest first), then advice for the bottleneck stage, then the rest.
-    ``measured``: what a waterfall measured here, step name -> verdict
-    (:meth:`helpers.chapters.ch06.capstone.Waterfall.step_verdicts`): a step measured 'slower' is withdrawn
-    with a note (workers slower while persistent workers gained: the advice becomes persistent workers); one
-    measured 'within noise', 'no effect' or 'needs CUDA' keeps no estimated saving and says what was measured.
-
-    Raises:
-        ValueError: for negative or non-finite times, or no steps, or a ``measured`` verdict that is not text.
-    """
-    _check(m, stall_threshold, notable_share, measured)
+    Advice saving at least :data:`NOTABLE_SHARE` of a step comes first, then the bottleneck's, then the rest.
+    ``measured`` (:meth:`.capstone.Waterfall.step_verdicts`): a step measured 'slower' is withdrawn with a note
+    (workers slower but persistent workers a gain: persistent workers advised); one measured 'within noise',
+    'no effect' or 'needs CUDA' keeps no estimated saving. ValueError: negative or non-finite times, no steps."""
+    _check(m, measured)
     step, nw = m.step_s, m.facts.num_workers
     stall = m.wait_s / step
     shares = {"wait": stall, "h2d": m.h2d_s / step, "compute": m.compute_s / step}
     notes: list[str] = []
     data_stage: float | None = m.wait_s if not nw else m.wait_s + m.h2d_s + m.compute_s
-    if nw and stall < stall_threshold:
+    if nw and stall < STALL_THRESHOLD:
         data_stage = None  # hidden by the workers: below the step's own work
         notes.append(f"Loading is hidden by {nw} worker(s): the loop waited only {stall:.0%} of its time for data.")
     stages: dict[str, float | None] = {"data": data_stage, "transfer": m.h2d_s, "compute": m.compute_s}
@@ -331,14 +301,14 @@ def decide(
         notes.append("The step function does its own copy, so the copy is counted inside 'compute'.")
     if not m.facts.cuda:
         notes.append("No CUDA device: the copy to the device is a no-op here, so transfer cannot be the bottleneck.")
-    s = _Step(m, stall, shares, bottleneck, stall_threshold)
-    recs = _data_advice(s) + _transfer_advice(s, notable_share) + _compute_advice(s, notes)
+    s = _Step(m, stall, shares, bottleneck)
+    recs = _data_advice(s) + _transfer_advice(s) + _compute_advice(s, notes)
     if measured:
         recs = _agree_with(recs, measured, notes)
 
     def rank(r: Recommendation) -> tuple[int, float]:
         g = r.gain_s or 0.0
-        return (0 if r.gain_s is not None and g >= notable_share * step else 1 if r.stage == bottleneck else 2, -g)
+        return (0 if r.gain_s is not None and g >= NOTABLE_SHARE * step else 1 if r.stage == bottleneck else 2, -g)
 
     recs.sort(key=rank)
     if not recs:
@@ -350,12 +320,12 @@ def decide(
 LINE_WIDTH = 105
 
 
-def _wrap(text: str, indent: str) -> list[str]:
-    """``text`` wrapped at words to :data:`LINE_WIDTH`, continuation lines indented; never split: hyphenated
-    words (``data-bound``), long words (paths), a number and the word after it (``34.25 ms``)."""
-    glued = re.sub(r"(?<=\d) (?=\S)", "\xa0", text)  # textwrap breaks at ASCII whitespace only
+def _wrap(head: str, text: str) -> list[str]:
+    """``head + text`` wrapped to :data:`LINE_WIDTH` under the text, never splitting ``data-bound``, a path, or
+    ``34.25 ms``."""
+    glued = re.sub(r"(?<=\d) (?=\S)", "\xa0", head + text)  # textwrap breaks at ASCII whitespace only
     lines = textwrap.wrap(
-        glued, LINE_WIDTH, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False
+        glued, LINE_WIDTH, subsequent_indent=" " * len(head), break_on_hyphens=False, break_long_words=False
     ) or [glued]
     return [ln.replace("\xa0", " ") for ln in lines]
 
@@ -382,35 +352,25 @@ class Diagnosis:
         m, d, f = self.measurements, self.decision, self.measurements.facts
         out = [
             f"Verdict: {self.verdict.upper()}  ({m.steps} steps measured on {f.device_type}, {self.seconds:.1f} s)",
-            *_wrap(
-                f"Per step: wait for data {_ms(m.wait_s)} ({d.shares['wait']:.0%}) · copy {_ms(m.h2d_s)} "
-                f"({d.shares['h2d']:.0%}) · compute {_ms(m.compute_s)} ({d.shares['compute']:.0%}) · "
-                f"total {_ms(m.step_s)}",
-                " " * len("Per step: "),
-            ),
-            *_wrap(
-                "Stages (bottleneck model): "
-                + " · ".join(f"{k} {'hidden' if v is None else _ms(v)}" for k, v in d.stage_times.items())
-                + f" -> overlapped step >= {_ms(d.predicted_overlapped_s)}",
-                " " * len("Stages (bottleneck model): "),
-            ),
-            *_wrap(
-                f"Pipeline: {f.loader_type}, num_workers={f.num_workers}, pin_memory={f.pin_memory}, "
-                f"persistent_workers={f.persistent_workers}, prefetch_factor={f.prefetch_factor}, "
-                f"{f.cpu_count} cores, batch {f.batch_dtype} {list(f.batch_shape)} "
-                f"({f.batch_bytes / 2**20:.2f} MiB)"
-                + (f", first batch after {m.first_batch_s:.3f} s" if m.first_batch_s is not None else ""),
-                " " * len("Pipeline: "),
-            ),
-        ]
+            *_wrap("Per step: ", f"wait for data {_ms(m.wait_s)} ({d.shares['wait']:.0%}) · copy {_ms(m.h2d_s)} "
+                   f"({d.shares['h2d']:.0%}) · compute {_ms(m.compute_s)} ({d.shares['compute']:.0%}) · "
+                   f"total {_ms(m.step_s)}"),
+            *_wrap("Stages (bottleneck model): ",
+                   " · ".join(f"{k} {'hidden' if v is None else _ms(v)}" for k, v in d.stage_times.items())
+                   + f" -> overlapped step >= {_ms(d.predicted_overlapped_s)}"),
+            *_wrap("Pipeline: ", f"{f.loader_type}, num_workers={f.num_workers}, pin_memory={f.pin_memory}, "
+                   f"persistent_workers={f.persistent_workers}, prefetch_factor={f.prefetch_factor}, "
+                   f"{f.cpu_count} cores, batch {f.batch_dtype} {list(f.batch_shape)} ({f.batch_bytes / 2**20:.2f} MiB)"
+                   + (f", first batch after {m.first_batch_s:.3f} s" if m.first_batch_s is not None else "")),
+        ]  # fmt: skip
         if self.recommendations:
             out.append("Recommendations, most promising first:")
             for i, r in enumerate(self.recommendations, 1):
                 gain = f"saves ~{_ms(r.gain_s)}/step" if r.gain_s is not None else "saving not estimable here"
-                out += _wrap(f"  {i}. {r.action}  [{gain}; chapter {r.chapter}]", " " * len(f"  {i}. "))
-                out += _wrap(f"     because {r.evidence}", " " * len("     "))
+                out += _wrap(f"  {i}. ", f"{r.action}  [{gain}; chapter {r.chapter}]")
+                out += _wrap("     ", f"because {r.evidence}")
         for n in self.notes + d.notes:
-            out += _wrap(f"Note: {n}", " " * len("Note: "))
+            out += _wrap("Note: ", n)
         return out
 
     def __str__(self) -> str:
@@ -422,29 +382,7 @@ class Diagnosis:
             f"recommendations={len(self.recommendations)})"
         )
 
-    def _repr_html_(self) -> str:
-        m, d = self.measurements, self.decision
+    def _repr_html_(self) -> str:  # the same report, its verdict line in the verdict's colour
         color = {"data-bound": "#4e79a7", "transfer-bound": "#f28e2b", "compute-bound": "#59a14f"}[self.verdict]
-        rows = "".join(
-            f"<tr><td>{p}</td><td style='text-align:right'>{v * 1e3:.2f} ms</td>"
-            f"<td style='text-align:right'>{d.shares[k]:.0%}</td></tr>"
-            for p, k, v in (
-                ("wait for data", "wait", m.wait_s),
-                ("copy to device", "h2d", m.h2d_s),
-                ("compute", "compute", m.compute_s),
-            )
-        )
-        recs = "".join(
-            f"<li><b>{html.escape(r.action)}</b> "
-            "<span style='color:#555'>("
-            f"{'saves ~' + _ms(r.gain_s) + '/step' if r.gain_s is not None else 'saving not estimable'}; "
-            f"chapter {html.escape(r.chapter)})</span><br><small>because {html.escape(r.evidence)}</small></li>"
-            for r in self.recommendations
-        )
-        notes = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes + d.notes)
-        return (
-            f"<div><b style='color:{color}'>Verdict: {self.verdict}</b> "
-            f"<small>({m.steps} steps on {html.escape(m.facts.device_type)}, {self.seconds:.1f} s)</small>"
-            f"<table><tr><th>phase</th><th>per step</th><th>share</th></tr>{rows}</table>"
-            f"<ol>{recs}</ol>" + (f"<ul style='color:#555'>{notes}</ul>" if notes else "") + "</div>"
-        )
+        head, *rest = self._lines()
+        return f"<pre><b style='color:{color}'>{html.escape(head)}</b>\n{html.escape(chr(10).join(rest))}</pre>"

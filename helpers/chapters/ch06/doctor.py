@@ -1,21 +1,16 @@
 """A pipeline doctor: is *your* training loop data-bound, transfer-bound or compute-bound?
 
-``diagnose(loader, step_fn)`` runs a few real steps of any loader (a ``DataLoader``, a prefetcher, a list,
-any re-iterable of batches) with any step function, and times three phases of every step, each on its own:
-``wait`` (the loop waits for ``next(iterator)``: the **data stall**; with workers, only what they did not
-hide), ``h2d`` (the copy to the device, synchronised; a no-op on the CPU) and ``compute`` (``step_fn(batch)``,
-synchronised). :func:`~helpers.chapters.ch06.diagnosis.decide` turns them into a verdict and ranked advice.
-
-Caveats, said in the output too: the reader's model trains for ``warmup + steps`` real steps; phases are
-synchronised one by one, so the overlap a real loop gets is *predicted* from the stage times, not measured; a
-time limit bounds the run, and a ``next()`` or step that hangs is interrupted (Unix main thread) and reported.
+``diagnose(loader, step_fn)`` runs a few real steps of any re-iterable of batches with any step function and
+times three phases of each, synchronised one by one: ``wait`` (for ``next(iterator)``: the **data stall**),
+``h2d`` (the copy; a no-op on the CPU) and ``compute`` (``step_fn(batch)``); :func:`.diagnosis.decide` turns
+them into a verdict and ranked advice. The overlap a real loop gets is predicted, not measured; a time limit
+bounds the run, and a ``next()`` or step that hangs is interrupted (Unix main thread) and reported.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
 import signal
 import statistics
 import threading
@@ -29,30 +24,18 @@ from ...core.config import require_gpu
 from ...core.device import resolve_device
 from ...core.timing import synchronize, time_calls
 from ...core.validate import check_float, check_int
+from ...pipeline.loaders import cpu_cores as usable_cores  # CPU cores this process may run on
+from ...pipeline.loaders import release
 from ...pipeline.prefetch import iter_tensors, map_tensors, move_batch
 from .diagnosis import VERDICTS, Decision, Diagnosis, Measurements, PipelineFacts, Recommendation, decide
 
 __all__ = [
-    "VERDICTS", "PipelineFacts", "Measurements", "Recommendation", "Decision", "Diagnosis", "DoctorTimeout",
-    "decide", "diagnose", "inspect_loader", "usable_cores",
+    "VERDICTS", "PipelineFacts", "Measurements", "Recommendation", "Decision", "Diagnosis", "decide", "usable_cores",
 ]  # fmt: skip
 
 
 class DoctorTimeout(TimeoutError):
     """A ``next()`` or a step did not finish within the doctor's time limit."""
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (affinity-aware; at least 1)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-# ---------------------------------------------------------------------------
-# Reading a loader
-# ---------------------------------------------------------------------------
 
 
 def _unwrap(loader: Any) -> tuple[Any, bool]:
@@ -119,11 +102,6 @@ def _describe_batch(batch: Any, facts: PipelineFacts) -> None:
                 facts.batch_pinned = None
 
 
-# ---------------------------------------------------------------------------
-# Measuring
-# ---------------------------------------------------------------------------
-
-
 @contextlib.contextmanager
 def _alarm(seconds: float, what: list[str]) -> Iterator[None]:
     """Raise DoctorTimeout in the main thread after ``seconds`` (Unix); else do nothing."""
@@ -149,9 +127,8 @@ def _alarm(seconds: float, what: list[str]) -> Iterator[None]:
 
 
 def _pinned_probe(batch: Any, dev: torch.device, repeats: int = 5) -> float | None:
-    """Median seconds to copy ``batch`` to ``dev`` from pinned memory (CUDA only); ``None`` without CUDA or when
-    pinning or the copy raises a ``RuntimeError``, except in a strict GPU run (``require_gpu()``): a broken CUDA
-    path never passes the GPU check silently."""
+    """Median seconds to copy ``batch`` to ``dev`` from pinned memory (CUDA only); ``None`` when that raises a
+    ``RuntimeError``, except in a strict GPU run (``require_gpu()``)."""
     if dev.type != "cuda":
         return None
     try:
@@ -162,17 +139,6 @@ def _pinned_probe(batch: Any, dev: torch.device, repeats: int = 5) -> float | No
         if require_gpu():
             raise
         return None
-
-
-def _mover(transfer: str | Callable[[Any, torch.device], Any]) -> tuple[Callable[[Any, torch.device], Any], bool]:
-    """The copy phase's function, and whether the copy is timed apart from ``step_fn``."""
-    if transfer == "auto":
-        return (lambda b, d: move_batch(b, d, non_blocking=False)), True
-    if transfer == "none":
-        return (lambda b, d: b), False
-    if callable(transfer):
-        return transfer, True
-    raise ValueError(f"transfer must be 'auto', 'none' or a callable (batch, device) -> batch, got {transfer!r}")
 
 
 @dataclass
@@ -193,8 +159,8 @@ class _Loop:
 def _time_steps(out: _Loop, loader: Iterable[Any], step_fn: Callable[[Any], Any],
                 move: Callable[[Any, torch.device], Any], dev: torch.device, facts: PipelineFacts, steps: int,
                 warmup: int, what: list[str]) -> None:  # fmt: skip
-    """Time ``steps`` steps into ``out`` after ``warmup``, each phase synchronised (a new iterator's first batch is
-    never timed: start-up); restart the loader at most 3 times; stop at the deadline. ``what``: what runs now."""
+    """Time ``steps`` steps into ``out`` after ``warmup`` (a new iterator's first batch never: start-up); restart
+    the loader at most 3 times; stop at the deadline. ``what``: what runs now."""
     restarts, it = 0, iter(loader)
     fresh = True  # the next batch comes from a new iterator: its wait includes start-up
     try:
@@ -236,9 +202,7 @@ def _time_steps(out: _Loop, loader: Iterable[Any], step_fn: Callable[[Any], Any]
             del batch, moved
     finally:
         if not getattr(_unwrap(loader)[0], "persistent_workers", False):
-            shutdown = getattr(it, "_shutdown_workers", None)
-            if callable(shutdown):
-                shutdown()
+            release(it)  # the kernel's one teardown: this iterator's workers, also a frozen one
         del it  # the iterator (and its workers) is let go now, also on an error
     if restarts:
         out.notes.append(f"The loader was restarted {restarts} time(s) to get enough steps; each restart's first "
@@ -252,19 +216,14 @@ def diagnose(
     *,
     steps: int = 20,
     warmup: int = 3,
-    transfer: str | Callable[[Any, torch.device], Any] = "auto",
+    transfer: str = "auto",
     time_limit_s: float = 60.0,
-    stall_threshold: float = 0.15,
     measured: Mapping[str, str] | None = None,
 ) -> Diagnosis:
-    """Measure a few steps of ``loader`` (any re-iterable of batches) + ``step_fn(batch)`` (one training step on a
-    batch on ``device``, default CUDA if present) and diagnose the pipeline.
-
-    ``transfer``: ``"auto"`` (the doctor copies every tensor, timed as the copy phase), ``"none"`` (``step_fn``
-    copies: the copy counts as compute) or a callable ``(batch, device) -> batch``. ``time_limit_s`` bounds the
-    run (it stops after at least two timed steps, and interrupts a hanging ``next()`` or step: DoctorTimeout if
-    fewer). ``stall_threshold`` and ``measured`` (a waterfall's ``step_verdicts()``): see :func:`decide`.
-    """
+    """Measure a few steps of ``loader`` + ``step_fn(batch)`` (a training step on a batch on ``device``, default
+    CUDA if present) and diagnose the pipeline. ``transfer``: ``"auto"`` (the doctor copies, timed apart) or
+    ``"none"`` (``step_fn`` copies: counted as compute). ``time_limit_s`` bounds the run (DoctorTimeout with fewer
+    than two timed steps). ``measured`` (a waterfall's verdicts): see :func:`decide`."""
     if not hasattr(loader, "__iter__"):
         raise ValueError(f"loader must be an iterable of batches, got {type(loader).__name__}")
     if not callable(step_fn):
@@ -272,9 +231,11 @@ def diagnose(
     check_int("steps", steps, 1, 10_000)
     check_int("warmup", warmup, 0, 1000)
     check_float("time_limit_s", time_limit_s, 0.1, 24 * 3600.0)
-    check_float("stall_threshold", stall_threshold, 0.0, 1.0)
+    if transfer not in ("auto", "none"):
+        raise ValueError(f"transfer must be 'auto' or 'none', got {transfer!r}")
     dev = resolve_device(device)  # None: CUDA when present; a device this machine lacks: ValueError
-    move, separate = _mover(transfer)
+    separate = transfer == "auto"
+    move = (lambda b, d: move_batch(b, d, non_blocking=False)) if separate else (lambda b, d: b)
     facts = inspect_loader(loader, dev)
     t_start = time.perf_counter()
     what, timed_out = ["the loader"], False
@@ -291,13 +252,12 @@ def diagnose(
                 f"is one step longer than the limit? Raise time_limit_s or lower steps."
             ) from None
         loop.notes.append(f"Interrupted: {exc}; measured {n} steps before that.")
-    return _diagnosis(loop, facts, dev, separate, timed_out, t_start, warmup, stall_threshold, measured)
+    return _diagnosis(loop, facts, dev, separate, timed_out, t_start, warmup, measured)
 
 
 def _diagnosis(loop: _Loop, facts: PipelineFacts, dev: torch.device, separate: bool, timed_out: bool,
-               t_start: float, warmup: int, stall_threshold: float,
-               measured: Mapping[str, str] | None) -> Diagnosis:  # fmt: skip
-    """The measurements of a timed loop (plus the pinned-copy probe on CUDA), decided."""
+               t_start: float, warmup: int, measured: Mapping[str, str] | None) -> Diagnosis:  # fmt: skip
+    """The timed loop's measurements (plus the pinned-copy probe on CUDA), decided."""
     waits = loop.waits
     if not waits:
         raise ValueError(f"no step could be timed: raise steps, or lower warmup below the loader's {loop.done} batches")
@@ -315,6 +275,6 @@ def _diagnosis(loop: _Loop, facts: PipelineFacts, dev: torch.device, separate: b
         transfer_separate=separate,
         facts=facts,
     )
-    decision = decide(m, stall_threshold=stall_threshold, measured=measured)
+    decision = decide(m, measured=measured)
     notes = loop.notes + [f"The doctor ran {warmup + len(waits)} real steps: step_fn's model has trained on them."]
     return Diagnosis(decision.verdict, m, decision, time.perf_counter() - t_start, notes)

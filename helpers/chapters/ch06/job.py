@@ -1,18 +1,10 @@
-"""Chapter 06's job: the steps as data, the training job, and one configuration's run of it (:func:`run_config`).
+"""Chapter 06's job: the steps as data (:data:`STEPS`), the job (:class:`JobSpec`), its data and its loader.
 
-Each configuration of the waterfall is one call of the reader's ``make_loader`` and ``batches`` with other
-keyword arguments (:data:`STEPS`, :meth:`Settings.calls`); without the reader's functions (``tools.bench``,
-tests) the take-home pipeline is timed (:func:`reference_pipeline`, :mod:`.fast_pipeline`).
-
-Same job, same answer: every configuration uses the same seed, initial weights, data order (:func:`seed_order`)
-and augmentation crops (drawn from a generator seeded by (seed, item), not by whichever worker loads the item:
-:class:`SeededItems`), normalises with the reader's one ``normalize``, and runs deterministic cuDNN
-(:func:`same_numerics`). On a CPU the configurations are then bit-identical; on a GPU too when ``normalize``
-gives the same bits there (:func:`normalizer_device_exact`, measured).
-
-Threads: every configuration runs with the same intra-op threads in the main process, ``JobSpec.threads`` =
-:func:`compute_threads` (the usable cores minus the workers, at least 1), so each step changes one thing only
-and the model's threads do not fight the workers for the cores.
+A configuration is one call of the reader's ``make_loader`` and ``batches`` with other keyword arguments
+(:meth:`Settings.calls`); without the reader's functions the take-home pipeline runs (:func:`reference_pipeline`).
+Same job, same answer: every configuration has the same seed, weights, data order (:func:`seed_order`), crops
+(seeded per item: :class:`SeededItems`), ``normalize``, deterministic cuDNN (:func:`same_numerics`) and
+main-process threads (:func:`compute_threads`: the usable cores minus the workers, so they do not fight).
 """
 
 from __future__ import annotations
@@ -20,10 +12,10 @@ from __future__ import annotations
 import contextlib
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 from ...core import evidence
 from ...core.config import sized
@@ -43,16 +35,11 @@ from ...pipeline.loaders import (
 from . import fast_pipeline as take_home
 from .doctor import usable_cores
 
-# ---------------------------------------------------------------------------
-# The steps, as data
-# ---------------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class Step:
-    """One step of the stack: ``change`` is the settings it switches on (:class:`Settings`); ``needs_cuda``: it
-    can only act with a CUDA device, and then ``published_key`` names the experiment whose published figures
-    stand in for it without CUDA (:func:`cuda_step_evidence`)."""
+    """One step of the stack: ``change`` is the settings it switches on; a step that ``needs_cuda`` is stood in for
+    without CUDA by the published figures of ``published_key`` (:func:`cuda_step_evidence`)."""
 
     name: str
     label: str
@@ -89,8 +76,7 @@ STEP_REQUIRES: dict[str, tuple[str, ...]] = {"persistent": ("workers",)}
 
 @dataclass(frozen=True)
 class Settings:
-    """One configuration: the keyword arguments of its calls of the pipeline (``output="float"``:
-    ``batches(..., float_on_host=True)``; ``"uint8"``: float made on the device)."""
+    """One configuration: the keyword arguments of its pipeline calls (``output="uint8"``: float made on the device)."""
 
     num_workers: int = 0
     pin_memory: bool = False
@@ -99,15 +85,7 @@ class Settings:
     output: str = "float"
     prefetcher: bool = False
 
-    def describe(self) -> str:
-        parts = [f"workers={self.num_workers}"]
-        if self.num_workers:
-            parts.append(f"persistent={self.persistent_workers}, prefetch={self.prefetch_factor or 2}")
-        parts += [f"pin={self.pin_memory}", f"batches={self.output}", f"prefetcher={self.prefetcher}"]
-        return ", ".join(parts)
-
-    def loader_kwargs(self) -> dict[str, Any]:
-        """``make_loader``'s keyword arguments (``prefetch_factor`` and ``persistent`` only with workers)."""
+    def loader_kwargs(self) -> dict[str, Any]:  # prefetch_factor and persistent only with workers
         kw: dict[str, Any] = {"workers": self.num_workers, "pin": self.pin_memory}
         if self.num_workers:
             kw.update(prefetch_factor=self.prefetch_factor or 2, persistent=self.persistent_workers)
@@ -117,7 +95,7 @@ class Settings:
         return {"prefetch": self.prefetcher, "float_on_host": self.output == "float"}
 
     def calls(self, sep: str = " · ") -> str:
-        """The two calls this configuration makes, as the reader would type them (joined by ``sep``)."""
+        """The two calls this configuration makes, as the reader would type them."""
         lk = ", ".join(f"{k}={v!r}" for k, v in self.loader_kwargs().items())
         bk = ", ".join(f"{k}={v!r}" for k, v in self.batches_kwargs().items())
         return f"make_loader(dataset, batch_size, {lk}){sep}batches(loader, {bk})"
@@ -127,10 +105,8 @@ def default_workers() -> int:  # the ``workers`` step's: the usable cores, at mo
     return max(1, min(8, usable_cores()))
 
 
-def compute_threads(workers: int | None = None) -> int:
-    """Intra-op threads for the main process: the usable cores minus the workers, at least 1."""
-    nw = default_workers() if workers is None else check_int("workers", workers, 0, 64)
-    return max(1, usable_cores() - nw)
+def compute_threads(workers: int | None = None) -> int:  # the main process's: usable cores minus workers, >= 1
+    return max(1, usable_cores() - (default_workers() if workers is None else workers))
 
 
 #: ``torch.set_num_threads(n)`` for the block, restored after.
@@ -138,10 +114,9 @@ main_threads = intraop_threads
 
 
 def settings_for(enabled: Iterable[str], workers: int | None = None) -> Settings:
-    """Settings with the named steps switched on (any subset, any order); ValueError for an unknown step, or
-    persistent workers without workers."""
+    """Settings with the named steps switched on (any subset, any order); persistent workers need workers."""
     names = [check_choice("step", n, STEP_NAMES) for n in enabled]
-    nw = default_workers() if workers is None else check_int("workers", workers, 1, 64)
+    nw = default_workers() if workers is None else workers
     values: dict[str, Any] = {}
     for step in STEPS:
         if step.name in names:
@@ -153,37 +128,33 @@ def settings_for(enabled: Iterable[str], workers: int | None = None) -> Settings
     return Settings(**values)
 
 
-def configurations(workers: int | None = None, names: Sequence[str] | None = None) -> list[tuple[Step, Settings]]:
-    """The cumulative configurations: step k switches on steps 0..k. ``names`` picks a subset (in order)."""
+def configurations(
+    workers: int | None = None, names: Sequence[str] | None = None, skip: Collection[str] = ()
+) -> list[tuple[Step, Settings]]:
+    """The cumulative configurations: step k switches on steps 0..k, except those in ``skip`` (left out);
+    ``names`` picks a subset (in order)."""
     return [
-        (step, settings_for(STEP_NAMES[: i + 1], workers))
+        (step, settings_for([n for n in STEP_NAMES[: i + 1] if n not in skip], workers))
         for i, step in enumerate(STEPS)
-        if names is None or step.name in names
+        if (names is None or step.name in names) and step.name not in skip
     ]
 
 
 def step_answers(name: str) -> set[str]:
-    """Every way a reader may name step ``name``: its name, its label as the tables print it, the label without '+'."""
-    label = STEPS[STEP_NAMES.index(check_choice("step", name, STEP_NAMES))].label
+    """Every way a reader may name step ``name``: its name, its label, the label without '+'."""
+    label = STEPS[STEP_NAMES.index(name)].label
     return {name, label, label.lstrip("+ ").strip()}
 
 
 def effective_on(step: Step, device: torch.device | str) -> bool:
-    """Whether ``step`` can change anything on ``device``: pinning, uint8 normalised on the device and the
-    prefetcher need CUDA. (The workers send uint8 in every configuration, so on a CPU, where host and device
-    are one, the uint8 step runs the same work in the same process as the configuration before it.)"""
+    """Whether ``step`` can change anything on ``device`` (on a CPU host and device are one: uint8 changes nothing)."""
     return not step.needs_cuda or torch.device(device).type == "cuda"
 
 
 def cuda_step_evidence(step: Step) -> Evidence[Any]:
-    """What stands in for ``step`` where it cannot act: figures of the same experiment published by others
-    (cited, no value of ours), or a ``missing`` Evidence naming the experiment that would produce one."""
+    """Where ``step`` cannot act: figures of its experiment published by others, or a ``missing`` Evidence."""
     return evidence.published_elsewhere(f"the '{step.label}' step", step.published_key or "ch06.waterfall.step_time")
 
-
-# ---------------------------------------------------------------------------
-# The job
-# ---------------------------------------------------------------------------
 
 #: The two regimes. The data-bound model is tiny so that even a CPU computes a batch faster than one process
 #: loads it: 1 channel in its first stage (where most compute is) and 4 stages, whose receptive field spans the
@@ -192,22 +163,8 @@ def cuda_step_evidence(step: Step) -> Evidence[Any]:
 #: One epoch of 10 steps learns nothing, so each job first trains ``warm_passes`` times on the loader's first
 #: pass, loaded once (untimed; ``tests/test_ch06_learns.py``).
 REGIMES: dict[str, dict[str, Any]] = {
-    "data-bound": {
-        "width": 1,
-        "quick_width": 1,
-        "depth": 4,
-        "lr": 2e-2,
-        "warm_passes": 5,
-        "about": "a tiny CNN (1 channel at full resolution, 4 stages): the step is cheap, so the loader sets the pace",
-    },
-    "compute-bound": {
-        "width": 96,
-        "quick_width": 12,
-        "depth": 3,
-        "lr": 5e-3,
-        "warm_passes": 3,
-        "about": "a wide CNN (3 stages): the step is expensive, so the loader has time to spare",
-    },
+    "data-bound": {"width": 1, "quick_width": 1, "depth": 4, "lr": 2e-2, "warm_passes": 5},
+    "compute-bound": {"width": 96, "quick_width": 12, "depth": 3, "lr": 5e-3, "warm_passes": 3},  # a wide CNN
 }
 
 
@@ -235,12 +192,8 @@ class JobSpec:
 
 
 def job_sizes() -> dict[str, int]:
-    """The data set and job sizes of the tier in force.
-
-    quick and laptop: the small generated data set (640 + 256 images of 80x80, crops of 64), 320 images per
-    epoch (10 steps: with 15, the '+ workers' step sat at x1.00 on a quiet 2-core machine and its verdict
-    changed from run to run). full: chapter 01's data set and 1,280 images per epoch (20 steps).
-    """
+    """The data set and job sizes of the tier in force: quick and laptop, the small generated set, 320 images per
+    epoch (10 steps: with 15, '+ workers' sat at x1.00 on a quiet 2-core machine); full, chapter 01's set, 1,280."""
     if sized(quick=False, laptop=True, full=False):
         return {"n_train": 640, "n_val": 256, "image_size": 80, "crop_size": 64, "batch_size": 32, "train_items": 320}
     sizes = dict(default_sizes())
@@ -249,8 +202,8 @@ def job_sizes() -> dict[str, int]:
 
 
 def job_spec(regime: str, **overrides: Any) -> JobSpec:
-    """The default job for ``regime`` at the tier in force; the warm-up keeps the loader's whole first pass.
-    The chapter passes the width and depth :func:`calibrate` chose for this device."""
+    """The job for ``regime`` at the tier in force (the chapter passes the calibrated width and depth); the
+    warm-up keeps the loader's whole first pass."""
     check_choice("regime", regime, tuple(REGIMES))
     sizes, r = job_sizes(), REGIMES[regime]
     base = dict(
@@ -268,26 +221,18 @@ def job_spec(regime: str, **overrides: Any) -> JobSpec:
     base.update(overrides)
     base.setdefault("warm_steps", base["train_items"] // max(1, base["batch_size"]))  # the whole first pass
     spec = JobSpec(**base)
-    check_int("width", spec.width, 1, 512)
-    check_int("depth", spec.depth, 1, 6)
-    check_int("threads", spec.threads, 1, 1024)
-    check_int("batch_size", spec.batch_size, 1, 4096)
-    check_int("train_items", spec.train_items, spec.batch_size, 10_000_000)
-    check_int("epochs", spec.epochs, 1, 100)
-    check_int("warm_steps", spec.warm_steps, 0, 1000)
-    check_int("warm_passes", spec.warm_passes, 1, 100)
+    limits = {"width": (1, 512), "depth": (1, 6), "threads": (1, 1024), "batch_size": (1, 4096), "epochs": (1, 100),
+              "train_items": (spec.batch_size, 10**7), "warm_steps": (0, 1000), "warm_passes": (1, 100)}  # fmt: skip
+    for name, (lo, hi) in limits.items():
+        check_int(name, getattr(spec, name), lo, hi)
     return spec
 
 
 @dataclass(frozen=True)
 class Pipeline:
-    """The functions the capstone times: the reader's, from chapter 06's pipeline cells.
-
-    ``make_loader(dataset, batch_size, workers=, pin=, prefetch_factor=, persistent=)`` returns a re-iterable
-    loader of uint8 host batches; ``batches(loader, prefetch=, float_on_host=)`` yields normalised float batches
-    on the device; ``train_step(model, optimizer, x, y)`` returns the loss; ``normalize`` (optional) is used by
-    :func:`normalizer_device_exact`; ``source`` names them in messages.
-    """
+    """The functions the capstone times, the reader's: ``make_loader(dataset, batch_size, workers=, pin=,
+    prefetch_factor=, persistent=)`` (uint8 host batches), ``batches(loader, prefetch=, float_on_host=)`` (normalised
+    float batches on the device), ``train_step(model, optimizer, x, y)`` (the loss), optionally ``normalize``."""
 
     make_loader: Callable[..., Any]
     batches: Callable[..., Iterable[Any]]
@@ -296,67 +241,40 @@ class Pipeline:
     source: str = "your pipeline cells"
 
     def __post_init__(self) -> None:
-        for name in ("make_loader", "batches", "train_step"):
-            if not callable(getattr(self, name)):
-                raise ValueError(
-                    f"{name} must be a function (run the pipeline cell that defines it), "
-                    f"got {type(getattr(self, name)).__name__}"
-                )
-        if self.normalize is not None and not callable(self.normalize):
-            raise ValueError(f"normalize must be a function or None, got {type(self.normalize).__name__}")
+        for name in ("make_loader", "batches", "train_step", "normalize"):
+            fn = getattr(self, name)
+            if not callable(fn) and (fn is not None or name != "normalize"):
+                raise ValueError(f"{name} must be a function (run the cell that defines it), got {type(fn).__name__}")
 
 
 def reference_pipeline(device: torch.device | str = "cpu", *, seed: int = 0, workers: int | None = None) -> Pipeline:
-    """The take-home pipeline (:mod:`.fast_pipeline`, ``examples/fast_pipeline.py``'s pipeline block line for
-    line), with its globals ``DEVICE``, ``SEED`` and ``WORKERS`` set: what runs without the chapter's cells."""
-    take_home.DEVICE = torch.device(device)
-    take_home.SEED = check_int("seed", seed, 0, 2**62)
-    take_home.WORKERS = default_workers() if workers is None else check_int("workers", workers, 0, 64)
+    """The take-home pipeline (:mod:`.fast_pipeline`, ``examples/fast_pipeline.py``'s block line for line), its
+    globals ``DEVICE``, ``SEED`` and ``WORKERS`` set: what runs without the chapter's cells."""
+    take_home.DEVICE, take_home.SEED = torch.device(device), seed
+    take_home.WORKERS = default_workers() if workers is None else workers
     return Pipeline(
         take_home.make_loader, take_home.batches, take_home.train_step, take_home.normalize, "examples/fast_pipeline.py"
     )
 
 
-def _pipeline(
-    pipeline: Pipeline | None,
-    device: torch.device | str,
-    seed: int = 0,
-    *,
-    make_loader: Callable[..., Any] | None = None,
-    batches: Callable[..., Any] | None = None,
-    train_step: Callable[..., Any] | None = None,
-) -> Pipeline:
-    """``pipeline``, or the three functions (all or none), else :func:`reference_pipeline`."""
-    given = {"make_loader": make_loader, "batches": batches, "train_step": train_step}
-    if any(v is not None for v in given.values()):
-        missing = [k for k, v in given.items() if v is None]
-        if missing or pipeline is not None:
-            raise ValueError(
-                "pass make_loader, batches and train_step together (missing: "
-                f"{', '.join(missing) or 'none'}), or pipeline=Pipeline(...), not both"
-            )
-        return Pipeline(make_loader, batches, train_step)  # type: ignore[arg-type]
-    if pipeline is not None:
-        if not isinstance(pipeline, Pipeline):
-            raise ValueError(f"pipeline must be a capstone.Pipeline, got {type(pipeline).__name__}")
-        return pipeline
-    return reference_pipeline(device, seed=seed)
+def _pipeline(pipeline: Pipeline | None, device: torch.device | str, seed: int = 0) -> Pipeline:
+    """``pipeline`` (the reader's), else :func:`reference_pipeline`."""
+    if pipeline is None:
+        return reference_pipeline(device, seed=seed)
+    if not isinstance(pipeline, Pipeline):
+        raise ValueError(f"pipeline must be a capstone.Pipeline, got {type(pipeline).__name__}")
+    return pipeline
 
 
 class SeededItems(Dataset):
     """``limit`` items of ``base`` spread evenly over it (the generated set lists its images class by class), item
     ``i`` augmented with a generator seeded by (seed, i): the crop does not depend on which process loads it.
+    Workers import it from this module by name."""
 
-    Picklable: workers import it from this module under spawn and forkserver. ``normalize=True`` turns the uint8
-    image into a normalised float one (:func:`helpers.pipeline.data.to_float_normalized`); the job does not.
-    """
-
-    def __init__(self, base: Dataset, seed: int = 0, normalize: bool = False, limit: int | None = None) -> None:
-        self.base = base
+    def __init__(self, base: Dataset, seed: int, limit: int) -> None:
+        self.base, self.seed = base, seed
         self.total = len(base)  # type: ignore[arg-type]
-        self.n = self.total if limit is None else min(self.total, check_int("limit", limit, 1))
-        self.seed = seed
-        self.normalize = bool(normalize)
+        self.n = min(self.total, limit)
 
     def __len__(self) -> int:
         return self.n
@@ -369,19 +287,13 @@ class SeededItems(Dataset):
         if not 0 <= index < self.n:
             raise IndexError(f"index {index} out of range for {self.n} items")
         torch.default_generator.manual_seed((self.seed * 1_000_003 + index) % (2**63))
-        img, label = self.base[self.base_index(index)]
-        if self.normalize:
-            img = to_float_normalized(img.unsqueeze(0))[0]
-        return img, label
+        return self.base[self.base_index(index)]
 
 
 def seed_order(loader: Any, seed: int, epoch: int, *, fresh: bool) -> None:
-    """Seed the shuffling of ``loader``'s next pass: the same order in every configuration.
-
-    Every new iterator draws once for the workers' base seed before the permutation; a persistent loader makes
-    a new iterator only for its first pass (``fresh``), so for its later passes that draw is made and dropped
-    here (``tests/test_ch06_pipeline.py`` checks this against torch).
-    """
+    """Seed the shuffling of ``loader``'s next pass: the same order in every configuration. A new iterator draws
+    once for the workers' base seed first; a persistent loader makes one only for its first pass (``fresh``), so
+    for its later passes that draw is made and dropped here (``tests/test_ch06_pipeline.py`` checks it on torch)."""
     gen = getattr(loader, "generator", None)
     gen = gen if isinstance(gen, torch.Generator) else torch.default_generator
     gen.manual_seed((int(seed) * 1_000_003 + int(epoch)) % (2**63))
@@ -392,9 +304,8 @@ def seed_order(loader: Any, seed: int, epoch: int, *, fresh: bool) -> None:
 def normalizer_device_exact(
     device: torch.device | str, normalize: Callable[[torch.Tensor], torch.Tensor] | None = None
 ) -> bool:
-    """Whether ``normalize`` (default :func:`~helpers.pipeline.data.to_float_normalized`) gives the same bits on
-    ``device`` as on the CPU for all 256 levels. On CUDA a division by a Python scalar runs as a multiplication
-    by its reciprocal, so one bit may differ: measured, not assumed."""
+    """Whether ``normalize`` gives the same bits on ``device`` as on the CPU for all 256 levels (on CUDA a division
+    by a scalar runs as a multiplication by its reciprocal: one bit may differ). Measured, not assumed."""
     fn = normalize or to_float_normalized
     dev = torch.device(device)
     levels = torch.arange(256, dtype=torch.uint8).repeat(3, 1).view(1, 3, 16, 16)
@@ -405,11 +316,8 @@ def normalizer_device_exact(
 
 @contextlib.contextmanager
 def same_numerics() -> Iterator[None]:
-    """Deterministic cuDNN for the block (``deterministic=True``, ``benchmark=False``), restored after.
-
-    ``torch.use_deterministic_algorithms(True)`` is not used: it raises for ``adaptive_avg_pool2d_backward_cuda``.
-    TF32 is left at PyTorch's setting (deterministic; mixing its two switches raises in torch >= 2.9).
-    """
+    """Deterministic cuDNN for the block, restored after. Not ``torch.use_deterministic_algorithms(True)``: it
+    raises for ``adaptive_avg_pool2d_backward_cuda``. TF32 is left as is (mixing its two switches raises)."""
     cudnn = torch.backends.cudnn
     before = (cudnn.deterministic, cudnn.benchmark)
     cudnn.deterministic, cudnn.benchmark = True, False
@@ -423,7 +331,7 @@ _CACHE: dict[Any, Any] = {}
 
 
 def dataset_info() -> Any:
-    """The generated data set the job trains on (:func:`helpers.pipeline.data.make_shapes_dataset`, cached)."""
+    """The generated data set the job trains on (cached)."""
     sizes = job_sizes()
     key = ("info", sizes["n_train"], sizes["n_val"], sizes["image_size"])
     if key not in _CACHE:
@@ -439,19 +347,16 @@ def val_size(spec: JobSpec) -> int:  # validation images the job's accuracy is m
 
 def _val_batches(spec: JobSpec) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The validation set, decoded once (uint8, centre crop), as host batches (``batches`` normalises them)."""
-    key = ("val", str(dataset_info().val_dir), spec.crop_size, spec.batch_size)
+    key, bs = ("val", str(dataset_info().val_dir), spec.crop_size, spec.batch_size), spec.batch_size
     if key not in _CACHE:
         ds = ShapesDataset(dataset_info().val_dir, crop_size=spec.crop_size, augment=False, output="uint8")
-        out = []
-        for s in range(0, len(ds), spec.batch_size):
-            items = [ds[i] for i in range(s, min(len(ds), s + spec.batch_size))]
-            out.append((torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])))
-        _CACHE[key] = out
+        _CACHE[key] = [tuple(default_collate([ds[i] for i in range(s, min(len(ds), s + bs))]))
+                       for s in range(0, len(ds), bs)]  # fmt: skip
     return _CACHE[key]
 
 
 def chance_level(spec: JobSpec) -> float:
-    """The accuracy of always answering the validation set's most frequent class (measured from its labels)."""
+    """The accuracy of always answering the validation set's most frequent class."""
     labels = torch.cat([y for _, y in _val_batches(spec)])
     return int(torch.bincount(labels).max()) / int(labels.numel())
 
@@ -462,14 +367,9 @@ def train_items(spec: JobSpec) -> SeededItems:
     return SeededItems(base, seed=spec.seed, limit=spec.train_items)
 
 
-# ---------------------------------------------------------------------------
-# One loader's life: built, run, released with its workers
-# ---------------------------------------------------------------------------
-
-
 def _stop_new_workers(before: set[int], grace_s: float = 2.0) -> None:
-    """End every worker started since ``before`` that is still alive (SIGTERM, then SIGKILL): the last line of
-    defence, for an iterator the reader's ``batches`` held that an error or an interrupt left behind."""
+    """End every worker started since ``before`` still alive (SIGTERM, then SIGKILL): the last line of defence, for
+    an iterator the reader's ``batches`` held that an error or an interrupt left behind."""
     import psutil  # optional/heavy: only when a run ends
 
     new = [p for p in worker_processes() if p.pid not in before]
@@ -501,14 +401,11 @@ def _plain_error(exc: BaseException, loader: Any) -> LoaderFailure | None:
 
 @contextlib.contextmanager
 def built_loader(pipeline: Pipeline, spec: JobSpec, s: Settings) -> Iterator[Any]:
-    """The pipeline's ``make_loader(train_items(spec), batch_size, **s.loader_kwargs())``, with the job's threads,
-    deterministic numerics and a forked RNG seeded from ``spec.seed``.
-
-    With workers, ``/dev/shm`` is checked first (a worker out of shared memory dies of a bus error). On exit the
-    loader is released and every worker started meanwhile ended, also on errors and interrupts; a worker that
-    froze, slept past the timeout or died is re-raised in plain words. The traceback's frames are cleared first:
-    a frame of the pipeline's ``batches`` generator would otherwise keep its workers alive.
-    """
+    """The pipeline's ``make_loader(train_items(spec), batch_size, **s.loader_kwargs())`` with the job's threads,
+    deterministic numerics and a forked RNG seeded from ``spec.seed`` (with workers, ``/dev/shm`` checked first).
+    On exit the loader is released and every worker started meanwhile ended, also on errors and interrupts; a
+    worker failure is re-raised in plain words, the traceback's frames cleared first (a frame of ``batches``
+    would keep its workers alive)."""
     before = {p.pid for p in worker_processes()}
     loader = None
     try:
@@ -535,8 +432,8 @@ def built_loader(pipeline: Pipeline, spec: JobSpec, s: Settings) -> Iterator[Any
 
 
 def _warm_batches(source: Any, steps: int, drain: bool) -> list[Any]:
-    """The first ``steps`` batches of a fresh pass over ``source``. With persistent workers (``drain``) the rest
-    of the pass is read and dropped, so the next (timed) epoch is not charged for the warm-up's leftovers."""
+    """The first ``steps`` batches of a fresh pass over ``source``; with ``drain`` (persistent workers) the rest of
+    the pass is read and dropped, so the next epoch is not charged for the warm-up's leftovers."""
     it = iter(source)
     batches = [b for _, b in zip(range(steps), it)]
     if drain:

@@ -1,10 +1,9 @@
-"""Chapter 06: one configuration's run of the job (:func:`run_config`), each stage alone (:func:`stage_alone`) and
-the pipeline efficiency (:func:`pipeline_efficiency`, :class:`Efficiency`).
+"""Chapter 06: one configuration's run of the job (:func:`run_config`), each stage alone (:func:`stage_alone`), the
+pipeline efficiency (:class:`Efficiency`) and the accuracy checks.
 
-Measured per configuration: the time of one epoch (worker start-up included: what persistent workers remove),
-throughput, validation accuracy, the span trace of every step, the compute-busy and data-stall shares; and each
-stage **alone** (the reader's loader, the copy (CUDA only), the reader's ``train_step`` on a batch already on the
-device). The pipeline efficiency is the throughput over that of its slowest stage alone, never shown above 1.
+Per configuration: one epoch's time (worker start-up included: what persistent workers remove), throughput,
+validation accuracy, the span trace, the compute-busy and data-stall shares; and each stage **alone** (the
+reader's loader, the copy (CUDA only), the reader's ``train_step`` on a batch already on the device).
 """
 
 from __future__ import annotations
@@ -17,19 +16,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
+from torch.utils.data import default_collate
 
 from ...core import agreement
 from ...core.timing import SpanRecorder, SpanTrace, synchronize, time_calls
-from ...core.validate import check_choice, check_float, check_int
+from ...core.validate import check_float, check_int
 from ...pipeline.data import to_float_normalized
 from ...pipeline.models import build_model
 from ...pipeline.prefetch import move_batch
-from ...pipeline.train import COMPUTE_LANE_CPU, COMPUTE_LANE_GPU, make_optimizer
-from .doctor import usable_cores
+from ...pipeline.train import COMPUTE_LANE_CPU, COMPUTE_LANE_GPU, DATA_LANE, make_optimizer
 from .job import (
     _CACHE,
-    STEP_NAMES,
-    STEPS,
     JobSpec,
     Pipeline,
     Settings,
@@ -45,32 +42,12 @@ from .job import (
     train_items,
 )
 
-#: Span names of a timed step: the wait for the next batch of the reader's ``batches``, then ``train_step``.
-DATA_PHASES = ("batch",)
-COMPUTE_PHASES = ("train_step",)
-DATA_LANE = "data (CPU)"
-
-
-def _union(intervals: list[tuple[float, float]]) -> float:
-    total, cur_s, cur_e = 0.0, 0.0, None
-    for a, b in sorted(intervals):
-        if cur_e is None or a > cur_e:
-            total += 0.0 if cur_e is None else cur_e - cur_s
-            cur_s, cur_e = a, b
-        else:
-            cur_e = max(cur_e, b)
-    return total + (0.0 if cur_e is None else cur_e - cur_s)
-
 
 @dataclass
 class ConfigResult:
-    """One configuration's run of the job.
-
-    ``epoch_s``: seconds per timed epoch, worker start-up included (in a waterfall: the median of
-    ``round_epoch_s``); ``trace``: the spans of every timed step; ``compute_busy`` / ``data_stall``: shares of the
-    epoch the compute ran / the loop waited for data (start-up included); ``stages``: items/s of each stage alone
-    (``None``: no such stage here); ``efficiency``: :func:`pipeline_efficiency`.
-    """
+    """One configuration's run: ``epoch_s`` per timed epoch, start-up included (in a waterfall the median of
+    ``round_epoch_s``); ``compute_busy`` / ``data_stall``: shares of the epoch; ``stages``: items/s of each stage
+    alone (``None``: no such stage here)."""
 
     name: str
     label: str
@@ -105,13 +82,15 @@ class ConfigResult:
 
 
 def _shares(trace: SpanTrace, epochs: list[tuple[float, float]], epoch_total: float) -> tuple[float, float]:
-    compute = _union([(s.start, s.end) for s in trace.spans if s.name in COMPUTE_PHASES])
-    data = sum(s.host_end - s.host_start for s in trace.spans if s.name in DATA_PHASES)
-    startup = 0.0  # before each epoch's first span (iterator creation, worker start-up): a data stall too
+    """(compute busy, data stall) as shares of the epochs; the stall includes each epoch's start-up (iterator
+    creation, worker start-up: before its first span). One stream runs the steps in turn: their spans add up."""
+    totals = trace.phase_totals()
+    startup = 0.0
     for t_begin, _ in epochs:
         firsts = [s.host_start for s in trace.spans if s.host_start >= t_begin]
         startup += max(0.0, min(firsts) - t_begin) if firsts else 0.0
-    return min(1.0, compute / epoch_total), min(1.0, (data + startup) / epoch_total)
+    busy, stall = totals.get("train_step", 0.0), totals.get("batch", 0.0) + startup
+    return min(1.0, busy / epoch_total), min(1.0, stall / epoch_total)
 
 
 def _on_device(x: torch.Tensor, dev: torch.device, pipeline: Pipeline) -> None:
@@ -123,8 +102,7 @@ def _on_device(x: torch.Tensor, dev: torch.device, pipeline: Pipeline) -> None:
 
 
 def _warm_up(pipe: Pipeline, model: Any, opt: Any, loader: Any, s: Settings, spec: JobSpec, dev: torch.device) -> None:
-    """Untimed: the first ``spec.warm_steps`` batches of pass 0, loaded once through ``batches`` and kept on the
-    device, trained ``spec.warm_passes`` times (later passes in an order drawn from the seed)."""
+    """Untimed: pass 0's first ``warm_steps`` batches, loaded once, trained ``warm_passes`` times (seeded order)."""
     seed_order(loader, spec.seed, 0, fresh=True)
     it = pipe.batches(loader, **s.batches_kwargs())
     try:
@@ -142,9 +120,8 @@ def _warm_up(pipe: Pipeline, model: Any, opt: Any, loader: Any, s: Settings, spe
 def _timed_epoch(
     pipe: Pipeline, model: Any, opt: Any, loader: Any, s: Settings, rec: SpanRecorder, epoch: int, first: int
 ) -> tuple[int, int, float, torch.Tensor]:
-    """One pass of ``for x, y in batches(loader, ...): train_step(model, optimizer, x, y)``, recorded: ``batch``
-    (the host's wait for the next batch) and ``train_step`` (CUDA events on a GPU). The loss is summed on the
-    device: nothing waits for the GPU. Returns (steps, samples, seconds, summed loss)."""
+    """One pass of ``for x, y in batches(loader, ...): train_step(...)``, spans ``batch`` (the wait) and ``train_step``
+    (CUDA events on a GPU); the loss summed on the device. Returns (steps, samples, seconds, summed loss)."""
     lane = COMPUTE_LANE_GPU if rec.cuda else COMPUTE_LANE_CPU
     total = torch.zeros((), device=rec.device)
     steps = samples = 0
@@ -173,7 +150,7 @@ def _timed_epoch(
 
 @torch.no_grad()
 def _evaluate(pipeline: Pipeline, model: Any, spec: JobSpec) -> float:
-    """Top-1 accuracy on the validation set, through ``batches(val_batches)`` (the pipeline's defaults)."""
+    """Top-1 accuracy on the validation set, through ``batches(val_batches)``."""
     was = model.training
     model.eval()
     correct, seen = torch.zeros((), dtype=torch.int64), 0
@@ -199,10 +176,9 @@ def run_config(
     progress: Callable[[float, str], None] | None = None,
     pipeline: Pipeline | None = None,
 ) -> ConfigResult:
-    """Train the job once with ``settings`` through the pipeline's functions (default :func:`reference_pipeline`)
-    and measure it: warm-up (:func:`_warm_up`), ``spec.epochs`` timed epochs, then the validation accuracy; with
-    ``stages``, each stage alone and the pipeline efficiency. Workers are released on return, errors and
-    interrupts; the reader's RNG state and thread count are restored."""
+    """Train the job once with ``settings`` through ``pipeline`` (default :func:`reference_pipeline`): warm-up,
+    ``spec.epochs`` timed epochs, the validation accuracy; with ``stages``, each stage alone and the efficiency.
+    Workers are released on return, errors and interrupts; the RNG state and thread count are restored."""
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device is 'cuda' but no CUDA device is available; use device='cpu'")
@@ -217,8 +193,7 @@ def run_config(
         report(0.05, f"{name}: warm-up")
         if spec.warm_steps:
             _warm_up(pipe, model, opt, loader, settings, spec, dev)
-        rec = SpanRecorder(dev, config=name, regime=spec.regime, settings=settings.describe(),
-                           calls=settings.calls(), pipeline=pipe.source)  # fmt: skip
+        rec = SpanRecorder(dev, config=name, regime=spec.regime, calls=settings.calls(), pipeline=pipe.source)
         for e in range(spec.epochs):
             report(0.1 + 0.7 * e / spec.epochs, f"{name}: epoch {e + 1}/{spec.epochs}")
             t_begin = rec.now()
@@ -244,15 +219,9 @@ def run_config(
     return result
 
 
-# ---------------------------------------------------------------------------
-# Stages alone and pipeline efficiency
-# ---------------------------------------------------------------------------
-
-
 def _loader_alone(pipeline: Pipeline, spec: JobSpec, s: Settings, dev: torch.device) -> float:
-    """Items/s of the pipeline's loader alone, measured like the job's epoch: a warm-up of at most 2 batches of
-    pass 0 (drained with persistent workers, as in the job), then one whole pass, start-up included; nothing is
-    copied or normalised. It does not depend on the model: measured once for both regimes."""
+    """Items/s of the loader alone, like the job's epoch: at most 2 warm-up batches of pass 0 (drained with
+    persistent workers), then one whole pass, start-up included. Measured once for both regimes."""
     key = ("loader", id(pipeline.make_loader), spec.train_items, spec.batch_size, spec.crop_size, s.num_workers,
            s.persistent_workers, s.prefetch_factor, s.pin_memory and dev.type == "cuda", spec.threads,
            min(spec.warm_steps, 2))  # fmt: skip
@@ -269,20 +238,16 @@ def _loader_alone(pipeline: Pipeline, spec: JobSpec, s: Settings, dev: torch.dev
 
 
 def _sample_batch(spec: JobSpec) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``spec.batch_size`` training items, collated (uint8)."""
-    key = ("sample", spec.batch_size, spec.crop_size, spec.seed, spec.train_items)
+    key = ("sample", spec.batch_size, spec.crop_size, spec.seed, spec.train_items)  # the first batch, uint8
     if key not in _CACHE:
-        from torch.utils.data import default_collate
-
         ds = train_items(spec)
         with torch.random.fork_rng(devices=[]):
             _CACHE[key] = default_collate([ds[i] for i in range(min(spec.batch_size, len(ds)))])
     return _CACHE[key]
 
 
-def _copy_alone(spec: JobSpec, s: Settings, dev: torch.device, repeats: int = 10) -> float | None:
-    """Items/s of host-to-device copies of one batch as the configuration sends it (float32 or uint8; pinned and
-    ``non_blocking`` with ``pin=True``, as ``batches`` copies); ``None`` without CUDA."""
+def _copy_alone(spec: JobSpec, s: Settings, dev: torch.device) -> float | None:
+    """Items/s of copying one batch as the configuration sends it (float32 or uint8, pinned or not); CUDA only."""
     if dev.type != "cuda":
         return None
     x, y = _sample_batch(spec)
@@ -290,14 +255,13 @@ def _copy_alone(spec: JobSpec, s: Settings, dev: torch.device, repeats: int = 10
         x = x.float()  # the bytes a float batch moves (the values do not change a copy's time)
     if s.pin_memory:
         x, y = x.pin_memory(), y.pin_memory()
-    copy = time_calls(lambda: move_batch((x, y), dev, non_blocking=s.pin_memory), repeats=repeats, device=dev, warmup=2)
+    copy = time_calls(lambda: move_batch((x, y), dev, non_blocking=s.pin_memory), repeats=10, device=dev, warmup=2)
     return spec.batch_size / copy.median_s
 
 
 def _compute_alone(pipeline: Pipeline, spec: JobSpec, dev: torch.device) -> float:
-    """Items/s of the pipeline's ``train_step`` on one float batch on the device: as many timed steps as an epoch
-    has (4 to 20). The **lower-quartile** step is the stage's own pace; steps slowed by other programs slow the
-    pipeline's epoch too, so they count against its efficiency, never for it."""
+    """Items/s of ``train_step`` on one float batch on the device, as many steps as an epoch has (4 to 20): the
+    **lower-quartile** step is its own pace (steps slowed by other programs count against the efficiency)."""
     key = ("compute", id(pipeline.train_step), spec.width, spec.depth, spec.batch_size, spec.crop_size, str(dev),
            spec.threads, spec.train_items)  # fmt: skip
     if key not in _CACHE:
@@ -306,20 +270,8 @@ def _compute_alone(pipeline: Pipeline, spec: JobSpec, dev: torch.device) -> floa
     return _CACHE[key]
 
 
-def _plain_step(model: Any, optimizer: Any, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Chapter 01's train_step, for calibrations run without the reader's pipeline."""
-    loss = torch.nn.functional.cross_entropy(model(x), y)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
-    return loss.detach()
-
-
-def _step_times(
-    spec: JobSpec, dev: torch.device, n: int, train_step: Callable[..., Any] | None = None, warm: int = 2
-) -> list[float]:
-    """Seconds of ``n`` synchronised ``train_step`` calls with ``spec``'s model on one float batch on ``dev``."""
-    step = train_step or _plain_step
+def _step_times(spec: JobSpec, dev: torch.device, n: int, step: Callable[..., Any], warm: int = 2) -> list[float]:
+    """Seconds of ``n`` synchronised ``step`` calls with ``spec``'s model on one float batch on ``dev``."""
     x, y = move_batch(_sample_batch(spec), dev, non_blocking=False)
     x = to_float_normalized(x)
     classes = int(dataset_info().params["num_classes"])
@@ -330,9 +282,8 @@ def _step_times(
 
 
 def stage_alone(settings: Settings, spec: JobSpec, dev: torch.device, pipe: Pipeline) -> dict[str, float | None]:
-    """Items/s of each stage run alone, as it runs in the job (batch size, warm-up, threads): ``loader`` (the
-    pipeline's ``make_loader``), ``copy`` (CUDA only) and ``compute`` (``train_step``). Cached per stage
-    settings: a stage a configuration does not change is measured once."""
+    """Items/s of each stage alone, as the job runs it: ``loader``, ``copy`` (CUDA only), ``compute``; cached per
+    stage settings (a stage a configuration does not change is measured once)."""
     return {
         "loader": _loader_alone(pipe, spec, settings, dev),
         "copy": _copy_alone(spec, settings, dev),
@@ -340,16 +291,14 @@ def stage_alone(settings: Settings, spec: JobSpec, dev: torch.device, pipe: Pipe
     }
 
 
-#: Relative noise allowed between the pipeline's run and its stages' separate runs: a pipeline measured faster
-#: than its slowest stage alone by no more than this is 'at the bottleneck'.
+#: A pipeline measured faster than its slowest stage alone by no more than this is 'at the bottleneck'.
 EFFICIENCY_NOISE = 0.10
 
 
 @dataclass(frozen=True)
 class Efficiency:
-    """A pipeline efficiency as shown to a reader: ``ratio`` (throughput / slowest stage alone, what is
-    recorded); ``value``, never above 1 (1.0 above 1 within the noise, ``None`` further above); ``verdict``,
-    why ``value`` is not the ratio ('' when it is)."""
+    """``ratio``: throughput / slowest stage alone (recorded); ``value``: what is shown, never above 1 (1.0 within
+    the noise above, ``None`` further); ``verdict``: why ``value`` is not the ratio ('' when it is)."""
 
     ratio: float
     value: float | None
@@ -357,11 +306,7 @@ class Efficiency:
 
     @classmethod
     def of_ratio(cls, ratio: float, noise: float = EFFICIENCY_NOISE) -> Efficiency:
-        """The one rule: a pipeline cannot beat its slowest stage, so above 1 is noise or a bad measurement.
-
-        >>> Efficiency.of_ratio(1.05).value, Efficiency.of_ratio(1.49).value
-        (1.0, None)
-        """
+        """A pipeline cannot beat its slowest stage: above 1 is noise or a bad measurement."""
         if ratio <= 1.0:
             return cls(ratio, ratio)
         if ratio <= 1.0 + noise:
@@ -390,91 +335,39 @@ class Efficiency:
 def pipeline_efficiency(
     throughput: float, stages: Mapping[str, float | None], noise: float = EFFICIENCY_NOISE
 ) -> Efficiency | None:
-    """Pipeline throughput over that of its slowest stage alone (:meth:`Efficiency.of_ratio`); stages given as
-    ``None`` (no such stage here) are ignored; ``None`` if no stage is known.
-
-    >>> pipeline_efficiency(900.0, {"loader": 1000.0, "copy": None, "compute": 3000.0}).value
-    0.9
-    """
+    """Throughput over that of the slowest known stage alone (``None`` stages ignored; ``None`` if none known)."""
     known = [float(v) for v in stages.values() if v is not None and v > 0 and math.isfinite(v)]
     if not known or not (throughput > 0):
         return None
     return Efficiency.of_ratio(float(throughput) / min(known), noise)
 
 
-def _cumulative(step: str) -> Settings:
-    """The settings of the cumulative configuration ending at ``step`` (checked: one of :data:`STEP_NAMES`)."""
-    return dict((st.name, s) for st, s in configurations())[check_choice("step", step, STEP_NAMES)]
-
-
-def compare_threads(
-    spec: JobSpec,
-    step: str = "persistent",
-    device: torch.device | str = "cpu",
-    threads: Sequence[int] | None = None,
-    *,
-    pipeline: Pipeline | None = None,
-) -> list[ConfigResult]:
-    """The cumulative configuration ``step`` once per main-process thread count (default: ``spec.threads`` and all
-    usable cores, PyTorch's default), back to back; each result's ``trace.metadata["threads"]`` says which.
-
-    Stages alone are not measured and the warm-up is 2 steps: this compares the timed epoch, whose length does
-    not depend on what the model learned (no accuracy is reported).
-    """
-    settings = _cumulative(step)
-    counts = list(threads) if threads is not None else sorted({spec.threads, usable_cores()})
-    label = STEPS[STEP_NAMES.index(step)].label
-    out = []
-    for n in counts:
-        short = dataclasses.replace(
-            spec, threads=check_int("threads", n, 1, 1024), warm_steps=min(spec.warm_steps, 2), warm_passes=1
-        )
-        r = run_config(settings, short, device, name=step, label=f"{label}, {n} thread{'s' if n > 1 else ''}",
-                       stages=False, pipeline=pipeline)  # fmt: skip
-        r.trace.metadata["threads"] = n
-        out.append(r)
-    return out
-
-
-# ---------------------------------------------------------------------------
-# Same job, same accuracy
-# ---------------------------------------------------------------------------
-
-
-def accuracy_tolerance(n_val: int, p: float = 0.5, seed_spread: float | None = None) -> float:
-    """The tolerance for "same accuracy within noise": two binomial standard errors, ``2 sqrt(p (1 - p) / n_val)``
-    (widest at ``p = 0.5``), what a fresh validation set could show by chance; at least the measured
-    seed-to-seed spread where configurations cannot be bit-identical (:func:`normalizer_device_exact`)."""
+def accuracy_tolerance(n_val: int, seed_spread: float | None = None) -> float:
+    """Two binomial standard errors at p = 0.5, ``2 sqrt(0.25 / n_val)``: what a fresh validation set could show by
+    chance; at least the measured seed-to-seed spread where configurations cannot be bit-identical."""
     check_int("n_val", n_val, 1)
-    tol = 2.0 * math.sqrt(p * (1 - p) / n_val)
+    tol = 2.0 * math.sqrt(0.25 / n_val)
     if seed_spread is not None:
         tol = max(tol, check_float("seed_spread", seed_spread, 0.0, 1.0))
     return tol
 
 
-def seed_spread(
-    spec: JobSpec,
-    device: torch.device | str = "cpu",
-    seeds: Sequence[int] = (1, 2),
-    step: str = "prefetcher",
-    *,
-    pipeline: Pipeline | None = None,
-) -> tuple[list[float], float]:
-    """``(accuracies, max - min)`` of the cumulative configuration ``step`` trained with ``spec.seed`` and each of
-    ``seeds`` (new weights, order and crops): what "the same job, trained again" varies by on this device."""
-    settings = _cumulative(step)
+def seed_spread(spec: JobSpec, device: torch.device | str, *, pipeline: Pipeline | None) -> tuple[list[float], float]:
+    """``(accuracies, max - min)`` of the full stack trained with ``spec.seed``, 1 and 2: what "the same job,
+    trained again" varies by on this device."""
+    settings = configurations()[-1][1]
     accs = []
-    for sd in [spec.seed, *[check_int("seed", x, 0, 2**31) for x in seeds]]:
-        r = run_config(settings, dataclasses.replace(spec, seed=sd), device, name=step, stages=False, pipeline=pipeline)
+    for sd in (spec.seed, 1, 2):
+        r = run_config(
+            settings, dataclasses.replace(spec, seed=sd), device, name="prefetcher", stages=False, pipeline=pipeline
+        )
         accs.append(r.accuracy)
     return accs, max(accs) - min(accs)
 
 
 def accuracy_verdict(accuracies: Sequence[float], tolerance: float) -> str:
-    """Whether one job's accuracies under every configuration (the baseline's first) agree within their spread:
-    each accuracy is a band of ± half the ``tolerance`` (:func:`accuracy_tolerance`), and the lowest's band
-    overlaps the highest's (:func:`helpers.core.agreement.spreads_overlap`), i.e. they differ by at most the
-    tolerance. When they do not, a step changed what the job learned: trust the baseline's."""
+    """Whether the accuracies (the baseline's first) agree: the lowest's band of ± half the ``tolerance`` overlaps
+    the highest's (:func:`helpers.core.agreement.spreads_overlap`). If not, trust the baseline's."""
     lo, hi, half = min(accuracies), max(accuracies), tolerance / 2
     if agreement.spreads_overlap((lo - half, lo + half), (hi - half, hi + half)):
         return (
@@ -497,10 +390,8 @@ def check_accuracies(
     chance: float | None = None,
     chance_margin: float = 2.0,
 ) -> tuple[bool, str]:
-    """(ok, message): the accuracies agree within :func:`accuracy_tolerance` (:func:`accuracy_verdict`, which the
-    message ends with), and (if asked) all reach ``chance_margin`` x the chance level (``chance``, measured by
-    :func:`chance_level`; default ``1 / num_classes``). The message also says whether the final training losses
-    are bit-identical (what identical inputs and deterministic kernels give)."""
+    """(ok, message): the accuracies agree (:func:`accuracy_verdict`, which ends the message) and, if asked, all
+    reach ``chance_margin`` x ``chance`` (default ``1 / num_classes``); also whether the losses are bit-identical."""
     tol = accuracy_tolerance(n_val, seed_spread=seed_spread)
     chance = 1.0 / num_classes if chance is None else check_float("chance", chance, 0.0, 1.0)
     check_float("chance_margin", chance_margin, 1.0, 100.0)
