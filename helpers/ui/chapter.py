@@ -27,9 +27,8 @@ from __future__ import annotations
 import inspect
 import re
 from types import ModuleType
-from typing import Any
 
-__all__ = ["CONSTANTS", "FUNCTIONS", "OPTIONAL", "MODULE_NAME", "problems", "require", "split_context"]
+__all__ = ["CONSTANTS", "FUNCTIONS", "OPTIONAL", "MODULE_NAME", "problems", "require"]
 
 CONSTANTS: dict[str, type | tuple[type, ...]] = {"NUMBER": str, "TITLE": str, "BENCH_WEIGHT": (int, float)}
 CONSTANTS["PANEL_TITLE"] = str
@@ -89,12 +88,3 @@ def require(module: ModuleType) -> ModuleType:
             f"{module.__name__} does not follow the chapter interface (helpers/ui/chapter.py): " + "; ".join(found)
         )
     return module
-
-
-def split_context(names: Any, context: dict[str, Any]) -> None:
-    """Refuse a context key that would shadow a control of the same name (a silent override otherwise)."""
-    clash = sorted(set(names) & set(context))
-    if clash:
-        raise ValueError(
-            f"Panel.for_chapter: {clash} are both panel controls and context keywords; pass each setting one way only"
-        )

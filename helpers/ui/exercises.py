@@ -165,15 +165,11 @@ def decode_answer(data: Any) -> Any:
         return float(data["float"])
     if data.get("ellipsis"):
         return Ellipsis
-    return _Unrecorded(str(data.get("repr", "")))
+    return str(data.get("repr", ""))  # a class, a function: the key's checker ran in the reader's run
 
 
 def _hashable(x: Any) -> Any:
     return tuple(_hashable(i) for i in x) if isinstance(x, list) else x
-
-
-class _Unrecorded(str):
-    """An answer the record holds only by its repr (a class, a function): the key's checker ran in the reader's run."""
 
 
 @dataclass
@@ -255,17 +251,10 @@ class ExerciseReport:
         return {RECORD_MIME: {"records": [p.record for p in self.parts if p.record]}}
 
 
-@dataclass
-class Solution:
-    """A reference solution from the answer key, shown on request (:func:`show_solution`)."""
+class Solution(str):
+    """A reference solution from the answer key, shown on request (:func:`show_solution`): its text, unquoted."""
 
-    exercise: str
-    text: str
-
-    def __str__(self) -> str:
-        return self.text
-
-    __repr__ = __str__
+    __repr__ = str.__str__
 
 
 def _norm(s: Any) -> str:
@@ -367,10 +356,8 @@ def show_solution(exercise: str) -> Solution:
     """The answer key's reference solution and explanation for ``exercise`` (ValueError for an unknown id)."""
     key = answer_key()
     if key is None:
-        return Solution(
-            exercise, f"Exercise {exercise}: no solutions in this copy (a course release); ask your instructor."
-        )
-    return Solution(exercise, key.solution_text(exercise))
+        return Solution(f"Exercise {exercise}: no solutions in this copy (a course release); ask your instructor.")
+    return Solution(key.solution_text(exercise))
 
 
 def _cell_source(ns: dict[str, Any] | None) -> str:
