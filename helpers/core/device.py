@@ -14,7 +14,6 @@ import platform
 import re
 import shutil
 import sys
-import textwrap
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
@@ -23,7 +22,7 @@ import torch
 from . import config
 from .config import REQUIRE_GPU_ENV, require_gpu
 from .nocuda import diagnose_no_cuda
-from .validate import check_int, human_bytes
+from .validate import check_int, human_bytes, wrap
 
 __all__ = [
     "pick_device", "resolve_device", "check_device_present", "cuda_driver_problem",
@@ -151,14 +150,6 @@ def no_cuda_message(what: str) -> str:
     if problem:
         text += " " + problem
     return wrap(text)
-
-
-def wrap(text: str, width: int = 100, indent: str = "") -> str:
-    """Wrap printed text at word boundaries (never inside a word, never inside a `command`)."""
-    return "\n".join(
-        textwrap.fill(para, width=width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
-        for para in text.split("\n")
-    )
 
 
 def cuda_driver_problem(rep: HardwareReport | None = None) -> str | None:

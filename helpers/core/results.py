@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .config import mode_name
+from .validate import check_fields
 
 __all__ = [
     "SCHEMA", "SCHEMA_VERSION", "BENCHMARK_VERSION", "Record", "ResultSet", "Comparison", "NotComparableError",
@@ -150,7 +151,7 @@ class ResultSet:
                 f"result file has schema_version {data.get('schema_version')}, newer than this workbook "
                 f"understands ({SCHEMA_VERSION}); update the workbook"
             )
-        _check_fields("result file", data, _FILE_FIELDS, required=("name", "method", "provenance", "created", "mode"))
+        check_fields("result file", data, _FILE_FIELDS, required=("name", "method", "provenance", "created", "mode"))
         if not isinstance(data["provenance"].get("hardware", {}), dict):
             raise ValueError("result file field 'provenance' must be an object (with 'hardware' an object)")
         fixed = {k: data[k] for k in ("name", "method", "provenance", "created", "mode")}
@@ -178,24 +179,9 @@ _RECORD_FIELDS: dict[str, Any] = {"key": str, "value": (int, float), "unit": str
 _RECORD_FIELDS["flags"] = list
 
 
-def _check_fields(where: str, data: Any, types: dict[str, Any], required: tuple[str, ...]) -> None:
-    """ValueError naming ``where`` and the field when ``data`` is not an object, lacks a required field, or holds
-    a field of the wrong type."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{where} must be an object, got {type(data).__name__}")
-    missing = [k for k in required if k not in data]
-    if missing:
-        raise ValueError(f"{where} lacks required fields: {', '.join(missing)}")
-    for name, kind in types.items():
-        if name in data and (not isinstance(data[name], kind) or isinstance(data[name], bool)):
-            raise ValueError(
-                f"{where}: field {name!r} must be a {getattr(kind, '__name__', 'number')}, got {data[name]!r}"
-            )
-
-
 def _record_from_dict(i: int, r: Any) -> Record:
     where = f"record {i}" + (f" ({r.get('key')!r})" if isinstance(r, dict) and isinstance(r.get("key"), str) else "")
-    _check_fields(where, r, _RECORD_FIELDS, required=("key", "value", "unit"))
+    check_fields(where, r, _RECORD_FIELDS, required=("key", "value", "unit"))
     unknown = sorted(set(r) - set(_RECORD_FIELDS))
     if unknown:
         raise ValueError(f"{where} has unknown fields: {', '.join(unknown)}")

@@ -18,7 +18,6 @@ import contextlib
 import logging
 import math
 import statistics
-import textwrap
 import time
 import timeit
 from dataclasses import asdict, dataclass, field
@@ -32,7 +31,7 @@ logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 import torch.utils.benchmark as tbench  # noqa: E402
 
 from .config import mode_name
-from .validate import check_float, check_int, human_seconds
+from .validate import check_float, check_int, human_seconds, wrap
 
 __all__ = [
     "Timing", "measure", "time_calls", "summarize", "synchronize", "cuda_event_time", "Span", "SpanTrace",
@@ -107,8 +106,7 @@ class Timing:
             f"{self.label}: median {human_seconds(self.median_s)}"
             f" (IQR {human_seconds(self.iqr_s)}, n={self.n}, {self.metadata.get('method', '?')})"
         )
-        # Printed lines stay short and break between words (a notebook would break them anywhere).
-        return textwrap.fill(text, width=100, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
+        return wrap(text, indent="    ")  # short lines, broken between words (a notebook breaks them anywhere)
 
 
 def _quartiles(values: list[float]) -> tuple[float, float]:
