@@ -19,6 +19,7 @@ case; unset or empty is no); anything else raises a one-line ValueError (:func:`
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TypeVar
@@ -181,11 +182,7 @@ def mode_name() -> str:
 def sized(quick: T, full: T, laptop: T | None = None) -> T:
     """Pick a problem size for the tier in force (``laptop`` defaults to ``full``)."""
     tier = size_tier()
-    if tier == "quick":
-        return quick
-    if tier == "laptop" and laptop is not None:
-        return laptop
-    return full
+    return quick if tier == "quick" else laptop if tier == "laptop" and laptop is not None else full
 
 
 def repo_root() -> Path | None:
@@ -224,14 +221,10 @@ def _chapter_times_file() -> Path:
 def expected_runtime(chapter: str, tier: str | None = None) -> str | None:
     """How long Run All of ``chapter`` took at this tier, and where (``chapter_times.json``, written by
     ``tools/time_chapters.py``); ``None`` when nothing is recorded."""
-    import json
-
     tier = tier or size_tier()
     try:
         data = json.loads(_chapter_times_file().read_text())
-        entry = data["chapters"][chapter][tier]
-        seconds = float(entry["seconds"])
-        machine = str(data["machine"])
+        seconds, machine = float(data["chapters"][chapter][tier]["seconds"]), str(data["machine"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
     minutes = seconds / 60

@@ -56,14 +56,11 @@ def _present_kinds() -> dict[str, int]:
     kinds = {"cpu": 1}
     if has_cuda():
         kinds["cuda"] = int(torch.cuda.device_count())
-    acc = getattr(torch, "accelerator", None)
-    try:
-        # current_accelerator() answers 'cuda' even without a GPU: ask is_available() first.
-        if acc is not None and acc.is_available():
-            dev = acc.current_accelerator()
-            if dev is not None and dev.type != "cuda":
-                kinds[dev.type] = int(acc.device_count())
-    except (RuntimeError, AttributeError):  # an accelerator backend that cannot answer is not present
+    try:  # current_accelerator() answers 'cuda' even without a GPU: ask is_available() first
+        dev = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        if dev is not None and dev.type != "cuda":
+            kinds[dev.type] = int(torch.accelerator.device_count())
+    except RuntimeError:  # an accelerator backend that cannot answer is not present
         pass
     return kinds
 

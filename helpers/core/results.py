@@ -6,6 +6,7 @@ between sets from the same hardware: a ratio between an H100 and a laptop says n
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import json
 import math
@@ -187,14 +188,7 @@ def _record_from_dict(i: int, r: Any) -> Record:
         raise ValueError(f"{where} has unknown fields: {', '.join(unknown)}")
     if not r["key"] or not math.isfinite(r["value"]) or not all(isinstance(f, str) for f in r.get("flags", [])):
         raise ValueError(f"{where}: 'key' must not be empty, 'value' must be finite, 'flags' must be strings")
-    return Record(
-        r["key"],
-        float(r["value"]),
-        r["unit"],
-        dict(r.get("params", {})),
-        dict(r.get("spread", {})),
-        list(r.get("flags", [])),
-    )
+    return Record(**copy.deepcopy(r) | {"value": float(r["value"])})
 
 
 #: Tolerance for the fraction check: a share of 1.01 is noise around a tie; 1.27 is not (issue 15).
@@ -242,11 +236,8 @@ def _copy_gbps(rec: Record) -> float | None:
         return None
     if rec.unit == "GB/s" and "bandwidth" in rec.key:
         return rec.value
-    if rec.unit == "s" and rec.key == "ch02.copy_time" and rec.value > 0 and "nbytes" in rec.params:
-        try:
-            return float(rec.params["nbytes"]) / rec.value / 1e9
-        except (TypeError, ValueError):
-            return None
+    if rec.unit == "s" and rec.key == "ch02.copy_time" and rec.value > 0 and _num(rec.params.get("nbytes")) > 0:
+        return _num(rec.params["nbytes"]) / rec.value / 1e9
     return None
 
 

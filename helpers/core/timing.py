@@ -45,13 +45,13 @@ def synchronize(device: torch.device | str | None = None) -> None:
         if torch.cuda.is_available():
             for index in _cuda_devices_in_use():
                 torch.cuda.synchronize(index)
-        elif hasattr(torch, "accelerator") and torch.accelerator.is_available():
+        elif torch.accelerator.is_available():
             torch.accelerator.synchronize()
         return
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    elif dev.type != "cpu" and hasattr(torch, "accelerator") and torch.accelerator.is_available():
+    elif dev.type != "cpu" and torch.accelerator.is_available():
         torch.accelerator.synchronize(dev)
 
 

@@ -235,16 +235,17 @@ class Panel:
         )
         self.out.outputs = kept + (block,)
 
-    def _show_failure(self, exc: BaseException) -> None:
-        """One line of plain words in the status (the advisor's, else the error's first line), the traceback below."""
-        advice = known_failure_advice(exc)
-        if advice:
-            self.error = one_line(f"The run failed: {advice}")
-        else:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            self.error = one_line(f"The run failed: {type(exc).__name__}: {first}")
+    def _fail(self, text: str, exc: BaseException | None = None) -> None:
+        """``text`` as the error, one line in the status; ``exc``'s traceback, folded, below."""
+        self.error = one_line(text)
         self._show_status(self.error, "error")
-        self._show_details(exc)
+        if exc is not None:
+            self._show_details(exc)
+
+    def _show_failure(self, exc: BaseException) -> None:
+        """Plain words for a known failure, else the error's first line; the traceback below."""
+        first = (str(exc).strip().splitlines() or [""])[0]
+        self._fail("The run failed: " + (known_failure_advice(exc) or f"{type(exc).__name__}: {first}"), exc)
 
     def _on_click(self, _button: Any = None, force: bool = False) -> None:
         now = time.monotonic()
@@ -287,14 +288,11 @@ class Panel:
             if raised_in_worker(exc):  # the data set's own error, re-raised by torch from a worker
                 self._show_failure(exc)
             else:
-                self.error = one_line(f"Can't run with these settings: {exc}")
-                self._show_status(self.error, "error")
+                self._fail(f"Can't run with these settings: {exc}")
         except KeyboardInterrupt:
-            self.error = "Interrupted. The run was stopped and its resources released; press Run to start again."
-            self._show_status(self.error, "error")
+            self._fail("Interrupted. The run was stopped and its resources released; press Run to start again.")
         except MemoryError:
-            self.error = "Out of memory: choose smaller sizes and press Run again."
-            self._show_status(self.error, "error")
+            self._fail("Out of memory: choose smaller sizes and press Run again.")
         except Exception as exc:  # anything else: one line of plain words, the traceback below
             self._show_failure(exc)
         finally:
