@@ -38,11 +38,8 @@ def reference_dir() -> Path:
 
 def references() -> list[ResultSet]:
     """Every reference result set, newest first. Unreadable files are skipped with a warning line."""
-    folder = reference_dir()
     out: list[ResultSet] = []
-    if not folder.is_dir():
-        return out
-    for path in sorted(folder.glob("*.json")):
+    for path in sorted(reference_dir().glob("*.json")):  # no folder: none
         try:
             out.append(ResultSet.load(path))
         except (OSError, ValueError) as exc:

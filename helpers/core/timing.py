@@ -218,7 +218,7 @@ def cuda_event_time(
 ) -> Timing:
     """Time ``fn``'s GPU execution with CUDA events (one :class:`SpanRecorder` span per call, ``device`` current).
     Without CUDA: synchronised wall-clock timing, said so in ``metadata['method']``."""
-    if not _is_cuda(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")):
+    if not _is_cuda("cuda" if device is None else device):
         timing = time_calls(fn, repeats=repeats, label=label, device="cpu", sync=True, warmup=warmup)
         timing.metadata["method"] = "wall clock (no CUDA device: CUDA events unavailable)"
         return timing
