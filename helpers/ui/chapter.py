@@ -69,10 +69,8 @@ def problems(module: ModuleType) -> list[str]:
         positional = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         for want in params:
             if want.startswith("("):
-                kw = want.strip("()")
-                p = sig.parameters.get(kw)
-                if p is None and not has_var_kw:
-                    out.append(f"{fn_name}() does not accept the keyword {kw}")
+                if want.strip("()") not in sig.parameters and not has_var_kw:
+                    out.append(f"{fn_name}() does not accept the keyword {want.strip('()')}")
             elif want not in positional:
                 out.append(f"{fn_name}() must take {want!r} as a positional parameter (takes {positional})")
         if fn_name in ("panel_controls", "panel_run") and not has_var_kw:

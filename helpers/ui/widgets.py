@@ -120,11 +120,9 @@ class Panel:
         for w in self.controls.values():
             if not w.layout.margin:
                 w.layout.margin = "2px 16px 2px 0"
-            # Show descriptions whole ("prefetch_factor", not "prefetch_f…").
-            style = getattr(w, "style", None)
-            if getattr(w, "description", "") and style is not None and hasattr(style, "description_width"):
-                if not style.description_width:
-                    style.description_width = "initial"
+            style: Any = getattr(w, "style", None)  # descriptions whole: "prefetch_factor", not "prefetch_f…"
+            if getattr(w, "description", "") and getattr(style, "description_width", "set") == "":
+                style.description_width = "initial"
         ctl_box = W.Box(
             list(self.controls.values()),
             layout=W.Layout(display="flex", flex_flow="row wrap", max_width="100%"),
