@@ -10,7 +10,7 @@ def test_doctests() -> None:
 
 
 def test_progress_bar_counts_percent_and_closes() -> None:
-    with progress.progress_bar("demo", notebook=False) as p:
+    with progress.progress_bar("demo") as p:
         p(0.25, "a quarter")
         p(0.1)  # never goes backwards
         assert p.bar.n == 25

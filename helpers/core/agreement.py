@@ -1,20 +1,10 @@
 """Two measurements of one thing: do they agree within their spread? The one way to compare, for every chapter.
 
 Wherever a chapter shows one thing measured twice (a one-pass sweep and alternating rounds, a fit and its
-points, two runs of one code path), it prints one sentence, in its own terms, saying whether the two agree
-within their spread and which to trust when they do not. The rule behind each sentence is one of these:
-
-- :func:`spreads_overlap`: two ``(low, high)`` spreads overlap (a shared end counts): the quartiles where a
-  timing keeps them, else :func:`median_band` (median ± IQR, errs toward agree).
-- :func:`within_range`: a figure with no spread lies within repeated measurements' lowest..highest.
-- :func:`ratios_straddle_one`: per-round ratios A / B fall on both sides of 1 (or touch it).
-- :func:`ratios_split_on_direction`: the same, allowing a quarter of the rounds on the other side.
-- :func:`within_noise_floor`: a ratio differs from 1 by no more than the measured :func:`ratio_noise`.
-
-When two measurements disagree, the chapter's sentence says which to trust: alternating rounds over a one-pass
-figure (each round compares the two under the same load), more samples over fewer, and for the same code
-timed twice the faster run (load and warm-up only add time). ``tests/test_agreement_pairs.py`` registers
-every pair the chapters show and checks each carries a verdict.
+points, two runs of one code path), it prints one sentence saying whether the two agree (one rule below) and,
+when they do not, which to trust: alternating rounds over a one-pass figure (each round compares the two under
+the same load), more samples over fewer, and for the same code timed twice the faster run (load and warm-up
+only add time). ``tests/test_agreement_pairs.py`` registers every pair the chapters show.
 """
 
 from __future__ import annotations

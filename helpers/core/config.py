@@ -19,9 +19,12 @@ case; unset or empty is no); anything else raises a one-line ValueError (:func:`
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import TypeVar
+
+from .validate import wrap
 
 T = TypeVar("T")
 
@@ -64,10 +67,9 @@ def grade_mode() -> bool:
     return _flag(GRADE_ENV)
 
 
-def full_refused() -> bool:
-    """True when ``WORKBOOK_FULL`` is an explicit no (``0``): laptop sizes whatever the machine (unset: it decides)."""
-    raw = os.environ.get(FULL_ENV, "").strip()
-    return raw != "" and not _flag(FULL_ENV)
+def _full_refused() -> bool:
+    """``WORKBOOK_FULL=0``: laptop sizes whatever the machine (unset: the machine decides)."""
+    return os.environ.get(FULL_ENV, "").strip() != "" and not _flag(FULL_ENV)
 
 
 def _cuda_present() -> bool:
@@ -94,11 +96,6 @@ def usable_cpu_cores() -> int:
     return max(1, n)
 
 
-def _full_minutes(cores: int) -> float:
-    """Estimated Run All minutes of the slowest chapter at full sizes with ``cores`` CPU cores."""
-    return FULL_SLOWEST_2CORE_S * 2 / max(1, cores) / 60
-
-
 def _quick_or_full() -> tuple[bool, bool]:
     quick, full = quick_mode(), full_requested()
     if quick and full:
@@ -113,7 +110,7 @@ def size_tier() -> str:
         return "quick"
     if full:
         return "full"
-    if full_refused():
+    if _full_refused():
         return "laptop"
     return "full" if _cuda_present() and usable_cpu_cores() >= FULL_MIN_CPU_CORES else "laptop"
 
@@ -125,12 +122,13 @@ def tier_reason(tier: str | None = None) -> str:
     if tier == "quick":
         return f"quick sizes ({QUICK_ENV}=1): the smallest problems, as the test suite runs them."
     if tier == "full":
-        if full_requested():
-            why = f"{FULL_ENV}=1 asks for them"
-        else:
-            why = f"a CUDA GPU and {usable_cpu_cores()} CPU cores are present"
+        why = (
+            f"{FULL_ENV}=1 asks for them"
+            if full_requested()
+            else f"a CUDA GPU and {usable_cpu_cores()} CPU cores are present"
+        )
         return f"full sizes ({why}): the sizes the reference results are recorded at."
-    if full_refused():
+    if _full_refused():
         return (
             f"laptop sizes ({FULL_ENV}=0 asks for them, whatever the machine): problems cut to finish in minutes "
             f"(unset {FULL_ENV} to let the machine choose: full with a CUDA GPU and {FULL_MIN_CPU_CORES}+ CPU cores)."
@@ -139,9 +137,10 @@ def tier_reason(tier: str | None = None) -> str:
         cores = usable_cpu_cores()
         if cores >= FULL_MIN_CPU_CORES:  # only when a caller names the laptop tier itself
             return f"laptop sizes: problems cut to finish in minutes ({FULL_ENV}=1 for the full sizes)."
+        minutes = FULL_SLOWEST_2CORE_S * 2 / cores / 60  # the slowest chapter's Run All, scaled by cores
         return (
             f"laptop sizes (CUDA present, but {cores} CPU core{'s' if cores != 1 else ''}: full sizes would take up to "
-            f"~{_full_minutes(cores):.0f} min per chapter; they need {FULL_MIN_CPU_CORES}+ cores to be the default). "
+            f"~{minutes:.0f} min per chapter; they need {FULL_MIN_CPU_CORES}+ cores to be the default). "
             f"{FULL_ENV}=1 uses them anyway, {QUICK_ENV}=1 the smallest."
         )
     return (
@@ -183,11 +182,7 @@ def mode_name() -> str:
 def sized(quick: T, full: T, laptop: T | None = None) -> T:
     """Pick a problem size for the tier in force (``laptop`` defaults to ``full``)."""
     tier = size_tier()
-    if tier == "quick":
-        return quick
-    if tier == "laptop" and laptop is not None:
-        return laptop
-    return full
+    return quick if tier == "quick" else laptop if tier == "laptop" and laptop is not None else full
 
 
 def repo_root() -> Path | None:
@@ -226,14 +221,10 @@ def _chapter_times_file() -> Path:
 def expected_runtime(chapter: str, tier: str | None = None) -> str | None:
     """How long Run All of ``chapter`` took at this tier, and where (``chapter_times.json``, written by
     ``tools/time_chapters.py``); ``None`` when nothing is recorded."""
-    import json
-
     tier = tier or size_tier()
     try:
         data = json.loads(_chapter_times_file().read_text())
-        entry = data["chapters"][chapter][tier]
-        seconds = float(entry["seconds"])
-        machine = str(data["machine"])
+        seconds, machine = float(data["chapters"][chapter][tier]["seconds"]), str(data["machine"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
     minutes = seconds / 60
@@ -243,9 +234,6 @@ def expected_runtime(chapter: str, tier: str | None = None) -> str | None:
 
 def describe_sizes(chapter: str) -> str:
     """The setup cell's line about sizes: the tier, why it was chosen, and the recorded run time."""
-    import textwrap
-
     tier = size_tier()
     runtime = expected_runtime(chapter, tier)
-    lines = [f"Sizes: {tier_reason(tier)}"] + ([runtime] if runtime else [])
-    return "\n".join(textwrap.fill(line, width=100, break_on_hyphens=False, break_long_words=False) for line in lines)
+    return wrap("\n".join([f"Sizes: {tier_reason(tier)}"] + ([runtime] if runtime else [])))

@@ -14,7 +14,6 @@ import platform
 import re
 import shutil
 import sys
-import textwrap
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
@@ -23,7 +22,7 @@ import torch
 from . import config
 from .config import REQUIRE_GPU_ENV, require_gpu
 from .nocuda import diagnose_no_cuda
-from .validate import check_int, human_bytes
+from .validate import check_int, human_bytes, wrap
 
 __all__ = [
     "pick_device", "resolve_device", "check_device_present", "cuda_driver_problem",
@@ -57,27 +56,29 @@ def _present_kinds() -> dict[str, int]:
     kinds = {"cpu": 1}
     if has_cuda():
         kinds["cuda"] = int(torch.cuda.device_count())
-    acc = getattr(torch, "accelerator", None)
-    try:
-        # current_accelerator() answers 'cuda' even without a GPU: ask is_available() first.
-        if acc is not None and acc.is_available():
-            dev = acc.current_accelerator()
-            if dev is not None and dev.type != "cuda":
-                kinds[dev.type] = int(acc.device_count())
-    except (RuntimeError, AttributeError):  # an accelerator backend that cannot answer is not present
+    try:  # current_accelerator() answers 'cuda' even without a GPU: ask is_available() first
+        dev = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+        if dev is not None and dev.type != "cuda":
+            kinds[dev.type] = int(torch.accelerator.device_count())
+    except RuntimeError:  # an accelerator backend that cannot answer is not present
         pass
     return kinds
 
 
-def check_device_present(device: Any, name: str = "device", *, present: dict[str, int] | None = None) -> torch.device:
-    """``device`` (a string, a ``torch.device`` or a CUDA index) as a ``torch.device`` that exists here, else a
-    ValueError naming parameter ``name`` and the devices ``present`` (``{type: count}``; default: torch's)."""
-    if isinstance(device, bool):
-        raise ValueError(f"{name} must be a device such as 'cpu' or 'cuda', got {device!r}")
+def check_device_present(
+    device: Any, name: str = "device", *, present: dict[str, int] | None = None, allowed: tuple[str, ...] = ()
+) -> torch.device:
+    """``device`` (a string, a ``torch.device`` or a CUDA index) as a ``torch.device`` of a type in ``allowed``
+    (empty: any) that exists here, else a ValueError naming parameter ``name`` and the devices ``present``
+    (``{type: count}``; default: torch's)."""
     try:
+        if isinstance(device, bool):
+            raise TypeError
         dev = device if isinstance(device, torch.device) else torch.device(device)
     except (RuntimeError, TypeError, ValueError):
         raise ValueError(f"{name} must be a device such as 'cpu', 'cuda' or 'cuda:0', got {device!r}") from None
+    if allowed and dev.type not in allowed:
+        raise ValueError(f"{name} must be one of {list(allowed)}, got {str(device)!r}")
     kinds = _present_kinds() if present is None else present
     here = ", ".join(
         f"{k!r}" + (f" ({n} device{'s' if n != 1 else ''})" if k != "cpu" else "") for k, n in kinds.items()
@@ -89,7 +90,9 @@ def check_device_present(device: Any, name: str = "device", *, present: dict[str
             f"{name}={str(dev)!r} is not available on this machine{extra}; devices here: {here}. "
             f"Use {name}='cpu', or None to choose automatically"
         )
-    if dev.index is not None and dev.type != "cpu" and dev.index >= kinds[dev.type]:
+    if dev.type == "cpu" and dev.index not in (None, 0):  # torch accepts 'cpu:7'; there is one CPU device
+        raise ValueError(f"{name}={str(device)!r}: the CPU has no device {dev.index}; use {name}='cpu'")
+    if dev.index is not None and dev.index >= kinds[dev.type]:
         raise ValueError(
             f"{name}={str(dev)!r}: there is no {dev.type} device with index {dev.index}; "
             f"this machine has {kinds[dev.type]} (indices 0-{kinds[dev.type] - 1})"
@@ -119,19 +122,7 @@ def resolve_device(device: torch.device | str | None, kinds: tuple[str, ...] = (
     """A helper's ``device`` argument as a ``torch.device`` of one of ``kinds`` (None: CUDA if present, else CPU)."""
     if device is None:
         return torch.device("cuda" if has_cuda() else "cpu")
-    if isinstance(device, (str, torch.device)):
-        try:
-            kind = torch.device(device).type
-        except (RuntimeError, TypeError, ValueError):
-            kind = None
-        if kind is not None and kind not in kinds:
-            raise ValueError(f"device must be one of {list(kinds)}, got {str(device)!r}")
-    dev = check_device_present(device, "device")
-    if dev.type not in kinds:
-        raise ValueError(f"device must be one of {list(kinds)}, got {dev.type!r}")
-    if dev.type == "cpu" and dev.index not in (None, 0):  # torch accepts 'cpu:7'; there is one CPU device
-        raise ValueError(f"device={str(device)!r}: the CPU has no device {dev.index}; use device='cpu'")
-    return dev
+    return check_device_present(device, "device", allowed=kinds)
 
 
 @contextlib.contextmanager
@@ -158,31 +149,19 @@ def no_cuda_message(what: str) -> str:
     return wrap(text)
 
 
-def wrap(text: str, width: int = 100, indent: str = "") -> str:
-    """Wrap printed text at word boundaries (never inside a word, never inside a `command`)."""
-    return "\n".join(
-        textwrap.fill(para, width=width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
-        for para in text.split("\n")
-    )
-
-
-def _driver_facts() -> tuple[str | None, str | None]:
-    rep = HardwareReport()
-    _fill_nvml(rep, None)
-    return rep.driver_cuda_version, rep.driver_version
-
-
-def cuda_driver_problem() -> str | None:
-    """Why an installed NVIDIA driver is unusable by torch (e.g. a CUDA 13 wheel, a 12.x driver), else ``None``."""
-    return None if has_cuda() else _diagnose(*_driver_facts())
-
-
-def _diagnose(driver_cuda: str | None, driver_version: str | None) -> str | None:
+def cuda_driver_problem(rep: HardwareReport | None = None) -> str | None:
+    """Why an installed NVIDIA driver is unusable by torch (e.g. a CUDA 13 wheel, a 12.x driver), else ``None``;
+    the driver's facts from ``rep`` (a report without CUDA), else read from NVML now."""
+    if rep is None:
+        if has_cuda():
+            return None
+        rep = HardwareReport()
+        _fill_nvml(rep, None)
     return diagnose_no_cuda(
         cuda_available=False,
         torch_cuda=torch.version.cuda,
-        driver_cuda=driver_cuda,
-        driver_version=driver_version,
+        driver_cuda=rep.driver_cuda_version,
+        driver_version=rep.driver_version,
         nvidia_smi=shutil.which("nvidia-smi") is not None,
     )
 
@@ -194,11 +173,11 @@ def pcie_bandwidth_gbps(generation: int, width: int) -> float:
     return _PCIE_GBPS_PER_LANE[generation] * width
 
 
-def _link_ok(gen: Any, width: Any) -> bool:
+def _gbps_or_none(gen: Any, width: Any) -> float | None:
     try:
-        return 1 <= int(gen) <= 6 and 1 <= int(width) <= 32
-    except (TypeError, ValueError):
-        return False
+        return pcie_bandwidth_gbps(int(gen), int(width))
+    except (TypeError, ValueError):  # unknown (None) or out of range: no figure
+        return None
 
 
 def link_ceiling(
@@ -209,8 +188,7 @@ def link_ceiling(
     ``basis``: ``"max"`` (a link trained lower *now* is idling) or ``"current"`` (a maximum *below* the current
     link, which real hardware cannot do: a VM's virtual root port).
     """
-    now = pcie_bandwidth_gbps(int(gen_now), int(width_now)) if _link_ok(gen_now, width_now) else None  # type: ignore[arg-type]
-    top = pcie_bandwidth_gbps(int(gen_max), int(width_max)) if _link_ok(gen_max, width_max) else None  # type: ignore[arg-type]
+    now, top = _gbps_or_none(gen_now, width_now), _gbps_or_none(gen_max, width_max)
     tail = "(theoretical, per direction)"
     if top is not None and (now is None or now <= top):
         note = ", its maximum" if now is None else ""
@@ -523,7 +501,7 @@ _PACKAGES = ("torch", "torchvision", "numpy", "matplotlib", "ipywidgets", "psuti
 def _device_line(rep: HardwareReport) -> CheckLine:
     if rep.cuda_available:
         return CheckLine("device", True, f"CUDA: {rep.gpu_name}, driver {rep.driver_version or 'unknown'}")
-    problem = _diagnose(rep.driver_cuda_version, rep.driver_version)
+    problem = cuda_driver_problem(rep)
     if problem:
         return CheckLine("device", False, f"running on {rep.device}, not on the GPU. {problem}")
     return CheckLine(

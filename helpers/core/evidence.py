@@ -20,9 +20,10 @@ from typing import Any, Generic, Literal, TypeVar
 
 import torch
 
-from .device import no_cuda_message, wrap
+from .device import no_cuda_message
 from .reference import CitedFigure, artifacts, cited_for, find, missing_message, no_published_sentence, provenance_line
 from .results import Record, ResultSet
+from .validate import wrap
 
 __all__ = [
     "KINDS", "Evidence", "measured", "recorded", "recorded_artifact", "published", "theoretical", "missing",

@@ -38,49 +38,38 @@ def _who(worker: int | None, pid: int | str | None) -> str:
     return f"A worker (pid {pid})" if pid is not None else "A worker"
 
 
+_CRASHES = (signal.SIGSEGV, signal.SIGILL, signal.SIGABRT, signal.SIGFPE)
+#: What a worker's exit status says: 0, "exit" (> 0), a signal by number, "crash" (_CRASHES), "signal" (any other).
+_ENDED = {
+    0: "{who} exited cleanly (exit code 0) while the main process still waited for its batches: code in the data "
+    "set, collate_fn or worker_init_fn ended the process (os._exit(), sys.exit()), or a Ctrl-C reached the worker "
+    "while it started. What to check: exit calls in that code; run with num_workers=0 to see where it happens.",
+    "exit": "{who} exited with code {code} without a Python error reaching the main process: sys.exit({code}) or "
+    "os._exit() in the data set or collate_fn, or a native library that called exit(). What to check: run with "
+    "num_workers=0 to see where it happens.",
+    signal.SIGKILL: "{who} was killed (SIGKILL), most often by the out-of-memory killer. What to check: `dmesg | "
+    "tail` or `journalctl -k | grep -i oom` names the killed pid; use fewer workers, a smaller batch_size or "
+    "prefetch_factor.",
+    signal.SIGBUS: "{who} was killed by SIGBUS (Bus error), usually a full /dev/shm, where workers put their "
+    "batches. What to check: `df -h /dev/shm`; in Docker start the container with --shm-size=2g or --ipc=host; "
+    "or use fewer workers, a smaller batch_size or prefetch_factor.",
+    "crash": "{who} crashed ({name}: a segfault or abort in native code) - an image decoder, OpenCV or another "
+    "library used by the data set, or one not safe after fork. What to check: run with num_workers=0 to see the "
+    "crash in the main process; try multiprocessing_context='spawn'.",
+    "signal": "{who} was ended by {name}, sent from outside the loader (another program, a job scheduler's time "
+    "or memory limit, a user). What to check: what sends it; then run again.",
+}
+
+
 def ended_in_words(worker: int | None, pid: int | str | None, code: int) -> str:
     """One line for a worker that ended with exit status ``code`` (``multiprocessing``'s: ``-N`` = signal N)."""
-    who = _who(worker, pid)
-    if code == 0:
-        return (
-            f"{who} exited cleanly (exit code 0) while the main process still waited for its batches: code in "
-            "the data set, collate_fn or worker_init_fn ended the process (os._exit(), sys.exit()), or a Ctrl-C "
-            "reached the worker while it started. What to check: exit calls in that code; run with num_workers=0 "
-            "to see where it happens."
-        )
-    if code > 0:
-        return (
-            f"{who} exited with code {code} without a Python error reaching the main process: sys.exit({code}) or "
-            "os._exit() in the data set or collate_fn, or a native library that called exit(). What to check: run "
-            "with num_workers=0 to see where it happens."
-        )
     sig = -code
     try:
         name = signal.Signals(sig).name
     except ValueError:
         name = f"signal {sig}"
-    if sig == signal.SIGKILL:
-        return (
-            f"{who} was killed (SIGKILL), most often by the out-of-memory killer. What to check: `dmesg | tail` or "
-            "`journalctl -k | grep -i oom` names the killed pid; use fewer workers, a smaller batch_size or "
-            "prefetch_factor."
-        )
-    if sig == signal.SIGBUS:
-        return (
-            f"{who} was killed by SIGBUS (Bus error), usually a full /dev/shm, where workers put their batches. "
-            "What to check: `df -h /dev/shm`; in Docker start the container with --shm-size=2g or --ipc=host; or "
-            "use fewer workers, a smaller batch_size or prefetch_factor."
-        )
-    if sig in (signal.SIGSEGV, signal.SIGILL, signal.SIGABRT, signal.SIGFPE):
-        return (
-            f"{who} crashed ({name}: a segfault or abort in native code) - an image decoder, OpenCV or another "
-            "library used by the data set, or one not safe after fork. What to check: run with num_workers=0 to "
-            "see the crash in the main process; try multiprocessing_context='spawn'."
-        )
-    return (
-        f"{who} was ended by {name}, sent from outside the loader (another program, a job scheduler's time or "
-        "memory limit, a user). What to check: what sends it; then run again."
-    )
+    kind = "exit" if code > 0 else sig if sig in _ENDED else "crash" if sig in _CRASHES else "signal"  # 0: clean
+    return _ENDED[kind].format(who=_who(worker, pid), code=code, name=name)
 
 
 def raised_in_worker(exc: BaseException) -> re.Match[str] | None:

@@ -39,15 +39,11 @@ class TqdmProgress:
 
 
 @contextlib.contextmanager
-def progress_bar(desc: str, *, enabled: bool = True, notebook: bool | None = None) -> Iterator[TqdmProgress]:
-    """``with progress_bar("what") as progress:`` a tqdm bar in percent, closed at the end (``enabled=False``
-    draws nothing; ``notebook`` True/False forces the widget/text bar, None lets ``tqdm.auto`` decide)."""
-    if notebook is None:
-        from tqdm.auto import tqdm
-    elif notebook:
-        from tqdm.notebook import tqdm
-    else:
-        from tqdm import tqdm
+def progress_bar(desc: str, *, enabled: bool = True) -> Iterator[TqdmProgress]:
+    """``with progress_bar("what") as progress:`` a tqdm bar in percent (a widget in a notebook, text elsewhere),
+    closed at the end; ``enabled=False`` draws nothing."""
+    from tqdm.auto import tqdm
+
     bar = tqdm(
         total=100,
         desc=desc,

@@ -15,12 +15,12 @@ import functools
 import json
 import os
 import re
-import textwrap
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from .results import Record, ResultSet
+from .validate import check_fields, wrap
 
 __all__ = [
     "reference_dir", "references", "find", "artifacts", "missing_message", "provenance_line",
@@ -28,8 +28,6 @@ __all__ = [
 ]  # fmt: skip
 
 REFERENCE_ENV = "WORKBOOK_REFERENCE_DIR"
-# Wrapped between words only: 'data-bound', 'gpu-check' stay whole (device.wrap would import torch).
-_fill = functools.partial(textwrap.fill, width=100, break_on_hyphens=False, break_long_words=False)
 
 
 def reference_dir() -> Path:
@@ -40,11 +38,8 @@ def reference_dir() -> Path:
 
 def references() -> list[ResultSet]:
     """Every reference result set, newest first. Unreadable files are skipped with a warning line."""
-    folder = reference_dir()
     out: list[ResultSet] = []
-    if not folder.is_dir():
-        return out
-    for path in sorted(folder.glob("*.json")):
+    for path in sorted(reference_dir().glob("*.json")):  # no folder: none
         try:
             out.append(ResultSet.load(path))
         except (OSError, ValueError) as exc:
@@ -75,7 +70,7 @@ def provenance_line(rs: ResultSet) -> str:
 
 def missing_message(what: str) -> str:
     """The plain sentence shown when no reference holds ``what``."""
-    return _fill(
+    return wrap(
         f"No reference results for {what} have been recorded on a real GPU yet. "
         "They are recorded by running `make gpu-check` on a machine with a CUDA GPU (see README); "
         "nothing is shown rather than a made-up number."
@@ -124,10 +119,12 @@ class CitedFigure:
         ]
         if self.notes:
             rows.append(("    ", f"note: {self.notes}"))
-        return [_fill(text, initial_indent=pad, subsequent_indent=pad + "  ") for pad, text in rows]
+        return [wrap(pad + text, indent=pad + "  ") for pad, text in rows]
 
 
 _CITED_FIELDS = tuple(f.name for f in fields(CitedFigure))
+_CITED_TYPES: dict[str, Any] = {**dict.fromkeys(_CITED_FIELDS, str), "value": (int, float), "experiment": list}
+_NOT_EMPTY_EXEMPT = ("url", "date_read", "notes")  # checked on their own terms; notes may be ''
 
 
 def published_experiments_file() -> Path:
@@ -141,32 +138,24 @@ def _number_text(value: float) -> str:
 
 
 def _check_figure(raw: Any, where: str) -> CitedFigure:
-    if not isinstance(raw, dict):
-        raise ValueError(f"{where}: an entry must be an object")
-    missing_fields = [name for name in _CITED_FIELDS if name not in raw]
-    if missing_fields:
-        raise ValueError(f"{where}: missing field(s) {', '.join(missing_fields)}")
-    ident = raw["id"]
-    for name in ("id", "what", "unit", "compared", "gpu", "software", "method", "where", "quote", "published"):
-        if not isinstance(raw[name], str) or not raw[name].strip():
-            raise ValueError(f"{where} ({ident}): field {name!r} must be a non-empty string")
-    if not str(raw["url"]).startswith("https://"):
-        raise ValueError(f"{where} ({ident}): url must be an https address, got {raw['url']!r}")
-    if not isinstance(raw["date_read"], str) or not _DATE.match(raw["date_read"]):
-        raise ValueError(f"{where} ({ident}): date_read must be YYYY-MM-DD, got {raw['date_read']!r}")
-    value = raw["value"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"{where} ({ident}): value must be a positive number, got {value!r}")
+    check_fields(where, raw, _CITED_TYPES, required=_CITED_FIELDS)
+    where, value, exp = f"{where} ({raw['id']})", raw["value"], raw["experiment"]
+    empty = [n for n, kind in _CITED_TYPES.items() if kind is str and n not in _NOT_EMPTY_EXEMPT and not raw[n].strip()]
+    if empty:
+        raise ValueError(f"{where}: field {empty[0]!r} must be a non-empty string")
+    if not raw["url"].startswith("https://"):
+        raise ValueError(f"{where}: url must be an https address, got {raw['url']!r}")
+    if not _DATE.match(raw["date_read"]):
+        raise ValueError(f"{where}: date_read must be YYYY-MM-DD, got {raw['date_read']!r}")
+    if value <= 0:
+        raise ValueError(f"{where}: value must be a positive number, got {value!r}")
     if _number_text(value) not in raw["quote"].replace(",", ""):
         raise ValueError(
-            f"{where} ({ident}): the quote must contain the value {_number_text(value)} as published "
+            f"{where}: the quote must contain the value {_number_text(value)} as published "
             "(copy the sentence or table row that holds it)"
         )
-    exp = raw["experiment"]
-    if not isinstance(exp, list) or not exp or not all(isinstance(e, str) and e.startswith("ch") for e in exp):
-        raise ValueError(f"{where} ({ident}): experiment must list record keys like 'ch05.decode.ms_per_batch'")
-    if not isinstance(raw["notes"], str):
-        raise ValueError(f"{where} ({ident}): notes must be a string ('' if none)")
+    if not exp or not all(isinstance(e, str) and e.startswith("ch") for e in exp):
+        raise ValueError(f"{where}: experiment must list record keys like 'ch05.decode.ms_per_batch'")
     return CitedFigure(**{**{k: raw[k] for k in _CITED_FIELDS}, "experiment": tuple(exp), "value": float(value)})
 
 

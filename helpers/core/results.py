@@ -6,6 +6,7 @@ between sets from the same hardware: a ratio between an H100 and a laptop says n
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import json
 import math
@@ -14,10 +15,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .config import mode_name
+from .validate import check_fields
 
 __all__ = [
     "SCHEMA", "SCHEMA_VERSION", "BENCHMARK_VERSION", "Record", "ResultSet", "Comparison", "NotComparableError",
-    "comparable", "compare_results", "collect_provenance", "sanity_flags", "flag_lines",
+    "comparable", "compare_results", "sanity_flags", "flag_lines",
 ]  # fmt: skip
 
 SCHEMA = "gpu-data-workbook/results"
@@ -50,14 +52,6 @@ class Record:
         return self.key, json.dumps(self.params, sort_keys=True, default=str)
 
 
-def collect_provenance(device: Any = None) -> dict[str, Any]:
-    from .device import hardware_report  # heavy: torch (this module imports without it)
-
-    rep = hardware_report(device)
-    names = "driver_version cuda_runtime_version torch_version torchvision_version python_version platform".split()
-    return {"hardware": rep.fingerprint(), "report": rep.to_dict(), **{n: getattr(rep, n) for n in names}}
-
-
 @dataclass
 class ResultSet:
     """Measurements plus their provenance. Build one with :meth:`new`."""
@@ -74,12 +68,16 @@ class ResultSet:
 
     @classmethod
     def new(cls, name: str, method: str, device: Any = None, notes: str = "") -> "ResultSet":
+        from .device import hardware_report  # heavy: torch (this module imports without it)
+
         if not name or not isinstance(name, str):
             raise ValueError("name must be a non-empty string")
+        rep = hardware_report(device)
+        names = "driver_version cuda_runtime_version torch_version torchvision_version python_version platform".split()
         return cls(
             name=name,
             method=method,
-            provenance=collect_provenance(device),
+            provenance={"hardware": rep.fingerprint(), "report": rep.to_dict(), **{n: getattr(rep, n) for n in names}},
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             mode=mode_name(),
             notes=notes,
@@ -145,30 +143,20 @@ class ResultSet:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ResultSet":
-        if not isinstance(data, dict):
-            raise ValueError(f"not a workbook result file: its JSON is a {type(data).__name__}, not an object")
-        if data.get("schema") != SCHEMA:
-            raise ValueError(f"not a workbook result file (schema is {data.get('schema')!r}, expected {SCHEMA!r})")
+        """A result set from its JSON form, checked: a ValueError names what is wrong (a hand-edited file)."""
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            got = data.get("schema") if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+            raise ValueError(f"not a workbook result file (schema is {got!r}, expected {SCHEMA!r})")
         if int(data.get("schema_version", 0)) > SCHEMA_VERSION:
             raise ValueError(
                 f"result file has schema_version {data.get('schema_version')}, newer than this workbook "
                 f"understands ({SCHEMA_VERSION}); update the workbook"
             )
-        missing = [k for k in ("name", "method", "provenance", "created", "mode") if k not in data]
-        if missing:
-            raise ValueError(f"result file lacks required fields: {', '.join(missing)}")
-        for name in ("name", "method", "created", "mode"):
-            if not isinstance(data[name], str):
-                raise ValueError(f"result file field {name!r} must be a string, got {data[name]!r}")
-        if not isinstance(data["provenance"], dict) or not isinstance(data["provenance"].get("hardware", {}), dict):
+        check_fields("result file", data, _FILE_FIELDS, required=("name", "method", "provenance", "created", "mode"))
+        if not isinstance(data["provenance"].get("hardware", {}), dict):
             raise ValueError("result file field 'provenance' must be an object (with 'hardware' an object)")
-        raw_records = data.get("records", [])
-        if not isinstance(raw_records, list):
-            raise ValueError(f"result file field 'records' must be a list, got {type(raw_records).__name__}")
-        if not isinstance(data.get("artifacts", {}), dict):
-            raise ValueError("result file field 'artifacts' must be an object")
         fixed = {k: data[k] for k in ("name", "method", "provenance", "created", "mode")}
-        records = [_record_from_dict(i, r) for i, r in enumerate(raw_records)]
+        records = [_record_from_dict(i, r) for i, r in enumerate(data.get("records", []))]
         version, notes = str(data.get("benchmark_version", "?")), str(data.get("notes", ""))
         return cls(
             **fixed, benchmark_version=version, records=records, artifacts=dict(data.get("artifacts", {})), notes=notes
@@ -186,29 +174,21 @@ class ResultSet:
         return cls.from_dict(data)
 
 
+_FILE_FIELDS: dict[str, Any] = {"name": str, "method": str, "created": str, "mode": str, "provenance": dict}
+_FILE_FIELDS.update(records=list, artifacts=dict)
+_RECORD_FIELDS: dict[str, Any] = {"key": str, "value": (int, float), "unit": str, "params": dict, "spread": dict}
+_RECORD_FIELDS["flags"] = list
+
+
 def _record_from_dict(i: int, r: Any) -> Record:
-    where = f"record {i}"
-    if not isinstance(r, dict):
-        raise ValueError(f"{where} must be an object, got {type(r).__name__}")
-    where += f" ({r.get('key')!r})" if isinstance(r.get("key"), str) else ""
-    missing = [k for k in ("key", "value", "unit") if k not in r]
-    if missing:
-        raise ValueError(f"{where} lacks required fields: {', '.join(missing)}")
-    unknown = sorted(set(r) - set(Record.__dataclass_fields__))
+    where = f"record {i}" + (f" ({r.get('key')!r})" if isinstance(r, dict) and isinstance(r.get("key"), str) else "")
+    check_fields(where, r, _RECORD_FIELDS, required=("key", "value", "unit"))
+    unknown = sorted(set(r) - set(_RECORD_FIELDS))
     if unknown:
         raise ValueError(f"{where} has unknown fields: {', '.join(unknown)}")
-    if not isinstance(r["key"], str) or not r["key"] or not isinstance(r["unit"], str):
-        raise ValueError(f"{where}: 'key' and 'unit' must be strings")
-    value = r["value"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{where}: 'value' must be a finite number, got {value!r}")
-    for name in ("params", "spread"):
-        if not isinstance(r.get(name, {}), dict):
-            raise ValueError(f"{where}: {name!r} must be an object, got {r[name]!r}")
-    flags = r.get("flags", [])
-    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
-        raise ValueError(f"{where}: 'flags' must be a list of strings")
-    return Record(r["key"], float(value), r["unit"], dict(r.get("params", {})), dict(r.get("spread", {})), list(flags))
+    if not r["key"] or not math.isfinite(r["value"]) or not all(isinstance(f, str) for f in r.get("flags", [])):
+        raise ValueError(f"{where}: 'key' must not be empty, 'value' must be finite, 'flags' must be strings")
+    return Record(**copy.deepcopy(r) | {"value": float(r["value"])})
 
 
 #: Tolerance for the fraction check: a share of 1.01 is noise around a tie; 1.27 is not (issue 15).
@@ -256,11 +236,8 @@ def _copy_gbps(rec: Record) -> float | None:
         return None
     if rec.unit == "GB/s" and "bandwidth" in rec.key:
         return rec.value
-    if rec.unit == "s" and rec.key == "ch02.copy_time" and rec.value > 0 and "nbytes" in rec.params:
-        try:
-            return float(rec.params["nbytes"]) / rec.value / 1e9
-        except (TypeError, ValueError):
-            return None
+    if rec.unit == "s" and rec.key == "ch02.copy_time" and rec.value > 0 and _num(rec.params.get("nbytes")) > 0:
+        return _num(rec.params["nbytes"]) / rec.value / 1e9
     return None
 
 

@@ -1,15 +1,12 @@
-"""The one way to compare configurations: alternating rounds, and the one table renderer.
+"""The one way to compare configurations, alternating rounds, and the one table renderer (:func:`table`).
 
-A sequential comparison (all of A, then all of B) is at the mercy of the machine's speed at the
-time: on a shared or turbo-boosting CPU the rate moves by a third within seconds. :func:`alternate`
-measures every configuration once per round, back to back, and reverses the order every other
-round (A B, B A, A B, ...), so drift hits all alike. Ratios are taken within a round
-(:meth:`Rounds.ratios`), and their spread is what :mod:`helpers.core.agreement` turns into a verdict.
+A sequential comparison (all of A, then all of B) is at the mercy of the machine's speed at the time: on a shared
+or turbo-boosting CPU the rate moves by a third within seconds. :func:`alternate` measures every configuration
+once per round, reversing the order every other round (A B, B A, ...), so drift hits all alike; ratios are taken
+within a round, and their spread is what :mod:`helpers.core.agreement` turns into a verdict::
 
     rounds = alternate({"0 workers": lambda: rate(0), "2 workers": lambda: rate(2)}, rounds=5)
     rounds.ratio("2 workers", "0 workers")      # median of the per-round ratios
-
-:func:`table` lays out every fixed-width table a chapter prints.
 """
 
 from __future__ import annotations

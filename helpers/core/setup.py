@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from .config import describe_sizes, mode_name
-from .device import no_cuda_message, pick_device, wrap
+from .device import no_cuda_message, pick_device
+from .validate import wrap
 
 __all__ = ["chapter", "mode_line"]
 

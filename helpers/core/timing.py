@@ -5,21 +5,19 @@
 ``SpanRecorder``       where does a step's time go? Named phases on the host clock, GPU phases with CUDA events;
                        ``cuda_event_time(fn)`` times calls with it; ``GpuDelay``, ``calibrated_compute`` calibrate so.
 
-Everything measures the device it is given, not the current one: ``Event.record()`` without a stream records
-on the *current* device's stream and ``torch.cuda.synchronize()`` without a device waits for the current device
-only, so with the work on ``cuda:1`` and ``cuda:0`` current such an event guards nothing. Every event here is
-recorded on ``torch.cuda.current_stream(dev)`` (or the stream passed), every sync names ``dev``, and work that
-takes no device (``torch.cuda._sleep``, your ``fn``) runs under ``with torch.cuda.device(dev):``.
-Every result carries how it was measured (device, method, threads, mode).
+Everything measures the device it is given, not the current one: an event recorded without a stream, or a
+``synchronize()`` without a device, guards only the *current* device. So every event here is recorded on
+``torch.cuda.current_stream(dev)`` (or the stream passed), every sync names ``dev``, and work that takes no
+device (``torch.cuda._sleep``, your ``fn``) runs under ``with torch.cuda.device(dev):``.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import math
 import statistics
-import textwrap
 import time
 import timeit
 from dataclasses import asdict, dataclass, field
@@ -33,7 +31,7 @@ logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 import torch.utils.benchmark as tbench  # noqa: E402
 
 from .config import mode_name
-from .validate import check_float, check_int, human_seconds
+from .validate import check_float, check_int, human_seconds, wrap
 
 __all__ = [
     "Timing", "measure", "time_calls", "summarize", "synchronize", "cuda_event_time", "Span", "SpanTrace",
@@ -47,13 +45,13 @@ def synchronize(device: torch.device | str | None = None) -> None:
         if torch.cuda.is_available():
             for index in _cuda_devices_in_use():
                 torch.cuda.synchronize(index)
-        elif hasattr(torch, "accelerator") and torch.accelerator.is_available():
+        elif torch.accelerator.is_available():
             torch.accelerator.synchronize()
         return
     dev = torch.device(device)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    elif dev.type != "cpu" and hasattr(torch, "accelerator") and torch.accelerator.is_available():
+    elif dev.type != "cpu" and torch.accelerator.is_available():
         torch.accelerator.synchronize(dev)
 
 
@@ -69,26 +67,6 @@ def _cuda_devices_in_use() -> list[int]:
         return [i for i in indices if has_context(i)]
     except RuntimeError:
         return indices
-
-
-def _synchronised_clock(device: torch.device | str | None) -> Callable[[], float]:
-    """A Timer clock that first waits for ``device`` (the Timer's own waits for the current device only)."""
-
-    def clock() -> float:
-        synchronize(device)
-        return timeit.default_timer()
-
-    return clock
-
-
-def _clock_name(device: torch.device | str | None) -> str:
-    """How :func:`_synchronised_clock` reads the time, for a result's metadata."""
-    if device is None:
-        return "clock reads synchronised with every CUDA device" if torch.cuda.is_available() else "wall clock"
-    dev = torch.device(device)
-    if dev.type == "cpu" or (dev.type == "cuda" and not torch.cuda.is_available()):
-        return "wall clock"
-    return f"clock reads synchronised with {dev}"
 
 
 def _cuda_device(device: torch.device | str | None) -> torch.device:
@@ -118,13 +96,6 @@ class Timing:
     times_s: list[float] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Timing":
-        return cls(**data)
-
     @property
     def quartiles_s(self) -> tuple[float, float]:
         """(25th, 75th) percentile of one call, from :attr:`times_s` (the median twice with fewer than 2 samples)."""
@@ -135,8 +106,7 @@ class Timing:
             f"{self.label}: median {human_seconds(self.median_s)}"
             f" (IQR {human_seconds(self.iqr_s)}, n={self.n}, {self.metadata.get('method', '?')})"
         )
-        # Printed lines stay short and break between words (a notebook would break them anywhere).
-        return textwrap.fill(text, width=100, subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
+        return wrap(text, indent="    ")  # short lines, broken between words (a notebook breaks them anywhere)
 
 
 def _quartiles(values: list[float]) -> tuple[float, float]:
@@ -151,12 +121,11 @@ def summarize(label: str, times_s: list[float], **metadata: Any) -> Timing:
     """A :class:`Timing` of raw per-call samples (seconds); ValueError if there are none."""
     if len(times_s) == 0:
         raise ValueError("times_s must hold at least one sample, got none")
-    values = sorted(float(t) for t in times_s)
-    metadata.setdefault("mode", mode_name())
-    q1, q3 = _quartiles(values)
-    median, mean = statistics.median(values), statistics.fmean(values)
     samples = [float(t) for t in times_s]
-    return Timing(label, median, q3 - q1, mean, values[0], values[-1], len(values), samples, metadata)
+    metadata.setdefault("mode", mode_name())
+    q1, q3 = _quartiles(samples)
+    median, mean = statistics.median(samples), statistics.fmean(samples)
+    return Timing(label, median, q3 - q1, mean, min(samples), max(samples), len(samples), samples, metadata)
 
 
 def measure(
@@ -185,19 +154,27 @@ def measure(
     for _ in range(warmup):
         fn()
     synchronize(device)
-    timer = tbench.Timer(
-        stmt="fn()", globals={"fn": fn}, label=label, num_threads=threads, timer=_synchronised_clock(device)
-    )
+
+    def clock() -> float:  # the Timer's own clock waits for the current device only
+        synchronize(device)
+        return timeit.default_timer()
+
+    timer = tbench.Timer(stmt="fn()", globals={"fn": fn}, label=label, num_threads=threads, timer=clock)
     one = max(timer.timeit(1).median, 1e-9)  # one synchronised call, to size the blocks
     number = max(1, min(1_000_000, int((min_run_time / blocks) / one)))
     samples = [timer.timeit(number).median for _ in range(blocks)]
     dev = str(torch.device(device)) if device is not None else "cpu"
-    clock = _clock_name(device)
+    if device is None:
+        clock_name = "clock reads synchronised with every CUDA device" if torch.cuda.is_available() else "wall clock"
+    elif dev == "cpu" or (dev.startswith("cuda") and not torch.cuda.is_available()):
+        clock_name = "wall clock"
+    else:
+        clock_name = f"clock reads synchronised with {dev}"
     return summarize(
         label,
         samples,
         device=dev,
-        method=f"torch.utils.benchmark.Timer.timeit, {blocks} blocks of {number} call(s) ({clock})",
+        method=f"torch.utils.benchmark.Timer.timeit, {blocks} blocks of {number} call(s) ({clock_name})",
         warmup=warmup,
         num_threads=threads,
         calls_per_block=number,
@@ -241,7 +218,7 @@ def cuda_event_time(
 ) -> Timing:
     """Time ``fn``'s GPU execution with CUDA events (one :class:`SpanRecorder` span per call, ``device`` current).
     Without CUDA: synchronised wall-clock timing, said so in ``metadata['method']``."""
-    if not _is_cuda(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")):
+    if not _is_cuda("cuda" if device is None else device):
         timing = time_calls(fn, repeats=repeats, label=label, device="cpu", sync=True, warmup=warmup)
         timing.metadata["method"] = "wall clock (no CUDA device: CUDA events unavailable)"
         return timing
@@ -295,9 +272,7 @@ class SpanTrace:
 
     def phase_means(self) -> dict[str, float]:
         """Mean seconds per step for each phase, over the steps in which it occurs."""
-        counts: dict[str, int] = {}
-        for s in self.spans:
-            counts[s.name] = counts.get(s.name, 0) + 1
+        counts = collections.Counter(s.name for s in self.spans)
         return {k: v / counts[k] for k, v in self.phase_totals().items()}
 
     def wall_time(self) -> float:
@@ -309,24 +284,13 @@ class SpanTrace:
     def lane_busy(self) -> dict[str, float]:
         """Fraction of the wall time each lane was busy (overlapping spans in a lane merged)."""
         wall = self.wall_time()
-        out: dict[str, float] = {}
-        if wall <= 0:
-            return out
-        by_lane: dict[str, list[tuple[float, float]]] = {}
-        for s in self.spans:
-            by_lane.setdefault(s.lane, []).append((s.start, s.end))
-        for lane, intervals in by_lane.items():
-            intervals.sort()
-            busy, cur_s, cur_e = 0.0, intervals[0][0], intervals[0][1]
-            for a, b in intervals[1:]:
-                if a > cur_e:
-                    busy += cur_e - cur_s
-                    cur_s, cur_e = a, b
-                else:
-                    cur_e = max(cur_e, b)
-            busy += cur_e - cur_s
-            out[lane] = busy / wall
-        return out
+        busy = dict.fromkeys((s.lane for s in self.spans), 0.0)
+        reached: dict[str, float] = {}  # per lane, the latest end so far: a later span adds only what lies beyond
+        for s in sorted(self.spans, key=lambda s: s.start):
+            r = reached.get(s.lane, -math.inf)
+            busy[s.lane] += max(0.0, s.end - max(s.start, r))
+            reached[s.lane] = max(r, s.end)
+        return {lane: b / wall for lane, b in busy.items()} if wall > 0 else {}
 
     def steps(self) -> int:
         return len({s.step for s in self.spans})

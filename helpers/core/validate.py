@@ -7,6 +7,7 @@ deep inside torch. Internal functions trust what an entry point checked.
 from __future__ import annotations
 
 import numbers
+import textwrap
 from typing import Any, Iterable
 
 
@@ -38,6 +39,28 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
     if value not in options:
         raise ValueError(f"{name} must be one of {options}, got {value!r}")
     return value
+
+
+def check_fields(where: str, data: Any, types: dict[str, Any], required: tuple[str, ...]) -> None:
+    """A JSON object read from a file, checked: a ValueError naming ``where`` and the field when ``data`` is not an
+    object, lacks a ``required`` field, or holds a field of the wrong type (``types``: name -> type(s))."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must be an object, got {type(data).__name__}")
+    missing = [k for k in required if k not in data]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
+    for name, kind in types.items():
+        if name in data and (not isinstance(data[name], kind) or isinstance(data[name], bool)):
+            kind_name = getattr(kind, "__name__", "number")
+            raise ValueError(f"{where}: field {name!r} must be a {kind_name}, got {data[name]!r}")
+
+
+def wrap(text: str, width: int = 100, indent: str = "") -> str:
+    """Wrap printed text at word boundaries (never inside a word, never inside a `command` or 'data-bound')."""
+    return "\n".join(
+        textwrap.fill(para, width=width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+        for para in text.split("\n")
+    )
 
 
 def human_bytes(n: float) -> str:

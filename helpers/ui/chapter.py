@@ -27,9 +27,8 @@ from __future__ import annotations
 import inspect
 import re
 from types import ModuleType
-from typing import Any
 
-__all__ = ["CONSTANTS", "FUNCTIONS", "OPTIONAL", "MODULE_NAME", "problems", "require", "split_context"]
+__all__ = ["CONSTANTS", "FUNCTIONS", "OPTIONAL", "MODULE_NAME", "problems", "require"]
 
 CONSTANTS: dict[str, type | tuple[type, ...]] = {"NUMBER": str, "TITLE": str, "BENCH_WEIGHT": (int, float)}
 CONSTANTS["PANEL_TITLE"] = str
@@ -70,10 +69,8 @@ def problems(module: ModuleType) -> list[str]:
         positional = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         for want in params:
             if want.startswith("("):
-                kw = want.strip("()")
-                p = sig.parameters.get(kw)
-                if p is None and not has_var_kw:
-                    out.append(f"{fn_name}() does not accept the keyword {kw}")
+                if want.strip("()") not in sig.parameters and not has_var_kw:
+                    out.append(f"{fn_name}() does not accept the keyword {want.strip('()')}")
             elif want not in positional:
                 out.append(f"{fn_name}() must take {want!r} as a positional parameter (takes {positional})")
         if fn_name in ("panel_controls", "panel_run") and not has_var_kw:
@@ -89,12 +86,3 @@ def require(module: ModuleType) -> ModuleType:
             f"{module.__name__} does not follow the chapter interface (helpers/ui/chapter.py): " + "; ".join(found)
         )
     return module
-
-
-def split_context(names: Any, context: dict[str, Any]) -> None:
-    """Refuse a context key that would shadow a control of the same name (a silent override otherwise)."""
-    clash = sorted(set(names) & set(context))
-    if clash:
-        raise ValueError(
-            f"Panel.for_chapter: {clash} are both panel controls and context keywords; pass each setting one way only"
-        )

@@ -139,13 +139,11 @@ class PipelineDiff:
     names: list[str]
     hunks: dict[str, list[str]] = field(default_factory=dict)
 
-    @property
-    def added(self) -> list[str]:
-        return [ln[1:] for h in self.hunks.values() for ln in h if ln.startswith("+") and not ln.startswith("+++")]
+    def _changed(self, sign: str) -> list[str]:
+        return [ln[1:] for h in self.hunks.values() for ln in h if ln[:1] == sign and ln[:3] != sign * 3]
 
-    @property
-    def removed(self) -> list[str]:
-        return [ln[1:] for h in self.hunks.values() for ln in h if ln.startswith("-") and not ln.startswith("---")]
+    added = property(lambda self: self._changed("+"))
+    removed = property(lambda self: self._changed("-"))
 
     def text(self) -> str:
         blocks = []

@@ -17,16 +17,17 @@ quite" verdict, except a CUDA error on a strict GPU run (``WORKBOOK_REQUIRE_GPU=
 
 from __future__ import annotations
 
+import functools
 import html
 import importlib.util
 import math
 import numbers
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Collection
+from typing import Any, Callable, Collection, TypeVar
 
 from ..core import config
 
@@ -36,6 +37,7 @@ __all__ = [
 ]  # fmt: skip
 
 RECORD_MIME = "application/vnd.workbook.exercise+json"
+S = TypeVar("S", "ExerciseResult", "ExerciseReport")
 
 KEY_ENV = "WORKBOOK_ANSWER_KEY"
 """Path of the answer key to use instead of ``course/key.py`` (``none``: behave as a student release)."""
@@ -58,25 +60,22 @@ def _key_path() -> Path | None:
     return path if path.is_file() else None
 
 
-_KEYS: dict[Path, ModuleType] = {}
-
-
 def answer_key() -> ModuleType | None:
     """The answer key module (``course/key.py``), or None where it is absent (a student release)."""
     path = _key_path()
-    if path is None:
-        return None
-    path = path.resolve()
-    if path not in _KEYS:
-        if not path.is_file():
-            raise ValueError(f"{KEY_ENV}={path}: no such answer key file; unset it or point it at course/key.py")
-        spec = importlib.util.spec_from_file_location("_workbook_answer_key", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-        _KEYS[path] = module
-    return _KEYS[path]
+    if path is not None and not path.is_file():
+        raise ValueError(f"{KEY_ENV}={path.resolve()}: no such answer key file; unset it or point it at course/key.py")
+    return None if path is None else _load_key(path.resolve())
+
+
+@functools.lru_cache(maxsize=None)
+def _load_key(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("_workbook_answer_key", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 # What each measured exercise reads from the reader's own run (their notebook's namespace). It is saved in the
@@ -165,44 +164,53 @@ def decode_answer(data: Any) -> Any:
         return float(data["float"])
     if data.get("ellipsis"):
         return Ellipsis
-    return _Unrecorded(str(data.get("repr", "")))
+    return str(data.get("repr", ""))  # a class, a function: the key's checker ran in the reader's run
 
 
 def _hashable(x: Any) -> Any:
     return tuple(_hashable(i) for i in x) if isinstance(x, list) else x
 
 
-class _Unrecorded(str):
-    """An answer the record holds only by its repr (a class, a function): the key's checker ran in the reader's run."""
+_COLOURS = {"correct": "#1a7f37", "wrong": "#b00020", "unanswered": "#7a5a00", "recorded": "#444"}
 
 
-@dataclass
-class ExerciseResult:
-    """The outcome of one check: ``status`` is 'correct', 'wrong', 'unanswered' or 'recorded' (no answer key here).
+class _Shown:
+    """Shown as its message, one line per part (coloured in a notebook), with the grading records (see the module
+    docstring) in the cell's output, not displayed."""
 
-    ``record`` is what the grader reads from the cell's output (see the module docstring).
-    """
+    def _parts(self) -> list[ExerciseResult]:
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return "\n".join(p.message for p in self._parts())
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:  # pragma: no cover - display only
+        return "<br>".join(
+            f"<span style='color:{_COLOURS[p.status]}'>{html.escape(p.message)}</span>" for p in self._parts()
+        )
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {RECORD_MIME: {"records": [p.record for p in self._parts() if p.record]}}
+
+
+@dataclass(repr=False)
+class ExerciseResult(_Shown):
+    """The outcome of one check: ``status`` is 'correct', 'wrong', 'unanswered' or 'recorded' (no answer key here);
+    ``record`` is what the grader reads."""
 
     exercise: str
     status: str
     message: str
-    record: dict[str, Any] | None = field(default=None, repr=False)
+    record: dict[str, Any] | None = None
 
     @property
     def correct(self) -> bool:
         return self.status == "correct"
 
-    def __str__(self) -> str:
-        return self.message
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:  # pragma: no cover - display only
-        color = {"correct": "#1a7f37", "wrong": "#b00020", "unanswered": "#7a5a00", "recorded": "#444"}[self.status]
-        return f"<span style='color:{color}'>{html.escape(self.message)}</span>"
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        return {RECORD_MIME: {"records": [self.record] if self.record else []}}
+    def _parts(self) -> list[ExerciseResult]:
+        return [self]
 
 
 @dataclass
@@ -217,8 +225,8 @@ class Part:
     abs_tol: float | None = None
 
 
-@dataclass
-class ExerciseReport:
+@dataclass(repr=False)
+class ExerciseReport(_Shown):
     """The outcomes of every part of one exercise, shown together (one line per part)."""
 
     exercise: str
@@ -241,31 +249,16 @@ class ExerciseReport:
 
     @property
     def message(self) -> str:
-        return "\n".join(p.message for p in self.parts)
+        return str(self)
 
-    def __str__(self) -> str:
-        return self.message
-
-    __repr__ = __str__
-
-    def _repr_html_(self) -> str:  # pragma: no cover - display only
-        return "<br>".join(p._repr_html_() for p in self.parts)
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        return {RECORD_MIME: {"records": [p.record for p in self.parts if p.record]}}
+    def _parts(self) -> list[ExerciseResult]:
+        return self.parts
 
 
-@dataclass
-class Solution:
-    """A reference solution from the answer key, shown on request (:func:`show_solution`)."""
+class Solution(str):
+    """A reference solution from the answer key, shown on request (:func:`show_solution`): its text, unquoted."""
 
-    exercise: str
-    text: str
-
-    def __str__(self) -> str:
-        return self.text
-
-    __repr__ = __str__
+    __repr__ = str.__str__
 
 
 def _norm(s: Any) -> str:
@@ -318,14 +311,10 @@ def compare(answer: Any, expected: Any, rel_tol: float = 0.05, abs_tol: float = 
             return True, ""
         direction = "too high" if float(answer) > float(expected) else "too low"
         return False, f"{answer:.4g} is {direction}{_units_hint(float(answer), float(expected))}"
-    if isinstance(expected, str):
+    if isinstance(expected, Collection):  # a string, or a collection of accepted strings
         if not isinstance(answer, str):
             return False, f"answer with a string, not {type(answer).__name__} {answer!r}"
-        return _norm(answer) == _norm(expected), ""
-    if isinstance(expected, Collection):
-        if not isinstance(answer, str):
-            return False, f"answer with a string, not {type(answer).__name__} {answer!r}"
-        return _norm(answer) in {_norm(e) for e in expected}, ""
+        return _norm(answer) in {_norm(e) for e in ([expected] if isinstance(expected, str) else expected)}, ""
     return answer == expected, ""
 
 
@@ -342,10 +331,7 @@ def check(
     """Check ``answer`` of ``exercise`` (``"00.2"``) against the key's value for the caller's run (or ``expected``);
     ``hint`` shows when unanswered or wrong, ``explanation`` when right; numbers within 5 % by default."""
     part = Part(answer, expected, hint, explanation, rel_tol, abs_tol)
-    result = _evaluate(exercise, part, sys._getframe(1).f_globals)
-    if config.grade_mode() and result.status in ("wrong", "unanswered"):
-        raise AssertionError(result.message)
-    return result
+    return _graded(_evaluate(exercise, part, sys._getframe(1).f_globals))
 
 
 def check_parts(exercise: str, **parts: Part) -> ExerciseReport:
@@ -357,20 +343,23 @@ def check_parts(exercise: str, **parts: Part) -> ExerciseReport:
         if not isinstance(part, Part):
             raise ValueError(f"part {name!r} must be a Part(answer, ...), got {type(part).__name__}")
     ns = sys._getframe(1).f_globals
-    report = ExerciseReport(exercise, [_evaluate(f"{exercise}{name}", p, ns) for name, p in parts.items()])
-    if config.grade_mode() and any(p.status in ("wrong", "unanswered") for p in report.parts):
-        raise AssertionError("\n".join(p.message for p in report.parts if not p.correct))
-    return report
+    return _graded(ExerciseReport(exercise, [_evaluate(f"{exercise}{name}", p, ns) for name, p in parts.items()]))
+
+
+def _graded(shown: S) -> S:
+    """``shown``; with ``WORKBOOK_GRADE=1``, an AssertionError naming every part not right, if one is wrong or
+    unanswered."""
+    if config.grade_mode() and any(p.status in ("wrong", "unanswered") for p in shown._parts()):
+        raise AssertionError("\n".join(p.message for p in shown._parts() if not p.correct))
+    return shown
 
 
 def show_solution(exercise: str) -> Solution:
     """The answer key's reference solution and explanation for ``exercise`` (ValueError for an unknown id)."""
     key = answer_key()
     if key is None:
-        return Solution(
-            exercise, f"Exercise {exercise}: no solutions in this copy (a course release); ask your instructor."
-        )
-    return Solution(exercise, key.solution_text(exercise))
+        return Solution(f"Exercise {exercise}: no solutions in this copy (a course release); ask your instructor.")
+    return Solution(key.solution_text(exercise))
 
 
 def _cell_source(ns: dict[str, Any] | None) -> str:

@@ -73,25 +73,23 @@ def timeline(
         trace = SpanTrace.from_dict(dict(trace))
     spans = trace.spans
     if max_steps is not None:
-        keep = sorted({s.step for s in spans})[:max_steps]
-        spans = [s for s in spans if s.step in set(keep)]
+        keep = set(sorted({s.step for s in spans})[:max_steps])
+        spans = [s for s in spans if s.step in keep]
     ax = ax if ax is not None else new_axes((9.0, 0.8 + 0.55 * max(2, len({s.lane for s in spans}))))
     if not spans:
         ax.text(0.5, 0.5, "no spans recorded", ha="center", va="center", transform=ax.transAxes)
         return ax
-    order = list(lanes) if lanes else list(dict.fromkeys(s.lane for s in spans))
+    order = list(dict.fromkeys([*(lanes or []), *(s.lane for s in spans)]))  # the lanes named first, top down
     t0 = min(s.start for s in spans)
     scale, unit = _time_scale(max(s.end for s in spans) - t0)
     seen: set[str] = set()
     for s in spans:
-        if s.lane not in order:
-            order.append(s.lane)
-        y = len(order) - 1 - order.index(s.lane)
-        label = s.name if s.name not in seen else None
+        label = None if s.name in seen else s.name  # one legend entry per phase
         seen.add(s.name)
-        width, left = (s.end - s.start) * scale, (s.start - t0) * scale
-        style = {"height": 0.6, "edgecolor": "white", "linewidth": 0.5}
-        ax.barh(y, width, left=left, color=phase_color(s.name), label=label, **style)
+        y, width, left = len(order) - 1 - order.index(s.lane), (s.end - s.start) * scale, (s.start - t0) * scale
+        ax.barh(
+            y, width, left=left, color=phase_color(s.name), label=label, height=0.6, edgecolor="white", linewidth=0.5
+        )
     ax.set_yticks(range(len(order)))
     ax.set_yticklabels(list(reversed(order)))
     ax.set_xlabel(f"time since first span ({unit})")
@@ -115,11 +113,7 @@ def stacked_phases(
     factor = {"s": 1.0, "ms": 1e3, "µs": 1e6, "us": 1e6}[unit]
     ax = ax if ax is not None else new_axes((8.0, 3.5))
     configs = list(data)
-    phases: list[str] = []
-    for c in configs:
-        for p in data[c]:
-            if p not in phases:
-                phases.append(p)
+    phases = list(dict.fromkeys(p for c in configs for p in data[c]))
     bottoms = [0.0] * len(configs)
     for p in phases:
         vals = [data[c].get(p, 0.0) * factor for c in configs]
@@ -197,14 +191,11 @@ def history_bars(
     ylabel: str,
     title: str = "Runs so far",
     errors: Iterable[float] | None = None,
-    highlight_last: bool = True,
 ) -> Any:
     """A bar per panel run (the latest highlighted), for comparing runs."""
     labels, values = list(labels), list(values)
     ax = ax if ax is not None else new_axes((7.5, 3.2))
-    colors = ["#4e79a7"] * len(values)
-    if highlight_last and colors:
-        colors[-1] = "#f28e2b"
+    colors = ["#4e79a7"] * (len(values) - 1) + ["#f28e2b"] * bool(values)
     yerr = None
     if errors is not None:
         errs = [abs(float(e)) for e in errors]

@@ -17,7 +17,7 @@ import io
 import textwrap
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import ipywidgets as W
@@ -26,9 +26,7 @@ from ..core.evidence import Evidence
 from ..core.failures import LoaderFailure, explain_loader_error, raised_in_worker
 from . import chapter as chapter_api
 
-__all__ = [
-    "Panel", "RunRecord", "Progress", "figure_to_display", "one_line", "known_failure_advice",
-]  # fmt: skip
+__all__ = ["Panel", "RunRecord", "one_line", "known_failure_advice"]
 
 #: Longest status line, in characters (longer texts are cut with an ellipsis; the output area has all of it).
 STATUS_MAX_CHARS = 400
@@ -47,23 +45,6 @@ def known_failure_advice(exc: BaseException) -> str | None:
     return explain_loader_error(exc)
 
 
-class Progress:
-    """Handed to the run function: ``progress(fraction, text='')`` updates the bar."""
-
-    def __init__(self, bar: W.FloatProgress, label: W.HTML | W.Label) -> None:
-        self._bar = bar
-        self._label = label
-
-    def __call__(self, fraction: float, text: str = "") -> None:
-        try:
-            f = float(fraction)
-        except (TypeError, ValueError):
-            return
-        self._bar.value = min(1.0, max(0.0, f))
-        if text:
-            self._label.value = html.escape(str(text)) if isinstance(self._label, W.HTML) else str(text)
-
-
 @dataclass
 class RunRecord:
     """One run of a panel: the settings, the result, how long it took."""
@@ -73,27 +54,9 @@ class RunRecord:
     result: Any
     seconds: float
     summary: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
-    def short_label(self, keys: list[str] | None = None) -> str:
-        items = [(k, v) for k, v in self.values.items() if keys is None or k in keys]
-        return f"#{self.index} " + ", ".join(f"{k}={v}" for k, v in items)
-
-
-def figure_to_display(fig: Any, dpi: int = 100) -> Any:
-    """A matplotlib Figure as an ``IPython.display.Image`` (PNG), closed: the same in every front-end, never
-    displayed a second time automatically."""
-    from IPython.display import Image
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
-    try:
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
-    except Exception:
-        pass
-    return Image(data=buf.getvalue(), format="png")
+    def short_label(self) -> str:
+        return f"#{self.index} " + ", ".join(f"{k}={v}" for k, v in self.values.items())
 
 
 PlotFn = Callable[[list[RunRecord], Any], None]
@@ -103,8 +66,8 @@ class Panel:
     """A live panel: ``controls`` (named as ``run``'s keywords), a Run button, a progress bar, a status, an output.
 
     ``run(progress, **values)`` raises ValueError in plain words for settings that can't run; ``summarize``,
-    ``plot(history, ax)``, ``validate(values)`` and ``advise(exc)`` are optional. A click within ``debounce_s``
-    of a run's end is a double-click queued during the run, and ignored.
+    ``plot(history, ax)`` and ``validate(values)`` are optional. A click within ``debounce_s`` of a run's end is
+    a double-click queued during the run, and ignored.
     """
 
     def __init__(
@@ -116,11 +79,9 @@ class Panel:
         summarize: Callable[[Any], str] | None = None,
         plot: PlotFn | None = None,
         validate: Callable[[dict[str, Any]], None] | None = None,
-        advise: Callable[[BaseException], str | None] | None = None,
         max_history: int = 20,
         debounce_s: float = 0.3,
         figsize: tuple[float, float] = (7.5, 3.2),
-        run_label: str = "Run",
     ) -> None:
         if not callable(run):
             raise ValueError("run must be a callable: run(progress, **values) -> result")
@@ -132,7 +93,6 @@ class Panel:
         self._summarize = summarize
         self._plot = plot
         self._validate = validate
-        self._advise = advise if advise is not None else known_failure_advice
         self.max_history = max_history
         self.debounce_s = float(debounce_s)
         self.figsize = figsize
@@ -144,11 +104,11 @@ class Panel:
         self.ignored_clicks = 0
         self.runs_done = 0
         self._last_end = float("-inf")
-        self.widget = self._layout(title, run_label)
+        self.widget = self._layout(title)
 
-    def _layout(self, title: str, run_label: str) -> W.VBox:
+    def _layout(self, title: str) -> W.VBox:
         self.button = W.Button(
-            description=run_label, button_style="primary", icon="play", tooltip="Run with these settings"
+            description="Run", button_style="primary", icon="play", tooltip="Run with these settings"
         )
         self.bar = W.FloatProgress(value=0.0, min=0.0, max=1.0, layout=W.Layout(width="180px"))
         # An HTML widget wraps a long progress text; a Label would cut it off with an ellipsis.
@@ -160,11 +120,9 @@ class Panel:
         for w in self.controls.values():
             if not w.layout.margin:
                 w.layout.margin = "2px 16px 2px 0"
-            # Show descriptions whole ("prefetch_factor", not "prefetch_f…").
-            style = getattr(w, "style", None)
-            if getattr(w, "description", "") and style is not None and hasattr(style, "description_width"):
-                if not style.description_width:
-                    style.description_width = "initial"
+            style: Any = getattr(w, "style", None)  # descriptions whole: "prefetch_factor", not "prefetch_f…"
+            if getattr(w, "description", "") and getattr(style, "description_width", "set") == "":
+                style.description_width = "initial"
         ctl_box = W.Box(
             list(self.controls.values()),
             layout=W.Layout(display="flex", flex_flow="row wrap", max_width="100%"),
@@ -180,7 +138,12 @@ class Panel:
         the data set, sizes) reaches ``panel_controls`` and every ``panel_run``, beside the values and ``device``."""
         chapter_api.require(chapter)
         controls = chapter.panel_controls(**context)
-        chapter_api.split_context(controls, context)
+        clash = sorted(set(controls) & set(context))  # a context key would silently override the control
+        if clash:
+            raise ValueError(
+                f"Panel.for_chapter: {clash} are both panel controls and context keywords; "
+                "pass each setting one way only"
+            )
 
         def run(progress: Any, **values: Any) -> Evidence[Any]:
             result = chapter.panel_run(progress, device=device, **context, **values)
@@ -236,6 +199,15 @@ class Panel:
     def last(self) -> RunRecord | None:
         return self.history[-1] if self.history else None
 
+    def _progress(self, fraction: float, text: str = "") -> None:
+        """The ``progress(fraction, text='')`` callback a run gets: it moves the bar and shows ``text``."""
+        try:
+            self.bar.value = min(1.0, max(0.0, float(fraction)))
+        except (TypeError, ValueError):
+            return
+        if text:
+            self.bar_label.value = html.escape(str(text))
+
     def _show_status(self, text: str, kind: str = "info") -> None:
         """One line (newlines collapsed, long text cut); details belong in the output area."""
         color = {"info": "#333", "ok": "#1a7f37", "error": "#b00020", "busy": "#7a5a00"}[kind]
@@ -261,19 +233,17 @@ class Panel:
         )
         self.out.outputs = kept + (block,)
 
-    def _show_failure(self, exc: BaseException) -> None:
-        """One line of plain words in the status (the advisor's, else the error's first line), the traceback below."""
-        try:
-            advice = self._advise(exc)
-        except Exception:  # an advisor must never hide the failure itself
-            advice = None
-        if advice:
-            self.error = one_line(f"The run failed: {advice}")
-        else:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            self.error = one_line(f"The run failed: {type(exc).__name__}: {first}")
+    def _fail(self, text: str, exc: BaseException | None = None) -> None:
+        """``text`` as the error, one line in the status; ``exc``'s traceback, folded, below."""
+        self.error = one_line(text)
         self._show_status(self.error, "error")
-        self._show_details(exc)
+        if exc is not None:
+            self._show_details(exc)
+
+    def _show_failure(self, exc: BaseException) -> None:
+        """Plain words for a known failure, else the error's first line; the traceback below."""
+        first = (str(exc).strip().splitlines() or [""])[0]
+        self._fail("The run failed: " + (known_failure_advice(exc) or f"{type(exc).__name__}: {first}"), exc)
 
     def _on_click(self, _button: Any = None, force: bool = False) -> None:
         now = time.monotonic()
@@ -292,7 +262,7 @@ class Panel:
         try:
             if self._validate is not None:
                 self._validate(values)
-            result = self._run_fn(Progress(self.bar, self.bar_label), **values)
+            result = self._run_fn(self._progress, **values)
             seconds = time.perf_counter() - t0
             summary = self._summarize(result) if self._summarize else ""
             rec = RunRecord(index=self.runs_done + 1, values=values, result=result, seconds=seconds, summary=summary)
@@ -316,14 +286,11 @@ class Panel:
             if raised_in_worker(exc):  # the data set's own error, re-raised by torch from a worker
                 self._show_failure(exc)
             else:
-                self.error = one_line(f"Can't run with these settings: {exc}")
-                self._show_status(self.error, "error")
+                self._fail(f"Can't run with these settings: {exc}")
         except KeyboardInterrupt:
-            self.error = "Interrupted. The run was stopped and its resources released; press Run to start again."
-            self._show_status(self.error, "error")
+            self._fail("Interrupted. The run was stopped and its resources released; press Run to start again.")
         except MemoryError:
-            self.error = "Out of memory: choose smaller sizes and press Run again."
-            self._show_status(self.error, "error")
+            self._fail("Out of memory: choose smaller sizes and press Run again.")
         except Exception as exc:  # anything else: one line of plain words, the traceback below
             self._show_failure(exc)
         finally:
@@ -341,14 +308,17 @@ class Panel:
             outputs.append({"output_type": "stream", "name": "stdout", "text": text + "\n"})
         if self._plot is not None:
             from IPython.core.interactiveshell import InteractiveShell
+            from IPython.display import Image
             from matplotlib.figure import Figure
 
             fig = Figure(figsize=self.figsize)
             ax = fig.add_subplot(1, 1, 1)
             self._plot(history, ax)
             fig.tight_layout()
+            buf = io.BytesIO()  # a PNG: the same in every front-end (a Figure outside pyplot is never shown twice)
+            fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
             formatter = InteractiveShell.instance().display_formatter
             assert formatter is not None  # set up with the shell
-            data, metadata = formatter.format(figure_to_display(fig))
+            data, metadata = formatter.format(Image(data=buf.getvalue(), format="png"))
             outputs.append({"output_type": "display_data", "data": data, "metadata": metadata})
         return tuple(outputs)
