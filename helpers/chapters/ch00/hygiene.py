@@ -6,7 +6,6 @@ and the clocks' rows, measured here or read from reference records (``ch00.matmu
 from __future__ import annotations
 
 import textwrap
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -15,7 +14,7 @@ import torch
 from ...core import agreement
 from ...core.device import resolve_device
 from ...core.results import Record, ResultSet
-from ...core.timing import Timing, cuda_event_time, measure, synchronize, time_calls
+from ...core.timing import Timing, cuda_event_time, measure, time_calls
 from ...core.validate import check_choice, check_float, check_int
 from ...pipeline.transfer import check_host_bytes
 
@@ -55,15 +54,7 @@ def estimate_call_s(op: str, n: int, device: torch.device | str, *, probe_s: flo
     ``n**2`` otherwise). Small sizes run less efficiently, so this errs on the slow side."""
     n0 = min(n, 256)
     while True:
-        fn = make_op(op, n0, device)
-        fn()
-        synchronize(device)
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            fn()
-            synchronize(device)
-            best = min(best, time.perf_counter() - t0)
+        best = time_calls(make_op(op, n0, device), repeats=3, warmup=1, device=device).min_s
         if best >= probe_s or n0 >= n:
             break
         n0 = min(n, 2 * n0)
@@ -90,7 +81,7 @@ def calls_within(
     return min(wanted, fit)
 
 
-def warmup_demo(device: torch.device | str, repeats: int = 15, channels: int = 7, size: int = 20) -> Timing:
+def warmup_demo(device: torch.device | str, repeats: int = 15) -> Timing:
     """The first ``repeats`` calls of a freshly built convolution, no warm-up (``times_s[0]``: the first).
 
     The first call pays one-off costs: allocation, kernel selection, library set-up. On a GPU the CUDA
@@ -99,13 +90,11 @@ def warmup_demo(device: torch.device | str, repeats: int = 15, channels: int = 7
     problem is small on purpose, so the one-off cost is not drowned by the work.
     """
     check_int("repeats", repeats, 2, 10_000)
-    check_int("channels", channels, 1, 1024)
-    check_int("size", size, 8, 1024)
     dev = torch.device(device)
     torch.manual_seed(0)
-    # A channel count and size not used elsewhere, so nothing is cached from earlier cells.
-    conv = torch.nn.Conv2d(channels, channels + 3, kernel_size=5, padding=2).to(dev)
-    x = torch.randn(4, channels, size, size, device=dev)
+    # 7 -> 10 channels at 20 px: a shape not used elsewhere, so nothing is cached from earlier cells.
+    conv = torch.nn.Conv2d(7, 10, kernel_size=5, padding=2).to(dev)
+    x = torch.randn(4, 7, 20, 20, device=dev)
     with torch.no_grad():
         return time_calls(lambda: conv(x), repeats=repeats, warmup=0, device=dev, label="fresh conv2d, no warm-up")
 

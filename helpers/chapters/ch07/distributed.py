@@ -19,11 +19,9 @@ import ipaddress
 import itertools
 import math
 import os
-import shutil
 import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -231,38 +229,29 @@ class DistributedRunError(RuntimeError):
     (every process the job started) and ``leftover_pids`` (those alive after clean-up: should be none).
     """
 
-    rank: int | None = None
-    error_type = error_message = rank_traceback = stdout = stderr = ""
-    returncode: int | None = None
-    timed_out = False
-    tracked_pids: list[int] = []
-    leftover_pids: list[int] = []
-
-    def __init__(self, message: str, **facts: Any) -> None:
+    def __init__(self, message: str, job: torchrun.Job) -> None:
         super().__init__(message)
-        for name, value in facts.items():
-            if not hasattr(DistributedRunError, name):
-                raise TypeError(f"DistributedRunError has no {name!r}")
-            setattr(self, name, list(value) if name.endswith("_pids") else value)
+        cause = job.cause
+        self.rank: int | None = cause.get("rank")
+        self.error_type: str = cause.get("type", "")
+        self.error_message: str = cause.get("message", "")
+        self.rank_traceback: str = cause.get("traceback", "")
+        self.returncode, self.timed_out, self.stdout, self.stderr = (
+            job.returncode,
+            job.timed_out,
+            job.stdout,
+            job.stderr,
+        )
+        self.tracked_pids, self.leftover_pids = list(job.tracked_pids), list(job.leftover_pids)
 
 
-@dataclass
-class DistributedRun:
-    """One torchrun job (:func:`launch_ddp`): the rank records :mod:`.ddp_train` wrote (sorted by rank), the
-    seconds from launch to exit (process start-up included), torchrun's output, the launch settings, every
-    process started and those alive after clean-up, and ``(pid, address, port)`` of every TCP socket the job
-    was seen listening on (sampled twice a second). Rank 0's facts (backend, sizes, validation) follow."""
+@dataclass(kw_only=True)
+class DistributedRun(torchrun.Job):
+    """One torchrun job of :func:`launch_ddp` (what :class:`~.torchrun.Job` holds), with its ``nproc`` and launch
+    ``settings``; rank 0's facts (backend, sizes, validation) follow."""
 
     nproc: int
-    command: list[str]
-    ranks: list[dict[str, Any]]
-    wall_s: float
-    stdout: str = ""
-    stderr: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
-    tracked_pids: list[int] = field(default_factory=list)
-    leftover_pids: list[int] = field(default_factory=list)
-    listening: list[tuple[int, str, int]] = field(default_factory=list)
     backend: str = field(init=False)
     world_size: int = field(init=False)
     n_epochs: int = field(init=False)
@@ -436,52 +425,33 @@ def launch_ddp(
         "limit": None if limit is None else check_int("limit", limit, nproc, 10_000_000),
         "val_limit": None if val_limit is None else check_int("val_limit", val_limit, 1, 10_000_000),
         "width": check_int("width", width, 1, 256),
-        "set_epoch": set_epoch,
-        "drop_last": drop_last,
         "fail_rank": None if fail_rank is None else check_int("fail_rank", fail_rank, 0, nproc - 1),
     }
     timeout_s = check_float("timeout_s", timeout_s, 1.0, 3600.0)
     if data_dir is None:
         info = make_shapes_dataset()  # generated once here, not by every rank
         data_dir, val_dir = info.train_dir, info.val_dir if val_dir is None else val_dir
-    work = torchrun.work_dir()
-    try:
-        args = _worker_args(work / "results", data_dir, val_dir, settings) + list(extra_args)
+    args = [f"--data-dir={data_dir}"] + ["--no-val" if val_dir is None else f"--val-dir={val_dir}"]
+    args += [f"--{k.replace('_', '-')}={v}" for k, v in settings.items() if k != "nproc" and v is not None]
+    args += (["--no-set-epoch"] if not set_epoch else []) + (["--drop-last"] if drop_last else [])
+    settings |= {"set_epoch": set_epoch, "drop_last": drop_last}
+    with torchrun.work_dir() as work:
+        args = [f"--out={work / 'results'}", *args, *extra_args]
         cmd = torchrun_command(nproc, args, rdzv_endpoint=rdzv_endpoint, log_dir=work / "logs")
         if progress is not None:
             progress(0.0, f"starting {nproc} process(es) (each imports torch)")
         job = torchrun.run_job(cmd, work, timeout_s, progress)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    facts: dict[str, Any] = dict(
-        stdout=job.stdout, stderr=job.stderr, tracked_pids=job.pids, leftover_pids=job.leftover
-    )
-    _raise_if_failed(job, nproc, timeout_s, facts)
-    return DistributedRun(nproc, cmd, job.ranks, job.wall_s, settings=settings, listening=job.listening, **facts)
+    _raise_if_failed(job, nproc, timeout_s)
+    return DistributedRun(**vars(job), nproc=nproc, settings=settings)
 
 
-def _worker_args(out: Path, data_dir: Any, val_dir: Any, s: dict[str, Any]) -> list[str]:
-    """The rank script's options for these settings."""
-    args = [f"--out={out}", f"--data-dir={data_dir}", f"--epochs={s['epochs']}", f"--batch-size={s['batch_size']}"]
-    args += [f"--workers={s['workers']}", f"--width={s['width']}"]
-    args += [f"--limit={s['limit']}"] if s["limit"] is not None else []
-    if val_dir is None:
-        args.append("--no-val")
-    else:
-        args += [f"--val-dir={val_dir}"] + ([f"--val-limit={s['val_limit']}"] if s["val_limit"] is not None else [])
-    args += ["--no-set-epoch"] if not s["set_epoch"] else []
-    args += ["--drop-last"] if s["drop_last"] else []
-    return args + ([f"--fail-rank={s['fail_rank']}"] if s["fail_rank"] is not None else [])
-
-
-def _raise_if_failed(job: torchrun.Job, nproc: int, timeout_s: float, facts: dict[str, Any]) -> None:
+def _raise_if_failed(job: torchrun.Job, nproc: int, timeout_s: float) -> None:
     """Raise what the reader needs to know if the job timed out or failed."""
     if job.timed_out:
         raise DistributedRunError(
             f"the torchrun job did not finish within timeout_s={timeout_s:g} s and was stopped "
-            f"({len(job.pids)} process(es) terminated). Raise timeout_s or make the run smaller.",
-            timed_out=True,
-            **facts,
+            f"({len(job.tracked_pids)} process(es) terminated). Raise timeout_s or make the run smaller.",
+            job,
         )
     rc, cause = job.returncode, job.cause
     if rc == 0 and len(job.ranks) == nproc:
@@ -489,20 +459,10 @@ def _raise_if_failed(job: torchrun.Job, nproc: int, timeout_s: float, facts: dic
     if cause["rank"] is None:
         tail = "\n".join(job.stderr.rstrip().splitlines()[-15:])
         msg = f"torchrun exited with code {rc} and {len(job.ranks)} of {nproc} ranks reported results. "
-        msg += f"Last lines of its output:\n{tail}"
-    else:
-        what = f"{cause['type']}: {cause['message']}" if cause["type"] else cause["message"]
-        msg = f"rank {cause['rank']} of {nproc} failed: {what}. torchrun then stopped the other rank(s) and "
-        msg += f"exited with code {rc}."
-    raise DistributedRunError(
-        msg,
-        rank=cause["rank"],
-        error_type=cause["type"],
-        error_message=cause["message"],
-        rank_traceback=cause["traceback"],
-        returncode=rc,
-        **facts,
-    )
+        raise DistributedRunError(msg + f"Last lines of its output:\n{tail}", job)
+    what = f"{cause['type']}: {cause['message']}" if cause["type"] else cause["message"]
+    msg = f"rank {cause['rank']} of {nproc} failed: {what}. torchrun then stopped the other rank(s) and "
+    raise DistributedRunError(msg + f"exited with code {rc}.", job)
 
 
 # -- plots and tables (the notebook, the live panel, the benchmark) ----------------------------------------------

@@ -27,13 +27,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import psutil
 
-__all__ = ["torchrun_command", "loopback_env", "loopback_interface", "loopback_torchrun", "process_alive"]
+__all__ = ["torchrun_command", "loopback_env", "loopback_torchrun", "process_alive"]
 __all__ += ["listening_sockets", "work_dir", "Job", "run_job"]
 
 
@@ -69,19 +69,14 @@ def _is_loopback_host(host: str) -> bool:
         return False
 
 
-def loopback_interface() -> str | None:
-    """The name of this machine's loopback network interface (``lo`` on Linux), if any."""
+def loopback_env() -> dict[str, str]:
+    """The ranks' environment for a single-machine job: ``MASTER_ADDR=127.0.0.1`` and the loopback interface
+    (``lo`` on Linux) for gloo and NCCL's own sockets (else they pick the one the host name resolves to)."""
     try:
         names = [name for _, name in socket.if_nameindex()]
     except (OSError, AttributeError):  # pragma: no cover - no interface list on this OS
-        return None
-    return next((n for n in ("lo", "lo0") if n in names), next((n for n in names if n.startswith("lo")), None))
-
-
-def loopback_env() -> dict[str, str]:
-    """The ranks' environment for a single-machine job: ``MASTER_ADDR=127.0.0.1`` and the interface gloo and
-    NCCL bind their own sockets to (without it they pick the one the host name resolves to, maybe a network's)."""
-    lo = loopback_interface()
+        names = []
+    lo = next((n for n in ("lo", "lo0") if n in names), next((n for n in names if n.startswith("lo")), None))
     return {"MASTER_ADDR": "127.0.0.1", **({"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo} if lo else {})}
 
 
@@ -247,16 +242,20 @@ class _Tracker:
 _WORK_PREFIX = "workbook-ddp-"
 
 
-def work_dir() -> Path:
-    """A new temporary folder for one job (with ``results/`` inside), once stale ones are deleted: those of
-    launchers that were killed (their pid, in the name, is gone) and could not delete their own."""
+@contextlib.contextmanager
+def work_dir() -> Iterator[Path]:
+    """A new temporary folder for one job (``results/`` inside), deleted after. Stale ones are deleted first:
+    those of launchers that were killed (their pid, in the name, is gone) and could not delete their own."""
     for d in Path(tempfile.gettempdir()).glob(f"{_WORK_PREFIX}*-*"):
         pid = d.name[len(_WORK_PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and d.is_dir() and not process_alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=f"{_WORK_PREFIX}{os.getpid()}-"))
-    (work / "results").mkdir()
-    return work
+    try:
+        (work / "results").mkdir()
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _die_with_parent() -> Callable[[], None] | None:
@@ -297,10 +296,8 @@ def _report_progress(results: Path, progress: Callable[[float, str], None], repo
 def _read_json(paths: Any) -> list[dict[str, Any]]:
     out = []
     for f in paths:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             out.append(json.loads(f.read_text()))
-        except (OSError, ValueError):
-            continue
     return out
 
 
@@ -321,30 +318,48 @@ def _root_cause(results: Path, stderr: str) -> dict[str, Any]:
     return {"rank": None, "type": "", "message": "", "traceback": ""}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Job:
-    """What :func:`run_job` saw: how it ended, its output, its processes and sockets, and what the ranks wrote
-    (``ranks``: their records, by rank; ``cause``: the first failure's rank, type, message and traceback)."""
+    """One torchrun job (:func:`run_job`): the command, the records the ranks wrote (sorted by rank), the seconds
+    from launch to exit (start-up included), torchrun's output, every process it started and those alive after
+    clean-up (should be none), ``(pid, address, port)`` of every TCP socket it was seen listening on (sampled
+    twice a second), torchrun's exit code (None after a timeout) and the first failure (``cause``: its rank,
+    type, message and traceback)."""
 
-    returncode: int | None
-    timed_out: bool
-    wall_s: float
-    stdout: str
-    stderr: str
-    pids: list[int]
-    leftover: list[int]
-    listening: list[tuple[int, str, int]]
+    command: list[str]
     ranks: list[dict[str, Any]]
-    cause: dict[str, Any]
+    wall_s: float
+    stdout: str = ""
+    stderr: str = ""
+    tracked_pids: list[int] = field(default_factory=list)
+    leftover_pids: list[int] = field(default_factory=list)
+    listening: list[tuple[int, str, int]] = field(default_factory=list)
+    returncode: int | None = 0
+    timed_out: bool = False
+    cause: dict[str, Any] = field(default_factory=dict)
+
+
+def _follow(proc: subprocess.Popen[bytes], tracker: _Tracker, deadline: float, follow: Callable[[], None]) -> bool:
+    """Wait for ``proc``, noting its processes and sockets twice a second; True if ``deadline`` passed first."""
+    next_scan = 0.0
+    while proc.poll() is None:
+        now = time.perf_counter()
+        if now >= next_scan:  # new processes (ranks, their workers) and their sockets
+            tracker.snapshot(sockets=True)
+            next_scan = now + 0.5
+        if now > deadline:
+            return True
+        follow()
+        time.sleep(0.1)
+    return False
 
 
 def run_job(cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable[[float, str], None] | None) -> Job:
     """Run ``cmd`` (:func:`torchrun_command`) in ``work`` for at most ``timeout_s``, following rank 0's steps,
     then stop every process it started. A ``KeyboardInterrupt`` (the reader's, or ``progress``'s) is raised again
     once they are stopped, with ``tracked_pids`` and ``leftover_pids``."""
-    t0 = time.perf_counter()
-    timed_out = interrupted = False
-    results, seen = work / "results", [-1]
+    t0, results, seen = time.perf_counter(), work / "results", [-1]
+    follow = (lambda: _report_progress(results, progress, seen)) if progress is not None else (lambda: None)
     with open(work / "stdout.txt", "wb") as out, open(work / "stderr.txt", "wb") as err:
         proc = subprocess.Popen(
             list(cmd),
@@ -356,20 +371,9 @@ def run_job(cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable
             start_new_session=os.name == "posix",
             preexec_fn=_die_with_parent(),
         )
-        tracker = _Tracker(proc.pid)
+        tracker, timed_out, interrupted = _Tracker(proc.pid), False, False
         try:
-            next_scan = 0.0
-            while proc.poll() is None:
-                now = time.perf_counter()
-                if now >= next_scan:  # new processes (ranks, their workers) and their sockets
-                    tracker.snapshot(sockets=True)
-                    next_scan = now + 0.5
-                if now - t0 > timeout_s:
-                    timed_out = True
-                    break
-                if progress is not None:
-                    _report_progress(results, progress, seen)
-                time.sleep(0.1)
+            timed_out = _follow(proc, tracker, t0 + timeout_s, follow)
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -377,26 +381,27 @@ def run_job(cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable
             if proc.poll() is None:  # pragma: no cover - stop_all killed it
                 proc.kill()
                 proc.wait()
-    pids, wall_s = sorted(tracker.procs), time.perf_counter() - t0
     if interrupted:
         stop = KeyboardInterrupt(
-            f"torchrun job interrupted after {wall_s:.1f} s; its {len(pids)} process(es) were stopped"
+            f"torchrun job interrupted after {time.perf_counter() - t0:.1f} s; "
+            f"its {len(tracker.procs)} process(es) were stopped"
         )
-        stop.tracked_pids, stop.leftover_pids = pids, leftover  # type: ignore[attr-defined]
+        stop.tracked_pids, stop.leftover_pids = sorted(tracker.procs), leftover  # type: ignore[attr-defined]
         raise stop
     stdout, stderr = ((work / f"{name}.txt").read_text(errors="replace") for name in ("stdout", "stderr"))
     ranks = _read_json(f for f in sorted(results.glob("rank*.json")) if not f.name.endswith(".error.json"))
     return Job(
-        proc.returncode,
-        timed_out,
-        wall_s,
-        stdout,
-        stderr,
-        pids,
-        leftover,
-        sorted(tracker.listening),
-        sorted(ranks, key=lambda r: r["rank"]),
-        _root_cause(results, stderr),
+        command=list(cmd),
+        ranks=sorted(ranks, key=lambda r: r["rank"]),
+        wall_s=time.perf_counter() - t0,
+        stdout=stdout,
+        stderr=stderr,
+        tracked_pids=sorted(tracker.procs),
+        leftover_pids=leftover,
+        listening=sorted(tracker.listening),
+        returncode=None if timed_out else proc.returncode,
+        timed_out=timed_out,
+        cause={} if timed_out else _root_cause(results, stderr),
     )
 
 
