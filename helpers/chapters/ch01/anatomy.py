@@ -1,11 +1,6 @@
-"""Chapter 01's step anatomy: the reader's training step timed phase by phase on the kernel's span recorder
-(:class:`helpers.core.timing.SpanRecorder`), and what the timeline shows.
-
-**What is timed is what is shown.** :func:`record_steps` calls the reader's own loader, ``to_device`` and
-``train_step``; two PyTorch hooks split the step into forward / backward / optimizer. :func:`step_anatomy` (and
-the live panel) runs a fresh model through it, with the reader's functions or, headless, chapter 01's
-baseline (:func:`baseline_train_step`). The phases' lanes and the bottleneck model are in
-:mod:`helpers.pipeline.train`.
+"""Chapter 01's step anatomy: the reader's own loader, ``to_device`` and ``train_step`` timed phase by phase on
+the kernel's :class:`~helpers.core.timing.SpanRecorder` (:func:`record_steps`; two PyTorch hooks split the step
+into forward / backward / optimizer), and a fresh model run through it (:func:`step_anatomy`, the live panel).
 """
 
 from __future__ import annotations
@@ -48,8 +43,7 @@ StepFn = Callable[[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]
 def baseline_train_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
 ) -> torch.Tensor:
-    """Chapter 01's ``train_step`` for callers without a notebook: the same lines as the chapter's cell (a test
-    compares the weights). Returns the loss unread, so that nothing waits for the GPU."""
+    """Chapter 01's ``train_step`` cell, for callers without a notebook (a test compares the weights)."""
     loss = nn.functional.cross_entropy(model(x), y)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -193,8 +187,7 @@ def lane_overlap(trace: SpanTrace, lane_a: str, lane_b: str) -> float:
 
 def step_times(trace: SpanTrace) -> list[float]:
     """Each recorded step's wall time, from its first span's start to the next step's (the last: to its last
-    span's end). They add up to ``trace.wall_time()``; their range is what :func:`~helpers.chapters.ch01.step_verdict`
-    holds a prediction against."""
+    span's end); they add up to ``trace.wall_time()``."""
     starts: dict[int, float] = {}
     end = 0.0
     for s in trace.spans:

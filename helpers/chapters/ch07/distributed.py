@@ -1,16 +1,13 @@
 """Beyond one GPU (chapter 07): who loads what under a DistributedSampler, and a real torchrun job.
 
-**The sampler lessons need no process group.** A :class:`~torch.utils.data.distributed.DistributedSampler`
-takes its place in the world as plain arguments (``num_replicas``, ``rank``), so one process can ask torch's own
-sampler what each rank loads (:func:`shard_table`), how the samples split (:func:`rank_share`,
-:func:`batches_per_rank`), what a forgotten ``set_epoch`` does (:func:`epoch_orders`) and whether the ranks
-together saw every sample once (:func:`coverage`).
+**The sampler lessons need no process group**: torch's own ``DistributedSampler`` takes ``num_replicas`` and
+``rank`` as plain arguments, so one process can ask it what each rank loads (:func:`shard_table`), how the
+samples split (:func:`rank_share`), what a forgotten ``set_epoch`` does (:func:`epoch_orders`) and whether the
+ranks together saw every sample once (:func:`coverage`).
 
-**A real job.** :func:`launch_ddp` runs the rank script :mod:`.ddp_train` under torchrun on this machine (the
-reader's interpreter, ``gloo`` on CPU cores or ``nccl`` with one process per GPU), bound to loopback and with
-every process stopped after (:mod:`.torchrun`), and reads the ranks' JSON files into a :class:`DistributedRun`.
-A failing rank becomes a :class:`DistributedRunError` naming the rank and its exception. Runs on several
-machines use the same script with torchrun's rendezvous arguments (:func:`multi_node_command`).
+**A real job**: :func:`launch_ddp` runs :mod:`.ddp_train` under torchrun on this machine (:mod:`.torchrun`) and
+reads the ranks' records into a :class:`DistributedRun`, or raises :class:`DistributedRunError` naming the rank
+that failed. Several machines run the same script with torchrun's rendezvous (:func:`multi_node_command`).
 """
 
 from __future__ import annotations
@@ -93,8 +90,7 @@ def shard_table(
 
 
 def format_shard_table(table: Mapping[int, Sequence[int]], n: int, max_items: int = 20) -> str:
-    """A shard table as text: indices loaded more than once in total marked ``*`` (padding), and the samples
-    no rank loads (dropped by ``drop_last``)."""
+    """A shard table as text: padding (indices loaded more than once) marked ``*``, then what no rank loads."""
     counts = Counter(i for idx in table.values() for i in idx)
 
     def shown(idx: Sequence[int]) -> str:
@@ -133,8 +129,8 @@ class RankShare:
 
 
 def rank_share(n: int, world_size: int, drop_last: bool = False) -> RankShare:
-    """Each rank's share of ``n`` samples, as ``DistributedSampler`` computes it: ``ceil(n / W)``, the shortfall
-    padded with samples from the start of the order; with ``drop_last``, ``floor(n / W)`` and the rest left out."""
+    """Each rank's share of ``n`` samples, as ``DistributedSampler`` computes it: ``ceil(n / W)``, padded from
+    the start of the order; with ``drop_last``, ``floor(n / W)`` and the rest left out."""
     n, world_size = _check_world(n, world_size)
     per = n // world_size if drop_last else math.ceil(n / world_size)
     total = per * world_size
@@ -162,9 +158,8 @@ def epoch_orders(
 
 @dataclass
 class Coverage:
-    """Which of ``n`` samples the ranks loaded in one epoch, counted together: ``seen`` loads in all,
-    ``missing`` (no rank), ``repeated`` (``{index: times}``), ``out_of_range`` (a bug if any) and ``overlap``
-    (``{(r1, r2): samples both loaded}``)."""
+    """What the ranks loaded of ``n`` samples in one epoch: ``seen`` loads in all, ``missing`` (no rank),
+    ``repeated`` (``{index: times}``), ``out_of_range`` and ``overlap`` (``{(r1, r2): samples both loaded}``)."""
 
     n: int
     seen: int
@@ -398,24 +393,20 @@ def launch_ddp(
     width: int = 8,
     val_dir: str | os.PathLike[str] | None = None,
     val_limit: int | None = None,
-    set_epoch: bool = True,
-    drop_last: bool = False,
     fail_rank: int | None = None,
     data_dir: str | os.PathLike[str] | None = None,
     extra_args: Sequence[str] = (),
     timeout_s: float = 300.0,
     progress: Callable[[float, str], None] | None = None,
-    rdzv_endpoint: str | None = None,
 ) -> DistributedRun:
     """Train the chapter-01 model with DDP on ``nproc`` ranks (1 to :func:`max_processes`) started by torchrun.
 
-    ``batch_size`` is per rank (the global batch is ``nproc`` times that); throughput leaves out the first of
-    two or more ``epochs``. ``limit`` / ``val_limit`` train on / score that many images spread evenly over the
-    class-sorted set (None: all). ``data_dir`` / ``val_dir`` default to the chapter-01 sets (a ``data_dir`` of
-    your own without ``val_dir``: no validation). ``set_epoch=False`` shows the bug; ``fail_rank`` raises on
-    purpose; ``extra_args`` go to :mod:`.ddp_train`. Each rank computes with one thread: size the job for the
-    machine. Raises ValueError before anything starts (a setting out of range, named); :class:`DistributedRunError`
-    (a rank failed, or ``timeout_s`` passed) or the reader's ``KeyboardInterrupt`` once every process is stopped.
+    ``batch_size`` is per rank; throughput leaves out the first of two or more ``epochs``. ``limit`` /
+    ``val_limit``: train on / score that many images spread over the class-sorted set. ``data_dir`` / ``val_dir``
+    default to the chapter-01 sets (your ``data_dir`` without ``val_dir``: no validation). ``fail_rank`` fails
+    on purpose; ``extra_args`` go to :mod:`.ddp_train` (e.g. ``--no-set-epoch``, the bug). One thread per rank.
+    ValueError before anything starts; :class:`DistributedRunError` (a rank failed, or ``timeout_s`` passed) or
+    the reader's ``KeyboardInterrupt`` once every process is stopped.
     """
     settings = {
         "nproc": check_int("nproc", nproc, 1, max_processes()),
@@ -433,11 +424,9 @@ def launch_ddp(
         data_dir, val_dir = info.train_dir, info.val_dir if val_dir is None else val_dir
     args = [f"--data-dir={data_dir}"] + ["--no-val" if val_dir is None else f"--val-dir={val_dir}"]
     args += [f"--{k.replace('_', '-')}={v}" for k, v in settings.items() if k != "nproc" and v is not None]
-    args += (["--no-set-epoch"] if not set_epoch else []) + (["--drop-last"] if drop_last else [])
-    settings |= {"set_epoch": set_epoch, "drop_last": drop_last}
     with torchrun.work_dir() as work:
         args = [f"--out={work / 'results'}", *args, *extra_args]
-        cmd = torchrun_command(nproc, args, rdzv_endpoint=rdzv_endpoint, log_dir=work / "logs")
+        cmd = torchrun_command(nproc, args, log_dir=work / "logs")
         if progress is not None:
             progress(0.0, f"starting {nproc} process(es) (each imports torch)")
         job = torchrun.run_job(cmd, work, timeout_s, progress)
@@ -470,21 +459,16 @@ def _raise_if_failed(job: torchrun.Job, nproc: int, timeout_s: float) -> None:
 
 def plot_run(run: DistributedRun, ax: Any = None, *, title: str | None = None) -> Any:
     """Bars: each rank's items/s and the total (measured in ``run``)."""
-    from ...ui.plots import new_axes  # optional/heavy: matplotlib
+    from ...ui.plots import history_bars  # optional/heavy: matplotlib
 
-    ax = ax if ax is not None else new_axes((6.5, 3.2))
-    values = run.per_rank_items_per_s() + [run.total_items_per_s()]
-    bars = ax.bar(range(len(values)), values, color=["#4e79a7"] * (len(values) - 1) + ["#f28e2b"])
-    for b, v in zip(bars, values):
-        ax.annotate(f"{v:.0f}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=8)
-    ax.set_ylim(0, max(values) * 1.15 if max(values) > 0 else 1)
-    ax.set_xticks(range(len(values)))
-    ax.set_xticklabels([f"rank {r['rank']}" for r in run.ranks] + ["total"])
-    ax.set_ylabel("training throughput (items/s)")
-    s = run.settings
+    values, s = run.per_rank_items_per_s() + [run.total_items_per_s()], run.settings
     default = f"{run.nproc} rank(s), {run.backend}, {s.get('workers', 0)} worker(s)/rank, "
-    ax.set_title(title or default + f"batch {s.get('batch_size', '?')}/rank")
-    ax.grid(axis="y", alpha=0.3)
+    labels = [f"rank {r['rank']}" for r in run.ranks] + ["total"]
+    title = title or default + f"batch {s.get('batch_size', '?')}/rank"
+    ax = history_bars(labels, values, ax, ylabel="training throughput (items/s)", title=title)
+    for i, v in enumerate(values):
+        ax.annotate(f"{v:.0f}", (i, v), ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, max(values) * 1.15 if max(values) > 0 else 1)
     return ax
 
 

@@ -1,15 +1,12 @@
 """Running torchrun on this machine: bound to loopback, and with every process it started stopped after.
 
-**Nothing listens beyond this machine.** c10d's TCPStore server binds the wildcard address (``::``) whatever
-host it is given, unless it is handed a socket that is already bound, so plain torchrun exposes its rendezvous
-store on every interface. :func:`torchrun_command` runs torchrun through this module instead
-(``python -m helpers.chapters.ch07.torchrun``, :func:`loopback_torchrun`), which hands the stores sockets
-bound to 127.0.0.1; ``--local-addr=127.0.0.1`` and ``MASTER_ADDR`` make the ranks meet there, and
-:func:`loopback_env` puts gloo and NCCL on the loopback interface.
+**Nothing listens beyond this machine.** c10d's TCPStore server binds the wildcard address whatever host it is
+given, unless handed a socket already bound; so torchrun runs through this module (:func:`loopback_torchrun`),
+which hands its stores sockets bound to 127.0.0.1, and :func:`loopback_env` keeps gloo and NCCL on loopback.
 
-**Nothing is left behind.** :func:`run_job` tracks every process the job starts (torchrun; the ranks, each in
-its own session; their DataLoader workers) and, when the job ends, times out or is interrupted, terminates then
-kills whatever is left. A killed parent takes torchrun with it (Linux's parent-death signal).
+**Nothing is left behind.** :func:`run_job` tracks every process the job starts (torchrun, the ranks, their
+DataLoader workers) and stops them all when it ends, times out or is interrupted; a killed parent takes torchrun
+with it (Linux's parent-death signal).
 """
 
 from __future__ import annotations
@@ -33,26 +30,11 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import psutil
 
-__all__ = ["torchrun_command", "loopback_env", "loopback_torchrun", "process_alive"]
-__all__ += ["listening_sockets", "work_dir", "Job", "run_job"]
 
-
-def torchrun_command(
-    nproc: int, script_args: Sequence[str], *, rdzv_endpoint: str | None = None, log_dir: str | Path | None = None
-) -> list[str]:
-    """The command line that runs :mod:`.ddp_train` under torchrun on this machine, through this module: every
-    store it serves bound to 127.0.0.1 and the ranks told to meet there; ``--standalone`` (a store on a free
-    port) or ``rdzv_endpoint`` (a 127.0.0.1 address)."""
-    if rdzv_endpoint and not _is_loopback_host(rdzv_endpoint.rsplit(":", 1)[0]):
-        raise ValueError(
-            f"rdzv_endpoint: {rdzv_endpoint!r} is not a loopback address; a single-machine run listens on "
-            "127.0.0.1 only (a job on several machines: distributed.multi_node_command)"
-        )
-    cmd = [sys.executable, "-m", "helpers.chapters.ch07.torchrun", "--local-addr=127.0.0.1"]
-    if rdzv_endpoint:
-        cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-id=workbook", "--nnodes=1"]
-    else:
-        cmd += ["--standalone"]
+def torchrun_command(nproc: int, script_args: Sequence[str], *, log_dir: str | Path | None = None) -> list[str]:
+    """The command line that runs :mod:`.ddp_train` under torchrun (``--standalone``: a store on a free port) on
+    this machine, through this module: every store it serves bound to 127.0.0.1, the ranks told to meet there."""
+    cmd = [sys.executable, "-m", "helpers.chapters.ch07.torchrun", "--local-addr=127.0.0.1", "--standalone"]
     cmd += [f"--nproc-per-node={nproc}", "--max-restarts=0"] + ([f"--log-dir={log_dir}"] if log_dir else [])
     return cmd + ["-m", "helpers.chapters.ch07.ddp_train", *script_args]
 
@@ -97,8 +79,8 @@ def _listen_on_loopback(port: int) -> tuple[int, int]:
 
 
 def _loopback_tcpstore(base: type) -> type:
-    """``base`` (``torch.distributed.TCPStore``), whose server for a loopback host binds 127.0.0.1 only: c10d's
-    server binds the wildcard address unless given ``master_listen_fd``, a socket already bound and listening."""
+    """``base`` (``torch.distributed.TCPStore``), whose server for a loopback host binds 127.0.0.1 only (handed
+    as ``master_listen_fd``, a socket already bound and listening)."""
 
     class LoopbackTCPStore(base):
         def __init__(
@@ -141,12 +123,9 @@ def _loopback_tcpstore(base: type) -> type:
 
 
 def loopback_torchrun(argv: Sequence[str] | None = None) -> None:
-    """torchrun (``torch.distributed.run``) with every store it serves bound to 127.0.0.1.
-
-    ``python -m helpers.chapters.ch07.torchrun [torchrun options] -m module ...``: replaces ``TCPStore`` in
-    torchrun's rendezvous modules, then calls torchrun's own ``main``. For one machine only (with
-    ``--standalone`` or a 127.0.0.1 endpoint, and ``--local-addr=127.0.0.1``): others can't reach loopback.
-    """
+    """``python -m helpers.chapters.ch07.torchrun [torchrun options] -m module ...``: torchrun's own ``main``
+    with ``TCPStore`` replaced in its rendezvous modules, so every store it serves binds 127.0.0.1 (one machine
+    only: ``--standalone`` or a 127.0.0.1 endpoint, and ``--local-addr=127.0.0.1``)."""
     import torch.distributed as dist
     import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend as c10d_backend
     import torch.distributed.elastic.rendezvous.dynamic_rendezvous  # noqa: F401  (uses dist.TCPStore)
@@ -204,8 +183,8 @@ class _Tracker:
             self.listening.update(listening_sockets(self.procs.values()))
 
     def orphans(self) -> None:
-        """Add processes left in a tracked process's group after their parent died (re-parented): torchrun
-        starts each rank in its own session, so a rank's DataLoader workers keep the rank's group."""
+        """Add processes left in a tracked process's group after their parent died: each rank has its own
+        session (torchrun starts it so), which its DataLoader workers keep when re-parented."""
         if not hasattr(os, "getpgid"):  # pragma: no cover - not POSIX
             return
         groups = set(self.procs)  # a rank's pid is its group id (new session)
@@ -259,8 +238,8 @@ def work_dir() -> Iterator[Path]:
 
 
 def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get SIGTERM when its parent dies (Linux only): a killed or
-    restarted kernel then stops torchrun (and its ranks) instead of leaving it running as an orphan."""
+    """A ``preexec_fn`` that makes the child get SIGTERM when its parent dies (Linux only): a killed kernel
+    then stops torchrun and its ranks."""
     if not sys.platform.startswith("linux"):
         return None
     try:
