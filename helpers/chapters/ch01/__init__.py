@@ -21,7 +21,6 @@ from ...core.device import resolve_device
 from ...core.evidence import Evidence
 from ...core.progress import ProgressFn, no_progress, scaled
 from ...core.results import Record, ResultSet
-from ...core.validate import check_int
 from ...pipeline.data import default_sizes
 from ...pipeline.train import Prediction
 from ...ui import plots
@@ -65,7 +64,7 @@ def benchmark(
     dev = resolve_device(device)
     report = progress or no_progress
     sizes = default_sizes()
-    n_steps = check_int("steps", steps, 1, 1000) if steps is not None else sized(6, 20)
+    n_steps = steps if steps is not None else sized(6, 20)
     widths = [int(w) for w in widths]
     for i, width in enumerate(widths):
         p: dict[str, Any] = {"batch_size": sizes["batch_size"], "crop_size": sizes["crop_size"], "width": width}
@@ -126,16 +125,10 @@ def panel_run(
     report = progress or no_progress
     report(0.1, "building data set, loader and model")
     dev = resolve_device(device)
-    n = check_int("steps", steps, 1, 1000) if steps is not None else sized(quick=4, full=10, laptop=5)
+    n = steps if steps is not None else sized(quick=4, full=10, laptop=5)  # step_anatomy checks it
     pipeline: dict[str, Any] = {"make_loader": make_loader, "to_device": to_device, "train_step": train_step}
-    settings: dict[str, Any] = {
-        "batch_size": batch_size,
-        "crop_size": crop_size,
-        "width": width,
-        "depth": 3,
-        "steps": n,
-    }
-    a = step_anatomy(**settings, warmup=1, device=dev, progress=scaled(report, 0.1, 1.0), **pipeline)
+    sizes: dict[str, Any] = {"batch_size": batch_size, "crop_size": crop_size, "width": width, "depth": 3}
+    a = step_anatomy(**sizes, steps=n, warmup=1, device=dev, progress=scaled(report, 0.1, 1.0), **pipeline)
     report(1.0, "done")
     what = f"a baseline step (batch {batch_size}, {crop_size} px, width {width}; {n} steps)"
     return evidence.measured(what, a, dev, method=METHOD)

@@ -48,11 +48,8 @@ class InjectedFailure(RuntimeError):
 
 
 class IndexedDataset(Dataset):
-    """``(*item, index)`` for each item of ``base``, so the coverage check counts what the ranks really loaded.
-
-    ``size`` keeps ``size`` items spread evenly over ``base`` (item ``i`` is base item
-    ``i * len(base) // size``), so a class-sorted folder keeps every class. Picklable (workers).
-    """
+    """``(*item, index)`` for ``size`` items spread evenly over ``base`` (item ``i`` is ``i * len(base) // size``:
+    a class-sorted folder keeps every class); the index lets the coverage check count what the ranks loaded."""
 
     def __init__(self, base: Any, size: int | None = None) -> None:
         self.base = base
@@ -87,12 +84,8 @@ def evaluate_shared(
     batch_size: int = 64,
     reduce: bool = True,
 ) -> tuple[int, int]:
-    """Top-1 ``(correct, total)`` on ``dataset``, this rank scoring items ``rank, rank + world, ...``.
-
-    The shares are disjoint and cover every item once (no padding, unlike ``DistributedSampler``); with
-    ``reduce`` both counts are summed over the ranks (``all_reduce``), so every rank returns the whole-set
-    figures. Items are ``(uint8 image, label, ...)``, normalised on ``device``; the model's mode is restored.
-    """
+    """Top-1 ``(correct, total)`` on ``dataset`` (items ``(uint8 image, label, ...)``), this rank scoring items
+    ``rank, rank + world, ...``: every item once, no padding. With ``reduce`` the counts are summed over the ranks."""
     was_training = model.training
     model.eval()
     counts = torch.zeros(2, dtype=torch.int64, device=device)  # on the device: nccl reduces CUDA tensors

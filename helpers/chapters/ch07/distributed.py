@@ -80,8 +80,7 @@ def shard_indices(
 def shard_table(
     n: int, world_size: int, *, shuffle: bool = False, seed: int = 0, epoch: int | None = 0, drop_last: bool = False
 ) -> dict[int, list[int]]:
-    """``{rank: indices}`` for every rank (:func:`shard_indices`); unshuffled by default, so the interleaving
-    (rank ``r`` takes positions ``r, r + W, r + 2W, ...``) shows."""
+    """``{rank: indices}`` for every rank; unshuffled by default, so the interleaving (``r, r + W, ...``) shows."""
     n, world_size = _check_world(n, world_size)
     return {
         r: shard_indices(n, world_size, r, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
@@ -110,7 +109,7 @@ def format_shard_table(table: Mapping[int, Sequence[int]], n: int, max_items: in
 @dataclass(frozen=True)
 class RankShare:
     """How ``n`` samples split over ``world_size`` ranks in one epoch: ``per_rank`` each, ``total`` together,
-    ``padded`` repeated samples (``drop_last=False``) or ``dropped`` ones no rank loads (``drop_last=True``)."""
+    ``padded`` repeats (``drop_last=False``) or ``dropped`` ones no rank loads."""
 
     n: int
     world_size: int
@@ -140,8 +139,7 @@ def rank_share(n: int, world_size: int, drop_last: bool = False) -> RankShare:
 def batches_per_rank(
     n: int, world_size: int, batch_size: int, *, drop_last: bool = False, loader_drop_last: bool = False
 ) -> int:
-    """Optimizer steps per rank and epoch. ``drop_last`` is the sampler's (samples), ``loader_drop_last`` the
-    DataLoader's (a final short batch): two different settings."""
+    """Optimizer steps per rank and epoch; ``drop_last`` is the sampler's, ``loader_drop_last`` the DataLoader's."""
     batch_size = check_int("batch_size", batch_size, 1, 1 << 20)
     per = rank_share(n, world_size, drop_last).per_rank
     return per // batch_size if loader_drop_last else math.ceil(per / batch_size)
@@ -150,8 +148,7 @@ def batches_per_rank(
 def epoch_orders(
     n: int, world_size: int = 2, rank: int = 0, epochs: int = 3, *, seed: int = 0, call_set_epoch: bool = True
 ) -> list[list[int]]:
-    """Rank ``rank``'s order in each of ``epochs`` epochs (shuffled). Without ``set_epoch`` the sampler shuffles
-    with the same seed every time: every epoch repeats the first (and each rank keeps its subset for ever)."""
+    """Rank ``rank``'s order in each of ``epochs`` epochs; without ``set_epoch`` every epoch repeats the first."""
     epochs = check_int("epochs", epochs, 1, 10_000)
     return [shard_indices(n, world_size, rank, seed=seed, epoch=e if call_set_epoch else None) for e in range(epochs)]
 
@@ -216,13 +213,9 @@ def coverage(indices_by_rank: Mapping[int, Sequence[int]] | Sequence[Sequence[in
 
 
 class DistributedRunError(RuntimeError):
-    """A torchrun job failed or timed out; every process it started has been stopped by then.
-
-    The message names the first rank that failed and its exception. Attributes: ``rank`` (None if unknown),
-    ``error_type`` / ``error_message`` / ``rank_traceback`` (that rank's exception), ``returncode`` (torchrun's;
-    None after a timeout), ``timed_out``, ``stdout`` / ``stderr`` (torchrun's, all ranks), ``tracked_pids``
-    (every process the job started) and ``leftover_pids`` (those alive after clean-up: should be none).
-    """
+    """A torchrun job failed or timed out, every process it started stopped by then; the message names the first
+    rank that failed (``rank``, None if unknown) and its ``error_type``, ``error_message`` and ``rank_traceback``;
+    the rest as :class:`~.torchrun.Job` has it."""
 
     def __init__(self, message: str, job: torchrun.Job) -> None:
         super().__init__(message)
@@ -231,12 +224,8 @@ class DistributedRunError(RuntimeError):
         self.error_type: str = cause.get("type", "")
         self.error_message: str = cause.get("message", "")
         self.rank_traceback: str = cause.get("traceback", "")
-        self.returncode, self.timed_out, self.stdout, self.stderr = (
-            job.returncode,
-            job.timed_out,
-            job.stdout,
-            job.stderr,
-        )
+        self.returncode, self.timed_out = job.returncode, job.timed_out
+        self.stdout, self.stderr = job.stdout, job.stderr
         self.tracked_pids, self.leftover_pids = list(job.tracked_pids), list(job.leftover_pids)
 
 
@@ -367,11 +356,8 @@ def multi_node_command(
     rdzv_id: str = "job42",
     script: str = "-m helpers.chapters.ch07.ddp_train --out results/",
 ) -> str:
-    """The command to type on *each* of ``nnodes`` machines (shown, never run here).
-
-    They meet at ``rdzv_endpoint`` (``host:port`` of one of them, reachable by all) under ``rdzv_id``. With
-    c10d, ranks are assigned at rendezvous, so ``--node-rank`` is optional: it pins the machines' order.
-    """
+    """The command to type on *each* of ``nnodes`` machines (shown, never run here): they meet at
+    ``rdzv_endpoint`` (``host:port`` of one of them). c10d assigns ranks at rendezvous; ``node_rank`` pins them."""
     check_int("nnodes", nnodes, 1, 100_000)
     check_int("nproc_per_node", nproc_per_node, 1, 4096)
     if ":" not in rdzv_endpoint:

@@ -299,11 +299,9 @@ def _root_cause(results: Path, stderr: str) -> dict[str, Any]:
 
 @dataclass(kw_only=True)
 class Job:
-    """One torchrun job (:func:`run_job`): the command, the records the ranks wrote (sorted by rank), the seconds
-    from launch to exit (start-up included), torchrun's output, every process it started and those alive after
-    clean-up (should be none), ``(pid, address, port)`` of every TCP socket it was seen listening on (sampled
-    twice a second), torchrun's exit code (None after a timeout) and the first failure (``cause``: its rank,
-    type, message and traceback)."""
+    """One torchrun job (:func:`run_job`): the ranks' records (by rank), seconds from launch to exit, torchrun's
+    output, every process started and those alive after clean-up (should be none), ``(pid, address, port)`` of
+    every TCP socket seen listening, the exit code (None after a timeout) and the first failure (``cause``)."""
 
     command: list[str]
     ranks: list[dict[str, Any]]
@@ -334,9 +332,8 @@ def _follow(proc: subprocess.Popen[bytes], tracker: _Tracker, deadline: float, f
 
 
 def run_job(cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable[[float, str], None] | None) -> Job:
-    """Run ``cmd`` (:func:`torchrun_command`) in ``work`` for at most ``timeout_s``, following rank 0's steps,
-    then stop every process it started. A ``KeyboardInterrupt`` (the reader's, or ``progress``'s) is raised again
-    once they are stopped, with ``tracked_pids`` and ``leftover_pids``."""
+    """Run ``cmd`` in ``work`` for at most ``timeout_s``, following rank 0's steps, then stop every process it
+    started; a ``KeyboardInterrupt`` is raised again once they are, with ``tracked_pids`` and ``leftover_pids``."""
     t0, results, seen = time.perf_counter(), work / "results", [-1]
     follow = (lambda: _report_progress(results, progress, seen)) if progress is not None else (lambda: None)
     with open(work / "stdout.txt", "wb") as out, open(work / "stderr.txt", "wb") as err:
