@@ -84,19 +84,16 @@ def _collate_timer(loader: Iterable[Any]) -> Iterator[TimedCollate | None]:
     """The loader's collate function with a clock around it (:class:`~helpers.pipeline.data.TimedCollate`, the
     original put back at the end), when it runs in this process (``num_workers=0``); else None."""
     collate = getattr(loader, "collate_fn", None)
-    if collate is None or getattr(loader, "num_workers", 1) != 0:
+    ours = isinstance(collate, TimedCollate) or isinstance(loader, torch.utils.data.DataLoader)
+    if collate is None or getattr(loader, "num_workers", 1) != 0 or not ours:
         yield None
-    elif isinstance(collate, TimedCollate):
-        yield collate
-    elif isinstance(loader, torch.utils.data.DataLoader):
-        timed = TimedCollate(collate)
-        loader.collate_fn = timed  # read by the next iter(loader)
-        try:
-            yield timed
-        finally:
-            loader.collate_fn = collate
-    else:
-        yield None
+        return
+    timed = collate if isinstance(collate, TimedCollate) else TimedCollate(collate)
+    loader.collate_fn = timed  # type: ignore[attr-defined]  # read by the next iter(loader)
+    try:
+        yield timed
+    finally:
+        loader.collate_fn = collate  # type: ignore[attr-defined]
 
 
 def record_steps(
@@ -111,19 +108,15 @@ def record_steps(
     start_step: int = 0,
     progress: Callable[..., None] | None = None,
 ) -> int:
-    """Run ``steps`` steps of the reader's pipeline, recording every phase as a span of ``recorder`` (without
-    one: a host-clock recorder that is dropped, as for untimed warm-up steps).
-
-    Each step makes chapter 01's loop's calls one at a time, each in its own span::
+    """Run ``steps`` steps of the reader's pipeline (numbered from ``start_step``, the loader restarted when it
+    runs out), each call in its own span of ``recorder`` (None: one that is dropped, for warm-up steps)::
 
         x, y = next(it)                              # load (and collate, when it runs in this process)
         x, y = to_device(x, y)                       # h2d (then "normalize" for uint8 batches)
         loss = train_step(model, optimizer, x, y)    # forward | backward | optimizer
 
-    ``train_step`` runs as written; hooks mark where its phases meet (:func:`_phase_hooks`: the loss and
-    ``zero_grad`` count as "backward"). On CUDA the spans are CUDA events. When the loader runs out, the next
-    epoch begins. Steps are numbered from ``start_step``; the caller calls ``recorder.finish()``. Returns
-    ``steps``; ValueError for bad ``steps``/``start_step`` or a loader that yields no batch at all.
+    ``train_step`` runs as written; hooks mark where its phases meet (:func:`_phase_hooks`). On CUDA the spans
+    are CUDA events; the caller calls ``recorder.finish()``. Returns ``steps``.
     """
     check_int("steps", steps, 0, 10**9)
     check_int("start_step", start_step, 0, 10**9)
@@ -140,7 +133,15 @@ def record_steps(
                 if timed is not None:
                     timed.last = None
                 h0 = recorder.now()
-                it, (x, y) = _next_batch(it, loader)
+                batch = next(it, None)
+                if batch is None:  # the loader ran out: the next epoch begins
+                    it = iter(loader)
+                    if (batch := next(it, None)) is None:
+                        raise ValueError(
+                            "the loader yielded no batch; check the data set and the batch size "
+                            "(with drop_last=True a data set smaller than one batch yields none)"
+                        )
+                x, y = batch
                 _record_wait(recorder, step, h0, timed, pinning)
                 with recorder.span("h2d", step, gpu=True, lane=COPY_LANE):
                     x, y = to_device(x, y)
@@ -154,20 +155,6 @@ def record_steps(
         finally:
             del it  # a loader with workers shuts them down when its iterator goes
     return steps
-
-
-def _next_batch(it: Iterator[Any], loader: Iterable[Any]) -> tuple[Iterator[Any], Any]:
-    """The next batch; when the loader has run out, the first of the next epoch (a new iterator)."""
-    batch = next(it, None)
-    if batch is None:
-        it = iter(loader)
-        batch = next(it, None)
-        if batch is None:
-            raise ValueError(
-                "the loader yielded no batch; check the data set and the batch size "
-                "(with drop_last=True a data set smaller than one batch yields none)"
-            )
-    return it, batch
 
 
 def lane_overlap(trace: SpanTrace, lane_a: str, lane_b: str) -> float:
