@@ -215,13 +215,7 @@ class Anatomy:
 
 
 #: :func:`step_anatomy`'s size arguments and their ranges.
-_RANGES = {
-    "batch_size": (1, 1024),
-    "crop_size": (16, 512),
-    "steps": (1, 1000),
-    "warmup": (0, 100),
-    "num_workers": (0, 64),
-}
+_RANGES = dict(batch_size=(1, 1024), crop_size=(16, 512), steps=(1, 1000), warmup=(0, 100), num_workers=(0, 64))
 
 
 def step_anatomy(

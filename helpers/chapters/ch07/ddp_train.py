@@ -11,6 +11,7 @@ the indices it loaded per epoch, items/s, loss, accuracy and a checksum of its p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -308,10 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     finally:
         if dist.is_available() and dist.is_initialized():
-            try:
+            with contextlib.suppress(Exception):  # a broken group can't be torn down cleanly; the process exits
                 dist.destroy_process_group()
-            except Exception:  # a broken group can't be torn down cleanly; the process exits anyway
-                pass
 
 
 if __name__ == "__main__":
