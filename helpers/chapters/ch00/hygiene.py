@@ -1,12 +1,10 @@
-"""Chapter 00's measurement-hygiene experiments: each runs one small, real experiment and returns
-:class:`helpers.core.timing.Timing` objects (warm-up, synchronisation, CUDA events, the panel's operation),
-and the clocks' rows, measured here or read from reference records (``ch00.matmul_time_s``).
+"""Chapter 00's measurement-hygiene experiments (warm-up, synchronisation, CUDA events, the panel's operation),
+each a small real one returning :class:`~helpers.core.timing.Timing`, and the clocks' rows, measured or recorded.
 """
 
 from __future__ import annotations
 
 import textwrap
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -15,7 +13,7 @@ import torch
 from ...core import agreement
 from ...core.device import resolve_device
 from ...core.results import Record, ResultSet
-from ...core.timing import Timing, cuda_event_time, measure, synchronize, time_calls
+from ...core.timing import Timing, cuda_event_time, measure, time_calls
 from ...core.validate import check_choice, check_float, check_int
 from ...pipeline.transfer import check_host_bytes
 
@@ -33,8 +31,8 @@ OPERATIONS: dict[str, str] = {
 
 
 def make_op(op: str, n: int, device: torch.device | str) -> Callable[[], Any]:
-    """A closure that runs ``op`` at size ``n`` on inputs allocated on ``device`` (at most 1 GiB, and what
-    :func:`~helpers.pipeline.transfer.check_host_bytes` allows; ValueError otherwise)."""
+    """A closure that runs ``op`` at size ``n`` on inputs allocated on ``device`` (at most 1 GiB, and what the
+    host's free memory allows; ValueError otherwise)."""
     check_choice("op", op, OPERATIONS)
     n = check_int("n", n, 1, 16384)
     need = 3 * n * n * 4
@@ -55,15 +53,7 @@ def estimate_call_s(op: str, n: int, device: torch.device | str, *, probe_s: flo
     ``n**2`` otherwise). Small sizes run less efficiently, so this errs on the slow side."""
     n0 = min(n, 256)
     while True:
-        fn = make_op(op, n0, device)
-        fn()
-        synchronize(device)
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            fn()
-            synchronize(device)
-            best = min(best, time.perf_counter() - t0)
+        best = time_calls(make_op(op, n0, device), repeats=3, warmup=1, device=device).min_s
         if best >= probe_s or n0 >= n:
             break
         n0 = min(n, 2 * n0)
@@ -90,7 +80,7 @@ def calls_within(
     return min(wanted, fit)
 
 
-def warmup_demo(device: torch.device | str, repeats: int = 15, channels: int = 7, size: int = 20) -> Timing:
+def warmup_demo(device: torch.device | str, repeats: int = 15) -> Timing:
     """The first ``repeats`` calls of a freshly built convolution, no warm-up (``times_s[0]``: the first).
 
     The first call pays one-off costs: allocation, kernel selection, library set-up. On a GPU the CUDA
@@ -99,13 +89,11 @@ def warmup_demo(device: torch.device | str, repeats: int = 15, channels: int = 7
     problem is small on purpose, so the one-off cost is not drowned by the work.
     """
     check_int("repeats", repeats, 2, 10_000)
-    check_int("channels", channels, 1, 1024)
-    check_int("size", size, 8, 1024)
     dev = torch.device(device)
     torch.manual_seed(0)
-    # A channel count and size not used elsewhere, so nothing is cached from earlier cells.
-    conv = torch.nn.Conv2d(channels, channels + 3, kernel_size=5, padding=2).to(dev)
-    x = torch.randn(4, channels, size, size, device=dev)
+    # 7 -> 10 channels at 20 px: a shape not used elsewhere, so nothing is cached from earlier cells.
+    conv = torch.nn.Conv2d(7, 10, kernel_size=5, padding=2).to(dev)
+    x = torch.randn(4, 7, 20, 20, device=dev)
     with torch.no_grad():
         return time_calls(lambda: conv(x), repeats=repeats, warmup=0, device=dev, label="fresh conv2d, no warm-up")
 
@@ -113,11 +101,8 @@ def warmup_demo(device: torch.device | str, repeats: int = 15, channels: int = 7
 def sync_demo(
     device: torch.device | str, n: int = 2048, repeats: int = 10, *, max_seconds: float = SYNC_DEMO_MAX_SECONDS
 ) -> dict[str, Timing]:
-    """The same matrix product timed with and without synchronising before reading the clock.
-
-    On a GPU, ``"no sync"`` measures only how long the CPU takes to *queue* the kernel; on a CPU both time
-    the same work (:func:`sync_verdict`). ``repeats`` is cut (to at least 3 each) to fit ``max_seconds``.
-    """
+    """The same matrix product timed with and without synchronising before reading the clock: on a GPU, ``"no
+    sync"`` times only the *queueing*; on a CPU both time the work. ``repeats`` is cut (to >= 3) to fit."""
     dev = torch.device(device)
     check_int("repeats", repeats, 1, 100_000)
     repeats = calls_within("matmul", n, dev, wanted=2 * repeats, overhead=3, max_seconds=max_seconds, least=6) // 2
@@ -130,9 +115,8 @@ def sync_demo(
 
 
 def sync_verdict(no_sync: Timing, sync: Timing, *, width: int = 100) -> str:
-    """On a CPU (both clocks time the same work), whether :func:`sync_demo`'s two timings agree: their
-    quartiles overlap (:func:`helpers.core.agreement.spreads_overlap`). If not, the gap is warm-up or load,
-    not the clock, and the faster is to trust (load and warm-up only add time). Wrapped at ``width``."""
+    """On a CPU (both clocks time the same work), whether :func:`sync_demo`'s two timings agree: their quartiles
+    overlap. If not, the gap is warm-up or load, not the clock, and the faster is to trust."""
     (a_lo, a_hi), (b_lo, b_hi) = no_sync.quartiles_s, sync.quartiles_s
     a_ms, b_ms = no_sync.median_s * 1e3, sync.median_s * 1e3
     pair = f"no sync {a_ms:.3f} ms (timed first) and sync {b_ms:.3f} ms (timed second)"
@@ -187,8 +171,8 @@ def time_op(
 
 @dataclass(frozen=True)
 class ClockTiming:
-    """One ``n x n`` matrix product timed by one clock (a row of :func:`clock_table`): ``"no sync"``, ``"sync"``,
-    ``"CUDA events"`` or ``"wall clock + sync"``; ``iqr_s`` is None when a record has no spread."""
+    """One ``n x n`` matrix product timed by one clock (a row of :func:`clock_table`); ``iqr_s``: None when a
+    record has no spread."""
 
     clock: str
     n: int
@@ -202,8 +186,7 @@ def clock_timings(timings: dict[str, Timing] | None, n: int) -> list[ClockTiming
 
 
 def clock_timings_from_records(rs: ResultSet, records: list[Record]) -> list[ClockTiming] | None:
-    """Reference records of ``ch00.matmul_time_s`` as rows (an evidence ``convert``): only those recorded on a
-    CUDA GPU (on a CPU the clocks agree: no reference for GPU timings); None, read as missing, otherwise."""
+    """Reference records of ``ch00.matmul_time_s`` recorded on a CUDA GPU as rows; else None (missing)."""
     if not rs.hardware.get("gpu_name"):
         return None
     rows = [

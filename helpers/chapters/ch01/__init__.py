@@ -1,7 +1,6 @@
 """Chapter 01 · The baseline pipeline: its live panel (a fresh model trained a few steps through the reader's
-``make_loader``, ``to_device`` and ``train_step``, at the batch size, image size and width the reader picks), its
-benchmark (``ch01.*``), the breakdown recorded on a GPU (:func:`reference_anatomy`), and the verdicts on the
-bottleneck model's prediction against the measured steps (:func:`step_verdict`, :func:`regimes_verdict`).
+functions), its benchmark (``ch01.*``), the breakdown recorded on a GPU (:func:`reference_anatomy`), and the
+verdicts on the bottleneck model's prediction against the measured steps (:func:`step_verdict`).
 
 >>> panel = widgets.Panel.for_chapter(ch01, device=DEVICE, **PIPELINE,
 ...                                   defaults=dict(batch_size=BATCH_SIZE, crop_size=CROP, width=WIDTH))
@@ -22,7 +21,6 @@ from ...core.device import resolve_device
 from ...core.evidence import Evidence
 from ...core.progress import ProgressFn, no_progress, scaled
 from ...core.results import Record, ResultSet
-from ...core.validate import check_int
 from ...pipeline.data import default_sizes
 from ...pipeline.train import Prediction
 from ...ui import plots
@@ -53,10 +51,8 @@ def benchmark(
     steps: int | None = None,
     warmup: int = 3,
 ) -> None:
-    """Record the anatomy of a baseline step for each model width: ``num_workers=0``, pageable memory, blocking
-    copies, float batches, the mode's sizes. Headless, so :func:`~.anatomy.step_anatomy` runs chapter 01's
-    baseline (:func:`~.anatomy.baseline_train_step`) through :func:`~.anatomy.record_steps` (on a CPU too: h2d
-    is then a no-op). Keys (params batch_size, crop_size, width, depth, num_workers, steps):
+    """Record the anatomy of chapter 01's baseline step (:func:`~.anatomy.step_anatomy`, headless) for each model
+    width at the mode's sizes. Keys (params batch_size, crop_size, width, depth, num_workers, steps):
 
     - ``ch01.step.phase_time`` {phase}: s per step (load, collate, h2d, forward, backward, optimizer)
     - ``ch01.step.step_time``: s per step, measured; ``ch01.step.samples_per_s``: items/s
@@ -68,7 +64,7 @@ def benchmark(
     dev = resolve_device(device)
     report = progress or no_progress
     sizes = default_sizes()
-    n_steps = check_int("steps", steps, 1, 1000) if steps is not None else sized(6, 20)
+    n_steps = steps if steps is not None else sized(6, 20)
     widths = [int(w) for w in widths]
     for i, width in enumerate(widths):
         p: dict[str, Any] = {"batch_size": sizes["batch_size"], "crop_size": sizes["crop_size"], "width": width}
@@ -95,8 +91,7 @@ def benchmark(
 
 
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """Batch size, image size (the crop the model sees) and model width; ``context["defaults"]`` may set their
-    starting values (default: :func:`helpers.pipeline.data.default_sizes` and width 16)."""
+    """Batch size, image size (the crop the model sees) and model width, starting at ``context["defaults"]``."""
     sizes = default_sizes()
     start = {"batch_size": sizes["batch_size"], "crop_size": sizes["crop_size"], "width": 16}
     start.update(context.get("defaults") or {})
@@ -125,22 +120,15 @@ def panel_run(
     train_step: StepFn | None = None,
     **context: Any,
 ) -> Evidence[Anatomy]:
-    """A few steps (default 4 quick, 5 laptop, 10 full, after one untimed) of a fresh model at the panel's
-    settings through the reader's ``make_loader``, ``to_device`` and ``train_step`` (without them, the
-    baseline): measured here, on any device."""
+    """A few steps of a fresh model at the panel's settings through the reader's ``make_loader``, ``to_device``
+    and ``train_step`` (without them, the baseline): measured here, on any device."""
     report = progress or no_progress
     report(0.1, "building data set, loader and model")
     dev = resolve_device(device)
-    n = check_int("steps", steps, 1, 1000) if steps is not None else sized(quick=4, full=10, laptop=5)
+    n = steps if steps is not None else sized(quick=4, full=10, laptop=5)  # step_anatomy checks it
     pipeline: dict[str, Any] = {"make_loader": make_loader, "to_device": to_device, "train_step": train_step}
-    settings: dict[str, Any] = {
-        "batch_size": batch_size,
-        "crop_size": crop_size,
-        "width": width,
-        "depth": 3,
-        "steps": n,
-    }
-    a = step_anatomy(**settings, warmup=1, device=dev, progress=scaled(report, 0.1, 1.0), **pipeline)
+    sizes: dict[str, Any] = {"batch_size": batch_size, "crop_size": crop_size, "width": width, "depth": 3}
+    a = step_anatomy(**sizes, steps=n, warmup=1, device=dev, progress=scaled(report, 0.1, 1.0), **pipeline)
     report(1.0, "done")
     what = f"a baseline step (batch {batch_size}, {crop_size} px, width {width}; {n} steps)"
     return evidence.measured(what, a, dev, method=METHOD)
@@ -184,8 +172,8 @@ def panel_plot(history: list[Any], ax: Any) -> None:
 
 @dataclass
 class ReferenceAnatomy:
-    """A baseline-step breakdown :func:`benchmark` recorded on a GPU, per bar label
-    (``"width 16, batch 64, 224 px"``): phase -> s per step, measured s per step, span trace (dict form)."""
+    """A baseline-step breakdown :func:`benchmark` recorded on a GPU, per bar label (``"width 16, batch 64,
+    224 px"``): phase -> s per step, measured s per step, span trace (dict form)."""
 
     phases: dict[str, dict[str, float]]
     step_time: dict[str, float]
@@ -193,8 +181,7 @@ class ReferenceAnatomy:
 
 
 def anatomy_from_records(rs: ResultSet, records: list[Record]) -> ReferenceAnatomy | None:
-    """``ch01.step.phase_time`` records as a :class:`ReferenceAnatomy` (an evidence ``convert``): only a result
-    set recorded on a CUDA GPU counts; None (read as missing) otherwise."""
+    """``ch01.step.phase_time`` records recorded on a CUDA GPU as a :class:`ReferenceAnatomy`; else None."""
     if not rs.hardware.get("gpu_name"):
         return None
     phases: dict[str, dict[str, float]] = {}
@@ -218,8 +205,7 @@ def anatomy_from_records(rs: ResultSet, records: list[Record]) -> ReferenceAnato
 
 
 def reference_anatomy(note: str = "") -> Evidence[ReferenceAnatomy]:
-    """The newest breakdown of a baseline step recorded on a GPU (``ch01.step.phase_time``), or missing (nothing
-    made up); ``note`` is shown before it (e.g. the no-CUDA sentence)."""
+    """The newest breakdown of a baseline step recorded on a GPU, or missing; ``note`` is shown before it."""
     what = "the baseline step's phases on a GPU"
     return evidence.recorded(what, "ch01.step.phase_time", convert=anatomy_from_records, note=note)
 
@@ -247,8 +233,8 @@ _TRUST_GPU = ", and it assumes data overlaps compute by exactly one step."
 
 
 def _against_steps(pred: Prediction, step_times_s: Sequence[float], cuda: bool) -> tuple[str, float, bool, str]:
-    """(what the naive loop's prediction on this device is, its seconds, whether it lies within the measured
-    steps' range (:func:`helpers.core.agreement.within_range`), "within" / "below" / "above")."""
+    """(the naive loop's prediction on this device, its seconds, whether it lies within the measured steps'
+    range, "within" / "below" / "above")."""
     name, value = ("copy + max(data, compute)", pred.one_step_overlap) if cuda else ("sum", pred.serial)
     inside = agreement.within_range(value, step_times_s)
     where = "within" if inside else ("below" if value < min(step_times_s) else "above")
@@ -263,9 +249,8 @@ def step_verdict(
     pred: Prediction, step_times_s: Sequence[float], *, device: torch.device | str, width: int = 100
 ) -> str:
     """Whether the bottleneck model's prediction for this device's naive loop (a CPU: the sum of the phases; a
-    GPU: copy + max(data, compute)) lies within the measured steps' range (``step_times_s``:
-    :func:`~.anatomy.step_times`). If not, trust the measured step: the prediction leaves out what runs between
-    the phases. Wrapped at ``width``; ValueError for no step times or a non-finite one."""
+    GPU: copy + max(data, compute)) lies within the measured steps' range (:func:`~.anatomy.step_times`); if
+    not, trust the measured step. ValueError for no step times or a non-finite one."""
     cuda = torch.device(device).type == "cuda"
     name, value, inside, where = _against_steps(pred, step_times_s, cuda)
     loop = "a GPU pays copy + max(data, compute)" if cuda else "a CPU pays the sum of the phases"
@@ -284,7 +269,7 @@ def regimes_verdict(
     runs: Mapping[str, tuple[Prediction, Sequence[float]]], *, device: torch.device | str, width: int = 100
 ) -> str:
     """:func:`step_verdict` for each row of section 5's table (label -> (prediction, step times)), in one
-    sentence; ValueError for no rows or a row with no step times."""
+    sentence."""
     if not runs:
         raise ValueError("regimes_verdict needs at least one (prediction, step times) row")
     cuda = torch.device(device).type == "cuda"

@@ -1,18 +1,14 @@
-"""Chapter 01's step anatomy: the reader's training step timed phase by phase on the kernel's span recorder
-(:class:`helpers.core.timing.SpanRecorder`), and what the timeline shows.
-
-**What is timed is what is shown.** :func:`record_steps` calls the reader's own loader, ``to_device`` and
-``train_step``; two PyTorch hooks split the step into forward / backward / optimizer. :func:`step_anatomy` (and
-the live panel) runs a fresh model through it, with the reader's functions or, headless, chapter 01's
-baseline (:func:`baseline_train_step`). The phases' lanes and the bottleneck model are in
-:mod:`helpers.pipeline.train`.
+"""Chapter 01's step anatomy: the reader's own loader, ``to_device`` and ``train_step`` timed phase by phase on
+the kernel's :class:`~helpers.core.timing.SpanRecorder` (:func:`record_steps`; two PyTorch hooks split the step
+into forward / backward / optimizer), and a fresh model run through it (:func:`step_anatomy`, the live panel).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -32,7 +28,7 @@ from ...pipeline.train import (
     make_optimizer,
     predict_step_time,
 )
-from .training import _NULL, Transfer, _can_pin, _record_wait, _resolve_transfer
+from .training import _can_pin, _record_wait, _resolve_transfer
 
 #: Phase names in step order (``pin`` only for pinning loaders, ``normalize`` only for uint8 batches).
 PHASES: tuple[str, ...] = ("load", "collate", "pin", "h2d", "normalize", "forward", "backward", "optimizer")
@@ -47,8 +43,7 @@ StepFn = Callable[[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]
 def baseline_train_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
 ) -> torch.Tensor:
-    """Chapter 01's ``train_step`` for callers without a notebook: the same lines as the chapter's cell (a test
-    compares the weights). Returns the loss unread, so that nothing waits for the GPU."""
+    """Chapter 01's ``train_step`` cell, for callers without a notebook (a test compares the weights)."""
     loss = nn.functional.cross_entropy(model(x), y)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -56,55 +51,30 @@ def baseline_train_step(
     return loss.detach()
 
 
-def _baseline_to_device(device: torch.device, transfer: str | Transfer) -> ToDevice:
-    """``to_device(x, y)`` for :func:`step_anatomy` without the reader's: ``transfer`` to ``device``."""
-    move = _resolve_transfer(transfer)
-
-    def to_device(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return move((x, y), device)
-
-    to_device.__name__ = transfer if isinstance(transfer, str) else getattr(transfer, "__name__", "custom")
-    return to_device
-
-
-class _StepMarks:
-    """The spans inside one call of the reader's ``train_step``: one open at a time, switched by hooks."""
-
-    def __init__(self, recorder: SpanRecorder | None, lane: str) -> None:
-        self.recorder, self.lane, self.step = recorder, lane, 0
-        self._open: Any = None
-
-    def begin(self, name: str) -> None:
-        """Close the open span (if any) and open phase ``name`` of :attr:`step`."""
-        self.end()
-        if self.recorder is not None:
-            span = self.recorder.span(name, self.step, gpu=True, lane=self.lane)
-            span.__enter__()
-            self._open = span
-
-    def span(self, name: str, step: int, lane: str) -> Any:
-        """A span of its own (h2d, normalize), or nothing without a recorder."""
-        return _NULL if self.recorder is None else self.recorder.span(name, step, gpu=True, lane=lane)
-
-    def end(self) -> None:
-        span, self._open = self._open, None
-        if span is not None:
-            span.__exit__(None, None, None)
-
-
 @contextlib.contextmanager
-def _phase_hooks(model: nn.Module, optimizer: torch.optim.Optimizer, marks: _StepMarks) -> Iterator[None]:
-    """While active, ``model(x)`` returning begins "backward" and ``optimizer.step()`` beginning begins "optimizer":
-    PyTorch's hooks run on the host in order with the step's calls, so on a GPU their CUDA events sit in the
-    stream between the two phases' kernels."""
+def _phase_hooks(
+    model: nn.Module, optimizer: torch.optim.Optimizer, recorder: SpanRecorder, lane: str
+) -> Iterator[Callable[..., None]]:
+    """``begin(name, step)``: close the open phase span, open phase ``name`` (``None``: none). While active,
+    ``model(x)`` returning begins "backward" and ``optimizer.step()`` beginning begins "optimizer": PyTorch's hooks
+    run on the host in order with the step's calls, so on a GPU their CUDA events sit in the stream between the
+    two phases' kernels."""
+    spans, at = contextlib.ExitStack(), [0]
+
+    def begin(name: str | None, step: int | None = None) -> None:
+        spans.close()
+        at[0] = at[0] if step is None else step
+        if name is not None:
+            spans.enter_context(recorder.span(name, at[0], gpu=True, lane=lane))
+
     handles = [
-        model.register_forward_hook(lambda module, args, output: marks.begin("backward")),
-        optimizer.register_step_pre_hook(lambda opt, args, kwargs: marks.begin("optimizer")),
+        model.register_forward_hook(lambda module, args, output: begin("backward")),
+        optimizer.register_step_pre_hook(lambda opt, args, kwargs: begin("optimizer")),
     ]
     try:
-        yield
+        yield begin
     finally:
-        marks.end()
+        spans.close()
         for h in handles:
             h.remove()
 
@@ -114,19 +84,16 @@ def _collate_timer(loader: Iterable[Any]) -> Iterator[TimedCollate | None]:
     """The loader's collate function with a clock around it (:class:`~helpers.pipeline.data.TimedCollate`, the
     original put back at the end), when it runs in this process (``num_workers=0``); else None."""
     collate = getattr(loader, "collate_fn", None)
-    if collate is None or getattr(loader, "num_workers", 1) != 0:
+    ours = isinstance(collate, TimedCollate) or isinstance(loader, torch.utils.data.DataLoader)
+    if collate is None or getattr(loader, "num_workers", 1) != 0 or not ours:
         yield None
-    elif isinstance(collate, TimedCollate):
-        yield collate
-    elif isinstance(loader, torch.utils.data.DataLoader):
-        timed = TimedCollate(collate)
-        loader.collate_fn = timed  # read by the next iter(loader)
-        try:
-            yield timed
-        finally:
-            loader.collate_fn = collate
-    else:
-        yield None
+        return
+    timed = collate if isinstance(collate, TimedCollate) else TimedCollate(collate)
+    loader.collate_fn = timed  # type: ignore[attr-defined]  # read by the next iter(loader)
+    try:
+        yield timed
+    finally:
+        loader.collate_fn = collate  # type: ignore[attr-defined]
 
 
 def record_steps(
@@ -141,112 +108,73 @@ def record_steps(
     start_step: int = 0,
     progress: Callable[..., None] | None = None,
 ) -> int:
-    """Run ``steps`` steps of the reader's pipeline; with a ``recorder``, record every phase as a span.
-
-    Each step makes chapter 01's loop's calls one at a time, each in its own span::
+    """Run ``steps`` steps of the reader's pipeline (numbered from ``start_step``, the loader restarted when it
+    runs out), each call in its own span of ``recorder`` (None: one that is dropped, for warm-up steps)::
 
         x, y = next(it)                              # load (and collate, when it runs in this process)
         x, y = to_device(x, y)                       # h2d (then "normalize" for uint8 batches)
         loss = train_step(model, optimizer, x, y)    # forward | backward | optimizer
 
-    ``train_step`` runs as written; hooks mark where its phases meet (:func:`_phase_hooks`: the loss and
-    ``zero_grad`` count as "backward"). On CUDA the spans are CUDA events. When the loader runs out, the next
-    epoch begins. Steps are numbered from ``start_step``; the caller calls ``recorder.finish()``. Returns
-    ``steps``; ValueError for bad ``steps``/``start_step`` or a loader that yields no batch at all.
+    ``train_step`` runs as written; hooks mark where its phases meet (:func:`_phase_hooks`). On CUDA the spans
+    are CUDA events; the caller calls ``recorder.finish()``. Returns ``steps``.
     """
     check_int("steps", steps, 0, 10**9)
     check_int("start_step", start_step, 0, 10**9)
     if steps == 0:
         return 0
-    report = progress or no_progress
-    compute_lane = COMPUTE_LANE_GPU if (recorder is not None and recorder.cuda) else COMPUTE_LANE_CPU
-    marks = _StepMarks(recorder, compute_lane)
+    report, recorder = progress or no_progress, recorder if recorder is not None else SpanRecorder("cpu")
+    lane = COMPUTE_LANE_GPU if recorder.cuda else COMPUTE_LANE_CPU
     pinning = bool(getattr(loader, "pin_memory", False)) and _can_pin()
-
     it = None
-    with _instruments(loader, model, optimizer, marks) as timed:
+    with _collate_timer(loader) as timed, _phase_hooks(model, optimizer, recorder, lane) as begin:
         try:
             it = iter(loader)
             for step in range(start_step, start_step + steps):
                 if timed is not None:
                     timed.last = None
-                h0 = recorder.now() if recorder is not None else 0.0
-                it, (x, y) = _next_batch(it, loader)
-                if recorder is not None:
-                    _record_wait(recorder, step, h0, timed, pinning)
-                with marks.span("h2d", step, COPY_LANE):
+                h0 = recorder.now()
+                batch = next(it, None)
+                if batch is None:  # the loader ran out: the next epoch begins
+                    it = iter(loader)
+                    if (batch := next(it, None)) is None:
+                        raise ValueError(
+                            "the loader yielded no batch; check the data set and the batch size "
+                            "(with drop_last=True a data set smaller than one batch yields none)"
+                        )
+                x, y = batch
+                _record_wait(recorder, step, h0, timed, pinning)
+                with recorder.span("h2d", step, gpu=True, lane=COPY_LANE):
                     x, y = to_device(x, y)
                 if x.dtype == torch.uint8:
-                    with marks.span("normalize", step, compute_lane):
+                    with recorder.span("normalize", step, gpu=True, lane=lane):
                         x = to_float_normalized(x)
-                marks.step = step
-                marks.begin("forward")
+                begin("forward", step)
                 train_step(model, optimizer, x, y)
-                marks.end()
+                begin(None)
                 report((step - start_step + 1) / steps, f"step {step - start_step + 1} of {steps}")
         finally:
-            marks.end()
             del it  # a loader with workers shuts them down when its iterator goes
     return steps
-
-
-@contextlib.contextmanager
-def _instruments(
-    loader: Iterable[Any], model: nn.Module, opt: torch.optim.Optimizer, marks: _StepMarks
-) -> Iterator[Any]:
-    """With a recorder: the in-process collate clock (:func:`_collate_timer`, or None) and the phase hooks."""
-    if marks.recorder is None:
-        yield None
-        return
-    with _collate_timer(loader) as timed, _phase_hooks(model, opt, marks):
-        yield timed
-
-
-def _next_batch(it: Iterator[Any], loader: Iterable[Any]) -> tuple[Iterator[Any], Any]:
-    """The next batch; when the loader has run out, the first of the next epoch (a new iterator)."""
-    batch = next(it, None)
-    if batch is None:
-        it = iter(loader)
-        batch = next(it, None)
-        if batch is None:
-            raise ValueError(
-                "the loader yielded no batch; check the data set and the batch size "
-                "(with drop_last=True a data set smaller than one batch yields none)"
-            )
-    return it, batch
 
 
 def lane_overlap(trace: SpanTrace, lane_a: str, lane_b: str) -> float:
     """Seconds both lanes of ``trace`` were busy at once: on a GPU the naive loop's data and compute lanes overlap
     by about one step of loading; on a CPU they take turns (0 up to clock rounding)."""
-
-    def merged(lane: str) -> list[tuple[float, float]]:
-        spans = sorted((s.start, s.end) for s in trace.spans if s.lane == lane and s.end > s.start)
-        out: list[tuple[float, float]] = []
-        for a, b in spans:
-            if out and a <= out[-1][1]:
-                out[-1] = (out[-1][0], max(out[-1][1], b))
-            else:
-                out.append((a, b))
-        return out
-
-    xs, ys = merged(lane_a), merged(lane_b)
-    total, i, j = 0.0, 0, 0
-    while i < len(xs) and j < len(ys):
-        lo, hi = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
-        if hi > lo:
-            total += hi - lo
-        if xs[i][1] < ys[j][1]:
-            i += 1
-        else:
-            j += 1
+    spans = [s for s in trace.spans if s.lane in (lane_a, lane_b) and s.end > s.start]
+    edges = sorted((t, d, s.lane) for s in spans for t, d in ((s.start, 1), (s.end, -1)))
+    busy: Counter[str] = Counter()
+    total, last = 0.0, 0.0
+    for t, d, lane in edges:  # a sweep over every span's start and end
+        if busy[lane_a] and busy[lane_b]:
+            total += t - last
+        busy[lane] += d
+        last = t
     return total
 
 
 def step_times(trace: SpanTrace) -> list[float]:
     """Each recorded step's wall time, from its first span's start to the next step's (the last: to its last
-    span's end). They add up to ``trace.wall_time()``; their range is what :func:`~helpers.chapters.ch01.step_verdict`
-    holds a prediction against."""
+    span's end); they add up to ``trace.wall_time()``."""
     starts: dict[int, float] = {}
     end = 0.0
     for s in trace.spans:
@@ -268,7 +196,6 @@ class Anatomy:
     prediction: Prediction
     trace: SpanTrace
     gflop_per_step: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, settings: dict[str, Any], trace: SpanTrace, gflop: float) -> "Anatomy":
@@ -288,13 +215,7 @@ class Anatomy:
 
 
 #: :func:`step_anatomy`'s size arguments and their ranges.
-_RANGES = {
-    "batch_size": (1, 1024),
-    "crop_size": (16, 512),
-    "steps": (1, 1000),
-    "warmup": (0, 100),
-    "num_workers": (0, 64),
-}
+_RANGES = dict(batch_size=(1, 1024), crop_size=(16, 512), steps=(1, 1000), warmup=(0, 100), num_workers=(0, 64))
 
 
 def step_anatomy(
@@ -307,8 +228,6 @@ def step_anatomy(
     warmup: int = 2,
     device: torch.device | str = "cpu",
     num_workers: int = 0,
-    output: str = "float",
-    transfer: str | Transfer = "blocking",
     data_root: Any = None,
     seed: int = 0,
     progress: Callable[..., None] | None = None,
@@ -316,15 +235,14 @@ def step_anatomy(
     to_device: ToDevice | None = None,
     train_step: StepFn | None = None,
 ) -> Anatomy:
-    """Train a fresh model (``build_model(width, depth)``, Adam) ``warmup`` untimed then ``steps`` timed steps
-    through :func:`record_steps`; workers are shut down on return.
+    """Train a fresh model (``build_model(width, depth)``, Adam) ``warmup`` then ``steps`` recorded steps
+    through :func:`record_steps` (only the last ``steps`` count); workers are shut down on return.
 
     The pipeline is the reader's when given: ``make_loader(dataset, batch_size)`` (then ``num_workers`` must
     stay 0: the loader sets its own), ``to_device(x, y)``, ``train_step(model, optimizer, x, y)``. Otherwise
     (headless): :func:`helpers.pipeline.loaders.timed_loader` (shuffled with ``seed``, ``drop_last``,
-    ``num_workers`` workers), the ``transfer`` copy ("blocking" or "non_blocking") and
-    :func:`baseline_train_step`. ``data_root``: a class-folder root (default: the generated training split);
-    ``output``: "float" or "uint8" batches; ``seed`` seeds the model, shuffling and augmentation.
+    ``num_workers`` workers), a blocking copy and :func:`baseline_train_step`. ``data_root``: a class-folder
+    root (default: the generated training split); ``seed`` seeds the model, shuffling and augmentation.
     """
     given = dict(batch_size=batch_size, crop_size=crop_size, steps=steps, warmup=warmup, num_workers=num_workers)
     for name, (lo, hi) in _RANGES.items():
@@ -335,10 +253,15 @@ def step_anatomy(
             "inside make_loader; leave num_workers at 0"
         )
     device = torch.device(device)
-    ds, model = _fresh_model(data_root, crop_size, output, width, depth, seed, device, batch_size)
-    move = to_device if to_device is not None else _baseline_to_device(device, transfer)
-    step_fn, opt = train_step or baseline_train_step, make_optimizer(model)
-    run = functools.partial(record_steps, to_device=move, train_step=step_fn, model=model, optimizer=opt)
+    ds, model = _fresh_model(data_root, crop_size, width, depth, seed, device, batch_size)
+    blocking = _resolve_transfer("blocking")
+    run = functools.partial(
+        record_steps,
+        to_device=to_device or (lambda x, y: blocking((x, y), device)),
+        train_step=train_step or baseline_train_step,
+        model=model,
+        optimizer=make_optimizer(model),
+    )
     settings: dict[str, Any] = {"batch_size": batch_size, "crop_size": crop_size, "width": width, "depth": depth}
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -349,22 +272,19 @@ def step_anatomy(
             loader = timed_loader(ds, batch_size, shuffle=True, seed=seed, drop_last=True, **workers)
         try:
             settings["num_workers"] = getattr(loader, "num_workers", num_workers)
-            trace = _warm_then_record(loader, run, warmup, steps, progress or no_progress, device, settings, output)
+            trace = _warm_then_record(loader, run, warmup, steps, progress or no_progress, device, settings)
         finally:
             del loader  # shuts persistent workers down
     yours = any(f is not None for f in (make_loader, to_device, train_step))
-    transfer_name = getattr(move, "__name__", "custom")
-    settings.update(steps=steps, warmup=warmup, device=str(device), output=output, transfer=transfer_name)
-    settings["pipeline"] = "yours" if yours else "helpers"
+    settings.update(steps=steps, warmup=warmup, device=str(device), pipeline="yours" if yours else "helpers")
     return Anatomy.of(settings, trace, gflop=3 * flops_per_sample(model, crop_size) * batch_size / 1e9)
 
 
 def _fresh_model(
-    data_root: Any, crop_size: int, output: str, width: int, depth: int, seed: int, device: torch.device, batch: int
+    data_root: Any, crop_size: int, width: int, depth: int, seed: int, device: torch.device, batch: int
 ) -> tuple[ShapesDataset, nn.Module]:
     """The augmented data set and a fresh model on ``device``; sizes that cannot fit are refused first."""
-    root = data_root if data_root is not None else make_shapes_dataset().train_dir
-    ds = ShapesDataset(root, crop_size=crop_size, augment=True, output=output)
+    ds = ShapesDataset(data_root or make_shapes_dataset().train_dir, crop_size=crop_size, augment=True)
     model = build_model(width=width, depth=depth, num_classes=len(ds.classes), seed=seed).to(device)
     check_training_memory(model, crop_size, batch)  # refuse sizes that cannot fit, before allocating
     if len(ds) < batch:
@@ -380,12 +300,12 @@ def _warm_then_record(
     report: Callable[..., None],
     device: torch.device,
     settings: dict[str, Any],
-    output: str,
 ) -> SpanTrace:
-    """``warmup`` untimed steps (first calls pay for lazy initialisation), then ``steps`` recorded ones."""
+    """``warmup`` steps recorded and dropped (first calls pay for lazy initialisation), then ``steps`` recorded."""
     total, width = warmup + steps, settings["width"]
     report(0.0, f"width {width}: {warmup} untimed warm-up step(s), then {steps} timed")
-    run(loader, steps=warmup, progress=scaled(report, 0.0, warmup / total, f"width {width}, warm-up: "))
-    rec = SpanRecorder(device, **settings, output=output)
+    warm = scaled(report, 0.0, warmup / total, f"width {width}, warm-up: ")
+    run(loader, steps=warmup, progress=warm)
+    rec = SpanRecorder(device, **settings)
     run(loader, recorder=rec, steps=steps, progress=scaled(report, warmup / total, 1.0, f"width {width}, timed: "))
     return rec.finish()

@@ -4,7 +4,6 @@ The named copies are the workbook's one batch mover, :func:`helpers.pipeline.pre
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable, Iterable
 
 import torch
@@ -12,7 +11,7 @@ from torch import nn
 
 from ...core.progress import no_progress
 from ...core.timing import SpanRecorder
-from ...core.validate import check_choice, check_int
+from ...core.validate import check_choice
 from ...pipeline.data import TimedCollate, to_float_normalized
 from ...pipeline.prefetch import move_batch
 from ...pipeline.train import DATA_LANE
@@ -56,44 +55,27 @@ def _record_wait(recorder: SpanRecorder, step: int, h0: float, timed: TimedColla
         recorder.add("load", step, h0, h1, lane=DATA_LANE)
 
 
-_NULL = contextlib.nullcontext()
-
-
 @torch.no_grad()
 def evaluate(
-    model: nn.Module,
-    loader: Iterable[Any],
-    device: torch.device | str,
-    *,
-    transfer: str | Transfer = "blocking",
-    max_batches: int | None = None,
-    progress: Callable[..., None] | None = None,
+    model: nn.Module, loader: Iterable[Any], device: torch.device | str, *, progress: Callable[..., None] | None = None
 ) -> float:
-    """Top-1 accuracy (0-1) of ``model`` over ``loader``, in eval mode (the mode restored after).
-
-    ``max_batches`` scores only the *first* batches: of a class-folder data set read in order, the first
-    classes only. For a shorter evaluation give a loader over an evenly spread subset (indices
-    ``i * len(dataset) // n``, as chapter 07's job does). ValueError if the loader yields no samples.
+    """Top-1 accuracy (0-1) of ``model`` over every batch of ``loader`` (copied blocking), in eval mode (the mode
+    restored after). For a shorter evaluation give a loader over an evenly spread subset (indices
+    ``i * len(dataset) // n``, as chapter 07's job does): the first batches of a class-folder data set read in
+    order hold the first classes only. ValueError if the loader yields no samples.
     """
     device = torch.device(device)
-    move = _resolve_transfer(transfer)
-    if max_batches is not None:
-        check_int("max_batches", max_batches, 1, 10**9)
-    report = progress or no_progress
+    move, report = _resolve_transfer("blocking"), progress or no_progress
     try:
         total: int | None = len(loader)  # type: ignore[arg-type]
     except TypeError:  # a generator, or a DataLoader over an IterableDataset without __len__
         total = None
-    if total is not None and max_batches is not None:
-        total = min(total, max_batches)
     was_training = model.training
     model.eval()
     correct = torch.zeros((), device=device, dtype=torch.long)
     seen = 0
     try:
         for i, batch in enumerate(loader):
-            if max_batches is not None and i >= max_batches:
-                break
             x, y = move(batch, device)
             if x.dtype == torch.uint8:
                 x = to_float_normalized(x)

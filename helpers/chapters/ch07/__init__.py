@@ -1,13 +1,8 @@
 """Chapter 07, beyond one GPU: the chapter interface (:mod:`helpers.ui.chapter`) over :mod:`.distributed`.
-
-Each panel run is a real torchrun job on this machine (``gloo`` on CPU cores, ``nccl`` with one process per
-GPU), so it is measured here on any machine:
+Each panel run is a real torchrun job on this machine (``gloo`` on CPU cores, ``nccl`` one process per GPU):
 
 >>> panel = widgets.Panel.for_chapter(ch07, device=DEVICE, nproc=NPROC, workers_per_rank=WORKERS, batch=BATCH,
 ...                                   epochs=EPOCHS, limit=LIMIT, width=WIDTH, timeout_s=TIMEOUT_S)
-
-``nproc``, ``workers_per_rank`` and ``batch`` are the controls' starting values; ``epochs``, ``limit``,
-``width`` and ``timeout_s`` size every job (:func:`.distributed.launch_ddp`).
 """
 
 from __future__ import annotations
@@ -27,9 +22,6 @@ from ...core.validate import check_int
 from . import distributed
 from .distributed import DistributedRun
 
-__all__ = ["NUMBER", "TITLE", "BENCH_WEIGHT", "PANEL_TITLE", "PANEL_FIGSIZE", "benchmark", "check_job_device"]
-__all__ += ["record_run", "panel_controls", "panel_validate", "panel_run", "panel_summary", "panel_plot"]
-
 NUMBER = "07"
 TITLE = "loading on several GPUs"
 BENCH_WEIGHT = 1.0
@@ -41,12 +33,8 @@ BATCH_SIZES = (8, 16, 32, 64, 128)
 
 
 def check_job_device(device: torch.device | str | None) -> torch.device:
-    """``device`` as where a torchrun job runs, or one ValueError saying what to use.
-
-    The job runs on this machine's GPUs (``nccl``, one rank per GPU) with CUDA, else on its CPU cores
-    (``gloo``); ``device`` names which, so the result is labelled truthfully. Refused: a device this machine
-    lacks, an indexed CPU (``"cpu:1"``), ``"cpu"`` where the job would use the GPUs anyway, and non-devices.
-    """
+    """``device`` as where a torchrun job runs (the GPUs with CUDA, else the CPU cores), or one ValueError saying
+    what to use: a device this machine lacks, ``"cpu:1"``, ``"cpu"`` where the job would use the GPUs anyway."""
     use = "device='cuda' (or None)" if has_cuda() else "device='cpu' (or None)"
     try:
         dev = resolve_device(device)  # unknown strings, devices this machine lacks
@@ -64,8 +52,8 @@ def check_job_device(device: torch.device | str | None) -> torch.device:
 
 
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """Processes (ranks), DataLoader workers per rank and the per-rank batch size; ``context`` may set their
-    starting values: ``nproc`` (1), ``workers_per_rank`` (1) and ``batch`` (32, one of :data:`BATCH_SIZES`)."""
+    """Processes (ranks), workers per rank and batch per rank, starting at ``context``'s ``nproc``,
+    ``workers_per_rank`` and ``batch`` (one of :data:`BATCH_SIZES`)."""
     from ...ui.widgets import W  # optional/heavy: ipywidgets
 
     top = distributed.max_processes()
@@ -99,8 +87,8 @@ def panel_run(
     timeout_s: float = 300.0,
     **context: Any,
 ) -> Evidence[DistributedRun]:
-    """One torchrun job with these settings, measured here (``device``: CPU cores or the GPUs, see
-    :func:`check_job_device`). ``epochs``, ``limit``, ``width`` and ``timeout_s`` go to ``launch_ddp``."""
+    """One torchrun job with these settings (``epochs``, ``limit``, ``width``, ``timeout_s``: ``launch_ddp``'s),
+    measured here."""
     device = check_job_device(device)
     run = distributed.launch_ddp(
         processes,
@@ -131,35 +119,32 @@ def panel_summary(result: Evidence[DistributedRun]) -> str:
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
     """Stacked bars per panel run: each rank's items/s (stacked) adding up to the total."""
-    palette = ["#4e79a7", "#59a14f", "#edc948", "#b07aa1", "#76b7b2", "#ff9da7", "#9c755f", "#bab0ac"]
+    from ...ui import plots  # optional/heavy: matplotlib (the ranks import this package too)
+
     runs = [rec for rec in history if rec.result.value is not None]
-    labels, ranks_drawn, top = [], 0, 0.0
-    for i, rec in enumerate(runs):
-        run: DistributedRun = rec.result.value
-        per, bottom = run.per_rank_items_per_s(), 0.0
-        for r, v in enumerate(per):
-            label = f"rank {r}" if r >= ranks_drawn else None  # one legend entry per rank
-            ax.bar(i, v, bottom=bottom, width=0.6, color=palette[r % len(palette)], edgecolor="white", label=label)
-            bottom += v
-        ranks_drawn, top = max(ranks_drawn, len(per)), max(top, bottom)
-        ax.annotate(f"total {run.total_items_per_s():.0f}", (i, bottom), ha="center", va="bottom", fontsize=8)
-        v = rec.values
-        labels.append(f"#{rec.index}: {v['processes']} proc, {v['workers']} wk, bs {v['batch_size']}")
+    bars = {
+        f"#{rec.index}: {rec.values['processes']} proc, {rec.values['workers']} wk, bs {rec.values['batch_size']}": {
+            f"rank {r}": v for r, v in enumerate(rec.result.value.per_rank_items_per_s())
+        }
+        for rec in runs
+    }
     where = runs[-1].result.source.split(",")[0] if runs else "measured now"
-    ax.set_xticks(range(len(labels)))
-    ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
-    ax.set_xlim(-0.6, max(len(labels), 3) - 0.4)
-    ax.set_ylim(0, top * 1.15 if top > 0 else 1)
+    title = f"Runs so far ({where}): each rank's throughput, stacked to the job's total"
+    if bars:  # (none: an empty chart with its labels)
+        plots.stacked_phases(bars, ax, unit="s", title=title)
+    tops = [sum(per.values()) for per in bars.values()]
+    for i, (rec, top) in enumerate(zip(runs, tops)):
+        ax.annotate(f"total {rec.result.value.total_items_per_s():.0f}", (i, top), ha="center", va="bottom", fontsize=8)
+    ax.set_xlim(-0.6, max(len(runs), 3) - 0.4)
+    ax.set_ylim(0, max(tops, default=0) * 1.15 or 1)
     ax.set_ylabel("items/s (ranks stacked)")
-    ax.set_title(f"Runs so far ({where}): each rank's throughput, stacked to the job's total", fontsize=9)
+    ax.set_title(title, fontsize=9)
     ax.grid(axis="y", alpha=0.3)
-    if runs:
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
 def record_run(results: ResultSet, run: DistributedRun) -> None:
-    """One run's figures under ``ch07.ddp.*``: ``total_items_per_s``, ``wall_time``, ``exactly_once`` (1 if every
-    epoch covered every sample once) and ``rank_items_per_s`` (param ``rank``), each with the job's settings."""
+    """One run's figures under ``ch07.ddp.*`` (``total_items_per_s``, ``rank_items_per_s`` per ``rank``,
+    ``wall_time``, ``exactly_once``: 1 if every epoch covered every sample once), with the job's settings."""
     p = run.params()
     results.add("ch07.ddp.total_items_per_s", run.total_items_per_s(), "items/s", **p)
     for r, v in zip(run.ranks, run.per_rank_items_per_s()):
@@ -169,8 +154,7 @@ def record_run(results: ResultSet, run: DistributedRun) -> None:
 
 
 def benchmark(results: ResultSet, device: torch.device | str | None, *, progress: ProgressFn | None = None) -> None:
-    """Chapter 07's multi-GPU figures (CUDA only: a CPU records nothing): the DDP job with 1 process and with
-    one per GPU (nccl), 2 workers per rank, recorded by :func:`record_run`."""
+    """The DDP job with 1 process and with one per GPU, 2 workers per rank (:func:`record_run`); CUDA only."""
     progress = progress or no_progress
     if resolve_device(device).type != "cuda":  # a device this machine lacks, or no device at all: ValueError
         progress(1.0, "no CUDA device: nothing to record")

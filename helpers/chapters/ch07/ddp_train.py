@@ -1,23 +1,17 @@
-"""The worker script ``torchrun`` starts once per rank (chapter 07); :func:`.distributed.launch_ddp` runs it.
+"""The script torchrun starts once per rank (chapter 07; :func:`.distributed.launch_ddp` runs it).
 
-Each rank reads who it is from the environment torchrun sets (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``), joins
-the process group (``nccl`` with one GPU per rank, after ``torch.cuda.set_device(LOCAL_RANK)``, so the pin
-thread and the prefetcher's stream belong to this rank's GPU; else ``gloo`` on the CPU), builds the chapter-06
-pipeline (uint8 images, workers, ``pin_memory`` only with CUDA, the chapter-05 prefetcher normalising on the
-device) over a :class:`~torch.utils.data.DistributedSampler` (``set_epoch`` every epoch unless
-``--no-set-epoch``), trains the chapter-01 model with DDP, scores held-out images (``--val-dir``: each rank
-its share, counts summed over ranks), and writes ``rank<R>.json`` into ``--out``: the indices it loaded
-per epoch, items/s, loss, validation accuracy and a checksum of its parameters (equal replicas, equal sums).
-
-``--limit`` / ``--val-limit`` keep a subset spread evenly over the set (:class:`IndexedDataset`): the class
-folders are listed in order, so the *first* N images would hold only the first classes. A failing rank
-writes ``rank<R>.error.json`` (type, message, traceback, time) first, so the launcher can name the root
-cause; ``--fail-rank K`` makes rank K raise on purpose.
+A rank reads who it is from torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``), joins the group
+(``nccl`` with one GPU per rank, after ``torch.cuda.set_device(LOCAL_RANK)`` so the pin thread and the prefetcher's
+stream are this rank's; else ``gloo``), trains the chapter-01 model with DDP through the chapter-06 pipeline over
+a ``DistributedSampler``, scores held-out images (each rank its share, counts summed) and writes ``rank<R>.json``:
+the indices it loaded per epoch, items/s, loss, accuracy and a checksum of its parameters. A failing rank writes
+``rank<R>.error.json`` first, so the launcher can name the root cause; ``--fail-rank K`` makes rank K fail.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -49,19 +43,14 @@ from ...pipeline.loaders import LoaderConfig, build_loader
 from ...pipeline.models import build_model
 from ...pipeline.prefetch import Prefetcher
 
-__all__ = ["IndexedDataset", "InjectedFailure", "parse_args", "main", "params_checksum", "evaluate_shared"]
-
 
 class InjectedFailure(RuntimeError):
     """The error ``--fail-rank`` raises on purpose (the failure-handling demo)."""
 
 
 class IndexedDataset(Dataset):
-    """``(*item, index)`` for each item of ``base``, so the coverage check counts what the ranks really loaded.
-
-    ``size`` keeps ``size`` items spread evenly over ``base`` (item ``i`` is base item
-    ``i * len(base) // size``), so a class-sorted folder keeps every class. Picklable (workers).
-    """
+    """``(*item, index)`` for ``size`` items spread evenly over ``base`` (item ``i`` is ``i * len(base) // size``:
+    a class-sorted folder keeps every class); the index lets the coverage check count what the ranks loaded."""
 
     def __init__(self, base: Any, size: int | None = None) -> None:
         self.base = base
@@ -96,12 +85,8 @@ def evaluate_shared(
     batch_size: int = 64,
     reduce: bool = True,
 ) -> tuple[int, int]:
-    """Top-1 ``(correct, total)`` on ``dataset``, this rank scoring items ``rank, rank + world, ...``.
-
-    The shares are disjoint and cover every item once (no padding, unlike ``DistributedSampler``); with
-    ``reduce`` both counts are summed over the ranks (``all_reduce``), so every rank returns the whole-set
-    figures. Items are ``(uint8 image, label, ...)``, normalised on ``device``; the model's mode is restored.
-    """
+    """Top-1 ``(correct, total)`` on ``dataset`` (items ``(uint8 image, label, ...)``), this rank scoring items
+    ``rank, rank + world, ...``: every item once, no padding. With ``reduce`` the counts are summed over the ranks."""
     was_training = model.training
     model.eval()
     counts = torch.zeros(2, dtype=torch.int64, device=device)  # on the device: nccl reduces CUDA tensors
@@ -133,21 +118,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--epochs", type=int, default=2)
     add("--batch-size", type=int, default=32, help="per rank (the global batch is this x world size)")
     add("--workers", type=int, default=0, help="DataLoader worker processes per rank")
-    add("--prefetch-factor", type=int, default=2)
     add("--crop-size", type=int, default=None)
     add("--width", type=int, default=8, help="SmallCNN width (compute knob)")
     add("--lr", type=float, default=0.05)
     add("--seed", type=int, default=0)
-    add("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     add("--no-set-epoch", action="store_true", help="forget sampler.set_epoch (the bug)")
     add("--drop-last", action="store_true", help="DistributedSampler(drop_last=True)")
-    add("--no-shuffle", action="store_true")
-    add("--no-prefetcher", action="store_true", help="move batches without the chapter-05 prefetcher")
-    add("--fail-rank", type=int, default=-1, help="this rank raises InjectedFailure (demo)")
-    add("--fail-step", type=int, default=1, help="at this step of the first epoch")
-    add("--pg-timeout-s", type=float, default=60.0, help="process-group collective timeout")
+    add("--fail-rank", type=int, default=-1, help="this rank raises InjectedFailure at its second step (demo)")
     args = p.parse_args(argv)
-    lowest = {"epochs": 1, "batch_size": 1, "workers": 0, "prefetch_factor": 1, "width": 1, "limit": 1, "val_limit": 1}
+    lowest = {"epochs": 1, "batch_size": 1, "workers": 0, "width": 1, "limit": 1, "val_limit": 1}
     for name, lo in lowest.items():
         if getattr(args, name) is not None and getattr(args, name) < lo:
             p.error(f"--{name.replace('_', '-')} must be >= {lo}, got {getattr(args, name)}")
@@ -184,27 +163,19 @@ def _join(args: argparse.Namespace) -> dict[str, Any]:
         "world_size": _env_int("WORLD_SIZE", 1),
     }
     cuda = torch.cuda.is_available()
-    me["backend"] = args.backend if args.backend != "auto" else ("nccl" if cuda else "gloo")
+    me["backend"] = "nccl" if cuda else "gloo"
     if cuda:
         torch.cuda.set_device(me["local_rank"])  # before anything touches CUDA: pins, streams, NCCL
     me["device"] = torch.device("cuda", me["local_rank"]) if cuda else torch.device("cpu")
-    t0 = time.perf_counter()
-    dist.init_process_group(me["backend"], timeout=_dt.timedelta(seconds=args.pg_timeout_s))
-    me["join_s"] = time.perf_counter() - t0
+    dist.init_process_group(me["backend"], timeout=_dt.timedelta(seconds=60))
     return me
 
 
 def _loader(args: argparse.Namespace, me: dict[str, Any], dataset: Dataset) -> tuple[Any, DistributedSampler[int]]:
     """The rank's DataLoader over its DistributedSampler, built like every worker loader of the workbook."""
-    sampler: DistributedSampler[int] = DistributedSampler(
-        dataset,
-        num_replicas=me["world_size"],
-        rank=me["rank"],
-        shuffle=not args.no_shuffle,
-        seed=args.seed,
-        drop_last=args.drop_last,
-    )
-    with_workers = {"persistent_workers": True, "prefetch_factor": args.prefetch_factor} if args.workers else {}
+    # the rank and world size come from the process group; it shuffles by default, the same on every rank
+    sampler: DistributedSampler[int] = DistributedSampler(dataset, seed=args.seed, drop_last=args.drop_last)
+    with_workers: dict[str, Any] = {"persistent_workers": True, "prefetch_factor": 2} if args.workers else {}
     config = LoaderConfig(
         batch_size=args.batch_size,
         num_workers=args.workers,
@@ -224,39 +195,27 @@ def _epoch(
     seen: list[torch.Tensor] = []
     # Sums stay on the device: no .item() in the step loop, so the CPU never waits for the GPU (chapter 05).
     loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
     n_items, t0 = 0, time.perf_counter()
     for images, labels, idx in batches:
-        if args.no_prefetcher:
-            images = to_float_normalized(images.to(device, non_blocking=cuda))
-        labels = labels.to(device, non_blocking=cuda)
-        if me["rank"] == args.fail_rank and epoch == 0 and me["step"] >= args.fail_step:
+        labels = labels.to(device, non_blocking=cuda)  # images: moved and normalised by the prefetcher
+        if me["rank"] == args.fail_rank and epoch == 0 and me["step"] >= 1:
             raise InjectedFailure(
                 f"rank {me['rank']} failed on purpose at step {me['step']} (--fail-rank {args.fail_rank})"
             )
         opt.zero_grad(set_to_none=True)
-        logits = ddp(images)
-        loss = torch.nn.functional.cross_entropy(logits, labels)
+        loss = torch.nn.functional.cross_entropy(ddp(images), labels)
         loss.backward()  # DDP all-reduces (averages) gradients across ranks here
         opt.step()
         seen.append(idx)
         loss_sum += loss.detach() * len(labels)
-        correct += (logits.argmax(1) == labels).sum()
         n_items += len(labels)
         me["step"] += 1
         _progress(Path(args.out), me["rank"], me["step"], me["total_steps"], epoch)
     if cuda:
         torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - t0
-    return {
-        "epoch": epoch,
-        "indices": torch.cat(seen).tolist() if seen else [],
-        "n_items": n_items,
-        "seconds": seconds,
-        "items_per_s": n_items / seconds if seconds > 0 else 0.0,
-        "loss": float(loss_sum) / max(n_items, 1),
-        "accuracy": int(correct) / max(n_items, 1),
-    }
+    seconds, mean_loss = time.perf_counter() - t0, float(loss_sum) / max(n_items, 1)
+    indices = torch.cat(seen).tolist() if seen else []
+    return {"epoch": epoch, "indices": indices, "n_items": n_items, "seconds": seconds, "loss": mean_loss}
 
 
 def _validate(
@@ -276,7 +235,6 @@ def _validate(
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """One rank's whole job; returns the record written to ``rank<R>.json``."""
-    t_start = time.perf_counter()
     me = _join(args)
     device, cuda = me["device"], me["device"].type == "cuda"
     crop = args.crop_size or default_sizes()["crop_size"]
@@ -288,7 +246,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     base = ShapesDataset(root, crop_size=crop, augment=True, output="uint8")
     dataset = IndexedDataset(base, args.limit)  # spread over every class, never the first N (class-sorted)
     loader, sampler = _loader(args, me, dataset)
-    batches = loader if args.no_prefetcher else Prefetcher(loader, device, normalize=(MEAN, STD))
+    batches = Prefetcher(loader, device, normalize=(MEAN, STD))
     model = build_model(width=args.width, num_classes=len(base.classes), seed=args.seed).to(device)
     ddp = DistributedDataParallel(model, device_ids=[me["local_rank"]] if cuda else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
@@ -313,21 +271,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     return {
         **{k: me[k] for k in ("rank", "local_rank", "world_size", "backend")},
         **{k: getattr(args, k) for k in ("workers", "batch_size", "drop_last")},
-        **{"device": str(device), "host": socket.gethostname(), "pid": os.getpid(), "pin_memory": cuda},
-        **{"prefetcher": not args.no_prefetcher, "set_epoch": not args.no_set_epoch},
+        **{"device": str(device), "host": socket.gethostname(), "pin_memory": cuda},
+        **{"prefetcher": True, "set_epoch": not args.no_set_epoch},
         "dataset_size": len(dataset),
         "num_classes": len(base.classes),
         **val,
         "samples_per_rank": len(sampler),
-        "batches_per_epoch": -(-len(sampler) // args.batch_size),
         "epochs": epochs,
-        "join_s": me["join_s"],
         "startup_s": train_start - psutil.Process().create_time(),  # process start -> first batch (imports, setup)
         "train_s": train_end - train_start,
-        "total_s": time.perf_counter() - t_start,
         "params_checksum": params_checksum(model),
-        "torch": torch.__version__,
-        "omp_threads": torch.get_num_threads(),
     }
 
 
@@ -346,10 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     finally:
         if dist.is_available() and dist.is_initialized():
-            try:
+            with contextlib.suppress(Exception):  # a broken group can't be torn down cleanly; the process exits
                 dist.destroy_process_group()
-            except Exception:  # a broken group can't be torn down cleanly; the process exits anyway
-                pass
 
 
 if __name__ == "__main__":

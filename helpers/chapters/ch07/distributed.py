@@ -1,16 +1,13 @@
 """Beyond one GPU (chapter 07): who loads what under a DistributedSampler, and a real torchrun job.
 
-**The sampler lessons need no process group.** A :class:`~torch.utils.data.distributed.DistributedSampler`
-takes its place in the world as plain arguments (``num_replicas``, ``rank``), so one process can ask torch's own
-sampler what each rank loads (:func:`shard_table`), how the samples split (:func:`rank_share`,
-:func:`batches_per_rank`), what a forgotten ``set_epoch`` does (:func:`epoch_orders`) and whether the ranks
-together saw every sample once (:func:`coverage`).
+**The sampler lessons need no process group**: torch's own ``DistributedSampler`` takes ``num_replicas`` and
+``rank`` as plain arguments, so one process can ask it what each rank loads (:func:`shard_table`), how the
+samples split (:func:`rank_share`), what a forgotten ``set_epoch`` does (:func:`epoch_orders`) and whether the
+ranks together saw every sample once (:func:`coverage`).
 
-**A real job.** :func:`launch_ddp` runs the rank script :mod:`.ddp_train` under torchrun on this machine (the
-reader's interpreter, ``gloo`` on CPU cores or ``nccl`` with one process per GPU), bound to loopback and with
-every process stopped after (:mod:`.torchrun`), and reads the ranks' JSON files into a :class:`DistributedRun`.
-A failing rank becomes a :class:`DistributedRunError` naming the rank and its exception. Runs on several
-machines use the same script with torchrun's rendezvous arguments (:func:`multi_node_command`).
+**A real job**: :func:`launch_ddp` runs :mod:`.ddp_train` under torchrun on this machine (:mod:`.torchrun`) and
+reads the ranks' records into a :class:`DistributedRun`, or raises :class:`DistributedRunError` naming the rank
+that failed. Several machines run the same script with torchrun's rendezvous (:func:`multi_node_command`).
 """
 
 from __future__ import annotations
@@ -19,11 +16,9 @@ import ipaddress
 import itertools
 import math
 import os
-import shutil
 import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -85,8 +80,7 @@ def shard_indices(
 def shard_table(
     n: int, world_size: int, *, shuffle: bool = False, seed: int = 0, epoch: int | None = 0, drop_last: bool = False
 ) -> dict[int, list[int]]:
-    """``{rank: indices}`` for every rank (:func:`shard_indices`); unshuffled by default, so the interleaving
-    (rank ``r`` takes positions ``r, r + W, r + 2W, ...``) shows."""
+    """``{rank: indices}`` for every rank; unshuffled by default, so the interleaving (``r, r + W, ...``) shows."""
     n, world_size = _check_world(n, world_size)
     return {
         r: shard_indices(n, world_size, r, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
@@ -95,8 +89,7 @@ def shard_table(
 
 
 def format_shard_table(table: Mapping[int, Sequence[int]], n: int, max_items: int = 20) -> str:
-    """A shard table as text: indices loaded more than once in total marked ``*`` (padding), and the samples
-    no rank loads (dropped by ``drop_last``)."""
+    """A shard table as text: padding (indices loaded more than once) marked ``*``, then what no rank loads."""
     counts = Counter(i for idx in table.values() for i in idx)
 
     def shown(idx: Sequence[int]) -> str:
@@ -116,7 +109,7 @@ def format_shard_table(table: Mapping[int, Sequence[int]], n: int, max_items: in
 @dataclass(frozen=True)
 class RankShare:
     """How ``n`` samples split over ``world_size`` ranks in one epoch: ``per_rank`` each, ``total`` together,
-    ``padded`` repeated samples (``drop_last=False``) or ``dropped`` ones no rank loads (``drop_last=True``)."""
+    ``padded`` repeats (``drop_last=False``) or ``dropped`` ones no rank loads."""
 
     n: int
     world_size: int
@@ -135,8 +128,8 @@ class RankShare:
 
 
 def rank_share(n: int, world_size: int, drop_last: bool = False) -> RankShare:
-    """Each rank's share of ``n`` samples, as ``DistributedSampler`` computes it: ``ceil(n / W)``, the shortfall
-    padded with samples from the start of the order; with ``drop_last``, ``floor(n / W)`` and the rest left out."""
+    """Each rank's share of ``n`` samples, as ``DistributedSampler`` computes it: ``ceil(n / W)``, padded from
+    the start of the order; with ``drop_last``, ``floor(n / W)`` and the rest left out."""
     n, world_size = _check_world(n, world_size)
     per = n // world_size if drop_last else math.ceil(n / world_size)
     total = per * world_size
@@ -146,8 +139,7 @@ def rank_share(n: int, world_size: int, drop_last: bool = False) -> RankShare:
 def batches_per_rank(
     n: int, world_size: int, batch_size: int, *, drop_last: bool = False, loader_drop_last: bool = False
 ) -> int:
-    """Optimizer steps per rank and epoch. ``drop_last`` is the sampler's (samples), ``loader_drop_last`` the
-    DataLoader's (a final short batch): two different settings."""
+    """Optimizer steps per rank and epoch; ``drop_last`` is the sampler's, ``loader_drop_last`` the DataLoader's."""
     batch_size = check_int("batch_size", batch_size, 1, 1 << 20)
     per = rank_share(n, world_size, drop_last).per_rank
     return per // batch_size if loader_drop_last else math.ceil(per / batch_size)
@@ -156,17 +148,15 @@ def batches_per_rank(
 def epoch_orders(
     n: int, world_size: int = 2, rank: int = 0, epochs: int = 3, *, seed: int = 0, call_set_epoch: bool = True
 ) -> list[list[int]]:
-    """Rank ``rank``'s order in each of ``epochs`` epochs (shuffled). Without ``set_epoch`` the sampler shuffles
-    with the same seed every time: every epoch repeats the first (and each rank keeps its subset for ever)."""
+    """Rank ``rank``'s order in each of ``epochs`` epochs; without ``set_epoch`` every epoch repeats the first."""
     epochs = check_int("epochs", epochs, 1, 10_000)
     return [shard_indices(n, world_size, rank, seed=seed, epoch=e if call_set_epoch else None) for e in range(epochs)]
 
 
 @dataclass
 class Coverage:
-    """Which of ``n`` samples the ranks loaded in one epoch, counted together: ``seen`` loads in all,
-    ``missing`` (no rank), ``repeated`` (``{index: times}``), ``out_of_range`` (a bug if any) and ``overlap``
-    (``{(r1, r2): samples both loaded}``)."""
+    """What the ranks loaded of ``n`` samples in one epoch: ``seen`` loads in all, ``missing`` (no rank),
+    ``repeated`` (``{index: times}``), ``out_of_range`` and ``overlap`` (``{(r1, r2): samples both loaded}``)."""
 
     n: int
     seen: int
@@ -223,46 +213,29 @@ def coverage(indices_by_rank: Mapping[int, Sequence[int]] | Sequence[Sequence[in
 
 
 class DistributedRunError(RuntimeError):
-    """A torchrun job failed or timed out; every process it started has been stopped by then.
+    """A torchrun job failed or timed out, every process it started stopped by then; the message names the first
+    rank that failed (``rank``, None if unknown) and its ``error_type``, ``error_message`` and ``rank_traceback``;
+    the rest as :class:`~.torchrun.Job` has it."""
 
-    The message names the first rank that failed and its exception. Attributes: ``rank`` (None if unknown),
-    ``error_type`` / ``error_message`` / ``rank_traceback`` (that rank's exception), ``returncode`` (torchrun's;
-    None after a timeout), ``timed_out``, ``stdout`` / ``stderr`` (torchrun's, all ranks), ``tracked_pids``
-    (every process the job started) and ``leftover_pids`` (those alive after clean-up: should be none).
-    """
-
-    rank: int | None = None
-    error_type = error_message = rank_traceback = stdout = stderr = ""
-    returncode: int | None = None
-    timed_out = False
-    tracked_pids: list[int] = []
-    leftover_pids: list[int] = []
-
-    def __init__(self, message: str, **facts: Any) -> None:
+    def __init__(self, message: str, job: torchrun.Job) -> None:
         super().__init__(message)
-        for name, value in facts.items():
-            if not hasattr(DistributedRunError, name):
-                raise TypeError(f"DistributedRunError has no {name!r}")
-            setattr(self, name, list(value) if name.endswith("_pids") else value)
+        cause = job.cause
+        self.rank: int | None = cause.get("rank")
+        self.error_type: str = cause.get("type", "")
+        self.error_message: str = cause.get("message", "")
+        self.rank_traceback: str = cause.get("traceback", "")
+        self.returncode, self.timed_out = job.returncode, job.timed_out
+        self.stdout, self.stderr = job.stdout, job.stderr
+        self.tracked_pids, self.leftover_pids = list(job.tracked_pids), list(job.leftover_pids)
 
 
-@dataclass
-class DistributedRun:
-    """One torchrun job (:func:`launch_ddp`): the rank records :mod:`.ddp_train` wrote (sorted by rank), the
-    seconds from launch to exit (process start-up included), torchrun's output, the launch settings, every
-    process started and those alive after clean-up, and ``(pid, address, port)`` of every TCP socket the job
-    was seen listening on (sampled twice a second). Rank 0's facts (backend, sizes, validation) follow."""
+@dataclass(kw_only=True)
+class DistributedRun(torchrun.Job):
+    """One torchrun job of :func:`launch_ddp` (what :class:`~.torchrun.Job` holds), with its ``nproc`` and launch
+    ``settings``; rank 0's facts (backend, sizes, validation) follow."""
 
     nproc: int
-    command: list[str]
-    ranks: list[dict[str, Any]]
-    wall_s: float
-    stdout: str = ""
-    stderr: str = ""
     settings: dict[str, Any] = field(default_factory=dict)
-    tracked_pids: list[int] = field(default_factory=list)
-    leftover_pids: list[int] = field(default_factory=list)
-    listening: list[tuple[int, str, int]] = field(default_factory=list)
     backend: str = field(init=False)
     world_size: int = field(init=False)
     n_epochs: int = field(init=False)
@@ -383,11 +356,8 @@ def multi_node_command(
     rdzv_id: str = "job42",
     script: str = "-m helpers.chapters.ch07.ddp_train --out results/",
 ) -> str:
-    """The command to type on *each* of ``nnodes`` machines (shown, never run here).
-
-    They meet at ``rdzv_endpoint`` (``host:port`` of one of them, reachable by all) under ``rdzv_id``. With
-    c10d, ranks are assigned at rendezvous, so ``--node-rank`` is optional: it pins the machines' order.
-    """
+    """The command to type on *each* of ``nnodes`` machines (shown, never run here): they meet at
+    ``rdzv_endpoint`` (``host:port`` of one of them). c10d assigns ranks at rendezvous; ``node_rank`` pins them."""
     check_int("nnodes", nnodes, 1, 100_000)
     check_int("nproc_per_node", nproc_per_node, 1, 4096)
     if ":" not in rdzv_endpoint:
@@ -409,24 +379,20 @@ def launch_ddp(
     width: int = 8,
     val_dir: str | os.PathLike[str] | None = None,
     val_limit: int | None = None,
-    set_epoch: bool = True,
-    drop_last: bool = False,
     fail_rank: int | None = None,
     data_dir: str | os.PathLike[str] | None = None,
     extra_args: Sequence[str] = (),
     timeout_s: float = 300.0,
     progress: Callable[[float, str], None] | None = None,
-    rdzv_endpoint: str | None = None,
 ) -> DistributedRun:
     """Train the chapter-01 model with DDP on ``nproc`` ranks (1 to :func:`max_processes`) started by torchrun.
 
-    ``batch_size`` is per rank (the global batch is ``nproc`` times that); throughput leaves out the first of
-    two or more ``epochs``. ``limit`` / ``val_limit`` train on / score that many images spread evenly over the
-    class-sorted set (None: all). ``data_dir`` / ``val_dir`` default to the chapter-01 sets (a ``data_dir`` of
-    your own without ``val_dir``: no validation). ``set_epoch=False`` shows the bug; ``fail_rank`` raises on
-    purpose; ``extra_args`` go to :mod:`.ddp_train`. Each rank computes with one thread: size the job for the
-    machine. Raises ValueError before anything starts (a setting out of range, named); :class:`DistributedRunError`
-    (a rank failed, or ``timeout_s`` passed) or the reader's ``KeyboardInterrupt`` once every process is stopped.
+    ``batch_size`` is per rank; throughput leaves out the first of two or more ``epochs``. ``limit`` /
+    ``val_limit``: train on / score that many images spread over the class-sorted set. ``data_dir`` / ``val_dir``
+    default to the chapter-01 sets (your ``data_dir`` without ``val_dir``: no validation). ``fail_rank`` fails
+    on purpose; ``extra_args`` go to :mod:`.ddp_train` (e.g. ``--no-set-epoch``, the bug). One thread per rank.
+    ValueError before anything starts; :class:`DistributedRunError` (a rank failed, or ``timeout_s`` passed) or
+    the reader's ``KeyboardInterrupt`` once every process is stopped.
     """
     settings = {
         "nproc": check_int("nproc", nproc, 1, max_processes()),
@@ -436,52 +402,31 @@ def launch_ddp(
         "limit": None if limit is None else check_int("limit", limit, nproc, 10_000_000),
         "val_limit": None if val_limit is None else check_int("val_limit", val_limit, 1, 10_000_000),
         "width": check_int("width", width, 1, 256),
-        "set_epoch": set_epoch,
-        "drop_last": drop_last,
         "fail_rank": None if fail_rank is None else check_int("fail_rank", fail_rank, 0, nproc - 1),
     }
     timeout_s = check_float("timeout_s", timeout_s, 1.0, 3600.0)
     if data_dir is None:
         info = make_shapes_dataset()  # generated once here, not by every rank
         data_dir, val_dir = info.train_dir, info.val_dir if val_dir is None else val_dir
-    work = torchrun.work_dir()
-    try:
-        args = _worker_args(work / "results", data_dir, val_dir, settings) + list(extra_args)
-        cmd = torchrun_command(nproc, args, rdzv_endpoint=rdzv_endpoint, log_dir=work / "logs")
+    args = [f"--data-dir={data_dir}"] + ["--no-val" if val_dir is None else f"--val-dir={val_dir}"]
+    args += [f"--{k.replace('_', '-')}={v}" for k, v in settings.items() if k != "nproc" and v is not None]
+    with torchrun.work_dir() as work:
+        args = [f"--out={work / 'results'}", *args, *extra_args]
+        cmd = torchrun_command(nproc, args, log_dir=work / "logs")
         if progress is not None:
             progress(0.0, f"starting {nproc} process(es) (each imports torch)")
         job = torchrun.run_job(cmd, work, timeout_s, progress)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    facts: dict[str, Any] = dict(
-        stdout=job.stdout, stderr=job.stderr, tracked_pids=job.pids, leftover_pids=job.leftover
-    )
-    _raise_if_failed(job, nproc, timeout_s, facts)
-    return DistributedRun(nproc, cmd, job.ranks, job.wall_s, settings=settings, listening=job.listening, **facts)
+    _raise_if_failed(job, nproc, timeout_s)
+    return DistributedRun(**vars(job), nproc=nproc, settings=settings)
 
 
-def _worker_args(out: Path, data_dir: Any, val_dir: Any, s: dict[str, Any]) -> list[str]:
-    """The rank script's options for these settings."""
-    args = [f"--out={out}", f"--data-dir={data_dir}", f"--epochs={s['epochs']}", f"--batch-size={s['batch_size']}"]
-    args += [f"--workers={s['workers']}", f"--width={s['width']}"]
-    args += [f"--limit={s['limit']}"] if s["limit"] is not None else []
-    if val_dir is None:
-        args.append("--no-val")
-    else:
-        args += [f"--val-dir={val_dir}"] + ([f"--val-limit={s['val_limit']}"] if s["val_limit"] is not None else [])
-    args += ["--no-set-epoch"] if not s["set_epoch"] else []
-    args += ["--drop-last"] if s["drop_last"] else []
-    return args + ([f"--fail-rank={s['fail_rank']}"] if s["fail_rank"] is not None else [])
-
-
-def _raise_if_failed(job: torchrun.Job, nproc: int, timeout_s: float, facts: dict[str, Any]) -> None:
+def _raise_if_failed(job: torchrun.Job, nproc: int, timeout_s: float) -> None:
     """Raise what the reader needs to know if the job timed out or failed."""
     if job.timed_out:
         raise DistributedRunError(
             f"the torchrun job did not finish within timeout_s={timeout_s:g} s and was stopped "
-            f"({len(job.pids)} process(es) terminated). Raise timeout_s or make the run smaller.",
-            timed_out=True,
-            **facts,
+            f"({len(job.tracked_pids)} process(es) terminated). Raise timeout_s or make the run smaller.",
+            job,
         )
     rc, cause = job.returncode, job.cause
     if rc == 0 and len(job.ranks) == nproc:
@@ -489,20 +434,10 @@ def _raise_if_failed(job: torchrun.Job, nproc: int, timeout_s: float, facts: dic
     if cause["rank"] is None:
         tail = "\n".join(job.stderr.rstrip().splitlines()[-15:])
         msg = f"torchrun exited with code {rc} and {len(job.ranks)} of {nproc} ranks reported results. "
-        msg += f"Last lines of its output:\n{tail}"
-    else:
-        what = f"{cause['type']}: {cause['message']}" if cause["type"] else cause["message"]
-        msg = f"rank {cause['rank']} of {nproc} failed: {what}. torchrun then stopped the other rank(s) and "
-        msg += f"exited with code {rc}."
-    raise DistributedRunError(
-        msg,
-        rank=cause["rank"],
-        error_type=cause["type"],
-        error_message=cause["message"],
-        rank_traceback=cause["traceback"],
-        returncode=rc,
-        **facts,
-    )
+        raise DistributedRunError(msg + f"Last lines of its output:\n{tail}", job)
+    what = f"{cause['type']}: {cause['message']}" if cause["type"] else cause["message"]
+    msg = f"rank {cause['rank']} of {nproc} failed: {what}. torchrun then stopped the other rank(s) and "
+    raise DistributedRunError(msg + f"exited with code {rc}.", job)
 
 
 # -- plots and tables (the notebook, the live panel, the benchmark) ----------------------------------------------
@@ -510,21 +445,16 @@ def _raise_if_failed(job: torchrun.Job, nproc: int, timeout_s: float, facts: dic
 
 def plot_run(run: DistributedRun, ax: Any = None, *, title: str | None = None) -> Any:
     """Bars: each rank's items/s and the total (measured in ``run``)."""
-    from ...ui.plots import new_axes  # optional/heavy: matplotlib
+    from ...ui.plots import history_bars  # optional/heavy: matplotlib
 
-    ax = ax if ax is not None else new_axes((6.5, 3.2))
-    values = run.per_rank_items_per_s() + [run.total_items_per_s()]
-    bars = ax.bar(range(len(values)), values, color=["#4e79a7"] * (len(values) - 1) + ["#f28e2b"])
-    for b, v in zip(bars, values):
-        ax.annotate(f"{v:.0f}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=8)
-    ax.set_ylim(0, max(values) * 1.15 if max(values) > 0 else 1)
-    ax.set_xticks(range(len(values)))
-    ax.set_xticklabels([f"rank {r['rank']}" for r in run.ranks] + ["total"])
-    ax.set_ylabel("training throughput (items/s)")
-    s = run.settings
+    values, s = run.per_rank_items_per_s() + [run.total_items_per_s()], run.settings
     default = f"{run.nproc} rank(s), {run.backend}, {s.get('workers', 0)} worker(s)/rank, "
-    ax.set_title(title or default + f"batch {s.get('batch_size', '?')}/rank")
-    ax.grid(axis="y", alpha=0.3)
+    labels = [f"rank {r['rank']}" for r in run.ranks] + ["total"]
+    title = title or default + f"batch {s.get('batch_size', '?')}/rank"
+    ax = history_bars(labels, values, ax, ylabel="training throughput (items/s)", title=title)
+    for i, v in enumerate(values):
+        ax.annotate(f"{v:.0f}", (i, v), ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, max(values) * 1.15 if max(values) > 0 else 1)
     return ax
 
 

@@ -1,15 +1,12 @@
 """Running torchrun on this machine: bound to loopback, and with every process it started stopped after.
 
-**Nothing listens beyond this machine.** c10d's TCPStore server binds the wildcard address (``::``) whatever
-host it is given, unless it is handed a socket that is already bound, so plain torchrun exposes its rendezvous
-store on every interface. :func:`torchrun_command` runs torchrun through this module instead
-(``python -m helpers.chapters.ch07.torchrun``, :func:`loopback_torchrun`), which hands the stores sockets
-bound to 127.0.0.1; ``--local-addr=127.0.0.1`` and ``MASTER_ADDR`` make the ranks meet there, and
-:func:`loopback_env` puts gloo and NCCL on the loopback interface.
+**Nothing listens beyond this machine.** c10d's TCPStore server binds the wildcard address whatever host it is
+given, unless handed a socket already bound; so torchrun runs through this module (:func:`loopback_torchrun`),
+which hands its stores sockets bound to 127.0.0.1, and :func:`loopback_env` keeps gloo and NCCL on loopback.
 
-**Nothing is left behind.** :func:`run_job` tracks every process the job starts (torchrun; the ranks, each in
-its own session; their DataLoader workers) and, when the job ends, times out or is interrupted, terminates then
-kills whatever is left. A killed parent takes torchrun with it (Linux's parent-death signal).
+**Nothing is left behind.** :func:`run_job` tracks every process the job starts (torchrun, the ranks, their
+DataLoader workers) and stops them all when it ends, times out or is interrupted; a killed parent takes torchrun
+with it (Linux's parent-death signal).
 """
 
 from __future__ import annotations
@@ -27,32 +24,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import psutil
 
-__all__ = ["torchrun_command", "loopback_env", "loopback_interface", "loopback_torchrun", "process_alive"]
-__all__ += ["listening_sockets", "work_dir", "Job", "run_job"]
 
-
-def torchrun_command(
-    nproc: int, script_args: Sequence[str], *, rdzv_endpoint: str | None = None, log_dir: str | Path | None = None
-) -> list[str]:
-    """The command line that runs :mod:`.ddp_train` under torchrun on this machine, through this module: every
-    store it serves bound to 127.0.0.1 and the ranks told to meet there; ``--standalone`` (a store on a free
-    port) or ``rdzv_endpoint`` (a 127.0.0.1 address)."""
-    if rdzv_endpoint and not _is_loopback_host(rdzv_endpoint.rsplit(":", 1)[0]):
-        raise ValueError(
-            f"rdzv_endpoint: {rdzv_endpoint!r} is not a loopback address; a single-machine run listens on "
-            "127.0.0.1 only (a job on several machines: distributed.multi_node_command)"
-        )
-    cmd = [sys.executable, "-m", "helpers.chapters.ch07.torchrun", "--local-addr=127.0.0.1"]
-    if rdzv_endpoint:
-        cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", "--rdzv-id=workbook", "--nnodes=1"]
-    else:
-        cmd += ["--standalone"]
+def torchrun_command(nproc: int, script_args: Sequence[str], *, log_dir: str | Path | None = None) -> list[str]:
+    """The command line that runs :mod:`.ddp_train` under torchrun (``--standalone``: a store on a free port) on
+    this machine, through this module: every store it serves bound to 127.0.0.1, the ranks told to meet there."""
+    cmd = [sys.executable, "-m", "helpers.chapters.ch07.torchrun", "--local-addr=127.0.0.1", "--standalone"]
     cmd += [f"--nproc-per-node={nproc}", "--max-restarts=0"] + ([f"--log-dir={log_dir}"] if log_dir else [])
     return cmd + ["-m", "helpers.chapters.ch07.ddp_train", *script_args]
 
@@ -69,19 +51,14 @@ def _is_loopback_host(host: str) -> bool:
         return False
 
 
-def loopback_interface() -> str | None:
-    """The name of this machine's loopback network interface (``lo`` on Linux), if any."""
+def loopback_env() -> dict[str, str]:
+    """The ranks' environment for a single-machine job: ``MASTER_ADDR=127.0.0.1`` and the loopback interface
+    (``lo`` on Linux) for gloo and NCCL's own sockets (else they pick the one the host name resolves to)."""
     try:
         names = [name for _, name in socket.if_nameindex()]
     except (OSError, AttributeError):  # pragma: no cover - no interface list on this OS
-        return None
-    return next((n for n in ("lo", "lo0") if n in names), next((n for n in names if n.startswith("lo")), None))
-
-
-def loopback_env() -> dict[str, str]:
-    """The ranks' environment for a single-machine job: ``MASTER_ADDR=127.0.0.1`` and the interface gloo and
-    NCCL bind their own sockets to (without it they pick the one the host name resolves to, maybe a network's)."""
-    lo = loopback_interface()
+        names = []
+    lo = next((n for n in ("lo", "lo0") if n in names), next((n for n in names if n.startswith("lo")), None))
     return {"MASTER_ADDR": "127.0.0.1", **({"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo} if lo else {})}
 
 
@@ -102,8 +79,8 @@ def _listen_on_loopback(port: int) -> tuple[int, int]:
 
 
 def _loopback_tcpstore(base: type) -> type:
-    """``base`` (``torch.distributed.TCPStore``), whose server for a loopback host binds 127.0.0.1 only: c10d's
-    server binds the wildcard address unless given ``master_listen_fd``, a socket already bound and listening."""
+    """``base`` (``torch.distributed.TCPStore``), whose server for a loopback host binds 127.0.0.1 only (handed
+    as ``master_listen_fd``, a socket already bound and listening)."""
 
     class LoopbackTCPStore(base):
         def __init__(
@@ -146,12 +123,9 @@ def _loopback_tcpstore(base: type) -> type:
 
 
 def loopback_torchrun(argv: Sequence[str] | None = None) -> None:
-    """torchrun (``torch.distributed.run``) with every store it serves bound to 127.0.0.1.
-
-    ``python -m helpers.chapters.ch07.torchrun [torchrun options] -m module ...``: replaces ``TCPStore`` in
-    torchrun's rendezvous modules, then calls torchrun's own ``main``. For one machine only (with
-    ``--standalone`` or a 127.0.0.1 endpoint, and ``--local-addr=127.0.0.1``): others can't reach loopback.
-    """
+    """``python -m helpers.chapters.ch07.torchrun [torchrun options] -m module ...``: torchrun's own ``main``
+    with ``TCPStore`` replaced in its rendezvous modules, so every store it serves binds 127.0.0.1 (one machine
+    only: ``--standalone`` or a 127.0.0.1 endpoint, and ``--local-addr=127.0.0.1``)."""
     import torch.distributed as dist
     import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend as c10d_backend
     import torch.distributed.elastic.rendezvous.dynamic_rendezvous  # noqa: F401  (uses dist.TCPStore)
@@ -209,8 +183,8 @@ class _Tracker:
             self.listening.update(listening_sockets(self.procs.values()))
 
     def orphans(self) -> None:
-        """Add processes left in a tracked process's group after their parent died (re-parented): torchrun
-        starts each rank in its own session, so a rank's DataLoader workers keep the rank's group."""
+        """Add processes left in a tracked process's group after their parent died: each rank has its own
+        session (torchrun starts it so), which its DataLoader workers keep when re-parented."""
         if not hasattr(os, "getpgid"):  # pragma: no cover - not POSIX
             return
         groups = set(self.procs)  # a rank's pid is its group id (new session)
@@ -247,21 +221,25 @@ class _Tracker:
 _WORK_PREFIX = "workbook-ddp-"
 
 
-def work_dir() -> Path:
-    """A new temporary folder for one job (with ``results/`` inside), once stale ones are deleted: those of
-    launchers that were killed (their pid, in the name, is gone) and could not delete their own."""
+@contextlib.contextmanager
+def work_dir() -> Iterator[Path]:
+    """A new temporary folder for one job (``results/`` inside), deleted after. Stale ones are deleted first:
+    those of launchers that were killed (their pid, in the name, is gone) and could not delete their own."""
     for d in Path(tempfile.gettempdir()).glob(f"{_WORK_PREFIX}*-*"):
         pid = d.name[len(_WORK_PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and d.is_dir() and not process_alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=f"{_WORK_PREFIX}{os.getpid()}-"))
-    (work / "results").mkdir()
-    return work
+    try:
+        (work / "results").mkdir()
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get SIGTERM when its parent dies (Linux only): a killed or
-    restarted kernel then stops torchrun (and its ranks) instead of leaving it running as an orphan."""
+    """A ``preexec_fn`` that makes the child get SIGTERM when its parent dies (Linux only): a killed kernel
+    then stops torchrun and its ranks."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -297,10 +275,8 @@ def _report_progress(results: Path, progress: Callable[[float, str], None], repo
 def _read_json(paths: Any) -> list[dict[str, Any]]:
     out = []
     for f in paths:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             out.append(json.loads(f.read_text()))
-        except (OSError, ValueError):
-            continue
     return out
 
 
@@ -321,30 +297,45 @@ def _root_cause(results: Path, stderr: str) -> dict[str, Any]:
     return {"rank": None, "type": "", "message": "", "traceback": ""}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Job:
-    """What :func:`run_job` saw: how it ended, its output, its processes and sockets, and what the ranks wrote
-    (``ranks``: their records, by rank; ``cause``: the first failure's rank, type, message and traceback)."""
+    """One torchrun job (:func:`run_job`): the ranks' records (by rank), seconds from launch to exit, torchrun's
+    output, every process started and those alive after clean-up (should be none), ``(pid, address, port)`` of
+    every TCP socket seen listening, the exit code (None after a timeout) and the first failure (``cause``)."""
 
-    returncode: int | None
-    timed_out: bool
-    wall_s: float
-    stdout: str
-    stderr: str
-    pids: list[int]
-    leftover: list[int]
-    listening: list[tuple[int, str, int]]
+    command: list[str]
     ranks: list[dict[str, Any]]
-    cause: dict[str, Any]
+    wall_s: float
+    stdout: str = ""
+    stderr: str = ""
+    tracked_pids: list[int] = field(default_factory=list)
+    leftover_pids: list[int] = field(default_factory=list)
+    listening: list[tuple[int, str, int]] = field(default_factory=list)
+    returncode: int | None = 0
+    timed_out: bool = False
+    cause: dict[str, Any] = field(default_factory=dict)
+
+
+def _follow(proc: subprocess.Popen[bytes], tracker: _Tracker, deadline: float, follow: Callable[[], None]) -> bool:
+    """Wait for ``proc``, noting its processes and sockets twice a second; True if ``deadline`` passed first."""
+    next_scan = 0.0
+    while proc.poll() is None:
+        now = time.perf_counter()
+        if now >= next_scan:  # new processes (ranks, their workers) and their sockets
+            tracker.snapshot(sockets=True)
+            next_scan = now + 0.5
+        if now > deadline:
+            return True
+        follow()
+        time.sleep(0.1)
+    return False
 
 
 def run_job(cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable[[float, str], None] | None) -> Job:
-    """Run ``cmd`` (:func:`torchrun_command`) in ``work`` for at most ``timeout_s``, following rank 0's steps,
-    then stop every process it started. A ``KeyboardInterrupt`` (the reader's, or ``progress``'s) is raised again
-    once they are stopped, with ``tracked_pids`` and ``leftover_pids``."""
-    t0 = time.perf_counter()
-    timed_out = interrupted = False
-    results, seen = work / "results", [-1]
+    """Run ``cmd`` in ``work`` for at most ``timeout_s``, following rank 0's steps, then stop every process it
+    started; a ``KeyboardInterrupt`` is raised again once they are, with ``tracked_pids`` and ``leftover_pids``."""
+    t0, results, seen = time.perf_counter(), work / "results", [-1]
+    follow = (lambda: _report_progress(results, progress, seen)) if progress is not None else (lambda: None)
     with open(work / "stdout.txt", "wb") as out, open(work / "stderr.txt", "wb") as err:
         proc = subprocess.Popen(
             list(cmd),
@@ -356,20 +347,9 @@ def run_job(cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable
             start_new_session=os.name == "posix",
             preexec_fn=_die_with_parent(),
         )
-        tracker = _Tracker(proc.pid)
+        tracker, timed_out, interrupted = _Tracker(proc.pid), False, False
         try:
-            next_scan = 0.0
-            while proc.poll() is None:
-                now = time.perf_counter()
-                if now >= next_scan:  # new processes (ranks, their workers) and their sockets
-                    tracker.snapshot(sockets=True)
-                    next_scan = now + 0.5
-                if now - t0 > timeout_s:
-                    timed_out = True
-                    break
-                if progress is not None:
-                    _report_progress(results, progress, seen)
-                time.sleep(0.1)
+            timed_out = _follow(proc, tracker, t0 + timeout_s, follow)
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -377,26 +357,27 @@ def run_job(cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable
             if proc.poll() is None:  # pragma: no cover - stop_all killed it
                 proc.kill()
                 proc.wait()
-    pids, wall_s = sorted(tracker.procs), time.perf_counter() - t0
     if interrupted:
         stop = KeyboardInterrupt(
-            f"torchrun job interrupted after {wall_s:.1f} s; its {len(pids)} process(es) were stopped"
+            f"torchrun job interrupted after {time.perf_counter() - t0:.1f} s; "
+            f"its {len(tracker.procs)} process(es) were stopped"
         )
-        stop.tracked_pids, stop.leftover_pids = pids, leftover  # type: ignore[attr-defined]
+        stop.tracked_pids, stop.leftover_pids = sorted(tracker.procs), leftover  # type: ignore[attr-defined]
         raise stop
     stdout, stderr = ((work / f"{name}.txt").read_text(errors="replace") for name in ("stdout", "stderr"))
     ranks = _read_json(f for f in sorted(results.glob("rank*.json")) if not f.name.endswith(".error.json"))
     return Job(
-        proc.returncode,
-        timed_out,
-        wall_s,
-        stdout,
-        stderr,
-        pids,
-        leftover,
-        sorted(tracker.listening),
-        sorted(ranks, key=lambda r: r["rank"]),
-        _root_cause(results, stderr),
+        command=list(cmd),
+        ranks=sorted(ranks, key=lambda r: r["rank"]),
+        wall_s=time.perf_counter() - t0,
+        stdout=stdout,
+        stderr=stderr,
+        tracked_pids=sorted(tracker.procs),
+        leftover_pids=leftover,
+        listening=sorted(tracker.listening),
+        returncode=None if timed_out else proc.returncode,
+        timed_out=timed_out,
+        cause={} if timed_out else _root_cause(results, stderr),
     )
 
 
