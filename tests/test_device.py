@@ -110,7 +110,7 @@ def test_resolve_device():
 def test_intraop_threads_sets_and_restores():
     import torch
 
-    from helpers.core.device import intraop_threads
+    from helpers.core.rounds import intraop_threads
 
     before = torch.get_num_threads()
     with intraop_threads(1) as n:

@@ -15,7 +15,7 @@ import re
 import shutil
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -26,7 +26,7 @@ from .validate import check_int, human_bytes, wrap
 
 __all__ = [
     "pick_device", "resolve_device", "check_device_present", "cuda_driver_problem",
-    "link_ceiling", "ceiling_share", "copy_engine_count", "wrap", "intraop_threads", "has_cuda", "torch_at_least",
+    "link_ceiling", "ceiling_share", "copy_engine_count", "wrap", "has_cuda", "torch_at_least",
     "no_cuda_message", "pcie_bandwidth_gbps", "HardwareReport", "hardware_report", "environment_check", "CheckLine",
 ]  # fmt: skip
 
@@ -123,18 +123,6 @@ def resolve_device(device: torch.device | str | None, kinds: tuple[str, ...] = (
     if device is None:
         return torch.device("cuda" if has_cuda() else "cpu")
     return check_device_present(device, "device", allowed=kinds)
-
-
-@contextlib.contextmanager
-def intraop_threads(n: int) -> Iterator[int]:
-    """``with intraop_threads(n):`` torch uses ``n`` intra-op threads here, restored after (fair comparisons)."""
-    check_int("threads", n, 1, 1024)
-    prev = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield n
-    finally:
-        torch.set_num_threads(prev)
 
 
 def no_cuda_message(what: str) -> str:

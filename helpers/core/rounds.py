@@ -11,15 +11,18 @@ within a round, and their spread is what :mod:`helpers.core.agreement` turns int
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import statistics
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
+
+import torch
 
 from .progress import ProgressFn, scaled
 from .validate import check_int
 
-__all__ = ["Rounds", "alternate", "table"]
+__all__ = ["Rounds", "alternate", "table", "intraop_threads"]
 
 Measure = Callable[..., float]
 """One configuration's measurement: returns one figure (seconds, items/s, ...). If it takes a
@@ -99,3 +102,15 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, left: int
         pad.join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
         for row in cells
     ]
+
+
+@contextlib.contextmanager
+def intraop_threads(n: int) -> Iterator[int]:
+    """``with intraop_threads(n):`` torch uses ``n`` intra-op threads here, restored after (fair comparisons)."""
+    check_int("threads", n, 1, 1024)
+    prev = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(prev)

@@ -17,9 +17,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from ..core.device import intraop_threads
 from ..core.failures import LoaderFailure as LoaderFailure
 from ..core.failures import explain_loader_error as explain_loader_error
+from ..core.rounds import intraop_threads
 from ..core.validate import check_choice, check_float, check_int
 from .data import TimedCollate, seed_worker
 from .demo import *  # noqa: F403  (re-exported: chapters and notebooks import the demo data sets from here)

@@ -17,9 +17,9 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from ...core.config import require_gpu, sized
-from ...core.device import intraop_threads, resolve_device
+from ...core.device import resolve_device
 from ...core.progress import ProgressFn
-from ...core.rounds import alternate
+from ...core.rounds import alternate, intraop_threads
 from ...core.timing import cuda_event_time, measure, summarize
 from ...core.validate import check_choice, check_int, human_bytes, human_seconds
 from ...pipeline.transfer import DTYPES, Unavailable, check_host_bytes, cuda_status, images_nbytes

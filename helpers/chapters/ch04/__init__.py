@@ -22,10 +22,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ...core import config, evidence
-from ...core.device import intraop_threads
 from ...core.evidence import Evidence
 from ...core.progress import ProgressFn, no_progress
 from ...core.results import ResultSet
+from ...core.rounds import intraop_threads
 from ...core.validate import check_choice, check_int
 from ...pipeline import loaders
 from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset

@@ -19,8 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from ...core import agreement
-from ...core.device import intraop_threads
-from ...core.rounds import alternate, table
+from ...core.rounds import alternate, intraop_threads, table
 from ...core.validate import check_float, check_int
 from ...pipeline.loaders import (
     MAX_WORKERS,

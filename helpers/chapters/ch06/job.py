@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from ...core import evidence
 from ...core.config import sized
-from ...core.device import intraop_threads
 from ...core.evidence import Evidence
+from ...core.rounds import intraop_threads
 from ...core.validate import check_choice, check_int
 from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset, to_float_normalized
 from ...pipeline.loaders import (
