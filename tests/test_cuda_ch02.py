@@ -148,7 +148,7 @@ def test_host_blocking_probe_queues_each_copy_behind_the_gpu_work_on_its_device(
 
 @pytest.mark.parametrize(("direction", "memory"), [("h2d", "pinned"), ("h2d", "pageable"), ("d2h", "pinned")])
 def test_the_panel_measures_on_the_chosen_device_with_the_readers_function(direction: str, memory: str) -> None:
-    """ch02.panel_run with CUDA: an H2D copy by the reader's time_copy, a D2H one by measure_copy, on cuda:1."""
+    """ch02.panel_run with CUDA: an H2D copy by the reader's time_copy, a D2H one by transfer_sweep, on cuda:1."""
     from helpers.chapters import ch02
     from helpers.core.progress import no_progress
 

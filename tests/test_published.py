@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import pytest
 
 from helpers.ui import published
+from tools import published_table
 
 
 def _raw() -> dict:
@@ -118,12 +119,12 @@ def test_filters_validate_their_arguments():
 
 
 def test_markdown_table_and_readme_block_render():
-    table = published.markdown_table()
+    table = published_table.markdown_table()
     lines = table.splitlines()
     assert len(lines) == 2 + len(published.load())
     assert all(line.count("|") >= 11 for line in lines)
     assert "theoretical" not in table.lower() and "measured here" not in table
-    block = published.published_block()
+    block = published_table.published_block()
     assert block.startswith("### Published elsewhere") and table in block
     assert "https://github.com/NVIDIA/nvbandwidth/issues/24" in block
 
@@ -163,6 +164,6 @@ def test_readme_published_table_is_current() -> None:
     start = readme.index("<!-- published-table:start")
     start = readme.index("-->", start) + len("-->\n")
     end = readme.index("<!-- published-table:end -->")
-    assert readme[start:end].rstrip() == published.published_block().rstrip(), (
+    assert readme[start:end].rstrip() == published_table.published_block().rstrip(), (
         "README's published table is stale: regenerate it from helpers/ui/published.json"
     )

@@ -300,7 +300,7 @@ def test_host_copy_is_real_and_labelled():
     p = copies.measure_host_copy(64 * KiB, min_run_time=0.01)
     assert p.direction == "h2h" and p.memory == "pageable" and p.median_s > 0 and p.gbps > 0
     assert "CPU memcpy" in p.method
-    sw = copies.host_copy_sweep([4 * KiB, 16 * KiB], min_run_time=0.005)
+    sw = copies.sweep(lambda src, *a: [1e-6], [4 * KiB, 16 * KiB], device="cpu")[("h2h", "pageable")]
     assert sw.sizes() == [4 * KiB, 16 * KiB] and "CPU" in sw.label + sw.source
     with pytest.raises(ValueError, match="multiple of 4"):
         copies.measure_host_copy(6, dtype="float32")
@@ -309,7 +309,7 @@ def test_host_copy_is_real_and_labelled():
 @pytest.mark.skipif(not NO_CUDA, reason="checks the no-GPU path")
 def test_gpu_measurements_return_unavailable_without_cuda():
     results = [
-        copies.measure_copy(MiB, "h2d", "pinned"),
+        copies.transfer_sweep("h2d", "pinned", [MiB]),
         copies.transfer_sweep("d2h", "pageable", [4096]),
         pin_costs.pin_cost(MiB),
         pin_costs.host_blocking_probe(),
@@ -331,13 +331,13 @@ def test_pinning_status_reports_the_driver_error():
 
 def test_gpu_measurements_validate_before_checking_hardware():
     with pytest.raises(ValueError, match="direction"):
-        copies.measure_copy(MiB, "sideways", "pinned")
+        copies.transfer_sweep("sideways", "pinned", [MiB])
     with pytest.raises(ValueError, match="memory"):
-        copies.measure_copy(MiB, "h2d", "locked")
-    with pytest.raises(ValueError, match="nbytes"):
-        copies.measure_copy(0)
+        copies.transfer_sweep("h2d", "locked", [MiB])
+    with pytest.raises(ValueError, match=r"sizes\[i\]"):  # sizes are checked where the notebook passes them
+        copies.sweep(lambda *a: [1e-6], [0])
     with pytest.raises(ValueError, match="multiple of 4"):
-        copies.measure_copy(6, dtype="float32")
+        copies.sweep(lambda *a: [1e-6], [6], dtype="float32")
     with pytest.raises(ValueError, match="gpu_work_s"):
         pin_costs.host_blocking_probe(gpu_work_s=0)
     with pytest.raises(ValueError, match="memory"):
@@ -352,7 +352,7 @@ def test_cuda_status_for_a_cpu_device():
 @pytest.mark.skipif(not NO_CUDA, reason="checks the no-GPU path")
 def test_cuda_status_checks_the_spelling_and_answers_cuda_without_raising():
     assert T.cuda_status("cuda") == (False, T.NO_CUDA_REASON)  # absent here, not wrong
-    assert isinstance(copies.measure_copy(MiB, device="cuda"), T.Unavailable)
+    assert isinstance(copies.transfer_sweep("h2d", "pinned", [MiB], device="cuda"), T.Unavailable)
     for bad, match in (("gpu", "such as 'cpu'"), ("mps", "one of")):
         with pytest.raises(ValueError, match=match):
             T.cuda_status(bad)
@@ -443,7 +443,7 @@ def test_measure_host_copy_refuses_64_gib_at_once(monkeypatch):
     with pytest.raises(ValueError, match="host RAM"):
         copies.measure_host_copy(64 * GiB)
     with pytest.raises(ValueError, match="host RAM"):
-        copies.measure_copy_fn(lambda *a: [1e-6], 4 * GiB, device="cpu")  # two 4 GiB buffers
+        copies.sweep(lambda *a: [1e-6], [4 * GiB], device="cpu")  # two 4 GiB buffers
     assert time.perf_counter() - t0 < 5
 
 

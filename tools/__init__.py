@@ -7,4 +7,5 @@ gpucheck        ``python -m tools.gpucheck`` (``make gpu-check``): the GPU check
 cuda_coverage   ``python tools/cuda_coverage.py`` (``make coverage``): how much of helpers/ the tests run
 check_floor     ``python tools/check_floor.py`` (``make test-floor``): the floor venv has the requested torch
 time_chapters   ``python tools/time_chapters.py``: each chapter's Run All time, for the setup cells
+published_table ``python tools/published_table.py``: the README's "Published elsewhere" block, printed
 """

@@ -9,12 +9,14 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Sequence
 
 import matplotlib
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from ..core.timing import SpanTrace
+from ..core.validate import human_bytes
 
 __all__ = [
     "PHASE_COLORS", "phase_color", "new_axes", "timeline", "stacked_phases", "sweep_plot", "history_bars",
-    "label_source",
+    "label_source", "plain_log_ticks", "size_ticks",
 ]  # fmt: skip
 
 #: One colour per well-known phase; other names get colours from a cycle.
@@ -163,7 +165,7 @@ def sweep_plot(
         ax.set_xscale("log")
     if logy:
         ax.set_yscale("log")
-        _plain_log_ticks(ax.yaxis)
+        plain_log_ticks(ax.yaxis)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
@@ -174,13 +176,23 @@ def sweep_plot(
     return ax
 
 
-def _plain_log_ticks(axis: Any) -> None:
+def plain_log_ticks(axis: Any) -> None:
     """Label a log axis at 1-2-5 steps in plain numbers (a lone '10^1' can't be read off)."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
     axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     axis.set_minor_formatter(NullFormatter())
+
+
+def size_ticks(ax: Any) -> None:
+    """Label a log x axis of byte sizes at 4 KiB, 16 KiB, 64 KiB, ... (every other one past six) in its range."""
+    lo, hi = ax.get_xlim()
+    ticks = [4.0**k * 1024 for k in range(1, 16) if lo <= 4.0**k * 1024 <= hi]
+    if len(ticks) > 6:
+        ticks = ticks[::2]
+    if ticks:
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([human_bytes(t).replace(".0 ", " ") for t in ticks])
+        ax.minorticks_off()
 
 
 def history_bars(

@@ -25,8 +25,8 @@ from ..core.validate import check_choice, human_bytes
 __all__ = [
     "KIND_MEASURED", "KIND_RECORDED", "KIND_PUBLISHED", "KIND_THEORETICAL", "NVLINK_C2C_GBPS", "UNITS",
     "PublishedFigure", "data_file", "load", "published_figures", "generations", "link_ceiling_gbps", "pairs",
-    "share_table", "markdown_table", "published_block", "point_key", "largest_copies", "size_text", "short_source",
-    "size_ticks", "add_published_points", "add_theoretical_ceilings", "plot_share_of_ceiling",
+    "share_table", "point_key", "largest_copies", "size_text", "short_source",
+    "add_published_points", "add_theoretical_ceilings", "plot_share_of_ceiling",
 ]  # fmt: skip
 
 KIND_MEASURED = "measured here"
@@ -265,48 +265,6 @@ def share_table(figures: Iterable[PublishedFigure] | None = None) -> str:
     return "\n".join(lines)
 
 
-def markdown_table(figures: Iterable[PublishedFigure] | None = None) -> str:
-    """The README's **Published elsewhere** table (never our measurements or ceilings): a row per figure."""
-    rows = [
-        "| GPU | copy | as published | GB/s (10^9 B/s) | transfer size | tool | NUMA placement | link (source) "
-        "| source | read |",
-        "|---|---|---:|---:|---:|---|---|---|---|---|",
-    ]
-    for f in _figs(figures):
-        numa = f"{f.numa_side} socket" if f.numa_side else "not stated"
-        numa = "tool binds near" if not f.numa_side and "nvbandwidth binds" in f.numa else numa
-        gpu, tool, link, src = (s.replace("|", "\\|") for s in (f.gpu, f.tool, f.link, short_source(f.url)))
-        rows.append(
-            f"| {gpu} | {f.direction.upper()} {f.memory} | {f.value:g} {f.unit} | {f.gbps:.2f} | "
-            f"{size_text(f.transfer_size_bytes)} | {tool} | {numa} | {link} | [{src}]({f.url}) "
-            f"| {f.date_read} |"
-        )
-    return "\n".join(rows)
-
-
-def published_block() -> str:
-    """The README section proposed for published figures: a heading, what they are, and the table."""
-    figs = list(_cached())
-    gens = generations(figs)
-    return "\n".join(
-        [
-            "### Published elsewhere (cited, not measured by this workbook)",
-            "",
-            f"Host↔GPU copy bandwidths that others measured and published, {len(figs)} figures on "
-            f"{len(gens)} GPU generations ({', '.join(gens)}). Each row was copied by hand from its source on the "
-            "date shown, with the tool and its method (`helpers/ui/published.json` holds every field, including the "
-            "exact method and notes). They are a third kind of figure: not our measurements, not our reference "
-            "files, and not theoretical ceilings, so they get their own table and are never fitted together with "
-            "ours. Chapters 00 and 02 show them beside the theoretical ceilings and beside your own curve.",
-            "",
-            markdown_table(figs),
-            "",
-            '"link (source)" is the host link as the source states it; most sources do not. "NUMA placement: tool '
-            "binds near\" means nvbandwidth pins itself to the GPU's socket before allocating the host buffer.",
-        ]
-    )
-
-
 def _point_series(figures: Iterable[PublishedFigure] | None = None) -> list[list[PublishedFigure]]:
     """Figures with a stated size, grouped by source and run (series ``k`` is marked ``[k]``), sizes ascending."""
     series: dict[tuple[Any, ...], list[PublishedFigure]] = {}
@@ -362,20 +320,10 @@ def add_published_points(ax: Any, figures: Iterable[PublishedFigure] | None = No
         text = {"textcoords": "offset points", "fontsize": 7, "color": "#222", "zorder": 5}
         ax.annotate(f"{k}", (xs[-1], ys[-1]), xytext=(4, -3), **text)
     if ax.get_xscale() == "log":
+        from .plots import size_ticks  # optional/heavy: matplotlib
+
         size_ticks(ax)
     return [f for f in figs if f.transfer_size_bytes is None]
-
-
-def size_ticks(ax: Any) -> None:
-    """Label a log x axis of byte sizes at 4 KiB, 16 KiB, 64 KiB, ... (every other one past six) in its range."""
-    lo, hi = ax.get_xlim()
-    ticks = [4.0**k * 1024 for k in range(1, 16) if lo <= 4.0**k * 1024 <= hi]
-    if len(ticks) > 6:
-        ticks = ticks[::2]
-    if ticks:
-        ax.set_xticks(ticks)
-        ax.set_xticklabels([human_bytes(t).replace(".0 ", " ") for t in ticks])
-        ax.minorticks_off()
 
 
 def add_theoretical_ceilings(ax: Any, links: Iterable[str], *, skip_gbps: Iterable[float] = ()) -> list[str]:
@@ -399,8 +347,6 @@ def add_theoretical_ceilings(ax: Any, links: Iterable[str], *, skip_gbps: Iterab
 def plot_share_of_ceiling(figures: Iterable[PublishedFigure] | None = None, ax: Any = None) -> Any:
     """A row per figure: the **published** GB/s (marker), its host link's **theoretical** ceiling (bar) and
     the share. Log x axis: NVLink-C2C and PCIe Gen3 differ tenfold."""
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # optional/heavy: matplotlib
-
     from . import plots  # optional/heavy: matplotlib
 
     figs = [f for f in _figs(figures) if f.ceiling_gbps]
@@ -416,9 +362,7 @@ def plot_share_of_ceiling(figures: Iterable[PublishedFigure] | None = None, ax: 
     ax.set_yticklabels([f"{f.short_label()} ({f.product_link})" for f in figs], fontsize=7)
     ax.set_xscale("log")
     ax.set_xlim(1, max(ceilings) * 2.2 if figs else 10)
-    ax.xaxis.set_major_locator(FixedLocator([1, 2, 5, 10, 20, 50, 100, 200, 500]))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-    ax.xaxis.set_minor_locator(NullLocator())
+    plots.plain_log_ticks(ax.xaxis)
     ax.set_xlabel("GB/s (10^9 B/s, log scale)")
     ax.set_title("Published copies against the theoretical ceiling of each GPU's host link")
     ax.legend(fontsize=7, loc="lower right")

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -25,6 +26,7 @@ from ...core.evidence import Evidence
 from ...core.progress import ProgressFn, no_progress, scaled
 from ...core.reference import provenance_line
 from ...core.results import ResultSet
+from ...core.rounds import intraop_threads
 from ...core.timing import summarize
 from ...core.validate import check_choice, check_float, check_int, human_bytes, human_seconds
 from ...pipeline import transfer
@@ -245,18 +247,27 @@ def panel_controls(**context: Any) -> dict[str, Any]:
     }
 
 
+def _one_copy(copy_fn: CopyFn, reading: PanelReading, device: Any, repeats: int) -> TransferPoint:
+    """One round of ``copy_fn`` on the reading's bytes (:func:`~.copies.sweep`, one size): an H2D copy with CUDA,
+    else the host memcpy ``time_copy`` times, on one CPU thread (as the driver stages one)."""
+    kw: dict[str, Any] = {"device": device, "repeats": repeats, "kinds": (reading.memory,), "dtype": reading.dtype}
+    with contextlib.nullcontext() if transfer.cuda_status(device)[0] else intraop_threads(1):
+        curves = copies.sweep(copy_fn, [reading.nbytes], rounds=1, **kw)
+    return next(iter(curves.values())).points[0]
+
+
 def _copy_here(copy_fn: CopyFn | None, reading: PanelReading, device: torch.device | str, repeats: int) -> str:
     """With CUDA: an H2D copy by the reader's function, a D2H one (which it does not do) by the helper's."""
-    n, direction, memory, dtype = reading.nbytes, reading.direction, reading.memory, reading.dtype
-    if copy_fn is not None and direction == "h2d":
+    if copy_fn is not None and reading.direction == "h2d":
         name = getattr(copy_fn, "__name__", "copy_fn")
-        reading.measured = copies.measure_copy_fn(copy_fn, n, memory, dtype=dtype, device=device, repeats=repeats)
+        reading.measured = _one_copy(copy_fn, reading, device, repeats)
         reading.note = f"Timed by your {name}()."
         return f"your {name}()"
-    p = copies.measure_copy(n, direction, memory, dtype=dtype, device=device, repeats=repeats)
-    reading.measured = p if isinstance(p, TransferPoint) else None
-    reading.note = "D2H: timed by copies.measure_copy (your copy function does H2D)." if copy_fn is not None else ""
-    return "copies.measure_copy, CUDA events"
+    kw: dict[str, Any] = {"device": device, "repeats": repeats, "dtype": reading.dtype}
+    sw = copies.transfer_sweep(reading.direction, reading.memory, [reading.nbytes], **kw)
+    reading.measured = sw.points[0] if isinstance(sw, Sweep) else None
+    reading.note = "D2H: timed by copies.transfer_sweep (your copy function does H2D)." if copy_fn is not None else ""
+    return "copies.transfer_sweep, CUDA events"
 
 
 def _host_instead(copy_fn: CopyFn | None, reading: PanelReading, recorded: CopySweeps | None, repeats: int) -> str:
@@ -274,7 +285,7 @@ def _host_instead(copy_fn: CopyFn | None, reading: PanelReading, recorded: CopyS
     if copy_fn is None:
         reading.host = copies.measure_host_copy(n, dtype=reading.dtype)
         return "copies.measure_host_copy"
-    reading.host = copies.measure_copy_fn(copy_fn, n, dtype=reading.dtype, device="cpu", repeats=repeats)
+    reading.host = _one_copy(copy_fn, reading, "cpu", repeats)
     return f"your {getattr(copy_fn, '__name__', 'copy_fn')}() on one CPU thread"
 
 
@@ -362,7 +373,7 @@ def benchmark(
     progress = progress or no_progress
     sizes = [check_int("sizes[i]", n, 1) for n in (model.copy_sizes() if sizes is None else sizes)]
     progress(0.0, "host memcpy sweep")
-    for p in copies.host_copy_sweep(sizes).points:
+    for p in map(copies.measure_host_copy, sizes):
         results.add("ch02.host_copy_time", p.median_s, "s", spread={"iqr_s": p.iqr_s, "n": p.n}, nbytes=p.nbytes)
     if not transfer.cuda_status(device)[0]:
         progress(1.0, "no CUDA device: host memcpy only")

@@ -1,12 +1,11 @@
 """Chapter 02's copies: pageable against pinned host memory, across sizes. :func:`sweep` is the one copy loop: a
-:data:`CopyFn` (the reader's ``time_copy``, or the helper's CUDA-event copy behind :func:`transfer_sweep` and
-:func:`measure_copy`) for every size and memory kind, in alternating rounds. Beside it: the host memcpy (real
-anywhere), bytes on the wire, and the ``ch02.*`` records read back. Without CUDA a GPU measurement returns
+:data:`CopyFn` (the reader's ``time_copy``, or the helper's CUDA-event copy behind :func:`transfer_sweep`) for
+every size and memory kind, in alternating rounds. Beside it: the host memcpy (real anywhere), bytes on the wire,
+and the ``ch02.*`` records read back. Without CUDA a GPU measurement returns
 :class:`~helpers.pipeline.transfer.Unavailable`, never raises."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import statistics
@@ -19,7 +18,7 @@ import torch
 from ...core.config import require_gpu, sized
 from ...core.device import resolve_device
 from ...core.progress import ProgressFn
-from ...core.rounds import alternate, intraop_threads
+from ...core.rounds import alternate
 from ...core.timing import cuda_event_time, measure, summarize
 from ...core.validate import check_choice, check_int, human_bytes, human_seconds
 from ...pipeline.transfer import DTYPES, Unavailable, check_host_bytes, cuda_status, images_nbytes
@@ -153,11 +152,6 @@ def measure_host_copy(
     meta = timing.metadata
     how = f"host tensor copy_ (CPU memcpy, {meta.get('num_threads')} thread(s)), {meta.get('method', '')}"
     return TransferPoint(nbytes, "h2h", "pageable", timing.median_s, timing.iqr_s, timing.n, dtype, how)
-
-
-def host_copy_sweep(sizes: Sequence[int] | None = None, *, min_run_time: float | None = None) -> Sweep:
-    points = [measure_host_copy(n, min_run_time=min_run_time) for n in (copy_sizes() if sizes is None else sizes)]
-    return Sweep("h2h", "pageable", points, "measured here (CPU memcpy)", "cpu", points[0].method if points else "")
 
 
 def _helper_copy(direction: str, warmup: int) -> CopyFn:
@@ -312,39 +306,6 @@ def transfer_sweep(
     return sweep(copy, sizes, device=dev, repeats=reps, rounds=1, direction=direction, **kw)[(direction, memory)]
 
 
-def measure_copy(
-    nbytes: int,
-    direction: str = "h2d",
-    memory: str = "pinned",
-    *,
-    dtype: str = "uint8",
-    device: torch.device | str | None = None,
-    repeats: int = 20,
-) -> TransferPoint | Unavailable:
-    """One host<->GPU copy size, timed as :func:`transfer_sweep` times each (pinned copies ``non_blocking=True``,
-    pageable ones the default). :class:`Unavailable` without CUDA."""
-    nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
-    _numel(nbytes, check_choice("dtype", dtype, DTYPES))
-    sw = transfer_sweep(direction, memory, [nbytes], device=device, repeats=repeats, dtype=dtype)
-    return sw if isinstance(sw, Unavailable) else sw.points[0]
-
-
-def measure_copy_fn(
-    copy_fn: CopyFn,
-    nbytes: int,
-    memory: str = "pageable",
-    *,
-    dtype: str = "uint8",
-    device: Any = None,
-    repeats: int = 10,
-) -> TransferPoint:
-    """One call of *your* copy function on ``nbytes``, as a point (:func:`sweep`, one size, one round): an H2D copy
-    on CUDA; elsewhere the host memcpy ``time_copy`` times, on one CPU thread (as the driver stages one)."""
-    with contextlib.nullcontext() if cuda_status(device)[0] else intraop_threads(1):
-        curves = sweep(copy_fn, [nbytes], device=device, repeats=repeats, rounds=1, kinds=(memory,), dtype=dtype)
-    return next(iter(curves.values())).points[0]
-
-
 @dataclass
 class WireResult:
     """The same images as uint8 and as float32: bytes and copy time of each."""
@@ -373,8 +334,8 @@ def wire_comparison(
     shape, nbytes = (b, c, h, w), {d: images_nbytes(b, c, h, w, dtype=d) for d in DTYPES}
     if cuda_status(device)[0]:
         dev = resolve_device(device)
-        points = {d: measure_copy(n, "h2d", "pinned", dtype=d, device=dev, repeats=10) for d, n in nbytes.items()}
-        seconds = {d: p.median_s for d, p in points.items() if isinstance(p, TransferPoint)}
+        curves = {d: transfer_sweep("h2d", "pinned", [n], device=dev, repeats=10, dtype=d) for d, n in nbytes.items()}
+        seconds = {d: sw.points[0].median_s for d, sw in curves.items() if isinstance(sw, Sweep)}
         return WireResult(shape, nbytes, seconds, f"pinned H2D copy on {_gpu_name(dev)}")
     seconds = {d: measure_host_copy(n, dtype=d).median_s for d, n in nbytes.items()}
     what = "host memcpy on this CPU (no GPU here: not a GPU transfer)"

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ...core.validate import human_seconds
-from ...ui.published import size_ticks
 from .copies import Sweep, TransferPoint
 from .model import CLAIM_RANGE
 from .pin_costs import PinCost
@@ -103,7 +102,7 @@ def plot_sweeps(
     star = {"marker": "*", "markersize": 14, "markeredgecolor": "black", "linestyle": "", "zorder": 5}
     for i, (p, label) in enumerate(points):
         ax.plot([p.nbytes], [p.gbps], color=_STAR_COLORS[i % len(_STAR_COLORS)], label=label, **star)
-    size_ticks(ax)
+    plots.size_ticks(ax)
     ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return ax
 
@@ -142,7 +141,7 @@ def plot_speedup(pairs: dict[str, list[tuple[int, float]]], ax: Any = None, *, s
     )
     ax.axhspan(CLAIM_RANGE[0], CLAIM_RANGE[1], color="#bab0ac", alpha=0.35, label="the claim: 1.3x-1.5x")
     ax.axhline(1.0, color="black", linewidth=0.8)
-    size_ticks(ax)
+    plots.size_ticks(ax)
     ax.legend(fontsize=8)
     return ax
 
@@ -168,6 +167,6 @@ def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | Non
         source=source,
         styles=styles,
     )
-    size_ticks(ax)
+    plots.size_ticks(ax)
     ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return ax

@@ -18,7 +18,7 @@ from ...core.rounds import table
 from ...core.timing import GpuDelay, cuda_event_time, time_calls
 from ...core.validate import check_float, check_int, human_bytes, human_seconds
 from ...pipeline.transfer import Unavailable, break_even_uses, check_host_bytes, cuda_status, host_allocator_stats
-from .copies import TransferPoint, _check_device_bytes, _rows, measure_copy, pinning_status
+from .copies import MEMORY_KINDS, Sweep, _check_device_bytes, _rows, pinning_status, transfer_sweep
 from .model import _MAX_BYTES, MiB, check_pin_size, predict_pinned_block
 
 
@@ -137,14 +137,14 @@ def pin_cost(nbytes: int, *, device: torch.device | str | None = None, repeats: 
             plain.append(_wall(lambda: src.to(dev), dev))  # noqa: F821
             release_pinned_cache()
             pin_copy.append(_wall(lambda: src.pin_memory().to(dev, non_blocking=True), dev))  # noqa: F821
-        pageable = measure_copy(nbytes, "h2d", "pageable", device=dev, repeats=max(repeats, 5))
-        pinned = measure_copy(nbytes, "h2d", "pinned", device=dev, repeats=max(repeats, 5))
-        assert isinstance(pageable, TransferPoint) and isinstance(pinned, TransferPoint)
+        reps = max(repeats, 5)
+        pageable, pinned = (transfer_sweep("h2d", m, [nbytes], device=dev, repeats=reps) for m in MEMORY_KINDS)
+        assert isinstance(pageable, Sweep) and isinstance(pinned, Sweep)
     finally:
         del src
         torch.cuda.empty_cache()
     med = statistics.median
-    copy_s = (pageable.median_s, pinned.median_s)
+    copy_s = (pageable.points[0].median_s, pinned.points[0].median_s)
     return PinCost(nbytes, block, med(cold), med(cached), *copy_s, med(plain[1:]), med(pin_copy))
 
 
