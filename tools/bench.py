@@ -331,10 +331,10 @@ def _release_children(timeout: float = 5.0) -> list[int]:
     import multiprocessing
 
     children = multiprocessing.active_children()
-    if children:  # only then: the loaders module imports torch, slow for a Ctrl-C before any chapter ran
-        from helpers.pipeline.loaders import _stop_processes  # the loaders' one SIGTERM, wait, SIGKILL
+    if children:  # only then: the workers module imports torch, slow for a Ctrl-C before any chapter ran
+        from helpers.pipeline.workers import stop_processes  # the loaders' one SIGTERM, wait, SIGKILL
 
-        _stop_processes(children, grace_s=timeout)
+        stop_processes(children, grace_s=timeout)
     return [c.pid for c in children if c.pid is not None]
 
 
