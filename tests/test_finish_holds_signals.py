@@ -1,4 +1,4 @@
-"""``loaders._finish`` holds Ctrl-C while it tears a run down (issue 25): a press is answered once the teardown is
+"""``workers._finish`` holds Ctrl-C while it tears a run down (issue 25): a press is answered once the teardown is
 done, a second press escapes at once, and a press that lands inside a finalizer the teardown runs is not lost.
 
 A ``KeyboardInterrupt`` raised inside ``__del__`` or a weakref callback is printed as "Exception ignored" and
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from helpers.pipeline import loaders, workers
+from helpers.pipeline import workers
 
 
 @pytest.fixture
@@ -53,7 +53,7 @@ def test_a_press_during_the_teardown_is_raised_once_it_is_done(ctrl_c: None, mon
 
     monkeypatch.setattr(workers, "release", release)
     with pytest.raises(KeyboardInterrupt):
-        loaders._finish([object()])
+        workers._finish([object()])
     assert calls == {"started": 1, "completed": 1}, "the teardown was interrupted half-way, then run again"
 
 
@@ -69,7 +69,7 @@ def test_a_second_press_escapes_a_slow_teardown(ctrl_c: None, monkeypatch: Any) 
 
     monkeypatch.setattr(workers, "release", release)
     with pytest.raises(KeyboardInterrupt):
-        loaders._finish([object()])
+        workers._finish([object()])
     assert calls == {"started": 1, "completed": 0}, "the second press did not end the teardown at once"
 
 
@@ -87,10 +87,10 @@ def test_a_press_inside_a_finalizer_the_teardown_runs_is_not_lost(ctrl_c: None, 
 
     monkeypatch.setattr(workers, "release", release)
     with pytest.raises(KeyboardInterrupt):  # before: "Exception ignored in ... __del__", and _finish returned
-        loaders._finish([object()])
+        workers._finish([object()])
 
 
 def test_the_signal_handlers_are_restored_after_the_teardown(ctrl_c: None, monkeypatch: Any) -> None:
     monkeypatch.setattr(workers, "release", lambda _obj: None)
-    loaders._finish([object()])
+    workers._finish([object()])
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -113,7 +113,7 @@ def test_a_broken_connection_is_explained_by_the_worker_that_died() -> None:
         os.kill(victim.pid, signal.SIGSEGV)
         victim.join(5)
         for exc in (EOFError(), ConnectionResetError(104, "Connection reset by peer")):
-            failure = workers._plain_failure(exc, loader)
+            failure = workers.plain_failure(exc, loader)
             assert isinstance(failure, L.LoaderFailure) and failure.__cause__ is exc
             assert f"Worker 1 (pid {victim.pid}) crashed (SIGSEGV" in str(failure)
     assert not _settle()

@@ -47,7 +47,7 @@ file and left out of any reference file; the next chapter runs.
 
 Figures that cannot be right (a fraction above 1, a measured bandwidth above the
 theoretical link ceiling, a "best" worker count that contradicts a measured
-speed-up) are flagged on their records (:func:`helpers.core.results.sanity_flags`),
+speed-up) are flagged on their records (:func:`flag_lines`),
 listed in ``provenance["bench"]["flags"]``, printed, and drawn in red.
 
 Strict GPU mode (``--strict`` or ``WORKBOOK_REQUIRE_GPU=1``, which the GPU
@@ -108,6 +108,7 @@ __all__ = [
     "readme_sections",
     "compare_lines",
     "ceiling_table",
+    "flag_lines",
     "main",
 ]
 
@@ -133,7 +134,8 @@ from helpers.core.config import (  # noqa: E402
 )
 from helpers.core.progress import TqdmProgress  # noqa: E402
 from helpers.core.reference import missing_message, provenance_line, reference_dir, references  # noqa: E402
-from helpers.core.results import ResultSet, comparable, compare_results, flag_lines  # noqa: E402
+from helpers.core.results import ResultSet, comparable, compare_results  # noqa: E402
+from helpers.core.results import flag_lines as _record_flag_lines  # noqa: E402
 from helpers.core.timing import synchronize as sync_every_device  # noqa: E402
 from helpers.core.validate import human_bytes  # noqa: E402
 
@@ -329,10 +331,10 @@ def _release_children(timeout: float = 5.0) -> list[int]:
     import multiprocessing
 
     children = multiprocessing.active_children()
-    if children:  # only then: the loaders module imports torch, slow for a Ctrl-C before any chapter ran
-        from helpers.pipeline.loaders import _stop_processes  # the loaders' one SIGTERM, wait, SIGKILL
+    if children:  # only then: the workers module imports torch, slow for a Ctrl-C before any chapter ran
+        from helpers.pipeline.workers import stop_processes  # the loaders' one SIGTERM, wait, SIGKILL
 
-        _stop_processes(children, grace_s=timeout)
+        stop_processes(children, grace_s=timeout)
     return [c.pid for c in children if c.pid is not None]
 
 
@@ -470,7 +472,7 @@ def run_benchmarks(
     (:func:`chapter_shares`); one that outruns it is stopped with
     :class:`ChapterTimeout` (a SIGALRM timer, main thread only) and marked
     ``timed out``, and the next chapter runs. After each chapter the records are
-    checked (:func:`helpers.core.results.sanity_flags`) and flagged where impossible.
+    checked (:func:`flag_lines`) and flagged where impossible.
 
     With ``stop`` (a :class:`StopSignals` in force), a chapter that returns, or fails, after a
     SIGINT/SIGTERM arrived is marked interrupted and ``KeyboardInterrupt`` propagates: a chapter
@@ -739,6 +741,72 @@ METHOD = (
     "one process; timings are medians over repeated runs (torch.utils.benchmark Timer, or CUDA events on a "
     "GPU), with each record's spread and method in its params/spread; GPU memory is freed between chapters"
 )
+
+
+# ---------------------------------------------------------------------------
+# Figures that cannot be right (beside helpers.core.results' own: a fraction outside 0..1)
+# ---------------------------------------------------------------------------
+
+
+def flag_lines(rs: Any, records: Iterable[Any] | None = None) -> list[str]:
+    """One line per flag on ``records`` (default: every record of ``rs``) after checking them: a fraction outside
+    0..1, a chapter 02 copy above the theoretical link ceiling (maybe a VM's virtual root port), and chapter 04's
+    ``best_num_workers`` = 0 beside a ``speedup`` above 1 in every round. Values are never changed."""
+    todo = list(rs.records if records is None else records)
+    report = rs.provenance.get("report", {}) if isinstance(rs.provenance, dict) else {}
+    raw_ceiling = report.get("link_bandwidth_gbps") if isinstance(report, dict) else None
+    ceiling = float(raw_ceiling) if raw_ceiling else None
+    for rec in todo:
+        gbps = _copy_gbps(rec) if ceiling else None
+        if ceiling and gbps is not None and gbps > ceiling * 1.02:
+            rec.flag(
+                f"above the theoretical link ceiling ({gbps:.1f} > {ceiling:.1f} GB/s): the reported "
+                "link (NVML, maybe a virtual root port) is not the real path"
+            )
+    for chap in {r.key.split(".", 1)[0] for r in todo}:
+        for best, up, why in _workers_contradicted(rs, chap):
+            best.flag(why)
+            up.flag(why)
+    return _record_flag_lines(rs, todo)
+
+
+def _num(value: Any, default: float = 0.0) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _copy_gbps(rec: Any) -> float | None:
+    """The GB/s of a chapter 02 copy record (a bandwidth, or a copy time of ``nbytes``), else None."""
+    if not rec.key.startswith("ch02."):
+        return None
+    if rec.unit == "GB/s" and "bandwidth" in rec.key:
+        return float(rec.value)
+    if rec.unit == "s" and rec.key == "ch02.copy_time" and rec.value > 0 and _num(rec.params.get("nbytes")) > 0:
+        return _num(rec.params["nbytes"]) / rec.value / 1e9
+    return None
+
+
+def _workers_contradicted(rs: Any, chap: str) -> list[tuple[Any, Any, str]]:
+    """``(best_num_workers = 0, the largest speed-up above 1 in every round, why)`` in chapter ``chap``."""
+    mine = [r for r in rs.records if r.key.startswith(chap + ".")]
+    ups = [
+        r
+        for r in mine
+        if r.key.endswith(".speedup")
+        and _num(r.params.get("num_workers")) > 0
+        and r.value > 1
+        and _num(r.spread.get("min"), r.value) > 1
+    ]
+    if not ups:
+        return []
+    up = max(ups, key=lambda r: r.value)
+    why = (
+        f"contradictory: best_num_workers = 0, yet {up.key} measured x{up.value:.2f} for "
+        f"num_workers={up.params.get('num_workers')} (every round above 1)"
+    )
+    return [(b, up, why) for b in mine if b.key.endswith("best_num_workers") and b.value == 0]
 
 
 # ---------------------------------------------------------------------------

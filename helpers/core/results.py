@@ -94,7 +94,7 @@ class ResultSet:
             raise ValueError(f"value for {key!r} must be finite, got {value!r}")
         rec = Record(key=key, value=v, unit=str(unit), params=dict(params), spread=dict(spread or {}))
         self.records.append(rec)
-        sanity_flags(self, [rec])  # a fraction above 1 is flagged where it is recorded
+        sanity_flags([rec])  # a fraction above 1 is flagged where it is recorded
         return rec
 
     def find(self, key: str, **params: Any) -> list[Record]:
@@ -195,89 +195,27 @@ def _record_from_dict(i: int, r: Any) -> Record:
 _SLACK = 0.02
 
 
-def sanity_flags(rs: ResultSet, records: Iterable[Record] | None = None) -> list[str]:
-    """Flag, on the records (default: all), contradictions no honest measurement produces; one message per new
-    flag. A ``fraction`` outside [0, 1]; a copy above the theoretical link ceiling (maybe a VM's virtual root
-    port); ``best_num_workers`` = 0 beside a ``speedup`` above 1 in every round. Values are never changed.
-    """
-    todo = list(rs.records if records is None else records)
-    messages: list[str] = []
-
-    def flag(rec: Record, why: str) -> None:
-        if why not in rec.flags:
+def sanity_flags(records: Iterable[Record]) -> list[str]:
+    """Flag each record whose figure no honest measurement produces (a ``fraction`` outside [0, 1]); one message
+    per new flag, values never changed. tools/bench.py adds chapter 02's and 04's own checks."""
+    why = "impossible: a fraction outside 0..1 (noise, or the reference it is a share of was under-measured)"
+    new = []
+    for rec in records:
+        if rec.unit == "fraction" and not -_SLACK <= rec.value <= 1 + _SLACK and why not in rec.flags:
             rec.flag(why)
-            messages.append(_flag_line(rec, why))
-
-    report = rs.provenance.get("report", {}) if isinstance(rs.provenance, dict) else {}
-    raw_ceiling = report.get("link_bandwidth_gbps") if isinstance(report, dict) else None
-    ceiling = float(raw_ceiling) if raw_ceiling else None
-    for rec in todo:
-        if rec.unit == "fraction" and not -_SLACK <= rec.value <= 1 + _SLACK:
-            flag(
-                rec, "impossible: a fraction outside 0..1 (noise, or the reference it is a share of was under-measured)"
-            )
-        gbps = _copy_gbps(rec) if ceiling else None
-        if ceiling and gbps is not None and gbps > ceiling * 1.02:
-            flag(
-                rec,
-                f"above the theoretical link ceiling ({gbps:.1f} > {ceiling:.1f} GB/s): the reported "
-                "link (NVML, maybe a virtual root port) is not the real path",
-            )
-    for chap in {r.key.split(".", 1)[0] for r in todo}:
-        for best, up, why in _workers_contradicted(rs, chap):
-            flag(best, why)
-            flag(up, why)
-    return messages
-
-
-def _copy_gbps(rec: Record) -> float | None:
-    """The GB/s of a chapter 02 copy record (a bandwidth, or a copy time of ``nbytes``), else None."""
-    if not rec.key.startswith("ch02."):
-        return None
-    if rec.unit == "GB/s" and "bandwidth" in rec.key:
-        return rec.value
-    if rec.unit == "s" and rec.key == "ch02.copy_time" and rec.value > 0 and _num(rec.params.get("nbytes")) > 0:
-        return _num(rec.params["nbytes"]) / rec.value / 1e9
-    return None
-
-
-def _workers_contradicted(rs: ResultSet, chap: str) -> list[tuple[Record, Record, str]]:
-    """``(best_num_workers = 0, the largest speed-up above 1 in every round, why)`` in chapter ``chap``."""
-    mine = [r for r in rs.records if r.key.startswith(chap + ".")]
-    ups = [
-        r
-        for r in mine
-        if r.key.endswith(".speedup")
-        and _num(r.params.get("num_workers")) > 0
-        and r.value > 1
-        and _num(r.spread.get("min"), r.value) > 1
-    ]
-    if not ups:
-        return []
-    up = max(ups, key=lambda r: r.value)
-    why = (
-        f"contradictory: best_num_workers = 0, yet {up.key} measured x{up.value:.2f} for "
-        f"num_workers={up.params.get('num_workers')} (every round above 1)"
-    )
-    return [(b, up, why) for b in mine if b.key.endswith("best_num_workers") and b.value == 0]
+            new.append(_flag_line(rec, why))
+    return new
 
 
 def flag_lines(rs: ResultSet, records: Iterable[Record] | None = None) -> list[str]:
     """One line per flag on ``records`` (default: every record of ``rs``), after :func:`sanity_flags`."""
     todo = list(rs.records if records is None else records)
-    sanity_flags(rs, todo)
+    sanity_flags(todo)
     return [_flag_line(r, why) for r in todo for why in r.flags]
 
 
 def _flag_line(rec: Record, why: str) -> str:
     return f"{rec.key} {rec.params}: {rec.value:.4g} {rec.unit} — {why}"
-
-
-def _num(value: Any, default: float = 0.0) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return default
 
 
 def comparable(a: ResultSet, b: ResultSet) -> tuple[bool, str]:

@@ -1,6 +1,7 @@
 """Building and timing loaders: :class:`LoaderConfig`, :func:`build_loader`, :func:`timed_loader`, :func:`guard`
 (the same safety for a loader built in a cell) and :func:`measure_throughput`, the one way to time a loader, which
-always releases its workers. Re-exports :mod:`~helpers.pipeline.workers` and :mod:`~helpers.pipeline.demo`.
+always releases its workers. Re-exports :mod:`~helpers.pipeline.workers` and :mod:`~helpers.pipeline.demo` for
+the notebooks' cells (``loaders.open_iterator``, ``loaders.CheapDataset``); helpers import them where defined.
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from ..core.failures import explain_loader_error as explain_loader_error
 from ..core.rounds import intraop_threads
 from ..core.validate import check_choice, check_float, check_int
 from .data import TimedCollate, seed_worker
-from .demo import *  # noqa: F403  (re-exported: chapters and notebooks import the demo data sets from here)
+from .demo import *  # noqa: F403  (re-exported: the notebooks' cells read the demo data sets from here)
 from .demo import PinnableBatch
-from .demo import _is_pin_thread as _is_pin_thread
-from .workers import *  # noqa: F403  (re-exported: release, open_iterator, worker_processes, ...)
+from .workers import *  # noqa: F403  (re-exported for the notebooks: open_iterator, worker_processes, ...)
 from .workers import (
     MAX_WORKERS,
     _WorkbookLoader,
@@ -36,11 +36,7 @@ from .workers import (
     released,
     require_shm,
     shm_needed_bytes,
-    stop_processes,
 )
-from .workers import _finish as _finish  # tests/test_finish_holds_signals.py reaches it here
-
-_stop_processes = stop_processes  # tools/bench.py's name for it
 
 #: Start methods a loader may ask for (``None`` = the platform default).
 START_METHODS: tuple[str | None, ...] = (None, "fork", "spawn", "forkserver")

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ..core.validate import check_float
-from .workers import _HeldSignals
+from .workers import HeldSignals
 
 #: Timeline lanes (rows of a Gantt chart): the resource each phase occupies.
 DATA_LANE = "data (CPU)"
@@ -35,7 +35,7 @@ def make_optimizer(model: nn.Module, lr: float = 3e-3, weight_decay: float = 0.0
     check_float("weight_decay", weight_decay, 0.0, 1.0)
     # The first optimizer of a process imports torch._dynamo (about a second, sympy included). A Ctrl-C inside
     # that import leaves sympy half-imported, and every later run in the kernel fails: hold it until the end.
-    with _HeldSignals() as held:
+    with HeldSignals() as held:
         opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     held.deliver()
     return opt

@@ -44,6 +44,7 @@ __all__ = [
     "open_iterator",
     "released",
     "plain_failures",
+    "plain_failure",
     "child_processes",
     "worker_processes",
     "ShmStatus",
@@ -162,9 +163,6 @@ class HeldSignals:
             sig = self.noted[0]
             self.noted.clear()
             self.saved[sig](sig, None)
-
-
-_HeldSignals = HeldSignals  # helpers/pipeline/train.py's name for it
 
 
 class _FreezeWatch(threading.Thread):
@@ -502,7 +500,7 @@ def plain_failures(loader: Any) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        failure = _plain_failure(exc, loader)
+        failure = plain_failure(exc, loader)
         if failure is exc:
             raise
         raise failure from exc
@@ -540,7 +538,7 @@ def _ended_workers(loader: Any, wait_s: float = 1.0) -> list[tuple[int, Any]]:
     return []
 
 
-def _plain_failure(exc: BaseException, loader: Any = None) -> BaseException:
+def plain_failure(exc: BaseException, loader: Any = None) -> BaseException:
     """``LoaderFailure`` with plain words for a known failure, else ``exc`` itself."""
     if isinstance(exc, LoaderFailure):
         return exc

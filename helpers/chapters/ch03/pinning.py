@@ -17,16 +17,9 @@ from ...core.progress import ProgressFn
 from ...core.rounds import alternate
 from ...core.timing import measure
 from ...core.validate import check_int
-from ...pipeline.loaders import (
-    MAX_WORKERS,
-    LoaderConfig,
-    PinnableBatch,
-    Throughput,
-    collate_pinnable,
-    measure_config,
-    measure_throughput,
-    thread_label,
-)
+from ...pipeline.demo import PinnableBatch, collate_pinnable, thread_label
+from ...pipeline.loaders import LoaderConfig, Throughput, measure_config, measure_throughput
+from ...pipeline.workers import MAX_WORKERS
 
 
 def pin_threads() -> list[threading.Thread]:

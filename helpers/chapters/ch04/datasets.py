@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
 from ...core.validate import check_float, check_int
-from ...pipeline.loaders import CheapDataset
+from ...pipeline.demo import CheapDataset
 
 
 def passthrough_collate(batch: Any) -> Any:

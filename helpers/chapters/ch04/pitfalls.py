@@ -15,8 +15,10 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from torch.utils.data import Dataset
 
+from ...core.failures import LoaderFailure
 from ...core.validate import check_choice, check_float, check_int
-from ...pipeline.loaders import MAX_WORKERS, START_METHODS, LoaderConfig, LoaderFailure, build_loader, open_iterator
+from ...pipeline.loaders import START_METHODS, LoaderConfig, build_loader
+from ...pipeline.workers import MAX_WORKERS, open_iterator
 from .datasets import FailingDataset
 
 

@@ -19,16 +19,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from ...core import agreement
+from ...core.failures import LoaderFailure
 from ...core.rounds import alternate, intraop_threads, table
 from ...core.validate import check_float, check_int
-from ...pipeline.loaders import (
+from ...pipeline.loaders import WORKER_TIMEOUT_S, Epochs, batch_len
+from ...pipeline.workers import (
     MAX_WORKERS,
     SHUTDOWN_GRACE_S,
-    WORKER_TIMEOUT_S,
-    Epochs,
     HeldSignals,
-    LoaderFailure,
-    batch_len,
     cpu_cores,
     released,
     reset_child_signals,

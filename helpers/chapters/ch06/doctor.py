@@ -24,9 +24,9 @@ from ...core.config import require_gpu
 from ...core.device import resolve_device
 from ...core.timing import synchronize, time_calls
 from ...core.validate import check_float, check_int
-from ...pipeline.loaders import cpu_cores as usable_cores  # CPU cores this process may run on
-from ...pipeline.loaders import release
 from ...pipeline.prefetch import iter_tensors, map_tensors, move_batch
+from ...pipeline.workers import cpu_cores as usable_cores  # CPU cores this process may run on
+from ...pipeline.workers import release
 from .diagnosis import VERDICTS, Decision, Diagnosis, Measurements, PipelineFacts, Recommendation, decide
 
 __all__ = [

@@ -23,15 +23,8 @@ from ...core.evidence import Evidence
 from ...core.rounds import intraop_threads
 from ...core.validate import check_choice, check_int
 from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset, to_float_normalized
-from ...pipeline.loaders import (
-    LoaderFailure,
-    explain_loader_error,
-    guard,
-    release,
-    require_shm,
-    shm_needed_bytes,
-    worker_processes,
-)
+from ...pipeline.loaders import guard
+from ...pipeline.workers import plain_failure, released, require_shm, shm_needed_bytes
 from . import fast_pipeline as take_home
 from .doctor import usable_cores
 
@@ -367,38 +360,6 @@ def train_items(spec: JobSpec) -> SeededItems:
     return SeededItems(base, seed=spec.seed, limit=spec.train_items)
 
 
-def _stop_new_workers(before: set[int], grace_s: float = 2.0) -> None:
-    """End every worker started since ``before`` still alive (SIGTERM, then SIGKILL): the last line of defence, for
-    an iterator the reader's ``batches`` held that an error or an interrupt left behind."""
-    import psutil  # optional/heavy: only when a run ends
-
-    new = [p for p in worker_processes() if p.pid not in before]
-    for p in new:
-        with contextlib.suppress(psutil.Error):
-            p.terminate()
-    _gone, alive = psutil.wait_procs(new, timeout=grace_s)
-    for p in alive:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(alive, timeout=1.0)
-
-
-def _plain_error(exc: BaseException, loader: Any) -> LoaderFailure | None:
-    """A worker failure of ``loader`` in plain words, or None (then ``exc`` is raised as it is)."""
-    frozen = list(getattr(loader, "_workbook_frozen", None) or [])
-    if frozen:
-        text = (
-            f"A DataLoader worker was stopped (SIGSTOP or Ctrl-Z) for more than {getattr(loader, 'timeout', 0):g} s, "
-            f"so the run was stopped and its workers ended (pid(s) {', '.join(map(str, frozen))}). Run it again; "
-            "with workers=0 everything loads in this process."
-        )
-    else:
-        text = explain_loader_error(exc) or ""
-    if not text or isinstance(exc, LoaderFailure):
-        return None
-    return LoaderFailure(text)
-
-
 @contextlib.contextmanager
 def built_loader(pipeline: Pipeline, spec: JobSpec, s: Settings) -> Iterator[Any]:
     """The pipeline's ``make_loader(train_items(spec), batch_size, **s.loader_kwargs())`` with the job's threads,
@@ -406,29 +367,26 @@ def built_loader(pipeline: Pipeline, spec: JobSpec, s: Settings) -> Iterator[Any
     On exit the loader is released and every worker started meanwhile ended, also on errors and interrupts; a
     worker failure is re-raised in plain words, the traceback's frames cleared first (a frame of ``batches``
     would keep its workers alive)."""
-    before = {p.pid for p in worker_processes()}
     loader = None
-    try:
-        with main_threads(spec.threads), same_numerics(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(spec.seed)
-            kw = s.loader_kwargs()
-            if s.num_workers > 0:
-                batch_bytes = 3 * spec.crop_size * spec.crop_size * spec.batch_size
-                require_shm(shm_needed_bytes(batch_bytes, s.num_workers, kw["prefetch_factor"]))
-            loader = pipeline.make_loader(train_items(spec), spec.batch_size, **kw)
-            if isinstance(loader, DataLoader):  # chapter 04's protection: a frozen worker ends in an error
-                guard(loader, check_shm=False)
-            yield loader
-    except BaseException as exc:
-        traceback.clear_frames(exc.__traceback__)
-        plain = _plain_error(exc, loader) if isinstance(exc, RuntimeError) else None
-        if plain is None:
-            raise
-        raise plain from exc
-    finally:
-        if loader is not None:
-            release(loader)
-        _stop_new_workers(before)
+    with released([]) as objs:
+        try:
+            with main_threads(spec.threads), same_numerics(), torch.random.fork_rng(devices=[]):
+                torch.manual_seed(spec.seed)
+                kw = s.loader_kwargs()
+                if s.num_workers > 0:
+                    batch_bytes = 3 * spec.crop_size * spec.crop_size * spec.batch_size
+                    require_shm(shm_needed_bytes(batch_bytes, s.num_workers, kw["prefetch_factor"]))
+                loader = pipeline.make_loader(train_items(spec), spec.batch_size, **kw)
+                objs.append(loader)
+                if isinstance(loader, DataLoader):  # chapter 04's protection: a frozen worker ends in an error
+                    guard(loader, check_shm=False)
+                yield loader
+        except BaseException as exc:
+            traceback.clear_frames(exc.__traceback__)
+            failure = plain_failure(exc, loader) if isinstance(exc, Exception) else exc
+            if failure is exc:
+                raise
+            raise failure from exc
 
 
 def _warm_batches(source: Any, steps: int, drain: bool) -> list[Any]:
