@@ -1434,7 +1434,7 @@ def readme_sections(sets: Sequence[Any] | None = None) -> list[tuple[str, str]]:
     * **Theoretical**: the link ceilings (:func:`ceiling_table`).
 
     Figures published elsewhere have their own README block, generated from
-    ``helpers/ui/published.json`` (:func:`helpers.ui.published.published_block`).
+    ``helpers/ui/published.json`` (`tools/published_table.py`).
     """
     sections = [
         ('**Measured** (one row per committed reference file; "—" = not recorded in that file):', readme_table(sets))
