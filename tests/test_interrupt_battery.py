@@ -239,7 +239,7 @@ def _check(result: dict[str, Any]) -> None:
     strict=False,
     reason="issue #25: one press of 21 went unanswered (8 s) in one of four fresh-clone test runs under load; a "
     "300-press battery then lost 1 (a KeyboardInterrupt dropped inside a finalizer: 'Exception ignored'); "
-    "workers._finish (then loaders._finish) now holds signals over the teardown (tests/test_finish_holds_signals.py) and 300 of 300 "
+    "workers._finish now holds signals over the teardown (tests/test_finish_holds_signals.py) and 300 of 300 "
     "were answered since; kept non-strict while finalizers outside the teardown can still drop a press",
 )
 def test_every_interrupt_is_honoured_at_the_first_press_and_leaves_no_child() -> None:
