@@ -68,6 +68,10 @@ class Measurements:
     def step_s(self) -> float:  # the measured (synchronised, serial) loop's
         return self.wait_s + self.h2d_s + self.compute_s
 
+    @property
+    def busy_s(self) -> float:  # the loop's own work per step
+        return self.h2d_s + self.compute_s
+
 
 @dataclass
 class Recommendation:
@@ -99,30 +103,12 @@ def _ms(s: float | None) -> str:
     return "n/a" if s is None else f"{s * 1e3:.2f} ms"
 
 
-@dataclass
-class _Step:
-    """What every piece of advice reads."""
-
-    m: Measurements
-    stall: float
-    shares: dict[str, float]
-    bottleneck: str
-
-    @property
-    def busy(self) -> float:  # the loop's own work per step
-        return self.m.h2d_s + self.m.compute_s
-
-    @property
-    def in_loop(self) -> bool:  # loading happens in the loop's process
-        return not self.m.facts.num_workers
-
-
-def _more_workers(s: _Step) -> list[Recommendation]:
+def _more_workers(m: Measurements, d: Decision) -> list[Recommendation]:
     """More workers (or, with as many as cores, cheaper samples) when the loop waits for data."""
-    m, f, nw = s.m, s.m.facts, s.m.facts.num_workers or 0
+    f, nw, busy, stall = m.facts, m.facts.num_workers or 0, m.busy_s, d.stall_share
     cores = max(1, int(f.cpu_count))
-    per_batch = m.wait_s if s.in_loop else nw * (m.wait_s + s.busy)  # seconds one worker needs per batch
-    need = math.ceil(per_batch / s.busy) if s.busy > 0 else cores
+    per_batch = m.wait_s if not nw else nw * (m.wait_s + busy)  # seconds one worker needs per batch
+    need = math.ceil(per_batch / busy) if busy > 0 else cores
     suggested = max(nw + 1, min(need, cores))
     if nw >= cores:
         extra = (
@@ -131,33 +117,33 @@ def _more_workers(s: _Step) -> list[Recommendation]:
         return [Recommendation(
             action="make each sample cheaper to load: send uint8, decode smaller or cached images, " + extra,
             evidence=f"already {nw} workers on {cores} cores and the loop still waits {_ms(m.wait_s)} per step "
-            f"({s.stall:.0%}): more workers than cores cannot help CPU-bound decoding",
+            f"({stall:.0%}): more workers than cores cannot help CPU-bound decoding",
             stage="data", chapter="04 · workers",
         )]  # fmt: skip
-    who = "in the main process" if s.in_loop else f"per worker (with {nw} worker{'s' if nw != 1 else ''})"
+    who = "in the main process" if not nw else f"per worker (with {nw} worker{'s' if nw != 1 else ''})"
     what = "raise num_workers" if f.is_dataloader or f.num_workers is not None else (
         "load in worker processes (a DataLoader with num_workers)")  # fmt: skip
     return [Recommendation(
         action=f"{what} from {nw} to {suggested}",
-        evidence=f"the loop waited {_ms(m.wait_s)} per step for data ({s.stall:.0%} of the step); loading one batch "
-        f"takes {_ms(per_batch)} {who} while the step's own work takes {_ms(s.busy)}, so ceil({per_batch * 1e3:.2f} "
-        f"/ {s.busy * 1e3:.2f}) = {need} worker{'s' if need != 1 else ''} would keep up; this machine has {cores} "
+        evidence=f"the loop waited {_ms(m.wait_s)} per step for data ({stall:.0%} of the step); loading one batch "
+        f"takes {_ms(per_batch)} {who} while the step's own work takes {_ms(busy)}, so ceil({per_batch * 1e3:.2f} "
+        f"/ {busy * 1e3:.2f}) = {need} worker{'s' if need != 1 else ''} would keep up; this machine has {cores} "
         f"usable core{'s' if cores != 1 else ''}" + ("" if f.cuda else " (on a CPU device the workers share them "
         "with the model)"),
-        stage="data", gain_s=max(0.0, m.wait_s - max(0.0, per_batch / suggested - s.busy)), chapter="04 · workers",
+        stage="data", gain_s=max(0.0, m.wait_s - max(0.0, per_batch / suggested - busy)), chapter="04 · workers",
         step="workers",
     )]  # fmt: skip
 
 
-def _data_advice(s: _Step) -> list[Recommendation]:
+def _data_advice(m: Measurements, d: Decision) -> list[Recommendation]:
     """The data stage: more workers, a deeper queue for bursty waits, persistent workers for the start-up."""
-    m, f, nw = s.m, s.m.facts, s.m.facts.num_workers or 0
+    f, nw = m.facts, m.facts.num_workers or 0
     recs: list[Recommendation] = []
-    if m.wait_s > 0 and (s.in_loop or s.stall >= STALL_THRESHOLD):
-        recs += _more_workers(s)
+    if m.wait_s > 0 and (not nw or d.stall_share >= STALL_THRESHOLD):
+        recs += _more_workers(m, d)
         med, p90 = m.wait_median_s, m.wait_p90_s
         if nw and p90 is not None and med is not None and f.prefetch_factor and p90 > 3 * max(med, 1e-6) and (
-                p90 > 0.1 * s.busy):  # fmt: skip
+                p90 > 0.1 * m.busy_s):  # fmt: skip
             recs.append(Recommendation(
                 action=f"raise prefetch_factor from {f.prefetch_factor} to {2 * f.prefetch_factor}",
                 evidence=f"waits are bursty: median {_ms(med)}, 90th percentile {_ms(p90)}; a deeper queue absorbs "
@@ -177,12 +163,12 @@ def _data_advice(s: _Step) -> list[Recommendation]:
     return recs
 
 
-def _transfer_advice(s: _Step) -> list[Recommendation]:
+def _transfer_advice(m: Measurements, d: Decision) -> list[Recommendation]:
     """The copy: pinned memory, uint8 batches, a side-stream prefetcher (CUDA); uint8 from CPU workers."""
-    m, f = s.m, s.m.facts
+    f = m.facts
     recs: list[Recommendation] = []
-    if not (f.cuda and m.transfer_separate and s.shares["h2d"] >= NOTABLE_SHARE):
-        if not f.cuda and f.float_image_batch and f.num_workers and s.bottleneck == "data":
+    if not (f.cuda and m.transfer_separate and d.shares["h2d"] >= NOTABLE_SHARE):
+        if not f.cuda and f.float_image_batch and f.num_workers and d.verdict == "data-bound":
             recs.append(Recommendation(
                 action="send uint8 images from the workers and normalise in the step",
                 evidence=f"workers hand over {f.batch_bytes / 2**20:.2f} MiB float batches; uint8 is 4x fewer bytes "
@@ -192,7 +178,7 @@ def _transfer_advice(s: _Step) -> list[Recommendation]:
         return recs
     after_pin = m.h2d_s
     if not (f.pin_memory or f.batch_pinned):
-        gain, ev = None, f"the copy takes {_ms(m.h2d_s)} per step ({s.shares['h2d']:.0%}) from pageable memory"
+        gain, ev = None, f"the copy takes {_ms(m.h2d_s)} per step ({d.shares['h2d']:.0%}) from pageable memory"
         if m.pinned_h2d_s is not None:
             gain, after_pin = max(0.0, m.h2d_s - m.pinned_h2d_s), min(m.h2d_s, m.pinned_h2d_s)
             ev = f"the copy takes {_ms(m.h2d_s)} from pageable memory and {_ms(m.pinned_h2d_s)} from pinned " + (
@@ -222,17 +208,19 @@ def _transfer_advice(s: _Step) -> list[Recommendation]:
     return recs
 
 
-def _compute_advice(s: _Step, notes: list[str]) -> list[Recommendation]:
-    if s.bottleneck != "compute":
+def _compute_advice(m: Measurements, d: Decision) -> list[Recommendation]:
+    if d.verdict != "compute-bound":
         return []
-    m, quiet = s.m, s.stall < STALL_THRESHOLD
+    quiet = d.stall_share < STALL_THRESHOLD
     if m.facts.num_workers or quiet:
-        notes.append("More workers or a deeper prefetch queue would not speed this loop up: it barely waits for data.")
+        d.notes.append(
+            "More workers or a deeper prefetch queue would not speed this loop up: it barely waits for data."
+        )
     return [Recommendation(
         action="speed up the step itself: mixed precision (torch.autocast), channels_last, torch.compile, or a larger "
         "batch" + ("; the input pipeline already keeps up" if quiet else ""),
-        evidence=f"compute takes {_ms(m.compute_s)} of a {_ms(m.step_s)} step ({s.shares['compute']:.0%}); the loop "
-        f"waited {s.stall:.0%} of its time for data",
+        evidence=f"compute takes {_ms(m.compute_s)} of a {_ms(m.step_s)} step ({d.shares['compute']:.0%}); the loop "
+        f"waited {d.stall_share:.0%} of its time for data",
         stage="compute", chapter="01 · bottleneck model",
     )]  # fmt: skip
 
@@ -301,8 +289,8 @@ def decide(m: Measurements, *, measured: Mapping[str, str] | None = None) -> Dec
         notes.append("The step function does its own copy, so the copy is counted inside 'compute'.")
     if not m.facts.cuda:
         notes.append("No CUDA device: the copy to the device is a no-op here, so transfer cannot be the bottleneck.")
-    s = _Step(m, stall, shares, bottleneck)
-    recs = _data_advice(s) + _transfer_advice(s) + _compute_advice(s, notes)
+    d = Decision(f"{bottleneck}-bound", stages, shares, stall, known[bottleneck], [], notes)
+    recs = _data_advice(m, d) + _transfer_advice(m, d) + _compute_advice(m, d)
     if measured:
         recs = _agree_with(recs, measured, notes)
 
@@ -313,8 +301,8 @@ def decide(m: Measurements, *, measured: Mapping[str, str] | None = None) -> Dec
     recs.sort(key=rank)
     if not recs:
         notes.append("No change is indicated by these measurements.")
-    verdict = {"data": "data-bound", "transfer": "transfer-bound", "compute": "compute-bound"}[bottleneck]
-    return Decision(verdict, stages, shares, stall, known[bottleneck], recs, notes)
+    d.recommendations = recs
+    return d
 
 
 LINE_WIDTH = 105
