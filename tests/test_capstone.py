@@ -100,7 +100,7 @@ def test_same_job_same_accuracy_across_configurations() -> None:
 def test_waterfall_benchmark_records_and_plots(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(C, "job_spec", lambda regime, **kw: tiny(regime))
     monkeypatch.setattr(job, "default_workers", lambda: 1)  # what settings_for reads
-    fixed = {r: C.Calibration(r, 2, 1, 0.01, 0.02, True, 2.0, reason="fixed for the test") for r in C.REGIMES}
+    fixed = {r: C.Calibration(r, 2, 1, 0.01, 0.02, True, reason="fixed for the test") for r in C.REGIMES}
     monkeypatch.setattr(C, "calibrate", lambda dev, **kw: fixed)
     rs = ResultSet.new("test", "unit test")
     seen = []

@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 import torch
 
 from ...core.config import sized
+from ...core.progress import no_progress
 from .job import (
     _CACHE,
     REGIMES,
@@ -126,7 +127,6 @@ class Calibration:
     loader_s: float
     compute_s: float
     reached: bool
-    margin: float
     tried: list[tuple[int, int, float]] = field(default_factory=list)
     reason: str = ""
     seconds: float = 0.0
@@ -235,7 +235,7 @@ def choose_model(
             f"the tiny model computes a batch {loader_s / c:.1f}x faster than the loader loads one" if ok else
             f"even the tiny model is not {margin:.0f}x faster than the loader here (data-bound regime not reached: "
             "loading steps may gain little)")  # fmt: skip
-        return Calibration(regime, *start, loader_s, c, ok, margin, [(*start, c)], why, clock() - t0)
+        return Calibration(regime, *start, loader_s, c, ok, [(*start, c)], why, clock() - t0)
     order = sorted(set(ladder) | {start}, key=lambda m: model_flops(m[0], m[1], crop_size))
     s = _Search(order, {m: model_flops(m[0], m[1], crop_size) for m in order}, margin, upper, loader_s)
     current: tuple[int, int] | None = start
@@ -258,7 +258,7 @@ def choose_model(
         break
     (width, depth), compute_s, reached, why = s.choice(start, len(s.seen))
     tried = [(w, d, v) for (w, d), v in s.seen.items()]
-    return Calibration(regime, width, depth, loader_s, compute_s, reached, margin, tried, why, clock() - t0)
+    return Calibration(regime, width, depth, loader_s, compute_s, reached, tried, why, clock() - t0)
 
 
 def calibrate(
@@ -274,7 +274,7 @@ def calibrate(
            str(dataset_info().train_dir), id(pipe.make_loader), id(pipe.train_step))  # fmt: skip
     if key in _CACHE:
         return _CACHE[key]
-    report: Callable[..., None] = progress or (lambda f, t="": None)
+    report = progress or no_progress
     report(0.0, "timing the loader alone")
     loader_s = base.batch_size / _loader_alone(pipe, base, Settings(), dev)  # cached: the waterfall's baseline
     n_steps = sized(quick=3, laptop=4, full=5)

@@ -257,8 +257,9 @@ class Waterfall:
             for fig in cited:
                 out += wrap(f"published: {fig.what}: {fig.compared} (GPU: {fig.gpu}; {fig.url})")
             if not cited:
-                none = no_published_sentence(st.published_key) if st.published_key else None
-                out += wrap(none or "No published figure of this experiment was found.")
+                out += wrap(
+                    no_published_sentence(st.published_key) or "No published figure of this experiment was found."
+                )
         return out
 
     def expectations(self) -> list[str]:
@@ -458,18 +459,21 @@ def plot_shares(wf: Waterfall, ax: Any = None) -> Any:
     return ax
 
 
-def step_rows_from_records(rs: Any, recs: list[Any]) -> list[tuple[str, float]]:
-    """One regime's records, one per configuration, as [(label, value), ...] in stacking order."""
-    rows = sorted(recs, key=lambda r: r.params.get("order", 0))
-    return [(str(r.params.get("label", r.params.get("stage"))), r.value) for r in rows]
+def _recorded(regime: str, what: str, key: str) -> Evidence[list[tuple[str, float]]]:
+    """The newest records of ``key`` for ``regime`` (recorded elsewhere, with provenance) as [(label, value), ...] in
+    stacking order, or missing."""
+    check_choice("regime", regime, tuple(REGIMES))
+
+    def rows(rs: Any, recs: list[Any]) -> list[tuple[str, float]]:
+        ordered = sorted(recs, key=lambda r: r.params.get("order", 0))
+        return [(str(r.params.get("label", r.params.get("stage"))), r.value) for r in ordered]
+
+    return evidence.recorded(f"the {regime} {what}", key, convert=rows, regime=regime)
 
 
 def reference_waterfall(regime: str) -> Evidence[list[tuple[str, float]]]:
-    """The newest recorded waterfall of ``regime`` (recorded elsewhere, with its provenance), or missing."""
-    check_choice("regime", regime, tuple(REGIMES))
-    return evidence.recorded(
-        f"the {regime} waterfall", "ch06.waterfall.step_time", convert=step_rows_from_records, regime=regime
-    )
+    """The newest recorded waterfall of ``regime`` (time per step per configuration), or missing."""
+    return _recorded(regime, "waterfall", key="ch06.waterfall.step_time")
 
 
 def plot_reference_waterfall(regime: str, ax: Any = None) -> Any:
@@ -498,11 +502,8 @@ def plot_reference_waterfall(regime: str, ax: Any = None) -> Any:
 
 
 def reference_efficiency(regime: str) -> Evidence[list[tuple[str, float]]]:
-    """The newest recorded pipeline efficiencies of ``regime``, every configuration (recorded elsewhere), or missing."""
-    check_choice("regime", regime, tuple(REGIMES))
-    return evidence.recorded(
-        f"the {regime} pipeline efficiency", "ch06.efficiency", convert=step_rows_from_records, regime=regime
-    )
+    """The newest recorded pipeline efficiencies of ``regime``, every configuration, or missing."""
+    return _recorded(regime, "pipeline efficiency", key="ch06.efficiency")
 
 
 def efficiency_lines(rows: list[tuple[str, float]]) -> list[str]:

@@ -146,7 +146,7 @@ def effective_on(step: Step, device: torch.device | str) -> bool:
 
 def cuda_step_evidence(step: Step) -> Evidence[Any]:
     """Where ``step`` cannot act: figures of its experiment published by others, or a ``missing`` Evidence."""
-    return evidence.published_elsewhere(f"the '{step.label}' step", step.published_key or "ch06.waterfall.step_time")
+    return evidence.published_elsewhere(f"the '{step.label}' step", step.published_key)
 
 
 #: The two regimes. The data-bound model is tiny so that even a CPU computes a batch faster than one process

@@ -1,4 +1,4 @@
-"""Chapter 06: one configuration's run of the job (:func:`run_config`), each stage alone (:func:`stage_alone`), the
+"""Chapter 06: one configuration's run of the job and each stage alone (:func:`run_config`), the
 pipeline efficiency (:class:`Efficiency`) and the accuracy checks.
 
 Per configuration: one epoch's time (worker start-up included: what persistent workers remove), throughput,
@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import default_collate
 
 from ...core import agreement
+from ...core.progress import no_progress
 from ...core.timing import SpanRecorder, SpanTrace, synchronize, time_calls
 from ...core.validate import check_float, check_int
 from ...pipeline.data import to_float_normalized
@@ -183,7 +184,7 @@ def run_config(
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device is 'cuda' but no CUDA device is available; use device='cpu'")
     pipe = _pipeline(pipeline, dev, spec.seed)
-    report: Callable[..., None] = progress or (lambda f, t="": None)
+    report = progress or no_progress
     model = build_model(width=spec.width, depth=spec.depth, num_classes=len(dataset_info().classes), seed=spec.seed)
     model = model.to(dev)
     opt = make_optimizer(model, lr=spec.lr)
@@ -211,9 +212,10 @@ def run_config(
     result = ConfigResult(name, label or name, settings, spec.regime, spec, str(dev), total_s / spec.epochs,
                           steps // spec.epochs, samples // spec.epochs, acc, float(loss.item()) / max(1, samples),
                           trace, busy, stall)  # fmt: skip
-    if stages:
+    if stages:  # each stage alone, as the job runs it; cached per stage settings (an unchanged stage: measured once)
         report(0.9, f"{name}: stages alone")
-        result.stages = stage_alone(settings, spec, dev, pipe)
+        result.stages = {"loader": _loader_alone(pipe, spec, settings, dev), "copy": _copy_alone(spec, settings, dev),
+                         "compute": _compute_alone(pipe, spec, dev)}  # fmt: skip
         result.efficiency = pipeline_efficiency(result.throughput, result.stages)
     report(1.0, f"{name}: done")
     return result
@@ -279,16 +281,6 @@ def _step_times(spec: JobSpec, dev: torch.device, n: int, step: Callable[..., An
     opt = make_optimizer(model, lr=spec.lr)
     with main_threads(spec.threads), same_numerics():
         return time_calls(lambda: step(model, opt, x, y), repeats=n, device=dev, warmup=warm).times_s
-
-
-def stage_alone(settings: Settings, spec: JobSpec, dev: torch.device, pipe: Pipeline) -> dict[str, float | None]:
-    """Items/s of each stage alone, as the job runs it: ``loader``, ``copy`` (CUDA only), ``compute``; cached per
-    stage settings (a stage a configuration does not change is measured once)."""
-    return {
-        "loader": _loader_alone(pipe, spec, settings, dev),
-        "copy": _copy_alone(spec, settings, dev),
-        "compute": _compute_alone(pipe, spec, dev),
-    }
 
 
 #: A pipeline measured faster than its slowest stage alone by no more than this is 'at the bottleneck'.
