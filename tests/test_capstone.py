@@ -17,6 +17,7 @@ from helpers.chapters.ch06 import calibration as K
 from helpers.chapters.ch06 import capstone as C
 from helpers.chapters.ch06 import doctor as D
 from helpers.chapters.ch06 import job
+from helpers.core import evidence
 from helpers.core.results import ResultSet
 
 
@@ -47,7 +48,7 @@ def test_settings_validation() -> None:
     with pytest.raises(ValueError, match="persistent workers need workers"):
         C.settings_for(["persistent"])
     with pytest.raises(ValueError, match="step"):
-        C.settings_for(["turbo"])
+        ch06.panel_run(None, device="cpu", turbo=True)  # the entry point checks the step names
     with pytest.raises(ValueError, match="regime"):
         C.job_spec("io-bound")
     assert C.settings_for(["uint8"]).prefetch_factor is None
@@ -629,7 +630,8 @@ def test_on_a_cpu_the_waterfall_measures_only_the_steps_that_can_act(monkeypatch
             assert "needs CUDA" in row and " x" not in row  # labelled, and no ratio
     assert "sd-scripts/pull/1894" in table and "pytorch_geometric/pull/7378" in table  # pinning, the prefetcher
     assert "No published figure of this experiment was found" in table  # uint8 over the link: none published
-    assert C.cuda_step_evidence(C.STEPS[1]).cited and not C.cuda_step_evidence(C.STEPS[1])  # cited, no value
+    pinned = evidence.published_elsewhere("the pinned step", C.STEPS[1].published_key)  # what cuda_lines cites
+    assert pinned.cited and not pinned  # cited, no value
     C.plot_waterfall(wf)  # a labelled slot for each step left out
     with pytest.raises(ValueError, match="need CUDA"):
         C.run_waterfall("data-bound", "cpu", names=["pinned", "uint8"], spec=tiny(), workers=1, rounds=2)

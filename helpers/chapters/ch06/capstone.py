@@ -44,7 +44,6 @@ from .job import (
     chance_level,
     compute_threads,
     configurations,
-    cuda_step_evidence,
     dataset_info,
     default_workers,
     effective_on,
@@ -74,7 +73,7 @@ from .run import (
 __all__ = [
     "STEPS", "STEP_NAMES", "STEP_REQUIRES", "Settings", "Pipeline", "reference_pipeline", "seed_order", "train_items",
     "REGIMES", "JobSpec", "job_spec", "default_workers", "compute_threads", "main_threads", "settings_for",
-    "configurations", "step_answers", "effective_on", "cuda_step_evidence", "dataset_info", "val_size",
+    "configurations", "step_answers", "effective_on", "dataset_info", "val_size",
     "chance_level", "normalizer_device_exact", "same_numerics", "ConfigResult", "run_config", "pipeline_efficiency",
     "Efficiency", "compare_threads", "release_pinned_host_memory", "Calibration", "calibrate", "Waterfall",
     "run_waterfall", "VERDICTS", "accuracy_tolerance", "seed_spread", "check_accuracies", "accuracy_verdict",
@@ -253,7 +252,7 @@ class Waterfall:
         for st in (_STEPS[name] for name in self.not_measured):
             dev = torch.device(self.device).type
             out.append(f"{st.label:<28}needs CUDA: not measured on {dev} (no ratio); chapter {st.chapter}")
-            cited = cuda_step_evidence(st).cited
+            cited = evidence.published_elsewhere(f"the '{st.label}' step", st.published_key).cited
             for fig in cited:
                 out += wrap(f"published: {fig.what}: {fig.compared} (GPU: {fig.gpu}; {fig.url})")
             if not cited:

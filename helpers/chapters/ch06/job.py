@@ -17,9 +17,7 @@ from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Seque
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from ...core import evidence
 from ...core.config import sized
-from ...core.evidence import Evidence
 from ...core.rounds import intraop_threads
 from ...core.validate import check_choice, check_int
 from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset, to_float_normalized
@@ -32,7 +30,7 @@ from .doctor import usable_cores
 @dataclass(frozen=True)
 class Step:
     """One step of the stack: ``change`` is the settings it switches on; a step that ``needs_cuda`` is stood in for
-    without CUDA by the published figures of ``published_key`` (:func:`cuda_step_evidence`)."""
+    without CUDA by the published figures of ``published_key``."""
 
     name: str
     label: str
@@ -108,7 +106,7 @@ main_threads = intraop_threads
 
 def settings_for(enabled: Iterable[str], workers: int | None = None) -> Settings:
     """Settings with the named steps switched on (any subset, any order); persistent workers need workers."""
-    names = [check_choice("step", n, STEP_NAMES) for n in enabled]
+    names = set(enabled)  # checked by the caller (panel_run); configurations() passes STEP_NAMES
     nw = default_workers() if workers is None else workers
     values: dict[str, Any] = {}
     for step in STEPS:
@@ -142,11 +140,6 @@ def step_answers(name: str) -> set[str]:
 def effective_on(step: Step, device: torch.device | str) -> bool:
     """Whether ``step`` can change anything on ``device`` (on a CPU host and device are one: uint8 changes nothing)."""
     return not step.needs_cuda or torch.device(device).type == "cuda"
-
-
-def cuda_step_evidence(step: Step) -> Evidence[Any]:
-    """Where ``step`` cannot act: figures of its experiment published by others, or a ``missing`` Evidence."""
-    return evidence.published_elsewhere(f"the '{step.label}' step", step.published_key)
 
 
 #: The two regimes. The data-bound model is tiny so that even a CPU computes a batch faster than one process
