@@ -1,13 +1,6 @@
-"""Chapter 05's check of the reader's prefetcher (exercise 05.3): its stream protocol on any machine, and on a
-GPU its batches, races and overlap with real streams.
-
-:func:`stream_protocol` runs a prefetcher under :func:`stream_doubles`: ``torch.cuda.Stream``, ``stream``,
-``current_stream``, ``Event`` and ``Tensor.record_stream`` log what was asked of them, and a probe batch's
-``.to(device)`` logs a move and its stream. No GPU work happens: :func:`check_protocol` judges the log,
-:func:`format_protocol` shows it. :func:`check_pipeline_prefetcher` adds the batches against the reference
-:class:`~helpers.pipeline.prefetch.Prefetcher`'s and, on a GPU, :func:`check_pipeline_race` and
-:func:`prefetch_overlap_ratio`.
-"""
+"""Chapter 05's check of the reader's prefetcher (exercise 05.3): its stream protocol on any machine, under test
+doubles of the CUDA stream API that log what is asked of them (:func:`stream_protocol`, judged by
+:func:`check_protocol`, shown by :func:`format_protocol`); on a GPU its batches, races and overlap."""
 
 from __future__ import annotations
 
@@ -35,7 +28,7 @@ MAX_AHEAD = 2
 
 
 class _Protocol:
-    """The log of one run under the doubles (module-global while active, so doubles a reader cached log here)."""
+    """The log of one run under the doubles (module-global: doubles a reader cached log here too)."""
 
     def __init__(self) -> None:
         self.log: list[tuple[Any, ...]] = []
@@ -135,8 +128,8 @@ def _make_stream(device: Any = None, priority: int = 0, **kwargs: Any) -> _FakeS
 
 @contextlib.contextmanager
 def stream_doubles() -> Iterator[_Protocol]:
-    """The CUDA stream API replaced by logging doubles inside the block (restored on exit; does not nest):
-    ``current_stream()`` is :data:`CONSUMER`; ``.to()`` of a tensor in ``probes`` logs a move."""
+    """The CUDA stream API replaced by logging doubles inside the block (does not nest); ``.to()`` of a tensor in
+    ``probes`` logs a move."""
     global _ACTIVE
     if _ACTIVE is not None:
         raise RuntimeError("stream_doubles() is already active (it does not nest)")
@@ -174,8 +167,8 @@ def stream_doubles() -> Iterator[_Protocol]:
 
 
 class PairProbeLoader:
-    """A re-iterable loader of ``(uint8 (2, 3, 4, 4) images, labels = i)`` batches that logs ``("request", i)``;
-    given ``proto``, its tensors' ``.to()`` calls are logged as moves."""
+    """Re-iterable ``(uint8 (2, 3, 4, 4) images, labels = i)`` batches; logs ``("request", i)``, and the moves of
+    its tensors given ``proto``."""
 
     def __init__(self, n_batches: int = 4, proto: _Protocol | None = None) -> None:
         g = torch.Generator().manual_seed(5)
@@ -199,8 +192,8 @@ class PairProbeLoader:
 def stream_protocol(
     candidate: Any, n_batches: int = 4, epochs: int = 1
 ) -> tuple[list[tuple[Any, ...]], list[list[Any]], int]:
-    """``(log, handed per epoch, side streams made)`` of ``candidate(loader, "cpu")`` under :func:`stream_doubles`
-    on a :class:`PairProbeLoader`, iterated ``epochs`` times; each hand-over logs ``("handed", epoch, i, ids)``."""
+    """``(log, handed per epoch, side streams made)`` of ``candidate(PairProbeLoader, "cpu")`` under the doubles,
+    ``epochs`` times; each hand-over logs ``("handed", epoch, i, ids)``."""
     handed: list[list[Any]] = []
     with stream_doubles() as proto:
         loader = PairProbeLoader(n_batches, proto)
@@ -232,8 +225,7 @@ def _says(e: tuple[Any, ...]) -> str | None:
 
 
 def format_protocol(log: Sequence[tuple[Any, ...]], width: int = 100) -> str:
-    """The log, wrapped, one block per hand-over: what was asked of the stream API since the previous one
-    (a repeat counted: ``a, a, b`` -> ``a (x2), b``)."""
+    """The log, one wrapped block per hand-over: what was asked since the last (``a, a, b`` -> ``a (x2), b``)."""
 
     def counted(items: list[str]) -> str:
         groups = [(k, len(list(g))) for k, g in itertools.groupby(items)]
@@ -341,9 +333,8 @@ def _hand_over_problem(
 
 def check_protocol(log: Sequence[tuple[Any, ...]], handed: Sequence[Sequence[Any]], n_batches: int) -> list[str]:
     """Problems (empty: none) in a :func:`stream_protocol` log. A safe prefetcher (1) requests and moves batch
-    ``i + 1`` before handing over ``i`` (at most :data:`MAX_AHEAD` ahead); (2) copies non-blocking on one side
-    stream made once; (3) which first waits for the current stream; (4) makes the current stream wait before each
-    hand-over; (5) calls ``record_stream(current)`` on every tensor it hands over."""
+    ``i + 1`` before handing over ``i``; (2) copies non-blocking on one side stream made once, (3) which first waits
+    for the current stream; (4) makes the current stream wait before each hand-over; (5) ``record_stream``s."""
     if [len(h) for h in handed] != [n_batches] * len(handed):
         return [f"gave {[len(h) for h in handed]} batches per epoch, expected {n_batches}"]
     events = list(log)
@@ -361,8 +352,7 @@ def check_protocol(log: Sequence[tuple[Any, ...]], handed: Sequence[Sequence[Any
 
 
 def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> GpuDelay:
-    """Queued do-nothing GPU work lasting about three copies of ``src`` (timed once with CUDA events on ``dev``),
-    so that a consumer which forgets to wait reads a batch before it arrived."""
+    """Queued GPU work lasting about three copies of ``src``: a consumer that forgets to wait reads too early."""
     probe = torch.empty_like(src, device=dev)
     copy = cuda_event_time(lambda: probe.copy_(src, non_blocking=True), repeats=1, warmup=0, device=dev)
     return GpuDelay(dev, seconds=max(3 * copy.median_s, 0.002))  # it queues on dev, whatever is current
@@ -391,9 +381,8 @@ _RACE_WHY = {
 def check_pipeline_race(
     candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 64, n_batches: int = 8
 ) -> list[str]:
-    """Problems (empty: none) when each batch (pixels ``10 + 20 i``, label ``i``) is compared on the consuming
-    stream as it arrives, then dropped (CUDA). Pass 1 at once catches a missing ``wait_stream``; pass 2, behind
-    about three copies of queued work, a missing ``record_stream``. Zero is necessary, not sufficient."""
+    """Problems (empty: none) when each batch (pixels ``10 + 20 i``, label ``i``) is checked on the consuming stream
+    and dropped (CUDA): at once (a missing ``wait_stream``), then behind queued work (a missing ``record_stream``)."""
     dev = torch.device(device)
     if dev.type != "cuda":
         raise ValueError("check_pipeline_race needs a CUDA device")
@@ -430,13 +419,12 @@ def check_pipeline_race(
 def prefetch_overlap_ratio(
     candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 32, n_batches: int = 8, repeats: int = 3
 ) -> float:
-    """Share (0-1) of copy time a prefetcher hides behind compute (CUDA): copies alone, compute alone (about 1.5x
-    a copy), both, in alternating rounds; ``(t_copy + t_compute - t_both) / min(t_copy, t_compute)``, median."""
+    """Share (0-1) of copy time hidden behind compute (about 1.5 copies), CUDA: median over alternating rounds of
+    ``(t_copy + t_compute - t_both) / min(t_copy, t_compute)``."""
     dev = torch.device(device)
     loader = _pinned_pairs(n_batches, batch_mib, lambda i: i)
 
     def timed(batches: Iterable[Any], compute: Callable[[torch.Tensor], Any] | None = None) -> float:
-        """Wall seconds of one pass (``compute`` on each batch's first tensor), synchronised before and after."""
         torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
         for b in batches:
@@ -499,7 +487,7 @@ _PASSED = [
 
 
 def _gpu_error(exc: BaseException, dev: torch.device) -> bool:
-    """A CUDA error on a strict GPU run (``WORKBOOK_REQUIRE_GPU=1``): it must propagate, not become a FAIL."""
+    """A CUDA error on a strict GPU run (``WORKBOOK_REQUIRE_GPU=1``) propagates, not a FAIL."""
     if dev.type != "cuda" or not require_gpu():
         return False
     accel = getattr(torch, "AcceleratorError", None)
@@ -529,7 +517,7 @@ def _pair_problems(got: Sequence[Any], loader: Iterable[Any], device: torch.devi
 
 
 def _on_the_gpu(candidate: Any, dev: torch.device, n_batches: int) -> list[str] | None:
-    """Problems with real streams (the reference's batches, then the race check); None: it made a Prefetcher."""
+    """Problems with real streams; None: it made a Prefetcher."""
     try:
         loader = [(x.pin_memory(), y.pin_memory()) for x, y in PairProbeLoader(n_batches).batches]
         made_before = Prefetcher.made
@@ -545,10 +533,9 @@ def _on_the_gpu(candidate: Any, dev: torch.device, n_batches: int) -> list[str] 
 def check_pipeline_prefetcher(
     candidate: Any, device: torch.device | str | None = None, *, check_overlap: bool = True, n_batches: int = 4
 ) -> PrefetcherCheck:
-    """Check the reader's chapter-05 prefetcher: ``candidate(loader, device)`` yields ``(x, y)`` pairs, uint8 in,
-    normalised on the device out. Refuses :class:`Prefetcher` itself; everywhere: the protocol under the stream
-    doubles (two epochs) and the batches against the reference's; on CUDA: real streams, the race check and
-    (``check_overlap``) how much copy time it hides."""
+    """Check the reader's prefetcher (``candidate(loader, device)``: uint8 pairs in, normalised on the device out),
+    refusing :class:`Prefetcher`: everywhere the protocol (two epochs) and the batches against the reference's; on
+    CUDA real streams, the race check and (``check_overlap``) how much copy time it hides."""
     if candidate is None:
         return PrefetcherCheck(False, ["no answer yet: set answer = Prefetcher (the class you wrote) and run again"])
     if not callable(candidate):
