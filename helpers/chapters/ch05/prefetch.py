@@ -9,17 +9,16 @@ import dataclasses
 import itertools
 import statistics
 import textwrap
-import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 from unittest import mock
 
 import torch
 
 from ...core.config import require_gpu
-from ...core.rounds import alternate
 from ...core.timing import GpuDelay, calibrated_compute, cuda_event_time
 from ...pipeline.data import MEAN, STD, to_float_normalized
 from ...pipeline.prefetch import Prefetcher, iter_tensors
+from .feeding import time_batches
 
 #: The stream a prefetcher's consumer runs on, in the logs.
 CONSUMER = "current stream"
@@ -419,38 +418,27 @@ def check_pipeline_race(
 def prefetch_overlap_ratio(
     candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 32, n_batches: int = 8, repeats: int = 3
 ) -> float:
-    """Share (0-1) of copy time hidden behind compute (about 1.5 copies), CUDA: median over alternating rounds of
-    ``(t_copy + t_compute - t_both) / min(t_copy, t_compute)``."""
+    """Share (0-1) of copy time hidden behind compute (about 1.5 copies), CUDA: median over the rounds of
+    :func:`.feeding.time_batches` of ``(t_copy + t_compute - t_both) / min(t_copy, t_compute)``."""
     dev = torch.device(device)
     loader = _pinned_pairs(n_batches, batch_mib, lambda i: i)
-
-    def timed(batches: Iterable[Any], compute: Callable[[torch.Tensor], Any] | None = None) -> float:
-        torch.cuda.synchronize(dev)
-        t0 = time.perf_counter()
-        for b in batches:
-            if compute is not None:
-                compute(next(iter_tensors(b)))
-        torch.cuda.synchronize(dev)
-        return time.perf_counter() - t0
+    resident = [(to_float_normalized(x.to(dev)), y.to(dev)) for x, y in loader]
 
     def copies() -> Iterator[Any]:
         return ((to_float_normalized(x.to(dev, non_blocking=True)), y.to(dev, non_blocking=True)) for x, y in loader)
 
-    resident = [(to_float_normalized(x.to(dev)), y.to(dev)) for x, y in loader]
-    timed(copies())  # warm-up
-    compute = calibrated_compute(dev, 1.5 * timed(copies()) / n_batches)  # on dev, whichever device is current
-    list(candidate(loader, dev))  # warm-up
-    r = alternate(
-        {
-            "copy": lambda: timed(copies()),
-            "compute": lambda: timed(resident, compute),
-            "both": lambda: timed(candidate(loader, dev), compute),
-        },
-        repeats,
-    )
-    ratios = [
-        (c + k - b) / max(min(c, k), 1e-9) for c, k, b in zip(*(r.values[x] for x in ("copy", "compute", "both")))
-    ]
+    def nothing(x: Any, y: Any) -> None:
+        pass
+
+    t_copy = time_batches({"copy": copies}, nothing, dev, rounds=1).median("copy")  # a warm-up pass, a timed one
+    compute = calibrated_compute(dev, 1.5 * t_copy)  # on dev, whichever device is current
+    ways: dict[str, Callable[[], Iterable[Any]]] = {
+        "copy": copies,
+        "compute": lambda: ((compute(x), y) for x, y in resident),
+        "both": lambda: ((compute(x), y) for x, y in candidate(loader, dev)),
+    }
+    t = time_batches(ways, nothing, dev, rounds=repeats).seconds
+    ratios = [(c + k - b) / max(min(c, k), 1e-9) for c, k, b in zip(t["copy"], t["compute"], t["both"])]
     return max(0.0, min(1.0, statistics.median(ratios)))
 
 
