@@ -28,9 +28,6 @@ BENCH_WEIGHT = 1.0
 PANEL_TITLE = "Copy/compute overlap"
 PANEL_FIGSIZE = (8.5, 3.2)
 
-#: The tooltip of the size sliders on a machine without CUDA.
-SIZES_NEED_GPU = "disabled: no CUDA device, so there is no copy or compute to size here"
-
 #: Steps per cell and hazard-3 steps the benchmark records (part of the records' params).
 _BENCH_STEPS = 8
 _BENCH_SYNC_STEPS = 50
@@ -150,7 +147,8 @@ def _add_ms(results: ResultSet, t: Any, **params: Any) -> None:
 
 def panel_controls(**context: Any) -> dict[str, Any]:
     """Bytes copied and compute (matrix side) per step, from ``copy=`` and ``compute=``; memory kind, stream."""
-    gpu = {"disabled": not has_cuda(), "tooltip": "" if has_cuda() else SIZES_NEED_GPU}
+    no_gpu = "disabled: no CUDA device, so there is no copy or compute to size here"
+    gpu = {"disabled": not has_cuda(), "tooltip": "" if has_cuda() else no_gpu}
     copy, compute = context.get("copy", 64), context.get("compute", 4096)
     return {
         "copy_mib": W.IntSlider(value=copy, min=1, max=config.sized(64, 256), description="copy MiB", **gpu),

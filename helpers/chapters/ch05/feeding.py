@@ -129,18 +129,15 @@ def prefetch_times_from_records(rs: ResultSet, records: list[Record]) -> list[tu
     return [(str(r.params.get("dtype")), bool(r.params.get("prefetcher")), r.value) for r in records]
 
 
-#: What the reference figures of the prefetcher are (they are not the reader's cells).
-PREFETCH_REFERENCE_WHAT = (
-    "Reference figures, recorded with the workbook's reference prefetcher (helpers.pipeline.prefetch.Prefetcher) "
-    "on pre-loaded pinned batches and a synthetic compute per batch, not with your cells:"
-)
-
-
 def batch_time_lines(times: BatchTimes | list[tuple[str, bool, float]]) -> list[str]:
     """A :class:`BatchTimes` measured here (its report), or the reference rows, introduced by what they are."""
     if isinstance(times, BatchTimes):
         return times.report().splitlines()
-    lines = textwrap.wrap(PREFETCH_REFERENCE_WHAT, 105)
+    what = (
+        "Reference figures, recorded with the workbook's reference prefetcher (helpers.pipeline.prefetch.Prefetcher) "
+        "on pre-loaded pinned batches and a synthetic compute per batch, not with your cells:"
+    )
+    lines = textwrap.wrap(what, 105)
     return lines + [f"  {dtype:>8}, prefetcher={pf}: {sec * 1e3:.3f} ms per batch" for dtype, pf, sec in times]
 
 

@@ -254,7 +254,8 @@ def copy_call_table(rows: list[CopyCallRow]) -> list[str]:
 
 def schematic_trace(memory: str, stream: str, steps: int = 3, copy: float = 1.0, compute: float = 1.5) -> SpanTrace:
     """What a cell's timeline looks like, in arbitrary units; its metadata says ``schematic, not measured``."""
-    overlapped = expected_label(memory, stream) == OVERLAPPED  # checks memory and stream
+    expected = expected_label(memory, stream)  # checks memory and stream
+    overlapped = expected == OVERLAPPED
     copy_lane, compute_lane = lanes_for(stream)
     host_blocked = memory == "pageable"
     spans: list[Span] = []
@@ -273,7 +274,7 @@ def schematic_trace(memory: str, stream: str, steps: int = 3, copy: float = 1.0,
         t = end + 0.15
     lanes = [copy_lane, compute_lane, HOST_LANE]
     return SpanTrace(spans, {"kind": SCHEMATIC, "memory": memory, "stream": stream, "lanes": lanes,
-                             "expected_label": expected_label(memory, stream)})  # fmt: skip
+                             "expected_label": expected})  # fmt: skip
 
 
 def artifact_name(memory: str, stream: str) -> str:

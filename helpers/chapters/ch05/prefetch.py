@@ -190,8 +190,8 @@ class PairProbeLoader:
 
 def stream_protocol(
     candidate: Any, n_batches: int = 4, epochs: int = 1
-) -> tuple[list[tuple[Any, ...]], list[list[Any]], int]:
-    """``(log, handed per epoch, side streams made)`` of ``candidate(PairProbeLoader, "cpu")`` under the doubles,
+) -> tuple[list[tuple[Any, ...]], list[list[Any]]]:
+    """``(log, handed per epoch)`` of ``candidate(PairProbeLoader, "cpu")`` under the doubles,
     ``epochs`` times; each hand-over logs ``("handed", epoch, i, ids)``."""
     handed: list[list[Any]] = []
     with stream_doubles() as proto:
@@ -205,7 +205,7 @@ def stream_protocol(
             for k, batch in enumerate(wrapped):
                 _log("handed", epoch, k, [id(t) for t in iter_tensors(batch)])
                 handed[-1].append(batch)
-        return proto.log, handed, proto.streams_made
+        return proto.log, handed
 
 
 def _says(e: tuple[Any, ...]) -> str | None:
@@ -534,7 +534,7 @@ def check_pipeline_prefetcher(
     dev = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
     made_before = Prefetcher.made
     try:
-        log, handed, _ = stream_protocol(candidate, n_batches, epochs=2)
+        log, handed = stream_protocol(candidate, n_batches, epochs=2)
         problems = check_protocol(log, handed, n_batches)
     except Exception as exc:  # the reader's code may raise anything
         problems, handed = [f"under the stream test doubles it raised {type(exc).__name__}: {exc}"], []
