@@ -454,9 +454,6 @@ class PrefetcherCheck:
     overlap_checked: bool = False
     overlap_ratio: float | None = None
 
-    def __bool__(self) -> bool:
-        return self.correct
-
     def __str__(self) -> str:
         return ("PASS" if self.correct else "FAIL") + ":\n  " + "\n  ".join(self.messages)
 
@@ -519,11 +516,11 @@ def _on_the_gpu(candidate: Any, dev: torch.device, n_batches: int) -> list[str] 
 
 
 def check_pipeline_prefetcher(
-    candidate: Any, device: torch.device | str | None = None, *, check_overlap: bool = True, n_batches: int = 4
+    candidate: Any, device: torch.device | str | None = None, *, n_batches: int = 4
 ) -> PrefetcherCheck:
     """Check the reader's prefetcher (``candidate(loader, device)``: uint8 pairs in, normalised on the device out),
     refusing :class:`Prefetcher`: everywhere the protocol (two epochs) and the batches against the reference's; on
-    CUDA real streams, the race check and (``check_overlap``) how much copy time it hides."""
+    CUDA real streams, the race check and how much copy time it hides."""
     if candidate is None:
         return PrefetcherCheck(False, ["no answer yet: set answer = Prefetcher (the class you wrote) and run again"])
     if not callable(candidate):
@@ -544,8 +541,7 @@ def check_pipeline_prefetcher(
         problems += _pair_problems(got, PairProbeLoader(n_batches).batches, torch.device("cpu"), epoch + 1)
     result = PrefetcherCheck(not problems, problems or list(_PASSED))
     if dev.type != "cuda":
-        if check_overlap:
-            result.messages.append("real streams, races and overlap not checked: no CUDA device here")
+        result.messages.append("real streams, races and overlap not checked: no CUDA device here")
         return result
     if not torch.cuda.is_available():
         raise ValueError("device is 'cuda' but no CUDA device is available")
@@ -561,7 +557,7 @@ def check_pipeline_prefetcher(
             ]
         )
         result.correct = not gpu
-    if result.correct and check_overlap:
+    if result.correct:
         ratio = prefetch_overlap_ratio(candidate, dev)
         result.overlap_checked, result.overlap_ratio, result.correct = True, ratio, ratio >= 0.3
         verdict = "overlaps" if ratio >= 0.3 else "does NOT overlap"
