@@ -70,8 +70,8 @@ def overlap_fraction(trace: SpanTrace, copy: str = "copy", compute: str = "compu
     return max(0.0, min(1.0, both / denom))
 
 
-def measured_label(fraction: float, threshold: float = OVERLAP_THRESHOLD) -> str:
-    return OVERLAPPED if fraction >= threshold else SERIALISED
+def measured_label(fraction: float) -> str:
+    return OVERLAPPED if fraction >= OVERLAP_THRESHOLD else SERIALISED
 
 
 @dataclass
@@ -312,32 +312,26 @@ def _title(cell: CellResult | SpanTrace, meta: dict[str, Any]) -> str:
     return title
 
 
-def draw_cell(
-    cell: CellResult | SpanTrace | Evidence[Any],
-    ax: Any = None,
-    *,
-    title: str | None = None,
-    source: str | None = None,
-    max_steps: int | None = 3,
-) -> Any:
+def draw_cell(cell: CellResult | SpanTrace | Evidence[Any], ax: Any = None) -> Any:
     """A cell's timeline (:func:`helpers.ui.plots.timeline`, schematics labelled); an Evidence with its source line,
     a missing one as an empty axis that says so."""
-    if isinstance(cell, Evidence):
-        if cell.value is not None:
-            return draw_cell(cell.value, ax, title=title, source=source or cell.source, max_steps=max_steps)
+    shown, source = (cell.value, cell.source) if isinstance(cell, Evidence) else (cell, None)
+    if shown is None:
         if ax is None:
             import matplotlib.pyplot as plt  # optional/heavy: matplotlib
 
             ax = plt.gca()
         ax.set_axis_off()
-        ax.set_title(title or f"{cell.what}: no reference recording yet (its schematic is in Theory)", fontsize=9)
+        ax.set_title(
+            f"{getattr(cell, 'what', '')}: no reference recording yet (its schematic is in Theory)", fontsize=9
+        )
         return ax
     from ...ui.plots import timeline  # optional/heavy: matplotlib
 
-    trace = cell.trace if isinstance(cell, CellResult) else cell
+    trace: SpanTrace = shown.trace if isinstance(shown, CellResult) else shown
     meta = trace.metadata
     lanes = list(meta.get("lanes") or []) or None
-    ax = timeline(trace, ax, title=title or _title(cell, meta), lanes=lanes, source=source, max_steps=max_steps)
+    ax = timeline(trace, ax, title=_title(shown, meta), lanes=lanes, source=source, max_steps=3)
     ax.title.set_fontsize(9)
     if meta.get("kind") == SCHEMATIC:
         ax.set_xlabel(f"time (arbitrary units) — {SCHEMATIC.upper()}")
