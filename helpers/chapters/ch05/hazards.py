@@ -169,12 +169,8 @@ def _loop_no_syncs(x: torch.Tensor, w: torch.Tensor, steps: int, sink: io.String
     return value
 
 
-def _count_syncs(fn: Callable[[], Any], dev: torch.device) -> tuple[int | None, float]:
-    """(synchronisations reported by torch's sync debug mode, wall seconds) of ``fn`` working on ``dev``."""
-    if dev.type != "cuda":
-        t0 = time.perf_counter()
-        fn()
-        return None, time.perf_counter() - t0
+def _count_syncs(fn: Callable[[], Any], dev: torch.device) -> tuple[int, float]:
+    """(synchronisations reported by torch's sync debug mode, wall seconds) of ``fn`` working on CUDA ``dev``."""
     old = torch.cuda.get_sync_debug_mode()
     torch.cuda.synchronize(dev)  # dev's queued work, not the current device's
     with warnings.catch_warnings(record=True) as caught:
@@ -214,39 +210,29 @@ def hazard_hidden_syncs(
     """A loop with ``.item()``, ``print`` and ``.cpu()`` each step, and one without: on a GPU the synchronisations
     of both loops and of each line alone (sync debug mode) and both loops' time; on a CPU the lines, named."""
     dev = resolve_device(device)
-    on_gpu = dev.type == "cuda"
     steps = check_int("steps", steps if steps is not None else sized(20, 200, laptop=50), 1, 100_000)
-    size = check_int("size", size if size is not None else (1024 if on_gpu else 128), 8, 16384)
+    name, code = "synchronisations hidden in .item(), print and .cpu()", (_loop_hidden_syncs, _loop_no_syncs)
+    if dev.type != "cuda":  # nothing waits on a CPU: the lines, named, and nothing run
+        no = {"steps": steps, "synchronisations": "not counted: no CUDA device"}
+        bug = {"lines that synchronise on a GPU, per step": ".item(), print(loss), .cpu()", **no}
+        return _result(name, dev, code, [bug, {"lines that synchronise on a GPU": "one .item(), after the loop", **no}],
+                       _SYNCS_WHY[False])  # fmt: skip
+    size = check_int("size", size if size is not None else 1024, 8, 16384)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(size, size, generator=g).to(dev)
     w = (torch.randn(size, size, generator=g) / math.sqrt(size)).to(dev)
     sink = io.StringIO()
     _loop_no_syncs(x, w, 2, sink)  # warm-up
     synchronize(dev)
-    counted = {
-        fn: _count_syncs(functools.partial(fn, x, w, steps, sink), dev) for fn in (_loop_hidden_syncs, _loop_no_syncs)
-    }
-    not_counted = "not counted: no CUDA device"
-    bug: dict[str, Any] = {"lines that synchronise on a GPU, per step": ".item(), print(loss), .cpu()"}
-    fix: dict[str, Any] = {"lines that synchronise on a GPU": "one .item(), after the loop"}
-    if on_gpu:
-        loss = (x @ w).relu().mean()
-        lines: dict[str, Callable[[], Any]] = {
-            ".item()": loss.item,
-            "print(loss)": functools.partial(print, loss, file=sink),
-            ".cpu()": loss.cpu,
-        }
-        (n_bug, s_bug), (n_fix, s_fix) = counted.values()
-        assert n_bug is not None  # counted on a GPU
-        bug = {"synchronisations": n_bug, "steps": steps, "per step": round(n_bug / steps, 2)}
-        bug.update({f"{k} alone": _count_syncs(fn, dev)[0] for k, fn in lines.items()})
-        bug["loop time"] = human_seconds(s_bug)
-        fix = {"synchronisations": n_fix, "steps": steps, "loop time": human_seconds(s_fix)}
-    else:
-        bug.update(steps=steps, synchronisations=not_counted)
-        fix.update(steps=steps, synchronisations=not_counted)
-    name = "synchronisations hidden in .item(), print and .cpu()"
-    return _result(name, dev, (_loop_hidden_syncs, _loop_no_syncs), [bug, fix], _SYNCS_WHY[on_gpu])
+    (n_bug, s_bug), (n_fix, s_fix) = (_count_syncs(functools.partial(fn, x, w, steps, sink), dev) for fn in code)
+    loss = (x @ w).relu().mean()
+    print_loss = functools.partial(print, loss, file=sink)
+    lines: dict[str, Callable[[], Any]] = {".item()": loss.item, "print(loss)": print_loss, ".cpu()": loss.cpu}
+    bug = {"synchronisations": n_bug, "steps": steps, "per step": round(n_bug / steps, 2)}
+    bug.update({f"{k} alone": _count_syncs(fn, dev)[0] for k, fn in lines.items()})
+    bug["loop time"] = human_seconds(s_bug)
+    fix = {"synchronisations": n_fix, "steps": steps, "loop time": human_seconds(s_fix)}
+    return _result(name, dev, code, [bug, fix], _SYNCS_WHY[True])
 
 
 def _sync_counts(rs: ResultSet, records: list[Record]) -> dict[str, Any]:
