@@ -90,7 +90,7 @@ def test_the_chapters_prefetcher_passes_the_exercise_check_on_cpu() -> None:
     for _ in range(2):  # twice: the reader's cached side stream (a test double) must not break a re-run
         res = prefetch.check_pipeline_prefetcher(ns["Prefetcher"], "cpu")
         assert res.correct, str(res)
-    log, handed, _ = prefetch.stream_protocol(ns["Prefetcher"], 3)
+    log, handed = prefetch.stream_protocol(ns["Prefetcher"], 3)
     assert prefetch.check_protocol(log, handed, 3) == []
     assert "hand over batch 2" in prefetch.format_protocol(log)
     assert all(len(line) <= 105 for line in prefetch.format_protocol(log).splitlines())

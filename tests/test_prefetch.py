@@ -537,7 +537,7 @@ def test_overlap_ratio_times_the_candidate_on_the_device_and_stays_between_0_and
     with fake_cuda(devices=2, current=0) as cuda:
         ratio = streamcheck.prefetch_overlap_ratio(_reference_pairs, "cuda:1", batch_mib=1, n_batches=2, repeats=2)
         assert 0.0 <= ratio <= 1.0 and calibrated == [torch.device("cuda", 1)]
-        assert len(computed) == 2 * (2 + 2) and all(len(s) == 4 for s in computed)  # on each batch's images
+        assert len(computed) == (2 + 1) * (2 + 2) and all(len(s) == 4 for s in computed)  # each batch, each pass
         assert {op["device"] for op in cuda.host_syncs() if "device" in op.detail} == {1}
         assert {op["device"] for op in cuda.ops("copy")} == {torch.device("cuda", 1)}
 

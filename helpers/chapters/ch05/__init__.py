@@ -1,8 +1,6 @@
-"""Chapter 05 · Overlapped asynchronous transfer: the chapter interface (:mod:`helpers.ui.chapter`).
-
-The live panel draws one cell of the 2x2 experiment (:mod:`.overlap`) per run as a timeline: measured on a GPU
-with the reader's sizes; without one, the cell's reference recording or its schematic. The headless benchmark
-records the ``ch05.*`` keys of the reference files on a GPU.
+"""Chapter 05 · Overlapped asynchronous transfer: the chapter interface (:mod:`helpers.ui.chapter`). The panel
+draws one cell of the 2x2 experiment (:mod:`.overlap`) as a timeline: measured on a GPU, else the cell's reference
+recording or its schematic. The benchmark records the ``ch05.*`` keys on a GPU.
 
 >>> panel = widgets.Panel.for_chapter(ch05, device=DEVICE, copy=COPY_MIB, compute=MATMUL_N)
 """
@@ -30,17 +28,13 @@ BENCH_WEIGHT = 1.0
 PANEL_TITLE = "Copy/compute overlap"
 PANEL_FIGSIZE = (8.5, 3.2)
 
-#: The tooltip of the size sliders on a machine without CUDA.
-SIZES_NEED_GPU = "disabled: no CUDA device, so there is no copy or compute to size here"
-
 #: Steps per cell and hazard-3 steps the benchmark records (part of the records' params).
 _BENCH_STEPS = 8
 _BENCH_SYNC_STEPS = 50
 
 
 def benchmark(results: ResultSet, device: torch.device | str | None, *, progress: ProgressFn | None = None) -> None:
-    """Record chapter 05's GPU measurements into ``results`` (without CUDA nothing: every figure of this
-    chapter is about CUDA streams and copies). Keys (unit; params):
+    """Record chapter 05's GPU measurements (without CUDA nothing: they are all about streams). Keys (unit; params):
 
     - ``ch05.overlap.step_time`` / ``.copy_time`` / ``.compute_time``: s (median per step); ``.fraction``:
       ratio (share of the shorter activity hidden); ``.agrees``: ratio (1 if the measured label equals the
@@ -106,8 +100,8 @@ def record_decode(
     repeats: int = 3,
     progress: ProgressFn | None = None,
 ) -> ResultSet:
-    """Record :func:`helpers.chapters.ch05.gpudecode.compare_decode` on the validation split at the current mode's
-    sizes (``info`` and the sizes can be overridden, for tests) into ``results``, and return it. Keys (unit; params):
+    """Record :func:`.gpudecode.compare_decode` on the validation split at the mode's sizes (overridable, for tests)
+    into ``results``, and return it. Keys (unit; params):
 
     - ``ch05.decode.bytes_per_batch``: bytes (mean per batch, spread min/max/n); ``form`` (jpeg/uint8/float32),
       ``batch_size``, ``crop_size``, ``image_size``.
@@ -152,9 +146,9 @@ def _add_ms(results: ResultSet, t: Any, **params: Any) -> None:
 
 
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """Bytes copied per step, compute per step (matrix side), host memory kind, stream. ``context``: the
-    sliders' starting values, ``copy=`` (MiB) and ``compute=`` (matrix side); disabled without CUDA."""
-    gpu = {"disabled": not has_cuda(), "tooltip": "" if has_cuda() else SIZES_NEED_GPU}
+    """Bytes copied and compute (matrix side) per step, from ``copy=`` and ``compute=``; memory kind, stream."""
+    no_gpu = "disabled: no CUDA device, so there is no copy or compute to size here"
+    gpu = {"disabled": not has_cuda(), "tooltip": "" if has_cuda() else no_gpu}
     copy, compute = context.get("copy", 64), context.get("compute", 4096)
     return {
         "copy_mib": W.IntSlider(value=copy, min=1, max=config.sized(64, 256), description="copy MiB", **gpu),
@@ -174,8 +168,7 @@ def panel_run(
     stream: str = "side",
     **context: Any,
 ) -> Evidence[Any]:
-    """One cell of the 2x2 experiment as an Evidence: on CUDA measured (:func:`.overlap.run_cell`, a CellResult);
-    without, the cell's reference recording (at its own sizes), else its schematic; the note says which."""
+    """One cell as an Evidence: measured on CUDA (a CellResult), else its reference recording or its schematic."""
     progress = progress or no_progress
     expected = overlap.expected_label(memory, stream)  # checks memory and stream
     dev = resolve_device(device)
@@ -212,6 +205,6 @@ def panel_summary(result: Evidence[Any]) -> str:
 
 
 def panel_plot(history: list[Any], ax: Any) -> None:
-    """The latest run's timeline, labelled with its source (measured now, recorded on ..., or schematic)."""
+    """The latest run's timeline, labelled with its source."""
     if history:
         overlap.draw_cell(history[-1].result, ax)

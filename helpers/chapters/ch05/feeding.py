@@ -1,8 +1,6 @@
-"""Chapter 05's "Does it pay?": seconds per batch of a few ways to feed one training step, in alternating rounds.
-
-:func:`time_batches` times the reader's own ``batches`` and ``train_step`` (on batches :func:`preload` read
-once into pinned memory); :func:`prefetch_step_times` times the workbook's reference
-:class:`~helpers.pipeline.prefetch.Prefetcher` the same way, for the reference files.
+"""Chapter 05's "Does it pay?": seconds per batch of a few ways to feed one training step, in alternating rounds:
+the reader's pipeline (:func:`time_batches`, on :func:`preload` ed batches), and the reference
+:class:`~helpers.pipeline.prefetch.Prefetcher` the same way for the reference files (:func:`prefetch_step_times`).
 """
 
 from __future__ import annotations
@@ -18,23 +16,20 @@ import torch
 
 from ...core.device import resolve_device
 from ...core.results import Record, ResultSet
-from ...core.rounds import alternate
+from ...core.rounds import alternate, table
 from ...core.timing import calibrated_compute, cuda_event_time, synchronize
 from ...core.validate import check_int
 from ...pipeline.data import to_float_normalized
 from ...pipeline.prefetch import Prefetcher
 
-#: The three ways of chapter 05's "Does it pay?" that say how much of the copy the prefetcher hides:
-#: uint8 batches copied and normalised in line on the current stream, through the reader's Prefetcher,
-#: and already on the device (no copy at all: the floor). :meth:`BatchTimes.copy_hidden` reads them.
+#: The three ways that say how much of the copy the prefetcher hides (:meth:`BatchTimes.copy_hidden`).
 IN_LINE = "uint8, copied and normalised in line"
 PREFETCHED = "uint8, through your Prefetcher"
 NO_COPY = "uint8, already on the GPU (no copy)"
 
 
 def preload(loader: Iterable[Any], device: torch.device | str | None = None) -> list[tuple[Any, ...]]:
-    """One pass of ``loader``, held in host memory (pinned for CUDA, as from a ``pin_memory=True`` loader): a timed
-    pass over it times the copy, the normalisation and the step, not the loader's decoding (milliseconds a batch)."""
+    """One pass of ``loader`` held in host memory (pinned for CUDA): a pass over it times no decoding."""
     dev = resolve_device(device)
     out: list[tuple[Any, ...]] = []
     for i, batch in enumerate(loader):
@@ -50,9 +45,7 @@ def preload(loader: Iterable[Any], device: torch.device | str | None = None) -> 
 
 @dataclass
 class BatchTimes:
-    """Seconds per batch of a few ways to feed one training step, measured in alternating rounds:
-    ``seconds[name]`` one value per round (the round's wall clock, synchronised on a GPU, over its
-    batches), ``batches[name]`` how many batches a pass gave."""
+    """Seconds per batch of each way, one value per alternating round; ``batches``: how many a pass gave."""
 
     device: str
     seconds: dict[str, list[float]] = field(default_factory=dict)
@@ -61,25 +54,22 @@ class BatchTimes:
     def median(self, name: str) -> float:
         return statistics.median(self.seconds[name])
 
-    def report(self, baseline: str | None = None) -> str:
-        """One line per way: ms per batch (median, min-max over rounds), and the ratio to ``baseline``."""
-        base = baseline if baseline in self.seconds else next(iter(self.seconds), None)
-        width = max((len(n) for n in self.seconds), default=0)
-        rounds = len(next(iter(self.seconds.values()), []))
-        lines = [f"ms per batch on {self.device}, median of {rounds} alternating rounds (min-max):"]
-        for name, vals in self.seconds.items():
-            ratio = "" if base is None or name == base else f"  {self.median(base) / self.median(name):.2f}x"
-            lines.append(
-                f"  {name:<{width}}  {self.median(name) * 1e3:8.3f}  ({min(vals) * 1e3:.3f}-"
-                f"{max(vals) * 1e3:.3f}){ratio}"
-            )
+    def report(self) -> str:
+        """A table: ms per batch per way (median, min-max over rounds) and the first way's median over its own."""
+        first = next(iter(self.seconds), "")
+        rows = [
+            [name, f"{self.median(name) * 1e3:.3f}", f"{min(v) * 1e3:.3f}-{max(v) * 1e3:.3f}",
+             "" if name == first else f"{self.median(first) / self.median(name):.2f}x"]
+            for name, v in self.seconds.items()
+        ]  # fmt: skip
+        lines = [f"ms per batch on {self.device}, median of {len(self.seconds.get(first, []))} alternating rounds:"]
+        lines += ["  " + ln for ln in table(["way", "ms per batch", "min-max", "first / this"], rows)]
         hidden = self.copy_hidden()
         return "\n".join(lines + (textwrap.wrap(hidden, 105) if hidden else []))
 
     def copy_hidden(self) -> str | None:
-        """How much of the in-line copy the prefetcher hid (None without :data:`IN_LINE`, :data:`PREFETCHED`
-        and :data:`NO_COPY`): the copy costs ``in line - no copy`` per batch, the prefetcher saves
-        ``in line - prefetched``. A cost within the rounds' spread is said to be noise."""
+        """How much of the copy (``in line - no copy``) the prefetcher saved (``in line - prefetched``); a cost
+        within the rounds' spread is called noise. None without the three ways."""
         if not all(k in self.seconds for k in (IN_LINE, PREFETCHED, NO_COPY)):
             return None
         inline, pf, floor = self.median(IN_LINE), self.median(PREFETCHED), self.median(NO_COPY)
@@ -104,10 +94,9 @@ def time_batches(
     rounds: int = 3,
     progress: Callable[[float, str], None] | None = None,
 ) -> BatchTimes:
-    """Time the reader's pipeline: each of ``variants`` (label -> a function returning a fresh iterable of
-    ``(x, y)`` device batches, e.g. of :func:`preload` ed ones) feeds ``step(x, y)`` for one pass, synchronised
-    around it: one untimed warm-up pass per variant (in reverse order, so the first timed pass follows its own),
-    then ``rounds`` rounds of :func:`helpers.core.rounds.alternate`."""
+    """Each of ``variants`` (label -> a fresh iterable of ``(x, y)`` device batches) feeds ``step(x, y)`` for one
+    synchronised pass: one untimed pass each (reversed, so the first timed pass follows its own), then ``rounds``
+    rounds of :func:`helpers.core.rounds.alternate`."""
     dev = resolve_device(device)
     rounds = check_int("rounds", rounds, 1, 50)
     if not variants:
@@ -140,38 +129,29 @@ def prefetch_times_from_records(rs: ResultSet, records: list[Record]) -> list[tu
     return [(str(r.params.get("dtype")), bool(r.params.get("prefetcher")), r.value) for r in records]
 
 
-#: What the reference figures of the prefetcher are (they are not the reader's cells).
-PREFETCH_REFERENCE_WHAT = (
-    "Reference figures, recorded with the workbook's reference prefetcher (helpers.pipeline.prefetch.Prefetcher) "
-    "on pre-loaded pinned batches and a synthetic compute per batch, not with your cells:"
-)
-
-
 def batch_time_lines(times: BatchTimes | list[tuple[str, bool, float]]) -> list[str]:
-    """The lines shown for the prefetcher's effect: a :class:`BatchTimes` measured here (its report), or
-    the reference rows of :func:`prefetch_times_from_records`, introduced by what they are."""
+    """A :class:`BatchTimes` measured here (its report), or the reference rows, introduced by what they are."""
     if isinstance(times, BatchTimes):
         return times.report().splitlines()
-    lines = textwrap.wrap(PREFETCH_REFERENCE_WHAT, 105)
+    what = (
+        "Reference figures, recorded with the workbook's reference prefetcher (helpers.pipeline.prefetch.Prefetcher) "
+        "on pre-loaded pinned batches and a synthetic compute per batch, not with your cells:"
+    )
+    lines = textwrap.wrap(what, 105)
     return lines + [f"  {dtype:>8}, prefetcher={pf}: {sec * 1e3:.3f} ms per batch" for dtype, pf, sec in times]
 
 
 def _in_line(loader: list[tuple[torch.Tensor, torch.Tensor]], dev: torch.device, norm: Any) -> Iterator[Any]:
-    """Batches copied on the current stream (and normalised on the device when ``norm`` is given)."""
     for x, y in loader:
         x = x.to(dev, non_blocking=True)
         yield (to_float_normalized(x, *norm) if norm else x), y.to(dev, non_blocking=True)
 
 
 def prefetch_step_times(
-    device: torch.device | str = "cuda", *, batch: int = 256, image: int = 128, n_batches: int = 8
+    dev: torch.device, *, batch: int = 256, image: int = 128, n_batches: int = 8
 ) -> dict[tuple[str, bool], float]:
-    """Seconds per batch (the ``ch05.prefetch.batch_time`` records, CUDA only) of {float32, uint8} pinned image
-    batches feeding a synthetic compute of about 1.2 copies, by :func:`time_batches`: through the reference
-    :class:`~helpers.pipeline.prefetch.Prefetcher`, or copied (uint8 normalised) on the current stream."""
-    dev = resolve_device(device)
-    if dev.type != "cuda":
-        raise ValueError("prefetch_step_times needs a CUDA device")
+    """``ch05.prefetch.batch_time`` (CUDA): {float32, uint8} pinned batches feeding a compute of about 1.2 copies,
+    through the reference Prefetcher or copied on the current stream, by :func:`time_batches` (the benchmark's)."""
     mean, std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
     g = torch.Generator().manual_seed(0)
     y = torch.zeros(batch, dtype=torch.int64).pin_memory()

@@ -1,26 +1,19 @@
 """Chapter 05 (optional): JPEG bytes to decoded batches, on the CPU or on the GPU.
 
-The usual pipeline decodes JPEG files on the CPU (in DataLoader workers) and sends pixels across the link
-(``3 * H * W`` bytes per image as uint8, four times that as float32). The alternative sends the *compressed*
-file bytes, usually several times fewer, and decodes and crops them on the GPU (nvJPEG): the workers only
-read files. :func:`compare_decode` measures both ways; chapter 05's benchmark records it.
+The usual pipeline decodes on the CPU and sends pixels (``3 * H * W`` bytes per image as uint8, four times that as
+float32); the alternative sends the compressed file bytes and decodes and crops them on the GPU (nvJPEG).
+:func:`compare_decode` measures both ways; chapter 05's benchmark records it. Read in torchvision 0.29.1
+(``io/image.py``, ``csrc/io/image/cuda/decode_jpegs_cuda.cpp``, pytorch/vision PR #9606):
 
-What this module relies on (torchvision 0.29.1: ``torchvision/io/image.py``, and
-``torchvision/csrc/io/image/cuda/decode_jpegs_cuda.cpp`` as read for pytorch/vision PR #9606):
-
-* ``decode_jpeg(list, device="cuda")`` takes **CPU** byte tensors whatever ``device`` says, decodes the list
-  in one batched call, and "does not return partial results in case of an error".
-* The CUDA decoder allocates its outputs **on the caller's current stream** but writes them from **its own**
-  stream: a block freed on the caller's stream while a queued kernel still reads it can be handed to the
-  decoder and overwritten (PR #9606, on an H100). So :func:`decode_batch` **synchronises the caller's current
-  stream first**; the decoder syncs its own stream before returning, so nothing needs to wait after it.
-* Since 0.29 every ``torchvision.io`` codec call warns (superseded by torchcodec); the workbook pins 0.29 and
-  silences exactly that warning around its own calls (under ``-W error`` it would break decoding).
+* ``decode_jpeg(list, device="cuda")`` takes CPU byte tensors, decodes the list in one call, no partial results.
+* The CUDA decoder allocates its outputs on the caller's current stream but writes them from its own: a block
+  freed there while a queued kernel still reads it can be handed to the decoder (PR #9606, on an H100), so
+  :func:`decode_batch` synchronises the caller's stream first; the decoder syncs its own before returning.
+* torchvision 0.29's codecs warn (superseded by torchcodec); that warning alone is silenced around our calls.
   :func:`decode_batch` is the one place to switch to ``torchcodec.decoders.decode_jpeg``.
 
-On the CPU the pixels equal chapter 01's Pillow pipeline (libjpeg-turbo both ways, the same ``v2`` resize and
-crop). On a GPU the **decode** (nvJPEG's IDCT and chroma upsampling) and the **resize** (integer arithmetic for
-uint8 on the CPU, float on CUDA) differ, measured apart by :func:`compare_decode`.
+On the CPU the pixels equal chapter 01's Pillow pipeline (libjpeg-turbo, the same ``v2`` resize and crop); on a
+GPU the decode (nvJPEG) and the resize (float, not integer) differ, measured apart by :func:`compare_decode`.
 """
 
 from __future__ import annotations
@@ -73,10 +66,8 @@ def _item_name(index: int, names: Sequence[str] | None) -> str:
 
 
 def check_jpeg(data: torch.Tensor, name: str = "the data") -> None:
-    """Cheap structural check of one encoded JPEG, without decoding: the start marker ``FF D8``, and the end
-    marker ``FF D9`` in the last :data:`EOI_SEARCH_BYTES` bytes. It catches a truncated file or a non-JPEG before
-    a batched GPU decode, which names no item when it fails (ImageDecodeError naming ``name``); damage *inside*
-    the data only a checksum finds (``verify_dataset(level="full")``)."""
+    """The markers ``FF D8`` at the start and ``FF D9`` near the end, without decoding: a truncated file or a
+    non-JPEG fails here, named (a batched GPU decode names no item); damage inside only a checksum finds."""
     if not isinstance(data, torch.Tensor) or (data.dtype, data.dim(), data.device.type) != (torch.uint8, 1, "cpu"):
         got = type(data).__name__
         if isinstance(data, torch.Tensor):
@@ -103,9 +94,8 @@ def check_jpeg(data: torch.Tensor, name: str = "the data") -> None:
 
 
 class EncodedJpegDataset(Dataset):
-    """The JPEG files of a class-folder tree as raw bytes, ``(uint8 1-D tensor, label)``: the folders, ``classes``,
-    ``samples`` and ``targets`` of :class:`helpers.pipeline.data.ShapesDataset`. A worker only reads the file.
-    ``check``: :func:`check_jpeg` on every item, so a truncated file fails in the worker, named."""
+    """A class-folder tree's JPEG files as raw bytes, ``(uint8 1-D tensor, label)``, laid out as
+    :class:`helpers.pipeline.data.ShapesDataset`; ``check``: :func:`check_jpeg` each item, in the worker."""
 
     def __init__(self, root: str | os.PathLike[str], *, check: bool = True) -> None:
         self.root = Path(root)
@@ -137,8 +127,7 @@ class EncodedJpegDataset(Dataset):
 
 
 def collate_encoded(items: Sequence[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """``(bytes, label)`` items as ``(list of byte tensors, int64 labels)``: the byte tensors keep their own
-    lengths (they cannot be stacked). A loader with ``pin_memory=True`` pins each of them."""
+    """``(bytes, label)`` items as ``(list of byte tensors, int64 labels)``: unstacked, each its own length."""
     if len(items) == 0:
         raise ValueError("items: collate_encoded needs at least one (bytes, label) item, got none")
     for i, item in enumerate(items):
@@ -148,8 +137,7 @@ def collate_encoded(items: Sequence[tuple[torch.Tensor, int]]) -> tuple[list[tor
 
 
 def _staged(encoded: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The batch's bytes in one pinned host buffer, as 1-D views (already pinned: unchanged), so that nvJPEG copies
-    them by direct DMA. The caching host allocator may reuse the buffer once the decode returns (it has read it)."""
+    """The bytes in one pinned buffer, as 1-D views (already pinned: unchanged), for nvJPEG's DMA."""
     if all(t.is_pinned() for t in encoded):
         return encoded
     sizes = [t.numel() for t in encoded]
@@ -158,8 +146,7 @@ def _staged(encoded: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _resize_crop(images: list[torch.Tensor], crop_size: int) -> torch.Tensor:
-    """Resize each image's shorter side to ``crop_size`` and centre-crop a square, on its device: the same
-    operations as ``ShapesDataset(augment=False)``. Images of equal size are resized in one call."""
+    """``ShapesDataset(augment=False)``'s resize and centre crop, on the images' device, equal sizes in one call."""
     from torchvision.transforms.v2 import functional as F
 
     n = len(images)
@@ -198,14 +185,10 @@ def decode_batch(
     pin: bool | None = None,
     names: Sequence[str] | None = None,
 ) -> torch.Tensor:
-    """Decode a batch of JPEG byte tensors into a uint8 ``(N, 3, crop, crop)`` batch on ``device``.
-
-    On CUDA: the bytes staged in one pinned buffer (``pin``, default on; skipped when already pinned), the
-    caller's stream synchronised (module docstring), **one** batched nvJPEG call, resize and crop on the GPU; the
-    call blocks the host. On the CPU: libjpeg-turbo, the same resize and crop. Every item first passes
-    :func:`check_jpeg`, so a bad item fails with its position (and name from ``names``); if the GPU call still
-    fails, the CPU decodes the items to name the culprit (ImageDecodeError).
-    """
+    """JPEG byte tensors to a uint8 ``(N, 3, crop, crop)`` batch on ``device``. On CUDA: staged in one pinned
+    buffer (``pin``, default on), the caller's stream synchronised, one blocking nvJPEG call, resize and crop on
+    the GPU; on the CPU libjpeg-turbo. A bad item fails named (:func:`check_jpeg`; after a failed GPU call the CPU
+    decodes the items to find it)."""
     dev = resolve_device(device)
     crop_size = check_int("crop_size", crop_size, 8, 1024)
     if isinstance(encoded, torch.Tensor) or not isinstance(encoded, Sequence) or len(encoded) == 0:
@@ -252,8 +235,7 @@ def _decode_images(
 
 
 def batch_bytes(encoded: Sequence[torch.Tensor], decoded: torch.Tensor) -> dict[str, int]:
-    """Bytes one batch puts on the link in each form, from the tensors: ``jpeg`` the files' sizes, ``uint8``
-    ``decoded.nbytes``, ``float32`` the batch :func:`helpers.pipeline.data.to_float_normalized` makes of it."""
+    """Bytes one batch puts on the link as ``jpeg`` (the files), ``uint8`` and ``float32`` (normalised)."""
     if decoded.dtype != torch.uint8:
         raise ValueError(f"decoded: expected the uint8 batch decode_batch returns, got {decoded.dtype}")
     return {
@@ -263,18 +245,11 @@ def batch_bytes(encoded: Sequence[torch.Tensor], decoded: torch.Tensor) -> dict[
     }
 
 
-def _no_diffs() -> dict[str, tuple[int, float]]:
-    return dict.fromkeys(STAGES, (0, 0.0))
-
-
 @dataclass
 class DecodeComparison:
-    """(a) decode on the CPU and send uint8, against (b) send JPEG bytes and decode on ``device`` (without a GPU,
-    the same CPU code). ``bytes``: mean bytes per batch of each form, ``bytes_per_batch`` each batch's count.
-    ``cpu_path`` / ``device_path``: per-batch times, synchronised wall clock ((a) is mostly CPU work, which CUDA
-    events would miss). ``diffs``: per :data:`STAGES`, (largest, mean) difference of (b)'s pixels from (a)'s on
-    the first batch, in 0-255 levels.
-    """
+    """(a) decode on the CPU and send uint8 against (b) send JPEG bytes and decode on ``device`` (without a GPU the
+    same CPU code): bytes per batch (mean, each), per-batch wall clock synchronised ((a) is CPU work, which CUDA
+    events miss), and ``diffs`` per :data:`STAGES`: (largest, mean) of (b)'s pixels from (a)'s, 0-255 levels."""
 
     device: str
     on_gpu: bool
@@ -287,7 +262,7 @@ class DecodeComparison:
     cpu_path: Timing
     device_path: Timing
     pinned: bool
-    diffs: dict[str, tuple[int, float]] = field(default_factory=_no_diffs)
+    diffs: dict[str, tuple[int, float]] = field(default_factory=lambda: dict.fromkeys(STAGES, (0, 0.0)))
 
     def diff_report(self) -> str:
         """Where (b)'s pixels differ from (a)'s: the decode alone, the resize alone, and both (what you get)."""
@@ -346,12 +321,8 @@ class DecodeComparison:
 
 
 def same_path_verdict(first: Timing, second: Timing) -> str:
-    """One sentence on two timings of the same code, ``first`` timed before ``second``.
-
-    They agree when their interquartile ranges overlap: the gap between the medians is then noise. When
-    they do not, the gap is still not the code's (it is the same code) but warm-up or load on this machine,
-    and the faster run is the one to trust: load and warm-up only ever add time.
-    """
+    """One sentence on two timings of the same code, ``first`` timed first: they agree when their quartile ranges
+    overlap; else the gap is warm-up or load (same code), and the faster is trusted: those only ever add time."""
     (a_lo, a_hi), (b_lo, b_hi) = first.quartiles_s, second.quartiles_s
     a_ms, b_ms = first.median_s * 1e3, second.median_s * 1e3
     pair = f"{a_ms:.2f} ms (a, timed first) and {b_ms:.2f} ms (b, timed second)"
@@ -386,7 +357,7 @@ def _first_batch_diffs(
     """(largest, mean) difference of path (b)'s pixels from path (a)'s, per :data:`STAGES` (on a CPU only both:
     the same code): the decode alone on full-size images, the resize alone of the CPU's decoded pixels."""
     x_cpu = decode_batch(enc, "cpu", crop, names=names)
-    out = _no_diffs()
+    out = dict.fromkeys(STAGES, (0, 0.0))
     out["decode+resize"] = _diff_stats([x_cpu], [decode_batch(enc, dev, crop, pin=pin, names=names).cpu()])
     if dev.type == "cuda":
         raw_cpu = _decode_images(enc, torch.device("cpu"), names=names)
@@ -408,12 +379,6 @@ def _batches(dataset: EncodedJpegDataset, batch_size: int, n_batches: int) -> li
     ]
 
 
-def _time_path(fn: Callable[..., torch.Tensor], batches: list[Any], repeats: int, label: str, dev: Any) -> Timing:
-    """One path, per batch, synchronised: one untimed warm-up batch, then ``repeats`` passes over ``batches``."""
-    cycle = iter(batches * (repeats + 1))
-    return time_calls(lambda: fn(*next(cycle)), repeats=repeats * len(batches), label=label, device=dev, warmup=1)
-
-
 def compare_decode(
     dataset: EncodedJpegDataset,
     device: torch.device | str | None = None,
@@ -425,10 +390,9 @@ def compare_decode(
     pin: bool | None = None,
     progress: Callable[[float, str], None] | None = None,
 ) -> DecodeComparison:
-    """Measure both ways of getting a decoded batch onto ``device``, from the same bytes read first (not timed):
-    (a) ``decode_batch(bytes, "cpu", crop).to(device)``; (b) ``decode_batch(bytes, device, crop, pin=pin)``.
-    Each is timed per batch, synchronised, (a) then (b), ``repeats`` passes over ``n_batches`` batches after one
-    untimed warm-up batch (the first nvJPEG call creates its handle)."""
+    """Both ways onto ``device`` from the same bytes (read first, untimed): (a) ``decode_batch(b, "cpu",
+    crop).to(device)``, (b) ``decode_batch(b, device, crop, pin=pin)``; each per batch, synchronised, ``repeats``
+    passes over ``n_batches`` after one untimed batch (the first nvJPEG call creates its handle)."""
     if not isinstance(dataset, EncodedJpegDataset):
         raise ValueError(f"dataset: expected an EncodedJpegDataset, got {type(dataset).__name__}")
     dev = resolve_device(device)
@@ -449,7 +413,9 @@ def compare_decode(
     say, timings = progress or no_progress, []
     for j, (label, fn) in enumerate(paths.items()):
         say(j / 2, f"timing path {'ab'[j]} ({j + 1} of 2): {repeats * len(batches)} batches")
-        timings.append(_time_path(fn, batches, repeats, label, dev))
+        cycle = iter(batches * (repeats + 1))  # one untimed warm-up batch, then `repeats` passes
+        call = lambda fn=fn, cycle=cycle: fn(*next(cycle))  # noqa: E731
+        timings.append(time_calls(call, repeats=repeats * len(batches), label=label, device=dev, warmup=1))
     say(1.0, "timed both paths")
     return DecodeComparison(
         str(dev), dev.type == "cuda", batch_size, crop_size, image_size, len(batches),
@@ -458,8 +424,7 @@ def compare_decode(
 
 
 def gpu_reference_rows(rs: ResultSet, records: list[Record]) -> list[tuple[str, float, float | None]] | None:
-    """``convert`` for ``ch05.decode.ms_per_batch``: ``(label with the recording's sizes, ms per batch, iqr ms or
-    None)`` of the records whose batch ended up on CUDA, the CPU path first; None if the file has none."""
+    """``ch05.decode.ms_per_batch`` records that ended on CUDA as ``(label and sizes, ms, iqr ms or None)``."""
     rows: list[tuple[str, float, float | None]] = []
     cuda = [r for r in records if r.params.get("device") == "cuda"]
     for r in sorted(cuda, key=lambda r: (r.params.get("where") != "cpu", not r.params.get("pinned"))):
@@ -474,8 +439,7 @@ def gpu_reference_rows(rs: ResultSet, records: list[Record]) -> list[tuple[str, 
 
 
 def gpu_decode_lines(value: DecodeComparison | list[tuple[str, float, float | None]]) -> list[str]:
-    """What the GPU decode shows: a comparison measured here on CUDA (the ratio of the two paths and
-    :meth:`DecodeComparison.diff_report`), or the reference rows of :func:`gpu_reference_rows`."""
+    """A comparison measured on CUDA (the paths' ratio, the pixel differences) or :func:`gpu_reference_rows`."""
     if isinstance(value, DecodeComparison):
         return [
             f"CPU path / GPU path = {value.speedup:.2f} "
@@ -490,8 +454,7 @@ def gpu_decode_lines(value: DecodeComparison | list[tuple[str, float, float | No
 
 
 def plot_comparison(cmp: DecodeComparison, axes: Sequence[Any] | None = None) -> Any:
-    """Two panels, everything measured in ``cmp``: bytes per batch in each form, and ms per batch of each
-    path (median, quartile whiskers, where it was measured). Returns the figure."""
+    """Two panels from ``cmp``: bytes per batch in each form, ms per batch of each path (quartile whiskers)."""
     import matplotlib.pyplot as plt  # optional/heavy: matplotlib
 
     if axes is None:

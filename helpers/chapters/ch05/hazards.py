@@ -1,10 +1,6 @@
-"""Chapter 05's hazards of asynchronous copies, each run as a buggy and a fixed version, counting what went wrong.
-
-A read of a non-blocking device-to-host copy before a sync, a pinned source refilled before its copy ran,
-and synchronisations hidden in ``.item()``, ``print`` and ``.cpu()``. The races need a GPU: on a CPU the
-copies are synchronous, and the results say so instead of pretending. What a GPU recorded comes back as
-:class:`~helpers.core.evidence.Evidence` (:func:`sync_counts_reference`, :func:`hazard_count_lines`).
-"""
+"""Chapter 05's hazards of asynchronous copies, each run buggy and fixed, counting what went wrong: a non-blocking
+device-to-host copy read before a sync, a pinned source refilled before its copy ran, and synchronisations hidden
+in ``.item()``, ``print`` and ``.cpu()``. The races need a GPU; on a CPU the results say so."""
 
 from __future__ import annotations
 
@@ -33,8 +29,7 @@ MiB = 1 << 20
 
 @dataclass
 class HazardResult:
-    """A buggy and a fixed run of one hazard: what was counted in each, the source of the two functions
-    that ran, and ``on_gpu``: whether the race could happen at all here."""
+    """A buggy and a fixed run of one hazard: what each counted, both functions' source, and ``on_gpu``."""
 
     name: str
     device: str
@@ -46,7 +41,6 @@ class HazardResult:
     explanation: str
 
     def report(self) -> str:
-        """Plain-text report: what ran, what was counted, what it means."""
         lines = [f"{self.name} (on {self.device})"]
         lines.append("  buggy version: " + ", ".join(f"{k} = {v}" for k, v in self.bug.items()))
         lines.append("  fixed version: " + ", ".join(f"{k} = {v}" for k, v in self.fix.items()))
@@ -54,12 +48,15 @@ class HazardResult:
         return "\n".join(textwrap.fill(ln, 105, subsequent_indent="    ") for ln in lines)
 
 
-def _result(
-    name: str, dev: torch.device, code: tuple[Callable[..., Any], ...], counts: list[Any], why: str
-) -> HazardResult:
-    """A :class:`HazardResult` of the buggy and the fixed function (``code``), with their ``counts``."""
-    bug, fix = code
-    return HazardResult(name, str(dev), dev.type == "cuda", counts[0], counts[1], getsource(bug), getsource(fix), why)
+def _result(name: str, dev: torch.device, code: tuple[Any, ...], counts: list[Any], why: str) -> HazardResult:
+    (bug, fix), (code_bug, code_fix) = counts, map(getsource, code)
+    return HazardResult(name, str(dev), dev.type == "cuda", bug, fix, code_bug, code_fix, why)
+
+
+def _race(dev: torch.device, n: int | None, run: Callable[..., dict[str, Any]], code: tuple[Any, ...]) -> list[Any]:
+    """``run(fn, n, on_gpu)`` of the buggy and the fixed function; ``n`` checked (4 Mi elements by default)."""
+    n = check_int("n", n if n is not None else 4 * MiB, 1, 256 * MiB)
+    return [run(fn, n, dev.type == "cuda") for fn in code]
 
 
 def _d2h_bug(x_gpu: torch.Tensor, out: torch.Tensor) -> int:
@@ -89,16 +86,11 @@ _D2H_WHY = {
 
 
 def hazard_d2h_read_before_sync(device: torch.device | str | None = None, n: int | None = None) -> HazardResult:
-    """Count values read from a non-blocking D2H copy before and after a proper wait.
-
-    The device tensor becomes all ones *behind* ~50 ms of queued GPU work; the host buffer starts at -1.
-    An element not 1 when read was read before the copy wrote it.
-    """
+    """Elements of a non-blocking D2H copy read wrong, without and with a wait: the device tensor becomes all ones
+    behind ~50 ms of queued GPU work, the host buffer starts at -1."""
     dev = resolve_device(device)
-    on_gpu = dev.type == "cuda"
-    n = check_int("n", n if n is not None else 4 * MiB, 1, 256 * MiB)
 
-    def run(fn: Callable[[torch.Tensor, torch.Tensor], int]) -> dict[str, Any]:
+    def run(fn: Callable[[torch.Tensor, torch.Tensor], int], n: int, on_gpu: bool) -> dict[str, Any]:
         out = torch.full((n,), -1.0, pin_memory=on_gpu)
         x = torch.empty(n, device=dev)
         if on_gpu:
@@ -108,9 +100,8 @@ def hazard_d2h_read_before_sync(device: torch.device | str | None = None, n: int
         synchronize(dev)
         return {"wrong elements when read": wrong, "of": n, "wrong after a later sync": int((out != 1).sum())}
 
-    name = "non-blocking device-to-host copy read before a sync"
-    code = (_d2h_bug, _d2h_fix)
-    return _result(name, dev, code, [run(fn) for fn in code], _D2H_WHY[on_gpu])
+    name, code = "non-blocking device-to-host copy read before a sync", (_d2h_bug, _d2h_fix)
+    return _result(name, dev, code, _race(dev, n, run, code), _D2H_WHY[dev.type == "cuda"])
 
 
 def _mutation_bug(src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -140,13 +131,11 @@ _MUTATION_WHY = {
 
 
 def hazard_pinned_source_mutation(device: torch.device | str | None = None, n: int | None = None) -> HazardResult:
-    """Count device elements that got the *new* value because the pinned source changed too early:
-    the source holds ones, and after queuing the copy behind ~50 ms of GPU work the host writes twos."""
+    """Device elements that got the host's next value (twos, not ones): the pinned source was refilled while its
+    copy waited behind ~50 ms of GPU work."""
     dev = resolve_device(device)
-    on_gpu = dev.type == "cuda"
-    n = check_int("n", n if n is not None else 4 * MiB, 1, 256 * MiB)
 
-    def run(fn: Callable[[torch.Tensor, torch.Tensor], None]) -> dict[str, Any]:
+    def run(fn: Callable[[torch.Tensor, torch.Tensor], None], n: int, on_gpu: bool) -> dict[str, Any]:
         src = torch.ones(n, pin_memory=on_gpu)
         dst = torch.zeros(n, device=dev)
         if on_gpu:
@@ -155,9 +144,8 @@ def hazard_pinned_source_mutation(device: torch.device | str | None = None, n: i
         synchronize(dev)
         return {"elements that arrived wrong": int((dst != 1).sum()), "of": n}
 
-    name = "pinned source modified before its asynchronous copy ran"
-    code = (_mutation_bug, _mutation_fix)
-    return _result(name, dev, code, [run(fn) for fn in code], _MUTATION_WHY[on_gpu])
+    name, code = "pinned source modified before its asynchronous copy ran", (_mutation_bug, _mutation_fix)
+    return _result(name, dev, code, _race(dev, n, run, code), _MUTATION_WHY[dev.type == "cuda"])
 
 
 def _loop_hidden_syncs(x: torch.Tensor, w: torch.Tensor, steps: int, sink: io.StringIO) -> float:
@@ -181,12 +169,8 @@ def _loop_no_syncs(x: torch.Tensor, w: torch.Tensor, steps: int, sink: io.String
     return value
 
 
-def _count_syncs(fn: Callable[[], Any], dev: torch.device) -> tuple[int | None, float]:
-    """(synchronisations reported by torch's sync debug mode, wall seconds) of ``fn`` working on ``dev``."""
-    if dev.type != "cuda":
-        t0 = time.perf_counter()
-        fn()
-        return None, time.perf_counter() - t0
+def _count_syncs(fn: Callable[[], Any], dev: torch.device) -> tuple[int, float]:
+    """(synchronisations reported by torch's sync debug mode, wall seconds) of ``fn`` working on CUDA ``dev``."""
     old = torch.cuda.get_sync_debug_mode()
     torch.cuda.synchronize(dev)  # dev's queued work, not the current device's
     with warnings.catch_warnings(record=True) as caught:
@@ -223,47 +207,35 @@ _SYNCS_WHY = {
 def hazard_hidden_syncs(
     device: torch.device | str | None = None, steps: int | None = None, size: int | None = None
 ) -> HazardResult:
-    """Run a loop with ``.item()``, ``print`` and ``.cpu()`` each step, and one without. On a GPU,
-    ``torch.cuda.set_sync_debug_mode("warn")`` counts the synchronising calls of both loops and of each line
-    alone, and both loops are timed; on a CPU nothing waits, so the result names the lines instead."""
+    """A loop with ``.item()``, ``print`` and ``.cpu()`` each step, and one without: on a GPU the synchronisations
+    of both loops and of each line alone (sync debug mode) and both loops' time; on a CPU the lines, named."""
     dev = resolve_device(device)
-    on_gpu = dev.type == "cuda"
     steps = check_int("steps", steps if steps is not None else sized(20, 200, laptop=50), 1, 100_000)
-    size = check_int("size", size if size is not None else (1024 if on_gpu else 128), 8, 16384)
+    name, code = "synchronisations hidden in .item(), print and .cpu()", (_loop_hidden_syncs, _loop_no_syncs)
+    if dev.type != "cuda":  # nothing waits on a CPU: the lines, named, and nothing run
+        no = {"steps": steps, "synchronisations": "not counted: no CUDA device"}
+        bug = {"lines that synchronise on a GPU, per step": ".item(), print(loss), .cpu()", **no}
+        return _result(name, dev, code, [bug, {"lines that synchronise on a GPU": "one .item(), after the loop", **no}],
+                       _SYNCS_WHY[False])  # fmt: skip
+    size = check_int("size", size if size is not None else 1024, 8, 16384)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(size, size, generator=g).to(dev)
     w = (torch.randn(size, size, generator=g) / math.sqrt(size)).to(dev)
     sink = io.StringIO()
     _loop_no_syncs(x, w, 2, sink)  # warm-up
     synchronize(dev)
-    counted = {
-        fn: _count_syncs(functools.partial(fn, x, w, steps, sink), dev) for fn in (_loop_hidden_syncs, _loop_no_syncs)
-    }
-    not_counted = "not counted: no CUDA device"
-    bug: dict[str, Any] = {"lines that synchronise on a GPU, per step": ".item(), print(loss), .cpu()"}
-    fix: dict[str, Any] = {"lines that synchronise on a GPU": "one .item(), after the loop"}
-    if on_gpu:
-        loss = (x @ w).relu().mean()
-        lines: dict[str, Callable[[], Any]] = {
-            ".item()": loss.item,
-            "print(loss)": functools.partial(print, loss, file=sink),
-            ".cpu()": loss.cpu,
-        }
-        (n_bug, s_bug), (n_fix, s_fix) = counted.values()
-        assert n_bug is not None  # counted on a GPU
-        bug = {"synchronisations": n_bug, "steps": steps, "per step": round(n_bug / steps, 2)}
-        bug.update({f"{k} alone": _count_syncs(fn, dev)[0] for k, fn in lines.items()})
-        bug["loop time"] = human_seconds(s_bug)
-        fix = {"synchronisations": n_fix, "steps": steps, "loop time": human_seconds(s_fix)}
-    else:
-        bug.update(steps=steps, synchronisations=not_counted)
-        fix.update(steps=steps, synchronisations=not_counted)
-    name = "synchronisations hidden in .item(), print and .cpu()"
-    return _result(name, dev, (_loop_hidden_syncs, _loop_no_syncs), [bug, fix], _SYNCS_WHY[on_gpu])
+    (n_bug, s_bug), (n_fix, s_fix) = (_count_syncs(functools.partial(fn, x, w, steps, sink), dev) for fn in code)
+    loss = (x @ w).relu().mean()
+    print_loss = functools.partial(print, loss, file=sink)
+    lines: dict[str, Callable[[], Any]] = {".item()": loss.item, "print(loss)": print_loss, ".cpu()": loss.cpu}
+    bug = {"synchronisations": n_bug, "steps": steps, "per step": round(n_bug / steps, 2)}
+    bug.update({f"{k} alone": _count_syncs(fn, dev)[0] for k, fn in lines.items()})
+    bug["loop time"] = human_seconds(s_bug)
+    fix = {"synchronisations": n_fix, "steps": steps, "loop time": human_seconds(s_fix)}
+    return _result(name, dev, code, [bug, fix], _SYNCS_WHY[True])
 
 
 def _sync_counts(rs: ResultSet, records: list[Record]) -> dict[str, Any]:
-    """Hazard 3's recorded counts, from one reference file: per loop, and per line from the same file."""
     return {
         "loops": [(r.params.get("variant"), int(r.params.get("steps") or 1), r.value) for r in records],
         "per line": [(r.params.get("line"), r.value) for r in rs.find("ch05.hazard.syncs_per_line")],
@@ -271,8 +243,7 @@ def _sync_counts(rs: ResultSet, records: list[Record]) -> dict[str, Any]:
 
 
 def sync_counts_reference() -> Evidence[dict[str, Any]]:
-    """The reference recording of hazard 3's synchronisation counts (per loop, per step, per line), or missing:
-    ``sync_counts_reference().show(sync_count_lines)``."""
+    """Hazard 3's recorded counts (per loop, per line), or missing: ``.show(sync_count_lines)``."""
     return evidence.recorded("the synchronisation counts of hazard 3", "ch05.hazard.syncs", convert=_sync_counts)
 
 

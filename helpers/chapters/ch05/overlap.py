@@ -1,14 +1,10 @@
 """Chapter 05: overlapping the host-to-device copy with compute, the 2x2 experiment and its timelines.
 
-One cell (:func:`run_cell`) of ``{pageable, pinned} x {default, side}``: each step copies the *next* batch while
-it computes (``torch.mm``) on the *current* one, then synchronises, as a training loop that logs its loss each
-step does. CUDA events time the copy and the compute, one lane per stream, plus a host lane showing where the CPU
-waited. Two labels, derived independently: ``expected`` from the configuration alone (overlap needs a pinned
-source AND a side stream AND a free copy engine, which every current NVIDIA GPU has), ``measured`` from the spans
-(:func:`overlap_fraction`; None without a GPU). The other three cells serialise: on one stream the compute queued
-after the copy waits; a pageable copy is staged through a pinned bounce buffer while the call holds the host, so
-the compute is queued only after it. :func:`schematic_trace` is labelled "schematic, not measured" wherever it
-appears; what a GPU recorded elsewhere comes back as an :class:`~helpers.core.evidence.Evidence`.
+One cell (:func:`run_cell`) of ``{pageable, pinned} x {default, side}``: each step copies the next batch while it
+computes on the current one, then synchronises; CUDA events time both, one lane per stream, plus a host lane. Two
+labels, derived independently: ``expected`` from the configuration (overlap needs a pinned source AND a side
+stream AND a free copy engine), ``measured`` from the spans (None without a GPU). On one stream the compute waits
+behind the copy; a pageable copy holds the host while it is staged, so the compute is queued only after it.
 """
 
 from __future__ import annotations
@@ -43,14 +39,13 @@ SCHEMATIC = "schematic, not measured"
 
 
 def expected_label(memory: str, stream: str) -> str:
-    """``"overlapped"`` only for a pinned source on a side stream; else ``"serialised"`` (checks both)."""
+    """``"overlapped"`` only for a pinned source on a side stream (checks both)."""
     check_choice("memory", memory, MEMORY_KINDS)
     check_choice("stream", stream, STREAM_KINDS)
     return OVERLAPPED if (memory, stream) == ("pinned", "side") else SERIALISED
 
 
 def lanes_for(stream: str) -> tuple[str, str]:
-    """(copy lane, compute lane): one lane per stream, with the operation in brackets."""
     return f"{stream} stream (copy)", "default stream (compute)"
 
 
@@ -65,8 +60,7 @@ def _merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]
 
 
 def overlap_fraction(trace: SpanTrace, copy: str = "copy", compute: str = "compute") -> float:
-    """Share (0-1) of the shorter of the two activities (spans named ``copy`` and ``compute``) that ran at the same
-    time as the other: 0 is strictly one after the other, 1 the shorter one entirely hidden behind the longer."""
+    """Share (0-1) of the shorter activity (spans ``copy``, ``compute``) that ran while the other did."""
     a = _merge((s.start, s.end) for s in trace.spans if s.name == copy)
     b = _merge((s.start, s.end) for s in trace.spans if s.name == compute)
     denom = min(sum(e - s for s, e in a), sum(e - s for s, e in b))
@@ -76,15 +70,14 @@ def overlap_fraction(trace: SpanTrace, copy: str = "copy", compute: str = "compu
     return max(0.0, min(1.0, both / denom))
 
 
-def measured_label(fraction: float, threshold: float = OVERLAP_THRESHOLD) -> str:
-    """``"overlapped"`` if ``fraction >= threshold`` else ``"serialised"``."""
-    return OVERLAPPED if fraction >= threshold else SERIALISED
+def measured_label(fraction: float) -> str:
+    return OVERLAPPED if fraction >= OVERLAP_THRESHOLD else SERIALISED
 
 
 @dataclass
 class CellResult:
-    """One run of the 2x2 experiment: its trace, both labels (``measured`` None without a GPU), the overlap fraction
-    (0 on a CPU), medians per step in seconds, and ``notes`` on what this machine could not do (pin, streams)."""
+    """One run of the 2x2 experiment: trace, labels, overlap fraction (0 on a CPU), medians per step (s), and
+    ``notes`` on what this machine could not do."""
 
     memory: str
     stream: str
@@ -129,10 +122,9 @@ def run_cell(
     device: torch.device | str | None = None,
     progress: Callable[[float, str], None] | None = None,
 ) -> CellResult:
-    """One cell of the 2x2 experiment, its trace and labels: step ``i`` copies ``copy_mib`` MiB of float32 into
-    buffer ``i % 2`` (``non_blocking=True``, on the side or the default stream) and computes on the other
-    (``matmul_n`` square ``torch.mm`` on the default stream, plus a sum that reads the batch), then synchronises.
-    One untimed warm-up step first. Without CUDA the same loop runs on the CPU and ``measured`` is None."""
+    """One cell: step ``i`` copies ``copy_mib`` MiB into buffer ``i % 2`` (non-blocking, on the side or default
+    stream) and computes on the other (a ``matmul_n`` square ``torch.mm`` and a sum of the batch), then
+    synchronises; one untimed step first. Without CUDA the loop runs on the CPU and ``measured`` is None."""
     expected = expected_label(memory, stream)
     dev = resolve_device(device)
     on_gpu = dev.type == "cuda"
@@ -174,7 +166,7 @@ def _record_steps(
     progress: Callable[[float, str], None] | None,
     meta: dict[str, Any],
 ) -> tuple[SpanTrace, list[float]]:
-    """The loop of :func:`run_cell` on ``dev`` (current or not): the timed steps' trace and wall seconds."""
+    """:func:`run_cell`'s loop on ``dev`` (current or not): the trace and each step's wall seconds."""
     on_gpu, matmul_n, steps = dev.type == "cuda", meta["matmul_n"], meta["steps"]
     bufs = [torch.empty(src.numel(), dtype=torch.float32, device=dev) for _ in range(2)]
     g = torch.Generator().manual_seed(0)
@@ -226,14 +218,12 @@ def run_grid(**kwargs: Any) -> list[CellResult]:
     return [run_cell(m, s, **kwargs) for m, s in CELLS]
 
 
-#: One row of the copy-call table: (configuration, CPU seconds inside the copy call or None when not
-#: recorded, the copy's GPU seconds, seconds per step).
+#: (configuration, CPU seconds in the copy call or None, the copy's GPU seconds, seconds per step).
 CopyCallRow = tuple[str, float | None, float, float]
 
 
 def copy_call_rows(cells: Iterable[CellResult]) -> list[CopyCallRow]:
-    """Per cell: the median time (upper middle) the CPU spent inside ``copy_(..., non_blocking=True)``, the copy's
-    time, the step's."""
+    """Per cell: the CPU's median (upper middle) in ``copy_(..., non_blocking=True)``, the copy's time, the step's."""
     rows: list[CopyCallRow] = []
     for r in cells:
         calls = sorted(s.duration for s in r.trace.spans if s.name == "copy call")
@@ -242,8 +232,7 @@ def copy_call_rows(cells: Iterable[CellResult]) -> list[CopyCallRow]:
 
 
 def copy_call_rows_from_records(rs: ResultSet, records: list[Record]) -> list[CopyCallRow] | None:
-    """The copy-call rows from a reference file's ``ch05.overlap.step_time`` records and their copy times
-    (the copy call itself is not recorded: None). None when no record has its copy time in the file."""
+    """The rows from a reference file's ``ch05.overlap.step_time`` and copy times (the call is not recorded)."""
     rows: list[CopyCallRow] = []
     for m, s in CELLS:
         for r in records:
@@ -264,9 +253,9 @@ def copy_call_table(rows: list[CopyCallRow]) -> list[str]:
 
 
 def schematic_trace(memory: str, stream: str, steps: int = 3, copy: float = 1.0, compute: float = 1.5) -> SpanTrace:
-    """What a cell's timeline *looks like*, in arbitrary units: not a measurement, and its metadata
-    (``kind: "schematic, not measured"``) says so to :func:`draw_cell`."""
-    overlapped = expected_label(memory, stream) == OVERLAPPED  # checks memory and stream
+    """What a cell's timeline looks like, in arbitrary units; its metadata says ``schematic, not measured``."""
+    expected = expected_label(memory, stream)  # checks memory and stream
+    overlapped = expected == OVERLAPPED
     copy_lane, compute_lane = lanes_for(stream)
     host_blocked = memory == "pageable"
     spans: list[Span] = []
@@ -283,8 +272,9 @@ def schematic_trace(memory: str, stream: str, steps: int = 3, copy: float = 1.0,
             Span("wait", i, HOST_LANE, call_end + call, end, call_end + call, end, False),
         ]
         t = end + 0.15
-    meta = {"kind": SCHEMATIC, "memory": memory, "stream": stream, "expected_label": expected_label(memory, stream)}
-    return SpanTrace(spans, meta)
+    lanes = [copy_lane, compute_lane, HOST_LANE]
+    return SpanTrace(spans, {"kind": SCHEMATIC, "memory": memory, "stream": stream, "lanes": lanes,
+                             "expected_label": expected})  # fmt: skip
 
 
 def artifact_name(memory: str, stream: str) -> str:
@@ -292,8 +282,7 @@ def artifact_name(memory: str, stream: str) -> str:
 
 
 def reference_cell(memory: str, stream: str) -> Evidence[SpanTrace]:
-    """The newest reference recording of a cell's timeline (``recorded``, its ``source`` the recording's
-    provenance line), or ``missing`` if none exists."""
+    """The newest reference recording of a cell's timeline, or ``missing``."""
     return evidence.recorded_artifact(
         f"the timeline of {memory} + {stream} stream",
         artifact_name(memory, stream),
@@ -302,8 +291,7 @@ def reference_cell(memory: str, stream: str) -> Evidence[SpanTrace]:
 
 
 def timeline_evidence(cell: CellResult) -> Evidence[Any]:
-    """A cell's timeline: measured here when ``cell`` ran on CUDA, else its reference recording, or missing.
-    A CPU run is not the GPU experiment (no streams, no pinning): its trace is never shown as the timeline."""
+    """A cell's timeline: measured here on CUDA, else its reference recording (a CPU run is not the experiment)."""
     if cell.on_gpu:
         what = f"the timeline of {cell.memory} + {cell.stream} stream"
         return evidence.measured(what, cell, cell.device, method="CUDA events, one lane per stream")
@@ -324,35 +312,26 @@ def _title(cell: CellResult | SpanTrace, meta: dict[str, Any]) -> str:
     return title
 
 
-def draw_cell(
-    cell: CellResult | SpanTrace | Evidence[Any],
-    ax: Any = None,
-    *,
-    title: str | None = None,
-    source: str | None = None,
-    max_steps: int | None = 3,
-) -> Any:
-    """Draw a cell's timeline with :func:`helpers.ui.plots.timeline` (schematics labelled as such); an Evidence
-    with its provenance line as ``source``, a ``missing`` one as an empty axis titled with what is missing."""
-    if isinstance(cell, Evidence):
-        if cell.value is not None:
-            return draw_cell(cell.value, ax, title=title, source=source or cell.source, max_steps=max_steps)
+def draw_cell(cell: CellResult | SpanTrace | Evidence[Any], ax: Any = None) -> Any:
+    """A cell's timeline (:func:`helpers.ui.plots.timeline`, schematics labelled); an Evidence with its source line,
+    a missing one as an empty axis that says so."""
+    shown, source = (cell.value, cell.source) if isinstance(cell, Evidence) else (cell, None)
+    if shown is None:
         if ax is None:
             import matplotlib.pyplot as plt  # optional/heavy: matplotlib
 
             ax = plt.gca()
         ax.set_axis_off()
-        ax.set_title(title or f"{cell.what}: no reference recording yet (its schematic is in Theory)", fontsize=9)
+        ax.set_title(
+            f"{getattr(cell, 'what', '')}: no reference recording yet (its schematic is in Theory)", fontsize=9
+        )
         return ax
     from ...ui.plots import timeline  # optional/heavy: matplotlib
 
-    trace = cell.trace if isinstance(cell, CellResult) else cell
+    trace: SpanTrace = shown.trace if isinstance(shown, CellResult) else shown
     meta = trace.metadata
     lanes = list(meta.get("lanes") or []) or None
-    stream = meta.get("stream")
-    if lanes is None and stream in STREAM_KINDS and any(sp.lane in lanes_for(stream) for sp in trace.spans):
-        lanes = [*lanes_for(stream), HOST_LANE]
-    ax = timeline(trace, ax, title=title or _title(cell, meta), lanes=lanes, source=source, max_steps=max_steps)
+    ax = timeline(trace, ax, title=_title(shown, meta), lanes=lanes, source=source, max_steps=3)
     ax.title.set_fontsize(9)
     if meta.get("kind") == SCHEMATIC:
         ax.set_xlabel(f"time (arbitrary units) — {SCHEMATIC.upper()}")

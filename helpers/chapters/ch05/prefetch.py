@@ -1,13 +1,6 @@
-"""Chapter 05's check of the reader's prefetcher (exercise 05.3): its stream protocol on any machine, and on a
-GPU its batches, races and overlap with real streams.
-
-:func:`stream_protocol` runs a prefetcher under :func:`stream_doubles`: ``torch.cuda.Stream``, ``stream``,
-``current_stream``, ``Event`` and ``Tensor.record_stream`` log what was asked of them, and a probe batch's
-``.to(device)`` logs a move and its stream. No GPU work happens: :func:`check_protocol` judges the log,
-:func:`format_protocol` shows it. :func:`check_pipeline_prefetcher` adds the batches against the reference
-:class:`~helpers.pipeline.prefetch.Prefetcher`'s and, on a GPU, :func:`check_pipeline_race` and
-:func:`prefetch_overlap_ratio`.
-"""
+"""Chapter 05's check of the reader's prefetcher (exercise 05.3): its stream protocol on any machine, under test
+doubles of the CUDA stream API that log what is asked of them (:func:`stream_protocol`, judged by
+:func:`check_protocol`, shown by :func:`format_protocol`); on a GPU its batches, races and overlap."""
 
 from __future__ import annotations
 
@@ -16,17 +9,16 @@ import dataclasses
 import itertools
 import statistics
 import textwrap
-import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 from unittest import mock
 
 import torch
 
 from ...core.config import require_gpu
-from ...core.rounds import alternate
 from ...core.timing import GpuDelay, calibrated_compute, cuda_event_time
 from ...pipeline.data import MEAN, STD, to_float_normalized
 from ...pipeline.prefetch import Prefetcher, iter_tensors
+from .feeding import time_batches
 
 #: The stream a prefetcher's consumer runs on, in the logs.
 CONSUMER = "current stream"
@@ -35,7 +27,7 @@ MAX_AHEAD = 2
 
 
 class _Protocol:
-    """The log of one run under the doubles (module-global while active, so doubles a reader cached log here)."""
+    """The log of one run under the doubles (module-global: doubles a reader cached log here too)."""
 
     def __init__(self) -> None:
         self.log: list[tuple[Any, ...]] = []
@@ -135,8 +127,8 @@ def _make_stream(device: Any = None, priority: int = 0, **kwargs: Any) -> _FakeS
 
 @contextlib.contextmanager
 def stream_doubles() -> Iterator[_Protocol]:
-    """The CUDA stream API replaced by logging doubles inside the block (restored on exit; does not nest):
-    ``current_stream()`` is :data:`CONSUMER`; ``.to()`` of a tensor in ``probes`` logs a move."""
+    """The CUDA stream API replaced by logging doubles inside the block (does not nest); ``.to()`` of a tensor in
+    ``probes`` logs a move."""
     global _ACTIVE
     if _ACTIVE is not None:
         raise RuntimeError("stream_doubles() is already active (it does not nest)")
@@ -174,8 +166,8 @@ def stream_doubles() -> Iterator[_Protocol]:
 
 
 class PairProbeLoader:
-    """A re-iterable loader of ``(uint8 (2, 3, 4, 4) images, labels = i)`` batches that logs ``("request", i)``;
-    given ``proto``, its tensors' ``.to()`` calls are logged as moves."""
+    """Re-iterable ``(uint8 (2, 3, 4, 4) images, labels = i)`` batches; logs ``("request", i)``, and the moves of
+    its tensors given ``proto``."""
 
     def __init__(self, n_batches: int = 4, proto: _Protocol | None = None) -> None:
         g = torch.Generator().manual_seed(5)
@@ -198,9 +190,9 @@ class PairProbeLoader:
 
 def stream_protocol(
     candidate: Any, n_batches: int = 4, epochs: int = 1
-) -> tuple[list[tuple[Any, ...]], list[list[Any]], int]:
-    """``(log, handed per epoch, side streams made)`` of ``candidate(loader, "cpu")`` under :func:`stream_doubles`
-    on a :class:`PairProbeLoader`, iterated ``epochs`` times; each hand-over logs ``("handed", epoch, i, ids)``."""
+) -> tuple[list[tuple[Any, ...]], list[list[Any]]]:
+    """``(log, handed per epoch)`` of ``candidate(PairProbeLoader, "cpu")`` under the doubles,
+    ``epochs`` times; each hand-over logs ``("handed", epoch, i, ids)``."""
     handed: list[list[Any]] = []
     with stream_doubles() as proto:
         loader = PairProbeLoader(n_batches, proto)
@@ -213,7 +205,7 @@ def stream_protocol(
             for k, batch in enumerate(wrapped):
                 _log("handed", epoch, k, [id(t) for t in iter_tensors(batch)])
                 handed[-1].append(batch)
-        return proto.log, handed, proto.streams_made
+        return proto.log, handed
 
 
 def _says(e: tuple[Any, ...]) -> str | None:
@@ -232,8 +224,7 @@ def _says(e: tuple[Any, ...]) -> str | None:
 
 
 def format_protocol(log: Sequence[tuple[Any, ...]], width: int = 100) -> str:
-    """The log, wrapped, one block per hand-over: what was asked of the stream API since the previous one
-    (a repeat counted: ``a, a, b`` -> ``a (x2), b``)."""
+    """The log, one wrapped block per hand-over: what was asked since the last (``a, a, b`` -> ``a (x2), b``)."""
 
     def counted(items: list[str]) -> str:
         groups = [(k, len(list(g))) for k, g in itertools.groupby(items)]
@@ -341,9 +332,8 @@ def _hand_over_problem(
 
 def check_protocol(log: Sequence[tuple[Any, ...]], handed: Sequence[Sequence[Any]], n_batches: int) -> list[str]:
     """Problems (empty: none) in a :func:`stream_protocol` log. A safe prefetcher (1) requests and moves batch
-    ``i + 1`` before handing over ``i`` (at most :data:`MAX_AHEAD` ahead); (2) copies non-blocking on one side
-    stream made once; (3) which first waits for the current stream; (4) makes the current stream wait before each
-    hand-over; (5) calls ``record_stream(current)`` on every tensor it hands over."""
+    ``i + 1`` before handing over ``i``; (2) copies non-blocking on one side stream made once, (3) which first waits
+    for the current stream; (4) makes the current stream wait before each hand-over; (5) ``record_stream``s."""
     if [len(h) for h in handed] != [n_batches] * len(handed):
         return [f"gave {[len(h) for h in handed]} batches per epoch, expected {n_batches}"]
     events = list(log)
@@ -361,8 +351,7 @@ def check_protocol(log: Sequence[tuple[Any, ...]], handed: Sequence[Sequence[Any
 
 
 def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> GpuDelay:
-    """Queued do-nothing GPU work lasting about three copies of ``src`` (timed once with CUDA events on ``dev``),
-    so that a consumer which forgets to wait reads a batch before it arrived."""
+    """Queued GPU work lasting about three copies of ``src``: a consumer that forgets to wait reads too early."""
     probe = torch.empty_like(src, device=dev)
     copy = cuda_event_time(lambda: probe.copy_(src, non_blocking=True), repeats=1, warmup=0, device=dev)
     return GpuDelay(dev, seconds=max(3 * copy.median_s, 0.002))  # it queues on dev, whatever is current
@@ -391,9 +380,8 @@ _RACE_WHY = {
 def check_pipeline_race(
     candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 64, n_batches: int = 8
 ) -> list[str]:
-    """Problems (empty: none) when each batch (pixels ``10 + 20 i``, label ``i``) is compared on the consuming
-    stream as it arrives, then dropped (CUDA). Pass 1 at once catches a missing ``wait_stream``; pass 2, behind
-    about three copies of queued work, a missing ``record_stream``. Zero is necessary, not sufficient."""
+    """Problems (empty: none) when each batch (pixels ``10 + 20 i``, label ``i``) is checked on the consuming stream
+    and dropped (CUDA): at once (a missing ``wait_stream``), then behind queued work (a missing ``record_stream``)."""
     dev = torch.device(device)
     if dev.type != "cuda":
         raise ValueError("check_pipeline_race needs a CUDA device")
@@ -430,39 +418,27 @@ def check_pipeline_race(
 def prefetch_overlap_ratio(
     candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 32, n_batches: int = 8, repeats: int = 3
 ) -> float:
-    """Share (0-1) of copy time a prefetcher hides behind compute (CUDA): copies alone, compute alone (about 1.5x
-    a copy), both, in alternating rounds; ``(t_copy + t_compute - t_both) / min(t_copy, t_compute)``, median."""
+    """Share (0-1) of copy time hidden behind compute (about 1.5 copies), CUDA: median over the rounds of
+    :func:`.feeding.time_batches` of ``(t_copy + t_compute - t_both) / min(t_copy, t_compute)``."""
     dev = torch.device(device)
     loader = _pinned_pairs(n_batches, batch_mib, lambda i: i)
-
-    def timed(batches: Iterable[Any], compute: Callable[[torch.Tensor], Any] | None = None) -> float:
-        """Wall seconds of one pass (``compute`` on each batch's first tensor), synchronised before and after."""
-        torch.cuda.synchronize(dev)
-        t0 = time.perf_counter()
-        for b in batches:
-            if compute is not None:
-                compute(next(iter_tensors(b)))
-        torch.cuda.synchronize(dev)
-        return time.perf_counter() - t0
+    resident = [(to_float_normalized(x.to(dev)), y.to(dev)) for x, y in loader]
 
     def copies() -> Iterator[Any]:
         return ((to_float_normalized(x.to(dev, non_blocking=True)), y.to(dev, non_blocking=True)) for x, y in loader)
 
-    resident = [(to_float_normalized(x.to(dev)), y.to(dev)) for x, y in loader]
-    timed(copies())  # warm-up
-    compute = calibrated_compute(dev, 1.5 * timed(copies()) / n_batches)  # on dev, whichever device is current
-    list(candidate(loader, dev))  # warm-up
-    r = alternate(
-        {
-            "copy": lambda: timed(copies()),
-            "compute": lambda: timed(resident, compute),
-            "both": lambda: timed(candidate(loader, dev), compute),
-        },
-        repeats,
-    )
-    ratios = [
-        (c + k - b) / max(min(c, k), 1e-9) for c, k, b in zip(*(r.values[x] for x in ("copy", "compute", "both")))
-    ]
+    def nothing(x: Any, y: Any) -> None:
+        pass
+
+    t_copy = time_batches({"copy": copies}, nothing, dev, rounds=1).median("copy")  # a warm-up pass, a timed one
+    compute = calibrated_compute(dev, 1.5 * t_copy)  # on dev, whichever device is current
+    ways: dict[str, Callable[[], Iterable[Any]]] = {
+        "copy": copies,
+        "compute": lambda: ((compute(x), y) for x, y in resident),
+        "both": lambda: ((compute(x), y) for x, y in candidate(loader, dev)),
+    }
+    t = time_batches(ways, nothing, dev, rounds=repeats).seconds
+    ratios = [(c + k - b) / max(min(c, k), 1e-9) for c, k, b in zip(t["copy"], t["compute"], t["both"])]
     return max(0.0, min(1.0, statistics.median(ratios)))
 
 
@@ -477,9 +453,6 @@ class PrefetcherCheck:
     messages: list[str]
     overlap_checked: bool = False
     overlap_ratio: float | None = None
-
-    def __bool__(self) -> bool:
-        return self.correct
 
     def __str__(self) -> str:
         return ("PASS" if self.correct else "FAIL") + ":\n  " + "\n  ".join(self.messages)
@@ -499,7 +472,7 @@ _PASSED = [
 
 
 def _gpu_error(exc: BaseException, dev: torch.device) -> bool:
-    """A CUDA error on a strict GPU run (``WORKBOOK_REQUIRE_GPU=1``): it must propagate, not become a FAIL."""
+    """A CUDA error on a strict GPU run (``WORKBOOK_REQUIRE_GPU=1``) propagates, not a FAIL."""
     if dev.type != "cuda" or not require_gpu():
         return False
     accel = getattr(torch, "AcceleratorError", None)
@@ -529,7 +502,7 @@ def _pair_problems(got: Sequence[Any], loader: Iterable[Any], device: torch.devi
 
 
 def _on_the_gpu(candidate: Any, dev: torch.device, n_batches: int) -> list[str] | None:
-    """Problems with real streams (the reference's batches, then the race check); None: it made a Prefetcher."""
+    """Problems with real streams; None: it made a Prefetcher."""
     try:
         loader = [(x.pin_memory(), y.pin_memory()) for x, y in PairProbeLoader(n_batches).batches]
         made_before = Prefetcher.made
@@ -543,12 +516,11 @@ def _on_the_gpu(candidate: Any, dev: torch.device, n_batches: int) -> list[str] 
 
 
 def check_pipeline_prefetcher(
-    candidate: Any, device: torch.device | str | None = None, *, check_overlap: bool = True, n_batches: int = 4
+    candidate: Any, device: torch.device | str | None = None, *, n_batches: int = 4
 ) -> PrefetcherCheck:
-    """Check the reader's chapter-05 prefetcher: ``candidate(loader, device)`` yields ``(x, y)`` pairs, uint8 in,
-    normalised on the device out. Refuses :class:`Prefetcher` itself; everywhere: the protocol under the stream
-    doubles (two epochs) and the batches against the reference's; on CUDA: real streams, the race check and
-    (``check_overlap``) how much copy time it hides."""
+    """Check the reader's prefetcher (``candidate(loader, device)``: uint8 pairs in, normalised on the device out),
+    refusing :class:`Prefetcher`: everywhere the protocol (two epochs) and the batches against the reference's; on
+    CUDA real streams, the race check and how much copy time it hides."""
     if candidate is None:
         return PrefetcherCheck(False, ["no answer yet: set answer = Prefetcher (the class you wrote) and run again"])
     if not callable(candidate):
@@ -559,7 +531,7 @@ def check_pipeline_prefetcher(
     dev = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
     made_before = Prefetcher.made
     try:
-        log, handed, _ = stream_protocol(candidate, n_batches, epochs=2)
+        log, handed = stream_protocol(candidate, n_batches, epochs=2)
         problems = check_protocol(log, handed, n_batches)
     except Exception as exc:  # the reader's code may raise anything
         problems, handed = [f"under the stream test doubles it raised {type(exc).__name__}: {exc}"], []
@@ -569,8 +541,7 @@ def check_pipeline_prefetcher(
         problems += _pair_problems(got, PairProbeLoader(n_batches).batches, torch.device("cpu"), epoch + 1)
     result = PrefetcherCheck(not problems, problems or list(_PASSED))
     if dev.type != "cuda":
-        if check_overlap:
-            result.messages.append("real streams, races and overlap not checked: no CUDA device here")
+        result.messages.append("real streams, races and overlap not checked: no CUDA device here")
         return result
     if not torch.cuda.is_available():
         raise ValueError("device is 'cuda' but no CUDA device is available")
@@ -586,7 +557,7 @@ def check_pipeline_prefetcher(
             ]
         )
         result.correct = not gpu
-    if result.correct and check_overlap:
+    if result.correct:
         ratio = prefetch_overlap_ratio(candidate, dev)
         result.overlap_checked, result.overlap_ratio, result.correct = True, ratio, ratio >= 0.3
         verdict = "overlaps" if ratio >= 0.3 else "does NOT overlap"
