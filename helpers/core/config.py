@@ -174,9 +174,7 @@ def require_gpu() -> bool:
     return _flag(REQUIRE_GPU_ENV)
 
 
-def mode_name() -> str:
-    """The size tier, as recorded in result files: ``"quick"``, ``"laptop"`` or ``"full"``."""
-    return size_tier()
+mode_name = size_tier  # the name result files and Timing metadata record it under
 
 
 def sized(quick: T, full: T, laptop: T | None = None) -> T:
