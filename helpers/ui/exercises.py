@@ -51,20 +51,19 @@ FROM_KEY: Any = _FromKey()
 """The default ``expected``: the value the answer key computes for this exercise."""
 
 
-def _key_path() -> Path | None:
-    env = os.environ.get(KEY_ENV)
-    if env is not None:
-        return None if env.strip().lower() in ("", "none", "0") else Path(env)
-    path = Path(__file__).resolve().parents[2] / "course" / "key.py"
-    return path if path.is_file() else None
-
-
 def answer_key() -> ModuleType | None:
     """The answer key module (``course/key.py``), or None where it is absent (a student release)."""
-    path = _key_path()
-    if path is not None and not path.is_file():
-        raise ValueError(f"{KEY_ENV}={path.resolve()}: no such answer key file; unset it or point it at course/key.py")
-    return None if path is None else _load_key(path.resolve())
+    env = os.environ.get(KEY_ENV)
+    if env is None:
+        path = Path(__file__).resolve().parents[2] / "course" / "key.py"
+        return _load_key(path) if path.is_file() else None
+    if env.strip().lower() in ("", "none", "0"):
+        return None
+    if not Path(env).is_file():
+        raise ValueError(
+            f"{KEY_ENV}={Path(env).resolve()}: no such answer key file; unset it or point it at course/key.py"
+        )
+    return _load_key(Path(env).resolve())
 
 
 @functools.lru_cache(maxsize=None)
