@@ -103,50 +103,52 @@ def _quick_or_full() -> tuple[bool, bool]:
     return quick, full
 
 
-def size_tier() -> str:
-    """The size tier in force: ``"quick"``, ``"laptop"`` or ``"full"`` (see the module docstring)."""
+def _decide() -> tuple[str, str]:
+    """The size tier in force and one sentence: why, and how to choose another."""
     quick, full = _quick_or_full()
     if quick:
-        return "quick"
+        return "quick", _NAMED["quick"]
     if full:
-        return "full"
+        return "full", f"full sizes ({FULL_ENV}=1 asks for them): the sizes the reference results are recorded at."
     if _full_refused():
-        return "laptop"
-    return "full" if _cuda_present() and usable_cpu_cores() >= FULL_MIN_CPU_CORES else "laptop"
-
-
-def tier_reason(tier: str | None = None) -> str:
-    """One sentence: which tier is in force, why, and how to choose another (``WORKBOOK_FULL=0`` is named as
-    the reason for the laptop tier when it asks for it, even on a CUDA host)."""
-    tier = tier or size_tier()
-    if tier == "quick":
-        return f"quick sizes ({QUICK_ENV}=1): the smallest problems, as the test suite runs them."
-    if tier == "full":
-        why = (
-            f"{FULL_ENV}=1 asks for them"
-            if full_requested()
-            else f"a CUDA GPU and {usable_cpu_cores()} CPU cores are present"
-        )
-        return f"full sizes ({why}): the sizes the reference results are recorded at."
-    if _full_refused():
-        return (
+        return "laptop", (
             f"laptop sizes ({FULL_ENV}=0 asks for them, whatever the machine): problems cut to finish in minutes "
             f"(unset {FULL_ENV} to let the machine choose: full with a CUDA GPU and {FULL_MIN_CPU_CORES}+ CPU cores)."
         )
-    if _cuda_present():
-        cores = usable_cpu_cores()
-        if cores >= FULL_MIN_CPU_CORES:  # only when a caller names the laptop tier itself
-            return f"laptop sizes: problems cut to finish in minutes ({FULL_ENV}=1 for the full sizes)."
-        minutes = FULL_SLOWEST_2CORE_S * 2 / cores / 60  # the slowest chapter's Run All, scaled by cores
-        return (
-            f"laptop sizes (CUDA present, but {cores} CPU core{'s' if cores != 1 else ''}: full sizes would take up to "
-            f"~{minutes:.0f} min per chapter; they need {FULL_MIN_CPU_CORES}+ cores to be the default). "
-            f"{FULL_ENV}=1 uses them anyway, {QUICK_ENV}=1 the smallest."
+    if not _cuda_present():
+        return "laptop", (
+            "laptop sizes: no CUDA GPU here, so problems are cut to finish in minutes on a CPU "
+            f"({FULL_ENV}=1 for the full GPU sizes, {QUICK_ENV}=1 for the smallest)."
         )
-    return (
-        "laptop sizes: no CUDA GPU here, so problems are cut to finish in minutes on a CPU "
-        f"({FULL_ENV}=1 for the full GPU sizes, {QUICK_ENV}=1 for the smallest)."
+    cores = usable_cpu_cores()
+    if cores >= FULL_MIN_CPU_CORES:
+        why = f"a CUDA GPU and {cores} CPU cores are present"
+        return "full", f"full sizes ({why}): the sizes the reference results are recorded at."
+    minutes = FULL_SLOWEST_2CORE_S * 2 / cores / 60  # the slowest chapter's Run All, scaled by cores
+    return "laptop", (
+        f"laptop sizes (CUDA present, but {cores} CPU core{'s' if cores != 1 else ''}: full sizes would take up to "
+        f"~{minutes:.0f} min per chapter; they need {FULL_MIN_CPU_CORES}+ cores to be the default). "
+        f"{FULL_ENV}=1 uses them anyway, {QUICK_ENV}=1 the smallest."
     )
+
+
+#: What a tier means when a caller names one other than the tier in force (no reason is claimed for it).
+_NAMED = {
+    "quick": f"quick sizes ({QUICK_ENV}=1): the smallest problems, as the test suite runs them.",
+    "laptop": f"laptop sizes: problems cut to finish in minutes ({FULL_ENV}=1 for the full sizes).",
+    "full": "full sizes: the sizes the reference results are recorded at.",
+}
+
+
+def size_tier() -> str:
+    """The size tier in force: ``"quick"``, ``"laptop"`` or ``"full"`` (see the module docstring)."""
+    return _decide()[0]
+
+
+def tier_reason(tier: str | None = None) -> str:
+    """One sentence: which tier is in force, why, and how to choose another (``tier`` names another: what it is)."""
+    decided, reason = _decide()
+    return reason if tier in (None, decided) else _NAMED[tier]
 
 
 def _flag(env: str) -> bool:
@@ -174,9 +176,7 @@ def require_gpu() -> bool:
     return _flag(REQUIRE_GPU_ENV)
 
 
-def mode_name() -> str:
-    """The size tier, as recorded in result files: ``"quick"``, ``"laptop"`` or ``"full"``."""
-    return size_tier()
+mode_name = size_tier  # the name result files and Timing metadata record it under
 
 
 def sized(quick: T, full: T, laptop: T | None = None) -> T:

@@ -32,12 +32,6 @@ _DEAD_WORKER_ADVICE = (
 _SIGNAL_BY_TEXT = {signal.strsignal(sig) or sig.name: sig for sig in signal.Signals}
 
 
-def _who(worker: int | None, pid: int | str | None) -> str:
-    if worker is not None:
-        return f"Worker {worker} (pid {pid})"
-    return f"A worker (pid {pid})" if pid is not None else "A worker"
-
-
 _CRASHES = (signal.SIGSEGV, signal.SIGILL, signal.SIGABRT, signal.SIGFPE)
 #: What a worker's exit status says: 0, "exit" (> 0), a signal by number, "crash" (_CRASHES), "signal" (any other).
 _ENDED = {
@@ -69,7 +63,12 @@ def ended_in_words(worker: int | None, pid: int | str | None, code: int) -> str:
     except ValueError:
         name = f"signal {sig}"
     kind = "exit" if code > 0 else sig if sig in _ENDED else "crash" if sig in _CRASHES else "signal"  # 0: clean
-    return _ENDED[kind].format(who=_who(worker, pid), code=code, name=name)
+    who = (
+        f"Worker {worker} (pid {pid})"
+        if worker is not None
+        else "A worker" + (f" (pid {pid})" if pid is not None else "")
+    )
+    return _ENDED[kind].format(who=who, code=code, name=name)
 
 
 def raised_in_worker(exc: BaseException) -> re.Match[str] | None:

@@ -36,8 +36,8 @@ def diagnose_no_cuda(
     ``torch_cuda``: ``torch.version.cuda`` (None: CPU-only build); ``driver_cuda``: NVML's newest CUDA (``"12.4"``)."""
     if cuda_available or (driver_cuda is None and not nvidia_smi):
         return None
-    base = torch_version.split("+")[0]
-    pins = f"torch=={base} " + (f"torchvision=={_torchvision_base()}" if _torchvision_base() else "torchvision")
+    tv = _torchvision_base()
+    pins = f"torch=={torch_version.split('+')[0]} " + (f"torchvision=={tv}" if tv else "torchvision")
     drv = f"driver {driver_version}" if driver_version else "an NVIDIA driver"
     if not torch_cuda:
         return (

@@ -318,7 +318,8 @@ class SpanRecorder:
     def __init__(self, device: torch.device | str = "cpu", **metadata: Any) -> None:
         self.device = torch.device(device)
         self.cuda = _is_cuda(self.device)
-        self._open: list[tuple[str, int, str, float, float, Any, Any]] = []
+        self._spans: list[Span] = []
+        self._events: list[tuple[Span, Any, Any]] = []  # a GPU span and its CUDA events, resolved by finish()
         self.metadata: dict[str, Any] = dict(metadata)
         self.metadata.setdefault("device", str(self.device))
         self.metadata.setdefault("mode", mode_name())
@@ -351,7 +352,6 @@ class SpanRecorder:
             raise RuntimeError("this SpanRecorder is finished; create a new one for a new run")
         use_events = gpu and self.cuda
         lane_name = lane or ("gpu" if gpu else "host")
-        start_ev = end_ev = None
         on_device: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if use_events:
             if stream is not None and _cuda_device(stream.device) != self._cuda:
@@ -372,11 +372,13 @@ class SpanRecorder:
                 end_ev = torch.cuda.Event(enable_timing=True)
                 end_ev.record(events_on)
             h1 = time.perf_counter() - self._t0
-            self._open.append((name, int(step), lane_name, h0, h1, start_ev, end_ev))
+            self._spans.append(Span(name, int(step), lane_name, h0, h1, h0, h1, on_gpu=use_events))
+            if use_events:
+                self._events.append((self._spans[-1], start_ev, end_ev))
 
     def add(self, name: str, step: int, start: float, end: float, lane: str = "host") -> None:
         """Add a span measured elsewhere (seconds since this recorder started)."""
-        self._open.append((name, int(step), lane, float(start), float(end), None, None))
+        self._spans.append(Span(name, int(step), lane, float(start), float(end), float(start), float(end)))
 
     def now(self) -> float:
         """Seconds since this recorder started (host clock)."""
@@ -388,19 +390,13 @@ class SpanRecorder:
 
     def finish(self) -> SpanTrace:
         """Synchronise, resolve CUDA events, and return the trace (idempotent)."""
-        if self._finished is not None:
-            return self._finished
-        if self.cuda:
-            torch.cuda.synchronize(self._cuda)
-        spans: list[Span] = []
-        for name, step, lane, h0, h1, ev0, ev1 in self._open:
-            if ev0 is not None and ev1 is not None:
-                g0 = self._ref.elapsed_time(ev0) / 1e3
-                g1 = g0 + ev0.elapsed_time(ev1) / 1e3  # the pair itself: exact however long the run
-                spans.append(Span(name, step, lane, g0, g1, h0, h1, on_gpu=True))
-            else:
-                spans.append(Span(name, step, lane, h0, h1, h0, h1, on_gpu=False))
-        self._finished = SpanTrace(spans=spans, metadata=dict(self.metadata))
+        if self._finished is None:
+            if self.cuda:
+                torch.cuda.synchronize(self._cuda)
+            for span, ev0, ev1 in self._events:  # GPU clock, aligned to the reference event
+                span.start = self._ref.elapsed_time(ev0) / 1e3
+                span.end = span.start + ev0.elapsed_time(ev1) / 1e3  # the pair itself: exact however long the run
+            self._finished = SpanTrace(spans=list(self._spans), metadata=dict(self.metadata))
         return self._finished
 
 

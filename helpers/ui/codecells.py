@@ -152,8 +152,7 @@ class PipelineDiff:
             blocks.append("\n".join(body) if body else f"# {name}: unchanged since chapter {self.previous}")
         return "\n\n".join(blocks)
 
-    def __str__(self) -> str:
-        return self.text()
+    __str__ = text
 
     def _repr_html_(self) -> str:
         colours = {"+": "#e6ffec", "-": "#ffebe9", "@": "#ddf4ff"}

@@ -24,20 +24,19 @@ import math
 import numbers
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Collection, TypeVar
+from typing import Any, Callable, Collection
 
 from ..core import config
 
 __all__ = [
-    "ExerciseResult", "ExerciseReport", "Part", "RECORD_MIME", "check", "check_parts", "show_solution",
+    "ExerciseResult", "Part", "RECORD_MIME", "check", "check_parts", "show_solution",
     "answer_key", "encode_answer", "decode_answer",
 ]  # fmt: skip
 
 RECORD_MIME = "application/vnd.workbook.exercise+json"
-S = TypeVar("S", "ExerciseResult", "ExerciseReport")
 
 KEY_ENV = "WORKBOOK_ANSWER_KEY"
 """Path of the answer key to use instead of ``course/key.py`` (``none``: behave as a student release)."""
@@ -52,20 +51,19 @@ FROM_KEY: Any = _FromKey()
 """The default ``expected``: the value the answer key computes for this exercise."""
 
 
-def _key_path() -> Path | None:
-    env = os.environ.get(KEY_ENV)
-    if env is not None:
-        return None if env.strip().lower() in ("", "none", "0") else Path(env)
-    path = Path(__file__).resolve().parents[2] / "course" / "key.py"
-    return path if path.is_file() else None
-
-
 def answer_key() -> ModuleType | None:
     """The answer key module (``course/key.py``), or None where it is absent (a student release)."""
-    path = _key_path()
-    if path is not None and not path.is_file():
-        raise ValueError(f"{KEY_ENV}={path.resolve()}: no such answer key file; unset it or point it at course/key.py")
-    return None if path is None else _load_key(path.resolve())
+    env = os.environ.get(KEY_ENV)
+    if env is None:
+        path = Path(__file__).resolve().parents[2] / "course" / "key.py"
+        return _load_key(path) if path.is_file() else None
+    if env.strip().lower() in ("", "none", "0"):
+        return None
+    if not Path(env).is_file():
+        raise ValueError(
+            f"{KEY_ENV}={Path(env).resolve()}: no such answer key file; unset it or point it at course/key.py"
+        )
+    return _load_key(Path(env).resolve())
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,9 +92,7 @@ def _sweep(ns: dict[str, Any], answer: Any) -> dict[str, Any]:
     }
 
 
-def _prefetcher(ns: dict[str, Any], answer: Any) -> dict[str, Any]:
-    if answer is None or answer is Ellipsis:
-        return {}
+def _prefetcher(ns: dict[str, Any], answer: Any) -> dict[str, Any]:  # answered: _run_facts skips None and ...
     verdict = ns["prefetch"].check_pipeline_prefetcher(answer, ns.get("DEVICE"))
     name = str(getattr(answer, "__qualname__", type(answer).__name__))  # which class was handed in
     return {"checker_correct": bool(verdict.correct), "checker_message": str(verdict), "name": name}
@@ -174,15 +170,29 @@ def _hashable(x: Any) -> Any:
 _COLOURS = {"correct": "#1a7f37", "wrong": "#b00020", "unanswered": "#7a5a00", "recorded": "#444"}
 
 
-class _Shown:
-    """Shown as its message, one line per part (coloured in a notebook), with the grading records (see the module
-    docstring) in the cell's output, not displayed."""
+@dataclass(repr=False)
+class ExerciseResult:
+    """The outcome of a check: ``status`` is 'correct', 'wrong', 'unanswered' or 'recorded' (no answer key here);
+    ``record`` is what the grader reads. A multi-part check (:func:`check_parts`) holds one result per part in
+    ``parts`` and is 'correct' when every part is, 'unanswered' when none is answered, 'recorded' when none is
+    wrong. Shown as its message, one line per part (coloured in a notebook), with the grading records (see the
+    module docstring) in the cell's output, not displayed."""
+
+    exercise: str
+    status: str
+    message: str
+    record: dict[str, Any] | None = None
+    parts: list[ExerciseResult] = field(default_factory=list)
+
+    @property
+    def correct(self) -> bool:
+        return self.status == "correct"
 
     def _parts(self) -> list[ExerciseResult]:
-        raise NotImplementedError
+        return self.parts or [self]
 
     def __str__(self) -> str:
-        return "\n".join(p.message for p in self._parts())
+        return self.message
 
     __repr__ = __str__
 
@@ -195,24 +205,6 @@ class _Shown:
         return {RECORD_MIME: {"records": [p.record for p in self._parts() if p.record]}}
 
 
-@dataclass(repr=False)
-class ExerciseResult(_Shown):
-    """The outcome of one check: ``status`` is 'correct', 'wrong', 'unanswered' or 'recorded' (no answer key here);
-    ``record`` is what the grader reads."""
-
-    exercise: str
-    status: str
-    message: str
-    record: dict[str, Any] | None = None
-
-    @property
-    def correct(self) -> bool:
-        return self.status == "correct"
-
-    def _parts(self) -> list[ExerciseResult]:
-        return [self]
-
-
 @dataclass
 class Part:
     """One part of a multi-part exercise: the reader's ``answer`` and what :func:`check` needs."""
@@ -223,36 +215,6 @@ class Part:
     explanation: str = ""
     rel_tol: float | None = None
     abs_tol: float | None = None
-
-
-@dataclass(repr=False)
-class ExerciseReport(_Shown):
-    """The outcomes of every part of one exercise, shown together (one line per part)."""
-
-    exercise: str
-    parts: list[ExerciseResult]
-
-    @property
-    def correct(self) -> bool:
-        return all(p.correct for p in self.parts)
-
-    @property
-    def status(self) -> str:
-        """'correct' (every part), 'unanswered' (no part answered yet), 'recorded' or 'wrong'."""
-        if self.correct:
-            return "correct"
-        if all(p.status == "unanswered" for p in self.parts):
-            return "unanswered"
-        if all(p.status in ("recorded", "unanswered") for p in self.parts):
-            return "recorded"
-        return "wrong"
-
-    @property
-    def message(self) -> str:
-        return str(self)
-
-    def _parts(self) -> list[ExerciseResult]:
-        return self.parts
 
 
 class Solution(str):
@@ -334,7 +296,7 @@ def check(
     return _graded(_evaluate(exercise, part, sys._getframe(1).f_globals))
 
 
-def check_parts(exercise: str, **parts: Part) -> ExerciseReport:
+def check_parts(exercise: str, **parts: Part) -> ExerciseResult:
     """Check every part (``a=Part(...)`` is part "02.3a"), even after a wrong one, and show all verdicts together;
     with ``WORKBOOK_GRADE=1`` any part not right raises ``AssertionError`` naming all of them."""
     if not parts:
@@ -343,10 +305,18 @@ def check_parts(exercise: str, **parts: Part) -> ExerciseReport:
         if not isinstance(part, Part):
             raise ValueError(f"part {name!r} must be a Part(answer, ...), got {type(part).__name__}")
     ns = sys._getframe(1).f_globals
-    return _graded(ExerciseReport(exercise, [_evaluate(f"{exercise}{name}", p, ns) for name, p in parts.items()]))
+    results = [_evaluate(f"{exercise}{name}", p, ns) for name, p in parts.items()]
+    statuses = {p.status for p in results}
+    status = next(s for s in ("correct", "unanswered", "recorded", "wrong") if statuses <= _AT_MOST[s])
+    return _graded(ExerciseResult(exercise, status, "\n".join(p.message for p in results), None, results))
 
 
-def _graded(shown: S) -> S:
+#: A multi-part result's status: the first whose set holds every part's status.
+_AT_MOST = {"correct": {"correct"}, "unanswered": {"unanswered"}, "recorded": {"recorded", "unanswered"}}
+_AT_MOST["wrong"] = {"correct", "wrong", "unanswered", "recorded"}
+
+
+def _graded(shown: ExerciseResult) -> ExerciseResult:
     """``shown``; with ``WORKBOOK_GRADE=1``, an AssertionError naming every part not right, if one is wrong or
     unanswered."""
     if config.grade_mode() and any(p.status in ("wrong", "unanswered") for p in shown._parts()):

@@ -240,11 +240,6 @@ class Panel:
         if exc is not None:
             self._show_details(exc)
 
-    def _show_failure(self, exc: BaseException) -> None:
-        """Plain words for a known failure, else the error's first line; the traceback below."""
-        first = (str(exc).strip().splitlines() or [""])[0]
-        self._fail("The run failed: " + (known_failure_advice(exc) or f"{type(exc).__name__}: {first}"), exc)
-
     def _on_click(self, _button: Any = None, force: bool = False) -> None:
         now = time.monotonic()
         if self.busy or (not force and (now - self._last_end) < self.debounce_s):
@@ -282,17 +277,16 @@ class Panel:
                 else "with the settings above"
             )
             self._show_status(f"Run #{rec.index} done in {seconds:.1f} s ({rec.short_label()}), {origin}.", "ok")
-        except ValueError as exc:
-            if raised_in_worker(exc):  # the data set's own error, re-raised by torch from a worker
-                self._show_failure(exc)
-            else:
-                self._fail(f"Can't run with these settings: {exc}")
         except KeyboardInterrupt:
             self._fail("Interrupted. The run was stopped and its resources released; press Run to start again.")
         except MemoryError:
             self._fail("Out of memory: choose smaller sizes and press Run again.")
-        except Exception as exc:  # anything else: one line of plain words, the traceback below
-            self._show_failure(exc)
+        except Exception as exc:  # a refused setting, or plain words for a known failure; the traceback below
+            if isinstance(exc, ValueError) and not raised_in_worker(exc):  # a worker's: the data set's own error
+                self._fail(f"Can't run with these settings: {exc}")
+            else:
+                first = (str(exc).strip().splitlines() or [""])[0]
+                self._fail("The run failed: " + (known_failure_advice(exc) or f"{type(exc).__name__}: {first}"), exc)
         finally:
             self.busy = False
             self.button.disabled = False
