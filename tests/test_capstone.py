@@ -236,6 +236,10 @@ def test_compare_threads_runs_back_to_back_and_restores() -> None:
     assert [r.spec.threads for r in rs] == [1, 2] and all(r.stages == {} for r in rs)
     assert rs[0].epoch_s == wf.results[0].epoch_s  # the job's thread count: the waterfall's own run
     assert "2 threads" in rs[1].label and torch.get_num_threads() == before
+    rs[0].round_epoch_s = [0.5, 0.25, 0.75]  # as a waterfall of 3 rounds records it
+    lines = C.thread_lines("data-bound", rs)
+    assert lines[1].endswith("(the waterfall's median of 3 rounds, range 0.25-0.75 s)")
+    assert lines[2].startswith("    2 thread(s): ") and lines[2].endswith("(one run)")
     with pytest.raises(ValueError, match="step"):
         C.compare_threads(wf, "turbo")
 

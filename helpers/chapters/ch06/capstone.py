@@ -75,10 +75,10 @@ __all__ = [
     "REGIMES", "JobSpec", "job_spec", "default_workers", "compute_threads", "main_threads", "settings_for",
     "configurations", "step_answers", "effective_on", "dataset_info", "val_size",
     "chance_level", "normalizer_device_exact", "same_numerics", "ConfigResult", "run_config", "pipeline_efficiency",
-    "Efficiency", "compare_threads", "release_pinned_host_memory", "Calibration", "calibrate", "Waterfall",
-    "run_waterfall", "VERDICTS", "accuracy_tolerance", "seed_spread", "check_accuracies", "accuracy_verdict",
-    "bottleneck_verdict", "plot_waterfall", "plot_shares", "reference_waterfall", "plot_reference_waterfall",
-    "reference_efficiency", "efficiency_lines", "reference_timeline",
+    "Efficiency", "compare_threads", "thread_lines", "release_pinned_host_memory", "Calibration", "calibrate",
+    "Waterfall", "run_waterfall", "VERDICTS", "accuracy_tolerance", "seed_spread", "check_accuracies",
+    "accuracy_verdict", "bottleneck_verdict", "plot_waterfall", "plot_shares", "reference_waterfall",
+    "plot_reference_waterfall", "reference_efficiency", "efficiency_lines", "reference_timeline",
 ]  # fmt: skip
 
 #: The largest run-to-run variation (:meth:`Waterfall.noise_floor`) under which a step within noise can be
@@ -364,6 +364,18 @@ def compare_threads(
             spec = dataclasses.replace(wf.spec, threads=n)
             out.append(run_config(ran[step].settings, spec, wf.device, name=step, label=label, stages=False,
                                   pipeline=pipeline))  # fmt: skip
+    return out
+
+
+def thread_lines(regime: str, runs: Sequence[ConfigResult]) -> list[str]:
+    """:func:`compare_threads`' results as printed lines, each figure saying what it is: the waterfall's median of
+    its rounds with their range (a single run is read against that range), or one run."""
+    out = [f"{regime}, {runs[0].label.split(',')[0]}:"]
+    for r in runs:
+        rounds = r.round_epoch_s
+        how = (f"the waterfall's median of {len(rounds)} rounds, range {min(rounds):.2f}-{max(rounds):.2f} s"
+               if len(rounds) > 1 else "one run")  # fmt: skip
+        out.append(f"    {r.spec.threads} thread(s): {r.epoch_s:.2f} s/epoch ({how})")
     return out
 
 
