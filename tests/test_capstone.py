@@ -658,3 +658,13 @@ def test_accuracy_and_bottleneck_verdicts_follow_the_figures() -> None:
     d = D.Diagnosis("data-bound", m, D.decide(m), 1.0)
     no_stages = C.bottleneck_verdict(d, C.Waterfall("data-bound", tiny(), "cpu", [base]))  # type: ignore[list-item]
     assert "cannot be compared" in no_stages and "agree" not in no_stages
+
+
+@pytest.mark.parametrize("workers", [0, -2, 500])
+def test_a_worker_count_out_of_range_is_refused_in_plain_words(workers: int) -> None:
+    """run_waterfall(workers=), benchmark and tools/verdict_runs build their steps through configurations()."""
+    with pytest.raises(ValueError, match="workers"):
+        C.configurations(workers, names=["baseline", "workers"])
+    if workers < 0 or workers > 64:
+        with pytest.raises(ValueError, match="workers"):
+            C.compute_threads(workers)

@@ -142,7 +142,7 @@ def test_step_anatomy(tiny: data.DatasetInfo) -> None:
         anatomy.step_anatomy(batch_size=64, crop_size=24, width=4, steps=1, warmup=0, data_root=tiny.train_dir)
 
 
-def test_named_transfers_are_the_one_batch_mover(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_blocking_copy_is_the_one_batch_mover(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[bool] = []
     real = training.move_batch
 
@@ -152,12 +152,9 @@ def test_named_transfers_are_the_one_batch_mover(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(training, "move_batch", spy)
     x, y = torch.zeros(2, 3), torch.ones(2, dtype=torch.long)
-    for name in ("blocking", "non_blocking"):
-        out = training._resolve_transfer(name)([x, y, "index"], torch.device("cpu"))
-        assert isinstance(out, tuple) and out[0] is x and out[1] is y  # (x, y) only; a no-op on the CPU
-    assert seen == [False, True]
-    with pytest.raises(ValueError, match="transfer must be one of"):
-        training._resolve_transfer("teleport")
+    out = training.blocking_copy([x, y, "index"], torch.device("cpu"))
+    assert isinstance(out, tuple) and out[0] is x and out[1] is y  # (x, y) only; a no-op on the CPU
+    assert seen == [False]
 
 
 def test_panel_functions(tiny: data.DatasetInfo, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,7 +28,7 @@ from ...pipeline.train import (
     make_optimizer,
     predict_step_time,
 )
-from .training import _can_pin, _record_wait, _resolve_transfer
+from .training import _can_pin, _record_wait, blocking_copy
 
 #: Phase names in step order (``pin`` only for pinning loaders, ``normalize`` only for uint8 batches).
 PHASES: tuple[str, ...] = ("load", "collate", "pin", "h2d", "normalize", "forward", "backward", "optimizer")
@@ -254,10 +254,9 @@ def step_anatomy(
         )
     device = torch.device(device)
     ds, model = _fresh_model(data_root, crop_size, width, depth, seed, device, batch_size)
-    blocking = _resolve_transfer("blocking")
     run = functools.partial(
         record_steps,
-        to_device=to_device or (lambda x, y: blocking((x, y), device)),
+        to_device=to_device or (lambda x, y: blocking_copy((x, y), device)),
         train_step=train_step or baseline_train_step,
         model=model,
         optimizer=make_optimizer(model),

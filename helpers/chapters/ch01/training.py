@@ -1,5 +1,5 @@
 """Chapter 01's evaluation, and the batch copies and wait spans its recorded steps (:mod:`.anatomy`) share.
-The named copies are the workbook's one batch mover, :func:`helpers.pipeline.prefetch.move_batch`.
+Its blocking copy is the workbook's one batch mover, :func:`helpers.pipeline.prefetch.move_batch`.
 """
 
 from __future__ import annotations
@@ -11,26 +11,15 @@ from torch import nn
 
 from ...core.progress import no_progress
 from ...core.timing import SpanRecorder
-from ...core.validate import check_choice
 from ...pipeline.data import TimedCollate, to_float_normalized
 from ...pipeline.prefetch import move_batch
 from ...pipeline.train import DATA_LANE
 
-Transfer = Callable[[Any, torch.device], tuple[torch.Tensor, torch.Tensor]]
 
-
-def _resolve_transfer(transfer: str | Transfer) -> Transfer:
-    """The copy ``transfer`` names: the batch's ``(x, y)`` to the device with a blocking ``Tensor.to`` (the
-    baseline) or ``non_blocking=True`` (asynchronous only towards CUDA); a function is used as it is."""
-    if callable(transfer):
-        return transfer
-    non_blocking = check_choice("transfer", transfer, ("blocking", "non_blocking")) == "non_blocking"
-
-    def move(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = move_batch((batch[0], batch[1]), device, non_blocking=non_blocking)
-        return x, y
-
-    return move
+def blocking_copy(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's ``(x, y)`` on ``device`` with a blocking copy (the baseline's), by the workbook's one batch mover."""
+    x, y = move_batch((batch[0], batch[1]), device, non_blocking=False)
+    return x, y
 
 
 def _can_pin() -> bool:
@@ -65,7 +54,7 @@ def evaluate(
     order hold the first classes only. ValueError if the loader yields no samples.
     """
     device = torch.device(device)
-    move, report = _resolve_transfer("blocking"), progress or no_progress
+    report = progress or no_progress
     try:
         total: int | None = len(loader)  # type: ignore[arg-type]
     except TypeError:  # a generator, or a DataLoader over an IterableDataset without __len__
@@ -76,7 +65,7 @@ def evaluate(
     seen = 0
     try:
         for i, batch in enumerate(loader):
-            x, y = move(batch, device)
+            x, y = blocking_copy(batch, device)
             if x.dtype == torch.uint8:
                 x = to_float_normalized(x)
             correct += (model(x).argmax(1) == y).sum()

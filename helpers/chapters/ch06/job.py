@@ -97,7 +97,7 @@ def default_workers() -> int:  # the ``workers`` step's: the usable cores, at mo
 
 
 def compute_threads(workers: int | None = None) -> int:  # the main process's: usable cores minus workers, >= 1
-    return max(1, usable_cores() - (default_workers() if workers is None else workers))
+    return max(1, usable_cores() - (default_workers() if workers is None else check_int("workers", workers, 0, 64)))
 
 
 #: ``torch.set_num_threads(n)`` for the block, restored after.
@@ -107,7 +107,7 @@ main_threads = intraop_threads
 def settings_for(enabled: Iterable[str], workers: int | None = None) -> Settings:
     """Settings with the named steps switched on (any subset, any order); persistent workers need workers."""
     names = set(enabled)  # checked by the caller (panel_run); configurations() passes STEP_NAMES
-    nw = default_workers() if workers is None else workers
+    nw = default_workers() if workers is None else check_int("workers", workers, 1, 64)
     values: dict[str, Any] = {}
     for step in STEPS:
         if step.name in names:
@@ -237,7 +237,7 @@ def reference_pipeline(device: torch.device | str = "cpu", *, seed: int = 0, wor
     """The take-home pipeline (:mod:`.fast_pipeline`, ``examples/fast_pipeline.py``'s block line for line), its
     globals ``DEVICE``, ``SEED`` and ``WORKERS`` set: what runs without the chapter's cells."""
     take_home.DEVICE, take_home.SEED = torch.device(device), seed
-    take_home.WORKERS = default_workers() if workers is None else workers
+    take_home.WORKERS = default_workers() if workers is None else check_int("workers", workers, 0, 64)
     return Pipeline(
         take_home.make_loader, take_home.batches, take_home.train_step, take_home.normalize, "examples/fast_pipeline.py"
     )

@@ -357,10 +357,10 @@ def run_job(cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable
             if proc.poll() is None:  # pragma: no cover - stop_all killed it
                 proc.kill()
                 proc.wait()
+    wall_s = time.perf_counter() - t0  # launch to exit: before the outputs are read
     if interrupted:
         stop = KeyboardInterrupt(
-            f"torchrun job interrupted after {time.perf_counter() - t0:.1f} s; "
-            f"its {len(tracker.procs)} process(es) were stopped"
+            f"torchrun job interrupted after {wall_s:.1f} s; its {len(tracker.procs)} process(es) were stopped"
         )
         stop.tracked_pids, stop.leftover_pids = sorted(tracker.procs), leftover  # type: ignore[attr-defined]
         raise stop
@@ -369,7 +369,7 @@ def run_job(cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable
     return Job(
         command=list(cmd),
         ranks=sorted(ranks, key=lambda r: r["rank"]),
-        wall_s=time.perf_counter() - t0,
+        wall_s=wall_s,
         stdout=stdout,
         stderr=stderr,
         tracked_pids=sorted(tracker.procs),
