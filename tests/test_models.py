@@ -104,3 +104,13 @@ def test_training_memory_is_checked_against_what_is_free() -> None:
     assert models.check_training_memory(m, 32, 4, available_bytes=10**12) == small
     with pytest.raises(ValueError, match="batch_size/crop_size/width.*GiB"):
         models.check_training_memory(m, 32, 4, available_bytes=small)
+
+
+@pytest.mark.parametrize("image_size, batch_size", [(32, -5), (32, 0), (0, 8)])
+def test_size_estimates_refuse_impossible_sizes(image_size: int, batch_size: int) -> None:
+    m = models.SmallCNN(num_classes=4, width=4, depth=2)
+    with pytest.raises(ValueError, match="image_size|batch_size"):
+        models.training_bytes(m, image_size, batch_size)
+    if image_size < 1:
+        with pytest.raises(ValueError, match="image_size"):
+            models.flops_per_sample(m, image_size)

@@ -120,3 +120,10 @@ def test_time_chapters_writes_where_the_setup_cells_read() -> None:
     spec.loader.exec_module(tool)
     assert tool.OUT == config._chapter_times_file()
     assert tool.OUT.is_file()
+
+
+def test_measure_names_the_wall_clock_for_any_cpu_spelling() -> None:
+    from helpers.core.timing import measure
+
+    t = measure(lambda: None, device="cpu:0", min_run_time=0.01)
+    assert "(wall clock)" in t.metadata["method"]

@@ -166,7 +166,7 @@ def measure(
     dev = str(torch.device(device)) if device is not None else "cpu"
     if device is None:
         clock_name = "clock reads synchronised with every CUDA device" if torch.cuda.is_available() else "wall clock"
-    elif dev == "cpu" or (dev.startswith("cuda") and not torch.cuda.is_available()):
+    elif torch.device(dev).type == "cpu" or (dev.startswith("cuda") and not torch.cuda.is_available()):
         clock_name = "wall clock"
     else:
         clock_name = f"clock reads synchronised with {dev}"

@@ -99,6 +99,7 @@ def _count_outputs(
 
 def flops_per_sample(model: nn.Module, image_size: int, in_channels: int = 3) -> int:
     """Forward FLOPs of one image (2 per multiply-add; convolutions and linear layers). Training: about 3x."""
+    check_int("image_size", image_size, 1, 8192)
 
     def flops(mod: nn.Module, out: torch.Tensor) -> int:
         if isinstance(mod, nn.Conv2d):
@@ -111,6 +112,8 @@ def flops_per_sample(model: nn.Module, image_size: int, in_channels: int = 3) ->
 def training_bytes(model: nn.Module, image_size: int, batch_size: int, in_channels: int = 3) -> int:
     """Estimated bytes of one training step: the outputs kept for backward (in-place ReLUs allocate nothing), their
     gradients and the float batch. For refusing impossible sizes, not a measurement."""
+    check_int("image_size", image_size, 1, 8192)
+    check_int("batch_size", batch_size, 1, 10**7)
     kept = (nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.Linear)
     floats = _count_outputs(model, image_size, in_channels, lambda m, out: out.numel() if isinstance(m, kept) else 0)
     return int(4 * (2 * floats + in_channels * image_size * image_size) * batch_size)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -33,11 +32,6 @@ class Unavailable:
 
     def __bool__(self) -> bool:  # `if result:` reads naturally
         return False
-
-
-def is_available(result: Any) -> bool:
-    """True unless ``result`` is an :class:`Unavailable`."""
-    return not isinstance(result, Unavailable)
 
 
 def _memory_now() -> tuple[int, int]:

@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import signal
-import textwrap
 import threading
 import time
 import warnings
@@ -29,7 +28,7 @@ from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from ..core.failures import ITEM_NOTE, LoaderFailure, ended_in_words, explain_loader_error
-from ..core.validate import check_int, human_bytes
+from ..core.validate import check_int, human_bytes, wrap
 
 __all__ = [
     "MAX_WORKERS",
@@ -326,7 +325,7 @@ class ShmStatus:
                 f"(torch sharing strategy: '{self.sharing_strategy}'). Every batch a worker produces sits there until "
                 f"the main process has taken it."
             )
-        return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
+        return wrap(text, width)
 
 
 def shm_status(path: str = "/dev/shm") -> ShmStatus:

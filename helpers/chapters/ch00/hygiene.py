@@ -4,7 +4,6 @@ each a small real one returning :class:`~helpers.core.timing.Timing`, and the cl
 
 from __future__ import annotations
 
-import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -14,7 +13,7 @@ from ...core import agreement
 from ...core.device import resolve_device
 from ...core.results import Record, ResultSet
 from ...core.timing import Timing, cuda_event_time, measure, time_calls
-from ...core.validate import check_choice, check_float, check_int
+from ...core.validate import check_choice, check_float, check_int, wrap
 from ...pipeline.transfer import check_host_bytes
 
 #: Time budgets (s): one :func:`time_op` (the panel's run), and :func:`sync_demo` / :func:`events_vs_wall` (a cell
@@ -131,7 +130,7 @@ def sync_verdict(no_sync: Timing, sync: Timing, *, width: int = 100) -> str:
             f"is warm-up or load on this machine, not the clock: trust the faster, {which}, "
             f"{min(a_ms, b_ms):.3f} ms (load and warm-up only ever add time), or re-run the cell."
         )
-    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
+    return wrap(text, width)
 
 
 def events_vs_wall(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import threading
-import timeit
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -15,7 +14,7 @@ from torch.utils.data import Dataset
 
 from ...core.progress import ProgressFn
 from ...core.rounds import alternate
-from ...core.timing import measure
+from ...core.timing import measure, time_calls
 from ...core.validate import check_int
 from ...pipeline.demo import PinnableBatch, collate_pinnable, thread_label
 from ...pipeline.loaders import LoaderConfig, Throughput, measure_config, measure_throughput
@@ -197,5 +196,4 @@ def pin_step_seconds(batch: Any, repeats: int = 10) -> float | None:
         return None
     from torch.utils.data._utils.pin_memory import pin_memory as loader_pin
 
-    loader_pin(batch)
-    return statistics.median(timeit.repeat(lambda: loader_pin(batch), number=1, repeat=repeats))
+    return time_calls(lambda: loader_pin(batch), repeats=repeats, warmup=1, device="cpu").median_s

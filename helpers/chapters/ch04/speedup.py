@@ -201,7 +201,7 @@ def _loader_rounds(
             takers.append(_Batches(objs[-1]))
         try:
             for t in takers:
-                t.take(warmup + t.buffered)
+                t.take(max(warmup + t.buffered, 1))  # at least one untimed batch: iter() and the first
             yield takers
         finally:
             objs[:0] = [t.it for t in takers if t.it is not None]

@@ -444,8 +444,8 @@ def getitems_experiment(
         ("batched", "__getitems__", dataset, passthrough_collate),
     ]
     run = {"batch_size": batch_size, "batches": batches, "warmup": warmup}
-    got = _measure_cases(cases, workers, **run)
-    return {(key, w): r for key, w, r in sorted(got, key=lambda row: row[1])}  # by worker count, as printed
+    got = [row for w in workers for row in _measure_cases(cases, [w], **run)]  # both ways back to back per count
+    return {(key, w): r for key, w, r in got}
 
 
 def cheap_vs_expensive(
