@@ -27,7 +27,7 @@ def test_size_tiers(monkeypatch: pytest.MonkeyPatch, cuda: bool, full: str, tier
     )  # enough for the full tier (tests/test_tier_cpu.py: too few)
     assert config.size_tier() == tier
     assert config.sized(quick=1, full=2, laptop=3) == {"laptop": 3, "full": 2}[tier]
-    assert tier in config.tier_reason()
+    assert tier in config.decide_tier()[1]
 
 
 def test_quick_and_full_together_refused(monkeypatch: pytest.MonkeyPatch) -> None:

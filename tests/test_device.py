@@ -48,7 +48,6 @@ def test_hardware_report_on_this_machine() -> None:
         assert rep.gpu_name is None and "no CUDA device" in rep.missing["gpu_name"]
         assert rep.link_bandwidth_gbps is None
     assert set(rep.fingerprint()) >= {"gpu_name", "cpu_model"}
-    assert "<table>" in rep._repr_html_()
 
 
 def test_hardware_report_survives_broken_psutil(monkeypatch: pytest.MonkeyPatch) -> None:

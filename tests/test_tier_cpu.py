@@ -35,19 +35,18 @@ def test_full_tier_needs_cuda_and_enough_cores(
 def test_few_cores_with_cuda_says_why(auto_tier: pytest.MonkeyPatch) -> None:
     auto_tier.setattr(config, "_cuda_present", lambda: True)
     auto_tier.setattr(config, "usable_cpu_cores", lambda: 2)
-    reason = config.tier_reason()
+    reason = config.decide_tier()[1]
     assert reason.startswith("laptop sizes (CUDA present, but 2 CPU cores: full sizes would take up to ~10 min")
     assert f"{config.FULL_ENV}=1" in reason
     auto_tier.setattr(config, "usable_cpu_cores", lambda: 16)
-    assert "a CUDA GPU and 16 CPU cores are present" in config.tier_reason()
-    assert "CUDA" not in config.tier_reason("laptop")  # named by a caller: no wrong reason given
+    assert "a CUDA GPU and 16 CPU cores are present" in config.decide_tier()[1]
 
 
 def test_full_requested_wins_over_few_cores(auto_tier: pytest.MonkeyPatch) -> None:
     auto_tier.setenv(config.FULL_ENV, "1")
     auto_tier.setattr(config, "_cuda_present", lambda: True)
     auto_tier.setattr(config, "usable_cpu_cores", lambda: 2)
-    assert config.size_tier() == "full" and f"{config.FULL_ENV}=1 asks" in config.tier_reason()
+    assert config.size_tier() == "full" and f"{config.FULL_ENV}=1 asks" in config.decide_tier()[1]
 
 
 def test_setup_line_prints_the_reason(auto_tier: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
@@ -88,6 +87,6 @@ def test_explicit_full_0_gives_laptop_even_with_cuda(auto_tier: pytest.MonkeyPat
     assert config.size_tier() == "full"  # empty is unset
     auto_tier.setenv(config.FULL_ENV, value)
     assert config.size_tier() == "laptop" and config.sized(quick=1, full=2, laptop=3) == 3
-    assert config.tier_reason().startswith(f"laptop sizes ({config.FULL_ENV}=0 asks for them")
+    assert config.decide_tier()[1].startswith(f"laptop sizes ({config.FULL_ENV}=0 asks for them")
     auto_tier.setenv(config.QUICK_ENV, "1")
     assert config.size_tier() == "quick"  # quick with full=0 is the quick tier (the smoke and unit steps)

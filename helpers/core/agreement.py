@@ -13,11 +13,6 @@ import math
 import statistics
 from collections.abc import Sequence
 
-__all__ = [
-    "median_band", "spreads_overlap", "within_range", "ratios_straddle_one", "within_noise_floor", "ratio_noise",
-    "ratios_split_on_direction",
-]  # fmt: skip
-
 
 def _finite(*values: float) -> bool:
     return all(math.isfinite(float(v)) for v in values)

@@ -1,14 +1,13 @@
-"""Which device to use, and the hardware facts that bound a data pipeline.
+"""Which device to use, and the hardware facts that bound a data pipeline (notebook 00's report and checks).
 
-``pick_device()`` chooses CUDA, else another accelerator torch reports, else the CPU. ``hardware_report()``
-gathers CPU cores, RAM, ``/dev/shm`` (workers pass batches through it), the GPU, its driver, copy engines and
-the PCIe link; a field that cannot be read is ``None`` and ``report.missing[field]`` says why. Link figures
-here are **theoretical** (PCIe generation and width), never measurements.
+A field of :class:`HardwareReport` that cannot be read is ``None`` and ``report.missing[field]`` says why. Link
+figures here are **theoretical** (PCIe generation and width), never measurements.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import platform
 import re
@@ -24,19 +23,13 @@ from .config import REQUIRE_GPU_ENV, require_gpu
 from .nocuda import diagnose_no_cuda
 from .validate import check_int, human_bytes, wrap
 
-__all__ = [
-    "pick_device", "resolve_device", "check_device_present", "cuda_driver_problem",
-    "link_ceiling", "ceiling_share", "copy_engine_count", "wrap", "has_cuda", "torch_at_least",
-    "no_cuda_message", "pcie_bandwidth_gbps", "HardwareReport", "hardware_report", "environment_check", "CheckLine",
-]  # fmt: skip
-
 # Per-lane, per-direction payload GB/s after line encoding (Gen1/2: 8b/10b; Gen3-5: 128b/130b; Gen6: PAM4 + FLIT).
 _PCIE_GBPS_PER_LANE = {1: 0.25, 2: 0.5, 3: 8 * 128 / 130 / 8, 4: 16 * 128 / 130 / 8, 5: 32 * 128 / 130 / 8}
 _PCIE_GBPS_PER_LANE[6] = 64 * 242 / 256 / 8
 
 
 def torch_at_least(major: int, minor: int) -> bool:
-    """True when the installed torch is ``major.minor`` or newer (``2.7.0+cu126`` is 2.7; the floor is 2.7)."""
+    """True when the installed torch is ``major.minor`` or newer (``2.7.0+cu126`` is 2.7)."""
     parts = re.findall(r"\d+", str(torch.__version__).split("+")[0])[:2]
     return tuple(int(p) for p in parts) >= (major, minor)
 
@@ -52,7 +45,7 @@ def has_cuda() -> bool:
 
 
 def _present_kinds() -> dict[str, int]:
-    """Device types usable here, with how many devices of each (the CPU counts as one)."""
+    """Device types usable here, with how many devices of each (one CPU)."""
     kinds = {"cpu": 1}
     if has_cuda():
         kinds["cuda"] = int(torch.cuda.device_count())
@@ -69,8 +62,7 @@ def check_device_present(
     device: Any, name: str = "device", *, present: dict[str, int] | None = None, allowed: tuple[str, ...] = ()
 ) -> torch.device:
     """``device`` (a string, a ``torch.device`` or a CUDA index) as a ``torch.device`` of a type in ``allowed``
-    (empty: any) that exists here, else a ValueError naming parameter ``name`` and the devices ``present``
-    (``{type: count}``; default: torch's)."""
+    (empty: any) that exists here (``present``: ``{type: count}``), else a ValueError naming ``name``."""
     try:
         if isinstance(device, bool):
             raise TypeError
@@ -119,7 +111,7 @@ def pick_device(prefer: str | None = None) -> torch.device:
 
 
 def resolve_device(device: torch.device | str | None, kinds: tuple[str, ...] = ("cpu", "cuda")) -> torch.device:
-    """A helper's ``device`` argument as a ``torch.device`` of one of ``kinds`` (None: CUDA if present, else CPU)."""
+    """A helper's ``device`` argument, checked (None: CUDA if present, else CPU)."""
     if device is None:
         return torch.device("cuda" if has_cuda() else "cpu")
     return check_device_present(device, "device", allowed=kinds)
@@ -138,8 +130,7 @@ def no_cuda_message(what: str) -> str:
 
 
 def cuda_driver_problem(rep: HardwareReport | None = None) -> str | None:
-    """Why an installed NVIDIA driver is unusable by torch (e.g. a CUDA 13 wheel, a 12.x driver), else ``None``;
-    the driver's facts from ``rep`` (a report without CUDA), else read from NVML now."""
+    """Why an installed NVIDIA driver is unusable by torch (a CUDA 13 wheel, a 12.x driver), else ``None``."""
     if rep is None:
         if has_cuda():
             return None
@@ -171,11 +162,8 @@ def _gbps_or_none(gen: Any, width: Any) -> float | None:
 def link_ceiling(
     gen_now: int | None, width_now: int | None, gen_max: int | None, width_max: int | None
 ) -> tuple[float | None, str | None, str | None]:
-    """``(GB/s, description, basis)`` of a PCIe link's theoretical per-direction ceiling, or three Nones.
-
-    ``basis``: ``"max"`` (a link trained lower *now* is idling) or ``"current"`` (a maximum *below* the current
-    link, which real hardware cannot do: a VM's virtual root port).
-    """
+    """``(GB/s, description, basis)`` of a PCIe link's theoretical ceiling, or three Nones. ``basis``: ``"max"``
+    (a link trained lower *now* is idling) or ``"current"`` (a maximum below it: a VM's virtual root port)."""
     now, top = _gbps_or_none(gen_now, width_now), _gbps_or_none(gen_max, width_max)
     tail = "(theoretical, per direction)"
     if top is not None and (now is None or now <= top):
@@ -263,12 +251,11 @@ class HardwareReport:
                 return f"not available ({self.missing.get(gname) or self.missing.get(wname, 'unknown')})"
             return f"Gen{gen} x{width}"
 
-        versions = f"{self.python_version} / {self.torch_version} / {self.torchvision_version or '?'}"
-        cores = " / ".join(show(n) for n in ("cpu_cores_logical", "cpu_cores_physical", "cpu_affinity"))
-
         def pair(a: str, b: str) -> str:
             return f"{show(a, human_bytes)} / {show(b, human_bytes)}"
 
+        versions = f"{self.python_version} / {self.torch_version} / {self.torchvision_version or '?'}"
+        cores = " / ".join(show(n) for n in ("cpu_cores_logical", "cpu_cores_physical", "cpu_affinity"))
         drv_cuda = f" (CUDA {self.driver_cuda_version})" if self.driver_cuda_version else ""
         return [
             ("Python / torch / torchvision", versions),
@@ -295,28 +282,11 @@ class HardwareReport:
         width = max(len(k) for k, _ in rows)
         return "\n".join(wrap(f"{k:<{width}}  {v}", width=110, indent=" " * (width + 2)) for k, v in rows)
 
-    def _repr_html_(self) -> str:
-        body = "".join(
-            f"<tr><td style='text-align:left'>{k}</td><td style='text-align:left'>{v}</td></tr>"
-            for k, v in self.lines()
-        )
-        return f"<table>{body}</table>"
-
-
-def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    name = platform.processor()
-    return name or None
-
 
 def _fill_host(rep: HardwareReport) -> None:
-    rep.cpu_model = _cpu_model()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as fh:
+        rep.cpu_model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.lower().startswith("model name")), None)
+    rep.cpu_model = rep.cpu_model or platform.processor() or None
     if rep.cpu_model is None:
         rep.missing["cpu_model"] = "neither /proc/cpuinfo nor platform.processor() named it"
     rep.cpu_cores_logical = os.cpu_count()
@@ -459,7 +429,7 @@ def _fill_nvml(rep: HardwareReport, index: int | None) -> None:
 
 
 def hardware_report(device: torch.device | str | None = None) -> HardwareReport:
-    """Collect the hardware facts. Never raises for an unreadable field."""
+    """Collect the hardware facts; never raises for an unreadable field."""
     dev = torch.device(device) if device is not None else pick_device()
     rep = HardwareReport(device=str(dev))
     _fill_host(rep)
@@ -486,24 +456,8 @@ class CheckLine:
 _PACKAGES = ("torch", "torchvision", "numpy", "matplotlib", "ipywidgets", "psutil", "pynvml", "tqdm", "PIL")
 
 
-def _device_line(rep: HardwareReport) -> CheckLine:
-    if rep.cuda_available:
-        return CheckLine("device", True, f"CUDA: {rep.gpu_name}, driver {rep.driver_version or 'unknown'}")
-    problem = cuda_driver_problem(rep)
-    if problem:
-        return CheckLine("device", False, f"running on {rep.device}, not on the GPU. {problem}")
-    return CheckLine(
-        "device",
-        False,
-        f"no CUDA device; running on {rep.device}. Every chapter still runs: CPU parts are measured live, "
-        "GPU parts show reference results recorded on a real GPU",
-    )
-
-
 def environment_check(report: HardwareReport | None = None, shm_min_bytes: int = 1 << 30) -> list[CheckLine]:
     """An ok/warning line per package, the device (why an installed GPU is unusable), the size tier, /dev/shm."""
-    import importlib
-
     lines: list[CheckLine] = []
     ok_v = sys.version_info >= (3, 10)
     lines.append(CheckLine("python", ok_v, platform.python_version() + ("" if ok_v else " (3.10 or newer is needed)")))
@@ -513,10 +467,18 @@ def environment_check(report: HardwareReport | None = None, shm_min_bytes: int =
         except Exception as exc:
             lines.append(CheckLine(mod, False, f"cannot import ({exc}); run `make setup` from the workbook folder"))
     rep = report or hardware_report()
-    lines.append(_device_line(rep))
+    problem = None if rep.cuda_available else cuda_driver_problem(rep)
+    if rep.cuda_available:
+        lines.append(CheckLine("device", True, f"CUDA: {rep.gpu_name}, driver {rep.driver_version or 'unknown'}"))
+    elif problem:
+        lines.append(CheckLine("device", False, f"running on {rep.device}, not on the GPU. {problem}"))
+    else:
+        no_gpu = "GPU parts show reference results recorded on a real GPU"
+        detail = f"no CUDA device; running on {rep.device}. Every chapter still runs: CPU parts are measured live, "
+        lines.append(CheckLine("device", False, detail + no_gpu))
     try:
-        tier = config.size_tier()
-        lines.append(CheckLine("sizes", True, f"{tier} tier: {config.tier_reason(tier)}"))
+        tier, reason = config.decide_tier()
+        lines.append(CheckLine("sizes", True, f"{tier} tier: {reason}"))
     except ValueError as exc:  # a WORKBOOK_* variable with an unknown value
         lines.append(CheckLine("sizes", False, str(exc)))
     if rep.shm_free_bytes is None:

@@ -25,11 +25,6 @@ from .reference import CitedFigure, artifacts, cited_for, find, missing_message,
 from .results import Record, ResultSet
 from .validate import wrap
 
-__all__ = [
-    "KINDS", "Evidence", "measured", "recorded", "recorded_artifact", "published", "theoretical", "missing",
-    "published_elsewhere", "measure_or_recall",
-]  # fmt: skip
-
 T = TypeVar("T")
 Kind = Literal["measured", "recorded", "published", "theoretical", "missing"]
 

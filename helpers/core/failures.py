@@ -8,8 +8,6 @@ from __future__ import annotations
 import re
 import signal
 
-__all__ = ["ITEM_NOTE", "LoaderFailure", "ended_in_words", "explain_loader_error", "raised_in_worker"]
-
 #: Start of the note a worker adds to a data set's exception: which item raised it (the loaders add it in the worker).
 ITEM_NOTE = "[workbook] failing item:"
 

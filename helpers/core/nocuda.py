@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["diagnose_no_cuda"]
-
 #: The PyTorch wheel index that holds builds for each CUDA 12.x level (see https://pytorch.org/get-started/locally/).
 _CUDA12_INDEXES = ((12, 8, "cu128"), (12, 6, "cu126"))
 

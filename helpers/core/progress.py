@@ -12,8 +12,6 @@ import contextlib
 import sys
 from typing import Any, Callable, Iterator
 
-__all__ = ["ProgressFn", "TqdmProgress", "progress_bar", "no_progress", "scaled"]
-
 ProgressFn = Callable[..., None]
 
 

@@ -22,11 +22,6 @@ from typing import Any
 from .results import Record, ResultSet
 from .validate import check_fields, wrap
 
-__all__ = [
-    "reference_dir", "references", "find", "artifacts", "missing_message", "provenance_line",
-    "CitedFigure", "published_experiments_file", "load_published_experiments", "cited_for", "no_published_sentence",
-]  # fmt: skip
-
 REFERENCE_ENV = "WORKBOOK_REFERENCE_DIR"
 
 

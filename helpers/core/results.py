@@ -17,11 +17,6 @@ from typing import Any, Iterable
 from .config import mode_name
 from .validate import check_fields
 
-__all__ = [
-    "SCHEMA", "SCHEMA_VERSION", "BENCHMARK_VERSION", "Record", "ResultSet", "Comparison", "NotComparableError",
-    "comparable", "compare_results", "sanity_flags", "flag_lines",
-]  # fmt: skip
-
 SCHEMA = "gpu-data-workbook/results"
 SCHEMA_VERSION = 1
 #: Bump when a benchmark's method changes so old and new figures are not mixed up.

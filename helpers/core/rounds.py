@@ -22,8 +22,6 @@ import torch
 from .progress import ProgressFn, scaled
 from .validate import check_int
 
-__all__ = ["Rounds", "alternate", "table", "intraop_threads"]
-
 Measure = Callable[..., float]
 """One configuration's measurement: returns one figure (seconds, items/s, ...). If it takes a
 ``progress`` keyword, it gets a callback for its share of the run."""

@@ -12,8 +12,6 @@ from .config import describe_sizes, mode_name
 from .device import no_cuda_message, pick_device
 from .validate import wrap
 
-__all__ = ["chapter", "mode_line"]
-
 
 def mode_line(chapter: str, device: torch.device) -> str:
     """'Chapter 02 · quick mode · device: cpu · torch 2.x'."""

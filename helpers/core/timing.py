@@ -33,11 +33,6 @@ import torch.utils.benchmark as tbench  # noqa: E402
 from .config import mode_name
 from .validate import check_float, check_int, human_seconds, wrap
 
-__all__ = [
-    "Timing", "measure", "time_calls", "summarize", "synchronize", "cuda_event_time", "Span", "SpanTrace",
-    "SpanRecorder", "GpuDelay", "calibrated_compute",
-]  # fmt: skip
-
 
 def synchronize(device: torch.device | str | None = None) -> None:
     """Wait for all queued work on ``device`` (no-op on CPU); None: every CUDA device with a context."""
