@@ -1742,12 +1742,12 @@ def compare_lines(mine: Any, refs: Sequence[Any]) -> list[str]:
         if not ok:
             lines.append(f"{provenance_line(ref)} — not compared with your file: {why}")
             continue
-        cmp = compare_results(ref, mine)
+        matched = compare_results(ref, mine)
         lines.append(
-            f"{provenance_line(ref)} — same hardware: {len(cmp.rows)} matching records "
+            f"{provenance_line(ref)} — same hardware: {len(matched)} matching records "
             "(reference -> yours, ratio yours/reference)"
         )
-        lines += ["  " + ln for ln in cmp.lines()]
+        lines += ["  " + ln for ln in matched]
         if ref.mode != mine.mode:
             lines.append(
                 f"  note: the reference is {ref.mode} mode and yours is {mine.mode} mode; only records "

@@ -1,15 +1,6 @@
-"""One result type for every figure a chapter shows: measured, recorded, published, theoretical or missing.
-
-A chapter's measuring function returns an :class:`Evidence` whichever path ran, and the notebook shows it with
-one call; it carries its provenance, so a number is never shown as more than it is::
-
-    pins = evidence.measure_or_recall("the cost of pinning", DEVICE, measure=lambda: ...,  # runs only with CUDA
-                                      key="ch02.pin", convert=pin_costs.pin_costs_from_records)  # else: references
-    pins.show(pin_costs.pin_cost_table)  # the no-CUDA sentence (if any), the provenance line, the table
-
-Kinds: ``measured`` here, ``recorded`` on a named GPU, ``published`` (cited), ``theoretical``, ``missing``.
-Without a recorded reference, :func:`recorded` falls back to cited figures of the *same experiment*: a falsy
-``published`` Evidence (no value in the chapter's format), so ``if ev: plot(ev.value)`` stays right.
+"""One result type for every figure a chapter shows: measured here, recorded on a named GPU, published (cited),
+theoretical, or missing. A chapter's measuring function returns an :class:`Evidence` whichever path ran and the
+notebook shows it with one call (``ev.show(fmt)``), provenance included, so a number never reads as more than it is.
 """
 
 from __future__ import annotations
@@ -35,8 +26,8 @@ KINDS.update(theoretical="theoretical", missing="missing")
 
 @dataclass(frozen=True)
 class Evidence(Generic[T]):
-    """A figure (``value``; None exactly when missing) with its provenance line ``source`` (or why there is
-    nothing), a ``note`` shown before it (the no-CUDA sentence) and ``cited`` figures (text, never drawn)."""
+    """A figure (``value``; None exactly when missing, or when it only cites others' figures, which are text,
+    never drawn: ``if ev: plot(ev.value)`` stays right) with its provenance line ``source`` and a ``note``."""
 
     what: str
     kind: Kind
@@ -63,7 +54,6 @@ class Evidence(Generic[T]):
         return self.kind == "measured"
 
     def header(self) -> str:
-        """'[recorded elsewhere] the cost of pinning: Recorded on ...'."""
         return f"[{KINDS[self.kind]}] {self.what}: {self.source}"
 
     def lines(self, fmt: Callable[[T], str | Iterable[str]] | None = None) -> list[str]:
@@ -85,7 +75,6 @@ class Evidence(Generic[T]):
 
 
 def measured(what: str, value: T, device: torch.device | str | None = None, method: str = "") -> Evidence[T]:
-    """Measured now on ``device`` (its name, for a CUDA device)."""
     dev = torch.device(device) if device is not None else None
     if dev is not None and dev.type == "cuda" and torch.cuda.is_available():
         where = f"{torch.cuda.get_device_name(dev)} ({dev})"
@@ -103,7 +92,7 @@ def recorded(
     **params: Any,
 ) -> Evidence[Any]:
     """The newest reference file's records for ``key`` (and ``params``) through ``convert(rs, records)``
-    (None counts as missing); else :func:`published_elsewhere`."""
+    (None: missing); else :func:`published_elsewhere`."""
     for rs, recs in find(key, **params):
         value = convert(rs, recs) if convert is not None else recs
         if value is not None:
@@ -114,7 +103,7 @@ def recorded(
 def recorded_artifact(
     what: str, name: str, convert: Callable[[ResultSet, Any], T] | None = None, note: str = ""
 ) -> Evidence[Any]:
-    """The newest reference file's artifact ``name`` (a span trace, a table), converted; or ``missing``."""
+    """The newest reference file's artifact ``name`` (a span trace), converted; else published elsewhere."""
     for rs, art in artifacts(name):
         value = convert(rs, art) if convert is not None else art
         if value is not None:
@@ -123,22 +112,19 @@ def recorded_artifact(
 
 
 def published(what: str, value: T, citation: str) -> Evidence[T]:
-    """Published by a cited source (the citation names it: author or vendor, title, year, URL)."""
     if not citation:
         raise ValueError("a published figure needs its citation")
     return Evidence(what, "published", value, f"published: {citation}")
 
 
 def theoretical(what: str, value: T, basis: str) -> Evidence[T]:
-    """Computed from a specification or a model, never measured (``basis`` says from what)."""
     if not basis:
         raise ValueError("a theoretical figure needs its basis")
     return Evidence(what, "theoretical", value, f"theoretical: {basis}")
 
 
 def published_elsewhere(what: str, key: str, note: str = "", label: str | None = None) -> Evidence[Any]:
-    """Figures of the experiment behind ``key`` published elsewhere (falsy: no value of its own); else
-    ``missing``, saying nothing was recorded or found and which experiment would produce a figure."""
+    """Figures of the experiment behind ``key`` published elsewhere (falsy: no value of its own); else missing."""
     figs = cited_for(key)
     if figs:
         source = (
@@ -155,7 +141,6 @@ def published_elsewhere(what: str, key: str, note: str = "", label: str | None =
 
 
 def missing(what: str, reason: str | None = None, note: str = "") -> Evidence[Any]:
-    """Nothing to show; ``reason`` (default: how reference results get recorded) says why."""
     return Evidence(what, "missing", None, reason or missing_message(what), note)
 
 
@@ -168,8 +153,7 @@ def measure_or_recall(
     method: str = "",
     **params: Any,
 ) -> Evidence[Any]:
-    """Measure on a CUDA ``device``; without one, the reference records for ``key`` (or ``missing``), with the
-    no-CUDA sentence as the note, so the reader sees why the figure is not from this machine."""
+    """Measure on a CUDA ``device``; without one, :func:`recorded` for ``key`` with the no-CUDA sentence as note."""
     dev = torch.device(device)
     if dev.type == "cuda":
         return measured(what, measure(), dev, method)

@@ -1,11 +1,6 @@
-"""Reference results recorded on real GPUs, and the honest fallback.
-
-Reference files are :class:`~helpers.core.results.ResultSet` JSON files under ``helpers/core/reference/``,
-committed by the GPU check (``make gpu-check``); chapters use them when no CUDA device is present
-(``find("ch02.h2d_bandwidth")`` -> ``[(ResultSet, [Record, ...]), ...]``). Where none holds a key, a chapter
-shows figures of the *same experiment* others published (``published_experiments.json``: source, the quoted
-sentence holding the number, date read; :func:`cited_for`), or says none was found and which experiment would
-produce one (:func:`no_published_sentence`). Nothing here makes up a number.
+"""Reference results recorded on real GPUs (``reference/*.json``, committed by ``make gpu-check``), and the honest
+fallback when none holds a key: figures of the *same experiment* others published (``published_experiments.json``,
+each with the quoted sentence holding its number), or which experiment would produce one. Nothing is made up.
 """
 
 from __future__ import annotations
@@ -26,13 +21,13 @@ REFERENCE_ENV = "WORKBOOK_REFERENCE_DIR"
 
 
 def reference_dir() -> Path:
-    """Folder holding reference files (``$WORKBOOK_REFERENCE_DIR`` overrides, for tests)."""
+    """``$WORKBOOK_REFERENCE_DIR`` (tests), else the packaged folder."""
     raw = os.environ.get(REFERENCE_ENV)
     return Path(raw) if raw else Path(__file__).resolve().parent / "reference"
 
 
 def references() -> list[ResultSet]:
-    """Every reference result set, newest first. Unreadable files are skipped with a warning line."""
+    """Every reference result set, newest first; an unreadable file is skipped with a warning line."""
     out: list[ResultSet] = []
     for path in sorted(reference_dir().glob("*.json")):  # no folder: none
         try:
@@ -59,7 +54,6 @@ def artifacts(name: str) -> list[tuple[ResultSet, Any]]:
 
 
 def provenance_line(rs: ResultSet) -> str:
-    """'Recorded on <GPU>, driver ..., torch ..., <date>, <mode> mode; method: ...'."""
     return f"Recorded on {rs.label()}; method: {rs.method}"
 
 
@@ -72,14 +66,14 @@ def missing_message(what: str) -> str:
     )
 
 
-PUBLISHED_ENV = "WORKBOOK_PUBLISHED_EXPERIMENTS"
+_PUBLISHED = Path(__file__).resolve().parent / "published_experiments.json"
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
 @dataclass(frozen=True)
 class CitedFigure:
-    """A figure of a workbook experiment published by someone else: ``value`` and ``unit`` as published,
-    ``quote`` the source's sentence holding the number (verbatim), ``compared`` what was set against what."""
+    """A figure of a workbook experiment published by someone else, as published: ``quote`` is the source's
+    sentence holding the number (verbatim), ``compared`` what was set against what."""
 
     id: str
     experiment: tuple[str, ...]  # record keys (glob patterns) this figure is evidence for
@@ -122,12 +116,6 @@ _CITED_TYPES: dict[str, Any] = {**dict.fromkeys(_CITED_FIELDS, str), "value": (i
 _NOT_EMPTY_EXEMPT = ("url", "date_read", "notes")  # checked on their own terms; notes may be ''
 
 
-def published_experiments_file() -> Path:
-    """The data file (``$WORKBOOK_PUBLISHED_EXPERIMENTS`` overrides, for tests)."""
-    raw = os.environ.get(PUBLISHED_ENV)
-    return Path(raw) if raw else Path(__file__).resolve().parent / "published_experiments.json"
-
-
 def _number_text(value: float) -> str:
     return f"{value:g}" if float(value).is_integer() else repr(float(value))
 
@@ -155,9 +143,9 @@ def _check_figure(raw: Any, where: str) -> CitedFigure:
 
 
 def load_published_experiments(path: Path | str | None = None) -> tuple[tuple[CitedFigure, ...], dict[str, str]]:
-    """The cited figures and the 'none found' sentences of ``path`` (default: the packaged file), checked: a
-    ValueError names the entry and the field when one is missing or bad, or a quote does not hold its value."""
-    p = Path(path) if path is not None else published_experiments_file()
+    """The cited figures and 'none found' sentences of ``path`` (default: the packaged file), checked: a ValueError
+    names the entry and the field when one is missing or bad, or a quote does not hold its value."""
+    p = Path(path) if path is not None else _PUBLISHED
     data = json.loads(p.read_text(encoding="utf-8"))
     figures = tuple(_check_figure(raw, f"{p.name} figure {i}") for i, raw in enumerate(data.get("figures", [])))
     ids = [f.id for f in figures]
@@ -169,20 +157,18 @@ def load_published_experiments(path: Path | str | None = None) -> tuple[tuple[Ci
     return figures, dict(none_found)
 
 
-@functools.lru_cache(maxsize=4)
-def _cached(path: str) -> tuple[tuple[CitedFigure, ...], dict[str, str]]:
-    return load_published_experiments(path)
+_cached = functools.cache(load_published_experiments)
 
 
 def cited_for(key: str) -> tuple[CitedFigure, ...]:
     """The published figures of the experiment behind record key (or artifact name) ``key``."""
-    figures, _ = _cached(str(published_experiments_file()))
+    figures, _ = _cached()
     return tuple(f for f in figures if f.matches(key))
 
 
 def no_published_sentence(key: str) -> str | None:
     """'No published figure of this experiment was found; <what would produce one>', or None if not listed."""
-    _, none_found = _cached(str(published_experiments_file()))
+    _, none_found = _cached()
     for pattern, experiment in none_found.items():
         if fnmatch.fnmatchcase(key, pattern):
             return (

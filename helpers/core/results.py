@@ -1,8 +1,6 @@
-"""One JSON format for measurements, with provenance (hardware, versions, date, method, size tier).
-
-A :class:`ResultSet` holds :class:`Record` s and free-form ``artifacts`` (span traces). Ratios are taken only
-between sets from the same hardware: a ratio between an H100 and a laptop says nothing about either.
-"""
+"""One JSON format for measurements (:class:`ResultSet`: records and artifacts), with provenance (hardware,
+versions, date, method, size tier). Ratios only between sets from the same hardware: an H100 over a laptop says
+nothing about either."""
 
 from __future__ import annotations
 
@@ -19,18 +17,17 @@ from .validate import check_fields
 
 SCHEMA = "gpu-data-workbook/results"
 SCHEMA_VERSION = 1
-#: Bump when a benchmark's method changes so old and new figures are not mixed up.
-BENCHMARK_VERSION = "2"  # 2: ch04.speedup measured in alternating rounds
+BENCHMARK_VERSION = "2"  # bumped when a method changes (2: ch04.speedup in alternating rounds)
 
 
 class NotComparableError(ValueError):
-    """Raised when two result sets were measured on different hardware."""
+    """Two result sets measured on different hardware."""
 
 
 @dataclass
 class Record:
     """One value (the median, for timings) at ``params``, with optional ``spread`` (``{"iqr": 0.1, "n": 30}``)
-    and ``flags``: why it cannot be right (:func:`sanity_flags`; not written when empty)."""
+    and ``flags``: why it cannot be right (not written when empty)."""
 
     key: str
     value: float
@@ -49,8 +46,6 @@ class Record:
 
 @dataclass
 class ResultSet:
-    """Measurements plus their provenance. Build one with :meth:`new`."""
-
     name: str
     method: str
     provenance: dict[str, Any]
@@ -110,13 +105,9 @@ class ResultSet:
         return dict(self.provenance.get("hardware", {}))
 
     def label(self) -> str:
-        hw = self.hardware
-        gpu = hw.get("gpu_name") or "no GPU"
-        p = self.provenance
-        return (
-            f"{gpu}, driver {p.get('driver_version') or 'n/a'}, torch {p.get('torch_version')}, "
-            f"{self.created[:10]}, {self.mode} mode"
-        )
+        gpu, p = self.hardware.get("gpu_name") or "no GPU", self.provenance
+        driver = p.get("driver_version") or "n/a"
+        return f"{gpu}, driver {driver}, torch {p.get('torch_version')}, {self.created[:10]}, {self.mode} mode"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -128,7 +119,7 @@ class ResultSet:
         return data
 
     def save(self, path: str | Path) -> Path:
-        """Write JSON atomically: a reader never sees half a file."""
+        """Write JSON atomically (a reader never sees half a file)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
@@ -191,8 +182,7 @@ _SLACK = 0.02
 
 
 def sanity_flags(records: Iterable[Record]) -> list[str]:
-    """Flag each record whose figure no honest measurement produces (a ``fraction`` outside [0, 1]); one message
-    per new flag, values never changed. tools/bench.py adds chapter 02's and 04's own checks."""
+    """Flag each record no honest measurement produces (a ``fraction`` outside [0, 1]); a line per new flag."""
     why = "impossible: a fraction outside 0..1 (noise, or the reference it is a share of was under-measured)"
     new = []
     for rec in records:
@@ -203,7 +193,7 @@ def sanity_flags(records: Iterable[Record]) -> list[str]:
 
 
 def flag_lines(rs: ResultSet, records: Iterable[Record] | None = None) -> list[str]:
-    """One line per flag on ``records`` (default: every record of ``rs``), after :func:`sanity_flags`."""
+    """One line per flag on ``records`` (default: all of ``rs``), after :func:`sanity_flags`."""
     todo = list(rs.records if records is None else records)
     sanity_flags(todo)
     return [_flag_line(r, why) for r in todo for why in r.flags]
@@ -224,36 +214,16 @@ def comparable(a: ResultSet, b: ResultSet) -> tuple[bool, str]:
     return True, "same hardware and benchmark version"
 
 
-@dataclass
-class Comparison:
-    rows: list[tuple[str, dict[str, Any], float, float, float, str]]
-    note: str
-
-    def ratio(self, key: str, **params: Any) -> float | None:
-        for k, p, _, _, r, _ in self.rows:
-            if k == key and all(p.get(n) == v for n, v in params.items()):
-                return r
-        return None
-
-    def lines(self) -> list[str]:
-        return [f"{k} {p}: {va:.4g} -> {vb:.4g} {unit}  (x{r:.2f})" for k, p, va, vb, r, unit in self.rows]
-
-
-def compare_results(a: ResultSet, b: ResultSet, keys: Iterable[str] | None = None) -> Comparison:
-    """Ratios ``b/a`` per matching record. Raises NotComparableError on different hardware."""
+def compare_results(a: ResultSet, b: ResultSet) -> list[str]:
+    """One line per record both hold (same key and params): ``a``'s value -> ``b``'s, and the ratio ``b/a``.
+    Raises NotComparableError on different hardware."""
     ok, why = comparable(a, b)
     if not ok:
         raise NotComparableError(
             f"refusing to compare {a.name!r} and {b.name!r}: {why}. Show each as 'recorded on ...' instead."
         )
-    wanted = set(keys) if keys is not None else None
     index_b = {r.ident(): r for r in b.records}
-    rows = []
-    for ra in a.records:
-        if wanted is not None and ra.key not in wanted:
-            continue
-        rb = index_b.get(ra.ident())
-        if rb is None or ra.value == 0:
-            continue
-        rows.append((ra.key, ra.params, ra.value, rb.value, rb.value / ra.value, ra.unit))
-    return Comparison(rows=rows, note=why)
+    pairs = [(ra, index_b[ra.ident()]) for ra in a.records if ra.ident() in index_b and ra.value != 0]
+    return [
+        f"{r.key} {r.params}: {r.value:.4g} -> {rb.value:.4g} {r.unit}  (x{rb.value / r.value:.2f})" for r, rb in pairs
+    ]

@@ -1,14 +1,7 @@
-"""Timing that tells the truth: warm-up, synchronisation, medians and spread. One tool per question:
-
-``measure(fn)``        how long does this operation take? ``torch.utils.benchmark.Timer`` blocks, median and IQR.
-``time_calls(fn)``     what does each single call cost (the first one, or one not synchronised)? The wall clock.
-``SpanRecorder``       where does a step's time go? Named phases on the host clock, GPU phases with CUDA events;
-                       ``cuda_event_time(fn)`` times calls with it; ``GpuDelay``, ``calibrated_compute`` calibrate so.
-
-Everything measures the device it is given, not the current one: an event recorded without a stream, or a
-``synchronize()`` without a device, guards only the *current* device. So every event here is recorded on
-``torch.cuda.current_stream(dev)`` (or the stream passed), every sync names ``dev``, and work that takes no
-device (``torch.cuda._sleep``, your ``fn``) runs under ``with torch.cuda.device(dev):``.
+"""Timing that tells the truth, one tool per question: ``measure`` (how long an operation takes: Timer blocks,
+median and IQR), ``time_calls`` (what single calls cost: the wall clock), ``SpanRecorder`` (where a step's time
+goes: host clock, CUDA events for GPU phases). An event or sync without a device guards only the *current*
+device, so every event here is recorded on ``dev``'s stream, every sync names ``dev``, and ``fn`` runs on ``dev``.
 """
 
 from __future__ import annotations
@@ -25,8 +18,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-# torch.utils.benchmark imports cpp_extension, which logs a warning on machines
-# without a CUDA toolkit; that line is noise for readers.
+# torch.utils.benchmark imports cpp_extension, which warns on machines without a CUDA toolkit: noise for readers
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 import torch.utils.benchmark as tbench  # noqa: E402
 
@@ -51,7 +43,7 @@ def synchronize(device: torch.device | str | None = None) -> None:
 
 
 def _cuda_devices_in_use() -> list[int]:
-    """CUDA devices with a context (others have nothing queued; a sync would create one); all without the probe."""
+    """CUDA devices with a context (others have nothing queued; a sync would create one)."""
     if not torch.cuda.is_initialized():
         return []
     has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
@@ -65,21 +57,19 @@ def _cuda_devices_in_use() -> list[int]:
 
 
 def _cuda_device(device: torch.device | str | None) -> torch.device:
-    """``device`` as a CUDA device with its index (``cuda`` alone: the current device)."""
+    """``device`` as a CUDA device with its index (``cuda`` alone: the current one)."""
     dev = torch.device(device) if device is not None else torch.device("cuda")
     return dev if dev.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
 def _is_cuda(device: torch.device | str | None) -> bool:
-    if device is None:
-        return False
-    return torch.device(device).type == "cuda" and torch.cuda.is_available()
+    return device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available()
 
 
 @dataclass
 class Timing:
-    """Repeated timings of one call, in seconds: median, IQR (75th - 25th percentile), mean (pulled up by
-    outliers), extremes, the ``n`` per-call samples (blocks or calls) and how they were measured."""
+    """Repeated timings of one call, in seconds: the ``n`` per-call samples (blocks or calls), their summary
+    (IQR: 75th - 25th percentile; the mean is pulled up by outliers) and how they were measured."""
 
     label: str
     median_s: float
@@ -93,7 +83,7 @@ class Timing:
 
     @property
     def quartiles_s(self) -> tuple[float, float]:
-        """(25th, 75th) percentile of one call, from :attr:`times_s` (the median twice with fewer than 2 samples)."""
+        """(25th, 75th) percentile of one call, interpolated (the median twice with fewer than 2 samples)."""
         return _quartiles(self.times_s) if len(self.times_s) > 1 else (self.median_s, self.median_s)
 
     def __str__(self) -> str:
@@ -101,11 +91,10 @@ class Timing:
             f"{self.label}: median {human_seconds(self.median_s)}"
             f" (IQR {human_seconds(self.iqr_s)}, n={self.n}, {self.metadata.get('method', '?')})"
         )
-        return wrap(text, indent="    ")  # short lines, broken between words (a notebook breaks them anywhere)
+        return wrap(text, indent="    ")
 
 
 def _quartiles(values: list[float]) -> tuple[float, float]:
-    """(25th, 75th) percentile, linearly interpolated between samples; one sample: itself twice."""
     if len(values) < 2:
         return values[0], values[0]
     q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
@@ -133,12 +122,9 @@ def measure(
     warmup: int = 2,
     num_threads: int | None = None,
 ) -> Timing:
-    """Time ``fn()`` with ``torch.utils.benchmark.Timer``: warm-up, sync, median and IQR.
-
-    The clock synchronises ``device`` before each read (every CUDA device in use when None; nothing for the
-    CPU). ``blocks`` blocks of calls fill about ``min_run_time`` (``blocked_autorange`` often takes one huge
-    block for fast operations, which hides the spread), after ``warmup`` untimed calls and a sync.
-    ``num_threads`` defaults to the current ``torch.get_num_threads()`` (the Timer alone would use 1).
+    """Time ``fn()`` with ``torch.utils.benchmark.Timer``, its clock synchronised with ``device`` (None: every
+    CUDA device in use): ``blocks`` blocks of calls fill about ``min_run_time`` (``blocked_autorange`` often takes
+    one huge block, which hides the spread). ``num_threads``: the current torch's (the Timer alone would use 1).
     """
     if not callable(fn):
         raise ValueError(f"fn must be a callable taking no arguments, got {type(fn).__name__}")
@@ -159,12 +145,10 @@ def measure(
     number = max(1, min(1_000_000, int((min_run_time / blocks) / one)))
     samples = [timer.timeit(number).median for _ in range(blocks)]
     dev = str(torch.device(device)) if device is not None else "cpu"
-    if device is None:
-        clock_name = "clock reads synchronised with every CUDA device" if torch.cuda.is_available() else "wall clock"
-    elif torch.device(dev).type == "cpu" or (dev.startswith("cuda") and not torch.cuda.is_available()):
-        clock_name = "wall clock"
-    else:
-        clock_name = f"clock reads synchronised with {dev}"
+    kind = torch.device(dev).type
+    synced = torch.cuda.is_available() if kind == "cuda" or device is None else kind != "cpu"
+    clock_name = f"clock reads synchronised with {'every CUDA device' if device is None else dev}"
+    clock_name = clock_name if synced else "wall clock"
     return summarize(
         label,
         samples,
@@ -231,11 +215,8 @@ def cuda_event_time(
 
 @dataclass
 class Span:
-    """One timed phase of one step, in seconds since the recorder started.
-
-    ``start``/``end``: when the work *ran* (a GPU span: CUDA events, aligned to the recorder's start; a host
-    span: the wall clock). ``host_start``/``host_end``: when the CPU was inside the ``with`` block.
-    """
+    """One phase of one step, in seconds since the recorder started: ``start``/``end`` when the work *ran* (CUDA
+    events for a GPU span), ``host_start``/``host_end`` when the CPU was inside the ``with`` block."""
 
     name: str
     step: int
@@ -253,13 +234,10 @@ class Span:
 
 @dataclass
 class SpanTrace:
-    """The spans of a recorded run, and how they were taken."""
-
     spans: list[Span]
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def phase_totals(self) -> dict[str, float]:
-        """Total seconds per phase name, in first-seen order."""
         totals: dict[str, float] = {}
         for s in self.spans:
             totals[s.name] = totals.get(s.name, 0.0) + s.duration
@@ -272,9 +250,7 @@ class SpanTrace:
 
     def wall_time(self) -> float:
         """Seconds from the first span's start to the last span's end."""
-        if not self.spans:
-            return 0.0
-        return max(s.end for s in self.spans) - min(s.start for s in self.spans)
+        return max(s.end for s in self.spans) - min(s.start for s in self.spans) if self.spans else 0.0
 
     def lane_busy(self) -> dict[str, float]:
         """Fraction of the wall time each lane was busy (overlapping spans in a lane merged)."""
@@ -299,15 +275,11 @@ class SpanTrace:
 
 
 class SpanRecorder:
-    """Record the phases of consecutive training steps: ``with rec.span("compute", step=0): ...``, then
-    ``rec.finish()``.
+    """Record the phases of consecutive steps: ``with rec.span("compute", step=0): ...``, then ``rec.finish()``.
 
-    On a CUDA device, ``gpu=True`` marks a phase that enqueues GPU work: CUDA events are recorded around it on
-    the recorder's device's current stream (or ``stream``, of that device), the body runs with that device
-    current, and ``start``/``end`` come from the GPU's clock. Host phases use the wall clock. Nothing is
-    synchronised between spans, so recording does not change the overlap it reveals; :meth:`finish`
-    synchronises once and resolves the events. ``lane`` names the resource, for timelines (default ``"host"``
-    or ``"gpu"``; e.g. ``"copy stream"``).
+    ``gpu=True`` on CUDA: CUDA events around the phase on the device's current stream (or ``stream``), the body
+    run with that device current. Nothing is synchronised between spans, so recording does not change the
+    overlap it reveals; :meth:`finish` synchronises once. ``lane`` names the resource, for timelines.
     """
 
     def __init__(self, device: torch.device | str = "cpu", **metadata: Any) -> None:
@@ -372,15 +344,13 @@ class SpanRecorder:
                 self._events.append((self._spans[-1], start_ev, end_ev))
 
     def add(self, name: str, step: int, start: float, end: float, lane: str = "host") -> None:
-        """Add a span measured elsewhere (seconds since this recorder started)."""
         self._spans.append(Span(name, int(step), lane, float(start), float(end), float(start), float(end)))
 
     def now(self) -> float:
-        """Seconds since this recorder started (host clock)."""
         return time.perf_counter() - self._t0
 
     def since_start(self, perf_counter_s: float) -> float:
-        """A ``time.perf_counter()`` reading as seconds since this recorder started (no second clock read)."""
+        """A ``time.perf_counter()`` reading as seconds since this recorder started."""
         return perf_counter_s - self._t0
 
     def finish(self) -> SpanTrace:
@@ -396,12 +366,8 @@ class SpanRecorder:
 
 
 class GpuDelay:
-    """Queue about ``seconds`` of do-nothing GPU work on ``dev`` (``torch.cuda._sleep``; CUDA only).
-
-    ``GpuDelay(dev)()`` keeps the GPU busy while the host runs on: chapter 05's hazards and the prefetcher's
-    race checks use it to make a missing synchronisation show. It runs on ``dev`` whichever device is current
-    (``_sleep`` takes no device), on the stream a ``with torch.cuda.stream(s):`` made current on ``dev``.
-    """
+    """``GpuDelay(dev)()`` queues about ``seconds`` of do-nothing GPU work on ``dev``'s current stream (CUDA
+    only), so a missing synchronisation shows (chapter 05's hazards, the prefetcher's race checks)."""
 
     def __init__(self, dev: torch.device, seconds: float = 0.05) -> None:
         self.dev = dev
