@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.core import device, nocuda
+from helpers.core import device
 
 
 def test_pick_device_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -176,8 +176,7 @@ def test_has_cuda_propagates_under_require_gpu(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_diagnose_old_driver_for_the_cuda13_wheel() -> None:
-    msg = nocuda.diagnose_no_cuda(
-        cuda_available=False,
+    msg = device.diagnose_no_cuda(
         torch_cuda="13.0",
         driver_cuda="12.8",
         driver_version="570.86",
@@ -186,20 +185,21 @@ def test_diagnose_old_driver_for_the_cuda13_wheel() -> None:
     )
     assert "supports CUDA up to 12.8" in msg and "built for CUDA 13.0" in msg
     assert "download.pytorch.org/whl/cu128" in msg and "torch==2.14.1" in msg and "580" in msg
-    msg = nocuda.diagnose_no_cuda(cuda_available=False, torch_cuda="13.0", driver_cuda="12.6", nvidia_smi=True)
+    msg = device.diagnose_no_cuda(torch_cuda="13.0", driver_cuda="12.6", nvidia_smi=True)
     assert "whl/cu126" in msg
-    msg = nocuda.diagnose_no_cuda(cuda_available=False, torch_cuda="13.0", driver_cuda="12.2", nvidia_smi=True)
+    msg = device.diagnose_no_cuda(torch_cuda="13.0", driver_cuda="12.2", nvidia_smi=True)
     assert "Update the NVIDIA driver" in msg and "index-url" not in msg
 
 
-def test_diagnose_other_cases() -> None:
-    assert nocuda.diagnose_no_cuda(cuda_available=True, torch_cuda="13.0", driver_cuda="13.0") is None
-    assert nocuda.diagnose_no_cuda(cuda_available=False, torch_cuda="13.0", driver_cuda=None, nvidia_smi=False) is None
-    smi_only = nocuda.diagnose_no_cuda(cuda_available=False, torch_cuda="13.0", driver_cuda=None, nvidia_smi=True)
+def test_diagnose_other_cases(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device, "has_cuda", lambda: True)  # torch uses the GPU: no problem to report
+    assert device.cuda_driver_problem() is None
+    assert device.diagnose_no_cuda(torch_cuda="13.0", driver_cuda=None, nvidia_smi=False) is None
+    smi_only = device.diagnose_no_cuda(torch_cuda="13.0", driver_cuda=None, nvidia_smi=True)
     assert "cannot use the GPU" in smi_only and "nvidia-smi" in smi_only
-    cpu_build = nocuda.diagnose_no_cuda(cuda_available=False, torch_cuda=None, driver_cuda="12.8", nvidia_smi=True)
+    cpu_build = device.diagnose_no_cuda(torch_cuda=None, driver_cuda="12.8", nvidia_smi=True)
     assert "CPU-only build" in cpu_build and "index-url" in cpu_build
-    same = nocuda.diagnose_no_cuda(cuda_available=False, torch_cuda="13.0", driver_cuda="13.0", nvidia_smi=True)
+    same = device.diagnose_no_cuda(torch_cuda="13.0", driver_cuda="13.0", nvidia_smi=True)
     assert "CUDA up to 13.0" in same and "CUDA_VISIBLE_DEVICES" in same
 
 

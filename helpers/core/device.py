@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import os
 import platform
 import re
@@ -20,7 +21,6 @@ import torch
 
 from . import config
 from .config import REQUIRE_GPU_ENV, require_gpu
-from .nocuda import diagnose_no_cuda
 from .validate import check_int, human_bytes, wrap
 
 # Per-lane, per-direction payload GB/s after line encoding (Gen1/2: 8b/10b; Gen3-5: 128b/130b; Gen6: PAM4 + FLIT).
@@ -137,11 +137,75 @@ def cuda_driver_problem(rep: HardwareReport | None = None) -> str | None:
         rep = HardwareReport()
         _fill_nvml(rep, None)
     return diagnose_no_cuda(
-        cuda_available=False,
         torch_cuda=torch.version.cuda,
         driver_cuda=rep.driver_cuda_version,
         driver_version=rep.driver_version,
         nvidia_smi=shutil.which("nvidia-smi") is not None,
+    )
+
+
+#: The PyTorch wheel index that holds builds for each CUDA 12.x level (see https://pytorch.org/get-started/locally/).
+_CUDA12_INDEXES = ((12, 8, "cu128"), (12, 6, "cu126"))
+
+
+def _version_tuple(text: str | None) -> tuple[int, int] | None:
+    try:
+        parts = str(text).split(".")
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
+    except (ValueError, IndexError):
+        return None
+
+
+def diagnose_no_cuda(
+    *,
+    torch_cuda: str | None,
+    driver_cuda: str | None,
+    driver_version: str | None = None,
+    nvidia_smi: bool = False,
+    torch_version: str = torch.__version__,
+) -> str | None:
+    """Why torch, without CUDA, cannot use an NVIDIA GPU that seems installed, and the fix (pure: facts passed in,
+    ``torch_cuda`` being ``torch.version.cuda`` and ``driver_cuda`` NVML's newest CUDA); ``None`` if no such case.
+    The usual case: a CUDA 13 wheel and a driver for 12.x, where every chapter would silently run on the CPU."""
+    if driver_cuda is None and not nvidia_smi:
+        return None
+    try:
+        tv: str | None = importlib.metadata.version("torchvision").split("+")[0]
+    except Exception:  # torchvision not installed: the command names it without a version
+        tv = None
+    pins = f"torch=={torch_version.split('+')[0]} " + (f"torchvision=={tv}" if tv else "torchvision")
+    if not torch_cuda:
+        return (
+            f"An NVIDIA GPU driver is installed, but this torch ({torch_version}) is a CPU-only build, "
+            "so every chapter runs on the CPU. Install a CUDA build, e.g. "
+            f"`.venv/bin/python -m pip install --force-reinstall {pins} --index-url "
+            "https://download.pytorch.org/whl/cu128`."
+        )
+    need, have = _version_tuple(torch_cuda), _version_tuple(driver_cuda)
+    if need is not None and have is not None and have < (need[0], 0):
+        index = next((tag for major, minor, tag in _CUDA12_INDEXES if have >= (major, minor)), None)
+        update = f"the NVIDIA driver (CUDA {need[0]} needs driver 580 or newer)"
+        fix = (
+            f"Either update {update}, or install the torch build for CUDA {have[0]}.x: `.venv/bin/python -m pip "
+            f"install --force-reinstall {pins} --index-url https://download.pytorch.org/whl/{index}` "
+            "(https://pytorch.org/get-started/locally/ lists the builds each torch version has)."
+            if have[0] == 12 and index
+            else f"Update {update}; builds of this torch for CUDA {driver_cuda} may not exist "
+            "(see https://pytorch.org/get-started/locally/)."
+        )
+        drv = f"driver {driver_version}" if driver_version else "an NVIDIA driver"
+        return (
+            f"The GPU cannot be used: {drv} supports CUDA up to {driver_cuda}, but this torch "
+            f"({torch_version}) is built for CUDA {torch_cuda}, so torch.cuda.is_available() is False and "
+            f"the workbook falls back to the CPU. {fix}"
+        )
+    subject = f"NVIDIA driver {driver_version}" if driver_version else "An NVIDIA driver"
+    return (
+        f"{subject} is installed"
+        + (f" (CUDA up to {driver_cuda})" if driver_cuda else "")
+        + f", but torch ({torch_version}, CUDA {torch_cuda}) cannot use the GPU, so the workbook falls back "
+        "to the CPU. Run `nvidia-smi` to see whether the GPU is visible (in a container: start it with "
+        "--gpus all), and check CUDA_VISIBLE_DEVICES."
     )
 
 
