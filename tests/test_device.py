@@ -141,15 +141,16 @@ def test_pick_device_refuses_what_is_not_a_device(asked) -> None:
         device.pick_device(asked)
 
 
-def test_device_index_checked_against_the_count() -> None:
-    present = {"cpu": 1, "cuda": 2}
-    assert device.check_device_present("cuda:1", present=present) == torch.device("cuda:1")
-    assert device.check_device_present(0, present=present) == torch.device("cuda:0")
+def test_device_index_checked_against_the_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device, "_present_kinds", lambda: {"cpu": 1, "cuda": 2})
+    monkeypatch.setattr(device, "has_cuda", lambda: True)
+    assert device.pick_device("cuda:1") == torch.device("cuda:1")
+    assert device.pick_device(0) == torch.device("cuda:0")  # a CUDA index
     with pytest.raises(ValueError, match="no cuda device with index 7.*this machine has 2"):
-        device.check_device_present("cuda:7", present=present)
+        device.pick_device("cuda:7")
     with pytest.raises(ValueError, match="prefer='mps' is not available"):
-        device.check_device_present("mps", "prefer", present=present)
-    assert device.check_device_present("cpu", present=present).type == "cpu"
+        device.pick_device("mps")
+    assert device.pick_device("cpu").type == "cpu"
 
 
 def test_resolve_device_validates_index_and_kind(monkeypatch: pytest.MonkeyPatch) -> None:

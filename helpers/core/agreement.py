@@ -1,10 +1,8 @@
-"""Two measurements of one thing: do they agree within their spread? The one way to compare, for every chapter.
+"""Two measurements of one thing: do they agree within their spread? The rules every chapter's verdict uses.
 
-Wherever a chapter shows one thing measured twice (a one-pass sweep and alternating rounds, a fit and its
-points, two runs of one code path), it prints one sentence saying whether the two agree (one rule below) and,
-when they do not, which to trust: alternating rounds over a one-pass figure (each round compares the two under
-the same load), more samples over fewer, and for the same code timed twice the faster run (load and warm-up
-only add time). ``tests/test_agreement_pairs.py`` registers every pair the chapters show.
+When they disagree, trust alternating rounds over a one-pass figure (each round compares under the same load),
+more samples over fewer, and of the same code timed twice the faster run (load and warm-up only add time).
+``tests/test_agreement_pairs.py`` registers every pair the chapters show.
 """
 
 from __future__ import annotations
@@ -19,10 +17,7 @@ def _finite(*values: float) -> bool:
 
 
 def median_band(median: float, spread: float) -> tuple[float, float]:
-    """The spread of a figure that keeps only its median and IQR: ``(median - IQR, median + IQR)``.
-
-    An IQR of 0 (one sample) gives a band of one point: any difference from it is a miss.
-    """
+    """The spread of a figure that keeps only its median and IQR (0, one sample: a point, any difference misses)."""
     return (median - spread, median + spread)
 
 
@@ -56,10 +51,8 @@ def within_noise_floor(ratio: float, floor: float) -> bool:
 
 def ratio_noise(ratio_sets: Sequence[Sequence[float]]) -> float | None:
     """The IQR of every round's ratio over its own set's median (0.08: the middle half lie within 8%), or None
-    when no set has two rounds. Dividing by each set's median pools pairs with different effects; drift that
-    slows both sides of a round cancels out of a ratio. An IQR settles as rounds are added (a range keeps
-    widening) but reads low with few rounds, which the direction rule makes up for.
-    """
+    when no set has two rounds. Per-set medians pool pairs with different effects; an IQR settles as rounds are
+    added (a range keeps widening) but reads low with few rounds, which the direction rule makes up for."""
     pooled: list[float] = []
     for ratios in ratio_sets:
         vals = [float(r) for r in ratios]
@@ -75,12 +68,9 @@ def ratio_noise(ratio_sets: Sequence[Sequence[float]]) -> float | None:
 
 
 def ratios_split_on_direction(ratios: Sequence[float]) -> bool:
-    """Whether per-round ratios (A / B) fail to agree on a direction (True: no difference is shown).
-
-    They agree when all but a quarter of the rounds (rounded down) lie on one side of 1: all of 1-3, all but
-    one of 4-7. A round on 1 counts against both sides. With up to 3 rounds this is :func:`ratios_straddle_one`;
-    with more, the one disturbed round that more rounds ever more likely contain does not make it "noise".
-    """
+    """Whether per-round ratios (A / B) fail to agree on a direction (True: no difference is shown). They agree
+    when all but a quarter of the rounds (rounded down) lie on one side of 1 (a round on 1 counts against both),
+    so the one disturbed round that more rounds ever more likely contain does not make it "noise"."""
     vals = [float(r) for r in ratios]
     if not vals or not _finite(*vals):
         raise ValueError(f"ratios_split_on_direction needs finite ratios, got {list(ratios)!r}")

@@ -58,11 +58,9 @@ def _present_kinds() -> dict[str, int]:
     return kinds
 
 
-def check_device_present(
-    device: Any, name: str = "device", *, present: dict[str, int] | None = None, allowed: tuple[str, ...] = ()
-) -> torch.device:
+def check_device_present(device: Any, name: str = "device", *, allowed: tuple[str, ...] = ()) -> torch.device:
     """``device`` (a string, a ``torch.device`` or a CUDA index) as a ``torch.device`` of a type in ``allowed``
-    (empty: any) that exists here (``present``: ``{type: count}``), else a ValueError naming ``name``."""
+    (empty: any) that exists here, else a ValueError naming ``name``."""
     try:
         if isinstance(device, bool):
             raise TypeError
@@ -71,7 +69,7 @@ def check_device_present(
         raise ValueError(f"{name} must be a device such as 'cpu', 'cuda' or 'cuda:0', got {device!r}") from None
     if allowed and dev.type not in allowed:
         raise ValueError(f"{name} must be one of {list(allowed)}, got {str(device)!r}")
-    kinds = _present_kinds() if present is None else present
+    kinds = _present_kinds()
     here = ", ".join(
         f"{k!r}" + (f" ({n} device{'s' if n != 1 else ''})" if k != "cpu" else "") for k, n in kinds.items()
     )

@@ -1,10 +1,5 @@
-"""Progress for anything that runs longer than about ten seconds: one callback, ``progress(fraction, text="")``.
-
-Long helpers take an optional ``progress``: a panel hands them its bar, a cell or a script a tqdm bar::
-
-    with progress_bar("generating JPEGs") as progress:
-        data.make_shapes_dataset(progress=progress)
-"""
+"""Progress for anything over about ten seconds: one callback, ``progress(fraction, text="")``, that long helpers
+take; a panel hands them its bar, a cell ``with progress_bar("what") as progress:``."""
 
 from __future__ import annotations
 
@@ -16,11 +11,11 @@ ProgressFn = Callable[..., None]
 
 
 def no_progress(fraction: float, text: str = "") -> None:
-    """A ``progress`` callback that shows nothing (the default of long helpers)."""
+    """Shows nothing (the default of long helpers)."""
 
 
 class TqdmProgress:
-    """A ``progress(fraction, text)`` callback that drives a tqdm bar counted in percent."""
+    """A ``progress`` callback driving a tqdm bar counted in percent."""
 
     def __init__(self, bar: Any) -> None:
         self.bar = bar
@@ -38,8 +33,7 @@ class TqdmProgress:
 
 @contextlib.contextmanager
 def progress_bar(desc: str, *, enabled: bool = True) -> Iterator[TqdmProgress]:
-    """``with progress_bar("what") as progress:`` a tqdm bar in percent (a widget in a notebook, text elsewhere),
-    closed at the end; ``enabled=False`` draws nothing."""
+    """A tqdm bar in percent (a widget in a notebook, text elsewhere), closed at the end."""
     from tqdm.auto import tqdm
 
     bar = tqdm(
@@ -57,8 +51,7 @@ def progress_bar(desc: str, *, enabled: bool = True) -> Iterator[TqdmProgress]:
 
 
 def scaled(progress: ProgressFn | None, start: float, stop: float, prefix: str = "") -> ProgressFn:
-    """A callback for one part of a longer job: its 0..1 maps onto ``start..stop`` of ``progress``, its text
-    gets ``prefix`` (``"epoch 2: "``)."""
+    """A callback for one part of a job: its 0..1 maps onto ``start..stop`` of ``progress``; text gets ``prefix``."""
     if progress is None:
         return no_progress
 

@@ -160,10 +160,9 @@ class ResultSet:
         return cls.from_dict(data)
 
 
-_FILE_FIELDS: dict[str, Any] = {"name": str, "method": str, "created": str, "mode": str, "provenance": dict}
-_FILE_FIELDS.update(records=list, artifacts=dict)
-_RECORD_FIELDS: dict[str, Any] = {"key": str, "value": (int, float), "unit": str, "params": dict, "spread": dict}
-_RECORD_FIELDS["flags"] = list
+_FILE_FIELDS: dict[str, Any] = dict(name=str, method=str, created=str, mode=str, provenance=dict, records=list)
+_FILE_FIELDS["artifacts"] = dict
+_RECORD_FIELDS: dict[str, Any] = dict(key=str, value=(int, float), unit=str, params=dict, spread=dict, flags=list)
 
 
 def _record_from_dict(i: int, r: Any) -> Record:

@@ -1,12 +1,8 @@
-"""The one way to compare configurations, alternating rounds, and the one table renderer (:func:`table`).
+"""The one way to compare configurations (alternating rounds) and the one table renderer (:func:`table`).
 
-A sequential comparison (all of A, then all of B) is at the mercy of the machine's speed at the time: on a shared
-or turbo-boosting CPU the rate moves by a third within seconds. :func:`alternate` measures every configuration
-once per round, reversing the order every other round (A B, B A, ...), so drift hits all alike; ratios are taken
-within a round, and their spread is what :mod:`helpers.core.agreement` turns into a verdict::
-
-    rounds = alternate({"0 workers": lambda: rate(0), "2 workers": lambda: rate(2)}, rounds=5)
-    rounds.ratio("2 workers", "0 workers")      # median of the per-round ratios
+All of A then all of B is at the mercy of the machine's speed at the time (a shared or turbo-boosting CPU moves by a
+third within seconds): :func:`alternate` runs each once per round, the order reversed every other round, so drift
+hits all alike; ratios are taken within a round.
 """
 
 from __future__ import annotations
@@ -22,15 +18,11 @@ import torch
 from .progress import ProgressFn, scaled
 from .validate import check_int
 
-Measure = Callable[..., float]
-"""One configuration's measurement: returns one figure (seconds, items/s, ...). If it takes a
-``progress`` keyword, it gets a callback for its share of the run."""
+Measure = Callable[..., float]  # one figure (seconds, items/s, ...); given progress= if it takes one
 
 
 @dataclass
 class Rounds:
-    """Every round's figure for every configuration, in round order."""
-
     labels: tuple[str, ...]
     values: dict[str, list[float]] = field(default_factory=dict)
 
@@ -40,7 +32,6 @@ class Rounds:
         return min((len(v) for v in self.values.values()), default=0)
 
     def median(self, label: str) -> float:
-        """The median of ``label``'s figures over the rounds."""
         return statistics.median(self.values[label])
 
     def ratios(self, label: str, base: str) -> list[float]:
@@ -48,7 +39,6 @@ class Rounds:
         return [a / b for a, b in zip(self.values[label], self.values[base]) if b]
 
     def ratio(self, label: str, base: str) -> float:
-        """The median of :meth:`ratios`."""
         return statistics.median(self.ratios(label, base))
 
 
@@ -83,10 +73,7 @@ def alternate(measures: Mapping[str, Measure], rounds: int, *, progress: Progres
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, left: int = 1, gap: int = 2) -> list[str]:
-    """A fixed-width text table: the first ``left`` columns left-aligned, the rest right-aligned.
-
-    Cells are written with ``str()``: format numbers before (``f"{x:,.0f}"``), so each chapter
-    keeps its own units. Each column is as wide as its widest cell.
+    """A fixed-width text table, the first ``left`` columns left-aligned; format numbers before (``str()`` only).
 
     >>> table(["workers", "items/s"], [[0, "1,204"], [2, "2,310"]])
     ['workers  items/s', '0          1,204', '2          2,310']

@@ -1,8 +1,4 @@
-"""The one setup call every chapter makes first: ``DEVICE = setup.chapter("02", gpu_for="host-to-GPU copies")``.
-
-It picks the device, prints the mode line (chapter, size tier, device, torch), the sizes line with the
-chapter's recorded Run All time and, without CUDA, the one sentence saying what cannot run here.
-"""
+"""The one setup call every chapter makes first: ``DEVICE = setup.chapter("02", gpu_for="host-to-GPU copies")``."""
 
 from __future__ import annotations
 
@@ -13,17 +9,12 @@ from .device import no_cuda_message, pick_device
 from .validate import wrap
 
 
-def mode_line(chapter: str, device: torch.device) -> str:
-    """'Chapter 02 · quick mode · device: cpu · torch 2.x'."""
-    return f"Chapter {chapter} · {mode_name()} mode · device: {device} · torch {torch.__version__}"
-
-
 def chapter(chapter: str, gpu_for: str | None = None, prefer: str | None = None) -> torch.device:
     """Print the chapter's mode and sizes lines (and, without CUDA, what ``gpu_for`` cannot run); return its device."""
     if not (isinstance(chapter, str) and len(chapter) == 2 and chapter.isdigit()):
         raise ValueError(f"chapter must be two digits such as '02', got {chapter!r}")
     device = pick_device(prefer)
-    print(mode_line(chapter, device))
+    print(f"Chapter {chapter} · {mode_name()} mode · device: {device} · torch {torch.__version__}")
     print(wrap(describe_sizes(chapter)))
     if device.type != "cuda" and gpu_for:
         print(no_cuda_message(gpu_for))

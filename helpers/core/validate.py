@@ -1,7 +1,5 @@
-"""Argument checks at the entry points a notebook or the command line calls, and number formatting.
-
-A wrong value reads ``ValueError: batch_size must be an integer in [1, 4096], got 0``, not a traceback from
-deep inside torch. Internal functions trust what an entry point checked.
+"""Argument checks at the entry points a notebook or the command line calls (``batch_size must be an integer in
+[1, 4096], got 0``, not a traceback from deep inside torch; internal functions trust them), and number formatting.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ def check_int(name: str, value: Any, lo: int, hi: int | None = None) -> int:
 
 
 def check_float(name: str, value: Any, lo: float, hi: float | None = None) -> float:
-    """Return ``value`` as a float if ``lo <= value <= hi``; else raise ValueError."""
+    """``value`` as a float if ``lo <= value <= hi`` (not NaN, not a bool); else ValueError."""
     upper = "inf" if hi is None else f"{hi:g}"
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number in [{lo:g}, {upper}], got {value!r}")
@@ -34,7 +32,6 @@ def check_float(name: str, value: Any, lo: float, hi: float | None = None) -> fl
 
 
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
-    """Return ``value`` if it is one of ``choices``; else raise ValueError listing them."""
     options = list(choices)
     if value not in options:
         raise ValueError(f"{name} must be one of {options}, got {value!r}")
@@ -42,8 +39,8 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
 
 
 def check_fields(where: str, data: Any, types: dict[str, Any], required: tuple[str, ...]) -> None:
-    """A JSON object read from a file, checked: a ValueError naming ``where`` and the field when ``data`` is not an
-    object, lacks a ``required`` field, or holds a field of the wrong type (``types``: name -> type(s))."""
+    """A JSON object read from a file, checked: a ValueError naming ``where`` and the field when it is not an
+    object, lacks a ``required`` field, or holds one of the wrong type (``types``: name -> type(s))."""
     if not isinstance(data, dict):
         raise ValueError(f"{where} must be an object, got {type(data).__name__}")
     missing = [k for k in required if k not in data]
@@ -66,11 +63,11 @@ def wrap(text: str, width: int = 100, indent: str = "") -> str:
 def human_bytes(n: float) -> str:
     """Format a byte count with binary units: ``human_bytes(3 * 2**20) == '3.0 MiB'``."""
     value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
-    return f"{value:.1f} TiB"  # pragma: no cover
+    return f"{value:.1f} TiB"
 
 
 def human_seconds(s: float) -> str:
