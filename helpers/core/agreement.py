@@ -11,6 +11,11 @@ import math
 import statistics
 from collections.abc import Sequence
 
+__all__ = [  # the rules (tests/test_agreement_pairs.py: a verdict's chain ends in one of them)
+    "median_band", "spreads_overlap", "within_range", "ratios_straddle_one", "within_noise_floor", "ratio_noise",
+    "ratios_split_on_direction",
+]  # fmt: skip
+
 
 def _finite(*values: float) -> bool:
     return all(math.isfinite(float(v)) for v in values)

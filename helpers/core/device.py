@@ -300,8 +300,8 @@ class HardwareReport:
         names = "gpu_name gpu_count cpu_model cpu_cores_logical pcie_generation_max pcie_width_max".split()
         return {name: getattr(self, name) for name in names}
 
-    def lines(self) -> list[tuple[str, str]]:
-        """(label, value) rows for display; unknown values say why."""
+    def describe(self) -> str:
+        """A plain-text table of the facts; unknown values say why."""
 
         def show(name: str, fmt: Any = str) -> str:
             value = getattr(self, name)
@@ -319,7 +319,7 @@ class HardwareReport:
         versions = f"{self.python_version} / {self.torch_version} / {self.torchvision_version or '?'}"
         cores = " / ".join(show(n) for n in ("cpu_cores_logical", "cpu_cores_physical", "cpu_affinity"))
         drv_cuda = f" (CUDA {self.driver_cuda_version})" if self.driver_cuda_version else ""
-        return [
+        rows = [
             ("Python / torch / torchvision", versions),
             ("Device chosen", self.device),
             ("CPU", show("cpu_model")),
@@ -337,10 +337,6 @@ class HardwareReport:
             ("Link ceiling per direction (theoretical)",
              show("link_bandwidth_gbps", lambda v: f"{v:.1f} GB/s, from {self.link_description}")),
         ]  # fmt: skip
-
-    def describe(self) -> str:
-        """A plain-text table of :meth:`lines`."""
-        rows = self.lines()
         width = max(len(k) for k, _ in rows)
         return "\n".join(wrap(f"{k:<{width}}  {v}", width=110, indent=" " * (width + 2)) for k, v in rows)
 
