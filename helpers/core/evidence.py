@@ -93,22 +93,22 @@ def recorded(
 ) -> Evidence[Any]:
     """The newest reference file's records for ``key`` (and ``params``) through ``convert(rs, records)``
     (None: missing); else :func:`published_elsewhere`."""
-    for rs, recs in find(key, **params):
-        value = convert(rs, recs) if convert is not None else recs
-        if value is not None:
-            return Evidence(what, "recorded", value, provenance_line(rs) + " (not this machine)", note)
-    return published_elsewhere(what, key, note)
+    return _newest(what, find(key, **params), convert, note) or published_elsewhere(what, key, note)
 
 
 def recorded_artifact(
     what: str, name: str, convert: Callable[[ResultSet, Any], T] | None = None, note: str = ""
 ) -> Evidence[Any]:
     """The newest reference file's artifact ``name`` (a span trace), converted; else published elsewhere."""
-    for rs, art in artifacts(name):
-        value = convert(rs, art) if convert is not None else art
+    return _newest(what, artifacts(name), convert, note) or published_elsewhere(what, name, note, f"artifact {name}")
+
+
+def _newest(what: str, hits: Iterable[tuple[ResultSet, Any]], convert: Any, note: str) -> Evidence[Any] | None:
+    for rs, raw in hits:
+        value = convert(rs, raw) if convert is not None else raw
         if value is not None:
             return Evidence(what, "recorded", value, provenance_line(rs) + " (not this machine)", note)
-    return published_elsewhere(what, name, note, label=f"artifact {name}")
+    return None
 
 
 def published(what: str, value: T, citation: str) -> Evidence[T]:

@@ -94,9 +94,6 @@ class CitedFigure:
     def matches(self, key: str) -> bool:
         return any(fnmatch.fnmatchcase(key, pattern) for pattern in self.experiment)
 
-    def citation(self) -> str:
-        return f"{self.where}, {self.url} (read {self.date_read})"
-
     def lines(self) -> list[str]:
         rows = [
             ("  ", f"{self.what}: {_number_text(self.value)} {self.unit}"),
@@ -104,7 +101,7 @@ class CitedFigure:
             ("    ", f"on: {self.gpu}; {self.software}"),
             ("    ", f"method: {self.method}"),
             ("    ", f'the source says: "{" ".join(self.quote.split())}"'),
-            ("    ", f"source: {self.citation()}"),
+            ("    ", f"source: {self.where}, {self.url} (read {self.date_read})"),
         ]
         if self.notes:
             rows.append(("    ", f"note: {self.notes}"))
