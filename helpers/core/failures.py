@@ -1,7 +1,5 @@
-"""Failures of DataLoader worker processes, in plain words: :class:`LoaderFailure` (the loaders raise it) and
-:func:`explain_loader_error` (torch's own errors). Text only, in the lowest layer, so the live panel gives the
-same advice for any run, the reader's own loop included.
-"""
+"""Failures of DataLoader worker processes in plain words (what happened, what to check). Text only, in the lowest
+layer, so the live panel gives the same advice for any run, the reader's own loop included."""
 
 from __future__ import annotations
 
