@@ -21,7 +21,7 @@ from typing import Any, Callable, Collection
 from ..core import config
 
 RECORD_MIME = "application/vnd.workbook.exercise+json"
-KEY_ENV = "WORKBOOK_ANSWER_KEY"  # another answer key's path; "none": behave as a student release
+KEY_ENV = "WORKBOOK_ANSWER_KEY"  # "none": behave as a student release (no key)
 
 
 class _FromKey:
@@ -34,17 +34,10 @@ FROM_KEY: Any = _FromKey()  # the default ``expected``: what the key computes fo
 
 def answer_key() -> ModuleType | None:
     """The answer key module (``course/key.py``), or None where it is absent (a student release)."""
-    env = os.environ.get(KEY_ENV)
-    if env is None:
-        path = Path(__file__).resolve().parents[2] / "course" / "key.py"
-        return _load_key(path) if path.is_file() else None
-    if env.strip().lower() in ("", "none", "0"):
+    path = Path(__file__).resolve().parents[2] / "course" / "key.py"
+    if not path.is_file() or os.environ.get(KEY_ENV, "").strip().lower() in ("none", "0"):
         return None
-    if not Path(env).is_file():
-        raise ValueError(
-            f"{KEY_ENV}={Path(env).resolve()}: no such answer key file; unset it or point it at course/key.py"
-        )
-    return _load_key(Path(env).resolve())
+    return _load_key(path)
 
 
 @functools.lru_cache(maxsize=None)
@@ -112,7 +105,8 @@ RUN_FACTS: dict[str, Callable[[dict[str, Any], Any], dict[str, Any] | None]] = {
 
 
 def encode_answer(answer: Any) -> Any:
-    """The answer as JSON (sets and tuples tagged, anything else by its ``repr``), for the grading record."""
+    """The answer as JSON (sets and tuples tagged, anything else by its ``repr``), for the grading record
+    (``course.grade.decode_answer`` reads it back)."""
     if answer is None or isinstance(answer, (bool, str)):
         return answer
     if isinstance(answer, numbers.Integral):
@@ -127,27 +121,6 @@ def encode_answer(answer: Any) -> Any:
     if answer is Ellipsis:
         return {"ellipsis": True}
     return {"repr": repr(answer)}
-
-
-def decode_answer(data: Any) -> Any:
-    """The inverse of :func:`encode_answer` (an object known only by its ``repr`` comes back as that string)."""
-    if not isinstance(data, dict):
-        return data
-    if "set" in data:
-        return {_hashable(decode_answer(x)) for x in data["set"]}
-    if "tuple" in data:
-        return tuple(decode_answer(x) for x in data["tuple"])
-    if "list" in data:
-        return [decode_answer(x) for x in data["list"]]
-    if "float" in data:
-        return float(data["float"])
-    if data.get("ellipsis"):
-        return Ellipsis
-    return str(data.get("repr", ""))  # a class, a function: the key's checker ran in the reader's run
-
-
-def _hashable(x: Any) -> Any:
-    return tuple(_hashable(i) for i in x) if isinstance(x, list) else x
 
 
 _COLOURS = {"correct": "#1a7f37", "wrong": "#b00020", "unanswered": "#7a5a00", "recorded": "#444"}
@@ -271,8 +244,8 @@ def check(
 
 
 #: A multi-part result's status: the first whose set holds every part's status.
-_AT_MOST = {"correct": {"correct"}, "unanswered": {"unanswered"}, "recorded": {"recorded", "unanswered"}}
-_AT_MOST["wrong"] = {"correct", "wrong", "unanswered", "recorded"}
+_AT_MOST = [("correct", {"correct"}), ("unanswered", {"unanswered"}), ("recorded", {"recorded", "unanswered"})]
+_AT_MOST.append(("wrong", {"correct", "wrong", "unanswered", "recorded"}))
 
 
 def check_parts(exercise: str, **parts: Part) -> ExerciseResult:
@@ -284,8 +257,8 @@ def check_parts(exercise: str, **parts: Part) -> ExerciseResult:
             raise ValueError(f"part {name!r} must be a Part(answer, ...), got {type(part).__name__}")
     ns = sys._getframe(1).f_globals
     results = [_evaluate(f"{exercise}{name}", p, ns) for name, p in parts.items()]
-    statuses = {p.status for p in results}
-    status = next(s for s in ("correct", "unanswered", "recorded", "wrong") if statuses <= _AT_MOST[s])
+    seen = {p.status for p in results}
+    status = next(s for s, at_most in _AT_MOST if seen <= at_most)
     return _graded(ExerciseResult(exercise, status, "\n".join(p.message for p in results), None, results))
 
 

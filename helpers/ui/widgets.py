@@ -205,24 +205,17 @@ class Panel:
             },
             "metadata": {"workbook_details": True},
         }
-        kept = tuple(
-            o
-            for o in self.out.outputs
-            if not o.get("metadata", {}).get("workbook_details") and o.get("name") != "stderr"
-        )
-        self.out.outputs = kept + (block,)
+        old = [o for o in self.out.outputs if o.get("name") != "stderr"]
+        self.out.outputs = tuple(o for o in old if not o.get("metadata", {}).get("workbook_details")) + (block,)
 
     def _on_click(self, _button: Any = None, force: bool = False) -> None:
         now = time.monotonic()
         if self.busy or (not force and (now - self._last_end) < self.debounce_s):
             self.ignored_clicks += 1
             return
-        self.busy = True
-        self.button.disabled = True
+        self.busy = self.button.disabled = True
         self.runs_started += 1
-        self.error = None
-        self.bar.value = 0.0
-        self.bar_label.value = ""
+        self.error, self.bar.value, self.bar_label.value = None, 0.0, ""
         values = self.values()
         self._show_status("Running…", "busy")
         t0 = time.perf_counter()
@@ -242,12 +235,8 @@ class Panel:
             self.out.outputs = outputs
             self.bar.value = 1.0
             # Which settings the result belongs to: a run a notebook cell started used values the reader did not choose.
-            origin = (
-                "started by a notebook cell, with the settings the controls now show; change any and "
-                "press Run for your own"
-                if force
-                else "with the settings above"
-            )
+            by_cell = "started by a notebook cell, with the settings the controls now show; change any and press Run"
+            origin = f"{by_cell} for your own" if force else "with the settings above"
             self._show_status(f"Run #{rec.index} done in {seconds:.1f} s ({rec.short_label()}), {origin}.", "ok")
         except KeyboardInterrupt:
             self._fail("Interrupted. The run was stopped and its resources released; press Run to start again.")
@@ -261,8 +250,7 @@ class Panel:
                 first = (str(exc).strip().splitlines() or [""])[0]
                 self._fail("The run failed: " + (advice or f"{type(exc).__name__}: {first}"), exc)
         finally:
-            self.busy = False
-            self.button.disabled = False
+            self.busy = self.button.disabled = False
             self._last_end = time.monotonic()
 
     def _build_outputs(self, history: list[RunRecord]) -> tuple[dict[str, Any], ...]:
