@@ -24,14 +24,6 @@ RECORD_MIME = "application/vnd.workbook.exercise+json"
 KEY_ENV = "WORKBOOK_ANSWER_KEY"  # "none": behave as a student release (no key)
 
 
-class _FromKey:
-    def __repr__(self) -> str:
-        return "<from the answer key>"
-
-
-FROM_KEY: Any = _FromKey()  # the default ``expected``: what the key computes for this run
-
-
 def answer_key() -> ModuleType | None:
     """The answer key module (``course/key.py``), or None where it is absent (a student release)."""
     path = Path(__file__).resolve().parents[2] / "course" / "key.py"
@@ -163,7 +155,7 @@ class Part:
     """One part of a multi-part exercise: the reader's ``answer`` and what :func:`check` needs."""
 
     answer: Any
-    expected: Any = FROM_KEY
+    expected: Any = None  # None: what the answer key computes for this run
     hint: str = ""
     explanation: str = ""
     rel_tol: float | None = None
@@ -230,14 +222,15 @@ def compare(answer: Any, expected: Any, rel_tol: float = 0.05, abs_tol: float = 
 def check(
     exercise: str,
     answer: Any,
-    expected: Any = FROM_KEY,
+    expected: Any = None,
     *,
     hint: str = "",
     explanation: str = "",
     rel_tol: float | None = None,
     abs_tol: float | None = None,
 ) -> ExerciseResult:
-    """Check ``answer`` of ``exercise`` (``"00.2"``) against the key's value for the caller's run (or ``expected``).
+    """Check ``answer`` of ``exercise`` (``"00.2"``) against the key's value for the caller's run (or ``expected``,
+    a number, string(s), bool or ``expected(answer) -> bool | str``: see :func:`compare`).
     Unanswered (``None``/``...``) shows ``hint`` and does not fail; numbers within 5 % by default."""
     part = Part(answer, expected, hint, explanation, rel_tol, abs_tol)
     return _graded(_evaluate(exercise, part, sys._getframe(1).f_globals))
@@ -291,12 +284,12 @@ def _evaluate(exercise: str, part: Part, ns: dict[str, Any]) -> ExerciseResult:
     answer, expected, hint, explanation = part.answer, part.expected, part.hint, part.explanation
     facts, facts_error = _run_facts(exercise, answer, ns)
     record = {"exercise": exercise, "answer": encode_answer(answer), "facts": facts}
-    record["expected_given"] = expected is not FROM_KEY
+    record["expected_given"] = expected is not None
     if answer is None or answer is Ellipsis:
         msg = f"Exercise {exercise}: not answered yet." + (f" Hint: {hint}" if hint else "")
         return ExerciseResult(exercise, "unanswered", msg, record)
-    key = answer_key() if expected is FROM_KEY else None
-    if expected is FROM_KEY and key is None:
+    key = answer_key() if expected is None else None
+    if expected is None and key is None:
         text = repr(answer) if len(repr(answer)) <= 60 else repr(answer)[:57] + "..."
         msg = f"Exercise {exercise}: answer recorded ({text}); your instructor's grader checks it."
         return ExerciseResult(exercise, "recorded", msg, record)
