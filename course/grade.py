@@ -85,13 +85,35 @@ def records(nb: nbformat.NotebookNode) -> dict[str, tuple[dict[str, Any], str]]:
     return found
 
 
+def decode_answer(data: Any) -> Any:
+    """The inverse of ``helpers.ui.exercises.encode_answer`` (an object known only by its ``repr`` comes back as that
+    string)."""
+    if not isinstance(data, dict):
+        return data
+    if "set" in data:
+        return {_hashable(decode_answer(x)) for x in data["set"]}
+    if "tuple" in data:
+        return tuple(decode_answer(x) for x in data["tuple"])
+    if "list" in data:
+        return [decode_answer(x) for x in data["list"]]
+    if "float" in data:
+        return float(data["float"])
+    if data.get("ellipsis"):
+        return Ellipsis
+    return str(data.get("repr", ""))  # a class, a function: the key's checker ran in the reader's run
+
+
+def _hashable(x: Any) -> Any:
+    return tuple(_hashable(i) for i in x) if isinstance(x, list) else x
+
+
 def grade_one(exercise: str, found: dict[str, tuple[dict[str, Any], str]]) -> tuple[float, str]:
     """``(points, feedback)`` for one exercise of one submission."""
     e = key.entry(exercise)
     if exercise not in found:
         return 0, "no recorded check: the check cell was deleted, changed or not run (run it and save with outputs)"
     rec, source = found[exercise]
-    answer = exercises.decode_answer(rec.get("answer"))
+    answer = decode_answer(rec.get("answer"))
     if answer is None or answer is Ellipsis:
         return 0, "not answered"
     note = " (the check's expected= was edited: graded against the key)" if rec.get("expected_given") else ""

@@ -62,23 +62,17 @@ def test_pipeline_after_merges_tagged_cells_in_chapter_order(books: Path) -> Non
     assert "helper" not in codecells.pipeline_after("02", books)
 
 
-def test_show_diff_against_the_previous_chapter(books: Path) -> None:
-    ns = {}
-    exec("def to_device(x, y):\n    return x.to(D, non_blocking=True), y.to(D)\n", ns)
+def test_show_diff_against_the_previous_chapter(books: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(LookupError, match="run the cell"):
         codecells.show_diff("01", "to_device", notebooks=books)  # not in any executed cell, no namespace
-    d = codecells.diff(
-        "01",
-        ["to_device"],
-        {"to_device": "def to_device(x, y):\n    return x.to(D, non_blocking=True), y.to(D)"},
-        books,
-    )
+    cells = ["def to_device(x, y):\n    return x.to(D, non_blocking=True), y.to(D)\n"]
+    monkeypatch.setattr(codecells, "_kernel_inputs", lambda: cells)
+    d = codecells.show_diff("01", "to_device", notebooks=books)
     assert d.added == ["    return x.to(D, non_blocking=True), y.to(D)"]
     assert d.removed == ["    return x.to(D), y.to(D)"]
     assert "non_blocking" in d._repr_html_() and "1 lines added" in d._repr_html_()
-    unchanged = codecells.diff(
-        "02", ["to_device"], {"to_device": codecells.pipeline_after("02", books)["to_device"]}, books
-    )
+    cells[0] = codecells.pipeline_after("02", books)["to_device"]
+    unchanged = codecells.show_diff("02", "to_device", notebooks=books)
     assert "unchanged since chapter 02" in unchanged.text()
     with pytest.raises(ValueError, match="chapters are"):
         codecells.show_diff("09", "to_device", notebooks=books)
@@ -86,8 +80,9 @@ def test_show_diff_against_the_previous_chapter(books: Path) -> None:
         codecells.show_diff("01", notebooks=books)
 
 
-def test_new_function_is_all_added(books: Path) -> None:
-    d = codecells.diff("02", ["Prefetcher"], {"Prefetcher": "class Prefetcher:\n    pass"}, books)
+def test_new_function_is_all_added(books: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(codecells, "_kernel_inputs", lambda: ["class Prefetcher:\n    pass\n"])
+    d = codecells.show_diff("02", "Prefetcher", notebooks=books)
     assert d.added == ["class Prefetcher:", "    pass"] and "no Prefetcher yet" in d.text()
 
 
@@ -95,10 +90,6 @@ def test_current_source_reads_the_newest_executed_cell(monkeypatch: pytest.Monke
     cells = ["def f():\n    return 1\n", "%time x = 1\n", "def f():\n    return 2\n", "print(1)\n"]
     monkeypatch.setattr(codecells, "_kernel_inputs", lambda: cells)
     assert codecells.current_source("f") == "def f():\n    return 2"
-
-
-def test_code_lines_skip_blanks_and_comments() -> None:
-    assert codecells.code_lines("a = 1\n\n# note\n  # indented note\nb = 2  # trailing\n") == 2
 
 
 def test_without_a_checkout_the_cells_say_where_they_are_read(tmp_path: Path) -> None:

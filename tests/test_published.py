@@ -1,4 +1,5 @@
-"""helpers.ui.published: the data file of figures published elsewhere, its loader, tables and plots (CPU only)."""
+"""helpers.ui.published: the data file of figures published elsewhere (checked by tools/published_table.py), its
+loader, tables and plots (CPU only)."""
 
 from __future__ import annotations
 
@@ -22,17 +23,17 @@ def _raw() -> dict:
 def test_every_entry_has_every_field_and_valid_values():
     raw = _raw()
     assert raw["kind"] == published.KIND_PUBLISHED
-    required = set(published._REQUIRED)
+    required = set(published_table.REQUIRED)
     for entry in raw["figures"]:
         assert set(entry) == required, entry.get("id")
         assert entry["url"].startswith("https://"), entry["id"]
-        assert entry["value"] > 0 and entry["unit"] in published.UNITS, entry["id"]
+        assert entry["value"] > 0 and entry["unit"] in published_table.UNITS, entry["id"]
         assert entry["direction"] in ("h2d", "d2h") and entry["memory"] in ("pinned", "pageable"), entry["id"]
         assert entry["date_read"] == "2026-11-22", entry["id"]
         for key in ("gpu", "link", "product_link", "tool", "method", "numa", "where", "published"):
             assert entry[key].strip(), (entry["id"], key)
-    figs = published.load()
-    assert len(figs) == len(raw["figures"])
+    figs = published_table.check_file(published.data_file())
+    assert len(figs) == len(raw["figures"]) and figs == published.load()
 
 
 def test_enough_figures_generations_and_both_kinds():
@@ -46,9 +47,9 @@ def test_enough_figures_generations_and_both_kinds():
 
 
 def test_no_duplicates():
-    figs = published.load()
+    figs = published_table.check_file(published.data_file())
     assert len({f.id for f in figs}) == len(figs)
-    assert len({published._key(f) for f in figs}) == len(figs)
+    assert len({published_table.same_copy(f) for f in figs}) == len(figs)
 
 
 def test_units_are_converted_with_the_tools_definition():
@@ -89,7 +90,7 @@ def test_bad_entries_are_refused(tmp_path: Path, change: dict, message: str):
     path = tmp_path / "published.json"
     path.write_text(json.dumps(raw))
     with pytest.raises(ValueError, match=message):
-        published.load(path)
+        published_table.check_file(path)
 
 
 def test_missing_field_and_duplicate_are_refused(tmp_path: Path):
@@ -100,12 +101,12 @@ def test_missing_field_and_duplicate_are_refused(tmp_path: Path):
     path = tmp_path / "missing.json"
     path.write_text(json.dumps(raw))
     with pytest.raises(ValueError, match="lacks field"):
-        published.load(path)
+        published_table.check_file(path)
     raw = _raw()
     raw["figures"] = [raw["figures"][0], dict(raw["figures"][0], id="copy")]
     path.write_text(json.dumps(raw))
     with pytest.raises(ValueError, match="duplicates"):
-        published.load(path)
+        published_table.check_file(path)
 
 
 def test_filters_validate_their_arguments():

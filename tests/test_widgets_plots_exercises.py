@@ -277,7 +277,7 @@ def test_strict_gpu_run_lets_a_checkers_cuda_error_through(monkeypatch: pytest.M
 
 
 def test_a_panel_advises_on_a_loader_failure_without_reaching_up_a_layer() -> None:
-    """Issue #27: ``known_failure_advice`` looked ``helpers.pipeline.loaders`` up in ``sys.modules`` (a ui module
+    """Issue #27: the panel's advice looked ``helpers.pipeline.loaders`` up in ``sys.modules`` (a ui module
     reaching up a layer, unseen by the layer test), so a panel gave no advice unless that module happened to be
     loaded. The words now live in ``helpers.core.failures``: advice in a fresh interpreter that never loads it."""
     import subprocess
@@ -287,10 +287,16 @@ def test_a_panel_advises_on_a_loader_failure_without_reaching_up_a_layer() -> No
         "import sys\n"
         "from helpers.ui import widgets\n"
         "from helpers.core.failures import LoaderFailure\n"
-        "timeout = widgets.known_failure_advice(RuntimeError('DataLoader timed out after 5 seconds'))\n"
-        "assert timeout and 'within 5 s' in timeout, timeout\n"
-        "assert widgets.known_failure_advice(LoaderFailure('say this')) == 'say this'\n"
-        "assert widgets.known_failure_advice(ValueError('something else')) is None\n"
+        "def advice(exc):\n"
+        "    def run(progress):\n"
+        "        raise exc\n"
+        "    panel = widgets.Panel('t', {}, run)\n"
+        "    assert panel.click() is None\n"
+        "    return panel.error.removeprefix('The run failed: ')\n"
+        "timeout = advice(RuntimeError('DataLoader timed out after 5 seconds'))\n"
+        "assert 'within 5 s' in timeout, timeout\n"
+        "assert advice(LoaderFailure('say this')) == 'say this'\n"
+        "assert advice(RuntimeError('something else')) == 'RuntimeError: something else'\n"
         "assert 'helpers.pipeline.loaders' not in sys.modules, 'the panel imported the pipeline layer'\n"
         "print('ok')\n"
     )

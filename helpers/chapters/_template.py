@@ -1,18 +1,8 @@
 """Template for a chapter module: copy it to ``helpers/chapters/chNN/__init__.py`` (NN = the notebook's number).
 
-A working example of the one chapter interface (:mod:`helpers.ui.chapter`), small enough to read at once:
-its panel times one host copy of a tensor the reader sizes. ``tests/test_chapter_interface.py`` checks
-every ``chNN/__init__.py`` (and this file) against the interface; ``python -m tools.bench`` finds a new
-chapter by its file name and reads ``NUMBER``, ``TITLE`` and ``BENCH_WEIGHT`` without importing it.
-
-Rules (docs/CONTRIBUTING.md):
-- What the chapter teaches stands in the notebook's cells; this module holds the plumbing: the panel's
-  controls, one run, its summary line and plot, and the headless benchmark.
-- ``panel_run`` returns an :class:`~helpers.core.evidence.Evidence` whichever path ran: measured here, or,
-  for a GPU-only figure on a machine without CUDA, recorded elsewhere (reference files) or missing.
-- Record keys start with ``chNN.``; sizes come from :func:`helpers.core.config.sized`.
-- The notebook only builds the panel, for the reader; the test that drives it from Python (``panel.set``,
-  ``panel.click``, then asserts) goes in ``tests/test_panels_driven.py``, as the template's does.
+A working example of the one chapter interface (:mod:`helpers.ui.chapter`): its panel times one host copy. The
+notebook's cells teach; this module holds the plumbing. ``panel_run`` returns an Evidence whichever path ran;
+record keys start with ``chNN.``; the test that drives the panel goes in ``tests/test_panels_driven.py``.
 """
 
 from __future__ import annotations
@@ -55,7 +45,7 @@ def benchmark(results: ResultSet, device: torch.device, *, progress: ProgressFn 
 
 
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """One knob: the size of the copy (``context`` may set its default as ``mib=``)."""
+    """``context`` may set the size's default as ``mib=``."""
     return {"size_mib": W.IntSlider(value=context.get("mib", 4), min=1, max=64, description="MiB")}
 
 
@@ -68,14 +58,12 @@ def panel_run(progress: ProgressFn, *, device: torch.device, size_mib: int, **co
 
 
 def panel_summary(result: Evidence[timing.Timing]) -> str:
-    """'median 0.12 ms (IQR 0.01 ms) — [measured here] ...'."""
     if result.value is None:
         return result.header()
     return f"median {result.value.median_s * 1e3:.3f} ms (IQR {result.value.iqr_s * 1e3:.3f} ms) — {result.header()}"
 
 
 def panel_plot(history: list[Any], ax: Any) -> None:
-    """A bar per run."""
     runs = [r for r in history if r.result.value is not None]
     plots.history_bars(
         [r.short_label() for r in runs],

@@ -1,25 +1,11 @@
-"""The one interface every chapter module (``helpers/chapters/chNN/__init__.py``) offers, so that a live panel
-is three lines in a notebook and the headless bench needs no list of chapters:
+"""The one interface every chapter module (``helpers/chapters/chNN/__init__.py``) offers, so that a live panel is
+``widgets.Panel.for_chapter(chNN, device=DEVICE, <the reader's functions>)`` in a notebook and the headless bench
+needs no list of chapters. ``helpers/chapters/_template.py`` is a working example; docs/CONTRIBUTING.md the guide.
 
->>> from helpers.chapters import ch03
->>> panel = widgets.Panel.for_chapter(ch03, device=DEVICE, make_loader=make_loader, to_device=to_device)
->>> panel
-
-What a chapter module defines (``helpers/chapters/_template.py`` is a working example):
-
-``NUMBER: str``           its two digits, the same as its notebook's (``"03"``)
-``TITLE: str``            what it measures, for the bench's report
-``BENCH_WEIGHT: float``   its share of a bench time budget (an estimate of its cost, not a measurement)
-``PANEL_TITLE: str``      the live panel's heading
-``benchmark(results, device, *, progress=None) -> None``   its measurements, headless, added to a ResultSet
-``panel_controls(**context) -> dict[str, widget]``        the panel's knobs, named as ``panel_run``'s keywords
-``panel_run(progress, *, device, **values_and_context) -> Evidence``   one run (``context``: what the notebook
-    passed to ``for_chapter``: the reader's functions, the data set, sizes), an Evidence whichever path ran
-``panel_summary(result: Evidence) -> str``   the line shown after a run
-``panel_plot(history, ax) -> None``          draws every run so far (``history[i].result`` is an Evidence)
-
-Optional: ``panel_validate(values) -> None`` (raise ValueError to refuse settings before anything runs) and
-``PANEL_FIGSIZE: tuple[float, float]``.
+``panel_run(progress, *, device, **values_and_context) -> Evidence`` gets the controls' values and what the notebook
+passed to ``for_chapter``; ``panel_plot(history, ax)`` draws every run so far (``history[i].result``, an Evidence);
+``benchmark(results, device, *, progress=None)`` adds its headless measurements to a ResultSet. Optional:
+``panel_validate(values)`` (ValueError refuses settings before anything runs) and ``PANEL_FIGSIZE``.
 """
 
 from __future__ import annotations
@@ -28,8 +14,8 @@ import inspect
 import re
 from types import ModuleType
 
-__all__ = ["CONSTANTS", "FUNCTIONS", "OPTIONAL", "MODULE_NAME", "problems", "require"]
-
+#: NUMBER: its notebook's two digits; TITLE: what it measures, for the bench; BENCH_WEIGHT: its share of a bench
+#: time budget (an estimate of its cost); PANEL_TITLE: the live panel's heading.
 CONSTANTS: dict[str, type | tuple[type, ...]] = {"NUMBER": str, "TITLE": str, "BENCH_WEIGHT": (int, float)}
 CONSTANTS["PANEL_TITLE"] = str
 
@@ -41,8 +27,6 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     "panel_summary": ("result",),
     "panel_plot": ("history", "ax"),
 }
-
-OPTIONAL: tuple[str, ...] = ("panel_validate", "PANEL_FIGSIZE")
 
 #: Names of chapter folders (their `__init__` is the chapter module): ch00 ... ch99.
 MODULE_NAME = re.compile(r"^ch(\d\d)$")

@@ -1,11 +1,6 @@
-"""The reader's pipeline, as it grows from chapter to chapter: where it is written, and what changed.
-
-Chapters 01-06 build one data pipeline in code cells tagged ``pipeline``; each redefines only the functions it
-teaches, so the pipeline after chapter N is the newest definition of every name in the tagged cells of 01..N.
-``show_diff("02", "make_loader")`` diffs the functions *as they run in this kernel* against the pipeline chapter
-02 left (coloured in a notebook); ``pipeline_after("04")`` is ``{name: source}`` after chapter 04;
-``pipeline_cells("06")`` the tagged cells' source (a test keeps chapter 06's equal to ``examples/fast_pipeline.py``).
-Nothing here runs the pipeline.
+"""The reader's pipeline as it grows: chapters 01-06 define it in code cells tagged ``pipeline``, each redefining
+only what it teaches, so the pipeline after chapter N is the newest definition of every name in 01..N.
+``show_diff("02", "make_loader")`` diffs the functions as they run in this kernel against it.
 """
 
 from __future__ import annotations
@@ -18,10 +13,9 @@ import json
 import linecache
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 PIPELINE_TAG = "pipeline"
-#: The checkout's notebooks (an installed package has none beside it: pass ``notebooks=`` to every function).
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
@@ -83,27 +77,17 @@ def pipeline_after(chapter: str, notebooks: Path = NOTEBOOKS) -> dict[str, str]:
 
 
 def _kernel_inputs() -> list[str]:
-    try:
-        from IPython import get_ipython
-    except ImportError:  # pragma: no cover - IPython is installed with JupyterLab
-        return []
+    from IPython import get_ipython  # installed with JupyterLab
+
     ip = get_ipython()
-    if ip is None:
-        return []
-    return [s for s in ip.user_ns.get("In", []) if isinstance(s, str)]
+    return [s for s in ip.user_ns.get("In", []) if isinstance(s, str)] if ip is not None else []
 
 
 def _method_files(obj: Any) -> list[str]:
-    """The files holding a class's methods: for a class defined in a cell, the cell file IPython registers in
-    ``linecache`` (``__main__`` has no file, and nbval keeps no input history)."""
-    if not isinstance(obj, type):
-        return []
-    files: list[str] = []
-    for value in vars(obj).values():
-        code = getattr(getattr(value, "__func__", value), "__code__", None)
-        if code is not None and code.co_filename not in files:
-            files.append(code.co_filename)
-    return files
+    """For a class defined in a cell: the cell files IPython registers in ``linecache`` for its methods
+    (``__main__`` has no file, and nbval keeps no input history)."""
+    codes = [getattr(getattr(v, "__func__", v), "__code__", None) for v in vars(obj).values()]
+    return list(dict.fromkeys(c.co_filename for c in codes if c is not None)) if isinstance(obj, type) else []
 
 
 def current_source(name: str, namespace: Mapping[str, Any] | None = None) -> str:
@@ -167,20 +151,6 @@ class PipelineDiff:
         return f'<div style="font-family:monospace;font-size:12px"><b>{html.escape(title)}</b>{"".join(rows)}</div>'
 
 
-def diff(previous: str, names: Sequence[str], current: Mapping[str, str], notebooks: Path = NOTEBOOKS) -> PipelineDiff:
-    """The diff of ``current`` (``{name: source}``) against the pipeline after chapter ``previous``."""
-    before = pipeline_after(previous, notebooks)
-    out = PipelineDiff(previous=previous, names=list(names))
-    for name in names:
-        old = before.get(name, "").splitlines()
-        new = current[name].splitlines()
-        label_old = f"chapter {previous}: {name}" if name in before else f"chapter {previous}: (no {name} yet)"
-        lines = list(difflib.unified_diff(old, new, label_old, f"now: {name}", n=2, lineterm=""))
-        if lines:
-            out.hunks[name] = lines
-    return out
-
-
 def show_diff(
     previous: str, *names: str, namespace: Mapping[str, Any] | None = None, notebooks: Path = NOTEBOOKS
 ) -> PipelineDiff:
@@ -190,10 +160,12 @@ def show_diff(
         raise ValueError("name at least one pipeline function, e.g. show_diff('02', 'make_loader')")
     if previous not in chapters(notebooks):
         raise ValueError(f"chapter {previous!r} has no notebook; chapters are {', '.join(chapters(notebooks))}")
-    current = {name: current_source(name, namespace) for name in names}
-    return diff(previous, names, current, notebooks)
-
-
-def code_lines(source: str) -> int:
-    """Lines of a cell that a reader reads: not blank, not only a comment."""
-    return sum(1 for ln in source.splitlines() if ln.strip() and not ln.strip().startswith("#"))
+    before = pipeline_after(previous, notebooks)
+    out = PipelineDiff(previous=previous, names=list(names))
+    for name in names:
+        old, new = before.get(name, "").splitlines(), current_source(name, namespace).splitlines()
+        label_old = f"chapter {previous}: {name}" if name in before else f"chapter {previous}: (no {name} yet)"
+        lines = list(difflib.unified_diff(old, new, label_old, f"now: {name}", n=2, lineterm=""))
+        if lines:
+            out.hunks[name] = lines
+    return out

@@ -14,12 +14,6 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from ..core.timing import SpanTrace
 from ..core.validate import human_bytes
 
-__all__ = [
-    "PHASE_COLORS", "phase_color", "new_axes", "timeline", "stacked_phases", "sweep_plot", "history_bars",
-    "label_source", "plain_log_ticks", "size_ticks",
-]  # fmt: skip
-
-#: One colour per well-known phase; other names get colours from a cycle.
 PHASE_COLORS: dict[str, str] = {
     "load": "#4e79a7", "collate": "#a0cbe8", "pin": "#d4a6c8", "h2d": "#f28e2b", "copy": "#f28e2b",
     "normalize": "#ffbe7d", "forward": "#59a14f", "backward": "#8cd17d", "optimizer": "#b6992d",
@@ -30,7 +24,7 @@ _assigned: dict[str, str] = {}
 
 
 def phase_color(name: str) -> str:
-    """The colour for phase ``name`` (stable within a session)."""
+    """The colour for phase ``name`` (other names: stable within a session)."""
     if name in PHASE_COLORS:
         return PHASE_COLORS[name]
     if name not in _assigned:
@@ -39,25 +33,15 @@ def phase_color(name: str) -> str:
 
 
 def new_axes(figsize: tuple[float, float] = (8.0, 3.5)) -> Any:
-    """A fresh figure with one Axes (through pyplot, so it displays in notebooks)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # through pyplot, so that it displays in notebooks
 
     fig, ax = plt.subplots(figsize=figsize)
     return ax
 
 
 def label_source(ax: Any, source: str | None) -> None:
-    """Write a provenance line under the plot (e.g. 'Recorded on NVIDIA H100 ...')."""
     if source:
         ax.text(0.0, -0.28, source, transform=ax.transAxes, fontsize=8, color="#555", va="top", wrap=True)
-
-
-def _time_scale(seconds: float) -> tuple[float, str]:
-    if seconds >= 1:
-        return 1.0, "s"
-    if seconds >= 1e-3:
-        return 1e3, "ms"
-    return 1e6, "µs"
 
 
 def timeline(
@@ -83,7 +67,8 @@ def timeline(
         return ax
     order = list(dict.fromkeys([*(lanes or []), *(s.lane for s in spans)]))  # the lanes named first, top down
     t0 = min(s.start for s in spans)
-    scale, unit = _time_scale(max(s.end for s in spans) - t0)
+    length = max(s.end for s in spans) - t0
+    scale, unit = (1.0, "s") if length >= 1 else (1e3, "ms") if length >= 1e-3 else (1e6, "µs")
     seen: set[str] = set()
     for s in spans:
         label = None if s.name in seen else s.name  # one legend entry per phase

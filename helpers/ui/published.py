@@ -1,13 +1,6 @@
-"""Host↔GPU copy bandwidths *published elsewhere*: cited, labelled, and kept apart from ours.
-
-Four kinds of figure, each with its own label, never mixed in one column, series or fit: measured here,
-recorded by this workbook on a named GPU (``helpers/core/reference/*.json``), published elsewhere with a
-cited source (this module), and theoretical (a link's ceiling from its specification).
-
-``helpers/ui/published.json`` holds one entry per figure, copied by hand from its ``url`` on its
-``date_read``: GPU, link (as the source states it), tool and method, direction, memory kind, value and unit
-*as published*, transfer size and NUMA placement when stated. :func:`load` refuses a file with a missing
-field, a non-https URL, a non-positive value or an unknown unit. Nothing here measures or fits anything.
+"""Host↔GPU copy bandwidths *published elsewhere* (``published.json``: each figure cited, with its GPU, tool,
+method and date read), labelled as such and never mixed with ours or with a link's theoretical ceiling in one
+column, series or fit. ``tools/published_table.py`` validates the file (a test runs it) and prints the README's table.
 """
 
 from __future__ import annotations
@@ -15,19 +8,12 @@ from __future__ import annotations
 import json
 import re
 import textwrap
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..core.validate import check_choice, human_bytes
-
-__all__ = [
-    "KIND_MEASURED", "KIND_RECORDED", "KIND_PUBLISHED", "KIND_THEORETICAL", "NVLINK_C2C_GBPS", "UNITS",
-    "PublishedFigure", "data_file", "load", "published_figures", "generations", "link_ceiling_gbps", "pairs",
-    "share_table", "point_key", "largest_copies", "size_text", "short_source",
-    "add_published_points", "add_theoretical_ceilings", "plot_share_of_ceiling",
-]  # fmt: skip
 
 KIND_MEASURED = "measured here"
 KIND_RECORDED = "recorded by this workbook"
@@ -37,19 +23,8 @@ KIND_THEORETICAL = "theoretical"
 #: NVLink-C2C (GH200's CPU-GPU link): 900 GB/s total, 450 GB/s per direction, per NVIDIA's
 #: Grace Hopper architecture description. A **theoretical** ceiling, like the PCIe ones.
 NVLINK_C2C_GBPS = 450.0
-
-#: Units a published figure may carry, with the bytes per second one unit means. Tools differ:
-#: the CUDA samples' bandwidthTest in its versions that print "MB/s" computes
-#: ``1024 * bytes / (ms * 2**20)``, so one of its "MB/s" is 1,024,000 B/s.
-UNITS: dict[str, tuple[float, ...]] = {"GB/s": (1e9,), "MB/s": (1e6, 1.024e6)}
-
 DIRECTIONS = ("h2d", "d2h")
 MEMORY_KINDS = ("pinned", "pageable")
-_REQUIRED = tuple(
-    "id gpu generation link product_link tool method direction memory value unit unit_bytes_per_s "
-    "transfer_size_bytes numa url where published date_read notes".split()
-)
-_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _PCIE = re.compile(r"^PCIe Gen(\d) x(\d+)$")
 
 
@@ -138,64 +113,10 @@ def link_ceiling_gbps(link: str) -> float | None:
     return NVLINK_C2C_GBPS if link.strip() == "NVLink-C2C" else None
 
 
-def _check_entry(raw: Any, index: int) -> PublishedFigure:
-    if not isinstance(raw, dict):
-        raise ValueError(f"published figure #{index} must be a JSON object, got {type(raw).__name__}")
-    name = f"published figure #{index} ({raw.get('id', 'no id')})"
-    missing, extra = [k for k in _REQUIRED if k not in raw], sorted(set(raw) - set(_REQUIRED))
-    if missing or extra:
-        what = f"lacks field(s) {missing}" if missing else f"has unknown field(s) {extra}"
-        raise ValueError(f"{name} {what}: every entry needs exactly {list(_REQUIRED)}")
-
-    def need(ok: bool, message: str) -> None:
-        if not ok:
-            raise ValueError(f"{name}: {message}")
-
-    for key in _REQUIRED:
-        if key not in ("value", "unit_bytes_per_s", "transfer_size_bytes", "notes"):
-            text = isinstance(raw[key], str) and bool(raw[key].strip())
-            need(text, f"field '{key}' must be a non-empty string, got {raw[key]!r}")
-    need(isinstance(raw["notes"], str), f"field 'notes' must be a string (may be empty), got {raw['notes']!r}")
-    need(raw["url"].startswith("https://"), f"url must start with https://, got {raw['url']!r}")
-    value, size, unit, link = raw["value"], raw["transfer_size_bytes"], raw["unit"], raw["product_link"]
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    need(number and value > 0, f"value must be a number > 0, got {value!r}")
-    for key, choices in (("unit", UNITS), ("direction", DIRECTIONS), ("memory", MEMORY_KINDS)):
-        need(raw[key] in choices, f"{key} must be one of {list(choices)}, got {raw[key]!r}")
-    per, got = UNITS[unit], raw["unit_bytes_per_s"]
-    need(got in per, f"unit_bytes_per_s for {unit} must be one of {list(per)}, got {got!r}")
-    whole = size is None or (isinstance(size, int) and not isinstance(size, bool) and size > 0)
-    need(whole, f"transfer_size_bytes must be a positive integer or null, got {size!r}")
-    need(bool(_DATE.match(raw["date_read"])), f"date_read must be YYYY-MM-DD, got {raw['date_read']!r}")
-    known = link == "not stated" or link_ceiling_gbps(link) is not None
-    need(known, f"product_link must look like 'PCIe Gen4 x16' or 'NVLink-C2C', got {link!r}")
-    return PublishedFigure(**{f.name: raw[f.name] for f in fields(PublishedFigure)})
-
-
-def _key(f: PublishedFigure) -> tuple[Any, ...]:
-    return (f.url, f.gpu, f.tool, f.direction, f.memory, f.transfer_size_bytes, f.numa)
-
-
-def load(path: str | Path | None = None) -> list[PublishedFigure]:
-    """Read and validate a published-figures file (default: :func:`data_file`); ValueError for a bad entry or
-    a duplicate."""
-    p = Path(path) if path is not None else data_file()
-    try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"cannot read published figures from {p}: {exc}") from exc
-    if not isinstance(doc, dict) or doc.get("kind") != KIND_PUBLISHED or not isinstance(doc.get("figures"), list):
-        raise ValueError(f"{p} must be a JSON object with kind '{KIND_PUBLISHED}' and a 'figures' list")
-    out = [_check_entry(raw, i) for i, raw in enumerate(doc["figures"])]
-    for i, f in enumerate(out):
-        if f.id in {g.id for g in out[:i]}:
-            raise ValueError(f"duplicate published figure id {f.id!r} in {p}")
-        if _key(f) in {_key(g) for g in out[:i]}:
-            raise ValueError(
-                f"published figure {f.id!r} duplicates another entry (same source, GPU, tool, direction, "
-                f"memory, size and NUMA placement) in {p}"
-            )
-    return out
+def load() -> list[PublishedFigure]:
+    """Every shipped figure, in the file's order."""
+    doc = json.loads(data_file().read_text(encoding="utf-8"))
+    return [PublishedFigure(**raw) for raw in doc["figures"]]
 
 
 @lru_cache(maxsize=1)
@@ -204,7 +125,6 @@ def _cached() -> tuple[PublishedFigure, ...]:
 
 
 def _figs(figures: Iterable[PublishedFigure] | None) -> list[PublishedFigure]:
-    """``figures`` as a list; None: every shipped figure."""
     return list(figures) if figures is not None else list(_cached())
 
 

@@ -1,13 +1,7 @@
-"""The live-panel toolkit shared by every chapter.
-
-A :class:`Panel` wires a few controls to a run function. The reader changes a knob and presses **Run**; the
-panel disables the button while it runs (a click then, or one queued during the run, starts nothing), shows a
-progress bar the run advances, keeps the history of runs and redraws a plot of all of them, and shows errors
-inside itself: one line in the status (for a known failure, what to do), the traceback folded below.
-
-The panel writes its output widget *from the kernel side* (``out.outputs = ...``), never ``with out: print()``,
-so it behaves the same in JupyterLab, nbclient and nbval, and tests read ``panel.out.outputs``. Tests (and a
-chapter's first demo run) drive it from Python: ``panel.set(batch_size=64); record = panel.click()``.
+"""The live panel every chapter uses: controls wired to a run, a Run button, a progress bar, a history plot, and
+errors shown inside it (one line in the status, the traceback folded below). It writes its output widget from the
+kernel side (``out.outputs = ...``, never ``with out: print()``), so it behaves the same in JupyterLab, nbclient
+and nbval; tests drive it from Python: ``panel.set(batch_size=64); record = panel.click()``.
 """
 
 from __future__ import annotations
@@ -26,29 +20,15 @@ from ..core.evidence import Evidence
 from ..core.failures import LoaderFailure, explain_loader_error, raised_in_worker
 from . import chapter as chapter_api
 
-__all__ = ["Panel", "RunRecord", "one_line", "known_failure_advice"]
 
-#: Longest status line, in characters (longer texts are cut with an ellipsis; the output area has all of it).
-STATUS_MAX_CHARS = 400
-
-
-def one_line(text: str, limit: int = STATUS_MAX_CHARS) -> str:
+def one_line(text: str, limit: int = 400) -> str:
     """``text`` as one line for a status bar: whitespace (newlines included) collapsed, cut at ``limit``."""
     flat = " ".join(str(text).split())
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
-def known_failure_advice(exc: BaseException) -> str | None:
-    """Plain advice for a known failure (a :class:`LoaderFailure`, a DataLoader error), else None."""
-    if isinstance(exc, LoaderFailure):
-        return str(exc)
-    return explain_loader_error(exc)
-
-
 @dataclass
 class RunRecord:
-    """One run of a panel: the settings, the result, how long it took."""
-
     index: int
     values: dict[str, Any]
     result: Any
@@ -63,12 +43,8 @@ PlotFn = Callable[[list[RunRecord], Any], None]
 
 
 class Panel:
-    """A live panel: ``controls`` (named as ``run``'s keywords), a Run button, a progress bar, a status, an output.
-
-    ``run(progress, **values)`` raises ValueError in plain words for settings that can't run; ``summarize``,
-    ``plot(history, ax)`` and ``validate(values)`` are optional. A click within ``debounce_s`` of a run's end is
-    a double-click queued during the run, and ignored.
-    """
+    """``controls`` named as ``run(progress, **values)``'s keywords; ``run`` raises ValueError in plain words for
+    settings that can't run. A click within ``debounce_s`` of a run's end is a double-click queued during the run."""
 
     def __init__(
         self,
@@ -87,7 +63,6 @@ class Panel:
             raise ValueError("run must be a callable: run(progress, **values) -> result")
         if not isinstance(max_history, int) or max_history < 1:
             raise ValueError(f"max_history must be an integer >= 1, got {max_history!r}")
-        self.title = title
         self.controls: dict[str, W.ValueWidget] = dict(controls)
         self._run_fn = run
         self._summarize = summarize
@@ -200,7 +175,7 @@ class Panel:
         return self.history[-1] if self.history else None
 
     def _progress(self, fraction: float, text: str = "") -> None:
-        """The ``progress(fraction, text='')`` callback a run gets: it moves the bar and shows ``text``."""
+        """The ``progress(fraction, text='')`` callback a run gets."""
         try:
             self.bar.value = min(1.0, max(0.0, float(fraction)))
         except (TypeError, ValueError):
@@ -209,12 +184,16 @@ class Panel:
             self.bar_label.value = html.escape(str(text))
 
     def _show_status(self, text: str, kind: str = "info") -> None:
-        """One line (newlines collapsed, long text cut); details belong in the output area."""
         color = {"info": "#333", "ok": "#1a7f37", "error": "#b00020", "busy": "#7a5a00"}[kind]
         self.status.value = f"<span style='color:{color}'>{html.escape(one_line(text))}</span>"
 
-    def _show_details(self, exc: BaseException) -> None:
-        """The traceback, folded, in the output area (replacing earlier details, under the last good plot)."""
+    def _fail(self, text: str, exc: BaseException | None = None) -> None:
+        """``text`` as the error, one line in the status; ``exc``'s traceback, folded, in the output area (replacing
+        earlier details, under the last good plot)."""
+        self.error = one_line(text)
+        self._show_status(self.error, "error")
+        if exc is None:
+            return
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         summary = f"Details: {type(exc).__name__} (traceback, click to unfold)"
         block = {
@@ -226,31 +205,17 @@ class Panel:
             },
             "metadata": {"workbook_details": True},
         }
-        kept = tuple(
-            o
-            for o in self.out.outputs
-            if not o.get("metadata", {}).get("workbook_details") and o.get("name") != "stderr"
-        )
-        self.out.outputs = kept + (block,)
-
-    def _fail(self, text: str, exc: BaseException | None = None) -> None:
-        """``text`` as the error, one line in the status; ``exc``'s traceback, folded, below."""
-        self.error = one_line(text)
-        self._show_status(self.error, "error")
-        if exc is not None:
-            self._show_details(exc)
+        old = [o for o in self.out.outputs if o.get("name") != "stderr"]
+        self.out.outputs = tuple(o for o in old if not o.get("metadata", {}).get("workbook_details")) + (block,)
 
     def _on_click(self, _button: Any = None, force: bool = False) -> None:
         now = time.monotonic()
         if self.busy or (not force and (now - self._last_end) < self.debounce_s):
             self.ignored_clicks += 1
             return
-        self.busy = True
-        self.button.disabled = True
+        self.busy = self.button.disabled = True
         self.runs_started += 1
-        self.error = None
-        self.bar.value = 0.0
-        self.bar_label.value = ""
+        self.error, self.bar.value, self.bar_label.value = None, 0.0, ""
         values = self.values()
         self._show_status("Running…", "busy")
         t0 = time.perf_counter()
@@ -270,12 +235,8 @@ class Panel:
             self.out.outputs = outputs
             self.bar.value = 1.0
             # Which settings the result belongs to: a run a notebook cell started used values the reader did not choose.
-            origin = (
-                "started by a notebook cell, with the settings the controls now show; change any and "
-                "press Run for your own"
-                if force
-                else "with the settings above"
-            )
+            by_cell = "started by a notebook cell, with the settings the controls now show; change any and press Run"
+            origin = f"{by_cell} for your own" if force else "with the settings above"
             self._show_status(f"Run #{rec.index} done in {seconds:.1f} s ({rec.short_label()}), {origin}.", "ok")
         except KeyboardInterrupt:
             self._fail("Interrupted. The run was stopped and its resources released; press Run to start again.")
@@ -285,11 +246,11 @@ class Panel:
             if isinstance(exc, ValueError) and not raised_in_worker(exc):  # a worker's: the data set's own error
                 self._fail(f"Can't run with these settings: {exc}")
             else:
+                advice = str(exc) if isinstance(exc, LoaderFailure) else explain_loader_error(exc)
                 first = (str(exc).strip().splitlines() or [""])[0]
-                self._fail("The run failed: " + (known_failure_advice(exc) or f"{type(exc).__name__}: {first}"), exc)
+                self._fail("The run failed: " + (advice or f"{type(exc).__name__}: {first}"), exc)
         finally:
-            self.busy = False
-            self.button.disabled = False
+            self.busy = self.button.disabled = False
             self._last_end = time.monotonic()
 
     def _build_outputs(self, history: list[RunRecord]) -> tuple[dict[str, Any], ...]:
