@@ -82,7 +82,6 @@ def evaluate_shared(
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The command-line options (``python -m helpers.chapters.ch07.ddp_train --help``)."""
     p = argparse.ArgumentParser(prog="python -m helpers.chapters.ch07.ddp_train", description=__doc__.split(":")[0])
     add = p.add_argument
     add("--out", required=True, help="folder for rank<R>.json result files")
@@ -109,21 +108,10 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)  # atomic: the launcher never reads half a file
 
 
-_last_progress = [0.0]
-
-
-def _progress(out: Path, rank: int, done: int, total: int, epoch: int) -> None:
-    """Rank 0's step, for the launcher's progress bar (at most 10 times a second)."""
-    now = time.time()
-    if rank == 0 and (done in (1, total) or now - _last_progress[0] >= 0.1):
-        _last_progress[0] = now
-        _write_json(out / "progress.json", {"done": done, "total": total, "epoch": epoch})
-
-
 def _epoch(
     args: argparse.Namespace, me: dict[str, Any], ddp: Any, opt: Any, batches: Any, epoch: int
 ) -> dict[str, Any]:
-    """One epoch of DDP training; the step count so far is ``me["step"]``."""
+    """One epoch of DDP training (``me["step"]``: steps so far)."""
     device, seen = me["device"], []
     # Sums stay on the device: no .item() in the step loop, so the CPU never waits for the GPU (chapter 05).
     loss_sum, n_items, t0 = torch.zeros((), device=device), 0, time.perf_counter()
@@ -139,7 +127,10 @@ def _epoch(
         loss_sum += loss.detach() * len(labels)
         n_items += len(labels)
         me["step"] += 1
-        _progress(Path(args.out), me["rank"], me["step"], me["total_steps"], epoch)
+        done, total = me["step"], me["total_steps"]
+        if me["rank"] == 0 and (done == total or time.time() - me["shown"] >= 0.1):  # for the launcher's progress
+            me["shown"] = time.time()  # (10 times a second at most)
+            _write_json(Path(args.out) / "progress.json", {"done": done, "total": total, "epoch": epoch})
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds, mean_loss = time.perf_counter() - t0, float(loss_sum) / max(n_items, 1)
@@ -161,7 +152,6 @@ def _validate(me: dict[str, Any], model: torch.nn.Module, val_set: Any, batch_si
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    """One rank's whole job; returns the record written to ``rank<R>.json``."""
     rank, local, world = (int(os.environ.get(k) or d) for k, d in (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1)))
     cuda = torch.cuda.is_available()
     if cuda:
@@ -193,6 +183,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     ddp = DistributedDataParallel(model, device_ids=[local] if cuda else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR, momentum=0.9)
     me = {"rank": rank, "world": world, "device": device, "step": 0, "total_steps": len(loader) * args.epochs}
+    me["shown"] = 0.0  # when rank 0 last wrote its step
     torch.manual_seed(SEED + 1000 * (rank + 1))  # augmentation in the main process (workers=0) draws from it
     train_start = time.time()
     try:
