@@ -74,8 +74,8 @@ def test_batches_per_rank() -> None:
 
 
 def test_missing_set_epoch_repeats_the_order() -> None:
-    without = D.epoch_orders(40, 2, 0, epochs=3, call_set_epoch=False)
-    with_ = D.epoch_orders(40, 2, 0, epochs=3, call_set_epoch=True)
+    without = [D.shard_indices(40, 2, 0, epoch=None) for _ in range(3)]  # set_epoch never called
+    with_ = [D.shard_indices(40, 2, 0, epoch=e) for e in range(3)]
     assert without[0] == without[1] == without[2]
     assert len({tuple(o) for o in with_}) == 3
     assert without[0] == with_[0]  # epoch 0 is the same either way
@@ -104,7 +104,7 @@ def test_coverage_reports_problems() -> None:
         (lambda: D.shard_indices(0, 2, 0), "n"),
         (lambda: D.rank_share(10, 0), "world_size"),
         (lambda: D.batches_per_rank(10, 2, 0), "batch_size"),
-        (lambda: D.epoch_orders(10, epochs=0), "epochs"),
+        (lambda: D.shard_indices(10, 2, 0, epoch=-1), "epoch"),
         (lambda: D.launch_ddp(0), "nproc"),
         (lambda: D.launch_ddp(D.max_processes() + 1), "nproc"),
         (lambda: D.launch_ddp(1, workers=99), "workers"),

@@ -120,14 +120,6 @@ def batches_per_rank(
     return per // batch_size if loader_drop_last else math.ceil(per / batch_size)
 
 
-def epoch_orders(
-    n: int, world_size: int = 2, rank: int = 0, epochs: int = 3, *, call_set_epoch: bool = True
-) -> list[list[int]]:
-    """Rank ``rank``'s order in each of ``epochs`` epochs; without ``set_epoch`` every epoch repeats the first."""
-    epochs = check_int("epochs", epochs, 1, 10_000)
-    return [shard_indices(n, world_size, rank, epoch=e if call_set_epoch else None) for e in range(epochs)]
-
-
 @dataclass
 class Coverage:
     """What the ranks loaded of ``n`` samples in one epoch: ``seen`` loads in all, ``missing`` (no rank),
