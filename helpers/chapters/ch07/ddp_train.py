@@ -197,7 +197,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     train_end = time.time()
     val: dict[str, Any] = {"val_accuracy": None, "val_items": 0}
     if val_root is not None and not args.no_val:
-        val_set = IndexedDataset(ShapesDataset(Path(val_root), crop_size=crop, augment=False, output="uint8"))
+        val_set = ShapesDataset(Path(val_root), crop_size=crop, augment=False, output="uint8")
         val = _validate(me, model, val_set, 2 * args.batch_size)
     dist.barrier()
     return {

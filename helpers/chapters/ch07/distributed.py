@@ -36,7 +36,7 @@ def shard_indices(
     n: int, world_size: int, rank: int, *, shuffle: bool = True, epoch: int | None = 0, drop_last: bool = False
 ) -> list[int]:
     """The indices rank ``rank`` of ``world_size`` loads in one epoch, from torch's own sampler (seed 0);
-    ``epoch=None``: ``set_epoch`` is never called."""
+    ``epoch=None``: ``set_epoch`` never called (every epoch then shuffles as epoch 0)."""
     n, world_size = check_int("n", n, 1, 10_000_000), check_int("world_size", world_size, 1, 4096)
     if drop_last and n < world_size:
         raise ValueError(f"with drop_last=True, n must be >= world_size ({world_size}), got {n}")
