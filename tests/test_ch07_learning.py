@@ -1,8 +1,8 @@
 """Chapter 07's torchrun job learns, on subsets spread over every class, and refuses impossible devices.
 
 Issue #24: a subset taken as the *first* N items of a class-sorted data set (ImageFolder lists class folders
-in order) holds only the first classes, and a model trained on it scores chance. The DDP job's ``--limit`` and
-``--val-limit`` subsets are strided over the whole set (:class:`~helpers.chapters.ch07.ddp_train.IndexedDataset`),
+in order) holds only the first classes, and a model trained on it scores chance. The DDP job's ``--limit``
+subset is strided over the whole set (:class:`~helpers.chapters.ch07.ddp_train.IndexedDataset`),
 the job scores held-out images after training (:func:`~helpers.chapters.ch07.ddp_train.evaluate_shared`), and the
 chapter prints that accuracy beside the chance level. Issue #25.7: ``ch07.panel_run(device="cuda:7")`` ran on
 the CPU, and ``cpu:N`` devices were accepted.
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from helpers.chapters import ch07
-from helpers.chapters.ch07 import ddp_train
+from helpers.chapters.ch07 import ddp_train, torchrun
 from helpers.chapters.ch07 import distributed as D
 from helpers.chapters.ch07.ddp_train import IndexedDataset, evaluate_shared, parse_args
 from helpers.pipeline import data
@@ -80,9 +80,7 @@ def test_a_limited_subset_keeps_every_class() -> None:
 def test_evaluate_shared_scores_every_item_once_over_the_ranks() -> None:
     base = IndexedDataset(_SortedByClass(classes=6, per_class=5))  # items (image, label, index)
     model = _ClassFromPixel(6, wrong={2})
-    counts = [
-        evaluate_shared(model, base, torch.device("cpu"), rank=r, world=3, batch_size=4, reduce=False) for r in range(3)
-    ]
+    counts = [evaluate_shared(model, base, torch.device("cpu"), rank=r, world=3, batch_size=4) for r in range(3)]
     assert sum(t for _, t in counts) == len(base) == model.seen  # every item scored, none twice
     assert sum(c for c, _ in counts) == len(base) - 5  # the 5 items of class 2 are wrong
     assert evaluate_shared(model, base, torch.device("cpu")) == (25, 30)
@@ -90,10 +88,10 @@ def test_evaluate_shared_scores_every_item_once_over_the_ranks() -> None:
 
 
 def test_worker_script_options_for_validation() -> None:
-    a = parse_args(["--out", "x", "--val-limit", "40"])
-    assert a.val_limit == 40 and not a.no_val and a.val_dir is None and a.lr == pytest.approx(0.05)
+    a = parse_args(["--out", "x"])
+    assert not a.no_val and a.val_dir is None and ddp_train.LR == pytest.approx(0.05)
     assert parse_args(["--out", "x", "--no-val"]).no_val
-    for bad in (["--val-limit", "0"], ["--limit", "0"]):
+    for bad in (["--limit", "0"],):
         with pytest.raises(SystemExit):
             parse_args(["--out", "x", *bad])
 
@@ -123,15 +121,15 @@ def test_launcher_passes_the_validation_set(monkeypatch: pytest.MonkeyPatch, tmp
         seen["args"] = list(args)
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(D, "torchrun_command", fake_command)
+    monkeypatch.setattr(torchrun, "torchrun_command", fake_command)
     with pytest.raises(RuntimeError, match="stop here"):
-        D.launch_ddp(1, data_dir=tmp_path, val_dir=tmp_path / "v", val_limit=64, limit=128)
-    assert f"--val-dir={tmp_path / 'v'}" in seen["args"] and "--val-limit=64" in seen["args"]
+        D.launch_ddp(1, data_dir=tmp_path, val_dir=tmp_path / "v", limit=128)
+    assert f"--val-dir={tmp_path / 'v'}" in seen["args"] and "--limit=128" in seen["args"]
     with pytest.raises(RuntimeError, match="stop here"):
         D.launch_ddp(1, data_dir=tmp_path)  # a data set of the reader's own, no held-out folder given
     assert "--no-val" in seen["args"]
-    with pytest.raises(ValueError, match="val_limit"):
-        D.launch_ddp(1, data_dir=tmp_path, val_limit=0)
+    with pytest.raises(ValueError, match="limit"):
+        D.launch_ddp(1, data_dir=tmp_path, limit=0)
 
 
 # ---------------------------------------------------------------------------

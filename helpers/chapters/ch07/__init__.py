@@ -1,13 +1,10 @@
 """Chapter 07, beyond one GPU: the chapter interface (:mod:`helpers.ui.chapter`) over :mod:`.distributed`.
-Each panel run is a real torchrun job on this machine (``gloo`` on CPU cores, ``nccl`` one process per GPU):
-
->>> panel = widgets.Panel.for_chapter(ch07, device=DEVICE, nproc=NPROC, workers_per_rank=WORKERS, batch=BATCH,
-...                                   epochs=EPOCHS, limit=LIMIT, width=WIDTH, timeout_s=TIMEOUT_S)
+Each panel run is a real torchrun job on this machine (``gloo`` on CPU cores, ``nccl`` one process per GPU).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -18,7 +15,6 @@ from ...core.device import has_cuda, resolve_device
 from ...core.evidence import Evidence
 from ...core.progress import ProgressFn, no_progress, scaled
 from ...core.results import ResultSet
-from ...core.validate import check_int
 from . import distributed
 from .distributed import DistributedRun
 
@@ -28,13 +24,11 @@ BENCH_WEIGHT = 1.0
 PANEL_TITLE = "DistributedDataParallel on this machine"
 PANEL_FIGSIZE = (7.5, 3.2)
 
-#: Per-rank batch sizes offered by the panel.
 BATCH_SIZES = (8, 16, 32, 64, 128)
 
 
 def check_job_device(device: torch.device | str | None) -> torch.device:
-    """``device`` as where a torchrun job runs (the GPUs with CUDA, else the CPU cores), or one ValueError saying
-    what to use: a device this machine lacks, ``"cpu:1"``, ``"cpu"`` where the job would use the GPUs anyway."""
+    """Where a torchrun job runs (the GPUs with CUDA, else the CPU cores), or one ValueError saying what to use."""
     use = "device='cuda' (or None)" if has_cuda() else "device='cpu' (or None)"
     try:
         dev = resolve_device(device)  # unknown strings, devices this machine lacks
@@ -52,8 +46,7 @@ def check_job_device(device: torch.device | str | None) -> torch.device:
 
 
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """Processes (ranks), workers per rank and batch per rank, starting at ``context``'s ``nproc``,
-    ``workers_per_rank`` and ``batch`` (one of :data:`BATCH_SIZES`)."""
+    """Processes (ranks), workers and batch per rank, from ``context``'s ``nproc``, ``workers_per_rank``, ``batch``."""
     from ...ui.widgets import W  # optional/heavy: ipywidgets
 
     top = distributed.max_processes()
@@ -67,46 +60,19 @@ def panel_controls(**context: Any) -> dict[str, Any]:
     }
 
 
-def panel_validate(values: Mapping[str, Any]) -> None:
-    """Refuse panel settings the machine can't run (ValueError naming the setting)."""
-    check_int("processes", values["processes"], 1, distributed.max_processes())
-    check_int("workers", values["workers"], 0, distributed.MAX_WORKERS_PER_RANK)
-    check_int("batch_size", values["batch_size"], 1, 4096)
-
-
 def panel_run(
-    progress: ProgressFn,
-    *,
-    device: torch.device | str,
-    processes: int,
-    workers: int,
-    batch_size: int,
-    epochs: int = 2,
-    limit: int | None = None,
-    width: int = 8,
-    timeout_s: float = 300.0,
-    **context: Any,
+    progress: ProgressFn, *, device: torch.device | str, processes: int, workers: int, batch_size: int, **context: Any
 ) -> Evidence[DistributedRun]:
-    """One torchrun job with these settings (``epochs``, ``limit``, ``width``, ``timeout_s``: ``launch_ddp``'s),
-    measured here."""
+    """One torchrun job with these settings, and ``context``'s ``epochs``, ``limit``, ``width``, ``timeout_s``."""
     device = check_job_device(device)
-    run = distributed.launch_ddp(
-        processes,
-        workers=workers,
-        batch_size=batch_size,
-        epochs=epochs,
-        limit=limit,
-        width=width,
-        timeout_s=timeout_s,
-        progress=progress,
-    )
+    job = {k: context[k] for k in ("epochs", "limit", "width", "timeout_s") if k in context}
+    run = distributed.launch_ddp(processes, workers=workers, batch_size=batch_size, progress=progress, **job)
     where = "the GPUs" if run.backend == "nccl" else "CPU cores"
     method = f"torchrun on this machine's {where}; items/s over the epochs after the first"
     return evidence.measured(f"a {run.nproc}-process DDP job ({run.backend})", run, device, method=method)
 
 
 def panel_summary(result: Evidence[DistributedRun]) -> str:
-    """The job's figures, its coverage, its validation accuracy beside chance, and where it was measured."""
     run = result.value
     if run is None:
         return result.header()
@@ -143,8 +109,8 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
 
 
 def record_run(results: ResultSet, run: DistributedRun) -> None:
-    """One run's figures under ``ch07.ddp.*`` (``total_items_per_s``, ``rank_items_per_s`` per ``rank``,
-    ``wall_time``, ``exactly_once``: 1 if every epoch covered every sample once), with the job's settings."""
+    """One run's figures under ``ch07.ddp.*``, with the job's settings (``exactly_once``: 1 if every epoch covered
+    every sample once)."""
     p = run.params()
     results.add("ch07.ddp.total_items_per_s", run.total_items_per_s(), "items/s", **p)
     for r, v in zip(run.ranks, run.per_rank_items_per_s()):

@@ -1,13 +1,8 @@
-"""Beyond one GPU (chapter 07): who loads what under a DistributedSampler, and a real torchrun job.
+"""Beyond one GPU (chapter 07): who loads what under a ``DistributedSampler``, and a real torchrun job.
 
-**The sampler lessons need no process group**: torch's own ``DistributedSampler`` takes ``num_replicas`` and
-``rank`` as plain arguments, so one process can ask it what each rank loads (:func:`shard_table`), how the
-samples split (:func:`rank_share`), what a forgotten ``set_epoch`` does (:func:`epoch_orders`) and whether the
-ranks together saw every sample once (:func:`coverage`).
-
-**A real job**: :func:`launch_ddp` runs :mod:`.ddp_train` under torchrun on this machine (:mod:`.torchrun`) and
-reads the ranks' records into a :class:`DistributedRun`, or raises :class:`DistributedRunError` naming the rank
-that failed. Several machines run the same script with torchrun's rendezvous (:func:`multi_node_command`).
+The sampler lessons need no process group: torch's sampler takes ``num_replicas`` and ``rank`` as plain arguments,
+so one process asks it what every rank loads. :func:`launch_ddp` runs :mod:`.ddp_train` under torchrun
+(:mod:`.torchrun`) and reads the ranks' records into a :class:`DistributedRun`.
 """
 
 from __future__ import annotations
@@ -28,12 +23,7 @@ from ...core import rounds
 from ...core.validate import check_float, check_int
 from ...pipeline.data import make_shapes_dataset
 from . import torchrun
-from .torchrun import process_alive, torchrun_command
-
-__all__ = ["shard_indices", "shard_table", "format_shard_table", "RankShare", "rank_share", "batches_per_rank"]
-__all__ += ["epoch_orders", "Coverage", "coverage", "DistributedRunError", "DistributedRun", "max_processes"]
-__all__ += ["multi_node_command", "launch_ddp", "process_alive", "plot_run", "throughput_rows", "throughput_table"]
-__all__ += ["throughput_rows_from_records"]
+from .torchrun import process_alive as process_alive  # the notebook checks with it that no process is left
 
 #: Upper bound on DataLoader workers per rank accepted by the launcher.
 MAX_WORKERS_PER_RANK = 8
@@ -42,34 +32,19 @@ MAX_WORKERS_PER_RANK = 8
 # -- sharding without a process group ----------------------------------------------------------------------------
 
 
-def _check_world(n: int, world_size: int) -> tuple[int, int]:
-    return check_int("n", n, 1, 10_000_000), check_int("world_size", world_size, 1, 4096)
-
-
 def shard_indices(
-    n: int,
-    world_size: int,
-    rank: int,
-    *,
-    shuffle: bool = True,
-    seed: int = 0,
-    epoch: int | None = 0,
-    drop_last: bool = False,
+    n: int, world_size: int, rank: int, *, shuffle: bool = True, epoch: int | None = 0, drop_last: bool = False
 ) -> list[int]:
-    """The indices rank ``rank`` of ``world_size`` loads in one epoch, from torch's own sampler.
-
-    ``epoch=None``: ``set_epoch`` is never called (the sampler then shuffles as in epoch 0, every epoch).
-    """
-    n, world_size = _check_world(n, world_size)
-    rank = check_int("rank", rank, 0, world_size - 1)
+    """The indices rank ``rank`` of ``world_size`` loads in one epoch, from torch's own sampler (seed 0);
+    ``epoch=None``: ``set_epoch`` never called (every epoch then shuffles as epoch 0)."""
+    n, world_size = check_int("n", n, 1, 10_000_000), check_int("world_size", world_size, 1, 4096)
     if drop_last and n < world_size:
         raise ValueError(f"with drop_last=True, n must be >= world_size ({world_size}), got {n}")
     sampler: DistributedSampler[int] = DistributedSampler(
         range(n),  # type: ignore[arg-type]  # torch annotates a Dataset; the sampler only calls len()
         num_replicas=world_size,
-        rank=rank,
+        rank=check_int("rank", rank, 0, world_size - 1),
         shuffle=shuffle,
-        seed=check_int("seed", seed, 0, 2**63 - 1),
         drop_last=drop_last,
     )
     if epoch is not None:
@@ -78,13 +53,12 @@ def shard_indices(
 
 
 def shard_table(
-    n: int, world_size: int, *, shuffle: bool = False, seed: int = 0, epoch: int | None = 0, drop_last: bool = False
+    n: int, world_size: int, *, shuffle: bool = False, epoch: int | None = 0, drop_last: bool = False
 ) -> dict[int, list[int]]:
     """``{rank: indices}`` for every rank; unshuffled by default, so the interleaving (``r, r + W, ...``) shows."""
-    n, world_size = _check_world(n, world_size)
+    world_size = check_int("world_size", world_size, 1, 4096)
     return {
-        r: shard_indices(n, world_size, r, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last)
-        for r in range(world_size)
+        r: shard_indices(n, world_size, r, shuffle=shuffle, epoch=epoch, drop_last=drop_last) for r in range(world_size)
     }
 
 
@@ -96,8 +70,9 @@ def format_shard_table(table: Mapping[int, Sequence[int]], n: int, max_items: in
         more = f" ... (+{len(idx) - max_items})" if len(idx) > max_items else ""
         return "[" + ", ".join(f"{i}*" if counts[i] > 1 else str(i) for i in idx[:max_items]) + more + "]"
 
-    rows = [[r, len(table[r]), shown(list(table[r]))] for r in sorted(table)]
-    lines = rounds.table(["rank", "samples", "indices"], rows, left=3)
+    lines = rounds.table(
+        ["rank", "samples", "indices"], [[r, len(table[r]), shown(table[r])] for r in sorted(table)], left=3
+    )
     dropped = [i for i in range(n) if counts[i] == 0]
     if dropped:
         lines.append(f"never loaded (dropped): {dropped[:max_items]}{' ...' if len(dropped) > max_items else ''}")
@@ -128,9 +103,9 @@ class RankShare:
 
 
 def rank_share(n: int, world_size: int, drop_last: bool = False) -> RankShare:
-    """Each rank's share of ``n`` samples, as ``DistributedSampler`` computes it: ``ceil(n / W)``, padded from
-    the start of the order; with ``drop_last``, ``floor(n / W)`` and the rest left out."""
-    n, world_size = _check_world(n, world_size)
+    """Each rank's share as ``DistributedSampler`` computes it: ``ceil(n / W)``, padded from the start of the
+    order; with ``drop_last``, ``floor(n / W)`` and the rest left out."""
+    n, world_size = check_int("n", n, 1, 10_000_000), check_int("world_size", world_size, 1, 4096)
     per = n // world_size if drop_last else math.ceil(n / world_size)
     total = per * world_size
     return RankShare(n, world_size, bool(drop_last), per, total, max(0, total - n), max(0, n - total))
@@ -143,14 +118,6 @@ def batches_per_rank(
     batch_size = check_int("batch_size", batch_size, 1, 1 << 20)
     per = rank_share(n, world_size, drop_last).per_rank
     return per // batch_size if loader_drop_last else math.ceil(per / batch_size)
-
-
-def epoch_orders(
-    n: int, world_size: int = 2, rank: int = 0, epochs: int = 3, *, seed: int = 0, call_set_epoch: bool = True
-) -> list[list[int]]:
-    """Rank ``rank``'s order in each of ``epochs`` epochs; without ``set_epoch`` every epoch repeats the first."""
-    epochs = check_int("epochs", epochs, 1, 10_000)
-    return [shard_indices(n, world_size, rank, seed=seed, epoch=e if call_set_epoch else None) for e in range(epochs)]
 
 
 @dataclass
@@ -167,7 +134,6 @@ class Coverage:
 
     @property
     def exactly_once(self) -> bool:
-        """True when every sample was loaded by exactly one rank, once."""
         return not self.missing and not self.repeated and not self.out_of_range and self.seen == self.n
 
     @property
@@ -213,26 +179,24 @@ def coverage(indices_by_rank: Mapping[int, Sequence[int]] | Sequence[Sequence[in
 
 
 class DistributedRunError(RuntimeError):
-    """A torchrun job failed or timed out, every process it started stopped by then; the message names the first
-    rank that failed (``rank``, None if unknown) and its ``error_type``, ``error_message`` and ``rank_traceback``;
-    the rest as :class:`~.torchrun.Job` has it."""
+    """A torchrun job failed or timed out, every process it started stopped by then: the first rank that failed
+    (``rank``, None if unknown), its ``error_type``, ``error_message`` and ``rank_traceback``, and the job's
+    fields (:class:`~.torchrun.Job`: ``returncode``, ``timed_out``, ``stderr``, ``tracked_pids``, ...)."""
 
     def __init__(self, message: str, job: torchrun.Job) -> None:
         super().__init__(message)
+        vars(self).update(vars(job))
         cause = job.cause
         self.rank: int | None = cause.get("rank")
         self.error_type: str = cause.get("type", "")
         self.error_message: str = cause.get("message", "")
         self.rank_traceback: str = cause.get("traceback", "")
-        self.returncode, self.timed_out = job.returncode, job.timed_out
-        self.stdout, self.stderr = job.stdout, job.stderr
-        self.tracked_pids, self.leftover_pids = list(job.tracked_pids), list(job.leftover_pids)
 
 
 @dataclass(kw_only=True)
 class DistributedRun(torchrun.Job):
-    """One torchrun job of :func:`launch_ddp` (what :class:`~.torchrun.Job` holds), with its ``nproc`` and launch
-    ``settings``; rank 0's facts (backend, sizes, validation) follow."""
+    """One job of :func:`launch_ddp` (a :class:`~.torchrun.Job`) with its ``nproc`` and launch ``settings``;
+    rank 0's facts (alike on every rank) follow."""
 
     nproc: int
     settings: dict[str, Any] = field(default_factory=dict)
@@ -246,7 +210,7 @@ class DistributedRun(torchrun.Job):
     val_accuracy: float | None = field(init=False)  # on the held-out images, all ranks' shares together
 
     def __post_init__(self) -> None:
-        r0: dict[str, Any] = self.ranks[0] if self.ranks else {}  # facts every rank reports alike
+        r0: dict[str, Any] = self.ranks[0] if self.ranks else {}
         self.backend, self.world_size = str(r0.get("backend", "?")), int(r0.get("world_size", 0))
         self.n_epochs, self.dataset_size = len(r0.get("epochs", [])), int(r0.get("dataset_size", 0))
         self.num_classes, self.val_items = int(r0.get("num_classes") or 0), int(r0.get("val_items") or 0)
@@ -268,7 +232,6 @@ class DistributedRun(torchrun.Job):
         return sum(e["n_items"] for e in eps), sum(e["seconds"] for e in eps)
 
     def per_rank_items_per_s(self) -> list[float]:
-        """Each rank's items/s over the timed epochs (its own items / its own seconds)."""
         return [items / secs if secs > 0 else 0.0 for items, secs in map(self._timed, self.ranks)]
 
     def total_items_per_s(self) -> float:
@@ -278,11 +241,10 @@ class DistributedRun(torchrun.Job):
         return sum(i for i, _ in timed) / secs if secs > 0 else 0.0
 
     def coverage(self, epoch: int) -> Coverage:
-        """Coverage of the data set by all ranks together in ``epoch``, from the indices of the batches."""
+        """Coverage of the data set by all ranks in ``epoch``, from the indices of the batches they trained on."""
         return coverage({int(r["rank"]): r["epochs"][epoch]["indices"] for r in self.ranks}, self.dataset_size)
 
     def exactly_once_every_epoch(self) -> bool:
-        """True when every epoch covered every sample exactly once."""
         return self.n_epochs > 0 and all(self.coverage(e).exactly_once for e in range(self.n_epochs))
 
     def replicas_in_sync(self) -> bool:
@@ -290,7 +252,6 @@ class DistributedRun(torchrun.Job):
         return len({r["params_checksum"] for r in self.ranks}) == 1
 
     def losses(self) -> list[list[float]]:
-        """Per rank, the mean training loss of each epoch."""
         return [[e["loss"] for e in r["epochs"]] for r in self.ranks]
 
     def learning(self) -> str:
@@ -310,7 +271,7 @@ class DistributedRun(torchrun.Job):
         return " \\\n    ".join(lines)
 
     def table(self) -> str:
-        """Per-rank text table: device, workers, samples, steady items/s, last loss; then all ranks."""
+        """Per rank: device, workers, samples, steady items/s, last loss; then all ranks."""
         rows: list[list[object]] = [
             [r["rank"], r["device"], r["workers"], r["samples_per_rank"], f"{v:.0f}", f"{r['epochs'][-1]['loss']:.3f}"]
             for r, v in zip(self.ranks, self.per_rank_items_per_s())
@@ -318,12 +279,11 @@ class DistributedRun(torchrun.Job):
         rows.append(
             ["all", "", "", sum(r["samples_per_rank"] for r in self.ranks), f"{self.total_items_per_s():.0f}", ""]
         )
-        return "\n".join(
-            rounds.table(["rank", "device", "workers", "samples/epoch", "items/s", "last loss"], rows, left=2)
-        )
+        headers = ["rank", "device", "workers", "samples/epoch", "items/s", "last loss"]
+        return "\n".join(rounds.table(headers, rows, left=2))
 
     def startup_s(self) -> float:
-        """Longest time any rank spent from its process start to its first batch (imports, setup)."""
+        """Longest time any rank took from its process start to its first batch (imports, setup)."""
         return max((float(r.get("startup_s", math.nan)) for r in self.ranks), default=math.nan)
 
     def train_s(self) -> float:
@@ -331,7 +291,6 @@ class DistributedRun(torchrun.Job):
         return max((float(r.get("train_s", math.nan)) for r in self.ranks), default=math.nan)
 
     def summary(self) -> str:
-        """Processes, backend, total items/s and times; then per-rank items/s, wrapped to 100 characters."""
         per = ", ".join(f"{v:.0f}" for v in self.per_rank_items_per_s())
         head = (
             f"{self.nproc} process(es), {self.backend}: total {self.total_items_per_s():.0f} items/s; "
@@ -348,16 +307,10 @@ def max_processes() -> int:
 
 
 def multi_node_command(
-    nnodes: int,
-    nproc_per_node: int,
-    rdzv_endpoint: str,
-    *,
-    node_rank: int | None = None,
-    rdzv_id: str = "job42",
-    script: str = "-m helpers.chapters.ch07.ddp_train --out results/",
+    nnodes: int, nproc_per_node: int, rdzv_endpoint: str, *, node_rank: int | None = None, rdzv_id: str = "job42"
 ) -> str:
-    """The command to type on *each* of ``nnodes`` machines (shown, never run here): they meet at
-    ``rdzv_endpoint`` (``host:port`` of one of them). c10d assigns ranks at rendezvous; ``node_rank`` pins them."""
+    """The command to type on *each* of ``nnodes`` machines (shown, never run here), meeting at ``rdzv_endpoint``
+    (``host:port`` of one of them). c10d assigns ranks at rendezvous; ``node_rank`` pins them."""
     check_int("nnodes", nnodes, 1, 100_000)
     check_int("nproc_per_node", nproc_per_node, 1, 4096)
     if ":" not in rdzv_endpoint:
@@ -365,7 +318,8 @@ def multi_node_command(
     parts = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}"]
     if node_rank is not None:
         parts.append(f"--node-rank={check_int('node_rank', node_rank, 0, nnodes - 1)}")
-    parts += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}", script]
+    parts += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
+    parts.append("-m helpers.chapters.ch07.ddp_train --out results/")
     return " \\\n    ".join(parts)
 
 
@@ -377,22 +331,19 @@ def launch_ddp(
     epochs: int = 2,
     limit: int | None = None,
     width: int = 8,
-    val_dir: str | os.PathLike[str] | None = None,
-    val_limit: int | None = None,
-    fail_rank: int | None = None,
     data_dir: str | os.PathLike[str] | None = None,
+    val_dir: str | os.PathLike[str] | None = None,
+    fail_rank: int | None = None,
     extra_args: Sequence[str] = (),
     timeout_s: float = 300.0,
     progress: Callable[[float, str], None] | None = None,
 ) -> DistributedRun:
     """Train the chapter-01 model with DDP on ``nproc`` ranks (1 to :func:`max_processes`) started by torchrun.
 
-    ``batch_size`` is per rank; throughput leaves out the first of two or more ``epochs``. ``limit`` /
-    ``val_limit``: train on / score that many images spread over the class-sorted set. ``data_dir`` / ``val_dir``
-    default to the chapter-01 sets (your ``data_dir`` without ``val_dir``: no validation). ``fail_rank`` fails
-    on purpose; ``extra_args`` go to :mod:`.ddp_train` (e.g. ``--no-set-epoch``, the bug). One thread per rank.
-    ValueError before anything starts; :class:`DistributedRunError` (a rank failed, or ``timeout_s`` passed) or
-    the reader's ``KeyboardInterrupt`` once every process is stopped.
+    ``batch_size`` is per rank; ``limit`` images are spread over the class-sorted set. ``data_dir`` / ``val_dir``
+    default to the chapter-01 sets (``data_dir`` alone: no validation). ``fail_rank`` fails on purpose;
+    ``extra_args`` go to :mod:`.ddp_train`. Raises :class:`DistributedRunError` (a rank failed, or ``timeout_s``
+    passed) or the reader's ``KeyboardInterrupt`` once every process is stopped.
     """
     settings = {
         "nproc": check_int("nproc", nproc, 1, max_processes()),
@@ -400,7 +351,6 @@ def launch_ddp(
         "batch_size": check_int("batch_size", batch_size, 1, 4096),
         "epochs": check_int("epochs", epochs, 1, 100),
         "limit": None if limit is None else check_int("limit", limit, nproc, 10_000_000),
-        "val_limit": None if val_limit is None else check_int("val_limit", val_limit, 1, 10_000_000),
         "width": check_int("width", width, 1, 256),
         "fail_rank": None if fail_rank is None else check_int("fail_rank", fail_rank, 0, nproc - 1),
     }
@@ -412,45 +362,38 @@ def launch_ddp(
     args += [f"--{k.replace('_', '-')}={v}" for k, v in settings.items() if k != "nproc" and v is not None]
     with torchrun.work_dir() as work:
         args = [f"--out={work / 'results'}", *args, *extra_args]
-        cmd = torchrun_command(nproc, args, log_dir=work / "logs")
         if progress is not None:
             progress(0.0, f"starting {nproc} process(es) (each imports torch)")
-        job = torchrun.run_job(cmd, work, timeout_s, progress)
-    _raise_if_failed(job, nproc, timeout_s)
-    return DistributedRun(**vars(job), nproc=nproc, settings=settings)
-
-
-def _raise_if_failed(job: torchrun.Job, nproc: int, timeout_s: float) -> None:
-    """Raise what the reader needs to know if the job timed out or failed."""
+        job = torchrun.run_job(torchrun.torchrun_command(nproc, args, log_dir=work / "logs"), work, timeout_s, progress)
     if job.timed_out:
         raise DistributedRunError(
             f"the torchrun job did not finish within timeout_s={timeout_s:g} s and was stopped "
             f"({len(job.tracked_pids)} process(es) terminated). Raise timeout_s or make the run smaller.",
             job,
         )
-    rc, cause = job.returncode, job.cause
-    if rc == 0 and len(job.ranks) == nproc:
-        return
-    if cause["rank"] is None:
-        tail = "\n".join(job.stderr.rstrip().splitlines()[-15:])
-        msg = f"torchrun exited with code {rc} and {len(job.ranks)} of {nproc} ranks reported results. "
-        raise DistributedRunError(msg + f"Last lines of its output:\n{tail}", job)
-    what = f"{cause['type']}: {cause['message']}" if cause["type"] else cause["message"]
-    msg = f"rank {cause['rank']} of {nproc} failed: {what}. torchrun then stopped the other rank(s) and "
-    raise DistributedRunError(msg + f"exited with code {rc}.", job)
+    cause = job.cause
+    if job.returncode != 0 or len(job.ranks) != nproc:
+        if cause["rank"] is None:
+            tail = "\n".join(job.stderr.rstrip().splitlines()[-15:])
+            msg = f"torchrun exited with code {job.returncode} and {len(job.ranks)} of {nproc} ranks reported results."
+            raise DistributedRunError(msg + f" Last lines of its output:\n{tail}", job)
+        what = f"{cause['type']}: {cause['message']}" if cause["type"] else cause["message"]
+        msg = f"rank {cause['rank']} of {nproc} failed: {what}. torchrun then stopped the other rank(s) and exited"
+        raise DistributedRunError(msg + f" with code {job.returncode}.", job)
+    return DistributedRun(**vars(job), nproc=nproc, settings=settings)
 
 
 # -- plots and tables (the notebook, the live panel, the benchmark) ----------------------------------------------
 
 
-def plot_run(run: DistributedRun, ax: Any = None, *, title: str | None = None) -> Any:
+def plot_run(run: DistributedRun, ax: Any = None) -> Any:
     """Bars: each rank's items/s and the total (measured in ``run``)."""
     from ...ui.plots import history_bars  # optional/heavy: matplotlib
 
     values, s = run.per_rank_items_per_s() + [run.total_items_per_s()], run.settings
     default = f"{run.nproc} rank(s), {run.backend}, {s.get('workers', 0)} worker(s)/rank, "
     labels = [f"rank {r['rank']}" for r in run.ranks] + ["total"]
-    title = title or default + f"batch {s.get('batch_size', '?')}/rank"
+    title = default + f"batch {s.get('batch_size', '?')}/rank"
     ax = history_bars(labels, values, ax, ylabel="training throughput (items/s)", title=title)
     for i, v in enumerate(values):
         ax.annotate(f"{v:.0f}", (i, v), ha="center", va="bottom", fontsize=8)

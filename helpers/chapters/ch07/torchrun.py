@@ -1,12 +1,8 @@
-"""Running torchrun on this machine: bound to loopback, and with every process it started stopped after.
+"""torchrun on this machine, bound to loopback, with every process it starts stopped after.
 
-**Nothing listens beyond this machine.** c10d's TCPStore server binds the wildcard address whatever host it is
-given, unless handed a socket already bound; so torchrun runs through this module (:func:`loopback_torchrun`),
-which hands its stores sockets bound to 127.0.0.1, and :func:`loopback_env` keeps gloo and NCCL on loopback.
-
-**Nothing is left behind.** :func:`run_job` tracks every process the job starts (torchrun, the ranks, their
-DataLoader workers) and stops them all when it ends, times out or is interrupted; a killed parent takes torchrun
-with it (Linux's parent-death signal).
+c10d's TCPStore server binds the wildcard address whatever host it is given, unless handed a socket already bound:
+:func:`loopback_torchrun` hands its stores sockets bound to 127.0.0.1. :func:`run_job` tracks every process the job
+starts (torchrun, ranks, their workers) and stops them all when it ends, times out or is interrupted.
 """
 
 from __future__ import annotations
@@ -32,8 +28,7 @@ import psutil
 
 
 def torchrun_command(nproc: int, script_args: Sequence[str], *, log_dir: str | Path | None = None) -> list[str]:
-    """The command line that runs :mod:`.ddp_train` under torchrun (``--standalone``: a store on a free port) on
-    this machine, through this module: every store it serves bound to 127.0.0.1, the ranks told to meet there."""
+    """:mod:`.ddp_train` under torchrun (``--standalone``) through this module: every store on 127.0.0.1."""
     cmd = [sys.executable, "-m", "helpers.chapters.ch07.torchrun", "--local-addr=127.0.0.1", "--standalone"]
     cmd += [f"--nproc-per-node={nproc}", "--max-restarts=0"] + ([f"--log-dir={log_dir}"] if log_dir else [])
     return cmd + ["-m", "helpers.chapters.ch07.ddp_train", *script_args]
@@ -52,8 +47,7 @@ def _is_loopback_host(host: str) -> bool:
 
 
 def loopback_env() -> dict[str, str]:
-    """The ranks' environment for a single-machine job: ``MASTER_ADDR=127.0.0.1`` and the loopback interface
-    (``lo`` on Linux) for gloo and NCCL's own sockets (else they pick the one the host name resolves to)."""
+    """``MASTER_ADDR=127.0.0.1``, and the loopback interface for gloo's and NCCL's own sockets."""
     try:
         names = [name for _, name in socket.if_nameindex()]
     except (OSError, AttributeError):  # pragma: no cover - no interface list on this OS
@@ -63,69 +57,46 @@ def loopback_env() -> dict[str, str]:
 
 
 _LOOPBACK_PORTS: set[int] = set()
-
-
-def _listen_on_loopback(port: int) -> tuple[int, int]:
-    """A TCP socket listening on 127.0.0.1:``port`` (0: any free port): ``(port, fd)``; c10d takes the fd over."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", int(port)))
-        sock.listen(512)
-        return int(sock.getsockname()[1]), sock.detach()
-    except BaseException:
-        sock.close()
-        raise
+#: ``TCPStore``'s parameters, in order, with their defaults (``timeout``: c10d's 300 s).
+_STORE_ARGS = {"host_name": None, "port": None, "world_size": None, "is_master": False, "timeout": None}
+_STORE_ARGS |= {"wait_for_workers": True, "multi_tenant": False, "master_listen_fd": None, "use_libuv": True}
 
 
 def _loopback_tcpstore(base: type) -> type:
-    """``base`` (``torch.distributed.TCPStore``), whose server for a loopback host binds 127.0.0.1 only (handed
-    as ``master_listen_fd``, a socket already bound and listening)."""
+    """``base`` (``torch.distributed.TCPStore``) whose server, for a loopback host, is handed a socket bound to
+    127.0.0.1 (``master_listen_fd``)."""
 
     class LoopbackTCPStore(base):
-        def __init__(
-            self,
-            host_name: str,
-            port: int,
-            world_size: int | None = None,
-            is_master: bool = False,
-            timeout: Any = None,
-            wait_for_workers: bool = True,
-            multi_tenant: bool = False,
-            master_listen_fd: int | None = None,
-            use_libuv: bool = True,
-        ) -> None:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             import datetime
 
             from ...core.device import torch_at_least  # heavy: imports torch, as this class needs
 
-            port = int(port)
-            reuse = multi_tenant and port in _LOOPBACK_PORTS  # c10d shares the server already running there
-            if is_master and master_listen_fd is None and not reuse and _is_loopback_host(str(host_name)):
+            a = {**_STORE_ARGS, **dict(zip(_STORE_ARGS, args)), **kwargs}
+            a["port"] = int(a["port"])
+            a["timeout"] = datetime.timedelta(seconds=300) if a["timeout"] is None else a["timeout"]
+            reuse = a["multi_tenant"] and a["port"] in _LOOPBACK_PORTS  # c10d shares the server running there
+            serve = a["is_master"] and a["master_listen_fd"] is None and not reuse
+            if serve and _is_loopback_host(str(a["host_name"])):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 try:
-                    port, master_listen_fd = _listen_on_loopback(port)
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    sock.bind(("127.0.0.1", a["port"]))
+                    sock.listen(512)
                 except OSError as exc:  # same type as c10d's own bind failure, which callers catch
-                    raise RuntimeError(f"cannot listen on 127.0.0.1:{port}: {exc}") from exc
-                _LOOPBACK_PORTS.add(port)
-            super().__init__(
-                host_name,
-                port,
-                world_size,
-                is_master,
-                datetime.timedelta(seconds=300) if timeout is None else timeout,
-                wait_for_workers,
-                multi_tenant,
-                master_listen_fd,
-                use_libuv and (master_listen_fd is None or torch_at_least(2, 8)),  # libuv takes a listen fd from 2.8
-            )
+                    sock.close()
+                    raise RuntimeError(f"cannot listen on 127.0.0.1:{a['port']}: {exc}") from exc
+                a["port"], a["master_listen_fd"] = int(sock.getsockname()[1]), sock.detach()  # c10d takes the fd
+                _LOOPBACK_PORTS.add(a["port"])
+            a["use_libuv"] &= a["master_listen_fd"] is None or torch_at_least(2, 8)  # libuv takes a listen fd from 2.8
+            super().__init__(*a.values())
 
     return LoopbackTCPStore
 
 
 def loopback_torchrun(argv: Sequence[str] | None = None) -> None:
-    """``python -m helpers.chapters.ch07.torchrun [torchrun options] -m module ...``: torchrun's own ``main``
-    with ``TCPStore`` replaced in its rendezvous modules, so every store it serves binds 127.0.0.1 (one machine
-    only: ``--standalone`` or a 127.0.0.1 endpoint, and ``--local-addr=127.0.0.1``)."""
+    """``python -m helpers.chapters.ch07.torchrun [torchrun options] -m module ...``: torchrun's own ``main`` with
+    ``TCPStore`` replaced in its rendezvous modules (one machine only: ``--standalone``, ``--local-addr=127.0.0.1``)."""
     import torch.distributed as dist
     import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend as c10d_backend
     import torch.distributed.elastic.rendezvous.dynamic_rendezvous  # noqa: F401  (uses dist.TCPStore)
@@ -145,7 +116,7 @@ def loopback_torchrun(argv: Sequence[str] | None = None) -> None:
 
 
 def process_alive(p: int | psutil.Process) -> bool:
-    """True if the process (a pid, or a :class:`psutil.Process`, then checked for pid reuse) runs; zombies are gone."""
+    """True if the process (a pid, or a psutil.Process, then checked for pid reuse) runs; zombies are gone."""
     try:
         proc = p if isinstance(p, psutil.Process) else psutil.Process(p)
         return bool(proc.is_running()) and proc.status() != psutil.STATUS_ZOMBIE
@@ -167,7 +138,7 @@ def listening_sockets(procs: Iterable[int | psutil.Process]) -> list[tuple[int, 
 
 
 class _Tracker:
-    """Remembers every descendant of a launched process, so none is left behind."""
+    """Every descendant of a launched process, remembered, so none is left behind."""
 
     def __init__(self, pid: int) -> None:
         self.root = psutil.Process(pid)  # our child: it stays (as a zombie) until we wait for it
@@ -175,7 +146,6 @@ class _Tracker:
         self.listening: set[tuple[int, str, int]] = set()
 
     def snapshot(self, sockets: bool = False) -> None:
-        """Add torchrun's current descendants and, with ``sockets``, every TCP socket they listen on."""
         with contextlib.suppress(psutil.NoSuchProcess):
             for c in self.root.children(recursive=True):
                 self.procs.setdefault(c.pid, c)
@@ -183,8 +153,8 @@ class _Tracker:
             self.listening.update(listening_sockets(self.procs.values()))
 
     def orphans(self) -> None:
-        """Add processes left in a tracked process's group after their parent died: each rank has its own
-        session (torchrun starts it so), which its DataLoader workers keep when re-parented."""
+        """Add processes left in a tracked one's group: each rank has its own session (torchrun starts it so),
+        which its DataLoader workers keep when re-parented."""
         if not hasattr(os, "getpgid"):  # pragma: no cover - not POSIX
             return
         groups = set(self.procs)  # a rank's pid is its group id (new session)
@@ -223,8 +193,8 @@ _WORK_PREFIX = "workbook-ddp-"
 
 @contextlib.contextmanager
 def work_dir() -> Iterator[Path]:
-    """A new temporary folder for one job (``results/`` inside), deleted after. Stale ones are deleted first:
-    those of launchers that were killed (their pid, in the name, is gone) and could not delete their own."""
+    """A new temporary folder for one job (``results/`` inside), deleted after; first, those left by launchers
+    that were killed (their pid, in the name, is gone)."""
     for d in Path(tempfile.gettempdir()).glob(f"{_WORK_PREFIX}*-*"):
         pid = d.name[len(_WORK_PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and d.is_dir() and not process_alive(int(pid)):
@@ -238,8 +208,7 @@ def work_dir() -> Iterator[Path]:
 
 
 def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get SIGTERM when its parent dies (Linux only): a killed kernel
-    then stops torchrun and its ranks."""
+    """A ``preexec_fn``: the child gets SIGTERM when its parent dies (Linux), so a killed kernel stops the job."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -248,31 +217,18 @@ def _die_with_parent() -> Callable[[], None] | None:
         prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded in the parent: the child only calls it
     except (OSError, AttributeError):  # pragma: no cover - exotic libc
         return None
-    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
-    return lambda: prctl(pr_set_pdeathsig, sigterm, 0, 0, 0)
+    return lambda: prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
 
 
 def _job_env() -> dict[str, str]:
-    """This process's environment for the ranks: one compute thread each, on loopback, this package importable."""
+    """The ranks' environment: one compute thread each, on loopback, this package importable."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **loopback_env()}
     root = str(Path(__file__).resolve().parents[3])  # the folder that holds helpers/
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     return env
 
 
-def _report_progress(results: Path, progress: Callable[[float, str], None], reported: list[int]) -> None:
-    """Rank 0's step (``progress.json``) to the progress bar, when it moved."""
-    try:
-        p = json.loads((results / "progress.json").read_text())
-    except (OSError, ValueError):
-        return
-    done, total = int(p.get("done", 0)), max(1, int(p.get("total", 1)))
-    if done != reported[0]:
-        reported[0] = done
-        progress(done / total, f"rank 0: step {done}/{total}, epoch {int(p.get('epoch', 0)) + 1}")
-
-
-def _read_json(paths: Any) -> list[dict[str, Any]]:
+def _read_json(paths: Iterable[Path]) -> list[dict[str, Any]]:
     out = []
     for f in paths:
         with contextlib.suppress(OSError, ValueError):
@@ -299,9 +255,9 @@ def _root_cause(results: Path, stderr: str) -> dict[str, Any]:
 
 @dataclass(kw_only=True)
 class Job:
-    """One torchrun job (:func:`run_job`): the ranks' records (by rank), seconds from launch to exit, torchrun's
-    output, every process started and those alive after clean-up (should be none), ``(pid, address, port)`` of
-    every TCP socket seen listening, the exit code (None after a timeout) and the first failure (``cause``)."""
+    """One torchrun job: the ranks' records, seconds from launch to exit, torchrun's output, every process started
+    and those alive after clean-up (should be none), every TCP socket seen listening ``(pid, address, port)``,
+    the exit code (None after a timeout) and the first failure (``cause``)."""
 
     command: list[str]
     ranks: list[dict[str, Any]]
@@ -316,9 +272,10 @@ class Job:
     cause: dict[str, Any] = field(default_factory=dict)
 
 
-def _follow(proc: subprocess.Popen[bytes], tracker: _Tracker, deadline: float, follow: Callable[[], None]) -> bool:
-    """Wait for ``proc``, noting its processes and sockets twice a second; True if ``deadline`` passed first."""
-    next_scan = 0.0
+def _follow(proc: subprocess.Popen[bytes], tracker: _Tracker, deadline: float, results: Path, progress: Any) -> bool:
+    """Wait for ``proc``, noting its processes and sockets twice a second and showing rank 0's step
+    (``progress.json``); True if ``deadline`` passed first."""
+    next_scan, shown = 0.0, -1
     while proc.poll() is None:
         now = time.perf_counter()
         if now >= next_scan:  # new processes (ranks, their workers) and their sockets
@@ -326,16 +283,18 @@ def _follow(proc: subprocess.Popen[bytes], tracker: _Tracker, deadline: float, f
             next_scan = now + 0.5
         if now > deadline:
             return True
-        follow()
+        step = _read_json([results / "progress.json"]) if progress is not None else []
+        if step and step[0]["done"] != shown:
+            shown, total = int(step[0]["done"]), max(1, int(step[0]["total"]))
+            progress(shown / total, f"rank 0: step {shown}/{total}, epoch {int(step[0]['epoch']) + 1}")
         time.sleep(0.1)
     return False
 
 
 def run_job(cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable[[float, str], None] | None) -> Job:
-    """Run ``cmd`` in ``work`` for at most ``timeout_s``, following rank 0's steps, then stop every process it
-    started; a ``KeyboardInterrupt`` is raised again once they are, with ``tracked_pids`` and ``leftover_pids``."""
-    t0, results, seen = time.perf_counter(), work / "results", [-1]
-    follow = (lambda: _report_progress(results, progress, seen)) if progress is not None else (lambda: None)
+    """Run ``cmd`` in ``work`` for at most ``timeout_s``, then stop every process it started; a
+    ``KeyboardInterrupt`` is raised again once they are, with ``tracked_pids`` and ``leftover_pids``."""
+    t0, results = time.perf_counter(), work / "results"
     with open(work / "stdout.txt", "wb") as out, open(work / "stderr.txt", "wb") as err:
         proc = subprocess.Popen(
             list(cmd),
@@ -349,7 +308,7 @@ def run_job(cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable
         )
         tracker, timed_out, interrupted = _Tracker(proc.pid), False, False
         try:
-            timed_out = _follow(proc, tracker, t0 + timeout_s, follow)
+            timed_out = _follow(proc, tracker, t0 + timeout_s, results, progress)
         except KeyboardInterrupt:
             interrupted = True
         finally:
