@@ -24,6 +24,7 @@ from ..core.validate import check_choice, check_float, check_int
 from .data import TimedCollate, seed_worker
 from .demo import *  # noqa: F403  (re-exported: the notebooks' cells read the demo data sets from here)
 from .demo import PinnableBatch
+from .prefetch import iter_tensors
 from .workers import (
     MAX_WORKERS,
     _WorkbookLoader,
@@ -227,15 +228,7 @@ def guard(loader: DataLoader, *, timeout: float | None = None, check_shm: bool =
 
 
 def _batch_tensors(batch: Any) -> list[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, PinnableBatch):
-        return [batch.images, batch.labels]
-    if isinstance(batch, Mapping):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)):
-        return [t for v in batch for t in _batch_tensors(v)]
-    return []
+    return list(iter_tensors(batch))
 
 
 def batch_len(batch: Any) -> int:
