@@ -34,6 +34,23 @@ STD: tuple[float, float, float] = (0.25, 0.25, 0.25)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 
 
+def check_stats(
+    mean: Any, std: Any, *, channels: int | None = None, what: str = "mean and std"
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel normalisation statistics as floats: as many finite values each (``channels`` if given), std > 0."""
+    try:
+        m, s = (
+            tuple(float(v) for v in (x.flatten().tolist() if isinstance(x, torch.Tensor) else x)) for x in (mean, std)
+        )
+        ok = len(m) == len(s) == (channels or len(m)) > 0 and min(s) > 0 and all(math.isfinite(v) for v in m + s)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        n = f"{channels}" if channels else "the same number of"
+        raise ValueError(f"{what} must hold {n} finite values each (same length, std > 0), got {mean!r} and {std!r}")
+    return m, s
+
+
 class ImageDecodeError(RuntimeError):
     """An image file could not be read or decoded (the message names it)."""
 
@@ -94,14 +111,7 @@ class ShapesDataset(Dataset):
         self.augment = bool(augment)
         self.output = check_choice("output", output, ("float", "uint8"))
         self.on_error = check_choice("on_error", on_error, ("raise", "skip"))
-        try:
-            self.mean, self.std = tuple(float(m) for m in mean), tuple(float(v) for v in std)
-            ok = len(self.mean) == len(self.std) == 3 and min(self.std) > 0
-            ok = ok and all(math.isfinite(v) for v in self.mean + self.std)
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise ValueError(f"mean and std must hold 3 finite numbers each (std > 0), got {mean!r} and {std!r}")
+        self.mean, self.std = check_stats(mean, std, channels=3)
         self.classes, self.samples = _scan_class_folders(self.root)
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self.targets = [t for _, t in self.samples]

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from .data import normalization_stats, to_float_normalized
+from .data import check_stats, normalization_stats, to_float_normalized
 
 _END = object()  # the end of a loader (a batch may be None)
 _PLAIN = (str, bytes, int, float, bool, type(None))
@@ -75,31 +75,6 @@ def _protects_itself(obj: Any) -> bool:
     return not isinstance(obj, (list, tuple, dict)) and callable(getattr(obj, "record_stream", None))
 
 
-def _as_stats(name: str, values: Any) -> tuple[float, ...]:
-    if isinstance(values, torch.Tensor):
-        values = values.flatten().tolist()
-    try:
-        out = tuple(float(v) for v in values)
-    except (TypeError, ValueError):
-        raise ValueError(f"normalize {name} must be a sequence of numbers (one per channel), got {values!r}") from None
-    if not out:
-        raise ValueError(f"normalize {name} must hold at least one value, got an empty sequence")
-    return out
-
-
-def _check_normalize(normalize: Any) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
-    if normalize is None:
-        return None
-    if not isinstance(normalize, (tuple, list)) or len(normalize) != 2:
-        raise ValueError(f"normalize must be None or a pair (mean, std) of per-channel sequences, got {normalize!r}")
-    mean, std = _as_stats("mean", normalize[0]), _as_stats("std", normalize[1])
-    if len(mean) != len(std):
-        raise ValueError(f"normalize mean and std must have the same length, got {len(mean)} and {len(std)}")
-    if any(s <= 0 for s in std):
-        raise ValueError(f"normalize std values must all be > 0, got {std}")
-    return mean, std
-
-
 def move_batch(batch: Any, device: torch.device | str, *, non_blocking: bool = True) -> Any:
     """Every tensor in ``batch`` (custom objects via their ``.to()``) on ``device``; ``non_blocking`` on CUDA only."""
     dev = torch.device(device)
@@ -143,7 +118,12 @@ class Prefetcher:
         self.device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device is 'cuda' but no CUDA device is available; use device='cpu' or None")
-        self.loader, self.normalize, self.dtype = loader, _check_normalize(normalize), dtype
+        if normalize is not None and (not isinstance(normalize, (tuple, list)) or len(normalize) != 2):
+            raise ValueError(
+                f"normalize must be None or a pair (mean, std) of per-channel sequences, got {normalize!r}"
+            )
+        self.normalize = None if normalize is None else check_stats(*normalize, what="normalize mean and std")
+        self.loader, self.dtype = loader, dtype
         # ONE side stream per prefetcher (never one per epoch).
         self.stream: torch.cuda.Stream | None = None
         if self.device.type == "cuda":
