@@ -60,7 +60,8 @@ def _failing_item(dataset: Any, index: Any, batched: bool) -> str:
 
 
 def _name_failing_items() -> None:
-    """In a worker: a data set's exception gets a note naming the item (torch's fetcher patched: no public hook)."""
+    """In a worker: a data set's exception gets a note naming the item (torch's fetcher patched: no public hook;
+    tests/test_loader_failure_words.py's ``value`` case)."""
     from torch.utils.data._utils import fetch
 
     cls = fetch._MapDatasetFetcher
@@ -193,7 +194,8 @@ class _WatchedIter(_MultiProcessingDataLoaderIter):
 
 class _WorkbookLoader(DataLoader):
     """A DataLoader whose worker start can't leak or lose an interrupt: a Ctrl-C during ``_get_iterator`` (where
-    torch starts workers; no public hook) is held until all are up, then they are stopped and it is raised."""
+    torch starts workers; no public hook) is held until all are up, then they are stopped and it is raised
+    (tests/test_interrupt_battery.py)."""
 
     _workbook_frozen: list[int]  # pids _FreezeWatch killed
     _workbook_warnings: list[str]
