@@ -51,12 +51,6 @@ START_METHODS: tuple[str | None, ...] = (None, "fork", "spawn", "forkserver")
 WORKER_TIMEOUT_S = 60.0
 
 
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
 @dataclass
 class LoaderConfig:
     """The DataLoader knobs chapters 03-04 turn, checked together by :meth:`validated`. ``None``: DataLoader's
@@ -78,7 +72,8 @@ class LoaderConfig:
         check_int("batch_size", self.batch_size, 1, 65536)
         check_int("num_workers", self.num_workers, 0, MAX_WORKERS)
         for name in ("pin_memory", "persistent_workers", "in_order", "shuffle", "drop_last"):
-            _check_bool(name, getattr(self, name))
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         check_int("seed", self.seed, 0, 2**63 - 1)
         if self.timeout is not None:
             check_float("timeout", self.timeout, 0.0, 3600.0)
@@ -133,15 +128,6 @@ def _check_callable(name: str, fn: Any) -> None:
             raise ValueError(
                 f"{name} must be a function (a module-level one, not a lambda, for spawn workers), got {f!r}"
             )
-
-
-def _require_shm_for(dataset: Dataset, batch_size: int, num_workers: int, prefetch_factor: int | None) -> None:
-    try:
-        sample = dataset[0]
-    except Exception:  # the loader reports a broken item itself, from the worker that meets it
-        return
-    per_item = _batch_bytes(sample if isinstance(sample, (tuple, list, torch.Tensor, Mapping)) else [])
-    require_shm(shm_needed_bytes(per_item * batch_size, num_workers, prefetch_factor or 2))
 
 
 def build_loader(
@@ -212,7 +198,13 @@ def guard(loader: DataLoader, *, timeout: float | None = None, check_shm: bool =
         return loader
     if loader.num_workers > 0:
         if check_shm and loader.batch_size:
-            _require_shm_for(loader.dataset, int(loader.batch_size), loader.num_workers, loader.prefetch_factor)
+            try:  # the batches the workers may hold, estimated from dataset[0]
+                sample = loader.dataset[0]
+            except Exception:  # the loader reports a broken item itself, from the worker that meets it
+                sample = None
+            sample = sample if isinstance(sample, (tuple, list, torch.Tensor, Mapping)) else []
+            batch = int(loader.batch_size) * _batch_bytes(sample)
+            require_shm(shm_needed_bytes(batch, loader.num_workers, loader.prefetch_factor or 2))
         if not loader.timeout:
             loader.timeout = WORKER_TIMEOUT_S if timeout is None else check_float("timeout", timeout, 0.001, 3600.0)
         if not isinstance(loader.worker_init_fn, _WorkerInit):

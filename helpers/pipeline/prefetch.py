@@ -125,9 +125,7 @@ class Prefetcher:
         self.normalize = None if normalize is None else check_stats(*normalize, what="normalize mean and std")
         self.loader, self.dtype = loader, dtype
         # ONE side stream per prefetcher (never one per epoch).
-        self.stream: torch.cuda.Stream | None = None
-        if self.device.type == "cuda":
-            self.stream = torch.cuda.Stream(self.device)
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         if self.normalize is not None:  # built (or found) now, once: no host copy per batch
             normalization_stats(*self.normalize, self.device, dtype)
         Prefetcher.made += 1

@@ -481,7 +481,7 @@ def make_shapes_dataset(
         "seed": check_int("seed", seed, 0, 2**31 - 1),
         "quality": check_int("quality", quality, 50, 100),
     }
-    n_train, n_val, size = params["n_train"], params["n_val"], params["image_size"]
+    n_train, n_val, size = params["n_train"], params["n_val"], params["image_size"]  # as ints
     n_images = n_train + n_val
     if workers is None:
         workers = 1 if n_images * size * size < _POOL_MIN_PIXELS else min(8, os.cpu_count() or 1)
