@@ -93,7 +93,8 @@ for line in sys.stdin:
     print("ki", flush=True)
     deadline = time.monotonic() + 3.0
     while True:
-        left = [p for p in L.child_processes() if p.status() != psutil.STATUS_ZOMBIE
+        left = [p for p in psutil.Process().children(recursive=True)
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
                 and "resource_tracker" not in " ".join(p.cmdline())]
         if not left or time.monotonic() > deadline:
             break

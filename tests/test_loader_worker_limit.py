@@ -35,9 +35,13 @@ def _make_loader(dataset: Any, batch_size: int, workers: int = 0, persistent: bo
 
 
 def test_limit_is_four_per_core_and_never_below_eight(two_cores: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert L.workers_limit() == 8 and L.check_workers_for_cores(8) == 8
+    assert L.check_workers_for_cores(8) == 8
+    with pytest.raises(ValueError, match="at most 8"):
+        L.check_workers_for_cores(9)
     monkeypatch.setattr(workers, "cpu_cores", lambda: 16)
-    assert L.workers_limit() == 64 and L.check_workers_for_cores(64) == 64
+    assert L.check_workers_for_cores(64) == 64
+    with pytest.raises(ValueError, match="at most 64"):
+        L.check_workers_for_cores(65)
 
 
 def test_measure_config_refuses_64_workers_on_2_cores(two_cores: None) -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from helpers.pipeline.prefetch import Prefetcher, iter_tensors, map_tensors, move_batch, normalize_uint8
+from helpers.pipeline.prefetch import Prefetcher, iter_tensors, map_tensors, move_batch
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -174,7 +174,6 @@ def test_uint8_normalisation_matches_the_reference() -> None:
     assert x.dtype == torch.float32 and x.shape == imgs.shape
     torch.testing.assert_close(x, ref, rtol=0, atol=1e-6)
     assert torch.equal(y, labels)  # labels are not touched
-    torch.testing.assert_close(normalize_uint8(imgs, MEAN, STD), ref, rtol=0, atol=1e-6)
 
 
 def test_normalisation_matches_the_chapter_01_dataset_helper() -> None:
@@ -212,6 +211,12 @@ def test_one_shot_iterators_and_non_iterables_are_refused() -> None:
         Prefetcher(iter([torch.ones(1)]), "cpu")
     with pytest.raises(ValueError, match="iterable"):
         Prefetcher(42, "cpu")  # type: ignore[arg-type]
+
+
+def _normalized(x: torch.Tensor) -> torch.Tensor:
+    """``x`` normalised by a CPU prefetcher (the one path that turns uint8 ...CHW tensors into floats)."""
+    (out,) = list(Prefetcher([x], "cpu", normalize=(MEAN, STD)))
+    return out
 
 
 def test_channel_mismatch_is_a_clear_error() -> None:
@@ -270,7 +275,7 @@ def test_cuda_normalise_and_structures() -> None:
     imgs = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8)
     loader = [{"img": imgs, "c": Custom(torch.ones(2), "t"), "p": Pair(imgs, torch.zeros(2))}]
     (b,) = list(Prefetcher(loader, "cuda", normalize=(MEAN, STD)))
-    torch.testing.assert_close(b["img"].cpu(), normalize_uint8(imgs, MEAN, STD), rtol=0, atol=1e-6)
+    torch.testing.assert_close(b["img"].cpu(), _normalized(imgs), rtol=0, atol=1e-6)
     assert b["c"].x.is_cuda and b["p"].images.is_cuda
 
 
@@ -285,9 +290,9 @@ def test_one_normaliser_bit_exact_with_torchvision_and_statistics_cached(monkeyp
     imgs = torch.randint(0, 256, (3, 3, 6, 6), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     ref = tv.normalize(tv.to_dtype(imgs, torch.float32, scale=True), list(MEAN), list(STD))
     assert torch.equal(data.to_float_normalized(imgs, MEAN, STD), ref)  # bit for bit, not just close
-    assert torch.equal(normalize_uint8(imgs, MEAN, STD), ref)  # delegates to it
-    assert torch.equal(normalize_uint8(imgs[0], MEAN, STD), ref[0])  # a single CHW image
-    assert torch.equal(normalize_uint8(imgs.view(1, 3, 3, 6, 6), MEAN, STD), ref.view(1, 3, 3, 6, 6))
+    assert torch.equal(_normalized(imgs), ref)  # the prefetcher delegates to it
+    assert torch.equal(_normalized(imgs[0]), ref[0])  # a single CHW image
+    assert torch.equal(_normalized(imgs.view(1, 3, 3, 6, 6)), ref.view(1, 3, 3, 6, 6))
 
     # Built once per (values, device, dtype), then reused: no torch.tensor(...) per batch.
     m, s = data.normalization_stats(MEAN, STD, "cpu")
@@ -303,7 +308,7 @@ def test_one_normaliser_bit_exact_with_torchvision_and_statistics_cached(monkeyp
         for x, _y in pf:
             assert torch.equal(x, ref)
     data.to_float_normalized(imgs, MEAN, STD)
-    normalize_uint8(imgs, MEAN, STD)
+    _normalized(imgs[0])
     assert made == []  # every call found its statistics in the cache
 
 

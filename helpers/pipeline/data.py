@@ -1,9 +1,7 @@
-"""The data set as the chapters read it: :class:`ShapesDataset` decodes and augments the JPEGs
-:mod:`~helpers.pipeline.shapes` generates (re-exported here), :func:`to_float_normalized` normalises a uint8 batch
-where it lies, :class:`TimedCollate` and :func:`seed_worker` (module level: workers import them by name).
-Augmentation draws from torch's global generator, which the DataLoader seeds per worker: no generator is created
-in ``__init__`` (the classic bug chapter 04 shows).
-"""
+"""The data set as the chapters read it: :class:`ShapesDataset` decodes and augments the JPEGs :mod:`.shapes` draws
+(re-exported here), :func:`to_float_normalized` the one normaliser, :class:`TimedCollate` and :func:`seed_worker`
+(module level: workers import them by name). Augmentation draws from torch's global generator, which the DataLoader
+seeds per worker (a generator made in ``__init__`` is chapter 04's classic bug)."""
 
 from __future__ import annotations
 
@@ -21,8 +19,14 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from ..core.validate import check_choice, check_int
-from .shapes import *  # noqa: F403  (re-exported: make_shapes_dataset, default_sizes, SHAPE_CLASSES, ...)
+from .shapes import SHAPE_CLASSES as SHAPE_CLASSES  # re-exported: chapters and notebooks read them as data.*
+from .shapes import DatasetInfo as DatasetInfo
 from .shapes import _encode_jpeg as _encode_jpeg
+from .shapes import dataset_name as dataset_name
+from .shapes import default_sizes as default_sizes
+from .shapes import make_shapes_dataset as make_shapes_dataset
+from .shapes import render_image as render_image
+from .shapes import verify_dataset as verify_dataset
 
 #: Per-channel mean and standard deviation used to normalise images (0-1 scale).
 MEAN: tuple[float, float, float] = (0.5, 0.5, 0.5)
@@ -30,8 +34,25 @@ STD: tuple[float, float, float] = (0.25, 0.25, 0.25)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 
 
+def check_stats(
+    mean: Any, std: Any, *, channels: int | None = None, what: str = "mean and std"
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel normalisation statistics as floats: as many finite values each (``channels`` if given), std > 0."""
+    try:
+        m, s = (
+            tuple(float(v) for v in (x.flatten().tolist() if isinstance(x, torch.Tensor) else x)) for x in (mean, std)
+        )
+        ok = len(m) == len(s) == (channels or len(m)) > 0 and min(s) > 0 and all(math.isfinite(v) for v in m + s)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        n = f"{channels}" if channels else "the same number of"
+        raise ValueError(f"{what} must hold {n} finite values each (same length, std > 0), got {mean!r} and {std!r}")
+    return m, s
+
+
 class ImageDecodeError(RuntimeError):
-    """An image file could not be read or decoded; the message names the file."""
+    """An image file could not be read or decoded (the message names it)."""
 
 
 def _scan_class_folders(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
@@ -62,11 +83,9 @@ def _scan_class_folders(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
 
 
 class ShapesDataset(Dataset):
-    """``(image, label)`` items decoded (Pillow: torchvision.io's decoders are deprecated since 0.29) and
-    augmented from an ImageFolder tree: float32 normalised, or uint8 with ``output="uint8"`` (4x fewer bytes; normalise
-    later). ``augment``: random resized crop and flip, else resize and centre crop. ``on_error="skip"`` replaces a
-    damaged file's item by the next readable one (recorded in :attr:`skipped`, with a warning). Picklable.
-    """
+    """``(image, label)`` items of an ImageFolder tree, decoded by Pillow (torchvision.io's decoders are deprecated
+    since 0.29): float32 normalised, or uint8 with ``output="uint8"`` (4x fewer bytes). ``augment``: random resized
+    crop and flip, else resize and centre crop. ``on_error="skip"``: the next readable file (in :attr:`skipped`)."""
 
     def __init__(
         self,
@@ -92,14 +111,7 @@ class ShapesDataset(Dataset):
         self.augment = bool(augment)
         self.output = check_choice("output", output, ("float", "uint8"))
         self.on_error = check_choice("on_error", on_error, ("raise", "skip"))
-        try:
-            self.mean, self.std = tuple(float(m) for m in mean), tuple(float(v) for v in std)
-            ok = len(self.mean) == len(self.std) == 3 and min(self.std) > 0
-            ok = ok and all(math.isfinite(v) for v in self.mean + self.std)
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise ValueError(f"mean and std must hold 3 finite numbers each (std > 0), got {mean!r} and {std!r}")
+        self.mean, self.std = check_stats(mean, std, channels=3)
         self.classes, self.samples = _scan_class_folders(self.root)
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self.targets = [t for _, t in self.samples]
@@ -118,7 +130,7 @@ class ShapesDataset(Dataset):
         return len(self.samples)
 
     def decode(self, index: int) -> torch.Tensor:
-        """File ``index`` as a uint8 ``(3, H, W)`` tensor; :class:`ImageDecodeError` names a bad file."""
+        """File ``index`` as a uint8 ``(3, H, W)`` tensor."""
         from PIL import Image
 
         path = self.samples[index][0]
@@ -187,8 +199,8 @@ _STATS_CACHE: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
 def normalization_stats(
     mean: Sequence[float], std: Sequence[float], device: torch.device | str, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(mean, std)`` as ``(C, 1, 1)`` tensors on ``device``, built once: ``torch.tensor(..., device="cuda")`` is
-    a blocking copy, a hidden synchronisation per step. Never freed, so any stream may read them (read-only)."""
+    """``(mean, std)`` as ``(C, 1, 1)`` tensors on ``device``, built once (``torch.tensor(..., device="cuda")`` is a
+    blocking copy); never freed, so any stream may read them."""
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:  # "cuda" and "cuda:0" must find the same entry
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -206,10 +218,9 @@ def to_float_normalized(
     *,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """A uint8 ``(N, C, H, W)`` batch as normalised floats on its device: the workbook's one normaliser. It is
-    torchvision's ``ToDtype(scale=True)`` then ``Normalize`` in the same order, so bit for bit what
-    ``ShapesDataset(output="float")`` gives, CPU and GPU alike (``div_(255)`` would not: CUDA multiplies by the
-    reciprocal). Statistics cached per device (:func:`normalization_stats`)."""
+    """A uint8 ``(N, C, H, W)`` batch as normalised floats on its device: torchvision's ``ToDtype(scale=True)`` then
+    ``Normalize``, so bit for bit what ``ShapesDataset(output="float")`` gives on CPU and GPU (``div_(255)`` would
+    not: CUDA multiplies by the reciprocal)."""
     if not isinstance(batch, torch.Tensor) or batch.dtype != torch.uint8:
         got = batch.dtype if isinstance(batch, torch.Tensor) else type(batch).__name__
         raise ValueError(f"batch must be a uint8 tensor, got {got}")
@@ -222,8 +233,8 @@ def to_float_normalized(
 
 
 class TimedCollate:
-    """A picklable ``collate_fn`` wrapper that remembers when it last ran (:attr:`last`, ``perf_counter`` start and
-    end): with ``num_workers=0`` chapter 01 splits "load" into "load" and "collate" with it."""
+    """A picklable ``collate_fn`` that remembers when it last ran (:attr:`last`: ``perf_counter`` start, end), so
+    chapter 01 splits "load" into "load" and "collate" (``num_workers=0``)."""
 
     def __init__(self, collate_fn: Callable[[list[Any]], Any] | None = None) -> None:
         self.collate_fn = collate_fn if collate_fn is not None else default_collate

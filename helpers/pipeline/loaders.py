@@ -1,7 +1,6 @@
-"""Building and timing loaders: :class:`LoaderConfig`, :func:`build_loader`, :func:`timed_loader`, :func:`guard`
-(the same safety for a loader built in a cell) and :func:`measure_throughput`, the one way to time a loader, which
-always releases its workers. Re-exports :mod:`~helpers.pipeline.workers` and :mod:`~helpers.pipeline.demo` for
-the notebooks' cells (``loaders.open_iterator``, ``loaders.CheapDataset``); helpers import them where defined.
+"""Building and timing loaders: :func:`build_loader`, :func:`guard` (its safety for a loader built in a cell) and
+:func:`measure_throughput`, the one way to time a loader (its workers always released). Re-exports what the
+notebooks' cells read from :mod:`~helpers.pipeline.workers` and :mod:`~helpers.pipeline.demo`.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from ..core.validate import check_choice, check_float, check_int
 from .data import TimedCollate, seed_worker
 from .demo import *  # noqa: F403  (re-exported: the notebooks' cells read the demo data sets from here)
 from .demo import PinnableBatch
-from .workers import *  # noqa: F403  (re-exported for the notebooks: open_iterator, worker_processes, ...)
+from .prefetch import iter_tensors
 from .workers import (
     MAX_WORKERS,
     _WorkbookLoader,
@@ -37,18 +36,19 @@ from .workers import (
     require_shm,
     shm_needed_bytes,
 )
+from .workers import HeldSignals as HeldSignals  # re-exported for the notebooks' cells
+from .workers import cpu_cores as cpu_cores
+from .workers import load_note as load_note
+from .workers import open_iterator as open_iterator
+from .workers import reset_child_signals as reset_child_signals
+from .workers import shm_status as shm_status
+from .workers import worker_processes as worker_processes
 
 #: Start methods a loader may ask for (``None`` = the platform default).
 START_METHODS: tuple[str | None, ...] = (None, "fork", "spawn", "forkserver")
 #: Seconds a worker loader waits for one batch before it fails in plain words (``LoaderConfig.timeout`` overrides):
 #: long enough for worker start-up on a busy 2-core machine, short enough that a frozen worker never hangs a panel.
 WORKER_TIMEOUT_S = 60.0
-
-
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return value
 
 
 @dataclass
@@ -72,7 +72,8 @@ class LoaderConfig:
         check_int("batch_size", self.batch_size, 1, 65536)
         check_int("num_workers", self.num_workers, 0, MAX_WORKERS)
         for name in ("pin_memory", "persistent_workers", "in_order", "shuffle", "drop_last"):
-            _check_bool(name, getattr(self, name))
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         check_int("seed", self.seed, 0, 2**63 - 1)
         if self.timeout is not None:
             check_float("timeout", self.timeout, 0.0, 3600.0)
@@ -119,7 +120,6 @@ class LoaderConfig:
 
 
 def _check_callable(name: str, fn: Any) -> None:
-    """``fn`` (and the function a wrapper such as :class:`TimedCollate` holds under the same name) is callable."""
     if fn is None:
         return
     inner = getattr(fn, name, None) if not isinstance(fn, type) else None
@@ -128,16 +128,6 @@ def _check_callable(name: str, fn: Any) -> None:
             raise ValueError(
                 f"{name} must be a function (a module-level one, not a lambda, for spawn workers), got {f!r}"
             )
-
-
-def _require_shm_for(dataset: Dataset, batch_size: int, num_workers: int, prefetch_factor: int | None) -> None:
-    """:func:`require_shm` for the batches the workers may hold, estimated from ``dataset[0]``."""
-    try:
-        sample = dataset[0]
-    except Exception:  # the loader reports a broken item itself, from the worker that meets it
-        return
-    per_item = _batch_bytes(sample if isinstance(sample, (tuple, list, torch.Tensor, Mapping)) else [])
-    require_shm(shm_needed_bytes(per_item * batch_size, num_workers, prefetch_factor or 2))
 
 
 def build_loader(
@@ -149,9 +139,8 @@ def build_loader(
     sampler: Any = None,
     **knobs: Any,
 ) -> DataLoader:
-    """Every loader of the workbook: ``config`` with ``knobs`` over it, validated. With workers: ``/dev/shm``
-    checked first, a batch timeout, the parent's signal handlers dropped in each worker before ``worker_init_fn``
-    (default :func:`~helpers.pipeline.data.seed_worker`), workers stopped if ``iter(loader)`` is interrupted."""
+    """Every loader of the workbook: ``config`` with ``knobs`` over it, validated, then :func:`guard`ed
+    (``worker_init_fn`` defaults to :func:`~helpers.pipeline.data.seed_worker`)."""
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         raise ValueError(
             f"dataset must be a map-style data set (with __getitem__ and __len__), got {type(dataset).__name__}"
@@ -165,17 +154,15 @@ def build_loader(
     _check_callable("worker_init_fn", worker_init_fn)
     kwargs: dict[str, Any] = {}
     if cfg.num_workers > 0:
-        _require_shm_for(dataset, cfg.batch_size, cfg.num_workers, cfg.prefetch_factor)
         kwargs.update(
-            worker_init_fn=_WorkerInit(worker_init_fn if worker_init_fn is not None else seed_worker),
+            worker_init_fn=worker_init_fn if worker_init_fn is not None else seed_worker,
             persistent_workers=cfg.persistent_workers,
             prefetch_factor=cfg.prefetch_factor,
-            timeout=WORKER_TIMEOUT_S if cfg.timeout is None else float(cfg.timeout),
             multiprocessing_context=cfg.multiprocessing_context,
         )
     with warnings.catch_warnings(record=True) as wlist:
         warnings.simplefilter("always")
-        loader = _WorkbookLoader(
+        loader = DataLoader(
             dataset,
             batch_size=cfg.batch_size,
             shuffle=cfg.shuffle,
@@ -188,32 +175,36 @@ def build_loader(
             sampler=sampler,
             **kwargs,
         )
-    # e.g. "This DataLoader will create 3 worker processes in total. Our suggested max ...": kept for the reader
-    # (Throughput.warnings), not printed to stderr.
-    loader._workbook_warnings = [str(w.message).strip() for w in wlist]
-    loader._workbook_frozen = []
+    loader._workbook_warnings = [str(w.message).strip() for w in wlist]  # for Throughput.warnings, not stderr
+    guard(loader)
+    if cfg.num_workers > 0 and cfg.timeout is not None:  # 0: wait forever
+        loader.timeout = float(cfg.timeout)
     return loader
 
 
 def timed_loader(
     dataset: Dataset, batch_size: int, *, collate_fn: Callable[[Any], Any] | None = None, **knobs: Any
 ) -> DataLoader:
-    """Chapter 01's :func:`build_loader`, collate wrapped in :class:`~helpers.pipeline.data.TimedCollate`. (Not
-    ``make_loader``: the chapters write that one in their cells.)"""
+    """:func:`build_loader` with the collate wrapped in :class:`~helpers.pipeline.data.TimedCollate` (chapter 01)."""
     return build_loader(dataset, batch_size=batch_size, collate_fn=TimedCollate(collate_fn), **knobs)
 
 
 def guard(loader: DataLoader, *, timeout: float | None = None, check_shm: bool = True) -> DataLoader:
-    """The safety of :func:`build_loader` given in place to your own DataLoader (knobs, data set and sampler stay
-    yours): ``/dev/shm`` checked, a ``timeout`` if it has none, signal handlers dropped before your
-    ``worker_init_fn``; a plain ``DataLoader`` becomes a ``_WorkbookLoader`` (no leaked or frozen workers)."""
+    """Your DataLoader made safe in place: ``/dev/shm`` checked, a ``timeout`` if it has none, signal handlers dropped
+    in each worker before your ``worker_init_fn``; it becomes a ``_WorkbookLoader`` (no leaked or frozen workers)."""
     if not isinstance(loader, DataLoader):
         raise ValueError(f"loader must be a torch DataLoader, got {type(loader).__name__}")
     if isinstance(loader, _WorkbookLoader):
         return loader
     if loader.num_workers > 0:
         if check_shm and loader.batch_size:
-            _require_shm_for(loader.dataset, int(loader.batch_size), loader.num_workers, loader.prefetch_factor)
+            try:  # the batches the workers may hold, estimated from dataset[0]
+                sample = loader.dataset[0]
+            except Exception:  # the loader reports a broken item itself, from the worker that meets it
+                sample = None
+            sample = sample if isinstance(sample, (tuple, list, torch.Tensor, Mapping)) else []
+            batch = int(loader.batch_size) * _batch_bytes(sample)
+            require_shm(shm_needed_bytes(batch, loader.num_workers, loader.prefetch_factor or 2))
         if not loader.timeout:
             loader.timeout = WORKER_TIMEOUT_S if timeout is None else check_float("timeout", timeout, 0.001, 3600.0)
         if not isinstance(loader.worker_init_fn, _WorkerInit):
@@ -229,20 +220,10 @@ def guard(loader: DataLoader, *, timeout: float | None = None, check_shm: bool =
 
 
 def _batch_tensors(batch: Any) -> list[torch.Tensor]:
-    """The tensors in a batch (a tensor, tuple, list, dict or :class:`PinnableBatch`), in order."""
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, PinnableBatch):
-        return [batch.images, batch.labels]
-    if isinstance(batch, Mapping):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)):
-        return [t for v in batch for t in _batch_tensors(v)]
-    return []
+    return list(iter_tensors(batch))
 
 
 def batch_len(batch: Any) -> int:
-    """How many items ``batch`` holds (the first dimension of its first tensor)."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
     if isinstance(batch, PinnableBatch):
@@ -262,7 +243,6 @@ def _batch_bytes(batch: Any) -> int:
 
 
 def _is_pinned(batch: Any) -> bool:
-    """True when every tensor of ``batch`` is in page-locked memory (False for a batch without tensors)."""
     ts = _batch_tensors(batch)
     return bool(ts) and all(t.device.type == "cpu" and t.is_pinned() for t in ts)
 
@@ -270,8 +250,7 @@ def _is_pinned(batch: Any) -> bool:
 @dataclass
 class Throughput:
     """One measured loader run: ``items``/``batches`` in the timed window of ``seconds`` (after the warm-up);
-    ``startup_s`` until the first batch; ``wait_s`` per batch inside ``next()``; ``main_cpu_s`` the main thread's
-    CPU time; ``batch_bytes`` of the first timed batch; captured ``warnings``; ``extra`` per experiment."""
+    ``startup_s`` until the first batch; ``wait_s`` per batch inside ``next()``; ``main_cpu_s`` the main thread's."""
 
     label: str
     config: dict[str, Any]
@@ -334,7 +313,7 @@ def _config_of(params: Mapping[str, Any]) -> LoaderConfig:
 
 class Epochs:
     """A loader's batches across epoch ends: ``next()`` starts a new iterator at each end (persistent workers carry
-    on; others are released); ``it`` is the current iterator, for :func:`~helpers.pipeline.workers.released`."""
+    on; others are released); ``it``: the current iterator."""
 
     def __init__(self, loader: Iterable[Any]) -> None:
         self.loader, self.started = loader, 0
@@ -366,7 +345,6 @@ def _timed_window(
     on_batch: Callable[[Any], None] | None,
     progress: Callable[..., Any] | None,
 ) -> dict[str, Any]:
-    """Run ``warmup + batches`` batches; the :class:`Throughput` fields of the last ``batches``."""
     total, waits, copies = warmup + batches, [], []
     items = first_bytes = pinned = 0
     cuda_dev: torch.device | None = None  # where to_device put the batches, if on a CUDA device
@@ -423,11 +401,9 @@ def measure_throughput(
     label: str | None = None,
     progress: Callable[..., Any] | None = None,
 ) -> Throughput:
-    """Time the last ``batches`` of ``warmup + batches`` (across epoch ends) of any iterable of batches; its
-    workers are shut down however it ends. ``to_device(*batch)`` is timed apart (``extra["copy_s"]``; CUDA results
-    synchronised); ``consume(batch)`` runs inside the window, ``on_batch`` outside the wait timing; ``threads``:
-    torch's intra-op threads meanwhile. A worker that froze, died or raised: :class:`LoaderFailure`, one line.
-    """
+    """Time the last ``batches`` of ``warmup + batches`` (across epoch ends) of any iterable of batches, workers
+    released however it ends. ``to_device(*batch)`` is timed apart (``extra["copy_s"]``); ``consume(batch)`` runs
+    inside the window, ``on_batch`` outside the wait timing; ``threads``: torch's intra-op threads meanwhile."""
     if not hasattr(loader, "__iter__"):
         raise ValueError(
             f"loader must be an iterable of batches (a DataLoader, e.g. make_loader(...)), got {type(loader).__name__}"
@@ -473,8 +449,7 @@ def measure_config(
     on_batch: Callable[[Any], None] | None = None,
     **knobs: Any,
 ) -> Throughput:
-    """:func:`build_loader` then :func:`measure_throughput`; also refuses far more workers than cores.
-    ``result.config``: the knobs with the data set's and collate function's names."""
+    """:func:`build_loader` then :func:`measure_throughput`, refusing far more workers than cores."""
     cfg = (config or LoaderConfig()).replace(**knobs).validated()
     check_workers_for_cores(cfg.num_workers)
     loader = build_loader(dataset, cfg, collate_fn=collate_fn)

@@ -1,7 +1,5 @@
-"""The workbook's model: a small CNN whose compute per batch is one knob, ``width`` (compute grows with
-``width**2``): a tiny one makes the pipeline data-bound, a wide one compute-bound. Its cost counted, and a step
-that cannot fit refused.
-"""
+"""The workbook's model: a small CNN whose compute is one knob, ``width`` (compute grows with ``width**2``): a tiny
+one makes the pipeline data-bound, a wide one compute-bound. Its cost counted; a step that cannot fit refused."""
 
 from __future__ import annotations
 
@@ -69,14 +67,13 @@ def build_model(
 
 
 def count_parameters(model: nn.Module) -> int:
-    """Number of trainable parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def _count_outputs(
     model: nn.Module, image_size: int, in_channels: int, count: Callable[[nn.Module, torch.Tensor], int]
 ) -> int:
-    """Sum of ``count(module, output)`` over one no-grad eval forward pass of a zero image (mode restored)."""
+    """Sum of ``count(module, output)`` over one no-grad eval forward pass of a zero image."""
     total = 0
 
     def hook(mod: nn.Module, inp: Any, out: torch.Tensor) -> None:
@@ -109,22 +106,17 @@ def flops_per_sample(model: nn.Module, image_size: int, in_channels: int = 3) ->
     return _count_outputs(model, image_size, in_channels, flops)
 
 
-def training_bytes(model: nn.Module, image_size: int, batch_size: int, in_channels: int = 3) -> int:
-    """Estimated bytes of one training step: the outputs kept for backward (in-place ReLUs allocate nothing), their
-    gradients and the float batch. For refusing impossible sizes, not a measurement."""
-    check_int("image_size", image_size, 1, 8192)
-    check_int("batch_size", batch_size, 1, 10**7)
-    kept = (nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.Linear)
-    floats = _count_outputs(model, image_size, in_channels, lambda m, out: out.numel() if isinstance(m, kept) else 0)
-    return int(4 * (2 * floats + in_channels * image_size * image_size) * batch_size)
-
-
 def check_training_memory(
     model: nn.Module, image_size: int, batch_size: int, *, share: float = 0.8, available_bytes: int | None = None
 ) -> int:
-    """:func:`training_bytes`, or ValueError above ``share`` of the memory available now (host RAM, or free memory
-    of the model's GPU; ``available_bytes`` overrides it)."""
-    need = training_bytes(model, image_size, batch_size)
+    """Estimated bytes of one training step (outputs kept for backward, in-place ReLUs allocating nothing, their
+    gradients and the float batch: not a measurement), or ValueError above ``share`` of the memory available now
+    (host RAM, or free memory of the model's GPU; ``available_bytes`` overrides it)."""
+    check_int("image_size", image_size, 1, 8192)
+    check_int("batch_size", batch_size, 1, 10**7)
+    kept = (nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.Linear)
+    floats = _count_outputs(model, image_size, 3, lambda m, out: out.numel() if isinstance(m, kept) else 0)
+    need = int(4 * (2 * floats + 3 * image_size * image_size) * batch_size)
     if available_bytes is None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         if device.type == "cuda":
@@ -146,7 +138,6 @@ def check_training_memory(
 
 
 def describe_model(model: nn.Module, image_size: int) -> str:
-    """One line describing the model's size and cost at ``image_size``."""
     extra = f" {model.extra_repr().replace('_per_', '/')}," if isinstance(model, SmallCNN) else ""
     return (
         f"{type(model).__name__}:{extra} {count_parameters(model) / 1e3:.1f} k parameters, "

@@ -1,14 +1,6 @@
-"""A side-stream prefetcher: copy batch i+1 while batch i computes.
-
-``Prefetcher(loader, device)`` yields ``loader``'s batches, in order, already on ``device``. On CUDA it queues the
-next batch's copy on its own stream before handing out the current one; that overlaps only from **pinned** memory,
-on a **non-default** stream. Every tensor handed out gets ``record_stream(compute_stream)``: made on the side
-stream, its block would otherwise go to the next side-stream allocation while the compute stream still reads it
-(safe however long a batch is kept; freed blocks return a little later). One stream per prefetcher, made once: a
-new ``torch.cuda.Stream`` per epoch leaks reserved memory in the caching allocator (timm issue #2781).
-``normalize=(mean, std)`` turns uint8 images into floats after the copy, on the device (a quarter of the bytes
-cross the link). Without CUDA batches pass through, normalised all the same.
-Chapter 05 checks the reader's own prefetcher against this one (:mod:`helpers.chapters.ch05.prefetch`).
+"""The reference side-stream prefetcher (chapters 05-07): batch i+1 is copied on its own CUDA stream while batch i
+computes. It overlaps only from pinned memory, on a non-default stream; one stream per prefetcher (a new one per epoch
+leaks reserved memory: timm issue #2781); every tensor handed out is ``record_stream``-ed to the compute stream.
 """
 
 from __future__ import annotations
@@ -18,15 +10,10 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from .data import normalization_stats, to_float_normalized
-
-__all__ = ["Prefetcher", "map_tensors", "iter_tensors", "move_batch", "normalize_uint8"]
+from .data import check_stats, normalization_stats, to_float_normalized
 
 _END = object()  # the end of a loader (a batch may be None)
 _PLAIN = (str, bytes, int, float, bool, type(None))
-
-
-# -- Walking nested batch structures --
 
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Any, *, obj_fn: Callable[[Any], Any] | None = None) -> Any:
@@ -59,8 +46,7 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Any, *, obj_fn: Callab
 
 
 def _walk(batch: Any, stop: Callable[[Any], bool], depth: int = 0) -> Iterator[Any]:
-    """Tensors (and objects ``stop`` picks, not walked into) reachable in ``batch``: containers,
-    dataclasses, object attributes; 8 levels deep at most (a cycle ends there)."""
+    """Tensors (and objects ``stop`` picks) reachable in ``batch``, attributes too; 8 levels at most (cycles)."""
     if depth > 8 or isinstance(batch, _PLAIN):
         return
     if isinstance(batch, torch.Tensor) or stop(batch):
@@ -81,62 +67,16 @@ def _walk(batch: Any, stop: Callable[[Any], bool], depth: int = 0) -> Iterator[A
 
 
 def iter_tensors(batch: Any) -> Iterator[torch.Tensor]:
-    """Yield every tensor reachable in ``batch`` (containers, dataclasses, object attributes)."""
+    """Every tensor reachable in ``batch`` (containers, dataclasses, object attributes)."""
     return _walk(batch, lambda obj: False)
 
 
 def _protects_itself(obj: Any) -> bool:
-    """A custom batch object with its own ``record_stream(stream)`` method."""
     return not isinstance(obj, (list, tuple, dict)) and callable(getattr(obj, "record_stream", None))
 
 
-def _as_stats(name: str, values: Any) -> tuple[float, ...]:
-    if isinstance(values, torch.Tensor):
-        values = values.flatten().tolist()
-    try:
-        out = tuple(float(v) for v in values)
-    except (TypeError, ValueError):
-        raise ValueError(f"normalize {name} must be a sequence of numbers (one per channel), got {values!r}") from None
-    if not out:
-        raise ValueError(f"normalize {name} must hold at least one value, got an empty sequence")
-    return out
-
-
-def _check_normalize(normalize: Any) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
-    if normalize is None:
-        return None
-    if not isinstance(normalize, (tuple, list)) or len(normalize) != 2:
-        raise ValueError(f"normalize must be None or a pair (mean, std) of per-channel sequences, got {normalize!r}")
-    mean, std = _as_stats("mean", normalize[0]), _as_stats("std", normalize[1])
-    if len(mean) != len(std):
-        raise ValueError(f"normalize mean and std must have the same length, got {len(mean)} and {len(std)}")
-    if any(s <= 0 for s in std):
-        raise ValueError(f"normalize std values must all be > 0, got {std}")
-    return mean, std
-
-
-def normalize_uint8(
-    x: torch.Tensor,
-    mean: torch.Tensor | Sequence[float],
-    std: torch.Tensor | Sequence[float],
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """``(x / 255 - mean) / std`` for a uint8 ``...CHW`` tensor: :func:`helpers.pipeline.data.to_float_normalized`
-    (which checks the dtype) for any leading dims, ``mean``/``std`` also as tensors."""
-    m, s = _as_stats("mean", mean), _as_stats("std", std)
-    if x.dim() < 3 or x.shape[-3] != len(m):
-        raise ValueError(
-            f"normalize has {len(m)} channels but the uint8 tensor has shape {tuple(x.shape)}"
-            " (expected ...CHW with that many channels)"
-        )
-    if x.dim() == 4:
-        return to_float_normalized(x, m, s, dtype=dtype)
-    return to_float_normalized(x.reshape(-1, *x.shape[-3:]), m, s, dtype=dtype).view(x.shape)
-
-
 def move_batch(batch: Any, device: torch.device | str, *, non_blocking: bool = True) -> Any:
-    """Move every tensor in ``batch`` to ``device`` (custom objects via their ``.to()``); ``non_blocking``
-    applies to CUDA only (from pinned memory it returns at once; the copy runs on the current stream)."""
+    """Every tensor in ``batch`` (custom objects via their ``.to()``) on ``device``; ``non_blocking`` on CUDA only."""
     dev = torch.device(device)
     non_blocking = non_blocking and dev.type == "cuda"
 
@@ -151,13 +91,10 @@ def move_batch(batch: Any, device: torch.device | str, *, non_blocking: bool = T
     return map_tensors(lambda t: t.to(dev, non_blocking=non_blocking), batch, obj_fn=move_obj)
 
 
-# -- The prefetcher --
-
-
 class Prefetcher:
     """Batches of a re-iterable ``loader`` on ``device`` (``None``: CUDA if present), copied one step ahead;
-    ``normalize=(mean, std)`` makes uint8 ``...CHW`` tensors ``dtype`` floats on the device. ``stream``: the one
-    side stream (``None`` without CUDA). ``Prefetcher.made`` counts instances: the exercise check refuses this one.
+    ``normalize=(mean, std)`` makes uint8 ``...CHW`` tensors ``dtype`` floats after the copy (a quarter of the bytes
+    cross the link). Without CUDA batches pass through. ``made`` counts instances: the exercise check refuses this one.
     """
 
     made: int = 0
@@ -181,11 +118,14 @@ class Prefetcher:
         self.device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device is 'cuda' but no CUDA device is available; use device='cpu' or None")
-        self.loader, self.normalize, self.dtype = loader, _check_normalize(normalize), dtype
+        if normalize is not None and (not isinstance(normalize, (tuple, list)) or len(normalize) != 2):
+            raise ValueError(
+                f"normalize must be None or a pair (mean, std) of per-channel sequences, got {normalize!r}"
+            )
+        self.normalize = None if normalize is None else check_stats(*normalize, what="normalize mean and std")
+        self.loader, self.dtype = loader, dtype
         # ONE side stream per prefetcher (never one per epoch).
-        self.stream: torch.cuda.Stream | None = None
-        if self.device.type == "cuda":
-            self.stream = torch.cuda.Stream(self.device)
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         if self.normalize is not None:  # built (or found) now, once: no host copy per batch
             normalization_stats(*self.normalize, self.device, dtype)
         Prefetcher.made += 1
@@ -207,7 +147,14 @@ class Prefetcher:
     def _normalize(self, t: torch.Tensor) -> torch.Tensor:
         if self.normalize is None or t.dtype != torch.uint8:
             return t
-        return normalize_uint8(t, *self.normalize, self.dtype)
+        if t.dim() < 3 or t.shape[-3] != len(self.normalize[0]):
+            raise ValueError(
+                f"normalize has {len(self.normalize[0])} channels but the uint8 tensor has shape {tuple(t.shape)}"
+                " (expected ...CHW with that many channels)"
+            )
+        if t.dim() == 4:
+            return to_float_normalized(t, *self.normalize, dtype=self.dtype)
+        return to_float_normalized(t.reshape(-1, *t.shape[-3:]), *self.normalize, dtype=self.dtype).view(t.shape)
 
     def __iter__(self) -> Iterator[Any]:
         if self.stream is not None:
@@ -216,10 +163,8 @@ class Prefetcher:
             return (map_tensors(self._normalize, b) for b in self.loader)
         return (map_tensors(self._normalize, move_batch(b, self.device, non_blocking=False)) for b in self.loader)
 
-    # -- CUDA: copy the next batch on the side stream ----------------------
-
     def _issue(self, batch: Any, side: torch.cuda.Stream) -> tuple[Any, torch.cuda.Event]:
-        """Queue the copy (and the normalisation) of ``batch`` on the side stream; an event marks its end."""
+        """Queue the copy (and normalisation) of ``batch`` on the side stream; an event marks its end."""
         with torch.cuda.stream(side):  # the side stream is current on its device (and that device)
             moved = map_tensors(self._normalize, move_batch(batch, self.device, non_blocking=True))
             ready = torch.cuda.Event()
@@ -227,8 +172,8 @@ class Prefetcher:
         return moved, ready
 
     def _hand_over(self, batch: Any, ready: torch.cuda.Event) -> Any:
-        """The compute stream waits for ``batch``'s copy, and record_stream keeps its memory until that stream
-        is done with it: freed, a block made on the side stream would go at once to the next copy."""
+        """The compute stream waits for the copy; record_stream keeps the memory until that stream is done with it
+        (freed, a block made on the side stream would go at once to the next copy)."""
         consumer = torch.cuda.current_stream(self.device)
         consumer.wait_event(ready)
         for obj in _walk(batch, _protects_itself):

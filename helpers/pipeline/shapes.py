@@ -1,7 +1,7 @@
-"""The workbook's data set on disk, drawn here (nothing can be downloaded): shapes and textures on noisy, shaded
-backgrounds, JPEG files in ImageFolder class folders that cost what real photos of the same size cost to decode,
-and that a small CNN learns in a few epochs. :func:`make_shapes_dataset` generates it once (deterministic from
-``seed``) or reuses a verified cached copy. Re-exported by :mod:`helpers.pipeline.data`."""
+"""The workbook's data set, drawn here (nothing can be downloaded): shapes and textures on noisy, shaded backgrounds,
+as JPEG files in ImageFolder class folders that decode like real photos of the same size and that a small CNN learns
+in a few epochs. :func:`make_shapes_dataset` generates it once (deterministic from ``seed``) or reuses a verified copy.
+"""
 
 from __future__ import annotations
 
@@ -29,17 +29,6 @@ from ..core.config import CACHE_ENV, cache_dir, sized
 from ..core.progress import progress_bar
 from ..core.validate import check_choice, check_int, human_bytes
 
-__all__ = [
-    "SHAPE_CLASSES",
-    "GENERATOR_VERSION",
-    "DatasetInfo",
-    "default_sizes",
-    "dataset_name",
-    "make_shapes_dataset",
-    "verify_dataset",
-    "render_image",
-]
-
 #: Class names, in label order. ``num_classes=k`` uses the first ``k``.
 SHAPE_CLASSES: tuple[str, ...] = ("disc", "ring", "square", "stripes", "dots", "checker", "triangle", "cross")
 #: Bump when the drawing code changes, so cached copies are regenerated.
@@ -53,9 +42,8 @@ _POOL_MIN_PIXELS = 100_000_000
 
 
 def default_sizes(tier: str | None = None) -> dict[str, int]:
-    """Problem sizes for the size tier in force, or for ``tier`` (``"quick"``, ``"laptop"``, ``"full"``). Quick:
-    seconds to generate on 2 cores; laptop (no GPU): an epoch of chapter 01's model in tens of seconds; full (a GPU):
-    224 px crops of ~30 KiB files that decode like small photos. Each size set is its own cached folder."""
+    """Problem sizes for the tier in force, or ``tier``. Quick: seconds to generate on 2 cores; laptop (no GPU): an
+    epoch of chapter 01's model in tens of seconds; full (a GPU): 224 px crops of ~30 KiB files, like small photos."""
     if tier is not None:
         check_choice("tier", tier, ("quick", "laptop", "full"))
 
@@ -88,7 +76,6 @@ def _cross(cx: float, cy: float, r: float, angle: float) -> list[tuple[float, fl
 
 
 def _colour_pair(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """A background and a foreground colour with a clear luminance difference."""
     weights = np.array([0.299, 0.587, 0.114])
     while True:
         bg = rng.integers(0, 256, size=3)
@@ -140,8 +127,7 @@ _TEXTURES = {"checker": _checker, "stripes": _stripes, "dots": _dots}
 
 
 def render_image(label: int, size: int, rng: np.random.Generator) -> np.ndarray:
-    """One ``(size, size, 3)`` uint8 image of class ``label``: a shape or texture on a shaded background, with
-    distractor lines and Gaussian noise."""
+    """One ``(size, size, 3)`` uint8 image of class ``label``, with distractor lines and Gaussian noise."""
     from PIL import Image, ImageDraw
 
     name = SHAPE_CLASSES[label]
@@ -185,7 +171,7 @@ def _encode_jpeg(arr: np.ndarray, quality: int) -> bytes:
 
 
 def _write_chunk(args: tuple[str, str, int, int, int, int, int, int]) -> list[dict[str, Any]]:
-    """Render and write images ``[start, stop)`` of one split; their manifest rows (module level: pool workers)."""
+    """Images ``[start, stop)`` of one split written; their manifest rows (module level: pool workers)."""
     folder, split, start, stop, num_classes, image_size, seed, quality = args
     rows = []
     for index in range(start, stop):
@@ -204,8 +190,7 @@ def _write_chunk(args: tuple[str, str, int, int, int, int, int, int]) -> list[di
 
 @dataclass
 class DatasetInfo:
-    """Where a generated data set lives and what it holds; ``generated`` False: a reused cached copy; ``seconds``
-    spent generating or verifying; ``params`` as recorded in the manifest."""
+    """Where a generated data set lives and what it holds; ``generated`` False: a reused cached copy."""
 
     root: Path
     train_dir: Path
@@ -230,12 +215,11 @@ class DatasetInfo:
 
 
 def dataset_name(n_train: int, n_val: int, image_size: int, num_classes: int, seed: int, quality: int) -> str:
-    """Folder name that encodes the generation parameters (so sizes never collide)."""
     return f"shapes-v{GENERATOR_VERSION}-c{num_classes}-{image_size}px-{n_train}x{n_val}-q{quality}-seed{seed}"
 
 
 def _manifest_rows(manifest: Any) -> tuple[list[dict[str, Any]], str]:
-    """The manifest's file rows, or ``([], why)`` when it is not shaped as :func:`_generate` writes it."""
+    """The manifest's file rows, or ``([], why)`` when it is not shaped as written."""
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
         return [], "it is not an object with a 'files' list"
     for i, row in enumerate(manifest["files"]):
@@ -251,7 +235,7 @@ def _manifest_rows(manifest: Any) -> tuple[list[dict[str, Any]], str]:
 
 
 def _file_problem(path: Path, row: dict[str, Any], level: str) -> str | None:
-    """What is wrong with one listed file, or None (one read: its length, then its checksum)."""
+    """What is wrong with one listed file, or None."""
     try:
         content = path.read_bytes()
     except FileNotFoundError:
@@ -271,8 +255,8 @@ def verify_dataset(
     root: str | os.PathLike[str], level: str = "quick", params: dict[str, Any] | None = None
 ) -> list[str]:
     """Problems of a generated data set against its manifest, one line each (empty: intact). ``"quick"``: each
-    file's size and CRC-32 (about 2 s for 12,000 files on 2 busy cores), no extra files; ``"full"``: SHA-256 (a few
-    times slower); ``"none"``: the manifest's shape only. ``params``, if given, must equal the manifest's."""
+    file's size and CRC-32 (~2 s for 12,000 files), no extra files; ``"full"``: SHA-256; ``"none"``: the manifest's
+    shape only. ``params``, if given, must equal the manifest's."""
     check_choice("level", level, ("quick", "full", "none"))
     mpath = Path(root) / MANIFEST
     try:
@@ -310,7 +294,7 @@ def verify_dataset(
 @contextlib.contextmanager
 def _file_lock(path: Path, wait: bool = True) -> Iterator[None]:
     """Exclusive lock on ``path`` between processes (no-op without fcntl); OSError for a read-only folder, or
-    (``wait=False``) when another process holds it. Closing the file releases the lock."""
+    (``wait=False``) when another process holds it."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: the atomic rename still protects the cache
@@ -331,8 +315,8 @@ def _unwritable(folder: Path, exc: OSError, what: str) -> PermissionError:
 
 
 def _remove_stale_temporaries(parent: Path, held: str) -> None:
-    """Remove the temporary folders (``.<name>.tmp-<pid>-<id>``) of generations killed outright. The caller holds
-    data set ``held``'s lock, so each of its temporaries is stale; another's is when its lock is free."""
+    """Remove the temporary folders of generations killed outright: ``held``'s (its lock is ours), another's when
+    its lock is free."""
     with contextlib.suppress(OSError):
         for tmp in [p for p in parent.iterdir() if p.name.startswith(".") and ".tmp-" in p.name]:
             name = tmp.name[1:].split(".tmp-", 1)[0]
@@ -344,7 +328,6 @@ def _remove_stale_temporaries(parent: Path, held: str) -> None:
 
 
 def _cache_parent(root: str | os.PathLike[str] | None) -> Path:
-    """The folder the data set goes in, ``root`` or the cache folder, created (one-line errors)."""
     env = os.environ.get(CACHE_ENV)
     if root is None:
         what, parent = (f"{CACHE_ENV}={env!r}" if env else "the cache folder"), Path(env or ".").expanduser()
@@ -372,8 +355,7 @@ def _cache_parent(root: str | os.PathLike[str] | None) -> Path:
 
 
 def _write_all(tmp: Path, params: dict[str, Any], workers: int, progress: Callable[..., None] | None) -> list[Any]:
-    """Write every image into ``tmp`` (chunks of a size that lets a progress bar move); their manifest rows.
-    Without ``progress``, a bar all the same: generation takes seconds to minutes."""
+    """Every image written into ``tmp`` in chunks (a bar without ``progress``: seconds to minutes); the rows."""
     total, size = params["n_train"] + params["n_val"], params["image_size"]
     chunk = max(16, min(256, math.ceil(total / (8 * workers))))
     jobs = [
@@ -398,9 +380,9 @@ def _write_all(tmp: Path, params: dict[str, Any], workers: int, progress: Callab
 
 
 def _generate(final: Path, params: dict[str, Any], workers: int, progress: Callable[..., None] | None) -> None:
-    """Refuse a set that can't fit, write it into a temporary sibling folder, the manifest last (it marks a complete
-    set), then rename it into place; nothing is kept on failure. Space: 0.45 byte per pixel measured at q90, 0.8
-    assumed, twice (the temporary copy)."""
+    """Refuse a set that can't fit (0.45 byte per pixel measured at q90, 0.8 assumed, twice), write it into a
+    temporary sibling, the manifest last (it marks a complete set), then rename it into place; nothing kept on failure.
+    """
     n_images, size = params["n_train"] + params["n_val"], params["image_size"]
     need, free = 2 * (int(n_images * size * size * 0.8) + 64 * 1024), shutil.disk_usage(final.parent).free
     if need > free:
@@ -436,8 +418,7 @@ def _generate(final: Path, params: dict[str, Any], workers: int, progress: Calla
 
 
 def _reuse_or_generate(final: Path, check: Callable[[], list[str]], generate: Callable[[], None], raise_: bool) -> bool:
-    """Reuse a verified copy or (re)generate it under the data set's lock; True when generated. A read-only cache
-    folder's verified copy is used as it is."""
+    """Reuse a verified copy (a read-only one too) or (re)generate it under the data set's lock; True: generated."""
     with contextlib.ExitStack() as stack:
         try:
             stack.enter_context(_file_lock(final.parent / f".{final.name}.lock"))
@@ -480,10 +461,9 @@ def make_shapes_dataset(
     workers: int | None = None,
     progress: Callable[..., None] | None = None,
 ) -> DatasetInfo:
-    """Generate the shapes data set, or reuse a verified cached copy: ``<root>/<dataset_name(...)>/`` holding
-    ``train/<class>/NNNNN.jpg``, ``val/...`` and ``manifest.json`` (sizes and checksums). Same parameters, same
-    bytes; written in a temporary folder renamed into place under a file lock. ``None`` sizes: :func:`default_sizes`;
-    ``root``: the cache folder; ``verify``: see :func:`verify_dataset`; ``workers``: 1 for small sets (a pool costs
+    """The shapes data set generated, or a verified cached copy: ``<root>/<dataset_name(...)>/`` holding
+    ``train/<class>/NNNNN.jpg``, ``val/...`` and ``manifest.json`` (sizes, checksums); same parameters, same bytes.
+    ``None`` sizes: :func:`default_sizes`; ``root``: the cache folder; ``workers``: 1 for small sets (a pool costs
     seconds to start), else up to 8. Errors are one line each (ValueError, OSError for a full disk,
     PermissionError for a read-only cache naming ``WORKBOOK_CACHE``, RuntimeError with ``on_corrupt="raise"``).
     """
@@ -501,7 +481,7 @@ def make_shapes_dataset(
         "seed": check_int("seed", seed, 0, 2**31 - 1),
         "quality": check_int("quality", quality, 50, 100),
     }
-    n_train, n_val, size = params["n_train"], params["n_val"], params["image_size"]
+    n_train, n_val, size = params["n_train"], params["n_val"], params["image_size"]  # as ints
     n_images = n_train + n_val
     if workers is None:
         workers = 1 if n_images * size * size < _POOL_MIN_PIXELS else min(8, os.cpu_count() or 1)

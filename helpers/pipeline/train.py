@@ -1,9 +1,6 @@
 """The timeline's phases and lanes, the optimizer, and the bottleneck model (chapters 01 and 06, the answer key).
-
-Each phase of a step occupies one lane: ``load``, ``collate`` (apart only with ``num_workers=0`` and a
-:class:`~helpers.pipeline.data.TimedCollate`) and ``pin`` the data (CPU) lane; ``h2d`` the copy lane;
-``normalize``, ``forward``, ``backward`` and ``optimizer`` the compute lane (CUDA events on a GPU, wall clock on CPU).
-"""
+Each phase of a step occupies one lane: ``load``, ``collate`` and ``pin`` the data (CPU) lane; ``h2d`` the copy lane;
+``normalize``, ``forward``, ``backward`` and ``optimizer`` the compute lane."""
 
 from __future__ import annotations
 
@@ -30,7 +27,7 @@ STAGES: dict[str, tuple[str, ...]] = {
 
 
 def make_optimizer(model: nn.Module, lr: float = 3e-3, weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    """Adam with the workbook's default learning rate (reaches good accuracy in a few epochs)."""
+    """Adam at the workbook's learning rate (good accuracy in a few epochs)."""
     check_float("lr", lr, 1e-7, 10.0)
     check_float("weight_decay", weight_decay, 0.0, 1.0)
     # The first optimizer of a process imports torch._dynamo (about a second, sympy included). A Ctrl-C inside
@@ -51,7 +48,6 @@ class Prediction:
     bottleneck: str
 
     def speedup_bound(self) -> float:
-        """How much faster perfect overlap could make a step (serial / overlapped)."""
         return self.serial / self.overlapped if self.overlapped > 0 else float("nan")
 
     @property
@@ -69,9 +65,8 @@ class Prediction:
 def predict_step_time(
     phase_times: Mapping[str, float], stages: Mapping[str, Iterable[str]] | None = None
 ) -> Prediction:
-    """Predict the step time from per-step phase times (seconds): ``serial`` adds every phase (one thing at a
-    time), ``overlapped`` is the slowest stage (every resource on a different step at once). Phases not named
-    in ``stages`` count as their own stage."""
+    """The step time from per-step phase times (seconds): ``serial`` adds every phase, ``overlapped`` is the slowest
+    stage (every resource on a different step at once). Phases not named in ``stages`` are their own stage."""
     stages = {stage: tuple(phases) for stage, phases in (STAGES if stages is None else stages).items()}
     for name, value in phase_times.items():
         if value < 0 or value != value:

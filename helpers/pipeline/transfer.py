@@ -1,6 +1,5 @@
 """Host <-> GPU copy facts two or more chapters use: whether copies can be measured here, host-RAM guards, bytes
-on the wire, when pinning pays, the pinned allocator's counters. Sizes in bytes, times in seconds.
-"""
+on the wire, when pinning pays, the pinned allocator's counters. Sizes in bytes, times in seconds."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ NO_CUDA_REASON = (
 
 @dataclass(frozen=True)
 class Unavailable:
-    """A measurement that could not run here, and why: returned, not raised, so a cell prints it and moves on."""
+    """A measurement that could not run here, and why: returned, not raised (a cell prints it and moves on)."""
 
     what: str
     reason: str
@@ -49,8 +48,7 @@ def check_host_bytes(
     what: str = "",
     available_bytes: int | None = None,
 ) -> int:
-    """``nbytes`` (the total about to be allocated), or ValueError above ``share`` of the RAM available now: no
-    swapping, no OOM killer."""
+    """``nbytes`` about to be allocated, or ValueError above ``share`` of the RAM available now (no swap, no OOM)."""
     nbytes = check_int(name, nbytes, 0)
     share = check_float("share", share, 0.01, 0.95)
     if available_bytes is None:
@@ -66,11 +64,7 @@ def check_host_bytes(
 
 
 def images_nbytes(batch: int, channels: int, height: int, width: int, dtype: str = "uint8") -> int:
-    """Bytes of a ``(batch, channels, height, width)`` image tensor in ``dtype``.
-
-    >>> images_nbytes(256, 3, 224, 224, "float32") // images_nbytes(256, 3, 224, 224, "uint8")
-    4
-    """
+    """Bytes of a ``(batch, channels, height, width)`` image tensor in ``dtype``."""
     batch = check_int("batch", batch, 1, 1_000_000)
     channels = check_int("channels", channels, 1, 1024)
     height = check_int("height", height, 1, 65536)
@@ -81,8 +75,7 @@ def images_nbytes(batch: int, channels: int, height: int, width: int, dtype: str
 
 
 def break_even_uses(pin_s: float, pageable_copy_s: float, pinned_copy_s: float) -> float:
-    """Copies of one buffer after which pinning it (``pin_s`` once) has paid for itself: ``pin_s / saving``
-    with ``saving = pageable_copy_s - pinned_copy_s`` per copy; ``inf`` if pinned copies save nothing."""
+    """Copies of one buffer after which pinning it (``pin_s`` once) has paid for itself; ``inf``: never."""
     pin_s = check_float("pin_s", pin_s, 0.0)
     pageable_copy_s = check_float("pageable_copy_s", pageable_copy_s, 0.0)
     pinned_copy_s = check_float("pinned_copy_s", pinned_copy_s, 0.0)
@@ -97,8 +90,7 @@ def pinning_pays(uses: int, pin_s: float, pageable_copy_s: float, pinned_copy_s:
 
 
 def cuda_status(device: torch.device | str | None = None) -> tuple[bool, str]:
-    """``(True, '')`` for a usable CUDA device, else ``(False, reason)``; a misspelt device is a ValueError, but
-    ``cuda`` without CUDA is answered with :data:`NO_CUDA_REASON`."""
+    """``(True, '')`` for a usable CUDA device, else ``(False, reason)``; a misspelt device is a ValueError."""
     if not has_cuda():
         if device is not None:  # the spelling is checked all the same; 'cuda' is absent here, not wrong
             with contextlib.suppress(RuntimeError, TypeError, ValueError):
@@ -112,7 +104,7 @@ def cuda_status(device: torch.device | str | None = None) -> tuple[bool, str]:
 
 
 def host_allocator_stats() -> dict[str, int] | Unavailable:
-    """The pinned caching allocator's counters: ``allocated_bytes`` (owned, active + cached, rounded),
+    """The pinned caching allocator's counters: ``allocated_bytes`` (owned: active + cached, rounded),
     ``active_bytes`` (handed out), ``allocations``, ``num_host_alloc``/``_free`` (cudaHostAlloc, cudaFreeHost)."""
     ok, reason = cuda_status()
     if not ok:

@@ -1,8 +1,6 @@
-"""Worker processes that can't hang, leak or lose a Ctrl-C: start (signals held while forking, parent handlers
-dropped in each worker), watch (an ended worker noticed within 0.25 s, a frozen one ended), stop (:func:`release`,
-:func:`_finish`: bounded, uninterruptible), explain (one :class:`LoaderFailure` line), ``/dev/shm`` and core
-limits. torch has no public way to close an iterator, watch its workers or name a failing item, so a few private
-torch names remain; each says beside it why.
+"""Worker processes that can't hang, leak or lose a Ctrl-C: started with signals held, watched (an ended or frozen
+worker noticed), stopped (:func:`release`, :func:`_finish`), failures in one plain line, ``/dev/shm`` and core limits.
+torch has no public way to close an iterator, watch its workers or name a failing item: each private name says why.
 """
 
 from __future__ import annotations
@@ -30,30 +28,6 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 from ..core.failures import ITEM_NOTE, LoaderFailure, ended_in_words, explain_loader_error
 from ..core.validate import check_int, human_bytes, wrap
 
-__all__ = [
-    "MAX_WORKERS",
-    "WORKERS_PER_CORE",
-    "cpu_cores",
-    "workers_limit",
-    "check_workers_for_cores",
-    "load_note",
-    "SHUTDOWN_GRACE_S",
-    "reset_child_signals",
-    "release",
-    "open_iterator",
-    "released",
-    "plain_failures",
-    "plain_failure",
-    "child_processes",
-    "worker_processes",
-    "ShmStatus",
-    "shm_status",
-    "shm_needed_bytes",
-    "require_shm",
-    "HeldSignals",
-    "stop_processes",
-]
-
 #: Upper bound accepted for ``num_workers`` (beyond this a typo is more likely than intent).
 MAX_WORKERS = 64
 
@@ -67,15 +41,14 @@ _TORCH_WORKER_DIED = re.compile(r"DataLoader worker \(pid[^)]*\) (is killed by s
 
 
 def reset_child_signals() -> None:
-    """In a child process: SIGTERM to the default, SIGINT ignored (the parent stops its children). Inherited, a
-    parent's SIGTERM -> ``KeyboardInterrupt`` would raise inside a pool worker holding a queue lock: a hang."""
+    """In a child: SIGTERM default, SIGINT ignored. Inherited, the parent's SIGTERM handler would raise
+    ``KeyboardInterrupt`` inside a pool worker holding a queue lock: a hang."""
     for sig, handler in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.SIG_IGN)):
         with contextlib.suppress(ValueError, OSError):  # not the main thread of the child
             signal.signal(sig, handler)
 
 
 def _failing_item(dataset: Any, index: Any, batched: bool) -> str:
-    """Which item of a failed batch makes ``dataset`` raise (loaded again one by one, in the worker)."""
     if not batched:
         return repr(index)
     for idx in list(index)[:1024]:
@@ -87,7 +60,8 @@ def _failing_item(dataset: Any, index: Any, batched: bool) -> str:
 
 
 def _name_failing_items() -> None:
-    """In a worker: a data set's exception gets a note naming the item (torch's fetcher patched: no hook)."""
+    """In a worker: a data set's exception gets a note naming the item (torch's fetcher patched: no public hook;
+    tests/test_loader_failure_words.py's ``value`` case)."""
     from torch.utils.data._utils import fetch
 
     cls = fetch._MapDatasetFetcher
@@ -111,7 +85,7 @@ def _name_failing_items() -> None:
 
 
 class _WorkerInit:
-    """Every loader's ``worker_init_fn``: the parent's signal handlers reset, then ``fn`` (picklable for spawn)."""
+    """Every loader's ``worker_init_fn``: signal handlers reset, failing items named, then ``fn`` (picklable)."""
 
     def __init__(self, fn: Callable[[int], None] | None) -> None:
         self.fn = fn
@@ -124,11 +98,9 @@ class _WorkerInit:
 
 
 class HeldSignals:
-    """``with HeldSignals() as held:`` SIGINT/SIGTERM are only noted; ``held.deliver()`` afterwards runs their
-    handler. Why: an exception raised in an at-fork callback or a finalizer is printed as "Exception ignored" and the
-    press is lost; a noting handler never raises (and a new worker inherits it until it resets its handlers).
-    Main thread, Python handlers only. ``escape=True``: a second signal is handled at once (ends a slow teardown).
-    """
+    """``with HeldSignals() as held:`` SIGINT/SIGTERM only noted; ``held.deliver()`` then runs their handler. An
+    exception raised in an at-fork callback or a finalizer is printed as "Exception ignored" and the press lost.
+    ``escape=True``: a second signal is handled at once (ends a slow teardown)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -157,7 +129,6 @@ class HeldSignals:
             signal.signal(sig, handler)
 
     def deliver(self) -> None:
-        """The first noted signal's own handler (Ctrl-C: KeyboardInterrupt)."""
         if self.noted:
             sig = self.noted[0]
             self.noted.clear()
@@ -165,11 +136,10 @@ class HeldSignals:
 
 
 class _FreezeWatch(threading.Thread):
-    """Kills a worker stopped (SIGSTOP, Ctrl-Z) longer than the loader's timeout, its pid noted in ``frozen``.
+    """Kills a worker stopped (SIGSTOP) longer than the loader's timeout, its pid noted in ``frozen``.
     ``DataLoader(timeout=...)`` misses the shared-memory hand-over: the main process fetches each descriptor from a
     frozen worker forever (tests/test_loader_failures.py's ``..._frozen_after_handing_a_batch_over...``). The
-    iterator's private ``_workers`` name its workers: psutil can't tell them from another loader's.
-    """
+    iterator's private ``_workers`` name its workers: psutil can't tell them from another loader's."""
 
     def __init__(self, it: Any, timeout_s: float, frozen: list[int]) -> None:
         super().__init__(name="workbook-freeze-watch", daemon=True)
@@ -201,9 +171,9 @@ class _FreezeWatch(threading.Thread):
 
 
 class _WatchedIter(_MultiProcessingDataLoaderIter):
-    """torch's worker iterator, waiting for a batch in slices of :data:`_ALIVE_CHECK_S`: a worker that ended (even
-    with exit code 0, which torch's SIGCHLD handler ignores) is noticed at once, not after the whole timeout
-    (``DataLoader(timeout=...)`` alone fails tests/test_loader_failures.py's exit-0 case: noticed in < 25 s)."""
+    """torch's worker iterator, waiting in slices of :data:`_ALIVE_CHECK_S`: a worker that ended (even with exit
+    code 0, which torch's SIGCHLD handler ignores) is noticed at once (``DataLoader(timeout=...)`` alone fails
+    tests/test_loader_failures.py's exit-0 case)."""
 
     def _try_get_data(self, timeout: float = MP_STATUS_CHECK_INTERVAL) -> tuple[bool, Any]:
         deadline = time.monotonic() + timeout
@@ -223,9 +193,9 @@ class _WatchedIter(_MultiProcessingDataLoaderIter):
 
 
 class _WorkbookLoader(DataLoader):
-    """A DataLoader whose worker start can't leak or lose an interrupt: a Ctrl-C while ``_get_iterator`` (the one
-    place torch starts workers) runs is held until all are up, then they are stopped and it is raised
-    (tests/test_interrupt_battery.py); an ended worker is noticed at once (:class:`_WatchedIter`)."""
+    """A DataLoader whose worker start can't leak or lose an interrupt: a Ctrl-C during ``_get_iterator`` (where
+    torch starts workers; no public hook) is held until all are up, then they are stopped and it is raised
+    (tests/test_interrupt_battery.py)."""
 
     _workbook_frozen: list[int]  # pids _FreezeWatch killed
     _workbook_warnings: list[str]
@@ -260,21 +230,17 @@ WORKERS_PER_CORE = 4
 
 
 def cpu_cores() -> int:
-    """CPU cores this process may run on (affinity-aware; at least 1)."""
+    """CPU cores this process may run on (affinity-aware)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # pragma: no cover - macOS / Windows
         return max(1, os.cpu_count() or 1)
 
 
-def workers_limit() -> int:
-    """The most workers the reader's entry points start here: :data:`WORKERS_PER_CORE` per core, at least 8."""
-    return max(8, WORKERS_PER_CORE * cpu_cores())
-
-
 def check_workers_for_cores(num_workers: int, name: str = "num_workers") -> int:
-    """``num_workers``, or a one-line ValueError when it is far above this machine's cores."""
-    limit, cores = workers_limit(), cpu_cores()
+    """``num_workers``, or a one-line ValueError above :data:`WORKERS_PER_CORE` per core (at least 8)."""
+    cores = cpu_cores()
+    limit = max(8, WORKERS_PER_CORE * cores)
     if num_workers > limit:
         raise ValueError(
             f"{name}={num_workers} is far more than this machine's {cores} CPU cores: each worker is a whole "
@@ -305,8 +271,6 @@ def load_note() -> str:
 
 @dataclass
 class ShmStatus:
-    """Size of the shared-memory file system DataLoader workers hand batches through."""
-
     path: str
     exists: bool
     total_bytes: int | None
@@ -329,7 +293,6 @@ class ShmStatus:
 
 
 def shm_status(path: str = "/dev/shm") -> ShmStatus:
-    """Size and free space of ``/dev/shm`` (never raises)."""
     strategy = torch.multiprocessing.get_sharing_strategy()
     try:
         usage = shutil.disk_usage(path)
@@ -347,8 +310,8 @@ def shm_needed_bytes(batch_bytes: int, num_workers: int, prefetch_factor: int = 
 
 
 def require_shm(needed_bytes: int, path: str = "/dev/shm") -> ShmStatus:
-    """ValueError before any worker starts if ``/dev/shm`` has less than ``needed_bytes`` free (Docker's default is
-    64 MiB): a worker out of shared memory dies of SIGBUS and torch says only "exited unexpectedly"."""
+    """ValueError if ``/dev/shm`` has less than ``needed_bytes`` free (Docker's default: 64 MiB): a worker out of
+    shared memory dies of SIGBUS and torch says only "exited unexpectedly"."""
     check_int("needed_bytes", needed_bytes, 0, 1 << 50)
     st = shm_status(path)
     if st.exists and st.free_bytes is not None and st.free_bytes < needed_bytes:
@@ -365,29 +328,21 @@ def require_shm(needed_bytes: int, path: str = "/dev/shm") -> ShmStatus:
 # -- processes -----------------------------------------------------------------------------------------------
 
 
-def child_processes() -> list[Any]:
-    """Live child processes of this process (psutil objects), recursively."""
-    try:
-        return [p for p in psutil.Process().children(recursive=True) if p.is_running()]
-    except psutil.Error:  # pragma: no cover
-        return []
-
-
 def worker_processes() -> list[Any]:
-    """Children except multiprocessing's resource tracker and forkserver (started once per process by design)."""
+    """Live child processes (psutil), recursively, except multiprocessing's resource tracker and forkserver."""
     out = []
-    for p in child_processes():
+    for p in psutil.Process().children(recursive=True):
         try:
             cmd = " ".join(p.cmdline())
         except psutil.Error:
             cmd = ""
-        if "resource_tracker" not in cmd and "forkserver" not in cmd:
+        if p.is_running() and "resource_tracker" not in cmd and "forkserver" not in cmd:
             out.append(p)
     return out
 
 
 def _worker_children() -> set[int]:
-    """Pids of live :func:`worker_processes`, from the OS: a worker forked but not yet recorded is included."""
+    """Pids of live :func:`worker_processes`, from the OS (a worker forked but not yet recorded too)."""
     out = set()
     for p in worker_processes():
         with contextlib.suppress(psutil.Error):
@@ -397,10 +352,8 @@ def _worker_children() -> set[int]:
 
 
 def stop_processes(procs: Sequence[Any], grace_s: float = SHUTDOWN_GRACE_S) -> None:
-    """multiprocessing processes: SIGTERM, wait at most ``grace_s`` in all, then SIGKILL (ends a stopped one too).
-
-    Through ``multiprocessing``, not psutil: a child psutil reaps is one multiprocessing believes alive forever.
-    """
+    """multiprocessing processes: SIGTERM, wait at most ``grace_s`` in all, then SIGKILL. Through multiprocessing,
+    not psutil: a child psutil reaps is one multiprocessing believes alive forever."""
     procs = [p for p in procs if p.is_alive()]
     for p in procs:
         with contextlib.suppress(Exception):
@@ -417,7 +370,7 @@ def stop_processes(procs: Sequence[Any], grace_s: float = SHUTDOWN_GRACE_S) -> N
 
 
 def _stop_new_children(before: set[int]) -> None:
-    """Stop every child started since ``before`` (pids): multiprocessing's own through it, strays through psutil."""
+    """Stop every child started since ``before``: multiprocessing's own through it, strays through psutil."""
     new = _worker_children() - before
     if not new:
         return
@@ -439,7 +392,7 @@ def _stop_new_children(before: set[int]) -> None:
 
 
 def release(obj: Any) -> None:
-    """Shut down the workers (and pin thread) behind a loader or iterator: idempotent, half-started iterators too;
+    """Shut down the workers (and pin thread) behind a loader or iterator, half-started ones too (idempotent);
     a worker not ended within :data:`SHUTDOWN_GRACE_S` (or frozen) is killed."""
     it = getattr(obj, "_iterator", None) if isinstance(obj, DataLoader) else obj  # a persistent loader's iterator
     if it is not None:
@@ -467,10 +420,9 @@ def release(obj: Any) -> None:
 
 
 def _finish(objs: Sequence[Any], before: set[int] | None = None) -> None:
-    """Release every loader/iterator in ``objs``, then stop any worker started since ``before``. Runs to the end:
-    signals are held (a ``KeyboardInterrupt`` inside one of the finalizers it runs would be lost) and the first is
-    raised once done; a second press escapes at once. Young garbage is collected inside the hold for that reason.
-    """
+    """Release every loader/iterator in ``objs``, then stop any worker started since ``before``, signals held (a
+    ``KeyboardInterrupt`` inside a finalizer would be lost; young garbage is collected inside the hold for that
+    reason): the first is raised once done, a second press escapes at once."""
     held = HeldSignals(escape=True)
     with held:
         for obj in objs:
@@ -483,8 +435,8 @@ def _finish(objs: Sequence[Any], before: set[int] | None = None) -> None:
 
 @contextlib.contextmanager
 def released(objs: list[Any]) -> Iterator[list[Any]]:
-    """``with released([loader]) as objs:`` every loader or iterator in ``objs`` (add more inside the block) is
-    released at the end, and any worker started meanwhile stopped (:func:`_finish`), however the block ends."""
+    """``with released([loader]) as objs:`` each loader or iterator in ``objs`` (add more inside) released, and any
+    worker started meanwhile stopped, however the block ends."""
     before = _worker_children()
     try:
         yield objs
@@ -494,8 +446,7 @@ def released(objs: list[Any]) -> Iterator[list[Any]]:
 
 @contextlib.contextmanager
 def plain_failures(loader: Any) -> Iterator[None]:
-    """``with plain_failures(loader):`` a worker's failure (torch's timeout, a dead worker, the data set's own
-    error) comes out as a one-line :class:`LoaderFailure`, torch's error its ``__cause__``; others pass unchanged."""
+    """A worker's failure (timeout, dead worker, the data set's error) raised as a one-line :class:`LoaderFailure`."""
     try:
         yield
     except Exception as exc:
@@ -507,8 +458,7 @@ def plain_failures(loader: Any) -> Iterator[None]:
 
 @contextlib.contextmanager
 def open_iterator(loader: DataLoader) -> Iterator[Iterator[Any]]:
-    """``with open_iterator(loader) as it:`` workers released however the block ends; a worker failure comes out
-    as a one-line :class:`LoaderFailure` (torch's error its ``__cause__``)."""
+    """``with open_iterator(loader) as it:`` workers released however the block ends, failures in one line."""
     with released([loader]) as objs, plain_failures(loader):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
@@ -538,7 +488,7 @@ def _ended_workers(loader: Any, wait_s: float = 1.0) -> list[tuple[int, Any]]:
 
 
 def plain_failure(exc: BaseException, loader: Any = None) -> BaseException:
-    """``LoaderFailure`` with plain words for a known failure, else ``exc`` itself."""
+    """``LoaderFailure`` with plain words for a known failure (``exc`` its cause), else ``exc`` itself."""
     if isinstance(exc, LoaderFailure):
         return exc
     frozen = getattr(loader, "_workbook_frozen", None)
