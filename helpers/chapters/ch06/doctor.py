@@ -1,11 +1,6 @@
-"""A pipeline doctor: is *your* training loop data-bound, transfer-bound or compute-bound?
-
-``diagnose(loader, step_fn)`` runs a few real steps of any re-iterable of batches with any step function and
-times three phases of each, synchronised one by one: ``wait`` (for ``next(iterator)``: the **data stall**),
-``h2d`` (the copy; a no-op on the CPU) and ``compute`` (``step_fn(batch)``); :func:`.diagnosis.decide` turns
-them into a verdict and ranked advice. The overlap a real loop gets is predicted, not measured; a time limit
-bounds the run, and a ``next()`` or step that hangs is interrupted (Unix main thread) and reported.
-"""
+"""The pipeline doctor's measurement: ``diagnose(loader, step_fn)`` times the wait for data, the copy and the compute
+of a few real steps, synchronised one by one, and :func:`.diagnosis.decide` turns them into a verdict and ranked
+advice. A time limit bounds the run; a ``next()`` or step that hangs is interrupted (Unix main thread)."""
 
 from __future__ import annotations
 
@@ -60,7 +55,6 @@ def _unwrap(loader: Any) -> tuple[Any, bool]:
 
 
 def inspect_loader(loader: Any, device: torch.device | str = "cpu") -> PipelineFacts:
-    """Read what can be read from ``loader`` without iterating it."""
     from torch.utils.data import DataLoader
 
     inner, prefetcher = _unwrap(loader)
@@ -104,7 +98,7 @@ def _describe_batch(batch: Any, facts: PipelineFacts) -> None:
 
 @contextlib.contextmanager
 def _alarm(seconds: float, what: list[str]) -> Iterator[None]:
-    """Raise DoctorTimeout in the main thread after ``seconds`` (Unix); else do nothing."""
+    """Raise DoctorTimeout in the main thread after ``seconds`` (Unix only)."""
     usable = (
         hasattr(signal, "SIGALRM")
         and hasattr(signal, "setitimer")
@@ -127,8 +121,7 @@ def _alarm(seconds: float, what: list[str]) -> Iterator[None]:
 
 
 def _pinned_probe(batch: Any, dev: torch.device, repeats: int = 5) -> float | None:
-    """Median seconds to copy ``batch`` to ``dev`` from pinned memory (CUDA only); ``None`` when that raises a
-    ``RuntimeError``, except in a strict GPU run (``require_gpu()``)."""
+    """Median seconds to copy ``batch`` from pinned memory (CUDA); ``None`` if that fails, unless ``require_gpu()``."""
     if dev.type != "cuda":
         return None
     try:
@@ -143,8 +136,6 @@ def _pinned_probe(batch: Any, dev: torch.device, repeats: int = 5) -> float | No
 
 @dataclass
 class _Loop:
-    """What the timed loop collected: the phases of every timed step, the first batch and why it stopped."""
-
     waits: list[float] = field(default_factory=list)
     h2ds: list[float] = field(default_factory=list)
     computes: list[float] = field(default_factory=list)
@@ -159,8 +150,7 @@ class _Loop:
 def _time_steps(out: _Loop, loader: Iterable[Any], step_fn: Callable[[Any], Any],
                 move: Callable[[Any, torch.device], Any], dev: torch.device, facts: PipelineFacts, steps: int,
                 warmup: int, what: list[str]) -> None:  # fmt: skip
-    """Time ``steps`` steps into ``out`` after ``warmup`` (a new iterator's first batch never: start-up); restart
-    the loader at most 3 times; stop at the deadline. ``what``: what runs now."""
+    """Time ``steps`` steps after ``warmup`` (never a new iterator's first batch); at most 3 restarts of the loader."""
     restarts, it = 0, iter(loader)
     fresh = True  # the next batch comes from a new iterator: its wait includes start-up
     try:
@@ -220,10 +210,8 @@ def diagnose(
     time_limit_s: float = 60.0,
     measured: Mapping[str, str] | None = None,
 ) -> Diagnosis:
-    """Measure a few steps of ``loader`` + ``step_fn(batch)`` (a training step on a batch on ``device``, default
-    CUDA if present) and diagnose the pipeline. ``transfer``: ``"auto"`` (the doctor copies, timed apart) or
-    ``"none"`` (``step_fn`` copies: counted as compute). ``time_limit_s`` bounds the run (DoctorTimeout with fewer
-    than two timed steps). ``measured`` (a waterfall's verdicts): see :func:`decide`."""
+    """Measure a few steps of ``loader`` + ``step_fn(batch)`` on ``device`` (default CUDA if present) and diagnose
+    them. ``transfer="none"``: ``step_fn`` copies (counted as compute). ``measured``: see :func:`decide`."""
     if not hasattr(loader, "__iter__"):
         raise ValueError(f"loader must be an iterable of batches, got {type(loader).__name__}")
     if not callable(step_fn):
@@ -257,7 +245,6 @@ def diagnose(
 
 def _diagnosis(loop: _Loop, facts: PipelineFacts, dev: torch.device, separate: bool, timed_out: bool,
                t_start: float, warmup: int, measured: Mapping[str, str] | None) -> Diagnosis:  # fmt: skip
-    """The timed loop's measurements (plus the pinned-copy probe on CUDA), decided."""
     waits = loop.waits
     if not waits:
         raise ValueError(f"no step could be timed: raise steps, or lower warmup below the loader's {loop.done} batches")
