@@ -375,23 +375,21 @@ def check_accuracies(
     above_chance: bool = True,
     seed_spread: float | None = None,
     chance: float | None = None,
-    chance_margin: float = 2.0,
 ) -> tuple[bool, str]:
-    """(ok, message): the accuracies agree (:func:`accuracy_verdict`) and, if asked, all reach ``chance_margin`` x
-    ``chance`` (default ``1 / num_classes``)."""
+    """(ok, message): the accuracies agree (:func:`accuracy_verdict`) and, if asked, all reach twice ``chance``
+    (default ``1 / num_classes``): clearly above it."""
     tol = accuracy_tolerance(n_val, seed_spread=seed_spread)
     chance = 1.0 / num_classes if chance is None else check_float("chance", chance, 0.0, 1.0)
-    check_float("chance_margin", chance_margin, 1.0, 100.0)
     accs = [r.accuracy for r in results]
     verdict = accuracy_verdict(accs, tol)
-    ok = "do NOT agree" not in verdict and (min(accs) >= chance_margin * chance or not above_chance)
+    ok = "do NOT agree" not in verdict and (min(accs) >= 2 * chance or not above_chance)
     same = len({r.train_loss for r in results}) == 1
     why = f"at least the measured seed-to-seed spread {seed_spread:.1%}" if seed_spread is not None else (
         "two binomial standard errors")  # fmt: skip
     msg = (
         f"accuracies {', '.join(f'{a:.1%}' for a in accs)}: spread {max(accs) - min(accs):.1%} (tolerance "
         f"{tol:.1%}: {why}), lowest {min(accs):.1%} vs chance {chance:.1%}"
-        + (f" (needs {chance_margin:g}x chance: {chance_margin * chance:.1%})" if above_chance else "")
+        + (f" (needs 2x chance: {2 * chance:.1%})" if above_chance else "")
         + f"; training losses {'bit-identical' if same else 'differ by rounding'}; {verdict}"
     )
     return ok, msg

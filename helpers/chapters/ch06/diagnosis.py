@@ -29,7 +29,6 @@ class PipelineFacts:
     pin_memory: bool | None = None
     persistent_workers: bool | None = None
     prefetch_factor: int | None = None
-    batch_size: int | None = None
     batches_per_epoch: int | None = None
     cpu_count: int = 1
     device_type: str = "cpu"
@@ -242,7 +241,11 @@ def _agree_with(recs: list[Recommendation], measured: Mapping[str, str], notes: 
     return agreed
 
 
-def _check(m: Measurements, measured: Mapping[str, str] | None) -> None:
+def decide(m: Measurements, *, measured: Mapping[str, str] | None = None) -> Decision:
+    """Verdict and ranked advice: overlapped, a step takes as long as its slowest stage. **data**: without workers the
+    wait; with workers ``wait + h2d + compute`` when the wait is at least :data:`STALL_THRESHOLD` of the step, else
+    hidden. ``measured`` (a waterfall's step verdicts): a step measured 'slower' is withdrawn with a note; one
+    within noise keeps no estimated saving."""
     check_int("steps", m.steps, 1)
     for name in ("wait_s", "h2d_s", "compute_s"):
         v = getattr(m, name)
@@ -253,14 +256,6 @@ def _check(m: Measurements, measured: Mapping[str, str] | None) -> None:
             raise ValueError(f"measured[{k!r}] must be a verdict such as 'gain' or 'slower', got {v!r}")
     if m.step_s <= 0:
         raise ValueError("the measured step time is 0 s: nothing was timed")
-
-
-def decide(m: Measurements, *, measured: Mapping[str, str] | None = None) -> Decision:
-    """Verdict and ranked advice: overlapped, a step takes as long as its slowest stage. **data**: without workers the
-    wait; with workers ``wait + h2d + compute`` when the wait is at least :data:`STALL_THRESHOLD` of the step, else
-    hidden. ``measured`` (a waterfall's step verdicts): a step measured 'slower' is withdrawn with a note; one
-    within noise keeps no estimated saving."""
-    _check(m, measured)
     step, nw = m.step_s, m.facts.num_workers
     stall = m.wait_s / step
     shares = {"wait": stall, "h2d": m.h2d_s / step, "compute": m.compute_s / step}

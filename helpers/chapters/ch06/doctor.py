@@ -17,7 +17,7 @@ import torch
 
 from ...core.config import require_gpu
 from ...core.device import resolve_device
-from ...core.timing import synchronize, time_calls
+from ...core.timing import SpanRecorder, synchronize, time_calls
 from ...core.validate import check_float, check_int
 from ...pipeline.prefetch import iter_tensors, map_tensors, move_batch
 from ...pipeline.workers import cpu_cores as usable_cores  # CPU cores this process may run on
@@ -70,7 +70,6 @@ def inspect_loader(loader: Any, device: torch.device | str = "cpu") -> PipelineF
         facts.pin_memory = bool(inner.pin_memory)
         facts.persistent_workers = bool(inner.persistent_workers)
         facts.prefetch_factor = inner.prefetch_factor if inner.num_workers > 0 else None
-        facts.batch_size = inner.batch_size
     try:
         facts.batches_per_epoch = len(loader)
     except TypeError:
@@ -136,9 +135,8 @@ def _pinned_probe(batch: Any, dev: torch.device, repeats: int = 5) -> float | No
 
 @dataclass
 class _Loop:
-    waits: list[float] = field(default_factory=list)
-    h2ds: list[float] = field(default_factory=list)
-    computes: list[float] = field(default_factory=list)
+    rec: SpanRecorder  # the kernel's stage timer: a span per phase of each timed step
+    timed: int = 0
     first_batch_s: float | None = None
     sample: Any = None
     done: int = 0
@@ -154,14 +152,12 @@ def _time_steps(out: _Loop, loader: Iterable[Any], step_fn: Callable[[Any], Any]
     restarts, it = 0, iter(loader)
     fresh = True  # the next batch comes from a new iterator: its wait includes start-up
     try:
-        while len(out.waits) < steps:
-            if time.perf_counter() > out.deadline and len(out.waits) >= 2:
-                out.notes.append(
-                    f"Stopped after {len(out.waits)} timed steps: time limit of {out.limit_s:.0f} s reached."
-                )
+        while out.timed < steps:
+            if time.perf_counter() > out.deadline and out.timed >= 2:
+                out.notes.append(f"Stopped after {out.timed} timed steps: time limit of {out.limit_s:.0f} s reached.")
                 break
             what[0] = "next(iterator) on the loader"
-            t0 = time.perf_counter()
+            t0 = out.rec.now()
             try:
                 batch = next(it)
             except StopIteration:
@@ -173,21 +169,21 @@ def _time_steps(out: _Loop, loader: Iterable[Any], step_fn: Callable[[Any], Any]
                     break
                 it, fresh = iter(loader), True  # a new epoch
                 continue
-            t1 = time.perf_counter()
+            t1 = out.rec.now()
             if out.first_batch_s is None:
                 out.first_batch_s, out.sample = t1 - t0, batch
                 _describe_batch(batch, facts)
             what[0] = "the copy to the device"
             moved = move(batch, dev)
             synchronize(dev)
-            t2 = time.perf_counter()
+            t2 = out.rec.now()
             what[0] = "step_fn"
             step_fn(moved)
             synchronize(dev)
-            if out.done >= warmup and not fresh:
-                out.waits.append(t1 - t0)
-                out.h2ds.append(t2 - t1)
-                out.computes.append(time.perf_counter() - t2)
+            if out.done >= warmup and not fresh:  # the phases one after the other, each synchronised
+                for name, a, b in (("wait", t0, t1), ("h2d", t1, t2), ("compute", t2, out.rec.now())):
+                    out.rec.add(name, out.timed, a, b)
+                out.timed += 1
             fresh, out.done = False, out.done + 1
             del batch, moved
     finally:
@@ -227,13 +223,13 @@ def diagnose(
     facts = inspect_loader(loader, dev)
     t_start = time.perf_counter()
     what, timed_out = ["the loader"], False
-    loop = _Loop(limit_s=time_limit_s, deadline=t_start + time_limit_s)
+    loop = _Loop(SpanRecorder(dev), limit_s=time_limit_s, deadline=t_start + time_limit_s)
     try:
         with _alarm(time_limit_s, what):
             _time_steps(loop, loader, step_fn, move, dev, facts, steps, warmup, what)
     except DoctorTimeout as exc:
         timed_out = True
-        n = len(loop.waits)
+        n = loop.timed
         if n < 2:
             raise DoctorTimeout(
                 f"{exc}; only {n} step(s) were timed. Is the loader stuck (e.g. a worker that died) or "
@@ -245,16 +241,17 @@ def diagnose(
 
 def _diagnosis(loop: _Loop, facts: PipelineFacts, dev: torch.device, separate: bool, timed_out: bool,
                t_start: float, warmup: int, measured: Mapping[str, str] | None) -> Diagnosis:  # fmt: skip
-    waits = loop.waits
+    trace = loop.rec.finish()
+    waits, mean = [s.duration for s in trace.spans if s.name == "wait"], trace.phase_means()
     if not waits:
         raise ValueError(f"no step could be timed: raise steps, or lower warmup below the loader's {loop.done} batches")
     probe = not timed_out and separate and dev.type == "cuda" and loop.sample is not None and not facts.batch_pinned
     pinned_h2d = _pinned_probe(loop.sample, dev) if probe and time.perf_counter() < loop.deadline else None
     m = Measurements(
         steps=len(waits),
-        wait_s=statistics.fmean(waits),
-        h2d_s=statistics.fmean(loop.h2ds),
-        compute_s=statistics.fmean(loop.computes),
+        wait_s=mean["wait"],
+        h2d_s=mean["h2d"],
+        compute_s=mean["compute"],
         wait_median_s=statistics.median(waits),
         wait_p90_s=sorted(waits)[min(len(waits) - 1, int(0.9 * len(waits)))],
         first_batch_s=loop.first_batch_s,
