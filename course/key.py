@@ -127,9 +127,9 @@ def _efficiency() -> float:
 
 
 def _best_step_answers(facts: Facts) -> set[str]:
-    from helpers.chapters.ch06 import capstone
+    from helpers.chapters.ch06 import job
 
-    return set().union(*(capstone.step_answers(n) for n in facts["best_steps"]))
+    return set().union(*(job.step_answers(n) for n in facts["best_steps"]))
 
 
 def _ceiling_without_loader(facts: Facts) -> float | None:

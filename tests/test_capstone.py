@@ -46,12 +46,12 @@ def test_steps_are_cumulative_and_each_adds_one_change() -> None:
 
 def test_settings_validation() -> None:
     with pytest.raises(ValueError, match="persistent workers need workers"):
-        C.settings_for(["persistent"])
+        job.settings_for(["persistent"])
     with pytest.raises(ValueError, match="step"):
         ch06.panel_run(None, device="cpu", turbo=True)  # the entry point checks the step names
     with pytest.raises(ValueError, match="regime"):
         C.job_spec("io-bound")
-    assert C.settings_for(["uint8"]).prefetch_factor is None
+    assert job.settings_for(["uint8"]).prefetch_factor is None
 
 
 def test_only_pinning_uint8_and_prefetcher_need_cuda() -> None:
@@ -69,7 +69,7 @@ def test_pipeline_efficiency_and_tolerance() -> None:
 
 
 def test_crops_do_not_depend_on_the_loading_process() -> None:
-    ds = C.train_items(tiny(train_items=32))
+    ds = job.train_items(tiny(train_items=32))
     idx = [3, 17, 25, 4]
     direct = [ds[i][0] for i in idx]
     from helpers.pipeline.loaders import build_loader, release
@@ -85,7 +85,7 @@ def test_crops_do_not_depend_on_the_loading_process() -> None:
 def test_same_job_same_accuracy_across_configurations() -> None:
     spec = tiny()
     base = C.run_config(C.Settings(), spec, "cpu", name="baseline")
-    other = C.run_config(C.settings_for(["workers", "persistent", "uint8"], workers=2), spec, "cpu", name="stack")
+    other = C.run_config(job.settings_for(["workers", "persistent", "uint8"], workers=2), spec, "cpu", name="stack")
     ok, msg = C.check_accuracies([base, other], num_classes=6, n_val=256, above_chance=False)
     assert ok, msg
     for r in (base, other):
@@ -99,10 +99,10 @@ def test_same_job_same_accuracy_across_configurations() -> None:
 
 
 def test_waterfall_benchmark_records_and_plots(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(C, "job_spec", lambda regime, **kw: tiny(regime))
+    monkeypatch.setattr(ch06, "job_spec", lambda regime, **kw: tiny(regime))
     monkeypatch.setattr(job, "default_workers", lambda: 1)  # what settings_for reads
     fixed = {r: C.Calibration(r, 2, 1, 0.01, 0.02, True, reason="fixed for the test") for r in C.REGIMES}
-    monkeypatch.setattr(C, "calibrate", lambda dev, **kw: fixed)
+    monkeypatch.setattr(ch06, "calibrate", lambda dev, **kw: fixed)
     rs = ResultSet.new("test", "unit test")
     seen = []
     ch06.benchmark(rs, "cpu", progress=lambda f, t="": seen.append(f))
@@ -158,7 +158,7 @@ def test_reference_lookups_are_evidence(monkeypatch: pytest.MonkeyPatch, tmp_pat
 
 
 def test_panel_run_and_bad_toggles(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(C, "job_spec", lambda regime, **kw: tiny(regime))
+    monkeypatch.setattr(ch06, "job_spec", lambda regime, **kw: tiny(regime))
     ev = ch06.panel_run(None, device="cpu", regime="compute-bound", baseline=True, uint8=True, pinned=False)
     assert ev.here and ev.value.settings.output == "uint8" and ev.value.regime == "compute-bound"
     assert "s/epoch" in ch06.panel_summary(ev) and "measured here" in ch06.panel_summary(ev)
@@ -177,7 +177,7 @@ def test_panel_for_chapter_drives_the_reader_pipeline() -> None:
     from helpers.ui import widgets
 
     specs = {r: tiny(r) for r in C.REGIMES}
-    panel = widgets.Panel.for_chapter(ch06, device="cpu", specs=specs, pipeline=C.reference_pipeline("cpu"))
+    panel = widgets.Panel.for_chapter(ch06, device="cpu", specs=specs, pipeline=job.reference_pipeline("cpu"))
     panel.set(regime="data-bound", workers=True)
     panel.click()
     assert panel.error is None, panel.error
@@ -194,24 +194,24 @@ def test_regimes_tiny_model_for_data_bound_and_threads_in_the_spec() -> None:
     flops = {r: flops_per_sample(build_model(width=s.width, depth=s.depth), s.crop_size) for r, s in specs.items()}
     assert flops["compute-bound"] > 20 * flops["data-bound"]
     assert (specs["data-bound"].width, specs["data-bound"].depth) == (1, 4)  # one channel at full resolution
-    assert all(s.threads == C.compute_threads() for s in specs.values())
+    assert all(s.threads == job.compute_threads() for s in specs.values())
     assert all(s.warm_steps == s.steps_per_epoch and s.warm_passes > 1 for s in specs.values())  # the job learns
-    assert C.compute_threads(workers=64) == 1
+    assert job.compute_threads(workers=64) == 1
     with pytest.raises(ValueError, match="depth"):
         C.job_spec("data-bound", depth=0)
 
 
 def test_main_threads_sets_and_restores() -> None:
     before = torch.get_num_threads()
-    with C.main_threads(1):
+    with job.main_threads(1):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
     with pytest.raises(RuntimeError):
-        with C.main_threads(1):
+        with job.main_threads(1):
             raise RuntimeError("boom")
     assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="threads"):
-        with C.main_threads(0):
+        with job.main_threads(0):
             pass
 
 
@@ -261,7 +261,7 @@ def test_panel_checkboxes_stay_consistent() -> None:
     c["uint8"].value = True
     assert c["workers"].value is False  # uint8 needs nothing else
     on = [k for k in C.STEP_NAMES[1:] if c[k].value]
-    C.settings_for(on)  # whatever the reader ticks is a valid configuration
+    job.settings_for(on)  # whatever the reader ticks is a valid configuration
 
 
 # -- issue 14/15/19: same numerics, calibration, rounds, threads, the checklist ----------------------------------
@@ -271,20 +271,20 @@ def test_every_configuration_is_bit_identical_on_cpu() -> None:
     """One normalisation function and the same threads: float and uint8 configurations train identically."""
     spec = tiny(warm_steps=0)
     rs = [
-        C.run_config(C.settings_for(n, workers=2), spec, "cpu", name="x", stages=False)
+        C.run_config(job.settings_for(n, workers=2), spec, "cpu", name="x", stages=False)
         for n in ([], ["workers", "persistent"], ["workers", "uint8", "prefetcher"])
     ]
     assert len({r.train_loss for r in rs}) == 1 and len({r.accuracy for r in rs}) == 1
     ok, msg = C.check_accuracies(rs, num_classes=6, n_val=256, above_chance=False)
     assert ok and "bit-identical" in msg
-    assert C.normalizer_device_exact("cpu") and C.normalizer_device_exact("cpu", C.reference_pipeline().normalize)
+    assert job.normalizer_device_exact("cpu") and job.normalizer_device_exact("cpu", job.reference_pipeline().normalize)
 
 
 def test_same_numerics_sets_and_restores_cudnn_flags() -> None:
     cudnn = torch.backends.cudnn
     before = (cudnn.deterministic, cudnn.benchmark)
     with pytest.raises(RuntimeError):
-        with C.same_numerics():
+        with job.same_numerics():
             assert cudnn.deterministic is True and cudnn.benchmark is False
             raise RuntimeError("boom")
     assert (cudnn.deterministic, cudnn.benchmark) == before
@@ -299,7 +299,7 @@ def test_tolerance_grows_to_the_measured_seed_spread() -> None:
 
 def test_run_config_sets_the_main_thread_count_where_it_measures() -> None:
     """A workers=0 row must not run on the reader's thread count while worker rows run on spec.threads."""
-    ref = C.reference_pipeline("cpu")
+    ref = job.reference_pipeline("cpu")
     seen: list[int] = []
 
     def spy(model, optimizer, x, y):
@@ -311,14 +311,14 @@ def test_run_config_sets_the_main_thread_count_where_it_measures() -> None:
     torch.set_num_threads(2)
     try:
         for names in ([], ["workers"]):
-            C.run_config(C.settings_for(names, workers=1), tiny(threads=1), "cpu", stages=False, pipeline=pipe)
+            C.run_config(job.settings_for(names, workers=1), tiny(threads=1), "cpu", stages=False, pipeline=pipe)
     finally:
         torch.set_num_threads(before)
     assert seen and set(seen) == {1}
 
 
 def test_loaders_are_built_by_the_pipelines_make_loader() -> None:
-    ref = C.reference_pipeline("cpu")
+    ref = job.reference_pipeline("cpu")
     calls: list[dict] = []
 
     def spy(dataset, batch_size, **kw):
@@ -326,7 +326,7 @@ def test_loaders_are_built_by_the_pipelines_make_loader() -> None:
         return ref.make_loader(dataset, batch_size, **kw)
 
     C.run_config(
-        C.settings_for(["workers"], workers=1),
+        job.settings_for(["workers"], workers=1),
         tiny(),
         "cpu",
         stages=True,
@@ -541,7 +541,7 @@ def test_waterfall_runs_in_alternating_rounds(monkeypatch: pytest.MonkeyPatch) -
 def test_exercise_063_accepts_the_label_the_table_prints() -> None:
     from helpers.ui import exercises
 
-    expected = C.step_answers("workers")
+    expected = job.step_answers("workers")
     for answer in ("workers", "+ workers", "Workers"):
         assert exercises.check("06.3", answer, expected=expected).correct
     assert not exercises.check("06.3", "+ pinned memory", expected=expected).correct
@@ -667,4 +667,4 @@ def test_a_worker_count_out_of_range_is_refused_in_plain_words(workers: int) -> 
         C.configurations(workers, names=["baseline", "workers"])
     if workers < 0 or workers > 64:
         with pytest.raises(ValueError, match="workers"):
-            C.compute_threads(workers)
+            job.compute_threads(workers)

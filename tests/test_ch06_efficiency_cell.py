@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers.chapters.ch06 import capstone
+from helpers.chapters.ch06 import capstone, job
 from helpers.chapters.ch06.capstone import Efficiency
 
 CELL_ID = "2c4de75d"  # section 6: Pipeline efficiency
@@ -41,7 +41,7 @@ def _waterfall(ratio: float) -> SimpleNamespace:
 @pytest.mark.parametrize("ratio", [0.8, 1.05, 1.10, 1.49])  # a share; within the noise, and at its edge; out of range
 def test_the_efficiency_cell_prints_no_line_too_long(ratio: float, on_gpu: bool) -> None:
     ns = {"wf": {"data-bound": _waterfall(ratio), "compute-bound": _waterfall(ratio)}, "ON_GPU": on_gpu}
-    ns |= {"capstone": capstone, "textwrap": textwrap}  # what earlier cells of the chapter imported
+    ns |= {"capstone": capstone, "job": job, "textwrap": textwrap}  # what earlier cells of the chapter imported
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(_cell(), f"06_capstone.ipynb[{CELL_ID}]", "exec"), ns)

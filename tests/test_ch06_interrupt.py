@@ -25,12 +25,12 @@ CHILD = textwrap.dedent(
     import os, signal, sys, time
     import psutil
     from helpers.chapters import ch06
-    from helpers.chapters.ch06 import capstone as C
+    from helpers.chapters.ch06 import job
     from helpers.pipeline.loaders import worker_processes
-    spec = C.job_spec("data-bound", width=2, depth=1, batch_size=8, crop_size=32, train_items=400, warm_steps=1,
+    spec = job.job_spec("data-bound", width=2, depth=1, batch_size=8, crop_size=32, train_items=400, warm_steps=1,
                       warm_passes=1)
-    C.train_items(spec)  # the data set exists before the first job
-    ref = C.reference_pipeline("cpu")
+    job.train_items(spec)  # the data set exists before the first job
+    ref = job.reference_pipeline("cpu")
     AT, calls = int(sys.argv[1]), [0]
 
     def train_step(model, optimizer, x, y):
@@ -39,7 +39,7 @@ CHILD = textwrap.dedent(
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, arriving here
         return ref.train_step(model, optimizer, x, y)
 
-    pipe = C.Pipeline(ref.make_loader, ref.batches, train_step, ref.normalize, source="the test's")
+    pipe = job.Pipeline(ref.make_loader, ref.batches, train_step, ref.normalize, source="the test's")
     print("ready", flush=True)
     try:
         for k in range(4):

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from helpers.chapters.ch06 import calibration as K
-from helpers.chapters.ch06 import capstone as C
 
 GIB = 2**30
 
@@ -103,16 +102,16 @@ def test_pinned_host_memory_is_reported_then_released(pinned_cache: list[str]) -
 
     Order checked: stats, every device synchronised (a queued copy pins its block), release, stats again.
     """
-    line = C.release_pinned_host_memory("cuda")
+    line = K.release_pinned_host_memory("cuda")
     assert pinned_cache == ["stats", "sync 0", "sync 1", "empty_host_cache", "stats"]
     assert "\n" not in line
     assert "1024 MiB (64 MiB of it in use)" in line and "released 960 MiB, 64 MiB still held" in line
 
 
 def test_pinned_host_memory_says_what_it_cannot_do(pinned_cache: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    assert C.release_pinned_host_memory("cpu").startswith("pinned host memory: none (no CUDA device")
+    assert K.release_pinned_host_memory("cpu").startswith("pinned host memory: none (no CUDA device")
     assert pinned_cache == []  # nothing asked of CUDA on a CPU
     monkeypatch.delattr(torch.accelerator, "empty_host_cache")
-    line = C.release_pinned_host_memory("cuda")
+    line = K.release_pinned_host_memory("cuda")
     assert "has no torch.accelerator.empty_host_cache(): it stays held" in line and "1024 MiB" in line
     assert pinned_cache == ["stats"]

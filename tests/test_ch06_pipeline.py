@@ -22,7 +22,7 @@ from helpers.pipeline.loaders import release
 
 def test_the_last_step_calls_the_pipeline_with_its_defaults() -> None:
     """The full stack is the pipeline as written: make_loader's and batches' defaults (workers aside)."""
-    ref = C.reference_pipeline("cpu", workers=3)
+    ref = job.reference_pipeline("cpu", workers=3)
     last = C.configurations(workers=3)[-1][1]
     loader_defaults = {
         k: p.default
@@ -47,7 +47,7 @@ def test_the_last_step_calls_the_pipeline_with_its_defaults() -> None:
 
 
 def test_reference_pipeline_is_the_script_with_its_globals_set() -> None:
-    ref = C.reference_pipeline("cpu", seed=5, workers=2)
+    ref = job.reference_pipeline("cpu", seed=5, workers=2)
     g = ref.make_loader.__globals__  # the script's module globals, which its pipeline reads
     assert ref.source == "examples/fast_pipeline.py"
     assert (g["DEVICE"], g["SEED"], g["WORKERS"]) == (torch.device("cpu"), 5, 2)
@@ -72,7 +72,7 @@ def test_the_packages_take_home_pipeline_behaves_as_the_script(prefetch: bool, f
     tests/test_pipeline_cells.py)."""
     script = _script_module("fast_pipeline_equivalence")
     script.DEVICE, script.SEED, script.WORKERS = torch.device("cpu"), 7, 0
-    ref = C.reference_pipeline("cpu", seed=7, workers=0)
+    ref = job.reference_pipeline("cpu", seed=7, workers=0)
     assert script.MEAN == job.take_home.MEAN and script.STD == job.take_home.STD
     g = torch.Generator().manual_seed(0)
     items = [(torch.randint(0, 256, (3, 8, 8), dtype=torch.uint8, generator=g), i % 3) for i in range(12)]
@@ -108,8 +108,8 @@ def test_reference_pipeline_needs_no_file_outside_the_package(tmp_path) -> None:
     code = (
         "from helpers.core.config import repo_root\n"
         "assert repo_root() is None, repo_root()\n"
-        "from helpers.chapters.ch06 import capstone\n"
-        "p = capstone.reference_pipeline('cpu', seed=3, workers=0)\n"
+        "from helpers.chapters.ch06 import job\n"
+        "p = job.reference_pipeline('cpu', seed=3, workers=0)\n"
         "loader = p.make_loader(list(range(8)), 4, workers=0, pin=False)\n"
         "assert [b.tolist() for b in loader] and p.source == 'examples/fast_pipeline.py'\n"
         "print('ok')\n"
@@ -138,7 +138,7 @@ def _orders(persistent: bool, workers: int, passes: int = 3) -> list[list[int]]:
     out = []
     try:
         for e in range(passes):
-            C.seed_order(loader, 7, e, fresh=e == 0)
+            job.seed_order(loader, 7, e, fresh=e == 0)
             out.append([int(i) for b in loader for i in b])
     finally:
         release(loader)
@@ -152,12 +152,12 @@ def test_seed_order_gives_the_same_order_with_and_without_persistent_workers() -
     assert plain[0] != plain[1] and sorted(plain[0]) == list(range(24))
     gen = torch.Generator()
     loader = DataLoader(list(range(24)), batch_size=4, shuffle=True, generator=gen)
-    C.seed_order(loader, 7, 1, fresh=True)
+    job.seed_order(loader, 7, 1, fresh=True)
     assert gen.initial_seed() == 7 * 1_000_003 + 1
 
 
 def test_run_waterfall_times_the_functions_it_is_given() -> None:
-    ref = C.reference_pipeline("cpu")
+    ref = job.reference_pipeline("cpu")
     made: list[dict] = []
     iterated: list[dict] = []
     steps = [0]
@@ -197,7 +197,7 @@ def test_run_waterfall_times_the_functions_it_is_given() -> None:
 
 
 def test_pipeline_arguments_are_checked() -> None:
-    ref = C.reference_pipeline("cpu")
+    ref = job.reference_pipeline("cpu")
     with pytest.raises(ValueError, match="train_step must be a function"):
         C.Pipeline(ref.make_loader, ref.batches, None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="pipeline must be"):
@@ -207,7 +207,7 @@ def test_pipeline_arguments_are_checked() -> None:
 
 
 def test_a_batch_on_another_device_is_a_clear_error() -> None:
-    ref = C.reference_pipeline("cpu")
+    ref = job.reference_pipeline("cpu")
 
     def batches(loader, **kw):
         for x, y in ref.batches(loader, **kw):
@@ -220,7 +220,7 @@ def test_a_batch_on_another_device_is_a_clear_error() -> None:
 
 
 def test_train_items_live_in_helpers_and_stop_at_the_job_size() -> None:
-    ds = C.train_items(tiny(train_items=16))
+    ds = job.train_items(tiny(train_items=16))
     assert type(ds).__module__ == "helpers.chapters.ch06.job" and len(ds) == 16  # workers import it from there
     assert ds[3][0].dtype == torch.uint8 and torch.equal(ds[3][0], ds[3][0])
     with pytest.raises(IndexError):

@@ -16,10 +16,10 @@ from helpers.chapters.ch06 import job
 def test_a_job_subset_is_spread_evenly_over_every_class(n: int) -> None:
     """The generated data set lists its images class by class: the first n items would be a few classes only."""
     spec = C.job_spec("data-bound", train_items=n)
-    items = C.train_items(spec)
+    items = job.train_items(spec)
     labels = [items.base.samples[items.base_index(i)][1] for i in range(len(items))]
     counts = collections.Counter(labels)
-    classes = len(C.dataset_info().classes)
+    classes = len(job.dataset_info().classes)
     assert sorted(counts) == list(range(classes)), f"{n} items cover classes {sorted(counts)} only"
     assert max(counts.values()) - min(counts.values()) <= 1, counts
     assert len(set(items.base_index(i) for i in range(n))) == n  # no item twice
@@ -29,7 +29,7 @@ def test_a_job_subset_is_spread_evenly_over_every_class(n: int) -> None:
 def test_the_chance_level_is_measured_on_the_validation_set() -> None:
     spec = C.job_spec("data-bound")
     counts = collections.Counter(int(v) for _, y in job._val_batches(spec) for v in y)
-    assert C.chance_level(spec) == pytest.approx(max(counts.values()) / sum(counts.values()))
+    assert job.chance_level(spec) == pytest.approx(max(counts.values()) / sum(counts.values()))
 
 
 def test_a_quick_job_learns_well_above_chance() -> None:
@@ -44,9 +44,9 @@ def test_a_quick_job_learns_well_above_chance() -> None:
         "compute-bound", width=12, depth=3, train_items=640, epochs=3, lr=3e-3, threads=2, warm_steps=2, warm_passes=1
     )
     r = C.run_config(C.Settings(), spec, "cpu", stages=False)
-    chance = C.chance_level(spec)
+    chance = job.chance_level(spec)
     assert r.accuracy >= 2 * chance, f"accuracy {r.accuracy:.1%} is not clearly above chance {chance:.1%}"
-    ok, msg = C.check_accuracies([r], 6, C.val_size(spec), chance=chance)
+    ok, msg = C.check_accuracies([r], 6, job.val_size(spec), chance=chance)
     assert ok and f"vs chance {chance:.1%}" in msg, msg
 
 

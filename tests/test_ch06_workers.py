@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from helpers.chapters import ch06
 from helpers.chapters.ch06 import capstone as C
+from helpers.chapters.ch06 import job
 from helpers.pipeline import loaders
 
 
@@ -47,7 +48,7 @@ class Misbehaving(Dataset):
 
 
 def _pipeline(how: str) -> C.Pipeline:
-    ref = C.reference_pipeline("cpu")
+    ref = job.reference_pipeline("cpu")
 
     def make_loader(dataset, batch_size, workers=2, pin=True, prefetch_factor=4, persistent=True):
         return DataLoader(  # the reader's own loader, no timeout of its own: the capstone guards it
@@ -89,7 +90,7 @@ def _no_new_children(before: set[int], wait_s: float = 5.0) -> set[int]:
 @pytest.mark.parametrize("how", ["sleep", "stop"])
 def test_a_frozen_worker_ends_the_job_in_plain_words_and_leaves_no_worker(how: str) -> None:
     before = _children()
-    settings = C.settings_for(["workers"], workers=2)
+    settings = job.settings_for(["workers"], workers=2)
     t0 = time.monotonic()
     with pytest.raises(loaders.LoaderFailure) as info:
         C.run_config(settings, _spec(), "cpu", stages=False, pipeline=_pipeline(how))

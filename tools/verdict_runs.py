@@ -31,20 +31,20 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["WORKBOOK_QUICK"] = "0"  # the laptop tier, as a reader's Run All on a machine without a GPU
     os.environ["WORKBOOK_FULL"] = "0"
 
-    from helpers.chapters.ch06 import capstone  # after the environment: sizes are read from it
+    from helpers.chapters.ch06 import calibration, capstone, job  # after the environment: sizes are read from it
     from helpers.core.device import resolve_device
 
     for regime in args.regimes:
         if regime not in capstone.REGIMES:
             parser.error(f"unknown regime {regime!r}; choose from {', '.join(capstone.REGIMES)}")
     dev = resolve_device(None)
-    pipe = capstone.reference_pipeline(dev)
+    pipe = job.reference_pipeline(dev)
     table: dict[str, dict[str, list[tuple[str, float | None]]]] = {r: {} for r in args.regimes}
     for run in range(args.runs):
         t0 = time.perf_counter()
-        cal = capstone.calibrate(dev, pipeline=pipe)
+        cal = calibration.calibrate(dev, pipeline=pipe)
         for regime in args.regimes:
-            spec = capstone.job_spec(regime, width=cal[regime].width, depth=cal[regime].depth)
+            spec = job.job_spec(regime, width=cal[regime].width, depth=cal[regime].depth)
             wf = capstone.run_waterfall(
                 regime, dev, spec=spec, calibration=cal[regime], rounds=args.rounds, pipeline=pipe
             )

@@ -1,8 +1,5 @@
-"""Chapter 06, the capstone: the chapter interface (:mod:`helpers.ui.chapter`) over :mod:`.capstone`.
-
-The panel runs the job once through the reader's functions, with the steps the reader ticks, in the regime the
-reader picks: ``widgets.Panel.for_chapter(ch06, device=DEVICE, specs=SPECS, pipeline=PIPELINE)``.
-"""
+"""Chapter 06, the capstone: the chapter interface (:mod:`helpers.ui.chapter`). The panel runs the job once through
+the reader's functions with the steps the reader ticks; the benchmark records both regimes' waterfalls."""
 
 from __future__ import annotations
 
@@ -18,7 +15,9 @@ from ...core.progress import ProgressFn, no_progress, scaled
 from ...core.results import ResultSet
 from ...core.validate import check_choice
 from . import capstone
-from .capstone import ConfigResult, JobSpec, Pipeline
+from .calibration import calibrate
+from .job import REGIMES, STEP_NAMES, STEP_REQUIRES, STEPS, JobSpec, Pipeline, job_spec, settings_for
+from .run import ConfigResult, run_config
 
 __all__ = [
     "NUMBER", "TITLE", "BENCH_WEIGHT", "PANEL_TITLE", "benchmark", "panel_controls", "panel_run", "panel_summary",
@@ -36,28 +35,28 @@ METHOD = "one timed epoch after warm-up, through the pipeline's functions; stage
 
 def panel_controls(**context: Any) -> dict[str, Any]:
     """A regime toggle and a checkbox per step after the baseline; ticking a step ticks the steps it needs,
-    unticking one unticks the steps that need it (:data:`~.capstone.STEP_REQUIRES`)."""
+    unticking one unticks the steps that need it (:data:`~.job.STEP_REQUIRES`)."""
     from ...ui.widgets import W  # optional/heavy: ipywidgets
 
     controls: dict[str, Any] = {
-        "regime": W.ToggleButtons(options=list(capstone.REGIMES), value="data-bound", description="regime"),
+        "regime": W.ToggleButtons(options=list(REGIMES), value="data-bound", description="regime"),
     }
-    for step in capstone.STEPS[1:]:
+    for step in STEPS[1:]:
         controls[step.name] = W.Checkbox(value=False, description=step.label, indent=False)
 
     def on_change(name: str) -> Callable[[dict[str, Any]], None]:
         def handler(change: dict[str, Any]) -> None:
             if change.get("new"):
-                for need in capstone.STEP_REQUIRES.get(name, ()):
+                for need in STEP_REQUIRES.get(name, ()):
                     controls[need].value = True
             else:
-                for other, needs in capstone.STEP_REQUIRES.items():
+                for other, needs in STEP_REQUIRES.items():
                     if name in needs:
                         controls[other].value = False
 
         return handler
 
-    for step in capstone.STEPS[1:]:
+    for step in STEPS[1:]:
         controls[step.name].observe(on_change(step.name), names="value")
     return controls
 
@@ -72,20 +71,20 @@ def panel_run(
     **toggles: bool,
 ) -> Evidence[ConfigResult]:
     """Run the job once in ``regime`` with the steps whose toggles (keyword per step name) are True, through
-    ``pipeline`` (default the take-home one), with ``specs[regime]`` (default :func:`~.capstone.job_spec`)."""
-    check_choice("regime", regime, tuple(capstone.REGIMES))
+    ``pipeline`` (default the take-home one), with ``specs[regime]`` (default :func:`~.job.job_spec`)."""
+    check_choice("regime", regime, tuple(REGIMES))
     for k, v in toggles.items():
-        check_choice("step", k, capstone.STEP_NAMES)
+        check_choice("step", k, STEP_NAMES)
         if not isinstance(v, bool):  # "yes", 1, None: a toggle is on or off, nothing else
             raise ValueError(f"{k} must be True or False (tick the box or not), got {v!r}")
     enabled = [k for k, v in toggles.items() if v and k != "baseline"]
-    s = capstone.settings_for(enabled)
+    s = settings_for(enabled)
     name = "+".join(enabled) if enabled else "baseline"
     spec = (specs or {}).get(regime)
     if spec is not None and spec.regime != regime:
         raise ValueError(f"specs[{regime!r}] is for the {spec.regime!r} regime; pass each regime's own spec")
     dev = resolve_device(device)
-    result = capstone.run_config(s, spec or capstone.job_spec(regime), dev, name=name, label=name, stages=True,
+    result = run_config(s, spec or job_spec(regime), dev, name=name, label=name, stages=True,
                                  progress=progress, pipeline=pipeline)  # fmt: skip
     return evidence.measured(f"the {regime} job, {name}", result, dev, method=METHOD)
 
@@ -122,10 +121,10 @@ def benchmark(results: ResultSet, device: torch.device | str | None, *, progress
     ``ch06.calibration.compute_over_loader``; artifacts ``ch06.trace.<regime>.<stage>`` (span traces)."""
     progress = progress or no_progress
     dev = resolve_device(device)
-    cal = capstone.calibrate(dev, progress=scaled(progress, 0.0, 0.1, "calibrating: "))
-    regimes = list(capstone.REGIMES)
+    cal = calibrate(dev, progress=scaled(progress, 0.0, 0.1, "calibrating: "))
+    regimes = list(REGIMES)
     for k, regime in enumerate(regimes):
-        spec = capstone.job_spec(regime, width=cal[regime].width, depth=cal[regime].depth)
+        spec = job_spec(regime, width=cal[regime].width, depth=cal[regime].depth)
         part = scaled(progress, 0.1 + 0.9 * k / len(regimes), 0.1 + 0.9 * (k + 1) / len(regimes))
         wf = capstone.run_waterfall(regime, dev, spec=spec, calibration=cal[regime], progress=part)
         results.add("ch06.calibration.compute_over_loader", cal[regime].ratio, "ratio", regime=regime,

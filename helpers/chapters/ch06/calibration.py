@@ -1,8 +1,6 @@
-"""Chapter 06: the regimes calibrated on this device (:func:`calibrate`), and the device-memory facts it needs.
-
-"Wide" depends on the device (wide on a laptop is fast on an H200), so :func:`calibrate` times the loader alone
-and the model alone here and picks a model whose step takes 2-3.5x the loader's batch (:func:`choose_model`).
-"""
+"""Chapter 06: the regimes calibrated on this device. "Wide" depends on the device (wide on a laptop is fast on an
+H200), so :func:`calibrate` times the loader alone and the model alone here and picks a model whose step takes
+2-3.5x the loader's batch (:func:`choose_model`)."""
 
 from __future__ import annotations
 
@@ -50,9 +48,8 @@ def model_flops(width: int, depth: int, crop_size: int, num_classes: int = 6) ->
 
 def probe_bytes(width: int, depth: int, batch_size: int, crop_size: int, num_classes: int = 6) -> int:
     """Device memory one training step of :class:`helpers.pipeline.models.SmallCNN` needs, from its shapes: per
-    element of a stage's output the conv's and BatchNorm's outputs and gradients (16 bytes), the max-pool's
-    output, indices and gradient (a quarter as many, 16 bytes); per parameter 16 bytes (with Adam's moments);
-    the input batch; then 25% for the allocator's rounding and cuDNN's workspace."""
+    output element the conv's and BatchNorm's outputs and gradients, the max-pool's (a quarter as many); 16 bytes
+    per parameter (with Adam's moments); the batch; then 25% for the allocator's rounding and cuDNN's workspace."""
     total, c_in, side, params = 0, 3, crop_size, 0
     for stage in range(depth):
         c_out = width * 2**stage
@@ -66,8 +63,7 @@ def probe_bytes(width: int, depth: int, batch_size: int, crop_size: int, num_cla
 
 
 def device_memory_check(device: torch.device | str, need_bytes: int) -> str | None:
-    """``None`` when ``need_bytes`` fits in 80% of the device's free memory (after ``empty_cache()``), else why not
-    (CUDA only)."""
+    """``None`` when ``need_bytes`` fits in 80% of the device's free memory (after ``empty_cache()``), else why not."""
     share = 0.8
     dev = torch.device(device)
     if dev.type != "cuda":
@@ -85,9 +81,8 @@ def device_memory_check(device: torch.device | str, need_bytes: int) -> str | No
 
 
 def release_pinned_host_memory(device: torch.device | str) -> str:
-    """One line: the pinned host memory PyTorch's caching host allocator holds (every pinned batch stays cached),
-    and what ``torch.accelerator.empty_host_cache()`` (looked up, not assumed) gave back, after synchronising every
-    device (a block whose copy is queued cannot be freed). Without CUDA, or such a function, it says so."""
+    """One line: the pinned host memory PyTorch's caching host allocator holds, and what
+    ``torch.accelerator.empty_host_cache()`` (looked up, not assumed) gave back after synchronising every device."""
     from ...pipeline import transfer  # optional: only after a waterfall
 
     if torch.device(device).type != "cuda":
@@ -118,8 +113,7 @@ def release_pinned_host_memory(device: torch.device | str) -> str:
 
 @dataclass
 class Calibration:
-    """What :func:`choose_model` chose for one regime, and why: ``loader_s`` (seconds per batch of the baseline
-    loader alone), ``compute_s`` (per step of the chosen model alone), ``tried``: (width, depth, seconds)."""
+    """What :func:`choose_model` chose for one regime, and why; seconds per batch of the loader and the model alone."""
 
     regime: str
     width: int
@@ -144,8 +138,6 @@ class Calibration:
 
 @dataclass
 class _Search:
-    """The compute-bound search's state: the ladder by FLOPs, what was measured, why it stopped."""
-
     order: list[tuple[int, int]]
     flops: dict[tuple[int, int], int]
     margin: float
@@ -193,7 +185,7 @@ class _Search:
 
 def _probe(s: _Search, measure: Callable[[int, int], float], current: tuple[int, int],
            fits: Callable[[int, int], str | None] | None) -> float | None:  # fmt: skip
-    """Seconds per step of ``current``, or None (and ``s.stop`` says why) when it does not fit or runs out."""
+    """Seconds per step of ``current``, or None (``s.stop`` says why)."""
     too_big = fits(*current) if fits is not None else None
     if too_big is not None:  # not measured: the probe would not fit in the device's memory
         s.stop = f"width {current[0]}, depth {current[1]} was not tried: {too_big}"
@@ -222,11 +214,9 @@ def choose_model(
     clock: Callable[[], float] = time.perf_counter,
     fits: Callable[[int, int], str | None] | None = None,
 ) -> Calibration:
-    """Pick ``regime``'s model from ``measure(width, depth)`` (seconds per step) and ``loader_s`` (per batch).
-    **data-bound**: the ``start`` model must compute a batch ``margin`` x faster than the loader loads one.
-    **compute-bound**: the step must take ``margin`` to ``upper`` x the loader's batch; each probe predicts the
-    size needed until the ratio is in range, the ladder ends, a probe does not fit (``fits`` says why) or runs
-    out of memory, or ``max_probes`` or ``budget_s`` are spent."""
+    """Pick ``regime``'s model. **data-bound**: ``start`` must compute a batch ``margin`` x faster than the loader
+    loads one. **compute-bound**: the step must take ``margin`` to ``upper`` x the loader's batch; each probe
+    predicts the size needed until in range, or the ladder, memory, ``max_probes`` or ``budget_s`` run out."""
     t0 = clock()
     if regime == "data-bound":
         c = measure(*start)
@@ -264,8 +254,7 @@ def choose_model(
 def calibrate(
     device: torch.device | str = "cpu", *, progress: Callable[..., None] | None = None, pipeline: Pipeline | None = None
 ) -> dict[str, Calibration]:
-    """Choose each regime's model for ``device`` (:func:`choose_model`) from the pipeline's loader alone
-    (baseline, timed over a pass) and its ``train_step`` alone, within 10 s quick, 30 laptop, 60 full; cached."""
+    """Each regime's model for ``device`` from the pipeline's loader and ``train_step`` alone (cached)."""
     dev = torch.device(device)
     budget = sized(quick=10.0, laptop=30.0, full=60.0)
     base = job_spec("data-bound")
@@ -301,9 +290,8 @@ def calibrate(
 def expected_within_noise(
     step: Step, regime: str, device: torch.device | str, cal: Calibration | None = None
 ) -> str | None:
-    """Why ``step``'s gain is expected within noise here, or None: a step that needs CUDA does nothing on a CPU;
-    compute-bound, only workers remove loading from each step (persistent workers remove a start-up stall that no
-    compute hides), so pinning, uint8 and the prefetcher have little left to remove."""
+    """Why ``step``'s gain is expected within noise here, or None: compute-bound, loading is hidden behind the step,
+    so pinning, uint8 and the prefetcher have little left to remove."""
     if not effective_on(step, device):
         return "needs CUDA: no effect on this device"
     if regime == "compute-bound" and cal is not None and cal.reached and step.name in ("uint8", "prefetcher", "pinned"):

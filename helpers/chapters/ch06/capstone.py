@@ -1,9 +1,6 @@
-"""Chapter 06, the capstone: the reader's pipeline timed one step at a time (the waterfall), and the names the
-chapter calls from the folder (:mod:`.job`, :mod:`.run`, :mod:`.calibration`).
-
-Each step's gain is the median of per-round ratios between neighbours run back to back
-(:func:`helpers.core.rounds.alternate`), its verdict from the rounds' spread (:meth:`Waterfall.verdicts`).
-Without CUDA only the steps that can act are run; the others are 'needs CUDA', with published figures, no ratio.
+"""Chapter 06, the capstone: the reader's pipeline timed one step at a time (the waterfall), its verdicts on speed
+and accuracy, and its plots. Each step's gain is the median of per-round ratios between neighbours run back to back
+(:func:`helpers.core.rounds.alternate`); without CUDA only the steps that can act run, the others are 'needs CUDA'.
 """
 
 from __future__ import annotations
@@ -23,63 +20,23 @@ from ...core.evidence import Evidence
 from ...core.progress import scaled
 from ...core.reference import no_published_sentence
 from ...core.rounds import alternate, table
-from ...core.validate import check_choice, check_int
-from .calibration import (
-    Calibration,
-    calibrate,
-    expected_within_noise,
-    release_pinned_host_memory,
-)
+from ...core.validate import check_choice, check_float, check_int
+from .calibration import Calibration, expected_within_noise
 from .doctor import Diagnosis, usable_cores
 from .job import (
     REGIMES,
     STEP_NAMES,
-    STEP_REQUIRES,
     STEPS,
     JobSpec,
     Pipeline,
     Settings,
     Step,
     _pipeline,
-    chance_level,
-    compute_threads,
     configurations,
-    dataset_info,
-    default_workers,
     effective_on,
     job_spec,
-    main_threads,
-    normalizer_device_exact,
-    reference_pipeline,
-    same_numerics,
-    seed_order,
-    settings_for,
-    step_answers,
-    train_items,
-    val_size,
 )
-from .run import (
-    EFFICIENCY_NOISE,
-    ConfigResult,
-    Efficiency,
-    accuracy_tolerance,
-    accuracy_verdict,
-    check_accuracies,
-    pipeline_efficiency,
-    run_config,
-    seed_spread,
-)
-
-__all__ = [
-    "STEPS", "STEP_NAMES", "STEP_REQUIRES", "Settings", "Pipeline", "reference_pipeline", "seed_order", "train_items",
-    "REGIMES", "JobSpec", "job_spec", "default_workers", "compute_threads", "main_threads", "settings_for",
-    "configurations", "step_answers", "effective_on", "dataset_info", "val_size",
-    "chance_level", "normalizer_device_exact", "same_numerics", "ConfigResult", "run_config", "pipeline_efficiency",
-    "Efficiency", "compare_threads", "thread_lines", "release_pinned_host_memory", "Calibration", "calibrate",
-    "Waterfall", "run_waterfall", "VERDICTS", "accuracy_tolerance", "seed_spread", "check_accuracies",
-    "accuracy_verdict", "bottleneck_verdict", "plot_waterfall", "plot_shares", "reference_waterfall",
-    "plot_reference_waterfall", "reference_efficiency", "efficiency_lines", "reference_timeline",
-]  # fmt: skip
+from .run import EFFICIENCY_NOISE, ConfigResult, Efficiency, pipeline_efficiency, run_config
 
 #: The largest run-to-run variation (:meth:`Waterfall.noise_floor`) under which a step within noise can be
 #: called 'no effect' rather than 'within noise': a noisier run cannot rule out a change of that size.
@@ -93,8 +50,8 @@ _STEPS = {st.name: st for st in STEPS}
 
 @dataclass
 class Waterfall:
-    """One regime's configurations in stacking order: a :class:`ConfigResult` each (from the first round, with
-    ``epoch_s`` the median over rounds); ``not_measured``: the steps left out because they need CUDA."""
+    """One regime's configurations in stacking order (each from the first round, ``epoch_s`` the median over
+    rounds); ``not_measured``: the steps left out because they need CUDA."""
 
     regime: str
     spec: JobSpec
@@ -147,7 +104,6 @@ class Waterfall:
         return out
 
     def no_effect(self) -> list[bool]:
-        """Per configuration: True when its step cannot act on this device."""
         return [
             i > 0 and r.name in _STEPS and not effective_on(_STEPS[r.name], self.device)
             for i, r in enumerate(self.results)
@@ -196,7 +152,7 @@ class Waterfall:
         return out
 
     def table(self) -> str:
-        """The waterfall as text (lines <= 110 characters): a row per configuration, the notes, the steps left out."""
+        """A row per configuration, the notes, the steps left out (lines <= 110 characters)."""
 
         def num(v: float) -> str:  # three significant digits from x10 on: the column keeps its width
             return f"{v:.2f}" if v < 9.995 else f"{v:.1f}"
@@ -242,7 +198,6 @@ class Waterfall:
         return notes
 
     def cuda_lines(self) -> list[str]:
-        """Per step left out (it needs CUDA): a line, then figures published by others, or none found."""
         out: list[str] = []
 
         def wrap(text: str) -> list[str]:
@@ -262,7 +217,6 @@ class Waterfall:
         return out
 
     def expectations(self) -> list[str]:
-        """A line per step expected within noise here, and what was measured."""
         out = []
         for r, v, g in zip(self.results[1:], self.verdicts()[1:], self.gains()[1:]):
             st = _STEPS.get(r.name)
@@ -277,8 +231,7 @@ class Waterfall:
 def _measured_configs(
     device: torch.device | str, workers: int | None, names: Sequence[str] | None, cuda_steps: bool | None
 ) -> tuple[list[tuple[Step, Settings]], list[str]]:
-    """The configurations to run (cumulative over the steps run here: no pin=True where it cannot pin), and the
-    steps left out because they need CUDA."""
+    """The configurations to run (cumulative over the steps run here), and the steps left out (they need CUDA)."""
     dev_type = torch.device(device).type
     run_all = cuda_steps if cuda_steps is not None else dev_type == "cuda"
     idle = set() if run_all else {st.name for st in STEPS if not effective_on(st, device)}
@@ -306,10 +259,9 @@ def run_waterfall(
     pipeline: Pipeline | None = None,
     cuda_steps: bool | None = None,
 ) -> Waterfall:
-    """Run one regime's cumulative configurations (all of :data:`STEPS`, or ``names``) through ``pipeline`` (default
-    :func:`reference_pipeline`) in alternating rounds (default 1 quick, 5 laptop, 2 full: with 4 or more the
-    verdict allows one disturbed round in four). Only the steps that can act on ``device`` run (``cuda_steps=True``:
-    all). Stages alone are measured in the first round; with several rounds an untimed run comes first."""
+    """Run one regime's cumulative configurations through ``pipeline`` in alternating rounds (default 1 quick, 5
+    laptop, 2 full), only the steps that can act on ``device`` (``cuda_steps=True``: all); stages alone in the
+    first round; with several rounds an untimed run first."""
     spec = spec or job_spec(regime)
     pipe = _pipeline(pipeline, device, spec.seed)
     n_rounds = check_int("rounds", rounds if rounds is not None else sized(quick=1, laptop=5, full=2), 1, 100)
@@ -349,9 +301,8 @@ def run_waterfall(
 def compare_threads(
     wf: Waterfall, step: str = "persistent", threads: Sequence[int] | None = None, *, pipeline: Pipeline | None = None
 ) -> list[ConfigResult]:
-    """``wf``'s configuration ``step`` once per main-process thread count (default: the job's and all usable cores,
-    PyTorch's default): at the job's count the waterfall's own run, at any other the same job run once more
-    through ``pipeline`` (stages alone not measured). Each result's ``spec.threads`` says which."""
+    """``wf``'s configuration ``step`` per main-process thread count (default: the job's and all usable cores): the
+    waterfall's own run at the job's count, else the same job run once more."""
     ran = {r.name: r for r in wf.results}
     if step not in ran:
         raise ValueError(f"step {step!r} was not measured in this waterfall; choose one of {', '.join(ran)}")
@@ -368,8 +319,8 @@ def compare_threads(
 
 
 def thread_lines(regime: str, runs: Sequence[ConfigResult]) -> list[str]:
-    """:func:`compare_threads`' results as printed lines, each figure saying what it is: the waterfall's median of
-    its rounds with their range (a single run is read against that range), or one run."""
+    """:func:`compare_threads`' results, each figure saying what it is: a median of rounds with their range, or one
+    run."""
     out = [f"{regime}, {runs[0].label.split(',')[0]}:"]
     for r in runs:
         rounds = r.round_epoch_s
@@ -377,6 +328,71 @@ def thread_lines(regime: str, runs: Sequence[ConfigResult]) -> list[str]:
                if len(rounds) > 1 else "one run")  # fmt: skip
         out.append(f"    {r.spec.threads} thread(s): {r.epoch_s:.2f} s/epoch ({how})")
     return out
+
+
+def accuracy_tolerance(n_val: int, seed_spread: float | None = None) -> float:
+    """Two binomial standard errors at p = 0.5, ``2 sqrt(0.25 / n_val)``: what a fresh validation set could show by
+    chance; at least the measured seed-to-seed spread where configurations cannot be bit-identical."""
+    check_int("n_val", n_val, 1)
+    tol = 2.0 * math.sqrt(0.25 / n_val)
+    if seed_spread is not None:
+        tol = max(tol, check_float("seed_spread", seed_spread, 0.0, 1.0))
+    return tol
+
+
+def seed_spread(spec: JobSpec, device: torch.device | str, *, pipeline: Pipeline | None) -> tuple[list[float], float]:
+    """``(accuracies, max - min)`` of the full stack trained with ``spec.seed``, 1 and 2."""
+    settings = configurations()[-1][1]
+    accs = []
+    for sd in (spec.seed, 1, 2):
+        r = run_config(
+            settings, dataclasses.replace(spec, seed=sd), device, name="prefetcher", stages=False, pipeline=pipeline
+        )
+        accs.append(r.accuracy)
+    return accs, max(accs) - min(accs)
+
+
+def accuracy_verdict(accuracies: Sequence[float], tolerance: float) -> str:
+    """Whether the accuracies (the baseline's first) agree: the lowest's band of ± half the ``tolerance`` overlaps
+    the highest's (:func:`helpers.core.agreement.spreads_overlap`). If not, trust the baseline's."""
+    lo, hi, half = min(accuracies), max(accuracies), tolerance / 2
+    if agreement.spreads_overlap((lo - half, lo + half), (hi - half, hi + half)):
+        return (
+            f"the {len(accuracies)} accuracies agree within their spread (each ±{half:.1%}): the steps changed "
+            "the speed, not what the job learned"
+        )
+    return (
+        f"the accuracies do NOT agree within their spread (lowest {lo:.1%}, highest {hi:.1%}, each ±{half:.1%}): "
+        f"a step changed what the job learned; trust the baseline's {accuracies[0]:.1%} and look for what the "
+        "others changed (data order, crops, normalize)"
+    )
+
+
+def check_accuracies(
+    results: Sequence[ConfigResult],
+    num_classes: int,
+    n_val: int,
+    above_chance: bool = True,
+    seed_spread: float | None = None,
+    chance: float | None = None,
+) -> tuple[bool, str]:
+    """(ok, message): the accuracies agree (:func:`accuracy_verdict`) and, if asked, all reach twice ``chance``
+    (default ``1 / num_classes``): clearly above it."""
+    tol = accuracy_tolerance(n_val, seed_spread=seed_spread)
+    chance = 1.0 / num_classes if chance is None else check_float("chance", chance, 0.0, 1.0)
+    accs = [r.accuracy for r in results]
+    verdict = accuracy_verdict(accs, tol)
+    ok = "do NOT agree" not in verdict and (min(accs) >= 2 * chance or not above_chance)
+    same = len({r.train_loss for r in results}) == 1
+    why = f"at least the measured seed-to-seed spread {seed_spread:.1%}" if seed_spread is not None else (
+        "two binomial standard errors")  # fmt: skip
+    msg = (
+        f"accuracies {', '.join(f'{a:.1%}' for a in accs)}: spread {max(accs) - min(accs):.1%} (tolerance "
+        f"{tol:.1%}: {why}), lowest {min(accs):.1%} vs chance {chance:.1%}"
+        + (f" (needs 2x chance: {2 * chance:.1%})" if above_chance else "")
+        + f"; training losses {'bit-identical' if same else 'differ by rounding'}; {verdict}"
+    )
+    return ok, msg
 
 
 #: The doctor's stages (:attr:`helpers.chapters.ch06.doctor.Decision.stage_times`) as the waterfall names them.
@@ -407,8 +423,8 @@ def bottleneck_verdict(diagnosis: Diagnosis, wf: Waterfall) -> str:
 
 
 def plot_waterfall(wf: Waterfall, ax: Any = None) -> Any:
-    """Bars of time per epoch per configuration, labelled with the cumulative speedup; a step left out (it needs
-    CUDA) gets a labelled empty slot, one measured anyway (``cuda_steps=True``) a hatched grey bar."""
+    """Bars of time per epoch, labelled with the cumulative speedup; a step left out gets an empty slot, one that
+    cannot act but was run anyway a hatched grey bar."""
     from ...ui.plots import new_axes  # optional/heavy: matplotlib
 
     ax = ax if ax is not None else new_axes((8.0, 3.6))
@@ -471,8 +487,7 @@ def plot_shares(wf: Waterfall, ax: Any = None) -> Any:
 
 
 def _recorded(regime: str, what: str, key: str) -> Evidence[list[tuple[str, float]]]:
-    """The newest records of ``key`` for ``regime`` (recorded elsewhere, with provenance) as [(label, value), ...] in
-    stacking order, or missing."""
+    """The newest records of ``key`` for ``regime`` as [(label, value), ...] in stacking order, or missing."""
     check_choice("regime", regime, tuple(REGIMES))
 
     def rows(rs: Any, recs: list[Any]) -> list[tuple[str, float]]:
@@ -483,7 +498,6 @@ def _recorded(regime: str, what: str, key: str) -> Evidence[list[tuple[str, floa
 
 
 def reference_waterfall(regime: str) -> Evidence[list[tuple[str, float]]]:
-    """The newest recorded waterfall of ``regime`` (time per step per configuration), or missing."""
     return _recorded(regime, "waterfall", key="ch06.waterfall.step_time")
 
 
@@ -513,7 +527,6 @@ def plot_reference_waterfall(regime: str, ax: Any = None) -> Any:
 
 
 def reference_efficiency(regime: str) -> Evidence[list[tuple[str, float]]]:
-    """The newest recorded pipeline efficiencies of ``regime``, every configuration, or missing."""
     return _recorded(regime, "pipeline efficiency", key="ch06.efficiency")
 
 

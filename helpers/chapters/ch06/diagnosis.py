@@ -1,7 +1,5 @@
-"""What the pipeline doctor decides and reports. :func:`decide` applies chapter 01's bottleneck model to measured
-phase times, a pure function (a transfer-bound verdict, which a CPU cannot show, is tested with made-up times);
-its recommendations come from the same numbers, ranked by estimated saving. :mod:`.doctor` measures.
-"""
+"""What the pipeline doctor decides and reports: :func:`decide` applies chapter 01's bottleneck model to measured
+phase times, a pure function (so a transfer-bound verdict, which a CPU cannot show, is tested with made-up times)."""
 
 from __future__ import annotations
 
@@ -31,7 +29,6 @@ class PipelineFacts:
     pin_memory: bool | None = None
     persistent_workers: bool | None = None
     prefetch_factor: int | None = None
-    batch_size: int | None = None
     batches_per_epoch: int | None = None
     cpu_count: int = 1
     device_type: str = "cpu"
@@ -49,9 +46,8 @@ class PipelineFacts:
 
 @dataclass
 class Measurements:
-    """Mean seconds per step of each phase over ``steps`` timed steps; the waits' median and 90th percentile;
-    ``first_batch_s`` (worker start-up); ``pinned_h2d_s`` (the copy from pinned memory, CUDA);
-    ``transfer_separate``: False when the step function copies (the copy is then inside ``compute_s``)."""
+    """Mean seconds per step of each phase; ``transfer_separate``: False when the step function copies (the copy is
+    then inside ``compute_s``)."""
 
     steps: int
     wait_s: float
@@ -88,8 +84,6 @@ class Recommendation:
 
 @dataclass
 class Decision:
-    """The output of :func:`decide`."""
-
     verdict: str
     stage_times: dict[str, float | None]
     shares: dict[str, float]
@@ -104,7 +98,6 @@ def _ms(s: float | None) -> str:
 
 
 def _more_workers(m: Measurements, d: Decision) -> list[Recommendation]:
-    """More workers (or, with as many as cores, cheaper samples) when the loop waits for data."""
     f, nw, busy, stall = m.facts, m.facts.num_workers or 0, m.busy_s, d.stall_share
     cores = max(1, int(f.cpu_count))
     per_batch = m.wait_s if not nw else nw * (m.wait_s + busy)  # seconds one worker needs per batch
@@ -136,7 +129,6 @@ def _more_workers(m: Measurements, d: Decision) -> list[Recommendation]:
 
 
 def _data_advice(m: Measurements, d: Decision) -> list[Recommendation]:
-    """The data stage: more workers, a deeper queue for bursty waits, persistent workers for the start-up."""
     f, nw = m.facts, m.facts.num_workers or 0
     recs: list[Recommendation] = []
     if m.wait_s > 0 and (not nw or d.stall_share >= STALL_THRESHOLD):
@@ -164,7 +156,6 @@ def _data_advice(m: Measurements, d: Decision) -> list[Recommendation]:
 
 
 def _transfer_advice(m: Measurements, d: Decision) -> list[Recommendation]:
-    """The copy: pinned memory, uint8 batches, a side-stream prefetcher (CUDA); uint8 from CPU workers."""
     f = m.facts
     recs: list[Recommendation] = []
     if not (f.cuda and m.transfer_separate and d.shares["h2d"] >= NOTABLE_SHARE):
@@ -226,7 +217,6 @@ def _compute_advice(m: Measurements, d: Decision) -> list[Recommendation]:
 
 
 def _agree_with(recs: list[Recommendation], measured: Mapping[str, str], notes: list[str]) -> list[Recommendation]:
-    """The advice, made to agree with what a waterfall measured on this machine (step name -> verdict)."""
     agreed: list[Recommendation] = []
     here = "the waterfall on this machine"
     for r in recs:
@@ -251,7 +241,11 @@ def _agree_with(recs: list[Recommendation], measured: Mapping[str, str], notes: 
     return agreed
 
 
-def _check(m: Measurements, measured: Mapping[str, str] | None) -> None:
+def decide(m: Measurements, *, measured: Mapping[str, str] | None = None) -> Decision:
+    """Verdict and ranked advice: overlapped, a step takes as long as its slowest stage. **data**: without workers the
+    wait; with workers ``wait + h2d + compute`` when the wait is at least :data:`STALL_THRESHOLD` of the step, else
+    hidden. ``measured`` (a waterfall's step verdicts): a step measured 'slower' is withdrawn with a note; one
+    within noise keeps no estimated saving."""
     check_int("steps", m.steps, 1)
     for name in ("wait_s", "h2d_s", "compute_s"):
         v = getattr(m, name)
@@ -262,18 +256,6 @@ def _check(m: Measurements, measured: Mapping[str, str] | None) -> None:
             raise ValueError(f"measured[{k!r}] must be a verdict such as 'gain' or 'slower', got {v!r}")
     if m.step_s <= 0:
         raise ValueError("the measured step time is 0 s: nothing was timed")
-
-
-def decide(m: Measurements, *, measured: Mapping[str, str] | None = None) -> Decision:
-    """Verdict and ranked recommendations from measured phase times: overlapped, a step takes as long as its
-    slowest stage, the verdict. **data**: without workers, the wait; with workers, ``wait + h2d + compute`` when the
-    wait is at least :data:`STALL_THRESHOLD` of the step, else hidden. **transfer**: ``h2d``; **compute**: ``compute``.
-
-    Advice saving at least :data:`NOTABLE_SHARE` of a step comes first, then the bottleneck's, then the rest.
-    ``measured`` (:meth:`.capstone.Waterfall.step_verdicts`): a step measured 'slower' is withdrawn with a note
-    (workers slower but persistent workers a gain: persistent workers advised); one measured 'within noise',
-    'no effect' or 'needs CUDA' keeps no estimated saving. ValueError: negative or non-finite times, no steps."""
-    _check(m, measured)
     step, nw = m.step_s, m.facts.num_workers
     stall = m.wait_s / step
     shares = {"wait": stall, "h2d": m.h2d_s / step, "compute": m.compute_s / step}
@@ -309,8 +291,7 @@ LINE_WIDTH = 105
 
 
 def _wrap(head: str, text: str) -> list[str]:
-    """``head + text`` wrapped to :data:`LINE_WIDTH` under the text, never splitting ``data-bound``, a path, or
-    ``34.25 ms``."""
+    """``head + text`` wrapped under the text, never splitting ``data-bound``, a path or ``34.25 ms``."""
     glued = re.sub(r"(?<=\d) (?=\S)", "\xa0", head + text)  # textwrap breaks at ASCII whitespace only
     lines = textwrap.wrap(
         glued, LINE_WIDTH, subsequent_indent=" " * len(head), break_on_hyphens=False, break_long_words=False
@@ -320,8 +301,6 @@ def _wrap(head: str, text: str) -> list[str]:
 
 @dataclass
 class Diagnosis:
-    """What :func:`diagnose` found: a verdict, its evidence and ranked recommendations."""
-
     verdict: str
     measurements: Measurements
     decision: Decision

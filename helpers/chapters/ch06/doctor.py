@@ -1,11 +1,6 @@
-"""A pipeline doctor: is *your* training loop data-bound, transfer-bound or compute-bound?
-
-``diagnose(loader, step_fn)`` runs a few real steps of any re-iterable of batches with any step function and
-times three phases of each, synchronised one by one: ``wait`` (for ``next(iterator)``: the **data stall**),
-``h2d`` (the copy; a no-op on the CPU) and ``compute`` (``step_fn(batch)``); :func:`.diagnosis.decide` turns
-them into a verdict and ranked advice. The overlap a real loop gets is predicted, not measured; a time limit
-bounds the run, and a ``next()`` or step that hangs is interrupted (Unix main thread) and reported.
-"""
+"""The pipeline doctor's measurement: ``diagnose(loader, step_fn)`` times the wait for data, the copy and the compute
+of a few real steps, synchronised one by one, and :func:`.diagnosis.decide` turns them into a verdict and ranked
+advice. A time limit bounds the run; a ``next()`` or step that hangs is interrupted (Unix main thread)."""
 
 from __future__ import annotations
 
@@ -22,7 +17,7 @@ import torch
 
 from ...core.config import require_gpu
 from ...core.device import resolve_device
-from ...core.timing import synchronize, time_calls
+from ...core.timing import SpanRecorder, synchronize, time_calls
 from ...core.validate import check_float, check_int
 from ...pipeline.prefetch import iter_tensors, map_tensors, move_batch
 from ...pipeline.workers import cpu_cores as usable_cores  # CPU cores this process may run on
@@ -60,7 +55,6 @@ def _unwrap(loader: Any) -> tuple[Any, bool]:
 
 
 def inspect_loader(loader: Any, device: torch.device | str = "cpu") -> PipelineFacts:
-    """Read what can be read from ``loader`` without iterating it."""
     from torch.utils.data import DataLoader
 
     inner, prefetcher = _unwrap(loader)
@@ -76,7 +70,6 @@ def inspect_loader(loader: Any, device: torch.device | str = "cpu") -> PipelineF
         facts.pin_memory = bool(inner.pin_memory)
         facts.persistent_workers = bool(inner.persistent_workers)
         facts.prefetch_factor = inner.prefetch_factor if inner.num_workers > 0 else None
-        facts.batch_size = inner.batch_size
     try:
         facts.batches_per_epoch = len(loader)
     except TypeError:
@@ -104,7 +97,7 @@ def _describe_batch(batch: Any, facts: PipelineFacts) -> None:
 
 @contextlib.contextmanager
 def _alarm(seconds: float, what: list[str]) -> Iterator[None]:
-    """Raise DoctorTimeout in the main thread after ``seconds`` (Unix); else do nothing."""
+    """Raise DoctorTimeout in the main thread after ``seconds`` (Unix only)."""
     usable = (
         hasattr(signal, "SIGALRM")
         and hasattr(signal, "setitimer")
@@ -127,8 +120,7 @@ def _alarm(seconds: float, what: list[str]) -> Iterator[None]:
 
 
 def _pinned_probe(batch: Any, dev: torch.device, repeats: int = 5) -> float | None:
-    """Median seconds to copy ``batch`` to ``dev`` from pinned memory (CUDA only); ``None`` when that raises a
-    ``RuntimeError``, except in a strict GPU run (``require_gpu()``)."""
+    """Median seconds to copy ``batch`` from pinned memory (CUDA); ``None`` if that fails, unless ``require_gpu()``."""
     if dev.type != "cuda":
         return None
     try:
@@ -143,11 +135,8 @@ def _pinned_probe(batch: Any, dev: torch.device, repeats: int = 5) -> float | No
 
 @dataclass
 class _Loop:
-    """What the timed loop collected: the phases of every timed step, the first batch and why it stopped."""
-
-    waits: list[float] = field(default_factory=list)
-    h2ds: list[float] = field(default_factory=list)
-    computes: list[float] = field(default_factory=list)
+    rec: SpanRecorder  # the kernel's stage timer: a span per phase of each timed step
+    timed: int = 0
     first_batch_s: float | None = None
     sample: Any = None
     done: int = 0
@@ -159,19 +148,16 @@ class _Loop:
 def _time_steps(out: _Loop, loader: Iterable[Any], step_fn: Callable[[Any], Any],
                 move: Callable[[Any, torch.device], Any], dev: torch.device, facts: PipelineFacts, steps: int,
                 warmup: int, what: list[str]) -> None:  # fmt: skip
-    """Time ``steps`` steps into ``out`` after ``warmup`` (a new iterator's first batch never: start-up); restart
-    the loader at most 3 times; stop at the deadline. ``what``: what runs now."""
+    """Time ``steps`` steps after ``warmup`` (never a new iterator's first batch); at most 3 restarts of the loader."""
     restarts, it = 0, iter(loader)
     fresh = True  # the next batch comes from a new iterator: its wait includes start-up
     try:
-        while len(out.waits) < steps:
-            if time.perf_counter() > out.deadline and len(out.waits) >= 2:
-                out.notes.append(
-                    f"Stopped after {len(out.waits)} timed steps: time limit of {out.limit_s:.0f} s reached."
-                )
+        while out.timed < steps:
+            if time.perf_counter() > out.deadline and out.timed >= 2:
+                out.notes.append(f"Stopped after {out.timed} timed steps: time limit of {out.limit_s:.0f} s reached.")
                 break
             what[0] = "next(iterator) on the loader"
-            t0 = time.perf_counter()
+            t0 = out.rec.now()
             try:
                 batch = next(it)
             except StopIteration:
@@ -183,21 +169,21 @@ def _time_steps(out: _Loop, loader: Iterable[Any], step_fn: Callable[[Any], Any]
                     break
                 it, fresh = iter(loader), True  # a new epoch
                 continue
-            t1 = time.perf_counter()
+            t1 = out.rec.now()
             if out.first_batch_s is None:
                 out.first_batch_s, out.sample = t1 - t0, batch
                 _describe_batch(batch, facts)
             what[0] = "the copy to the device"
             moved = move(batch, dev)
             synchronize(dev)
-            t2 = time.perf_counter()
+            t2 = out.rec.now()
             what[0] = "step_fn"
             step_fn(moved)
             synchronize(dev)
-            if out.done >= warmup and not fresh:
-                out.waits.append(t1 - t0)
-                out.h2ds.append(t2 - t1)
-                out.computes.append(time.perf_counter() - t2)
+            if out.done >= warmup and not fresh:  # the phases one after the other, each synchronised
+                for name, a, b in (("wait", t0, t1), ("h2d", t1, t2), ("compute", t2, out.rec.now())):
+                    out.rec.add(name, out.timed, a, b)
+                out.timed += 1
             fresh, out.done = False, out.done + 1
             del batch, moved
     finally:
@@ -220,10 +206,8 @@ def diagnose(
     time_limit_s: float = 60.0,
     measured: Mapping[str, str] | None = None,
 ) -> Diagnosis:
-    """Measure a few steps of ``loader`` + ``step_fn(batch)`` (a training step on a batch on ``device``, default
-    CUDA if present) and diagnose the pipeline. ``transfer``: ``"auto"`` (the doctor copies, timed apart) or
-    ``"none"`` (``step_fn`` copies: counted as compute). ``time_limit_s`` bounds the run (DoctorTimeout with fewer
-    than two timed steps). ``measured`` (a waterfall's verdicts): see :func:`decide`."""
+    """Measure a few steps of ``loader`` + ``step_fn(batch)`` on ``device`` (default CUDA if present) and diagnose
+    them. ``transfer="none"``: ``step_fn`` copies (counted as compute). ``measured``: see :func:`decide`."""
     if not hasattr(loader, "__iter__"):
         raise ValueError(f"loader must be an iterable of batches, got {type(loader).__name__}")
     if not callable(step_fn):
@@ -239,13 +223,13 @@ def diagnose(
     facts = inspect_loader(loader, dev)
     t_start = time.perf_counter()
     what, timed_out = ["the loader"], False
-    loop = _Loop(limit_s=time_limit_s, deadline=t_start + time_limit_s)
+    loop = _Loop(SpanRecorder(dev), limit_s=time_limit_s, deadline=t_start + time_limit_s)
     try:
         with _alarm(time_limit_s, what):
             _time_steps(loop, loader, step_fn, move, dev, facts, steps, warmup, what)
     except DoctorTimeout as exc:
         timed_out = True
-        n = len(loop.waits)
+        n = loop.timed
         if n < 2:
             raise DoctorTimeout(
                 f"{exc}; only {n} step(s) were timed. Is the loader stuck (e.g. a worker that died) or "
@@ -257,17 +241,17 @@ def diagnose(
 
 def _diagnosis(loop: _Loop, facts: PipelineFacts, dev: torch.device, separate: bool, timed_out: bool,
                t_start: float, warmup: int, measured: Mapping[str, str] | None) -> Diagnosis:  # fmt: skip
-    """The timed loop's measurements (plus the pinned-copy probe on CUDA), decided."""
-    waits = loop.waits
+    trace = loop.rec.finish()
+    waits, mean = [s.duration for s in trace.spans if s.name == "wait"], trace.phase_means()
     if not waits:
         raise ValueError(f"no step could be timed: raise steps, or lower warmup below the loader's {loop.done} batches")
     probe = not timed_out and separate and dev.type == "cuda" and loop.sample is not None and not facts.batch_pinned
     pinned_h2d = _pinned_probe(loop.sample, dev) if probe and time.perf_counter() < loop.deadline else None
     m = Measurements(
         steps=len(waits),
-        wait_s=statistics.fmean(waits),
-        h2d_s=statistics.fmean(loop.h2ds),
-        compute_s=statistics.fmean(loop.computes),
+        wait_s=mean["wait"],
+        h2d_s=mean["h2d"],
+        compute_s=mean["compute"],
         wait_median_s=statistics.median(waits),
         wait_p90_s=sorted(waits)[min(len(waits) - 1, int(0.9 * len(waits)))],
         first_batch_s=loop.first_batch_s,

@@ -1,15 +1,7 @@
-"""The take-home pipeline, in the package: what the capstone times when no reader's cells are given.
-
-The lines between ``# --- pipeline: start ---`` and ``# --- pipeline: end ---`` are, line for line, the pipeline of
-the take-home script ``examples/fast_pipeline.py`` and of chapter 06's pipeline cells: tests/test_pipeline_cells.py
-keeps the three identical (and tests/test_ch06_pipeline.py checks that this copy and the script's give the same
-batches and losses). The script stays standalone (torch and torchvision only, never ``helpers``); this copy lets the
-installed package time the same functions without reading a file outside it.
-
-The functions read three module globals, ``DEVICE``, ``WORKERS`` and ``SEED``, as the script's do;
-:func:`helpers.chapters.ch06.capstone.reference_pipeline` sets them. Laid out by hand, as the script is
-(``[tool.ruff.format] exclude``): the aligned comments annotate what each chapter taught.
-"""
+"""The take-home pipeline, copied into the package (which reads no file outside it): what the capstone times without
+the reader's cells. Between the ``pipeline`` markers, line for line ``examples/fast_pipeline.py``'s block and chapter
+06's cells (tests/test_pipeline_cells.py). It reads the globals ``DEVICE``, ``WORKERS`` and ``SEED``
+(:func:`helpers.chapters.ch06.job.reference_pipeline` sets them); laid out by hand, as the script is."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Chapter 06's job: the steps as data (:data:`STEPS`), the job (:class:`JobSpec`), its data and its loader.
-
-A configuration is one call of the reader's ``make_loader`` and ``batches`` with other keyword arguments
-(:meth:`Settings.calls`); without the reader's functions the take-home pipeline runs (:func:`reference_pipeline`).
-Same job, same answer: every configuration has the same seed, weights, data order (:func:`seed_order`), crops
-(seeded per item: :class:`SeededItems`), ``normalize``, deterministic cuDNN (:func:`same_numerics`) and
-main-process threads (:func:`compute_threads`: the usable cores minus the workers, so they do not fight).
-"""
+"""Chapter 06's job: the steps as data (:data:`STEPS`), the job (:class:`JobSpec`), its data and its loader. A
+configuration is one call of the reader's ``make_loader`` and ``batches`` with other keyword arguments; every one
+has the same seed, weights, data order, crops (seeded per item), ``normalize``, cuDNN settings and threads."""
 
 from __future__ import annotations
 
@@ -29,8 +24,8 @@ from .doctor import usable_cores
 
 @dataclass(frozen=True)
 class Step:
-    """One step of the stack: ``change`` is the settings it switches on; a step that ``needs_cuda`` is stood in for
-    without CUDA by the published figures of ``published_key``."""
+    """One step of the stack: ``change``, the settings it switches on; ``published_key``, figures standing in for a
+    step that ``needs_cuda`` on a machine without."""
 
     name: str
     label: str
@@ -67,7 +62,7 @@ STEP_REQUIRES: dict[str, tuple[str, ...]] = {"persistent": ("workers",)}
 
 @dataclass(frozen=True)
 class Settings:
-    """One configuration: the keyword arguments of its pipeline calls (``output="uint8"``: float made on the device)."""
+    """One configuration: the keyword arguments of its pipeline calls."""
 
     num_workers: int = 0
     pin_memory: bool = False
@@ -86,7 +81,6 @@ class Settings:
         return {"prefetch": self.prefetcher, "float_on_host": self.output == "float"}
 
     def calls(self, sep: str = " · ") -> str:
-        """The two calls this configuration makes, as the reader would type them."""
         lk = ", ".join(f"{k}={v!r}" for k, v in self.loader_kwargs().items())
         bk = ", ".join(f"{k}={v!r}" for k, v in self.batches_kwargs().items())
         return f"make_loader(dataset, batch_size, {lk}){sep}batches(loader, {bk})"
@@ -105,8 +99,8 @@ main_threads = intraop_threads
 
 
 def settings_for(enabled: Iterable[str], workers: int | None = None) -> Settings:
-    """Settings with the named steps switched on (any subset, any order); persistent workers need workers."""
-    names = set(enabled)  # checked by the caller (panel_run); configurations() passes STEP_NAMES
+    """Settings with the named steps switched on (any subset, any order; checked by the caller)."""
+    names = set(enabled)
     nw = default_workers() if workers is None else check_int("workers", workers, 1, 64)
     values: dict[str, Any] = {}
     for step in STEPS:
@@ -122,8 +116,7 @@ def settings_for(enabled: Iterable[str], workers: int | None = None) -> Settings
 def configurations(
     workers: int | None = None, names: Sequence[str] | None = None, skip: Collection[str] = ()
 ) -> list[tuple[Step, Settings]]:
-    """The cumulative configurations: step k switches on steps 0..k, except those in ``skip`` (left out);
-    ``names`` picks a subset (in order)."""
+    """The cumulative configurations: step k switches on steps 0..k but those in ``skip``; ``names``: a subset."""
     return [
         (step, settings_for([n for n in STEP_NAMES[: i + 1] if n not in skip], workers))
         for i, step in enumerate(STEPS)
@@ -132,13 +125,11 @@ def configurations(
 
 
 def step_answers(name: str) -> set[str]:
-    """Every way a reader may name step ``name``: its name, its label, the label without '+'."""
     label = STEPS[STEP_NAMES.index(name)].label
     return {name, label, label.lstrip("+ ").strip()}
 
 
 def effective_on(step: Step, device: torch.device | str) -> bool:
-    """Whether ``step`` can change anything on ``device`` (on a CPU host and device are one: uint8 changes nothing)."""
     return not step.needs_cuda or torch.device(device).type == "cuda"
 
 
@@ -156,8 +147,7 @@ REGIMES: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class JobSpec:
-    """The job every configuration runs: ``warm_steps`` batches of pass 0 trained ``warm_passes`` times
-    (untimed), then ``epochs`` timed epochs; ``lr``: Adam's learning rate."""
+    """The job: ``warm_steps`` batches of pass 0 trained ``warm_passes`` times (untimed), then ``epochs`` timed."""
 
     regime: str
     width: int
@@ -178,8 +168,8 @@ class JobSpec:
 
 
 def job_sizes() -> dict[str, int]:
-    """The data set and job sizes of the tier in force: quick and laptop, the small generated set, 320 images per
-    epoch (10 steps: with 15, '+ workers' sat at x1.00 on a quiet 2-core machine); full, chapter 01's set, 1,280."""
+    """Quick and laptop: the small generated set, 320 images per epoch (10 steps: with 15, '+ workers' sat at x1.00
+    on a quiet 2-core machine); full: chapter 01's set, 1,280."""
     if sized(quick=False, laptop=True, full=False):
         return {"n_train": 640, "n_val": 256, "image_size": 80, "crop_size": 64, "batch_size": 32, "train_items": 320}
     sizes = dict(default_sizes())
@@ -188,8 +178,7 @@ def job_sizes() -> dict[str, int]:
 
 
 def job_spec(regime: str, **overrides: Any) -> JobSpec:
-    """The job for ``regime`` at the tier in force (the chapter passes the calibrated width and depth); the
-    warm-up keeps the loader's whole first pass."""
+    """The job for ``regime`` at the tier in force; the warm-up keeps the loader's whole first pass."""
     check_choice("regime", regime, tuple(REGIMES))
     sizes, r = job_sizes(), REGIMES[regime]
     base = dict(
@@ -216,9 +205,7 @@ def job_spec(regime: str, **overrides: Any) -> JobSpec:
 
 @dataclass(frozen=True)
 class Pipeline:
-    """The functions the capstone times, the reader's: ``make_loader(dataset, batch_size, workers=, pin=,
-    prefetch_factor=, persistent=)`` (uint8 host batches), ``batches(loader, prefetch=, float_on_host=)`` (normalised
-    float batches on the device), ``train_step(model, optimizer, x, y)`` (the loss), optionally ``normalize``."""
+    """The reader's functions the capstone times, with the signatures of chapter 06's cells."""
 
     make_loader: Callable[..., Any]
     batches: Callable[..., Iterable[Any]]
@@ -234,8 +221,7 @@ class Pipeline:
 
 
 def reference_pipeline(device: torch.device | str = "cpu", *, seed: int = 0, workers: int | None = None) -> Pipeline:
-    """The take-home pipeline (:mod:`.fast_pipeline`, ``examples/fast_pipeline.py``'s block line for line), its
-    globals ``DEVICE``, ``SEED`` and ``WORKERS`` set: what runs without the chapter's cells."""
+    """The take-home pipeline (:mod:`.fast_pipeline`) with its globals set: what runs without the chapter's cells."""
     take_home.DEVICE, take_home.SEED = torch.device(device), seed
     take_home.WORKERS = default_workers() if workers is None else check_int("workers", workers, 0, 64)
     return Pipeline(
@@ -244,18 +230,16 @@ def reference_pipeline(device: torch.device | str = "cpu", *, seed: int = 0, wor
 
 
 def _pipeline(pipeline: Pipeline | None, device: torch.device | str, seed: int = 0) -> Pipeline:
-    """``pipeline`` (the reader's), else :func:`reference_pipeline`."""
     if pipeline is None:
         return reference_pipeline(device, seed=seed)
     if not isinstance(pipeline, Pipeline):
-        raise ValueError(f"pipeline must be a capstone.Pipeline, got {type(pipeline).__name__}")
+        raise ValueError(f"pipeline must be a job.Pipeline, got {type(pipeline).__name__}")
     return pipeline
 
 
 class SeededItems(Dataset):
-    """``limit`` items of ``base`` spread evenly over it (the generated set lists its images class by class), item
-    ``i`` augmented with a generator seeded by (seed, i): the crop does not depend on which process loads it.
-    Workers import it from this module by name."""
+    """``limit`` items spread evenly over ``base`` (listed class by class), item ``i``'s crop seeded by (seed, i),
+    whichever process loads it. Workers import it from this module by name."""
 
     def __init__(self, base: Dataset, seed: int, limit: int) -> None:
         self.base, self.seed = base, seed
@@ -277,9 +261,8 @@ class SeededItems(Dataset):
 
 
 def seed_order(loader: Any, seed: int, epoch: int, *, fresh: bool) -> None:
-    """Seed the shuffling of ``loader``'s next pass: the same order in every configuration. A new iterator draws
-    once for the workers' base seed first; a persistent loader makes one only for its first pass (``fresh``), so
-    for its later passes that draw is made and dropped here (``tests/test_ch06_pipeline.py`` checks it on torch)."""
+    """Seed the shuffling of ``loader``'s next pass. A new iterator draws the workers' base seed first; a persistent
+    loader makes one only for its first pass (``fresh``), so later passes make and drop that draw here."""
     gen = getattr(loader, "generator", None)
     gen = gen if isinstance(gen, torch.Generator) else torch.default_generator
     gen.manual_seed((int(seed) * 1_000_003 + int(epoch)) % (2**63))
@@ -290,8 +273,8 @@ def seed_order(loader: Any, seed: int, epoch: int, *, fresh: bool) -> None:
 def normalizer_device_exact(
     device: torch.device | str, normalize: Callable[[torch.Tensor], torch.Tensor] | None = None
 ) -> bool:
-    """Whether ``normalize`` gives the same bits on ``device`` as on the CPU for all 256 levels (on CUDA a division
-    by a scalar runs as a multiplication by its reciprocal: one bit may differ). Measured, not assumed."""
+    """Whether ``normalize`` gives the same bits on ``device`` as on the CPU for all 256 levels (measured: CUDA may
+    divide as a multiplication by the reciprocal)."""
     fn = normalize or to_float_normalized
     dev = torch.device(device)
     levels = torch.arange(256, dtype=torch.uint8).repeat(3, 1).view(1, 3, 16, 16)
@@ -302,8 +285,8 @@ def normalizer_device_exact(
 
 @contextlib.contextmanager
 def same_numerics() -> Iterator[None]:
-    """Deterministic cuDNN for the block, restored after. Not ``torch.use_deterministic_algorithms(True)``: it
-    raises for ``adaptive_avg_pool2d_backward_cuda``. TF32 is left as is (mixing its two switches raises)."""
+    """Deterministic cuDNN for the block (not ``use_deterministic_algorithms``: it raises for
+    ``adaptive_avg_pool2d_backward_cuda``); TF32 left as is (mixing its two switches raises)."""
     cudnn = torch.backends.cudnn
     before = (cudnn.deterministic, cudnn.benchmark)
     cudnn.deterministic, cudnn.benchmark = True, False
@@ -317,7 +300,6 @@ _CACHE: dict[Any, Any] = {}
 
 
 def dataset_info() -> Any:
-    """The generated data set the job trains on (cached)."""
     sizes = job_sizes()
     key = ("info", sizes["n_train"], sizes["n_val"], sizes["image_size"])
     if key not in _CACHE:
@@ -332,7 +314,7 @@ def val_size(spec: JobSpec) -> int:  # validation images the job's accuracy is m
 
 
 def _val_batches(spec: JobSpec) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The validation set, decoded once (uint8, centre crop), as host batches (``batches`` normalises them)."""
+    """The validation set, decoded once (uint8, centre crop), as host batches."""
     key, bs = ("val", str(dataset_info().val_dir), spec.crop_size, spec.batch_size), spec.batch_size
     if key not in _CACHE:
         ds = ShapesDataset(dataset_info().val_dir, crop_size=spec.crop_size, augment=False, output="uint8")
@@ -342,24 +324,20 @@ def _val_batches(spec: JobSpec) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def chance_level(spec: JobSpec) -> float:
-    """The accuracy of always answering the validation set's most frequent class."""
     labels = torch.cat([y for _, y in _val_batches(spec)])
     return int(torch.bincount(labels).max()) / int(labels.numel())
 
 
 def train_items(spec: JobSpec) -> SeededItems:
-    """The job's training set: ``spec.train_items`` images over every class, uint8 crops seeded per item."""
     base = ShapesDataset(dataset_info().train_dir, crop_size=spec.crop_size, augment=True, output="uint8")
     return SeededItems(base, seed=spec.seed, limit=spec.train_items)
 
 
 @contextlib.contextmanager
 def built_loader(pipeline: Pipeline, spec: JobSpec, s: Settings) -> Iterator[Any]:
-    """The pipeline's ``make_loader(train_items(spec), batch_size, **s.loader_kwargs())`` with the job's threads,
-    deterministic numerics and a forked RNG seeded from ``spec.seed`` (with workers, ``/dev/shm`` checked first).
-    On exit the loader is released and every worker started meanwhile ended, also on errors and interrupts; a
-    worker failure is re-raised in plain words, the traceback's frames cleared first (a frame of ``batches``
-    would keep its workers alive)."""
+    """The pipeline's loader of the job's items, with its threads, numerics and a forked RNG; released on exit (errors
+    and interrupts too). A worker failure is re-raised in plain words, the traceback's frames cleared first (a frame
+    of ``batches`` would keep its workers alive)."""
     loader = None
     with released([]) as objs:
         try:
@@ -383,8 +361,8 @@ def built_loader(pipeline: Pipeline, spec: JobSpec, s: Settings) -> Iterator[Any
 
 
 def _warm_batches(source: Any, steps: int, drain: bool) -> list[Any]:
-    """The first ``steps`` batches of a fresh pass over ``source``; with ``drain`` (persistent workers) the rest of
-    the pass is read and dropped, so the next epoch is not charged for the warm-up's leftovers."""
+    """The first ``steps`` batches of a fresh pass; ``drain`` (persistent workers) reads the rest of the pass, so the
+    next epoch is not charged for the warm-up's leftovers."""
     it = iter(source)
     batches = [b for _, b in zip(range(steps), it)]
     if drain:

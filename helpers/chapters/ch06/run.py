@@ -1,27 +1,20 @@
-"""Chapter 06: one configuration's run of the job and each stage alone (:func:`run_config`), the
-pipeline efficiency (:class:`Efficiency`) and the accuracy checks.
-
-Per configuration: one epoch's time (worker start-up included: what persistent workers remove), throughput,
-validation accuracy, the span trace, the compute-busy and data-stall shares; and each stage **alone** (the
-reader's loader, the copy (CUDA only), the reader's ``train_step`` on a batch already on the device).
-"""
+"""Chapter 06: one configuration's run of the job (:func:`run_config`): its epoch time (worker start-up included),
+accuracy, span trace and shares; each stage **alone** (the loader, the copy on CUDA, ``train_step`` on a batch on
+the device); and the pipeline efficiency (:class:`Efficiency`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import torch
 from torch.utils.data import default_collate
 
-from ...core import agreement
 from ...core.progress import no_progress
 from ...core.timing import SpanRecorder, SpanTrace, synchronize, time_calls
-from ...core.validate import check_float, check_int
 from ...pipeline.data import to_float_normalized
 from ...pipeline.models import build_model
 from ...pipeline.prefetch import move_batch
@@ -35,7 +28,6 @@ from .job import (
     _val_batches,
     _warm_batches,
     built_loader,
-    configurations,
     dataset_info,
     main_threads,
     same_numerics,
@@ -46,9 +38,8 @@ from .job import (
 
 @dataclass
 class ConfigResult:
-    """One configuration's run: ``epoch_s`` per timed epoch, start-up included (in a waterfall the median of
-    ``round_epoch_s``); ``compute_busy`` / ``data_stall``: shares of the epoch; ``stages``: items/s of each stage
-    alone (``None``: no such stage here)."""
+    """One configuration's run: ``epoch_s`` per timed epoch (in a waterfall the median of ``round_epoch_s``);
+    ``stages``: items/s of each stage alone (``None``: no such stage here)."""
 
     name: str
     label: str
@@ -83,8 +74,8 @@ class ConfigResult:
 
 
 def _shares(trace: SpanTrace, epochs: list[tuple[float, float]], epoch_total: float) -> tuple[float, float]:
-    """(compute busy, data stall) as shares of the epochs; the stall includes each epoch's start-up (iterator
-    creation, worker start-up: before its first span). One stream runs the steps in turn: their spans add up."""
+    """(compute busy, data stall) as shares of the epochs; the stall includes each epoch's start-up (before its
+    first span)."""
     totals = trace.phase_totals()
     startup = 0.0
     for t_begin, _ in epochs:
@@ -103,7 +94,6 @@ def _on_device(x: torch.Tensor, dev: torch.device, pipeline: Pipeline) -> None:
 
 
 def _warm_up(pipe: Pipeline, model: Any, opt: Any, loader: Any, s: Settings, spec: JobSpec, dev: torch.device) -> None:
-    """Untimed: pass 0's first ``warm_steps`` batches, loaded once, trained ``warm_passes`` times (seeded order)."""
     seed_order(loader, spec.seed, 0, fresh=True)
     it = pipe.batches(loader, **s.batches_kwargs())
     try:
@@ -121,8 +111,7 @@ def _warm_up(pipe: Pipeline, model: Any, opt: Any, loader: Any, s: Settings, spe
 def _timed_epoch(
     pipe: Pipeline, model: Any, opt: Any, loader: Any, s: Settings, rec: SpanRecorder, epoch: int, first: int
 ) -> tuple[int, int, float, torch.Tensor]:
-    """One pass of ``for x, y in batches(loader, ...): train_step(...)``, spans ``batch`` (the wait) and ``train_step``
-    (CUDA events on a GPU); the loss summed on the device. Returns (steps, samples, seconds, summed loss)."""
+    """One pass of ``for x, y in batches(...): train_step(...)`` in spans; (steps, samples, seconds, summed loss)."""
     lane = COMPUTE_LANE_GPU if rec.cuda else COMPUTE_LANE_CPU
     total = torch.zeros((), device=rec.device)
     steps = samples = 0
@@ -151,7 +140,6 @@ def _timed_epoch(
 
 @torch.no_grad()
 def _evaluate(pipeline: Pipeline, model: Any, spec: JobSpec) -> float:
-    """Top-1 accuracy on the validation set, through ``batches(val_batches)``."""
     was = model.training
     model.eval()
     correct, seen = torch.zeros((), dtype=torch.int64), 0
@@ -177,9 +165,8 @@ def run_config(
     progress: Callable[[float, str], None] | None = None,
     pipeline: Pipeline | None = None,
 ) -> ConfigResult:
-    """Train the job once with ``settings`` through ``pipeline`` (default :func:`reference_pipeline`): warm-up,
-    ``spec.epochs`` timed epochs, the validation accuracy; with ``stages``, each stage alone and the efficiency.
-    Workers are released on return, errors and interrupts; the RNG state and thread count are restored."""
+    """Train the job once with ``settings`` through ``pipeline`` (default the take-home one): warm-up, timed epochs,
+    accuracy; with ``stages``, each stage alone and the efficiency. Workers, RNG state and threads are restored."""
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device is 'cuda' but no CUDA device is available; use device='cpu'")
@@ -222,8 +209,7 @@ def run_config(
 
 
 def _loader_alone(pipeline: Pipeline, spec: JobSpec, s: Settings, dev: torch.device) -> float:
-    """Items/s of the loader alone, like the job's epoch: at most 2 warm-up batches of pass 0 (drained with
-    persistent workers), then one whole pass, start-up included. Measured once for both regimes."""
+    """Items/s of the loader alone over one pass, start-up included, after at most 2 warm-up batches (cached)."""
     key = ("loader", id(pipeline.make_loader), spec.train_items, spec.batch_size, spec.crop_size, s.num_workers,
            s.persistent_workers, s.prefetch_factor, s.pin_memory and dev.type == "cuda", spec.threads,
            min(spec.warm_steps, 2))  # fmt: skip
@@ -249,7 +235,7 @@ def _sample_batch(spec: JobSpec) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _copy_alone(spec: JobSpec, s: Settings, dev: torch.device) -> float | None:
-    """Items/s of copying one batch as the configuration sends it (float32 or uint8, pinned or not); CUDA only."""
+    """Items/s of copying one batch as the configuration sends it; CUDA only."""
     if dev.type != "cuda":
         return None
     x, y = _sample_batch(spec)
@@ -262,8 +248,8 @@ def _copy_alone(spec: JobSpec, s: Settings, dev: torch.device) -> float | None:
 
 
 def _compute_alone(pipeline: Pipeline, spec: JobSpec, dev: torch.device) -> float:
-    """Items/s of ``train_step`` on one float batch on the device, as many steps as an epoch has (4 to 20): the
-    **lower-quartile** step is its own pace (steps slowed by other programs count against the efficiency)."""
+    """Items/s of ``train_step`` on one batch on the device over an epoch's steps (4 to 20): the lower-quartile step,
+    its own pace (steps slowed by other programs count against the efficiency)."""
     key = ("compute", id(pipeline.train_step), spec.width, spec.depth, spec.batch_size, spec.crop_size, str(dev),
            spec.threads, spec.train_items)  # fmt: skip
     if key not in _CACHE:
@@ -273,7 +259,6 @@ def _compute_alone(pipeline: Pipeline, spec: JobSpec, dev: torch.device) -> floa
 
 
 def _step_times(spec: JobSpec, dev: torch.device, n: int, step: Callable[..., Any], warm: int = 2) -> list[float]:
-    """Seconds of ``n`` synchronised ``step`` calls with ``spec``'s model on one float batch on ``dev``."""
     x, y = move_batch(_sample_batch(spec), dev, non_blocking=False)
     x = to_float_normalized(x)
     classes = int(dataset_info().params["num_classes"])
@@ -289,8 +274,8 @@ EFFICIENCY_NOISE = 0.10
 
 @dataclass(frozen=True)
 class Efficiency:
-    """``ratio``: throughput / slowest stage alone (recorded); ``value``: what is shown, never above 1 (1.0 within
-    the noise above, ``None`` further); ``verdict``: why ``value`` is not the ratio ('' when it is)."""
+    """``ratio``: throughput / slowest stage alone; ``value``: shown, never above 1 (1.0 within the noise above,
+    ``None`` further); ``verdict``: why ``value`` is not the ratio."""
 
     ratio: float
     value: float | None
@@ -298,7 +283,6 @@ class Efficiency:
 
     @classmethod
     def of_ratio(cls, ratio: float, noise: float = EFFICIENCY_NOISE) -> Efficiency:
-        """A pipeline cannot beat its slowest stage: above 1 is noise or a bad measurement."""
         if ratio <= 1.0:
             return cls(ratio, ratio)
         if ratio <= 1.0 + noise:
@@ -312,13 +296,11 @@ class Efficiency:
         )
 
     def short(self) -> str:
-        """For a table column: '0.90', '1.00 (noise)' or 'out of range'."""
         if self.value is None:
             return "out of range"
         return f"{self.value:.2f}" + (" (noise)" if self.verdict else "")
 
     def __str__(self) -> str:
-        """For a sentence: '0.90', '1.00, at the bottleneck (within noise)' or 'out of range: <why>'."""
         if self.value is None:
             return self.verdict
         return f"{self.value:.2f}" + (f", {self.verdict}" if self.verdict else "")
@@ -327,76 +309,8 @@ class Efficiency:
 def pipeline_efficiency(
     throughput: float, stages: Mapping[str, float | None], noise: float = EFFICIENCY_NOISE
 ) -> Efficiency | None:
-    """Throughput over that of the slowest known stage alone (``None`` stages ignored; ``None`` if none known)."""
+    """Throughput over the slowest known stage alone's; ``None`` if none is known."""
     known = [float(v) for v in stages.values() if v is not None and v > 0 and math.isfinite(v)]
     if not known or not (throughput > 0):
         return None
     return Efficiency.of_ratio(float(throughput) / min(known), noise)
-
-
-def accuracy_tolerance(n_val: int, seed_spread: float | None = None) -> float:
-    """Two binomial standard errors at p = 0.5, ``2 sqrt(0.25 / n_val)``: what a fresh validation set could show by
-    chance; at least the measured seed-to-seed spread where configurations cannot be bit-identical."""
-    check_int("n_val", n_val, 1)
-    tol = 2.0 * math.sqrt(0.25 / n_val)
-    if seed_spread is not None:
-        tol = max(tol, check_float("seed_spread", seed_spread, 0.0, 1.0))
-    return tol
-
-
-def seed_spread(spec: JobSpec, device: torch.device | str, *, pipeline: Pipeline | None) -> tuple[list[float], float]:
-    """``(accuracies, max - min)`` of the full stack trained with ``spec.seed``, 1 and 2: what "the same job,
-    trained again" varies by on this device."""
-    settings = configurations()[-1][1]
-    accs = []
-    for sd in (spec.seed, 1, 2):
-        r = run_config(
-            settings, dataclasses.replace(spec, seed=sd), device, name="prefetcher", stages=False, pipeline=pipeline
-        )
-        accs.append(r.accuracy)
-    return accs, max(accs) - min(accs)
-
-
-def accuracy_verdict(accuracies: Sequence[float], tolerance: float) -> str:
-    """Whether the accuracies (the baseline's first) agree: the lowest's band of ± half the ``tolerance`` overlaps
-    the highest's (:func:`helpers.core.agreement.spreads_overlap`). If not, trust the baseline's."""
-    lo, hi, half = min(accuracies), max(accuracies), tolerance / 2
-    if agreement.spreads_overlap((lo - half, lo + half), (hi - half, hi + half)):
-        return (
-            f"the {len(accuracies)} accuracies agree within their spread (each ±{half:.1%}): the steps changed "
-            "the speed, not what the job learned"
-        )
-    return (
-        f"the accuracies do NOT agree within their spread (lowest {lo:.1%}, highest {hi:.1%}, each ±{half:.1%}): "
-        f"a step changed what the job learned; trust the baseline's {accuracies[0]:.1%} and look for what the "
-        "others changed (data order, crops, normalize)"
-    )
-
-
-def check_accuracies(
-    results: Sequence[ConfigResult],
-    num_classes: int,
-    n_val: int,
-    above_chance: bool = True,
-    seed_spread: float | None = None,
-    chance: float | None = None,
-    chance_margin: float = 2.0,
-) -> tuple[bool, str]:
-    """(ok, message): the accuracies agree (:func:`accuracy_verdict`, which ends the message) and, if asked, all
-    reach ``chance_margin`` x ``chance`` (default ``1 / num_classes``); also whether the losses are bit-identical."""
-    tol = accuracy_tolerance(n_val, seed_spread=seed_spread)
-    chance = 1.0 / num_classes if chance is None else check_float("chance", chance, 0.0, 1.0)
-    check_float("chance_margin", chance_margin, 1.0, 100.0)
-    accs = [r.accuracy for r in results]
-    verdict = accuracy_verdict(accs, tol)
-    ok = "do NOT agree" not in verdict and (min(accs) >= chance_margin * chance or not above_chance)
-    same = len({r.train_loss for r in results}) == 1
-    why = f"at least the measured seed-to-seed spread {seed_spread:.1%}" if seed_spread is not None else (
-        "two binomial standard errors")  # fmt: skip
-    msg = (
-        f"accuracies {', '.join(f'{a:.1%}' for a in accs)}: spread {max(accs) - min(accs):.1%} (tolerance "
-        f"{tol:.1%}: {why}), lowest {min(accs):.1%} vs chance {chance:.1%}"
-        + (f" (needs {chance_margin:g}x chance: {chance_margin * chance:.1%})" if above_chance else "")
-        + f"; training losses {'bit-identical' if same else 'differ by rounding'}; {verdict}"
-    )
-    return ok, msg
