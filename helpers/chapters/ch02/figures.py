@@ -152,9 +152,9 @@ def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | Non
 
     sizes = [r.nbytes for r in rows]
     lines = [  # label, PinCost field (s), style; a saving <= 0 is drawn at 1 ns (log axis)
-        ("pin_memory(), new block (cudaHostAlloc)", "pin_cold_s", {"color": "#e15759"}),
-        ("pin_memory(), cached block (memcpy only)", "pin_cached_s", {"color": "#f28e2b", "linestyle": "--"}),
-        ("saving per copy (pageable − pinned)", "saving_per_copy_s", {"color": "#59a14f", "marker": "s"}),
+        ("pin_memory(), new block (cudaHostAlloc)", "cold", {"color": "#e15759"}),
+        ("pin_memory(), cached block (memcpy only)", "cached", {"color": "#f28e2b", "linestyle": "--"}),
+        ("saving per copy (pageable − pinned)", "saving_per_copy", {"color": "#59a14f", "marker": "s"}),
     ]
     series = {label: (sizes, [max(getattr(r, key), 1e-9) * 1e3 for r in rows]) for label, key, _ in lines}
     styles = {label: style for label, _, style in lines}
