@@ -263,7 +263,7 @@ def test_records_convert_back_into_what_the_measurements_return():
             ("ch02.wire_time", 4e-3, "s", {"dtype": "float32", "nbytes": 4 * MiB}),
         ),
     )
-    assert wire.byte_ratio == 4 and wire.time_ratio == 4 and wire.shape is None
+    assert wire.byte_ratio == 4 and wire.time_ratio == 4
     assert copies.wire_lines(wire)[-1] == "bytes ratio 4x, time ratio 4.0x — pinned H2D copy"
     assert (
         copies.wire_from_records(None, _records(("ch02.wire_time", 1e-3, "s", {"dtype": "uint8", "nbytes": MiB})))
@@ -322,7 +322,9 @@ def test_pinning_status_reports_the_driver_error():
 def test_gpu_measurements_validate_before_checking_hardware():
     from helpers.chapters import ch02
 
-    panel = dict(size_mib=1, direction="h2d", memory="pinned", dtype="uint8")  # the panel picks the copy
+    panel = dict(
+        size_mib=1, direction="h2d", memory="pinned", dtype="uint8", copy_fn=lambda *a: [1e-6]
+    )  # the panel picks the copy
     with pytest.raises(ValueError, match="direction"):
         ch02.panel_run(lambda *a: None, device="cpu", **{**panel, "direction": "sideways"})
     with pytest.raises(ValueError, match="memory"):
@@ -358,7 +360,7 @@ def test_transfer_sweep_is_the_sweep_loop_with_the_helpers_copy(monkeypatch):
     monkeypatch.setattr(copies, "cuda_status", lambda device=None: (True, ""))
     monkeypatch.setattr(copies, "resolve_device", lambda device=None: torch.device("cpu"))
     monkeypatch.setattr(copies, "_check_device_bytes", lambda *a, **k: None)
-    monkeypatch.setattr(copies, "_gpu_name", lambda dev: "a fake GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev: "a fake GPU")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     calls = []

@@ -237,20 +237,18 @@ def _one_copy(copy_fn: CopyFn, reading: PanelReading, device: Any, repeats: int)
     return next(iter(curves.values())).points[0]
 
 
-def _copy_here(copy_fn: CopyFn | None, reading: PanelReading, device: torch.device | str, repeats: int) -> str:
-    if copy_fn is not None and reading.direction == "h2d":
-        name = getattr(copy_fn, "__name__", "copy_fn")
-        reading.measured = _one_copy(copy_fn, reading, device, repeats)
-        reading.note = f"Timed by your {name}()."
+def _copy_here(copy_fn: CopyFn, reading: PanelReading, device: torch.device | str, repeats: int) -> str:
+    name = getattr(copy_fn, "__name__", "copy_fn")
+    if reading.direction == "h2d":
+        reading.measured, reading.note = _one_copy(copy_fn, reading, device, repeats), f"Timed by your {name}()."
         return f"your {name}()"
     kw: dict[str, Any] = {"device": device, "repeats": repeats, "dtype": reading.dtype}
-    sw = copies.transfer_sweep(reading.direction, reading.memory, [reading.nbytes], **kw)
-    reading.measured = sw.points[0]
-    reading.note = "D2H: timed by copies.transfer_sweep (your copy function does H2D)." if copy_fn is not None else ""
+    reading.measured = copies.transfer_sweep(reading.direction, reading.memory, [reading.nbytes], **kw).points[0]
+    reading.note = "D2H: timed by copies.transfer_sweep (your copy function does H2D)."
     return "copies.transfer_sweep, CUDA events"
 
 
-def _host_instead(copy_fn: CopyFn | None, reading: PanelReading, recorded: CopySweeps | None, repeats: int) -> str:
+def _host_instead(copy_fn: CopyFn, reading: PanelReading, recorded: CopySweeps | None, repeats: int) -> str:
     n, key = reading.nbytes, (reading.direction, reading.memory)
     reading.note = "No CUDA device here: the GPU copy cannot run. "
     if recorded is not None and key in recorded.sweeps:
@@ -261,9 +259,6 @@ def _host_instead(copy_fn: CopyFn | None, reading: PanelReading, recorded: CopyS
     if reading.memory == "pinned":
         reading.note += " Pinning is impossible without the NVIDIA driver."
     reading.note += " The host memcpy is real, but it is a CPU copy, not a transfer to a GPU."
-    if copy_fn is None:
-        reading.host = copies.measure_host_copy(n, dtype=reading.dtype)
-        return "copies.measure_host_copy"
     reading.host = _one_copy(copy_fn, reading, "cpu", repeats)
     return f"your {getattr(copy_fn, '__name__', 'copy_fn')}() on one CPU thread"
 
@@ -276,14 +271,15 @@ def panel_run(
     direction: str,
     memory: str,
     dtype: str,
-    copy_fn: CopyFn | None = None,
+    copy_fn: CopyFn,
     gpu: Evidence[CopySweeps] | None = None,
     host: Sweep | None = None,
     repeats: int = 10,
     **context: Any,
 ) -> Evidence[PanelReading]:
-    """Copy one batch (``size_mib``: MiB *as uint8*): with CUDA a real copy; without, the nearest recorded point of
-    ``gpu`` and a live host memcpy, saying why. Either is set against the sweep's point of that size (``host``)."""
+    """Copy one batch (``size_mib``: MiB *as uint8*) by the reader's ``copy_fn``: with CUDA a real copy; without, the
+    nearest recorded point of ``gpu`` and a live host memcpy, saying why; either set against the sweep's point of
+    that size (``host``)."""
     size_mib = check_float("size_mib", size_mib, 1 / 256, 1024)
     direction = check_choice("direction", direction, DIRECTIONS)
     memory = check_choice("memory", memory, MEMORY_KINDS)

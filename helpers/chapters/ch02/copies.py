@@ -177,15 +177,6 @@ def _helper_copy(direction: str) -> CopyFn:
     return helper_copy
 
 
-def _gpu_name(dev: torch.device) -> str:
-    try:
-        return torch.cuda.get_device_name(dev)
-    except Exception:  # pragma: no cover - only on odd drivers
-        if require_gpu():
-            raise
-        return str(dev)
-
-
 def _samples(copy_fn: CopyFn, result: Any) -> list[float]:
     name = getattr(copy_fn, "__name__", "copy_fn")
     values = [result] if isinstance(result, (int, float)) and not isinstance(result, bool) else result
@@ -258,7 +249,7 @@ def sweep(
     how = method or f"{name}(), yours: {rounds} alternating round(s) x {reps} timed copies, median" + (
         "" if ok else "; no CUDA device here, so a host memcpy, not a GPU copy"
     )
-    where = ("measured here", _gpu_name(dev)) if ok else ("measured here (CPU memcpy)", "cpu")
+    where = ("measured here", torch.cuda.get_device_name(dev)) if ok else ("measured here (CPU memcpy)", "cpu")
     return _curves(samples, direction, dtype, how, *where)
 
 
@@ -296,7 +287,6 @@ def transfer_sweep(
 class WireResult:
     """The same images as uint8 and as float32: bytes and copy time of each."""
 
-    shape: tuple[int, int, int, int] | None  # (batch, channels, height, width); None: rebuilt from records
     nbytes: dict[str, int]
     seconds: dict[str, float]
     what: str
@@ -317,15 +307,15 @@ def wire_comparison(
     a CUDA device; else a pageable host memcpy (real, but a CPU copy, and ``what`` says so)."""
     limits = {"batch": (batch, 100_000), "channels": (channels, 64), "height": (height, 8192), "width": (width, 8192)}
     b, c, h, w = (check_int(name, value, 1, hi) for name, (value, hi) in limits.items())
-    shape, nbytes = (b, c, h, w), {d: images_nbytes(b, c, h, w, dtype=d) for d in DTYPES}
+    nbytes = {d: images_nbytes(b, c, h, w, dtype=d) for d in DTYPES}
     if cuda_status(device)[0]:
         dev = resolve_device(device)
         curves = {d: transfer_sweep("h2d", "pinned", [n], device=dev, repeats=10, dtype=d) for d, n in nbytes.items()}
         seconds = {d: sw.points[0].median_s for d, sw in curves.items()}
-        return WireResult(shape, nbytes, seconds, f"pinned H2D copy on {_gpu_name(dev)}")
+        return WireResult(nbytes, seconds, f"pinned H2D copy on {torch.cuda.get_device_name(dev)}")
     seconds = {d: measure_host_copy(n, dtype=d).median_s for d, n in nbytes.items()}
     what = "host memcpy on this CPU (no GPU here: not a GPU transfer)"
-    return WireResult(shape, nbytes, seconds, what)
+    return WireResult(nbytes, seconds, what)
 
 
 # Each ``*_from_records(result_set, records)`` is a ``convert`` for helpers.core.evidence: what the measuring
@@ -351,7 +341,7 @@ def wire_from_records(result_set: Any, records: Iterable[Any]) -> WireResult | N
     if set(got) != set(DTYPES) or not all(n and s for n, s in got.values()):
         return None
     nbytes, seconds = {d: got[d][0] for d in DTYPES}, {d: got[d][1] for d in DTYPES}
-    return WireResult(None, nbytes, seconds, what="pinned H2D copy")
+    return WireResult(nbytes, seconds, what="pinned H2D copy")
 
 
 def wire_lines(wire: WireResult) -> list[str]:
