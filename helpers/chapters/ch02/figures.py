@@ -110,8 +110,8 @@ def plot_sweeps(
             ax.plot([p.nbytes], [p.gbps], color=_STAR_COLORS[i % len(_STAR_COLORS)], label=label, **star)
 
     ylabel = "bandwidth (GB/s = 1e9 B/s, log scale)"
-    kw = {"title": title, "ceiling": ceiling, "source": source, "styles": styles, "extra": [stars]}
-    return _by_size(series, ax, ylabel, _SIDE, **kw)
+    kw: dict[str, Any] = {"title": title, "ceiling": ceiling, "source": source, "styles": styles}
+    return _by_size(series, ax, ylabel, _SIDE, [stars], **kw)
 
 
 _STAR_COLORS = ["#e15759", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7", "#9c755f"]
@@ -153,10 +153,11 @@ def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | Non
         ("saving per copy (pageable − pinned)", "saving_per_copy", {"color": "#59a14f", "marker": "s"}),
     ]
     series = {label: (sizes, [max(getattr(r, key), 1e-9) * 1e3 for r in rows]) for label, key, _ in lines}
-    kw = {
-        "title": "Cost of pinning vs what one pinned copy saves",
+    title, styles = "Cost of pinning vs what one pinned copy saves", {label: style for label, _, style in lines}
+    kw: dict[str, Any] = {
+        "title": title,
         "source": source,
+        "styles": styles,
         "xlabel": "buffer size (bytes, log scale)",
     }
-    styles = {label: style for label, _, style in lines}
-    return _by_size(series, ax, "time (ms, log scale)", _SIDE, styles=styles, **kw)
+    return _by_size(series, ax, "time (ms, log scale)", _SIDE, **kw)
