@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -416,6 +417,16 @@ def test_plots_draw_without_error():
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "H2D pinned" in labels and any("theoretical" in s for s in labels) and "panel run" in labels
     assert any(s.startswith("H2D pinned fit") for s in labels)
+    plt.close(ax.figure)
+    ax = figures.plot_speedup({"H2D": [(4096, 1.1), (MiB, 1.6)]}, source="test")
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "H2D: pageable time / pinned time" in labels and "the claim: 1.3x-1.5x" in labels
+    assert ax.get_yscale() == "linear" and ax.get_xscale() == "log"
+    plt.close(ax.figure)
+    cost = pin_costs.PinCost(MiB, MiB, 4e-3, 1e-4, 1e-4, 5e-5, 2e-4, 4e-3)
+    ax = figures.plot_pin_costs([cost, dataclasses.replace(cost, nbytes=4 * MiB)])
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert len(labels) == 3 and ax.get_xlabel().startswith("buffer size") and ax.get_yscale() == "log"
     plt.close(ax.figure)
 
 
