@@ -137,12 +137,10 @@ def test_check_pin_size_refuses_with_clear_message():
     assert "refusing to pin" in msg and "limit is 4.0 GiB" in msg and "25%" in msg and "reuse" in msg
 
 
-def test_check_pin_size_counts_rounding_and_already_pinned():
+def test_check_pin_size_counts_rounding():
     mem = dict(total_bytes=16 * GiB, available_bytes=16 * GiB)
     with pytest.raises(ValueError, match="8.0 GiB block"):
         model.check_pin_size(4 * GiB + 1, **mem)  # 4 GiB + 1 byte takes an 8 GiB block
-    with pytest.raises(ValueError, match="already pinned"):
-        model.check_pin_size(2 * GiB, already_pinned=3 * GiB, **mem)
 
 
 @pytest.mark.parametrize("share", [0.0, 0.95, -1, "a"])

@@ -108,24 +108,16 @@ def safe_pin_limit(
 
 
 def check_pin_size(
-    nbytes: int,
-    *,
-    share: float = DEFAULT_PIN_SHARE,
-    already_pinned: int = 0,
-    total_bytes: int | None = None,
-    available_bytes: int | None = None,
+    nbytes: int, *, share: float = DEFAULT_PIN_SHARE, total_bytes: int | None = None, available_bytes: int | None = None
 ) -> int:
-    """The block a pin of ``nbytes`` takes (:func:`predict_pinned_block`); ValueError (what to do instead) when
-    that block plus ``already_pinned`` is over :func:`safe_pin_limit`."""
+    """The block a pin of ``nbytes`` takes; ValueError (what to do instead) when it is over :func:`safe_pin_limit`."""
     nbytes = check_int("nbytes", nbytes, 1)
-    already_pinned = check_int("already_pinned", already_pinned, 0)
     block = predict_pinned_block(nbytes)
     limit = safe_pin_limit(share, total_bytes=total_bytes, available_bytes=available_bytes)
-    if block + already_pinned > limit:
-        held = f" on top of {human_bytes(already_pinned)} already pinned" if already_pinned else ""
+    if block > limit:
         raise ValueError(
             f"nbytes: refusing to pin {human_bytes(nbytes)} (a {human_bytes(block)} block after "
-            f"power-of-two rounding){held}: the safe limit is {human_bytes(limit)}, which is "
+            f"power-of-two rounding): the safe limit is {human_bytes(limit)}, which is "
             f"{share:.0%} of this machine's free RAM. Pinned memory cannot be swapped out, so "
             "pinning too much starves the OS and other processes. Use a smaller buffer (pin one "
             "batch and reuse it for every batch), or pass a larger `share` if you know this "

@@ -165,16 +165,9 @@ def panel_run(
     bs = check_int("batch_size", batch_size, 1, 100_000)
     if not isinstance(pin_memory, bool):
         raise ValueError(f"pin_memory must be True or False, got {pin_memory!r}")
-    loader = pinning.readers_loader(make_loader, dataset, bs, pin_memory)
-    res = loaders.measure_throughput(
-        loader,
-        to_device=to_device,
-        batches=batches,
-        warmup=warmup,
-        label=f"batch_size={bs}, pin_memory={pin_memory}",
-        progress=progress,
-        threads=threads,
-    )
+    kw = {"to_device": to_device, "batches": batches, "warmup": warmup, "threads": threads, "progress": progress}
+    label = f"batch_size={bs}, pin_memory={pin_memory}"
+    res, _ = pinning.time_readers_loader(make_loader, dataset, bs, pin_memory, label=label, **kw)
     res.config.update(batch_size=bs, pin_memory=pin_memory)
     return evidence.measured(
         f"your make_loader + to_device (batch_size={bs}, pin_memory={pin_memory})",

@@ -123,20 +123,24 @@ def pin_memory_experiment(
     )
 
 
-def readers_loader(make_loader: Any, dataset: Any, batch_size: int, pin_memory: bool) -> Any:
-    """The reader's ``make_loader(dataset, batch_size, pin_memory=...)``; one clear line when it cannot be called so."""
+def time_readers_loader(
+    make_loader: Any, dataset: Any, batch_size: int, pin_memory: bool, **measure: Any
+) -> tuple[Throughput, int]:
+    """The reader's ``make_loader(dataset, batch_size, pin_memory=...)`` timed by :func:`measure_throughput`
+    (``measure``: its keywords), and its worker count; one clear line when it cannot be called so."""
     if not callable(make_loader):
         raise ValueError(
             f"make_loader must be a function such as make_loader(dataset, batch_size, pin_memory=...), "
             f"got {make_loader!r}"
         )
     try:
-        return make_loader(dataset, batch_size, pin_memory=pin_memory)
+        loader = make_loader(dataset, batch_size, pin_memory=pin_memory)
     except TypeError as exc:
         raise ValueError(
             "make_loader must accept pin_memory=True/False as a keyword "
             f"(def make_loader(dataset, batch_size, pin_memory=...)): {exc}"
         ) from None
+    return measure_throughput(loader, **measure), int(getattr(loader, "num_workers", 0))
 
 
 def pin_pair_rounds(
@@ -155,19 +159,14 @@ def pin_pair_rounds(
     ``to_device``: two rows; ``pin_active``: the batches arrived pinned (never without an accelerator)."""
     batch_size = check_int("batch_size", batch_size, 1, 1_000_000)
 
+    kw: dict[str, Any] = {"to_device": to_device, "batches": batches, "warmup": warmup, "threads": threads}
+
     def run(pin: bool) -> Callable[[ProgressFn], PinRow]:
         def once(progress: ProgressFn) -> PinRow:
-            loader = readers_loader(make_loader, dataset, batch_size, pin)
-            res = measure_throughput(
-                loader,
-                to_device=to_device,
-                batches=batches,
-                warmup=warmup,
-                label=f"pin_memory={pin}",
-                progress=progress,
-                threads=threads,
+            label = f"pin_memory={pin}"
+            res, workers = time_readers_loader(
+                make_loader, dataset, batch_size, pin, label=label, progress=progress, **kw
             )
-            workers = int(getattr(loader, "num_workers", 0))
             return PinRow(workers, pin, res, res.extra["pinned_batches"] > 0, None, None)
 
         return once
