@@ -347,22 +347,17 @@ def benchmark(
         progress(1.0, "no CUDA device: host memcpy only")
         return
     dev = resolve_device(device)
-    _record_curves(results, dev, sizes, scaled(progress, 0.1, 0.6))
-    _record_pinning(results, dev, sizes, progress)
-    progress(1.0, "done")
-
-
-def _record_curves(results: ResultSet, dev: torch.device, sizes: list[int], progress: ProgressFn) -> None:
-    curves = [(d, m) for d in DIRECTIONS for m in MEMORY_KINDS]
-    for i, (direction, memory) in enumerate(curves):
-        part = scaled(progress, i / len(curves), (i + 1) / len(curves), f"{direction} {memory}: ")
-        sw = copies.transfer_sweep(direction, memory, sizes, device=dev, progress=part)
+    # the notebook's curves (measure_sweeps), H2D timed by the helper's copy: pageable and pinned in alternating rounds
+    curves = measure_sweeps(copies._helper_copy("h2d"), sizes, device=dev, progress=scaled(progress, 0.1, 0.6))
+    for (direction, memory), sw in curves.sweeps.items():
         for p in sw.points:
             spread = {"iqr_s": p.iqr_s, "n": p.n}
             results.add("ch02.copy_time", p.median_s, "s", spread, direction=direction, memory=memory, nbytes=p.nbytes)
         fit = sw.fit()
         results.add("ch02.fit.latency", fit.latency_s, "s", direction=direction, memory=memory)
         results.add("ch02.fit.bandwidth", fit.gbps, "GB/s", direction=direction, memory=memory)
+    _record_pinning(results, dev, sizes, progress)
+    progress(1.0, "done")
 
 
 def _record_pinning(results: ResultSet, dev: torch.device, sizes: list[int], progress: ProgressFn) -> None:
