@@ -173,20 +173,15 @@ def anatomy_from_records(rs: ResultSet, records: list[Record]) -> ReferenceAnato
     phases: dict[str, dict[str, float]] = {}
     steps: dict[str, float] = {}
     traces: dict[str, Any] = {}
-    for r in records:
-        p = r.params
-        label = f"width {p.get('width')}, batch {p.get('batch_size')}, {p.get('crop_size')} px"
-        phases.setdefault(label, {})[str(p.get("phase"))] = r.value
-        if label not in steps:
-            at = {k: p.get(k) for k in ("width", "batch_size", "crop_size")}
-            match = rs.find("ch01.step.step_time", **at)
-            if match:
-                steps[label] = match[0].value
-            art = rs.artifacts.get(f"ch01.timeline.width{p.get('width')}")
-            if art is not None:
-                traces[label] = art
     order = {name: i for i, name in enumerate(PHASES)}
-    phases = {k: dict(sorted(v.items(), key=lambda kv: order.get(kv[0], 99))) for k, v in phases.items()}
+    for r in sorted(records, key=lambda r: order.get(str(r.params.get("phase")), 99)):  # phases in step order
+        at = {k: r.params.get(k) for k in ("width", "batch_size", "crop_size")}
+        label = f"width {at['width']}, batch {at['batch_size']}, {at['crop_size']} px"
+        phases.setdefault(label, {})[str(r.params.get("phase"))] = r.value
+        if match := rs.find("ch01.step.step_time", **at):
+            steps[label] = match[0].value
+        if (art := rs.artifacts.get(f"ch01.timeline.width{at['width']}")) is not None:
+            traces[label] = art
     return ReferenceAnatomy(phases=phases, step_time=steps, traces=traces)
 
 
