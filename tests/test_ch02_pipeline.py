@@ -171,7 +171,7 @@ def test_sweep_alternates_pageable_and_pinned_rounds_on_cuda(monkeypatch):
     monkeypatch.setattr(copies, "cuda_status", lambda device=None: (True, ""))
     monkeypatch.setattr(copies, "resolve_device", lambda device=None: torch.device("cuda"))  # never allocated on
     monkeypatch.setattr(copies, "_check_device_bytes", lambda *a, **k: None)
-    monkeypatch.setattr(copies, "_gpu_name", lambda dev: "a fake GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev: "a fake GPU")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     calls = []
@@ -237,6 +237,7 @@ def test_sweep_refuses_more_host_memory_than_is_free(monkeypatch):
 
 
 def _panel_run(size_mib, direction, memory, dtype, **context):
+    context.setdefault("copy_fn", chapter_time_copy())
     return ch02.panel_run(
         no_progress,
         device=context.pop("device", "cpu"),
@@ -284,6 +285,7 @@ def test_panel_run_without_cuda_explains_and_measures_host(tmp_path, monkeypatch
         direction="d2h",
         memory="pinned",
         dtype="float32",
+        copy_fn=chapter_time_copy(),
         gpu=gpu,
     )
     reading = result.value

@@ -1,7 +1,8 @@
-"""CPU unit tests for helpers.pipeline.transfer (chapter 02: pageable vs pinned copies)."""
+"""CPU unit tests for chapter 02's copies, model and pin costs, and helpers.pipeline.transfer."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 
 from helpers.chapters.ch02 import copies, figures, model, pin_costs
 from helpers.chapters.ch02.model import GiB, KiB, MiB
+from helpers.core.results import ResultSet
 from helpers.pipeline import transfer as T
 
 NO_CUDA = not torch.cuda.is_available()
@@ -18,33 +20,25 @@ NO_CUDA = not torch.cuda.is_available()
 # -- size grids -----------------------------------------------------------------
 
 
-def test_size_grid_is_geometric_and_inclusive():
-    assert model.size_grid(4 * KiB, 64 * KiB, 2) == [4096, 8192, 16384, 32768, 65536]
-    assert model.size_grid(4 * KiB, 60 * KiB, 4) == [4096, 16384]
-    assert model.size_grid(100, 100, 2) == [100]
+def _grid(lo, hi, factor):
+    return [n for n in (lo * factor**i for i in range(40)) if n <= hi]
 
 
 def test_copy_sizes_cover_the_issue_range(monkeypatch):
     monkeypatch.setenv("WORKBOOK_QUICK", "0")
     full = model.copy_sizes()
-    assert full[0] == 4 * KiB and full[-1] >= 256 * MiB
+    assert full[0] == 4 * KiB and full[-1] == 256 * MiB  # geometric and inclusive of the largest size
     assert all(b == 2 * a for a, b in zip(full, full[1:]))
     monkeypatch.setenv("WORKBOOK_QUICK", "1")
     quick = model.copy_sizes()
-    assert quick[0] == 4 * KiB and quick[-1] <= 16 * MiB and len(quick) < len(full)
-
-
-@pytest.mark.parametrize("kwargs", [dict(lo=0), dict(lo=10, hi=5), dict(factor=1), dict(lo=1.5), dict(hi=True)])
-def test_size_grid_rejects_bad_input(kwargs):
-    with pytest.raises(ValueError):
-        model.size_grid(**kwargs)
+    assert quick == [4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB] and len(quick) < len(full)
 
 
 # -- the latency + bandwidth fit ----------------------------------------------
 
 
 def test_fit_recovers_exact_synthetic_parameters():
-    sizes = model.size_grid(4 * KiB, 256 * MiB, 2)
+    sizes = _grid(4 * KiB, 256 * MiB, 2)
     lat, bw = 9e-6, 24e9
     times = [lat + n / bw for n in sizes]
     fit = model.fit_latency_bandwidth(sizes, times)
@@ -58,7 +52,7 @@ def test_fit_recovers_exact_synthetic_parameters():
 
 def test_fit_with_multiplicative_noise_is_close():
     rng = np.random.default_rng(0)
-    sizes = np.array(model.size_grid(4 * KiB, 256 * MiB, 2), dtype=float)
+    sizes = np.array(_grid(4 * KiB, 256 * MiB, 2), dtype=float)
     lat, bw = 15e-6, 12e9
     times = (lat + sizes / bw) * rng.lognormal(0.0, 0.03, sizes.size)
     fit = model.fit_latency_bandwidth(sizes, times)
@@ -69,7 +63,7 @@ def test_fit_with_multiplicative_noise_is_close():
 def test_fit_weights_small_sizes_not_only_large_ones():
     # An ordinary least-squares fit would be dominated by the 256 MiB point and get the latency
     # wrong by far; the relative-error fit gets the small-size times right.
-    sizes = model.size_grid(4 * KiB, 256 * MiB, 4)
+    sizes = _grid(4 * KiB, 256 * MiB, 4)
     times = [5e-6 + n / 20e9 for n in sizes]
     times[-1] *= 1.02  # 2 % noise on the largest copy
     fit = model.fit_latency_bandwidth(sizes, times)
@@ -143,12 +137,10 @@ def test_check_pin_size_refuses_with_clear_message():
     assert "refusing to pin" in msg and "limit is 4.0 GiB" in msg and "25%" in msg and "reuse" in msg
 
 
-def test_check_pin_size_counts_rounding_and_already_pinned():
+def test_check_pin_size_counts_rounding():
     mem = dict(total_bytes=16 * GiB, available_bytes=16 * GiB)
     with pytest.raises(ValueError, match="8.0 GiB block"):
         model.check_pin_size(4 * GiB + 1, **mem)  # 4 GiB + 1 byte takes an 8 GiB block
-    with pytest.raises(ValueError, match="already pinned"):
-        model.check_pin_size(2 * GiB, already_pinned=3 * GiB, **mem)
 
 
 @pytest.mark.parametrize("share", [0.0, 0.95, -1, "a"])
@@ -205,7 +197,10 @@ def test_speedup_by_size_and_claim_verdict():
 
 
 def _records(*rows):
-    return [{"key": k, "value": v, "unit": u, "params": p, "spread": {}} for k, v, u, p in rows]
+    rs = ResultSet.new("test", "unit test")
+    for k, v, u, p in rows:
+        rs.add(k, v, u, **p)
+    return rs.records
 
 
 def test_records_convert_back_into_what_the_measurements_return():
@@ -267,7 +262,7 @@ def test_records_convert_back_into_what_the_measurements_return():
             ("ch02.wire_time", 4e-3, "s", {"dtype": "float32", "nbytes": 4 * MiB}),
         ),
     )
-    assert wire.byte_ratio == 4 and wire.time_ratio == 4 and wire.shape is None
+    assert wire.byte_ratio == 4 and wire.time_ratio == 4
     assert copies.wire_lines(wire)[-1] == "bytes ratio 4x, time ratio 4.0x — pinned H2D copy"
     assert (
         copies.wire_from_records(None, _records(("ch02.wire_time", 1e-3, "s", {"dtype": "uint8", "nbytes": MiB})))
@@ -276,17 +271,13 @@ def test_records_convert_back_into_what_the_measurements_return():
 
 
 def test_sweeps_from_records_rebuilds_curves():
-    recs = [
-        {
-            "key": "ch02.copy_time",
-            "value": 2e-6 + n / 20e9,
-            "unit": "s",
-            "params": {"direction": "h2d", "memory": "pinned", "nbytes": n},
-            "spread": {"iqr_s": 1e-7, "n": 10},
-        }
-        for n in (MiB, 4096, 65536)
-    ] + [{"key": "ch02.fit.latency", "value": 1.0, "unit": "s", "params": {"direction": "h2d", "memory": "pinned"}}]
-    sweeps = copies.sweeps_from_records(recs, source="Recorded on X")
+    rs = ResultSet.new("test", "unit test")
+    for n in (MiB, 4096, 65536):
+        rs.add(
+            "ch02.copy_time", 2e-6 + n / 20e9, "s", {"iqr_s": 1e-7, "n": 10}, direction="h2d", memory="pinned", nbytes=n
+        )
+    rs.add("ch02.fit.latency", 1.0, "s", direction="h2d", memory="pinned")  # another key: not a point
+    sweeps = copies.sweeps_from_records(rs.find("ch02.copy_time"), source="Recorded on X")
     sw = sweeps[("h2d", "pinned")]
     assert list(sweeps) == [("h2d", "pinned")]
     assert sw.sizes() == [4096, 65536, MiB] and sw.source == "Recorded on X" and sw.points[0].n == 10
@@ -309,8 +300,6 @@ def test_host_copy_is_real_and_labelled():
 @pytest.mark.skipif(not NO_CUDA, reason="checks the no-GPU path")
 def test_gpu_measurements_return_unavailable_without_cuda():
     results = [
-        copies.transfer_sweep("h2d", "pinned", [MiB]),
-        copies.transfer_sweep("d2h", "pageable", [4096]),
         pin_costs.pin_cost(MiB),
         pin_costs.host_blocking_probe(),
         T.host_allocator_stats(),
@@ -319,7 +308,7 @@ def test_gpu_measurements_return_unavailable_without_cuda():
     for r in results:
         assert isinstance(r, T.Unavailable) and not r
         assert "No CUDA device" in " ".join(str(r).split())
-    assert "Found no NVIDIA driver" in results[2].reason  # the driver's own words are shown
+    assert "Found no NVIDIA driver" in results[0].reason  # the driver's own words are shown
     assert pin_costs.release_pinned_cache() is False
 
 
@@ -330,10 +319,17 @@ def test_pinning_status_reports_the_driver_error():
 
 
 def test_gpu_measurements_validate_before_checking_hardware():
+    from helpers.chapters import ch02
+
+    panel = dict(
+        size_mib=1, direction="h2d", memory="pinned", dtype="uint8", copy_fn=lambda *a: [1e-6]
+    )  # the panel picks the copy
     with pytest.raises(ValueError, match="direction"):
-        copies.transfer_sweep("sideways", "pinned", [MiB])
+        ch02.panel_run(lambda *a: None, device="cpu", **{**panel, "direction": "sideways"})
     with pytest.raises(ValueError, match="memory"):
-        copies.transfer_sweep("h2d", "locked", [MiB])
+        ch02.panel_run(lambda *a: None, device="cpu", **{**panel, "memory": "locked"})
+    with pytest.raises(ValueError, match="device"):  # the GPU curves: CUDA only
+        ch02.measure_sweeps(lambda *a: [1e-6], [MiB], device="cpu")
     with pytest.raises(ValueError, match=r"sizes\[i\]"):  # sizes are checked where the notebook passes them
         copies.sweep(lambda *a: [1e-6], [0])
     with pytest.raises(ValueError, match="multiple of 4"):
@@ -341,7 +337,7 @@ def test_gpu_measurements_validate_before_checking_hardware():
     with pytest.raises(ValueError, match="gpu_work_s"):
         pin_costs.host_blocking_probe(gpu_work_s=0)
     with pytest.raises(ValueError, match="memory"):
-        copies.transfer_sweep("h2d", "gpu")
+        ch02.panel_run(lambda *a: None, device="cpu", **{**panel, "memory": "gpu"})
 
 
 def test_cuda_status_for_a_cpu_device():
@@ -352,7 +348,7 @@ def test_cuda_status_for_a_cpu_device():
 @pytest.mark.skipif(not NO_CUDA, reason="checks the no-GPU path")
 def test_cuda_status_checks_the_spelling_and_answers_cuda_without_raising():
     assert T.cuda_status("cuda") == (False, T.NO_CUDA_REASON)  # absent here, not wrong
-    assert isinstance(copies.transfer_sweep("h2d", "pinned", [MiB], device="cuda"), T.Unavailable)
+    assert isinstance(pin_costs.pin_cost(MiB, device="cuda"), T.Unavailable)
     for bad, match in (("gpu", "such as 'cpu'"), ("mps", "one of")):
         with pytest.raises(ValueError, match=match):
             T.cuda_status(bad)
@@ -363,24 +359,22 @@ def test_transfer_sweep_is_the_sweep_loop_with_the_helpers_copy(monkeypatch):
     monkeypatch.setattr(copies, "cuda_status", lambda device=None: (True, ""))
     monkeypatch.setattr(copies, "resolve_device", lambda device=None: torch.device("cpu"))
     monkeypatch.setattr(copies, "_check_device_bytes", lambda *a, **k: None)
-    monkeypatch.setattr(copies, "_gpu_name", lambda dev: "a fake GPU")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev: "a fake GPU")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     calls = []
 
-    def fake_helper_copy(direction, warmup):
+    def fake_helper_copy(direction):
         def copy(src, device, pinned, repeats):
-            calls.append((direction, warmup, src.numel(), pinned, repeats))
+            calls.append((direction, copies._WARMUP, src.numel(), pinned, repeats))
             return [1e-6 + src.numel() / 1e10] * repeats
 
         return copy
 
     monkeypatch.setattr(copies, "_helper_copy", fake_helper_copy)
     seen = []
-    sw = copies.transfer_sweep(
-        "d2h", "pinned", [4 * KiB, 64 * KiB], repeats=4, warmup=2, progress=lambda f, t="": seen.append(f)
-    )
-    assert calls == [("d2h", 2, 4 * KiB, True, 4), ("d2h", 2, 64 * KiB, True, 4)]  # one round, one kind
+    sw = copies.transfer_sweep("d2h", "pinned", [4 * KiB, 64 * KiB], repeats=4, progress=lambda f, t="": seen.append(f))
+    assert calls == [("d2h", 3, 4 * KiB, True, 4), ("d2h", 3, 64 * KiB, True, 4)]  # one round, one kind
     assert (sw.direction, sw.memory, sw.label, sw.device, sw.source) == (
         "d2h",
         "pinned",
@@ -388,7 +382,7 @@ def test_transfer_sweep_is_the_sweep_loop_with_the_helpers_copy(monkeypatch):
         "a fake GPU",
         "measured here",
     )
-    assert sw.method == "CUDA events on a side stream, 2 warm-up copies, median of 4"
+    assert sw.method == "CUDA events on a side stream, 3 warm-up copies, median of 4"
     assert [p.n for p in sw.points] == [4, 4] and seen[-1] == pytest.approx(1.0)
 
 
@@ -421,6 +415,16 @@ def test_plots_draw_without_error():
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "H2D pinned" in labels and any("theoretical" in s for s in labels) and "panel run" in labels
     assert any(s.startswith("H2D pinned fit") for s in labels)
+    plt.close(ax.figure)
+    ax = figures.plot_speedup({"H2D": [(4096, 1.1), (MiB, 1.6)]}, source="test")
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "H2D: pageable time / pinned time" in labels and "the claim: 1.3x-1.5x" in labels
+    assert ax.get_yscale() == "linear" and ax.get_xscale() == "log"
+    plt.close(ax.figure)
+    cost = pin_costs.PinCost(MiB, MiB, 4e-3, 1e-4, 1e-4, 5e-5, 2e-4, 4e-3)
+    ax = figures.plot_pin_costs([cost, dataclasses.replace(cost, nbytes=4 * MiB)])
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert len(labels) == 3 and ax.get_xlabel().startswith("buffer size") and ax.get_yscale() == "log"
     plt.close(ax.figure)
 
 

@@ -1,9 +1,5 @@
 """Chapter 00 · Setup, and measuring honestly: the live panel (one operation of ``hygiene.OPERATIONS`` timed at
-a size the reader picks, on any device) and the headless benchmark (``ch00.*``).
-
->>> panel = widgets.Panel.for_chapter(ch00, device=DEVICE, max_n=PANEL_MAX_N, min_run_time=MIN_RUN_TIME,
-...                                   max_seconds=PANEL_MAX_S)
-"""
+a size the reader picks, on any device) and the headless benchmark (``ch00.*``)."""
 
 from __future__ import annotations
 
@@ -27,14 +23,12 @@ TITLE = "measuring: warm-up, synchronisation, events"
 BENCH_WEIGHT = 0.5
 PANEL_TITLE = "Time an operation"
 
-#: Method line of a panel run's Evidence.
 METHOD = "torch.utils.benchmark.Timer blocks, median and IQR (helpers.core.timing.measure)"
 
 
 def benchmark(results: ResultSet, device: torch.device, *, progress: ProgressFn | None = None) -> None:
-    """Record ``ch00.first_call_s`` and ``ch00.steady_call_s`` (a fresh conv2d: its first call, the median of
-    its first calls) and ``ch00.matmul_time_s`` {n, clock: "no sync", "sync", with CUDA "CUDA events",
-    "wall clock + sync"} (median, IQR as spread)."""
+    """Record a fresh conv2d's ``ch00.first_call_s`` and ``ch00.steady_call_s`` (median of its first calls) and
+    ``ch00.matmul_time_s`` {n, clock} for each clock (with and without sync; with CUDA, events and wall clock)."""
     report = progress or no_progress
     sizes = (sized(quick=256, full=1024), sized(quick=512, full=4096))
     total = 1 + 2 * len(sizes)
@@ -52,7 +46,7 @@ def benchmark(results: ResultSet, device: torch.device, *, progress: ProgressFn 
 
 
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """The operation and its size ``n``; ``context`` may set the largest size offered (``max_n=``, default 1024)."""
+    """The operation and its size ``n``, at most ``max_n`` (default 1024)."""
     max_n = check_int("max_n", context.get("max_n", 1024), 16, 16384)
     return {
         "op": W.Dropdown(options=list(hygiene.OPERATIONS), value="matmul", description="operation"),
@@ -70,14 +64,12 @@ def panel_run(
     max_seconds: float = hygiene.DEMO_MAX_SECONDS,
     **context: Any,
 ) -> Evidence[Timing]:
-    """Time ``op`` at size ``n`` on ``device`` (:func:`~.hygiene.time_op`, within ``max_seconds``): measured here."""
     progress(0.1, f"timing {op} n={n}")
     t = hygiene.time_op(op, n, device, min_run_time=min_run_time, max_seconds=max_seconds)
     return evidence.measured(f"{op} at n={n}", t, device, method=METHOD)
 
 
 def panel_summary(result: Evidence[Timing]) -> str:
-    """'median 0.123 ms, IQR 0.004 ms (15 samples) — [measured here] ...'."""
     t = result.value
     if t is None:
         return result.header()

@@ -1,6 +1,5 @@
 """Chapter 00's measurement-hygiene experiments (warm-up, synchronisation, CUDA events, the panel's operation),
-each a small real one returning :class:`~helpers.core.timing.Timing`, and the clocks' rows, measured or recorded.
-"""
+each a small real one returning :class:`~helpers.core.timing.Timing`, and the clocks' rows, measured or recorded."""
 
 from __future__ import annotations
 
@@ -16,12 +15,10 @@ from ...core.timing import Timing, cuda_event_time, measure, time_calls
 from ...core.validate import check_choice, check_float, check_int, wrap
 from ...pipeline.transfer import check_host_bytes
 
-#: Time budgets (s): one :func:`time_op` (the panel's run), and :func:`sync_demo` / :func:`events_vs_wall` (a cell
-#: that may run the full sizes on a CPU). Blocks or repeats are cut to fit; a size too big is refused.
+#: Time budgets (s) of the panel's run and of a clocks cell (full sizes on a CPU): repeats are cut to fit.
 DEMO_MAX_SECONDS = 60.0
 SYNC_DEMO_MAX_SECONDS = 120.0
 
-#: Operations the live panel offers, with what their size means.
 OPERATIONS: dict[str, str] = {
     "matmul": "n x n float32 matrix product",
     "add": "element-wise add of two float32 vectors of n*n elements",
@@ -30,8 +27,7 @@ OPERATIONS: dict[str, str] = {
 
 
 def make_op(op: str, n: int, device: torch.device | str) -> Callable[[], Any]:
-    """A closure that runs ``op`` at size ``n`` on inputs allocated on ``device`` (at most 1 GiB, and what the
-    host's free memory allows; ValueError otherwise)."""
+    """A closure that runs ``op`` at size ``n`` on inputs on ``device`` (at most 1 GiB, and what free RAM allows)."""
     check_choice("op", op, OPERATIONS)
     n = check_int("n", n, 1, 16384)
     need = 3 * n * n * 4
@@ -47,9 +43,8 @@ def make_op(op: str, n: int, device: torch.device | str) -> Callable[[], Any]:
 
 
 def estimate_call_s(op: str, n: int, device: torch.device | str, *, probe_s: float = 0.2) -> float:
-    """One call's time of ``op`` at size ``n``, predicted: the best of three synchronised calls at 256, 512, ...
-    until one takes ``probe_s`` or the size reaches ``n``, scaled by the work (``n**3`` for a matrix product,
-    ``n**2`` otherwise). Small sizes run less efficiently, so this errs on the slow side."""
+    """One call's time at size ``n``, predicted from sizes 256, 512, ... (until one takes ``probe_s``) scaled by the
+    work (``n**3`` for a matrix product, else ``n**2``); small sizes run less efficiently, so it errs slow."""
     n0 = min(n, 256)
     while True:
         best = time_calls(make_op(op, n0, device), repeats=3, warmup=1, device=device).min_s
@@ -63,8 +58,8 @@ def estimate_call_s(op: str, n: int, device: torch.device | str, *, probe_s: flo
 def calls_within(
     op: str, n: int, device: torch.device | str, *, wanted: int, overhead: int, max_seconds: float, least: int = 3
 ) -> int:
-    """How many timed calls (at most ``wanted``) of ``op`` fit in ``max_seconds`` with ``overhead`` untimed ones;
-    ValueError naming the largest size that fits when not even ``least`` do."""
+    """Timed calls (at most ``wanted``) that fit in ``max_seconds`` with ``overhead`` untimed ones; ValueError naming
+    the largest size that fits when not even ``least`` do."""
     max_seconds = check_float("max_seconds", max_seconds, 0.1, 3600.0)
     one = max(estimate_call_s(op, n, device), 1e-9)
     fit = int(max_seconds / one) - overhead
@@ -80,13 +75,8 @@ def calls_within(
 
 
 def warmup_demo(device: torch.device | str, repeats: int = 15) -> Timing:
-    """The first ``repeats`` calls of a freshly built convolution, no warm-up (``times_s[0]``: the first).
-
-    The first call pays one-off costs: allocation, kernel selection, library set-up. On a GPU the CUDA
-    context exists by then (the inputs are on the device before the clock starts), so it pays cuDNN's
-    set-up and lazy module loading (``CUDA_MODULE_LOADING=LAZY``, Linux's default since CUDA 12.2). The
-    problem is small on purpose, so the one-off cost is not drowned by the work.
-    """
+    """The first ``repeats`` calls of a fresh, small convolution, no warm-up: the first pays one-off costs (on a GPU,
+    with the context already made: cuDNN's set-up and lazy module loading), not drowned by the work."""
     check_int("repeats", repeats, 2, 10_000)
     dev = torch.device(device)
     torch.manual_seed(0)
@@ -100,8 +90,7 @@ def warmup_demo(device: torch.device | str, repeats: int = 15) -> Timing:
 def sync_demo(
     device: torch.device | str, n: int = 2048, repeats: int = 10, *, max_seconds: float = SYNC_DEMO_MAX_SECONDS
 ) -> dict[str, Timing]:
-    """The same matrix product timed with and without synchronising before reading the clock: on a GPU, ``"no
-    sync"`` times only the *queueing*; on a CPU both time the work. ``repeats`` is cut (to >= 3) to fit."""
+    """A matrix product timed with and without synchronising: on a GPU ``"no sync"`` times only the *queueing*."""
     dev = torch.device(device)
     check_int("repeats", repeats, 1, 100_000)
     repeats = calls_within("matmul", n, dev, wanted=2 * repeats, overhead=3, max_seconds=max_seconds, least=6) // 2
@@ -114,8 +103,7 @@ def sync_demo(
 
 
 def sync_verdict(no_sync: Timing, sync: Timing, *, width: int = 100) -> str:
-    """On a CPU (both clocks time the same work), whether :func:`sync_demo`'s two timings agree: their quartiles
-    overlap. If not, the gap is warm-up or load, not the clock, and the faster is to trust."""
+    """On a CPU, whether :func:`sync_demo`'s two timings (the same work) agree: their quartiles overlap."""
     (a_lo, a_hi), (b_lo, b_hi) = no_sync.quartiles_s, sync.quartiles_s
     a_ms, b_ms = no_sync.median_s * 1e3, sync.median_s * 1e3
     pair = f"no sync {a_ms:.3f} ms (timed first) and sync {b_ms:.3f} ms (timed second)"
@@ -136,8 +124,7 @@ def sync_verdict(no_sync: Timing, sync: Timing, *, width: int = 100) -> str:
 def events_vs_wall(
     device: torch.device | str, n: int = 2048, repeats: int = 10, *, max_seconds: float = SYNC_DEMO_MAX_SECONDS
 ) -> dict[str, Timing] | None:
-    """CUDA-event time vs synchronised wall time of a matrix product (repeats cut to fit ``max_seconds``);
-    ``None`` without CUDA."""
+    """CUDA-event time vs synchronised wall time of a matrix product; ``None`` without CUDA."""
     dev = torch.device(device)
     if dev.type != "cuda" or not torch.cuda.is_available():
         return None
@@ -155,8 +142,7 @@ def events_vs_wall(
 def time_op(
     op: str, n: int, device: torch.device | str, min_run_time: float = 0.2, *, max_seconds: float = DEMO_MAX_SECONDS
 ) -> Timing:
-    """Median/IQR timing of ``op`` at size ``n`` (the panel's run): 15 blocks, cut (to at least 3) to fit
-    ``max_seconds``; a size too slow even for that is refused, naming the largest size that fits."""
+    """Median/IQR timing of ``op`` at size ``n`` (the panel's run): 15 blocks, cut (to 3) to fit ``max_seconds``."""
     check_float("min_run_time", min_run_time, 0.01, 60.0)
     check_float("max_seconds", max_seconds, 0.1, 3600.0)
     if min_run_time > max_seconds:
@@ -170,8 +156,7 @@ def time_op(
 
 @dataclass(frozen=True)
 class ClockTiming:
-    """One ``n x n`` matrix product timed by one clock (a row of :func:`clock_table`); ``iqr_s``: None when a
-    record has no spread."""
+    """One ``n x n`` matrix product timed by one clock; ``iqr_s``: None when a record has no spread."""
 
     clock: str
     n: int
@@ -180,12 +165,12 @@ class ClockTiming:
 
 
 def clock_timings(timings: dict[str, Timing] | None, n: int) -> list[ClockTiming]:
-    """The rows of :func:`sync_demo`'s or :func:`events_vs_wall`'s result at size ``n`` (none for None)."""
+    """The rows of :func:`sync_demo`'s or :func:`events_vs_wall`'s result."""
     return [ClockTiming(clock, n, t.median_s, t.iqr_s) for clock, t in (timings or {}).items()]
 
 
 def clock_timings_from_records(rs: ResultSet, records: list[Record]) -> list[ClockTiming] | None:
-    """Reference records of ``ch00.matmul_time_s`` recorded on a CUDA GPU as rows; else None (missing)."""
+    """``ch00.matmul_time_s`` records made on a GPU as rows; else None."""
     if not rs.hardware.get("gpu_name"):
         return None
     rows = [
@@ -196,7 +181,6 @@ def clock_timings_from_records(rs: ResultSet, records: list[Record]) -> list[Clo
 
 
 def clock_table(rows: list[ClockTiming]) -> list[str]:
-    """One line per row: clock, size, median and IQR in milliseconds."""
     return [
         f"{r.clock:>18}, n={r.n}: median {r.median_s * 1e3:.3f} ms"
         + (f" (IQR {r.iqr_s * 1e3:.3f} ms)" if r.iqr_s is not None else "")

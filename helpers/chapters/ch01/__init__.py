@@ -1,10 +1,6 @@
 """Chapter 01 · The baseline pipeline: its live panel (a fresh model trained a few steps through the reader's
-functions), its benchmark (``ch01.*``), the breakdown recorded on a GPU (:func:`reference_anatomy`), and the
-verdicts on the bottleneck model's prediction against the measured steps (:func:`step_verdict`).
-
->>> panel = widgets.Panel.for_chapter(ch01, device=DEVICE, **PIPELINE,
-...                                   defaults=dict(batch_size=BATCH_SIZE, crop_size=CROP, width=WIDTH))
-"""
+functions), its benchmark (``ch01.*``), the breakdown recorded on a GPU, and the verdicts on the bottleneck
+model's prediction against the measured steps."""
 
 from __future__ import annotations
 
@@ -32,10 +28,9 @@ BENCH_WEIGHT = 1.0
 PANEL_TITLE = "Anatomy of a baseline step"
 PANEL_FIGSIZE = (9.0, 3.4)
 
-#: Method line of a panel run's Evidence.
 METHOD = "anatomy.record_steps over your pipeline: host clock for load/collate, CUDA events for GPU phases"
 
-#: Model widths the benchmark measures: the baseline model, and a 4x wider one (about 14x the compute).
+#: The baseline model's width, and a 4x wider one (about 14x the compute).
 BENCH_WIDTHS: tuple[int, ...] = (16, 64)
 
 
@@ -51,16 +46,10 @@ def benchmark(
     steps: int | None = None,
     warmup: int = 3,
 ) -> None:
-    """Record the anatomy of chapter 01's baseline step (:func:`~.anatomy.step_anatomy`, headless) for each model
-    width at the mode's sizes. Keys (params batch_size, crop_size, width, depth, num_workers, steps):
-
-    - ``ch01.step.phase_time`` {phase}: s per step (load, collate, h2d, forward, backward, optimizer)
-    - ``ch01.step.step_time``: s per step, measured; ``ch01.step.samples_per_s``: items/s
-    - ``ch01.step.predicted_serial`` / ``ch01.step.predicted_overlapped``: s, the bottleneck model's sum / max
-    - ``ch01.step.gflop_per_step``: GFLOP (forward + backward, estimated)
-
-    Artifacts: ``ch01.timeline.width<W>`` (:meth:`SpanTrace.to_dict`).
-    """
+    """The baseline step's anatomy per model width: ``ch01.step.phase_time`` {phase}, ``.step_time``,
+    ``.predicted_serial`` / ``.predicted_overlapped`` (the bottleneck model's sum / max), ``.samples_per_s``,
+    ``.gflop_per_step`` (all with batch_size, crop_size, width, depth, num_workers, steps) and the span trace as
+    artifact ``ch01.timeline.width<W>``."""
     dev = resolve_device(device)
     report = progress or no_progress
     sizes = default_sizes()
@@ -91,7 +80,7 @@ def benchmark(
 
 
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """Batch size, image size (the crop the model sees) and model width, starting at ``context["defaults"]``."""
+    """Batch size, image size and model width, starting at ``context["defaults"]``."""
     sizes = default_sizes()
     start = {"batch_size": sizes["batch_size"], "crop_size": sizes["crop_size"], "width": 16}
     start.update(context.get("defaults") or {})
@@ -120,8 +109,7 @@ def panel_run(
     train_step: StepFn | None = None,
     **context: Any,
 ) -> Evidence[Anatomy]:
-    """A few steps of a fresh model at the panel's settings through the reader's ``make_loader``, ``to_device``
-    and ``train_step`` (without them, the baseline): measured here, on any device."""
+    """A few steps of a fresh model through the reader's ``make_loader``, ``to_device`` and ``train_step``."""
     report = progress or no_progress
     report(0.1, "building data set, loader and model")
     dev = resolve_device(device)
@@ -135,7 +123,6 @@ def panel_run(
 
 
 def panel_summary(result: Evidence[Anatomy]) -> str:
-    """One line: measured step time, the two predictions, the dominant phase and the bottleneck."""
     a = result.value
     if a is None:
         return result.header()
@@ -155,7 +142,7 @@ def _run_label(rec: Any) -> str:
 
 
 def panel_plot(history: list[Any], ax: Any) -> None:
-    """Stacked phase bars of every panel run so far, with the measured step time as a black tick."""
+    """Stacked phase bars of every run so far, with the measured step time as a black tick."""
     runs = [rec for rec in history if rec.result.value is not None]
     data = {_run_label(rec): rec.result.value.phase_means for rec in runs}
     devices = ", ".join(sorted({str(rec.result.value.settings.get("device", "?")) for rec in runs}))
@@ -172,8 +159,7 @@ def panel_plot(history: list[Any], ax: Any) -> None:
 
 @dataclass
 class ReferenceAnatomy:
-    """A baseline-step breakdown :func:`benchmark` recorded on a GPU, per bar label (``"width 16, batch 64,
-    224 px"``): phase -> s per step, measured s per step, span trace (dict form)."""
+    """A baseline-step breakdown recorded on a GPU, per bar label: phase -> s per step, step time, span trace."""
 
     phases: dict[str, dict[str, float]]
     step_time: dict[str, float]
@@ -181,37 +167,31 @@ class ReferenceAnatomy:
 
 
 def anatomy_from_records(rs: ResultSet, records: list[Record]) -> ReferenceAnatomy | None:
-    """``ch01.step.phase_time`` records recorded on a CUDA GPU as a :class:`ReferenceAnatomy`; else None."""
+    """``ch01.step.phase_time`` records made on a GPU; else None."""
     if not rs.hardware.get("gpu_name"):
         return None
     phases: dict[str, dict[str, float]] = {}
     steps: dict[str, float] = {}
     traces: dict[str, Any] = {}
-    for r in records:
-        p = r.params
-        label = f"width {p.get('width')}, batch {p.get('batch_size')}, {p.get('crop_size')} px"
-        phases.setdefault(label, {})[str(p.get("phase"))] = r.value
-        if label not in steps:
-            at = {k: p.get(k) for k in ("width", "batch_size", "crop_size")}
-            match = rs.find("ch01.step.step_time", **at)
-            if match:
-                steps[label] = match[0].value
-            art = rs.artifacts.get(f"ch01.timeline.width{p.get('width')}")
-            if art is not None:
-                traces[label] = art
     order = {name: i for i, name in enumerate(PHASES)}
-    phases = {k: dict(sorted(v.items(), key=lambda kv: order.get(kv[0], 99))) for k, v in phases.items()}
+    for r in sorted(records, key=lambda r: order.get(str(r.params.get("phase")), 99)):  # phases in step order
+        at = {k: r.params.get(k) for k in ("width", "batch_size", "crop_size")}
+        label = f"width {at['width']}, batch {at['batch_size']}, {at['crop_size']} px"
+        phases.setdefault(label, {})[str(r.params.get("phase"))] = r.value
+        if match := rs.find("ch01.step.step_time", **at):
+            steps[label] = match[0].value
+        if (art := rs.artifacts.get(f"ch01.timeline.width{at['width']}")) is not None:
+            traces[label] = art
     return ReferenceAnatomy(phases=phases, step_time=steps, traces=traces)
 
 
 def reference_anatomy(note: str = "") -> Evidence[ReferenceAnatomy]:
-    """The newest breakdown of a baseline step recorded on a GPU, or missing; ``note`` is shown before it."""
     what = "the baseline step's phases on a GPU"
     return evidence.recorded(what, "ch01.step.phase_time", convert=anatomy_from_records, note=note)
 
 
 def plot_reference_anatomy(ref: Evidence[ReferenceAnatomy]) -> None:
-    """The recorded breakdown as stacked phase bars, and the first recorded timeline, labelled with its source."""
+    """The recorded breakdown as stacked phase bars, and the first recorded timeline."""
     r = ref.value
     if r is None:
         return
@@ -233,8 +213,7 @@ _TRUST_GPU = ", and it assumes data overlaps compute by exactly one step."
 
 
 def _against_steps(pred: Prediction, step_times_s: Sequence[float], cuda: bool) -> tuple[str, float, bool, str]:
-    """(the naive loop's prediction on this device, its seconds, whether it lies within the measured steps'
-    range, "within" / "below" / "above")."""
+    """The naive loop's prediction on this device: (its name, seconds, inside the steps' range, where)."""
     name, value = ("copy + max(data, compute)", pred.one_step_overlap) if cuda else ("sum", pred.serial)
     inside = agreement.within_range(value, step_times_s)
     where = "within" if inside else ("below" if value < min(step_times_s) else "above")
@@ -248,9 +227,8 @@ def _span_ms(step_times_s: Sequence[float]) -> str:
 def step_verdict(
     pred: Prediction, step_times_s: Sequence[float], *, device: torch.device | str, width: int = 100
 ) -> str:
-    """Whether the bottleneck model's prediction for this device's naive loop (a CPU: the sum of the phases; a
-    GPU: copy + max(data, compute)) lies within the measured steps' range (:func:`~.anatomy.step_times`); if
-    not, trust the measured step. ValueError for no step times or a non-finite one."""
+    """Whether the prediction for this device's naive loop (a CPU: the sum of the phases; a GPU: copy + max(data,
+    compute)) lies within the measured steps' range; if not, trust the measured step."""
     cuda = torch.device(device).type == "cuda"
     name, value, inside, where = _against_steps(pred, step_times_s, cuda)
     loop = "a GPU pays copy + max(data, compute)" if cuda else "a CPU pays the sum of the phases"
@@ -268,8 +246,7 @@ def step_verdict(
 def regimes_verdict(
     runs: Mapping[str, tuple[Prediction, Sequence[float]]], *, device: torch.device | str, width: int = 100
 ) -> str:
-    """:func:`step_verdict` for each row of section 5's table (label -> (prediction, step times)), in one
-    sentence."""
+    """:func:`step_verdict` for each row of section 5's table (label -> (prediction, step times)), in one sentence."""
     if not runs:
         raise ValueError("regimes_verdict needs at least one (prediction, step times) row")
     cuda = torch.device(device).type == "cuda"

@@ -1,7 +1,5 @@
-"""Chapter 01's step anatomy: the reader's own loader, ``to_device`` and ``train_step`` timed phase by phase on
-the kernel's :class:`~helpers.core.timing.SpanRecorder` (:func:`record_steps`; two PyTorch hooks split the step
-into forward / backward / optimizer), and a fresh model run through it (:func:`step_anatomy`, the live panel).
-"""
+"""Chapter 01's step anatomy: the reader's loader, ``to_device`` and ``train_step`` timed phase by phase on the
+kernel's span recorder (two PyTorch hooks split the step into forward / backward / optimizer)."""
 
 from __future__ import annotations
 
@@ -30,7 +28,7 @@ from ...pipeline.train import (
 )
 from .training import _can_pin, _record_wait, blocking_copy
 
-#: Phase names in step order (``pin`` only for pinning loaders, ``normalize`` only for uint8 batches).
+#: In step order (``pin`` only for pinning loaders, ``normalize`` only for uint8 batches).
 PHASES: tuple[str, ...] = ("load", "collate", "pin", "h2d", "normalize", "forward", "backward", "optimizer")
 
 
@@ -43,7 +41,7 @@ StepFn = Callable[[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]
 def baseline_train_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
 ) -> torch.Tensor:
-    """Chapter 01's ``train_step`` cell, for callers without a notebook (a test compares the weights)."""
+    """Chapter 01's ``train_step`` cell, for the headless runs (a test compares the weights)."""
     loss = nn.functional.cross_entropy(model(x), y)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -55,10 +53,9 @@ def baseline_train_step(
 def _phase_hooks(
     model: nn.Module, optimizer: torch.optim.Optimizer, recorder: SpanRecorder, lane: str
 ) -> Iterator[Callable[..., None]]:
-    """``begin(name, step)``: close the open phase span, open phase ``name`` (``None``: none). While active,
-    ``model(x)`` returning begins "backward" and ``optimizer.step()`` beginning begins "optimizer": PyTorch's hooks
-    run on the host in order with the step's calls, so on a GPU their CUDA events sit in the stream between the
-    two phases' kernels."""
+    """``begin(name, step)`` closes the open phase span and opens ``name``; ``model(x)`` returning begins
+    "backward", ``optimizer.step()`` "optimizer" (the hooks run in order with the step's calls, so on a GPU their
+    CUDA events sit in the stream between the two phases' kernels)."""
     spans, at = contextlib.ExitStack(), [0]
 
     def begin(name: str | None, step: int | None = None) -> None:
@@ -81,8 +78,7 @@ def _phase_hooks(
 
 @contextlib.contextmanager
 def _collate_timer(loader: Iterable[Any]) -> Iterator[TimedCollate | None]:
-    """The loader's collate function with a clock around it (:class:`~helpers.pipeline.data.TimedCollate`, the
-    original put back at the end), when it runs in this process (``num_workers=0``); else None."""
+    """The loader's collate function with a clock around it while it runs in this process; else None."""
     collate = getattr(loader, "collate_fn", None)
     ours = isinstance(collate, TimedCollate) or isinstance(loader, torch.utils.data.DataLoader)
     if collate is None or getattr(loader, "num_workers", 1) != 0 or not ours:
@@ -108,16 +104,9 @@ def record_steps(
     start_step: int = 0,
     progress: Callable[..., None] | None = None,
 ) -> int:
-    """Run ``steps`` steps of the reader's pipeline (numbered from ``start_step``, the loader restarted when it
-    runs out), each call in its own span of ``recorder`` (None: one that is dropped, for warm-up steps)::
-
-        x, y = next(it)                              # load (and collate, when it runs in this process)
-        x, y = to_device(x, y)                       # h2d (then "normalize" for uint8 batches)
-        loss = train_step(model, optimizer, x, y)    # forward | backward | optimizer
-
-    ``train_step`` runs as written; hooks mark where its phases meet (:func:`_phase_hooks`). On CUDA the spans
-    are CUDA events; the caller calls ``recorder.finish()``. Returns ``steps``.
-    """
+    """Run ``steps`` steps of the reader's pipeline (the loader restarted when it runs out), each call in its own
+    span of ``recorder`` (None: dropped, for warm-up): load (and collate), h2d (and normalize), then forward,
+    backward and optimizer inside ``train_step``. The caller calls ``recorder.finish()``."""
     check_int("steps", steps, 0, 10**9)
     check_int("start_step", start_step, 0, 10**9)
     if steps == 0:
@@ -158,8 +147,7 @@ def record_steps(
 
 
 def lane_overlap(trace: SpanTrace, lane_a: str, lane_b: str) -> float:
-    """Seconds both lanes of ``trace`` were busy at once: on a GPU the naive loop's data and compute lanes overlap
-    by about one step of loading; on a CPU they take turns (0 up to clock rounding)."""
+    """Seconds both lanes of ``trace`` were busy at once (a GPU's naive loop: about one step of loading)."""
     spans = [s for s in trace.spans if s.lane in (lane_a, lane_b) and s.end > s.start]
     edges = sorted((t, d, s.lane) for s in spans for t, d in ((s.start, 1), (s.end, -1)))
     busy: Counter[str] = Counter()
@@ -173,8 +161,7 @@ def lane_overlap(trace: SpanTrace, lane_a: str, lane_b: str) -> float:
 
 
 def step_times(trace: SpanTrace) -> list[float]:
-    """Each recorded step's wall time, from its first span's start to the next step's (the last: to its last
-    span's end); they add up to ``trace.wall_time()``."""
+    """Each step's wall time, from its first span's start to the next step's; they add up to the trace's."""
     starts: dict[int, float] = {}
     end = 0.0
     for s in trace.spans:
@@ -186,9 +173,8 @@ def step_times(trace: SpanTrace) -> list[float]:
 
 @dataclass
 class Anatomy:
-    """Phase times of a few measured steps at one setting: ``phase_means`` (s per step, in step order),
-    ``step_time`` (measured s per step), the bottleneck model's ``prediction``, the spans (``trace``) and
-    ``gflop_per_step`` (forward + backward, about 3x the forward pass)."""
+    """A few measured steps at one setting: phase means and step time (s per step), the bottleneck model's
+    prediction, the spans and ``gflop_per_step`` (forward + backward, about 3x the forward pass)."""
 
     settings: dict[str, Any]
     phase_means: dict[str, float]
@@ -199,7 +185,6 @@ class Anatomy:
 
     @classmethod
     def of(cls, settings: dict[str, Any], trace: SpanTrace, gflop: float) -> "Anatomy":
-        """The phase means, measured step time and prediction of the recorded ``trace``."""
         means, n = trace.phase_totals(), trace.steps()
         phase_means = {p: means[p] / n for p in PHASES if p in means}
         return cls(settings, phase_means, trace.wall_time() / n, predict_step_time(phase_means), trace, gflop)
@@ -210,11 +195,9 @@ class Anatomy:
 
     @property
     def dominant_phase(self) -> str:
-        """The phase with the largest mean time."""
         return max(self.phase_means, key=lambda k: self.phase_means[k])
 
 
-#: :func:`step_anatomy`'s size arguments and their ranges.
 _RANGES = dict(batch_size=(1, 1024), crop_size=(16, 512), steps=(1, 1000), warmup=(0, 100), num_workers=(0, 64))
 
 
@@ -235,14 +218,9 @@ def step_anatomy(
     to_device: ToDevice | None = None,
     train_step: StepFn | None = None,
 ) -> Anatomy:
-    """Train a fresh model (``build_model(width, depth)``, Adam) ``warmup`` then ``steps`` recorded steps
-    through :func:`record_steps` (only the last ``steps`` count); workers are shut down on return.
-
-    The pipeline is the reader's when given: ``make_loader(dataset, batch_size)`` (then ``num_workers`` must
-    stay 0: the loader sets its own), ``to_device(x, y)``, ``train_step(model, optimizer, x, y)``. Otherwise
-    (headless): :func:`helpers.pipeline.loaders.timed_loader` (shuffled with ``seed``, ``drop_last``,
-    ``num_workers`` workers), a blocking copy and :func:`baseline_train_step`. ``data_root``: a class-folder
-    root (default: the generated training split); ``seed`` seeds the model, shuffling and augmentation.
+    """A fresh model trained ``warmup`` then ``steps`` recorded steps (:func:`record_steps`); workers are shut
+    down on return. The pipeline is the reader's where given (then the loader sets its own workers), else the
+    baseline's: a shuffled ``timed_loader`` with ``num_workers``, a blocking copy and :func:`baseline_train_step`.
     """
     given = dict(batch_size=batch_size, crop_size=crop_size, steps=steps, warmup=warmup, num_workers=num_workers)
     for name, (lo, hi) in _RANGES.items():
@@ -282,7 +260,6 @@ def step_anatomy(
 def _fresh_model(
     data_root: Any, crop_size: int, width: int, depth: int, seed: int, device: torch.device, batch: int
 ) -> tuple[ShapesDataset, nn.Module]:
-    """The augmented data set and a fresh model on ``device``; sizes that cannot fit are refused first."""
     ds = ShapesDataset(data_root or make_shapes_dataset().train_dir, crop_size=crop_size, augment=True)
     model = build_model(width=width, depth=depth, num_classes=len(ds.classes), seed=seed).to(device)
     check_training_memory(model, crop_size, batch)  # refuse sizes that cannot fit, before allocating
@@ -300,7 +277,7 @@ def _warm_then_record(
     device: torch.device,
     settings: dict[str, Any],
 ) -> SpanTrace:
-    """``warmup`` steps recorded and dropped (first calls pay for lazy initialisation), then ``steps`` recorded."""
+    """``warmup`` steps dropped (first calls pay for lazy initialisation), then ``steps`` recorded."""
     total, width = warmup + steps, settings["width"]
     report(0.0, f"width {width}: {warmup} untimed warm-up step(s), then {steps} timed")
     warm = scaled(report, 0.0, warmup / total, f"width {width}, warm-up: ")

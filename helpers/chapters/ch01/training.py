@@ -1,6 +1,4 @@
-"""Chapter 01's evaluation, and the batch copies and wait spans its recorded steps (:mod:`.anatomy`) share.
-Its blocking copy is the workbook's one batch mover, :func:`helpers.pipeline.prefetch.move_batch`.
-"""
+"""Chapter 01's evaluation, and the blocking batch copy and wait spans its recorded steps share."""
 
 from __future__ import annotations
 
@@ -17,20 +15,17 @@ from ...pipeline.train import DATA_LANE
 
 
 def blocking_copy(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The batch's ``(x, y)`` on ``device`` with a blocking copy (the baseline's), by the workbook's one batch mover."""
+    """The batch's ``(x, y)`` on ``device``, copied blocking (the baseline's) by the workbook's one batch mover."""
     x, y = move_batch((batch[0], batch[1]), device, non_blocking=False)
     return x, y
 
 
-def _can_pin() -> bool:
-    """Whether a ``pin_memory=True`` loader really pins here (it needs a CUDA device)."""
+def _can_pin() -> bool:  # a pin_memory=True loader pins only with a CUDA device
     return torch.cuda.is_available()
 
 
 def _record_wait(recorder: SpanRecorder, step: int, h0: float, timed: TimedCollate | None, pinning: bool) -> None:
-    """Record the wait for one batch, from ``h0`` until now: load, and collate (and pin) when known: ``timed`` is
-    the loader's in-process :class:`TimedCollate` (``timed.last``: when it collated); ``pinning``: the loader pins
-    right after collating (``pin_memory=True`` on a CUDA machine)."""
+    """Record the wait for one batch, from ``h0`` until now: load, then collate (and pin) when ``timed`` saw it."""
     h1 = recorder.now()
     if timed is not None and timed.last is not None:  # collate ran before next() returned: c0 <= c1 <= h1
         c0, c1 = (min(recorder.since_start(t), h1) for t in timed.last)
@@ -48,11 +43,8 @@ def _record_wait(recorder: SpanRecorder, step: int, h0: float, timed: TimedColla
 def evaluate(
     model: nn.Module, loader: Iterable[Any], device: torch.device | str, *, progress: Callable[..., None] | None = None
 ) -> float:
-    """Top-1 accuracy (0-1) of ``model`` over every batch of ``loader`` (copied blocking), in eval mode (the mode
-    restored after). For a shorter evaluation give a loader over an evenly spread subset (indices
-    ``i * len(dataset) // n``, as chapter 07's job does): the first batches of a class-folder data set read in
-    order hold the first classes only. ValueError if the loader yields no samples.
-    """
+    """Top-1 accuracy (0-1) of ``model`` over every batch of ``loader``, in eval mode (restored after). A shorter
+    evaluation needs an evenly spread subset: a class-folder data set read in order starts with one class."""
     device = torch.device(device)
     report = progress or no_progress
     try:

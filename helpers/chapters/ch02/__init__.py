@@ -1,12 +1,5 @@
-"""Chapter 02 · Pageable vs pinned memory: the chapter interface (:mod:`helpers.ui.chapter`).
-
-- :func:`measure_sweeps` / :func:`recorded_sweeps`: the GPU copy curves, measured here (H2D by the reader's
-  ``time_copy``, D2H by :func:`~.copies.transfer_sweep`) or rebuilt from a reference file, as a
-  :class:`CopySweeps` for :func:`helpers.core.evidence.measure_or_recall`.
-- The agreement lines: a fit against its points (:func:`fit_check`), two runs of one copy (:func:`points_agree`).
-- The live panel "Copy one batch", drawn on the sweep plot, and :func:`benchmark` (``ch02.*`` records).
-
->>> panel = widgets.Panel.for_chapter(ch02, device=DEVICE, copy_fn=time_copy, gpu=gpu, host=host)
+"""Chapter 02 · Pageable vs pinned memory: the GPU copy curves (measured, or rebuilt from a reference file), the
+agreement lines (a fit against its points, two runs of one copy), the live panel "Copy one batch" and the benchmark.
 """
 
 from __future__ import annotations
@@ -41,14 +34,13 @@ BENCH_WEIGHT = 2.0
 PANEL_TITLE = "Copy one batch"
 PANEL_FIGSIZE = (9.5, 4.2)
 
-PANEL_SIZES_MIB = (0.25, 1, 4, 16, 64, 256)
-"""The panel's size choices: MiB of images *as uint8*; float32 moves 4x the bytes."""
+PANEL_SIZES_MIB = (0.25, 1, 4, 16, 64, 256)  # MiB of images *as uint8*; float32 moves 4x the bytes
 
 
 @dataclass(frozen=True)
 class CopySweeps:
-    """The GPU copy curves of one machine, ``{(direction, memory): Sweep}``, its link's theoretical ceiling
-    ``(GB/s, label)`` (or None, and ``ceiling_note`` says why) and the GPU's name."""
+    """The GPU copy curves of one machine, its link's theoretical ceiling ``(GB/s, label)`` (or None, and
+    ``ceiling_note`` says why) and the GPU's name."""
 
     sweeps: dict[tuple[str, str], Sweep]
     ceiling: tuple[float, str] | None = None
@@ -56,7 +48,6 @@ class CopySweeps:
     gpu: str = ""
 
     def lines(self) -> list[str]:
-        """One line per curve (its sizes), then the ceiling, or why it is unknown."""
         out = [
             f"  {sw.label}: {len(sw.points)} sizes, {human_bytes(min(sw.sizes()))} to {human_bytes(max(sw.sizes()))}"
             for sw in self.sweeps.values()
@@ -80,10 +71,8 @@ def measure_sweeps(
     rounds: int = 2,
     progress: ProgressFn | None = None,
 ) -> CopySweeps:
-    """The chapter's GPU curves, measured here (CUDA only; ValueError otherwise): H2D by ``copy_fn`` (the
-    reader's ``time_copy``) in ``rounds`` alternating rounds of ``repeats`` copies; D2H, which ``time_copy``
-    does not do, by :func:`~.copies.transfer_sweep` (``rounds * repeats`` copies per size). The ceiling is the
-    link's theoretical figure (:func:`helpers.core.device.hardware_report`)."""
+    """The chapter's GPU curves, measured here (CUDA only): H2D by the reader's ``copy_fn`` in alternating rounds;
+    D2H, which ``time_copy`` does not do, by :func:`~.copies.transfer_sweep`; the link's theoretical ceiling."""
     dev = resolve_device(device)
     ok, reason = transfer.cuda_status(dev)
     if not ok:
@@ -95,9 +84,9 @@ def measure_sweeps(
     )
     for i, memory in enumerate(MEMORY_KINDS):
         part = scaled(progress, 0.6 + 0.2 * i, 0.8 + 0.2 * i, f"D2H {memory}: ")
-        d2h = copies.transfer_sweep("d2h", memory, sizes, device=dev, repeats=rounds * reps, progress=part)
-        assert isinstance(d2h, Sweep)  # CUDA is present: checked above
-        sweeps[("d2h", memory)] = d2h
+        sweeps[("d2h", memory)] = copies.transfer_sweep(
+            "d2h", memory, sizes, device=dev, repeats=rounds * reps, progress=part
+        )
     report = hardware_report(dev)
     ceiling = _ceiling(report.link_bandwidth_gbps, report.link_description)
     why = "" if ceiling else str(report.missing.get("link_bandwidth_gbps", "not read"))
@@ -105,8 +94,7 @@ def measure_sweeps(
 
 
 def recorded_sweeps(result_set: ResultSet, records: list[Any]) -> CopySweeps | None:
-    """A ``convert`` for :func:`helpers.core.evidence.recorded`: the curves of a reference file's ``ch02.copy_time``,
-    with the ceiling of that file's own hardware report (theoretical). None if no curve can be rebuilt."""
+    """A ``convert``: a reference file's ``ch02.copy_time`` curves, with its own hardware report's ceiling."""
     sweeps = copies.sweeps_from_records(records, source=provenance_line(result_set))
     if not sweeps:
         return None
@@ -117,7 +105,6 @@ def recorded_sweeps(result_set: ResultSet, records: list[Any]) -> CopySweeps | N
 
 
 def sweeps_caption(gpu: Evidence[CopySweeps]) -> str:
-    """The sweep plot's caption: where the GPU curves come from; the host memcpy is measured now."""
     if gpu:
         return f"GPU curves: {gpu.source}. Host memcpy: measured now on this machine's CPU."
     return "Host memcpy measured now on this machine's CPU. No GPU curves: none measured here and none recorded yet."
@@ -130,8 +117,8 @@ def sweeps_caption(gpu: Evidence[CopySweeps]) -> str:
 
 @dataclass(frozen=True)
 class FitCheck:
-    """A latency+bandwidth fit set against its points: ``misses`` holds ``(nbytes, off, spread)`` for each size
-    where the fit lies outside the point's band (``off`` = |prediction / median - 1|, ``spread`` = IQR / median)."""
+    """A fit against its points: ``misses`` holds ``(nbytes, |prediction / median - 1|, IQR / median)`` for each
+    size where the fit lies outside the point's band."""
 
     n_points: int
     misses: tuple[tuple[int, float, float], ...]
@@ -141,7 +128,6 @@ class FitCheck:
         return not self.misses
 
     def verdict(self) -> str:
-        """One line: the fit agrees with its points within their spread, or where it misses and what to trust."""
         if self.agrees:
             return f"fit within the points' spread (±1 IQR) at every size ({self.n_points} sizes): fit and points agree"
         worst = max(self.misses, key=lambda m: m[1])
@@ -154,8 +140,8 @@ class FitCheck:
 
 
 def fit_check(sweep: Sweep, fit: LatencyBandwidthFit | None = None) -> FitCheck:
-    """Set ``fit`` (default ``sweep.fit()``) against the sweep's own points and their recorded IQR: a size is a miss
-    when the prediction lies outside the point's band median ± IQR (:func:`helpers.core.agreement.within_range`)."""
+    """``fit`` (default ``sweep.fit()``) against the sweep's points: a miss where the prediction lies outside the
+    point's band median ± IQR."""
     fit = sweep.fit() if fit is None else fit
     misses = []
     for p in sweep.points:
@@ -166,16 +152,14 @@ def fit_check(sweep: Sweep, fit: LatencyBandwidthFit | None = None) -> FitCheck:
 
 
 def runs_agree(first: str, seconds: Sequence[float], second: str, point: TransferPoint) -> str:
-    """Whether raw ``seconds`` (one run) and a sweep ``point`` (another run of the same copy) agree: one line
-    (:func:`points_agree`)."""
+    """Whether raw ``seconds`` (one run) and a sweep ``point`` (another run of the same copy) agree: one line."""
     t = summarize(first, list(seconds))
     one = TransferPoint(point.nbytes, point.direction, point.memory, t.median_s, t.iqr_s, n=t.n)
     return points_agree(first, one, second, point)
 
 
 def points_agree(first: str, a: TransferPoint, second: str, b: TransferPoint) -> str:
-    """Whether two measurements of one copy agree (:func:`helpers.core.agreement.spreads_overlap` on the bands
-    median ± IQR); when they do not, the line says to trust ``second`` (the sweep's point: more samples)."""
+    """Whether two measurements of one copy agree (their bands median ± IQR overlap); if not, trust ``second``."""
     one = f"{first} {human_seconds(a.median_s)} (IQR {human_seconds(a.iqr_s)}, n={a.n})"
     two = f"{second} {human_seconds(b.median_s)} (IQR {human_seconds(b.iqr_s)}, n={b.n})"
     band_a, band_b = agreement.median_band(a.median_s, a.iqr_s), agreement.median_band(b.median_s, b.iqr_s)
@@ -190,15 +174,15 @@ def points_agree(first: str, a: TransferPoint, second: str, b: TransferPoint) ->
 
 
 def largest_copy(host: Sweep) -> TransferPoint:
-    """The sweep's largest copy: the one the chapter prints and the cap check uses (one measurement)."""
+    """The sweep's largest copy: the one the chapter prints and the cap check uses."""
     if not host.points:
         raise ValueError("the host memcpy sweep has no points: run the sweep cell first")
     return max(host.points, key=lambda p: p.nbytes)
 
 
 def memcpy_cap_lines(host: Sweep) -> list[str]:
-    """The CPU-side cap check: the sweep's own largest copy (the point the sweep cell printed: a large batch is
-    staged from RAM, not from the caches that make mid-sized copies faster) against PCIe x16 ceilings."""
+    """The sweep's own largest copy (staged from RAM, not from the caches that speed up mid-sized copies) against
+    PCIe x16 ceilings."""
     big = largest_copy(host)
     out = [
         f"Host memcpy at {human_bytes(big.nbytes)} (the sweep's largest copy, printed above, measured now): "
@@ -228,7 +212,6 @@ class PanelReading:
     caption: str | None = None
 
     def summary(self) -> str:
-        """Each point labelled measured here, reference (recorded elsewhere) or host memcpy, then the note."""
         head = f"{self.direction.upper()} {self.memory} {self.dtype}, {human_bytes(self.nbytes)}: "
         ref = f", {human_bytes(self.reference.nbytes)} recorded" if self.reference else ""
         shown = [(self.measured, "measured here", ""), (self.reference, "reference", ref)]
@@ -238,7 +221,6 @@ class PanelReading:
 
 
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """The batch's size (MiB of uint8 pixels), the direction, the memory kind and the dtype."""
     return {
         "size_mib": W.SelectionSlider(options=list(PANEL_SIZES_MIB), value=4, description="size (MiB of uint8 pixels)"),
         "direction": W.Dropdown(options=list(DIRECTIONS), value="h2d", description="direction"),
@@ -248,30 +230,25 @@ def panel_controls(**context: Any) -> dict[str, Any]:
 
 
 def _one_copy(copy_fn: CopyFn, reading: PanelReading, device: Any, repeats: int) -> TransferPoint:
-    """One round of ``copy_fn`` on the reading's bytes (:func:`~.copies.sweep`, one size): an H2D copy with CUDA,
-    else the host memcpy ``time_copy`` times, on one CPU thread (as the driver stages one)."""
+    """One round of ``copy_fn`` on the reading's bytes: with CUDA an H2D copy, else a host memcpy on one thread."""
     kw: dict[str, Any] = {"device": device, "repeats": repeats, "kinds": (reading.memory,), "dtype": reading.dtype}
     with contextlib.nullcontext() if transfer.cuda_status(device)[0] else intraop_threads(1):
         curves = copies.sweep(copy_fn, [reading.nbytes], rounds=1, **kw)
     return next(iter(curves.values())).points[0]
 
 
-def _copy_here(copy_fn: CopyFn | None, reading: PanelReading, device: torch.device | str, repeats: int) -> str:
-    """With CUDA: an H2D copy by the reader's function, a D2H one (which it does not do) by the helper's."""
-    if copy_fn is not None and reading.direction == "h2d":
-        name = getattr(copy_fn, "__name__", "copy_fn")
-        reading.measured = _one_copy(copy_fn, reading, device, repeats)
-        reading.note = f"Timed by your {name}()."
+def _copy_here(copy_fn: CopyFn, reading: PanelReading, device: torch.device | str, repeats: int) -> str:
+    name = getattr(copy_fn, "__name__", "copy_fn")
+    if reading.direction == "h2d":
+        reading.measured, reading.note = _one_copy(copy_fn, reading, device, repeats), f"Timed by your {name}()."
         return f"your {name}()"
     kw: dict[str, Any] = {"device": device, "repeats": repeats, "dtype": reading.dtype}
-    sw = copies.transfer_sweep(reading.direction, reading.memory, [reading.nbytes], **kw)
-    reading.measured = sw.points[0] if isinstance(sw, Sweep) else None
-    reading.note = "D2H: timed by copies.transfer_sweep (your copy function does H2D)." if copy_fn is not None else ""
+    reading.measured = copies.transfer_sweep(reading.direction, reading.memory, [reading.nbytes], **kw).points[0]
+    reading.note = "D2H: timed by copies.transfer_sweep (your copy function does H2D)."
     return "copies.transfer_sweep, CUDA events"
 
 
-def _host_instead(copy_fn: CopyFn | None, reading: PanelReading, recorded: CopySweeps | None, repeats: int) -> str:
-    """Without CUDA: the nearest recorded point of this copy (if any) and a live host memcpy of the same bytes."""
+def _host_instead(copy_fn: CopyFn, reading: PanelReading, recorded: CopySweeps | None, repeats: int) -> str:
     n, key = reading.nbytes, (reading.direction, reading.memory)
     reading.note = "No CUDA device here: the GPU copy cannot run. "
     if recorded is not None and key in recorded.sweeps:
@@ -282,9 +259,6 @@ def _host_instead(copy_fn: CopyFn | None, reading: PanelReading, recorded: CopyS
     if reading.memory == "pinned":
         reading.note += " Pinning is impossible without the NVIDIA driver."
     reading.note += " The host memcpy is real, but it is a CPU copy, not a transfer to a GPU."
-    if copy_fn is None:
-        reading.host = copies.measure_host_copy(n, dtype=reading.dtype)
-        return "copies.measure_host_copy"
     reading.host = _one_copy(copy_fn, reading, "cpu", repeats)
     return f"your {getattr(copy_fn, '__name__', 'copy_fn')}() on one CPU thread"
 
@@ -297,15 +271,15 @@ def panel_run(
     direction: str,
     memory: str,
     dtype: str,
-    copy_fn: CopyFn | None = None,
+    copy_fn: CopyFn,
     gpu: Evidence[CopySweeps] | None = None,
     host: Sweep | None = None,
     repeats: int = 10,
     **context: Any,
 ) -> Evidence[PanelReading]:
-    """Copy one batch as the panel asks (``size_mib``: MiB *as uint8*): with CUDA a real copy; without, the nearest
-    point of the recorded curves ``gpu`` and a live host memcpy of the same bytes, saying plainly why. Either is set
-    against the sweep's point of the same size when there is one (``host``: this CPU's memcpy sweep)."""
+    """Copy one batch (``size_mib``: MiB *as uint8*) by the reader's ``copy_fn``: with CUDA a real copy; without, the
+    nearest recorded point of ``gpu`` and a live host memcpy, saying why; either set against the sweep's point of
+    that size (``host``)."""
     size_mib = check_float("size_mib", size_mib, 1 / 256, 1024)
     direction = check_choice("direction", direction, DIRECTIONS)
     memory = check_choice("memory", memory, MEMORY_KINDS)
@@ -338,7 +312,7 @@ def panel_summary(result: Evidence[PanelReading]) -> str:
 
 
 def panel_plot(history: list[Any], ax: Any) -> None:
-    """The runs as stars on the sweep plot (measured, reference, or host memcpy points); the last six in colour."""
+    """The runs as stars on the sweep plot; the last six in colour."""
     readings = [r.result.value for r in history if r.result.value is not None]
     last = readings[-1] if readings else None
     pts: list[tuple[TransferPoint, str]] = []
@@ -360,16 +334,10 @@ def benchmark(
     progress: ProgressFn | None = None,
     sizes: Sequence[int] | None = None,
 ) -> None:
-    """Run chapter 02's key measurements into ``results`` (``sizes``: bytes per copy, default
-    :func:`~.model.copy_sizes`). Records (key: unit; params; spread ``iqr_s``, ``n`` where a median):
-
-    - ``ch02.host_copy_time``: s; ``nbytes`` - host memcpy (the only one without CUDA).
-    - ``ch02.copy_time``: s; ``direction``, ``memory``, ``nbytes`` (:func:`~.copies.transfer_sweep`); each curve's
-      fit as ``ch02.fit.latency`` (s) and ``ch02.fit.bandwidth`` (GB/s).
-    - ``ch02.pin.<key>`` (:data:`~.pin_costs.RECORD_FIELDS`): s; ``nbytes`` - at 1, 16, 128 MiB (within ``sizes``).
-    - ``ch02.host_held``: s; ``case``, ``nbytes``, ``gpu_work_s`` - host time inside the copy call.
-    - ``ch02.wire_time``: s; ``dtype``, ``nbytes``; ``ch02.pinned_block``: bytes; ``requested``.
-    """
+    """Records ``ch02.host_copy_time`` {nbytes} (the only one without CUDA); with CUDA ``ch02.copy_time``
+    {direction, memory, nbytes} with each curve's ``ch02.fit.latency`` / ``.bandwidth``, ``ch02.pin.<field>``
+    {nbytes} (:class:`~.pin_costs.PinCost`), ``ch02.host_held`` {case, nbytes, gpu_work_s}, ``ch02.wire_time``
+    {dtype, nbytes} and ``ch02.pinned_block`` {requested}. Spread ``iqr_s``, ``n`` where a median."""
     progress = progress or no_progress
     sizes = [check_int("sizes[i]", n, 1) for n in (model.copy_sizes() if sizes is None else sizes)]
     progress(0.0, "host memcpy sweep")
@@ -379,23 +347,17 @@ def benchmark(
         progress(1.0, "no CUDA device: host memcpy only")
         return
     dev = resolve_device(device)
-    _record_curves(results, dev, sizes, scaled(progress, 0.1, 0.6))
-    _record_pinning(results, dev, sizes, progress)
-    progress(1.0, "done")
-
-
-def _record_curves(results: ResultSet, dev: torch.device, sizes: list[int], progress: ProgressFn) -> None:
-    curves = [(d, m) for d in DIRECTIONS for m in MEMORY_KINDS]
-    for i, (direction, memory) in enumerate(curves):
-        part = scaled(progress, i / len(curves), (i + 1) / len(curves), f"{direction} {memory}: ")
-        sw = copies.transfer_sweep(direction, memory, sizes, device=dev, progress=part)
-        assert isinstance(sw, Sweep)  # CUDA is present: checked by the caller
+    # the notebook's curves (measure_sweeps), H2D timed by the helper's copy: pageable and pinned in alternating rounds
+    curves = measure_sweeps(copies._helper_copy("h2d"), sizes, device=dev, progress=scaled(progress, 0.1, 0.6))
+    for (direction, memory), sw in curves.sweeps.items():
         for p in sw.points:
             spread = {"iqr_s": p.iqr_s, "n": p.n}
             results.add("ch02.copy_time", p.median_s, "s", spread, direction=direction, memory=memory, nbytes=p.nbytes)
         fit = sw.fit()
         results.add("ch02.fit.latency", fit.latency_s, "s", direction=direction, memory=memory)
         results.add("ch02.fit.bandwidth", fit.gbps, "GB/s", direction=direction, memory=memory)
+    _record_pinning(results, dev, sizes, progress)
+    progress(1.0, "done")
 
 
 def _record_pinning(results: ResultSet, dev: torch.device, sizes: list[int], progress: ProgressFn) -> None:
@@ -404,8 +366,8 @@ def _record_pinning(results: ResultSet, dev: torch.device, sizes: list[int], pro
         progress(0.6 + 0.2 * i / len(pin_sizes), f"cost of pinning {human_bytes(n)}")
         pc = pin_costs.pin_cost(n, device=dev)
         assert isinstance(pc, pin_costs.PinCost)
-        for key, name in pin_costs.RECORD_FIELDS.items():
-            results.add(f"ch02.pin.{key}", getattr(pc, name), "s", nbytes=n)
+        for key in pin_costs.RECORD_FIELDS:
+            results.add(f"ch02.pin.{key}", getattr(pc, key), "s", nbytes=n)
     progress(0.8, "host-blocking probe")
     hb = pin_costs.host_blocking_probe(device=dev, nbytes=min(64 * MiB, max(sizes)))
     assert isinstance(hb, pin_costs.HostBlocking)

@@ -1,8 +1,6 @@
-"""Chapter 02's copies: pageable against pinned host memory, across sizes. :func:`sweep` is the one copy loop: a
-:data:`CopyFn` (the reader's ``time_copy``, or the helper's CUDA-event copy behind :func:`transfer_sweep`) for
-every size and memory kind, in alternating rounds. Beside it: the host memcpy (real anywhere), bytes on the wire,
-and the ``ch02.*`` records read back. Without CUDA a GPU measurement returns
-:class:`~helpers.pipeline.transfer.Unavailable`, never raises."""
+"""Chapter 02's copies: :func:`sweep` is the one copy loop (the reader's ``time_copy`` or the helper's CUDA-event
+copy, every size and memory kind in alternating rounds); beside it the host memcpy, bytes on the wire, and the
+``ch02.*`` records read back."""
 
 from __future__ import annotations
 
@@ -20,9 +18,11 @@ from ...core.device import resolve_device
 from ...core.progress import ProgressFn
 from ...core.rounds import alternate
 from ...core.timing import cuda_event_time, measure, summarize
-from ...core.validate import check_choice, check_int, human_bytes, human_seconds
-from ...pipeline.transfer import DTYPES, Unavailable, check_host_bytes, cuda_status, images_nbytes
+from ...core.validate import check_int, human_bytes, human_seconds
+from ...pipeline.transfer import DTYPES, check_host_bytes, cuda_status, images_nbytes
 from .model import _MAX_BYTES, LatencyBandwidthFit, MiB, check_pin_size, copy_sizes, fit_latency_bandwidth
+
+_WARMUP = 3  # untimed copies before the helper's timed ones
 
 DIRECTIONS = ("h2d", "d2h")
 MEMORY_KINDS = ("pageable", "pinned")
@@ -47,8 +47,7 @@ class TransferPoint:
     method: str = ""
 
     @property
-    def gbps(self) -> float:
-        """Achieved bandwidth in GB/s (1e9 bytes per second)."""
+    def gbps(self) -> float:  # GB/s = 1e9 bytes per second
         return self.nbytes / self.median_s / 1e9 if self.median_s > 0 else float("nan")
 
     def __str__(self) -> str:
@@ -72,7 +71,6 @@ class Sweep:
 
     @property
     def label(self) -> str:
-        """Legend label, e.g. ``'H2D pinned'``."""
         h2h = self.direction == "h2h"
         return "host memcpy (CPU→CPU, not a GPU copy)" if h2h else f"{self.direction.upper()} {self.memory}"
 
@@ -87,7 +85,6 @@ class Sweep:
 
 
 def _check_device_bytes(name: str, nbytes: int, dev: torch.device, what: str) -> None:
-    """Refuse a GPU allocation larger than 80% of the device memory free now."""
     free, _ = torch.cuda.mem_get_info(dev)
     if nbytes > 0.8 * free:
         raise ValueError(
@@ -107,7 +104,7 @@ def speedup_by_size(pageable: Sweep, pinned: Sweep) -> list[tuple[int, float]]:
 
 
 def pinning_status() -> tuple[bool, str]:
-    """Try to pin one byte. ``(True, msg)`` if it works, ``(False, msg)`` with the driver's answer."""
+    """Try to pin one byte: ``(ok, message)``, with the driver's own answer when it fails."""
     try:
         ok = bool(torch.empty(1, dtype=torch.uint8).pin_memory().is_pinned())
         return ok, "tensor.pin_memory() works here: the driver page-locked the buffer."
@@ -154,11 +151,9 @@ def measure_host_copy(
     return TransferPoint(nbytes, "h2h", "pageable", timing.median_s, timing.iqr_s, timing.n, dtype, how)
 
 
-def _helper_copy(direction: str, warmup: int) -> CopyFn:
-    """The helper's own copy as a :data:`CopyFn` (CUDA only), H2D from ``src`` or a pinned copy of it, or D2H from
-    a device copy into a pinned or pageable buffer: ``repeats`` copies after ``warmup``, each bracketed by CUDA
-    events on a side stream (a pageable copy call holds the host while the driver stages it: the interval covers
-    the staging too)."""
+def _helper_copy(direction: str) -> CopyFn:
+    """The helper's own copy as a :data:`CopyFn` (CUDA only): each bracketed by CUDA events on a side stream (a
+    pageable copy call holds the host while the driver stages it: the interval covers the staging too)."""
 
     def helper_copy(src: torch.Tensor, device: torch.device, pinned: bool, repeats: int) -> list[float]:
         dst = buf = None
@@ -173,7 +168,7 @@ def _helper_copy(direction: str, warmup: int) -> CopyFn:
             stream.wait_stream(torch.cuda.current_stream(device))  # the buffers' fills are done
             with torch.cuda.stream(stream):  # device's current stream, where cuda_event_time runs and records
                 copy = functools.partial(dst.copy_, buf, non_blocking=pinned)
-                return cuda_event_time(copy, repeats=repeats, warmup=warmup, device=device).times_s
+                return cuda_event_time(copy, repeats=repeats, warmup=_WARMUP, device=device).times_s
         finally:
             torch.cuda.synchronize(device)
             del dst, buf
@@ -182,17 +177,7 @@ def _helper_copy(direction: str, warmup: int) -> CopyFn:
     return helper_copy
 
 
-def _gpu_name(dev: torch.device) -> str:
-    try:
-        return torch.cuda.get_device_name(dev)
-    except Exception:  # pragma: no cover - only on odd drivers
-        if require_gpu():
-            raise
-        return str(dev)
-
-
 def _samples(copy_fn: CopyFn, result: Any) -> list[float]:
-    """The seconds ``copy_fn`` returned, as a list of floats >= 0 (a clear ValueError otherwise)."""
     name = getattr(copy_fn, "__name__", "copy_fn")
     values = [result] if isinstance(result, (int, float)) and not isinstance(result, bool) else result
     try:
@@ -264,14 +249,13 @@ def sweep(
     how = method or f"{name}(), yours: {rounds} alternating round(s) x {reps} timed copies, median" + (
         "" if ok else "; no CUDA device here, so a host memcpy, not a GPU copy"
     )
-    where = ("measured here", _gpu_name(dev)) if ok else ("measured here (CPU memcpy)", "cpu")
+    where = ("measured here", torch.cuda.get_device_name(dev)) if ok else ("measured here (CPU memcpy)", "cpu")
     return _curves(samples, direction, dtype, how, *where)
 
 
 def _curves(
     samples: dict[tuple[str, int], list[float]], direction: str, dtype: str, how: str, source: str, where: str
 ) -> dict[tuple[str, str], Sweep]:
-    """One :class:`Sweep` per memory kind from the pooled seconds ``samples[(kind, nbytes)]`` (median, IQR)."""
     out: dict[tuple[str, str], Sweep] = {}
     for (m, n), seconds in samples.items():
         t = summarize(f"{direction} {m} {human_bytes(n)}", seconds)
@@ -287,30 +271,22 @@ def transfer_sweep(
     *,
     device: torch.device | str | None = None,
     repeats: int | None = None,
-    warmup: int = 3,
     progress: ProgressFn | None = None,
     dtype: str = "uint8",
-) -> Sweep | Unavailable:
-    """One (direction, memory kind) curve: :func:`sweep`'s loop (one round) with the helper's own copy
-    (:func:`_helper_copy`), in either direction. :class:`Unavailable` without CUDA, before anything is allocated."""
-    direction = check_choice("direction", direction, DIRECTIONS)
-    memory = check_choice("memory", memory, MEMORY_KINDS)
-    reps = sized(10, 30) if repeats is None else check_int("repeats", repeats, 1, 10_000)
-    warmup = check_int("warmup", warmup, 0, 1_000)
-    ok, reason = cuda_status(device)
-    if not ok:
-        return Unavailable(f"{direction.upper()} {memory} copies", reason)
-    how = f"CUDA events on a side stream, {warmup} warm-up copies, median of {reps}"
-    dev, copy = resolve_device(device), _helper_copy(direction, warmup)
+) -> Sweep:
+    """One (direction, memory kind) curve: :func:`sweep`'s loop, one round, with the helper's copy (CUDA only:
+    the callers check)."""
+    reps = sized(10, 30) if repeats is None else repeats
+    how = f"CUDA events on a side stream, {_WARMUP} warm-up copies, median of {reps}"
     kw: dict[str, Any] = {"kinds": (memory,), "method": how, "dtype": dtype, "progress": progress}
-    return sweep(copy, sizes, device=dev, repeats=reps, rounds=1, direction=direction, **kw)[(direction, memory)]
+    copy = _helper_copy(direction)
+    return sweep(copy, sizes, device=device, repeats=reps, rounds=1, direction=direction, **kw)[(direction, memory)]
 
 
 @dataclass
 class WireResult:
     """The same images as uint8 and as float32: bytes and copy time of each."""
 
-    shape: tuple[int, int, int, int] | None  # (batch, channels, height, width); None: rebuilt from records
     nbytes: dict[str, int]
     seconds: dict[str, float]
     what: str
@@ -331,60 +307,44 @@ def wire_comparison(
     a CUDA device; else a pageable host memcpy (real, but a CPU copy, and ``what`` says so)."""
     limits = {"batch": (batch, 100_000), "channels": (channels, 64), "height": (height, 8192), "width": (width, 8192)}
     b, c, h, w = (check_int(name, value, 1, hi) for name, (value, hi) in limits.items())
-    shape, nbytes = (b, c, h, w), {d: images_nbytes(b, c, h, w, dtype=d) for d in DTYPES}
+    nbytes = {d: images_nbytes(b, c, h, w, dtype=d) for d in DTYPES}
     if cuda_status(device)[0]:
         dev = resolve_device(device)
         curves = {d: transfer_sweep("h2d", "pinned", [n], device=dev, repeats=10, dtype=d) for d, n in nbytes.items()}
-        seconds = {d: sw.points[0].median_s for d, sw in curves.items() if isinstance(sw, Sweep)}
-        return WireResult(shape, nbytes, seconds, f"pinned H2D copy on {_gpu_name(dev)}")
+        seconds = {d: sw.points[0].median_s for d, sw in curves.items()}
+        return WireResult(nbytes, seconds, f"pinned H2D copy on {torch.cuda.get_device_name(dev)}")
     seconds = {d: measure_host_copy(n, dtype=d).median_s for d, n in nbytes.items()}
     what = "host memcpy on this CPU (no GPU here: not a GPU transfer)"
-    return WireResult(shape, nbytes, seconds, what)
+    return WireResult(nbytes, seconds, what)
 
 
-# Each ``*_from_records(result_set, records)`` is a ``convert`` for helpers.core.evidence.measure_or_recall: what
-# the measuring function returns, rebuilt from the records ch02.benchmark wrote, or None (the figure is missing).
-
-
-def _rows(records: Iterable[Any], key: str) -> list[tuple[str, dict[str, Any], float, dict[str, Any]]]:
-    """``(key, params, value, spread)`` of each record under ``key`` (``key`` or ``key.*``), whether the record
-    is a :class:`helpers.core.results.Record` or its dict."""
-    out = []
-    for r in records:
-        names = ("key", "params", "value", "spread")
-        row: list[Any] = [r.get(n) if isinstance(r, dict) else getattr(r, n, None) for n in names]
-        k, params, value, spread = row
-        if str(k) == key or str(k).startswith(key + "."):
-            out.append((str(k), dict(params or {}), float(value), dict(spread or {})))
-    return out
+# Each ``*_from_records(result_set, records)`` is a ``convert`` for helpers.core.evidence: what the measuring
+# function returns, rebuilt from the records (already found by key) ch02.benchmark wrote, or None (missing).
 
 
 def sweeps_from_records(records: Iterable[Any], source: str = "reference") -> dict[tuple[str, str], Sweep]:
-    """``{(direction, memory): Sweep}`` rebuilt from ``ch02.copy_time`` records (objects or dicts), sizes ascending."""
+    """``{(direction, memory): Sweep}`` from ``ch02.copy_time`` records, sizes ascending."""
     found: dict[tuple[str, str], list[TransferPoint]] = {}
-    for _, params, value, spread in _rows(records, "ch02.copy_time"):
-        d, m = params.get("direction"), params.get("memory")
+    for r in records:
+        d, m, spread = r.params.get("direction"), r.params.get("memory"), r.spread or {}
         if d in DIRECTIONS and m in MEMORY_KINDS:
-            n, iqr, k = int(params["nbytes"]), float(spread.get("iqr_s", 0.0)), int(spread.get("n", 1))
-            found.setdefault((d, m), []).append(TransferPoint(n, d, m, value, iqr, k, method="reference record"))
+            n, iqr, k = int(r.params["nbytes"]), float(spread.get("iqr_s", 0.0)), int(spread.get("n", 1))
+            found.setdefault((d, m), []).append(TransferPoint(n, d, m, r.value, iqr, k, method="reference record"))
     return {(d, m): Sweep(d, m, sorted(v, key=lambda p: p.nbytes), source) for (d, m), v in found.items()}
 
 
 def wire_from_records(result_set: Any, records: Iterable[Any]) -> WireResult | None:
-    """A :class:`WireResult` from ``ch02.wire_time`` records (uint8 and float32); None unless both are there."""
+    """A :class:`WireResult` from ``ch02.wire_time`` records; None unless both dtypes are there."""
     got = {
-        p["dtype"]: (int(p.get("nbytes", 0)), v)
-        for _, p, v, _ in _rows(records, "ch02.wire_time")
-        if p.get("dtype") in DTYPES
+        r.params["dtype"]: (int(r.params.get("nbytes", 0)), r.value) for r in records if r.params.get("dtype") in DTYPES
     }
     if set(got) != set(DTYPES) or not all(n and s for n, s in got.values()):
         return None
     nbytes, seconds = {d: got[d][0] for d in DTYPES}, {d: got[d][1] for d in DTYPES}
-    return WireResult(None, nbytes, seconds, what="pinned H2D copy")
+    return WireResult(nbytes, seconds, what="pinned H2D copy")
 
 
 def wire_lines(wire: WireResult) -> list[str]:
-    """Bytes and copy time of each dtype, then the two ratios and what was copied."""
     lines = [f"{d:>8}: {wire.nbytes[d] / MiB:7.2f} MiB, {wire.seconds[d] * 1e3:7.3f} ms" for d in DTYPES]
     lines.append(f"bytes ratio {wire.byte_ratio:.0f}x, time ratio {wire.time_ratio:.1f}x — {wire.what}")
     return lines

@@ -65,6 +65,23 @@ _SWEEP_STYLES: dict[str, dict[str, Any]] = {
 }
 
 
+def _by_size(
+    series: dict[str, Any], ax: Any, ylabel: str, legend: dict[str, Any], extra: Sequence[Any] = (), **kw: Any
+) -> Any:
+    """``series`` against copy size (:func:`helpers.ui.plots.sweep_plot`), ``extra`` drawn, byte ticks, legend."""
+    from ...ui import plots  # optional/heavy: matplotlib
+
+    ax = plots.sweep_plot(series, ax, xlabel=kw.pop("xlabel", "copy size (bytes, log scale)"), ylabel=ylabel, **kw)
+    for draw in extra:
+        draw(ax)
+    plots.size_ticks(ax)
+    ax.legend(**legend)
+    return ax
+
+
+_SIDE = {"fontsize": 7.5, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "frameon": False}
+
+
 def plot_sweeps(
     sweeps: Sequence[Sweep],
     ax: Any = None,
@@ -75,11 +92,8 @@ def plot_sweeps(
     fits: bool = True,
     points: Sequence[tuple[TransferPoint, str]] = (),
 ) -> Any:
-    """Bandwidth (GB/s) against copy size on log-log axes (:func:`helpers.ui.plots.sweep_plot`): the ``sweeps``
-    (``source`` says where they come from), the link's theoretical ``ceiling`` ``(GB/s, label)`` dashed, each
+    """Bandwidth against copy size (log-log): the ``sweeps``, the link's theoretical ``ceiling`` dashed, each
     curve's fitted model dotted (``fits``), and single ``points`` ``(point, label)`` (the panel's runs) as stars."""
-    from ...ui import plots  # optional/heavy: matplotlib
-
     series: dict[str, tuple[Sequence[float], list[float]]] = {}
     styles: dict[str, dict[str, Any]] = {}
     for sw in (sw for sw in sweeps if sw.points):
@@ -89,29 +103,22 @@ def plot_sweeps(
         if fit is not None:
             series[fit[0]] = fit[1]
             styles[fit[0]] = {"color": styles[sw.label]["color"], "linestyle": ":", "marker": "", "linewidth": 1.2}
-    ax = plots.sweep_plot(
-        series,
-        ax,
-        xlabel="copy size (bytes, log scale)",
-        ylabel="bandwidth (GB/s = 1e9 B/s, log scale)",
-        title=title,
-        ceiling=ceiling,
-        source=source,
-        styles=styles,
-    )
     star = {"marker": "*", "markersize": 14, "markeredgecolor": "black", "linestyle": "", "zorder": 5}
-    for i, (p, label) in enumerate(points):
-        ax.plot([p.nbytes], [p.gbps], color=_STAR_COLORS[i % len(_STAR_COLORS)], label=label, **star)
-    plots.size_ticks(ax)
-    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return ax
+
+    def stars(ax: Any) -> None:
+        for i, (p, label) in enumerate(points):
+            ax.plot([p.nbytes], [p.gbps], color=_STAR_COLORS[i % len(_STAR_COLORS)], label=label, **star)
+
+    ylabel = "bandwidth (GB/s = 1e9 B/s, log scale)"
+    kw: dict[str, Any] = {"title": title, "ceiling": ceiling, "source": source, "styles": styles}
+    return _by_size(series, ax, ylabel, _SIDE, [stars], **kw)
 
 
 _STAR_COLORS = ["#e15759", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7", "#9c755f"]
 
 
 def _fit_curve(sw: Sweep) -> tuple[str, tuple[list[float], list[float]]] | None:
-    """The sweep's fitted ``latency + bytes / bandwidth`` model as a named (sizes, GB/s) curve; None if it can't fit."""
+    """The sweep's fitted model as a named (sizes, GB/s) curve; None if it can't fit."""
     if len(set(sw.sizes())) < 2:
         return None
     try:
@@ -125,48 +132,32 @@ def _fit_curve(sw: Sweep) -> tuple[str, tuple[list[float], list[float]]] | None:
 
 def plot_speedup(pairs: dict[str, list[tuple[int, float]]], ax: Any = None, *, source: str | None = None) -> Any:
     """pageable/pinned time ratio per size, with the claimed 1.3-1.5 band shaded."""
-    from ...ui import plots  # optional/heavy: matplotlib
+    series = {f"{k}: pageable time / pinned time": ([n for n, _ in v], [r for _, r in v]) for k, v in pairs.items()}
 
-    series = {
-        f"{name}: pageable time / pinned time": ([n for n, _ in v], [r for _, r in v]) for name, v in pairs.items()
-    }
-    ax = plots.sweep_plot(
-        series,
-        ax,
-        xlabel="copy size (bytes, log scale)",
-        ylabel="speed-up of pinned (x)",
-        title="Is pinning 30-50% faster? Measured ratio per size",
-        logy=False,
-        source=source,
+    def claim(ax: Any) -> None:
+        ax.axhspan(CLAIM_RANGE[0], CLAIM_RANGE[1], color="#bab0ac", alpha=0.35, label="the claim: 1.3x-1.5x")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+
+    title = "Is pinning 30-50% faster? Measured ratio per size"
+    return _by_size(
+        series, ax, "speed-up of pinned (x)", {"fontsize": 8}, title=title, logy=False, source=source, extra=[claim]
     )
-    ax.axhspan(CLAIM_RANGE[0], CLAIM_RANGE[1], color="#bab0ac", alpha=0.35, label="the claim: 1.3x-1.5x")
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    plots.size_ticks(ax)
-    ax.legend(fontsize=8)
-    return ax
 
 
 def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | None = None) -> Any:
     """Time of pinning (cold, cached) vs time one pinned copy saves, against size (log-log)."""
-    from ...ui import plots  # optional/heavy: matplotlib
-
     sizes = [r.nbytes for r in rows]
     lines = [  # label, PinCost field (s), style; a saving <= 0 is drawn at 1 ns (log axis)
-        ("pin_memory(), new block (cudaHostAlloc)", "pin_cold_s", {"color": "#e15759"}),
-        ("pin_memory(), cached block (memcpy only)", "pin_cached_s", {"color": "#f28e2b", "linestyle": "--"}),
-        ("saving per copy (pageable − pinned)", "saving_per_copy_s", {"color": "#59a14f", "marker": "s"}),
+        ("pin_memory(), new block (cudaHostAlloc)", "cold", {"color": "#e15759"}),
+        ("pin_memory(), cached block (memcpy only)", "cached", {"color": "#f28e2b", "linestyle": "--"}),
+        ("saving per copy (pageable − pinned)", "saving_per_copy", {"color": "#59a14f", "marker": "s"}),
     ]
     series = {label: (sizes, [max(getattr(r, key), 1e-9) * 1e3 for r in rows]) for label, key, _ in lines}
-    styles = {label: style for label, _, style in lines}
-    ax = plots.sweep_plot(
-        series,
-        ax,
-        xlabel="buffer size (bytes, log scale)",
-        ylabel="time (ms, log scale)",
-        title="Cost of pinning vs what one pinned copy saves",
-        source=source,
-        styles=styles,
-    )
-    plots.size_ticks(ax)
-    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return ax
+    title, styles = "Cost of pinning vs what one pinned copy saves", {label: style for label, _, style in lines}
+    kw: dict[str, Any] = {
+        "title": title,
+        "source": source,
+        "styles": styles,
+        "xlabel": "buffer size (bytes, log scale)",
+    }
+    return _by_size(series, ax, "time (ms, log scale)", _SIDE, **kw)

@@ -1,6 +1,5 @@
-"""Chapter 02's arithmetic, unit-tested on CPU: the sizes a sweep visits, the ``time = latency + bytes /
-bandwidth`` model and its fit, the pinned allocator's power-of-two block and the safe pin limit, the claim
-"pinning is 30-50% faster". Units: bytes, seconds, GB/s = 1e9 bytes per second (as links are specified)."""
+"""Chapter 02's arithmetic: the sweep's sizes, the ``time = latency + bytes / bandwidth`` fit, the pinned block and
+the safe pin limit, the "30-50% faster" claim. Units: bytes, seconds, GB/s = 1e9 bytes per second (as links are)."""
 
 from __future__ import annotations
 
@@ -17,10 +16,8 @@ KiB = 1024
 MiB = 1024**2
 GiB = 1024**3
 
-DEFAULT_PIN_SHARE = 0.25
-"""Largest share of the machine's *available* RAM the helpers agree to pin."""
-CLAIM_RANGE = (1.3, 1.5)
-"""The seeds' claim, "pinning makes transfers 30-50% faster", as a pageable/pinned time ratio."""
+DEFAULT_PIN_SHARE = 0.25  # the largest share of the *available* RAM the helpers agree to pin
+CLAIM_RANGE = (1.3, 1.5)  # "pinning makes transfers 30-50% faster", as a pageable/pinned time ratio
 _MAX_BYTES = 64 * GiB
 
 
@@ -40,11 +37,9 @@ class LatencyBandwidthFit:
         return self.bandwidth_Bps / 1e9
 
     def predict_s(self, nbytes: float) -> float:
-        """Predicted time of one copy of ``nbytes`` bytes, seconds."""
         return self.latency_s + float(nbytes) / self.bandwidth_Bps
 
-    def half_bandwidth_bytes(self) -> float:
-        """Copy size at which half the asymptotic bandwidth is reached (latency x bandwidth)."""
+    def half_bandwidth_bytes(self) -> float:  # the size at which half the bandwidth is reached
         return self.latency_s * self.bandwidth_Bps
 
     def __str__(self) -> str:
@@ -55,20 +50,10 @@ class LatencyBandwidthFit:
         )
 
 
-def size_grid(lo: int = 4 * KiB, hi: int = 256 * MiB, factor: int = 2) -> list[int]:
-    """Geometric grid of byte sizes ``lo, lo*factor, ...`` up to and including ``hi``: ``size_grid(4096, 65536, 4)``
-    is ``[4096, 16384, 65536]``."""
-    lo, factor = check_int("lo", lo, 1, _MAX_BYTES), check_int("factor", factor, 2, 1024)
-    hi = check_int("hi", hi, lo, _MAX_BYTES)
-    sizes = [lo]
-    while sizes[-1] * factor <= hi:
-        sizes.append(sizes[-1] * factor)
-    return sizes
-
-
 def copy_sizes() -> list[int]:
     """Bytes per copy of the chapter's sweep: 4 KiB..16 MiB (x4) in quick mode, 4 KiB..256 MiB (x2) in full mode."""
-    return sized(quick=size_grid(4 * KiB, 16 * MiB, 4), full=size_grid(4 * KiB, 256 * MiB, 2))
+    factor, hi = sized(quick=(4, 16 * MiB), full=(2, 256 * MiB))
+    return [4 * KiB * factor**i for i in range(64) if 4 * KiB * factor**i <= hi]
 
 
 def _as_positive_array(name: str, values: Iterable[float]) -> np.ndarray:
@@ -79,12 +64,8 @@ def _as_positive_array(name: str, values: Iterable[float]) -> np.ndarray:
 
 
 def fit_latency_bandwidth(nbytes: Sequence[float], seconds: Sequence[float]) -> LatencyBandwidthFit:
-    """Least-squares fit of ``seconds = latency + nbytes / bandwidth``.
-
-    Times across a sweep span four or five orders of magnitude, so an ordinary least-squares fit would be
-    decided by the largest copies alone. We minimise the *relative* error, ``sum(((latency + nbytes * k) / t
-    - 1) ** 2)`` with ``k = 1 / bandwidth``, which weights every size equally and is still linear. A negative
-    best latency (noise at small sizes) is refitted at zero (``latency_clamped``).
+    """Least-squares fit of ``seconds = latency + nbytes / bandwidth`` minimising the *relative* error (times span
+    orders of magnitude: plain least squares would fit the largest copies only); a negative latency is refitted at 0.
     """
     x = _as_positive_array("nbytes", nbytes)
     t = _as_positive_array("seconds", seconds)
@@ -107,16 +88,9 @@ def fit_latency_bandwidth(nbytes: Sequence[float], seconds: Sequence[float]) -> 
 
 
 def predict_pinned_block(nbytes: int) -> int:
-    """Bytes the caching host allocator reserves for a pinned request of ``nbytes``.
-
-    PyTorch's ``CachingHostAllocator`` rounds every request up to the next power of two before calling
-    ``cudaHostAlloc``, so a 300 MiB pin takes a 512 MiB block. Requests above ``pinned_max_round_threshold_mb``
-    (or ``pinned_max_cached_size_mb``), set in ``PYTORCH_ALLOC_CONF`` (``PYTORCH_CUDA_ALLOC_CONF`` is still
-    read), keep their exact size; both are unlimited by default, which is what this prediction assumes.
-
-    >>> predict_pinned_block(300 * MiB) // MiB
-    512
-    """
+    """Bytes the caching host allocator reserves for a pinned request: the next power of two (300 MiB -> 512 MiB).
+    Requests above ``pinned_max_round_threshold_mb`` (or ``pinned_max_cached_size_mb``) in ``PYTORCH_ALLOC_CONF``
+    keep their exact size; both are unlimited by default, as assumed here."""
     nbytes = check_int("nbytes", nbytes, 0)
     return nbytes if nbytes <= 1 else 1 << (nbytes - 1).bit_length()
 
@@ -134,24 +108,16 @@ def safe_pin_limit(
 
 
 def check_pin_size(
-    nbytes: int,
-    *,
-    share: float = DEFAULT_PIN_SHARE,
-    already_pinned: int = 0,
-    total_bytes: int | None = None,
-    available_bytes: int | None = None,
+    nbytes: int, *, share: float = DEFAULT_PIN_SHARE, total_bytes: int | None = None, available_bytes: int | None = None
 ) -> int:
-    """The block a pin of ``nbytes`` takes (:func:`predict_pinned_block`); ValueError (what to do instead) when
-    that block plus ``already_pinned`` is over :func:`safe_pin_limit`."""
+    """The block a pin of ``nbytes`` takes; ValueError (what to do instead) when it is over :func:`safe_pin_limit`."""
     nbytes = check_int("nbytes", nbytes, 1)
-    already_pinned = check_int("already_pinned", already_pinned, 0)
     block = predict_pinned_block(nbytes)
     limit = safe_pin_limit(share, total_bytes=total_bytes, available_bytes=available_bytes)
-    if block + already_pinned > limit:
-        held = f" on top of {human_bytes(already_pinned)} already pinned" if already_pinned else ""
+    if block > limit:
         raise ValueError(
             f"nbytes: refusing to pin {human_bytes(nbytes)} (a {human_bytes(block)} block after "
-            f"power-of-two rounding){held}: the safe limit is {human_bytes(limit)}, which is "
+            f"power-of-two rounding): the safe limit is {human_bytes(limit)}, which is "
             f"{share:.0%} of this machine's free RAM. Pinned memory cannot be swapped out, so "
             "pinning too much starves the OS and other processes. Use a smaller buffer (pin one "
             "batch and reuse it for every batch), or pass a larger `share` if you know this "

@@ -1,7 +1,6 @@
-"""Chapter 02's costs of pinning itself: ``tensor.pin_memory()`` cold and cached against what it saves; how long
-the CPU is held by a copy queued behind GPU work; the pinned caching allocator's power-of-two blocks. Without CUDA
-each measurement returns :class:`~helpers.pipeline.transfer.Unavailable`; the ``*_from_records`` functions rebuild
-it from reference records, and the formatters print either kind alike."""
+"""Chapter 02's costs of pinning itself: ``pin_memory()`` cold and cached against what it saves, the CPU held by a
+copy queued behind GPU work, the pinned allocator's power-of-two blocks. Without CUDA each measurement returns
+:class:`~helpers.pipeline.transfer.Unavailable`; ``*_from_records`` rebuild it from reference records."""
 
 from __future__ import annotations
 
@@ -18,14 +17,13 @@ from ...core.rounds import table
 from ...core.timing import GpuDelay, cuda_event_time, time_calls
 from ...core.validate import check_float, check_int, human_bytes, human_seconds
 from ...pipeline.transfer import Unavailable, break_even_uses, check_host_bytes, cuda_status, host_allocator_stats
-from .copies import MEMORY_KINDS, Sweep, _check_device_bytes, _rows, pinning_status, transfer_sweep
+from .copies import MEMORY_KINDS, _check_device_bytes, pinning_status, transfer_sweep
 from .model import _MAX_BYTES, MiB, check_pin_size, predict_pinned_block
 
 
 def release_pinned_cache() -> bool:
-    """Give cached, unused pinned blocks back to the driver (False if torch can't). Freed pinned tensors stay in
-    PyTorch's caching host allocator (``cudaHostAlloc`` is slow); ``torch.cuda.empty_cache()`` releases *device*
-    memory only, so the host cache is emptied by the private ``torch._C._host_emptyCache`` (guarded here)."""
+    """Give cached, unused pinned blocks back to the driver (False if torch can't): ``torch.cuda.empty_cache()``
+    releases *device* memory only, so the private ``torch._C._host_emptyCache`` does it (no public API)."""
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return False
     fn = getattr(torch._C, "_host_emptyCache", None)
@@ -39,7 +37,7 @@ def release_pinned_cache() -> bool:
 
 @dataclass
 class RoundingRow:
-    """One pinned allocation: requested bytes, predicted block, and what the allocator took."""
+    """One pinned allocation: requested bytes, predicted block, and what the allocator's pool grew by."""
 
     requested: int
     predicted_block: int
@@ -47,8 +45,7 @@ class RoundingRow:
 
 
 def pinned_rounding_demo(sizes: Sequence[int]) -> list[RoundingRow] | Unavailable:
-    """Pin each size once, the host cache emptied first so a fresh block is made, and read how many bytes the
-    allocator's pool grew by (None if this torch has no host-allocator statistics)."""
+    """Pin each size once, the host cache emptied first, and read how much the allocator's pool grew."""
     ok, reason = cuda_status()
     if not ok:
         return Unavailable("pinned block rounding", reason)
@@ -73,50 +70,38 @@ def pinned_rounding_demo(sizes: Sequence[int]) -> list[RoundingRow] | Unavailabl
 
 @dataclass
 class PinCost:
-    """What pinning one buffer costs and what it saves, for one size (seconds): ``t.pin_memory()`` when the
-    allocator must call ``cudaHostAlloc`` (cold: host cache emptied first) or reuses a cached block (a memcpy);
-    one H2D copy from a reused buffer, pageable or pinned (CUDA events); the synchronised wall time of
-    ``t.to(dev)`` from pageable memory and of ``t.pin_memory().to(dev, non_blocking=True)`` with a cold
-    allocator ("pin once, copy once"). Wall times: medians of ``repeats`` calls."""
+    """What pinning one buffer costs and saves, in seconds: ``pin_memory()`` with a cold allocator (host cache
+    emptied: ``cudaHostAlloc``) and a cached block; one H2D copy from a reused pageable or pinned buffer (CUDA
+    events); synchronised wall times of ``t.to(dev)`` and of "pin once, copy once" (cold). Medians."""
 
     nbytes: int
     block_bytes: int
-    pin_cold_s: float
-    pin_cached_s: float
-    pageable_copy_s: float
-    pinned_copy_s: float
-    plain_to_s: float
-    pin_then_copy_s: float
+    cold: float
+    cached: float
+    pageable_copy: float
+    pinned_copy: float
+    plain_to: float
+    pin_then_copy: float
 
     @property
-    def saving_per_copy_s(self) -> float:
-        return self.pageable_copy_s - self.pinned_copy_s
+    def saving_per_copy(self) -> float:
+        return self.pageable_copy - self.pinned_copy
 
     @property
-    def break_even_cold(self) -> float:
-        """Copies of one buffer needed before a cold pin pays off."""
-        return break_even_uses(self.pin_cold_s, self.pageable_copy_s, self.pinned_copy_s)
+    def break_even_cold(self) -> float:  # copies of one buffer before a cold pin pays off
+        return break_even_uses(self.cold, self.pageable_copy, self.pinned_copy)
 
 
-#: ``ch02.pin.<key>`` records -> the :class:`PinCost` field each holds (written by ``ch02.benchmark``).
-RECORD_FIELDS = {
-    "cold": "pin_cold_s",
-    "cached": "pin_cached_s",
-    "pageable_copy": "pageable_copy_s",
-    "pinned_copy": "pinned_copy_s",
-    "plain_to": "plain_to_s",
-    "pin_then_copy": "pin_then_copy_s",
-}
+#: The seconds fields of :class:`PinCost`, each recorded as ``ch02.pin.<field>``.
+RECORD_FIELDS = ("cold", "cached", "pageable_copy", "pinned_copy", "plain_to", "pin_then_copy")
 
 
 def _wall(fn: Callable[[], Any], dev: torch.device) -> float:
-    """One call of ``fn``, wall clock, synchronised with ``dev`` before and after."""
     return time_calls(fn, repeats=1, device=dev).median_s
 
 
 def pin_cost(nbytes: int, *, device: torch.device | str | None = None, repeats: int = 5) -> PinCost | Unavailable:
-    """Measure pinning itself against the copy time it saves, at one size (H2D). Without CUDA:
-    :class:`Unavailable` with the driver's own error (:func:`pinning_status`)."""
+    """Pinning itself against the H2D copy time it saves, at one size; without CUDA, the driver's own error."""
     nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
     ok, reason = cuda_status(device)
     if not ok:
@@ -139,7 +124,6 @@ def pin_cost(nbytes: int, *, device: torch.device | str | None = None, repeats: 
             pin_copy.append(_wall(lambda: src.pin_memory().to(dev, non_blocking=True), dev))  # noqa: F821
         reps = max(repeats, 5)
         pageable, pinned = (transfer_sweep("h2d", m, [nbytes], device=dev, repeats=reps) for m in MEMORY_KINDS)
-        assert isinstance(pageable, Sweep) and isinstance(pinned, Sweep)
     finally:
         del src
         torch.cuda.empty_cache()
@@ -166,7 +150,7 @@ _CASES = {
 
 
 def _held(dst: torch.Tensor, src: torch.Tensor, nb: bool, work: Callable[[], None], dev: torch.device, n: int) -> float:
-    """Median host time of the call ``dst.copy_(src)`` queued right behind ``work()`` (``n`` times, after a warm-up)."""
+    """Median host time of the call ``dst.copy_(src)`` queued right behind ``work()``."""
     dst.copy_(src, non_blocking=nb)
     samples = []
     for _ in range(n):
@@ -182,9 +166,8 @@ def _held(dst: torch.Tensor, src: torch.Tensor, nb: bool, work: Callable[[], Non
 def host_blocking_probe(
     *, device: torch.device | str | None = None, gpu_work_s: float = 0.1, nbytes: int = 64 * MiB, repeats: int = 3
 ) -> HostBlocking | Unavailable:
-    """Queue ``gpu_work_s`` of GPU work, then time (host clock) the H2D copy *call* of each of :data:`_CASES`: a
-    call that holds the host about as long as the work waited for the GPU; one that returns at once let the CPU
-    run ahead."""
+    """Queue ``gpu_work_s`` of GPU work, then time (host clock) the H2D copy *call* of each of :data:`_CASES`: one
+    that holds the host as long as the work waited for the GPU; one that returns at once let the CPU run ahead."""
     gpu_work_s = check_float("gpu_work_s", gpu_work_s, 0.001, 5.0)
     nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
     repeats = check_int("repeats", repeats, 1, 100)
@@ -214,12 +197,12 @@ def host_blocking_probe(
 
 
 def pin_costs_from_records(result_set: Any, records: Iterable[Any]) -> list[PinCost] | None:
-    """:class:`PinCost` rows from ``ch02.pin.*`` records (sizes with all six fields); None if none has them."""
+    """:class:`PinCost` rows from ``ch02.pin.*`` records (sizes with every field); None if none has them."""
     by_size: dict[int, dict[str, float]] = {}
-    for key, params, value, _ in _rows(records, "ch02.pin"):
-        by_size.setdefault(int(params.get("nbytes", 0)), {})[key.rsplit(".", 1)[1]] = value
+    for r in records:
+        by_size.setdefault(int(r.params.get("nbytes", 0)), {})[r.key.rsplit(".", 1)[1]] = r.value
     rows = [
-        PinCost(n, predict_pinned_block(n), **{name: f[k] for k, name in RECORD_FIELDS.items()})
+        PinCost(n, predict_pinned_block(n), **{k: f[k] for k in RECORD_FIELDS})
         for n, f in sorted(by_size.items())
         if n > 0 and set(RECORD_FIELDS) <= set(f)
     ]
@@ -227,8 +210,8 @@ def pin_costs_from_records(result_set: Any, records: Iterable[Any]) -> list[PinC
 
 
 def host_blocking_from_records(result_set: Any, records: Iterable[Any]) -> HostBlocking | None:
-    """A :class:`HostBlocking` from ``ch02.host_held`` records (one per case, of the first probe); None if none."""
-    rows = [(p, v) for _, p, v, _ in _rows(records, "ch02.host_held") if "case" in p]
+    """A :class:`HostBlocking` from ``ch02.host_held`` records (the first probe's cases); None if none."""
+    rows = [(r.params, r.value) for r in records if "case" in r.params]
     if not rows:
         return None
     first = rows[0][0]
@@ -237,27 +220,22 @@ def host_blocking_from_records(result_set: Any, records: Iterable[Any]) -> HostB
 
 
 def rounding_rows_from_records(result_set: Any, records: Iterable[Any]) -> list[RoundingRow] | None:
-    """:class:`RoundingRow` s from ``ch02.pinned_block`` records (the pool growth per request); None if none."""
-    asked = sorted(
-        (int(p["requested"]), int(v)) for _, p, v, _ in _rows(records, "ch02.pinned_block") if "requested" in p
-    )
+    """:class:`RoundingRow` s from ``ch02.pinned_block`` records; None if none."""
+    asked = sorted((int(r.params["requested"]), int(r.value)) for r in records if "requested" in r.params)
     return [RoundingRow(n, predict_pinned_block(n), grew) for n, grew in asked] or None
 
 
 def pin_cost_table(rows: Sequence[PinCost]) -> str:
-    """Pinning cost against copy saving, one line per size (:func:`helpers.core.rounds.table`)."""
     head = ["size", "pin (cold)", "pin (cached)", "pageable copy", "pinned copy", "to() plain", "pin+copy once"]
     cells = []
     for r in rows:
         be = r.break_even_cold
         pays = "never" if math.isinf(be) else f"{math.ceil(be) if be > 0 else 0} uses"
-        times = (r.pin_cold_s, r.pin_cached_s, r.pageable_copy_s, r.pinned_copy_s, r.plain_to_s, r.pin_then_copy_s)
-        cells.append([human_bytes(r.nbytes), *map(human_seconds, times), pays])
+        cells.append([human_bytes(r.nbytes), *(human_seconds(getattr(r, k)) for k in RECORD_FIELDS), pays])
     return "\n".join(table([*head, "pays after"], cells, left=0, gap=1))
 
 
 def host_blocking_lines(probe: HostBlocking) -> list[str]:
-    """The probe as printed lines: the GPU work queued ahead, then the time each copy call held the CPU."""
     how = f" ({probe.method})" if probe.method else ""
     lines = [wrap(f"GPU work queued ahead of the copy: {probe.gpu_work_s * 1e3:.1f} ms{how}", indent="  ")]
     lines += [f"  {case:<28} CPU held for {s * 1e3:8.3f} ms" for case, s in probe.held_s.items()]
@@ -265,7 +243,6 @@ def host_blocking_lines(probe: HostBlocking) -> list[str]:
 
 
 def rounding_lines(rows: Sequence[RoundingRow]) -> list[str]:
-    """One line per pin: requested, how much the pinned pool grew, and the predicted power-of-two block."""
     out = []
     for r in rows:
         d = r.allocated_delta

@@ -1,7 +1,5 @@
-"""Chapter 03, ``pin_memory=True`` in the DataLoader: the chapter interface (:mod:`helpers.ui.chapter`), section
-4's verdict and the pin-time figure. The panel times the reader's ``make_loader(dataset, batch_size, pin_memory=...)``
-and ``to_device`` on any machine; the pin step's own time needs CUDA (else the reference runs' figure).
-"""
+"""Chapter 03, ``pin_memory=True`` in the DataLoader: the panel and benchmark, section 4's verdict and the pin-time
+figure (the pin step's own time needs CUDA; else the reference runs' figure)."""
 
 from __future__ import annotations
 
@@ -28,7 +26,7 @@ TITLE = "pin_memory in the DataLoader"
 BENCH_WEIGHT = 0.75
 PANEL_TITLE = "pin_memory in your DataLoader"
 
-#: The pin-time figure: (what, milliseconds per batch) rows.
+#: The pin-time figure: (what, ms per batch) rows.
 PinTimes = list[tuple[str, float]]
 
 
@@ -42,10 +40,9 @@ def benchmark(
     batches: int | None = None,
     warmup: int | None = None,
 ) -> ResultSet:
-    """Record chapter 03's key measurements at the mode's sizes: ``ch03.items_per_s`` {num_workers, pin_memory,
-    pin_active, device}, ``ch03.main_wait_ms`` {num_workers, pin_memory} (the main thread's mean wait per batch),
-    ``ch03.pin_ms_per_batch`` {num_workers, thread} (only where pinning ran: CUDA), ``ch03.copy_ms_per_batch``
-    {bytes} (a plain CPU copy of one batch, the memcpy inside pinning). The keywords are overrides for tests."""
+    """Record ``ch03.items_per_s`` {num_workers, pin_memory, pin_active, device}, ``ch03.main_wait_ms`` (the main
+    thread's mean wait per batch), ``ch03.pin_ms_per_batch`` {num_workers, thread} (CUDA only) and
+    ``ch03.copy_ms_per_batch`` {bytes} (a plain copy of one batch). The keywords are overrides for tests."""
     progress = progress or no_progress
     dev = resolve_device(device)
     sizes = dict(sizes) if sizes is not None else default_sizes()
@@ -75,7 +72,7 @@ def benchmark(
 
 
 def _pair(rows: Sequence[pinning.PinRow]) -> tuple[pinning.PinRow, pinning.PinRow]:
-    """The pin_memory=False and True rows of :func:`~.pinning.pin_pair_rounds` (ValueError if ``rows`` is not it)."""
+    """The pin_memory=False and True rows of :func:`~.pinning.pin_pair_rounds`."""
     pair = {r.pin_memory: r for r in rows}
     if set(pair) != {False, True} or len(rows) != 2:
         raise ValueError("rows must hold the pin_memory=False/True pair of pin_pair_rounds")
@@ -83,10 +80,8 @@ def _pair(rows: Sequence[pinning.PinRow]) -> tuple[pinning.PinRow, pinning.PinRo
 
 
 def pin_pair_verdict(rows: Sequence[pinning.PinRow]) -> str:
-    """One sentence on section 4's pair (:func:`~.pinning.pin_pair_rounds`). The gap is the table's (medians over
-    the rounds); it is **within noise** when the per-round ratios (True over False) fall on both sides of 1
-    (:func:`helpers.core.agreement.ratios_straddle_one`). Otherwise, with CUDA, it is the flag's effect; without,
-    both settings did the same work, so it is load, and the faster figure is the one to trust."""
+    """One sentence on section 4's pair: the gap is within noise when the per-round ratios fall on both sides of 1;
+    else, with CUDA, the flag's effect; without, load (both did the same work), and the faster figure is trusted."""
     off, on = _pair(rows)
     ratios = [
         a / b for a, b in zip(on.round_items_per_s or [on.items_per_s], off.round_items_per_s or [off.items_per_s])
@@ -114,9 +109,8 @@ def pin_pair_verdict(rows: Sequence[pinning.PinRow]) -> str:
 
 
 def pin_step_rows(pin_s: float | None, rows: Sequence[pinning.PinRow]) -> PinTimes:
-    """The measured figure: the loader's pin step on one batch (:func:`~.pinning.pin_step_seconds`), beside how
-    much longer ``next()`` took with ``pin_memory=True`` in the last round of ``rows`` (the main thread pins).
-    Raises ValueError when ``pin_s`` is None (no CUDA device) or ``rows`` is not the pair."""
+    """The loader's pin step on one batch beside how much longer ``next()`` took with ``pin_memory=True`` in the
+    last round of ``rows`` (the main thread pins)."""
     if pin_s is None:
         raise ValueError("pin_s is None: the pin step can only be timed with a CUDA device")
     off, on = _pair(rows)
@@ -128,7 +122,7 @@ def pin_step_rows(pin_s: float | None, rows: Sequence[pinning.PinRow]) -> PinTim
 
 
 def pin_rows_from_records(_rs: ResultSet, records: list[Record]) -> PinTimes | None:
-    """The recorded figure: one row per ``ch03.pin_ms_per_batch`` record (its worker count and pinning thread)."""
+    """One row per ``ch03.pin_ms_per_batch`` record."""
     rows = [
         (f"workers={rec.params.get('num_workers')}, pinned in {rec.params.get('thread')}", float(rec.value))
         for rec in records
@@ -137,13 +131,11 @@ def pin_rows_from_records(_rs: ResultSet, records: list[Record]) -> PinTimes | N
 
 
 def pin_row_lines(rows: PinTimes) -> list[str]:
-    """'  <what>: 0.123 ms per batch', one line per row."""
     return [f"  {what}: {ms:.3f} ms per batch" for what, ms in rows]
 
 
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """Batch size (from ``batch=``, default 32) and ``pin_memory`` (the default of the reader's ``make_loader``,
-    ``DEVICE.type == "cuda"``, else False). No ``num_workers``: the reader's ``make_loader`` has none yet."""
+    """Batch size and ``pin_memory`` (starting at the default of the reader's ``make_loader``)."""
     try:
         pin = inspect.signature(context.get("make_loader")).parameters["pin_memory"].default  # type: ignore[arg-type]
     except (TypeError, ValueError, KeyError):
@@ -168,22 +160,14 @@ def panel_run(
     threads: int | None = 1,
     **context: Any,
 ) -> Evidence[loaders.Throughput]:
-    """One run: the reader's ``make_loader(dataset, batch_size, pin_memory=...)`` timed with the reader's
-    ``to_device`` (``threads`` intra-op threads, as in the pin thread). Measured here, on any machine: without
-    an accelerator ``pin_memory=True`` pins nothing. Raises ValueError for bad arguments."""
+    """The reader's ``make_loader(dataset, batch_size, pin_memory=...)`` timed with their ``to_device`` (``threads``
+    intra-op threads, as in the pin thread); without an accelerator ``pin_memory=True`` pins nothing."""
     bs = check_int("batch_size", batch_size, 1, 100_000)
     if not isinstance(pin_memory, bool):
         raise ValueError(f"pin_memory must be True or False, got {pin_memory!r}")
-    loader = pinning.readers_loader(make_loader, dataset, bs, pin_memory)
-    res = loaders.measure_throughput(
-        loader,
-        to_device=to_device,
-        batches=batches,
-        warmup=warmup,
-        label=f"batch_size={bs}, pin_memory={pin_memory}",
-        progress=progress,
-        threads=threads,
-    )
+    kw = {"to_device": to_device, "batches": batches, "warmup": warmup, "threads": threads, "progress": progress}
+    label = f"batch_size={bs}, pin_memory={pin_memory}"
+    res, _ = pinning.time_readers_loader(make_loader, dataset, bs, pin_memory, label=label, **kw)
     res.config.update(batch_size=bs, pin_memory=pin_memory)
     return evidence.measured(
         f"your make_loader + to_device (batch_size={bs}, pin_memory={pin_memory})",
@@ -194,7 +178,6 @@ def panel_run(
 
 
 def panel_summary(result: Evidence[loaders.Throughput]) -> str:
-    """Throughput, where the main thread's time went, whether batches were pinned; then the provenance."""
     res = result.value
     if res is None:
         return result.header()
@@ -211,7 +194,7 @@ def panel_summary(result: Evidence[loaders.Throughput]) -> str:
 
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
-    """A bar per run (items/s), latest highlighted; batch size and pin_memory as labels, the source in the title."""
+    """A bar per run (items/s), latest highlighted."""
     runs = [rec for rec in history if rec.result.value is not None]
     source = runs[-1].result.source.split(";")[0] if runs else "no run yet"
     plots.history_bars(

@@ -22,18 +22,16 @@ from ...pipeline.workers import MAX_WORKERS
 
 
 def pin_threads() -> list[threading.Thread]:
-    """The DataLoader pin-memory threads (``pt_data_pin``, found by their target) alive in this process."""
+    """The DataLoader pin-memory threads alive in this process."""
     return [t for t in threading.enumerate() if t.is_alive() and thread_label(t) == "pt_data_pin"]
 
 
 def pin_thread_alive() -> bool:
-    """True while a DataLoader pin-memory thread runs in this process."""
     return bool(pin_threads())
 
 
 def batch_copy_seconds(nbytes: int, repeats: int = 20) -> float:
-    """Median time of one plain CPU copy of ``nbytes``: the memcpy inside pinning, measurable on any machine
-    (a lower bound of the pin step, not its cost). One thread, as in the DataLoader's pin thread."""
+    """Median time of one plain copy of ``nbytes`` on one thread: the memcpy inside pinning (a lower bound of it)."""
     src = torch.empty(check_int("nbytes", nbytes, 1, 1 << 34), dtype=torch.uint8)
     dst, blocks = torch.empty_like(src), check_int("repeats", repeats, 1, 10_000)
     copy = measure(
@@ -55,13 +53,12 @@ class PinRow:
     round_items_per_s: list[float] = field(default_factory=list)
 
     @property
-    def items_per_s(self) -> float:
-        """Median over the rounds (one round: that run's throughput)."""
+    def items_per_s(self) -> float:  # the median over the rounds
         return statistics.median(self.round_items_per_s) if self.round_items_per_s else self.result.items_per_s
 
 
 class PinLog:
-    """``on_batch`` callback that collects the pin times :class:`PinnableBatch` batches carry."""
+    """``on_batch`` callback collecting the pin times :class:`PinnableBatch` batches carry."""
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
@@ -73,18 +70,16 @@ class PinLog:
             self.threads.append(batch.pin_thread or "?")
 
     @property
-    def ms_per_batch(self) -> float | None:
-        """Median pin time per batch in ms (``None``: nothing was pinned)."""
+    def ms_per_batch(self) -> float | None:  # median; None: nothing was pinned
         return 1e3 * statistics.median(self.seconds) if self.seconds else None
 
     @property
-    def thread(self) -> str | None:
-        """The thread that pinned most batches (``None``: nothing was pinned)."""
+    def thread(self) -> str | None:  # the one that pinned most batches
         return max(set(self.threads), key=self.threads.count) if self.threads else None
 
 
 def _rounds(runs: dict[str, Callable[[ProgressFn], PinRow]], rounds: int, progress: ProgressFn | None) -> list[PinRow]:
-    """Each run once per round, alternating (:func:`alternate`): its last round's row with every round's items/s."""
+    """Each run once per round, alternating: its last round's row with every round's items/s."""
     last: dict[str, PinRow] = {}
 
     def timed(label: str) -> Callable[[ProgressFn], float]:
@@ -108,9 +103,8 @@ def pin_memory_experiment(
     progress: ProgressFn | None = None,
     rounds: int = 1,
 ) -> list[PinRow]:
-    """The workbook's loader with and without ``pin_memory``, per worker count, in alternating rounds; rows ordered
-    (workers, False/True). Its :class:`PinnableBatch` batches say how long pinning took and in which thread (the
-    main one with ``num_workers=0``, else ``pt_data_pin``); without an accelerator nothing is pinned."""
+    """The workbook's loader with and without ``pin_memory``, per worker count, in alternating rounds; its batches
+    say how long pinning took and in which thread."""
     ws = [check_int(f"workers[{i}]", w, 0, MAX_WORKERS) for i, w in enumerate(workers)]
 
     def run(w: int, pin: bool) -> Callable[[ProgressFn], PinRow]:
@@ -129,21 +123,24 @@ def pin_memory_experiment(
     )
 
 
-def readers_loader(make_loader: Any, dataset: Any, batch_size: int, pin_memory: bool) -> Any:
-    """``make_loader(dataset, batch_size, pin_memory=...)``, the reader's function; one clear line when it is not a
-    function or takes no ``pin_memory`` keyword."""
+def time_readers_loader(
+    make_loader: Any, dataset: Any, batch_size: int, pin_memory: bool, **measure: Any
+) -> tuple[Throughput, int]:
+    """The reader's ``make_loader(dataset, batch_size, pin_memory=...)`` timed by :func:`measure_throughput`
+    (``measure``: its keywords), and its worker count; one clear line when it cannot be called so."""
     if not callable(make_loader):
         raise ValueError(
             f"make_loader must be a function such as make_loader(dataset, batch_size, pin_memory=...), "
             f"got {make_loader!r}"
         )
     try:
-        return make_loader(dataset, batch_size, pin_memory=pin_memory)
+        loader = make_loader(dataset, batch_size, pin_memory=pin_memory)
     except TypeError as exc:
         raise ValueError(
             "make_loader must accept pin_memory=True/False as a keyword "
             f"(def make_loader(dataset, batch_size, pin_memory=...)): {exc}"
         ) from None
+    return measure_throughput(loader, **measure), int(getattr(loader, "num_workers", 0))
 
 
 def pin_pair_rounds(
@@ -158,25 +155,18 @@ def pin_pair_rounds(
     progress: ProgressFn | None = None,
     threads: int | None = 1,
 ) -> list[PinRow]:
-    """The reader's ``make_loader(dataset, batch_size, pin_memory=flag)``, False against True, in alternating rounds,
-    timed with the reader's ``to_device`` (``threads`` intra-op threads, as in the pin thread). Two rows (False,
-    True); ``pin_active``: the timed batches arrived pinned (never without an accelerator). No pin time (plain
-    tuples carry none): see :func:`pin_step_seconds`."""
+    """The reader's loader with ``pin_memory`` False against True, in alternating rounds, timed with the reader's
+    ``to_device``: two rows; ``pin_active``: the batches arrived pinned (never without an accelerator)."""
     batch_size = check_int("batch_size", batch_size, 1, 1_000_000)
+
+    kw: dict[str, Any] = {"to_device": to_device, "batches": batches, "warmup": warmup, "threads": threads}
 
     def run(pin: bool) -> Callable[[ProgressFn], PinRow]:
         def once(progress: ProgressFn) -> PinRow:
-            loader = readers_loader(make_loader, dataset, batch_size, pin)
-            res = measure_throughput(
-                loader,
-                to_device=to_device,
-                batches=batches,
-                warmup=warmup,
-                label=f"pin_memory={pin}",
-                progress=progress,
-                threads=threads,
+            label = f"pin_memory={pin}"
+            res, workers = time_readers_loader(
+                make_loader, dataset, batch_size, pin, label=label, progress=progress, **kw
             )
-            workers = int(getattr(loader, "num_workers", 0))
             return PinRow(workers, pin, res, res.extra["pinned_batches"] > 0, None, None)
 
         return once
@@ -185,12 +175,8 @@ def pin_pair_rounds(
 
 
 def pin_step_seconds(batch: Any, repeats: int = 10) -> float | None:
-    """Median time of the DataLoader's own pin step on ``batch`` (``None``: no CUDA device, nothing can be pinned).
-
-    Times ``torch.utils.data._utils.pin_memory.pin_memory(batch)``, what the loader calls on every batch with
-    ``pin_memory=True``: a page-locked block from the caching host allocator, then a copy into it. One untimed
-    call first, so the allocator has a warm block.
-    """
+    """Median time of the DataLoader's own pin step on ``batch`` (``None`` without CUDA): the function it calls on
+    every batch, which takes a block from the caching host allocator and copies into it (one untimed call first)."""
     repeats = check_int("repeats", repeats, 1, 10_000)
     if not torch.cuda.is_available():
         return None
