@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from helpers.chapters import ch04
 from helpers.chapters.ch04 import speedup, sweeps
+from helpers.chapters.ch04.datasets import CheapDataset
 from helpers.core.results import ResultSet
 from helpers.pipeline import loaders as L
 
@@ -113,7 +114,7 @@ def test_the_benchmark_flags_a_speedup_the_sweep_contradicts(monkeypatch: pytest
         speedup, "interleaved_speedup", lambda *a, **k: _rounds([100.0] * 3, [130.0, 144.0, 160.0], ceiling=190.0)
     )
     rs = ResultSet.new("t", "synthetic")
-    ch04._sweep_and_speedup(rs, L.CheapDataset(8, 4), L.CheapDataset(8, 4), 4, 2, 0)
+    ch04._sweep_and_speedup(rs, CheapDataset(8, 4), CheapDataset(8, 4), 4, 2, 0)
     (up,) = rs.find("ch04.speedup", output="float")
     assert any(f.endswith(f"disagree: {TRUST}") for f in up.flags), up.flags
     (up8,) = rs.find("ch04.speedup", output="uint8")
@@ -121,7 +122,7 @@ def test_the_benchmark_flags_a_speedup_the_sweep_contradicts(monkeypatch: pytest
 
 
 def test_knob_rounds_measures_every_value_each_round_and_releases_its_workers() -> None:
-    ds = L.CheapDataset(64, 4)
+    ds = CheapDataset(64, 4)
     kr = speedup.knob_rounds(
         lambda f: DataLoader(ds, batch_size=8, num_workers=1, persistent_workers=True, prefetch_factor=f),
         "prefetch_factor",

@@ -31,7 +31,7 @@ from ...pipeline import loaders
 from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset
 from ...ui import plots
 from . import speedup, sweeps
-from .datasets import BatchedCheapDataset, UnevenDataset
+from .datasets import BatchedCheapDataset, CheapDataset, SpinDataset, UnevenDataset
 
 NUMBER = "04"
 TITLE = "DataLoader worker processes"
@@ -238,11 +238,11 @@ def _cheap_items(results: ResultSet, ds_float: Dataset, bs: int, batches: int, w
 def _panel_dataset(item_cost: str, image_root: str | None, crop_size: int, n_cheap: int) -> Dataset:
     """The data set behind ``item_cost`` (built once per setting: the panel reruns it often)."""
     if item_cost == ITEM_COSTS[0]:
-        return loaders.CheapDataset(n_cheap, image_size=crop_size)
+        return CheapDataset(n_cheap, image_size=crop_size)
     if image_root is None:
         raise ValueError(f"this panel has no image data set (no image_root); choose item_cost={ITEM_COSTS[0]!r}")
     base = ShapesDataset(image_root, crop_size=crop_size)
-    return base if item_cost == ITEM_COSTS[1] else loaders.SpinDataset(base, 2.0)
+    return base if item_cost == ITEM_COSTS[1] else SpinDataset(base, 2.0)
 
 
 def _default(make_loader: Any, name: str, fallback: Any) -> Any:

@@ -11,8 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
-from ...core.validate import check_float, check_int
-from ...pipeline.demo import CheapDataset
+from ...core.validate import check_choice, check_float, check_int
 
 
 def passthrough_collate(batch: Any) -> Any:
@@ -24,6 +23,47 @@ def light_uint8_collate(items: list[tuple[torch.Tensor, int]]) -> tuple[torch.Te
     """uint8 images as one shared-memory tensor, labels as a plain list: each tensor crosses from a worker with
     its own shared-memory handle to open and map, a tiny pickled list needs none."""
     return default_collate([x for x, _ in items]), [int(y) for _, y in items]
+
+
+class CheapDataset(Dataset):
+    """Items that cost almost nothing (views into a bank of ``bank`` random images): the DataLoader's per-batch
+    overhead in the main process is what limits throughput."""
+
+    def __init__(self, n: int, image_size: int = 64, output: str = "float", bank: int = 64, seed: int = 0) -> None:
+        self.n = check_int("n", n, 1, 10_000_000)
+        self.image_size = check_int("image_size", image_size, 1, 1024)
+        self.output = check_choice("output", output, ("float", "uint8"))
+        bank = check_int("bank", bank, 1, 4096)
+        g = torch.Generator().manual_seed(check_int("seed", seed, 0, 2**63 - 1))
+        data = torch.randint(0, 256, (bank, 3, self.image_size, self.image_size), dtype=torch.uint8, generator=g)
+        self.bank = data if output == "uint8" else data.float().div_(255.0)
+        self.labels = torch.arange(bank) % 10
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if not -self.n <= index < self.n:
+            raise IndexError(f"index {index} out of range for {self.n} items")
+        k = index % len(self.bank)
+        return self.bank[k], int(self.labels[k])
+
+
+class SpinDataset(Dataset):
+    """``base`` plus ``extra_ms`` of busy CPU per item: it competes for cores like augmentation (a sleep would not)."""
+
+    def __init__(self, base: Dataset, extra_ms: float) -> None:
+        self.base = base
+        self.extra_ms = check_float("extra_ms", extra_ms, 0.0, 1000.0)
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        end = time.thread_time() + self.extra_ms / 1e3
+        while time.thread_time() < end:
+            pass
+        return self.base[index]
 
 
 class BatchedCheapDataset(CheapDataset):

@@ -20,10 +20,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from ...core.rounds import table
 from ...core.validate import check_int
-from ...pipeline.demo import CheapDataset
 from ...pipeline.loaders import LoaderConfig, Throughput, guard, measure_config, measure_throughput
 from ...pipeline.workers import MAX_WORKERS, cpu_cores, open_iterator, release, released
-from .datasets import PerItem, light_uint8_collate, passthrough_collate
+from .datasets import CheapDataset, PerItem, light_uint8_collate, passthrough_collate
 
 
 def build_from_factory(
