@@ -533,9 +533,7 @@ def test_getitems_experiment_takes_the_readers_data_set() -> None:
 
 
 def _rounds(single: list[float], workers: list[float], ceiling: list[float]) -> Any:
-    return sweeps.SpeedupRounds(
-        num_workers=2, batch_size=8, single=single, workers=workers, ceiling=ceiling, cores=2, seconds=1.0
-    )
+    return speedup.LoaderRounds("num_workers", {0: single, 2: workers}, 0, ceiling)
 
 
 def test_share_of_ceiling_above_one_is_flagged() -> None:
@@ -561,8 +559,12 @@ def test_contradictory_best_num_workers_is_flagged() -> None:
     sweep = sweeps.WorkerSweep(workers=[0, 1, 2], results=[res(1000), res(900), res(980)], cores=2)
     rounds = _rounds([100, 100, 100], [160, 150, 170], [])
     assert sweep.best_workers == 0
-    assert any("contradiction" in n for n in sweep.notes(rounds))
-    assert not sweep.notes(_rounds([100], [95], []))
+    # the sweep's best (0) against rounds where 2 workers win every round: the verdict says to trust the rounds
+    (line,) = speedup.sweep_vs_rounds(sweep, rounds)
+    assert "disagree" in line and "trust the alternating rounds" in line
+    assert not sweep.notes()
+    (line,) = speedup.sweep_vs_rounds(sweep, _rounds([100, 100], [95, 99], []))  # rounds confirm 0 is faster
+    assert "agree within their spread" in line
     over = sweeps.WorkerSweep(workers=[0, 1], results=[res(500), res(660)], cores=2)
     assert any("over 100%" in n for n in over.notes())
 

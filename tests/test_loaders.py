@@ -331,25 +331,23 @@ def test_interleaved_speedup_rounds_and_cleanup():
     threads = torch.get_num_threads()
     ds = SpinDataset(CheapDataset(64, 4), extra_ms=0.5)
     sr = speedup.interleaved_speedup(_factory(ds, 8), 2, rounds=3, batches=3, warmup=1)
-    assert len(sr.single) == len(sr.workers) == len(sr.ceiling) == 3
-    assert all(x > 0 for x in sr.single + sr.workers + sr.ceiling)
-    assert sr.speedup == pytest.approx(sorted(sr.ratios)[1])
+    assert len(sr.rates[0]) == len(sr.rates[2]) == len(sr.ceiling) == 3
+    assert all(x > 0 for x in sr.rates[0] + sr.rates[2] + sr.ceiling)
+    assert sr.speedup == pytest.approx(sorted(sr.ratios())[1])
     lo, hi = sr.spread
     assert lo <= sr.speedup <= hi
     assert sr.ceiling_speedup > 0 and sr.share_of_ceiling > 0
-    assert len(sr.table()) == 4 and "median of 3 rounds" in sr.summary()
+    assert len(sr.table()) == 5 and "median of 3 rounds" in sr.summary()  # header, 3 rounds, medians
     assert torch.get_num_threads() == threads  # the one-thread setting is restored
     assert not [p for p in L.worker_processes() if p.pid not in before]  # gone when it returns
     assert not _wait_children_back_to(before)
 
 
 def test_speedup_rounds_without_ceiling():
-    sr = sweeps.SpeedupRounds(
-        num_workers=1, batch_size=4, single=[100.0], workers=[90.0], ceiling=[], cores=2, seconds=1.0
-    )
+    sr = speedup.LoaderRounds("num_workers", {0: [100.0], 1: [90.0]}, 0)
     assert sr.ceiling == [] and sr.ceiling_speedup != sr.ceiling_speedup  # nan
     assert "ceiling" not in sr.summary()
-    assert len(sr.table()[0].split()) == 5
+    assert "ceiling" not in sr.table()[0] and "procs" not in sr.table()[0]
 
 
 def test_interleaved_speedup_refuses_bad_arguments():
@@ -363,15 +361,7 @@ def test_plot_rounds_draws_three_series():
     import matplotlib
 
     matplotlib.use("Agg")
-    sr = sweeps.SpeedupRounds(
-        num_workers=2,
-        batch_size=8,
-        single=[100.0, 110.0],
-        workers=[180.0, 170.0],
-        ceiling=[200.0, 190.0],
-        cores=2,
-        seconds=1.0,
-    )
+    sr = speedup.LoaderRounds("num_workers", {0: [100.0, 110.0], 2: [180.0, 170.0]}, 0, [200.0, 190.0])
     ax = speedup.plot_rounds(sr)
     assert len(ax.get_lines()) == 3 and "1.6" in ax.get_title()
     assert sr.speedup == pytest.approx((1.8 + 170 / 110) / 2)
