@@ -12,7 +12,7 @@ What a reader can do to a panel, and what must hold afterwards:
   stays within a small bound;
 * enter values out of range: refused, with a message that names the control.
 
-The data set used with workers is ``helpers.pipeline.loaders.CheapDataset`` (importable,
+The data set used with workers is ``helpers.chapters.ch04.datasets.CheapDataset`` (importable,
 so the test holds for spawn/forkserver too).
 """
 

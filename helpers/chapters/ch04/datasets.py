@@ -1,9 +1,7 @@
-"""Chapter 04's own data sets and collate functions: module-level (not defined in the notebook), so that spawn
-workers can import them."""
+"""Chapter 04's data sets and collate functions, in a module (not the notebook) so that spawn workers import them."""
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -150,16 +148,16 @@ class FixedRNGDataset(Dataset):
         self.n = check_int("n", n, 1, 10_000_000)
         self.seed = check_int("seed", seed, 0, 2**63 - 1)
         self._rng: np.random.Generator | None = None
-        self._rng_key: tuple[int, int] | None = None
+        self._rng_key: int | None = None
 
     def __len__(self) -> int:
         return self.n
 
     def _generator(self) -> np.random.Generator:
         info = get_worker_info()
-        key = (os.getpid(), info.seed if info else self.seed)
+        key = info.seed if info else self.seed  # per worker and epoch
         if self._rng is None or self._rng_key != key:
-            self._rng, self._rng_key = np.random.default_rng(key[1]), key
+            self._rng, self._rng_key = np.random.default_rng(key), key
         return self._rng
 
     def __getitem__(self, index: int) -> tuple[int, int, float]:

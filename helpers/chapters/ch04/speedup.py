@@ -66,24 +66,30 @@ def parallel_ceiling(
     processes = check_int("processes", processes, 1, MAX_WORKERS)
     seconds = check_float("seconds", seconds, 0.05, 600.0)
     batch_size = check_int("batch_size", batch_size, 1, 65536)
-    own = pool is None
+    n = max(1, len(dataset))  # type: ignore[arg-type]
     try:
-        if own:
-            pool = start_pool(processes)
-        n = max(1, len(dataset))  # type: ignore[arg-type]
-        start_at = time.time() + 0.05
-        tasks = [(dataset, (i * n) // processes, batch_size, collate_fn, start_at, seconds) for i in range(processes)]
-        # Bounded: a task that never returns (a frozen process) ends the call instead of hanging it.
-        done = pool.map_async(_ceiling_task, tasks, chunksize=1).get(timeout=seconds + WORKER_TIMEOUT_S)
+        with _pool(processes) if pool is None else contextlib.nullcontext(pool) as p:
+            start_at = time.time() + 0.05
+            tasks = [
+                (dataset, (i * n) // processes, batch_size, collate_fn, start_at, seconds) for i in range(processes)
+            ]
+            # Bounded: a task that never returns (a frozen process) ends the call instead of hanging it.
+            done = p.map_async(_ceiling_task, tasks, chunksize=1).get(timeout=seconds + WORKER_TIMEOUT_S)
     except mp.TimeoutError:
         raise LoaderFailure(
             f"parallel_ceiling: the {processes} processes did not report within "
             f"{seconds + WORKER_TIMEOUT_S:g} s (a frozen or starved process); they were stopped"
         ) from None
-    finally:
-        if own and pool is not None:
-            close_pool(pool)
     return sum(k / dt for k, dt in done)
+
+
+@contextlib.contextmanager
+def _pool(processes: int) -> Iterator[Any]:
+    pool = start_pool(processes)
+    try:
+        yield pool
+    finally:
+        close_pool(pool)
 
 
 def _pool_initializer() -> None:
@@ -196,15 +202,6 @@ def _loader_rounds(
             objs[:0] = [t.it for t in takers if t.it is not None]
 
 
-@contextlib.contextmanager
-def _pool(processes: int) -> Iterator[Any]:
-    pool = start_pool(processes)
-    try:
-        yield pool
-    finally:
-        close_pool(pool)
-
-
 def _median_ratio(a: Sequence[float], b: Sequence[float]) -> float:
     return statistics.median(x / y for x, y in zip(a, b)) if a and b else float("nan")
 
@@ -257,14 +254,16 @@ class LoaderRounds:
 
     def notes(self) -> list[str]:
         """Impossible-looking figures: the ceiling is a measurement too, and a disturbed one is no upper bound."""
-        out = []
-        if self.ceiling and self.share_of_ceiling > 1.0:
+        out: list[str] = []
+        if not self.ceiling:
+            return out
+        if self.share_of_ceiling > 1.0:
             out.append(
                 f"the loader measured {self.share_of_ceiling:.0%} of the measured ceiling (over 100%): the "
                 f"ceiling runs were slowed by something else on this machine, so here they are no upper bound "
                 f"(noise); re-run on a quieter machine"
             )
-        if self.ceiling and self.ceiling_speedup > self.num_workers * 1.05:
+        if self.ceiling_speedup > self.num_workers * 1.05:
             out.append(
                 f"the ceiling of {self.num_workers} processes measured {self.ceiling_speedup:.2f}x one process "
                 f"(more than {self.num_workers}x): the single-process rounds ran slow (noise)"

@@ -148,13 +148,8 @@ def plot_sweep(sw: WorkerSweep, axes: Sequence[Any] | None = None, title: str = 
     ceiling = f"core-count ceiling ({sw.cores} cores x workers=0 rate)"
     ax1.axhline(base * sw.cores, color="#444", linestyle="--", linewidth=1, label=ceiling)
     ax1.axvline(rule, color="#e15759", alpha=0.4, linewidth=6, label=f"'half the cores' rule: {rule}")
-    ax1.set(
-        xlabel="num_workers",
-        ylabel="throughput (items/s)",
-        xticks=xs,
-        title=title or "Loader throughput vs num_workers",
-    )
-    ax1.set_ylim(bottom=0)
+    ax1.set(xlabel="num_workers", ylabel="throughput (items/s)", xticks=xs, ylim=(0, None))
+    ax1.set_title(title or "Loader throughput vs num_workers")
     ax1.legend(fontsize=8, loc="upper left")
     ax1.grid(alpha=0.3)
     eff_x = [n for n in xs if n > 0]
