@@ -277,14 +277,12 @@ def panel_summary(result: Evidence[loaders.Throughput]) -> str:
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
     """A bar per run (items/s), latest highlighted; the settings as labels, the source in the title."""
     runs = [rec for rec in history if rec.result.value is not None]
-    labels = []
-    for rec in runs:
-        v = rec.values
-        parts = [f"#{rec.index} w={v.get('num_workers')}", f"b={v.get('batch_size')}", f"pf={v.get('prefetch_factor')}"]
-        if v.get("persistent"):
-            parts.append("P")
-        parts.append(str(v.get("item_cost", "")).split(" ")[0])
-        labels.append(" ".join(parts))
+    labels = [
+        f"#{r.index} w={v.get('num_workers')} b={v.get('batch_size')} pf={v.get('prefetch_factor')}"
+        f"{' P' if v.get('persistent') else ''} {str(v.get('item_cost', '')).split(' ')[0]}"
+        for r in runs
+        for v in [r.values]
+    ]
     source = runs[-1].result.source.split(";")[0] if runs else "no run yet"
     plots.history_bars(
         labels,

@@ -163,6 +163,3 @@ class FixedRNGDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[int, int, float]:
         info = get_worker_info()
         return index, (info.id if info else -1), float(self._generator().random())
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_rng": None, "_rng_key": None}

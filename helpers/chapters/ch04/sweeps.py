@@ -124,14 +124,12 @@ def sweep_workers(
         raise ValueError(
             f"workers must be a non-empty list of distinct integers in [0, {MAX_WORKERS}], got {list(workers)}"
         )
-    results = []
+    results, progress = [], progress or (lambda *a: None)
     for k, n in enumerate(ws):
-        if progress is not None:
-            progress(k / len(ws), f"num_workers={n} ({k + 1} of {len(ws)})")
+        progress(k / len(ws), f"num_workers={n} ({k + 1} of {len(ws)})")
         loader = build_from_factory(factory, n, expect={"num_workers": n})
         results.append(measure_throughput(loader, batches=batches, warmup=warmup, threads=1))
-    if progress is not None:
-        progress(1.0, "done")
+    progress(1.0, "done")
     return WorkerSweep(workers=ws, results=results, cores=cpu_cores())
 
 
@@ -225,16 +223,9 @@ class InOrderResult:
     def table(self) -> list[str]:
         rows = []
         for flag in (True, False):
-            r = self.results[flag]
+            r, ooo = self.results[flag], f"{100 * self.out_of_order[flag]:.0f}%"
             ms = [1e3 * statistics.median(r.wait_s), r.p95_wait_ms, r.max_wait_ms]
-            rows.append(
-                [
-                    f"in_order={flag}",
-                    f"{r.seconds:.2f} s",
-                    *(f"{x:.1f} ms" for x in ms),
-                    f"{100 * self.out_of_order[flag]:.0f}%",
-                ]
-            )
+            rows.append([f"in_order={flag}", f"{r.seconds:.2f} s", *(f"{x:.1f} ms" for x in ms), ooo])
         return table(["", "total", "median wait", "p95 wait", "max wait", "batches out of order"], rows)
 
 
@@ -303,8 +294,9 @@ def _measure_cases(
     for key, label, ds, collate in cases:
         for w in workers:
             cfg = LoaderConfig(batch_size=run["batch_size"], num_workers=w, persistent_workers=w > 0)
+            label_w = f"{label}, workers={w}"
             res = measure_config(
-                ds, cfg, batches=run["batches"], warmup=run["warmup"], collate_fn=collate, label=f"{label}, workers={w}"
+                ds, cfg, batches=run["batches"], warmup=run["warmup"], collate_fn=collate, label=label_w
             )
             out.append((key, w, res))
     return out
