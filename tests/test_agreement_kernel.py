@@ -184,7 +184,7 @@ def test_ch03_and_ch04_ratio_verdicts_are_the_straddle_rule() -> None:
         ratios = [a / b for a, b in zip(on, off)]
         old = min(ratios) <= 1.0 <= max(ratios)
         assert ("within noise" in ch03.pin_pair_verdict(_pin_rows(on, off))) == old
-        assert ("within the noise" in speedup.difference_line("k", 1, 2, ratios, n)) == old
+        assert ("within the noise" in speedup.difference_line("k", 1, 2, ratios)) == old
         one_pass = rng.uniform(0.8, 1.3)
         assert speedup.agreement_line(2, one_pass, ratios).endswith("agree within their spread") == (
             min(ratios) <= one_pass <= max(ratios)

@@ -97,11 +97,11 @@ PAIRS: tuple[Pair, ...] = (
     Pair("04", "the 2-worker speed-up: the one-pass sweep (section 1), and alternating rounds (section 1b)",
          shown_by="speedup.interleaved_speedup(", call="speedup.sweep_vs_rounds(sweep, ROUNDS)",
          verdict=f"{CH04}.sweep_vs_rounds",
-         chain=(f"{CH04}.sweep_vs_rounds", f"{CH04}.agreement_line", f"{CH04}.within_spread", f"{KERNEL}.within_range"),
+         chain=(f"{CH04}.sweep_vs_rounds", f"{CH04}.agreement_line", f"{KERNEL}.within_range"),
          rule="within_range: the one-pass figure within the rounds' range", trust="trust the alternating rounds"),
     Pair("04", "prefetch_factor 1 and 4 against the default 2, in alternating rounds (section 2)",
-         shown_by="speedup.knob_rounds(", call="pf.verdicts()", verdict=f"{CH04}.KnobRounds.verdicts",
-         chain=(f"{CH04}.KnobRounds.verdicts", f"{CH04}.difference_line", f"{KERNEL}.ratios_straddle_one"),
+         shown_by="speedup.knob_rounds(", call="pf.verdicts()", verdict=f"{CH04}.LoaderRounds.verdicts",
+         chain=(f"{CH04}.LoaderRounds.verdicts", f"{CH04}.difference_line", f"{KERNEL}.ratios_straddle_one"),
          rule="ratios_straddle_one on the per-round ratios"),
     Pair("05", "without CUDA: the same CPU decode code path timed twice, (a) then (b) (section 5)",
          shown_by="gpudecode.compare_decode(", call="cmp.report()", verdict=f"{GPUDECODE}.same_path_verdict",
@@ -341,8 +341,7 @@ def _sweep_vs_rounds() -> tuple[str, str]:
         results: list[Any] = [SimpleNamespace(items_per_s=r) for r in (100.0, 90.0, two)]
         return sweeps.WorkerSweep(workers=[0, 1, 2], results=results, cores=2)
 
-    rounds = sweeps.SpeedupRounds(num_workers=2, batch_size=8, single=[100.0] * 3, workers=[130.0, 144.0, 160.0],
-                             ceiling=[], cores=2, seconds=1.0)  # fmt: skip
+    rounds = speedup.LoaderRounds("num_workers", {0: [100.0] * 3, 2: [130.0, 144.0, 160.0]}, 0)
     (agree,) = speedup.sweep_vs_rounds(sweep(150.0), rounds)
     (disagree,) = speedup.sweep_vs_rounds(sweep(96.0), rounds)
     return agree, disagree
@@ -351,7 +350,7 @@ def _sweep_vs_rounds() -> tuple[str, str]:
 def _knob_verdicts() -> tuple[str, str]:
 
     def knob(one: list[float]) -> str:
-        kr = speedup.KnobRounds("prefetch_factor", [1, 2], {1: one, 2: [100.0, 100.0, 100.0]}, reference=2, seconds=1.0)
+        kr = speedup.LoaderRounds("prefetch_factor", {1: one, 2: [100.0, 100.0, 100.0]}, reference=2)
         (line,) = kr.verdicts()
         return line
 
@@ -460,7 +459,7 @@ SYNTHETIC: dict[str, tuple[Callable[[], tuple[str, str]], tuple[str, ...], tuple
     f"{CH02}.FitCheck.verdict": (_fit_check, ("fit and points agree",), ("fit misses",)),
     f"{CH03}.pin_pair_verdict": (_pin_pair_verdict, ("within noise",), ("beyond the rounds' spread",)),
     f"{CH04}.sweep_vs_rounds": (_sweep_vs_rounds, ("agree within their spread",), ("disagree",)),
-    f"{CH04}.KnobRounds.verdicts": (_knob_verdicts, ("within the noise",), ("a real difference",)),
+    f"{CH04}.LoaderRounds.verdicts": (_knob_verdicts, ("within the noise",), ("a real difference",)),
     f"{GPUDECODE}.same_path_verdict": (_same_path_verdict, (", agree within their spread",), ("do NOT agree",)),
     f"{CAPSTONE}.Waterfall.verdicts": (_waterfall_verdicts, ("within noise", "no effect"), ("gain", "slower")),
     f"{CAPSTONE}.accuracy_verdict": (_accuracy_verdict, ("accuracies agree within their spread",), ("do NOT agree",)),

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 
 from helpers.chapters import ch03
 from helpers.chapters.ch03 import pinning
+from helpers.chapters.ch04.datasets import CheapDataset
 from helpers.core import evidence
 from helpers.core.results import ResultSet
 from helpers.pipeline import loaders as L
@@ -44,7 +45,7 @@ def test_measure_throughput_times_next_and_the_readers_copy() -> None:
         calls.append(x.shape[0])
         return to_device(x, y)
 
-    ds = L.CheapDataset(24, image_size=4)
+    ds = CheapDataset(24, image_size=4)
     res = L.measure_throughput(make_loader(ds, 8), to_device=copy, batches=7, warmup=2, label="mine")
     assert res.label == "mine" and res.batches == 7 and res.items == 56
     assert len(res.wait_s) == 7 and len(res.extra["copy_s"]) == 7
@@ -73,7 +74,7 @@ def test_measure_throughput_releases_workers_when_the_copy_fails() -> None:
     def broken(x: torch.Tensor, y: torch.Tensor) -> Any:
         raise RuntimeError("boom")
 
-    loader = DataLoader(L.CheapDataset(32, image_size=4), batch_size=4, num_workers=1)
+    loader = DataLoader(CheapDataset(32, image_size=4), batch_size=4, num_workers=1)
     with pytest.raises(RuntimeError, match="boom"):
         L.measure_throughput(loader, to_device=broken, batches=2, warmup=0)
     assert not L.worker_processes()
@@ -89,7 +90,7 @@ def test_pin_pair_rounds_builds_the_readers_loader_in_alternating_order() -> Non
     seen: list[float] = []
     rows = pinning.pin_pair_rounds(
         mine,
-        L.CheapDataset(32, image_size=4),
+        CheapDataset(32, image_size=4),
         4,
         to_device=to_device,
         batches=3,
@@ -130,11 +131,11 @@ def test_pin_pair_rounds_refuses_a_make_loader_without_the_keyword() -> None:
         return make_loader(dataset, batch_size)
 
     with pytest.raises(ValueError, match="pin_memory"):
-        pinning.pin_pair_rounds(old, L.CheapDataset(8, image_size=2), 2, batches=1, rounds=1)
+        pinning.pin_pair_rounds(old, CheapDataset(8, image_size=2), 2, batches=1, rounds=1)
     with pytest.raises(ValueError, match="make_loader"):
-        pinning.pin_pair_rounds(None, L.CheapDataset(8, image_size=2), 2)  # type: ignore[arg-type]
+        pinning.pin_pair_rounds(None, CheapDataset(8, image_size=2), 2)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="rounds"):
-        pinning.pin_pair_rounds(make_loader, L.CheapDataset(8, image_size=2), 2, rounds=0)
+        pinning.pin_pair_rounds(make_loader, CheapDataset(8, image_size=2), 2, rounds=0)
 
 
 def test_is_pinned_reads_every_tensor() -> None:
@@ -175,7 +176,7 @@ def test_chapter_panel_runs_the_readers_functions() -> None:
         copied.append(1)
         return to_device(x, y)
 
-    ds = L.CheapDataset(64, image_size=4)
+    ds = CheapDataset(64, image_size=4)
     panel = Panel.for_chapter(
         ch03, device=DEVICE, make_loader=make_loader, to_device=copy, dataset=ds, batch=8, batches=2, warmup=1
     )
@@ -267,10 +268,10 @@ def test_pinned_batches_and_non_blocking_copies_on_cuda() -> None:  # pragma: no
     def copy(x: torch.Tensor, y: torch.Tensor) -> Any:
         return x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
 
-    rows = pinning.pin_pair_rounds(mine, L.CheapDataset(64, 8), 8, to_device=copy, batches=4, warmup=1, rounds=2)
+    rows = pinning.pin_pair_rounds(mine, CheapDataset(64, 8), 8, to_device=copy, batches=4, warmup=1, rounds=2)
     assert [r.pin_active for r in rows] == [False, True]
     assert all(r.result.extra["on_cuda"] for r in rows)
-    assert pinning.pin_step_seconds(next(iter(mine(L.CheapDataset(16, 8), 8, pin_memory=False)))) > 0
+    assert pinning.pin_step_seconds(next(iter(mine(CheapDataset(16, 8), 8, pin_memory=False)))) > 0
 
 
 def test_measure_throughput_sets_and_restores_intraop_threads() -> None:

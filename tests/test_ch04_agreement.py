@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from helpers.chapters import ch04
 from helpers.chapters.ch04 import speedup, sweeps
+from helpers.chapters.ch04.datasets import CheapDataset
 from helpers.core.results import ResultSet
 from helpers.pipeline import loaders as L
 
@@ -33,21 +34,9 @@ def _sweep(rates: dict[int, float]) -> sweeps.WorkerSweep:
     return sweeps.WorkerSweep(workers=list(rates), results=results, cores=2)
 
 
-def _rounds(single: list[float], workers: list[float], n: int = 2, ceiling: float = 0.0) -> sweeps.SpeedupRounds:
+def _rounds(single: list[float], workers: list[float], n: int = 2, ceiling: float = 0.0) -> speedup.LoaderRounds:
     ceil = [ceiling] * len(single) if ceiling else []
-    return sweeps.SpeedupRounds(
-        num_workers=n, batch_size=8, single=single, workers=workers, ceiling=ceil, cores=2, seconds=1.0
-    )
-
-
-def test_within_spread_is_the_range_of_the_repeated_measurements() -> None:
-    assert speedup.within_spread(1.5, [1.3, 1.44, 1.6])
-    assert speedup.within_spread(1.3, [1.3, 1.6]) and speedup.within_spread(1.6, [1.6, 1.3])  # edges count
-    assert not speedup.within_spread(0.96, [1.3, 1.44, 1.6])
-    assert not speedup.within_spread(1.7, [1.3, 1.6])
-    for bad in ([], [float("nan")]):
-        with pytest.raises(ValueError, match="finite"):
-            speedup.within_spread(1.0, bad)
+    return speedup.LoaderRounds("num_workers", {0: single, n: workers}, 0, ceil)
 
 
 def test_agreement_line_agrees_or_says_to_trust_the_rounds() -> None:
@@ -60,11 +49,11 @@ def test_agreement_line_agrees_or_says_to_trust_the_rounds() -> None:
 
 
 def test_difference_line_within_the_noise_or_a_real_difference() -> None:
-    noise = speedup.difference_line("prefetch_factor", 4, 2, [0.8, 0.95, 1.1], 3)
+    noise = speedup.difference_line("prefetch_factor", 4, 2, [0.8, 0.95, 1.1])
     assert "prefetch_factor=4 vs 2" in noise and "within the noise" in noise and "real" not in noise
-    real = speedup.difference_line("prefetch_factor", 1, 2, [0.5, 0.6, 0.55, 0.7, 0.52], 5)
+    real = speedup.difference_line("prefetch_factor", 1, 2, [0.5, 0.6, 0.55, 0.7, 0.52])
     assert "a real difference (slower in all 5 rounds" in real and "1 time in 16" in real
-    faster = speedup.difference_line("prefetch_factor", 4, 2, [1.1, 1.2, 1.3], 3)
+    faster = speedup.difference_line("prefetch_factor", 4, 2, [1.1, 1.2, 1.3])
     assert "faster in all 3 rounds" in faster and "1 time in 4" in faster
 
 
@@ -73,37 +62,11 @@ def test_sweep_vs_rounds_gives_one_verdict_per_shared_worker_count() -> None:
     r2 = _rounds([100.0, 100.0, 100.0], [130.0, 144.0, 160.0])  # the rounds: x1.30-x1.60
     r3 = _rounds([100.0, 100.0], [140.0, 170.0], n=3)  # x1.50 lies within x1.40-x1.70
     r5 = _rounds([100.0], [200.0], n=5)  # not in the sweep: no verdict
-    lines = speedup.sweep_vs_rounds(sweep, [r2, r3, r5])
-    assert len(lines) == 2
-    assert lines[0].startswith("num_workers=2:") and lines[0].endswith(f"disagree: {TRUST}")
-    assert lines[1].startswith("num_workers=3:") and lines[1].endswith("agree within their spread")
-    assert speedup.sweep_vs_rounds(sweep, r2) == lines[:1]
-
-
-def _bench_results(sweep2: float, lo: float, hi: float) -> ResultSet:
-    rs = ResultSet.new("t", "synthetic")
-    for n, v in ((0, 100.0), (1, 95.0), (2, sweep2), (3, 120.0)):
-        rs.add("ch04.items_per_s", v, "items/s", num_workers=n, persistent=n > 0, output="float")
-    for n, v in ((0, 100.0), (2, 167.0)):  # rounds' medians of the uint8 pipeline: no one-pass figure
-        rs.add("ch04.items_per_s", v, "items/s", num_workers=n, persistent=n > 0, output="uint8")
-    for out, (a, b) in (("float", (lo, hi)), ("uint8", (1.5, 1.8))):
-        rs.add("ch04.speedup", (a + b) / 2, "ratio", spread={"min": a, "max": b, "n": 3}, num_workers=2, output=out)
-    rs.add("ch04.prefetch.ratio", 0.95, "ratio", spread={"min": 0.8, "max": 1.1, "n": 5}, prefetch_factor=4,
-           reference=2, num_workers=2)  # fmt: skip
-    rs.add("ch04.prefetch.ratio", 0.55, "ratio", spread={"min": 0.5, "max": 0.7, "n": 5}, prefetch_factor=1,
-           reference=2, num_workers=2)  # fmt: skip
-    return rs
-
-
-def test_the_chapter_gives_a_verdict_for_every_pair_it_recorded() -> None:
-    lines = ch04.agreement_lines(_bench_results(96.0, 1.3, 1.6))
-    assert len(lines) == 3, lines  # the 2-worker point (float), and two prefetch_factor rows
-    assert lines[0].startswith("num_workers=2: one-pass sweep 0.96x") and lines[0].endswith(f"disagree: {TRUST}")
-    pf = {line.split(":")[0]: line for line in lines[1:]}
-    assert "within the noise" in pf["prefetch_factor=4 vs 2"]
-    assert "a real difference (slower in all 5 rounds" in pf["prefetch_factor=1 vs 2"]
-    agree = ch04.agreement_lines(_bench_results(150.0, 1.3, 1.6))
-    assert agree[0].endswith("agree within their spread")
+    (two,), (three,) = speedup.sweep_vs_rounds(sweep, r2), speedup.sweep_vs_rounds(sweep, r3)
+    assert two.startswith("num_workers=2:") and two.endswith(f"disagree: {TRUST}")
+    assert three.startswith("num_workers=3:") and three.endswith("agree within their spread")
+    assert speedup.sweep_vs_rounds(sweep, r5) == []
+    assert speedup.sweep_vs_rounds(sweep, speedup.LoaderRounds("prefetch_factor", {2: [1.0], 3: [1.0]}, 2)) == []
 
 
 def test_the_benchmark_flags_a_speedup_the_sweep_contradicts(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,7 +76,7 @@ def test_the_benchmark_flags_a_speedup_the_sweep_contradicts(monkeypatch: pytest
         speedup, "interleaved_speedup", lambda *a, **k: _rounds([100.0] * 3, [130.0, 144.0, 160.0], ceiling=190.0)
     )
     rs = ResultSet.new("t", "synthetic")
-    ch04._sweep_and_speedup(rs, L.CheapDataset(8, 4), L.CheapDataset(8, 4), 4, 2, 0)
+    ch04._sweep_and_speedup(rs, {"float": CheapDataset(8, 4), "uint8": CheapDataset(8, 4)}, 4, 2, 0)
     (up,) = rs.find("ch04.speedup", output="float")
     assert any(f.endswith(f"disagree: {TRUST}") for f in up.flags), up.flags
     (up8,) = rs.find("ch04.speedup", output="uint8")
@@ -121,7 +84,7 @@ def test_the_benchmark_flags_a_speedup_the_sweep_contradicts(monkeypatch: pytest
 
 
 def test_knob_rounds_measures_every_value_each_round_and_releases_its_workers() -> None:
-    ds = L.CheapDataset(64, 4)
+    ds = CheapDataset(64, 4)
     kr = speedup.knob_rounds(
         lambda f: DataLoader(ds, batch_size=8, num_workers=1, persistent_workers=True, prefetch_factor=f),
         "prefetch_factor",
@@ -134,7 +97,7 @@ def test_knob_rounds_measures_every_value_each_round_and_releases_its_workers() 
     assert set(kr.rates) == {1, 2} and all(len(r) == 2 and min(r) > 0 for r in kr.rates.values())
     (line,) = kr.verdicts()
     assert line.startswith("prefetch_factor=1 vs 2") and ("within the noise" in line or "a real difference" in line)
-    assert len(kr.table()) == 3 and not L.worker_processes()
+    assert len(kr.table()) == 4 and not L.worker_processes()  # a row per round, and the medians
     with pytest.raises(ValueError, match="refus|asked for|pass the value"):
         speedup.knob_rounds(lambda f: DataLoader(ds, batch_size=8), "prefetch_factor", [1, 2], rounds=1, batches=1)
     with pytest.raises(ValueError, match="two settings"):

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from helpers.chapters import ch04
 from helpers.chapters.ch04 import datasets as D
 from helpers.chapters.ch04 import speedup, sweeps
+from helpers.chapters.ch04.datasets import CheapDataset, SpinDataset
 from helpers.core import evidence
 from helpers.pipeline import data
 from helpers.pipeline import loaders as L
@@ -92,19 +93,19 @@ def _notebook_make_loader(workers: int = 2, prefetch: int = 4) -> Any:
 
 def test_the_chapters_make_loader_sets_every_knob_it_teaches() -> None:
     mk = _notebook_make_loader(workers=2, prefetch=4)
-    dl = mk(L.CheapDataset(64, 4), 8)
+    dl = mk(CheapDataset(64, 4), 8)
     assert (dl.num_workers, dl.persistent_workers, dl.prefetch_factor, dl.in_order) == (2, True, 4, True)
     assert dl.worker_init_fn is data.seed_worker  # a module function: spawn/forkserver workers import it
     assert dl.worker_init_fn.__module__ == "helpers.pipeline.data"
     assert dl.drop_last and not dl.pin_memory  # no CUDA here: pinning stays off
-    single = mk(L.CheapDataset(64, 4), 8, workers=0)  # the knobs that need workers drop out with workers=0
+    single = mk(CheapDataset(64, 4), 8, workers=0)  # the knobs that need workers drop out with workers=0
     assert (single.num_workers, single.persistent_workers, single.prefetch_factor) == (0, False, None)
-    assert not mk(L.CheapDataset(64, 4), 8, in_order=False).in_order
+    assert not mk(CheapDataset(64, 4), 8, in_order=False).in_order
 
 
 def test_the_chapters_make_loader_runs_in_the_helpers() -> None:
     mk = _notebook_make_loader(workers=1, prefetch=2)
-    sw = sweeps.sweep_workers(lambda w: mk(L.CheapDataset(64, 4), 8, workers=w), [0, 1], batches=3, warmup=1)
+    sw = sweeps.sweep_workers(lambda w: mk(CheapDataset(64, 4), 8, workers=w), [0, 1], batches=3, warmup=1)
     assert [r.config["num_workers"] for r in sw.results] == [0, 1]
 
 
@@ -112,7 +113,7 @@ def test_the_chapters_make_loader_runs_in_the_helpers() -> None:
 
 
 def test_guard_gives_a_plain_loader_the_workbooks_safety_and_keeps_its_knobs() -> None:
-    dl = make_loader(L.CheapDataset(64, 4), 8, workers=2, prefetch_factor=3)
+    dl = make_loader(CheapDataset(64, 4), 8, workers=2, prefetch_factor=3)
     assert dl.timeout == 0 and type(dl) is DataLoader
     assert L.guard(dl) is dl
     assert type(dl).__name__ == "_WorkbookLoader" and isinstance(dl, DataLoader)
@@ -127,13 +128,13 @@ def test_guard_gives_a_plain_loader_the_workbooks_safety_and_keeps_its_knobs() -
     )
     init = dl.worker_init_fn
     assert L.guard(dl) is dl and dl.worker_init_fn is init  # guarding twice changes nothing
-    own = make_loader(L.CheapDataset(64, 4), 8, workers=1)
+    own = make_loader(CheapDataset(64, 4), 8, workers=1)
     own.timeout = 5.0
     assert L.guard(own, timeout=9.0).timeout == 5.0  # a timeout of the reader's own is kept
-    assert L.guard(make_loader(L.CheapDataset(64, 4), 8, workers=1), timeout=9.0).timeout == 9.0
-    single = L.guard(make_loader(L.CheapDataset(64, 4), 8, workers=0))
+    assert L.guard(make_loader(CheapDataset(64, 4), 8, workers=1), timeout=9.0).timeout == 9.0
+    single = L.guard(make_loader(CheapDataset(64, 4), 8, workers=0))
     assert single.timeout == 0 and single.worker_init_fn is data.seed_worker
-    built = L.build_loader(L.CheapDataset(64, 4), num_workers=1)
+    built = L.build_loader(CheapDataset(64, 4), num_workers=1)
     assert L.guard(built) is built
     with pytest.raises(ValueError, match="DataLoader"):
         L.guard([1, 2, 3])  # type: ignore[arg-type]
@@ -144,7 +145,7 @@ def test_guard_checks_dev_shm_before_any_worker_starts(monkeypatch: pytest.Monke
         total, used, free = 64 << 20, 63 << 20, 1 << 20
 
     monkeypatch.setattr(L.shutil, "disk_usage", lambda path: Usage)
-    ds = L.CheapDataset(4096, 64)
+    ds = CheapDataset(4096, 64)
     with pytest.raises(ValueError, match="--shm-size"):
         L.guard(make_loader(ds, 256, workers=2))
     with pytest.raises(ValueError, match="/dev/shm"):
@@ -187,7 +188,7 @@ def test_interrupt_while_a_readers_loader_starts_workers_stops_them(monkeypatch:
     monkeypatch.setattr(_MultiProcessingDataLoaderIter, "_reset", interrupted_reset)
     with pytest.raises(KeyboardInterrupt):
         L.measure_throughput(
-            sweeps.build_from_factory(lambda w: make_loader(L.CheapDataset(64, 4), 4, workers=w), 3),
+            sweeps.build_from_factory(lambda w: make_loader(CheapDataset(64, 4), 4, workers=w), 3),
             batches=4,
             warmup=1,
         )
@@ -204,7 +205,7 @@ def test_interrupt_during_a_measurement_releases_the_readers_workers() -> None:
 
     with pytest.raises(KeyboardInterrupt):
         L.measure_throughput(
-            sweeps.build_from_factory(lambda w: make_loader(L.CheapDataset(64, 4), 4, workers=w), 2),
+            sweeps.build_from_factory(lambda w: make_loader(CheapDataset(64, 4), 4, workers=w), 2),
             batches=10,
             warmup=1,
             on_batch=on_batch,
@@ -225,7 +226,7 @@ class _PauseAll:
 
 @pytest.mark.timeout(120)
 def test_a_frozen_worker_of_a_readers_loader_ends_with_a_plain_message() -> None:
-    loader = L.guard(make_loader(L.CheapDataset(4096, 4), 4, workers=2, prefetch_factor=1), timeout=2.0)
+    loader = L.guard(make_loader(CheapDataset(4096, 4), 4, workers=2, prefetch_factor=1), timeout=2.0)
     t0 = time.monotonic()
     with pytest.raises(L.LoaderFailure) as info:
         L.measure_throughput(loader, batches=2000, warmup=0, consume=_PauseAll())
@@ -240,7 +241,7 @@ def test_a_frozen_worker_of_a_readers_loader_ends_with_a_plain_message() -> None
 def test_sweep_times_the_factorys_loaders_and_refuses_one_that_ignores_the_count() -> None:
     steps: list[str] = []
     sw = sweeps.sweep_workers(
-        lambda w: make_loader(L.CheapDataset(64, 4), 8, workers=w),
+        lambda w: make_loader(CheapDataset(64, 4), 8, workers=w),
         [0, 1, 2],
         batches=3,
         warmup=1,
@@ -251,36 +252,34 @@ def test_sweep_times_the_factorys_loaders_and_refuses_one_that_ignores_the_count
     assert [r.config["persistent_workers"] for r in sw.results] == [False, True, True]
     assert all(r.items == 3 * 8 for r in sw.results) and steps[-1] == "done"
     with pytest.raises(ValueError, match="asked for"):
-        sweeps.sweep_workers(lambda w: make_loader(L.CheapDataset(64, 4), 8), [0, 1], batches=1, warmup=0)
+        sweeps.sweep_workers(lambda w: make_loader(CheapDataset(64, 4), 8), [0, 1], batches=1, warmup=0)
     with pytest.raises(ValueError, match="DataLoader"):
-        sweeps.sweep_workers(lambda w: L.CheapDataset(64, 4), [0], batches=1, warmup=0)
+        sweeps.sweep_workers(lambda w: CheapDataset(64, 4), [0], batches=1, warmup=0)
 
 
 def test_sweep_keeps_the_dataloaders_warning_with_the_result(capfd: pytest.CaptureFixture[str]) -> None:
     many = L.cpu_cores() + 1
-    sw = sweeps.sweep_workers(lambda w: make_loader(L.CheapDataset(64, 4), 4, workers=w), [many], batches=2, warmup=1)
+    sw = sweeps.sweep_workers(lambda w: make_loader(CheapDataset(64, 4), 4, workers=w), [many], batches=2, warmup=1)
     assert any("suggested max" in w for w in sw.results[0].warnings)
     assert "UserWarning" not in capfd.readouterr().err
 
 
 def test_interleaved_rounds_with_the_readers_loaders() -> None:
     threads = torch.get_num_threads()
-    ds = L.SpinDataset(L.CheapDataset(64, 4), extra_ms=0.5)
+    ds = SpinDataset(CheapDataset(64, 4), extra_ms=0.5)
     sr = speedup.interleaved_speedup(lambda w: make_loader(ds, 8, workers=w), 2, rounds=2, batches=3, warmup=1)
-    assert len(sr.single) == len(sr.workers) == len(sr.ceiling) == 2
-    assert sr.batch_size == 8 and all(x > 0 for x in sr.single + sr.workers + sr.ceiling)
+    assert len(sr.rates[0]) == len(sr.rates[2]) == len(sr.ceiling) == 2
+    assert all(x > 0 for x in sr.rates[0] + sr.rates[2] + sr.ceiling)
     assert torch.get_num_threads() == threads
     with pytest.raises(ValueError, match="asked for"):
         speedup.interleaved_speedup(lambda w: make_loader(ds, 8, workers=1), 2, rounds=1, batches=1, warmup=0)
 
 
 def test_persistent_experiment_with_a_factory() -> None:
-    pr = sweeps.persistent_experiment(
-        lambda p: make_loader(L.CheapDataset(32, 4), 8, workers=1, persistent=p), epochs=2
-    )
+    pr = sweeps.persistent_experiment(lambda p: make_loader(CheapDataset(32, 4), 8, workers=1, persistent=p), epochs=2)
     assert pr.num_workers == 1 and len(pr.epoch_s[True]) == len(pr.first_batch_s[False]) == 2
     with pytest.raises(ValueError, match="workers"):
-        sweeps.persistent_experiment(lambda p: make_loader(L.CheapDataset(32, 4), 8, workers=0, persistent=p), epochs=1)
+        sweeps.persistent_experiment(lambda p: make_loader(CheapDataset(32, 4), 8, workers=0, persistent=p), epochs=1)
 
 
 def test_sampler_batches_is_the_next_epoch_and_leaves_it_unchanged() -> None:
@@ -302,7 +301,7 @@ def test_in_order_experiment_with_the_readers_shuffled_loader() -> None:
     assert set(io.results) == {True, False}
     assert io.results[False].config["in_order"] is False and io.results[True].batches == 24 // 2 - 1
     with pytest.raises(ValueError, match="indices"):
-        sweeps.in_order_experiment(lambda flag: make_loader(L.CheapDataset(24, 4), 2, workers=1, in_order=flag))
+        sweeps.in_order_experiment(lambda flag: make_loader(CheapDataset(24, 4), 2, workers=1, in_order=flag))
 
 
 # -- the live panel times the reader's make_loader ---------------------------------------
@@ -393,7 +392,7 @@ def test_benchmark_records_chapter_04_keys_only(tmp_path: Any) -> None:
     ):
         assert k in keys, k
     assert seen[-1] == 1.0 and seen == sorted(seen)
-    # a verdict for each pair that measures one thing: the sweep's 2-worker point, prefetch_factor 1 and 4 vs 2
-    lines = ch04.agreement_lines(rs)
-    assert len(lines) == 3 and lines[0].startswith("num_workers=2: one-pass sweep"), lines
-    assert {len(r.spread) for r in rs.find("ch04.prefetch")} == {3}  # median of rounds, lowest/highest, count
+    # the figures measured in rounds keep their spread: median of rounds, lowest/highest, count
+    assert {len(r.spread) for r in rs.find("ch04.prefetch")} == {3}
+    assert {r.params["prefetch_factor"] for r in rs.find("ch04.prefetch.ratio")} == {1, 4}
+    assert {len(r.spread) for r in rs.find("ch04.speedup")} == {3}

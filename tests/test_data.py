@@ -377,9 +377,10 @@ def test_parallel_generation_gives_identical_files(tmp_path: Path) -> None:
 
 
 def test_timed_loader_is_build_loader_with_validated_knobs():
+    from helpers.chapters.ch04.datasets import CheapDataset
     from helpers.pipeline import loaders
 
-    ds = loaders.CheapDataset(16, 4)
+    ds = CheapDataset(16, 4)
     loader = loaders.timed_loader(ds, 4, shuffle=False)
     assert isinstance(loader.collate_fn, data.TimedCollate) and hasattr(loader, "_workbook_warnings")
     with pytest.raises(ValueError, match="prefetch_factor"):

@@ -44,10 +44,11 @@ from torch.utils.data import DataLoader
 from helpers.core.progress import no_progress
 from helpers.chapters import ch04, ch06
 from helpers.pipeline import loaders as L
+from helpers.chapters.ch04.datasets import CheapDataset
 
 faulthandler.register(signal.SIGUSR1, all_threads=True)
 signal.signal(signal.SIGINT, signal.default_int_handler)
-ds = L.CheapDataset(4096, image_size=8, output="uint8", bank=8)
+ds = CheapDataset(4096, image_size=8, output="uint8", bank=8)
 
 
 def make_loader(dataset, batch_size, workers=2, persistent=False, prefetch_factor=2):

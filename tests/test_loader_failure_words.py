@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from helpers.chapters.ch04.datasets import CheapDataset
 from helpers.core.failures import ITEM_NOTE
 from helpers.pipeline import loaders as L
 from helpers.pipeline import workers
@@ -104,7 +105,7 @@ def test_open_iterator_turns_torchs_errors_into_plain_words(how: str) -> None:
 
 def test_a_broken_connection_is_explained_by_the_worker_that_died() -> None:
     """EOFError / ConnectionResetError: met while fetching a batch from a worker that just died."""
-    loader = L.build_loader(L.CheapDataset(64, 4), batch_size=4, num_workers=2)
+    loader = L.build_loader(CheapDataset(64, 4), batch_size=4, num_workers=2)
     with L.open_iterator(loader) as it:
         next(it)
         torch.utils.data._utils.signal_handling._remove_worker_pids(id(it))  # no SIGCHLD error: not tested here

@@ -24,6 +24,7 @@ import torch
 from helpers.chapters.ch03 import pinning
 from helpers.chapters.ch04 import datasets as D
 from helpers.chapters.ch04 import pitfalls, speedup, sweeps
+from helpers.chapters.ch04.datasets import CheapDataset
 from helpers.pipeline import loaders as L
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,10 +103,11 @@ _SIGINT_CHILD = r"""
 import faulthandler, os, signal, sys, time
 import psutil
 from helpers.pipeline import loaders as L
+from helpers.chapters.ch04.datasets import CheapDataset
 
 faulthandler.register(signal.SIGUSR1, all_threads=True)   # the parent asks for our stacks if we stop answering
 signal.signal(signal.SIGINT, signal.default_int_handler)
-ds = L.CheapDataset(4096, image_size=8, output="uint8", bank=8)
+ds = CheapDataset(4096, image_size=8, output="uint8", bank=8)
 for line in sys.stdin:
     if line.strip() != "next":
         break
@@ -196,7 +198,7 @@ def test_interrupt_while_iter_starts_workers_stops_them(monkeypatch: pytest.Monk
         real_reset(self, loader, first_iter)
 
     monkeypatch.setattr(_MultiProcessingDataLoaderIter, "_reset", interrupted_reset)
-    loader = L.build_loader(L.CheapDataset(64, 4), batch_size=4, num_workers=3)
+    loader = L.build_loader(CheapDataset(64, 4), batch_size=4, num_workers=3)
     with pytest.raises(KeyboardInterrupt):
         L.measure_throughput(loader, batches=4, warmup=1)
     assert not _settle(5.0)
@@ -206,10 +208,10 @@ def test_interrupt_while_iter_starts_workers_stops_them(monkeypatch: pytest.Monk
 
 
 def test_every_worker_loader_gets_a_timeout() -> None:
-    assert L.build_loader(L.CheapDataset(8, 4), num_workers=1).timeout == L.WORKER_TIMEOUT_S
-    assert L.build_loader(L.CheapDataset(8, 4), num_workers=1, timeout=7.0).timeout == 7.0
-    assert L.build_loader(L.CheapDataset(8, 4)).timeout == 0
-    assert L.timed_loader(L.CheapDataset(8, 4), 4, num_workers=1).timeout == L.WORKER_TIMEOUT_S
+    assert L.build_loader(CheapDataset(8, 4), num_workers=1).timeout == L.WORKER_TIMEOUT_S
+    assert L.build_loader(CheapDataset(8, 4), num_workers=1, timeout=7.0).timeout == 7.0
+    assert L.build_loader(CheapDataset(8, 4)).timeout == 0
+    assert L.timed_loader(CheapDataset(8, 4), 4, num_workers=1).timeout == L.WORKER_TIMEOUT_S
 
 
 class _Pause:
@@ -227,7 +229,7 @@ class _Pause:
 
 @pytest.mark.timeout(120)
 def test_frozen_worker_ends_with_a_plain_message() -> None:
-    loader = L.build_loader(L.CheapDataset(4096, 4), batch_size=4, num_workers=2, timeout=2.0, prefetch_factor=1)
+    loader = L.build_loader(CheapDataset(4096, 4), batch_size=4, num_workers=2, timeout=2.0, prefetch_factor=1)
     t0 = time.monotonic()
     with pytest.raises(L.LoaderFailure) as info:
         L.measure_throughput(loader, batches=2000, warmup=0, consume=_Pause())
@@ -277,7 +279,7 @@ class _Kill:
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV], ids=["SIGKILL", "SIGSEGV"])
 def test_dead_worker_message_says_what_to_check(sig: int) -> None:
-    loader = L.build_loader(L.CheapDataset(4096, 4), batch_size=4, num_workers=2)
+    loader = L.build_loader(CheapDataset(4096, 4), batch_size=4, num_workers=2)
     with pytest.raises(L.LoaderFailure) as info:
         L.measure_throughput(loader, batches=2000, warmup=0, consume=_Kill(sig))
     msg = str(info.value)
@@ -308,7 +310,7 @@ def test_shm_is_checked_where_every_worker_loader_is_built(monkeypatch: pytest.M
         total, used, free = 64 << 20, 63 << 20, 1 << 20
 
     monkeypatch.setattr(L.shutil, "disk_usage", lambda path: Usage)
-    ds = L.CheapDataset(4096, 64)
+    ds = CheapDataset(4096, 64)
     with pytest.raises(ValueError, match="--shm-size"):
         L.build_loader(ds, batch_size=256, num_workers=2)
     with pytest.raises(ValueError, match="/dev/shm"):
@@ -331,12 +333,13 @@ _POOL_CHILD = r"""
 import signal, sys, time
 from helpers.chapters.ch04 import speedup
 from helpers.pipeline import loaders as L
+from helpers.chapters.ch04.datasets import CheapDataset
 
 def handler(signum, frame):       # what the bench installs in the parent
     raise KeyboardInterrupt(f"signal {signum}")
 
 signal.signal(signal.SIGTERM, handler)
-ds = L.CheapDataset(256, image_size=8, output="uint8", bank=8)
+ds = CheapDataset(256, image_size=8, output="uint8", bank=8)
 for i in range(int(sys.argv[1])):
     speedup.parallel_ceiling(ds, 2, 0.05, batch_size=8)
     print("ceiling", i, flush=True)
@@ -444,10 +447,10 @@ def test_close_pool_leaves_no_worker_when_workers_die_while_it_closes() -> None:
 
 
 def test_empty_loader_is_a_clear_error_not_stopiteration() -> None:
-    loader = L.build_loader(L.CheapDataset(3, 4), batch_size=4, drop_last=True)
+    loader = L.build_loader(CheapDataset(3, 4), batch_size=4, drop_last=True)
     with pytest.raises(ValueError, match="no batches"):
         L.measure_throughput(loader, batches=2, warmup=0)
-    loader = L.build_loader(L.CheapDataset(8, 4), batch_size=4, shuffle=False, sampler=[])
+    loader = L.build_loader(CheapDataset(8, 4), batch_size=4, shuffle=False, sampler=[])
     with pytest.raises(ValueError, match="no batches"):
         L.measure_throughput(loader, batches=2, warmup=0)
 
@@ -456,7 +459,7 @@ def test_empty_loader_is_a_clear_error_not_stopiteration() -> None:
 def test_sweep_workers_refuses_non_integers(workers: Any) -> None:
     with pytest.raises(ValueError, match="workers"):
         sweeps.sweep_workers(
-            lambda w: L.build_loader(L.CheapDataset(8, 4), batch_size=4, num_workers=w), workers, batches=1, warmup=0
+            lambda w: L.build_loader(CheapDataset(8, 4), batch_size=4, num_workers=w), workers, batches=1, warmup=0
         )
 
 
@@ -479,11 +482,11 @@ def test_chapter_04_panel_refuses_non_bool_persistent() -> None:
 @pytest.mark.parametrize("bad", [3, "default"])
 def test_timed_loader_refuses_a_collate_fn_that_is_not_callable(bad: Any) -> None:
     with pytest.raises(ValueError, match="collate_fn"):
-        L.timed_loader(L.CheapDataset(8, 4), 4, collate_fn=bad)
+        L.timed_loader(CheapDataset(8, 4), 4, collate_fn=bad)
     with pytest.raises(ValueError, match="collate_fn"):
-        L.build_loader(L.CheapDataset(8, 4), collate_fn=bad)
+        L.build_loader(CheapDataset(8, 4), collate_fn=bad)
     with pytest.raises(ValueError, match="worker_init_fn"):
-        L.build_loader(L.CheapDataset(8, 4), num_workers=1, worker_init_fn=5)
+        L.build_loader(CheapDataset(8, 4), num_workers=1, worker_init_fn=5)
 
 
 def test_experiments_without_workers_do_not_complain_about_knobs_never_passed() -> None:
@@ -526,13 +529,11 @@ def test_getitems_experiment_takes_the_readers_data_set() -> None:
     assert out[("batched", 0)].config["dataset"] == "BatchedCheapDataset"
     assert all(r.items == 16 for r in out.values())
     with pytest.raises(ValueError, match="__getitems__"):
-        sweeps.getitems_experiment(L.CheapDataset(8, 4), workers=(0,))
+        sweeps.getitems_experiment(CheapDataset(8, 4), workers=(0,))
 
 
 def _rounds(single: list[float], workers: list[float], ceiling: list[float]) -> Any:
-    return sweeps.SpeedupRounds(
-        num_workers=2, batch_size=8, single=single, workers=workers, ceiling=ceiling, cores=2, seconds=1.0
-    )
+    return speedup.LoaderRounds("num_workers", {0: single, 2: workers}, 0, ceiling)
 
 
 def test_share_of_ceiling_above_one_is_flagged() -> None:
@@ -558,8 +559,12 @@ def test_contradictory_best_num_workers_is_flagged() -> None:
     sweep = sweeps.WorkerSweep(workers=[0, 1, 2], results=[res(1000), res(900), res(980)], cores=2)
     rounds = _rounds([100, 100, 100], [160, 150, 170], [])
     assert sweep.best_workers == 0
-    assert any("contradiction" in n for n in sweep.notes(rounds))
-    assert not sweep.notes(_rounds([100], [95], []))
+    # the sweep's best (0) against rounds where 2 workers win every round: the verdict says to trust the rounds
+    (line,) = speedup.sweep_vs_rounds(sweep, rounds)
+    assert "disagree" in line and "trust the alternating rounds" in line
+    assert not sweep.notes()
+    (line,) = speedup.sweep_vs_rounds(sweep, _rounds([100, 100], [95, 99], []))  # rounds confirm 0 is faster
+    assert "agree within their spread" in line
     over = sweeps.WorkerSweep(workers=[0, 1], results=[res(500), res(660)], cores=2)
     assert any("over 100%" in n for n in over.notes())
 
@@ -587,8 +592,6 @@ def test_pin_row_is_the_median_of_its_rounds() -> None:
 
 
 def test_pin_experiment_alternates_rounds() -> None:
-    rows = pinning.pin_memory_experiment(
-        L.CheapDataset(32, 4), workers=(0,), batch_size=4, batches=2, warmup=0, rounds=3
-    )
+    rows = pinning.pin_memory_experiment(CheapDataset(32, 4), workers=(0,), batch_size=4, batches=2, warmup=0, rounds=3)
     assert [(r.num_workers, r.pin_memory) for r in rows] == [(0, False), (0, True)]
     assert all(len(r.round_items_per_s) == 3 for r in rows)

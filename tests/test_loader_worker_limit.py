@@ -13,6 +13,7 @@ import nbformat
 import pytest
 
 from helpers.chapters import ch04
+from helpers.chapters.ch04.datasets import CheapDataset
 from helpers.core.progress import no_progress
 from helpers.pipeline import loaders as L
 from helpers.pipeline import workers
@@ -47,7 +48,7 @@ def test_limit_is_four_per_core_and_never_below_eight(two_cores: None, monkeypat
 def test_measure_config_refuses_64_workers_on_2_cores(two_cores: None) -> None:
     before = L.worker_processes()
     with pytest.raises(ValueError) as info:
-        L.measure_config(L.CheapDataset(64, 4), batch_size=4, num_workers=64, batches=2)
+        L.measure_config(CheapDataset(64, 4), batch_size=4, num_workers=64, batches=2)
     _assert_one_clear_line(str(info.value))
     assert L.worker_processes() == before  # refused before any worker started
 

@@ -12,6 +12,7 @@ import torch
 from helpers.chapters.ch03 import pinning
 from helpers.chapters.ch04 import datasets as D
 from helpers.chapters.ch04 import pitfalls, speedup, sweeps
+from helpers.chapters.ch04.datasets import CheapDataset, SpinDataset
 from helpers.pipeline import loaders as L
 
 
@@ -58,7 +59,7 @@ def _wait_children_back_to(before: set[int], timeout: float = 10.0) -> set[int]:
 )
 def test_bad_knobs_name_the_parameter(knobs, name):
     with pytest.raises(ValueError, match=name):
-        L.build_loader(L.CheapDataset(8, 4), **knobs)
+        L.build_loader(CheapDataset(8, 4), **knobs)
 
 
 def test_unknown_knob_is_refused():
@@ -76,7 +77,7 @@ def test_label_mentions_knobs():
 
 def test_measure_counts_items_across_epochs_and_releases_workers():
     before = _children()
-    ds = L.CheapDataset(40, image_size=4)
+    ds = CheapDataset(40, image_size=4)
     res = L.measure_config(
         ds, L.LoaderConfig(batch_size=8, num_workers=2, persistent_workers=True), batches=12, warmup=2
     )
@@ -88,13 +89,13 @@ def test_measure_counts_items_across_epochs_and_releases_workers():
 
 
 def test_measure_without_workers():
-    res = L.measure_config(L.CheapDataset(16, 4), L.LoaderConfig(batch_size=4), batches=5, warmup=1)
+    res = L.measure_config(CheapDataset(16, 4), L.LoaderConfig(batch_size=4), batches=5, warmup=1)
     assert res.items == 20 and res.config["num_workers"] == 0
 
 
 def test_keyboard_interrupt_releases_workers():
     before = _children()
-    loader = L.build_loader(L.CheapDataset(64, 4), batch_size=4, num_workers=2, persistent_workers=True)
+    loader = L.build_loader(CheapDataset(64, 4), batch_size=4, num_workers=2, persistent_workers=True)
     calls = []
 
     def consume(_batch):
@@ -109,7 +110,7 @@ def test_keyboard_interrupt_releases_workers():
 
 
 def test_too_many_workers_warning_is_captured_not_printed(capfd):
-    res = L.measure_config(L.CheapDataset(16, 4), batch_size=4, num_workers=L.cpu_cores() + 1, batches=2, warmup=1)
+    res = L.measure_config(CheapDataset(16, 4), batch_size=4, num_workers=L.cpu_cores() + 1, batches=2, warmup=1)
     assert any("worker" in w for w in res.warnings)
     assert "UserWarning" not in capfd.readouterr().err
 
@@ -120,7 +121,7 @@ def test_too_many_workers_warning_is_captured_not_printed(capfd):
 def test_pin_memory_on_cpu_only_warns():
     if torch.accelerator.is_available():
         pytest.skip("this machine has an accelerator")
-    rows = pinning.pin_memory_experiment(L.CheapDataset(32, 4), workers=(0, 1), batch_size=4, batches=3, warmup=1)
+    rows = pinning.pin_memory_experiment(CheapDataset(32, 4), workers=(0, 1), batch_size=4, batches=3, warmup=1)
     assert [(r.num_workers, r.pin_memory) for r in rows] == [(0, False), (0, True), (1, False), (1, True)]
     assert not any(r.pin_active for r in rows)
     assert all(r.pin_ms_per_batch is None for r in rows)
@@ -142,11 +143,11 @@ def test_pinnable_batch_is_what_the_loader_pin_step_calls(monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_pin_thread_pins_with_workers():  # pragma: no cover - GPU only
-    rows = pinning.pin_memory_experiment(L.CheapDataset(64, 8), workers=(0, 2), batch_size=8, batches=4, warmup=1)
+    rows = pinning.pin_memory_experiment(CheapDataset(64, 8), workers=(0, 2), batch_size=8, batches=4, warmup=1)
     by = {(r.num_workers, r.pin_memory): r for r in rows}
     assert by[(0, True)].pin_thread == "MainThread"
     assert by[(2, True)].pin_thread == "pt_data_pin"  # torch's Python name is "Thread-N (_pin_memory_loop)"
-    loader = L.build_loader(L.CheapDataset(64, 8), batch_size=8, num_workers=2, pin_memory=True)
+    loader = L.build_loader(CheapDataset(64, 8), batch_size=8, num_workers=2, pin_memory=True)
     with L.open_iterator(loader) as it:
         next(it)
         assert pinning.pin_thread_alive()  # found by its target, _pin_memory_loop
@@ -163,28 +164,28 @@ def test_batch_copy_seconds_positive():
 
 
 def test_sweep_and_derived_figures():
-    sw = sweeps.sweep_workers(_factory(L.CheapDataset(64, 4), 8), [0, 1], batches=4, warmup=1)
+    sw = sweeps.sweep_workers(_factory(CheapDataset(64, 4), 8), [0, 1], batches=4, warmup=1)
     assert sw.workers == [0, 1] and len(sw.results) == 2
     assert sw.speedup(0) == pytest.approx(1.0)
     assert sw.best_workers in (0, 1)
     assert sw.rule_of_thumb() == max(1, L.cpu_cores() // 2)
     assert len(sw.table()) == 3
     with pytest.raises(ValueError, match="workers"):
-        sweeps.sweep_workers(_factory(L.CheapDataset(8, 4), 4), [1, 1])
+        sweeps.sweep_workers(_factory(CheapDataset(8, 4), 4), [1, 1])
 
 
 def test_plot_sweep_draws_two_panels():
     import matplotlib
 
     matplotlib.use("Agg")
-    sw = sweeps.sweep_workers(_factory(L.CheapDataset(64, 4), 8), [0, 1], batches=3, warmup=1)
+    sw = sweeps.sweep_workers(_factory(CheapDataset(64, 4), 8), [0, 1], batches=3, warmup=1)
     ax1, ax2 = sweeps.plot_sweep(sw)
     assert ax1.get_ylabel().startswith("throughput") and "efficiency" in ax2.get_ylabel()
 
 
 def test_persistent_experiment_shapes():
     pr = sweeps.persistent_experiment(
-        lambda p: L.build_loader(L.CheapDataset(16, 4), batch_size=8, num_workers=1, persistent_workers=p), epochs=2
+        lambda p: L.build_loader(CheapDataset(16, 4), batch_size=8, num_workers=1, persistent_workers=p), epochs=2
     )
     assert len(pr.epoch_s[True]) == 2 and len(pr.first_batch_s[False]) == 2
     assert isinstance(pr.restart_cost_s(), float)
@@ -202,7 +203,7 @@ def test_in_order_false_may_reorder_uneven_items():
 def test_getitems_batched_fetch_gives_same_batches():
     ds = D.BatchedCheapDataset(32, image_size=4, output="uint8")
     images, labels = ds.__getitems__([0, 5, 3])
-    ref = L.CheapDataset(32, image_size=4, output="uint8")
+    ref = CheapDataset(32, image_size=4, output="uint8")
     assert torch.equal(images[1], ref[5][0]) and labels.tolist() == [ref[i][1] for i in (0, 5, 3)]
     out = sweeps.getitems_experiment(
         D.BatchedCheapDataset(64, image_size=4, output="uint8"), workers=(0,), batch_size=8, batches=3, warmup=1
@@ -223,12 +224,12 @@ def test_light_collate_and_cheap_rows():
 
 
 def test_spin_dataset_adds_cpu_time():
-    ds = L.SpinDataset(L.CheapDataset(4, 4), extra_ms=5)
+    ds = SpinDataset(CheapDataset(4, 4), extra_ms=5)
     t0 = time.thread_time()
     ds[0]
     assert time.thread_time() - t0 >= 0.0049
     with pytest.raises(ValueError, match="extra_ms"):
-        L.SpinDataset(ds, -1)
+        SpinDataset(ds, -1)
 
 
 # -- pitfalls -----------------------------------------------------------------------
@@ -264,7 +265,7 @@ def test_shm_status_and_refusal(monkeypatch):
         L.require_shm(1 << 30)
     before = _children()
     with pytest.raises(ValueError, match="/dev/shm"):  # refused before any worker starts
-        L.measure_config(L.CheapDataset(4096, 64), batch_size=512, num_workers=2, batches=2)
+        L.measure_config(CheapDataset(4096, 64), batch_size=512, num_workers=2, batches=2)
     assert not _wait_children_back_to(before, timeout=2)
 
 
@@ -285,7 +286,7 @@ def test_spawn_fails_for_main_module_class_and_works_for_helpers(monkeypatch):
     bad = pitfalls.spawn_failure_demo(_MainOnly(), context="spawn", timeout_s=60)
     assert not bad.ok
     assert bad.child_error is not None and "AttributeError" in bad.child_error and "_MainOnly" in bad.child_error
-    good = pitfalls.spawn_failure_demo(L.CheapDataset(8, 4), context="spawn", timeout_s=60)
+    good = pitfalls.spawn_failure_demo(CheapDataset(8, 4), context="spawn", timeout_s=60)
     assert good.ok, good
     assert not _wait_children_back_to(before)
 
@@ -312,7 +313,7 @@ def test_load_note_mentions_cores():
 
 def test_parallel_ceiling_counts_items_and_closes_its_pool():
     before = _children()
-    rate = speedup.parallel_ceiling(L.SpinDataset(L.CheapDataset(16, 4), extra_ms=1.0), processes=2, seconds=0.2)
+    rate = speedup.parallel_ceiling(SpinDataset(CheapDataset(16, 4), extra_ms=1.0), processes=2, seconds=0.2)
     assert rate > 0
     assert not _wait_children_back_to(before)
     assert not (_children() - before)  # the pool's processes are gone too
@@ -320,57 +321,47 @@ def test_parallel_ceiling_counts_items_and_closes_its_pool():
 
 def test_parallel_ceiling_refuses_bad_arguments():
     with pytest.raises(ValueError, match="processes"):
-        speedup.parallel_ceiling(L.CheapDataset(8, 4), processes=0)
+        speedup.parallel_ceiling(CheapDataset(8, 4), processes=0)
     with pytest.raises(ValueError, match="seconds"):
-        speedup.parallel_ceiling(L.CheapDataset(8, 4), seconds=0.0)
+        speedup.parallel_ceiling(CheapDataset(8, 4), seconds=0.0)
 
 
 def test_interleaved_speedup_rounds_and_cleanup():
     before = _children()
     threads = torch.get_num_threads()
-    ds = L.SpinDataset(L.CheapDataset(64, 4), extra_ms=0.5)
+    ds = SpinDataset(CheapDataset(64, 4), extra_ms=0.5)
     sr = speedup.interleaved_speedup(_factory(ds, 8), 2, rounds=3, batches=3, warmup=1)
-    assert len(sr.single) == len(sr.workers) == len(sr.ceiling) == 3
-    assert all(x > 0 for x in sr.single + sr.workers + sr.ceiling)
-    assert sr.speedup == pytest.approx(sorted(sr.ratios)[1])
+    assert len(sr.rates[0]) == len(sr.rates[2]) == len(sr.ceiling) == 3
+    assert all(x > 0 for x in sr.rates[0] + sr.rates[2] + sr.ceiling)
+    assert sr.speedup == pytest.approx(sorted(sr.ratios())[1])
     lo, hi = sr.spread
     assert lo <= sr.speedup <= hi
     assert sr.ceiling_speedup > 0 and sr.share_of_ceiling > 0
-    assert len(sr.table()) == 4 and "median of 3 rounds" in sr.summary()
+    assert len(sr.table()) == 5 and "median of 3 rounds" in sr.summary()  # header, 3 rounds, medians
     assert torch.get_num_threads() == threads  # the one-thread setting is restored
     assert not [p for p in L.worker_processes() if p.pid not in before]  # gone when it returns
     assert not _wait_children_back_to(before)
 
 
 def test_speedup_rounds_without_ceiling():
-    sr = sweeps.SpeedupRounds(
-        num_workers=1, batch_size=4, single=[100.0], workers=[90.0], ceiling=[], cores=2, seconds=1.0
-    )
+    sr = speedup.LoaderRounds("num_workers", {0: [100.0], 1: [90.0]}, 0)
     assert sr.ceiling == [] and sr.ceiling_speedup != sr.ceiling_speedup  # nan
     assert "ceiling" not in sr.summary()
-    assert len(sr.table()[0].split()) == 5
+    assert "ceiling" not in sr.table()[0] and "procs" not in sr.table()[0]
 
 
 def test_interleaved_speedup_refuses_bad_arguments():
     with pytest.raises(ValueError, match="num_workers"):
-        speedup.interleaved_speedup(_factory(L.CheapDataset(8, 4), 4), 0)
+        speedup.interleaved_speedup(_factory(CheapDataset(8, 4), 4), 0)
     with pytest.raises(ValueError, match="rounds"):
-        speedup.interleaved_speedup(_factory(L.CheapDataset(8, 4), 4), 2, rounds=0)
+        speedup.interleaved_speedup(_factory(CheapDataset(8, 4), 4), 2, rounds=0)
 
 
 def test_plot_rounds_draws_three_series():
     import matplotlib
 
     matplotlib.use("Agg")
-    sr = sweeps.SpeedupRounds(
-        num_workers=2,
-        batch_size=8,
-        single=[100.0, 110.0],
-        workers=[180.0, 170.0],
-        ceiling=[200.0, 190.0],
-        cores=2,
-        seconds=1.0,
-    )
+    sr = speedup.LoaderRounds("num_workers", {0: [100.0, 110.0], 2: [180.0, 170.0]}, 0, [200.0, 190.0])
     ax = speedup.plot_rounds(sr)
     assert len(ax.get_lines()) == 3 and "1.6" in ax.get_title()
     assert sr.speedup == pytest.approx((1.8 + 170 / 110) / 2)

@@ -12,7 +12,7 @@ What a reader can do to a panel, and what must hold afterwards:
   stays within a small bound;
 * enter values out of range: refused, with a message that names the control.
 
-The data set used with workers is ``helpers.pipeline.loaders.CheapDataset`` (importable,
+The data set used with workers is ``helpers.chapters.ch04.datasets.CheapDataset`` (importable,
 so the test holds for spawn/forkserver too).
 """
 
@@ -28,6 +28,7 @@ import ipywidgets as W
 import psutil
 import pytest
 
+from helpers.chapters.ch04.datasets import CheapDataset
 from helpers.core.validate import check_int
 from helpers.pipeline import loaders
 from helpers.ui.widgets import Panel
@@ -68,7 +69,7 @@ class LoaderRun:
         self.real_signal = False  # True: send SIGINT to ourselves, as the kernel does
 
     def __call__(self, progress: Any, *, num_workers: int, batches: int) -> dict[str, Any]:
-        ds = loaders.CheapDataset(512, image_size=8, output="uint8", bank=8)
+        ds = CheapDataset(512, image_size=8, output="uint8", bank=8)
         loader = loaders.build_loader(ds, batch_size=8, num_workers=num_workers)
         seen = 0
 
@@ -290,6 +291,7 @@ _KERNEL_SETUP = r"""
 import json, os, time
 import ipywidgets as W
 from helpers.pipeline import loaders
+from helpers.chapters.ch04.datasets import CheapDataset, SpinDataset
 from helpers.ui.widgets import Panel
 
 FLAG = {flag!r}
@@ -299,7 +301,7 @@ def consume(batch):
         open(FLAG, "w").close()
 
 def run(progress, n):
-    ds = loaders.SpinDataset(loaders.CheapDataset(4096, image_size=8, output="uint8", bank=8), 5.0)
+    ds = SpinDataset(CheapDataset(4096, image_size=8, output="uint8", bank=8), 5.0)
     loader = loaders.build_loader(ds, batch_size=8, num_workers=2)
     return loaders.measure_throughput(loader, batches=n, warmup=1, consume=consume, progress=progress).items
 

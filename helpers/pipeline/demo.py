@@ -1,5 +1,5 @@
-"""The data sets and batch type chapters 03-04 share, at module level for spawn workers; re-exported by
-:mod:`helpers.pipeline.loaders` (chapter 04's own: :mod:`helpers.chapters.ch04.datasets`)."""
+"""Chapter 03's batch type, in the kernel because loaders re-exports it (and workers import collate functions by
+name); chapter 04's data sets are in :mod:`helpers.chapters.ch04.datasets`."""
 
 from __future__ import annotations
 
@@ -8,11 +8,9 @@ import time
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, default_collate
+from torch.utils.data import default_collate
 
-from ..core.validate import check_choice, check_float, check_int
-
-__all__ = ["CheapDataset", "SpinDataset", "PinnableBatch", "collate_pinnable", "thread_label"]
+__all__ = ["PinnableBatch", "collate_pinnable", "thread_label"]
 
 #: What the workbook calls the DataLoader's pin-memory thread: the name torch gives the OS thread.
 PIN_THREAD_NAME = "pt_data_pin"
@@ -69,44 +67,3 @@ class PinnableBatch:
 def collate_pinnable(items: list[tuple[torch.Tensor, int]]) -> PinnableBatch:
     """``(image, label)`` items as a :class:`PinnableBatch` (stacked by default_collate: shared memory in a worker)."""
     return PinnableBatch(default_collate([x for x, _ in items]), torch.as_tensor([int(y) for _, y in items]))
-
-
-class CheapDataset(Dataset):
-    """Items that cost almost nothing (views into a bank of ``bank`` random images): the DataLoader's per-batch
-    overhead in the main process is what limits throughput."""
-
-    def __init__(self, n: int, image_size: int = 64, output: str = "float", bank: int = 64, seed: int = 0) -> None:
-        self.n = check_int("n", n, 1, 10_000_000)
-        self.image_size = check_int("image_size", image_size, 1, 1024)
-        self.output = check_choice("output", output, ("float", "uint8"))
-        bank = check_int("bank", bank, 1, 4096)
-        g = torch.Generator().manual_seed(check_int("seed", seed, 0, 2**63 - 1))
-        data = torch.randint(0, 256, (bank, 3, self.image_size, self.image_size), dtype=torch.uint8, generator=g)
-        self.bank = data if output == "uint8" else data.float().div_(255.0)
-        self.labels = torch.arange(bank) % 10
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        if not -self.n <= index < self.n:
-            raise IndexError(f"index {index} out of range for {self.n} items")
-        k = index % len(self.bank)
-        return self.bank[k], int(self.labels[k])
-
-
-class SpinDataset(Dataset):
-    """``base`` plus ``extra_ms`` of busy CPU per item: it competes for cores like augmentation (a sleep would not)."""
-
-    def __init__(self, base: Dataset, extra_ms: float) -> None:
-        self.base = base
-        self.extra_ms = check_float("extra_ms", extra_ms, 0.0, 1000.0)
-
-    def __len__(self) -> int:
-        return len(self.base)  # type: ignore[arg-type]
-
-    def __getitem__(self, index: int) -> Any:
-        end = time.thread_time() + self.extra_ms / 1e3
-        while time.thread_time() < end:
-            pass
-        return self.base[index]

@@ -1,13 +1,6 @@
-"""Chapter 04, worker processes: the chapter's live panel and its benchmark.
-
->>> panel = widgets.Panel.for_chapter(ch04, device=DEVICE, make_loader=make_loader, image_root=INFO.train_dir,
-...                                   crop_size=CROP, batch=BATCH, batches=BATCHES, warmup=WARMUP, n_cheap=N_CHEAP)
-
-Each panel run calls the reader's ``make_loader(dataset, batch_size, workers=..., persistent=...,
-prefetch_factor=...)`` on one of :data:`ITEM_COSTS`' data sets, guarded
-(:func:`~helpers.chapters.ch04.sweeps.build_from_factory`), timed, and released, also when interrupted.
-Everything runs on the CPU, so every figure is measured here.
-"""
+"""Chapter 04, worker processes: the live panel (each run calls the reader's ``make_loader`` on one of
+:data:`ITEM_COSTS`' data sets, guarded, timed and released, also when interrupted) and the benchmark. Everything
+runs on the CPU, so every figure is measured here."""
 
 from __future__ import annotations
 
@@ -23,7 +16,6 @@ from torch.utils.data import DataLoader, Dataset
 
 from ...core import config, evidence
 from ...core.evidence import Evidence
-from ...core.progress import ProgressFn, no_progress
 from ...core.results import ResultSet
 from ...core.rounds import intraop_threads
 from ...core.validate import check_choice, check_int
@@ -31,7 +23,7 @@ from ...pipeline import loaders
 from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset
 from ...ui import plots
 from . import speedup, sweeps
-from .datasets import BatchedCheapDataset, UnevenDataset
+from .datasets import BatchedCheapDataset, CheapDataset, SpinDataset, UnevenDataset
 
 NUMBER = "04"
 TITLE = "DataLoader worker processes"
@@ -54,52 +46,41 @@ def benchmark(
     results: ResultSet,
     device: torch.device | str | None = None,
     *,
-    progress: ProgressFn | None = None,
+    progress: Callable[..., Any] | None = None,
     info: Any = None,
     sizes: Mapping[str, int] | None = None,
     batches: int | None = None,
     warmup: int | None = None,
 ) -> ResultSet:
-    """Record chapter 04's measurements on the shapes data set at the mode's sizes; returns ``results``.
-
-    On the CPU (``device`` unused), one intra-op thread in the main process as in every worker, so that
-    workers=0 is a single-core baseline. Keys:
-
-    * ``ch04.items_per_s`` {num_workers, persistent, output}: the worker sweep (float), the rounds' medians (uint8)
-    * ``ch04.speedup`` {num_workers: 2, output, cores, main_threads, method}: median of alternating rounds, spread
-      = lowest/highest round; flagged where the sweep's 2-worker point disagrees (:func:`agreement_lines`)
-    * ``ch04.parallel_ceiling`` {processes: 2, output, cores}, ``ch04.share_of_ceiling`` {num_workers: 2, ...}
-    * ``ch04.best_num_workers`` {cores, method} (one-shot sweep; flagged where the rounds contradict it)
-    * ``ch04.prefetch.items_per_s`` {prefetch_factor, num_workers}, ``ch04.prefetch.ratio`` {prefetch_factor,
-      reference, num_workers}: alternating rounds, spread = lowest/highest round
-    * ``ch04.persistent.epoch_s`` {persistent, epoch}, ``ch04.persistent.restart_cost_s`` {num_workers}
-    * ``ch04.in_order.p95_wait_ms`` / ``ch04.in_order.total_s`` {in_order}
-    * ``ch04.getitems.items_per_s`` {fetch, num_workers}
-    * ``ch04.cheap.items_per_s`` / ``ch04.cheap.main_busy`` {items, output, collate, num_workers}
-
-    ``info`` / ``sizes`` / ``batches`` / ``warmup`` override the data set, sizes and batches per run (tests).
-    """
-    progress = progress or no_progress
+    """Record chapter 04's figures on the shapes data set at the mode's sizes, on the CPU (``device`` unused), with
+    one intra-op thread here as in every worker. Keys: ``ch04.items_per_s`` (the sweep; uint8: the rounds'
+    medians), ``ch04.best_num_workers``, ``ch04.speedup`` / ``parallel_ceiling`` / ``share_of_ceiling`` (2 workers
+    in alternating rounds; the speed-up flagged where the sweep disagrees), ``ch04.prefetch.*`` (rounds),
+    ``ch04.persistent.*``, ``ch04.in_order.*``, ``ch04.getitems.items_per_s``, ``ch04.cheap.*``. ``info``,
+    ``sizes``, ``batches``, ``warmup``: the tests' smaller runs."""
+    progress = progress or (lambda *a, **k: None)
     sizes = dict(sizes) if sizes is not None else default_sizes()
     info = info if info is not None else make_shapes_dataset()
-    ds_float = ShapesDataset(info.train_dir, crop_size=sizes["crop_size"], output="float")
-    ds_uint8 = ShapesDataset(info.train_dir, crop_size=sizes["crop_size"], output="uint8")
-    bs = sizes["batch_size"]
-    batches = check_int("batches", batches, 1, 100_000) if batches is not None else config.sized(30, 80)
-    warm = check_int("warmup", warmup, 0, 100_000) if warmup is not None else config.sized(4, 8)
-    progress(0.05, "ch04: worker sweep")
+    ds = {out: ShapesDataset(info.train_dir, crop_size=sizes["crop_size"], output=out) for out in ("float", "uint8")}
+    run = {
+        "bs": sizes["batch_size"],
+        "batches": check_int("batches", batches, 1, 100_000) if batches is not None else config.sized(30, 80),
+        "warm": check_int("warmup", warmup, 0, 100_000) if warmup is not None else config.sized(4, 8),
+    }
+    steps = (
+        (0.05, "worker sweep", _sweep_and_speedup),
+        (0.5, "prefetch_factor, persistent, in_order", _knobs),
+        (0.75, "__getitems__ and cheap items", _cheap_items),
+    )
     with intraop_threads(1):
-        _sweep_and_speedup(results, ds_float, ds_uint8, bs, batches, warm)
-        progress(0.5, "ch04: prefetch_factor, persistent, in_order")
-        _knobs(results, ds_float, bs, batches, warm)
-        progress(0.75, "ch04: __getitems__ and cheap items")
-        _cheap_items(results, ds_float, bs, batches, warm)
+        for at, what, step in steps:
+            progress(at, f"ch04: {what}")
+            step(results, ds, **run)
     progress(1.0, "done")
     return results
 
 
 def _flag(notes: Sequence[str], part: str = "") -> dict[str, Any]:
-    """``{"flag": "..."}`` from the notes containing ``part`` (a figure that looks impossible); else ``{}``."""
     notes = [n for n in notes if part in n]
     return {"flag": "; ".join(notes)} if notes else {}
 
@@ -109,8 +90,8 @@ def _spread(values: Sequence[float]) -> dict[str, Any]:
 
 
 def _factory(ds: Dataset, bs: int, knob: str = "num_workers", **fixed: Any) -> Callable[[Any], DataLoader]:
-    """The benchmark's loaders as a function of ``knob``: 2 workers unless ``knob`` is num_workers, persistent
-    whenever there are workers (unless ``knob`` is persistent_workers)."""
+    """Loaders as a function of ``knob``: 2 workers unless it is num_workers, persistent whenever there are
+    workers unless it is persistent_workers."""
 
     def build(value: Any) -> DataLoader:
         knobs = {"num_workers": 2, **fixed, knob: value}
@@ -120,52 +101,40 @@ def _factory(ds: Dataset, bs: int, knob: str = "num_workers", **fixed: Any) -> C
     return build
 
 
-def _sweep_and_speedup(
-    results: ResultSet, ds_float: Dataset, ds_uint8: Dataset, bs: int, batches: int, warm: int
-) -> None:
-    """The worker sweep, then the 2-worker speed-up in alternating rounds beside the measured ceiling."""
+def _sweep_and_speedup(results: ResultSet, ds: Mapping[str, Dataset], bs: int, batches: int, warm: int) -> None:
+    """The one-pass worker sweep, then 2 workers in alternating rounds beside the measured ceiling."""
     cores = loaders.cpu_cores()
     ws = sorted(set([0, 1, 2, 3] + ([] if config.sized(True, False) else list(range(0, cores + 3)))))
-    sw = sweeps.sweep_workers(_factory(ds_float, bs), ws, batches=batches, warmup=warm)
+    sw = sweeps.sweep_workers(_factory(ds["float"], bs), ws, batches=batches, warmup=warm)
     for n, r in zip(sw.workers, sw.results):
         results.add("ch04.items_per_s", r.items_per_s, "items/s", num_workers=n, persistent=n > 0, output="float")
-    for output, ds in (("float", ds_float), ("uint8", ds_uint8)):
-        n_batches, rounds = max(2, min(batches, config.sized(10, 40))), config.sized(3, 7)
-        sr = speedup.interleaved_speedup(_factory(ds, bs), 2, rounds=rounds, batches=n_batches, warmup=warm)
-        _speedup_records(results, sw if output == "float" else None, sr, output, cores)
+    best = {"cores": cores, "method": "one-shot sweep", **_flag(sw.notes())}
+    results.add("ch04.best_num_workers", sw.best_workers, "workers", **best)
+    n_batches, rounds = max(2, min(batches, config.sized(10, 40))), config.sized(3, 7)
+    for output in ("float", "uint8"):
+        sr = speedup.interleaved_speedup(_factory(ds[output], bs), 2, rounds=rounds, batches=n_batches, warmup=warm)
+        at: dict[str, Any] = {"output": output, "cores": cores}
+        method = "interleaved rounds, median of per-round ratios"
+        params = {"num_workers": 2, **at, "main_threads": 1, "method": method}
+        rec = results.add("ch04.speedup", sr.speedup, "ratio", spread=_spread(sr.ratios()), **params)
+        for line in speedup.sweep_vs_rounds(sw, sr) if output == "float" else []:  # one measurement of the same
+            if "disagree" in line:
+                rec.flag(line)
+        notes = sr.notes()
+        results.add(
+            "ch04.parallel_ceiling", sr.ceiling_speedup, "ratio", processes=2, **at, **_flag(notes, "ceiling of")
+        )
+        share = _flag(notes, "of the measured ceiling")
+        results.add("ch04.share_of_ceiling", sr.share_of_ceiling, "fraction", num_workers=2, **at, **share)
+        for n in (0, 2) if output == "uint8" else ():
+            results.add("ch04.items_per_s", sr.median(n), "items/s", num_workers=n, persistent=n > 0, output="uint8")
 
 
-def _speedup_records(
-    results: ResultSet, sw: sweeps.WorkerSweep | None, sr: sweeps.SpeedupRounds, output: str, cores: int
-) -> None:
-    """The rounds' records, flagged where the one-shot sweep ``sw`` (float only) contradicts them."""
-    at: dict[str, Any] = {"output": output, "cores": cores}
-    if sw is not None:  # from a one-shot sweep: flagged where the rounds contradict it
-        flags = _flag(sw.notes(sr))
-        results.add("ch04.best_num_workers", sw.best_workers, "workers", cores=cores, method="one-shot sweep", **flags)
-    method = "interleaved rounds, median of per-round ratios"
-    params: dict[str, Any] = {"num_workers": 2, **at, "main_threads": 1, "method": method}
-    rec = results.add("ch04.speedup", sr.speedup, "ratio", spread=_spread(sr.ratios), **params)
-    # the sweep's 2-worker point measures the same speed-up: flagged where it disagrees
-    for line in speedup.sweep_vs_rounds(sw, sr) if sw is not None else []:
-        if "disagree" in line:
-            rec.flag(line)
-    notes = sr.notes()
-    flags = _flag(notes, "ceiling of")
-    results.add("ch04.parallel_ceiling", sr.ceiling_speedup, "ratio", processes=2, **at, **flags)
-    flags = _flag(notes, "of the measured ceiling")
-    results.add("ch04.share_of_ceiling", sr.share_of_ceiling, "fraction", num_workers=2, **at, **flags)
-    if output == "uint8":
-        for n, rates in ((0, sr.single), (2, sr.workers)):
-            rate = statistics.median(rates)
-            results.add("ch04.items_per_s", rate, "items/s", num_workers=n, persistent=n > 0, output="uint8")
-
-
-def _knobs(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: int) -> None:
-    """prefetch_factor (alternating rounds: single measurements can't tell it from drift), persistent_workers
+def _knobs(results: ResultSet, ds: Mapping[str, Dataset], bs: int, batches: int, warm: int) -> None:
+    """prefetch_factor in alternating rounds (one measurement each can't tell it from drift), persistent_workers
     and in_order, each against its own baseline."""
     kr = speedup.knob_rounds(
-        _factory(ds_float, bs, "prefetch_factor"),
+        _factory(ds["float"], bs, "prefetch_factor"),
         "prefetch_factor",
         PREFETCH_VALUES,
         reference=PREFETCH_REFERENCE,
@@ -180,8 +149,7 @@ def _knobs(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: i
             ratios = kr.ratios(v)
             median, spread = statistics.median(ratios), _spread(ratios)
             results.add("ch04.prefetch.ratio", median, "ratio", spread=spread, reference=kr.reference, **at)
-    n_short = min(len(ds_float), config.sized(160, 2400))  # type: ignore[arg-type]
-    short = torch.utils.data.Subset(ds_float, range(n_short))
+    short = torch.utils.data.Subset(ds["float"], range(min(len(ds["float"]), config.sized(160, 2400))))  # type: ignore[arg-type]
     pr = sweeps.persistent_experiment(_factory(short, bs, "persistent_workers"), epochs=3)
     for p in (False, True):
         for e, s in enumerate(pr.epoch_s[p]):
@@ -194,36 +162,13 @@ def _knobs(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: i
         results.add("ch04.in_order.total_s", r.seconds, "s", in_order=flag)
 
 
-def agreement_lines(results: ResultSet) -> list[str]:
-    """One verdict per pair of chapter 04 records that measure one thing (no silent contradictions):
-    ``ch04.speedup`` (rounds) against the one-pass sweep's ``ch04.items_per_s`` ratio at the same
-    ``num_workers`` (:func:`~.speedup.agreement_line`), and each ``ch04.prefetch.ratio``
-    (:func:`~.speedup.difference_line`), from the recorded spreads."""
-    out = []
-    for sp in results.find("ch04.speedup", output="float"):
-        n = int(sp.params.get("num_workers") or 0)
-        one = results.find("ch04.items_per_s", num_workers=n, output="float")
-        zero = results.find("ch04.items_per_s", num_workers=0, output="float")
-        if one and zero and zero[0].value > 0 and {"min", "max"} <= set(sp.spread):
-            band = [float(sp.spread["min"]), sp.value, float(sp.spread["max"])]
-            out.append(speedup.agreement_line(n, one[0].value / zero[0].value, band))
-    for pr in results.find("ch04.prefetch.ratio"):
-        if {"min", "max"} <= set(pr.spread):
-            p, rounds = pr.params, int(pr.spread.get("n", 0))
-            band = [float(pr.spread["min"]), pr.value, float(pr.spread["max"])]
-            out.append(
-                speedup.difference_line("prefetch_factor", p.get("prefetch_factor"), p.get("reference"), band, rounds)
-            )
-    return out
-
-
-def _cheap_items(results: ResultSet, ds_float: Dataset, bs: int, batches: int, warm: int) -> None:
+def _cheap_items(results: ResultSet, ds: Mapping[str, Dataset], bs: int, batches: int, warm: int) -> None:
     """``__getitems__`` against per-item fetching, and cheap items (where the main process is the bottleneck)."""
     run: dict[str, Any] = {"batch_size": bs, "batches": batches, "warmup": warm}
     n = config.sized(4096, 32768)
     for (fetch, w), r in sweeps.getitems_experiment(BatchedCheapDataset(n, 32, "uint8"), **run).items():
         results.add("ch04.getitems.items_per_s", r.items_per_s, "items/s", fetch=fetch, num_workers=w)
-    size = int(getattr(ds_float, "crop_size", 64))
+    size = int(getattr(ds["float"], "crop_size", 64))
     for row in sweeps.cheap_vs_expensive({}, n_cheap=n, image_size=size, **run):
         r = row["result"]
         knobs = {k: row[k] for k in ("items", "output", "collate", "num_workers")}
@@ -238,11 +183,11 @@ def _cheap_items(results: ResultSet, ds_float: Dataset, bs: int, batches: int, w
 def _panel_dataset(item_cost: str, image_root: str | None, crop_size: int, n_cheap: int) -> Dataset:
     """The data set behind ``item_cost`` (built once per setting: the panel reruns it often)."""
     if item_cost == ITEM_COSTS[0]:
-        return loaders.CheapDataset(n_cheap, image_size=crop_size)
+        return CheapDataset(n_cheap, image_size=crop_size)
     if image_root is None:
         raise ValueError(f"this panel has no image data set (no image_root); choose item_cost={ITEM_COSTS[0]!r}")
     base = ShapesDataset(image_root, crop_size=crop_size)
-    return base if item_cost == ITEM_COSTS[1] else loaders.SpinDataset(base, 2.0)
+    return base if item_cost == ITEM_COSTS[1] else SpinDataset(base, 2.0)
 
 
 def _default(make_loader: Any, name: str, fallback: Any) -> Any:
@@ -269,7 +214,7 @@ def panel_controls(**context: Any) -> dict[str, Any]:
 
 
 def panel_run(
-    progress: ProgressFn,
+    progress: Callable[..., Any],
     *,
     device: torch.device | str,
     num_workers: int = 0,
@@ -286,12 +231,8 @@ def panel_run(
     **context: Any,
 ) -> Evidence[loaders.Throughput]:
     """One run of the reader's ``make_loader(dataset, batch_size, workers=..., persistent=..., prefetch_factor=...)``
-    on the ``item_cost`` data set, guarded, timed and released: measured here (a CPU matter).
-
-    Raises:
-        ValueError: bad settings (also far more workers than this machine has cores); a ``make_loader`` that is
-            not a function or ignores ``workers``/``batch_size``; image items without ``image_root``.
-    """
+    on the ``item_cost`` data set. ValueError: bad settings (also far more workers than cores), a ``make_loader``
+    that is not a function or ignores ``workers``/``batch_size``, image items without ``image_root``."""
     if not callable(make_loader):
         raise ValueError(f"make_loader must be your loader function, got {type(make_loader).__name__}")
     check_choice("item_cost", item_cost, ITEM_COSTS)
@@ -336,14 +277,12 @@ def panel_summary(result: Evidence[loaders.Throughput]) -> str:
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
     """A bar per run (items/s), latest highlighted; the settings as labels, the source in the title."""
     runs = [rec for rec in history if rec.result.value is not None]
-    labels = []
-    for rec in runs:
-        v = rec.values
-        parts = [f"#{rec.index} w={v.get('num_workers')}", f"b={v.get('batch_size')}", f"pf={v.get('prefetch_factor')}"]
-        if v.get("persistent"):
-            parts.append("P")
-        parts.append(str(v.get("item_cost", "")).split(" ")[0])
-        labels.append(" ".join(parts))
+    labels = [
+        f"#{r.index} w={v.get('num_workers')} b={v.get('batch_size')} pf={v.get('prefetch_factor')}"
+        f"{' P' if v.get('persistent') else ''} {str(v.get('item_cost', '')).split(' ')[0]}"
+        for r in runs
+        for v in [r.values]
+    ]
     source = runs[-1].result.source.split(";")[0] if runs else "no run yet"
     plots.history_bars(
         labels,

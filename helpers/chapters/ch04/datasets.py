@@ -1,9 +1,7 @@
-"""Chapter 04's own data sets and collate functions: module-level (not defined in the notebook), so that spawn
-workers can import them."""
+"""Chapter 04's data sets and collate functions, in a module (not the notebook) so that spawn workers import them."""
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -11,8 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate, get_worker_info
 
-from ...core.validate import check_float, check_int
-from ...pipeline.demo import CheapDataset
+from ...core.validate import check_choice, check_float, check_int
 
 
 def passthrough_collate(batch: Any) -> Any:
@@ -24,6 +21,47 @@ def light_uint8_collate(items: list[tuple[torch.Tensor, int]]) -> tuple[torch.Te
     """uint8 images as one shared-memory tensor, labels as a plain list: each tensor crosses from a worker with
     its own shared-memory handle to open and map, a tiny pickled list needs none."""
     return default_collate([x for x, _ in items]), [int(y) for _, y in items]
+
+
+class CheapDataset(Dataset):
+    """Items that cost almost nothing (views into a bank of ``bank`` random images): the DataLoader's per-batch
+    overhead in the main process is what limits throughput."""
+
+    def __init__(self, n: int, image_size: int = 64, output: str = "float", bank: int = 64, seed: int = 0) -> None:
+        self.n = check_int("n", n, 1, 10_000_000)
+        self.image_size = check_int("image_size", image_size, 1, 1024)
+        self.output = check_choice("output", output, ("float", "uint8"))
+        bank = check_int("bank", bank, 1, 4096)
+        g = torch.Generator().manual_seed(check_int("seed", seed, 0, 2**63 - 1))
+        data = torch.randint(0, 256, (bank, 3, self.image_size, self.image_size), dtype=torch.uint8, generator=g)
+        self.bank = data if output == "uint8" else data.float().div_(255.0)
+        self.labels = torch.arange(bank) % 10
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        if not -self.n <= index < self.n:
+            raise IndexError(f"index {index} out of range for {self.n} items")
+        k = index % len(self.bank)
+        return self.bank[k], int(self.labels[k])
+
+
+class SpinDataset(Dataset):
+    """``base`` plus ``extra_ms`` of busy CPU per item: it competes for cores like augmentation (a sleep would not)."""
+
+    def __init__(self, base: Dataset, extra_ms: float) -> None:
+        self.base = base
+        self.extra_ms = check_float("extra_ms", extra_ms, 0.0, 1000.0)
+
+    def __len__(self) -> int:
+        return len(self.base)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        end = time.thread_time() + self.extra_ms / 1e3
+        while time.thread_time() < end:
+            pass
+        return self.base[index]
 
 
 class BatchedCheapDataset(CheapDataset):
@@ -110,21 +148,18 @@ class FixedRNGDataset(Dataset):
         self.n = check_int("n", n, 1, 10_000_000)
         self.seed = check_int("seed", seed, 0, 2**63 - 1)
         self._rng: np.random.Generator | None = None
-        self._rng_key: tuple[int, int] | None = None
+        self._rng_key: int | None = None
 
     def __len__(self) -> int:
         return self.n
 
     def _generator(self) -> np.random.Generator:
         info = get_worker_info()
-        key = (os.getpid(), info.seed if info else self.seed)
+        key = info.seed if info else self.seed  # per worker and epoch
         if self._rng is None or self._rng_key != key:
-            self._rng, self._rng_key = np.random.default_rng(key[1]), key
+            self._rng, self._rng_key = np.random.default_rng(key), key
         return self._rng
 
     def __getitem__(self, index: int) -> tuple[int, int, float]:
         info = get_worker_info()
         return index, (info.id if info else -1), float(self._generator().random())
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_rng": None, "_rng_key": None}

@@ -1,6 +1,5 @@
 """Chapter 04's pitfalls, shown live: duplicated random draws across workers, a data set defined in the notebook
-under spawn, an exception raised inside a worker (the data sets they run are in :mod:`.datasets`).
-"""
+under spawn, an exception raised inside a worker (their data sets are in :mod:`.datasets`)."""
 
 from __future__ import annotations
 
@@ -15,16 +14,14 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from torch.utils.data import Dataset
 
-from ...core.failures import LoaderFailure
 from ...core.validate import check_choice, check_float, check_int
-from ...pipeline.loaders import START_METHODS, LoaderConfig, build_loader
+from ...pipeline.loaders import START_METHODS, LoaderConfig, LoaderFailure, build_loader
 from ...pipeline.workers import MAX_WORKERS, open_iterator
 from .datasets import FailingDataset
 
 
 def rng_draws(dataset: Dataset, *, num_workers: int = 2, batch_size: int = 4) -> dict[int, list[float]]:
-    """Run ``dataset`` (items ``(index, worker_id, draw)``) through workers; draws per worker, in order
-    (worker id -1: the main process, with ``num_workers=0``)."""
+    """Draws per worker id, in order, of ``dataset``'s items ``(index, worker_id, draw)`` (-1: the main process)."""
     loader = build_loader(dataset, batch_size=batch_size, num_workers=num_workers, shuffle=False)
     out: dict[int, list[float]] = {}
     with open_iterator(loader) as it:
@@ -46,7 +43,7 @@ def rng_duplicates(draws: Mapping[int, Sequence[float]]) -> float:
 
 @contextlib.contextmanager
 def _capture_fd2() -> Iterator[Callable[[], str]]:
-    """Redirect file descriptor 2 (inherited by child processes) into a temporary file."""
+    """File descriptor 2 (which child processes inherit) into a temporary file; yields a reader of it."""
     with tempfile.TemporaryFile(mode="w+b") as tmp:
         with contextlib.suppress(Exception):
             sys.stderr.flush()
@@ -75,13 +72,9 @@ class SpawnOutcome:
 
 
 def spawn_failure_demo(dataset: Dataset, *, context: str = "spawn", timeout_s: float = 30.0) -> SpawnOutcome:
-    """One batch from ``dataset`` with one worker started by ``context`` ("spawn", "forkserver", "fork"), within
-    the loader's ``timeout_s``; never hangs or leaks.
-
-    A data set class defined in a notebook cell lives in ``__main__``, which a spawn/forkserver worker (a fresh
-    interpreter) cannot import: it dies while unpickling the data set, and its own error, on its stderr, is
-    captured here as ``child_error`` (``AttributeError: Can't get attribute 'MyData' on <module ...>``).
-    """
+    """One batch from ``dataset`` with one worker started by ``context``, within ``timeout_s``; never hangs or leaks.
+    A class defined in a notebook cell lives in ``__main__``, which a spawn/forkserver worker cannot import: it dies
+    unpickling the data set, and its own error (on its stderr) is captured as ``child_error``."""
     check_choice("context", context, [m for m in START_METHODS if m])
     timeout_s = check_float("timeout_s", timeout_s, 1.0, 600.0)
     cfg = LoaderConfig(batch_size=2, num_workers=1, shuffle=False, timeout=timeout_s, multiprocessing_context=context)
@@ -104,10 +97,8 @@ def spawn_failure_demo(dataset: Dataset, *, context: str = "spawn", timeout_s: f
 
 
 def worker_error_demo(dataset: Dataset | None = None, *, num_workers: int = 2) -> tuple[str, str]:
-    """Load from a data set whose item raises in a worker; torch's ``(exception type, message)``: the worker's
-    exception re-raised in the main process with its traceback ("Caught ValueError in DataLoader worker process
-    1. Original Traceback ..."), kept as the cause of :func:`open_iterator`'s plain-words :class:`LoaderFailure`.
-    """
+    """Torch's ``(exception type, message)`` for a data set whose item raises in a worker: the worker's exception
+    re-raised here with its traceback, the cause of :func:`open_iterator`'s plain-words :class:`LoaderFailure`."""
     ds = dataset if dataset is not None else FailingDataset()
     cfg = LoaderConfig(batch_size=4, num_workers=check_int("num_workers", num_workers, 1, MAX_WORKERS), shuffle=False)
     loader = build_loader(ds, cfg)

@@ -1,7 +1,5 @@
-"""Chapter 04's fair comparisons: workers=0 against workers=N (and the machine's own parallel ceiling), and a
-knob's values, each in alternating rounds (:func:`helpers.core.rounds.alternate`), with the verdicts on two
-measurements of one thing.
-"""
+"""Chapter 04's fair comparisons in alternating rounds (:func:`helpers.core.rounds.alternate`): a knob's values,
+workers=0 against workers=N beside the measured parallel ceiling, and the verdicts on two measurements of one thing."""
 
 from __future__ import annotations
 
@@ -12,33 +10,32 @@ import statistics
 import threading
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from ...core import agreement
-from ...core.failures import LoaderFailure
 from ...core.rounds import alternate, intraop_threads, table
 from ...core.validate import check_float, check_int
-from ...pipeline.loaders import WORKER_TIMEOUT_S, Epochs, batch_len
+from ...pipeline.loaders import WORKER_TIMEOUT_S, Epochs, LoaderFailure, batch_len
 from ...pipeline.workers import (
     MAX_WORKERS,
     SHUTDOWN_GRACE_S,
     HeldSignals,
-    cpu_cores,
     released,
     reset_child_signals,
     stop_processes,
 )
-from .sweeps import SpeedupRounds, WorkerSweep, build_from_factory
+from .sweeps import WorkerSweep, build_from_factory
 
 # -- the measured ceiling: N independent processes, no loader around them ---------------------------
 
 
 def _ceiling_task(args: tuple[Any, int, int, Any, float, float]) -> tuple[int, float]:
-    """One process of :func:`parallel_ceiling`: load and collate batches for ``seconds``; (items, seconds)."""
+    """One process of :func:`parallel_ceiling`: (items, seconds) of loading and collating for ``seconds``."""
     dataset, offset, batch_size, collate_fn, start_at, seconds = args
     torch.set_num_threads(1)
     collate = collate_fn if collate_fn is not None else default_collate
@@ -62,35 +59,37 @@ def parallel_ceiling(
     collate_fn: Callable[[Any], Any] | None = None,
     pool: Any = None,
 ) -> float:
-    """Items/s that ``processes`` independent processes reach together, each doing what ``num_workers=0``
-    does (``collate_fn([dataset[i] for i in batch])``) with no queues, shared memory or main process to feed.
-
-    That is the most ``num_workers=processes`` can deliver here right now: the *measured* core-count
-    ceiling, below ``processes`` x the single-process rate on a turbo-boosting laptop, on a VM whose virtual
-    cores share physical ones, or next to other programs. ``pool``: an open pool of :func:`start_pool` to
-    reuse; by default one is started and closed here (also on ``KeyboardInterrupt``).
-    """
+    """Items/s that ``processes`` independent processes reach together, each doing what ``num_workers=0`` does
+    (``collate_fn([dataset[i] for i in batch])``) with no queues, shared memory or main process to feed: the most
+    ``num_workers=processes`` can deliver here now (below ``processes`` x one process's rate on a turbo-boosting
+    laptop or a VM). ``pool``: an open :func:`start_pool` to reuse; by default one is started and closed here."""
     processes = check_int("processes", processes, 1, MAX_WORKERS)
     seconds = check_float("seconds", seconds, 0.05, 600.0)
     batch_size = check_int("batch_size", batch_size, 1, 65536)
-    own = pool is None
+    n = max(1, len(dataset))  # type: ignore[arg-type]
     try:
-        if own:
-            pool = start_pool(processes)
-        n = max(1, len(dataset))  # type: ignore[arg-type]
-        start_at = time.time() + 0.05
-        tasks = [(dataset, (i * n) // processes, batch_size, collate_fn, start_at, seconds) for i in range(processes)]
-        # Bounded: a task that never returns (a frozen process) ends the call instead of hanging it.
-        done = pool.map_async(_ceiling_task, tasks, chunksize=1).get(timeout=seconds + WORKER_TIMEOUT_S)
+        with _pool(processes) if pool is None else contextlib.nullcontext(pool) as p:
+            start_at = time.time() + 0.05
+            tasks = [
+                (dataset, (i * n) // processes, batch_size, collate_fn, start_at, seconds) for i in range(processes)
+            ]
+            # Bounded: a task that never returns (a frozen process) ends the call instead of hanging it.
+            done = p.map_async(_ceiling_task, tasks, chunksize=1).get(timeout=seconds + WORKER_TIMEOUT_S)
     except mp.TimeoutError:
         raise LoaderFailure(
             f"parallel_ceiling: the {processes} processes did not report within "
             f"{seconds + WORKER_TIMEOUT_S:g} s (a frozen or starved process); they were stopped"
         ) from None
-    finally:
-        if own and pool is not None:
-            close_pool(pool)
     return sum(k / dt for k, dt in done)
+
+
+@contextlib.contextmanager
+def _pool(processes: int) -> Iterator[Any]:
+    pool = start_pool(processes)
+    try:
+        yield pool
+    finally:
+        close_pool(pool)
 
 
 def _pool_initializer() -> None:
@@ -99,9 +98,8 @@ def _pool_initializer() -> None:
 
 
 def start_pool(processes: int) -> Any:
-    """A ``multiprocessing`` pool whose processes never run the parent's signal handlers; close it with
-    :func:`close_pool`. SIGINT and SIGTERM stay blocked while the pool forks, until each child has reset its
-    handlers (:func:`~helpers.pipeline.loaders.reset_child_signals`)."""
+    """A ``multiprocessing`` pool whose processes never run the parent's signal handlers (SIGINT and SIGTERM stay
+    blocked while it forks, until each child has reset them); close it with :func:`close_pool`."""
     processes = check_int("processes", processes, 1, MAX_WORKERS)
     with HeldSignals() as held:  # a Ctrl-C during the forks is noted, not lost in an at-fork callback
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
@@ -118,11 +116,9 @@ def start_pool(processes: int) -> Any:
 
 
 def close_pool(pool: Any, grace_s: float = SHUTDOWN_GRACE_S) -> None:
-    """``pool.terminate()`` + ``join()``, bounded: after ``grace_s`` the processes are killed.
-
-    ``terminate()`` can block for ever on a queue lock a misbehaving process holds, so it runs in a helper
-    thread; killing the processes releases what they held. An interrupt meanwhile is re-raised at the end.
-    """
+    """``pool.terminate()`` + ``join()``, bounded: after ``grace_s`` the processes are killed (``terminate()`` can
+    block for ever on a queue lock a misbehaving process holds, so it runs in a helper thread). An interrupt
+    meanwhile is re-raised at the end."""
     import multiprocessing.pool as mp_pool
 
     handler = getattr(pool, "_worker_handler", None)
@@ -170,7 +166,6 @@ class _Batches(Epochs):
         self.buffered = loader.num_workers * (loader.prefetch_factor or 2)
 
     def take(self, count: int) -> tuple[int, float]:
-        """Take ``count`` batches; returns (items, seconds)."""
         t0 = time.perf_counter()
         items = sum(batch_len(self.next()) for _ in range(count))
         self.last_s = time.perf_counter() - t0
@@ -191,8 +186,8 @@ _VISIBLE_KNOBS = ("num_workers", "batch_size", "prefetch_factor", "persistent_wo
 def _loader_rounds(
     factory: Callable[[Any], DataLoader], expect: Mapping[Any, Mapping[str, Any] | None], warmup: int
 ) -> Iterator[list[_Batches]]:
-    """``factory(value)`` for each value of ``expect`` (checked to have the knobs given there), all built before
-    any is warmed up; one intra-op thread and the core-count warning quiet meanwhile; every worker released."""
+    """``factory(value)`` for each value of ``expect``, all built before any is warmed up; one intra-op thread and
+    the core-count warning quiet meanwhile; every worker released."""
     with released([]) as objs, intraop_threads(1), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
         takers = []
@@ -207,106 +202,110 @@ def _loader_rounds(
             objs[:0] = [t.it for t in takers if t.it is not None]
 
 
-def interleaved_speedup(
-    factory: Callable[[int], DataLoader],
-    num_workers: int = 2,
-    *,
-    rounds: int = 5,
-    batches: int = 30,
-    warmup: int = 4,
-    progress: Callable[..., Any] | None = None,
-) -> SpeedupRounds:
-    """The worker speed-up in alternating rounds, so that drift in the machine's speed cancels out.
-
-    ``factory(0)`` and ``factory(num_workers)`` (persistent workers) are your loaders. Each round measures, back to
-    back (reversed every other round): ``batches`` batches in one process, :func:`parallel_ceiling`
-    (``num_workers`` processes, the same batches, for as long) and ``batches`` batches from the worker loader,
-    after the batches its idle workers buffered. The main process uses one intra-op thread. ValueError for bad
-    arguments or too little ``/dev/shm`` (before any worker starts).
-    """
-    num_workers = check_int("num_workers", num_workers, 1, MAX_WORKERS)
-    rounds = check_int("rounds", rounds, 1, 1000)
-    batches = check_int("batches", batches, 1, 1_000_000)
-    warmup = check_int("warmup", warmup, 0, 1_000_000)
-    t_start = time.perf_counter()
-    expect = {0: {"num_workers": 0}, num_workers: {"num_workers": num_workers, "persistent_workers": True}}
-    with _loader_rounds(factory, expect, warmup) as (one, many):
-        ds, collate, bs = many.loader.dataset, many.loader.collate_fn, int(many.loader.batch_size or 1)
-        pool = start_pool(num_workers)
-        try:
-            got = alternate(
-                {
-                    "workers=0": lambda: one.rate(batches),
-                    # as long as the latest single-process window
-                    "ceiling": lambda: parallel_ceiling(
-                        ds, num_workers, max(0.05, one.last_s), batch_size=bs, collate_fn=collate, pool=pool
-                    ),
-                    "workers": lambda: many.rate(batches),
-                },
-                rounds,
-                progress=progress,
-            )
-        finally:
-            close_pool(pool)
-    return SpeedupRounds(
-        num_workers=num_workers,
-        batch_size=bs,
-        single=got.values["workers=0"],
-        workers=got.values["workers"],
-        ceiling=got.values["ceiling"],
-        cores=cpu_cores(),
-        seconds=time.perf_counter() - t_start,
-    )
-
-
-def plot_rounds(sr: SpeedupRounds, ax: Any = None, title: str = "") -> Any:
-    """Items/s per round: one process, the worker loader, and (if measured) the measured ceiling."""
-    import matplotlib.pyplot as plt  # optional/heavy: matplotlib
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8, 3.4))
-    xs = list(range(1, len(sr.single) + 1))
-    if sr.ceiling:
-        ax.plot(xs, sr.ceiling, "s--", color="#444", label=f"ceiling: {sr.num_workers} independent processes")
-    ax.plot(xs, sr.workers, "o-", color="#f28e2b", label=f"loader, num_workers={sr.num_workers} (persistent)")
-    ax.plot(xs, sr.single, "o-", color="#4e79a7", label="loader, num_workers=0")
-    ax.set(xticks=xs, xlabel="round (each measures all series back to back)", ylabel="throughput (items/s)")
-    ax.set_ylim(bottom=0)
-    ax.set_title(title or f"Speed-up in alternating rounds: median {sr.speedup:.2f}x")
-    ax.legend(fontsize=8, loc="lower right")
-    ax.grid(alpha=0.3)
-    return ax
+def _median_ratio(a: Sequence[float], b: Sequence[float]) -> float:
+    return statistics.median(x / y for x, y in zip(a, b)) if a and b else float("nan")
 
 
 @dataclass
-class KnobRounds:
-    """One knob's values measured in alternating rounds: ``rates[v]`` holds items/s of value ``v``, one per round."""
+class LoaderRounds:
+    """Items/s of each value of a knob, one per alternating round (``rates[v]``); for the worker speed-up also
+    ``ceiling``: items/s of ``num_workers`` independent processes per round (:func:`parallel_ceiling`)."""
 
     knob: str
-    values: list[Any]
     rates: dict[Any, list[float]]
     reference: Any
-    seconds: float
+    ceiling: list[float] = field(default_factory=list)
 
-    def ratios(self, value: Any) -> list[float]:
-        """Per-round items/s of ``value`` over the reference value's, measured seconds apart."""
-        return [a / b for a, b in zip(self.rates[value], self.rates[self.reference])]
+    @property
+    def values(self) -> list[Any]:
+        return list(self.rates)
+
+    @property
+    def num_workers(self) -> Any:
+        """The last value: the worker count the speed-up is of."""
+        return self.values[-1]
+
+    def ratios(self, value: Any = None) -> list[float]:
+        """Per-round items/s of ``value`` (default: the last) over the reference's, measured seconds apart."""
+        return [
+            a / b for a, b in zip(self.rates[self.num_workers if value is None else value], self.rates[self.reference])
+        ]
 
     def median(self, value: Any) -> float:
         return statistics.median(self.rates[value])
 
+    @property
+    def speedup(self) -> float:
+        return statistics.median(self.ratios())
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        return min(self.ratios()), max(self.ratios())
+
+    @property
+    def ceiling_speedup(self) -> float:
+        """Median per-round ceiling / reference: what ``num_workers`` cores give at best here (nan if not measured)."""
+        return _median_ratio(self.ceiling, self.rates[self.reference])
+
+    @property
+    def share_of_ceiling(self) -> float:
+        """Median per-round loader / ceiling: the loader's share of the machine's parallel capacity."""
+        return _median_ratio(self.rates[self.num_workers], self.ceiling)
+
+    def notes(self) -> list[str]:
+        """Impossible-looking figures: the ceiling is a measurement too, and a disturbed one is no upper bound."""
+        out: list[str] = []
+        if not self.ceiling:
+            return out
+        if self.share_of_ceiling > 1.0:
+            out.append(
+                f"the loader measured {self.share_of_ceiling:.0%} of the measured ceiling (over 100%): the "
+                f"ceiling runs were slowed by something else on this machine, so here they are no upper bound "
+                f"(noise); re-run on a quieter machine"
+            )
+        if self.ceiling_speedup > self.num_workers * 1.05:
+            out.append(
+                f"the ceiling of {self.num_workers} processes measured {self.ceiling_speedup:.2f}x one process "
+                f"(more than {self.num_workers}x): the single-process rounds ran slow (noise)"
+            )
+        return out
+
     def table(self) -> list[str]:
+        """One row per round and a median row: each value's items/s, its ratio to the reference (and the ceiling)."""
+        rate, ratio = "{:,.0f}".format, "{:.2f}x".format
+        others = [v for v in self.values if v != self.reference]
+        cols = [(f"{self.knob}={v}", self.rates[v], rate) for v in self.values]
+        cols += [(f"{v} vs {self.reference}", self.ratios(v), ratio) for v in others]
+        if self.ceiling:
+            ref, mine = self.rates[self.reference], self.rates[self.num_workers]
+            cols += [(f"{self.num_workers} procs", self.ceiling, rate)]
+            cols += [("ceiling", [c / s for c, s in zip(self.ceiling, ref)], ratio)]
+            cols += [("share", [w / c for w, c in zip(mine, self.ceiling)], "{:.0%}".format)]
         n = len(self.rates[self.reference])
-        rows = [[v, f"{self.median(v):,.0f}", " ".join(f"{r:,.0f}" for r in self.rates[v])] for v in self.values]
-        lines = table([self.knob, "items/s (median)", "per round"], rows, left=0)
-        return [f"{lines[0]}   ({n} alternating rounds)", *lines[1:]]
+        rows = [[k + 1, *(f(xs[k]) for _, xs, f in cols)] for k in range(n)]
+        rows.append(["median", *(f(statistics.median(xs)) for _, xs, f in cols)])
+        lines = table(["round", *(h for h, _, _ in cols)], rows)
+        return [f"{lines[0]}   (items/s)", *lines[1:]]
 
     def verdicts(self) -> list[str]:
         """One :func:`difference_line` per value against the reference: within the noise, or a real difference."""
-        n = len(self.rates[self.reference])
         return [
-            difference_line(self.knob, v, self.reference, self.ratios(v), n) for v in self.values if v != self.reference
+            difference_line(self.knob, v, self.reference, self.ratios(v)) for v in self.values if v != self.reference
         ]
+
+    def summary(self) -> str:
+        lo, hi = self.spread
+        text = (
+            f"{self.num_workers} persistent workers: {self.speedup:.2f}x the single-process throughput (median of "
+            f"{len(self.ratios())} rounds, range {lo:.2f}-{hi:.2f}x)."
+        )
+        if self.ceiling:
+            text += (
+                f" {self.num_workers} independent processes loading and collating the same batches reach "
+                f"{self.ceiling_speedup:.2f}x: the measured ceiling. "
+                f"The loader gets {self.share_of_ceiling:.0%} of it."
+            )
+        return text + "".join(f" Note: {note}." for note in self.notes())
 
 
 def knob_rounds(
@@ -319,11 +318,13 @@ def knob_rounds(
     batches: int = 20,
     warmup: int = 4,
     progress: Callable[..., Any] | None = None,
-) -> KnobRounds:
-    """Your loader ``factory(value)`` (persistent workers) at each of a knob's ``values``, in alternating rounds
-    like :func:`interleaved_speedup`; ``reference`` (default: the first value) is what
-    :meth:`KnobRounds.verdicts` compares against. ValueError: bad arguments, a factory that ignores the value,
-    or too little ``/dev/shm``."""
+    ceiling: bool = False,
+) -> LoaderRounds:
+    """Your loader ``factory(value)`` (persistent workers) at each of a knob's ``values``, all built first, then
+    ``batches`` batches of each per round, back to back, the order reversed every other round; ``reference``
+    (default: the first value) is what the ratios compare against. ``ceiling``: :func:`parallel_ceiling` with
+    ``values[-1]`` processes, as long as the reference's window, after the reference each round.
+    ValueError: bad arguments, a factory that ignores the value, or too little ``/dev/shm``."""
     if not isinstance(knob, str) or not knob:
         raise ValueError(f"knob must name what the factory's argument changes, e.g. 'prefetch_factor'; got {knob!r}")
     values = list(values)
@@ -335,13 +336,72 @@ def knob_rounds(
     rounds = check_int("rounds", rounds, 1, 1000)
     batches = check_int("batches", batches, 1, 1_000_000)
     warmup = check_int("warmup", warmup, 0, 1_000_000)
-    t_start = time.perf_counter()
     expect = {v: {knob: v} if knob in _VISIBLE_KNOBS else None for v in values}
-    with _loader_rounds(factory, expect, warmup) as takers:
-        measures = {f"{knob}={v}": (lambda t=t: t.rate(batches)) for v, t in zip(values, takers)}
+    if knob == "num_workers":  # workers stay up between rounds
+        expect = {v: {knob: v, "persistent_workers": True} if v else {knob: v} for v in values}
+    procs = values[-1] if ceiling else 0
+    with _loader_rounds(factory, expect, warmup) as takers, _pool(procs) if procs else contextlib.nullcontext() as pool:
+        by_value = dict(zip(values, takers))
+        measures: dict[str, Callable[[], float]] = {
+            f"{knob}={v}": partial(t.rate, batches) for v, t in by_value.items()
+        }
+        if pool is not None:
+            ref, loader = by_value[reference], takers[-1].loader
+            bs, ds, collate = int(loader.batch_size or 1), loader.dataset, loader.collate_fn
+
+            def run_ceiling() -> float:  # as long as the reference's latest window
+                return parallel_ceiling(ds, procs, max(0.05, ref.last_s), batch_size=bs, collate_fn=collate, pool=pool)
+
+            first, *rest = measures.items()  # the ceiling right after the first value
+            measures = dict([first, ("ceiling", run_ceiling), *rest])
         got = alternate(measures, rounds, progress=progress)
     rates = {v: got.values[f"{knob}={v}"] for v in values}
-    return KnobRounds(knob=knob, values=values, rates=rates, reference=reference, seconds=time.perf_counter() - t_start)
+    return LoaderRounds(knob, rates, reference, got.values.get("ceiling", []))
+
+
+def interleaved_speedup(
+    factory: Callable[[int], DataLoader],
+    num_workers: int = 2,
+    *,
+    rounds: int = 5,
+    batches: int = 30,
+    warmup: int = 4,
+    progress: Callable[..., Any] | None = None,
+) -> LoaderRounds:
+    """``factory(0)`` against ``factory(num_workers)`` (persistent workers) in alternating rounds, each round
+    beside the measured ceiling (:func:`knob_rounds` with ``ceiling=True``), one intra-op thread in this process."""
+    num_workers = check_int("num_workers", num_workers, 1, MAX_WORKERS)
+    return knob_rounds(
+        factory,
+        "num_workers",
+        [0, num_workers],
+        reference=0,
+        rounds=rounds,
+        batches=batches,
+        warmup=warmup,
+        progress=progress,
+        ceiling=True,
+    )
+
+
+def plot_rounds(sr: LoaderRounds, ax: Any = None, title: str = "") -> Any:
+    """Items/s per round: one process, the worker loader, and (if measured) the measured ceiling."""
+    import matplotlib.pyplot as plt  # optional/heavy: matplotlib
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3.4))
+    n, single = sr.num_workers, sr.rates[sr.reference]
+    xs = list(range(1, len(single) + 1))
+    if sr.ceiling:
+        ax.plot(xs, sr.ceiling, "s--", color="#444", label=f"ceiling: {n} independent processes")
+    ax.plot(xs, sr.rates[n], "o-", color="#f28e2b", label=f"loader, num_workers={n} (persistent)")
+    ax.plot(xs, single, "o-", color="#4e79a7", label="loader, num_workers=0")
+    ax.set(xticks=xs, xlabel="round (each measures all series back to back)", ylabel="throughput (items/s)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title or f"Speed-up in alternating rounds: median {sr.speedup:.2f}x")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    return ax
 
 
 # -- verdicts: two measurements of one thing ---------------------------------------------------------------
@@ -353,17 +413,12 @@ TRUST_ROUNDS = (
 )
 
 
-def within_spread(value: float, samples: Sequence[float]) -> bool:
-    """Whether ``value`` lies within ``samples``' lowest to highest (their noise band; ValueError if not finite)."""
-    return agreement.within_range(value, samples)
-
-
 def agreement_line(num_workers: int, one_pass: float, rounds: Sequence[float]) -> str:
-    """The verdict on one speed-up measured in a one-pass sweep and per round in alternating rounds
-    (``rounds``: per-round speed-ups, or their lowest and highest): "agree within their spread" or
-    "disagree: " + :data:`TRUST_ROUNDS`."""
+    """The verdict on a speed-up measured once and per round (``rounds``): "agree within their spread" when
+    the one-pass figure lies in the rounds' range (their noise band), else "disagree: " + :data:`TRUST_ROUNDS`."""
     lo, hi = min(rounds), max(rounds)
-    verdict = "agree within their spread" if within_spread(one_pass, rounds) else f"disagree: {TRUST_ROUNDS}"
+    agree = agreement.within_range(one_pass, rounds)
+    verdict = "agree within their spread" if agree else f"disagree: {TRUST_ROUNDS}"
     return (
         f"num_workers={num_workers}: one-pass sweep {one_pass:.2f}x (one measurement, no spread of its own) vs "
         f"alternating rounds {statistics.median(rounds):.2f}x (range {lo:.2f}-{hi:.2f}x over the rounds, "
@@ -371,12 +426,11 @@ def agreement_line(num_workers: int, one_pass: float, rounds: Sequence[float]) -
     )
 
 
-def difference_line(knob: str, value: Any, reference: Any, ratios: Sequence[float], rounds: int) -> str:
-    """The verdict on ``knob=value`` against ``knob=reference`` from per-round ratios (or their lowest and
-    highest, with ``rounds`` their count): "within the noise" when 1.0 lies in their range
-    (:func:`helpers.core.agreement.ratios_straddle_one`), else "a real difference", with how often two equal
-    settings would land on one side in every round by chance."""
-    lo, hi = min(ratios), max(ratios)
+def difference_line(knob: str, value: Any, reference: Any, ratios: Sequence[float]) -> str:
+    """The verdict on ``knob=value`` against ``knob=reference`` from per-round ratios: "within the noise" when
+    their range includes 1.0, else "a real difference", with how often two equal settings would land on one side
+    in every round by chance."""
+    lo, hi, rounds = min(ratios), max(ratios), len(ratios)
     head = (
         f"{knob}={value} vs {reference}: {statistics.median(ratios):.2f}x (per-round ratios over {rounds} rounds, "
         f"range {lo:.2f}-{hi:.2f}x)"
@@ -391,11 +445,10 @@ def difference_line(knob: str, value: Any, reference: Any, ratios: Sequence[floa
     )
 
 
-def sweep_vs_rounds(sweep: WorkerSweep, rounds: SpeedupRounds | Sequence[SpeedupRounds]) -> list[str]:
-    """:func:`agreement_line` for every worker count both the one-pass ``sweep`` (with its ``num_workers=0``
-    baseline) and the alternating ``rounds`` measured."""
-    out = []
-    for sr in [rounds] if isinstance(rounds, SpeedupRounds) else list(rounds):
-        if sr.ratios and sr.num_workers in sweep.workers and min(sweep.workers) == 0:
-            out.append(agreement_line(sr.num_workers, sweep.speedup(sr.num_workers), sr.ratios))
-    return out
+def sweep_vs_rounds(sweep: WorkerSweep, rounds: LoaderRounds) -> list[str]:
+    """:func:`agreement_line` for the worker count that both the one-pass ``sweep`` (with its ``num_workers=0``
+    baseline) and the alternating ``rounds`` measured; [] if they share none."""
+    n = rounds.num_workers
+    if rounds.knob != "num_workers" or not rounds.ratios() or n not in sweep.workers or min(sweep.workers) != 0:
+        return []
+    return [agreement_line(n, sweep.speedup(n), rounds.ratios())]

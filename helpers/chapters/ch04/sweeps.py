@@ -1,9 +1,6 @@
-"""Chapter 04's measurements of the reader's loaders: the worker sweep, persistent workers, in-order
-delivery, batched fetching, cheap against expensive items.
-
-Each experiment of one knob takes a loader factory: the reader's ``make_loader`` as a function of that knob
-(``lambda w: make_loader(ds, 32, workers=w)``), which decides every other knob.
-"""
+"""Chapter 04's one-pass measurements: the worker sweep, persistent workers, in-order delivery, batched fetching,
+cheap against expensive items. An experiment of one knob takes the reader's ``make_loader`` as a function of it
+(``lambda w: make_loader(ds, 32, workers=w)``), which decides every other knob."""
 
 from __future__ import annotations
 
@@ -20,21 +17,17 @@ from torch.utils.data import DataLoader, Dataset
 
 from ...core.rounds import table
 from ...core.validate import check_int
-from ...pipeline.demo import CheapDataset
 from ...pipeline.loaders import LoaderConfig, Throughput, guard, measure_config, measure_throughput
 from ...pipeline.workers import MAX_WORKERS, cpu_cores, open_iterator, release, released
-from .datasets import PerItem, light_uint8_collate, passthrough_collate
+from .datasets import CheapDataset, PerItem, light_uint8_collate, passthrough_collate
 
 
 def build_from_factory(
     factory: Callable[[Any], DataLoader], value: Any, *, expect: Mapping[str, Any] | None = None
 ) -> DataLoader:
-    """``factory(value)``, checked and guarded (:func:`~helpers.pipeline.loaders.guard`): your loader for one point.
-
-    The DataLoader's warnings while it is built ("suggested max number of worker") go to
-    ``Throughput.warnings``, not to stderr. ``expect`` names knobs the loader must have
-    (``{"num_workers": 2}``): a factory that ignores its value would compare a loader with itself.
-    """
+    """``factory(value)``, guarded (:func:`~helpers.pipeline.loaders.guard`), its build warnings kept for
+    ``Throughput.warnings``; ``expect``: knobs it must have (a factory that ignores its value would compare a
+    loader with itself)."""
     if not callable(factory):
         raise ValueError(f"factory must be a function that returns a DataLoader, got {type(factory).__name__}")
     with warnings.catch_warnings(record=True) as wlist:
@@ -61,7 +54,7 @@ def build_from_factory(
 
 @dataclass
 class WorkerSweep:
-    """Throughput against ``num_workers`` (one :class:`Throughput` per point, one measurement each)."""
+    """Throughput against ``num_workers``, one measurement per point."""
 
     workers: list[int]
     results: list[Throughput]
@@ -76,14 +69,14 @@ class WorkerSweep:
 
     @property
     def baseline(self) -> float:
-        """Items/s of the fewest workers measured (``num_workers=0`` in every chapter sweep)."""
+        """Items/s of the fewest workers measured."""
         return self.at(min(self.workers)).items_per_s
 
     def speedup(self, n: int) -> float:
         return self.at(n).items_per_s / self.baseline
 
     def efficiency(self, n: int) -> float:
-        """Speedup divided by the ideal speedup ``max(n, 1)`` (1.0 = perfectly linear)."""
+        """Speed-up over the ideal ``max(n, 1)`` (1.0: linear)."""
         return self.speedup(n) / max(n, 1)
 
     @property
@@ -94,29 +87,16 @@ class WorkerSweep:
         """The "half the cores" rule for this machine."""
         return max(1, self.cores // 2)
 
-    def notes(self, rounds: "SpeedupRounds | None" = None) -> list[str]:
-        """Figures not to take at face value: an efficiency over 100% (the workers=0 row ran slow), or
-        ``best_workers`` contradicted by every alternating round of ``rounds``."""
-        out = [
+    def notes(self) -> list[str]:
+        """Efficiencies over 100%: the workers=0 row ran slow (a contradiction with alternating rounds is
+        :func:`~.speedup.sweep_vs_rounds`' verdict)."""
+        return [
             f"num_workers={n} measured {100 * self.efficiency(n):.0f}% efficiency (over 100%): the "
             f"single-process row was slow in this one-shot sweep (a busy machine, or more main-process "
             f"threads than one); compare in alternating rounds (interleaved_speedup)"
             for n in self.workers
             if n > 0 and self.efficiency(n) > 1.0
         ]
-        if rounds is not None and rounds.ratios and rounds.num_workers in self.workers:
-            lo, hi = rounds.spread
-            if self.best_workers == 0 and lo > 1.0:
-                out.append(
-                    f"contradiction: the one-shot sweep found num_workers=0 best, but every alternating round "
-                    f"gave {rounds.num_workers} workers more ({rounds.speedup:.2f}x median): trust the rounds"
-                )
-            elif self.best_workers == rounds.num_workers and hi < 1.0:
-                out.append(
-                    f"contradiction: the one-shot sweep found num_workers={rounds.num_workers} best, but every "
-                    f"alternating round gave it less than the single process: trust the rounds"
-                )
-        return out
 
     def table(self) -> list[str]:
         rows = []
@@ -134,12 +114,8 @@ def sweep_workers(
     warmup: int = 4,
     progress: Callable[..., Any] | None = None,
 ) -> WorkerSweep:
-    """Steady-state throughput of ``factory(n)`` for each ``n`` in ``workers``, one measurement each.
-
-    Each point's workers are released after it, also on an interrupt. The main process runs with one
-    intra-op thread, as every worker does: otherwise workers=0 would use all cores and a 1-worker row could
-    show more than 100% efficiency.
-    """
+    """Steady-state throughput of ``factory(n)`` for each ``n`` in ``workers``, one measurement each, released
+    after each point; one intra-op thread here as in every worker (else workers=0 would use every core)."""
     try:
         ws = [check_int(f"workers[{i}]", w, 0, MAX_WORKERS) for i, w in enumerate(workers)]
     except TypeError:
@@ -148,14 +124,12 @@ def sweep_workers(
         raise ValueError(
             f"workers must be a non-empty list of distinct integers in [0, {MAX_WORKERS}], got {list(workers)}"
         )
-    results = []
+    results, progress = [], progress or (lambda *a: None)
     for k, n in enumerate(ws):
-        if progress is not None:
-            progress(k / len(ws), f"num_workers={n} ({k + 1} of {len(ws)})")
+        progress(k / len(ws), f"num_workers={n} ({k + 1} of {len(ws)})")
         loader = build_from_factory(factory, n, expect={"num_workers": n})
         results.append(measure_throughput(loader, batches=batches, warmup=warmup, threads=1))
-    if progress is not None:
-        progress(1.0, "done")
+    progress(1.0, "done")
     return WorkerSweep(workers=ws, results=results, cores=cpu_cores())
 
 
@@ -172,13 +146,8 @@ def plot_sweep(sw: WorkerSweep, axes: Sequence[Any] | None = None, title: str = 
     ceiling = f"core-count ceiling ({sw.cores} cores x workers=0 rate)"
     ax1.axhline(base * sw.cores, color="#444", linestyle="--", linewidth=1, label=ceiling)
     ax1.axvline(rule, color="#e15759", alpha=0.4, linewidth=6, label=f"'half the cores' rule: {rule}")
-    ax1.set(
-        xlabel="num_workers",
-        ylabel="throughput (items/s)",
-        xticks=xs,
-        title=title or "Loader throughput vs num_workers",
-    )
-    ax1.set_ylim(bottom=0)
+    ax1.set(xlabel="num_workers", ylabel="throughput (items/s)", xticks=xs, ylim=(0, None))
+    ax1.set_title(title or "Loader throughput vs num_workers")
     ax1.legend(fontsize=8, loc="upper left")
     ax1.grid(alpha=0.3)
     eff_x = [n for n in xs if n > 0]
@@ -191,104 +160,19 @@ def plot_sweep(sw: WorkerSweep, axes: Sequence[Any] | None = None, title: str = 
     return axes
 
 
-@dataclass
-class SpeedupRounds:
-    """workers=0 against ``num_workers`` persistent workers (and the measured ceiling) in alternating rounds.
-
-    ``single``, ``workers`` and ``ceiling`` hold items/s per round (``ceiling``: :func:`~.speedup.parallel_ceiling`
-    with ``num_workers`` processes; empty if not measured); ``seconds`` is the whole measurement's wall time.
-    """
-
-    num_workers: int
-    batch_size: int
-    single: list[float]
-    workers: list[float]
-    ceiling: list[float]
-    cores: int
-    seconds: float
-
-    @property
-    def ratios(self) -> list[float]:
-        """Per-round speed-up: workers / single, from measurements taken seconds apart."""
-        return [w / s for w, s in zip(self.workers, self.single)]
-
-    @property
-    def speedup(self) -> float:
-        return statistics.median(self.ratios)
-
-    @property
-    def spread(self) -> tuple[float, float]:
-        """(lowest, highest) per-round speed-up."""
-        return min(self.ratios), max(self.ratios)
-
-    @property
-    def ceiling_speedup(self) -> float:
-        """Median per-round ceiling / single: what ``num_workers`` cores give at best here (nan if not measured)."""
-        return statistics.median(c / s for c, s in zip(self.ceiling, self.single)) if self.ceiling else float("nan")
-
-    @property
-    def share_of_ceiling(self) -> float:
-        """Median per-round workers / ceiling: the loader's share of the machine's parallel capacity."""
-        return statistics.median(w / c for w, c in zip(self.workers, self.ceiling)) if self.ceiling else float("nan")
-
-    def notes(self) -> list[str]:
-        """Impossible-looking figures: the ceiling is a measurement too, and a disturbed one is no upper bound."""
-        out = []
-        if self.ceiling and self.share_of_ceiling > 1.0:
-            out.append(
-                f"the loader measured {self.share_of_ceiling:.0%} of the measured ceiling (over 100%): the "
-                f"ceiling runs were slowed by something else on this machine, so here they are no upper bound "
-                f"(noise); re-run on a quieter machine"
-            )
-        if self.ceiling and self.ceiling_speedup > self.num_workers * 1.05:
-            out.append(
-                f"the ceiling of {self.num_workers} processes measured {self.ceiling_speedup:.2f}x one process "
-                f"(more than {self.num_workers}x): the single-process rounds ran slow (noise)"
-            )
-        return out
-
-    def table(self) -> list[str]:
-        n = self.num_workers
-        head = ["round", "workers=0", f"workers={n}", "speed-up"]
-        rows: list[list[object]] = []
-        for k, (s, w) in enumerate(zip(self.single, self.workers)):
-            rows.append([k + 1, f"{s:,.0f}", f"{w:,.0f}", f"{w / s:.2f}x"])
-            if self.ceiling:
-                c = self.ceiling[k]
-                rows[-1] += [f"{c:,.0f}", f"{c / s:.2f}x", f"{w / c:.0%}"]
-        if self.ceiling:
-            head += [f"{n} procs", "ceiling", "share"]
-        lines = table(head, rows, left=0)
-        return [lines[0] + "   (items/s)", *lines[1:]]
-
-    def summary(self) -> str:
-        lo, hi = self.spread
-        text = (
-            f"{self.num_workers} persistent workers: {self.speedup:.2f}x the single-process throughput (median of "
-            f"{len(self.ratios)} rounds, range {lo:.2f}-{hi:.2f}x)."
-        )
-        if self.ceiling:
-            text += (
-                f" {self.num_workers} independent processes loading and collating the same batches reach "
-                f"{self.ceiling_speedup:.2f}x: the measured ceiling. "
-                f"The loader gets {self.share_of_ceiling:.0%} of it."
-            )
-        return text + "".join(f" Note: {note}." for note in self.notes())
-
-
 # -- persistent workers and in-order delivery ---------------------------------------------------------
 
 
 @dataclass
 class PersistentResult:
-    """Per-epoch wall time and time-to-first-batch, with and without persistent workers."""
+    """Per-epoch wall time and time to the first batch, with and without persistent workers."""
 
     epoch_s: dict[bool, list[float]]
     first_batch_s: dict[bool, list[float]]
     num_workers: int
 
     def restart_cost_s(self) -> float:
-        """Median extra time to the first batch of epochs 2+ when workers are restarted."""
+        """Median extra time to the first batch of epochs 2+ when workers restart."""
         a = self.first_batch_s[False][1:] or self.first_batch_s[False]
         b = self.first_batch_s[True][1:] or self.first_batch_s[True]
         return statistics.median(a) - statistics.median(b)
@@ -306,8 +190,7 @@ class PersistentResult:
 
 
 def persistent_experiment(factory: Callable[[bool], DataLoader], *, epochs: int = 3) -> PersistentResult:
-    """Run ``epochs`` full epochs of ``factory(False)`` then ``factory(True)`` (``persistent_workers`` off, on:
-    ``lambda p: make_loader(ds, 32, workers=2, persistent=p)``) and time each epoch."""
+    """``epochs`` timed epochs of ``factory(False)`` then ``factory(True)`` (persistent_workers off, on)."""
     epochs = check_int("epochs", epochs, 1, 100)
     epoch_s: dict[bool, list[float]] = {False: [], True: []}
     first: dict[bool, list[float]] = {False: [], True: []}
@@ -332,7 +215,7 @@ def persistent_experiment(factory: Callable[[bool], DataLoader], *, epochs: int 
 
 @dataclass
 class InOrderResult:
-    """Per-batch waits with ``in_order`` True and False on a data set with uneven items."""
+    """Per-batch waits with ``in_order`` True and False, and the share of batches out of sampler order."""
 
     results: dict[bool, Throughput]
     out_of_order: dict[bool, float]
@@ -340,24 +223,15 @@ class InOrderResult:
     def table(self) -> list[str]:
         rows = []
         for flag in (True, False):
-            r = self.results[flag]
+            r, ooo = self.results[flag], f"{100 * self.out_of_order[flag]:.0f}%"
             ms = [1e3 * statistics.median(r.wait_s), r.p95_wait_ms, r.max_wait_ms]
-            rows.append(
-                [
-                    f"in_order={flag}",
-                    f"{r.seconds:.2f} s",
-                    *(f"{x:.1f} ms" for x in ms),
-                    f"{100 * self.out_of_order[flag]:.0f}%",
-                ]
-            )
+            rows.append([f"in_order={flag}", f"{r.seconds:.2f} s", *(f"{x:.1f} ms" for x in ms), ooo])
         return table(["", "total", "median wait", "p95 wait", "max wait", "batches out of order"], rows)
 
 
 def in_order_experiment(factory: Callable[[bool], DataLoader]) -> InOrderResult:
-    """One epoch of ``factory(True)`` then ``factory(False)`` (``lambda flag: make_loader(uneven, 4, workers=2,
-    in_order=flag)``): per-batch waits, and the share of batches that arrived before one the sampler handed out
-    earlier (:func:`sampler_batches`). Items must carry their index as the label, as ``UnevenDataset``'s do.
-    """
+    """One epoch of ``factory(True)`` then ``factory(False)``: per-batch waits, and the share of batches that
+    arrived before one the sampler handed out earlier. Items carry their index as the label (``UnevenDataset``)."""
     results: dict[bool, Throughput] = {}
     ooo: dict[bool, float] = {}
     for flag in (True, False):
@@ -389,12 +263,9 @@ def in_order_experiment(factory: Callable[[bool], DataLoader]) -> InOrderResult:
 
 
 def sampler_batches(loader: DataLoader) -> list[list[int]]:
-    """The batches of indices the next ``iter(loader)`` hands out, in sampler order, without changing them.
-
-    Every DataLoader iterator first draws its workers' base seed from the loader's ``generator`` (torch's
-    ``_BaseDataLoaderIter``), then its sampler draws the epoch's permutation. This replays both and puts
-    the generators' states back, so the epoch that follows is exactly the one returned here.
-    """
+    """The batches of indices the next ``iter(loader)`` hands out, without changing them: each iterator first draws
+    its workers' base seed from ``loader.generator`` (torch's ``_BaseDataLoaderIter``), then the sampler draws the
+    permutation; both are replayed here and the generators' states put back."""
     if loader.batch_sampler is None:
         raise ValueError("sampler_batches needs a loader with batch_size set (batches come from a batch sampler)")
     owners = (loader.generator, getattr(loader.sampler, "generator", None))
@@ -418,13 +289,14 @@ def _measure_cases(
     workers: Sequence[int],
     **run: int,
 ) -> list[tuple[Any, int, Throughput]]:
-    """``(key, workers, result)`` for each case ``(key, label, data set, collate_fn)`` at each worker count."""
+    """``(key, workers, result)`` for each case ``(key, label, data set, collate_fn)`` at each count."""
     out = []
     for key, label, ds, collate in cases:
         for w in workers:
             cfg = LoaderConfig(batch_size=run["batch_size"], num_workers=w, persistent_workers=w > 0)
+            label_w = f"{label}, workers={w}"
             res = measure_config(
-                ds, cfg, batches=run["batches"], warmup=run["warmup"], collate_fn=collate, label=f"{label}, workers={w}"
+                ds, cfg, batches=run["batches"], warmup=run["warmup"], collate_fn=collate, label=label_w
             )
             out.append((key, w, res))
     return out
@@ -433,8 +305,8 @@ def _measure_cases(
 def getitems_experiment(
     dataset: Dataset, *, workers: Sequence[int] = (0, 2), batch_size: int = 64, batches: int = 60, warmup: int = 4
 ) -> dict[tuple[str, int], Throughput]:
-    """Per-item fetching (``__getitem__`` + default_collate, through a view that hides ``__getitems__``) against
-    one ``__getitems__`` call per batch that returns a finished batch (like ``BatchedCheapDataset``'s)."""
+    """Per-item fetching (``__getitem__`` + default_collate, ``__getitems__`` hidden) against one ``__getitems__``
+    call per batch that returns a finished batch."""
     if not hasattr(dataset, "__getitems__"):
         raise ValueError(
             f"dataset must be a data set with __getitems__ (e.g. BatchedCheapDataset), got {type(dataset).__name__}"
