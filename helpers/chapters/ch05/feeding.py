@@ -1,7 +1,5 @@
-"""Chapter 05's "Does it pay?": seconds per batch of a few ways to feed one training step, in alternating rounds:
-the reader's pipeline (:func:`time_batches`, on :func:`preload` ed batches), and the reference
-:class:`~helpers.pipeline.prefetch.Prefetcher` the same way for the reference files (:func:`prefetch_step_times`).
-"""
+"""Chapter 05's "Does it pay?": seconds per batch of a few ways to feed one training step, in alternating rounds (the
+reader's pipeline on preloaded batches; the reference Prefetcher, for the reference files)."""
 
 from __future__ import annotations
 
@@ -22,7 +20,7 @@ from ...core.validate import check_int
 from ...pipeline.data import to_float_normalized
 from ...pipeline.prefetch import Prefetcher
 
-#: The three ways that say how much of the copy the prefetcher hides (:meth:`BatchTimes.copy_hidden`).
+#: The three ways that say how much of the copy the prefetcher hides.
 IN_LINE = "uint8, copied and normalised in line"
 PREFETCHED = "uint8, through your Prefetcher"
 NO_COPY = "uint8, already on the GPU (no copy)"
@@ -45,7 +43,7 @@ def preload(loader: Iterable[Any], device: torch.device | str | None = None) -> 
 
 @dataclass
 class BatchTimes:
-    """Seconds per batch of each way, one value per alternating round; ``batches``: how many a pass gave."""
+    """Seconds per batch of each way, one value per round; ``batches``: how many a pass gave."""
 
     device: str
     seconds: dict[str, list[float]] = field(default_factory=dict)
@@ -55,7 +53,6 @@ class BatchTimes:
         return statistics.median(self.seconds[name])
 
     def report(self) -> str:
-        """A table: ms per batch per way (median, min-max over rounds) and the first way's median over its own."""
         first = next(iter(self.seconds), "")
         rows = [
             [name, f"{self.median(name) * 1e3:.3f}", f"{min(v) * 1e3:.3f}-{max(v) * 1e3:.3f}",
@@ -68,8 +65,7 @@ class BatchTimes:
         return "\n".join(lines + (textwrap.wrap(hidden, 105) if hidden else []))
 
     def copy_hidden(self) -> str | None:
-        """How much of the copy (``in line - no copy``) the prefetcher saved (``in line - prefetched``); a cost
-        within the rounds' spread is called noise. None without the three ways."""
+        """How much of the copy (in line - no copy) the prefetcher saved (in line - prefetched), or noise, or None."""
         if not all(k in self.seconds for k in (IN_LINE, PREFETCHED, NO_COPY)):
             return None
         inline, pf, floor = self.median(IN_LINE), self.median(PREFETCHED), self.median(NO_COPY)
@@ -95,8 +91,7 @@ def time_batches(
     progress: Callable[[float, str], None] | None = None,
 ) -> BatchTimes:
     """Each of ``variants`` (label -> a fresh iterable of ``(x, y)`` device batches) feeds ``step(x, y)`` for one
-    synchronised pass: one untimed pass each (reversed, so the first timed pass follows its own), then ``rounds``
-    rounds of :func:`helpers.core.rounds.alternate`."""
+    synchronised pass: one untimed pass each (reversed), then ``rounds`` alternating rounds."""
     dev = resolve_device(device)
     rounds = check_int("rounds", rounds, 1, 50)
     if not variants:
@@ -150,8 +145,8 @@ def _in_line(loader: list[tuple[torch.Tensor, torch.Tensor]], dev: torch.device,
 def prefetch_step_times(
     dev: torch.device, *, batch: int = 256, image: int = 128, n_batches: int = 8
 ) -> dict[tuple[str, bool], float]:
-    """``ch05.prefetch.batch_time`` (CUDA): {float32, uint8} pinned batches feeding a compute of about 1.2 copies,
-    through the reference Prefetcher or copied on the current stream, by :func:`time_batches` (the benchmark's)."""
+    """``ch05.prefetch.batch_time`` (CUDA): float32 or uint8 pinned batches feeding a compute of about 1.2 copies,
+    through the reference Prefetcher or copied in line."""
     mean, std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
     g = torch.Generator().manual_seed(0)
     y = torch.zeros(batch, dtype=torch.int64).pin_memory()

@@ -1,6 +1,5 @@
-"""Chapter 05's check of the reader's prefetcher (exercise 05.3): its stream protocol on any machine, under test
-doubles of the CUDA stream API that log what is asked of them (:func:`stream_protocol`, judged by
-:func:`check_protocol`, shown by :func:`format_protocol`); on a GPU its batches, races and overlap."""
+"""Chapter 05's check of the reader's prefetcher (exercise 05.3): its stream protocol on any machine, under logging
+test doubles of the CUDA stream API; on a GPU also its batches with real streams, races and overlap."""
 
 from __future__ import annotations
 
@@ -48,15 +47,12 @@ def _log(*entry: Any) -> int:
 
 
 def _name(stream: Any) -> Any:
-    """A stream's name in the log (``None``: the current stream)."""
     if stream is None:
         return _ACTIVE.current.name if _ACTIVE is not None else None
     return getattr(stream, "name", repr(stream))
 
 
 class _FakeStream:
-    """A double of ``torch.cuda.Stream``: logs waits instead of queuing them."""
-
     def __init__(self, name: str) -> None:
         self.name = name
 
@@ -82,8 +78,6 @@ class _FakeStream:
 
 
 class _FakeEvent:
-    """A double of ``torch.cuda.Event``: remembers where in the log it was recorded."""
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.stream: str | None = None
         self.at = -1
@@ -105,7 +99,6 @@ class _FakeEvent:
 
 @contextlib.contextmanager
 def _use_stream(stream: Any) -> Iterator[Any]:
-    """The double of ``torch.cuda.stream(s)``: ``s`` is the current stream inside the block."""
     proto = _ACTIVE
     if proto is None or stream is None:
         yield stream
@@ -117,18 +110,10 @@ def _use_stream(stream: Any) -> Iterator[Any]:
         proto.current = before
 
 
-def _make_stream(device: Any = None, priority: int = 0, **kwargs: Any) -> _FakeStream:
-    assert _ACTIVE is not None
-    _ACTIVE.streams_made += 1
-    stream = _FakeStream(f"side stream {next(_STREAM_NUMBERS)}")
-    _log("new stream", stream.name)
-    return stream
-
-
 @contextlib.contextmanager
 def stream_doubles() -> Iterator[_Protocol]:
-    """The CUDA stream API replaced by logging doubles inside the block (does not nest); ``.to()`` of a tensor in
-    ``probes`` logs a move."""
+    """The CUDA stream API replaced by logging doubles inside the block; ``.to()`` of a tensor in ``probes`` logs a
+    move."""
     global _ACTIVE
     if _ACTIVE is not None:
         raise RuntimeError("stream_doubles() is already active (it does not nest)")
@@ -145,8 +130,14 @@ def stream_doubles() -> Iterator[_Protocol]:
     def record_stream(self: torch.Tensor, stream: Any) -> None:
         _log("record_stream", id(self), _name(stream))
 
+    def make_stream(device: Any = None, priority: int = 0, **kwargs: Any) -> _FakeStream:
+        proto.streams_made += 1
+        stream = _FakeStream(f"side stream {next(_STREAM_NUMBERS)}")
+        _log("new stream", stream.name)
+        return stream
+
     doubles = {
-        "Stream": _make_stream,
+        "Stream": make_stream,
         "Event": _FakeEvent,
         "stream": _use_stream,
         "current_stream": lambda device=None: proto.current,
@@ -166,8 +157,7 @@ def stream_doubles() -> Iterator[_Protocol]:
 
 
 class PairProbeLoader:
-    """Re-iterable ``(uint8 (2, 3, 4, 4) images, labels = i)`` batches; logs ``("request", i)``, and the moves of
-    its tensors given ``proto``."""
+    """Re-iterable ``(uint8 images, labels = i)`` batches; logs ``("request", i)``, and its moves given ``proto``."""
 
     def __init__(self, n_batches: int = 4, proto: _Protocol | None = None) -> None:
         g = torch.Generator().manual_seed(5)
@@ -191,8 +181,7 @@ class PairProbeLoader:
 def stream_protocol(
     candidate: Any, n_batches: int = 4, epochs: int = 1
 ) -> tuple[list[tuple[Any, ...]], list[list[Any]]]:
-    """``(log, handed per epoch)`` of ``candidate(PairProbeLoader, "cpu")`` under the doubles,
-    ``epochs`` times; each hand-over logs ``("handed", epoch, i, ids)``."""
+    """``(log, handed per epoch)`` of ``candidate(PairProbeLoader, "cpu")`` under the doubles, ``epochs`` times."""
     handed: list[list[Any]] = []
     with stream_doubles() as proto:
         loader = PairProbeLoader(n_batches, proto)
@@ -209,7 +198,6 @@ def stream_protocol(
 
 
 def _says(e: tuple[Any, ...]) -> str | None:
-    """One log entry in words (None: not shown)."""
     where = ["the current stream" if x == CONSUMER else x for x in e]
     words = {
         "move": lambda: f"copy {e[2]}{e[1]} on {where[3]}" + (" (non_blocking)" if e[4] else " (blocking)"),
@@ -224,7 +212,7 @@ def _says(e: tuple[Any, ...]) -> str | None:
 
 
 def format_protocol(log: Sequence[tuple[Any, ...]], width: int = 100) -> str:
-    """The log, one wrapped block per hand-over: what was asked since the last (``a, a, b`` -> ``a (x2), b``)."""
+    """The log, one wrapped block per hand-over: what was asked since the last (repeats counted)."""
 
     def counted(items: list[str]) -> str:
         groups = [(k, len(list(g))) for k, g in itertools.groupby(items)]
@@ -247,7 +235,7 @@ _NOT_MOVED = "no batch was moved with .to(device): copy x and y with .to(device,
 
 
 def _order_problem(events: list[tuple[Any, ...]], at_handed: dict[tuple[int, int], int], n: int) -> str | None:
-    """(1) Batch i+1 requested and moved before batch i is handed over, at most MAX_AHEAD read ahead (epoch 0)."""
+    """(1) Batch i+1 requested and moved before batch i is handed over, at most MAX_AHEAD ahead."""
     moved_any = any(e[0] == "move" for e in events)
     for i in range(n - 1):
         before = events[: at_handed[(0, i)]]
@@ -331,9 +319,8 @@ def _hand_over_problem(
 
 
 def check_protocol(log: Sequence[tuple[Any, ...]], handed: Sequence[Sequence[Any]], n_batches: int) -> list[str]:
-    """Problems (empty: none) in a :func:`stream_protocol` log. A safe prefetcher (1) requests and moves batch
-    ``i + 1`` before handing over ``i``; (2) copies non-blocking on one side stream made once, (3) which first waits
-    for the current stream; (4) makes the current stream wait before each hand-over; (5) ``record_stream``s."""
+    """Problems (empty: none) in a :func:`stream_protocol` log: (1) order, (2-3) the copies and their stream,
+    (4-5) each hand-over's wait and ``record_stream``."""
     if [len(h) for h in handed] != [n_batches] * len(handed):
         return [f"gave {[len(h) for h in handed]} batches per epoch, expected {n_batches}"]
     events = list(log)
@@ -351,14 +338,14 @@ def check_protocol(log: Sequence[tuple[Any, ...]], handed: Sequence[Sequence[Any
 
 
 def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> GpuDelay:
-    """Queued GPU work lasting about three copies of ``src``: a consumer that forgets to wait reads too early."""
+    """Queued GPU work lasting about three copies of ``src``."""
     probe = torch.empty_like(src, device=dev)
     copy = cuda_event_time(lambda: probe.copy_(src, non_blocking=True), repeats=1, warmup=0, device=dev)
     return GpuDelay(dev, seconds=max(3 * copy.median_s, 0.002))  # it queues on dev, whatever is current
 
 
 def _pinned_pairs(n_batches: int, batch_mib: int, value: Callable[[int], int]) -> list[tuple[torch.Tensor, ...]]:
-    """Pinned ``(64 uint8 images, 64 labels)`` batches of about ``batch_mib`` MiB; batch i's pixels = value(i)."""
+    """Pinned ``(uint8 images, labels)`` batches of about ``batch_mib`` MiB; batch i's pixels = value(i)."""
     side = max(8, int((batch_mib * (1 << 20) / (3 * 64)) ** 0.5))
     return [
         (
@@ -380,8 +367,8 @@ _RACE_WHY = {
 def check_pipeline_race(
     candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 64, n_batches: int = 8
 ) -> list[str]:
-    """Problems (empty: none) when each batch (pixels ``10 + 20 i``, label ``i``) is checked on the consuming stream
-    and dropped (CUDA): at once (a missing ``wait_stream``), then behind queued work (a missing ``record_stream``)."""
+    """Problems (empty: none) when each batch is checked on the current stream and dropped: at once (a missing
+    ``wait_stream``), then behind queued work (a missing ``record_stream``)."""
     dev = torch.device(device)
     if dev.type != "cuda":
         raise ValueError("check_pipeline_race needs a CUDA device")
@@ -418,8 +405,7 @@ def check_pipeline_race(
 def prefetch_overlap_ratio(
     candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 32, n_batches: int = 8, repeats: int = 3
 ) -> float:
-    """Share (0-1) of copy time hidden behind compute (about 1.5 copies), CUDA: median over the rounds of
-    :func:`.feeding.time_batches` of ``(t_copy + t_compute - t_both) / min(t_copy, t_compute)``."""
+    """Share (0-1) of copy time hidden behind compute: median of ``(copy + compute - both) / min(copy, compute)``."""
     dev = torch.device(device)
     loader = _pinned_pairs(n_batches, batch_mib, lambda i: i)
     resident = [(to_float_normalized(x.to(dev)), y.to(dev)) for x, y in loader]
@@ -447,8 +433,6 @@ def prefetch_overlap_ratio(
 
 @dataclasses.dataclass
 class PrefetcherCheck:
-    """The verdict of :func:`check_pipeline_prefetcher`."""
-
     correct: bool
     messages: list[str]
     overlap_checked: bool = False
@@ -472,7 +456,7 @@ _PASSED = [
 
 
 def _gpu_error(exc: BaseException, dev: torch.device) -> bool:
-    """A CUDA error on a strict GPU run (``WORKBOOK_REQUIRE_GPU=1``) propagates, not a FAIL."""
+    """A CUDA error on a strict GPU run propagates, not a FAIL."""
     if dev.type != "cuda" or not require_gpu():
         return False
     accel = getattr(torch, "AcceleratorError", None)
@@ -480,7 +464,7 @@ def _gpu_error(exc: BaseException, dev: torch.device) -> bool:
 
 
 def _pair_problems(got: Sequence[Any], loader: Iterable[Any], device: torch.device, epoch: int) -> list[str]:
-    """What differs from the reference :class:`Prefetcher`'s batches of ``loader`` on ``device``."""
+    """What differs from the reference :class:`Prefetcher`'s batches."""
     want = [tuple(b) for b in Prefetcher(loader, device, normalize=(MEAN, STD))]
     if len(got) != len(want):
         return [f"epoch {epoch}: gave {len(got)} batches, expected {len(want)}"]
@@ -518,9 +502,8 @@ def _on_the_gpu(candidate: Any, dev: torch.device, n_batches: int) -> list[str] 
 def check_pipeline_prefetcher(
     candidate: Any, device: torch.device | str | None = None, *, n_batches: int = 4
 ) -> PrefetcherCheck:
-    """Check the reader's prefetcher (``candidate(loader, device)``: uint8 pairs in, normalised on the device out),
-    refusing :class:`Prefetcher`: everywhere the protocol (two epochs) and the batches against the reference's; on
-    CUDA real streams, the race check and how much copy time it hides."""
+    """Check the reader's prefetcher (``candidate(loader, device)``, refusing :class:`Prefetcher`): everywhere the
+    protocol (two epochs) and the batches; on CUDA real streams, the race check and the copy time it hides."""
     if candidate is None:
         return PrefetcherCheck(False, ["no answer yet: set answer = Prefetcher (the class you wrote) and run again"])
     if not callable(candidate):
