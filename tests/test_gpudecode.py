@@ -140,9 +140,8 @@ def test_corrupt_items_are_named(tmp_path):
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # truncated
     with pytest.raises(ImageDecodeError, match=str(victim.name)):
         ds[2]  # the worker-side check names the file
-    unchecked = G.EncodedJpegDataset(info.val_dir, check=False)
-    enc = [unchecked[i][0] for i in range(4)]
-    names = [unchecked.path(i) for i in range(4)]
+    names = [ds.path(i) for i in range(4)]  # the bytes as read, past the data set's own check
+    enc = [torch.frombuffer(bytearray(Path(n).read_bytes()), dtype=torch.uint8) for n in names]
     with pytest.raises(ImageDecodeError, match=r"item 2 of the batch .*" + victim.name + ".*truncated"):
         G.decode_batch(enc, "cpu", 16, names=names)
     with pytest.raises(ImageDecodeError, match="item 2 of the batch"):
@@ -240,14 +239,12 @@ def test_cuda_branch_with_a_stand_in_decoder(monkeypatch):
 
 def test_batch_bytes_are_exact(info):
     ds = G.EncodedJpegDataset(info.val_dir)
-    enc = [ds[i][0] for i in range(5)]
-    x = G.decode_batch(enc, "cpu", 24)
-    b = G.batch_bytes(enc, x)
-    assert b["jpeg"] == sum(Path(ds.path(i)).stat().st_size for i in range(5))
-    assert b["uint8"] == 5 * 3 * 24 * 24
-    assert b["float32"] == 4 * b["uint8"]
-    with pytest.raises(ValueError, match="decoded"):
-        G.batch_bytes(enc, x.float())
+    cmp = G.compare_decode(ds, "cpu", batch_size=5, crop_size=24, n_batches=2, repeats=1)
+    for k in range(2):
+        files = sum(Path(ds.path(i)).stat().st_size for i in range(5 * k, 5 * k + 5))
+        assert cmp.bytes_per_batch["jpeg"][k] == files
+        assert cmp.bytes_per_batch["uint8"][k] == 5 * 3 * 24 * 24
+        assert cmp.bytes_per_batch["float32"][k] == 4 * cmp.bytes_per_batch["uint8"][k]
 
 
 def test_compare_decode_on_cpu(info):

@@ -186,7 +186,7 @@ def test_prefetch_reference_rows_and_lines(monkeypatch, tmp_path) -> None:  # ty
     rs = _reference_set()
     rs.add("ch05.prefetch.batch_time", 0.002, "s", dtype="uint8", prefetcher=True, batch=256, image=128)
     rs.save(tmp_path / "ref.json")
-    ev = evidence.recorded("x", "ch05.prefetch.batch_time", convert=feeding.prefetch_times_from_records)
+    ev = evidence.recorded("x", "ch05.prefetch.batch_time")
     lines = feeding.batch_time_lines(ev.value)
     assert "not with your cells" in " ".join(lines) and lines[-1].endswith("uint8, prefetcher=True: 2.000 ms per batch")
     times = feeding.BatchTimes("cpu", {"a": [0.001, 0.003]}, {"a": 4})

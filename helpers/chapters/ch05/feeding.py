@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from ...core.device import resolve_device
-from ...core.results import Record, ResultSet
+from ...core.results import Record
 from ...core.rounds import alternate, table
 from ...core.timing import calibrated_compute, cuda_event_time, synchronize
 from ...core.validate import check_int
@@ -119,13 +119,8 @@ def time_batches(
     return out
 
 
-def prefetch_times_from_records(rs: ResultSet, records: list[Record]) -> list[tuple[str, bool, float]]:
-    """``ch05.prefetch.batch_time`` records as ``(dtype, prefetcher, seconds per batch)`` rows."""
-    return [(str(r.params.get("dtype")), bool(r.params.get("prefetcher")), r.value) for r in records]
-
-
-def batch_time_lines(times: BatchTimes | list[tuple[str, bool, float]]) -> list[str]:
-    """A :class:`BatchTimes` measured here (its report), or the reference rows, introduced by what they are."""
+def batch_time_lines(times: BatchTimes | list[Record]) -> list[str]:
+    """A :class:`BatchTimes` measured here (its report), or the ``ch05.prefetch.batch_time`` records, introduced."""
     if isinstance(times, BatchTimes):
         return times.report().splitlines()
     what = (
@@ -133,7 +128,8 @@ def batch_time_lines(times: BatchTimes | list[tuple[str, bool, float]]) -> list[
         "on pre-loaded pinned batches and a synthetic compute per batch, not with your cells:"
     )
     lines = textwrap.wrap(what, 105)
-    return lines + [f"  {dtype:>8}, prefetcher={pf}: {sec * 1e3:.3f} ms per batch" for dtype, pf, sec in times]
+    p = [(str(r.params.get("dtype")), bool(r.params.get("prefetcher")), r.value) for r in times]
+    return lines + [f"  {dtype:>8}, prefetcher={pf}: {sec * 1e3:.3f} ms per batch" for dtype, pf, sec in p]
 
 
 def _in_line(loader: list[tuple[torch.Tensor, torch.Tensor]], dev: torch.device, norm: Any) -> Iterator[Any]:

@@ -98,19 +98,6 @@ class _FakeEvent:
 
 
 @contextlib.contextmanager
-def _use_stream(stream: Any) -> Iterator[Any]:
-    proto = _ACTIVE
-    if proto is None or stream is None:
-        yield stream
-        return
-    before, proto.current = proto.current, stream
-    try:
-        yield stream
-    finally:
-        proto.current = before
-
-
-@contextlib.contextmanager
 def stream_doubles() -> Iterator[_Protocol]:
     """The CUDA stream API replaced by logging doubles inside the block; ``.to()`` of a tensor in ``probes`` logs a
     move."""
@@ -130,6 +117,14 @@ def stream_doubles() -> Iterator[_Protocol]:
     def record_stream(self: torch.Tensor, stream: Any) -> None:
         _log("record_stream", id(self), _name(stream))
 
+    @contextlib.contextmanager
+    def use_stream(stream: Any) -> Iterator[Any]:  # torch.cuda.stream(s): s is current inside the block
+        before, proto.current = proto.current, (stream if stream is not None else proto.current)
+        try:
+            yield stream
+        finally:
+            proto.current = before
+
     def make_stream(device: Any = None, priority: int = 0, **kwargs: Any) -> _FakeStream:
         proto.streams_made += 1
         stream = _FakeStream(f"side stream {next(_STREAM_NUMBERS)}")
@@ -139,7 +134,7 @@ def stream_doubles() -> Iterator[_Protocol]:
     doubles = {
         "Stream": make_stream,
         "Event": _FakeEvent,
-        "stream": _use_stream,
+        "stream": use_stream,
         "current_stream": lambda device=None: proto.current,
         "default_stream": lambda device=None: proto.consumer,
         "synchronize": lambda device=None: _log("synchronize", "device"),
@@ -197,18 +192,16 @@ def stream_protocol(
         return proto.log, handed
 
 
-def _says(e: tuple[Any, ...]) -> str | None:
-    where = ["the current stream" if x == CONSUMER else x for x in e]
-    words = {
-        "move": lambda: f"copy {e[2]}{e[1]} on {where[3]}" + (" (non_blocking)" if e[4] else " (blocking)"),
-        "request": lambda: f"request {e[1]}",
-        "new stream": lambda: f"make {e[1]}",
-        "wait": lambda: f"{where[1]} waits for {where[2]}",
-        "record event": lambda: f"event on {where[1]}",
-        "record_stream": lambda: f"record_stream({where[2]})",
-        "synchronize": lambda: f"synchronize {e[1]}",
-    }
-    return words[e[0]]() if e[0] in words else None
+#: Each kind of log entry in words (``w``: the entry with the consumer named "the current stream").
+_SAYS: dict[str, Callable[[tuple[Any, ...], list[Any]], str]] = {
+    "move": lambda e, w: f"copy {e[2]}{e[1]} on {w[3]}" + (" (non_blocking)" if e[4] else " (blocking)"),
+    "request": lambda e, w: f"request {e[1]}",
+    "new stream": lambda e, w: f"make {e[1]}",
+    "wait": lambda e, w: f"{w[1]} waits for {w[2]}",
+    "record event": lambda e, w: f"event on {w[1]}",
+    "record_stream": lambda e, w: f"record_stream({w[2]})",
+    "synchronize": lambda e, w: f"synchronize {e[1]}",
+}
 
 
 def format_protocol(log: Sequence[tuple[Any, ...]], width: int = 100) -> str:
@@ -224,8 +217,8 @@ def format_protocol(log: Sequence[tuple[Any, ...]], width: int = 100) -> str:
         if e[0] == "handed":
             blocks.append(f"hand over batch {e[2]} after: " + counted(pending))
             pending = []
-        elif (text := _says(e)) is not None:
-            pending.append(text)
+        elif e[0] in _SAYS:
+            pending.append(_SAYS[e[0]](e, ["the current stream" if x == CONSUMER else x for x in e]))
     if pending:
         blocks.append("after the last hand-over: " + counted(pending))
     return "\n".join(textwrap.fill(b, width=width, initial_indent="  ", subsequent_indent="      ") for b in blocks)
