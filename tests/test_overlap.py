@@ -189,7 +189,7 @@ def test_prefetch_reference_rows_and_lines(monkeypatch, tmp_path) -> None:  # ty
     ev = evidence.recorded("x", "ch05.prefetch.batch_time")
     lines = feeding.batch_time_lines(ev.value)
     assert "not with your cells" in " ".join(lines) and lines[-1].endswith("uint8, prefetcher=True: 2.000 ms per batch")
-    times = feeding.BatchTimes("cpu", {"a": [0.001, 0.003]}, {"a": 4})
+    times = feeding.BatchTimes(("a",), {"a": [0.001, 0.003]}, device="cpu", batches={"a": 4})
     assert feeding.batch_time_lines(times) == times.report().splitlines()
 
 

@@ -4,7 +4,6 @@ reader's pipeline on preloaded batches; the reference Prefetcher, for the refere
 from __future__ import annotations
 
 import functools
-import statistics
 import textwrap
 import time
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ import torch
 
 from ...core.device import resolve_device
 from ...core.results import Record
-from ...core.rounds import alternate, table
+from ...core.rounds import Rounds, alternate, table
 from ...core.timing import calibrated_compute, cuda_event_time, synchronize
 from ...core.validate import check_int
 from ...pipeline.data import to_float_normalized
@@ -42,35 +41,31 @@ def preload(loader: Iterable[Any], device: torch.device | str | None = None) -> 
 
 
 @dataclass
-class BatchTimes:
-    """Seconds per batch of each way, one value per round; ``batches``: how many a pass gave."""
+class BatchTimes(Rounds):
+    """Seconds per batch of each way (``values``, one per round) on ``device``; ``batches``: how many a pass gave."""
 
-    device: str
-    seconds: dict[str, list[float]] = field(default_factory=dict)
+    device: str = ""
     batches: dict[str, int] = field(default_factory=dict)
 
-    def median(self, name: str) -> float:
-        return statistics.median(self.seconds[name])
-
     def report(self) -> str:
-        first = next(iter(self.seconds), "")
+        first = next(iter(self.values), "")
         rows = [
             [name, f"{self.median(name) * 1e3:.3f}", f"{min(v) * 1e3:.3f}-{max(v) * 1e3:.3f}",
              "" if name == first else f"{self.median(first) / self.median(name):.2f}x"]
-            for name, v in self.seconds.items()
+            for name, v in self.values.items()
         ]  # fmt: skip
-        lines = [f"ms per batch on {self.device}, median of {len(self.seconds.get(first, []))} alternating rounds:"]
+        lines = [f"ms per batch on {self.device}, median of {self.n} alternating rounds:"]
         lines += ["  " + ln for ln in table(["way", "ms per batch", "min-max", "first / this"], rows)]
         hidden = self.copy_hidden()
         return "\n".join(lines + (textwrap.wrap(hidden, 105) if hidden else []))
 
     def copy_hidden(self) -> str | None:
         """How much of the copy (in line - no copy) the prefetcher saved (in line - prefetched), or noise, or None."""
-        if not all(k in self.seconds for k in (IN_LINE, PREFETCHED, NO_COPY)):
+        if not all(k in self.values for k in (IN_LINE, PREFETCHED, NO_COPY)):
             return None
         inline, pf, floor = self.median(IN_LINE), self.median(PREFETCHED), self.median(NO_COPY)
         cost = inline - floor
-        spread = max(max(v) - min(v) for k, v in self.seconds.items() if k in (IN_LINE, NO_COPY))
+        spread = max(max(v) - min(v) for k, v in self.values.items() if k in (IN_LINE, NO_COPY))
         if cost <= spread:
             return (
                 f"The copy's cost per batch ({cost * 1e3:.3f} ms, in line minus no copy) is within the rounds' "
@@ -96,7 +91,7 @@ def time_batches(
     rounds = check_int("rounds", rounds, 1, 50)
     if not variants:
         raise ValueError("variants must name at least one way to feed the step, e.g. {'mine': lambda: batches(loader)}")
-    out = BatchTimes(device=str(dev))
+    batches: dict[str, int] = {}
 
     def one_pass(name: str) -> float:
         synchronize(dev)
@@ -108,15 +103,15 @@ def time_batches(
         seconds = time.perf_counter() - t0
         if k == 0:
             raise ValueError(f"variant {name!r} gave no batches")
-        out.batches[name] = k
+        batches[name] = k
         return seconds / k
 
     if progress is not None:
         progress(0.0, "warm-up: one untimed pass of each way")
     for name in reversed(variants):
         one_pass(name)
-    out.seconds = alternate({n: functools.partial(one_pass, n) for n in variants}, rounds, progress=progress).values
-    return out
+    r = alternate({n: functools.partial(one_pass, n) for n in variants}, rounds, progress=progress)
+    return BatchTimes(r.labels, r.values, device=str(dev), batches=batches)
 
 
 def batch_time_lines(times: BatchTimes | list[Record]) -> list[str]:

@@ -416,7 +416,7 @@ def prefetch_overlap_ratio(
         "compute": lambda: ((compute(x), y) for x, y in resident),
         "both": lambda: ((compute(x), y) for x, y in candidate(loader, dev)),
     }
-    t = time_batches(ways, nothing, dev, rounds=repeats).seconds
+    t = time_batches(ways, nothing, dev, rounds=repeats).values
     ratios = [(c + k - b) / max(min(c, k), 1e-9) for c, k, b in zip(t["copy"], t["compute"], t["both"])]
     return max(0.0, min(1.0, statistics.median(ratios)))
 
