@@ -227,28 +227,16 @@ class DecodeComparison:
     crop_size: int
     image_size: int
     n_batches: int
-    bytes: dict[str, float]
     bytes_per_batch: dict[str, list[int]]
     cpu_path: Timing
     device_path: Timing
     pinned: bool
     diffs: dict[str, tuple[int, float]] = field(default_factory=lambda: dict.fromkeys(STAGES, (0, 0.0)))
 
-    def diff_report(self) -> str:
-        if not self.on_gpu:
-            return (
-                "pixels: path (b) ran the same CPU code as (a): identical (largest difference "
-                f"{self.diffs['decode+resize'][0]} of 255 levels)"
-            )
-        names = {
-            "decode": "decode alone (nvJPEG vs libjpeg-turbo, full-size images)",
-            "resize": "resize alone (same pixels, float resize on the GPU vs integer on the CPU)",
-            "decode+resize": "both (what decode_batch returns)",
-        }
-        return "\n".join(
-            ["pixels of (b) against (a), in 0-255 levels, first batch:"]
-            + [f"  {text:<76} largest {self.diffs[k][0]:>3}, mean {self.diffs[k][1]:.3f}" for k, text in names.items()]
-        )
+    @property
+    def bytes(self) -> dict[str, float]:
+        """Mean bytes per batch of each form."""
+        return {f: statistics.fmean(v) for f, v in self.bytes_per_batch.items()}
 
     @property
     def labels(self) -> tuple[str, str]:
@@ -259,8 +247,8 @@ class DecodeComparison:
         return self.cpu_path.median_s / self.device_path.median_s
 
     def report(self) -> str:
-        f32 = self.bytes["float32"]
-        forms = [[form, human_bytes(self.bytes[form]), f"{self.bytes[form] / f32:.1%}"] for form in FORMS]
+        b = self.bytes
+        forms = [[form, human_bytes(b[form]), f"{b[form] / b['float32']:.1%}"] for form in FORMS]
         paths = [
             [label, f"{t.median_s * 1e3:.2f}", f"{t.iqr_s * 1e3:.2f}"]
             for label, t in zip(self.labels, (self.cpu_path, self.device_path))
@@ -279,29 +267,27 @@ class DecodeComparison:
 
     @property
     def verdict(self) -> str:
+        """On a CPU, (a) and (b) are the same code: they agree when their quartile ranges overlap; else the gap is
+        warm-up or load, and the faster is trusted (those only ever add time)."""
         if self.on_gpu:
             return f"two different paths: CPU path / GPU path = {self.speedup:.2f}"
-        return same_path_verdict(self.cpu_path, self.device_path)
-
-
-def same_path_verdict(first: Timing, second: Timing) -> str:
-    """Two timings of the same code agree when their quartile ranges overlap; else the gap is warm-up or load, and
-    the faster is trusted (those only ever add time)."""
-    (a_lo, a_hi), (b_lo, b_hi) = first.quartiles_s, second.quartiles_s
-    a_ms, b_ms = first.median_s * 1e3, second.median_s * 1e3
-    pair = f"{a_ms:.2f} ms (a, timed first) and {b_ms:.2f} ms (b, timed second)"
-    spread = f"quartiles {a_lo * 1e3:.2f}-{a_hi * 1e3:.2f} and {b_lo * 1e3:.2f}-{b_hi * 1e3:.2f} ms"
-    if agreement.spreads_overlap(first.quartiles_s, second.quartiles_s):
+        first, second = self.cpu_path, self.device_path
+        (a_lo, a_hi), (b_lo, b_hi) = first.quartiles_s, second.quartiles_s
+        a_ms, b_ms = first.median_s * 1e3, second.median_s * 1e3
+        pair = f"{a_ms:.2f} ms (a, timed first) and {b_ms:.2f} ms (b, timed second)"
+        spread = f"quartiles {a_lo * 1e3:.2f}-{a_hi * 1e3:.2f} and {b_lo * 1e3:.2f}-{b_hi * 1e3:.2f} ms"
+        if agreement.spreads_overlap(first.quartiles_s, second.quartiles_s):
+            return (
+                f"the same CPU code timed twice, {pair} per batch, agree within their spread ({spread} overlap): "
+                f"the gap is noise."
+            )
+        which = "(b), timed second" if b_ms <= a_ms else "(a), timed first"
         return (
-            f"the same CPU code timed twice, {pair} per batch, agree within their spread ({spread} overlap): "
-            f"the gap is noise."
+            f"the same CPU code timed twice, {pair} per batch, do NOT agree within their spread ({spread} do "
+            f"not overlap). Same code, so the gap is warm-up or load on this machine, not the path: trust the "
+            f"faster, {which}, {min(a_ms, b_ms):.2f} ms per batch (load and warm-up only ever add time), or re-run "
+            "the cell."
         )
-    which = "(b), timed second" if b_ms <= a_ms else "(a), timed first"
-    return (
-        f"the same CPU code timed twice, {pair} per batch, do NOT agree within their spread ({spread} do "
-        f"not overlap). Same code, so the gap is warm-up or load on this machine, not the path: trust the faster, "
-        f"{which}, {min(a_ms, b_ms):.2f} ms per batch (load and warm-up only ever add time), or re-run the cell."
-    )
 
 
 def _diff_stats(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> tuple[int, float]:
@@ -384,7 +370,7 @@ def compare_decode(
     say(1.0, "timed both paths")
     return DecodeComparison(
         str(dev), dev.type == "cuda", batch_size, crop_size, image_size, len(batches),
-        {f: statistics.fmean(v) for f, v in per_form.items()}, per_form, timings[0], timings[1], pinned, diffs,
+        per_form, timings[0], timings[1], pinned, diffs,
     )  # fmt: skip
 
 
@@ -406,10 +392,19 @@ def gpu_reference_rows(rs: ResultSet, records: list[Record]) -> list[tuple[str, 
 def gpu_decode_lines(value: DecodeComparison | list[tuple[str, float, float | None]]) -> list[str]:
     """A comparison measured on CUDA (the ratio, the pixel differences) or :func:`gpu_reference_rows`."""
     if isinstance(value, DecodeComparison):
+        names = {
+            "decode": "decode alone (nvJPEG vs libjpeg-turbo, full-size images)",
+            "resize": "resize alone (same pixels, float resize on the GPU vs integer on the CPU)",
+            "decode+resize": "both (what decode_batch returns)",
+        }
         return [
             f"CPU path / GPU path = {value.speedup:.2f} "
             "(above 1: decoding on the GPU is faster at this image and batch size)",
-            *value.diff_report().splitlines(),
+            "pixels of (b) against (a), in 0-255 levels, first batch:",
+            *(
+                f"  {text:<76} largest {value.diffs[k][0]:>3}, mean {value.diffs[k][1]:.3f}"
+                for k, text in names.items()
+            ),
         ]
     lines: list[str] = []
     for label, ms, iqr in value:  # wrapped: a label with its batch and image sizes is long
