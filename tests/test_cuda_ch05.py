@@ -282,14 +282,14 @@ def test_the_hazards_gpu_branches_give_what_the_benchmark_records() -> None:
     """Each hazard's CUDA branch, on cuda:1 while cuda:0 is current: its copies and events on cuda:1's stream,
     and the counts the benchmark records (ch05.hazard.*) under their keys. No count made here is asserted."""
     with fake_cuda(devices=2, current=0) as cuda:
-        d2h = hazards.hazard_d2h_read_before_sync(CUDA1, n=64)
-        mutation = hazards.hazard_pinned_source_mutation(CUDA1, n=64)
-        syncs = hazards.hazard_hidden_syncs(CUDA1, steps=2, size=8)
+        d2h = hazards.hazard_d2h_read_before_sync(CUDA1)
+        mutation = hazards.hazard_pinned_source_mutation(CUDA1)
+        syncs = hazards.hazard_hidden_syncs(CUDA1, steps=2)
     assert d2h.on_gpu and mutation.on_gpu and syncs.on_gpu
     assert {op.stream.index for op in cuda.log if op.stream is not None} == {1}
     assert len(cuda.ops("kernel")) >= 4  # the GPU is kept busy before each version of hazards 1 and 2
     for h, key in ((d2h, "wrong elements when read"), (mutation, "elements that arrived wrong")):
-        assert all(isinstance(v[key], int) and v["of"] == 64 for v in (h.bug, h.fix))
+        assert all(isinstance(v[key], int) and v["of"] == 4 * 2**20 for v in (h.bug, h.fix))
     assert isinstance(syncs.bug["synchronisations"], int) and isinstance(syncs.fix["synchronisations"], int)
     assert [k for k in syncs.bug if k.endswith(" alone")] == [".item() alone", "print(loss) alone", ".cpu() alone"]
     assert "masked_select" in syncs.explanation and "not counted" not in str(syncs.bug)

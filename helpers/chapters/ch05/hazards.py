@@ -24,6 +24,7 @@ from ...core.timing import GpuDelay, synchronize
 from ...core.validate import check_int, human_seconds
 
 MiB = 1 << 20
+N = 4 * MiB  # elements copied in hazards 1 and 2
 
 
 @dataclass
@@ -54,14 +55,6 @@ def _result(
     return HazardResult(name, str(dev), on_gpu, bug, fix, code_bug, code_fix, why[on_gpu])
 
 
-def _race(
-    name: str, dev: torch.device, n: int | None, run: Callable[..., dict[str, Any]], code: tuple[Any, ...], why: Any
-) -> HazardResult:
-    """``run(fn, n, on_gpu)`` of the buggy and the fixed function (``n``: 4 Mi elements by default)."""
-    n = check_int("n", n if n is not None else 4 * MiB, 1, 256 * MiB)
-    return _result(name, dev, code, [run(fn, n, dev.type == "cuda") for fn in code], why)
-
-
 def _d2h_bug(x_gpu: torch.Tensor, out: torch.Tensor) -> int:
     """BUG: read the result of a non-blocking device-to-host copy before synchronising."""
     out.copy_(x_gpu, non_blocking=True)  # returns at once: the copy is only queued
@@ -88,22 +81,23 @@ _D2H_WHY = {
 }
 
 
-def hazard_d2h_read_before_sync(device: torch.device | str | None = None, n: int | None = None) -> HazardResult:
+def hazard_d2h_read_before_sync(device: torch.device | str | None = None) -> HazardResult:
     """Elements of a non-blocking D2H copy read wrong, without and with a wait (ones arrive behind queued work)."""
     dev = resolve_device(device)
+    on_gpu = dev.type == "cuda"
 
-    def run(fn: Callable[[torch.Tensor, torch.Tensor], int], n: int, on_gpu: bool) -> dict[str, Any]:
-        out = torch.full((n,), -1.0, pin_memory=on_gpu)
-        x = torch.empty(n, device=dev)
+    def run(fn: Callable[[torch.Tensor, torch.Tensor], int]) -> dict[str, Any]:
+        out = torch.full((N,), -1.0, pin_memory=on_gpu)
+        x = torch.empty(N, device=dev)
         if on_gpu:
             GpuDelay(dev)()  # the GPU is busy for a while ...
         x.fill_(1.0)  # ... so x only becomes all ones later
         wrong = fn(x, out)
         synchronize(dev)
-        return {"wrong elements when read": wrong, "of": n, "wrong after a later sync": int((out != 1).sum())}
+        return {"wrong elements when read": wrong, "of": N, "wrong after a later sync": int((out != 1).sum())}
 
-    name = "non-blocking device-to-host copy read before a sync"
-    return _race(name, dev, n, run, (_d2h_bug, _d2h_fix), _D2H_WHY)
+    name, code = "non-blocking device-to-host copy read before a sync", (_d2h_bug, _d2h_fix)
+    return _result(name, dev, code, [run(fn) for fn in code], _D2H_WHY)
 
 
 def _mutation_bug(src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -132,21 +126,22 @@ _MUTATION_WHY = {
 }
 
 
-def hazard_pinned_source_mutation(device: torch.device | str | None = None, n: int | None = None) -> HazardResult:
+def hazard_pinned_source_mutation(device: torch.device | str | None = None) -> HazardResult:
     """Device elements that got the host's next value: the pinned source refilled while its copy waited."""
     dev = resolve_device(device)
+    on_gpu = dev.type == "cuda"
 
-    def run(fn: Callable[[torch.Tensor, torch.Tensor], None], n: int, on_gpu: bool) -> dict[str, Any]:
-        src = torch.ones(n, pin_memory=on_gpu)
-        dst = torch.zeros(n, device=dev)
+    def run(fn: Callable[[torch.Tensor, torch.Tensor], None]) -> dict[str, Any]:
+        src = torch.ones(N, pin_memory=on_gpu)
+        dst = torch.zeros(N, device=dev)
         if on_gpu:
             GpuDelay(dev)()
         fn(src, dst)
         synchronize(dev)
-        return {"elements that arrived wrong": int((dst != 1).sum()), "of": n}
+        return {"elements that arrived wrong": int((dst != 1).sum()), "of": N}
 
-    name = "pinned source modified before its asynchronous copy ran"
-    return _race(name, dev, n, run, (_mutation_bug, _mutation_fix), _MUTATION_WHY)
+    name, code = "pinned source modified before its asynchronous copy ran", (_mutation_bug, _mutation_fix)
+    return _result(name, dev, code, [run(fn) for fn in code], _MUTATION_WHY)
 
 
 def _loop_hidden_syncs(x: torch.Tensor, w: torch.Tensor, steps: int, sink: io.StringIO) -> float:
@@ -205,9 +200,7 @@ _SYNCS_WHY = {
 }
 
 
-def hazard_hidden_syncs(
-    device: torch.device | str | None = None, steps: int | None = None, size: int | None = None
-) -> HazardResult:
+def hazard_hidden_syncs(device: torch.device | str | None = None, steps: int | None = None) -> HazardResult:
     """Synchronisations (sync debug mode) of a loop with ``.item()``, ``print``, ``.cpu()``, of each line, the fix."""
     dev = resolve_device(device)
     steps = check_int("steps", steps if steps is not None else sized(20, 200, laptop=50), 1, 100_000)
@@ -217,8 +210,7 @@ def hazard_hidden_syncs(
         bug = {"lines that synchronise on a GPU, per step": ".item(), print(loss), .cpu()", **no}
         fix = {"lines that synchronise on a GPU": "one .item(), after the loop", **no}
         return _result(name, dev, code, [bug, fix], _SYNCS_WHY)
-    size = check_int("size", size if size is not None else 1024, 8, 16384)
-    g = torch.Generator().manual_seed(0)
+    size, g = 1024, torch.Generator().manual_seed(0)
     x = torch.randn(size, size, generator=g).to(dev)
     w = (torch.randn(size, size, generator=g) / math.sqrt(size)).to(dev)
     sink = io.StringIO()

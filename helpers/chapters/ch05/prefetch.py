@@ -13,10 +13,10 @@ from unittest import mock
 
 import torch
 
-from ...core.config import require_gpu
 from ...core.timing import GpuDelay, calibrated_compute, cuda_event_time
 from ...pipeline.data import MEAN, STD, to_float_normalized
 from ...pipeline.prefetch import Prefetcher, iter_tensors
+from ...ui.exercises import _strict_gpu_error
 from .feeding import time_batches
 
 #: The stream a prefetcher's consumer runs on, in the logs.
@@ -428,8 +428,6 @@ def prefetch_overlap_ratio(
 class PrefetcherCheck:
     correct: bool
     messages: list[str]
-    overlap_checked: bool = False
-    overlap_ratio: float | None = None
 
     def __str__(self) -> str:
         return ("PASS" if self.correct else "FAIL") + ":\n  " + "\n  ".join(self.messages)
@@ -446,14 +444,6 @@ _PASSED = [
     "handed over (checked with test doubles of the CUDA stream API)",
     "values: the reference prefetcher's batches (normalised with data.MEAN and data.STD), in order, twice",
 ]
-
-
-def _gpu_error(exc: BaseException, dev: torch.device) -> bool:
-    """A CUDA error on a strict GPU run propagates, not a FAIL."""
-    if dev.type != "cuda" or not require_gpu():
-        return False
-    accel = getattr(torch, "AcceleratorError", None)
-    return (accel is not None and isinstance(exc, accel)) or (isinstance(exc, RuntimeError) and "CUDA" in str(exc))
 
 
 def _pair_problems(got: Sequence[Any], loader: Iterable[Any], device: torch.device, epoch: int) -> list[str]:
@@ -487,7 +477,7 @@ def _on_the_gpu(candidate: Any, dev: torch.device, n_batches: int) -> list[str] 
         problems = _pair_problems(got, loader, dev, 1) + check_pipeline_race(candidate, dev)
         return problems if Prefetcher.made == made_before + 1 else None  # + 1: _pair_problems' reference
     except Exception as exc:  # the reader's code may raise anything
-        if _gpu_error(exc, dev):
+        if _strict_gpu_error(exc):  # a CUDA error on a strict GPU run propagates, not a FAIL
             raise
         return [f"on {dev}: raised {type(exc).__name__}: {exc}"]
 
@@ -535,7 +525,7 @@ def check_pipeline_prefetcher(
         result.correct = not gpu
     if result.correct:
         ratio = prefetch_overlap_ratio(candidate, dev)
-        result.overlap_checked, result.overlap_ratio, result.correct = True, ratio, ratio >= 0.3
+        result.correct = ratio >= 0.3
         verdict = "overlaps" if ratio >= 0.3 else "does NOT overlap"
         result.messages.append(f"overlap on {dev}: {ratio:.0%} of the copy time hidden behind compute -> {verdict}")
     return result
