@@ -328,9 +328,9 @@ def test_record_decode_keys_are_prefixed(tmp_path):
     from helpers.chapters import ch05
     from helpers.core.results import ResultSet
 
-    info = make_shapes_dataset(n_train=16, n_val=16, image_size=32, root=tmp_path)
+    info = make_shapes_dataset(n_train=8, n_val=64, image_size=32, root=tmp_path)  # 2 batches at the mode's size
     rs = ResultSet.new("t", "test")
-    ch05.record_decode(rs, "cpu", info=info, batch_size=4, crop_size=24, n_batches=2, repeats=1)
+    ch05.record_decode(rs, "cpu", info=info)
     keys = rs.keys()
     assert keys == ["ch05.decode.bytes_per_batch", "ch05.decode.ms_per_batch"]
     forms = {r.params["form"] for r in rs.find("ch05.decode.bytes_per_batch")}
@@ -401,12 +401,12 @@ def test_gpu_decode_names_a_corrupt_item(info):
 
 
 @cuda
-def test_gpu_record_decode_records_both_paths(info):
+def test_gpu_record_decode_records_both_paths(tmp_path):
     from helpers.chapters import ch05
     from helpers.core.results import ResultSet
 
     rs = ResultSet.new("t", "test")
-    ch05.record_decode(rs, "cuda", info=info, batch_size=8, crop_size=32, n_batches=2, repeats=1)
+    ch05.record_decode(rs, "cuda", info=make_shapes_dataset(n_train=8, n_val=64, image_size=32, root=tmp_path))
     wheres = {(r.params["where"], r.params["pinned"]) for r in rs.find("ch05.decode.ms_per_batch")}
     assert wheres == {("cpu", False), ("cuda", True), ("cuda", False)}
     for k in ("ch05.decode.speedup", "ch05.decode.mean_abs_diff", "ch05.decode.max_abs_diff"):

@@ -87,10 +87,6 @@ def record_decode(
     device: torch.device | str | None = None,
     *,
     info: Any = None,
-    batch_size: int | None = None,
-    crop_size: int | None = None,
-    n_batches: int = 8,
-    repeats: int = 3,
     progress: ProgressFn | None = None,
 ) -> ResultSet:
     """Record :func:`.gpudecode.compare_decode` on the validation split at the mode's sizes into ``results``:
@@ -100,13 +96,11 @@ def record_decode(
     dev = resolve_device(device)
     sizes = default_sizes()
     ds = gpudecode.EncodedJpegDataset((info if info is not None else make_shapes_dataset()).val_dir)
-    bs = batch_size if batch_size is not None else sizes["batch_size"]
-    crop = crop_size if crop_size is not None else sizes["crop_size"]
     pins = (True, False) if dev.type == "cuda" else (False,)
     for k, pin in enumerate(pins):
         part = scaled(progress, k / len(pins), (k + 1) / len(pins), "pinned bytes: " if pin else "")
         cmp = gpudecode.compare_decode(
-            ds, dev, batch_size=bs, crop_size=crop, n_batches=n_batches, repeats=repeats, pin=pin, progress=part
+            ds, dev, batch_size=sizes["batch_size"], crop_size=sizes["crop_size"], n_batches=8, pin=pin, progress=part
         )
         p: dict[str, Any] = {"batch_size": cmp.batch_size, "crop_size": cmp.crop_size, "image_size": cmp.image_size}
         if k == 0:  # the CPU path and the bytes: the same code in every run

@@ -9,7 +9,7 @@ import contextlib
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
@@ -71,7 +71,7 @@ def measured_label(fraction: float) -> str:
 
 @dataclass
 class CellResult:
-    """One run of the 2x2 experiment: labels, overlap fraction (0 on a CPU), medians per step (s), and ``notes``."""
+    """One run of the 2x2 experiment: labels, overlap fraction (0 on a CPU), medians per step (s)."""
 
     memory: str
     stream: str
@@ -86,7 +86,6 @@ class CellResult:
     matmul_n: int
     device: str
     on_gpu: bool
-    notes: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -125,26 +124,19 @@ def run_cell(
     matmul_n = check_int("matmul_n", matmul_n if matmul_n is not None else (4096 if on_gpu else 256), 16, 16384)
     steps = check_int("steps", steps if steps is not None else sized(4, 8), 1, 200)
     src = torch.ones(copy_mib * MiB // 4, dtype=torch.float32)
-    notes: list[str] = []
-    if memory == "pinned" and on_gpu:
+    if memory == "pinned" and on_gpu:  # pinning needs a CUDA driver: a CPU run copies from pageable memory
         src = src.pin_memory()
-    elif memory == "pinned":
-        notes.append("pinning needs a CUDA driver: this CPU run copies from pageable memory")
-    if stream == "side" and not on_gpu:
-        notes.append("no CUDA streams on the CPU: the copy runs in order with the compute")
     lanes = lanes_for(stream) if on_gpu else ("copy (CPU)", "compute (CPU)")
     meta = {"memory": memory, "stream": stream, "copy_bytes": src.numel() * 4, "matmul_n": matmul_n, "steps": steps}
     trace, steps_s = _record_steps(dev, src, stream == "side", lanes, progress, meta)
     frac = overlap_fraction(trace) if on_gpu else 0.0
     measured = measured_label(frac) if on_gpu else None
-    trace.metadata.update(
-        notes=list(notes), lanes=[*lanes, HOST_LANE], expected_label=expected, measured_label=measured,
-        overlap_fraction=frac,
-    )  # fmt: skip
+    trace.metadata.update(lanes=[*lanes, HOST_LANE], expected_label=expected, measured_label=measured,
+                          overlap_fraction=frac)  # fmt: skip
     copy_s, compute_s = ([s.duration for s in trace.spans if s.name == n] or [math.nan] for n in ("copy", "compute"))
     return CellResult(
         memory, stream, trace, expected, measured, frac, statistics.median(steps_s), statistics.median(copy_s),
-        statistics.median(compute_s), src.numel() * 4, matmul_n, str(dev), on_gpu, notes,
+        statistics.median(compute_s), src.numel() * 4, matmul_n, str(dev), on_gpu,
     )  # fmt: skip
 
 
