@@ -337,15 +337,19 @@ def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> GpuDelay:
     return GpuDelay(dev, seconds=max(3 * copy.median_s, 0.002))  # it queues on dev, whatever is current
 
 
-def _pinned_pairs(n_batches: int, batch_mib: int, value: Callable[[int], int]) -> list[tuple[torch.Tensor, ...]]:
-    """Pinned ``(uint8 images, labels)`` batches of about ``batch_mib`` MiB; batch i's pixels = value(i)."""
-    side = max(8, int((batch_mib * (1 << 20) / (3 * 64)) ** 0.5))
+#: The GPU checks' batches as (MiB per batch, batches): the race check's and the overlap ratio's; its rounds.
+RACE_BATCHES, OVERLAP_BATCHES, OVERLAP_ROUNDS = (64, 8), (32, 8), 3
+
+
+def _pinned_pairs(batches: tuple[int, int], value: Callable[[int], int]) -> list[tuple[torch.Tensor, ...]]:
+    """Pinned ``(uint8 images, labels)`` batches of about ``batches[0]`` MiB; batch i's pixels = value(i)."""
+    side = max(8, int((batches[0] * (1 << 20) / (3 * 64)) ** 0.5))
     return [
         (
             torch.full((64, 3, side, side), value(i), dtype=torch.uint8).pin_memory(),
             torch.full((64,), i, dtype=torch.int64).pin_memory(),
         )
-        for i in range(n_batches)
+        for i in range(batches[1])
     ]
 
 
@@ -357,15 +361,11 @@ _RACE_WHY = {
 }
 
 
-def check_pipeline_race(
-    candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 64, n_batches: int = 8
-) -> list[str]:
+def check_pipeline_race(candidate: Any, device: torch.device | str = "cuda") -> list[str]:
     """Problems (empty: none) when each batch is checked on the current stream and dropped: at once (a missing
     ``wait_stream``), then behind queued work (a missing ``record_stream``)."""
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        raise ValueError("check_pipeline_race needs a CUDA device")
-    loader = _pinned_pairs(n_batches, batch_mib, lambda i: 10 + 20 * i)
+    dev, n_batches = torch.device(device), RACE_BATCHES[1]
+    loader = _pinned_pairs(RACE_BATCHES, lambda i: 10 + 20 * i)
     refs = [
         to_float_normalized(torch.full((1, 3, 1, 1), 10 + 20 * i, dtype=torch.uint8, device=dev))
         for i in range(n_batches)
@@ -395,12 +395,9 @@ def check_pipeline_race(
     return problems
 
 
-def prefetch_overlap_ratio(
-    candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 32, n_batches: int = 8, repeats: int = 3
-) -> float:
+def prefetch_overlap_ratio(candidate: Any, dev: torch.device) -> float:
     """Share (0-1) of copy time hidden behind compute: median of ``(copy + compute - both) / min(copy, compute)``."""
-    dev = torch.device(device)
-    loader = _pinned_pairs(n_batches, batch_mib, lambda i: i)
+    loader = _pinned_pairs(OVERLAP_BATCHES, lambda i: i)
     resident = [(to_float_normalized(x.to(dev)), y.to(dev)) for x, y in loader]
 
     def copies() -> Iterator[Any]:
@@ -416,7 +413,7 @@ def prefetch_overlap_ratio(
         "compute": lambda: ((compute(x), y) for x, y in resident),
         "both": lambda: ((compute(x), y) for x, y in candidate(loader, dev)),
     }
-    t = time_batches(ways, nothing, dev, rounds=repeats).values
+    t = time_batches(ways, nothing, dev, rounds=OVERLAP_ROUNDS).values
     ratios = [(c + k - b) / max(min(c, k), 1e-9) for c, k, b in zip(t["copy"], t["compute"], t["both"])]
     return max(0.0, min(1.0, statistics.median(ratios)))
 
@@ -446,9 +443,16 @@ _PASSED = [
 ]
 
 
-def _pair_problems(got: Sequence[Any], loader: Iterable[Any], device: torch.device, epoch: int) -> list[str]:
-    """What differs from the reference :class:`Prefetcher`'s batches."""
-    want = [tuple(b) for b in Prefetcher(loader, device, normalize=(MEAN, STD))]
+_NO_GPU = "real streams, races and overlap not checked: no CUDA device here"
+_RACE_FREE = (
+    "on {dev}: with real streams, each batch right when read on the current stream, at once and behind queued work"
+)
+_OVERLAP = "overlap on {}: {:.0%} of the copy time hidden behind compute -> {}"
+
+
+def _pair_problems(got: Sequence[Any], loader: Iterable[Any], epoch: int) -> list[str]:
+    """What differs from the reference :class:`Prefetcher`'s batches (on the CPU)."""
+    want = [tuple(b) for b in Prefetcher(loader, torch.device("cpu"), normalize=(MEAN, STD))]
     if len(got) != len(want):
         return [f"epoch {epoch}: gave {len(got)} batches, expected {len(want)}"]
     for i, (g, (x_ref, y_ref)) in enumerate(zip(got, want)):
@@ -468,23 +472,19 @@ def _pair_problems(got: Sequence[Any], loader: Iterable[Any], device: torch.devi
     return []
 
 
-def _on_the_gpu(candidate: Any, dev: torch.device, n_batches: int) -> list[str] | None:
-    """Problems with real streams; None: it made a Prefetcher."""
+def _on_the_gpu(candidate: Any, dev: torch.device) -> list[str] | None:
+    """The race check's problems with real streams; None: it made a Prefetcher."""
+    made_before = Prefetcher.made
     try:
-        loader = [(x.pin_memory(), y.pin_memory()) for x, y in PairProbeLoader(n_batches).batches]
-        made_before = Prefetcher.made
-        got = [tuple(b) for b in candidate(loader, dev)]
-        problems = _pair_problems(got, loader, dev, 1) + check_pipeline_race(candidate, dev)
-        return problems if Prefetcher.made == made_before + 1 else None  # + 1: _pair_problems' reference
+        problems = check_pipeline_race(candidate, dev)
     except Exception as exc:  # the reader's code may raise anything
         if _strict_gpu_error(exc):  # a CUDA error on a strict GPU run propagates, not a FAIL
             raise
-        return [f"on {dev}: raised {type(exc).__name__}: {exc}"]
+        problems = [f"on {dev}: raised {type(exc).__name__}: {exc}"]
+    return problems if Prefetcher.made == made_before else None
 
 
-def check_pipeline_prefetcher(
-    candidate: Any, device: torch.device | str | None = None, *, n_batches: int = 4
-) -> PrefetcherCheck:
+def check_pipeline_prefetcher(candidate: Any, device: torch.device | str | None = None) -> PrefetcherCheck:
     """Check the reader's prefetcher (``candidate(loader, device)``, refusing :class:`Prefetcher`): everywhere the
     protocol (two epochs) and the batches; on CUDA real streams, the race check and the copy time it hides."""
     if candidate is None:
@@ -495,7 +495,7 @@ def check_pipeline_prefetcher(
     if isinstance(candidate, type) and issubclass(candidate, Prefetcher):
         return refused
     dev = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
-    made_before = Prefetcher.made
+    made_before, n_batches = Prefetcher.made, 4
     try:
         log, handed = stream_protocol(candidate, n_batches, epochs=2)
         problems = check_protocol(log, handed, n_batches)
@@ -504,28 +504,18 @@ def check_pipeline_prefetcher(
     if Prefetcher.made != made_before:
         return refused
     for epoch, got in enumerate(handed if not problems else []):
-        problems += _pair_problems(got, PairProbeLoader(n_batches).batches, torch.device("cpu"), epoch + 1)
-    result = PrefetcherCheck(not problems, problems or list(_PASSED))
+        problems += _pair_problems(got, PairProbeLoader(n_batches).batches, epoch + 1)
     if dev.type != "cuda":
-        result.messages.append("real streams, races and overlap not checked: no CUDA device here")
-        return result
+        return PrefetcherCheck(not problems, [*(problems or _PASSED), _NO_GPU])
     if not torch.cuda.is_available():
         raise ValueError("device is 'cuda' but no CUDA device is available")
-    if result.correct:
-        gpu = _on_the_gpu(candidate, dev, n_batches)
-        if gpu is None:
-            return refused
-        result.messages.extend(
-            gpu
-            or [
-                f"on {dev}: the same batches with real streams, and each batch right when "
-                "read on the current stream, at once and behind queued work"
-            ]
-        )
-        result.correct = not gpu
-    if result.correct:
-        ratio = prefetch_overlap_ratio(candidate, dev)
-        result.correct = ratio >= 0.3
-        verdict = "overlaps" if ratio >= 0.3 else "does NOT overlap"
-        result.messages.append(f"overlap on {dev}: {ratio:.0%} of the copy time hidden behind compute -> {verdict}")
-    return result
+    if problems:
+        return PrefetcherCheck(False, problems)
+    gpu = _on_the_gpu(candidate, dev)
+    if gpu is None:
+        return refused
+    if gpu:
+        return PrefetcherCheck(False, [*_PASSED, *gpu])
+    ratio = prefetch_overlap_ratio(candidate, dev)
+    verdict = "overlaps" if ratio >= 0.3 else "does NOT overlap"
+    return PrefetcherCheck(ratio >= 0.3, [*_PASSED, _RACE_FREE.format(dev=dev), _OVERLAP.format(dev, ratio, verdict)])
