@@ -283,7 +283,7 @@ def test_gpu_reference_none_then_found(tmp_path, monkeypatch):
             "cpu",
             measure=lambda: pytest.fail("measured without CUDA"),
             key="ch05.decode.ms_per_batch",
-            convert=G.gpu_reference_rows,
+            convert=G.cuda_records,
         )
 
     monkeypatch.setenv(REFERENCE_ENV, str(tmp_path))
@@ -318,10 +318,9 @@ def test_gpu_reference_none_then_found(tmp_path, monkeypatch):
     rs.save(tmp_path / "ref.json")
     ev = recall()
     assert ev.kind == "recorded" and ev.source.startswith("Recorded on") and "No CUDA device" in ev.note
-    rows = ev.value
-    assert [r[1] for r in rows] == [9.0, 2.0] and "nvJPEG, pinned" in rows[1][0] and "batch 64" in rows[0][0]
-    text = "\n".join(ev.lines(G.gpu_decode_lines))
-    assert "2.00 ms per batch (IQR 0.10)" in " ".join(text.split())  # the row may wrap at 105 characters
+    flat = " ".join("\n".join(ev.lines(G.gpu_decode_lines)).split())  # a row may wrap at 105 characters
+    assert flat.index("send uint8 · batch 64, 256 px -> 224: 9.00 ms") < flat.index("(nvJPEG, pinned bytes) · batch 64")
+    assert "(nvJPEG, pinned bytes) · batch 64, 256 px -> 224: 2.00 ms per batch (IQR 0.10)" in flat
 
 
 def test_record_decode_keys_are_prefixed(tmp_path):

@@ -374,23 +374,13 @@ def compare_decode(
     )  # fmt: skip
 
 
-def gpu_reference_rows(rs: ResultSet, records: list[Record]) -> list[tuple[str, float, float | None]] | None:
-    """``ch05.decode.ms_per_batch`` records that ended on CUDA as ``(label, ms, iqr ms or None)``."""
-    rows: list[tuple[str, float, float | None]] = []
-    cuda = [r for r in records if r.params.get("device") == "cuda"]
-    for r in sorted(cuda, key=lambda r: (r.params.get("where") != "cpu", not r.params.get("pinned"))):
-        p = r.params
-        label = _CPU_LABEL if p.get("where") == "cpu" else _DEVICE_LABEL + (
-            " (nvJPEG, pinned bytes)" if p.get("pinned") else " (nvJPEG, pageable bytes)"
-        )  # fmt: skip
-        label += f" · batch {p.get('batch_size')}, {p.get('image_size')} px -> {p.get('crop_size')}"
-        iqr = r.spread.get("iqr")
-        rows.append((label, r.value, float(iqr) if iqr is not None else None))
-    return rows or None
+def cuda_records(rs: ResultSet, records: list[Record]) -> list[Record] | None:
+    """The ``ch05.decode.ms_per_batch`` records of runs that ended on CUDA (None: none)."""
+    return [r for r in records if r.params.get("device") == "cuda"] or None
 
 
-def gpu_decode_lines(value: DecodeComparison | list[tuple[str, float, float | None]]) -> list[str]:
-    """A comparison measured on CUDA (the ratio, the pixel differences) or :func:`gpu_reference_rows`."""
+def gpu_decode_lines(value: DecodeComparison | list[Record]) -> list[str]:
+    """A comparison measured on CUDA (the ratio, the pixel differences), or :func:`cuda_records`, one line each."""
     if isinstance(value, DecodeComparison):
         names = {
             "decode": "decode alone (nvJPEG vs libjpeg-turbo, full-size images)",
@@ -407,8 +397,13 @@ def gpu_decode_lines(value: DecodeComparison | list[tuple[str, float, float | No
             ),
         ]
     lines: list[str] = []
-    for label, ms, iqr in value:  # wrapped: a label with its batch and image sizes is long
-        row = f"{label}: {ms:.2f} ms per batch" + (f" (IQR {iqr:.2f})" if iqr is not None else "")
+    for r in sorted(value, key=lambda r: (r.params.get("where") != "cpu", not r.params.get("pinned"))):
+        p, iqr = r.params, r.spread.get("iqr")
+        label = _CPU_LABEL if p.get("where") == "cpu" else _DEVICE_LABEL + (
+            " (nvJPEG, pinned bytes)" if p.get("pinned") else " (nvJPEG, pageable bytes)"
+        )  # fmt: skip
+        row = f"{label} · batch {p.get('batch_size')}, {p.get('image_size')} px -> {p.get('crop_size')}: "
+        row += f"{r.value:.2f} ms per batch" + (f" (IQR {float(iqr):.2f})" if iqr is not None else "")
         lines += textwrap.wrap(row, 105, initial_indent="  ", subsequent_indent="    ", break_long_words=False)
     return lines
 
