@@ -86,7 +86,6 @@ class EncodedJpegDataset(Dataset):
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self.classes, self.samples = _scan_class_folders(self.root)
-        self.targets = [t for _, t in self.samples]
 
     def __len__(self) -> int:
         return len(self.samples)

@@ -277,7 +277,7 @@ def timeline_evidence(cell: CellResult) -> Evidence[Any]:
     return reference_cell(cell.memory, cell.stream)
 
 
-def _title(cell: CellResult | SpanTrace, meta: dict[str, Any]) -> str:
+def _title(meta: dict[str, Any]) -> str:
     title = f"{meta.get('memory', '?')} source, {meta.get('stream', '?')} stream"
     if meta.get("kind") == SCHEMATIC:
         return title + f" — expected: {meta.get('expected_label')} ({SCHEMATIC})"
@@ -286,8 +286,6 @@ def _title(cell: CellResult | SpanTrace, meta: dict[str, Any]) -> str:
             f" — measured: {meta['measured_label']} "
             f"({float(meta.get('overlap_fraction', 0)):.0%} hidden), expected: {meta.get('expected_label')}"
         )
-    if isinstance(cell, CellResult) and not cell.on_gpu:
-        return title + " — CPU run (no streams): not the GPU experiment"
     return title
 
 
@@ -309,7 +307,7 @@ def draw_cell(cell: CellResult | SpanTrace | Evidence[Any], ax: Any = None) -> A
     trace: SpanTrace = shown.trace if isinstance(shown, CellResult) else shown
     meta = trace.metadata
     lanes = list(meta.get("lanes") or []) or None
-    ax = timeline(trace, ax, title=_title(shown, meta), lanes=lanes, source=source, max_steps=3)
+    ax = timeline(trace, ax, title=_title(meta), lanes=lanes, source=source, max_steps=3)
     ax.title.set_fontsize(9)
     if meta.get("kind") == SCHEMATIC:
         ax.set_xlabel(f"time (arbitrary units) — {SCHEMATIC.upper()}")

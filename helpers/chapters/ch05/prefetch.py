@@ -31,7 +31,6 @@ class _Protocol:
     def __init__(self) -> None:
         self.log: list[tuple[Any, ...]] = []
         self.consumer = self.current = _FakeStream(CONSUMER)
-        self.streams_made = 0
         self.probes: dict[int, tuple[int, str]] = {}  # id(loader tensor) -> (batch index, "x" or "y")
 
 
@@ -126,7 +125,6 @@ def stream_doubles() -> Iterator[_Protocol]:
             proto.current = before
 
     def make_stream(device: Any = None, priority: int = 0, **kwargs: Any) -> _FakeStream:
-        proto.streams_made += 1
         stream = _FakeStream(f"side stream {next(_STREAM_NUMBERS)}")
         _log("new stream", stream.name)
         return stream
