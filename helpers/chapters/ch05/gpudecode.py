@@ -238,10 +238,6 @@ class DecodeComparison:
         return {f: statistics.fmean(v) for f, v in self.bytes_per_batch.items()}
 
     @property
-    def labels(self) -> tuple[str, str]:
-        return _CPU_LABEL, _DEVICE_LABEL + (" (nvJPEG)" if self.on_gpu else f" ({_SAME_PATH_LABEL})")
-
-    @property
     def speedup(self) -> float:
         return self.cpu_path.median_s / self.device_path.median_s
 
@@ -250,7 +246,10 @@ class DecodeComparison:
         forms = [[form, human_bytes(b[form]), f"{b[form] / b['float32']:.1%}"] for form in FORMS]
         paths = [
             [label, f"{t.median_s * 1e3:.2f}", f"{t.iqr_s * 1e3:.2f}"]
-            for label, t in zip(self.labels, (self.cpu_path, self.device_path))
+            for label, t in (
+                (_CPU_LABEL, self.cpu_path),
+                (_DEVICE_LABEL + (" (nvJPEG)" if self.on_gpu else f" ({_SAME_PATH_LABEL})"), self.device_path),
+            )
         ]
         lines = [
             f"{self.n_batches} batches of {self.batch_size} images ({self.image_size}x{self.image_size} JPEG "

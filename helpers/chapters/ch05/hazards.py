@@ -23,8 +23,7 @@ from ...core.results import Record, ResultSet
 from ...core.timing import GpuDelay, synchronize
 from ...core.validate import check_int, human_seconds
 
-MiB = 1 << 20
-N = 4 * MiB  # elements copied in hazards 1 and 2
+N = 4 << 20  # elements copied in hazards 1 and 2
 
 
 @dataclass
