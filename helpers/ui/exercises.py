@@ -228,8 +228,8 @@ def _norm(s: Any) -> str:
 
 
 def _strict_gpu_error(exc: BaseException) -> bool:
-    """A CUDA error on a strict GPU run, which must reach the reader, not a verdict (chapter 05's prefetcher check
-    uses it too; ``AcceleratorError`` matched by name, without importing torch)."""
+    """A CUDA error on a strict GPU run, which must reach the reader, not a verdict (``prefetch._gpu_error``'s
+    rule without importing torch: ``AcceleratorError`` matched by name)."""
     if not config.require_gpu():
         return False
     if any(cls.__name__ == "AcceleratorError" for cls in type(exc).__mro__):

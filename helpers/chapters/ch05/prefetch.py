@@ -13,10 +13,10 @@ from unittest import mock
 
 import torch
 
+from ...core.config import require_gpu
 from ...core.timing import GpuDelay, calibrated_compute, cuda_event_time
 from ...pipeline.data import MEAN, STD, to_float_normalized
 from ...pipeline.prefetch import Prefetcher, iter_tensors
-from ...ui.exercises import _strict_gpu_error
 from .feeding import time_batches
 
 #: The stream a prefetcher's consumer runs on, in the logs.
@@ -470,13 +470,20 @@ def _pair_problems(got: Sequence[Any], loader: Iterable[Any], epoch: int) -> lis
     return []
 
 
+def _gpu_error(exc: BaseException) -> bool:
+    """A CUDA error on a strict GPU run propagates, not a FAIL."""
+    accel = getattr(torch, "AcceleratorError", None)
+    cuda = (accel is not None and isinstance(exc, accel)) or (isinstance(exc, RuntimeError) and "CUDA" in str(exc))
+    return require_gpu() and cuda
+
+
 def _on_the_gpu(candidate: Any, dev: torch.device) -> list[str] | None:
     """The race check's problems with real streams; None: it made a Prefetcher."""
     made_before = Prefetcher.made
     try:
         problems = check_pipeline_race(candidate, dev)
     except Exception as exc:  # the reader's code may raise anything
-        if _strict_gpu_error(exc):  # a CUDA error on a strict GPU run propagates, not a FAIL
+        if _gpu_error(exc):
             raise
         problems = [f"on {dev}: raised {type(exc).__name__}: {exc}"]
     return problems if Prefetcher.made == made_before else None
