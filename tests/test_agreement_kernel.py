@@ -163,7 +163,8 @@ def test_ch05_same_path_verdict_is_the_quartiles_rule() -> None:
         b = _timing([rng.uniform(25, 60) for _ in range(rng.randint(3, 9))])
         (a_lo, a_hi), (b_lo, b_hi) = a.quartiles_s, b.quartiles_s
         old = a_lo <= b_hi and b_lo <= a_hi
-        line = gpudecode.same_path_verdict(a, b)
+        cmp = gpudecode.DecodeComparison("cpu", False, 4, 8, 16, 1, {}, a, b, pinned=False)
+        line = cmp.verdict
         assert ("agree within their spread" in line and "NOT" not in line) == old
 
 

@@ -104,9 +104,10 @@ PAIRS: tuple[Pair, ...] = (
          chain=(f"{CH04}.LoaderRounds.verdicts", f"{CH04}.difference_line", f"{KERNEL}.ratios_straddle_one"),
          rule="ratios_straddle_one on the per-round ratios"),
     Pair("05", "without CUDA: the same CPU decode code path timed twice, (a) then (b) (section 5)",
-         shown_by="gpudecode.compare_decode(", call="cmp.report()", verdict=f"{GPUDECODE}.same_path_verdict",
+         shown_by="gpudecode.compare_decode(", call="cmp.report()",
+         verdict=f"{GPUDECODE}.DecodeComparison.verdict",
          chain=(f"{GPUDECODE}.DecodeComparison.report", f"{GPUDECODE}.DecodeComparison.verdict",
-                f"{GPUDECODE}.same_path_verdict", f"{KERNEL}.spreads_overlap"),
+                f"{KERNEL}.spreads_overlap"),
          rule="spreads_overlap on the quartiles", trust="trust the faster"),
     Pair("06", "data-bound waterfall: each configuration against the one before it, in alternating rounds",
          shown_by='wf["data-bound"] = capstone.run_waterfall(', call='wf["data-bound"].table()',
@@ -365,8 +366,11 @@ def _same_path_verdict() -> tuple[str, str]:
         s = sorted(v / 1e3 for v in ms)
         return Timing("t", s[len(s) // 2], 0.0, sum(s) / len(s), s[0], s[-1], len(s), times_s=s)
 
-    same = gpudecode.same_path_verdict(t([28, 30, 32, 40, 45]), t([27, 29, 31, 33, 35]))
-    apart = gpudecode.same_path_verdict(t([100, 105, 109.57, 112, 120]), t([27, 28, 28.71, 29, 30]))
+    def verdict(a: list[float], b: list[float]) -> str:
+        return gpudecode.DecodeComparison("cpu", False, 4, 8, 16, 1, {}, t(a), t(b), pinned=False).verdict
+
+    same = verdict([28, 30, 32, 40, 45], [27, 29, 31, 33, 35])
+    apart = verdict([100, 105, 109.57, 112, 120], [27, 28, 28.71, 29, 30])
     return same, apart
 
 
@@ -460,7 +464,7 @@ SYNTHETIC: dict[str, tuple[Callable[[], tuple[str, str]], tuple[str, ...], tuple
     f"{CH03}.pin_pair_verdict": (_pin_pair_verdict, ("within noise",), ("beyond the rounds' spread",)),
     f"{CH04}.sweep_vs_rounds": (_sweep_vs_rounds, ("agree within their spread",), ("disagree",)),
     f"{CH04}.LoaderRounds.verdicts": (_knob_verdicts, ("within the noise",), ("a real difference",)),
-    f"{GPUDECODE}.same_path_verdict": (_same_path_verdict, (", agree within their spread",), ("do NOT agree",)),
+    f"{GPUDECODE}.DecodeComparison.verdict": (_same_path_verdict, (", agree within their spread",), ("do NOT agree",)),
     f"{CAPSTONE}.Waterfall.verdicts": (_waterfall_verdicts, ("within noise", "no effect"), ("gain", "slower")),
     f"{CAPSTONE}.accuracy_verdict": (_accuracy_verdict, ("accuracies agree within their spread",), ("do NOT agree",)),
     f"{CAPSTONE}.bottleneck_verdict": (_bottleneck_verdict, ("they agree",), ("do NOT agree",)),

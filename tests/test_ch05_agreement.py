@@ -35,7 +35,6 @@ def _cmp(a_ms: list[float], b_ms: list[float], on_gpu: bool = False) -> gpudecod
         crop_size=8,
         image_size=16,
         n_batches=1,
-        bytes={"jpeg": 100.0, "uint8": 768.0, "float32": 3072.0},
         bytes_per_batch={"jpeg": [100], "uint8": [768], "float32": [3072]},
         cpu_path=_timing(a_ms),
         device_path=_timing(b_ms),
@@ -43,17 +42,24 @@ def _cmp(a_ms: list[float], b_ms: list[float], on_gpu: bool = False) -> gpudecod
     )
 
 
+def _verdict(a: Timing, b: Timing) -> str:
+    """The verdict a CPU-only comparison prints for timings ``a`` (path a, first) and ``b``."""
+    cmp = _cmp([1], [1])
+    cmp.cpu_path, cmp.device_path = a, b
+    return cmp.verdict
+
+
 def test_overlapping_quartiles_agree_within_their_spread() -> None:
-    verdict = gpudecode.same_path_verdict(_timing([28, 30, 32, 40, 45]), _timing([27, 29, 31, 33, 35]))
+    verdict = _verdict(_timing([28, 30, 32, 40, 45]), _timing([27, 29, 31, 33, 35]))
     assert "agree within their spread" in verdict and "noise" in verdict and "NOT" not in verdict
 
 
 def test_separate_quartiles_do_not_agree_and_name_the_run_to_trust() -> None:
-    verdict = gpudecode.same_path_verdict(_timing([100, 105, 109.57, 112, 120]), _timing([27, 28, 28.71, 29, 30]))
+    verdict = _verdict(_timing([100, 105, 109.57, 112, 120]), _timing([27, 28, 28.71, 29, 30]))
     assert "109.57 ms (a, timed first) and 28.71 ms (b, timed second)" in verdict
     assert "do NOT agree within their spread" in verdict and "warm-up or load" in verdict
     assert "trust the faster, (b), timed second, 28.71 ms" in verdict
-    slower_second = gpudecode.same_path_verdict(_timing([27, 28, 29]), _timing([50, 55, 60]))
+    slower_second = _verdict(_timing([27, 28, 29]), _timing([50, 55, 60]))
     assert "trust the faster, (a), timed first, 28.00 ms" in slower_second
 
 
@@ -73,5 +79,5 @@ def test_the_printed_report_carries_the_verdict_on_a_cpu_only() -> None:
 def test_the_chapter_text_names_the_verdict() -> None:
     cells = json.loads(NOTEBOOK.read_text())["cells"]
     text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-    assert "gpudecode.same_path_verdict" in text and "agree within their spread" in text
+    assert "DecodeComparison.verdict" in text and "agree within their spread" in text
     assert "faster run is the one to trust" in text

@@ -135,8 +135,8 @@ def test_does_it_pay_times_the_copy_on_preloaded_pinned_batches_not_the_loader()
     assert ns["loader_u8"].iterations == 1 and ns["loader_f32"].iterations == 1, "a timed pass ran the loader"
     assert len(cuda.ops("pin")) == 2 * 2 * n  # x and y of every batch of both loaders, pinned once
     ways = ["chapter 04: float32, copied in line", feeding.IN_LINE, feeding.PREFETCHED, feeding.NO_COPY]
-    assert list(times.seconds) == ways
-    rounds = len(times.seconds[feeding.IN_LINE])
+    assert list(times.values) == ways
+    rounds = len(times.values[feeding.IN_LINE])
     assert times.batches == dict.fromkeys(ways, n)
     # The passes: between the device syncs time_batches makes before and after each one.
     syncs = [i for i, op in enumerate(cuda.log) if op.kind == "host_sync"]
@@ -185,15 +185,17 @@ def test_preload_reads_one_pass_and_pins_only_for_cuda() -> None:
 
 def test_copy_hidden_reads_the_three_ways_and_names_noise() -> None:
     ms = 1e-3
-    t = feeding.BatchTimes(
-        "cuda:0",
-        {feeding.IN_LINE: [3 * ms, 3.1 * ms], feeding.PREFETCHED: [2 * ms, 2 * ms], feeding.NO_COPY: [1 * ms, 1 * ms]},
-    )
+    ways = {
+        feeding.IN_LINE: [3 * ms, 3.1 * ms],
+        feeding.PREFETCHED: [2 * ms, 2 * ms],
+        feeding.NO_COPY: [1 * ms, 1 * ms],
+    }
+    t = feeding.BatchTimes(tuple(ways), ways, device="cuda:0")
     assert t.copy_hidden() is not None and "51% hidden" in t.copy_hidden()  # (3.05 - 2) / (3.05 - 1)
     assert "51% hidden" in t.report()
-    noisy = feeding.BatchTimes("cuda:0", {k: [1 * ms, 2 * ms] for k in t.seconds})
+    noisy = feeding.BatchTimes(t.labels, {k: [1 * ms, 2 * ms] for k in t.values}, device="cuda:0")
     assert "too small" in (noisy.copy_hidden() or "")
-    assert feeding.BatchTimes("cpu", {"a": [1.0]}).copy_hidden() is None
+    assert feeding.BatchTimes(("a",), {"a": [1.0]}, device="cpu").copy_hidden() is None
 
 
 # -- the 2x2 experiment: which stream each copy, each compute and each event goes to -----------------
@@ -280,14 +282,14 @@ def test_the_hazards_gpu_branches_give_what_the_benchmark_records() -> None:
     """Each hazard's CUDA branch, on cuda:1 while cuda:0 is current: its copies and events on cuda:1's stream,
     and the counts the benchmark records (ch05.hazard.*) under their keys. No count made here is asserted."""
     with fake_cuda(devices=2, current=0) as cuda:
-        d2h = hazards.hazard_d2h_read_before_sync(CUDA1, n=64)
-        mutation = hazards.hazard_pinned_source_mutation(CUDA1, n=64)
-        syncs = hazards.hazard_hidden_syncs(CUDA1, steps=2, size=8)
+        d2h = hazards.hazard_d2h_read_before_sync(CUDA1)
+        mutation = hazards.hazard_pinned_source_mutation(CUDA1)
+        syncs = hazards.hazard_hidden_syncs(CUDA1, steps=2)
     assert d2h.on_gpu and mutation.on_gpu and syncs.on_gpu
     assert {op.stream.index for op in cuda.log if op.stream is not None} == {1}
     assert len(cuda.ops("kernel")) >= 4  # the GPU is kept busy before each version of hazards 1 and 2
     for h, key in ((d2h, "wrong elements when read"), (mutation, "elements that arrived wrong")):
-        assert all(isinstance(v[key], int) and v["of"] == 64 for v in (h.bug, h.fix))
+        assert all(isinstance(v[key], int) and v["of"] == 4 * 2**20 for v in (h.bug, h.fix))
     assert isinstance(syncs.bug["synchronisations"], int) and isinstance(syncs.fix["synchronisations"], int)
     assert [k for k in syncs.bug if k.endswith(" alone")] == [".item() alone", "print(loss) alone", ".cpu() alone"]
     assert "masked_select" in syncs.explanation and "not counted" not in str(syncs.bug)

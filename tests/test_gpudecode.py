@@ -13,6 +13,7 @@ import torch
 from cuda_standin import fake_cuda
 
 from helpers.chapters.ch05 import gpudecode as G
+from helpers.core.timing import Timing
 from helpers.pipeline.data import ImageDecodeError, ShapesDataset, make_shapes_dataset
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -140,9 +141,8 @@ def test_corrupt_items_are_named(tmp_path):
     victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # truncated
     with pytest.raises(ImageDecodeError, match=str(victim.name)):
         ds[2]  # the worker-side check names the file
-    unchecked = G.EncodedJpegDataset(info.val_dir, check=False)
-    enc = [unchecked[i][0] for i in range(4)]
-    names = [unchecked.path(i) for i in range(4)]
+    names = [ds.path(i) for i in range(4)]  # the bytes as read, past the data set's own check
+    enc = [torch.frombuffer(bytearray(Path(n).read_bytes()), dtype=torch.uint8) for n in names]
     with pytest.raises(ImageDecodeError, match=r"item 2 of the batch .*" + victim.name + ".*truncated"):
         G.decode_batch(enc, "cpu", 16, names=names)
     with pytest.raises(ImageDecodeError, match="item 2 of the batch"):
@@ -240,14 +240,12 @@ def test_cuda_branch_with_a_stand_in_decoder(monkeypatch):
 
 def test_batch_bytes_are_exact(info):
     ds = G.EncodedJpegDataset(info.val_dir)
-    enc = [ds[i][0] for i in range(5)]
-    x = G.decode_batch(enc, "cpu", 24)
-    b = G.batch_bytes(enc, x)
-    assert b["jpeg"] == sum(Path(ds.path(i)).stat().st_size for i in range(5))
-    assert b["uint8"] == 5 * 3 * 24 * 24
-    assert b["float32"] == 4 * b["uint8"]
-    with pytest.raises(ValueError, match="decoded"):
-        G.batch_bytes(enc, x.float())
+    cmp = G.compare_decode(ds, "cpu", batch_size=5, crop_size=24, n_batches=2, repeats=1)
+    for k in range(2):
+        files = sum(Path(ds.path(i)).stat().st_size for i in range(5 * k, 5 * k + 5))
+        assert cmp.bytes_per_batch["jpeg"][k] == files
+        assert cmp.bytes_per_batch["uint8"][k] == 5 * 3 * 24 * 24
+        assert cmp.bytes_per_batch["float32"][k] == 4 * cmp.bytes_per_batch["uint8"][k]
 
 
 def test_compare_decode_on_cpu(info):
@@ -262,9 +260,9 @@ def test_compare_decode_on_cpu(info):
     assert set(cmp.bytes) == set(G.FORMS) and all(len(v) == 2 for v in cmp.bytes_per_batch.values())
     assert cmp.bytes["uint8"] == 8 * 3 * 32 * 32 and cmp.bytes["float32"] == 4 * cmp.bytes["uint8"]
     assert cmp.diffs["decode+resize"][0] == 0  # both paths are the same CPU decode here
-    assert (cmp.diffs["decode"][0], cmp.diffs["resize"][0]) == (0, 0) and "identical" in cmp.diff_report()
+    assert (cmp.diffs["decode"][0], cmp.diffs["resize"][0]) == (0, 0)
     assert cmp.cpu_path.n == 2 and cmp.device_path.n == 2
-    assert "same code path" in cmp.labels[1] and "same code path" in cmp.report()
+    assert "send JPEG bytes, decode on the device (CPU decode, same code path)" in cmp.report()
     fig = G.plot_comparison(cmp)
     assert len(fig.axes) == 2
     plt.close(fig)
@@ -285,7 +283,7 @@ def test_gpu_reference_none_then_found(tmp_path, monkeypatch):
             "cpu",
             measure=lambda: pytest.fail("measured without CUDA"),
             key="ch05.decode.ms_per_batch",
-            convert=G.gpu_reference_rows,
+            convert=G.cuda_records,
         )
 
     monkeypatch.setenv(REFERENCE_ENV, str(tmp_path))
@@ -320,19 +318,18 @@ def test_gpu_reference_none_then_found(tmp_path, monkeypatch):
     rs.save(tmp_path / "ref.json")
     ev = recall()
     assert ev.kind == "recorded" and ev.source.startswith("Recorded on") and "No CUDA device" in ev.note
-    rows = ev.value
-    assert [r[1] for r in rows] == [9.0, 2.0] and "nvJPEG, pinned" in rows[1][0] and "batch 64" in rows[0][0]
-    text = "\n".join(ev.lines(G.gpu_decode_lines))
-    assert "2.00 ms per batch (IQR 0.10)" in " ".join(text.split())  # the row may wrap at 105 characters
+    flat = " ".join("\n".join(ev.lines(G.gpu_decode_lines)).split())  # a row may wrap at 105 characters
+    assert flat.index("send uint8 · batch 64, 256 px -> 224: 9.00 ms") < flat.index("(nvJPEG, pinned bytes) · batch 64")
+    assert "(nvJPEG, pinned bytes) · batch 64, 256 px -> 224: 2.00 ms per batch (IQR 0.10)" in flat
 
 
 def test_record_decode_keys_are_prefixed(tmp_path):
     from helpers.chapters import ch05
     from helpers.core.results import ResultSet
 
-    info = make_shapes_dataset(n_train=16, n_val=16, image_size=32, root=tmp_path)
+    info = make_shapes_dataset(n_train=8, n_val=64, image_size=32, root=tmp_path)  # 2 batches at the mode's size
     rs = ResultSet.new("t", "test")
-    ch05.record_decode(rs, "cpu", info=info, batch_size=4, crop_size=24, n_batches=2, repeats=1)
+    ch05.record_decode(rs, "cpu", info=info)
     keys = rs.keys()
     assert keys == ["ch05.decode.bytes_per_batch", "ch05.decode.ms_per_batch"]
     forms = {r.params["form"] for r in rs.find("ch05.decode.bytes_per_batch")}
@@ -361,14 +358,14 @@ def test_diff_stats_and_the_gpu_diff_report():
         crop_size=8,
         image_size=8,
         n_batches=1,
-        bytes={},
         bytes_per_batch={},
-        cpu_path=None,
-        device_path=None,
+        cpu_path=Timing("a", 0.002, 0.0, 0.002, 0.002, 0.002, 1),
+        device_path=Timing("b", 0.001, 0.0, 0.001, 0.001, 0.001, 1),
         pinned=True,
         diffs={"decode+resize": (4, 0.5), "decode": (3, 0.4), "resize": (1, 0.1)},
     )
-    text = cmp.diff_report()
+    text = "\n".join(G.gpu_decode_lines(cmp))
+    assert "CPU path / GPU path = 2.00" in text
     assert "decode alone" in text and "resize alone" in text and "both" in text and "largest   1" in text
 
 
@@ -403,12 +400,12 @@ def test_gpu_decode_names_a_corrupt_item(info):
 
 
 @cuda
-def test_gpu_record_decode_records_both_paths(info):
+def test_gpu_record_decode_records_both_paths(tmp_path):
     from helpers.chapters import ch05
     from helpers.core.results import ResultSet
 
     rs = ResultSet.new("t", "test")
-    ch05.record_decode(rs, "cuda", info=info, batch_size=8, crop_size=32, n_batches=2, repeats=1)
+    ch05.record_decode(rs, "cuda", info=make_shapes_dataset(n_train=8, n_val=64, image_size=32, root=tmp_path))
     wheres = {(r.params["where"], r.params["pinned"]) for r in rs.find("ch05.decode.ms_per_batch")}
     assert wheres == {("cpu", False), ("cuda", True), ("cuda", False)}
     for k in ("ch05.decode.speedup", "ch05.decode.mean_abs_diff", "ch05.decode.max_abs_diff"):
@@ -422,7 +419,7 @@ def test_gpu_pixel_difference_is_measured_apart(info):
     cmp = G.compare_decode(ds, "cuda", batch_size=8, crop_size=32, n_batches=1, repeats=1)
     assert cmp.diffs["decode"][1] < 6  # nvJPEG's IDCT and chroma upsampling against libjpeg-turbo
     assert cmp.diffs["resize"][0] <= 3  # float against integer rounding of the same pixels
-    assert "decode alone" in cmp.diff_report()
+    assert "decode alone" in "\n".join(G.gpu_decode_lines(cmp))
 
 
 @cuda

@@ -405,17 +405,35 @@ def test_the_hidden_syncs_loop_does_synchronise() -> None:
 
 
 def test_checker_lets_cuda_errors_through_on_a_strict_gpu_run(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """WORKBOOK_REQUIRE_GPU=1: a CUDA error inside the checked code propagates instead of becoming a FAIL line."""
-    from helpers.chapters.ch05 import prefetch
+    """WORKBOOK_REQUIRE_GPU=1: a CUDA error inside the checked code on the GPU propagates instead of becoming a FAIL
+    line; the reader's own mistake, an error under the stream doubles, or a relaxed run stay a FAIL."""
+    from cuda_standin import fake_cuda
 
-    cuda_dev, cpu = torch.device("cuda"), torch.device("cpu")
-    err = RuntimeError("CUDA error: an illegal memory access was encountered")
+    from helpers.chapters.ch05 import prefetch
+    from helpers.pipeline import data
+
+    monkeypatch.setattr(data, "_STATS_CACHE", {})
+    cuda_error = "CUDA error: an illegal memory access was encountered"
+
+    def raising(message: str, on: str) -> Any:
+        def candidate(loader: Any, device: Any) -> Any:
+            if torch.device(device).type == on:
+                raise RuntimeError(message)
+            return _ReaderPrefetcher(loader, device)
+
+        return candidate
+
     monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "1")
-    assert prefetch._gpu_error(err, cuda_dev)
-    assert not prefetch._gpu_error(RuntimeError("oops"), cuda_dev)  # the reader's own mistake stays a FAIL
-    assert not prefetch._gpu_error(err, cpu)
-    monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "0")
-    assert not prefetch._gpu_error(err, cuda_dev)
+    with fake_cuda(devices=1, current=0):
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            prefetch.check_pipeline_prefetcher(raising(cuda_error, "cuda"), "cuda")
+        oops = prefetch.check_pipeline_prefetcher(raising("oops", "cuda"), "cuda")
+        assert not oops.correct and "raised RuntimeError: oops" in str(oops)
+        on_cpu = prefetch.check_pipeline_prefetcher(raising(cuda_error, "cpu"), "cuda")
+        assert not on_cpu.correct and "illegal memory access" in str(on_cpu)
+        monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "0")
+        relaxed = prefetch.check_pipeline_prefetcher(raising(cuda_error, "cuda"), "cuda")
+        assert not relaxed.correct and "illegal memory access" in str(relaxed)
 
 
 # -- the CUDA path, on the stand-ins of tests/cuda_standin.py (what is asked of streams, events and copies) ----
@@ -497,56 +515,6 @@ def _reference_pairs(loader: Any, device: Any) -> Prefetcher:
     return Prefetcher(loader, device, normalize=(data.MEAN, data.STD))
 
 
-def test_race_check_runs_on_the_checked_device_and_refuses_batches_left_on_the_host(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """On the stand-ins (no race can show there): the check's batches, delay and comparisons go to cuda:1."""
-    from cuda_standin import fake_cuda
-
-    from helpers.chapters.ch05 import prefetch
-    from helpers.pipeline import data
-
-    monkeypatch.setattr(data, "_STATS_CACHE", {})
-    with fake_cuda(devices=2, current=0) as cuda:
-
-        def stale(loader: Any, device: Any) -> Any:  # hands batch 0 over again and again: wrong values
-            first = next(iter(_reference_pairs(loader, device)))
-            return (first for _ in loader)
-
-        assert prefetch.check_pipeline_race(_reference_pairs, "cuda:1", batch_mib=1, n_batches=3) == []
-        assert {op.stream.index for op in cuda.ops("kernel")} == {1}  # the delay queued on the checked device
-        assert all(op["device"] == torch.device("cuda", 1) for op in cuda.ops("copy"))
-        wrong = prefetch.check_pipeline_race(stale, "cuda:1", batch_mib=1, n_batches=3)
-        assert len(wrong) == 2 and "batch 1 had" in wrong[0] and "wait_stream" in wrong[0]
-        assert "record_stream" in wrong[1]
-        got = prefetch.check_pipeline_race(lambda loader, device: iter(loader), "cuda:1", batch_mib=1, n_batches=3)
-        assert got == ["race check: batch 0 came back on cpu, not on the CUDA device"]
-    with pytest.raises(ValueError, match="needs a CUDA device"):
-        prefetch.check_pipeline_race(_reference_pairs, "cpu")
-
-
-def test_overlap_ratio_times_the_candidate_on_the_device_and_stays_between_0_and_1(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """On the stand-ins the ratio means nothing (never shown); the test checks what runs where and the bounds."""
-    from cuda_standin import fake_cuda
-
-    from helpers.chapters.ch05 import prefetch as streamcheck
-    from helpers.pipeline import data
-
-    monkeypatch.setattr(data, "_STATS_CACHE", {})
-    computed: list[tuple[int, ...]] = []
-    calibrated: list[torch.device] = []
-
-    def calibrated_compute(dev: torch.device, seconds: float) -> Any:
-        calibrated.append(dev)
-        return lambda batch: computed.append(tuple(batch.shape))
-
-    monkeypatch.setattr(streamcheck, "calibrated_compute", calibrated_compute)
-    with fake_cuda(devices=2, current=0) as cuda:
-        ratio = streamcheck.prefetch_overlap_ratio(_reference_pairs, "cuda:1", batch_mib=1, n_batches=2, repeats=2)
-        assert 0.0 <= ratio <= 1.0 and calibrated == [torch.device("cuda", 1)]
-        assert len(computed) == (2 + 1) * (2 + 2) and all(len(s) == 4 for s in computed)  # each batch, each pass
-        assert {op["device"] for op in cuda.host_syncs() if "device" in op.detail} == {1}
-        assert {op["device"] for op in cuda.ops("copy")} == {torch.device("cuda", 1)}
-
-
 class _ReaderPrefetcher:
     """What chapter 05's reader writes: (uint8 x, y) pairs, copied on one side stream, normalised there."""
 
@@ -576,33 +544,100 @@ class _ReaderPrefetcher:
             yield out
 
 
-def test_the_exercise_check_passes_a_reader_prefetcher_on_the_standin_gpu_and_refuses_the_reference(
-    monkeypatch,  # type: ignore[no-untyped-def]
-) -> None:
-    """The GPU branch of check_pipeline_prefetcher on the stand-ins: the real-streams comparison runs, the race
-    check and the overlap ratio are called (replaced here: their own tests are above), the reference is refused."""
-    from cuda_standin import fake_cuda
-
-    from helpers.chapters.ch05 import prefetch
+def _small_gpu_checks(monkeypatch, prefetch) -> tuple[list[torch.Size], list[torch.device]]:  # type: ignore[no-untyped-def]
+    """The GPU checks at stand-in sizes, their compute replaced by one that logs the shapes it was given."""
     from helpers.pipeline import data
 
     monkeypatch.setattr(data, "_STATS_CACHE", {})
-    raced: list[Any] = []
-    monkeypatch.setattr(prefetch, "check_pipeline_race", lambda c, dev: raced.append(dev) or [])
+    monkeypatch.setattr(prefetch, "RACE_BATCHES", (1, 3))
+    monkeypatch.setattr(prefetch, "OVERLAP_BATCHES", (1, 2))
+    monkeypatch.setattr(prefetch, "OVERLAP_ROUNDS", 2)
+    computed: list[torch.Size] = []
+    calibrated: list[torch.device] = []
+
+    def calibrated_compute(dev: torch.device, seconds: float) -> Any:
+        calibrated.append(dev)
+        return lambda batch: computed.append(batch.shape)
+
+    monkeypatch.setattr(prefetch, "calibrated_compute", calibrated_compute)
+    return computed, calibrated
+
+
+def _on_gpu_only(bad: Any) -> Any:
+    """The reader's prefetcher under the stream doubles (the protocol passes), ``bad`` with real streams."""
+    return lambda loader, device: _ReaderPrefetcher(loader, device) if device.type == "cpu" else bad(loader, device)
+
+
+def test_the_race_check_runs_on_the_checked_device_and_names_what_is_missing(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """On the stand-ins (no race can show there): the check's batches, delay and comparisons go to cuda:1; stale
+    batches and batches left on the host are named."""
+    from cuda_standin import fake_cuda
+
+    from helpers.chapters.ch05 import prefetch
+
+    _small_gpu_checks(monkeypatch, prefetch)
+    with fake_cuda(devices=2, current=0) as cuda:
+
+        def stale(loader: Any, device: Any) -> Any:  # hands batch 0 over again and again: wrong values
+            first = next(iter(_ReaderPrefetcher(loader, device)))
+            return (first for _ in loader)
+
+        ok = prefetch.check_pipeline_prefetcher(_ReaderPrefetcher, "cuda:1")
+        assert "on cuda:1: with real streams, each batch right" in str(ok) and "race check" not in str(ok), str(ok)
+        assert {op.stream.index for op in cuda.ops("kernel")} == {1}  # the delay queued on the checked device
+        assert all(op["device"] == torch.device("cuda", 1) for op in cuda.ops("copy"))
+        wrong = prefetch.check_pipeline_prefetcher(_on_gpu_only(stale), "cuda:1")
+        races = [m for m in wrong.messages if m.startswith("race check")]
+        assert not wrong.correct and len(races) == 2 and "batch 1 had" in races[0] and "wait_stream" in races[0]
+        assert "record_stream" in races[1] and "overlap on" not in str(wrong)
+        host = prefetch.check_pipeline_prefetcher(_on_gpu_only(lambda loader, device: iter(loader)), "cuda:1")
+        assert not host.correct and "race check: batch 0 came back on cpu, not on the CUDA device" in host.messages
+
+
+def test_the_overlap_ratio_times_the_candidate_on_the_device_and_stays_between_0_and_1(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """On the stand-ins the ratio means nothing (never shown); the test checks what runs where and the bounds."""
+    import re
+
+    from cuda_standin import fake_cuda
+
+    from helpers.chapters.ch05 import prefetch
+
+    computed, calibrated = _small_gpu_checks(monkeypatch, prefetch)
+    with fake_cuda(devices=2, current=0) as cuda:
+        res = prefetch.check_pipeline_prefetcher(_ReaderPrefetcher, "cuda:1")
+        found = re.search(r"overlap on cuda:1: (\d+)% of the copy time hidden", str(res))
+        assert found and 0 <= int(found[1]) <= 100, str(res)
+        assert calibrated == [torch.device("cuda", 1)]
+        assert len(computed) == (2 + 1) * (2 + 2) and all(len(s) == 4 for s in computed)  # each batch, each pass
+        assert {op["device"] for op in cuda.host_syncs() if "device" in op.detail} == {1}
+        assert {op["device"] for op in cuda.ops("copy")} == {torch.device("cuda", 1)}
+
+
+def test_the_exercise_check_passes_a_reader_prefetcher_on_the_standin_gpu_and_refuses_the_reference(
+    monkeypatch,  # type: ignore[no-untyped-def]
+) -> None:
+    """The GPU branch of check_pipeline_prefetcher on the stand-ins: the race check runs, the overlap ratio's
+    verdict (replaced here: its own test is above), the reference is refused."""
+    from cuda_standin import fake_cuda
+
+    from helpers.chapters.ch05 import prefetch
+
+    _small_gpu_checks(monkeypatch, prefetch)
     monkeypatch.setattr(prefetch, "prefetch_overlap_ratio", lambda c, dev: 0.5)
     with fake_cuda(devices=1, current=0):
         assert prefetch.check_pipeline_prefetcher(_ReaderPrefetcher, "cpu").correct  # the protocol, on the doubles
         res = prefetch.check_pipeline_prefetcher(_ReaderPrefetcher, "cuda")
-        assert res.correct and res.overlap_checked and res.overlap_ratio == 0.5, str(res)
-        assert raced == [torch.device("cuda")] and "the same batches with real streams" in str(res)
+        assert res.correct, str(res)
+        assert "on cuda: with real streams" in str(res)
         assert "50% of the copy time hidden" in str(res)
         monkeypatch.setattr(prefetch, "prefetch_overlap_ratio", lambda c, dev: 0.1)
-        assert "does NOT overlap" in str(prefetch.check_pipeline_prefetcher(_ReaderPrefetcher, "cuda"))
-        monkeypatch.setattr(prefetch, "check_pipeline_race", lambda c, dev: ["race check (checked at once): ..."])
-        res = prefetch.check_pipeline_prefetcher(_ReaderPrefetcher, "cuda")
-        assert not res.correct and not res.overlap_checked and "race check" in str(res)
+        late = prefetch.check_pipeline_prefetcher(_ReaderPrefetcher, "cuda")
+        assert not late.correct and "does NOT overlap" in str(late)
 
-        def hidden(loader: Any, device: Any) -> Any:  # passes under the doubles, uses the reference on a GPU
-            return _ReaderPrefetcher(loader, device) if device.type == "cpu" else _reference_pairs(loader, device)
+        def stale(loader: Any, device: Any) -> Any:
+            first = next(iter(_ReaderPrefetcher(loader, device)))
+            return (first for _ in loader)
 
-        assert "reference" in str(prefetch.check_pipeline_prefetcher(hidden, "cuda"))
+        res = prefetch.check_pipeline_prefetcher(_on_gpu_only(stale), "cuda")
+        assert not res.correct and "race check" in str(res) and "overlap on" not in str(res)
+        assert "reference" in str(prefetch.check_pipeline_prefetcher(_on_gpu_only(_reference_pairs), "cuda"))

@@ -1,9 +1,6 @@
-"""Chapter 05 · Overlapped asynchronous transfer: the chapter interface (:mod:`helpers.ui.chapter`). The panel
-draws one cell of the 2x2 experiment (:mod:`.overlap`) as a timeline: measured on a GPU, else the cell's reference
-recording or its schematic. The benchmark records the ``ch05.*`` keys on a GPU.
-
->>> panel = widgets.Panel.for_chapter(ch05, device=DEVICE, copy=COPY_MIB, compute=MATMUL_N)
-"""
+"""Chapter 05 · Overlapped asynchronous transfer: the chapter interface. The panel draws one cell of the 2x2
+experiment as a timeline (measured on a GPU, else its reference recording or schematic); the benchmark records the
+``ch05.*`` keys on a GPU."""
 
 from __future__ import annotations
 
@@ -34,18 +31,14 @@ _BENCH_SYNC_STEPS = 50
 
 
 def benchmark(results: ResultSet, device: torch.device | str | None, *, progress: ProgressFn | None = None) -> None:
-    """Record chapter 05's GPU measurements (without CUDA nothing: they are all about streams). Keys (unit; params):
+    """Record chapter 05's GPU measurements (without CUDA nothing: they are all about streams). Keys:
 
-    - ``ch05.overlap.step_time`` / ``.copy_time`` / ``.compute_time``: s (median per step); ``.fraction``:
-      ratio (share of the shorter activity hidden); ``.agrees``: ratio (1 if the measured label equals the
-      expected one; plus ``measured``, ``expected``). Params ``memory``, ``stream``, ``copy_bytes``,
-      ``matmul_n``, ``steps``. Artifacts ``ch05.timeline.<memory>.<stream>``: each cell's trace.
-    - ``ch05.hazard.d2h_wrong`` / ``.mutation_wrong``: count; ``variant`` (bug/fix), ``n``.
-      ``ch05.hazard.syncs``: count; ``variant`` (hidden/fixed), ``steps``. ``.syncs_per_line``: count, one
-      line of the buggy step alone; ``line`` (``.item()``, ``print(loss)``, ``.cpu()``).
-    - ``ch05.prefetch.batch_time``: s per batch; ``dtype`` (float32/uint8), ``prefetcher`` (bool), ``batch``,
-      ``image``.
-    - ``ch05.decode.*``: :func:`record_decode`, last.
+    - ``ch05.overlap.{step,copy,compute}_time`` (s, median per step), ``.fraction`` (share of the shorter activity
+      hidden), ``.agrees`` (1 if measured == expected); params ``memory``, ``stream``, ``copy_bytes``, ``matmul_n``,
+      ``steps``; artifacts ``ch05.timeline.<memory>.<stream>``: each cell's trace.
+    - ``ch05.hazard.d2h_wrong`` / ``.mutation_wrong`` (count; ``variant`` bug/fix, ``n``); ``.syncs`` (``variant``
+      hidden/fixed, ``steps``); ``.syncs_per_line`` (one line of the buggy step alone, ``line``).
+    - ``ch05.prefetch.batch_time`` (s per batch; ``dtype``, ``prefetcher``, ``batch``, ``image``); ``ch05.decode.*``.
     """
     progress = progress or no_progress
     dev = resolve_device(device)
@@ -94,55 +87,38 @@ def record_decode(
     device: torch.device | str | None = None,
     *,
     info: Any = None,
-    batch_size: int | None = None,
-    crop_size: int | None = None,
-    n_batches: int = 8,
-    repeats: int = 3,
     progress: ProgressFn | None = None,
 ) -> ResultSet:
-    """Record :func:`.gpudecode.compare_decode` on the validation split at the mode's sizes (overridable, for tests)
-    into ``results``, and return it. Keys (unit; params):
-
-    - ``ch05.decode.bytes_per_batch``: bytes (mean per batch, spread min/max/n); ``form`` (jpeg/uint8/float32),
-      ``batch_size``, ``crop_size``, ``image_size``.
-    - ``ch05.decode.ms_per_batch``: ms (median, spread iqr/n); ``where`` the decode ran (cpu/cuda), ``device``
-      where the batch ends up, ``pinned`` (bytes sent from pinned memory), and the sizes. On a CPU only the CPU
-      path (the other would be the same code); on CUDA both, with pinned and with pageable bytes.
-    - CUDA only, with pinned bytes: ``ch05.decode.speedup`` (ratio, CPU path over GPU decode);
-      ``ch05.decode.mean_abs_diff`` / ``.max_abs_diff`` (levels 0-255, the GPU path's pixels against the CPU
-      path's on one batch), ``stage``: ``decode`` (full-size images), ``resize`` (same input pixels) or
-      ``decode+resize`` (what a reader gets).
-    """
+    """Record :func:`.gpudecode.compare_decode` on the validation split at the mode's sizes into ``results``:
+    ``ch05.decode.bytes_per_batch`` (``form``), ``.ms_per_batch`` (``where`` it decoded, ``device`` it ends on,
+    ``pinned``; on CUDA with pinned and pageable bytes); CUDA, pinned: ``.speedup`` (CPU path / GPU path),
+    ``.mean_abs_diff`` / ``.max_abs_diff`` (0-255 levels against the CPU path, per ``stage``)."""
     dev = resolve_device(device)
     sizes = default_sizes()
     ds = gpudecode.EncodedJpegDataset((info if info is not None else make_shapes_dataset()).val_dir)
-    bs = batch_size if batch_size is not None else sizes["batch_size"]
-    crop = crop_size if crop_size is not None else sizes["crop_size"]
     pins = (True, False) if dev.type == "cuda" else (False,)
     for k, pin in enumerate(pins):
         part = scaled(progress, k / len(pins), (k + 1) / len(pins), "pinned bytes: " if pin else "")
         cmp = gpudecode.compare_decode(
-            ds, dev, batch_size=bs, crop_size=crop, n_batches=n_batches, repeats=repeats, pin=pin, progress=part
+            ds, dev, batch_size=sizes["batch_size"], crop_size=sizes["crop_size"], n_batches=8, pin=pin, progress=part
         )
         p: dict[str, Any] = {"batch_size": cmp.batch_size, "crop_size": cmp.crop_size, "image_size": cmp.image_size}
         if k == 0:  # the CPU path and the bytes: the same code in every run
             for form, v in cmp.bytes_per_batch.items():
                 spread = {"min": min(v), "max": max(v), "n": len(v)}
                 results.add("ch05.decode.bytes_per_batch", cmp.bytes[form], "bytes", spread, form=form, **p)
-            _add_ms(results, cmp.cpu_path, where="cpu", device=dev.type, pinned=False, **p)
-        if cmp.on_gpu:
-            _add_ms(results, cmp.device_path, where="cuda", device="cuda", pinned=cmp.pinned, **p)
+        timed = [(cmp.cpu_path, "cpu", dev.type, False)] if k == 0 else []
+        for t, where, on, pinned in timed + ([(cmp.device_path, "cuda", "cuda", cmp.pinned)] if cmp.on_gpu else []):
+            ms = {"iqr": t.iqr_s * 1e3, "n": t.n}
+            results.add(
+                "ch05.decode.ms_per_batch", t.median_s * 1e3, "ms", ms, where=where, device=on, pinned=pinned, **p
+            )
         if cmp.on_gpu and cmp.pinned:
             results.add("ch05.decode.speedup", cmp.speedup, "ratio", pinned=True, **p)
             for stage, (mx, mean) in cmp.diffs.items():
                 results.add("ch05.decode.mean_abs_diff", mean, "levels", vs="cpu", stage=stage, **p)
                 results.add("ch05.decode.max_abs_diff", mx, "levels", vs="cpu", stage=stage, **p)
     return results
-
-
-def _add_ms(results: ResultSet, t: Any, **params: Any) -> None:
-    spread = {"iqr": t.iqr_s * 1e3, "n": t.n}
-    results.add("ch05.decode.ms_per_batch", t.median_s * 1e3, "ms", spread, **params)
 
 
 def panel_controls(**context: Any) -> dict[str, Any]:
@@ -178,23 +154,16 @@ def panel_run(
     check_int("copy_mib", copy_mib, 1, 4096)
     check_int("matmul_n", matmul_n, 16, 16384)
     progress(1.0, "no GPU: nothing to run")
-    ref = overlap.reference_cell(memory, stream)
+    ref, cell = overlap.reference_cell(memory, stream), f"{memory} + {stream} stream"
     if ref:
-        note = (
-            f"No CUDA device: showing the reference recording of {memory} + {stream} stream "
-            f"(recorded at its own sizes, not {copy_mib} MiB / n={matmul_n})."
-        )
-        return dataclasses.replace(ref, note=note)
-    schematic = evidence.theoretical(
-        ref.what,
-        overlap.schematic_trace(memory, stream),
-        f"{overlap.SCHEMATIC}; no reference recording of this cell exists yet",
-    )
+        sizes = f"recorded at its own sizes, not {copy_mib} MiB / n={matmul_n}"
+        return dataclasses.replace(ref, note=f"No CUDA device: showing the reference recording of {cell} ({sizes}).")
+    why = f"{overlap.SCHEMATIC}; no reference recording of this cell exists yet"
     note = (
-        f"No CUDA device and no reference recording yet: showing a schematic of {memory} + {stream} "
-        f"stream (expected: {expected}). The sizes are not used without a GPU."
+        f"No CUDA device and no reference recording yet: showing a schematic of {cell} "
+        f"(expected: {expected}). The sizes are not used without a GPU."
     )
-    return dataclasses.replace(schematic, note=note)
+    return dataclasses.replace(evidence.theoretical(ref.what, overlap.schematic_trace(memory, stream), why), note=note)
 
 
 def panel_summary(result: Evidence[Any]) -> str:

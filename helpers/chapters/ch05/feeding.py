@@ -1,12 +1,9 @@
-"""Chapter 05's "Does it pay?": seconds per batch of a few ways to feed one training step, in alternating rounds:
-the reader's pipeline (:func:`time_batches`, on :func:`preload` ed batches), and the reference
-:class:`~helpers.pipeline.prefetch.Prefetcher` the same way for the reference files (:func:`prefetch_step_times`).
-"""
+"""Chapter 05's "Does it pay?": seconds per batch of a few ways to feed one training step, in alternating rounds (the
+reader's pipeline on preloaded batches; the reference Prefetcher, for the reference files)."""
 
 from __future__ import annotations
 
 import functools
-import statistics
 import textwrap
 import time
 from dataclasses import dataclass, field
@@ -15,14 +12,14 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from ...core.device import resolve_device
-from ...core.results import Record, ResultSet
-from ...core.rounds import alternate, table
+from ...core.results import Record
+from ...core.rounds import Rounds, alternate, table
 from ...core.timing import calibrated_compute, cuda_event_time, synchronize
 from ...core.validate import check_int
 from ...pipeline.data import to_float_normalized
 from ...pipeline.prefetch import Prefetcher
 
-#: The three ways that say how much of the copy the prefetcher hides (:meth:`BatchTimes.copy_hidden`).
+#: The three ways that say how much of the copy the prefetcher hides.
 IN_LINE = "uint8, copied and normalised in line"
 PREFETCHED = "uint8, through your Prefetcher"
 NO_COPY = "uint8, already on the GPU (no copy)"
@@ -44,37 +41,31 @@ def preload(loader: Iterable[Any], device: torch.device | str | None = None) -> 
 
 
 @dataclass
-class BatchTimes:
-    """Seconds per batch of each way, one value per alternating round; ``batches``: how many a pass gave."""
+class BatchTimes(Rounds):
+    """Seconds per batch of each way (``values``, one per round) on ``device``; ``batches``: how many a pass gave."""
 
-    device: str
-    seconds: dict[str, list[float]] = field(default_factory=dict)
+    device: str = ""
     batches: dict[str, int] = field(default_factory=dict)
 
-    def median(self, name: str) -> float:
-        return statistics.median(self.seconds[name])
-
     def report(self) -> str:
-        """A table: ms per batch per way (median, min-max over rounds) and the first way's median over its own."""
-        first = next(iter(self.seconds), "")
+        first = next(iter(self.values), "")
         rows = [
             [name, f"{self.median(name) * 1e3:.3f}", f"{min(v) * 1e3:.3f}-{max(v) * 1e3:.3f}",
              "" if name == first else f"{self.median(first) / self.median(name):.2f}x"]
-            for name, v in self.seconds.items()
+            for name, v in self.values.items()
         ]  # fmt: skip
-        lines = [f"ms per batch on {self.device}, median of {len(self.seconds.get(first, []))} alternating rounds:"]
+        lines = [f"ms per batch on {self.device}, median of {self.n} alternating rounds:"]
         lines += ["  " + ln for ln in table(["way", "ms per batch", "min-max", "first / this"], rows)]
         hidden = self.copy_hidden()
         return "\n".join(lines + (textwrap.wrap(hidden, 105) if hidden else []))
 
     def copy_hidden(self) -> str | None:
-        """How much of the copy (``in line - no copy``) the prefetcher saved (``in line - prefetched``); a cost
-        within the rounds' spread is called noise. None without the three ways."""
-        if not all(k in self.seconds for k in (IN_LINE, PREFETCHED, NO_COPY)):
+        """How much of the copy (in line - no copy) the prefetcher saved (in line - prefetched), or noise, or None."""
+        if not all(k in self.values for k in (IN_LINE, PREFETCHED, NO_COPY)):
             return None
         inline, pf, floor = self.median(IN_LINE), self.median(PREFETCHED), self.median(NO_COPY)
         cost = inline - floor
-        spread = max(max(v) - min(v) for k, v in self.seconds.items() if k in (IN_LINE, NO_COPY))
+        spread = max(max(v) - min(v) for k, v in self.values.items() if k in (IN_LINE, NO_COPY))
         if cost <= spread:
             return (
                 f"The copy's cost per batch ({cost * 1e3:.3f} ms, in line minus no copy) is within the rounds' "
@@ -95,13 +86,12 @@ def time_batches(
     progress: Callable[[float, str], None] | None = None,
 ) -> BatchTimes:
     """Each of ``variants`` (label -> a fresh iterable of ``(x, y)`` device batches) feeds ``step(x, y)`` for one
-    synchronised pass: one untimed pass each (reversed, so the first timed pass follows its own), then ``rounds``
-    rounds of :func:`helpers.core.rounds.alternate`."""
+    synchronised pass: one untimed pass each (reversed), then ``rounds`` alternating rounds."""
     dev = resolve_device(device)
     rounds = check_int("rounds", rounds, 1, 50)
     if not variants:
         raise ValueError("variants must name at least one way to feed the step, e.g. {'mine': lambda: batches(loader)}")
-    out = BatchTimes(device=str(dev))
+    batches: dict[str, int] = {}
 
     def one_pass(name: str) -> float:
         synchronize(dev)
@@ -113,24 +103,19 @@ def time_batches(
         seconds = time.perf_counter() - t0
         if k == 0:
             raise ValueError(f"variant {name!r} gave no batches")
-        out.batches[name] = k
+        batches[name] = k
         return seconds / k
 
     if progress is not None:
         progress(0.0, "warm-up: one untimed pass of each way")
     for name in reversed(variants):
         one_pass(name)
-    out.seconds = alternate({n: functools.partial(one_pass, n) for n in variants}, rounds, progress=progress).values
-    return out
+    r = alternate({n: functools.partial(one_pass, n) for n in variants}, rounds, progress=progress)
+    return BatchTimes(r.labels, r.values, device=str(dev), batches=batches)
 
 
-def prefetch_times_from_records(rs: ResultSet, records: list[Record]) -> list[tuple[str, bool, float]]:
-    """``ch05.prefetch.batch_time`` records as ``(dtype, prefetcher, seconds per batch)`` rows."""
-    return [(str(r.params.get("dtype")), bool(r.params.get("prefetcher")), r.value) for r in records]
-
-
-def batch_time_lines(times: BatchTimes | list[tuple[str, bool, float]]) -> list[str]:
-    """A :class:`BatchTimes` measured here (its report), or the reference rows, introduced by what they are."""
+def batch_time_lines(times: BatchTimes | list[Record]) -> list[str]:
+    """A :class:`BatchTimes` measured here (its report), or the ``ch05.prefetch.batch_time`` records, introduced."""
     if isinstance(times, BatchTimes):
         return times.report().splitlines()
     what = (
@@ -138,7 +123,8 @@ def batch_time_lines(times: BatchTimes | list[tuple[str, bool, float]]) -> list[
         "on pre-loaded pinned batches and a synthetic compute per batch, not with your cells:"
     )
     lines = textwrap.wrap(what, 105)
-    return lines + [f"  {dtype:>8}, prefetcher={pf}: {sec * 1e3:.3f} ms per batch" for dtype, pf, sec in times]
+    p = [(str(r.params.get("dtype")), bool(r.params.get("prefetcher")), r.value) for r in times]
+    return lines + [f"  {dtype:>8}, prefetcher={pf}: {sec * 1e3:.3f} ms per batch" for dtype, pf, sec in p]
 
 
 def _in_line(loader: list[tuple[torch.Tensor, torch.Tensor]], dev: torch.device, norm: Any) -> Iterator[Any]:
@@ -150,8 +136,8 @@ def _in_line(loader: list[tuple[torch.Tensor, torch.Tensor]], dev: torch.device,
 def prefetch_step_times(
     dev: torch.device, *, batch: int = 256, image: int = 128, n_batches: int = 8
 ) -> dict[tuple[str, bool], float]:
-    """``ch05.prefetch.batch_time`` (CUDA): {float32, uint8} pinned batches feeding a compute of about 1.2 copies,
-    through the reference Prefetcher or copied on the current stream, by :func:`time_batches` (the benchmark's)."""
+    """``ch05.prefetch.batch_time`` (CUDA): float32 or uint8 pinned batches feeding a compute of about 1.2 copies,
+    through the reference Prefetcher or copied in line."""
     mean, std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
     g = torch.Generator().manual_seed(0)
     y = torch.zeros(batch, dtype=torch.int64).pin_memory()

@@ -1,19 +1,6 @@
-"""Chapter 05 (optional): JPEG bytes to decoded batches, on the CPU or on the GPU.
-
-The usual pipeline decodes on the CPU and sends pixels (``3 * H * W`` bytes per image as uint8, four times that as
-float32); the alternative sends the compressed file bytes and decodes and crops them on the GPU (nvJPEG).
-:func:`compare_decode` measures both ways; chapter 05's benchmark records it. Read in torchvision 0.29.1
-(``io/image.py``, ``csrc/io/image/cuda/decode_jpegs_cuda.cpp``, pytorch/vision PR #9606):
-
-* ``decode_jpeg(list, device="cuda")`` takes CPU byte tensors, decodes the list in one call, no partial results.
-* The CUDA decoder allocates its outputs on the caller's current stream but writes them from its own: a block
-  freed there while a queued kernel still reads it can be handed to the decoder (PR #9606, on an H100), so
-  :func:`decode_batch` synchronises the caller's stream first; the decoder syncs its own before returning.
-* torchvision 0.29's codecs warn (superseded by torchcodec); that warning alone is silenced around our calls.
-  :func:`decode_batch` is the one place to switch to ``torchcodec.decoders.decode_jpeg``.
-
-On the CPU the pixels equal chapter 01's Pillow pipeline (libjpeg-turbo, the same ``v2`` resize and crop); on a
-GPU the decode (nvJPEG) and the resize (float, not integer) differ, measured apart by :func:`compare_decode`.
+"""Chapter 05 (optional): JPEG bytes to decoded batches, decoded on the CPU (libjpeg-turbo, the pixels of chapter 01's
+Pillow pipeline) or on the GPU (nvJPEG, torchvision 0.29's ``decode_jpeg(list, device="cuda")``: CPU byte tensors
+in, one call for the batch); :func:`compare_decode` measures both, chapter 05's benchmark records it.
 """
 
 from __future__ import annotations
@@ -55,7 +42,7 @@ _SAME_PATH_LABEL = "CPU decode, same code path"
 
 @contextlib.contextmanager
 def _quiet_torchvision_io() -> Iterator[None]:
-    """torchvision 0.29's deprecation warning of its codecs silenced, only it, around our own short calls."""
+    """torchvision 0.29's codecs warn (superseded by torchcodec): that warning alone silenced, around our calls."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=TORCHVISION_DEPRECATION, category=DeprecationWarning)
         yield
@@ -66,8 +53,8 @@ def _item_name(index: int, names: Sequence[str] | None) -> str:
 
 
 def check_jpeg(data: torch.Tensor, name: str = "the data") -> None:
-    """The markers ``FF D8`` at the start and ``FF D9`` near the end, without decoding: a truncated file or a
-    non-JPEG fails here, named (a batched GPU decode names no item); damage inside only a checksum finds."""
+    """The markers ``FF D8`` at the start and ``FF D9`` near the end: a truncated file or a non-JPEG fails here,
+    named (a batched GPU decode names no item)."""
     if not isinstance(data, torch.Tensor) or (data.dtype, data.dim(), data.device.type) != (torch.uint8, 1, "cpu"):
         got = type(data).__name__
         if isinstance(data, torch.Tensor):
@@ -94,14 +81,11 @@ def check_jpeg(data: torch.Tensor, name: str = "the data") -> None:
 
 
 class EncodedJpegDataset(Dataset):
-    """A class-folder tree's JPEG files as raw bytes, ``(uint8 1-D tensor, label)``, laid out as
-    :class:`helpers.pipeline.data.ShapesDataset`; ``check``: :func:`check_jpeg` each item, in the worker."""
+    """A class-folder tree's JPEG files as raw bytes, ``(uint8 1-D tensor, label)``, checked (:func:`check_jpeg`)."""
 
-    def __init__(self, root: str | os.PathLike[str], *, check: bool = True) -> None:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
-        self.check = bool(check)
         self.classes, self.samples = _scan_class_folders(self.root)
-        self.targets = [t for _, t in self.samples]
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -118,8 +102,7 @@ class EncodedJpegDataset(Dataset):
         if not raw:
             raise ImageDecodeError(f"could not read image file {path}: the file is empty")
         data = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-        if self.check:
-            check_jpeg(data, f"image file {path}")
+        check_jpeg(data, f"image file {path}")  # in the worker, so the error names the file
         return data, label
 
     def __repr__(self) -> str:
@@ -137,7 +120,7 @@ def collate_encoded(items: Sequence[tuple[torch.Tensor, int]]) -> tuple[list[tor
 
 
 def _staged(encoded: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The bytes in one pinned buffer, as 1-D views (already pinned: unchanged), for nvJPEG's DMA."""
+    """The bytes in one pinned buffer, as 1-D views, for nvJPEG's DMA."""
     if all(t.is_pinned() for t in encoded):
         return encoded
     sizes = [t.numel() for t in encoded]
@@ -146,7 +129,7 @@ def _staged(encoded: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def _resize_crop(images: list[torch.Tensor], crop_size: int) -> torch.Tensor:
-    """``ShapesDataset(augment=False)``'s resize and centre crop, on the images' device, equal sizes in one call."""
+    """``ShapesDataset(augment=False)``'s resize and centre crop, on the images' device."""
     from torchvision.transforms.v2 import functional as F
 
     n = len(images)
@@ -172,7 +155,7 @@ def _resize_crop(images: list[torch.Tensor], crop_size: int) -> torch.Tensor:
 
 
 def _reason(exc: BaseException) -> str:
-    """The decoder's own words: the first line of its message, without the C++ source location."""
+    """The first line of the decoder's message, without the C++ source location."""
     line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return re.sub(r"^.*\.(?:cpp|h):\d+,\s*", "", line)[-200:]
 
@@ -185,10 +168,8 @@ def decode_batch(
     pin: bool | None = None,
     names: Sequence[str] | None = None,
 ) -> torch.Tensor:
-    """JPEG byte tensors to a uint8 ``(N, 3, crop, crop)`` batch on ``device``. On CUDA: staged in one pinned
-    buffer (``pin``, default on), the caller's stream synchronised, one blocking nvJPEG call, resize and crop on
-    the GPU; on the CPU libjpeg-turbo. A bad item fails named (:func:`check_jpeg`; after a failed GPU call the CPU
-    decodes the items to find it)."""
+    """JPEG byte tensors to a uint8 ``(N, 3, crop, crop)`` batch on ``device`` (on CUDA the bytes staged in one pinned
+    buffer unless ``pin=False``, one nvJPEG call). A bad item fails named."""
     dev = resolve_device(device)
     crop_size = check_int("crop_size", crop_size, 8, 1024)
     if isinstance(encoded, torch.Tensor) or not isinstance(encoded, Sequence) or len(encoded) == 0:
@@ -200,7 +181,7 @@ def decode_batch(
 def _decode_images(
     items: list[torch.Tensor], dev: torch.device, *, pin: bool | None = None, names: Sequence[str] | None = None
 ) -> list[torch.Tensor]:
-    """The decode step of :func:`decode_batch`: full-size uint8 ``(3, H, W)`` images on ``dev``."""
+    """Full-size uint8 ``(3, H, W)`` images on ``dev``."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
     for i, t in enumerate(items):
@@ -234,22 +215,10 @@ def _decode_images(
         ) from exc
 
 
-def batch_bytes(encoded: Sequence[torch.Tensor], decoded: torch.Tensor) -> dict[str, int]:
-    """Bytes one batch puts on the link as ``jpeg`` (the files), ``uint8`` and ``float32`` (normalised)."""
-    if decoded.dtype != torch.uint8:
-        raise ValueError(f"decoded: expected the uint8 batch decode_batch returns, got {decoded.dtype}")
-    return {
-        "jpeg": int(sum(t.numel() * t.element_size() for t in encoded)),
-        "uint8": int(decoded.nbytes),
-        "float32": int(to_float_normalized(decoded).nbytes),
-    }
-
-
 @dataclass
 class DecodeComparison:
-    """(a) decode on the CPU and send uint8 against (b) send JPEG bytes and decode on ``device`` (without a GPU the
-    same CPU code): bytes per batch (mean, each), per-batch wall clock synchronised ((a) is CPU work, which CUDA
-    events miss), and ``diffs`` per :data:`STAGES`: (largest, mean) of (b)'s pixels from (a)'s, 0-255 levels."""
+    """(a) decode on the CPU, send uint8, against (b) send JPEG bytes, decode on ``device``: bytes per batch, the
+    synchronised wall clock per batch ((a) is CPU work, which CUDA events miss), and ``diffs`` of (b)'s pixels."""
 
     device: str
     on_gpu: bool
@@ -257,47 +226,30 @@ class DecodeComparison:
     crop_size: int
     image_size: int
     n_batches: int
-    bytes: dict[str, float]
     bytes_per_batch: dict[str, list[int]]
     cpu_path: Timing
     device_path: Timing
     pinned: bool
     diffs: dict[str, tuple[int, float]] = field(default_factory=lambda: dict.fromkeys(STAGES, (0, 0.0)))
 
-    def diff_report(self) -> str:
-        """Where (b)'s pixels differ from (a)'s: the decode alone, the resize alone, and both (what you get)."""
-        if not self.on_gpu:
-            return (
-                "pixels: path (b) ran the same CPU code as (a): identical (largest difference "
-                f"{self.diffs['decode+resize'][0]} of 255 levels)"
-            )
-        names = {
-            "decode": "decode alone (nvJPEG vs libjpeg-turbo, full-size images)",
-            "resize": "resize alone (same pixels, float resize on the GPU vs integer on the CPU)",
-            "decode+resize": "both (what decode_batch returns)",
-        }
-        return "\n".join(
-            ["pixels of (b) against (a), in 0-255 levels, first batch:"]
-            + [f"  {text:<76} largest {self.diffs[k][0]:>3}, mean {self.diffs[k][1]:.3f}" for k, text in names.items()]
-        )
-
     @property
-    def labels(self) -> tuple[str, str]:
-        """(label of path a, label of path b) for tables and plots."""
-        return _CPU_LABEL, _DEVICE_LABEL + (" (nvJPEG)" if self.on_gpu else f" ({_SAME_PATH_LABEL})")
+    def bytes(self) -> dict[str, float]:
+        """Mean bytes per batch of each form."""
+        return {f: statistics.fmean(v) for f, v in self.bytes_per_batch.items()}
 
     @property
     def speedup(self) -> float:
-        """Median time of (a) over median time of (b): above 1, decoding on the device is faster."""
         return self.cpu_path.median_s / self.device_path.median_s
 
     def report(self) -> str:
-        """Two small tables: bytes per batch in each form, then the time per batch of each path."""
-        f32 = self.bytes["float32"]
-        forms = [[form, human_bytes(self.bytes[form]), f"{self.bytes[form] / f32:.1%}"] for form in FORMS]
+        b = self.bytes
+        forms = [[form, human_bytes(b[form]), f"{b[form] / b['float32']:.1%}"] for form in FORMS]
         paths = [
             [label, f"{t.median_s * 1e3:.2f}", f"{t.iqr_s * 1e3:.2f}"]
-            for label, t in zip(self.labels, (self.cpu_path, self.device_path))
+            for label, t in (
+                (_CPU_LABEL, self.cpu_path),
+                (_DEVICE_LABEL + (" (nvJPEG)" if self.on_gpu else f" ({_SAME_PATH_LABEL})"), self.device_path),
+            )
         ]
         lines = [
             f"{self.n_batches} batches of {self.batch_size} images ({self.image_size}x{self.image_size} JPEG "
@@ -313,35 +265,31 @@ class DecodeComparison:
 
     @property
     def verdict(self) -> str:
-        """Without a GPU: whether the two runs of the same CPU code agree (:func:`same_path_verdict`).
-        On a GPU the two paths are different code, compared by :attr:`speedup`."""
+        """On a CPU, (a) and (b) are the same code: they agree when their quartile ranges overlap; else the gap is
+        warm-up or load, and the faster is trusted (those only ever add time)."""
         if self.on_gpu:
             return f"two different paths: CPU path / GPU path = {self.speedup:.2f}"
-        return same_path_verdict(self.cpu_path, self.device_path)
-
-
-def same_path_verdict(first: Timing, second: Timing) -> str:
-    """One sentence on two timings of the same code, ``first`` timed first: they agree when their quartile ranges
-    overlap; else the gap is warm-up or load (same code), and the faster is trusted: those only ever add time."""
-    (a_lo, a_hi), (b_lo, b_hi) = first.quartiles_s, second.quartiles_s
-    a_ms, b_ms = first.median_s * 1e3, second.median_s * 1e3
-    pair = f"{a_ms:.2f} ms (a, timed first) and {b_ms:.2f} ms (b, timed second)"
-    spread = f"quartiles {a_lo * 1e3:.2f}-{a_hi * 1e3:.2f} and {b_lo * 1e3:.2f}-{b_hi * 1e3:.2f} ms"
-    if agreement.spreads_overlap(first.quartiles_s, second.quartiles_s):
+        first, second = self.cpu_path, self.device_path
+        (a_lo, a_hi), (b_lo, b_hi) = first.quartiles_s, second.quartiles_s
+        a_ms, b_ms = first.median_s * 1e3, second.median_s * 1e3
+        pair = f"{a_ms:.2f} ms (a, timed first) and {b_ms:.2f} ms (b, timed second)"
+        spread = f"quartiles {a_lo * 1e3:.2f}-{a_hi * 1e3:.2f} and {b_lo * 1e3:.2f}-{b_hi * 1e3:.2f} ms"
+        if agreement.spreads_overlap(first.quartiles_s, second.quartiles_s):
+            return (
+                f"the same CPU code timed twice, {pair} per batch, agree within their spread ({spread} overlap): "
+                f"the gap is noise."
+            )
+        which = "(b), timed second" if b_ms <= a_ms else "(a), timed first"
         return (
-            f"the same CPU code timed twice, {pair} per batch, agree within their spread ({spread} overlap): "
-            f"the gap is noise."
+            f"the same CPU code timed twice, {pair} per batch, do NOT agree within their spread ({spread} do "
+            f"not overlap). Same code, so the gap is warm-up or load on this machine, not the path: trust the "
+            f"faster, {which}, {min(a_ms, b_ms):.2f} ms per batch (load and warm-up only ever add time), or re-run "
+            "the cell."
         )
-    which = "(b), timed second" if b_ms <= a_ms else "(a), timed first"
-    return (
-        f"the same CPU code timed twice, {pair} per batch, do NOT agree within their spread ({spread} do "
-        f"not overlap). Same code, so the gap is warm-up or load on this machine, not the path: trust the faster, "
-        f"{which}, {min(a_ms, b_ms):.2f} ms per batch (load and warm-up only ever add time), or re-run the cell."
-    )
 
 
 def _diff_stats(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> tuple[int, float]:
-    """(largest, mean) absolute difference in 0-255 levels over pairs of same-shaped uint8 tensors."""
+    """(largest, mean) absolute difference in 0-255 levels over pairs of uint8 tensors."""
     largest, total, count = 0, 0.0, 0
     for x, y in zip(a, b):
         d = (x.to(torch.int16) - y.to(torch.int16)).abs()
@@ -354,8 +302,7 @@ def _diff_stats(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> tuple[i
 def _first_batch_diffs(
     enc: list[torch.Tensor], names: list[str], dev: torch.device, crop: int, pin: bool | None
 ) -> dict[str, tuple[int, float]]:
-    """(largest, mean) difference of path (b)'s pixels from path (a)'s, per :data:`STAGES` (on a CPU only both:
-    the same code): the decode alone on full-size images, the resize alone of the CPU's decoded pixels."""
+    """(largest, mean) difference of (b)'s pixels from (a)'s per :data:`STAGES` (on a CPU only the whole path)."""
     x_cpu = decode_batch(enc, "cpu", crop, names=names)
     out = dict.fromkeys(STAGES, (0, 0.0))
     out["decode+resize"] = _diff_stats([x_cpu], [decode_batch(enc, dev, crop, pin=pin, names=names).cpu()])
@@ -368,7 +315,7 @@ def _first_batch_diffs(
 
 
 def _batches(dataset: EncodedJpegDataset, batch_size: int, n_batches: int) -> list[tuple[list[Any], list[str]]]:
-    """The first ``n_batches`` whole batches of file bytes, with their paths (read now, not timed)."""
+    """The first ``n_batches`` whole batches of file bytes, with their paths."""
     n = min(len(dataset), batch_size * n_batches)
     if n < batch_size:
         raise ValueError(f"batch_size: the data set holds {len(dataset)} files, fewer than one batch of {batch_size}")
@@ -390,9 +337,8 @@ def compare_decode(
     pin: bool | None = None,
     progress: Callable[[float, str], None] | None = None,
 ) -> DecodeComparison:
-    """Both ways onto ``device`` from the same bytes (read first, untimed): (a) ``decode_batch(b, "cpu",
-    crop).to(device)``, (b) ``decode_batch(b, device, crop, pin=pin)``; each per batch, synchronised, ``repeats``
-    passes over ``n_batches`` after one untimed batch (the first nvJPEG call creates its handle)."""
+    """Both ways onto ``device`` from the same bytes (read first): (a) ``decode_batch(b, "cpu", crop).to(device)``,
+    (b) ``decode_batch(b, device, crop, pin=pin)``; ``repeats`` passes after one untimed batch (nvJPEG's handle)."""
     if not isinstance(dataset, EncodedJpegDataset):
         raise ValueError(f"dataset: expected an EncodedJpegDataset, got {type(dataset).__name__}")
     dev = resolve_device(device)
@@ -401,8 +347,11 @@ def compare_decode(
     n_batches = check_int("n_batches", n_batches, 1, 1000)
     repeats = check_int("repeats", repeats, 1, 100)
     batches = _batches(dataset, batch_size, n_batches)
-    counts = [batch_bytes(enc, decode_batch(enc, "cpu", crop_size, names=names)) for enc, names in batches]
-    per_form = {f: [c[f] for c in counts] for f in FORMS}
+    per_form: dict[str, list[int]] = {f: [] for f in FORMS}
+    for enc, names in batches:  # the bytes one batch puts on the link in each form
+        x = decode_batch(enc, "cpu", crop_size, names=names)
+        for f, n in zip(FORMS, (sum(t.numel() for t in enc), x.nbytes, to_float_normalized(x).nbytes)):
+            per_form[f].append(int(n))
     diffs = _first_batch_diffs(*batches[0], dev, crop_size, pin)
     image_size = int(_decode_images(batches[0][0][:1], torch.device("cpu"))[0].shape[-1])  # the stored width
     pinned = dev.type == "cuda" and (pin is None or bool(pin))
@@ -419,42 +368,46 @@ def compare_decode(
     say(1.0, "timed both paths")
     return DecodeComparison(
         str(dev), dev.type == "cuda", batch_size, crop_size, image_size, len(batches),
-        {f: statistics.fmean(v) for f, v in per_form.items()}, per_form, timings[0], timings[1], pinned, diffs,
+        per_form, timings[0], timings[1], pinned, diffs,
     )  # fmt: skip
 
 
-def gpu_reference_rows(rs: ResultSet, records: list[Record]) -> list[tuple[str, float, float | None]] | None:
-    """``ch05.decode.ms_per_batch`` records that ended on CUDA as ``(label and sizes, ms, iqr ms or None)``."""
-    rows: list[tuple[str, float, float | None]] = []
-    cuda = [r for r in records if r.params.get("device") == "cuda"]
-    for r in sorted(cuda, key=lambda r: (r.params.get("where") != "cpu", not r.params.get("pinned"))):
-        p = r.params
-        label = _CPU_LABEL if p.get("where") == "cpu" else _DEVICE_LABEL + (
-            " (nvJPEG, pinned bytes)" if p.get("pinned") else " (nvJPEG, pageable bytes)"
-        )  # fmt: skip
-        label += f" · batch {p.get('batch_size')}, {p.get('image_size')} px -> {p.get('crop_size')}"
-        iqr = r.spread.get("iqr")
-        rows.append((label, r.value, float(iqr) if iqr is not None else None))
-    return rows or None
+def cuda_records(rs: ResultSet, records: list[Record]) -> list[Record] | None:
+    """The ``ch05.decode.ms_per_batch`` records of runs that ended on CUDA (None: none)."""
+    return [r for r in records if r.params.get("device") == "cuda"] or None
 
 
-def gpu_decode_lines(value: DecodeComparison | list[tuple[str, float, float | None]]) -> list[str]:
-    """A comparison measured on CUDA (the paths' ratio, the pixel differences) or :func:`gpu_reference_rows`."""
+def gpu_decode_lines(value: DecodeComparison | list[Record]) -> list[str]:
+    """A comparison measured on CUDA (the ratio, the pixel differences), or :func:`cuda_records`, one line each."""
     if isinstance(value, DecodeComparison):
+        names = {
+            "decode": "decode alone (nvJPEG vs libjpeg-turbo, full-size images)",
+            "resize": "resize alone (same pixels, float resize on the GPU vs integer on the CPU)",
+            "decode+resize": "both (what decode_batch returns)",
+        }
         return [
             f"CPU path / GPU path = {value.speedup:.2f} "
             "(above 1: decoding on the GPU is faster at this image and batch size)",
-            *value.diff_report().splitlines(),
+            "pixels of (b) against (a), in 0-255 levels, first batch:",
+            *(
+                f"  {text:<76} largest {value.diffs[k][0]:>3}, mean {value.diffs[k][1]:.3f}"
+                for k, text in names.items()
+            ),
         ]
     lines: list[str] = []
-    for label, ms, iqr in value:  # wrapped: a label with its batch and image sizes is long
-        row = f"{label}: {ms:.2f} ms per batch" + (f" (IQR {iqr:.2f})" if iqr is not None else "")
+    for r in sorted(value, key=lambda r: (r.params.get("where") != "cpu", not r.params.get("pinned"))):
+        p, iqr = r.params, r.spread.get("iqr")
+        label = _CPU_LABEL if p.get("where") == "cpu" else _DEVICE_LABEL + (
+            " (nvJPEG, pinned bytes)" if p.get("pinned") else " (nvJPEG, pageable bytes)"
+        )  # fmt: skip
+        row = f"{label} · batch {p.get('batch_size')}, {p.get('image_size')} px -> {p.get('crop_size')}: "
+        row += f"{r.value:.2f} ms per batch" + (f" (IQR {float(iqr):.2f})" if iqr is not None else "")
         lines += textwrap.wrap(row, 105, initial_indent="  ", subsequent_indent="    ", break_long_words=False)
     return lines
 
 
 def plot_comparison(cmp: DecodeComparison, axes: Sequence[Any] | None = None) -> Any:
-    """Two panels from ``cmp``: bytes per batch in each form, ms per batch of each path (quartile whiskers)."""
+    """Two panels: bytes per batch in each form, ms per batch of each path (quartile whiskers)."""
     import matplotlib.pyplot as plt  # optional/heavy: matplotlib
 
     if axes is None:

@@ -1,6 +1,5 @@
-"""Chapter 05's hazards of asynchronous copies, each run buggy and fixed, counting what went wrong: a non-blocking
-device-to-host copy read before a sync, a pinned source refilled before its copy ran, and synchronisations hidden
-in ``.item()``, ``print`` and ``.cpu()``. The races need a GPU; on a CPU the results say so."""
+"""Chapter 05's hazards of asynchronous copies, each run buggy and fixed, counting what went wrong. The races need a
+GPU; on a CPU the results say so."""
 
 from __future__ import annotations
 
@@ -24,12 +23,12 @@ from ...core.results import Record, ResultSet
 from ...core.timing import GpuDelay, synchronize
 from ...core.validate import check_int, human_seconds
 
-MiB = 1 << 20
+N = 4 << 20  # elements copied in hazards 1 and 2
 
 
 @dataclass
 class HazardResult:
-    """A buggy and a fixed run of one hazard: what each counted, both functions' source, and ``on_gpu``."""
+    """A buggy and a fixed run of one hazard: what each counted, and both functions' source."""
 
     name: str
     device: str
@@ -48,15 +47,11 @@ class HazardResult:
         return "\n".join(textwrap.fill(ln, 105, subsequent_indent="    ") for ln in lines)
 
 
-def _result(name: str, dev: torch.device, code: tuple[Any, ...], counts: list[Any], why: str) -> HazardResult:
-    (bug, fix), (code_bug, code_fix) = counts, map(getsource, code)
-    return HazardResult(name, str(dev), dev.type == "cuda", bug, fix, code_bug, code_fix, why)
-
-
-def _race(dev: torch.device, n: int | None, run: Callable[..., dict[str, Any]], code: tuple[Any, ...]) -> list[Any]:
-    """``run(fn, n, on_gpu)`` of the buggy and the fixed function; ``n`` checked (4 Mi elements by default)."""
-    n = check_int("n", n if n is not None else 4 * MiB, 1, 256 * MiB)
-    return [run(fn, n, dev.type == "cuda") for fn in code]
+def _result(
+    name: str, dev: torch.device, code: tuple[Any, ...], counts: list[Any], why: dict[bool, str]
+) -> HazardResult:
+    on_gpu, (bug, fix), (code_bug, code_fix) = dev.type == "cuda", counts, map(getsource, code)
+    return HazardResult(name, str(dev), on_gpu, bug, fix, code_bug, code_fix, why[on_gpu])
 
 
 def _d2h_bug(x_gpu: torch.Tensor, out: torch.Tensor) -> int:
@@ -85,23 +80,23 @@ _D2H_WHY = {
 }
 
 
-def hazard_d2h_read_before_sync(device: torch.device | str | None = None, n: int | None = None) -> HazardResult:
-    """Elements of a non-blocking D2H copy read wrong, without and with a wait: the device tensor becomes all ones
-    behind ~50 ms of queued GPU work, the host buffer starts at -1."""
+def hazard_d2h_read_before_sync(device: torch.device | str | None = None) -> HazardResult:
+    """Elements of a non-blocking D2H copy read wrong, without and with a wait (ones arrive behind queued work)."""
     dev = resolve_device(device)
+    on_gpu = dev.type == "cuda"
 
-    def run(fn: Callable[[torch.Tensor, torch.Tensor], int], n: int, on_gpu: bool) -> dict[str, Any]:
-        out = torch.full((n,), -1.0, pin_memory=on_gpu)
-        x = torch.empty(n, device=dev)
+    def run(fn: Callable[[torch.Tensor, torch.Tensor], int]) -> dict[str, Any]:
+        out = torch.full((N,), -1.0, pin_memory=on_gpu)
+        x = torch.empty(N, device=dev)
         if on_gpu:
             GpuDelay(dev)()  # the GPU is busy for a while ...
         x.fill_(1.0)  # ... so x only becomes all ones later
         wrong = fn(x, out)
         synchronize(dev)
-        return {"wrong elements when read": wrong, "of": n, "wrong after a later sync": int((out != 1).sum())}
+        return {"wrong elements when read": wrong, "of": N, "wrong after a later sync": int((out != 1).sum())}
 
     name, code = "non-blocking device-to-host copy read before a sync", (_d2h_bug, _d2h_fix)
-    return _result(name, dev, code, _race(dev, n, run, code), _D2H_WHY[dev.type == "cuda"])
+    return _result(name, dev, code, [run(fn) for fn in code], _D2H_WHY)
 
 
 def _mutation_bug(src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -130,22 +125,22 @@ _MUTATION_WHY = {
 }
 
 
-def hazard_pinned_source_mutation(device: torch.device | str | None = None, n: int | None = None) -> HazardResult:
-    """Device elements that got the host's next value (twos, not ones): the pinned source was refilled while its
-    copy waited behind ~50 ms of GPU work."""
+def hazard_pinned_source_mutation(device: torch.device | str | None = None) -> HazardResult:
+    """Device elements that got the host's next value: the pinned source refilled while its copy waited."""
     dev = resolve_device(device)
+    on_gpu = dev.type == "cuda"
 
-    def run(fn: Callable[[torch.Tensor, torch.Tensor], None], n: int, on_gpu: bool) -> dict[str, Any]:
-        src = torch.ones(n, pin_memory=on_gpu)
-        dst = torch.zeros(n, device=dev)
+    def run(fn: Callable[[torch.Tensor, torch.Tensor], None]) -> dict[str, Any]:
+        src = torch.ones(N, pin_memory=on_gpu)
+        dst = torch.zeros(N, device=dev)
         if on_gpu:
             GpuDelay(dev)()
         fn(src, dst)
         synchronize(dev)
-        return {"elements that arrived wrong": int((dst != 1).sum()), "of": n}
+        return {"elements that arrived wrong": int((dst != 1).sum()), "of": N}
 
     name, code = "pinned source modified before its asynchronous copy ran", (_mutation_bug, _mutation_fix)
-    return _result(name, dev, code, _race(dev, n, run, code), _MUTATION_WHY[dev.type == "cuda"])
+    return _result(name, dev, code, [run(fn) for fn in code], _MUTATION_WHY)
 
 
 def _loop_hidden_syncs(x: torch.Tensor, w: torch.Tensor, steps: int, sink: io.StringIO) -> float:
@@ -170,7 +165,7 @@ def _loop_no_syncs(x: torch.Tensor, w: torch.Tensor, steps: int, sink: io.String
 
 
 def _count_syncs(fn: Callable[[], Any], dev: torch.device) -> tuple[int, float]:
-    """(synchronisations reported by torch's sync debug mode, wall seconds) of ``fn`` working on CUDA ``dev``."""
+    """(synchronisations torch's sync debug mode reports, wall seconds) of ``fn`` on CUDA ``dev``."""
     old = torch.cuda.get_sync_debug_mode()
     torch.cuda.synchronize(dev)  # dev's queued work, not the current device's
     with warnings.catch_warnings(record=True) as caught:
@@ -204,21 +199,17 @@ _SYNCS_WHY = {
 }
 
 
-def hazard_hidden_syncs(
-    device: torch.device | str | None = None, steps: int | None = None, size: int | None = None
-) -> HazardResult:
-    """A loop with ``.item()``, ``print`` and ``.cpu()`` each step, and one without: on a GPU the synchronisations
-    of both loops and of each line alone (sync debug mode) and both loops' time; on a CPU the lines, named."""
+def hazard_hidden_syncs(device: torch.device | str | None = None, steps: int | None = None) -> HazardResult:
+    """Synchronisations (sync debug mode) of a loop with ``.item()``, ``print``, ``.cpu()``, of each line, the fix."""
     dev = resolve_device(device)
     steps = check_int("steps", steps if steps is not None else sized(20, 200, laptop=50), 1, 100_000)
     name, code = "synchronisations hidden in .item(), print and .cpu()", (_loop_hidden_syncs, _loop_no_syncs)
     if dev.type != "cuda":  # nothing waits on a CPU: the lines, named, and nothing run
         no = {"steps": steps, "synchronisations": "not counted: no CUDA device"}
         bug = {"lines that synchronise on a GPU, per step": ".item(), print(loss), .cpu()", **no}
-        return _result(name, dev, code, [bug, {"lines that synchronise on a GPU": "one .item(), after the loop", **no}],
-                       _SYNCS_WHY[False])  # fmt: skip
-    size = check_int("size", size if size is not None else 1024, 8, 16384)
-    g = torch.Generator().manual_seed(0)
+        fix = {"lines that synchronise on a GPU": "one .item(), after the loop", **no}
+        return _result(name, dev, code, [bug, fix], _SYNCS_WHY)
+    size, g = 1024, torch.Generator().manual_seed(0)
     x = torch.randn(size, size, generator=g).to(dev)
     w = (torch.randn(size, size, generator=g) / math.sqrt(size)).to(dev)
     sink = io.StringIO()
@@ -232,7 +223,7 @@ def hazard_hidden_syncs(
     bug.update({f"{k} alone": _count_syncs(fn, dev)[0] for k, fn in lines.items()})
     bug["loop time"] = human_seconds(s_bug)
     fix = {"synchronisations": n_fix, "steps": steps, "loop time": human_seconds(s_fix)}
-    return _result(name, dev, code, [bug, fix], _SYNCS_WHY[True])
+    return _result(name, dev, code, [bug, fix], _SYNCS_WHY)
 
 
 def _sync_counts(rs: ResultSet, records: list[Record]) -> dict[str, Any]:
@@ -243,7 +234,7 @@ def _sync_counts(rs: ResultSet, records: list[Record]) -> dict[str, Any]:
 
 
 def sync_counts_reference() -> Evidence[dict[str, Any]]:
-    """Hazard 3's recorded counts (per loop, per line), or missing: ``.show(sync_count_lines)``."""
+    """Hazard 3's recorded counts (per loop, per line), or missing."""
     return evidence.recorded("the synchronisation counts of hazard 3", "ch05.hazard.syncs", convert=_sync_counts)
 
 
@@ -257,7 +248,7 @@ def sync_count_lines(counts: dict[str, Any]) -> list[str]:
 
 
 def hazard_count_lines(records: list[Record]) -> list[str]:
-    """Recorded counts of hazard 1 or 2 (``ch05.hazard.d2h_wrong`` / ``.mutation_wrong``), one line per version."""
+    """Recorded counts of hazard 1 or 2, one line per version."""
     return [
         f"  {r.params.get('variant')} version: {r.value:,.0f} of {int(r.params.get('n', 0)):,} elements wrong"
         for r in records

@@ -1,10 +1,6 @@
-"""Chapter 05: overlapping the host-to-device copy with compute, the 2x2 experiment and its timelines.
-
-One cell (:func:`run_cell`) of ``{pageable, pinned} x {default, side}``: each step copies the next batch while it
-computes on the current one, then synchronises; CUDA events time both, one lane per stream, plus a host lane. Two
-labels, derived independently: ``expected`` from the configuration (overlap needs a pinned source AND a side
-stream AND a free copy engine), ``measured`` from the spans (None without a GPU). On one stream the compute waits
-behind the copy; a pageable copy holds the host while it is staged, so the compute is queued only after it.
+"""Chapter 05: the 2x2 experiment ``{pageable, pinned} x {default, side}`` overlapping a host-to-device copy with
+compute, and its timelines. Two labels are derived independently: ``expected`` from the configuration (overlap
+needs a pinned source AND a side stream), ``measured`` from the CUDA-event spans (None without a GPU).
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ import contextlib
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
@@ -49,9 +45,9 @@ def lanes_for(stream: str) -> tuple[str, str]:
     return f"{stream} stream (copy)", "default stream (compute)"
 
 
-def _merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+def _merged(trace: SpanTrace, name: str) -> list[tuple[float, float]]:
     out: list[tuple[float, float]] = []
-    for a, b in sorted(intervals):
+    for a, b in sorted((s.start, s.end) for s in trace.spans if s.name == name):
         if out and a <= out[-1][1]:
             out[-1] = (out[-1][0], max(out[-1][1], b))
         else:
@@ -59,10 +55,9 @@ def _merge(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]
     return out
 
 
-def overlap_fraction(trace: SpanTrace, copy: str = "copy", compute: str = "compute") -> float:
+def overlap_fraction(trace: SpanTrace) -> float:
     """Share (0-1) of the shorter activity (spans ``copy``, ``compute``) that ran while the other did."""
-    a = _merge((s.start, s.end) for s in trace.spans if s.name == copy)
-    b = _merge((s.start, s.end) for s in trace.spans if s.name == compute)
+    a, b = _merged(trace, "copy"), _merged(trace, "compute")
     denom = min(sum(e - s for s, e in a), sum(e - s for s, e in b))
     if denom <= 0:
         return 0.0
@@ -76,8 +71,7 @@ def measured_label(fraction: float) -> str:
 
 @dataclass
 class CellResult:
-    """One run of the 2x2 experiment: trace, labels, overlap fraction (0 on a CPU), medians per step (s), and
-    ``notes`` on what this machine could not do."""
+    """One run of the 2x2 experiment: labels, overlap fraction (0 on a CPU), medians per step (s)."""
 
     memory: str
     stream: str
@@ -92,7 +86,6 @@ class CellResult:
     matmul_n: int
     device: str
     on_gpu: bool
-    notes: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -122,9 +115,8 @@ def run_cell(
     device: torch.device | str | None = None,
     progress: Callable[[float, str], None] | None = None,
 ) -> CellResult:
-    """One cell: step ``i`` copies ``copy_mib`` MiB into buffer ``i % 2`` (non-blocking, on the side or default
-    stream) and computes on the other (a ``matmul_n`` square ``torch.mm`` and a sum of the batch), then
-    synchronises; one untimed step first. Without CUDA the loop runs on the CPU and ``measured`` is None."""
+    """One cell: step ``i`` copies ``copy_mib`` MiB into buffer ``i % 2`` (non-blocking, on the cell's stream) while
+    computing on the other (a ``matmul_n`` square ``torch.mm``), then synchronises; no GPU: ``measured`` is None."""
     expected = expected_label(memory, stream)
     dev = resolve_device(device)
     on_gpu = dev.type == "cuda"
@@ -132,29 +124,19 @@ def run_cell(
     matmul_n = check_int("matmul_n", matmul_n if matmul_n is not None else (4096 if on_gpu else 256), 16, 16384)
     steps = check_int("steps", steps if steps is not None else sized(4, 8), 1, 200)
     src = torch.ones(copy_mib * MiB // 4, dtype=torch.float32)
-    notes: list[str] = []
-    if memory == "pinned" and on_gpu:
+    if memory == "pinned" and on_gpu:  # pinning needs a CUDA driver: a CPU run copies from pageable memory
         src = src.pin_memory()
-    elif memory == "pinned":
-        notes.append("pinning needs a CUDA driver: this CPU run copies from pageable memory")
-    if stream == "side" and not on_gpu:
-        notes.append("no CUDA streams on the CPU: the copy runs in order with the compute")
     lanes = lanes_for(stream) if on_gpu else ("copy (CPU)", "compute (CPU)")
     meta = {"memory": memory, "stream": stream, "copy_bytes": src.numel() * 4, "matmul_n": matmul_n, "steps": steps}
     trace, steps_s = _record_steps(dev, src, stream == "side", lanes, progress, meta)
     frac = overlap_fraction(trace) if on_gpu else 0.0
-    trace.metadata.update(
-        notes=list(notes), lanes=[*lanes, HOST_LANE], expected_label=expected,
-        measured_label=measured_label(frac) if on_gpu else None, overlap_fraction=frac,
-    )  # fmt: skip
-
-    def med(name: str) -> float:
-        vals = [s.duration for s in trace.spans if s.name == name]
-        return statistics.median(vals) if vals else float("nan")
-
+    measured = measured_label(frac) if on_gpu else None
+    trace.metadata.update(lanes=[*lanes, HOST_LANE], expected_label=expected, measured_label=measured,
+                          overlap_fraction=frac)  # fmt: skip
+    copy_s, compute_s = ([s.duration for s in trace.spans if s.name == n] or [math.nan] for n in ("copy", "compute"))
     return CellResult(
-        memory, stream, trace, trace.metadata["expected_label"], trace.metadata["measured_label"], frac,
-        statistics.median(steps_s), med("copy"), med("compute"), src.numel() * 4, matmul_n, str(dev), on_gpu, notes,
+        memory, stream, trace, expected, measured, frac, statistics.median(steps_s), statistics.median(copy_s),
+        statistics.median(compute_s), src.numel() * 4, matmul_n, str(dev), on_gpu,
     )  # fmt: skip
 
 
@@ -214,7 +196,7 @@ def _record_steps(
 
 
 def run_grid(**kwargs: Any) -> list[CellResult]:
-    """All four cells, in :data:`CELLS` order (same keyword arguments as :func:`run_cell`)."""
+    """All four cells, in :data:`CELLS` order."""
     return [run_cell(m, s, **kwargs) for m, s in CELLS]
 
 
@@ -232,7 +214,7 @@ def copy_call_rows(cells: Iterable[CellResult]) -> list[CopyCallRow]:
 
 
 def copy_call_rows_from_records(rs: ResultSet, records: list[Record]) -> list[CopyCallRow] | None:
-    """The rows from a reference file's ``ch05.overlap.step_time`` and copy times (the call is not recorded)."""
+    """The rows from a reference file's step and copy times (the call is not recorded)."""
     rows: list[CopyCallRow] = []
     for m, s in CELLS:
         for r in records:
@@ -243,8 +225,6 @@ def copy_call_rows_from_records(rs: ResultSet, records: list[Record]) -> list[Co
 
 
 def copy_call_table(rows: list[CopyCallRow]) -> list[str]:
-    """The rows as a table: configuration, copy call (CPU), copy on GPU, step (ms)."""
-
     def ms(s: float | None) -> str:
         return "not recorded" if s is None else f"{s * 1e3:.3f} ms"
 
@@ -252,15 +232,14 @@ def copy_call_table(rows: list[CopyCallRow]) -> list[str]:
     return table(headers, [[name, ms(call), ms(copy), ms(step)] for name, call, copy, step in rows])
 
 
-def schematic_trace(memory: str, stream: str, steps: int = 3, copy: float = 1.0, compute: float = 1.5) -> SpanTrace:
+def schematic_trace(memory: str, stream: str) -> SpanTrace:
     """What a cell's timeline looks like, in arbitrary units; its metadata says ``schematic, not measured``."""
     expected = expected_label(memory, stream)  # checks memory and stream
-    overlapped = expected == OVERLAPPED
+    overlapped, host_blocked = expected == OVERLAPPED, memory == "pageable"
     copy_lane, compute_lane = lanes_for(stream)
-    host_blocked = memory == "pageable"
     spans: list[Span] = []
-    t, call = 0.0, 0.08
-    for i in range(steps):
+    t, call, copy, compute = 0.0, 0.08, 1.0, 1.5
+    for i in range(3):
         c1 = t + copy
         k0 = (t + 2 * call) if overlapped else c1 + (call if host_blocked else 0.0)
         end = max(c1, k0 + compute)
@@ -298,7 +277,7 @@ def timeline_evidence(cell: CellResult) -> Evidence[Any]:
     return reference_cell(cell.memory, cell.stream)
 
 
-def _title(cell: CellResult | SpanTrace, meta: dict[str, Any]) -> str:
+def _title(meta: dict[str, Any]) -> str:
     title = f"{meta.get('memory', '?')} source, {meta.get('stream', '?')} stream"
     if meta.get("kind") == SCHEMATIC:
         return title + f" — expected: {meta.get('expected_label')} ({SCHEMATIC})"
@@ -307,14 +286,11 @@ def _title(cell: CellResult | SpanTrace, meta: dict[str, Any]) -> str:
             f" — measured: {meta['measured_label']} "
             f"({float(meta.get('overlap_fraction', 0)):.0%} hidden), expected: {meta.get('expected_label')}"
         )
-    if isinstance(cell, CellResult) and not cell.on_gpu:
-        return title + " — CPU run (no streams): not the GPU experiment"
     return title
 
 
 def draw_cell(cell: CellResult | SpanTrace | Evidence[Any], ax: Any = None) -> Any:
-    """A cell's timeline (:func:`helpers.ui.plots.timeline`, schematics labelled); an Evidence with its source line,
-    a missing one as an empty axis that says so."""
+    """A cell's timeline, schematics labelled; an Evidence with its source line, a missing one as an empty axis."""
     shown, source = (cell.value, cell.source) if isinstance(cell, Evidence) else (cell, None)
     if shown is None:
         if ax is None:
@@ -331,7 +307,7 @@ def draw_cell(cell: CellResult | SpanTrace | Evidence[Any], ax: Any = None) -> A
     trace: SpanTrace = shown.trace if isinstance(shown, CellResult) else shown
     meta = trace.metadata
     lanes = list(meta.get("lanes") or []) or None
-    ax = timeline(trace, ax, title=_title(shown, meta), lanes=lanes, source=source, max_steps=3)
+    ax = timeline(trace, ax, title=_title(meta), lanes=lanes, source=source, max_steps=3)
     ax.title.set_fontsize(9)
     if meta.get("kind") == SCHEMATIC:
         ax.set_xlabel(f"time (arbitrary units) — {SCHEMATIC.upper()}")

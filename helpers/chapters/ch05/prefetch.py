@@ -1,6 +1,5 @@
-"""Chapter 05's check of the reader's prefetcher (exercise 05.3): its stream protocol on any machine, under test
-doubles of the CUDA stream API that log what is asked of them (:func:`stream_protocol`, judged by
-:func:`check_protocol`, shown by :func:`format_protocol`); on a GPU its batches, races and overlap."""
+"""Chapter 05's check of the reader's prefetcher (exercise 05.3): its stream protocol on any machine, under logging
+test doubles of the CUDA stream API; on a GPU also its batches with real streams, races and overlap."""
 
 from __future__ import annotations
 
@@ -32,7 +31,6 @@ class _Protocol:
     def __init__(self) -> None:
         self.log: list[tuple[Any, ...]] = []
         self.consumer = self.current = _FakeStream(CONSUMER)
-        self.streams_made = 0
         self.probes: dict[int, tuple[int, str]] = {}  # id(loader tensor) -> (batch index, "x" or "y")
 
 
@@ -48,15 +46,12 @@ def _log(*entry: Any) -> int:
 
 
 def _name(stream: Any) -> Any:
-    """A stream's name in the log (``None``: the current stream)."""
     if stream is None:
         return _ACTIVE.current.name if _ACTIVE is not None else None
     return getattr(stream, "name", repr(stream))
 
 
 class _FakeStream:
-    """A double of ``torch.cuda.Stream``: logs waits instead of queuing them."""
-
     def __init__(self, name: str) -> None:
         self.name = name
 
@@ -82,8 +77,6 @@ class _FakeStream:
 
 
 class _FakeEvent:
-    """A double of ``torch.cuda.Event``: remembers where in the log it was recorded."""
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.stream: str | None = None
         self.at = -1
@@ -104,31 +97,9 @@ class _FakeEvent:
 
 
 @contextlib.contextmanager
-def _use_stream(stream: Any) -> Iterator[Any]:
-    """The double of ``torch.cuda.stream(s)``: ``s`` is the current stream inside the block."""
-    proto = _ACTIVE
-    if proto is None or stream is None:
-        yield stream
-        return
-    before, proto.current = proto.current, stream
-    try:
-        yield stream
-    finally:
-        proto.current = before
-
-
-def _make_stream(device: Any = None, priority: int = 0, **kwargs: Any) -> _FakeStream:
-    assert _ACTIVE is not None
-    _ACTIVE.streams_made += 1
-    stream = _FakeStream(f"side stream {next(_STREAM_NUMBERS)}")
-    _log("new stream", stream.name)
-    return stream
-
-
-@contextlib.contextmanager
 def stream_doubles() -> Iterator[_Protocol]:
-    """The CUDA stream API replaced by logging doubles inside the block (does not nest); ``.to()`` of a tensor in
-    ``probes`` logs a move."""
+    """The CUDA stream API replaced by logging doubles inside the block; ``.to()`` of a tensor in ``probes`` logs a
+    move."""
     global _ACTIVE
     if _ACTIVE is not None:
         raise RuntimeError("stream_doubles() is already active (it does not nest)")
@@ -145,10 +116,23 @@ def stream_doubles() -> Iterator[_Protocol]:
     def record_stream(self: torch.Tensor, stream: Any) -> None:
         _log("record_stream", id(self), _name(stream))
 
+    @contextlib.contextmanager
+    def use_stream(stream: Any) -> Iterator[Any]:  # torch.cuda.stream(s): s is current inside the block
+        before, proto.current = proto.current, (stream if stream is not None else proto.current)
+        try:
+            yield stream
+        finally:
+            proto.current = before
+
+    def make_stream(device: Any = None, priority: int = 0, **kwargs: Any) -> _FakeStream:
+        stream = _FakeStream(f"side stream {next(_STREAM_NUMBERS)}")
+        _log("new stream", stream.name)
+        return stream
+
     doubles = {
-        "Stream": _make_stream,
+        "Stream": make_stream,
         "Event": _FakeEvent,
-        "stream": _use_stream,
+        "stream": use_stream,
         "current_stream": lambda device=None: proto.current,
         "default_stream": lambda device=None: proto.consumer,
         "synchronize": lambda device=None: _log("synchronize", "device"),
@@ -166,8 +150,7 @@ def stream_doubles() -> Iterator[_Protocol]:
 
 
 class PairProbeLoader:
-    """Re-iterable ``(uint8 (2, 3, 4, 4) images, labels = i)`` batches; logs ``("request", i)``, and the moves of
-    its tensors given ``proto``."""
+    """Re-iterable ``(uint8 images, labels = i)`` batches; logs ``("request", i)``, and its moves given ``proto``."""
 
     def __init__(self, n_batches: int = 4, proto: _Protocol | None = None) -> None:
         g = torch.Generator().manual_seed(5)
@@ -191,8 +174,7 @@ class PairProbeLoader:
 def stream_protocol(
     candidate: Any, n_batches: int = 4, epochs: int = 1
 ) -> tuple[list[tuple[Any, ...]], list[list[Any]]]:
-    """``(log, handed per epoch)`` of ``candidate(PairProbeLoader, "cpu")`` under the doubles,
-    ``epochs`` times; each hand-over logs ``("handed", epoch, i, ids)``."""
+    """``(log, handed per epoch)`` of ``candidate(PairProbeLoader, "cpu")`` under the doubles, ``epochs`` times."""
     handed: list[list[Any]] = []
     with stream_doubles() as proto:
         loader = PairProbeLoader(n_batches, proto)
@@ -208,23 +190,20 @@ def stream_protocol(
         return proto.log, handed
 
 
-def _says(e: tuple[Any, ...]) -> str | None:
-    """One log entry in words (None: not shown)."""
-    where = ["the current stream" if x == CONSUMER else x for x in e]
-    words = {
-        "move": lambda: f"copy {e[2]}{e[1]} on {where[3]}" + (" (non_blocking)" if e[4] else " (blocking)"),
-        "request": lambda: f"request {e[1]}",
-        "new stream": lambda: f"make {e[1]}",
-        "wait": lambda: f"{where[1]} waits for {where[2]}",
-        "record event": lambda: f"event on {where[1]}",
-        "record_stream": lambda: f"record_stream({where[2]})",
-        "synchronize": lambda: f"synchronize {e[1]}",
-    }
-    return words[e[0]]() if e[0] in words else None
+#: Each kind of log entry in words (``w``: the entry with the consumer named "the current stream").
+_SAYS: dict[str, Callable[[tuple[Any, ...], list[Any]], str]] = {
+    "move": lambda e, w: f"copy {e[2]}{e[1]} on {w[3]}" + (" (non_blocking)" if e[4] else " (blocking)"),
+    "request": lambda e, w: f"request {e[1]}",
+    "new stream": lambda e, w: f"make {e[1]}",
+    "wait": lambda e, w: f"{w[1]} waits for {w[2]}",
+    "record event": lambda e, w: f"event on {w[1]}",
+    "record_stream": lambda e, w: f"record_stream({w[2]})",
+    "synchronize": lambda e, w: f"synchronize {e[1]}",
+}
 
 
 def format_protocol(log: Sequence[tuple[Any, ...]], width: int = 100) -> str:
-    """The log, one wrapped block per hand-over: what was asked since the last (``a, a, b`` -> ``a (x2), b``)."""
+    """The log, one wrapped block per hand-over: what was asked since the last (repeats counted)."""
 
     def counted(items: list[str]) -> str:
         groups = [(k, len(list(g))) for k, g in itertools.groupby(items)]
@@ -236,8 +215,8 @@ def format_protocol(log: Sequence[tuple[Any, ...]], width: int = 100) -> str:
         if e[0] == "handed":
             blocks.append(f"hand over batch {e[2]} after: " + counted(pending))
             pending = []
-        elif (text := _says(e)) is not None:
-            pending.append(text)
+        elif e[0] in _SAYS:
+            pending.append(_SAYS[e[0]](e, ["the current stream" if x == CONSUMER else x for x in e]))
     if pending:
         blocks.append("after the last hand-over: " + counted(pending))
     return "\n".join(textwrap.fill(b, width=width, initial_indent="  ", subsequent_indent="      ") for b in blocks)
@@ -247,7 +226,7 @@ _NOT_MOVED = "no batch was moved with .to(device): copy x and y with .to(device,
 
 
 def _order_problem(events: list[tuple[Any, ...]], at_handed: dict[tuple[int, int], int], n: int) -> str | None:
-    """(1) Batch i+1 requested and moved before batch i is handed over, at most MAX_AHEAD read ahead (epoch 0)."""
+    """(1) Batch i+1 requested and moved before batch i is handed over, at most MAX_AHEAD ahead."""
     moved_any = any(e[0] == "move" for e in events)
     for i in range(n - 1):
         before = events[: at_handed[(0, i)]]
@@ -331,9 +310,8 @@ def _hand_over_problem(
 
 
 def check_protocol(log: Sequence[tuple[Any, ...]], handed: Sequence[Sequence[Any]], n_batches: int) -> list[str]:
-    """Problems (empty: none) in a :func:`stream_protocol` log. A safe prefetcher (1) requests and moves batch
-    ``i + 1`` before handing over ``i``; (2) copies non-blocking on one side stream made once, (3) which first waits
-    for the current stream; (4) makes the current stream wait before each hand-over; (5) ``record_stream``s."""
+    """Problems (empty: none) in a :func:`stream_protocol` log: (1) order, (2-3) the copies and their stream,
+    (4-5) each hand-over's wait and ``record_stream``."""
     if [len(h) for h in handed] != [n_batches] * len(handed):
         return [f"gave {[len(h) for h in handed]} batches per epoch, expected {n_batches}"]
     events = list(log)
@@ -351,21 +329,25 @@ def check_protocol(log: Sequence[tuple[Any, ...]], handed: Sequence[Sequence[Any
 
 
 def _delay_behind_copy(src: torch.Tensor, dev: torch.device) -> GpuDelay:
-    """Queued GPU work lasting about three copies of ``src``: a consumer that forgets to wait reads too early."""
+    """Queued GPU work lasting about three copies of ``src``."""
     probe = torch.empty_like(src, device=dev)
     copy = cuda_event_time(lambda: probe.copy_(src, non_blocking=True), repeats=1, warmup=0, device=dev)
     return GpuDelay(dev, seconds=max(3 * copy.median_s, 0.002))  # it queues on dev, whatever is current
 
 
-def _pinned_pairs(n_batches: int, batch_mib: int, value: Callable[[int], int]) -> list[tuple[torch.Tensor, ...]]:
-    """Pinned ``(64 uint8 images, 64 labels)`` batches of about ``batch_mib`` MiB; batch i's pixels = value(i)."""
-    side = max(8, int((batch_mib * (1 << 20) / (3 * 64)) ** 0.5))
+#: The GPU checks' batches as (MiB per batch, batches): the race check's and the overlap ratio's; its rounds.
+RACE_BATCHES, OVERLAP_BATCHES, OVERLAP_ROUNDS = (64, 8), (32, 8), 3
+
+
+def _pinned_pairs(batches: tuple[int, int], value: Callable[[int], int]) -> list[tuple[torch.Tensor, ...]]:
+    """Pinned ``(uint8 images, labels)`` batches of about ``batches[0]`` MiB; batch i's pixels = value(i)."""
+    side = max(8, int((batches[0] * (1 << 20) / (3 * 64)) ** 0.5))
     return [
         (
             torch.full((64, 3, side, side), value(i), dtype=torch.uint8).pin_memory(),
             torch.full((64,), i, dtype=torch.int64).pin_memory(),
         )
-        for i in range(n_batches)
+        for i in range(batches[1])
     ]
 
 
@@ -377,15 +359,11 @@ _RACE_WHY = {
 }
 
 
-def check_pipeline_race(
-    candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 64, n_batches: int = 8
-) -> list[str]:
-    """Problems (empty: none) when each batch (pixels ``10 + 20 i``, label ``i``) is checked on the consuming stream
-    and dropped (CUDA): at once (a missing ``wait_stream``), then behind queued work (a missing ``record_stream``)."""
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        raise ValueError("check_pipeline_race needs a CUDA device")
-    loader = _pinned_pairs(n_batches, batch_mib, lambda i: 10 + 20 * i)
+def check_pipeline_race(candidate: Any, device: torch.device | str = "cuda") -> list[str]:
+    """Problems (empty: none) when each batch is checked on the current stream and dropped: at once (a missing
+    ``wait_stream``), then behind queued work (a missing ``record_stream``)."""
+    dev, n_batches = torch.device(device), RACE_BATCHES[1]
+    loader = _pinned_pairs(RACE_BATCHES, lambda i: 10 + 20 * i)
     refs = [
         to_float_normalized(torch.full((1, 3, 1, 1), 10 + 20 * i, dtype=torch.uint8, device=dev))
         for i in range(n_batches)
@@ -415,13 +393,9 @@ def check_pipeline_race(
     return problems
 
 
-def prefetch_overlap_ratio(
-    candidate: Any, device: torch.device | str = "cuda", *, batch_mib: int = 32, n_batches: int = 8, repeats: int = 3
-) -> float:
-    """Share (0-1) of copy time hidden behind compute (about 1.5 copies), CUDA: median over the rounds of
-    :func:`.feeding.time_batches` of ``(t_copy + t_compute - t_both) / min(t_copy, t_compute)``."""
-    dev = torch.device(device)
-    loader = _pinned_pairs(n_batches, batch_mib, lambda i: i)
+def prefetch_overlap_ratio(candidate: Any, dev: torch.device) -> float:
+    """Share (0-1) of copy time hidden behind compute: median of ``(copy + compute - both) / min(copy, compute)``."""
+    loader = _pinned_pairs(OVERLAP_BATCHES, lambda i: i)
     resident = [(to_float_normalized(x.to(dev)), y.to(dev)) for x, y in loader]
 
     def copies() -> Iterator[Any]:
@@ -437,7 +411,7 @@ def prefetch_overlap_ratio(
         "compute": lambda: ((compute(x), y) for x, y in resident),
         "both": lambda: ((compute(x), y) for x, y in candidate(loader, dev)),
     }
-    t = time_batches(ways, nothing, dev, rounds=repeats).seconds
+    t = time_batches(ways, nothing, dev, rounds=OVERLAP_ROUNDS).values
     ratios = [(c + k - b) / max(min(c, k), 1e-9) for c, k, b in zip(t["copy"], t["compute"], t["both"])]
     return max(0.0, min(1.0, statistics.median(ratios)))
 
@@ -447,12 +421,8 @@ def prefetch_overlap_ratio(
 
 @dataclasses.dataclass
 class PrefetcherCheck:
-    """The verdict of :func:`check_pipeline_prefetcher`."""
-
     correct: bool
     messages: list[str]
-    overlap_checked: bool = False
-    overlap_ratio: float | None = None
 
     def __str__(self) -> str:
         return ("PASS" if self.correct else "FAIL") + ":\n  " + "\n  ".join(self.messages)
@@ -471,17 +441,16 @@ _PASSED = [
 ]
 
 
-def _gpu_error(exc: BaseException, dev: torch.device) -> bool:
-    """A CUDA error on a strict GPU run (``WORKBOOK_REQUIRE_GPU=1``) propagates, not a FAIL."""
-    if dev.type != "cuda" or not require_gpu():
-        return False
-    accel = getattr(torch, "AcceleratorError", None)
-    return (accel is not None and isinstance(exc, accel)) or (isinstance(exc, RuntimeError) and "CUDA" in str(exc))
+_NO_GPU = "real streams, races and overlap not checked: no CUDA device here"
+_RACE_FREE = (
+    "on {dev}: with real streams, each batch right when read on the current stream, at once and behind queued work"
+)
+_OVERLAP = "overlap on {}: {:.0%} of the copy time hidden behind compute -> {}"
 
 
-def _pair_problems(got: Sequence[Any], loader: Iterable[Any], device: torch.device, epoch: int) -> list[str]:
-    """What differs from the reference :class:`Prefetcher`'s batches of ``loader`` on ``device``."""
-    want = [tuple(b) for b in Prefetcher(loader, device, normalize=(MEAN, STD))]
+def _pair_problems(got: Sequence[Any], loader: Iterable[Any], epoch: int) -> list[str]:
+    """What differs from the reference :class:`Prefetcher`'s batches (on the CPU)."""
+    want = [tuple(b) for b in Prefetcher(loader, torch.device("cpu"), normalize=(MEAN, STD))]
     if len(got) != len(want):
         return [f"epoch {epoch}: gave {len(got)} batches, expected {len(want)}"]
     for i, (g, (x_ref, y_ref)) in enumerate(zip(got, want)):
@@ -501,26 +470,28 @@ def _pair_problems(got: Sequence[Any], loader: Iterable[Any], device: torch.devi
     return []
 
 
-def _on_the_gpu(candidate: Any, dev: torch.device, n_batches: int) -> list[str] | None:
-    """Problems with real streams; None: it made a Prefetcher."""
+def _gpu_error(exc: BaseException) -> bool:
+    """A CUDA error on a strict GPU run propagates, not a FAIL."""
+    accel = getattr(torch, "AcceleratorError", None)
+    cuda = (accel is not None and isinstance(exc, accel)) or (isinstance(exc, RuntimeError) and "CUDA" in str(exc))
+    return require_gpu() and cuda
+
+
+def _on_the_gpu(candidate: Any, dev: torch.device) -> list[str] | None:
+    """The race check's problems with real streams; None: it made a Prefetcher."""
+    made_before = Prefetcher.made
     try:
-        loader = [(x.pin_memory(), y.pin_memory()) for x, y in PairProbeLoader(n_batches).batches]
-        made_before = Prefetcher.made
-        got = [tuple(b) for b in candidate(loader, dev)]
-        problems = _pair_problems(got, loader, dev, 1) + check_pipeline_race(candidate, dev)
-        return problems if Prefetcher.made == made_before + 1 else None  # + 1: _pair_problems' reference
+        problems = check_pipeline_race(candidate, dev)
     except Exception as exc:  # the reader's code may raise anything
-        if _gpu_error(exc, dev):
+        if _gpu_error(exc):
             raise
-        return [f"on {dev}: raised {type(exc).__name__}: {exc}"]
+        problems = [f"on {dev}: raised {type(exc).__name__}: {exc}"]
+    return problems if Prefetcher.made == made_before else None
 
 
-def check_pipeline_prefetcher(
-    candidate: Any, device: torch.device | str | None = None, *, n_batches: int = 4
-) -> PrefetcherCheck:
-    """Check the reader's prefetcher (``candidate(loader, device)``: uint8 pairs in, normalised on the device out),
-    refusing :class:`Prefetcher`: everywhere the protocol (two epochs) and the batches against the reference's; on
-    CUDA real streams, the race check and how much copy time it hides."""
+def check_pipeline_prefetcher(candidate: Any, device: torch.device | str | None = None) -> PrefetcherCheck:
+    """Check the reader's prefetcher (``candidate(loader, device)``, refusing :class:`Prefetcher`): everywhere the
+    protocol (two epochs) and the batches; on CUDA real streams, the race check and the copy time it hides."""
     if candidate is None:
         return PrefetcherCheck(False, ["no answer yet: set answer = Prefetcher (the class you wrote) and run again"])
     if not callable(candidate):
@@ -529,7 +500,7 @@ def check_pipeline_prefetcher(
     if isinstance(candidate, type) and issubclass(candidate, Prefetcher):
         return refused
     dev = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
-    made_before = Prefetcher.made
+    made_before, n_batches = Prefetcher.made, 4
     try:
         log, handed = stream_protocol(candidate, n_batches, epochs=2)
         problems = check_protocol(log, handed, n_batches)
@@ -538,28 +509,18 @@ def check_pipeline_prefetcher(
     if Prefetcher.made != made_before:
         return refused
     for epoch, got in enumerate(handed if not problems else []):
-        problems += _pair_problems(got, PairProbeLoader(n_batches).batches, torch.device("cpu"), epoch + 1)
-    result = PrefetcherCheck(not problems, problems or list(_PASSED))
+        problems += _pair_problems(got, PairProbeLoader(n_batches).batches, epoch + 1)
     if dev.type != "cuda":
-        result.messages.append("real streams, races and overlap not checked: no CUDA device here")
-        return result
+        return PrefetcherCheck(not problems, [*(problems or _PASSED), _NO_GPU])
     if not torch.cuda.is_available():
         raise ValueError("device is 'cuda' but no CUDA device is available")
-    if result.correct:
-        gpu = _on_the_gpu(candidate, dev, n_batches)
-        if gpu is None:
-            return refused
-        result.messages.extend(
-            gpu
-            or [
-                f"on {dev}: the same batches with real streams, and each batch right when "
-                "read on the current stream, at once and behind queued work"
-            ]
-        )
-        result.correct = not gpu
-    if result.correct:
-        ratio = prefetch_overlap_ratio(candidate, dev)
-        result.overlap_checked, result.overlap_ratio, result.correct = True, ratio, ratio >= 0.3
-        verdict = "overlaps" if ratio >= 0.3 else "does NOT overlap"
-        result.messages.append(f"overlap on {dev}: {ratio:.0%} of the copy time hidden behind compute -> {verdict}")
-    return result
+    if problems:
+        return PrefetcherCheck(False, problems)
+    gpu = _on_the_gpu(candidate, dev)
+    if gpu is None:
+        return refused
+    if gpu:
+        return PrefetcherCheck(False, [*_PASSED, *gpu])
+    ratio = prefetch_overlap_ratio(candidate, dev)
+    verdict = "overlaps" if ratio >= 0.3 else "does NOT overlap"
+    return PrefetcherCheck(ratio >= 0.3, [*_PASSED, _RACE_FREE.format(dev=dev), _OVERLAP.format(dev, ratio, verdict)])
