@@ -135,12 +135,11 @@ def build_loader(
     config: LoaderConfig | None = None,
     *,
     collate_fn: Callable[[Any], Any] | None = None,
-    worker_init_fn: Callable[[int], None] | None = None,
     sampler: Any = None,
     **knobs: Any,
 ) -> DataLoader:
-    """Every loader of the workbook: ``config`` with ``knobs`` over it, validated, then :func:`guard`ed
-    (``worker_init_fn`` defaults to :func:`~helpers.pipeline.data.seed_worker`)."""
+    """Every loader of the workbook: ``config`` with ``knobs`` over it, validated, then :func:`guard`ed; workers
+    seeded by :func:`~helpers.pipeline.data.seed_worker`."""
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         raise ValueError(
             f"dataset must be a map-style data set (with __getitem__ and __len__), got {type(dataset).__name__}"
@@ -151,11 +150,10 @@ def build_loader(
     if sampler is not None and cfg.shuffle:
         raise ValueError("a sampler decides the order itself: pass shuffle=False together with sampler")
     _check_callable("collate_fn", collate_fn)
-    _check_callable("worker_init_fn", worker_init_fn)
     kwargs: dict[str, Any] = {}
     if cfg.num_workers > 0:
         kwargs.update(
-            worker_init_fn=worker_init_fn if worker_init_fn is not None else seed_worker,
+            worker_init_fn=seed_worker,
             persistent_workers=cfg.persistent_workers,
             prefetch_factor=cfg.prefetch_factor,
             multiprocessing_context=cfg.multiprocessing_context,
@@ -305,12 +303,6 @@ def _loader_params(loader: DataLoader) -> dict[str, Any]:
     }
 
 
-def _config_of(params: Mapping[str, Any]) -> LoaderConfig:
-    knobs = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "in_order")
-    keep = {k: params[k] for k in knobs if k in params}
-    return LoaderConfig(**{**keep, "batch_size": int(keep.get("batch_size") or 1)})
-
-
 class Epochs:
     """A loader's batches across epoch ends: ``next()`` starts a new iterator at each end (persistent workers carry
     on; others are released); ``it``: the current iterator."""
@@ -427,7 +419,11 @@ def measure_throughput(
             finally:
                 objs[:0] = [epochs.it] if epochs.it is not None else []  # released first, as open_iterator does
         caught += [m for m in dict.fromkeys(str(w.message).strip() for w in wlist) if m not in caught]
-    default_label = _config_of(params).label() if isinstance(loader, DataLoader) else type(loader).__name__
+    if isinstance(loader, DataLoader):
+        knobs: dict[str, Any] = {k: v for k, v in params.items() if k in LoaderConfig.__dataclass_fields__}
+        default_label = LoaderConfig(**{**knobs, "batch_size": int(knobs["batch_size"] or 1)}).label()
+    else:
+        default_label = type(loader).__name__
     return Throughput(
         label=label or default_label,
         config=params,
