@@ -36,11 +36,9 @@ from .workers import (
     require_shm,
     shm_needed_bytes,
 )
-from .workers import HeldSignals as HeldSignals  # re-exported for the notebooks' cells
-from .workers import cpu_cores as cpu_cores
+from .workers import cpu_cores as cpu_cores  # re-exported for the notebooks' cells
 from .workers import load_note as load_note
 from .workers import open_iterator as open_iterator
-from .workers import reset_child_signals as reset_child_signals
 from .workers import shm_status as shm_status
 from .workers import worker_processes as worker_processes
 
@@ -79,24 +77,19 @@ class LoaderConfig:
             check_float("timeout", self.timeout, 0.0, 3600.0)
         if self.prefetch_factor is not None:
             check_int("prefetch_factor", self.prefetch_factor, 1, 64)
-        check_choice("multiprocessing_context", self.multiprocessing_context, START_METHODS)
-        if self.multiprocessing_context not in (None, *mp.get_all_start_methods()):
+        check_choice("multiprocessing_context", self.multiprocessing_context, (None, *mp.get_all_start_methods()))
+        worker_only = {
+            "prefetch_factor": self.prefetch_factor is not None,
+            "persistent_workers": self.persistent_workers,
+            "timeout": bool(self.timeout),
+            "multiprocessing_context": self.multiprocessing_context is not None,
+        }
+        knob = next((k for k, set_ in worker_only.items() if set_), None) if self.num_workers == 0 else None
+        if knob:
             raise ValueError(
-                f"multiprocessing_context {self.multiprocessing_context!r} is not available on this platform; "
-                f"choose one of {mp.get_all_start_methods()}"
+                f"{knob} only applies with worker processes: set num_workers to an integer in [1, {MAX_WORKERS}], "
+                f"or leave {knob} at its default"
             )
-        if self.num_workers == 0:
-            for knob, bad in (
-                ("prefetch_factor", self.prefetch_factor is not None),
-                ("persistent_workers", self.persistent_workers),
-                ("timeout", self.timeout is not None and self.timeout > 0),
-                ("multiprocessing_context", self.multiprocessing_context is not None),
-            ):
-                if bad:
-                    raise ValueError(
-                        f"{knob} only applies with worker processes: set num_workers to an integer in "
-                        f"[1, {MAX_WORKERS}], or leave {knob} at its default"
-                    )
         return self
 
     def replace(self, **changes: Any) -> "LoaderConfig":
