@@ -368,9 +368,7 @@ def _timed_window(
     if to_device is not None:
         extra.update(copy_s=copies, copy_ms_per_batch=1e3 * statistics.fmean(copies))
     seconds, cpu = time.perf_counter() - t_window, time.thread_time() - t_cpu
-    timed: dict[str, Any] = dict(
-        items=items, batches=batches, seconds=seconds, startup_s=startup, wait_s=waits, main_cpu_s=cpu
-    )
+    timed = dict(items=items, batches=batches, seconds=seconds, startup_s=startup, wait_s=waits, main_cpu_s=cpu)
     return {**timed, "batch_bytes": first_bytes, "extra": extra}
 
 
