@@ -129,7 +129,7 @@ def test_generation_checks_disk_space(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_layout_is_imagefolder_readable(tiny: data.DatasetInfo) -> None:
     assert tiny.generated
-    assert tiny.classes == list(data.SHAPE_CLASSES[:4])
+    assert tiny.classes == list(shapes.SHAPE_CLASSES[:4])
     assert (tiny.root / "manifest.json").is_file()
     folder = ImageFolder(str(tiny.train_dir))
     assert len(folder) == 24 and folder.classes == sorted(tiny.classes)

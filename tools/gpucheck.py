@@ -718,10 +718,10 @@ def measure_item_cost(image_size: int, crop_size: int, *, n: int = 12, rounds: i
     from helpers.pipeline import data, shapes  # heavy: torch, torchvision
 
     with tempfile.TemporaryDirectory(prefix="gpucheck-probe-") as tmp:
-        folder = Path(tmp) / data.SHAPE_CLASSES[0]
+        folder = Path(tmp) / shapes.SHAPE_CLASSES[0]
         folder.mkdir()
         for i in range(n):
-            img = shapes.render_image(i % len(data.SHAPE_CLASSES), image_size, np.random.default_rng(i))
+            img = shapes.render_image(i % len(shapes.SHAPE_CLASSES), image_size, np.random.default_rng(i))
             (folder / f"{i:05d}.jpg").write_bytes(shapes._encode_jpeg(img, 90))
         ds = data.ShapesDataset(tmp, crop_size=crop_size, augment=True, output="float")
         import torch

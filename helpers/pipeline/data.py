@@ -19,8 +19,7 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from ..core.validate import check_choice, check_int
-from .shapes import SHAPE_CLASSES as SHAPE_CLASSES  # re-exported: chapters and notebooks read them as data.*
-from .shapes import DatasetInfo as DatasetInfo
+from .shapes import DatasetInfo as DatasetInfo  # re-exported: chapters and notebooks read them as data.*
 from .shapes import default_sizes as default_sizes
 from .shapes import make_shapes_dataset as make_shapes_dataset
 from .shapes import verify_dataset as verify_dataset
