@@ -55,7 +55,7 @@ def test_laptop_tier_is_smaller_than_full_and_cached_apart(monkeypatch: pytest.M
     for key in ("n_train", "n_val", "image_size", "crop_size"):
         assert quick[key] <= laptop[key] < full[key], key
     assert laptop["crop_size"] <= laptop["image_size"]
-    names = {data.dataset_name(s["n_train"], s["n_val"], s["image_size"], 6, 0, 90) for s in (quick, laptop, full)}
+    names = {shapes.dataset_name(s["n_train"], s["n_val"], s["image_size"], 6, 0, 90) for s in (quick, laptop, full)}
     assert len(names) == 3
 
 
@@ -129,7 +129,7 @@ def test_generation_checks_disk_space(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_layout_is_imagefolder_readable(tiny: data.DatasetInfo) -> None:
     assert tiny.generated
-    assert tiny.classes == list(data.SHAPE_CLASSES[:4])
+    assert tiny.classes == list(shapes.SHAPE_CLASSES[:4])
     assert (tiny.root / "manifest.json").is_file()
     folder = ImageFolder(str(tiny.train_dir))
     assert len(folder) == 24 and folder.classes == sorted(tiny.classes)

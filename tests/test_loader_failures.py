@@ -485,8 +485,6 @@ def test_timed_loader_refuses_a_collate_fn_that_is_not_callable(bad: Any) -> Non
         L.timed_loader(CheapDataset(8, 4), 4, collate_fn=bad)
     with pytest.raises(ValueError, match="collate_fn"):
         L.build_loader(CheapDataset(8, 4), collate_fn=bad)
-    with pytest.raises(ValueError, match="worker_init_fn"):
-        L.build_loader(CheapDataset(8, 4), num_workers=1, worker_init_fn=5)
 
 
 def test_experiments_without_workers_do_not_complain_about_knobs_never_passed() -> None:

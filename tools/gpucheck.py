@@ -715,14 +715,14 @@ def measure_item_cost(image_size: int, crop_size: int, *, n: int = 12, rounds: i
 
     import numpy as np
 
-    from helpers.pipeline import data  # heavy: torch, torchvision
+    from helpers.pipeline import data, shapes  # heavy: torch, torchvision
 
     with tempfile.TemporaryDirectory(prefix="gpucheck-probe-") as tmp:
-        folder = Path(tmp) / data.SHAPE_CLASSES[0]
+        folder = Path(tmp) / shapes.SHAPE_CLASSES[0]
         folder.mkdir()
         for i in range(n):
-            img = data.render_image(i % len(data.SHAPE_CLASSES), image_size, np.random.default_rng(i))
-            (folder / f"{i:05d}.jpg").write_bytes(data._encode_jpeg(img, 90))
+            img = shapes.render_image(i % len(shapes.SHAPE_CLASSES), image_size, np.random.default_rng(i))
+            (folder / f"{i:05d}.jpg").write_bytes(shapes._encode_jpeg(img, 90))
         ds = data.ShapesDataset(tmp, crop_size=crop_size, augment=True, output="float")
         import torch
 

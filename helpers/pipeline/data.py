@@ -19,13 +19,9 @@ import torch
 from torch.utils.data import Dataset, default_collate
 
 from ..core.validate import check_choice, check_int
-from .shapes import SHAPE_CLASSES as SHAPE_CLASSES  # re-exported: chapters and notebooks read them as data.*
-from .shapes import DatasetInfo as DatasetInfo
-from .shapes import _encode_jpeg as _encode_jpeg
-from .shapes import dataset_name as dataset_name
+from .shapes import DatasetInfo as DatasetInfo  # re-exported: chapters and notebooks read them as data.*
 from .shapes import default_sizes as default_sizes
 from .shapes import make_shapes_dataset as make_shapes_dataset
-from .shapes import render_image as render_image
 from .shapes import verify_dataset as verify_dataset
 
 #: Per-channel mean and standard deviation used to normalise images (0-1 scale).

@@ -36,11 +36,9 @@ from .workers import (
     require_shm,
     shm_needed_bytes,
 )
-from .workers import HeldSignals as HeldSignals  # re-exported for the notebooks' cells
-from .workers import cpu_cores as cpu_cores
+from .workers import cpu_cores as cpu_cores  # re-exported for the notebooks' cells
 from .workers import load_note as load_note
 from .workers import open_iterator as open_iterator
-from .workers import reset_child_signals as reset_child_signals
 from .workers import shm_status as shm_status
 from .workers import worker_processes as worker_processes
 
@@ -79,24 +77,19 @@ class LoaderConfig:
             check_float("timeout", self.timeout, 0.0, 3600.0)
         if self.prefetch_factor is not None:
             check_int("prefetch_factor", self.prefetch_factor, 1, 64)
-        check_choice("multiprocessing_context", self.multiprocessing_context, START_METHODS)
-        if self.multiprocessing_context not in (None, *mp.get_all_start_methods()):
+        check_choice("multiprocessing_context", self.multiprocessing_context, (None, *mp.get_all_start_methods()))
+        worker_only = {
+            "prefetch_factor": self.prefetch_factor is not None,
+            "persistent_workers": self.persistent_workers,
+            "timeout": bool(self.timeout),
+            "multiprocessing_context": self.multiprocessing_context is not None,
+        }
+        knob = next((k for k, set_ in worker_only.items() if set_), None) if self.num_workers == 0 else None
+        if knob:
             raise ValueError(
-                f"multiprocessing_context {self.multiprocessing_context!r} is not available on this platform; "
-                f"choose one of {mp.get_all_start_methods()}"
+                f"{knob} only applies with worker processes: set num_workers to an integer in [1, {MAX_WORKERS}], "
+                f"or leave {knob} at its default"
             )
-        if self.num_workers == 0:
-            for knob, bad in (
-                ("prefetch_factor", self.prefetch_factor is not None),
-                ("persistent_workers", self.persistent_workers),
-                ("timeout", self.timeout is not None and self.timeout > 0),
-                ("multiprocessing_context", self.multiprocessing_context is not None),
-            ):
-                if bad:
-                    raise ValueError(
-                        f"{knob} only applies with worker processes: set num_workers to an integer in "
-                        f"[1, {MAX_WORKERS}], or leave {knob} at its default"
-                    )
         return self
 
     def replace(self, **changes: Any) -> "LoaderConfig":
@@ -135,12 +128,11 @@ def build_loader(
     config: LoaderConfig | None = None,
     *,
     collate_fn: Callable[[Any], Any] | None = None,
-    worker_init_fn: Callable[[int], None] | None = None,
     sampler: Any = None,
     **knobs: Any,
 ) -> DataLoader:
-    """Every loader of the workbook: ``config`` with ``knobs`` over it, validated, then :func:`guard`ed
-    (``worker_init_fn`` defaults to :func:`~helpers.pipeline.data.seed_worker`)."""
+    """Every loader of the workbook: ``config`` with ``knobs`` over it, validated, then :func:`guard`ed; workers
+    seeded by :func:`~helpers.pipeline.data.seed_worker`."""
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         raise ValueError(
             f"dataset must be a map-style data set (with __getitem__ and __len__), got {type(dataset).__name__}"
@@ -151,11 +143,10 @@ def build_loader(
     if sampler is not None and cfg.shuffle:
         raise ValueError("a sampler decides the order itself: pass shuffle=False together with sampler")
     _check_callable("collate_fn", collate_fn)
-    _check_callable("worker_init_fn", worker_init_fn)
     kwargs: dict[str, Any] = {}
     if cfg.num_workers > 0:
         kwargs.update(
-            worker_init_fn=worker_init_fn if worker_init_fn is not None else seed_worker,
+            worker_init_fn=seed_worker,
             persistent_workers=cfg.persistent_workers,
             prefetch_factor=cfg.prefetch_factor,
             multiprocessing_context=cfg.multiprocessing_context,
@@ -305,12 +296,6 @@ def _loader_params(loader: DataLoader) -> dict[str, Any]:
     }
 
 
-def _config_of(params: Mapping[str, Any]) -> LoaderConfig:
-    knobs = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "in_order")
-    keep = {k: params[k] for k in knobs if k in params}
-    return LoaderConfig(**{**keep, "batch_size": int(keep.get("batch_size") or 1)})
-
-
 class Epochs:
     """A loader's batches across epoch ends: ``next()`` starts a new iterator at each end (persistent workers carry
     on; others are released); ``it``: the current iterator."""
@@ -383,9 +368,7 @@ def _timed_window(
     if to_device is not None:
         extra.update(copy_s=copies, copy_ms_per_batch=1e3 * statistics.fmean(copies))
     seconds, cpu = time.perf_counter() - t_window, time.thread_time() - t_cpu
-    timed: dict[str, Any] = dict(
-        items=items, batches=batches, seconds=seconds, startup_s=startup, wait_s=waits, main_cpu_s=cpu
-    )
+    timed = dict(items=items, batches=batches, seconds=seconds, startup_s=startup, wait_s=waits, main_cpu_s=cpu)
     return {**timed, "batch_bytes": first_bytes, "extra": extra}
 
 
@@ -427,7 +410,11 @@ def measure_throughput(
             finally:
                 objs[:0] = [epochs.it] if epochs.it is not None else []  # released first, as open_iterator does
         caught += [m for m in dict.fromkeys(str(w.message).strip() for w in wlist) if m not in caught]
-    default_label = _config_of(params).label() if isinstance(loader, DataLoader) else type(loader).__name__
+    if isinstance(loader, DataLoader):
+        knobs: dict[str, Any] = {k: v for k, v in params.items() if k in LoaderConfig.__dataclass_fields__}
+        default_label = LoaderConfig(**{**knobs, "batch_size": int(knobs["batch_size"] or 1)}).label()
+    else:
+        default_label = type(loader).__name__
     return Throughput(
         label=label or default_label,
         config=params,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import psutil
 import torch
 from torch import nn
 
@@ -66,10 +67,6 @@ def build_model(
         return SmallCNN(num_classes=num_classes, width=width, depth=depth, convs_per_stage=convs_per_stage)
 
 
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
 def _count_outputs(
     model: nn.Module, image_size: int, in_channels: int, count: Callable[[nn.Module, torch.Tensor], int]
 ) -> int:
@@ -122,8 +119,6 @@ def check_training_memory(
         if device.type == "cuda":
             available_bytes = int(torch.cuda.mem_get_info(device)[0])
         else:
-            import psutil
-
             available_bytes = int(psutil.virtual_memory().available)
     limit = int(share * available_bytes)
     if need > limit:
@@ -139,7 +134,8 @@ def check_training_memory(
 
 def describe_model(model: nn.Module, image_size: int) -> str:
     extra = f" {model.extra_repr().replace('_per_', '/')}," if isinstance(model, SmallCNN) else ""
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return (
-        f"{type(model).__name__}:{extra} {count_parameters(model) / 1e3:.1f} k parameters, "
+        f"{type(model).__name__}:{extra} {trained / 1e3:.1f} k parameters, "
         f"{flops_per_sample(model, image_size) / 1e9:.3f} GFLOP forward per {image_size}x{image_size} image"
     )

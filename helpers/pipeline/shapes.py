@@ -380,9 +380,8 @@ def _write_all(tmp: Path, params: dict[str, Any], workers: int, progress: Callab
 
 
 def _generate(final: Path, params: dict[str, Any], workers: int, progress: Callable[..., None] | None) -> None:
-    """Refuse a set that can't fit (0.45 byte per pixel measured at q90, 0.8 assumed, twice), write it into a
-    temporary sibling, the manifest last (it marks a complete set), then rename it into place; nothing kept on failure.
-    """
+    """Refused if it can't fit (0.45 byte/pixel at q90 measured, 0.8 assumed, twice); written into a temporary sibling,
+    the manifest last (it marks a complete set), then renamed into place; nothing kept on failure."""
     n_images, size = params["n_train"] + params["n_val"], params["image_size"]
     need, free = 2 * (int(n_images * size * size * 0.8) + 64 * 1024), shutil.disk_usage(final.parent).free
     if need > free:
@@ -420,23 +419,23 @@ def _generate(final: Path, params: dict[str, Any], workers: int, progress: Calla
 def _reuse_or_generate(final: Path, check: Callable[[], list[str]], generate: Callable[[], None], raise_: bool) -> bool:
     """Reuse a verified copy (a read-only one too) or (re)generate it under the data set's lock; True: generated."""
     with contextlib.ExitStack() as stack:
+        refused = None
         try:
             stack.enter_context(_file_lock(final.parent / f".{final.name}.lock"))
+            _remove_stale_temporaries(final.parent, final.name)
         except OSError as exc:  # a read-only folder, or one that takes no new files (ENOENT: /proc)
             if exc.errno not in _UNWRITABLE + (errno.ENOENT,):
                 raise
-            if not (final / MANIFEST).is_file():
-                raise _unwritable(final.parent, exc, f"cannot generate the data set {final.name}") from None
-            problems = check()
+            refused = exc
+        problems = check() if (final / MANIFEST).is_file() else None
+        if problems == []:
+            return False
+        if refused is not None:
+            what = f"cannot generate the data set {final.name}"
             if problems:
                 what = f"the cached data set in {final} is damaged ({problems[0]}) and cannot be regenerated in place"
-                raise _unwritable(final.parent, exc, what) from None
-            return False
-        _remove_stale_temporaries(final.parent, final.name)
-        if (final / MANIFEST).is_file():
-            problems = check()
-            if not problems:
-                return False
+            raise _unwritable(final.parent, refused, what) from None
+        if problems:
             what = f"cached data set in {final} is damaged ({len(problems)} problem(s), first: {problems[0]})"
             if raise_:
                 raise RuntimeError(

@@ -7,6 +7,7 @@ import contextlib
 import math
 from dataclasses import dataclass
 
+import psutil
 import torch
 
 from ..core.device import has_cuda, resolve_device, wrap
@@ -34,8 +35,6 @@ class Unavailable:
 
 
 def _memory_now() -> tuple[int, int]:
-    import psutil
-
     vm = psutil.virtual_memory()
     return int(vm.total), int(vm.available)
 

@@ -35,7 +35,6 @@ MAX_WORKERS = 64
 SHUTDOWN_GRACE_S = 3.0
 #: Seconds between two checks that every worker is alive while the main process waits for a batch.
 _ALIVE_CHECK_S = 0.25
-_PIN_WARNING = "'pin_memory' argument is set as true but no accelerator is found"
 #: torch's SIGCHLD handler's words for a worker that ended (``_error_if_any_worker_fails``).
 _TORCH_WORKER_DIED = re.compile(r"DataLoader worker \(pid[^)]*\) (is killed by signal|exited unexpectedly)")
 
@@ -420,9 +419,8 @@ def release(obj: Any) -> None:
 
 
 def _finish(objs: Sequence[Any], before: set[int] | None = None) -> None:
-    """Release every loader/iterator in ``objs``, then stop any worker started since ``before``, signals held (a
-    ``KeyboardInterrupt`` inside a finalizer would be lost; young garbage is collected inside the hold for that
-    reason): the first is raised once done, a second press escapes at once."""
+    """Release ``objs``, then stop any worker started since ``before``, signals held (a ``KeyboardInterrupt`` in a
+    finalizer would be lost: young garbage is collected inside the hold); a second press escapes at once."""
     held = HeldSignals(escape=True)
     with held:
         for obj in objs:
@@ -462,7 +460,7 @@ def open_iterator(loader: DataLoader) -> Iterator[Iterator[Any]]:
     with released([loader]) as objs, plain_failures(loader):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
-            warnings.filterwarnings("ignore", message=re.escape(_PIN_WARNING))
+            warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true but no accelerator")
             it = iter(loader)
         objs.insert(0, it)
         yield it
