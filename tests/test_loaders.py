@@ -367,13 +367,20 @@ def test_plot_rounds_draws_three_series():
     assert sr.speedup == pytest.approx((1.8 + 170 / 110) / 2)
 
 
-def test_pin_log_collects_pinned_batches_only():
-    log = pinning.PinLog()
-    assert log.ms_per_batch is None and log.thread is None
-    b = L.collate_pinnable([(torch.zeros(3), 0), (torch.ones(3), 1)])
-    log(b)  # never pinned: nothing recorded
-    log((torch.zeros(1), torch.zeros(1)))  # not a PinnableBatch
-    assert log.seconds == []
-    b.pin_seconds, b.pin_thread = 0.002, "pt_data_pin"
-    log(b)
-    assert log.ms_per_batch == pytest.approx(2.0) and log.thread == "pt_data_pin"
+def test_pin_experiment_reads_pin_times_from_pinned_batches_only(monkeypatch):
+    """The rows' pin figures come from the batches the loader hands over: a batch never pinned and a batch that is
+    not a PinnableBatch add nothing; the pinned ones give the median ms and the thread that pinned most."""
+    pinned = L.collate_pinnable([(torch.zeros(3), 0), (torch.ones(3), 1)])
+    pinned.pin_seconds, pinned.pin_thread = 0.002, "pt_data_pin"
+    handed = {False: [L.collate_pinnable([(torch.zeros(3), 0)]), (torch.zeros(1), torch.zeros(1))], True: [pinned]}
+
+    def fake_measure(dataset, cfg, *, on_batch, **_):
+        for b in handed[cfg.pin_memory]:
+            on_batch(b)
+        kw = {"startup_s": 0.0, "warmup_batches": 0, "epochs_started": 1}
+        return L.Throughput("fake", {}, items=1, batches=1, seconds=1.0, **kw)
+
+    monkeypatch.setattr(pinning, "measure_config", fake_measure)
+    off, on = pinning.pin_memory_experiment(L.CheapDataset(8, 2), workers=(0,), batch_size=2, batches=1, warmup=0)
+    assert not off.pin_active and off.pin_ms_per_batch is None and off.pin_thread is None
+    assert on.pin_active and on.pin_ms_per_batch == pytest.approx(2.0) and on.pin_thread == "pt_data_pin"

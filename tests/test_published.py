@@ -12,6 +12,8 @@ matplotlib.use("Agg")
 
 import pytest
 
+from helpers.chapters import ch00, ch02
+from helpers.chapters.ch02 import figures
 from helpers.ui import published
 from tools import published_table
 
@@ -42,8 +44,8 @@ def test_enough_figures_generations_and_both_kinds():
     assert len(published.generations()) >= 5
     assert published.published_figures(direction="d2h") and published.published_figures(direction="h2d")
     assert published.published_figures(memory="pageable") and published.published_figures(memory="pinned")
-    assert published.pairs("numa"), "the NUMA lesson needs a near/far pair"
-    assert published.pairs("direction") and published.pairs("memory")
+    assert ch02.pairs("numa"), "the NUMA lesson needs a near/far pair"
+    assert ch02.pairs("direction") and ch02.pairs("memory")
 
 
 def test_no_duplicates():
@@ -115,7 +117,7 @@ def test_filters_validate_their_arguments():
     with pytest.raises(ValueError, match="memory"):
         published.published_figures(memory="cached")
     with pytest.raises(ValueError, match="what"):
-        published.pairs("socket")
+        ch02.pairs("socket")
     assert all(f.transfer_size_bytes for f in published.published_figures(sized=True))
 
 
@@ -131,7 +133,7 @@ def test_markdown_table_and_readme_block_render():
 
 
 def test_share_table_keeps_published_and_theoretical_in_separate_columns():
-    text = published.share_table()
+    text = ch00.share_table(published.published_figures())
     header, units = text.splitlines()[:2]
     assert "published" in header and "theoretical" in header and units.split() == ["GB/s", "(product", "spec)", "GB/s"]
     assert max(len(line) for line in text.splitlines()) <= 100
@@ -144,16 +146,16 @@ def test_plot_helpers_draw_on_cpu():
     ax.set_xscale("log")
     ax.set_yscale("log")
     figs = published.published_figures()
-    skipped = published.add_published_points(ax, figs)
+    skipped = figures.add_published_points(ax, figs)
     assert skipped == [f for f in figs if f.transfer_size_bytes is None]
     labels = [line.get_label() for line in ax.get_lines()]
     assert any(published.KIND_PUBLISHED in lab for lab in labels)
-    drawn = published.add_theoretical_ceilings(
+    drawn = figures.add_theoretical_ceilings(
         ax, ["PCIe Gen3 x16", "PCIe Gen4 x16", "bogus"], skip_gbps=[published.link_ceiling_gbps("PCIe Gen3 x16")]
     )
     assert drawn == ["PCIe Gen4 x16"]
     assert any("theoretical" in line.get_label() for line in ax.get_lines())
-    ax2 = published.plot_share_of_ceiling(published.published_figures(memory="pinned"))
+    ax2 = ch00.plot_share_of_ceiling(published.published_figures(memory="pinned"))
     assert len(ax2.patches) == len(published.published_figures(memory="pinned"))
     plt.close("all")
 

@@ -282,7 +282,7 @@ def test_a_pause_between_clock_reads_does_not_shift_the_collate_span(monkeypatch
     timed = data.TimedCollate()
     timed.last = (100.8, 100.9)  # collated 0.8-0.9 s after the recorder started, before next() returned at 1.0 s
     monkeypatch.setattr(time, "perf_counter", lambda: next(reads))
-    training._record_wait(rec, 0, 0.5, timed, pinning=False)
+    anatomy._record_wait(rec, 0, 0.5, timed, pinning=False)
     monkeypatch.undo()
     spans = {s.name: s for s in rec.finish().spans}
     assert spans["load"].start == 0.5 and abs(spans["load"].end - 0.8) < 1e-9

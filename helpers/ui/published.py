@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import textwrap
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -149,42 +148,6 @@ def generations(figures: Iterable[PublishedFigure] | None = None) -> list[str]:
     return list(dict.fromkeys(f.generation for f in _figs(figures)))
 
 
-#: What :func:`pairs` pairs: the attribute that differs, its two values, and the attributes both must share.
-_PAIRS = {
-    "direction": ("direction", "h2d", "d2h", ("url", "gpu", "memory", "transfer_size_bytes", "numa", "method")),
-    "numa": ("numa_side", "near", "far", ("url", "gpu", "direction", "memory", "transfer_size_bytes", "tool")),
-    "memory": ("memory", "pageable", "pinned", ("url", "gpu", "direction", "transfer_size_bytes", "numa")),
-}
-
-
-def pairs(what: str, figures: Iterable[PublishedFigure] | None = None) -> list[tuple[PublishedFigure, PublishedFigure]]:
-    """Figures that differ in one thing only, from one source and run: ``"direction"`` gives (H2D, D2H) pairs
-    (same GPU, memory kind, size, NUMA placement), ``"numa"`` (near socket, far socket) pairs (same GPU, direction
-    and copy), ``"memory"`` (pageable, pinned) pairs (same GPU, direction, size and NUMA placement)."""
-    field, a, b, same = _PAIRS[check_choice("what", what, _PAIRS)]
-    figs = _figs(figures)
-    xs, ys = [x for x in figs if getattr(x, field) == a], [y for y in figs if getattr(y, field) == b]
-    return [(x, y) for x in xs for y in ys if all(getattr(x, s) == getattr(y, s) for s in same)]
-
-
-def share_table(figures: Iterable[PublishedFigure] | None = None) -> str:
-    """A plain-text table: published GB/s and, in its own column, the **theoretical** host-link ceiling."""
-    head = (
-        f"{'GPU, copy':<40}{'size':>10}{'published':>11}  {'host link':<15}{'theoretical':>13}{'share':>7}\n"
-        f"{'':<50}{'GB/s':>11}  {'(product spec)':<15}{'GB/s':>13}"
-    )
-    lines = [head, "-" * len(head.splitlines()[0])]
-    for f in _figs(figures):
-        c = f.ceiling_gbps
-        share = f"{f.share_of_ceiling:.0%}" if c else "—"
-        size = "—" if f.transfer_size_bytes is None else size_text(f.transfer_size_bytes)
-        lines.append(
-            f"{f.short_label():<40}{size:>10}{f.gbps:>11.2f}  {f.product_link:<15}"
-            f"{(f'{c:.1f}' if c else '—'):>13}{share:>7}"
-        )
-    return "\n".join(lines)
-
-
 def _point_series(figures: Iterable[PublishedFigure] | None = None) -> list[list[PublishedFigure]]:
     """Figures with a stated size, grouped by source and run (series ``k`` is marked ``[k]``), sizes ascending."""
     series: dict[tuple[Any, ...], list[PublishedFigure]] = {}
@@ -192,25 +155,6 @@ def _point_series(figures: Iterable[PublishedFigure] | None = None) -> list[list
         if f.transfer_size_bytes is not None:
             series.setdefault((f.url, f.gpu, f.direction, f.memory, f.numa, f.tool), []).append(f)
     return [sorted(group, key=lambda f: f.transfer_size_bytes or 0) for group in series.values()]
-
-
-def largest_copies(figures: Iterable[PublishedFigure] | None = None) -> list[PublishedFigure]:
-    """One figure per source and run: its largest stated transfer size (figures without a size kept as they are)."""
-    figs = _figs(figures)
-    keep = {id(group[-1]) for group in _point_series(figs)}
-    return [f for f in figs if f.transfer_size_bytes is None or id(f) in keep]
-
-
-def point_key(figures: Iterable[PublishedFigure] | None = None) -> str:
-    """The key to the ``[k]`` marks of :func:`add_published_points`: one line per series, with its source."""
-    lines = []
-    for k, group in enumerate(_point_series(figures), start=1):
-        f = group[-1]
-        sizes = ", ".join(size_text(g.transfer_size_bytes) for g in group)
-        vals = ", ".join(f"{g.gbps:.1f}" for g in group)
-        lines.append(f"[{k}] {f.short_label()}: {vals} GB/s at {sizes}")
-        lines += [f"     {wrapped}" for wrapped in textwrap.wrap(f"{f.tool}; source: {short_source(f.url)}", 100)]
-    return "\n".join(lines)
 
 
 _DIR_COLOR = {"h2d": "#f28e2b", "d2h": "#4e79a7"}
@@ -226,71 +170,3 @@ def _mark(
     done.add((f.direction, f.memory))
     style = {"marker": _MEM_MARKER[f.memory], "color": _DIR_COLOR[f.direction], "markeredgecolor": "black"}
     ax.plot(xs, ys, label=label, markersize=6, **style, **kw)
-
-
-def add_published_points(ax: Any, figures: Iterable[PublishedFigure] | None = None) -> list[PublishedFigure]:
-    """Draw published figures on a bandwidth-vs-size Axes (black-edged diamonds: pinned, triangles: pageable;
-    orange H2D, blue D2H; a source's sizes dotted, ``[k]`` by the largest); return those without a size."""
-    figs = _figs(figures)
-    done: set[Any] = set()
-    for k, group in enumerate(_point_series(figs), start=1):
-        xs, ys = [float(f.transfer_size_bytes or 0) for f in group], [f.gbps for f in group]
-        dotted = ":" if len(group) > 1 else ""
-        _mark(ax, group[-1], xs, ys, done, " [k]", linestyle=dotted, linewidth=0.8, markeredgewidth=0.7, zorder=4)
-        text = {"textcoords": "offset points", "fontsize": 7, "color": "#222", "zorder": 5}
-        ax.annotate(f"{k}", (xs[-1], ys[-1]), xytext=(4, -3), **text)
-    if ax.get_xscale() == "log":
-        from .plots import size_ticks  # optional/heavy: matplotlib
-
-        size_ticks(ax)
-    return [f for f in figs if f.transfer_size_bytes is None]
-
-
-def add_theoretical_ceilings(ax: Any, links: Iterable[str], *, skip_gbps: Iterable[float] = ()) -> list[str]:
-    """Dashed lines at the **theoretical** per-direction ceiling of each link (``"PCIe Gen4 x16"``; unknown names
-    ignored), labelled as theoretical, except ceilings in ``skip_gbps`` (already drawn). Returns the links drawn."""
-    skip = [float(s) for s in skip_gbps]
-    by_value: dict[float, list[str]] = {}
-    for link in dict.fromkeys(links):
-        c = link_ceiling_gbps(link)
-        if c is None or any(abs(c - s) <= 1e-3 * c for s in skip):
-            continue
-        same = next((v for v in by_value if abs(v - c) <= 1e-3 * c), c)
-        by_value.setdefault(same, []).append(link)
-    styles = [":", "-.", (0, (5, 2)), (0, (1, 1))]
-    for i, (c, names) in enumerate(sorted(by_value.items())):
-        label = f"{' = '.join(names)}: {c:.1f} GB/s, {KIND_THEORETICAL}"
-        ax.axhline(c, color="#777", linewidth=0.9, linestyle=styles[i % len(styles)], label=label, zorder=1)
-    return [name for _, names in sorted(by_value.items()) for name in names]
-
-
-def plot_share_of_ceiling(figures: Iterable[PublishedFigure] | None = None, ax: Any = None) -> Any:
-    """A row per figure: the **published** GB/s (marker), its host link's **theoretical** ceiling (bar) and
-    the share. Log x axis: NVLink-C2C and PCIe Gen3 differ tenfold."""
-    from . import plots  # optional/heavy: matplotlib
-
-    figs = [f for f in _figs(figures) if f.ceiling_gbps]
-    ax = ax if ax is not None else plots.new_axes((8.5, 0.32 * len(figs) + 1.4))
-    ys = list(range(len(figs)))[::-1]
-    ceilings = [f.ceiling_gbps or 0.0 for f in figs]
-    ax.barh(ys, ceilings, color="#e6e6e6", edgecolor="#999", label=f"host link ceiling, {KIND_THEORETICAL}")
-    done: set[Any] = set()
-    for y, f, c in zip(ys, figs, ceilings):
-        _mark(ax, f, [f.gbps], [y], done, "", linestyle="")
-        ax.text(c * 1.08, y, f"{f.share_of_ceiling:.0%}", va="center", fontsize=7)
-    ax.set_yticks(ys)
-    ax.set_yticklabels([f"{f.short_label()} ({f.product_link})" for f in figs], fontsize=7)
-    ax.set_xscale("log")
-    ax.set_xlim(1, max(ceilings) * 2.2 if figs else 10)
-    plots.plain_log_ticks(ax.xaxis)
-    ax.set_xlabel("GB/s (10^9 B/s, log scale)")
-    ax.set_title("Published copies against the theoretical ceiling of each GPU's host link")
-    ax.legend(fontsize=7, loc="lower right")
-    note = textwrap.fill(
-        "Markers: published elsewhere (sources in helpers/ui/published.json). Bars: theoretical, from the link "
-        "each GPU product has per its specification; the actual slot may be slower.",
-        110,
-    )
-    style = {"xycoords": "axes fraction", "textcoords": "offset points", "fontsize": 7.5, "color": "#555"}
-    ax.annotate(note, xy=(0, 0), xytext=(0, -34), va="top", **style)
-    return ax

@@ -3,7 +3,8 @@ a size the reader picks, on any device) and the headless benchmark (``ch00.*``).
 
 from __future__ import annotations
 
-from typing import Any
+import textwrap
+from typing import Any, Sequence
 
 import ipywidgets as W
 import torch
@@ -15,7 +16,8 @@ from ...core.progress import ProgressFn, no_progress
 from ...core.results import ResultSet
 from ...core.timing import Timing
 from ...core.validate import check_int
-from ...ui import plots
+from ...ui import plots, published
+from ...ui.published import PublishedFigure
 from . import hygiene
 
 NUMBER = "00"
@@ -91,3 +93,57 @@ def panel_plot(history: list[Any], ax: Any) -> None:
     )
     ax.set_yscale("log")  # on a linear scale the small runs vanish
     ax.autoscale(axis="y")
+
+
+# -- section 1: published copies against their host link's theoretical ceiling ----------------------------
+
+
+def largest_copies(figures: Sequence[PublishedFigure]) -> list[PublishedFigure]:
+    """One figure per source and run: its largest stated transfer size (figures without a size kept as they are)."""
+    keep = {id(group[-1]) for group in published._point_series(figures)}
+    return [f for f in figures if f.transfer_size_bytes is None or id(f) in keep]
+
+
+def share_table(figures: Sequence[PublishedFigure]) -> str:
+    """Published GB/s and, in its own column, the **theoretical** host-link ceiling."""
+    head = (
+        f"{'GPU, copy':<40}{'size':>10}{'published':>11}  {'host link':<15}{'theoretical':>13}{'share':>7}\n"
+        f"{'':<50}{'GB/s':>11}  {'(product spec)':<15}{'GB/s':>13}"
+    )
+    lines = [head, "-" * len(head.splitlines()[0])]
+    for f in figures:
+        c = f.ceiling_gbps
+        size = "—" if f.transfer_size_bytes is None else published.size_text(f.transfer_size_bytes)
+        lines.append(
+            f"{f.short_label():<40}{size:>10}{f.gbps:>11.2f}  {f.product_link:<15}"
+            f"{(f'{c:.1f}' if c else '—'):>13}{(f'{f.share_of_ceiling:.0%}' if c else '—'):>7}"
+        )
+    return "\n".join(lines)
+
+
+def plot_share_of_ceiling(figures: Sequence[PublishedFigure]) -> Any:
+    """A row per figure: the **published** GB/s (marker), its host link's **theoretical** ceiling (bar) and the
+    share. Log x axis: NVLink-C2C and PCIe Gen3 differ tenfold."""
+    figs = [f for f in figures if f.ceiling_gbps]
+    ax = plots.new_axes((8.5, 0.32 * len(figs) + 1.4))
+    ys = list(range(len(figs)))[::-1]
+    ceilings = [f.ceiling_gbps or 0.0 for f in figs]
+    ax.barh(ys, ceilings, color="#e6e6e6", edgecolor="#999", label=f"host link ceiling, {published.KIND_THEORETICAL}")
+    done: set[Any] = set()
+    for y, f, c in zip(ys, figs, ceilings):
+        published._mark(ax, f, [f.gbps], [y], done, "", linestyle="")
+        ax.text(c * 1.08, y, f"{f.share_of_ceiling:.0%}", va="center", fontsize=7)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([f"{f.short_label()} ({f.product_link})" for f in figs], fontsize=7)
+    ax.set(xscale="log", xlim=(1, max(ceilings) * 2.2 if figs else 10), xlabel="GB/s (10^9 B/s, log scale)")
+    plots.plain_log_ticks(ax.xaxis)
+    ax.set_title("Published copies against the theoretical ceiling of each GPU's host link")
+    ax.legend(fontsize=7, loc="lower right")
+    note = textwrap.fill(
+        "Markers: published elsewhere (sources in helpers/ui/published.json). Bars: theoretical, from the link "
+        "each GPU product has per its specification; the actual slot may be slower.",
+        110,
+    )
+    style = {"xycoords": "axes fraction", "textcoords": "offset points", "fontsize": 7.5, "color": "#555"}
+    ax.annotate(note, xy=(0, 0), xytext=(0, -34), va="top", **style)
+    return ax

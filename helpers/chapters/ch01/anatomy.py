@@ -22,11 +22,12 @@ from ...pipeline.train import (
     COMPUTE_LANE_CPU,
     COMPUTE_LANE_GPU,
     COPY_LANE,
+    DATA_LANE,
     Prediction,
     make_optimizer,
     predict_step_time,
 )
-from .training import _can_pin, _record_wait, blocking_copy
+from .training import blocking_copy
 
 #: In step order (``pin`` only for pinning loaders, ``normalize`` only for uint8 batches).
 PHASES: tuple[str, ...] = ("load", "collate", "pin", "h2d", "normalize", "forward", "backward", "optimizer")
@@ -90,6 +91,25 @@ def _collate_timer(loader: Iterable[Any]) -> Iterator[TimedCollate | None]:
         yield timed
     finally:
         loader.collate_fn = collate  # type: ignore[attr-defined]
+
+
+def _can_pin() -> bool:  # a pin_memory=True loader pins only with a CUDA device
+    return torch.cuda.is_available()
+
+
+def _record_wait(recorder: SpanRecorder, step: int, h0: float, timed: TimedCollate | None, pinning: bool) -> None:
+    """Record the wait for one batch, from ``h0`` until now: load, then collate (and pin) when ``timed`` saw it."""
+    h1 = recorder.now()
+    if timed is not None and timed.last is not None:  # collate ran before next() returned: c0 <= c1 <= h1
+        c0, c1 = (min(recorder.since_start(t), h1) for t in timed.last)
+        recorder.add("load", step, h0, max(h0, c0), lane=DATA_LANE)
+        if pinning and h1 > c1:  # the main process pins the batch right after collating it
+            recorder.add("collate", step, max(h0, c0), c1, lane=DATA_LANE)
+            recorder.add("pin", step, c1, h1, lane=DATA_LANE)
+        else:
+            recorder.add("collate", step, max(h0, c0), h1, lane=DATA_LANE)
+    else:
+        recorder.add("load", step, h0, h1, lane=DATA_LANE)
 
 
 def record_steps(

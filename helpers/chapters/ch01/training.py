@@ -1,4 +1,4 @@
-"""Chapter 01's evaluation, and the blocking batch copy and wait spans its recorded steps share."""
+"""Chapter 01's evaluation, and the blocking batch copy its recorded steps share."""
 
 from __future__ import annotations
 
@@ -8,35 +8,14 @@ import torch
 from torch import nn
 
 from ...core.progress import no_progress
-from ...core.timing import SpanRecorder
-from ...pipeline.data import TimedCollate, to_float_normalized
+from ...pipeline.data import to_float_normalized
 from ...pipeline.prefetch import move_batch
-from ...pipeline.train import DATA_LANE
 
 
 def blocking_copy(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch's ``(x, y)`` on ``device``, copied blocking (the baseline's) by the workbook's one batch mover."""
     x, y = move_batch((batch[0], batch[1]), device, non_blocking=False)
     return x, y
-
-
-def _can_pin() -> bool:  # a pin_memory=True loader pins only with a CUDA device
-    return torch.cuda.is_available()
-
-
-def _record_wait(recorder: SpanRecorder, step: int, h0: float, timed: TimedCollate | None, pinning: bool) -> None:
-    """Record the wait for one batch, from ``h0`` until now: load, then collate (and pin) when ``timed`` saw it."""
-    h1 = recorder.now()
-    if timed is not None and timed.last is not None:  # collate ran before next() returned: c0 <= c1 <= h1
-        c0, c1 = (min(recorder.since_start(t), h1) for t in timed.last)
-        recorder.add("load", step, h0, max(h0, c0), lane=DATA_LANE)
-        if pinning and h1 > c1:  # the main process pins the batch right after collating it
-            recorder.add("collate", step, max(h0, c0), c1, lane=DATA_LANE)
-            recorder.add("pin", step, c1, h1, lane=DATA_LANE)
-        else:
-            recorder.add("collate", step, max(h0, c0), h1, lane=DATA_LANE)
-    else:
-        recorder.add("load", step, h0, h1, lane=DATA_LANE)
 
 
 @torch.no_grad()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -24,6 +25,8 @@ from ...core.timing import summarize
 from ...core.validate import check_choice, check_float, check_int, human_bytes, human_seconds
 from ...pipeline import transfer
 from ...pipeline.transfer import DTYPES
+from ...ui import published
+from ...ui.published import PublishedFigure
 from . import copies, figures, model, pin_costs
 from .copies import DIRECTIONS, MEMORY_KINDS, CopyFn, Sweep, TransferPoint
 from .model import LatencyBandwidthFit, MiB
@@ -108,6 +111,39 @@ def sweeps_caption(gpu: Evidence[CopySweeps]) -> str:
     if gpu:
         return f"GPU curves: {gpu.source}. Host memcpy: measured now on this machine's CPU."
     return "Host memcpy measured now on this machine's CPU. No GPU curves: none measured here and none recorded yet."
+
+
+# -- section 3: published figures, paired and keyed ---------------------------------------------------------
+
+#: What :func:`pairs` pairs: the attribute that differs, its two values, and the attributes both must share.
+_PAIRS = {
+    "direction": ("direction", "h2d", "d2h", ("url", "gpu", "memory", "transfer_size_bytes", "numa", "method")),
+    "numa": ("numa_side", "near", "far", ("url", "gpu", "direction", "memory", "transfer_size_bytes", "tool")),
+    "memory": ("memory", "pageable", "pinned", ("url", "gpu", "direction", "transfer_size_bytes", "numa")),
+}
+
+
+def pairs(what: str) -> list[tuple[PublishedFigure, PublishedFigure]]:
+    """Published figures that differ in one thing only, from one source and run: ``"direction"`` gives (H2D, D2H)
+    pairs (same GPU, memory kind, size, NUMA placement), ``"numa"`` (near socket, far socket) pairs (same GPU,
+    direction and copy), ``"memory"`` (pageable, pinned) pairs (same GPU, direction, size and NUMA placement)."""
+    field, a, b, same = _PAIRS[check_choice("what", what, _PAIRS)]
+    figs = published.published_figures()
+    xs, ys = [x for x in figs if getattr(x, field) == a], [y for y in figs if getattr(y, field) == b]
+    return [(x, y) for x in xs for y in ys if all(getattr(x, s) == getattr(y, s) for s in same)]
+
+
+def point_key(figures: Sequence[PublishedFigure]) -> str:
+    """The key to the ``[k]`` marks of :func:`~.figures.add_published_points`: one line per series, with its source."""
+    lines = []
+    for k, group in enumerate(published._point_series(figures), start=1):
+        f = group[-1]
+        sizes = ", ".join(published.size_text(g.transfer_size_bytes) for g in group)
+        vals = ", ".join(f"{g.gbps:.1f}" for g in group)
+        lines.append(f"[{k}] {f.short_label()}: {vals} GB/s at {sizes}")
+        source = f"{f.tool}; source: {published.short_source(f.url)}"
+        lines += [f"     {wrapped}" for wrapped in textwrap.wrap(source, 100)]
+    return "\n".join(lines)
 
 
 # One rule for the whole chapter: a measured figure is its median with a band of one IQR either side. A model's

@@ -1,13 +1,15 @@
-"""Chapter 02's figures: the two paths of a host-to-device copy, the bandwidth curves, the pinned/pageable ratio
-and the cost of pinning, drawn with :func:`helpers.ui.plots.sweep_plot` (matplotlib is imported when drawn)."""
+"""Chapter 02's figures: the two paths of a host-to-device copy, the bandwidth curves (with the published points and
+theoretical ceilings), the pinned/pageable ratio and the cost of pinning (matplotlib is imported when drawn)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
 from ...core.validate import human_seconds
+from ...ui import published
+from ...ui.published import PublishedFigure
 from .copies import Sweep, TransferPoint
 from .model import CLAIM_RANGE
 from .pin_costs import PinCost
@@ -161,3 +163,39 @@ def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | Non
         "xlabel": "buffer size (bytes, log scale)",
     }
     return _by_size(series, ax, "time (ms, log scale)", _SIDE, **kw)
+
+
+def add_published_points(ax: Any, figures: Sequence[PublishedFigure]) -> list[PublishedFigure]:
+    """Draw published figures on a bandwidth-vs-size Axes (black-edged diamonds: pinned, triangles: pageable;
+    orange H2D, blue D2H; a source's sizes dotted, ``[k]`` by the largest); return those without a size."""
+    from ...ui import plots  # optional/heavy: matplotlib
+
+    done: set[Any] = set()
+    for k, group in enumerate(published._point_series(figures), start=1):
+        xs, ys = [float(f.transfer_size_bytes or 0) for f in group], [f.gbps for f in group]
+        dotted = ":" if len(group) > 1 else ""
+        kw: dict[str, Any] = {"linestyle": dotted, "linewidth": 0.8, "markeredgewidth": 0.7, "zorder": 4}
+        published._mark(ax, group[-1], xs, ys, done, " [k]", **kw)
+        text = {"textcoords": "offset points", "fontsize": 7, "color": "#222", "zorder": 5}
+        ax.annotate(f"{k}", (xs[-1], ys[-1]), xytext=(4, -3), **text)
+    if ax.get_xscale() == "log":
+        plots.size_ticks(ax)
+    return [f for f in figures if f.transfer_size_bytes is None]
+
+
+def add_theoretical_ceilings(ax: Any, links: Iterable[str], *, skip_gbps: Iterable[float] = ()) -> list[str]:
+    """Dashed lines at the **theoretical** per-direction ceiling of each link (``"PCIe Gen4 x16"``; unknown names
+    ignored), except ceilings in ``skip_gbps`` (already drawn); one line per value. Returns the links drawn."""
+    skip = [float(s) for s in skip_gbps]
+    by_value: dict[float, list[str]] = {}
+    for link in dict.fromkeys(links):
+        c = published.link_ceiling_gbps(link)
+        if c is None or any(abs(c - s) <= 1e-3 * c for s in skip):
+            continue
+        same = next((v for v in by_value if abs(v - c) <= 1e-3 * c), c)
+        by_value.setdefault(same, []).append(link)
+    styles = [":", "-.", (0, (5, 2)), (0, (1, 1))]
+    for i, (c, names) in enumerate(sorted(by_value.items())):
+        label = f"{' = '.join(names)}: {c:.1f} GB/s, {published.KIND_THEORETICAL}"
+        ax.axhline(c, color="#777", linewidth=0.9, linestyle=styles[i % len(styles)], label=label, zorder=1)
+    return [name for _, names in sorted(by_value.items()) for name in names]

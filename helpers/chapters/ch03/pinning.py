@@ -57,27 +57,6 @@ class PinRow:
         return statistics.median(self.round_items_per_s) if self.round_items_per_s else self.result.items_per_s
 
 
-class PinLog:
-    """``on_batch`` callback collecting the pin times :class:`PinnableBatch` batches carry."""
-
-    def __init__(self) -> None:
-        self.seconds: list[float] = []
-        self.threads: list[str] = []
-
-    def __call__(self, batch: Any) -> None:
-        if isinstance(batch, PinnableBatch) and batch.pin_seconds is not None:
-            self.seconds.append(batch.pin_seconds)
-            self.threads.append(batch.pin_thread or "?")
-
-    @property
-    def ms_per_batch(self) -> float | None:  # median; None: nothing was pinned
-        return 1e3 * statistics.median(self.seconds) if self.seconds else None
-
-    @property
-    def thread(self) -> str | None:  # the one that pinned most batches
-        return max(set(self.threads), key=self.threads.count) if self.threads else None
-
-
 def _rounds(runs: dict[str, Callable[[ProgressFn], PinRow]], rounds: int, progress: ProgressFn | None) -> list[PinRow]:
     """Each run once per round, alternating: its last round's row with every round's items/s."""
     last: dict[str, PinRow] = {}
@@ -104,17 +83,24 @@ def pin_memory_experiment(
     rounds: int = 1,
 ) -> list[PinRow]:
     """The workbook's loader with and without ``pin_memory``, per worker count, in alternating rounds; its batches
-    say how long pinning took and in which thread."""
+    say how long pinning took and in which thread (the row's median ms and most frequent thread)."""
     ws = [check_int(f"workers[{i}]", w, 0, MAX_WORKERS) for i, w in enumerate(workers)]
 
     def run(w: int, pin: bool) -> Callable[[ProgressFn], PinRow]:
         def once(progress: ProgressFn) -> PinRow:
-            log = PinLog()
+            pinned: list[tuple[float, str]] = []  # (seconds, thread) of each batch that says it was pinned
+
+            def log(batch: Any) -> None:
+                if isinstance(batch, PinnableBatch) and batch.pin_seconds is not None:
+                    pinned.append((batch.pin_seconds, batch.pin_thread or "?"))
+
             cfg = LoaderConfig(batch_size=batch_size, num_workers=w, pin_memory=pin, persistent_workers=w > 0)
             res = measure_config(
                 dataset, cfg, batches=batches, warmup=warmup, collate_fn=collate_pinnable, on_batch=log
             )
-            return PinRow(w, pin, res, bool(log.seconds), log.ms_per_batch, log.thread)
+            threads = [t for _, t in pinned]
+            ms = 1e3 * statistics.median(s for s, _ in pinned) if pinned else None
+            return PinRow(w, pin, res, bool(pinned), ms, max(set(threads), key=threads.count) if threads else None)
 
         return once
 
