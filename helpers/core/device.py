@@ -1,7 +1,6 @@
 """Which device to use, and the hardware facts that bound a data pipeline (notebook 00's report and checks).
-
-A field of :class:`HardwareReport` that cannot be read is ``None`` and ``report.missing[field]`` says why. Link
-figures here are **theoretical** (PCIe generation and width), never measurements.
+An unreadable :class:`HardwareReport` field is ``None`` and ``report.missing[field]`` says why. Link figures here
+are **theoretical** (PCIe generation and width), never measurements.
 """
 
 from __future__ import annotations
@@ -214,19 +213,19 @@ def pcie_bandwidth_gbps(generation: int, width: int) -> float:
     return _PCIE_GBPS_PER_LANE[generation] * width
 
 
-def _gbps_or_none(gen: Any, width: Any) -> float | None:
-    try:
-        return pcie_bandwidth_gbps(int(gen), int(width))
-    except (TypeError, ValueError):  # unknown (None) or out of range: no figure
-        return None
-
-
 def link_ceiling(
     gen_now: int | None, width_now: int | None, gen_max: int | None, width_max: int | None
 ) -> tuple[float | None, str | None, str | None]:
     """``(GB/s, description, basis)`` of a PCIe link's theoretical ceiling, or three Nones. ``basis``: ``"max"``
     (a link trained lower *now* is idling) or ``"current"`` (a maximum below it: a VM's virtual root port)."""
-    now, top = _gbps_or_none(gen_now, width_now), _gbps_or_none(gen_max, width_max)
+
+    def gbps(gen: Any, width: Any) -> float | None:
+        try:
+            return pcie_bandwidth_gbps(int(gen), int(width))
+        except (TypeError, ValueError):  # unknown (None) or out of range: no figure
+            return None
+
+    now, top = gbps(gen_now, width_now), gbps(gen_max, width_max)
     tail = "(theoretical, per direction)"
     if top is not None and (now is None or now <= top):
         note = ", its maximum" if now is None else ""
