@@ -57,22 +57,24 @@ def _present_kinds() -> dict[str, int]:
     return kinds
 
 
-def check_device_present(device: Any, name: str = "device", *, allowed: tuple[str, ...] = ()) -> torch.device:
-    """``device`` (a string, a ``torch.device`` or a CUDA index) as a ``torch.device`` of a type in ``allowed``
-    (empty: any) that exists here, else a ValueError naming ``name``."""
+def resolve_device(device: Any, kinds: tuple[str, ...] = ("cpu", "cuda"), *, name: str = "device") -> torch.device:
+    """``device`` (a string, a ``torch.device`` or a CUDA index) as a ``torch.device`` of a type in ``kinds``
+    (empty: any) that exists here, else a ValueError naming ``name``; None: CUDA if present, else CPU."""
+    if device is None:
+        return torch.device("cuda" if has_cuda() else "cpu")
     try:
         if isinstance(device, bool):
             raise TypeError
         dev = device if isinstance(device, torch.device) else torch.device(device)
     except (RuntimeError, TypeError, ValueError):
         raise ValueError(f"{name} must be a device such as 'cpu', 'cuda' or 'cuda:0', got {device!r}") from None
-    if allowed and dev.type not in allowed:
-        raise ValueError(f"{name} must be one of {list(allowed)}, got {str(device)!r}")
-    kinds = _present_kinds()
+    if kinds and dev.type not in kinds:
+        raise ValueError(f"{name} must be one of {list(kinds)}, got {str(device)!r}")
+    present = _present_kinds()
     here = ", ".join(
-        f"{k!r}" + (f" ({n} device{'s' if n != 1 else ''})" if k != "cpu" else "") for k, n in kinds.items()
+        f"{k!r}" + (f" ({n} device{'s' if n != 1 else ''})" if k != "cpu" else "") for k, n in present.items()
     )
-    if dev.type not in kinds:
+    if dev.type not in present:
         problem = (cuda_driver_problem() or "").split(". ")[0] if dev.type == "cuda" else ""
         extra = " (no CUDA device is present" + (f"; {problem}" if problem else "") + ")" if dev.type == "cuda" else ""
         raise ValueError(
@@ -81,10 +83,10 @@ def check_device_present(device: Any, name: str = "device", *, allowed: tuple[st
         )
     if dev.type == "cpu" and dev.index not in (None, 0):  # torch accepts 'cpu:7'; there is one CPU device
         raise ValueError(f"{name}={str(device)!r}: the CPU has no device {dev.index}; use {name}='cpu'")
-    if dev.index is not None and dev.index >= kinds[dev.type]:
+    if dev.index is not None and dev.index >= present[dev.type]:
         raise ValueError(
             f"{name}={str(dev)!r}: there is no {dev.type} device with index {dev.index}; "
-            f"this machine has {kinds[dev.type]} (indices 0-{kinds[dev.type] - 1})"
+            f"this machine has {present[dev.type]} (indices 0-{present[dev.type] - 1})"
         )
     return dev
 
@@ -98,20 +100,13 @@ def pick_device(prefer: str | None = None) -> torch.device:
             f"unset {REQUIRE_GPU_ENV} to run on the CPU with reference results instead"
         )
     if prefer is not None:
-        return check_device_present(prefer, "prefer")
+        return resolve_device(prefer, (), name="prefer")
     if has_cuda():
         return torch.device("cuda")
     for kind in _present_kinds():
         if kind not in ("cpu", "cuda"):
             return torch.device(kind)
     return torch.device("cpu")
-
-
-def resolve_device(device: torch.device | str | None, kinds: tuple[str, ...] = ("cpu", "cuda")) -> torch.device:
-    """A helper's ``device`` argument, checked (None: CUDA if present, else CPU)."""
-    if device is None:
-        return torch.device("cuda" if has_cuda() else "cpu")
-    return check_device_present(device, "device", allowed=kinds)
 
 
 def no_cuda_message(what: str) -> str:
@@ -293,11 +288,6 @@ class HardwareReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    def fingerprint(self) -> dict[str, Any]:
-        """The fields that decide whether two measurements are comparable."""
-        names = "gpu_name gpu_count cpu_model cpu_cores_logical pcie_generation_max pcie_width_max".split()
-        return {name: getattr(self, name) for name in names}
 
     def describe(self) -> str:
         """A plain-text table of the facts; unknown values say why."""

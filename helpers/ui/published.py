@@ -164,20 +164,15 @@ def pairs(what: str, figures: Iterable[PublishedFigure] | None = None) -> list[t
 
 def share_table(figures: Iterable[PublishedFigure] | None = None) -> str:
     """A plain-text table: published GB/s and, in its own column, the **theoretical** host-link ceiling."""
-    head = (
-        f"{'GPU, copy':<40}{'size':>10}{'published':>11}  {'host link':<15}{'theoretical':>13}{'share':>7}\n"
-        f"{'':<50}{'GB/s':>11}  {'(product spec)':<15}{'GB/s':>13}"
-    )
-    lines = [head, "-" * len(head.splitlines()[0])]
+    from ..core.rounds import table  # heavy: torch (this module imports without it)
+
+    rows = [["", "", "GB/s", "(product spec)", "GB/s", ""]]
     for f in _figs(figures):
-        c = f.ceiling_gbps
-        share = f"{f.share_of_ceiling:.0%}" if c else "—"
-        size = "—" if f.transfer_size_bytes is None else size_text(f.transfer_size_bytes)
-        lines.append(
-            f"{f.short_label():<40}{size:>10}{f.gbps:>11.2f}  {f.product_link:<15}"
-            f"{(f'{c:.1f}' if c else '—'):>13}{share:>7}"
-        )
-    return "\n".join(lines)
+        c, size = f.ceiling_gbps, size_text(f.transfer_size_bytes) if f.transfer_size_bytes else "—"
+        share = [f"{c:.1f}", f"{f.share_of_ceiling:.0%}"] if c else ["—", "—"]
+        rows.append([f.short_label(), size, f"{f.gbps:.2f}", f.product_link, *share])
+    lines = table(["GPU, copy", "size", "published", "host link", "theoretical", "share"], rows)
+    return "\n".join([*lines[:2], "-" * len(lines[0]), *lines[2:]])
 
 
 def _point_series(figures: Iterable[PublishedFigure] | None = None) -> list[list[PublishedFigure]]:
