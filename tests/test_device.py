@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -39,7 +41,7 @@ def test_hardware_report_on_this_machine() -> None:
     assert rep.cpu_cores_logical and rep.cpu_cores_logical >= 1
     assert rep.ram_total_bytes and rep.ram_total_bytes > 0
     # every unknown field explains itself
-    for name, value in rep.to_dict().items():
+    for name, value in dataclasses.asdict(rep).items():
         if value is None:
             assert name in rep.missing, f"{name} is None without a reason"
     text = rep.describe()

@@ -286,9 +286,6 @@ class HardwareReport:
     driver_cuda_version: str | None = None
     missing: dict[str, str] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     def describe(self) -> str:
         """A plain-text table of the facts; unknown values say why."""
 
@@ -484,7 +481,7 @@ def hardware_report(device: torch.device | str | None = None) -> HardwareReport:
     _fill_gpu(rep, index)
     if rep.link_description is None:
         rep.missing.setdefault("link_description", rep.missing.get("link_bandwidth_gbps", "link not identified"))
-    for name, value in rep.to_dict().items():  # every unknown field must say why
+    for name, value in asdict(rep).items():  # every unknown field must say why
         if value is None:
             rep.missing.setdefault(name, "could not be read on this machine")
     return rep

@@ -71,7 +71,7 @@ class ResultSet:
             method=method,
             provenance={
                 "hardware": {n: getattr(rep, n) for n in hardware.split()},
-                "report": rep.to_dict(),
+                "report": asdict(rep),
                 **software,
             },
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
