@@ -513,13 +513,13 @@ def environment_check(report: HardwareReport | None = None, shm_min_bytes: int =
     rep = report or hardware_report()
     problem = None if rep.cuda_available else cuda_driver_problem(rep)
     if rep.cuda_available:
-        lines.append(CheckLine("device", True, f"CUDA: {rep.gpu_name}, driver {rep.driver_version or 'unknown'}"))
+        detail = f"CUDA: {rep.gpu_name}, driver {rep.driver_version or 'unknown'}"
     elif problem:
-        lines.append(CheckLine("device", False, f"running on {rep.device}, not on the GPU. {problem}"))
+        detail = f"running on {rep.device}, not on the GPU. {problem}"
     else:
-        no_gpu = "GPU parts show reference results recorded on a real GPU"
         detail = f"no CUDA device; running on {rep.device}. Every chapter still runs: CPU parts are measured live, "
-        lines.append(CheckLine("device", False, detail + no_gpu))
+        detail += "GPU parts show reference results recorded on a real GPU"
+    lines.append(CheckLine("device", rep.cuda_available, detail))
     try:
         tier, reason = config.decide_tier()
         lines.append(CheckLine("sizes", True, f"{tier} tier: {reason}"))
