@@ -35,7 +35,7 @@ def test_every_entry_has_every_field_and_valid_values():
         for key in ("gpu", "link", "product_link", "tool", "method", "numa", "where", "published"):
             assert entry[key].strip(), (entry["id"], key)
     figs = published_table.check_file(published.data_file())
-    assert len(figs) == len(raw["figures"]) and figs == published.load()
+    assert len(figs) == len(raw["figures"]) and figs == published.published_figures()
 
 
 def test_enough_figures_generations_and_both_kinds():
@@ -55,10 +55,10 @@ def test_no_duplicates():
 
 
 def test_units_are_converted_with_the_tools_definition():
-    p100 = next(f for f in published.load() if f.unit == "MB/s")
+    p100 = next(f for f in published.published_figures() if f.unit == "MB/s")
     assert p100.unit_bytes_per_s == 1.024e6
     assert p100.gbps == pytest.approx(p100.value * 1.024e-3)
-    gb = next(f for f in published.load() if f.unit == "GB/s")
+    gb = next(f for f in published.published_figures() if f.unit == "GB/s")
     assert gb.gbps == pytest.approx(gb.value)
 
 
@@ -66,7 +66,7 @@ def test_ceilings_are_theoretical_and_shares_below_one():
     assert published.link_ceiling_gbps("PCIe Gen4 x16") == pytest.approx(31.5, rel=0.01)
     assert published.link_ceiling_gbps("NVLink-C2C") == published.NVLINK_C2C_GBPS
     assert published.link_ceiling_gbps("not stated") is None
-    for f in published.load():
+    for f in published.published_figures():
         assert f.ceiling_gbps is not None, f.id
         assert 0 < f.share_of_ceiling < 1, f.id  # a measurement above its link's ceiling would be a data error
 
@@ -124,7 +124,7 @@ def test_filters_validate_their_arguments():
 def test_markdown_table_and_readme_block_render():
     table = published_table.markdown_table()
     lines = table.splitlines()
-    assert len(lines) == 2 + len(published.load())
+    assert len(lines) == 2 + len(published.published_figures())
     assert all(line.count("|") >= 11 for line in lines)
     assert "theoretical" not in table.lower() and "measured here" not in table
     block = published_table.published_block()

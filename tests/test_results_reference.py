@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from helpers.core import reference, results
+from helpers.core import evidence, reference, results
 
 
 @pytest.fixture()
@@ -90,7 +90,8 @@ def test_reference_fallback_and_lookup(rs: results.ResultSet, tmp_path, monkeypa
     ref.provenance["driver_version"] = "580.1"
     ref.save(tmp_path / "h200.json")
     (tmp_path / "broken.json").write_text("{")
-    hits = reference.find("ch02.h2d_bandwidth", memory="pinned")
-    assert len(hits) == 1 and hits[0][1][0].value == 10.0
-    assert "Recorded on NVIDIA H200, driver 580.1" in reference.provenance_line(hits[0][0])
-    assert reference.artifacts("ch05.trace")[0][1] == {"spans": [], "metadata": {}}
+    assert len(reference.references()) == 1  # the broken file is skipped
+    hits = evidence.recorded("H2D", "ch02.h2d_bandwidth", lambda rs, recs: recs, memory="pinned")
+    assert hits.kind == "recorded" and len(hits.value) == 1 and hits.value[0].value == 10.0
+    assert "Recorded on NVIDIA H200, driver 580.1" in hits.source
+    assert evidence.recorded_artifact("trace", "ch05.trace").value == {"spans": [], "metadata": {}}

@@ -1,7 +1,6 @@
 """Which device to use, and the hardware facts that bound a data pipeline (notebook 00's report and checks).
-
-A field of :class:`HardwareReport` that cannot be read is ``None`` and ``report.missing[field]`` says why. Link
-figures here are **theoretical** (PCIe generation and width), never measurements.
+An unreadable :class:`HardwareReport` field is ``None`` and ``report.missing[field]`` says why. Link figures here
+are **theoretical** (PCIe generation and width), never measurements.
 """
 
 from __future__ import annotations
@@ -58,22 +57,24 @@ def _present_kinds() -> dict[str, int]:
     return kinds
 
 
-def check_device_present(device: Any, name: str = "device", *, allowed: tuple[str, ...] = ()) -> torch.device:
-    """``device`` (a string, a ``torch.device`` or a CUDA index) as a ``torch.device`` of a type in ``allowed``
-    (empty: any) that exists here, else a ValueError naming ``name``."""
+def resolve_device(device: Any, kinds: tuple[str, ...] = ("cpu", "cuda"), *, name: str = "device") -> torch.device:
+    """``device`` (a string, a ``torch.device`` or a CUDA index) as a ``torch.device`` of a type in ``kinds``
+    (empty: any) that exists here, else a ValueError naming ``name``; None: CUDA if present, else CPU."""
+    if device is None:
+        return torch.device("cuda" if has_cuda() else "cpu")
     try:
         if isinstance(device, bool):
             raise TypeError
         dev = device if isinstance(device, torch.device) else torch.device(device)
     except (RuntimeError, TypeError, ValueError):
         raise ValueError(f"{name} must be a device such as 'cpu', 'cuda' or 'cuda:0', got {device!r}") from None
-    if allowed and dev.type not in allowed:
-        raise ValueError(f"{name} must be one of {list(allowed)}, got {str(device)!r}")
-    kinds = _present_kinds()
+    if kinds and dev.type not in kinds:
+        raise ValueError(f"{name} must be one of {list(kinds)}, got {str(device)!r}")
+    present = _present_kinds()
     here = ", ".join(
-        f"{k!r}" + (f" ({n} device{'s' if n != 1 else ''})" if k != "cpu" else "") for k, n in kinds.items()
+        f"{k!r}" + (f" ({n} device{'s' if n != 1 else ''})" if k != "cpu" else "") for k, n in present.items()
     )
-    if dev.type not in kinds:
+    if dev.type not in present:
         problem = (cuda_driver_problem() or "").split(". ")[0] if dev.type == "cuda" else ""
         extra = " (no CUDA device is present" + (f"; {problem}" if problem else "") + ")" if dev.type == "cuda" else ""
         raise ValueError(
@@ -82,10 +83,10 @@ def check_device_present(device: Any, name: str = "device", *, allowed: tuple[st
         )
     if dev.type == "cpu" and dev.index not in (None, 0):  # torch accepts 'cpu:7'; there is one CPU device
         raise ValueError(f"{name}={str(device)!r}: the CPU has no device {dev.index}; use {name}='cpu'")
-    if dev.index is not None and dev.index >= kinds[dev.type]:
+    if dev.index is not None and dev.index >= present[dev.type]:
         raise ValueError(
             f"{name}={str(dev)!r}: there is no {dev.type} device with index {dev.index}; "
-            f"this machine has {kinds[dev.type]} (indices 0-{kinds[dev.type] - 1})"
+            f"this machine has {present[dev.type]} (indices 0-{present[dev.type] - 1})"
         )
     return dev
 
@@ -99,20 +100,13 @@ def pick_device(prefer: str | None = None) -> torch.device:
             f"unset {REQUIRE_GPU_ENV} to run on the CPU with reference results instead"
         )
     if prefer is not None:
-        return check_device_present(prefer, "prefer")
+        return resolve_device(prefer, (), name="prefer")
     if has_cuda():
         return torch.device("cuda")
     for kind in _present_kinds():
         if kind not in ("cpu", "cuda"):
             return torch.device(kind)
     return torch.device("cpu")
-
-
-def resolve_device(device: torch.device | str | None, kinds: tuple[str, ...] = ("cpu", "cuda")) -> torch.device:
-    """A helper's ``device`` argument, checked (None: CUDA if present, else CPU)."""
-    if device is None:
-        return torch.device("cuda" if has_cuda() else "cpu")
-    return check_device_present(device, "device", allowed=kinds)
 
 
 def no_cuda_message(what: str) -> str:
@@ -214,19 +208,19 @@ def pcie_bandwidth_gbps(generation: int, width: int) -> float:
     return _PCIE_GBPS_PER_LANE[generation] * width
 
 
-def _gbps_or_none(gen: Any, width: Any) -> float | None:
-    try:
-        return pcie_bandwidth_gbps(int(gen), int(width))
-    except (TypeError, ValueError):  # unknown (None) or out of range: no figure
-        return None
-
-
 def link_ceiling(
     gen_now: int | None, width_now: int | None, gen_max: int | None, width_max: int | None
 ) -> tuple[float | None, str | None, str | None]:
     """``(GB/s, description, basis)`` of a PCIe link's theoretical ceiling, or three Nones. ``basis``: ``"max"``
     (a link trained lower *now* is idling) or ``"current"`` (a maximum below it: a VM's virtual root port)."""
-    now, top = _gbps_or_none(gen_now, width_now), _gbps_or_none(gen_max, width_max)
+
+    def gbps(gen: Any, width: Any) -> float | None:
+        try:
+            return pcie_bandwidth_gbps(int(gen), int(width))
+        except (TypeError, ValueError):  # unknown (None) or out of range: no figure
+            return None
+
+    now, top = gbps(gen_now, width_now), gbps(gen_max, width_max)
     tail = "(theoretical, per direction)"
     if top is not None and (now is None or now <= top):
         note = ", its maximum" if now is None else ""
@@ -291,14 +285,6 @@ class HardwareReport:
     link_basis: str | None = None
     driver_cuda_version: str | None = None
     missing: dict[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def fingerprint(self) -> dict[str, Any]:
-        """The fields that decide whether two measurements are comparable."""
-        names = "gpu_name gpu_count cpu_model cpu_cores_logical pcie_generation_max pcie_width_max".split()
-        return {name: getattr(self, name) for name in names}
 
     def describe(self) -> str:
         """A plain-text table of the facts; unknown values say why."""
@@ -495,7 +481,7 @@ def hardware_report(device: torch.device | str | None = None) -> HardwareReport:
     _fill_gpu(rep, index)
     if rep.link_description is None:
         rep.missing.setdefault("link_description", rep.missing.get("link_bandwidth_gbps", "link not identified"))
-    for name, value in rep.to_dict().items():  # every unknown field must say why
+    for name, value in asdict(rep).items():  # every unknown field must say why
         if value is None:
             rep.missing.setdefault(name, "could not be read on this machine")
     return rep
@@ -527,13 +513,13 @@ def environment_check(report: HardwareReport | None = None, shm_min_bytes: int =
     rep = report or hardware_report()
     problem = None if rep.cuda_available else cuda_driver_problem(rep)
     if rep.cuda_available:
-        lines.append(CheckLine("device", True, f"CUDA: {rep.gpu_name}, driver {rep.driver_version or 'unknown'}"))
+        detail = f"CUDA: {rep.gpu_name}, driver {rep.driver_version or 'unknown'}"
     elif problem:
-        lines.append(CheckLine("device", False, f"running on {rep.device}, not on the GPU. {problem}"))
+        detail = f"running on {rep.device}, not on the GPU. {problem}"
     else:
-        no_gpu = "GPU parts show reference results recorded on a real GPU"
         detail = f"no CUDA device; running on {rep.device}. Every chapter still runs: CPU parts are measured live, "
-        lines.append(CheckLine("device", False, detail + no_gpu))
+        detail += "GPU parts show reference results recorded on a real GPU"
+    lines.append(CheckLine("device", rep.cuda_available, detail))
     try:
         tier, reason = config.decide_tier()
         lines.append(CheckLine("sizes", True, f"{tier} tier: {reason}"))

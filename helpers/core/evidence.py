@@ -12,7 +12,7 @@ from typing import Any, Generic, Literal, TypeVar
 import torch
 
 from .device import no_cuda_message
-from .reference import CitedFigure, artifacts, cited_for, find, missing_message, no_published_sentence, provenance_line
+from .reference import CitedFigure, cited_for, missing_message, no_published_sentence, provenance_line, references
 from .results import Record, ResultSet
 from .validate import wrap
 
@@ -93,14 +93,16 @@ def recorded(
 ) -> Evidence[Any]:
     """The newest reference file's records for ``key`` (and ``params``) through ``convert(rs, records)``
     (None: missing); else :func:`published_elsewhere`."""
-    return _newest(what, find(key, **params), convert, note) or published_elsewhere(what, key, note)
+    hits = [(rs, recs) for rs in references() if (recs := rs.find(key, **params))]
+    return _newest(what, hits, convert, note) or published_elsewhere(what, key, note)
 
 
 def recorded_artifact(
     what: str, name: str, convert: Callable[[ResultSet, Any], T] | None = None, note: str = ""
 ) -> Evidence[Any]:
     """The newest reference file's artifact ``name`` (a span trace), converted; else published elsewhere."""
-    return _newest(what, artifacts(name), convert, note) or published_elsewhere(what, name, note, f"artifact {name}")
+    hits = [(rs, rs.artifacts[name]) for rs in references() if name in rs.artifacts]
+    return _newest(what, hits, convert, note) or published_elsewhere(what, name, note, f"artifact {name}")
 
 
 def _newest(what: str, hits: Iterable[tuple[ResultSet, Any]], convert: Any, note: str) -> Evidence[Any] | None:
@@ -109,12 +111,6 @@ def _newest(what: str, hits: Iterable[tuple[ResultSet, Any]], convert: Any, note
         if value is not None:
             return Evidence(what, "recorded", value, provenance_line(rs) + " (not this machine)", note)
     return None
-
-
-def published(what: str, value: T, citation: str) -> Evidence[T]:
-    if not citation:
-        raise ValueError("a published figure needs its citation")
-    return Evidence(what, "published", value, f"published: {citation}")
 
 
 def theoretical(what: str, value: T, basis: str) -> Evidence[T]:

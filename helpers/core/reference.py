@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .results import Record, ResultSet
+from .results import ResultSet
 from .validate import check_fields, wrap
 
 REFERENCE_ENV = "WORKBOOK_REFERENCE_DIR"
@@ -36,21 +36,6 @@ def references() -> list[ResultSet]:
             print(f"warning: skipping reference file {path.name}: {exc}")
     out.sort(key=lambda r: r.created, reverse=True)
     return out
-
-
-def find(key: str, **params: Any) -> list[tuple[ResultSet, list[Record]]]:
-    """Reference sets that hold records for ``key`` (and ``params``), with those records."""
-    hits = []
-    for rs in references():
-        recs = rs.find(key, **params)
-        if recs:
-            hits.append((rs, recs))
-    return hits
-
-
-def artifacts(name: str) -> list[tuple[ResultSet, Any]]:
-    """Reference sets that hold artifact ``name`` (e.g. a span trace), with it."""
-    return [(rs, rs.artifacts[name]) for rs in references() if name in rs.artifacts]
 
 
 def provenance_line(rs: ResultSet) -> str:

@@ -62,12 +62,14 @@ class ResultSet:
 
         if not name or not isinstance(name, str):
             raise ValueError("name must be a non-empty string")
-        rep = hardware_report(device)
-        names = "driver_version cuda_runtime_version torch_version torchvision_version python_version platform".split()
+        rep = asdict(hardware_report(device))
+        hardware = "gpu_name gpu_count cpu_model cpu_cores_logical pcie_generation_max pcie_width_max"  # comparable?
+        versions = "driver_version cuda_runtime_version torch_version torchvision_version python_version platform"
+        provenance = {"hardware": {n: rep[n] for n in hardware.split()}, "report": rep}
         return cls(
             name=name,
             method=method,
-            provenance={"hardware": rep.fingerprint(), "report": rep.to_dict(), **{n: getattr(rep, n) for n in names}},
+            provenance=provenance | {n: rep[n] for n in versions.split()},
             created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             mode=mode_name(),
             notes=notes,

@@ -84,7 +84,10 @@ class Timing:
     @property
     def quartiles_s(self) -> tuple[float, float]:
         """(25th, 75th) percentile of one call, interpolated (the median twice with fewer than 2 samples)."""
-        return _quartiles(self.times_s) if len(self.times_s) > 1 else (self.median_s, self.median_s)
+        if len(self.times_s) < 2:
+            return self.median_s, self.median_s
+        q1, _, q3 = statistics.quantiles(self.times_s, n=4, method="inclusive")
+        return q1, q3
 
     def __str__(self) -> str:
         text = (
@@ -94,22 +97,17 @@ class Timing:
         return wrap(text, indent="    ")
 
 
-def _quartiles(values: list[float]) -> tuple[float, float]:
-    if len(values) < 2:
-        return values[0], values[0]
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q1, q3
-
-
 def summarize(label: str, times_s: list[float], **metadata: Any) -> Timing:
     """A :class:`Timing` of raw per-call samples (seconds); ValueError if there are none."""
     if len(times_s) == 0:
         raise ValueError("times_s must hold at least one sample, got none")
     samples = [float(t) for t in times_s]
     metadata.setdefault("mode", mode_name())
-    q1, q3 = _quartiles(samples)
     median, mean = statistics.median(samples), statistics.fmean(samples)
-    return Timing(label, median, q3 - q1, mean, min(samples), max(samples), len(samples), samples, metadata)
+    timing = Timing(label, median, 0.0, mean, min(samples), max(samples), len(samples), samples, metadata)
+    q1, q3 = timing.quartiles_s
+    timing.iqr_s = q3 - q1
+    return timing
 
 
 def measure(

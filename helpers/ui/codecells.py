@@ -83,13 +83,6 @@ def _kernel_inputs() -> list[str]:
     return [s for s in ip.user_ns.get("In", []) if isinstance(s, str)] if ip is not None else []
 
 
-def _method_files(obj: Any) -> list[str]:
-    """For a class defined in a cell: the cell files IPython registers in ``linecache`` for its methods
-    (``__main__`` has no file, and nbval keeps no input history)."""
-    codes = [getattr(getattr(v, "__func__", v), "__code__", None) for v in vars(obj).values()]
-    return list(dict.fromkeys(c.co_filename for c in codes if c is not None)) if isinstance(obj, type) else []
-
-
 def current_source(name: str, namespace: Mapping[str, Any] | None = None) -> str:
     """The source of ``name`` as it runs now: its newest definition in the executed cells, else ``inspect``."""
     for cell in reversed(_kernel_inputs()):
@@ -105,7 +98,11 @@ def current_source(name: str, namespace: Mapping[str, Any] | None = None) -> str
             return inspect.getsource(obj).rstrip("\n")
         except (OSError, TypeError):
             pass
-        for filename in _method_files(obj):  # a class defined in a cell: its module (__main__) has no file
+        # A class defined in a cell: its module (__main__) has no file, and nbval keeps no input history, but
+        # IPython registers each cell's file in linecache, where its methods' code points.
+        codes = [getattr(getattr(v, "__func__", v), "__code__", None) for v in vars(obj).values()]
+        files = dict.fromkeys(c.co_filename for c in codes if c is not None) if isinstance(obj, type) else {}
+        for filename in files:
             try:
                 source = definitions("".join(linecache.getlines(filename))).get(name)
             except SyntaxError:

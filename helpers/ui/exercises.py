@@ -184,15 +184,6 @@ def _strict_gpu_error(exc: BaseException) -> bool:
 _UNIT_SLIPS = ((1e3, "seconds or milliseconds? a factor of 1,000", 0.01), (2**20 / 1e6, "MiB or MB?", 2e-3))
 
 
-def _units_hint(answer: float, expected: float) -> str:
-    """A hint when the answer is off by a unit factor (s vs ms, MiB vs MB), else ''."""
-    ratio = answer / expected if expected and answer else 0.0
-    for factor, what, tol in _UNIT_SLIPS:
-        if any(math.isclose(ratio, r, rel_tol=tol) for r in (factor, 1 / factor)):
-            return f"; check the units: {what}"
-    return ""
-
-
 def compare(answer: Any, expected: Any, rel_tol: float = 0.05, abs_tol: float = 0.0) -> tuple[bool, str]:
     """``(right?, what is wrong)``; ``expected`` is a number (relative tolerance), a string or strings (case-, space-
     and ``"b)"``-insensitive), a bool, or ``expected(answer) -> bool | str``. Never names the expected value."""
@@ -210,8 +201,10 @@ def compare(answer: Any, expected: Any, rel_tol: float = 0.05, abs_tol: float = 
             return False, "the answer is not a finite number"
         if math.isclose(float(answer), float(expected), rel_tol=rel_tol, abs_tol=abs_tol):
             return True, ""
-        direction = "too high" if float(answer) > float(expected) else "too low"
-        return False, f"{answer:.4g} is {direction}{_units_hint(float(answer), float(expected))}"
+        ratio = float(answer) / float(expected) if expected and answer else 0.0
+        slips = [what for f, what, tol in _UNIT_SLIPS if any(math.isclose(ratio, r, rel_tol=tol) for r in (f, 1 / f))]
+        hint = f"; check the units: {slips[0]}" if slips else ""  # off by a unit factor (s vs ms, MiB vs MB)
+        return False, f"{answer:.4g} is {'too high' if float(answer) > float(expected) else 'too low'}{hint}"
     if isinstance(expected, Collection):  # a string, or a collection of accepted strings
         if not isinstance(answer, str):
             return False, f"answer with a string, not {type(answer).__name__} {answer!r}"
@@ -270,19 +263,15 @@ def show_solution(exercise: str) -> Solution:
     return Solution(key.solution_text(exercise))
 
 
-def _run_facts(exercise: str, answer: Any, ns: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """``(the figures of the reader's run this exercise is graded on, why they could not be read)``."""
+def _evaluate(exercise: str, part: Part, ns: dict[str, Any]) -> ExerciseResult:
+    answer, expected, hint, explanation = part.answer, part.expected, part.hint, part.explanation
+    facts, facts_error = None, ""  # the figures of the reader's run this exercise is graded on
     try:
-        return (RUN_FACTS[exercise](dict(ns), answer) if exercise in RUN_FACTS else None), ""
+        facts = RUN_FACTS[exercise](dict(ns), answer) if exercise in RUN_FACTS else None
     except Exception as exc:  # the run's figures are missing: say so instead of a traceback
         if _strict_gpu_error(exc):
             raise
-        return None, f"{type(exc).__name__}: {exc}"
-
-
-def _evaluate(exercise: str, part: Part, ns: dict[str, Any]) -> ExerciseResult:
-    answer, expected, hint, explanation = part.answer, part.expected, part.hint, part.explanation
-    facts, facts_error = _run_facts(exercise, answer, ns)
+        facts_error = f"{type(exc).__name__}: {exc}"
     record = {"exercise": exercise, "answer": encode_answer(answer), "facts": facts}
     record["expected_given"] = expected is not None
     if answer is None or answer is Ellipsis:

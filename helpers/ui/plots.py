@@ -131,7 +131,6 @@ def sweep_plot(
     xlabel: str,
     ylabel: str,
     title: str = "",
-    logx: bool = True,
     logy: bool = True,
     ceiling: tuple[float, str] | None = None,
     source: str | None = None,
@@ -146,8 +145,7 @@ def sweep_plot(
         ax.plot(list(xs), list(ys), label=label, **kw)
     if ceiling is not None:
         ax.axhline(ceiling[0], color="#444", linestyle="--", linewidth=1, label=ceiling[1])
-    if logx:
-        ax.set_xscale("log")
+    ax.set_xscale("log")
     if logy:
         ax.set_yscale("log")
         plain_log_ticks(ax.yaxis)

@@ -112,15 +112,10 @@ def link_ceiling_gbps(link: str) -> float | None:
     return NVLINK_C2C_GBPS if link.strip() == "NVLink-C2C" else None
 
 
-def load() -> list[PublishedFigure]:
-    """Every shipped figure, in the file's order."""
-    doc = json.loads(data_file().read_text(encoding="utf-8"))
-    return [PublishedFigure(**raw) for raw in doc["figures"]]
-
-
 @lru_cache(maxsize=1)
 def _cached() -> tuple[PublishedFigure, ...]:
-    return tuple(load())
+    """Every shipped figure, in the file's order."""
+    return tuple(PublishedFigure(**raw) for raw in json.loads(data_file().read_text(encoding="utf-8"))["figures"])
 
 
 def _figs(figures: Iterable[PublishedFigure] | None) -> list[PublishedFigure]:
