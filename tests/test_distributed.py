@@ -125,11 +125,10 @@ def test_commands() -> None:
     assert cmd[:4] == [sys.executable, "-m", "helpers.chapters.ch07.torchrun", "--local-addr=127.0.0.1"]
     assert "--standalone" in cmd and "--nproc-per-node=2" in cmd
     assert cmd[-3:] == ["-m", "helpers.chapters.ch07.ddp_train", "--epochs=1"]
-    text = D.multi_node_command(2, 8, "node0.example:29400", node_rank=1)
+    text = D.multi_node_command(2, 8, "node0.example:29400")
     for part in (
         "--nnodes=2",
         "--nproc-per-node=8",
-        "--node-rank=1",
         "--rdzv-backend=c10d",
         "--rdzv-endpoint=node0.example:29400",
         "--rdzv-id=",
