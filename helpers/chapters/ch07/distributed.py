@@ -53,10 +53,8 @@ def shard_table(
     n: int, world_size: int, *, shuffle: bool = False, epoch: int | None = 0, drop_last: bool = False
 ) -> dict[int, list[int]]:
     """``{rank: indices}`` for every rank; unshuffled by default, so the interleaving (``r, r + W, ...``) shows."""
-    world_size = check_int("world_size", world_size, 1, 4096)
-    return {
-        r: shard_indices(n, world_size, r, shuffle=shuffle, epoch=epoch, drop_last=drop_last) for r in range(world_size)
-    }
+    ranks = range(check_int("world_size", world_size, 1, 4096))
+    return {r: shard_indices(n, world_size, r, shuffle=shuffle, epoch=epoch, drop_last=drop_last) for r in ranks}
 
 
 def format_shard_table(table: Mapping[int, Sequence[int]], n: int, max_items: int = 20) -> str:
@@ -347,7 +345,7 @@ def launch_ddp(
     if data_dir is None:
         info = make_shapes_dataset()  # generated once here, not by every rank
         data_dir, val_dir = info.train_dir, info.val_dir if val_dir is None else val_dir
-    args = [f"--data-dir={data_dir}"] + ["--no-val" if val_dir is None else f"--val-dir={val_dir}"]
+    args = [f"--data-dir={data_dir}"] + ([] if val_dir is None else [f"--val-dir={val_dir}"])
     args += [f"--{k.replace('_', '-')}={v}" for k, v in settings.items() if k != "nproc" and v is not None]
     with torchrun.work_dir() as work:
         args = [f"--out={work / 'results'}", *args, *extra_args]
