@@ -189,8 +189,7 @@ class DistributedRun:
     ranks: list[dict[str, Any]]
     wall_s: float
     settings: dict[str, Any] = field(default_factory=dict)
-    stdout: str = ""
-    stderr: str = ""
+    stderr: str = ""  # torchrun's and the ranks' output
     tracked_pids: list[int] = field(default_factory=list)
     leftover_pids: list[int] = field(default_factory=list)
     listening: list[tuple[int, str, int]] = field(default_factory=list)

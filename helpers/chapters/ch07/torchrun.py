@@ -209,13 +209,6 @@ def _die_with_parent() -> Callable[[], None] | None:
     return lambda: prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
 
 
-def _job_env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **loopback_env()}
-    root = str(Path(__file__).resolve().parents[3])  # the folder that holds helpers/
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    return env
-
-
 def _read_json(paths: Iterable[Path]) -> list[dict[str, Any]]:
     out = []
     for f in paths:
@@ -225,8 +218,6 @@ def _read_json(paths: Iterable[Path]) -> list[dict[str, Any]]:
 
 
 _ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
-
-
 _NO_CAUSE = {"rank": None, "error_type": "", "error_message": "", "rank_traceback": ""}
 
 
@@ -269,13 +260,16 @@ def run_job(
     ``DistributedRun``. A ``KeyboardInterrupt`` is raised again once they are, with ``tracked_pids`` and
     ``leftover_pids``."""
     t0, results = time.perf_counter(), work / "results"
-    with open(work / "stdout.txt", "wb") as out, open(work / "stderr.txt", "wb") as err:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **loopback_env()}
+    root = str(Path(__file__).resolve().parents[3])  # the folder that holds helpers/
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    with open(work / "output.txt", "wb") as out:  # torchrun's and the ranks' output, stdout and stderr
         proc = subprocess.Popen(
             list(cmd),
             stdout=out,
-            stderr=err,
+            stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=_job_env(),
+            env=env,
             cwd=str(work),
             start_new_session=os.name == "posix",
             preexec_fn=_die_with_parent(),
@@ -297,13 +291,12 @@ def run_job(
         )
         stop.tracked_pids, stop.leftover_pids = sorted(tracker.procs), leftover  # type: ignore[attr-defined]
         raise stop
-    stdout, stderr = ((work / f"{name}.txt").read_text(errors="replace") for name in ("stdout", "stderr"))
+    stderr = (work / "output.txt").read_text(errors="replace")
     ranks = _read_json(f for f in sorted(results.glob("rank*.json")) if not f.name.endswith(".error.json"))
     return dict(
         command=list(cmd),
         ranks=sorted(ranks, key=lambda r: r["rank"]),
         wall_s=wall_s,
-        stdout=stdout,
         stderr=stderr,
         tracked_pids=sorted(tracker.procs),
         leftover_pids=leftover,
