@@ -37,10 +37,8 @@ def check_job_device(device: torch.device | str | None) -> torch.device:
     if dev.type == "cpu" and dev.index is not None:
         raise ValueError(f"device={str(device)!r}: the CPU has no device index; use {use}")
     if dev.type == "cpu" and has_cuda():
-        raise ValueError(
-            f"device={str(device)!r}: with CUDA present the torchrun job runs on the GPUs (nccl, one rank per "
-            "GPU), not on the CPU; use device='cuda' (or None)"
-        )
+        why = "with CUDA present the torchrun job runs on the GPUs (nccl, one rank per GPU), not on the CPU"
+        raise ValueError(f"device={str(device)!r}: {why}; use {use}")
     return dev
 
 
