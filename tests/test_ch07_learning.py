@@ -89,11 +89,7 @@ def test_evaluate_shared_scores_every_item_once_over_the_ranks() -> None:
 
 def test_worker_script_options_for_validation() -> None:
     a = parse_args(["--out", "x"])
-    assert not a.no_val and a.val_dir is None and ddp_train.LR == pytest.approx(0.05)
-    assert parse_args(["--out", "x", "--no-val"]).no_val
-    for bad in (["--limit", "0"],):
-        with pytest.raises(SystemExit):
-            parse_args(["--out", "x", *bad])
+    assert a.data_dir is None and a.val_dir is None and ddp_train.LR == pytest.approx(0.05)
 
 
 def _run_with(ranks: list[dict[str, Any]]) -> D.DistributedRun:
@@ -126,8 +122,8 @@ def test_launcher_passes_the_validation_set(monkeypatch: pytest.MonkeyPatch, tmp
         D.launch_ddp(1, data_dir=tmp_path, val_dir=tmp_path / "v", limit=128)
     assert f"--val-dir={tmp_path / 'v'}" in seen["args"] and "--limit=128" in seen["args"]
     with pytest.raises(RuntimeError, match="stop here"):
-        D.launch_ddp(1, data_dir=tmp_path)  # a data set of the reader's own, no held-out folder given
-    assert "--no-val" in seen["args"]
+        D.launch_ddp(1, data_dir=tmp_path)  # a data set of the reader's own, no held-out folder given: no validation
+    assert f"--data-dir={tmp_path}" in seen["args"] and not any(a.startswith("--val-dir") for a in seen["args"])
     with pytest.raises(ValueError, match="limit"):
         D.launch_ddp(1, data_dir=tmp_path, limit=0)
 

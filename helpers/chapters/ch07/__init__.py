@@ -1,6 +1,5 @@
-"""Chapter 07, beyond one GPU: the chapter interface (:mod:`helpers.ui.chapter`) over :mod:`.distributed`.
-Each panel run is a real torchrun job on this machine (``gloo`` on CPU cores, ``nccl`` one process per GPU).
-"""
+"""Chapter 07, beyond one GPU: the chapter interface over :mod:`.distributed`; each panel run is a real torchrun
+job on this machine (``gloo`` on CPU cores, ``nccl`` one process per GPU)."""
 
 from __future__ import annotations
 
@@ -38,15 +37,12 @@ def check_job_device(device: torch.device | str | None) -> torch.device:
     if dev.type == "cpu" and dev.index is not None:
         raise ValueError(f"device={str(device)!r}: the CPU has no device index; use {use}")
     if dev.type == "cpu" and has_cuda():
-        raise ValueError(
-            f"device={str(device)!r}: with CUDA present the torchrun job runs on the GPUs (nccl, one rank per "
-            "GPU), not on the CPU; use device='cuda' (or None)"
-        )
+        why = "with CUDA present the torchrun job runs on the GPUs (nccl, one rank per GPU), not on the CPU"
+        raise ValueError(f"device={str(device)!r}: {why}; use {use}")
     return dev
 
 
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """Processes (ranks), workers and batch per rank, from ``context``'s ``nproc``, ``workers_per_rank``, ``batch``."""
     from ...ui.widgets import W  # optional/heavy: ipywidgets
 
     top = distributed.max_processes()
@@ -63,7 +59,6 @@ def panel_controls(**context: Any) -> dict[str, Any]:
 def panel_run(
     progress: ProgressFn, *, device: torch.device | str, processes: int, workers: int, batch_size: int, **context: Any
 ) -> Evidence[DistributedRun]:
-    """One torchrun job with these settings, and ``context``'s ``epochs``, ``limit``, ``width``, ``timeout_s``."""
     device = check_job_device(device)
     job = {k: context[k] for k in ("epochs", "limit", "width", "timeout_s") if k in context}
     run = distributed.launch_ddp(processes, workers=workers, batch_size=batch_size, progress=progress, **job)
@@ -99,18 +94,15 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
     if bars:  # (none: an empty chart with its labels)
         plots.stacked_phases(bars, ax, unit="s", title=title)
     tops = [sum(per.values()) for per in bars.values()]
-    for i, (rec, top) in enumerate(zip(runs, tops)):
-        ax.annotate(f"total {rec.result.value.total_items_per_s():.0f}", (i, top), ha="center", va="bottom", fontsize=8)
+    distributed.label_bars(ax, tops, [f"total {rec.result.value.total_items_per_s():.0f}" for rec in runs])
     ax.set_xlim(-0.6, max(len(runs), 3) - 0.4)
-    ax.set_ylim(0, max(tops, default=0) * 1.15 or 1)
     ax.set_ylabel("items/s (ranks stacked)")
     ax.set_title(title, fontsize=9)
     ax.grid(axis="y", alpha=0.3)
 
 
 def record_run(results: ResultSet, run: DistributedRun) -> None:
-    """One run's figures under ``ch07.ddp.*``, with the job's settings (``exactly_once``: 1 if every epoch covered
-    every sample once)."""
+    """One run's figures under ``ch07.ddp.*``, with the job's settings."""
     p = run.params()
     results.add("ch07.ddp.total_items_per_s", run.total_items_per_s(), "items/s", **p)
     for r, v in zip(run.ranks, run.per_rank_items_per_s()):
@@ -120,7 +112,7 @@ def record_run(results: ResultSet, run: DistributedRun) -> None:
 
 
 def benchmark(results: ResultSet, device: torch.device | str | None, *, progress: ProgressFn | None = None) -> None:
-    """The DDP job with 1 process and with one per GPU, 2 workers per rank (:func:`record_run`); CUDA only."""
+    """The DDP job with 1 process and with one per GPU, 2 workers per rank; CUDA only."""
     progress = progress or no_progress
     if resolve_device(device).type != "cuda":  # a device this machine lacks, or no device at all: ValueError
         progress(1.0, "no CUDA device: nothing to record")

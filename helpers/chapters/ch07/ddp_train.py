@@ -1,7 +1,6 @@
-"""The script torchrun starts once per rank (chapter 07): join the group (``nccl``, one GPU per rank, else ``gloo``),
-train the chapter-01 model with DDP on the chapter-06 pipeline over a ``DistributedSampler``, score held-out images
-and write ``rank<R>.json`` (indices loaded per epoch, items/s, loss, accuracy, a checksum of the parameters). A
-failing rank writes ``rank<R>.error.json`` first, so the launcher can name the root cause.
+"""The script torchrun starts once per rank (chapter 07): DDP training of the chapter-01 model on the chapter-06
+pipeline over a ``DistributedSampler``, then ``rank<R>.json`` (indices loaded per epoch, items/s, loss, accuracy,
+a parameter checksum), or ``rank<R>.error.json`` first if it fails, so the launcher can name the root cause.
 """
 
 from __future__ import annotations
@@ -38,12 +37,11 @@ class InjectedFailure(RuntimeError):
 
 
 class IndexedDataset(Dataset):
-    """``(*item, index)`` for ``size`` items spread evenly over ``base`` (a class-sorted folder keeps every class);
+    """``(*item, index)`` for ``size`` items strided over ``base`` (a class-sorted folder keeps every class);
     the index lets the coverage check count what the ranks loaded."""
 
     def __init__(self, base: Any, size: int | None = None) -> None:
-        self.base = base
-        self.size = len(base) if size is None else max(0, min(int(size), len(base)))
+        self.base, self.size = base, len(base) if size is None else max(0, min(int(size), len(base)))
 
     def __len__(self) -> int:
         return self.size
@@ -51,12 +49,11 @@ class IndexedDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, ...]:
         if not 0 <= index < self.size:
             raise IndexError(f"index {index} out of range for {self.size} items")
-        item = self.base[index * len(self.base) // self.size]
-        return (*(item if isinstance(item, tuple) else (item,)), index)
+        return (*self.base[index * len(self.base) // self.size], index)
 
 
 def params_checksum(model: torch.nn.Module) -> str:
-    """SHA-256 (16 hex digits) of all parameters' bytes: equal replicas give equal sums."""
+    """SHA-256 (16 hex digits) of all parameters' bytes."""
     flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach().to("cpu", torch.float32)
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
 
@@ -65,8 +62,7 @@ def params_checksum(model: torch.nn.Module) -> str:
 def evaluate_shared(
     model: torch.nn.Module, dataset: Any, device: torch.device, *, rank: int = 0, world: int = 1, batch_size: int = 64
 ) -> tuple[int, int]:
-    """Top-1 ``(correct, total)`` of this rank's share of ``dataset`` (items ``rank, rank + world, ...``: every
-    item once over the ranks, no padding); items are ``(uint8 image, label, ...)``."""
+    """Top-1 ``(correct, total)`` on items ``rank, rank + world, ...`` of ``dataset`` (each once over the ranks)."""
     was_training = model.training
     model.eval()
     mine, correct = list(range(rank, len(dataset), world)), 0
@@ -87,19 +83,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add("--out", required=True, help="folder for rank<R>.json result files")
     add("--data-dir", default=None, help="class-folder root (default: generate the chapter-01 train set)")
     add("--limit", type=int, default=None, help="use N training images spread evenly over the set (every class)")
-    add("--val-dir", default=None, help="held-out class-folder root (default: the chapter-01 validation set)")
-    add("--no-val", action="store_true", help="skip the validation pass")
+    add("--val-dir", default=None, help="held-out class-folder root (default: the chapter-01 one, without --data-dir)")
     add("--epochs", type=int, default=2)
     add("--batch-size", type=int, default=32, help="per rank (the global batch is this x world size)")
     add("--workers", type=int, default=0, help="DataLoader worker processes per rank")
     add("--crop-size", type=int, default=None)
     add("--width", type=int, default=8, help="SmallCNN width (compute knob)")
     add("--fail-rank", type=int, default=-1, help="this rank raises InjectedFailure at its second step (demo)")
-    args = p.parse_args(argv)
-    for name, lo in {"epochs": 1, "batch_size": 1, "workers": 0, "width": 1, "limit": 1}.items():
-        if getattr(args, name) is not None and getattr(args, name) < lo:
-            p.error(f"--{name.replace('_', '-')} must be >= {lo}, got {getattr(args, name)}")
-    return args
+    return p.parse_args(argv)  # the values: checked once, by launch_ddp
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -111,7 +102,6 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 def _epoch(
     args: argparse.Namespace, me: dict[str, Any], ddp: Any, opt: Any, batches: Any, epoch: int
 ) -> dict[str, Any]:
-    """One epoch of DDP training (``me["step"]``: steps so far)."""
     device, seen = me["device"], []
     # Sums stay on the device: no .item() in the step loop, so the CPU never waits for the GPU (chapter 05).
     loss_sum, n_items, t0 = torch.zeros((), device=device), 0, time.perf_counter()
@@ -139,7 +129,6 @@ def _epoch(
 
 
 def _validate(me: dict[str, Any], model: torch.nn.Module, val_set: Any, batch_size: int) -> dict[str, Any]:
-    """Validation accuracy of rank 0's model on the held-out images, every rank scoring its share."""
     # BatchNorm's running statistics are each rank's own (DDP broadcasts them from rank 0 before every forward,
     # then each rank updates them): score the model rank 0 holds, on every rank.
     for buf in model.buffers():
@@ -196,7 +185,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         del batches, loader  # stop this rank's workers now (persistent workers live as long as the iterator)
     train_end = time.time()
     val: dict[str, Any] = {"val_accuracy": None, "val_items": 0}
-    if val_root is not None and not args.no_val:
+    if val_root is not None:
         val_set = ShapesDataset(Path(val_root), crop_size=crop, augment=False, output="uint8")
         val = _validate(me, model, val_set, 2 * args.batch_size)
     dist.barrier()
@@ -212,7 +201,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """One rank: train, write ``rank<R>.json`` (or ``rank<R>.error.json``)."""
     args = parse_args(argv)
     out, rank = Path(args.out), int(os.environ.get("RANK") or 0)
     out.mkdir(parents=True, exist_ok=True)
@@ -220,8 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _write_json(out / f"rank{rank}.json", train(args))
         return 0
     except Exception as exc:  # record the root cause for the launcher, then fail loudly
-        error = {"rank": rank, "type": type(exc).__name__, "message": str(exc), "time": time.time()}
-        _write_json(out / f"rank{rank}.error.json", {**error, "traceback": traceback.format_exc()})
+        error = {"rank": rank, "error_type": type(exc).__name__, "error_message": str(exc), "time": time.time()}
+        _write_json(out / f"rank{rank}.error.json", {**error, "rank_traceback": traceback.format_exc()})
         raise
     finally:
         if dist.is_initialized():

@@ -1,8 +1,6 @@
-"""Beyond one GPU (chapter 07): who loads what under a ``DistributedSampler``, and a real torchrun job.
-
-The sampler lessons need no process group: torch's sampler takes ``num_replicas`` and ``rank`` as plain arguments,
-so one process asks it what every rank loads. :func:`launch_ddp` runs :mod:`.ddp_train` under torchrun
-(:mod:`.torchrun`) and reads the ranks' records into a :class:`DistributedRun`.
+"""Chapter 07: who loads what under a ``DistributedSampler`` (torch's sampler takes ``num_replicas`` and ``rank``
+as plain arguments, so one process asks it for every rank), and :func:`launch_ddp`, a real torchrun job of
+:mod:`.ddp_train` read into a :class:`DistributedRun`.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ from ...pipeline.data import make_shapes_dataset
 from . import torchrun
 from .torchrun import process_alive as process_alive  # the notebook checks with it that no process is left
 
-#: Upper bound on DataLoader workers per rank accepted by the launcher.
 MAX_WORKERS_PER_RANK = 8
 
 
@@ -56,14 +53,12 @@ def shard_table(
     n: int, world_size: int, *, shuffle: bool = False, epoch: int | None = 0, drop_last: bool = False
 ) -> dict[int, list[int]]:
     """``{rank: indices}`` for every rank; unshuffled by default, so the interleaving (``r, r + W, ...``) shows."""
-    world_size = check_int("world_size", world_size, 1, 4096)
-    return {
-        r: shard_indices(n, world_size, r, shuffle=shuffle, epoch=epoch, drop_last=drop_last) for r in range(world_size)
-    }
+    ranks = range(check_int("world_size", world_size, 1, 4096))
+    return {r: shard_indices(n, world_size, r, shuffle=shuffle, epoch=epoch, drop_last=drop_last) for r in ranks}
 
 
 def format_shard_table(table: Mapping[int, Sequence[int]], n: int, max_items: int = 20) -> str:
-    """A shard table as text: padding (indices loaded more than once) marked ``*``, then what no rank loads."""
+    """A shard table as text: padding marked ``*``, then what no rank loads."""
     counts = Counter(i for idx in table.values() for i in idx)
 
     def shown(idx: Sequence[int]) -> str:
@@ -83,8 +78,7 @@ def format_shard_table(table: Mapping[int, Sequence[int]], n: int, max_items: in
 
 @dataclass(frozen=True)
 class RankShare:
-    """How ``n`` samples split over ``world_size`` ranks in one epoch: ``per_rank`` each, ``total`` together,
-    ``padded`` repeats (``drop_last=False``) or ``dropped`` ones no rank loads."""
+    """How ``n`` samples split over ``world_size`` ranks in one epoch."""
 
     n: int
     world_size: int
@@ -103,8 +97,7 @@ class RankShare:
 
 
 def rank_share(n: int, world_size: int, drop_last: bool = False) -> RankShare:
-    """Each rank's share as ``DistributedSampler`` computes it: ``ceil(n / W)``, padded from the start of the
-    order; with ``drop_last``, ``floor(n / W)`` and the rest left out."""
+    """Each rank's share as ``DistributedSampler`` computes it: ``ceil(n / W)`` padded, or ``floor(n / W)``."""
     n, world_size = check_int("n", n, 1, 10_000_000), check_int("world_size", world_size, 1, 4096)
     per = n // world_size if drop_last else math.ceil(n / world_size)
     total = per * world_size
@@ -122,8 +115,7 @@ def batches_per_rank(
 
 @dataclass
 class Coverage:
-    """What the ranks loaded of ``n`` samples in one epoch: ``seen`` loads in all, ``missing`` (no rank),
-    ``repeated`` (``{index: times}``), ``out_of_range`` and ``overlap`` (``{(r1, r2): samples both loaded}``)."""
+    """What the ranks loaded of ``n`` samples in one epoch (``overlap``: ``{(r1, r2): samples both loaded}``)."""
 
     n: int
     seen: int
@@ -138,7 +130,6 @@ class Coverage:
 
     @property
     def extra(self) -> int:
-        """Loads beyond the first of each sample (padding shows up here)."""
         return sum(c - 1 for c in self.repeated.values())
 
     def __str__(self) -> str:
@@ -179,27 +170,32 @@ def coverage(indices_by_rank: Mapping[int, Sequence[int]] | Sequence[Sequence[in
 
 
 class DistributedRunError(RuntimeError):
-    """A torchrun job failed or timed out, every process it started stopped by then: the first rank that failed
-    (``rank``, None if unknown), its ``error_type``, ``error_message`` and ``rank_traceback``, and the job's
-    fields (:class:`~.torchrun.Job`: ``returncode``, ``timed_out``, ``stderr``, ``tracked_pids``, ...)."""
+    """A torchrun job failed or timed out (every process stopped by then): the first failing ``rank`` (None if
+    unknown), its ``error_type``, ``error_message``, ``rank_traceback``, and the :class:`DistributedRun`'s fields."""
 
-    def __init__(self, message: str, job: torchrun.Job) -> None:
+    def __init__(self, message: str, run: DistributedRun) -> None:
         super().__init__(message)
-        vars(self).update(vars(job))
-        cause = job.cause
-        self.rank: int | None = cause.get("rank")
-        self.error_type: str = cause.get("type", "")
-        self.error_message: str = cause.get("message", "")
-        self.rank_traceback: str = cause.get("traceback", "")
+        vars(self).update(vars(run), **run.cause)
 
 
 @dataclass(kw_only=True)
-class DistributedRun(torchrun.Job):
-    """One job of :func:`launch_ddp` (a :class:`~.torchrun.Job`) with its ``nproc`` and launch ``settings``;
-    rank 0's facts (alike on every rank) follow."""
+class DistributedRun:
+    """One job of :func:`launch_ddp`: its ``nproc`` and ``settings``, the ranks' records, seconds from launch to
+    exit, torchrun's output, every process started and those alive after clean-up, every TCP socket seen listening
+    ``(pid, address, port)``, the exit code (None after a timeout), the first failure; then rank 0's facts."""
 
     nproc: int
+    command: list[str]
+    ranks: list[dict[str, Any]]
+    wall_s: float
     settings: dict[str, Any] = field(default_factory=dict)
+    stderr: str = ""  # torchrun's and the ranks' output
+    tracked_pids: list[int] = field(default_factory=list)
+    leftover_pids: list[int] = field(default_factory=list)
+    listening: list[tuple[int, str, int]] = field(default_factory=list)
+    returncode: int | None = 0
+    timed_out: bool = False
+    cause: dict[str, Any] = field(default_factory=dict)
     backend: str = field(init=False)
     world_size: int = field(init=False)
     n_epochs: int = field(init=False)
@@ -218,16 +214,14 @@ class DistributedRun(torchrun.Job):
         self.val_accuracy = None if r0.get("val_accuracy") is None else float(r0["val_accuracy"])
 
     def params(self) -> dict[str, Any]:
-        """The job's settings, as its recorded figures (``ch07.ddp.*``) carry them."""
         p = {"nproc": self.nproc, "backend": self.backend, "epochs": self.n_epochs, "dataset_size": self.dataset_size}
         return p | {k: self.settings.get(k) for k in ("workers", "batch_size", "width")}
 
     def non_loopback_listeners(self) -> list[tuple[int, str, int]]:
-        """Sockets of the job that listened on an address other machines could reach (should be none)."""
         return [s for s in self.listening if not ipaddress.ip_address(s[1].split("%")[0]).is_loopback]
 
     def _timed(self, rank: dict[str, Any]) -> tuple[int, float]:
-        """A rank's items and seconds over the epochs that count: all but the first (warm-up) when there are two."""
+        """A rank's items and seconds over the epochs after the first (warm-up), if there are two."""
         eps = rank["epochs"][1:] if len(rank["epochs"]) >= 2 else rank["epochs"]
         return sum(e["n_items"] for e in eps), sum(e["seconds"] for e in eps)
 
@@ -241,21 +235,19 @@ class DistributedRun(torchrun.Job):
         return sum(i for i, _ in timed) / secs if secs > 0 else 0.0
 
     def coverage(self, epoch: int) -> Coverage:
-        """Coverage of the data set by all ranks in ``epoch``, from the indices of the batches they trained on."""
+        """From the indices of the batches the ranks trained on."""
         return coverage({int(r["rank"]): r["epochs"][epoch]["indices"] for r in self.ranks}, self.dataset_size)
 
     def exactly_once_every_epoch(self) -> bool:
         return self.n_epochs > 0 and all(self.coverage(e).exactly_once for e in range(self.n_epochs))
 
     def replicas_in_sync(self) -> bool:
-        """True when every rank ended with bit-identical parameters (what DDP guarantees)."""
         return len({r["params_checksum"] for r in self.ranks}) == 1
 
     def losses(self) -> list[list[float]]:
         return [[e["loss"] for e in r["epochs"]] for r in self.ranks]
 
     def learning(self) -> str:
-        """One line: the validation accuracy beside the chance level, both from this run."""
         if self.val_accuracy is None or self.chance is None:
             return "validation accuracy: not measured (no validation pass in this run)"
         return (
@@ -282,13 +274,12 @@ class DistributedRun(torchrun.Job):
         headers = ["rank", "device", "workers", "samples/epoch", "items/s", "last loss"]
         return "\n".join(rounds.table(headers, rows, left=2))
 
-    def startup_s(self) -> float:
-        """Longest time any rank took from its process start to its first batch (imports, setup)."""
-        return max((float(r.get("startup_s", math.nan)) for r in self.ranks), default=math.nan)
+    def startup_s(self, key: str = "startup_s") -> float:
+        """The slowest rank's time from process start to first batch (``key="train_s"``: in its training loop)."""
+        return max((float(r.get(key, math.nan)) for r in self.ranks), default=math.nan)
 
     def train_s(self) -> float:
-        """Longest time any rank spent in its training loop (all epochs)."""
-        return max((float(r.get("train_s", math.nan)) for r in self.ranks), default=math.nan)
+        return self.startup_s("train_s")
 
     def summary(self) -> str:
         per = ", ".join(f"{v:.0f}" for v in self.per_rank_items_per_s())
@@ -306,18 +297,14 @@ def max_processes() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
-def multi_node_command(
-    nnodes: int, nproc_per_node: int, rdzv_endpoint: str, *, node_rank: int | None = None, rdzv_id: str = "job42"
-) -> str:
+def multi_node_command(nnodes: int, nproc_per_node: int, rdzv_endpoint: str, *, rdzv_id: str = "job42") -> str:
     """The command to type on *each* of ``nnodes`` machines (shown, never run here), meeting at ``rdzv_endpoint``
-    (``host:port`` of one of them). c10d assigns ranks at rendezvous; ``node_rank`` pins them."""
+    (``host:port`` of one of them)."""
     check_int("nnodes", nnodes, 1, 100_000)
     check_int("nproc_per_node", nproc_per_node, 1, 4096)
     if ":" not in rdzv_endpoint:
         raise ValueError(f"rdzv_endpoint must be 'host:port', got {rdzv_endpoint!r}")
     parts = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}"]
-    if node_rank is not None:
-        parts.append(f"--node-rank={check_int('node_rank', node_rank, 0, nnodes - 1)}")
     parts += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
     parts.append("-m helpers.chapters.ch07.ddp_train --out results/")
     return " \\\n    ".join(parts)
@@ -338,12 +325,11 @@ def launch_ddp(
     timeout_s: float = 300.0,
     progress: Callable[[float, str], None] | None = None,
 ) -> DistributedRun:
-    """Train the chapter-01 model with DDP on ``nproc`` ranks (1 to :func:`max_processes`) started by torchrun.
+    """Train the chapter-01 model with DDP on ``nproc`` ranks started by torchrun (``batch_size`` per rank).
 
-    ``batch_size`` is per rank; ``limit`` images are spread over the class-sorted set. ``data_dir`` / ``val_dir``
-    default to the chapter-01 sets (``data_dir`` alone: no validation). ``fail_rank`` fails on purpose;
-    ``extra_args`` go to :mod:`.ddp_train`. Raises :class:`DistributedRunError` (a rank failed, or ``timeout_s``
-    passed) or the reader's ``KeyboardInterrupt`` once every process is stopped.
+    ``data_dir`` / ``val_dir`` default to the chapter-01 sets (``data_dir`` alone: no validation); ``extra_args``
+    go to :mod:`.ddp_train`. Raises :class:`DistributedRunError` (a rank failed, or ``timeout_s`` passed) or the
+    reader's ``KeyboardInterrupt``, once every process is stopped.
     """
     settings = {
         "nproc": check_int("nproc", nproc, 1, max_processes()),
@@ -358,61 +344,64 @@ def launch_ddp(
     if data_dir is None:
         info = make_shapes_dataset()  # generated once here, not by every rank
         data_dir, val_dir = info.train_dir, info.val_dir if val_dir is None else val_dir
-    args = [f"--data-dir={data_dir}"] + ["--no-val" if val_dir is None else f"--val-dir={val_dir}"]
+    args = [f"--data-dir={data_dir}"] + ([] if val_dir is None else [f"--val-dir={val_dir}"])
     args += [f"--{k.replace('_', '-')}={v}" for k, v in settings.items() if k != "nproc" and v is not None]
     with torchrun.work_dir() as work:
         args = [f"--out={work / 'results'}", *args, *extra_args]
         if progress is not None:
             progress(0.0, f"starting {nproc} process(es) (each imports torch)")
         job = torchrun.run_job(torchrun.torchrun_command(nproc, args, log_dir=work / "logs"), work, timeout_s, progress)
-    if job.timed_out:
+    run, cause = DistributedRun(**job, nproc=nproc, settings=settings), job["cause"]
+    if run.timed_out:
         raise DistributedRunError(
             f"the torchrun job did not finish within timeout_s={timeout_s:g} s and was stopped "
-            f"({len(job.tracked_pids)} process(es) terminated). Raise timeout_s or make the run smaller.",
-            job,
+            f"({len(run.tracked_pids)} process(es) terminated). Raise timeout_s or make the run smaller.",
+            run,
         )
-    cause = job.cause
-    if job.returncode != 0 or len(job.ranks) != nproc:
+    if run.returncode != 0 or len(run.ranks) != nproc:
         if cause["rank"] is None:
-            tail = "\n".join(job.stderr.rstrip().splitlines()[-15:])
-            msg = f"torchrun exited with code {job.returncode} and {len(job.ranks)} of {nproc} ranks reported results."
-            raise DistributedRunError(msg + f" Last lines of its output:\n{tail}", job)
-        what = f"{cause['type']}: {cause['message']}" if cause["type"] else cause["message"]
+            tail = "\n".join(run.stderr.rstrip().splitlines()[-15:])
+            msg = f"torchrun exited with code {run.returncode} and {len(run.ranks)} of {nproc} ranks reported results."
+            raise DistributedRunError(msg + f" Last lines of its output:\n{tail}", run)
+        what = f"{cause['error_type']}: {cause['error_message']}" if cause["error_type"] else cause["error_message"]
         msg = f"rank {cause['rank']} of {nproc} failed: {what}. torchrun then stopped the other rank(s) and exited"
-        raise DistributedRunError(msg + f" with code {job.returncode}.", job)
-    return DistributedRun(**vars(job), nproc=nproc, settings=settings)
+        raise DistributedRunError(msg + f" with code {run.returncode}.", run)
+    return run
 
 
 # -- plots and tables (the notebook, the live panel, the benchmark) ----------------------------------------------
 
 
+def label_bars(ax: Any, tops: Sequence[float], texts: Sequence[str]) -> None:
+    """Each bar's text above it, with room for it."""
+    for i, (top, text) in enumerate(zip(tops, texts)):
+        ax.annotate(text, (i, top), ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, max(tops, default=0) * 1.15 or 1)
+
+
 def plot_run(run: DistributedRun, ax: Any = None) -> Any:
-    """Bars: each rank's items/s and the total (measured in ``run``)."""
+    """Bars: each rank's items/s and the total."""
     from ...ui.plots import history_bars  # optional/heavy: matplotlib
 
     values, s = run.per_rank_items_per_s() + [run.total_items_per_s()], run.settings
-    default = f"{run.nproc} rank(s), {run.backend}, {s.get('workers', 0)} worker(s)/rank, "
+    title = f"{run.nproc} rank(s), {run.backend}, {s['workers']} worker(s)/rank, batch {s['batch_size']}/rank"
     labels = [f"rank {r['rank']}" for r in run.ranks] + ["total"]
-    title = default + f"batch {s.get('batch_size', '?')}/rank"
     ax = history_bars(labels, values, ax, ylabel="training throughput (items/s)", title=title)
-    for i, v in enumerate(values):
-        ax.annotate(f"{v:.0f}", (i, v), ha="center", va="bottom", fontsize=8)
-    ax.set_ylim(0, max(values) * 1.15 if max(values) > 0 else 1)
+    label_bars(ax, values, [f"{v:.0f}" for v in values])
     return ax
 
 
 def throughput_rows(run: DistributedRun) -> list[dict[str, Any]]:
-    """The job's total throughput as one row of :func:`throughput_table` (a figure measured here)."""
+    """The job's total throughput as one row of :func:`throughput_table`."""
     return [{**run.params(), "items_per_s": run.total_items_per_s(), "unit": "items/s"}]
 
 
 def throughput_rows_from_records(rs: Any, recs: Sequence[Any]) -> list[dict[str, Any]]:
-    """``ch07.ddp.total_items_per_s`` records (one per recorded job) as rows of :func:`throughput_table`."""
+    """``ch07.ddp.total_items_per_s`` records as rows of :func:`throughput_table`."""
     return [{**r.params, "items_per_s": r.value, "unit": r.unit} for r in recs]
 
 
 def throughput_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One line per job: ranks, backend, workers and batch per rank, total items/s."""
     cells = [
         [p["nproc"], p["backend"], p["workers"], p["batch_size"], f"{p['items_per_s']:.0f} {p['unit']}"] for p in rows
     ]

@@ -1,8 +1,7 @@
 """torchrun on this machine, bound to loopback, with every process it starts stopped after.
 
 c10d's TCPStore server binds the wildcard address whatever host it is given, unless handed a socket already bound:
-:func:`loopback_torchrun` hands its stores sockets bound to 127.0.0.1. :func:`run_job` tracks every process the job
-starts (torchrun, ranks, their workers) and stops them all when it ends, times out or is interrupted.
+:func:`loopback_torchrun` hands its stores sockets bound to 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -38,7 +36,6 @@ def torchrun_command(nproc: int, script_args: Sequence[str], *, log_dir: str | P
 
 
 def _is_loopback_host(host: str) -> bool:
-    """True when every address ``host`` resolves to is a loopback address (127.0.0.0/8, ::1)."""
     try:
         infos = socket.getaddrinfo(host.strip("[]"), None)
         return bool(infos) and all(ipaddress.ip_address(str(i[4][0]).split("%")[0]).is_loopback for i in infos)
@@ -47,7 +44,7 @@ def _is_loopback_host(host: str) -> bool:
 
 
 def loopback_env() -> dict[str, str]:
-    """``MASTER_ADDR=127.0.0.1``, and the loopback interface for gloo's and NCCL's own sockets."""
+    """``MASTER_ADDR``, and the loopback interface for gloo's and NCCL's own sockets."""
     try:
         names = [name for _, name in socket.if_nameindex()]
     except (OSError, AttributeError):  # pragma: no cover - no interface list on this OS
@@ -63,8 +60,7 @@ _STORE_ARGS |= {"wait_for_workers": True, "multi_tenant": False, "master_listen_
 
 
 def _loopback_tcpstore(base: type) -> type:
-    """``base`` (``torch.distributed.TCPStore``) whose server, for a loopback host, is handed a socket bound to
-    127.0.0.1 (``master_listen_fd``)."""
+    """``TCPStore`` whose server, for a loopback host, is handed a socket bound to 127.0.0.1 (``master_listen_fd``)."""
 
     class LoopbackTCPStore(base):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -95,8 +91,7 @@ def _loopback_tcpstore(base: type) -> type:
 
 
 def loopback_torchrun(argv: Sequence[str] | None = None) -> None:
-    """``python -m helpers.chapters.ch07.torchrun [torchrun options] -m module ...``: torchrun's own ``main`` with
-    ``TCPStore`` replaced in its rendezvous modules (one machine only: ``--standalone``, ``--local-addr=127.0.0.1``)."""
+    """torchrun's own ``main`` with ``TCPStore`` replaced in its rendezvous modules (one machine only)."""
     import torch.distributed as dist
     import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend as c10d_backend
     import torch.distributed.elastic.rendezvous.dynamic_rendezvous  # noqa: F401  (uses dist.TCPStore)
@@ -116,7 +111,7 @@ def loopback_torchrun(argv: Sequence[str] | None = None) -> None:
 
 
 def process_alive(p: int | psutil.Process) -> bool:
-    """True if the process (a pid, or a psutil.Process, then checked for pid reuse) runs; zombies are gone."""
+    """True if the process runs (a psutil.Process is checked for pid reuse); zombies are gone."""
     try:
         proc = p if isinstance(p, psutil.Process) else psutil.Process(p)
         return bool(proc.is_running()) and proc.status() != psutil.STATUS_ZOMBIE
@@ -125,7 +120,7 @@ def process_alive(p: int | psutil.Process) -> bool:
 
 
 def listening_sockets(procs: Iterable[int | psutil.Process]) -> list[tuple[int, str, int]]:
-    """``(pid, address, port)`` of every TCP socket in LISTEN state held by ``procs`` (gone ones skipped)."""
+    """``(pid, address, port)`` of every TCP socket ``procs`` listen on."""
     out = set()
     for p in procs:
         try:
@@ -138,45 +133,40 @@ def listening_sockets(procs: Iterable[int | psutil.Process]) -> list[tuple[int, 
 
 
 class _Tracker:
-    """Every descendant of a launched process, remembered, so none is left behind."""
+    """Every process the job started, remembered, so none is left behind."""
 
     def __init__(self, pid: int) -> None:
         self.root = psutil.Process(pid)  # our child: it stays (as a zombie) until we wait for it
         self.procs = {pid: self.root}
         self.listening: set[tuple[int, str, int]] = set()
 
-    def snapshot(self, sockets: bool = False) -> None:
+    def scan(self, sockets: bool = False, groups: bool = False) -> None:
+        """The root's descendants; with ``groups``, also processes left in a tracked one's process group: each rank
+        has its own session (torchrun starts it so), which its DataLoader workers keep when re-parented."""
         with contextlib.suppress(psutil.NoSuchProcess):
             for c in self.root.children(recursive=True):
                 self.procs.setdefault(c.pid, c)
         if sockets:
             self.listening.update(listening_sockets(self.procs.values()))
-
-    def orphans(self) -> None:
-        """Add processes left in a tracked one's group: each rank has its own session (torchrun starts it so),
-        which its DataLoader workers keep when re-parented."""
-        if not hasattr(os, "getpgid"):  # pragma: no cover - not POSIX
-            return
-        groups = set(self.procs)  # a rank's pid is its group id (new session)
-        for pid in list(self.procs):
-            with contextlib.suppress(OSError):
-                groups.add(os.getpgid(pid))
-        groups.discard(os.getpgid(0))
-        for p in psutil.process_iter():
-            with contextlib.suppress(OSError):
-                if p.pid not in self.procs and os.getpgid(p.pid) in groups:
-                    self.procs[p.pid] = p
+        if groups and hasattr(os, "getpgid"):
+            ids = set(self.procs)  # a rank's pid is its group id (new session)
+            for pid in list(self.procs):
+                with contextlib.suppress(OSError):
+                    ids.add(os.getpgid(pid))
+            ids.discard(os.getpgid(0))
+            for p in psutil.process_iter():
+                with contextlib.suppress(OSError):
+                    if p.pid not in self.procs and os.getpgid(p.pid) in ids:
+                        self.procs[p.pid] = p
 
     def stop_all(self, grace_s: float = 3.0) -> list[int]:
         """SIGTERM torchrun (it stops its ranks), then terminate, then kill the rest. Returns pids still alive."""
-        self.snapshot()
-        self.orphans()
+        self.scan(groups=True)
         with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
             if self.root.is_running():
                 self.root.send_signal(signal.SIGTERM)
                 self.root.wait(timeout=grace_s)
-        self.snapshot()
-        self.orphans()
+        self.scan(groups=True)
         for stop in (psutil.Process.terminate, psutil.Process.kill):
             rest = [p for p in self.procs.values() if process_alive(p)]
             for p in rest:
@@ -193,8 +183,7 @@ _WORK_PREFIX = "workbook-ddp-"
 
 @contextlib.contextmanager
 def work_dir() -> Iterator[Path]:
-    """A new temporary folder for one job (``results/`` inside), deleted after; first, those left by launchers
-    that were killed (their pid, in the name, is gone)."""
+    """A temporary folder for one job (``results/`` inside), deleted after, as are those of killed launchers."""
     for d in Path(tempfile.gettempdir()).glob(f"{_WORK_PREFIX}*-*"):
         pid = d.name[len(_WORK_PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and d.is_dir() and not process_alive(int(pid)):
@@ -220,14 +209,6 @@ def _die_with_parent() -> Callable[[], None] | None:
     return lambda: prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
 
 
-def _job_env() -> dict[str, str]:
-    """The ranks' environment: one compute thread each, on loopback, this package importable."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **loopback_env()}
-    root = str(Path(__file__).resolve().parents[3])  # the folder that holds helpers/
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    return env
-
-
 def _read_json(paths: Iterable[Path]) -> list[dict[str, Any]]:
     out = []
     for f in paths:
@@ -237,49 +218,30 @@ def _read_json(paths: Iterable[Path]) -> list[dict[str, Any]]:
 
 
 _ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+_NO_CAUSE = {"rank": None, "error_type": "", "error_message": "", "rank_traceback": ""}
 
 
 def _root_cause(results: Path, stderr: str) -> dict[str, Any]:
-    """The first failure: the earliest ``rank<R>.error.json``, else torchrun's 'Root Cause' summary."""
+    """The earliest ``rank<R>.error.json``, else torchrun's 'Root Cause' summary."""
     errors = _read_json(results.glob("rank*.error.json"))
     if errors:
         first = min(errors, key=lambda e: e.get("time", math.inf))
-        return {k: first.get(k, "") for k in ("type", "message", "traceback")} | {"rank": first.get("rank")}
+        return {k: first.get(k, v) for k, v in _NO_CAUSE.items()}
     m = _ROOT_CAUSE.search(stderr)
     if m:
         code = int(m.group(2))
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        return {"rank": int(m.group(1)), "type": "", "message": f"the process {how}", "traceback": ""}
-    return {"rank": None, "type": "", "message": "", "traceback": ""}
-
-
-@dataclass(kw_only=True)
-class Job:
-    """One torchrun job: the ranks' records, seconds from launch to exit, torchrun's output, every process started
-    and those alive after clean-up (should be none), every TCP socket seen listening ``(pid, address, port)``,
-    the exit code (None after a timeout) and the first failure (``cause``)."""
-
-    command: list[str]
-    ranks: list[dict[str, Any]]
-    wall_s: float
-    stdout: str = ""
-    stderr: str = ""
-    tracked_pids: list[int] = field(default_factory=list)
-    leftover_pids: list[int] = field(default_factory=list)
-    listening: list[tuple[int, str, int]] = field(default_factory=list)
-    returncode: int | None = 0
-    timed_out: bool = False
-    cause: dict[str, Any] = field(default_factory=dict)
+        return {**_NO_CAUSE, "rank": int(m.group(1)), "error_message": f"the process {how}"}
+    return dict(_NO_CAUSE)
 
 
 def _follow(proc: subprocess.Popen[bytes], tracker: _Tracker, deadline: float, results: Path, progress: Any) -> bool:
-    """Wait for ``proc``, noting its processes and sockets twice a second and showing rank 0's step
-    (``progress.json``); True if ``deadline`` passed first."""
+    """Wait for ``proc``, noting its processes and sockets, showing rank 0's step; True if ``deadline`` passed."""
     next_scan, shown = 0.0, -1
     while proc.poll() is None:
         now = time.perf_counter()
         if now >= next_scan:  # new processes (ranks, their workers) and their sockets
-            tracker.snapshot(sockets=True)
+            tracker.scan(sockets=True)
             next_scan = now + 0.5
         if now > deadline:
             return True
@@ -291,17 +253,23 @@ def _follow(proc: subprocess.Popen[bytes], tracker: _Tracker, deadline: float, r
     return False
 
 
-def run_job(cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable[[float, str], None] | None) -> Job:
-    """Run ``cmd`` in ``work`` for at most ``timeout_s``, then stop every process it started; a
-    ``KeyboardInterrupt`` is raised again once they are, with ``tracked_pids`` and ``leftover_pids``."""
+def run_job(
+    cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable[[float, str], None] | None
+) -> dict[str, Any]:
+    """Run ``cmd`` in ``work`` for at most ``timeout_s``, then stop every process it started; the fields of a
+    ``DistributedRun``. A ``KeyboardInterrupt`` is raised again once they are, with ``tracked_pids`` and
+    ``leftover_pids``."""
     t0, results = time.perf_counter(), work / "results"
-    with open(work / "stdout.txt", "wb") as out, open(work / "stderr.txt", "wb") as err:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **loopback_env()}
+    root = str(Path(__file__).resolve().parents[3])  # the folder that holds helpers/
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    with open(work / "output.txt", "wb") as out:  # torchrun's and the ranks' output, stdout and stderr
         proc = subprocess.Popen(
             list(cmd),
             stdout=out,
-            stderr=err,
+            stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=_job_env(),
+            env=env,
             cwd=str(work),
             start_new_session=os.name == "posix",
             preexec_fn=_die_with_parent(),
@@ -323,20 +291,19 @@ def run_job(cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable
         )
         stop.tracked_pids, stop.leftover_pids = sorted(tracker.procs), leftover  # type: ignore[attr-defined]
         raise stop
-    stdout, stderr = ((work / f"{name}.txt").read_text(errors="replace") for name in ("stdout", "stderr"))
+    stderr = (work / "output.txt").read_text(errors="replace")
     ranks = _read_json(f for f in sorted(results.glob("rank*.json")) if not f.name.endswith(".error.json"))
-    return Job(
+    return dict(
         command=list(cmd),
         ranks=sorted(ranks, key=lambda r: r["rank"]),
         wall_s=wall_s,
-        stdout=stdout,
         stderr=stderr,
         tracked_pids=sorted(tracker.procs),
         leftover_pids=leftover,
         listening=sorted(tracker.listening),
         returncode=None if timed_out else proc.returncode,
         timed_out=timed_out,
-        cause={} if timed_out else _root_cause(results, stderr),
+        cause=dict(_NO_CAUSE) if timed_out else _root_cause(results, stderr),
     )
 
 
