@@ -7,6 +7,7 @@ of a failing rank, and that no process is left behind (psutil).
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
@@ -147,6 +148,9 @@ def test_indexed_dataset_and_args() -> None:
         ds[2]
     a = parse_args(["--out", "x", "--fail-rank", "1"])
     assert a.fail_rank == 1 and a.epochs == 2
+    for bad in (["--batch-size", "0"], ["--limit", "0"], ["--epochs", "0"], ["--width", "0"], ["--workers", "-1"]):
+        with pytest.raises(SystemExit):  # the script is also run by hand (multi_node_command): it checks its options
+            parse_args(["--out", "x", *bad])
     m1, m2 = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     m2.load_state_dict(m1.state_dict())
     assert params_checksum(m1) == params_checksum(m2)
@@ -306,14 +310,18 @@ D.launch_ddp(2, workers=1, epochs=50, limit=256, width=4, batch_size=8, timeout_
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux only")
-def test_killed_parent_leaves_no_orphans(tmp_path) -> None:
+def test_killed_parent_leaves_no_orphans(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A kernel killed mid-run (SIGKILL: no clean-up code runs) still takes torchrun and the ranks with it."""
     import subprocess
 
     _need_two_ranks()
     script = tmp_path / "parent.py"
     script.write_text(_PARENT)
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    # A temporary folder of its own: another test's launch (another xdist worker) would clean up the stale folder.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert parent.stdout is not None
         assert parent.stdout.readline().strip() == "TRAINING"
@@ -327,9 +335,9 @@ def test_killed_parent_leaves_no_orphans(tmp_path) -> None:
     assert alive == [], [p.cmdline() for p in alive]
     # The killed launcher could not delete its temporary folder; the next launch does.
     import tempfile
-    from pathlib import Path
 
-    stale = list(Path(tempfile.gettempdir()).glob(f"workbook-ddp-{parent.pid}-*"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    stale = list(tmp.glob(f"workbook-ddp-{parent.pid}-*"))
     assert stale
     with T.work_dir() as fresh:  # deletes the folders of launchers that are gone, then makes its own
         assert (fresh / "results").is_dir()

@@ -15,7 +15,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import psutil
 import torch
@@ -77,20 +77,31 @@ def evaluate_shared(
     return correct, len(mine)
 
 
+def _at_least(lo: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``lo`` (the script is also run by hand, on several machines)."""
+
+    def parse(text: str) -> int:
+        if int(text) < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {text}")
+        return int(text)
+
+    return parse
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m helpers.chapters.ch07.ddp_train", description=__doc__.split(":")[0])
     add = p.add_argument
     add("--out", required=True, help="folder for rank<R>.json result files")
     add("--data-dir", default=None, help="class-folder root (default: generate the chapter-01 train set)")
-    add("--limit", type=int, default=None, help="use N training images spread evenly over the set (every class)")
+    add("--limit", type=_at_least(1), default=None, help="use N training images spread over the set (every class)")
     add("--val-dir", default=None, help="held-out class-folder root (default: the chapter-01 one, without --data-dir)")
-    add("--epochs", type=int, default=2)
-    add("--batch-size", type=int, default=32, help="per rank (the global batch is this x world size)")
-    add("--workers", type=int, default=0, help="DataLoader worker processes per rank")
+    add("--epochs", type=_at_least(1), default=2)
+    add("--batch-size", type=_at_least(1), default=32, help="per rank (the global batch is this x world size)")
+    add("--workers", type=_at_least(0), default=0, help="DataLoader worker processes per rank")
     add("--crop-size", type=int, default=None)
-    add("--width", type=int, default=8, help="SmallCNN width (compute knob)")
+    add("--width", type=_at_least(1), default=8, help="SmallCNN width (compute knob)")
     add("--fail-rank", type=int, default=-1, help="this rank raises InjectedFailure at its second step (demo)")
-    return p.parse_args(argv)  # the values: checked once, by launch_ddp
+    return p.parse_args(argv)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
