@@ -316,9 +316,10 @@ def test_shm_is_checked_where_every_worker_loader_is_built(monkeypatch: pytest.M
     with pytest.raises(ValueError, match="/dev/shm"):
         L.timed_loader(ds, 256, num_workers=2)
     with pytest.raises(ValueError, match="/dev/shm"):
-        speedup.interleaved_speedup(
+        speedup.knob_rounds(
             lambda w: L.build_loader(ds, batch_size=256, num_workers=w, persistent_workers=w > 0),
-            2,
+            "num_workers",
+            [0, 2],
             rounds=1,
             batches=1,
             warmup=0,
@@ -344,8 +345,8 @@ for i in range(int(sys.argv[1])):
     speedup.parallel_ceiling(ds, 2, 0.05, batch_size=8)
     print("ceiling", i, flush=True)
 for i in range(int(sys.argv[2])):
-    speedup.interleaved_speedup(lambda w: L.build_loader(ds, batch_size=8, num_workers=w, persistent_workers=w > 0),
-                                2, rounds=2, batches=2, warmup=1)
+    speedup.knob_rounds(lambda w: L.build_loader(ds, batch_size=8, num_workers=w, persistent_workers=w > 0),
+                        "num_workers", [0, 2], rounds=2, batches=2, warmup=1)
     print("speedup", i, flush=True)
 print("done", flush=True)
 """

@@ -43,7 +43,7 @@ def rng_duplicates(draws: Mapping[int, Sequence[float]]) -> float:
 
 @contextlib.contextmanager
 def _capture_fd2() -> Iterator[Callable[[], str]]:
-    """File descriptor 2 (which child processes inherit) into a temporary file; yields a reader of it."""
+    """File descriptor 2, which child processes inherit, into a temporary file; yields a reader of it."""
     with tempfile.TemporaryFile(mode="w+b") as tmp:
         with contextlib.suppress(Exception):
             sys.stderr.flush()
