@@ -7,7 +7,6 @@ import contextlib
 import multiprocessing as mp
 import signal
 import statistics
-import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -23,7 +22,6 @@ from ...core.validate import check_float, check_int
 from ...pipeline.loaders import WORKER_TIMEOUT_S, Epochs, LoaderFailure, batch_len
 from ...pipeline.workers import (
     MAX_WORKERS,
-    SHUTDOWN_GRACE_S,
     HeldSignals,
     released,
     reset_child_signals,
@@ -34,19 +32,19 @@ from .sweeps import WorkerSweep, build_from_factory
 # -- the measured ceiling: N independent processes, no loader around them ---------------------------
 
 
-def _ceiling_task(args: tuple[Any, int, int, Any, float, float]) -> tuple[int, float]:
-    dataset, offset, batch_size, collate_fn, start_at, seconds = args
+def _ceiling_process(conn: Any, go: Any, task: tuple[Any, int, int, Any, float]) -> None:
+    """One process of :func:`parallel_ceiling`: sends (items, seconds) of loading and collating for ``seconds``."""
+    reset_child_signals()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    dataset, offset, batch_size, collate_fn, seconds = task
     torch.set_num_threads(1)
     collate = collate_fn if collate_fn is not None else default_collate
-    while time.time() < start_at:  # all processes start together
-        time.sleep(0.0005)
+    go.wait(WORKER_TIMEOUT_S)  # all processes start together
     n, k, t0 = len(dataset), 0, time.perf_counter()
-    while True:
+    while time.perf_counter() - t0 < seconds:
         collate([dataset[(offset + k + j) % n] for j in range(batch_size)])
         k += batch_size
-        dt = time.perf_counter() - t0
-        if dt >= seconds:
-            return k, dt
+    conn.send((k, time.perf_counter() - t0))
 
 
 def parallel_ceiling(
@@ -56,95 +54,46 @@ def parallel_ceiling(
     *,
     batch_size: int = 32,
     collate_fn: Callable[[Any], Any] | None = None,
-    pool: Any = None,
 ) -> float:
     """Items/s that ``processes`` independent processes reach together, each doing what ``num_workers=0`` does,
     with no queues, shared memory or main process to feed: the most ``num_workers=processes`` can deliver here now.
-    ``pool``: an open :func:`start_pool` to reuse."""
+    The processes never run the parent's signal handlers, and are stopped when it returns or is interrupted."""
     processes = check_int("processes", processes, 1, MAX_WORKERS)
     seconds = check_float("seconds", seconds, 0.05, 600.0)
     batch_size = check_int("batch_size", batch_size, 1, 65536)
     n = max(1, len(dataset))  # type: ignore[arg-type]
+    ctx, procs, conns = mp.get_context(), [], []
+    go = ctx.Event()
     try:
-        with _pool(processes) if pool is None else contextlib.nullcontext(pool) as p:
-            start_at = time.time() + 0.05
-            tasks = [
-                (dataset, (i * n) // processes, batch_size, collate_fn, start_at, seconds) for i in range(processes)
-            ]
-            # Bounded: a task that never returns (a frozen process) ends the call instead of hanging it.
-            done = p.map_async(_ceiling_task, tasks, chunksize=1).get(timeout=seconds + WORKER_TIMEOUT_S)
-    except mp.TimeoutError:
-        raise LoaderFailure(
-            f"parallel_ceiling: the {processes} processes did not report within "
-            f"{seconds + WORKER_TIMEOUT_S:g} s (a frozen or starved process); they were stopped"
-        ) from None
-    return sum(k / dt for k, dt in done)
-
-
-@contextlib.contextmanager
-def _pool(processes: int) -> Iterator[Any]:
-    pool = start_pool(processes)
-    try:
-        yield pool
-    finally:
-        close_pool(pool)
-
-
-def _pool_initializer() -> None:
-    reset_child_signals()
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-
-
-def start_pool(processes: int) -> Any:
-    """A pool whose processes never run the parent's signal handlers (SIGINT/SIGTERM blocked while it forks)."""
-    processes = check_int("processes", processes, 1, MAX_WORKERS)
-    with HeldSignals() as held:  # a Ctrl-C during the forks is noted, not lost in an at-fork callback
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        try:
-            pool = mp.get_context().Pool(processes, initializer=_pool_initializer)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
-    try:
+        with HeldSignals() as held:  # a Ctrl-C during the forks is noted, not lost in an at-fork callback
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            try:
+                for i in range(processes):
+                    conns.append(ctx.Pipe(duplex=False))
+                    task = (dataset, (i * n) // processes, batch_size, collate_fn, seconds)
+                    procs.append(ctx.Process(target=_ceiling_process, args=(conns[-1][1], go, task), daemon=True))
+                    procs[-1].start()
+                    conns[-1][1].close()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
         held.deliver()
-    except BaseException:
-        close_pool(pool)
-        raise
-    return pool
-
-
-def close_pool(pool: Any, grace_s: float = SHUTDOWN_GRACE_S) -> None:
-    """``pool.terminate()`` + ``join()`` in a thread, bounded: ``terminate()`` can block for ever on a queue lock a
-    misbehaving process holds, so after ``grace_s`` the processes are killed. An interrupt is re-raised at the end."""
-    import multiprocessing.pool as mp_pool
-
-    handler = getattr(pool, "_worker_handler", None)
-    if handler is not None:  # stop the pool replacing workers that exit while it closes (they would be missed)
-        handler._state = mp_pool.TERMINATE
-    procs = list(getattr(pool, "_pool", []) or [])
-
-    def terminate() -> None:
-        with contextlib.suppress(Exception):
-            pool.terminate()
-            pool.join()
-
-    pending: BaseException | None = None
-    t = threading.Thread(target=terminate, name="workbook-pool-close", daemon=True)
-    t.start()
-    for _attempt in range(4):
-        try:
-            t.join(grace_s)
-            if t.is_alive():
-                stop_processes(procs, grace_s=0.0)
-                t.join(grace_s)
-            # A worker the pool started while it was closing is not in ``procs``: forked while another
-            # thread held a lock, it can sit on that lock for ever (an orphan after the run). Stop it too.
-            late = [p for p in list(getattr(pool, "_pool", []) or []) if all(p is not q for q in procs)]
-            stop_processes(procs + late, grace_s=0.5)
-            break
-        except KeyboardInterrupt as exc:
-            pending = exc
-    if pending is not None:
-        raise pending
+        go.set()
+        deadline, done = time.monotonic() + seconds + WORKER_TIMEOUT_S, []
+        for recv, _ in conns:
+            # Bounded: a process that never reports (frozen, or dead: EOF) ends the call instead of hanging it.
+            if not recv.poll(max(0.0, deadline - time.monotonic())):
+                raise EOFError
+            done.append(recv.recv())
+    except EOFError:
+        raise LoaderFailure(
+            f"parallel_ceiling: the {processes} processes did not report within {seconds + WORKER_TIMEOUT_S:g} s "
+            f"(a frozen, starved or failed process); they were stopped"
+        ) from None
+    finally:
+        stop_processes(procs, grace_s=0.5)
+        for recv, _ in conns:
+            recv.close()
+    return sum(k / dt for k, dt in done)
 
 
 # -- loaders measured in alternating rounds -------------------------------------------------------------
@@ -342,17 +291,17 @@ def knob_rounds(
     if knob == "num_workers":  # workers stay up between rounds
         expect = {v: {knob: v, "persistent_workers": True} if v else {knob: v} for v in values}
         procs = check_int("num_workers", values[-1], 1, MAX_WORKERS)
-    with _loader_rounds(factory, expect, warmup) as takers, _pool(procs) if procs else contextlib.nullcontext() as pool:
+    with _loader_rounds(factory, expect, warmup) as takers:
         by_value = dict(zip(values, takers))
         measures: dict[str, Callable[[], float]] = {
             f"{knob}={v}": partial(t.rate, batches) for v, t in by_value.items()
         }
-        if pool is not None:
+        if procs:
             ref, loader = by_value[reference], takers[-1].loader
             bs, ds, collate = int(loader.batch_size or 1), loader.dataset, loader.collate_fn
 
             def run_ceiling() -> float:  # as long as the reference's latest window
-                return parallel_ceiling(ds, procs, max(0.05, ref.last_s), batch_size=bs, collate_fn=collate, pool=pool)
+                return parallel_ceiling(ds, procs, max(0.05, ref.last_s), batch_size=bs, collate_fn=collate)
 
             first, *rest = measures.items()
             measures = dict([first, ("ceiling", run_ceiling), *rest])
