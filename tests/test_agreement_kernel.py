@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from helpers.chapters import ch02, ch03
 from helpers.chapters.ch02.copies import MiB, Sweep, TransferPoint
 from helpers.chapters.ch03 import pinning
-from helpers.chapters.ch04 import speedup
+from helpers.chapters.ch04 import speedup, sweeps
 from helpers.chapters.ch05 import gpudecode
 from helpers.core import agreement as A
 from helpers.core.timing import Timing
@@ -185,8 +187,10 @@ def test_ch03_and_ch04_ratio_verdicts_are_the_straddle_rule() -> None:
         ratios = [a / b for a, b in zip(on, off)]
         old = min(ratios) <= 1.0 <= max(ratios)
         assert ("within noise" in ch03.pin_pair_verdict(_pin_rows(on, off))) == old
-        assert ("within the noise" in speedup.difference_line("k", 1, 2, ratios)) == old
+        (verdict,) = speedup.LoaderRounds("k", {1: on, 2: off}, 2).verdicts()
+        assert ("within the noise" in verdict) == old
         one_pass = rng.uniform(0.8, 1.3)
-        assert speedup.agreement_line(2, one_pass, ratios).endswith("agree within their spread") == (
-            min(ratios) <= one_pass <= max(ratios)
-        )
+        results: list[Any] = [SimpleNamespace(items_per_s=v) for v in (1.0, one_pass)]
+        sweep = sweeps.WorkerSweep(workers=[0, 2], results=results, cores=2)
+        (line,) = speedup.sweep_vs_rounds(sweep, speedup.LoaderRounds("num_workers", {0: off, 2: on}, 0))
+        assert line.endswith("agree within their spread") == (min(ratios) <= one_pass <= max(ratios))

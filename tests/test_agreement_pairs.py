@@ -95,13 +95,13 @@ PAIRS: tuple[Pair, ...] = (
          chain=(f"{CH03}.pin_pair_verdict", f"{KERNEL}.ratios_straddle_one"),
          rule="ratios_straddle_one on the per-round ratios", trust="Trust the faster figure"),
     Pair("04", "the 2-worker speed-up: the one-pass sweep (section 1), and alternating rounds (section 1b)",
-         shown_by="speedup.interleaved_speedup(", call="speedup.sweep_vs_rounds(sweep, ROUNDS)",
+         shown_by="ROUNDS = speedup.knob_rounds(", call="speedup.sweep_vs_rounds(sweep, ROUNDS)",
          verdict=f"{CH04}.sweep_vs_rounds",
-         chain=(f"{CH04}.sweep_vs_rounds", f"{CH04}.agreement_line", f"{KERNEL}.within_range"),
+         chain=(f"{CH04}.sweep_vs_rounds", f"{KERNEL}.within_range"),
          rule="within_range: the one-pass figure within the rounds' range", trust="trust the alternating rounds"),
     Pair("04", "prefetch_factor 1 and 4 against the default 2, in alternating rounds (section 2)",
-         shown_by="speedup.knob_rounds(", call="pf.verdicts()", verdict=f"{CH04}.LoaderRounds.verdicts",
-         chain=(f"{CH04}.LoaderRounds.verdicts", f"{CH04}.difference_line", f"{KERNEL}.ratios_straddle_one"),
+         shown_by="pf = speedup.knob_rounds(", call="pf.verdicts()", verdict=f"{CH04}.LoaderRounds.verdicts",
+         chain=(f"{CH04}.LoaderRounds.verdicts", f"{KERNEL}.ratios_straddle_one"),
          rule="ratios_straddle_one on the per-round ratios"),
     Pair("05", "without CUDA: the same CPU decode code path timed twice, (a) then (b) (section 5)",
          shown_by="gpudecode.compare_decode(", call="cmp.report()",
@@ -152,7 +152,7 @@ PAIRS: tuple[Pair, ...] = (
 #: Calls known to make a second measurement of something already measured (on a notebook's code cells).
 HEURISTICS: dict[str, str] = {
     "alternating rounds: a setting against a reference, or a one-pass figure measured again": (
-        r"\b(interleaved_speedup|knob_rounds|pin_pair_rounds|run_waterfall)\("
+        r"\b(knob_rounds|pin_pair_rounds|run_waterfall)\("
     ),
     "a sweep that measures again a copy already timed once": r"\bcopies\.sweep\(",
     "a fit set against the points it was fitted to": r"\.fit\(\)|=\s*fits\[",
@@ -526,6 +526,6 @@ def test_the_scan_fails_on_a_copy_with_a_new_pair(tmp_path: Path) -> None:
         f"chapter 05, code cell {len(code_cells(notebook('05')))}: a sweep that measures again a copy already "
         "timed once: a pair not in the registry (add it to PAIRS, with its verdict)"
     ]
-    rounds_again = {**new_cell, "source": ["R2 = speedup.interleaved_speedup(factory, num_workers=3)\n"]}
+    rounds_again = {**new_cell, "source": ['ROUNDS = speedup.knob_rounds(factory, "num_workers", [0, 3])\n']}
     problems = scan("04", _copy("04", tmp_path, lambda cells: cells.append(rounds_again)))
     assert len(problems) == 1 and "is not printed" in problems[0], problems

@@ -39,21 +39,26 @@ def _rounds(single: list[float], workers: list[float], n: int = 2, ceiling: floa
     return speedup.LoaderRounds("num_workers", {0: single, n: workers}, 0, ceil)
 
 
-def test_agreement_line_agrees_or_says_to_trust_the_rounds() -> None:
-    agree = speedup.agreement_line(2, 1.5, [1.3, 1.44, 1.6])
+def test_sweep_vs_rounds_agrees_or_says_to_trust_the_rounds() -> None:
+    (agree,) = speedup.sweep_vs_rounds(_sweep({0: 100.0, 2: 150.0}), _rounds([100.0] * 3, [130.0, 144.0, 160.0]))
     assert agree.endswith("agree within their spread") and "num_workers=2" in agree
     assert "no spread of its own" in agree and "1.50x" in agree and "1.30-1.60x" in agree
-    disagree = speedup.agreement_line(2, 0.96, [1.3, 1.44, 1.6])
+    (disagree,) = speedup.sweep_vs_rounds(_sweep({0: 100.0, 2: 96.0}), _rounds([100.0] * 3, [130.0, 144.0, 160.0]))
     assert disagree.endswith(f"disagree: {TRUST}") and "0.96x" in disagree and "1.44x" in disagree
     assert speedup.TRUST_ROUNDS == TRUST
 
 
-def test_difference_line_within_the_noise_or_a_real_difference() -> None:
-    noise = speedup.difference_line("prefetch_factor", 4, 2, [0.8, 0.95, 1.1])
+def _verdict(ratios: list[float]) -> str:
+    (line,) = speedup.LoaderRounds("prefetch_factor", {2: [1.0] * len(ratios), 4: ratios}, 2).verdicts()
+    return line
+
+
+def test_verdicts_within_the_noise_or_a_real_difference() -> None:
+    noise = _verdict([0.8, 0.95, 1.1])
     assert "prefetch_factor=4 vs 2" in noise and "within the noise" in noise and "real" not in noise
-    real = speedup.difference_line("prefetch_factor", 1, 2, [0.5, 0.6, 0.55, 0.7, 0.52])
+    real = _verdict([0.5, 0.6, 0.55, 0.7, 0.52])
     assert "a real difference (slower in all 5 rounds" in real and "1 time in 16" in real
-    faster = speedup.difference_line("prefetch_factor", 4, 2, [1.1, 1.2, 1.3])
+    faster = _verdict([1.1, 1.2, 1.3])
     assert "faster in all 3 rounds" in faster and "1 time in 4" in faster
 
 
@@ -73,7 +78,7 @@ def test_the_benchmark_flags_a_speedup_the_sweep_contradicts(monkeypatch: pytest
     sweep = _sweep({0: 100.0, 1: 95.0, 2: 96.0, 3: 120.0})
     monkeypatch.setattr(sweeps, "sweep_workers", lambda *a, **k: sweep)
     monkeypatch.setattr(
-        speedup, "interleaved_speedup", lambda *a, **k: _rounds([100.0] * 3, [130.0, 144.0, 160.0], ceiling=190.0)
+        speedup, "knob_rounds", lambda *a, **k: _rounds([100.0] * 3, [130.0, 144.0, 160.0], ceiling=190.0)
     )
     rs = ResultSet.new("t", "synthetic")
     ch04._sweep_and_speedup(rs, {"float": CheapDataset(8, 4), "uint8": CheapDataset(8, 4)}, 4, 2, 0)

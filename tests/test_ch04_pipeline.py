@@ -151,7 +151,9 @@ def test_guard_checks_dev_shm_before_any_worker_starts(monkeypatch: pytest.Monke
     with pytest.raises(ValueError, match="/dev/shm"):
         sweeps.sweep_workers(lambda w: make_loader(ds, 256, workers=w), [0, 2], batches=1, warmup=0)
     with pytest.raises(ValueError, match="/dev/shm"):
-        speedup.interleaved_speedup(lambda w: make_loader(ds, 256, workers=w), 2, rounds=1, batches=1, warmup=0)
+        speedup.knob_rounds(
+            lambda w: make_loader(ds, 256, workers=w), "num_workers", [0, 2], rounds=1, batches=1, warmup=0
+        )
     L.guard(make_loader(ds, 256, workers=0))  # no workers: nothing goes through /dev/shm
     assert L.guard(make_loader(ds, 256, workers=2), check_shm=False).num_workers == 2
 
@@ -267,12 +269,16 @@ def test_sweep_keeps_the_dataloaders_warning_with_the_result(capfd: pytest.Captu
 def test_interleaved_rounds_with_the_readers_loaders() -> None:
     threads = torch.get_num_threads()
     ds = SpinDataset(CheapDataset(64, 4), extra_ms=0.5)
-    sr = speedup.interleaved_speedup(lambda w: make_loader(ds, 8, workers=w), 2, rounds=2, batches=3, warmup=1)
+    sr = speedup.knob_rounds(
+        lambda w: make_loader(ds, 8, workers=w), "num_workers", [0, 2], rounds=2, batches=3, warmup=1
+    )
     assert len(sr.rates[0]) == len(sr.rates[2]) == len(sr.ceiling) == 2
     assert all(x > 0 for x in sr.rates[0] + sr.rates[2] + sr.ceiling)
     assert torch.get_num_threads() == threads
     with pytest.raises(ValueError, match="asked for"):
-        speedup.interleaved_speedup(lambda w: make_loader(ds, 8, workers=1), 2, rounds=1, batches=1, warmup=0)
+        speedup.knob_rounds(
+            lambda w: make_loader(ds, 8, workers=1), "num_workers", [0, 2], rounds=1, batches=1, warmup=0
+        )
 
 
 def test_persistent_experiment_with_a_factory() -> None:

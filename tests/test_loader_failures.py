@@ -316,9 +316,10 @@ def test_shm_is_checked_where_every_worker_loader_is_built(monkeypatch: pytest.M
     with pytest.raises(ValueError, match="/dev/shm"):
         L.timed_loader(ds, 256, num_workers=2)
     with pytest.raises(ValueError, match="/dev/shm"):
-        speedup.interleaved_speedup(
+        speedup.knob_rounds(
             lambda w: L.build_loader(ds, batch_size=256, num_workers=w, persistent_workers=w > 0),
-            2,
+            "num_workers",
+            [0, 2],
             rounds=1,
             batches=1,
             warmup=0,
@@ -344,8 +345,8 @@ for i in range(int(sys.argv[1])):
     speedup.parallel_ceiling(ds, 2, 0.05, batch_size=8)
     print("ceiling", i, flush=True)
 for i in range(int(sys.argv[2])):
-    speedup.interleaved_speedup(lambda w: L.build_loader(ds, batch_size=8, num_workers=w, persistent_workers=w > 0),
-                                2, rounds=2, batches=2, warmup=1)
+    speedup.knob_rounds(lambda w: L.build_loader(ds, batch_size=8, num_workers=w, persistent_workers=w > 0),
+                        "num_workers", [0, 2], rounds=2, batches=2, warmup=1)
     print("speedup", i, flush=True)
 print("done", flush=True)
 """
@@ -365,17 +366,25 @@ def test_pools_and_loaders_never_hang_with_a_parents_sigterm_handler() -> None:
     assert proc.returncode == 0 and proc.stdout.strip().endswith("done"), proc.stdout[-500:] + proc.stderr[-2000:]
 
 
-def test_pool_processes_reset_the_parents_handlers() -> None:
+class _CheckHandlers(torch.utils.data.Dataset):
+    """Fails (so the ceiling raises) unless this process has SIGTERM default, SIGINT ignored, neither blocked."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        got = _handlers()
+        if got != (int(signal.SIG_DFL), int(signal.SIG_IGN), []):
+            raise RuntimeError(f"the ceiling process runs with the parent's signal settings: {got}")
+        return torch.zeros(1)
+
+
+def test_ceiling_processes_reset_the_parents_handlers() -> None:
     old = signal.signal(signal.SIGTERM, lambda *a: None)
     try:
-        pool = speedup.start_pool(1)
-        try:
-            got = pool.apply(_handlers)
-        finally:
-            speedup.close_pool(pool)
+        assert speedup.parallel_ceiling(_CheckHandlers(), 1, 0.05, batch_size=2) > 0
     finally:
         signal.signal(signal.SIGTERM, old)
-    assert got == (int(signal.SIG_DFL), int(signal.SIG_IGN), [])
 
 
 def _handlers() -> tuple[int, int, list[int]]:
@@ -407,39 +416,56 @@ class _HandlerDataset(torch.utils.data.Dataset):
         return int(signal.getsignal(signal.SIGTERM)), int(signal.getsignal(signal.SIGINT))
 
 
-def test_close_pool_is_bounded_when_terminate_hangs() -> None:
-    pool = speedup.start_pool(1)
-    procs = list(pool._pool)
-    pool.terminate = lambda: time.sleep(60)  # type: ignore[method-assign]
-    t0 = time.monotonic()
-    speedup.close_pool(pool, grace_s=0.5)
-    assert time.monotonic() - t0 < 10
-    assert not any(p.is_alive() for p in procs)
-    pool._terminate.cancel()  # its real terminate never ran here; don't run it at exit
+class _Hangs(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(60)
+        return torch.zeros(1)
 
 
-def test_close_pool_leaves_no_worker_when_workers_die_while_it_closes() -> None:
-    """A pool replaces a worker that exits; one forked while the pool closes must be stopped too (it was an
-    orphan, stuck on a lock, after a full unit run)."""
-    import psutil
+class _DiesInOne(torch.utils.data.Dataset):
+    """Item 0 (the first process's first item) kills its process."""
 
-    me = psutil.Process()
-    before = {c.pid for c in me.children(recursive=True)}
-    for _ in range(6):
-        pool = speedup.start_pool(2)
-        os.kill(pool._pool[0].pid, signal.SIGKILL)  # the pool's handler starts a replacement
-        time.sleep(0.05)
-        speedup.close_pool(pool, grace_s=1.0)
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == 0:
+            os._exit(1)
+        return torch.zeros(1)
+
+
+def _new_children(before: set[int]) -> list[Any]:
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+    while True:
         left = [
             c
-            for c in me.children(recursive=True)
+            for c in psutil.Process().children(recursive=True)
             if c.pid not in before and c.is_running() and c.status() != psutil.STATUS_ZOMBIE
         ]
-        if not left:
-            break
+        if not left or time.monotonic() > deadline:
+            return left
         time.sleep(0.2)
+
+
+def test_the_ceiling_is_bounded_when_a_process_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(speedup, "WORKER_TIMEOUT_S", 1.0)
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    t0 = time.monotonic()
+    with pytest.raises(L.LoaderFailure, match="did not report"):
+        speedup.parallel_ceiling(_Hangs(), 1, 0.05, batch_size=1)
+    assert time.monotonic() - t0 < 10
+    assert not _new_children(before)
+
+
+def test_the_ceiling_leaves_no_process_when_one_dies() -> None:
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    for _ in range(3):
+        with pytest.raises(L.LoaderFailure, match="did not report"):
+            speedup.parallel_ceiling(_DiesInOne(), 2, 0.2, batch_size=1)
+    left = _new_children(before)
     assert not left, [c.cmdline() for c in left]
 
 

@@ -326,11 +326,11 @@ def test_parallel_ceiling_refuses_bad_arguments():
         speedup.parallel_ceiling(CheapDataset(8, 4), seconds=0.0)
 
 
-def test_interleaved_speedup_rounds_and_cleanup():
+def test_worker_speedup_rounds_and_cleanup():
     before = _children()
     threads = torch.get_num_threads()
     ds = SpinDataset(CheapDataset(64, 4), extra_ms=0.5)
-    sr = speedup.interleaved_speedup(_factory(ds, 8), 2, rounds=3, batches=3, warmup=1)
+    sr = speedup.knob_rounds(_factory(ds, 8), "num_workers", [0, 2], rounds=3, batches=3, warmup=1)
     assert len(sr.rates[0]) == len(sr.rates[2]) == len(sr.ceiling) == 3
     assert all(x > 0 for x in sr.rates[0] + sr.rates[2] + sr.ceiling)
     assert sr.speedup == pytest.approx(sorted(sr.ratios())[1])
@@ -350,11 +350,11 @@ def test_speedup_rounds_without_ceiling():
     assert "ceiling" not in sr.table()[0] and "procs" not in sr.table()[0]
 
 
-def test_interleaved_speedup_refuses_bad_arguments():
+def test_worker_speedup_refuses_bad_arguments():
     with pytest.raises(ValueError, match="num_workers"):
-        speedup.interleaved_speedup(_factory(CheapDataset(8, 4), 4), 0)
+        speedup.knob_rounds(_factory(CheapDataset(8, 4), 4), "num_workers", [0, 0])
     with pytest.raises(ValueError, match="rounds"):
-        speedup.interleaved_speedup(_factory(CheapDataset(8, 4), 4), 2, rounds=0)
+        speedup.knob_rounds(_factory(CheapDataset(8, 4), 4), "num_workers", [0, 2], rounds=0)
 
 
 def test_plot_rounds_draws_three_series():

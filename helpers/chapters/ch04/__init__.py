@@ -1,6 +1,5 @@
-"""Chapter 04, worker processes: the live panel (each run calls the reader's ``make_loader`` on one of
-:data:`ITEM_COSTS`' data sets, guarded, timed and released, also when interrupted) and the benchmark. Everything
-runs on the CPU, so every figure is measured here."""
+"""Chapter 04, worker processes: the live panel (the reader's ``make_loader`` on one of :data:`ITEM_COSTS`' data
+sets) and the benchmark. Everything runs on the CPU, so every figure is measured here."""
 
 from __future__ import annotations
 
@@ -31,10 +30,8 @@ BENCH_WEIGHT = 2.25
 PANEL_TITLE = "DataLoader workers: your make_loader"
 PANEL_FIGSIZE = (8.0, 3.4)
 
-#: The panel's item costs: cheap in-memory items, the JPEG baseline, the baseline + 2 ms of CPU per item.
 ITEM_COSTS = ("cheap (in memory)", "baseline (JPEG decode + augment)", "heavy (baseline + 2 ms CPU)")
 
-#: prefetch_factor values the benchmark compares, in alternating rounds, against the DataLoader's default.
 PREFETCH_VALUES = (1, 2, 4)
 PREFETCH_REFERENCE = 2
 
@@ -52,12 +49,8 @@ def benchmark(
     batches: int | None = None,
     warmup: int | None = None,
 ) -> ResultSet:
-    """Record chapter 04's figures on the shapes data set at the mode's sizes, on the CPU (``device`` unused), with
-    one intra-op thread here as in every worker. Keys: ``ch04.items_per_s`` (the sweep; uint8: the rounds'
-    medians), ``ch04.best_num_workers``, ``ch04.speedup`` / ``parallel_ceiling`` / ``share_of_ceiling`` (2 workers
-    in alternating rounds; the speed-up flagged where the sweep disagrees), ``ch04.prefetch.*`` (rounds),
-    ``ch04.persistent.*``, ``ch04.in_order.*``, ``ch04.getitems.items_per_s``, ``ch04.cheap.*``. ``info``,
-    ``sizes``, ``batches``, ``warmup``: the tests' smaller runs."""
+    """Chapter 04's figures on the shapes data set at the mode's sizes, on the CPU (``device`` unused), with one
+    intra-op thread here as in every worker. ``info``, ``sizes``, ``batches``, ``warmup``: the tests' smaller runs."""
     progress = progress or (lambda *a, **k: None)
     sizes = dict(sizes) if sizes is not None else default_sizes()
     info = info if info is not None else make_shapes_dataset()
@@ -90,8 +83,7 @@ def _spread(values: Sequence[float]) -> dict[str, Any]:
 
 
 def _factory(ds: Dataset, bs: int, knob: str = "num_workers", **fixed: Any) -> Callable[[Any], DataLoader]:
-    """Loaders as a function of ``knob``: 2 workers unless it is num_workers, persistent whenever there are
-    workers unless it is persistent_workers."""
+    """Loaders as a function of ``knob``: 2 workers and persistent unless the knob says otherwise."""
 
     def build(value: Any) -> DataLoader:
         knobs = {"num_workers": 2, **fixed, knob: value}
@@ -102,7 +94,6 @@ def _factory(ds: Dataset, bs: int, knob: str = "num_workers", **fixed: Any) -> C
 
 
 def _sweep_and_speedup(results: ResultSet, ds: Mapping[str, Dataset], bs: int, batches: int, warm: int) -> None:
-    """The one-pass worker sweep, then 2 workers in alternating rounds beside the measured ceiling."""
     cores = loaders.cpu_cores()
     ws = sorted(set([0, 1, 2, 3] + ([] if config.sized(True, False) else list(range(0, cores + 3)))))
     sw = sweeps.sweep_workers(_factory(ds["float"], bs), ws, batches=batches, warmup=warm)
@@ -112,7 +103,9 @@ def _sweep_and_speedup(results: ResultSet, ds: Mapping[str, Dataset], bs: int, b
     results.add("ch04.best_num_workers", sw.best_workers, "workers", **best)
     n_batches, rounds = max(2, min(batches, config.sized(10, 40))), config.sized(3, 7)
     for output in ("float", "uint8"):
-        sr = speedup.interleaved_speedup(_factory(ds[output], bs), 2, rounds=rounds, batches=n_batches, warmup=warm)
+        sr = speedup.knob_rounds(
+            _factory(ds[output], bs), "num_workers", [0, 2], rounds=rounds, batches=n_batches, warmup=warm
+        )
         at: dict[str, Any] = {"output": output, "cores": cores}
         method = "interleaved rounds, median of per-round ratios"
         params = {"num_workers": 2, **at, "main_threads": 1, "method": method}
@@ -132,7 +125,7 @@ def _sweep_and_speedup(results: ResultSet, ds: Mapping[str, Dataset], bs: int, b
 
 def _knobs(results: ResultSet, ds: Mapping[str, Dataset], bs: int, batches: int, warm: int) -> None:
     """prefetch_factor in alternating rounds (one measurement each can't tell it from drift), persistent_workers
-    and in_order, each against its own baseline."""
+    and in_order."""
     kr = speedup.knob_rounds(
         _factory(ds["float"], bs, "prefetch_factor"),
         "prefetch_factor",
@@ -163,7 +156,6 @@ def _knobs(results: ResultSet, ds: Mapping[str, Dataset], bs: int, batches: int,
 
 
 def _cheap_items(results: ResultSet, ds: Mapping[str, Dataset], bs: int, batches: int, warm: int) -> None:
-    """``__getitems__`` against per-item fetching, and cheap items (where the main process is the bottleneck)."""
     run: dict[str, Any] = {"batch_size": bs, "batches": batches, "warmup": warm}
     n = config.sized(4096, 32768)
     for (fetch, w), r in sweeps.getitems_experiment(BatchedCheapDataset(n, 32, "uint8"), **run).items():
@@ -181,7 +173,6 @@ def _cheap_items(results: ResultSet, ds: Mapping[str, Dataset], bs: int, batches
 
 @functools.lru_cache(maxsize=8)
 def _panel_dataset(item_cost: str, image_root: str | None, crop_size: int, n_cheap: int) -> Dataset:
-    """The data set behind ``item_cost`` (built once per setting: the panel reruns it often)."""
     if item_cost == ITEM_COSTS[0]:
         return CheapDataset(n_cheap, image_size=crop_size)
     if image_root is None:
@@ -191,7 +182,6 @@ def _panel_dataset(item_cost: str, image_root: str | None, crop_size: int, n_che
 
 
 def _default(make_loader: Any, name: str, fallback: Any) -> Any:
-    """The default of the reader's ``make_loader`` parameter ``name`` (``fallback`` when it has none)."""
     try:
         default = inspect.signature(make_loader).parameters[name].default
     except (TypeError, ValueError, KeyError):
@@ -200,8 +190,7 @@ def _default(make_loader: Any, name: str, fallback: Any) -> Any:
 
 
 def panel_controls(**context: Any) -> dict[str, Any]:
-    """Workers, batch size (``batch=``), prefetch factor and persistence (defaults: the reader's
-    ``make_loader``'s), and the cost per item."""
+    """Defaults: the reader's ``make_loader``'s, and ``batch=``."""
     make_loader = context.get("make_loader")
     prefetch, persistent = _default(make_loader, "prefetch_factor", 2), _default(make_loader, "persistent", True)
     return {
@@ -231,8 +220,8 @@ def panel_run(
     **context: Any,
 ) -> Evidence[loaders.Throughput]:
     """One run of the reader's ``make_loader(dataset, batch_size, workers=..., persistent=..., prefetch_factor=...)``
-    on the ``item_cost`` data set. ValueError: bad settings (also far more workers than cores), a ``make_loader``
-    that is not a function or ignores ``workers``/``batch_size``, image items without ``image_root``."""
+    on the ``item_cost`` data set. ValueError: bad settings, far more workers than cores, a ``make_loader`` that
+    ignores ``workers``/``batch_size``, image items without ``image_root``."""
     if not callable(make_loader):
         raise ValueError(f"make_loader must be your loader function, got {type(make_loader).__name__}")
     check_choice("item_cost", item_cost, ITEM_COSTS)
@@ -261,7 +250,6 @@ def panel_run(
 
 
 def panel_summary(result: Evidence[loaders.Throughput]) -> str:
-    """Throughput, start-up, how busy the main thread was; then the provenance."""
     res = result.value
     if res is None:
         return result.header()
@@ -275,7 +263,6 @@ def panel_summary(result: Evidence[loaders.Throughput]) -> str:
 
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
-    """A bar per run (items/s), latest highlighted; the settings as labels, the source in the title."""
     runs = [rec for rec in history if rec.result.value is not None]
     labels = [
         f"#{r.index} w={v.get('num_workers')} b={v.get('batch_size')} pf={v.get('prefetch_factor')}"

@@ -12,8 +12,7 @@ from torch.utils.data import Dataset, default_collate, get_worker_info
 from ...core.validate import check_choice, check_float, check_int
 
 
-def passthrough_collate(batch: Any) -> Any:
-    """A collate function that returns its input (for data sets that batch in ``__getitems__``)."""
+def passthrough_collate(batch: Any) -> Any:  # for data sets that batch in ``__getitems__``
     return batch
 
 
@@ -65,8 +64,7 @@ class SpinDataset(Dataset):
 
 
 class BatchedCheapDataset(CheapDataset):
-    """:class:`CheapDataset` with ``__getitems__``: one gather per batch, a finished batch (use
-    :func:`passthrough_collate`)."""
+    """:class:`CheapDataset` with ``__getitems__``: one gather per batch, a finished batch."""
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.as_tensor(indices, dtype=torch.long) % len(self.bank)
@@ -78,7 +76,7 @@ class BatchedCheapDataset(CheapDataset):
 
 
 class PerItem(Dataset):
-    """A view of a data set that fetches item by item (hides its ``__getitems__``)."""
+    """A view of a data set that hides its ``__getitems__``."""
 
     def __init__(self, base: Dataset) -> None:
         self.base = base

@@ -21,7 +21,7 @@ from .datasets import FailingDataset
 
 
 def rng_draws(dataset: Dataset, *, num_workers: int = 2, batch_size: int = 4) -> dict[int, list[float]]:
-    """Draws per worker id, in order, of ``dataset``'s items ``(index, worker_id, draw)`` (-1: the main process)."""
+    """Draws per worker id (-1: the main process) of ``dataset``'s items ``(index, worker_id, draw)``."""
     loader = build_loader(dataset, batch_size=batch_size, num_workers=num_workers, shuffle=False)
     out: dict[int, list[float]] = {}
     with open_iterator(loader) as it:
@@ -43,7 +43,7 @@ def rng_duplicates(draws: Mapping[int, Sequence[float]]) -> float:
 
 @contextlib.contextmanager
 def _capture_fd2() -> Iterator[Callable[[], str]]:
-    """File descriptor 2 (which child processes inherit) into a temporary file; yields a reader of it."""
+    """File descriptor 2, which child processes inherit, into a temporary file; yields a reader of it."""
     with tempfile.TemporaryFile(mode="w+b") as tmp:
         with contextlib.suppress(Exception):
             sys.stderr.flush()
@@ -87,8 +87,7 @@ def spawn_failure_demo(dataset: Dataset, *, context: str = "spawn", timeout_s: f
                 next(it)
         except Exception as exc:  # the failure is the point of the demo
             err = exc
-        # give a dying child a moment to flush its traceback
-        time.sleep(0.05)
+        time.sleep(0.05)  # a dying child flushes its traceback
     found = re.findall(r"^(\w+(?:Error|Exception)): (.*)$", captured(), flags=re.M)
     child_error = f"{found[-1][0]}: {found[-1][1]}" if found else None
     message = str(err).strip() if err else "one batch loaded fine"

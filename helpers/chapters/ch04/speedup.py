@@ -1,5 +1,5 @@
-"""Chapter 04's fair comparisons in alternating rounds (:func:`helpers.core.rounds.alternate`): a knob's values,
-workers=0 against workers=N beside the measured parallel ceiling, and the verdicts on two measurements of one thing."""
+"""Chapter 04's comparisons in alternating rounds (:func:`helpers.core.rounds.alternate`): a knob's values, the
+worker speed-up beside the measured parallel ceiling, and the verdicts on two measurements of one thing."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import contextlib
 import multiprocessing as mp
 import signal
 import statistics
-import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -23,7 +22,6 @@ from ...core.validate import check_float, check_int
 from ...pipeline.loaders import WORKER_TIMEOUT_S, Epochs, LoaderFailure, batch_len
 from ...pipeline.workers import (
     MAX_WORKERS,
-    SHUTDOWN_GRACE_S,
     HeldSignals,
     released,
     reset_child_signals,
@@ -34,20 +32,19 @@ from .sweeps import WorkerSweep, build_from_factory
 # -- the measured ceiling: N independent processes, no loader around them ---------------------------
 
 
-def _ceiling_task(args: tuple[Any, int, int, Any, float, float]) -> tuple[int, float]:
-    """One process of :func:`parallel_ceiling`: (items, seconds) of loading and collating for ``seconds``."""
-    dataset, offset, batch_size, collate_fn, start_at, seconds = args
+def _ceiling_process(conn: Any, go: Any, task: tuple[Any, int, int, Any, float]) -> None:
+    """One process of :func:`parallel_ceiling`: sends (items, seconds) of loading and collating for ``seconds``."""
+    reset_child_signals()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    dataset, offset, batch_size, collate_fn, seconds = task
     torch.set_num_threads(1)
     collate = collate_fn if collate_fn is not None else default_collate
-    while time.time() < start_at:  # all processes start together
-        time.sleep(0.0005)
+    go.wait(WORKER_TIMEOUT_S)  # all processes start together
     n, k, t0 = len(dataset), 0, time.perf_counter()
-    while True:
+    while time.perf_counter() - t0 < seconds:
         collate([dataset[(offset + k + j) % n] for j in range(batch_size)])
         k += batch_size
-        dt = time.perf_counter() - t0
-        if dt >= seconds:
-            return k, dt
+    conn.send((k, time.perf_counter() - t0))
 
 
 def parallel_ceiling(
@@ -57,106 +54,52 @@ def parallel_ceiling(
     *,
     batch_size: int = 32,
     collate_fn: Callable[[Any], Any] | None = None,
-    pool: Any = None,
 ) -> float:
-    """Items/s that ``processes`` independent processes reach together, each doing what ``num_workers=0`` does
-    (``collate_fn([dataset[i] for i in batch])``) with no queues, shared memory or main process to feed: the most
-    ``num_workers=processes`` can deliver here now (below ``processes`` x one process's rate on a turbo-boosting
-    laptop or a VM). ``pool``: an open :func:`start_pool` to reuse; by default one is started and closed here."""
+    """Items/s that ``processes`` independent processes reach together, each doing what ``num_workers=0`` does,
+    with no queues, shared memory or main process to feed: the most ``num_workers=processes`` can deliver here now.
+    The processes never run the parent's signal handlers, and are stopped when it returns or is interrupted."""
     processes = check_int("processes", processes, 1, MAX_WORKERS)
     seconds = check_float("seconds", seconds, 0.05, 600.0)
     batch_size = check_int("batch_size", batch_size, 1, 65536)
     n = max(1, len(dataset))  # type: ignore[arg-type]
+    ctx, procs, conns = mp.get_context(), [], []
+    go = ctx.Event()
     try:
-        with _pool(processes) if pool is None else contextlib.nullcontext(pool) as p:
-            start_at = time.time() + 0.05
-            tasks = [
-                (dataset, (i * n) // processes, batch_size, collate_fn, start_at, seconds) for i in range(processes)
-            ]
-            # Bounded: a task that never returns (a frozen process) ends the call instead of hanging it.
-            done = p.map_async(_ceiling_task, tasks, chunksize=1).get(timeout=seconds + WORKER_TIMEOUT_S)
-    except mp.TimeoutError:
-        raise LoaderFailure(
-            f"parallel_ceiling: the {processes} processes did not report within "
-            f"{seconds + WORKER_TIMEOUT_S:g} s (a frozen or starved process); they were stopped"
-        ) from None
-    return sum(k / dt for k, dt in done)
-
-
-@contextlib.contextmanager
-def _pool(processes: int) -> Iterator[Any]:
-    pool = start_pool(processes)
-    try:
-        yield pool
-    finally:
-        close_pool(pool)
-
-
-def _pool_initializer() -> None:
-    reset_child_signals()
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-
-
-def start_pool(processes: int) -> Any:
-    """A ``multiprocessing`` pool whose processes never run the parent's signal handlers (SIGINT and SIGTERM stay
-    blocked while it forks, until each child has reset them); close it with :func:`close_pool`."""
-    processes = check_int("processes", processes, 1, MAX_WORKERS)
-    with HeldSignals() as held:  # a Ctrl-C during the forks is noted, not lost in an at-fork callback
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        try:
-            pool = mp.get_context().Pool(processes, initializer=_pool_initializer)
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
-    try:
+        with HeldSignals() as held:  # a Ctrl-C during the forks is noted, not lost in an at-fork callback
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            try:
+                for i in range(processes):
+                    conns.append(ctx.Pipe(duplex=False))
+                    task = (dataset, (i * n) // processes, batch_size, collate_fn, seconds)
+                    procs.append(ctx.Process(target=_ceiling_process, args=(conns[-1][1], go, task), daemon=True))
+                    procs[-1].start()
+                    conns[-1][1].close()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
         held.deliver()
-    except BaseException:
-        close_pool(pool)
-        raise
-    return pool
-
-
-def close_pool(pool: Any, grace_s: float = SHUTDOWN_GRACE_S) -> None:
-    """``pool.terminate()`` + ``join()``, bounded: after ``grace_s`` the processes are killed (``terminate()`` can
-    block for ever on a queue lock a misbehaving process holds, so it runs in a helper thread). An interrupt
-    meanwhile is re-raised at the end."""
-    import multiprocessing.pool as mp_pool
-
-    handler = getattr(pool, "_worker_handler", None)
-    if handler is not None:  # stop the pool replacing workers that exit while it closes (they would be missed)
-        handler._state = mp_pool.TERMINATE
-    procs = list(getattr(pool, "_pool", []) or [])
-
-    def terminate() -> None:
-        with contextlib.suppress(Exception):
-            pool.terminate()
-            pool.join()
-
-    pending: BaseException | None = None
-    t = threading.Thread(target=terminate, name="workbook-pool-close", daemon=True)
-    t.start()
-    for _attempt in range(4):
-        try:
-            t.join(grace_s)
-            if t.is_alive():
-                stop_processes(procs, grace_s=0.0)
-                t.join(grace_s)
-            # A worker the pool started while it was closing is not in ``procs``: forked while another
-            # thread held a lock, it can sit on that lock for ever (an orphan after the run). Stop it too.
-            late = [p for p in list(getattr(pool, "_pool", []) or []) if all(p is not q for q in procs)]
-            stop_processes(procs + late, grace_s=0.5)
-            break
-        except KeyboardInterrupt as exc:
-            pending = exc
-    if pending is not None:
-        raise pending
+        go.set()
+        deadline, done = time.monotonic() + seconds + WORKER_TIMEOUT_S, []
+        for recv, _ in conns:
+            # Bounded: a process that never reports (frozen, or dead: EOF) ends the call instead of hanging it.
+            if not recv.poll(max(0.0, deadline - time.monotonic())):
+                raise EOFError
+            done.append(recv.recv())
+    except EOFError:
+        raise LoaderFailure(
+            f"parallel_ceiling: the {processes} processes did not report within {seconds + WORKER_TIMEOUT_S:g} s "
+            f"(a frozen, starved or failed process); they were stopped"
+        ) from None
+    finally:
+        stop_processes(procs, grace_s=0.5)
+        for recv, _ in conns:
+            recv.close()
+    return sum(k / dt for k, dt in done)
 
 
 # -- loaders measured in alternating rounds -------------------------------------------------------------
 
 
 class _Batches(Epochs):
-    """Batches from one loader across epoch ends, timed."""
-
     loader: DataLoader
 
     def __init__(self, loader: DataLoader) -> None:
@@ -172,7 +115,6 @@ class _Batches(Epochs):
         return items, self.last_s
 
     def rate(self, batches: int) -> float:
-        """Items/s over ``batches`` batches, after the batches prepared while idle (not the steady state)."""
         self.take(self.buffered)
         items, secs = self.take(batches)
         return items / secs
@@ -186,8 +128,7 @@ _VISIBLE_KNOBS = ("num_workers", "batch_size", "prefetch_factor", "persistent_wo
 def _loader_rounds(
     factory: Callable[[Any], DataLoader], expect: Mapping[Any, Mapping[str, Any] | None], warmup: int
 ) -> Iterator[list[_Batches]]:
-    """``factory(value)`` for each value of ``expect``, all built before any is warmed up; one intra-op thread and
-    the core-count warning quiet meanwhile; every worker released."""
+    """All loaders built before any is warmed up; every worker released at the end."""
     with released([]) as objs, intraop_threads(1), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
         takers = []
@@ -208,8 +149,7 @@ def _median_ratio(a: Sequence[float], b: Sequence[float]) -> float:
 
 @dataclass
 class LoaderRounds:
-    """Items/s of each value of a knob, one per alternating round (``rates[v]``); for the worker speed-up also
-    ``ceiling``: items/s of ``num_workers`` independent processes per round (:func:`parallel_ceiling`)."""
+    """Items/s of each value of a knob per alternating round; for ``num_workers`` also ``ceiling`` per round."""
 
     knob: str
     rates: dict[Any, list[float]]
@@ -222,11 +162,10 @@ class LoaderRounds:
 
     @property
     def num_workers(self) -> Any:
-        """The last value: the worker count the speed-up is of."""
         return self.values[-1]
 
     def ratios(self, value: Any = None) -> list[float]:
-        """Per-round items/s of ``value`` (default: the last) over the reference's, measured seconds apart."""
+        """Per-round items/s of ``value`` (default: the last) over the reference's."""
         return [
             a / b for a, b in zip(self.rates[self.num_workers if value is None else value], self.rates[self.reference])
         ]
@@ -244,12 +183,10 @@ class LoaderRounds:
 
     @property
     def ceiling_speedup(self) -> float:
-        """Median per-round ceiling / reference: what ``num_workers`` cores give at best here (nan if not measured)."""
         return _median_ratio(self.ceiling, self.rates[self.reference])
 
     @property
     def share_of_ceiling(self) -> float:
-        """Median per-round loader / ceiling: the loader's share of the machine's parallel capacity."""
         return _median_ratio(self.rates[self.num_workers], self.ceiling)
 
     def notes(self) -> list[str]:
@@ -271,7 +208,6 @@ class LoaderRounds:
         return out
 
     def table(self) -> list[str]:
-        """One row per round and a median row: each value's items/s, its ratio to the reference (and the ceiling)."""
         rate, ratio = "{:,.0f}".format, "{:.2f}x".format
         others = [v for v in self.values if v != self.reference]
         cols = [(f"{self.knob}={v}", self.rates[v], rate) for v in self.values]
@@ -288,10 +224,25 @@ class LoaderRounds:
         return [f"{lines[0]}   (items/s)", *lines[1:]]
 
     def verdicts(self) -> list[str]:
-        """One :func:`difference_line` per value against the reference: within the noise, or a real difference."""
-        return [
-            difference_line(self.knob, v, self.reference, self.ratios(v)) for v in self.values if v != self.reference
-        ]
+        """Per value against the reference: "within the noise" when the per-round ratios' range includes 1.0, else
+        "a real difference", with how often two equal settings would land on one side in every round by chance."""
+        out = []
+        for v in [v for v in self.values if v != self.reference]:
+            ratios = self.ratios(v)
+            lo, hi, n = min(ratios), max(ratios), len(ratios)
+            head = (
+                f"{self.knob}={v} vs {self.reference}: {statistics.median(ratios):.2f}x (per-round ratios over {n} "
+                f"rounds, range {lo:.2f}-{hi:.2f}x)"
+            )
+            if agreement.ratios_straddle_one(ratios):
+                out.append(f"{head}: within the noise (the rounds' range includes 1.00x): no difference shown")
+                continue
+            side, chance = "faster" if lo > 1.0 else "slower", round(1 / (2 * 0.5 ** max(1, n)))
+            out.append(
+                f"{head}: a real difference ({side} in all {n} rounds; two equal settings would do that by chance "
+                f"1 time in {chance})"
+            )
+        return out
 
     def summary(self) -> str:
         lo, hi = self.spread
@@ -318,18 +269,17 @@ def knob_rounds(
     batches: int = 20,
     warmup: int = 4,
     progress: Callable[..., Any] | None = None,
-    ceiling: bool = False,
 ) -> LoaderRounds:
-    """Your loader ``factory(value)`` (persistent workers) at each of a knob's ``values``, all built first, then
-    ``batches`` batches of each per round, back to back, the order reversed every other round; ``reference``
-    (default: the first value) is what the ratios compare against. ``ceiling``: :func:`parallel_ceiling` with
-    ``values[-1]`` processes, as long as the reference's window, after the reference each round.
+    """Your loader ``factory(value)`` at each of a knob's ``values`` (all built first), ``batches`` batches of each
+    per round, back to back, the order reversed every other round; ratios against ``reference`` (default: the
+    first value). For ``knob="num_workers"`` the workers persist and :func:`parallel_ceiling` with ``values[-1]``
+    processes runs after the reference each round, as long as its window (``values=[0, 2]``: the speed-up).
     ValueError: bad arguments, a factory that ignores the value, or too little ``/dev/shm``."""
     if not isinstance(knob, str) or not knob:
         raise ValueError(f"knob must name what the factory's argument changes, e.g. 'prefetch_factor'; got {knob!r}")
     values = list(values)
-    if len(values) < 2:
-        raise ValueError("values must hold at least two settings to compare")
+    if len(values) < 2 or len(set(values)) != len(values):
+        raise ValueError(f"values must hold at least two settings of {knob} to compare, each once; got {values}")
     reference = values[0] if reference is None else reference
     if reference not in values:
         raise ValueError(f"reference must be one of {values}, got {reference!r}")
@@ -337,55 +287,30 @@ def knob_rounds(
     batches = check_int("batches", batches, 1, 1_000_000)
     warmup = check_int("warmup", warmup, 0, 1_000_000)
     expect = {v: {knob: v} if knob in _VISIBLE_KNOBS else None for v in values}
+    procs = 0
     if knob == "num_workers":  # workers stay up between rounds
         expect = {v: {knob: v, "persistent_workers": True} if v else {knob: v} for v in values}
-    procs = values[-1] if ceiling else 0
-    with _loader_rounds(factory, expect, warmup) as takers, _pool(procs) if procs else contextlib.nullcontext() as pool:
+        procs = check_int("num_workers", values[-1], 1, MAX_WORKERS)
+    with _loader_rounds(factory, expect, warmup) as takers:
         by_value = dict(zip(values, takers))
         measures: dict[str, Callable[[], float]] = {
             f"{knob}={v}": partial(t.rate, batches) for v, t in by_value.items()
         }
-        if pool is not None:
+        if procs:
             ref, loader = by_value[reference], takers[-1].loader
             bs, ds, collate = int(loader.batch_size or 1), loader.dataset, loader.collate_fn
 
             def run_ceiling() -> float:  # as long as the reference's latest window
-                return parallel_ceiling(ds, procs, max(0.05, ref.last_s), batch_size=bs, collate_fn=collate, pool=pool)
+                return parallel_ceiling(ds, procs, max(0.05, ref.last_s), batch_size=bs, collate_fn=collate)
 
-            first, *rest = measures.items()  # the ceiling right after the first value
+            first, *rest = measures.items()
             measures = dict([first, ("ceiling", run_ceiling), *rest])
         got = alternate(measures, rounds, progress=progress)
     rates = {v: got.values[f"{knob}={v}"] for v in values}
     return LoaderRounds(knob, rates, reference, got.values.get("ceiling", []))
 
 
-def interleaved_speedup(
-    factory: Callable[[int], DataLoader],
-    num_workers: int = 2,
-    *,
-    rounds: int = 5,
-    batches: int = 30,
-    warmup: int = 4,
-    progress: Callable[..., Any] | None = None,
-) -> LoaderRounds:
-    """``factory(0)`` against ``factory(num_workers)`` (persistent workers) in alternating rounds, each round
-    beside the measured ceiling (:func:`knob_rounds` with ``ceiling=True``), one intra-op thread in this process."""
-    num_workers = check_int("num_workers", num_workers, 1, MAX_WORKERS)
-    return knob_rounds(
-        factory,
-        "num_workers",
-        [0, num_workers],
-        reference=0,
-        rounds=rounds,
-        batches=batches,
-        warmup=warmup,
-        progress=progress,
-        ceiling=True,
-    )
-
-
 def plot_rounds(sr: LoaderRounds, ax: Any = None, title: str = "") -> Any:
-    """Items/s per round: one process, the worker loader, and (if measured) the measured ceiling."""
     import matplotlib.pyplot as plt  # optional/heavy: matplotlib
 
     if ax is None:
@@ -404,51 +329,22 @@ def plot_rounds(sr: LoaderRounds, ax: Any = None, title: str = "") -> Any:
     return ax
 
 
-# -- verdicts: two measurements of one thing ---------------------------------------------------------------
+def sweep_vs_rounds(sweep: WorkerSweep, rounds: LoaderRounds) -> list[str]:
+    """The verdict on the worker count both the one-pass ``sweep`` (from ``num_workers=0``) and the ``rounds``
+    measured: "agree within their spread" when the one-pass figure lies in the rounds' range (their noise band),
+    else "disagree" and which to trust; [] if they share none."""
+    n, ratios = rounds.num_workers, rounds.ratios()
+    if rounds.knob != "num_workers" or not ratios or n not in sweep.workers or min(sweep.workers) != 0:
+        return []
+    one_pass, lo, hi = sweep.speedup(n), min(ratios), max(ratios)
+    verdict = "agree within their spread" if agreement.within_range(one_pass, ratios) else f"disagree: {TRUST_ROUNDS}"
+    return [
+        f"num_workers={n}: one-pass sweep {one_pass:.2f}x (one measurement, no spread of its own) vs alternating "
+        f"rounds {statistics.median(ratios):.2f}x (range {lo:.2f}-{hi:.2f}x over the rounds, the noise band): {verdict}"
+    ]
 
-#: What the verdict says when a one-pass figure falls outside the alternating rounds' range.
+
 TRUST_ROUNDS = (
     "trust the alternating rounds (each round compares the two settings under the same load; "
     "the one-pass sweep measures each setting once, at different moments)"
 )
-
-
-def agreement_line(num_workers: int, one_pass: float, rounds: Sequence[float]) -> str:
-    """The verdict on a speed-up measured once and per round (``rounds``): "agree within their spread" when
-    the one-pass figure lies in the rounds' range (their noise band), else "disagree: " + :data:`TRUST_ROUNDS`."""
-    lo, hi = min(rounds), max(rounds)
-    agree = agreement.within_range(one_pass, rounds)
-    verdict = "agree within their spread" if agree else f"disagree: {TRUST_ROUNDS}"
-    return (
-        f"num_workers={num_workers}: one-pass sweep {one_pass:.2f}x (one measurement, no spread of its own) vs "
-        f"alternating rounds {statistics.median(rounds):.2f}x (range {lo:.2f}-{hi:.2f}x over the rounds, "
-        f"the noise band): {verdict}"
-    )
-
-
-def difference_line(knob: str, value: Any, reference: Any, ratios: Sequence[float]) -> str:
-    """The verdict on ``knob=value`` against ``knob=reference`` from per-round ratios: "within the noise" when
-    their range includes 1.0, else "a real difference", with how often two equal settings would land on one side
-    in every round by chance."""
-    lo, hi, rounds = min(ratios), max(ratios), len(ratios)
-    head = (
-        f"{knob}={value} vs {reference}: {statistics.median(ratios):.2f}x (per-round ratios over {rounds} rounds, "
-        f"range {lo:.2f}-{hi:.2f}x)"
-    )
-    if agreement.ratios_straddle_one(ratios):
-        return f"{head}: within the noise (the rounds' range includes 1.00x): no difference shown"
-    side = "faster" if lo > 1.0 else "slower"
-    chance = round(1 / (2 * 0.5 ** max(1, rounds)))
-    return (
-        f"{head}: a real difference ({side} in all {rounds} rounds; two equal settings would do that by chance "
-        f"1 time in {chance})"
-    )
-
-
-def sweep_vs_rounds(sweep: WorkerSweep, rounds: LoaderRounds) -> list[str]:
-    """:func:`agreement_line` for the worker count that both the one-pass ``sweep`` (with its ``num_workers=0``
-    baseline) and the alternating ``rounds`` measured; [] if they share none."""
-    n = rounds.num_workers
-    if rounds.knob != "num_workers" or not rounds.ratios() or n not in sweep.workers or min(sweep.workers) != 0:
-        return []
-    return [agreement_line(n, sweep.speedup(n), rounds.ratios())]

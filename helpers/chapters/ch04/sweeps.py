@@ -25,9 +25,8 @@ from .datasets import CheapDataset, PerItem, light_uint8_collate, passthrough_co
 def build_from_factory(
     factory: Callable[[Any], DataLoader], value: Any, *, expect: Mapping[str, Any] | None = None
 ) -> DataLoader:
-    """``factory(value)``, guarded (:func:`~helpers.pipeline.loaders.guard`), its build warnings kept for
-    ``Throughput.warnings``; ``expect``: knobs it must have (a factory that ignores its value would compare a
-    loader with itself)."""
+    """``factory(value)``, guarded, its build warnings kept; ``expect``: knobs it must have (a factory that ignores
+    its value would compare a loader with itself)."""
     if not callable(factory):
         raise ValueError(f"factory must be a function that returns a DataLoader, got {type(factory).__name__}")
     with warnings.catch_warnings(record=True) as wlist:
@@ -68,32 +67,28 @@ class WorkerSweep:
         return self.results[self.workers.index(n)]
 
     @property
-    def baseline(self) -> float:
-        """Items/s of the fewest workers measured."""
+    def baseline(self) -> float:  # the fewest workers measured
         return self.at(min(self.workers)).items_per_s
 
     def speedup(self, n: int) -> float:
         return self.at(n).items_per_s / self.baseline
 
-    def efficiency(self, n: int) -> float:
-        """Speed-up over the ideal ``max(n, 1)`` (1.0: linear)."""
+    def efficiency(self, n: int) -> float:  # 1.0: linear
         return self.speedup(n) / max(n, 1)
 
     @property
     def best_workers(self) -> int:
         return self.workers[int(np.argmax(self.items_per_s))]
 
-    def rule_of_thumb(self) -> int:
-        """The "half the cores" rule for this machine."""
+    def rule_of_thumb(self) -> int:  # "half the cores"
         return max(1, self.cores // 2)
 
     def notes(self) -> list[str]:
-        """Efficiencies over 100%: the workers=0 row ran slow (a contradiction with alternating rounds is
-        :func:`~.speedup.sweep_vs_rounds`' verdict)."""
+        """Efficiencies over 100%: the workers=0 row ran slow."""
         return [
             f"num_workers={n} measured {100 * self.efficiency(n):.0f}% efficiency (over 100%): the "
             f"single-process row was slow in this one-shot sweep (a busy machine, or more main-process "
-            f"threads than one); compare in alternating rounds (interleaved_speedup)"
+            f"threads than one); compare in alternating rounds (knob_rounds)"
             for n in self.workers
             if n > 0 and self.efficiency(n) > 1.0
         ]
@@ -114,8 +109,8 @@ def sweep_workers(
     warmup: int = 4,
     progress: Callable[..., Any] | None = None,
 ) -> WorkerSweep:
-    """Steady-state throughput of ``factory(n)`` for each ``n`` in ``workers``, one measurement each, released
-    after each point; one intra-op thread here as in every worker (else workers=0 would use every core)."""
+    """Steady-state throughput of ``factory(n)`` for each ``n`` in ``workers``, one measurement each, with one
+    intra-op thread here as in every worker (else workers=0 would use every core)."""
     try:
         ws = [check_int(f"workers[{i}]", w, 0, MAX_WORKERS) for i, w in enumerate(workers)]
     except TypeError:
@@ -134,7 +129,6 @@ def sweep_workers(
 
 
 def plot_sweep(sw: WorkerSweep, axes: Sequence[Any] | None = None, title: str = "") -> Any:
-    """Two panels: throughput with the ideal linear line and the core-count ceiling; scaling efficiency."""
     import matplotlib.pyplot as plt  # optional/heavy: matplotlib
 
     if axes is None:
@@ -171,8 +165,7 @@ class PersistentResult:
     first_batch_s: dict[bool, list[float]]
     num_workers: int
 
-    def restart_cost_s(self) -> float:
-        """Median extra time to the first batch of epochs 2+ when workers restart."""
+    def restart_cost_s(self) -> float:  # the median extra wait for the first batch of epochs 2+
         a = self.first_batch_s[False][1:] or self.first_batch_s[False]
         b = self.first_batch_s[True][1:] or self.first_batch_s[True]
         return statistics.median(a) - statistics.median(b)
@@ -190,7 +183,6 @@ class PersistentResult:
 
 
 def persistent_experiment(factory: Callable[[bool], DataLoader], *, epochs: int = 3) -> PersistentResult:
-    """``epochs`` timed epochs of ``factory(False)`` then ``factory(True)`` (persistent_workers off, on)."""
     epochs = check_int("epochs", epochs, 1, 100)
     epoch_s: dict[bool, list[float]] = {False: [], True: []}
     first: dict[bool, list[float]] = {False: [], True: []}
@@ -230,8 +222,7 @@ class InOrderResult:
 
 
 def in_order_experiment(factory: Callable[[bool], DataLoader]) -> InOrderResult:
-    """One epoch of ``factory(True)`` then ``factory(False)``: per-batch waits, and the share of batches that
-    arrived before one the sampler handed out earlier. Items carry their index as the label (``UnevenDataset``)."""
+    """One epoch of ``factory(True)`` then ``factory(False)``; items carry their index as the label."""
     results: dict[bool, Throughput] = {}
     ooo: dict[bool, float] = {}
     for flag in (True, False):
@@ -289,7 +280,6 @@ def _measure_cases(
     workers: Sequence[int],
     **run: int,
 ) -> list[tuple[Any, int, Throughput]]:
-    """``(key, workers, result)`` for each case ``(key, label, data set, collate_fn)`` at each count."""
     out = []
     for key, label, ds, collate in cases:
         for w in workers:
