@@ -93,16 +93,6 @@ class Waterfall:
         """The scatter of the per-round gains (a slower round slows both neighbours and leaves their ratio)."""
         return agreement.ratio_noise(self._round_gains())
 
-    def within_noise(self) -> list[bool | None]:
-        """Per configuration: its per-round gains split on direction or the median is within :meth:`ratio_noise`
-        of 1; None with one round."""
-        noise = self.ratio_noise() or 0.0
-        out: list[bool | None] = [None]
-        for g, ratios in zip(self.gains()[1:], self._round_gains()):
-            split = agreement.ratios_split_on_direction(ratios)
-            out.append(None if len(ratios) < 2 else (split or agreement.within_noise_floor(g, noise)))
-        return out
-
     def no_effect(self) -> list[bool]:
         return [
             i > 0 and r.name in _STEPS and not effective_on(_STEPS[r.name], self.device)
@@ -130,18 +120,16 @@ class Waterfall:
 
     def verdicts(self) -> list[str]:
         """Per configuration, one of :data:`VERDICTS` ('' for the baseline); :meth:`_notes` says what each means."""
-        out = [""]
-        floor = self.noise_floor() or 0.0
-        rows = zip(self.gains()[1:], self.gain_ranges()[1:], self.within_noise()[1:], self.no_effect()[1:])
-        for g, rng, n, idle in rows:
+        floor, noise, out = self.noise_floor() or 0.0, self.ratio_noise() or 0.0, [""]
+        for g, ratios, idle in zip(self.gains()[1:], self._round_gains(), self.no_effect()[1:]):
             if idle:
                 out.append("needs CUDA")
-            elif n is None or rng is None:
+            elif len(ratios) < 2:
                 out.append("one round")
-            elif not n:
+            elif not (agreement.ratios_split_on_direction(ratios) or agreement.within_noise_floor(g, noise)):
                 out.append("gain" if g > 1 else "slower")
             else:
-                quiet = floor <= NO_EFFECT_FLOOR and 1 - floor <= rng[0] <= 1.0 <= rng[1] <= 1 + floor
+                quiet = floor <= NO_EFFECT_FLOOR and 1 - floor <= min(ratios) <= 1.0 <= max(ratios) <= 1 + floor
                 out.append("no effect" if quiet else "within noise")
         return out
 
@@ -395,7 +383,7 @@ def check_accuracies(
     return ok, msg
 
 
-#: The doctor's stages (:attr:`helpers.chapters.ch06.doctor.Decision.stage_times`) as the waterfall names them.
+#: The doctor's stages (:attr:`helpers.chapters.ch06.doctor.Diagnosis.stage_times`) as the waterfall names them.
 _WATERFALL_STAGE = {"data": "loader", "transfer": "copy", "compute": "compute"}
 
 
@@ -404,7 +392,7 @@ def bottleneck_verdict(diagnosis: Diagnosis, wf: Waterfall) -> str:
     named apart with the two stages' ratio, in either measurement, within the waterfall's noise of 1
     (:func:`helpers.core.agreement.within_noise_floor`). Otherwise trust the waterfall's stages alone."""
     speeds = {k: v for k, v in wf.baseline.stages.items() if v}
-    times = {_WATERFALL_STAGE[k]: v for k, v in diagnosis.decision.stage_times.items() if v}
+    times = {_WATERFALL_STAGE[k]: v for k, v in diagnosis.stage_times.items() if v}
     named = _WATERFALL_STAGE[diagnosis.verdict.split("-")[0]]
     slowest = wf.baseline.slowest_stage
     head = f"{wf.regime}: the doctor names the {named} ({diagnosis.verdict}, {times[named] * 1e3:.1f} ms per step)"

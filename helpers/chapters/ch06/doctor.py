@@ -22,11 +22,9 @@ from ...core.validate import check_float, check_int
 from ...pipeline.prefetch import iter_tensors, map_tensors, move_batch
 from ...pipeline.workers import cpu_cores as usable_cores  # CPU cores this process may run on
 from ...pipeline.workers import release
-from .diagnosis import VERDICTS, Decision, Diagnosis, Measurements, PipelineFacts, Recommendation, decide
+from .diagnosis import VERDICTS, Diagnosis, Measurements, PipelineFacts, Recommendation, decide
 
-__all__ = [
-    "VERDICTS", "PipelineFacts", "Measurements", "Recommendation", "Decision", "Diagnosis", "decide", "usable_cores",
-]  # fmt: skip
+__all__ = ["VERDICTS", "PipelineFacts", "Measurements", "Recommendation", "Diagnosis", "decide", "usable_cores"]
 
 
 class DoctorTimeout(TimeoutError):
@@ -259,6 +257,8 @@ def _diagnosis(loop: _Loop, facts: PipelineFacts, dev: torch.device, separate: b
         transfer_separate=separate,
         facts=facts,
     )
-    decision = decide(m, measured=measured)
-    notes = loop.notes + [f"The doctor ran {warmup + len(waits)} real steps: step_fn's model has trained on them."]
-    return Diagnosis(decision.verdict, m, decision, time.perf_counter() - t_start, notes)
+    d = decide(m, measured=measured)
+    ran = f"The doctor ran {warmup + len(waits)} real steps: step_fn's model has trained on them."
+    d.notes[:0] = [*loop.notes, ran]
+    d.seconds = time.perf_counter() - t_start
+    return d
