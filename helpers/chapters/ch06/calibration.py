@@ -14,17 +14,7 @@ import torch
 
 from ...core.config import sized
 from ...core.progress import no_progress
-from .job import (
-    _CACHE,
-    REGIMES,
-    Pipeline,
-    Settings,
-    Step,
-    _pipeline,
-    dataset_info,
-    effective_on,
-    job_spec,
-)
+from .job import _CACHE, REGIMES, Pipeline, Settings, _pipeline, dataset_info, job_spec
 from .run import _loader_alone, _step_times
 
 #: Models the compute-bound search may pick, as (width, depth): the last stage has at most 8,192 channels.
@@ -262,18 +252,3 @@ def calibrate(
     report(1.0, "calibrated")
     _CACHE[key] = out
     return out
-
-
-def expected_within_noise(
-    step: Step, regime: str, device: torch.device | str, cal: Calibration | None = None
-) -> str | None:
-    """Why ``step``'s gain is expected within noise here, or None: compute-bound, loading is hidden behind the step,
-    so pinning, uint8 and the prefetcher have little left to remove."""
-    if not effective_on(step, device):
-        return "needs CUDA: no effect on this device"
-    if regime == "compute-bound" and cal is not None and cal.reached and step.name in ("uint8", "prefetcher", "pinned"):
-        return (
-            f"compute-bound: the step takes {cal.ratio:.1f}x the loader's batch, so loading is already "
-            "hidden behind it (or, before workers, this step does not shorten it)"
-        )
-    return None

@@ -300,10 +300,10 @@ _CACHE: dict[Any, Any] = {}
 
 
 def dataset_info() -> Any:
-    sizes = {k: job_sizes()[k] for k in ("n_train", "n_val", "image_size")}
-    key = ("info", *sizes.values())
+    sizes = job_sizes()
+    key = ("info", sizes["n_train"], sizes["n_val"], sizes["image_size"])
     if key not in _CACHE:
-        _CACHE[key] = make_shapes_dataset(**sizes)
+        _CACHE[key] = make_shapes_dataset(n_train=key[1], n_val=key[2], image_size=key[3])
     return _CACHE[key]
 
 
