@@ -233,10 +233,8 @@ def _measured_configs(
     kept = configurations(workers, names, skip=idle)
     skipped = [n for n in STEP_NAMES if n in idle and (names is None or n in names)]
     if not kept:
-        raise ValueError(
-            f"names: none of {', '.join(skipped)} can act on {dev_type} (they need CUDA); "
-            "name a step that can, e.g. 'baseline' or 'workers'"
-        )
+        raise ValueError(f"names: none of {', '.join(skipped)} can act on {dev_type} (they need CUDA); "
+                         "name a step that can, e.g. 'baseline' or 'workers'")  # fmt: skip
     return kept, skipped
 
 

@@ -56,18 +56,13 @@ def inspect_loader(loader: Any, device: torch.device | str = "cpu") -> PipelineF
     from torch.utils.data import DataLoader
 
     inner, prefetcher = _unwrap(loader)
-    facts = PipelineFacts(
-        loader_type=type(loader).__name__,
-        cpu_count=usable_cores(),
-        device_type=torch.device(device).type,
-        uses_prefetcher=prefetcher,
-    )
-    if isinstance(inner, DataLoader):
-        facts.is_dataloader = True
-        facts.num_workers = int(inner.num_workers)
-        facts.pin_memory = bool(inner.pin_memory)
-        facts.persistent_workers = bool(inner.persistent_workers)
-        facts.prefetch_factor = inner.prefetch_factor if inner.num_workers > 0 else None
+    dl = inner if isinstance(inner, DataLoader) else None
+    facts = PipelineFacts(type(loader).__name__, dl is not None, cpu_count=usable_cores(),
+                          device_type=torch.device(device).type, uses_prefetcher=prefetcher)  # fmt: skip
+    if dl is not None:
+        facts.num_workers, facts.pin_memory = int(dl.num_workers), bool(dl.pin_memory)
+        facts.persistent_workers = bool(dl.persistent_workers)
+        facts.prefetch_factor = dl.prefetch_factor if dl.num_workers > 0 else None
     try:
         facts.batches_per_epoch = len(loader)
     except TypeError:
