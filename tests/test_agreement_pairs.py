@@ -112,14 +112,12 @@ PAIRS: tuple[Pair, ...] = (
     Pair("06", "data-bound waterfall: each configuration against the one before it, in alternating rounds",
          shown_by='wf["data-bound"] = capstone.run_waterfall(', call='wf["data-bound"].table()',
          verdict=f"{CAPSTONE}.Waterfall.verdicts",
-         chain=(f"{CAPSTONE}.Waterfall.table", f"{CAPSTONE}.Waterfall.verdicts", f"{CAPSTONE}.Waterfall.within_noise",
-                f"{KERNEL}.within_noise_floor"),
+         chain=(f"{CAPSTONE}.Waterfall.table", f"{CAPSTONE}.Waterfall.verdicts", f"{KERNEL}.within_noise_floor"),
          rule="ratios_split_on_direction, or within_noise_floor of the per-round ratios' ratio_noise"),
     Pair("06", "compute-bound waterfall: each configuration against the one before it, in alternating rounds",
          shown_by='wf["compute-bound"] = capstone.run_waterfall(', call='wf["compute-bound"].table()',
          verdict=f"{CAPSTONE}.Waterfall.verdicts",
-         chain=(f"{CAPSTONE}.Waterfall.table", f"{CAPSTONE}.Waterfall.verdicts", f"{CAPSTONE}.Waterfall.within_noise",
-                f"{KERNEL}.within_noise_floor"),
+         chain=(f"{CAPSTONE}.Waterfall.table", f"{CAPSTONE}.Waterfall.verdicts", f"{KERNEL}.within_noise_floor"),
          rule="ratios_split_on_direction, or within_noise_floor of the per-round ratios' ratio_noise"),
     Pair("00", "without CUDA: one matmul timed with and without synchronize(), the same work on the same clock",
          shown_by="demo = hygiene.sync_demo(", call='hygiene.sync_verdict(demo["no sync"], demo["sync"])',
@@ -398,8 +396,7 @@ def _bottleneck_verdict() -> tuple[str, str]:
 
     def diagnosis(wait_ms: float, compute_ms: float) -> Any:
         m = D.Measurements(steps=10, wait_s=wait_ms / 1e3, h2d_s=0.0, compute_s=compute_ms / 1e3)
-        d = D.decide(m)
-        return D.Diagnosis(d.verdict, m, d, 1.0)
+        return D.decide(m)
 
     def wf(loader: float, compute: float) -> Any:
         base = SimpleNamespace(name="baseline", epoch_s=1.0, round_epoch_s=[1.0, 1.01, 0.99],

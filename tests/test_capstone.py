@@ -187,7 +187,7 @@ def test_panel_for_chapter_drives_the_reader_pipeline() -> None:
     assert "measured here" in panel.last.summary
 
 
-def test_regimes_tiny_model_for_data_bound_and_threads_in_the_spec() -> None:
+def test_regimes_tiny_model_for_data_bound_and_threads_in_the_spec(monkeypatch: pytest.MonkeyPatch) -> None:
     from helpers.pipeline.models import build_model, flops_per_sample
 
     specs = {r: C.job_spec(r) for r in C.REGIMES}
@@ -196,7 +196,8 @@ def test_regimes_tiny_model_for_data_bound_and_threads_in_the_spec() -> None:
     assert (specs["data-bound"].width, specs["data-bound"].depth) == (1, 4)  # one channel at full resolution
     assert all(s.threads == job.compute_threads() for s in specs.values())
     assert all(s.warm_steps == s.steps_per_epoch and s.warm_passes > 1 for s in specs.values())  # the job learns
-    assert job.compute_threads(workers=64) == 1
+    monkeypatch.setattr(job, "usable_cores", lambda: 1)  # the workers take every core: the main process keeps one
+    assert job.compute_threads() == 1
     with pytest.raises(ValueError, match="depth"):
         C.job_spec("data-bound", depth=0)
 
@@ -465,7 +466,7 @@ def test_waterfall_gains_come_from_rounds_and_noise_is_called_noise() -> None:
     assert same.verdicts() == ["", "no effect"]  # every round within the run-to-run variation of x1.00
     assert set(same.verdicts()[1:] + small.verdicts()[1:] + wf.verdicts()[1:]) <= set(C.VERDICTS)
     one = C.Waterfall("data-bound", tiny(), "cpu", [_result("baseline", [1.0]), _result("workers", [0.5])])
-    assert one.verdicts() == ["", "one round"] and one.within_noise() == [None, None]
+    assert one.verdicts() == ["", "one round"]  # one round: no judgement of the noise
 
 
 def test_a_slow_round_that_slows_both_neighbours_does_not_hide_a_gain() -> None:
@@ -655,7 +656,7 @@ def test_accuracy_and_bottleneck_verdicts_follow_the_figures() -> None:
     assert not ok and msg.endswith(C.accuracy_verdict([0.5, 0.5 + 1.01 * tol], tol))
     base = SimpleNamespace(name="baseline", epoch_s=1.0, round_epoch_s=[1.0], stages={}, slowest_stage=None)
     m = D.Measurements(steps=4, wait_s=0.01, h2d_s=0.0, compute_s=0.005)
-    d = D.Diagnosis("data-bound", m, D.decide(m), 1.0)
+    d = D.decide(m)
     no_stages = C.bottleneck_verdict(d, C.Waterfall("data-bound", tiny(), "cpu", [base]))  # type: ignore[list-item]
     assert "cannot be compared" in no_stages and "agree" not in no_stages
 
@@ -665,6 +666,3 @@ def test_a_worker_count_out_of_range_is_refused_in_plain_words(workers: int) -> 
     """run_waterfall(workers=), benchmark and tools/verdict_runs build their steps through configurations()."""
     with pytest.raises(ValueError, match="workers"):
         C.configurations(workers, names=["baseline", "workers"])
-    if workers < 0 or workers > 64:
-        with pytest.raises(ValueError, match="workers"):
-            job.compute_threads(workers)

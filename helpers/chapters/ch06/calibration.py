@@ -14,17 +14,7 @@ import torch
 
 from ...core.config import sized
 from ...core.progress import no_progress
-from .job import (
-    _CACHE,
-    REGIMES,
-    Pipeline,
-    Settings,
-    Step,
-    _pipeline,
-    dataset_info,
-    effective_on,
-    job_spec,
-)
+from .job import _CACHE, REGIMES, Pipeline, Settings, _pipeline, dataset_info, job_spec
 from .run import _loader_alone, _step_times
 
 #: Models the compute-bound search may pick, as (width, depth): the last stage has at most 8,192 channels.
@@ -136,67 +126,36 @@ class Calibration:
         )
 
 
-@dataclass
-class _Search:
-    order: list[tuple[int, int]]
-    flops: dict[tuple[int, int], int]
-    margin: float
-    upper: float
-    loader_s: float
-    seen: dict[tuple[int, int], float] = field(default_factory=dict)
-    stop: str = ""
-
-    def next_model(self, current: tuple[int, int], ratio: float) -> tuple[int, int] | None:
-        """The smallest unmeasured model predicted (time scales with FLOPs) to land in range, in the direction
-        needed, else the furthest that way; never a smaller one than a model already measured too fast."""
-        f, target = self.flops, self.flops[current] * (self.margin + self.upper) / 2 / max(ratio, 1e-9)
-        if ratio < self.margin:
-            cands = [m for m in self.order if f[m] > f[current] and m not in self.seen]
-        else:
-            cands = [
-                m
-                for m in self.order
-                if f[m] < f[current]
-                and m not in self.seen
-                and not any(f[m] <= f[k] and v < self.margin * self.loader_s for k, v in self.seen.items())
-            ]
-        return next((m for m in cands if f[m] >= target), cands[-1] if cands else None)
-
-    def choice(self, start: tuple[int, int], probes: int) -> tuple[tuple[int, int], float, bool, str]:
-        """(model, seconds per step, reached, why): the smallest model that reached the regime, else the largest."""
-        fast_enough = {m: v for m, v in self.seen.items() if v >= self.margin * self.loader_s}
-        if fast_enough:
-            best = min(fast_enough, key=lambda m: self.flops[m])
-            why = (
-                f"the smallest model measured whose step takes at least {self.margin:.0f}x the loader's batch "
-                f"({probes} model(s) measured)"
-            )
-            return best, fast_enough[best], True, why
-        if not self.seen:
-            return start, float("nan"), False, f"nothing could be measured: {self.stop}"
-        best = max(self.seen, key=lambda m: self.flops[m])
-        why = (
-            f"compute-bound regime NOT reached: the largest model measured takes only "
-            f"{self.seen[best] / self.loader_s:.2f}x the loader's batch ({self.stop}); its loading steps are "
-            "expected to gain as in the data-bound regime"
-        )
-        return best, self.seen[best], False, why
+def _next_model(
+    order: list[tuple[int, int]], flops: dict[tuple[int, int], int], seen: dict[tuple[int, int], float],
+    current: tuple[int, int], ratio: float, margin: float, upper: float, loader_s: float,
+) -> tuple[int, int] | None:  # fmt: skip
+    """The smallest unmeasured model predicted (time scales with FLOPs) to land in range, in the direction needed,
+    else the furthest that way; never a smaller one than a model already measured too fast."""
+    f, target = flops, flops[current] * (margin + upper) / 2 / max(ratio, 1e-9)
+    if ratio < margin:
+        cands = [m for m in order if f[m] > f[current] and m not in seen]
+    else:
+        cands = [m for m in order if f[m] < f[current] and m not in seen
+                 and not any(f[m] <= f[k] and v < margin * loader_s for k, v in seen.items())]  # fmt: skip
+    return next((m for m in cands if f[m] >= target), cands[-1] if cands else None)
 
 
-def _probe(s: _Search, measure: Callable[[int, int], float], current: tuple[int, int],
-           fits: Callable[[int, int], str | None] | None) -> float | None:  # fmt: skip
-    """Seconds per step of ``current``, or None (``s.stop`` says why)."""
-    too_big = fits(*current) if fits is not None else None
-    if too_big is not None:  # not measured: the probe would not fit in the device's memory
-        s.stop = f"width {current[0]}, depth {current[1]} was not tried: {too_big}"
-        return None
-    try:
-        return measure(*current)
-    except torch.OutOfMemoryError:
-        s.stop = f"width {current[0]}, depth {current[1]} ran out of device memory"
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        return None
+def _choice(seen: dict[tuple[int, int], float], flops: dict[tuple[int, int], int], start: tuple[int, int],
+            margin: float, loader_s: float, stop: str) -> tuple[tuple[int, int], float, bool, str]:  # fmt: skip
+    """(model, seconds per step, reached, why): the smallest model that reached the regime, else the largest."""
+    fast_enough = {m: v for m, v in seen.items() if v >= margin * loader_s}
+    if fast_enough:
+        best = min(fast_enough, key=lambda m: flops[m])
+        return best, fast_enough[best], True, (
+            f"the smallest model measured whose step takes at least {margin:.0f}x the loader's batch "
+            f"({len(seen)} model(s) measured)")  # fmt: skip
+    if not seen:
+        return start, float("nan"), False, f"nothing could be measured: {stop}"
+    best = max(seen, key=lambda m: flops[m])
+    return best, seen[best], False, (
+        f"compute-bound regime NOT reached: the largest model measured takes only {seen[best] / loader_s:.2f}x the "
+        f"loader's batch ({stop}); its loading steps are expected to gain as in the data-bound regime")  # fmt: skip
 
 
 def choose_model(
@@ -216,7 +175,8 @@ def choose_model(
 ) -> Calibration:
     """Pick ``regime``'s model. **data-bound**: ``start`` must compute a batch ``margin`` x faster than the loader
     loads one. **compute-bound**: the step must take ``margin`` to ``upper`` x the loader's batch; each probe
-    predicts the size needed until in range, or the ladder, memory, ``max_probes`` or ``budget_s`` run out."""
+    predicts the size needed until in range, or the ladder, memory (``fits``), ``max_probes`` or ``budget_s`` run
+    out."""
     t0 = clock()
     if regime == "data-bound":
         c = measure(*start)
@@ -227,27 +187,34 @@ def choose_model(
             "loading steps may gain little)")  # fmt: skip
         return Calibration(regime, *start, loader_s, c, ok, [(*start, c)], why, clock() - t0)
     order = sorted(set(ladder) | {start}, key=lambda m: model_flops(m[0], m[1], crop_size))
-    s = _Search(order, {m: model_flops(m[0], m[1], crop_size) for m in order}, margin, upper, loader_s)
+    flops = {m: model_flops(m[0], m[1], crop_size) for m in order}
+    seen: dict[tuple[int, int], float] = {}
     current: tuple[int, int] | None = start
+    stop = ""
     while current is not None:
-        step_s = _probe(s, measure, current, fits)
-        if step_s is None:
+        w, d = current
+        too_big = fits(w, d) if fits is not None else None
+        if too_big is not None:  # not measured: the probe would not fit in the device's memory
+            stop = f"width {w}, depth {d} was not tried: {too_big}"
             break
-        s.seen[current] = step_s
-        ratio = step_s / loader_s if loader_s > 0 else float("inf")
+        try:
+            seen[current] = measure(w, d)
+        except torch.OutOfMemoryError:
+            stop = f"width {w}, depth {d} ran out of device memory"
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            break
+        ratio = seen[current] / loader_s if loader_s > 0 else float("inf")
         if margin <= ratio <= upper:
             break
-        if len(s.seen) >= max_probes:
-            s.stop = f"{max_probes} models measured"
-        elif clock() - t0 > budget_s:
-            s.stop = f"the calibration's time budget ({budget_s:.0f} s) is spent"
-        else:
-            current = s.next_model(current, ratio)
-            s.stop = "" if current else "no other model on the ladder"
-            continue
-        break
-    (width, depth), compute_s, reached, why = s.choice(start, len(s.seen))
-    tried = [(w, d, v) for (w, d), v in s.seen.items()]
+        if len(seen) >= max_probes or clock() - t0 > budget_s:
+            stop = f"{max_probes} models measured" if len(seen) >= max_probes else (
+                f"the calibration's time budget ({budget_s:.0f} s) is spent")  # fmt: skip
+            break
+        current = _next_model(order, flops, seen, current, ratio, margin, upper, loader_s)
+        stop = "" if current else "no other model on the ladder"
+    (width, depth), compute_s, reached, why = _choice(seen, flops, start, margin, loader_s, stop)
+    tried = [(w, d, v) for (w, d), v in seen.items()]
     return Calibration(regime, width, depth, loader_s, compute_s, reached, tried, why, clock() - t0)
 
 
@@ -285,18 +252,3 @@ def calibrate(
     report(1.0, "calibrated")
     _CACHE[key] = out
     return out
-
-
-def expected_within_noise(
-    step: Step, regime: str, device: torch.device | str, cal: Calibration | None = None
-) -> str | None:
-    """Why ``step``'s gain is expected within noise here, or None: compute-bound, loading is hidden behind the step,
-    so pinning, uint8 and the prefetcher have little left to remove."""
-    if not effective_on(step, device):
-        return "needs CUDA: no effect on this device"
-    if regime == "compute-bound" and cal is not None and cal.reached and step.name in ("uint8", "prefetcher", "pinned"):
-        return (
-            f"compute-bound: the step takes {cal.ratio:.1f}x the loader's batch, so loading is already "
-            "hidden behind it (or, before workers, this step does not shorten it)"
-        )
-    return None

@@ -21,7 +21,7 @@ from ...core.progress import scaled
 from ...core.reference import no_published_sentence
 from ...core.rounds import alternate, table
 from ...core.validate import check_choice, check_float, check_int
-from .calibration import Calibration, expected_within_noise
+from .calibration import Calibration
 from .doctor import Diagnosis, usable_cores
 from .job import (
     REGIMES,
@@ -93,16 +93,6 @@ class Waterfall:
         """The scatter of the per-round gains (a slower round slows both neighbours and leaves their ratio)."""
         return agreement.ratio_noise(self._round_gains())
 
-    def within_noise(self) -> list[bool | None]:
-        """Per configuration: its per-round gains split on direction or the median is within :meth:`ratio_noise`
-        of 1; None with one round."""
-        noise = self.ratio_noise() or 0.0
-        out: list[bool | None] = [None]
-        for g, ratios in zip(self.gains()[1:], self._round_gains()):
-            split = agreement.ratios_split_on_direction(ratios)
-            out.append(None if len(ratios) < 2 else (split or agreement.within_noise_floor(g, noise)))
-        return out
-
     def no_effect(self) -> list[bool]:
         return [
             i > 0 and r.name in _STEPS and not effective_on(_STEPS[r.name], self.device)
@@ -130,18 +120,16 @@ class Waterfall:
 
     def verdicts(self) -> list[str]:
         """Per configuration, one of :data:`VERDICTS` ('' for the baseline); :meth:`_notes` says what each means."""
-        out = [""]
-        floor = self.noise_floor() or 0.0
-        rows = zip(self.gains()[1:], self.gain_ranges()[1:], self.within_noise()[1:], self.no_effect()[1:])
-        for g, rng, n, idle in rows:
+        floor, noise, out = self.noise_floor() or 0.0, self.ratio_noise() or 0.0, [""]
+        for g, ratios, idle in zip(self.gains()[1:], self._round_gains(), self.no_effect()[1:]):
             if idle:
                 out.append("needs CUDA")
-            elif n is None or rng is None:
+            elif len(ratios) < 2:
                 out.append("one round")
-            elif not n:
+            elif not (agreement.ratios_split_on_direction(ratios) or agreement.within_noise_floor(g, noise)):
                 out.append("gain" if g > 1 else "slower")
             else:
-                quiet = floor <= NO_EFFECT_FLOOR and 1 - floor <= rng[0] <= 1.0 <= rng[1] <= 1 + floor
+                quiet = floor <= NO_EFFECT_FLOOR and 1 - floor <= min(ratios) <= 1.0 <= max(ratios) <= 1 + floor
                 out.append("no effect" if quiet else "within noise")
         return out
 
@@ -217,14 +205,21 @@ class Waterfall:
         return out
 
     def expectations(self) -> list[str]:
-        out = []
-        for r, v, g in zip(self.results[1:], self.verdicts()[1:], self.gains()[1:]):
-            st = _STEPS.get(r.name)
-            why = expected_within_noise(st, self.regime, self.device, self.calibration) if st else None
-            if why:
-                said = f"run anyway: x{g:.2f} is this run's noise, not the step's effect" if v == "needs CUDA" else (
-                    f"measured: {v}")  # fmt: skip
-                out.append(f"{r.label}: expected within noise ({why}); {said}")
+        """The steps expected within noise here: one that needs CUDA, or, compute-bound, a loading step (pinning,
+        uint8, the prefetcher) that has little left to remove once loading hides behind the step."""
+        cal, out = self.calibration, []
+        hidden = self.regime == "compute-bound" and cal is not None and cal.reached
+        for r, v, g, idle in zip(self.results[1:], self.verdicts()[1:], self.gains()[1:], self.no_effect()[1:]):
+            if idle:
+                why = "needs CUDA: no effect on this device"
+                v = f"run anyway: x{g:.2f} is this run's noise, not the step's effect"
+            elif hidden and cal is not None and r.name in ("uint8", "prefetcher", "pinned"):
+                why = f"compute-bound: the step takes {cal.ratio:.1f}x the loader's batch, so loading is already "
+                why += "hidden behind it (or, before workers, this step does not shorten it)"
+                v = f"measured: {v}"
+            else:
+                continue
+            out.append(f"{r.label}: expected within noise ({why}); {v}")
         return out
 
 
@@ -238,10 +233,8 @@ def _measured_configs(
     kept = configurations(workers, names, skip=idle)
     skipped = [n for n in STEP_NAMES if n in idle and (names is None or n in names)]
     if not kept:
-        raise ValueError(
-            f"names: none of {', '.join(skipped)} can act on {dev_type} (they need CUDA); "
-            "name a step that can, e.g. 'baseline' or 'workers'"
-        )
+        raise ValueError(f"names: none of {', '.join(skipped)} can act on {dev_type} (they need CUDA); "
+                         "name a step that can, e.g. 'baseline' or 'workers'")  # fmt: skip
     return kept, skipped
 
 
@@ -395,7 +388,7 @@ def check_accuracies(
     return ok, msg
 
 
-#: The doctor's stages (:attr:`helpers.chapters.ch06.doctor.Decision.stage_times`) as the waterfall names them.
+#: The doctor's stages (:attr:`helpers.chapters.ch06.doctor.Diagnosis.stage_times`) as the waterfall names them.
 _WATERFALL_STAGE = {"data": "loader", "transfer": "copy", "compute": "compute"}
 
 
@@ -404,7 +397,7 @@ def bottleneck_verdict(diagnosis: Diagnosis, wf: Waterfall) -> str:
     named apart with the two stages' ratio, in either measurement, within the waterfall's noise of 1
     (:func:`helpers.core.agreement.within_noise_floor`). Otherwise trust the waterfall's stages alone."""
     speeds = {k: v for k, v in wf.baseline.stages.items() if v}
-    times = {_WATERFALL_STAGE[k]: v for k, v in diagnosis.decision.stage_times.items() if v}
+    times = {_WATERFALL_STAGE[k]: v for k, v in diagnosis.stage_times.items() if v}
     named = _WATERFALL_STAGE[diagnosis.verdict.split("-")[0]]
     slowest = wf.baseline.slowest_stage
     head = f"{wf.regime}: the doctor names the {named} ({diagnosis.verdict}, {times[named] * 1e3:.1f} ms per step)"

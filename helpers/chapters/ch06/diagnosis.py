@@ -3,7 +3,6 @@ phase times, a pure function (so a transfer-bound verdict, which a CPU cannot sh
 
 from __future__ import annotations
 
-import html
 import math
 import re
 import textwrap
@@ -82,22 +81,64 @@ class Recommendation:
     step: str = ""
 
 
+LINE_WIDTH = 105
+
+
+def _wrap(head: str, text: str) -> list[str]:
+    """``head + text`` wrapped under the text, never splitting ``data-bound``, a path or ``34.25 ms``."""
+    glued = re.sub(r"(?<=\d) (?=\S)", "\xa0", head + text)  # textwrap breaks at ASCII whitespace only
+    lines = textwrap.wrap(
+        glued, LINE_WIDTH, subsequent_indent=" " * len(head), break_on_hyphens=False, break_long_words=False
+    ) or [glued]
+    return [ln.replace("\xa0", " ") for ln in lines]
+
+
 @dataclass
-class Decision:
+class Diagnosis:
+    """The verdict, the bottleneck model's stages (``None``: hidden by workers) and the ranked advice; ``seconds``:
+    how long the doctor ran (0 for a bare :func:`decide`)."""
+
     verdict: str
+    measurements: Measurements
     stage_times: dict[str, float | None]
     shares: dict[str, float]
     stall_share: float
     predicted_overlapped_s: float
     recommendations: list[Recommendation]
     notes: list[str]
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        m, f = self.measurements, self.measurements.facts
+        out = [
+            f"Verdict: {self.verdict.upper()}  ({m.steps} steps measured on {f.device_type}, {self.seconds:.1f} s)",
+            *_wrap("Per step: ", f"wait for data {_ms(m.wait_s)} ({self.shares['wait']:.0%}) · copy {_ms(m.h2d_s)} "
+                   f"({self.shares['h2d']:.0%}) · compute {_ms(m.compute_s)} ({self.shares['compute']:.0%}) · "
+                   f"total {_ms(m.step_s)}"),
+            *_wrap("Stages (bottleneck model): ",
+                   " · ".join(f"{k} {'hidden' if v is None else _ms(v)}" for k, v in self.stage_times.items())
+                   + f" -> overlapped step >= {_ms(self.predicted_overlapped_s)}"),
+            *_wrap("Pipeline: ", f"{f.loader_type}, num_workers={f.num_workers}, pin_memory={f.pin_memory}, "
+                   f"persistent_workers={f.persistent_workers}, prefetch_factor={f.prefetch_factor}, "
+                   f"{f.cpu_count} cores, batch {f.batch_dtype} {list(f.batch_shape)} ({f.batch_bytes / 2**20:.2f} MiB)"
+                   + (f", first batch after {m.first_batch_s:.3f} s" if m.first_batch_s is not None else "")),
+        ]  # fmt: skip
+        if self.recommendations:
+            out.append("Recommendations, most promising first:")
+            for i, r in enumerate(self.recommendations, 1):
+                gain = f"saves ~{_ms(r.gain_s)}/step" if r.gain_s is not None else "saving not estimable here"
+                out += _wrap(f"  {i}. ", f"{r.action}  [{gain}; chapter {r.chapter}]")
+                out += _wrap("     ", f"because {r.evidence}")
+        for n in self.notes:
+            out += _wrap("Note: ", n)
+        return "\n".join(out)
 
 
 def _ms(s: float | None) -> str:
     return "n/a" if s is None else f"{s * 1e3:.2f} ms"
 
 
-def _more_workers(m: Measurements, d: Decision) -> list[Recommendation]:
+def _more_workers(m: Measurements, d: Diagnosis) -> list[Recommendation]:
     f, nw, busy, stall = m.facts, m.facts.num_workers or 0, m.busy_s, d.stall_share
     cores = max(1, int(f.cpu_count))
     per_batch = m.wait_s if not nw else nw * (m.wait_s + busy)  # seconds one worker needs per batch
@@ -128,7 +169,7 @@ def _more_workers(m: Measurements, d: Decision) -> list[Recommendation]:
     )]  # fmt: skip
 
 
-def _data_advice(m: Measurements, d: Decision) -> list[Recommendation]:
+def _data_advice(m: Measurements, d: Diagnosis) -> list[Recommendation]:
     f, nw = m.facts, m.facts.num_workers or 0
     recs: list[Recommendation] = []
     if m.wait_s > 0 and (not nw or d.stall_share >= STALL_THRESHOLD):
@@ -155,7 +196,7 @@ def _data_advice(m: Measurements, d: Decision) -> list[Recommendation]:
     return recs
 
 
-def _transfer_advice(m: Measurements, d: Decision) -> list[Recommendation]:
+def _transfer_advice(m: Measurements, d: Diagnosis) -> list[Recommendation]:
     f = m.facts
     recs: list[Recommendation] = []
     if not (f.cuda and m.transfer_separate and d.shares["h2d"] >= NOTABLE_SHARE):
@@ -199,7 +240,7 @@ def _transfer_advice(m: Measurements, d: Decision) -> list[Recommendation]:
     return recs
 
 
-def _compute_advice(m: Measurements, d: Decision) -> list[Recommendation]:
+def _compute_advice(m: Measurements, d: Diagnosis) -> list[Recommendation]:
     if d.verdict != "compute-bound":
         return []
     quiet = d.stall_share < STALL_THRESHOLD
@@ -241,7 +282,7 @@ def _agree_with(recs: list[Recommendation], measured: Mapping[str, str], notes: 
     return agreed
 
 
-def decide(m: Measurements, *, measured: Mapping[str, str] | None = None) -> Decision:
+def decide(m: Measurements, *, measured: Mapping[str, str] | None = None) -> Diagnosis:
     """Verdict and ranked advice: overlapped, a step takes as long as its slowest stage. **data**: without workers the
     wait; with workers ``wait + h2d + compute`` when the wait is at least :data:`STALL_THRESHOLD` of the step, else
     hidden. ``measured`` (a waterfall's step verdicts): a step measured 'slower' is withdrawn with a note; one
@@ -271,7 +312,7 @@ def decide(m: Measurements, *, measured: Mapping[str, str] | None = None) -> Dec
         notes.append("The step function does its own copy, so the copy is counted inside 'compute'.")
     if not m.facts.cuda:
         notes.append("No CUDA device: the copy to the device is a no-op here, so transfer cannot be the bottleneck.")
-    d = Decision(f"{bottleneck}-bound", stages, shares, stall, known[bottleneck], [], notes)
+    d = Diagnosis(f"{bottleneck}-bound", m, stages, shares, stall, known[bottleneck], [], notes)
     recs = _data_advice(m, d) + _transfer_advice(m, d) + _compute_advice(m, d)
     if measured:
         recs = _agree_with(recs, measured, notes)
@@ -285,71 +326,3 @@ def decide(m: Measurements, *, measured: Mapping[str, str] | None = None) -> Dec
         notes.append("No change is indicated by these measurements.")
     d.recommendations = recs
     return d
-
-
-LINE_WIDTH = 105
-
-
-def _wrap(head: str, text: str) -> list[str]:
-    """``head + text`` wrapped under the text, never splitting ``data-bound``, a path or ``34.25 ms``."""
-    glued = re.sub(r"(?<=\d) (?=\S)", "\xa0", head + text)  # textwrap breaks at ASCII whitespace only
-    lines = textwrap.wrap(
-        glued, LINE_WIDTH, subsequent_indent=" " * len(head), break_on_hyphens=False, break_long_words=False
-    ) or [glued]
-    return [ln.replace("\xa0", " ") for ln in lines]
-
-
-@dataclass
-class Diagnosis:
-    verdict: str
-    measurements: Measurements
-    decision: Decision
-    seconds: float
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def recommendations(self) -> list[Recommendation]:
-        return self.decision.recommendations
-
-    @property
-    def stall_share(self) -> float:  # share of the measured step spent waiting for data (0-1)
-        return self.decision.stall_share
-
-    def _lines(self) -> list[str]:
-        m, d, f = self.measurements, self.decision, self.measurements.facts
-        out = [
-            f"Verdict: {self.verdict.upper()}  ({m.steps} steps measured on {f.device_type}, {self.seconds:.1f} s)",
-            *_wrap("Per step: ", f"wait for data {_ms(m.wait_s)} ({d.shares['wait']:.0%}) · copy {_ms(m.h2d_s)} "
-                   f"({d.shares['h2d']:.0%}) · compute {_ms(m.compute_s)} ({d.shares['compute']:.0%}) · "
-                   f"total {_ms(m.step_s)}"),
-            *_wrap("Stages (bottleneck model): ",
-                   " · ".join(f"{k} {'hidden' if v is None else _ms(v)}" for k, v in d.stage_times.items())
-                   + f" -> overlapped step >= {_ms(d.predicted_overlapped_s)}"),
-            *_wrap("Pipeline: ", f"{f.loader_type}, num_workers={f.num_workers}, pin_memory={f.pin_memory}, "
-                   f"persistent_workers={f.persistent_workers}, prefetch_factor={f.prefetch_factor}, "
-                   f"{f.cpu_count} cores, batch {f.batch_dtype} {list(f.batch_shape)} ({f.batch_bytes / 2**20:.2f} MiB)"
-                   + (f", first batch after {m.first_batch_s:.3f} s" if m.first_batch_s is not None else "")),
-        ]  # fmt: skip
-        if self.recommendations:
-            out.append("Recommendations, most promising first:")
-            for i, r in enumerate(self.recommendations, 1):
-                gain = f"saves ~{_ms(r.gain_s)}/step" if r.gain_s is not None else "saving not estimable here"
-                out += _wrap(f"  {i}. ", f"{r.action}  [{gain}; chapter {r.chapter}]")
-                out += _wrap("     ", f"because {r.evidence}")
-        for n in self.notes + d.notes:
-            out += _wrap("Note: ", n)
-        return out
-
-    def __str__(self) -> str:
-        return "\n".join(self._lines())
-
-    def __repr__(self) -> str:
-        return (
-            f"Diagnosis(verdict={self.verdict!r}, stall_share={self.stall_share:.2f}, "
-            f"recommendations={len(self.recommendations)})"
-        )
-
-    def _repr_html_(self) -> str:  # the same report, its verdict line in the verdict's colour
-        color = {"data-bound": "#4e79a7", "transfer-bound": "#f28e2b", "compute-bound": "#59a14f"}[self.verdict]
-        head, *rest = self._lines()
-        return f"<pre><b style='color:{color}'>{html.escape(head)}</b>\n{html.escape(chr(10).join(rest))}</pre>"

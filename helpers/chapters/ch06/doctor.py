@@ -22,11 +22,9 @@ from ...core.validate import check_float, check_int
 from ...pipeline.prefetch import iter_tensors, map_tensors, move_batch
 from ...pipeline.workers import cpu_cores as usable_cores  # CPU cores this process may run on
 from ...pipeline.workers import release
-from .diagnosis import VERDICTS, Decision, Diagnosis, Measurements, PipelineFacts, Recommendation, decide
+from .diagnosis import VERDICTS, Diagnosis, Measurements, PipelineFacts, Recommendation, decide
 
-__all__ = [
-    "VERDICTS", "PipelineFacts", "Measurements", "Recommendation", "Decision", "Diagnosis", "decide", "usable_cores",
-]  # fmt: skip
+__all__ = ["VERDICTS", "PipelineFacts", "Measurements", "Recommendation", "Diagnosis", "decide", "usable_cores"]
 
 
 class DoctorTimeout(TimeoutError):
@@ -58,18 +56,13 @@ def inspect_loader(loader: Any, device: torch.device | str = "cpu") -> PipelineF
     from torch.utils.data import DataLoader
 
     inner, prefetcher = _unwrap(loader)
-    facts = PipelineFacts(
-        loader_type=type(loader).__name__,
-        cpu_count=usable_cores(),
-        device_type=torch.device(device).type,
-        uses_prefetcher=prefetcher,
-    )
-    if isinstance(inner, DataLoader):
-        facts.is_dataloader = True
-        facts.num_workers = int(inner.num_workers)
-        facts.pin_memory = bool(inner.pin_memory)
-        facts.persistent_workers = bool(inner.persistent_workers)
-        facts.prefetch_factor = inner.prefetch_factor if inner.num_workers > 0 else None
+    dl = inner if isinstance(inner, DataLoader) else None
+    facts = PipelineFacts(type(loader).__name__, dl is not None, cpu_count=usable_cores(),
+                          device_type=torch.device(device).type, uses_prefetcher=prefetcher)  # fmt: skip
+    if dl is not None:
+        facts.num_workers, facts.pin_memory = int(dl.num_workers), bool(dl.pin_memory)
+        facts.persistent_workers = bool(dl.persistent_workers)
+        facts.prefetch_factor = dl.prefetch_factor if dl.num_workers > 0 else None
     try:
         facts.batches_per_epoch = len(loader)
     except TypeError:
@@ -259,6 +252,8 @@ def _diagnosis(loop: _Loop, facts: PipelineFacts, dev: torch.device, separate: b
         transfer_separate=separate,
         facts=facts,
     )
-    decision = decide(m, measured=measured)
-    notes = loop.notes + [f"The doctor ran {warmup + len(waits)} real steps: step_fn's model has trained on them."]
-    return Diagnosis(decision.verdict, m, decision, time.perf_counter() - t_start, notes)
+    d = decide(m, measured=measured)
+    ran = f"The doctor ran {warmup + len(waits)} real steps: step_fn's model has trained on them."
+    d.notes[:0] = [*loop.notes, ran]
+    d.seconds = time.perf_counter() - t_start
+    return d

@@ -90,8 +90,8 @@ def default_workers() -> int:  # the ``workers`` step's: the usable cores, at mo
     return max(1, min(8, usable_cores()))
 
 
-def compute_threads(workers: int | None = None) -> int:  # the main process's: usable cores minus workers, >= 1
-    return max(1, usable_cores() - (default_workers() if workers is None else check_int("workers", workers, 0, 64)))
+def compute_threads() -> int:  # the main process's: usable cores minus the workers step's, >= 1
+    return max(1, usable_cores() - default_workers())
 
 
 #: ``torch.set_num_threads(n)`` for the block, restored after.
@@ -303,9 +303,7 @@ def dataset_info() -> Any:
     sizes = job_sizes()
     key = ("info", sizes["n_train"], sizes["n_val"], sizes["image_size"])
     if key not in _CACHE:
-        _CACHE[key] = make_shapes_dataset(
-            n_train=sizes["n_train"], n_val=sizes["n_val"], image_size=sizes["image_size"]
-        )
+        _CACHE[key] = make_shapes_dataset(n_train=key[1], n_val=key[2], image_size=key[3])
     return _CACHE[key]
 
 
