@@ -381,6 +381,6 @@ def test_pin_experiment_reads_pin_times_from_pinned_batches_only(monkeypatch):
         return L.Throughput("fake", {}, items=1, batches=1, seconds=1.0, **kw)
 
     monkeypatch.setattr(pinning, "measure_config", fake_measure)
-    off, on = pinning.pin_memory_experiment(L.CheapDataset(8, 2), workers=(0,), batch_size=2, batches=1, warmup=0)
+    off, on = pinning.pin_memory_experiment(CheapDataset(8, 2), workers=(0,), batch_size=2, batches=1, warmup=0)
     assert not off.pin_active and off.pin_ms_per_batch is None and off.pin_thread is None
     assert on.pin_active and on.pin_ms_per_batch == pytest.approx(2.0) and on.pin_thread == "pt_data_pin"
