@@ -310,7 +310,7 @@ D.launch_ddp(2, workers=1, epochs=50, limit=256, width=4, batch_size=8, timeout_
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux only")
-def test_killed_parent_leaves_no_orphans(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_killed_parent_leaves_no_orphans(tmp_path, monkeypatch: pytest.MonkeyPatch, request) -> None:
     """A kernel killed mid-run (SIGKILL: no clean-up code runs) still takes torchrun and the ranks with it."""
     import subprocess
 
@@ -318,8 +318,13 @@ def test_killed_parent_leaves_no_orphans(tmp_path, monkeypatch: pytest.MonkeyPat
     script = tmp_path / "parent.py"
     script.write_text(_PARENT)
     # A temporary folder of its own: another test's launch (another xdist worker) would clean up the stale folder.
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    # Short (not under tmp_path): sockets made in TMPDIR must fit the 108-byte limit of a Unix socket path.
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    tmp = Path(tempfile.mkdtemp(prefix="wb-"))
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
     env = {**os.environ, "TMPDIR": str(tmp)}
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
     try:
@@ -334,8 +339,6 @@ def test_killed_parent_leaves_no_orphans(tmp_path, monkeypatch: pytest.MonkeyPat
     alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
     assert alive == [], [p.cmdline() for p in alive]
     # The killed launcher could not delete its temporary folder; the next launch does.
-    import tempfile
-
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     stale = list(tmp.glob(f"workbook-ddp-{parent.pid}-*"))
     assert stale
