@@ -39,7 +39,6 @@ LONG_HELPERS = {
     "train_epochs",
     "pin_pair_rounds",
     "sweep_workers",
-    "interleaved_speedup",
     "knob_rounds",
     "calibrate",
     "run_waterfall",

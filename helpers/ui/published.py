@@ -143,7 +143,7 @@ def generations(figures: Iterable[PublishedFigure] | None = None) -> list[str]:
     return list(dict.fromkeys(f.generation for f in _figs(figures)))
 
 
-def _point_series(figures: Iterable[PublishedFigure] | None = None) -> list[list[PublishedFigure]]:
+def point_series(figures: Iterable[PublishedFigure] | None = None) -> list[list[PublishedFigure]]:
     """Figures with a stated size, grouped by source and run (series ``k`` is marked ``[k]``), sizes ascending."""
     series: dict[tuple[Any, ...], list[PublishedFigure]] = {}
     for f in _figs(figures):
@@ -156,7 +156,7 @@ _DIR_COLOR = {"h2d": "#f28e2b", "d2h": "#4e79a7"}
 _MEM_MARKER = {"pinned": "D", "pageable": "v"}
 
 
-def _mark(
+def mark_figure(
     ax: Any, f: PublishedFigure, xs: list[float], ys: list[float], done: set[Any], suffix: str, **kw: Any
 ) -> None:
     """Plot ``f``'s kind of copy (orange H2D, blue D2H; diamond pinned, triangle pageable), black-edged, with a

@@ -100,7 +100,7 @@ def panel_plot(history: list[Any], ax: Any) -> None:
 
 def largest_copies(figures: Sequence[PublishedFigure]) -> list[PublishedFigure]:
     """One figure per source and run: its largest stated transfer size (figures without a size kept as they are)."""
-    keep = {id(group[-1]) for group in published._point_series(figures)}
+    keep = {id(group[-1]) for group in published.point_series(figures)}
     return [f for f in figures if f.transfer_size_bytes is None or id(f) in keep]
 
 
@@ -131,7 +131,7 @@ def plot_share_of_ceiling(figures: Sequence[PublishedFigure]) -> Any:
     ax.barh(ys, ceilings, color="#e6e6e6", edgecolor="#999", label=f"host link ceiling, {published.KIND_THEORETICAL}")
     done: set[Any] = set()
     for y, f, c in zip(ys, figs, ceilings):
-        published._mark(ax, f, [f.gbps], [y], done, "", linestyle="")
+        published.mark_figure(ax, f, [f.gbps], [y], done, "", linestyle="")
         ax.text(c * 1.08, y, f"{f.share_of_ceiling:.0%}", va="center", fontsize=7)
     ax.set_yticks(ys)
     ax.set_yticklabels([f"{f.short_label()} ({f.product_link})" for f in figs], fontsize=7)

@@ -136,7 +136,7 @@ def pairs(what: str) -> list[tuple[PublishedFigure, PublishedFigure]]:
 def point_key(figures: Sequence[PublishedFigure]) -> str:
     """The key to the ``[k]`` marks of :func:`~.figures.add_published_points`: one line per series, with its source."""
     lines = []
-    for k, group in enumerate(published._point_series(figures), start=1):
+    for k, group in enumerate(published.point_series(figures), start=1):
         f = group[-1]
         sizes = ", ".join(published.size_text(g.transfer_size_bytes) for g in group)
         vals = ", ".join(f"{g.gbps:.1f}" for g in group)

@@ -171,11 +171,11 @@ def add_published_points(ax: Any, figures: Sequence[PublishedFigure]) -> list[Pu
     from ...ui import plots  # optional/heavy: matplotlib
 
     done: set[Any] = set()
-    for k, group in enumerate(published._point_series(figures), start=1):
+    for k, group in enumerate(published.point_series(figures), start=1):
         xs, ys = [float(f.transfer_size_bytes or 0) for f in group], [f.gbps for f in group]
         dotted = ":" if len(group) > 1 else ""
         kw: dict[str, Any] = {"linestyle": dotted, "linewidth": 0.8, "markeredgewidth": 0.7, "zorder": 4}
-        published._mark(ax, group[-1], xs, ys, done, " [k]", **kw)
+        published.mark_figure(ax, group[-1], xs, ys, done, " [k]", **kw)
         text = {"textcoords": "offset points", "fontsize": 7, "color": "#222", "zorder": 5}
         ax.annotate(f"{k}", (xs[-1], ys[-1]), xytext=(4, -3), **text)
     if ax.get_xscale() == "log":
