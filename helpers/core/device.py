@@ -122,44 +122,17 @@ def no_cuda_message(what: str) -> str:
 
 
 def cuda_driver_problem(rep: HardwareReport | None = None) -> str | None:
-    """Why an installed NVIDIA driver is unusable by torch (a CUDA 13 wheel, a 12.x driver), else ``None``."""
+    """Why torch, without CUDA, cannot use an NVIDIA GPU that seems installed (NVML's driver facts from ``rep``, read
+    now if None), and the fix; ``None`` if no such case. The usual case: a CUDA 13 wheel and a driver for 12.x,
+    where every chapter would silently run on the CPU."""
     if rep is None:
         if has_cuda():
             return None
         rep = HardwareReport()
         _fill_nvml(rep, None)
-    return diagnose_no_cuda(
-        torch_cuda=torch.version.cuda,
-        driver_cuda=rep.driver_cuda_version,
-        driver_version=rep.driver_version,
-        nvidia_smi=shutil.which("nvidia-smi") is not None,
-    )
-
-
-#: The PyTorch wheel index that holds builds for each CUDA 12.x level (see https://pytorch.org/get-started/locally/).
-_CUDA12_INDEXES = ((12, 8, "cu128"), (12, 6, "cu126"))
-
-
-def _version_tuple(text: str | None) -> tuple[int, int] | None:
-    try:
-        parts = str(text).split(".")
-        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
-    except (ValueError, IndexError):
-        return None
-
-
-def diagnose_no_cuda(
-    *,
-    torch_cuda: str | None,
-    driver_cuda: str | None,
-    driver_version: str | None = None,
-    nvidia_smi: bool = False,
-    torch_version: str = torch.__version__,
-) -> str | None:
-    """Why torch, without CUDA, cannot use an NVIDIA GPU that seems installed, and the fix (pure: facts passed in,
-    ``torch_cuda`` being ``torch.version.cuda`` and ``driver_cuda`` NVML's newest CUDA); ``None`` if no such case.
-    The usual case: a CUDA 13 wheel and a driver for 12.x, where every chapter would silently run on the CPU."""
-    if driver_cuda is None and not nvidia_smi:
+    torch_cuda, torch_version = torch.version.cuda, rep.torch_version
+    driver_cuda, driver = rep.driver_cuda_version, rep.driver_version
+    if driver_cuda is None and shutil.which("nvidia-smi") is None:
         return None
     try:
         tv: str | None = importlib.metadata.version("torchvision").split("+")[0]
@@ -173,10 +146,11 @@ def diagnose_no_cuda(
             f"`.venv/bin/python -m pip install --force-reinstall {pins} --index-url "
             "https://download.pytorch.org/whl/cu128`."
         )
-    need, have = _version_tuple(torch_cuda), _version_tuple(driver_cuda)
-    if need is not None and have is not None and have < (need[0], 0):
+    need = int(torch_cuda.split(".")[0])
+    have = tuple(int(x) for x in driver_cuda.split(".")[:2]) if driver_cuda else None  # NVML's, formatted "12.4"
+    if have is not None and have[0] < need:
         index = next((tag for major, minor, tag in _CUDA12_INDEXES if have >= (major, minor)), None)
-        update = f"the NVIDIA driver (CUDA {need[0]} needs driver 580 or newer)"
+        update = f"the NVIDIA driver (CUDA {need} needs driver 580 or newer)"
         fix = (
             f"Either update {update}, or install the torch build for CUDA {have[0]}.x: `.venv/bin/python -m pip "
             f"install --force-reinstall {pins} --index-url https://download.pytorch.org/whl/{index}` "
@@ -185,20 +159,22 @@ def diagnose_no_cuda(
             else f"Update {update}; builds of this torch for CUDA {driver_cuda} may not exist "
             "(see https://pytorch.org/get-started/locally/)."
         )
-        drv = f"driver {driver_version}" if driver_version else "an NVIDIA driver"
         return (
-            f"The GPU cannot be used: {drv} supports CUDA up to {driver_cuda}, but this torch "
-            f"({torch_version}) is built for CUDA {torch_cuda}, so torch.cuda.is_available() is False and "
-            f"the workbook falls back to the CPU. {fix}"
+            f"The GPU cannot be used: {f'driver {driver}' if driver else 'an NVIDIA driver'} supports CUDA up to "
+            f"{driver_cuda}, but this torch ({torch_version}) is built for CUDA {torch_cuda}, so "
+            f"torch.cuda.is_available() is False and the workbook falls back to the CPU. {fix}"
         )
-    subject = f"NVIDIA driver {driver_version}" if driver_version else "An NVIDIA driver"
     return (
-        f"{subject} is installed"
+        f"{f'NVIDIA driver {driver}' if driver else 'An NVIDIA driver'} is installed"
         + (f" (CUDA up to {driver_cuda})" if driver_cuda else "")
         + f", but torch ({torch_version}, CUDA {torch_cuda}) cannot use the GPU, so the workbook falls back "
         "to the CPU. Run `nvidia-smi` to see whether the GPU is visible (in a container: start it with "
         "--gpus all), and check CUDA_VISIBLE_DEVICES."
     )
+
+
+#: The PyTorch wheel index that holds builds for each CUDA 12.x level (see https://pytorch.org/get-started/locally/).
+_CUDA12_INDEXES = ((12, 8, "cu128"), (12, 6, "cu126"))
 
 
 def pcie_bandwidth_gbps(generation: int, width: int) -> float:
