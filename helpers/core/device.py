@@ -303,6 +303,26 @@ class HardwareReport:
         return "\n".join(wrap(f"{k:<{width}}  {v}", width=110, indent=" " * (width + 2)) for k, v in rows)
 
 
+def _read(rep: HardwareReport, names: str, fn: Any, why: str) -> None:
+    """Fields ``names`` from ``fn()`` (a tuple for several); if it raises, each says ``why`` (``{exc}``: the error)."""
+    keys = names.split()
+    try:
+        got = fn()
+    except Exception as exc:
+        rep.missing.update(dict.fromkeys(keys, why.format(exc=exc)))
+        return
+    for key, value in zip(keys, got if len(keys) > 1 else (got,)):
+        setattr(rep, key, value.decode() if isinstance(value, bytes) else value)
+        rep.missing.pop(key, None)
+
+
+def _psutil_facts() -> tuple[int | None, int, int]:
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return psutil.cpu_count(logical=False), int(vm.total), int(vm.available)
+
+
 def _fill_host(rep: HardwareReport) -> None:
     with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as fh:
         rep.cpu_model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.lower().startswith("model name")), None)
@@ -310,33 +330,14 @@ def _fill_host(rep: HardwareReport) -> None:
     if rep.cpu_model is None:
         rep.missing["cpu_model"] = "neither /proc/cpuinfo nor platform.processor() named it"
     rep.cpu_cores_logical = os.cpu_count()
-    try:
-        rep.cpu_affinity = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        rep.missing["cpu_affinity"] = "os.sched_getaffinity is not available on this OS"
-    try:
-        import psutil
-
-        rep.cpu_cores_physical = psutil.cpu_count(logical=False)
-        if rep.cpu_cores_physical is None:
-            rep.missing["cpu_cores_physical"] = "psutil could not count physical cores"
-        vm = psutil.virtual_memory()
-        rep.ram_total_bytes = int(vm.total)
-        rep.ram_available_bytes = int(vm.available)
-    except Exception as exc:  # psutil missing or broken
-        for name in ("cpu_cores_physical", "ram_total_bytes", "ram_available_bytes"):
-            rep.missing[name] = f"psutil failed: {exc}"
-    try:
-        usage = shutil.disk_usage("/dev/shm")
-        rep.shm_total_bytes, rep.shm_free_bytes = int(usage.total), int(usage.free)
-    except OSError:
-        rep.missing["shm_total_bytes"] = rep.missing["shm_free_bytes"] = "/dev/shm does not exist on this OS"
-    try:
-        import torchvision
-
-        rep.torchvision_version = torchvision.__version__
-    except Exception as exc:
-        rep.missing["torchvision_version"] = f"import failed: {exc}"
+    _read(rep, "cpu_affinity", lambda: len(os.sched_getaffinity(0)), "os.sched_getaffinity is not available on this OS")
+    _read(rep, "cpu_cores_physical ram_total_bytes ram_available_bytes", _psutil_facts, "psutil failed: {exc}")
+    if rep.cpu_cores_physical is None:
+        rep.missing.setdefault("cpu_cores_physical", "psutil could not count physical cores")
+    shm = "/dev/shm does not exist on this OS"
+    _read(rep, "shm_total_bytes shm_free_bytes", lambda: shutil.disk_usage("/dev/shm")[::2], shm)  # total, free
+    tv = "torchvision_version"
+    _read(rep, tv, lambda: importlib.import_module("torchvision").__version__, "import failed: {exc}")
 
 
 _NO_GPU_FIELDS = (
@@ -412,28 +413,17 @@ def _fill_nvml(rep: HardwareReport, index: int | None) -> None:
         for name in _NVML_FIELDS:
             rep.missing.setdefault(name, f"{step}: {exc}")
         return
-
-    def read(name: str, fn: Any, *args: Any) -> Any:
-        try:
-            value = fn(*args)
-        except Exception as exc:
-            rep.missing[name] = f"NVML: {exc}"
-            return None
-        rep.missing.pop(name, None)
-        return value.decode() if isinstance(value, bytes) else value
-
     try:
-        rep.driver_version = read("driver_version", pynvml.nvmlSystemGetDriverVersion)
-        cuda_raw = read("driver_cuda_version", pynvml.nvmlSystemGetCudaDriverVersion)  # e.g. 12040 for CUDA 12.4
-        if cuda_raw is not None:
-            rep.driver_cuda_version = f"{int(cuda_raw) // 1000}.{(int(cuda_raw) % 1000) // 10}"
+        why, cuda = "NVML: {exc}", pynvml.nvmlSystemGetCudaDriverVersion  # e.g. 12040 for CUDA 12.4
+        _read(rep, "driver_version", pynvml.nvmlSystemGetDriverVersion, why)
+        _read(rep, "driver_cuda_version", lambda: "{}.{}".format(*divmod(int(cuda()) // 10, 100)), why)
         if index is None:
             return
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        rep.pcie_generation = read("pcie_generation", pynvml.nvmlDeviceGetCurrPcieLinkGeneration, handle)
-        rep.pcie_width = read("pcie_width", pynvml.nvmlDeviceGetCurrPcieLinkWidth, handle)
-        rep.pcie_generation_max = read("pcie_generation_max", pynvml.nvmlDeviceGetMaxPcieLinkGeneration, handle)
-        rep.pcie_width_max = read("pcie_width_max", pynvml.nvmlDeviceGetMaxPcieLinkWidth, handle)
+        _read(rep, "pcie_generation", lambda: pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle), why)
+        _read(rep, "pcie_width", lambda: pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle), why)
+        _read(rep, "pcie_generation_max", lambda: pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle), why)
+        _read(rep, "pcie_width_max", lambda: pynvml.nvmlDeviceGetMaxPcieLinkWidth(handle), why)
         gbps, description, basis = link_ceiling(
             rep.pcie_generation, rep.pcie_width, rep.pcie_generation_max, rep.pcie_width_max
         )
