@@ -178,31 +178,33 @@ def test_has_cuda_propagates_under_require_gpu(monkeypatch: pytest.MonkeyPatch) 
 # --- a driver torch cannot use (issue 14 item 13) ----------------------------------------------
 
 
-def test_diagnose_old_driver_for_the_cuda13_wheel() -> None:
-    msg = device.diagnose_no_cuda(
-        torch_cuda="13.0",
-        driver_cuda="12.8",
-        driver_version="570.86",
-        nvidia_smi=True,
-        torch_version="2.14.1+cu130",
-    )
+def _diagnose(monkeypatch: pytest.MonkeyPatch, torch_cuda, driver_cuda, nvidia_smi=False, **facts):
+    """cuda_driver_problem on the facts given: torch's CUDA, NVML's driver (in a report), nvidia-smi on PATH."""
+    monkeypatch.setattr(torch.version, "cuda", torch_cuda)
+    monkeypatch.setattr(device.shutil, "which", lambda name: "/usr/bin/nvidia-smi" if nvidia_smi else None)
+    return device.cuda_driver_problem(device.HardwareReport(driver_cuda_version=driver_cuda, **facts))
+
+
+def test_diagnose_old_driver_for_the_cuda13_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
+    facts = dict(driver_version="570.86", torch_version="2.14.1+cu130")
+    msg = _diagnose(monkeypatch, "13.0", "12.8", nvidia_smi=True, **facts)
     assert "supports CUDA up to 12.8" in msg and "built for CUDA 13.0" in msg
     assert "download.pytorch.org/whl/cu128" in msg and "torch==2.14.1" in msg and "580" in msg
-    msg = device.diagnose_no_cuda(torch_cuda="13.0", driver_cuda="12.6", nvidia_smi=True)
+    msg = _diagnose(monkeypatch, "13.0", "12.6", nvidia_smi=True)
     assert "whl/cu126" in msg
-    msg = device.diagnose_no_cuda(torch_cuda="13.0", driver_cuda="12.2", nvidia_smi=True)
+    msg = _diagnose(monkeypatch, "13.0", "12.2", nvidia_smi=True)
     assert "Update the NVIDIA driver" in msg and "index-url" not in msg
 
 
 def test_diagnose_other_cases(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(device, "has_cuda", lambda: True)  # torch uses the GPU: no problem to report
     assert device.cuda_driver_problem() is None
-    assert device.diagnose_no_cuda(torch_cuda="13.0", driver_cuda=None, nvidia_smi=False) is None
-    smi_only = device.diagnose_no_cuda(torch_cuda="13.0", driver_cuda=None, nvidia_smi=True)
+    assert _diagnose(monkeypatch, "13.0", None, nvidia_smi=False) is None
+    smi_only = _diagnose(monkeypatch, "13.0", None, nvidia_smi=True)
     assert "cannot use the GPU" in smi_only and "nvidia-smi" in smi_only
-    cpu_build = device.diagnose_no_cuda(torch_cuda=None, driver_cuda="12.8", nvidia_smi=True)
+    cpu_build = _diagnose(monkeypatch, None, "12.8", nvidia_smi=True)
     assert "CPU-only build" in cpu_build and "index-url" in cpu_build
-    same = device.diagnose_no_cuda(torch_cuda="13.0", driver_cuda="13.0", nvidia_smi=True)
+    same = _diagnose(monkeypatch, "13.0", "13.0", nvidia_smi=True)
     assert "CUDA up to 13.0" in same and "CUDA_VISIBLE_DEVICES" in same
 
 

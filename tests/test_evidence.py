@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.core import evidence, reference, results, setup
+from helpers.core import evidence, results, setup
 
 
 @pytest.fixture()
 def refdir(tmp_path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv(reference.REFERENCE_ENV, str(tmp_path))
+    monkeypatch.setenv(evidence.REFERENCE_ENV, str(tmp_path))
     return tmp_path
 
 
@@ -89,7 +89,7 @@ def test_the_type_refuses_inconsistent_states() -> None:
         evidence.Evidence("x", "measured", None)
     with pytest.raises(ValueError, match="exactly when"):
         evidence.Evidence("x", "missing", 1.0)
-    fig = reference.cited_for("ch02.pin")[0]
+    fig = evidence.cited_for("ch02.pin")[0]
     with pytest.raises(ValueError, match="cited figures belong"):
         evidence.Evidence("x", "missing", None, cited=(fig,))
     with pytest.raises(ValueError, match="cited figures belong"):

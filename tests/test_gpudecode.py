@@ -274,7 +274,7 @@ def test_compare_decode_on_cpu(info):
 
 def test_gpu_reference_none_then_found(tmp_path, monkeypatch):
     from helpers.core import evidence
-    from helpers.core.reference import REFERENCE_ENV
+    from helpers.core.evidence import REFERENCE_ENV
     from helpers.core.results import ResultSet
 
     def recall():

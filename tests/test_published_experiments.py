@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers.chapters.ch05 import overlap
-from helpers.core import evidence, reference
+from helpers.core import evidence
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "helpers" / "core" / "published_experiments.json"
@@ -77,8 +77,8 @@ def test_the_walker_finds_every_known_gpu_section() -> None:
 
 @pytest.mark.parametrize("key", sorted(call_site_keys()))
 def test_every_gpu_section_has_a_published_figure_or_says_none_was_found(key: str) -> None:
-    figs = reference.cited_for(key)
-    none = reference.no_published_sentence(key)
+    figs = evidence.cited_for(key)
+    none = evidence.no_published_sentence(key)
     assert figs or none, (
         f"{key} ({call_site_keys()[key]}): add a published figure of this experiment to "
         f"{DATA.name}, or a 'none_found' entry naming the experiment that would produce one"
@@ -90,7 +90,7 @@ def test_every_gpu_section_has_a_published_figure_or_says_none_was_found(key: st
 def test_without_cuda_or_a_recording_no_section_shows_a_bare_missing(
     key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(reference.REFERENCE_ENV, str(tmp_path))  # no reference recorded
+    monkeypatch.setenv(evidence.REFERENCE_ENV, str(tmp_path))  # no reference recorded
     ev = evidence.measure_or_recall("the figure", "cpu", measure=lambda: pytest.fail("measured on a CPU"), key=key)
     text = " ".join(str(ev).split())
     assert not ev  # nothing in the chapter's own format: the cells' `if ev: plot(ev.value)` skip it
@@ -105,7 +105,7 @@ def test_without_cuda_or_a_recording_no_section_shows_a_bare_missing(
 
 def test_every_figure_is_evidence_for_some_call_site() -> None:
     keys = call_site_keys()
-    figures, none_found = reference.load_published_experiments(DATA)
+    figures, none_found = evidence.load_published_experiments(DATA)
     for fig in figures:
         assert any(fig.matches(k) for k in keys), f"{fig.id}: its experiment {fig.experiment} matches no call site"
     assert len(figures) >= 10 and len({f.url for f in figures}) >= 8
@@ -114,7 +114,7 @@ def test_every_figure_is_evidence_for_some_call_site() -> None:
 
 
 def test_a_derived_ratio_is_never_the_value() -> None:
-    figures, _ = reference.load_published_experiments(DATA)
+    figures, _ = evidence.load_published_experiments(DATA)
     for fig in figures:
         assert fig.unit.lower() not in ("x", "ratio", "speedup"), f"{fig.id}: a ratio is a note, marked derived"
         if re.search(r"\d\s*/\s*\d", fig.notes):
@@ -135,7 +135,7 @@ def _write(tmp_path: Path, mutate) -> Path:
 def test_the_loader_refuses_an_entry_without_its_provenance(tmp_path: Path, field: str) -> None:
     path = _write(tmp_path, lambda e: e.pop(field))
     with pytest.raises(ValueError, match=f"missing field.*{field}"):
-        reference.load_published_experiments(path)
+        evidence.load_published_experiments(path)
 
 
 @pytest.mark.parametrize(
@@ -154,11 +154,11 @@ def test_the_loader_refuses_an_entry_without_its_provenance(tmp_path: Path, fiel
 def test_the_loader_refuses_bad_provenance(tmp_path: Path, change: dict, match: str) -> None:
     path = _write(tmp_path, lambda e: e.update(change))
     with pytest.raises(ValueError, match=match):
-        reference.load_published_experiments(path)
+        evidence.load_published_experiments(path)
 
 
 def test_the_packaged_file_loads_and_every_quote_holds_its_value() -> None:
-    figures, none_found = reference.load_published_experiments()
+    figures, none_found = evidence.load_published_experiments()
     assert figures and none_found
     for fig in figures:
         assert fig.url.startswith("https://") and fig.date_read == "2026-11-24"

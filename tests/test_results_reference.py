@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from helpers.core import evidence, reference, results
+from helpers.core import evidence, results
 
 
 @pytest.fixture()
@@ -80,9 +80,9 @@ def test_compare_refuses_different_hardware(rs: results.ResultSet) -> None:
 
 
 def test_reference_fallback_and_lookup(rs: results.ResultSet, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(reference.REFERENCE_ENV, str(tmp_path))
-    assert reference.references() == []
-    msg = reference.missing_message("ch02.h2d_bandwidth")  # what a chapter shows when no file holds the key
+    monkeypatch.setenv(evidence.REFERENCE_ENV, str(tmp_path))
+    assert evidence.references() == []
+    msg = evidence.missing_message("ch02.h2d_bandwidth")  # what a chapter shows when no file holds the key
     assert "No reference results" in msg and "make gpu-check" in msg
     # a reference recorded on another machine
     ref = results.ResultSet.from_dict(rs.to_dict())
@@ -90,7 +90,7 @@ def test_reference_fallback_and_lookup(rs: results.ResultSet, tmp_path, monkeypa
     ref.provenance["driver_version"] = "580.1"
     ref.save(tmp_path / "h200.json")
     (tmp_path / "broken.json").write_text("{")
-    assert len(reference.references()) == 1  # the broken file is skipped
+    assert len(evidence.references()) == 1  # the broken file is skipped
     hits = evidence.recorded("H2D", "ch02.h2d_bandwidth", lambda rs, recs: recs, memory="pinned")
     assert hits.kind == "recorded" and len(hits.value) == 1 and hits.value[0].value == 10.0
     assert "Recorded on NVIDIA H200, driver 580.1" in hits.source

@@ -132,8 +132,8 @@ from helpers.core.config import (  # noqa: E402
     require_gpu,  # noqa: E402  (re-exported: the flag lives in helpers.core.config)
     size_tier,
 )
+from helpers.core.evidence import missing_message, provenance_line, reference_dir, references  # noqa: E402
 from helpers.core.progress import TqdmProgress  # noqa: E402
-from helpers.core.reference import missing_message, provenance_line, reference_dir, references  # noqa: E402
 from helpers.core.results import ResultSet, comparable, compare_results  # noqa: E402
 from helpers.core.results import flag_lines as _record_flag_lines  # noqa: E402
 from helpers.core.timing import synchronize as sync_every_device  # noqa: E402

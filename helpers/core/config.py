@@ -174,20 +174,16 @@ def _chapter_times_file() -> Path:
     return Path(__file__).resolve().parent / "chapter_times.json"
 
 
-def expected_runtime(chapter: str, tier: str | None = None) -> str | None:
-    """How long Run All of ``chapter`` took at this tier, and where (written by ``tools/time_chapters.py``)."""
-    tier = tier or size_tier()
+def describe_sizes(chapter: str) -> str:
+    """The setup cell's line about sizes: the tier, why it was chosen, and how long Run All of ``chapter`` took at
+    this tier, and where, when recorded (``chapter_times.json``, written by ``tools/time_chapters.py``)."""
+    tier, reason = decide_tier()
+    lines = [f"Sizes: {reason}"]
     try:
         data = json.loads(_chapter_times_file().read_text())
         seconds, machine = float(data["chapters"][chapter][tier]["seconds"]), str(data["machine"])
+        when = f"about {seconds / 60:.0f} min" if seconds >= 90 else f"about {seconds:.0f} s"
+        lines.append(f"Run All took {when} at {tier} sizes on {machine} (measured {data.get('date', '?')}).")
     except (OSError, ValueError, KeyError, TypeError):
-        return None
-    when = f"about {seconds / 60:.0f} min" if seconds >= 90 else f"about {seconds:.0f} s"
-    return f"Run All took {when} at {tier} sizes on {machine} (measured {data.get('date', '?')})."
-
-
-def describe_sizes(chapter: str) -> str:
-    """The setup cell's line about sizes: the tier, why it was chosen, and the recorded run time."""
-    tier, reason = decide_tier()
-    runtime = expected_runtime(chapter, tier)
-    return wrap("\n".join([f"Sizes: {reason}"] + ([runtime] if runtime else [])))
+        pass  # no record for this chapter and tier: the sizes line alone
+    return wrap("\n".join(lines))

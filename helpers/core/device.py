@@ -122,44 +122,17 @@ def no_cuda_message(what: str) -> str:
 
 
 def cuda_driver_problem(rep: HardwareReport | None = None) -> str | None:
-    """Why an installed NVIDIA driver is unusable by torch (a CUDA 13 wheel, a 12.x driver), else ``None``."""
+    """Why torch, without CUDA, cannot use an NVIDIA GPU that seems installed (NVML's driver facts from ``rep``, read
+    now if None), and the fix; ``None`` if no such case. The usual case: a CUDA 13 wheel and a driver for 12.x,
+    where every chapter would silently run on the CPU."""
     if rep is None:
         if has_cuda():
             return None
         rep = HardwareReport()
         _fill_nvml(rep, None)
-    return diagnose_no_cuda(
-        torch_cuda=torch.version.cuda,
-        driver_cuda=rep.driver_cuda_version,
-        driver_version=rep.driver_version,
-        nvidia_smi=shutil.which("nvidia-smi") is not None,
-    )
-
-
-#: The PyTorch wheel index that holds builds for each CUDA 12.x level (see https://pytorch.org/get-started/locally/).
-_CUDA12_INDEXES = ((12, 8, "cu128"), (12, 6, "cu126"))
-
-
-def _version_tuple(text: str | None) -> tuple[int, int] | None:
-    try:
-        parts = str(text).split(".")
-        return int(parts[0]), int(parts[1]) if len(parts) > 1 else 0
-    except (ValueError, IndexError):
-        return None
-
-
-def diagnose_no_cuda(
-    *,
-    torch_cuda: str | None,
-    driver_cuda: str | None,
-    driver_version: str | None = None,
-    nvidia_smi: bool = False,
-    torch_version: str = torch.__version__,
-) -> str | None:
-    """Why torch, without CUDA, cannot use an NVIDIA GPU that seems installed, and the fix (pure: facts passed in,
-    ``torch_cuda`` being ``torch.version.cuda`` and ``driver_cuda`` NVML's newest CUDA); ``None`` if no such case.
-    The usual case: a CUDA 13 wheel and a driver for 12.x, where every chapter would silently run on the CPU."""
-    if driver_cuda is None and not nvidia_smi:
+    torch_cuda, torch_version = torch.version.cuda, rep.torch_version
+    driver_cuda, driver = rep.driver_cuda_version, rep.driver_version
+    if driver_cuda is None and shutil.which("nvidia-smi") is None:
         return None
     try:
         tv: str | None = importlib.metadata.version("torchvision").split("+")[0]
@@ -173,10 +146,11 @@ def diagnose_no_cuda(
             f"`.venv/bin/python -m pip install --force-reinstall {pins} --index-url "
             "https://download.pytorch.org/whl/cu128`."
         )
-    need, have = _version_tuple(torch_cuda), _version_tuple(driver_cuda)
-    if need is not None and have is not None and have < (need[0], 0):
+    need = int(torch_cuda.split(".")[0])
+    have = tuple(int(x) for x in driver_cuda.split(".")[:2]) if driver_cuda else None  # NVML's, formatted "12.4"
+    if have is not None and have[0] < need:
         index = next((tag for major, minor, tag in _CUDA12_INDEXES if have >= (major, minor)), None)
-        update = f"the NVIDIA driver (CUDA {need[0]} needs driver 580 or newer)"
+        update = f"the NVIDIA driver (CUDA {need} needs driver 580 or newer)"
         fix = (
             f"Either update {update}, or install the torch build for CUDA {have[0]}.x: `.venv/bin/python -m pip "
             f"install --force-reinstall {pins} --index-url https://download.pytorch.org/whl/{index}` "
@@ -185,20 +159,22 @@ def diagnose_no_cuda(
             else f"Update {update}; builds of this torch for CUDA {driver_cuda} may not exist "
             "(see https://pytorch.org/get-started/locally/)."
         )
-        drv = f"driver {driver_version}" if driver_version else "an NVIDIA driver"
         return (
-            f"The GPU cannot be used: {drv} supports CUDA up to {driver_cuda}, but this torch "
-            f"({torch_version}) is built for CUDA {torch_cuda}, so torch.cuda.is_available() is False and "
-            f"the workbook falls back to the CPU. {fix}"
+            f"The GPU cannot be used: {f'driver {driver}' if driver else 'an NVIDIA driver'} supports CUDA up to "
+            f"{driver_cuda}, but this torch ({torch_version}) is built for CUDA {torch_cuda}, so "
+            f"torch.cuda.is_available() is False and the workbook falls back to the CPU. {fix}"
         )
-    subject = f"NVIDIA driver {driver_version}" if driver_version else "An NVIDIA driver"
     return (
-        f"{subject} is installed"
+        f"{f'NVIDIA driver {driver}' if driver else 'An NVIDIA driver'} is installed"
         + (f" (CUDA up to {driver_cuda})" if driver_cuda else "")
         + f", but torch ({torch_version}, CUDA {torch_cuda}) cannot use the GPU, so the workbook falls back "
         "to the CPU. Run `nvidia-smi` to see whether the GPU is visible (in a container: start it with "
         "--gpus all), and check CUDA_VISIBLE_DEVICES."
     )
+
+
+#: The PyTorch wheel index that holds builds for each CUDA 12.x level (see https://pytorch.org/get-started/locally/).
+_CUDA12_INDEXES = ((12, 8, "cu128"), (12, 6, "cu126"))
 
 
 def pcie_bandwidth_gbps(generation: int, width: int) -> float:
@@ -327,6 +303,26 @@ class HardwareReport:
         return "\n".join(wrap(f"{k:<{width}}  {v}", width=110, indent=" " * (width + 2)) for k, v in rows)
 
 
+def _read(rep: HardwareReport, names: str, fn: Any, why: str) -> None:
+    """Fields ``names`` from ``fn()`` (a tuple for several); if it raises, each says ``why`` (``{exc}``: the error)."""
+    keys = names.split()
+    try:
+        got = fn()
+    except Exception as exc:
+        rep.missing.update(dict.fromkeys(keys, why.format(exc=exc)))
+        return
+    for key, value in zip(keys, got if len(keys) > 1 else (got,)):
+        setattr(rep, key, value.decode() if isinstance(value, bytes) else value)
+        rep.missing.pop(key, None)
+
+
+def _psutil_facts() -> tuple[int | None, int, int]:
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return psutil.cpu_count(logical=False), int(vm.total), int(vm.available)
+
+
 def _fill_host(rep: HardwareReport) -> None:
     with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as fh:
         rep.cpu_model = next((ln.split(":", 1)[1].strip() for ln in fh if ln.lower().startswith("model name")), None)
@@ -334,33 +330,14 @@ def _fill_host(rep: HardwareReport) -> None:
     if rep.cpu_model is None:
         rep.missing["cpu_model"] = "neither /proc/cpuinfo nor platform.processor() named it"
     rep.cpu_cores_logical = os.cpu_count()
-    try:
-        rep.cpu_affinity = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        rep.missing["cpu_affinity"] = "os.sched_getaffinity is not available on this OS"
-    try:
-        import psutil
-
-        rep.cpu_cores_physical = psutil.cpu_count(logical=False)
-        if rep.cpu_cores_physical is None:
-            rep.missing["cpu_cores_physical"] = "psutil could not count physical cores"
-        vm = psutil.virtual_memory()
-        rep.ram_total_bytes = int(vm.total)
-        rep.ram_available_bytes = int(vm.available)
-    except Exception as exc:  # psutil missing or broken
-        for name in ("cpu_cores_physical", "ram_total_bytes", "ram_available_bytes"):
-            rep.missing[name] = f"psutil failed: {exc}"
-    try:
-        usage = shutil.disk_usage("/dev/shm")
-        rep.shm_total_bytes, rep.shm_free_bytes = int(usage.total), int(usage.free)
-    except OSError:
-        rep.missing["shm_total_bytes"] = rep.missing["shm_free_bytes"] = "/dev/shm does not exist on this OS"
-    try:
-        import torchvision
-
-        rep.torchvision_version = torchvision.__version__
-    except Exception as exc:
-        rep.missing["torchvision_version"] = f"import failed: {exc}"
+    _read(rep, "cpu_affinity", lambda: len(os.sched_getaffinity(0)), "os.sched_getaffinity is not available on this OS")
+    _read(rep, "cpu_cores_physical ram_total_bytes ram_available_bytes", _psutil_facts, "psutil failed: {exc}")
+    if rep.cpu_cores_physical is None:
+        rep.missing.setdefault("cpu_cores_physical", "psutil could not count physical cores")
+    shm = "/dev/shm does not exist on this OS"
+    _read(rep, "shm_total_bytes shm_free_bytes", lambda: shutil.disk_usage("/dev/shm")[::2], shm)  # total, free
+    tv = "torchvision_version"
+    _read(rep, tv, lambda: importlib.import_module("torchvision").__version__, "import failed: {exc}")
 
 
 _NO_GPU_FIELDS = (
@@ -436,28 +413,17 @@ def _fill_nvml(rep: HardwareReport, index: int | None) -> None:
         for name in _NVML_FIELDS:
             rep.missing.setdefault(name, f"{step}: {exc}")
         return
-
-    def read(name: str, fn: Any, *args: Any) -> Any:
-        try:
-            value = fn(*args)
-        except Exception as exc:
-            rep.missing[name] = f"NVML: {exc}"
-            return None
-        rep.missing.pop(name, None)
-        return value.decode() if isinstance(value, bytes) else value
-
     try:
-        rep.driver_version = read("driver_version", pynvml.nvmlSystemGetDriverVersion)
-        cuda_raw = read("driver_cuda_version", pynvml.nvmlSystemGetCudaDriverVersion)  # e.g. 12040 for CUDA 12.4
-        if cuda_raw is not None:
-            rep.driver_cuda_version = f"{int(cuda_raw) // 1000}.{(int(cuda_raw) % 1000) // 10}"
+        why, cuda = "NVML: {exc}", pynvml.nvmlSystemGetCudaDriverVersion  # e.g. 12040 for CUDA 12.4
+        _read(rep, "driver_version", pynvml.nvmlSystemGetDriverVersion, why)
+        _read(rep, "driver_cuda_version", lambda: "{}.{}".format(*divmod(int(cuda()) // 10, 100)), why)
         if index is None:
             return
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        rep.pcie_generation = read("pcie_generation", pynvml.nvmlDeviceGetCurrPcieLinkGeneration, handle)
-        rep.pcie_width = read("pcie_width", pynvml.nvmlDeviceGetCurrPcieLinkWidth, handle)
-        rep.pcie_generation_max = read("pcie_generation_max", pynvml.nvmlDeviceGetMaxPcieLinkGeneration, handle)
-        rep.pcie_width_max = read("pcie_width_max", pynvml.nvmlDeviceGetMaxPcieLinkWidth, handle)
+        _read(rep, "pcie_generation", lambda: pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle), why)
+        _read(rep, "pcie_width", lambda: pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle), why)
+        _read(rep, "pcie_generation_max", lambda: pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle), why)
+        _read(rep, "pcie_width_max", lambda: pynvml.nvmlDeviceGetMaxPcieLinkWidth(handle), why)
         gbps, description, basis = link_ceiling(
             rep.pcie_generation, rep.pcie_width, rep.pcie_generation_max, rep.pcie_width_max
         )

@@ -16,9 +16,8 @@ import torch
 from ...core import agreement, evidence
 from ...core.config import sized
 from ...core.device import hardware_report, pcie_bandwidth_gbps, resolve_device
-from ...core.evidence import Evidence
+from ...core.evidence import Evidence, provenance_line
 from ...core.progress import ProgressFn, no_progress, scaled
-from ...core.reference import provenance_line
 from ...core.results import ResultSet
 from ...core.rounds import intraop_threads
 from ...core.timing import summarize

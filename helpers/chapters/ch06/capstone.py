@@ -16,9 +16,8 @@ import torch
 
 from ...core import agreement, evidence
 from ...core.config import sized
-from ...core.evidence import Evidence
+from ...core.evidence import Evidence, no_published_sentence
 from ...core.progress import scaled
-from ...core.reference import no_published_sentence
 from ...core.rounds import alternate, table
 from ...core.validate import check_choice, check_float, check_int
 from .calibration import Calibration
