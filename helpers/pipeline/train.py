@@ -5,7 +5,7 @@ Each phase of a step occupies one lane: ``load``, ``collate`` and ``pin`` the da
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Mapping
 
 import torch
 from torch import nn
@@ -53,28 +53,21 @@ class Prediction:
     @property
     def one_step_overlap(self) -> float:
         """The naive loop's step on a GPU, copy + max(data, compute): asynchronous kernel launches let the CPU load
-        batch i+1 while the GPU computes, and the blocking copy overlaps nothing. Needs the default stages."""
+        batch i+1 while the GPU computes, and the blocking copy overlaps nothing."""
         names = list(STAGES)
-        if not all(n in self.stage_times for n in names):
-            return self.serial
         data, copy, compute = (self.stage_times[n] for n in names)
         rest = sum(v for k, v in self.stage_times.items() if k not in names)
         return copy + max(data, compute) + rest
 
 
-def predict_step_time(
-    phase_times: Mapping[str, float], stages: Mapping[str, Iterable[str]] | None = None
-) -> Prediction:
+def predict_step_time(phase_times: Mapping[str, float]) -> Prediction:
     """The step time from per-step phase times (seconds): ``serial`` adds every phase, ``overlapped`` is the slowest
-    stage (every resource on a different step at once). Phases not named in ``stages`` are their own stage."""
-    stages = {stage: tuple(phases) for stage, phases in (STAGES if stages is None else stages).items()}
+    stage of :data:`STAGES` (every resource on a different step at once). Other phases are their own stage."""
     for name, value in phase_times.items():
         if value < 0 or value != value:
             raise ValueError(f"phase time {name!r} must be a non-negative number, got {value}")
-    named = {p for phases in stages.values() for p in phases}
-    stage_times = {stage: float(sum(phase_times.get(p, 0.0) for p in phases)) for stage, phases in stages.items()}
+    named = {p for phases in STAGES.values() for p in phases}
+    stage_times = {stage: float(sum(phase_times.get(p, 0.0) for p in phases)) for stage, phases in STAGES.items()}
     stage_times.update({name: float(v) for name, v in phase_times.items() if name not in named})
-    if not stage_times:
-        raise ValueError("phase_times is empty")
     bottleneck = max(stage_times, key=lambda k: stage_times[k])
     return Prediction(stage_times, float(sum(phase_times.values())), stage_times[bottleneck], bottleneck)

@@ -229,11 +229,6 @@ def check(
     return _graded(_evaluate(exercise, part, sys._getframe(1).f_globals))
 
 
-#: A multi-part result's status: the first whose set holds every part's status.
-_AT_MOST = [("correct", {"correct"}), ("unanswered", {"unanswered"}), ("recorded", {"recorded", "unanswered"})]
-_AT_MOST.append(("wrong", {"correct", "wrong", "unanswered", "recorded"}))
-
-
 def check_parts(exercise: str, **parts: Part) -> ExerciseResult:
     """Check every part (``a=Part(...)`` is part "02.3a"), even after a wrong one, and show all verdicts together."""
     if not parts:
@@ -243,8 +238,8 @@ def check_parts(exercise: str, **parts: Part) -> ExerciseResult:
             raise ValueError(f"part {name!r} must be a Part(answer, ...), got {type(part).__name__}")
     ns = sys._getframe(1).f_globals
     results = [_evaluate(f"{exercise}{name}", p, ns) for name, p in parts.items()]
-    seen = {p.status for p in results}
-    status = next(s for s, at_most in _AT_MOST if seen <= at_most)
+    seen = {p.status for p in results}  # one status: the whole's; recorded beside unanswered: recorded; else wrong
+    status = seen.pop() if len(seen) == 1 else "recorded" if seen == {"recorded", "unanswered"} else "wrong"
     return _graded(ExerciseResult(exercise, status, "\n".join(p.message for p in results), None, results))
 
 
