@@ -70,16 +70,6 @@ def test_panel_refuses_bad_values() -> None:
     assert not p.button.disabled
 
 
-def test_panel_validate_hook() -> None:
-    def refuse(values):
-        if values["kind"] == "b":
-            raise ValueError("kind b needs a GPU")
-
-    p = _panel(validate=refuse)
-    p.set(kind="b")
-    assert p.click() is None and "needs a GPU" in p.error
-
-
 def test_panel_unexpected_error_in_plain_words() -> None:
     def run(progress, n, kind):
         raise ZeroDivisionError("division by zero")

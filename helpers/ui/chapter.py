@@ -4,8 +4,8 @@ needs no list of chapters. ``helpers/chapters/_template.py`` is a working exampl
 
 ``panel_run(progress, *, device, **values_and_context) -> Evidence`` gets the controls' values and what the notebook
 passed to ``for_chapter``; ``panel_plot(history, ax)`` draws every run so far (``history[i].result``, an Evidence);
-``benchmark(results, device, *, progress=None)`` adds its headless measurements to a ResultSet. Optional:
-``panel_validate(values)`` (ValueError refuses settings before anything runs) and ``PANEL_FIGSIZE``.
+``benchmark(results, device, *, progress=None)`` adds its headless measurements to a ResultSet (``panel_run``
+refuses settings that can't run with a ValueError in plain words). Optional: ``PANEL_FIGSIZE``.
 """
 
 from __future__ import annotations

@@ -55,7 +55,6 @@ class Panel:
         *,
         summarize: Callable[[Any], str] | None = None,
         plot: PlotFn | None = None,
-        validate: Callable[[dict[str, Any]], None] | None = None,
         max_history: int = 20,
         debounce_s: float = 0.3,
         figsize: tuple[float, float] = (7.5, 3.2),
@@ -64,7 +63,6 @@ class Panel:
         self._run_fn = run
         self._summarize = summarize
         self._plot = plot
-        self._validate = validate
         self.max_history = max_history
         self.debounce_s = float(debounce_s)
         self.figsize = figsize
@@ -127,7 +125,6 @@ class Panel:
             run,
             summarize=chapter.panel_summary,
             plot=chapter.panel_plot,
-            validate=getattr(chapter, "panel_validate", None),
             figsize=getattr(chapter, "PANEL_FIGSIZE", (7.5, 3.2)),
         )
 
@@ -213,8 +210,6 @@ class Panel:
         self._show_status("Running…", "busy")
         t0 = time.perf_counter()
         try:
-            if self._validate is not None:
-                self._validate(values)
             result = self._run_fn(self._progress, **values)
             seconds = time.perf_counter() - t0
             summary = self._summarize(result) if self._summarize else ""
