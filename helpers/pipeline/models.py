@@ -51,18 +51,12 @@ class SmallCNN(nn.Module):
         return f"width={self.width}, depth={self.depth}, convs_per_stage={self.convs_per_stage}"
 
 
-def build_model(
-    width: int = 16,
-    depth: int = 3,
-    num_classes: int = 6,
-    convs_per_stage: int = 1,
-    seed: int = 0,
-) -> SmallCNN:
+def build_model(width: int = 16, depth: int = 3, num_classes: int = 6, seed: int = 0) -> SmallCNN:
     """A :class:`SmallCNN` with weights initialised from ``seed`` (global RNG left untouched)."""
     check_int("seed", seed, 0, 2**63 - 1)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return SmallCNN(num_classes=num_classes, width=width, depth=depth, convs_per_stage=convs_per_stage)
+        return SmallCNN(num_classes=num_classes, width=width, depth=depth)
 
 
 def _count_outputs(model: nn.Module, image_size: int, count: Callable[[nn.Module, torch.Tensor], int]) -> int:

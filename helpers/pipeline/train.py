@@ -26,14 +26,13 @@ STAGES: dict[str, tuple[str, ...]] = {
 }
 
 
-def make_optimizer(model: nn.Module, lr: float = 3e-3, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, lr: float = 3e-3) -> torch.optim.Optimizer:
     """Adam at the workbook's learning rate (good accuracy in a few epochs)."""
     check_float("lr", lr, 1e-7, 10.0)
-    check_float("weight_decay", weight_decay, 0.0, 1.0)
     # The first optimizer of a process imports torch._dynamo (about a second, sympy included). A Ctrl-C inside
     # that import leaves sympy half-imported, and every later run in the kernel fails: hold it until the end.
     with HeldSignals() as held:
-        opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
     held.deliver()
     return opt
 
