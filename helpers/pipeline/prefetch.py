@@ -125,10 +125,6 @@ class Prefetcher:
             normalization_stats(*self.normalize, self.device, dtype)
         Prefetcher.made += 1
 
-    @property
-    def overlaps(self) -> bool:
-        return self.stream is not None
-
     def __len__(self) -> int:
         try:
             return len(self.loader)  # type: ignore[arg-type]
@@ -136,7 +132,7 @@ class Prefetcher:
             raise TypeError(f"the wrapped loader ({type(self.loader).__name__}) has no len()") from None
 
     def __repr__(self) -> str:
-        mode = "side stream" if self.overlaps else "pass-through"
+        mode = "side stream" if self.stream is not None else "pass-through"
         return f"Prefetcher(device={str(self.device)!r}, {mode}, normalize={self.normalize is not None})"
 
     def _normalize(self, t: torch.Tensor) -> torch.Tensor:
