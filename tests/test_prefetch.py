@@ -99,7 +99,7 @@ def _loader(n: int = 10, batch_size: int = 3) -> DataLoader:
 def test_cpu_passes_through_in_order_and_exhausts() -> None:
     loader = _loader()
     pf = Prefetcher(loader, "cpu")
-    assert pf.stream is None and not pf.overlaps
+    assert pf.stream is None and "pass-through" in repr(pf)
     got = list(pf)
     want = list(loader)
     assert len(got) == len(want) == len(pf) == 4
@@ -460,7 +460,7 @@ def test_cuda_path_copies_one_ahead_on_one_side_stream_and_protects_what_it_hand
     with fake_cuda(devices=2, current=current) as cuda:
         loader = [(torch.full((2, 4), i).pin_memory(), torch.full((2,), i).pin_memory()) for i in range(n)]
         pf = Prefetcher(loader, "cuda:1")
-        assert pf.overlaps and pf.stream is not None and pf.stream.index == 1
+        assert "side stream" in repr(pf) and pf.stream is not None and pf.stream.index == 1
         epochs = [[(len(cuda.log), b) for b in pf] for _ in range(2)]  # (place in the log, batch) per hand-over
         side, consumer, log = pf.stream, cuda.default[1], cuda.log
         assert cuda._made == 1  # one side stream for both epochs

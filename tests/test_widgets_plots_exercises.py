@@ -70,16 +70,6 @@ def test_panel_refuses_bad_values() -> None:
     assert not p.button.disabled
 
 
-def test_panel_validate_hook() -> None:
-    def refuse(values):
-        if values["kind"] == "b":
-            raise ValueError("kind b needs a GPU")
-
-    p = _panel(validate=refuse)
-    p.set(kind="b")
-    assert p.click() is None and "needs a GPU" in p.error
-
-
 def test_panel_unexpected_error_in_plain_words() -> None:
     def run(progress, n, kind):
         raise ZeroDivisionError("division by zero")
@@ -138,28 +128,22 @@ def test_double_click_starts_one_run() -> None:
     p = _panel(run=run, debounce_s=0.5)
     p.button.click()
     p.button.click()  # queued behind the first: arrives right after it ends
-    assert calls == [1] and p.ignored_clicks == 1
+    assert calls == [1]  # the queued click was ignored
     p.click()  # a deliberate click from Python is not a double click
     assert calls == [1, 1]
 
 
 def test_click_while_busy_is_ignored() -> None:
-    p = None
+    p, calls = None, []
 
     def run(progress, n, kind):
+        calls.append(n)
         p.button.click()  # a click arriving during the run
         return {"value": n}
 
     p = _panel(run=run)
     p.click()
-    assert len(p.history) == 1 and p.ignored_clicks == 1
-
-
-def test_panel_rejects_bad_construction() -> None:
-    with pytest.raises(ValueError, match="run must be a callable"):
-        widgets.Panel("x", {}, 3)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="max_history"):
-        widgets.Panel("x", {}, lambda progress: 1, max_history=0)
+    assert len(p.history) == 1 and calls == [1]  # the click during the run was ignored
 
 
 def test_timeline_and_stacked_plots() -> None:

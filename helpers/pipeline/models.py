@@ -22,16 +22,14 @@ class SmallCNN(nn.Module):
         width: int = 16,
         depth: int = 3,
         convs_per_stage: int = 1,
-        in_channels: int = 3,
     ) -> None:
         super().__init__()
         self.num_classes = check_int("num_classes", num_classes, 2, 1000)
         self.width = check_int("width", width, 1, 512)
         self.depth = check_int("depth", depth, 1, 6)
         self.convs_per_stage = check_int("convs_per_stage", convs_per_stage, 1, 8)
-        check_int("in_channels", in_channels, 1, 64)
         layers: list[nn.Module] = []
-        c_in = in_channels
+        c_in = 3
         for stage in range(self.depth):
             c_out = self.width * 2**stage
             for _ in range(self.convs_per_stage):
@@ -53,23 +51,15 @@ class SmallCNN(nn.Module):
         return f"width={self.width}, depth={self.depth}, convs_per_stage={self.convs_per_stage}"
 
 
-def build_model(
-    width: int = 16,
-    depth: int = 3,
-    num_classes: int = 6,
-    convs_per_stage: int = 1,
-    seed: int = 0,
-) -> SmallCNN:
+def build_model(width: int = 16, depth: int = 3, num_classes: int = 6, seed: int = 0) -> SmallCNN:
     """A :class:`SmallCNN` with weights initialised from ``seed`` (global RNG left untouched)."""
     check_int("seed", seed, 0, 2**63 - 1)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return SmallCNN(num_classes=num_classes, width=width, depth=depth, convs_per_stage=convs_per_stage)
+        return SmallCNN(num_classes=num_classes, width=width, depth=depth)
 
 
-def _count_outputs(
-    model: nn.Module, image_size: int, in_channels: int, count: Callable[[nn.Module, torch.Tensor], int]
-) -> int:
+def _count_outputs(model: nn.Module, image_size: int, count: Callable[[nn.Module, torch.Tensor], int]) -> int:
     """Sum of ``count(module, output)`` over one no-grad eval forward pass of a zero image."""
     total = 0
 
@@ -83,7 +73,7 @@ def _count_outputs(
     try:
         model.eval()
         with torch.no_grad():
-            model(torch.zeros(1, in_channels, image_size, image_size, device=device))
+            model(torch.zeros(1, 3, image_size, image_size, device=device))
     finally:
         model.train(was_training)
         for h in handles:
@@ -91,7 +81,7 @@ def _count_outputs(
     return int(total)
 
 
-def flops_per_sample(model: nn.Module, image_size: int, in_channels: int = 3) -> int:
+def flops_per_sample(model: nn.Module, image_size: int) -> int:
     """Forward FLOPs of one image (2 per multiply-add; convolutions and linear layers). Training: about 3x."""
     check_int("image_size", image_size, 1, 8192)
 
@@ -100,7 +90,7 @@ def flops_per_sample(model: nn.Module, image_size: int, in_channels: int = 3) ->
             return 2 * mod.kernel_size[0] * mod.kernel_size[1] * (mod.in_channels // mod.groups) * out.numel()
         return 2 * mod.in_features * out.numel() if isinstance(mod, nn.Linear) else 0
 
-    return _count_outputs(model, image_size, in_channels, flops)
+    return _count_outputs(model, image_size, flops)
 
 
 def check_training_memory(
@@ -112,7 +102,7 @@ def check_training_memory(
     check_int("image_size", image_size, 1, 8192)
     check_int("batch_size", batch_size, 1, 10**7)
     kept = (nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.Linear)
-    floats = _count_outputs(model, image_size, 3, lambda m, out: out.numel() if isinstance(m, kept) else 0)
+    floats = _count_outputs(model, image_size, lambda m, out: out.numel() if isinstance(m, kept) else 0)
     need = int(4 * (2 * floats + 3 * image_size * image_size) * batch_size)
     if available_bytes is None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))

@@ -80,22 +80,17 @@ def move_batch(batch: Any, device: torch.device | str, *, non_blocking: bool = T
     dev = torch.device(device)
     non_blocking = non_blocking and dev.type == "cuda"
 
-    def move_obj(obj: Any) -> Any:
-        if not hasattr(obj, "to"):
-            return obj
-        try:
-            return obj.to(dev, non_blocking=non_blocking)
-        except TypeError:
-            return obj.to(dev)
+    def move(obj: Any) -> Any:  # a tensor, or a custom object with a tensor's ``.to(device, non_blocking=)``
+        return obj.to(dev, non_blocking=non_blocking) if hasattr(obj, "to") else obj
 
-    return map_tensors(lambda t: t.to(dev, non_blocking=non_blocking), batch, obj_fn=move_obj)
+    return map_tensors(move, batch, obj_fn=move)
 
 
 class Prefetcher:
     """Batches of a re-iterable ``loader`` on ``device`` (``None``: CUDA if present), copied one step ahead;
     ``normalize=(mean, std)`` makes uint8 ``...CHW`` tensors ``dtype`` floats after the copy (a quarter of the bytes
-    cross the link). Without CUDA batches pass through. ``made`` counts instances: the exercise check refuses this one.
-    """
+    cross the link). Without CUDA, each batch is moved (CPU tensors stay) and normalised in turn. ``made`` counts
+    instances: the exercise check refuses this one."""
 
     made: int = 0
 
@@ -130,10 +125,6 @@ class Prefetcher:
             normalization_stats(*self.normalize, self.device, dtype)
         Prefetcher.made += 1
 
-    @property
-    def overlaps(self) -> bool:
-        return self.stream is not None
-
     def __len__(self) -> int:
         try:
             return len(self.loader)  # type: ignore[arg-type]
@@ -141,7 +132,7 @@ class Prefetcher:
             raise TypeError(f"the wrapped loader ({type(self.loader).__name__}) has no len()") from None
 
     def __repr__(self) -> str:
-        mode = "side stream" if self.overlaps else "pass-through"
+        mode = "side stream" if self.stream is not None else "pass-through"
         return f"Prefetcher(device={str(self.device)!r}, {mode}, normalize={self.normalize is not None})"
 
     def _normalize(self, t: torch.Tensor) -> torch.Tensor:
@@ -152,44 +143,36 @@ class Prefetcher:
                 f"normalize has {len(self.normalize[0])} channels but the uint8 tensor has shape {tuple(t.shape)}"
                 " (expected ...CHW with that many channels)"
             )
-        if t.dim() == 4:
-            return to_float_normalized(t, *self.normalize, dtype=self.dtype)
         return to_float_normalized(t.reshape(-1, *t.shape[-3:]), *self.normalize, dtype=self.dtype).view(t.shape)
 
     def __iter__(self) -> Iterator[Any]:
         if self.stream is not None:
             return self._iter_cuda(self.stream)
-        if self.device.type == "cpu":
-            return (map_tensors(self._normalize, b) for b in self.loader)
         return (map_tensors(self._normalize, move_batch(b, self.device, non_blocking=False)) for b in self.loader)
 
-    def _issue(self, batch: Any, side: torch.cuda.Stream) -> tuple[Any, torch.cuda.Event]:
-        """Queue the copy (and normalisation) of ``batch`` on the side stream; an event marks its end."""
-        with torch.cuda.stream(side):  # the side stream is current on its device (and that device)
-            moved = map_tensors(self._normalize, move_batch(batch, self.device, non_blocking=True))
-            ready = torch.cuda.Event()
-            ready.record(side)
-        return moved, ready
-
-    def _hand_over(self, batch: Any, ready: torch.cuda.Event) -> Any:
-        """The compute stream waits for the copy; record_stream keeps the memory until that stream is done with it
-        (freed, a block made on the side stream would go at once to the next copy)."""
-        consumer = torch.cuda.current_stream(self.device)
-        consumer.wait_event(ready)
-        for obj in _walk(batch, _protects_itself):
-            if not isinstance(obj, torch.Tensor) or obj.device.type == "cuda":  # a CPU tensor has no stream
-                obj.record_stream(consumer)
-        return batch
-
     def _iter_cuda(self, side: torch.cuda.Stream) -> Iterator[Any]:
+        def issue(batch: Any) -> tuple[Any, torch.cuda.Event]:  # the copy (and normalisation) on the side stream
+            with torch.cuda.stream(side):  # the side stream is current on its device (and that device)
+                moved = map_tensors(self._normalize, move_batch(batch, self.device, non_blocking=True))
+                ready = torch.cuda.Event()  # marks the copy's end
+                ready.record(side)
+            return moved, ready
+
         # Work queued on the compute stream before this epoch (the normaliser's statistics, ...) comes first.
         side.wait_stream(torch.cuda.current_stream(self.device))
         it = iter(self.loader)
         first = next(it, _END)
-        pending = None if first is _END else self._issue(first, side)
+        pending = None if first is _END else issue(first)
         while pending is not None:
-            current = self._hand_over(*pending)
+            current, ready = pending
+            consumer = torch.cuda.current_stream(self.device)
+            consumer.wait_event(ready)  # the compute stream waits for the copy
+            # record_stream keeps the memory until the compute stream is done with it (freed, a block made on the
+            # side stream would go at once to the next copy); a CPU tensor has no stream.
+            for obj in _walk(current, _protects_itself):
+                if not isinstance(obj, torch.Tensor) or obj.device.type == "cuda":
+                    obj.record_stream(consumer)
             following = next(it, _END)
-            pending = None if following is _END else self._issue(following, side)  # i+1 copies while i computes
+            pending = None if following is _END else issue(following)  # i+1 copies while i computes
             yield current
             del current

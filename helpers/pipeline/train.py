@@ -5,7 +5,7 @@ Each phase of a step occupies one lane: ``load``, ``collate`` and ``pin`` the da
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Mapping
 
 import torch
 from torch import nn
@@ -26,14 +26,13 @@ STAGES: dict[str, tuple[str, ...]] = {
 }
 
 
-def make_optimizer(model: nn.Module, lr: float = 3e-3, weight_decay: float = 0.0) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, lr: float = 3e-3) -> torch.optim.Optimizer:
     """Adam at the workbook's learning rate (good accuracy in a few epochs)."""
     check_float("lr", lr, 1e-7, 10.0)
-    check_float("weight_decay", weight_decay, 0.0, 1.0)
     # The first optimizer of a process imports torch._dynamo (about a second, sympy included). A Ctrl-C inside
     # that import leaves sympy half-imported, and every later run in the kernel fails: hold it until the end.
     with HeldSignals() as held:
-        opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+        opt = torch.optim.Adam(model.parameters(), lr=lr)
     held.deliver()
     return opt
 
@@ -53,28 +52,21 @@ class Prediction:
     @property
     def one_step_overlap(self) -> float:
         """The naive loop's step on a GPU, copy + max(data, compute): asynchronous kernel launches let the CPU load
-        batch i+1 while the GPU computes, and the blocking copy overlaps nothing. Needs the default stages."""
+        batch i+1 while the GPU computes, and the blocking copy overlaps nothing."""
         names = list(STAGES)
-        if not all(n in self.stage_times for n in names):
-            return self.serial
         data, copy, compute = (self.stage_times[n] for n in names)
         rest = sum(v for k, v in self.stage_times.items() if k not in names)
         return copy + max(data, compute) + rest
 
 
-def predict_step_time(
-    phase_times: Mapping[str, float], stages: Mapping[str, Iterable[str]] | None = None
-) -> Prediction:
+def predict_step_time(phase_times: Mapping[str, float]) -> Prediction:
     """The step time from per-step phase times (seconds): ``serial`` adds every phase, ``overlapped`` is the slowest
-    stage (every resource on a different step at once). Phases not named in ``stages`` are their own stage."""
-    stages = {stage: tuple(phases) for stage, phases in (STAGES if stages is None else stages).items()}
+    stage of :data:`STAGES` (every resource on a different step at once). Other phases are their own stage."""
     for name, value in phase_times.items():
         if value < 0 or value != value:
             raise ValueError(f"phase time {name!r} must be a non-negative number, got {value}")
-    named = {p for phases in stages.values() for p in phases}
-    stage_times = {stage: float(sum(phase_times.get(p, 0.0) for p in phases)) for stage, phases in stages.items()}
+    named = {p for phases in STAGES.values() for p in phases}
+    stage_times = {stage: float(sum(phase_times.get(p, 0.0) for p in phases)) for stage, phases in STAGES.items()}
     stage_times.update({name: float(v) for name, v in phase_times.items() if name not in named})
-    if not stage_times:
-        raise ValueError("phase_times is empty")
     bottleneck = max(stage_times, key=lambda k: stage_times[k])
     return Prediction(stage_times, float(sum(phase_times.values())), stage_times[bottleneck], bottleneck)

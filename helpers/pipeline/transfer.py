@@ -39,25 +39,13 @@ def _memory_now() -> tuple[int, int]:
     return int(vm.total), int(vm.available)
 
 
-def check_host_bytes(
-    name: str,
-    nbytes: int,
-    *,
-    share: float = 0.5,
-    what: str = "",
-    available_bytes: int | None = None,
-) -> int:
-    """``nbytes`` about to be allocated, or ValueError above ``share`` of the RAM available now (no swap, no OOM)."""
-    nbytes = check_int(name, nbytes, 0)
-    share = check_float("share", share, 0.01, 0.95)
-    if available_bytes is None:
-        available_bytes = _memory_now()[1]
-    limit = int(share * check_int("available_bytes", available_bytes, 0))
-    if nbytes > limit:
+def check_host_bytes(name: str, nbytes: int, *, what: str = "") -> int:
+    """``nbytes`` about to be allocated, or ValueError above half the RAM available now (no swap, no OOM)."""
+    nbytes, available = check_int(name, nbytes, 0), _memory_now()[1]
+    if nbytes > available // 2:
         raise ValueError(
-            f"{name}: {what or 'this request'} needs {human_bytes(nbytes)} of host RAM, more than "
-            f"{share:.0%} of the {human_bytes(available_bytes)} available now ({human_bytes(limit)}). "
-            "Choose a smaller size."
+            f"{name}: {what or 'this request'} needs {human_bytes(nbytes)} of host RAM, more than 50% of the "
+            f"{human_bytes(available)} available now ({human_bytes(available // 2)}). Choose a smaller size."
         )
     return nbytes
 

@@ -4,8 +4,8 @@ needs no list of chapters. ``helpers/chapters/_template.py`` is a working exampl
 
 ``panel_run(progress, *, device, **values_and_context) -> Evidence`` gets the controls' values and what the notebook
 passed to ``for_chapter``; ``panel_plot(history, ax)`` draws every run so far (``history[i].result``, an Evidence);
-``benchmark(results, device, *, progress=None)`` adds its headless measurements to a ResultSet. Optional:
-``panel_validate(values)`` (ValueError refuses settings before anything runs) and ``PANEL_FIGSIZE``.
+``benchmark(results, device, *, progress=None)`` adds its headless measurements to a ResultSet (``panel_run``
+refuses settings that can't run with a ValueError in plain words). Optional: ``PANEL_FIGSIZE``.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from types import ModuleType
 CONSTANTS: dict[str, type | tuple[type, ...]] = {"NUMBER": str, "TITLE": str, "BENCH_WEIGHT": (int, float)}
 CONSTANTS["PANEL_TITLE"] = str
 
-#: Functions and the parameters each must accept (a name in parentheses: keyword-only).
+#: Functions and the parameters each must accept (a name in parentheses: keyword-only; "**": any keyword too).
 FUNCTIONS: dict[str, tuple[str, ...]] = {
     "benchmark": ("results", "device", "(progress)"),
-    "panel_controls": (),
-    "panel_run": ("progress", "(device)"),
+    "panel_controls": ("**",),
+    "panel_run": ("progress", "(device)", "**"),
     "panel_summary": ("result",),
     "panel_plot": ("history", "ax"),
 }
@@ -35,12 +35,8 @@ MODULE_NAME = re.compile(r"^ch(\d\d)$")
 def problems(module: ModuleType) -> list[str]:
     """What ``module`` lacks or gets wrong against the interface (empty: it conforms)."""
     name = module.__name__.rsplit(".", 1)[-1]
-    out: list[str] = []
+    out = [f"{c} is missing or not a {t}" for c, t in CONSTANTS.items() if not isinstance(getattr(module, c, None), t)]
     match = MODULE_NAME.match(name)
-    for const, kind in CONSTANTS.items():
-        value = getattr(module, const, None)
-        if not isinstance(value, kind):
-            out.append(f"{const} is missing or not a {kind}")
     if match and getattr(module, "NUMBER", None) != match.group(1):
         out.append(f"NUMBER is {getattr(module, 'NUMBER', None)!r} but the module is {name}")
     for fn_name, params in FUNCTIONS.items():
@@ -48,17 +44,16 @@ def problems(module: ModuleType) -> list[str]:
         if not callable(fn):
             out.append(f"{fn_name}() is missing")
             continue
-        sig = inspect.signature(fn)
-        has_var_kw = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
-        positional = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        sig = inspect.signature(fn).parameters.values()
+        has_var_kw = any(p.kind is p.VAR_KEYWORD for p in sig)
+        positional = [p.name for p in sig if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         for want in params:
-            if want.startswith("("):
-                if want.strip("()") not in sig.parameters and not has_var_kw:
-                    out.append(f"{fn_name}() does not accept the keyword {want.strip('()')}")
-            elif want not in positional:
+            if want == "**" and not has_var_kw:
+                out.append(f"{fn_name}() must accept **context (what the notebook passes to Panel.for_chapter)")
+            elif want.startswith("(") and want.strip("()") not in {p.name for p in sig} and not has_var_kw:
+                out.append(f"{fn_name}() does not accept the keyword {want.strip('()')}")
+            elif want[0] not in "(*" and want not in positional:
                 out.append(f"{fn_name}() must take {want!r} as a positional parameter (takes {positional})")
-        if fn_name in ("panel_controls", "panel_run") and not has_var_kw:
-            out.append(f"{fn_name}() must accept **context (what the notebook passes to Panel.for_chapter)")
     return out
 
 

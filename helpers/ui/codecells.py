@@ -127,11 +127,8 @@ class PipelineDiff:
     removed = property(lambda self: self._changed("-"))
 
     def text(self) -> str:
-        blocks = []
-        for name in self.names:
-            body = self.hunks.get(name, [])
-            blocks.append("\n".join(body) if body else f"# {name}: unchanged since chapter {self.previous}")
-        return "\n\n".join(blocks)
+        same = "# {}: unchanged since chapter " + self.previous  # show_diff keeps no empty hunk
+        return "\n\n".join("\n".join(self.hunks[n]) if n in self.hunks else same.format(n) for n in self.names)
 
     __str__ = text
 

@@ -158,8 +158,6 @@ class Part:
     expected: Any = None  # None: what the answer key computes for this run
     hint: str = ""
     explanation: str = ""
-    rel_tol: float | None = None
-    abs_tol: float | None = None
 
 
 class Solution(str):
@@ -212,26 +210,12 @@ def compare(answer: Any, expected: Any, rel_tol: float = 0.05, abs_tol: float = 
     return answer == expected, ""
 
 
-def check(
-    exercise: str,
-    answer: Any,
-    expected: Any = None,
-    *,
-    hint: str = "",
-    explanation: str = "",
-    rel_tol: float | None = None,
-    abs_tol: float | None = None,
-) -> ExerciseResult:
+def check(exercise: str, answer: Any, expected: Any = None, *, hint: str = "", explanation: str = "") -> ExerciseResult:
     """Check ``answer`` of ``exercise`` (``"00.2"``) against the key's value for the caller's run (or ``expected``,
     a number, string(s), bool or ``expected(answer) -> bool | str``: see :func:`compare`).
-    Unanswered (``None``/``...``) shows ``hint`` and does not fail; numbers within 5 % by default."""
-    part = Part(answer, expected, hint, explanation, rel_tol, abs_tol)
+    Unanswered (``None``/``...``) shows ``hint`` and does not fail; numbers within 5 %."""
+    part = Part(answer, expected, hint, explanation)
     return _graded(_evaluate(exercise, part, sys._getframe(1).f_globals))
-
-
-#: A multi-part result's status: the first whose set holds every part's status.
-_AT_MOST = [("correct", {"correct"}), ("unanswered", {"unanswered"}), ("recorded", {"recorded", "unanswered"})]
-_AT_MOST.append(("wrong", {"correct", "wrong", "unanswered", "recorded"}))
 
 
 def check_parts(exercise: str, **parts: Part) -> ExerciseResult:
@@ -243,8 +227,8 @@ def check_parts(exercise: str, **parts: Part) -> ExerciseResult:
             raise ValueError(f"part {name!r} must be a Part(answer, ...), got {type(part).__name__}")
     ns = sys._getframe(1).f_globals
     results = [_evaluate(f"{exercise}{name}", p, ns) for name, p in parts.items()]
-    seen = {p.status for p in results}
-    status = next(s for s, at_most in _AT_MOST if seen <= at_most)
+    seen = {p.status for p in results}  # one status: the whole's; recorded beside unanswered: recorded; else wrong
+    status = seen.pop() if len(seen) == 1 else "recorded" if seen == {"recorded", "unanswered"} else "wrong"
     return _graded(ExerciseResult(exercise, status, "\n".join(p.message for p in results), None, results))
 
 
@@ -296,7 +280,7 @@ def _evaluate(exercise: str, part: Part, ns: dict[str, Any]) -> ExerciseResult:
             ok, why = key.grade(exercise, answer, facts or {})
             explanation = explanation or (key.explanation(exercise, facts or {}) if ok else "")
         else:
-            ok, why = compare(answer, expected, 0.05 if part.rel_tol is None else part.rel_tol, part.abs_tol or 0.0)
+            ok, why = compare(answer, expected)
     except Exception as exc:  # a reader's odd answer must not crash the checker
         if _strict_gpu_error(exc):  # ... but a strict GPU run's CUDA error must not become a verdict
             raise

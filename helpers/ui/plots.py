@@ -20,16 +20,12 @@ PHASE_COLORS: dict[str, str] = {
     "compute": "#59a14f", "wait": "#bab0ac", "d2h": "#e15759",
 }  # fmt: skip
 _CYCLE = ["#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#499894", "#d37295"]
-_assigned: dict[str, str] = {}
+_COLORS = dict(PHASE_COLORS)  # and the other names met so far
 
 
 def phase_color(name: str) -> str:
     """The colour for phase ``name`` (other names: stable within a session)."""
-    if name in PHASE_COLORS:
-        return PHASE_COLORS[name]
-    if name not in _assigned:
-        _assigned[name] = _CYCLE[len(_assigned) % len(_CYCLE)]
-    return _assigned[name]
+    return _COLORS.setdefault(name, _CYCLE[(len(_COLORS) - len(PHASE_COLORS)) % len(_CYCLE)])
 
 
 def new_axes(figsize: tuple[float, float] = (8.0, 3.5)) -> Any:
@@ -140,9 +136,7 @@ def sweep_plot(
     ``(value, label)``, e.g. ``(31.5, "PCIe Gen4 x16, theoretical")``, drawn dashed."""
     ax = ax if ax is not None else new_axes((7.5, 4.0))
     for label, (xs, ys) in series.items():
-        kw = {"marker": "o", "markersize": 3}
-        kw.update((styles or {}).get(label, {}))
-        ax.plot(list(xs), list(ys), label=label, **kw)
+        ax.plot(list(xs), list(ys), label=label, **{"marker": "o", "markersize": 3, **(styles or {}).get(label, {})})
     if ceiling is not None:
         ax.axhline(ceiling[0], color="#444", linestyle="--", linewidth=1, label=ceiling[1])
     ax.set_xscale("log")

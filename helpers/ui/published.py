@@ -118,10 +118,6 @@ def _cached() -> tuple[PublishedFigure, ...]:
     return tuple(PublishedFigure(**raw) for raw in json.loads(data_file().read_text(encoding="utf-8"))["figures"])
 
 
-def _figs(figures: Iterable[PublishedFigure] | None) -> list[PublishedFigure]:
-    return list(figures) if figures is not None else list(_cached())
-
-
 def published_figures(
     direction: str | None = None, memory: str | None = None, *, sized: bool = False
 ) -> list[PublishedFigure]:
@@ -140,13 +136,13 @@ def published_figures(
 
 def generations(figures: Iterable[PublishedFigure] | None = None) -> list[str]:
     """GPU generations present, in the order they first appear."""
-    return list(dict.fromkeys(f.generation for f in _figs(figures)))
+    return list(dict.fromkeys(f.generation for f in (_cached() if figures is None else figures)))
 
 
-def point_series(figures: Iterable[PublishedFigure] | None = None) -> list[list[PublishedFigure]]:
+def point_series(figures: Iterable[PublishedFigure]) -> list[list[PublishedFigure]]:
     """Figures with a stated size, grouped by source and run (series ``k`` is marked ``[k]``), sizes ascending."""
     series: dict[tuple[Any, ...], list[PublishedFigure]] = {}
-    for f in _figs(figures):
+    for f in figures:
         if f.transfer_size_bytes is not None:
             series.setdefault((f.url, f.gpu, f.direction, f.memory, f.numa, f.tool), []).append(f)
     return [sorted(group, key=lambda f: f.transfer_size_bytes or 0) for group in series.values()]

@@ -6,6 +6,7 @@ and nbval; tests drive it from Python: ``panel.set(batch_size=64); record = pane
 
 from __future__ import annotations
 
+import base64
 import html
 import io
 import textwrap
@@ -54,20 +55,14 @@ class Panel:
         *,
         summarize: Callable[[Any], str] | None = None,
         plot: PlotFn | None = None,
-        validate: Callable[[dict[str, Any]], None] | None = None,
         max_history: int = 20,
         debounce_s: float = 0.3,
         figsize: tuple[float, float] = (7.5, 3.2),
     ) -> None:
-        if not callable(run):
-            raise ValueError("run must be a callable: run(progress, **values) -> result")
-        if not isinstance(max_history, int) or max_history < 1:
-            raise ValueError(f"max_history must be an integer >= 1, got {max_history!r}")
         self.controls: dict[str, W.ValueWidget] = dict(controls)
         self._run_fn = run
         self._summarize = summarize
         self._plot = plot
-        self._validate = validate
         self.max_history = max_history
         self.debounce_s = float(debounce_s)
         self.figsize = figsize
@@ -75,8 +70,6 @@ class Panel:
         self.history: list[RunRecord] = []
         self.error: str | None = None
         self.busy = False
-        self.runs_started = 0
-        self.ignored_clicks = 0
         self.runs_done = 0
         self._last_end = float("-inf")
         self.widget = self._layout(title)
@@ -132,7 +125,6 @@ class Panel:
             run,
             summarize=chapter.panel_summary,
             plot=chapter.panel_plot,
-            validate=getattr(chapter, "panel_validate", None),
             figsize=getattr(chapter, "PANEL_FIGSIZE", (7.5, 3.2)),
         )
 
@@ -211,17 +203,13 @@ class Panel:
     def _on_click(self, _button: Any = None, force: bool = False) -> None:
         now = time.monotonic()
         if self.busy or (not force and (now - self._last_end) < self.debounce_s):
-            self.ignored_clicks += 1
             return
         self.busy = self.button.disabled = True
-        self.runs_started += 1
         self.error, self.bar.value, self.bar_label.value = None, 0.0, ""
         values = self.values()
         self._show_status("Running…", "busy")
         t0 = time.perf_counter()
         try:
-            if self._validate is not None:
-                self._validate(values)
             result = self._run_fn(self._progress, **values)
             seconds = time.perf_counter() - t0
             summary = self._summarize(result) if self._summarize else ""
@@ -262,8 +250,6 @@ class Panel:
             text = textwrap.fill(f"Run #{last.index}: {last.summary}", width=110, break_long_words=False)
             outputs.append({"output_type": "stream", "name": "stdout", "text": text + "\n"})
         if self._plot is not None:
-            from IPython.core.interactiveshell import InteractiveShell
-            from IPython.display import Image
             from matplotlib.figure import Figure
 
             fig = Figure(figsize=self.figsize)
@@ -272,8 +258,6 @@ class Panel:
             fig.tight_layout()
             buf = io.BytesIO()  # a PNG: the same in every front-end (a Figure outside pyplot is never shown twice)
             fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-            formatter = InteractiveShell.instance().display_formatter
-            assert formatter is not None  # set up with the shell
-            data, metadata = formatter.format(Image(data=buf.getvalue(), format="png"))
-            outputs.append({"output_type": "display_data", "data": data, "metadata": metadata})
+            data = {"image/png": base64.b64encode(buf.getvalue()).decode("ascii"), "text/plain": "<Figure>"}
+            outputs.append({"output_type": "display_data", "data": data, "metadata": {}})
         return tuple(outputs)
