@@ -190,24 +190,33 @@ def test_prefetch_reference_rows_and_lines(monkeypatch, tmp_path) -> None:  # ty
     assert feeding.batch_time_lines(times) == times.report().splitlines()
 
 
-def test_hazard_count_lines() -> None:
+def test_a_cpu_hazard_shows_what_a_gpu_recorded(monkeypatch, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """HazardResult.show() without a GPU: the code, the report, then the recorded counts of hazard 1 per version."""
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
     rs = _reference_set()
     rs.add("ch05.hazard.d2h_wrong", 1234, "count", variant="bug", n=4096)
-    assert hazards.hazard_count_lines(rs.records) == ["  bug version: 1,234 of 4,096 elements wrong"]
+    rs.save(tmp_path / "ref.json")
+    h = hazards.hazard_d2h_read_before_sync("cpu")
+    h.show()
+    out = capsys.readouterr().out
+    assert out.startswith(h.code_bug + "\n" + h.code_fix + "\n" + h.report())
+    assert out.splitlines()[-1] == "  bug version: 1,234 of 4,096 elements wrong"
 
 
-def test_sync_counts_reference_none_then_found(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_sync_counts_reference_none_then_found(monkeypatch, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
-    none = hazards.sync_counts_reference()
-    assert not none and "ch05.hazard.syncs" in str(none)  # the "none recorded yet" message names the key
+    h = hazards.hazard_hidden_syncs("cpu", steps=2)
+    h.show()
+    none = capsys.readouterr().out.split(h.report())[-1]
+    assert "ch05.hazard.syncs" in none  # the "none recorded yet" message names the key
     rs = _reference_set()
     rs.add("ch05.hazard.syncs", 450, "count", variant="hidden", steps=50)
     rs.add("ch05.hazard.syncs", 1, "count", variant="fixed", steps=50)
     rs.add("ch05.hazard.syncs_per_line", 7, "count", line="print(loss)")
     rs.save(tmp_path / "ref.json")
-    ev = hazards.sync_counts_reference()
-    assert ev.kind == "recorded" and "TestGPU" in ev.source
-    text = "\n".join(ev.lines(hazards.sync_count_lines))
+    h.show()
+    text = capsys.readouterr().out.split(h.report())[-1]
+    assert "TestGPU" in text and "not this machine" in text  # recorded, with its source
     assert "9.00 per step" in text and "print(loss) alone: 7" in text
 
 
