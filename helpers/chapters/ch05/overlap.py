@@ -10,7 +10,7 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 
@@ -39,10 +39,6 @@ def expected_label(memory: str, stream: str) -> str:
     check_choice("memory", memory, MEMORY_KINDS)
     check_choice("stream", stream, STREAM_KINDS)
     return OVERLAPPED if (memory, stream) == ("pinned", "side") else SERIALISED
-
-
-def lanes_for(stream: str) -> tuple[str, str]:
-    return f"{stream} stream (copy)", "default stream (compute)"
 
 
 def _merged(trace: SpanTrace, name: str) -> list[tuple[float, float]]:
@@ -92,6 +88,12 @@ class CellResult:
         return f"{self.memory} + {self.stream} stream"
 
     @property
+    def copy_call_s(self) -> float | None:
+        """The CPU's median (upper middle) seconds inside the copy call."""
+        calls = sorted(s.duration for s in self.trace.spans if s.name == "copy call")
+        return calls[len(calls) // 2] if calls else None
+
+    @property
     def agrees(self) -> bool | None:
         return None if self.measured is None else self.measured == self.expected
 
@@ -126,7 +128,7 @@ def run_cell(
     src = torch.ones(copy_mib * MiB // 4, dtype=torch.float32)
     if memory == "pinned" and on_gpu:  # pinning needs a CUDA driver: a CPU run copies from pageable memory
         src = src.pin_memory()
-    lanes = lanes_for(stream) if on_gpu else ("copy (CPU)", "compute (CPU)")
+    lanes = (f"{stream} stream (copy)", "default stream (compute)") if on_gpu else ("copy (CPU)", "compute (CPU)")
     meta = {"memory": memory, "stream": stream, "copy_bytes": src.numel() * 4, "matmul_n": matmul_n, "steps": steps}
     trace, steps_s = _record_steps(dev, src, stream == "side", lanes, progress, meta)
     frac = overlap_fraction(trace) if on_gpu else 0.0
@@ -195,22 +197,8 @@ def _record_steps(
     return trace, steps_s
 
 
-def run_grid(**kwargs: Any) -> list[CellResult]:
-    """All four cells, in :data:`CELLS` order."""
-    return [run_cell(m, s, **kwargs) for m, s in CELLS]
-
-
 #: (configuration, CPU seconds in the copy call or None, the copy's GPU seconds, seconds per step).
 CopyCallRow = tuple[str, float | None, float, float]
-
-
-def copy_call_rows(cells: Iterable[CellResult]) -> list[CopyCallRow]:
-    """Per cell: the CPU's median (upper middle) in ``copy_(..., non_blocking=True)``, the copy's time, the step's."""
-    rows: list[CopyCallRow] = []
-    for r in cells:
-        calls = sorted(s.duration for s in r.trace.spans if s.name == "copy call")
-        rows.append((r.name, calls[len(calls) // 2] if calls else None, r.copy_s, r.step_s))
-    return rows
 
 
 def copy_call_rows_from_records(rs: ResultSet, records: list[Record]) -> list[CopyCallRow] | None:
@@ -224,10 +212,14 @@ def copy_call_rows_from_records(rs: ResultSet, records: list[Record]) -> list[Co
     return rows or None
 
 
-def copy_call_table(rows: list[CopyCallRow]) -> list[str]:
+def copy_call_table(cells: list[CellResult] | list[CopyCallRow]) -> list[str]:
+    """Per cell (measured, or recorded rows): the CPU's time in ``copy_(..., non_blocking=True)``, the copy's, the
+    step's."""
+
     def ms(s: float | None) -> str:
         return "not recorded" if s is None else f"{s * 1e3:.3f} ms"
 
+    rows = [c if isinstance(c, tuple) else (c.name, c.copy_call_s, c.copy_s, c.step_s) for c in cells]
     headers = ["configuration", "copy call (CPU)", "copy on GPU", "step"]
     return table(headers, [[name, ms(call), ms(copy), ms(step)] for name, call, copy, step in rows])
 
@@ -236,7 +228,7 @@ def schematic_trace(memory: str, stream: str) -> SpanTrace:
     """What a cell's timeline looks like, in arbitrary units; its metadata says ``schematic, not measured``."""
     expected = expected_label(memory, stream)  # checks memory and stream
     overlapped, host_blocked = expected == OVERLAPPED, memory == "pageable"
-    copy_lane, compute_lane = lanes_for(stream)
+    copy_lane, compute_lane = f"{stream} stream (copy)", "default stream (compute)"  # as run_cell names them
     spans: list[Span] = []
     t, call, copy, compute = 0.0, 0.08, 1.0, 1.5
     for i in range(3):
