@@ -9,7 +9,7 @@ import contextlib
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import torch
@@ -41,24 +41,15 @@ def expected_label(memory: str, stream: str) -> str:
     return OVERLAPPED if (memory, stream) == ("pinned", "side") else SERIALISED
 
 
-def _merged(trace: SpanTrace, name: str) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for a, b in sorted((s.start, s.end) for s in trace.spans if s.name == name):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
-
-
 def overlap_fraction(trace: SpanTrace) -> float:
-    """Share (0-1) of the shorter activity (spans ``copy``, ``compute``) that ran while the other did."""
-    a, b = _merged(trace, "copy"), _merged(trace, "compute")
-    denom = min(sum(e - s for s, e in a), sum(e - s for s, e in b))
-    if denom <= 0:
+    """Share (0-1) of the shorter activity (spans ``copy``, ``compute``) that ran while the other did: by inclusion-
+    exclusion over the busy time of each activity and of either (:meth:`SpanTrace.lane_busy` merges overlaps)."""
+    spans = [s for s in trace.spans if s.name in ("copy", "compute")]
+    busy = SpanTrace([replace(s, lane=lane) for s in spans for lane in (s.name, "either")]).lane_busy()
+    copy, compute = busy.get("copy", 0.0), busy.get("compute", 0.0)
+    if min(copy, compute) <= 0:
         return 0.0
-    both = sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in a for s2, e2 in b)
-    return max(0.0, min(1.0, both / denom))
+    return max(0.0, min(1.0, (copy + compute - busy["either"]) / min(copy, compute)))
 
 
 def measured_label(fraction: float) -> str:
