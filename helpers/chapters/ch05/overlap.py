@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
-import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -121,15 +120,17 @@ def run_cell(
         src = src.pin_memory()
     lanes = (f"{stream} stream (copy)", "default stream (compute)") if on_gpu else ("copy (CPU)", "compute (CPU)")
     meta = {"memory": memory, "stream": stream, "copy_bytes": src.numel() * 4, "matmul_n": matmul_n, "steps": steps}
-    trace, steps_s = _record_steps(dev, src, stream == "side", lanes, progress, meta)
+    trace = _record_steps(dev, src, stream == "side", lanes, progress, meta)
     frac = overlap_fraction(trace) if on_gpu else 0.0
     measured = measured_label(frac) if on_gpu else None
     trace.metadata.update(lanes=[*lanes, HOST_LANE], expected_label=expected, measured_label=measured,
                           overlap_fraction=frac)  # fmt: skip
-    copy_s, compute_s = ([s.duration for s in trace.spans if s.name == n] or [math.nan] for n in ("copy", "compute"))
+    spans = {n: [s for s in trace.spans if s.name == n] for n in ("copy", "compute", "copy call", "wait")}
+    step_s = statistics.median(w.end - c.start for c, w in zip(spans["copy call"], spans["wait"]))  # host clock
+    copy_s, compute_s = (statistics.median([s.duration for s in spans[n]] or [math.nan]) for n in ("copy", "compute"))
     return CellResult(
-        memory, stream, trace, expected, measured, frac, statistics.median(steps_s), statistics.median(copy_s),
-        statistics.median(compute_s), src.numel() * 4, matmul_n, str(dev), on_gpu,
+        memory, stream, trace, expected, measured, frac, step_s, copy_s, compute_s, src.numel() * 4, matmul_n,
+        str(dev), on_gpu,
     )  # fmt: skip
 
 
@@ -140,8 +141,9 @@ def _record_steps(
     lanes: tuple[str, str],
     progress: Callable[[float, str], None] | None,
     meta: dict[str, Any],
-) -> tuple[SpanTrace, list[float]]:
-    """:func:`run_cell`'s loop on ``dev`` (current or not): the trace and each step's wall seconds."""
+) -> SpanTrace:
+    """:func:`run_cell`'s loop on ``dev`` (current or not): copy and compute on their streams' lanes, and on the host's
+    lane the copy call and the wait at the step's end (a step: from the call's start to the wait's end)."""
     on_gpu, matmul_n, steps = dev.type == "cuda", meta["matmul_n"], meta["steps"]
     bufs = [torch.empty(src.numel(), dtype=torch.float32, device=dev) for _ in range(2)]
     g = torch.Generator().manual_seed(0)
@@ -159,7 +161,6 @@ def _record_steps(
         torch.mm(a, a, out=c)
         return batch.sum()
 
-    steps_s: list[float] = []
     try:
         do_copy(bufs[1])  # warm-up, untimed
         do_compute(bufs[0])
@@ -168,7 +169,6 @@ def _record_steps(
             side_stream.wait_stream(compute_stream)  # the side stream starts after the warm-up's work
         rec = SpanRecorder(dev, experiment="ch05.2x2", **meta)
         for i in range(steps):
-            t0 = time.perf_counter()
             nxt, cur = bufs[i % 2], bufs[(i + 1) % 2]
             h0 = rec.now()
             with rec.span("copy", i, gpu=True, lane=lanes[0], stream=copy_stream):
@@ -179,13 +179,12 @@ def _record_steps(
             h2 = rec.now()
             synchronize(dev)
             rec.add("wait", i, h2, rec.now(), lane=HOST_LANE)
-            steps_s.append(time.perf_counter() - t0)
             if progress is not None:
                 progress((i + 1) / steps, f"step {i + 1}/{steps}")
         trace = rec.finish()
     finally:
         synchronize(dev)
-    return trace, steps_s
+    return trace
 
 
 #: (configuration, CPU seconds in the copy call or None, the copy's GPU seconds, seconds per step).
