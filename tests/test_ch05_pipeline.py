@@ -169,9 +169,12 @@ def test_time_batches_runs_every_way_in_alternating_rounds() -> None:
         order.append(name)
         return iter(data_)
 
-    times = feeding.time_batches({"a": lambda: way("a"), "b": lambda: way("b")}, lambda x, y: x.sum(), "cpu", rounds=3)
+    stepped: list[torch.Tensor] = []
+    times = feeding.time_batches(
+        {"a": lambda: way("a"), "b": lambda: way("b")}, lambda x, y: stepped.append(x), "cpu", rounds=3
+    )
     assert order == ["b", "a", "a", "b", "b", "a", "a", "b"]  # warm-up (reversed), then a b, b a, a b
-    assert times.batches == {"a": 3, "b": 3} and all(len(v) == 3 for v in times.values.values())
+    assert len(stepped) == 3 * len(order) and all(len(v) == 3 for v in times.values.values())  # 3 batches a pass
     assert "median of 3 alternating rounds" in times.report()
     with pytest.raises(ValueError, match="variants"):
         feeding.time_batches({}, lambda x, y: None, "cpu")
@@ -234,7 +237,10 @@ def test_time_batches_times_the_chapters_pipeline_on_a_gpu() -> None:
     model = models.build_model().cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
+    stepped: list[torch.Tensor] = []
+
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        stepped.append(y)
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -246,7 +252,7 @@ def test_time_batches_times_the_chapters_pipeline_on_a_gpu() -> None:
         for _ in range(4)
     ]
     times = feeding.time_batches({"prefetcher": lambda: ns["batches"](loader)}, step, "cuda", rounds=2)
-    assert times.batches == {"prefetcher": 4}
+    assert len(stepped) == 4 * (1 + 2) and len(times.values["prefetcher"]) == 2  # 4 batches a pass: warm-up, 2 rounds
 
 
 @cuda

@@ -54,8 +54,11 @@ def test_bad_configuration_is_a_value_error() -> None:
 
 
 def test_lanes_name_the_streams() -> None:
-    assert ov.lanes_for("side") == ("side stream (copy)", "default stream (compute)")
-    copy_lane, compute_lane = ov.lanes_for("default")
+    assert ov.schematic_trace("pinned", "side").metadata["lanes"][:2] == [
+        "side stream (copy)",
+        "default stream (compute)",
+    ]
+    copy_lane, compute_lane, _ = ov.schematic_trace("pinned", "default").metadata["lanes"]
     assert copy_lane.startswith("default stream") and compute_lane.startswith("default stream")
 
 
@@ -159,13 +162,15 @@ def test_draw_cell_takes_evidence_and_labels_it_with_its_source() -> None:
 
 
 def test_copy_call_rows_measured_and_recorded(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    cells = ov.run_grid(copy_mib=1, matmul_n=32, steps=3, device="cpu")
-    rows = ov.copy_call_rows(cells)
-    assert [r[0] for r in rows] == [c.name for c in cells] and all(r[1] is not None and r[1] >= 0 for r in rows)
+    cells = [ov.run_cell(m, s, copy_mib=1, matmul_n=32, steps=3, device="cpu") for m, s in ov.CELLS]
+    assert all(c.copy_call_s is not None and c.copy_call_s >= 0 for c in cells)
     calls = sorted(s.duration for s in cells[0].trace.spans if s.name == "copy call")
-    assert rows[0][1] == calls[1] and rows[0][2:] == (cells[0].copy_s, cells[0].step_s)
-    table = ov.copy_call_table(rows)
+    assert cells[0].copy_call_s == calls[1]
+    table = ov.copy_call_table(cells)
     assert len(table) == 5 and "copy call (CPU)" in table[0]
+    ms = [f"{v * 1e3:.3f} ms" for v in (cells[0].copy_call_s, cells[0].copy_s, cells[0].step_s)]
+    assert table[1].split() == [*cells[0].name.split(), *" ".join(ms).split()]  # name, call, copy, step
+    assert [row.split(" stream")[0] + " stream" for row in table[1:]] == [c.name for c in cells]
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
     assert not evidence.recorded("x", "ch05.overlap.step_time", convert=ov.copy_call_rows_from_records)
     rs = _reference_set()
@@ -186,28 +191,37 @@ def test_prefetch_reference_rows_and_lines(monkeypatch, tmp_path) -> None:  # ty
     ev = evidence.recorded("x", "ch05.prefetch.batch_time")
     lines = feeding.batch_time_lines(ev.value)
     assert "not with your cells" in " ".join(lines) and lines[-1].endswith("uint8, prefetcher=True: 2.000 ms per batch")
-    times = feeding.BatchTimes(("a",), {"a": [0.001, 0.003]}, device="cpu", batches={"a": 4})
+    times = feeding.BatchTimes(("a",), {"a": [0.001, 0.003]}, device="cpu")
     assert feeding.batch_time_lines(times) == times.report().splitlines()
 
 
-def test_hazard_count_lines() -> None:
+def test_a_cpu_hazard_shows_what_a_gpu_recorded(monkeypatch, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """HazardResult.show() without a GPU: the code, the report, then the recorded counts of hazard 1 per version."""
+    monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
     rs = _reference_set()
     rs.add("ch05.hazard.d2h_wrong", 1234, "count", variant="bug", n=4096)
-    assert hazards.hazard_count_lines(rs.records) == ["  bug version: 1,234 of 4,096 elements wrong"]
+    rs.save(tmp_path / "ref.json")
+    h = hazards.hazard_d2h_read_before_sync("cpu")
+    h.show()
+    out = capsys.readouterr().out
+    assert out.startswith(h.code_bug + "\n" + h.code_fix + "\n" + h.report())
+    assert out.splitlines()[-1] == "  bug version: 1,234 of 4,096 elements wrong"
 
 
-def test_sync_counts_reference_none_then_found(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_sync_counts_reference_none_then_found(monkeypatch, tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
-    none = hazards.sync_counts_reference()
-    assert not none and "ch05.hazard.syncs" in str(none)  # the "none recorded yet" message names the key
+    h = hazards.hazard_hidden_syncs("cpu", steps=2)
+    h.show()
+    none = capsys.readouterr().out.split(h.report())[-1]
+    assert "ch05.hazard.syncs" in none  # the "none recorded yet" message names the key
     rs = _reference_set()
     rs.add("ch05.hazard.syncs", 450, "count", variant="hidden", steps=50)
     rs.add("ch05.hazard.syncs", 1, "count", variant="fixed", steps=50)
     rs.add("ch05.hazard.syncs_per_line", 7, "count", line="print(loss)")
     rs.save(tmp_path / "ref.json")
-    ev = hazards.sync_counts_reference()
-    assert ev.kind == "recorded" and "TestGPU" in ev.source
-    text = "\n".join(ev.lines(hazards.sync_count_lines))
+    h.show()
+    text = capsys.readouterr().out.split(h.report())[-1]
+    assert "TestGPU" in text and "not this machine" in text  # recorded, with its source
     assert "9.00 per step" in text and "print(loss) alone: 7" in text
 
 

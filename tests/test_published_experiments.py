@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.chapters.ch05 import overlap
+from helpers.chapters.ch05 import hazards, overlap
 from helpers.core import evidence
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,6 +67,8 @@ def call_site_keys() -> dict[str, str]:
             keys.setdefault(re.sub(r"\{[^}]*\}", "x", m.group(1)), where)
     for memory, stream in overlap.CELLS:  # the 2x2 timelines: recorded_artifact(artifact_name(memory, stream))
         keys.setdefault(overlap.artifact_name(memory, stream), "helpers/chapters/ch05/overlap.py")
+    for key in hazards.RECORDED_AS:  # HazardResult.show(): evidence.recorded(RECORDED_AS[key], key)
+        keys.setdefault(key, "helpers/chapters/ch05/hazards.py")
     return keys
 
 

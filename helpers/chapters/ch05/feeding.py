@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import textwrap
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -42,10 +42,9 @@ def preload(loader: Iterable[Any], device: torch.device | str | None = None) -> 
 
 @dataclass
 class BatchTimes(Rounds):
-    """Seconds per batch of each way (``values``, one per round) on ``device``; ``batches``: how many a pass gave."""
+    """Seconds per batch of each way (``values``, one per round) on ``device``."""
 
     device: str = ""
-    batches: dict[str, int] = field(default_factory=dict)
 
     def report(self) -> str:
         first = next(iter(self.values), "")
@@ -91,7 +90,6 @@ def time_batches(
     rounds = check_int("rounds", rounds, 1, 50)
     if not variants:
         raise ValueError("variants must name at least one way to feed the step, e.g. {'mine': lambda: batches(loader)}")
-    batches: dict[str, int] = {}
 
     def one_pass(name: str) -> float:
         synchronize(dev)
@@ -103,7 +101,6 @@ def time_batches(
         seconds = time.perf_counter() - t0
         if k == 0:
             raise ValueError(f"variant {name!r} gave no batches")
-        batches[name] = k
         return seconds / k
 
     if progress is not None:
@@ -111,7 +108,7 @@ def time_batches(
     for name in reversed(variants):
         one_pass(name)
     r = alternate({n: functools.partial(one_pass, n) for n in variants}, rounds, progress=progress)
-    return BatchTimes(r.labels, r.values, device=str(dev), batches=batches)
+    return BatchTimes(r.labels, r.values, device=str(dev))
 
 
 def batch_time_lines(times: BatchTimes | list[Record]) -> list[str]:

@@ -26,7 +26,7 @@ from ...core.results import Record, ResultSet
 from ...core.rounds import table
 from ...core.timing import Timing, time_calls
 from ...core.validate import check_int, human_bytes
-from ...pipeline.data import ImageDecodeError, _scan_class_folders, to_float_normalized
+from ...pipeline.data import ImageDecodeError, _scan_class_folders
 
 #: The start of the message every torchvision.io image codec warns with since 0.29.
 TORCHVISION_DEPRECATION = "The image decoding and encoding capabilities of TorchVision are deprecated"
@@ -299,19 +299,23 @@ def _diff_stats(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> tuple[i
     return largest, total / max(count, 1)
 
 
-def _first_batch_diffs(
-    enc: list[torch.Tensor], names: list[str], dev: torch.device, crop: int, pin: bool | None
+def _pixel_diffs(
+    raw_cpu: list[torch.Tensor],
+    enc: list[torch.Tensor],
+    names: list[str],
+    dev: torch.device,
+    crop: int,
+    pin: bool | None,
 ) -> dict[str, tuple[int, float]]:
-    """(largest, mean) difference of (b)'s pixels from (a)'s per :data:`STAGES` (on a CPU only the whole path)."""
-    x_cpu = decode_batch(enc, "cpu", crop, names=names)
-    out = dict.fromkeys(STAGES, (0, 0.0))
-    out["decode+resize"] = _diff_stats([x_cpu], [decode_batch(enc, dev, crop, pin=pin, names=names).cpu()])
-    if dev.type == "cuda":
-        raw_cpu = _decode_images(enc, torch.device("cpu"), names=names)
-        raw_dev = _decode_images(enc, dev, pin=pin, names=names)
-        out["decode"] = _diff_stats(raw_cpu, [im.cpu() for im in raw_dev])
-        out["resize"] = _diff_stats([x_cpu], [_resize_crop([im.to(dev) for im in raw_cpu], crop).cpu()])
-    return out
+    """(largest, mean) difference of (b)'s pixels from (a)'s per :data:`STAGES`: what ``decode_batch`` returns, the
+    decode alone (full-size images), the resize alone (the CPU's decoded pixels resized on ``dev``)."""
+    raw_dev = _decode_images(enc, dev, pin=pin, names=names)
+    x_cpu = _resize_crop(raw_cpu, crop)
+    return {
+        "decode+resize": _diff_stats([x_cpu], [_resize_crop(raw_dev, crop).cpu()]),
+        "decode": _diff_stats(raw_cpu, [im.cpu() for im in raw_dev]),
+        "resize": _diff_stats([x_cpu], [_resize_crop([im.to(dev) for im in raw_cpu], crop).cpu()]),
+    }
 
 
 def _batches(dataset: EncodedJpegDataset, batch_size: int, n_batches: int) -> list[tuple[list[Any], list[str]]]:
@@ -347,13 +351,11 @@ def compare_decode(
     n_batches = check_int("n_batches", n_batches, 1, 1000)
     repeats = check_int("repeats", repeats, 1, 100)
     batches = _batches(dataset, batch_size, n_batches)
-    per_form: dict[str, list[int]] = {f: [] for f in FORMS}
-    for enc, names in batches:  # the bytes one batch puts on the link in each form
-        x = decode_batch(enc, "cpu", crop_size, names=names)
-        for f, n in zip(FORMS, (sum(t.numel() for t in enc), x.nbytes, to_float_normalized(x).nbytes)):
-            per_form[f].append(int(n))
-    diffs = _first_batch_diffs(*batches[0], dev, crop_size, pin)
-    image_size = int(_decode_images(batches[0][0][:1], torch.device("cpu"))[0].shape[-1])  # the stored width
+    uint8 = batch_size * 3 * crop_size**2  # the bytes one batch puts on the link in each form: from the shapes
+    per_form = {"jpeg": [sum(t.numel() for t in enc) for enc, _ in batches], "uint8": [uint8] * len(batches)}
+    per_form["float32"] = [4 * uint8] * len(batches)  # to_float_normalized's float32
+    raw = _decode_images(batches[0][0], torch.device("cpu"), names=batches[0][1])  # the first batch, full size
+    diffs, image_size = _pixel_diffs(raw, *batches[0], dev, crop_size, pin), int(raw[0].shape[-1])
     pinned = dev.type == "cuda" and (pin is None or bool(pin))
     paths = {
         _CPU_LABEL: lambda enc, names: decode_batch(enc, "cpu", crop_size, names=names).to(dev),

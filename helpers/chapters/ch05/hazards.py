@@ -18,7 +18,6 @@ import torch
 from ...core import evidence
 from ...core.config import sized
 from ...core.device import resolve_device
-from ...core.evidence import Evidence
 from ...core.results import Record, ResultSet
 from ...core.timing import GpuDelay, synchronize
 from ...core.validate import check_int, human_seconds
@@ -38,6 +37,7 @@ class HazardResult:
     code_bug: str
     code_fix: str
     explanation: str
+    key: str  # what the benchmark records it under
 
     def report(self) -> str:
         lines = [f"{self.name} (on {self.device})"]
@@ -46,12 +46,38 @@ class HazardResult:
         lines.append("  " + self.explanation)
         return "\n".join(textwrap.fill(ln, 105, subsequent_indent="    ") for ln in lines)
 
+    def show(self) -> None:
+        """The buggy and the fixed code, the report; without a GPU, what one recorded (or that none is recorded)."""
+        print(self.code_bug, self.code_fix, self.report(), sep="\n")
+        if not self.on_gpu:
+            evidence.recorded(RECORDED_AS[self.key], self.key, convert=_recorded_lines).show(list)
+
+
+#: What each hazard's recording is called, by its key.
+RECORDED_AS = {
+    "ch05.hazard.d2h_wrong": "hazard 1 on a GPU",
+    "ch05.hazard.mutation_wrong": "hazard 2 on a GPU",
+    "ch05.hazard.syncs": "the synchronisation counts of hazard 3",
+}
+
+
+def _recorded_lines(rs: ResultSet, records: list[Record]) -> list[str]:
+    """Hazards 1 and 2: wrong elements per version; hazard 3: synchronisations per loop, then per line alone."""
+    if records[0].key != "ch05.hazard.syncs":
+        return [
+            f"  {r.params.get('variant')} version: {r.value:,.0f} of {int(r.params.get('n', 0)):,} elements wrong"
+            for r in records
+        ]
+    loops = [(r.params.get("variant"), int(r.params.get("steps") or 1), r.value) for r in records]
+    lines = [f"  {v} loop, {n} steps: {value:.0f} synchronisations ({value / n:.2f} per step)" for v, n, value in loops]
+    return lines + [f"  {r.params.get('line')} alone: {r.value:.0f}" for r in rs.find("ch05.hazard.syncs_per_line")]
+
 
 def _result(
-    name: str, dev: torch.device, code: tuple[Any, ...], counts: list[Any], why: dict[bool, str]
+    name: str, dev: torch.device, code: tuple[Any, ...], counts: list[Any], why: dict[bool, str], key: str
 ) -> HazardResult:
     on_gpu, (bug, fix), (code_bug, code_fix) = dev.type == "cuda", counts, map(getsource, code)
-    return HazardResult(name, str(dev), on_gpu, bug, fix, code_bug, code_fix, why[on_gpu])
+    return HazardResult(name, str(dev), on_gpu, bug, fix, code_bug, code_fix, why[on_gpu], key)
 
 
 def _d2h_bug(x_gpu: torch.Tensor, out: torch.Tensor) -> int:
@@ -96,7 +122,7 @@ def hazard_d2h_read_before_sync(device: torch.device | str | None = None) -> Haz
         return {"wrong elements when read": wrong, "of": N, "wrong after a later sync": int((out != 1).sum())}
 
     name, code = "non-blocking device-to-host copy read before a sync", (_d2h_bug, _d2h_fix)
-    return _result(name, dev, code, [run(fn) for fn in code], _D2H_WHY)
+    return _result(name, dev, code, [run(fn) for fn in code], _D2H_WHY, "ch05.hazard.d2h_wrong")
 
 
 def _mutation_bug(src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -140,7 +166,7 @@ def hazard_pinned_source_mutation(device: torch.device | str | None = None) -> H
         return {"elements that arrived wrong": int((dst != 1).sum()), "of": N}
 
     name, code = "pinned source modified before its asynchronous copy ran", (_mutation_bug, _mutation_fix)
-    return _result(name, dev, code, [run(fn) for fn in code], _MUTATION_WHY)
+    return _result(name, dev, code, [run(fn) for fn in code], _MUTATION_WHY, "ch05.hazard.mutation_wrong")
 
 
 def _loop_hidden_syncs(x: torch.Tensor, w: torch.Tensor, steps: int, sink: io.StringIO) -> float:
@@ -208,7 +234,7 @@ def hazard_hidden_syncs(device: torch.device | str | None = None, steps: int | N
         no = {"steps": steps, "synchronisations": "not counted: no CUDA device"}
         bug = {"lines that synchronise on a GPU, per step": ".item(), print(loss), .cpu()", **no}
         fix = {"lines that synchronise on a GPU": "one .item(), after the loop", **no}
-        return _result(name, dev, code, [bug, fix], _SYNCS_WHY)
+        return _result(name, dev, code, [bug, fix], _SYNCS_WHY, "ch05.hazard.syncs")
     size, g = 1024, torch.Generator().manual_seed(0)
     x = torch.randn(size, size, generator=g).to(dev)
     w = (torch.randn(size, size, generator=g) / math.sqrt(size)).to(dev)
@@ -223,33 +249,4 @@ def hazard_hidden_syncs(device: torch.device | str | None = None, steps: int | N
     bug.update({f"{k} alone": _count_syncs(fn, dev)[0] for k, fn in lines.items()})
     bug["loop time"] = human_seconds(s_bug)
     fix = {"synchronisations": n_fix, "steps": steps, "loop time": human_seconds(s_fix)}
-    return _result(name, dev, code, [bug, fix], _SYNCS_WHY)
-
-
-def _sync_counts(rs: ResultSet, records: list[Record]) -> dict[str, Any]:
-    return {
-        "loops": [(r.params.get("variant"), int(r.params.get("steps") or 1), r.value) for r in records],
-        "per line": [(r.params.get("line"), r.value) for r in rs.find("ch05.hazard.syncs_per_line")],
-    }
-
-
-def sync_counts_reference() -> Evidence[dict[str, Any]]:
-    """Hazard 3's recorded counts (per loop, per line), or missing."""
-    return evidence.recorded("the synchronisation counts of hazard 3", "ch05.hazard.syncs", convert=_sync_counts)
-
-
-def sync_count_lines(counts: dict[str, Any]) -> list[str]:
-    """'  hidden loop, 50 steps: 450 synchronisations (9.00 per step)', then one line per line of the step."""
-    lines = [
-        f"  {variant} loop, {steps} steps: {value:.0f} synchronisations ({value / steps:.2f} per step)"
-        for variant, steps, value in counts["loops"]
-    ]
-    return lines + [f"  {line} alone: {value:.0f}" for line, value in counts["per line"]]
-
-
-def hazard_count_lines(records: list[Record]) -> list[str]:
-    """Recorded counts of hazard 1 or 2, one line per version."""
-    return [
-        f"  {r.params.get('variant')} version: {r.value:,.0f} of {int(r.params.get('n', 0)):,} elements wrong"
-        for r in records
-    ]
+    return _result(name, dev, code, [bug, fix], _SYNCS_WHY, "ch05.hazard.syncs")

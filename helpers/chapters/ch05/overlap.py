@@ -8,9 +8,8 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
-import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 import torch
 
@@ -41,28 +40,15 @@ def expected_label(memory: str, stream: str) -> str:
     return OVERLAPPED if (memory, stream) == ("pinned", "side") else SERIALISED
 
 
-def lanes_for(stream: str) -> tuple[str, str]:
-    return f"{stream} stream (copy)", "default stream (compute)"
-
-
-def _merged(trace: SpanTrace, name: str) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for a, b in sorted((s.start, s.end) for s in trace.spans if s.name == name):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
-
-
 def overlap_fraction(trace: SpanTrace) -> float:
-    """Share (0-1) of the shorter activity (spans ``copy``, ``compute``) that ran while the other did."""
-    a, b = _merged(trace, "copy"), _merged(trace, "compute")
-    denom = min(sum(e - s for s, e in a), sum(e - s for s, e in b))
-    if denom <= 0:
+    """Share (0-1) of the shorter activity (spans ``copy``, ``compute``) that ran while the other did: by inclusion-
+    exclusion over the busy time of each activity and of either (:meth:`SpanTrace.lane_busy` merges overlaps)."""
+    spans = [s for s in trace.spans if s.name in ("copy", "compute")]
+    busy = SpanTrace([replace(s, lane=lane) for s in spans for lane in (s.name, "either")]).lane_busy()
+    copy, compute = busy.get("copy", 0.0), busy.get("compute", 0.0)
+    if min(copy, compute) <= 0:
         return 0.0
-    both = sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in a for s2, e2 in b)
-    return max(0.0, min(1.0, both / denom))
+    return max(0.0, min(1.0, (copy + compute - busy["either"]) / min(copy, compute)))
 
 
 def measured_label(fraction: float) -> str:
@@ -90,6 +76,12 @@ class CellResult:
     @property
     def name(self) -> str:
         return f"{self.memory} + {self.stream} stream"
+
+    @property
+    def copy_call_s(self) -> float | None:
+        """The CPU's median (upper middle) seconds inside the copy call."""
+        calls = sorted(s.duration for s in self.trace.spans if s.name == "copy call")
+        return calls[len(calls) // 2] if calls else None
 
     @property
     def agrees(self) -> bool | None:
@@ -126,17 +118,19 @@ def run_cell(
     src = torch.ones(copy_mib * MiB // 4, dtype=torch.float32)
     if memory == "pinned" and on_gpu:  # pinning needs a CUDA driver: a CPU run copies from pageable memory
         src = src.pin_memory()
-    lanes = lanes_for(stream) if on_gpu else ("copy (CPU)", "compute (CPU)")
+    lanes = (f"{stream} stream (copy)", "default stream (compute)") if on_gpu else ("copy (CPU)", "compute (CPU)")
     meta = {"memory": memory, "stream": stream, "copy_bytes": src.numel() * 4, "matmul_n": matmul_n, "steps": steps}
-    trace, steps_s = _record_steps(dev, src, stream == "side", lanes, progress, meta)
+    trace = _record_steps(dev, src, stream == "side", lanes, progress, meta)
     frac = overlap_fraction(trace) if on_gpu else 0.0
     measured = measured_label(frac) if on_gpu else None
     trace.metadata.update(lanes=[*lanes, HOST_LANE], expected_label=expected, measured_label=measured,
                           overlap_fraction=frac)  # fmt: skip
-    copy_s, compute_s = ([s.duration for s in trace.spans if s.name == n] or [math.nan] for n in ("copy", "compute"))
+    spans = {n: [s for s in trace.spans if s.name == n] for n in ("copy", "compute", "copy call", "wait")}
+    step_s = statistics.median(w.end - c.start for c, w in zip(spans["copy call"], spans["wait"]))  # host clock
+    copy_s, compute_s = (statistics.median([s.duration for s in spans[n]] or [math.nan]) for n in ("copy", "compute"))
     return CellResult(
-        memory, stream, trace, expected, measured, frac, statistics.median(steps_s), statistics.median(copy_s),
-        statistics.median(compute_s), src.numel() * 4, matmul_n, str(dev), on_gpu,
+        memory, stream, trace, expected, measured, frac, step_s, copy_s, compute_s, src.numel() * 4, matmul_n,
+        str(dev), on_gpu,
     )  # fmt: skip
 
 
@@ -147,8 +141,9 @@ def _record_steps(
     lanes: tuple[str, str],
     progress: Callable[[float, str], None] | None,
     meta: dict[str, Any],
-) -> tuple[SpanTrace, list[float]]:
-    """:func:`run_cell`'s loop on ``dev`` (current or not): the trace and each step's wall seconds."""
+) -> SpanTrace:
+    """:func:`run_cell`'s loop on ``dev`` (current or not): copy and compute on their streams' lanes, and on the host's
+    lane the copy call and the wait at the step's end (a step: from the call's start to the wait's end)."""
     on_gpu, matmul_n, steps = dev.type == "cuda", meta["matmul_n"], meta["steps"]
     bufs = [torch.empty(src.numel(), dtype=torch.float32, device=dev) for _ in range(2)]
     g = torch.Generator().manual_seed(0)
@@ -166,7 +161,6 @@ def _record_steps(
         torch.mm(a, a, out=c)
         return batch.sum()
 
-    steps_s: list[float] = []
     try:
         do_copy(bufs[1])  # warm-up, untimed
         do_compute(bufs[0])
@@ -175,7 +169,6 @@ def _record_steps(
             side_stream.wait_stream(compute_stream)  # the side stream starts after the warm-up's work
         rec = SpanRecorder(dev, experiment="ch05.2x2", **meta)
         for i in range(steps):
-            t0 = time.perf_counter()
             nxt, cur = bufs[i % 2], bufs[(i + 1) % 2]
             h0 = rec.now()
             with rec.span("copy", i, gpu=True, lane=lanes[0], stream=copy_stream):
@@ -186,31 +179,16 @@ def _record_steps(
             h2 = rec.now()
             synchronize(dev)
             rec.add("wait", i, h2, rec.now(), lane=HOST_LANE)
-            steps_s.append(time.perf_counter() - t0)
             if progress is not None:
                 progress((i + 1) / steps, f"step {i + 1}/{steps}")
         trace = rec.finish()
     finally:
         synchronize(dev)
-    return trace, steps_s
-
-
-def run_grid(**kwargs: Any) -> list[CellResult]:
-    """All four cells, in :data:`CELLS` order."""
-    return [run_cell(m, s, **kwargs) for m, s in CELLS]
+    return trace
 
 
 #: (configuration, CPU seconds in the copy call or None, the copy's GPU seconds, seconds per step).
 CopyCallRow = tuple[str, float | None, float, float]
-
-
-def copy_call_rows(cells: Iterable[CellResult]) -> list[CopyCallRow]:
-    """Per cell: the CPU's median (upper middle) in ``copy_(..., non_blocking=True)``, the copy's time, the step's."""
-    rows: list[CopyCallRow] = []
-    for r in cells:
-        calls = sorted(s.duration for s in r.trace.spans if s.name == "copy call")
-        rows.append((r.name, calls[len(calls) // 2] if calls else None, r.copy_s, r.step_s))
-    return rows
 
 
 def copy_call_rows_from_records(rs: ResultSet, records: list[Record]) -> list[CopyCallRow] | None:
@@ -224,10 +202,14 @@ def copy_call_rows_from_records(rs: ResultSet, records: list[Record]) -> list[Co
     return rows or None
 
 
-def copy_call_table(rows: list[CopyCallRow]) -> list[str]:
+def copy_call_table(cells: list[CellResult] | list[CopyCallRow]) -> list[str]:
+    """Per cell (measured, or recorded rows): the CPU's time in ``copy_(..., non_blocking=True)``, the copy's, the
+    step's."""
+
     def ms(s: float | None) -> str:
         return "not recorded" if s is None else f"{s * 1e3:.3f} ms"
 
+    rows = [c if isinstance(c, tuple) else (c.name, c.copy_call_s, c.copy_s, c.step_s) for c in cells]
     headers = ["configuration", "copy call (CPU)", "copy on GPU", "step"]
     return table(headers, [[name, ms(call), ms(copy), ms(step)] for name, call, copy, step in rows])
 
@@ -236,7 +218,7 @@ def schematic_trace(memory: str, stream: str) -> SpanTrace:
     """What a cell's timeline looks like, in arbitrary units; its metadata says ``schematic, not measured``."""
     expected = expected_label(memory, stream)  # checks memory and stream
     overlapped, host_blocked = expected == OVERLAPPED, memory == "pageable"
-    copy_lane, compute_lane = lanes_for(stream)
+    copy_lane, compute_lane = f"{stream} stream (copy)", "default stream (compute)"  # as run_cell names them
     spans: list[Span] = []
     t, call, copy, compute = 0.0, 0.08, 1.0, 1.5
     for i in range(3):

@@ -449,8 +449,8 @@ _OVERLAP = "overlap on {}: {:.0%} of the copy time hidden behind compute -> {}"
 
 
 def _pair_problems(got: Sequence[Any], loader: Iterable[Any], epoch: int) -> list[str]:
-    """What differs from the reference :class:`Prefetcher`'s batches (on the CPU)."""
-    want = [tuple(b) for b in Prefetcher(loader, torch.device("cpu"), normalize=(MEAN, STD))]
+    """What differs from the reference :class:`Prefetcher`'s batches (on the CPU: normalised, in order)."""
+    want = [(to_float_normalized(x, MEAN, STD), y) for x, y in loader]  # what the reference gives on a CPU
     if len(got) != len(want):
         return [f"epoch {epoch}: gave {len(got)} batches, expected {len(want)}"]
     for i, (g, (x_ref, y_ref)) in enumerate(zip(got, want)):
@@ -468,25 +468,6 @@ def _pair_problems(got: Sequence[Any], loader: Iterable[Any], epoch: int) -> lis
                 "data.MEAN and data.STD as helpers.pipeline.data.to_float_normalized does)"
             ]
     return []
-
-
-def _gpu_error(exc: BaseException) -> bool:
-    """A CUDA error on a strict GPU run propagates, not a FAIL."""
-    accel = getattr(torch, "AcceleratorError", None)
-    cuda = (accel is not None and isinstance(exc, accel)) or (isinstance(exc, RuntimeError) and "CUDA" in str(exc))
-    return require_gpu() and cuda
-
-
-def _on_the_gpu(candidate: Any, dev: torch.device) -> list[str] | None:
-    """The race check's problems with real streams; None: it made a Prefetcher."""
-    made_before = Prefetcher.made
-    try:
-        problems = check_pipeline_race(candidate, dev)
-    except Exception as exc:  # the reader's code may raise anything
-        if _gpu_error(exc):
-            raise
-        problems = [f"on {dev}: raised {type(exc).__name__}: {exc}"]
-    return problems if Prefetcher.made == made_before else None
 
 
 def check_pipeline_prefetcher(candidate: Any, device: torch.device | str | None = None) -> PrefetcherCheck:
@@ -516,8 +497,16 @@ def check_pipeline_prefetcher(candidate: Any, device: torch.device | str | None 
         raise ValueError("device is 'cuda' but no CUDA device is available")
     if problems:
         return PrefetcherCheck(False, problems)
-    gpu = _on_the_gpu(candidate, dev)
-    if gpu is None:
+    try:
+        gpu = check_pipeline_race(candidate, dev)
+    except Exception as exc:  # the reader's code may raise anything; a CUDA error on a strict GPU run propagates
+        accel = getattr(torch, "AcceleratorError", None)
+        if require_gpu() and (
+            (accel and isinstance(exc, accel)) or (isinstance(exc, RuntimeError) and "CUDA" in str(exc))
+        ):
+            raise
+        gpu = [f"on {dev}: raised {type(exc).__name__}: {exc}"]
+    if Prefetcher.made != made_before:
         return refused
     if gpu:
         return PrefetcherCheck(False, [*_PASSED, *gpu])
