@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ...core.rounds import table
 from ...core.validate import check_int
-from ...pipeline.loaders import LoaderConfig, Throughput, guard, measure_config, measure_throughput
+from ...pipeline.loaders import Throughput, guard, measure_config, measure_throughput
 from ...pipeline.workers import MAX_WORKERS, cpu_cores, open_iterator, release, released
 from .datasets import CheapDataset, PerItem, light_uint8_collate, passthrough_collate
 
@@ -276,19 +276,14 @@ def sampler_batches(loader: DataLoader) -> list[list[int]]:
 
 
 def _measure_cases(
-    cases: Sequence[tuple[Any, str, Dataset, Callable[[Any], Any] | None]],
-    workers: Sequence[int],
-    **run: int,
+    cases: Sequence[tuple[Any, str, Dataset, Callable[[Any], Any] | None]], workers: Sequence[int], **run: Any
 ) -> list[tuple[Any, int, Throughput]]:
     out = []
-    for key, label, ds, collate in cases:
-        for w in workers:
-            cfg = LoaderConfig(batch_size=run["batch_size"], num_workers=w, persistent_workers=w > 0)
-            label_w = f"{label}, workers={w}"
-            res = measure_config(
-                ds, cfg, batches=run["batches"], warmup=run["warmup"], collate_fn=collate, label=label_w
-            )
-            out.append((key, w, res))
+    for (key, label, ds, fn), w in ((case, w) for case in cases for w in workers):
+        res = measure_config(
+            ds, num_workers=w, persistent_workers=w > 0, collate_fn=fn, label=f"{label}, workers={w}", **run
+        )
+        out.append((key, w, res))
     return out
 
 
