@@ -179,7 +179,7 @@ def test_plot_sweep_draws_two_panels():
 
     matplotlib.use("Agg")
     sw = sweeps.sweep_workers(_factory(CheapDataset(64, 4), 8), [0, 1], batches=3, warmup=1)
-    ax1, ax2 = sweeps.plot_sweep(sw)
+    ax1, ax2 = sw.plot()
     assert ax1.get_ylabel().startswith("throughput") and "efficiency" in ax2.get_ylabel()
 
 
@@ -362,7 +362,7 @@ def test_plot_rounds_draws_three_series():
 
     matplotlib.use("Agg")
     sr = speedup.LoaderRounds("num_workers", {0: [100.0, 110.0], 2: [180.0, 170.0]}, 0, [200.0, 190.0])
-    ax = speedup.plot_rounds(sr)
+    ax = sr.plot()
     assert len(ax.get_lines()) == 3 and "1.6" in ax.get_title()
     assert sr.speedup == pytest.approx((1.8 + 170 / 110) / 2)
 

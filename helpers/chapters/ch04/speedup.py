@@ -258,6 +258,24 @@ class LoaderRounds:
             )
         return text + "".join(f" Note: {note}." for note in self.notes())
 
+    def plot(self, ax: Any = None, title: str = "") -> Any:
+        import matplotlib.pyplot as plt  # optional/heavy: matplotlib
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(8, 3.4))
+        n, single = self.num_workers, self.rates[self.reference]
+        xs = list(range(1, len(single) + 1))
+        if self.ceiling:
+            ax.plot(xs, self.ceiling, "s--", color="#444", label=f"ceiling: {n} independent processes")
+        ax.plot(xs, self.rates[n], "o-", color="#f28e2b", label=f"loader, num_workers={n} (persistent)")
+        ax.plot(xs, single, "o-", color="#4e79a7", label="loader, num_workers=0")
+        ax.set(xticks=xs, xlabel="round (each measures all series back to back)", ylabel="throughput (items/s)")
+        ax.set_ylim(bottom=0)
+        ax.set_title(title or f"Speed-up in alternating rounds: median {self.speedup:.2f}x")
+        ax.legend(fontsize=8, loc="lower right")
+        ax.grid(alpha=0.3)
+        return ax
+
 
 def knob_rounds(
     factory: Callable[[Any], DataLoader],
@@ -308,25 +326,6 @@ def knob_rounds(
         got = alternate(measures, rounds, progress=progress)
     rates = {v: got.values[f"{knob}={v}"] for v in values}
     return LoaderRounds(knob, rates, reference, got.values.get("ceiling", []))
-
-
-def plot_rounds(sr: LoaderRounds, ax: Any = None, title: str = "") -> Any:
-    import matplotlib.pyplot as plt  # optional/heavy: matplotlib
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8, 3.4))
-    n, single = sr.num_workers, sr.rates[sr.reference]
-    xs = list(range(1, len(single) + 1))
-    if sr.ceiling:
-        ax.plot(xs, sr.ceiling, "s--", color="#444", label=f"ceiling: {n} independent processes")
-    ax.plot(xs, sr.rates[n], "o-", color="#f28e2b", label=f"loader, num_workers={n} (persistent)")
-    ax.plot(xs, single, "o-", color="#4e79a7", label="loader, num_workers=0")
-    ax.set(xticks=xs, xlabel="round (each measures all series back to back)", ylabel="throughput (items/s)")
-    ax.set_ylim(bottom=0)
-    ax.set_title(title or f"Speed-up in alternating rounds: median {sr.speedup:.2f}x")
-    ax.legend(fontsize=8, loc="lower right")
-    ax.grid(alpha=0.3)
-    return ax
 
 
 def sweep_vs_rounds(sweep: WorkerSweep, rounds: LoaderRounds) -> list[str]:

@@ -100,6 +100,33 @@ class WorkerSweep:
             rows.append([n, f"{r.items_per_s:,.0f}", *ratios, f"{r.startup_s:.2f}s"])
         return table(["workers", "items/s", "speedup", "efficiency", "startup"], rows, left=0)
 
+    def plot(self, axes: Sequence[Any] | None = None, title: str = "") -> Any:
+        import matplotlib.pyplot as plt  # optional/heavy: matplotlib
+
+        if axes is None:
+            _, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+        ax1, ax2 = axes
+        base, xs, rule = self.baseline, self.workers, self.rule_of_thumb()
+        ax1.plot(xs, self.items_per_s, "o-", color="#4e79a7", label="measured")
+        ax1.plot(
+            xs, [base * max(n, 1) for n in xs], ":", color="#59a14f", label="ideal: each worker as fast as workers=0"
+        )
+        ceiling = f"core-count ceiling ({self.cores} cores x workers=0 rate)"
+        ax1.axhline(base * self.cores, color="#444", linestyle="--", linewidth=1, label=ceiling)
+        ax1.axvline(rule, color="#e15759", alpha=0.4, linewidth=6, label=f"'half the cores' rule: {rule}")
+        ax1.set(xlabel="num_workers", ylabel="throughput (items/s)", xticks=xs, ylim=(0, None))
+        ax1.set_title(title or "Loader throughput vs num_workers")
+        ax1.legend(fontsize=8, loc="upper left")
+        ax1.grid(alpha=0.3)
+        eff_x = [n for n in xs if n > 0]
+        ax2.bar([str(n) for n in eff_x], [100 * self.efficiency(n) for n in eff_x], color="#f28e2b")
+        ax2.axhline(100, color="#59a14f", linestyle=":", label="linear scaling")
+        ax2.set(xlabel="num_workers", ylabel="scaling efficiency (%)\n= speedup / num_workers")
+        ax2.set_title("Scaling efficiency vs workers=0")
+        ax2.legend(fontsize=8)
+        ax2.grid(axis="y", alpha=0.3)
+        return axes
+
 
 def sweep_workers(
     factory: Callable[[int], DataLoader],
@@ -126,32 +153,6 @@ def sweep_workers(
         results.append(measure_throughput(loader, batches=batches, warmup=warmup, threads=1))
     progress(1.0, "done")
     return WorkerSweep(workers=ws, results=results, cores=cpu_cores())
-
-
-def plot_sweep(sw: WorkerSweep, axes: Sequence[Any] | None = None, title: str = "") -> Any:
-    import matplotlib.pyplot as plt  # optional/heavy: matplotlib
-
-    if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    ax1, ax2 = axes
-    base, xs, rule = sw.baseline, sw.workers, sw.rule_of_thumb()
-    ax1.plot(xs, sw.items_per_s, "o-", color="#4e79a7", label="measured")
-    ax1.plot(xs, [base * max(n, 1) for n in xs], ":", color="#59a14f", label="ideal: each worker as fast as workers=0")
-    ceiling = f"core-count ceiling ({sw.cores} cores x workers=0 rate)"
-    ax1.axhline(base * sw.cores, color="#444", linestyle="--", linewidth=1, label=ceiling)
-    ax1.axvline(rule, color="#e15759", alpha=0.4, linewidth=6, label=f"'half the cores' rule: {rule}")
-    ax1.set(xlabel="num_workers", ylabel="throughput (items/s)", xticks=xs, ylim=(0, None))
-    ax1.set_title(title or "Loader throughput vs num_workers")
-    ax1.legend(fontsize=8, loc="upper left")
-    ax1.grid(alpha=0.3)
-    eff_x = [n for n in xs if n > 0]
-    ax2.bar([str(n) for n in eff_x], [100 * sw.efficiency(n) for n in eff_x], color="#f28e2b")
-    ax2.axhline(100, color="#59a14f", linestyle=":", label="linear scaling")
-    ax2.set(xlabel="num_workers", ylabel="scaling efficiency (%)\n= speedup / num_workers")
-    ax2.set_title("Scaling efficiency vs workers=0")
-    ax2.legend(fontsize=8)
-    ax2.grid(axis="y", alpha=0.3)
-    return axes
 
 
 # -- persistent workers and in-order delivery ---------------------------------------------------------
