@@ -30,7 +30,6 @@ from .workers import (
     _WorkbookLoader,
     _WorkerInit,
     check_workers_for_cores,
-    plain_failures,
     release,
     released,
     require_shm,
@@ -398,7 +397,7 @@ def measure_throughput(
     params = _loader_params(loader) if isinstance(loader, DataLoader) else {"loader": type(loader).__name__}
     caught: list[str] = list(getattr(loader, "_workbook_warnings", []))
     epochs = Epochs(loader)
-    with released([loader]) as objs, plain_failures(loader):
+    with released([loader], loader) as objs:
         with (
             warnings.catch_warnings(record=True) as wlist,
             intraop_threads(threads) if threads is not None else contextlib.nullcontext(),
