@@ -23,7 +23,6 @@ from ..core.rounds import intraop_threads
 from ..core.validate import check_choice, check_float, check_int
 from .data import TimedCollate, seed_worker
 from .demo import *  # noqa: F403  (re-exported: the notebooks' cells read the demo data sets from here)
-from .demo import PinnableBatch
 from .prefetch import iter_tensors
 from .workers import (
     MAX_WORKERS,
@@ -214,18 +213,11 @@ def _batch_tensors(batch: Any) -> list[torch.Tensor]:
 
 
 def batch_len(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, PinnableBatch):
-        return len(batch)
-    if isinstance(batch, Mapping):
-        return batch_len(next(iter(batch.values())))
-    if isinstance(batch, (list, tuple)) and batch:
-        first = batch[0]
-        return (
-            batch_len(first) if isinstance(first, (torch.Tensor, list, tuple, PinnableBatch, Mapping)) else len(batch)
-        )
-    return 1
+    """Items in ``batch``: its first tensor's first dimension (a 0-d tensor: 1), else a non-empty list's length."""
+    first = next(iter_tensors(batch), None)
+    if first is not None:
+        return int(first.shape[0]) if first.dim() else 1
+    return len(batch) if isinstance(batch, (list, tuple)) and batch else 1
 
 
 def _batch_bytes(batch: Any) -> int:
@@ -283,16 +275,20 @@ class Throughput:
         return self.main_cpu_s / self.seconds if self.seconds > 0 else float("nan")
 
 
-def _loader_params(loader: DataLoader) -> dict[str, Any]:
-    return {
+def _loader_params(loader: Any) -> tuple[dict[str, Any], str]:
+    """``Throughput.config`` and the default label of what :func:`measure_throughput` times."""
+    if not isinstance(loader, DataLoader):
+        return {"loader": type(loader).__name__}, type(loader).__name__
+    params: dict[str, Any] = {
         "batch_size": loader.batch_size,
         "num_workers": loader.num_workers,
         "pin_memory": bool(loader.pin_memory),
         "prefetch_factor": loader.prefetch_factor if loader.num_workers else None,
         "persistent_workers": bool(loader.persistent_workers),
         "in_order": bool(getattr(loader, "in_order", True)),
-        "dataset": type(loader.dataset).__name__,
     }
+    label = LoaderConfig(**{**params, "batch_size": int(loader.batch_size or 1)}).label()
+    return {**params, "dataset": type(loader.dataset).__name__}, label
 
 
 class Epochs:
@@ -390,11 +386,10 @@ def measure_throughput(
         raise ValueError(
             f"loader must be an iterable of batches (a DataLoader, e.g. make_loader(...)), got {type(loader).__name__}"
         )
-    if to_device is not None:
-        _check_callable("to_device", to_device)
+    _check_callable("to_device", to_device)
     check_int("batches", batches, 1, 1_000_000)
     check_int("warmup", warmup, 0, 1_000_000)
-    params = _loader_params(loader) if isinstance(loader, DataLoader) else {"loader": type(loader).__name__}
+    params, default_label = _loader_params(loader)
     caught: list[str] = list(getattr(loader, "_workbook_warnings", []))
     epochs = Epochs(loader)
     with released([loader], loader) as objs:
@@ -409,11 +404,6 @@ def measure_throughput(
             finally:
                 objs[:0] = [epochs.it] if epochs.it is not None else []  # released first, as open_iterator does
         caught += [m for m in dict.fromkeys(str(w.message).strip() for w in wlist) if m not in caught]
-    if isinstance(loader, DataLoader):
-        knobs: dict[str, Any] = {k: v for k, v in params.items() if k in LoaderConfig.__dataclass_fields__}
-        default_label = LoaderConfig(**{**knobs, "batch_size": int(knobs["batch_size"] or 1)}).label()
-    else:
-        default_label = type(loader).__name__
     return Throughput(
         label=label or default_label,
         config=params,

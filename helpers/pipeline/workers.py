@@ -15,7 +15,6 @@ import signal
 import threading
 import time
 import warnings
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -129,33 +128,27 @@ class HeldSignals:
 
 
 class _FreezeWatch(threading.Thread):
-    """Kills a worker stopped (SIGSTOP) longer than the loader's timeout, its pid noted in ``frozen``.
-    ``DataLoader(timeout=...)`` misses the shared-memory hand-over: the main process fetches each descriptor from a
-    frozen worker forever (tests/test_loader_failures.py's ``..._frozen_after_handing_a_batch_over...``). The
-    iterator's private ``_workers`` name its workers: psutil can't tell them from another loader's."""
+    """Kills a worker stopped (SIGSTOP) longer than the loader's timeout, its pid noted in ``frozen``; ends when no
+    worker is left (psutil). ``DataLoader(timeout=...)`` misses the shared-memory hand-over: the main process fetches
+    each descriptor from a frozen worker forever (tests/test_loader_failures.py's ``..._frozen_after_handing...``)."""
 
-    def __init__(self, it: Any, timeout_s: float, frozen: list[int]) -> None:
+    def __init__(self, pids: list[int], timeout_s: float, frozen: list[int]) -> None:
         super().__init__(name="workbook-freeze-watch", daemon=True)
-        self._it = weakref.ref(it)
-        self.timeout_s = float(timeout_s)
-        self.frozen = frozen
+        self.pids, self.timeout_s, self.frozen = pids, float(timeout_s), frozen
 
     def run(self) -> None:
         since: dict[int, float] = {}
         while True:
             time.sleep(min(0.5, self.timeout_s / 2))
-            it = self._it()
-            if it is None or getattr(it, "_shutdown", True):
+            status = {}
+            for pid in self.pids:
+                with contextlib.suppress(psutil.Error):
+                    status[pid] = psutil.Process(pid).status()
+            if all(st == psutil.STATUS_ZOMBIE for st in status.values()):
                 return
-            pids = [w.pid for w in list(getattr(it, "_workers", []))]
-            del it
             now = time.monotonic()
-            for pid in pids:
-                try:
-                    stopped = psutil.Process(pid).status() == psutil.STATUS_STOPPED
-                except psutil.Error:
-                    continue
-                if not stopped:
+            for pid, st in status.items():
+                if st != psutil.STATUS_STOPPED:
                     since.pop(pid, None)
                 elif now - since.setdefault(pid, now) > self.timeout_s:
                     self.frozen.append(pid)
@@ -208,7 +201,7 @@ class _WorkbookLoader(DataLoader):
             self._workbook_workers = list(it._workers)
             held.deliver()  # a Ctrl-C that came while the workers started: raised here, with `it` known
             if self.timeout > 0:
-                _FreezeWatch(it, self.timeout, self._workbook_frozen).start()
+                _FreezeWatch([w.pid for w in self._workbook_workers], self.timeout, self._workbook_frozen).start()
             return it
         except BaseException:
             _finish([it] if it is not None else [], before)
