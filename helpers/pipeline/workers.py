@@ -223,13 +223,13 @@ def cpu_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def check_workers_for_cores(num_workers: int, name: str = "num_workers") -> int:
+def check_workers_for_cores(num_workers: int) -> int:
     """``num_workers``, or a one-line ValueError above :data:`WORKERS_PER_CORE` per core (at least 8)."""
     cores = cpu_cores()
     limit = max(8, WORKERS_PER_CORE * cores)
     if num_workers > limit:
         raise ValueError(
-            f"{name}={num_workers} is far more than this machine's {cores} CPU cores: each worker is a whole "
+            f"num_workers={num_workers} is far more than this machine's {cores} CPU cores: each worker is a whole "
             f"process, and beyond a few per core they only add start-up time and memory. Choose at most {limit} "
             f"here ({WORKERS_PER_CORE} per core); the best count is usually near the number of cores."
         )
@@ -295,14 +295,14 @@ def shm_needed_bytes(batch_bytes: int, num_workers: int, prefetch_factor: int = 
     return batch_bytes * max(1, num_workers) * prefetch_factor * 2
 
 
-def require_shm(needed_bytes: int, path: str = "/dev/shm") -> ShmStatus:
+def require_shm(needed_bytes: int) -> ShmStatus:
     """ValueError if ``/dev/shm`` has less than ``needed_bytes`` free (Docker's default: 64 MiB): a worker out of
     shared memory dies of SIGBUS and torch says only "exited unexpectedly"."""
     check_int("needed_bytes", needed_bytes, 0, 1 << 50)
-    st = shm_status(path)
-    if st.exists and st.free_bytes is not None and st.free_bytes < needed_bytes:
+    st = shm_status()
+    if st.free_bytes is not None and st.free_bytes < needed_bytes:
         raise ValueError(
-            f"{path} has only {human_bytes(st.free_bytes)} free, but this loader may hold about "
+            f"{st.path} has only {human_bytes(st.free_bytes)} free, but this loader may hold about "
             f"{human_bytes(needed_bytes)} of batches there (workers x prefetch_factor x batch bytes, x2 margin). "
             f"Workers would die with a bus error. Fix: in Docker start the container with --shm-size=2g "
             f"(or --ipc=host); or lower num_workers, prefetch_factor or batch_size; or call "
