@@ -141,14 +141,6 @@ def build_loader(
     if sampler is not None and cfg.shuffle:
         raise ValueError("a sampler decides the order itself: pass shuffle=False together with sampler")
     _check_callable("collate_fn", collate_fn)
-    kwargs: dict[str, Any] = {}
-    if cfg.num_workers > 0:
-        kwargs.update(
-            worker_init_fn=seed_worker,
-            persistent_workers=cfg.persistent_workers,
-            prefetch_factor=cfg.prefetch_factor,
-            multiprocessing_context=cfg.multiprocessing_context,
-        )
     with warnings.catch_warnings(record=True) as wlist:
         warnings.simplefilter("always")
         loader = DataLoader(
@@ -162,7 +154,10 @@ def build_loader(
             collate_fn=collate_fn if collate_fn is not None else default_collate,
             generator=torch.Generator().manual_seed(cfg.seed),
             sampler=sampler,
-            **kwargs,
+            worker_init_fn=seed_worker if cfg.num_workers else None,
+            persistent_workers=cfg.persistent_workers,  # these three: at their defaults without workers (validated)
+            prefetch_factor=cfg.prefetch_factor,
+            multiprocessing_context=cfg.multiprocessing_context,
         )
     loader._workbook_warnings = [str(w.message).strip() for w in wlist]  # for Throughput.warnings, not stderr
     guard(loader)
