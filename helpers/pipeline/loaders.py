@@ -76,13 +76,8 @@ class LoaderConfig:
         if self.prefetch_factor is not None:
             check_int("prefetch_factor", self.prefetch_factor, 1, 64)
         check_choice("multiprocessing_context", self.multiprocessing_context, (None, *mp.get_all_start_methods()))
-        worker_only = {
-            "prefetch_factor": self.prefetch_factor is not None,
-            "persistent_workers": self.persistent_workers,
-            "timeout": bool(self.timeout),
-            "multiprocessing_context": self.multiprocessing_context is not None,
-        }
-        knob = next((k for k, set_ in worker_only.items() if set_), None) if self.num_workers == 0 else None
+        worker_only = ("prefetch_factor", "persistent_workers", "timeout", "multiprocessing_context")  # truthy once set
+        knob = next((k for k in worker_only if getattr(self, k)), None) if self.num_workers == 0 else None
         if knob:
             raise ValueError(
                 f"{knob} only applies with worker processes: set num_workers to an integer in [1, {MAX_WORKERS}], "
