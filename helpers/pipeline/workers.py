@@ -263,7 +263,7 @@ class ShmStatus:
     free_bytes: int | None
     sharing_strategy: str
 
-    def explain(self, width: int = 105) -> str:
+    def explain(self) -> str:
         if not self.exists:
             text = (
                 f"{self.path} does not exist here; torch uses the '{self.sharing_strategy}' strategy "
@@ -275,7 +275,7 @@ class ShmStatus:
                 f"(torch sharing strategy: '{self.sharing_strategy}'). Every batch a worker produces sits there until "
                 f"the main process has taken it."
             )
-        return wrap(text, width)
+        return wrap(text, 105)
 
 
 def shm_status(path: str = "/dev/shm") -> ShmStatus:
