@@ -180,9 +180,9 @@ def test_torchs_sigchld_error_while_the_explainer_waits_is_not_let_through(monke
             raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Segmentation fault. ")
 
     monkeypatch.setattr(L.time, "sleep", sleep)
-    ended = workers._ended_workers(Loader(), wait_s=5.0)
-    assert [(wid, w.pid) for wid, w in ended] == [(0, 4242)]
+    failure = workers.plain_failure(EOFError(), Loader())  # the explainer waits for the ended worker's exit status
+    assert isinstance(failure, L.LoaderFailure) and "Worker 0 (pid 4242) crashed (SIGSEGV" in str(failure)
     monkeypatch.setattr(L.time, "sleep", lambda _s: (_ for _ in ()).throw(RuntimeError("something else")))
     Ended.exitcode = None
     with pytest.raises(RuntimeError, match="something else"):
-        workers._ended_workers(Loader(), wait_s=5.0)
+        workers.plain_failure(EOFError(), Loader())

@@ -23,14 +23,12 @@ from ..core.rounds import intraop_threads
 from ..core.validate import check_choice, check_float, check_int
 from .data import TimedCollate, seed_worker
 from .demo import *  # noqa: F403  (re-exported: the notebooks' cells read the demo data sets from here)
-from .demo import PinnableBatch
 from .prefetch import iter_tensors
 from .workers import (
     MAX_WORKERS,
     _WorkbookLoader,
     _WorkerInit,
     check_workers_for_cores,
-    plain_failures,
     release,
     released,
     require_shm,
@@ -78,13 +76,8 @@ class LoaderConfig:
         if self.prefetch_factor is not None:
             check_int("prefetch_factor", self.prefetch_factor, 1, 64)
         check_choice("multiprocessing_context", self.multiprocessing_context, (None, *mp.get_all_start_methods()))
-        worker_only = {
-            "prefetch_factor": self.prefetch_factor is not None,
-            "persistent_workers": self.persistent_workers,
-            "timeout": bool(self.timeout),
-            "multiprocessing_context": self.multiprocessing_context is not None,
-        }
-        knob = next((k for k, set_ in worker_only.items() if set_), None) if self.num_workers == 0 else None
+        worker_only = ("prefetch_factor", "persistent_workers", "timeout", "multiprocessing_context")  # truthy once set
+        knob = next((k for k in worker_only if getattr(self, k)), None) if self.num_workers == 0 else None
         if knob:
             raise ValueError(
                 f"{knob} only applies with worker processes: set num_workers to an integer in [1, {MAX_WORKERS}], "
@@ -143,14 +136,6 @@ def build_loader(
     if sampler is not None and cfg.shuffle:
         raise ValueError("a sampler decides the order itself: pass shuffle=False together with sampler")
     _check_callable("collate_fn", collate_fn)
-    kwargs: dict[str, Any] = {}
-    if cfg.num_workers > 0:
-        kwargs.update(
-            worker_init_fn=seed_worker,
-            persistent_workers=cfg.persistent_workers,
-            prefetch_factor=cfg.prefetch_factor,
-            multiprocessing_context=cfg.multiprocessing_context,
-        )
     with warnings.catch_warnings(record=True) as wlist:
         warnings.simplefilter("always")
         loader = DataLoader(
@@ -164,7 +149,10 @@ def build_loader(
             collate_fn=collate_fn if collate_fn is not None else default_collate,
             generator=torch.Generator().manual_seed(cfg.seed),
             sampler=sampler,
-            **kwargs,
+            worker_init_fn=seed_worker if cfg.num_workers else None,
+            persistent_workers=cfg.persistent_workers,  # these three: at their defaults without workers (validated)
+            prefetch_factor=cfg.prefetch_factor,
+            multiprocessing_context=cfg.multiprocessing_context,
         )
     loader._workbook_warnings = [str(w.message).strip() for w in wlist]  # for Throughput.warnings, not stderr
     guard(loader)
@@ -215,18 +203,11 @@ def _batch_tensors(batch: Any) -> list[torch.Tensor]:
 
 
 def batch_len(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, PinnableBatch):
-        return len(batch)
-    if isinstance(batch, Mapping):
-        return batch_len(next(iter(batch.values())))
-    if isinstance(batch, (list, tuple)) and batch:
-        first = batch[0]
-        return (
-            batch_len(first) if isinstance(first, (torch.Tensor, list, tuple, PinnableBatch, Mapping)) else len(batch)
-        )
-    return 1
+    """Items in ``batch``: its first tensor's first dimension (a 0-d tensor: 1), else a non-empty list's length."""
+    first = next(iter_tensors(batch), None)
+    if first is not None:
+        return int(first.shape[0]) if first.dim() else 1
+    return len(batch) if isinstance(batch, (list, tuple)) and batch else 1
 
 
 def _batch_bytes(batch: Any) -> int:
@@ -284,16 +265,20 @@ class Throughput:
         return self.main_cpu_s / self.seconds if self.seconds > 0 else float("nan")
 
 
-def _loader_params(loader: DataLoader) -> dict[str, Any]:
-    return {
+def _loader_params(loader: Any) -> tuple[dict[str, Any], str]:
+    """``Throughput.config`` and the default label of what :func:`measure_throughput` times."""
+    if not isinstance(loader, DataLoader):
+        return {"loader": type(loader).__name__}, type(loader).__name__
+    params: dict[str, Any] = {
         "batch_size": loader.batch_size,
         "num_workers": loader.num_workers,
         "pin_memory": bool(loader.pin_memory),
         "prefetch_factor": loader.prefetch_factor if loader.num_workers else None,
         "persistent_workers": bool(loader.persistent_workers),
         "in_order": bool(getattr(loader, "in_order", True)),
-        "dataset": type(loader.dataset).__name__,
     }
+    label = LoaderConfig(**{**params, "batch_size": int(loader.batch_size or 1)}).label()
+    return {**params, "dataset": type(loader.dataset).__name__}, label
 
 
 class Epochs:
@@ -391,14 +376,13 @@ def measure_throughput(
         raise ValueError(
             f"loader must be an iterable of batches (a DataLoader, e.g. make_loader(...)), got {type(loader).__name__}"
         )
-    if to_device is not None:
-        _check_callable("to_device", to_device)
+    _check_callable("to_device", to_device)
     check_int("batches", batches, 1, 1_000_000)
     check_int("warmup", warmup, 0, 1_000_000)
-    params = _loader_params(loader) if isinstance(loader, DataLoader) else {"loader": type(loader).__name__}
+    params, default_label = _loader_params(loader)
     caught: list[str] = list(getattr(loader, "_workbook_warnings", []))
     epochs = Epochs(loader)
-    with released([loader]) as objs, plain_failures(loader):
+    with released([loader], loader) as objs:
         with (
             warnings.catch_warnings(record=True) as wlist,
             intraop_threads(threads) if threads is not None else contextlib.nullcontext(),
@@ -410,11 +394,6 @@ def measure_throughput(
             finally:
                 objs[:0] = [epochs.it] if epochs.it is not None else []  # released first, as open_iterator does
         caught += [m for m in dict.fromkeys(str(w.message).strip() for w in wlist) if m not in caught]
-    if isinstance(loader, DataLoader):
-        knobs: dict[str, Any] = {k: v for k, v in params.items() if k in LoaderConfig.__dataclass_fields__}
-        default_label = LoaderConfig(**{**knobs, "batch_size": int(knobs["batch_size"] or 1)}).label()
-    else:
-        default_label = type(loader).__name__
     return Throughput(
         label=label or default_label,
         config=params,

@@ -234,23 +234,6 @@ def _manifest_rows(manifest: Any) -> tuple[list[dict[str, Any]], str]:
     return manifest["files"], ""
 
 
-def _file_problem(path: Path, row: dict[str, Any], level: str) -> str | None:
-    """What is wrong with one listed file, or None."""
-    try:
-        content = path.read_bytes()
-    except FileNotFoundError:
-        return f"missing file {path}"
-    except OSError as exc:  # e.g. a class folder replaced by a file (NotADirectoryError), unreadable
-        return f"cannot read {path}: {exc.strerror or type(exc).__name__}"
-    if len(content) != row["size"]:
-        return f"{path} has {len(content)} bytes, the manifest says {row['size']}"
-    if level == "quick" and "crc32" in row:
-        same, kind = zlib.crc32(content) == row["crc32"], "CRC-32"
-    else:
-        same, kind = hashlib.sha256(content).hexdigest() == row["sha256"], "SHA-256"
-    return None if same else f"{path} content differs from the manifest ({kind} mismatch)"
-
-
 def verify_dataset(
     root: str | os.PathLike[str], level: str = "quick", params: dict[str, Any] | None = None
 ) -> list[str]:
@@ -284,8 +267,21 @@ def verify_dataset(
             (p, None) for p in sorted(folder.rglob("*")) if p.is_file() and p.relative_to(root).as_posix() not in listed
         ]
     for path, row in found:
-        problem = _file_problem(path, row, level) if row is not None else f"unexpected file {path}"
-        problems += [problem] if problem else []
+        try:
+            content = path.read_bytes() if row is not None else b""
+        except FileNotFoundError:
+            problems.append(f"missing file {path}")
+        except OSError as exc:  # e.g. a class folder replaced by a file (NotADirectoryError), unreadable
+            problems.append(f"cannot read {path}: {exc.strerror or type(exc).__name__}")
+        else:
+            if row is None:
+                problems.append(f"unexpected file {path}")
+            elif len(content) != row["size"]:
+                problems.append(f"{path} has {len(content)} bytes, the manifest says {row['size']}")
+            elif level == "quick" and "crc32" in row and zlib.crc32(content) != row["crc32"]:
+                problems.append(f"{path} content differs from the manifest (CRC-32 mismatch)")
+            elif (level == "full" or "crc32" not in row) and hashlib.sha256(content).hexdigest() != row["sha256"]:
+                problems.append(f"{path} content differs from the manifest (SHA-256 mismatch)")
         if len(problems) > 20:
             return problems + ["... (more problems not listed)"]
     return problems
@@ -328,18 +324,14 @@ def _remove_stale_temporaries(parent: Path, held: str) -> None:
 
 
 def _cache_parent(root: str | os.PathLike[str] | None) -> Path:
-    env = os.environ.get(CACHE_ENV)
-    if root is None:
-        what, parent = (f"{CACHE_ENV}={env!r}" if env else "the cache folder"), Path(env or ".").expanduser()
-    elif not isinstance(root, (str, os.PathLike)) or str(root).strip() == "":
+    if root is not None and (not isinstance(root, (str, os.PathLike)) or str(root).strip() == ""):
         raise ValueError(
             f"root must be a folder path (a str or pathlib.Path), got {root!r}; leave it out to use the "
             f"cache folder ({CACHE_ENV})"
         )
-    else:
-        what, parent = f"root={str(root)!r}", Path(root).expanduser()
-        if parent.exists() and not parent.is_dir():
-            raise ValueError(f"{what} is a file, not a folder; pass a folder for the data set")
+    env = os.environ.get(CACHE_ENV)
+    what = f"root={str(root)!r}" if root is not None else f"{CACHE_ENV}={env!r}" if env else "the cache folder"
+    parent = Path(root if root is not None else env or ".").expanduser()
     try:
         if root is None:
             return cache_dir()
@@ -348,8 +340,9 @@ def _cache_parent(root: str | os.PathLike[str] | None) -> Path:
     except OSError as exc:
         if exc.errno in _UNWRITABLE:
             raise _unwritable(parent, exc, "cannot create the data set folder") from None
+        why = "it is a file, not a folder" if exc.errno == errno.EEXIST else exc.strerror or exc
         raise ValueError(
-            f"{what} cannot be used as the data-set folder ({exc.strerror or exc}): pass root=<another folder>, "
+            f"{what} cannot be used as the data-set folder ({why}): pass root=<another folder>, "
             f"or point {CACHE_ENV} at a writable folder (for example `export {CACHE_ENV}=$HOME/workbook-cache`)"
         ) from None
 

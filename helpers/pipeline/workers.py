@@ -15,7 +15,6 @@ import signal
 import threading
 import time
 import warnings
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -47,17 +46,6 @@ def reset_child_signals() -> None:
             signal.signal(sig, handler)
 
 
-def _failing_item(dataset: Any, index: Any, batched: bool) -> str:
-    if not batched:
-        return repr(index)
-    for idx in list(index)[:1024]:
-        try:
-            dataset[idx]
-        except Exception:
-            return repr(idx)
-    return "none (each item loads on its own: the collate function raised)"
-
-
 def _name_failing_items() -> None:
     """In a worker: a data set's exception gets a note naming the item (torch's fetcher patched: no public hook;
     tests/test_loader_failure_words.py's ``value`` case)."""
@@ -68,15 +56,20 @@ def _name_failing_items() -> None:
         return
     original = cls.fetch
 
-    def fetch_naming_the_item(self: Any, possibly_batched_index: Any) -> Any:
+    def fetch_naming_the_item(self: Any, index: Any) -> Any:
         try:
-            return original(self, possibly_batched_index)
+            return original(self, index)
         except Exception as exc:
+            batch = list(index)[:1024] if self.auto_collation else []
+            item = "none (each item loads on its own: the collate function raised)" if batch else repr(index)
+            for idx in batch:  # the first item of the batch that fails on its own
+                try:
+                    self.dataset[idx]
+                except Exception:
+                    item = repr(idx)
+                    break
             if hasattr(exc, "add_note"):  # Python 3.11+
-                with contextlib.suppress(Exception):
-                    exc.add_note(
-                        f"{ITEM_NOTE} {_failing_item(self.dataset, possibly_batched_index, self.auto_collation)}"
-                    )
+                exc.add_note(f"{ITEM_NOTE} {item}")
             raise
 
     fetch_naming_the_item._workbook = True  # type: ignore[attr-defined]
@@ -135,33 +128,27 @@ class HeldSignals:
 
 
 class _FreezeWatch(threading.Thread):
-    """Kills a worker stopped (SIGSTOP) longer than the loader's timeout, its pid noted in ``frozen``.
-    ``DataLoader(timeout=...)`` misses the shared-memory hand-over: the main process fetches each descriptor from a
-    frozen worker forever (tests/test_loader_failures.py's ``..._frozen_after_handing_a_batch_over...``). The
-    iterator's private ``_workers`` name its workers: psutil can't tell them from another loader's."""
+    """Kills a worker stopped (SIGSTOP) longer than the loader's timeout, its pid noted in ``frozen``; ends when no
+    worker is left (psutil). ``DataLoader(timeout=...)`` misses the shared-memory hand-over: the main process fetches
+    each descriptor from a frozen worker forever (tests/test_loader_failures.py's ``..._frozen_after_handing...``)."""
 
-    def __init__(self, it: Any, timeout_s: float, frozen: list[int]) -> None:
+    def __init__(self, pids: list[int], timeout_s: float, frozen: list[int]) -> None:
         super().__init__(name="workbook-freeze-watch", daemon=True)
-        self._it = weakref.ref(it)
-        self.timeout_s = float(timeout_s)
-        self.frozen = frozen
+        self.pids, self.timeout_s, self.frozen = pids, float(timeout_s), frozen
 
     def run(self) -> None:
         since: dict[int, float] = {}
         while True:
             time.sleep(min(0.5, self.timeout_s / 2))
-            it = self._it()
-            if it is None or getattr(it, "_shutdown", True):
+            status = {}
+            for pid in self.pids:
+                with contextlib.suppress(psutil.Error):
+                    status[pid] = psutil.Process(pid).status()
+            if all(st == psutil.STATUS_ZOMBIE for st in status.values()):
                 return
-            pids = [w.pid for w in list(getattr(it, "_workers", []))]
-            del it
             now = time.monotonic()
-            for pid in pids:
-                try:
-                    stopped = psutil.Process(pid).status() == psutil.STATUS_STOPPED
-                except psutil.Error:
-                    continue
-                if not stopped:
+            for pid, st in status.items():
+                if st != psutil.STATUS_STOPPED:
                     since.pop(pid, None)
                 elif now - since.setdefault(pid, now) > self.timeout_s:
                     self.frozen.append(pid)
@@ -214,7 +201,7 @@ class _WorkbookLoader(DataLoader):
             self._workbook_workers = list(it._workers)
             held.deliver()  # a Ctrl-C that came while the workers started: raised here, with `it` known
             if self.timeout > 0:
-                _FreezeWatch(it, self.timeout, self._workbook_frozen).start()
+                _FreezeWatch([w.pid for w in self._workbook_workers], self.timeout, self._workbook_frozen).start()
             return it
         except BaseException:
             _finish([it] if it is not None else [], before)
@@ -236,13 +223,13 @@ def cpu_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def check_workers_for_cores(num_workers: int, name: str = "num_workers") -> int:
+def check_workers_for_cores(num_workers: int) -> int:
     """``num_workers``, or a one-line ValueError above :data:`WORKERS_PER_CORE` per core (at least 8)."""
     cores = cpu_cores()
     limit = max(8, WORKERS_PER_CORE * cores)
     if num_workers > limit:
         raise ValueError(
-            f"{name}={num_workers} is far more than this machine's {cores} CPU cores: each worker is a whole "
+            f"num_workers={num_workers} is far more than this machine's {cores} CPU cores: each worker is a whole "
             f"process, and beyond a few per core they only add start-up time and memory. Choose at most {limit} "
             f"here ({WORKERS_PER_CORE} per core); the best count is usually near the number of cores."
         )
@@ -276,7 +263,7 @@ class ShmStatus:
     free_bytes: int | None
     sharing_strategy: str
 
-    def explain(self, width: int = 105) -> str:
+    def explain(self) -> str:
         if not self.exists:
             text = (
                 f"{self.path} does not exist here; torch uses the '{self.sharing_strategy}' strategy "
@@ -288,7 +275,7 @@ class ShmStatus:
                 f"(torch sharing strategy: '{self.sharing_strategy}'). Every batch a worker produces sits there until "
                 f"the main process has taken it."
             )
-        return wrap(text, width)
+        return wrap(text, 105)
 
 
 def shm_status(path: str = "/dev/shm") -> ShmStatus:
@@ -308,14 +295,14 @@ def shm_needed_bytes(batch_bytes: int, num_workers: int, prefetch_factor: int = 
     return batch_bytes * max(1, num_workers) * prefetch_factor * 2
 
 
-def require_shm(needed_bytes: int, path: str = "/dev/shm") -> ShmStatus:
+def require_shm(needed_bytes: int) -> ShmStatus:
     """ValueError if ``/dev/shm`` has less than ``needed_bytes`` free (Docker's default: 64 MiB): a worker out of
     shared memory dies of SIGBUS and torch says only "exited unexpectedly"."""
     check_int("needed_bytes", needed_bytes, 0, 1 << 50)
-    st = shm_status(path)
-    if st.exists and st.free_bytes is not None and st.free_bytes < needed_bytes:
+    st = shm_status()
+    if st.free_bytes is not None and st.free_bytes < needed_bytes:
         raise ValueError(
-            f"{path} has only {human_bytes(st.free_bytes)} free, but this loader may hold about "
+            f"{st.path} has only {human_bytes(st.free_bytes)} free, but this loader may hold about "
             f"{human_bytes(needed_bytes)} of batches there (workers x prefetch_factor x batch bytes, x2 margin). "
             f"Workers would die with a bus error. Fix: in Docker start the container with --shm-size=2g "
             f"(or --ipc=host); or lower num_workers, prefetch_factor or batch_size; or call "
@@ -368,25 +355,6 @@ def stop_processes(procs: Sequence[Any], grace_s: float = SHUTDOWN_GRACE_S) -> N
                 p.join(1.0)
 
 
-def _stop_new_children(before: set[int]) -> None:
-    """Stop every child started since ``before``: multiprocessing's own through it, strays through psutil."""
-    new = _worker_children() - before
-    if not new:
-        return
-    known = {p.pid: p for p in mp.active_children()}
-    stop_processes([known[pid] for pid in new if pid in known])
-    strays = []
-    for pid in new - set(known):
-        with contextlib.suppress(psutil.Error):
-            strays.append(psutil.Process(pid))
-            strays[-1].terminate()
-    _gone, alive = psutil.wait_procs(strays, timeout=SHUTDOWN_GRACE_S)
-    for p in alive:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(alive, timeout=1.0)
-
-
 # -- teardown ------------------------------------------------------------------------------------------------
 
 
@@ -419,45 +387,50 @@ def release(obj: Any) -> None:
 
 
 def _finish(objs: Sequence[Any], before: set[int] | None = None) -> None:
-    """Release ``objs``, then stop any worker started since ``before``, signals held (a ``KeyboardInterrupt`` in a
-    finalizer would be lost: young garbage is collected inside the hold); a second press escapes at once."""
+    """Release ``objs``, then stop any child started since ``before`` (multiprocessing's own through it, strays
+    through psutil), signals held (a ``KeyboardInterrupt`` in a finalizer would be lost: young garbage is collected
+    inside the hold); a second press escapes at once."""
     held = HeldSignals(escape=True)
     with held:
         for obj in objs:
             release(obj)
-        if before is not None:
-            _stop_new_children(before)
+        new = _worker_children() - before if before is not None else set()
+        known = {p.pid: p for p in mp.active_children()} if new else {}  # (active_children reaps)
+        stop_processes([known[pid] for pid in new if pid in known])
+        strays = []
+        for pid in new - set(known):
+            with contextlib.suppress(psutil.Error):
+                strays.append(psutil.Process(pid))
+                strays[-1].terminate()
+        for p in psutil.wait_procs(strays, timeout=SHUTDOWN_GRACE_S)[1]:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+                p.wait(1.0)
         gc.collect(1)  # the young generations, where the run's iterator and queues are (< 1 ms; a full one ~0.1 s)
     held.deliver()
 
 
 @contextlib.contextmanager
-def released(objs: list[Any]) -> Iterator[list[Any]]:
+def released(objs: list[Any], loader: Any = None) -> Iterator[list[Any]]:
     """``with released([loader]) as objs:`` each loader or iterator in ``objs`` (add more inside) released, and any
-    worker started meanwhile stopped, however the block ends."""
+    worker started meanwhile stopped, however the block ends; with ``loader``, its workers' failure (timeout, dead
+    worker, the data set's error) raised as a one-line :class:`LoaderFailure`."""
     before = _worker_children()
     try:
         yield objs
+    except Exception as exc:
+        failure = plain_failure(exc, loader) if loader is not None else exc
+        if failure is exc:
+            raise
+        raise failure from exc
     finally:
         _finish(objs, before)
 
 
 @contextlib.contextmanager
-def plain_failures(loader: Any) -> Iterator[None]:
-    """A worker's failure (timeout, dead worker, the data set's error) raised as a one-line :class:`LoaderFailure`."""
-    try:
-        yield
-    except Exception as exc:
-        failure = plain_failure(exc, loader)
-        if failure is exc:
-            raise
-        raise failure from exc
-
-
-@contextlib.contextmanager
 def open_iterator(loader: DataLoader) -> Iterator[Iterator[Any]]:
     """``with open_iterator(loader) as it:`` workers released however the block ends, failures in one line."""
-    with released([loader]) as objs, plain_failures(loader):
+    with released([loader], loader) as objs:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
             warnings.filterwarnings("ignore", message=".*'pin_memory' argument is set as true but no accelerator")
@@ -467,22 +440,6 @@ def open_iterator(loader: DataLoader) -> Iterator[Iterator[Any]]:
 
 
 # -- failures in plain words (the words themselves: helpers.core.failures, which the panels reach too) ------------
-
-
-def _ended_workers(loader: Any, wait_s: float = 1.0) -> list[tuple[int, Any]]:
-    """(worker id, process) of the loader's ended workers, waiting up to ``wait_s`` (a broken pipe shows first)."""
-    procs = list(getattr(loader, "_workbook_workers", []) or [])
-    deadline = time.monotonic() + wait_s
-    while procs:
-        try:
-            ended = [(wid, w) for wid, w in enumerate(procs) if w.exitcode is not None]
-            if ended or time.monotonic() >= deadline:
-                return ended
-            time.sleep(0.05)
-        except RuntimeError as err:  # torch's SIGCHLD handler raising for the worker that just ended: look again
-            if not _TORCH_WORKER_DIED.search(str(err)):
-                raise
-    return []
 
 
 def plain_failure(exc: BaseException, loader: Any = None) -> BaseException:
@@ -496,7 +453,18 @@ def plain_failure(exc: BaseException, loader: Any = None) -> BaseException:
     died = isinstance(exc, (EOFError, ConnectionError)) or (
         isinstance(exc, RuntimeError) and ("exited unexpectedly" in text or "is killed by signal" in text)
     )
-    ended = _ended_workers(loader) if died and not frozen else []
+    ended: list[tuple[int, Any]] = []
+    procs = list(getattr(loader, "_workbook_workers", []) or []) if died and not frozen else []
+    deadline = time.monotonic() + 1.0  # the exit status shows a moment after a broken pipe
+    while procs and not ended:
+        try:
+            ended = [(wid, w) for wid, w in enumerate(procs) if w.exitcode is not None]
+            if ended or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        except RuntimeError as err:  # torch's SIGCHLD handler raising for the worker that just ended: look again
+            if not _TORCH_WORKER_DIED.search(str(err)):
+                raise
     advice = " ".join(ended_in_words(wid, w.pid, int(w.exitcode)) for wid, w in ended[:2]) or explain_loader_error(exc)
     if frozen:
         advice = explain_loader_error(RuntimeError(f"DataLoader timed out after {loader.timeout:g} seconds"))
