@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -326,6 +328,33 @@ def test_shm_is_checked_where_every_worker_loader_is_built(monkeypatch: pytest.M
         )
     L.build_loader(ds, batch_size=256)  # no workers: nothing goes through /dev/shm
     assert not _settle(2.0)
+
+
+_LONG_TMPDIR_CHILD = r"""
+import torch
+from helpers.pipeline import loaders as L
+from torch.utils.data import TensorDataset
+loader = torch.utils.data.DataLoader(TensorDataset(torch.zeros(8)), batch_size=2, num_workers=1)
+try:
+    L.guard(loader)
+except ValueError as exc:
+    print("REFUSED", exc)
+"""
+
+
+def test_a_tempdir_too_long_for_the_worker_socket_is_refused_before_any_worker_starts() -> None:
+    """With a long TMPDIR a worker cannot bind the socket it hands batch descriptors through, and the loader waits
+    until its timeout: guard refuses it first, in one line that names the fix."""
+    long_dir = tempfile.mkdtemp(prefix="wb-" + "x" * 90)
+    try:
+        env = {**os.environ, "TMPDIR": long_dir}
+        out = subprocess.run([sys.executable, "-c", _LONG_TMPDIR_CHILD], env=env, capture_output=True, text=True,
+                             timeout=120, cwd=ROOT)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "REFUSED" in out.stdout and "TMPDIR=/tmp" in out.stdout and "num_workers=0" in out.stdout
+        assert len(out.stdout.strip().splitlines()) == 1
+    finally:
+        shutil.rmtree(long_dir, ignore_errors=True)
 
 
 # -- a parent's signal handler never runs in a child (issue 15 item 6) ----------------------

@@ -32,6 +32,7 @@ from .workers import (
     release,
     released,
     require_shm,
+    require_short_tempdir,
     shm_needed_bytes,
 )
 from .workers import cpu_cores as cpu_cores  # re-exported for the notebooks' cells
@@ -184,6 +185,7 @@ def guard(loader: DataLoader, *, timeout: float | None = None, check_shm: bool =
             sample = sample if isinstance(sample, (tuple, list, torch.Tensor, Mapping)) else []
             batch = int(loader.batch_size) * _batch_bytes(sample)
             require_shm(shm_needed_bytes(batch, loader.num_workers, loader.prefetch_factor or 2))
+        require_short_tempdir()
         if not loader.timeout:
             loader.timeout = WORKER_TIMEOUT_S if timeout is None else check_float("timeout", timeout, 0.001, 3600.0)
         if not isinstance(loader.worker_init_fn, _WorkerInit):

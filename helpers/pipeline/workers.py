@@ -134,26 +134,31 @@ class _FreezeWatch(threading.Thread):
 
     def __init__(self, pids: list[int], timeout_s: float, frozen: list[int]) -> None:
         super().__init__(name="workbook-freeze-watch", daemon=True)
-        self.pids, self.timeout_s, self.frozen = pids, float(timeout_s), frozen
+        self.procs: list[psutil.Process] = []
+        for pid in pids:  # a psutil.Process keeps its start time: a reused pid is never taken for the worker
+            with contextlib.suppress(psutil.Error):
+                self.procs.append(psutil.Process(pid))
+        self.timeout_s, self.frozen = float(timeout_s), frozen
 
     def run(self) -> None:
         since: dict[int, float] = {}
         while True:
             time.sleep(min(0.5, self.timeout_s / 2))
             status = {}
-            for pid in self.pids:
+            for p in self.procs:
                 with contextlib.suppress(psutil.Error):
-                    status[pid] = psutil.Process(pid).status()
+                    if p.is_running():
+                        status[p] = p.status()
             if all(st == psutil.STATUS_ZOMBIE for st in status.values()):
                 return
             now = time.monotonic()
-            for pid, st in status.items():
+            for p, st in status.items():
                 if st != psutil.STATUS_STOPPED:
-                    since.pop(pid, None)
-                elif now - since.setdefault(pid, now) > self.timeout_s:
-                    self.frozen.append(pid)
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, signal.SIGKILL)
+                    since.pop(p.pid, None)
+                elif now - since.setdefault(p.pid, now) > self.timeout_s:
+                    self.frozen.append(p.pid)
+                    with contextlib.suppress(psutil.Error):
+                        p.kill()  # psutil checks the pid is still this worker's
 
 
 class _WatchedIter(_MultiProcessingDataLoaderIter):
@@ -309,6 +314,25 @@ def require_shm(needed_bytes: int) -> ShmStatus:
             f"torch.multiprocessing.set_sharing_strategy('file_system')."
         )
     return st
+
+
+def require_short_tempdir() -> None:
+    """ValueError if the temporary folder's path is too long for workers to hand batches over: with torch's
+    'file_descriptor' sharing, a batch's descriptors travel through a Unix socket that Python's multiprocessing makes
+    at ``<tempdir>/pymp-XXXXXXXX/listener-XXXXXXXX``, and Linux takes at most 107 bytes there. Past that the worker
+    fails to bind it and the loader waits until its timeout (or for ever, without one)."""
+    if torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
+        return
+    from multiprocessing import util
+
+    socket_path = os.path.join(util.get_temp_dir(), "listener-XXXXXXXX")  # as connection.arbitrary_address names it
+    if len(os.fsencode(socket_path)) > 107:
+        raise ValueError(
+            f"the temporary folder {os.path.dirname(util.get_temp_dir())} has too long a path for DataLoader workers: "
+            f"they hand batches over through a socket file there ({len(os.fsencode(socket_path))} bytes; Linux "
+            "takes 107). Fix: start Jupyter (or Python) with a short TMPDIR, e.g. `TMPDIR=/tmp make lab`; or use "
+            "num_workers=0."
+        )
 
 
 # -- processes -----------------------------------------------------------------------------------------------
