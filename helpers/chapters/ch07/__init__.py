@@ -28,17 +28,15 @@ BATCH_SIZES = (8, 16, 32, 64, 128)
 
 def check_job_device(device: torch.device | str | None) -> torch.device:
     """Where a torchrun job runs (the GPUs with CUDA, else the CPU cores), or one ValueError saying what to use."""
-    use = "device='cuda' (or None)" if has_cuda() else "device='cpu' (or None)"
+    use = f"use device={'cuda' if has_cuda() else 'cpu'!r} (or None)"
     try:
         dev = resolve_device(device)  # unknown strings, devices this machine lacks
     except ValueError as err:
-        text = str(err)
-        raise ValueError(text if "use device=" in text.lower() else f"{text}; use {use}") from None
-    if dev.type == "cpu" and dev.index is not None:
-        raise ValueError(f"device={str(device)!r}: the CPU has no device index; use {use}")
-    if dev.type == "cpu" and has_cuda():
+        raise ValueError(str(err) if "use device=" in str(err).lower() else f"{err}; {use}") from None
+    if dev.type == "cpu" and (dev.index is not None or has_cuda()):
         why = "with CUDA present the torchrun job runs on the GPUs (nccl, one rank per GPU), not on the CPU"
-        raise ValueError(f"device={str(device)!r}: {why}; use {use}")
+        why = "the CPU has no device index" if dev.index is not None else why
+        raise ValueError(f"device={str(device)!r}: {why}; {use}")
     return dev
 
 

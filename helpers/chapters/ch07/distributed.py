@@ -18,6 +18,7 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from ...core import rounds
+from ...core.config import usable_cpu_cores
 from ...core.validate import check_float, check_int
 from ...pipeline.data import make_shapes_dataset
 from . import torchrun
@@ -292,9 +293,7 @@ class DistributedRun:
 
 def max_processes() -> int:
     """Most ranks worth starting on this machine: one per GPU, else one per CPU core."""
-    if torch.cuda.is_available():
-        return max(1, torch.cuda.device_count())
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else usable_cpu_cores()
 
 
 def multi_node_command(nnodes: int, nproc_per_node: int, rdzv_endpoint: str, *, rdzv_id: str = "job42") -> str:
@@ -391,20 +390,12 @@ def plot_run(run: DistributedRun, ax: Any = None) -> Any:
     return ax
 
 
-def throughput_rows(run: DistributedRun) -> list[dict[str, Any]]:
-    """The job's total throughput as one row of :func:`throughput_table`."""
-    return [{**run.params(), "items_per_s": run.total_items_per_s(), "unit": "items/s"}]
-
-
-def throughput_rows_from_records(rs: Any, recs: Sequence[Any]) -> list[dict[str, Any]]:
-    """``ch07.ddp.total_items_per_s`` records as rows of :func:`throughput_table`."""
-    return [{**r.params, "items_per_s": r.value, "unit": r.unit} for r in recs]
-
-
-def throughput_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    cells = [
-        [p["nproc"], p["backend"], p["workers"], p["batch_size"], f"{p['items_per_s']:.0f} {p['unit']}"] for p in rows
+def throughput_table(rows: Sequence[Any]) -> list[str]:
+    """The jobs' total items/s: :class:`DistributedRun` s measured here, or ``ch07.ddp.total_items_per_s`` records."""
+    figs = [
+        (r.params(), r.total_items_per_s(), "items/s") if isinstance(r, DistributedRun) else (r.params, r.value, r.unit)
+        for r in rows
     ]
-    return [
-        "  " + line for line in rounds.table(["ranks", "backend", "workers/rank", "batch/rank", "total"], cells, left=2)
-    ]
+    cells = [[p["nproc"], p["backend"], p["workers"], p["batch_size"], f"{v:.0f} {unit}"] for p, v, unit in figs]
+    headers = ["ranks", "backend", "workers/rank", "batch/rank", "total"]
+    return ["  " + line for line in rounds.table(headers, cells, left=2)]

@@ -11,7 +11,6 @@ import ipaddress
 import json
 import math
 import os
-import re
 import shutil
 import signal
 import socket
@@ -44,12 +43,8 @@ def _is_loopback_host(host: str) -> bool:
 
 
 def loopback_env() -> dict[str, str]:
-    """``MASTER_ADDR``, and the loopback interface for gloo's and NCCL's own sockets."""
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except (OSError, AttributeError):  # pragma: no cover - no interface list on this OS
-        names = []
-    lo = next((n for n in ("lo", "lo0") if n in names), next((n for n in names if n.startswith("lo")), None))
+    """``MASTER_ADDR``, and the loopback interface (``lo``, ``lo0``) for gloo's and NCCL's own sockets."""
+    lo = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
     return {"MASTER_ADDR": "127.0.0.1", **({"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo} if lo else {})}
 
 
@@ -217,22 +212,13 @@ def _read_json(paths: Iterable[Path]) -> list[dict[str, Any]]:
     return out
 
 
-_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 _NO_CAUSE = {"rank": None, "error_type": "", "error_message": "", "rank_traceback": ""}
 
 
-def _root_cause(results: Path, stderr: str) -> dict[str, Any]:
-    """The earliest ``rank<R>.error.json``, else torchrun's 'Root Cause' summary."""
-    errors = _read_json(results.glob("rank*.error.json"))
-    if errors:
-        first = min(errors, key=lambda e: e.get("time", math.inf))
-        return {k: first.get(k, v) for k, v in _NO_CAUSE.items()}
-    m = _ROOT_CAUSE.search(stderr)
-    if m:
-        code = int(m.group(2))
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        return {**_NO_CAUSE, "rank": int(m.group(1)), "error_message": f"the process {how}"}
-    return dict(_NO_CAUSE)
+def _root_cause(results: Path) -> dict[str, Any]:
+    """The earliest ``rank<R>.error.json`` (a rank killed by a signal writes none: the launcher shows the output)."""
+    first = min(_read_json(results.glob("rank*.error.json")), key=lambda e: e.get("time", math.inf), default={})
+    return {k: first.get(k, v) for k, v in _NO_CAUSE.items()}
 
 
 def _follow(proc: subprocess.Popen[bytes], tracker: _Tracker, deadline: float, results: Path, progress: Any) -> bool:
@@ -303,7 +289,7 @@ def run_job(
         listening=sorted(tracker.listening),
         returncode=None if timed_out else proc.returncode,
         timed_out=timed_out,
-        cause=dict(_NO_CAUSE) if timed_out else _root_cause(results, stderr),
+        cause=dict(_NO_CAUSE) if timed_out else _root_cause(results),
     )
 
 
