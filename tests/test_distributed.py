@@ -123,12 +123,22 @@ def test_bad_input_names_the_parameter(call, name: str) -> None:
         call()
 
 
-def test_commands() -> None:
-    cmd = T.torchrun_command(2, ["--epochs=1"], log_dir="/tmp/x")
+def test_commands(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    seen = []
+
+    def fake_popen(cmd: list[str], **kw: object) -> None:
+        seen.append(cmd)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(T.subprocess, "Popen", fake_popen)
+    with pytest.raises(RuntimeError, match="stop here"):
+        D.launch_ddp(1, epochs=1, data_dir=tmp_path)
+    (cmd,) = seen
     # torchrun, with every store it serves bound to 127.0.0.1 and the ranks told to meet there
     assert cmd[:4] == [sys.executable, "-m", "helpers.chapters.ch07.torchrun", "--local-addr=127.0.0.1"]
-    assert "--standalone" in cmd and "--nproc-per-node=2" in cmd
-    assert cmd[-3:] == ["-m", "helpers.chapters.ch07.ddp_train", "--epochs=1"]
+    assert "--standalone" in cmd and "--nproc-per-node=1" in cmd and any(a.startswith("--log-dir=") for a in cmd)
+    script = cmd.index("helpers.chapters.ch07.ddp_train")
+    assert cmd[script - 1] == "-m" and "--epochs=1" in cmd[script + 1 :]
     text = D.multi_node_command(2, 8, "node0.example:29400")
     for part in (
         "--nnodes=2",
@@ -167,6 +177,11 @@ def test_loopback_names_and_env() -> None:
         assert env["GLOO_SOCKET_IFNAME"] == "lo" and env["NCCL_SOCKET_IFNAME"] == "lo"
 
 
+def _listening() -> list[tuple[str, int]]:
+    """``(address, port)`` of every TCP socket this process listens on."""
+    return [tuple(c.laddr) for c in psutil.Process().net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+
+
 def test_loopback_store_listens_on_loopback_only() -> None:
     """The store class torchrun gets binds 127.0.0.1; plain c10d binds the wildcard address."""
     import datetime
@@ -179,7 +194,7 @@ def test_loopback_store_listens_on_loopback_only() -> None:
         try:
             store.set("k", "v")
             assert store.get("k") == b"v"
-            mine = [(ip, port) for _, ip, port in T.listening_sockets([psutil.Process().pid]) if port == store.port]
+            mine = [(ip, port) for ip, port in _listening() if port == store.port]
             assert mine and all(ip == "127.0.0.1" for ip, _ in mine), mine
             client = dist.TCPStore("127.0.0.1", store.port, None, False, datetime.timedelta(seconds=10))
             assert client.get("k") == b"v"
@@ -189,7 +204,7 @@ def test_loopback_store_listens_on_loopback_only() -> None:
     # a host that is not a loopback name is left to c10d as it is (a multi-machine store)
     wild = store_cls("0.0.0.0", 0, None, True, datetime.timedelta(seconds=10), False)
     try:
-        found = [ip for _, ip, port in T.listening_sockets([psutil.Process().pid]) if port == wild.port]
+        found = [ip for ip, port in _listening() if port == wild.port]
         assert found and all(ip in ("::", "0.0.0.0") for ip in found), found
     finally:
         del wild

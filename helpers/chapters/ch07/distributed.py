@@ -349,7 +349,7 @@ def launch_ddp(
         args = [f"--out={work / 'results'}", *args, *extra_args]
         if progress is not None:
             progress(0.0, f"starting {nproc} process(es) (each imports torch)")
-        job = torchrun.run_job(torchrun.torchrun_command(nproc, args, log_dir=work / "logs"), work, timeout_s, progress)
+        job = torchrun.run_job(nproc, args, work, timeout_s, progress)
     run, cause = DistributedRun(**job, nproc=nproc, settings=settings), job["cause"]
     if run.timed_out:
         raise DistributedRunError(

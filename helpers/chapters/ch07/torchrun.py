@@ -7,6 +7,7 @@ c10d's TCPStore server binds the wildcard address whatever host it is given, unl
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import ipaddress
 import json
 import math
@@ -22,14 +23,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import psutil
-
-
-def torchrun_command(nproc: int, script_args: Sequence[str], *, log_dir: str | Path | None = None) -> list[str]:
-    """:mod:`.ddp_train` under torchrun (``--standalone``) through this module: every store on 127.0.0.1."""
-    cmd = [sys.executable, "-m", "helpers.chapters.ch07.torchrun", "--local-addr=127.0.0.1", "--standalone"]
-    cmd += [f"--nproc-per-node={nproc}", "--max-restarts=0"] + ([f"--log-dir={log_dir}"] if log_dir else [])
-    return cmd + ["-m", "helpers.chapters.ch07.ddp_train", *script_args]
-
 
 # -- keeping a single-machine job on the loopback interface ------------------------------------------------------
 
@@ -114,19 +107,6 @@ def process_alive(p: int | psutil.Process) -> bool:
         return False
 
 
-def listening_sockets(procs: Iterable[int | psutil.Process]) -> list[tuple[int, str, int]]:
-    """``(pid, address, port)`` of every TCP socket ``procs`` listen on."""
-    out = set()
-    for p in procs:
-        try:
-            proc = p if isinstance(p, psutil.Process) else psutil.Process(int(p))
-            conns = proc.net_connections(kind="tcp")
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-        out |= {(proc.pid, str(c.laddr.ip), int(c.laddr.port)) for c in conns if c.status == psutil.CONN_LISTEN}
-    return sorted(out)
-
-
 class _Tracker:
     """Every process the job started, remembered, so none is left behind."""
 
@@ -141,8 +121,10 @@ class _Tracker:
         with contextlib.suppress(psutil.NoSuchProcess):
             for c in self.root.children(recursive=True):
                 self.procs.setdefault(c.pid, c)
-        if sockets:
-            self.listening.update(listening_sockets(self.procs.values()))
+        for proc in self.procs.values() if sockets else ():
+            with contextlib.suppress(psutil.Error):
+                conns = proc.net_connections(kind="tcp")
+                self.listening |= {(proc.pid, c.laddr.ip, c.laddr.port) for c in conns if c.status == "LISTEN"}
         if groups and hasattr(os, "getpgid"):
             ids = set(self.procs)  # a rank's pid is its group id (new session)
             for pid in list(self.procs):
@@ -195,12 +177,7 @@ def _die_with_parent() -> Callable[[], None] | None:
     """A ``preexec_fn``: the child gets SIGTERM when its parent dies (Linux), so a killed kernel stops the job."""
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded in the parent: the child only calls it
-    except (OSError, AttributeError):  # pragma: no cover - exotic libc
-        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded in the parent: the child only calls it
     return lambda: prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
 
 
@@ -213,12 +190,6 @@ def _read_json(paths: Iterable[Path]) -> list[dict[str, Any]]:
 
 
 _NO_CAUSE = {"rank": None, "error_type": "", "error_message": "", "rank_traceback": ""}
-
-
-def _root_cause(results: Path) -> dict[str, Any]:
-    """The earliest ``rank<R>.error.json`` (a rank killed by a signal writes none: the launcher shows the output)."""
-    first = min(_read_json(results.glob("rank*.error.json")), key=lambda e: e.get("time", math.inf), default={})
-    return {k: first.get(k, v) for k, v in _NO_CAUSE.items()}
 
 
 def _follow(proc: subprocess.Popen[bytes], tracker: _Tracker, deadline: float, results: Path, progress: Any) -> bool:
@@ -240,18 +211,21 @@ def _follow(proc: subprocess.Popen[bytes], tracker: _Tracker, deadline: float, r
 
 
 def run_job(
-    cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable[[float, str], None] | None
+    nproc: int, script_args: Sequence[str], work: Path, timeout_s: float, progress: Callable[[float, str], None] | None
 ) -> dict[str, Any]:
-    """Run ``cmd`` in ``work`` for at most ``timeout_s``, then stop every process it started; the fields of a
-    ``DistributedRun``. A ``KeyboardInterrupt`` is raised again once they are, with ``tracked_pids`` and
-    ``leftover_pids``."""
+    """:mod:`.ddp_train` under this module's torchrun (``--standalone``, every store on 127.0.0.1) in ``work`` for at
+    most ``timeout_s``, then every process it started stopped; the fields of a ``DistributedRun``. A
+    ``KeyboardInterrupt`` is raised again once they are, with ``tracked_pids`` and ``leftover_pids``."""
+    cmd = [sys.executable, "-m", "helpers.chapters.ch07.torchrun", "--local-addr=127.0.0.1", "--standalone"]
+    cmd += [f"--nproc-per-node={nproc}", "--max-restarts=0", f"--log-dir={work / 'logs'}"]
+    cmd += ["-m", "helpers.chapters.ch07.ddp_train", *script_args]
     t0, results = time.perf_counter(), work / "results"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **loopback_env()}
     root = str(Path(__file__).resolve().parents[3])  # the folder that holds helpers/
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     with open(work / "output.txt", "wb") as out:  # torchrun's and the ranks' output, stdout and stderr
         proc = subprocess.Popen(
-            list(cmd),
+            cmd,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -278,9 +252,11 @@ def run_job(
         stop.tracked_pids, stop.leftover_pids = sorted(tracker.procs), leftover  # type: ignore[attr-defined]
         raise stop
     stderr = (work / "output.txt").read_text(errors="replace")
+    errors = [] if timed_out else _read_json(results.glob("rank*.error.json"))
+    first = min(errors, key=lambda e: e.get("time", math.inf), default={})
     ranks = _read_json(f for f in sorted(results.glob("rank*.json")) if not f.name.endswith(".error.json"))
     return dict(
-        command=list(cmd),
+        command=cmd,
         ranks=sorted(ranks, key=lambda r: r["rank"]),
         wall_s=wall_s,
         stderr=stderr,
@@ -289,7 +265,7 @@ def run_job(
         listening=sorted(tracker.listening),
         returncode=None if timed_out else proc.returncode,
         timed_out=timed_out,
-        cause=dict(_NO_CAUSE) if timed_out else _root_cause(results),
+        cause={k: first.get(k, v) for k, v in _NO_CAUSE.items()},  # the earliest failure (signals write none)
     )
 
 
