@@ -105,7 +105,7 @@ def test_run_reports_accuracy_beside_chance() -> None:
     from helpers.core import evidence
 
     line = ch07.panel_summary(evidence.measured("a job", run, "cpu", method="m"))
-    assert "validation accuracy 50% (chance 17%)" in line
+    assert "validation accuracy 50.0% on 256 held-out images (chance: 1/6 = 16.7%)" in line
     old = _run_with([rank])  # a record without a validation pass
     assert old.val_accuracy is None and old.chance is None and "not measured" in old.learning()
 

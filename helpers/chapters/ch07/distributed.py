@@ -358,35 +358,35 @@ def launch_ddp(
             run,
         )
     if run.returncode != 0 or len(run.ranks) != nproc:
-        if cause["rank"] is None:
-            tail = "\n".join(run.stderr.rstrip().splitlines()[-15:])
-            msg = f"torchrun exited with code {run.returncode} and {len(run.ranks)} of {nproc} ranks reported results."
-            raise DistributedRunError(msg + f" Last lines of its output:\n{tail}", run)
-        what = f"{cause['error_type']}: {cause['error_message']}" if cause["error_type"] else cause["error_message"]
-        msg = f"rank {cause['rank']} of {nproc} failed: {what}. torchrun then stopped the other rank(s) and exited"
-        raise DistributedRunError(msg + f" with code {run.returncode}.", run)
+        tail = "\n".join(run.stderr.rstrip().splitlines()[-15:])
+        msg = f"torchrun exited with code {run.returncode} and {len(run.ranks)} of {nproc} ranks reported results."
+        msg += f" Last lines of its output:\n{tail}"
+        if cause["rank"] is not None:  # the earliest error a rank wrote (a rank killed by a signal writes none)
+            what = f"rank {cause['rank']} of {nproc} failed: {cause['error_type']}: {cause['error_message']}"
+            msg = f"{what}. torchrun then stopped the other rank(s) and exited with code {run.returncode}."
+        raise DistributedRunError(msg, run)
     return run
 
 
 # -- plots and tables (the notebook, the live panel, the benchmark) ----------------------------------------------
 
 
-def label_bars(ax: Any, tops: Sequence[float], texts: Sequence[str]) -> None:
-    """Each bar's text above it, with room for it."""
-    for i, (top, text) in enumerate(zip(tops, texts)):
-        ax.annotate(text, (i, top), ha="center", va="bottom", fontsize=8)
-    ax.set_ylim(0, max(tops, default=0) * 1.15 or 1)
-
-
-def plot_run(run: DistributedRun, ax: Any = None) -> Any:
-    """Bars: each rank's items/s and the total."""
+def plot_runs(runs: Sequence[DistributedRun], ax: Any = None, *, names: Sequence[str] = ("",), title: str = "") -> Any:
+    """Bars side by side, run after run (``names`` their label prefixes): each rank's items/s, then the total."""
     from ...ui.plots import history_bars  # optional/heavy: matplotlib
 
-    values, s = run.per_rank_items_per_s() + [run.total_items_per_s()], run.settings
-    title = f"{run.nproc} rank(s), {run.backend}, {s['workers']} worker(s)/rank, batch {s['batch_size']}/rank"
-    labels = [f"rank {r['rank']}" for r in run.ranks] + ["total"]
+    labels: list[str] = []
+    values: list[float] = []
+    for name, run in zip(names, runs):
+        labels += [f"{name}rank {r['rank']}" for r in run.ranks]
+        labels.append(f"{name}total: {run.settings['workers']} wk, bs {run.settings['batch_size']}")
+        values += run.per_rank_items_per_s() + [run.total_items_per_s()]
+    title = title or f"{runs[-1].backend}: each rank's items/s, then the job's total (wk: workers/rank, bs: batch/rank)"
     ax = history_bars(labels, values, ax, ylabel="training throughput (items/s)", title=title)
-    label_bars(ax, values, [f"{v:.0f}" for v in values])
+    for i, v in enumerate(values):
+        ax.annotate(f"{v:.0f}", (i, v), ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, max(values, default=0) * 1.15 or 1)
+    ax.title.set_fontsize(9)
     return ax
 
 

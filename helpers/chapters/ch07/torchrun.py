@@ -41,39 +41,26 @@ def loopback_env() -> dict[str, str]:
     return {"MASTER_ADDR": "127.0.0.1", **({"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo} if lo else {})}
 
 
-_LOOPBACK_PORTS: set[int] = set()
-#: ``TCPStore``'s parameters, in order, with their defaults (``timeout``: c10d's 300 s).
-_STORE_ARGS = {"host_name": None, "port": None, "world_size": None, "is_master": False, "timeout": None}
-_STORE_ARGS |= {"wait_for_workers": True, "multi_tenant": False, "master_listen_fd": None, "use_libuv": True}
+_STORE_ARGS = "host_name port world_size is_master timeout wait_for_workers multi_tenant master_listen_fd use_libuv"
 
 
 def _loopback_tcpstore(base: type) -> type:
-    """``TCPStore`` whose server, for a loopback host, is handed a socket bound to 127.0.0.1 (``master_listen_fd``)."""
+    """``TCPStore`` whose server, for a loopback host, is handed a socket bound to 127.0.0.1 (``master_listen_fd``).
+    torchrun --standalone asks for port 0 (any free port) for each store, so no two of them share a port."""
 
     class LoopbackTCPStore(base):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            import datetime
-
             from ...core.device import torch_at_least  # heavy: imports torch, as this class needs
 
-            a = {**_STORE_ARGS, **dict(zip(_STORE_ARGS, args)), **kwargs}
-            a["port"] = int(a["port"])
-            a["timeout"] = datetime.timedelta(seconds=300) if a["timeout"] is None else a["timeout"]
-            reuse = a["multi_tenant"] and a["port"] in _LOOPBACK_PORTS  # c10d shares the server running there
-            serve = a["is_master"] and a["master_listen_fd"] is None and not reuse
-            if serve and _is_loopback_host(str(a["host_name"])):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            a = {**dict(zip(_STORE_ARGS.split(), args)), **kwargs}
+            if a.get("is_master") and a.get("master_listen_fd") is None and _is_loopback_host(str(a["host_name"])):
                 try:
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                    sock.bind(("127.0.0.1", a["port"]))
-                    sock.listen(512)
+                    sock = socket.create_server(("127.0.0.1", int(a["port"])), backlog=512)
                 except OSError as exc:  # same type as c10d's own bind failure, which callers catch
-                    sock.close()
                     raise RuntimeError(f"cannot listen on 127.0.0.1:{a['port']}: {exc}") from exc
-                a["port"], a["master_listen_fd"] = int(sock.getsockname()[1]), sock.detach()  # c10d takes the fd
-                _LOOPBACK_PORTS.add(a["port"])
-            a["use_libuv"] &= a["master_listen_fd"] is None or torch_at_least(2, 8)  # libuv takes a listen fd from 2.8
-            super().__init__(*a.values())
+                a["port"], a["master_listen_fd"] = sock.getsockname()[1], sock.detach()  # c10d takes the fd
+                a["use_libuv"] = a.get("use_libuv") is not False and torch_at_least(2, 8)  # libuv takes an fd from 2.8
+            super().__init__(**{k: v for k, v in a.items() if v is not None})  # None: c10d's default
 
     return LoopbackTCPStore
 
@@ -115,35 +102,30 @@ class _Tracker:
         self.procs = {pid: self.root}
         self.listening: set[tuple[int, str, int]] = set()
 
-    def scan(self, sockets: bool = False, groups: bool = False) -> None:
-        """The root's descendants; with ``groups``, also processes left in a tracked one's process group: each rank
-        has its own session (torchrun starts it so), which its DataLoader workers keep when re-parented."""
+    def scan(self) -> None:
+        """The root's descendants, processes left in their process groups, and the TCP sockets they listen on. Each
+        rank has its own session (torchrun starts it so), which its DataLoader workers keep when re-parented."""
         with contextlib.suppress(psutil.NoSuchProcess):
             for c in self.root.children(recursive=True):
                 self.procs.setdefault(c.pid, c)
-        for proc in self.procs.values() if sockets else ():
+        groups = set(self.procs) - {os.getpgid(0)}  # the root and each rank lead a group (new sessions)
+        for p in psutil.process_iter():
+            with contextlib.suppress(OSError):
+                if p.pid not in self.procs and os.getpgid(p.pid) in groups:
+                    self.procs[p.pid] = p
+        for proc in list(self.procs.values()):
             with contextlib.suppress(psutil.Error):
                 conns = proc.net_connections(kind="tcp")
                 self.listening |= {(proc.pid, c.laddr.ip, c.laddr.port) for c in conns if c.status == "LISTEN"}
-        if groups and hasattr(os, "getpgid"):
-            ids = set(self.procs)  # a rank's pid is its group id (new session)
-            for pid in list(self.procs):
-                with contextlib.suppress(OSError):
-                    ids.add(os.getpgid(pid))
-            ids.discard(os.getpgid(0))
-            for p in psutil.process_iter():
-                with contextlib.suppress(OSError):
-                    if p.pid not in self.procs and os.getpgid(p.pid) in ids:
-                        self.procs[p.pid] = p
 
     def stop_all(self, grace_s: float = 3.0) -> list[int]:
         """SIGTERM torchrun (it stops its ranks), then terminate, then kill the rest. Returns pids still alive."""
-        self.scan(groups=True)
+        self.scan()
         with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
             if self.root.is_running():
                 self.root.send_signal(signal.SIGTERM)
                 self.root.wait(timeout=grace_s)
-        self.scan(groups=True)
+        self.scan()
         for stop in (psutil.Process.terminate, psutil.Process.kill):
             rest = [p for p in self.procs.values() if process_alive(p)]
             for p in rest:
@@ -198,7 +180,7 @@ def _follow(proc: subprocess.Popen[bytes], tracker: _Tracker, deadline: float, r
     while proc.poll() is None:
         now = time.perf_counter()
         if now >= next_scan:  # new processes (ranks, their workers) and their sockets
-            tracker.scan(sockets=True)
+            tracker.scan()
             next_scan = now + 0.5
         if now > deadline:
             return True
