@@ -94,7 +94,7 @@ def test_coverage_reports_problems() -> None:
     assert cov.out_of_range == [9]
     assert cov.overlap == {(0, 1): 1}
     assert "never seen" in str(cov)
-    assert D.coverage([[0, 2], [1, 3]], 4).exactly_once
+    assert D.coverage({0: [0, 2], 1: [1, 3]}, 4).exactly_once
 
 
 @pytest.mark.parametrize(

@@ -146,10 +146,9 @@ class Coverage:
         return ", ".join(parts)
 
 
-def coverage(indices_by_rank: Mapping[int, Sequence[int]] | Sequence[Sequence[int]], n: int) -> Coverage:
-    """How often each of ``n`` samples was loaded across ranks in one epoch (``{rank: indices}`` or a list)."""
+def coverage(by_rank: Mapping[int, Sequence[int]], n: int) -> Coverage:
+    """How often each of ``n`` samples was loaded across ranks in one epoch (``{rank: indices}``)."""
     n = check_int("n", n, 1)
-    by_rank = indices_by_rank if isinstance(indices_by_rank, Mapping) else dict(enumerate(indices_by_rank))
     counts: Counter[int] = Counter()
     owners: dict[int, set[int]] = {}
     for r, idx in by_rank.items():
@@ -205,6 +204,8 @@ class DistributedRun:
     val_items: int = field(init=False)  # held-out images scored (0 without a validation pass)
     chance: float | None = field(init=False)  # 1 / classes: the accuracy of guessing
     val_accuracy: float | None = field(init=False)  # on the held-out images, all ranks' shares together
+    startup_s: float = field(init=False)  # the slowest rank's time from process start to first batch
+    train_s: float = field(init=False)  # the slowest rank's time in its training loop
 
     def __post_init__(self) -> None:
         r0: dict[str, Any] = self.ranks[0] if self.ranks else {}
@@ -213,6 +214,8 @@ class DistributedRun:
         self.num_classes, self.val_items = int(r0.get("num_classes") or 0), int(r0.get("val_items") or 0)
         self.chance = 1.0 / self.num_classes if self.num_classes else None
         self.val_accuracy = None if r0.get("val_accuracy") is None else float(r0["val_accuracy"])
+        self.startup_s, self.train_s = (max((float(r.get(k, math.nan)) for r in self.ranks), default=math.nan)
+                                        for k in ("startup_s", "train_s"))  # fmt: skip
 
     def params(self) -> dict[str, Any]:
         p = {"nproc": self.nproc, "backend": self.backend, "epochs": self.n_epochs, "dataset_size": self.dataset_size}
@@ -275,18 +278,11 @@ class DistributedRun:
         headers = ["rank", "device", "workers", "samples/epoch", "items/s", "last loss"]
         return "\n".join(rounds.table(headers, rows, left=2))
 
-    def startup_s(self, key: str = "startup_s") -> float:
-        """The slowest rank's time from process start to first batch (``key="train_s"``: in its training loop)."""
-        return max((float(r.get(key, math.nan)) for r in self.ranks), default=math.nan)
-
-    def train_s(self) -> float:
-        return self.startup_s("train_s")
-
     def summary(self) -> str:
         per = ", ".join(f"{v:.0f}" for v in self.per_rank_items_per_s())
         head = (
             f"{self.nproc} process(es), {self.backend}: total {self.total_items_per_s():.0f} items/s; "
-            f"wall time {self.wall_s:.1f} s, of which training {self.train_s():.1f} s"
+            f"wall time {self.wall_s:.1f} s, of which training {self.train_s:.1f} s"
         )
         return head + "\n" + textwrap.fill(f"items/s per rank: {per}", width=100, subsequent_indent="  ")
 

@@ -147,12 +147,9 @@ def work_dir() -> Iterator[Path]:
         pid = d.name[len(_WORK_PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and d.is_dir() and not process_alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
-    work = Path(tempfile.mkdtemp(prefix=f"{_WORK_PREFIX}{os.getpid()}-"))
-    try:
-        (work / "results").mkdir()
-        yield work
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=f"{_WORK_PREFIX}{os.getpid()}-", ignore_cleanup_errors=True) as work:
+        (Path(work) / "results").mkdir()
+        yield Path(work)
 
 
 def _die_with_parent() -> Callable[[], None] | None:
