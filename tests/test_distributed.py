@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -124,10 +125,11 @@ def test_bad_input_names_the_parameter(call, name: str) -> None:
 
 
 def test_commands(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    seen = []
+    seen, env = [], {}
 
-    def fake_popen(cmd: list[str], **kw: object) -> None:
+    def fake_popen(cmd: list[str], **kw: Any) -> None:
         seen.append(cmd)
+        env.update(kw["env"])
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(T.subprocess, "Popen", fake_popen)
@@ -139,6 +141,10 @@ def test_commands(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     assert "--standalone" in cmd and "--nproc-per-node=1" in cmd and any(a.startswith("--log-dir=") for a in cmd)
     script = cmd.index("helpers.chapters.ch07.ddp_train")
     assert cmd[script - 1] == "-m" and "--epochs=1" in cmd[script + 1 :]
+    # the ranks meet on 127.0.0.1, and gloo's and NCCL's own sockets use the loopback interface
+    assert env["MASTER_ADDR"] == "127.0.0.1"
+    if "lo" in [name for _, name in socket.if_nameindex()]:  # Linux
+        assert env["GLOO_SOCKET_IFNAME"] == "lo" and env["NCCL_SOCKET_IFNAME"] == "lo"
     text = D.multi_node_command(2, 8, "node0.example:29400")
     for part in (
         "--nnodes=2",
@@ -166,15 +172,10 @@ def test_indexed_dataset_and_args() -> None:
     assert params_checksum(m1) == params_checksum(m2)
 
 
-def test_loopback_names_and_env() -> None:
+def test_loopback_names() -> None:
     assert T._is_loopback_host("127.0.0.1") and T._is_loopback_host("localhost") and T._is_loopback_host("::1")
     assert not T._is_loopback_host("0.0.0.0") and not T._is_loopback_host("8.8.8.8")
     assert not T._is_loopback_host("no-such-host.invalid")
-    env = T.loopback_env()
-    assert env["MASTER_ADDR"] == "127.0.0.1"
-    names = [name for _, name in socket.if_nameindex()]
-    if "lo" in names:  # Linux
-        assert env["GLOO_SOCKET_IFNAME"] == "lo" and env["NCCL_SOCKET_IFNAME"] == "lo"
 
 
 def _listening() -> list[tuple[str, int]]:

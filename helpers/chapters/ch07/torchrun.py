@@ -35,12 +35,6 @@ def _is_loopback_host(host: str) -> bool:
         return False
 
 
-def loopback_env() -> dict[str, str]:
-    """``MASTER_ADDR``, and the loopback interface (``lo``, ``lo0``) for gloo's and NCCL's own sockets."""
-    lo = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
-    return {"MASTER_ADDR": "127.0.0.1", **({"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo} if lo else {})}
-
-
 _STORE_ARGS = "host_name port world_size is_master timeout wait_for_workers multi_tenant master_listen_fd use_libuv"
 
 
@@ -199,7 +193,9 @@ def run_job(
     cmd += [f"--nproc-per-node={nproc}", "--max-restarts=0", f"--log-dir={work / 'logs'}"]
     cmd += ["-m", "helpers.chapters.ch07.ddp_train", *script_args]
     t0, results = time.perf_counter(), work / "results"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **loopback_env()}
+    lo = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), "")  # lo, lo0: loopback
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1"}
+    env |= {"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo} if lo else {}  # gloo's and NCCL's own sockets
     root = str(Path(__file__).resolve().parents[3])  # the folder that holds helpers/
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     with open(work / "output.txt", "wb") as out:  # torchrun's and the ranks' output, stdout and stderr
