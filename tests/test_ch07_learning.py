@@ -105,7 +105,7 @@ def test_run_reports_accuracy_beside_chance() -> None:
     from helpers.core import evidence
 
     line = ch07.panel_summary(evidence.measured("a job", run, "cpu", method="m"))
-    assert "validation accuracy 50% (chance 17%)" in line
+    assert "validation accuracy 50.0% on 256 held-out images (chance: 1/6 = 16.7%)" in line
     old = _run_with([rank])  # a record without a validation pass
     assert old.val_accuracy is None and old.chance is None and "not measured" in old.learning()
 
@@ -113,11 +113,11 @@ def test_run_reports_accuracy_beside_chance() -> None:
 def test_launcher_passes_the_validation_set(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     seen: dict[str, list[str]] = {}
 
-    def fake_command(nproc: int, args: list[str], **kw: Any) -> list[str]:
-        seen["args"] = list(args)
+    def fake_popen(cmd: list[str], **kw: Any) -> None:
+        seen["args"] = list(cmd)
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(torchrun, "torchrun_command", fake_command)
+    monkeypatch.setattr(torchrun.subprocess, "Popen", fake_popen)
     with pytest.raises(RuntimeError, match="stop here"):
         D.launch_ddp(1, data_dir=tmp_path, val_dir=tmp_path / "v", limit=128)
     assert f"--val-dir={tmp_path / 'v'}" in seen["args"] and "--limit=128" in seen["args"]

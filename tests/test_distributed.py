@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -94,7 +95,7 @@ def test_coverage_reports_problems() -> None:
     assert cov.out_of_range == [9]
     assert cov.overlap == {(0, 1): 1}
     assert "never seen" in str(cov)
-    assert D.coverage([[0, 2], [1, 3]], 4).exactly_once
+    assert D.coverage({0: [0, 2], 1: [1, 3]}, 4).exactly_once
 
 
 @pytest.mark.parametrize(
@@ -123,12 +124,27 @@ def test_bad_input_names_the_parameter(call, name: str) -> None:
         call()
 
 
-def test_commands() -> None:
-    cmd = T.torchrun_command(2, ["--epochs=1"], log_dir="/tmp/x")
+def test_commands(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    seen, env = [], {}
+
+    def fake_popen(cmd: list[str], **kw: Any) -> None:
+        seen.append(cmd)
+        env.update(kw["env"])
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(T.subprocess, "Popen", fake_popen)
+    with pytest.raises(RuntimeError, match="stop here"):
+        D.launch_ddp(1, epochs=1, data_dir=tmp_path)
+    (cmd,) = seen
     # torchrun, with every store it serves bound to 127.0.0.1 and the ranks told to meet there
     assert cmd[:4] == [sys.executable, "-m", "helpers.chapters.ch07.torchrun", "--local-addr=127.0.0.1"]
-    assert "--standalone" in cmd and "--nproc-per-node=2" in cmd
-    assert cmd[-3:] == ["-m", "helpers.chapters.ch07.ddp_train", "--epochs=1"]
+    assert "--standalone" in cmd and "--nproc-per-node=1" in cmd and any(a.startswith("--log-dir=") for a in cmd)
+    script = cmd.index("helpers.chapters.ch07.ddp_train")
+    assert cmd[script - 1] == "-m" and "--epochs=1" in cmd[script + 1 :]
+    # the ranks meet on 127.0.0.1, and gloo's and NCCL's own sockets use the loopback interface
+    assert env["MASTER_ADDR"] == "127.0.0.1"
+    if "lo" in [name for _, name in socket.if_nameindex()]:  # Linux
+        assert env["GLOO_SOCKET_IFNAME"] == "lo" and env["NCCL_SOCKET_IFNAME"] == "lo"
     text = D.multi_node_command(2, 8, "node0.example:29400")
     for part in (
         "--nnodes=2",
@@ -156,15 +172,15 @@ def test_indexed_dataset_and_args() -> None:
     assert params_checksum(m1) == params_checksum(m2)
 
 
-def test_loopback_names_and_env() -> None:
+def test_loopback_names() -> None:
     assert T._is_loopback_host("127.0.0.1") and T._is_loopback_host("localhost") and T._is_loopback_host("::1")
     assert not T._is_loopback_host("0.0.0.0") and not T._is_loopback_host("8.8.8.8")
     assert not T._is_loopback_host("no-such-host.invalid")
-    env = T.loopback_env()
-    assert env["MASTER_ADDR"] == "127.0.0.1"
-    names = [name for _, name in socket.if_nameindex()]
-    if "lo" in names:  # Linux
-        assert env["GLOO_SOCKET_IFNAME"] == "lo" and env["NCCL_SOCKET_IFNAME"] == "lo"
+
+
+def _listening() -> list[tuple[str, int]]:
+    """``(address, port)`` of every TCP socket this process listens on."""
+    return [tuple(c.laddr) for c in psutil.Process().net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
 
 
 def test_loopback_store_listens_on_loopback_only() -> None:
@@ -179,7 +195,7 @@ def test_loopback_store_listens_on_loopback_only() -> None:
         try:
             store.set("k", "v")
             assert store.get("k") == b"v"
-            mine = [(ip, port) for _, ip, port in T.listening_sockets([psutil.Process().pid]) if port == store.port]
+            mine = [(ip, port) for ip, port in _listening() if port == store.port]
             assert mine and all(ip == "127.0.0.1" for ip, _ in mine), mine
             client = dist.TCPStore("127.0.0.1", store.port, None, False, datetime.timedelta(seconds=10))
             assert client.get("k") == b"v"
@@ -189,7 +205,7 @@ def test_loopback_store_listens_on_loopback_only() -> None:
     # a host that is not a loopback name is left to c10d as it is (a multi-machine store)
     wild = store_cls("0.0.0.0", 0, None, True, datetime.timedelta(seconds=10), False)
     try:
-        found = [ip for _, ip, port in T.listening_sockets([psutil.Process().pid]) if port == wild.port]
+        found = [ip for ip, port in _listening() if port == wild.port]
         assert found and all(ip in ("::", "0.0.0.0") for ip in found), found
     finally:
         del wild
@@ -391,9 +407,9 @@ def test_record_run_keys() -> None:
     assert rs.find("ch07.ddp.exactly_once")[0].value == 1.0
     assert run.total_items_per_s() == pytest.approx(4.0)
     # the same figure, measured here or recalled from records, reads the same
-    here = D.throughput_rows(run)
-    recalled = D.throughput_rows_from_records(rs, rs.find("ch07.ddp.total_items_per_s"))
-    assert here == recalled and D.throughput_table(here) == [
+    here = D.throughput_table([run])
+    recalled = D.throughput_table(rs.find("ch07.ddp.total_items_per_s"))
+    assert here == recalled and here == [
         "  ranks  backend  workers/rank  batch/rank      total",
         "  1      gloo                0           4  4 items/s",
     ]

@@ -21,24 +21,21 @@ NUMBER = "07"
 TITLE = "loading on several GPUs"
 BENCH_WEIGHT = 1.0
 PANEL_TITLE = "DistributedDataParallel on this machine"
-PANEL_FIGSIZE = (7.5, 3.2)
 
 BATCH_SIZES = (8, 16, 32, 64, 128)
 
 
 def check_job_device(device: torch.device | str | None) -> torch.device:
     """Where a torchrun job runs (the GPUs with CUDA, else the CPU cores), or one ValueError saying what to use."""
-    use = "device='cuda' (or None)" if has_cuda() else "device='cpu' (or None)"
+    use = f"use device={'cuda' if has_cuda() else 'cpu'!r} (or None)"
     try:
         dev = resolve_device(device)  # unknown strings, devices this machine lacks
     except ValueError as err:
-        text = str(err)
-        raise ValueError(text if "use device=" in text.lower() else f"{text}; use {use}") from None
-    if dev.type == "cpu" and dev.index is not None:
-        raise ValueError(f"device={str(device)!r}: the CPU has no device index; use {use}")
-    if dev.type == "cpu" and has_cuda():
+        raise ValueError(str(err) if "use device=" in str(err).lower() else f"{err}; {use}") from None
+    if dev.type == "cpu" and (dev.index is not None or has_cuda()):
         why = "with CUDA present the torchrun job runs on the GPUs (nccl, one rank per GPU), not on the CPU"
-        raise ValueError(f"device={str(device)!r}: {why}; use {use}")
+        why = "the CPU has no device index" if dev.index is not None else why
+        raise ValueError(f"device={str(device)!r}: {why}; {use}")
     return dev
 
 
@@ -72,33 +69,15 @@ def panel_summary(result: Evidence[DistributedRun]) -> str:
     if run is None:
         return result.header()
     cov = "every sample once per epoch" if run.exactly_once_every_epoch() else "coverage NOT exact"
-    learned = ""
-    if run.val_accuracy is not None and run.chance is not None:
-        learned = f"; validation accuracy {run.val_accuracy:.0%} (chance {run.chance:.0%})"
-    return f"{run.summary()}; {cov}{learned} — {result.header()}"
+    return f"{run.summary()}; {cov}; {run.learning()} — {result.header()}"
 
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
-    """Stacked bars per panel run: each rank's items/s (stacked) adding up to the total."""
-    from ...ui import plots  # optional/heavy: matplotlib (the ranks import this package too)
-
-    runs = [rec for rec in history if rec.result.value is not None]
-    bars = {
-        f"#{rec.index}: {rec.values['processes']} proc, {rec.values['workers']} wk, bs {rec.values['batch_size']}": {
-            f"rank {r}": v for r, v in enumerate(rec.result.value.per_rank_items_per_s())
-        }
-        for rec in runs
-    }
+    """The last four runs side by side: each rank's items/s, then the job's total."""
+    runs = [rec for rec in history if rec.result.value is not None][-4:]
     where = runs[-1].result.source.split(",")[0] if runs else "measured now"
-    title = f"Runs so far ({where}): each rank's throughput, stacked to the job's total"
-    if bars:  # (none: an empty chart with its labels)
-        plots.stacked_phases(bars, ax, unit="s", title=title)
-    tops = [sum(per.values()) for per in bars.values()]
-    distributed.label_bars(ax, tops, [f"total {rec.result.value.total_items_per_s():.0f}" for rec in runs])
-    ax.set_xlim(-0.6, max(len(runs), 3) - 0.4)
-    ax.set_ylabel("items/s (ranks stacked)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(axis="y", alpha=0.3)
+    title = f"Runs so far ({where}): each rank's items/s, then the total (wk: workers/rank, bs: batch/rank)"
+    distributed.plot_runs([rec.result.value for rec in runs], ax, names=[f"#{r.index} " for r in runs], title=title)
 
 
 def record_run(results: ResultSet, run: DistributedRun) -> None:

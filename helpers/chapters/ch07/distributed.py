@@ -18,6 +18,7 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from ...core import rounds
+from ...core.config import usable_cpu_cores
 from ...core.validate import check_float, check_int
 from ...pipeline.data import make_shapes_dataset
 from . import torchrun
@@ -145,10 +146,9 @@ class Coverage:
         return ", ".join(parts)
 
 
-def coverage(indices_by_rank: Mapping[int, Sequence[int]] | Sequence[Sequence[int]], n: int) -> Coverage:
-    """How often each of ``n`` samples was loaded across ranks in one epoch (``{rank: indices}`` or a list)."""
+def coverage(by_rank: Mapping[int, Sequence[int]], n: int) -> Coverage:
+    """How often each of ``n`` samples was loaded across ranks in one epoch (``{rank: indices}``)."""
     n = check_int("n", n, 1)
-    by_rank = indices_by_rank if isinstance(indices_by_rank, Mapping) else dict(enumerate(indices_by_rank))
     counts: Counter[int] = Counter()
     owners: dict[int, set[int]] = {}
     for r, idx in by_rank.items():
@@ -204,6 +204,8 @@ class DistributedRun:
     val_items: int = field(init=False)  # held-out images scored (0 without a validation pass)
     chance: float | None = field(init=False)  # 1 / classes: the accuracy of guessing
     val_accuracy: float | None = field(init=False)  # on the held-out images, all ranks' shares together
+    startup_s: float = field(init=False)  # the slowest rank's time from process start to first batch
+    train_s: float = field(init=False)  # the slowest rank's time in its training loop
 
     def __post_init__(self) -> None:
         r0: dict[str, Any] = self.ranks[0] if self.ranks else {}
@@ -212,6 +214,8 @@ class DistributedRun:
         self.num_classes, self.val_items = int(r0.get("num_classes") or 0), int(r0.get("val_items") or 0)
         self.chance = 1.0 / self.num_classes if self.num_classes else None
         self.val_accuracy = None if r0.get("val_accuracy") is None else float(r0["val_accuracy"])
+        self.startup_s, self.train_s = (max((float(r.get(k, math.nan)) for r in self.ranks), default=math.nan)
+                                        for k in ("startup_s", "train_s"))  # fmt: skip
 
     def params(self) -> dict[str, Any]:
         p = {"nproc": self.nproc, "backend": self.backend, "epochs": self.n_epochs, "dataset_size": self.dataset_size}
@@ -274,27 +278,18 @@ class DistributedRun:
         headers = ["rank", "device", "workers", "samples/epoch", "items/s", "last loss"]
         return "\n".join(rounds.table(headers, rows, left=2))
 
-    def startup_s(self, key: str = "startup_s") -> float:
-        """The slowest rank's time from process start to first batch (``key="train_s"``: in its training loop)."""
-        return max((float(r.get(key, math.nan)) for r in self.ranks), default=math.nan)
-
-    def train_s(self) -> float:
-        return self.startup_s("train_s")
-
     def summary(self) -> str:
         per = ", ".join(f"{v:.0f}" for v in self.per_rank_items_per_s())
         head = (
             f"{self.nproc} process(es), {self.backend}: total {self.total_items_per_s():.0f} items/s; "
-            f"wall time {self.wall_s:.1f} s, of which training {self.train_s():.1f} s"
+            f"wall time {self.wall_s:.1f} s, of which training {self.train_s:.1f} s"
         )
         return head + "\n" + textwrap.fill(f"items/s per rank: {per}", width=100, subsequent_indent="  ")
 
 
 def max_processes() -> int:
     """Most ranks worth starting on this machine: one per GPU, else one per CPU core."""
-    if torch.cuda.is_available():
-        return max(1, torch.cuda.device_count())
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    return max(1, torch.cuda.device_count()) if torch.cuda.is_available() else usable_cpu_cores()
 
 
 def multi_node_command(nnodes: int, nproc_per_node: int, rdzv_endpoint: str, *, rdzv_id: str = "job42") -> str:
@@ -350,7 +345,7 @@ def launch_ddp(
         args = [f"--out={work / 'results'}", *args, *extra_args]
         if progress is not None:
             progress(0.0, f"starting {nproc} process(es) (each imports torch)")
-        job = torchrun.run_job(torchrun.torchrun_command(nproc, args, log_dir=work / "logs"), work, timeout_s, progress)
+        job = torchrun.run_job(nproc, args, work, timeout_s, progress)
     run, cause = DistributedRun(**job, nproc=nproc, settings=settings), job["cause"]
     if run.timed_out:
         raise DistributedRunError(
@@ -359,52 +354,44 @@ def launch_ddp(
             run,
         )
     if run.returncode != 0 or len(run.ranks) != nproc:
-        if cause["rank"] is None:
-            tail = "\n".join(run.stderr.rstrip().splitlines()[-15:])
-            msg = f"torchrun exited with code {run.returncode} and {len(run.ranks)} of {nproc} ranks reported results."
-            raise DistributedRunError(msg + f" Last lines of its output:\n{tail}", run)
-        what = f"{cause['error_type']}: {cause['error_message']}" if cause["error_type"] else cause["error_message"]
-        msg = f"rank {cause['rank']} of {nproc} failed: {what}. torchrun then stopped the other rank(s) and exited"
-        raise DistributedRunError(msg + f" with code {run.returncode}.", run)
+        tail = "\n".join(run.stderr.rstrip().splitlines()[-15:])
+        msg = f"torchrun exited with code {run.returncode} and {len(run.ranks)} of {nproc} ranks reported results."
+        msg += f" Last lines of its output:\n{tail}"
+        if cause["rank"] is not None:  # the earliest error a rank wrote (a rank killed by a signal writes none)
+            what = f"rank {cause['rank']} of {nproc} failed: {cause['error_type']}: {cause['error_message']}"
+            msg = f"{what}. torchrun then stopped the other rank(s) and exited with code {run.returncode}."
+        raise DistributedRunError(msg, run)
     return run
 
 
 # -- plots and tables (the notebook, the live panel, the benchmark) ----------------------------------------------
 
 
-def label_bars(ax: Any, tops: Sequence[float], texts: Sequence[str]) -> None:
-    """Each bar's text above it, with room for it."""
-    for i, (top, text) in enumerate(zip(tops, texts)):
-        ax.annotate(text, (i, top), ha="center", va="bottom", fontsize=8)
-    ax.set_ylim(0, max(tops, default=0) * 1.15 or 1)
-
-
-def plot_run(run: DistributedRun, ax: Any = None) -> Any:
-    """Bars: each rank's items/s and the total."""
+def plot_runs(runs: Sequence[DistributedRun], ax: Any = None, *, names: Sequence[str] = ("",), title: str = "") -> Any:
+    """Bars side by side, run after run (``names`` their label prefixes): each rank's items/s, then the total."""
     from ...ui.plots import history_bars  # optional/heavy: matplotlib
 
-    values, s = run.per_rank_items_per_s() + [run.total_items_per_s()], run.settings
-    title = f"{run.nproc} rank(s), {run.backend}, {s['workers']} worker(s)/rank, batch {s['batch_size']}/rank"
-    labels = [f"rank {r['rank']}" for r in run.ranks] + ["total"]
+    labels: list[str] = []
+    values: list[float] = []
+    for name, run in zip(names, runs):
+        labels += [f"{name}rank {r['rank']}" for r in run.ranks]
+        labels.append(f"{name}total: {run.settings['workers']} wk, bs {run.settings['batch_size']}")
+        values += run.per_rank_items_per_s() + [run.total_items_per_s()]
+    title = title or f"{runs[-1].backend}: each rank's items/s, then the job's total (wk: workers/rank, bs: batch/rank)"
     ax = history_bars(labels, values, ax, ylabel="training throughput (items/s)", title=title)
-    label_bars(ax, values, [f"{v:.0f}" for v in values])
+    for i, v in enumerate(values):
+        ax.annotate(f"{v:.0f}", (i, v), ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, max(values, default=0) * 1.15 or 1)
+    ax.title.set_fontsize(9)
     return ax
 
 
-def throughput_rows(run: DistributedRun) -> list[dict[str, Any]]:
-    """The job's total throughput as one row of :func:`throughput_table`."""
-    return [{**run.params(), "items_per_s": run.total_items_per_s(), "unit": "items/s"}]
-
-
-def throughput_rows_from_records(rs: Any, recs: Sequence[Any]) -> list[dict[str, Any]]:
-    """``ch07.ddp.total_items_per_s`` records as rows of :func:`throughput_table`."""
-    return [{**r.params, "items_per_s": r.value, "unit": r.unit} for r in recs]
-
-
-def throughput_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    cells = [
-        [p["nproc"], p["backend"], p["workers"], p["batch_size"], f"{p['items_per_s']:.0f} {p['unit']}"] for p in rows
+def throughput_table(rows: Sequence[Any]) -> list[str]:
+    """The jobs' total items/s: :class:`DistributedRun` s measured here, or ``ch07.ddp.total_items_per_s`` records."""
+    figs = [
+        (r.params(), r.total_items_per_s(), "items/s") if isinstance(r, DistributedRun) else (r.params, r.value, r.unit)
+        for r in rows
     ]
-    return [
-        "  " + line for line in rounds.table(["ranks", "backend", "workers/rank", "batch/rank", "total"], cells, left=2)
-    ]
+    cells = [[p["nproc"], p["backend"], p["workers"], p["batch_size"], f"{v:.0f} {unit}"] for p, v, unit in figs]
+    headers = ["ranks", "backend", "workers/rank", "batch/rank", "total"]
+    return ["  " + line for line in rounds.table(headers, cells, left=2)]

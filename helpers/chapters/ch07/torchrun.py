@@ -7,11 +7,11 @@ c10d's TCPStore server binds the wildcard address whatever host it is given, unl
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import ipaddress
 import json
 import math
 import os
-import re
 import shutil
 import signal
 import socket
@@ -24,14 +24,6 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import psutil
 
-
-def torchrun_command(nproc: int, script_args: Sequence[str], *, log_dir: str | Path | None = None) -> list[str]:
-    """:mod:`.ddp_train` under torchrun (``--standalone``) through this module: every store on 127.0.0.1."""
-    cmd = [sys.executable, "-m", "helpers.chapters.ch07.torchrun", "--local-addr=127.0.0.1", "--standalone"]
-    cmd += [f"--nproc-per-node={nproc}", "--max-restarts=0"] + ([f"--log-dir={log_dir}"] if log_dir else [])
-    return cmd + ["-m", "helpers.chapters.ch07.ddp_train", *script_args]
-
-
 # -- keeping a single-machine job on the loopback interface ------------------------------------------------------
 
 
@@ -43,49 +35,26 @@ def _is_loopback_host(host: str) -> bool:
         return False
 
 
-def loopback_env() -> dict[str, str]:
-    """``MASTER_ADDR``, and the loopback interface for gloo's and NCCL's own sockets."""
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except (OSError, AttributeError):  # pragma: no cover - no interface list on this OS
-        names = []
-    lo = next((n for n in ("lo", "lo0") if n in names), next((n for n in names if n.startswith("lo")), None))
-    return {"MASTER_ADDR": "127.0.0.1", **({"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo} if lo else {})}
-
-
-_LOOPBACK_PORTS: set[int] = set()
-#: ``TCPStore``'s parameters, in order, with their defaults (``timeout``: c10d's 300 s).
-_STORE_ARGS = {"host_name": None, "port": None, "world_size": None, "is_master": False, "timeout": None}
-_STORE_ARGS |= {"wait_for_workers": True, "multi_tenant": False, "master_listen_fd": None, "use_libuv": True}
+_STORE_ARGS = "host_name port world_size is_master timeout wait_for_workers multi_tenant master_listen_fd use_libuv"
 
 
 def _loopback_tcpstore(base: type) -> type:
-    """``TCPStore`` whose server, for a loopback host, is handed a socket bound to 127.0.0.1 (``master_listen_fd``)."""
+    """``TCPStore`` whose server, for a loopback host, is handed a socket bound to 127.0.0.1 (``master_listen_fd``).
+    torchrun --standalone asks for port 0 (any free port) for each store, so no two of them share a port."""
 
     class LoopbackTCPStore(base):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            import datetime
-
             from ...core.device import torch_at_least  # heavy: imports torch, as this class needs
 
-            a = {**_STORE_ARGS, **dict(zip(_STORE_ARGS, args)), **kwargs}
-            a["port"] = int(a["port"])
-            a["timeout"] = datetime.timedelta(seconds=300) if a["timeout"] is None else a["timeout"]
-            reuse = a["multi_tenant"] and a["port"] in _LOOPBACK_PORTS  # c10d shares the server running there
-            serve = a["is_master"] and a["master_listen_fd"] is None and not reuse
-            if serve and _is_loopback_host(str(a["host_name"])):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            a = {**dict(zip(_STORE_ARGS.split(), args)), **kwargs}
+            if a.get("is_master") and a.get("master_listen_fd") is None and _is_loopback_host(str(a["host_name"])):
                 try:
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                    sock.bind(("127.0.0.1", a["port"]))
-                    sock.listen(512)
+                    sock = socket.create_server(("127.0.0.1", int(a["port"])), backlog=512)
                 except OSError as exc:  # same type as c10d's own bind failure, which callers catch
-                    sock.close()
                     raise RuntimeError(f"cannot listen on 127.0.0.1:{a['port']}: {exc}") from exc
-                a["port"], a["master_listen_fd"] = int(sock.getsockname()[1]), sock.detach()  # c10d takes the fd
-                _LOOPBACK_PORTS.add(a["port"])
-            a["use_libuv"] &= a["master_listen_fd"] is None or torch_at_least(2, 8)  # libuv takes a listen fd from 2.8
-            super().__init__(*a.values())
+                a["port"], a["master_listen_fd"] = sock.getsockname()[1], sock.detach()  # c10d takes the fd
+                a["use_libuv"] = a.get("use_libuv") is not False and torch_at_least(2, 8)  # libuv takes an fd from 2.8
+            super().__init__(**{k: v for k, v in a.items() if v is not None})  # None: c10d's default
 
     return LoopbackTCPStore
 
@@ -119,19 +88,6 @@ def process_alive(p: int | psutil.Process) -> bool:
         return False
 
 
-def listening_sockets(procs: Iterable[int | psutil.Process]) -> list[tuple[int, str, int]]:
-    """``(pid, address, port)`` of every TCP socket ``procs`` listen on."""
-    out = set()
-    for p in procs:
-        try:
-            proc = p if isinstance(p, psutil.Process) else psutil.Process(int(p))
-            conns = proc.net_connections(kind="tcp")
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-        out |= {(proc.pid, str(c.laddr.ip), int(c.laddr.port)) for c in conns if c.status == psutil.CONN_LISTEN}
-    return sorted(out)
-
-
 class _Tracker:
     """Every process the job started, remembered, so none is left behind."""
 
@@ -140,33 +96,30 @@ class _Tracker:
         self.procs = {pid: self.root}
         self.listening: set[tuple[int, str, int]] = set()
 
-    def scan(self, sockets: bool = False, groups: bool = False) -> None:
-        """The root's descendants; with ``groups``, also processes left in a tracked one's process group: each rank
-        has its own session (torchrun starts it so), which its DataLoader workers keep when re-parented."""
+    def scan(self) -> None:
+        """The root's descendants, processes left in their process groups, and the TCP sockets they listen on. Each
+        rank has its own session (torchrun starts it so), which its DataLoader workers keep when re-parented."""
         with contextlib.suppress(psutil.NoSuchProcess):
             for c in self.root.children(recursive=True):
                 self.procs.setdefault(c.pid, c)
-        if sockets:
-            self.listening.update(listening_sockets(self.procs.values()))
-        if groups and hasattr(os, "getpgid"):
-            ids = set(self.procs)  # a rank's pid is its group id (new session)
-            for pid in list(self.procs):
-                with contextlib.suppress(OSError):
-                    ids.add(os.getpgid(pid))
-            ids.discard(os.getpgid(0))
-            for p in psutil.process_iter():
-                with contextlib.suppress(OSError):
-                    if p.pid not in self.procs and os.getpgid(p.pid) in ids:
-                        self.procs[p.pid] = p
+        groups = set(self.procs) - {os.getpgid(0)}  # the root and each rank lead a group (new sessions)
+        for p in psutil.process_iter():
+            with contextlib.suppress(OSError):
+                if p.pid not in self.procs and os.getpgid(p.pid) in groups:
+                    self.procs[p.pid] = p
+        for proc in list(self.procs.values()):
+            with contextlib.suppress(psutil.Error):
+                conns = proc.net_connections(kind="tcp")
+                self.listening |= {(proc.pid, c.laddr.ip, c.laddr.port) for c in conns if c.status == "LISTEN"}
 
     def stop_all(self, grace_s: float = 3.0) -> list[int]:
         """SIGTERM torchrun (it stops its ranks), then terminate, then kill the rest. Returns pids still alive."""
-        self.scan(groups=True)
+        self.scan()
         with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
             if self.root.is_running():
                 self.root.send_signal(signal.SIGTERM)
                 self.root.wait(timeout=grace_s)
-        self.scan(groups=True)
+        self.scan()
         for stop in (psutil.Process.terminate, psutil.Process.kill):
             rest = [p for p in self.procs.values() if process_alive(p)]
             for p in rest:
@@ -188,24 +141,16 @@ def work_dir() -> Iterator[Path]:
         pid = d.name[len(_WORK_PREFIX) :].split("-", 1)[0]
         if pid.isdigit() and d.is_dir() and not process_alive(int(pid)):
             shutil.rmtree(d, ignore_errors=True)
-    work = Path(tempfile.mkdtemp(prefix=f"{_WORK_PREFIX}{os.getpid()}-"))
-    try:
-        (work / "results").mkdir()
-        yield work
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=f"{_WORK_PREFIX}{os.getpid()}-", ignore_cleanup_errors=True) as work:
+        (Path(work) / "results").mkdir()
+        yield Path(work)
 
 
 def _die_with_parent() -> Callable[[], None] | None:
     """A ``preexec_fn``: the child gets SIGTERM when its parent dies (Linux), so a killed kernel stops the job."""
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded in the parent: the child only calls it
-    except (OSError, AttributeError):  # pragma: no cover - exotic libc
-        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded in the parent: the child only calls it
     return lambda: prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
 
 
@@ -217,22 +162,7 @@ def _read_json(paths: Iterable[Path]) -> list[dict[str, Any]]:
     return out
 
 
-_ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 _NO_CAUSE = {"rank": None, "error_type": "", "error_message": "", "rank_traceback": ""}
-
-
-def _root_cause(results: Path, stderr: str) -> dict[str, Any]:
-    """The earliest ``rank<R>.error.json``, else torchrun's 'Root Cause' summary."""
-    errors = _read_json(results.glob("rank*.error.json"))
-    if errors:
-        first = min(errors, key=lambda e: e.get("time", math.inf))
-        return {k: first.get(k, v) for k, v in _NO_CAUSE.items()}
-    m = _ROOT_CAUSE.search(stderr)
-    if m:
-        code = int(m.group(2))
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        return {**_NO_CAUSE, "rank": int(m.group(1)), "error_message": f"the process {how}"}
-    return dict(_NO_CAUSE)
 
 
 def _follow(proc: subprocess.Popen[bytes], tracker: _Tracker, deadline: float, results: Path, progress: Any) -> bool:
@@ -241,7 +171,7 @@ def _follow(proc: subprocess.Popen[bytes], tracker: _Tracker, deadline: float, r
     while proc.poll() is None:
         now = time.perf_counter()
         if now >= next_scan:  # new processes (ranks, their workers) and their sockets
-            tracker.scan(sockets=True)
+            tracker.scan()
             next_scan = now + 0.5
         if now > deadline:
             return True
@@ -254,18 +184,23 @@ def _follow(proc: subprocess.Popen[bytes], tracker: _Tracker, deadline: float, r
 
 
 def run_job(
-    cmd: Sequence[str], work: Path, timeout_s: float, progress: Callable[[float, str], None] | None
+    nproc: int, script_args: Sequence[str], work: Path, timeout_s: float, progress: Callable[[float, str], None] | None
 ) -> dict[str, Any]:
-    """Run ``cmd`` in ``work`` for at most ``timeout_s``, then stop every process it started; the fields of a
-    ``DistributedRun``. A ``KeyboardInterrupt`` is raised again once they are, with ``tracked_pids`` and
-    ``leftover_pids``."""
+    """:mod:`.ddp_train` under this module's torchrun (``--standalone``, every store on 127.0.0.1) in ``work`` for at
+    most ``timeout_s``, then every process it started stopped; the fields of a ``DistributedRun``. A
+    ``KeyboardInterrupt`` is raised again once they are, with ``tracked_pids`` and ``leftover_pids``."""
+    cmd = [sys.executable, "-m", "helpers.chapters.ch07.torchrun", "--local-addr=127.0.0.1", "--standalone"]
+    cmd += [f"--nproc-per-node={nproc}", "--max-restarts=0", f"--log-dir={work / 'logs'}"]
+    cmd += ["-m", "helpers.chapters.ch07.ddp_train", *script_args]
     t0, results = time.perf_counter(), work / "results"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **loopback_env()}
+    lo = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), "")  # lo, lo0: loopback
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1"}
+    env |= {"GLOO_SOCKET_IFNAME": lo, "NCCL_SOCKET_IFNAME": lo} if lo else {}  # gloo's and NCCL's own sockets
     root = str(Path(__file__).resolve().parents[3])  # the folder that holds helpers/
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     with open(work / "output.txt", "wb") as out:  # torchrun's and the ranks' output, stdout and stderr
         proc = subprocess.Popen(
-            list(cmd),
+            cmd,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -292,9 +227,11 @@ def run_job(
         stop.tracked_pids, stop.leftover_pids = sorted(tracker.procs), leftover  # type: ignore[attr-defined]
         raise stop
     stderr = (work / "output.txt").read_text(errors="replace")
+    errors = [] if timed_out else _read_json(results.glob("rank*.error.json"))
+    first = min(errors, key=lambda e: e.get("time", math.inf), default={})
     ranks = _read_json(f for f in sorted(results.glob("rank*.json")) if not f.name.endswith(".error.json"))
     return dict(
-        command=list(cmd),
+        command=cmd,
         ranks=sorted(ranks, key=lambda r: r["rank"]),
         wall_s=wall_s,
         stderr=stderr,
@@ -303,7 +240,7 @@ def run_job(
         listening=sorted(tracker.listening),
         returncode=None if timed_out else proc.returncode,
         timed_out=timed_out,
-        cause=dict(_NO_CAUSE) if timed_out else _root_cause(results, stderr),
+        cause={k: first.get(k, v) for k, v in _NO_CAUSE.items()},  # the earliest failure (signals write none)
     )
 
 
