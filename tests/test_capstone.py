@@ -134,8 +134,10 @@ def test_waterfall_benchmark_records_and_plots(monkeypatch: pytest.MonkeyPatch) 
 def test_reference_lookups_are_evidence(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """The waterfall, efficiency and timeline lookups say recorded (with provenance) or missing, never more."""
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
-    for ref in (C.reference_waterfall("data-bound"), C.reference_efficiency("data-bound")):
-        assert not ref and ref.kind == "missing" and ref.value is None
+    ref = C.reference_efficiency("data-bound")
+    assert not ref and ref.kind == "missing" and ref.value is None
+    ax = C.plot_reference_waterfall("data-bound")  # missing: no bar, the reason instead
+    assert not ax.patches and "No reference results" in ax.texts[0].get_text().replace("\n", " ")
     assert C.reference_timeline("data-bound", "prefetcher").kind == "missing"
     rs = ResultSet.new("ref", "unit test")
     for i, stage in enumerate(C.STEP_NAMES):
@@ -144,17 +146,17 @@ def test_reference_lookups_are_evidence(monkeypatch: pytest.MonkeyPatch, tmp_pat
         rs.add("ch06.efficiency", 0.5 + 0.05 * i, "ratio", **p)
     rs.artifacts["ch06.trace.data-bound.prefetcher"] = {"spans": [], "metadata": {}}
     rs.save(tmp_path / "ref.json")
-    wf = C.reference_waterfall("data-bound")
-    assert wf.kind == "recorded" and "not this machine" in wf.source
-    assert wf.value == [(f"L{i}", pytest.approx(0.01 * (i + 1))) for i in reversed(range(len(C.STEP_NAMES)))]
+    ax = C.plot_reference_waterfall("data-bound")  # recorded: the bars in stacking order, their provenance
+    assert "not this machine" in ax.texts[-1].get_text()  # the evidence's source, drawn last
+    assert [t.get_text() for t in ax.get_xticklabels()] == [f"L{i}" for i in reversed(range(len(C.STEP_NAMES)))]
+    assert [p.get_height() for p in ax.patches] == [pytest.approx(10.0 * (i + 1)) for i in reversed(range(6))]
     eff = C.reference_efficiency("data-bound")
     assert eff.kind == "recorded" and C.efficiency_lines(eff.value)[0].startswith("    L5 0.75 · L4 0.70")
     assert not C.reference_efficiency("compute-bound")  # nothing recorded for that regime
     tl = C.reference_timeline("data-bound", "prefetcher")
     assert tl.kind == "recorded" and tl.value == {"spans": [], "metadata": {}}
-    C.plot_reference_waterfall("data-bound")
     with pytest.raises(ValueError, match="regime"):
-        C.reference_waterfall("io-bound")
+        C.plot_reference_waterfall("io-bound")
 
 
 def test_panel_run_and_bad_toggles(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,20 +202,6 @@ def test_regimes_tiny_model_for_data_bound_and_threads_in_the_spec(monkeypatch: 
     assert job.compute_threads() == 1
     with pytest.raises(ValueError, match="depth"):
         C.job_spec("data-bound", depth=0)
-
-
-def test_main_threads_sets_and_restores() -> None:
-    before = torch.get_num_threads()
-    with job.main_threads(1):
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == before
-    with pytest.raises(RuntimeError):
-        with job.main_threads(1):
-            raise RuntimeError("boom")
-    assert torch.get_num_threads() == before
-    with pytest.raises(ValueError, match="threads"):
-        with job.main_threads(0):
-            pass
 
 
 def test_warm_up_drains_the_pass_only_when_asked() -> None:

@@ -99,24 +99,21 @@ class Waterfall:
             for i, r in enumerate(self.results)
         ]
 
-    def best_step(self) -> str:
-        """The step with the largest gain over its predecessor (among steps that can act here)."""
-        g, idle = self.gains(), self.no_effect()
-        cands = [i for i in range(1, len(g)) if not idle[i]] or list(range(1, len(g)))
-        return self.results[max(cands, key=lambda i: g[i])].name if len(g) > 1 else self.results[0].name
-
     def best_steps(self) -> list[str]:
-        """The best step, and every step whose gain range overlaps the best one's."""
-        best = self.best_step()
-        ranges, idle = self.gain_ranges(), self.no_effect()
-        top = ranges[next(i for i, r in enumerate(self.results) if r.name == best)]
-        if len(self.results) < 2 or top is None:
-            return [best]
-        return [
+        """The step with the largest gain over its predecessor (among steps that can act here), then every other
+        step that can act whose gain range overlaps the best one's."""
+        g, idle, ranges = self.gains(), self.no_effect(), self.gain_ranges()
+        cands = [i for i in range(1, len(g)) if not idle[i]] or list(range(1, len(g)))
+        b = max(cands, key=g.__getitem__, default=0)
+        top = ranges[b]
+        return [self.results[b].name] + [
             r.name
             for i, r in enumerate(self.results[1:], 1)
-            if r.name == best or (not idle[i] and (rng := ranges[i]) is not None and rng[1] >= top[0])
+            if i != b and top is not None and not idle[i] and (rng := ranges[i]) is not None and rng[1] >= top[0]
         ]
+
+    def best_step(self) -> str:
+        return self.best_steps()[0]
 
     def verdicts(self) -> list[str]:
         """Per configuration, one of :data:`VERDICTS` ('' for the baseline); :meth:`_notes` says what each means."""
@@ -490,16 +487,12 @@ def _recorded(regime: str, what: str, key: str) -> Evidence[list[tuple[str, floa
     return evidence.recorded(f"the {regime} {what}", key, convert=rows, regime=regime)
 
 
-def reference_waterfall(regime: str) -> Evidence[list[tuple[str, float]]]:
-    return _recorded(regime, "waterfall", key="ch06.waterfall.step_time")
-
-
 def plot_reference_waterfall(regime: str, ax: Any = None) -> Any:
     """The newest recorded GPU waterfall of ``regime``, labelled; or a plain 'none recorded'."""
     from ...ui.plots import label_source, new_axes  # optional/heavy: matplotlib
 
     ax = ax if ax is not None else new_axes((5.0, 3.6))
-    ref = reference_waterfall(regime)
+    ref = _recorded(regime, "waterfall", key="ch06.waterfall.step_time")
     if ref.value is None:
         ax.axis("off")
         text = textwrap.fill(ref.source, 48)

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import default_collate
 
 from ...core.progress import no_progress
+from ...core.rounds import intraop_threads
 from ...core.timing import SpanRecorder, SpanTrace, synchronize, time_calls
 from ...pipeline.data import to_float_normalized
 from ...pipeline.models import build_model
@@ -29,7 +30,6 @@ from .job import (
     _warm_batches,
     built_loader,
     dataset_info,
-    main_threads,
     same_numerics,
     seed_order,
     train_items,
@@ -140,15 +140,11 @@ def _timed_epoch(
 
 @torch.no_grad()
 def _evaluate(pipeline: Pipeline, model: Any, spec: JobSpec) -> float:
-    was = model.training
-    model.eval()
+    model.eval()  # the job's model is not trained after this
     correct, seen = torch.zeros((), dtype=torch.int64), 0
-    try:
-        for x, y in pipeline.batches(_val_batches(spec)):
-            correct = correct.to(x.device) + (model(x).argmax(1) == y).sum()
-            seen += int(y.shape[0])
-    finally:
-        model.train(was)
+    for x, y in pipeline.batches(_val_batches(spec)):
+        correct = correct.to(x.device) + (model(x).argmax(1) == y).sum()
+        seen += int(y.shape[0])
     if not seen:
         raise ValueError("the validation set yielded no batch")
     return float(correct.item()) / seen
@@ -264,7 +260,7 @@ def _step_times(spec: JobSpec, dev: torch.device, n: int, step: Callable[..., An
     classes = int(dataset_info().params["num_classes"])
     model = build_model(width=spec.width, depth=spec.depth, num_classes=classes, seed=spec.seed).to(dev)
     opt = make_optimizer(model, lr=spec.lr)
-    with main_threads(spec.threads), same_numerics():
+    with intraop_threads(spec.threads), same_numerics():
         return time_calls(lambda: step(model, opt, x, y), repeats=n, device=dev, warmup=warm).times_s
 
 
