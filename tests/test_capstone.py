@@ -162,7 +162,7 @@ def test_reference_lookups_are_evidence(monkeypatch: pytest.MonkeyPatch, tmp_pat
 def test_panel_run_and_bad_toggles(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ch06, "job_spec", lambda regime, **kw: tiny(regime))
     ev = ch06.panel_run(None, device="cpu", regime="compute-bound", baseline=True, uint8=True, pinned=False)
-    assert ev.here and ev.value.settings.output == "uint8" and ev.value.regime == "compute-bound"
+    assert ev.here and ev.value.settings.output == "uint8" and ev.value.spec.regime == "compute-bound"
     assert "s/epoch" in ch06.panel_summary(ev) and "measured here" in ch06.panel_summary(ev)
     with pytest.raises(ValueError, match="step"):
         ch06.panel_run(None, device="cpu", regime="data-bound", turbo=True)
@@ -218,17 +218,25 @@ def test_warm_up_drains_the_pass_only_when_asked() -> None:
     assert job._warm_batches(Source(), 2, drain=True) == [0, 1] and seen == [0, 1, 2, 3, 4]
 
 
-def test_compare_threads_runs_back_to_back_and_restores() -> None:
+def test_compare_threads_runs_back_to_back_and_restores(monkeypatch: pytest.MonkeyPatch) -> None:
     before = torch.get_num_threads()
     wf = C.run_waterfall("data-bound", "cpu", names=["baseline"], spec=tiny(threads=1), stages=False)
-    rs = C.compare_threads(wf, "baseline", threads=(1, 2))
-    assert [r.spec.threads for r in rs] == [1, 2] and all(r.stages == {} for r in rs)
-    assert rs[0].epoch_s == wf.results[0].epoch_s  # the job's thread count: the waterfall's own run
-    assert "2 threads" in rs[1].label and torch.get_num_threads() == before
-    rs[0].round_epoch_s = [0.5, 0.25, 0.75]  # as a waterfall of 3 rounds records it
-    lines = C.thread_lines("data-bound", rs)
-    assert lines[1].endswith("(the waterfall's median of 3 rounds, range 0.25-0.75 s)")
+    wf.results[0].round_epoch_s = [0.5, 0.25, 0.75]  # as a waterfall of 3 rounds records it
+    real, runs = C.run_config, []
+
+    def spy(settings, spec, *a, **kw):  # type: ignore[no-untyped-def]
+        runs.append((spec.threads, kw["stages"]))
+        return real(settings, spec, *a, **kw)
+
+    monkeypatch.setattr(C, "run_config", spy)
+    lines = C.compare_threads(wf, "baseline", threads=(1, 2))
+    assert runs == [(2, False)]  # run once more, without the stages alone, only at a count other than the job's
+    assert (
+        lines[1] == f"    1 thread(s): {wf.results[0].epoch_s:.2f} s/epoch (the waterfall's median of 3 rounds, "
+        "range 0.25-0.75 s)"
+    )  # the job's thread count: the waterfall's own run
     assert lines[2].startswith("    2 thread(s): ") and lines[2].endswith("(one run)")
+    assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="step"):
         C.compare_threads(wf, "turbo")
 
@@ -388,7 +396,6 @@ def _result(name: str, times: list[float]) -> C.ConfigResult:
         name=name,
         label=label,
         settings=C.Settings(),
-        regime="data-bound",
         spec=tiny(),
         device="cpu",
         epoch_s=sorted(times)[len(times) // 2],

@@ -49,7 +49,6 @@ class BusyStep:
 def facts(**kw):
     base = dict(
         loader_type="DataLoader",
-        is_dataloader=True,
         num_workers=0,
         pin_memory=False,
         persistent_workers=False,
@@ -243,7 +242,6 @@ def test_the_advice_agrees_with_the_waterfall_it_follows() -> None:
             name=name,
             label=name,
             settings=C.Settings(),
-            regime="data-bound",
             spec=spec,
             device="cpu",
             epoch_s=sorted(times)[1],

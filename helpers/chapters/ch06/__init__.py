@@ -96,7 +96,7 @@ def panel_summary(result: Evidence[ConfigResult]) -> str:
         return result.header()
     eff = str(r.efficiency) if r.efficiency is not None else "n/a"
     return (
-        f"{r.regime}, {r.label}: {r.epoch_s:.2f} s/epoch, {r.throughput:.0f} img/s, compute busy "
+        f"{r.spec.regime}, {r.label}: {r.epoch_s:.2f} s/epoch, {r.throughput:.0f} img/s, compute busy "
         f"{r.compute_busy:.0%}, data stall {r.data_stall:.0%}, efficiency {eff}, accuracy {r.accuracy:.1%}"
         f" — {result.header()}"
     )
@@ -107,7 +107,7 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
     from ...ui.plots import history_bars  # optional/heavy: matplotlib
 
     runs = [h for h in history if h.result.value is not None]
-    labels = [f"#{h.index} {h.result.value.regime[:4]} {h.result.value.label}"[:40] for h in runs]
+    labels = [f"#{h.index} {h.result.value.spec.regime[:4]} {h.result.value.label}"[:40] for h in runs]
     where = runs[-1].result.source.split(",")[0] if runs else "measured now"
     history_bars(labels, [h.result.value.epoch_s for h in runs], ax, ylabel="time per epoch (s)",
                  title=f"Panel runs ({where})")  # fmt: skip

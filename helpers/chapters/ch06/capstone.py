@@ -290,33 +290,23 @@ def run_waterfall(
 
 def compare_threads(
     wf: Waterfall, step: str = "persistent", threads: Sequence[int] | None = None, *, pipeline: Pipeline | None = None
-) -> list[ConfigResult]:
-    """``wf``'s configuration ``step`` per main-process thread count (default: the job's and all usable cores): the
-    waterfall's own run at the job's count, else the same job run once more."""
+) -> list[str]:
+    """``wf``'s configuration ``step`` per main-process thread count (default: the job's and all usable cores), a line
+    each saying what its figure is: the waterfall's own run at the job's count (a median of rounds with their range),
+    else the same job run once more."""
     ran = {r.name: r for r in wf.results}
     if step not in ran:
         raise ValueError(f"step {step!r} was not measured in this waterfall; choose one of {', '.join(ran)}")
-    out = []
+    out = [f"{wf.regime}, {_STEPS[step].label}:"]
     for n in threads if threads is not None else sorted({wf.spec.threads, usable_cores()}):
-        label = f"{_STEPS[step].label}, {n} thread{'s' if n > 1 else ''}"
-        if n == wf.spec.threads:
-            out.append(dataclasses.replace(ran[step], label=label))
-        else:
+        r = ran[step]
+        if n != wf.spec.threads:
             spec = dataclasses.replace(wf.spec, threads=n)
-            out.append(run_config(ran[step].settings, spec, wf.device, name=step, label=label, stages=False,
-                                  pipeline=pipeline))  # fmt: skip
-    return out
-
-
-def thread_lines(regime: str, runs: Sequence[ConfigResult]) -> list[str]:
-    """:func:`compare_threads`' results, each figure saying what it is: a median of rounds with their range, or one
-    run."""
-    out = [f"{regime}, {runs[0].label.split(',')[0]}:"]
-    for r in runs:
+            r = run_config(r.settings, spec, wf.device, name=step, stages=False, pipeline=pipeline)
         rounds = r.round_epoch_s
         how = (f"the waterfall's median of {len(rounds)} rounds, range {min(rounds):.2f}-{max(rounds):.2f} s"
                if len(rounds) > 1 else "one run")  # fmt: skip
-        out.append(f"    {r.spec.threads} thread(s): {r.epoch_s:.2f} s/epoch ({how})")
+        out.append(f"    {n} thread(s): {r.epoch_s:.2f} s/epoch ({how})")
     return out
 
 

@@ -23,7 +23,6 @@ class PipelineFacts:
     """Facts read from the loader and the first batch (not timed); ``None``: unknown (a plain iterable's workers)."""
 
     loader_type: str = "unknown"
-    is_dataloader: bool = False
     num_workers: int | None = None
     pin_memory: bool | None = None
     persistent_workers: bool | None = None
@@ -155,8 +154,9 @@ def _more_workers(m: Measurements, d: Diagnosis) -> list[Recommendation]:
             stage="data", chapter="04 · workers",
         )]  # fmt: skip
     who = "in the main process" if not nw else f"per worker (with {nw} worker{'s' if nw != 1 else ''})"
-    what = "raise num_workers" if f.is_dataloader or f.num_workers is not None else (
-        "load in worker processes (a DataLoader with num_workers)")  # fmt: skip
+    what = (
+        "raise num_workers" if f.num_workers is not None else "load in worker processes (a DataLoader with num_workers)"
+    )
     return [Recommendation(
         action=f"{what} from {nw} to {suggested}",
         evidence=f"the loop waited {_ms(m.wait_s)} per step for data ({stall:.0%} of the step); loading one batch "

@@ -57,7 +57,7 @@ def inspect_loader(loader: Any, device: torch.device | str = "cpu") -> PipelineF
 
     inner, prefetcher = _unwrap(loader)
     dl = inner if isinstance(inner, DataLoader) else None
-    facts = PipelineFacts(type(loader).__name__, dl is not None, cpu_count=usable_cores(),
+    facts = PipelineFacts(type(loader).__name__, cpu_count=usable_cores(),
                           device_type=torch.device(device).type, uses_prefetcher=prefetcher)  # fmt: skip
     if dl is not None:
         facts.num_workers, facts.pin_memory = int(dl.num_workers), bool(dl.pin_memory)

@@ -44,7 +44,6 @@ class ConfigResult:
     name: str
     label: str
     settings: Settings
-    regime: str
     spec: JobSpec
     device: str
     epoch_s: float
@@ -192,7 +191,7 @@ def run_config(
         raise ValueError(f"train_items={spec.train_items} gives no full batch of {spec.batch_size}; raise train_items")
     busy, stall = _shares(trace, epochs, total_s)
     trace.metadata.update({"epoch_s": total_s / spec.epochs, "compute_busy": busy, "data_stall": stall})
-    result = ConfigResult(name, label or name, settings, spec.regime, spec, str(dev), total_s / spec.epochs,
+    result = ConfigResult(name, label or name, settings, spec, str(dev), total_s / spec.epochs,
                           steps // spec.epochs, samples // spec.epochs, acc, float(loss.item()) / max(1, samples),
                           trace, busy, stall)  # fmt: skip
     if stages:  # each stage alone, as the job runs it; cached per stage settings (an unchanged stage: measured once)
