@@ -154,7 +154,7 @@ def test_real_data_bound_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
     diag = D.diagnose(loader, step, "cpu", steps=4, warmup=1)
     assert diag.verdict == "data-bound"
     assert diag.recommendations[0].action.startswith("raise num_workers from 0 to ")
-    assert diag.stall_share > 0.5 and step.calls == 5
+    assert diag.shares["wait"] > 0.5 and step.calls == 5
     assert "DATA-BOUND" in str(diag) and str(diag).startswith("Verdict")
     assert max(len(line) for line in str(diag).splitlines()) <= diagnosis.LINE_WIDTH  # long lines wrapped at words
     assert "raise num_workers from 0 to " in " ".join(str(diag).split())
