@@ -8,7 +8,7 @@ import dataclasses
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -26,28 +26,29 @@ MODEL_LADDER: tuple[tuple[int, int], ...] = tuple(
 )
 
 
+def _stages(width: int, depth: int, crop_size: int) -> Iterator[tuple[int, int, int]]:
+    """(input channels, output channels, side) of each stage of :class:`helpers.pipeline.models.SmallCNN`."""
+    c_in, side = 3, crop_size
+    for stage in range(depth):
+        yield c_in, width * 2**stage, side
+        c_in, side = width * 2**stage, max(1, side // 2)
+
+
 def model_flops(width: int, depth: int, crop_size: int, num_classes: int = 6) -> int:
     """Forward FLOPs per image of :class:`helpers.pipeline.models.SmallCNN` from its shapes, without building it."""
-    total, c_in, side = 0, 3, crop_size
-    for stage in range(depth):
-        c_out = width * 2**stage
-        total += 2 * 9 * c_in * c_out * side * side
-        c_in, side = c_out, side // 2
-    return total + 2 * c_in * num_classes
+    convs = sum(2 * 9 * c_in * c_out * side * side for c_in, c_out, side in _stages(width, depth, crop_size))
+    return convs + 2 * width * 2 ** (depth - 1) * num_classes
 
 
 def probe_bytes(width: int, depth: int, batch_size: int, crop_size: int, num_classes: int = 6) -> int:
     """Device memory one training step of :class:`helpers.pipeline.models.SmallCNN` needs, from its shapes: per
     output element the conv's and BatchNorm's outputs and gradients, the max-pool's (a quarter as many); 16 bytes
     per parameter (with Adam's moments); the batch; then 25% for the allocator's rounding and cuDNN's workspace."""
-    total, c_in, side, params = 0, 3, crop_size, 0
-    for stage in range(depth):
-        c_out = width * 2**stage
+    total, params = 0, width * 2 ** (depth - 1) * num_classes + num_classes  # the head's
+    for c_in, c_out, side in _stages(width, depth, crop_size):
         elems = batch_size * c_out * side * side
         total += elems * 16 + (elems // 4) * 16
         params += 9 * c_in * c_out + 2 * c_out
-        c_in, side = c_out, max(1, side // 2)
-    params += c_in * num_classes + num_classes
     total += params * 16 + batch_size * 3 * crop_size * crop_size * 5
     return int(total * 1.25)
 
