@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
+from torch.utils.data import DataLoader
 
 from ...core.config import require_gpu
 from ...core.device import resolve_device
@@ -33,40 +34,27 @@ class DoctorTimeout(TimeoutError):
 
 def _unwrap(loader: Any) -> tuple[Any, bool]:
     """The innermost DataLoader (if any) and whether a prefetcher wraps it."""
-    from torch.utils.data import DataLoader
-
     obj, prefetcher = loader, False
     for _ in range(4):
-        if isinstance(obj, DataLoader):
-            return obj, prefetcher
-        inner = None
-        for attr in ("loader", "dataloader", "_loader", "base_loader"):
-            inner = getattr(obj, attr, None)
-            if inner is not None:
-                break
-        if inner is None:
-            return obj, prefetcher
-        if "prefetch" in type(obj).__name__.lower() or hasattr(obj, "stream"):
-            prefetcher = True
+        attrs = (getattr(obj, a, None) for a in ("loader", "dataloader", "_loader", "base_loader"))
+        inner = next((x for x in attrs if x is not None), None)
+        if isinstance(obj, DataLoader) or inner is None:
+            break
+        prefetcher = prefetcher or "prefetch" in type(obj).__name__.lower() or hasattr(obj, "stream")
         obj = inner
     return obj, prefetcher
 
 
 def inspect_loader(loader: Any, device: torch.device | str = "cpu") -> PipelineFacts:
-    from torch.utils.data import DataLoader
-
-    inner, prefetcher = _unwrap(loader)
-    dl = inner if isinstance(inner, DataLoader) else None
+    dl, prefetcher = _unwrap(loader)
     facts = PipelineFacts(type(loader).__name__, cpu_count=usable_cores(),
                           device_type=torch.device(device).type, uses_prefetcher=prefetcher)  # fmt: skip
-    if dl is not None:
+    if isinstance(dl, DataLoader):
         facts.num_workers, facts.pin_memory = int(dl.num_workers), bool(dl.pin_memory)
         facts.persistent_workers = bool(dl.persistent_workers)
         facts.prefetch_factor = dl.prefetch_factor if dl.num_workers > 0 else None
-    try:
+    with contextlib.suppress(TypeError):  # a plain iterable has no length: batches_per_epoch stays None
         facts.batches_per_epoch = len(loader)
-    except TypeError:
-        facts.batches_per_epoch = None
     return facts
 
 

@@ -72,14 +72,11 @@ class ConfigResult:
         return min(known, key=lambda k: known[k]) if known else None
 
 
-def _shares(trace: SpanTrace, epochs: list[tuple[float, float]], epoch_total: float) -> tuple[float, float]:
+def _shares(trace: SpanTrace, begins: list[float], epoch_total: float) -> tuple[float, float]:
     """(compute busy, data stall) as shares of the epochs; the stall includes each epoch's start-up (before its
     first span)."""
     totals = trace.phase_totals()
-    startup = 0.0
-    for t_begin, _ in epochs:
-        firsts = [s.host_start for s in trace.spans if s.host_start >= t_begin]
-        startup += max(0.0, min(firsts) - t_begin) if firsts else 0.0
+    startup = sum(min((s.host_start for s in trace.spans if s.host_start >= t0), default=t0) - t0 for t0 in begins)
     busy, stall = totals.get("train_step", 0.0), totals.get("batch", 0.0) + startup
     return min(1.0, busy / epoch_total), min(1.0, stall / epoch_total)
 
@@ -170,7 +167,7 @@ def run_config(
     model = build_model(width=spec.width, depth=spec.depth, num_classes=len(dataset_info().classes), seed=spec.seed)
     model = model.to(dev)
     opt = make_optimizer(model, lr=spec.lr)
-    epochs: list[tuple[float, float]] = []
+    begins: list[float] = []  # each timed epoch's start
     total_s, steps, samples, loss = 0.0, 0, 0, torch.zeros((), device=dev)
     with built_loader(pipe, spec, settings) as loader:
         report(0.05, f"{name}: warm-up")
@@ -179,17 +176,16 @@ def run_config(
         rec = SpanRecorder(dev, config=name, regime=spec.regime, calls=settings.calls(), pipeline=pipe.source)
         for e in range(spec.epochs):
             report(0.1 + 0.7 * e / spec.epochs, f"{name}: epoch {e + 1}/{spec.epochs}")
-            t_begin = rec.now()
+            begins.append(rec.now())
             seed_order(loader, spec.seed, e + 1, fresh=not spec.warm_steps and e == 0)
             n, k, sec, summed = _timed_epoch(pipe, model, opt, loader, settings, rec, e + 1, steps)
-            epochs.append((t_begin, rec.now()))
             total_s, steps, samples, loss = total_s + sec, steps + n, samples + k, loss + summed
         trace = rec.finish()
         report(0.85, f"{name}: evaluating")
         acc = _evaluate(pipe, model, spec)
     if steps == 0:
         raise ValueError(f"train_items={spec.train_items} gives no full batch of {spec.batch_size}; raise train_items")
-    busy, stall = _shares(trace, epochs, total_s)
+    busy, stall = _shares(trace, begins, total_s)
     trace.metadata.update({"epoch_s": total_s / spec.epochs, "compute_busy": busy, "data_stall": stall})
     result = ConfigResult(name, label or name, settings, spec, str(dev), total_s / spec.epochs,
                           steps // spec.epochs, samples // spec.epochs, acc, float(loss.item()) / max(1, samples),
