@@ -206,7 +206,8 @@ def test_pinned_probe_falls_back_only_outside_a_strict_gpu_run(monkeypatch: pyte
     monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "1")
     with pytest.raises(RuntimeError, match="illegal memory access"):
         D._pinned_probe(batch, cuda)
-    assert D._pinned_probe(batch, torch.device("cpu")) is None  # no CUDA path at all: nothing to raise
+    loader = DataLoader(SyntheticImages(16, 8), batch_size=8)  # on a CPU the doctor takes no CUDA path at all
+    assert D.diagnose(loader, BusyStep(), "cpu", steps=2, warmup=0).measurements.pinned_h2d_s is None
 
 
 def test_time_calls_times_n_calls_after_the_warm_ones() -> None:

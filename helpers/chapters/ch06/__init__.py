@@ -3,8 +3,9 @@ the reader's functions with the steps the reader ticks; the benchmark records bo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -41,23 +42,18 @@ def panel_controls(**context: Any) -> dict[str, Any]:
     controls: dict[str, Any] = {
         "regime": W.ToggleButtons(options=list(REGIMES), value="data-bound", description="regime"),
     }
+
+    def tick(name: str, change: dict[str, Any]) -> None:
+        if change.get("new"):
+            for need in STEP_REQUIRES.get(name, ()):
+                controls[need].value = True
+        else:
+            for other in (o for o, needs in STEP_REQUIRES.items() if name in needs):
+                controls[other].value = False
+
     for step in STEPS[1:]:
         controls[step.name] = W.Checkbox(value=False, description=step.label, indent=False)
-
-    def on_change(name: str) -> Callable[[dict[str, Any]], None]:
-        def handler(change: dict[str, Any]) -> None:
-            if change.get("new"):
-                for need in STEP_REQUIRES.get(name, ()):
-                    controls[need].value = True
-            else:
-                for other, needs in STEP_REQUIRES.items():
-                    if name in needs:
-                        controls[other].value = False
-
-        return handler
-
-    for step in STEPS[1:]:
-        controls[step.name].observe(on_change(step.name), names="value")
+        controls[step.name].observe(functools.partial(tick, step.name), names="value")
     return controls
 
 

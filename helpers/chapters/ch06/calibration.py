@@ -202,8 +202,7 @@ def choose_model(
             seen[current] = measure(w, d)
         except torch.OutOfMemoryError:
             stop = f"width {w}, depth {d} ran out of device memory"
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            torch.cuda.empty_cache()  # a no-op unless CUDA was initialised
             break
         ratio = seen[current] / loader_s if loader_s > 0 else float("inf")
         if margin <= ratio <= upper:

@@ -6,6 +6,7 @@ and accuracy, and its plots. Each step's gain is the median of per-round ratios 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 import textwrap
@@ -263,16 +264,13 @@ def run_waterfall(
                    progress=scaled(progress, 0.0, warm, f"{regime}, warm-up run: "))  # fmt: skip
     firsts: dict[str, ConfigResult] = {}
 
-    def measure(step: Step, s: Settings) -> Callable[..., float]:
-        def run(progress: Callable[[float, str], None]) -> float:
-            r = run_config(s, spec, device, name=step.name, label=step.label, progress=progress, pipeline=pipe,
-                           stages=stages and step.name not in firsts)  # fmt: skip
-            firsts.setdefault(step.name, r)
-            return r.epoch_s
+    def run(step: Step, s: Settings, progress: Callable[[float, str], None]) -> float:
+        r = run_config(s, spec, device, name=step.name, label=step.label, progress=progress, pipeline=pipe,
+                       stages=stages and step.name not in firsts)  # fmt: skip
+        firsts.setdefault(step.name, r)
+        return r.epoch_s
 
-        return run
-
-    times = alternate({st.label: measure(st, s) for st, s in configs}, n_rounds,
+    times = alternate({st.label: functools.partial(run, st, s) for st, s in configs}, n_rounds,
                       progress=scaled(progress, warm, 1.0, f"{regime}, "))  # fmt: skip
     out = [
         dataclasses.replace(firsts[st.name], epoch_s=times.median(st.label), round_epoch_s=times.values[st.label])

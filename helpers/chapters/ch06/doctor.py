@@ -79,12 +79,7 @@ def _describe_batch(batch: Any, facts: PipelineFacts) -> None:
 @contextlib.contextmanager
 def _alarm(seconds: float, what: list[str]) -> Iterator[None]:
     """Raise DoctorTimeout in the main thread after ``seconds`` (Unix only)."""
-    usable = (
-        hasattr(signal, "SIGALRM")
-        and hasattr(signal, "setitimer")
-        and threading.current_thread() is threading.main_thread()
-    )
-    if not usable:
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():  # Unix: SIGALRM
         yield
         return
 
@@ -101,9 +96,8 @@ def _alarm(seconds: float, what: list[str]) -> Iterator[None]:
 
 
 def _pinned_probe(batch: Any, dev: torch.device, repeats: int = 5) -> float | None:
-    """Median seconds to copy ``batch`` from pinned memory (CUDA); ``None`` if that fails, unless ``require_gpu()``."""
-    if dev.type != "cuda":
-        return None
+    """Median seconds to copy ``batch`` from pinned memory (CUDA only: the caller checks); ``None`` if that fails,
+    unless ``require_gpu()``."""
     try:
         pinned = map_tensors(lambda t: t.pin_memory() if t.device.type == "cpu" else t, batch)
         copy = time_calls(lambda: move_batch(pinned, dev, non_blocking=True), repeats=repeats, device=dev, warmup=1)
