@@ -95,12 +95,12 @@ def _alarm(seconds: float, what: list[str]) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def _pinned_probe(batch: Any, dev: torch.device, repeats: int = 5) -> float | None:
+def _pinned_probe(batch: Any, dev: torch.device) -> float | None:
     """Median seconds to copy ``batch`` from pinned memory (CUDA only: the caller checks); ``None`` if that fails,
     unless ``require_gpu()``."""
     try:
         pinned = map_tensors(lambda t: t.pin_memory() if t.device.type == "cpu" else t, batch)
-        copy = time_calls(lambda: move_batch(pinned, dev, non_blocking=True), repeats=repeats, device=dev, warmup=1)
+        copy = time_calls(lambda: move_batch(pinned, dev, non_blocking=True), repeats=5, device=dev, warmup=1)
         return copy.median_s
     except RuntimeError:
         if require_gpu():
