@@ -351,7 +351,7 @@ def test_calibration_grows_the_model_on_a_fast_device() -> None:
     cal = K.choose_model("compute-bound", measure, loader_s, start=(96, 3), crop_size=224, budget_s=1e9)
     assert cal.reached and cal.compute_s >= 2 * loader_s and calls[0] == (96, 3) and len(calls) <= 6
     assert K.model_flops(cal.width, cal.depth, 224) > K.model_flops(96, 3, 224)
-    assert "smallest model" in cal.reason and cal.tried[0][:2] == (96, 3)
+    assert "smallest model" in cal.reason  # the first model tried is the start: calls[0] above
 
 
 def test_calibration_keeps_a_model_that_already_fits_and_shrinks_an_oversized_one() -> None:
@@ -397,7 +397,6 @@ def _result(name: str, times: list[float]) -> C.ConfigResult:
         label=label,
         settings=C.Settings(),
         spec=tiny(),
-        device="cpu",
         epoch_s=sorted(times)[len(times) // 2],
         steps=3,
         samples=24,

@@ -244,7 +244,6 @@ def test_the_advice_agrees_with_the_waterfall_it_follows() -> None:
             label=name,
             settings=C.Settings(),
             spec=spec,
-            device="cpu",
             epoch_s=sorted(times)[1],
             steps=3,
             samples=24,

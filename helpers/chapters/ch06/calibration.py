@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -114,7 +114,6 @@ class Calibration:
     loader_s: float
     compute_s: float
     reached: bool
-    tried: list[tuple[int, int, float]] = field(default_factory=list)
     reason: str = ""
     seconds: float = 0.0
 
@@ -185,7 +184,7 @@ def choose_model(
             f"the tiny model computes a batch {loader_s / c:.1f}x faster than the loader loads one" if ok else
             f"even the tiny model is not {MARGIN:.0f}x faster than the loader here (data-bound regime not reached: "
             "loading steps may gain little)")  # fmt: skip
-        return Calibration(regime, *start, loader_s, c, ok, [(*start, c)], why, clock() - t0)
+        return Calibration(regime, *start, loader_s, c, ok, why, clock() - t0)
     order = sorted(set(MODEL_LADDER) | {start}, key=lambda m: model_flops(m[0], m[1], crop_size))
     flops = {m: model_flops(m[0], m[1], crop_size) for m in order}
     seen: dict[tuple[int, int], float] = {}
@@ -213,8 +212,7 @@ def choose_model(
         current = _next_model(order, flops, seen, current, ratio, loader_s)
         stop = "" if current else "no other model on the ladder"
     (width, depth), compute_s, reached, why = _choice(seen, flops, start, loader_s, stop)
-    tried = [(w, d, v) for (w, d), v in seen.items()]
-    return Calibration(regime, width, depth, loader_s, compute_s, reached, tried, why, clock() - t0)
+    return Calibration(regime, width, depth, loader_s, compute_s, reached, why, clock() - t0)
 
 
 def calibrate(

@@ -45,7 +45,6 @@ class ConfigResult:
     label: str
     settings: Settings
     spec: JobSpec
-    device: str
     epoch_s: float
     steps: int
     samples: int
@@ -187,7 +186,7 @@ def run_config(
         raise ValueError(f"train_items={spec.train_items} gives no full batch of {spec.batch_size}; raise train_items")
     busy, stall = _shares(trace, begins, total_s)
     trace.metadata.update({"epoch_s": total_s / spec.epochs, "compute_busy": busy, "data_stall": stall})
-    result = ConfigResult(name, label or name, settings, spec, str(dev), total_s / spec.epochs,
+    result = ConfigResult(name, label or name, settings, spec, total_s / spec.epochs,
                           steps // spec.epochs, samples // spec.epochs, acc, float(loss.item()) / max(1, samples),
                           trace, busy, stall)  # fmt: skip
     if stages:  # each stage alone, as the job runs it; cached per stage settings (an unchanged stage: measured once)
