@@ -274,9 +274,7 @@ def normalizer_device_exact(
     fn = normalize or to_float_normalized
     dev = torch.device(device)
     levels = torch.arange(256, dtype=torch.uint8).repeat(3, 1).view(1, 3, 16, 16)
-    if dev.type == "cpu":
-        return True
-    return bool(torch.equal(fn(levels.to(dev)).cpu(), fn(levels)))
+    return dev.type == "cpu" or bool(torch.equal(fn(levels.to(dev)).cpu(), fn(levels)))
 
 
 @contextlib.contextmanager
