@@ -134,8 +134,10 @@ def test_waterfall_benchmark_records_and_plots(monkeypatch: pytest.MonkeyPatch) 
 def test_reference_lookups_are_evidence(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """The waterfall, efficiency and timeline lookups say recorded (with provenance) or missing, never more."""
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
-    for ref in (C.reference_waterfall("data-bound"), C.reference_efficiency("data-bound")):
-        assert not ref and ref.kind == "missing" and ref.value is None
+    ref = C.reference_efficiency("data-bound")
+    assert not ref and ref.kind == "missing" and ref.value is None
+    ax = C.plot_reference_waterfall("data-bound")  # missing: no bar, the reason instead
+    assert not ax.patches and "No reference results" in ax.texts[0].get_text().replace("\n", " ")
     assert C.reference_timeline("data-bound", "prefetcher").kind == "missing"
     rs = ResultSet.new("ref", "unit test")
     for i, stage in enumerate(C.STEP_NAMES):
@@ -144,23 +146,23 @@ def test_reference_lookups_are_evidence(monkeypatch: pytest.MonkeyPatch, tmp_pat
         rs.add("ch06.efficiency", 0.5 + 0.05 * i, "ratio", **p)
     rs.artifacts["ch06.trace.data-bound.prefetcher"] = {"spans": [], "metadata": {}}
     rs.save(tmp_path / "ref.json")
-    wf = C.reference_waterfall("data-bound")
-    assert wf.kind == "recorded" and "not this machine" in wf.source
-    assert wf.value == [(f"L{i}", pytest.approx(0.01 * (i + 1))) for i in reversed(range(len(C.STEP_NAMES)))]
+    ax = C.plot_reference_waterfall("data-bound")  # recorded: the bars in stacking order, their provenance
+    assert "not this machine" in ax.texts[-1].get_text()  # the evidence's source, drawn last
+    assert [t.get_text() for t in ax.get_xticklabels()] == [f"L{i}" for i in reversed(range(len(C.STEP_NAMES)))]
+    assert [p.get_height() for p in ax.patches] == [pytest.approx(10.0 * (i + 1)) for i in reversed(range(6))]
     eff = C.reference_efficiency("data-bound")
     assert eff.kind == "recorded" and C.efficiency_lines(eff.value)[0].startswith("    L5 0.75 · L4 0.70")
     assert not C.reference_efficiency("compute-bound")  # nothing recorded for that regime
     tl = C.reference_timeline("data-bound", "prefetcher")
     assert tl.kind == "recorded" and tl.value == {"spans": [], "metadata": {}}
-    C.plot_reference_waterfall("data-bound")
     with pytest.raises(ValueError, match="regime"):
-        C.reference_waterfall("io-bound")
+        C.plot_reference_waterfall("io-bound")
 
 
 def test_panel_run_and_bad_toggles(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ch06, "job_spec", lambda regime, **kw: tiny(regime))
     ev = ch06.panel_run(None, device="cpu", regime="compute-bound", baseline=True, uint8=True, pinned=False)
-    assert ev.here and ev.value.settings.output == "uint8" and ev.value.regime == "compute-bound"
+    assert ev.here and ev.value.settings.output == "uint8" and ev.value.spec.regime == "compute-bound"
     assert "s/epoch" in ch06.panel_summary(ev) and "measured here" in ch06.panel_summary(ev)
     with pytest.raises(ValueError, match="step"):
         ch06.panel_run(None, device="cpu", regime="data-bound", turbo=True)
@@ -202,20 +204,6 @@ def test_regimes_tiny_model_for_data_bound_and_threads_in_the_spec(monkeypatch: 
         C.job_spec("data-bound", depth=0)
 
 
-def test_main_threads_sets_and_restores() -> None:
-    before = torch.get_num_threads()
-    with job.main_threads(1):
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == before
-    with pytest.raises(RuntimeError):
-        with job.main_threads(1):
-            raise RuntimeError("boom")
-    assert torch.get_num_threads() == before
-    with pytest.raises(ValueError, match="threads"):
-        with job.main_threads(0):
-            pass
-
-
 def test_warm_up_drains_the_pass_only_when_asked() -> None:
     seen: list[int] = []
 
@@ -230,17 +218,25 @@ def test_warm_up_drains_the_pass_only_when_asked() -> None:
     assert job._warm_batches(Source(), 2, drain=True) == [0, 1] and seen == [0, 1, 2, 3, 4]
 
 
-def test_compare_threads_runs_back_to_back_and_restores() -> None:
+def test_compare_threads_runs_back_to_back_and_restores(monkeypatch: pytest.MonkeyPatch) -> None:
     before = torch.get_num_threads()
     wf = C.run_waterfall("data-bound", "cpu", names=["baseline"], spec=tiny(threads=1), stages=False)
-    rs = C.compare_threads(wf, "baseline", threads=(1, 2))
-    assert [r.spec.threads for r in rs] == [1, 2] and all(r.stages == {} for r in rs)
-    assert rs[0].epoch_s == wf.results[0].epoch_s  # the job's thread count: the waterfall's own run
-    assert "2 threads" in rs[1].label and torch.get_num_threads() == before
-    rs[0].round_epoch_s = [0.5, 0.25, 0.75]  # as a waterfall of 3 rounds records it
-    lines = C.thread_lines("data-bound", rs)
-    assert lines[1].endswith("(the waterfall's median of 3 rounds, range 0.25-0.75 s)")
+    wf.results[0].round_epoch_s = [0.5, 0.25, 0.75]  # as a waterfall of 3 rounds records it
+    real, runs = C.run_config, []
+
+    def spy(settings, spec, *a, **kw):  # type: ignore[no-untyped-def]
+        runs.append((spec.threads, kw["stages"]))
+        return real(settings, spec, *a, **kw)
+
+    monkeypatch.setattr(C, "run_config", spy)
+    lines = C.compare_threads(wf, "baseline", threads=(1, 2))
+    assert runs == [(2, False)]  # run once more, without the stages alone, only at a count other than the job's
+    assert (
+        lines[1] == f"    1 thread(s): {wf.results[0].epoch_s:.2f} s/epoch (the waterfall's median of 3 rounds, "
+        "range 0.25-0.75 s)"
+    )  # the job's thread count: the waterfall's own run
     assert lines[2].startswith("    2 thread(s): ") and lines[2].endswith("(one run)")
+    assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="step"):
         C.compare_threads(wf, "turbo")
 
@@ -355,7 +351,7 @@ def test_calibration_grows_the_model_on_a_fast_device() -> None:
     cal = K.choose_model("compute-bound", measure, loader_s, start=(96, 3), crop_size=224, budget_s=1e9)
     assert cal.reached and cal.compute_s >= 2 * loader_s and calls[0] == (96, 3) and len(calls) <= 6
     assert K.model_flops(cal.width, cal.depth, 224) > K.model_flops(96, 3, 224)
-    assert "smallest model" in cal.reason and cal.tried[0][:2] == (96, 3)
+    assert "smallest model" in cal.reason  # the first model tried is the start: calls[0] above
 
 
 def test_calibration_keeps_a_model_that_already_fits_and_shrinks_an_oversized_one() -> None:
@@ -400,9 +396,7 @@ def _result(name: str, times: list[float]) -> C.ConfigResult:
         name=name,
         label=label,
         settings=C.Settings(),
-        regime="data-bound",
         spec=tiny(),
-        device="cpu",
         epoch_s=sorted(times)[len(times) // 2],
         steps=3,
         samples=24,

@@ -52,7 +52,7 @@ def _result(label: str, ratio: float) -> C.ConfigResult:
     spec = C.job_spec("data-bound", width=2, depth=1, batch_size=8, crop_size=32, train_items=24)
     stages: dict[str, float | None] = {"loader": 100.0 / ratio, "copy": None, "compute": 1000.0}
     r = C.ConfigResult(
-        name="baseline", label=label, settings=C.Settings(), regime="data-bound", spec=spec, device="cpu",
+        name="baseline", label=label, settings=C.Settings(), spec=spec,
         epoch_s=1.0, steps=10, samples=100, accuracy=0.5, train_loss=1.0, trace=SpanTrace([]),
         compute_busy=0.5, data_stall=0.5, stages=stages,
     )  # fmt: skip

@@ -49,7 +49,6 @@ class BusyStep:
 def facts(**kw):
     base = dict(
         loader_type="DataLoader",
-        is_dataloader=True,
         num_workers=0,
         pin_memory=False,
         persistent_workers=False,
@@ -155,7 +154,7 @@ def test_real_data_bound_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
     diag = D.diagnose(loader, step, "cpu", steps=4, warmup=1)
     assert diag.verdict == "data-bound"
     assert diag.recommendations[0].action.startswith("raise num_workers from 0 to ")
-    assert diag.stall_share > 0.5 and step.calls == 5
+    assert diag.shares["wait"] > 0.5 and step.calls == 5
     assert "DATA-BOUND" in str(diag) and str(diag).startswith("Verdict")
     assert max(len(line) for line in str(diag).splitlines()) <= diagnosis.LINE_WIDTH  # long lines wrapped at words
     assert "raise num_workers from 0 to " in " ".join(str(diag).split())
@@ -207,7 +206,8 @@ def test_pinned_probe_falls_back_only_outside_a_strict_gpu_run(monkeypatch: pyte
     monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "1")
     with pytest.raises(RuntimeError, match="illegal memory access"):
         D._pinned_probe(batch, cuda)
-    assert D._pinned_probe(batch, torch.device("cpu")) is None  # no CUDA path at all: nothing to raise
+    loader = DataLoader(SyntheticImages(16, 8), batch_size=8)  # on a CPU the doctor takes no CUDA path at all
+    assert D.diagnose(loader, BusyStep(), "cpu", steps=2, warmup=0).measurements.pinned_h2d_s is None
 
 
 def test_time_calls_times_n_calls_after_the_warm_ones() -> None:
@@ -243,9 +243,7 @@ def test_the_advice_agrees_with_the_waterfall_it_follows() -> None:
             name=name,
             label=name,
             settings=C.Settings(),
-            regime="data-bound",
             spec=spec,
-            device="cpu",
             epoch_s=sorted(times)[1],
             steps=3,
             samples=24,

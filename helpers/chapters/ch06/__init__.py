@@ -3,8 +3,9 @@ the reader's functions with the steps the reader ticks; the benchmark records bo
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -41,23 +42,18 @@ def panel_controls(**context: Any) -> dict[str, Any]:
     controls: dict[str, Any] = {
         "regime": W.ToggleButtons(options=list(REGIMES), value="data-bound", description="regime"),
     }
+
+    def tick(name: str, change: dict[str, Any]) -> None:
+        if change.get("new"):
+            for need in STEP_REQUIRES.get(name, ()):
+                controls[need].value = True
+        else:
+            for other in (o for o, needs in STEP_REQUIRES.items() if name in needs):
+                controls[other].value = False
+
     for step in STEPS[1:]:
         controls[step.name] = W.Checkbox(value=False, description=step.label, indent=False)
-
-    def on_change(name: str) -> Callable[[dict[str, Any]], None]:
-        def handler(change: dict[str, Any]) -> None:
-            if change.get("new"):
-                for need in STEP_REQUIRES.get(name, ()):
-                    controls[need].value = True
-            else:
-                for other, needs in STEP_REQUIRES.items():
-                    if name in needs:
-                        controls[other].value = False
-
-        return handler
-
-    for step in STEPS[1:]:
-        controls[step.name].observe(on_change(step.name), names="value")
+        controls[step.name].observe(functools.partial(tick, step.name), names="value")
     return controls
 
 
@@ -96,7 +92,7 @@ def panel_summary(result: Evidence[ConfigResult]) -> str:
         return result.header()
     eff = str(r.efficiency) if r.efficiency is not None else "n/a"
     return (
-        f"{r.regime}, {r.label}: {r.epoch_s:.2f} s/epoch, {r.throughput:.0f} img/s, compute busy "
+        f"{r.spec.regime}, {r.label}: {r.epoch_s:.2f} s/epoch, {r.throughput:.0f} img/s, compute busy "
         f"{r.compute_busy:.0%}, data stall {r.data_stall:.0%}, efficiency {eff}, accuracy {r.accuracy:.1%}"
         f" — {result.header()}"
     )
@@ -107,7 +103,7 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
     from ...ui.plots import history_bars  # optional/heavy: matplotlib
 
     runs = [h for h in history if h.result.value is not None]
-    labels = [f"#{h.index} {h.result.value.regime[:4]} {h.result.value.label}"[:40] for h in runs]
+    labels = [f"#{h.index} {h.result.value.spec.regime[:4]} {h.result.value.label}"[:40] for h in runs]
     where = runs[-1].result.source.split(",")[0] if runs else "measured now"
     history_bars(labels, [h.result.value.epoch_s for h in runs], ax, ylabel="time per epoch (s)",
                  title=f"Panel runs ({where})")  # fmt: skip

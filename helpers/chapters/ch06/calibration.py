@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import torch
 
@@ -24,30 +24,33 @@ MODEL_LADDER: tuple[tuple[int, int], ...] = tuple(
     for w in (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
     if w * 2 ** (d - 1) <= 8192
 )
+#: The compute-bound step takes MARGIN to UPPER times the loader's batch; the data-bound one MARGIN x less.
+MARGIN, UPPER = 2.0, 3.5
+
+
+def _stages(width: int, depth: int, crop_size: int) -> Iterator[tuple[int, int, int]]:
+    """(input channels, output channels, side) of each stage of :class:`helpers.pipeline.models.SmallCNN`."""
+    c_in, side = 3, crop_size
+    for stage in range(depth):
+        yield c_in, width * 2**stage, side
+        c_in, side = width * 2**stage, max(1, side // 2)
 
 
 def model_flops(width: int, depth: int, crop_size: int, num_classes: int = 6) -> int:
     """Forward FLOPs per image of :class:`helpers.pipeline.models.SmallCNN` from its shapes, without building it."""
-    total, c_in, side = 0, 3, crop_size
-    for stage in range(depth):
-        c_out = width * 2**stage
-        total += 2 * 9 * c_in * c_out * side * side
-        c_in, side = c_out, side // 2
-    return total + 2 * c_in * num_classes
+    convs = sum(2 * 9 * c_in * c_out * side * side for c_in, c_out, side in _stages(width, depth, crop_size))
+    return convs + 2 * width * 2 ** (depth - 1) * num_classes
 
 
 def probe_bytes(width: int, depth: int, batch_size: int, crop_size: int, num_classes: int = 6) -> int:
     """Device memory one training step of :class:`helpers.pipeline.models.SmallCNN` needs, from its shapes: per
     output element the conv's and BatchNorm's outputs and gradients, the max-pool's (a quarter as many); 16 bytes
     per parameter (with Adam's moments); the batch; then 25% for the allocator's rounding and cuDNN's workspace."""
-    total, c_in, side, params = 0, 3, crop_size, 0
-    for stage in range(depth):
-        c_out = width * 2**stage
+    total, params = 0, width * 2 ** (depth - 1) * num_classes + num_classes  # the head's
+    for c_in, c_out, side in _stages(width, depth, crop_size):
         elems = batch_size * c_out * side * side
         total += elems * 16 + (elems // 4) * 16
         params += 9 * c_in * c_out + 2 * c_out
-        c_in, side = c_out, max(1, side // 2)
-    params += c_in * num_classes + num_classes
     total += params * 16 + batch_size * 3 * crop_size * crop_size * 5
     return int(total * 1.25)
 
@@ -111,7 +114,6 @@ class Calibration:
     loader_s: float
     compute_s: float
     reached: bool
-    tried: list[tuple[int, int, float]] = field(default_factory=list)
     reason: str = ""
     seconds: float = 0.0
 
@@ -128,27 +130,27 @@ class Calibration:
 
 def _next_model(
     order: list[tuple[int, int]], flops: dict[tuple[int, int], int], seen: dict[tuple[int, int], float],
-    current: tuple[int, int], ratio: float, margin: float, upper: float, loader_s: float,
+    current: tuple[int, int], ratio: float, loader_s: float,
 ) -> tuple[int, int] | None:  # fmt: skip
     """The smallest unmeasured model predicted (time scales with FLOPs) to land in range, in the direction needed,
     else the furthest that way; never a smaller one than a model already measured too fast."""
-    f, target = flops, flops[current] * (margin + upper) / 2 / max(ratio, 1e-9)
-    if ratio < margin:
+    f, target = flops, flops[current] * (MARGIN + UPPER) / 2 / max(ratio, 1e-9)
+    if ratio < MARGIN:
         cands = [m for m in order if f[m] > f[current] and m not in seen]
     else:
         cands = [m for m in order if f[m] < f[current] and m not in seen
-                 and not any(f[m] <= f[k] and v < margin * loader_s for k, v in seen.items())]  # fmt: skip
+                 and not any(f[m] <= f[k] and v < MARGIN * loader_s for k, v in seen.items())]  # fmt: skip
     return next((m for m in cands if f[m] >= target), cands[-1] if cands else None)
 
 
 def _choice(seen: dict[tuple[int, int], float], flops: dict[tuple[int, int], int], start: tuple[int, int],
-            margin: float, loader_s: float, stop: str) -> tuple[tuple[int, int], float, bool, str]:  # fmt: skip
+            loader_s: float, stop: str) -> tuple[tuple[int, int], float, bool, str]:  # fmt: skip
     """(model, seconds per step, reached, why): the smallest model that reached the regime, else the largest."""
-    fast_enough = {m: v for m, v in seen.items() if v >= margin * loader_s}
+    fast_enough = {m: v for m, v in seen.items() if v >= MARGIN * loader_s}
     if fast_enough:
         best = min(fast_enough, key=lambda m: flops[m])
         return best, fast_enough[best], True, (
-            f"the smallest model measured whose step takes at least {margin:.0f}x the loader's batch "
+            f"the smallest model measured whose step takes at least {MARGIN:.0f}x the loader's batch "
             f"({len(seen)} model(s) measured)")  # fmt: skip
     if not seen:
         return start, float("nan"), False, f"nothing could be measured: {stop}"
@@ -165,28 +167,25 @@ def choose_model(
     *,
     start: tuple[int, int],
     crop_size: int,
-    margin: float = 2.0,
-    upper: float = 3.5,
     budget_s: float = 30.0,
     max_probes: int = 6,
-    ladder: Sequence[tuple[int, int]] = MODEL_LADDER,
     clock: Callable[[], float] = time.perf_counter,
     fits: Callable[[int, int], str | None] | None = None,
 ) -> Calibration:
-    """Pick ``regime``'s model. **data-bound**: ``start`` must compute a batch ``margin`` x faster than the loader
-    loads one. **compute-bound**: the step must take ``margin`` to ``upper`` x the loader's batch; each probe
+    """Pick ``regime``'s model. **data-bound**: ``start`` must compute a batch :data:`MARGIN` x faster than the loader
+    loads one. **compute-bound**: the step must take :data:`MARGIN` to :data:`UPPER` x the loader's batch; each probe
     predicts the size needed until in range, or the ladder, memory (``fits``), ``max_probes`` or ``budget_s`` run
     out."""
     t0 = clock()
     if regime == "data-bound":
         c = measure(*start)
-        ok = c * margin <= loader_s
+        ok = c * MARGIN <= loader_s
         why = "no time measured" if c <= 0 else (
             f"the tiny model computes a batch {loader_s / c:.1f}x faster than the loader loads one" if ok else
-            f"even the tiny model is not {margin:.0f}x faster than the loader here (data-bound regime not reached: "
+            f"even the tiny model is not {MARGIN:.0f}x faster than the loader here (data-bound regime not reached: "
             "loading steps may gain little)")  # fmt: skip
-        return Calibration(regime, *start, loader_s, c, ok, [(*start, c)], why, clock() - t0)
-    order = sorted(set(ladder) | {start}, key=lambda m: model_flops(m[0], m[1], crop_size))
+        return Calibration(regime, *start, loader_s, c, ok, why, clock() - t0)
+    order = sorted(set(MODEL_LADDER) | {start}, key=lambda m: model_flops(m[0], m[1], crop_size))
     flops = {m: model_flops(m[0], m[1], crop_size) for m in order}
     seen: dict[tuple[int, int], float] = {}
     current: tuple[int, int] | None = start
@@ -201,21 +200,19 @@ def choose_model(
             seen[current] = measure(w, d)
         except torch.OutOfMemoryError:
             stop = f"width {w}, depth {d} ran out of device memory"
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            torch.cuda.empty_cache()  # a no-op unless CUDA was initialised
             break
         ratio = seen[current] / loader_s if loader_s > 0 else float("inf")
-        if margin <= ratio <= upper:
+        if MARGIN <= ratio <= UPPER:
             break
         if len(seen) >= max_probes or clock() - t0 > budget_s:
             stop = f"{max_probes} models measured" if len(seen) >= max_probes else (
                 f"the calibration's time budget ({budget_s:.0f} s) is spent")  # fmt: skip
             break
-        current = _next_model(order, flops, seen, current, ratio, margin, upper, loader_s)
+        current = _next_model(order, flops, seen, current, ratio, loader_s)
         stop = "" if current else "no other model on the ladder"
-    (width, depth), compute_s, reached, why = _choice(seen, flops, start, margin, loader_s, stop)
-    tried = [(w, d, v) for (w, d), v in seen.items()]
-    return Calibration(regime, width, depth, loader_s, compute_s, reached, tried, why, clock() - t0)
+    (width, depth), compute_s, reached, why = _choice(seen, flops, start, loader_s, stop)
+    return Calibration(regime, width, depth, loader_s, compute_s, reached, why, clock() - t0)
 
 
 def calibrate(

@@ -6,6 +6,7 @@ and accuracy, and its plots. Each step's gain is the median of per-round ratios 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 import textwrap
@@ -98,24 +99,21 @@ class Waterfall:
             for i, r in enumerate(self.results)
         ]
 
-    def best_step(self) -> str:
-        """The step with the largest gain over its predecessor (among steps that can act here)."""
-        g, idle = self.gains(), self.no_effect()
-        cands = [i for i in range(1, len(g)) if not idle[i]] or list(range(1, len(g)))
-        return self.results[max(cands, key=lambda i: g[i])].name if len(g) > 1 else self.results[0].name
-
     def best_steps(self) -> list[str]:
-        """The best step, and every step whose gain range overlaps the best one's."""
-        best = self.best_step()
-        ranges, idle = self.gain_ranges(), self.no_effect()
-        top = ranges[next(i for i, r in enumerate(self.results) if r.name == best)]
-        if len(self.results) < 2 or top is None:
-            return [best]
-        return [
+        """The step with the largest gain over its predecessor (among steps that can act here), then every other
+        step that can act whose gain range overlaps the best one's."""
+        g, idle, ranges = self.gains(), self.no_effect(), self.gain_ranges()
+        cands = [i for i in range(1, len(g)) if not idle[i]] or list(range(1, len(g)))
+        b = max(cands, key=g.__getitem__, default=0)
+        top = ranges[b]
+        return [self.results[b].name] + [
             r.name
             for i, r in enumerate(self.results[1:], 1)
-            if r.name == best or (not idle[i] and (rng := ranges[i]) is not None and rng[1] >= top[0])
+            if i != b and top is not None and not idle[i] and (rng := ranges[i]) is not None and rng[1] >= top[0]
         ]
+
+    def best_step(self) -> str:
+        return self.best_steps()[0]
 
     def verdicts(self) -> list[str]:
         """Per configuration, one of :data:`VERDICTS` ('' for the baseline); :meth:`_notes` says what each means."""
@@ -265,16 +263,13 @@ def run_waterfall(
                    progress=scaled(progress, 0.0, warm, f"{regime}, warm-up run: "))  # fmt: skip
     firsts: dict[str, ConfigResult] = {}
 
-    def measure(step: Step, s: Settings) -> Callable[..., float]:
-        def run(progress: Callable[[float, str], None]) -> float:
-            r = run_config(s, spec, device, name=step.name, label=step.label, progress=progress, pipeline=pipe,
-                           stages=stages and step.name not in firsts)  # fmt: skip
-            firsts.setdefault(step.name, r)
-            return r.epoch_s
+    def run(step: Step, s: Settings, progress: Callable[[float, str], None]) -> float:
+        r = run_config(s, spec, device, name=step.name, label=step.label, progress=progress, pipeline=pipe,
+                       stages=stages and step.name not in firsts)  # fmt: skip
+        firsts.setdefault(step.name, r)
+        return r.epoch_s
 
-        return run
-
-    times = alternate({st.label: measure(st, s) for st, s in configs}, n_rounds,
+    times = alternate({st.label: functools.partial(run, st, s) for st, s in configs}, n_rounds,
                       progress=scaled(progress, warm, 1.0, f"{regime}, "))  # fmt: skip
     out = [
         dataclasses.replace(firsts[st.name], epoch_s=times.median(st.label), round_epoch_s=times.values[st.label])
@@ -292,33 +287,23 @@ def run_waterfall(
 
 def compare_threads(
     wf: Waterfall, step: str = "persistent", threads: Sequence[int] | None = None, *, pipeline: Pipeline | None = None
-) -> list[ConfigResult]:
-    """``wf``'s configuration ``step`` per main-process thread count (default: the job's and all usable cores): the
-    waterfall's own run at the job's count, else the same job run once more."""
+) -> list[str]:
+    """``wf``'s configuration ``step`` per main-process thread count (default: the job's and all usable cores), a line
+    each saying what its figure is: the waterfall's own run at the job's count (a median of rounds with their range),
+    else the same job run once more."""
     ran = {r.name: r for r in wf.results}
     if step not in ran:
         raise ValueError(f"step {step!r} was not measured in this waterfall; choose one of {', '.join(ran)}")
-    out = []
+    out = [f"{wf.regime}, {_STEPS[step].label}:"]
     for n in threads if threads is not None else sorted({wf.spec.threads, usable_cores()}):
-        label = f"{_STEPS[step].label}, {n} thread{'s' if n > 1 else ''}"
-        if n == wf.spec.threads:
-            out.append(dataclasses.replace(ran[step], label=label))
-        else:
+        r = ran[step]
+        if n != wf.spec.threads:
             spec = dataclasses.replace(wf.spec, threads=n)
-            out.append(run_config(ran[step].settings, spec, wf.device, name=step, label=label, stages=False,
-                                  pipeline=pipeline))  # fmt: skip
-    return out
-
-
-def thread_lines(regime: str, runs: Sequence[ConfigResult]) -> list[str]:
-    """:func:`compare_threads`' results, each figure saying what it is: a median of rounds with their range, or one
-    run."""
-    out = [f"{regime}, {runs[0].label.split(',')[0]}:"]
-    for r in runs:
+            r = run_config(r.settings, spec, wf.device, name=step, stages=False, pipeline=pipeline)
         rounds = r.round_epoch_s
         how = (f"the waterfall's median of {len(rounds)} rounds, range {min(rounds):.2f}-{max(rounds):.2f} s"
                if len(rounds) > 1 else "one run")  # fmt: skip
-        out.append(f"    {r.spec.threads} thread(s): {r.epoch_s:.2f} s/epoch ({how})")
+        out.append(f"    {n} thread(s): {r.epoch_s:.2f} s/epoch ({how})")
     return out
 
 
@@ -489,16 +474,12 @@ def _recorded(regime: str, what: str, key: str) -> Evidence[list[tuple[str, floa
     return evidence.recorded(f"the {regime} {what}", key, convert=rows, regime=regime)
 
 
-def reference_waterfall(regime: str) -> Evidence[list[tuple[str, float]]]:
-    return _recorded(regime, "waterfall", key="ch06.waterfall.step_time")
-
-
 def plot_reference_waterfall(regime: str, ax: Any = None) -> Any:
     """The newest recorded GPU waterfall of ``regime``, labelled; or a plain 'none recorded'."""
     from ...ui.plots import label_source, new_axes  # optional/heavy: matplotlib
 
     ax = ax if ax is not None else new_axes((5.0, 3.6))
-    ref = reference_waterfall(regime)
+    ref = _recorded(regime, "waterfall", key="ch06.waterfall.step_time")
     if ref.value is None:
         ax.axis("off")
         text = textwrap.fill(ref.source, 48)

@@ -23,7 +23,6 @@ class PipelineFacts:
     """Facts read from the loader and the first batch (not timed); ``None``: unknown (a plain iterable's workers)."""
 
     loader_type: str = "unknown"
-    is_dataloader: bool = False
     num_workers: int | None = None
     pin_memory: bool | None = None
     persistent_workers: bool | None = None
@@ -102,8 +101,6 @@ class Diagnosis:
     measurements: Measurements
     stage_times: dict[str, float | None]
     shares: dict[str, float]
-    stall_share: float
-    predicted_overlapped_s: float
     recommendations: list[Recommendation]
     notes: list[str]
     seconds: float = 0.0
@@ -117,7 +114,7 @@ class Diagnosis:
                    f"total {_ms(m.step_s)}"),
             *_wrap("Stages (bottleneck model): ",
                    " · ".join(f"{k} {'hidden' if v is None else _ms(v)}" for k, v in self.stage_times.items())
-                   + f" -> overlapped step >= {_ms(self.predicted_overlapped_s)}"),
+                   + f" -> overlapped step >= {_ms(max(v for v in self.stage_times.values() if v is not None))}"),
             *_wrap("Pipeline: ", f"{f.loader_type}, num_workers={f.num_workers}, pin_memory={f.pin_memory}, "
                    f"persistent_workers={f.persistent_workers}, prefetch_factor={f.prefetch_factor}, "
                    f"{f.cpu_count} cores, batch {f.batch_dtype} {list(f.batch_shape)} ({f.batch_bytes / 2**20:.2f} MiB)"
@@ -139,7 +136,7 @@ def _ms(s: float | None) -> str:
 
 
 def _more_workers(m: Measurements, d: Diagnosis) -> list[Recommendation]:
-    f, nw, busy, stall = m.facts, m.facts.num_workers or 0, m.busy_s, d.stall_share
+    f, nw, busy, stall = m.facts, m.facts.num_workers or 0, m.busy_s, d.shares["wait"]
     cores = max(1, int(f.cpu_count))
     per_batch = m.wait_s if not nw else nw * (m.wait_s + busy)  # seconds one worker needs per batch
     need = math.ceil(per_batch / busy) if busy > 0 else cores
@@ -155,8 +152,9 @@ def _more_workers(m: Measurements, d: Diagnosis) -> list[Recommendation]:
             stage="data", chapter="04 · workers",
         )]  # fmt: skip
     who = "in the main process" if not nw else f"per worker (with {nw} worker{'s' if nw != 1 else ''})"
-    what = "raise num_workers" if f.is_dataloader or f.num_workers is not None else (
-        "load in worker processes (a DataLoader with num_workers)")  # fmt: skip
+    what = (
+        "raise num_workers" if f.num_workers is not None else "load in worker processes (a DataLoader with num_workers)"
+    )
     return [Recommendation(
         action=f"{what} from {nw} to {suggested}",
         evidence=f"the loop waited {_ms(m.wait_s)} per step for data ({stall:.0%} of the step); loading one batch "
@@ -172,7 +170,7 @@ def _more_workers(m: Measurements, d: Diagnosis) -> list[Recommendation]:
 def _data_advice(m: Measurements, d: Diagnosis) -> list[Recommendation]:
     f, nw = m.facts, m.facts.num_workers or 0
     recs: list[Recommendation] = []
-    if m.wait_s > 0 and (not nw or d.stall_share >= STALL_THRESHOLD):
+    if m.wait_s > 0 and (not nw or d.shares["wait"] >= STALL_THRESHOLD):
         recs += _more_workers(m, d)
         med, p90 = m.wait_median_s, m.wait_p90_s
         if nw and p90 is not None and med is not None and f.prefetch_factor and p90 > 3 * max(med, 1e-6) and (
@@ -243,7 +241,7 @@ def _transfer_advice(m: Measurements, d: Diagnosis) -> list[Recommendation]:
 def _compute_advice(m: Measurements, d: Diagnosis) -> list[Recommendation]:
     if d.verdict != "compute-bound":
         return []
-    quiet = d.stall_share < STALL_THRESHOLD
+    quiet = d.shares["wait"] < STALL_THRESHOLD
     if m.facts.num_workers or quiet:
         d.notes.append(
             "More workers or a deeper prefetch queue would not speed this loop up: it barely waits for data."
@@ -252,7 +250,7 @@ def _compute_advice(m: Measurements, d: Diagnosis) -> list[Recommendation]:
         action="speed up the step itself: mixed precision (torch.autocast), channels_last, torch.compile, or a larger "
         "batch" + ("; the input pipeline already keeps up" if quiet else ""),
         evidence=f"compute takes {_ms(m.compute_s)} of a {_ms(m.step_s)} step ({d.shares['compute']:.0%}); the loop "
-        f"waited {d.stall_share:.0%} of its time for data",
+        f"waited {d.shares['wait']:.0%} of its time for data",
         stage="compute", chapter="01 · bottleneck model",
     )]  # fmt: skip
 
@@ -312,7 +310,7 @@ def decide(m: Measurements, *, measured: Mapping[str, str] | None = None) -> Dia
         notes.append("The step function does its own copy, so the copy is counted inside 'compute'.")
     if not m.facts.cuda:
         notes.append("No CUDA device: the copy to the device is a no-op here, so transfer cannot be the bottleneck.")
-    d = Diagnosis(f"{bottleneck}-bound", m, stages, shares, stall, known[bottleneck], [], notes)
+    d = Diagnosis(f"{bottleneck}-bound", m, stages, shares, [], notes)
     recs = _data_advice(m, d) + _transfer_advice(m, d) + _compute_advice(m, d)
     if measured:
         recs = _agree_with(recs, measured, notes)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
+from torch.utils.data import DataLoader
 
 from ...core.config import require_gpu
 from ...core.device import resolve_device
@@ -33,40 +34,27 @@ class DoctorTimeout(TimeoutError):
 
 def _unwrap(loader: Any) -> tuple[Any, bool]:
     """The innermost DataLoader (if any) and whether a prefetcher wraps it."""
-    from torch.utils.data import DataLoader
-
     obj, prefetcher = loader, False
     for _ in range(4):
-        if isinstance(obj, DataLoader):
-            return obj, prefetcher
-        inner = None
-        for attr in ("loader", "dataloader", "_loader", "base_loader"):
-            inner = getattr(obj, attr, None)
-            if inner is not None:
-                break
-        if inner is None:
-            return obj, prefetcher
-        if "prefetch" in type(obj).__name__.lower() or hasattr(obj, "stream"):
-            prefetcher = True
+        attrs = (getattr(obj, a, None) for a in ("loader", "dataloader", "_loader", "base_loader"))
+        inner = next((x for x in attrs if x is not None), None)
+        if isinstance(obj, DataLoader) or inner is None:
+            break
+        prefetcher = prefetcher or "prefetch" in type(obj).__name__.lower() or hasattr(obj, "stream")
         obj = inner
     return obj, prefetcher
 
 
 def inspect_loader(loader: Any, device: torch.device | str = "cpu") -> PipelineFacts:
-    from torch.utils.data import DataLoader
-
-    inner, prefetcher = _unwrap(loader)
-    dl = inner if isinstance(inner, DataLoader) else None
-    facts = PipelineFacts(type(loader).__name__, dl is not None, cpu_count=usable_cores(),
+    dl, prefetcher = _unwrap(loader)
+    facts = PipelineFacts(type(loader).__name__, cpu_count=usable_cores(),
                           device_type=torch.device(device).type, uses_prefetcher=prefetcher)  # fmt: skip
-    if dl is not None:
+    if isinstance(dl, DataLoader):
         facts.num_workers, facts.pin_memory = int(dl.num_workers), bool(dl.pin_memory)
         facts.persistent_workers = bool(dl.persistent_workers)
         facts.prefetch_factor = dl.prefetch_factor if dl.num_workers > 0 else None
-    try:
+    with contextlib.suppress(TypeError):  # a plain iterable has no length: batches_per_epoch stays None
         facts.batches_per_epoch = len(loader)
-    except TypeError:
-        facts.batches_per_epoch = None
     return facts
 
 
@@ -91,12 +79,7 @@ def _describe_batch(batch: Any, facts: PipelineFacts) -> None:
 @contextlib.contextmanager
 def _alarm(seconds: float, what: list[str]) -> Iterator[None]:
     """Raise DoctorTimeout in the main thread after ``seconds`` (Unix only)."""
-    usable = (
-        hasattr(signal, "SIGALRM")
-        and hasattr(signal, "setitimer")
-        and threading.current_thread() is threading.main_thread()
-    )
-    if not usable:
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():  # Unix: SIGALRM
         yield
         return
 
@@ -112,13 +95,12 @@ def _alarm(seconds: float, what: list[str]) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def _pinned_probe(batch: Any, dev: torch.device, repeats: int = 5) -> float | None:
-    """Median seconds to copy ``batch`` from pinned memory (CUDA); ``None`` if that fails, unless ``require_gpu()``."""
-    if dev.type != "cuda":
-        return None
+def _pinned_probe(batch: Any, dev: torch.device) -> float | None:
+    """Median seconds to copy ``batch`` from pinned memory (CUDA only: the caller checks); ``None`` if that fails,
+    unless ``require_gpu()``."""
     try:
         pinned = map_tensors(lambda t: t.pin_memory() if t.device.type == "cpu" else t, batch)
-        copy = time_calls(lambda: move_batch(pinned, dev, non_blocking=True), repeats=repeats, device=dev, warmup=1)
+        copy = time_calls(lambda: move_batch(pinned, dev, non_blocking=True), repeats=5, device=dev, warmup=1)
         return copy.median_s
     except RuntimeError:
         if require_gpu():

@@ -94,10 +94,6 @@ def compute_threads() -> int:  # the main process's: usable cores minus the work
     return max(1, usable_cores() - default_workers())
 
 
-#: ``torch.set_num_threads(n)`` for the block, restored after.
-main_threads = intraop_threads
-
-
 def settings_for(enabled: Iterable[str], workers: int | None = None) -> Settings:
     """Settings with the named steps switched on (any subset, any order; checked by the caller)."""
     names = set(enabled)
@@ -278,9 +274,7 @@ def normalizer_device_exact(
     fn = normalize or to_float_normalized
     dev = torch.device(device)
     levels = torch.arange(256, dtype=torch.uint8).repeat(3, 1).view(1, 3, 16, 16)
-    if dev.type == "cpu":
-        return True
-    return bool(torch.equal(fn(levels.to(dev)).cpu(), fn(levels)))
+    return dev.type == "cpu" or bool(torch.equal(fn(levels.to(dev)).cpu(), fn(levels)))
 
 
 @contextlib.contextmanager
@@ -339,7 +333,7 @@ def built_loader(pipeline: Pipeline, spec: JobSpec, s: Settings) -> Iterator[Any
     loader = None
     with released([]) as objs:
         try:
-            with main_threads(spec.threads), same_numerics(), torch.random.fork_rng(devices=[]):
+            with intraop_threads(spec.threads), same_numerics(), torch.random.fork_rng(devices=[]):
                 torch.manual_seed(spec.seed)
                 kw = s.loader_kwargs()
                 if s.num_workers > 0:

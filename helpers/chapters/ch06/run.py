@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import default_collate
 
 from ...core.progress import no_progress
+from ...core.rounds import intraop_threads
 from ...core.timing import SpanRecorder, SpanTrace, synchronize, time_calls
 from ...pipeline.data import to_float_normalized
 from ...pipeline.models import build_model
@@ -29,7 +30,6 @@ from .job import (
     _warm_batches,
     built_loader,
     dataset_info,
-    main_threads,
     same_numerics,
     seed_order,
     train_items,
@@ -44,9 +44,7 @@ class ConfigResult:
     name: str
     label: str
     settings: Settings
-    regime: str
     spec: JobSpec
-    device: str
     epoch_s: float
     steps: int
     samples: int
@@ -73,14 +71,11 @@ class ConfigResult:
         return min(known, key=lambda k: known[k]) if known else None
 
 
-def _shares(trace: SpanTrace, epochs: list[tuple[float, float]], epoch_total: float) -> tuple[float, float]:
+def _shares(trace: SpanTrace, begins: list[float], epoch_total: float) -> tuple[float, float]:
     """(compute busy, data stall) as shares of the epochs; the stall includes each epoch's start-up (before its
     first span)."""
     totals = trace.phase_totals()
-    startup = 0.0
-    for t_begin, _ in epochs:
-        firsts = [s.host_start for s in trace.spans if s.host_start >= t_begin]
-        startup += max(0.0, min(firsts) - t_begin) if firsts else 0.0
+    startup = sum(min((s.host_start for s in trace.spans if s.host_start >= t0), default=t0) - t0 for t0 in begins)
     busy, stall = totals.get("train_step", 0.0), totals.get("batch", 0.0) + startup
     return min(1.0, busy / epoch_total), min(1.0, stall / epoch_total)
 
@@ -140,15 +135,11 @@ def _timed_epoch(
 
 @torch.no_grad()
 def _evaluate(pipeline: Pipeline, model: Any, spec: JobSpec) -> float:
-    was = model.training
-    model.eval()
+    model.eval()  # the job's model is not trained after this
     correct, seen = torch.zeros((), dtype=torch.int64), 0
-    try:
-        for x, y in pipeline.batches(_val_batches(spec)):
-            correct = correct.to(x.device) + (model(x).argmax(1) == y).sum()
-            seen += int(y.shape[0])
-    finally:
-        model.train(was)
+    for x, y in pipeline.batches(_val_batches(spec)):
+        correct = correct.to(x.device) + (model(x).argmax(1) == y).sum()
+        seen += int(y.shape[0])
     if not seen:
         raise ValueError("the validation set yielded no batch")
     return float(correct.item()) / seen
@@ -175,7 +166,7 @@ def run_config(
     model = build_model(width=spec.width, depth=spec.depth, num_classes=len(dataset_info().classes), seed=spec.seed)
     model = model.to(dev)
     opt = make_optimizer(model, lr=spec.lr)
-    epochs: list[tuple[float, float]] = []
+    begins: list[float] = []  # each timed epoch's start
     total_s, steps, samples, loss = 0.0, 0, 0, torch.zeros((), device=dev)
     with built_loader(pipe, spec, settings) as loader:
         report(0.05, f"{name}: warm-up")
@@ -184,19 +175,18 @@ def run_config(
         rec = SpanRecorder(dev, config=name, regime=spec.regime, calls=settings.calls(), pipeline=pipe.source)
         for e in range(spec.epochs):
             report(0.1 + 0.7 * e / spec.epochs, f"{name}: epoch {e + 1}/{spec.epochs}")
-            t_begin = rec.now()
+            begins.append(rec.now())
             seed_order(loader, spec.seed, e + 1, fresh=not spec.warm_steps and e == 0)
             n, k, sec, summed = _timed_epoch(pipe, model, opt, loader, settings, rec, e + 1, steps)
-            epochs.append((t_begin, rec.now()))
             total_s, steps, samples, loss = total_s + sec, steps + n, samples + k, loss + summed
         trace = rec.finish()
         report(0.85, f"{name}: evaluating")
         acc = _evaluate(pipe, model, spec)
     if steps == 0:
         raise ValueError(f"train_items={spec.train_items} gives no full batch of {spec.batch_size}; raise train_items")
-    busy, stall = _shares(trace, epochs, total_s)
+    busy, stall = _shares(trace, begins, total_s)
     trace.metadata.update({"epoch_s": total_s / spec.epochs, "compute_busy": busy, "data_stall": stall})
-    result = ConfigResult(name, label or name, settings, spec.regime, spec, str(dev), total_s / spec.epochs,
+    result = ConfigResult(name, label or name, settings, spec, total_s / spec.epochs,
                           steps // spec.epochs, samples // spec.epochs, acc, float(loss.item()) / max(1, samples),
                           trace, busy, stall)  # fmt: skip
     if stages:  # each stage alone, as the job runs it; cached per stage settings (an unchanged stage: measured once)
@@ -264,7 +254,7 @@ def _step_times(spec: JobSpec, dev: torch.device, n: int, step: Callable[..., An
     classes = int(dataset_info().params["num_classes"])
     model = build_model(width=spec.width, depth=spec.depth, num_classes=classes, seed=spec.seed).to(dev)
     opt = make_optimizer(model, lr=spec.lr)
-    with main_threads(spec.threads), same_numerics():
+    with intraop_threads(spec.threads), same_numerics():
         return time_calls(lambda: step(model, opt, x, y), repeats=n, device=dev, warmup=warm).times_s
 
 
