@@ -278,9 +278,8 @@ def transfer_sweep(
     the callers check)."""
     reps = sized(10, 30) if repeats is None else repeats
     how = f"CUDA events on a side stream, {_WARMUP} warm-up copies, median of {reps}"
-    kw: dict[str, Any] = {"kinds": (memory,), "method": how, "dtype": dtype, "progress": progress}
-    copy = _helper_copy(direction)
-    return sweep(copy, sizes, device=device, repeats=reps, rounds=1, direction=direction, **kw)[(direction, memory)]
+    kw: dict[str, Any] = {"device": device, "repeats": reps, "rounds": 1, "direction": direction, "kinds": (memory,)}
+    return sweep(_helper_copy(direction), sizes, method=how, dtype=dtype, progress=progress, **kw)[(direction, memory)]
 
 
 @dataclass

@@ -54,16 +54,12 @@ def pinned_rounding_demo(sizes: Sequence[int]) -> list[RoundingRow] | Unavailabl
         check_pin_size(n)
         release_pinned_cache()
         before = host_allocator_stats()
-        t = None
-        try:
-            t = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-            after = host_allocator_stats()
-        finally:
-            del t
-        delta = None
-        if isinstance(before, dict) and isinstance(after, dict):
-            delta = after["allocated_bytes"] - before["allocated_bytes"]
-        rows.append(RoundingRow(n, predict_pinned_block(n), delta))
+        t = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        after = host_allocator_stats()
+        del t  # back to the allocator's cache; released before the next size
+        both = isinstance(before, dict) and isinstance(after, dict)
+        grew = after["allocated_bytes"] - before["allocated_bytes"] if both else None  # type: ignore[index]
+        rows.append(RoundingRow(n, predict_pinned_block(n), grew))
     release_pinned_cache()
     return rows
 
