@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import textwrap
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -131,19 +130,6 @@ def pairs(what: str) -> list[tuple[PublishedFigure, PublishedFigure]]:
     figs = published.published_figures()
     xs, ys = [x for x in figs if getattr(x, field) == a], [y for y in figs if getattr(y, field) == b]
     return [(x, y) for x in xs for y in ys if all(getattr(x, s) == getattr(y, s) for s in same)]
-
-
-def point_key(figures: Sequence[PublishedFigure]) -> str:
-    """The key to the ``[k]`` marks of :func:`~.figures.add_published_points`: one line per series, with its source."""
-    lines = []
-    for k, group in enumerate(published.point_series(figures), start=1):
-        f = group[-1]
-        sizes = ", ".join(published.size_text(g.transfer_size_bytes) for g in group)
-        vals = ", ".join(f"{g.gbps:.1f}" for g in group)
-        lines.append(f"[{k}] {f.short_label()}: {vals} GB/s at {sizes}")
-        source = f"{f.tool}; source: {published.short_source(f.url)}"
-        lines += [f"     {wrapped}" for wrapped in textwrap.wrap(source, 100)]
-    return "\n".join(lines)
 
 
 # One rule for the whole chapter: a measured figure is its median with a band of one IQR either side. A model's

@@ -3,6 +3,7 @@ theoretical ceilings), the pinned/pageable ratio and the cost of pinning (matplo
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
@@ -165,37 +166,34 @@ def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | Non
     return _by_size(series, ax, "time (ms, log scale)", _SIDE, **kw)
 
 
-def add_published_points(ax: Any, figures: Sequence[PublishedFigure]) -> list[PublishedFigure]:
-    """Draw published figures on a bandwidth-vs-size Axes (black-edged diamonds: pinned, triangles: pageable;
-    orange H2D, blue D2H; a source's sizes dotted, ``[k]`` by the largest); return those without a size."""
+def add_published(ax: Any, figures: Sequence[PublishedFigure], *, skip_gbps: Iterable[float] = ()) -> str:
+    """Draw the published ``figures`` that state a size on a bandwidth-vs-size Axes (black-edged diamonds: pinned,
+    triangles: pageable; orange H2D, blue D2H; a source's sizes dotted, ``[k]`` by the largest) and dashed lines at
+    the **theoretical** ceiling of their GPUs' host links (one per value; unknown links and ``skip_gbps``, already
+    drawn, left out). Returns the key to the ``[k]`` marks: one line per series, with its source."""
     from ...ui import plots  # optional/heavy: matplotlib
 
     done: set[Any] = set()
+    key: list[str] = []
     for k, group in enumerate(published.point_series(figures), start=1):
-        xs, ys = [float(f.transfer_size_bytes or 0) for f in group], [f.gbps for f in group]
-        dotted = ":" if len(group) > 1 else ""
-        kw: dict[str, Any] = {"linestyle": dotted, "linewidth": 0.8, "markeredgewidth": 0.7, "zorder": 4}
-        published.mark_figure(ax, group[-1], xs, ys, done, " [k]", **kw)
+        f, xs, ys = group[-1], [float(g.transfer_size_bytes or 0) for g in group], [g.gbps for g in group]
+        kw: dict[str, Any] = {"linewidth": 0.8, "markeredgewidth": 0.7, "zorder": 4}
+        published.mark_figure(ax, f, xs, ys, done, " [k]", linestyle=":" if len(group) > 1 else "", **kw)
         text = {"textcoords": "offset points", "fontsize": 7, "color": "#222", "zorder": 5}
         ax.annotate(f"{k}", (xs[-1], ys[-1]), xytext=(4, -3), **text)
+        sizes = ", ".join(published.size_text(g.transfer_size_bytes) for g in group)
+        key.append(f"[{k}] {f.short_label()}: {', '.join(f'{y:.1f}' for y in ys)} GB/s at {sizes}")
+        key += [f"     {line}" for line in textwrap.wrap(f"{f.tool}; source: {published.short_source(f.url)}", 100)]
     if ax.get_xscale() == "log":
         plots.size_ticks(ax)
-    return [f for f in figures if f.transfer_size_bytes is None]
-
-
-def add_theoretical_ceilings(ax: Any, links: Iterable[str], *, skip_gbps: Iterable[float] = ()) -> list[str]:
-    """Dashed lines at the **theoretical** per-direction ceiling of each link (``"PCIe Gen4 x16"``; unknown names
-    ignored), except ceilings in ``skip_gbps`` (already drawn); one line per value. Returns the links drawn."""
     skip = [float(s) for s in skip_gbps]
     by_value: dict[float, list[str]] = {}
-    for link in dict.fromkeys(links):
+    for link in dict.fromkeys(f.product_link for f in figures):
         c = published.link_ceiling_gbps(link)
-        if c is None or any(abs(c - s) <= 1e-3 * c for s in skip):
-            continue
-        same = next((v for v in by_value if abs(v - c) <= 1e-3 * c), c)
-        by_value.setdefault(same, []).append(link)
+        if c is not None and not any(abs(c - s) <= 1e-3 * c for s in skip):
+            by_value.setdefault(next((v for v in by_value if abs(v - c) <= 1e-3 * c), c), []).append(link)
     styles = [":", "-.", (0, (5, 2)), (0, (1, 1))]
     for i, (c, names) in enumerate(sorted(by_value.items())):
         label = f"{' = '.join(names)}: {c:.1f} GB/s, {published.KIND_THEORETICAL}"
         ax.axhline(c, color="#777", linewidth=0.9, linestyle=styles[i % len(styles)], label=label, zorder=1)
-    return [name for _, names in sorted(by_value.items()) for name in names]
+    return "\n".join(key)
