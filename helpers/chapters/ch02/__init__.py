@@ -96,10 +96,18 @@ def measure_sweeps(
 
 
 def recorded_sweeps(result_set: ResultSet, records: list[Any]) -> CopySweeps | None:
-    """A ``convert``: a reference file's ``ch02.copy_time`` curves, with its own hardware report's ceiling."""
-    sweeps = copies.sweeps_from_records(records, source=provenance_line(result_set))
-    if not sweeps:
+    """A ``convert``: a reference file's ``ch02.copy_time`` curves (sizes ascending), with its own hardware report's
+    ceiling."""
+    found: dict[tuple[str, str], list[TransferPoint]] = {}
+    for r in records:
+        d, m, spread = r.params.get("direction"), r.params.get("memory"), r.spread or {}
+        if d in DIRECTIONS and m in MEMORY_KINDS:
+            n, iqr, k = int(r.params["nbytes"]), float(spread.get("iqr_s", 0.0)), int(spread.get("n", 1))
+            found.setdefault((d, m), []).append(TransferPoint(n, d, m, r.value, iqr, k, method="reference record"))
+    if not found:
         return None
+    source = provenance_line(result_set)
+    sweeps = {(d, m): Sweep(d, m, sorted(v, key=lambda p: p.nbytes), source) for (d, m), v in found.items()}
     report = result_set.provenance.get("report", {}) or {}
     ceiling = _ceiling(report.get("link_bandwidth_gbps"), report.get("link_description"))
     gpu = str(result_set.hardware.get("gpu_name") or "a GPU")
@@ -394,6 +402,6 @@ def _record_pinning(results: ResultSet, dev: torch.device, sizes: list[int], pro
     for d in DTYPES:
         results.add("ch02.wire_time", wire.seconds[d], "s", dtype=d, nbytes=wire.nbytes[d])
     progress(0.95, "pinned block rounding")
-    for r in pin_costs.pinned_rounding_demo([3 * MiB, 5 * MiB, 9 * MiB]):  # type: ignore[union-attr]
-        if r.allocated_delta is not None:
-            results.add("ch02.pinned_block", r.allocated_delta, "bytes", requested=r.requested)
+    for n, grew in pin_costs.pinned_rounding_demo([3 * MiB, 5 * MiB, 9 * MiB]).rows:  # type: ignore[union-attr]
+        if grew is not None:
+            results.add("ch02.pinned_block", grew, "bytes", requested=n)

@@ -36,20 +36,26 @@ def release_pinned_cache() -> bool:
 
 
 @dataclass
-class RoundingRow:
-    """One pinned allocation: requested bytes, predicted block, and what the allocator's pool grew by."""
+class PinnedBlocks:
+    """Pinned allocations: ``(requested bytes, what the allocator's pool grew by, None if unknown)`` each."""
 
-    requested: int
-    predicted_block: int
-    allocated_delta: int | None
+    rows: list[tuple[int, int | None]]
+
+    def lines(self) -> list[str]:
+        out = []
+        for n, d in self.rows:
+            grew = "an unknown amount (no host_memory_stats)" if d is None else f"{d / MiB:.0f} MiB"
+            predicted = f"{predict_pinned_block(n) / MiB:.0f} MiB"
+            out.append(f"  requested {n / MiB:.0f} MiB: pool grew by {grew} (predicted {predicted})")
+        return out
 
 
-def pinned_rounding_demo(sizes: Sequence[int]) -> list[RoundingRow] | Unavailable:
+def pinned_rounding_demo(sizes: Sequence[int]) -> PinnedBlocks | Unavailable:
     """Pin each size once, the host cache emptied first, and read how much the allocator's pool grew."""
     ok, reason = cuda_status()
     if not ok:
         return Unavailable("pinned block rounding", reason)
-    rows: list[RoundingRow] = []
+    rows: list[tuple[int, int | None]] = []
     for n in sizes:
         check_pin_size(n)
         release_pinned_cache()
@@ -58,10 +64,9 @@ def pinned_rounding_demo(sizes: Sequence[int]) -> list[RoundingRow] | Unavailabl
         after = host_allocator_stats()
         del t  # back to the allocator's cache; released before the next size
         both = isinstance(before, dict) and isinstance(after, dict)
-        grew = after["allocated_bytes"] - before["allocated_bytes"] if both else None  # type: ignore[index]
-        rows.append(RoundingRow(n, predict_pinned_block(n), grew))
+        rows.append((n, after["allocated_bytes"] - before["allocated_bytes"] if both else None))  # type: ignore[index]
     release_pinned_cache()
-    return rows
+    return PinnedBlocks(rows)
 
 
 @dataclass
@@ -71,7 +76,6 @@ class PinCost:
     events); synchronised wall times of ``t.to(dev)`` and of "pin once, copy once" (cold). Medians."""
 
     nbytes: int
-    block_bytes: int
     cold: float
     cached: float
     pageable_copy: float
@@ -103,7 +107,7 @@ def pin_cost(nbytes: int, *, device: torch.device | str | None = None, repeats: 
     if not ok:
         return Unavailable(f"cost of pinning {human_bytes(nbytes)}", reason + " " + pinning_status()[1])
     dev = resolve_device(device)
-    block = check_pin_size(nbytes)
+    check_pin_size(nbytes)
     check_host_bytes("nbytes", nbytes, what=f"the pageable source of {human_bytes(nbytes)}")
     _check_device_bytes("nbytes", 2 * nbytes, dev, f"two device copies of {human_bytes(nbytes)}")
     src = torch.ones(nbytes, dtype=torch.uint8)
@@ -125,7 +129,7 @@ def pin_cost(nbytes: int, *, device: torch.device | str | None = None, repeats: 
         torch.cuda.empty_cache()
     med = statistics.median
     copy_s = (pageable.points[0].median_s, pinned.points[0].median_s)
-    return PinCost(nbytes, block, med(cold), med(cached), *copy_s, med(plain[1:]), med(pin_copy))
+    return PinCost(nbytes, med(cold), med(cached), *copy_s, med(plain[1:]), med(pin_copy))
 
 
 @dataclass
@@ -136,6 +140,11 @@ class HostBlocking:
     gpu_work_s: float
     held_s: dict[str, float]
     method: str = ""
+
+    def lines(self) -> list[str]:
+        how = f" ({self.method})" if self.method else ""
+        lines = [wrap(f"GPU work queued ahead of the copy: {self.gpu_work_s * 1e3:.1f} ms{how}", indent="  ")]
+        return lines + [f"  {case:<28} CPU held for {s * 1e3:8.3f} ms" for case, s in self.held_s.items()]
 
 
 _CASES = {
@@ -198,7 +207,7 @@ def pin_costs_from_records(result_set: Any, records: Iterable[Any]) -> list[PinC
     for r in records:
         by_size.setdefault(int(r.params.get("nbytes", 0)), {})[r.key.rsplit(".", 1)[1]] = r.value
     rows = [
-        PinCost(n, predict_pinned_block(n), **{k: f[k] for k in RECORD_FIELDS})
+        PinCost(n, **{k: f[k] for k in RECORD_FIELDS})
         for n, f in sorted(by_size.items())
         if n > 0 and set(RECORD_FIELDS) <= set(f)
     ]
@@ -215,10 +224,10 @@ def host_blocking_from_records(result_set: Any, records: Iterable[Any]) -> HostB
     return HostBlocking(int(first.get("nbytes", 0)), float(first.get("gpu_work_s", 0.0)), held)
 
 
-def rounding_rows_from_records(result_set: Any, records: Iterable[Any]) -> list[RoundingRow] | None:
-    """:class:`RoundingRow` s from ``ch02.pinned_block`` records; None if none."""
+def rounding_rows_from_records(result_set: Any, records: Iterable[Any]) -> PinnedBlocks | None:
+    """:class:`PinnedBlocks` from ``ch02.pinned_block`` records; None if none."""
     asked = sorted((int(r.params["requested"]), int(r.value)) for r in records if "requested" in r.params)
-    return [RoundingRow(n, predict_pinned_block(n), grew) for n, grew in asked] or None
+    return PinnedBlocks(list(asked)) if asked else None
 
 
 def pin_cost_table(rows: Sequence[PinCost]) -> str:
@@ -229,20 +238,3 @@ def pin_cost_table(rows: Sequence[PinCost]) -> str:
         pays = "never" if math.isinf(be) else f"{math.ceil(be) if be > 0 else 0} uses"
         cells.append([human_bytes(r.nbytes), *(human_seconds(getattr(r, k)) for k in RECORD_FIELDS), pays])
     return "\n".join(table([*head, "pays after"], cells, left=0, gap=1))
-
-
-def host_blocking_lines(probe: HostBlocking) -> list[str]:
-    how = f" ({probe.method})" if probe.method else ""
-    lines = [wrap(f"GPU work queued ahead of the copy: {probe.gpu_work_s * 1e3:.1f} ms{how}", indent="  ")]
-    lines += [f"  {case:<28} CPU held for {s * 1e3:8.3f} ms" for case, s in probe.held_s.items()]
-    return lines
-
-
-def rounding_lines(rows: Sequence[RoundingRow]) -> list[str]:
-    out = []
-    for r in rows:
-        d = r.allocated_delta
-        grew = "an unknown amount (no host_memory_stats)" if d is None else f"{d / MiB:.0f} MiB"
-        block = f"{r.predicted_block / MiB:.0f} MiB"
-        out.append(f"  requested {r.requested / MiB:.0f} MiB: pool grew by {grew} (predicted {block})")
-    return out
