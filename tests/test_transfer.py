@@ -359,32 +359,22 @@ def test_cuda_status_checks_the_spelling_and_answers_cuda_without_raising():
             T.cuda_status(bad)
 
 
-def test_transfer_sweep_is_the_sweep_loop_with_the_helpers_copy(monkeypatch):
-    # No GPU needed: the CUDA checks and the helper's copy are replaced by fakes that touch no device.
-    monkeypatch.setattr(copies, "cuda_status", lambda device=None: (True, ""))
-    monkeypatch.setattr(copies, "resolve_device", lambda device=None: torch.device("cpu"))
-    monkeypatch.setattr(copies, "_check_device_bytes", lambda *a, **k: None)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev: "a fake GPU")
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    calls = []
+def test_transfer_sweep_is_the_sweep_loop_with_the_helpers_copy():
+    # No GPU needed: the CUDA stand-ins log each copy; their times are a fixed value, never shown.
+    from cuda_standin import fake_cuda
 
-    def fake_helper_copy(direction):
-        def copy(src, device, pinned, repeats):
-            calls.append((direction, copies._WARMUP, src.numel(), pinned, repeats))
-            return [1e-6 + src.numel() / 1e10] * repeats
-
-        return copy
-
-    monkeypatch.setattr(copies, "_helper_copy", fake_helper_copy)
     seen = []
-    sw = copies.transfer_sweep("d2h", "pinned", [4 * KiB, 64 * KiB], repeats=4, progress=lambda f, t="": seen.append(f))
-    assert calls == [("d2h", 3, 4 * KiB, True, 4), ("d2h", 3, 64 * KiB, True, 4)]  # one round, one kind
+    with fake_cuda(devices=1) as cuda:
+        sw = copies.transfer_sweep(
+            "d2h", "pinned", [4 * KiB, 64 * KiB], device="cuda", repeats=4, progress=lambda f, t="": seen.append(f)
+        )
+    d2h = [(op["shape"], op["dst_pinned"]) for op in cuda.ops("copy") if op["direction"] == "d2h"]
+    assert d2h == [((4 * KiB,), True)] * 7 + [((64 * KiB,), True)] * 7  # one round, one kind: 3 warm-up + 4 timed
     assert (sw.direction, sw.memory, sw.label, sw.device, sw.source) == (
         "d2h",
         "pinned",
         "D2H pinned",
-        "a fake GPU",
+        "a stand-in GPU (no numbers)",
         "measured here",
     )
     assert sw.method == "CUDA events on a side stream, 3 warm-up copies, median of 4"

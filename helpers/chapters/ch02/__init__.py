@@ -251,10 +251,10 @@ def panel_controls(**context: Any) -> dict[str, Any]:
     }
 
 
-def _one_copy(copy_fn: CopyFn, r: PanelReading, device: Any, repeats: int, cuda: bool) -> TransferPoint:
-    """One round of the reading's copy: with CUDA, H2D by ``copy_fn`` and D2H by the helper's copy; without, the
-    host memcpy ``copy_fn`` times on a CPU, on one thread."""
-    kw: dict[str, Any] = {"device": device, "repeats": repeats, "dtype": r.dtype}
+def _one_copy(copy_fn: CopyFn, r: PanelReading, device: Any, cuda: bool) -> TransferPoint:
+    """One round of the reading's copy, 10 timed copies: with CUDA, H2D by ``copy_fn`` and D2H by the helper's copy;
+    without, the host memcpy ``copy_fn`` times on a CPU, on one thread."""
+    kw: dict[str, Any] = {"device": device, "repeats": 10, "dtype": r.dtype}
     if cuda and r.direction == "d2h":
         return copies.transfer_sweep("d2h", r.memory, [r.nbytes], **kw).points[0]
     with contextlib.nullcontext() if cuda else intraop_threads(1):
@@ -285,7 +285,6 @@ def panel_run(
     copy_fn: CopyFn,
     gpu: Evidence[CopySweeps] | None = None,
     host: Sweep | None = None,
-    repeats: int = 10,
     **context: Any,
 ) -> Evidence[PanelReading]:
     """Copy one batch (``size_mib``: MiB *as uint8*) by the reader's ``copy_fn``: with CUDA a real copy; without, the
@@ -295,7 +294,6 @@ def panel_run(
     direction = check_choice("direction", direction, DIRECTIONS)
     memory = check_choice("memory", memory, MEMORY_KINDS)
     dtype = check_choice("dtype", dtype, DTYPES)
-    repeats = check_int("repeats", repeats, 1, 10_000)
     nbytes = int(round(size_mib * MiB)) * torch.empty((), dtype=DTYPES[dtype]).element_size()
     progress(0.1, "measuring…")
     recorded = gpu.value if gpu is not None else None
@@ -304,7 +302,7 @@ def panel_run(
     r = PanelReading(nbytes, direction, memory, dtype, background=background, caption=caption)
     r.ceiling, name = (recorded.ceiling if recorded else None), getattr(copy_fn, "__name__", "copy_fn")
     if transfer.cuda_status(device)[0]:
-        r.measured = mine = _one_copy(copy_fn, r, device, repeats, True)
+        r.measured = mine = _one_copy(copy_fn, r, device, True)
         d2h, where = direction == "d2h", device
         r.note = (
             "D2H: timed by copies.transfer_sweep (your copy function does H2D)." if d2h else f"Timed by your {name}()."
@@ -315,7 +313,7 @@ def panel_run(
         what = f"a {direction.upper()} {memory} {dtype} copy of {human_bytes(nbytes)}"
     else:
         r.note, where, against = _no_cuda_note(r, recorded), "cpu", host
-        r.host = mine = _one_copy(copy_fn, r, "cpu", repeats, False)
+        r.host = mine = _one_copy(copy_fn, r, "cpu", False)
         method, what = f"your {name}() on one CPU thread", f"a host memcpy of {human_bytes(nbytes)} (not a GPU copy)"
     same = [q for q in against.points if q.nbytes == nbytes] if against is not None else []
     if same:

@@ -121,9 +121,7 @@ _STAR_COLORS = ["#e15759", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7", "#9c755f"
 
 
 def _fit_curve(sw: Sweep) -> tuple[str, tuple[list[float], list[float]]] | None:
-    """The sweep's fitted model as a named (sizes, GB/s) curve; None if it can't fit."""
-    if len(set(sw.sizes())) < 2:
-        return None
+    """The sweep's fitted model as a named (sizes, GB/s) curve; None if it can't fit (e.g. one size)."""
     try:
         f = sw.fit()
     except ValueError:

@@ -119,6 +119,6 @@ def check_pin_size(nbytes: int, *, share: float = DEFAULT_PIN_SHARE) -> int:
     return block
 
 
-def claim_verdict(ratio: float, lo: float = CLAIM_RANGE[0], hi: float = CLAIM_RANGE[1]) -> str:
+def claim_verdict(ratio: float) -> str:
     """A pageable/pinned time ratio against the claim "30-50 % faster": ``"below"``, ``"within"`` or ``"above"``."""
-    return "below" if ratio < lo else "above" if ratio > hi else "within"
+    return "below" if ratio < CLAIM_RANGE[0] else "above" if ratio > CLAIM_RANGE[1] else "within"

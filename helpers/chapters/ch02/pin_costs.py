@@ -100,7 +100,7 @@ def _wall(fn: Callable[[], Any], dev: torch.device) -> float:
     return time_calls(fn, repeats=1, device=dev).median_s
 
 
-def pin_cost(nbytes: int, *, device: torch.device | str | None = None, repeats: int = 5) -> PinCost | Unavailable:
+def pin_cost(nbytes: int, *, device: torch.device | str | None = None) -> PinCost | Unavailable:
     """Pinning itself against the H2D copy time it saves, at one size; without CUDA, the driver's own error."""
     nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
     ok, reason = cuda_status(device)
@@ -115,15 +115,14 @@ def pin_cost(nbytes: int, *, device: torch.device | str | None = None, repeats: 
     # noqa F821: each lambda runs before the `del src` in `finally` (which frees it even if a traceback holds us)
     try:
         plain.append(_wall(lambda: src.to(dev), dev))  # noqa: F821  (warm-up: CUDA context, device cache)
-        for _ in range(repeats):
+        for _ in range(5):
             release_pinned_cache()
             cold.append(_wall(lambda: src.pin_memory(), dev))  # noqa: F821  (block freed on return, stays cached)
             cached.append(_wall(lambda: src.pin_memory(), dev))  # noqa: F821
             plain.append(_wall(lambda: src.to(dev), dev))  # noqa: F821
             release_pinned_cache()
             pin_copy.append(_wall(lambda: src.pin_memory().to(dev, non_blocking=True), dev))  # noqa: F821
-        reps = max(repeats, 5)
-        pageable, pinned = (transfer_sweep("h2d", m, [nbytes], device=dev, repeats=reps) for m in MEMORY_KINDS)
+        pageable, pinned = (transfer_sweep("h2d", m, [nbytes], device=dev, repeats=5) for m in MEMORY_KINDS)
     finally:
         del src
         torch.cuda.empty_cache()
@@ -169,13 +168,12 @@ def _held(dst: torch.Tensor, src: torch.Tensor, nb: bool, work: Callable[[], Non
 
 
 def host_blocking_probe(
-    *, device: torch.device | str | None = None, gpu_work_s: float = 0.1, nbytes: int = 64 * MiB, repeats: int = 3
+    *, device: torch.device | str | None = None, gpu_work_s: float = 0.1, nbytes: int = 64 * MiB
 ) -> HostBlocking | Unavailable:
-    """Queue ``gpu_work_s`` of GPU work, then time (host clock) the H2D copy *call* of each of :data:`_CASES`: one
-    that holds the host as long as the work waited for the GPU; one that returns at once let the CPU run ahead."""
+    """Queue ``gpu_work_s`` of GPU work, then time (host clock) the H2D copy *call* of each of :data:`_CASES`, 3
+    times: one that holds the host as long as the work waited for the GPU; one that returns at once let the CPU run
+    ahead."""
     gpu_work_s = check_float("gpu_work_s", gpu_work_s, 0.001, 5.0)
-    nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
-    repeats = check_int("repeats", repeats, 1, 100)
     ok, reason = cuda_status(device)
     if not ok:
         return Unavailable("host-blocking probe", reason)
@@ -191,13 +189,13 @@ def host_blocking_probe(
         dst = torch.empty(nbytes, dtype=torch.uint8, device=dev)
         bufs["pageable"] = torch.ones(nbytes, dtype=torch.uint8)
         bufs["pinned"] = torch.ones(nbytes, dtype=torch.uint8, pin_memory=True)
-        held = {name: _held(dst, bufs[kind], nb, work, dev, repeats) for name, (kind, nb) in _CASES.items()}
+        held = {name: _held(dst, bufs[kind], nb, work, dev, 3) for name, (kind, nb) in _CASES.items()}
     finally:
         torch.cuda.synchronize(dev)
         bufs.clear()
         del dst
         torch.cuda.empty_cache()
-    how = f"GPU work: torch.cuda._sleep on the current stream; copy call timed with perf_counter, median of {repeats}"
+    how = "GPU work: torch.cuda._sleep on the current stream; copy call timed with perf_counter, median of 3"
     return HostBlocking(nbytes, measured_work, held, how)
 
 
