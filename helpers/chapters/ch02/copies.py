@@ -324,10 +324,9 @@ def wire_comparison(
 
 def wire_from_records(result_set: Any, records: Iterable[Any]) -> WireResult | None:
     """A :class:`WireResult` from ``ch02.wire_time`` records; None unless both dtypes are there."""
-    got = {
-        r.params["dtype"]: (int(r.params.get("nbytes", 0)), r.value) for r in records if r.params.get("dtype") in DTYPES
-    }
-    if set(got) != set(DTYPES) or not all(n and s for n, s in got.values()):
+    got = {r.params.get("dtype"): r for r in records}
+    if not all(d in got and got[d].value and got[d].params.get("nbytes") for d in DTYPES):
         return None
-    nbytes, seconds = {d: got[d][0] for d in DTYPES}, {d: got[d][1] for d in DTYPES}
-    return WireResult(nbytes, seconds, what="pinned H2D copy")
+    return WireResult(
+        {d: int(got[d].params["nbytes"]) for d in DTYPES}, {d: got[d].value for d in DTYPES}, "pinned H2D copy"
+    )

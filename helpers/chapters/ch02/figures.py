@@ -68,21 +68,17 @@ _SWEEP_STYLES: dict[str, dict[str, Any]] = {
 }
 
 
-def _by_size(
-    series: dict[str, Any], ax: Any, ylabel: str, legend: dict[str, Any], extra: Sequence[Any] = (), **kw: Any
-) -> Any:
-    """``series`` against copy size (:func:`helpers.ui.plots.sweep_plot`), ``extra`` drawn, byte ticks, legend."""
+_SIDE = {"fontsize": 7.5, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "frameon": False}
+_STAR_COLORS = ["#e15759", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7", "#9c755f"]
+_SIZES = "copy size (bytes, log scale)"
+
+
+def _finish(ax: Any, legend: dict[str, Any] = _SIDE) -> Any:
     from ...ui import plots  # optional/heavy: matplotlib
 
-    ax = plots.sweep_plot(series, ax, xlabel=kw.pop("xlabel", "copy size (bytes, log scale)"), ylabel=ylabel, **kw)
-    for draw in extra:
-        draw(ax)
     plots.size_ticks(ax)
     ax.legend(**legend)
     return ax
-
-
-_SIDE = {"fontsize": 7.5, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "frameon": False}
 
 
 def plot_sweeps(
@@ -97,6 +93,8 @@ def plot_sweeps(
 ) -> Any:
     """Bandwidth against copy size (log-log): the ``sweeps``, the link's theoretical ``ceiling`` dashed, each
     curve's fitted model dotted (``fits``), and single ``points`` ``(point, label)`` (the panel's runs) as stars."""
+    from ...ui import plots  # optional/heavy: matplotlib
+
     series: dict[str, tuple[Sequence[float], list[float]]] = {}
     styles: dict[str, dict[str, Any]] = {}
     for sw in (sw for sw in sweeps if sw.points):
@@ -106,18 +104,13 @@ def plot_sweeps(
         if fit is not None:
             series[fit[0]] = fit[1]
             styles[fit[0]] = {"color": styles[sw.label]["color"], "linestyle": ":", "marker": "", "linewidth": 1.2}
-    star = {"marker": "*", "markersize": 14, "markeredgecolor": "black", "linestyle": "", "zorder": 5}
-
-    def stars(ax: Any) -> None:
-        for i, (p, label) in enumerate(points):
-            ax.plot([p.nbytes], [p.gbps], color=_STAR_COLORS[i % len(_STAR_COLORS)], label=label, **star)
-
     ylabel = "bandwidth (GB/s = 1e9 B/s, log scale)"
-    kw: dict[str, Any] = {"title": title, "ceiling": ceiling, "source": source, "styles": styles}
-    return _by_size(series, ax, ylabel, _SIDE, [stars], **kw)
-
-
-_STAR_COLORS = ["#e15759", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7", "#9c755f"]
+    ax = plots.sweep_plot(series, ax, xlabel=_SIZES, ylabel=ylabel, title=title, ceiling=ceiling, source=source,
+                          styles=styles)  # fmt: skip
+    star = {"marker": "*", "markersize": 14, "markeredgecolor": "black", "linestyle": "", "zorder": 5}
+    for i, (p, label) in enumerate(points):
+        ax.plot([p.nbytes], [p.gbps], color=_STAR_COLORS[i % len(_STAR_COLORS)], label=label, **star)
+    return _finish(ax)
 
 
 def _fit_curve(sw: Sweep) -> tuple[str, tuple[list[float], list[float]]] | None:
@@ -133,35 +126,33 @@ def _fit_curve(sw: Sweep) -> tuple[str, tuple[list[float], list[float]]] | None:
 
 def plot_speedup(pairs: dict[str, list[tuple[int, float]]], ax: Any = None, *, source: str | None = None) -> Any:
     """pageable/pinned time ratio per size, with the claimed 1.3-1.5 band shaded."""
+    from ...ui import plots  # optional/heavy: matplotlib
+
     series = {f"{k}: pageable time / pinned time": ([n for n, _ in v], [r for _, r in v]) for k, v in pairs.items()}
-
-    def claim(ax: Any) -> None:
-        ax.axhspan(CLAIM_RANGE[0], CLAIM_RANGE[1], color="#bab0ac", alpha=0.35, label="the claim: 1.3x-1.5x")
-        ax.axhline(1.0, color="black", linewidth=0.8)
-
     title = "Is pinning 30-50% faster? Measured ratio per size"
-    return _by_size(
-        series, ax, "speed-up of pinned (x)", {"fontsize": 8}, title=title, logy=False, source=source, extra=[claim]
-    )
+    ax = plots.sweep_plot(series, ax, xlabel=_SIZES, ylabel="speed-up of pinned (x)", title=title, logy=False,
+                          source=source)  # fmt: skip
+    ax.axhspan(CLAIM_RANGE[0], CLAIM_RANGE[1], color="#bab0ac", alpha=0.35, label="the claim: 1.3x-1.5x")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    return _finish(ax, {"fontsize": 8})
 
 
 def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | None = None) -> Any:
     """Time of pinning (cold, cached) vs time one pinned copy saves, against size (log-log)."""
-    sizes = [r.nbytes for r in rows]
+    from ...ui import plots  # optional/heavy: matplotlib
+
     lines = [  # label, PinCost field (s), style; a saving <= 0 is drawn at 1 ns (log axis)
         ("pin_memory(), new block (cudaHostAlloc)", "cold", {"color": "#e15759"}),
         ("pin_memory(), cached block (memcpy only)", "cached", {"color": "#f28e2b", "linestyle": "--"}),
         ("saving per copy (pageable − pinned)", "saving_per_copy", {"color": "#59a14f", "marker": "s"}),
     ]
-    series = {label: (sizes, [max(getattr(r, key), 1e-9) * 1e3 for r in rows]) for label, key, _ in lines}
-    title, styles = "Cost of pinning vs what one pinned copy saves", {label: style for label, _, style in lines}
-    kw: dict[str, Any] = {
-        "title": title,
-        "source": source,
-        "styles": styles,
-        "xlabel": "buffer size (bytes, log scale)",
+    series = {
+        label: ([r.nbytes for r in rows], [max(getattr(r, k), 1e-9) * 1e3 for r in rows]) for label, k, _ in lines
     }
-    return _by_size(series, ax, "time (ms, log scale)", _SIDE, **kw)
+    title, styles = "Cost of pinning vs what one pinned copy saves", {label: style for label, _, style in lines}
+    ax = plots.sweep_plot(series, ax, xlabel="buffer size (bytes, log scale)", ylabel="time (ms, log scale)",
+                          title=title, source=source, styles=styles)  # fmt: skip
+    return _finish(ax)
 
 
 def add_published(ax: Any, figures: Sequence[PublishedFigure], *, skip_gbps: Iterable[float] = ()) -> str:

@@ -21,18 +21,12 @@ from .copies import MEMORY_KINDS, _check_device_bytes, pinning_status, transfer_
 from .model import _MAX_BYTES, MiB, check_pin_size, predict_pinned_block
 
 
-def release_pinned_cache() -> bool:
-    """Give cached, unused pinned blocks back to the driver (False if torch can't): ``torch.cuda.empty_cache()``
+def release_pinned_cache() -> None:
+    """Give cached, unused pinned blocks back to the driver (CUDA only: the callers check): ``torch.cuda.empty_cache()``
     releases *device* memory only, so the private ``torch._C._host_emptyCache`` does it (no public API)."""
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return False
-    fn = getattr(torch._C, "_host_emptyCache", None)
-    if fn is None:
-        return False
     for i in range(torch.cuda.device_count()):  # copies from pinned blocks may be queued on any device
         torch.cuda.synchronize(i)
-    fn()
-    return True
+    torch._C._host_emptyCache()
 
 
 @dataclass
