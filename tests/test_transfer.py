@@ -244,7 +244,7 @@ def test_records_convert_back_into_what_the_measurements_return():
     assert "GPU work queued ahead of the copy: 50.0 ms" in lines[0] and "CPU held for   50.000 ms" in lines[1]
     assert pin_costs.host_blocking_from_records(None, []) is None
 
-    blocks = pin_costs.rounding_rows_from_records(
+    blocks = pin_costs.pinned_blocks_from_records(
         None,
         _records(
             ("ch02.pinned_block", 8 * MiB, "bytes", {"requested": 5 * MiB}),

@@ -216,7 +216,7 @@ def host_blocking_from_records(result_set: Any, records: Iterable[Any]) -> HostB
     return HostBlocking(int(first.get("nbytes", 0)), float(first.get("gpu_work_s", 0.0)), held)
 
 
-def rounding_rows_from_records(result_set: Any, records: Iterable[Any]) -> PinnedBlocks | None:
+def pinned_blocks_from_records(result_set: Any, records: Iterable[Any]) -> PinnedBlocks | None:
     """:class:`PinnedBlocks` from ``ch02.pinned_block`` records; None if none."""
     asked = sorted((int(r.params["requested"]), int(r.value)) for r in records if "requested" in r.params)
     return PinnedBlocks(list(asked)) if asked else None
