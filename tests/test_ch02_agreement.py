@@ -87,7 +87,6 @@ def test_panel_run_sets_the_host_copy_against_the_sweeps_point_of_the_same_size(
         dtype="uint8",
         copy_fn=my_copy,
         host=host,
-        repeats=3,
     )
     summary = ch02.panel_summary(result)
     assert "sweep's 1.0 MiB point" in summary and verdict in summary

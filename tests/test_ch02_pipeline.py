@@ -166,21 +166,18 @@ def test_sweep_calls_a_cpu_function_with_pageable_only():
     assert out[("h2h", "pageable")].points[0].n == 6
 
 
-def test_sweep_alternates_pageable_and_pinned_rounds_on_cuda(monkeypatch):
-    # No GPU needed: the CUDA checks are replaced, and the fake copy function touches no device.
-    monkeypatch.setattr(copies, "cuda_status", lambda device=None: (True, ""))
-    monkeypatch.setattr(copies, "resolve_device", lambda device=None: torch.device("cuda"))  # never allocated on
-    monkeypatch.setattr(copies, "_check_device_bytes", lambda *a, **k: None)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev: "a fake GPU")
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+def test_sweep_alternates_pageable_and_pinned_rounds_on_cuda():
+    # No GPU needed: the CUDA stand-ins answer for the device, and the fake copy function touches none.
+    from cuda_standin import fake_cuda
+
     calls = []
 
     def fake(src, device, pinned, repeats):
         calls.append((src.numel(), "pinned" if pinned else "pageable"))
         return 2e-6 if pinned else 3e-6  # one number is accepted as one sample
 
-    out = copies.sweep(fake, [4 * KiB, 8 * KiB], device="cuda", repeats=1, rounds=2)
+    with fake_cuda(devices=1):
+        out = copies.sweep(fake, [4 * KiB, 8 * KiB], device="cuda", repeats=1, rounds=2)
     assert calls == [
         (4 * KiB, "pageable"),
         (4 * KiB, "pinned"),
@@ -193,7 +190,7 @@ def test_sweep_alternates_pageable_and_pinned_rounds_on_cuda(monkeypatch):
     ]
     assert set(out) == {("h2d", "pageable"), ("h2d", "pinned")}
     pinned = out[("h2d", "pinned")]
-    assert pinned.label == "H2D pinned" and pinned.device == "a fake GPU" and pinned.points[0].n == 2
+    assert pinned.label == "H2D pinned" and pinned.device == "a stand-in GPU (no numbers)" and pinned.points[0].n == 2
     assert [p.median_s for p in pinned.points] == [2e-6, 2e-6]
     ratios = copies.speedup_by_size(out[("h2d", "pageable")], pinned)
     assert [r for _, r in ratios] == pytest.approx([1.5, 1.5])
@@ -257,10 +254,10 @@ def test_panel_run_uses_the_readers_function_without_cuda(tmp_path, monkeypatch)
         seen.append((src.dtype, src.numel(), device.type, pinned, repeats))
         return [1e-4] * repeats
 
-    result = _panel_run(0.25, "h2d", "pinned", "float32", copy_fn=my_copy, repeats=4)
+    result = _panel_run(0.25, "h2d", "pinned", "float32", copy_fn=my_copy)
     reading = result.value
     assert isinstance(result, evidence.Evidence) and result.here and "my_copy()" in result.source
-    assert seen == [(torch.float32, 256 * KiB, "cpu", False, 4)]  # 0.25 MiB of pixels, 4 bytes each
+    assert seen == [(torch.float32, 256 * KiB, "cpu", False, 10)]  # 0.25 MiB of pixels, 4 bytes each; 10 copies
     assert reading.measured is None and reading.host is not None
     assert reading.host.direction == "h2h" and reading.host.median_s == pytest.approx(1e-4)
     assert "my_copy()" in reading.host.method and "not a GPU copy" in reading.host.method
@@ -269,8 +266,8 @@ def test_panel_run_uses_the_readers_function_without_cuda(tmp_path, monkeypatch)
 
 def test_panel_run_with_the_chapter_function(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBOOK_REFERENCE_DIR", str(tmp_path))
-    reading = _panel_run(0.25, "h2d", "pageable", "uint8", copy_fn=chapter_time_copy(), repeats=3).value
-    assert reading.host is not None and reading.host.n == 3 and reading.host.gbps > 0
+    reading = _panel_run(0.25, "h2d", "pageable", "uint8", copy_fn=chapter_time_copy()).value
+    assert reading.host is not None and reading.host.n == 10 and reading.host.gbps > 0
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU path")
@@ -463,7 +460,7 @@ def test_transfer_sweep_on_cuda_copies_both_directions():  # pragma: no cover - 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 def test_panel_and_benchmark_on_cuda():  # pragma: no cover - GPU only
     for direction in ("h2d", "d2h"):
-        result = _panel_run(1, direction, "pinned", "uint8", device="cuda", copy_fn=chapter_time_copy(), repeats=3)
+        result = _panel_run(1, direction, "pinned", "uint8", device="cuda", copy_fn=chapter_time_copy())
         assert result.here and result.value.measured is not None and result.value.host is None
     rs = ResultSet.new("test", "unit test")
     ch02.benchmark(rs, "cuda", sizes=[4 * KiB, 64 * KiB])

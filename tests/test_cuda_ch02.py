@@ -131,7 +131,7 @@ def test_measure_sweeps_times_both_directions_on_the_chosen_device() -> None:
 
 def test_host_blocking_probe_queues_each_copy_behind_the_gpu_work_on_its_device() -> None:
     with fake_cuda(devices=2, current=0) as cuda:
-        held = pin_costs.host_blocking_probe(device=CUDA1, gpu_work_s=0.01, nbytes=1 << 20, repeats=1)
+        held = pin_costs.host_blocking_probe(device=CUDA1, gpu_work_s=0.01, nbytes=1 << 20)
     assert set(held.held_s) == {"pageable", "pageable, non_blocking=True", "pinned, non_blocking=True"}
     assert _by_device(cuda) == {1}
     # the GPU work's calibration, its kernels and events go to the device probed, not to the current one
@@ -140,7 +140,7 @@ def test_host_blocking_probe_queues_each_copy_behind_the_gpu_work_on_its_device(
     assert all(op["device"] == 1 for op in cuda.host_syncs() if "device" in op.detail)
     log = cuda.log
     timed = [i for i, op in enumerate(log) if op.kind == "copy" and log[i - 1].kind == "kernel"]
-    assert len(timed) == 3  # each case: the work, then at once the copy call whose time is taken
+    assert len(timed) == 9  # each case, 3 times: the work, then at once the copy call whose time is taken
     for i in timed:
         assert log[i - 1].stream is log[i].stream is cuda.default[1]  # same stream: the copy waits for the work
         assert log[i - 2].kind == "host_sync" and log[i + 1].kind == "host_sync"  # synced before and after only
@@ -161,7 +161,6 @@ def test_the_panel_measures_on_the_chosen_device_with_the_readers_function(direc
             memory=memory,
             dtype="float32",
             copy_fn=_time_copy(),
-            repeats=2,
         )
     reading = ev.value
     assert ev.here and reading.nbytes == 4 << 20 and reading.measured is not None and reading.host is None
@@ -190,7 +189,8 @@ def test_benchmark_records_every_key_with_all_gpu_work_on_the_chosen_device(monk
         ch02.benchmark(rs, CUDA1, sizes=[4096, 65536])
     assert len(rs.find("ch02.copy_time")) == 8 and len(rs.find("ch02.fit.bandwidth")) == 4
     assert {r.spread["n"] for r in rs.find("ch02.copy_time")} == {10}  # quick: 2 rounds x 5 copies, every curve
-    assert {r.params["case"] for r in rs.find("ch02.host_held")} == set(pin_costs._CASES)
+    cases = {"pageable", "pageable, non_blocking=True", "pinned, non_blocking=True"}
+    assert {r.params["case"] for r in rs.find("ch02.host_held")} == cases
     assert {r.key for r in rs.find("ch02.pin")} == {f"ch02.pin.{k}" for k in pin_costs.RECORD_FIELDS}
     assert rs.find("ch02.wire_time") and rs.find("ch02.host_copy_time")
     assert {op.stream.index for op in cuda.log if op.stream is not None} == {1}

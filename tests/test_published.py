@@ -140,21 +140,28 @@ def test_share_table_keeps_published_and_theoretical_in_separate_columns():
 
 
 def test_plot_helpers_draw_on_cpu():
+    import dataclasses
+
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots()
     ax.set_xscale("log")
     ax.set_yscale("log")
     figs = published.published_figures()
-    skipped = figures.add_published_points(ax, figs)
-    assert skipped == [f for f in figs if f.transfer_size_bytes is None]
-    labels = [line.get_label() for line in ax.get_lines()]
-    assert any(published.KIND_PUBLISHED in lab for lab in labels)
-    drawn = figures.add_theoretical_ceilings(
-        ax, ["PCIe Gen3 x16", "PCIe Gen4 x16", "bogus"], skip_gbps=[published.link_ceiling_gbps("PCIe Gen3 x16")]
-    )
-    assert drawn == ["PCIe Gen4 x16"]
-    assert any("theoretical" in line.get_label() for line in ax.get_lines())
+    key = figures.add_published(ax, figs)
+    marks = [line for line in ax.get_lines() if line.get_marker() not in ("None", "", None)]
+    # every figure that states a size is drawn, one series per source and run, each with its [k] line in the key;
+    # the figures without a size are left out
+    assert sum(len(m.get_xdata()) for m in marks) == len([f for f in figs if f.transfer_size_bytes is not None])
+    assert len(marks) == len(published.point_series(figs)) == key.count("\n[") + 1 and key.startswith("[1] ")
+    assert any(published.KIND_PUBLISHED in line.get_label() for line in marks)
+    # the ceilings: one per known link, none for an unknown one or for one already drawn (skip_gbps)
+    links = ["PCIe Gen3 x16", "PCIe Gen4 x16", "bogus"]
+    sized = [dataclasses.replace(g[-1], product_link=link) for g, link in zip(published.point_series(figs), links)]
+    _, ax1 = plt.subplots()
+    figures.add_published(ax1, sized, skip_gbps=[published.link_ceiling_gbps("PCIe Gen3 x16")])
+    drawn = [line.get_label() for line in ax1.get_lines() if published.KIND_THEORETICAL in line.get_label()]
+    assert [label.split(":")[0] for label in drawn] == ["PCIe Gen4 x16"]
     ax2 = ch00.plot_share_of_ceiling(published.published_figures(memory="pinned"))
     assert len(ax2.patches) == len(published.published_figures(memory="pinned"))
     plt.close("all")

@@ -121,32 +121,39 @@ def test_predict_pinned_block_rejects_negative():
         model.predict_pinned_block(-1)
 
 
-def test_safe_pin_limit_uses_smaller_of_total_and_available():
-    assert model.safe_pin_limit(0.25, total_bytes=16 * GiB, available_bytes=8 * GiB) == 2 * GiB
-    assert model.safe_pin_limit(0.5, total_bytes=4 * GiB, available_bytes=8 * GiB) == 2 * GiB
+def _ram(monkeypatch, total, available):
+    monkeypatch.setattr(T, "_memory_now", lambda: (total, available))
+
+
+def test_safe_pin_limit_uses_smaller_of_total_and_available(monkeypatch):
     assert model.safe_pin_limit() > 0  # psutil on this machine
+    _ram(monkeypatch, 16 * GiB, 8 * GiB)
+    assert model.safe_pin_limit(0.25) == 2 * GiB
+    _ram(monkeypatch, 4 * GiB, 8 * GiB)
+    assert model.safe_pin_limit(0.5) == 2 * GiB
 
 
-def test_check_pin_size_refuses_with_clear_message():
-    mem = dict(total_bytes=16 * GiB, available_bytes=16 * GiB)  # limit: 4 GiB
-    assert model.check_pin_size(1 * GiB, **mem) == 1 * GiB
-    assert model.check_pin_size(3 * GiB, **mem) == 4 * GiB  # rounds to a 4 GiB block: fits exactly
+def test_check_pin_size_refuses_with_clear_message(monkeypatch):
+    _ram(monkeypatch, 16 * GiB, 16 * GiB)  # limit: 4 GiB
+    assert model.check_pin_size(1 * GiB) == 1 * GiB
+    assert model.check_pin_size(3 * GiB) == 4 * GiB  # rounds to a 4 GiB block: fits exactly
     with pytest.raises(ValueError) as err:
-        model.check_pin_size(5 * GiB, **mem)
+        model.check_pin_size(5 * GiB)
     msg = str(err.value)
     assert "refusing to pin" in msg and "limit is 4.0 GiB" in msg and "25%" in msg and "reuse" in msg
 
 
-def test_check_pin_size_counts_rounding():
-    mem = dict(total_bytes=16 * GiB, available_bytes=16 * GiB)
+def test_check_pin_size_counts_rounding(monkeypatch):
+    _ram(monkeypatch, 16 * GiB, 16 * GiB)
     with pytest.raises(ValueError, match="8.0 GiB block"):
-        model.check_pin_size(4 * GiB + 1, **mem)  # 4 GiB + 1 byte takes an 8 GiB block
+        model.check_pin_size(4 * GiB + 1)  # 4 GiB + 1 byte takes an 8 GiB block
 
 
 @pytest.mark.parametrize("share", [0.0, 0.95, -1, "a"])
-def test_safe_pin_limit_rejects_bad_share(share):
+def test_safe_pin_limit_rejects_bad_share(share, monkeypatch):
+    _ram(monkeypatch, GiB, GiB)
     with pytest.raises(ValueError, match="share"):
-        model.safe_pin_limit(share, total_bytes=GiB, available_bytes=GiB)
+        model.safe_pin_limit(share)
 
 
 # -- bytes on the wire, break-even, the 30-50 % claim -------------------------
@@ -216,11 +223,7 @@ def test_records_convert_back_into_what_the_measurements_return():
         )
     ]
     rows = pin_costs.pin_costs_from_records(None, _records(*pin, ("ch02.pin.cold", 1.0, "s", {"nbytes": 2 * MiB})))
-    assert (
-        [r.nbytes for r in rows] == [MiB]
-        and rows[0].block_bytes == MiB
-        and rows[0].break_even_cold == pytest.approx(80)
-    )
+    assert [r.nbytes for r in rows] == [MiB] and rows[0].break_even_cold == pytest.approx(80)
     assert "pays after" in pin_costs.pin_cost_table(rows)
     assert pin_costs.pin_costs_from_records(None, _records(pin[0])) is None  # incomplete: nothing to show
 
@@ -237,23 +240,21 @@ def test_records_convert_back_into_what_the_measurements_return():
         ),
     )
     assert held.held_s == {"pageable": 0.05, "pinned, non_blocking=True": 1e-5} and held.gpu_work_s == 0.05
-    lines = pin_costs.host_blocking_lines(held)
+    lines = held.lines()
     assert "GPU work queued ahead of the copy: 50.0 ms" in lines[0] and "CPU held for   50.000 ms" in lines[1]
     assert pin_costs.host_blocking_from_records(None, []) is None
 
-    blocks = pin_costs.rounding_rows_from_records(
+    blocks = pin_costs.pinned_blocks_from_records(
         None,
         _records(
             ("ch02.pinned_block", 8 * MiB, "bytes", {"requested": 5 * MiB}),
             ("ch02.pinned_block", 4 * MiB, "bytes", {"requested": 3 * MiB}),
         ),
     )
-    assert [(b.requested, b.predicted_block, b.allocated_delta) for b in blocks] == [
-        (3 * MiB, 4 * MiB, 4 * MiB),
-        (5 * MiB, 8 * MiB, 8 * MiB),
-    ]
-    assert pin_costs.rounding_lines(blocks)[1] == "  requested 5 MiB: pool grew by 8 MiB (predicted 8 MiB)"
-    assert "unknown" in pin_costs.rounding_lines([pin_costs.RoundingRow(MiB, MiB, None)])[0]
+    assert blocks.rows == [(3 * MiB, 4 * MiB), (5 * MiB, 8 * MiB)]
+    assert blocks.lines()[0] == "  requested 3 MiB: pool grew by 4 MiB (predicted 4 MiB)"
+    assert blocks.lines()[1] == "  requested 5 MiB: pool grew by 8 MiB (predicted 8 MiB)"
+    assert "unknown" in pin_costs.PinnedBlocks([(MiB, None)]).lines()[0]
 
     wire = copies.wire_from_records(
         None,
@@ -263,7 +264,7 @@ def test_records_convert_back_into_what_the_measurements_return():
         ),
     )
     assert wire.byte_ratio == 4 and wire.time_ratio == 4
-    assert copies.wire_lines(wire)[-1] == "bytes ratio 4x, time ratio 4.0x — pinned H2D copy"
+    assert wire.lines()[-1] == "bytes ratio 4x, time ratio 4.0x — pinned H2D copy"
     assert (
         copies.wire_from_records(None, _records(("ch02.wire_time", 1e-3, "s", {"dtype": "uint8", "nbytes": MiB})))
         is None
@@ -277,10 +278,14 @@ def test_sweeps_from_records_rebuilds_curves():
             "ch02.copy_time", 2e-6 + n / 20e9, "s", {"iqr_s": 1e-7, "n": 10}, direction="h2d", memory="pinned", nbytes=n
         )
     rs.add("ch02.fit.latency", 1.0, "s", direction="h2d", memory="pinned")  # another key: not a point
-    sweeps = copies.sweeps_from_records(rs.find("ch02.copy_time"), source="Recorded on X")
+    from helpers.chapters import ch02
+    from helpers.core.reference import provenance_line
+
+    sweeps = ch02.recorded_sweeps(rs, rs.find("ch02.copy_time")).sweeps
     sw = sweeps[("h2d", "pinned")]
     assert list(sweeps) == [("h2d", "pinned")]
-    assert sw.sizes() == [4096, 65536, MiB] and sw.source == "Recorded on X" and sw.points[0].n == 10
+    assert sw.sizes() == [4096, 65536, MiB] and sw.source == provenance_line(rs) and sw.points[0].n == 10
+    assert ch02.recorded_sweeps(rs, []) is None  # no curve recorded
     assert sw.fit().gbps == pytest.approx(20.0, rel=1e-6)
 
 
@@ -288,7 +293,7 @@ def test_sweeps_from_records_rebuilds_curves():
 
 
 def test_host_copy_is_real_and_labelled():
-    p = copies.measure_host_copy(64 * KiB, min_run_time=0.01)
+    p = copies.measure_host_copy(64 * KiB)
     assert p.direction == "h2h" and p.memory == "pageable" and p.median_s > 0 and p.gbps > 0
     assert "CPU memcpy" in p.method
     sw = copies.sweep(lambda src, *a: [1e-6], [4 * KiB, 16 * KiB], device="cpu")[("h2h", "pageable")]
@@ -309,7 +314,6 @@ def test_gpu_measurements_return_unavailable_without_cuda():
         assert isinstance(r, T.Unavailable) and not r
         assert "No CUDA device" in " ".join(str(r).split())
     assert "Found no NVIDIA driver" in results[0].reason  # the driver's own words are shown
-    assert pin_costs.release_pinned_cache() is False
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="checks the no-GPU path")
@@ -354,32 +358,22 @@ def test_cuda_status_checks_the_spelling_and_answers_cuda_without_raising():
             T.cuda_status(bad)
 
 
-def test_transfer_sweep_is_the_sweep_loop_with_the_helpers_copy(monkeypatch):
-    # No GPU needed: the CUDA checks and the helper's copy are replaced by fakes that touch no device.
-    monkeypatch.setattr(copies, "cuda_status", lambda device=None: (True, ""))
-    monkeypatch.setattr(copies, "resolve_device", lambda device=None: torch.device("cpu"))
-    monkeypatch.setattr(copies, "_check_device_bytes", lambda *a, **k: None)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda dev: "a fake GPU")
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    calls = []
+def test_transfer_sweep_is_the_sweep_loop_with_the_helpers_copy():
+    # No GPU needed: the CUDA stand-ins log each copy; their times are a fixed value, never shown.
+    from cuda_standin import fake_cuda
 
-    def fake_helper_copy(direction):
-        def copy(src, device, pinned, repeats):
-            calls.append((direction, copies._WARMUP, src.numel(), pinned, repeats))
-            return [1e-6 + src.numel() / 1e10] * repeats
-
-        return copy
-
-    monkeypatch.setattr(copies, "_helper_copy", fake_helper_copy)
     seen = []
-    sw = copies.transfer_sweep("d2h", "pinned", [4 * KiB, 64 * KiB], repeats=4, progress=lambda f, t="": seen.append(f))
-    assert calls == [("d2h", 3, 4 * KiB, True, 4), ("d2h", 3, 64 * KiB, True, 4)]  # one round, one kind
+    with fake_cuda(devices=1) as cuda:
+        sw = copies.transfer_sweep(
+            "d2h", "pinned", [4 * KiB, 64 * KiB], device="cuda", repeats=4, progress=lambda f, t="": seen.append(f)
+        )
+    d2h = [(op["shape"], op["dst_pinned"]) for op in cuda.ops("copy") if op["direction"] == "d2h"]
+    assert d2h == [((4 * KiB,), True)] * 7 + [((64 * KiB,), True)] * 7  # one round, one kind: 3 warm-up + 4 timed
     assert (sw.direction, sw.memory, sw.label, sw.device, sw.source) == (
         "d2h",
         "pinned",
         "D2H pinned",
-        "a fake GPU",
+        "a stand-in GPU (no numbers)",
         "measured here",
     )
     assert sw.method == "CUDA events on a side stream, 3 warm-up copies, median of 4"
@@ -421,7 +415,7 @@ def test_plots_draw_without_error():
     assert "H2D: pageable time / pinned time" in labels and "the claim: 1.3x-1.5x" in labels
     assert ax.get_yscale() == "linear" and ax.get_xscale() == "log"
     plt.close(ax.figure)
-    cost = pin_costs.PinCost(MiB, MiB, 4e-3, 1e-4, 1e-4, 5e-5, 2e-4, 4e-3)
+    cost = pin_costs.PinCost(MiB, 4e-3, 1e-4, 1e-4, 5e-5, 2e-4, 4e-3)
     ax = figures.plot_pin_costs([cost, dataclasses.replace(cost, nbytes=4 * MiB)])
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert len(labels) == 3 and ax.get_xlabel().startswith("buffer size") and ax.get_yscale() == "log"
@@ -472,14 +466,19 @@ def test_measure_host_copy_cuts_blocks_for_slow_copies(monkeypatch):
         seen.update(kw)
         return real(fn, **kw)
 
-    ticks = iter(range(1000))
+    def copies_taking(seconds):  # the host clock advances `seconds` per call: each copy takes that long
+        ticks = iter(range(0, 100_000, seconds))
+        monkeypatch.setattr(copies, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+
     monkeypatch.setattr(copies, "measure", spy)  # the name copies looks up
-    monkeypatch.setattr(copies, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))  # 1 s per copy
-    copies.measure_host_copy(64 * KiB, min_run_time=0.01, max_seconds=60.0)
+    copies_taking(1)  # 20 s allow 20 one-second copies: more than 15 blocks
+    copies.measure_host_copy(64 * KiB)
     assert seen["blocks"] == 15
-    copies.measure_host_copy(64 * KiB, min_run_time=0.01, max_seconds=10.0)
-    assert seen["blocks"] == 6  # 10 one-second copies fit, 4 of them untimed
-    copies.measure_host_copy(64 * KiB, min_run_time=0.01, max_seconds=1.0)
+    copies_taking(2)
+    copies.measure_host_copy(64 * KiB)
+    assert seen["blocks"] == 6  # 10 two-second copies fit in 20 s, 4 of them untimed
+    copies_taking(20)
+    copies.measure_host_copy(64 * KiB)
     assert seen["blocks"] == 3  # never fewer than 3 samples
 
 

@@ -224,6 +224,11 @@ def _span_ms(step_times_s: Sequence[float]) -> str:
     return f"{min(step_times_s) * 1e3:.2f}-{max(step_times_s) * 1e3:.2f} ms"
 
 
+def _verdict(text: str, agree: bool, miss: str, cuda: bool, width: int) -> str:
+    text += "they agree within their spread." if agree else f"{miss}{_WHY}{_TRUST_GPU if cuda else '.'}"
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
+
+
 def step_verdict(
     pred: Prediction, step_times_s: Sequence[float], *, device: torch.device | str, width: int = 100
 ) -> str:
@@ -236,11 +241,7 @@ def step_verdict(
         f"Prediction vs measurement: the naive loop on {loop}, {value * 1e3:.2f} ms, which lies {where} the range "
         f"of the {len(step_times_s)} measured steps ({_span_ms(step_times_s)}): "
     )
-    if inside:
-        text += "they agree within their spread."
-    else:
-        text += f"they do NOT agree within their spread. Trust the measured step: {_WHY}{_TRUST_GPU if cuda else '.'}"
-    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
+    return _verdict(text, inside, "they do NOT agree within their spread. Trust the measured step: ", cuda, width)
 
 
 def regimes_verdict(
@@ -253,12 +254,11 @@ def regimes_verdict(
     parts, agree = [], True
     for label, (pred, times) in runs.items():
         name, value, inside, where = _against_steps(pred, times, cuda)
-        word = "agree" if inside else "do NOT agree"
-        parts.append(f"{label}: {word} ({value * 1e3:.2f} ms {where} {_span_ms(times)})")
+        parts.append(
+            f"{label}: {'agree' if inside else 'do NOT agree'} ({value * 1e3:.2f} ms {where} {_span_ms(times)})"
+        )
         agree = agree and inside
     text = f"Each row's prediction ({name}) against the range of that model's measured steps: {'; '.join(parts)}"
-    if agree:
-        text += ": they agree within their spread."
-    else:
-        text += f". Where they do NOT agree, trust the measured step: {_WHY}{_TRUST_GPU if cuda else '.'}"
-    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
+    return _verdict(
+        text + (": " if agree else ""), agree, ". Where they do NOT agree, trust the measured step: ", cuda, width
+    )

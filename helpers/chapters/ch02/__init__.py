@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import textwrap
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -96,10 +95,18 @@ def measure_sweeps(
 
 
 def recorded_sweeps(result_set: ResultSet, records: list[Any]) -> CopySweeps | None:
-    """A ``convert``: a reference file's ``ch02.copy_time`` curves, with its own hardware report's ceiling."""
-    sweeps = copies.sweeps_from_records(records, source=provenance_line(result_set))
-    if not sweeps:
+    """A ``convert``: a reference file's ``ch02.copy_time`` curves (sizes ascending), with its own hardware report's
+    ceiling."""
+    found: dict[tuple[str, str], list[TransferPoint]] = {}
+    for r in records:
+        d, m, spread = r.params.get("direction"), r.params.get("memory"), r.spread or {}
+        if d in DIRECTIONS and m in MEMORY_KINDS:
+            n, iqr, k = int(r.params["nbytes"]), float(spread.get("iqr_s", 0.0)), int(spread.get("n", 1))
+            found.setdefault((d, m), []).append(TransferPoint(n, d, m, r.value, iqr, k, method="reference record"))
+    if not found:
         return None
+    source = provenance_line(result_set)
+    sweeps = {(d, m): Sweep(d, m, sorted(v, key=lambda p: p.nbytes), source) for (d, m), v in found.items()}
     report = result_set.provenance.get("report", {}) or {}
     ceiling = _ceiling(report.get("link_bandwidth_gbps"), report.get("link_description"))
     gpu = str(result_set.hardware.get("gpu_name") or "a GPU")
@@ -130,19 +137,6 @@ def pairs(what: str) -> list[tuple[PublishedFigure, PublishedFigure]]:
     figs = published.published_figures()
     xs, ys = [x for x in figs if getattr(x, field) == a], [y for y in figs if getattr(y, field) == b]
     return [(x, y) for x in xs for y in ys if all(getattr(x, s) == getattr(y, s) for s in same)]
-
-
-def point_key(figures: Sequence[PublishedFigure]) -> str:
-    """The key to the ``[k]`` marks of :func:`~.figures.add_published_points`: one line per series, with its source."""
-    lines = []
-    for k, group in enumerate(published.point_series(figures), start=1):
-        f = group[-1]
-        sizes = ", ".join(published.size_text(g.transfer_size_bytes) for g in group)
-        vals = ", ".join(f"{g.gbps:.1f}" for g in group)
-        lines.append(f"[{k}] {f.short_label()}: {vals} GB/s at {sizes}")
-        source = f"{f.tool}; source: {published.short_source(f.url)}"
-        lines += [f"     {wrapped}" for wrapped in textwrap.wrap(source, 100)]
-    return "\n".join(lines)
 
 
 # One rule for the whole chapter: a measured figure is its median with a band of one IQR either side. A model's
@@ -210,8 +204,6 @@ def points_agree(first: str, a: TransferPoint, second: str, b: TransferPoint) ->
 
 def largest_copy(host: Sweep) -> TransferPoint:
     """The sweep's largest copy: the one the chapter prints and the cap check uses."""
-    if not host.points:
-        raise ValueError("the host memcpy sweep has no points: run the sweep cell first")
     return max(host.points, key=lambda p: p.nbytes)
 
 
@@ -246,14 +238,6 @@ class PanelReading:
     ceiling: tuple[float, str] | None = None
     caption: str | None = None
 
-    def summary(self) -> str:
-        head = f"{self.direction.upper()} {self.memory} {self.dtype}, {human_bytes(self.nbytes)}: "
-        ref = f", {human_bytes(self.reference.nbytes)} recorded" if self.reference else ""
-        shown = [(self.measured, "measured here", ""), (self.reference, "reference", ref)]
-        shown.append((self.host, "host memcpy of the same bytes", ""))
-        parts = [f"{what} {human_seconds(p.median_s)} ({p.gbps:.2f} GB/s{x})" for p, what, x in shown if p is not None]
-        return head + "; ".join(parts) + (". " + self.note if self.note else "")
-
 
 def panel_controls(**context: Any) -> dict[str, Any]:
     return {
@@ -264,38 +248,27 @@ def panel_controls(**context: Any) -> dict[str, Any]:
     }
 
 
-def _one_copy(copy_fn: CopyFn, reading: PanelReading, device: Any, repeats: int) -> TransferPoint:
-    """One round of ``copy_fn`` on the reading's bytes: with CUDA an H2D copy, else a host memcpy on one thread."""
-    kw: dict[str, Any] = {"device": device, "repeats": repeats, "kinds": (reading.memory,), "dtype": reading.dtype}
-    with contextlib.nullcontext() if transfer.cuda_status(device)[0] else intraop_threads(1):
-        curves = copies.sweep(copy_fn, [reading.nbytes], rounds=1, **kw)
+def _one_copy(copy_fn: CopyFn, r: PanelReading, device: Any, cuda: bool) -> TransferPoint:
+    """One round of the reading's copy, 10 timed copies: with CUDA, H2D by ``copy_fn`` and D2H by the helper's copy;
+    without, the host memcpy ``copy_fn`` times on a CPU, on one thread."""
+    kw: dict[str, Any] = {"device": device, "repeats": 10, "dtype": r.dtype}
+    if cuda and r.direction == "d2h":
+        return copies.transfer_sweep("d2h", r.memory, [r.nbytes], **kw).points[0]
+    with contextlib.nullcontext() if cuda else intraop_threads(1):
+        curves = copies.sweep(copy_fn, [r.nbytes], rounds=1, kinds=(r.memory,), **kw)
     return next(iter(curves.values())).points[0]
 
 
-def _copy_here(copy_fn: CopyFn, reading: PanelReading, device: torch.device | str, repeats: int) -> str:
-    name = getattr(copy_fn, "__name__", "copy_fn")
-    if reading.direction == "h2d":
-        reading.measured, reading.note = _one_copy(copy_fn, reading, device, repeats), f"Timed by your {name}()."
-        return f"your {name}()"
-    kw: dict[str, Any] = {"device": device, "repeats": repeats, "dtype": reading.dtype}
-    reading.measured = copies.transfer_sweep(reading.direction, reading.memory, [reading.nbytes], **kw).points[0]
-    reading.note = "D2H: timed by copies.transfer_sweep (your copy function does H2D)."
-    return "copies.transfer_sweep, CUDA events"
-
-
-def _host_instead(copy_fn: CopyFn, reading: PanelReading, recorded: CopySweeps | None, repeats: int) -> str:
-    n, key = reading.nbytes, (reading.direction, reading.memory)
-    reading.note = "No CUDA device here: the GPU copy cannot run. "
-    if recorded is not None and key in recorded.sweeps:
-        reading.reference = min(recorded.sweeps[key].points, key=lambda q: abs(math.log(q.nbytes / n)))
-        reading.note += f"Reference point recorded on {recorded.gpu}, not here."
+def _no_cuda_note(r: PanelReading, recorded: CopySweeps | None) -> str:
+    if recorded is not None and (r.direction, r.memory) in recorded.sweeps:
+        points = recorded.sweeps[(r.direction, r.memory)].points
+        r.reference = min(points, key=lambda q: abs(math.log(q.nbytes / r.nbytes)))
+        ref = f"Reference point recorded on {recorded.gpu}, not here."
     else:
-        reading.note += "No reference result for this copy is recorded yet (run `make gpu-check` on a GPU machine)."
-    if reading.memory == "pinned":
-        reading.note += " Pinning is impossible without the NVIDIA driver."
-    reading.note += " The host memcpy is real, but it is a CPU copy, not a transfer to a GPU."
-    reading.host = _one_copy(copy_fn, reading, "cpu", repeats)
-    return f"your {getattr(copy_fn, '__name__', 'copy_fn')}() on one CPU thread"
+        ref = "No reference result for this copy is recorded yet (run `make gpu-check` on a GPU machine)."
+    pin = " Pinning is impossible without the NVIDIA driver." if r.memory == "pinned" else ""
+    host = " The host memcpy is real, but it is a CPU copy, not a transfer to a GPU."
+    return f"No CUDA device here: the GPU copy cannot run. {ref}{pin}{host}"
 
 
 def panel_run(
@@ -309,7 +282,6 @@ def panel_run(
     copy_fn: CopyFn,
     gpu: Evidence[CopySweeps] | None = None,
     host: Sweep | None = None,
-    repeats: int = 10,
     **context: Any,
 ) -> Evidence[PanelReading]:
     """Copy one batch (``size_mib``: MiB *as uint8*) by the reader's ``copy_fn``: with CUDA a real copy; without, the
@@ -319,31 +291,44 @@ def panel_run(
     direction = check_choice("direction", direction, DIRECTIONS)
     memory = check_choice("memory", memory, MEMORY_KINDS)
     dtype = check_choice("dtype", dtype, DTYPES)
-    repeats = check_int("repeats", repeats, 1, 10_000)
     nbytes = int(round(size_mib * MiB)) * torch.empty((), dtype=DTYPES[dtype]).element_size()
     progress(0.1, "measuring…")
     recorded = gpu.value if gpu is not None else None
     background = tuple(recorded.sweeps.values() if recorded else ()) + ((host,) if host else ())
     caption = sweeps_caption(gpu) if gpu is not None else None
-    reading = PanelReading(nbytes, direction, memory, dtype, background=background, caption=caption)
-    reading.ceiling = recorded.ceiling if recorded else None
+    r = PanelReading(nbytes, direction, memory, dtype, background=background, caption=caption)
+    r.ceiling, name = (recorded.ceiling if recorded else None), getattr(copy_fn, "__name__", "copy_fn")
     if transfer.cuda_status(device)[0]:
-        method, where = _copy_here(copy_fn, reading, device, repeats), device
+        r.measured = mine = _one_copy(copy_fn, r, device, True)
+        d2h, where = direction == "d2h", device
+        r.note = (
+            "D2H: timed by copies.transfer_sweep (your copy function does H2D)." if d2h else f"Timed by your {name}()."
+        )
+        method = "copies.transfer_sweep, CUDA events" if d2h else f"your {name}()"
         here = recorded is not None and gpu is not None and gpu.here  # measured here too: the same copy, twice
-        mine, against = reading.measured, recorded.sweeps.get((direction, memory)) if here and recorded else None
+        against = recorded.sweeps.get((direction, memory)) if here and recorded else None
         what = f"a {direction.upper()} {memory} {dtype} copy of {human_bytes(nbytes)}"
     else:
-        method, where = _host_instead(copy_fn, reading, recorded, repeats), "cpu"
-        mine, against, what = reading.host, host, f"a host memcpy of {human_bytes(nbytes)} (not a GPU copy)"
-    same = [q for q in against.points if q.nbytes == nbytes] if mine is not None and against is not None else []
-    if mine is not None and same:
-        reading.note += " " + points_agree("This run", mine, f"sweep's {human_bytes(nbytes)} point", same[0])
+        r.note, where, against = _no_cuda_note(r, recorded), "cpu", host
+        r.host = mine = _one_copy(copy_fn, r, "cpu", False)
+        method, what = f"your {name}() on one CPU thread", f"a host memcpy of {human_bytes(nbytes)} (not a GPU copy)"
+    same = [q for q in against.points if q.nbytes == nbytes] if against is not None else []
+    if same:
+        r.note += " " + points_agree("This run", mine, f"sweep's {human_bytes(nbytes)} point", same[0])
     progress(1.0, "done")
-    return evidence.measured(what, reading, where, method)
+    return evidence.measured(what, r, where, method)
 
 
 def panel_summary(result: Evidence[PanelReading]) -> str:
-    return result.value.summary() if result.value is not None else result.header()
+    r = result.value
+    if r is None:
+        return result.header()
+    ref = f", {human_bytes(r.reference.nbytes)} recorded" if r.reference else ""
+    shown = [(r.measured, "measured here", ""), (r.reference, "reference", ref)]
+    shown.append((r.host, "host memcpy of the same bytes", ""))
+    parts = [f"{what} {human_seconds(p.median_s)} ({p.gbps:.2f} GB/s{x})" for p, what, x in shown if p is not None]
+    head = f"{r.direction.upper()} {r.memory} {r.dtype}, {human_bytes(r.nbytes)}: "
+    return head + "; ".join(parts) + (". " + r.note if r.note else "")
 
 
 def panel_plot(history: list[Any], ax: Any) -> None:
@@ -400,12 +385,11 @@ def _record_pinning(results: ResultSet, dev: torch.device, sizes: list[int], pro
     for i, n in enumerate(pin_sizes):
         progress(0.6 + 0.2 * i / len(pin_sizes), f"cost of pinning {human_bytes(n)}")
         pc = pin_costs.pin_cost(n, device=dev)
-        assert isinstance(pc, pin_costs.PinCost)
         for key in pin_costs.RECORD_FIELDS:
             results.add(f"ch02.pin.{key}", getattr(pc, key), "s", nbytes=n)
     progress(0.8, "host-blocking probe")
     hb = pin_costs.host_blocking_probe(device=dev, nbytes=min(64 * MiB, max(sizes)))
-    assert isinstance(hb, pin_costs.HostBlocking)
+    assert isinstance(hb, pin_costs.HostBlocking)  # with CUDA, never Unavailable
     for case, value in hb.held_s.items():
         results.add("ch02.host_held", value, "s", case=case, nbytes=hb.nbytes, gpu_work_s=hb.gpu_work_s)
     progress(0.9, "uint8 vs float32 on the wire")
@@ -413,7 +397,6 @@ def _record_pinning(results: ResultSet, dev: torch.device, sizes: list[int], pro
     for d in DTYPES:
         results.add("ch02.wire_time", wire.seconds[d], "s", dtype=d, nbytes=wire.nbytes[d])
     progress(0.95, "pinned block rounding")
-    rows = pin_costs.pinned_rounding_demo([3 * MiB, 5 * MiB, 9 * MiB])
-    for r in rows if isinstance(rows, list) else []:
-        if r.allocated_delta is not None:
-            results.add("ch02.pinned_block", r.allocated_delta, "bytes", requested=r.requested)
+    for n, grew in pin_costs.pinned_rounding_demo([3 * MiB, 5 * MiB, 9 * MiB]).rows:  # type: ignore[union-attr]
+        if grew is not None:
+            results.add("ch02.pinned_block", grew, "bytes", requested=n)

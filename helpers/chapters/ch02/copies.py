@@ -126,14 +126,11 @@ def _numel(nbytes: int, dtype: str) -> int:
     return nbytes // item
 
 
-def measure_host_copy(
-    nbytes: int, *, dtype: str = "uint8", min_run_time: float | None = None, max_seconds: float = 20.0
-) -> TransferPoint:
+def measure_host_copy(nbytes: int, *, dtype: str = "uint8") -> TransferPoint:
     """Time ``dst.copy_(src)`` between two pageable host tensors of ``nbytes``: a CPU memcpy (what the driver does
     to stage a pageable buffer), **not** a host-to-GPU transfer. One thread, as the driver stages one; a slow copy
-    gets fewer timed blocks (at least 3), so it takes about ``max_seconds`` at most."""
+    gets fewer timed blocks (at least 3), so it takes about 20 s at most."""
     check_host_bytes("nbytes", 2 * nbytes, what=f"a host copy of {human_bytes(nbytes)} (source and destination)")
-    run_time = sized(0.02, 0.1) if min_run_time is None else min_run_time
     n = _numel(nbytes, dtype)
     src = torch.ones(n, dtype=DTYPES[dtype])
     dst = torch.zeros(n, dtype=DTYPES[dtype])  # pages touched now, not during timing
@@ -141,9 +138,9 @@ def measure_host_copy(
     try:
         t0 = time.perf_counter()
         copy()  # one untimed call, to size the measurement
-        blocks = max(3, min(15, int(max_seconds / max(time.perf_counter() - t0, 1e-9)) - 4))
-        label = f"host copy {human_bytes(nbytes)}"
-        timing = measure(copy, label=label, device="cpu", min_run_time=run_time, warmup=2, blocks=blocks, num_threads=1)
+        blocks = max(3, min(15, int(20.0 / max(time.perf_counter() - t0, 1e-9)) - 4))
+        run: dict[str, Any] = {"min_run_time": sized(0.02, 0.1), "warmup": 2, "blocks": blocks, "num_threads": 1}
+        timing = measure(copy, label=f"host copy {human_bytes(nbytes)}", device="cpu", **run)
     finally:
         del src, dst, copy  # freed now, even if a traceback holds this frame
     meta = timing.metadata
@@ -192,6 +189,17 @@ def _samples(copy_fn: CopyFn, result: Any) -> list[float]:
     return out
 
 
+def _refuse_too_big(sizes: list[int], cuda: torch.device | None, kinds: Sequence[str]) -> int:
+    """The largest size, refused (one line) if it would not fit: host RAM, the safe pin limit, GPU memory."""
+    biggest = max(sizes)
+    check_host_bytes("sizes", 2 * biggest, what=f"a source of {human_bytes(biggest)} and one copy of it")
+    if cuda is not None and "pinned" in kinds:
+        check_pin_size(biggest)
+    if cuda is not None:
+        _check_device_bytes("sizes", biggest, cuda, f"a device copy of {human_bytes(biggest)}")
+    return biggest
+
+
 def sweep(
     copy_fn: CopyFn,
     sizes: Sequence[int] | None = None,
@@ -219,12 +227,7 @@ def sweep(
     dev = resolve_device(device)  # 'cuda' on a machine without one: a ValueError that says so
     ok, _ = cuda_status(dev)
     kinds, direction = (tuple(kinds), direction) if ok else (("pageable",), "h2h")  # no GPU: a host memcpy
-    biggest = max(sizes)  # refused (one line) if it would not fit: host RAM, the safe pin limit, GPU memory
-    check_host_bytes("sizes", 2 * biggest, what=f"a source of {human_bytes(biggest)} and one copy of it")
-    if ok and "pinned" in kinds:
-        check_pin_size(biggest)
-    if ok:
-        _check_device_bytes("sizes", biggest, dev, f"a device copy of {human_bytes(biggest)}")
+    biggest = _refuse_too_big(sizes, dev if ok else None, kinds)
     samples: dict[tuple[str, int], list[float]] = {(m, n): [] for m in kinds for n in sizes}
     base = torch.ones(_numel(biggest, dtype), dtype=DTYPES[dtype])  # every size is a slice of it
 
@@ -250,16 +253,10 @@ def sweep(
         "" if ok else "; no CUDA device here, so a host memcpy, not a GPU copy"
     )
     where = ("measured here", torch.cuda.get_device_name(dev)) if ok else ("measured here (CPU memcpy)", "cpu")
-    return _curves(samples, direction, dtype, how, *where)
-
-
-def _curves(
-    samples: dict[tuple[str, int], list[float]], direction: str, dtype: str, how: str, source: str, where: str
-) -> dict[tuple[str, str], Sweep]:
     out: dict[tuple[str, str], Sweep] = {}
     for (m, n), seconds in samples.items():
         t = summarize(f"{direction} {m} {human_bytes(n)}", seconds)
-        sw = out.setdefault((direction, m), Sweep(direction, m, [], source, where, how))
+        sw = out.setdefault((direction, m), Sweep(direction, m, [], *where, how))
         sw.points.append(TransferPoint(n, direction, m, t.median_s, t.iqr_s, t.n, dtype, how))
     return out
 
@@ -278,9 +275,8 @@ def transfer_sweep(
     the callers check)."""
     reps = sized(10, 30) if repeats is None else repeats
     how = f"CUDA events on a side stream, {_WARMUP} warm-up copies, median of {reps}"
-    kw: dict[str, Any] = {"kinds": (memory,), "method": how, "dtype": dtype, "progress": progress}
-    copy = _helper_copy(direction)
-    return sweep(copy, sizes, device=device, repeats=reps, rounds=1, direction=direction, **kw)[(direction, memory)]
+    kw: dict[str, Any] = {"device": device, "repeats": reps, "rounds": 1, "direction": direction, "kinds": (memory,)}
+    return sweep(_helper_copy(direction), sizes, method=how, dtype=dtype, progress=progress, **kw)[(direction, memory)]
 
 
 @dataclass
@@ -298,6 +294,10 @@ class WireResult:
     @property
     def time_ratio(self) -> float:
         return self.seconds["float32"] / self.seconds["uint8"]
+
+    def lines(self) -> list[str]:
+        out = [f"{d:>8}: {self.nbytes[d] / MiB:7.2f} MiB, {self.seconds[d] * 1e3:7.3f} ms" for d in DTYPES]
+        return out + [f"bytes ratio {self.byte_ratio:.0f}x, time ratio {self.time_ratio:.1f}x — {self.what}"]
 
 
 def wire_comparison(
@@ -318,33 +318,15 @@ def wire_comparison(
     return WireResult(nbytes, seconds, what)
 
 
-# Each ``*_from_records(result_set, records)`` is a ``convert`` for helpers.core.evidence: what the measuring
-# function returns, rebuilt from the records (already found by key) ch02.benchmark wrote, or None (missing).
-
-
-def sweeps_from_records(records: Iterable[Any], source: str = "reference") -> dict[tuple[str, str], Sweep]:
-    """``{(direction, memory): Sweep}`` from ``ch02.copy_time`` records, sizes ascending."""
-    found: dict[tuple[str, str], list[TransferPoint]] = {}
-    for r in records:
-        d, m, spread = r.params.get("direction"), r.params.get("memory"), r.spread or {}
-        if d in DIRECTIONS and m in MEMORY_KINDS:
-            n, iqr, k = int(r.params["nbytes"]), float(spread.get("iqr_s", 0.0)), int(spread.get("n", 1))
-            found.setdefault((d, m), []).append(TransferPoint(n, d, m, r.value, iqr, k, method="reference record"))
-    return {(d, m): Sweep(d, m, sorted(v, key=lambda p: p.nbytes), source) for (d, m), v in found.items()}
+# ``wire_from_records(result_set, records)`` is a ``convert`` for helpers.core.evidence: a WireResult rebuilt from
+# the ``ch02.wire_time`` records ch02.benchmark wrote, or None (missing).
 
 
 def wire_from_records(result_set: Any, records: Iterable[Any]) -> WireResult | None:
     """A :class:`WireResult` from ``ch02.wire_time`` records; None unless both dtypes are there."""
-    got = {
-        r.params["dtype"]: (int(r.params.get("nbytes", 0)), r.value) for r in records if r.params.get("dtype") in DTYPES
-    }
-    if set(got) != set(DTYPES) or not all(n and s for n, s in got.values()):
+    got = {r.params.get("dtype"): r for r in records}
+    if not all(d in got and got[d].value and got[d].params.get("nbytes") for d in DTYPES):
         return None
-    nbytes, seconds = {d: got[d][0] for d in DTYPES}, {d: got[d][1] for d in DTYPES}
-    return WireResult(nbytes, seconds, what="pinned H2D copy")
-
-
-def wire_lines(wire: WireResult) -> list[str]:
-    lines = [f"{d:>8}: {wire.nbytes[d] / MiB:7.2f} MiB, {wire.seconds[d] * 1e3:7.3f} ms" for d in DTYPES]
-    lines.append(f"bytes ratio {wire.byte_ratio:.0f}x, time ratio {wire.time_ratio:.1f}x — {wire.what}")
-    return lines
+    return WireResult(
+        {d: int(got[d].params["nbytes"]) for d in DTYPES}, {d: got[d].value for d in DTYPES}, "pinned H2D copy"
+    )

@@ -3,6 +3,7 @@ theoretical ceilings), the pinned/pageable ratio and the cost of pinning (matplo
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
@@ -67,21 +68,17 @@ _SWEEP_STYLES: dict[str, dict[str, Any]] = {
 }
 
 
-def _by_size(
-    series: dict[str, Any], ax: Any, ylabel: str, legend: dict[str, Any], extra: Sequence[Any] = (), **kw: Any
-) -> Any:
-    """``series`` against copy size (:func:`helpers.ui.plots.sweep_plot`), ``extra`` drawn, byte ticks, legend."""
+_SIDE = {"fontsize": 7.5, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "frameon": False}
+_STAR_COLORS = ["#e15759", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7", "#9c755f"]
+_SIZES = "copy size (bytes, log scale)"
+
+
+def _finish(ax: Any, legend: dict[str, Any] = _SIDE) -> Any:
     from ...ui import plots  # optional/heavy: matplotlib
 
-    ax = plots.sweep_plot(series, ax, xlabel=kw.pop("xlabel", "copy size (bytes, log scale)"), ylabel=ylabel, **kw)
-    for draw in extra:
-        draw(ax)
     plots.size_ticks(ax)
     ax.legend(**legend)
     return ax
-
-
-_SIDE = {"fontsize": 7.5, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "frameon": False}
 
 
 def plot_sweeps(
@@ -96,6 +93,8 @@ def plot_sweeps(
 ) -> Any:
     """Bandwidth against copy size (log-log): the ``sweeps``, the link's theoretical ``ceiling`` dashed, each
     curve's fitted model dotted (``fits``), and single ``points`` ``(point, label)`` (the panel's runs) as stars."""
+    from ...ui import plots  # optional/heavy: matplotlib
+
     series: dict[str, tuple[Sequence[float], list[float]]] = {}
     styles: dict[str, dict[str, Any]] = {}
     for sw in (sw for sw in sweeps if sw.points):
@@ -105,24 +104,17 @@ def plot_sweeps(
         if fit is not None:
             series[fit[0]] = fit[1]
             styles[fit[0]] = {"color": styles[sw.label]["color"], "linestyle": ":", "marker": "", "linewidth": 1.2}
-    star = {"marker": "*", "markersize": 14, "markeredgecolor": "black", "linestyle": "", "zorder": 5}
-
-    def stars(ax: Any) -> None:
-        for i, (p, label) in enumerate(points):
-            ax.plot([p.nbytes], [p.gbps], color=_STAR_COLORS[i % len(_STAR_COLORS)], label=label, **star)
-
     ylabel = "bandwidth (GB/s = 1e9 B/s, log scale)"
-    kw: dict[str, Any] = {"title": title, "ceiling": ceiling, "source": source, "styles": styles}
-    return _by_size(series, ax, ylabel, _SIDE, [stars], **kw)
-
-
-_STAR_COLORS = ["#e15759", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7", "#9c755f"]
+    ax = plots.sweep_plot(series, ax, xlabel=_SIZES, ylabel=ylabel, title=title, ceiling=ceiling, source=source,
+                          styles=styles)  # fmt: skip
+    star = {"marker": "*", "markersize": 14, "markeredgecolor": "black", "linestyle": "", "zorder": 5}
+    for i, (p, label) in enumerate(points):
+        ax.plot([p.nbytes], [p.gbps], color=_STAR_COLORS[i % len(_STAR_COLORS)], label=label, **star)
+    return _finish(ax)
 
 
 def _fit_curve(sw: Sweep) -> tuple[str, tuple[list[float], list[float]]] | None:
-    """The sweep's fitted model as a named (sizes, GB/s) curve; None if it can't fit."""
-    if len(set(sw.sizes())) < 2:
-        return None
+    """The sweep's fitted model as a named (sizes, GB/s) curve; None if it can't fit (e.g. one size)."""
     try:
         f = sw.fit()
     except ValueError:
@@ -134,68 +126,63 @@ def _fit_curve(sw: Sweep) -> tuple[str, tuple[list[float], list[float]]] | None:
 
 def plot_speedup(pairs: dict[str, list[tuple[int, float]]], ax: Any = None, *, source: str | None = None) -> Any:
     """pageable/pinned time ratio per size, with the claimed 1.3-1.5 band shaded."""
+    from ...ui import plots  # optional/heavy: matplotlib
+
     series = {f"{k}: pageable time / pinned time": ([n for n, _ in v], [r for _, r in v]) for k, v in pairs.items()}
-
-    def claim(ax: Any) -> None:
-        ax.axhspan(CLAIM_RANGE[0], CLAIM_RANGE[1], color="#bab0ac", alpha=0.35, label="the claim: 1.3x-1.5x")
-        ax.axhline(1.0, color="black", linewidth=0.8)
-
     title = "Is pinning 30-50% faster? Measured ratio per size"
-    return _by_size(
-        series, ax, "speed-up of pinned (x)", {"fontsize": 8}, title=title, logy=False, source=source, extra=[claim]
-    )
+    ax = plots.sweep_plot(series, ax, xlabel=_SIZES, ylabel="speed-up of pinned (x)", title=title, logy=False,
+                          source=source)  # fmt: skip
+    ax.axhspan(CLAIM_RANGE[0], CLAIM_RANGE[1], color="#bab0ac", alpha=0.35, label="the claim: 1.3x-1.5x")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    return _finish(ax, {"fontsize": 8})
 
 
 def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | None = None) -> Any:
     """Time of pinning (cold, cached) vs time one pinned copy saves, against size (log-log)."""
-    sizes = [r.nbytes for r in rows]
+    from ...ui import plots  # optional/heavy: matplotlib
+
     lines = [  # label, PinCost field (s), style; a saving <= 0 is drawn at 1 ns (log axis)
         ("pin_memory(), new block (cudaHostAlloc)", "cold", {"color": "#e15759"}),
         ("pin_memory(), cached block (memcpy only)", "cached", {"color": "#f28e2b", "linestyle": "--"}),
         ("saving per copy (pageable − pinned)", "saving_per_copy", {"color": "#59a14f", "marker": "s"}),
     ]
-    series = {label: (sizes, [max(getattr(r, key), 1e-9) * 1e3 for r in rows]) for label, key, _ in lines}
-    title, styles = "Cost of pinning vs what one pinned copy saves", {label: style for label, _, style in lines}
-    kw: dict[str, Any] = {
-        "title": title,
-        "source": source,
-        "styles": styles,
-        "xlabel": "buffer size (bytes, log scale)",
+    series = {
+        label: ([r.nbytes for r in rows], [max(getattr(r, k), 1e-9) * 1e3 for r in rows]) for label, k, _ in lines
     }
-    return _by_size(series, ax, "time (ms, log scale)", _SIDE, **kw)
+    title, styles = "Cost of pinning vs what one pinned copy saves", {label: style for label, _, style in lines}
+    ax = plots.sweep_plot(series, ax, xlabel="buffer size (bytes, log scale)", ylabel="time (ms, log scale)",
+                          title=title, source=source, styles=styles)  # fmt: skip
+    return _finish(ax)
 
 
-def add_published_points(ax: Any, figures: Sequence[PublishedFigure]) -> list[PublishedFigure]:
-    """Draw published figures on a bandwidth-vs-size Axes (black-edged diamonds: pinned, triangles: pageable;
-    orange H2D, blue D2H; a source's sizes dotted, ``[k]`` by the largest); return those without a size."""
+def add_published(ax: Any, figures: Sequence[PublishedFigure], *, skip_gbps: Iterable[float] = ()) -> str:
+    """Draw the published ``figures`` that state a size on a bandwidth-vs-size Axes (black-edged diamonds: pinned,
+    triangles: pageable; orange H2D, blue D2H; a source's sizes dotted, ``[k]`` by the largest) and dashed lines at
+    the **theoretical** ceiling of their GPUs' host links (one per value; unknown links and ``skip_gbps``, already
+    drawn, left out). Returns the key to the ``[k]`` marks: one line per series, with its source."""
     from ...ui import plots  # optional/heavy: matplotlib
 
     done: set[Any] = set()
+    key: list[str] = []
     for k, group in enumerate(published.point_series(figures), start=1):
-        xs, ys = [float(f.transfer_size_bytes or 0) for f in group], [f.gbps for f in group]
-        dotted = ":" if len(group) > 1 else ""
-        kw: dict[str, Any] = {"linestyle": dotted, "linewidth": 0.8, "markeredgewidth": 0.7, "zorder": 4}
-        published.mark_figure(ax, group[-1], xs, ys, done, " [k]", **kw)
+        f, xs, ys = group[-1], [float(g.transfer_size_bytes or 0) for g in group], [g.gbps for g in group]
+        kw: dict[str, Any] = {"linewidth": 0.8, "markeredgewidth": 0.7, "zorder": 4}
+        published.mark_figure(ax, f, xs, ys, done, " [k]", linestyle=":" if len(group) > 1 else "", **kw)
         text = {"textcoords": "offset points", "fontsize": 7, "color": "#222", "zorder": 5}
         ax.annotate(f"{k}", (xs[-1], ys[-1]), xytext=(4, -3), **text)
+        sizes = ", ".join(published.size_text(g.transfer_size_bytes) for g in group)
+        key.append(f"[{k}] {f.short_label()}: {', '.join(f'{y:.1f}' for y in ys)} GB/s at {sizes}")
+        key += [f"     {line}" for line in textwrap.wrap(f"{f.tool}; source: {published.short_source(f.url)}", 100)]
     if ax.get_xscale() == "log":
         plots.size_ticks(ax)
-    return [f for f in figures if f.transfer_size_bytes is None]
-
-
-def add_theoretical_ceilings(ax: Any, links: Iterable[str], *, skip_gbps: Iterable[float] = ()) -> list[str]:
-    """Dashed lines at the **theoretical** per-direction ceiling of each link (``"PCIe Gen4 x16"``; unknown names
-    ignored), except ceilings in ``skip_gbps`` (already drawn); one line per value. Returns the links drawn."""
     skip = [float(s) for s in skip_gbps]
     by_value: dict[float, list[str]] = {}
-    for link in dict.fromkeys(links):
+    for link in dict.fromkeys(f.product_link for f in figures):
         c = published.link_ceiling_gbps(link)
-        if c is None or any(abs(c - s) <= 1e-3 * c for s in skip):
-            continue
-        same = next((v for v in by_value if abs(v - c) <= 1e-3 * c), c)
-        by_value.setdefault(same, []).append(link)
+        if c is not None and not any(abs(c - s) <= 1e-3 * c for s in skip):
+            by_value.setdefault(next((v for v in by_value if abs(v - c) <= 1e-3 * c), c), []).append(link)
     styles = [":", "-.", (0, (5, 2)), (0, (1, 1))]
     for i, (c, names) in enumerate(sorted(by_value.items())):
         label = f"{' = '.join(names)}: {c:.1f} GB/s, {published.KIND_THEORETICAL}"
         ax.axhline(c, color="#777", linewidth=0.9, linestyle=styles[i % len(styles)], label=label, zorder=1)
-    return [name for _, names in sorted(by_value.items()) for name in names]
+    return "\n".join(key)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ...core.config import sized
 from ...core.validate import check_float, check_int, human_bytes, human_seconds
-from ...pipeline.transfer import _memory_now
+from ...pipeline import transfer
 
 KiB = 1024
 MiB = 1024**2
@@ -95,25 +95,18 @@ def predict_pinned_block(nbytes: int) -> int:
     return nbytes if nbytes <= 1 else 1 << (nbytes - 1).bit_length()
 
 
-def safe_pin_limit(
-    share: float = DEFAULT_PIN_SHARE, *, total_bytes: int | None = None, available_bytes: int | None = None
-) -> int:
-    """Most bytes the helpers agree to pin: ``share`` of the smaller of total and available RAM (default: psutil's
-    figures now). Pinned memory can never be swapped out, so pinning too much starves the OS and can hang it."""
+def safe_pin_limit(share: float = DEFAULT_PIN_SHARE) -> int:
+    """Most bytes the helpers agree to pin: ``share`` of the smaller of total and available RAM (psutil's figures
+    now). Pinned memory can never be swapped out, so pinning too much starves the OS and can hang it."""
     share = check_float("share", share, 0.001, 0.9)
-    total, avail = _memory_now() if total_bytes is None or available_bytes is None else (0, 0)
-    total_bytes = check_int("total_bytes", total if total_bytes is None else total_bytes, 1)
-    available_bytes = check_int("available_bytes", avail if available_bytes is None else available_bytes, 0)
-    return int(share * min(total_bytes, available_bytes))
+    return int(share * min(transfer._memory_now()))
 
 
-def check_pin_size(
-    nbytes: int, *, share: float = DEFAULT_PIN_SHARE, total_bytes: int | None = None, available_bytes: int | None = None
-) -> int:
+def check_pin_size(nbytes: int, *, share: float = DEFAULT_PIN_SHARE) -> int:
     """The block a pin of ``nbytes`` takes; ValueError (what to do instead) when it is over :func:`safe_pin_limit`."""
     nbytes = check_int("nbytes", nbytes, 1)
     block = predict_pinned_block(nbytes)
-    limit = safe_pin_limit(share, total_bytes=total_bytes, available_bytes=available_bytes)
+    limit = safe_pin_limit(share)
     if block > limit:
         raise ValueError(
             f"nbytes: refusing to pin {human_bytes(nbytes)} (a {human_bytes(block)} block after "
@@ -126,6 +119,6 @@ def check_pin_size(
     return block
 
 
-def claim_verdict(ratio: float, lo: float = CLAIM_RANGE[0], hi: float = CLAIM_RANGE[1]) -> str:
+def claim_verdict(ratio: float) -> str:
     """A pageable/pinned time ratio against the claim "30-50 % faster": ``"below"``, ``"within"`` or ``"above"``."""
-    return "below" if ratio < lo else "above" if ratio > hi else "within"
+    return "below" if ratio < CLAIM_RANGE[0] else "above" if ratio > CLAIM_RANGE[1] else "within"

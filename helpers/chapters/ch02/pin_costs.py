@@ -21,51 +21,46 @@ from .copies import MEMORY_KINDS, _check_device_bytes, pinning_status, transfer_
 from .model import _MAX_BYTES, MiB, check_pin_size, predict_pinned_block
 
 
-def release_pinned_cache() -> bool:
-    """Give cached, unused pinned blocks back to the driver (False if torch can't): ``torch.cuda.empty_cache()``
+def release_pinned_cache() -> None:
+    """Give cached, unused pinned blocks back to the driver (CUDA only: the callers check): ``torch.cuda.empty_cache()``
     releases *device* memory only, so the private ``torch._C._host_emptyCache`` does it (no public API)."""
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return False
-    fn = getattr(torch._C, "_host_emptyCache", None)
-    if fn is None:
-        return False
     for i in range(torch.cuda.device_count()):  # copies from pinned blocks may be queued on any device
         torch.cuda.synchronize(i)
-    fn()
-    return True
+    torch._C._host_emptyCache()
 
 
 @dataclass
-class RoundingRow:
-    """One pinned allocation: requested bytes, predicted block, and what the allocator's pool grew by."""
+class PinnedBlocks:
+    """Pinned allocations: ``(requested bytes, what the allocator's pool grew by, None if unknown)`` each."""
 
-    requested: int
-    predicted_block: int
-    allocated_delta: int | None
+    rows: list[tuple[int, int | None]]
+
+    def lines(self) -> list[str]:
+        out = []
+        for n, d in self.rows:
+            grew = "an unknown amount (no host_memory_stats)" if d is None else f"{d / MiB:.0f} MiB"
+            predicted = f"{predict_pinned_block(n) / MiB:.0f} MiB"
+            out.append(f"  requested {n / MiB:.0f} MiB: pool grew by {grew} (predicted {predicted})")
+        return out
 
 
-def pinned_rounding_demo(sizes: Sequence[int]) -> list[RoundingRow] | Unavailable:
+def pinned_rounding_demo(sizes: Sequence[int]) -> PinnedBlocks | Unavailable:
     """Pin each size once, the host cache emptied first, and read how much the allocator's pool grew."""
     ok, reason = cuda_status()
     if not ok:
         return Unavailable("pinned block rounding", reason)
-    rows: list[RoundingRow] = []
+    rows: list[tuple[int, int | None]] = []
     for n in sizes:
         check_pin_size(n)
         release_pinned_cache()
         before = host_allocator_stats()
-        t = None
-        try:
-            t = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-            after = host_allocator_stats()
-        finally:
-            del t
-        delta = None
-        if isinstance(before, dict) and isinstance(after, dict):
-            delta = after["allocated_bytes"] - before["allocated_bytes"]
-        rows.append(RoundingRow(n, predict_pinned_block(n), delta))
+        t = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        after = host_allocator_stats()
+        del t  # back to the allocator's cache; released before the next size
+        both = isinstance(before, dict) and isinstance(after, dict)
+        rows.append((n, after["allocated_bytes"] - before["allocated_bytes"] if both else None))  # type: ignore[index]
     release_pinned_cache()
-    return rows
+    return PinnedBlocks(rows)
 
 
 @dataclass
@@ -75,7 +70,6 @@ class PinCost:
     events); synchronised wall times of ``t.to(dev)`` and of "pin once, copy once" (cold). Medians."""
 
     nbytes: int
-    block_bytes: int
     cold: float
     cached: float
     pageable_copy: float
@@ -100,14 +94,14 @@ def _wall(fn: Callable[[], Any], dev: torch.device) -> float:
     return time_calls(fn, repeats=1, device=dev).median_s
 
 
-def pin_cost(nbytes: int, *, device: torch.device | str | None = None, repeats: int = 5) -> PinCost | Unavailable:
+def pin_cost(nbytes: int, *, device: torch.device | str | None = None) -> PinCost | Unavailable:
     """Pinning itself against the H2D copy time it saves, at one size; without CUDA, the driver's own error."""
     nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
     ok, reason = cuda_status(device)
     if not ok:
         return Unavailable(f"cost of pinning {human_bytes(nbytes)}", reason + " " + pinning_status()[1])
     dev = resolve_device(device)
-    block = check_pin_size(nbytes)
+    check_pin_size(nbytes)
     check_host_bytes("nbytes", nbytes, what=f"the pageable source of {human_bytes(nbytes)}")
     _check_device_bytes("nbytes", 2 * nbytes, dev, f"two device copies of {human_bytes(nbytes)}")
     src = torch.ones(nbytes, dtype=torch.uint8)
@@ -115,21 +109,20 @@ def pin_cost(nbytes: int, *, device: torch.device | str | None = None, repeats: 
     # noqa F821: each lambda runs before the `del src` in `finally` (which frees it even if a traceback holds us)
     try:
         plain.append(_wall(lambda: src.to(dev), dev))  # noqa: F821  (warm-up: CUDA context, device cache)
-        for _ in range(repeats):
+        for _ in range(5):
             release_pinned_cache()
             cold.append(_wall(lambda: src.pin_memory(), dev))  # noqa: F821  (block freed on return, stays cached)
             cached.append(_wall(lambda: src.pin_memory(), dev))  # noqa: F821
             plain.append(_wall(lambda: src.to(dev), dev))  # noqa: F821
             release_pinned_cache()
             pin_copy.append(_wall(lambda: src.pin_memory().to(dev, non_blocking=True), dev))  # noqa: F821
-        reps = max(repeats, 5)
-        pageable, pinned = (transfer_sweep("h2d", m, [nbytes], device=dev, repeats=reps) for m in MEMORY_KINDS)
+        pageable, pinned = (transfer_sweep("h2d", m, [nbytes], device=dev, repeats=5) for m in MEMORY_KINDS)
     finally:
         del src
         torch.cuda.empty_cache()
     med = statistics.median
     copy_s = (pageable.points[0].median_s, pinned.points[0].median_s)
-    return PinCost(nbytes, block, med(cold), med(cached), *copy_s, med(plain[1:]), med(pin_copy))
+    return PinCost(nbytes, med(cold), med(cached), *copy_s, med(plain[1:]), med(pin_copy))
 
 
 @dataclass
@@ -140,6 +133,11 @@ class HostBlocking:
     gpu_work_s: float
     held_s: dict[str, float]
     method: str = ""
+
+    def lines(self) -> list[str]:
+        how = f" ({self.method})" if self.method else ""
+        lines = [wrap(f"GPU work queued ahead of the copy: {self.gpu_work_s * 1e3:.1f} ms{how}", indent="  ")]
+        return lines + [f"  {case:<28} CPU held for {s * 1e3:8.3f} ms" for case, s in self.held_s.items()]
 
 
 _CASES = {
@@ -164,13 +162,12 @@ def _held(dst: torch.Tensor, src: torch.Tensor, nb: bool, work: Callable[[], Non
 
 
 def host_blocking_probe(
-    *, device: torch.device | str | None = None, gpu_work_s: float = 0.1, nbytes: int = 64 * MiB, repeats: int = 3
+    *, device: torch.device | str | None = None, gpu_work_s: float = 0.1, nbytes: int = 64 * MiB
 ) -> HostBlocking | Unavailable:
-    """Queue ``gpu_work_s`` of GPU work, then time (host clock) the H2D copy *call* of each of :data:`_CASES`: one
-    that holds the host as long as the work waited for the GPU; one that returns at once let the CPU run ahead."""
+    """Queue ``gpu_work_s`` of GPU work, then time (host clock) the H2D copy *call* of each of :data:`_CASES`, 3
+    times: one that holds the host as long as the work waited for the GPU; one that returns at once let the CPU run
+    ahead."""
     gpu_work_s = check_float("gpu_work_s", gpu_work_s, 0.001, 5.0)
-    nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
-    repeats = check_int("repeats", repeats, 1, 100)
     ok, reason = cuda_status(device)
     if not ok:
         return Unavailable("host-blocking probe", reason)
@@ -186,13 +183,13 @@ def host_blocking_probe(
         dst = torch.empty(nbytes, dtype=torch.uint8, device=dev)
         bufs["pageable"] = torch.ones(nbytes, dtype=torch.uint8)
         bufs["pinned"] = torch.ones(nbytes, dtype=torch.uint8, pin_memory=True)
-        held = {name: _held(dst, bufs[kind], nb, work, dev, repeats) for name, (kind, nb) in _CASES.items()}
+        held = {name: _held(dst, bufs[kind], nb, work, dev, 3) for name, (kind, nb) in _CASES.items()}
     finally:
         torch.cuda.synchronize(dev)
         bufs.clear()
         del dst
         torch.cuda.empty_cache()
-    how = f"GPU work: torch.cuda._sleep on the current stream; copy call timed with perf_counter, median of {repeats}"
+    how = "GPU work: torch.cuda._sleep on the current stream; copy call timed with perf_counter, median of 3"
     return HostBlocking(nbytes, measured_work, held, how)
 
 
@@ -202,7 +199,7 @@ def pin_costs_from_records(result_set: Any, records: Iterable[Any]) -> list[PinC
     for r in records:
         by_size.setdefault(int(r.params.get("nbytes", 0)), {})[r.key.rsplit(".", 1)[1]] = r.value
     rows = [
-        PinCost(n, predict_pinned_block(n), **{k: f[k] for k in RECORD_FIELDS})
+        PinCost(n, **{k: f[k] for k in RECORD_FIELDS})
         for n, f in sorted(by_size.items())
         if n > 0 and set(RECORD_FIELDS) <= set(f)
     ]
@@ -219,10 +216,10 @@ def host_blocking_from_records(result_set: Any, records: Iterable[Any]) -> HostB
     return HostBlocking(int(first.get("nbytes", 0)), float(first.get("gpu_work_s", 0.0)), held)
 
 
-def rounding_rows_from_records(result_set: Any, records: Iterable[Any]) -> list[RoundingRow] | None:
-    """:class:`RoundingRow` s from ``ch02.pinned_block`` records; None if none."""
+def pinned_blocks_from_records(result_set: Any, records: Iterable[Any]) -> PinnedBlocks | None:
+    """:class:`PinnedBlocks` from ``ch02.pinned_block`` records; None if none."""
     asked = sorted((int(r.params["requested"]), int(r.value)) for r in records if "requested" in r.params)
-    return [RoundingRow(n, predict_pinned_block(n), grew) for n, grew in asked] or None
+    return PinnedBlocks(list(asked)) if asked else None
 
 
 def pin_cost_table(rows: Sequence[PinCost]) -> str:
@@ -233,20 +230,3 @@ def pin_cost_table(rows: Sequence[PinCost]) -> str:
         pays = "never" if math.isinf(be) else f"{math.ceil(be) if be > 0 else 0} uses"
         cells.append([human_bytes(r.nbytes), *(human_seconds(getattr(r, k)) for k in RECORD_FIELDS), pays])
     return "\n".join(table([*head, "pays after"], cells, left=0, gap=1))
-
-
-def host_blocking_lines(probe: HostBlocking) -> list[str]:
-    how = f" ({probe.method})" if probe.method else ""
-    lines = [wrap(f"GPU work queued ahead of the copy: {probe.gpu_work_s * 1e3:.1f} ms{how}", indent="  ")]
-    lines += [f"  {case:<28} CPU held for {s * 1e3:8.3f} ms" for case, s in probe.held_s.items()]
-    return lines
-
-
-def rounding_lines(rows: Sequence[RoundingRow]) -> list[str]:
-    out = []
-    for r in rows:
-        d = r.allocated_delta
-        grew = "an unknown amount (no host_memory_stats)" if d is None else f"{d / MiB:.0f} MiB"
-        block = f"{r.predicted_block / MiB:.0f} MiB"
-        out.append(f"  requested {r.requested / MiB:.0f} MiB: pool grew by {grew} (predicted {block})")
-    return out
