@@ -111,7 +111,13 @@ def test_pinned_host_memory_is_reported_then_released(pinned_cache: list[str]) -
 def test_pinned_host_memory_says_what_it_cannot_do(pinned_cache: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     assert K.release_pinned_host_memory("cpu").startswith("pinned host memory: none (no CUDA device")
     assert pinned_cache == []  # nothing asked of CUDA on a CPU
-    monkeypatch.delattr(torch.accelerator, "empty_host_cache")
+    monkeypatch.delattr(torch.accelerator, "empty_host_cache")  # an older torch: the private call the public one wraps
+    monkeypatch.setattr(torch._C, "_host_emptyCache", lambda: pinned_cache.append("_host_emptyCache"), raising=False)
     line = K.release_pinned_host_memory("cuda")
-    assert "has no torch.accelerator.empty_host_cache(): it stays held" in line and "1024 MiB" in line
+    assert pinned_cache == ["stats", "sync 0", "sync 1", "_host_emptyCache", "stats"]
+    assert "torch._C._host_emptyCache() released" in line
+    pinned_cache.clear()
+    monkeypatch.delattr(torch._C, "_host_emptyCache")  # neither call
+    line = K.release_pinned_host_memory("cuda")
+    assert "has no call to release it: it stays held" in line and "1024 MiB" in line
     assert pinned_cache == ["stats"]

@@ -279,7 +279,7 @@ def test_sweeps_from_records_rebuilds_curves():
         )
     rs.add("ch02.fit.latency", 1.0, "s", direction="h2d", memory="pinned")  # another key: not a point
     from helpers.chapters import ch02
-    from helpers.core.reference import provenance_line
+    from helpers.core.evidence import provenance_line
 
     sweeps = ch02.recorded_sweeps(rs, rs.find("ch02.copy_time")).sweeps
     sw = sweeps[("h2d", "pinned")]

@@ -90,6 +90,24 @@ def cuda_status(device: torch.device | str | None = None) -> tuple[bool, str]:
     return True, ""
 
 
+def empty_host_cache() -> str | None:
+    """Give the pinned blocks PyTorch's host allocator caches back to the driver, every device synchronised first
+    (copies from them may be queued); the call used, or None if this torch has none. CUDA only (callers check:
+    on MPS torch 2.13's public call crashes, pytorch/pytorch#197561). ``torch.cuda.empty_cache()`` frees device
+    memory only; newer torch has the public ``torch.accelerator.empty_host_cache()`` (pytorch/pytorch#171270), older
+    (2.5+) only the private call it wraps."""
+    fn = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
+    name = "torch.accelerator.empty_host_cache()"
+    if fn is None:
+        fn, name = getattr(torch._C, "_host_emptyCache", None), "torch._C._host_emptyCache()"
+    if fn is None:
+        return None
+    for i in range(torch.cuda.device_count()):
+        torch.cuda.synchronize(i)
+    fn()
+    return name
+
+
 def host_allocator_stats() -> dict[str, int] | Unavailable:
     """The pinned caching allocator's counters: ``allocated_bytes`` (owned: active + cached, rounded),
     ``active_bytes`` (handed out), ``allocations``, ``num_host_alloc``/``_free`` (cudaHostAlloc, cudaFreeHost)."""

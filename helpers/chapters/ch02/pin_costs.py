@@ -16,17 +16,16 @@ from ...core.device import resolve_device, wrap
 from ...core.rounds import table
 from ...core.timing import GpuDelay, cuda_event_time, time_calls
 from ...core.validate import check_float, check_int, human_bytes, human_seconds
-from ...pipeline.transfer import Unavailable, break_even_uses, check_host_bytes, cuda_status, host_allocator_stats
+from ...pipeline.transfer import (
+    Unavailable,
+    break_even_uses,
+    check_host_bytes,
+    cuda_status,
+    empty_host_cache,
+    host_allocator_stats,
+)
 from .copies import MEMORY_KINDS, _check_device_bytes, pinning_status, transfer_sweep
 from .model import _MAX_BYTES, MiB, check_pin_size, predict_pinned_block
-
-
-def release_pinned_cache() -> None:
-    """Give cached, unused pinned blocks back to the driver (CUDA only: the callers check): ``torch.cuda.empty_cache()``
-    releases *device* memory only, so the private ``torch._C._host_emptyCache`` does it (no public API)."""
-    for i in range(torch.cuda.device_count()):  # copies from pinned blocks may be queued on any device
-        torch.cuda.synchronize(i)
-    torch._C._host_emptyCache()
 
 
 @dataclass
@@ -52,14 +51,14 @@ def pinned_rounding_demo(sizes: Sequence[int]) -> PinnedBlocks | Unavailable:
     rows: list[tuple[int, int | None]] = []
     for n in sizes:
         check_pin_size(n)
-        release_pinned_cache()
+        empty_host_cache()
         before = host_allocator_stats()
         t = torch.empty(n, dtype=torch.uint8, pin_memory=True)
         after = host_allocator_stats()
         del t  # back to the allocator's cache; released before the next size
         both = isinstance(before, dict) and isinstance(after, dict)
         rows.append((n, after["allocated_bytes"] - before["allocated_bytes"] if both else None))  # type: ignore[index]
-    release_pinned_cache()
+    empty_host_cache()
     return PinnedBlocks(rows)
 
 
@@ -110,11 +109,11 @@ def pin_cost(nbytes: int, *, device: torch.device | str | None = None) -> PinCos
     try:
         plain.append(_wall(lambda: src.to(dev), dev))  # noqa: F821  (warm-up: CUDA context, device cache)
         for _ in range(5):
-            release_pinned_cache()
+            empty_host_cache()
             cold.append(_wall(lambda: src.pin_memory(), dev))  # noqa: F821  (block freed on return, stays cached)
             cached.append(_wall(lambda: src.pin_memory(), dev))  # noqa: F821
             plain.append(_wall(lambda: src.to(dev), dev))  # noqa: F821
-            release_pinned_cache()
+            empty_host_cache()
             pin_copy.append(_wall(lambda: src.pin_memory().to(dev, non_blocking=True), dev))  # noqa: F821
         pageable, pinned = (transfer_sweep("h2d", m, [nbytes], device=dev, repeats=5) for m in MEMORY_KINDS)
     finally:

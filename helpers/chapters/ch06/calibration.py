@@ -75,7 +75,7 @@ def device_memory_check(device: torch.device | str, need_bytes: int) -> str | No
 
 def release_pinned_host_memory(device: torch.device | str) -> str:
     """One line: the pinned host memory PyTorch's caching host allocator holds, and what
-    ``torch.accelerator.empty_host_cache()`` (looked up, not assumed) gave back after synchronising every device."""
+    :func:`~helpers.pipeline.transfer.empty_host_cache` gave back."""
     from ...pipeline import transfer  # optional: only after a waterfall
 
     if torch.device(device).type != "cuda":
@@ -88,18 +88,15 @@ def release_pinned_host_memory(device: torch.device | str) -> str:
         f"pinned host memory cached by PyTorch's host allocator: {before['allocated_bytes'] / mib:.0f} MiB "
         f"({before['active_bytes'] / mib:.0f} MiB of it in use)"
     )
-    empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)
-    if empty is None:
-        return line + f"; torch {torch.__version__} has no torch.accelerator.empty_host_cache(): it stays held"
-    for i in range(torch.cuda.device_count()):  # copies from pinned blocks may still be queued on any device
-        torch.cuda.synchronize(i)
-    empty()
+    used = transfer.empty_host_cache()
+    if used is None:
+        return line + f"; torch {torch.__version__} has no call to release it: it stays held"
     after = transfer.host_allocator_stats()
     if not isinstance(after, dict):
-        return line + f"; released with torch.accelerator.empty_host_cache(), not measured after ({after})"
+        return line + f"; released with {used}, not measured after ({after})"
     freed = before["allocated_bytes"] - after["allocated_bytes"]
     return (
-        line + f"; torch.accelerator.empty_host_cache() released {freed / mib:.0f} MiB, "
+        line + f"; {used} released {freed / mib:.0f} MiB, "
         f"{after['allocated_bytes'] / mib:.0f} MiB still held"
     )
 
