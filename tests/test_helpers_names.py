@@ -44,7 +44,7 @@ def test_all_lists_each_existing_name_once(name: str) -> None:
 #: Names every chapter module defines on purpose (the one chapter interface, helpers/ui/chapter.py), and `main`.
 SHARED_BY_DESIGN = {
     "NUMBER", "TITLE", "BENCH_WEIGHT", "PANEL_TITLE", "PANEL_FIGSIZE", "benchmark", "panel_controls", "panel_run",
-    "panel_summary", "panel_plot", "panel_validate", "main",
+    "panel_summary", "panel_plot", "main",
 }  # fmt: skip
 
 
