@@ -120,3 +120,18 @@ def test_human_formats() -> None:
     assert human_seconds(2.5) == "2.50 s"
     assert human_seconds(3e-6) == "3.0 µs"
     assert human_seconds(float("nan")) == "nan"
+
+
+def test_strict_gpu_error_lets_only_cuda_errors_of_a_strict_run_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one rule the exercise checker and ch05's prefetcher check share: on a strict GPU run
+    (``WORKBOOK_REQUIRE_GPU=1``) a CUDA error propagates instead of becoming a verdict; anything else does not."""
+
+    class AcceleratorError(RuntimeError):  # torch's class, matched by name (the rule imports no torch)
+        pass
+
+    cuda, other = RuntimeError("CUDA error: an illegal memory access was encountered"), RuntimeError("shape")
+    monkeypatch.delenv("WORKBOOK_REQUIRE_GPU", raising=False)
+    assert not any(config.strict_gpu_error(e) for e in (cuda, AcceleratorError("x"), other))
+    monkeypatch.setenv("WORKBOOK_REQUIRE_GPU", "1")
+    assert config.strict_gpu_error(cuda) and config.strict_gpu_error(AcceleratorError("x"))
+    assert not config.strict_gpu_error(other) and not config.strict_gpu_error(ValueError("CUDA"))

@@ -66,6 +66,15 @@ def require_gpu() -> bool:
     return _flag(REQUIRE_GPU_ENV)
 
 
+def strict_gpu_error(exc: BaseException) -> bool:
+    """A CUDA error on a strict GPU run: it must reach the reader, not become a verdict (matched without torch)."""
+    if not require_gpu():
+        return False
+    if any(cls.__name__ == "AcceleratorError" for cls in type(exc).__mro__):
+        return True
+    return isinstance(exc, RuntimeError) and "CUDA" in str(exc)
+
+
 def check_environment() -> None:
     """Check every yes/no ``WORKBOOK_*`` variable, and quick with full, at once (tools call it first)."""
     for env in _FLAG_MEANS:

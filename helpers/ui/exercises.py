@@ -170,15 +170,6 @@ def _norm(s: Any) -> str:
     return " ".join(str(s).lower().split()).strip("()\"'. ")
 
 
-def _strict_gpu_error(exc: BaseException) -> bool:
-    """A CUDA error on a strict GPU run: it must reach the reader, not become a verdict (matched without torch)."""
-    if not config.require_gpu():
-        return False
-    if any(cls.__name__ == "AcceleratorError" for cls in type(exc).__mro__):
-        return True
-    return isinstance(exc, RuntimeError) and "CUDA" in str(exc)
-
-
 _UNIT_SLIPS = ((1e3, "seconds or milliseconds? a factor of 1,000", 0.01), (2**20 / 1e6, "MiB or MB?", 2e-3))
 
 
@@ -253,7 +244,7 @@ def _evaluate(exercise: str, part: Part, ns: dict[str, Any]) -> ExerciseResult:
     try:
         facts = RUN_FACTS[exercise](dict(ns), answer) if exercise in RUN_FACTS else None
     except Exception as exc:  # the run's figures are missing: say so instead of a traceback
-        if _strict_gpu_error(exc):
+        if config.strict_gpu_error(exc):
             raise
         facts_error = f"{type(exc).__name__}: {exc}"
     record = {"exercise": exercise, "answer": encode_answer(answer), "facts": facts}
@@ -282,7 +273,7 @@ def _evaluate(exercise: str, part: Part, ns: dict[str, Any]) -> ExerciseResult:
         else:
             ok, why = compare(answer, expected)
     except Exception as exc:  # a reader's odd answer must not crash the checker
-        if _strict_gpu_error(exc):  # ... but a strict GPU run's CUDA error must not become a verdict
+        if config.strict_gpu_error(exc):  # ... but a strict GPU run's CUDA error must not become a verdict
             raise
         ok, why = False, f"could not compare the answer ({type(exc).__name__}: {exc})"
     if ok:

@@ -13,7 +13,7 @@ from unittest import mock
 
 import torch
 
-from ...core.config import require_gpu
+from ...core.config import strict_gpu_error
 from ...core.timing import GpuDelay, calibrated_compute, cuda_event_time
 from ...pipeline.data import MEAN, STD, to_float_normalized
 from ...pipeline.prefetch import Prefetcher, iter_tensors
@@ -500,10 +500,7 @@ def check_pipeline_prefetcher(candidate: Any, device: torch.device | str | None 
     try:
         gpu = check_pipeline_race(candidate, dev)
     except Exception as exc:  # the reader's code may raise anything; a CUDA error on a strict GPU run propagates
-        accel = getattr(torch, "AcceleratorError", None)
-        if require_gpu() and (
-            (accel and isinstance(exc, accel)) or (isinstance(exc, RuntimeError) and "CUDA" in str(exc))
-        ):
+        if strict_gpu_error(exc):
             raise
         gpu = [f"on {dev}: raised {type(exc).__name__}: {exc}"]
     if Prefetcher.made != made_before:
