@@ -7,7 +7,7 @@ record keys start with ``chNN.``; the test that drives the panel goes in ``tests
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import ipywidgets as W
 import torch
@@ -58,16 +58,14 @@ def panel_run(progress: ProgressFn, *, device: torch.device, size_mib: int, **co
 
 
 def panel_summary(result: Evidence[timing.Timing]) -> str:
-    if result.value is None:
-        return result.header()
-    return f"median {result.value.median_s * 1e3:.3f} ms (IQR {result.value.iqr_s * 1e3:.3f} ms) — {result.header()}"
+    t = cast(timing.Timing, result.value)  # the panel passes only results with a value
+    return f"median {t.median_s * 1e3:.3f} ms (IQR {t.iqr_s * 1e3:.3f} ms) — {result.header()}"
 
 
 def panel_plot(history: list[Any], ax: Any) -> None:
-    runs = [r for r in history if r.result.value is not None]
     plots.history_bars(
-        [r.short_label() for r in runs],
-        [r.result.value.median_s * 1e3 for r in runs],
+        [r.short_label() for r in history],
+        [r.result.value.median_s * 1e3 for r in history],
         ax,
         ylabel="median time (ms)",
         title="Host copies (measured now)",

@@ -119,12 +119,18 @@ class Panel:
                 raise TypeError(f"{chapter.__name__}.panel_run returned {type(result).__name__}, not an Evidence")
             return result
 
+        def summarize(result: Evidence[Any]) -> str:  # a result without a value: its header says why
+            return result.header() if result.value is None else str(chapter.panel_summary(result))
+
+        def plot(history: list[RunRecord], ax: Any) -> None:  # the chapter sees only the runs with a value
+            chapter.panel_plot([rec for rec in history if rec.result.value is not None], ax)
+
         return cls(
             chapter.PANEL_TITLE,
             controls,
             run,
-            summarize=chapter.panel_summary,
-            plot=chapter.panel_plot,
+            summarize=summarize,
+            plot=plot,
             figsize=getattr(chapter, "PANEL_FIGSIZE", (7.5, 3.2)),
         )
 

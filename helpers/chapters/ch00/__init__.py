@@ -4,7 +4,7 @@ a size the reader picks, on any device) and the headless benchmark (``ch00.*``).
 from __future__ import annotations
 
 import textwrap
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import ipywidgets as W
 import torch
@@ -72,19 +72,16 @@ def panel_run(
 
 
 def panel_summary(result: Evidence[Timing]) -> str:
-    t = result.value
-    if t is None:
-        return result.header()
+    t = cast(Timing, result.value)  # the panel passes only results with a value
     return f"median {t.median_s * 1e3:.3f} ms, IQR {t.iqr_s * 1e3:.3f} ms ({t.n} samples) — {result.header()}"
 
 
 def panel_plot(history: list[Any], ax: Any) -> None:
     """Median bars with IQR error bars (half either side), on a log scale: runs differ by orders of magnitude."""
-    runs = [r for r in history if r.result.value is not None]
-    timings: list[Timing] = [r.result.value for r in runs]
+    timings: list[Timing] = [r.result.value for r in history]
     devices = sorted({str(t.metadata.get("device", "?")) for t in timings})
     plots.history_bars(
-        [r.short_label() for r in runs],
+        [r.short_label() for r in history],
         [t.median_s * 1e3 for t in timings],
         ax,
         errors=[t.iqr_s / 2 * 1e3 for t in timings],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 import statistics
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, cast
 
 import ipywidgets as W
 import torch
@@ -178,9 +178,7 @@ def panel_run(
 
 
 def panel_summary(result: Evidence[loaders.Throughput]) -> str:
-    res = result.value
-    if res is None:
-        return result.header()
+    res = cast(loaders.Throughput, result.value)  # the panel passes only results with a value
     text = f"{res.items_per_s:,.0f} items/s; per batch the main thread waited {res.mean_wait_ms:.2f} ms in next()"
     copy_ms = res.extra.get("copy_ms_per_batch")
     text += f" and spent {copy_ms:.2f} ms in to_device." if copy_ms is not None else "."
@@ -195,14 +193,13 @@ def panel_summary(result: Evidence[loaders.Throughput]) -> str:
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
     """A bar per run (items/s), latest highlighted."""
-    runs = [rec for rec in history if rec.result.value is not None]
-    source = runs[-1].result.source.split(";")[0] if runs else "no run yet"
+    source = history[-1].result.source.split(";")[0] if history else "no run yet"
     plots.history_bars(
         [
             f"#{rec.index} b={rec.values.get('batch_size')}{' pin' if rec.values.get('pin_memory') else ''}"
-            for rec in runs
+            for rec in history
         ],
-        [rec.result.value.items_per_s for rec in runs],
+        [rec.result.value.items_per_s for rec in history],
         ax,
         ylabel="throughput (items/s)",
         title=f"Panel runs so far (your make_loader and to_device)\n{source}",

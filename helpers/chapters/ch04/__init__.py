@@ -7,7 +7,7 @@ import functools
 import inspect
 import os
 import statistics
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, cast
 
 import ipywidgets as W
 import torch
@@ -250,9 +250,7 @@ def panel_run(
 
 
 def panel_summary(result: Evidence[loaders.Throughput]) -> str:
-    res = result.value
-    if res is None:
-        return result.header()
+    res = cast(loaders.Throughput, result.value)  # the panel passes only results with a value
     text = (
         f"{res.items_per_s:,.0f} items/s; first batch after {res.startup_s:.2f} s; "
         f"main thread busy {100 * res.main_busy:.0f}% of the window."
@@ -263,17 +261,16 @@ def panel_summary(result: Evidence[loaders.Throughput]) -> str:
 
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
-    runs = [rec for rec in history if rec.result.value is not None]
     labels = [
         f"#{r.index} w={v.get('num_workers')} b={v.get('batch_size')} pf={v.get('prefetch_factor')}"
         f"{' P' if v.get('persistent') else ''} {str(v.get('item_cost', '')).split(' ')[0]}"
-        for r in runs
+        for r in history
         for v in [r.values]
     ]
-    source = runs[-1].result.source.split(";")[0] if runs else "no run yet"
+    source = history[-1].result.source.split(";")[0] if history else "no run yet"
     plots.history_bars(
         labels,
-        [rec.result.value.items_per_s for rec in runs],
+        [rec.result.value.items_per_s for rec in history],
         ax,
         ylabel="throughput (items/s)",
         title=f"Panel runs so far (P = persistent workers)\n{source}",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -87,9 +87,7 @@ def panel_run(
 
 def panel_summary(result: Evidence[ConfigResult]) -> str:
     """'data-bound, workers: 1.23 s/epoch, ... accuracy 40.0% — [measured here] ...'."""
-    r = result.value
-    if r is None:
-        return result.header()
+    r = cast(ConfigResult, result.value)  # the panel passes only results with a value
     eff = str(r.efficiency) if r.efficiency is not None else "n/a"
     return (
         f"{r.spec.regime}, {r.label}: {r.epoch_s:.2f} s/epoch, {r.throughput:.0f} img/s, compute busy "
@@ -102,10 +100,9 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
     """Epoch time of every panel run so far (bars), labelled with where it was measured."""
     from ...ui.plots import history_bars  # optional/heavy: matplotlib
 
-    runs = [h for h in history if h.result.value is not None]
-    labels = [f"#{h.index} {h.result.value.spec.regime[:4]} {h.result.value.label}"[:40] for h in runs]
-    where = runs[-1].result.source.split(",")[0] if runs else "measured now"
-    history_bars(labels, [h.result.value.epoch_s for h in runs], ax, ylabel="time per epoch (s)",
+    labels = [f"#{h.index} {h.result.value.spec.regime[:4]} {h.result.value.label}"[:40] for h in history]
+    where = history[-1].result.source.split(",")[0] if history else "measured now"
+    history_bars(labels, [h.result.value.epoch_s for h in history], ax, ylabel="time per epoch (s)",
                  title=f"Panel runs ({where})")  # fmt: skip
 
 
