@@ -88,3 +88,18 @@ def test_for_chapter_shows_a_result_without_a_value_as_its_header_and_plots_only
     assert first is not None and first.summary == nothing.header()
     panel.click()
     assert panel.error is None and len(panel.history) == 2 and "measured here" in panel.last.summary
+
+
+def test_loader_panels_start_at_the_readers_make_loader_defaults() -> None:
+    """Chapters 03 and 04 start their controls at the defaults of the reader's ``make_loader`` (else their own)."""
+    from helpers.chapters import ch03, ch04
+
+    def mine(ds: object, bs: int, pin_memory: bool = True, persistent: bool = False, prefetch_factor: int = 4) -> None:
+        pass
+
+    def bare(ds: object, bs: int, pin_memory: bool, persistent: bool, prefetch_factor: int) -> None:
+        pass
+
+    for make_loader, want in ((mine, (True, 4, False)), (bare, (False, 2, True)), (None, (False, 2, True))):
+        c3, c4 = ch03.panel_controls(make_loader=make_loader), ch04.panel_controls(make_loader=make_loader)
+        assert (c3["pin_memory"].value, c4["prefetch_factor"].value, c4["persistent"].value) == want

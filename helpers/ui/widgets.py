@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import html
+import inspect
 import io
 import textwrap
 import time
@@ -26,6 +27,15 @@ def one_line(text: str, limit: int = 400) -> str:
     """``text`` as one line for a status bar: whitespace (newlines included) collapsed, cut at ``limit``."""
     flat = " ".join(str(text).split())
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
+def default_of(fn: Any, name: str, fallback: Any) -> Any:
+    """The default of the reader's ``fn``'s parameter ``name`` (a control's start), else ``fallback``."""
+    try:
+        default = inspect.signature(fn).parameters[name].default
+    except (TypeError, ValueError, KeyError):
+        return fallback
+    return fallback if default is inspect.Parameter.empty else default
 
 
 @dataclass

@@ -3,7 +3,6 @@ figure (the pin step's own time needs CUDA; else the reference runs' figure)."""
 
 from __future__ import annotations
 
-import inspect
 import statistics
 from typing import Any, Callable, Mapping, Sequence, cast
 
@@ -19,6 +18,7 @@ from ...core.validate import check_int
 from ...pipeline import loaders
 from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset
 from ...ui import plots
+from ...ui.widgets import default_of
 from . import pinning
 
 NUMBER = "03"
@@ -136,10 +136,7 @@ def pin_row_lines(rows: PinTimes) -> list[str]:
 
 def panel_controls(**context: Any) -> dict[str, Any]:
     """Batch size and ``pin_memory`` (starting at the default of the reader's ``make_loader``)."""
-    try:
-        pin = inspect.signature(context.get("make_loader")).parameters["pin_memory"].default  # type: ignore[arg-type]
-    except (TypeError, ValueError, KeyError):
-        pin = False
+    pin = default_of(context.get("make_loader"), "pin_memory", False)
     return {
         "batch_size": W.IntSlider(value=context.get("batch", 32), min=8, max=128, step=8, description="batch_size"),
         "pin_memory": W.Checkbox(value=pin if isinstance(pin, bool) else False, description="pin_memory"),

@@ -4,7 +4,6 @@ sets) and the benchmark. Everything runs on the CPU, so every figure is measured
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import statistics
 from typing import Any, Callable, Mapping, Sequence, cast
@@ -21,6 +20,7 @@ from ...core.validate import check_choice, check_int
 from ...pipeline import loaders
 from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset
 from ...ui import plots
+from ...ui.widgets import default_of
 from . import speedup, sweeps
 from .datasets import BatchedCheapDataset, CheapDataset, SpinDataset, UnevenDataset
 
@@ -181,18 +181,10 @@ def _panel_dataset(item_cost: str, image_root: str | None, crop_size: int, n_che
     return base if item_cost == ITEM_COSTS[1] else SpinDataset(base, 2.0)
 
 
-def _default(make_loader: Any, name: str, fallback: Any) -> Any:
-    try:
-        default = inspect.signature(make_loader).parameters[name].default
-    except (TypeError, ValueError, KeyError):
-        return fallback
-    return fallback if default is inspect.Parameter.empty else default
-
-
 def panel_controls(**context: Any) -> dict[str, Any]:
     """Defaults: the reader's ``make_loader``'s, and ``batch=``."""
     make_loader = context.get("make_loader")
-    prefetch, persistent = _default(make_loader, "prefetch_factor", 2), _default(make_loader, "persistent", True)
+    prefetch, persistent = default_of(make_loader, "prefetch_factor", 2), default_of(make_loader, "persistent", True)
     return {
         "num_workers": W.IntSlider(value=2, min=0, max=loaders.cpu_cores() + 2, description="num_workers"),
         "batch_size": W.IntSlider(value=context.get("batch", 32), min=8, max=256, step=8, description="batch_size"),
