@@ -7,7 +7,7 @@ record keys start with ``chNN.``; the test that drives the panel goes in ``tests
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import ipywidgets as W
 import torch
@@ -18,6 +18,7 @@ from ..core.progress import ProgressFn, no_progress
 from ..core.results import ResultSet
 from ..core.validate import check_int
 from ..ui import plots
+from ..ui.chapter import summary_of
 
 NUMBER = "99"
 TITLE = "template: one host copy"
@@ -57,9 +58,9 @@ def panel_run(progress: ProgressFn, *, device: torch.device, size_mib: int, **co
     return evidence.measured(f"a {size_mib} MiB host copy", t, "cpu", method="torch.utils.benchmark, median")
 
 
-def panel_summary(result: Evidence[timing.Timing]) -> str:
-    t = cast(timing.Timing, result.value)  # the panel passes only results with a value
-    return f"median {t.median_s * 1e3:.3f} ms (IQR {t.iqr_s * 1e3:.3f} ms) — {result.header()}"
+@summary_of  # then " — " and the result's provenance header
+def panel_summary(t: timing.Timing) -> str:
+    return f"median {t.median_s * 1e3:.3f} ms (IQR {t.iqr_s * 1e3:.3f} ms)"
 
 
 def panel_plot(history: list[Any], ax: Any) -> None:

@@ -14,6 +14,11 @@ from __future__ import annotations
 import inspect
 import re
 from types import ModuleType
+from typing import Callable, TypeVar
+
+from ..core.evidence import Evidence
+
+T = TypeVar("T")
 
 #: NUMBER: its notebook's two digits; TITLE: what it measures, for the bench; BENCH_WEIGHT: its share of a bench
 #: time budget (an estimate of its cost); PANEL_TITLE: the live panel's heading.
@@ -66,3 +71,13 @@ def require(module: ModuleType) -> ModuleType:
             f"{module.__name__} does not follow the chapter interface (helpers/ui/chapter.py): " + "; ".join(found)
         )
     return module
+
+
+def summary_of(text: Callable[[T], str]) -> Callable[[Evidence[T]], str]:
+    """A ``panel_summary`` from ``text(value)``: that text, then the result's provenance header."""
+
+    def panel_summary(result: Evidence[T]) -> str:
+        return f"{text(result.value)} — {result.header()}"  # type: ignore[arg-type]  # the panel passes a value
+
+    panel_summary.__doc__ = text.__doc__
+    return panel_summary

@@ -4,7 +4,7 @@ a size the reader picks, on any device) and the headless benchmark (``ch00.*``).
 from __future__ import annotations
 
 import textwrap
-from typing import Any, Sequence, cast
+from typing import Any, Sequence
 
 import ipywidgets as W
 import torch
@@ -17,6 +17,7 @@ from ...core.results import ResultSet
 from ...core.timing import Timing
 from ...core.validate import check_int
 from ...ui import plots, published
+from ...ui.chapter import summary_of
 from ...ui.published import PublishedFigure
 from . import hygiene
 
@@ -71,9 +72,9 @@ def panel_run(
     return evidence.measured(f"{op} at n={n}", t, device, method=METHOD)
 
 
-def panel_summary(result: Evidence[Timing]) -> str:
-    t = cast(Timing, result.value)  # the panel passes only results with a value
-    return f"median {t.median_s * 1e3:.3f} ms, IQR {t.iqr_s * 1e3:.3f} ms ({t.n} samples) — {result.header()}"
+@summary_of
+def panel_summary(t: Timing) -> str:
+    return f"median {t.median_s * 1e3:.3f} ms, IQR {t.iqr_s * 1e3:.3f} ms ({t.n} samples)"
 
 
 def panel_plot(history: list[Any], ax: Any) -> None:

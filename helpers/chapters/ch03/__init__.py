@@ -4,7 +4,7 @@ figure (the pin step's own time needs CUDA; else the reference runs' figure)."""
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable, Mapping, Sequence, cast
+from typing import Any, Callable, Mapping, Sequence
 
 import ipywidgets as W
 import torch
@@ -18,6 +18,7 @@ from ...core.validate import check_int
 from ...pipeline import loaders
 from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset
 from ...ui import plots
+from ...ui.chapter import summary_of
 from ...ui.widgets import default_of
 from . import pinning
 
@@ -174,8 +175,8 @@ def panel_run(
     )
 
 
-def panel_summary(result: Evidence[loaders.Throughput]) -> str:
-    res = cast(loaders.Throughput, result.value)  # the panel passes only results with a value
+@summary_of
+def panel_summary(res: loaders.Throughput) -> str:
     text = f"{res.items_per_s:,.0f} items/s; per batch the main thread waited {res.mean_wait_ms:.2f} ms in next()"
     copy_ms = res.extra.get("copy_ms_per_batch")
     text += f" and spent {copy_ms:.2f} ms in to_device." if copy_ms is not None else "."
@@ -185,7 +186,7 @@ def panel_summary(result: Evidence[loaders.Throughput]) -> str:
             if res.extra.get("pinned_batches")
             else " pin_memory=True, but nothing was pinned (no accelerator: the flag only warns)."
         )
-    return f"{text} — {result.header()}"
+    return text
 
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import statistics
-from typing import Any, Callable, Mapping, Sequence, cast
+from typing import Any, Callable, Mapping, Sequence
 
 import ipywidgets as W
 import torch
@@ -20,6 +20,7 @@ from ...core.validate import check_choice, check_int
 from ...pipeline import loaders
 from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset
 from ...ui import plots
+from ...ui.chapter import summary_of
 from ...ui.widgets import default_of
 from . import speedup, sweeps
 from .datasets import BatchedCheapDataset, CheapDataset, SpinDataset, UnevenDataset
@@ -241,15 +242,15 @@ def panel_run(
     return evidence.measured(f"your make_loader, {items} items", res, "cpu", method=method)
 
 
-def panel_summary(result: Evidence[loaders.Throughput]) -> str:
-    res = cast(loaders.Throughput, result.value)  # the panel passes only results with a value
+@summary_of
+def panel_summary(res: loaders.Throughput) -> str:
     text = (
         f"{res.items_per_s:,.0f} items/s; first batch after {res.startup_s:.2f} s; "
         f"main thread busy {100 * res.main_busy:.0f}% of the window."
     )
     if res.config.get("pin_memory"):
         text += " pin_memory=True: the loader's pin thread pins every batch (included, not timed apart)."
-    return f"{text} — {result.header()}"
+    return text
 
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -15,6 +15,7 @@ from ...core.evidence import Evidence
 from ...core.progress import ProgressFn, no_progress, scaled
 from ...core.results import ResultSet
 from ...core.validate import check_choice
+from ...ui.chapter import summary_of
 from . import capstone
 from .calibration import calibrate
 from .job import REGIMES, STEP_NAMES, STEP_REQUIRES, STEPS, JobSpec, Pipeline, job_spec, settings_for
@@ -85,14 +86,13 @@ def panel_run(
     return evidence.measured(f"the {regime} job, {name}", result, dev, method=METHOD)
 
 
-def panel_summary(result: Evidence[ConfigResult]) -> str:
+@summary_of
+def panel_summary(r: ConfigResult) -> str:
     """'data-bound, workers: 1.23 s/epoch, ... accuracy 40.0% — [measured here] ...'."""
-    r = cast(ConfigResult, result.value)  # the panel passes only results with a value
     eff = str(r.efficiency) if r.efficiency is not None else "n/a"
     return (
         f"{r.spec.regime}, {r.label}: {r.epoch_s:.2f} s/epoch, {r.throughput:.0f} img/s, compute busy "
         f"{r.compute_busy:.0%}, data stall {r.data_stall:.0%}, efficiency {eff}, accuracy {r.accuracy:.1%}"
-        f" — {result.header()}"
     )
 
 

@@ -4,7 +4,7 @@ job on this machine (``gloo`` on CPU cores, ``nccl`` one process per GPU)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -14,6 +14,7 @@ from ...core.device import has_cuda, resolve_device
 from ...core.evidence import Evidence
 from ...core.progress import ProgressFn, no_progress, scaled
 from ...core.results import ResultSet
+from ...ui.chapter import summary_of
 from . import distributed
 from .distributed import DistributedRun
 
@@ -64,10 +65,10 @@ def panel_run(
     return evidence.measured(f"a {run.nproc}-process DDP job ({run.backend})", run, device, method=method)
 
 
-def panel_summary(result: Evidence[DistributedRun]) -> str:
-    run = cast(DistributedRun, result.value)  # the panel passes only results with a value
+@summary_of
+def panel_summary(run: DistributedRun) -> str:
     cov = "every sample once per epoch" if run.exactly_once_every_epoch() else "coverage NOT exact"
-    return f"{run.summary()}; {cov}; {run.learning()} — {result.header()}"
+    return f"{run.summary()}; {cov}; {run.learning()}"
 
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
