@@ -4,7 +4,8 @@ needs no list of chapters. ``helpers/chapters/_template.py`` is a working exampl
 
 ``panel_run(progress, *, device, **values_and_context) -> Evidence`` gets the controls' values and what the notebook
 passed to ``for_chapter``; ``panel_summary(result)`` and ``panel_plot(history, ax)`` (every run so far,
-``history[i].result`` an Evidence) see only results with a value: the panel shows one without as its header;
+``history[i].result`` an Evidence) see only results with a value: the panel shows one without as its header
+(``@summary_of`` makes the usual ``panel_summary``: a text of the value, then the header);
 ``benchmark(results, device, *, progress=None)`` adds its headless measurements to a ResultSet (``panel_run``
 refuses settings that can't run with a ValueError in plain words). Optional: ``PANEL_FIGSIZE``.
 """
