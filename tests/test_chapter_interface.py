@@ -66,3 +66,40 @@ def test_for_chapter_refuses_a_module_off_the_interface_and_a_run_without_eviden
 
 def test_every_notebook_has_its_chapter_module() -> None:
     assert [m[2:] for m in MODULES] == NOTEBOOKS
+
+
+def test_for_chapter_shows_a_result_without_a_value_as_its_header_and_plots_only_runs_with_one() -> None:
+    """The panel, not each chapter, handles a result without a value: its header is the summary, and the
+    chapter's ``panel_plot`` gets only the runs that have one (here the template's; it would fail on a None)."""
+    fake = types.ModuleType("fake")
+    for name in chapter.CONSTANTS.keys() | {"benchmark", "panel_controls", "panel_summary", "panel_plot"}:
+        setattr(fake, name, getattr(_template, name))
+    nothing = evidence.missing("a host copy", "not recorded")
+    outcomes = iter([nothing, None])
+
+    def run(progress: object, *, device: object, **values: object) -> evidence.Evidence:
+        out = next(outcomes)
+        return out if out is not None else _template.panel_run(progress, device=device, **values)
+
+    fake.panel_run = run
+    panel = widgets.Panel.for_chapter(fake, device="cpu")
+    first = panel.click()
+    assert panel.error is None, panel.error
+    assert first is not None and first.summary == nothing.header()
+    panel.click()
+    assert panel.error is None and len(panel.history) == 2 and "measured here" in panel.last.summary
+
+
+def test_loader_panels_start_at_the_readers_make_loader_defaults() -> None:
+    """Chapters 03 and 04 start their controls at the defaults of the reader's ``make_loader`` (else their own)."""
+    from helpers.chapters import ch03, ch04
+
+    def mine(ds: object, bs: int, pin_memory: bool = True, persistent: bool = False, prefetch_factor: int = 4) -> None:
+        pass
+
+    def bare(ds: object, bs: int, pin_memory: bool, persistent: bool, prefetch_factor: int) -> None:
+        pass
+
+    for make_loader, want in ((mine, (True, 4, False)), (bare, (False, 2, True)), (None, (False, 2, True))):
+        c3, c4 = ch03.panel_controls(make_loader=make_loader), ch04.panel_controls(make_loader=make_loader)
+        assert (c3["pin_memory"].value, c4["prefetch_factor"].value, c4["persistent"].value) == want
