@@ -34,3 +34,11 @@ def tiny(regime: str = "data-bound", **kw: Any) -> C.JobSpec:
     )
     base.update(kw)
     return _JOB_SPEC(regime, **base)
+
+
+def flops(width: int, depth: int, crop: int) -> int:
+    """The forward FLOPs the calibration ranks its ladder by: the kernel's count on the model on the meta device."""
+    from helpers.chapters.ch06 import calibration
+    from helpers.pipeline.models import flops_per_sample
+
+    return flops_per_sample(calibration._on_meta(width, depth), crop)

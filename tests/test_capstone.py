@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 
 import pytest
 import torch
-from _ch06_support import quick_data_set, tiny  # noqa: F401  (quick_data_set: autouse, for this module)
+from _ch06_support import flops, quick_data_set, tiny  # noqa: F401  (quick_data_set: autouse, for this module)
 
 from helpers.chapters import ch06
 from helpers.chapters.ch06 import calibration as K
@@ -337,9 +337,9 @@ def _fake_measure(per_flop_s: float, crop: int, oom_above: int | None = None):
 
     def measure(width: int, depth: int) -> float:
         calls.append((width, depth))
-        if oom_above is not None and K.model_flops(width, depth, crop) > oom_above:
+        if oom_above is not None and flops(width, depth, crop) > oom_above:
             raise torch.OutOfMemoryError("CUDA out of memory (fake)")
-        return per_flop_s * K.model_flops(width, depth, crop)
+        return per_flop_s * flops(width, depth, crop)
 
     return measure, calls
 
@@ -350,18 +350,18 @@ def test_calibration_grows_the_model_on_a_fast_device() -> None:
     loader_s = 0.2
     cal = K.choose_model("compute-bound", measure, loader_s, start=(96, 3), crop_size=224, budget_s=1e9)
     assert cal.reached and cal.compute_s >= 2 * loader_s and calls[0] == (96, 3) and len(calls) <= 6
-    assert K.model_flops(cal.width, cal.depth, 224) > K.model_flops(96, 3, 224)
+    assert flops(cal.width, cal.depth, 224) > flops(96, 3, 224)
     assert "smallest model" in cal.reason  # the first model tried is the start: calls[0] above
 
 
 def test_calibration_keeps_a_model_that_already_fits_and_shrinks_an_oversized_one() -> None:
     measure, calls = _fake_measure(1e-9, 64)
-    t96 = 1e-9 * K.model_flops(96, 3, 64)
+    t96 = 1e-9 * flops(96, 3, 64)
     cal = K.choose_model("compute-bound", measure, t96 / 3, start=(96, 3), crop_size=64)
     assert (cal.width, cal.depth) == (96, 3) and cal.reached and calls == [(96, 3)]
     measure, calls = _fake_measure(1e-9, 64)
     cal = K.choose_model("compute-bound", measure, t96 / 50, start=(96, 3), crop_size=64, budget_s=1e9)
-    assert cal.reached and 2 <= cal.ratio <= 50 and K.model_flops(cal.width, cal.depth, 64) < K.model_flops(96, 3, 64)
+    assert cal.reached and 2 <= cal.ratio <= 50 and flops(cal.width, cal.depth, 64) < flops(96, 3, 64)
 
 
 def test_calibration_says_when_a_regime_is_not_reached() -> None:
@@ -382,10 +382,11 @@ def test_calibration_says_when_a_regime_is_not_reached() -> None:
 
 
 def test_model_flops_matches_the_model() -> None:
+    """The calibration counts FLOPs on the meta device (no memory): the same count as the real model's."""
     from helpers.pipeline.models import build_model, flops_per_sample
 
     for w, d, c in [(2, 1, 64), (12, 3, 32), (8, 4, 64)]:
-        assert K.model_flops(w, d, c) == flops_per_sample(build_model(width=w, depth=d), c)
+        assert flops(w, d, c) == flops_per_sample(build_model(width=w, depth=d), c)
 
 
 def _result(name: str, times: list[float]) -> C.ConfigResult:

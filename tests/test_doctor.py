@@ -287,3 +287,17 @@ def test_the_advice_agrees_with_the_waterfall_it_follows() -> None:
     )
     with pytest.raises(ValueError, match="measured"):
         D.decide(m(0.040, 0.0, 0.010), measured={"workers": 1.2})  # type: ignore[dict-item]
+
+
+@pytest.mark.parametrize("pin", [True, False])
+def test_copy_seconds_sends_the_batch_as_the_caller_asks(pin: bool) -> None:
+    """The one copy timer of the doctor's pinned probe and the waterfall's copy alone (CUDA stand-in): every timed
+    call copies each tensor host-to-device, from pinned memory and non-blocking when ``pin``, plain otherwise."""
+    from cuda_standin import fake_cuda
+
+    batch = (torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.zeros(2, dtype=torch.long))
+    with fake_cuda(devices=1) as cuda:
+        seconds = D.copy_seconds(batch, torch.device("cuda"), pin=pin, repeats=3, warmup=1)
+    copies = cuda.ops("copy")
+    assert seconds > 0 and len(copies) == 2 * (3 + 1)  # two tensors, three timed calls and one warm-up
+    assert all(c["direction"] == "h2d" and c["src_pinned"] is pin and c["non_blocking"] is pin for c in copies)

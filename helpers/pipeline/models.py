@@ -3,8 +3,6 @@ one makes the pipeline data-bound, a wide one compute-bound. Its cost counted; a
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import psutil
 import torch
 from torch import nn
@@ -59,15 +57,11 @@ def build_model(width: int = 16, depth: int = 3, num_classes: int = 6, seed: int
         return SmallCNN(num_classes=num_classes, width=width, depth=depth)
 
 
-def _count_outputs(model: nn.Module, image_size: int, count: Callable[[nn.Module, torch.Tensor], int]) -> int:
-    """Sum of ``count(module, output)`` over one no-grad eval forward pass of a zero image."""
-    total = 0
-
-    def hook(mod: nn.Module, inp: Any, out: torch.Tensor) -> None:
-        nonlocal total
-        total += count(mod, out)
-
-    handles = [m.register_forward_hook(hook) for m in model.modules()]
+def output_numels(model: nn.Module, image_size: int) -> list[tuple[nn.Module, int]]:
+    """(module, elements of its output) for each module of one no-grad eval forward pass of a zero image, on the
+    model's device: a model built on the meta device (``with torch.device("meta"):``) gives shapes without memory."""
+    seen: list[tuple[nn.Module, int]] = []
+    handles = [m.register_forward_hook(lambda mod, inp, out: seen.append((mod, out.numel()))) for m in model.modules()]
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     was_training = model.training
     try:
@@ -78,19 +72,19 @@ def _count_outputs(model: nn.Module, image_size: int, count: Callable[[nn.Module
         model.train(was_training)
         for h in handles:
             h.remove()
-    return int(total)
+    return seen
 
 
 def flops_per_sample(model: nn.Module, image_size: int) -> int:
     """Forward FLOPs of one image (2 per multiply-add; convolutions and linear layers). Training: about 3x."""
     check_int("image_size", image_size, 1, 8192)
-
-    def flops(mod: nn.Module, out: torch.Tensor) -> int:
+    total = 0
+    for mod, n in output_numels(model, image_size):
         if isinstance(mod, nn.Conv2d):
-            return 2 * mod.kernel_size[0] * mod.kernel_size[1] * (mod.in_channels // mod.groups) * out.numel()
-        return 2 * mod.in_features * out.numel() if isinstance(mod, nn.Linear) else 0
-
-    return _count_outputs(model, image_size, flops)
+            total += 2 * mod.kernel_size[0] * mod.kernel_size[1] * (mod.in_channels // mod.groups) * n
+        elif isinstance(mod, nn.Linear):
+            total += 2 * mod.in_features * n
+    return total
 
 
 def check_training_memory(
@@ -102,7 +96,7 @@ def check_training_memory(
     check_int("image_size", image_size, 1, 8192)
     check_int("batch_size", batch_size, 1, 10**7)
     kept = (nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.Linear)
-    floats = _count_outputs(model, image_size, lambda m, out: out.numel() if isinstance(m, kept) else 0)
+    floats = sum(n for m, n in output_numels(model, image_size) if isinstance(m, kept))
     need = int(4 * (2 * floats + 3 * image_size * image_size) * batch_size)
     if available_bytes is None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))

@@ -8,12 +8,14 @@ import dataclasses
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
+from torch import nn
 
 from ...core.config import sized
 from ...core.progress import no_progress
+from ...pipeline.models import SmallCNN, flops_per_sample, output_numels
 from .job import _CACHE, REGIMES, Pipeline, Settings, _pipeline, dataset_info, job_spec
 from .run import _loader_alone, _step_times
 
@@ -28,31 +30,21 @@ MODEL_LADDER: tuple[tuple[int, int], ...] = tuple(
 MARGIN, UPPER = 2.0, 3.5
 
 
-def _stages(width: int, depth: int, crop_size: int) -> Iterator[tuple[int, int, int]]:
-    """(input channels, output channels, side) of each stage of :class:`helpers.pipeline.models.SmallCNN`."""
-    c_in, side = 3, crop_size
-    for stage in range(depth):
-        yield c_in, width * 2**stage, side
-        c_in, side = width * 2**stage, max(1, side // 2)
-
-
-def model_flops(width: int, depth: int, crop_size: int, num_classes: int = 6) -> int:
-    """Forward FLOPs per image of :class:`helpers.pipeline.models.SmallCNN` from its shapes, without building it."""
-    convs = sum(2 * 9 * c_in * c_out * side * side for c_in, c_out, side in _stages(width, depth, crop_size))
-    return convs + 2 * width * 2 ** (depth - 1) * num_classes
+def _on_meta(width: int, depth: int, num_classes: int = 6) -> SmallCNN:
+    """The model on the meta device: its shapes without memory, so the ladder's 8,192-channel end costs nothing."""
+    with torch.device("meta"):
+        return SmallCNN(num_classes, width, depth)
 
 
 def probe_bytes(width: int, depth: int, batch_size: int, crop_size: int, num_classes: int = 6) -> int:
-    """Device memory one training step of :class:`helpers.pipeline.models.SmallCNN` needs, from its shapes: per
-    output element the conv's and BatchNorm's outputs and gradients, the max-pool's (a quarter as many); 16 bytes
-    per parameter (with Adam's moments); the batch; then 25% for the allocator's rounding and cuDNN's workspace."""
-    total, params = 0, width * 2 ** (depth - 1) * num_classes + num_classes  # the head's
-    for c_in, c_out, side in _stages(width, depth, crop_size):
-        elems = batch_size * c_out * side * side
-        total += elems * 16 + (elems // 4) * 16
-        params += 9 * c_in * c_out + 2 * c_out
-    total += params * 16 + batch_size * 3 * crop_size * crop_size * 5
-    return int(total * 1.25)
+    """Device memory one training step of :class:`~helpers.pipeline.models.SmallCNN` needs, from its shapes: per
+    output element the conv's and BatchNorm's outputs and gradients, the max-pool's (a quarter as many, with their
+    indices); 16 bytes per parameter (with Adam's moments); the uint8 and float batch; then 25% for the allocator's
+    rounding and cuDNN's workspace."""
+    model = _on_meta(width, depth, num_classes)
+    convs = [batch_size * n for m, n in output_numels(model, crop_size) if isinstance(m, nn.Conv2d)]
+    total = sum(e * 16 + (e // 4) * 16 for e in convs) + 16 * sum(p.numel() for p in model.parameters())
+    return int((total + batch_size * 3 * crop_size * crop_size * 5) * 1.25)
 
 
 def device_memory_check(device: torch.device | str, need_bytes: int) -> str | None:
@@ -95,10 +87,7 @@ def release_pinned_host_memory(device: torch.device | str) -> str:
     if not isinstance(after, dict):
         return line + f"; released with {used}, not measured after ({after})"
     freed = before["allocated_bytes"] - after["allocated_bytes"]
-    return (
-        line + f"; {used} released {freed / mib:.0f} MiB, "
-        f"{after['allocated_bytes'] / mib:.0f} MiB still held"
-    )
+    return line + f"; {used} released {freed / mib:.0f} MiB, {after['allocated_bytes'] / mib:.0f} MiB still held"
 
 
 @dataclass
@@ -182,8 +171,8 @@ def choose_model(
             f"even the tiny model is not {MARGIN:.0f}x faster than the loader here (data-bound regime not reached: "
             "loading steps may gain little)")  # fmt: skip
         return Calibration(regime, *start, loader_s, c, ok, why, clock() - t0)
-    order = sorted(set(MODEL_LADDER) | {start}, key=lambda m: model_flops(m[0], m[1], crop_size))
-    flops = {m: model_flops(m[0], m[1], crop_size) for m in order}
+    flops = {m: flops_per_sample(_on_meta(*m), crop_size) for m in set(MODEL_LADDER) | {start}}
+    order = sorted(flops, key=flops.__getitem__)
     seen: dict[tuple[int, int], float] = {}
     current: tuple[int, int] | None = start
     stop = ""

@@ -95,13 +95,19 @@ def _alarm(seconds: float, what: list[str]) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+def copy_seconds(batch: Any, dev: torch.device, *, pin: bool = True, repeats: int = 5, warmup: int = 1) -> float:
+    """Median seconds to copy ``batch`` to ``dev`` (CUDA only: callers check), from pinned memory and non-blocking
+    when ``pin``: the doctor's pinned probe and the waterfall's copy alone."""
+    if pin:
+        batch = map_tensors(lambda t: t.pin_memory() if t.device.type == "cpu" else t, batch)
+    return time_calls(lambda: move_batch(batch, dev, non_blocking=pin), repeats=repeats, device=dev,
+                      warmup=warmup).median_s  # fmt: skip
+
+
 def _pinned_probe(batch: Any, dev: torch.device) -> float | None:
-    """Median seconds to copy ``batch`` from pinned memory (CUDA only: the caller checks); ``None`` if that fails,
-    unless ``require_gpu()``."""
+    """:func:`copy_seconds` from pinned memory; ``None`` if that fails, unless ``require_gpu()``."""
     try:
-        pinned = map_tensors(lambda t: t.pin_memory() if t.device.type == "cpu" else t, batch)
-        copy = time_calls(lambda: move_batch(pinned, dev, non_blocking=True), repeats=5, device=dev, warmup=1)
-        return copy.median_s
+        return copy_seconds(batch, dev)
     except RuntimeError:
         if require_gpu():
             raise

@@ -20,6 +20,7 @@ from ...pipeline.data import to_float_normalized
 from ...pipeline.models import build_model
 from ...pipeline.prefetch import move_batch
 from ...pipeline.train import COMPUTE_LANE_CPU, COMPUTE_LANE_GPU, DATA_LANE, make_optimizer
+from .doctor import copy_seconds
 from .job import (
     _CACHE,
     JobSpec,
@@ -229,12 +230,8 @@ def _copy_alone(spec: JobSpec, s: Settings, dev: torch.device) -> float | None:
     if dev.type != "cuda":
         return None
     x, y = _sample_batch(spec)
-    if s.output == "float":
-        x = x.float()  # the bytes a float batch moves (the values do not change a copy's time)
-    if s.pin_memory:
-        x, y = x.pin_memory(), y.pin_memory()
-    copy = time_calls(lambda: move_batch((x, y), dev, non_blocking=s.pin_memory), repeats=10, device=dev, warmup=2)
-    return spec.batch_size / copy.median_s
+    x = x.float() if s.output == "float" else x  # the bytes a float batch moves (values do not change a copy's time)
+    return spec.batch_size / copy_seconds((x, y), dev, pin=s.pin_memory, repeats=10, warmup=2)
 
 
 def _compute_alone(pipeline: Pipeline, spec: JobSpec, dev: torch.device) -> float:
