@@ -18,7 +18,6 @@ from ..core.progress import ProgressFn, no_progress
 from ..core.results import ResultSet
 from ..core.validate import check_int
 from ..ui import plots
-from ..ui.chapter import summary_of
 
 NUMBER = "99"
 TITLE = "template: one host copy"
@@ -58,15 +57,17 @@ def panel_run(progress: ProgressFn, *, device: torch.device, size_mib: int, **co
     return evidence.measured(f"a {size_mib} MiB host copy", t, "cpu", method="torch.utils.benchmark, median")
 
 
-@summary_of  # then " — " and the result's provenance header
-def panel_summary(t: timing.Timing) -> str:
-    return f"median {t.median_s * 1e3:.3f} ms (IQR {t.iqr_s * 1e3:.3f} ms)"
+def panel_summary(result: Evidence[timing.Timing]) -> str:
+    if result.value is None:
+        return result.header()
+    return f"median {result.value.median_s * 1e3:.3f} ms (IQR {result.value.iqr_s * 1e3:.3f} ms) — {result.header()}"
 
 
 def panel_plot(history: list[Any], ax: Any) -> None:
+    runs = [r for r in history if r.result.value is not None]
     plots.history_bars(
-        [r.short_label() for r in history],
-        [r.result.value.median_s * 1e3 for r in history],
+        [r.short_label() for r in runs],
+        [r.result.value.median_s * 1e3 for r in runs],
         ax,
         ylabel="median time (ms)",
         title="Host copies (measured now)",

@@ -3,9 +3,7 @@
 needs no list of chapters. ``helpers/chapters/_template.py`` is a working example; docs/CONTRIBUTING.md the guide.
 
 ``panel_run(progress, *, device, **values_and_context) -> Evidence`` gets the controls' values and what the notebook
-passed to ``for_chapter``; ``panel_summary(result)`` and ``panel_plot(history, ax)`` (every run so far,
-``history[i].result`` an Evidence) see only results with a value: the panel shows one without as its header
-(``@summary_of`` makes the usual ``panel_summary``: a text of the value, then the header);
+passed to ``for_chapter``; ``panel_plot(history, ax)`` draws every run so far (``history[i].result``, an Evidence);
 ``benchmark(results, device, *, progress=None)`` adds its headless measurements to a ResultSet (``panel_run``
 refuses settings that can't run with a ValueError in plain words). Optional: ``PANEL_FIGSIZE``.
 """
@@ -15,11 +13,6 @@ from __future__ import annotations
 import inspect
 import re
 from types import ModuleType
-from typing import Callable, TypeVar
-
-from ..core.evidence import Evidence
-
-T = TypeVar("T")
 
 #: NUMBER: its notebook's two digits; TITLE: what it measures, for the bench; BENCH_WEIGHT: its share of a bench
 #: time budget (an estimate of its cost); PANEL_TITLE: the live panel's heading.
@@ -72,13 +65,3 @@ def require(module: ModuleType) -> ModuleType:
             f"{module.__name__} does not follow the chapter interface (helpers/ui/chapter.py): " + "; ".join(found)
         )
     return module
-
-
-def summary_of(text: Callable[[T], str]) -> Callable[[Evidence[T]], str]:
-    """A ``panel_summary`` from ``text(value)``: that text, then the result's provenance header."""
-
-    def panel_summary(result: Evidence[T]) -> str:
-        return f"{text(result.value)} — {result.header()}"  # type: ignore[arg-type]  # the panel passes a value
-
-    panel_summary.__doc__ = text.__doc__
-    return panel_summary

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import html
-import inspect
 import io
 import textwrap
 import time
@@ -27,15 +26,6 @@ def one_line(text: str, limit: int = 400) -> str:
     """``text`` as one line for a status bar: whitespace (newlines included) collapsed, cut at ``limit``."""
     flat = " ".join(str(text).split())
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
-
-
-def default_of(fn: Any, name: str, fallback: Any) -> Any:
-    """The default of the reader's ``fn``'s parameter ``name`` (a control's start), else ``fallback``."""
-    try:
-        default = inspect.signature(fn).parameters[name].default
-    except (TypeError, ValueError, KeyError):
-        return fallback
-    return fallback if default is inspect.Parameter.empty else default
 
 
 @dataclass
@@ -129,18 +119,12 @@ class Panel:
                 raise TypeError(f"{chapter.__name__}.panel_run returned {type(result).__name__}, not an Evidence")
             return result
 
-        def summarize(result: Evidence[Any]) -> str:  # a result without a value: its header says why
-            return result.header() if result.value is None else str(chapter.panel_summary(result))
-
-        def plot(history: list[RunRecord], ax: Any) -> None:  # the chapter sees only the runs with a value
-            chapter.panel_plot([rec for rec in history if rec.result.value is not None], ax)
-
         return cls(
             chapter.PANEL_TITLE,
             controls,
             run,
-            summarize=summarize,
-            plot=plot,
+            summarize=chapter.panel_summary,
+            plot=chapter.panel_plot,
             figsize=getattr(chapter, "PANEL_FIGSIZE", (7.5, 3.2)),
         )
 

@@ -17,7 +17,6 @@ from ...core.results import ResultSet
 from ...core.timing import Timing
 from ...core.validate import check_int
 from ...ui import plots, published
-from ...ui.chapter import summary_of
 from ...ui.published import PublishedFigure
 from . import hygiene
 
@@ -72,17 +71,20 @@ def panel_run(
     return evidence.measured(f"{op} at n={n}", t, device, method=METHOD)
 
 
-@summary_of
-def panel_summary(t: Timing) -> str:
-    return f"median {t.median_s * 1e3:.3f} ms, IQR {t.iqr_s * 1e3:.3f} ms ({t.n} samples)"
+def panel_summary(result: Evidence[Timing]) -> str:
+    t = result.value
+    if t is None:
+        return result.header()
+    return f"median {t.median_s * 1e3:.3f} ms, IQR {t.iqr_s * 1e3:.3f} ms ({t.n} samples) — {result.header()}"
 
 
 def panel_plot(history: list[Any], ax: Any) -> None:
     """Median bars with IQR error bars (half either side), on a log scale: runs differ by orders of magnitude."""
-    timings: list[Timing] = [r.result.value for r in history]
+    runs = [r for r in history if r.result.value is not None]
+    timings: list[Timing] = [r.result.value for r in runs]
     devices = sorted({str(t.metadata.get("device", "?")) for t in timings})
     plots.history_bars(
-        [r.short_label() for r in history],
+        [r.short_label() for r in runs],
         [t.median_s * 1e3 for t in timings],
         ax,
         errors=[t.iqr_s / 2 * 1e3 for t in timings],

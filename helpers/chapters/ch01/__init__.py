@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence, cast
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import ipywidgets as W
 import torch
@@ -123,7 +123,10 @@ def panel_run(
 
 
 def panel_summary(result: Evidence[Anatomy]) -> str:
-    a, ms = cast(Anatomy, result.value), 1e3  # the panel passes only results with a value
+    a = result.value
+    if a is None:
+        return result.header()
+    ms = 1e3
     return (
         f"step {a.step_time * ms:.1f} ms measured; predicted {a.prediction.serial * ms:.1f} ms if nothing overlaps, "
         f"{a.prediction.overlapped * ms:.1f} ms with perfect overlap; largest phase: {a.dominant_phase}; "
@@ -140,11 +143,12 @@ def _run_label(rec: Any) -> str:
 
 def panel_plot(history: list[Any], ax: Any) -> None:
     """Stacked phase bars of every run so far, with the measured step time as a black tick."""
-    data = {_run_label(rec): rec.result.value.phase_means for rec in history}
-    devices = ", ".join(sorted({str(rec.result.value.settings.get("device", "?")) for rec in history}))
+    runs = [rec for rec in history if rec.result.value is not None]
+    data = {_run_label(rec): rec.result.value.phase_means for rec in runs}
+    devices = ", ".join(sorted({str(rec.result.value.settings.get("device", "?")) for rec in runs}))
     title = f"Baseline step by phase, one bar per run (measured now on {devices or 'this machine'})"
     plots.stacked_phases(data, ax, title=title, unit="ms")
-    for i, rec in enumerate(history):
+    for i, rec in enumerate(runs):
         label = "measured step" if i == 0 else None
         ax.plot([i - 0.4, i + 0.4], [rec.result.value.step_time * 1e3] * 2, color="black", linewidth=2, label=label)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence, cast
+from typing import Any, Sequence
 
 import ipywidgets as W
 import torch
@@ -320,7 +320,9 @@ def panel_run(
 
 
 def panel_summary(result: Evidence[PanelReading]) -> str:
-    r = cast(PanelReading, result.value)  # the panel passes only results with a value
+    r = result.value
+    if r is None:
+        return result.header()
     ref = f", {human_bytes(r.reference.nbytes)} recorded" if r.reference else ""
     shown = [(r.measured, "measured here", ""), (r.reference, "reference", ref)]
     shown.append((r.host, "host memcpy of the same bytes", ""))
@@ -331,7 +333,7 @@ def panel_summary(result: Evidence[PanelReading]) -> str:
 
 def panel_plot(history: list[Any], ax: Any) -> None:
     """The runs as stars on the sweep plot; the last six in colour."""
-    readings = [r.result.value for r in history]
+    readings = [r.result.value for r in history if r.result.value is not None]
     last = readings[-1] if readings else None
     pts: list[tuple[TransferPoint, str]] = []
     for i, r in enumerate(readings, 1):

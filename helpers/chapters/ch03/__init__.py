@@ -3,6 +3,7 @@ figure (the pin step's own time needs CUDA; else the reference runs' figure)."""
 
 from __future__ import annotations
 
+import inspect
 import statistics
 from typing import Any, Callable, Mapping, Sequence
 
@@ -18,8 +19,6 @@ from ...core.validate import check_int
 from ...pipeline import loaders
 from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset
 from ...ui import plots
-from ...ui.chapter import summary_of
-from ...ui.widgets import default_of
 from . import pinning
 
 NUMBER = "03"
@@ -137,7 +136,10 @@ def pin_row_lines(rows: PinTimes) -> list[str]:
 
 def panel_controls(**context: Any) -> dict[str, Any]:
     """Batch size and ``pin_memory`` (starting at the default of the reader's ``make_loader``)."""
-    pin = default_of(context.get("make_loader"), "pin_memory", False)
+    try:
+        pin = inspect.signature(context.get("make_loader")).parameters["pin_memory"].default  # type: ignore[arg-type]
+    except (TypeError, ValueError, KeyError):
+        pin = False
     return {
         "batch_size": W.IntSlider(value=context.get("batch", 32), min=8, max=128, step=8, description="batch_size"),
         "pin_memory": W.Checkbox(value=pin if isinstance(pin, bool) else False, description="pin_memory"),
@@ -175,8 +177,10 @@ def panel_run(
     )
 
 
-@summary_of
-def panel_summary(res: loaders.Throughput) -> str:
+def panel_summary(result: Evidence[loaders.Throughput]) -> str:
+    res = result.value
+    if res is None:
+        return result.header()
     text = f"{res.items_per_s:,.0f} items/s; per batch the main thread waited {res.mean_wait_ms:.2f} ms in next()"
     copy_ms = res.extra.get("copy_ms_per_batch")
     text += f" and spent {copy_ms:.2f} ms in to_device." if copy_ms is not None else "."
@@ -186,18 +190,19 @@ def panel_summary(res: loaders.Throughput) -> str:
             if res.extra.get("pinned_batches")
             else " pin_memory=True, but nothing was pinned (no accelerator: the flag only warns)."
         )
-    return text
+    return f"{text} — {result.header()}"
 
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
     """A bar per run (items/s), latest highlighted."""
-    source = history[-1].result.source.split(";")[0] if history else "no run yet"
+    runs = [rec for rec in history if rec.result.value is not None]
+    source = runs[-1].result.source.split(";")[0] if runs else "no run yet"
     plots.history_bars(
         [
             f"#{rec.index} b={rec.values.get('batch_size')}{' pin' if rec.values.get('pin_memory') else ''}"
-            for rec in history
+            for rec in runs
         ],
-        [rec.result.value.items_per_s for rec in history],
+        [rec.result.value.items_per_s for rec in runs],
         ax,
         ylabel="throughput (items/s)",
         title=f"Panel runs so far (your make_loader and to_device)\n{source}",

@@ -4,6 +4,7 @@ sets) and the benchmark. Everything runs on the CPU, so every figure is measured
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import statistics
 from typing import Any, Callable, Mapping, Sequence
@@ -20,8 +21,6 @@ from ...core.validate import check_choice, check_int
 from ...pipeline import loaders
 from ...pipeline.data import ShapesDataset, default_sizes, make_shapes_dataset
 from ...ui import plots
-from ...ui.chapter import summary_of
-from ...ui.widgets import default_of
 from . import speedup, sweeps
 from .datasets import BatchedCheapDataset, CheapDataset, SpinDataset, UnevenDataset
 
@@ -182,10 +181,18 @@ def _panel_dataset(item_cost: str, image_root: str | None, crop_size: int, n_che
     return base if item_cost == ITEM_COSTS[1] else SpinDataset(base, 2.0)
 
 
+def _default(make_loader: Any, name: str, fallback: Any) -> Any:
+    try:
+        default = inspect.signature(make_loader).parameters[name].default
+    except (TypeError, ValueError, KeyError):
+        return fallback
+    return fallback if default is inspect.Parameter.empty else default
+
+
 def panel_controls(**context: Any) -> dict[str, Any]:
     """Defaults: the reader's ``make_loader``'s, and ``batch=``."""
     make_loader = context.get("make_loader")
-    prefetch, persistent = default_of(make_loader, "prefetch_factor", 2), default_of(make_loader, "persistent", True)
+    prefetch, persistent = _default(make_loader, "prefetch_factor", 2), _default(make_loader, "persistent", True)
     return {
         "num_workers": W.IntSlider(value=2, min=0, max=loaders.cpu_cores() + 2, description="num_workers"),
         "batch_size": W.IntSlider(value=context.get("batch", 32), min=8, max=256, step=8, description="batch_size"),
@@ -242,28 +249,31 @@ def panel_run(
     return evidence.measured(f"your make_loader, {items} items", res, "cpu", method=method)
 
 
-@summary_of
-def panel_summary(res: loaders.Throughput) -> str:
+def panel_summary(result: Evidence[loaders.Throughput]) -> str:
+    res = result.value
+    if res is None:
+        return result.header()
     text = (
         f"{res.items_per_s:,.0f} items/s; first batch after {res.startup_s:.2f} s; "
         f"main thread busy {100 * res.main_busy:.0f}% of the window."
     )
     if res.config.get("pin_memory"):
         text += " pin_memory=True: the loader's pin thread pins every batch (included, not timed apart)."
-    return text
+    return f"{text} — {result.header()}"
 
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
+    runs = [rec for rec in history if rec.result.value is not None]
     labels = [
         f"#{r.index} w={v.get('num_workers')} b={v.get('batch_size')} pf={v.get('prefetch_factor')}"
         f"{' P' if v.get('persistent') else ''} {str(v.get('item_cost', '')).split(' ')[0]}"
-        for r in history
+        for r in runs
         for v in [r.values]
     ]
-    source = history[-1].result.source.split(";")[0] if history else "no run yet"
+    source = runs[-1].result.source.split(";")[0] if runs else "no run yet"
     plots.history_bars(
         labels,
-        [rec.result.value.items_per_s for rec in history],
+        [rec.result.value.items_per_s for rec in runs],
         ax,
         ylabel="throughput (items/s)",
         title=f"Panel runs so far (P = persistent workers)\n{source}",

@@ -15,7 +15,6 @@ from ...core.evidence import Evidence
 from ...core.progress import ProgressFn, no_progress, scaled
 from ...core.results import ResultSet
 from ...core.validate import check_choice
-from ...ui.chapter import summary_of
 from . import capstone
 from .calibration import calibrate
 from .job import REGIMES, STEP_NAMES, STEP_REQUIRES, STEPS, JobSpec, Pipeline, job_spec, settings_for
@@ -86,13 +85,16 @@ def panel_run(
     return evidence.measured(f"the {regime} job, {name}", result, dev, method=METHOD)
 
 
-@summary_of
-def panel_summary(r: ConfigResult) -> str:
+def panel_summary(result: Evidence[ConfigResult]) -> str:
     """'data-bound, workers: 1.23 s/epoch, ... accuracy 40.0% — [measured here] ...'."""
+    r = result.value
+    if r is None:
+        return result.header()
     eff = str(r.efficiency) if r.efficiency is not None else "n/a"
     return (
         f"{r.spec.regime}, {r.label}: {r.epoch_s:.2f} s/epoch, {r.throughput:.0f} img/s, compute busy "
         f"{r.compute_busy:.0%}, data stall {r.data_stall:.0%}, efficiency {eff}, accuracy {r.accuracy:.1%}"
+        f" — {result.header()}"
     )
 
 
@@ -100,9 +102,10 @@ def panel_plot(history: Sequence[Any], ax: Any) -> None:
     """Epoch time of every panel run so far (bars), labelled with where it was measured."""
     from ...ui.plots import history_bars  # optional/heavy: matplotlib
 
-    labels = [f"#{h.index} {h.result.value.spec.regime[:4]} {h.result.value.label}"[:40] for h in history]
-    where = history[-1].result.source.split(",")[0] if history else "measured now"
-    history_bars(labels, [h.result.value.epoch_s for h in history], ax, ylabel="time per epoch (s)",
+    runs = [h for h in history if h.result.value is not None]
+    labels = [f"#{h.index} {h.result.value.spec.regime[:4]} {h.result.value.label}"[:40] for h in runs]
+    where = runs[-1].result.source.split(",")[0] if runs else "measured now"
+    history_bars(labels, [h.result.value.epoch_s for h in runs], ax, ylabel="time per epoch (s)",
                  title=f"Panel runs ({where})")  # fmt: skip
 
 

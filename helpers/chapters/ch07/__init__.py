@@ -14,7 +14,6 @@ from ...core.device import has_cuda, resolve_device
 from ...core.evidence import Evidence
 from ...core.progress import ProgressFn, no_progress, scaled
 from ...core.results import ResultSet
-from ...ui.chapter import summary_of
 from . import distributed
 from .distributed import DistributedRun
 
@@ -65,15 +64,17 @@ def panel_run(
     return evidence.measured(f"a {run.nproc}-process DDP job ({run.backend})", run, device, method=method)
 
 
-@summary_of
-def panel_summary(run: DistributedRun) -> str:
+def panel_summary(result: Evidence[DistributedRun]) -> str:
+    run = result.value
+    if run is None:
+        return result.header()
     cov = "every sample once per epoch" if run.exactly_once_every_epoch() else "coverage NOT exact"
-    return f"{run.summary()}; {cov}; {run.learning()}"
+    return f"{run.summary()}; {cov}; {run.learning()} — {result.header()}"
 
 
 def panel_plot(history: Sequence[Any], ax: Any) -> None:
     """The last four runs side by side: each rank's items/s, then the job's total."""
-    runs = history[-4:]
+    runs = [rec for rec in history if rec.result.value is not None][-4:]
     where = runs[-1].result.source.split(",")[0] if runs else "measured now"
     title = f"Runs so far ({where}): each rank's items/s, then the total (wk: workers/rank, bs: batch/rank)"
     distributed.plot_runs([rec.result.value for rec in runs], ax, names=[f"#{r.index} " for r in runs], title=title)
