@@ -141,6 +141,9 @@ class _FreezeWatch(threading.Thread):
         self.timeout_s, self.frozen = float(timeout_s), frozen
 
     def run(self) -> None:
+        # Python runs handlers in the main thread only: a Ctrl-C the kernel gave this thread would wait there, unseen
+        # while the main thread blocks in a read (a worker's batch hand-over), so this thread never takes one.
+        signal.pthread_sigmask(signal.SIG_BLOCK, HeldSignals.SIGNALS)
         since: dict[int, float] = {}
         while True:
             time.sleep(min(0.5, self.timeout_s / 2))
