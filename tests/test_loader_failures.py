@@ -22,11 +22,14 @@ from typing import Any
 import psutil
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
+from helpers.chapters import ch03
 from helpers.chapters.ch03 import pinning
 from helpers.chapters.ch04 import datasets as D
 from helpers.chapters.ch04 import pitfalls, speedup, sweeps
 from helpers.chapters.ch04.datasets import CheapDataset
+from helpers.core.progress import no_progress
 from helpers.pipeline import loaders as L
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,6 +107,7 @@ def test_torch_still_starts_the_pin_thread_with_target_pin_memory_loop() -> None
 _SIGINT_CHILD = r"""
 import faulthandler, os, signal, sys, time
 import psutil
+from helpers.core.progress import no_progress
 from helpers.pipeline import loaders as L
 from helpers.chapters.ch04.datasets import CheapDataset
 
@@ -326,12 +330,18 @@ def test_shm_is_checked_where_every_worker_loader_is_built(monkeypatch: pytest.M
             batches=1,
             warmup=0,
         )
+    with pytest.raises(ValueError, match="/dev/shm"):  # chapter 03's panel times the reader's own DataLoader
+        ch03.panel_run(
+            no_progress, device="cpu", make_loader=lambda d, b, pin_memory: DataLoader(d, b, num_workers=2), dataset=ds
+        )
     L.build_loader(ds, batch_size=256)  # no workers: nothing goes through /dev/shm
     assert not _settle(2.0)
 
 
 _LONG_TMPDIR_CHILD = r"""
 import torch
+from torch.utils.data import DataLoader
+from helpers.core.progress import no_progress
 from helpers.pipeline import loaders as L
 from torch.utils.data import TensorDataset
 loader = torch.utils.data.DataLoader(TensorDataset(torch.zeros(8)), batch_size=2, num_workers=1)
@@ -362,6 +372,7 @@ def test_a_tempdir_too_long_for_the_worker_socket_is_refused_before_any_worker_s
 _POOL_CHILD = r"""
 import signal, sys, time
 from helpers.chapters.ch04 import speedup
+from helpers.core.progress import no_progress
 from helpers.pipeline import loaders as L
 from helpers.chapters.ch04.datasets import CheapDataset
 
