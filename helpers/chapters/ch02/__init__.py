@@ -259,10 +259,15 @@ def _one_copy(copy_fn: CopyFn, r: PanelReading, device: Any, cuda: bool) -> Tran
     return next(iter(curves.values())).points[0]
 
 
+def _nearest_recorded(r: PanelReading, recorded: CopySweeps | None) -> TransferPoint | None:
+    """The recorded point of ``r``'s copy nearest its size (in log scale), if one is recorded."""
+    if recorded is None or (r.direction, r.memory) not in recorded.sweeps:
+        return None
+    return min(recorded.sweeps[(r.direction, r.memory)].points, key=lambda q: abs(math.log(q.nbytes / r.nbytes)))
+
+
 def _no_cuda_note(r: PanelReading, recorded: CopySweeps | None) -> str:
-    if recorded is not None and (r.direction, r.memory) in recorded.sweeps:
-        points = recorded.sweeps[(r.direction, r.memory)].points
-        r.reference = min(points, key=lambda q: abs(math.log(q.nbytes / r.nbytes)))
+    if r.reference is not None and recorded is not None:
         ref = f"Reference point recorded on {recorded.gpu}, not here."
     else:
         ref = "No reference result for this copy is recorded yet (run `make gpu-check` on a GPU machine)."
@@ -309,6 +314,7 @@ def panel_run(
         against = recorded.sweeps.get((direction, memory)) if here and recorded else None
         what = f"a {direction.upper()} {memory} {dtype} copy of {human_bytes(nbytes)}"
     else:
+        r.reference = _nearest_recorded(r, recorded)
         r.note, where, against = _no_cuda_note(r, recorded), "cpu", host
         r.host = mine = _one_copy(copy_fn, r, "cpu", False)
         method, what = f"your {name}() on one CPU thread", f"a host memcpy of {human_bytes(nbytes)} (not a GPU copy)"
