@@ -200,6 +200,14 @@ class LoaderRounds:
                 f"ceiling runs were slowed by something else on this machine, so here they are no upper bound "
                 f"(noise); re-run on a quieter machine"
             )
+        else:
+            over = [str(k + 1) for k, (w, c) in enumerate(zip(self.rates[self.num_workers], self.ceiling)) if w > c]
+            if over:
+                out.append(
+                    f"round{'s' if len(over) > 1 else ''} {', '.join(over)} show{'' if len(over) > 1 else 's'} a "
+                    f"share over 100%: that round's ceiling runs were slowed by something else on this machine "
+                    f"(noise), so the median share is the figure to read"
+                )
         if self.ceiling_speedup > self.num_workers * 1.05:
             out.append(
                 f"the ceiling of {self.num_workers} processes measured {self.ceiling_speedup:.2f}x one process "
