@@ -5,6 +5,7 @@ torch has no public way to close an iterator, watch its workers or name a failin
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import gc
 import multiprocessing as mp
@@ -12,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -91,7 +93,8 @@ class _WorkerInit:
 
 class HeldSignals:
     """``with HeldSignals() as held:`` SIGINT/SIGTERM only noted; ``held.deliver()`` then runs their handler. An
-    exception raised in an at-fork callback or a finalizer is printed as "Exception ignored" and the press lost.
+    exception raised in an at-fork callback or a finalizer is printed as "Exception ignored" and the press lost
+    (outside a hold, :func:`_resend_dropped_interrupts` sends it again, later).
     ``escape=True``: a second signal is handled at once (ends a slow teardown)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -125,6 +128,36 @@ class HeldSignals:
             sig = self.noted[0]
             self.noted.clear()
             self.saved[sig](sig, None)
+
+
+#: The line :func:`_resend_dropped_interrupts` writes to stderr (tests/test_interrupt_battery.py counts them).
+RESENT = "[workbook] a Ctrl-C that Python dropped in a finalizer was sent again"
+
+
+def _resend_dropped_interrupts(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A ``sys.unraisablehook``: Python runs a Ctrl-C's handler wherever the main thread is, a weakref callback or a
+    finalizer included, and there its ``KeyboardInterrupt`` is dropped ("Exception ignored in ...", the press lost:
+    tests/test_interrupt_battery.py saw it in multiprocessing's ``WeakValueDictionary``). This sends SIGINT again,
+    so ordinary code raises it; every other unraisable exception goes to ``hook``. A timer thread sends it, 50 ms
+    on: sent from here, the handler would run at once, inside this hook, and the press be lost again (one that
+    lands in a finalizer again comes back here and is sent once more)."""
+
+    def resend(unraisable: Any) -> None:
+        if unraisable.exc_type is KeyboardInterrupt and not sys.is_finalizing():
+            # interrupt_main does nothing where SIGINT is ignored or has its default action
+            print(RESENT, file=sys.stderr)
+            timer = threading.Timer(0.05, _thread.interrupt_main, (signal.SIGINT,))
+            timer.daemon = True
+            timer.start()
+        else:
+            hook(unraisable)
+
+    resend.workbook_resends = True  # type: ignore[attr-defined]
+    return resend
+
+
+if not getattr(sys.unraisablehook, "workbook_resends", False):  # once per interpreter, whatever reloads this module
+    sys.unraisablehook = _resend_dropped_interrupts(sys.unraisablehook)
 
 
 class _FreezeWatch(threading.Thread):
