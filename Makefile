@@ -35,7 +35,7 @@ help:
 # process would compile torch's sources again on import).
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10 or newer is needed; set PYTHON=python3.x")'
-	@$(PYTHON) -c 'import shutil; f = shutil.disk_usage(".").free / 1e9; f < 7 and print(f"warning: {f:.1f} GB free here; the install needs about 7 GB (torch and its NVIDIA libraries). If pip stops with \"No space left on device\", free space and run make again.")'
+	@$(PYTHON) -c 'import shutil, tempfile; f = min(shutil.disk_usage(p).free for p in (".", tempfile.gettempdir())) / 1e9; f < 7 and print(f"warning: {f:.1f} GB free here or in the temporary folder; the install needs about 7 GB (torch and its NVIDIA libraries). If pip stops with \"No space left on device\", free space and run make again.")'
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test,browser,course]'

@@ -415,6 +415,20 @@ def test_record_run_keys() -> None:
     ]
 
 
+def test_plot_runs_draws_every_run() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [_fake_run(), _fake_run()]
+    ax = D.plot_runs(runs)  # no names: every run still drawn, rank bars then its total
+    assert len(ax.patches) == 4
+    with pytest.raises(ValueError, match="one label prefix per run"):
+        D.plot_runs(runs, names=["#1 "])
+    plt.close("all")
+
+
 def test_panel_for_chapter_returns_evidence(monkeypatch: pytest.MonkeyPatch) -> None:
     """The chapter's panel (helpers.chapters.ch07) wires the launcher; a fake job keeps this test fast."""
     import matplotlib

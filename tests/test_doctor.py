@@ -158,6 +158,10 @@ def test_real_data_bound_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "DATA-BOUND" in str(diag) and str(diag).startswith("Verdict")
     assert max(len(line) for line in str(diag).splitlines()) <= diagnosis.LINE_WIDTH  # long lines wrapped at words
     assert "raise num_workers from 0 to " in " ".join(str(diag).split())
+    from IPython.lib.pretty import pretty
+
+    assert pretty(diag) == str(diag)  # a bare ``diag`` in a notebook shows the report (chapter 06's text says so)
+    assert repr(diag) == "Diagnosis(verdict='data-bound', recommendations=%d)" % len(diag.recommendations)
 
 
 def test_real_compute_bound_pipeline() -> None:

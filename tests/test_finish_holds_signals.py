@@ -118,9 +118,11 @@ def test_a_press_dropped_in_a_weakref_callback_outside_the_teardown_is_sent_agai
 
     obj = Registered()
     ref = weakref.ref(obj, lambda _ref: _press())  # the handler runs inside the callback, whose exception is dropped
+    t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt) as caught:
         del obj  # the callback runs here, and its KeyboardInterrupt is dropped
-        _busy(0.5)
+        time.sleep(5.0)  # a blocking call, as a read of a worker's batch: the press sent again must end it
+    assert time.monotonic() - t0 < 2.0, "the press sent again waited for the blocking call to end"
     assert workers.RESENT in capsys.readouterr().err
     assert ref() is None and not dropped
     assert not any(f.name == "<lambda>" for f in traceback.extract_tb(caught.value.__traceback__)), "raised again"

@@ -509,6 +509,21 @@ def test_the_ceiling_leaves_no_process_when_one_dies() -> None:
     assert not left, [c.cmdline() for c in left]
 
 
+class _Raises(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        raise ValueError(f"item {i} is damaged")
+
+
+def test_a_ceiling_process_that_raises_is_named_not_timed_out() -> None:
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    with pytest.raises(L.LoaderFailure, match="failed while loading: ValueError: item 0 is damaged"):
+        speedup.parallel_ceiling(_Raises(), 1, 0.05, batch_size=1)
+    assert not _new_children(before)
+
+
 # -- bad input (issue 15 item 11) ------------------------------------------------------------
 
 

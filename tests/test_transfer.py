@@ -340,6 +340,8 @@ def test_gpu_measurements_validate_before_checking_hardware():
         copies.sweep(lambda *a: [1e-6], [6], dtype="float32")
     with pytest.raises(ValueError, match="gpu_work_s"):
         pin_costs.host_blocking_probe(gpu_work_s=0)
+    with pytest.raises(ValueError, match="nbytes"):
+        pin_costs.host_blocking_probe(nbytes=0)
     with pytest.raises(ValueError, match="memory"):
         ch02.panel_run(lambda *a: None, device="cpu", **{**panel, "memory": "gpu"})
 

@@ -373,7 +373,8 @@ def measure_throughput(
 ) -> Throughput:
     """Time the last ``batches`` of ``warmup + batches`` (across epoch ends) of any iterable of batches, workers
     released however it ends. ``to_device(*batch)`` is timed apart (``extra["copy_s"]``); ``consume(batch)`` runs
-    inside the window, ``on_batch`` outside the wait timing; ``threads``: torch's intra-op threads meanwhile."""
+    inside the window, ``on_batch`` outside the wait timing; ``threads``: torch's intra-op threads meanwhile. A
+    DataLoader goes through :func:`guard` first."""
     if not hasattr(loader, "__iter__"):
         raise ValueError(
             f"loader must be an iterable of batches (a DataLoader, e.g. make_loader(...)), got {type(loader).__name__}"
@@ -381,6 +382,8 @@ def measure_throughput(
     _check_callable("to_device", to_device)
     check_int("batches", batches, 1, 1_000_000)
     check_int("warmup", warmup, 0, 1_000_000)
+    if isinstance(loader, DataLoader):  # a reader's own DataLoader too: /dev/shm, a timeout, no frozen workers
+        guard(loader)
     params, default_label = _loader_params(loader)
     caught: list[str] = list(getattr(loader, "_workbook_warnings", []))
     epochs = Epochs(loader)

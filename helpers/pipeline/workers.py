@@ -5,7 +5,6 @@ torch has no public way to close an iterator, watch its workers or name a failin
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import gc
 import multiprocessing as mp
@@ -134,19 +133,26 @@ class HeldSignals:
 RESENT = "[workbook] a Ctrl-C that Python dropped in a finalizer was sent again"
 
 
+def _interrupt_main_thread() -> None:
+    """SIGINT to the main thread itself, if Python handles it there: a read or sleep it blocks in ends (EINTR) and
+    the handler runs (``_thread.interrupt_main`` only marks it pending, unseen until that call returns)."""
+    if callable(signal.getsignal(signal.SIGINT)):
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+
 def _resend_dropped_interrupts(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """A ``sys.unraisablehook``: Python runs a Ctrl-C's handler wherever the main thread is, a weakref callback or a
     finalizer included, and there its ``KeyboardInterrupt`` is dropped ("Exception ignored in ...", the press lost:
-    tests/test_interrupt_battery.py saw it in multiprocessing's ``WeakValueDictionary``). This sends SIGINT again,
-    so ordinary code raises it; every other unraisable exception goes to ``hook``. A timer thread sends it, 50 ms
-    on: sent from here, the handler would run at once, inside this hook, and the press be lost again (one that
-    lands in a finalizer again comes back here and is sent once more)."""
+    tests/test_interrupt_battery.py saw it in multiprocessing's ``WeakValueDictionary``). This sends SIGINT to the
+    main thread again, so ordinary code raises it; every other unraisable exception goes to ``hook``. A timer thread
+    sends it, 50 ms on: sent from here, the handler would run at once, inside this hook, and the press be lost
+    again (one that lands in a finalizer again comes back here and is sent once more)."""
 
     def resend(unraisable: Any) -> None:
-        if unraisable.exc_type is KeyboardInterrupt and not sys.is_finalizing():
-            # interrupt_main does nothing where SIGINT is ignored or has its default action
+        handled = callable(signal.getsignal(signal.SIGINT))  # not where SIGINT is ignored or has its default action
+        if unraisable.exc_type is KeyboardInterrupt and handled and not sys.is_finalizing():
             print(RESENT, file=sys.stderr)
-            timer = threading.Timer(0.05, _thread.interrupt_main, (signal.SIGINT,))
+            timer = threading.Timer(0.05, _interrupt_main_thread)
             timer.daemon = True
             timer.start()
         else:

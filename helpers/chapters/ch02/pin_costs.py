@@ -167,6 +167,7 @@ def host_blocking_probe(
     times: one that holds the host as long as the work waited for the GPU; one that returns at once let the CPU run
     ahead."""
     gpu_work_s = check_float("gpu_work_s", gpu_work_s, 0.001, 5.0)
+    nbytes = check_int("nbytes", nbytes, 1, _MAX_BYTES)
     ok, reason = cuda_status(device)
     if not ok:
         return Unavailable("host-blocking probe", reason)

@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from ...core.progress import ProgressFn
 from ...core.rounds import alternate
 from ...core.timing import measure, time_calls
 from ...core.validate import check_int
 from ...pipeline.demo import PinnableBatch, collate_pinnable, thread_label
-from ...pipeline.loaders import LoaderConfig, Throughput, guard, measure_config, measure_throughput
+from ...pipeline.loaders import LoaderConfig, Throughput, measure_config, measure_throughput
 from ...pipeline.workers import MAX_WORKERS
 
 
@@ -113,8 +113,7 @@ def time_readers_loader(
     make_loader: Any, dataset: Any, batch_size: int, pin_memory: bool, **measure: Any
 ) -> tuple[Throughput, int]:
     """The reader's ``make_loader(dataset, batch_size, pin_memory=...)`` timed by :func:`measure_throughput`
-    (``measure``: its keywords), and its worker count; one clear line when it cannot be called so. A DataLoader
-    goes through :func:`~helpers.pipeline.loaders.guard` first (``/dev/shm``, a timeout, no frozen workers)."""
+    (``measure``: its keywords), and its worker count; one clear line when it cannot be called so."""
     if not callable(make_loader):
         raise ValueError(
             f"make_loader must be a function such as make_loader(dataset, batch_size, pin_memory=...), "
@@ -127,8 +126,6 @@ def time_readers_loader(
             "make_loader must accept pin_memory=True/False as a keyword "
             f"(def make_loader(dataset, batch_size, pin_memory=...)): {exc}"
         ) from None
-    if isinstance(loader, DataLoader):
-        guard(loader)
     return measure_throughput(loader, **measure), int(getattr(loader, "num_workers", 0))
 
 

@@ -33,17 +33,25 @@ from .sweeps import WorkerSweep, build_from_factory
 
 
 def _ceiling_process(conn: Any, go: Any, task: tuple[Any, int, int, Any, float]) -> None:
-    """One process of :func:`parallel_ceiling`: sends (items, seconds) of loading and collating for ``seconds``."""
+    """One process of :func:`parallel_ceiling`: sends (items, seconds) of loading and collating for ``seconds``,
+    after one untimed batch (a fresh process's first batch is slow, and the loader's workers it is set against
+    are warm), or ("error", what went wrong)."""
     reset_child_signals()
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     dataset, offset, batch_size, collate_fn, seconds = task
     torch.set_num_threads(1)
     collate = collate_fn if collate_fn is not None else default_collate
-    go.wait(WORKER_TIMEOUT_S)  # all processes start together
-    n, k, t0 = len(dataset), 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        collate([dataset[(offset + k + j) % n] for j in range(batch_size)])
-        k += batch_size
+    n = len(dataset)
+    try:
+        collate([dataset[(offset + j) % n] for j in range(batch_size)])
+        go.wait(WORKER_TIMEOUT_S)  # all processes start together
+        k, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            collate([dataset[(offset + k + j) % n] for j in range(batch_size)])
+            k += batch_size
+    except Exception as exc:  # the parent raises it, in one line
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
     conn.send((k, time.perf_counter() - t0))
 
 
@@ -84,6 +92,8 @@ def parallel_ceiling(
             if not recv.poll(max(0.0, deadline - time.monotonic())):
                 raise EOFError
             done.append(recv.recv())
+            if done[-1][0] == "error":
+                raise LoaderFailure(f"parallel_ceiling: a process failed while loading: {done[-1][1]}")
     except EOFError:
         raise LoaderFailure(
             f"parallel_ceiling: the {processes} processes did not report within {seconds + WORKER_TIMEOUT_S:g} s "
@@ -203,10 +213,11 @@ class LoaderRounds:
         else:
             over = [str(k + 1) for k, (w, c) in enumerate(zip(self.rates[self.num_workers], self.ceiling)) if w > c]
             if over:
+                many = len(over) > 1
                 out.append(
-                    f"round{'s' if len(over) > 1 else ''} {', '.join(over)} show{'' if len(over) > 1 else 's'} a "
-                    f"share over 100%: that round's ceiling runs were slowed by something else on this machine "
-                    f"(noise), so the median share is the figure to read"
+                    f"round{'s' if many else ''} {', '.join(over)} show{'' if many else 's'} a share over 100%: "
+                    f"{'those rounds' if many else 'that round'}'s ceiling runs were slowed by something else on "
+                    f"this machine (noise), so the median share is the figure to read"
                 )
         if self.ceiling_speedup > self.num_workers * 1.05:
             out.append(

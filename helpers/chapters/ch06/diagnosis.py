@@ -7,7 +7,7 @@ import math
 import re
 import textwrap
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 from ...core.validate import check_int
 
@@ -92,10 +92,10 @@ def _wrap(head: str, text: str) -> list[str]:
     return [ln.replace("\xa0", " ") for ln in lines]
 
 
-@dataclass
+@dataclass(repr=False)
 class Diagnosis:
     """The verdict, the bottleneck model's stages (``None``: hidden by workers) and the ranked advice; ``seconds``:
-    how long the doctor ran (0 for a bare :func:`decide`)."""
+    how long the doctor ran (0 for a bare :func:`decide`). A bare ``diag`` in a notebook shows the report."""
 
     verdict: str
     measurements: Measurements
@@ -104,6 +104,12 @@ class Diagnosis:
     recommendations: list[Recommendation]
     notes: list[str]
     seconds: float = 0.0
+
+    def __repr__(self) -> str:
+        return f"Diagnosis(verdict={self.verdict!r}, recommendations={len(self.recommendations)})"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython's display of a bare ``diag``: the report
+        p.text(str(self))
 
     def __str__(self) -> str:
         m, f = self.measurements, self.measurements.facts

@@ -367,8 +367,14 @@ def launch_ddp(
 # -- plots and tables (the notebook, the live panel, the benchmark) ----------------------------------------------
 
 
-def plot_runs(runs: Sequence[DistributedRun], ax: Any = None, *, names: Sequence[str] = ("",), title: str = "") -> Any:
-    """Bars side by side, run after run (``names`` their label prefixes): each rank's items/s, then the total."""
+def plot_runs(
+    runs: Sequence[DistributedRun], ax: Any = None, *, names: Sequence[str] | None = None, title: str = ""
+) -> Any:
+    """Bars side by side, run after run (``names``, one per run, their label prefixes): each rank's items/s, then
+    the total."""
+    names = [""] * len(runs) if names is None else names
+    if len(names) != len(runs):
+        raise ValueError(f"names must hold one label prefix per run: {len(names)} names for {len(runs)} runs")
     from ...ui.plots import history_bars  # optional/heavy: matplotlib
 
     labels: list[str] = []
