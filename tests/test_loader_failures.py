@@ -271,6 +271,21 @@ def test_a_worker_frozen_after_handing_a_batch_over_is_ended_not_waited_for() ->
     assert not _settle(5.0)
 
 
+def test_a_worker_killed_for_freezing_while_torch_shuts_down_is_no_error() -> None:
+    """The race behind an "Exception ignored in ... __del__" warning: torch's shutdown joins a stopped worker, the
+    freeze watch kills it meanwhile, and torch's SIGCHLD handler raised "killed by signal" into the shutdown."""
+    loader = L.build_loader(CheapDataset(64, 4), batch_size=4, num_workers=1, shuffle=False, timeout=1.0)
+    it = iter(loader)
+    next(it)
+    pid = it._workers[0].pid
+    os.kill(pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    it._shutdown_workers()  # what __del__ runs: torch joins the stopped worker for up to 5 s
+    assert pid in loader._workbook_frozen, "the freeze watch did not end the stopped worker"
+    assert time.monotonic() - t0 < 10
+    assert not _settle(5.0)
+
+
 class _Kill:
     def __init__(self, sig: int) -> None:
         self.sig, self.n = sig, 0

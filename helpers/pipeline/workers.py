@@ -208,6 +208,8 @@ class _WatchedIter(_MultiProcessingDataLoaderIter):
     code 0, which torch's SIGCHLD handler ignores) is noticed at once (``DataLoader(timeout=...)`` alone fails
     tests/test_loader_failures.py's exit-0 case)."""
 
+    _workbook_frozen: list[int]  # the loader's: pids _FreezeWatch killed
+
     def _try_get_data(self, timeout: float = MP_STATUS_CHECK_INTERVAL) -> tuple[bool, Any]:
         deadline = time.monotonic() + timeout
         while True:
@@ -223,6 +225,13 @@ class _WatchedIter(_MultiProcessingDataLoaderIter):
                 raise
             if ok or time.monotonic() >= deadline:
                 return ok, data
+
+    def _shutdown_workers(self) -> None:
+        try:  # torch's own, whose `finally` ends every worker even when this raises
+            super()._shutdown_workers()
+        except RuntimeError:  # torch's SIGCHLD handler, for the stopped worker _FreezeWatch killed while torch joined
+            if not set(self._workbook_frozen) & {w.pid for w in self._workers}:  # it: in __del__, an "ignored" error
+                raise
 
 
 class _WorkbookLoader(DataLoader):
@@ -244,6 +253,7 @@ class _WorkbookLoader(DataLoader):
             with held:
                 self.check_worker_number_rationality()
                 it = _WatchedIter.__new__(_WatchedIter)
+                it._workbook_frozen = self._workbook_frozen
                 it.__init__(self)  # type: ignore[misc]
             self._workbook_workers = list(it._workers)
             held.deliver()  # a Ctrl-C that came while the workers started: raised here, with `it` known
