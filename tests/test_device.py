@@ -5,6 +5,8 @@ import dataclasses
 import pytest
 import torch
 
+from helpers.chapters import ch00
+from helpers.chapters.ch02 import model
 from helpers.core import device, results
 
 
@@ -65,7 +67,7 @@ def test_hardware_report_survives_broken_psutil(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_environment_check_lines() -> None:
-    lines = device.environment_check()
+    lines = ch00.environment_check()
     names = [line.name for line in lines]
     assert {"python", "torch", "torchvision", "device", "/dev/shm"} <= set(names)
     assert all(line.ok for line in lines if line.name in ("torch", "torchvision", "matplotlib", "ipywidgets"))
@@ -75,7 +77,7 @@ def test_environment_check_lines() -> None:
 def test_environment_check_flags_small_shm() -> None:
     rep = device.hardware_report("cpu")
     rep.shm_free_bytes, rep.shm_total_bytes = 64 << 20, 64 << 20
-    shm = [line for line in device.environment_check(rep) if line.name == "/dev/shm"][0]
+    shm = [line for line in ch00.environment_check(rep) if line.name == "/dev/shm"][0]
     assert not shm.ok and "--shm-size" in shm.detail
 
 
@@ -251,7 +253,7 @@ def test_old_driver_is_reported_in_setup_and_env_check(monkeypatch: pytest.Monke
     assert msg.startswith("No CUDA device is usable") and "CUDA up to 12.4" in msg.replace("\n", " ")
     rep = device.hardware_report("cpu")
     assert rep.driver_cuda_version == "12.4" and rep.driver_version == "550.54.15"
-    line = [c for c in device.environment_check() if c.name == "device"][0]
+    line = [c for c in ch00.environment_check() if c.name == "device"][0]
     assert not line.ok and "built for CUDA 13.0" in line.detail
 
 
@@ -284,11 +286,11 @@ def test_link_ceiling_prefers_max_but_not_a_virtual_port() -> None:
 
 
 def test_ceiling_share_flags_impossible_measurements() -> None:
-    assert device.ceiling_share(25.0, 31.5) == "79% of the theoretical ceiling"
-    assert device.ceiling_share(32.0, 31.5).endswith("% of the theoretical ceiling")  # rounding tolerance
-    above = device.ceiling_share(35.0, 31.5)
+    assert model.ceiling_share(25.0, 31.5) == "79% of the theoretical ceiling"
+    assert model.ceiling_share(32.0, 31.5).endswith("% of the theoretical ceiling")  # rounding tolerance
+    above = model.ceiling_share(35.0, 31.5)
     assert above.startswith("ABOVE the theoretical ceiling") and "111%" not in above
-    assert "no theoretical ceiling" in device.ceiling_share(10.0, None)
+    assert "no theoretical ceiling" in model.ceiling_share(10.0, None)
 
 
 def test_nvml_fill_uses_current_link_when_max_is_impossible(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -327,7 +329,7 @@ def test_copy_engines_without_the_torch_property(monkeypatch: pytest.MonkeyPatch
 
 def test_environment_check_reports_the_size_tier(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORKBOOK_QUICK", "1")
-    line = [c for c in device.environment_check(device.hardware_report("cpu")) if c.name == "sizes"][0]
+    line = [c for c in ch00.environment_check(device.hardware_report("cpu")) if c.name == "sizes"][0]
     assert line.ok and line.detail.startswith("quick tier") and "WORKBOOK_QUICK=1" in line.detail
 
 
@@ -335,7 +337,7 @@ def test_printed_lines_are_wrapped_at_words() -> None:
     rep = device.hardware_report("cpu")
     rep.missing["gpu_name"] = "a very long reason " * 12
     rep.gpu_name = None
-    for text in [rep.describe()] + [str(c) for c in device.environment_check(rep)]:
+    for text in [rep.describe()] + [str(c) for c in ch00.environment_check(rep)]:
         for line in text.splitlines():
             assert len(line) <= 110, line
     gpu_row = rep.describe().split("GPU memory")[0].split("\nGPU ")[1]

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from helpers.chapters.ch01 import anatomy
 from helpers.pipeline import models
 
 
@@ -96,19 +97,19 @@ def test_trains_on_a_trivial_problem() -> None:
 def test_training_memory_is_checked_against_what_is_free() -> None:
     """Issue 15.10: sizes are checked against memory, not one at a time."""
     m = models.build_model(width=8, depth=3)
-    small = models.check_training_memory(m, 32, 4, available_bytes=10**12)  # the estimate, when it fits
+    small = anatomy.check_training_memory(m, 32, 4, available_bytes=10**12)  # the estimate, when it fits
     assert small > 4 * 3 * 32 * 32 * 4  # at least the batch itself
-    assert models.check_training_memory(m, 32, 8, available_bytes=10**12) == 2 * small
-    assert models.check_training_memory(m, 64, 4, available_bytes=10**12) > 3 * small  # grows with the pixels
+    assert anatomy.check_training_memory(m, 32, 8, available_bytes=10**12) == 2 * small
+    assert anatomy.check_training_memory(m, 64, 4, available_bytes=10**12) > 3 * small  # grows with the pixels
     with pytest.raises(ValueError, match="batch_size/crop_size/width.*GiB"):
-        models.check_training_memory(m, 32, 4, available_bytes=small)
+        anatomy.check_training_memory(m, 32, 4, available_bytes=small)
 
 
 @pytest.mark.parametrize("image_size, batch_size", [(32, -5), (32, 0), (0, 8)])
 def test_size_estimates_refuse_impossible_sizes(image_size: int, batch_size: int) -> None:
     m = models.SmallCNN(num_classes=4, width=4, depth=2)
     with pytest.raises(ValueError, match="image_size|batch_size"):
-        models.check_training_memory(m, image_size, batch_size, available_bytes=10**12)
+        anatomy.check_training_memory(m, image_size, batch_size, available_bytes=10**12)
     if image_size < 1:
         with pytest.raises(ValueError, match="image_size"):
             models.flops_per_sample(m, image_size)

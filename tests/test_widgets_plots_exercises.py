@@ -8,6 +8,7 @@ import pytest
 
 matplotlib.use("Agg")
 
+from helpers.chapters.ch02 import figures  # noqa: E402
 from helpers.core import config  # noqa: E402
 from helpers.core.timing import SpanRecorder  # noqa: E402
 from helpers.ui import exercises, plots, widgets  # noqa: E402
@@ -163,7 +164,7 @@ def test_timeline_and_stacked_plots() -> None:
     plots.stacked_phases({"a": {"load": 0.001, "h2d": 0.002}, "b": {"load": 0.003}}, ax3)
     assert ax3.get_ylabel() == "time per step (ms)"
     ax4 = Figure().add_subplot()
-    plots.sweep_plot({"pinned": ([1, 10], [1, 2])}, ax4, xlabel="bytes", ylabel="GB/s", ceiling=(31.5, "theoretical"))
+    figures.sweep_plot({"pinned": ([1, 10], [1, 2])}, ax4, xlabel="bytes", ylabel="GB/s", ceiling=(31.5, "theoretical"))
     assert ax4.get_xscale() == "log" and len(ax4.get_lines()) == 2
     assert plots.phase_color("load") == plots.PHASE_COLORS["load"]
     assert plots.phase_color("mystery") == plots.phase_color("mystery")

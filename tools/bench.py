@@ -982,7 +982,7 @@ def _panel_bandwidth(rs: Any) -> tuple[str, Callable[[Any], None]] | str:
     def draw(ax: Any) -> None:
         from matplotlib.ticker import FuncFormatter, NullLocator  # optional/heavy: matplotlib
 
-        from helpers.ui.plots import sweep_plot  # optional/heavy: matplotlib
+        from helpers.chapters.ch02.figures import sweep_plot  # optional/heavy: matplotlib
 
         sweep_plot(
             series,

@@ -12,13 +12,11 @@ import os
 import platform
 import re
 import shutil
-import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-from . import config
 from .config import REQUIRE_GPU_ENV, require_gpu
 from .validate import check_int, human_bytes, wrap
 
@@ -210,21 +208,6 @@ def link_ceiling(
             note += " (a VM's virtual root port?)"
         return now, f"PCIe Gen{gen_now} x{width_now}{note} {tail}", "current"
     return None, None, None
-
-
-def ceiling_share(measured_gbps: float, ceiling_gbps: float | None, *, tolerance: float = 0.03) -> str:
-    """``"62% of the theoretical ceiling"``; above it (beyond ``tolerance``) is flagged, never ``110%``."""
-    measured_gbps = float(measured_gbps)
-    if not ceiling_gbps or ceiling_gbps <= 0 or measured_gbps != measured_gbps:
-        return "no theoretical ceiling is known for this link"
-    share = measured_gbps / float(ceiling_gbps)
-    if share > 1.0 + tolerance:
-        return (
-            f"ABOVE the theoretical ceiling ({measured_gbps:.1f} > {float(ceiling_gbps):.1f} GB/s), which that "
-            "link cannot carry: the ceiling is wrong for this machine (NVML may describe a virtual root port "
-            "in a VM, or the copy does not cross PCIe)"
-        )
-    return f"{share:.0%} of the theoretical ceiling"
 
 
 @dataclass
@@ -451,55 +434,3 @@ def hardware_report(device: torch.device | str | None = None) -> HardwareReport:
         if value is None:
             rep.missing.setdefault(name, "could not be read on this machine")
     return rep
-
-
-@dataclass
-class CheckLine:
-    name: str
-    ok: bool
-    detail: str
-
-    def __str__(self) -> str:
-        return wrap(f"[{'ok' if self.ok else 'warning'}] {self.name}: {self.detail}", indent="    ")
-
-
-_PACKAGES = ("torch", "torchvision", "numpy", "matplotlib", "ipywidgets", "psutil", "pynvml", "tqdm", "PIL")
-
-
-def environment_check(report: HardwareReport | None = None, shm_min_bytes: int = 1 << 30) -> list[CheckLine]:
-    """An ok/warning line per package, the device (why an installed GPU is unusable), the size tier, /dev/shm."""
-    lines: list[CheckLine] = []
-    ok_v = sys.version_info >= (3, 10)
-    lines.append(CheckLine("python", ok_v, platform.python_version() + ("" if ok_v else " (3.10 or newer is needed)")))
-    for mod in _PACKAGES:
-        try:
-            lines.append(CheckLine(mod, True, str(getattr(importlib.import_module(mod), "__version__", "installed"))))
-        except Exception as exc:
-            lines.append(CheckLine(mod, False, f"cannot import ({exc}); run `make setup` from the workbook folder"))
-    rep = report or hardware_report()
-    problem = None if rep.cuda_available else cuda_driver_problem(rep)
-    if rep.cuda_available:
-        detail = f"CUDA: {rep.gpu_name}, driver {rep.driver_version or 'unknown'}"
-    elif problem:
-        detail = f"running on {rep.device}, not on the GPU. {problem}"
-    else:
-        detail = f"no CUDA device; running on {rep.device}. Every chapter still runs: CPU parts are measured live, "
-        detail += "GPU parts show reference results recorded on a real GPU"
-    lines.append(CheckLine("device", rep.cuda_available, detail))
-    try:
-        tier, reason = config.decide_tier()
-        lines.append(CheckLine("sizes", True, f"{tier} tier: {reason}"))
-    except ValueError as exc:  # a WORKBOOK_* variable with an unknown value
-        lines.append(CheckLine("sizes", False, str(exc)))
-    if rep.shm_free_bytes is None:
-        lines.append(CheckLine("/dev/shm", False, rep.missing.get("shm_free_bytes", "unknown")))
-    else:
-        ok = rep.shm_free_bytes >= shm_min_bytes
-        detail = f"{human_bytes(rep.shm_free_bytes)} free of {human_bytes(rep.shm_total_bytes or 0)}"
-        if not ok:
-            detail += (
-                f" — below {human_bytes(shm_min_bytes)}: DataLoader workers may die with a bus error. "
-                "In Docker, start the container with --shm-size=2g (or --ipc=host)"
-            )
-        lines.append(CheckLine("/dev/shm", ok, detail))
-    return lines

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
+from ..core.config import usable_cpu_cores as cpu_cores  # the one core count
 from ..core.failures import ITEM_NOTE, LoaderFailure, ended_in_words, explain_loader_error
 from ..core.validate import check_int, human_bytes, wrap
 
@@ -270,14 +271,6 @@ class _WorkbookLoader(DataLoader):
 
 #: Workers per CPU core beyond which a reader's request is refused (:func:`check_workers_for_cores`).
 WORKERS_PER_CORE = 4
-
-
-def cpu_cores() -> int:
-    """CPU cores this process may run on (affinity-aware)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # pragma: no cover - macOS / Windows
-        return max(1, os.cpu_count() or 1)
 
 
 def check_workers_for_cores(num_workers: int) -> int:

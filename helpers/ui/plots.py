@@ -1,4 +1,4 @@
-"""Shared plots: step timelines, stacked phase bars, sweeps, and run histories.
+"""Shared plots: step timelines, stacked phase bars and run histories.
 
 Each draws on the ``Axes`` passed (or a new one) and returns it; a phase has one colour in every chapter, and
 ``source="Recorded on ..."`` is written under a plot of reference results.
@@ -12,7 +12,6 @@ import matplotlib
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from ..core.timing import SpanTrace
-from ..core.validate import human_bytes
 
 PHASE_COLORS: dict[str, str] = {
     "load": "#4e79a7", "collate": "#a0cbe8", "pin": "#d4a6c8", "h2d": "#f28e2b", "copy": "#f28e2b",
@@ -120,56 +119,11 @@ def stacked_phases(
     return ax
 
 
-def sweep_plot(
-    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
-    ax: Any = None,
-    *,
-    xlabel: str,
-    ylabel: str,
-    title: str = "",
-    logy: bool = True,
-    ceiling: tuple[float, str] | None = None,
-    source: str | None = None,
-    styles: Mapping[str, Mapping[str, Any]] | None = None,
-) -> Any:
-    """Lines of y against x, ``series``: label -> (xs, ys), with per-series matplotlib ``styles``; ``ceiling``:
-    ``(value, label)``, e.g. ``(31.5, "PCIe Gen4 x16, theoretical")``, drawn dashed."""
-    ax = ax if ax is not None else new_axes((7.5, 4.0))
-    for label, (xs, ys) in series.items():
-        ax.plot(list(xs), list(ys), label=label, **{"marker": "o", "markersize": 3, **(styles or {}).get(label, {})})
-    if ceiling is not None:
-        ax.axhline(ceiling[0], color="#444", linestyle="--", linewidth=1, label=ceiling[1])
-    ax.set_xscale("log")
-    if logy:
-        ax.set_yscale("log")
-        plain_log_ticks(ax.yaxis)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=8)
-    label_source(ax, source)
-    return ax
-
-
 def plain_log_ticks(axis: Any) -> None:
     """Label a log axis at 1-2-5 steps in plain numbers (a lone '10^1' can't be read off)."""
     axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     axis.set_minor_formatter(NullFormatter())
-
-
-def size_ticks(ax: Any) -> None:
-    """Label a log x axis of byte sizes at 4 KiB, 16 KiB, 64 KiB, ... (every other one past six) in its range."""
-    lo, hi = ax.get_xlim()
-    ticks = [4.0**k * 1024 for k in range(1, 16) if lo <= 4.0**k * 1024 <= hi]
-    if len(ticks) > 6:
-        ticks = ticks[::2]
-    if ticks:
-        ax.set_xticks(ticks)
-        ax.set_xticklabels([human_bytes(t).replace(".0 ", " ") for t in ticks])
-        ax.minorticks_off()
 
 
 def history_bars(

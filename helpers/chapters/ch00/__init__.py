@@ -3,19 +3,24 @@ a size the reader picks, on any device) and the headless benchmark (``ch00.*``).
 
 from __future__ import annotations
 
+import importlib
+import platform
+import sys
 import textwrap
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import ipywidgets as W
 import torch
 
 from ...core import evidence
-from ...core.config import sized
+from ...core.config import decide_tier, sized
+from ...core.device import HardwareReport, cuda_driver_problem, hardware_report
 from ...core.evidence import Evidence
 from ...core.progress import ProgressFn, no_progress
 from ...core.results import ResultSet
 from ...core.timing import Timing
-from ...core.validate import check_int
+from ...core.validate import check_int, human_bytes, wrap
 from ...ui import plots, published
 from ...ui.published import PublishedFigure
 from . import hygiene
@@ -26,6 +31,58 @@ BENCH_WEIGHT = 0.5
 PANEL_TITLE = "Time an operation"
 
 METHOD = "torch.utils.benchmark.Timer blocks, median and IQR (helpers.core.timing.measure)"
+
+
+@dataclass
+class CheckLine:
+    name: str
+    ok: bool
+    detail: str
+
+    def __str__(self) -> str:
+        return wrap(f"[{'ok' if self.ok else 'warning'}] {self.name}: {self.detail}", indent="    ")
+
+
+_PACKAGES = ("torch", "torchvision", "numpy", "matplotlib", "ipywidgets", "psutil", "pynvml", "tqdm", "PIL")
+
+
+def environment_check(report: HardwareReport | None = None, shm_min_bytes: int = 1 << 30) -> list[CheckLine]:
+    """An ok/warning line per package, the device (why an installed GPU is unusable), the size tier, /dev/shm."""
+    lines: list[CheckLine] = []
+    ok_v = sys.version_info >= (3, 10)
+    lines.append(CheckLine("python", ok_v, platform.python_version() + ("" if ok_v else " (3.10 or newer is needed)")))
+    for mod in _PACKAGES:
+        try:
+            lines.append(CheckLine(mod, True, str(getattr(importlib.import_module(mod), "__version__", "installed"))))
+        except Exception as exc:
+            lines.append(CheckLine(mod, False, f"cannot import ({exc}); run `make setup` from the workbook folder"))
+    rep = report or hardware_report()
+    problem = None if rep.cuda_available else cuda_driver_problem(rep)
+    if rep.cuda_available:
+        detail = f"CUDA: {rep.gpu_name}, driver {rep.driver_version or 'unknown'}"
+    elif problem:
+        detail = f"running on {rep.device}, not on the GPU. {problem}"
+    else:
+        detail = f"no CUDA device; running on {rep.device}. Every chapter still runs: CPU parts are measured live, "
+        detail += "GPU parts show reference results recorded on a real GPU"
+    lines.append(CheckLine("device", rep.cuda_available, detail))
+    try:
+        tier, reason = decide_tier()
+        lines.append(CheckLine("sizes", True, f"{tier} tier: {reason}"))
+    except ValueError as exc:  # a WORKBOOK_* variable with an unknown value
+        lines.append(CheckLine("sizes", False, str(exc)))
+    if rep.shm_free_bytes is None:
+        lines.append(CheckLine("/dev/shm", False, rep.missing.get("shm_free_bytes", "unknown")))
+    else:
+        ok = rep.shm_free_bytes >= shm_min_bytes
+        detail = f"{human_bytes(rep.shm_free_bytes)} free of {human_bytes(rep.shm_total_bytes or 0)}"
+        if not ok:
+            detail += (
+                f" — below {human_bytes(shm_min_bytes)}: DataLoader workers may die with a bus error. "
+                "In Docker, start the container with --shm-size=2g (or --ipc=host)"
+            )
+        lines.append(CheckLine("/dev/shm", ok, detail))
+    return lines
 
 
 def benchmark(results: ResultSet, device: torch.device, *, progress: ProgressFn | None = None) -> None:

@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
+import psutil
 import torch
 from torch import nn
 
@@ -17,7 +18,7 @@ from ...core.timing import SpanRecorder, SpanTrace
 from ...core.validate import check_int
 from ...pipeline.data import ShapesDataset, TimedCollate, make_shapes_dataset, to_float_normalized
 from ...pipeline.loaders import timed_loader
-from ...pipeline.models import build_model, check_training_memory, flops_per_sample
+from ...pipeline.models import build_model, flops_per_sample, output_numels
 from ...pipeline.train import (
     COMPUTE_LANE_CPU,
     COMPUTE_LANE_GPU,
@@ -31,6 +32,35 @@ from .training import blocking_copy
 
 #: In step order (``pin`` only for pinning loaders, ``normalize`` only for uint8 batches).
 PHASES: tuple[str, ...] = ("load", "collate", "pin", "h2d", "normalize", "forward", "backward", "optimizer")
+
+
+def check_training_memory(
+    model: nn.Module, image_size: int, batch_size: int, *, share: float = 0.8, available_bytes: int | None = None
+) -> int:
+    """Estimated bytes of one training step (outputs kept for backward, in-place ReLUs allocating nothing, their
+    gradients and the float batch: not a measurement), or ValueError above ``share`` of the memory available now
+    (host RAM, or free memory of the model's GPU; ``available_bytes`` overrides it)."""
+    check_int("image_size", image_size, 1, 8192)
+    check_int("batch_size", batch_size, 1, 10**7)
+    kept = (nn.Conv2d, nn.BatchNorm2d, nn.MaxPool2d, nn.Linear)
+    floats = sum(n for m, n in output_numels(model, image_size) if isinstance(m, kept))
+    need = int(4 * (2 * floats + 3 * image_size * image_size) * batch_size)
+    if available_bytes is None:
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        if device.type == "cuda":
+            available_bytes = int(torch.cuda.mem_get_info(device)[0])
+        else:
+            available_bytes = int(psutil.virtual_memory().available)
+    limit = int(share * available_bytes)
+    if need > limit:
+        width = getattr(model, "width", "?")
+        raise ValueError(
+            f"batch_size/crop_size/width: a training step with batch size {batch_size}, {image_size}x{image_size} "
+            f"px images and width {width} needs about {need / 2**30:.1f} GiB (activations, their gradients "
+            f"and the batch), more than the {limit / 2**30:.1f} GiB this machine has free for it. "
+            f"Use a smaller batch, smaller images or a thinner model."
+        )
+    return need
 
 
 ToDevice = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]

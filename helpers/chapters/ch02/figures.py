@@ -4,11 +4,11 @@ theoretical ceilings), the pinned/pageable ratio and the cost of pinning (matplo
 from __future__ import annotations
 
 import textwrap
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ...core.validate import human_seconds
+from ...core.validate import human_bytes, human_seconds
 from ...ui import published
 from ...ui.published import PublishedFigure
 from .copies import Sweep, TransferPoint
@@ -74,9 +74,8 @@ _SIZES = "copy size (bytes, log scale)"
 
 
 def _finish(ax: Any, legend: dict[str, Any] = _SIDE) -> Any:
-    from ...ui import plots  # optional/heavy: matplotlib
 
-    plots.size_ticks(ax)
+    size_ticks(ax)
     ax.legend(**legend)
     return ax
 
@@ -93,7 +92,6 @@ def plot_sweeps(
 ) -> Any:
     """Bandwidth against copy size (log-log): the ``sweeps``, the link's theoretical ``ceiling`` dashed, each
     curve's fitted model dotted (``fits``), and single ``points`` ``(point, label)`` (the panel's runs) as stars."""
-    from ...ui import plots  # optional/heavy: matplotlib
 
     series: dict[str, tuple[Sequence[float], list[float]]] = {}
     styles: dict[str, dict[str, Any]] = {}
@@ -105,7 +103,7 @@ def plot_sweeps(
             series[fit[0]] = fit[1]
             styles[fit[0]] = {"color": styles[sw.label]["color"], "linestyle": ":", "marker": "", "linewidth": 1.2}
     ylabel = "bandwidth (GB/s = 1e9 B/s, log scale)"
-    ax = plots.sweep_plot(series, ax, xlabel=_SIZES, ylabel=ylabel, title=title, ceiling=ceiling, source=source,
+    ax = sweep_plot(series, ax, xlabel=_SIZES, ylabel=ylabel, title=title, ceiling=ceiling, source=source,
                           styles=styles)  # fmt: skip
     star = {"marker": "*", "markersize": 14, "markeredgecolor": "black", "linestyle": "", "zorder": 5}
     for i, (p, label) in enumerate(points):
@@ -126,11 +124,10 @@ def _fit_curve(sw: Sweep) -> tuple[str, tuple[list[float], list[float]]] | None:
 
 def plot_speedup(pairs: dict[str, list[tuple[int, float]]], ax: Any = None, *, source: str | None = None) -> Any:
     """pageable/pinned time ratio per size, with the claimed 1.3-1.5 band shaded."""
-    from ...ui import plots  # optional/heavy: matplotlib
 
     series = {f"{k}: pageable time / pinned time": ([n for n, _ in v], [r for _, r in v]) for k, v in pairs.items()}
     title = "Is pinning 30-50% faster? Measured ratio per size"
-    ax = plots.sweep_plot(series, ax, xlabel=_SIZES, ylabel="speed-up of pinned (x)", title=title, logy=False,
+    ax = sweep_plot(series, ax, xlabel=_SIZES, ylabel="speed-up of pinned (x)", title=title, logy=False,
                           source=source)  # fmt: skip
     ax.axhspan(CLAIM_RANGE[0], CLAIM_RANGE[1], color="#bab0ac", alpha=0.35, label="the claim: 1.3x-1.5x")
     ax.axhline(1.0, color="black", linewidth=0.8)
@@ -139,7 +136,6 @@ def plot_speedup(pairs: dict[str, list[tuple[int, float]]], ax: Any = None, *, s
 
 def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | None = None) -> Any:
     """Time of pinning (cold, cached) vs time one pinned copy saves, against size (log-log)."""
-    from ...ui import plots  # optional/heavy: matplotlib
 
     lines = [  # label, PinCost field (s), style; a saving <= 0 is drawn at 1 ns (log axis)
         ("pin_memory(), new block (cudaHostAlloc)", "cold", {"color": "#e15759"}),
@@ -150,7 +146,7 @@ def plot_pin_costs(rows: Sequence[PinCost], ax: Any = None, *, source: str | Non
         label: ([r.nbytes for r in rows], [max(getattr(r, k), 1e-9) * 1e3 for r in rows]) for label, k, _ in lines
     }
     title, styles = "Cost of pinning vs what one pinned copy saves", {label: style for label, _, style in lines}
-    ax = plots.sweep_plot(series, ax, xlabel="buffer size (bytes, log scale)", ylabel="time (ms, log scale)",
+    ax = sweep_plot(series, ax, xlabel="buffer size (bytes, log scale)", ylabel="time (ms, log scale)",
                           title=title, source=source, styles=styles)  # fmt: skip
     return _finish(ax)
 
@@ -160,7 +156,6 @@ def add_published(ax: Any, figures: Sequence[PublishedFigure], *, skip_gbps: Ite
     triangles: pageable; orange H2D, blue D2H; a source's sizes dotted, ``[k]`` by the largest) and dashed lines at
     the **theoretical** ceiling of their GPUs' host links (one per value; unknown links and ``skip_gbps``, already
     drawn, left out). Returns the key to the ``[k]`` marks: one line per series, with its source."""
-    from ...ui import plots  # optional/heavy: matplotlib
 
     done: set[Any] = set()
     key: list[str] = []
@@ -174,7 +169,7 @@ def add_published(ax: Any, figures: Sequence[PublishedFigure], *, skip_gbps: Ite
         key.append(f"[{k}] {f.short_label()}: {', '.join(f'{y:.1f}' for y in ys)} GB/s at {sizes}")
         key += [f"     {line}" for line in textwrap.wrap(f"{f.tool}; source: {published.short_source(f.url)}", 100)]
     if ax.get_xscale() == "log":
-        plots.size_ticks(ax)
+        size_ticks(ax)
     skip = [float(s) for s in skip_gbps]
     by_value: dict[float, list[str]] = {}
     for link in dict.fromkeys(f.product_link for f in figures):
@@ -186,3 +181,50 @@ def add_published(ax: Any, figures: Sequence[PublishedFigure], *, skip_gbps: Ite
         label = f"{' = '.join(names)}: {c:.1f} GB/s, {published.KIND_THEORETICAL}"
         ax.axhline(c, color="#777", linewidth=0.9, linestyle=styles[i % len(styles)], label=label, zorder=1)
     return "\n".join(key)
+
+
+def sweep_plot(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    ax: Any = None,
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    logy: bool = True,
+    ceiling: tuple[float, str] | None = None,
+    source: str | None = None,
+    styles: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Any:
+    """Lines of y against x, ``series``: label -> (xs, ys), with per-series matplotlib ``styles``; ``ceiling``:
+    ``(value, label)``, e.g. ``(31.5, "PCIe Gen4 x16, theoretical")``, drawn dashed."""
+    from ...ui import plots  # optional/heavy: matplotlib
+
+    ax = ax if ax is not None else plots.new_axes((7.5, 4.0))
+    for label, (xs, ys) in series.items():
+        ax.plot(list(xs), list(ys), label=label, **{"marker": "o", "markersize": 3, **(styles or {}).get(label, {})})
+    if ceiling is not None:
+        ax.axhline(ceiling[0], color="#444", linestyle="--", linewidth=1, label=ceiling[1])
+    ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+        plots.plain_log_ticks(ax.yaxis)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=8)
+    plots.label_source(ax, source)
+    return ax
+
+
+def size_ticks(ax: Any) -> None:
+    """Label a log x axis of byte sizes at 4 KiB, 16 KiB, 64 KiB, ... (every other one past six) in its range."""
+    lo, hi = ax.get_xlim()
+    ticks = [4.0**k * 1024 for k in range(1, 16) if lo <= 4.0**k * 1024 <= hi]
+    if len(ticks) > 6:
+        ticks = ticks[::2]
+    if ticks:
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([human_bytes(t).replace(".0 ", " ") for t in ticks])
+        ax.minorticks_off()

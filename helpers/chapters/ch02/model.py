@@ -122,3 +122,18 @@ def check_pin_size(nbytes: int, *, share: float = DEFAULT_PIN_SHARE) -> int:
 def claim_verdict(ratio: float) -> str:
     """A pageable/pinned time ratio against the claim "30-50 % faster": ``"below"``, ``"within"`` or ``"above"``."""
     return "below" if ratio < CLAIM_RANGE[0] else "above" if ratio > CLAIM_RANGE[1] else "within"
+
+
+def ceiling_share(measured_gbps: float, ceiling_gbps: float | None, *, tolerance: float = 0.03) -> str:
+    """``"62% of the theoretical ceiling"``; above it (beyond ``tolerance``) is flagged, never ``110%``."""
+    measured_gbps = float(measured_gbps)
+    if not ceiling_gbps or ceiling_gbps <= 0 or measured_gbps != measured_gbps:
+        return "no theoretical ceiling is known for this link"
+    share = measured_gbps / float(ceiling_gbps)
+    if share > 1.0 + tolerance:
+        return (
+            f"ABOVE the theoretical ceiling ({measured_gbps:.1f} > {float(ceiling_gbps):.1f} GB/s), which that "
+            "link cannot carry: the ceiling is wrong for this machine (NVML may describe a virtual root port "
+            "in a VM, or the copy does not cross PCIe)"
+        )
+    return f"{share:.0%} of the theoretical ceiling"
