@@ -62,15 +62,17 @@ def _name_failing_items() -> None:
         try:
             return original(self, index)
         except Exception as exc:
-            batch = list(index)[:1024] if self.auto_collation else []
-            item = "none (each item loads on its own: the collate function raised)" if batch else repr(index)
-            for idx in batch:  # the first item of the batch that fails on its own
-                try:
-                    self.dataset[idx]
-                except Exception:
-                    item = repr(idx)
-                    break
-            if hasattr(exc, "add_note"):  # Python 3.11+
+            if not hasattr(exc, "add_note"):  # Python 3.10: no notes, so no item is looked for
+                raise
+            with contextlib.suppress(Exception):  # naming the item never replaces the data set's own error
+                batch = list(index)[:1024] if self.auto_collation else []
+                item = "none (each item loads on its own: the collate function raised)" if batch else repr(index)
+                for idx in batch:  # the first item of the batch that fails on its own
+                    try:
+                        self.dataset[idx]
+                    except Exception:
+                        item = repr(idx)
+                        break
                 exc.add_note(f"{ITEM_NOTE} {item}")
             raise
 
@@ -248,6 +250,7 @@ class _WorkbookLoader(DataLoader):
         if self.num_workers == 0:
             return super()._get_iterator()
         before = _worker_children()
+        self._workbook_frozen.clear()  # pids of an earlier iterator's workers: never reported for this one's
         it = None
         held = HeldSignals()
         try:
