@@ -189,7 +189,7 @@ class DistributedRun:
     ranks: list[dict[str, Any]]
     wall_s: float
     settings: dict[str, Any] = field(default_factory=dict)
-    stderr: str = ""  # torchrun's and the ranks' output
+    output: str = ""  # torchrun's and the ranks' stdout and stderr, interleaved
     tracked_pids: list[int] = field(default_factory=list)
     leftover_pids: list[int] = field(default_factory=list)
     listening: list[tuple[int, str, int]] = field(default_factory=list)
@@ -354,7 +354,7 @@ def launch_ddp(
             run,
         )
     if run.returncode != 0 or len(run.ranks) != nproc:
-        tail = "\n".join(run.stderr.rstrip().splitlines()[-15:])
+        tail = "\n".join(run.output.rstrip().splitlines()[-15:])
         msg = f"torchrun exited with code {run.returncode} and {len(run.ranks)} of {nproc} ranks reported results."
         msg += f" Last lines of its output:\n{tail}"
         if cause["rank"] is not None:  # the earliest error a rank wrote (a rank killed by a signal writes none)

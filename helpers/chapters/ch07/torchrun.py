@@ -226,7 +226,7 @@ def run_job(
         )
         stop.tracked_pids, stop.leftover_pids = sorted(tracker.procs), leftover  # type: ignore[attr-defined]
         raise stop
-    stderr = (work / "output.txt").read_text(errors="replace")
+    output = (work / "output.txt").read_text(errors="replace")
     errors = [] if timed_out else _read_json(results.glob("rank*.error.json"))
     first = min(errors, key=lambda e: e.get("time", math.inf), default={})
     ranks = _read_json(f for f in sorted(results.glob("rank*.json")) if not f.name.endswith(".error.json"))
@@ -234,7 +234,7 @@ def run_job(
         command=cmd,
         ranks=sorted(ranks, key=lambda r: r["rank"]),
         wall_s=wall_s,
-        stderr=stderr,
+        output=output,
         tracked_pids=sorted(tracker.procs),
         leftover_pids=leftover,
         listening=sorted(tracker.listening),
