@@ -57,7 +57,7 @@ def _env() -> dict[str, str]:
 
 def _pin_memory_loop(stop: threading.Event, seen: list[str]) -> None:
     """Stands in for torch's pin loop: same function name, started the way torch starts it."""
-    seen.append(L.thread_label())
+    seen.append(pinning.thread_label())
     stop.wait(10)
 
 
@@ -69,18 +69,18 @@ def test_pin_thread_is_found_by_its_target_not_its_name() -> None:
     try:
         assert t.name.startswith("Thread-") and t.name != "pt_data_pin"
         assert pinning.pin_thread_alive() and pinning.pin_threads() == [t]
-        assert L.thread_label(t) == "pt_data_pin"
+        assert pinning.thread_label(t) == "pt_data_pin"
     finally:
         stop.set()
         t.join()
     assert seen == ["pt_data_pin"]
     assert not pinning.pin_thread_alive()
-    assert L.thread_label(threading.main_thread()) == "MainThread"
+    assert pinning.thread_label(threading.main_thread()) == "MainThread"
 
 
 def test_pinnable_batch_records_the_pin_thread_by_its_target(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self.clone())
-    b = L.collate_pinnable([(torch.ones(3, 2, 2), 1)])
+    b = pinning.collate_pinnable([(torch.ones(3, 2, 2), 1)])
     out: list[Any] = []
 
     def _pin_memory_loop() -> None:

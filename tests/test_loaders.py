@@ -133,10 +133,10 @@ def test_pinnable_batch_is_what_the_loader_pin_step_calls(monkeypatch):
     from torch.utils.data._utils.pin_memory import pin_memory as loader_pin
 
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self.clone())
-    b = L.collate_pinnable([(torch.ones(3, 2, 2), 1), (torch.zeros(3, 2, 2), 0)])
-    assert isinstance(b, L.PinnableBatch) and len(b) == 2 and b.labels.tolist() == [1, 0]
+    b = pinning.collate_pinnable([(torch.ones(3, 2, 2), 1), (torch.zeros(3, 2, 2), 0)])
+    assert isinstance(b, pinning.PinnableBatch) and len(b) == 2 and b.labels.tolist() == [1, 0]
     out = loader_pin(b)
-    assert isinstance(out, L.PinnableBatch)
+    assert isinstance(out, pinning.PinnableBatch)
     assert out.pin_seconds is not None and out.pin_seconds >= 0
     assert out.pin_thread == "MainThread"
 
@@ -370,9 +370,12 @@ def test_plot_rounds_draws_three_series():
 def test_pin_experiment_reads_pin_times_from_pinned_batches_only(monkeypatch):
     """The rows' pin figures come from the batches the loader hands over: a batch never pinned and a batch that is
     not a PinnableBatch add nothing; the pinned ones give the median ms and the thread that pinned most."""
-    pinned = L.collate_pinnable([(torch.zeros(3), 0), (torch.ones(3), 1)])
+    pinned = pinning.collate_pinnable([(torch.zeros(3), 0), (torch.ones(3), 1)])
     pinned.pin_seconds, pinned.pin_thread = 0.002, "pt_data_pin"
-    handed = {False: [L.collate_pinnable([(torch.zeros(3), 0)]), (torch.zeros(1), torch.zeros(1))], True: [pinned]}
+    handed = {
+        False: [pinning.collate_pinnable([(torch.zeros(3), 0)]), (torch.zeros(1), torch.zeros(1))],
+        True: [pinned],
+    }
 
     def fake_measure(dataset, cfg, *, on_batch, **_):
         for b in handed[cfg.pin_memory]:

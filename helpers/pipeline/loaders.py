@@ -1,6 +1,6 @@
 """Building and timing loaders: :func:`build_loader`, :func:`guard` (its safety for a loader built in a cell) and
 :func:`measure_throughput`, the one way to time a loader (its workers always released). Re-exports what the
-notebooks' cells read from :mod:`~helpers.pipeline.workers` and :mod:`~helpers.pipeline.demo`.
+notebooks' cells read from :mod:`~helpers.pipeline.workers`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from ..core.failures import explain_loader_error as explain_loader_error
 from ..core.rounds import intraop_threads
 from ..core.validate import check_choice, check_float, check_int
 from .data import TimedCollate, seed_worker
-from .demo import *  # noqa: F403  (re-exported: the notebooks' cells read the demo data sets from here)
 from .prefetch import iter_tensors
 from .workers import (
     MAX_WORKERS,
