@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import functools
 import textwrap
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
 from ...core.device import resolve_device
+from ...core.progress import no_progress
 from ...core.results import Record
 from ...core.rounds import Rounds, alternate, table
-from ...core.timing import calibrated_compute, cuda_event_time, synchronize
+from ...core.timing import calibrated_compute, cuda_event_time, time_calls
 from ...core.validate import check_int
 from ...pipeline.data import to_float_normalized
 from ...pipeline.prefetch import Prefetcher
@@ -91,20 +91,20 @@ def time_batches(
     if not variants:
         raise ValueError("variants must name at least one way to feed the step, e.g. {'mine': lambda: batches(loader)}")
 
-    def one_pass(name: str) -> float:
-        synchronize(dev)
-        t0, k = time.perf_counter(), 0
-        for x, y in variants[name]():
-            step(x, y)
-            k += 1
-        synchronize(dev)
-        seconds = time.perf_counter() - t0
-        if k == 0:
-            raise ValueError(f"variant {name!r} gave no batches")
-        return seconds / k
+    def one_pass(name: str) -> float:  # seconds per batch of one synchronised pass
+        fed = [0]
 
-    if progress is not None:
-        progress(0.0, "warm-up: one untimed pass of each way")
+        def run() -> None:
+            for x, y in variants[name]():
+                step(x, y)
+                fed[0] += 1
+
+        seconds = time_calls(run, repeats=1, device=dev).median_s
+        if fed[0] == 0:
+            raise ValueError(f"variant {name!r} gave no batches")
+        return seconds / fed[0]
+
+    (progress or no_progress)(0.0, "warm-up: one untimed pass of each way")
     for name in reversed(variants):
         one_pass(name)
     r = alternate({n: functools.partial(one_pass, n) for n in variants}, rounds, progress=progress)

@@ -244,13 +244,9 @@ class DecodeComparison:
     def report(self) -> str:
         b = self.bytes
         forms = [[form, human_bytes(b[form]), f"{b[form] / b['float32']:.1%}"] for form in FORMS]
-        paths = [
-            [label, f"{t.median_s * 1e3:.2f}", f"{t.iqr_s * 1e3:.2f}"]
-            for label, t in (
-                (_CPU_LABEL, self.cpu_path),
-                (_DEVICE_LABEL + (" (nvJPEG)" if self.on_gpu else f" ({_SAME_PATH_LABEL})"), self.device_path),
-            )
-        ]
+        device_label = _DEVICE_LABEL + (" (nvJPEG)" if self.on_gpu else f" ({_SAME_PATH_LABEL})")
+        timed = ((_CPU_LABEL, self.cpu_path), (device_label, self.device_path))
+        paths = [[label, f"{t.median_s * 1e3:.2f}", f"{t.iqr_s * 1e3:.2f}"] for label, t in timed]
         lines = [
             f"{self.n_batches} batches of {self.batch_size} images ({self.image_size}x{self.image_size} JPEG "
             f"files, cropped to {self.crop_size}), measured now on {self.device}:",
@@ -408,13 +404,11 @@ def gpu_decode_lines(value: DecodeComparison | list[Record]) -> list[str]:
     return lines
 
 
-def plot_comparison(cmp: DecodeComparison, axes: Sequence[Any] | None = None) -> Any:
+def plot_comparison(cmp: DecodeComparison) -> Any:
     """Two panels: bytes per batch in each form, ms per batch of each path (quartile whiskers)."""
     import matplotlib.pyplot as plt  # optional/heavy: matplotlib
 
-    if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(11, 3.2))
-    ax_b, ax_t = axes[0], axes[1]
+    _, (ax_b, ax_t) = plt.subplots(1, 2, figsize=(11, 3.2))
     vals = [cmp.bytes[f] / 1024 for f in FORMS]
     bars = ax_b.barh(["JPEG file bytes", "uint8 crop", "float32 crop"], vals, color=["#4e79a7", "#f28e2b", "#e15759"])
     ax_b.invert_yaxis()

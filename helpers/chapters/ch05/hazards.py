@@ -53,17 +53,18 @@ class HazardResult:
             evidence.recorded(RECORDED_AS[self.key], self.key, convert=_recorded_lines).show(list)
 
 
-#: What each hazard's recording is called, by its key.
+#: What each hazard's recording is called, by its key (each key written here only: a HazardResult carries it).
 RECORDED_AS = {
     "ch05.hazard.d2h_wrong": "hazard 1 on a GPU",
     "ch05.hazard.mutation_wrong": "hazard 2 on a GPU",
     "ch05.hazard.syncs": "the synchronisation counts of hazard 3",
 }
+_D2H_KEY, _MUTATION_KEY, _SYNCS_KEY = RECORDED_AS
 
 
 def _recorded_lines(rs: ResultSet, records: list[Record]) -> list[str]:
     """Hazards 1 and 2: wrong elements per version; hazard 3: synchronisations per loop, then per line alone."""
-    if records[0].key != "ch05.hazard.syncs":
+    if records[0].key != _SYNCS_KEY:
         return [
             f"  {r.params.get('variant')} version: {r.value:,.0f} of {int(r.params.get('n', 0)):,} elements wrong"
             for r in records
@@ -122,7 +123,7 @@ def hazard_d2h_read_before_sync(device: torch.device | str | None = None) -> Haz
         return {"wrong elements when read": wrong, "of": N, "wrong after a later sync": int((out != 1).sum())}
 
     name, code = "non-blocking device-to-host copy read before a sync", (_d2h_bug, _d2h_fix)
-    return _result(name, dev, code, [run(fn) for fn in code], _D2H_WHY, "ch05.hazard.d2h_wrong")
+    return _result(name, dev, code, [run(fn) for fn in code], _D2H_WHY, _D2H_KEY)
 
 
 def _mutation_bug(src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -166,7 +167,7 @@ def hazard_pinned_source_mutation(device: torch.device | str | None = None) -> H
         return {"elements that arrived wrong": int((dst != 1).sum()), "of": N}
 
     name, code = "pinned source modified before its asynchronous copy ran", (_mutation_bug, _mutation_fix)
-    return _result(name, dev, code, [run(fn) for fn in code], _MUTATION_WHY, "ch05.hazard.mutation_wrong")
+    return _result(name, dev, code, [run(fn) for fn in code], _MUTATION_WHY, _MUTATION_KEY)
 
 
 def _loop_hidden_syncs(x: torch.Tensor, w: torch.Tensor, steps: int, sink: io.StringIO) -> float:
@@ -234,7 +235,7 @@ def hazard_hidden_syncs(device: torch.device | str | None = None, steps: int | N
         no = {"steps": steps, "synchronisations": "not counted: no CUDA device"}
         bug = {"lines that synchronise on a GPU, per step": ".item(), print(loss), .cpu()", **no}
         fix = {"lines that synchronise on a GPU": "one .item(), after the loop", **no}
-        return _result(name, dev, code, [bug, fix], _SYNCS_WHY, "ch05.hazard.syncs")
+        return _result(name, dev, code, [bug, fix], _SYNCS_WHY, _SYNCS_KEY)
     size, g = 1024, torch.Generator().manual_seed(0)
     x = torch.randn(size, size, generator=g).to(dev)
     w = (torch.randn(size, size, generator=g) / math.sqrt(size)).to(dev)
@@ -249,4 +250,4 @@ def hazard_hidden_syncs(device: torch.device | str | None = None, steps: int | N
     bug.update({f"{k} alone": _count_syncs(fn, dev)[0] for k, fn in lines.items()})
     bug["loop time"] = human_seconds(s_bug)
     fix = {"synchronisations": n_fix, "steps": steps, "loop time": human_seconds(s_fix)}
-    return _result(name, dev, code, [bug, fix], _SYNCS_WHY, "ch05.hazard.syncs")
+    return _result(name, dev, code, [bug, fix], _SYNCS_WHY, _SYNCS_KEY)

@@ -273,19 +273,16 @@ def _title(meta: dict[str, Any]) -> str:
 
 def draw_cell(cell: CellResult | SpanTrace | Evidence[Any], ax: Any = None) -> Any:
     """A cell's timeline, schematics labelled; an Evidence with its source line, a missing one as an empty axis."""
+    from ...ui.plots import new_axes, timeline  # optional/heavy: matplotlib
+
     shown, source = (cell.value, cell.source) if isinstance(cell, Evidence) else (cell, None)
     if shown is None:
-        if ax is None:
-            import matplotlib.pyplot as plt  # optional/heavy: matplotlib
-
-            ax = plt.gca()
+        ax = ax if ax is not None else new_axes()
         ax.set_axis_off()
         ax.set_title(
             f"{getattr(cell, 'what', '')}: no reference recording yet (its schematic is in Theory)", fontsize=9
         )
         return ax
-    from ...ui.plots import timeline  # optional/heavy: matplotlib
-
     trace: SpanTrace = shown.trace if isinstance(shown, CellResult) else shown
     meta = trace.metadata
     lanes = list(meta.get("lanes") or []) or None

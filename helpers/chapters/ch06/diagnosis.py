@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import math
 import re
-import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ...core.validate import check_int
+from ...core.validate import check_int, wrap
 
 VERDICTS: tuple[str, ...] = ("data-bound", "transfer-bound", "compute-bound")
 #: With workers, a wait of at least this share of the step means the loader sets the pace (else it is hidden).
@@ -86,10 +85,7 @@ LINE_WIDTH = 105
 def _wrap(head: str, text: str) -> list[str]:
     """``head + text`` wrapped under the text, never splitting ``data-bound``, a path or ``34.25 ms``."""
     glued = re.sub(r"(?<=\d) (?=\S)", "\xa0", head + text)  # textwrap breaks at ASCII whitespace only
-    lines = textwrap.wrap(
-        glued, LINE_WIDTH, subsequent_indent=" " * len(head), break_on_hyphens=False, break_long_words=False
-    ) or [glued]
-    return [ln.replace("\xa0", " ") for ln in lines]
+    return wrap(glued, LINE_WIDTH, indent=" " * len(head)).replace("\xa0", " ").split("\n")
 
 
 @dataclass(repr=False)
