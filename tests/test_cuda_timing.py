@@ -17,6 +17,7 @@ import pytest
 import torch
 from cuda_standin import FakeCuda, fake_cuda
 
+from helpers.chapters.ch05 import feeding
 from helpers.core import timing
 from helpers.ui import codecells
 
@@ -74,7 +75,7 @@ def test_calibrated_compute_times_its_products_on_the_measured_device(
             return out.zero_()
 
         monkeypatch.setattr(torch, "mm", mm)
-        compute = timing.calibrated_compute(CUDA1, target_s=0.002)
+        compute = feeding.calibrated_compute(CUDA1, target_s=0.002)
         calibration = len(cuda.log)
         out = compute(torch.ones(4, 3))
     assert float(out) == 12.0  # the batch's sum plus one element of the (stand-in, zero) product

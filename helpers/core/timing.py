@@ -376,24 +376,3 @@ class GpuDelay:
     def __call__(self) -> None:
         with torch.cuda.device(self.dev):
             torch.cuda._sleep(self.cycles)
-
-
-def calibrated_compute(dev: torch.device, target_s: float) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A function of a batch taking about ``target_s`` of GPU time on ``dev``'s current stream (CUDA only); its
-    result, ``batch.float().sum()`` plus one element of the product, depends on the batch."""
-    a = torch.randn(2048, 2048, device=dev).div_(math.sqrt(2048))
-    c = torch.empty_like(a)
-
-    def five() -> None:
-        for _ in range(5):
-            torch.mm(a, a, out=c)
-
-    one = max(cuda_event_time(five, repeats=1, warmup=1, device=dev).median_s / 5, 1e-6)
-    k = max(1, round(target_s / one))
-
-    def compute(batch: torch.Tensor) -> torch.Tensor:
-        for _ in range(k):
-            torch.mm(a, a, out=c)
-        return batch.float().sum() + c[0, 0]
-
-    return compute

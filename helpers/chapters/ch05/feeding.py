@@ -4,6 +4,7 @@ reader's pipeline on preloaded batches; the reference Prefetcher, for the refere
 from __future__ import annotations
 
 import functools
+import math
 import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
@@ -14,7 +15,7 @@ from ...core.device import resolve_device
 from ...core.progress import no_progress
 from ...core.results import Record
 from ...core.rounds import Rounds, alternate, table
-from ...core.timing import calibrated_compute, cuda_event_time, time_calls
+from ...core.timing import cuda_event_time, time_calls
 from ...core.validate import check_int
 from ...pipeline.data import to_float_normalized
 from ...pipeline.prefetch import Prefetcher
@@ -150,3 +151,24 @@ def prefetch_step_times(
         ways[(dtype_name, True)] = functools.partial(iter, Prefetcher(loader, dev, normalize=norm))
     times = time_batches({f"{d}, prefetcher={p}": w for (d, p), w in ways.items()}, lambda x, y: compute(x), dev)
     return {(d, p): times.median(f"{d}, prefetcher={p}") for d, p in ways}
+
+
+def calibrated_compute(dev: torch.device, target_s: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function of a batch taking about ``target_s`` of GPU time on ``dev``'s current stream (CUDA only); its
+    result, ``batch.float().sum()`` plus one element of the product, depends on the batch."""
+    a = torch.randn(2048, 2048, device=dev).div_(math.sqrt(2048))
+    c = torch.empty_like(a)
+
+    def five() -> None:
+        for _ in range(5):
+            torch.mm(a, a, out=c)
+
+    one = max(cuda_event_time(five, repeats=1, warmup=1, device=dev).median_s / 5, 1e-6)
+    k = max(1, round(target_s / one))
+
+    def compute(batch: torch.Tensor) -> torch.Tensor:
+        for _ in range(k):
+            torch.mm(a, a, out=c)
+        return batch.float().sum() + c[0, 0]
+
+    return compute

@@ -14,10 +14,10 @@ from unittest import mock
 import torch
 
 from ...core.config import strict_gpu_error
-from ...core.timing import GpuDelay, calibrated_compute, cuda_event_time
+from ...core.timing import GpuDelay, cuda_event_time
 from ...pipeline.data import MEAN, STD, to_float_normalized
 from ...pipeline.prefetch import Prefetcher, iter_tensors
-from .feeding import time_batches
+from .feeding import calibrated_compute, time_batches
 
 #: The stream a prefetcher's consumer runs on, in the logs.
 CONSUMER = "current stream"
