@@ -109,6 +109,15 @@ def test_knob_rounds_measures_every_value_each_round_and_releases_its_workers() 
         speedup.knob_rounds(lambda f: DataLoader(ds, batch_size=8), "prefetch_factor", [1])
 
 
+@pytest.mark.parametrize("values, reference", [([2, 0], None), ([1, 2], None), ([0, 2], 2), ([0, 2, 1], None)])
+def test_worker_rounds_refuse_counts_the_ceiling_cannot_be_set_against(values: list[int], reference: Any) -> None:
+    """num_workers rounds compare with 0 workers and set the largest count, last, against its ceiling."""
+    with pytest.raises(ValueError, match=r"such as \[0, 2\]"):
+        speedup.knob_rounds(lambda w: DataLoader(CheapDataset(16, 4), batch_size=4), "num_workers", values,
+                            reference=reference)  # fmt: skip
+    assert not L.worker_processes()
+
+
 def _cells() -> list[dict[str, Any]]:
     return json.loads(NOTEBOOK.read_text())["cells"]
 

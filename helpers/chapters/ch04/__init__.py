@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import statistics
 from typing import Any, Callable, Mapping, Sequence
 
 import ipywidgets as W
@@ -97,8 +96,9 @@ def _sweep_and_speedup(results: ResultSet, ds: Mapping[str, Dataset], bs: int, b
     cores = loaders.cpu_cores()
     ws = sorted(set([0, 1, 2, 3] + ([] if config.sized(True, False) else list(range(0, cores + 3)))))
     sw = sweeps.sweep_workers(_factory(ds["float"], bs), ws, batches=batches, warmup=warm)
+    how: dict[str, Any] = {"output": "float", "method": "one-shot sweep"}
     for n, r in zip(sw.workers, sw.results):
-        results.add("ch04.items_per_s", r.items_per_s, "items/s", num_workers=n, persistent=n > 0, output="float")
+        results.add("ch04.items_per_s", r.items_per_s, "items/s", num_workers=n, persistent=n > 0, **how)
     best = {"cores": cores, "method": "one-shot sweep", **_flag(sw.notes())}
     results.add("ch04.best_num_workers", sw.best_workers, "workers", **best)
     n_batches, rounds = max(2, min(batches, config.sized(10, 40))), config.sized(3, 7)
@@ -119,8 +119,9 @@ def _sweep_and_speedup(results: ResultSet, ds: Mapping[str, Dataset], bs: int, b
         )
         share = _flag(notes, "of the measured ceiling")
         results.add("ch04.share_of_ceiling", sr.share_of_ceiling, "fraction", num_workers=2, **at, **share)
-        for n in (0, 2) if output == "uint8" else ():
-            results.add("ch04.items_per_s", sr.median(n), "items/s", num_workers=n, persistent=n > 0, output="uint8")
+        how = {"output": output, "method": "interleaved rounds, median of rounds"}
+        for n in sr.rates if output == "uint8" else ():
+            results.add("ch04.items_per_s", sr.median(n), "items/s", num_workers=n, persistent=n > 0, **how)
 
 
 def _knobs(results: ResultSet, ds: Mapping[str, Dataset], bs: int, batches: int, warm: int) -> None:
@@ -135,13 +136,14 @@ def _knobs(results: ResultSet, ds: Mapping[str, Dataset], bs: int, batches: int,
         batches=max(2, min(batches, config.sized(8, 40))),
         warmup=warm,
     )
-    for v in kr.values:
+    for v in kr.labels:
         at = {"prefetch_factor": v, "num_workers": 2}
         results.add("ch04.prefetch.items_per_s", kr.median(v), "items/s", spread=_spread(kr.rates[v]), **at)
         if v != kr.reference:
-            ratios = kr.ratios(v)
-            median, spread = statistics.median(ratios), _spread(ratios)
-            results.add("ch04.prefetch.ratio", median, "ratio", spread=spread, reference=kr.reference, **at)
+            spread = _spread(kr.ratios(v))
+            results.add(
+                "ch04.prefetch.ratio", kr.ratio(v, kr.reference), "ratio", spread=spread, reference=kr.reference, **at
+            )
     short = torch.utils.data.Subset(ds["float"], range(min(len(ds["float"]), config.sized(160, 2400))))  # type: ignore[arg-type]
     pr = sweeps.persistent_experiment(_factory(short, bs, "persistent_workers"), epochs=3)
     for p in (False, True):

@@ -9,7 +9,6 @@ import signal
 import statistics
 import time
 import warnings
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -17,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from ...core import agreement
-from ...core.rounds import alternate, intraop_threads, table
+from ...core.rounds import Rounds, alternate, intraop_threads, table
 from ...core.validate import check_float, check_int
 from ...pipeline.loaders import WORKER_TIMEOUT_S, Epochs, LoaderFailure, batch_len
 from ...pipeline.workers import (
@@ -157,31 +156,25 @@ def _median_ratio(a: Sequence[float], b: Sequence[float]) -> float:
     return statistics.median(x / y for x, y in zip(a, b)) if a and b else float("nan")
 
 
-@dataclass
-class LoaderRounds:
-    """Items/s of each value of a knob per alternating round; for ``num_workers`` also ``ceiling`` per round."""
+class LoaderRounds(Rounds):
+    """Items/s of each value of a knob per alternating round: a :class:`~helpers.core.rounds.Rounds` whose labels
+    are the knob's values (``rates``: its ``values``); for ``num_workers`` also ``ceiling`` per round."""
 
-    knob: str
-    rates: dict[Any, list[float]]
-    reference: Any
-    ceiling: list[float] = field(default_factory=list)
+    def __init__(self, knob: str, rates: dict[Any, list[float]], reference: Any, ceiling: Sequence[float] = ()) -> None:
+        super().__init__(tuple(rates), rates)
+        self.knob, self.reference, self.ceiling = knob, reference, list(ceiling)
 
     @property
-    def values(self) -> list[Any]:
-        return list(self.rates)
+    def rates(self) -> dict[Any, list[float]]:
+        return self.values
 
     @property
     def num_workers(self) -> Any:
-        return self.values[-1]
+        return self.labels[-1]
 
-    def ratios(self, value: Any = None) -> list[float]:
-        """Per-round items/s of ``value`` (default: the last) over the reference's."""
-        return [
-            a / b for a, b in zip(self.rates[self.num_workers if value is None else value], self.rates[self.reference])
-        ]
-
-    def median(self, value: Any) -> float:
-        return statistics.median(self.rates[value])
+    def ratios(self, label: Any = None, base: Any = None) -> list[float]:
+        """Per-round items/s of ``label`` (default: the last value) over ``base``'s (default: the reference's)."""
+        return super().ratios(self.num_workers if label is None else label, self.reference if base is None else base)
 
     @property
     def speedup(self) -> float:
@@ -228,16 +221,15 @@ class LoaderRounds:
 
     def table(self) -> list[str]:
         rate, ratio = "{:,.0f}".format, "{:.2f}x".format
-        others = [v for v in self.values if v != self.reference]
-        cols = [(f"{self.knob}={v}", self.rates[v], rate) for v in self.values]
+        others = [v for v in self.labels if v != self.reference]
+        cols = [(f"{self.knob}={v}", self.rates[v], rate) for v in self.labels]
         cols += [(f"{v} vs {self.reference}", self.ratios(v), ratio) for v in others]
         if self.ceiling:
             ref, mine = self.rates[self.reference], self.rates[self.num_workers]
             cols += [(f"{self.num_workers} procs", self.ceiling, rate)]
             cols += [("ceiling", [c / s for c, s in zip(self.ceiling, ref)], ratio)]
             cols += [("share", [w / c for w, c in zip(mine, self.ceiling)], "{:.0%}".format)]
-        n = len(self.rates[self.reference])
-        rows = [[k + 1, *(f(xs[k]) for _, xs, f in cols)] for k in range(n)]
+        rows = [[k + 1, *(f(xs[k]) for _, xs, f in cols)] for k in range(self.n)]
         rows.append(["median", *(f(statistics.median(xs)) for _, xs, f in cols)])
         lines = table(["round", *(h for h, _, _ in cols)], rows)
         return [f"{lines[0]}   (items/s)", *lines[1:]]
@@ -246,7 +238,7 @@ class LoaderRounds:
         """Per value against the reference: "within the noise" when the per-round ratios' range includes 1.0, else
         "a real difference", with how often two equal settings would land on one side in every round by chance."""
         out = []
-        for v in [v for v in self.values if v != self.reference]:
+        for v in [v for v in self.labels if v != self.reference]:
             ratios = self.ratios(v)
             lo, hi, n = min(ratios), max(ratios), len(ratios)
             head = (
@@ -278,10 +270,9 @@ class LoaderRounds:
         return text + "".join(f" Note: {note}." for note in self.notes())
 
     def plot(self, ax: Any = None, title: str = "") -> Any:
-        import matplotlib.pyplot as plt  # optional/heavy: matplotlib
+        from ...ui import plots  # optional/heavy: matplotlib
 
-        if ax is None:
-            _, ax = plt.subplots(figsize=(8, 3.4))
+        ax = ax if ax is not None else plots.new_axes((8.0, 3.4))
         n, single = self.num_workers, self.rates[self.reference]
         xs = list(range(1, len(single) + 1))
         if self.ceiling:
@@ -309,8 +300,8 @@ def knob_rounds(
 ) -> LoaderRounds:
     """Your loader ``factory(value)`` at each of a knob's ``values`` (all built first), ``batches`` batches of each
     per round, back to back, the order reversed every other round; ratios against ``reference`` (default: the
-    first value). For ``knob="num_workers"`` the workers persist and :func:`parallel_ceiling` with ``values[-1]``
-    processes runs after the reference each round, as long as its window (``values=[0, 2]``: the speed-up).
+    first value). For ``knob="num_workers"`` (``values`` from 0, the largest last: ``[0, 2]``, the speed-up) the
+    workers persist and :func:`parallel_ceiling` with ``values[-1]`` processes runs after the reference each round.
     ValueError: bad arguments, a factory that ignores the value, or too little ``/dev/shm``."""
     if not isinstance(knob, str) or not knob:
         raise ValueError(f"knob must name what the factory's argument changes, e.g. 'prefetch_factor'; got {knob!r}")
@@ -325,9 +316,16 @@ def knob_rounds(
     warmup = check_int("warmup", warmup, 0, 1_000_000)
     expect = {v: {knob: v} if knob in _VISIBLE_KNOBS else None for v in values}
     procs = 0
-    if knob == "num_workers":  # workers stay up between rounds
+    if knob == "num_workers":  # workers stay up between rounds; the last count is set against its ceiling
+        counts = [check_int("num_workers", v, 0, MAX_WORKERS) for v in values]
+        if reference != 0 or counts[0] != 0 or counts[-1] != max(counts):
+            raise ValueError(
+                "num_workers rounds compare each count with num_workers=0, first and the reference, and set the "
+                f"largest count, last, against the ceiling of that many processes: values such as [0, 2] or "
+                f"[0, 1, 2]; got {values} with reference {reference!r}"
+            )
         expect = {v: {knob: v, "persistent_workers": True} if v else {knob: v} for v in values}
-        procs = check_int("num_workers", values[-1], 1, MAX_WORKERS)
+        procs = counts[-1]
     with _loader_rounds(factory, expect, warmup) as takers:
         by_value = dict(zip(values, takers))
         measures: dict[str, Callable[[], float]] = {

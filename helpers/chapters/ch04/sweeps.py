@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from ...core.rounds import table
 from ...core.validate import check_int
 from ...pipeline.loaders import Throughput, guard, measure_config, measure_throughput
-from ...pipeline.workers import MAX_WORKERS, cpu_cores, open_iterator, release, released
+from ...pipeline.workers import MAX_WORKERS, cpu_cores, open_iterator, released
 from .datasets import CheapDataset, PerItem, light_uint8_collate, passthrough_collate
 
 
@@ -223,27 +223,25 @@ class InOrderResult:
 
 
 def in_order_experiment(factory: Callable[[bool], DataLoader]) -> InOrderResult:
-    """One epoch of ``factory(True)`` then ``factory(False)``; items carry their index as the label."""
+    """One epoch of ``factory(True)`` then ``factory(False)``; items carry their index as the label. No worker runs
+    before :func:`measure_throughput`, which releases them however it ends."""
     results: dict[bool, Throughput] = {}
     ooo: dict[bool, float] = {}
     for flag in (True, False):
         loader = build_from_factory(factory, flag, expect={"in_order": flag})
-        try:
-            order = sampler_batches(loader)
-            if len(order) < 2:
-                raise ValueError(
-                    f"in_order_experiment needs at least 2 batches per epoch; the loader has {len(order)} "
-                    "(give the data set more items than the batch size)"
-                )
-            where = {tuple(b): k for k, b in enumerate(order)}
-            seen: list[int | None] = []
+        order = sampler_batches(loader)
+        if len(order) < 2:
+            raise ValueError(
+                f"in_order_experiment needs at least 2 batches per epoch; the loader has {len(order)} "
+                "(give the data set more items than the batch size)"
+            )
+        where = {tuple(b): k for k, b in enumerate(order)}
+        seen: list[int | None] = []
 
-            def note(batch: Any, seen: list[int | None] = seen, where: dict[tuple, int] = where) -> None:
-                seen.append(where.get(tuple(int(i) for i in batch[1])))
+        def note(batch: Any, seen: list[int | None] = seen, where: dict[tuple, int] = where) -> None:
+            seen.append(where.get(tuple(int(i) for i in batch[1])))
 
-            results[flag] = measure_throughput(loader, batches=len(order) - 1, warmup=1, on_batch=note)
-        finally:
-            release(loader)
+        results[flag] = measure_throughput(loader, batches=len(order) - 1, warmup=1, on_batch=note)
         if None in seen:
             raise ValueError(
                 "in_order_experiment: the batches' labels must be the items' indices (as UnevenDataset's "
