@@ -1,5 +1,5 @@
 """helpers.ui.published: the data file of figures published elsewhere (checked by tools/published_table.py), its
-loader, tables and plots (CPU only)."""
+loader and tables, and the chapters' plots of it (ch00's share of the ceiling, ch02's marked points); CPU only."""
 
 from __future__ import annotations
 
@@ -162,6 +162,12 @@ def test_plot_helpers_draw_on_cpu():
     figures.add_published(ax1, sized, skip_gbps=[published.link_ceiling_gbps("PCIe Gen3 x16")])
     drawn = [line.get_label() for line in ax1.get_lines() if published.KIND_THEORETICAL in line.get_label()]
     assert [label.split(":")[0] for label in drawn] == ["PCIe Gen4 x16"]
+    _, ax3 = plt.subplots()  # a plot with its legend drawn already (notebook 02): the legend shows the new lines too
+    ax3.plot([1e6], [1.0], label="measured here")
+    ax3.legend()
+    figures.add_published(ax3, sized)
+    shown = [t.get_text() for t in ax3.get_legend().get_texts()]
+    assert "measured here" in shown and any(published.KIND_THEORETICAL in t for t in shown)
     ax2 = ch00.plot_share_of_ceiling(published.published_figures(memory="pinned"))
     assert len(ax2.patches) == len(published.published_figures(memory="pinned"))
     plt.close("all")

@@ -74,7 +74,6 @@ _SIZES = "copy size (bytes, log scale)"
 
 
 def _finish(ax: Any, legend: dict[str, Any] = _SIDE) -> Any:
-
     size_ticks(ax)
     ax.legend(**legend)
     return ax
@@ -155,7 +154,8 @@ def add_published(ax: Any, figures: Sequence[PublishedFigure], *, skip_gbps: Ite
     """Draw the published ``figures`` that state a size on a bandwidth-vs-size Axes (black-edged diamonds: pinned,
     triangles: pageable; orange H2D, blue D2H; a source's sizes dotted, ``[k]`` by the largest) and dashed lines at
     the **theoretical** ceiling of their GPUs' host links (one per value; unknown links and ``skip_gbps``, already
-    drawn, left out). Returns the key to the ``[k]`` marks: one line per series, with its source."""
+    drawn, left out); an existing legend is drawn again to show them. Returns the key to the ``[k]`` marks: one line
+    per series, with its source."""
 
     done: set[Any] = set()
     key: list[str] = []
@@ -180,6 +180,8 @@ def add_published(ax: Any, figures: Sequence[PublishedFigure], *, skip_gbps: Ite
     for i, (c, names) in enumerate(sorted(by_value.items())):
         label = f"{' = '.join(names)}: {c:.1f} GB/s, {published.KIND_THEORETICAL}"
         ax.axhline(c, color="#777", linewidth=0.9, linestyle=styles[i % len(styles)], label=label, zorder=1)
+    if ax.get_legend() is not None:  # drawn before these marks and lines: drawn again, with them
+        ax.legend(**_SIDE)
     return "\n".join(key)
 
 
