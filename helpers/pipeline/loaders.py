@@ -40,8 +40,6 @@ from .workers import open_iterator as open_iterator
 from .workers import shm_status as shm_status
 from .workers import worker_processes as worker_processes
 
-#: Start methods a loader may ask for (``None`` = the platform default).
-START_METHODS: tuple[str | None, ...] = (None, "fork", "spawn", "forkserver")
 #: Seconds a worker loader waits for one batch before it fails in plain words (``LoaderConfig.timeout`` overrides):
 #: long enough for worker start-up on a busy 2-core machine, short enough that a frozen worker never hangs a panel.
 WORKER_TIMEOUT_S = 60.0

@@ -4,6 +4,7 @@ under spawn, an exception raised inside a worker (their data sets are in :mod:`.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing as mp
 import os
 import re
 import sys
@@ -15,7 +16,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 from torch.utils.data import Dataset
 
 from ...core.validate import check_choice, check_float, check_int
-from ...pipeline.loaders import START_METHODS, LoaderConfig, LoaderFailure, build_loader
+from ...pipeline.loaders import LoaderConfig, LoaderFailure, build_loader
 from ...pipeline.workers import MAX_WORKERS, open_iterator
 from .datasets import FailingDataset
 
@@ -75,7 +76,7 @@ def spawn_failure_demo(dataset: Dataset, *, context: str = "spawn", timeout_s: f
     """One batch from ``dataset`` with one worker started by ``context``, within ``timeout_s``; never hangs or leaks.
     A class defined in a notebook cell lives in ``__main__``, which a spawn/forkserver worker cannot import: it dies
     unpickling the data set, and its own error (on its stderr) is captured as ``child_error``."""
-    check_choice("context", context, [m for m in START_METHODS if m])
+    check_choice("context", context, mp.get_all_start_methods())  # what LoaderConfig accepts, None aside
     timeout_s = check_float("timeout_s", timeout_s, 1.0, 600.0)
     cfg = LoaderConfig(batch_size=2, num_workers=1, shuffle=False, timeout=timeout_s, multiprocessing_context=context)
     loader = build_loader(dataset, cfg)

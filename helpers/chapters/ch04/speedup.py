@@ -36,7 +36,7 @@ def _ceiling_process(conn: Any, go: Any, task: tuple[Any, int, int, Any, float])
     after one untimed batch (a fresh process's first batch is slow, and the loader's workers it is set against
     are warm), or ("error", what went wrong)."""
     reset_child_signals()
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HeldSignals.SIGNALS)
     dataset, offset, batch_size, collate_fn, seconds = task
     torch.set_num_threads(1)
     collate = collate_fn if collate_fn is not None else default_collate
@@ -73,7 +73,7 @@ def parallel_ceiling(
     go = ctx.Event()
     try:
         with HeldSignals() as held:  # a Ctrl-C during the forks is noted, not lost in an at-fork callback
-            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, HeldSignals.SIGNALS)
             try:
                 for i in range(processes):
                     conns.append(ctx.Pipe(duplex=False))
