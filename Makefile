@@ -21,7 +21,7 @@ help:
 	@echo "make lint        ruff check + ruff format --check over code and notebooks, mypy over helpers/ and tools/{bench,gpucheck}.py"
 	@echo "make test-notebooks  every notebook under nbval, quick mode"
 	@echo "make test-browser    every chapter in JupyterLab + headless Chromium (installs Debian's chromium)"
-	@echo "make test-floor  the oldest supported torch pair in .venv-floor + every notebook, quick (~7 min from scratch; before a release)"
+	@echo "make test-floor  the oldest supported torch pair in .venv-floor + every notebook + the unit tests, quick (~12 min from scratch; before a release)"
 	@echo "make bench       every chapter's measurements headless -> artifacts/bench-*.json + .png (BENCH_ARGS=--quick)"
 	@echo "make gpu-check   on a CUDA machine (at most ~24 min): smoke (CUDA-only tests + notebooks, quick), the bench + a reference file (full sizes), every notebook (full where its estimate fits its share, else laptop), the CUDA-only tests"
 	@echo "make coverage-cuda  helpers/ line coverage by the unit tests, CUDA-only lines counted apart (COVERAGE_ARGS='--tests tests/test_x.py')"
@@ -121,6 +121,7 @@ test-floor: $(FLOOR_STAMP)
 	WORKBOOK_QUICK=1 $(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=0 -n $(NB_WORKERS) --dist loadfile --nbval-current-env \
 		--nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg \
 		--nbval-cell-timeout=$(NB_TIMEOUT) notebooks templates
+	WORKBOOK_QUICK=1 $(FLOOR_VENV)/bin/python -m pytest -q -p no:cacheprovider -n $(UNIT_WORKERS) --dist loadfile tests -m "not browser"
 
 # Every chapter's measurements, headless (BENCH_ARGS=--quick for a smoke run).
 bench: setup

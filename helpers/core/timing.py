@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import io
 import logging
 import math
 import statistics
@@ -18,9 +19,11 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-# torch.utils.benchmark imports cpp_extension, which warns on machines without a CUDA toolkit: noise for readers
+# torch.utils.benchmark imports cpp_extension, which says "No CUDA runtime is found, using CUDA_HOME=..." on a machine
+# with a CUDA toolkit but no GPU (a logger warning; torch 2.7, the floor, prints it to stderr): noise for readers
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-import torch.utils.benchmark as tbench  # noqa: E402
+with contextlib.redirect_stderr(io.StringIO()):
+    import torch.utils.benchmark as tbench  # noqa: E402
 
 from .config import mode_name
 from .validate import check_float, check_int, human_seconds, wrap
