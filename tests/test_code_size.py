@@ -41,9 +41,9 @@ def test_no_module_over_600_lines_and_no_function_over_60() -> None:
     assert long == [], f"functions over 60 lines: {long}: split them into named steps"
 
 
-#: What issue #27's passes brought helpers/ and its kernel down to (tools/code_size.py, 2026-11-24), plus about
+#: What issue #27's passes brought helpers/ and its kernel down to (tools/code_size.py, 2026-11-25), plus about
 #: 2% room. A change that needs more cuts elsewhere first, or says in its commit why the ceiling must rise.
-CEILINGS = {"helpers/": 14_800, "kernel (core+ui+pipeline)": 5_670}
+CEILINGS = {"helpers/": 14_800, "kernel (core+ui+pipeline)": 5_450}
 
 
 def test_helpers_do_not_grow_back() -> None:
