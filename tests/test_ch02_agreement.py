@@ -58,6 +58,8 @@ def test_cap_check_prints_the_sweeps_own_largest_copy_figure() -> None:
     assert ch02.largest_copy(sw) is big
     assert f"{big.gbps:.2f} GB/s" in lines[0] and "42.00" not in lines[0]
     assert len(lines) == 4 and "PCIe Gen5" in lines[-1]
+    with pytest.raises(ValueError, match="run the sweep cell first"):
+        ch02.largest_copy(_sweep([]))
 
 
 def test_notebook_cap_check_and_sweep_print_use_the_same_point() -> None:

@@ -204,6 +204,8 @@ def points_agree(first: str, a: TransferPoint, second: str, b: TransferPoint) ->
 
 def largest_copy(host: Sweep) -> TransferPoint:
     """The sweep's largest copy: the one the chapter prints and the cap check uses."""
+    if not host.points:
+        raise ValueError("the host memcpy sweep has no points: run the sweep cell first")
     return max(host.points, key=lambda p: p.nbytes)
 
 
