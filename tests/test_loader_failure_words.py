@@ -186,3 +186,31 @@ def test_torchs_sigchld_error_while_the_explainer_waits_is_not_let_through(monke
     Ended.exitcode = None
     with pytest.raises(RuntimeError, match="something else"):
         workers.plain_failure(EOFError(), Loader())
+
+
+class NoNotes(ValueError):
+    """A data set's own error that refuses notes: naming the item must not replace it."""
+
+    def add_note(self, note: str) -> None:
+        raise RuntimeError("this error takes no notes")
+
+
+class RaisesNoNotes(Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if i == 5:
+            raise NoNotes(f"item {i} is broken")
+        return torch.zeros(4), i
+
+
+def test_naming_the_failing_item_never_replaces_the_data_sets_error() -> None:
+    loader = L.build_loader(RaisesNoNotes(), batch_size=2, num_workers=1, shuffle=False)
+    with pytest.raises(Exception) as info:
+        with L.open_iterator(loader) as it:
+            for _ in it:
+                pass
+    chain = [info.value, info.value.__cause__]  # in plain words or not, the data set's own error is what arrives
+    assert any(isinstance(e, NoNotes) and "item 5 is broken" in str(e) for e in chain), chain
+    assert not _settle()

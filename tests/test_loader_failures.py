@@ -284,7 +284,7 @@ def test_a_worker_killed_for_freezing_while_torch_shuts_down_is_no_error() -> No
     assert pid in loader._workbook_frozen, "the freeze watch did not end the stopped worker"
     assert time.monotonic() - t0 < 10
     with L.open_iterator(loader):  # a new iterator's failure never names the old worker's pid
-        assert loader._workbook_frozen == []
+        assert loader._workbook_frozen == [] and pid in it._workbook_frozen  # the old one's list is its own
     assert not _settle(5.0)
 
 

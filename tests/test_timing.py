@@ -127,3 +127,38 @@ def test_measure_names_the_wall_clock_for_any_cpu_spelling() -> None:
 
     t = measure(lambda: None, device="cpu:0", min_run_time=0.01)
     assert "(wall clock)" in t.metadata["method"]
+
+
+_NOISY_IMPORT = """
+import importlib.abc, importlib.util, sys
+
+class Noisy(importlib.abc.MetaPathFinder):  # torch 2.7's cpp_extension print, and a line that must stay
+    def find_spec(self, name, path, target=None):
+        if name != "torch.utils.benchmark":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        real = spec.loader.exec_module
+
+        def exec_module(module):
+            print("No CUDA runtime is found, using CUDA_HOME='/usr/local'", file=sys.stderr)
+            print("a warning the reader should see", file=sys.stderr)
+            real(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+sys.meta_path.insert(0, Noisy())
+import helpers.core.timing
+"""
+
+
+def test_importing_timing_drops_only_torchs_no_cuda_runtime_line() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", _NOISY_IMPORT], capture_output=True, text=True, cwd=root, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "a warning the reader should see" in done.stderr and "No CUDA runtime" not in done.stderr

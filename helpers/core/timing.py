@@ -12,6 +12,7 @@ import io
 import logging
 import math
 import statistics
+import sys
 import time
 import timeit
 from dataclasses import asdict, dataclass, field
@@ -20,10 +21,12 @@ from typing import Any, Callable, Iterator
 import torch
 
 # torch.utils.benchmark imports cpp_extension, which says "No CUDA runtime is found, using CUDA_HOME=..." on a machine
-# with a CUDA toolkit but no GPU (a logger warning; torch 2.7, the floor, prints it to stderr): noise for readers
+# with a CUDA toolkit but no GPU (a logger warning; torch 2.7, the floor, prints it to stderr): noise for readers.
+# Every other line the import writes to stderr is written again.
 logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-with contextlib.redirect_stderr(io.StringIO()):
+with contextlib.redirect_stderr(io.StringIO()) as _said:
     import torch.utils.benchmark as tbench  # noqa: E402
+sys.stderr.write("".join(x for x in _said.getvalue().splitlines(True) if not x.startswith("No CUDA runtime is found")))
 
 from .config import mode_name
 from .validate import check_float, check_int, human_seconds, wrap

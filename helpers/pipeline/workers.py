@@ -38,6 +38,8 @@ SHUTDOWN_GRACE_S = 3.0
 _ALIVE_CHECK_S = 0.25
 #: torch's SIGCHLD handler's words for a worker that ended (``_error_if_any_worker_fails``).
 _TORCH_WORKER_DIED = re.compile(r"DataLoader worker \(pid[^)]*\) (is killed by signal|exited unexpectedly)")
+#: The same handler's words for one worker a signal ended, its pid captured.
+_KILLED_BY_SIGNAL = re.compile(r"DataLoader worker \(pid (\d+)\) is killed by signal")
 
 
 def reset_child_signals() -> None:
@@ -232,9 +234,14 @@ class _WatchedIter(_MultiProcessingDataLoaderIter):
     def _shutdown_workers(self) -> None:
         try:  # torch's own, whose `finally` ends every worker even when this raises
             super()._shutdown_workers()
-        except RuntimeError:  # torch's SIGCHLD handler, for the stopped worker _FreezeWatch killed while torch joined
-            if not set(self._workbook_frozen) & {w.pid for w in self._workers}:  # it: in __del__, an "ignored" error
+        except RuntimeError as exc:  # from __del__, an "Exception ignored" line: torch's SIGCHLD handler, raising for
+            killed = _KILLED_BY_SIGNAL.search(str(exc))  # the stopped worker _FreezeWatch ended while torch joined it
+            if killed is None or int(killed.group(1)) not in self._workbook_frozen:  # any other worker's: raised
                 raise
+            for q in getattr(self, "_index_queues", []):  # the rest of torch's shutdown, skipped by the raise
+                with contextlib.suppress(Exception):
+                    q.cancel_join_thread()
+                    q.close()
 
 
 class _WorkbookLoader(DataLoader):
@@ -250,7 +257,7 @@ class _WorkbookLoader(DataLoader):
         if self.num_workers == 0:
             return super()._get_iterator()
         before = _worker_children()
-        self._workbook_frozen.clear()  # pids of an earlier iterator's workers: never reported for this one's
+        self._workbook_frozen = []  # this iterator's (an earlier one's watch and shutdown keep their own list)
         it = None
         held = HeldSignals()
         try:

@@ -9,6 +9,7 @@ import signal
 import statistics
 import time
 import warnings
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -156,9 +157,14 @@ def _median_ratio(a: Sequence[float], b: Sequence[float]) -> float:
     return statistics.median(x / y for x, y in zip(a, b)) if a and b else float("nan")
 
 
+@dataclass(init=False)  # its own fields in repr and ==: a num_workers result never equals a prefetch_factor one
 class LoaderRounds(Rounds):
     """Items/s of each value of a knob per alternating round: a :class:`~helpers.core.rounds.Rounds` whose labels
     are the knob's values (``rates``: its ``values``); for ``num_workers`` also ``ceiling`` per round."""
+
+    knob: str = ""  # the defaults only satisfy dataclass field order: __init__ sets all three
+    reference: Any = None
+    ceiling: list[float] = field(default_factory=list)
 
     def __init__(self, knob: str, rates: dict[Any, list[float]], reference: Any, ceiling: Sequence[float] = ()) -> None:
         super().__init__(tuple(rates), rates)
