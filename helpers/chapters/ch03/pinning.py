@@ -80,7 +80,7 @@ def collate_pinnable(items: list[tuple[torch.Tensor, int]]) -> PinnableBatch:
 
 def pin_threads() -> list[threading.Thread]:
     """The DataLoader pin-memory threads alive in this process."""
-    return [t for t in threading.enumerate() if t.is_alive() and thread_label(t) == "pt_data_pin"]
+    return [t for t in threading.enumerate() if t.is_alive() and _is_pin_thread(t)]
 
 
 def pin_thread_alive() -> bool:
