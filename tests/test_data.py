@@ -129,10 +129,11 @@ def test_generation_checks_disk_space(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_layout_is_imagefolder_readable(tiny: data.DatasetInfo) -> None:
     assert tiny.generated
-    assert tiny.classes == list(shapes.SHAPE_CLASSES[:4])
+    # in label order: classes[y] names label y, as ImageFolder and the workbook's data set number the folders
+    assert tiny.classes == sorted(shapes.SHAPE_CLASSES[:4])
     assert (tiny.root / "manifest.json").is_file()
     folder = ImageFolder(str(tiny.train_dir))
-    assert len(folder) == 24 and folder.classes == sorted(tiny.classes)
+    assert len(folder) == 24 and folder.classes == tiny.classes
     img, label = folder[0]
     assert img.size == (32, 32) and 0 <= label < 4
     assert len(list(tiny.val_dir.rglob("*.jpg"))) == 12
@@ -140,6 +141,15 @@ def test_layout_is_imagefolder_readable(tiny: data.DatasetInfo) -> None:
     counts = [len(list((tiny.train_dir / c).glob("*.jpg"))) for c in tiny.classes]
     assert counts == [6, 6, 6, 6]
     assert tiny.total_bytes > 0 and "24 train + 12 val" in str(tiny)
+
+
+def test_the_classes_are_listed_in_label_order(tmp_path: Path) -> None:
+    """``info.classes[y]`` names label ``y``: the default six classes are drawn in another order than sorted."""
+    info = data.make_shapes_dataset(root=tmp_path, n_train=12, n_val=6, image_size=16, num_classes=6, seed=3)
+    assert list(shapes.SHAPE_CLASSES[:6]) != sorted(shapes.SHAPE_CLASSES[:6])  # else this test shows nothing
+    ds = data.ShapesDataset(info.train_dir)
+    assert info.classes == ds.classes == ImageFolder(str(info.train_dir)).classes
+    assert all(info.classes[y] == Path(p).parent.name for p, y in ds.samples)
 
 
 def test_generation_is_deterministic_and_reused(tiny: data.DatasetInfo, tmp_path: Path) -> None:

@@ -29,7 +29,8 @@ from ..core.config import CACHE_ENV, cache_dir, sized
 from ..core.progress import progress_bar
 from ..core.validate import check_choice, check_int, human_bytes
 
-#: Class names, in label order. ``num_classes=k`` uses the first ``k``.
+#: Class names, in drawing order: ``num_classes=k`` draws the first ``k``. A loader numbers the class folders in
+#: sorted order (as ``ImageFolder`` does): :attr:`DatasetInfo.classes` lists them that way.
 SHAPE_CLASSES: tuple[str, ...] = ("disc", "ring", "square", "stripes", "dots", "checker", "triangle", "cross")
 #: Bump when the drawing code changes, so cached copies are regenerated.
 GENERATOR_VERSION = 2
@@ -190,7 +191,8 @@ def _write_chunk(args: tuple[str, str, int, int, int, int, int, int]) -> list[di
 
 @dataclass
 class DatasetInfo:
-    """Where a generated data set lives and what it holds; ``generated`` False: a reused cached copy."""
+    """Where a generated data set lives and what it holds; ``classes`` in label order (``classes[y]`` names label
+    ``y``); ``generated`` False: a reused cached copy."""
 
     root: Path
     train_dir: Path
@@ -492,5 +494,5 @@ def make_shapes_dataset(
     )
     total = sum(int(r["size"]) for r in json.loads((final / MANIFEST).read_text())["files"])
     report(1.0, ("generated " if generated else "reused ") + f"{n_train} + {n_val} images")
-    counts = (params["classes"], n_train, n_val, size, total)
+    counts = (sorted(params["classes"]), n_train, n_val, size, total)  # in label order, as loaders number them
     return DatasetInfo(final, final / "train", final / "val", *counts, generated, time.perf_counter() - t0, params)

@@ -383,7 +383,8 @@ def plot_runs(
         labels += [f"{name}rank {r['rank']}" for r in run.ranks]
         labels.append(f"{name}total: {run.settings['workers']} wk, bs {run.settings['batch_size']}")
         values += run.per_rank_items_per_s() + [run.total_items_per_s()]
-    title = title or f"{runs[-1].backend}: each rank's items/s, then the job's total (wk: workers/rank, bs: batch/rank)"
+    what = "each rank's items/s, then the job's total (measured now; wk: workers/rank, bs: batch/rank)"
+    title = title or f"{runs[-1].backend}: {what}"
     ax = history_bars(labels, values, ax, ylabel="training throughput (items/s)", title=title)
     for i, v in enumerate(values):
         ax.annotate(f"{v:.0f}", (i, v), ha="center", va="bottom", fontsize=8)
