@@ -54,23 +54,23 @@ def _phase_ok(facts: Facts) -> Callable[[Any], bool]:
 
 
 def _bytes_extra() -> int:
-    from helpers.pipeline import transfer
+    from helpers.chapters.ch02 import model
 
-    return transfer.images_nbytes(128, 3, 160, 160, "float32") - transfer.images_nbytes(128, 3, 160, 160, "uint8")
+    return model.images_nbytes(128, 3, 160, 160, "float32") - model.images_nbytes(128, 3, 160, 160, "uint8")
 
 
 def _pinning(part: str) -> Any:
-    from helpers.pipeline import transfer
+    from helpers.chapters.ch02 import model
 
     if part == "a":
-        return transfer.pinning_pays(1, 8e-3, 5e-3, 3e-3)
-    return transfer.break_even_uses(8e-3, 5e-3, 3e-3)
+        return model.pinning_pays(1, 8e-3, 5e-3, 3e-3)
+    return model.break_even_uses(8e-3, 5e-3, 3e-3)
 
 
 def _share_hidden(facts: Facts) -> float:
-    from helpers.pipeline import train
+    from helpers.chapters.ch01 import anatomy
 
-    p = train.predict_step_time(facts["phase_s"])
+    p = anatomy.predict_step_time(facts["phase_s"])
     return 1 - p.overlapped / p.serial
 
 

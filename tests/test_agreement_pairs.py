@@ -125,7 +125,7 @@ PAIRS: tuple[Pair, ...] = (
          rule="spreads_overlap on the quartiles", trust="trust the faster"),
     Pair("01", "the baseline step: predicted for the naive loop (the sum of its phases on a CPU), and measured "
                "over the steps (section 5)",
-         shown_by="pred = train.predict_step_time(", call="ch01.step_verdict(pred, anatomy.step_times(trace)",
+         shown_by="pred = anatomy.predict_step_time(", call="ch01.step_verdict(pred, anatomy.step_times(trace)",
          verdict=f"{CH01}.step_verdict",
          chain=(f"{CH01}.step_verdict", f"{CH01}._against_steps", f"{KERNEL}.within_range"),
          rule="within_range: the prediction within the measured steps' range", trust="Trust the measured step"),
@@ -430,9 +430,9 @@ def _sync_verdict() -> tuple[str, str]:
 
 
 def _step_predictions() -> tuple[Any, list[float], list[float]]:
-    from helpers.pipeline import train
+    from helpers.chapters.ch01 import anatomy
 
-    pred = train.predict_step_time({"load": 4e-3, "collate": 1e-3, "h2d": 0.0, "forward": 3e-3, "backward": 4e-3,
+    pred = anatomy.predict_step_time({"load": 4e-3, "collate": 1e-3, "h2d": 0.0, "forward": 3e-3, "backward": 4e-3,
                                     "optimizer": 1e-3})  # fmt: skip
     return pred, [12.8e-3, 13.1e-3, 13.5e-3], [13.8e-3, 14.1e-3, 14.5e-3]  # the sum, 13 ms: inside, then below
 

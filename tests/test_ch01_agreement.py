@@ -20,12 +20,11 @@ from helpers.chapters import ch01
 from helpers.chapters.ch01 import anatomy
 from helpers.core import agreement
 from helpers.core.timing import Span, SpanTrace
-from helpers.pipeline import train
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "01_baseline_pipeline.ipynb"
 #: Phases of one step, in seconds: the sum is 13 ms; on a GPU, copy + max(data, compute) is 1 + max(5, 7) = 8 ms.
 PHASES = {"load": 4e-3, "collate": 1e-3, "h2d": 1e-3, "forward": 2e-3, "backward": 4e-3, "optimizer": 1e-3}
-PRED = train.predict_step_time(PHASES)
+PRED = anatomy.predict_step_time(PHASES)
 AROUND_SUM = [12.8e-3, 13.1e-3, 13.5e-3]
 SLOWER = [13.8e-3, 14.1e-3, 14.5e-3]
 AROUND_GPU = [7.5e-3, 8.2e-3, 8.9e-3]
@@ -99,7 +98,7 @@ def test_the_verdicts_are_the_kernel_rule() -> None:
 
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 50.0, 5000.0])
 def test_every_printed_line_fits_for_any_plausible_size(scale: float) -> None:
-    pred = train.predict_step_time({k: v * scale for k, v in PHASES.items()})
+    pred = anatomy.predict_step_time({k: v * scale for k, v in PHASES.items()})
     runs = {f"width {w}": (pred, [t * scale for t in ts]) for w, ts in ((2, AROUND_SUM), (16, SLOWER), (64, [1.0]))}
     for device in ("cpu", "cuda"):
         one = ch01.step_verdict(pred, runs["width 16"][1], device=device)
@@ -109,7 +108,7 @@ def test_every_printed_line_fits_for_any_plausible_size(scale: float) -> None:
 
 def test_the_notebook_prints_both_verdicts_in_section_5() -> None:
     cells = ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]]
-    (pred_cell,) = [c for c in cells if "pred = train.predict_step_time(phase_s)" in c]
+    (pred_cell,) = [c for c in cells if "pred = anatomy.predict_step_time(phase_s)" in c]
     assert "ch01.step_verdict(pred, anatomy.step_times(trace), device=DEVICE)" in pred_cell
     (table,) = [c for c in cells if "p.serial * 1e3" in c]
     assert "runs[label] = (p, anatomy.step_times(tr))" in table and "ch01.regimes_verdict(runs, device=DEVICE)" in table

@@ -21,13 +21,13 @@ from helpers.ui import exercises
 
 LAZY = {
     "00.1": "answer = warm.median_s * 1e3",  # the timing helper's own median
-    "01.2": "answer = train.predict_step_time(phase_s).overlapped * 1e3",  # the prediction section 4 printed
+    "01.2": "answer = anatomy.predict_step_time(phase_s).overlapped * 1e3",  # the prediction section 4 printed
     "01.3": 'answer = regimes["width 2"].prediction.bottleneck',  # the bottleneck section 5 printed
     "02.1": "answer = FIT.predict_s(48 * 2**20) * 1e3",  # the fit's own prediction
-    "02.2": 'answer = transfer.images_nbytes(128, 3, 160, 160, "float32") - '
-    'transfer.images_nbytes(128, 3, 160, 160, "uint8")',
-    "02.3a": "answer = transfer.pinning_pays(1, 8e-3, 5e-3, 3e-3)",
-    "02.3b": "answer = transfer.break_even_uses(8e-3, 5e-3, 3e-3)",
+    "02.2": 'answer = model.images_nbytes(128, 3, 160, 160, "float32") - '
+    'model.images_nbytes(128, 3, 160, 160, "uint8")',
+    "02.3a": "answer = model.pinning_pays(1, 8e-3, 5e-3, 3e-3)",
+    "02.3b": "answer = model.break_even_uses(8e-3, 5e-3, 3e-3)",
     "04.1": "answer = sweep.best_workers",  # the sweep's own answer
     "04.2": "answer = sweep.best_workers == sweep.rule_of_thumb()",
     "04.4": "answer = DUP_BAD",  # the share the pitfall printed
@@ -42,7 +42,8 @@ LAZY = {
     "07.4": "answer = distributed.batches_per_rank(50_000, 8, 64)",
 }
 IMPORTS = (
-    "from helpers.pipeline import train, transfer\n"
+    "from helpers.chapters.ch02 import model\n"
+    "from helpers.chapters.ch01 import anatomy\n"
     "from helpers.chapters.ch06 import capstone\n"
     "from helpers.chapters.ch07 import distributed\n"
     "DUP_BAD = 1.0\n"  # what chapter 04's pitfall (a) prints

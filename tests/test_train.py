@@ -57,21 +57,21 @@ def test_evaluate(tiny: data.DatasetInfo) -> None:
 
 def test_predict_step_time() -> None:
     times = {"load": 3.0, "collate": 1.0, "h2d": 0.5, "forward": 1.0, "backward": 2.0, "optimizer": 0.5}
-    p = train.predict_step_time(times)
+    p = anatomy.predict_step_time(times)
     assert p.serial == pytest.approx(8.0)
     assert p.overlapped == pytest.approx(4.0) and p.bottleneck == "data (CPU)"
     assert p.stage_times["compute (device)"] == pytest.approx(3.5)
     assert p.speedup_bound() == pytest.approx(2.0)
-    q = train.predict_step_time({"load": 1.0, "mystery": 5.0})
+    q = anatomy.predict_step_time({"load": 1.0, "mystery": 5.0})
     assert q.bottleneck == "mystery" and q.serial == pytest.approx(6.0)
     with pytest.raises(ValueError):
-        train.predict_step_time({"load": -1.0})
+        anatomy.predict_step_time({"load": -1.0})
 
 
 def test_one_step_overlap_prediction() -> None:
     """The naive loop on a GPU: data overlaps compute by one step, the copy overlaps nothing."""
     times = {"load": 3.0, "collate": 1.0, "h2d": 0.5, "forward": 1.0, "backward": 2.0, "optimizer": 0.5}
-    p = train.predict_step_time(times)
+    p = anatomy.predict_step_time(times)
     assert p.one_step_overlap == pytest.approx(0.5 + max(4.0, 3.5))
     assert p.overlapped <= p.one_step_overlap <= p.serial
 
@@ -257,7 +257,7 @@ def test_pinning_time_gets_its_own_phase(tiny: data.DatasetInfo, monkeypatch: py
     _record(loader, model, opt, rec, steps=2)
     means = rec.finish().phase_means()
     assert list(means)[:3] == ["load", "collate", "pin"] and means["pin"] >= 0.009
-    assert "pin" in train.STAGES["data (CPU)"]
+    assert "pin" in anatomy.STAGES["data (CPU)"]
 
 
 def test_step_anatomy_refuses_sizes_beyond_memory(tiny: data.DatasetInfo) -> None:

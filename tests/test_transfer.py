@@ -160,25 +160,25 @@ def test_safe_pin_limit_rejects_bad_share(share, monkeypatch):
 
 
 def test_images_nbytes_uint8_vs_float32():
-    u8 = T.images_nbytes(256, 3, 224, 224, "uint8")
-    f32 = T.images_nbytes(256, 3, 224, 224, "float32")
+    u8 = model.images_nbytes(256, 3, 224, 224, "uint8")
+    f32 = model.images_nbytes(256, 3, 224, 224, "float32")
     assert u8 == 256 * 3 * 224 * 224 and f32 == 4 * u8
     with pytest.raises(ValueError, match="dtype"):
-        T.images_nbytes(1, 3, 8, 8, "float16")
+        model.images_nbytes(1, 3, 8, 8, "float16")
     with pytest.raises(ValueError, match="batch"):
-        T.images_nbytes(0, 3, 8, 8)
+        model.images_nbytes(0, 3, 8, 8)
 
 
 def test_break_even_and_pinning_pays():
     # pin 10 ms, pageable copy 3 ms, pinned 1 ms: saves 2 ms per copy, pays after 5 copies
-    assert T.break_even_uses(10e-3, 3e-3, 1e-3) == pytest.approx(5.0)
-    assert not T.pinning_pays(1, 10e-3, 3e-3, 1e-3)  # pin once, copy once: slower
-    assert not T.pinning_pays(5, 10e-3, 3e-3, 1e-3)  # exactly break-even: no gain
-    assert T.pinning_pays(6, 10e-3, 3e-3, 1e-3)
-    assert math.isinf(T.break_even_uses(1e-3, 1e-3, 2e-3))  # pinned copies not faster
-    assert T.break_even_uses(0.0, 2e-3, 1e-3) == 0.0
+    assert model.break_even_uses(10e-3, 3e-3, 1e-3) == pytest.approx(5.0)
+    assert not model.pinning_pays(1, 10e-3, 3e-3, 1e-3)  # pin once, copy once: slower
+    assert not model.pinning_pays(5, 10e-3, 3e-3, 1e-3)  # exactly break-even: no gain
+    assert model.pinning_pays(6, 10e-3, 3e-3, 1e-3)
+    assert math.isinf(model.break_even_uses(1e-3, 1e-3, 2e-3))  # pinned copies not faster
+    assert model.break_even_uses(0.0, 2e-3, 1e-3) == 0.0
     with pytest.raises(ValueError, match="uses"):
-        T.pinning_pays(0, 1.0, 1.0, 1.0)
+        model.pinning_pays(0, 1.0, 1.0, 1.0)
 
 
 def test_speedup_by_size_and_claim_verdict():

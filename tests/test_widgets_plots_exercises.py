@@ -8,6 +8,7 @@ import pytest
 
 matplotlib.use("Agg")
 
+from helpers.chapters import ch01  # noqa: E402
 from helpers.chapters.ch02 import figures  # noqa: E402
 from helpers.core import config  # noqa: E402
 from helpers.core.timing import SpanRecorder  # noqa: E402
@@ -161,7 +162,7 @@ def test_timeline_and_stacked_plots() -> None:
     ax2 = Figure().add_subplot()
     plots.timeline(trace.to_dict(), ax2, max_steps=1)  # dict form, as stored in result files
     ax3 = Figure().add_subplot()
-    plots.stacked_phases({"a": {"load": 0.001, "h2d": 0.002}, "b": {"load": 0.003}}, ax3)
+    ch01.stacked_phases({"a": {"load": 0.001, "h2d": 0.002}, "b": {"load": 0.003}}, ax3)
     assert ax3.get_ylabel() == "time per step (ms)"
     ax4 = Figure().add_subplot()
     figures.sweep_plot({"pinned": ([1, 10], [1, 2])}, ax4, xlabel="bytes", ylabel="GB/s", ceiling=(31.5, "theoretical"))

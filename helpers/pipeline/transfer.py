@@ -1,19 +1,17 @@
-"""Host <-> GPU copy facts two or more chapters use: whether copies can be measured here, host-RAM guards, bytes
-on the wire, when pinning pays, the pinned allocator's counters. Sizes in bytes, times in seconds."""
+"""Host <-> GPU copy facts two or more chapters use: whether copies can be measured here, host-RAM guards, the
+pinned allocator's counters. Sizes in bytes, times in seconds."""
 
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass
 
 import psutil
 import torch
 
 from ..core.device import has_cuda, resolve_device, wrap
-from ..core.validate import check_choice, check_float, check_int, human_bytes
+from ..core.validate import check_int, human_bytes
 
-DTYPES: dict[str, torch.dtype] = {"uint8": torch.uint8, "float32": torch.float32}
 NO_CUDA_REASON = (
     "No CUDA device is present (torch.cuda.is_available() is False), so copies between host "
     "and GPU memory cannot be measured on this machine."
@@ -48,32 +46,6 @@ def check_host_bytes(name: str, nbytes: int, *, what: str = "") -> int:
             f"{human_bytes(available)} available now ({human_bytes(available // 2)}). Choose a smaller size."
         )
     return nbytes
-
-
-def images_nbytes(batch: int, channels: int, height: int, width: int, dtype: str = "uint8") -> int:
-    """Bytes of a ``(batch, channels, height, width)`` image tensor in ``dtype``."""
-    batch = check_int("batch", batch, 1, 1_000_000)
-    channels = check_int("channels", channels, 1, 1024)
-    height = check_int("height", height, 1, 65536)
-    width = check_int("width", width, 1, 65536)
-    dtype = check_choice("dtype", dtype, DTYPES)
-    item = torch.empty((), dtype=DTYPES[dtype]).element_size()
-    return batch * channels * height * width * item
-
-
-def break_even_uses(pin_s: float, pageable_copy_s: float, pinned_copy_s: float) -> float:
-    """Copies of one buffer after which pinning it (``pin_s`` once) has paid for itself; ``inf``: never."""
-    pin_s = check_float("pin_s", pin_s, 0.0)
-    pageable_copy_s = check_float("pageable_copy_s", pageable_copy_s, 0.0)
-    pinned_copy_s = check_float("pinned_copy_s", pinned_copy_s, 0.0)
-    saving = pageable_copy_s - pinned_copy_s
-    return pin_s / saving if saving > 0 else math.inf
-
-
-def pinning_pays(uses: int, pin_s: float, pageable_copy_s: float, pinned_copy_s: float) -> bool:
-    """True if pinning once and copying ``uses`` times beats ``uses`` pageable copies."""
-    uses = check_int("uses", uses, 1)
-    return pin_s + uses * pinned_copy_s < uses * pageable_copy_s
 
 
 def cuda_status(device: torch.device | str | None = None) -> tuple[bool, str]:

@@ -1,4 +1,4 @@
-"""Shared plots: step timelines, stacked phase bars and run histories.
+"""Shared plots: step timelines and run histories.
 
 Each draws on the ``Axes`` passed (or a new one) and returns it; a phase has one colour in every chapter, and
 ``source="Recorded on ..."`` is written under a plot of reference results.
@@ -78,43 +78,6 @@ def timeline(
     ax.set_title(title)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     ax.grid(axis="x", alpha=0.3)
-    label_source(ax, source)
-    return ax
-
-
-def stacked_phases(
-    data: Mapping[str, Mapping[str, float]],
-    ax: Any = None,
-    *,
-    title: str = "Time per step, by phase",
-    unit: str = "ms",
-    source: str | None = None,
-    horizontal: bool = False,
-) -> Any:
-    """One stacked bar per configuration, one segment per phase (seconds in, ``unit`` shown)."""
-    factor = {"s": 1.0, "ms": 1e3, "µs": 1e6, "us": 1e6}[unit]
-    ax = ax if ax is not None else new_axes((8.0, 3.5))
-    configs = list(data)
-    phases = list(dict.fromkeys(p for c in configs for p in data[c]))
-    bottoms = [0.0] * len(configs)
-    for p in phases:
-        vals = [data[c].get(p, 0.0) * factor for c in configs]
-        if horizontal:
-            ax.barh(configs, vals, left=bottoms, color=phase_color(p), label=p)
-        else:
-            ax.bar(configs, vals, bottom=bottoms, color=phase_color(p), label=p)
-        bottoms = [b + v for b, v in zip(bottoms, vals)]
-    if horizontal:
-        ax.set_xlabel(f"time per step ({unit})")
-        ax.invert_yaxis()
-    else:
-        ax.set_ylabel(f"time per step ({unit})")
-        if len(configs) > 3:
-            for lab in ax.get_xticklabels():
-                lab.set_rotation(20)
-                lab.set_ha("right")
-    ax.set_title(title)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     label_source(ax, source)
     return ax
 

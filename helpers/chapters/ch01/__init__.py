@@ -18,9 +18,8 @@ from ...core.evidence import Evidence
 from ...core.progress import ProgressFn, no_progress, scaled
 from ...core.results import Record, ResultSet
 from ...pipeline.data import default_sizes
-from ...pipeline.train import Prediction
 from ...ui import plots
-from .anatomy import PHASES, Anatomy, StepFn, ToDevice, step_anatomy
+from .anatomy import PHASES, Anatomy, Prediction, StepFn, ToDevice, step_anatomy
 
 NUMBER = "01"
 TITLE = "anatomy of a training step"
@@ -147,11 +146,48 @@ def panel_plot(history: list[Any], ax: Any) -> None:
     data = {_run_label(rec): rec.result.value.phase_means for rec in runs}
     devices = ", ".join(sorted({str(rec.result.value.settings.get("device", "?")) for rec in runs}))
     title = f"Baseline step by phase, one bar per run (measured now on {devices or 'this machine'})"
-    plots.stacked_phases(data, ax, title=title, unit="ms")
+    stacked_phases(data, ax, title=title, unit="ms")
     for i, rec in enumerate(runs):
         label = "measured step" if i == 0 else None
         ax.plot([i - 0.4, i + 0.4], [rec.result.value.step_time * 1e3] * 2, color="black", linewidth=2, label=label)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+
+
+def stacked_phases(
+    data: Mapping[str, Mapping[str, float]],
+    ax: Any = None,
+    *,
+    title: str = "Time per step, by phase",
+    unit: str = "ms",
+    source: str | None = None,
+    horizontal: bool = False,
+) -> Any:
+    """One stacked bar per configuration, one segment per phase (seconds in, ``unit`` shown)."""
+    factor = {"s": 1.0, "ms": 1e3, "µs": 1e6, "us": 1e6}[unit]
+    ax = ax if ax is not None else plots.new_axes((8.0, 3.5))
+    configs = list(data)
+    phases = list(dict.fromkeys(p for c in configs for p in data[c]))
+    bottoms = [0.0] * len(configs)
+    for p in phases:
+        vals = [data[c].get(p, 0.0) * factor for c in configs]
+        if horizontal:
+            ax.barh(configs, vals, left=bottoms, color=plots.phase_color(p), label=p)
+        else:
+            ax.bar(configs, vals, bottom=bottoms, color=plots.phase_color(p), label=p)
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    if horizontal:
+        ax.set_xlabel(f"time per step ({unit})")
+        ax.invert_yaxis()
+    else:
+        ax.set_ylabel(f"time per step ({unit})")
+        if len(configs) > 3:
+            for lab in ax.get_xticklabels():
+                lab.set_rotation(20)
+                lab.set_ha("right")
+    ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    plots.label_source(ax, source)
+    return ax
 
 
 # -- the breakdown recorded on a GPU ---------------------------------------------------------------------
@@ -197,7 +233,7 @@ def plot_reference_anatomy(ref: Evidence[ReferenceAnatomy]) -> None:
         return
     ax = plots.new_axes((8, 0.9 + 0.5 * len(r.phases)))
     title = "Baseline step by phase on a GPU (recorded elsewhere, not this machine)"
-    plots.stacked_phases(r.phases, ax, horizontal=True, unit="ms", source=ref.source, title=title)
+    stacked_phases(r.phases, ax, horizontal=True, unit="ms", source=ref.source, title=title)
     for label, tr in list(r.traces.items())[:1]:
         ax = plots.new_axes((9, 2.4))
         plots.timeline(tr, ax, max_steps=4, source=ref.source, title=f"Recorded timeline on a GPU: {label}")

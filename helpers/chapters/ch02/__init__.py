@@ -22,12 +22,11 @@ from ...core.rounds import intraop_threads
 from ...core.timing import summarize
 from ...core.validate import check_choice, check_float, check_int, human_bytes, human_seconds
 from ...pipeline import transfer
-from ...pipeline.transfer import DTYPES
 from ...ui import published
 from ...ui.published import PublishedFigure
 from . import copies, figures, model, pin_costs
 from .copies import DIRECTIONS, MEMORY_KINDS, CopyFn, Sweep, TransferPoint
-from .model import LatencyBandwidthFit, MiB
+from .model import DTYPES, LatencyBandwidthFit, MiB
 
 NUMBER = "02"
 TITLE = "host-to-device transfers"

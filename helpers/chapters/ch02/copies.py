@@ -19,8 +19,17 @@ from ...core.progress import ProgressFn
 from ...core.rounds import alternate
 from ...core.timing import cuda_event_time, measure, summarize
 from ...core.validate import check_int, human_bytes, human_seconds
-from ...pipeline.transfer import DTYPES, check_host_bytes, cuda_status, images_nbytes
-from .model import _MAX_BYTES, LatencyBandwidthFit, MiB, check_pin_size, copy_sizes, fit_latency_bandwidth
+from ...pipeline.transfer import check_host_bytes, cuda_status
+from .model import (
+    _MAX_BYTES,
+    DTYPES,
+    LatencyBandwidthFit,
+    MiB,
+    check_pin_size,
+    copy_sizes,
+    fit_latency_bandwidth,
+    images_nbytes,
+)
 
 _WARMUP = 3  # untimed copies before the helper's timed ones
 

@@ -1,15 +1,18 @@
 """Chapter 02's arithmetic: the sweep's sizes, the ``time = latency + bytes / bandwidth`` fit, the pinned block and
-the safe pin limit, the "30-50% faster" claim. Units: bytes, seconds, GB/s = 1e9 bytes per second (as links are)."""
+the safe pin limit, the "30-50% faster" claim, bytes on the wire, when pinning pays. Units: bytes, seconds, GB/s =
+1e9 bytes per second (as links are)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
+import torch
 
 from ...core.config import sized
-from ...core.validate import check_float, check_int, human_bytes, human_seconds
+from ...core.validate import check_choice, check_float, check_int, human_bytes, human_seconds
 from ...pipeline import transfer
 
 KiB = 1024
@@ -19,6 +22,7 @@ GiB = 1024**3
 DEFAULT_PIN_SHARE = 0.25  # the largest share of the *available* RAM the helpers agree to pin
 CLAIM_RANGE = (1.3, 1.5)  # "pinning makes transfers 30-50% faster", as a pageable/pinned time ratio
 _MAX_BYTES = 64 * GiB
+DTYPES: dict[str, torch.dtype] = {"uint8": torch.uint8, "float32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -137,3 +141,29 @@ def ceiling_share(measured_gbps: float, ceiling_gbps: float | None, *, tolerance
             "in a VM, or the copy does not cross PCIe)"
         )
     return f"{share:.0%} of the theoretical ceiling"
+
+
+def images_nbytes(batch: int, channels: int, height: int, width: int, dtype: str = "uint8") -> int:
+    """Bytes of a ``(batch, channels, height, width)`` image tensor in ``dtype``."""
+    batch = check_int("batch", batch, 1, 1_000_000)
+    channels = check_int("channels", channels, 1, 1024)
+    height = check_int("height", height, 1, 65536)
+    width = check_int("width", width, 1, 65536)
+    dtype = check_choice("dtype", dtype, DTYPES)
+    item = torch.empty((), dtype=DTYPES[dtype]).element_size()
+    return batch * channels * height * width * item
+
+
+def break_even_uses(pin_s: float, pageable_copy_s: float, pinned_copy_s: float) -> float:
+    """Copies of one buffer after which pinning it (``pin_s`` once) has paid for itself; ``inf``: never."""
+    pin_s = check_float("pin_s", pin_s, 0.0)
+    pageable_copy_s = check_float("pageable_copy_s", pageable_copy_s, 0.0)
+    pinned_copy_s = check_float("pinned_copy_s", pinned_copy_s, 0.0)
+    saving = pageable_copy_s - pinned_copy_s
+    return pin_s / saving if saving > 0 else math.inf
+
+
+def pinning_pays(uses: int, pin_s: float, pageable_copy_s: float, pinned_copy_s: float) -> bool:
+    """True if pinning once and copying ``uses`` times beats ``uses`` pageable copies."""
+    uses = check_int("uses", uses, 1)
+    return pin_s + uses * pinned_copy_s < uses * pageable_copy_s

@@ -18,14 +18,13 @@ from ...core.timing import GpuDelay, cuda_event_time, time_calls
 from ...core.validate import check_float, check_int, human_bytes, human_seconds
 from ...pipeline.transfer import (
     Unavailable,
-    break_even_uses,
     check_host_bytes,
     cuda_status,
     empty_host_cache,
     host_allocator_stats,
 )
 from .copies import MEMORY_KINDS, _check_device_bytes, pinning_status, transfer_sweep
-from .model import _MAX_BYTES, MiB, check_pin_size, predict_pinned_block
+from .model import _MAX_BYTES, MiB, break_even_uses, check_pin_size, predict_pinned_block
 
 
 @dataclass
