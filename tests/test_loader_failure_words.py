@@ -127,6 +127,9 @@ def test_explain_names_each_kind_from_torchs_text() -> None:
     assert kill and "out-of-memory killer" in kill
     code = L.explain_loader_error(RuntimeError("DataLoader worker (pid 12) exited unexpectedly with exit code 3. "))
     assert code and "exited with code 3" in code
+    # under spawn, exit code 1 is most often a worker that could not import a class defined in a notebook
+    # (chapter 04, pitfall b): num_workers=0 would hide that cause, so the words name it first
+    assert "could not import the data set" in code and "define them in a module you import" in code
     ours = L.explain_loader_error(
         RuntimeError("DataLoader worker (pid(s) 12) exited unexpectedly (worker 1 (pid 12): exit code 0)")
     )

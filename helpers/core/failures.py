@@ -34,9 +34,12 @@ _ENDED = {
     0: "{who} exited cleanly (exit code 0) while the main process still waited for its batches: code in the data "
     "set, collate_fn or worker_init_fn ended the process (os._exit(), sys.exit()), or a Ctrl-C reached the worker "
     "while it started. What to check: exit calls in that code; run with num_workers=0 to see where it happens.",
-    "exit": "{who} exited with code {code} without a Python error reaching the main process: sys.exit({code}) or "
-    "os._exit() in the data set or collate_fn, or a native library that called exit(). What to check: run with "
-    "num_workers=0 to see where it happens.",
+    "exit": "{who} exited with code {code} without a Python error reaching the main process. Under spawn or "
+    "forkserver (the default on macOS and Windows, and on Linux from Python 3.14) the usual cause is a worker that "
+    "could not import the data set, collate_fn or worker_init_fn: a class or function defined in a notebook or in "
+    "__main__. Its error went to the worker's stderr (the terminal that runs Jupyter), not here; define them in a "
+    "module you import. Otherwise sys.exit({code}) or os._exit() in that code, or a native library that called "
+    "exit(): run with num_workers=0 to see where it happens.",
     signal.SIGKILL: "{who} was killed (SIGKILL), most often by the out-of-memory killer. What to check: `dmesg | "
     "tail` or `journalctl -k | grep -i oom` names the killed pid; use fewer workers, a smaller batch_size or "
     "prefetch_factor.",
