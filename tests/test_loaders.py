@@ -223,6 +223,40 @@ def test_light_collate_and_cheap_rows():
     ]
 
 
+def test_main_limit_verdicts_read_the_main_threads_load_not_a_fixed_story():
+    """Section 6's lines: a direction only beyond 10% (one run each), and 'the main process is the limit' only with its
+    thread near 100% busy (a reader's run showed 37-41% with workers 10x slower: that is not the main process)."""
+    from types import SimpleNamespace as T
+
+    def rows(busy: float, ratio: float) -> list[dict]:
+        base = {"items": "cheap ", "output": "uint8", "collate": "light"}
+        return [{**base, "num_workers": 0, "result": T(items_per_s=1000.0, main_busy=0.99)},
+                {**base, "num_workers": 2, "result": T(items_per_s=1000.0 * ratio, main_busy=busy)}]  # fmt: skip
+
+    (idle,) = sweeps.main_limit_verdicts(rows(busy=0.4, ratio=0.1))
+    assert idle.startswith("cheap uint8 (light collate): 2 workers give 0.10x") and "(slower)" in idle
+    assert "the main process is not the limit (not running 60% of the time" in idle
+    (full,) = sweeps.main_limit_verdicts(rows(busy=0.95, ratio=1.5))
+    assert "(faster)" in full and "near 100%: the main process is the limit" in full
+    (same,) = sweeps.main_limit_verdicts(rows(busy=0.5, ratio=1.05))
+    assert "within 10%: no clear difference" in same
+    assert sweeps.main_limit_verdicts(rows(0.5, 1.0)[1:]) == []  # no num_workers=0 row: nothing to compare with
+
+
+def test_the_restart_cost_is_given_both_ways_and_noise_is_not_a_cost():
+    r = sweeps.PersistentResult(
+        epoch_s={False: [0.30, 0.18, 0.19, 0.17], True: [0.30, 0.10, 0.11, 0.10]},
+        first_batch_s={False: [0.08, 0.06, 0.06, 0.05], True: [0.08, 0.005, 0.006, 0.004]},
+        num_workers=2,
+    )
+    assert r.restart_cost_s() == pytest.approx(0.055) and r.epoch_cost_s() == pytest.approx(0.08)
+    text = r.summary()
+    assert "about 55 ms per epoch in the time to the first batch" in text and "about 80 ms in the epoch time" in text
+    assert text.endswith("medians of epochs 2-4.")
+    quiet = sweeps.PersistentResult({False: [0.1, 0.1], True: [0.1, 0.12]}, {False: [0.0, 0.01], True: [0.0, 0.01]}, 2)
+    assert "nothing above the noise (-20 ms) in the epoch time" in quiet.summary() and "from epoch 2" in quiet.summary()
+
+
 def test_spin_dataset_adds_cpu_time():
     ds = SpinDataset(CheapDataset(4, 4), extra_ms=5)
     t0 = time.thread_time()

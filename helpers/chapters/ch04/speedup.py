@@ -271,7 +271,8 @@ class LoaderRounds(Rounds):
             text += (
                 f" {self.num_workers} independent processes loading and collating the same batches reach "
                 f"{self.ceiling_speedup:.2f}x: the measured ceiling. "
-                f"The loader gets {self.share_of_ceiling:.0%} of it."
+                f"The loader's median share of it is {self.share_of_ceiling:.0%} (the median of the per-round "
+                f"shares, so it need not equal {self.speedup:.2f}x / {self.ceiling_speedup:.2f}x)."
             )
         return text + "".join(f" Note: {note}." for note in self.notes())
 
@@ -287,7 +288,8 @@ class LoaderRounds(Rounds):
         ax.plot(xs, single, "o-", color="#4e79a7", label="loader, num_workers=0")
         ax.set(xticks=xs, xlabel="round (each measures all series back to back)", ylabel="throughput (items/s)")
         ax.set_ylim(bottom=0)
-        ax.set_title(title or f"Speed-up in alternating rounds: median {self.speedup:.2f}x")
+        where = "measured now on this machine"
+        ax.set_title(title or f"Speed-up in alternating rounds: median {self.speedup:.2f}x ({where})")
         ax.legend(fontsize=8, loc="lower right")
         ax.grid(alpha=0.3)
         return ax

@@ -167,9 +167,32 @@ class PersistentResult:
     num_workers: int
 
     def restart_cost_s(self) -> float:  # the median extra wait for the first batch of epochs 2+
-        a = self.first_batch_s[False][1:] or self.first_batch_s[False]
-        b = self.first_batch_s[True][1:] or self.first_batch_s[True]
+        return self._extra(self.first_batch_s)
+
+    def epoch_cost_s(self) -> float:
+        """The median extra epoch time of epochs 2+: starting the workers, stopping them at the epoch's end (inside
+        the timed epoch without persistent workers), and whatever a fresh start slows down."""
+        return self._extra(self.epoch_s)
+
+    @staticmethod
+    def _extra(per_epoch: dict[bool, list[float]]) -> float:
+        a, b = per_epoch[False][1:] or per_epoch[False], per_epoch[True][1:] or per_epoch[True]
         return statistics.median(a) - statistics.median(b)
+
+    def summary(self) -> str:
+        """Both measures of the restart cost in one sentence; a difference of zero or less is noise."""
+
+        def cost(s: float) -> str:
+            ms = 1e3 * s
+            return f"about {ms:.0f} ms" if round(ms) > 0 else f"nothing above the noise ({ms:.0f} ms)"
+
+        n = len(self.epoch_s[False])
+        which = "from epoch 1" if n < 2 else "from epoch 2" if n == 2 else f"medians of epochs 2-{n}"
+        return (
+            f"Restarting workers every epoch costs {cost(self.restart_cost_s())} per epoch in the time to the first "
+            f"batch (the start-up wait), and {cost(self.epoch_cost_s())} in the epoch time (start-up, stopping the "
+            f"workers at the end, and the rest of the epoch); {which}."
+        )
 
     def table(self) -> list[str]:
         rows = [
@@ -273,6 +296,10 @@ def sampler_batches(loader: DataLoader) -> list[list[int]]:
 
 # -- batched fetching and cheap items -------------------------------------------------------------------
 
+#: The main thread's busy share, with workers, that :func:`main_limit_verdicts` counts as "near 100%": from
+#: there on the main process is the limit. A threshold chosen for the verdict, not a measurement.
+MAIN_LIMIT_BUSY = 0.9
+
 
 def _measure_cases(
     cases: Sequence[tuple[Any, str, Dataset, Callable[[Any], Any] | None]], workers: Sequence[int], **run: Any
@@ -330,3 +357,35 @@ def cheap_vs_expensive(
     run = {"batch_size": batch_size, "batches": batches, "warmup": warmup}
     keys = ("items", "output", "collate")
     return [{**dict(zip(keys, k)), "num_workers": w, "result": r} for k, w, r in _measure_cases(cases, workers, **run)]
+
+
+def main_limit_verdicts(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per kind of item (``items``, ``output``, ``collate``) and worker count, for rows as
+    :func:`cheap_vs_expensive` returns them: the workers' items/s against ``num_workers=0``'s, and whether the main
+    thread was near 100% busy with workers (at least :data:`MAIN_LIMIT_BUSY`), i.e. the main process is the limit."""
+    groups: dict[tuple[str, str, str], dict[int, Throughput]] = {}
+    for row in rows:
+        key = (str(row["items"]).strip(), str(row["output"]), str(row["collate"]))
+        groups.setdefault(key, {})[int(row["num_workers"])] = row["result"]
+    out = []
+    for (items, output, collate), by_workers in groups.items():
+        none = by_workers.get(0)
+        if none is None:  # nothing to compare the workers with
+            continue
+        for w in sorted(n for n in by_workers if n > 0):
+            r = by_workers[w]
+            ratio, busy = r.items_per_s / none.items_per_s, r.main_busy
+            # one run each: a difference within 10% is not called a direction
+            pace = "faster" if ratio > 1.1 else "slower" if ratio < 1 / 1.1 else "within 10%: no clear difference"
+            if busy >= MAIN_LIMIT_BUSY:
+                limit = f"at least {MAIN_LIMIT_BUSY:.0%}, near 100%: the main process is the limit"
+            else:
+                limit = (
+                    f"under {MAIN_LIMIT_BUSY:.0%}: the main process is not the limit (not running {1 - busy:.0%} "
+                    f"of the time: waiting for batches, or for a core)"
+                )
+            out.append(
+                f"{items} {output} ({collate} collate): {w} workers give {ratio:.2f}x the items/s of "
+                f"num_workers=0 ({pace}); main thread busy {busy:.0%} with workers, {limit}"
+            )
+    return out
