@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from helpers.chapters import ch02
+from helpers.chapters.ch02 import model
 from helpers.chapters.ch02.copies import Sweep, TransferPoint
 from helpers.chapters.ch02.model import KiB, MiB
 
@@ -92,3 +93,29 @@ def test_panel_run_sets_the_host_copy_against_the_sweeps_point_of_the_same_size(
     )
     summary = ch02.panel_summary(result)
     assert "sweep's 1.0 MiB point" in summary and verdict in summary
+
+
+def test_claim_check_counts_the_ratios_against_the_band() -> None:
+    none = model.claim_check([1.12, 1.22, 2.39, 5.24])
+    assert none.startswith("0 of 4 in the claimed band 1.3x-1.5x, 2 below, 2 above (ratios 1.12x-5.24x)")
+    assert none.endswith("the claim holds for none of them.")
+    assert model.claim_check([1.3, 1.5]).endswith("holds for all of them.")  # the band's ends are in it
+    assert "holds for 1 of 3 only" in model.claim_check([1.0, 1.4, 2.0])
+    with pytest.raises(ValueError, match="at least one"):
+        model.claim_check([])
+
+
+def test_section_3_without_a_gpu_pair_gives_the_claims_verdict_from_published_pairs() -> None:
+    lines = ch02.published_claim_lines()
+    found = ch02.pairs("memory")
+    ratios = [pinned.gbps / pageable.gbps for pageable, pinned in found]
+    assert "published elsewhere (not this machine)" in lines[0]
+    assert len(lines) == 2 + 2 * len(found)  # a head, two lines per pair (ratio and verdict, source), the verdict
+    assert all(f"{r:5.2f}x ({model.claim_verdict(r)})" in line for r, line in zip(ratios, lines[1::2]))
+    assert lines[-1] == f"Verdict on the published pairs: {model.claim_check(ratios)}"
+
+
+def test_notebook_section_3_falls_back_to_the_published_pairs() -> None:
+    cells = ["".join(c["source"]) for c in json.loads(NOTEBOOK.read_text())["cells"] if c["cell_type"] == "code"]
+    section3 = next(c for c in cells if "copies.speedup_by_size(" in c)
+    assert "ch02.published_claim_lines()" in section3 and "gpu.header()" not in section3

@@ -274,8 +274,8 @@ def published_elsewhere(what: str, key: str, note: str = "", label: str | None =
     if figs:
         source = (
             f"No reference results for {what} ({label or key}) have been recorded by this workbook on a real "
-            "GPU yet (`make gpu-check` records them); shown instead: figures of the same experiment "
-            "published by others (not this machine, not this workbook's setup)"
+            "GPU yet (`make gpu-check` records them); shown instead: figures others published on this experiment "
+            "or a closely related one, each saying what it measured (not this machine, not this workbook's setup)"
         )
         return Evidence(what, "published", None, source, note, cited=figs)
     reason = missing_message(f"{what} ({label or key})")

@@ -138,6 +138,21 @@ def pairs(what: str) -> list[tuple[PublishedFigure, PublishedFigure]]:
     return [(x, y) for x in xs for y in ys if all(getattr(x, s) == getattr(y, s) for s in same)]
 
 
+def published_claim_lines() -> list[str]:
+    """Section 3 without a GPU pair: the claim "30-50% faster" against the published (pageable, pinned) pairs of
+    :func:`pairs`, labelled as published; pinned GB/s / pageable GB/s at one size is pageable time / pinned time."""
+    found = pairs("memory")
+    if not found:
+        return ["No pageable-vs-pinned pair to compare: none measured, recorded or published."]
+    ratios = [pinned.gbps / pageable.gbps for pageable, pinned in found]
+    head = f"No GPU pair measured or recorded here. Pairs {published.KIND_PUBLISHED} (not this machine), as pageable"
+    out = [f"{head} time / pinned time at one size:"]
+    for (_, pinned), r in zip(found, ratios):
+        what = f"{pinned.short_label().replace(' pinned', '')}, {published.size_text(pinned.transfer_size_bytes)}"
+        out += [f"  {r:5.2f}x ({model.claim_verdict(r)})  {what}", f"         [{published.short_source(pinned.url)}]"]
+    return out + [f"Verdict on the published pairs: {model.claim_check(ratios)}"]
+
+
 # One rule for the whole chapter: a measured figure is its median with a band of one IQR either side. A model's
 # prediction agrees with a point when it lies in that band; two measurements agree when their bands overlap.
 # A point recorded with an IQR of 0 (one sample) has no band: any difference is a miss.

@@ -128,6 +128,21 @@ def claim_verdict(ratio: float) -> str:
     return "below" if ratio < CLAIM_RANGE[0] else "above" if ratio > CLAIM_RANGE[1] else "within"
 
 
+def claim_check(ratios: Sequence[float]) -> str:
+    """The claim "30-50 % faster" against several pageable/pinned time ratios: how many fall below, within and
+    above its band, and whether it holds for all, some or none of them."""
+    rs = [check_float(f"ratios[{i}]", r, 0.0) for i, r in enumerate(ratios)]
+    if not rs:
+        raise ValueError("ratios must hold at least one pageable/pinned time ratio")
+    n = {v: sum(claim_verdict(r) == v for r in rs) for v in ("below", "within", "above")}
+    k = n["within"]
+    holds = "all of them" if k == len(rs) else "none of them" if not k else f"{k} of {len(rs)} only"
+    return (
+        f"{k} of {len(rs)} in the claimed band {CLAIM_RANGE[0]:.1f}x-{CLAIM_RANGE[1]:.1f}x, {n['below']} below, "
+        f"{n['above']} above (ratios {min(rs):.2f}x-{max(rs):.2f}x): the claim holds for {holds}."
+    )
+
+
 def ceiling_share(measured_gbps: float, ceiling_gbps: float | None, *, tolerance: float = 0.03) -> str:
     """``"62% of the theoretical ceiling"``; above it (beyond ``tolerance``) is flagged, never ``110%``."""
     measured_gbps = float(measured_gbps)

@@ -88,14 +88,19 @@ def pin_pair_verdict(rows: Sequence[pinning.PinRow]) -> str:
     ]
     med, lo, hi, n = statistics.median(ratios), min(ratios), max(ratios), len(ratios)
     gain = on.items_per_s / off.items_per_s  # the table's figures: the medians over the rounds
-    gap = f"{abs(gain - 1):.0%} {'faster' if gain >= 1 else 'slower'}"
     rng = f"per-round ratios over {n} alternating round{'s' if n > 1 else ''}: {lo:.2f}-{hi:.2f}x, median {med:.2f}x"
-    head = f"pin_memory=True vs False: {gap} ({on.items_per_s:,.0f} vs {off.items_per_s:,.0f} items/s; {rng})"
+    figures = f"({on.items_per_s:,.0f} vs {off.items_per_s:,.0f} items/s; {rng})"
+    noise = n > 1 and agreement.ratios_straddle_one(ratios)
+    if n < 2 or noise:  # a gap that can't be told from noise is a ratio, never "faster" or "slower"
+        gap = f"x{gain:.2f}{', within noise' if noise else ''}"
+    else:
+        gap = f"{abs(gain - 1):.0%} {'faster' if gain >= 1 else 'slower'}"
+    head = f"pin_memory=True vs False: {gap} {figures}"
     if n < 2:
         return f"{head}; one round has no spread, so it can't tell an effect from noise: run more rounds."
-    if agreement.ratios_straddle_one(ratios):
+    if noise:
         why = "" if on.pin_active else " (as it should be: nothing was pinned, no accelerator)"
-        return f"{head}: the rounds disagree on the direction, so the gap is within their spread: within noise{why}."
+        return f"{head}: the rounds disagree on the direction, so the gap is within their spread{why}."
     if on.pin_active:
         way = "faster" if lo > 1 else "slower"
         return f"{head}: {way} in every round, a gap beyond the rounds' spread: the flag's effect."
