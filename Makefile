@@ -12,7 +12,7 @@ NB_TIMEOUT ?= 300
 # JupyterLab refuses to start as root unless told; containers often run as root.
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: setup compile lab test test-fast lint test-unit test-notebooks test-browser test-floor bench gpu-check coverage-cuda release solutions grade clean help
+.PHONY: setup compile lab test test-fast lint test-unit test-notebooks test-browser test-floor bench gpu-check coverage-cuda release solutions grade grade-args clean help
 
 help:
 	@echo "make lab         set up .venv and open the workbook in JupyterLab"
@@ -142,9 +142,11 @@ solutions: setup
 	$(BIN)/python -m course.release --solutions SOLUTIONS.md $(if $(CHAPTER),--chapters $(CHAPTER))
 
 GRADES ?= grades.csv
-grade: setup
-	@test -n "$(SUBMISSIONS)" || { echo "make grade needs SUBMISSIONS=<folder of submitted notebooks>"; exit 2; }
+grade: grade-args setup
 	$(BIN)/python -m course.grade $(SUBMISSIONS) --out $(GRADES)
+
+grade-args:  # before setup: a missing folder is said at once, nothing installed first
+	@test -n "$(SUBMISSIONS)" || { echo "make grade needs SUBMISSIONS=<folder of submitted notebooks>"; exit 2; }
 
 clean:
 	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache .ruff_cache .mypy_cache artifacts data-cache

@@ -18,7 +18,9 @@ with its own copy of the answer key (course/key.py), so
   recorded, never a fresh re-run: a value read off their table passes.
 
 Limits: a student who forges the record by hand (editing the notebook's JSON) is not caught; re-run
-suspicious submissions in front of you. Grading reads JSON only: seconds for a class.
+suspicious submissions in front of you. The ``forbid`` check reads the exercise's own cell only: a value computed
+with a ruled-out helper in another cell (``bw = sweep.best_workers``, then ``answer = bw``) is not caught. Grading
+reads JSON only: seconds for a class.
 """
 
 from __future__ import annotations
@@ -180,7 +182,7 @@ def table(rows: list[Row]) -> str:
     buf = io.StringIO()
     buf.write(f"{'student':<16} {'exercise':<8} {'points':>6}  feedback\n")
     for r in rows:
-        buf.write(f"{r.student[:16]:<16} {r.exercise:<8} {r.points:>3g}/{r.max_points:<2}  {r.feedback[:80]}\n")
+        buf.write(f"{r.student[:16]:<16} {r.exercise:<8} {r.points:>3g}/{r.max_points:<2}  {r.feedback}\n")
     totals: dict[str, list[float]] = {}
     for r in rows:
         t = totals.setdefault(r.student, [0, 0])

@@ -6,7 +6,8 @@
 
 The chapters already hold no answers (they live in course/key.py); the release clears every output,
 leaves course/ out, and fails if any answer of the key (a solution line, an explanation, an
-``expected=`` argument) shows up in a released notebook.
+``expected=`` argument) shows up in a released notebook, in a code or a markdown cell, or if an exercise
+cell's ``answer = ...`` line holds anything but ``None``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ from course import key
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 CHECK_CALL = re.compile(r'exercises\.check(?:_parts)?\(\s*"(\d\d\.\d)"')
+# In an exercise cell: `answer = ...` (`answer_a: int = ...`, `answer += ...`): the student's line, None when released
+ANSWER_LINE = re.compile(r"^[ \t]*(answer\w*)[ \t]*(?::[^=\n]*)?(?:[-+*/%@&|^]|//|\*\*)?=(?!=)[ \t]*(.*)$", re.M)
+# ... and what its check is handed: the student's `answer`, never a value (`exercises.check("04.3", 12)`)
+CHECKED = re.compile(r'exercises\.check\(\s*"\d\d\.\d"\s*,\s*([^,)\s]+)|Part\(\s*([^,)\s]+)')
+# A solution line that only names the class to hand in (05.3: `answer = LatePrefetcher`): a question may say it
+HAND_IN = re.compile(r"answer\w* = (?!True$|False$|None$)[A-Z]\w*$")
 
 STUDENT_README = """# Course release: {chapters}
 
@@ -60,33 +67,56 @@ def _leak_needles() -> tuple[list[str], list[str]]:
             if len(code) >= 12:
                 solutions.append(code)
         if isinstance(e.explanation, str) and e.explanation:
-            explanations.append(e.explanation[:60])
+            explanations.append(_words(e.explanation)[:60])
     return solutions, explanations
+
+
+def _words(text: str) -> str:
+    """``text`` with its line breaks and runs of spaces as single spaces (a copy in markdown is often re-wrapped)."""
+    return " ".join(text.split())
 
 
 def _code_without_comments(src: str) -> str:
     return "\n".join(line.split("#")[0] for line in src.splitlines())
 
 
-def leaks(nb: nbformat.NotebookNode) -> list[str]:
-    """What in ``nb``'s code cells gives an answer away (empty: nothing).
+def _answer_cell_leaks(where: str, code: str) -> list[str]:
+    """What in one exercise cell's code (comments aside) is an answer: its ``answer = ...`` lines must be None."""
+    found = []
+    for name, value in ANSWER_LINE.findall(code):
+        if value.strip() != "None":
+            found.append(f"{where}: `{name} = {value.strip()}` is an answer; release the cell with `{name} = None`")
+    for m in CHECKED.finditer(code):
+        arg = m.group(1) or m.group(2)
+        if not arg.startswith("answer"):
+            found.append(f"{where}: the check is handed {arg!r}, not the student's `answer`")
+    return found
 
-    A solution line of the key in any code cell (comments aside: a placeholder such as
-    ``answer = None  # answer = Prefetcher`` says what to hand in, not how), and in an exercise cell an
-    ``expected=`` or ``explanation=`` argument, or the key's explanation.
+
+def leaks(nb: nbformat.NotebookNode) -> list[str]:
+    """What in ``nb`` gives an answer away (empty: nothing).
+
+    A solution line or an explanation of the key in any cell, code or markdown (in code, comments aside: a
+    placeholder such as ``answer = None  # answer = Prefetcher`` says what to hand in, not how), and in an
+    exercise cell an ``expected=`` or ``explanation=`` argument, an ``answer = ...`` line that is not ``None``
+    or a check handed anything but the student's ``answer``.
     """
     found = []
     solutions, explanations = _leak_needles()
     for i, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
+        if cell.cell_type not in ("code", "markdown"):
             continue
-        code = _code_without_comments(cell.source)
-        if "course.key" in code or "course/key" in code:
-            found.append(f"cell {i}: reads the answer key")
-        found += [f"cell {i}: contains the key's solution {n!r}" for n in solutions if n in code]
-        if CHECK_CALL.search(cell.source):
-            found += [f"cell {i}: the check passes {arg}" for arg in ("expected=", "explanation=") if arg in code]
-            found += [f"cell {i}: contains the key's explanation {n!r}" for n in explanations if n in cell.source]
+        code = _code_without_comments(cell.source) if cell.cell_type == "code" else cell.source
+        check = CHECK_CALL.search(cell.source) if cell.cell_type == "code" else None
+        where = f"cell {i} ({cell.cell_type}" + (f", exercise {check.group(1)})" if check else ")")
+        if cell.cell_type == "code" and ("course.key" in code or "course/key" in code):
+            found.append(f"{where}: reads the answer key")
+        said = [n for n in solutions if n in code and not (cell.cell_type == "markdown" and HAND_IN.match(n))]
+        found += [f"{where}: contains the key's solution {n!r}" for n in said]
+        found += [f"{where}: contains the key's explanation {n!r}" for n in explanations if n in _words(cell.source)]
+        if check:
+            found += [f"{where}: the check passes {arg}" for arg in ("expected=", "explanation=") if arg in code]
+            found += _answer_cell_leaks(where, code)
     return found
 
 
@@ -103,17 +133,31 @@ def release_notebook(path: Path) -> nbformat.NotebookNode:
             cell.execution_count = None
     found = leaks(nb)
     if found:
-        raise ValueError(f"{path.name} gives answers away: " + "; ".join(found[:5]))
+        more = f"; and {len(found) - 8} more" if len(found) > 8 else ""
+        raise ValueError(f"{path.name} gives answers away: " + "; ".join(found[:8]) + more)
     return nb
 
 
 def make_release(out: Path, chapters: list[str] | None = None) -> list[Path]:
-    """Write the student release of ``chapters`` (default all) into ``out``; returns the notebooks written."""
+    """Write the student release of ``chapters`` (default all) into ``out``; returns the notebooks written.
+
+    Raises:
+        ValueError: an answer shows in a chapter (every such chapter is named; nothing is written then).
+    """
+    released: dict[str, nbformat.NotebookNode] = {}
+    refused: list[str] = []
+    for path in chapter_notebooks(chapters):
+        try:
+            released[path.name] = release_notebook(path)
+        except ValueError as exc:
+            refused.append(str(exc))
+    if refused:
+        raise ValueError("\n".join(refused))
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for path in chapter_notebooks(chapters):
-        nbformat.write(release_notebook(path), out / path.name)
-        written.append(out / path.name)
+    for name, nb in released.items():
+        nbformat.write(nb, out / name)
+        written.append(out / name)
     names = ", ".join(p.stem for p in written)
     (out / "README.md").write_text(STUDENT_README.format(chapters=names))
     return written

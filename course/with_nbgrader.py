@@ -2,15 +2,21 @@
 
     python -m course.with_nbgrader COURSE [--chapters 04 05]
 
-writes ``COURSE/nbgrader_config.py`` and ``COURSE/source/chNN/NN_title.ipynb`` (the instructor's version:
-each exercise's solution inside nbgrader's ``### BEGIN SOLUTION`` region, its check a locked grade cell
-worth the key's points). From there on, nbgrader's commands, run in ``COURSE``::
+writes ``COURSE/nbgrader_config.py``, ``COURSE/workbook_plugins.py`` and ``COURSE/source/chNN/NN_title.ipynb``
+(the instructor's version: each exercise's solution inside nbgrader's ``### BEGIN SOLUTION`` region, its check a
+locked grade cell worth the key's points). From there on, nbgrader's commands, run in ``COURSE``::
 
     nbgrader generate_assignment ch04      # release/ch04/: no solutions, no key
     nbgrader autograde ch04 --create       # submitted/<student>/ch04/*.ipynb -> the gradebook
     nbgrader export --to grades.csv        # one row per student and assignment
-    nbgrader export --exporter=course.with_nbgrader.ExerciseTable --to exercises.csv
+    nbgrader export --exporter=workbook_plugins.ExerciseTable --to exercises.csv
                                            # one row per student and exercise, with the feedback
+
+nbgrader imports an ``--exporter`` class before it reads ``nbgrader_config.py`` (whose ``sys.path`` entry makes
+``course`` importable), but after it put the course folder on its path: ``COURSE/workbook_plugins.py`` hands it
+:class:`ExerciseTable` from there, so no ``PYTHONPATH`` is needed. The config also puts the folder of the Python
+running nbgrader on ``PATH``: nbgrader runs ``alembic`` by name to create ``gradebook.db``, and ``.venv/bin/nbgrader``
+must work without an activated venv.
 
 Autograding here **executes nothing**. nbgrader's default clears every output and re-runs the notebook,
 which would grade a measured answer (04.1's best ``num_workers``) against the grader's run, not the
@@ -39,9 +45,15 @@ ROOT = Path(__file__).resolve().parents[1]
 CODE_STUB = "# YOUR ANSWER: replace None above, then run the next cell (its check records your answer)"
 
 CONFIG = '''"""nbgrader configuration for the workbook's chapters (written by python -m course.with_nbgrader)."""
+import os
 import sys
 
 sys.path.insert(0, {root!r})  # course/ (the answer key and GradeFromRecords) lives in the workbook's checkout
+# nbgrader runs `alembic` by bare name to create gradebook.db: put the scripts folder of the Python running nbgrader
+# (the venv's bin/) on PATH, so that `../.venv/bin/nbgrader ...` works without activating the venv.
+_bin = os.path.dirname(sys.executable)
+if _bin not in os.environ.get("PATH", "").split(os.pathsep):
+    os.environ["PATH"] = _bin + os.pathsep + os.environ.get("PATH", "")
 
 c = get_config()  # noqa: F821 (nbgrader defines it)
 c.CourseDirectory.course_id = "gpu-data-workbook"
@@ -61,6 +73,18 @@ c.Autograde.autograde_preprocessors = [
     "nbgrader.preprocessors.AssignLatePenalties",
     "nbgrader.preprocessors.CheckCellMetadata",
 ]
+'''
+
+
+PLUGINS = '''"""The workbook's nbgrader plugins for nbgrader's command line (written by python -m course.with_nbgrader).
+
+nbgrader puts the course folder on its path, then imports an --exporter=... class before it reads
+nbgrader_config.py:  nbgrader export --exporter=workbook_plugins.ExerciseTable --to exercises.csv
+"""
+import sys
+
+sys.path.insert(0, {root!r})  # course/ lives in the workbook's checkout
+from course.with_nbgrader import ExerciseTable  # noqa: E402, F401
 '''
 
 
@@ -105,9 +129,11 @@ def source_notebook(path: Path) -> nbformat.NotebookNode:
 
 
 def make_course(course: Path, chapters: list[str] | None = None) -> list[Path]:
-    """Write ``course/nbgrader_config.py`` and one assignment ``source/chNN/`` per chapter; returns the notebooks."""
+    """Write ``course/nbgrader_config.py``, ``course/workbook_plugins.py`` and one assignment ``source/chNN/`` per
+    chapter; returns the notebooks."""
     course.mkdir(parents=True, exist_ok=True)
     (course / "nbgrader_config.py").write_text(CONFIG.format(root=str(ROOT), stub=CODE_STUB))
+    (course / "workbook_plugins.py").write_text(PLUGINS.format(root=str(ROOT)))
     written = []
     for path in release.chapter_notebooks(chapters):
         chapter = release.chapter_of(path) or ""
@@ -184,7 +210,7 @@ def _grade_id(cell: Any) -> str:
 
 
 class ExerciseTable(_nbgrader_base("nbgrader.plugins", "ExportPlugin")):  # type: ignore[misc]
-    """``nbgrader export --exporter=course.with_nbgrader.ExerciseTable``: one row per student and exercise.
+    """``nbgrader export --exporter=workbook_plugins.ExerciseTable``: one row per student and exercise.
 
     The columns of ``make grade``'s CSV (:data:`course.grade.FIELDS`: student, chapter, exercise, points,
     max_points, feedback), read from nbgrader's gradebook; the feedback from the autograded notebooks.
@@ -227,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, SystemExit) as exc:
         print(f"with_nbgrader: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {args.course}/nbgrader_config.py and {len(written)} assignment(s):")
+    print(f"wrote {args.course}/nbgrader_config.py, workbook_plugins.py and {len(written)} assignment(s):")
     for p in written:
         print(f"  {p}")
     print(f"next: cd {args.course} && nbgrader generate_assignment {written[0].parent.name if written else 'chNN'}")

@@ -129,13 +129,19 @@ def _run(src: str, ns: dict[str, Any]) -> list[Any]:
     return [nbformat.v4.new_output("execute_result", data=data, execution_count=1)]
 
 
-def _submission(chapter: str, run: dict[str, Any], answers: dict[str, str], tmp: Path, edit=None) -> Any:
-    """A synthetic, executed submission of ``chapter``: setup stand-ins, then its exercise cells."""
+def _submission(
+    chapter: str, run: dict[str, Any], answers: dict[str, str], tmp: Path, edit=None, before: str = ""
+) -> Any:
+    """A synthetic, executed submission of ``chapter``: setup stand-ins, then its exercise cells.
+
+    ``before``: the code of one more cell run before the exercises, as a chapter cell of section 4 would be.
+    """
     nb = nbformat.v4.new_notebook()
     ns: dict[str, Any] = {"__name__": "__main__"}
-    setup = nbformat.v4.new_code_cell(SETUP.format(run=run))
-    setup.outputs = _run(setup.source, ns)
-    nb.cells.append(setup)
+    for src in [SETUP.format(run=run)] + ([before] if before else []):
+        cell = nbformat.v4.new_code_cell(src)
+        cell.outputs = _run(cell.source, ns)
+        nb.cells.append(cell)
     for cell in _exercise_cells(chapter, tmp):
         if cell.cell_type == "code":
             cell.source = _answer(cell.source, answers)

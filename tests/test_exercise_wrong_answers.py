@@ -72,6 +72,49 @@ def test_a_lazy_answer_scores_nothing_and_the_keys_solution_scores_full(graded, 
     assert right.points == key.points(exercise) > 0 or exercise.startswith("99."), (exercise, right.feedback)
 
 
+# 01.2 answered from the prediction chapter 01's own section 4 cell computed (`pred = predict_step_time(phase_s)`,
+# in another cell): each hands the helper's answer over, right in value, and scores 0.
+FROM_THE_PREDICTION = {
+    "overlapped": "answer = 1 - pred.overlapped / pred.serial",
+    "speedup_bound": "answer = 1 - 1 / pred.speedup_bound()",
+    "serial": 'slowest = max(phase_s["load"] + phase_s["collate"], phase_s["h2d"],\n'
+    '              phase_s["forward"] + phase_s["backward"] + phase_s["optimizer"])\n'
+    "answer = 1 - slowest / pred.serial",  # its own grouping, but the helper's serial time
+    "stage_times": "st = pred.stage_times\nanswer = 1 - max(st.values()) / sum(st.values())",
+    "getattr": 'answer = 1 - getattr(pred, "overlapped") / getattr(pred, "serial")',
+}
+CHAPTER_01_SECTION_4 = "from helpers.chapters.ch01 import anatomy\npred = anatomy.predict_step_time(phase_s)"
+
+
+@pytest.fixture(scope="module")
+def from_the_prediction(tmp_path_factory: pytest.TempPathFactory) -> dict[str, grade.Row]:
+    folder = tmp_path_factory.mktemp("pred") / "in"
+    for name, code in FROM_THE_PREDICTION.items():
+        nb = _submission("01", RUN_A, {"01.2": code}, folder.parent, before=CHAPTER_01_SECTION_4)
+        _write(folder, name, "01", nb)
+    nb = _submission("01", RUN_A, _solutions(), folder.parent, before=CHAPTER_01_SECTION_4)
+    _write(folder, "key", "01", nb)
+    return {r.student: r for r in grade.grade_folder(folder) if r.exercise == "01.2"}
+
+
+@pytest.mark.parametrize("name", sorted(FROM_THE_PREDICTION))
+def test_01_2_answered_from_the_chapters_prediction_scores_nothing(from_the_prediction, name: str) -> None:
+    row = from_the_prediction[name]
+    assert row.points == 0 and "which the exercise rules out" in row.feedback, (name, row.feedback)
+    assert from_the_prediction["key"].points == 1, from_the_prediction["key"].feedback  # same cells, own grouping
+
+
+def test_01_2_from_the_prediction_is_right_in_value_so_the_rule_is_what_refuses_it() -> None:
+    ns: dict[str, Any] = {}
+    exec(SETUP.format(run=RUN_A) + "\n" + CHAPTER_01_SECTION_4, ns)
+    facts = exercises.RUN_FACTS["01.2"](ns, None)
+    for name, code in FROM_THE_PREDICTION.items():
+        exec(code, ns)
+        assert key.grade("01.2", ns["answer"], facts)[0], name
+        assert key.forbidden_use("01.2", code), name
+    assert key.forbidden_use("01.2", key.entry("01.2").solution) is None  # the key's own solution uses none
+
+
 def test_every_forbidden_name_of_the_key_is_caught_as_a_student_writes_it() -> None:
     for ex, e in key.ANSWERS.items():
         for name in e.forbid:
@@ -96,6 +139,10 @@ def test_the_self_check_in_a_kernel_refuses_a_forbidden_helper_too(monkeypatch: 
     ns["_ih"].append('answer = 4\nexercises.check("04.1", answer)')
     exec('r = exercises.check("04.1", 4)', ns)
     assert ns["r"].correct  # read off the table: right
+    exec(CHAPTER_01_SECTION_4, ns)
+    ns["_ih"].append('answer = 1 - pred.overlapped / pred.serial\nexercises.check("01.2", answer)')
+    exec('r = exercises.check("01.2", 1 - pred.overlapped / pred.serial)', ns)
+    assert ns["r"].status == "wrong" and ".overlapped" in ns["r"].message
 
 
 def test_a_fraction_off_by_a_few_percent_gets_no_units_hint() -> None:
