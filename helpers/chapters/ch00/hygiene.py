@@ -3,15 +3,18 @@ each a small real one returning :class:`~helpers.core.timing.Timing`, and the cl
 
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from ...core import agreement
-from ...core.device import resolve_device
+from ...core import agreement, evidence
+from ...core.device import no_cuda_message, resolve_device
+from ...core.evidence import Evidence
 from ...core.results import Record, ResultSet
-from ...core.timing import Timing, cuda_event_time, measure, time_calls
+from ...core.timing import Timing, cuda_event_time, measure, summarize, synchronize, time_calls
 from ...core.validate import check_choice, check_float, check_int, wrap
 from ...pipeline.transfer import check_host_bytes
 
@@ -74,17 +77,150 @@ def calls_within(
     return min(wanted, fit)
 
 
+#: The warm-up verdict's rules (this workbook's choices): the gap is called warm-up only when the first call took at
+#: least ``WARMUP_MIN_RATIO`` times the later calls' median, the later calls' IQR is at most ``WARMUP_MAX_SPREAD``
+#: of their median, and (on a CPU) the thread ran on the CPU for at least ``WARMUP_MIN_ON_CPU`` of the first call.
+WARMUP_MIN_RATIO = 3.0
+WARMUP_MAX_SPREAD = 0.5
+WARMUP_MIN_ON_CPU = 0.5
+#: This thread's CPU time, where the system has a per-thread clock (Linux, macOS; Windows' is too coarse to use).
+_THREAD_CLOCK: int | None = getattr(time, "CLOCK_THREAD_CPUTIME_ID", None)
+
+
 def warmup_demo(device: torch.device | str, repeats: int = 15) -> Timing:
     """The first ``repeats`` calls of a fresh, small convolution, no warm-up: the first pays one-off costs (on a GPU,
-    with the context already made: cuDNN's set-up and lazy module loading), not drowned by the work."""
+    with the context already made: cuDNN's set-up and lazy module loading), not drowned by the work. Timed on one
+    intra-op thread (``torch.set_num_threads(1)``, restored after), so a call never waits for a second thread that
+    other programs hold. Wall clock per call, synchronised; on a CPU with a per-thread clock,
+    ``metadata["cpu_times_s"]``: this thread's CPU time per call (time spent waiting adds nothing to it)."""
     check_int("repeats", repeats, 2, 10_000)
     dev = torch.device(device)
     torch.manual_seed(0)
     # 7 -> 10 channels at 20 px: a shape not used elsewhere, so nothing is cached from earlier cells.
     conv = torch.nn.Conv2d(7, 10, kernel_size=5, padding=2).to(dev)
     x = torch.randn(4, 7, 20, 20, device=dev)
-    with torch.no_grad():
-        return time_calls(lambda: conv(x), repeats=repeats, warmup=0, device=dev, label="fresh conv2d, no warm-up")
+    clock = _THREAD_CLOCK if dev.type == "cpu" else None
+    walls: list[float] = []
+    cpus: list[float] = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        synchronize(dev)
+        with torch.no_grad():
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                c0 = time.clock_gettime(clock) if clock is not None else 0.0
+                conv(x)
+                synchronize(dev)
+                c1 = time.clock_gettime(clock) if clock is not None else 0.0
+                walls.append(time.perf_counter() - t0)
+                cpus.append(c1 - c0)
+    finally:
+        torch.set_num_threads(threads)
+    meta: dict[str, Any] = {"device": str(dev), "method": "wall clock per call, synchronised, one intra-op thread"}
+    meta.update(warmup=0, sync=True, num_threads=1)
+    if clock is not None:
+        meta["cpu_times_s"] = cpus
+    return summarize("fresh conv2d, no warm-up", walls, **meta)
+
+
+@dataclass(frozen=True)
+class WarmupVerdict:
+    """What :func:`warmup_demo`'s calls say: ``reasons`` why warm-up cannot be told apart from the machine's load
+    in this run (empty: the gap is warm-up), and the printed ``text``."""
+
+    first_s: float
+    later_median_s: float
+    later_iqr_s: float
+    ratio: float
+    first_cpu_s: float | None
+    reasons: tuple[str, ...]
+    text: str
+
+    @property
+    def warm_up(self) -> bool:
+        return not self.reasons
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def warmup_verdict(warm: Timing, *, width: int = 100) -> WarmupVerdict:
+    """The verdict on :func:`warmup_demo`'s calls, from their own timings (the rules: ``WARMUP_*`` above)."""
+    times = list(warm.times_s)
+    if len(times) < 2:
+        raise ValueError(f"warm must hold the first call and at least one later call, got {len(times)} call(s)")
+    first, later = times[0], sorted(times[1:])
+    median = statistics.median(later)
+    q1, _, q3 = statistics.quantiles(later, n=4, method="inclusive") if len(later) > 1 else [median] * 3
+    iqr = q3 - q1
+    ratio = first / median if median > 0 else float("inf")
+    spread = iqr / median if median > 0 else float("inf")
+    cpus = warm.metadata.get("cpu_times_s")
+    first_cpu = float(cpus[0]) if cpus else None
+    on_cpu = min(1.0, first_cpu / first) if first_cpu is not None and first > 0 else None
+
+    reasons = []
+    if spread > WARMUP_MAX_SPREAD:
+        reasons.append(
+            f"the later calls scatter (their IQR is {spread:.0%} of their median; the rule allows "
+            f"{WARMUP_MAX_SPREAD:.0%})"
+        )
+    if ratio < WARMUP_MIN_RATIO:
+        reasons.append(f"the first call took only {ratio:.1f}x their median (the rule asks for {WARMUP_MIN_RATIO:g}x)")
+    if on_cpu is not None and on_cpu < WARMUP_MIN_ON_CPU:
+        reasons.append(
+            f"the thread ran on the CPU for only {on_cpu:.0%} of the first call (the rule asks for "
+            f"{WARMUP_MIN_ON_CPU:.0%}): for the rest it waited, for other programs or for the disk"
+        )
+
+    lines = [
+        f"first call: {first * 1e3:.3f} ms · median of the later {len(later)} calls: {median * 1e3:.3f} ms "
+        f"(IQR {iqr * 1e3:.3f} ms) · ratio {ratio:.1f}x"
+    ]
+    if first_cpu is not None:
+        lines.append(
+            f"first call's CPU time (one intra-op thread; waiting adds none): {first_cpu * 1e3:.3f} ms of its "
+            f"{first * 1e3:.3f} ms"
+        )
+    if reasons:
+        verdict = (
+            "Verdict: cannot tell. In this run, warm-up cannot be told apart from the machine's load: "
+            + "; ".join(reasons)
+            + ". Re-run the cell, ideally while other programs are quiet."
+        )
+    else:
+        verdict = (
+            f"Verdict: warm-up. The first call took {ratio:.1f}x the later calls' median, and the later calls agree "
+            f"with each other (IQR {spread:.0%} of their median)"
+            + (f"; the thread ran on the CPU for {on_cpu:.0%} of the first call" if on_cpu is not None else "")
+            + ". This run shows warm-up: the first call paid one-off costs that the later calls did not."
+        )
+    lines.append(wrap(verdict, width))
+    return WarmupVerdict(first, median, iqr, ratio, first_cpu, tuple(reasons), "\n".join(lines))
+
+
+def plot_warmup(warm: Timing, ax: Any = None) -> Any:
+    """Time per call of :func:`warmup_demo` on a log scale, by call number (whole numbers), with this thread's CPU
+    time per call when it was read."""
+    from matplotlib.ticker import MaxNLocator  # optional/heavy: matplotlib
+
+    from ...ui import plots  # optional/heavy: matplotlib
+
+    ax = ax if ax is not None else plots.new_axes((7, 3))
+    calls = range(1, warm.n + 1)
+    ax.plot(calls, [t * 1e3 for t in warm.times_s], marker="o", label="wall clock")
+    cpus = warm.metadata.get("cpu_times_s")
+    if cpus:
+        ax.plot(calls, [t * 1e3 for t in cpus], marker="x", linestyle="--", label="this thread's CPU time")
+        ax.legend(fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("call number")
+    ax.set_ylabel("time per call (ms, log scale)")
+    ax.set_title(f"Fresh conv2d on {warm.metadata.get('device', '?')}, no warm-up, one thread (measured now)")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    return ax
 
 
 def sync_demo(
@@ -186,3 +322,36 @@ def clock_table(rows: list[ClockTiming]) -> list[str]:
         + (f" (IQR {r.iqr_s * 1e3:.3f} ms)" if r.iqr_s is not None else "")
         for r in rows
     ]
+
+
+#: Section 4's two clocks, as :func:`events_vs_wall` names them (and ``ch00.benchmark`` records them).
+EVENT_CLOCKS = ("CUDA events", "wall clock + sync")
+#: Why section 4 shows no published figure: the ones of ``ch00.matmul_time_s`` compare sync with no sync.
+NO_PUBLISHED_EVENTS = (
+    "No published figure of this comparison is shown: the published figures in section 2 time a matmul on the "
+    "host clock, with and without synchronising, and none of them uses CUDA events."
+)
+
+
+def event_rows_from_records(rs: ResultSet, records: list[Record]) -> list[ClockTiming] | None:
+    """Section 4's rows (both clocks of :data:`EVENT_CLOCKS`) from ``ch00.matmul_time_s`` records made on a GPU;
+    None when the file holds no CUDA-event timing."""
+    rows = clock_timings_from_records(rs, [r for r in records if r.params.get("clock") in EVENT_CLOCKS])
+    return rows if rows and any(r.clock == EVENT_CLOCKS[0] for r in rows) else None
+
+
+def clocks_evidence(device: torch.device | str, n: int, repeats: int) -> Evidence[list[ClockTiming]]:
+    """CUDA events vs a synchronised wall clock for an ``n x n`` matmul: measured here with CUDA; else a GPU's
+    recording of both clocks; else missing, and it says that no published figure of it is shown (section 2's
+    published figures compare sync with no sync, which says nothing about CUDA events)."""
+    what = "CUDA events vs wall clock"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        rows = clock_timings(events_vs_wall(dev, n=n, repeats=repeats), n)
+        return evidence.measured(what, rows, dev, method="CUDA events and a synchronised wall clock, median")
+    note = no_cuda_message(what)
+    found = evidence.recorded(what, "ch00.matmul_time_s", convert=event_rows_from_records, note=note)
+    if found.kind == "recorded":
+        return found
+    reason = evidence.missing_message(f"{what} (ch00.matmul_time_s, clock 'CUDA events')")
+    return evidence.missing(what, reason=f"{reason} {NO_PUBLISHED_EVENTS}", note=note)
