@@ -288,7 +288,7 @@ def test_the_hazards_gpu_branches_give_what_the_benchmark_records() -> None:
     assert {op.stream.index for op in cuda.log if op.stream is not None} == {1}
     assert len(cuda.ops("kernel")) >= 4  # the GPU is kept busy before each version of hazards 1 and 2
     for h, key in ((d2h, "wrong elements when read"), (mutation, "elements that arrived wrong")):
-        assert all(isinstance(v[key], int) and v["of"] == 4 * 2**20 for v in (h.bug, h.fix))
+        assert all(isinstance(v[key], int) and v["elements copied"] == 4 * 2**20 for v in (h.bug, h.fix))
     assert isinstance(syncs.bug["synchronisations"], int) and isinstance(syncs.fix["synchronisations"], int)
     assert [k for k in syncs.bug if k.endswith(" alone")] == [".item() alone", "print(loss) alone", ".cpu() alone"]
     assert "masked_select" in syncs.explanation and "not counted" not in str(syncs.bug)

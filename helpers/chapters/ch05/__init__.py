@@ -69,11 +69,11 @@ def _record_hazards(results: ResultSet, dev: torch.device, progress: ProgressFn)
     progress(0.4, "hazard 1: a device-to-host copy read before a sync")
     h = hazards.hazard_d2h_read_before_sync(dev)
     for variant, c in (("bug", h.bug), ("fix", h.fix)):
-        results.add(h.key, c["wrong elements when read"], "count", variant=variant, n=c["of"])
+        results.add(h.key, c["wrong elements when read"], "count", variant=variant, n=c["elements copied"])
     progress(0.45, "hazard 2: a pinned source changed too early")
     h = hazards.hazard_pinned_source_mutation(dev)
     for variant, c in (("bug", h.bug), ("fix", h.fix)):
-        results.add(h.key, c["elements that arrived wrong"], "count", variant=variant, n=c["of"])
+        results.add(h.key, c["elements that arrived wrong"], "count", variant=variant, n=c["elements copied"])
     progress(0.5, "hazard 3: hidden synchronisations")
     h = hazards.hazard_hidden_syncs(dev, steps=_BENCH_SYNC_STEPS)
     for variant, counts in (("hidden", h.bug), ("fixed", h.fix)):

@@ -254,8 +254,11 @@ class DecodeComparison:
             *("  " + ln for ln in table(["path", "ms per batch", "IQR"], paths)),
         ]
         if not self.on_gpu:
-            note = f"no CUDA device: path (b) decodes on the CPU too ({_SAME_PATH_LABEL}); the GPU figures come from"
-            for text in (f"note: {note} reference results", f"verdict: {self.verdict}"):
+            note = (
+                f"no CUDA device: path (b) decodes on the CPU too ({_SAME_PATH_LABEL}); GPU figures come from a "
+                "GPU's recording or, without one, from figures others published"
+            )
+            for text in (f"note: {note}", f"verdict: {self.verdict}"):
                 lines.append(textwrap.fill("  " + text, 105, subsequent_indent="    "))
         return "\n".join(lines)
 
@@ -414,7 +417,9 @@ def plot_comparison(cmp: DecodeComparison) -> Any:
     ax_b.invert_yaxis()
     ax_b.set_xlabel("KiB per batch (mean over the batches)")
     ax_b.set_title(
-        f"On the link: {cmp.batch_size} images, {cmp.image_size} px files, {cmp.crop_size} px crops", fontsize=10
+        f"On the link: {cmp.batch_size} images, {cmp.image_size} px files, {cmp.crop_size} px crops\n"
+        "counted from the files and the crop shapes, not timed",
+        fontsize=10,
     )
     ax_b.set_xlim(0, max(vals) * 1.25)
     for bar, v in zip(bars, vals):

@@ -41,8 +41,8 @@ class HazardResult:
 
     def report(self) -> str:
         lines = [f"{self.name} (on {self.device})"]
-        lines.append("  buggy version: " + ", ".join(f"{k} = {v}" for k, v in self.bug.items()))
-        lines.append("  fixed version: " + ", ".join(f"{k} = {v}" for k, v in self.fix.items()))
+        lines.append("  buggy version: " + ", ".join(f"{k} = {_text(v)}" for k, v in self.bug.items()))
+        lines.append("  fixed version: " + ", ".join(f"{k} = {_text(v)}" for k, v in self.fix.items()))
         lines.append("  " + self.explanation)
         return "\n".join(textwrap.fill(ln, 105, subsequent_indent="    ") for ln in lines)
 
@@ -51,6 +51,11 @@ class HazardResult:
         print(self.code_bug, self.code_fix, self.report(), sep="\n")
         if not self.on_gpu:
             evidence.recorded(RECORDED_AS[self.key], self.key, convert=_recorded_lines).show(list)
+
+
+def _text(value: Any) -> str:
+    """A count with thousands separators (4,194,304); anything else as it is."""
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
 
 #: What each hazard's recording is called, by its key (each key written here only: a HazardResult carries it).
@@ -120,7 +125,11 @@ def hazard_d2h_read_before_sync(device: torch.device | str | None = None) -> Haz
         x.fill_(1.0)  # ... so x only becomes all ones later
         wrong = fn(x, out)
         synchronize(dev)
-        return {"wrong elements when read": wrong, "of": N, "wrong after a later sync": int((out != 1).sum())}
+        return {
+            "wrong elements when read": wrong,
+            "elements copied": N,
+            "wrong after a later sync": int((out != 1).sum()),
+        }
 
     name, code = "non-blocking device-to-host copy read before a sync", (_d2h_bug, _d2h_fix)
     return _result(name, dev, code, [run(fn) for fn in code], _D2H_WHY, _D2H_KEY)
@@ -164,7 +173,7 @@ def hazard_pinned_source_mutation(device: torch.device | str | None = None) -> H
             GpuDelay(dev)()
         fn(src, dst)
         synchronize(dev)
-        return {"elements that arrived wrong": int((dst != 1).sum()), "of": N}
+        return {"elements that arrived wrong": int((dst != 1).sum()), "elements copied": N}
 
     name, code = "pinned source modified before its asynchronous copy ran", (_mutation_bug, _mutation_fix)
     return _result(name, dev, code, [run(fn) for fn in code], _MUTATION_WHY, _MUTATION_KEY)

@@ -15,7 +15,7 @@ import torch
 
 from ...core import evidence
 from ...core.config import sized
-from ...core.device import resolve_device
+from ...core.device import no_cuda_message, resolve_device
 from ...core.evidence import Evidence
 from ...core.results import Record, ResultSet
 from ...core.rounds import table
@@ -212,6 +212,38 @@ def copy_call_table(cells: list[CellResult] | list[CopyCallRow]) -> list[str]:
     rows = [c if isinstance(c, tuple) else (c.name, c.copy_call_s, c.copy_s, c.step_s) for c in cells]
     headers = ["configuration", "copy call (CPU)", "copy on GPU", "step"]
     return table(headers, [[name, ms(call), ms(copy), ms(step)] for name, call, copy, step in rows])
+
+
+COPY_CALL_WHAT = "the copy call's duration"
+
+
+def copy_call_evidence(cells: list[CellResult], device: torch.device | str) -> Evidence[Any]:
+    """The copy-call table's rows: ``cells`` measured here on CUDA; else a GPU's recording; else missing. Never the
+    published totals of :func:`related_totals`: they time copy + kernel + copy, not the copy call."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return evidence.measured(COPY_CALL_WHAT, cells, dev)
+    note = no_cuda_message(COPY_CALL_WHAT)
+    found = evidence.recorded(COPY_CALL_WHAT, "ch05.overlap.step_time", convert=copy_call_rows_from_records, note=note)
+    if found.kind == "recorded":
+        return found
+    reason = evidence.missing_message(f"{COPY_CALL_WHAT} (ch05.overlap.step_time)")
+    reason += " No published figure of the copy call's duration is shown."
+    return evidence.missing(COPY_CALL_WHAT, reason=reason, note=note)
+
+
+def related_totals() -> Evidence[Any]:
+    """A related experiment others published (the NVIDIA post's totals): the whole time of copy in, kernel and copy
+    out, in sequence and overlapped on 4 streams, said to be totals and not the copy call; missing if none is cited."""
+    what = "a related experiment: copy + kernel + copy totals, sequential vs overlapped"
+    figs = evidence.cited_for("ch05.overlap.step_time")  # the experiment the copy-call table's rows are recorded as
+    if not figs:
+        return evidence.missing(what)
+    source = (
+        "published by others (not this machine, not this workbook's setup). Each figure is the total time of a "
+        "host-to-device copy, a kernel and a device-to-host copy; none is the copy call's duration"
+    )
+    return Evidence(what, "published", None, source, cited=figs)
 
 
 def schematic_trace(memory: str, stream: str) -> SpanTrace:
