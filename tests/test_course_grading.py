@@ -253,7 +253,7 @@ def test_release_refuses_a_chapter_with_an_answer_in_it(tmp_path: Path) -> None:
     old = nbformat.v4.new_notebook()
     old.cells = [nbformat.v4.new_code_cell('answer = None\n\nexercises.check("04.3", answer, expected=3 * 4)')]
     assert any("expected=" in f for f in release.leaks(old))
-    old.cells = [nbformat.v4.new_code_cell("print(1)\nanswer = 1800 / min(2400, 9000, 2000)")]
+    old.cells = [nbformat.v4.new_code_cell("print(1)\nanswer = 1700 / min(2400, 9000, 2000)")]
     assert release.leaks(old)
 
 
@@ -399,7 +399,7 @@ WRONG_ANSWERS = {
     "05.3": "type('PassThrough', (), {})",  # a prefetcher that never waits: the checker refuses it
     "05.4": 'cmp.bytes["float32"] / cmp.bytes["jpeg"]',  # against float32, not what the pipeline sends
     "06.1": '"a"',  # more workers for a compute-bound job
-    "06.2": "1800 / 2400",  # against the loader, not the slowest stage
+    "06.2": "1700 / 2400",  # against the loader, not the slowest stage
     "06.3": '"pinned"',
     "06.4": 'min(wf["data-bound"].results[0].stages.values())',  # the loader's own rate: nothing removed
     "07.1": "1000 // 3",

@@ -34,7 +34,7 @@ LAZY = {
     "05.3": "answer = Prefetcher",  # the class section 3 wrote
     "05.4": 'answer = cmp.bytes["float32"] / cmp.bytes["jpeg"]',  # the division the old hint spelled out
     "06.1": 'answer = diagnoses["compute-bound"].verdict',  # the verdict the doctor printed
-    "06.2": "answer = capstone.pipeline_efficiency(1800, {'loader': 2400, 'copy': 9000, 'compute': 2000}).value",
+    "06.2": "answer = capstone.pipeline_efficiency(1700, {'loader': 2400, 'copy': 9000, 'compute': 2000}).value",
     "06.3": 'answer = wf["data-bound"].best_steps()[0]',  # the waterfall's own answer
     "06.4": 'answer = wf["compute-bound"].results[0].slowest_stage',  # the stage the chapter printed
     "07.1": "answer = distributed.rank_share(1000, 3).per_rank",  # the helper the chapter just called
@@ -175,7 +175,7 @@ UNIT_MISTAKES = {
     "04.2": ("answer = 100 * 900 / 1700", ""),  # a percentage
     "05.2": ("answer = 256 * 3 * 224 * 224 / 1e6", "MiB or MB"),  # MB, not MiB
     "05.4": ('answer = cmp.bytes["jpeg"] / cmp.bytes["uint8"]', ""),  # upside down
-    "06.2": ("answer = 100 * 1800 / 2000", ""),  # a percentage
+    "06.2": ("answer = 100 * 1700 / 2000", ""),  # a percentage
     "06.4": ("answer = 1 / 4000", ""),  # seconds per image, not images/s
 }
 

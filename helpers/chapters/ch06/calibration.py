@@ -1,6 +1,6 @@
-"""Chapter 06: the regimes calibrated on this device. "Wide" depends on the device (wide on a laptop is fast on an
-H200), so :func:`calibrate` times the loader alone and the model alone here and picks a model whose step takes
-2-3.5x the loader's batch (:func:`choose_model`)."""
+"""Chapter 06: the regimes calibrated on this device. "Wide" depends on the device (a model wide on a laptop may be
+fast on a large GPU), so :func:`calibrate` times the loader alone and the model alone here and picks a model whose
+step takes 2-3.5x the loader's batch (:func:`choose_model`)."""
 
 from __future__ import annotations
 
@@ -146,6 +146,24 @@ def _choice(seen: dict[tuple[int, int], float], flops: dict[tuple[int, int], int
         f"loader's batch ({stop}); its loading steps are expected to gain as in the data-bound regime")  # fmt: skip
 
 
+def _data_bound_reason(compute_s: float, loader_s: float, reached: bool) -> str:
+    """Why the tiny model was kept: the loader slower by the margin, by less (loading steps can still gain), or not."""
+    if compute_s <= 0:
+        return "no time measured"
+    if reached:
+        return f"the tiny model computes a batch {loader_s / compute_s:.1f}x faster than the loader loads one"
+    if compute_s < loader_s:
+        return (
+            f"the loader is the slower stage ({loader_s / compute_s:.2f}x the tiny model's step), but by less than "
+            f"the {MARGIN:.0f}x margin asked for (the data-bound margin is not reached): loading steps can still gain"
+        )
+    return (
+        f"even the tiny model computes a batch no faster than the loader loads one here (data-bound regime not "
+        f"reached: its step takes {compute_s / loader_s:.2f}x the loader's batch): loading steps are expected to "
+        "gain less, as in the compute-bound regime"
+    )
+
+
 def choose_model(
     regime: str,
     measure: Callable[[int, int], float],
@@ -166,11 +184,7 @@ def choose_model(
     if regime == "data-bound":
         c = measure(*start)
         ok = c * MARGIN <= loader_s
-        why = "no time measured" if c <= 0 else (
-            f"the tiny model computes a batch {loader_s / c:.1f}x faster than the loader loads one" if ok else
-            f"even the tiny model is not {MARGIN:.0f}x faster than the loader here (data-bound regime not reached: "
-            "loading steps may gain little)")  # fmt: skip
-        return Calibration(regime, *start, loader_s, c, ok, why, clock() - t0)
+        return Calibration(regime, *start, loader_s, c, ok, _data_bound_reason(c, loader_s, ok), clock() - t0)
     flops = {m: flops_per_sample(_on_meta(*m), crop_size) for m in set(MODEL_LADDER) | {start}}
     order = sorted(flops, key=flops.__getitem__)
     seen: dict[tuple[int, int], float] = {}

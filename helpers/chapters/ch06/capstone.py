@@ -22,7 +22,7 @@ from ...core.progress import scaled
 from ...core.rounds import alternate, table
 from ...core.validate import check_choice, check_float, check_int
 from .calibration import Calibration
-from .doctor import Diagnosis, usable_cores
+from .doctor import Diagnosis, MeasuredStep, usable_cores
 from .job import (
     REGIMES,
     STEP_NAMES,
@@ -135,6 +135,12 @@ class Waterfall:
         out = {r.name: v for r, v in zip(self.results[1:], self.verdicts()[1:])}
         out.update(dict.fromkeys(self.not_measured, "needs CUDA"))
         return out
+
+    def measured_steps(self) -> dict[str, MeasuredStep]:
+        """Step name -> seconds per step at the baseline and in the configuration with that step (and those before
+        it): what the doctor takes as ``measured_steps``, to show beside its estimates."""
+        base = self.baseline.step_s
+        return {r.name: MeasuredStep(r.label, base, r.step_s) for r in self.results[1:]}
 
     def table(self) -> str:
         """A row per configuration, the notes, the steps left out (lines <= 110 characters)."""
@@ -290,20 +296,61 @@ def compare_threads(
 ) -> list[str]:
     """``wf``'s configuration ``step`` per main-process thread count (default: the job's and all usable cores), a line
     each saying what its figure is: the waterfall's own run at the job's count (a median of rounds with their range),
-    else the same job run once more."""
+    else the same job run once more; then a verdict per other count (:func:`thread_verdict`)."""
     ran = {r.name: r for r in wf.results}
     if step not in ran:
         raise ValueError(f"step {step!r} was not measured in this waterfall; choose one of {', '.join(ran)}")
-    out = [f"{wf.regime}, {_STEPS[step].label}:"]
+    out, others = [f"{wf.regime}, {_STEPS[step].label}:"], []
     for n in threads if threads is not None else sorted({wf.spec.threads, usable_cores()}):
         r = ran[step]
         if n != wf.spec.threads:
             spec = dataclasses.replace(wf.spec, threads=n)
             r = run_config(r.settings, spec, wf.device, name=step, stages=False, pipeline=pipeline)
+            others.append((n, r.epoch_s))
         rounds = r.round_epoch_s
         how = (f"the waterfall's median of {len(rounds)} rounds, range {min(rounds):.2f}-{max(rounds):.2f} s"
                if len(rounds) > 1 else "one run")  # fmt: skip
         out.append(f"    {n} thread(s): {r.epoch_s:.2f} s/epoch ({how})")
+    own = ran[step]  # the waterfall's run at the job's thread count
+    for n, sec in others:  # wrapped: a notebook wraps a longer line mid-word
+        out += textwrap.wrap(thread_verdict(n, sec, wf.spec.threads, own.epoch_s, own.round_epoch_s), 105,
+                             initial_indent="    ", subsequent_indent="        ", break_on_hyphens=False)  # fmt: skip
+    return out
+
+
+def thread_verdict(threads: int, epoch_s: float, job_threads: int, job_epoch_s: float, rounds: Sequence[float]) -> str:
+    """One run at ``threads`` against the waterfall's run at ``job_threads`` (median ``job_epoch_s`` of ``rounds``):
+    inside the rounds' range, within noise; outside it, slower or faster beyond it; one round: no range to judge."""
+    head = f"verdict, {threads} thread(s) against {job_threads}:"
+    if len(rounds) < 2:
+        return (f"{head} no range to judge: the waterfall ran one round, so x{epoch_s / job_epoch_s:.2f} its "
+                "epoch time may be noise")  # fmt: skip
+    lo, hi = min(rounds), max(rounds)
+    if lo <= epoch_s <= hi:
+        return (f"{head} within noise ({epoch_s:.2f} s is inside the waterfall's range {lo:.2f}-{hi:.2f} s): no "
+                "cost of sharing the cores was measured")  # fmt: skip
+    if epoch_s > hi:
+        return (f"{head} slower beyond the waterfall's range ({epoch_s:.2f} s, above {lo:.2f}-{hi:.2f} s; "
+                f"x{epoch_s / job_epoch_s:.2f} its median): sharing the cores cost time here")  # fmt: skip
+    return (f"{head} faster beyond the waterfall's range ({epoch_s:.2f} s, below {lo:.2f}-{hi:.2f} s; "
+            f"x{epoch_s / job_epoch_s:.2f} its median): no cost of sharing the cores was measured")  # fmt: skip
+
+
+def timeline_lines(results: Sequence[ConfigResult]) -> list[str]:
+    """Per configuration, from its timed epoch's spans: the first wait for a batch and the median one, the median
+    ``train_step`` and the epoch's data stall, so the text can point at what this run measured."""
+    out = []
+    for r in results:
+        waits = [s.duration for s in sorted(r.trace.spans, key=lambda s: s.start) if s.name == "batch"]
+        steps = [s.duration for s in r.trace.spans if s.name == "train_step"]
+        if not waits or not steps:
+            out.append(f"{r.label}: no spans recorded")
+            continue
+        out.append(
+            f"{r.label}: wait for a batch: first {waits[0] * 1e3:.1f} ms, median {statistics.median(waits) * 1e3:.1f} "
+            f"ms · train_step: median {statistics.median(steps) * 1e3:.1f} ms · data stall {r.data_stall:.0%} of "
+            f"the epoch ({len(steps)} steps, measured now)"
+        )
     return out
 
 

@@ -66,10 +66,34 @@ class Measurements:
         return self.h2d_s + self.compute_s
 
 
+@dataclass(frozen=True)
+class MeasuredStep:
+    """What a waterfall measured for one step: seconds per step at its baseline and in ``label``, the configuration
+    with that step (and the steps before it) switched on."""
+
+    label: str
+    baseline_s: float
+    with_step_s: float
+
+    @property
+    def saving_s(self) -> float:  # below 0: the configuration was slower than the baseline
+        return self.baseline_s - self.with_step_s
+
+    @property
+    def share(self) -> float:  # the saving as a share of the baseline's step
+        return self.saving_s / self.baseline_s
+
+    def describe(self) -> str:
+        return (f"the waterfall measured {_ms(self.baseline_s)} -> {_ms(self.with_step_s)} per step, its baseline "
+                f"to '{self.label}' (with the steps before it)")  # fmt: skip
+
+
 @dataclass
 class Recommendation:
-    """One piece of advice: ``gain_s`` is the estimated saving per step (``None``: not estimable), ``step`` the
-    waterfall step making this change ('' if none): what ``measured`` is matched on."""
+    """One piece of advice: ``gain_s`` is the estimated saving per step (``None``: not estimable); ``bound``: it is
+    the bottleneck model's saving with perfect overlap, an upper bound; ``step`` the waterfall step making this
+    change ('' if none): what ``measured`` and ``measured_steps`` are matched on; ``measured_step``: what the
+    waterfall measured for it."""
 
     action: str
     evidence: str
@@ -77,6 +101,20 @@ class Recommendation:
     gain_s: float | None = None
     chapter: str = ""
     step: str = ""
+    bound: bool = False
+    measured_step: MeasuredStep | None = None
+
+    def saving(self) -> str:
+        """The estimate, labelled (an upper bound or an estimate), and beside it what the waterfall measured."""
+        if self.gain_s is None:
+            text = "saving not estimable here"
+        elif self.bound:
+            text = f"saves at most ~{_ms(self.gain_s)}/step (bottleneck model, perfect overlap)"
+        else:
+            text = f"saves ~{_ms(self.gain_s)}/step (estimate)"
+        if self.measured_step is not None:
+            text += f"; {self.measured_step.describe()}"
+        return text
 
 
 LINE_WIDTH = 105
@@ -125,8 +163,7 @@ class Diagnosis:
         if self.recommendations:
             out.append("Recommendations, most promising first:")
             for i, r in enumerate(self.recommendations, 1):
-                gain = f"saves ~{_ms(r.gain_s)}/step" if r.gain_s is not None else "saving not estimable here"
-                out += _wrap(f"  {i}. ", f"{r.action}  [{gain}; chapter {r.chapter}]")
+                out += _wrap(f"  {i}. ", f"{r.action}  [{r.saving()}; chapter {r.chapter}]")
                 out += _wrap("     ", f"because {r.evidence}")
         for n in self.notes:
             out += _wrap("Note: ", n)
@@ -165,7 +202,7 @@ def _more_workers(m: Measurements, d: Diagnosis) -> list[Recommendation]:
         f"usable core{'s' if cores != 1 else ''}" + ("" if f.cuda else " (on a CPU device the workers share them "
         "with the model)"),
         stage="data", gain_s=max(0.0, m.wait_s - max(0.0, per_batch / suggested - busy)), chapter="04 · workers",
-        step="workers",
+        step="workers", bound=True,
     )]  # fmt: skip
 
 
@@ -236,6 +273,7 @@ def _transfer_advice(m: Measurements, d: Diagnosis) -> list[Recommendation]:
             evidence=f"the copy ({_ms(after_pin)} after the steps above) and the compute ({_ms(m.compute_s)}) run "
             "one after the other; overlapped, the smaller one hides behind the larger",
             stage="transfer", gain_s=min(after_pin, m.compute_s), chapter="05 · overlap", step="prefetcher",
+            bound=True,
         ))  # fmt: skip
     return recs
 
@@ -282,11 +320,10 @@ def _agree_with(recs: list[Recommendation], measured: Mapping[str, str], notes: 
     return agreed
 
 
-def decide(m: Measurements, *, measured: Mapping[str, str] | None = None) -> Diagnosis:
-    """Verdict and ranked advice: overlapped, a step takes as long as its slowest stage. **data**: without workers the
-    wait; with workers ``wait + h2d + compute`` when the wait is at least :data:`STALL_THRESHOLD` of the step, else
-    hidden. ``measured`` (a waterfall's step verdicts): a step measured 'slower' is withdrawn with a note; one
-    within noise keeps no estimated saving."""
+def _check_inputs(
+    m: Measurements, measured: Mapping[str, str] | None, measured_steps: Mapping[str, MeasuredStep] | None
+) -> None:
+    """:func:`decide`'s arguments, checked: finite phase times >= 0, a step of more than 0 s, verdicts as text."""
     check_int("steps", m.steps, 1)
     for name in ("wait_s", "h2d_s", "compute_s"):
         v = getattr(m, name)
@@ -295,8 +332,28 @@ def decide(m: Measurements, *, measured: Mapping[str, str] | None = None) -> Dia
     for k, v in (measured or {}).items():
         if not isinstance(v, str):
             raise ValueError(f"measured[{k!r}] must be a verdict such as 'gain' or 'slower', got {v!r}")
+    for k, ms in (measured_steps or {}).items():
+        times = (getattr(ms, "baseline_s", None), getattr(ms, "with_step_s", None))
+        if not isinstance(ms, MeasuredStep) or not all(
+            isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in times
+        ):
+            raise ValueError(f"measured_steps[{k!r}] must be a MeasuredStep with times > 0 seconds, got {ms!r}")
     if m.step_s <= 0:
         raise ValueError("the measured step time is 0 s: nothing was timed")
+
+
+def decide(
+    m: Measurements,
+    *,
+    measured: Mapping[str, str] | None = None,
+    measured_steps: Mapping[str, MeasuredStep] | None = None,
+) -> Diagnosis:
+    """Verdict and ranked advice: overlapped, a step takes as long as its slowest stage. **data**: without workers the
+    wait; with workers ``wait + h2d + compute`` when the wait is at least :data:`STALL_THRESHOLD` of the step, else
+    hidden. ``measured`` (a waterfall's step verdicts): a step measured 'slower' is withdrawn with a note; one
+    within noise keeps no estimated saving. ``measured_steps`` (a waterfall's step times): shown beside the
+    estimate, and a recommendation that keeps a saving is ranked by the measured one."""
+    _check_inputs(m, measured, measured_steps)
     step, nw = m.step_s, m.facts.num_workers
     stall = m.wait_s / step
     shares = {"wait": stall, "h2d": m.h2d_s / step, "compute": m.compute_s / step}
@@ -316,10 +373,15 @@ def decide(m: Measurements, *, measured: Mapping[str, str] | None = None) -> Dia
     recs = _data_advice(m, d) + _transfer_advice(m, d) + _compute_advice(m, d)
     if measured:
         recs = _agree_with(recs, measured, notes)
+    for r in recs:  # after _agree_with: it may have moved the advice to another step
+        r.measured_step = (measured_steps or {}).get(r.step) if r.step else None
 
-    def rank(r: Recommendation) -> tuple[int, float]:
-        g = r.gain_s or 0.0
-        return (0 if r.gain_s is not None and g >= NOTABLE_SHARE * step else 1 if r.stage == bottleneck else 2, -g)
+    def rank(r: Recommendation) -> tuple[int, float]:  # by the measured saving when there is one, else the estimate
+        if r.gain_s is None:
+            share = 0.0
+        else:
+            share = r.measured_step.share if r.measured_step is not None else r.gain_s / step
+        return (0 if r.gain_s is not None and share >= NOTABLE_SHARE else 1 if r.stage == bottleneck else 2, -share)
 
     recs.sort(key=rank)
     if not recs:

@@ -23,9 +23,12 @@ from ...core.validate import check_float, check_int
 from ...pipeline.prefetch import iter_tensors, map_tensors, move_batch
 from ...pipeline.workers import cpu_cores as usable_cores  # CPU cores this process may run on
 from ...pipeline.workers import release
-from .diagnosis import VERDICTS, Diagnosis, Measurements, PipelineFacts, Recommendation, decide
+from .diagnosis import VERDICTS, Diagnosis, MeasuredStep, Measurements, PipelineFacts, Recommendation, decide
 
-__all__ = ["VERDICTS", "PipelineFacts", "Measurements", "Recommendation", "Diagnosis", "decide", "usable_cores"]
+__all__ = [
+    "VERDICTS", "PipelineFacts", "Measurements", "MeasuredStep", "Recommendation", "Diagnosis", "decide",
+    "usable_cores",
+]  # fmt: skip
 
 
 class DoctorTimeout(TimeoutError):
@@ -186,9 +189,11 @@ def diagnose(
     transfer: str = "auto",
     time_limit_s: float = 60.0,
     measured: Mapping[str, str] | None = None,
+    measured_steps: Mapping[str, MeasuredStep] | None = None,
 ) -> Diagnosis:
     """Measure a few steps of ``loader`` + ``step_fn(batch)`` on ``device`` (default CUDA if present) and diagnose
-    them. ``transfer="none"``: ``step_fn`` copies (counted as compute). ``measured``: see :func:`decide`."""
+    them. ``transfer="none"``: ``step_fn`` copies (counted as compute). ``measured``, ``measured_steps``: see
+    :func:`decide`."""
     if not hasattr(loader, "__iter__"):
         raise ValueError(f"loader must be an iterable of batches, got {type(loader).__name__}")
     if not callable(step_fn):
@@ -217,11 +222,12 @@ def diagnose(
                 f"is one step longer than the limit? Raise time_limit_s or lower steps."
             ) from None
         loop.notes.append(f"Interrupted: {exc}; measured {n} steps before that.")
-    return _diagnosis(loop, facts, dev, separate, timed_out, t_start, warmup, measured)
+    return _diagnosis(loop, facts, dev, separate, timed_out, t_start, warmup, measured, measured_steps)
 
 
 def _diagnosis(loop: _Loop, facts: PipelineFacts, dev: torch.device, separate: bool, timed_out: bool,
-               t_start: float, warmup: int, measured: Mapping[str, str] | None) -> Diagnosis:  # fmt: skip
+               t_start: float, warmup: int, measured: Mapping[str, str] | None,
+               measured_steps: Mapping[str, MeasuredStep] | None = None) -> Diagnosis:  # fmt: skip
     trace = loop.rec.finish()
     waits, mean = [s.duration for s in trace.spans if s.name == "wait"], trace.phase_means()
     if not waits:
@@ -240,7 +246,7 @@ def _diagnosis(loop: _Loop, facts: PipelineFacts, dev: torch.device, separate: b
         transfer_separate=separate,
         facts=facts,
     )
-    d = decide(m, measured=measured)
+    d = decide(m, measured=measured, measured_steps=measured_steps)
     ran = f"The doctor ran {warmup + len(waits)} real steps: step_fn's model has trained on them."
     d.notes[:0] = [*loop.notes, ran]
     d.seconds = time.perf_counter() - t_start
