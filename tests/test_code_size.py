@@ -43,7 +43,10 @@ def test_no_module_over_600_lines_and_no_function_over_60() -> None:
 
 #: What issue #27's passes brought helpers/ and its kernel down to (tools/code_size.py, 2026-11-25), plus about
 #: 2% room. A change that needs more cuts elsewhere first, or says in its commit why the ceiling must rise.
-CEILINGS = {"helpers/": 14_800, "kernel (core+ui+pipeline)": 5_350}
+#: helpers/ rose from 14,800 to 15,350 on 2026-11-25: four laptop-size reads of the chapters found prose their
+#: outputs contradicted, and the fixes print verdicts computed from the run (warm-up, main-process limit, restart
+#: cost both ways, threads, the doctor's measured savings, the published '30-50%' pairs): about 450 lines.
+CEILINGS = {"helpers/": 15_350, "kernel (core+ui+pipeline)": 5_350}
 
 
 def test_helpers_do_not_grow_back() -> None:
