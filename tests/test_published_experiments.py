@@ -169,3 +169,18 @@ def test_the_packaged_file_loads_and_every_quote_holds_its_value() -> None:
             line for line in "\n".join(fig.lines()).splitlines() if len(line) > 110
         ]  # JupyterLab would wrap them mid-word
         assert not too_long, f"{fig.id}: printed lines over 110 characters (a shorter URL?): {too_long}"
+
+
+def test_a_section_that_the_cited_figures_do_not_show_says_so_instead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``no_published``: the figures cited for a key time something else (ch05's copy call, ch00's CUDA events), so
+    the section is missing with the reason, never shown with those figures."""
+    monkeypatch.setenv(evidence.REFERENCE_ENV, str(tmp_path))  # no reference recorded
+    key = "ch05.overlap.step_time"
+    assert evidence.cited_for(key)  # figures exist: without no_published they would be shown
+    ev = evidence.measure_or_recall(
+        "the copy call", "cpu", measure=lambda: pytest.fail("measured on a CPU"), key=key, no_published="None fits."
+    )
+    text = " ".join(str(ev).split())
+    assert ev.kind == "missing" and not ev.cited and text.startswith("No CUDA device") and "None fits." in text

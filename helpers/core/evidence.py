@@ -238,12 +238,19 @@ def recorded(
     key: str,
     convert: Callable[[ResultSet, list[Record]], T] | None = None,
     note: str = "",
+    no_published: str | None = None,
     **params: Any,
 ) -> Evidence[Any]:
     """The newest reference file's records for ``key`` (and ``params``) through ``convert(rs, records)``
-    (None: missing); else :func:`published_elsewhere`."""
+    (None: missing); else :func:`published_elsewhere`, or, given ``no_published`` (why the figures cited for ``key``
+    do not show this), missing with that sentence."""
     hits = [(rs, recs) for rs in references() if (recs := rs.find(key, **params))]
-    return _newest(what, hits, convert, note) or published_elsewhere(what, key, note)
+    found = _newest(what, hits, convert, note)
+    if found is not None:
+        return found
+    if no_published is not None:
+        return missing(what, reason=f"{missing_message(f'{what} ({key})')} {no_published}", note=note)
+    return published_elsewhere(what, key, note)
 
 
 def recorded_artifact(
@@ -296,10 +303,12 @@ def measure_or_recall(
     key: str,
     convert: Callable[[ResultSet, list[Record]], Any] | None = None,
     method: str = "",
+    no_published: str | None = None,
     **params: Any,
 ) -> Evidence[Any]:
-    """Measure on a CUDA ``device``; without one, :func:`recorded` for ``key`` with the no-CUDA sentence as note."""
+    """Measure on a CUDA ``device``; without one, :func:`recorded` for ``key`` (``no_published``: see there) with the
+    no-CUDA sentence as note."""
     dev = torch.device(device)
     if dev.type == "cuda":
         return measured(what, measure(), dev, method)
-    return recorded(what, key, convert, note=no_cuda_message(what), **params)
+    return recorded(what, key, convert, note=no_cuda_message(what), no_published=no_published, **params)

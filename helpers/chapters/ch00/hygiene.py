@@ -11,10 +11,10 @@ from typing import Any, Callable
 import torch
 
 from ...core import agreement, evidence
-from ...core.device import no_cuda_message, resolve_device
+from ...core.device import resolve_device
 from ...core.evidence import Evidence
 from ...core.results import Record, ResultSet
-from ...core.timing import Timing, cuda_event_time, measure, summarize, synchronize, time_calls
+from ...core.timing import Timing, cuda_event_time, measure, time_calls
 from ...core.validate import check_choice, check_float, check_int, wrap
 from ...pipeline.transfer import check_host_bytes
 
@@ -100,28 +100,24 @@ def warmup_demo(device: torch.device | str, repeats: int = 15) -> Timing:
     conv = torch.nn.Conv2d(7, 10, kernel_size=5, padding=2).to(dev)
     x = torch.randn(4, 7, 20, 20, device=dev)
     clock = _THREAD_CLOCK if dev.type == "cpu" else None
-    walls: list[float] = []
     cpus: list[float] = []
+
+    def call() -> None:  # the kernel's time_calls times it; this adds the thread's CPU time (a CPU runs it inline)
+        c0 = time.clock_gettime(clock) if clock is not None else 0.0
+        conv(x)
+        cpus.append(time.clock_gettime(clock) - c0 if clock is not None else 0.0)
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        synchronize(dev)
         with torch.no_grad():
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                c0 = time.clock_gettime(clock) if clock is not None else 0.0
-                conv(x)
-                synchronize(dev)
-                c1 = time.clock_gettime(clock) if clock is not None else 0.0
-                walls.append(time.perf_counter() - t0)
-                cpus.append(c1 - c0)
+            warm = time_calls(call, repeats=repeats, warmup=0, device=dev, label="fresh conv2d, no warm-up")
     finally:
         torch.set_num_threads(threads)
-    meta: dict[str, Any] = {"device": str(dev), "method": "wall clock per call, synchronised, one intra-op thread"}
-    meta.update(warmup=0, sync=True, num_threads=1)
+    warm.metadata.update(method="wall clock per call, synchronised, one intra-op thread", num_threads=1)
     if clock is not None:
-        meta["cpu_times_s"] = cpus
-    return summarize("fresh conv2d, no warm-up", walls, **meta)
+        warm.metadata["cpu_times_s"] = cpus
+    return warm
 
 
 @dataclass(frozen=True)
@@ -344,14 +340,8 @@ def clocks_evidence(device: torch.device | str, n: int, repeats: int) -> Evidenc
     """CUDA events vs a synchronised wall clock for an ``n x n`` matmul: measured here with CUDA; else a GPU's
     recording of both clocks; else missing, and it says that no published figure of it is shown (section 2's
     published figures compare sync with no sync, which says nothing about CUDA events)."""
-    what = "CUDA events vs wall clock"
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        rows = clock_timings(events_vs_wall(dev, n=n, repeats=repeats), n)
-        return evidence.measured(what, rows, dev, method="CUDA events and a synchronised wall clock, median")
-    note = no_cuda_message(what)
-    found = evidence.recorded(what, "ch00.matmul_time_s", convert=event_rows_from_records, note=note)
-    if found.kind == "recorded":
-        return found
-    reason = evidence.missing_message(f"{what} (ch00.matmul_time_s, clock 'CUDA events')")
-    return evidence.missing(what, reason=f"{reason} {NO_PUBLISHED_EVENTS}", note=note)
+    return evidence.measure_or_recall(
+        "CUDA events vs wall clock", device, lambda: clock_timings(events_vs_wall(device, n=n, repeats=repeats), n),
+        key="ch00.matmul_time_s", convert=event_rows_from_records, no_published=NO_PUBLISHED_EVENTS,
+        method="CUDA events and a synchronised wall clock, median",
+    )  # fmt: skip

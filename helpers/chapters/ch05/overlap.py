@@ -15,7 +15,7 @@ import torch
 
 from ...core import evidence
 from ...core.config import sized
-from ...core.device import no_cuda_message, resolve_device
+from ...core.device import resolve_device
 from ...core.evidence import Evidence
 from ...core.results import Record, ResultSet
 from ...core.rounds import table
@@ -220,16 +220,10 @@ COPY_CALL_WHAT = "the copy call's duration"
 def copy_call_evidence(cells: list[CellResult], device: torch.device | str) -> Evidence[Any]:
     """The copy-call table's rows: ``cells`` measured here on CUDA; else a GPU's recording; else missing. Never the
     published totals of :func:`related_totals`: they time copy + kernel + copy, not the copy call."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return evidence.measured(COPY_CALL_WHAT, cells, dev)
-    note = no_cuda_message(COPY_CALL_WHAT)
-    found = evidence.recorded(COPY_CALL_WHAT, "ch05.overlap.step_time", convert=copy_call_rows_from_records, note=note)
-    if found.kind == "recorded":
-        return found
-    reason = evidence.missing_message(f"{COPY_CALL_WHAT} (ch05.overlap.step_time)")
-    reason += " No published figure of the copy call's duration is shown."
-    return evidence.missing(COPY_CALL_WHAT, reason=reason, note=note)
+    return evidence.measure_or_recall(
+        COPY_CALL_WHAT, device, lambda: cells, key="ch05.overlap.step_time", convert=copy_call_rows_from_records,
+        no_published="No published figure of the copy call's duration is shown.",
+    )  # fmt: skip
 
 
 def related_totals() -> Evidence[Any]:
